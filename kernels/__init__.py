@@ -1,0 +1,1 @@
+"""Attention kernels for tree verification; they depend only on torch (and triton when present)."""

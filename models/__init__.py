@@ -1,0 +1,1 @@
+"""Draft-model architectures and checkpoint key maps."""

@@ -1,0 +1,1 @@
+"""Model profiles shipped as TOML package data (read by specchat.profiles)."""

@@ -1,0 +1,182 @@
+"""The `specchat` command line: parses options, calls the engine, prints what comes back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from specchat.errors import SpecchatError
+
+app = typer.Typer(
+    name="specchat",
+    help="Fast, exact LLM generation with tree speculative decoding.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ModelOption = Annotated[
+    str | None, typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id or local directory.")
+]
+DrafterOption = Annotated[str, typer.Option("--drafter", "-d", help="Drafter: none (autoregressive).")]
+DtypeOption = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).")]
+DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
+DeviceMapOption = Annotated[
+    str | None, typer.Option("--device-map", help="accelerate device map (e.g. auto) for models larger than one GPU.")
+]
+
+
+@app.command()
+def run(
+    prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from stdin.")],
+    model: ModelOption = None,
+    drafter: DrafterOption = "none",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 512,
+    temperature: Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p")] = None,
+    min_p: Annotated[float | None, typer.Option("--min-p")] = None,
+    repetition_penalty: Annotated[float | None, typer.Option("--repetition-penalty")] = None,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    device_map: DeviceMapOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+) -> None:
+    """Generate a reply to PROMPT and print it (or a JSON report)."""
+    from specchat.drafters import AVAILABLE
+    from specchat.loading import DTYPES
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise SpecchatError("the prompt is empty")
+    if max_new_tokens < 1:
+        raise SpecchatError("--max-new-tokens must be at least 1")
+    if drafter not in AVAILABLE:
+        raise SpecchatError(f"unknown drafter '{drafter}'; available: {', '.join(AVAILABLE)}")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise SpecchatError(f"invalid dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
+    overrides = {
+        "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+        "penalty": repetition_penalty, "seed": seed,
+    }  # fmt: skip
+    _quiet_transformers()
+    from specchat.engine.generate import Engine
+    from specchat.engine.prompt import encode_prompt
+    from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
+
+    resolve_model(model)  # fail fast, before the slow imports and loads
+    resolve_device(device)
+    loaded = load_model(model, dtype=dtype, device=device, device_map=device_map)
+    sampling = _sampling_config(decoding_defaults(loaded), overrides)
+    prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + max_new_tokens)
+
+    tokens, origins, text = [], [], []
+    for event in engine.generate(prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ())):
+        tokens += event.tokens
+        origins += event.origins
+        text.append(event.text)
+        if not as_json:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    stats = event.stats
+    if as_json:
+        report = {
+            "text": "".join(text),
+            "token_ids": tokens,
+            "origins": origins,
+            "new_tokens": stats.new_tokens,
+            "prompt_tokens": stats.prompt_tokens,
+            "finish_reason": event.finish_reason,
+            "prefill_seconds": round(stats.prefill_seconds, 4),
+            "decode_seconds": round(stats.decode_seconds, 4),
+            "tokens_per_second": round(stats.tokens_per_second, 3),
+            "steps": stats.steps,
+            "mean_accepted_length": round(stats.mean_accepted_length, 4),
+            "acceptance_rate": stats.acceptance_rate,
+            "model": loaded.source.name,
+            "drafter": drafter,
+        }
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        typer.echo(
+            f"[{stats.new_tokens} tokens ({event.finish_reason}) | prefill {stats.prompt_tokens} tokens "
+            f"{stats.prefill_seconds:.2f} s | decode {stats.tokens_per_second:.1f} tok/s | "
+            f"tau {stats.mean_accepted_length:.2f} | {loaded.source.name}, drafter {drafter}]",
+            err=True,
+        )
+
+
+@app.command()
+def models() -> None:
+    """List model profiles, their drafters, and whether each is available on this machine."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from specchat.loading import is_available, resolve_model
+    from specchat.profiles import DEFAULT_PROFILE, load_profiles
+
+    table = Table("alias", "target", "published drafters", "here")
+    for name, profile in load_profiles().items():
+        drafters = ", ".join(profile.drafters) or "-"
+        alias = f"{name} (default)" if name == DEFAULT_PROFILE else name
+        available = "yes" if is_available(resolve_model(name)) else "download"
+        table.add_row(alias, profile.target, drafters, available)
+    console = Console()
+    console.print(table)
+    console.print("Every model also runs with --drafter none (autoregressive). Any repo id or local directory works too.")
+
+
+def _not_built(command: str):
+    def stub() -> None:
+        raise SpecchatError(f"`specchat {command}` is not built yet; use `specchat run`")
+
+    stub.__doc__ = f"(not built yet) The {command} command."
+    return stub
+
+
+for _name in ("chat", "write", "bench"):
+    app.command(_name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})(
+        _not_built(_name)
+    )
+
+
+def _sampling_config(defaults: dict, overrides: dict):
+    from specchat.engine.sampling import SamplingConfig
+
+    values = {**defaults, **{k: v for k, v in overrides.items() if v is not None}}
+    names = {f.name for f in dataclasses.fields(SamplingConfig)}
+    try:
+        return SamplingConfig(**{k: v for k, v in values.items() if k in names})
+    except ValueError as error:
+        raise SpecchatError(str(error)) from None
+
+
+def _quiet_transformers() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def main() -> None:
+    """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
+    try:
+        app()
+    except SpecchatError as error:
+        typer.echo(f"error: {error}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

