@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny random models of each family and the real default model (loaded once)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TINY_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0):
+    """A 2-layer random model of `family` (GQA 4:2, head_dim 16), fp32, eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.3,  # peaked logits: greedy ties are then practically impossible
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    return model.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The embedded SmolLM2-135M-Instruct in fp32 on CPU."""
+    from specchat.loading import load_model
+
+    return load_model(None, dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_model):
+    return default_model.tokenizer

@@ -1,0 +1,92 @@
+"""The static tree cache holds exactly the KV a fresh forward computes, allocated once, compacted on commit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_FAMILIES, tiny_model
+from transformers import DynamicCache
+
+from specchat.engine.cache import TreeCache
+from specchat.engine.generate import Engine
+from specchat.engine.sampling import SamplingConfig
+
+
+def fresh_kv(model, ids: list[int]):
+    """Per-layer (keys, values) of one forward over `ids` with transformers' own DynamicCache."""
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def run(engine: Engine, prompt: list[int], n: int, **sampling) -> list[int]:
+    config = SamplingConfig(**sampling)
+    return [t for e in engine.generate(prompt, sampling=config, max_new_tokens=n) for t in e.tokens]
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_cache_equals_fresh_forward(family, tokenizer):
+    model = tiny_model(family)
+    engine = Engine(model, tokenizer, max_len=128)
+    prompt = list(range(100, 117))
+    out = run(engine, prompt, 30, temperature=0.8, seed=3)
+    committed = prompt + out
+    assert engine.cache.length == len(committed) - 1  # the last token (root) is not cached yet
+    for layer, (keys, values) in zip(engine.cache.layers, fresh_kv(model, committed[:-1])):
+        torch.testing.assert_close(layer.keys[:, :, : layer.length], keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.values[:, :, : layer.length], values, atol=1e-5, rtol=1e-5)
+
+
+def test_memory_is_allocated_once(tokenizer):
+    model = tiny_model("llama")
+    engine = Engine(model, tokenizer, max_len=200)
+    prompt = list(range(100, 120))
+    out = run(engine, prompt, 5)
+    pointers = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in engine.cache.layers]
+    assert all(layer.keys.shape[2] == 200 for layer in engine.cache.layers)
+    out += run(engine, prompt + out + [300, 301], 40)  # a second turn reuses the same session cache
+    assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in engine.cache.layers] == pointers
+
+
+def test_commit_keeps_chosen_pending_slots_in_order():
+    cache = TreeCache(num_layers=2, max_len=16)
+    for layer in cache.layers:
+        layer.update(torch.arange(3.0).view(1, 1, 3, 1), -torch.arange(3.0).view(1, 1, 3, 1))
+    cache.commit()
+    for layer in cache.layers:  # a "tree" of 4 pending tokens: keep offsets 0, 2, 3
+        keys = layer.update(torch.tensor([10.0, 11, 12, 13]).view(1, 1, 4, 1), torch.zeros(1, 1, 4, 1))[0]
+        assert keys.shape[2] == 7  # attends over committed + pending, nothing beyond
+    cache.commit([0, 2, 3])
+    assert cache.length == 6
+    for layer in cache.layers:
+        assert layer.keys[0, 0, :6, 0].tolist() == [0, 1, 2, 10, 12, 13]
+        assert layer.values[0, 0, :3, 0].tolist() == [0, -1, -2]
+
+
+def test_truncate_is_a_pointer_move():
+    cache = TreeCache(num_layers=1, max_len=8)
+    cache.layers[0].update(torch.ones(1, 1, 5, 2), torch.ones(1, 1, 5, 2))
+    cache.commit()
+    cache.truncate(2)
+    assert cache.length == 2 and cache.get_seq_length() == 2
+    keys, _ = cache.layers[0].update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+    assert keys.shape[2] == 3 and keys[0, 0, 2].tolist() == [0, 0]
+
+
+def test_overflow_is_an_error():
+    cache = TreeCache(num_layers=1, max_len=4)
+    with pytest.raises(RuntimeError, match="KV cache full"):
+        cache.layers[0].update(torch.ones(1, 1, 5, 2), torch.ones(1, 1, 5, 2))
+
+
+def test_next_turn_reuses_the_cached_prefix_and_matches_a_fresh_session(tokenizer):
+    model = tiny_model("qwen2")
+    prompt = list(range(200, 230))
+    session = Engine(model, tokenizer, max_len=256)
+    first = run(session, prompt, 20)
+    second_prompt = prompt + first + list(range(400, 410))
+    events = list(session.generate(second_prompt, sampling=SamplingConfig(), max_new_tokens=30))
+    assert events[-1].stats.reused_tokens == len(prompt) + len(first) - 1
+    fresh = run(Engine(model, tokenizer, max_len=256), second_prompt, 30)
+    assert [t for e in events for t in e.tokens] == fresh
