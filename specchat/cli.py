@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -69,6 +70,7 @@ def run(
         "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
         "penalty": repetition_penalty, "seed": seed,
     }  # fmt: skip
+    _sampling_config({}, overrides)  # reject bad values before the slow load
     _quiet_transformers()
     from specchat.engine.generate import Engine
     from specchat.engine.prompt import encode_prompt
@@ -146,10 +148,105 @@ def _not_built(command: str):
     return stub
 
 
-for _name in ("chat", "write", "bench"):
+for _name in ("chat", "write"):
     app.command(_name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})(
         _not_built(_name)
     )
+
+
+bench_app = typer.Typer(help="Benchmarks: speculative vs autoregressive vs transformers, same run.")
+app.add_typer(bench_app, name="bench")
+
+
+def _csv(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench(
+    ctx: typer.Context,
+    model: ModelOption = None,
+    drafter: Annotated[str, typer.Option("--drafter", help="Comma-separated drafters to compare with AR.")] = "none",
+    prompt_set: Annotated[str, typer.Option("--prompt-set", help="Comma-separated: chat, code, summarize.")] = "chat,code,summarize",
+    prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL file of {\"prompt\": ...} lines.")] = None,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="hf: add transformers generate rows.")] = None,
+    dtype: Annotated[str, typer.Option(help="Comma-separated dtypes, each measured in turn.")] = "float32",
+    device: DeviceOption = "auto",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 128,
+    repeats: Annotated[int, typer.Option(help="Interleaved repetitions after the warm-up.")] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+) -> None:
+    """Greedy decoding speed of each drafter against autoregressive decoding (and transformers)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from specchat.bench_prompts import load_prompt_sets
+    from specchat.drafters import AVAILABLE
+
+    methods = _csv(drafter)
+    for name in methods:
+        if name not in AVAILABLE:
+            raise SpecchatError(f"unknown drafter '{name}'; available: {', '.join(AVAILABLE)}")
+    if baseline not in (None, "hf"):
+        raise SpecchatError(f"unknown baseline '{baseline}'; use hf")
+    if max_new_tokens < 1 or repeats < 1:
+        raise SpecchatError("--max-new-tokens and --repeats must be at least 1")
+    sets = load_prompt_sets(_csv(prompt_set), prompts)
+    if baseline == "hf":
+        from specchat.bench import HF_METHODS
+
+        methods += HF_METHODS
+    from specchat.bench import compare
+
+    rows = []
+    for each_dtype in _csv(dtype):
+        loaded = _load(model, each_dtype, device)
+        rows += compare(loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats)
+    _report([row.as_dict() for row in rows], as_json, title=f"{loaded.source.name}, greedy, decode tokens/s")
+
+
+@bench_app.command("context")
+def bench_context(
+    model: ModelOption = None,
+    contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "256,4096",
+    steps: Annotated[int, typer.Option(help="Decode steps timed per context.")] = 32,
+    repeats: Annotated[int, typer.Option()] = 3,
+    dtype: Annotated[str, typer.Option()] = "float32",
+    device: DeviceOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Autoregressive time per token as the context grows (only attention cost should grow)."""
+    from specchat.bench import decode_cost
+
+    try:
+        lengths = [int(c) for c in _csv(contexts)]
+    except ValueError:
+        raise SpecchatError(f"--context takes comma-separated integers, not '{contexts}'") from None
+    loaded = _load(model, dtype, device)
+    window = loaded.model.config.max_position_embeddings
+    if not lengths or min(lengths) < 1 or max(lengths) + steps + 1 > window:
+        raise SpecchatError(f"each context must be between 1 and {window - steps - 1} tokens")
+    rows = decode_cost(loaded, lengths, steps=steps, repeats=repeats)
+    _report(rows, as_json, title=f"{loaded.source.name} {dtype}: autoregressive decode cost")
+
+
+def _load(model: str | None, dtype: str, device: str):
+    _quiet_transformers()
+    from specchat.loading import load_model
+
+    return load_model(model, dtype=dtype, device=device)
+
+
+def _report(rows: list[dict], as_json: bool, *, title: str) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*rows[0].keys(), title=title)
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row.values()))
+    Console().print(table)
 
 
 def _sampling_config(defaults: dict, overrides: dict):

@@ -22,7 +22,9 @@ class TextStream:
         self.stopped = False
 
     def add(self, ids: list[int]) -> str:
-        """Append tokens; return the text that is now safe to show."""
+        """Append tokens; return the text that is now safe to show (nothing once a stop string is found)."""
+        if self.stopped:
+            return ""
         self.ids.extend(ids)
         decode = self.tokenizer.decode
         before = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
@@ -32,10 +34,9 @@ class TextStream:
         searched_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
         self.text += after[len(before) :]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        for stop in self.stop:
-            found = self.text.find(stop, searched_from)
-            if found >= 0:
-                self.text, self.stopped = self.text[:found], True
+        found = [i for i in (self.text.find(s, searched_from) for s in self.stop) if i >= 0]
+        if found:
+            self.text, self.stopped = self.text[: min(found)], True
         holdback = 0 if self.stopped else max((len(s) - 1 for s in self.stop), default=0)
         return self._take(len(self.text) - holdback)
 

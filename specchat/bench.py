@@ -1,0 +1,171 @@
+"""Benchmarks measured in one process on one machine: tables and JSON, never assertions.
+
+`compare` runs every method on the same prompts, interleaved (method by method within each prompt, all of
+it repeated) after a warm-up, so slow drifts of a noisy machine hit every method alike. Decode speed
+excludes prefill for every method: ours from the engine's stats, transformers' from a streamer's clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from specchat.engine.generate import Engine
+from specchat.engine.prompt import encode_prompt
+from specchat.engine.sampling import SamplingConfig
+from specchat.loading import LoadedModel
+
+HF_METHODS = ("hf", "hf-prompt-lookup")  # transformers' own generate: plain greedy, prompt-lookup decoding
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    decode_tokens: int
+    decode_seconds: float
+    steps: int = 0
+    drafted_depth: int = 0
+    accepted: int = 0
+
+
+@dataclass
+class BenchRow:
+    method: str  # a drafter name (our engine) or an HF_METHODS baseline
+    prompt_set: str
+    dtype: str
+    new_tokens: int  # per repeat, summed over the set's prompts
+    tokens_per_second: float  # decode only
+    speedup_vs_ar: float  # over our autoregressive decoding, same set and dtype, same run
+    mean_accepted_length: float | None
+    acceptance_rate: float | None
+    identical_to_ar: bool  # greedy ids equal our AR run's on every prompt
+
+    def as_dict(self) -> dict:
+        return {"drafter": self.method, **{k: v for k, v in asdict(self).items() if k != "method"}}
+
+
+def compare(
+    loaded: LoadedModel,
+    prompt_sets: dict[str, list[str]],
+    methods: list[str],
+    *,
+    max_new_tokens: int,
+    repeats: int,
+) -> list[BenchRow]:
+    """Greedy generation of every prompt by every method; "none" (our AR) is always measured."""
+    methods = ["none", *[m for m in methods if m != "none"]]
+    tokenizer = loaded.tokenizer
+    encoded = {name: [encode_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
+    longest = max(len(ids) for ids_list in encoded.values() for ids in ids_list)
+    engine = Engine(loaded.model, tokenizer, max_len=longest + max_new_tokens)
+    runners = {m: _runner(m, engine, loaded.model, max_new_tokens) for m in methods}
+
+    warmup = next(iter(encoded.values()))[0]
+    for runner in runners.values():
+        runner(warmup)
+    runs: dict[tuple[str, str], list[list[Run]]] = defaultdict(list)  # (method, set) -> [repeat][prompt]
+    for _ in range(repeats):
+        for name, prompts in encoded.items():
+            results = {m: [] for m in methods}
+            for ids in prompts:
+                for method in methods:
+                    results[method].append(runners[method](ids))
+            for method in methods:
+                runs[method, name].append(results[method])
+
+    dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+    rows = []
+    for name in encoded:
+        ar_speed = _speed(runs["none", name])
+        for method in methods:
+            repeats_runs = runs[method, name]
+            flat = [run for repeat in repeats_runs for run in repeat]
+            steps = sum(r.steps for r in flat)
+            drafted = sum(r.drafted_depth for r in flat)
+            rows.append(
+                BenchRow(
+                    method=method,
+                    prompt_set=name,
+                    dtype=dtype,
+                    new_tokens=sum(len(r.tokens) for r in repeats_runs[0]),
+                    tokens_per_second=round(_speed(repeats_runs), 3),
+                    speedup_vs_ar=round(_speed(repeats_runs) / ar_speed, 3),
+                    mean_accepted_length=round(sum(r.decode_tokens for r in flat) / steps, 3) if steps else None,
+                    acceptance_rate=round(sum(r.accepted for r in flat) / drafted, 3) if drafted else None,
+                    identical_to_ar=all(
+                        a.tokens == b.tokens for a, b in zip(flat, [r for rep in runs["none", name] for r in rep])
+                    ),
+                )
+            )
+    return rows
+
+
+def decode_cost(loaded: LoadedModel, contexts: list[int], *, steps: int, repeats: int) -> list[dict]:
+    """Milliseconds per decoded token with `context` tokens already in the cache."""
+    filler = loaded.tokenizer(" ".join(["The lighthouse keeper wrote in the log every night."] * 4))["input_ids"]
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=max(contexts) + steps + 1)
+    rows = []
+    for context in contexts:
+        prompt = (filler * (context // len(filler) + 1))[:context]
+        runs = [_engine_run(engine, prompt, steps + 1) for _ in range(repeats + 1)][1:]  # first: warm-up
+        seconds = sum(r.decode_seconds for r in runs)
+        rows.append({"context": context, "ms_per_token": round(1000 * seconds / sum(r.decode_tokens for r in runs), 2)})
+    return rows
+
+
+def _runner(method: str, engine: Engine, model, max_new_tokens: int) -> Callable[[list[int]], Run]:
+    if method == "none":
+        return lambda ids: _engine_run(engine, ids, max_new_tokens)
+    if method == "hf":
+        return lambda ids: _hf_run(model, ids, max_new_tokens, {})
+    if method == "hf-prompt-lookup":
+        return lambda ids: _hf_run(model, ids, max_new_tokens, {"prompt_lookup_num_tokens": 10})
+    raise ValueError(f"unknown method {method}")
+
+
+def _engine_run(engine: Engine, ids: list[int], max_new_tokens: int) -> Run:
+    tokens = []
+    for event in engine.generate(ids, sampling=SamplingConfig(), max_new_tokens=max_new_tokens):
+        tokens += event.tokens
+    s = event.stats
+    return Run(tokens, s.decode_tokens, s.decode_seconds, s.steps, s.drafted_depth, s.accepted)
+
+
+class _StreamClock:
+    """A transformers streamer that timestamps every batch of tokens `generate` emits."""
+
+    def __init__(self):
+        self.puts: list[tuple[float, int]] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append((time.perf_counter(), value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+def _hf_run(model, ids: list[int], max_new_tokens: int, options: dict) -> Run:
+    clock = _StreamClock()
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids], device=model.device),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            streamer=clock,
+            pad_token_id=model.generation_config.eos_token_id,
+            **options,
+        )
+    # puts[0] is the prompt, puts[1] the first token (prefill); the rest is decoding.
+    decode = clock.puts[2:]
+    seconds = decode[-1][0] - clock.puts[1][0] if decode else 0.0
+    return Run(out[0, len(ids) :].tolist(), sum(n for _, n in decode), seconds)
+
+
+def _speed(repeats_runs: list[list[Run]]) -> float:
+    tokens = sum(r.decode_tokens for repeat in repeats_runs for r in repeat)
+    seconds = sum(r.decode_seconds for repeat in repeats_runs for r in repeat)
+    return tokens / seconds if seconds else 0.0

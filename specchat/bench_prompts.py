@@ -1,0 +1,91 @@
+"""Built-in benchmark prompt sets, and user sets from JSONL files ({"prompt": ...} per line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specchat.errors import SpecchatError
+
+_CODE_SNIPPET = '''def parse_config(path):
+    config = {}
+    with open(path) as handle:
+        for line in handle:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, value = line.split("=", 1)
+            config[key.strip()] = value.strip()
+    return config
+
+
+def merge_configs(base, override):
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = value
+    return merged
+'''
+
+_PASSAGE = (
+    "The lighthouse at Carrow Point was built in 1871 to warn ships away from a reef that had sunk eleven "
+    "vessels in forty years. Its first keeper, Thomas Avery, kept a log of every ship that passed, the "
+    "weather each morning and evening, and the amount of oil the lamp consumed. The log shows that in the "
+    "winter of 1874 the lamp burned for sixteen hours a day and that Avery climbed the one hundred and "
+    "twelve steps of the tower nine times each night to trim the wick. In 1902 the oil lamp was replaced by "
+    "an incandescent vapour burner, which tripled the light's range to twenty-two nautical miles. The "
+    "keepers' cottages were enlarged in 1923 so that three families could live at the station, and a school "
+    "room was added for their children. Electricity arrived in 1956, and the light was automated in 1989, "
+    "when the last keeper, Margaret Hale, left the point after thirty-one years of service. Today the tower "
+    "is run by a local trust that opens it to visitors in the summer months. The trust restored the lens in "
+    "2014, a first-order Fresnel lens made in Paris, and it still turns on its original mercury bath. "
+    "Visitors can read Avery's log in the museum that now occupies the old oil store, and on clear nights "
+    "the beam can still be seen from the harbour town of Penwick, eighteen miles to the north."
+)
+
+PROMPT_SETS: dict[str, list[str]] = {
+    "chat": [
+        "What are three good habits for staying healthy?",
+        "Explain why the sky is blue in simple words.",
+        "Give me some tips for learning a new language.",
+    ],
+    "code": [
+        f"Here is some Python code:\n\n{_CODE_SNIPPET}\nRewrite this code with type hints and docstrings.",
+        f"Here is some Python code:\n\n{_CODE_SNIPPET}\nAdd a function `save_config(config, path)` that "
+        "writes the file format `parse_config` reads, and show the whole module.",
+    ],
+    "summarize": [
+        f"{_PASSAGE}\n\nSummarize the history of the lighthouse in a few sentences.",
+        f"{_PASSAGE}\n\nList the dates mentioned in the text and what happened at each.",
+    ],
+}
+
+
+def load_prompt_sets(names: list[str], prompts_file: Path | None = None) -> dict[str, list[str]]:
+    """The requested built-in sets, plus the file's prompts as a set named after the file."""
+    sets = {}
+    for name in names:
+        if name not in PROMPT_SETS:
+            raise SpecchatError(f"unknown prompt set '{name}'; built-in sets: {', '.join(PROMPT_SETS)}")
+        sets[name] = PROMPT_SETS[name]
+    if prompts_file is not None:
+        sets[prompts_file.stem] = _read_jsonl(prompts_file)
+    return sets
+
+
+def _read_jsonl(path: Path) -> list[str]:
+    if not path.is_file():
+        raise SpecchatError(f"no such prompts file: {path}")
+    prompts = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            prompt = json.loads(line)["prompt"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise SpecchatError(f'{path}:{number}: expected a JSON object with a "prompt" string') from None
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise SpecchatError(f'{path}:{number}: "prompt" must be a non-empty string')
+        prompts.append(prompt)
+    if not prompts:
+        raise SpecchatError(f"{path} holds no prompts")
+    return prompts

@@ -1,0 +1,88 @@
+"""The CLI end to end: bad input gets one line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def specchat(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "specchat", *args], input=stdin, capture_output=True, text=True, env=ENV, timeout=300
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("run", "hi", "--model", "no-such-alias"), ("unknown model", "smollm2-135m", "llama3.1-8b")),
+        (("run", "hi", "--model", "./no/such/dir"), ("no such model directory",)),
+        (("run", "hi", "--model", "nobody/not-a-model"), ("not available offline", "hf download")),
+        (("run", "   "), ("prompt is empty",)),
+        (("run", "hi", "--max-new-tokens", "0"), ("--max-new-tokens",)),
+        (("run", "hi", "--dtype", "float8"), ("invalid dtype", "bfloat16")),
+        (("run", "hi", "--device", "tpu"), ("device",)),
+        (("run", "hi", "--device", "cuda:0"), ("cuda",)),
+        (("run", "hi", "--drafter", "psychic"), ("unknown drafter", "none")),
+        (("run", "hi", "--top-p", "1.5"), ("top_p",)),
+        (("chat",), ("not built yet",)),
+        (("write", "--tokens", "10"), ("not built yet",)),
+        (("bench", "--drafter", "psychic"), ("unknown drafter",)),
+        (("bench", "--prompt-set", "poems"), ("unknown prompt set", "summarize")),
+        (("bench", "--prompts", "missing.jsonl"), ("no such prompts file",)),
+    ],
+)
+def test_bad_input_is_one_line(args, needles):
+    assert_one_line_error(specchat(*args), *needles)
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_the_context(default_model):
+    result = specchat("run", "-", "--max-new-tokens", "4", stdin="word " * 9000)
+    assert_one_line_error(result, "context holds 8192")
+
+
+@pytest.mark.slow
+def test_run_json_report(default_model):
+    result = specchat("run", "What is the capital of France?", "--temperature", "0", "--json", "-n", "24")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert "Paris" in report["text"]
+    assert report["new_tokens"] == len(report["token_ids"]) == len(report["origins"]) <= 24
+    assert set(report["origins"]) == {"target"}
+    assert report["mean_accepted_length"] == 1.0 and report["acceptance_rate"] is None
+    assert report["steps"] == report["new_tokens"] - 1
+    assert report["model"] == "smollm2-135m" and report["drafter"] == "none"
+    for key in ("prefill_seconds", "decode_seconds", "tokens_per_second"):
+        assert report[key] > 0
+
+
+@pytest.mark.slow
+def test_run_streams_text_and_a_stats_line(default_model):
+    result = specchat("run", "Say hello.", "--temperature", "0", "-n", "16", "--seed", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "tok/s" in result.stderr.splitlines()[-1]
+
+
+def test_models_lists_profiles_and_availability():
+    result = specchat("models")
+    assert result.returncode == 0, result.stderr
+    for alias in ("smollm2-135m", "llama3.1-8b", "llama3-8b-262k", "qwen2.5-7b", "vicuna-7b-16k", "qwq-32b"):
+        assert alias in result.stdout
+    assert "yes" in result.stdout  # the embedded model is available here
