@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
+from specchat.drafters import make_drafter
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
@@ -30,6 +30,7 @@ class Run:
     steps: int = 0
     drafted_depth: int = 0
     accepted: int = 0
+    budget_total: int = 0
 
 
 @dataclass
@@ -43,6 +44,7 @@ class BenchRow:
     mean_accepted_length: float | None
     acceptance_rate: float | None
     identical_to_ar: bool  # greedy ids equal our AR run's on every prompt
+    mean_budget: float | None  # tree budget in force per step (fixed, or chosen by the engine)
 
     def as_dict(self) -> dict:
         return {"drafter": self.method, **{k: v for k, v in asdict(self).items() if k != "method"}}
@@ -55,14 +57,14 @@ def compare(
     *,
     max_new_tokens: int,
     repeats: int,
+    draft_budget: int | None = None,
 ) -> list[BenchRow]:
     """Greedy generation of every prompt by every method; "none" (our AR) is always measured."""
     methods = ["none", *[m for m in methods if m != "none"]]
     tokenizer = loaded.tokenizer
     encoded = {name: [encode_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
-    longest = max(len(ids) for ids_list in encoded.values() for ids in ids_list)
-    engine = Engine(loaded.model, tokenizer, max_len=longest + max_new_tokens)
-    runners = {m: _runner(m, engine, loaded.model, max_new_tokens) for m in methods}
+    max_len = max(len(ids) for ids_list in encoded.values() for ids in ids_list) + max_new_tokens
+    runners = {m: _runner(m, loaded, max_len, max_new_tokens, draft_budget) for m in methods}
 
     warmup = next(iter(encoded.values()))[0]
     for runner in runners.values():
@@ -99,6 +101,7 @@ def compare(
                     identical_to_ar=all(
                         a.tokens == b.tokens for a, b in zip(flat, [r for rep in runs["none", name] for r in rep])
                     ),
+                    mean_budget=round(sum(r.budget_total for r in flat) / steps, 2) if method not in ("none", *HF_METHODS) else None,
                 )
             )
     return rows
@@ -117,14 +120,16 @@ def decode_cost(loaded: LoadedModel, contexts: list[int], *, steps: int, repeats
     return rows
 
 
-def _runner(method: str, engine: Engine, model, max_new_tokens: int) -> Callable[[list[int]], Run]:
-    if method == "none":
+def _runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens: int, draft_budget: int | None):
+    """A function that generates greedily from prompt ids with `method`, each method with its own engine."""
+    model = loaded.model
+    if method not in HF_METHODS:
+        drafter = make_drafter(method)
+        engine = Engine(model, loaded.tokenizer, max_len=max_len, drafter=drafter, draft_budget=draft_budget)
         return lambda ids: _engine_run(engine, ids, max_new_tokens)
     if method == "hf":
         return lambda ids: _hf_run(model, ids, max_new_tokens, {})
-    if method == "hf-prompt-lookup":
-        return lambda ids: _hf_run(model, ids, max_new_tokens, {"prompt_lookup_num_tokens": 10})
-    raise ValueError(f"unknown method {method}")
+    return lambda ids: _hf_run(model, ids, max_new_tokens, {"prompt_lookup_num_tokens": 10})
 
 
 def _engine_run(engine: Engine, ids: list[int], max_new_tokens: int) -> Run:
@@ -132,7 +137,7 @@ def _engine_run(engine: Engine, ids: list[int], max_new_tokens: int) -> Run:
     for event in engine.generate(ids, sampling=SamplingConfig(), max_new_tokens=max_new_tokens):
         tokens += event.tokens
     s = event.stats
-    return Run(tokens, s.decode_tokens, s.decode_seconds, s.steps, s.drafted_depth, s.accepted)
+    return Run(tokens, s.decode_tokens, s.decode_seconds, s.steps, s.drafted_depth, s.accepted, s.budget_total)
 
 
 class _StreamClock:
@@ -162,7 +167,7 @@ def _hf_run(model, ids: list[int], max_new_tokens: int, options: dict) -> Run:
     # puts[0] is the prompt, puts[1] the first token (prefill); the rest is decoding.
     decode = clock.puts[2:]
     seconds = decode[-1][0] - clock.puts[1][0] if decode else 0.0
-    return Run(out[0, len(ids) :].tolist(), sum(n for _, n in decode), seconds)
+    return Run(out[0, len(ids) :].tolist(), sum(n for _, n in decode), seconds, steps=len(decode))
 
 
 def _speed(repeats_runs: list[list[Run]]) -> float:

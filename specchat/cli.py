@@ -24,7 +24,11 @@ app = typer.Typer(
 ModelOption = Annotated[
     str | None, typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id or local directory.")
 ]
-DrafterOption = Annotated[str, typer.Option("--drafter", "-d", help="Drafter: none (autoregressive).")]
+DrafterOption = Annotated[str, typer.Option("--drafter", "-d", help="Drafter: none (autoregressive) | ngram.")]
+BudgetOption = Annotated[
+    int | None,
+    typer.Option("--draft-budget", help="Most draft-tree nodes per step (default: chosen for this machine)."),
+]
 DtypeOption = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).")]
 DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 DeviceMapOption = Annotated[
@@ -37,6 +41,7 @@ def run(
     prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from stdin.")],
     model: ModelOption = None,
     drafter: DrafterOption = "none",
+    draft_budget: BudgetOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 512,
     temperature: Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k")] = None,
@@ -53,7 +58,6 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Generate a reply to PROMPT and print it (or a JSON report)."""
-    from specchat.drafters import AVAILABLE
     from specchat.loading import DTYPES
 
     if prompt == "-":
@@ -62,8 +66,7 @@ def run(
         raise SpecchatError("the prompt is empty")
     if max_new_tokens < 1:
         raise SpecchatError("--max-new-tokens must be at least 1")
-    if drafter not in AVAILABLE:
-        raise SpecchatError(f"unknown drafter '{drafter}'; available: {', '.join(AVAILABLE)}")
+    _check_drafters([drafter], draft_budget)
     if dtype != "auto" and dtype not in DTYPES:
         raise SpecchatError(f"invalid dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
     overrides = {
@@ -72,6 +75,7 @@ def run(
     }  # fmt: skip
     _sampling_config({}, overrides)  # reject bad values before the slow load
     _quiet_transformers()
+    from specchat.drafters import make_drafter
     from specchat.engine.generate import Engine
     from specchat.engine.prompt import encode_prompt
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
@@ -81,7 +85,13 @@ def run(
     loaded = load_model(model, dtype=dtype, device=device, device_map=device_map)
     sampling = _sampling_config(decoding_defaults(loaded), overrides)
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + max_new_tokens)
+    engine = Engine(
+        loaded.model,
+        loaded.tokenizer,
+        max_len=len(prompt_ids) + max_new_tokens,
+        drafter=make_drafter(drafter),
+        draft_budget=draft_budget,
+    )
 
     tokens, origins, text = [], [], []
     for event in engine.generate(prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ())):
@@ -106,16 +116,19 @@ def run(
             "steps": stats.steps,
             "mean_accepted_length": round(stats.mean_accepted_length, 4),
             "acceptance_rate": stats.acceptance_rate,
+            "per_depth_acceptance": [round(a, 4) for a in stats.per_depth_acceptance],
+            "draft_budget": round(stats.mean_budget, 2) if drafter != "none" else None,
             "model": loaded.source.name,
             "drafter": drafter,
         }
         print(json.dumps(report, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
+        budget_note = f" | budget {stats.mean_budget:.1f}" if drafter != "none" else ""
         typer.echo(
             f"[{stats.new_tokens} tokens ({event.finish_reason}) | prefill {stats.prompt_tokens} tokens "
             f"{stats.prefill_seconds:.2f} s | decode {stats.tokens_per_second:.1f} tok/s | "
-            f"tau {stats.mean_accepted_length:.2f} | {loaded.source.name}, drafter {drafter}]",
+            f"tau {stats.mean_accepted_length:.2f}{budget_note} | {loaded.source.name}, drafter {drafter}]",
             err=True,
         )
 
@@ -167,6 +180,7 @@ def bench(
     ctx: typer.Context,
     model: ModelOption = None,
     drafter: Annotated[str, typer.Option("--drafter", help="Comma-separated drafters to compare with AR.")] = "none",
+    draft_budget: BudgetOption = None,
     prompt_set: Annotated[str, typer.Option("--prompt-set", help="Comma-separated: chat, code, summarize.")] = "chat,code,summarize",
     prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL file of {\"prompt\": ...} lines.")] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="hf: add transformers generate rows.")] = None,
@@ -180,12 +194,9 @@ def bench(
     if ctx.invoked_subcommand is not None:
         return
     from specchat.bench_prompts import load_prompt_sets
-    from specchat.drafters import AVAILABLE
 
     methods = _csv(drafter)
-    for name in methods:
-        if name not in AVAILABLE:
-            raise SpecchatError(f"unknown drafter '{name}'; available: {', '.join(AVAILABLE)}")
+    _check_drafters(methods, draft_budget)
     if baseline not in (None, "hf"):
         raise SpecchatError(f"unknown baseline '{baseline}'; use hf")
     if max_new_tokens < 1 or repeats < 1:
@@ -200,7 +211,9 @@ def bench(
     rows = []
     for each_dtype in _csv(dtype):
         loaded = _load(model, each_dtype, device)
-        rows += compare(loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats)
+        rows += compare(
+            loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget
+        )
     _report([row.as_dict() for row in rows], as_json, title=f"{loaded.source.name}, greedy, decode tokens/s")
 
 
@@ -227,6 +240,16 @@ def bench_context(
         raise SpecchatError(f"each context must be between 1 and {window - steps - 1} tokens")
     rows = decode_cost(loaded, lengths, steps=steps, repeats=repeats)
     _report(rows, as_json, title=f"{loaded.source.name} {dtype}: autoregressive decode cost")
+
+
+def _check_drafters(names: list[str], draft_budget: int | None) -> None:
+    from specchat.drafters import AVAILABLE
+
+    for name in names:
+        if name not in AVAILABLE:
+            raise SpecchatError(f"unknown drafter '{name}'; available: {', '.join(AVAILABLE)}")
+    if draft_budget is not None and not 1 <= draft_budget <= 256:
+        raise SpecchatError("--draft-budget must be between 1 and 256")
 
 
 def _load(model: str | None, dtype: str, device: str):

@@ -1,4 +1,4 @@
-"""The decode loop: prefill, then one target step at a time, yielding a `StepEvent` per step.
+"""The decode loop: prefill, then draft -> verify -> commit, yielding a `StepEvent` per step.
 
 The engine owns the session's static KV cache and the committed token ids. Prompts that extend what is
 already committed (a chat's next turn) only prefill their new suffix.
@@ -12,11 +12,16 @@ from dataclasses import dataclass
 
 import torch
 
+from specchat.drafters.base import Drafter
+from specchat.engine.budget import SIZES, AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
 from specchat.engine.cache import TreeCache
 from specchat.engine.sampling import SamplingConfig, make_generator, process_logits, sample
 from specchat.engine.stats import GenerationStats
 from specchat.engine.text import TextStream
+from specchat.engine.tree import DraftTree, node_histories, tree_batch
+from specchat.engine.verify import accept, target_choices
 from specchat.errors import SpecchatError
+from specchat.loading import cache_dir
 
 TARGET = "target"  # origin of a token produced by the target model itself
 
@@ -31,13 +36,23 @@ class StepEvent:
 
 
 class Engine:
-    """Generates with one target model over a cache of `max_len` slots, allocated once."""
+    """Generates with one target model over a cache of `max_len` slots, allocated once.
 
-    def __init__(self, model, tokenizer, *, max_len: int | None = None):
+    With a drafter, each step verifies the drafter's tree in one target forward; without one (or with an
+    empty tree) a step is plain autoregressive decoding. The tree budget is `draft_budget` when given, else
+    chosen step by step by an `AdaptiveBudget` calibrated for this model on this machine.
+    """
+
+    def __init__(self, model, tokenizer, *, max_len: int | None = None, drafter: Drafter | None = None,
+                 draft_budget: int | None = None):  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.fixed_budget = draft_budget
+        self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
+        self.tree_capacity = 0 if drafter is None else draft_budget if draft_budget is not None else SIZES[-1]
         self.context_window = model.config.max_position_embeddings
-        self.max_len = min(max_len or self.context_window, self.context_window)
+        self.max_len = min((max_len or self.context_window) + self.tree_capacity, self.context_window)
         self.device = model.get_input_embeddings().weight.device
         self.eos_ids = _eos_ids(model, tokenizer)
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len)
@@ -57,31 +72,72 @@ class Engine:
             raise SpecchatError("the prompt is empty")
         if max_new_tokens < 1:
             raise SpecchatError("max_new_tokens must be at least 1")
-        if len(prompt_ids) >= self.max_len:
+        if len(prompt_ids) + self.tree_capacity >= self.max_len:
             raise SpecchatError(
-                f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_len}"
+                f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_len - self.tree_capacity}"
             )
-        budget = min(max_new_tokens, self.max_len + 1 - len(prompt_ids))
+        budget = min(max_new_tokens, self.max_len - self.tree_capacity + 1 - len(prompt_ids))
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         generator = make_generator(sampling, self.device)
         stream = TextStream(self.tokenizer, stop)
 
         start = time.perf_counter()
         logits = self._prefill(prompt_ids, stats)
-        token = self._choose(logits, sampling, generator)
+        token = int(sample(self._process(logits, sampling, DraftTree.empty()), sampling, generator)[0])
         stats.prefill_seconds = time.perf_counter() - start
+        if self.drafter is not None and self.fixed_budget is None and self.policy is None:
+            self.policy = AdaptiveBudget(self._verify_cost())
         event = self._commit([token], [TARGET], stats, stream, budget)
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
-            logits = self._forward(self.ids[self.length - 1 : self.length])
-            self.cache.commit()
-            token = self._choose(logits, sampling, generator)
-            stats.steps += 1
+            tokens, origins = self._step(sampling, generator, stats)
             stats.decode_seconds += time.perf_counter() - start
-            event = self._commit([token], [TARGET], stats, stream, budget)
+            event = self._commit(tokens, origins, stats, stream, budget)
             stats.decode_tokens += len(event.tokens)
             yield event
+
+    def _step(self, sampling: SamplingConfig, generator, stats: GenerationStats) -> tuple[list[int], list[str]]:
+        """Draft, verify the tree (or just the root) in one forward, commit the accepted KV."""
+        budget = self.policy.next_budget() if self.policy else self.fixed_budget if self.drafter else 0
+        tree = self.drafter.propose(budget) if budget else DraftTree.empty()
+        prefix = self.cache.length
+        batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
+        mask = batch.attention_mask(prefix) if len(tree) else None  # one query sees everything: no mask
+        logits = self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
+        choices = target_choices(self._process(logits, sampling, tree), sampling, generator)
+        verdict = accept(tree, choices)
+        self.cache.commit([0] + [node + 1 for node in verdict.path])
+        stats.record_step(tree.depth, len(verdict.path), budget)
+        if self.policy:
+            self.policy.observe(tree.depth, len(verdict.path))
+        tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
+        return tokens, [tree.origins[node] for node in verdict.path] + [TARGET]
+
+    def _verify_cost(self) -> VerifyCost:
+        """Verification cost by tree size for this model, dtype, device and thread count (cached on disk)."""
+        weight = self.model.get_input_embeddings().weight
+        key = f"{self.model.name_or_path}|{weight.dtype}|{weight.device}|threads={torch.get_num_threads()}"
+
+        def verify_forward(n: int) -> None:  # a chain of n nodes at the current context, never committed
+            tree = DraftTree([0] * n, list(range(-1, n - 1)), ["calibration"] * n)
+            batch = tree_batch(tree, 0, self.cache.length, self.device)
+            mask = batch.attention_mask(self.cache.length) if n else None
+            self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
+
+        sizes = [n for n in SIZES if n <= self.tree_capacity]
+        return cached_verify_cost(
+            cache_dir() / "verify_cost.json", key, lambda: measure_verify_cost(verify_forward, sizes=sizes)
+        )
+
+    def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree) -> torch.Tensor:
+        """Processed logits per verified row, each with its own history when the penalty needs one."""
+        history = None
+        if sampling.uses_history:
+            window = sampling.penalty_window
+            committed = self.ids[max(0, self.length - window) : self.length].tolist()
+            history = node_histories(tree, committed, window)
+        return process_logits(logits, sampling, history)
 
     def _prefill(self, prompt_ids: list[int], stats: GenerationStats) -> torch.Tensor:
         """Feed the prompt, reusing the cached KV of the longest prefix it shares with the session."""
@@ -95,29 +151,26 @@ class Engine:
         stats.reused_tokens = shared
         self.ids[: len(prompt_ids)] = prompt
         self.length = len(prompt_ids)
+        if self.drafter is not None:
+            self.drafter.prefill(prompt_ids)
         logits = self._forward(prompt[shared:], last_only=True)
         self.cache.commit()
         return logits
 
-    def _forward(self, tokens: torch.Tensor, *, last_only: bool = False) -> torch.Tensor:
-        """Run the target over `tokens` [q] placed right after the cached prefix -> logits [q or 1, vocab]."""
-        start = self.cache.length
-        positions = torch.arange(start, start + tokens.shape[0], device=self.device)
+    def _forward(self, tokens: torch.Tensor, *, positions=None, mask=None, last_only=False) -> torch.Tensor:
+        """Run the target over `tokens` [q] written right after the cached prefix -> logits [q or 1, vocab]."""
+        if positions is None:
+            start = self.cache.length
+            positions = torch.arange(start, start + tokens.shape[0], device=self.device)
         out = self.model(
             input_ids=tokens[None],
             position_ids=positions[None],
+            attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         )
         return out.logits[0]
-
-    def _choose(self, logits: torch.Tensor, sampling: SamplingConfig, generator) -> int:
-        history = None
-        if sampling.uses_history:
-            history = self.ids[max(0, self.length - sampling.penalty_window) : self.length][None]
-        processed = process_logits(logits[-1:], sampling, history)
-        return int(sample(processed, sampling, generator)[0])
 
     def _commit(self, tokens, origins, stats, stream, budget) -> StepEvent:
         """Append tokens to the committed ids (cutting at EOS or the budget) and build the step's event."""
@@ -131,6 +184,9 @@ class Engine:
             finish, tokens, origins = finish or "length", tokens[:keep], origins[:keep]
         self.ids[self.length : self.length + len(tokens)] = torch.tensor(tokens, device=self.device)
         self.length += len(tokens)
+        self.cache.truncate(self.length - 1)  # drop KV of accepted tokens cut at EOS or the budget
+        if self.drafter is not None:
+            self.drafter.commit(tokens)
         stats.new_tokens += len(tokens)
         text = stream.add(tokens)
         if stream.stopped:

@@ -7,7 +7,7 @@ acceptance rate = accepted draft tokens / speculated depth; tokens/s excludes pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -21,6 +21,30 @@ class GenerationStats:
     steps: int = 0  # decode steps = target forwards after prefill
     drafted_depth: int = 0  # sum over steps of the proposed tree's depth
     accepted: int = 0  # draft tokens accepted
+    proposed_at_depth: list[int] = field(default_factory=list)  # [d - 1]: steps whose tree reached depth d
+    accepted_at_depth: list[int] = field(default_factory=list)  # [d - 1]: steps that accepted depth d
+
+    budget_total: int = 0  # sum over steps of the tree budget in force
+
+    def record_step(self, tree_depth: int, accepted: int, budget: int) -> None:
+        self.steps += 1
+        self.budget_total += budget
+        self.drafted_depth += tree_depth
+        self.accepted += accepted
+        for counts, depth in ((self.proposed_at_depth, tree_depth), (self.accepted_at_depth, accepted)):
+            counts.extend([0] * (depth - len(counts)))
+            for d in range(depth):
+                counts[d] += 1
+
+    @property
+    def mean_budget(self) -> float:
+        return self.budget_total / self.steps if self.steps else 0.0
+
+    @property
+    def per_depth_acceptance(self) -> list[float]:
+        """Fraction of the steps that proposed depth d in which depth d was accepted."""
+        accepted = self.accepted_at_depth + [0] * (len(self.proposed_at_depth) - len(self.accepted_at_depth))
+        return [a / p for a, p in zip(accepted, self.proposed_at_depth)]
 
     @property
     def mean_accepted_length(self) -> float:

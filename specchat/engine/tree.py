@@ -1,0 +1,129 @@
+"""Draft trees and the verification inputs built from them.
+
+A tree hangs below the root, the last committed token (not yet in the KV cache). Nodes are stored parents
+first, so `parents[i] < i`; -1 is the root. Siblings always carry distinct tokens, which makes "the child
+whose token equals the target's choice" unique during verification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+ROOT = -1
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: list[int]  # [n] proposed token ids
+    parents: list[int]  # [n] parent node index, ROOT for children of the root
+    origins: list[str]  # [n] the drafter kind that proposed each node
+    depths: list[int] = field(init=False)  # [n] 1 for children of the root
+
+    def __post_init__(self):
+        depths = []
+        for i, parent in enumerate(self.parents):
+            if not ROOT <= parent < i:
+                raise ValueError(f"node {i} has parent {parent}: parents must precede children")
+            depths.append(1 if parent == ROOT else depths[parent] + 1)
+        object.__setattr__(self, "depths", depths)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths, default=0)
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to `node` (empty for the root itself)."""
+        path = []
+        while node != ROOT:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    @classmethod
+    def empty(cls) -> DraftTree:
+        return cls([], [], [])
+
+    @classmethod
+    def from_chains(cls, chains: list[list[int]], origin: str, budget: int) -> DraftTree:
+        """Merge token chains under the root into a trie of at most `budget` nodes (shared prefixes once)."""
+        builder = TreeBuilder()
+        for chain in chains:
+            builder.add_chain(chain, origin, budget=budget)
+            if len(builder) >= budget:
+                break
+        return builder.build()
+
+
+class TreeBuilder:
+    """Adds nodes while keeping siblings distinct: adding an existing (parent, token) returns that node."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.origins: list[str] = []
+        self._children: dict[tuple[int, int], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int, origin: str) -> int:
+        key = (parent, token)
+        if key not in self._children:
+            self._children[key] = len(self.tokens)
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.origins.append(origin)
+        return self._children[key]
+
+    def add_chain(self, chain: list[int], origin: str, *, parent: int = ROOT, budget: int) -> None:
+        for token in chain:
+            if (parent, token) not in self._children and len(self) >= budget:
+                return
+            parent = self.add(parent, token, origin)
+
+    def build(self) -> DraftTree:
+        return DraftTree(list(self.tokens), list(self.parents), list(self.origins))
+
+
+@dataclass(frozen=True)
+class TreeBatch:
+    """One verification forward: the root followed by the tree's nodes (row 0 = root, row i + 1 = node i)."""
+
+    input_ids: torch.Tensor  # [n + 1] long
+    position_ids: torch.Tensor  # [n + 1] long, prefix_len + depth
+    tree_mask: torch.Tensor  # [n + 1, n + 1] bool, True where row may attend column (ancestors and itself)
+
+    def attention_mask(self, prefix_len: int) -> torch.Tensor:
+        """[1, 1, n + 1, prefix_len + n + 1] bool: the whole committed prefix, then the tree mask."""
+        rows = self.tree_mask.shape[0]
+        prefix = torch.ones(rows, prefix_len, dtype=torch.bool, device=self.tree_mask.device)
+        return torch.cat([prefix, self.tree_mask], dim=1)[None, None]
+
+
+def tree_batch(tree: DraftTree, root_token: int, prefix_len: int, device: torch.device) -> TreeBatch:
+    rows = len(tree) + 1
+    mask = torch.eye(rows, dtype=torch.bool)
+    mask[:, 0] = True  # everything descends from the root
+    for i, parent in enumerate(tree.parents):
+        if parent != ROOT:
+            mask[i + 1] |= mask[parent + 1]
+    positions = torch.tensor([0, *tree.depths]) + prefix_len
+    ids = torch.tensor([root_token, *tree.tokens])
+    return TreeBatch(ids.to(device), positions.to(device), mask.to(device))
+
+
+def node_histories(tree: DraftTree, committed: list[int], window: int) -> torch.Tensor:
+    """[n + 1, window] token ids each verified row has seen (-1 pads short rows): the last `window` of the
+    committed ids (root included) followed by the row's own ancestors and itself."""
+    committed = committed[-window:]
+    rows = [committed]
+    for i in range(len(tree)):
+        own = committed + [tree.tokens[j] for j in tree.path_to(i)]
+        rows.append(own[-window:])
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [-1] * (width - len(r)) for r in rows])
