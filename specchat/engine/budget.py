@@ -78,7 +78,7 @@ class AdaptiveBudget:
         self.probe_every = probe_every
         self.proposed: list[float] = []  # decayed counts per depth d (index d - 1)
         self.accepted: list[float] = []
-        self.idle_steps = 0
+        self.idle_steps = probe_every - 1  # the first idle step probes: acceptance is unknown at the start
         self.budget = self._best()
 
     def observe(self, tree_depth: int, accepted: int) -> None:
@@ -99,7 +99,7 @@ class AdaptiveBudget:
             return self.budget
         self.idle_steps += 1
         if self.idle_steps % self.probe_every == 0:
-            return self.candidates[min(3, len(self.candidates) - 1)]  # a small probe tree
+            return self.candidates[min(4, len(self.candidates) - 1)]  # a small probe tree (8 nodes)
         return 0
 
     def expected_tokens(self, n: int) -> float:

@@ -91,14 +91,19 @@ class Engine:
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
-            tokens, origins = self._step(sampling, generator, stats)
+            tokens, origins, tree_depth, tree_budget = self._step(sampling, generator)
             stats.decode_seconds += time.perf_counter() - start
             event = self._commit(tokens, origins, stats, stream, budget)
             stats.decode_tokens += len(event.tokens)
+            drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
+            stats.record_step(tree_depth, drafted, tree_budget)
             yield event
 
-    def _step(self, sampling: SamplingConfig, generator, stats: GenerationStats) -> tuple[list[int], list[str]]:
-        """Draft, verify the tree (or just the root) in one forward, commit the accepted KV."""
+    def _step(self, sampling: SamplingConfig, generator) -> tuple[list[int], list[str], int, int]:
+        """Draft, verify the tree (or just the root) in one forward, commit the accepted KV.
+
+        Returns the accepted tokens then the bonus, their origins, the tree's depth and its budget.
+        """
         budget = self.policy.next_budget() if self.policy else self.fixed_budget if self.drafter else 0
         tree = self.drafter.propose(budget) if budget else DraftTree.empty()
         prefix = self.cache.length
@@ -108,11 +113,10 @@ class Engine:
         choices = target_choices(self._process(logits, sampling, tree), sampling, generator)
         verdict = accept(tree, choices)
         self.cache.commit([0] + [node + 1 for node in verdict.path])
-        stats.record_step(tree.depth, len(verdict.path), budget)
         if self.policy:
             self.policy.observe(tree.depth, len(verdict.path))
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
-        return tokens, [tree.origins[node] for node in verdict.path] + [TARGET]
+        return tokens, [tree.origins[node] for node in verdict.path] + [TARGET], tree.depth, budget
 
     def _verify_cost(self) -> VerifyCost:
         """Verification cost by tree size for this model, dtype, device and thread count (cached on disk)."""
@@ -173,24 +177,21 @@ class Engine:
         return out.logits[0]
 
     def _commit(self, tokens, origins, stats, stream, budget) -> StepEvent:
-        """Append tokens to the committed ids (cutting at EOS or the budget) and build the step's event."""
-        finish = None
+        """Append a step's tokens to the committed ids, cut exactly where autoregressive decoding would have
+        stopped (EOS, a stop string, the token budget), and build the step's event."""
+        finish, text = None, ""
         for i, token in enumerate(tokens):
-            if token in self.eos_ids:
-                finish, tokens, origins = "eos", tokens[: i + 1], origins[: i + 1]
+            text += stream.add([token])  # token by token: a stop string ends the output at its last token
+            if token in self.eos_ids or stream.stopped or stats.new_tokens + i + 1 >= budget:
+                finish = "eos" if token in self.eos_ids else "stop" if stream.stopped else "length"
+                tokens, origins = tokens[: i + 1], origins[: i + 1]
                 break
-        if stats.new_tokens + len(tokens) >= budget:
-            keep = budget - stats.new_tokens
-            finish, tokens, origins = finish or "length", tokens[:keep], origins[:keep]
         self.ids[self.length : self.length + len(tokens)] = torch.tensor(tokens, device=self.device)
         self.length += len(tokens)
-        self.cache.truncate(self.length - 1)  # drop KV of accepted tokens cut at EOS or the budget
+        self.cache.truncate(self.length - 1)  # drop the KV of accepted tokens that were cut
         if self.drafter is not None:
             self.drafter.commit(tokens)
         stats.new_tokens += len(tokens)
-        text = stream.add(tokens)
-        if stream.stopped:
-            finish = "stop"
         if finish:
             text += stream.flush()
         return StepEvent(tokens, origins, text, finish, stats)

@@ -1,0 +1,171 @@
+"""Drafters for tests: real implementations of the `Drafter` protocol whose proposals the test controls.
+
+None of them touches the engine's internals. They track the committed ids through `prefill` / `commit` like
+any drafter, and build their trees with `TreeBuilder`, so siblings are distinct and every tree respects the
+budget. What differs is where their tokens come from:
+
+- `OracleDrafter` knows the target's greedy continuation and proposes it, surrounded by wrong siblings and
+  by decoys (the right token under a wrong parent);
+- `WrongDrafter` proposes only tokens that are never the greedy choice at their position (plus decoys);
+- `RandomTreeDrafter` proposes random shapes mixing correct and random tokens;
+- `TopTokensDrafter` proposes the target's own most likely tokens, `width` children per node — the most
+  adversarial proposal for a sampling verifier, since it always proposes what the target is likely to draw.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
+
+
+class _TrackingDrafter:
+    """Keeps the committed ids, prompt included, exactly as the engine reports them."""
+
+    kind = "test"
+
+    def __init__(self):
+        self.ids: list[int] = []
+        self.proposals: list[DraftTree] = []  # every tree proposed, for the test to inspect
+
+    def prefill(self, ids: list[int]) -> None:
+        self.ids = list(ids)
+
+    def commit(self, tokens: list[int]) -> None:
+        self.ids += list(tokens)
+
+    def propose(self, budget: int) -> DraftTree:
+        tree = self._propose(budget)
+        assert len(tree) <= budget, "a test drafter broke its own budget"
+        self.proposals.append(tree)
+        return tree
+
+    def _propose(self, budget: int) -> DraftTree:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class OracleDrafter(_TrackingDrafter):
+    """Proposes the next `depth` tokens of `reference` (prompt + the target's greedy output) as a chain.
+
+    With `siblings`, every chain node gets a wrong sibling inserted *before* it (so the right child is never
+    simply node 0 and the accepted KV rows are not contiguous), and under each wrong sibling a decoy: the
+    chain's next token, which is right for its depth but sits in a wrong context. Chain nodes are reserved
+    first, so siblings and decoys only use budget the chain leaves over.
+    """
+
+    kind = "oracle"
+
+    def __init__(self, reference: list[int], *, depth: int, vocab_size: int, siblings: bool = True):
+        super().__init__()
+        self.reference = list(reference)
+        self.depth = depth
+        self.vocab_size = vocab_size
+        self.siblings = siblings
+
+    def chain_length(self, budget: int) -> int:
+        return max(0, min(self.depth, budget, len(self.reference) - len(self.ids)))
+
+    def _propose(self, budget: int) -> DraftTree:
+        n = len(self.ids)
+        if self.ids != self.reference[:n]:  # the engine left the reference: an oracle no more
+            return DraftTree.empty()
+        chain = self.reference[n : n + self.chain_length(budget)]
+        builder, parent = TreeBuilder(), ROOT
+        for d, token in enumerate(chain):
+            left = len(chain) - d  # chain nodes still to place, this one included
+            if self.siblings and len(builder) + left + 1 <= budget:
+                wrong = builder.add(parent, (token + 1) % self.vocab_size, self.kind)
+                if d + 1 < len(chain) and len(builder) + left + 1 <= budget:
+                    builder.add(wrong, chain[d + 1], self.kind)  # decoy: right token, wrong context
+            parent = builder.add(parent, token, self.kind)
+        return builder.build()
+
+
+class WrongDrafter(_TrackingDrafter):
+    """Never right: `width` children of the root that differ from the greedy token, each followed by the
+    reference's next tokens (decoys that would be right if their parent were)."""
+
+    kind = "wrong"
+
+    def __init__(self, reference: list[int], *, vocab_size: int, width: int = 3, depth: int = 4):
+        super().__init__()
+        self.reference = list(reference)
+        self.vocab_size = vocab_size
+        self.width = width
+        self.depth = depth
+
+    def _propose(self, budget: int) -> DraftTree:
+        n = len(self.ids)
+        assert self.ids == self.reference[:n], "the engine left the greedy reference"
+        right = self.reference[n]
+        builder = TreeBuilder()
+        for w in range(1, self.width + 1):
+            wrong = (right + w) % self.vocab_size
+            builder.add_chain([wrong, *self.reference[n + 1 : n + self.depth]], self.kind, budget=budget)
+        return builder.build()
+
+
+class RandomTreeDrafter(_TrackingDrafter):
+    """Random shapes and sizes (0 to `budget` nodes), each token the reference's token for its depth with
+    probability `p_correct` (right when the node's ancestors are right, a decoy otherwise), else random.
+    Without a reference every token is random."""
+
+    kind = "random"
+
+    def __init__(self, *, vocab_size: int, seed: int, reference: list[int] | None = None, p_correct: float = 0.6):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.rng = random.Random(seed)
+        self.reference = reference
+        self.p_correct = p_correct
+
+    def _propose(self, budget: int) -> DraftTree:
+        rng, n = self.rng, len(self.ids)
+        size = rng.randint(0, budget)
+        builder, depths = TreeBuilder(), {ROOT: 0}
+        for _ in range(4 * size):  # duplicates collapse into existing nodes, so try a few times more
+            if len(builder) >= size:
+                break
+            if len(builder) and rng.random() < 0.5:
+                parent = len(builder) - 1  # grow the newest node: long chains are common
+            else:
+                parent = rng.choice([ROOT, *range(len(builder))])
+            depth = depths[parent] + 1
+            if self.reference is not None and n + depth - 1 < len(self.reference) and rng.random() < self.p_correct:
+                token = self.reference[n + depth - 1]
+            else:
+                token = rng.randrange(self.vocab_size)
+            node = builder.add(parent, token, self.kind)
+            depths[node] = depth
+        return builder.build()
+
+
+class TopTokensDrafter(_TrackingDrafter):
+    """The `width` most likely tokens of `next_probs(context)` at every node, down to `depth`, breadth first.
+
+    `next_probs` maps a tuple of ids to the next-token probabilities (a list) — the target's own, in the
+    sampling tests. `width=1` is a greedy chain of the target's favourite tokens.
+    """
+
+    kind = "top"
+
+    def __init__(self, next_probs: Callable[[tuple[int, ...]], list[float]], *, width: int, depth: int):
+        super().__init__()
+        self.next_probs = next_probs
+        self.width = width
+        self.depth = depth
+
+    def _propose(self, budget: int) -> DraftTree:
+        builder = TreeBuilder()
+        frontier = [(ROOT, tuple(self.ids))]
+        for _ in range(self.depth):
+            below = []
+            for parent, context in frontier:
+                probs = self.next_probs(context)
+                for token in sorted(range(len(probs)), key=lambda t: -probs[t])[: self.width]:
+                    if len(builder) >= budget:
+                        return builder.build()
+                    below.append((builder.add(parent, token, self.kind), context + (token,)))
+            frontier = below
+        return builder.build()

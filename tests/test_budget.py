@@ -1,0 +1,69 @@
+"""The adaptive tree budget weighs measured verification cost against observed acceptance."""
+
+from __future__ import annotations
+
+import json
+
+from specchat.engine.budget import AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
+
+CPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.7, 1.8, 1.85, 1.9, 2.0, 2.6, 3.8))
+GPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.0, 1.0, 1.0, 1.01, 1.02, 1.04, 1.1))
+
+
+def test_relative_cost_interpolates_between_measured_sizes():
+    assert CPU_LIKE.relative(0) == 1.0
+    assert CPU_LIKE.relative(12) == (1.9 + 2.0) / 2
+    assert CPU_LIKE.relative(128) == 3.8 * 2
+
+
+def test_rejected_drafts_turn_drafting_off_and_probes_continue():
+    policy = AdaptiveBudget(CPU_LIKE, probe_every=8)
+    for _ in range(30):
+        policy.observe(tree_depth=4, accepted=0)
+    assert policy.budget == 0
+    budgets = [policy.next_budget() for _ in range(16)]
+    assert budgets.count(0) == 14 and max(budgets) == 8  # two small probe trees in 16 steps
+
+
+def test_long_acceptances_grow_the_budget_where_verification_is_cheap():
+    cpu, gpu = AdaptiveBudget(CPU_LIKE), AdaptiveBudget(GPU_LIKE)
+    for policy in (cpu, gpu):
+        for _ in range(40):
+            policy.observe(tree_depth=16, accepted=14)
+    assert cpu.budget >= 8
+    assert gpu.budget >= cpu.budget
+    assert gpu.expected_tokens(16) > 10
+
+
+def test_the_budget_follows_the_text():
+    policy = AdaptiveBudget(CPU_LIKE)
+    for _ in range(40):
+        policy.observe(tree_depth=16, accepted=16)
+    copying = policy.budget
+    for _ in range(80):
+        policy.observe(tree_depth=2, accepted=0)
+    assert copying >= 8 and policy.budget == 0
+
+
+def test_empty_trees_say_nothing_about_acceptance():
+    policy = AdaptiveBudget(CPU_LIKE)
+    before = policy.expected_tokens(8)
+    policy.observe(tree_depth=0, accepted=0)
+    assert policy.expected_tokens(8) == before
+
+
+def test_calibration_is_monotone_and_cached(tmp_path):
+    calls = []
+
+    def forward(n):
+        calls.append(n)
+
+    cost = measure_verify_cost(forward, sizes=(0, 1, 4), repeats=3)
+    assert cost.sizes == (0, 1, 4) and list(cost.seconds) == sorted(cost.seconds)
+    assert calls.count(4) == 4  # one warm-up, then the repeats
+
+    path = tmp_path / "verify_cost.json"
+    first = cached_verify_cost(path, "model|fp32|cpu", lambda: cost)
+    again = cached_verify_cost(path, "model|fp32|cpu", lambda: VerifyCost((0,), (9.0,)))
+    assert first == again == VerifyCost(cost.sizes, cost.seconds)
+    assert list(json.loads(path.read_text())) == ["model|fp32|cpu"]

@@ -1,0 +1,325 @@
+"""Greedy tree speculative decoding emits exactly the target's greedy tokens, whatever the drafter proposes.
+
+Proven here, on tiny random models of every family (and once on the real default model):
+- equality with `transformers`' greedy `generate` for an oracle drafter (always right, surrounded by wrong
+  siblings and decoys), an always-wrong drafter, random trees of every budget from 1 to 64, and the n-gram
+  drafter at budgets 1, 4, 16 and 64;
+- the oracle's whole chain is accepted at every step, its tokens carry the drafter's origin and the bonus
+  "target"; the always-wrong drafter gets nothing accepted and every token is "target";
+- an EOS inside an accepted path (or as the bonus) ends generation exactly there with "eos",
+  `max_new_tokens` reached mid-path gives exactly that many tokens with "length", and a stop string
+  completed mid-path ends it with "stop" after the same tokens and text — all as autoregressive decoding;
+- after any sequence of speculative steps (cut paths and a second turn included) the static cache holds
+  exactly the KV of a fresh forward over the committed tokens;
+- with the repetition penalty, spec decoding equals autoregressive decoding under the same penalty (each
+  tree node is penalised with its own history), and the penalty really changes the output.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from conftest import TINY_FAMILIES, tiny_model
+from drafters_for_tests import OracleDrafter, RandomTreeDrafter, WrongDrafter
+from transformers import DynamicCache
+
+from specchat.drafters.ngram import NgramDrafter
+from specchat.engine.generate import TARGET, Engine
+from specchat.engine.prompt import encode_prompt
+from specchat.engine.sampling import SamplingConfig
+
+GREEDY = SamplingConfig()
+VOCAB = 1024  # small enough to be cheap, large enough that random models rarely repeat or emit EOS (2)
+
+
+def run(engine: Engine, prompt: list[int], n: int, sampling: SamplingConfig = GREEDY):
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=n))
+    return [t for e in events for t in e.tokens], events
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=n, pad_token_id=model.config.pad_token_id
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def random_prompt(n: int, seed: int, vocab: int = VOCAB) -> list[int]:
+    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@functools.cache
+def model_and_greedy(family: str, seed: int, vocab: int = VOCAB, n: int = 160, prompt: tuple[int, ...] = ()):
+    """A tiny model, a prompt and the model's greedy continuation by `transformers` (shared, read only)."""
+    model = tiny_model(family, vocab_size=vocab, seed=seed)
+    prompt = list(prompt) or random_prompt(12, seed, vocab)
+    return model, prompt, hf_greedy(model, prompt, n)
+
+
+def fresh_kv(model, ids: list[int]):
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def assert_cache_is_fresh_prefill(engine: Engine, committed: list[int]) -> None:
+    """The session holds `committed` and its cache the KV of a fresh forward over all but the last (root)."""
+    assert engine.length == len(committed)
+    assert engine.ids[: engine.length].tolist() == committed
+    assert engine.cache.length == len(committed) - 1
+    # tolerance: fp32 noise between differently batched forwards; a wrong KV row differs by O(1)
+    for layer, (keys, values) in zip(engine.cache.layers, fresh_kv(engine.model, committed[:-1])):
+        assert layer.length == len(committed) - 1
+        torch.testing.assert_close(layer.keys[:, :, : layer.length], keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(layer.values[:, :, : layer.length], values, atol=1e-4, rtol=1e-4)
+
+
+# --- oracle, always-wrong and random drafters -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "family, depth, budget, tree_size",
+    [
+        ("llama", 1, 1, 1),  # the chain alone: no room for siblings
+        ("qwen2", 3, 4, 4),  # one wrong sibling
+        ("qwen3", 4, 16, 11),  # chain + a wrong sibling and a decoy per level
+        ("mistral", 6, 10, 10),  # budget cuts the siblings
+        ("llama", 8, 64, 23),
+    ],
+)
+def test_oracle_chain_is_always_accepted(family, depth, budget, tree_size, tokenizer):
+    model, prompt, greedy = model_and_greedy(family, seed=1)
+    steps = 6
+    n = 1 + steps * (depth + 1)
+    drafter = OracleDrafter(prompt + greedy, depth=depth, vocab_size=VOCAB)
+    engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)
+    out, events = run(engine, prompt, n)
+    assert out == greedy[:n]
+    assert events[0].origins == [TARGET]  # the prefill's token
+    for event in events[1:]:
+        assert event.origins == ["oracle"] * depth + [TARGET]
+    assert [len(tree) for tree in drafter.proposals] == [tree_size] * steps
+    stats = events[-1].stats
+    assert (stats.steps, stats.accepted, stats.acceptance_rate) == (steps, steps * depth, 1.0)
+    assert events[-1].finish_reason == "length"
+    assert_cache_is_fresh_prefill(engine, prompt + out)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("budget", [1, 8, 64])
+def test_always_wrong_drafter_changes_nothing(family, budget, tokenizer):
+    model, prompt, greedy = model_and_greedy(family, seed=2)
+    drafter = WrongDrafter(prompt + greedy, vocab_size=VOCAB, width=3, depth=6)
+    engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)
+    out, events = run(engine, prompt, 40)
+    assert out == greedy[:40]
+    assert all(origin == TARGET for event in events for origin in event.origins)
+    assert len(events) == 40 and events[-1].stats.accepted == 0
+    assert all(len(tree) == min(budget, 18) for tree in drafter.proposals)
+
+
+@pytest.mark.parametrize("seed, budget", list(enumerate([1, 2, 3, 5, 8, 16, 33, 64])))
+def test_random_trees_change_nothing(seed, budget, tokenizer):
+    family = TINY_FAMILIES[seed % 4]
+    model, prompt, greedy = model_and_greedy(family, seed=3)
+    drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=seed, reference=prompt + greedy, p_correct=0.7)
+    engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)
+    out, events = run(engine, prompt, 60)
+    assert out == greedy[:60]
+    assert events[-1].stats.accepted > 0  # some paths were right, so the tree path really ran
+    if budget >= 3:  # and the trees really branched
+        assert any(len(set(tree.parents)) < len(tree) for tree in drafter.proposals)
+    assert_cache_is_fresh_prefill(engine, prompt + out)
+
+
+# --- the n-gram drafter ---------------------------------------------------------------------------------
+
+REPETITIVE = (5, 9, 12, 7, 5, 9, 12, 7, 5, 9, 12, 7, 5, 9)
+# vocab 64: small enough that greedy output falls into loops the n-gram drafter can predict; seeds chosen
+# so that the 96 greedy tokens contain no EOS
+NGRAM_MODELS = {"llama": 0, "qwen2": 3, "qwen3": 1, "mistral": 2}
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("budget", [1, 4, 16, 64])
+def test_ngram_drafter_equals_greedy(family, budget, tokenizer):
+    model, prompt, greedy = model_and_greedy(family, seed=NGRAM_MODELS[family], vocab=64, n=96, prompt=REPETITIVE)
+    assert len(greedy) == 96
+    engine = Engine(model, tokenizer, max_len=256, drafter=NgramDrafter(), draft_budget=budget)
+    out, events = run(engine, prompt, 96)
+    assert out == greedy
+    assert events[-1].stats.accepted > 0
+    assert any("ngram" in event.origins for event in events)
+    assert_cache_is_fresh_prefill(engine, prompt + out)
+
+
+# --- EOS and max_new_tokens inside an accepted path -----------------------------------------------------
+
+DEPTH = 4  # oracle chain: step 1 commits tokens 1..5 (5 = bonus), step 2 commits 6..10, ...
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 6, 8])  # index of the EOS in the output: chain nodes and a bonus
+def test_eos_inside_accepted_path_stops_there(k, tokenizer):
+    model = tiny_model("qwen2", vocab_size=VOCAB, seed=4)
+    prompt = random_prompt(10, seed=4)
+    greedy = hf_greedy(model, prompt, 40)
+    eos = greedy[k]
+    assert eos not in greedy[:k]  # the output's first EOS is at k
+    model.generation_config.eos_token_id = eos
+    ar_out, ar_events = run(Engine(model, tokenizer, max_len=128), prompt, 40)
+    assert ar_out == greedy[: k + 1] and ar_events[-1].finish_reason == "eos"
+
+    drafter = OracleDrafter(prompt + greedy, depth=DEPTH, vocab_size=VOCAB)  # its chains run past the EOS
+    engine = Engine(model, tokenizer, max_len=128, drafter=drafter, draft_budget=12)
+    out, events = run(engine, prompt, 40)
+    assert out == ar_out
+    assert events[-1].finish_reason == "eos" and events[-1].tokens[-1] == eos
+    assert all(event.finish_reason is None for event in events[:-1])
+    assert_cache_is_fresh_prefill(engine, prompt + out)
+
+    # the session goes on from there: a second turn equals a fresh autoregressive session
+    second = prompt + out + [7, 8, 9]
+    expected2, _ = run(Engine(model, tokenizer, max_len=128), second, 20)
+    drafter.reference = second + expected2
+    out2, events2 = run(engine, second, 20)
+    assert out2 == expected2 and events2[-1].stats.accepted > 0
+    assert_cache_is_fresh_prefill(engine, second + out2)
+
+
+@pytest.mark.parametrize("n, mid_path", [(1, False), (2, True), (3, True), (6, False), (8, True), (11, False)])
+def test_max_new_tokens_inside_accepted_path(n, mid_path, tokenizer):
+    model, prompt, greedy = model_and_greedy("llama", seed=5)
+    drafter = OracleDrafter(prompt + greedy, depth=DEPTH, vocab_size=VOCAB)
+    engine = Engine(model, tokenizer, max_len=128, drafter=drafter, draft_budget=12)
+    out, events = run(engine, prompt, n)
+    assert out == greedy[:n]
+    assert events[-1].finish_reason == "length"
+    if mid_path:  # the cut dropped the bonus and part of the chain
+        assert events[-1].origins == ["oracle"] * len(events[-1].tokens)
+    assert_cache_is_fresh_prefill(engine, prompt + out)
+    # and nothing of the dropped part leaks into the next request
+    out2, _ = run(engine, prompt + out, 9)
+    assert out2 == greedy[n : n + 9]
+    assert_cache_is_fresh_prefill(engine, prompt + out + out2)
+
+
+@pytest.mark.parametrize("k", [3, 5, 7])  # the stop string ends at token k: a chain node, a bonus, a chain node
+def test_stop_string_inside_accepted_path_stops_like_autoregressive(k, tokenizer):
+    model = tiny_model("llama", seed=2)  # full vocabulary: its greedy tokens decode to plain words
+    prompt = random_prompt(10, seed=2, vocab=49152)
+    greedy = hf_greedy(model, prompt, 30)
+    stop = tokenizer.decode([greedy[k]]).strip()
+    assert stop.isalpha() and stop not in tokenizer.decode(greedy[:k])
+    ar_events = list(Engine(model, tokenizer, max_len=128).generate(prompt, max_new_tokens=30, stop=(stop,)))
+    ar_out = [t for e in ar_events for t in e.tokens]
+    assert ar_out == greedy[: k + 1] and ar_events[-1].finish_reason == "stop"
+
+    drafter = OracleDrafter(prompt + greedy, depth=DEPTH, vocab_size=49152)
+    engine = Engine(model, tokenizer, max_len=128, drafter=drafter, draft_budget=12)
+    events = list(engine.generate(prompt, max_new_tokens=30, stop=(stop,)))
+    assert events[-1].finish_reason == "stop"
+    assert "".join(e.text for e in events) == "".join(e.text for e in ar_events)
+    assert [t for e in events for t in e.tokens] == ar_out  # no token past the stop string is committed
+    assert_cache_is_fresh_prefill(engine, prompt + ar_out)
+
+
+def test_trees_fill_the_context_exactly_like_autoregressive(tokenizer):
+    """Near the end of the context every step still has room for a full tree; the output stops where
+    autoregressive decoding with the same max_len stops."""
+    model, prompt, greedy = model_and_greedy("qwen3", seed=7)
+    ar_out, ar_events = run(Engine(model, tokenizer, max_len=len(prompt) + 20), prompt, 100)
+    assert ar_out == greedy[:21] and ar_events[-1].finish_reason == "length"
+    for budget in (8, 16, 64):
+        drafter = OracleDrafter(prompt + greedy, depth=8, vocab_size=VOCAB)
+        engine = Engine(model, tokenizer, max_len=len(prompt) + 20, drafter=drafter, draft_budget=budget)
+        out, events = run(engine, prompt, 100)
+        assert out == ar_out and events[-1].finish_reason == "length"
+        assert_cache_is_fresh_prefill(engine, prompt + out)
+
+
+def test_adaptive_budget_changes_nothing(tokenizer, tmp_path, monkeypatch):
+    """Without a fixed budget the engine calibrates (forwards it never commits) and varies the tree size."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the calibration file goes here
+    model, prompt, greedy = model_and_greedy("qwen3", seed=NGRAM_MODELS["qwen3"], vocab=64, n=96, prompt=REPETITIVE)
+    engine = Engine(model, tokenizer, max_len=256, drafter=NgramDrafter())
+    out, events = run(engine, prompt, 96)
+    assert (tmp_path / "specchat" / "verify_cost.json").is_file()
+    assert out == greedy and events[-1].stats.accepted > 0
+    assert_cache_is_fresh_prefill(engine, prompt + out)
+    out2, _ = run(engine, prompt, 96)  # the session again, budget policy warmed up
+    assert out2 == greedy
+
+
+# --- the cache after speculative steps, over two turns --------------------------------------------------
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_cache_equals_fresh_prefill_over_two_turns(family, tokenizer):
+    model, prompt, greedy = model_and_greedy(family, seed=6)
+    drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=6, reference=prompt + greedy, p_correct=0.8)
+    engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=16)
+    out, events = run(engine, prompt, 33)
+    assert out == greedy[:33] and events[-1].stats.accepted > 0
+    assert_cache_is_fresh_prefill(engine, prompt + out)
+
+    second = prompt + out + [300, 301, 302, 303]
+    expected = hf_greedy(model, second, 40)
+    drafter.reference = second + expected
+    out2, events2 = run(engine, second, 40)
+    assert out2 == expected
+    assert events2[-1].stats.reused_tokens == len(prompt) + len(out) - 1
+    assert events2[-1].stats.accepted > 0
+    assert_cache_is_fresh_prefill(engine, second + out2)
+
+
+# --- the repetition penalty: every node has its own history ---------------------------------------------
+
+PENALTY = SamplingConfig(penalty=1.3, penalty_window=16)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_penalty_spec_equals_penalty_autoregressive(family, tokenizer):
+    model, prompt, plain = model_and_greedy(family, seed=NGRAM_MODELS[family], vocab=64, n=96, prompt=REPETITIVE)
+    expected, _ = run(Engine(model, tokenizer, max_len=256), prompt, 96, PENALTY)
+    assert len(expected) == 96
+    assert expected != plain  # the penalty changes the output, so the histories matter
+
+    oracle = OracleDrafter(prompt + expected, depth=6, vocab_size=64)
+    drafters = [
+        (oracle, 24),
+        (NgramDrafter(), 16),
+        (RandomTreeDrafter(vocab_size=64, seed=1, reference=prompt + expected, p_correct=0.7), 32),
+    ]
+    for drafter, budget in drafters:
+        engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)
+        out, events = run(engine, prompt, 96, PENALTY)
+        assert out == expected, type(drafter).__name__
+        assert events[-1].stats.accepted > 0, type(drafter).__name__
+        if drafter is oracle:  # every chain node, at every depth, chose the penalised greedy token
+            assert events[-1].stats.acceptance_rate == 1.0
+
+
+# --- the default model ----------------------------------------------------------------------------------
+
+COPY_PROMPT = (
+    "Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, "
+    "mango, nectarine, orange, papaya, quince, raspberry, strawberry, tangerine, watermelon, apricot, "
+    "blueberry, coconut, cranberry, guava, lime, lychee, peach, pear, plum, pomegranate, blackberry, cantaloupe."
+)
+
+
+@pytest.mark.slow
+def test_default_model_ngram_equals_greedy(default_model):
+    model, tokenizer = default_model.model, default_model.tokenizer
+    prompt = encode_prompt(tokenizer, COPY_PROMPT)
+    expected, _ = run(Engine(model, tokenizer, max_len=len(prompt) + 96), prompt, 96)
+    assert len(expected) >= 64
+    engine = Engine(model, tokenizer, max_len=len(prompt) + 96, drafter=NgramDrafter(), draft_budget=8)
+    out, events = run(engine, prompt, 96)
+    assert out == expected
+    assert events[-1].stats.accepted > 0
+    assert any("ngram" in event.origins for event in events)
