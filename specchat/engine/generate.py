@@ -15,6 +15,7 @@ import torch
 from specchat.drafters.base import Drafter
 from specchat.engine.budget import SIZES, AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
 from specchat.engine.cache import TreeCache
+from specchat.engine.linear import use_few_rows_linear
 from specchat.engine.sampling import SamplingConfig, make_generator, process_logits, sample
 from specchat.engine.stats import GenerationStats
 from specchat.engine.text import TextStream
@@ -47,6 +48,8 @@ class Engine:
                  draft_budget: int | None = None):  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
+        if drafter is not None:
+            use_few_rows_linear(model)  # verification forwards are a few rows: make them cost one decode step
         self.drafter = drafter
         self.fixed_budget = draft_budget
         self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
