@@ -189,6 +189,7 @@ def bench(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 128,
     repeats: Annotated[int, typer.Option(help="Interleaved repetitions after the warm-up.")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Also draw tokens/s and tau to this PNG.")] = None,
 ) -> None:
     """Greedy decoding speed of each drafter against autoregressive decoding (and transformers)."""
     if ctx.invoked_subcommand is not None:
@@ -197,6 +198,8 @@ def bench(
 
     methods = _csv(drafter)
     _check_drafters(methods, draft_budget)
+    if plot is not None:
+        from specchat.bench_plot import plot_rows  # fails now, not after the run, when matplotlib is missing
     if baseline not in (None, "hf"):
         raise SpecchatError(f"unknown baseline '{baseline}'; use hf")
     if max_new_tokens < 1 or repeats < 1:
@@ -214,7 +217,10 @@ def bench(
         rows += compare(
             loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget
         )
-    _report([row.as_dict() for row in rows], as_json, title=f"{loaded.source.name}, greedy, decode tokens/s")
+    title = f"{loaded.source.name}, greedy, decode tokens/s"
+    _report([row.as_dict() for row in rows], as_json, title=title)
+    if plot is not None:
+        plot_rows([row.as_dict() for row in rows], plot, title=title)
 
 
 @bench_app.command("context")

@@ -20,7 +20,7 @@ from specchat.engine.sampling import SamplingConfig, make_generator, process_log
 from specchat.engine.stats import GenerationStats
 from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, node_histories, tree_batch
-from specchat.engine.verify import accept, target_choices
+from specchat.engine.verify import verify
 from specchat.errors import SpecchatError
 from specchat.loading import cache_dir
 
@@ -113,8 +113,7 @@ class Engine:
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
         mask = batch.attention_mask(prefix) if len(tree) else None  # one query sees everything: no mask
         logits = self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
-        choices = target_choices(self._process(logits, sampling, tree), sampling, generator)
-        verdict = accept(tree, choices)
+        verdict = verify(tree, self._process(logits, sampling, tree), sampling, generator)
         self.cache.commit([0] + [node + 1 for node in verdict.path])
         if self.policy:
             self.policy.observe(tree.depth, len(verdict.path))

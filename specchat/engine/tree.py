@@ -19,6 +19,9 @@ class DraftTree:
     tokens: list[int]  # [n] proposed token ids
     parents: list[int]  # [n] parent node index, ROOT for children of the root
     origins: list[str]  # [n] the drafter kind that proposed each node
+    # [n, vocab] the distribution each node was sampled from (siblings in sampling order); all-zero rows
+    # mark deterministic nodes; None when the drafter sampled nothing.
+    draft_probs: torch.Tensor | None = None
     depths: list[int] = field(init=False)  # [n] 1 for children of the root
 
     def __post_init__(self):

@@ -10,6 +10,13 @@ Terms, used throughout:
 Every committed token is then a choice of the target at its own position, so greedy output equals
 target-only greedy decoding and sampled output is distributed exactly as target-only sampling, whatever the
 drafter proposed.
+
+When a drafter *sampled* a node's children from its own distributions (the tree carries `draft_probs`),
+`accept_sampled` tries them by recursive rejection sampling instead, which accepts more: child i, drawn
+from q_i, is accepted with probability min(1, r(x_i) / q_i(x_i)); on rejection r <- norm(max(r - q_i, 0));
+if every child is rejected the bonus is drawn from the final r (r starts as the target's p). With
+siblings drawn without replacement (q_{i+1} = q_i without x_i, renormalised) this is still exact
+(SpecInfer's multi-round rejection, Sequoia's without-replacement form).
 """
 
 from __future__ import annotations
@@ -33,6 +40,13 @@ def target_choices(processed: torch.Tensor, sampling: SamplingConfig, generator)
     return sample(processed, sampling, generator).tolist()
 
 
+def verify(tree: DraftTree, processed: torch.Tensor, sampling: SamplingConfig, generator) -> Verdict:
+    """Accepted path and bonus for a tree, from the processed target logits of its rows [n + 1, vocab]."""
+    if sampling.greedy or tree.draft_probs is None:
+        return accept(tree, target_choices(processed, sampling, generator))
+    return accept_sampled(tree, processed.softmax(dim=-1), generator)
+
+
 def accept(tree: DraftTree, choices: list[int]) -> Verdict:
     """Walk from the root along children whose token is their parent's choice (row 0 = root)."""
     children: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens))}
@@ -41,3 +55,42 @@ def accept(tree: DraftTree, choices: list[int]) -> Verdict:
         path.append(child)
         node = child
     return Verdict(path, choices[node + 1])
+
+
+def accept_sampled(tree: DraftTree, probs: torch.Tensor, generator) -> Verdict:
+    """Walk down with recursive rejection sampling wherever all children were sampled by the drafter
+    (their `draft_probs` rows are distributions), with one target draw per node elsewhere.
+
+    Args:
+        probs: [n + 1, vocab] target distributions, row 0 = root, row i + 1 = node i.
+    """
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(i)
+    sampled = tree.draft_probs.sum(dim=-1) > 0  # [n] rows of deterministic nodes are all zero
+    path, node = [], ROOT
+    while True:
+        residual = probs[node + 1]
+        kids = children.get(node, [])
+        if not kids or not all(sampled[kid] for kid in kids):
+            token = _draw(residual, generator)
+            child = next((kid for kid in kids if tree.tokens[kid] == token), None)
+            if child is None:
+                return Verdict(path, token)
+        else:
+            child = None
+            for kid in kids:
+                q, token = tree.draft_probs[kid], tree.tokens[kid]
+                if torch.rand((), generator=generator, device=q.device) * q[token] < residual[token]:
+                    child = kid
+                    break
+                residual = (residual - q).clamp_(min=0)
+                residual = residual / residual.sum()
+            if child is None:
+                return Verdict(path, _draw(residual, generator))
+        path.append(child)
+        node = child
+
+
+def _draw(probs: torch.Tensor, generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
