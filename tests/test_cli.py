@@ -45,6 +45,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("bench", "--drafter", "psychic"), ("unknown drafter",)),
         (("bench", "--prompt-set", "poems"), ("unknown prompt set", "summarize")),
         (("bench", "--prompts", "missing.jsonl"), ("no such prompts file",)),
+        (("run", "hi", "--drafter", "ngram", "--draft-budget", "0"), ("--draft-budget",)),
     ],
 )
 def test_bad_input_is_one_line(args, needles):
@@ -86,3 +87,15 @@ def test_models_lists_profiles_and_availability():
     for alias in ("smollm2-135m", "llama3.1-8b", "llama3-8b-262k", "qwen2.5-7b", "vicuna-7b-16k", "qwq-32b"):
         assert alias in result.stdout
     assert "yes" in result.stdout  # the embedded model is available here
+
+
+@pytest.mark.slow
+def test_run_ngram_reports_drafted_tokens_and_matches_autoregressive(default_model):
+    prompt = "Repeat this list exactly, twice: red, green, blue, yellow, purple, orange, black, white."
+    common = ("run", prompt, "--temperature", "0", "--json", "-n", "48")
+    ar = json.loads(specchat(*common).stdout)
+    spec = json.loads(specchat(*common, "--drafter", "ngram", "--draft-budget", "8").stdout)
+    assert spec["token_ids"] == ar["token_ids"]
+    assert spec["drafter"] == "ngram" and spec["draft_budget"] == 8
+    assert "ngram" in spec["origins"] and spec["mean_accepted_length"] > 1.0
+    assert spec["steps"] < ar["steps"]

@@ -1,0 +1,52 @@
+"""`specchat bench` measures every method on the same prompts and reports exact-output checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_model
+
+from specchat.bench import compare
+from specchat.bench_prompts import PROMPT_SETS, load_prompt_sets
+from specchat.errors import SpecchatError
+from specchat.loading import LoadedModel, ModelSource
+
+
+def test_builtin_and_file_prompt_sets(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"prompt": "one"}) + "\n\n" + json.dumps({"prompt": "two"}) + "\n")
+    sets = load_prompt_sets(["code"], path)
+    assert sets == {"code": PROMPT_SETS["code"], "mine": ["one", "two"]}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("not json\n", "mine.jsonl:1"), ('{"text": "x"}\n', "mine.jsonl:1"), ('{"prompt": ""}\n', "non-empty"), ("\n", "no prompts")],
+)
+def test_bad_prompt_files_are_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(content)
+    with pytest.raises(SpecchatError, match=message):
+        load_prompt_sets([], path)
+
+
+def test_unknown_prompt_set():
+    with pytest.raises(SpecchatError, match="unknown prompt set 'poems'"):
+        load_prompt_sets(["poems"])
+
+
+def test_compare_rows_cover_every_method_and_check_identity(tokenizer):
+    loaded = LoadedModel(tiny_model("llama"), tokenizer, ModelSource("tiny", "tiny"), 0.0)
+    sets = {"loop": ["a b c a b c a b c a b c", "x y x y x y x y"]}
+    rows = compare(loaded, sets, ["ngram", "hf", "hf-prompt-lookup"], max_new_tokens=24, repeats=1, draft_budget=4)
+    by_method = {row.method: row for row in rows}
+    assert list(by_method) == ["none", "ngram", "hf", "hf-prompt-lookup"]
+    assert all(row.identical_to_ar for row in rows)  # fp32 greedy: every method gives the same tokens
+    assert by_method["none"].speedup_vs_ar == 1.0 and by_method["none"].mean_accepted_length == 1.0
+    assert by_method["ngram"].mean_budget == 4.0
+    assert all(row.tokens_per_second > 0 and row.new_tokens > 0 for row in rows)
+    assert set(rows[0].as_dict()) >= {
+        "drafter", "prompt_set", "new_tokens", "tokens_per_second", "speedup_vs_ar",
+        "mean_accepted_length", "acceptance_rate", "identical_to_ar",
+    }  # fmt: skip
