@@ -85,7 +85,11 @@ def accept_sampled(tree: DraftTree, probs: torch.Tensor, generator) -> Verdict:
                     child = kid
                     break
                 residual = (residual - q).clamp_(min=0)
-                residual = residual / residual.sum()
+                total = residual.sum()
+                if total <= 0:  # r equalled q up to rounding: the rejection had probability ~0
+                    child = kid
+                    break
+                residual = residual / total
             if child is None:
                 return Verdict(path, _draw(residual, generator))
         path.append(child)
