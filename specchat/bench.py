@@ -101,7 +101,9 @@ def compare(
                     identical_to_ar=all(
                         a.tokens == b.tokens for a, b in zip(flat, [r for rep in runs["none", name] for r in rep])
                     ),
-                    mean_budget=round(sum(r.budget_total for r in flat) / steps, 2) if method not in ("none", *HF_METHODS) else None,
+                    mean_budget=round(sum(r.budget_total for r in flat) / steps, 2)
+                    if method not in ("none", *HF_METHODS)
+                    else None,
                 )
             )
     return rows

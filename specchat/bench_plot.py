@@ -21,7 +21,10 @@ def plot_rows(rows: list[dict], path: Path, *, title: str) -> None:
     value = {(r["prompt_set"], r["dtype"], r["drafter"]): r for r in rows}
     width = 0.8 / len(methods)
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for axis, key, label in ((axes[0], "tokens_per_second", "decode tokens/s"), (axes[1], "mean_accepted_length", "tau (tokens per step)")):
+    for axis, key, label in (
+        (axes[0], "tokens_per_second", "decode tokens/s"),
+        (axes[1], "mean_accepted_length", "tau (tokens per step)"),
+    ):
         for m, method in enumerate(methods):
             heights = [(value.get((*g, method)) or {}).get(key) or 0 for g in groups]
             axis.bar([i + m * width for i in range(len(groups))], heights, width, label=method)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specchat.errors import SpecchatError
 
-_CODE_SNIPPET = '''def parse_config(path):
+_CODE_SNIPPET = """def parse_config(path):
     config = {}
     with open(path) as handle:
         for line in handle:
@@ -24,7 +24,7 @@ def merge_configs(base, override):
     for key, value in override.items():
         merged[key] = value
     return merged
-'''
+"""
 
 _PASSAGE = (
     "The lighthouse at Carrow Point was built in 1871 to warn ships away from a reef that had sunk eleven "

@@ -150,7 +150,9 @@ def models() -> None:
         table.add_row(alias, profile.target, drafters, available)
     console = Console()
     console.print(table)
-    console.print("Every model also runs with --drafter none (autoregressive). Any repo id or local directory works too.")
+    console.print(
+        "Every model also runs with --drafter none (autoregressive). Any repo id or local directory works too."
+    )
 
 
 def _not_built(command: str):
@@ -162,9 +164,7 @@ def _not_built(command: str):
 
 
 for _name in ("chat", "write"):
-    app.command(_name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})(
-        _not_built(_name)
-    )
+    app.command(_name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})(_not_built(_name))
 
 
 bench_app = typer.Typer(help="Benchmarks: speculative vs autoregressive vs transformers, same run.")
@@ -181,8 +181,10 @@ def bench(
     model: ModelOption = None,
     drafter: Annotated[str, typer.Option("--drafter", help="Comma-separated drafters to compare with AR.")] = "none",
     draft_budget: BudgetOption = None,
-    prompt_set: Annotated[str, typer.Option("--prompt-set", help="Comma-separated: chat, code, summarize.")] = "chat,code,summarize",
-    prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL file of {\"prompt\": ...} lines.")] = None,
+    prompt_set: Annotated[
+        str, typer.Option("--prompt-set", help="Comma-separated: chat, code, summarize.")
+    ] = "chat,code,summarize",
+    prompts: Annotated[Path | None, typer.Option("--prompts", help='JSONL file of {"prompt": ...} lines.')] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="hf: add transformers generate rows.")] = None,
     dtype: Annotated[str, typer.Option(help="Comma-separated dtypes, each measured in turn.")] = "float32",
     device: DeviceOption = "auto",

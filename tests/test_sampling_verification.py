@@ -23,6 +23,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from chi_square import assert_fits, assert_rejected
 from conftest import tiny_model
 from drafters_for_tests import RandomTreeDrafter, TopTokensDrafter
 
@@ -38,14 +39,6 @@ TOKENS = 3  # the joint distribution of the first three generated tokens is test
 SAMPLES = 2000
 BUDGET = 16
 
-# chi-square critical values at p = 0.001 (upper tail) by degrees of freedom, from the standard table
-# (scipy is not a dependency; checked against the regularized incomplete gamma function)
-CHI2_CRITICAL_P001 = {
-    1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322, 8: 26.124,
-    9: 27.877, 10: 29.588, 11: 31.264, 12: 32.909, 13: 34.528, 14: 36.123, 15: 37.697, 16: 39.252,
-    17: 40.790, 18: 42.312, 19: 43.820, 20: 45.315, 21: 46.797, 22: 48.268, 23: 49.728, 24: 51.179,
-}  # fmt: skip
-MIN_EXPECTED = 10  # outcomes expected fewer times than this are pooled into one cell
 
 CONFIGS = {
     "t1": SamplingConfig(temperature=1.0),
@@ -94,29 +87,6 @@ def exact_joint(target: Target, prompt: list[int], n: int) -> dict[tuple[int, ..
                     (done if t in EOS else grown)[seq + (t,)] = p * q
         joint = grown
     return {**done, **joint}
-
-
-def chi_square(counts: Counter, exact: dict[tuple[int, ...], float]) -> tuple[float, int]:
-    """Pearson's statistic over the likeliest outcomes (expected >= MIN_EXPECTED, at most 24) plus one cell
-    pooling all the others, and its degrees of freedom."""
-    total = sum(counts.values())
-    assert all(seq in exact for seq in counts), "drew an outcome of probability 0"
-    ranked = sorted(exact, key=exact.get, reverse=True)
-    cells = [seq for seq in ranked if exact[seq] * total >= MIN_EXPECTED][: max(CHI2_CRITICAL_P001)]
-    observed = [counts[seq] for seq in cells] + [total - sum(counts[seq] for seq in cells)]
-    expected = [exact[seq] * total for seq in cells] + [total * (1 - sum(exact[seq] for seq in cells))]
-    assert min(expected) >= MIN_EXPECTED  # the chi-square approximation holds
-    return sum((o - e) ** 2 / e for o, e in zip(observed, expected)), len(cells)
-
-
-def assert_fits(counts: Counter, exact: dict, what: str) -> None:
-    statistic, df = chi_square(counts, exact)
-    assert statistic < CHI2_CRITICAL_P001[df], f"{what}: chi2 = {statistic:.1f} with {df} dof"
-
-
-def assert_rejected(counts: Counter, exact: dict, what: str) -> None:
-    statistic, df = chi_square(counts, exact)
-    assert statistic > CHI2_CRITICAL_P001[df], f"{what} was not caught: chi2 = {statistic:.1f} with {df} dof"
 
 
 # --- the model and the drafters -------------------------------------------------------------------------

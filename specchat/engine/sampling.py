@@ -88,9 +88,7 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def process_logits(
-    logits: torch.Tensor, config: SamplingConfig, history: torch.Tensor | None = None
-) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.Tensor | None = None) -> torch.Tensor:
     """Raw logits [n, vocab] -> the processed logits whose softmax (or argmax, when greedy) is the target."""
     logits = logits.float()
     if config.uses_history and history is not None:
