@@ -11,9 +11,9 @@ from specchat.kernels import reference
 
 pytest.importorskip("triton")
 
-from specchat.kernels.decode_attention import prefix_attention  # noqa: E402
-from specchat.kernels.hybrid import triton_hybrid_tree_attention  # noqa: E402
-from specchat.kernels.tree_attention import fused_mask_attn  # noqa: E402
+from specchat.kernels.decode_attention import prefix_attention
+from specchat.kernels.hybrid import triton_hybrid_tree_attention
+from specchat.kernels.tree_attention import fused_mask_attn
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16: inputs and outputs are rounded to 8 bits of mantissa (the interpreter also truncates fp32 -> bf16)
@@ -46,7 +46,9 @@ def test_fused_mask_attn_matches_the_reference(n, heads, kv_heads, dim, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("prefix_len, n, heads, kv_heads, dim", [(1, 1, 4, 1, 64), (200, 3, 4, 4, 80), (333, 9, 8, 2, 128)])
+@pytest.mark.parametrize(
+    "prefix_len, n, heads, kv_heads, dim", [(1, 1, 4, 1, 64), (200, 3, 4, 4, 80), (333, 9, 8, 2, 128)]
+)
 def test_split_kv_prefix_attention_matches_the_reference(prefix_len, n, heads, kv_heads, dim, dtype):
     q, k, v, _ = _inputs(prefix_len, n, heads, kv_heads, dim, dtype, seed=prefix_len)
     got = prefix_attention(q, k, v, prefix_len, dim**-0.5)
@@ -56,7 +58,9 @@ def test_split_kv_prefix_attention_matches_the_reference(prefix_len, n, heads, k
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("prefix_len, n, heads, kv_heads, dim", [(0, 7, 4, 2, 64), (1, 1, 3, 1, 80), (257, 21, 8, 2, 64)])
+@pytest.mark.parametrize(
+    "prefix_len, n, heads, kv_heads, dim", [(0, 7, 4, 2, 64), (1, 1, 3, 1, 80), (257, 21, 8, 2, 64)]
+)
 def test_triton_hybrid_matches_the_reference(prefix_len, n, heads, kv_heads, dim, dtype):
     q, k, v, mask = _inputs(prefix_len, n, heads, kv_heads, dim, dtype, seed=n)
     got = triton_hybrid_tree_attention(q, k, v, prefix_len, mask, dim**-0.5, prefix="triton")

@@ -31,9 +31,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from chi_square import CHI2_CRITICAL_P001, assert_fits, assert_rejected, chi_square
 from conftest import tiny_model
 from drafters_for_tests import SampledTreeDrafter, sample_children
-from chi_square import CHI2_CRITICAL_P001, assert_fits, assert_rejected, chi_square
 from test_sampling_verification import CONFIGS, PROMPT, Target, exact_joint
 
 from specchat.engine.generate import Engine

@@ -10,7 +10,6 @@ greedy, reproducible per seed, and passes a chi-square goodness-of-fit test that
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from transformers.generation.logits_process import (

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specchat.drafters.base import Drafter
+from specchat.engine.attention import uses_hybrid
 from specchat.engine.budget import SIZES, AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
 from specchat.engine.cache import TreeCache
 from specchat.engine.linear import use_few_rows_linear
@@ -51,6 +52,7 @@ class Engine:
         if drafter is not None:
             use_few_rows_linear(model)  # verification forwards are a few rows: make them cost one decode step
         self.drafter = drafter
+        self.hybrid = uses_hybrid(model)  # tree masks then cover the tree alone
         self.fixed_budget = draft_budget
         self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
         self.tree_capacity = 0 if drafter is None else draft_budget if draft_budget is not None else SIZES[-1]
@@ -111,7 +113,7 @@ class Engine:
         tree = self.drafter.propose(budget) if budget else DraftTree.empty()
         prefix = self.cache.length
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
-        mask = batch.attention_mask(prefix) if len(tree) else None  # one query sees everything: no mask
+        mask = batch.attention_mask(prefix, hybrid=self.hybrid) if len(tree) else None  # 1 query: no mask
         logits = self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
         verdict = verify(tree, self._process(logits, sampling, tree), sampling, generator)
         self.cache.commit([0] + [node + 1 for node in verdict.path])
@@ -128,7 +130,7 @@ class Engine:
         def verify_forward(n: int) -> None:  # a chain of n nodes at the current context, never committed
             tree = DraftTree([0] * n, list(range(-1, n - 1)), ["calibration"] * n)
             batch = tree_batch(tree, 0, self.cache.length, self.device)
-            mask = batch.attention_mask(self.cache.length) if n else None
+            mask = batch.attention_mask(self.cache.length, hybrid=self.hybrid) if n else None
             self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
 
         sizes = [n for n in SIZES if n <= self.tree_capacity]
@@ -197,6 +199,26 @@ class Engine:
         if finish:
             text += stream.flush()
         return StepEvent(tokens, origins, text, finish, stats)
+
+    @torch.inference_mode()
+    def autoregressive_step_seconds(self, *, sampling: SamplingConfig = SamplingConfig(), repeats: int = 3) -> float:
+        """Median seconds of one autoregressive decode step at the current context, committing nothing.
+
+        The measured baseline of a speedup (DESIGN §2): same model, engine and machine, at the context as it is
+        now. It runs what a step over an empty tree runs (forward of the root, sampling) and leaves the session
+        as it was; call it between steps, never while another thread iterates `generate`.
+        """
+        if self.length == 0:
+            raise SpecchatError("nothing is committed yet: there is no context to decode from")
+        tree, generator, times = DraftTree.empty(), make_generator(sampling, self.device), []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            batch = tree_batch(tree, int(self.ids[self.length - 1]), self.cache.length, self.device)
+            logits = self._forward(batch.input_ids, positions=batch.position_ids)
+            verify(tree, self._process(logits, sampling, tree), sampling, generator)  # ints out: device synced
+            times.append(time.perf_counter() - start)
+        self.cache.truncate(self.cache.length)  # drop the pending root KV the forwards wrote
+        return sorted(times)[len(times) // 2]
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:
