@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from specchat.engine.attention import check_attention
 from specchat.errors import SpecchatError
 
 app = typer.Typer(
@@ -31,6 +32,9 @@ BudgetOption = Annotated[
 ]
 DtypeOption = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).")]
 DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
+AttentionOption = Annotated[
+    str, typer.Option(help="auto | hybrid | sdpa | eager (auto: hybrid tree attention unless the model slides).")
+]
 DeviceMapOption = Annotated[
     str | None, typer.Option("--device-map", help="accelerate device map (e.g. auto) for models larger than one GPU.")
 ]
@@ -55,6 +59,7 @@ def run(
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
     device_map: DeviceMapOption = None,
+    attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Generate a reply to PROMPT and print it (or a JSON report)."""
@@ -67,6 +72,7 @@ def run(
     if max_new_tokens < 1:
         raise SpecchatError("--max-new-tokens must be at least 1")
     _check_drafters([drafter], draft_budget)
+    check_attention(attention)
     if dtype != "auto" and dtype not in DTYPES:
         raise SpecchatError(f"invalid dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
     overrides = {
@@ -82,7 +88,7 @@ def run(
 
     resolve_model(model)  # fail fast, before the slow imports and loads
     resolve_device(device)
-    loaded = load_model(model, dtype=dtype, device=device, device_map=device_map)
+    loaded = load_model(model, dtype=dtype, device=device, device_map=device_map, attention=attention)
     sampling = _sampling_config(decoding_defaults(loaded), overrides)
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
     engine = Engine(
@@ -120,6 +126,7 @@ def run(
             "draft_budget": round(stats.mean_budget, 2) if drafter != "none" else None,
             "model": loaded.source.name,
             "drafter": drafter,
+            "attention": loaded.model.config._attn_implementation,
         }
         print(json.dumps(report, ensure_ascii=False))
     else:
@@ -188,6 +195,7 @@ def bench(
     baseline: Annotated[str | None, typer.Option("--baseline", help="hf: add transformers generate rows.")] = None,
     dtype: Annotated[str, typer.Option(help="Comma-separated dtypes, each measured in turn.")] = "float32",
     device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 128,
     repeats: Annotated[int, typer.Option(help="Interleaved repetitions after the warm-up.")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
@@ -200,6 +208,7 @@ def bench(
 
     methods = _csv(drafter)
     _check_drafters(methods, draft_budget)
+    check_attention(attention)
     if plot is not None:
         from specchat.bench_plot import plot_rows  # fails now, not after the run, when matplotlib is missing
     if baseline not in (None, "hf"):
@@ -215,7 +224,7 @@ def bench(
 
     rows = []
     for each_dtype in _csv(dtype):
-        loaded = _load(model, each_dtype, device)
+        loaded = _load(model, each_dtype, device, attention)
         rows += compare(
             loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget
         )
@@ -233,6 +242,7 @@ def bench_context(
     repeats: Annotated[int, typer.Option()] = 3,
     dtype: Annotated[str, typer.Option()] = "float32",
     device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Autoregressive time per token as the context grows (only attention cost should grow)."""
@@ -242,7 +252,8 @@ def bench_context(
         lengths = [int(c) for c in _csv(contexts)]
     except ValueError:
         raise SpecchatError(f"--context takes comma-separated integers, not '{contexts}'") from None
-    loaded = _load(model, dtype, device)
+    check_attention(attention)
+    loaded = _load(model, dtype, device, attention)
     window = loaded.model.config.max_position_embeddings
     if not lengths or min(lengths) < 1 or max(lengths) + steps + 1 > window:
         raise SpecchatError(f"each context must be between 1 and {window - steps - 1} tokens")
@@ -260,11 +271,11 @@ def _check_drafters(names: list[str], draft_budget: int | None) -> None:
         raise SpecchatError("--draft-budget must be between 1 and 256")
 
 
-def _load(model: str | None, dtype: str, device: str):
+def _load(model: str | None, dtype: str, device: str, attention: str = "auto"):
     _quiet_transformers()
     from specchat.loading import load_model
 
-    return load_model(model, dtype=dtype, device=device)
+    return load_model(model, dtype=dtype, device=device, attention=attention)
 
 
 def _report(rows: list[dict], as_json: bool, *, title: str) -> None:

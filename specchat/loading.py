@@ -91,10 +91,17 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(
-    spec: str | None, *, dtype: str = "auto", device: str = "auto", device_map: str | None = None
+    spec: str | None,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    attention: str = "auto",
 ) -> LoadedModel:
-    """Load a target model and its tokenizer, ready for inference."""
+    """Load a target model and its tokenizer, ready for inference with the attention `attention` names."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specchat.engine.attention import use_attention
 
     source = resolve_model(spec)
     torch_device = resolve_device(device)
@@ -111,6 +118,7 @@ def load_model(
     if device_map is None:
         model.to(torch_device)
     model.eval().requires_grad_(False)
+    use_attention(model, attention)
     return LoadedModel(model, tokenizer, source, time.perf_counter() - start)
 
 

@@ -46,6 +46,9 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("bench", "--prompt-set", "poems"), ("unknown prompt set", "summarize")),
         (("bench", "--prompts", "missing.jsonl"), ("no such prompts file",)),
         (("run", "hi", "--drafter", "ngram", "--draft-budget", "0"), ("--draft-budget",)),
+        (("run", "hi", "--attention", "flash"), ("unknown attention", "hybrid")),
+        (("bench", "--attention", "flex"), ("unknown attention", "sdpa")),
+        (("bench", "context", "--attention", "flex"), ("unknown attention",)),
     ],
 )
 def test_bad_input_is_one_line(args, needles):

@@ -14,10 +14,14 @@ HYBRID = "specchat_hybrid"
 CHOICES = ("auto", "hybrid", "sdpa", "eager")
 
 
-def use_attention(model, choice: str) -> str:
-    """Switch `model` to the attention named by `choice`; returns the transformers implementation name."""
+def check_attention(choice: str) -> None:
     if choice not in CHOICES:
         raise SpecchatError(f"unknown attention '{choice}'; use {', '.join(CHOICES)}")
+
+
+def use_attention(model, choice: str) -> str:
+    """Switch `model` to the attention named by `choice`; returns the transformers implementation name."""
+    check_attention(choice)
     if choice in ("hybrid", "auto") and _sliding_window(model.config):
         if choice == "hybrid":
             raise SpecchatError("this model uses sliding-window attention, which hybrid attention does not support")
