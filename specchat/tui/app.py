@@ -1,0 +1,296 @@
+"""The chat app: a conversation, the acceptance overlay and an input line, around one `ChatSession`.
+
+The model loads and every answer is generated in worker threads; the UI thread only renders. Answers
+arrive through an `AnswerStream`, drained 30 times a second while one streams.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.timer import Timer
+from textual.widgets import Footer
+
+from specchat.errors import SpecchatError, first_line
+from specchat.tui.answer_stream import AnswerEnd, AnswerStream
+from specchat.tui.chat_input import ChatInput
+from specchat.tui.colours import legend
+from specchat.tui.commands import BY_NAME, Command, CommandSpec, parse_command
+from specchat.tui.conversation import Conversation, Note
+from specchat.tui.help_screen import HelpScreen
+from specchat.tui.message_view import MessageView
+from specchat.tui.overlay import AcceptanceOverlay
+from specchat.tui.palette import SlashCommands
+from specchat.tui.session import ChatSession, ChatSettings, ModelLoader
+from specchat.tui.transcript import load_chat, save_chat
+
+RENDER_HZ = 30  # most redraws per second while an answer streams
+DEFAULT_SAVE = "specchat-chat.json"
+
+
+class ChatApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "specchat"
+    COMMANDS = App.COMMANDS | {SlashCommands}
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("escape", "escape", "stop / leave input"),
+        Binding("f2", "toggle_overlay", "overlay"),
+        Binding("c", "toggle_view", "colours/markdown"),
+        Binding("question_mark,f1", "help", "help", key_display="?"),
+    ]
+
+    def __init__(self, loader: ModelLoader, settings: ChatSettings):
+        super().__init__()
+        self.loader = loader
+        self.initial_settings = settings
+        self.session: ChatSession | None = None
+        self.answer: AnswerStream | None = None  # the answer streaming now
+        self.question: MessageView | None = None  # the user's message the streaming answer replies to
+        self.reply: MessageView | None = None
+        self.plain = False
+        self.error: str | None = None  # why the app gave up (a failed load), for the command line
+        self._pump: Timer | None = None
+
+    @property
+    def generating(self) -> bool:
+        return self.answer is not None
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            yield Conversation(id="conversation")
+            yield AcceptanceOverlay(id="overlay")
+        yield ChatInput(id="input", disabled=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        conversation = self.query_one(Conversation)
+        conversation.border_subtitle = legend()
+        self._loading = conversation.add_note("loading the model…")
+        self._load()
+
+    # Loading
+
+    @work(thread=True, exclusive=True, group="load")
+    def _load(self) -> None:
+        start = time.perf_counter()
+
+        def progress(stage: str) -> None:
+            self.call_from_thread(self._loading.update, f"{stage}… ({time.perf_counter() - start:.1f} s)")
+
+        try:
+            loaded, sampling = self.loader(progress)
+            session = ChatSession(loaded, sampling, self.initial_settings)
+        except SpecchatError as error:
+            self.call_from_thread(self._load_failed, str(error))
+        except Exception as error:  # noqa: BLE001 - e.g. a broken checkpoint: one line, then a clean exit
+            self.call_from_thread(self._load_failed, f"{type(error).__name__}: {first_line(error)}")
+        else:
+            self.call_from_thread(self._loaded, session, time.perf_counter() - start)
+
+    def _loaded(self, session: ChatSession, seconds: float) -> None:
+        self.session = session
+        device = session.loaded.model.device
+        self._loading.update(f"{session.model_name} ready on {device} in {seconds:.1f} s. /help lists the commands.")
+        self._show_settings()
+        chat_input = self.query_one(ChatInput)
+        chat_input.disabled = False
+        chat_input.focus()
+
+    def _load_failed(self, message: str) -> None:
+        self.error = message
+        self._loading.update(Text(f"error: {message}  (quitting…)", style="bold red"))
+        self._loading.add_class("error")
+        self.set_timer(3, self.exit)
+
+    # Input
+
+    @on(ChatInput.Submitted)
+    def _submitted(self, event: ChatInput.Submitted) -> None:
+        line = event.value.strip()
+        chat_input = self.query_one(ChatInput)
+        chat_input.remember(line)
+        chat_input.value = ""
+        if not line:
+            return
+        if line.startswith("/"):
+            try:
+                self._run_command(parse_command(line))
+            except SpecchatError as error:
+                self._note(f"error: {error}", error=True)
+        elif self.generating:
+            self._note("an answer is still streaming: wait, or press Esc to stop it", error=True)
+        else:
+            self._ask(line)
+
+    def choose_command(self, spec: CommandSpec) -> None:
+        """From the command palette: run it, or type it into the input when it takes an argument."""
+        if spec.takes_argument:
+            chat_input = self.query_one(ChatInput)
+            chat_input.value = f"/{spec.name} "
+            chat_input.cursor_position = len(chat_input.value)
+            chat_input.focus()
+        else:
+            try:
+                self._run_command(Command(spec.name, None))
+            except SpecchatError as error:
+                self._note(f"error: {error}", error=True)
+
+    # Answers
+
+    def _ask(self, text: str) -> None:
+        user, reply, prompt_ids = self.session.begin_turn(text)
+        conversation = self.query_one(Conversation)
+        self.question = conversation.add_message(user, speaker="you")
+        self.reply = conversation.add_message(reply, speaker=self.session.model_name, plain=self.plain)
+        conversation.anchor()
+        self.answer = AnswerStream()
+        self._pump = self.set_interval(1 / RENDER_HZ, self._render_answer)
+        self._generate(self.answer, prompt_ids)
+
+    @work(thread=True, exclusive=True, group="generate")
+    def _generate(self, answer: AnswerStream, prompt_ids: list[int]) -> None:
+        answer.produce(self.session, prompt_ids)
+
+    def _render_answer(self) -> None:
+        """Apply every step that arrived since the last frame, then redraw once."""
+        reply, overlay = self.reply, self.query_one(AcceptanceOverlay)
+        figures = None
+        for item in self.answer.drain():
+            if isinstance(item, AnswerEnd):
+                self._finish_answer(item)
+                return
+            reply.message.extend(item.event.tokens, item.event.origins, item.pieces)
+            figures = item.figures
+        if figures is not None:
+            reply.refresh_message()
+            overlay.figures = figures
+
+    def _finish_answer(self, end: AnswerEnd) -> None:
+        self._pump.stop()
+        question, reply, session = self.question, self.reply, self.session
+        self.answer = self.question = self.reply = None
+        if end.error is not None and not reply.message.token_ids:
+            session.abandon_turn()  # nothing was generated: as if the message was never sent
+            question.remove()
+            reply.remove()
+        else:
+            reply.message.finish = end.finish
+            if session.last_figures is not None:
+                reply.message.stats = session.last_figures.summary()
+                self.query_one(AcceptanceOverlay).figures = session.last_figures
+            reply.refresh_message()
+        if end.error is not None:
+            self._note(f"error: {end.error}", error=True)
+
+    # Keys
+
+    def action_escape(self) -> None:
+        if self.generating:
+            self.answer.stop()
+        elif isinstance(self.focused, ChatInput):
+            self.query_one(Conversation).focus()  # frees `c` and `?` for the app
+
+    def action_toggle_overlay(self) -> None:
+        overlay = self.query_one(AcceptanceOverlay)
+        overlay.display = not overlay.display
+
+    def action_toggle_view(self) -> None:
+        self.plain = not self.plain
+        self.query_one(Conversation).set_plain(self.plain)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def exit(self, *args, **kwargs) -> None:
+        """Quit (Ctrl+Q, /quit), first telling a streaming answer to stop so its thread ends too."""
+        if self.generating:
+            self.answer.stop()
+        super().exit(*args, **kwargs)
+
+    # Commands
+
+    def _run_command(self, command: Command) -> None:
+        if BY_NAME[command.name].needs_idle and self.generating:
+            raise SpecchatError(f"/{command.name} waits until the answer is done (Esc stops it)")
+        if self.session is None and command.name not in ("help", "quit"):
+            raise SpecchatError("the model is still loading")
+        getattr(self, f"_command_{command.name}")(command.value)
+
+    def _command_system(self, text: str | None) -> None:
+        self.session.update_settings(system=text)
+        self._note(f"system prompt: {text}" if text else "system prompt: the model's default")
+
+    def _command_temp(self, value: float) -> None:
+        self.session.sampling = replace(self.session.sampling, temperature=value)
+        self._show_settings()
+        self._note(f"temperature {value:g}" + (" (greedy)" if value == 0 else "") + ", from the next answer")
+
+    def _command_drafter(self, name: str) -> None:
+        self.session.update_settings(drafter=name)
+        self._show_settings()
+        self._note(f"drafter {name}, from the next answer")
+
+    def _command_budget(self, budget: int | None) -> None:
+        self.session.update_settings(draft_budget=budget)
+        self._show_settings()
+        self._note(f"draft budget {budget or 'auto'}, from the next answer")
+
+    def _command_clear(self, _) -> None:
+        self.session.reset()
+        self.query_one(Conversation).clear()
+        self.query_one(AcceptanceOverlay).figures = None
+        self._note("new conversation")
+
+    def _command_save(self, path: Path | None) -> None:
+        path = path or Path(DEFAULT_SAVE)
+        save_chat(path, self.session.messages, self.session.settings_json())
+        self._note(f"saved {len(self.session.messages)} messages to {path}")
+
+    def _command_load(self, path: Path) -> None:
+        messages, settings = load_chat(path)
+        self.session.apply_settings_json(settings)
+        self.session.reset(messages)
+        conversation = self.query_one(Conversation)
+        conversation.clear()
+        for message in messages:
+            speaker = "you" if message.role == "user" else settings.get("model", self.session.model_name)
+            conversation.add_message(message, speaker=speaker, plain=self.plain)
+        self.query_one(AcceptanceOverlay).figures = None
+        self._show_settings()
+        self._note(f"loaded {len(messages)} messages from {path}")
+
+    def _command_stats(self, _) -> None:
+        figures = self.session.last_figures
+        if figures is None:
+            self._note("no answer yet")
+            return
+        self._note(figures.describe())
+
+    def _command_help(self, _) -> None:
+        self.action_help()
+
+    def _command_quit(self, _) -> None:
+        self.exit()
+
+    # Helpers
+
+    def _note(self, text: str, *, error: bool = False) -> Note:
+        conversation = self.query_one(Conversation)
+        note = conversation.add_note(text, error=error)
+        conversation.anchor()
+        return note
+
+    def _show_settings(self) -> None:
+        session = self.session
+        settings, sampling = session.settings, session.sampling
+        budget = "" if settings.drafter == "none" else f" (budget {settings.draft_budget or 'auto'})"
+        temperature = "greedy" if sampling.greedy else f"T {sampling.temperature:g}"
+        self.query_one(Conversation).border_title = f"{session.model_name} · {settings.drafter}{budget} · {temperature}"

@@ -1,0 +1,35 @@
+"""The colour of each token origin: messages and the legend read this one table.
+
+Origins come from the engine's events (DESIGN §2): TARGET for tokens the target produced itself (shown
+plain), otherwise the kind of drafter whose proposal the target accepted.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from specchat.engine.generate import TARGET
+
+DRAFT_STYLES = {"ngram": "bold green", "model": "bold cyan", "heads": "bold magenta"}
+UNKNOWN_DRAFT_STYLE = "bold yellow"  # a drafter kind added later still stands out
+LABELS = {TARGET: "target", "ngram": "n-gram", "model": "model", "heads": "heads"}
+
+
+def origin_style(origin: str) -> str:
+    return "" if origin == TARGET else DRAFT_STYLES.get(origin, UNKNOWN_DRAFT_STYLE)
+
+
+def coloured(pieces: list[str], origins: list[str], text: Text | None = None) -> Text:
+    """Each token's text in its origin's colour, appended to `text` when given."""
+    text = Text() if text is None else text
+    for piece, origin in zip(pieces, origins):
+        text.append(piece, origin_style(origin))
+    return text
+
+
+def legend() -> Text:
+    """'target' in plain text, then each drafter kind in its colour."""
+    text = Text.assemble(("tokens: ", "dim"), f"{LABELS[TARGET]}  ")
+    for origin, style in DRAFT_STYLES.items():
+        text.append(f"■ {LABELS[origin]}  ", style)
+    return text

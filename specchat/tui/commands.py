@@ -1,0 +1,100 @@
+"""Slash commands: their names, help and argument parsing. Parsing is pure; the app carries them out.
+
+Every problem (unknown command, missing or bad value) is a `SpecchatError` whose one line the app shows
+inline, so a typo never reaches the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from specchat.drafters import AVAILABLE
+from specchat.errors import SpecchatError
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    value: object  # the parsed argument (None when there is none)
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    name: str
+    usage: str  # how it is typed, e.g. "/temp X"
+    help: str
+    parse: Callable[[str], object]  # raw argument text -> value, or SpecchatError
+    needs_idle: bool = False  # replaces the conversation: refused while an answer streams
+
+    @property
+    def takes_argument(self) -> bool:
+        return " " in self.usage
+
+
+def _none(name: str) -> Callable[[str], None]:
+    def parse(text: str) -> None:
+        if text:
+            raise SpecchatError(f"/{name} takes no argument")
+
+    return parse
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecchatError(f"/temp takes a number >= 0 (0 = greedy), not '{text}'") from None
+    if not math.isfinite(value) or value < 0:
+        raise SpecchatError(f"/temp takes a number >= 0 (0 = greedy), not '{text}'")
+    return value
+
+
+def _drafter(text: str) -> str:
+    if text not in AVAILABLE:
+        raise SpecchatError(f"unknown drafter '{text}'; available: {', '.join(AVAILABLE)}")
+    return text
+
+
+def _budget(text: str) -> int | None:
+    if text == "auto":
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 256:
+        raise SpecchatError(f"/budget takes 1..256 or auto, not '{text}'")
+    return int(text)
+
+
+def _optional_path(text: str) -> Path | None:
+    return Path(text).expanduser() if text else None
+
+
+def _path(text: str) -> Path:
+    if not text:
+        raise SpecchatError("/load needs a file: /load FILE")
+    return Path(text).expanduser()
+
+
+COMMANDS = (
+    CommandSpec("system", "/system [TEXT]", "set the system prompt (none: the model's default)", lambda t: t or None),
+    CommandSpec("temp", "/temp X", "sampling temperature (0 = greedy)", _temperature),
+    CommandSpec("drafter", "/drafter NAME", f"the drafter: {' | '.join(AVAILABLE)}", _drafter),
+    CommandSpec("budget", "/budget N|auto", "most draft-tree nodes per step (auto: chosen per step)", _budget),
+    CommandSpec("clear", "/clear", "start a new conversation", _none("clear"), needs_idle=True),
+    CommandSpec("save", "/save [FILE]", "save messages, settings and token origins as JSON", _optional_path),
+    CommandSpec("load", "/load FILE", "load a saved chat", _path, needs_idle=True),
+    CommandSpec("stats", "/stats", "the last answer's figures", _none("stats")),
+    CommandSpec("help", "/help", "list the commands and keys", _none("help")),
+    CommandSpec("quit", "/quit", "leave (Ctrl+Q too)", _none("quit")),
+)
+BY_NAME = {spec.name: spec for spec in COMMANDS}
+
+
+def parse_command(line: str) -> Command:
+    """'/temp 0.7' -> Command('temp', 0.7)."""
+    name, _, argument = line.strip().removeprefix("/").partition(" ")
+    spec = BY_NAME.get(name)
+    if spec is None:
+        raise SpecchatError(f"unknown command '/{name}'; /help lists them")
+    return Command(name, spec.parse(argument.strip()))

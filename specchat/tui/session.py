@@ -1,0 +1,194 @@
+"""One chat: the loaded model, its engine, the settings and the conversation, without any UI.
+
+The app calls `begin_turn` and `reset` on its own thread and iterates `run` in a worker thread while holding
+`lock`, so the engine only ever runs on one thread at a time. Changing the drafter or the budget rebuilds
+the engine before the next answer (its cache then starts empty: that answer prefills the whole chat).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from specchat.drafters import AVAILABLE, make_drafter
+from specchat.engine.generate import Engine, StepEvent
+from specchat.engine.sampling import SamplingConfig
+from specchat.engine.text import TextStream
+from specchat.errors import SpecchatError
+from specchat.loading import LoadedModel
+from specchat.tui.chat_prompt import ChatPrompt, chat_messages, next_prompt
+from specchat.tui.figures import Figures, memory_in_use
+from specchat.tui.transcript import Message
+
+DEFAULT_CONTEXT = 8192  # the conversation's cache when --context is not given (or the model's window)
+AR_REMEASURE_GROWTH = 1.25  # re-time the autoregressive step once the context grew by a quarter
+
+# Blocking; hears load stages through its argument; raises SpecchatError.
+ModelLoader = Callable[[Callable[[str], None]], tuple[LoadedModel, SamplingConfig]]
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    drafter: str = "ngram"
+    draft_budget: int | None = None  # None: the engine's adaptive budget
+    system: str | None = None  # None: the chat template's default
+    max_new_tokens: int = 1024  # per answer
+    context: int | None = None  # most tokens the conversation may hold
+
+
+@dataclass(frozen=True)
+class Update:
+    """One engine step as the UI needs it: the event, each token's printable text, the overlay's figures."""
+
+    event: StepEvent
+    pieces: list[str]
+    figures: Figures
+
+
+def check_settings(settings: ChatSettings) -> None:
+    """One-line errors for settings no engine can run with (from the command line or a saved chat)."""
+    if settings.drafter not in AVAILABLE:
+        raise SpecchatError(f"unknown drafter '{settings.drafter}'; available: {', '.join(AVAILABLE)}")
+    budget = settings.draft_budget
+    if budget is not None and not (isinstance(budget, int) and 1 <= budget <= 256):
+        raise SpecchatError("the draft budget must be between 1 and 256 (or auto)")
+    if not isinstance(settings.max_new_tokens, int) or settings.max_new_tokens < 1:
+        raise SpecchatError("the most new tokens per answer must be at least 1")
+    if settings.context is not None and not (isinstance(settings.context, int) and settings.context >= 16):
+        raise SpecchatError("the context must hold at least 16 tokens")
+    if settings.system is not None and not isinstance(settings.system, str):
+        raise SpecchatError("the system prompt must be text")
+
+
+class ChatSession:
+    def __init__(self, loaded: LoadedModel, sampling: SamplingConfig, settings: ChatSettings):
+        if not getattr(loaded.tokenizer, "chat_template", None):
+            raise SpecchatError(f"model '{loaded.source.name}' has no chat template; use `specchat run --raw`")
+        self.loaded = loaded
+        self.sampling = sampling
+        self.settings = settings
+        self.messages: list[Message] = []
+        self.lock = threading.Lock()  # held by whoever drives the engine
+        self.engine: Engine | None = None  # built (again) on the next answer when None
+        self.previous: ChatPrompt | None = None  # the prompt the last answer continued
+        self.ar_step: tuple[float, int] | None = None  # (seconds of an autoregressive step, context then)
+        self.recent_tau: deque[int] = deque(maxlen=60)
+        self.last_figures: Figures | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.loaded.source.name
+
+    def update_settings(self, **changes) -> None:
+        self.settings = dataclasses.replace(self.settings, **changes)
+        if {"drafter", "draft_budget", "context"} & changes.keys():
+            self.engine, self.ar_step = None, None
+        if "system" in changes:
+            self.previous = None
+
+    def reset(self, messages: list[Message] | None = None) -> None:
+        """Start over (/clear), or with loaded messages (/load)."""
+        self.messages = list(messages or [])
+        self.previous = None
+
+    def begin_turn(self, text: str) -> tuple[Message, Message, list[int]]:
+        """Add the user's message and an empty answer; return both and the prompt ids to generate from."""
+        answer = self.messages[-1] if self.messages and self.messages[-1].role == "assistant" else None
+        user = Message("user", text)
+        turns = chat_messages(self.settings.system, self.messages + [user])
+        prompt = next_prompt(self.loaded.tokenizer, turns, answer, self.previous, self._eos_ids())
+        reply = Message("assistant")
+        self.messages += [user, reply]
+        self.previous = prompt
+        return user, reply, prompt.ids
+
+    def abandon_turn(self) -> None:
+        """Forget a turn whose answer failed before its first token, so the chat stays well formed."""
+        del self.messages[-2:]
+        self.previous = None
+
+    def run(self, prompt_ids: list[int]) -> Iterator[Update]:
+        """Generate one answer (call with `lock` held). Stopping early is just stopping the iteration."""
+        engine = self._engine()
+        stream = TextStream(self.loaded.tokenizer)
+        events = engine.generate(prompt_ids, sampling=self.sampling, max_new_tokens=self.settings.max_new_tokens)
+        for index, event in enumerate(events):
+            if index:
+                self.recent_tau.append(len(event.tokens))
+            pieces = [stream.add([token]) for token in event.tokens]
+            yield Update(event, pieces, self._figures(engine, event))
+            if index == 0 and engine.drafter is not None and self._ar_is_stale(engine):
+                seconds = engine.autoregressive_step_seconds(sampling=self.sampling)
+                self.ar_step = (seconds, engine.length)
+
+    def settings_json(self) -> dict:
+        return {
+            "model": self.model_name,
+            **dataclasses.asdict(self.settings),
+            "sampling": dataclasses.asdict(self.sampling),
+        }
+
+    def apply_settings_json(self, saved: dict) -> None:
+        """Settings from a saved chat (the model stays the one loaded); bad values are one-line errors."""
+        known = {f.name for f in dataclasses.fields(ChatSettings)}
+        try:
+            sampling = SamplingConfig(**saved.get("sampling", {}))
+            settings = dataclasses.replace(self.settings, **{k: v for k, v in saved.items() if k in known})
+        except (TypeError, ValueError) as error:
+            raise SpecchatError(f"bad settings in the saved chat: {error}") from None
+        check_settings(settings)
+        self.sampling = sampling
+        self.update_settings(**dataclasses.asdict(settings))
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            model = self.loaded.model
+            window = model.config.max_position_embeddings
+            self.engine = None  # drop the old cache before allocating the new one
+            self.engine = Engine(
+                model,
+                self.loaded.tokenizer,
+                max_len=min(self.settings.context or DEFAULT_CONTEXT, window),
+                drafter=make_drafter(self.settings.drafter),
+                draft_budget=self.settings.draft_budget,
+            )
+        return self.engine
+
+    def _ar_is_stale(self, engine: Engine) -> bool:
+        return self.ar_step is None or engine.length > AR_REMEASURE_GROWTH * self.ar_step[1]
+
+    def _eos_ids(self) -> frozenset[int]:
+        return self._engine().eos_ids
+
+    def _figures(self, engine: Engine, event: StepEvent) -> Figures:
+        """Takes the engine that produced `event`: a settings change may already have dropped `self.engine`."""
+        stats = event.stats
+        ar_seconds, ar_context = self.ar_step or (None, 0)
+        policy = engine.policy
+        budget = None if engine.drafter is None else policy.budget if policy else engine.fixed_budget
+        memory, memory_kind = memory_in_use(engine.device)
+        self.last_figures = Figures(
+            tokens=stats.new_tokens,
+            tau=stats.mean_accepted_length,
+            acceptance_rate=stats.acceptance_rate,
+            tokens_per_second=stats.tokens_per_second,
+            ar_tokens_per_second=1 / ar_seconds if ar_seconds else None,
+            ar_context=ar_context,
+            per_depth=tuple(stats.per_depth_acceptance),
+            recent_tau=tuple(self.recent_tau),
+            context_used=engine.length,
+            context_max=engine.max_len - engine.tree_capacity,
+            drafter=self.settings.drafter,
+            budget=budget,
+            adaptive=engine.drafter is not None and policy is not None,
+            mean_budget=stats.mean_budget,
+            memory_bytes=memory,
+            memory_kind=memory_kind,
+            prompt_tokens=stats.prompt_tokens,
+            reused_tokens=stats.reused_tokens,
+            prefill_seconds=stats.prefill_seconds,
+        )
+        return self.last_figures

@@ -1,0 +1,252 @@
+"""The chat app driven through Textual's pilot: streaming, colours by origin, Esc, commands, save/load.
+
+A 2-layer random Llama with the default model's tokenizer answers fast; the real default model answers
+where real text matters (n-gram drafts are only accepted on text that repeats).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from rich.markdown import Markdown
+from tui_harness import ask, make_app, note_lines, ready, send, tiny_loaded, wait_until
+
+from specchat.engine.generate import TARGET, Engine
+from specchat.engine.sampling import SamplingConfig
+from specchat.errors import SpecchatError
+from specchat.tui.app import RENDER_HZ
+from specchat.tui.chat_input import ChatInput
+from specchat.tui.colours import DRAFT_STYLES
+from specchat.tui.help_screen import HelpScreen
+from specchat.tui.message_view import MessageView, footer_line
+from specchat.tui.overlay import AcceptanceOverlay
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenizer):
+    return tiny_loaded(tokenizer)
+
+
+def greedy_reference(loaded, prompt_ids: list[int], n: int) -> list[int]:
+    """Target-only greedy decoding of `prompt_ids`: what every chat answer must equal at temperature 0."""
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + n)
+    return [t for event in engine.generate(prompt_ids, max_new_tokens=n) for t in event.tokens]
+
+
+async def test_type_send_and_stream_in_batches(tiny, monkeypatch):
+    refreshes = []
+    original = MessageView.refresh_message
+    monkeypatch.setattr(
+        MessageView, "refresh_message", lambda self: (refreshes.append(time.monotonic()), original(self))
+    )
+    app = make_app(tiny, drafter="ngram", max_new_tokens=120)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await pilot.press(*"hello there", "enter")
+        await wait_until(pilot, lambda: not app.generating, what="the answer")
+        await pilot.pause()
+        user, answer = app.session.messages
+        assert (user.role, user.text) == ("user", "hello there")
+        assert answer.finish == "length" and len(answer.token_ids) == 120
+        assert answer.token_ids == greedy_reference(tiny, app.session.previous.ids, 120)  # lossless in the chat
+        view = app.query(MessageView).last()
+        assert view.body.plain == answer.text == "".join(answer.pieces)  # nothing dropped or reordered
+        assert answer.text == tiny.tokenizer.decode(answer.token_ids, skip_special_tokens=True)
+        steps = answer.stats["tokens"]
+        assert steps == 120
+    streaming = [t for t in refreshes if t <= refreshes[-1]]
+    duration = streaming[-1] - streaming[0]
+    assert len(streaming) <= RENDER_HZ * duration + 3  # batched: never more than 30 redraws a second
+
+
+@pytest.mark.slow
+async def test_accepted_drafts_are_coloured_by_origin_and_keep_colours(default_model):
+    app = make_app(default_model, drafter="ngram", max_new_tokens=48)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        answer = await ask(pilot, "Repeat this list twice: apple, pear, plum, fig, kiwi, lime, date.")
+        assert TARGET in answer.origins and "ngram" in answer.origins
+        view = app.query(MessageView).last()
+        by_style = {}
+        for span in view.body.spans:
+            by_style.setdefault(str(span.style), []).append(view.body.plain[span.start : span.end])
+        drafted = "".join(p for p, o in zip(answer.pieces, answer.origins) if o == "ngram")
+        assert "".join(by_style.pop(DRAFT_STYLES["ngram"])) == drafted
+        assert not by_style  # target tokens carry no style at all
+        await pilot.press("escape", "c")  # leave the input, then plain Markdown
+        assert isinstance(view.content.renderables[1], Markdown)
+        await pilot.press("c")  # and back: the finished message kept its colours
+        assert view.content.renderables[1] is view.body and view.body.spans
+
+
+async def test_escape_stops_at_once_keeps_the_answer_and_the_next_turn_reuses_the_cache(tiny):
+    app = make_app(tiny, drafter="ngram", max_new_tokens=800, context=1024)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, "tell me everything")
+        await wait_until(pilot, lambda: len(app.session.messages[-1].token_ids) >= 5, what="a few tokens")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not app.generating, timeout=5, what="the stop")
+        await pilot.pause()
+        first = app.session.messages[-1]
+        assert first.finish == "stopped" and 5 <= len(first.token_ids) < 800
+        engine = app.session.engine
+        committed = engine.ids[: engine.length].tolist()
+        assert committed[-len(first.token_ids) :] == first.token_ids  # every committed token reached the UI
+        held = engine.length
+        assert "stopped (Esc)" in footer_line(first)
+
+        second = await ask(pilot, "and now?")
+        assert second.finish == "length" or second.finish == "eos"
+        stats = app.session.last_figures
+        assert stats.reused_tokens >= held - 1  # earlier turns were not prefilled again
+        assert second.token_ids == greedy_reference(tiny, app.session.previous.ids, len(second.token_ids))
+
+
+async def test_save_then_load_round_trips_messages_settings_and_origins(default_model, tmp_path):
+    app = make_app(default_model, drafter="ngram", max_new_tokens=24)
+    path = tmp_path / "chat.json"
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, "/temp 0")
+        await send(pilot, "/system You are terse.")
+        first = await ask(pilot, "Repeat: red, green, blue, red, green, blue.")
+        saved = [json.loads(json.dumps(m.__dict__)) for m in app.session.messages]
+        await send(pilot, f"/save {path}")
+        await send(pilot, "/temp 0.7")
+        await send(pilot, "/clear")
+        assert app.session.messages == [] and not app.query(MessageView)
+        await send(pilot, f"/load {path}")
+        assert [m.__dict__ for m in app.session.messages] == saved
+        assert app.session.sampling.temperature == 0 and app.session.settings.system == "You are terse."
+        views = list(app.query(MessageView))
+        assert [v.message.role for v in views] == ["user", "assistant"]
+        assert views[1].body.plain == first.text and len(views[1].body.spans) == sum(
+            1 for i, o in enumerate(first.origins) if o != TARGET and first.pieces[i]
+        )
+        answer = await ask(pilot, "Once more.")  # the loaded chat goes on
+        assert answer.token_ids and answer.finish in ("eos", "length")
+    data = json.loads(path.read_text())
+    assert data["format"] == "specchat-chat/1" and data["settings"]["drafter"] == "ngram"
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("/nope", "unknown command '/nope'"),
+        ("/temp hot", "/temp takes a number"),
+        ("/temp -1", "/temp takes a number"),
+        ("/budget 0", "/budget takes 1..256"),
+        ("/drafter eagle", "unknown drafter 'eagle'"),
+        ("/clear now", "/clear takes no argument"),
+        ("/load", "/load needs a file"),
+        ("/load /no/such/chat.json", "could not read"),
+    ],
+)
+async def test_bad_commands_are_inline_errors(tiny, line, needle):
+    app = make_app(tiny, max_new_tokens=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, line)
+        assert any(needle in error for error in note_lines(app, errors=True)), note_lines(app)
+        assert app.is_running
+        answer = await ask(pilot, "still there?")  # and the chat still works
+        assert len(answer.token_ids) == 4
+
+
+async def test_loading_a_file_that_is_not_a_chat_is_an_inline_error(tiny, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "specchat-chat/1", "settings": {"drafter": "eagle"}, "messages": []}))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    app = make_app(tiny, max_new_tokens=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/load {bad}")
+        await send(pilot, f"/load {broken}")
+        errors = note_lines(app, errors=True)
+        assert any("unknown drafter 'eagle'" in e for e in errors) and any("is not JSON" in e for e in errors)
+        assert app.session.settings.drafter == "ngram"
+
+
+async def test_input_history_walks_back_and_forth(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        for line in ("/temp 0.5", "/budget 4", "/drafter none"):
+            await send(pilot, line)
+        chat_input = app.query_one(ChatInput)
+        chat_input.value = "half typed"
+        await pilot.press("up")
+        assert chat_input.value == "/drafter none"
+        await pilot.press("up", "up", "up")
+        assert chat_input.value == "/temp 0.5"
+        await pilot.press("down")
+        assert chat_input.value == "/budget 4"
+        await pilot.press("down", "down")
+        assert chat_input.value == "half typed"
+        assert app.session.settings.drafter == "none" and app.session.settings.draft_budget == 4
+
+
+async def test_overlay_toggles_and_help_explains_the_numbers(tiny):
+    app = make_app(tiny, drafter="ngram", max_new_tokens=16)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await ask(pilot, "hi")
+        overlay = app.query_one(AcceptanceOverlay)
+        assert overlay.display and overlay.figures is app.session.last_figures
+        await pilot.press("f2")
+        assert not overlay.display
+        await pilot.press("f2", "escape", "question_mark")  # `?` works once the input is left
+        assert isinstance(app.screen, HelpScreen)
+        help_text = str(app.screen.query_one("#help Static").content)
+        assert "mean accepted length" in help_text and "/budget N|auto" in help_text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_command_palette_offers_the_slash_commands(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"/temp", "enter")  # takes an argument: typed into the input
+        await pilot.pause()
+        assert app.query_one(ChatInput).value == "/temp "
+        await pilot.press("ctrl+p")
+        await pilot.press(*"/stats", "enter")  # takes none: runs
+        await pilot.pause()
+        assert "no answer yet" in note_lines(app)
+
+
+async def test_a_load_failure_is_shown_and_the_app_quits(tokenizer):
+    def loader(progress):
+        progress("loading")
+        raise SpecchatError("model 'nowhere/nothing' is not available offline")
+
+    from specchat.tui.app import ChatApp
+    from specchat.tui.session import ChatSettings
+
+    app = ChatApp(loader, ChatSettings())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.error is not None, what="the error")
+        await pilot.pause()
+        assert any("not available offline" in line for line in note_lines(app, errors=True))
+        await wait_until(pilot, lambda: not app.is_running, timeout=10, what="the app to quit")
+    assert app.error == "model 'nowhere/nothing' is not available offline"
+
+
+async def test_a_model_without_a_chat_template_is_a_load_failure(tiny):
+    from copy import copy
+
+    plain = copy(tiny)
+    plain.tokenizer = copy(tiny.tokenizer)
+    plain.tokenizer.chat_template = None
+    app = make_app(plain, sampling=SamplingConfig())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.error is not None, what="the error")
+    assert "no chat template" in app.error
