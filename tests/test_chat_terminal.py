@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 
 import pytest
+from tmux_terminal import Terminal
 
 pytestmark = [
     pytest.mark.slow,
@@ -17,45 +16,25 @@ pytestmark = [
 ]
 
 
-class Terminal:
-    """A detached tmux session on a private server (so it inherits this process's environment)."""
+def chat_in_terminal(tmp_path, *args: str) -> Terminal:
+    """`specchat chat ARGS` in a 100x30 terminal; its exit status lands in tmp_path / "exit" (the pane stays)."""
+    # Textual prefers COLUMNS / LINES (which pytest's environment may carry) over the terminal's real size.
+    command = (
+        f"env -u COLUMNS -u LINES HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false {shlex.quote(sys.executable)} "
+        f"-m specchat chat {shlex.join(args)}; echo exit=$? > {tmp_path / 'exit'}; sleep 60"
+    )
+    return Terminal(command, width=100, height=30)
 
-    def __init__(self, command: str, *, width: int, height: int):
-        self.socket = f"specchat-test-{os.getpid()}"
-        self._tmux("new-session", "-d", "-s", "chat", "-x", str(width), "-y", str(height), command)
 
-    def _tmux(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True)
-
-    def screen(self) -> str:
-        return self._tmux("capture-pane", "-p", "-t", "chat").stdout
-
-    def send(self, *keys: str) -> None:
-        self._tmux("send-keys", "-t", "chat", *keys)
-
-    def wait_for(self, *needles: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if all(needle in screen for needle in needles):
-                return screen
-            time.sleep(0.2)
-        raise AssertionError(f"never saw {needles} on the screen:\n{self.screen()}")
-
-    def alive(self) -> bool:
-        return self._tmux("has-session", "-t", "chat").returncode == 0
-
-    def close(self) -> None:
-        self._tmux("kill-server")
+def exit_status(tmp_path, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while not (tmp_path / "exit").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return (tmp_path / "exit").read_text().strip()
 
 
 def test_chat_answers_on_the_default_model_with_the_overlay(tmp_path):
-    # Textual prefers COLUMNS / LINES (which pytest's environment may carry) over the terminal's real size.
-    command = (
-        f"env -u COLUMNS -u LINES HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false {shlex.quote(sys.executable)} -m specchat chat "
-        f"--temperature 0 --max-new-tokens 40; echo exit=$? > {tmp_path / 'exit'}"
-    )
-    terminal = Terminal(command, width=100, height=30)
+    terminal = chat_in_terminal(tmp_path, "--temperature", "0", "--max-new-tokens", "40")
     try:
         terminal.wait_for("ready on cpu", timeout=120)
         terminal.send("What is the capital of France?", "Enter")
@@ -63,9 +42,16 @@ def test_chat_answers_on_the_default_model_with_the_overlay(tmp_path):
         for label in ("acceptance", "tau", "tokens/s", "speedup", "per depth", "context", "memory"):
             assert label in screen
         terminal.send("C-q")
-        deadline = time.monotonic() + 20
-        while not (tmp_path / "exit").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert (tmp_path / "exit").read_text().strip() == "exit=0"
+        assert exit_status(tmp_path) == "exit=0"
+    finally:
+        terminal.close()
+
+
+def test_a_model_that_cannot_load_is_shown_then_the_app_quits_with_an_error(tmp_path):
+    terminal = chat_in_terminal(tmp_path, "--model", "nobody/not-a-model")
+    try:
+        terminal.wait_for("error: model 'nobody/not-a-model' is not available offline", timeout=60)
+        assert exit_status(tmp_path) == "exit=1"
+        assert terminal.wait_for("error: model", timeout=5)  # the one line on stderr, after the app left
     finally:
         terminal.close()

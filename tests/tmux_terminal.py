@@ -1,0 +1,46 @@
+"""A terminal for driving full-screen apps in tests and benchmarks: tmux send-keys in, capture-pane out."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+
+
+class Terminal:
+    """A detached tmux session on a private server (so it inherits this process's environment)."""
+
+    def __init__(self, command: str, *, width: int, height: int):
+        self.socket = f"specchat-test-{os.getpid()}"
+        self._tmux("new-session", "-d", "-s", "chat", "-x", str(width), "-y", str(height), command)
+
+    def _tmux(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=False, capture_output=True, text=True)
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", "chat").stdout
+
+    def send(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", "chat", *keys)
+
+    def wait_for(self, *needles: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if all(needle in screen for needle in needles):
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"never saw {needles} on the screen:\n{self.screen()}")
+
+    def alive(self) -> bool:
+        return self._tmux("has-session", "-t", "chat").returncode == 0
+
+    def close(self) -> None:
+        """End the session and everything started in it (an app may outlive tmux's hangup)."""
+        pane = self._tmux("display-message", "-p", "-t", "chat", "#{pane_pid}").stdout.strip()
+        self._tmux("kill-server")
+        if pane:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pane), signal.SIGTERM)
