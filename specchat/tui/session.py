@@ -145,11 +145,9 @@ class ChatSession:
 
     def _engine(self) -> Engine:
         if self.engine is None:
-            model = self.loaded.model
-            window = model.config.max_position_embeddings
-            self.engine = None  # drop the old cache before allocating the new one
+            window = self.loaded.model.config.max_position_embeddings
             self.engine = Engine(
-                model,
+                self.loaded.model,
                 self.loaded.tokenizer,
                 max_len=min(self.settings.context or DEFAULT_CONTEXT, window),
                 drafter=make_drafter(self.settings.drafter),
