@@ -297,6 +297,68 @@ def bench_context(
     _report(rows, as_json, title=f"{loaded.source.name} {dtype}: autoregressive decode cost")
 
 
+@bench_app.command("attention")
+def bench_attention(
+    contexts: Annotated[
+        str, typer.Option("--context", help="Comma-separated committed lengths before the tree.")
+    ] = "4096,16384,32768,131072",
+    tree: Annotated[int, typer.Option(help="Draft-tree nodes; the call has tree + 1 query rows.")] = 64,
+    heads: Annotated[int, typer.Option(help="Query heads.")] = 32,
+    kv_heads: Annotated[int, typer.Option("--kv-heads", help="KV heads (GQA).")] = 8,
+    head_dim: Annotated[int, typer.Option("--head-dim")] = 128,
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "bfloat16",
+    device: DeviceOption = "auto",
+    repeats: Annotated[int, typer.Option(help="Timed calls per method (median).")] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """One attention call of a tree verification: hybrid vs SDPA with a dense mask, eager and FlexAttention,
+    plus the prefix part's bandwidth. The defaults are GPU sizes: on a CPU pass e.g. --context 1024,4096."""
+    from specchat.bench_attention import attention_bench
+
+    rows = attention_bench(
+        contexts=_ints(contexts, "--context"), tree=tree, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        dtype=dtype, device=device, repeats=repeats,
+    )  # fmt: skip
+    title = (
+        f"attention per call, {dtype}: root + {tree} tree nodes, {heads} query / {kv_heads} KV heads x {head_dim}"
+        " (vs_sdpa = SDPA-with-mask time / this time)"
+    )
+    _report([dataclasses.asdict(row) for row in rows], as_json, title=title)
+
+
+@bench_app.command("verify-cost")
+def bench_verify_cost(
+    contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "4096,32768",
+    tree: Annotated[int, typer.Option(help="Draft-tree nodes verified per forward.")] = 64,
+    layers: Annotated[int, typer.Option(help="Decoder layers to build (fewer for CPU runs).")] = 32,
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "bfloat16",
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+    repeats: Annotated[int, typer.Option(help="Timed forwards of each kind (median).")] = 5,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Decode vs tree-verification forward of a random-weight model with Llama-3.1-8B's shapes, cache filled
+    with random KV to each context. On a CPU pass e.g. --layers 2 --context 1024,4096 --dtype float32."""
+    from specchat.bench_attention import verify_cost
+
+    lengths = _ints(contexts, "--context")
+    check_attention(attention)
+    _quiet_transformers()
+    rows = verify_cost(
+        contexts=lengths, tree=tree, layers=layers, dtype=dtype, device=device, attention=attention, repeats=repeats
+    )
+    shape = "Llama-3.1-8B shapes" if layers == 32 else f"Llama-3.1-8B shapes but {layers} of 32 layers"
+    title = f"{shape}, random weights, {dtype}: ms per forward (decode: 1 token; verify: root + {tree} nodes)"
+    _report([dataclasses.asdict(row) for row in rows], as_json, title=title)
+
+
+def _ints(value: str, flag: str) -> list[int]:
+    try:
+        return [int(item) for item in _csv(value)]
+    except ValueError:
+        raise SpecchatError(f"{flag} takes comma-separated integers, not '{value}'") from None
+
+
 def _check_drafters(names: list[str], draft_budget: int | None) -> None:
     from specchat.drafters import AVAILABLE
 
