@@ -53,6 +53,7 @@ async def test_type_send_and_stream_in_batches(tiny, monkeypatch):
         assert (user.role, user.text) == ("user", "hello there")
         assert answer.finish == "length" and len(answer.token_ids) == 120
         assert answer.token_ids == greedy_reference(tiny, app.session.previous.ids, 120)  # lossless in the chat
+        assert app.session.last_figures.reused_tokens > 0  # the warm-up left the template's head in the cache
         view = app.query(MessageView).last()
         assert view.body.plain == answer.text == "".join(answer.pieces)  # nothing dropped or reordered
         assert answer.text == tiny.tokenizer.decode(answer.token_ids, skip_special_tokens=True)

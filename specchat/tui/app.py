@@ -88,6 +88,8 @@ class ChatApp(App[None]):
         try:
             loaded, sampling = self.loader(progress)
             session = ChatSession(loaded, sampling, self.initial_settings)
+            progress("warming up (the first time on this machine also times verification)")
+            session.warm_up()
         except SpecchatError as error:
             self.call_from_thread(self._load_failed, str(error))
         except Exception as error:  # noqa: BLE001 - e.g. a broken checkpoint: one line, then a clean exit

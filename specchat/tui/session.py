@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from specchat.drafters import AVAILABLE, make_drafter
 from specchat.engine.generate import Engine, StepEvent
+from specchat.engine.prompt import encode_chat
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.text import TextStream
 from specchat.errors import SpecchatError
@@ -110,11 +111,26 @@ class ChatSession:
         del self.messages[-2:]
         self.previous = None
 
-    def run(self, prompt_ids: list[int]) -> Iterator[Update]:
+    def warm_up(self) -> None:
+        """Answer a throwaway "Hi" in two tokens, so the first real answer starts warm.
+
+        It pays the one-time costs (the first forward's kernel setup, the verification-cost calibration on a
+        new machine, the autoregressive timing behind the speedup) and leaves the chat template's head in the
+        cache, where the first real prompt finds it and skips prefilling it again.
+        """
+        ids = encode_chat(self.loaded.tokenizer, chat_messages(self.settings.system, [Message("user", "Hi")]))
+        with self.lock:
+            for _ in self.run(ids, max_new_tokens=2):
+                pass
+        self.recent_tau.clear()
+        self.last_figures = None
+
+    def run(self, prompt_ids: list[int], *, max_new_tokens: int | None = None) -> Iterator[Update]:
         """Generate one answer (call with `lock` held). Stopping early is just stopping the iteration."""
         engine = self._engine()
         stream = TextStream(self.loaded.tokenizer)
-        events = engine.generate(prompt_ids, sampling=self.sampling, max_new_tokens=self.settings.max_new_tokens)
+        budget = max_new_tokens or self.settings.max_new_tokens
+        events = engine.generate(prompt_ids, sampling=self.sampling, max_new_tokens=budget)
         for index, event in enumerate(events):
             if index:
                 self.recent_tau.append(len(event.tokens))
