@@ -11,6 +11,11 @@ from typing import Annotated
 
 import typer
 
+try:  # typer >= 0.24 carries its own copy of click
+    from typer._click import exceptions as click_errors
+except ImportError:
+    from click import exceptions as click_errors
+
 from specchat.engine.attention import check_attention
 from specchat.errors import SpecchatError
 
@@ -35,6 +40,13 @@ DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 AttentionOption = Annotated[
     str, typer.Option(help="auto | hybrid | sdpa | eager (auto: hybrid tree attention unless the model slides).")
 ]
+TemperatureOption = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
+TopKOption = Annotated[int | None, typer.Option("--top-k")]
+TopPOption = Annotated[float | None, typer.Option("--top-p")]
+MinPOption = Annotated[float | None, typer.Option("--min-p")]
+PenaltyOption = Annotated[float | None, typer.Option("--repetition-penalty")]
+SeedOption = Annotated[int | None, typer.Option("--seed")]
+SystemOption = Annotated[str | None, typer.Option("--system", help="System prompt.")]
 DeviceMapOption = Annotated[
     str | None, typer.Option("--device-map", help="accelerate device map (e.g. auto) for models larger than one GPU.")
 ]
@@ -47,14 +59,14 @@ def run(
     drafter: DrafterOption = "none",
     draft_budget: BudgetOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 512,
-    temperature: Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p")] = None,
-    min_p: Annotated[float | None, typer.Option("--min-p")] = None,
-    repetition_penalty: Annotated[float | None, typer.Option("--repetition-penalty")] = None,
-    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    temperature: TemperatureOption = None,
+    top_k: TopKOption = None,
+    top_p: TopPOption = None,
+    min_p: MinPOption = None,
+    repetition_penalty: PenaltyOption = None,
+    seed: SeedOption = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
-    system: Annotated[str | None, typer.Option("--system", help="System prompt.")] = None,
+    system: SystemOption = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
@@ -161,13 +173,13 @@ def chat(
     model: ModelOption = None,
     drafter: DrafterOption = "ngram",
     draft_budget: BudgetOption = None,
-    system: Annotated[str | None, typer.Option("--system", help="System prompt.")] = None,
-    temperature: Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p")] = None,
-    min_p: Annotated[float | None, typer.Option("--min-p")] = None,
-    repetition_penalty: Annotated[float | None, typer.Option("--repetition-penalty")] = None,
-    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    system: SystemOption = None,
+    temperature: TemperatureOption = None,
+    top_k: TopKOption = None,
+    top_p: TopPOption = None,
+    min_p: MinPOption = None,
+    repetition_penalty: PenaltyOption = None,
+    seed: SeedOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per answer.")] = 1024,
     context: Annotated[
         int | None, typer.Option("--context", help="Most tokens the conversation may hold (default 8192).")
@@ -422,9 +434,14 @@ def _quiet_transformers() -> None:
 def main() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     try:
-        app()
+        app(standalone_mode=False)
     except SpecchatError as error:
         typer.echo(f"error: {error}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except click_errors.NoArgsIsHelpError as error:
+        typer.echo(error.ctx.get_help())
+    except click_errors.UsageError as error:  # a bad flag or value: one line too, exit status 2 as click's
+        typer.echo(f"error: {error.format_message()} (see --help)", err=True)
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):
         sys.exit(130)
