@@ -98,7 +98,7 @@ def load_model(
     device: str = "auto",
     device_map: str | None = None,
     attention: str = "auto",
-    progress: Callable[[str], None] = lambda stage: None,
+    progress: Callable[[str], None] = lambda _stage: None,
 ) -> LoadedModel:
     """Load a target model and its tokenizer, ready for inference with the attention `attention` names.
 
@@ -164,7 +164,7 @@ def _local_or_cached(source: ModelSource) -> str:
     return source.location
 
 
-def _embedded_checkpoint(progress: Callable[[str], None]) -> str:
+def _embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None) -> str:
     """A safetensors copy of the embedded GGUF, converted once (~20 s) and then loaded in ~2 s."""
     gguf = embedded_gguf_path()
     if gguf is None:

@@ -23,7 +23,7 @@ from specchat.errors import SpecchatError, first_line
 from specchat.tui.answer_stream import AnswerEnd, AnswerStream
 from specchat.tui.chat_input import ChatInput
 from specchat.tui.colours import legend
-from specchat.tui.commands import BY_NAME, Command, CommandSpec, parse_command
+from specchat.tui.commands import BY_NAME, CommandSpec, parse_command
 from specchat.tui.conversation import Conversation, Note
 from specchat.tui.help_screen import HelpScreen
 from specchat.tui.message_view import MessageView
@@ -57,6 +57,7 @@ class ChatApp(App[None]):
         self.reply: MessageView | None = None
         self.plain = False
         self.error: str | None = None  # why the app gave up (a failed load), for the command line
+        self._loading: Note | None = None  # the line that shows load progress, then "ready"
         self._pump: Timer | None = None
 
     @property
@@ -123,10 +124,7 @@ class ChatApp(App[None]):
         if not line:
             return
         if line.startswith("/"):
-            try:
-                self._run_command(parse_command(line))
-            except SpecchatError as error:
-                self._note(f"error: {error}", error=True)
+            self._run_command(line)
         elif self.generating:
             self._note("an answer is still streaming: wait, or press Esc to stop it", error=True)
         else:
@@ -140,10 +138,7 @@ class ChatApp(App[None]):
             chat_input.cursor_position = len(chat_input.value)
             chat_input.focus()
         else:
-            try:
-                self._run_command(Command(spec.name, None))
-            except SpecchatError as error:
-                self._note(f"error: {error}", error=True)
+            self._run_command(f"/{spec.name}")
 
     # Answers
 
@@ -219,12 +214,17 @@ class ChatApp(App[None]):
 
     # Commands
 
-    def _run_command(self, command: Command) -> None:
-        if BY_NAME[command.name].needs_idle and self.generating:
-            raise SpecchatError(f"/{command.name} waits until the answer is done (Esc stops it)")
-        if self.session is None and command.name not in ("help", "quit"):
-            raise SpecchatError("the model is still loading")
-        getattr(self, f"_command_{command.name}")(command.value)
+    def _run_command(self, line: str) -> None:
+        """Parse and carry out a slash command; any problem is an inline error, never a crash."""
+        try:
+            command = parse_command(line)
+            if BY_NAME[command.name].needs_idle and self.generating:
+                raise SpecchatError(f"/{command.name} waits until the answer is done (Esc stops it)")
+            if self.session is None and command.name not in ("help", "quit"):
+                raise SpecchatError("the model is still loading")
+            getattr(self, f"_command_{command.name}")(command.value)
+        except SpecchatError as error:
+            self._note(f"error: {error}", error=True)
 
     def _command_system(self, text: str | None) -> None:
         self.session.update_settings(system=text)
