@@ -34,12 +34,14 @@ def input_line(screen: str) -> str:
     return lines[top + 1].strip("▊▎ ")
 
 
-def poll(terminal: Terminal, condition, timeout: float) -> float:
-    """Seconds until `condition(screen)` holds."""
+def poll(terminal: Terminal, condition, timeout: float, every: float = 0.05) -> float:
+    """Seconds until `condition(screen)` holds, looking every `every` seconds (a busy loop of capture-pane
+    would take a core from the app on a 2-core machine)."""
     start = time.perf_counter()
     while time.perf_counter() - start < timeout:
         if condition(terminal.screen()):
             return time.perf_counter() - start
+        time.sleep(every)
     raise TimeoutError(f"condition not met in {timeout} s:\n{terminal.screen()}")
 
 
@@ -52,18 +54,18 @@ def measure(keys: int) -> dict:
         terminal.send(QUESTION)
         poll(terminal, lambda s: QUESTION[:40] in s, timeout=10)
         terminal.send("Enter")
-        first_token = poll(terminal, lambda s: "no answer yet" not in s, timeout=120)
+        first_token = poll(terminal, lambda s: "no answer yet" not in s, timeout=120, every=0.01)
         poll(terminal, lambda s: "answering…" not in s, timeout=300)
         after_one_answer = terminal.screen()
         terminal.send(LONG_QUESTION, "Enter")
-        poll(terminal, lambda s: "answering…" in s and not input_line(s), timeout=30)
+        poll(terminal, lambda s: "answering…" in s, timeout=30)
         latencies = []
         for k in range(1, keys + 1):
             time.sleep(0.2)
             if "answering…" not in terminal.screen():
                 break
             terminal.send("x")
-            latencies.append(poll(terminal, lambda s, k=k: input_line(s) == "x" * k, timeout=10))
+            latencies.append(poll(terminal, lambda s, k=k: input_line(s) == "x" * k, timeout=10, every=0.002))
         terminal.send("Escape", "C-q")
     finally:
         terminal.close()
