@@ -38,7 +38,7 @@ BudgetOption = Annotated[
 DtypeOption = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).")]
 DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 AttentionOption = Annotated[
-    str, typer.Option(help="auto | hybrid | sdpa | eager (auto: hybrid tree attention unless the model slides).")
+    str, typer.Option(help="auto | hybrid | sdpa | eager (auto: hybrid where its Triton kernels run, else sdpa).")
 ]
 TemperatureOption = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
 TopKOption = Annotated[int | None, typer.Option("--top-k")]

@@ -111,7 +111,7 @@ def test_peak_bandwidth_by_device_name(monkeypatch, name, peak):
 
 
 @pytest.mark.parametrize(
-    ("attention", "implementation"), [("auto", "specchat_hybrid"), ("sdpa", "sdpa"), ("eager", "eager")]
+    ("attention", "implementation"), [("hybrid", "specchat_hybrid"), ("sdpa", "sdpa"), ("eager", "eager")]
 )
 def test_verify_cost_rows_with_a_tiny_config(attention, implementation):
     config = tiny_llama_config()
@@ -196,7 +196,7 @@ def test_cli_verify_cost_with_llama_shapes():
     """One layer of Llama-3.1-8B's shapes still means 4 GB of fp32 embeddings and LM head: ~30 s here."""
     result = specchat(
         "bench", "verify-cost", "--layers", "1", "--context", "8", "--tree", "1", "--repeats", "1",
-        "--dtype", "float32", "--device", "cpu", "--json",
+        "--dtype", "float32", "--device", "cpu", "--attention", "hybrid", "--json",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)

@@ -2,13 +2,16 @@
 
 "hybrid" registers `specchat.kernels`' attention function with transformers as "specchat_hybrid" (with
 SDPA's mask builder, so prefill and generic masks behave as under "sdpa") and tells the engine to pass tree
-masks as `[1, 1, n, n]` instead of dense `[1, 1, n, prefix + n]` ones. "auto" is hybrid unless the model
-uses sliding-window attention, which the hybrid kernels do not implement.
+masks as `[1, 1, n, n]` instead of dense `[1, 1, n, prefix + n]` ones. "auto" is hybrid where its Triton
+kernels run (a CUDA model with triton installed) and the model has no sliding window, which they do not
+implement; elsewhere SDPA, whose fused CPU kernel beats the torch reference of hybrid attention (decode at
+4K context on the default model: 107 vs 117 ms per token).
 """
 
 from __future__ import annotations
 
 from specchat.errors import SpecchatError
+from specchat.kernels.hybrid import uses_triton
 
 HYBRID = "specchat_hybrid"
 CHOICES = ("auto", "hybrid", "sdpa", "eager")
@@ -22,11 +25,12 @@ def check_attention(choice: str) -> None:
 def use_attention(model, choice: str) -> str:
     """Switch `model` to the attention named by `choice`; returns the transformers implementation name."""
     check_attention(choice)
-    if choice in ("hybrid", "auto") and _sliding_window(model.config):
-        if choice == "hybrid":
-            raise SpecchatError("this model uses sliding-window attention, which hybrid attention does not support")
-        choice = "sdpa"
-    name = HYBRID if choice in ("hybrid", "auto") else choice
+    sliding = _sliding_window(model.config)
+    if choice == "auto":
+        choice = "hybrid" if uses_triton(model.device) and not sliding else "sdpa"
+    if choice == "hybrid" and sliding:
+        raise SpecchatError("this model uses sliding-window attention, which hybrid attention does not support")
+    name = HYBRID if choice == "hybrid" else choice
     if name == HYBRID:
         _register()
     if model.config._attn_implementation != name:
