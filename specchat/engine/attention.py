@@ -11,7 +11,6 @@ implement; elsewhere SDPA, whose fused CPU kernel beats the torch reference of h
 from __future__ import annotations
 
 from specchat.errors import SpecchatError
-from specchat.kernels.hybrid import uses_triton
 
 HYBRID = "specchat_hybrid"
 CHOICES = ("auto", "hybrid", "sdpa", "eager")
@@ -24,6 +23,8 @@ def check_attention(choice: str) -> None:
 
 def use_attention(model, choice: str) -> str:
     """Switch `model` to the attention named by `choice`; returns the transformers implementation name."""
+    from specchat.kernels.hybrid import uses_triton  # torch: not for the CLI's option checks
+
     check_attention(choice)
     sliding = _sliding_window(model.config)
     if choice == "auto":
