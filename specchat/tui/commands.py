@@ -82,7 +82,9 @@ COMMANDS = (
     CommandSpec("drafter", "/drafter NAME", f"the drafter: {' | '.join(AVAILABLE)}", _drafter),
     CommandSpec("budget", "/budget N|auto", "most draft-tree nodes per step (auto: chosen per step)", _budget),
     CommandSpec("clear", "/clear", "start a new conversation", _none("clear"), needs_idle=True),
-    CommandSpec("save", "/save [FILE]", "save messages, settings and token origins as JSON", _optional_path),
+    CommandSpec(
+        "save", "/save [FILE]", "save messages, settings and token origins as JSON", _optional_path, needs_idle=True
+    ),
     CommandSpec("load", "/load FILE", "load a saved chat", _path, needs_idle=True),
     CommandSpec("stats", "/stats", "the last answer's figures", _none("stats")),
     CommandSpec("help", "/help", "list the commands and keys", _none("help")),
