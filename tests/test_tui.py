@@ -7,6 +7,7 @@ where real text matters (n-gram drafts are only accepted on text that repeats).
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from specchat.engine.generate import TARGET, Engine
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.tui.app import RENDER_HZ
+from specchat.tui.ar_baseline import SAMPLES
 from specchat.tui.chat_input import ChatInput
 from specchat.tui.colours import DRAFT_STYLES
 from specchat.tui.help_screen import HelpScreen
@@ -54,6 +56,9 @@ async def test_type_send_and_stream_in_batches(tiny, monkeypatch):
         assert answer.finish == "length" and len(answer.token_ids) == 120
         assert answer.token_ids == greedy_reference(tiny, app.session.previous.ids, 120)  # lossless in the chat
         assert app.session.last_figures.reused_tokens > 0  # the warm-up left the template's head in the cache
+        samples = app.session.ar.samples  # the speedup's autoregressive steps, timed during this answer
+        assert len(samples) == SAMPLES
+        assert app.session.last_figures.ar_tokens_per_second == pytest.approx(1 / statistics.median(samples))
         view = app.query(MessageView).last()
         assert view.body.plain == answer.text == "".join(answer.pieces)  # nothing dropped or reordered
         assert answer.text == tiny.tokenizer.decode(answer.token_ids, skip_special_tokens=True)

@@ -19,9 +19,9 @@ EXPLANATIONS = {
     "token included. Autoregressive decoding is 1.00.",
     "tokens/s": "this answer's decode speed; prefill (the prompt, up to the first token) is excluded and "
     "shown separately under each answer.",
-    "speedup": "tokens/s here / tokens/s of autoregressive decoding of the same model, engine and machine. "
-    "The engine times an autoregressive step itself at the current context (again when the context has "
-    "grown by a quarter); 'AR' shows that speed and the context it was measured at.",
+    "speedup": "tokens/s here / tokens/s of autoregressive decoding of the same model, engine and machine, "
+    "both measured here: a few autoregressive steps are timed between the steps of an answer (again when the "
+    "context has changed by a quarter); 'AR' shows that speed and the context it was measured at.",
     "per-depth": "for each tree depth d, the fraction of the steps that proposed depth d in which depth d "
     "was accepted.",
     "tau sparkline": "tokens committed by each of the last steps, oldest on the left.",

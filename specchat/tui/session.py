@@ -20,12 +20,12 @@ from specchat.engine.sampling import SamplingConfig
 from specchat.engine.text import TextStream
 from specchat.errors import SpecchatError
 from specchat.loading import LoadedModel
+from specchat.tui.ar_baseline import ArBaseline
 from specchat.tui.chat_prompt import ChatPrompt, chat_messages, next_prompt
 from specchat.tui.figures import Figures, memory_in_use
 from specchat.tui.transcript import Message
 
 DEFAULT_CONTEXT = 8192  # the conversation's cache when --context is not given (or the model's window)
-AR_REMEASURE_GROWTH = 1.25  # re-time the autoregressive step once the context grew by a quarter
 
 # Blocking; hears load stages through its argument; raises SpecchatError.
 ModelLoader = Callable[[Callable[[str], None]], tuple[LoadedModel, SamplingConfig]]
@@ -75,7 +75,7 @@ class ChatSession:
         self.lock = threading.Lock()  # held by whoever drives the engine
         self.engine: Engine | None = None  # built (again) on the next answer when None
         self.previous: ChatPrompt | None = None  # the prompt the last answer continued
-        self.ar_step: tuple[float, int] | None = None  # (seconds of an autoregressive step, context then)
+        self.ar = ArBaseline()  # what an autoregressive step costs here, for the speedup
         self.recent_tau: deque[int] = deque(maxlen=60)
         self.last_figures: Figures | None = None
 
@@ -86,7 +86,7 @@ class ChatSession:
     def update_settings(self, **changes) -> None:
         self.settings = dataclasses.replace(self.settings, **changes)
         if {"drafter", "draft_budget", "context"} & changes.keys():
-            self.engine, self.ar_step = None, None
+            self.engine = None
         if "system" in changes:
             self.previous = None
 
@@ -136,9 +136,8 @@ class ChatSession:
                 self.recent_tau.append(len(event.tokens))
             pieces = [stream.add([token]) for token in event.tokens]
             yield Update(event, pieces, self._figures(engine, event))
-            if index == 0 and engine.drafter is not None and self._ar_is_stale(engine):
-                seconds = engine.autoregressive_step_seconds(sampling=self.sampling)
-                self.ar_step = (seconds, engine.length)
+            if engine.drafter is not None and self.ar.wants_sample(index, engine.length):
+                self.ar.add(engine.autoregressive_step_seconds(sampling=self.sampling, repeats=1), engine.length)
 
     def settings_json(self) -> dict:
         return {
@@ -171,16 +170,13 @@ class ChatSession:
             )
         return self.engine
 
-    def _ar_is_stale(self, engine: Engine) -> bool:
-        return self.ar_step is None or engine.length > AR_REMEASURE_GROWTH * self.ar_step[1]
-
     def _eos_ids(self) -> frozenset[int]:
         return self._engine().eos_ids
 
     def _figures(self, engine: Engine, event: StepEvent) -> Figures:
         """Takes the engine that produced `event`: a settings change may already have dropped `self.engine`."""
         stats = event.stats
-        ar_seconds, ar_context = self.ar_step or (None, 0)
+        ar_seconds = self.ar.seconds
         policy = engine.policy
         budget = None if engine.drafter is None else policy.budget if policy else engine.fixed_budget
         memory, memory_kind = memory_in_use(engine.device)
@@ -190,7 +186,7 @@ class ChatSession:
             acceptance_rate=stats.acceptance_rate,
             tokens_per_second=stats.tokens_per_second,
             ar_tokens_per_second=1 / ar_seconds if ar_seconds else None,
-            ar_context=ar_context,
+            ar_context=self.ar.context,
             per_depth=tuple(stats.per_depth_acceptance),
             recent_tau=tuple(self.recent_tau),
             context_used=engine.length,
