@@ -9,3 +9,8 @@ def first_line(error: Exception) -> str:
     """An exception's message cut to its first line (its type's name when it has none)."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def unexpected(error: Exception) -> str:
+    """One line for an error that is not the user's (a bug, a broken file): its type and first line."""
+    return f"{type(error).__name__}: {first_line(error)}"

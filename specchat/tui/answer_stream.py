@@ -12,7 +12,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 
-from specchat.errors import SpecchatError, first_line
+from specchat.errors import SpecchatError, unexpected
 from specchat.tui.session import ChatSession, Update
 
 
@@ -43,7 +43,7 @@ class AnswerStream:
         except SpecchatError as exc:
             finish, error = "error", str(exc)
         except Exception as exc:  # noqa: BLE001 - an engine bug must not kill the app: show it, keep the chat
-            finish, error = "error", f"{type(exc).__name__}: {first_line(exc)}"
+            finish, error = "error", unexpected(exc)
         self._queue.put(AnswerEnd(finish, error))
 
     def drain(self) -> list[Update | AnswerEnd]:

@@ -19,7 +19,7 @@ from textual.containers import Horizontal
 from textual.timer import Timer
 from textual.widgets import Footer
 
-from specchat.errors import SpecchatError, first_line
+from specchat.errors import SpecchatError, unexpected
 from specchat.tui.answer_stream import AnswerEnd, AnswerStream
 from specchat.tui.chat_input import ChatInput
 from specchat.tui.colours import legend
@@ -94,7 +94,7 @@ class ChatApp(App[None]):
         except SpecchatError as error:
             self.call_from_thread(self._load_failed, str(error))
         except Exception as error:  # noqa: BLE001 - e.g. a broken checkpoint: one line, then a clean exit
-            self.call_from_thread(self._load_failed, f"{type(error).__name__}: {first_line(error)}")
+            self.call_from_thread(self._load_failed, unexpected(error))
         else:
             self.call_from_thread(self._loaded, session, time.perf_counter() - start)
 
