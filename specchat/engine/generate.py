@@ -22,8 +22,9 @@ from specchat.engine.stats import GenerationStats
 from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, node_histories, tree_batch
 from specchat.engine.verify import verify
+from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError
-from specchat.loading import cache_dir
+from specchat.quant.formats import weight_format
 
 TARGET = "target"  # origin of a token produced by the target model itself
 
@@ -58,7 +59,7 @@ class Engine:
         self.tree_capacity = 0 if drafter is None else draft_budget if draft_budget is not None else SIZES[-1]
         self.context_window = model.config.max_position_embeddings
         self.max_len = min((max_len or self.context_window) + self.tree_capacity, self.context_window)
-        self.device = model.get_input_embeddings().weight.device
+        self.device = model.device
         self.eos_ids = _eos_ids(model, tokenizer)
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len)
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
@@ -124,8 +125,6 @@ class Engine:
 
     def _verify_cost(self) -> VerifyCost:
         """Verification cost by tree size for this model, dtype, device and thread count (cached on disk)."""
-        weight = self.model.get_input_embeddings().weight
-        key = f"{self.model.name_or_path}|{weight.dtype}|{weight.device}|threads={torch.get_num_threads()}"
 
         def verify_forward(n: int) -> None:  # a chain of n nodes at the current context, never committed
             tree = DraftTree([0] * n, list(range(-1, n - 1)), ["calibration"] * n)
@@ -135,7 +134,7 @@ class Engine:
 
         sizes = [n for n in SIZES if n <= self.tree_capacity]
         return cached_verify_cost(
-            cache_dir() / "verify_cost.json", key, lambda: measure_verify_cost(verify_forward, sizes=sizes)
+            cache_dir() / "verify_cost.json", calibration_key(self.model), lambda: measure_verify_cost(verify_forward, sizes=sizes)
         )
 
     def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree) -> torch.Tensor:
@@ -219,6 +218,16 @@ class Engine:
             times.append(time.perf_counter() - start)
         self.cache.truncate(self.cache.length)  # drop the pending root KV the forwards wrote
         return sorted(times)[len(times) // 2]
+
+
+def calibration_key(model) -> str:
+    """What a verification forward's cost depends on: model and shapes, weights, activations, attention, machine."""
+    config = model.config
+    shape = f"{config.num_hidden_layers}x{config.hidden_size}x{config.intermediate_size}x{config.vocab_size}"
+    return (
+        f"{model.name_or_path}|{shape}|{weight_format(model)}|{model.dtype}|{model.device}|"
+        f"{config._attn_implementation}|threads={torch.get_num_threads()}"
+    )
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:

@@ -1,0 +1,26 @@
+"""Small measurements kept on disk between runs (verification cost, the fastest activation dtype)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specchat"
+
+
+def cached_json(path: Path, key: str, compute: Callable[[], Any]) -> Any:
+    """The JSON value stored under `key` in the file at `path`, computed and stored when missing."""
+    store = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in store:
+        store[key] = compute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(store, indent=1))
+        partial.replace(path)  # atomic: a concurrent reader never sees half a file
+    return store[key]

@@ -1,0 +1,58 @@
+"""On a CPU, run quantized weights with float32 or bfloat16 activations: whichever is faster on this machine.
+
+The int4 kernel is row-independent in both (what exact speculative decoding needs), but which is faster
+depends on the CPU (bf16 units or not), so it is timed once per machine, weight format and matrix shape, on
+the rows a decode step and a small verification tree multiply, and kept on disk.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import torch
+
+from specchat.disk_cache import cache_dir, cached_json
+from specchat.quant.int4_linear import Int4Linear
+from specchat.quant.int8_linear import Int8Linear
+
+CANDIDATES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ROWS = (1, 4)  # a decode step, a small verification tree
+
+
+def fastest_activation_dtype(weights: str, shape: tuple[int, int]) -> torch.dtype:
+    """`weights`: "q4_1" | "int4" | "int8"; `shape`: [out, in] of a representative matrix."""
+    key = f"{weights}|{shape[0]}x{shape[1]}|{platform.processor() or platform.machine()}|" \
+          f"threads={torch.get_num_threads()}|torch={torch.__version__}"  # fmt: skip
+    name = cached_json(cache_dir() / "activation_dtype.json", key, lambda: _measure(weights, shape))
+    return CANDIDATES[name]
+
+
+def _measure(weights: str, shape: tuple[int, int]) -> str:
+    seconds = {name: _seconds(_layer(weights, shape, dtype), dtype) for name, dtype in CANDIDATES.items()}
+    return min(seconds, key=seconds.get)
+
+
+def _layer(weights: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.nn.Module:
+    out_features, in_features = shape
+    groups = torch.rand(out_features, in_features // 32) * 0.01
+    if weights == "int8":
+        codes = torch.randint(-128, 128, shape, dtype=torch.int8)
+        return Int8Linear(codes, groups, group_size=32, dtype=dtype)
+    return Int4Linear(torch.randint(0, 16, shape), groups, groups, group_size=32, dtype=dtype)
+
+
+@torch.inference_mode()
+def _seconds(layer: torch.nn.Module, dtype: torch.dtype, repeats: int = 7) -> float:
+    """Sum over ROWS of the median time of one call."""
+    total = 0.0
+    for rows in ROWS:
+        x = torch.randn(rows, layer.in_features, dtype=dtype)
+        layer(x)  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            layer(x)
+            times.append(time.perf_counter() - start)
+        total += sorted(times)[repeats // 2]
+    return total

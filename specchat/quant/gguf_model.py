@@ -1,0 +1,141 @@
+"""A transformers Llama model that runs on a GGUF file's own quantized weights, without an fp32 copy.
+
+Q4_0 / Q4_1 matrices become `Int4Linear`s and Q8_0 ones `Int8Linear`s, code for code: their weights equal the
+file's dequantized values exactly. A Q8_0 token embedding becomes an `Int8Embedding`, and when the LM head is
+tied to it (no `output.weight` tensor) an `Int8Linear` over the same codes. F32 / F16 tensors (norms) are kept
+dense in the activation dtype; any other GGUF type is dequantized into a dense layer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from specchat.quant.embedding import Int8Embedding
+from specchat.quant.int4_linear import Int4Linear
+from specchat.quant.int8_linear import Int8Linear
+
+BLOCK = 32  # values per block of the Q4_0, Q4_1 and Q8_0 types
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype) -> nn.Module:
+    """The Llama-architecture model of `gguf_path` (config and tokenizer already converted to `config_dir`)."""
+    from accelerate import init_empty_weights
+    from gguf import GGUFReader
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(config_dir)
+    if config.model_type != "llama":
+        raise ValueError(f"quantized GGUF loading supports the llama architecture, not {config.model_type}")
+    with init_empty_weights(include_buffers=False):  # parameters on the meta device: nothing is allocated
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    tensors = {tensor.name: tensor for tensor in GGUFReader(gguf_path).tensors}
+    for name, tensor in tensors.items():
+        module_name = _module_name(name)
+        if module_name.endswith(("q_proj", "k_proj")):
+            heads = config.num_attention_heads if module_name.endswith("q_proj") else config.num_key_value_heads
+            _install(model, module_name, tensor, dtype, rows=_unpermute_rotary_rows(tensor.shape[-1], heads))
+        else:
+            _install(model, module_name, tensor, dtype)
+    if "output.weight" not in tensors:  # tied LM head: the embedding's codes, multiplied as a linear layer
+        _install(model, "lm_head", tensors["token_embd.weight"], dtype, as_linear=True)
+    missing = [name for name, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
+    if missing:
+        raise ValueError(f"the GGUF file has no tensor for {', '.join(missing[:3])}")
+    return model
+
+
+def _module_name(gguf_name: str) -> str:
+    parts = gguf_name.removesuffix(".weight").split(".")
+    if parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    if len(parts) == 1 and parts[0] in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[parts[0]]
+    raise ValueError(f"unexpected tensor '{gguf_name}' in a llama GGUF file")
+
+
+def _unpermute_rotary_rows(rows: int, heads: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's converter, which interleaves each head's two rotary halves."""
+    return torch.arange(rows).view(heads, -1, 2).transpose(1, 2).reshape(rows)
+
+
+def _install(model, name: str, tensor, dtype, *, rows=None, as_linear=False) -> None:
+    """Put the module (or norm weight) made from one GGUF tensor at `name`, its rows reordered by `rows`."""
+    from gguf import GGMLQuantizationType as Q
+
+    kind = tensor.tensor_type
+    raw = torch.from_numpy(np.array(tensor.data))  # [rows, bytes or values per row]: a copy of the file's bytes
+    if rows is not None:
+        raw = raw[rows]
+    current = model.get_submodule(name)
+    fmt = kind.name.lower()
+    if isinstance(current, nn.Embedding) and kind == Q.Q8_0 or as_linear and kind == Q.Q8_0:
+        codes, scale = _q8_0(raw)
+        module = (
+            Int8Linear(codes, scale, group_size=BLOCK, dtype=dtype, format=fmt)
+            if as_linear
+            else Int8Embedding(codes, scale, dtype=dtype, format=fmt)
+        )
+    elif isinstance(current, nn.Linear) and kind in (Q.Q4_0, Q.Q4_1):
+        codes, scale, zero = _q4(raw, with_min=kind == Q.Q4_1)
+        module = Int4Linear(codes, scale, zero, group_size=BLOCK, dtype=dtype, format=fmt)
+    elif isinstance(current, nn.Linear) and kind == Q.Q8_0:
+        codes, scale = _q8_0(raw)
+        module = Int8Linear(codes, scale, group_size=BLOCK, dtype=dtype, format=fmt)
+    else:  # norms (F32), and any type without a quantized kernel here: dense
+        weight = _dense(tensor, raw).to(dtype)
+        if isinstance(current, nn.Linear | nn.Embedding):
+            module = nn.Linear(weight.shape[1], weight.shape[0], bias=False) if isinstance(current, nn.Linear) \
+                else nn.Embedding(*weight.shape)  # fmt: skip
+            module.weight = nn.Parameter(weight, requires_grad=False)
+        else:
+            current.weight = nn.Parameter(weight, requires_grad=False)
+            return
+    model.set_submodule(name, module)
+
+
+def _q4(raw: torch.Tensor, *, with_min: bool):
+    """Q4_1 blocks (fp16 d, fp16 m, 16 bytes of nibbles) or Q4_0 blocks (fp16 d, nibbles) -> codes, scale, zero.
+
+    The first 16 values of a block sit in the low nibbles, the last 16 in the high ones."""
+    head = 4 if with_min else 2
+    blocks = raw.view(raw.shape[0], -1, head + BLOCK // 2)
+    d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
+    nibbles = blocks[..., head:]
+    codes = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).reshape(raw.shape[0], -1)
+    if not with_min:  # Q4_0: w = d * (q - 8)
+        return codes, d, torch.zeros_like(d)
+    m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
+    return codes, d, m + 8 * d  # w = d * q + m = (q - 8) * d + (m + 8 d)
+
+
+def _q8_0(raw: torch.Tensor):
+    """Q8_0 blocks (fp16 d, 32 int8 values) -> codes [rows, values], scale [rows, blocks]."""
+    blocks = raw.view(raw.shape[0], -1, 2 + BLOCK)
+    d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
+    codes = blocks[..., 2:].contiguous().view(torch.int8).reshape(raw.shape[0], -1)
+    return codes, d
+
+
+def _dense(tensor, raw: torch.Tensor) -> torch.Tensor:
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+
+    if tensor.tensor_type in (Q.F32, Q.F16, Q.BF16):
+        return raw.float() if tensor.tensor_type != Q.BF16 else raw.view(torch.bfloat16).float()
+    return torch.from_numpy(dequantize(raw.numpy(), tensor.tensor_type).copy())

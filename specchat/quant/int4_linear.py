@@ -1,0 +1,58 @@
+"""A linear layer whose weights are 4-bit codes in groups along the input: w = (q - 8) * scale + zero.
+
+This is the layout of torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`), and GGUF's Q4_0 / Q4_1 blocks
+map onto it without touching a code: Q4_1 stores w = d * q + m per block of 32, that is scale = d and
+zero = m + 8 d. The kernel computes each output row on its own, so a row's result is bitwise the same whether
+it is computed alone or among the rows of a verification forward (tested in tests/test_quant.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+PACK_ROWS = 4096  # codes are packed this many output rows at a time: no int32 copy of a whole large matrix
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [out, in] in 0..15 -> the kernel's packed uint8 [out, in / 2]."""
+    chunks = codes.split(PACK_ROWS)
+    return torch.cat([torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.to(torch.int32), 1) for c in chunks])
+
+
+def scales_and_zeros(scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per-group scale and zero [out, groups] -> the kernel's [groups, out, 2] in the activation dtype."""
+    return torch.stack([scale.T, zero.T], dim=-1).to(dtype).contiguous()
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_zeros: torch.Tensor) -> torch.Tensor:
+    """x [..., in] @ W^T -> [..., out]."""
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), packed, group_size, scales_zeros)
+    return out.view(*x.shape[:-1], -1)
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, *, group_size: int,
+                 dtype: torch.dtype, bias: torch.Tensor | None = None, format: str = "int4"):  # fmt: skip
+        """`codes` [out, in] integers in 0..15; `scale`, `zero` [out, in // group_size]."""
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        if self.in_features % group_size or scale.shape != (self.out_features, self.in_features // group_size):
+            raise ValueError(f"codes {tuple(codes.shape)} and scales {tuple(scale.shape)} mismatch groups of {group_size}")
+        self.group_size = group_size
+        self.format = format  # what the weights are, for reports: "q4_1", "int4-g32", ...
+        self.register_buffer("packed", pack(codes))
+        self.register_buffer("scales_zeros", scales_and_zeros(scale, zero, dtype))
+        self.register_buffer("bias", None if bias is None else bias.to(dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = int4_matmul(x, self.packed, self.group_size, self.scales_zeros)
+        return out if self.bias is None else out + self.bias
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight matrix [out, in] the kernel multiplies by (computed by the kernel itself)."""
+        eye = torch.eye(self.in_features, dtype=self.scales_zeros.dtype)
+        return int4_matmul(eye, self.packed, self.group_size, self.scales_zeros).T.contiguous()
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, {self.format}, group={self.group_size}"

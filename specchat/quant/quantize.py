@@ -1,0 +1,48 @@
+"""`--quantize int4|int8`: weight-only, group-wise quantization of a transformers model's linear layers.
+
+int4 stores a scale and a minimum per group of 32 inputs (as GGUF's Q4_1), int8 one scale per group of 32 (as
+Q8_0). The LM head is int8 under both, as llama.cpp's 4-bit files keep their output layer at 6-8 bits: it
+decides every token. Embeddings, norms and linear layers whose input size is not a multiple of the group
+stay dense in the activation dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specchat.quant.int4_linear import Int4Linear
+from specchat.quant.int8_linear import Int8Linear
+
+GROUP = 32
+
+
+def quantize_model(model: nn.Module, scheme: str, *, dtype: torch.dtype) -> None:
+    """Replace the linear layers of `model` in place; `dtype` is the activation dtype."""
+    head = model.get_output_embeddings()
+    for name, module in list(model.named_modules()):
+        if type(module) is nn.Linear and module.in_features % GROUP == 0:
+            layer_scheme = "int8" if module is head else scheme
+            model.set_submodule(name, quantize_linear(module, layer_scheme, dtype=dtype))
+
+
+def quantize_linear(linear: nn.Linear, scheme: str, *, dtype: torch.dtype) -> nn.Module:
+    """A group-wise `scheme` ("int4" | "int8") copy of `linear`."""
+    weight = linear.weight.detach().float().view(linear.out_features, -1, GROUP)
+    bias = None if linear.bias is None else linear.bias.detach()
+    if scheme == "int4":
+        low, high = weight.amin(-1), weight.amax(-1)
+        scale = (high - low) / 15
+        codes = torch.round((weight - low[..., None]) / _nonzero(scale)[..., None]).clamp(0, 15)
+        return Int4Linear(codes.flatten(1), scale, low + 8 * scale, group_size=GROUP, dtype=dtype, bias=bias,
+                          format=f"int4-g{GROUP}")  # fmt: skip
+    if scheme == "int8":
+        scale = weight.abs().amax(-1) / 127
+        codes = torch.round(weight / _nonzero(scale)[..., None]).clamp(-127, 127).to(torch.int8)
+        return Int8Linear(codes.flatten(1), scale, group_size=GROUP, dtype=dtype, bias=bias, format=f"int8-g{GROUP}")
+    raise ValueError(f"unknown quantization scheme '{scheme}'")
+
+
+def _nonzero(scale: torch.Tensor) -> torch.Tensor:
+    """The scale to divide by: a group of equal weights (scale 0) gets codes 0 and is stored by its zero."""
+    return torch.where(scale == 0, torch.ones_like(scale), scale)
