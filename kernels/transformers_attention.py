@@ -1,7 +1,7 @@
-"""An attention function with transformers' signature that verifies trees through hybrid attention.
+"""Attention functions with transformers' signature that verify trees through a tree-attention kernel.
 
-Registered as "specchat_hybrid" (specchat/engine/attention.py), it lets stock models verify trees without
-vendored modeling code. The engine tells it a forward is a tree verification by passing, as the model's
+Registered as "specchat_hybrid" (hybrid tree attention) and "specchat_canonical" (canonical tree attention)
+by specchat/engine/attention.py, they let stock models verify trees without vendored modeling code. The engine tells it a forward is a tree verification by passing, as the model's
 `attention_mask`, a 4-D bool mask exactly as wide as the query (`[1, 1, n, n]`): the tree's ancestor mask,
 with the whole cached prefix visible. transformers hands such a mask through untouched. A single query
 without a mask (a decode step) is a one-node tree. Anything else (prefill, generic masks) goes to SDPA.
@@ -12,19 +12,26 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specchat.kernels.canonical_attention import canonical_tree_attention
 from specchat.kernels.hybrid import hybrid_tree_attention
 
 
-def hybrid_attention_forward(
-    module: torch.nn.Module,
+def tree_attention_forward(tree_attention):
+    """transformers' attention function for a kernel with `hybrid_tree_attention`'s signature."""
+
+    def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+        return _forward(tree_attention, query, key, value, attention_mask, scaling)
+
+    return forward
+
+
+def _forward(
+    tree_attention,
     query: torch.Tensor,  # [B, Hq, q_len, D]
     key: torch.Tensor,  # [B, Hkv, kv_len, D]: the cache's view, this forward's tokens last
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    **kwargs,
+    scaling: float | None,
 ) -> tuple[torch.Tensor, None]:
     batch, heads, q_len, dim = query.shape
     kv_len = key.shape[2]
@@ -33,8 +40,12 @@ def hybrid_attention_forward(
     if tree_mask is None:
         return _sdpa(query, key, value, attention_mask, scale), None
     out = query.new_empty(batch, q_len, heads, dim)  # transformers' output layout, filled through a view
-    hybrid_tree_attention(query, key, value, kv_len - q_len, tree_mask, scale, out=out.transpose(1, 2))
+    tree_attention(query, key, value, kv_len - q_len, tree_mask, scale, out=out.transpose(1, 2))
     return out, None
+
+
+hybrid_attention_forward = tree_attention_forward(hybrid_tree_attention)
+canonical_attention_forward = tree_attention_forward(canonical_tree_attention)
 
 
 def _tree_mask(attention_mask: torch.Tensor | None, q_len: int, device: torch.device) -> torch.Tensor | None:

@@ -357,7 +357,7 @@ def verify_cost(
     The model has random weights, built on the device in `dtype` (never materialised in fp32 on the CPU).
     The cache is filled with random keys/values written into its preallocated layers (no prefill: timing
     does not depend on the values), then every timed forward is rolled back with `cache.truncate`, so the
-    context stays fixed. Forwards are the engine's own: `tree_batch`, `attention_mask(prefix, hybrid=...)`,
+    context stays fixed. Forwards are the engine's own: `tree_batch`, `attention_mask(prefix, tree_only=...)`,
     explicit position ids, logits for every row; masks are built before timing. Wall time, device synced.
 
     Args:
@@ -369,7 +369,7 @@ def verify_cost(
     """
     from transformers import AutoModelForCausalLM
 
-    from specchat.engine.attention import check_attention, use_attention, uses_hybrid
+    from specchat.engine.attention import check_attention, use_attention, uses_tree_masks
     from specchat.engine.cache import TreeCache
     from specchat.engine.linear import use_few_rows_linear
 
@@ -395,7 +395,7 @@ def verify_cost(
     model.eval().requires_grad_(False)
     name = use_attention(model, attention)
     use_few_rows_linear(model)  # as the engine does whenever it verifies trees
-    hybrid = uses_hybrid(model)
+    hybrid = uses_tree_masks(model)
     draft = random_tree(tree, seed=seed, vocab=config.vocab_size)
     cache = TreeCache(config.num_hidden_layers, max(contexts) + tree + 1)
 
@@ -409,7 +409,7 @@ def verify_cost(
             _fill(cache, context, config, torch_dtype, dev)
             decode = tree_batch(DraftTree.empty(), 1, context, dev)
             verify = tree_batch(draft, 1, context, dev)
-            verify_mask = verify.attention_mask(context, hybrid=hybrid)
+            verify_mask = verify.attention_mask(context, tree_only=hybrid)
             times = {"decode": [], "verify": []}
             for i in range(WARMUP + repeats):
                 for kind, batch, mask in (("decode", decode, None), ("verify", verify, verify_mask)):

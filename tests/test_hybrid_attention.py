@@ -18,7 +18,7 @@ from specchat.engine.tree import DraftTree, tree_batch
 from specchat.errors import SpecchatError
 
 
-def _tree_logits(model, prompt: list[int], tree: DraftTree, *, hybrid: bool) -> torch.Tensor:
+def _tree_logits(model, prompt: list[int], tree: DraftTree, *, tree_only: bool) -> torch.Tensor:
     """Prefill `prompt` but its last token, then verify `tree` below it, as the engine does."""
     cache = TreeCache(model.config.num_hidden_layers, 128)
     with torch.inference_mode():
@@ -28,7 +28,7 @@ def _tree_logits(model, prompt: list[int], tree: DraftTree, *, hybrid: bool) -> 
         out = model(
             input_ids=batch.input_ids[None],
             position_ids=batch.position_ids[None],
-            attention_mask=batch.attention_mask(cache.length, hybrid=hybrid),
+            attention_mask=batch.attention_mask(cache.length, tree_only=tree_only),
             past_key_values=cache,
             use_cache=True,
         )
@@ -42,10 +42,10 @@ def test_tree_mask_reaches_the_hybrid_function_and_logits_match_sdpa(family):
     assert use_attention(hybrid, "hybrid") == HYBRID
     tree = DraftTree([11, 12, 13, 14, 15, 16], [-1, -1, 0, 0, 3, 1], ["t"] * 6)
     prompt = random_prompt(20, seed=7)
-    want = _tree_logits(sdpa, prompt, tree, hybrid=False)
-    got = _tree_logits(hybrid, prompt, tree, hybrid=True)
+    want = _tree_logits(sdpa, prompt, tree, tree_only=False)
+    got = _tree_logits(hybrid, prompt, tree, tree_only=True)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)  # another summation order (seen: 1.06e-5 apart)
-    chain = _tree_logits(sdpa, prompt, DraftTree([11, 13], [-1, 0], ["t"] * 2), hybrid=False)
+    chain = _tree_logits(sdpa, prompt, DraftTree([11, 13], [-1, 0], ["t"] * 2), tree_only=False)
     # node 2's row sees only 11, 13 (a 3-row forward rounds differently from a 7-row one)
     torch.testing.assert_close(got[[0, 1, 3]], chain, atol=1e-4, rtol=1e-4)
 
@@ -58,7 +58,7 @@ def test_greedy_with_hybrid_attention_equals_autoregressive(family, budget, toke
     use_attention(hybrid, "hybrid")
     drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=budget, reference=prompt + greedy, p_correct=0.7)
     engine = Engine(hybrid, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)
-    assert engine.hybrid
+    assert engine.tree_only_masks
     out, events = run(engine, prompt, 60)
     assert out == greedy[:60]
     assert events[-1].stats.accepted > 0

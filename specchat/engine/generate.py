@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specchat.drafters.base import Drafter
-from specchat.engine.attention import uses_hybrid
+from specchat.engine.attention import uses_tree_masks
 from specchat.engine.budget import SIZES, AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
 from specchat.engine.cache import TreeCache
 from specchat.engine.linear import use_few_rows_linear
@@ -53,7 +53,7 @@ class Engine:
         if drafter is not None:
             use_few_rows_linear(model)  # verification forwards are a few rows: make them cost one decode step
         self.drafter = drafter
-        self.hybrid = uses_hybrid(model)  # tree masks then cover the tree alone
+        self.tree_only_masks = uses_tree_masks(model)  # the attention sees the prefix by itself
         self.fixed_budget = draft_budget
         self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
         self.tree_capacity = 0 if drafter is None else draft_budget if draft_budget is not None else SIZES[-1]
@@ -114,7 +114,7 @@ class Engine:
         tree = self.drafter.propose(budget) if budget else DraftTree.empty()
         prefix = self.cache.length
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
-        mask = batch.attention_mask(prefix, hybrid=self.hybrid) if len(tree) else None  # 1 query: no mask
+        mask = batch.attention_mask(prefix, tree_only=self.tree_only_masks) if len(tree) else None  # 1 query: no mask
         logits = self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
         verdict = verify(tree, self._process(logits, sampling, tree), sampling, generator)
         self.cache.commit([0] + [node + 1 for node in verdict.path])
@@ -129,7 +129,7 @@ class Engine:
         def verify_forward(n: int) -> None:  # a chain of n nodes at the current context, never committed
             tree = DraftTree([0] * n, list(range(-1, n - 1)), ["calibration"] * n)
             batch = tree_batch(tree, 0, self.cache.length, self.device)
-            mask = batch.attention_mask(self.cache.length, hybrid=self.hybrid) if n else None
+            mask = batch.attention_mask(self.cache.length, tree_only=self.tree_only_masks) if n else None
             self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
 
         sizes = [n for n in SIZES if n <= self.tree_capacity]
