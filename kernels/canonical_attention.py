@@ -18,10 +18,13 @@ Trees may be up to TAIL deep.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 
 CHUNK = 64  # split points move in steps of CHUNK positions: a tree's rows share at most a few of them
-TAIL = 256  # the deepest tree: every row's split point lies inside the committed prefix
+TAIL = 64  # the deepest tree (MAX_BUDGET nodes): every row's split point lies in the committed prefix
 
 
 def canonical_tree_attention(q, k_cache, v_cache, prefix_len: int, tree_mask: torch.Tensor, scale: float,
@@ -32,27 +35,45 @@ def canonical_tree_attention(q, k_cache, v_cache, prefix_len: int, tree_mask: to
     kv_heads = k_cache.shape[1]
     if batch != 1:
         raise ValueError("canonical attention verifies one sequence at a time (batch 1)")
-    group = heads // kv_heads
+    plan = _plan(tree_mask, prefix_len)
     k, v = k_cache[0], v_cache[0]
-    q = q[0].reshape(kv_heads, group, rows, dim)
-    depth = tree_mask.sum(-1) - 1  # ancestors in the tree, root included
-    position = prefix_len + depth
-    split = ((position - TAIL).clamp_min(0) // CHUNK) * CHUNK
-    if int(depth.max()) >= TAIL:
-        raise ValueError(f"canonical attention verifies trees up to {TAIL} deep")
-
-    acc, top, total = _tail(q, k, v, prefix_len, tree_mask, position, split, scale)
-    for s in split.unique().tolist():
-        if s:  # these rows also see the committed keys [0, s)
-            chosen = (split == s).nonzero()[:, 0]
-            head = _head(q[:, :, chosen], k[:, :s], v[:, :s], scale)
-            acc[:, :, chosen], top[:, :, chosen], total[:, :, chosen] = _merge(
-                head, (acc[:, :, chosen], top[:, :, chosen], total[:, :, chosen])
-            )
+    q = q[0].reshape(kv_heads, heads // kv_heads, rows, dim)
+    acc, top, total = _tail(q, k[:, plan.slots], v[:, plan.slots], plan.valid, scale)
+    for split, chosen in plan.heads:  # these rows also see the committed keys [0, split)
+        head = _head(q[:, :, chosen], k[:, :split], v[:, :split], scale)
+        acc[:, :, chosen], top[:, :, chosen], total[:, :, chosen] = _merge(
+            head, (acc[:, :, chosen], top[:, :, chosen], total[:, :, chosen])
+        )
     result = (acc / total[..., None]).to(q.dtype).reshape(1, heads, rows, dim)
     if out is None:
         return result
     return out.copy_(result)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where each row's keys are: the same for every layer of a forward."""
+
+    slots: torch.Tensor  # [rows, TAIL + CHUNK] cache slot of each tail key (0 where padding)
+    valid: torch.Tensor  # [rows, TAIL + CHUNK] False on padding
+    heads: list[tuple[int, torch.Tensor]]  # (split point, the rows with it), for split points > 0
+
+
+@functools.lru_cache(maxsize=1)  # keyed by the mask object, which the cache keeps alive: one entry a forward
+def _plan(tree_mask: torch.Tensor, prefix_len: int) -> _Plan:
+    rows = tree_mask.shape[0]
+    depth = tree_mask.sum(-1) - 1  # ancestors in the tree, root included
+    if int(depth.max()) > TAIL:
+        raise ValueError(f"canonical attention verifies trees up to {TAIL} deep")
+    position = prefix_len + depth
+    split = ((position - TAIL).clamp_min(0) // CHUNK) * CHUNK
+    logical = split[:, None] + torch.arange(TAIL + CHUNK, device=tree_mask.device)  # [rows, width] positions
+    ancestors = torch.sort((~tree_mask).to(torch.int8), dim=-1, stable=True).indices  # own tree slots first
+    in_tree = (logical - prefix_len).clamp(0, rows - 1)
+    slots = torch.where(logical < prefix_len, logical, prefix_len + ancestors.gather(1, in_tree))
+    valid = logical <= position[:, None]
+    heads = [(s, (split == s).nonzero()[:, 0]) for s in split.unique().tolist() if s]
+    return _Plan(torch.where(valid, slots, 0), valid, heads)
 
 
 def _head(q, k, v, scale):
@@ -67,23 +88,14 @@ def _head(q, k, v, scale):
     return out.view(*shape, dim), top.view(shape), total.view(shape)
 
 
-def _tail(q, k, v, prefix_len, tree_mask, position, split, scale):
-    """Softmax parts over each row's keys [split, position], gathered into rows of width TAIL + CHUNK."""
-    kv_heads, group, rows, dim = q.shape
-    width = TAIL + CHUNK
-    logical = split[:, None] + torch.arange(width, device=q.device)  # [rows, width] positions
-    ancestors = torch.sort((~tree_mask).to(torch.int8), dim=-1, stable=True).indices  # own tree slots first
-    in_tree = (logical - prefix_len).clamp(0, rows - 1)
-    slots = torch.where(logical < prefix_len, logical, prefix_len + ancestors.gather(1, in_tree))
-    valid = logical <= position[:, None]
-    slots = torch.where(valid, slots, 0)
-    keys, values = k[:, slots], v[:, slots]  # [Hkv, rows, width, D]
+def _tail(q, keys, values, valid, scale):
+    """Softmax parts over each row's keys [split, position], gathered: keys, values [Hkv, rows, width, D]."""
     scores = (q.transpose(1, 2) @ keys.transpose(-1, -2)).float() * scale  # [Hkv, rows, g, width]
     scores = scores.masked_fill(~valid[None, :, None], float("-inf"))
     top = scores.amax(-1)
     weights = torch.exp(scores - top[..., None])
     total = weights.sum(-1)
-    out = (weights.to(v.dtype) @ values).float()  # [Hkv, rows, g, D]
+    out = (weights.to(values.dtype) @ values).float()  # [Hkv, rows, g, D]
     return out.transpose(1, 2), top.transpose(1, 2), total.transpose(1, 2)
 
 

@@ -9,6 +9,8 @@ without a mask (a decode step) is a one-node tree. Anything else (prefill, gener
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -50,10 +52,16 @@ canonical_attention_forward = tree_attention_forward(canonical_tree_attention)
 
 def _tree_mask(attention_mask: torch.Tensor | None, q_len: int, device: torch.device) -> torch.Tensor | None:
     if attention_mask is None:
-        return torch.ones(1, 1, dtype=torch.bool, device=device) if q_len == 1 else None
+        return _one_node(device) if q_len == 1 else None
     if attention_mask.dtype == torch.bool and attention_mask.shape[-2:] == (q_len, q_len):
         return attention_mask[0, 0]
     return None
+
+
+@functools.cache
+def _one_node(device: torch.device) -> torch.Tensor:
+    """The tree of a decode step, one object per device: kernels may key per-forward work on it."""
+    return torch.ones(1, 1, dtype=torch.bool, device=device)
 
 
 def _sdpa(query, key, value, attention_mask, scale) -> torch.Tensor:

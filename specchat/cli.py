@@ -377,8 +377,10 @@ def _check_drafters(names: list[str], draft_budget: int | None) -> None:
     for name in names:
         if name not in AVAILABLE:
             raise SpecchatError(f"unknown drafter '{name}'; available: {', '.join(AVAILABLE)}")
-    if draft_budget is not None and not 1 <= draft_budget <= 256:
-        raise SpecchatError("--draft-budget must be between 1 and 256")
+    from specchat.engine.budget import MAX_BUDGET
+
+    if draft_budget is not None and not 1 <= draft_budget <= MAX_BUDGET:
+        raise SpecchatError(f"--draft-budget must be between 1 and {MAX_BUDGET}")
 
 
 def _load(model: str | None, dtype: str, device: str, attention: str = "auto"):

@@ -154,7 +154,7 @@ async def test_save_then_load_round_trips_messages_settings_and_origins(default_
         ("/nope", "unknown command '/nope'"),
         ("/temp hot", "/temp takes a number"),
         ("/temp -1", "/temp takes a number"),
-        ("/budget 0", "/budget takes 1..256"),
+        ("/budget 0", "/budget takes 1..64"),
         ("/drafter eagle", "unknown drafter 'eagle'"),
         ("/clear now", "/clear takes no argument"),
         ("/load", "/load needs a file"),

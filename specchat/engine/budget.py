@@ -22,6 +22,7 @@ from pathlib import Path
 from specchat.disk_cache import cached_json
 
 SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
+MAX_BUDGET = SIZES[-1]  # the most nodes a tree may have: calibrated sizes only, and canonical attention's depth
 
 
 @dataclass(frozen=True)

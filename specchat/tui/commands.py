@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.drafters import AVAILABLE
+from specchat.engine.budget import MAX_BUDGET
 from specchat.errors import SpecchatError
 
 
@@ -61,8 +62,8 @@ def _drafter(text: str) -> str:
 def _budget(text: str) -> int | None:
     if text == "auto":
         return None
-    if not text.isdigit() or not 1 <= int(text) <= 256:
-        raise SpecchatError(f"/budget takes 1..256 or auto, not '{text}'")
+    if not text.isdigit() or not 1 <= int(text) <= MAX_BUDGET:
+        raise SpecchatError(f"/budget takes 1..{MAX_BUDGET} or auto, not '{text}'")
     return int(text)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from specchat.drafters import AVAILABLE, make_drafter
+from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.generate import Engine, StepEvent
 from specchat.engine.prompt import encode_chat
 from specchat.engine.sampling import SamplingConfig
@@ -54,8 +55,8 @@ def check_settings(settings: ChatSettings) -> None:
     if settings.drafter not in AVAILABLE:
         raise SpecchatError(f"unknown drafter '{settings.drafter}'; available: {', '.join(AVAILABLE)}")
     budget = settings.draft_budget
-    if budget is not None and not (isinstance(budget, int) and 1 <= budget <= 256):
-        raise SpecchatError("the draft budget must be between 1 and 256 (or auto)")
+    if budget is not None and not (isinstance(budget, int) and 1 <= budget <= MAX_BUDGET):
+        raise SpecchatError(f"the draft budget must be between 1 and {MAX_BUDGET} (or auto)")
     if not isinstance(settings.max_new_tokens, int) or settings.max_new_tokens < 1:
         raise SpecchatError("the most new tokens per answer must be at least 1")
     if settings.context is not None and not (isinstance(settings.context, int) and settings.context >= 16):
