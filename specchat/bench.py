@@ -14,12 +14,15 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specchat.drafters import make_drafter
-from specchat.engine.generate import Engine
+from specchat.bench_llamacpp import LlamaCpp
+from specchat.engine.generate import Engine, eos_ids
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
 from specchat.loading import LoadedModel
 
 HF_METHODS = ("hf", "hf-prompt-lookup")  # transformers' own generate: plain greedy, prompt-lookup decoding
+LLAMACPP = "llamacpp"  # llama.cpp on the same GGUF (bench_llamacpp.py)
+BASELINES = (*HF_METHODS, LLAMACPP)
 
 
 @dataclass
@@ -35,9 +38,10 @@ class Run:
 
 @dataclass
 class BenchRow:
-    method: str  # a drafter name (our engine) or an HF_METHODS baseline
+    method: str  # a drafter name (our engine) or one of BASELINES
     prompt_set: str
-    dtype: str
+    weights: str  # "q4_1", "int4-g32", "float32", ...
+    dtype: str  # activations
     new_tokens: int  # per repeat, summed over the set's prompts
     tokens_per_second: float  # decode only
     speedup_vs_ar: float  # over our autoregressive decoding, same set and dtype, same run
@@ -58,13 +62,15 @@ def compare(
     max_new_tokens: int,
     repeats: int,
     draft_budget: int | None = None,
+    llamacpp: LlamaCpp | None = None,
 ) -> list[BenchRow]:
-    """Greedy generation of every prompt by every method; "none" (our AR) is always measured."""
-    methods = ["none", *[m for m in methods if m != "none"]]
+    """Greedy generation of every prompt by every method; "none" (our AR) is always measured, and llama.cpp
+    too when `llamacpp` is given."""
+    methods = ["none", *[m for m in methods if m != "none"], *([LLAMACPP] if llamacpp else [])]
     tokenizer = loaded.tokenizer
     encoded = {name: [encode_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
     max_len = max(len(ids) for ids_list in encoded.values() for ids in ids_list) + max_new_tokens
-    runners = {m: _runner(m, loaded, max_len, max_new_tokens, draft_budget) for m in methods}
+    runners = {m: _runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp) for m in methods}
 
     warmup = next(iter(encoded.values()))[0]
     for runner in runners.values():
@@ -79,7 +85,6 @@ def compare(
             for method in methods:
                 runs[method, name].append(results[method])
 
-    dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     rows = []
     for name in encoded:
         ar_speed = _speed(runs["none", name])
@@ -92,7 +97,8 @@ def compare(
                 BenchRow(
                     method=method,
                     prompt_set=name,
-                    dtype=dtype,
+                    weights="gguf" if method == LLAMACPP else loaded.weights,
+                    dtype="llama.cpp" if method == LLAMACPP else loaded.dtype,
                     new_tokens=sum(len(r.tokens) for r in repeats_runs[0]),
                     tokens_per_second=round(_speed(repeats_runs), 3),
                     speedup_vs_ar=round(_speed(repeats_runs) / ar_speed, 3),
@@ -102,7 +108,7 @@ def compare(
                         a.tokens == b.tokens for a, b in zip(flat, [r for rep in runs["none", name] for r in rep])
                     ),
                     mean_budget=round(sum(r.budget_total for r in flat) / steps, 2)
-                    if method not in ("none", *HF_METHODS)
+                    if method not in ("none", *BASELINES)
                     else None,
                 )
             )
@@ -122,9 +128,13 @@ def decode_cost(loaded: LoadedModel, contexts: list[int], *, steps: int, repeats
     return rows
 
 
-def _runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens: int, draft_budget: int | None):
+def _runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens: int, draft_budget: int | None,
+            llamacpp: LlamaCpp | None):  # fmt: skip
     """A function that generates greedily from prompt ids with `method`, each method with its own engine."""
     model = loaded.model
+    if method == LLAMACPP:
+        stop_ids = eos_ids(model, loaded.tokenizer)
+        return lambda ids: _llamacpp_run(llamacpp, ids, max_new_tokens, stop_ids)
     if method not in HF_METHODS:
         drafter = make_drafter(method)
         engine = Engine(model, loaded.tokenizer, max_len=max_len, drafter=drafter, draft_budget=draft_budget)
@@ -140,6 +150,11 @@ def _engine_run(engine: Engine, ids: list[int], max_new_tokens: int) -> Run:
         tokens += event.tokens
     s = event.stats
     return Run(tokens, s.decode_tokens, s.decode_seconds, s.steps, s.drafted_depth, s.accepted, s.budget_total)
+
+
+def _llamacpp_run(llamacpp: LlamaCpp, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int]) -> Run:
+    tokens, seconds = llamacpp.generate(ids, max_new_tokens, stop_ids)
+    return Run(tokens, len(tokens) - 1, seconds, steps=len(tokens) - 1)
 
 
 class _StreamClock:

@@ -35,7 +35,16 @@ BudgetOption = Annotated[
     int | None,
     typer.Option("--draft-budget", help="Most draft-tree nodes per step (default: chosen for this machine)."),
 ]
-DtypeOption = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, fp32 on CPU).")]
+DtypeOption = Annotated[
+    str,
+    typer.Option(
+        help="auto | float32 | bfloat16 | float16. auto: bf16 on GPU; on CPU the embedded model's own 4-bit GGUF "
+        "weights, activations in the faster exact dtype (float32 = dense reference, as transformers)."
+    ),
+]
+QuantizeOption = Annotated[
+    str | None, typer.Option("--quantize", help="int4 | int8: group-wise weight-only quantization on load (CPU).")
+]
 DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 AttentionOption = Annotated[
     str, typer.Option(help="auto | hybrid | sdpa | eager (auto: hybrid where its Triton kernels run, else sdpa).")
@@ -69,6 +78,7 @@ def run(
     system: SystemOption = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
     dtype: DtypeOption = "auto",
+    quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
     device_map: DeviceMapOption = None,
     attention: AttentionOption = "auto",
@@ -86,6 +96,7 @@ def run(
         dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         penalty=repetition_penalty, seed=seed,
     )  # fmt: skip
+    _check_quantize(quantize, device)
     _quiet_transformers()
     from specchat.drafters import make_drafter
     from specchat.engine.generate import Engine
@@ -94,7 +105,9 @@ def run(
 
     resolve_model(model)  # fail fast, before the slow imports and loads
     resolve_device(device)
-    loaded = load_model(model, dtype=dtype, device=device, device_map=device_map, attention=attention)
+    loaded = load_model(
+        model, dtype=dtype, quantize=quantize, device=device, device_map=device_map, attention=attention
+    )
     sampling = _sampling_config(decoding_defaults(loaded), overrides)
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
     engine = Engine(
@@ -131,6 +144,8 @@ def run(
             "per_depth_acceptance": [round(a, 4) for a in stats.per_depth_acceptance],
             "draft_budget": round(stats.mean_budget, 2) if drafter != "none" else None,
             "model": loaded.source.name,
+            "weights": loaded.weights,
+            "dtype": loaded.dtype,
             "drafter": drafter,
             "attention": loaded.model.config._attn_implementation,
         }
@@ -141,7 +156,8 @@ def run(
         typer.echo(
             f"[{stats.new_tokens} tokens ({event.finish_reason}) | prefill {stats.prompt_tokens} tokens "
             f"{stats.prefill_seconds:.2f} s | decode {stats.tokens_per_second:.1f} tok/s | "
-            f"tau {stats.mean_accepted_length:.2f}{budget_note} | {loaded.source.name}, drafter {drafter}]",
+            f"tau {stats.mean_accepted_length:.2f}{budget_note} | {loaded.source.name} {loaded.weights}/{loaded.dtype}, "
+            f"drafter {drafter}]",
             err=True,
         )
 
@@ -185,6 +201,7 @@ def chat(
         int | None, typer.Option("--context", help="Most tokens the conversation may hold (default 8192).")
     ] = None,
     dtype: DtypeOption = "auto",
+    quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
 ) -> None:
@@ -201,13 +218,16 @@ def chat(
         drafter=drafter, draft_budget=draft_budget, system=system, max_new_tokens=max_new_tokens, context=context
     )
     check_settings(settings)
+    _check_quantize(quantize, device)
     resolve_model(model)  # fail fast, before the app starts
     resolve_device(device)
     _quiet_transformers()
     from specchat.tui.app import ChatApp
 
     def loader(progress):
-        loaded = load_model(model, dtype=dtype, device=device, attention=attention, progress=progress)
+        loaded = load_model(
+            model, dtype=dtype, quantize=quantize, device=device, attention=attention, progress=progress
+        )
         return loaded, _sampling_config(decoding_defaults(loaded), overrides)
 
     chat_app = ChatApp(loader, settings)
@@ -240,8 +260,18 @@ def bench(
         str, typer.Option("--prompt-set", help="Comma-separated: chat, code, summarize.")
     ] = "chat,code,summarize",
     prompts: Annotated[Path | None, typer.Option("--prompts", help='JSONL file of {"prompt": ...} lines.')] = None,
-    baseline: Annotated[str | None, typer.Option("--baseline", help="hf: add transformers generate rows.")] = None,
-    dtype: Annotated[str, typer.Option(help="Comma-separated dtypes, each measured in turn.")] = "float32",
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            help="Comma-separated: hf (transformers generate rows), llamacpp (llama.cpp on the same GGUF, "
+            "when llama-cpp-python is installed).",
+        ),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="Comma-separated dtypes, each measured in turn (auto: the CPU's quantized default).")
+    ] = "auto,float32",
+    quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 128,
@@ -259,23 +289,31 @@ def bench(
     check_attention(attention)
     if plot is not None:
         from specchat.bench_plot import plot_rows  # fails now, not after the run, when matplotlib is missing
-    if baseline not in (None, "hf"):
-        raise SpecchatError(f"unknown baseline '{baseline}'; use hf")
+    baselines = _csv(baseline or "")
+    for name in baselines:
+        if name not in ("hf", "llamacpp"):
+            raise SpecchatError(f"unknown baseline '{name}'; use hf, llamacpp")
+    _check_quantize(quantize, device)
     if max_new_tokens < 1 or repeats < 1:
         raise SpecchatError("--max-new-tokens and --repeats must be at least 1")
     sets = load_prompt_sets(_csv(prompt_set), prompts)
-    if baseline == "hf":
-        from specchat.bench import HF_METHODS
+    from specchat.bench import HF_METHODS, compare
 
+    if "hf" in baselines:
         methods += HF_METHODS
-    from specchat.bench import compare
+    llamacpp = None
+    if "llamacpp" in baselines:
+        from specchat.bench_llamacpp import LlamaCpp
 
+        llamacpp = LlamaCpp.for_model(model)
     rows = []
     for each_dtype in _csv(dtype):
-        loaded = _load(model, each_dtype, device, attention)
+        loaded = _load(model, each_dtype, device, attention, quantize)
         rows += compare(
-            loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget
-        )
+            loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
+            llamacpp=llamacpp,
+        )  # fmt: skip
+        llamacpp = None  # measured once, beside the first dtype
     title = f"{loaded.source.name}, greedy, decode tokens/s"
     _report([row.as_dict() for row in rows], as_json, title=title)
     if plot is not None:
@@ -383,11 +421,17 @@ def _check_drafters(names: list[str], draft_budget: int | None) -> None:
         raise SpecchatError(f"--draft-budget must be between 1 and {MAX_BUDGET}")
 
 
-def _load(model: str | None, dtype: str, device: str, attention: str = "auto"):
+def _load(model: str | None, dtype: str, device: str, attention: str = "auto", quantize: str | None = None):
     _quiet_transformers()
     from specchat.loading import load_model
 
-    return load_model(model, dtype=dtype, device=device, attention=attention)
+    return load_model(model, dtype=dtype, quantize=quantize, device=device, attention=attention)
+
+
+def _check_quantize(quantize: str | None, device: str) -> None:
+    from specchat.loading import check_quantize
+
+    check_quantize(quantize, device)
 
 
 def _report(rows: list[dict], as_json: bool, *, title: str) -> None:
@@ -405,11 +449,10 @@ def _report(rows: list[dict], as_json: bool, *, title: str) -> None:
 
 def _checked_overrides(dtype: str, attention: str, **sampling) -> dict:
     """Reject bad load and sampling options before anything slow runs; returns the sampling overrides."""
-    from specchat.loading import DTYPES
+    from specchat.loading import check_dtype
 
     check_attention(attention)
-    if dtype != "auto" and dtype not in DTYPES:
-        raise SpecchatError(f"invalid dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
+    check_dtype(dtype)
     _sampling_config({}, sampling)
     return sampling
 

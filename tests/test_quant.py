@@ -1,0 +1,130 @@
+"""Quantized weights: the embedded GGUF's codes load exactly, every quantized matmul and canonical attention is
+row-independent, and speculative output on the quantized default model equals its autoregressive output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model
+from drafters_for_tests import RandomTreeDrafter
+
+from specchat.drafters.ngram import NgramDrafter
+from specchat.engine.generate import Engine
+from specchat.engine.prompt import encode_prompt
+from specchat.engine.sampling import SamplingConfig
+from specchat.loading import embedded_gguf_path, load_model
+from specchat.quant.int4_linear import Int4Linear
+from specchat.quant.int8_linear import Int8Linear
+from specchat.quant.quantize import quantize_model
+
+VERIFY_ROWS = (2, 3, 4, 5, 8, 9, 16, 17, 33, 65)  # 1 + tree sizes the engine verifies
+
+
+@pytest.fixture(scope="module")
+def quantized_model():
+    """The embedded model as `--dtype auto` loads it on a CPU: the GGUF's own Q4_1 / Q8_0 codes."""
+    return load_model(None, device="cpu")
+
+
+def _layers(seed=0, out_features=192, in_features=576):
+    torch.manual_seed(seed)
+    groups = torch.rand(out_features, in_features // 32) * 0.01
+    for dtype in (torch.bfloat16, torch.float32):
+        yield Int4Linear(torch.randint(0, 16, (out_features, in_features)), groups, -8 * groups, group_size=32,
+                         dtype=dtype)  # fmt: skip
+        yield Int8Linear(torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8), groups,
+                         group_size=32, dtype=dtype)  # fmt: skip
+
+
+@pytest.mark.parametrize("layer", list(_layers()), ids=lambda layer: f"{type(layer).__name__}")
+def test_quantized_matmuls_are_row_independent(layer):
+    dtype = layer.low_scales.dtype if isinstance(layer, Int8Linear) else layer.scales_zeros.dtype
+    for rows in VERIFY_ROWS:
+        x = torch.randn(rows, layer.in_features, dtype=dtype)
+        together = layer(x)
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(rows)])
+        assert torch.equal(together, alone), f"{rows} rows"
+
+
+@pytest.mark.slow
+def test_loaded_weights_are_the_gguf_values(quantized_model):
+    """In fp32 the kernel's weights equal gguf-py's dequantization, and transformers' own GGUF conversion
+    (rows of q/k un-permuted as it does) — code for code, no rounding."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    from specchat.loading import _embedded_checkpoint
+    from specchat.quant.gguf_model import load_gguf_model
+
+    model = load_gguf_model(embedded_gguf_path(), _embedded_checkpoint(dense=False), torch.float32)
+    tensors = {t.name: t for t in GGUFReader(embedded_gguf_path()).tensors}
+    layer = model.model.layers[3]
+    down = torch.from_numpy(dequantize(np.array(tensors["blk.3.ffn_down.weight"].data), tensors["blk.3.ffn_down.weight"].tensor_type))
+    assert torch.equal(layer.mlp.down_proj.dequantize(), down)
+    head = tensors["token_embd.weight"]
+    embedding = torch.from_numpy(dequantize(np.array(head.data), head.tensor_type))
+    assert torch.equal(model.lm_head.dequantize(), embedding)
+    ids = torch.tensor([[0, 17, 49151]])
+    assert torch.equal(model.model.embed_tokens(ids)[0], embedding[ids[0]])
+
+    dense = load_model(None, dtype="float32", device="cpu").model  # transformers' conversion of the same file
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj"):
+        assert torch.equal(layer.get_submodule(name).dequantize(), dense.model.layers[3].get_submodule(name).weight)
+
+
+@pytest.mark.slow
+def test_default_cpu_load_runs_the_gguf_codes(quantized_model):
+    assert quantized_model.weights == "q4_1"
+    assert quantized_model.model.config._attn_implementation == "specchat_canonical"
+    assert quantized_model.dtype in ("bfloat16", "float32")
+    assert not any(p.dtype == torch.float32 and p.numel() > 1_000_000 for p in quantized_model.model.parameters())
+
+
+PROMPTS = (
+    "Summarize: the lighthouse keeper wrote in the log every night. The lighthouse keeper wrote in the log "
+    "every night. Then one night the log was gone.",
+    "List ten fruits and describe the taste of each one.",
+)
+
+
+def _greedy(loaded, ids, drafter=None, budget=None, n=96):
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(ids) + n, drafter=drafter, draft_budget=budget)
+    return [t for event in engine.generate(ids, sampling=SamplingConfig(temperature=0.0), max_new_tokens=n)
+            for t in event.tokens]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_speculative_equals_autoregressive_on_the_quantized_model(prompt, quantized_model):
+    ids = encode_prompt(quantized_model.tokenizer, prompt)
+    reference = _greedy(quantized_model, ids)
+    assert _greedy(quantized_model, ids, NgramDrafter(), 8) == reference
+    assert _greedy(quantized_model, ids, RandomTreeDrafter(vocab_size=49152, seed=5, reference=ids + reference, p_correct=0.7), 16) == reference
+
+
+@pytest.mark.slow
+def test_speculative_equals_autoregressive_past_the_canonical_split(quantized_model):
+    """Contexts past CHUNK + TAIL: rows read committed keys in place and a gathered tail, merged."""
+    ids = encode_prompt(quantized_model.tokenizer, " ".join(["The keeper climbed the stairs at dusk."] * 30))
+    assert len(ids) > 256
+    reference = _greedy(quantized_model, ids, n=48)
+    assert _greedy(quantized_model, ids, RandomTreeDrafter(vocab_size=49152, seed=2, reference=ids + reference, p_correct=0.7), 32, n=48) == reference
+
+
+def test_quantize_a_tiny_llama(tokenizer):
+    model = tiny_model("llama", seed=4)
+    dense = {name: m.weight.clone() for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    quantize_model(model, "int4", dtype=torch.bfloat16)
+    q_proj = model.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj, Int4Linear) and q_proj.format == "int4-g32"
+    assert isinstance(model.lm_head, Int8Linear)  # the head keeps 8 bits under int4
+    error = (q_proj.dequantize().float() - dense["model.layers.0.self_attn.q_proj"]).abs()
+    assert error.max() <= dense["model.layers.0.self_attn.q_proj"].abs().max() / 15  # half a step, bf16 scales
+    head_error = (model.lm_head.dequantize().float() - dense["lm_head"]).abs().max()
+    assert head_error <= dense["lm_head"].abs().max() / 127
+    model.to(torch.bfloat16)
+    prompt = list(range(5, 40))
+    engine = Engine(model, tokenizer, max_len=128)
+    ar = [t for e in engine.generate(prompt, sampling=SamplingConfig(temperature=0.0), max_new_tokens=40) for t in e.tokens]
+    assert len(ar) == 40
