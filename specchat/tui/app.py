@@ -100,8 +100,11 @@ class ChatApp(App[None]):
 
     def _loaded(self, session: ChatSession, seconds: float) -> None:
         self.session = session
-        device = session.loaded.model.device
-        self._loading.update(f"{session.model_name} ready on {device} in {seconds:.1f} s. /help lists the commands.")
+        loaded = session.loaded
+        self._loading.update(
+            f"{session.model_name} ({loaded.weights} weights, {loaded.dtype}) ready on {loaded.model.device} "
+            f"in {seconds:.1f} s. /help lists the commands."
+        )
         self._show_settings()
         chat_input = self.query_one(ChatInput)
         chat_input.disabled = False
