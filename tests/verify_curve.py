@@ -1,0 +1,25 @@
+"""Peak RSS after loading and one answer, and verification cost by tree size (root + n chain nodes, ~263 tokens
+of context), of the default model loaded with `--dtype` argv[1]: `python tests/verify_curve.py auto|float32`."""
+import json, resource, sys, time, torch
+from specchat.loading import load_model
+from specchat.engine.generate import Engine
+from specchat.engine.prompt import encode_prompt
+from specchat.engine.sampling import SamplingConfig
+from specchat.engine.budget import measure_verify_cost
+from specchat.drafters.ngram import NgramDrafter
+from specchat.engine.tree import DraftTree, tree_batch
+dtype = sys.argv[1]
+m = load_model(None, dtype=dtype, device="cpu")
+ids = encode_prompt(m.tokenizer, "Write a short story about a lighthouse keeper. " * 25)[:300]
+e = Engine(m.model, m.tokenizer, max_len=len(ids) + 80, drafter=NgramDrafter(), draft_budget=64)
+for ev in e.generate(ids, sampling=SamplingConfig(temperature=0.0), max_new_tokens=8): pass
+def fwd(n):
+    tree = DraftTree([0] * n, list(range(-1, n - 1)), ["c"] * n)
+    b = tree_batch(tree, 0, e.cache.length, e.device)
+    e._forward(b.input_ids, positions=b.position_ids, mask=b.attention_mask(e.cache.length, tree_only=e.tree_only_masks) if n else None)
+    e.cache.truncate(e.cache.length)
+with torch.inference_mode():
+    cost = measure_verify_cost(fwd, sizes=(0, 1, 2, 4, 8, 16, 32, 64), repeats=5)
+print(json.dumps({"dtype": dtype, "weights": m.weights, "activations": m.dtype, "attention": m.model.config._attn_implementation,
+  "context": e.cache.length, "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+  "verify_ms": {n: round(s * 1000, 1) for n, s in zip(cost.sizes, cost.seconds)}}))
