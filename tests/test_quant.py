@@ -60,7 +60,8 @@ def test_loaded_weights_are_the_gguf_values(quantized_model):
     model = load_gguf_model(embedded_gguf_path(), _embedded_checkpoint(dense=False), torch.float32)
     tensors = {t.name: t for t in GGUFReader(embedded_gguf_path()).tensors}
     layer = model.model.layers[3]
-    down = torch.from_numpy(dequantize(np.array(tensors["blk.3.ffn_down.weight"].data), tensors["blk.3.ffn_down.weight"].tensor_type))
+    tensor = tensors["blk.3.ffn_down.weight"]
+    down = torch.from_numpy(dequantize(np.array(tensor.data), tensor.tensor_type))
     assert torch.equal(layer.mlp.down_proj.dequantize(), down)
     head = tensors["token_embd.weight"]
     embedding = torch.from_numpy(dequantize(np.array(head.data), head.tensor_type))
@@ -126,5 +127,6 @@ def test_quantize_a_tiny_llama(tokenizer):
     model.to(torch.bfloat16)
     prompt = list(range(5, 40))
     engine = Engine(model, tokenizer, max_len=128)
-    ar = [t for e in engine.generate(prompt, sampling=SamplingConfig(temperature=0.0), max_new_tokens=40) for t in e.tokens]
+    events = engine.generate(prompt, sampling=SamplingConfig(temperature=0.0), max_new_tokens=40)
+    ar = [t for event in events for t in event.tokens]
     assert len(ar) == 40

@@ -133,9 +133,8 @@ class Engine:
             self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
 
         sizes = [n for n in SIZES if n <= self.tree_capacity]
-        return cached_verify_cost(
-            cache_dir() / "verify_cost.json", calibration_key(self.model), lambda: measure_verify_cost(verify_forward, sizes=sizes)
-        )
+        measure = lambda: measure_verify_cost(verify_forward, sizes=sizes)  # noqa: E731
+        return cached_verify_cost(cache_dir() / "verify_cost.json", calibration_key(self.model), measure)
 
     def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree) -> torch.Tensor:
         """Processed logits per verified row, each with its own history when the penalty needs one."""

@@ -38,7 +38,9 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = codes.shape
         if self.in_features % group_size or scale.shape != (self.out_features, self.in_features // group_size):
-            raise ValueError(f"codes {tuple(codes.shape)} and scales {tuple(scale.shape)} mismatch groups of {group_size}")
+            raise ValueError(
+                f"codes {tuple(codes.shape)} and scales {tuple(scale.shape)} mismatch groups of {group_size}"
+            )
         self.group_size = group_size
         self.format = format  # what the weights are, for reports: "q4_1", "int4-g32", ...
         self.register_buffer("packed", pack(codes))
