@@ -7,14 +7,21 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 
 
 class Terminal:
-    """A detached tmux session on a private server (so it inherits this process's environment)."""
+    """A detached tmux session on a private server (so it inherits this process's environment).
+
+    Each terminal gets its own server: reusing one name raced with the previous terminal's server shutting
+    down, and the new session silently never started.
+    """
 
     def __init__(self, command: str, *, width: int, height: int):
-        self.socket = f"specchat-test-{os.getpid()}"
-        self._tmux("new-session", "-d", "-s", "chat", "-x", str(width), "-y", str(height), command)
+        self.socket = f"specchat-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        started = self._tmux("new-session", "-d", "-s", "chat", "-x", str(width), "-y", str(height), command)
+        if started.returncode != 0:
+            raise RuntimeError(f"tmux could not start a session: {started.stderr.strip()}")
 
     def _tmux(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["tmux", "-L", self.socket, *args], check=False, capture_output=True, text=True)
