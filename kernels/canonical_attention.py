@@ -10,10 +10,14 @@ one order, fixed by t alone:
 - its last t - s + 1 keys (the rest of the prefix, then its ancestors in depth order, itself last), gathered
   into a row of fixed width TAIL + CHUNK, padding masked;
 
-each part with a max-subtracted softmax whose sums run over exactly those keys, merged by log-sum-exp. A
-decode step is the one-node case of the same computation. The matmuls run in the activation dtype (bf16 or
-fp16, whose CPU matmuls are row-independent: tests/test_canonical_attention.py), softmax and merge in fp32.
-Trees may be up to TAIL deep.
+one softmax over the two parts' scores side by side (padding at -inf), then one product with each part's
+values. A decode step is the one-node case of the same computation. The matmuls run in the activation dtype
+(bf16 or fp16, whose CPU matmuls are row-independent), the softmax in fp32: tests/test_canonical_attention.py
+checks every row of random trees against the decode step at its position, bit for bit.
+
+A decode step of a small model is a few microseconds of arithmetic per layer, so what it costs is the number
+of torch calls: a layer makes about fifteen, and rows that share a split point (all of them, but for trees
+that straddle one) are computed together. Trees may be up to TAIL deep.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 
 CHUNK = 64  # split points move in steps of CHUNK positions: a tree's rows share at most a few of them
 TAIL = 64  # the deepest tree (MAX_BUDGET nodes): every row's split point lies in the committed prefix
+WIDTH = TAIL + CHUNK  # keys in a row's gathered tail, padding included
 
 
 def canonical_tree_attention(q, k_cache, v_cache, prefix_len: int, tree_mask: torch.Tensor, scale: float,
@@ -37,26 +42,32 @@ def canonical_tree_attention(q, k_cache, v_cache, prefix_len: int, tree_mask: to
         raise ValueError("canonical attention verifies one sequence at a time (batch 1)")
     plan = _plan(tree_mask, prefix_len)
     k, v = k_cache[0], v_cache[0]
-    q = q[0].reshape(kv_heads, heads // kv_heads, rows, dim)
-    acc, top, total = _tail(q, k[:, plan.slots], v[:, plan.slots], plan.valid, scale)
-    for split, chosen in plan.heads:  # these rows also see the committed keys [0, split)
-        head = _head(q[:, :, chosen], k[:, :split], v[:, :split], scale)
-        acc[:, :, chosen], top[:, :, chosen], total[:, :, chosen] = _merge(
-            head, (acc[:, :, chosen], top[:, :, chosen], total[:, :, chosen])
-        )
-    result = (acc / total[..., None]).to(q.dtype).reshape(1, heads, rows, dim)
-    if out is None:
-        return result
-    return out.copy_(result)
+    q = q[0].view(kv_heads, heads // kv_heads, rows, dim).transpose(1, 2)  # [Hkv, rows, g, D]
+    if len(plan.splits) == 1:
+        split = plan.splits[0]
+        wide_k, wide_v = (_widened(k, split + WIDTH), _widened(v, split + WIDTH)) if plan.chain else (None, None)
+        if wide_k is not None and wide_v is not None:
+            result = _attend(q, wide_k, wide_v, plan.slots, plan.padding, split, scale, in_place=True)
+        else:
+            result = _attend(q, k, v, plan.slots, plan.padding, split, scale, in_place=False)
+    else:  # a tree across a split point: each set of rows on its own
+        result = q.new_empty(q.shape)
+        for split, chosen in zip(plan.splits, plan.rows):
+            result[:, chosen] = _attend(q[:, chosen], k, v, plan.slots[chosen], plan.padding[chosen], split, scale,
+                                        in_place=False)
+    result = result.transpose(1, 2).reshape(1, heads, rows, dim)
+    return result if out is None else out.copy_(result)
 
 
 @dataclass(frozen=True)
 class _Plan:
     """Where each row's keys are: the same for every layer of a forward."""
 
-    slots: torch.Tensor  # [rows, TAIL + CHUNK] cache slot of each tail key (0 where padding)
-    valid: torch.Tensor  # [rows, TAIL + CHUNK] False on padding
-    heads: list[tuple[int, torch.Tensor]]  # (split point, the rows with it), for split points > 0
+    slots: torch.Tensor  # [rows, WIDTH] cache slot of each tail key (0 where padding)
+    padding: torch.Tensor  # [rows, 1, WIDTH] True where a tail key is padding
+    splits: list[int]  # the split points of the rows, ascending
+    rows: list[torch.Tensor]  # the rows with each split point (when there are several)
+    chain: bool  # every row's keys lie in place: row i in slot prefix_len + i, its ancestors right before it
 
 
 @functools.lru_cache(maxsize=1)  # keyed by the mask object, which the cache keeps alive: one entry a forward
@@ -67,42 +78,56 @@ def _plan(tree_mask: torch.Tensor, prefix_len: int) -> _Plan:
         raise ValueError(f"canonical attention verifies trees up to {TAIL} deep")
     position = prefix_len + depth
     split = ((position - TAIL).clamp_min(0) // CHUNK) * CHUNK
-    logical = split[:, None] + torch.arange(TAIL + CHUNK, device=tree_mask.device)  # [rows, width] positions
+    logical = split[:, None] + torch.arange(WIDTH, device=tree_mask.device)  # [rows, WIDTH] positions
     ancestors = torch.sort((~tree_mask).to(torch.int8), dim=-1, stable=True).indices  # own tree slots first
     in_tree = (logical - prefix_len).clamp(0, rows - 1)
     slots = torch.where(logical < prefix_len, logical, prefix_len + ancestors.gather(1, in_tree))
-    valid = logical <= position[:, None]
-    heads = [(s, (split == s).nonzero()[:, 0]) for s in split.unique().tolist() if s]
-    return _Plan(torch.where(valid, slots, 0), valid, heads)
+    padding = logical > position[:, None]
+    splits = split.unique().tolist()
+    chosen = [(split == s).nonzero()[:, 0] for s in splits] if len(splits) > 1 else []
+    chain = bool(torch.equal(tree_mask, torch.ones_like(tree_mask).tril()))
+    return _Plan(slots.masked_fill(padding, 0), padding[:, None], splits, chosen, chain)
 
 
-def _head(q, k, v, scale):
-    """Softmax parts over the committed keys [0, s): q [Hkv, g, m, D]; k, v [Hkv, s, D]."""
-    kv_heads, group, rows, dim = q.shape
-    scores = (q.reshape(kv_heads, group * rows, dim) @ k.transpose(-1, -2)).float() * scale
-    top = scores.amax(-1)
-    weights = torch.exp(scores - top[..., None])
-    total = weights.sum(-1)
-    out = (weights.to(v.dtype) @ v).float()
-    shape = (kv_heads, group, rows)
-    return out.view(*shape, dim), top.view(shape), total.view(shape)
+def _widened(x: torch.Tensor, slots: int) -> torch.Tensor | None:
+    """x [Hkv, S, D], a view of a cache, seen with `slots` slots when the cache holds them, else None.
+
+    The attention gets the cache cut at the forward's last key; a chain's tails run past it into slots the
+    cache preallocated (their stale keys are masked)."""
+    heads, length, dim = x.shape
+    if slots <= length:
+        return x[:, :slots]
+    last = x.storage_offset() + (heads - 1) * x.stride(0) + (slots - 1) * x.stride(1) + (dim - 1) * x.stride(2)
+    if slots * x.stride(1) > x.stride(0) or last >= x.untyped_storage().nbytes() // x.element_size():
+        return None
+    return x.as_strided((heads, slots, dim), x.stride())
 
 
-def _tail(q, keys, values, valid, scale):
-    """Softmax parts over each row's keys [split, position], gathered: keys, values [Hkv, rows, width, D]."""
-    scores = (q.transpose(1, 2) @ keys.transpose(-1, -2)).float() * scale  # [Hkv, rows, g, width]
-    scores = scores.masked_fill(~valid[None, :, None], float("-inf"))
-    top = scores.amax(-1)
-    weights = torch.exp(scores - top[..., None])
-    total = weights.sum(-1)
-    out = (weights.to(values.dtype) @ values).float()  # [Hkv, rows, g, D]
-    return out.transpose(1, 2), top.transpose(1, 2), total.transpose(1, 2)
+def _attend(q, k, v, slots, padding, split: int, scale: float, in_place: bool) -> torch.Tensor:
+    """Rows with one split point: q [Hkv, m, g, D]; k, v [Hkv, S, D] -> [Hkv, m, g, D].
 
-
-def _merge(first, second):
-    """One (unnormalised output, max, sum) softmax part from two over disjoint keys."""
-    out_a, max_a, sum_a = first
-    out_b, max_b, sum_b = second
-    top = torch.maximum(max_a, max_b)
-    wa, wb = torch.exp(max_a - top), torch.exp(max_b - top)
-    return out_a * wa[..., None] + out_b * wb[..., None], top, sum_a * wa + sum_b * wb
+    Scores of the committed keys [0, split) and of each row's tail sit side by side in one row per query, so
+    one max and one sum cover both. When the tails lie in place (a chain: a decode step, an n-gram draft),
+    they are read from the cache where they are, in the same product as the committed keys."""
+    kv_heads, m, group, dim = q.shape
+    flat = q.reshape(kv_heads, m * group, dim)
+    if in_place:
+        tail_v = v[:, split : split + WIDTH]
+        scores = (flat @ k[:, : split + WIDTH].transpose(-1, -2)).view(kv_heads, m, group, split + WIDTH)
+        scores[..., split:].masked_fill_(padding, float("-inf"))
+    else:
+        tail_k, tail_v = k[:, slots], v[:, slots]  # [Hkv, m, WIDTH, D]
+        scores = (q @ tail_k.transpose(-1, -2)).masked_fill_(padding, float("-inf"))  # [Hkv, m, g, WIDTH]
+        if split:
+            head = flat @ k[:, :split].transpose(-1, -2)
+            scores = torch.cat([head.view(kv_heads, m, group, split), scores], dim=-1)
+    scores = scores.float()
+    scores = scores.sub_(scores.amax(-1, keepdim=True)).mul_(scale).exp_()  # softmax(scale * s), unnormalised
+    probs = scores.div_(scores.sum(-1, keepdim=True)).to(q.dtype)
+    if in_place:
+        out = (probs[..., split:].reshape(kv_heads, m * group, WIDTH) @ tail_v).view(q.shape)
+    else:
+        out = probs[..., split:] @ tail_v
+    if split:
+        out += (probs[..., :split].reshape(kv_heads, m * group, split) @ v[:, :split]).view(out.shape)
+    return out
