@@ -16,7 +16,7 @@ values. A decode step is the one-node case of the same computation. The matmuls 
 checks every row of random trees against the decode step at its position, bit for bit.
 
 A decode step of a small model is a few microseconds of arithmetic per layer, so what it costs is the number
-of torch calls: a layer makes about fifteen, and rows that share a split point (all of them, but for trees
+of torch calls: a decode step makes about ten a layer, and rows that share a split point (all of them, but for trees
 that straddle one) are computed together. Trees may be up to TAIL deep.
 """
 
@@ -107,7 +107,7 @@ def _attend(q, k, v, slots, padding, split: int, scale: float, in_place: bool) -
     """Rows with one split point: q [Hkv, m, g, D]; k, v [Hkv, S, D] -> [Hkv, m, g, D].
 
     Scores of the committed keys [0, split) and of each row's tail sit side by side in one row per query, so
-    one max and one sum cover both. When the tails lie in place (a chain: a decode step, an n-gram draft),
+    one softmax covers both. When the tails lie in place (a chain: a decode step, an n-gram draft),
     they are read from the cache where they are, in the same product as the committed keys."""
     kv_heads, m, group, dim = q.shape
     flat = q.reshape(kv_heads, m * group, dim)
@@ -121,9 +121,7 @@ def _attend(q, k, v, slots, padding, split: int, scale: float, in_place: bool) -
         if split:
             head = flat @ k[:, :split].transpose(-1, -2)
             scores = torch.cat([head.view(kv_heads, m, group, split), scores], dim=-1)
-    scores = scores.float()
-    scores = scores.sub_(scores.amax(-1, keepdim=True)).mul_(scale).exp_()  # softmax(scale * s), unnormalised
-    probs = scores.div_(scores.sum(-1, keepdim=True)).to(q.dtype)
+    probs = torch.softmax(scores.float().mul_(scale), dim=-1).to(q.dtype)
     if in_place:
         out = (probs[..., split:].reshape(kv_heads, m * group, WIDTH) @ tail_v).view(q.shape)
     else:

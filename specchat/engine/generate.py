@@ -16,6 +16,7 @@ from specchat.drafters.base import Drafter
 from specchat.engine.attention import uses_tree_masks
 from specchat.engine.budget import SIZES, AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
 from specchat.engine.cache import TreeCache
+from specchat.engine.lean_forward import lean_forward
 from specchat.engine.linear import use_few_rows_linear
 from specchat.engine.sampling import SamplingConfig, make_generator, process_logits, sample
 from specchat.engine.stats import GenerationStats
@@ -53,6 +54,7 @@ class Engine:
         if drafter is not None:
             use_few_rows_linear(model)  # verification forwards are a few rows: make them cost one decode step
         self.drafter = drafter
+        self.lean = lean_forward(model)  # None: transformers' forward
         self.tree_only_masks = uses_tree_masks(model)  # the attention sees the prefix by itself
         self.fixed_budget = draft_budget
         self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
@@ -168,6 +170,8 @@ class Engine:
         if positions is None:
             start = self.cache.length
             positions = torch.arange(start, start + tokens.shape[0], device=self.device)
+        if self.lean is not None:
+            return self.lean(tokens, positions, None if mask is None else mask[0, 0], self.cache, last_only=last_only)
         out = self.model(
             input_ids=tokens[None],
             position_ids=positions[None],

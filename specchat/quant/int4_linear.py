@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 PACK_ROWS = 4096  # codes are packed this many output rows at a time: no int32 copy of a whole large matrix
+PACK_BLOCK = 64  # the kernel interleaves rows in blocks of 64: packed matrices stack at multiples of it
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
@@ -41,10 +42,29 @@ class Int4Linear(nn.Module):
             raise ValueError(
                 f"codes {tuple(codes.shape)} and scales {tuple(scale.shape)} mismatch groups of {group_size}"
             )
+        self._hold(pack(codes), scales_and_zeros(scale, zero, dtype), group_size, format, bias, dtype)
+
+    @classmethod
+    def stacked(cls, layers: list[Int4Linear], bias: torch.Tensor | None) -> Int4Linear:
+        """One layer whose outputs are those of `layers` side by side (same input size, groups and format;
+        all but the last a multiple of PACK_BLOCK rows)."""
+        first = layers[0]
+        if any(each.out_features % PACK_BLOCK for each in layers[:-1]):
+            raise ValueError(f"4-bit layers stack at multiples of {PACK_BLOCK} rows")
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features = first.in_features
+        layer.out_features = sum(each.out_features for each in layers)
+        scales_zeros = torch.cat([each.scales_zeros for each in layers], dim=1).contiguous()
+        packed = torch.cat([each.packed for each in layers])
+        layer._hold(packed, scales_zeros, first.group_size, first.format, bias, scales_zeros.dtype)
+        return layer
+
+    def _hold(self, packed, scales_zeros, group_size: int, format: str, bias, dtype) -> None:
         self.group_size = group_size
         self.format = format  # what the weights are, for reports: "q4_1", "int4-g32", ...
-        self.register_buffer("packed", pack(codes))
-        self.register_buffer("scales_zeros", scales_and_zeros(scale, zero, dtype))
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_zeros", scales_zeros)
         self.register_buffer("bias", None if bias is None else bias.to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

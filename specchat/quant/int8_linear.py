@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specchat.quant.int4_linear import int4_matmul, pack, scales_and_zeros
+from specchat.quant.int4_linear import PACK_BLOCK, int4_matmul, pack, scales_and_zeros
 
 
 class Int8Linear(nn.Module):
@@ -20,14 +20,40 @@ class Int8Linear(nn.Module):
         """`codes` [out, in] int8; `scale` [out, in // group_size]."""
         super().__init__()
         self.out_features, self.in_features = codes.shape
-        self.group_size = group_size
-        self.format = format
         high = torch.div(codes, 16, rounding_mode="floor")  # -8..7
         scale = scale.float()
-        self.register_buffer("high", pack(high + 8))  # (code - 8) * 16 d + 0 = 16 d hi
-        self.register_buffer("low", pack(codes - 16 * high))  # (code - 8) * d + 8 d = d lo
-        self.register_buffer("high_scales", scales_and_zeros(16 * scale, torch.zeros_like(scale), dtype))
-        self.register_buffer("low_scales", scales_and_zeros(scale, 8 * scale, dtype))
+        self._hold(
+            pack(high + 8),  # (code - 8) * 16 d + 0 = 16 d hi
+            pack(codes - 16 * high),  # (code - 8) * d + 8 d = d lo
+            scales_and_zeros(16 * scale, torch.zeros_like(scale), dtype),
+            scales_and_zeros(scale, 8 * scale, dtype),
+            group_size, format, bias, dtype,
+        )  # fmt: skip
+
+    @classmethod
+    def stacked(cls, layers: list[Int8Linear], bias: torch.Tensor | None) -> Int8Linear:
+        """One layer whose outputs are those of `layers` side by side (same input size, groups and format;
+        all but the last a multiple of PACK_BLOCK rows)."""
+        first = layers[0]
+        if any(each.out_features % PACK_BLOCK for each in layers[:-1]):
+            raise ValueError(f"8-bit layers stack at multiples of {PACK_BLOCK} rows")
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features = first.in_features
+        layer.out_features = sum(each.out_features for each in layers)
+        planes = [torch.cat([getattr(each, name) for each in layers]) for name in ("high", "low")]
+        scales = [torch.cat([getattr(each, name) for each in layers], dim=1).contiguous()
+                  for name in ("high_scales", "low_scales")]  # fmt: skip
+        layer._hold(*planes, *scales, first.group_size, first.format, bias, scales[0].dtype)
+        return layer
+
+    def _hold(self, high, low, high_scales, low_scales, group_size: int, format: str, bias, dtype) -> None:
+        self.group_size = group_size
+        self.format = format
+        self.register_buffer("high", high)
+        self.register_buffer("low", low)
+        self.register_buffer("high_scales", high_scales)
+        self.register_buffer("low_scales", low_scales)
         self.register_buffer("bias", None if bias is None else bias.to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
