@@ -61,9 +61,10 @@ class _Layer:
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.scale = attn.scaling
         self.attention_norm, self.mlp_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.qkv = fuse_projections(attn, ("q_proj", "k_proj", "v_proj"))
-        self.gate_up = fuse_projections(mlp, ("gate_proj", "up_proj"))
-        self.o_proj, self.down_proj, self.act = attn.o_proj, mlp.down_proj, mlp.act_fn
+        # bound `forward`s: nn.Module's call machinery (hooks) costs microseconds a call, hundreds of calls a step
+        self.qkv = fuse_projections(attn, ("q_proj", "k_proj", "v_proj")).forward
+        self.gate_up = fuse_projections(mlp, ("gate_proj", "up_proj")).forward
+        self.o_proj, self.down_proj, self.act = attn.o_proj.forward, mlp.down_proj.forward, mlp.act_fn.forward
         self.intermediate = config.intermediate_size
 
     def __call__(self, x, cos, sin, cache_layer, tree_mask):
