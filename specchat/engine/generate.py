@@ -136,7 +136,8 @@ class Engine:
 
         sizes = [n for n in SIZES if n <= self.tree_capacity]
         measure = lambda: measure_verify_cost(verify_forward, sizes=sizes)  # noqa: E731
-        return cached_verify_cost(cache_dir() / "verify_cost.json", calibration_key(self.model), measure)
+        key = calibration_key(self.model, lean=self.lean is not None)
+        return cached_verify_cost(cache_dir() / "verify_cost.json", key, measure)
 
     def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree) -> torch.Tensor:
         """Processed logits per verified row, each with its own history when the penalty needs one."""
@@ -223,13 +224,14 @@ class Engine:
         return sorted(times)[len(times) // 2]
 
 
-def calibration_key(model) -> str:
-    """What a verification forward's cost depends on: model and shapes, weights, activations, attention, machine."""
+def calibration_key(model, *, lean: bool) -> str:
+    """What a verification forward's cost depends on: model and shapes, weights, activations, attention, which
+    forward runs it, machine."""
     config = model.config
     shape = f"{config.num_hidden_layers}x{config.hidden_size}x{config.intermediate_size}x{config.vocab_size}"
     return (
         f"{model.name_or_path}|{shape}|{weight_format(model)}|{model.dtype}|{model.device}|"
-        f"{config._attn_implementation}|threads={torch.get_num_threads()}"
+        f"{config._attn_implementation}|{'lean' if lean else 'transformers'}|threads={torch.get_num_threads()}"
     )
 
 
