@@ -53,6 +53,22 @@ class BenchRow:
     def as_dict(self) -> dict:
         return {"drafter": self.method, **{k: v for k, v in asdict(self).items() if k != "method"}}
 
+    def as_table_row(self) -> dict[str, str]:
+        """The row as the table shows it: human headers and units, narrow enough for 80 columns."""
+        figure = lambda value, digits: "-" if value is None else f"{value:.{digits}f}"  # noqa: E731
+        activations = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(self.dtype, self.dtype)
+        return {
+            "method": "AR" if self.method == "none" else self.method,
+            "set": self.prompt_set,
+            "weights": self.weights if self.method == LLAMACPP else f"{self.weights}·{activations}",
+            "tok/s": figure(self.tokens_per_second, 1),
+            "vs AR": f"{self.speedup_vs_ar:.2f}x",
+            "tau": "-" if self.method in BASELINES else figure(self.mean_accepted_length, 2),
+            "accept": figure(self.acceptance_rate, 2),
+            "exact": "yes" if self.identical_to_ar else "no",  # the same ids as our AR
+            "budget": figure(self.mean_budget, 1),
+        }
+
 
 def compare(
     loaded: LoadedModel,

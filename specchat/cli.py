@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -16,6 +17,8 @@ try:  # typer >= 0.24 carries its own copy of click
 except ImportError:
     from click import exceptions as click_errors
 
+from specchat.checks import check_dtype, check_quantize
+from specchat.drafters import DEFAULT_DRAFTER
 from specchat.engine.attention import check_attention
 from specchat.errors import SpecchatError
 
@@ -30,7 +33,9 @@ app = typer.Typer(
 ModelOption = Annotated[
     str | None, typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id or local directory.")
 ]
-DrafterOption = Annotated[str, typer.Option("--drafter", "-d", help="Drafter: none (autoregressive) | ngram.")]
+DrafterOption = Annotated[
+    str, typer.Option("--drafter", "-d", help="Drafter: ngram (the default) | none (autoregressive).")
+]
 BudgetOption = Annotated[
     int | None,
     typer.Option("--draft-budget", help="Most draft-tree nodes per step (default: chosen for this machine)."),
@@ -65,7 +70,7 @@ DeviceMapOption = Annotated[
 def run(
     prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from stdin.")],
     model: ModelOption = None,
-    drafter: DrafterOption = "none",
+    drafter: DrafterOption = DEFAULT_DRAFTER,
     draft_budget: BudgetOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 512,
     temperature: TemperatureOption = None,
@@ -85,18 +90,17 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
     """Generate a reply to PROMPT and print it (or a JSON report)."""
-    if prompt == "-":
-        prompt = sys.stdin.read()
-    if not prompt.strip():
-        raise SpecchatError("the prompt is empty")
+    prompt = _read_prompt(prompt)
     if max_new_tokens < 1:
         raise SpecchatError("--max-new-tokens must be at least 1")
+    if any(not each for each in stop or ()):
+        raise SpecchatError("--stop takes a non-empty string")
     _check_drafters([drafter], draft_budget)
     overrides = _checked_overrides(
         dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         penalty=repetition_penalty, seed=seed,
     )  # fmt: skip
-    _check_quantize(quantize, device)
+    check_quantize(quantize, device)
     _quiet_transformers()
     from specchat.drafters import make_drafter
     from specchat.engine.generate import Engine
@@ -118,15 +122,22 @@ def run(
         draft_budget=draft_budget,
     )
 
-    tokens, origins, text = [], [], []
-    for event in engine.generate(prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ())):
-        tokens += event.tokens
-        origins += event.origins
-        text.append(event.text)
-        if not as_json:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-    stats = event.stats
+    tokens, origins, text, stats, finish = [], [], [], None, None
+    try:
+        for event in engine.generate(
+            prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ())
+        ):
+            tokens += event.tokens
+            origins += event.origins
+            text.append(event.text)
+            stats, finish = event.stats, event.finish_reason
+            if not as_json:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+    except KeyboardInterrupt:  # report what was produced, then exit 130 (main)
+        finish = "interrupted"
+    if stats is None:
+        raise KeyboardInterrupt
     if as_json:
         report = {
             "text": "".join(text),
@@ -134,12 +145,12 @@ def run(
             "origins": origins,
             "new_tokens": stats.new_tokens,
             "prompt_tokens": stats.prompt_tokens,
-            "finish_reason": event.finish_reason,
+            "finish_reason": finish,
             "prefill_seconds": round(stats.prefill_seconds, 4),
             "decode_seconds": round(stats.decode_seconds, 4),
-            "tokens_per_second": round(stats.tokens_per_second, 3),
+            "tokens_per_second": round(stats.tokens_per_second, 3) if stats.steps else None,
             "steps": stats.steps,
-            "mean_accepted_length": round(stats.mean_accepted_length, 4),
+            "mean_accepted_length": round(stats.mean_accepted_length, 4) if stats.steps else None,
             "acceptance_rate": stats.acceptance_rate,
             "per_depth_acceptance": [round(a, 4) for a in stats.per_depth_acceptance],
             "draft_budget": round(stats.mean_budget, 2) if drafter != "none" else None,
@@ -152,42 +163,61 @@ def run(
         print(json.dumps(report, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
-        budget_note = f" | budget {stats.mean_budget:.1f}" if drafter != "none" else ""
+        sys.stdout.flush()
+        budget_note = f" | budget {stats.mean_budget:.1f}" if drafter != "none" and stats.steps else ""
+        decode = (f"decode {stats.tokens_per_second:.1f} tok/s | tau {stats.mean_accepted_length:.2f}"
+                  if stats.steps else "no decode step")  # fmt: skip
         typer.echo(
-            f"[{stats.new_tokens} tokens ({event.finish_reason}) | prefill {stats.prompt_tokens} tokens "
-            f"{stats.prefill_seconds:.2f} s | decode {stats.tokens_per_second:.1f} tok/s | "
-            f"tau {stats.mean_accepted_length:.2f}{budget_note} | {loaded.source.name} {loaded.weights}/{loaded.dtype}, "
-            f"drafter {drafter}]",
+            f"[{stats.new_tokens} tokens ({finish}) | prefill {stats.prompt_tokens} tokens "
+            f"{stats.prefill_seconds:.2f} s | {decode}{budget_note} | {loaded.source.name} "
+            f"{loaded.weights}/{loaded.dtype}, drafter {drafter}]",
             err=True,
         )
+    if finish == "interrupted":
+        raise KeyboardInterrupt
+
+
+def _read_prompt(prompt: str) -> str:
+    """The prompt argument, or stdin for '-': text that is valid UTF-8 and not blank."""
+    if prompt == "-":
+        if sys.stdin.isatty():
+            typer.echo("reading the prompt from stdin (Ctrl-D ends)", err=True)
+        try:
+            prompt = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpecchatError("the prompt on stdin is not valid UTF-8") from None
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable argv bytes arrive as lone surrogates
+        raise SpecchatError("the prompt is not valid UTF-8") from None
+    if not prompt.strip():
+        raise SpecchatError("the prompt is empty")
+    return prompt
 
 
 @app.command()
 def models() -> None:
-    """List model profiles, their drafters, and whether each is available on this machine."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from specchat.loading import is_available, resolve_model
+    """List model profiles: whether each is on this machine, and the drafters it runs with."""
+    from specchat.drafters import AVAILABLE
+    from specchat.loading import is_available, offline, resolve_model
     from specchat.profiles import DEFAULT_PROFILE, load_profiles
 
-    table = Table("alias", "target", "published drafters", "here")
+    usable = ", ".join(name for name in AVAILABLE if name != "none")
+    missing = "not cached (offline)" if offline() else "downloads on first use"
+    typer.echo("--model ALIAS (any Hugging Face repo id or local model directory works too):\n")
     for name, profile in load_profiles().items():
-        drafters = ", ".join(profile.drafters) or "-"
         alias = f"{name} (default)" if name == DEFAULT_PROFILE else name
-        available = "yes" if is_available(resolve_model(name)) else "download"
-        table.add_row(alias, profile.target, drafters, available)
-    console = Console()
-    console.print(table)
-    console.print(
-        "Every model also runs with --drafter none (autoregressive). Any repo id or local directory works too."
-    )
+        here = "here" if is_available(resolve_model(name)) else missing
+        typer.echo(f"  {alias:<24} {profile.target}\n      {here}; drafters: {usable}, none")
+        published = [d for d in profile.drafters if d not in AVAILABLE]
+        if published:
+            typer.echo(f"      published drafters this build cannot load yet: {', '.join(published)}")
 
 
 @app.command()
 def chat(
     model: ModelOption = None,
-    drafter: DrafterOption = "ngram",
+    drafter: DrafterOption = DEFAULT_DRAFTER,
     draft_budget: BudgetOption = None,
     system: SystemOption = None,
     temperature: TemperatureOption = None,
@@ -218,9 +248,11 @@ def chat(
         drafter=drafter, draft_budget=draft_budget, system=system, max_new_tokens=max_new_tokens, context=context
     )
     check_settings(settings)
-    _check_quantize(quantize, device)
+    check_quantize(quantize, device)
     resolve_model(model)  # fail fast, before the app starts
     resolve_device(device)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise SpecchatError("chat needs a terminal; for scripts use `specchat run`")
     _quiet_transformers()
     from specchat.tui.app import ChatApp
 
@@ -254,7 +286,9 @@ def _csv(value: str) -> list[str]:
 def bench(
     ctx: typer.Context,
     model: ModelOption = None,
-    drafter: Annotated[str, typer.Option("--drafter", help="Comma-separated drafters to compare with AR.")] = "none",
+    drafter: Annotated[
+        str, typer.Option("--drafter", help="Comma-separated drafters to compare with AR (always measured).")
+    ] = DEFAULT_DRAFTER,
     draft_budget: BudgetOption = None,
     prompt_set: Annotated[
         str, typer.Option("--prompt-set", help="Comma-separated: chat, code, summarize.")
@@ -288,12 +322,14 @@ def bench(
     _check_drafters(methods, draft_budget)
     check_attention(attention)
     if plot is not None:
+        if not plot.parent.is_dir() or not os.access(plot.parent, os.W_OK):
+            raise SpecchatError(f"--plot: cannot write into {plot.parent}")
         from specchat.bench_plot import plot_rows  # fails now, not after the run, when matplotlib is missing
     baselines = _csv(baseline or "")
     for name in baselines:
         if name not in ("hf", "llamacpp"):
             raise SpecchatError(f"unknown baseline '{name}'; use hf, llamacpp")
-    _check_quantize(quantize, device)
+    check_quantize(quantize, device)
     if max_new_tokens < 1 or repeats < 1:
         raise SpecchatError("--max-new-tokens and --repeats must be at least 1")
     sets = load_prompt_sets(_csv(prompt_set), prompts)
@@ -315,7 +351,7 @@ def bench(
         )  # fmt: skip
         llamacpp = None  # measured once, beside the first dtype
     title = f"{loaded.source.name}, greedy, decode tokens/s"
-    _report([row.as_dict() for row in rows], as_json, title=title)
+    _report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
     if plot is not None:
         plot_rows([row.as_dict() for row in rows], plot, title=title)
 
@@ -411,14 +447,15 @@ def _ints(value: str, flag: str) -> list[int]:
 
 def _check_drafters(names: list[str], draft_budget: int | None) -> None:
     from specchat.drafters import AVAILABLE
+    from specchat.engine.budget import MAX_BUDGET
 
     for name in names:
         if name not in AVAILABLE:
             raise SpecchatError(f"unknown drafter '{name}'; available: {', '.join(AVAILABLE)}")
-    from specchat.engine.budget import MAX_BUDGET
-
     if draft_budget is not None and not 1 <= draft_budget <= MAX_BUDGET:
         raise SpecchatError(f"--draft-budget must be between 1 and {MAX_BUDGET}")
+    if draft_budget is not None and set(names) == {"none"}:
+        raise SpecchatError("--draft-budget needs a drafter (--drafter none decodes autoregressively)")
 
 
 def _load(model: str | None, dtype: str, device: str, attention: str = "auto", quantize: str | None = None):
@@ -428,44 +465,44 @@ def _load(model: str | None, dtype: str, device: str, attention: str = "auto", q
     return load_model(model, dtype=dtype, quantize=quantize, device=device, attention=attention)
 
 
-def _check_quantize(quantize: str | None, device: str) -> None:
-    from specchat.loading import check_quantize
-
-    check_quantize(quantize, device)
-
-
-def _report(rows: list[dict], as_json: bool, *, title: str) -> None:
+def _report(rows: list[dict], as_json: bool, *, title: str, table: list[dict] | None = None) -> None:
+    """`rows` as JSON, or as a table (`table`: the same rows as they read best, when given)."""
     if as_json:
         print(json.dumps(rows, indent=1))
         return
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(*rows[0].keys(), title=title)
-    for row in rows:
-        table.add_row(*("-" if v is None else str(v) for v in row.values()))
-    Console().print(table)
+    shown = table or rows
+    grid = Table(*shown[0].keys(), title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for row in shown:
+        grid.add_row(*("-" if v is None else str(v) for v in row.values()))
+    Console().print(grid)
 
 
 def _checked_overrides(dtype: str, attention: str, **sampling) -> dict:
     """Reject bad load and sampling options before anything slow runs; returns the sampling overrides."""
-    from specchat.loading import check_dtype
-
     check_attention(attention)
     check_dtype(dtype)
     _sampling_config({}, sampling)
     return sampling
 
 
+FLAGS = {"top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "penalty": "--repetition-penalty",
+         "temperature": "--temperature", "seed": "--seed"}  # fmt: skip
+
+
 def _sampling_config(defaults: dict, overrides: dict):
-    from specchat.engine.sampling import SamplingConfig
+    from specchat.engine.sampling_config import SamplingConfig
 
     values = {**defaults, **{k: v for k, v in overrides.items() if v is not None}}
     names = {f.name for f in dataclasses.fields(SamplingConfig)}
     try:
         return SamplingConfig(**{k: v for k, v in values.items() if k in names})
-    except ValueError as error:
-        raise SpecchatError(str(error)) from None
+    except ValueError as error:  # "top_p must be ..." -> "--top-p must be ..."
+        field, _, rest = str(error).partition(" ")
+        raise SpecchatError(f"{FLAGS.get(field, field)} {rest}") from None
 
 
 def _quiet_transformers() -> None:
@@ -479,14 +516,23 @@ def _quiet_transformers() -> None:
 def main() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     try:
-        app(standalone_mode=False)
+        status = app(standalone_mode=False)  # typer turns Ctrl-C into a returned 130
+        if status == 130:
+            raise KeyboardInterrupt
+        if isinstance(status, int) and status:
+            sys.exit(status)
     except SpecchatError as error:
         typer.echo(f"error: {error}", err=True)
         sys.exit(1)
-    except click_errors.NoArgsIsHelpError as error:
-        typer.echo(error.ctx.get_help())
+    except click_errors.NoArgsIsHelpError:
+        pass  # the help is already printed
     except click_errors.UsageError as error:  # a bad flag or value: one line too, exit status 2 as click's
         typer.echo(f"error: {error.format_message()} (see --help)", err=True)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):
+        typer.echo("interrupted", err=True)
         sys.exit(130)
+    except OSError as error:  # the output cannot be written: a full disk, a closed pipe
+        with contextlib.suppress(OSError):
+            sys.stderr.write(f"error: cannot write the output: {error.strerror or error}\n")
+        os._exit(1)  # no flush of the broken stream at exit

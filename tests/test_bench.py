@@ -50,3 +50,23 @@ def test_compare_rows_cover_every_method_and_check_identity(tokenizer):
         "drafter", "prompt_set", "new_tokens", "tokens_per_second", "speedup_vs_ar",
         "mean_accepted_length", "acceptance_rate", "identical_to_ar",
     }  # fmt: skip
+
+
+def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
+    from specchat.bench import BenchRow
+    from specchat.cli import _report
+
+    rows = [
+        BenchRow("none", "summarize", "q4_1", "bfloat16", 384, 75.479, 1.0, 1.0, None, True, None),
+        BenchRow("ngram", "summarize", "int4-g32", "bfloat16", 384, 110.321, 1.462, 1.568, 0.412, True, 1.55),
+        BenchRow("llamacpp", "summarize", "gguf", "llama.cpp", 384, 136.479, 1.808, 1.0, None, False, None),
+    ]
+    monkeypatch.setenv("COLUMNS", "80")
+    _report([row.as_dict() for row in rows], False, title="t", table=[row.as_table_row() for row in rows])
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out
+    for header in ("method", "tok/s", "vs AR", "tau", "exact"):
+        assert header in out
+    assert "int4-g32·bf16" in out and "110.3" in out and "1.46x" in out
+    _report([row.as_dict() for row in rows], True, title="t")
+    assert json.loads(capsys.readouterr().out)[1]["tokens_per_second"] == 110.321  # JSON keeps the fields

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from specchat.drafters.base import Drafter
-from specchat.drafters.ngram import NgramDrafter
 
 # Drafters this build can run; "none" is plain autoregressive decoding.
 AVAILABLE = ("none", "ngram")
+DEFAULT_DRAFTER = "ngram"  # the best drafter every model has: the default of run, chat and bench
 
 
 def make_drafter(name: str) -> Drafter | None:
     if name == "none":
         return None
     if name == "ngram":
+        from specchat.drafters.ngram import NgramDrafter
+
         return NgramDrafter()
     raise ValueError(f"unknown drafter '{name}'")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from specchat.engine.tree import DraftTree
+if TYPE_CHECKING:  # no torch for option checks that only need the drafters' names
+    from specchat.engine.tree import DraftTree
 
 
 class Drafter(Protocol):

@@ -7,41 +7,9 @@ own history, which for a tree node is the committed text plus the node's ancesto
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    min_p: float = 0.0  # 0 = off
-    penalty: float = 1.0  # repetition / contextual penalty theta; 1 = off
-    penalty_window: int = 1024  # the last W tokens of a row's history are penalised
-    seed: int | None = None
-
-    def __post_init__(self):
-        checks = {
-            "temperature must be >= 0": self.temperature >= 0,
-            "top_k must be >= 0": self.top_k >= 0,
-            "top_p must be in (0, 1]": 0 < self.top_p <= 1,
-            "min_p must be in [0, 1)": 0 <= self.min_p < 1,
-            "penalty must be > 0": self.penalty > 0,
-            "penalty_window must be >= 1": self.penalty_window >= 1,
-        }
-        for message, ok in checks.items():
-            if not ok:
-                raise ValueError(message)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def uses_history(self) -> bool:
-        return self.penalty != 1.0
+from specchat.engine.sampling_config import SamplingConfig
 
 
 def apply_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:

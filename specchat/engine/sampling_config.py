@@ -1,0 +1,42 @@
+"""What the target samples from: the settings of the logits pipeline, checked (no torch: option checks
+import this before anything slow)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    penalty: float = 1.0  # repetition / contextual penalty theta; 1 = off
+    penalty_window: int = 1024  # the last W tokens of a row's history are penalised
+    seed: int | None = None
+
+    def __post_init__(self):
+        checks = {
+            "temperature must be a number >= 0": 0 <= self.temperature < math.inf,
+            "top_k must be >= 0": self.top_k >= 0,
+            "top_p must be in (0, 1]": 0 < self.top_p <= 1,
+            "min_p must be in [0, 1)": 0 <= self.min_p < 1,
+            "penalty must be a number > 0": 0 < self.penalty < math.inf,
+            "penalty_window must be >= 1": self.penalty_window >= 1,
+            f"seed must be between 0 and {MAX_SEED}": self.seed is None or 0 <= self.seed <= MAX_SEED,
+        }
+        for message, ok in checks.items():
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def uses_history(self) -> bool:
+        return self.penalty != 1.0
