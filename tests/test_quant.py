@@ -74,6 +74,22 @@ def test_loaded_weights_are_the_gguf_values(quantized_model):
         assert torch.equal(layer.get_submodule(name).dequantize(), dense.model.layers[3].get_submodule(name).weight)
 
 
+def test_cached_tensor_table_maps_the_same_bytes_as_gguf_py(tmp_path, monkeypatch):
+    from gguf import GGUFReader
+
+    from specchat.quant.gguf_model import gguf_tensors
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    reference = GGUFReader(embedded_gguf_path()).tensors
+    for attempt in ("parsed", "cached"):
+        ours = gguf_tensors(embedded_gguf_path())
+        assert (tmp_path / "specchat" / "gguf_tensors.json").is_file()
+        assert [t.name for t in ours] == [t.name for t in reference]
+        for mine, theirs in zip(ours, reference):
+            assert mine.tensor_type == theirs.tensor_type and list(mine.shape) == list(theirs.shape)
+            assert mine.data.dtype == theirs.data.dtype and np.array_equal(mine.data, theirs.data), attempt
+
+
 @pytest.mark.slow
 def test_default_cpu_load_runs_the_gguf_codes(quantized_model):
     assert quantized_model.weights == "q4_1"

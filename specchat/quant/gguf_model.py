@@ -8,12 +8,14 @@ dense in the activation dtype; any other GGUF type is dequantized into a dense l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from specchat.disk_cache import cache_dir, cached_json
 from specchat.quant.embedding import Int8Embedding
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
@@ -36,7 +38,6 @@ _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"
 def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype) -> nn.Module:
     """The Llama-architecture model of `gguf_path` (config and tokenizer already converted to `config_dir`)."""
     from accelerate import init_empty_weights
-    from gguf import GGUFReader
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(config_dir)
@@ -44,7 +45,7 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype) -> nn.
         raise ValueError(f"quantized GGUF loading supports the llama architecture, not {config.model_type}")
     with init_empty_weights(include_buffers=False):  # parameters on the meta device: nothing is allocated
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    tensors = {tensor.name: tensor for tensor in GGUFReader(gguf_path).tensors}
+    tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     for name, tensor in tensors.items():
         module_name = _module_name(name)
         if module_name.endswith(("q_proj", "k_proj")):
@@ -58,6 +59,43 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype) -> nn.
     if missing:
         raise ValueError(f"the GGUF file has no tensor for {', '.join(missing[:3])}")
     return model
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of a GGUF file, its bytes mapped from disk (not read until used)."""
+
+    name: str
+    tensor_type: object  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # GGUF order: the row length first
+    data: np.ndarray  # [rows, row length] for F32 / F16, [rows, bytes per row] for the others
+
+
+def gguf_tensors(path: Path) -> list[GGUFTensor]:
+    """The tensors of a GGUF file. Their table (name, type, shape, offset) is read once with gguf-py and kept
+    in the cache: gguf-py parses every metadata field, the tokenizer's 100K strings included (~2 s)."""
+    from gguf import GGMLQuantizationType
+
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    table = cached_json(cache_dir() / "gguf_tensors.json", key, lambda: _tensor_table(path))
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors = []
+    for name, kind, shape, offset, n_bytes in table:
+        kind = GGMLQuantizationType(kind)
+        rows = int(np.prod(shape[1:]))
+        raw = data[offset : offset + n_bytes]
+        if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            raw = raw.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16)
+        tensors.append(GGUFTensor(name, kind, tuple(shape), raw.reshape(rows, -1) if len(shape) > 1 else raw))
+    return tensors
+
+
+def _tensor_table(path: Path) -> list:
+    from gguf import GGUFReader
+
+    return [[t.name, int(t.tensor_type), [int(n) for n in t.shape], int(t.data_offset), int(t.n_bytes)]
+            for t in GGUFReader(path).tensors]  # fmt: skip
 
 
 def _module_name(gguf_name: str) -> str:
