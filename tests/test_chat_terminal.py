@@ -47,6 +47,20 @@ def test_chat_answers_on_the_default_model_with_the_overlay(tmp_path):
         terminal.close()
 
 
+def test_a_message_typed_before_ready_is_kept_and_answered(tmp_path):
+    """Typed at once, as a new user does: `?` stays text (no help screen), Enter queues the message."""
+    terminal = chat_in_terminal(tmp_path, "--temperature", "0", "--max-new-tokens", "24")
+    try:
+        terminal.wait_for("loading", timeout=30)
+        terminal.send("What is the capital of France? Answer in one sentence.", "Enter")
+        screen = terminal.wait_for("Paris", "ready on cpu in", timeout=180)
+        assert "The overlay" not in screen  # the help screen never opened
+        terminal.send("C-q")
+        assert exit_status(tmp_path) == "exit=0"
+    finally:
+        terminal.close()
+
+
 def test_a_model_that_cannot_load_is_shown_then_the_app_quits_with_an_error(tmp_path):
     terminal = chat_in_terminal(tmp_path, "--model", "nobody/not-a-model")
     try:

@@ -83,9 +83,9 @@ async def test_accepted_drafts_are_coloured_by_origin_and_keep_colours(default_m
         drafted = "".join(p for p, o in zip(answer.pieces, answer.origins) if o == "ngram")
         assert "".join(by_style.pop(DRAFT_STYLES["ngram"])) == drafted
         assert not by_style  # target tokens carry no style at all
-        await pilot.press("escape", "c")  # leave the input, then plain Markdown
+        await pilot.press("ctrl+t")  # plain Markdown, from the input
         assert isinstance(view.content.renderables[1], Markdown)
-        await pilot.press("c")  # and back: the finished message kept its colours
+        await pilot.press("ctrl+t")  # and back: the finished message kept its colours
         assert view.content.renderables[1] is view.body and view.body.spans
 
 
@@ -100,7 +100,8 @@ async def test_escape_stops_at_once_keeps_the_answer_and_the_next_turn_reuses_th
             await send(pilot, line)
         errors = note_lines(app, errors=True)
         assert "/save waits until the answer is done" in errors[0] and "/clear waits" in errors[1]
-        assert "still streaming" in errors[2]
+        assert "still on its way" in errors[2]
+        assert app.query_one(ChatInput).value == "hello?"  # kept, to send once the answer is done
         await pilot.press("escape")
         await wait_until(pilot, lambda: not app.generating, timeout=5, what="the stop")
         await pilot.pause()
@@ -215,7 +216,7 @@ async def test_overlay_toggles_and_help_explains_the_numbers(tiny):
         assert overlay.display and overlay.figures is app.session.last_figures
         await pilot.press("f2")
         assert not overlay.display
-        await pilot.press("f2", "escape", "question_mark")  # `?` works once the input is left
+        await pilot.press("f2", "f1")
         assert isinstance(app.screen, HelpScreen)
         help_text = str(app.screen.query_one("#help Static").content)
         assert "mean accepted length" in help_text and "/budget N|auto" in help_text
@@ -264,3 +265,58 @@ async def test_a_model_without_a_chat_template_is_a_load_failure(tiny):
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: app.error is not None, what="the error")
     assert "no chat template" in app.error
+
+
+async def test_typing_while_loading_stays_in_the_input_and_is_answered_once_ready(tiny):
+    """The input owns the keyboard from the first frame: `?` is text, not help, and Enter queues the message."""
+    import threading
+
+    from specchat.tui.app import ChatApp
+    from specchat.tui.session import ChatSettings
+
+    release = threading.Event()
+
+    def loader(progress):
+        progress("loading a slow test model")
+        release.wait(30)
+        return tiny, SamplingConfig()
+
+    app = ChatApp(loader, ChatSettings(drafter="ngram", max_new_tokens=8))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press(*"Capital of France?")
+        assert not isinstance(app.screen, HelpScreen) and app.query_one(ChatInput).value == "Capital of France?"
+        first = note_lines(app)[0]
+        await pilot.pause(0.3)
+        assert note_lines(app)[0] != first and "(" in first  # the loading clock keeps counting
+        await pilot.press("enter")
+        assert app.session is None and any("answered as soon as the model is ready" in n for n in note_lines(app))
+        release.set()
+        await ready(pilot)
+        await wait_until(pilot, lambda: app.session.messages and not app.generating, what="the queued answer")
+        user, answer = app.session.messages
+        assert user.text == "Capital of France?" and len(answer.token_ids) == 8
+        assert not any("answered as soon as" in n for n in note_lines(app))
+        assert any(" ready on cpu in " in n for n in note_lines(app))
+
+
+async def test_a_printable_key_after_escape_returns_to_the_input(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        chat_input = app.query_one(ChatInput)
+        await pilot.press("escape")
+        assert app.focused is not chat_input
+        await pilot.press(*"hi?")
+        assert app.focused is chat_input and chat_input.value == "hi?"
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_autoregressive_answers_show_no_speedup(tiny):
+    app = make_app(tiny, drafter="ngram", max_new_tokens=40)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await ask(pilot, "hi")
+        assert app.session.last_figures.speedup is not None  # measured against AR steps timed at this context
+        await send(pilot, "/drafter none")
+        await ask(pilot, "and again")
+        assert app.session.last_figures.speedup is None and app.session.last_figures.ar_context is None

@@ -55,7 +55,7 @@ def test_main_screen_with_overlay_wide(snap_compare, chat_app):
 def test_plain_markdown_view_without_overlay(snap_compare, chat_app):
     async def run_before(pilot):
         await _loaded_chat(pilot)
-        await pilot.press("f2", "escape", "c")
+        await pilot.press("f2", "ctrl+t")
 
     assert snap_compare(chat_app, terminal_size=(80, 24), run_before=run_before)
 

@@ -19,6 +19,7 @@ from textual.containers import Horizontal
 from textual.timer import Timer
 from textual.widgets import Footer
 
+from specchat import STARTED
 from specchat.errors import SpecchatError, unexpected
 from specchat.tui.answer_stream import AnswerEnd, AnswerStream
 from specchat.tui.chat_input import ChatInput
@@ -40,11 +41,11 @@ class ChatApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "specchat"
     COMMANDS = App.COMMANDS | {SlashCommands}
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[Binding]] = [  # keys that never type text: the input keeps every printable key
         Binding("escape", "escape", "stop / leave input"),
+        Binding("f1", "help", "help"),
         Binding("f2", "toggle_overlay", "overlay"),
-        Binding("c", "toggle_view", "colours/markdown"),
-        Binding("question_mark,f1", "help", "help", key_display="?"),
+        Binding("ctrl+t", "toggle_view", "colours/markdown"),
     ]
 
     def __init__(self, loader: ModelLoader, settings: ChatSettings):
@@ -58,6 +59,9 @@ class ChatApp(App[None]):
         self.plain = False
         self.error: str | None = None  # why the app gave up (a failed load), for the command line
         self._loading: Note | None = None  # the line that shows load progress, then "ready"
+        self._stage = "loading the model"  # what the load is doing, shown with the time since the process began
+        self._clock: Timer | None = None  # ticks the loading line
+        self._waiting: tuple[str, Note] | None = None  # a message sent while loading, and the note saying so
         self._pump: Timer | None = None
 
     @property
@@ -68,23 +72,27 @@ class ChatApp(App[None]):
         with Horizontal(id="main"):
             yield Conversation(id="conversation")
             yield AcceptanceOverlay(id="overlay")
-        yield ChatInput(id="input", disabled=True)
+        yield ChatInput(id="input")
         yield Footer()
 
     def on_mount(self) -> None:
         conversation = self.query_one(Conversation)
         conversation.border_subtitle = legend()
-        self._loading = conversation.add_note("loading the model…")
+        self._loading = conversation.add_note("")
+        self._tick()
+        self._clock = self.set_interval(0.1, self._tick)
+        self.query_one(ChatInput).focus()  # the input owns the keyboard from the first frame
         self._load()
 
     # Loading
 
+    def _tick(self) -> None:
+        self._loading.update(f"{self._stage}… ({time.perf_counter() - STARTED:.1f} s)")
+
     @work(thread=True, exclusive=True, group="load")
     def _load(self) -> None:
-        start = time.perf_counter()
-
         def progress(stage: str) -> None:
-            self.call_from_thread(self._loading.update, f"{stage}… ({time.perf_counter() - start:.1f} s)")
+            self.call_from_thread(setattr, self, "_stage", stage)
 
         try:
             loaded, sampling = self.loader(progress)
@@ -96,21 +104,25 @@ class ChatApp(App[None]):
         except Exception as error:  # noqa: BLE001 - e.g. a broken checkpoint: one line, then a clean exit
             self.call_from_thread(self._load_failed, unexpected(error))
         else:
-            self.call_from_thread(self._loaded, session, time.perf_counter() - start)
+            self.call_from_thread(self._loaded, session)
 
-    def _loaded(self, session: ChatSession, seconds: float) -> None:
+    def _loaded(self, session: ChatSession) -> None:
+        self._clock.stop()
         self.session = session
         loaded = session.loaded
         self._loading.update(
             f"{session.model_name} ({loaded.weights} weights, {loaded.dtype}) ready on {loaded.model.device} "
-            f"in {seconds:.1f} s. /help lists the commands."
+            f"in {time.perf_counter() - STARTED:.1f} s. /help lists the commands."
         )
         self._show_settings()
-        chat_input = self.query_one(ChatInput)
-        chat_input.disabled = False
-        chat_input.focus()
+        if self._waiting is not None:
+            line, note = self._waiting
+            self._waiting = None
+            note.remove()
+            self._ask(line)
 
     def _load_failed(self, message: str) -> None:
+        self._clock.stop()
         self.error = message
         self._loading.update(Text(f"error: {message}  (quitting…)", style="bold red"))
         self._loading.add_class("error")
@@ -121,17 +133,29 @@ class ChatApp(App[None]):
     @on(ChatInput.Submitted)
     def _submitted(self, event: ChatInput.Submitted) -> None:
         line = event.value.strip()
-        chat_input = self.query_one(ChatInput)
-        chat_input.remember(line)
-        chat_input.value = ""
         if not line:
             return
+        chat_input = self.query_one(ChatInput)
+        if not line.startswith("/") and (self.generating or self._waiting is not None):
+            self._note("an answer is still on its way: wait, or press Esc to stop it", error=True)
+            return  # the text stays in the input, to send once the answer is done
+        chat_input.remember(line)
+        chat_input.value = ""
         if line.startswith("/"):
             self._run_command(line)
-        elif self.generating:
-            self._note("an answer is still streaming: wait, or press Esc to stop it", error=True)
+        elif self.session is None:
+            self._waiting = line, self._note(f"“{line}” is answered as soon as the model is ready")
         else:
             self._ask(line)
+
+    def on_key(self, event) -> None:
+        """A printable key typed while the input is not focused goes to the input (after Esc, say)."""
+        chat_input = self.query_one(ChatInput)
+        on_main_screen = self.screen is self.screen_stack[0]
+        if event.is_printable and event.character and self.focused is not chat_input and on_main_screen:
+            chat_input.focus()
+            chat_input.insert_text_at_cursor(event.character)
+            event.stop()
 
     def choose_command(self, spec: CommandSpec) -> None:
         """From the command palette: run it, or type it into the input when it takes an argument."""
@@ -196,7 +220,7 @@ class ChatApp(App[None]):
         if self.generating:
             self.answer.stop()
         elif isinstance(self.focused, ChatInput):
-            self.query_one(Conversation).focus()  # frees `c` and `?` for the app
+            self.query_one(Conversation).focus()  # to scroll with the keys; typing comes back to the input
 
     def action_toggle_overlay(self) -> None:
         overlay = self.query_one(AcceptanceOverlay)

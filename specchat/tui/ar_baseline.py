@@ -36,3 +36,8 @@ class ArBaseline:
     @property
     def seconds(self) -> float | None:
         return statistics.median(self.samples) if self.samples else None
+
+    def seconds_at(self, context: int) -> float | None:
+        """The step time at `context`, when this range covers it (a speedup against another context would
+        compare unlike steps)."""
+        return self.seconds if self._in_range(context) else None

@@ -15,7 +15,7 @@ class ChatInput(Input):
     ]
 
     def __init__(self, **kwargs):
-        super().__init__(placeholder="Message, or /help", **kwargs)
+        super().__init__(placeholder="Message, or /help", select_on_focus=False, **kwargs)
         self.history: list[str] = []
         self._cursor = 0  # index into history; len(history) = the line being typed
         self._draft = ""  # what was being typed before walking the history

@@ -40,7 +40,7 @@ class Figures:
     acceptance_rate: float | None  # None before anything was drafted
     tokens_per_second: float
     ar_tokens_per_second: float | None  # measured autoregressive speed; None without a drafter
-    ar_context: int  # the context length it was measured at
+    ar_context: int | None  # the context length it was measured at
     per_depth: tuple[float, ...]
     recent_tau: tuple[int, ...]  # tokens committed by each recent step, oldest first
     context_used: int

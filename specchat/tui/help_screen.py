@@ -1,4 +1,4 @@
-"""`?` and /help: what each overlay number means, the commands and the keys."""
+"""F1 and /help: what each overlay number means, the commands and the keys."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from specchat.tui.figures import EXPLANATIONS
 
 KEYS = {
     "Enter": "send the message or command",
-    "Esc": "stop the answer (keeps what was written); when idle, leave the input",
+    "Esc": "stop the answer (keeps what was written); when idle, leave the input to scroll (typing returns)",
     "Up / Down": "earlier messages (in the input)",
+    "F1": "this help",
     "F2": "show or hide the acceptance overlay",
-    "c": "colours / plain Markdown (outside the input)",
-    "? / F1": "this help",
+    "Ctrl+T": "colours / plain Markdown",
     "Ctrl+P": "command palette",
     "Ctrl+Q": "quit",
 }
@@ -43,7 +43,7 @@ def help_text() -> Text:
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape,q,question_mark,f1", "dismiss", "close")]
+    BINDINGS: ClassVar[list[Binding]] = [Binding("escape,q,f1", "dismiss", "close")]
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):

@@ -177,7 +177,7 @@ class ChatSession:
     def _figures(self, engine: Engine, event: StepEvent) -> Figures:
         """Takes the engine that produced `event`: a settings change may already have dropped `self.engine`."""
         stats = event.stats
-        ar_seconds = self.ar.seconds
+        ar_seconds = None if engine.drafter is None else self.ar.seconds_at(engine.length)  # AR: no speedup
         policy = engine.policy
         budget = None if engine.drafter is None else policy.budget if policy else engine.fixed_budget
         memory, memory_kind = memory_in_use(engine.device)
@@ -187,7 +187,7 @@ class ChatSession:
             acceptance_rate=stats.acceptance_rate,
             tokens_per_second=stats.tokens_per_second,
             ar_tokens_per_second=1 / ar_seconds if ar_seconds else None,
-            ar_context=self.ar.context,
+            ar_context=self.ar.context if ar_seconds else None,
             per_depth=tuple(stats.per_depth_acceptance),
             recent_tau=tuple(self.recent_tau),
             context_used=engine.length,
