@@ -188,6 +188,59 @@ async def test_loading_a_file_that_is_not_a_chat_is_an_inline_error(tiny, tmp_pa
         assert app.session.settings.drafter == "ngram"
 
 
+@pytest.mark.parametrize(
+    "settings, messages, needle",
+    [
+        ({"sampling": {"temperature": "hot"}}, [], "sampling.temperature must be a number"),
+        ({"sampling": {"top_k": 2.5}}, [], "sampling.top_k must be a whole number"),
+        ({"sampling": {"top_p": 7}}, [], "sampling.top_p must be in (0, 1]"),
+        ({"sampling": {"heat": 1}}, [], "unknown sampling setting 'heat'"),
+        ({"context": "big"}, [], "the context must hold"),
+        ({}, [{"role": "user", "text": 5}], "message 1: text must be a string"),
+        ({}, [{"role": "assistant", "text": "x", "token_ids": ["a"], "pieces": ["x"], "origins": ["target"]}],
+         "every entry of token_ids must be a whole number"),
+        ({}, [{"role": "user", "text": "hi", "mood": "good"}], "unknown field 'mood'"),
+    ],
+)
+async def test_a_saved_chat_with_wrong_types_is_one_line(tiny, tmp_path, settings, messages, needle):
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps({"format": "specchat-chat/1", "settings": settings, "messages": messages}))
+    app = make_app(tiny, max_new_tokens=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/load {path}")
+        errors = note_lines(app, errors=True)
+        assert len(errors) == 1 and needle in errors[0] and "not supported" not in errors[0], errors
+
+
+async def test_an_answer_with_only_text_loads_as_a_finished_answer(tiny, tmp_path):
+    path = tmp_path / "chat.json"
+    messages = [{"role": "user", "text": "Hi"}, {"role": "assistant", "text": "Hello! How can I help?"}]
+    path.write_text(json.dumps({"format": "specchat-chat/1", "settings": {}, "messages": messages}))
+    app = make_app(tiny, max_new_tokens=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/load {path}")
+        view = app.query(MessageView).last()
+        assert view.message.finish == "loaded" and "answering" not in footer_line(view.message)
+        assert "Hello! How can I help?" in str(view.content.renderables[1])
+        answer = await ask(pilot, "Thanks.")  # the chat goes on from the loaded text
+        assert len(answer.token_ids) == 4
+
+
+async def test_save_without_a_name_writes_to_the_data_directory(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    app = make_app(tiny, max_new_tokens=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await ask(pilot, "hi")
+        await send(pilot, "/save")
+        saved = list((tmp_path / "data" / "specchat" / "chats").glob("chat-*.json"))
+        assert len(saved) == 1 and not list(tmp_path.glob("*.json"))  # not in the current directory
+        assert any(f"saved 2 messages to {saved[0]}" in line for line in note_lines(app))
+
+
 async def test_input_history_walks_back_and_forth(tiny):
     app = make_app(tiny)
     async with app.run_test(size=(80, 24)) as pilot:

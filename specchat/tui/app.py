@@ -31,10 +31,9 @@ from specchat.tui.message_view import MessageView
 from specchat.tui.overlay import AcceptanceOverlay
 from specchat.tui.palette import SlashCommands
 from specchat.tui.session import ChatSession, ChatSettings, ModelLoader
-from specchat.tui.transcript import load_chat, save_chat
+from specchat.tui.transcript import default_chat_path, load_chat, save_chat
 
 RENDER_HZ = 30  # most redraws per second while an answer streams
-DEFAULT_SAVE = "specchat-chat.json"
 
 
 class ChatApp(App[None]):
@@ -279,7 +278,7 @@ class ChatApp(App[None]):
         self._note("new conversation")
 
     def _command_save(self, path: Path | None) -> None:
-        path = path or Path(DEFAULT_SAVE)
+        path = (path or default_chat_path()).expanduser().absolute()
         save_chat(path, self.session.messages, self.session.settings_json())
         self._note(f"saved {len(self.session.messages)} messages to {path}")
 

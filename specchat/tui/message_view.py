@@ -16,7 +16,7 @@ from textual.widgets import Static
 from specchat.tui.colours import coloured
 from specchat.tui.transcript import Message
 
-FINISH_NOTES = {"eos": "", "stop": "stop string", "length": "token limit", "stopped": "stopped (Esc)"}
+FINISH_NOTES = {"eos": "", "stop": "stop string", "length": "token limit", "stopped": "stopped (Esc)", "loaded": ""}
 
 
 class MessageView(Static):
@@ -46,7 +46,10 @@ class MessageView(Static):
         coloured(message.pieces[self._shown :], message.origins[self._shown :], self.body)
         self._shown = len(message.pieces)
         footer = Text(footer_line(message), style="dim italic")
-        body: RenderableType = self.body if message.text else Text("…", style="dim")
+        if message.pieces:
+            body: RenderableType = self.body
+        else:  # nothing streamed yet, or a loaded answer without per-token data
+            body = Text(message.text) if message.text else Text("…", style="dim")
         if self.plain and message.finish is not None:
             body = Markdown(message.text)
         self.update(Group(header, body, footer) if footer else Group(header, body))

@@ -150,11 +150,23 @@ class ChatSession:
     def apply_settings_json(self, saved: dict) -> None:
         """Settings from a saved chat (the model stays the one loaded); bad values are one-line errors."""
         known = {f.name for f in dataclasses.fields(ChatSettings)}
+        sampling = saved.get("sampling", {})
+        if not isinstance(sampling, dict):
+            raise SpecchatError("bad settings in the saved chat: sampling must be an object")
+        fields = {f.name: f.type for f in dataclasses.fields(SamplingConfig)}
+        for name, value in sampling.items():
+            if name not in fields:
+                raise SpecchatError(f"bad settings in the saved chat: unknown sampling setting {name!r}")
+            whole = "int" in fields[name]
+            number = not isinstance(value, bool) and isinstance(value, int if whole else (int, float))
+            if not (number or name == "seed" and value is None):
+                kind = "a whole number" if whole else "a number"
+                raise SpecchatError(f"bad settings in the saved chat: sampling.{name} must be {kind}")
         try:
-            sampling = SamplingConfig(**saved.get("sampling", {}))
+            sampling = SamplingConfig(**sampling)
             settings = dataclasses.replace(self.settings, **{k: v for k, v in saved.items() if k in known})
-        except (TypeError, ValueError) as error:
-            raise SpecchatError(f"bad settings in the saved chat: {error}") from None
+        except ValueError as error:
+            raise SpecchatError(f"bad settings in the saved chat: sampling.{error}") from None
         check_settings(settings)
         self.sampling = sampling
         self.update_settings(**dataclasses.asdict(settings))
