@@ -373,3 +373,25 @@ async def test_autoregressive_answers_show_no_speedup(tiny):
         await send(pilot, "/drafter none")
         await ask(pilot, "and again")
         assert app.session.last_figures.speedup is None and app.session.last_figures.ar_context is None
+
+
+async def test_a_narrow_terminal_hides_the_overlay_and_f2_stacks_it_below(tiny):
+    app = make_app(tiny, drafter="ngram", max_new_tokens=8)
+    async with app.run_test(size=(60, 24)) as pilot:
+        await ready(pilot)
+        overlay, conversation = app.query_one(AcceptanceOverlay), app.query_one("#conversation")
+        assert not overlay.display and conversation.size.width >= 56  # the conversation keeps the width
+        await pilot.press("f2")
+        await pilot.pause()
+        assert overlay.display and overlay.region.y > conversation.region.y  # under it, not beside it
+        assert conversation.size.width >= 56
+
+
+async def test_the_tau_sparkline_averages_steps_instead_of_flattening_them(tiny):
+    from textual.widgets import Sparkline
+
+    app = make_app(tiny)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        spark = app.query_one("#spark", Sparkline)
+        assert spark.summary_function([1, 6, 2]) == 3  # a bar per bucket of steps: their mean, not their max

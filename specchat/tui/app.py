@@ -28,7 +28,7 @@ from specchat.tui.commands import BY_NAME, CommandSpec, parse_command
 from specchat.tui.conversation import Conversation, Note
 from specchat.tui.help_screen import HelpScreen
 from specchat.tui.message_view import MessageView
-from specchat.tui.overlay import AcceptanceOverlay
+from specchat.tui.overlay import NARROW, AcceptanceOverlay
 from specchat.tui.palette import SlashCommands
 from specchat.tui.session import ChatSession, ChatSettings, ModelLoader
 from specchat.tui.transcript import default_chat_path, load_chat, save_chat
@@ -220,6 +220,12 @@ class ChatApp(App[None]):
             self.answer.stop()
         elif isinstance(self.focused, ChatInput):
             self.query_one(Conversation).focus()  # to scroll with the keys; typing comes back to the input
+
+    def on_resize(self, event) -> None:
+        narrow = event.size.width < NARROW
+        if narrow != self.has_class("narrow"):
+            self.set_class(narrow, "narrow")
+            self.query_one(AcceptanceOverlay).display = not narrow  # F2 still shows it, under the conversation
 
     def action_toggle_overlay(self) -> None:
         overlay = self.query_one(AcceptanceOverlay)

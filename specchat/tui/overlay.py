@@ -1,9 +1,12 @@
 """The acceptance overlay: the running figures of the answer being generated (or the last one).
 
-F2 toggles it, `?` explains every number (figures.EXPLANATIONS).
+F2 toggles it, F1 explains every number (figures.EXPLANATIONS). Below NARROW columns it sits under the
+conversation instead of beside it, hidden until F2 shows it.
 """
 
 from __future__ import annotations
+
+import statistics
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -14,6 +17,7 @@ from textual.widgets import Sparkline, Static
 from specchat.tui.figures import Figures
 
 BAR_WIDTH = 10
+NARROW = 80  # terminal columns below which the overlay would squeeze the conversation
 MAX_DEPTHS = 8  # depth rows shown; deeper trees are rare and the panel is small
 
 
@@ -23,11 +27,11 @@ class AcceptanceOverlay(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(numbers_text(None), id="numbers")
         yield Static("τ per step (recent)", id="spark-label")
-        yield Sparkline([], id="spark")
+        yield Sparkline([], id="spark", summary_function=statistics.mean)  # max flattened every bar to the top
         yield Static(id="resources")
 
     def on_mount(self) -> None:
-        self.border_title = "acceptance · F2 · ?"
+        self.border_title = "acceptance · F2 · F1"
 
     def watch_figures(self, figures: Figures | None) -> None:
         self.query_one("#numbers", Static).update(numbers_text(figures))
