@@ -232,12 +232,12 @@ def test_trees_fill_the_context_exactly_like_autoregressive(tokenizer):
     autoregressive decoding with the same max_len stops."""
     model, prompt, greedy = model_and_greedy("qwen3", seed=7)
     ar_out, ar_events = run(Engine(model, tokenizer, max_len=len(prompt) + 20), prompt, 100)
-    assert ar_out == greedy[:21] and ar_events[-1].finish_reason == "length"
+    assert ar_out == greedy[:21] and ar_events[-1].finish_reason == "context"  # the cache is full, not -n
     for budget in (8, 16, 64):
         drafter = OracleDrafter(prompt + greedy, depth=8, vocab_size=VOCAB)
         engine = Engine(model, tokenizer, max_len=len(prompt) + 20, drafter=drafter, draft_budget=budget)
         out, events = run(engine, prompt, 100)
-        assert out == ar_out and events[-1].finish_reason == "length"
+        assert out == ar_out and events[-1].finish_reason == "context"
         assert_cache_is_fresh_prefill(engine, prompt + out)
 
 

@@ -395,3 +395,50 @@ async def test_the_tau_sparkline_averages_steps_instead_of_flattening_them(tiny)
         await ready(pilot)
         spark = app.query_one("#spark", Sparkline)
         assert spark.summary_function([1, 6, 2]) == 3  # a bar per bucket of steps: their mean, not their max
+
+
+async def test_a_full_context_drops_the_oldest_turns_and_the_chat_goes_on(tiny):
+    app = make_app(tiny, drafter="ngram", max_new_tokens=400, context=200, system="Be brief.")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        first = await ask(pilot, "Tell me a long story.")
+        assert first.finish == "context"  # the cache filled before -n: said as such
+        view = app.query(MessageView).last()
+        assert "the context is full" in footer_line(view.message)
+        for turn in range(3):  # every later message is answered, the oldest turns make room
+            answer = await ask(pilot, f"And then? ({turn})")
+            assert answer.token_ids and not note_lines(app, errors=True)
+        assert any("the context is full: the 2 oldest messages" in line for line in note_lines(app))
+        assert app.session.messages[0].text.startswith("And then?")  # what the model still sees
+        prompt = app.session.previous
+        assert prompt.text.count("Be brief.") == 1  # the system prompt stays
+        assert len(prompt.ids) <= app.session.engine.capacity
+
+
+async def test_a_message_longer_than_the_context_is_an_inline_error(tiny):
+    app = make_app(tiny, max_new_tokens=8, context=64)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, "word " * 300)
+        assert any("the context holds" in line for line in note_lines(app, errors=True))
+        answer = await ask(pilot, "hi")  # and the chat still works
+        assert len(answer.token_ids) == 8
+
+
+async def test_loading_a_chat_larger_than_the_context_loads_what_fits(tiny, tmp_path):
+    turns = []
+    for i in range(20):
+        turns += [{"role": "user", "text": f"Question {i}: " + "tell me more " * 10},
+                  {"role": "assistant", "text": f"Answer {i}: " + "here is more " * 10}]  # fmt: skip
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps({"format": "specchat-chat/1", "settings": {"context": 300}, "messages": turns}))
+    app = make_app(tiny, max_new_tokens=16)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/load {path}")
+        kept = app.session.messages
+        assert 0 < len(kept) < 40 and kept[0].role == "user" and kept[-1].text.startswith("Answer 19")
+        assert any(f"loaded the last {len(kept)} of 40 messages" in line for line in note_lines(app))
+        assert len(app.query(MessageView)) == len(kept)
+        answer = await ask(pilot, "Go on.")
+        assert len(answer.token_ids) == 16

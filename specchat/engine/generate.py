@@ -35,7 +35,7 @@ class StepEvent:
     tokens: list[int]  # token ids committed by this step
     origins: list[str]  # per token: TARGET, or the kind of drafter that proposed it
     text: str  # printable text delta (may lag the tokens by an incomplete character or a stop-string prefix)
-    finish_reason: str | None  # None while running, then "eos" | "stop" | "length"
+    finish_reason: str | None  # None while running, then "eos" | "stop" | "length" | "context" (the cache is full)
     stats: GenerationStats  # the running totals of this generation
 
 
@@ -67,6 +67,11 @@ class Engine:
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
 
+    @property
+    def capacity(self) -> int:
+        """Tokens a session may hold: the cache less the slots a verified tree needs."""
+        return self.max_len - self.tree_capacity
+
     @torch.inference_mode()
     def generate(
         self,
@@ -80,11 +85,10 @@ class Engine:
             raise SpecchatError("the prompt is empty")
         if max_new_tokens < 1:
             raise SpecchatError("max_new_tokens must be at least 1")
-        if len(prompt_ids) + self.tree_capacity >= self.max_len:
-            raise SpecchatError(
-                f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_len - self.tree_capacity}"
-            )
-        budget = min(max_new_tokens, self.max_len - self.tree_capacity + 1 - len(prompt_ids))
+        if len(prompt_ids) >= self.capacity:
+            raise SpecchatError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.capacity}")
+        room = self.capacity + 1 - len(prompt_ids)  # the last token needs no cache slot
+        budget, limit = (max_new_tokens, "length") if max_new_tokens <= room else (room, "context")
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         generator = make_generator(sampling, self.device)
         stream = TextStream(self.tokenizer, stop)
@@ -95,13 +99,13 @@ class Engine:
         stats.prefill_seconds = time.perf_counter() - start
         if self.drafter is not None and self.fixed_budget is None and self.policy is None:
             self.policy = AdaptiveBudget(self._verify_cost())
-        event = self._commit([token], [TARGET], stats, stream, budget)
+        event = self._commit([token], [TARGET], stats, stream, budget, limit)
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
             tokens, origins, tree_depth, tree_budget = self._step(sampling, generator)
             stats.decode_seconds += time.perf_counter() - start
-            event = self._commit(tokens, origins, stats, stream, budget)
+            event = self._commit(tokens, origins, stats, stream, budget, limit)
             stats.decode_tokens += len(event.tokens)
             drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
             stats.record_step(tree_depth, drafted, tree_budget)
@@ -183,14 +187,14 @@ class Engine:
         )
         return out.logits[0]
 
-    def _commit(self, tokens, origins, stats, stream, budget) -> StepEvent:
+    def _commit(self, tokens, origins, stats, stream, budget, limit) -> StepEvent:
         """Append a step's tokens to the committed ids, cut exactly where autoregressive decoding would have
-        stopped (EOS, a stop string, the token budget), and build the step's event."""
+        stopped (EOS, a stop string, the token budget, whose end is `limit`), and build the step's event."""
         finish, text = None, ""
         for i, token in enumerate(tokens):
             text += stream.add([token])  # token by token: a stop string ends the output at its last token
             if token in self.eos_ids or stream.stopped or stats.new_tokens + i + 1 >= budget:
-                finish = "eos" if token in self.eos_ids else "stop" if stream.stopped else "length"
+                finish = "eos" if token in self.eos_ids else "stop" if stream.stopped else limit
                 tokens, origins = tokens[: i + 1], origins[: i + 1]
                 break
         self.ids[self.length : self.length + len(tokens)] = torch.tensor(tokens, device=self.device)

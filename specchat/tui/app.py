@@ -169,7 +169,14 @@ class ChatApp(App[None]):
     # Answers
 
     def _ask(self, text: str) -> None:
-        user, reply, prompt_ids = self.session.begin_turn(text)
+        try:
+            user, reply, prompt_ids, dropped = self.session.begin_turn(text)
+        except SpecchatError as error:
+            self._note(f"error: {error}", error=True)
+            return
+        if dropped:
+            self._note(f"the context is full: the {dropped} oldest messages above no longer reach the model "
+                       "(the system prompt stays)")  # fmt: skip
         conversation = self.query_one(Conversation)
         self.question = conversation.add_message(user, speaker="you")
         self.reply = conversation.add_message(reply, speaker=self.session.model_name, plain=self.plain)
@@ -291,15 +298,20 @@ class ChatApp(App[None]):
     def _command_load(self, path: Path) -> None:
         messages, settings = load_chat(path)
         self.session.apply_settings_json(settings)
-        self.session.reset(messages)
+        dropped = self.session.reset(messages)
         conversation = self.query_one(Conversation)
         conversation.clear()
-        for message in messages:
+        for message in self.session.messages:
             speaker = "you" if message.role == "user" else settings.get("model", self.session.model_name)
             conversation.add_message(message, speaker=speaker, plain=self.plain)
         self.query_one(AcceptanceOverlay).figures = None
         self._show_settings()
-        self._note(f"loaded {len(messages)} messages from {path}")
+        if dropped:
+            capacity = self.session.engine.capacity
+            self._note(f"loaded the last {len(messages) - dropped} of {len(messages)} messages from {path}: the "
+                       f"context holds {capacity} tokens with room for an answer")  # fmt: skip
+        else:
+            self._note(f"loaded {len(messages)} messages from {path}")
 
     def _command_stats(self, _) -> None:
         figures = self.session.last_figures

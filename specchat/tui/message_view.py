@@ -16,7 +16,8 @@ from textual.widgets import Static
 from specchat.tui.colours import coloured
 from specchat.tui.transcript import Message
 
-FINISH_NOTES = {"eos": "", "stop": "stop string", "length": "token limit", "stopped": "stopped (Esc)", "loaded": ""}
+FINISH_NOTES = {"eos": "", "stop": "stop string", "length": "token limit", "context": "the context is full",
+                "stopped": "stopped (Esc)", "loaded": ""}  # fmt: skip
 
 
 class MessageView(Static):

@@ -50,6 +50,14 @@ class Update:
     figures: Figures
 
 
+def _next_turn(messages: list[Message], start: int) -> int:
+    """The index of the first user message after `start`: dropping the oldest turn drops its answer too."""
+    index = start + 1
+    while index < len(messages) and messages[index].role != "user":
+        index += 1
+    return index
+
+
 def check_settings(settings: ChatSettings) -> None:
     """One-line errors for settings no engine can run with (from the command line or a saved chat)."""
     if settings.drafter not in AVAILABLE:
@@ -91,21 +99,39 @@ class ChatSession:
         if "system" in changes:
             self.previous = None
 
-    def reset(self, messages: list[Message] | None = None) -> None:
-        """Start over (/clear), or with loaded messages (/load)."""
-        self.messages = list(messages or [])
+    def reset(self, messages: list[Message] | None = None) -> int:
+        """Start over (/clear), or with loaded messages (/load): as many of the newest as fit the context with
+        room for an answer. Returns how many of the oldest were left out."""
+        messages, dropped = list(messages or []), 0
+        while dropped < len(messages) and not self._fits(self._prompt_tokens(messages[dropped:])):
+            dropped = _next_turn(messages, dropped)
+        self.messages = messages[dropped:]
         self.previous = None
+        return dropped
 
-    def begin_turn(self, text: str) -> tuple[Message, Message, list[int]]:
-        """Add the user's message and an empty answer; return both and the prompt ids to generate from."""
-        answer = self.messages[-1] if self.messages and self.messages[-1].role == "assistant" else None
+    def begin_turn(self, text: str) -> tuple[Message, Message, list[int], int]:
+        """Add the user's message and an empty answer; return both, the prompt ids to generate from, and how
+        many of the oldest messages were dropped to make room (the system prompt always stays)."""
         user = Message("user", text)
-        turns = chat_messages(self.settings.system, self.messages + [user])
-        prompt = next_prompt(self.loaded.tokenizer, turns, answer, self.previous, self._eos_ids())
+        messages, dropped = self.messages + [user], 0
+        while True:
+            seen = messages[dropped:]
+            answer = seen[-2] if len(seen) > 1 and seen[-2].role == "assistant" else None
+            turns = chat_messages(self.settings.system, seen)
+            previous = self.previous if not dropped else None  # a dropped turn changes the whole prompt
+            prompt = next_prompt(self.loaded.tokenizer, turns, answer, previous, self._eos_ids())
+            if self._fits(len(prompt.ids)):
+                break
+            if len(seen) == 1:
+                raise SpecchatError(
+                    f"the message takes {len(prompt.ids)} tokens with the chat template; the context holds "
+                    f"{self._engine().capacity} with room for an answer (start with a larger --context)"
+                )
+            dropped = min(_next_turn(messages, dropped), len(messages) - 1)  # the new message always stays
         reply = Message("assistant")
-        self.messages += [user, reply]
+        self.messages = seen + [reply]
         self.previous = prompt
-        return user, reply, prompt.ids
+        return user, reply, prompt.ids, dropped
 
     def abandon_turn(self) -> None:
         """Forget a turn whose answer failed before its first token, so the chat stays well formed."""
@@ -186,6 +212,14 @@ class ChatSession:
     def _eos_ids(self) -> frozenset[int]:
         return self._engine().eos_ids
 
+    def _prompt_tokens(self, messages: list[Message]) -> int:
+        return len(encode_chat(self.loaded.tokenizer, chat_messages(self.settings.system, messages)))
+
+    def _fits(self, prompt_tokens: int) -> bool:
+        """Whether a prompt this long leaves room for an answer (a quarter of the context, at most -n)."""
+        capacity = self._engine().capacity
+        return prompt_tokens + min(self.settings.max_new_tokens, capacity // 4) <= capacity
+
     def _figures(self, engine: Engine, event: StepEvent) -> Figures:
         """Takes the engine that produced `event`: a settings change may already have dropped `self.engine`."""
         stats = event.stats
@@ -203,7 +237,7 @@ class ChatSession:
             per_depth=tuple(stats.per_depth_acceptance),
             recent_tau=tuple(self.recent_tau),
             context_used=engine.length,
-            context_max=engine.max_len - engine.tree_capacity,
+            context_max=engine.capacity,
             drafter=self.settings.drafter,
             budget=budget,
             adaptive=engine.drafter is not None and policy is not None,
