@@ -33,7 +33,8 @@ from specchat.tui.palette import SlashCommands
 from specchat.tui.session import ChatSession, ChatSettings, ModelLoader
 from specchat.tui.transcript import default_chat_path, load_chat, save_chat
 
-RENDER_HZ = 30  # most redraws per second while an answer streams
+RENDER_HZ = 15  # most redraws of the streaming answer per second
+OVERLAY_HZ = 4  # most redraws of the overlay per second while an answer streams: its numbers are read, not watched
 
 
 class ChatApp(App[None]):
@@ -62,6 +63,7 @@ class ChatApp(App[None]):
         self._clock: Timer | None = None  # ticks the loading line
         self._waiting: tuple[str, Note] | None = None  # a message sent while loading, and the note saying so
         self._pump: Timer | None = None
+        self._overlay_drawn = 0.0  # when the overlay last showed a streaming answer's figures
 
     @property
     def generating(self) -> bool:
@@ -201,7 +203,9 @@ class ChatApp(App[None]):
             figures = item.figures
         if figures is not None:
             reply.refresh_message()
-            overlay.figures = figures
+            if time.monotonic() - self._overlay_drawn >= 1 / OVERLAY_HZ:
+                overlay.figures = figures
+                self._overlay_drawn = time.monotonic()
 
     def _finish_answer(self, end: AnswerEnd) -> None:
         self._pump.stop()
