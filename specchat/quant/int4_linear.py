@@ -32,6 +32,17 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_z
     return out.view(*x.shape[:-1], -1)
 
 
+def empty_stack(cls, layers: list[nn.Module]) -> nn.Module:
+    """A `cls` layer without weights yet, sized to hold `layers`' packed rows side by side."""
+    if any(each.out_features % PACK_BLOCK for each in layers[:-1]):
+        raise ValueError(f"packed layers stack at multiples of {PACK_BLOCK} rows")
+    layer = cls.__new__(cls)
+    nn.Module.__init__(layer)
+    layer.in_features = layers[0].in_features
+    layer.out_features = sum(each.out_features for each in layers)
+    return layer
+
+
 class Int4Linear(nn.Module):
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, *, group_size: int,
                  dtype: torch.dtype, bias: torch.Tensor | None = None, format: str = "int4"):  # fmt: skip
@@ -48,13 +59,7 @@ class Int4Linear(nn.Module):
     def stacked(cls, layers: list[Int4Linear], bias: torch.Tensor | None) -> Int4Linear:
         """One layer whose outputs are those of `layers` side by side (same input size, groups and format;
         all but the last a multiple of PACK_BLOCK rows)."""
-        first = layers[0]
-        if any(each.out_features % PACK_BLOCK for each in layers[:-1]):
-            raise ValueError(f"4-bit layers stack at multiples of {PACK_BLOCK} rows")
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.in_features = first.in_features
-        layer.out_features = sum(each.out_features for each in layers)
+        first, layer = layers[0], empty_stack(cls, layers)
         scales_zeros = torch.cat([each.scales_zeros for each in layers], dim=1).contiguous()
         packed = torch.cat([each.packed for each in layers])
         layer._hold(packed, scales_zeros, first.group_size, first.format, bias, scales_zeros.dtype)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specchat.quant.int4_linear import PACK_BLOCK, int4_matmul, pack, scales_and_zeros
+from specchat.quant.int4_linear import empty_stack, int4_matmul, pack, scales_and_zeros
 
 
 class Int8Linear(nn.Module):
@@ -34,13 +34,7 @@ class Int8Linear(nn.Module):
     def stacked(cls, layers: list[Int8Linear], bias: torch.Tensor | None) -> Int8Linear:
         """One layer whose outputs are those of `layers` side by side (same input size, groups and format;
         all but the last a multiple of PACK_BLOCK rows)."""
-        first = layers[0]
-        if any(each.out_features % PACK_BLOCK for each in layers[:-1]):
-            raise ValueError(f"8-bit layers stack at multiples of {PACK_BLOCK} rows")
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.in_features = first.in_features
-        layer.out_features = sum(each.out_features for each in layers)
+        first, layer = layers[0], empty_stack(cls, layers)
         planes = [torch.cat([getattr(each, name) for each in layers]) for name in ("high", "low")]
         scales = [torch.cat([getattr(each, name) for each in layers], dim=1).contiguous()
                   for name in ("high_scales", "low_scales")]  # fmt: skip
