@@ -19,7 +19,7 @@ def fwd(n):
     e._forward(b.input_ids, positions=b.position_ids, mask=b.attention_mask(e.cache.length, tree_only=e.tree_only_masks) if n else None)
     e.cache.truncate(e.cache.length)
 with torch.inference_mode():
-    cost = measure_verify_cost(fwd, sizes=(0, 1, 2, 4, 8, 16, 32, 64), repeats=5)
+    cost = measure_verify_cost(fwd, sizes=(0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64), repeats=5)
 print(json.dumps({"dtype": dtype, "weights": m.weights, "activations": m.dtype, "attention": m.model.config._attn_implementation,
   "context": e.cache.length, "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
   "verify_ms": {n: round(s * 1000, 1) for n, s in zip(cost.sizes, cost.seconds)}}))

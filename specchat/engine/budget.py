@@ -21,8 +21,10 @@ from pathlib import Path
 
 from specchat.disk_cache import cached_json
 
-SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
-MAX_BUDGET = SIZES[-1]  # the most nodes a tree may have: calibrated sizes only, and canonical attention's depth
+# Tree sizes the budget chooses from: with the root, 1, 2, 4, ... 64 rows, the row blocks kernels compute in
+# (torch's CPU int4 kernel takes rows four at a time: 5 rows cost about twice 4).
+SIZES = (0, 1, 3, 7, 15, 31, 63)
+MAX_BUDGET = 64  # the most nodes a fixed budget may ask for: canonical attention's deepest tree
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def cached_verify_cost(path: Path, key: str, measure: Callable[[], VerifyCost]) 
 class AdaptiveBudget:
     """Chooses each step's tree budget from the verification cost and the acceptance seen so far."""
 
-    def __init__(self, cost: VerifyCost, *, max_budget: int = 64, decay: float = 0.97, probe_every: int = 16):
+    def __init__(self, cost: VerifyCost, *, max_budget: int = MAX_BUDGET, decay: float = 0.97, probe_every: int = 16):
         self.cost = cost
         self.candidates = [n for n in SIZES if n <= max_budget]
         self.decay = decay
@@ -100,7 +102,7 @@ class AdaptiveBudget:
             return self.budget
         self.idle_steps += 1
         if self.idle_steps % self.probe_every == 0:
-            return self.candidates[min(4, len(self.candidates) - 1)]  # a small probe tree (8 nodes)
+            return self.candidates[min(3, len(self.candidates) - 1)]  # a small probe tree (7 nodes)
         return 0
 
     def expected_tokens(self, n: int) -> float:

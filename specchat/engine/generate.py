@@ -140,7 +140,7 @@ class Engine:
 
         sizes = [n for n in SIZES if n <= self.tree_capacity]
         measure = lambda: measure_verify_cost(verify_forward, sizes=sizes)  # noqa: E731
-        key = calibration_key(self.model, lean=self.lean is not None)
+        key = f"{calibration_key(self.model, lean=self.lean is not None)}|sizes={','.join(map(str, sizes))}"
         return cached_verify_cost(cache_dir() / "verify_cost.json", key, measure)
 
     def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree) -> torch.Tensor:
