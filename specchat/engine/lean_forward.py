@@ -29,8 +29,6 @@ class LeanForward:
         self.embed, self.norm, self.head = model.model.embed_tokens, model.model.norm, model.lm_head
         self.rotary = model.model.rotary_emb
         self.layers = [_Layer(layer, config) for layer in model.model.layers]
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = self.layers[0].head_dim
         self.one_node = torch.ones(1, 1, dtype=torch.bool, device=model.device)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None, cache,

@@ -1,8 +1,9 @@
 """Projections of one input (q/k/v, gate/up) as one product: one kernel call instead of two or three.
 
 On a CPU a small model's decode step is a few hundred tiny matmuls, each with a fixed cost of 10-20 us: the
-three 4-bit q/k/v products of the default model take 37 us, one over their stacked codes 14 us. Every output
-row of the weight-only kernels (and of a dense product) is computed on its own, so stacking changes no bits.
+three 4-bit q/k/v products of the default model take 37 us, one over their stacked codes 14 us. The stacked
+product gives each projection's outputs bit for bit (tests/test_lean_forward.py checks dense, 4-bit and 8-bit
+layers).
 
 `fuse_projections` stacks the weights once and leaves each projection in place as a `Rows` view of the fused
 layer (same outputs, no second copy of the weights), so the model still runs as it did.
