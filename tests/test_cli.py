@@ -197,3 +197,29 @@ def test_ctrl_c_exits_130_with_what_was_produced(default_model):
     assert report.returncode == 130
     result = json.loads(report.stdout)
     assert result["finish_reason"] == "interrupted" and result["new_tokens"] == len(result["token_ids"]) > 0
+
+
+def test_reading_the_prompt_from_a_terminal_says_so():
+    """`run -` on a terminal tells the user it waits for stdin (it used to wait silently)."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdin and stdout are the terminal
+        os.execve(sys.executable, [sys.executable, "-m", "specchat", "run", "-"], ENV)
+    output = b""
+    deadline = time.monotonic() + 30
+    while b"Ctrl-D ends" not in output and time.monotonic() < deadline:
+        output += os.read(fd, 1024)
+    os.write(fd, b"\x04")  # Ctrl-D: an empty prompt
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(fd, 1024)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    _, status = os.waitpid(pid, 0)
+    text = output.decode()
+    assert "reading the prompt from stdin (Ctrl-D ends)" in text and "error: the prompt is empty" in text
+    assert os.waitstatus_to_exitcode(status) == 1
