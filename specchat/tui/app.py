@@ -150,10 +150,10 @@ class ChatApp(App[None]):
             self._ask(line)
 
     def on_key(self, event) -> None:
-        """A printable key typed while the input is not focused goes to the input (after Esc, say)."""
+        """A printable key no widget took goes to the input: typed after Esc, or before the first frame (such
+        keys reach the app even once the input has focus)."""
         chat_input = self.query_one(ChatInput)
-        on_main_screen = self.screen is self.screen_stack[0]
-        if event.is_printable and event.character and self.focused is not chat_input and on_main_screen:
+        if event.is_printable and event.character and self.screen is self.screen_stack[0]:
             chat_input.focus()
             chat_input.insert_text_at_cursor(event.character)
             event.stop()

@@ -1,4 +1,4 @@
-"""The message line: Enter sends, up/down walk through what was sent before (like a shell)."""
+"""The message line: Enter (or Ctrl+J) sends, up/down walk through what was sent before (like a shell)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ class ChatInput(Input):
     BINDINGS: ClassVar[list[Binding]] = [
         Binding("up", "history(-1)", "previous", show=False),
         Binding("down", "history(1)", "next", show=False),
+        # Ctrl+J sends, as in readline; it is also what an Enter typed before the app started arrives as (the
+        # terminal was still turning carriage returns into line feeds)
+        Binding("ctrl+j", "submit", "send", show=False),
     ]
 
     def __init__(self, **kwargs):
