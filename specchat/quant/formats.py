@@ -8,10 +8,15 @@ from torch import nn
 
 
 def weight_format(model: nn.Module) -> str:
-    """The format most of the model's linear layers hold (quantized layers say theirs; dense ones their dtype)."""
+    """The format most of the model's linear layers hold."""
     formats = Counter(
-        getattr(module, "format", None) or str(module.weight.dtype).removeprefix("torch.")
+        layer_format(module)
         for module in model.modules()
         if isinstance(module, nn.Linear) or hasattr(module, "format") and hasattr(module, "in_features")
     )
     return formats.most_common(1)[0][0]
+
+
+def layer_format(layer: nn.Module) -> str:
+    """A linear layer's format: quantized layers say theirs, dense ones give their dtype."""
+    return getattr(layer, "format", None) or str(layer.weight.dtype).removeprefix("torch.")

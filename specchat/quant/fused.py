@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specchat.quant.formats import layer_format
 from specchat.quant.int4_linear import PACK_BLOCK, Int4Linear
 from specchat.quant.int8_linear import Int8Linear
 
@@ -28,7 +29,7 @@ class Rows(nn.Module):
 
     @property
     def format(self) -> str:
-        return getattr(self.fused, "format", None) or str(self.fused.weight.dtype).removeprefix("torch.")
+        return layer_format(self.fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fused(x)[..., self.start : self.end]

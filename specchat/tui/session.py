@@ -24,7 +24,7 @@ from specchat.loading import LoadedModel
 from specchat.tui.ar_baseline import ArBaseline
 from specchat.tui.chat_prompt import ChatPrompt, chat_messages, next_prompt
 from specchat.tui.figures import Figures, memory_in_use
-from specchat.tui.transcript import Message
+from specchat.tui.transcript import Message, json_is
 
 DEFAULT_CONTEXT = 8192  # the conversation's cache when --context is not given (or the model's window)
 
@@ -184,8 +184,7 @@ class ChatSession:
             if name not in fields:
                 raise SpecchatError(f"bad settings in the saved chat: unknown sampling setting {name!r}")
             whole = "int" in fields[name]
-            number = not isinstance(value, bool) and isinstance(value, int if whole else (int, float))
-            if not (number or name == "seed" and value is None):
+            if not (json_is(value, int if whole else float) or name == "seed" and value is None):
                 kind = "a whole number" if whole else "a number"
                 raise SpecchatError(f"bad settings in the saved chat: sampling.{name} must be {kind}")
         try:

@@ -84,9 +84,9 @@ def _message(item, index: int) -> Message:
         kind = FIELD_TYPES[name]
         if not isinstance(value, kind) and not (name == "finish" and value is None):
             raise SpecchatError(f"{where}: {name} must be a {_TYPE_NAMES[kind]}")
-        if name in ITEM_TYPES and not all(_is(each, ITEM_TYPES[name]) for each in value):
+        if name in ITEM_TYPES and not all(json_is(each, ITEM_TYPES[name]) for each in value):
             raise SpecchatError(f"{where}: every entry of {name} must be a {_TYPE_NAMES[ITEM_TYPES[name]]}")
-    if not all(isinstance(k, str) and _is(v, float) for k, v in item.get("stats", {}).items()):
+    if not all(isinstance(k, str) and json_is(v, float) for k, v in item.get("stats", {}).items()):
         raise SpecchatError(f"{where}: stats must map names to numbers")
     message = Message(**item)
     if message.role not in ROLES:
@@ -104,7 +104,7 @@ def _message(item, index: int) -> Message:
 _TYPE_NAMES = {str: "string", list: "list", dict: "object", int: "whole number", float: "number"}
 
 
-def _is(value, kind) -> bool:
+def json_is(value, kind) -> bool:
     """JSON types: true / false are not numbers; a whole number is a number."""
     if isinstance(value, bool):
         return False
