@@ -26,7 +26,8 @@ from drafters_for_tests import OracleDrafter, RandomTreeDrafter, WrongDrafter
 from transformers import DynamicCache
 
 from specchat.drafters.ngram import NgramDrafter
-from specchat.engine.generate import TARGET, Engine
+from specchat.engine.events import TARGET
+from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
 

@@ -14,7 +14,8 @@ import pytest
 from rich.markdown import Markdown
 from tui_harness import ask, make_app, note_lines, ready, send, tiny_loaded, wait_until
 
-from specchat.engine.generate import TARGET, Engine
+from specchat.engine.events import TARGET
+from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.tui.app import RENDER_HZ

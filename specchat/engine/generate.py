@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +15,7 @@ from specchat.drafters.base import Drafter
 from specchat.engine.attention import uses_tree_masks
 from specchat.engine.budget import SIZES, AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
 from specchat.engine.cache import TreeCache
+from specchat.engine.events import TARGET, StepEvent
 from specchat.engine.lean_forward import lean_forward
 from specchat.engine.linear import use_few_rows_linear
 from specchat.engine.sampling import SamplingConfig, make_generator, process_logits, sample
@@ -26,17 +26,6 @@ from specchat.engine.verify import verify
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError
 from specchat.quant.formats import weight_format
-
-TARGET = "target"  # origin of a token produced by the target model itself
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    tokens: list[int]  # token ids committed by this step
-    origins: list[str]  # per token: TARGET, or the kind of drafter that proposed it
-    text: str  # printable text delta (may lag the tokens by an incomplete character or a stop-string prefix)
-    finish_reason: str | None  # None while running, then "eos" | "stop" | "length" | "context" (the cache is full)
-    stats: GenerationStats  # the running totals of this generation
 
 
 class Engine:

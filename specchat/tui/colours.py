@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from specchat.engine.generate import TARGET
+from specchat.engine.events import TARGET
 
 DRAFT_STYLES = {"ngram": "bold green", "model": "bold cyan", "heads": "bold magenta"}
 UNKNOWN_DRAFT_STYLE = "bold yellow"  # a drafter kind added later still stands out

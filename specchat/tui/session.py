@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from specchat.drafters import AVAILABLE, make_drafter
 from specchat.engine.budget import MAX_BUDGET
-from specchat.engine.generate import Engine, StepEvent
+from specchat.engine.events import StepEvent
+from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_chat
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.text import TextStream

@@ -1,0 +1,21 @@
+"""What the decode loop yields per step: committed tokens, where each came from, text and running stats.
+
+Kept apart from the loop so a UI can name origins and read events without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specchat.engine.stats import GenerationStats
+
+TARGET = "target"  # origin of a token produced by the target model itself
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    tokens: list[int]  # token ids committed by this step
+    origins: list[str]  # per token: TARGET, or the kind of drafter that proposed it
+    text: str  # printable text delta (may lag the tokens by an incomplete character or a stop-string prefix)
+    finish_reason: str | None  # None while running, then "eos" | "stop" | "length" | "context" (the cache is full)
+    stats: GenerationStats  # the running totals of this generation
