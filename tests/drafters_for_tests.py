@@ -29,13 +29,13 @@ class _TrackingDrafter:
         self.ids: list[int] = []
         self.proposals: list[DraftTree] = []  # every tree proposed, for the test to inspect
 
-    def prefill(self, ids: list[int]) -> None:
+    def prefill(self, ids: list[int], hidden=None, reused: int = 0) -> None:
         self.ids = list(ids)
 
-    def commit(self, tokens: list[int]) -> None:
+    def commit(self, tokens: list[int], hidden=None) -> None:
         self.ids += list(tokens)
 
-    def propose(self, budget: int) -> DraftTree:
+    def propose(self, budget: int, sampling=None, generator=None) -> DraftTree:
         tree = self._propose(budget)
         assert len(tree) <= budget, "a test drafter broke its own budget"
         self.proposals.append(tree)
@@ -221,7 +221,7 @@ class SampledTreeDrafter(_TrackingDrafter):
         self.requests = 0
         self.generator = torch.Generator()
 
-    def prefill(self, ids: list[int]) -> None:
+    def prefill(self, ids: list[int], hidden=None, reused: int = 0) -> None:
         super().prefill(ids)
         self.generator.manual_seed(self.seed + self.requests)
         self.requests += 1

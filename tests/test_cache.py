@@ -7,6 +7,7 @@ import torch
 from conftest import TINY_FAMILIES, tiny_model
 from transformers import DynamicCache
 
+from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.cache import TreeCache
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
@@ -44,7 +45,7 @@ def test_memory_is_allocated_once(tokenizer):
     prompt = list(range(100, 120))
     out = run(engine, prompt, 5)
     pointers = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in engine.cache.layers]
-    assert all(layer.keys.shape[2] == 200 for layer in engine.cache.layers)
+    assert all(layer.keys.shape[2] == 200 + MAX_BUDGET for layer in engine.cache.layers)  # room for a tree
     out += run(engine, prompt + out + [300, 301], 40)  # a second turn reuses the same session cache
     assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in engine.cache.layers] == pointers
 

@@ -49,12 +49,12 @@ def test_prefill_and_tree_verification_equal_transformers(family, quantize):
     caches = TreeCache(2, 128), TreeCache(2, 128)
     logits = []
     for run, cache in zip((lean, None), caches):
-        prefill = (lean(prompt, torch.arange(40), None, cache) if run else
+        prefill = (lean(prompt, torch.arange(40), None, cache)[0] if run else
                    _transformers_logits(model, prompt, torch.arange(40), None, cache))  # fmt: skip
         cache.commit()
         batch = tree_batch(tree, 11, 40, torch.device("cpu"))
         mask = batch.attention_mask(40, tree_only=True)
-        verified = (lean(batch.input_ids, batch.position_ids, mask[0, 0], cache) if run else
+        verified = (lean(batch.input_ids, batch.position_ids, mask[0, 0], cache)[0] if run else
                     _transformers_logits(model, batch.input_ids, batch.position_ids, mask, cache))  # fmt: skip
         logits.append((prefill, verified))
     assert torch.equal(logits[0][0], logits[1][0])

@@ -1,21 +1,59 @@
-"""The protocol every drafter implements: the engine drives it, it never sees the target's internals."""
+"""The protocol every drafter implements, and the read-only view of the target a drafter may be built from.
+
+The engine drives a drafter through three calls. Each call that follows a target forward hands over the
+target's last hidden state (the last decoder layer's output, before the final norm) of every position that
+forward wrote into the cache, in order: the prompt's new rows after `prefill`, the root and the accepted
+nodes after `commit`. They come out of the forward the engine runs anyway, so they cost nothing.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # no torch for option checks that only need the drafters' names
+    import torch
+
+    from specchat.engine.cache import TreeCache
+    from specchat.engine.sampling_config import SamplingConfig
     from specchat.engine.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class TargetView:
+    """What a drafter may read of the target: its modules (shared, never copied) and the engine's cache.
+
+    `cache.layers[i].keys[:, :, :cache.length]` (and `.values`) are the committed prefix of layer i, post-RoPE,
+    `[1, kv_heads, length, head_dim]`: valid whenever the engine calls the drafter. The newest committed token
+    (the root of the next tree) is not in the cache yet.
+    """
+
+    config: Any  # the target's transformers config
+    embed_tokens: torch.nn.Module
+    norm: torch.nn.Module  # the final norm
+    lm_head: torch.nn.Module
+    rotary: torch.nn.Module  # the target's rotary embedding: (x, positions [1, q]) -> cos, sin
+    cache: TreeCache
+    device: torch.device
+    dtype: torch.dtype
 
 
 class Drafter(Protocol):
     kind: str  # the origin recorded for tokens it proposes ("ngram", "model", "heads", ...)
 
-    def prefill(self, ids: list[int]) -> None:
-        """Start over on the committed ids of a new request (prompt included)."""
+    def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
+        """A new request whose committed ids (prompt included) are `ids`. The first `reused` of them were
+        already in the target's cache and were not run again; `hidden` [len(ids) - reused, hidden_size] are
+        the states of the rest. A drafter that tracked the same first `reused` ids may keep what it built from
+        them; one that did not rebuilds from `ids` and the target's cache."""
 
-    def propose(self, budget: int) -> DraftTree:
-        """A tree of at most `budget` nodes below the last committed id (possibly empty)."""
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+        """A tree of at most `budget` nodes below the last committed id (possibly empty). A drafter that
+        samples uses `generator` (seeded per request) and records what it sampled from in `draft_probs`."""
 
-    def commit(self, tokens: list[int]) -> None:
-        """Tokens the engine committed since the last call (accepted drafts and the target's own)."""
+    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
+        """Tokens the engine committed since the last call (accepted drafts, then the target's own), and the
+        states of the positions written into the cache since the last call: none after prefill's first token,
+        then one per token of a step (the previous last token's, then each accepted token's). Over a request,
+        `prefill`'s and `commit`'s rows line up with cache positions `reused`, `reused` + 1, ...: the state at
+        position p is the one that predicted the token at p + 1."""

@@ -21,18 +21,18 @@ class NgramDrafter:
         self.ids: list[int] = []
         self.index: dict[tuple[int, ...], list[int]] = defaultdict(list)  # k-gram -> positions of its last token
 
-    def prefill(self, ids: list[int]) -> None:
+    def prefill(self, ids: list[int], hidden=None, reused: int = 0) -> None:
         self.ids, self.index = [], defaultdict(list)
         self.commit(ids)
 
-    def commit(self, tokens: list[int]) -> None:
+    def commit(self, tokens: list[int], hidden=None) -> None:
         for token in tokens:
             self.ids.append(token)
             end = len(self.ids) - 1
             for k in range(1, min(self.max_ngram, end + 1) + 1):
                 self.index[tuple(self.ids[end - k + 1 : end + 1])].append(end)
 
-    def propose(self, budget: int) -> DraftTree:
+    def propose(self, budget: int, sampling=None, generator=None) -> DraftTree:
         """Continuations of the longest matching suffix first, most recent occurrence first."""
         n = len(self.ids)
         chains = []

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import torch
 
-from specchat.drafters.base import Drafter
+from specchat.drafters.base import Drafter, TargetView
 from specchat.engine.attention import uses_tree_masks
-from specchat.engine.budget import SIZES, AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
+from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
 from specchat.engine.cache import TreeCache
 from specchat.engine.events import TARGET, StepEvent
 from specchat.engine.lean_forward import lean_forward
@@ -33,21 +33,18 @@ class Engine:
 
     With a drafter, each step verifies the drafter's tree in one target forward; without one (or with an
     empty tree) a step is plain autoregressive decoding. The tree budget is `draft_budget` when given, else
-    chosen step by step by an `AdaptiveBudget` calibrated for this model on this machine.
+    chosen step by step by an `AdaptiveBudget` calibrated for this model on this machine. `set_drafter`
+    changes drafter and budget between requests and keeps the cache: a chat's next answer reuses its KV.
+    A drafter that reads the target is built from `engine.target`.
     """
 
     def __init__(self, model, tokenizer, *, max_len: int | None = None, drafter: Drafter | None = None,
                  draft_budget: int | None = None):  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
-        if drafter is not None:
-            use_few_rows_linear(model)  # verification forwards are a few rows: make them cost one decode step
-        self.drafter = drafter
         self.lean = lean_forward(model)  # None: transformers' forward
         self.tree_only_masks = uses_tree_masks(model)  # the attention sees the prefix by itself
-        self.fixed_budget = draft_budget
-        self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
-        self.tree_capacity = 0 if drafter is None else draft_budget if draft_budget is not None else SIZES[-1]
+        self.tree_capacity = MAX_BUDGET  # slots kept for a verified tree, whatever the drafter: it may change
         self.context_window = model.config.max_position_embeddings
         self.max_len = min((max_len or self.context_window) + self.tree_capacity, self.context_window)
         self.device = model.device
@@ -55,6 +52,25 @@ class Engine:
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len)
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
+        inner = model.model
+        self.target = TargetView(model.config, inner.embed_tokens, inner.norm, model.lm_head, inner.rotary_emb,
+                                 self.cache, self.device, model.dtype)  # fmt: skip
+        self._hidden = None if self.lean else _LastHidden(inner.norm)  # the lean forward returns it itself
+        self.set_drafter(drafter, draft_budget)
+
+    def set_drafter(self, drafter: Drafter | None, draft_budget: int | None = None) -> None:
+        """Draft with `drafter` (None: autoregressive) from the next request on, at a fixed budget or adaptive."""
+        if draft_budget is not None and not 1 <= draft_budget <= MAX_BUDGET:
+            raise SpecchatError(f"the draft budget must be between 1 and {MAX_BUDGET}")
+        if drafter is not None:
+            use_few_rows_linear(self.model)  # verification forwards are a few rows: make them cost one decode step
+        self.drafter = drafter
+        self.fixed_budget = draft_budget
+        self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
+
+    @property
+    def _no_rows(self) -> torch.Tensor:
+        return torch.empty(0, self.model.config.hidden_size, device=self.device, dtype=self.model.dtype)
 
     @property
     def capacity(self) -> int:
@@ -88,47 +104,50 @@ class Engine:
         stats.prefill_seconds = time.perf_counter() - start
         if self.drafter is not None and self.fixed_budget is None and self.policy is None:
             self.policy = AdaptiveBudget(self._verify_cost())
-        event = self._commit([token], [TARGET], stats, stream, budget, limit)
+        event = self._commit([token], [TARGET], self._no_rows, stats, stream, budget, limit)
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
-            tokens, origins, tree_depth, tree_budget = self._step(sampling, generator)
+            tokens, origins, hidden, tree_depth, tree_budget = self._step(sampling, generator)
             stats.decode_seconds += time.perf_counter() - start
-            event = self._commit(tokens, origins, stats, stream, budget, limit)
+            event = self._commit(tokens, origins, hidden, stats, stream, budget, limit)
             stats.decode_tokens += len(event.tokens)
             drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
             stats.record_step(tree_depth, drafted, tree_budget)
             yield event
 
-    def _step(self, sampling: SamplingConfig, generator) -> tuple[list[int], list[str], int, int]:
+    def _step(self, sampling: SamplingConfig, generator):
         """Draft, verify the tree (or just the root) in one forward, commit the accepted KV.
 
-        Returns the accepted tokens then the bonus, their origins, the tree's depth and its budget.
+        Returns the accepted tokens then the bonus, their origins, the hidden states of the rows kept in the
+        cache (root and accepted nodes), the tree's depth and its budget.
         """
         budget = self.policy.next_budget() if self.policy else self.fixed_budget if self.drafter else 0
-        tree = self.drafter.propose(budget) if budget else DraftTree.empty()
+        tree = self.drafter.propose(budget, sampling, generator) if budget else DraftTree.empty()
         prefix = self.cache.length
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
         mask = batch.attention_mask(prefix, tree_only=self.tree_only_masks) if len(tree) else None  # 1 query: no mask
-        logits = self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
+        logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
         verdict = verify(tree, self._process(logits, sampling, tree), sampling, generator)
-        self.cache.commit([0] + [node + 1 for node in verdict.path])
+        kept = [0] + [node + 1 for node in verdict.path]
+        self.cache.commit(kept)
         if self.policy:
             self.policy.observe(tree.depth, len(verdict.path))
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
-        return tokens, [tree.origins[node] for node in verdict.path] + [TARGET], tree.depth, budget
+        origins = [tree.origins[node] for node in verdict.path] + [TARGET]
+        hidden = hidden[kept] if self.drafter is not None else hidden  # only a drafter reads them
+        return tokens, origins, hidden, tree.depth, budget
 
     def _verify_cost(self) -> VerifyCost:
         """Verification cost by tree size for this model, dtype, device and thread count (cached on disk)."""
 
-        def verify_forward(n: int) -> None:  # a chain of n nodes at the current context, never committed
-            tree = DraftTree([0] * n, list(range(-1, n - 1)), ["calibration"] * n)
-            batch = tree_batch(tree, 0, self.cache.length, self.device)
-            mask = batch.attention_mask(self.cache.length, tree_only=self.tree_only_masks) if n else None
-            self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
+        from specchat.engine.verify_forward import verification_forward
+
+        def verify_forward(n: int):  # a chain of n nodes at the current context, never committed
+            return verification_forward(self._forward, self.cache, self.device, tree_only=self.tree_only_masks, tree=n)
 
         sizes = [n for n in SIZES if n <= self.tree_capacity]
-        measure = lambda: measure_verify_cost(verify_forward, sizes=sizes)  # noqa: E731
+        measure = lambda: measure_verify_cost(verify_forward, sizes=sizes, device=self.device)  # noqa: E731
         key = f"{calibration_key(self.model, lean=self.lean is not None)}|sizes={','.join(map(str, sizes))}"
         return cached_verify_cost(cache_dir() / "verify_cost.json", key, measure)
 
@@ -153,14 +172,15 @@ class Engine:
         stats.reused_tokens = shared
         self.ids[: len(prompt_ids)] = prompt
         self.length = len(prompt_ids)
-        if self.drafter is not None:
-            self.drafter.prefill(prompt_ids)
-        logits = self._forward(prompt[shared:], last_only=True)
+        logits, hidden = self._forward(prompt[shared:], last_only=True)
         self.cache.commit()
+        if self.drafter is not None:
+            self.drafter.prefill(prompt_ids, hidden, shared)
         return logits
 
-    def _forward(self, tokens: torch.Tensor, *, positions=None, mask=None, last_only=False) -> torch.Tensor:
-        """Run the target over `tokens` [q] written right after the cached prefix -> logits [q or 1, vocab]."""
+    def _forward(self, tokens: torch.Tensor, *, positions=None, mask=None, last_only=False):
+        """Run the target over `tokens` [q] written right after the cached prefix -> logits [q or 1, vocab] and
+        the last decoder layer's output (before the final norm) [q, hidden_size]."""
         if positions is None:
             start = self.cache.length
             positions = torch.arange(start, start + tokens.shape[0], device=self.device)
@@ -174,9 +194,9 @@ class Engine:
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         )
-        return out.logits[0]
+        return out.logits[0], self._hidden.take()
 
-    def _commit(self, tokens, origins, stats, stream, budget, limit) -> StepEvent:
+    def _commit(self, tokens, origins, hidden, stats, stream, budget, limit) -> StepEvent:
         """Append a step's tokens to the committed ids, cut exactly where autoregressive decoding would have
         stopped (EOS, a stop string, the token budget, whose end is `limit`), and build the step's event."""
         finish, text = None, ""
@@ -190,7 +210,7 @@ class Engine:
         self.length += len(tokens)
         self.cache.truncate(self.length - 1)  # drop the KV of accepted tokens that were cut
         if self.drafter is not None:
-            self.drafter.commit(tokens)
+            self.drafter.commit(tokens, hidden[: len(tokens)])
         stats.new_tokens += len(tokens)
         if finish:
             text += stream.flush()
@@ -210,7 +230,7 @@ class Engine:
         for _ in range(repeats):
             start = time.perf_counter()
             batch = tree_batch(tree, int(self.ids[self.length - 1]), self.cache.length, self.device)
-            logits = self._forward(batch.input_ids, positions=batch.position_ids)
+            logits, _ = self._forward(batch.input_ids, positions=batch.position_ids)
             verify(tree, self._process(logits, sampling, tree), sampling, generator)  # ints out: device synced
             times.append(time.perf_counter() - start)
         self.cache.truncate(self.cache.length)  # drop the pending root KV the forwards wrote
@@ -235,3 +255,18 @@ def eos_ids(model, tokenizer) -> frozenset[int]:
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return frozenset(ids)
+
+
+class _LastHidden:
+    """Catches what enters the final norm during transformers' forward: the last decoder layer's output."""
+
+    def __init__(self, norm: torch.nn.Module):
+        self.value: torch.Tensor | None = None
+        norm.register_forward_pre_hook(self._catch)
+
+    def _catch(self, module, args) -> None:
+        self.value = args[0]
+
+    def take(self) -> torch.Tensor:
+        value, self.value = self.value, None
+        return value[0]

@@ -32,8 +32,9 @@ class LeanForward:
         self.one_node = torch.ones(1, 1, dtype=torch.bool, device=model.device)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None, cache,
-                 *, last_only: bool = False) -> torch.Tensor:  # fmt: skip
-        """Logits [q or 1, vocab] of `tokens` [q] at `positions` [q], written after the cache's prefix.
+                 *, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Logits [q or 1, vocab] of `tokens` [q] at `positions` [q], written after the cache's prefix, and the
+        last layer's output before the final norm [q, hidden_size].
 
         `tree_mask` [q, q] makes the forward a tree verification; without one, a single token is a decode
         step and several are a causal prefill."""
@@ -45,9 +46,8 @@ class LeanForward:
         cos, sin = cos[:, :, None], sin[:, :, None]  # [1, q, 1, D]: broadcast over heads
         for layer, cache_layer in zip(self.layers, cache.layers):
             x = layer(x, cos, sin, cache_layer, tree_mask)
-        if last_only:
-            x = x[:, -1:]
-        return self.head(_rms_norm(x, self.norm))[0]
+        last = x[:, -1:] if last_only else x
+        return self.head(_rms_norm(last, self.norm))[0], x[0]
 
 
 class _Layer:

@@ -1,0 +1,191 @@
+"""LongSpec drafting: one draft layer over the target's cache, growing a tree by beam search or a chain.
+
+Beam search (the reference's default, widths [4, 16, 16, 16, 16]): the root's draft distribution gives the
+first 4 children; then each depth keeps the global top-`width` of cumulative log-probability over every
+frontier node's children, so weak branches simply stop. One draft forward per depth, all frontier nodes
+as rows, each seeing the draft's recent window, its own ancestors and the target's whole last layer.
+Chain mode proposes one token per depth; under sampling it draws from the draft's distribution and records
+it, so verification can use rejection sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specchat.drafters.base import TargetView
+from specchat.engine.sampling import SamplingConfig, process_logits
+from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
+from specchat.models.longspec import LongSpecLayer, RingKV
+
+BEAM_WIDTHS = (4, 16, 16, 16, 16)
+
+
+class LongSpecDrafter:
+    kind = "longspec"
+
+    def __init__(self, target: TargetView, layer: LongSpecLayer, *, draft_vocab: torch.Tensor | None = None,
+                 widths: tuple[int, ...] = BEAM_WIDTHS, chain: bool = False):  # fmt: skip
+        config = layer.config
+        self.target = target
+        self.layer = layer.to(device=target.device, dtype=target.dtype).eval()
+        self.widths = widths
+        self.chain = chain
+        self.head = DraftHead(target, draft_vocab)
+        self.ring = RingKV(config.window, config.num_key_value_heads, config.head_dim, dtype=target.dtype,
+                           device=target.device)  # fmt: skip
+        self.ids: list[int] = []
+
+    def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
+        same = reused if self.ids[:reused] == ids[:reused] else 0
+        self.ring.forget_from(same)
+        self.ids = list(ids)
+
+    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
+        self.ids += tokens
+
+    @torch.inference_mode()
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+        root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
+        self._catch_up()
+        layer_cache = self.target.cache.layers[-1]
+        self.target_kv = layer_cache.keys[0, :, :root], layer_cache.values[0, :, :root]
+        tree = _Growing(self.ring)
+        logits = self._forward(torch.tensor([self.ids[-1]], device=self.target.device), torch.tensor([root]), tree)
+        if self.chain:
+            return self._chain(tree, logits[0], root, budget, sampling, generator)
+        return self._beam(tree, logits, root, budget)
+
+    def _beam(self, tree: _Growing, logits: torch.Tensor, root: int, budget: int) -> DraftTree:
+        builder = TreeBuilder()
+        scores = logits.float().log_softmax(dim=-1)  # [frontier, draft vocab], cumulative log-probabilities
+        frontier = [ROOT]
+        for depth, width in enumerate(self.widths, start=1):
+            width = min(width, budget - len(builder), scores.numel())
+            if width <= 0:
+                break
+            best = scores.flatten().topk(width)
+            rows, columns = best.indices // scores.shape[1], best.indices % scores.shape[1]
+            tokens = self.head.target_ids(columns).tolist()
+            frontier = [builder.add(frontier[row], token, self.kind) for row, token in zip(rows.tolist(), tokens)]
+            if depth == len(self.widths) or len(builder) >= budget:
+                break
+            tree.add(frontier, [builder.parents[node] for node in frontier])
+            logits = self._forward(torch.tensor(tokens, device=self.target.device),
+                                   torch.full((len(tokens),), root + depth), tree)  # fmt: skip
+            scores = best.values[:, None] + logits.float().log_softmax(dim=-1)
+        return builder.build()
+
+    def _chain(self, tree, logits, root, budget, sampling, generator) -> DraftTree:
+        tokens, parents, rows = [], [], []
+        for depth in range(1, budget + 1):
+            if sampling.greedy:
+                token = int(self.head.target_ids(logits.argmax()))
+            else:
+                q = self.head.full_vocab(process_logits(logits[None], sampling)[0].softmax(dim=-1))
+                token = int(torch.multinomial(q, 1, generator=generator))
+                rows.append(q)
+            tokens.append(token)
+            parents.append(depth - 2)
+            if depth == budget:
+                break
+            tree.add([depth - 1], [depth - 2])
+            logits = self._forward(torch.tensor([token], device=self.target.device), torch.tensor([root + depth]), tree)[0]
+        draft_probs = torch.stack(rows) if rows else None
+        return DraftTree(tokens, parents, [self.kind] * len(tokens), draft_probs)
+
+    def _catch_up(self) -> None:
+        """Write the draft's own keys / values of committed positions it has not written (the last window)."""
+        end = len(self.ids)
+        start = max(self.ring.written, end - self.ring.window)
+        if start >= end:
+            return
+        positions = torch.arange(start, end, device=self.target.device)
+        cos, sin = self._rotary(positions)
+        keys, values = self.layer.own_kv(self.target.embed_tokens(positions.new_tensor(self.ids[start:end])), cos, sin)
+        self.ring.write(start, keys, values)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree: _Growing) -> torch.Tensor:
+        """Draft logits [rows, draft vocab] of tree rows: the root, or the nodes `tree` added last."""
+        positions = positions.to(self.target.device)
+        cos, sin = self._rotary(positions)
+        x = self.target.embed_tokens(tokens)
+        keys, values = self.layer.own_kv(x, cos, sin)
+        tree.write(keys, values)
+        own_keys, own_values, mask = tree.visible(positions)
+        out = self.layer(x, cos, sin, own_keys, own_values, mask, *self.target_kv)
+        return self.head(out)
+
+    def _rotary(self, positions: torch.Tensor):
+        cos, sin = self.target.rotary(self.ring.keys, positions[None])
+        return cos[0].to(self.target.dtype), sin[0].to(self.target.dtype)
+
+    def memory_bytes(self) -> int:
+        """What the draft holds besides its weights: the ring buffer (the same at any context length)."""
+        return self.ring.nbytes()
+
+
+class _Growing:
+    """The draft's own keys / values as a tree grows: the ring's committed window, then the tree's rows."""
+
+    def __init__(self, ring: RingKV):
+        self.ring = ring
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.ancestry: list[list[int]] = []  # per tree row: the tree rows it sees (itself and its ancestors)
+        self.node_row: dict[int, int] = {ROOT: 0}  # tree node -> its row (row 0 is the root)
+        self.pending: list[int] = [0]  # the rows of the next `write`
+
+    def add(self, nodes: list[int], parents: list[int]) -> None:
+        """The next forward's rows are these tree nodes, below these parents."""
+        self.pending = []
+        for node, parent in zip(nodes, parents):
+            row = len(self.ancestry)
+            self.node_row[node] = row
+            self.pending.append(row)
+            self.ancestry.append(self.ancestry[self.node_row[parent]] + [row])
+
+    def write(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if not self.ancestry:  # the root: it sees itself
+            self.ancestry.append([0])
+        self.keys.append(keys)
+        self.values.append(values)
+
+    def visible(self, positions: torch.Tensor):
+        """Keys, values and mask [rows, window + tree rows] of the rows just written."""
+        keys = torch.cat([self.ring.keys, *self.keys], dim=1)
+        values = torch.cat([self.ring.values, *self.values], dim=1)
+        seen = torch.zeros(len(self.pending), len(self.ancestry), dtype=torch.bool)
+        for i, row in enumerate(self.pending):
+            seen[i, self.ancestry[row]] = True
+        mask = torch.cat([self.ring.visible(positions), seen.to(positions.device)], dim=1)
+        return keys, values, mask
+
+
+class DraftHead:
+    """The target's LM head over the whole vocabulary (shared), or over a reduced draft vocabulary (those rows
+    of the head, copied once: the full head is most of a draft step on a CPU)."""
+
+    def __init__(self, target: TargetView, draft_vocab: torch.Tensor | None):
+        self.vocab_size = target.config.vocab_size
+        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(target.device)
+        if draft_vocab is None:
+            self.weight = None
+            self.lm_head = target.lm_head
+        else:
+            head = target.lm_head
+            dense = head.dequantize() if hasattr(head, "dequantize") else head.weight
+            self.weight = dense[self.draft_vocab].to(target.dtype)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(h) if self.weight is None else F.linear(h, self.weight)
+
+    def target_ids(self, columns: torch.Tensor) -> torch.Tensor:
+        return columns if self.draft_vocab is None else self.draft_vocab[columns]
+
+    def full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """A distribution over the draft vocabulary as one over the target's (zero elsewhere)."""
+        if self.draft_vocab is None:
+            return probs
+        full = probs.new_zeros(self.vocab_size)
+        return full.index_copy_(0, self.draft_vocab, probs)

@@ -1,0 +1,1 @@
+"""Draft-model architectures that read the target: LongSpec, GLIDE; their checkpoint loaders."""

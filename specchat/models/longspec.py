@@ -1,0 +1,231 @@
+"""LongSpec's draft model: one decoder layer that reads the target's KV cache instead of keeping its own copy.
+
+The layer (sail-sg/LongSpec, `LlamaGlideDecoderLayer`) is three pre-norm residual blocks:
+
+    h = x + self_attn(input_layernorm(x))                      # over the draft's last `window` positions
+    h = h + cross_attn(post_self_attention_layernorm(h))       # over the target's last layer, read in place
+    h = h + mlp(post_cross_attention_layernorm(h))             # gate / up / down, SiLU
+
+and its output goes straight into the target's LM head (no final norm). Self-attention has biased q/k/v;
+cross-attention only projects the query (RoPE at the draft position) and the output: its keys and values
+are the target's last-layer keys and values, post-RoPE, as the target cached them.
+
+The draft's own keys and values depend only on each token and its position (the layer's input is the
+token's embedding), so the draft keeps them for the last `window` positions in a ring buffer: its memory
+is the same at 1K and at 100K tokens of context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specchat.errors import SpecchatError
+from specchat.models.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
+
+WINDOW = 512  # the reference's sliding window over the draft's own states
+
+
+@dataclass(frozen=True)
+class LongSpecConfig:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    window: int = WINDOW
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LongSpecConfig:
+        """From a checkpoint's config.json (a Llama config of the draft's shapes) or a target's config."""
+        heads = data["num_attention_heads"]
+        return cls(
+            hidden_size=data["hidden_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=data.get("num_key_value_heads") or heads,
+            head_dim=data.get("head_dim") or data["hidden_size"] // heads,
+            intermediate_size=data["intermediate_size"],
+            rms_norm_eps=data.get("rms_norm_eps", 1e-6),
+            window=data.get("window", WINDOW),
+        )
+
+    @classmethod
+    def for_target(cls, config, **changes) -> LongSpecConfig:
+        return cls.from_dict({**config.to_dict(), **changes})
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: LongSpecConfig):
+        super().__init__()
+        heads, kv, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, heads * dim, bias=True)
+        self.k_proj = nn.Linear(config.hidden_size, kv * dim, bias=True)
+        self.v_proj = nn.Linear(config.hidden_size, kv * dim, bias=True)
+        self.o_proj = nn.Linear(heads * dim, config.hidden_size, bias=False)
+
+
+class CrossAttention(nn.Module):
+    """Only the query and output projections: keys and values are the target's (checkpoints also hold
+    k_proj / v_proj, which the reference never uses; the loader skips them)."""
+
+    def __init__(self, config: LongSpecConfig):
+        super().__init__()
+        heads, dim = config.num_attention_heads, config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, heads * dim, bias=True)
+        self.o_proj = nn.Linear(heads * dim, config.hidden_size, bias=False)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LongSpecConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LongSpecLayer(nn.Module):
+    """The draft layer; parameter names are the released checkpoints' keys."""
+
+    def __init__(self, config: LongSpecConfig):
+        super().__init__()
+        self.config = config
+        self.self_attn = SelfAttention(config)
+        self.cross_attn = CrossAttention(config)
+        self.mlp = MLP(config)
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(size, eps)
+        self.post_self_attention_layernorm = RMSNorm(size, eps)
+        self.post_cross_attention_layernorm = RMSNorm(size, eps)
+
+    def own_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft's own keys (rotated) and values of embeddings x [q, hidden]: [kv_heads, q, head_dim] each."""
+        h = self.input_layernorm(x)
+        k = self._heads(self.self_attn.k_proj(h), self.config.num_key_value_heads)
+        v = self._heads(self.self_attn.v_proj(h), self.config.num_key_value_heads)
+        return rotate(k, cos, sin), v
+
+    def forward(self, x, cos, sin, own_keys, own_values, own_mask, target_keys, target_values) -> torch.Tensor:
+        """Outputs [q, hidden] of embeddings x [q, hidden] at the positions whose rotary tables are cos / sin
+        [q, head_dim].
+
+        own_keys / own_values [kv_heads, k, head_dim] are the draft's own states the rows may see, x's own
+        included, with own_mask [q, k] (True = visible); target_keys / target_values [kv_heads, n, head_dim]
+        are the target's last layer, which every row sees whole.
+        """
+        config = self.config
+        h = self.input_layernorm(x)
+        q = rotate(self._heads(self.self_attn.q_proj(h), config.num_attention_heads), cos, sin)
+        x = x + self.self_attn.o_proj(self._merge(_attend(q, own_keys, own_values, own_mask)))
+        h = self.post_self_attention_layernorm(x)
+        q = rotate(self._heads(self.cross_attn.q_proj(h), config.num_attention_heads), cos, sin)
+        x = x + self.cross_attn.o_proj(self._merge(_attend(q, target_keys, target_values, None)))
+        return x + self.mlp(self.post_cross_attention_layernorm(x))
+
+    def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        return x.view(x.shape[0], heads, self.config.head_dim).transpose(0, 1)  # [heads, q, head_dim]
+
+    @staticmethod
+    def _merge(x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(0, 1).reshape(x.shape[1], -1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [heads, q, D] with the target's tables cos / sin [q, D]."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+def _attend(q, keys, values, mask) -> torch.Tensor:
+    """q [H, q, D] over keys / values [Hkv, k, D] (grouped heads), mask [q, k] or None -> [H, q, D]."""
+    if keys.shape[1] == 0:
+        return torch.zeros_like(q)
+    return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+
+
+class RingKV:
+    """The draft's own keys and values for the last `window` positions: position p lives in slot p % window."""
+
+    def __init__(self, window: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device):
+        self.window = window
+        self.keys = torch.zeros(kv_heads, window, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.positions = torch.full((window,), -1, dtype=torch.long, device=device)  # -1: empty slot
+        self.written = 0  # positions [0, written) have been written (the last `window` of them are kept)
+
+    def write(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Keys / values [kv_heads, q, D] of positions start, start + 1, ... (the last `window` are kept)."""
+        count = keys.shape[1]
+        keep = min(count, self.window)
+        positions = torch.arange(start + count - keep, start + count, device=self.keys.device)
+        slots = positions % self.window
+        self.keys[:, slots] = keys[:, count - keep :]
+        self.values[:, slots] = values[:, count - keep :]
+        self.positions[slots] = positions
+        self.written = start + count
+
+    def forget_from(self, position: int) -> None:
+        """Drop positions >= `position` (a request that shares only part of what was written)."""
+        self.positions[self.positions >= position] = -1
+        self.written = min(self.written, position)
+
+    def visible(self, query_positions: torch.Tensor) -> torch.Tensor:
+        """[q, window] which slots each query sees: written, not after it, and inside its window."""
+        slots = self.positions[None]
+        queries = query_positions[:, None]
+        return (slots >= 0) & (slots <= queries) & (slots > queries - self.window)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.positions))
+
+
+def load_longspec(path: Path, target_config) -> tuple[LongSpecLayer, torch.Tensor | None]:
+    """The draft layer of the checkpoint at `path` and its draft vocabulary (None: the target's whole one).
+
+    Released checkpoints name tensors without a prefix, the reference trainer with `draft_model.`; both load.
+    `cross_attn.k_proj` / `v_proj` are skipped (unused). The draft must match the target's attention shapes:
+    it reads the target's keys and values and feeds the target's LM head.
+    """
+    data, tensors = read_checkpoint(path)
+    tensors = strip_prefix(tensors, ("draft_model.",))
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(("cross_attn.k_proj.", "cross_attn.v_proj."))}
+    draft_vocab = tensors.pop("draft_vocab", None)
+    try:
+        config = LongSpecConfig.from_dict(data)
+    except KeyError as missing:
+        raise SpecchatError(f"{path}: config.json lacks {missing}") from None
+    target = LongSpecConfig.for_target(target_config)
+    shape = lambda c: f"hidden {c.hidden_size}, {c.num_attention_heads} heads, {c.num_key_value_heads} KV heads of {c.head_dim}"  # noqa: E731
+    if shape(config) != shape(target):
+        raise SpecchatError(f"{path}: the longspec draft has {shape(config)}; the target has {shape(target)}")
+    layer = LongSpecLayer(config)
+    load_into(layer, tensors, path)
+    return layer, draft_vocab
+
+
+def save_longspec(path: Path, layer: LongSpecLayer, draft_vocab: torch.Tensor | None = None) -> None:
+    """A checkpoint `load_longspec` reads: config.json and model.safetensors (with `draft_vocab` when reduced)."""
+    tensors = dict(layer.state_dict())
+    if draft_vocab is not None:
+        tensors["draft_vocab"] = draft_vocab.long()
+    write_checkpoint(path, {"model_type": "longspec", **layer.config.to_dict()}, tensors)
