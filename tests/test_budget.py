@@ -55,10 +55,10 @@ def test_empty_trees_say_nothing_about_acceptance():
 def test_calibration_is_monotone_and_cached(tmp_path):
     calls = []
 
-    def forward(n):
-        calls.append(n)
+    def verify_forward(n):
+        return lambda: calls.append(n)
 
-    cost = measure_verify_cost(forward, sizes=(0, 1, 4), repeats=3)
+    cost = measure_verify_cost(verify_forward, sizes=(0, 1, 4), repeats=3)
     assert cost.sizes == (0, 1, 4) and list(cost.seconds) == sorted(cost.seconds)
     assert calls.count(4) == 4  # one warm-up, then the repeats
 

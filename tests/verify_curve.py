@@ -7,19 +7,16 @@ from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.budget import measure_verify_cost
 from specchat.drafters.ngram import NgramDrafter
-from specchat.engine.tree import DraftTree, tree_batch
+from specchat.engine.verify_forward import verification_forward
 dtype = sys.argv[1]
 m = load_model(None, dtype=dtype, device="cpu")
 ids = encode_prompt(m.tokenizer, "Write a short story about a lighthouse keeper. " * 25)[:300]
 e = Engine(m.model, m.tokenizer, max_len=len(ids) + 80, drafter=NgramDrafter(), draft_budget=64)
 for ev in e.generate(ids, sampling=SamplingConfig(temperature=0.0), max_new_tokens=8): pass
-def fwd(n):
-    tree = DraftTree([0] * n, list(range(-1, n - 1)), ["c"] * n)
-    b = tree_batch(tree, 0, e.cache.length, e.device)
-    e._forward(b.input_ids, positions=b.position_ids, mask=b.attention_mask(e.cache.length, tree_only=e.tree_only_masks) if n else None)
-    e.cache.truncate(e.cache.length)
+def verify_forward(n):  # root + a chain of n nodes at the current context, committing nothing
+    return verification_forward(e._forward, e.cache, e.device, tree_only=e.tree_only_masks, tree=n)
 with torch.inference_mode():
-    cost = measure_verify_cost(fwd, sizes=(0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64), repeats=5)
+    cost = measure_verify_cost(verify_forward, sizes=(0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64), repeats=5, device=e.device)
 print(json.dumps({"dtype": dtype, "weights": m.weights, "activations": m.dtype, "attention": m.model.config._attn_implementation,
   "context": e.cache.length, "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
   "verify_ms": {n: round(s * 1000, 1) for n, s in zip(cost.sizes, cost.seconds)}}))

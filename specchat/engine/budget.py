@@ -14,12 +14,12 @@ the engine still probes with a small tree every few steps, so a return of copyab
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.disk_cache import cached_json
+from specchat.engine.timing import Timer
 
 # Tree sizes the budget chooses from: with the root, 1, 2, 4, ... 64 rows, the row blocks kernels compute in
 # (torch's CPU int4 kernel takes rows four at a time: 5 rows cost about twice 4).
@@ -43,17 +43,16 @@ class VerifyCost:
         return self.seconds[-1] / base * n / self.sizes[-1]
 
 
-def measure_verify_cost(forward: Callable[[int], None], *, sizes=SIZES, repeats: int = 3) -> VerifyCost:
-    """Median time of `forward(n)` (a verification forward over 1 + n tokens) for each size, after a warm-up."""
-    seconds = []
-    for n in sizes:
-        forward(n)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            forward(n)
-            times.append(time.perf_counter() - start)
-        seconds.append(sorted(times)[len(times) // 2])
+def measure_verify_cost(
+    verify_forward: Callable[[int], Callable[[], object]], *, sizes=SIZES, repeats: int = 3, device=None
+) -> VerifyCost:
+    """Median seconds of a verification forward over 1 + n tokens for each size n, after a warm-up.
+
+    `verify_forward(n)` builds the call to time (`specchat.engine.verify_forward.verification_forward`);
+    `device` is where it runs (a CUDA device is synchronised around each call).
+    """
+    timer = Timer(device, repeats=repeats, warmup=1)
+    seconds = [timer.seconds(verify_forward(n)) for n in sizes]
     # Larger trees never cost less than smaller ones; measured noise otherwise makes the curve non-monotone.
     for i in range(1, len(seconds)):
         seconds[i] = max(seconds[i], seconds[i - 1])
