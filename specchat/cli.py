@@ -316,7 +316,7 @@ def bench(
     """Greedy decoding speed of each drafter against autoregressive decoding (and transformers)."""
     if ctx.invoked_subcommand is not None:
         return
-    from specchat.bench_prompts import load_prompt_sets
+    from specchat.bench.prompts import load_prompt_sets
 
     methods = _csv(drafter)
     _check_drafters(methods, draft_budget)
@@ -324,7 +324,7 @@ def bench(
     if plot is not None:
         if not plot.parent.is_dir() or not os.access(plot.parent, os.W_OK):
             raise SpecchatError(f"--plot: cannot write into {plot.parent}")
-        from specchat.bench_plot import plot_rows  # fails now, not after the run, when matplotlib is missing
+        from specchat.bench.plot import plot_rows  # fails now, not after the run, when matplotlib is missing
     baselines = _csv(baseline or "")
     for name in baselines:
         if name not in ("hf", "llamacpp"):
@@ -333,13 +333,14 @@ def bench(
     if max_new_tokens < 1 or repeats < 1:
         raise SpecchatError("--max-new-tokens and --repeats must be at least 1")
     sets = load_prompt_sets(_csv(prompt_set), prompts)
-    from specchat.bench import HF_METHODS, compare
+    from specchat.bench.compare import compare
+    from specchat.bench.runs import HF_METHODS
 
     if "hf" in baselines:
         methods += HF_METHODS
     llamacpp = None
     if "llamacpp" in baselines:
-        from specchat.bench_llamacpp import LlamaCpp
+        from specchat.bench.llamacpp import LlamaCpp
 
         llamacpp = LlamaCpp.for_model(model)
     rows = []
@@ -368,7 +369,7 @@ def bench_context(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Autoregressive time per token as the context grows (only attention cost should grow)."""
-    from specchat.bench import decode_cost
+    from specchat.bench.context import decode_cost
 
     try:
         lengths = [int(c) for c in _csv(contexts)]
@@ -399,7 +400,7 @@ def bench_attention(
 ) -> None:
     """One attention call of a tree verification: hybrid vs SDPA with a dense mask, eager and FlexAttention,
     plus the prefix part's bandwidth. The defaults are GPU sizes: on a CPU pass e.g. --context 1024,4096."""
-    from specchat.bench_attention import attention_bench
+    from specchat.bench.attention import attention_bench
 
     rows = attention_bench(
         contexts=_ints(contexts, "--context"), tree=tree, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
@@ -425,7 +426,7 @@ def bench_verify_cost(
 ) -> None:
     """Decode vs tree-verification forward of a random-weight model with Llama-3.1-8B's shapes, cache filled
     with random KV to each context. On a CPU pass e.g. --layers 2 --context 1024,4096 --dtype float32."""
-    from specchat.bench_attention import verify_cost
+    from specchat.bench.verify_cost import verify_cost
 
     lengths = _ints(contexts, "--context")
     check_attention(attention)

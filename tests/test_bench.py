@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import tiny_model
 
-from specchat.bench import compare
-from specchat.bench_prompts import PROMPT_SETS, load_prompt_sets
+from specchat.bench.compare import compare
+from specchat.bench.prompts import PROMPT_SETS, load_prompt_sets
 from specchat.errors import SpecchatError
 from specchat.loading import LoadedModel, ModelSource
 
@@ -53,7 +53,7 @@ def test_compare_rows_cover_every_method_and_check_identity(tokenizer):
 
 
 def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
-    from specchat.bench import BenchRow
+    from specchat.bench.compare import BenchRow
     from specchat.cli import _report
 
     rows = [

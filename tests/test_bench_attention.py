@@ -12,13 +12,9 @@ import pytest
 import torch
 from test_cli import assert_one_line_error, specchat
 
-from specchat.bench_attention import (
-    attention_bench,
-    llama31_8b_config,
-    peak_bandwidth,
-    random_tree,
-    verify_cost,
-)
+from specchat.bench.attention import attention_bench, peak_bandwidth
+from specchat.bench.synthetic import random_tree
+from specchat.bench.verify_cost import llama31_8b_config, verify_cost
 from specchat.cli import main
 from specchat.engine.tree import ROOT
 from specchat.errors import SpecchatError

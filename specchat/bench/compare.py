@@ -1,39 +1,19 @@
-"""Benchmarks measured in one process on one machine: tables and JSON, never assertions.
+"""`specchat bench`: greedy decoding speed of each method on the same prompts, against our autoregressive decoding.
 
 `compare` runs every method on the same prompts, interleaved (method by method within each prompt, all of
 it repeated) after a warm-up, so slow drifts of a noisy machine hit every method alike. Decode speed
-excludes prefill for every method: ours from the engine's stats, transformers' from a streamer's clock.
+excludes prefill for every method (`runs.py`).
 """
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-import torch
-
-from specchat.drafters import make_drafter
-from specchat.bench_llamacpp import LlamaCpp
-from specchat.engine.generate import Engine, eos_ids
+from specchat.bench.llamacpp import LlamaCpp
+from specchat.bench.runs import BASELINES, LLAMACPP, Run, method_runner
 from specchat.engine.prompt import encode_prompt
-from specchat.engine.sampling import SamplingConfig
 from specchat.loading import LoadedModel
-
-HF_METHODS = ("hf", "hf-prompt-lookup")  # transformers' own generate: plain greedy, prompt-lookup decoding
-LLAMACPP = "llamacpp"  # llama.cpp on the same GGUF (bench_llamacpp.py)
-BASELINES = (*HF_METHODS, LLAMACPP)
-
-
-@dataclass
-class Run:
-    tokens: list[int]
-    decode_tokens: int
-    decode_seconds: float
-    steps: int = 0
-    drafted_depth: int = 0
-    accepted: int = 0
-    budget_total: int = 0
 
 
 @dataclass
@@ -86,7 +66,7 @@ def compare(
     tokenizer = loaded.tokenizer
     encoded = {name: [encode_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
     max_len = max(len(ids) for ids_list in encoded.values() for ids in ids_list) + max_new_tokens
-    runners = {m: _runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp) for m in methods}
+    runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp) for m in methods}
 
     warmup = next(iter(encoded.values()))[0]
     for runner in runners.values():
@@ -129,78 +109,6 @@ def compare(
                 )
             )
     return rows
-
-
-def decode_cost(loaded: LoadedModel, contexts: list[int], *, steps: int, repeats: int) -> list[dict]:
-    """Milliseconds per decoded token with `context` tokens already in the cache."""
-    filler = loaded.tokenizer(" ".join(["The lighthouse keeper wrote in the log every night."] * 4))["input_ids"]
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=max(contexts) + steps + 1)
-    rows = []
-    for context in contexts:
-        prompt = (filler * (context // len(filler) + 1))[:context]
-        runs = [_engine_run(engine, prompt, steps + 1) for _ in range(repeats + 1)][1:]  # first: warm-up
-        seconds = sum(r.decode_seconds for r in runs)
-        rows.append({"context": context, "ms_per_token": round(1000 * seconds / sum(r.decode_tokens for r in runs), 2)})
-    return rows
-
-
-def _runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens: int, draft_budget: int | None,
-            llamacpp: LlamaCpp | None):  # fmt: skip
-    """A function that generates greedily from prompt ids with `method`, each method with its own engine."""
-    model = loaded.model
-    if method == LLAMACPP:
-        stop_ids = eos_ids(model, loaded.tokenizer)
-        return lambda ids: _llamacpp_run(llamacpp, ids, max_new_tokens, stop_ids)
-    if method not in HF_METHODS:
-        drafter = make_drafter(method)
-        engine = Engine(model, loaded.tokenizer, max_len=max_len, drafter=drafter, draft_budget=draft_budget)
-        return lambda ids: _engine_run(engine, ids, max_new_tokens)
-    if method == "hf":
-        return lambda ids: _hf_run(model, ids, max_new_tokens, {})
-    return lambda ids: _hf_run(model, ids, max_new_tokens, {"prompt_lookup_num_tokens": 10})
-
-
-def _engine_run(engine: Engine, ids: list[int], max_new_tokens: int) -> Run:
-    tokens = []
-    for event in engine.generate(ids, sampling=SamplingConfig(), max_new_tokens=max_new_tokens):
-        tokens += event.tokens
-    s = event.stats
-    return Run(tokens, s.decode_tokens, s.decode_seconds, s.steps, s.drafted_depth, s.accepted, s.budget_total)
-
-
-def _llamacpp_run(llamacpp: LlamaCpp, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int]) -> Run:
-    tokens, seconds = llamacpp.generate(ids, max_new_tokens, stop_ids)
-    return Run(tokens, len(tokens) - 1, seconds, steps=len(tokens) - 1)
-
-
-class _StreamClock:
-    """A transformers streamer that timestamps every batch of tokens `generate` emits."""
-
-    def __init__(self):
-        self.puts: list[tuple[float, int]] = []
-
-    def put(self, value: torch.Tensor) -> None:
-        self.puts.append((time.perf_counter(), value.numel()))
-
-    def end(self) -> None:
-        pass
-
-
-def _hf_run(model, ids: list[int], max_new_tokens: int, options: dict) -> Run:
-    clock = _StreamClock()
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([ids], device=model.device),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            streamer=clock,
-            pad_token_id=model.generation_config.eos_token_id,
-            **options,
-        )
-    # puts[0] is the prompt, puts[1] the first token (prefill); the rest is decoding.
-    decode = clock.puts[2:]
-    seconds = decode[-1][0] - clock.puts[1][0] if decode else 0.0
-    return Run(out[0, len(ids) :].tolist(), sum(n for _, n in decode), seconds, steps=len(decode))
 
 
 def _speed(repeats_runs: list[list[Run]]) -> float:

@@ -1,0 +1,93 @@
+"""One greedy generation by one method, with its decode time: our engine, transformers' `generate`, llama.cpp.
+
+Decode time excludes prefill for every method: ours from the engine's stats, transformers' from a streamer's
+clock, llama.cpp's from its first generated token (`llamacpp.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specchat.bench.llamacpp import LlamaCpp
+from specchat.drafters import make_drafter
+from specchat.engine.generate import Engine, eos_ids
+from specchat.engine.sampling import SamplingConfig
+from specchat.loading import LoadedModel
+
+HF_METHODS = ("hf", "hf-prompt-lookup")  # transformers' own generate: plain greedy, prompt-lookup decoding
+LLAMACPP = "llamacpp"  # llama.cpp on the same GGUF (llamacpp.py)
+BASELINES = (*HF_METHODS, LLAMACPP)
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    decode_tokens: int
+    decode_seconds: float
+    steps: int = 0
+    drafted_depth: int = 0
+    accepted: int = 0
+    budget_total: int = 0
+
+
+def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens: int, draft_budget: int | None,
+                  llamacpp: LlamaCpp | None):  # fmt: skip
+    """A function that generates greedily from prompt ids with `method`, each method with its own engine."""
+    model = loaded.model
+    if method == LLAMACPP:
+        stop_ids = eos_ids(model, loaded.tokenizer)
+        return lambda ids: llamacpp_run(llamacpp, ids, max_new_tokens, stop_ids)
+    if method not in HF_METHODS:
+        drafter = make_drafter(method)
+        engine = Engine(model, loaded.tokenizer, max_len=max_len, drafter=drafter, draft_budget=draft_budget)
+        return lambda ids: engine_run(engine, ids, max_new_tokens)
+    if method == "hf":
+        return lambda ids: hf_run(model, ids, max_new_tokens, {})
+    return lambda ids: hf_run(model, ids, max_new_tokens, {"prompt_lookup_num_tokens": 10})
+
+
+def engine_run(engine: Engine, ids: list[int], max_new_tokens: int) -> Run:
+    """Greedy generation by our engine; the stats give the decode time and what was drafted and accepted."""
+    tokens = []
+    for event in engine.generate(ids, sampling=SamplingConfig(), max_new_tokens=max_new_tokens):
+        tokens += event.tokens
+    s = event.stats
+    return Run(tokens, s.decode_tokens, s.decode_seconds, s.steps, s.drafted_depth, s.accepted, s.budget_total)
+
+
+def llamacpp_run(llamacpp: LlamaCpp, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int]) -> Run:
+    tokens, seconds = llamacpp.generate(ids, max_new_tokens, stop_ids)
+    return Run(tokens, len(tokens) - 1, seconds, steps=len(tokens) - 1)
+
+
+class _StreamClock:
+    """A transformers streamer that timestamps every batch of tokens `generate` emits."""
+
+    def __init__(self):
+        self.puts: list[tuple[float, int]] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append((time.perf_counter(), value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+def hf_run(model, ids: list[int], max_new_tokens: int, options: dict) -> Run:
+    clock = _StreamClock()
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids], device=model.device),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            streamer=clock,
+            pad_token_id=model.generation_config.eos_token_id,
+            **options,
+        )
+    # puts[0] is the prompt, puts[1] the first token (prefill); the rest is decoding.
+    decode = clock.puts[2:]
+    seconds = decode[-1][0] - clock.puts[1][0] if decode else 0.0
+    return Run(out[0, len(ids) :].tolist(), sum(n for _, n in decode), seconds, steps=len(decode))

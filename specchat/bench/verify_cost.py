@@ -1,0 +1,166 @@
+"""`specchat bench verify-cost`: a decode forward vs a tree-verification forward of a model with Llama-3.1-8B's
+shapes and random weights, at fixed context lengths, exactly as the engine runs them."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from specchat.bench.synthetic import (
+    MAX_TREE,
+    WARMUP,
+    check_contexts,
+    check_range,
+    random_tree,
+    significant,
+    torch_device,
+    torch_dtype,
+)
+from specchat.engine.timing import Timer
+from specchat.engine.verify_forward import verification_forward
+from specchat.errors import SpecchatError
+
+FILL_CHUNK = 4096  # random KV slots written into the cache per update
+
+
+@dataclass
+class VerifyCostRow:
+    context: int  # committed tokens in the cache
+    tree: int  # draft nodes verified (the forward has tree + 1 rows)
+    layers: int  # decoder layers of the model timed
+    attention: str  # the transformers attention implementation in use
+    decode_ms: float  # one-token forward
+    verify_ms: float  # forward over the root and the tree
+    verify_over_decode: float
+
+
+def llama31_8b_config():
+    """A transformers LlamaConfig with Llama-3.1-8B's shapes (no weights are fetched)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        bos_token_id=128000,
+        eos_token_id=128001,
+        tie_word_embeddings=False,
+    )
+
+
+def verify_cost(
+    *,
+    contexts: list[int],
+    tree: int = 64,
+    layers: int | None = None,
+    dtype: str = "bfloat16",
+    device: str = "auto",
+    attention: str = "auto",
+    repeats: int = 5,
+    config=None,
+    seed: int = 0,
+) -> list[VerifyCostRow]:
+    """Milliseconds of a decode forward and of a tree-verification forward, at each context length.
+
+    The model has random weights, built on the device in `dtype` (never materialised in fp32 on the CPU).
+    The cache is filled with random keys/values written into its preallocated layers (no prefill: timing
+    does not depend on the values). Forwards are the engine's own (`specchat.engine.verify_forward`):
+    `tree_batch`, the mask the attention takes, explicit position ids, logits for every row; inputs and masks
+    are built before timing, and each forward is rolled back, so the context stays fixed. Decode and verify
+    forwards alternate; wall time, device synced, the median of `repeats` after a warm-up.
+
+    Args:
+        contexts: committed tokens in the cache, one row each.
+        tree: draft nodes of the random tree verified (the forward has tree + 1 rows).
+        layers: decoder layers to build (default: all of the config's); fewer make CPU runs feasible.
+        attention: auto | hybrid | sdpa | eager (specchat.engine.attention.use_attention).
+        config: a transformers config to build instead of Llama-3.1-8B's (tests pass a tiny one).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from specchat.engine.attention import check_attention, use_attention, uses_tree_masks
+    from specchat.engine.cache import TreeCache
+    from specchat.engine.linear import use_few_rows_linear
+
+    float_type = torch_dtype(dtype)
+    check_attention(attention)
+    check_contexts(contexts)
+    check_range("--tree", tree, 1, MAX_TREE)
+    check_range("--repeats", repeats, 1)
+    config = copy.deepcopy(config if config is not None else llama31_8b_config())
+    if layers is not None:
+        check_range("--layers", layers, 1, config.num_hidden_layers)
+        config.num_hidden_layers = layers
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:layers]
+    window = config.max_position_embeddings
+    if max(contexts) + tree + 1 > window:
+        raise SpecchatError(f"--context must leave room for the tree: at most {window - tree - 1} here")
+    dev = torch_device(device)
+
+    torch.manual_seed(seed)
+    with dev:
+        model = AutoModelForCausalLM.from_config(config, dtype=float_type, attn_implementation="sdpa")
+    model.eval().requires_grad_(False)
+    name = use_attention(model, attention)
+    use_few_rows_linear(model)  # as the engine does whenever it verifies trees
+    hybrid = uses_tree_masks(model)
+    draft = random_tree(tree, seed=seed, vocab=config.vocab_size)
+    cache = TreeCache(config.num_hidden_layers, max(contexts) + tree + 1)
+    timer = Timer(dev, repeats=repeats, warmup=WARMUP)
+
+    def forward(tokens, *, positions, mask) -> None:
+        model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask, past_key_values=cache,
+              use_cache=True)  # fmt: skip
+
+    rows = []
+    with torch.inference_mode():
+        for context in contexts:
+            _fill(cache, context, config, float_type, dev)
+            calls = {
+                kind: verification_forward(forward, cache, dev, tree_only=hybrid, tree=nodes, root_token=1)
+                for kind, nodes in (("decode", 0), ("verify", draft))
+            }
+            seconds = timer.seconds_each(calls)
+            decode_s, verify_s = seconds["decode"], seconds["verify"]
+            rows.append(
+                VerifyCostRow(
+                    context=context,
+                    tree=tree,
+                    layers=config.num_hidden_layers,
+                    attention=name,
+                    decode_ms=significant(decode_s * 1e3),
+                    verify_ms=significant(verify_s * 1e3),
+                    verify_over_decode=significant(verify_s / decode_s),
+                )
+            )
+    return rows
+
+
+def _fill(cache, length: int, config, dtype: torch.dtype, device: torch.device) -> None:
+    """Bring the cache to `length` committed slots, appending random keys/values through the layers' own
+    update + commit (truncating when it holds more)."""
+    cache.truncate(length)
+    kv_heads = config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    while cache.length < length:
+        chunk = min(FILL_CHUNK, length - cache.length)
+        for layer in cache.layers:
+            keys, values = torch.randn(2, 1, kv_heads, chunk, head_dim, dtype=dtype, device=device)
+            layer.update(keys, values)
+        cache.commit()
