@@ -1,6 +1,7 @@
 """Attention kernels for tree verification; they depend only on torch (and triton when present).
 
-`hybrid_tree_attention` is the public entry point (DESIGN §3); `reference` is the torch oracle and CPU path.
+`hybrid_tree_attention` is the public entry point (docs/design.md, "Tree attention"); `reference` is the
+torch oracle and CPU path.
 """
 
 from specchat.kernels.hybrid import hybrid_tree_attention

@@ -1,9 +1,9 @@
 """Torch reference of hybrid tree attention: the CPU path and the oracle every kernel is tested against.
 
-Shapes follow DESIGN §3: queries `[B, Hq, n, D]`, keys/values `[B, Hkv, S, D]` with `Hq = group * Hkv`.
-Query heads are folded into their KV group (`[B, Hkv, group * n, D]`) so K/V are never repeated. Every
-function returns the output in fp32 with its log-sum-exp (natural log, fp32, `[B, Hq, n]`); a row whose key
-set is empty has output 0 and LSE -inf, so merging it changes nothing.
+Shapes follow docs/design.md, "Tree attention": queries `[B, Hq, n, D]`, keys/values `[B, Hkv, S, D]`
+with `Hq = group * Hkv`. Query heads are folded into their KV group (`[B, Hkv, group * n, D]`) so K/V are
+never repeated. Every function returns the output in fp32 with its log-sum-exp (natural log, fp32,
+`[B, Hq, n]`); a row whose key set is empty has output 0 and LSE -inf, so merging it changes nothing.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Generation metrics as data; bench, CLI and TUI format them.
 
-Definitions (DESIGN §2): tau = committed tokens per target decode step, bonus included (AR = 1.0);
-acceptance rate = accepted draft tokens / speculated depth; tokens/s excludes prefill, whose time
-(prompt processing up to the first new token) is reported separately.
+Definitions (docs/design.md, "Events, metrics and the UI"): tau = committed tokens per target decode
+step, bonus included (AR = 1.0); acceptance rate = accepted draft tokens / speculated depth; tokens/s excludes
+prefill, whose time (prompt processing up to the first new token) is reported separately.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the acceptance overlay shows, as data: one snapshot per step, taken in the engine's thread.
 
-Definitions are DESIGN §2's (see `EXPLANATIONS`); the speedup divides by an autoregressive step the engine
-timed itself at the current context, never an estimate from tau.
+Definitions are those of docs/design.md, "Events, metrics and the UI" (see `EXPLANATIONS`); the speedup
+divides by an autoregressive step the engine timed itself at the current context, never an estimate from tau.
 """
 
 from __future__ import annotations
