@@ -18,7 +18,7 @@ except ImportError:
     from click import exceptions as click_errors
 
 from specchat.checks import check_dtype, check_quantize
-from specchat.drafters import DEFAULT_DRAFTER
+from specchat.drafters import DEFAULT_DRAFTER, NAMES, DrafterChoice, parse_drafter
 from specchat.engine.attention import check_attention
 from specchat.errors import SpecchatError
 
@@ -34,7 +34,10 @@ ModelOption = Annotated[
     str | None, typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id or local directory.")
 ]
 DrafterOption = Annotated[
-    str, typer.Option("--drafter", "-d", help="Drafter: ngram (the default) | none (autoregressive).")
+    str,
+    typer.Option(
+        "--drafter", "-d", help=f"Drafter: {' | '.join(NAMES)} (default {DEFAULT_DRAFTER}); NAME:DIR for a local checkpoint."
+    ),
 ]
 BudgetOption = Annotated[
     int | None,
@@ -95,32 +98,28 @@ def run(
         raise SpecchatError("--max-new-tokens must be at least 1")
     if any(not each for each in stop or ()):
         raise SpecchatError("--stop takes a non-empty string")
-    _check_drafters([drafter], draft_budget)
+    [choice] = _check_drafters([drafter], draft_budget)
     overrides = _checked_overrides(
         dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         penalty=repetition_penalty, seed=seed,
     )  # fmt: skip
     check_quantize(quantize, device)
     _quiet_transformers()
-    from specchat.drafters import make_drafter
+    from specchat.drafters import build_drafter, resolve_drafter
     from specchat.engine.generate import Engine
     from specchat.engine.prompt import encode_prompt
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
 
-    resolve_model(model)  # fail fast, before the slow imports and loads
+    source = resolve_model(model)  # fail fast, before the slow imports and loads
+    choice = resolve_drafter(choice, source.profile, source.name)
     resolve_device(device)
     loaded = load_model(
         model, dtype=dtype, quantize=quantize, device=device, device_map=device_map, attention=attention
     )
     sampling = _sampling_config(decoding_defaults(loaded), overrides)
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
-    engine = Engine(
-        loaded.model,
-        loaded.tokenizer,
-        max_len=len(prompt_ids) + max_new_tokens,
-        drafter=make_drafter(drafter),
-        draft_budget=draft_budget,
-    )
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + max_new_tokens)
+    engine.set_drafter(build_drafter(choice, engine.target), draft_budget)
 
     tokens, origins, text, stats, finish = [], [], [], None, None
     try:
@@ -153,24 +152,24 @@ def run(
             "mean_accepted_length": round(stats.mean_accepted_length, 4) if stats.steps else None,
             "acceptance_rate": stats.acceptance_rate,
             "per_depth_acceptance": [round(a, 4) for a in stats.per_depth_acceptance],
-            "draft_budget": round(stats.mean_budget, 2) if drafter != "none" else None,
+            "draft_budget": round(stats.mean_budget, 2) if choice.name != "none" else None,
             "model": loaded.source.name,
             "weights": loaded.weights,
             "dtype": loaded.dtype,
-            "drafter": drafter,
+            "drafter": str(choice),
             "attention": loaded.model.config._attn_implementation,
         }
         print(json.dumps(report, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        budget_note = f" | budget {stats.mean_budget:.1f}" if drafter != "none" and stats.steps else ""
+        budget_note = f" | budget {stats.mean_budget:.1f}" if choice.name != "none" and stats.steps else ""
         decode = (f"decode {stats.tokens_per_second:.1f} tok/s | tau {stats.mean_accepted_length:.2f}"
                   if stats.steps else "no decode step")  # fmt: skip
         typer.echo(
             f"[{stats.new_tokens} tokens ({finish}) | prefill {stats.prompt_tokens} tokens "
             f"{stats.prefill_seconds:.2f} s | {decode}{budget_note} | {loaded.source.name} "
-            f"{loaded.weights}/{loaded.dtype}, drafter {drafter}]",
+            f"{loaded.weights}/{loaded.dtype}, drafter {choice}]",
             err=True,
         )
     if finish == "interrupted":
@@ -198,20 +197,23 @@ def _read_prompt(prompt: str) -> str:
 @app.command()
 def models() -> None:
     """List model profiles: whether each is on this machine, and the drafters it runs with."""
-    from specchat.drafters import AVAILABLE
+    from specchat.drafters import KINDS, usable_drafters
     from specchat.loading import is_available, offline, resolve_model
     from specchat.profiles import DEFAULT_PROFILE, load_profiles
 
-    usable = ", ".join(name for name in AVAILABLE if name != "none")
     missing = "not cached (offline)" if offline() else "downloads on first use"
+    trained = [name for name, kind in KINDS.items() if kind.trained]
     typer.echo("--model ALIAS (any Hugging Face repo id or local model directory works too):\n")
     for name, profile in load_profiles().items():
         alias = f"{name} (default)" if name == DEFAULT_PROFILE else name
         here = "here" if is_available(resolve_model(name)) else missing
-        typer.echo(f"  {alias:<24} {profile.target}\n      {here}; drafters: {usable}, none")
-        published = [d for d in profile.drafters if d not in AVAILABLE]
-        if published:
-            typer.echo(f"      published drafters this build cannot load yet: {', '.join(published)}")
+        typer.echo(f"  {alias:<24} {profile.target}\n      {here}; drafters: {', '.join(usable_drafters(profile))}")
+        for kind, repo in profile.drafters.items():
+            state = "cannot load yet" if kind not in KINDS else "here" if _cached(repo) else missing
+            typer.echo(f"      {kind}: {repo} ({state})")
+        others = [kind for kind in trained if kind not in profile.drafters]
+        if others:
+            typer.echo(f"      {', '.join(others)}: none published; --drafter NAME:DIR runs a local checkpoint")
 
 
 @app.command()
@@ -446,17 +448,22 @@ def _ints(value: str, flag: str) -> list[int]:
         raise SpecchatError(f"{flag} takes comma-separated integers, not '{value}'") from None
 
 
-def _check_drafters(names: list[str], draft_budget: int | None) -> None:
-    from specchat.drafters import AVAILABLE
+def _check_drafters(names: list[str], draft_budget: int | None) -> list[DrafterChoice]:
     from specchat.engine.budget import MAX_BUDGET
 
-    for name in names:
-        if name not in AVAILABLE:
-            raise SpecchatError(f"unknown drafter '{name}'; available: {', '.join(AVAILABLE)}")
+    choices = [parse_drafter(name) for name in names]
     if draft_budget is not None and not 1 <= draft_budget <= MAX_BUDGET:
         raise SpecchatError(f"--draft-budget must be between 1 and {MAX_BUDGET}")
-    if draft_budget is not None and set(names) == {"none"}:
+    if draft_budget is not None and {choice.name for choice in choices} == {"none"}:
         raise SpecchatError("--draft-budget needs a drafter (--drafter none decodes autoregressively)")
+    return choices
+
+
+def _cached(repo: str) -> bool:
+    """Whether a published checkpoint is in the Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo, "config.json"), str)
 
 
 def _load(model: str | None, dtype: str, device: str, attention: str = "auto", quantize: str | None = None):

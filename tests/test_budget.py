@@ -67,3 +67,22 @@ def test_calibration_is_monotone_and_cached(tmp_path):
     again = cached_verify_cost(path, "model|fp32|cpu", lambda: VerifyCost((0,), (9.0,)))
     assert first == again == VerifyCost(cost.sizes, cost.seconds)
     assert list(json.loads(path.read_text())) == ["model|fp32|cpu"]
+
+
+def test_the_budget_prices_drafting_and_reads_the_depth_trees_really_reach():
+    chain, beam = AdaptiveBudget(GPU_LIKE), AdaptiveBudget(GPU_LIKE)
+    for _ in range(50):
+        chain.observe(tree_depth=15, accepted=12, budget=15)
+        beam.observe(tree_depth=2, accepted=2, budget=15)  # 15 nodes, but only two levels deep
+    assert beam.expected_tokens(15) <= 3 < chain.expected_tokens(15)
+    slow = AdaptiveBudget(GPU_LIKE)
+    base = GPU_LIKE.seconds[0]
+    for _ in range(50):  # one token accepted per tree, which costs three decode steps to draft: no longer pays
+        for n in slow.candidates[1:]:
+            slow.observe(tree_depth=n, accepted=1, budget=n, draft_seconds=3 * base)
+    assert slow.budget == 0
+    fast = AdaptiveBudget(GPU_LIKE)
+    for _ in range(50):
+        for n in fast.candidates[1:]:
+            fast.observe(tree_depth=n, accepted=1, budget=n, draft_seconds=0.0)
+    assert fast.budget > 0

@@ -65,6 +65,11 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("run", "hi", "--attention", "flash"), ("unknown attention", "hybrid")),
         (("bench", "--attention", "flex"), ("unknown attention", "sdpa")),
         (("bench", "context", "--attention", "flex"), ("unknown attention",)),
+        (("run", "hi", "--drafter", "ngram:./draft"), ("ngram drafter takes no checkpoint",)),
+        (("run", "hi", "--drafter", "longspec:"), ("checkpoint directory after the colon",)),
+        (("run", "hi", "--drafter", "longspec"), ("no published longspec drafter", "it has: none, ngram", "longspec:PATH")),
+        (("run", "hi", "--drafter", "glide:/no/such/draft"), ("/no/such/draft", "no such checkpoint directory")),
+        (("bench", "--drafter", "none,longspec"), ("no published longspec drafter",)),
     ],
 )
 def test_bad_input_is_one_line(args, needles):
@@ -107,9 +112,29 @@ def test_models_lists_profiles_and_availability():
     for alias in ("smollm2-135m", "llama3.1-8b", "llama3-8b-262k", "qwen2.5-7b", "vicuna-7b-16k", "qwq-32b"):
         assert alias in result.stdout
     assert "smollm2-135m (default)" in result.stdout
-    assert "here; drafters: ngram" in result.stdout  # the embedded model, nothing to download
+    assert "here; drafters: none, ngram" in result.stdout  # the embedded model, nothing to download
     assert "not cached (offline)" in result.stdout  # HF_HUB_OFFLINE: nothing claims it can download
-    assert "cannot load yet: tokenswift" in result.stdout
+    assert "tokenswift: TokenSwift/TokenSwift-Llama-3.1-8B (cannot load yet)" in result.stdout
+    assert "longspec: sail/longspec-vicuna-7b-v1.5-16k (not cached (offline))" in result.stdout
+    assert "longspec, glide: none published; --drafter NAME:DIR runs a local checkpoint" in result.stdout
+
+
+@pytest.mark.slow
+def test_run_with_a_local_longspec_checkpoint_matches_autoregressive(default_model, tmp_path):
+    import torch
+
+    from specchat.models.longspec import LongSpecConfig, LongSpecLayer, save_longspec
+
+    torch.manual_seed(0)
+    save_longspec(tmp_path / "draft", LongSpecLayer(LongSpecConfig.for_target(default_model.model.config)),
+                  draft_vocab=torch.arange(8192))  # fmt: skip
+    common = ("run", "Name three colours.", "--temperature", "0", "--json", "-n", "24")
+    ar = json.loads(specchat(*common, "--drafter", "none").stdout)
+    result = specchat(*common, "--drafter", f"longspec:{tmp_path / 'draft'}", "--draft-budget", "7")
+    assert result.returncode == 0, result.stderr
+    spec = json.loads(result.stdout)
+    assert spec["token_ids"] == ar["token_ids"]
+    assert spec["drafter"] == f"longspec:{tmp_path / 'draft'}"
 
 
 @pytest.mark.slow

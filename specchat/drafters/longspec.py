@@ -10,13 +10,15 @@ it, so verification can use rejection sampling.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
 from specchat.drafters.base import TargetView
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
-from specchat.models.longspec import LongSpecLayer, RingKV
+from specchat.models.longspec import LongSpecLayer, RingKV, load_longspec
 
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
 
@@ -95,8 +97,9 @@ class LongSpecDrafter:
         return DraftTree(tokens, parents, [self.kind] * len(tokens), draft_probs)
 
     def _catch_up(self) -> None:
-        """Write the draft's own keys / values of committed positions it has not written (the last window)."""
-        end = len(self.ids)
+        """Write the draft's own keys / values of committed positions before the root that it has not written
+        (the last window of them); the root's are the first row of each tree."""
+        end = len(self.ids) - 1
         start = max(self.ring.written, end - self.ring.window)
         if start >= end:
             return
@@ -189,3 +192,9 @@ class DraftHead:
             return probs
         full = probs.new_zeros(self.vocab_size)
         return full.index_copy_(0, self.draft_vocab, probs)
+
+
+def build(target: TargetView, checkpoint: Path) -> LongSpecDrafter:
+    """The registry's factory: the checkpoint's layer and draft vocabulary over `target`."""
+    layer, draft_vocab = load_longspec(checkpoint, target.config)
+    return LongSpecDrafter(target, layer, draft_vocab=draft_vocab)

@@ -41,3 +41,8 @@ class NgramDrafter:
             recent = [end for end in reversed(ends) if end < n - 1][: self.matches_per_ngram]
             chains += [self.ids[end + 1 : end + 1 + budget] for end in recent]
         return DraftTree.from_chains(chains, self.kind, budget)
+
+
+def build(target, checkpoint) -> NgramDrafter:
+    """The registry's factory: n-gram lookup reads neither the target nor a checkpoint."""
+    return NgramDrafter()

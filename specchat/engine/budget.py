@@ -4,11 +4,13 @@ On 2 CPU cores verifying 64 nodes costs several single-token forwards; on a GPU 
 times verification forwards of growing size for the loaded model (calibration, cached on disk per model,
 dtype and device) and weighs that cost against the acceptance it observes:
 
-    expected tokens(n) = 1 + sum_{d=1..n} prod_{j<=d} alpha_j        (a tree of n nodes reaches depth <= n)
-    budget = argmax_n expected_tokens(n) / cost(n)
+    expected tokens(n) = 1 + sum_{d=1..depth(n)} prod_{j<=d} alpha_j
+    budget = argmax_n expected_tokens(n) / (verify cost(n) + draft cost(n))
 
 alpha_j is the rate at which depth j was accepted when proposed, counted with exponential decay so the
-budget follows the text (copying a passage, then free writing). When drafting does not pay (budget 0)
+budget follows the text (copying a passage, then free writing). depth(n) is how deep this drafter's trees of
+n nodes actually reach (a beam of 7 nodes reaches depth 2, a chain depth 7; n until one is seen), and
+draft cost(n) the time the drafter took to propose them: both measured as the engine runs. When drafting does not pay (budget 0)
 the engine still probes with a small tree every few steps, so a return of copyable text is noticed.
 """
 
@@ -80,13 +82,21 @@ class AdaptiveBudget:
         self.probe_every = probe_every
         self.proposed: list[float] = []  # decayed counts per depth d (index d - 1)
         self.accepted: list[float] = []
+        self.depth: dict[int, int] = {}  # budget -> depth of the last tree proposed with it
+        self.draft_seconds: dict[int, float] = {}  # budget -> smoothed seconds the drafter took
         self.idle_steps = probe_every - 1  # the first idle step probes: acceptance is unknown at the start
         self.budget = self._best()
 
-    def observe(self, tree_depth: int, accepted: int) -> None:
-        """Record one verified tree; empty trees (the drafter had nothing) say nothing about acceptance."""
+    def observe(self, tree_depth: int, accepted: int, *, budget: int | None = None, draft_seconds: float = 0.0) -> None:
+        """Record one verified tree, proposed with `budget` in `draft_seconds`; empty trees (the drafter had
+        nothing) say nothing about acceptance or depth."""
+        if budget:
+            last = self.draft_seconds.get(budget, draft_seconds)
+            self.draft_seconds[budget] = 0.8 * last + 0.2 * draft_seconds
         if tree_depth == 0:
             return
+        if budget:
+            self.depth[budget] = tree_depth
         for counts in (self.proposed, self.accepted):
             counts[:] = [c * self.decay for c in counts]
             counts.extend([0.0] * (tree_depth - len(counts)))
@@ -105,8 +115,9 @@ class AdaptiveBudget:
         return 0
 
     def expected_tokens(self, n: int) -> float:
+        """Tokens a step with a tree of n nodes is expected to commit, bonus included."""
         total, reach = 1.0, 1.0
-        for d in range(n):
+        for d in range(self.depth.get(n, n)):
             # Optimistic prior (one pseudo-step accepted at 0.5) lets unseen depths be tried.
             proposed = self.proposed[d] if d < len(self.proposed) else 0.0
             accepted = self.accepted[d] if d < len(self.accepted) else 0.0
@@ -115,4 +126,8 @@ class AdaptiveBudget:
         return total
 
     def _best(self) -> int:
-        return max(self.candidates, key=lambda n: self.expected_tokens(n) / self.cost.relative(n))
+        return max(self.candidates, key=lambda n: self.expected_tokens(n) / self.relative_cost(n))
+
+    def relative_cost(self, n: int) -> float:
+        """A step's cost with a tree of n nodes, in decode steps: verification plus drafting."""
+        return self.cost.relative(n) + self.draft_seconds.get(n, 0.0) / self.cost.seconds[0]

@@ -123,7 +123,9 @@ class Engine:
         cache (root and accepted nodes), the tree's depth and its budget.
         """
         budget = self.policy.next_budget() if self.policy else self.fixed_budget if self.drafter else 0
+        start = time.perf_counter()
         tree = self.drafter.propose(budget, sampling, generator) if budget else DraftTree.empty()
+        draft_seconds = time.perf_counter() - start
         prefix = self.cache.length
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
         mask = batch.attention_mask(prefix, tree_only=self.tree_only_masks) if len(tree) else None  # 1 query: no mask
@@ -132,7 +134,7 @@ class Engine:
         kept = [0] + [node + 1 for node in verdict.path]
         self.cache.commit(kept)
         if self.policy:
-            self.policy.observe(tree.depth, len(verdict.path))
+            self.policy.observe(tree.depth, len(verdict.path), budget=budget, draft_seconds=draft_seconds)
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[kept] if self.drafter is not None else hidden  # only a drafter reads them
@@ -220,9 +222,10 @@ class Engine:
     def autoregressive_step_seconds(self, *, sampling: SamplingConfig = SamplingConfig(), repeats: int = 3) -> float:
         """Median seconds of one autoregressive decode step at the current context, committing nothing.
 
-        The measured baseline of a speedup (DESIGN §2): same model, engine and machine, at the context as it is
-        now. It runs what a step over an empty tree runs (forward of the root, sampling) and leaves the session
-        as it was; call it between steps, never while another thread iterates `generate`.
+        The measured baseline of a speedup (docs/design.md, "Events, metrics and the UI"): same model, engine
+        and machine, at the context as it is now. It runs what a step over an empty tree runs (forward of the
+        root, sampling) and leaves the session as it was; call it between steps, never while another thread
+        iterates `generate`.
         """
         if self.length == 0:
             raise SpecchatError("nothing is committed yet: there is no context to decode from")

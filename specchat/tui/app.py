@@ -279,7 +279,7 @@ class ChatApp(App[None]):
         self._note(f"temperature {value:g}" + (" (greedy)" if value == 0 else "") + ", from the next answer")
 
     def _command_drafter(self, name: str) -> None:
-        self.session.update_settings(drafter=name)
+        self.session.choose_drafter(name)
         self._show_settings()
         self._note(f"drafter {name}, from the next answer")
 

@@ -1,18 +1,21 @@
 """The colour of each token origin: messages and the legend read this one table.
 
-Origins come from the engine's events (DESIGN §2): TARGET for tokens the target produced itself (shown
-plain), otherwise the kind of drafter whose proposal the target accepted.
+Origins come from the engine's events (docs/design.md, "Events, metrics and the UI"): TARGET for tokens
+the target produced itself (shown plain), otherwise the kind of drafter whose proposal the target accepted.
 """
 
 from __future__ import annotations
 
 from rich.text import Text
 
+from specchat.drafters import NAMES
 from specchat.engine.events import TARGET
 
-DRAFT_STYLES = {"ngram": "bold green", "model": "bold cyan", "heads": "bold magenta"}
+# One colour per drafter in the registry (a drafter's kind is its registry name), in registry order.
+PALETTE = ("bold green", "bold cyan", "bold magenta", "bold blue", "bold red")
+DRAFT_STYLES = dict(zip([name for name in NAMES if name != "none"], PALETTE))
 UNKNOWN_DRAFT_STYLE = "bold yellow"  # a drafter kind added later still stands out
-LABELS = {TARGET: "target", "ngram": "n-gram", "model": "model", "heads": "heads"}
+LABELS = {TARGET: "target", "ngram": "n-gram"}
 
 
 def origin_style(origin: str) -> str:
@@ -31,5 +34,5 @@ def legend() -> Text:
     """'target' in plain text, then each drafter kind in its colour."""
     text = Text.assemble(("tokens: ", "dim"), f"{LABELS[TARGET]}  ")
     for origin, style in DRAFT_STYLES.items():
-        text.append(f"■ {LABELS[origin]}  ", style)
+        text.append(f"■ {LABELS.get(origin, origin)}  ", style)
     return text

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.drafters import AVAILABLE
+from specchat.drafters import NAMES, parse_drafter
 from specchat.engine.budget import MAX_BUDGET
 from specchat.errors import SpecchatError
 
@@ -54,8 +54,7 @@ def _temperature(text: str) -> float:
 
 
 def _drafter(text: str) -> str:
-    if text not in AVAILABLE:
-        raise SpecchatError(f"unknown drafter '{text}'; available: {', '.join(AVAILABLE)}")
+    parse_drafter(text)
     return text
 
 
@@ -80,7 +79,7 @@ def _path(text: str) -> Path:
 COMMANDS = (
     CommandSpec("system", "/system [TEXT]", "set the system prompt (none: the model's default)", lambda t: t or None),
     CommandSpec("temp", "/temp X", "sampling temperature (0 = greedy)", _temperature),
-    CommandSpec("drafter", "/drafter NAME", f"the drafter: {' | '.join(AVAILABLE)}", _drafter),
+    CommandSpec("drafter", "/drafter NAME[:DIR]", f"the drafter: {' | '.join(NAMES)}", _drafter),
     CommandSpec("budget", "/budget N|auto", "most draft-tree nodes per step (auto: chosen per step)", _budget),
     CommandSpec("clear", "/clear", "start a new conversation", _none("clear"), needs_idle=True),
     CommandSpec(

@@ -1,8 +1,8 @@
 """One chat: the loaded model, its engine, the settings and the conversation, without any UI.
 
 The app calls `begin_turn` and `reset` on its own thread and iterates `run` in a worker thread while holding
-`lock`, so the engine only ever runs on one thread at a time. Changing the drafter or the budget rebuilds
-the engine before the next answer (its cache then starts empty: that answer prefills the whole chat).
+`lock`, so the engine only ever runs on one thread at a time. Changing the drafter or the budget takes effect
+at the next answer and keeps the conversation's cache; changing the context rebuilds the engine.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from specchat.drafters import AVAILABLE, make_drafter
+from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
 from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.events import StepEvent
 from specchat.engine.generate import Engine
@@ -61,8 +61,9 @@ def _next_turn(messages: list[Message], start: int) -> int:
 
 def check_settings(settings: ChatSettings) -> None:
     """One-line errors for settings no engine can run with (from the command line or a saved chat)."""
-    if settings.drafter not in AVAILABLE:
-        raise SpecchatError(f"unknown drafter '{settings.drafter}'; available: {', '.join(AVAILABLE)}")
+    if not isinstance(settings.drafter, str):
+        raise SpecchatError("the drafter must be a name")
+    parse_drafter(settings.drafter)
     budget = settings.draft_budget
     if budget is not None and not (isinstance(budget, int) and 1 <= budget <= MAX_BUDGET):
         raise SpecchatError(f"the draft budget must be between 1 and {MAX_BUDGET} (or auto)")
@@ -84,6 +85,7 @@ class ChatSession:
         self.messages: list[Message] = []
         self.lock = threading.Lock()  # held by whoever drives the engine
         self.engine: Engine | None = None  # built (again) on the next answer when None
+        self.drafter_ready = False  # whether the engine drafts as the settings say
         self.previous: ChatPrompt | None = None  # the prompt the last answer continued
         self.ar = ArBaseline()  # what an autoregressive step costs here, for the speedup
         self.recent_tau: deque[int] = deque(maxlen=60)
@@ -95,8 +97,10 @@ class ChatSession:
 
     def update_settings(self, **changes) -> None:
         self.settings = dataclasses.replace(self.settings, **changes)
-        if {"drafter", "draft_budget", "context"} & changes.keys():
+        if "context" in changes:
             self.engine = None
+        if {"drafter", "draft_budget", "context"} & changes.keys():
+            self.drafter_ready = False
         if "system" in changes:
             self.previous = None
 
@@ -153,8 +157,26 @@ class ChatSession:
         self.recent_tau.clear()
         self.last_figures = None
 
+    def choose_drafter(self, text: str) -> None:
+        """Draft with `text` (NAME or NAME:DIR) from the next answer: one-line errors for what cannot run here."""
+        source = self.loaded.source
+        choice = resolve_drafter(parse_drafter(text), source.profile, source.name)
+        if choice.path is not None and not choice.path.is_dir():
+            raise SpecchatError(f"{choice.path}: no such checkpoint directory")
+        self.update_settings(drafter=text)
+
+    def use_drafter(self) -> None:
+        """Make the engine draft as the settings say (a checkpoint loads here); one-line errors."""
+        engine = self._engine()
+        if not self.drafter_ready:
+            source = self.loaded.source
+            choice = resolve_drafter(parse_drafter(self.settings.drafter), source.profile, source.name)
+            engine.set_drafter(build_drafter(choice, engine.target), self.settings.draft_budget)
+            self.drafter_ready = True
+
     def run(self, prompt_ids: list[int], *, max_new_tokens: int | None = None) -> Iterator[Update]:
         """Generate one answer (call with `lock` held). Stopping early is just stopping the iteration."""
+        self.use_drafter()
         engine = self._engine()
         stream = TextStream(self.loaded.tokenizer)
         budget = max_new_tokens or self.settings.max_new_tokens
@@ -200,13 +222,9 @@ class ChatSession:
     def _engine(self) -> Engine:
         if self.engine is None:
             window = self.loaded.model.config.max_position_embeddings
-            self.engine = Engine(
-                self.loaded.model,
-                self.loaded.tokenizer,
-                max_len=min(self.settings.context or DEFAULT_CONTEXT, window),
-                drafter=make_drafter(self.settings.drafter),
-                draft_budget=self.settings.draft_budget,
-            )
+            context = min(self.settings.context or DEFAULT_CONTEXT, window)
+            self.engine = Engine(self.loaded.model, self.loaded.tokenizer, max_len=context)
+            self.drafter_ready = False
         return self.engine
 
     def _eos_ids(self) -> frozenset[int]:

@@ -1,0 +1,194 @@
+"""LongSpec drafting is lossless and reads the target as the paper's draft does.
+
+- greedy output equals target-only greedy decoding (beam and chain trees, fixed and adaptive budgets) on tiny
+  random targets with random drafts, and on the real default model with a random-weight draft;
+- a sampled chain records its distributions and passes the chi-square test of target-only sampling;
+- the ring buffer's window attention equals dense attention restricted to the last `window` positions,
+  and the draft's memory is the same at 1K and 6K tokens of context;
+- checkpoints load in both published layouts; pickles and misshapen drafts are refused in one line.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from chi_square import assert_fits
+from conftest import tiny_model
+from test_sampling_verification import CONFIGS, PROMPT, SAMPLES, TOKENS, Target, exact_joint
+
+from specchat.drafters.longspec import LongSpecDrafter
+from specchat.engine.generate import Engine
+from specchat.engine.sampling import SamplingConfig
+from specchat.errors import SpecchatError
+from specchat.models.checkpoint import write_checkpoint
+from specchat.models.longspec import LongSpecConfig, LongSpecLayer, load_longspec, rotate, save_longspec
+
+
+def random_layer(model, *, seed: int = 0, **changes) -> LongSpecLayer:
+    torch.manual_seed(seed)
+    layer = LongSpecLayer(LongSpecConfig.for_target(model.config, **changes))
+    for parameter in layer.parameters():  # larger than the default init, so drafts are not all alike
+        parameter.data.normal_(0, 0.2 if parameter.dim() > 1 else 1.0)
+    return layer
+
+
+def generate(engine: Engine, prompt: list[int], n: int, sampling=SamplingConfig()) -> list[int]:
+    return [t for event in engine.generate(prompt, sampling=sampling, max_new_tokens=n) for t in event.tokens]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("chain", [False, True])
+@pytest.mark.parametrize("budget", [8, 20, None])
+def test_greedy_output_equals_the_target_alone(family, chain, budget, tokenizer):
+    model = tiny_model(family, vocab_size=64)
+    prompt = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7]
+    engine = Engine(model, tokenizer, max_len=160)
+    expected = generate(engine, prompt, 60)
+    engine.set_drafter(LongSpecDrafter(engine.target, random_layer(model), chain=chain), budget)
+    assert generate(engine, prompt, 60) == expected
+    assert generate(engine, prompt + expected[:20], 30) == expected[20:50]  # the next turn reuses the cache
+
+
+def test_the_beam_follows_the_reference_widths_within_the_budget(tokenizer):
+    model = tiny_model("llama", vocab_size=64)
+    engine = Engine(model, tokenizer, max_len=120)
+    drafter = LongSpecDrafter(engine.target, random_layer(model))
+    engine.set_drafter(drafter, 64)
+    seen = []
+    propose = drafter.propose
+    drafter.propose = lambda *args: seen.append(propose(*args)) or seen[-1]
+    generate(engine, list(range(10, 30)), 4)
+    tree = seen[0]
+    assert [tree.depths.count(d) for d in range(1, 6)] == [4, 16, 16, 16, 12]  # 64 nodes: the last level is cut
+    assert len(set(zip(tree.parents, tree.tokens))) == len(tree)  # siblings distinct
+
+
+def test_a_sampled_chain_is_distributed_as_target_sampling(tokenizer):
+    model = tiny_model("qwen2", vocab_size=8, seed=1)
+    for name in ("processed",):  # temperature, top-k, top-p and the penalty at once
+        sampling = CONFIGS[name]
+        exact = exact_joint(Target(model, sampling), PROMPT, TOKENS)
+        engine = Engine(model, tokenizer, max_len=64)
+        drafter = LongSpecDrafter(engine.target, random_layer(model, seed=3), chain=True)
+        engine.set_drafter(drafter, 2)  # the first step's two tokens are the 2nd and 3rd tested
+        counts, drafted = Counter(), 0
+        for seed in range(SAMPLES):
+            events = list(engine.generate(PROMPT, sampling=replace(sampling, seed=seed), max_new_tokens=TOKENS))
+            counts[tuple(t for event in events for t in event.tokens)] += 1
+            drafted += sum(origin == "longspec" for event in events for origin in event.origins)
+        assert drafted > SAMPLES // 4, drafted  # the draft's samples were really accepted
+        assert_fits(counts, exact, f"LongSpec sampled chain under {name}")
+
+
+def test_window_attention_equals_dense_attention_over_the_last_window(tokenizer):
+    model = tiny_model("llama", vocab_size=64)
+    window, prompt = 16, [int(t) for t in torch.randint(3, 64, (70,), generator=torch.Generator().manual_seed(0))]
+    engine = Engine(model, tokenizer, max_len=120)
+    layer = random_layer(model, window=window)
+    drafter = LongSpecDrafter(engine.target, layer, chain=True)
+    engine.set_drafter(drafter, 1)
+    generate(engine, prompt, 1)
+    captured = {}
+    forward = layer.forward
+    layer.forward = lambda *args: captured.setdefault("out", forward(*args))
+    drafter.propose(1, SamplingConfig(), None)
+    with torch.inference_mode():
+        expected = _dense_root_output(engine, layer, drafter.ids, window)
+    torch.testing.assert_close(captured["out"], expected)
+
+
+def _dense_root_output(engine, layer, ids, window):
+    """The root's draft output, densely: every position's own keys, the root's query, the last `window` keys."""
+    model = engine.model
+    ids = torch.tensor(ids)
+    positions = torch.arange(len(ids))
+    cos, sin = (t[0] for t in model.model.rotary_emb(torch.zeros(1), positions[None]))
+    x = model.model.embed_tokens(ids)
+    keys, values = layer.own_kv(x, cos, sin)
+    h = layer.input_layernorm(x[-1:])
+    q = rotate(layer._heads(layer.self_attn.q_proj(h), layer.config.num_attention_heads), cos[-1:], sin[-1:])
+    attended = F.scaled_dot_product_attention(q[None], keys[None, :, -window:], values[None, :, -window:], enable_gqa=True)[0]
+    x_root = x[-1:] + layer.self_attn.o_proj(layer._merge(attended))
+    target_layer = engine.cache.layers[-1]
+    h = layer.post_self_attention_layernorm(x_root)
+    q = rotate(layer._heads(layer.cross_attn.q_proj(h), layer.config.num_attention_heads), cos[-1:], sin[-1:])
+    n = len(ids) - 1
+    crossed = F.scaled_dot_product_attention(
+        q[None], target_layer.keys[:, :, :n], target_layer.values[:, :, :n], enable_gqa=True
+    )[0]
+    x_root = x_root + layer.cross_attn.o_proj(layer._merge(crossed))
+    return x_root + layer.mlp(layer.post_cross_attention_layernorm(x_root))
+
+
+def test_draft_memory_does_not_grow_with_the_context(tokenizer):
+    model = tiny_model("llama", vocab_size=64)
+    sizes = []
+    for context in (1000, 6000):
+        engine = Engine(model, tokenizer, max_len=context + 16)
+        drafter = LongSpecDrafter(engine.target, random_layer(model))
+        engine.set_drafter(drafter, 20)
+        generate(engine, [int(t) for t in torch.randint(3, 64, (context,))], 4)
+        sizes.append(drafter.memory_bytes())
+    assert sizes[0] == sizes[1] > 0
+
+
+@pytest.mark.slow
+def test_a_random_draft_on_the_default_model_keeps_its_output(default_model):
+    model = default_model.model
+    prompt = default_model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a short poem about the sea."}], add_generation_prompt=True
+    )
+    engine = Engine(model, default_model.tokenizer, max_len=len(prompt) + 40)
+    expected = generate(engine, prompt, 32)
+    draft_vocab = torch.arange(0, 49152, 6)  # a reduced draft vocabulary
+    engine.set_drafter(LongSpecDrafter(engine.target, random_layer(model), draft_vocab=draft_vocab), 15)
+    assert generate(engine, prompt, 32) == expected
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------
+
+
+def test_checkpoints_load_in_both_published_layouts(tmp_path):
+    model = tiny_model("llama", vocab_size=64)
+    layer = random_layer(model)
+    save_longspec(tmp_path / "ours", layer, draft_vocab=torch.tensor([3, 5, 7]))
+    loaded, vocab = load_longspec(tmp_path / "ours", model.config)
+    assert vocab.tolist() == [3, 5, 7]
+    assert all(torch.equal(a, b) for a, b in zip(layer.state_dict().values(), loaded.state_dict().values()))
+    # the reference trainer's prefix, and the unused cross-attention k/v projections, as released
+    tensors = {f"draft_model.{k}": v for k, v in layer.state_dict().items()}
+    tensors["draft_model.cross_attn.k_proj.weight"] = torch.zeros(32, 64)
+    tensors["draft_model.cross_attn.v_proj.weight"] = torch.zeros(32, 64)
+    write_checkpoint(tmp_path / "released", model.config.to_dict(), tensors)
+    loaded, vocab = load_longspec(tmp_path / "released", model.config)
+    assert vocab is None
+    assert all(torch.equal(a, b) for a, b in zip(layer.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_bad_checkpoints_are_refused_in_one_line(tmp_path):
+    model = tiny_model("llama", vocab_size=64)
+    (tmp_path / "pickled").mkdir()
+    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"\x80\x04")
+    with pytest.raises(SpecchatError, match="never unpickles"):
+        load_longspec(tmp_path / "pickled", model.config)
+    with pytest.raises(SpecchatError, match="never unpickles"):
+        load_longspec(tmp_path / "pickled" / "pytorch_model.bin", model.config)
+    with pytest.raises(SpecchatError, match="no such checkpoint"):
+        load_longspec(tmp_path / "missing", model.config)
+    other = tiny_model("llama", vocab_size=64)
+    other.config.num_attention_heads = 8
+    other.config.head_dim = 8
+    save_longspec(tmp_path / "other", LongSpecLayer(LongSpecConfig.for_target(other.config)))
+    with pytest.raises(SpecchatError, match="8 heads.*the target has hidden 64, 4 heads") as error:
+        load_longspec(tmp_path / "other", model.config)
+    assert "\n" not in str(error.value)
+    layer = random_layer(model)
+    tensors = dict(layer.state_dict())
+    del tensors["mlp.up_proj.weight"]
+    write_checkpoint(tmp_path / "partial", layer.config.to_dict(), tensors)
+    with pytest.raises(SpecchatError, match="lacks mlp.up_proj.weight"):
+        load_longspec(tmp_path / "partial", model.config)
