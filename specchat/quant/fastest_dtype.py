@@ -7,12 +7,13 @@ the rows a decode step and a small verification tree multiply, and kept on disk.
 
 from __future__ import annotations
 
+import functools
 import platform
-import time
 
 import torch
 
 from specchat.disk_cache import cache_dir, cached_json
+from specchat.engine.timing import Timer
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
 
@@ -45,14 +46,6 @@ def _layer(weights: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.nn
 @torch.inference_mode()
 def _seconds(layer: torch.nn.Module, dtype: torch.dtype, repeats: int = 7) -> float:
     """Sum over ROWS of the median time of one call."""
-    total = 0.0
-    for rows in ROWS:
-        x = torch.randn(rows, layer.in_features, dtype=dtype)
-        layer(x)  # warm-up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            layer(x)
-            times.append(time.perf_counter() - start)
-        total += sorted(times)[repeats // 2]
-    return total
+    timer = Timer(repeats=repeats, warmup=1)
+    inputs = [torch.randn(rows, layer.in_features, dtype=dtype) for rows in ROWS]
+    return sum(timer.seconds(functools.partial(layer, x)) for x in inputs)
