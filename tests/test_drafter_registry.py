@@ -1,0 +1,58 @@
+"""One registry names the drafters: the CLI, the chat's /drafter, bench and models all read it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tui_harness import tiny_loaded
+
+from specchat.drafters import KINDS, NAMES, DrafterChoice, parse_drafter, resolve_drafter, usable_drafters
+from specchat.engine.sampling import SamplingConfig
+from specchat.errors import SpecchatError
+from specchat.profiles import load_profiles
+from specchat.tui.commands import parse_command
+from specchat.tui.session import ChatSession, ChatSettings
+
+
+def test_names_and_checkpoints_parse_in_one_place():
+    assert NAMES == ("none", "ngram", "longspec", "glide")
+    assert parse_drafter("ngram") == DrafterChoice("ngram")
+    assert parse_drafter("longspec:~/draft") == DrafterChoice("longspec", Path("~/draft").expanduser())
+    with pytest.raises(SpecchatError, match="unknown drafter 'eagle'; available: none, ngram, longspec, glide"):
+        parse_drafter("eagle")
+    with pytest.raises(SpecchatError, match="takes no checkpoint"):
+        parse_drafter("ngram:x")
+    # the chat's command reads the same registry
+    assert parse_command("/drafter glide:./d").value == "glide:./d"
+    with pytest.raises(SpecchatError, match="unknown drafter 'eagle'"):
+        parse_command("/drafter eagle")
+
+
+def test_profiles_say_which_drafters_a_model_has():
+    profiles = load_profiles()
+    assert usable_drafters(profiles["smollm2-135m"]) == ["none", "ngram"]
+    assert usable_drafters(profiles["vicuna-7b-16k"]) == ["none", "ngram", "longspec"]
+    assert resolve_drafter(DrafterChoice("longspec"), profiles["vicuna-7b-16k"], "vicuna-7b-16k").repo == (
+        "sail/longspec-vicuna-7b-v1.5-16k"
+    )
+    with pytest.raises(SpecchatError, match=r"no published glide drafter \(it has: none, ngram, longspec\)"):
+        resolve_drafter(DrafterChoice("glide"), profiles["vicuna-7b-16k"], "vicuna-7b-16k")
+    assert all(kind.module or name == "none" for name, kind in KINDS.items())
+
+
+def test_changing_the_drafter_in_a_chat_keeps_its_cache(tokenizer):
+    session = ChatSession(tiny_loaded(tokenizer), SamplingConfig(), ChatSettings(drafter="ngram", max_new_tokens=12))
+    _, _, ids, _ = session.begin_turn("Hello there")
+    with session.lock:
+        list(session.run(ids))
+    engine = session.engine
+    session.choose_drafter("none")
+    _, _, ids, _ = session.begin_turn("And again")
+    with session.lock:
+        updates = list(session.run(ids))
+    assert session.engine is engine and engine.drafter is None
+    assert updates[-1].event.stats.reused_tokens > len(ids) // 2  # the first turn was not prefilled again
+    with pytest.raises(SpecchatError, match="no published longspec drafter"):
+        session.choose_drafter("longspec")
+    assert session.settings.drafter == "none"
