@@ -1,0 +1,126 @@
+"""GLIDE drafting with CAPE: a small draft model over the target's KV cache, growing a chain and its runners-up.
+
+The draft (specchat.models.glide) keeps its own keys and values of every committed position, computed by
+full draft forwards: a layer above the first depends on the cross-attention, so the committed tokens are
+caught up lazily at the next `propose` (in chunks), the root last; its logits start the tree.
+
+CAPE (confidence-aware proposal expansion): a greedy chain of `chain` tokens, one draft forward per chain
+step on the newest chain node; at each step the top-1 draft probability c picks how many next-ranked tokens
+join as sibling leaves (`bins`: c < 0.3 -> 8, < 0.6 -> 6, < 0.8 -> 4, else 2). The chain comes first, then
+the siblings step by step while the budget lasts. The tree is deterministic (`draft_probs` None), so
+verification draws once per node and stays lossless under sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from specchat.drafters.base import TargetView
+from specchat.engine.sampling import SamplingConfig
+from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
+from specchat.errors import SpecchatError
+from specchat.models.glide import GlideKV, GlideModel, check_target, load_glide
+
+CAPE_BINS = ((0.3, 8), (0.6, 6), (0.8, 4), (math.inf, 2))  # (bound, siblings): the first bound above c applies
+CHAIN = 4
+CHUNK = 256  # committed rows per catch-up forward: bounds the masks at long contexts
+
+
+class GlideDrafter:
+    kind = "glide"
+
+    def __init__(self, target: TargetView, model: GlideModel, *, chain: int = CHAIN,
+                 bins: tuple[tuple[float, int], ...] = CAPE_BINS):  # fmt: skip
+        if chain < 1:
+            raise SpecchatError("the GLIDE chain needs at least one token")
+        config = model.config
+        check_target(config, target.config, "the glide draft")
+        self.target = target
+        self.model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        self.chain = chain
+        self.bins = bins
+        self.first_layer = target.config.num_hidden_layers - config.num_hidden_layers  # draft layer m reads this + m
+        # every committed position, and the chain's scratch slots past the newest
+        self.kv = GlideKV(config, target.cache.max_len + chain + 1, dtype=target.dtype, device=target.device)
+        self.ids: list[int] = []
+
+    def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
+        same = reused if self.ids[:reused] == ids[:reused] else 0
+        self.kv.written = min(self.kv.written, same)
+        self.ids = list(ids)
+
+    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
+        self.ids += tokens
+
+    @torch.inference_mode()
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+        builder = TreeBuilder()
+        root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
+        if budget <= 0:
+            return builder.build()
+        logits = self.root_logits()
+        steps, parent = [], ROOT
+        length = min(self.chain, budget)
+        most = min(1 + max(count for _, count in self.bins), logits.shape[-1])
+        for depth in range(1, length + 1):
+            logits = logits.float()
+            top = logits.topk(most)
+            confidence = float((top.values[0] - logits.logsumexp(dim=-1)).exp())
+            ranked = top.indices.tolist()
+            parent_of_step, parent = parent, builder.add(parent, ranked[0], self.kind)
+            steps.append((parent_of_step, ranked[1 : 1 + self.siblings(confidence)]))
+            if depth == length:
+                break
+            logits = self._logits(ranked[0], root + depth)
+        for parent, tokens in steps:
+            for token in tokens:
+                if len(builder) >= budget:
+                    return builder.build()
+                builder.add(parent, token, self.kind)
+        return builder.build()
+
+    def siblings(self, confidence: float) -> int:
+        return next(count for bound, count in self.bins if confidence < bound)
+
+    @torch.inference_mode()
+    def root_logits(self) -> torch.Tensor:
+        """Draft logits [vocab] below the root, after catching up every committed position before it."""
+        root = len(self.ids) - 1
+        self._target_kv = self.model.target_kv(self._target_layers(root))
+        self.kv.written = start = min(self.kv.written, root)  # the root's own state is (re)computed
+        while True:
+            end = min(start + CHUNK, root + 1)
+            states = self._forward(self.ids[start:end], start)
+            if end == root + 1:
+                break
+            start = end
+        self.kv.written = root + 1
+        return self.model.lm_head(states[-1])
+
+    def _logits(self, token: int, position: int) -> torch.Tensor:
+        """Draft logits [vocab] below a chain node at `position` (its state goes to a scratch slot)."""
+        return self.model.lm_head(self._forward([token], position)[0])
+
+    def _forward(self, tokens: list[int], start: int) -> torch.Tensor:
+        device = self.target.device
+        positions = torch.arange(start, start + len(tokens), device=device)
+        cos, sin = self.target.rotary(self.kv.keys, positions[None])
+        rotary = cos[0].to(self.target.dtype), sin[0].to(self.target.dtype)
+        ids = torch.tensor(tokens, dtype=torch.long, device=device)
+        return self.model(ids, start, self.kv, self._target_kv, rotary)
+
+    def _target_layers(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        layers = self.target.cache.layers[self.first_layer :]
+        return [(layer.keys[0, :, :length], layer.values[0, :, :length]) for layer in layers]
+
+    def memory_bytes(self) -> int:
+        """What the draft holds besides its weights: its own keys and values for the whole context."""
+        return self.kv.nbytes()
+
+
+def build(target: TargetView, checkpoint: Path) -> GlideDrafter:
+    """The GLIDE + CAPE drafter of the checkpoint directory `checkpoint` for this target."""
+    return GlideDrafter(target, load_glide(checkpoint, target.config))
