@@ -441,6 +441,47 @@ def bench_verify_cost(
     _report([dataclasses.asdict(row) for row in rows], as_json, title=title)
 
 
+@bench_app.command("draft")
+def bench_draft(
+    model: ModelOption = None,
+    shapes: Annotated[
+        str | None, typer.Option(help="llama3.1-8b: a random-weight target of those shapes instead of --model.")
+    ] = None,
+    layers: Annotated[int, typer.Option(help="With --shapes: decoder layers to build (fewer for CPU runs).")] = 32,
+    contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "1024,6144",
+    vocabs: Annotated[
+        str, typer.Option("--vocab", help="Comma-separated draft vocabulary sizes (0 = the target's whole one).")
+    ] = "0,16384,8192",
+    budgets: Annotated[str, typer.Option("--budget", help="Comma-separated tree budgets.")] = "7,15,63",
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+    repeats: Annotated[int, typer.Option(help="Timed calls of each kind (median).")] = 5,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """A random-weight LongSpec draft's cost per proposal (beam) against the target's decode and verify
+    forwards, and its memory, by context and draft vocabulary. GPU: --shapes llama3.1-8b --dtype bfloat16."""
+    lengths, sizes, trees = _ints(contexts, "--context"), _ints(vocabs, "--vocab"), _ints(budgets, "--budget")
+    check_attention(attention)
+    if shapes not in (None, "llama3.1-8b"):
+        raise SpecchatError(f"unknown --shapes '{shapes}'; use llama3.1-8b")
+    _quiet_transformers()
+    from specchat.bench.draft_cost import draft_cost
+
+    if shapes:
+        from specchat.bench.synthetic import torch_device, torch_dtype
+        from specchat.bench.verify_cost import llama31_8b_config, random_model, with_layers
+
+        float_type = torch_dtype("bfloat16" if dtype == "auto" else dtype)
+        target = random_model(with_layers(llama31_8b_config(), layers), float_type, torch_device(device), attention)
+        name = f"random Llama-3.1-8B shapes, {layers} layers, {float_type}".replace("torch.", "")
+    else:
+        loaded = _load(model, dtype, device, attention)
+        target, name = loaded.model, f"{loaded.source.name} {loaded.weights}/{loaded.dtype}"
+    rows = draft_cost(target, contexts=lengths, vocabs=sizes, budgets=trees, repeats=repeats)
+    _report([dataclasses.asdict(row) for row in rows], as_json, title=f"random LongSpec draft on {name}: ms per call")
+
+
 def _ints(value: str, flag: str) -> list[int]:
     try:
         return [int(item) for item in _csv(value)]

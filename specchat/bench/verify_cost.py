@@ -36,15 +36,42 @@ class VerifyCostRow:
     verify_over_decode: float
 
 
+def random_model(config, dtype: torch.dtype, device: torch.device, attention: str, *, seed: int = 0):
+    """A model of `config` with random weights, built on the device in `dtype` (never materialised in fp32 on the
+    CPU), with `attention` and the few-rows linear the engine uses whenever it verifies trees."""
+    from transformers import AutoModelForCausalLM
+
+    from specchat.engine.attention import use_attention
+    from specchat.engine.linear import use_few_rows_linear
+
+    torch.manual_seed(seed)
+    with device:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    model.eval().requires_grad_(False)
+    use_attention(model, attention)
+    use_few_rows_linear(model)
+    return model
+
+
+def with_layers(config, layers: int | None):
+    """`config` cut to its first `layers` decoder layers (all when None)."""
+    if layers is not None:
+        check_range("--layers", layers, 1, config.num_hidden_layers)
+        config.num_hidden_layers = layers
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:layers]
+    return config
+
+
 def llama31_8b_config():
     """A transformers LlamaConfig with Llama-3.1-8B's shapes (no weights are fetched)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
+        num_hidden_layers=32,
         vocab_size=128256,
         hidden_size=4096,
         intermediate_size=14336,
-        num_hidden_layers=32,
         num_attention_heads=32,
         num_key_value_heads=8,
         max_position_embeddings=131072,
@@ -91,34 +118,21 @@ def verify_cost(
         attention: auto | hybrid | sdpa | eager (specchat.engine.attention.use_attention).
         config: a transformers config to build instead of Llama-3.1-8B's (tests pass a tiny one).
     """
-    from transformers import AutoModelForCausalLM
-
-    from specchat.engine.attention import check_attention, use_attention, uses_tree_masks
+    from specchat.engine.attention import check_attention, uses_tree_masks
     from specchat.engine.cache import TreeCache
-    from specchat.engine.linear import use_few_rows_linear
 
     float_type = torch_dtype(dtype)
     check_attention(attention)
     check_contexts(contexts)
     check_range("--tree", tree, 1, MAX_TREE)
     check_range("--repeats", repeats, 1)
-    config = copy.deepcopy(config if config is not None else llama31_8b_config())
-    if layers is not None:
-        check_range("--layers", layers, 1, config.num_hidden_layers)
-        config.num_hidden_layers = layers
-        if getattr(config, "layer_types", None):
-            config.layer_types = config.layer_types[:layers]
+    config = with_layers(copy.deepcopy(config if config is not None else llama31_8b_config()), layers)
     window = config.max_position_embeddings
     if max(contexts) + tree + 1 > window:
         raise SpecchatError(f"--context must leave room for the tree: at most {window - tree - 1} here")
     dev = torch_device(device)
-
-    torch.manual_seed(seed)
-    with dev:
-        model = AutoModelForCausalLM.from_config(config, dtype=float_type, attn_implementation="sdpa")
-    model.eval().requires_grad_(False)
-    name = use_attention(model, attention)
-    use_few_rows_linear(model)  # as the engine does whenever it verifies trees
+    model = random_model(config, float_type, dev, attention, seed=seed)
+    name = model.config._attn_implementation
     hybrid = uses_tree_masks(model)
     draft = random_tree(tree, seed=seed, vocab=config.vocab_size)
     cache = TreeCache(config.num_hidden_layers, max(contexts) + tree + 1)
@@ -131,7 +145,7 @@ def verify_cost(
     rows = []
     with torch.inference_mode():
         for context in contexts:
-            _fill(cache, context, config, float_type, dev)
+            fill_cache(cache, context, config, float_type, dev)
             calls = {
                 kind: verification_forward(forward, cache, dev, tree_only=hybrid, tree=nodes, root_token=1)
                 for kind, nodes in (("decode", 0), ("verify", draft))
@@ -152,7 +166,7 @@ def verify_cost(
     return rows
 
 
-def _fill(cache, length: int, config, dtype: torch.dtype, device: torch.device) -> None:
+def fill_cache(cache, length: int, config, dtype: torch.dtype, device: torch.device) -> None:
     """Bring the cache to `length` committed slots, appending random keys/values through the layers' own
     update + commit (truncating when it holds more)."""
     cache.truncate(length)

@@ -37,6 +37,13 @@ class TargetView:
     device: torch.device
     dtype: torch.dtype
 
+    @classmethod
+    def of(cls, model, cache: TreeCache) -> TargetView:
+        """The view of a Llama-family transformers model (`model.model` holds the decoder) and its cache."""
+        inner = model.model
+        return cls(model.config, inner.embed_tokens, inner.norm, model.lm_head, inner.rotary_emb, cache,
+                   model.device, model.dtype)  # fmt: skip
+
 
 class Drafter(Protocol):
     kind: str  # the origin recorded for tokens it proposes ("ngram", "model", "heads", ...)

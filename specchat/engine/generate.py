@@ -52,10 +52,8 @@ class Engine:
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len)
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
-        inner = model.model
-        self.target = TargetView(model.config, inner.embed_tokens, inner.norm, model.lm_head, inner.rotary_emb,
-                                 self.cache, self.device, model.dtype)  # fmt: skip
-        self._hidden = None if self.lean else _LastHidden(inner.norm)  # the lean forward returns it itself
+        self.target = TargetView.of(model, self.cache)
+        self._hidden = None if self.lean else _LastHidden(model.model.norm)  # the lean forward returns it itself
         self.set_drafter(drafter, draft_budget)
 
     def set_drafter(self, drafter: Drafter | None, draft_budget: int | None = None) -> None:
