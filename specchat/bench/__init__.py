@@ -8,7 +8,9 @@
 - `context.py` (`bench context`): autoregressive time per token as the context grows;
 - `attention.py` (`bench attention`): one attention call of a tree verification, computed each way there is;
 - `verify_cost.py` (`bench verify-cost`): decode vs tree-verification forward of Llama-3.1-8B's shapes;
-- `synthetic.py`: what the last two share (option checks, random trees).
+- `draft_cost.py` (`bench draft`): a LongSpec draft's cost per proposal and its memory, against the target's
+  forwards, as the context grows;
+- `synthetic.py`: what the synthetic benches share (option checks, random trees).
 
 Generation benchmarks read the engine's own decode clock. The synthetic ones time calls with the engine's one
 timer (`specchat.engine.timing`) and run verification forwards through its one helper
