@@ -22,6 +22,7 @@ from test_sampling_verification import CONFIGS, PROMPT, SAMPLES, TOKENS, Target,
 
 from specchat.drafters.longspec import LongSpecDrafter
 from specchat.engine.generate import Engine
+from specchat.engine.prompt import encode_chat
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.models.checkpoint import write_checkpoint
@@ -126,9 +127,10 @@ def _dense_root_output(engine, layer, ids, window):
 
 def test_draft_memory_does_not_grow_with_the_context(tokenizer):
     model = tiny_model("llama", vocab_size=64)
+    model.config.max_position_embeddings = 8192  # default RoPE: the window only bounds the engine's cache
     sizes = []
     for context in (1000, 6000):
-        engine = Engine(model, tokenizer, max_len=context + 16)
+        engine = Engine(model, tokenizer, max_len=context + 16)  # the tree's slots come on top
         drafter = LongSpecDrafter(engine.target, random_layer(model))
         engine.set_drafter(drafter, 20)
         generate(engine, [int(t) for t in torch.randint(3, 64, (context,))], 4)
@@ -139,9 +141,7 @@ def test_draft_memory_does_not_grow_with_the_context(tokenizer):
 @pytest.mark.slow
 def test_a_random_draft_on_the_default_model_keeps_its_output(default_model):
     model = default_model.model
-    prompt = default_model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Write a short poem about the sea."}], add_generation_prompt=True
-    )
+    prompt = encode_chat(default_model.tokenizer, [{"role": "user", "content": "Write a short poem about the sea."}])
     engine = Engine(model, default_model.tokenizer, max_len=len(prompt) + 40)
     expected = generate(engine, prompt, 32)
     draft_vocab = torch.arange(0, 49152, 6)  # a reduced draft vocabulary

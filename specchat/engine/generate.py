@@ -53,7 +53,7 @@ class Engine:
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
         self.target = TargetView.of(model, self.cache)
-        self._hidden = None if self.lean else _LastHidden(model.model.norm)  # the lean forward returns it itself
+        self._hidden = _LastHidden(model.model.norm)  # transformers' forward hides it; the lean one returns it
         self.set_drafter(drafter, draft_budget)
 
     def set_drafter(self, drafter: Drafter | None, draft_budget: int | None = None) -> None:
