@@ -30,7 +30,7 @@ from torch import nn
 
 from specchat.errors import SpecchatError
 from specchat.models.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
-from specchat.models.longspec import MLP, RMSNorm, rotate
+from specchat.models.longspec import MLP, RMSNorm, SelfAttention, rotate
 
 PREFIXES = ("draft_model.", "small_model.", "module.")  # training wrappers' names, stripped when present
 FEW_ROWS = 8  # attention over at most this many rows is plain matmuls
@@ -101,16 +101,6 @@ def _rope_theta(data: dict) -> float:
     return float(theta or 10000.0)
 
 
-class SelfAttention(nn.Module):
-    def __init__(self, config: GlideConfig):
-        super().__init__()
-        heads, kv, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, heads * dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, kv * dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, kv * dim, bias=False)
-        self.o_proj = nn.Linear(heads * dim, config.hidden_size, bias=False)
-
-
 class Remap(nn.Linear):
     """A linear map of the target's keys or values [kv_heads, n, head_dim]: over each head's head_dim (every
     head alike), or over all heads at once when its width is kv_heads * head_dim."""
@@ -142,7 +132,7 @@ class CrossAttention(nn.Module):
 class GlideLayer(nn.Module):
     def __init__(self, config: GlideConfig, remap_bias: bool = False):
         super().__init__()
-        self.self_attn = SelfAttention(config)
+        self.self_attn = SelfAttention(config, bias=False)  # GLIDE's q/k/v have no bias
         self.cross_attn = CrossAttention(config, remap_bias)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -73,12 +73,14 @@ class RMSNorm(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: LongSpecConfig):
+    """q/k/v/o projections of a draft layer's self-attention (LongSpec's q/k/v have a bias; GLIDE's do not)."""
+
+    def __init__(self, config, *, bias: bool = True):
         super().__init__()
         heads, kv, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, heads * dim, bias=True)
-        self.k_proj = nn.Linear(config.hidden_size, kv * dim, bias=True)
-        self.v_proj = nn.Linear(config.hidden_size, kv * dim, bias=True)
+        self.q_proj = nn.Linear(config.hidden_size, heads * dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv * dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv * dim, bias=bias)
         self.o_proj = nn.Linear(heads * dim, config.hidden_size, bias=False)
 
 
