@@ -13,7 +13,14 @@ import torch
 
 from specchat.drafters.base import Drafter, TargetView
 from specchat.engine.attention import uses_tree_masks
-from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
+from specchat.engine.budget import (
+    MAX_BUDGET,
+    SIZES,
+    AdaptiveBudget,
+    VerifyCost,
+    cached_verify_cost,
+    measure_verify_cost,
+)
 from specchat.engine.cache import TreeCache
 from specchat.engine.events import TARGET, StepEvent
 from specchat.engine.lean_forward import lean_forward
@@ -23,6 +30,7 @@ from specchat.engine.stats import GenerationStats
 from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, node_histories, tree_batch
 from specchat.engine.verify import verify
+from specchat.engine.verify_forward import verification_forward
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError
 from specchat.quant.formats import weight_format
@@ -53,7 +61,7 @@ class Engine:
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
         self.target = TargetView.of(model, self.cache)
-        self._hidden = _LastHidden(model.model.norm)  # transformers' forward hides it; the lean one returns it
+        self._hidden = _LastHidden.of(model.model.norm)  # transformers' forward hides it; the lean one returns it
         self.set_drafter(drafter, draft_budget)
 
     def set_drafter(self, drafter: Drafter | None, draft_budget: int | None = None) -> None:
@@ -140,8 +148,6 @@ class Engine:
 
     def _verify_cost(self) -> VerifyCost:
         """Verification cost by tree size for this model, dtype, device and thread count (cached on disk)."""
-
-        from specchat.engine.verify_forward import verification_forward
 
         def verify_forward(n: int):  # a chain of n nodes at the current context, never committed
             return verification_forward(self._forward, self.cache, self.device, tree_only=self.tree_only_masks, tree=n)
@@ -259,11 +265,18 @@ def eos_ids(model, tokenizer) -> frozenset[int]:
 
 
 class _LastHidden:
-    """Catches what enters the final norm during transformers' forward: the last decoder layer's output."""
+    """Catches what enters the final norm during transformers' forward: the last decoder layer's output.
+    One per norm module, however many engines run the model (`of`)."""
 
     def __init__(self, norm: torch.nn.Module):
         self.value: torch.Tensor | None = None
         norm.register_forward_pre_hook(self._catch)
+
+    @classmethod
+    def of(cls, norm: torch.nn.Module) -> _LastHidden:
+        if not isinstance(getattr(norm, "_specchat_last_hidden", None), cls):
+            norm._specchat_last_hidden = cls(norm)
+        return norm._specchat_last_hidden
 
     def _catch(self, module, args) -> None:
         self.value = args[0]
