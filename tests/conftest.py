@@ -14,8 +14,8 @@ if not torch.cuda.is_available():  # Triton kernels then run in the interpreter;
 TINY_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
 
-def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0):
-    """A 2-layer random model of `family` (GQA 4:2, head_dim 16), fp32, eval mode."""
+def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim: int | None = None):
+    """A 2-layer random model of `family` (GQA 4:2, head_dim 16 unless given), fp32, eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
@@ -31,6 +31,7 @@ def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0):
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=2,
+        **({} if head_dim is None else {"head_dim": head_dim}),
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")

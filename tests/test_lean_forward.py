@@ -1,32 +1,31 @@
-"""The lean forward computes what transformers' forward computes on the same model, and fused projections
-what the separate ones did: bit for bit."""
+"""The lean forward (the compiled CPU decoder) computes transformers' forward, and every verified tree row
+bitwise what a decode step at its position computes; fused projections give what the separate ones did."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import tiny_model
-from drafters_for_tests import RandomTreeDrafter
 
-from specchat.drafters.ngram import NgramDrafter
 from specchat.engine.attention import use_attention
 from specchat.engine.cache import TreeCache
-from specchat.engine.generate import Engine
-from specchat.engine.lean_forward import lean_forward
-from specchat.engine.prompt import encode_prompt
-from specchat.engine.sampling import SamplingConfig
+from specchat.engine.lean_forward import LeanForward, lean_forward
 from specchat.engine.tree import DraftTree, tree_batch
+from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Rows, Side, fuse_projections
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
 from specchat.quant.quantize import quantize_model
 
+CPU = torch.device("cpu")
 
-def _canonical(family: str, quantize: str | None = None):
-    model = tiny_model(family).to(torch.bfloat16)
+
+def _model(family: str, dtype: torch.dtype, *, quantize: str | None = None, head_dim: int = 64):
+    model = tiny_model(family, head_dim=head_dim).to(dtype)
     if quantize:
-        quantize_model(model, quantize, dtype=torch.bfloat16)
-    use_attention(model, "canonical")
+        quantize_model(model, quantize, dtype=dtype)
+    if dtype != torch.float32:
+        use_attention(model, "canonical")
     return model
 
 
@@ -38,55 +37,64 @@ def _transformers_logits(model, tokens, positions, mask, cache):
 
 @torch.inference_mode()
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
-@pytest.mark.parametrize("quantize", [None, "int4", "int8"])
-def test_prefill_and_tree_verification_equal_transformers(family, quantize):
-    model = _canonical(family, quantize)
-    lean = lean_forward(model)  # fuses q/k/v and gate/up in place: transformers then runs the fused layers too
-    assert lean is not None
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, 1000, (40,), generator=generator)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prefill_and_tree_verification_match_transformers_in_float32(family, head_dim):
+    model = _model(family, torch.float32, head_dim=head_dim)
+    lean = LeanForward(model, cpu_decoder())  # fuses q/k/v and gate/up in place: transformers runs them too
+    prompt = torch.randint(3, 1000, (40,), generator=torch.Generator().manual_seed(0))
     tree = DraftTree([5, 6, 7, 8, 9], [-1, 0, 0, 1, 3], ["test"] * 5)
+    batch = tree_batch(tree, 11, 40, CPU)
     caches = TreeCache(2, 128), TreeCache(2, 128)
-    logits = []
-    for run, cache in zip((lean, None), caches):
-        prefill = (lean(prompt, torch.arange(40), None, cache)[0] if run else
-                   _transformers_logits(model, prompt, torch.arange(40), None, cache))  # fmt: skip
+    prefill = lean(prompt, torch.arange(40), None, caches[0])[0]
+    expected_prefill = _transformers_logits(model, prompt, torch.arange(40), None, caches[1])
+    for cache in caches:
         cache.commit()
-        batch = tree_batch(tree, 11, 40, torch.device("cpu"))
-        mask = batch.attention_mask(40, tree_only=True)
-        verified = (lean(batch.input_ids, batch.position_ids, mask[0, 0], cache)[0] if run else
-                    _transformers_logits(model, batch.input_ids, batch.position_ids, mask, cache))  # fmt: skip
-        logits.append((prefill, verified))
-    assert torch.equal(logits[0][0], logits[1][0])
-    assert torch.equal(logits[0][1], logits[1][1])
+    verified = lean(batch.input_ids, batch.position_ids, batch.tree_mask, caches[0])[0]
+    expected = _transformers_logits(model, batch.input_ids, batch.position_ids, batch.attention_mask(40), caches[1])
+    torch.testing.assert_close(prefill, expected_prefill, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(verified, expected, atol=2e-4, rtol=1e-4)
 
 
-def test_lean_forward_serves_canonical_llama_family_models_only():
-    assert lean_forward(tiny_model("llama")) is None  # fp32 on CPU: SDPA, transformers' forward
-    assert lean_forward(_canonical("qwen3")) is None  # q/k norms: not a plain Llama layer
-    assert lean_forward(_canonical("llama")) is not None
+def _random_tree(nodes: int, seed: int) -> DraftTree:
+    generator = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(1, nodes)]
+    return DraftTree([100 + i for i in range(nodes)], parents, ["test"] * nodes)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["none", "ngram", "random"])
-def test_engine_output_is_the_same_through_transformers(drafter):
-    """The default CPU load (q4_1, bf16, canonical) decodes the same ids through either forward."""
-    from specchat.loading import load_model
+def _chain(nodes: int) -> DraftTree:
+    return DraftTree([100 + i for i in range(nodes)], list(range(-1, nodes - 1)), ["test"] * nodes)
 
-    loaded = load_model(None, device="cpu")
-    ids = encode_prompt(loaded.tokenizer, "List ten fruits and describe the taste of each one.")
-    outputs = []
-    for lean in (True, False):
-        make = {"none": lambda: None, "ngram": NgramDrafter,
-                "random": lambda: RandomTreeDrafter(vocab_size=49152, seed=3, p_correct=0.5)}[drafter]  # fmt: skip
-        engine = Engine(loaded.model, loaded.tokenizer, max_len=len(ids) + 64, drafter=make(),
-                        draft_budget=None if drafter == "none" else 8)  # fmt: skip
-        assert engine.lean is not None
-        if not lean:
-            engine.lean = None
-        events = engine.generate(ids, sampling=SamplingConfig(temperature=0.0), max_new_tokens=48)
-        outputs.append([token for event in events for token in event.tokens])
-    assert outputs[0] == outputs[1]
+
+@torch.inference_mode()
+@pytest.mark.parametrize("quantize", [None, "int4", "int8"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("prefix", [1, 15, 63, 130])  # key counts on both sides of the 16- and 64-key blocks
+def test_each_verified_row_is_bitwise_its_decode_step(quantize, head_dim, prefix):
+    model = _model("llama", torch.bfloat16, quantize=quantize, head_dim=head_dim)
+    lean = lean_forward(model)
+    assert lean is not None
+    prompt = torch.randint(3, 1000, (prefix,), generator=torch.Generator().manual_seed(prefix))
+    cache = TreeCache(2, 256)
+    lean(prompt, torch.arange(prefix), None, cache)
+    cache.commit()
+    for tree in (_random_tree(20, seed=prefix), _chain(17)):
+        batch = tree_batch(tree, 11, prefix, CPU)
+        logits, hidden = lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache)
+        for row in range(len(tree) + 1):
+            path = [0] + [1 + node for node in tree.path_to(row - 1)] if row else [0]
+            for step in path:  # the row's ancestors and itself, decoded one at a time
+                one = lean(batch.input_ids[step : step + 1], batch.position_ids[step : step + 1], None, cache)
+                cache.commit()
+            assert torch.equal(one[0][0], logits[row]), f"row {row} of {len(tree) + 1}"
+            assert torch.equal(one[1][0], hidden[row])
+            cache.truncate(prefix)
+
+
+def test_lean_forward_serves_canonical_llama_family_models_it_was_compiled_for():
+    assert lean_forward(tiny_model("llama", head_dim=64)) is None  # fp32 on CPU: SDPA, transformers' forward
+    assert lean_forward(_model("qwen3", torch.bfloat16)) is None  # q/k norms: not a plain Llama layer
+    assert lean_forward(_model("llama", torch.bfloat16, head_dim=16)) is None
+    assert lean_forward(_model("llama", torch.bfloat16)) is not None
 
 
 def _projections(kind: str, dims=(128, 64, 32), in_features=64):

@@ -35,6 +35,17 @@ class TreeKVLayer(CacheLayerMixin):
         )
         self.is_initialized = True
 
+    def reserve(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole cache [heads, max_len, D] (batch 1) for a forward that writes `rows` slots after the prefix
+        itself: `update` without the copy."""
+        if not self.is_initialized:
+            empty = torch.empty(1, heads, 0, head_dim, dtype=dtype, device=device)
+            self.lazy_initialization(empty, empty)
+        if self.length + rows > self.max_len:
+            raise RuntimeError(f"KV cache full: {self.length + rows} > {self.max_len} slots")
+        self.pending = rows
+        return self.keys[0], self.values[0]
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -85,6 +96,11 @@ class TreeCache(Cache):
             index, count = torch.as_tensor(kept, device=self.layers[0].keys.device), len(kept)
         for layer in self.layers:
             layer.commit(index, count)
+
+    def reserve(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype, device) -> tuple[list, list]:
+        """Every layer's keys and values [heads, max_len, D], `rows` slots after the prefix set pending."""
+        reserved = [layer.reserve(rows, heads, head_dim, dtype, device) for layer in self.layers]
+        return [keys for keys, _ in reserved], [values for _, values in reserved]
 
     def truncate(self, length: int) -> None:
         """Forget everything after the first `length` committed slots (a pointer move)."""

@@ -251,7 +251,7 @@ def calibration_key(model, *, lean: bool) -> str:
     shape = f"{config.num_hidden_layers}x{config.hidden_size}x{config.intermediate_size}x{config.vocab_size}"
     return (
         f"{model.name_or_path}|{shape}|{weight_format(model)}|{model.dtype}|{model.device}|"
-        f"{config._attn_implementation}|{'lean' if lean else 'transformers'}|threads={torch.get_num_threads()}"
+        f"{config._attn_implementation}|{'cpu-decoder' if lean else 'transformers'}|threads={torch.get_num_threads()}"
     )
 
 

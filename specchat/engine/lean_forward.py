@@ -1,85 +1,67 @@
-"""The target's forward on a CPU without transformers' module machinery: a Llama-family decoder in one loop.
+"""The target's forward on a CPU without transformers' module machinery: a Llama-family decoder in one call.
 
-A decode step of the default model on 2 cores is about 4 ms of 4-bit matmuls and 3 ms of attention; through
-transformers' modules it took 14 ms. This forward runs the same modules' weights with what a step needs and
-nothing else: one product for q/k/v and one for gate/up (`fuse_projections`), one rotary pass over q and k
-together, RMSNorm as one fused call, canonical tree attention on the engine's cache, and the LM head on the
-rows asked for. Prefill (many rows, no tree) attends causally through SDPA.
+A decode step of the default model on 2 cores is about 4.5 ms of 4-bit matmuls; run as transformers' modules
+it took 14 ms, and as a loop of torch calls from Python 11 ms: the hundreds of small operations between the
+matmuls cost more than the matmuls. Here every layer runs inside the compiled CPU decoder
+(`specchat.kernels.cpu_decoder`): ATen's matmuls on the model's own weights (q/k/v and gate/up fused by
+`fuse_projections`), everything else in plain loops, tree attention read from the engine's cache in an order
+fixed by each row's position (so a verified node computes bitwise what a decode step computes).
 
 It serves models whose attention is canonical (CPU, bf16 / fp16 activations) and whose layers are plain
-Llama ones (llama, mistral without a sliding window, qwen2); `lean_forward` returns None for the rest, which
-keep transformers' forward.
+Llama ones (llama, mistral without a sliding window, qwen2); `lean_forward` returns None for the rest, and
+when the decoder cannot be compiled here (with a warning), which keep transformers' forward.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
-import torch.nn.functional as F
+from torch import nn
 
 from specchat.engine.attention import CANONICAL
-from specchat.kernels.canonical_attention import canonical_tree_attention
-from specchat.quant.fused import fuse_projections
+from specchat.kernels.cpu_decoder import cpu_decoder
+from specchat.quant.fused import Side, fuse_projections
+from specchat.quant.int4_linear import Int4Linear
+from specchat.quant.int8_linear import Int8Linear
 
 FAMILIES = ("llama", "mistral", "qwen2")
+HEAD_DIMS = (64, 128)  # the CPU decoder is compiled for these
 
 
 class LeanForward:
-    def __init__(self, model):
+    def __init__(self, model, native):
         config = model.config
-        self.embed, self.norm, self.head = model.model.embed_tokens, model.model.norm, model.lm_head
-        self.rotary = model.model.rotary_emb
-        self.layers = [_Layer(layer, config) for layer in model.model.layers]
-        self.one_node = torch.ones(1, 1, dtype=torch.bool, device=model.device)
+        self.native = native
+        self.embed, self.head, self.rotary = model.model.embed_tokens, model.lm_head, model.model.rotary_emb
+        self.kv_heads, self.head_dim = config.num_key_value_heads, model.model.layers[0].self_attn.head_dim
+        self.decoder = native.Decoder(
+            [_layer(native, layer) for layer in model.model.layers],
+            model.model.norm.weight,
+            config.num_attention_heads,
+            self.kv_heads,
+            self.head_dim,
+            config.intermediate_size,
+            model.model.norm.variance_epsilon,
+            model.model.layers[0].self_attn.scaling,
+        )
+        self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None, cache,
                  *, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Logits [q or 1, vocab] of `tokens` [q] at `positions` [q], written after the cache's prefix, and the
         last layer's output before the final norm [q, hidden_size].
 
-        `tree_mask` [q, q] makes the forward a tree verification; without one, a single token is a decode
-        step and several are a causal prefill."""
-        rows = tokens.shape[0]
-        if tree_mask is None and rows == 1:
-            tree_mask = self.one_node
-        x = self.embed(tokens)[None]  # [1, q, hidden]
-        cos, sin = self.rotary(x, positions[None])
-        cos, sin = cos[:, :, None], sin[:, :, None]  # [1, q, 1, D]: broadcast over heads
-        for layer, cache_layer in zip(self.layers, cache.layers):
-            x = layer(x, cos, sin, cache_layer, tree_mask)
-        last = x[:, -1:] if last_only else x
-        return self.head(_rms_norm(last, self.norm))[0], x[0]
-
-
-class _Layer:
-    """One decoder layer's weights, read from the model's modules (q/k/v and gate/up fused)."""
-
-    def __init__(self, layer, config):
-        attn, mlp = layer.self_attn, layer.mlp
-        self.head_dim = attn.head_dim
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.scale = attn.scaling
-        self.attention_norm, self.mlp_norm = layer.input_layernorm, layer.post_attention_layernorm
-        # bound `forward`s: nn.Module's call machinery (hooks) costs microseconds a call, hundreds of calls a step
-        self.qkv = fuse_projections(attn, ("q_proj", "k_proj", "v_proj")).forward
-        self.gate_up = fuse_projections(mlp, ("gate_proj", "up_proj")).forward
-        self.o_proj, self.down_proj, self.act = attn.o_proj.forward, mlp.down_proj.forward, mlp.act_fn.forward
-        self.intermediate = config.intermediate_size
-
-    def __call__(self, x, cos, sin, cache_layer, tree_mask):
-        batch, rows, _ = x.shape
-        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        qkv = self.qkv(_rms_norm(x, self.attention_norm)).view(batch, rows, heads + 2 * kv_heads, dim)
-        qk = _rotate(qkv[:, :, : heads + kv_heads], cos, sin)
-        q = qk[:, :, :heads].transpose(1, 2)  # [1, H, q, D]
-        keys, values = cache_layer.update(qk[:, :, heads:].transpose(1, 2), qkv[:, :, heads + kv_heads :].transpose(1, 2))
-        out = x.new_empty(batch, rows, heads, dim)
-        if tree_mask is None:
-            _causal_attention(q, keys, values, self.scale, out=out.transpose(1, 2))
-        else:
-            canonical_tree_attention(q, keys, values, keys.shape[2] - rows, tree_mask, self.scale, out=out.transpose(1, 2))
-        x = x + self.o_proj(out.view(batch, rows, heads * dim))
-        gate, up = self.gate_up(_rms_norm(x, self.mlp_norm)).split(self.intermediate, dim=-1)
-        return x + self.down_proj(self.act(gate) * up)
+        `tree_mask` [q, q] makes the forward a tree verification; without one the rows are causal (a single
+        token is a decode step, several a prefill)."""
+        x = self.embed(tokens)
+        cos, sin = self.rotary(self.angles, positions[None])
+        prefix = cache.length
+        keys, values = cache.reserve(tokens.shape[0], self.kv_heads, self.head_dim, x.dtype, x.device)
+        normed, hidden = self.native.forward(
+            self.decoder, x, cos[0], sin[0], keys, values, prefix, tree_mask, last_only
+        )
+        return self.head(normed), hidden
 
 
 def lean_forward(model) -> LeanForward | None:
@@ -87,22 +69,39 @@ def lean_forward(model) -> LeanForward | None:
     config = model.config
     if config._attn_implementation != CANONICAL or config.model_type not in FAMILIES:
         return None
-    return LeanForward(model)
+    if config.hidden_act != "silu" or model.model.layers[0].self_attn.head_dim not in HEAD_DIMS:
+        return None
+    try:
+        native = cpu_decoder()
+    except RuntimeError as error:
+        warnings.warn(f"{error}; running transformers' forward (slower)", stacklevel=2)
+        return None
+    return LeanForward(model, native)
 
 
-def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
-    """Llama's RMSNorm (normalise in fp32, round, scale) in one fused call and a product."""
-    return norm.weight * F.rms_norm(x.float(), x.shape[-1:], eps=norm.variance_epsilon).to(x.dtype)
+def _layer(native, layer):
+    attn, mlp = layer.self_attn, layer.mlp
+    return native.Layer(
+        _projection(native, fuse_projections(attn, ("q_proj", "k_proj", "v_proj"))),
+        _projection(native, attn.o_proj),
+        _projection(native, fuse_projections(mlp, ("gate_proj", "up_proj"))),
+        _projection(native, mlp.down_proj),
+        layer.input_layernorm.weight,
+        layer.post_attention_layernorm.weight,
+    )
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [1, q, heads, D] (the two halves of each head rotate together)."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
+def _projection(native, layer: nn.Module):
+    parts = list(layer.layers) if isinstance(layer, Side) else [layer]
+    return native.Projection([_linear(native, part) for part in parts])
 
 
-def _causal_attention(q, keys, values, scale: float, *, out: torch.Tensor) -> None:
-    """Prefill: each of the q rows sees the cached prefix and the rows up to itself."""
-    rows, total = q.shape[2], keys.shape[2]
-    mask = torch.ones(rows, total, dtype=torch.bool, device=q.device).tril(total - rows)
-    out.copy_(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True))
+def _linear(native, layer: nn.Module):
+    if isinstance(layer, Int4Linear):
+        return native.Linear.int4([layer.packed], [layer.scales_zeros], layer.group_size, layer.bias)
+    if isinstance(layer, Int8Linear):
+        planes, scales = [layer.high, layer.low], [layer.high_scales, layer.low_scales]
+        return native.Linear.int4(planes, scales, layer.group_size, layer.bias)
+    if isinstance(layer, nn.Linear):
+        return native.Linear.dense(layer.weight, layer.bias)
+    raise TypeError(f"the CPU decoder cannot run a {type(layer).__name__} layer")

@@ -1,0 +1,453 @@
+// A Llama-family decoder forward for CPUs in one call: every layer, no Python between the operations.
+//
+// A decode step of a small model is a few hundred operations of a few microseconds each; run one by one
+// from Python they cost more than the matmuls. Here the matmuls are ATen's (the 4-bit kernel, or a dense
+// product), and what lies between them (RMSNorm, rotary, the cache write, tree attention, SiLU-gating,
+// residuals) is plain loops over the rows.
+//
+// Exactness: every row's attention sums over its keys in position order (the committed prefix, then its
+// ancestors by depth, itself last) with a fixed lane layout, so a verified tree node gets bitwise what a
+// decode step at its position gets, whatever the tree around it. The norms and elementwise parts are per
+// row; the 4-bit kernel computes each row on its own (tested in tests/test_quant.py).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int LANES = 16;  // partial sums kept side by side; a sum's order depends on the indices alone
+
+struct Linear {
+  // y = x W^T + bias, with W dense or the sum of 4-bit planes (packed codes + scales/zeros per group).
+  at::Tensor dense;
+  std::vector<at::Tensor> packed, scales;
+  int64_t group = 0;
+  std::optional<at::Tensor> bias;
+
+  at::Tensor operator()(const at::Tensor& x) const {
+    at::Tensor out;
+    if (dense.defined()) {
+      out = at::linear(x, dense);
+    } else {
+      out = at::_weight_int4pack_mm_for_cpu(x, packed[0], group, scales[0]);
+      for (size_t i = 1; i < packed.size(); ++i) {
+        out.add_(at::_weight_int4pack_mm_for_cpu(x, packed[i], group, scales[i]));
+      }
+    }
+    if (bias) out.add_(*bias);
+    return out;
+  }
+};
+
+struct Projection {
+  // Outputs of its parts side by side (one part when the projections could be stacked).
+  std::vector<Linear> parts;
+
+  at::Tensor operator()(const at::Tensor& x) const {
+    if (parts.size() == 1) return parts[0](x);
+    std::vector<at::Tensor> outs;
+    for (const auto& part : parts) outs.push_back(part(x));
+    return at::cat(outs, -1);
+  }
+};
+
+struct Layer {
+  Projection qkv, o, gate_up, down;
+  at::Tensor attention_norm, mlp_norm;
+};
+
+struct Decoder {
+  std::vector<Layer> layers;
+  at::Tensor final_norm;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  double eps = 1e-5, scale = 1.0;
+};
+
+template <typename T>
+inline float load(T value) { return static_cast<float>(value); }
+
+template <typename T>
+inline T store(float value) { return static_cast<T>(value); }
+
+inline float lane_total(float* lanes) {
+  for (int width = LANES / 2; width > 0; width /= 2) {
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  }
+  return lanes[0];
+}
+
+// exp for x <= 0 (softmax after the max): Cephes' range reduction and polynomial; loops over it vectorise.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  return y * two_n;
+}
+
+// out[r] = round(round(x[r] / rms(x[r])) * weight), Llama's RMSNorm with its two roundings.
+template <typename T>
+void rms_norm(const T* x, const T* weight, T* out, int64_t rows, int64_t width, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = x + r * width;
+    float lanes[LANES] = {};
+    int64_t c = 0;
+    for (; c + LANES <= width; c += LANES) {
+      for (int l = 0; l < LANES; ++l) lanes[l] += load(row[c + l]) * load(row[c + l]);
+    }
+    for (int l = 0; c < width; ++c, ++l) lanes[l] += load(row[c]) * load(row[c]);
+    const float inverse = 1.0f / std::sqrt(lane_total(lanes) / static_cast<float>(width) + eps);
+    for (c = 0; c < width; ++c) {
+      out[r * width + c] = store<T>(load(store<T>(load(row[c]) * inverse)) * load(weight[c]));
+    }
+  }
+}
+
+// x[r] += y[r], rounded once.
+template <typename T>
+void add_into(T* x, const T* y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] = store<T>(load(x[i]) + load(y[i]));
+}
+
+// gate_up [rows, 2 I] -> [rows, I]: silu(gate) * up, rounded once.
+template <typename T>
+void silu_gate(const T* gate_up, T* out, int64_t rows, int64_t intermediate) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* gate = gate_up + r * 2 * intermediate;
+    const T* up = gate + intermediate;
+    for (int64_t c = 0; c < intermediate; ++c) {
+      const float g = load(gate[c]);
+      out[r * intermediate + c] = store<T>(g / (1.0f + std::exp(-g)) * load(up[c]));
+    }
+  }
+}
+
+// The rows' queries rotated into fp32 [rows, heads, D]; their keys rotated and values copied into the cache
+// slots [prefix, prefix + rows).
+template <typename T>
+void rotate_and_cache(const T* qkv, const float* cos, const float* sin, float* queries, T* keys, T* values,
+                      int64_t cache_len, int64_t prefix, int64_t rows, int64_t heads, int64_t kv_heads,
+                      int64_t dim) {
+  const int64_t half = dim / 2, width = (heads + 2 * kv_heads) * dim;
+  std::vector<float> rotated(dim);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = qkv + r * width;
+    const float* c = cos + r * dim;
+    const float* s = sin + r * dim;
+    for (int64_t h = 0; h < heads + kv_heads; ++h) {
+      const T* in = row + h * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        const float turned = d < half ? -load(in[d + half]) : load(in[d - half]);
+        rotated[d] = load(in[d]) * c[d] + turned * s[d];
+      }
+      if (h < heads) {
+        std::copy(rotated.begin(), rotated.end(), queries + (r * heads + h) * dim);
+      } else {
+        T* slot = keys + ((h - heads) * cache_len + prefix + r) * dim;
+        for (int64_t d = 0; d < dim; ++d) slot[d] = store<T>(rotated[d]);
+      }
+    }
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const T* in = row + (heads + kv_heads + g) * dim;
+      std::copy(in, in + dim, values + (g * cache_len + prefix + r) * dim);
+    }
+  }
+}
+
+// scores[i] = q . tile[i] for a tile of 16 keys [16][dim] (dim a multiple of 16): the products summed in 16
+// lanes, then adjacent lanes paired down to one. The AVX-512 path and the portable one compute the same sums.
+template <int DIM>
+inline void dots16(const float* q, const float* tile, float* scores) {
+  constexpr int dim = DIM;
+#if defined(__AVX512F__)
+  __m512 sums[LANES];
+  for (int i = 0; i < LANES; ++i) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t c = 0; c < dim; c += LANES) {
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + c), _mm512_loadu_ps(tile + i * dim + c), acc);
+    }
+    sums[i] = acc;
+  }
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  for (int n = LANES; n > 1; n /= 2) {  // each step halves the vectors: lane k of the last is key k's sum
+    for (int i = 0; i < n / 2; ++i) {
+      sums[i] = _mm512_add_ps(_mm512_permutex2var_ps(sums[2 * i], even, sums[2 * i + 1]),
+                              _mm512_permutex2var_ps(sums[2 * i], odd, sums[2 * i + 1]));
+    }
+  }
+  _mm512_storeu_ps(scores, sums[0]);
+#else
+  for (int i = 0; i < LANES; ++i) {
+    float lanes[LANES] = {};
+    for (int64_t c = 0; c < dim; c += LANES) {
+      for (int l = 0; l < LANES; ++l) lanes[l] = std::fma(q[c + l], tile[i * dim + c + l], lanes[l]);
+    }
+    for (int n = LANES; n > 1; n /= 2) {
+      for (int j = 0; j < n / 2; ++j) lanes[j] = lanes[2 * j] + lanes[2 * j + 1];
+    }
+    scores[i] = lanes[0];
+  }
+#endif
+}
+
+// Attention of `rows` consecutive rows for one KV head's group of query heads (queries [rows][heads][DIM] fp32
+// from the group's first head). Row r sees the cache slots [0, prefix) then tails[r]; the prefix keys are
+// converted once for all rows. Per query, scores are computed key by key, the softmax sums lanes by key
+// index, and the value sum runs over the keys in order: all fixed by the row's own keys.
+template <typename T, int DIM>
+void attend(const float* queries, const T* keys, const T* values, const std::vector<int64_t>* tails, int64_t prefix,
+            int64_t rows, int64_t heads, int64_t group, float scale, T* out) {
+  constexpr int64_t BLOCK = 4 * LANES;  // value rows converted at a time
+  const int64_t count = rows * group;  // queries
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) longest = std::max<int64_t>(longest, static_cast<int64_t>(tails[r].size()));
+  const int64_t width = prefix + longest;
+  std::vector<float> scores(count * width), tile(BLOCK * DIM), accumulator(count * DIM, 0.0f);
+  float block[LANES];
+  auto query = [&](int64_t i) { return queries + ((i / group) * heads + i % group) * DIM; };
+  auto convert = [&](const T* cache, const int64_t* slots, int64_t first, int64_t n) {  // n <= BLOCK rows
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = cache + (slots ? slots[first + i] : first + i) * DIM;
+      for (int d = 0; d < DIM; ++d) tile[i * DIM + d] = load(row[d]);
+    }
+  };
+  auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
+    for (int64_t b = 0; b < n; b += LANES) {
+      const int64_t filled = std::min<int64_t>(LANES, n - b);
+      convert(keys, slots, b, filled);
+      std::fill(tile.begin() + filled * DIM, tile.begin() + LANES * DIM, 0.0f);
+      for (int64_t i = first_query; i < last_query; ++i) {
+        dots16<DIM>(query(i), tile.data(), block);
+        float* row = scores.data() + i * width + offset + b;
+        for (int64_t j = 0; j < filled; ++j) row[j] = block[j] * scale;
+      }
+    }
+  };
+  auto add_values = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
+    for (int64_t b = 0; b < n; b += BLOCK) {
+      const int64_t filled = std::min<int64_t>(BLOCK, n - b);
+      convert(values, slots, b, filled);
+      for (int64_t i = first_query; i < last_query; ++i) {
+        const float* weights = scores.data() + i * width + offset + b;
+        float acc[DIM];
+        std::copy_n(accumulator.data() + i * DIM, DIM, acc);
+        for (int64_t p = 0; p < filled; ++p) {
+          for (int d = 0; d < DIM; ++d) acc[d] = std::fma(weights[p], tile[p * DIM + d], acc[d]);
+        }
+        std::copy_n(acc, DIM, accumulator.data() + i * DIM);
+      }
+    }
+  };
+  score_keys(nullptr, prefix, 0, count, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    float* row = scores.data() + i * width;
+    const int64_t n = prefix + static_cast<int64_t>(tails[i / group].size());
+    float lanes[LANES];
+    std::fill_n(lanes, LANES, row[0]);
+    int64_t p = 0;
+    for (; p + LANES <= n; p += LANES) {
+      for (int l = 0; l < LANES; ++l) lanes[l] = std::max(lanes[l], row[p + l]);
+    }
+    for (int l = 0; p < n; ++p, ++l) lanes[l] = std::max(lanes[l], row[p]);
+    const float top = *std::max_element(lanes, lanes + LANES);
+    std::fill_n(lanes, LANES, 0.0f);
+    p = 0;
+    for (; p + LANES <= n; p += LANES) {
+      for (int l = 0; l < LANES; ++l) {
+        row[p + l] = exp_nonpositive(row[p + l] - top);
+        lanes[l] += row[p + l];
+      }
+    }
+    for (int l = 0; p < n; ++p, ++l) {
+      row[p] = exp_nonpositive(row[p] - top);
+      lanes[l] += row[p];
+    }
+    const float inverse = 1.0f / lane_total(lanes);
+    for (int64_t q = 0; q < n; ++q) row[q] *= inverse;
+  }
+  add_values(nullptr, prefix, 0, count, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    add_values(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    T* dst = out + ((i / group) * heads + i % group) * DIM;
+    for (int d = 0; d < DIM; ++d) dst[d] = store<T>(accumulator[i * DIM + d]);
+  }
+}
+
+// Prefill (many causal rows, no tree): SDPA, whose blocked sums need not match a decode step's.
+template <typename T>
+void causal_prefill(const std::vector<float>& queries, const at::Tensor& keys, const at::Tensor& values,
+                    int64_t prefix, int64_t rows, const Decoder& decoder, at::Tensor& out) {
+  const int64_t total = prefix + rows;
+  const auto q = at::from_blob(const_cast<float*>(queries.data()), {1, rows, decoder.heads, decoder.head_dim},
+                               at::kFloat).to(keys.scalar_type()).transpose(1, 2);
+  const auto mask = at::ones({rows, total}, keys.options().dtype(at::kBool)).tril(total - rows);
+  const auto result = at::scaled_dot_product_attention(q, keys.slice(1, 0, total).unsqueeze(0),
+                                                       values.slice(1, 0, total).unsqueeze(0), mask, 0.0, false,
+                                                       decoder.scale, true);
+  out.view({rows, decoder.heads, decoder.head_dim}).copy_(result[0].transpose(0, 1));
+}
+
+template <typename T>
+void attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
+               at::Tensor& values, int64_t prefix, const std::vector<std::vector<int64_t>>* tails, at::Tensor& out,
+               const Decoder& decoder) {
+  const int64_t rows = qkv.size(0), heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
+  const int64_t cache_len = keys.size(1), group = heads / kv_heads;
+  std::vector<float> queries(rows * heads * dim);
+  rotate_and_cache<T>(qkv.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), queries.data(),
+                      keys.data_ptr<T>(), values.data_ptr<T>(), cache_len, prefix, rows, heads, kv_heads, dim);
+  if (!tails) return causal_prefill<T>(queries, keys, values, prefix, rows, decoder, out);
+  const int64_t chunk = std::max<int64_t>(1, (rows + 1) / 2);  // rows per unit: two units per KV head at most
+  const int64_t chunks = (rows + chunk - 1) / chunk;
+  const int64_t cost = (prefix + rows) * group * std::min(rows, chunk);  // key-query pairs in a unit
+  const T* key_data = keys.data_ptr<T>();
+  const T* value_data = values.data_ptr<T>();
+  T* out_data = out.data_ptr<T>();
+  const auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t g = unit / chunks, first = (unit % chunks) * chunk, n = std::min(chunk, rows - first);
+      const float* q = queries.data() + (first * heads + g * group) * dim;
+      const T* k = key_data + g * cache_len * dim;
+      const T* v = value_data + g * cache_len * dim;
+      const auto* rows_tails = tails->data() + first;
+      T* o = out_data + (first * heads + g * group) * dim;
+      const float s = static_cast<float>(decoder.scale);
+      if (dim == 64) attend<T, 64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+      else attend<T, 128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+    }
+  };
+  at::parallel_for(0, kv_heads * chunks, cost > 4096 ? 1 : kv_heads * chunks, run);
+}
+
+// Tree slots row r attends, in depth order: the rows j <= r marked in its mask row (row 0 alone without a mask:
+// a decode step).
+std::vector<std::vector<int64_t>> tails_of(int64_t rows, int64_t prefix, const std::optional<at::Tensor>& mask) {
+  std::vector<std::vector<int64_t>> tails(rows);
+  const bool* visible = mask ? mask->data_ptr<bool>() : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j <= r; ++j) {
+      if (!visible || visible[r * rows + j]) tails[r].push_back(prefix + j);
+    }
+  }
+  return tails;
+}
+
+template <typename T>
+std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, const at::Tensor& cos,
+                                      const at::Tensor& sin, std::vector<at::Tensor>& keys,
+                                      std::vector<at::Tensor>& values, int64_t prefix,
+                                      const std::optional<at::Tensor>& mask, bool last_only) {
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  const float eps = static_cast<float>(decoder.eps);
+  const bool prefill = !mask && rows > 1;  // causal rows through SDPA; a decode step or a tree through `attend`
+  const auto tails = tails_of(prefill ? 0 : rows, prefix, mask);
+  at::Tensor normed = at::empty_like(x);
+  at::Tensor attended = at::empty({rows, decoder.heads * decoder.head_dim}, x.options());
+  at::Tensor gated = at::empty({rows, decoder.intermediate}, x.options());
+  for (size_t i = 0; i < decoder.layers.size(); ++i) {
+    const Layer& layer = decoder.layers[i];
+    rms_norm<T>(x.data_ptr<T>(), layer.attention_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
+    at::Tensor qkv = layer.qkv(normed).contiguous();
+    attention<T>(qkv, cos, sin, keys[i], values[i], prefix, prefill ? nullptr : &tails, attended, decoder);
+    const at::Tensor projected = layer.o(attended).contiguous();
+    add_into<T>(x.data_ptr<T>(), projected.data_ptr<T>(), rows * hidden);
+    rms_norm<T>(x.data_ptr<T>(), layer.mlp_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
+    const at::Tensor gate_up = layer.gate_up(normed).contiguous();
+    silu_gate<T>(gate_up.data_ptr<T>(), gated.data_ptr<T>(), rows, decoder.intermediate);
+    const at::Tensor down = layer.down(gated).contiguous();
+    add_into<T>(x.data_ptr<T>(), down.data_ptr<T>(), rows * hidden);
+  }
+  at::Tensor last = last_only ? x.slice(0, rows - 1) : x;
+  at::Tensor out = at::empty_like(last);
+  rms_norm<T>(last.data_ptr<T>(), decoder.final_norm.data_ptr<T>(), out.data_ptr<T>(), last.size(0), hidden, eps);
+  return {out, x};
+}
+
+// x [rows, hidden] (the embedded tokens) -> [final-normed rows (the last only with `last_only`), the last
+// layer's output before the final norm]. keys / values: each layer's cache [kv_heads, slots, D], written at
+// [prefix, prefix + rows); mask [rows, rows] bool: the tree (row r sees rows j <= r it marks); none: causal.
+std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedded, const at::Tensor& cos,
+                                const at::Tensor& sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                                int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only) {
+  TORCH_CHECK(embedded.dim() == 2, "x must be [rows, hidden]");
+  TORCH_CHECK(decoder.head_dim == 64 || decoder.head_dim == 128, "head_dim must be 64 or 128");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
+  TORCH_CHECK(keys.size() == decoder.layers.size() && values.size() == keys.size(), "one cache per layer");
+  const int64_t rows = embedded.size(0);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    TORCH_CHECK(keys[i].is_contiguous() && values[i].is_contiguous(), "caches must be contiguous");
+    TORCH_CHECK(keys[i].scalar_type() == embedded.scalar_type(), "caches must have the activations' dtype");
+    TORCH_CHECK(prefix + rows <= keys[i].size(1), "the cache has no room for the rows");
+  }
+  if (mask) TORCH_CHECK(mask->scalar_type() == at::kBool && mask->size(0) == rows && mask->is_contiguous(),
+                        "mask must be a contiguous [rows, rows] bool");
+  at::Tensor x = embedded.contiguous().clone();
+  at::Tensor c = cos.contiguous(), s = sin.contiguous();
+  switch (x.scalar_type()) {
+    case at::kFloat: return forward_typed<float>(decoder, x, c, s, keys, values, prefix, mask, last_only);
+    case at::kBFloat16: return forward_typed<at::BFloat16>(decoder, x, c, s, keys, values, prefix, mask, last_only);
+    case at::kHalf: return forward_typed<at::Half>(decoder, x, c, s, keys, values, prefix, mask, last_only);
+    default: TORCH_CHECK(false, "activations must be float32, bfloat16 or float16");
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  py::class_<Linear>(m, "Linear")
+      .def_static("dense", [](at::Tensor weight, std::optional<at::Tensor> bias) {
+        Linear linear;
+        linear.dense = weight;
+        linear.bias = bias;
+        return linear;
+      })
+      .def_static("int4", [](std::vector<at::Tensor> packed, std::vector<at::Tensor> scales, int64_t group,
+                             std::optional<at::Tensor> bias) {
+        Linear linear;
+        linear.packed = packed;
+        linear.scales = scales;
+        linear.group = group;
+        linear.bias = bias;
+        return linear;
+      });
+  py::class_<Projection>(m, "Projection").def(py::init([](std::vector<Linear> parts) {
+    return Projection{parts};
+  }));
+  py::class_<Layer>(m, "Layer").def(py::init([](Projection qkv, Projection o, Projection gate_up,
+                                                  Projection down, at::Tensor attention_norm, at::Tensor mlp_norm) {
+    return Layer{qkv, o, gate_up, down, attention_norm.contiguous(), mlp_norm.contiguous()};
+  }));
+  py::class_<Decoder>(m, "Decoder").def(py::init([](std::vector<Layer> layers, at::Tensor final_norm,
+                                                      int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                                      int64_t intermediate, double eps, double scale) {
+    return Decoder{layers, final_norm.contiguous(), heads, kv_heads, head_dim, intermediate, eps, scale};
+  }));
+  m.def("forward", &forward, "The decoder's layers and final norm over the rows (see the source).");
+}
