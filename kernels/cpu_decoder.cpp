@@ -87,9 +87,9 @@ inline float lane_total(float* lanes) {
   return lanes[0];
 }
 
-// exp for x <= 0 (softmax after the max): Cephes' range reduction and polynomial; loops over it vectorise.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
+// exp(x) for x in [-87, 88]: Cephes' range reduction and polynomial, plain arithmetic that loops vectorise.
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
   const float n = std::nearbyint(x * 1.44269504088896341f);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -137,7 +137,7 @@ void silu_gate(const T* gate_up, T* out, int64_t rows, int64_t intermediate) {
     const T* up = gate + intermediate;
     for (int64_t c = 0; c < intermediate; ++c) {
       const float g = load(gate[c]);
-      out[r * intermediate + c] = store<T>(g / (1.0f + std::exp(-g)) * load(up[c]));
+      out[r * intermediate + c] = store<T>(g / (1.0f + exp_approx(-g)) * load(up[c]));
     }
   }
 }
@@ -278,12 +278,12 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
     p = 0;
     for (; p + LANES <= n; p += LANES) {
       for (int l = 0; l < LANES; ++l) {
-        row[p + l] = exp_nonpositive(row[p + l] - top);
+        row[p + l] = exp_approx(row[p + l] - top);
         lanes[l] += row[p + l];
       }
     }
     for (int l = 0; p < n; ++p, ++l) {
-      row[p] = exp_nonpositive(row[p] - top);
+      row[p] = exp_approx(row[p] - top);
       lanes[l] += row[p];
     }
     const float inverse = 1.0f / lane_total(lanes);
