@@ -1,5 +1,6 @@
 """Peak RSS after loading and one answer, and verification cost by tree size (root + n chain nodes, ~263 tokens
-of context), of the default model loaded with `--dtype` argv[1]: `python tests/verify_curve.py auto|float32`."""
+of context unless argv[2] gives a prompt length), of the default model loaded with `--dtype` argv[1]:
+`python tests/verify_curve.py auto|float32 [TOKENS]`."""
 import json, resource, sys, time, torch
 from specchat.loading import load_model
 from specchat.engine.generate import Engine
@@ -10,7 +11,8 @@ from specchat.drafters.ngram import NgramDrafter
 from specchat.engine.verify_forward import verification_forward
 dtype = sys.argv[1]
 m = load_model(None, dtype=dtype, device="cpu")
-ids = encode_prompt(m.tokenizer, "Write a short story about a lighthouse keeper. " * 25)[:300]
+length = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+ids = encode_prompt(m.tokenizer, "Write a short story about a lighthouse keeper. " * (25 + length // 9))[:length]
 e = Engine(m.model, m.tokenizer, max_len=len(ids) + 80, drafter=NgramDrafter(), draft_budget=64)
 for ev in e.generate(ids, sampling=SamplingConfig(temperature=0.0), max_new_tokens=8): pass
 def verify_forward(n):  # root + a chain of n nodes at the current context, committing nothing
