@@ -276,6 +276,50 @@ def write() -> None:
     raise SpecchatError("`specchat write` is not built yet; use `specchat run`")
 
 
+train_app = typer.Typer(help="Train drafters for a target: data (the target's own answers), then the drafter.")
+app.add_typer(train_app, name="train")
+
+
+@train_app.command("data")
+def train_data(
+    out: Annotated[Path, typer.Option("--out", help="Directory of jsonl shards (created; a rerun resumes).")],
+    model: ModelOption = None,
+    tokens: Annotated[int, typer.Option("--tokens", help="Answer tokens to reach in --out.")] = 300_000,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Longest answer.")] = 320,
+    heldout: Annotated[float, typer.Option("--heldout", help="Fraction of prompts held out.")] = 0.02,
+    sampled: Annotated[float, typer.Option("--sampled", help="Fraction answered with the profile's sampling "
+                                                          "settings; the rest greedy.")] = 0.5,  # fmt: skip
+    seed: SeedOption = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+) -> None:
+    """Self-distillation data: prompts from the Python standard library, the system's package documentation
+    and open-chat prompts, answered by the target itself (the bench's prompts left out)."""
+    if tokens < 1 or max_new_tokens < 1:
+        raise SpecchatError("--tokens and --max-new-tokens must be at least 1")
+    if not (0 <= heldout < 1 and 0 <= sampled <= 1):
+        raise SpecchatError("--heldout must be in [0, 1) and --sampled in [0, 1]")
+    check_dtype(dtype)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from specchat.training.data import DataRecipe, build_data
+    from specchat.training.prompts import all_prompts
+
+    loaded = _load(model, dtype, device)
+    recipe = DataRecipe(loaded.source.name, loaded.weights, loaded.dtype, seed or 0, max_new_tokens, heldout, sampled)
+    prompts = all_prompts(recipe.seed)
+    columns = (TextColumn("[bold]data"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} tokens"),
+               TextColumn("{task.fields[records]} prompts · {task.fields[rate]:.0f} tok/s"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("data", total=tokens, records=0, rate=0.0)
+
+        def show(now):
+            bar.update(task, completed=min(now.answer_tokens, tokens), records=now.records, rate=now.tokens_per_second)
+
+        done = build_data(loaded, out, prompts, recipe, tokens=tokens, progress=show)
+    print(f"{out}: {done.records} prompts, {done.answer_tokens} answer tokens ({len(prompts)} prompts available)")
+
+
 bench_app = typer.Typer(help="Benchmarks: speculative vs autoregressive vs transformers, same run.")
 app.add_typer(bench_app, name="bench")
 

@@ -1,0 +1,138 @@
+"""Self-distillation data: prompts from the standard library, package docs and chat; the target's own answers
+in resumable shards; bench prompts kept out."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import textwrap
+
+import pytest
+from test_cli import assert_one_line_error, specchat
+from tui_harness import tiny_loaded
+
+from specchat.bench.prompts import PROMPT_SETS
+from specchat.engine.generate import Engine
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.errors import SpecchatError
+from specchat.training import prompts as prompt_sources
+from specchat.training.data import DataRecipe, build_data, read_records
+from specchat.training.prompts import Prompt, all_prompts, doc_prompts, stdlib_prompts
+
+MODULE = textwrap.dedent('''
+    """A module."""
+
+    def area(width, height=1):
+        """The area of a rectangle of this width and height, in square units."""
+        return width * height
+
+
+    def _private(x):
+        """Private helpers are not prompts, whatever their docstring says."""
+        return x
+
+
+    def terse(x):
+        """Too short."""
+        return x
+
+
+    class Counter:
+        """Counts things one at a time and reports how many it has seen so far."""
+
+        def add(self):
+            self.n += 1
+''')
+
+
+@pytest.fixture
+def stdlib(tmp_path):
+    root = tmp_path / "lib"
+    (root / "shapes").mkdir(parents=True)
+    (root / "shapes" / "plane.py").write_text(MODULE)
+    (root / "_hidden.py").write_text(MODULE)  # private module
+    (root / "test_shapes.py").write_text(MODULE)  # tests
+    return root
+
+
+def test_stdlib_prompts_explain_summarize_and_write_documented_public_code(stdlib):
+    prompts = stdlib_prompts(stdlib)
+    assert [p.source for p in prompts] == ["stdlib-explain", "stdlib-summarize", "stdlib-write",
+                                           "stdlib-explain", "stdlib-summarize"]  # fmt: skip
+    explain, summarize, write, class_explain, _ = (p.turns[0] for p in prompts)
+    assert explain.startswith("Explain what this function from Python's `shapes.plane` module does:")
+    assert "def area(width, height=1):" in explain and "return width * height" in explain
+    assert summarize == ("Summarize this documentation of `shapes.plane.area` in a few sentences:\n\n"
+                         "The area of a rectangle of this width and height, in square units.")  # fmt: skip
+    assert write == ("Write a Python function `area(width, height=1)`: "
+                     "The area of a rectangle of this width and height, in square units.")  # fmt: skip
+    assert class_explain.startswith("Explain what this class from Python's `shapes.plane` module does:")
+
+
+def test_doc_prompts_read_plain_and_gzipped_readmes(tmp_path):
+    text = "This tool compresses files. " * 20
+    (tmp_path / "zip-tool").mkdir()
+    (tmp_path / "zip-tool" / "README.gz").write_bytes(gzip.compress(text.encode()))
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "README").write_text("Too short to summarize.")
+    prompts = doc_prompts(tmp_path)
+    assert [p.source for p in prompts] == ["docs-summarize", "docs-explain"]
+    assert prompts[0].turns[0] == f"Summarize this README of the `zip-tool` package:\n\n{text.strip()}"
+    assert doc_prompts(tmp_path / "missing") == []
+
+
+def test_all_prompts_are_unique_mixed_seeded_and_keep_the_bench_out(stdlib, tmp_path, monkeypatch):
+    bench_prompt = PROMPT_SETS["chat"][0]
+    chat = prompt_sources.chat_prompts()
+    monkeypatch.setattr(prompt_sources, "chat_prompts", lambda: chat + [Prompt("chat", (bench_prompt,))] * 2)
+    prompts = all_prompts(0, stdlib=stdlib, docs=None)
+    assert len({p.id for p in prompts}) == len(prompts) == len(chat) + 5
+    assert bench_prompt not in {p.turns[0] for p in prompts}
+    assert {p.source.split("-")[0] for p in prompts[:2]} == {"chat", "stdlib"}  # families taken in turn
+    assert all_prompts(0, stdlib=stdlib, docs=None) == prompts
+    assert all_prompts(1, stdlib=stdlib, docs=None) != prompts
+    assert any(len(p.turns) == 2 for p in chat)  # follow-up turns
+
+
+def _recipe(**changes) -> DataRecipe:
+    return DataRecipe(**{"model": "tiny-llama", "weights": "float32", "dtype": "float32", "seed": 0,
+                         "max_new_tokens": 6, "heldout": 0.3, "sampled": 0.5, **changes})  # fmt: skip
+
+
+PROMPTS = [Prompt("chat", (f"Tell me about the number {i}.",)) for i in range(12)] + [
+    Prompt("chat", ("Name a colour.", "Another one."))
+]
+
+
+def test_the_targets_own_answers_in_shards_with_splits_and_resume(tokenizer, tmp_path, monkeypatch):
+    loaded = tiny_loaded(tokenizer)
+    out = tmp_path / "data"
+    first = build_data(loaded, out, PROMPTS, _recipe(), tokens=20)
+    assert first.answer_tokens >= 20 and first.records < len(PROMPTS)
+    records = first_records = list(read_records(out))
+    assert {r["split"] for r in records} == {"train", "heldout"}
+    assert len(list(read_records(out, "train"))) + len(list(read_records(out, "heldout"))) == len(records)
+    greedy = next(r for r in records if r["sampling"] == "greedy")
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=2048)
+    expected = [t for e in engine.generate(greedy["prompt_ids"], sampling=SamplingConfig(), max_new_tokens=6)
+                for t in e.tokens]  # fmt: skip
+    assert greedy["answer_ids"] == expected  # the target's own output, exactly
+    assert greedy["messages"][0]["role"] == "user" and greedy["messages"][-1]["role"] == "assistant"
+
+    shard = next(out.glob("*-00000.jsonl"))
+    shard.write_text(shard.read_text() + '{"id": "cut by a stop')  # a run stopped mid-line
+    done = build_data(loaded, out, PROMPTS, _recipe(), tokens=10_000)  # resumes: every prompt, once
+    records = list(read_records(out))
+    assert done.records == len(PROMPTS) == len({r["id"] for r in records})
+    assert [r["turn"] for r in records if r["id"] == PROMPTS[-1].id] == [0, 1]
+    for split in ("train", "heldout"):  # what the first run wrote stays, the rest follows it
+        before = [r for r in first_records if r["split"] == split]
+        assert list(read_records(out, split))[: len(before)] == before
+    assert all(json.loads(line) for path in out.glob("*.jsonl") for line in path.read_text().splitlines())
+    with pytest.raises(SpecchatError, match="another recipe .*max_new_tokens 6 -> 8"):
+        build_data(loaded, out, PROMPTS, _recipe(max_new_tokens=8), tokens=10)
+
+
+def test_train_data_rejects_bad_options_in_one_line(tmp_path):
+    assert_one_line_error(specchat("train", "data", "--out", str(tmp_path), "--heldout", "1.5"), "--heldout")
+    assert_one_line_error(specchat("train", "data", "--out", str(tmp_path), "--tokens", "0"), "--tokens")
