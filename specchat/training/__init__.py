@@ -1,0 +1,2 @@
+"""Training drafters for a target: self-distillation data (`data`, `prompts`), the index and vocabulary
+building blocks of the trainer (`indices`, `vocab`)."""
