@@ -37,25 +37,28 @@ class TreeKVLayer(CacheLayerMixin):
 
     def reserve(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole cache [heads, max_len, D] (batch 1) for a forward that writes `rows` slots after the prefix
-        itself: `update` without the copy."""
+        itself (the compiled CPU decoder): `update` without the copy."""
         if not self.is_initialized:
             empty = torch.empty(1, heads, 0, head_dim, dtype=dtype, device=device)
             self.lazy_initialization(empty, empty)
-        if self.length + rows > self.max_len:
-            raise RuntimeError(f"KV cache full: {self.length + rows} > {self.max_len} slots")
-        self.pending = rows
+        self._claim(rows)
         return self.keys[0], self.values[0]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start, end = self.length, self.length + key_states.shape[-2]
-        if end > self.max_len:
-            raise RuntimeError(f"KV cache full: {end} > {self.max_len} slots")
+        start, end = self.length, self._claim(key_states.shape[-2])
         self.keys[:, :, start:end].copy_(key_states)
         self.values[:, :, start:end].copy_(value_states)
-        self.pending = end - start
         return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def _claim(self, rows: int) -> int:
+        """Mark the `rows` slots after the prefix pending; returns where they end."""
+        end = self.length + rows
+        if end > self.max_len:
+            raise RuntimeError(f"KV cache full: {end} > {self.max_len} slots")
+        self.pending = rows
+        return end
 
     def commit(self, kept: torch.Tensor | None, count: int) -> None:
         """Keep `count` pending slots: the first `count` when `kept` is None, else those at offsets `kept`."""
