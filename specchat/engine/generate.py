@@ -184,6 +184,19 @@ class Engine:
             self.drafter.prefill(prompt_ids, hidden, shared)
         return logits
 
+    @torch.inference_mode()
+    def target_states(self, ids: list[int], positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the target alone over `ids` from an empty cache, as a prefill would (training a drafter on the
+        target's own features): the last layer's output before the final norm [len(ids), hidden_size]; every
+        layer's keys and values stay in `self.cache` until the next request. `positions` default to 0, 1, ..."""
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self.cache.truncate(0)
+        _, hidden = self._forward(tokens, positions=positions, last_only=True)
+        self.cache.commit()
+        self.ids[: len(ids)] = tokens  # a later request may reuse this KV like any other prefix
+        self.length = len(ids)
+        return hidden
+
     def _forward(self, tokens: torch.Tensor, *, positions=None, mask=None, last_only=False):
         """Run the target over `tokens` [q] written right after the cached prefix -> logits [q or 1, vocab] and
         the last decoder layer's output (before the final norm) [q, hidden_size]."""

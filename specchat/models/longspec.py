@@ -127,13 +127,15 @@ class LongSpecLayer(nn.Module):
         v = self._heads(self.self_attn.v_proj(h), self.config.num_key_value_heads)
         return rotate(k, cos, sin), v
 
-    def forward(self, x, cos, sin, own_keys, own_values, own_mask, target_keys, target_values) -> torch.Tensor:
+    def forward(self, x, cos, sin, own_keys, own_values, own_mask, target_keys, target_values,
+                target_mask=None) -> torch.Tensor:  # fmt: skip
         """Outputs [q, hidden] of embeddings x [q, hidden] at the positions whose rotary tables are cos / sin
         [q, head_dim].
 
         own_keys / own_values [kv_heads, k, head_dim] are the draft's own states the rows may see, x's own
         included, with own_mask [q, k] (True = visible); target_keys / target_values [kv_heads, n, head_dim]
-        are the target's last layer, which every row sees whole.
+        are the target's last layer, which every row sees whole at inference (target_mask [q, n] in training,
+        where the target's cache lags each row).
         """
         config = self.config
         h = self.input_layernorm(x)
@@ -141,7 +143,7 @@ class LongSpecLayer(nn.Module):
         x = x + self.self_attn.o_proj(self._merge(_attend(q, own_keys, own_values, own_mask)))
         h = self.post_self_attention_layernorm(x)
         q = rotate(self._heads(self.cross_attn.q_proj(h), config.num_attention_heads), cos, sin)
-        x = x + self.cross_attn.o_proj(self._merge(_attend(q, target_keys, target_values, None)))
+        x = x + self.cross_attn.o_proj(self._merge(_attend(q, target_keys, target_values, target_mask)))
         return x + self.mlp(self.post_cross_attention_layernorm(x))
 
     def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -225,9 +227,11 @@ def load_longspec(path: Path, target_config) -> tuple[LongSpecLayer, torch.Tenso
     return layer, draft_vocab
 
 
-def save_longspec(path: Path, layer: LongSpecLayer, draft_vocab: torch.Tensor | None = None) -> None:
-    """A checkpoint `load_longspec` reads: config.json and model.safetensors (with `draft_vocab` when reduced)."""
-    tensors = dict(layer.state_dict())
+def save_longspec(path: Path, layer: LongSpecLayer, draft_vocab: torch.Tensor | None = None,
+                  dtype: torch.dtype | None = None) -> None:  # fmt: skip
+    """A checkpoint `load_longspec` reads: config.json and model.safetensors (with `draft_vocab` when reduced),
+    the weights in `dtype` when given (a trained draft ships in bf16, the precision it runs in)."""
+    tensors = {name: tensor.to(dtype or tensor.dtype) for name, tensor in layer.state_dict().items()}
     if draft_vocab is not None:
         tensors["draft_vocab"] = draft_vocab.long()
     write_checkpoint(path, {"model_type": "longspec", **layer.config.to_dict()}, tensors)
