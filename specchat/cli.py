@@ -36,7 +36,7 @@ ModelOption = Annotated[
 DrafterOption = Annotated[
     str,
     typer.Option(
-        "--drafter", "-d", help=f"Drafter: {' | '.join(NAMES)} (default {DEFAULT_DRAFTER}); NAME:DIR for a local checkpoint."
+        "--drafter", "-d", help=f"Drafter: {' | '.join(NAMES)} (default {DEFAULT_DRAFTER}); NAME:DIR for a local checkpoint; A+B merges two."
     ),
 ]
 BudgetOption = Annotated[
@@ -604,9 +604,14 @@ def _check_drafters(names: list[str], draft_budget: int | None) -> list[DrafterC
 
 
 def _cached(repo: str) -> bool:
-    """Whether a published checkpoint is in the Hugging Face cache."""
+    """Whether a profile's checkpoint is here: shipped with specchat, or in the Hugging Face cache."""
     from huggingface_hub import try_to_load_from_cache
 
+    from specchat.drafters import bundled_checkpoint
+
+    bundled = bundled_checkpoint(repo)
+    if bundled is not None:
+        return (bundled / "config.json").is_file()
     return isinstance(try_to_load_from_cache(repo, "config.json"), str)
 
 

@@ -174,6 +174,7 @@ def test_train_longspec_writes_a_checkpoint_that_decodes_losslessly(loaded, tmp_
     assert [row["vocab"] for row in summary["vocab_measurements"]] == ["AR", 8192, 16384]
     assert summary["draft_vocab"] in (8192, 16384)
     assert json.loads((out / "training.json").read_text())["draft_vocab"] == summary["draft_vocab"]
+    assert (out / "curves.png").stat().st_size > 0
 
     engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
     prompt = list(range(30, 60))

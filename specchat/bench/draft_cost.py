@@ -56,7 +56,6 @@ def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[i
     target = TargetView.of(model, cache)
     torch.manual_seed(seed)
     layer = LongSpecLayer(LongSpecConfig.for_target(config))
-    weights = sum(p.numel() for p in layer.parameters()) * torch.tensor([], dtype=dtype).element_size()
     forward = _target_forward(model, cache)
     tree_only = uses_tree_masks(model)
     timer = Timer(device, repeats=repeats, warmup=WARMUP)
@@ -75,12 +74,11 @@ def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[i
                     drafted = timer.seconds(propose)
                     tree = propose()
                     verify = timer.seconds(verification_forward(forward, cache, device, tree_only=tree_only, tree=tree))
-                    head = 0 if draft_vocab is None else vocab * config.hidden_size * drafter.head.weight.element_size()
                     rows.append(DraftCostRow(
                         context=context, vocab=vocab or config.vocab_size, budget=budget, nodes=len(tree),
                         draft_ms=significant(drafted * 1e3), decode_ms=significant(decode * 1e3),
                         verify_ms=significant(verify * 1e3), vs_decode=significant(drafted / decode),
-                        mib=significant((weights + head + drafter.memory_bytes()) / 2**20),
+                        mib=significant((drafter.weight_bytes() + drafter.memory_bytes()) / 2**20),
                     ))  # fmt: skip
     return rows
 

@@ -2,13 +2,15 @@
 
 This module is their registry: every place that names drafters (the CLI's checks and help, the chat's
 `/drafter`, `bench`, `models`) reads it. `--drafter NAME` uses the model profile's checkpoint for NAME,
-`--drafter NAME:PATH` a local checkpoint directory. It imports no torch: option checks stay fast.
+`--drafter NAME:PATH` a local checkpoint directory, `--drafter A+B` two drafters merged into one tree
+(`composite.py`; `longspec:PATH+ngram`). It imports no torch: option checks stay fast.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,25 +41,68 @@ KINDS = {
 NAMES = tuple(KINDS)
 DEFAULT_DRAFTER = "ngram"  # the best drafter every model has: the default of run, chat and bench
 
+_NEXT_PART = re.compile(rf"\+(?=(?:{'|'.join(NAMES)})(?:[:+]|$))")  # '+' and a name: where A:PATH+B's path ends
+
 
 @dataclass(frozen=True)
 class DrafterChoice:
-    """A parsed `--drafter`: a kind and, for trained kinds, where its checkpoint comes from."""
+    """A parsed `--drafter`: a kind and, for trained kinds, where its checkpoint comes from; or, for A+B,
+    the name 'A+B' and the two parts' choices."""
 
     name: str
     path: Path | None = None  # NAME:PATH
     repo: str | None = None  # the profile's published checkpoint, once resolved
+    parts: tuple[DrafterChoice, ...] = ()  # A+B: the first drafter's tree comes first
 
     def __str__(self) -> str:
+        if self.parts:
+            return "+".join(map(str, self.parts))
         return f"{self.name}:{self.path}" if self.path else self.name
 
 
 def parse_drafter(text: str) -> DrafterChoice:
-    """'ngram', 'longspec', 'longspec:./draft' -> a choice; unknown names and misplaced paths are one line."""
+    """'ngram', 'longspec:./draft', 'longspec+ngram' -> a choice; unknown names, misplaced paths and
+    composites of other than two different drafters are one line."""
+    parts = _split_parts(text)
+    if len(parts) == 1:
+        return _parse_one(text)
+    if len(parts) != 2 or "" in parts:
+        raise SpecchatError(f"--drafter {text}: a composite combines two drafters, as A+B")
+    first, second = map(_parse_one, parts)
+    if "none" in (first.name, second.name):
+        raise SpecchatError(f"--drafter {text}: none drafts nothing, so it combines with nothing")
+    if first.name == second.name:
+        raise SpecchatError(f"--drafter {text}: combine two different drafters, not {first.name} twice")
+    return DrafterChoice(f"{first.name}+{second.name}", parts=(first, second))
+
+
+def _split_parts(text: str) -> list[str]:
+    """'longspec:./a+b+ngram' -> ['longspec:./a+b', 'ngram']."""
+    parts = []
+    while (end := _first_part_end(text)) is not None:
+        parts.append(text[:end])
+        text = text[end + 1 :]
+    return [*parts, text]
+
+
+def _first_part_end(text: str) -> int | None:
+    """The '+' that ends the first part: right after its name, or after its path where a drafter's name follows
+    (a path may hold other '+'); None for a single part."""
+    plus, colon = text.find("+"), text.find(":")
+    if colon < 0 or 0 <= plus < colon:
+        return plus if plus >= 0 else None
+    after_path = _NEXT_PART.search(text, colon)
+    return after_path.start() if after_path else None
+
+
+def _parse_one(text: str) -> DrafterChoice:
     name, colon, path = text.partition(":")
     kind = KINDS.get(name)
     if kind is None:
-        raise SpecchatError(f"unknown drafter '{name}'; available: {', '.join(NAMES)} (NAME:PATH for a local checkpoint)")
+        raise SpecchatError(
+            f"unknown drafter '{name}'; available: {', '.join(NAMES)} "
+            "(NAME:PATH for a local checkpoint, A+B for two at once)"
+        )
     if colon and not kind.trained:
         raise SpecchatError(f"the {name} drafter takes no checkpoint: use --drafter {name}")
     if colon and not path:
@@ -66,13 +111,16 @@ def parse_drafter(text: str) -> DrafterChoice:
 
 
 def usable_drafters(profile: Profile | None) -> list[str]:
-    """The drafters a model runs with as it is: the untrained ones and those its profile publishes."""
+    """The drafters a model runs with as it is: the untrained ones and those its profile publishes (any two of
+    them other than none also run together, as A+B)."""
     published = profile.drafters if profile else {}
     return [name for name, kind in KINDS.items() if not kind.trained or name in published]
 
 
 def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: str) -> DrafterChoice:
     """Fill in the profile's checkpoint for a trained kind given without a path, or say what the model has."""
+    if choice.parts:
+        return replace(choice, parts=tuple(resolve_drafter(part, profile, model_name) for part in choice.parts))
     if not KINDS[choice.name].trained or choice.path is not None:
         return choice
     repo = profile.drafters.get(choice.name) if profile else None
@@ -86,6 +134,10 @@ def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: 
 
 def build_drafter(choice: DrafterChoice, target: TargetView) -> Drafter | None:
     """The drafter for `choice` over `target` (None for none); checkpoints are read, or fetched, here."""
+    if choice.parts:
+        from specchat.drafters.composite import CompositeDrafter
+
+        return CompositeDrafter(*(build_drafter(part, target) for part in choice.parts))
     kind = KINDS[choice.name]
     if not kind.module:
         return None
@@ -95,8 +147,24 @@ def build_drafter(choice: DrafterChoice, target: TargetView) -> Drafter | None:
     return build(target, choice.path or _fetch(choice.repo))
 
 
+def bundled_checkpoint(repo: str) -> Path | None:
+    """The directory of a checkpoint shipped with specchat (a profile names it without an owner: no '/'), or
+    None for a Hugging Face repo id."""
+    if "/" in repo:
+        return None
+    from importlib import resources
+
+    return Path(str(resources.files("specchat.checkpoints"))) / repo
+
+
 def _fetch(repo: str) -> Path:
-    """A published checkpoint's directory: from the Hugging Face cache, downloaded when online."""
+    """A profile's checkpoint directory: shipped with specchat, else from the Hugging Face cache (downloaded
+    when online)."""
+    bundled = bundled_checkpoint(repo)
+    if bundled is not None:
+        if not (bundled / "config.json").is_file():
+            raise SpecchatError(f"the drafter checkpoint {repo} is missing from this installation ({bundled})")
+        return bundled
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import copy
+
 import torch
-import torch.nn.functional as F
+from torch import nn
 
 from specchat.drafters.base import TargetView
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.models.longspec import LongSpecLayer, RingKV, load_longspec
+from specchat.quant.quantize import quantize_linear, quantize_linears
 
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
 
@@ -27,13 +30,19 @@ class LongSpecDrafter:
     kind = "longspec"
 
     def __init__(self, target: TargetView, layer: LongSpecLayer, *, draft_vocab: torch.Tensor | None = None,
-                 widths: tuple[int, ...] = BEAM_WIDTHS, chain: bool = False):  # fmt: skip
+                 widths: tuple[int, ...] = BEAM_WIDTHS, chain: bool = False, weights: str | None = "auto"):  # fmt: skip
+        """`weights`: "int8" / "int4" run the draft's linears and reduced head quantized (a copy; `layer` stays
+        as it is), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
         config = layer.config
         self.target = target
+        weights = draft_weights(target) if weights == "auto" else weights
         self.layer = layer.to(device=target.device, dtype=target.dtype).eval()
+        if weights:
+            self.layer = copy.deepcopy(self.layer)
+            quantize_linears(self.layer, weights, dtype=target.dtype)
         self.widths = widths
         self.chain = chain
-        self.head = DraftHead(target, draft_vocab)
+        self.head = DraftHead(target, draft_vocab, weights)
         self.ring = RingKV(config.window, config.num_key_value_heads, config.head_dim, dtype=target.dtype,
                            device=target.device)  # fmt: skip
         self.ids: list[int] = []
@@ -127,6 +136,11 @@ class LongSpecDrafter:
         """What the draft holds besides its weights: the ring buffer (the same at any context length)."""
         return self.ring.nbytes()
 
+    def weight_bytes(self) -> int:
+        """The draft's own weights: its layer, and the reduced LM head when it has one (the full one is the target's)."""
+        own = [self.layer] + ([] if self.head.draft_vocab is None else [self.head.lm_head])
+        return sum(t.numel() * t.element_size() for module in own for t in (*module.parameters(), *module.buffers()))
+
 
 class _Growing:
     """The draft's own keys / values as a tree grows: the ring's committed window, then the tree's rows."""
@@ -167,21 +181,24 @@ class _Growing:
 
 class DraftHead:
     """The target's LM head over the whole vocabulary (shared), or over a reduced draft vocabulary (those rows
-    of the head, copied once: the full head is most of a draft step on a CPU)."""
+    of the head, copied once, quantized as the draft runs: the full head is most of a draft step on a CPU)."""
 
-    def __init__(self, target: TargetView, draft_vocab: torch.Tensor | None):
+    def __init__(self, target: TargetView, draft_vocab: torch.Tensor | None, weights: str | None = None):
         self.vocab_size = target.config.vocab_size
         self.draft_vocab = None if draft_vocab is None else draft_vocab.to(target.device)
         if draft_vocab is None:
-            self.weight = None
             self.lm_head = target.lm_head
         else:
             head = target.lm_head
             dense = head.dequantize() if hasattr(head, "dequantize") else head.weight
-            self.weight = dense[self.draft_vocab].to(target.dtype)
+            self.lm_head = nn.Linear(dense.shape[1], len(draft_vocab), bias=False, device=target.device,
+                                     dtype=target.dtype).requires_grad_(False)  # fmt: skip
+            self.lm_head.weight.copy_(dense[self.draft_vocab])
+            if weights:
+                self.lm_head = quantize_linear(self.lm_head, weights, dtype=target.dtype)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h) if self.weight is None else F.linear(h, self.weight)
+        return self.lm_head(h)
 
     def target_ids(self, columns: torch.Tensor) -> torch.Tensor:
         return columns if self.draft_vocab is None else self.draft_vocab[columns]
@@ -192,6 +209,12 @@ class DraftHead:
             return probs
         full = probs.new_zeros(self.vocab_size)
         return full.index_copy_(0, self.draft_vocab, probs)
+
+
+def draft_weights(target: TargetView) -> str | None:
+    """How the draft's weights run by default: int8 on a CPU whose target runs quantized weights (a draft forward
+    there is mostly reading weights), else dense in the target's dtype."""
+    return "int8" if target.device.type == "cpu" and hasattr(target.lm_head, "dequantize") else None
 
 
 def build(target: TargetView, checkpoint: Path) -> LongSpecDrafter:

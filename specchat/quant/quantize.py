@@ -19,11 +19,15 @@ GROUP = 32
 
 def quantize_model(model: nn.Module, scheme: str, *, dtype: torch.dtype) -> None:
     """Replace the linear layers of `model` in place; `dtype` is the activation dtype."""
-    head = model.get_output_embeddings()
-    for name, module in list(model.named_modules()):
-        if type(module) is nn.Linear and module.in_features % GROUP == 0:
-            layer_scheme = "int8" if module is head else scheme
-            model.set_submodule(name, quantize_linear(module, layer_scheme, dtype=dtype))
+    quantize_linears(model, scheme, dtype=dtype, head=model.get_output_embeddings())
+
+
+def quantize_linears(module: nn.Module, scheme: str, *, dtype: torch.dtype, head: nn.Module | None = None) -> None:
+    """Replace `module`'s linear layers in place (`head`, the LM head, gets int8 whatever the scheme)."""
+    for name, linear in list(module.named_modules()):
+        if type(linear) is nn.Linear and linear.in_features % GROUP == 0:
+            layer_scheme = "int8" if linear is head else scheme
+            module.set_submodule(name, quantize_linear(linear, layer_scheme, dtype=dtype))
 
 
 def quantize_linear(linear: nn.Linear, scheme: str, *, dtype: torch.dtype) -> nn.Module:

@@ -3,7 +3,8 @@
 The stages, each resumable: the target's features of every sample (`features.py`), the training loop
 (`trainer.py` with `longspec.py`'s objective), then the draft vocabulary chosen by measured decoding speed
 (`vocab_choice.py`). `<out>` is a checkpoint from the first state checkpoint on (`--drafter longspec:<out>`),
-with `training.json` (recipe, data, times, the evaluation log and the vocabulary measurements) beside it.
+with `training.json` (recipe, data, times, the evaluation log and the vocabulary measurements) and
+`curves.png` beside it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from specchat.engine.generate import Engine, eos_ids
 from specchat.errors import SpecchatError
 from specchat.models.longspec import LongSpecConfig, LongSpecLayer, save_longspec
+from specchat.training.curves import plot_training
 from specchat.training.data import read_records
 from specchat.training.features import target_features
 from specchat.training.longspec import LongSpecObjective
@@ -28,6 +30,7 @@ from specchat.training.vocab import frequent_tokens
 from specchat.training.vocab_choice import VOCAB_SIZES, best_vocab, measure_vocabs
 
 SUMMARY = "training.json"
+CURVES = "curves.png"
 
 
 def train_longspec(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab: int = 0, resume: bool = False,
@@ -85,6 +88,7 @@ def train_longspec(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab:
         "eval_tokens": eval_tokens,
     }  # fmt: skip
     (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
+    plot_training(done.log, out / CURVES, title=f"LongSpec drafter for {loaded.source.name}")
     return summary
 
 

@@ -158,11 +158,12 @@ class ChatSession:
         self.last_figures = None
 
     def choose_drafter(self, text: str) -> None:
-        """Draft with `text` (NAME or NAME:DIR) from the next answer: one-line errors for what cannot run here."""
+        """Draft with `text` (NAME, NAME:DIR or A+B) from the next answer: one-line errors for what cannot run here."""
         source = self.loaded.source
         choice = resolve_drafter(parse_drafter(text), source.profile, source.name)
-        if choice.path is not None and not choice.path.is_dir():
-            raise SpecchatError(f"{choice.path}: no such checkpoint directory")
+        for part in choice.parts or (choice,):
+            if part.path is not None and not part.path.is_dir():
+                raise SpecchatError(f"{part.path}: no such checkpoint directory")
         self.update_settings(drafter=text)
 
     def use_drafter(self) -> None:

@@ -1,1 +1,0 @@
-"""Draft-model architectures and checkpoint key maps."""

@@ -1,0 +1,89 @@
+"""Two drafters as one (`--drafter longspec+ngram`): the first one's tree, with the second one's nodes merged in.
+
+A model drafter predicts free text well and n-gram lookup predicts copies well; verifying one merged tree
+gets both in one target forward. The first drafter's tree keeps its shape; each node of the second's tree
+then joins under the merged node of its parent, unless that parent already has a child with its token
+(siblings stay distinct): a token proposed by both keeps the first drafter's origin.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specchat.drafters.base import Drafter
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.tree import ROOT, DraftTree
+
+
+class CompositeDrafter:
+    """Drafts with `first` and `second` at once; both follow every prefill and commit.
+
+    Budget: the second drafter is asked first, for a full-budget tree, only to size its reserve: as many
+    nodes as that tree has, at most a quarter of the budget (rounded up). The first drafter proposes within
+    the rest, so a model's full tree cannot crowd out the copies; the second's nodes then fill whatever the
+    merge leaves, in the second's own order (its best first), up to the budget.
+
+    Sampling: verification draws once from the target wherever a node's children are not all drafter
+    samples (`specchat.engine.verify`), which is exact for any tree; rejection sampling against `draft_probs`
+    is exact only where the children really are the drafter's draws and nothing chose them by their value.
+    So the merged tree keeps the first drafter's `draft_probs` for the children of nodes where the second
+    proposed nothing, and marks every other node deterministic: where the second's token equals a sample of
+    the first, keeping the sample's row would verify a draw selected by that coincidence.
+    """
+
+    def __init__(self, first: Drafter, second: Drafter):
+        self.first = first
+        self.second = second
+        self.kind = f"{first.kind}+{second.kind}"  # its nodes carry the parts' kinds
+
+    def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
+        self.first.prefill(ids, hidden, reused)
+        self.second.prefill(ids, hidden, reused)
+
+    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
+        self.first.commit(tokens, hidden)
+        self.second.commit(tokens, hidden)
+
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+        second = self.second.propose(budget, sampling, generator)
+        reserve = min(len(second), -(-budget // 4))
+        first = self.first.propose(budget - reserve, sampling, generator) if budget > reserve else DraftTree.empty()
+        return merge_trees(first, second, budget)
+
+    def memory_bytes(self) -> int:
+        """What the parts hold besides their weights (those that say)."""
+        return sum(part.memory_bytes() for part in (self.first, self.second) if hasattr(part, "memory_bytes"))
+
+
+def merge_trees(first: DraftTree, second: DraftTree, budget: int) -> DraftTree:
+    """`first`'s nodes, then `second`'s that are new, in order, up to `budget` nodes (a node whose parent did not
+    fit is left out with it); `draft_probs` as `CompositeDrafter` says."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    origins: list[str] = []
+    child: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    merged_of: list[list[int | None]] = []  # per tree: its node -> merged node, None where it did not fit
+    for tree in (first, second):
+        placed: list[int | None] = []
+        for parent, token, origin in zip(tree.parents, tree.tokens, tree.origins):
+            key = (ROOT if parent == ROOT else placed[parent], token)  # a parent left out: the budget is full
+            if key not in child and len(tokens) < budget:
+                child[key] = len(tokens)
+                tokens.append(token)
+                parents.append(key[0])
+                origins.append(origin)
+            placed.append(child.get(key))
+        merged_of.append(placed)
+    return DraftTree(tokens, parents, origins, _first_draft_probs(first, second, merged_of, parents))
+
+
+def _first_draft_probs(first: DraftTree, second: DraftTree, merged_of: list[list[int | None]], parents: list[int]):
+    """[merged nodes, vocab]: `first`'s rows of children of merged nodes where `second` proposed nothing, else 0."""
+    if first.draft_probs is None:
+        return None
+    touched = {ROOT if parent == ROOT else merged_of[1][parent] for parent in second.parents}
+    # merged node -> `first`'s node, for the rows kept
+    kept = {m: node for node, m in enumerate(merged_of[0]) if m is not None and parents[m] not in touched}
+    probs = first.draft_probs.new_zeros(len(parents), first.draft_probs.shape[-1])
+    probs[list(kept)] = first.draft_probs[list(kept.values())]
+    return probs

@@ -1,0 +1,324 @@
+"""Composite drafts (`--drafter longspec+ngram`): two drafters' trees merged into one, verified losslessly.
+
+- the merge keeps the first tree, adds the second's new nodes (siblings distinct, origins kept, the first
+  drafter's origin where both proposed a token), stays within the budget and leaves out nodes whose
+  parent did not fit; on crafted and on random trees;
+- the model drafter leaves the n-gram drafter a reserve: its tree's size, at most a quarter of the budget;
+- greedy output with LongSpec (a random layer) + n-gram equals target-only greedy decoding, and both
+  drafters' tokens are accepted; sampled output passes the chi-square test of target-only sampling, while
+  the same merge keeping every draft row of the first drafter (also where the n-gram drafter proposed a
+  child of the same node) is caught by it;
+- `A+B` parses in the registry (paths with '+' included), resolves and builds per part, and bad composites
+  are one line, in the CLI too.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+from chi_square import assert_fits, assert_rejected
+from conftest import tiny_model
+from test_cli import assert_one_line_error, specchat
+from test_longspec import generate, random_layer
+from test_sampling_verification import PROMPT, SAMPLES, TOKENS, Target, exact_joint
+
+from specchat.drafters import DrafterChoice, build_drafter, parse_drafter, resolve_drafter
+from specchat.drafters.composite import CompositeDrafter, merge_trees
+from specchat.drafters.longspec import LongSpecDrafter
+from specchat.drafters.ngram import NgramDrafter
+from specchat.engine.events import TARGET
+from specchat.engine.generate import Engine
+from specchat.engine.sampling import SamplingConfig
+from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
+from specchat.errors import SpecchatError
+from specchat.models.longspec import LongSpecConfig, LongSpecLayer, save_longspec
+from specchat.profiles import load_profiles
+
+REPETITIVE = [5, 9, 12, 7, 5, 9, 12, 7, 5, 9, 12, 7, 5, 9]
+
+
+def paths(tree: DraftTree) -> list[tuple[int, ...]]:
+    """Each node's tokens from the root's child down to it: what identifies a node across trees."""
+    return [tuple(tree.tokens[node] for node in tree.path_to(i)) for i in range(len(tree))]
+
+
+def assert_well_formed(tree: DraftTree, budget: int) -> None:
+    assert len(tree) <= budget
+    assert len(set(zip(tree.parents, tree.tokens))) == len(tree)  # siblings distinct
+    DraftTree(tree.tokens, tree.parents, tree.origins)  # parents precede children
+
+
+# --- the merge ------------------------------------------------------------------------------------------
+
+
+def test_the_second_tree_joins_the_first_without_duplicates():
+    first = DraftTree([10, 11, 12, 13], [ROOT, ROOT, 0, 2], ["longspec"] * 4)
+    second = DraftTree.from_chains([[10, 12, 14], [15, 16], [11]], "ngram", 64)
+    merged = merge_trees(first, second, 64)
+    assert merged.tokens == [10, 11, 12, 13, 14, 15, 16]
+    assert merged.parents == [ROOT, ROOT, 0, 2, 2, ROOT, 5]
+    assert merged.origins == ["longspec"] * 4 + ["ngram"] * 3  # 10, 12 and 11 keep the first drafter's origin
+    assert merged.draft_probs is None
+    assert_well_formed(merged, 64)
+    # the budget cuts the second's nodes in its order, and a node whose parent was cut goes with it
+    assert merge_trees(first, second, 6).tokens == [10, 11, 12, 13, 14, 15]
+    assert merge_trees(first, second, 5).tokens == [10, 11, 12, 13, 14]
+    assert merge_trees(first, second, 3).tokens == [10, 11, 12]
+    assert merge_trees(first, DraftTree.empty(), 64) == first
+    assert merge_trees(DraftTree.empty(), second, 64).tokens == second.tokens
+
+
+def random_tree(rng: random.Random, origin: str, size: int) -> DraftTree:
+    builder = TreeBuilder()
+    for _ in range(size):
+        builder.add(rng.choice([ROOT, *range(len(builder))]), rng.randrange(3), origin)  # 3 tokens: many repeats
+    return builder.build()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_trees_merge_into_their_union_within_the_budget(seed):
+    rng = random.Random(seed)
+    first, second = random_tree(rng, "first", rng.randint(0, 12)), random_tree(rng, "second", rng.randint(0, 12))
+    union = set(paths(first)) | set(paths(second))
+    for budget in range(1, len(union) + 2):
+        merged = merge_trees(first, second, budget)
+        assert_well_formed(merged, budget)
+        assert len(merged) == min(budget, len(union))
+        assert set(paths(merged)) <= union
+        assert set(paths(first)[:budget]) <= set(paths(merged))  # the first tree comes first
+        for path, origin in zip(paths(merged), merged.origins):
+            assert origin == ("first" if path in paths(first) else "second")
+
+
+def test_draft_rows_are_kept_only_below_nodes_the_second_drafter_left_alone():
+    rows = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.8, 0.0], [0.1, 0.1, 0.8]])
+    first = DraftTree([10, 12, 13], [ROOT, 0, 1], ["longspec"] * 3, rows)  # a sampled chain
+    merged = merge_trees(first, DraftTree.empty(), 64)
+    assert torch.equal(merged.draft_probs, rows)
+    # n-gram proposes below the root and below node 0 (10): their children verify with one target draw,
+    # whether the n-gram token equals the sample (10) or not (20); 13, below 12, keeps its row
+    merged = merge_trees(first, DraftTree.from_chains([[10, 20]], "ngram", 64), 64)
+    assert merged.tokens == [10, 12, 13, 20]
+    assert torch.equal(merged.draft_probs, torch.stack([torch.zeros(3), torch.zeros(3), rows[2], torch.zeros(3)]))
+    merged = merge_trees(first, DraftTree.from_chains([[10, 12, 14]], "ngram", 64), 64)
+    assert not merged.draft_probs.any()
+
+
+# --- the composite drafter ------------------------------------------------------------------------------
+
+
+class RecordingComposite(CompositeDrafter):
+    """The composite as it is, keeping every tree it proposed."""
+
+    def __init__(self, first, second):
+        super().__init__(first, second)
+        self.trees: list[tuple[int, DraftTree]] = []
+
+    def propose(self, budget, sampling, generator):
+        tree = super().propose(budget, sampling, generator)
+        self.trees.append((budget, tree))
+        return tree
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("chain", [False, True])
+@pytest.mark.parametrize("budget", [4, 16])
+def test_greedy_output_equals_the_target_alone(family, chain, budget, tokenizer):
+    model = tiny_model(family, vocab_size=64, seed={"llama": 0, "qwen2": 3}[family])
+    engine = Engine(model, tokenizer, max_len=256)
+    expected = generate(engine, REPETITIVE, 96)
+    drafter = RecordingComposite(LongSpecDrafter(engine.target, random_layer(model), chain=chain), NgramDrafter())
+    engine.set_drafter(drafter, budget)
+    events = list(engine.generate(REPETITIVE, max_new_tokens=96))
+    assert [t for event in events for t in event.tokens] == expected
+    accepted = Counter(origin for event in events for origin in event.origins if origin != TARGET)
+    assert set(accepted) <= {"longspec", "ngram"} and accepted["ngram"] > 0, accepted
+    if not chain:  # the beam's tokens are accepted too (the random chain's rarely are)
+        assert accepted["longspec"] > 0, accepted
+    for asked, tree in drafter.trees:
+        assert_well_formed(tree, asked)
+    assert any({"longspec", "ngram"} <= set(tree.origins) for _, tree in drafter.trees)
+    assert generate(engine, REPETITIVE + expected[:20], 30) == expected[20:50]  # the next turn reuses the cache
+
+
+@pytest.mark.parametrize("budget", [1, 3, 7, 16, 31])
+def test_the_model_tree_leaves_the_ngram_drafter_its_reserve(budget, tokenizer):
+    model = tiny_model("llama", vocab_size=64)
+    engine = Engine(model, tokenizer, max_len=256)
+    beam, ngram = LongSpecDrafter(engine.target, random_layer(model)), NgramDrafter()
+    drafter = CompositeDrafter(beam, ngram)
+    engine.set_drafter(drafter, budget)
+    checked = 0
+    for _ in engine.generate(REPETITIVE, max_new_tokens=48):  # between steps, as the engine would call it
+        alone = ngram.propose(budget)
+        reserve = min(len(alone), -(-budget // 4))
+        tree = drafter.propose(budget, SamplingConfig(), None)
+        assert_well_formed(tree, budget)
+        assert tree.origins.count("longspec") == budget - reserve  # a beam fills what it is given
+        assert set(paths(alone)[:reserve]) <= set(paths(tree))  # the n-gram drafter's best nodes fit
+        checked += reserve > 0
+    assert checked > 0
+
+
+def test_memory_is_the_parts_memory(tokenizer):
+    model = tiny_model("llama", vocab_size=64)
+    engine = Engine(model, tokenizer, max_len=64)
+    longspec = LongSpecDrafter(engine.target, random_layer(model))
+    assert CompositeDrafter(longspec, NgramDrafter()).memory_bytes() == longspec.memory_bytes() > 0
+
+
+# --- sampling -------------------------------------------------------------------------------------------
+
+
+def flat_draft(model) -> LongSpecLayer:
+    """A random LongSpec layer with small weights: its distributions are far from one-hot, so its samples
+    often coincide with n-gram tokens without being certain."""
+    torch.manual_seed(3)
+    layer = LongSpecLayer(LongSpecConfig.for_target(model.config))
+    for parameter in layer.parameters():
+        parameter.data.normal_(0, 0.02 if parameter.dim() > 1 else 1.0)
+    return layer
+
+
+class RecordedDrafter:
+    """A drafter as it is, keeping its last tree."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.kind = drafter.kind
+        self.last: DraftTree | None = None
+
+    def prefill(self, ids, hidden, reused):
+        self.drafter.prefill(ids, hidden, reused)
+
+    def commit(self, tokens, hidden):
+        self.drafter.commit(tokens, hidden)
+
+    def propose(self, budget, sampling, generator):
+        self.last = self.drafter.propose(budget, sampling, generator)
+        return self.last
+
+
+class KeepsEveryDraftRow(CompositeDrafter):
+    """The unsound merge: every node of the first drafter keeps its draft row, also where the n-gram drafter
+    proposed below the same node — when its token equals the sample, that sample is verified by rejection
+    only because of the coincidence."""
+
+    def propose(self, budget, sampling, generator):
+        tree = super().propose(budget, sampling, generator)
+        first = self.first.last  # the merged tree's first nodes
+        probs = tree.draft_probs.clone()
+        probs[: len(first)] = first.draft_probs
+        return replace(tree, draft_probs=probs)
+
+
+def sampled_outputs(engine: Engine, sampling: SamplingConfig) -> tuple[Counter, Counter]:
+    outputs, origins = Counter(), Counter()
+    for seed in range(SAMPLES):
+        events = list(engine.generate(PROMPT, sampling=replace(sampling, seed=seed), max_new_tokens=TOKENS))
+        outputs[tuple(t for event in events for t in event.tokens)] += 1
+        origins.update(origin for event in events for origin in event.origins)
+    return outputs, origins
+
+
+def test_sampled_output_is_distributed_as_target_sampling(tokenizer):
+    model = tiny_model("qwen2", vocab_size=8, seed=1)
+    sampling = SamplingConfig(temperature=1.0)
+    exact = exact_joint(Target(model, sampling), PROMPT, TOKENS)
+    engine = Engine(model, tokenizer, max_len=64)
+    chain = RecordedDrafter(LongSpecDrafter(engine.target, flat_draft(model), chain=True))
+    engine.set_drafter(CompositeDrafter(chain, NgramDrafter()), 2)  # the first step's tokens are the 2nd and 3rd
+    outputs, origins = sampled_outputs(engine, sampling)
+    assert origins["longspec"] > SAMPLES // 10 and origins["ngram"] > SAMPLES // 20, origins
+    assert_fits(outputs, exact, "longspec+ngram, sampled chain")
+    engine.set_drafter(KeepsEveryDraftRow(chain, NgramDrafter()), 2)
+    assert_rejected(sampled_outputs(engine, sampling)[0], exact, "keeping every draft row")
+
+
+# --- the registry and the CLI ---------------------------------------------------------------------------
+
+
+def test_composites_parse_in_the_registry(tmp_path):
+    assert parse_drafter("longspec+ngram") == DrafterChoice(
+        "longspec+ngram", parts=(DrafterChoice("longspec"), DrafterChoice("ngram"))
+    )
+    choice = parse_drafter(f"longspec:{tmp_path}/a+b+ngram")  # a '+' in a path ends it only before a name
+    assert choice.parts == (DrafterChoice("longspec", tmp_path / "a+b"), DrafterChoice("ngram"))
+    assert str(choice) == f"longspec:{tmp_path}/a+b+ngram"
+    assert parse_drafter(f"longspec:{tmp_path}/a+b") == DrafterChoice("longspec", tmp_path / "a+b")
+    assert str(parse_drafter("glide+longspec:/d")) == "glide+longspec:/d"
+    for text, message in [
+        ("ngram+ngram", "combine two different drafters, not ngram twice"),
+        ("longspec:/a+longspec:/b", "not longspec twice"),
+        ("longspec+eagle", "unknown drafter 'eagle'; available: none, ngram, longspec, glide"),
+        ("eagle+ngram", "unknown drafter 'eagle'"),
+        ("none+ngram", "none drafts nothing"),
+        ("longspec+ngram+glide", "a composite combines two drafters, as A+B"),
+        ("longspec+", "a composite combines two drafters"),
+        ("ngram:x+longspec", "the ngram drafter takes no checkpoint"),
+        ("longspec:+ngram", "give the checkpoint directory after the colon"),
+    ]:
+        with pytest.raises(SpecchatError, match=re.escape(message)) as error:
+            parse_drafter(text)
+        assert "\n" not in str(error.value)
+
+
+def test_the_registry_imports_no_torch():
+    code = "import sys; from specchat.drafters import parse_drafter as p; p('longspec+ngram'); print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_composites_resolve_and_build_per_part(tmp_path, tokenizer):
+    profiles = load_profiles()
+    resolved = resolve_drafter(parse_drafter("longspec+ngram"), profiles["vicuna-7b-16k"], "vicuna-7b-16k")
+    assert resolved.parts[0].repo == "sail/longspec-vicuna-7b-v1.5-16k" and str(resolved) == "longspec+ngram"
+    with pytest.raises(SpecchatError, match="has no published longspec drafter"):
+        resolve_drafter(parse_drafter("longspec+ngram"), profiles["smollm2-135m"], "smollm2-135m")
+    model = tiny_model("llama", vocab_size=64)
+    save_longspec(tmp_path / "draft", random_layer(model))
+    engine = Engine(model, tokenizer, max_len=64)
+    choice = parse_drafter(f"longspec:{tmp_path / 'draft'}+ngram")
+    drafter = build_drafter(resolve_drafter(choice, profiles["smollm2-135m"], "smollm2-135m"), engine.target)
+    assert isinstance(drafter.first, LongSpecDrafter) and isinstance(drafter.second, NgramDrafter)
+    assert drafter.kind == "longspec+ngram"
+    with pytest.raises(SpecchatError, match="no such checkpoint directory") as error:
+        build_drafter(parse_drafter(f"glide:{tmp_path / 'missing'}+ngram"), engine.target)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("run", "hi", "--drafter", "longspec+ngram"), ("no published longspec drafter", "it has: none, ngram")),
+        (("run", "hi", "--drafter", "ngram+ngram"), ("not ngram twice",)),
+        (("chat", "--drafter", "ngram+psychic"), ("unknown drafter 'psychic'",)),
+        (("bench", "--drafter", "none,glide+ngram"), ("no published glide drafter",)),
+    ],
+)
+def test_bad_composites_are_one_line_in_the_cli(args, needles):
+    assert_one_line_error(specchat(*args), *needles)
+
+
+@pytest.mark.slow
+def test_run_with_a_local_longspec_checkpoint_and_ngram_matches_autoregressive(default_model, tmp_path):
+    torch.manual_seed(0)
+    save_longspec(tmp_path / "draft", LongSpecLayer(LongSpecConfig.for_target(default_model.model.config)),
+                  draft_vocab=torch.arange(8192))  # fmt: skip
+    prompt = "Repeat this list exactly, twice: red, green, blue, yellow, purple, orange, black, white."
+    common = ("run", prompt, "--temperature", "0", "--json", "-n", "48")
+    ar = json.loads(specchat(*common, "--drafter", "none").stdout)
+    drafter = f"longspec:{tmp_path / 'draft'}+ngram"
+    result = specchat(*common, "--drafter", drafter, "--draft-budget", "8")
+    assert result.returncode == 0, result.stderr
+    spec = json.loads(result.stdout)
+    assert spec["token_ids"] == ar["token_ids"]
+    assert spec["drafter"] == drafter and "ngram" in spec["origins"]
