@@ -67,9 +67,9 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("bench", "context", "--attention", "flex"), ("unknown attention",)),
         (("run", "hi", "--drafter", "ngram:./draft"), ("ngram drafter takes no checkpoint",)),
         (("run", "hi", "--drafter", "longspec:"), ("checkpoint directory after the colon",)),
-        (("run", "hi", "--drafter", "longspec"), ("no published longspec drafter", "it has: none, ngram", "longspec:PATH")),
+        (("run", "hi", "--drafter", "glide"), ("no published glide drafter", "it has: none, ngram, longspec", "glide:PATH")),
         (("run", "hi", "--drafter", "glide:/no/such/draft"), ("/no/such/draft", "no such checkpoint directory")),
-        (("bench", "--drafter", "none,longspec"), ("no published longspec drafter",)),
+        (("bench", "--drafter", "none,glide"), ("no published glide drafter",)),
     ],
 )
 def test_bad_input_is_one_line(args, needles):
@@ -112,7 +112,8 @@ def test_models_lists_profiles_and_availability():
     for alias in ("smollm2-135m", "llama3.1-8b", "llama3-8b-262k", "qwen2.5-7b", "vicuna-7b-16k", "qwq-32b"):
         assert alias in result.stdout
     assert "smollm2-135m (default)" in result.stdout
-    assert "here; drafters: none, ngram" in result.stdout  # the embedded model, nothing to download
+    assert "here; drafters: none, ngram, longspec" in result.stdout  # the embedded model, nothing to download
+    assert "longspec: smollm2-135m-longspec (here)" in result.stdout  # shipped in models/checkpoints
     assert "not cached (offline)" in result.stdout  # HF_HUB_OFFLINE: nothing claims it can download
     assert "tokenswift: TokenSwift/TokenSwift-Llama-3.1-8B (cannot load yet)" in result.stdout
     assert "longspec: sail/longspec-vicuna-7b-v1.5-16k (not cached (offline))" in result.stdout

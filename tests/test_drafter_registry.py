@@ -53,6 +53,6 @@ def test_changing_the_drafter_in_a_chat_keeps_its_cache(tokenizer):
         updates = list(session.run(ids))
     assert session.engine is engine and engine.drafter is None
     assert updates[-1].event.stats.reused_tokens > len(ids) // 2  # the first turn was not prefilled again
-    with pytest.raises(SpecchatError, match="no published longspec drafter"):
-        session.choose_drafter("longspec")
+    with pytest.raises(SpecchatError, match="no published glide drafter"):
+        session.choose_drafter("glide")
     assert session.settings.drafter == "none"
