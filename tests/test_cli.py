@@ -204,7 +204,7 @@ def _interrupted(*args: str) -> subprocess.CompletedProcess:
     process = subprocess.Popen([sys.executable, "-m", "specchat", *args], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
     if "--json" in args:
-        time.sleep(15)  # nothing streams: give the model time to load and generate
+        time.sleep(8)  # nothing streams: give the model time to load and generate
     else:
         process.stdout.read(20)  # the answer is streaming
     process.send_signal(signal.SIGINT)
@@ -215,11 +215,13 @@ def _interrupted(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_ctrl_c_exits_130_with_what_was_produced(default_model):
     prompt = "Write a very long story about a dragon and a lighthouse."
-    streamed = _interrupted("run", prompt, "-n", "4000")
+    # greedy and autoregressive: 4000 tokens, about 20 s here (a sampled story may end before the signal)
+    long_run = ("run", prompt, "-n", "4000", "--temperature", "0", "--drafter", "none")
+    streamed = _interrupted(*long_run)
     assert streamed.returncode == 130
     stats, notice = streamed.stderr.strip().splitlines()[-2:]
     assert "(interrupted)" in stats and "tok/s" in stats and notice == "interrupted"
-    report = _interrupted("run", prompt, "-n", "4000", "--json")
+    report = _interrupted(*long_run, "--json")
     assert report.returncode == 130
     result = json.loads(report.stdout)
     assert result["finish_reason"] == "interrupted" and result["new_tokens"] == len(result["token_ids"]) > 0

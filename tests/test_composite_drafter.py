@@ -206,7 +206,16 @@ class RecordedDrafter:
         return self.last
 
 
-class KeepsEveryDraftRow(CompositeDrafter):
+class OneEach(CompositeDrafter):
+    """Each drafter proposes one child of the root and both are merged: the model's sample and the n-gram's
+    token then often meet, where the merge's draft rows decide exactness."""
+
+    def propose(self, budget, sampling, generator):
+        second = self.second.propose(1, sampling, generator)
+        return merge_trees(self.first.propose(1, sampling, generator), second, 2)
+
+
+class KeepsEveryDraftRow(OneEach):
     """The unsound merge: every node of the first drafter keeps its draft row, also where the n-gram drafter
     proposed below the same node — when its token equals the sample, that sample is verified by rejection
     only because of the coincidence."""
@@ -234,10 +243,12 @@ def test_sampled_output_is_distributed_as_target_sampling(tokenizer):
     exact = exact_joint(Target(model, sampling), PROMPT, TOKENS)
     engine = Engine(model, tokenizer, max_len=64)
     chain = RecordedDrafter(LongSpecDrafter(engine.target, flat_draft(model), chain=True))
-    engine.set_drafter(CompositeDrafter(chain, NgramDrafter()), 2)  # the first step's tokens are the 2nd and 3rd
+    engine.set_drafter(CompositeDrafter(chain, NgramDrafter()), 2)  # the first step gives the 2nd and 3rd tokens
     outputs, origins = sampled_outputs(engine, sampling)
-    assert origins["longspec"] > SAMPLES // 10 and origins["ngram"] > SAMPLES // 20, origins
+    assert origins["longspec"] > SAMPLES // 40 and origins["ngram"] > SAMPLES // 20, origins  # n-gram drafts first
     assert_fits(outputs, exact, "longspec+ngram, sampled chain")
+    engine.set_drafter(OneEach(chain, NgramDrafter()), 2)
+    assert_fits(sampled_outputs(engine, sampling)[0], exact, "one child of the root from each, merged")
     engine.set_drafter(KeepsEveryDraftRow(chain, NgramDrafter()), 2)
     assert_rejected(sampled_outputs(engine, sampling)[0], exact, "keeping every draft row")
 
