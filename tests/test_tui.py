@@ -21,10 +21,11 @@ from specchat.errors import SpecchatError
 from specchat.tui.app import RENDER_HZ
 from specchat.tui.ar_baseline import SAMPLES
 from specchat.tui.chat_input import ChatInput
-from specchat.tui.colours import DRAFT_STYLES
+from specchat.tui.colours import DRAFT_STYLES, coloured
 from specchat.tui.help_screen import HelpScreen
 from specchat.tui.message_view import MessageView, footer_line
 from specchat.tui.overlay import AcceptanceOverlay
+from specchat.tui.redraw_budget import RedrawBudget
 
 pytestmark = pytest.mark.asyncio
 
@@ -67,7 +68,27 @@ async def test_type_send_and_stream_in_batches(tiny, monkeypatch):
         assert steps == 120
     streaming = [t for t in refreshes if t <= refreshes[-1]]
     duration = streaming[-1] - streaming[0]
-    assert len(streaming) <= RENDER_HZ * duration + 3  # batched: never more than 30 redraws a second
+    assert len(streaming) <= RENDER_HZ * duration + 3  # batched: never more than RENDER_HZ redraws a second
+
+
+async def test_an_answer_without_redraw_budget_shows_its_first_tokens_and_its_end(tiny, monkeypatch):
+    """The budget only thins the redraws in between: the first tokens show at once, the end completely."""
+    shown = []
+    original = MessageView.refresh_message
+    monkeypatch.setattr(MessageView, "refresh_message", lambda self: (original(self), shown.append(self.body.plain)))
+    monkeypatch.setattr("specchat.tui.app.RedrawBudget", lambda: RedrawBudget(share=0.0))
+    app = make_app(tiny, drafter="none", max_new_tokens=1500)  # longer than one frame of the pump
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        shown.clear()
+        await pilot.press(*"hello", "enter")
+        await wait_until(pilot, lambda: not app.generating, what="the answer")
+        answer = app.session.messages[-1]
+    answer_frames = [text for text in shown if text]
+    assert len(answer_frames) == 2  # the first tokens, then everything at the end
+    everything = coloured(answer.pieces, answer.origins).plain  # as the view shows it (control codes dropped)
+    assert everything.startswith(answer_frames[0]) and len(answer_frames[0]) < len(everything)
+    assert answer_frames[1] == everything
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Hands one answer's updates from the engine's thread to the UI's: in order, nothing dropped, in batches.
 
-The worker thread runs `produce`; the UI drains on a timer (at most 30 times a second), so a fast engine
-never floods the screen with redraws and a slow one shows every step as it lands. `stop` ends the answer
+The worker thread runs `produce`; the UI drains on a timer, so a fast engine never floods the screen with
+redraws and a slow one shows every step as it lands. `stop` ends the answer
 after the step in flight; every step the engine committed still reaches the UI.
 """
 
@@ -26,6 +26,7 @@ class AnswerStream:
     def __init__(self):
         self._queue: SimpleQueue[Update | AnswerEnd] = SimpleQueue()
         self._stop = threading.Event()
+        self._ended = threading.Event()
 
     def stop(self) -> None:
         self._stop.set()
@@ -45,6 +46,12 @@ class AnswerStream:
         except Exception as exc:  # noqa: BLE001 - an engine bug must not kill the app: show it, keep the chat
             finish, error = "error", unexpected(exc)
         self._queue.put(AnswerEnd(finish, error))
+        self._ended.set()
+
+    @property
+    def ended(self) -> bool:
+        """Whether the `AnswerEnd` is queued: the rest of the answer can be shown without waiting."""
+        return self._ended.is_set()
 
     def drain(self) -> list[Update | AnswerEnd]:
         """Everything queued since the last call, oldest first."""

@@ -1,11 +1,12 @@
 """The chat app: a conversation, the acceptance overlay and an input line, around one `ChatSession`.
 
 The model loads and every answer is generated in worker threads; the UI thread only renders. Answers
-arrive through an `AnswerStream`, drained 30 times a second while one streams.
+arrive through an `AnswerStream`, drained and redrawn as often as the UI's share of the CPU allows.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,10 +31,11 @@ from specchat.tui.help_screen import HelpScreen
 from specchat.tui.message_view import MessageView
 from specchat.tui.overlay import NARROW, AcceptanceOverlay
 from specchat.tui.palette import SlashCommands
+from specchat.tui.redraw_budget import RedrawBudget
 from specchat.tui.session import ChatSession, ChatSettings, ModelLoader
 from specchat.tui.transcript import default_chat_path, load_chat, save_chat
 
-RENDER_HZ = 15  # most redraws of the streaming answer per second
+RENDER_HZ = 15  # most redraws of the streaming answer per second (fewer where frames are slow: RedrawBudget)
 OVERLAY_HZ = 4  # most redraws of the overlay per second while an answer streams: its numbers are read, not watched
 
 
@@ -63,6 +65,7 @@ class ChatApp(App[None]):
         self._clock: Timer | None = None  # ticks the loading line
         self._waiting: tuple[str, Note] | None = None  # a message sent while loading, and the note saying so
         self._pump: Timer | None = None
+        self._redraws: RedrawBudget | None = None  # paces the streaming answer's redraws
         self._overlay_drawn = 0.0  # when the overlay last showed a streaming answer's figures
 
     @property
@@ -108,6 +111,7 @@ class ChatApp(App[None]):
             self.call_from_thread(self._loaded, session)
 
     def _loaded(self, session: ChatSession) -> None:
+        gc.freeze()  # the model's and the app's objects: the collector stops rescanning them (a third of a frame)
         self._clock.stop()
         self.session = session
         loaded = session.loaded
@@ -184,16 +188,24 @@ class ChatApp(App[None]):
         self.reply = conversation.add_message(reply, speaker=self.session.model_name, plain=self.plain)
         conversation.anchor()
         self.answer = AnswerStream()
+        self.call_after_refresh(self._start_answer, self.answer, prompt_ids)
+
+    def _start_answer(self, answer: AnswerStream, prompt_ids: list[int]) -> None:
+        """Generate once the new messages are on screen, so laying them out takes no CPU time from the decode."""
+        self._redraws = RedrawBudget()
         self._pump = self.set_interval(1 / RENDER_HZ, self._render_answer)
-        self._generate(self.answer, prompt_ids)
+        self._generate(answer, prompt_ids)
 
     @work(thread=True, exclusive=True, group="generate")
     def _generate(self, answer: AnswerStream, prompt_ids: list[int]) -> None:
         answer.produce(self.session, prompt_ids)
 
     def _render_answer(self) -> None:
-        """Apply every step that arrived since the last frame, then redraw once."""
+        """Apply every step that arrived since the last frame, then redraw once: when the redraw budget allows,
+        and at once for the answer's first tokens and its end."""
         reply, overlay = self.reply, self.query_one(AcceptanceOverlay)
+        if not (self.answer.ended or not reply.message.pieces or self._redraws.allows()):
+            return
         figures = None
         for item in self.answer.drain():
             if isinstance(item, AnswerEnd):
