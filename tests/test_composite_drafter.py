@@ -4,6 +4,9 @@
   drafter's origin where both proposed a token), stays within the budget and leaves out nodes whose
   parent did not fit; on crafted and on random trees;
 - the n-gram tree is kept whole and the model drafts within the rest of the budget;
+- the model drafts only while drafting with both parts commits more tokens per second than n-gram alone:
+  the choice on a crafted clock, then a slow drafter that is never right (left out but for probes) and an
+  oracle (kept);
 - greedy output with LongSpec (a random layer) + n-gram equals target-only greedy decoding, and both
   drafters' tokens are accepted; sampled output passes the chi-square test of target-only sampling, while
   the same merge keeping every draft row of the first drafter (also where the n-gram drafter proposed a
@@ -19,6 +22,7 @@ import random
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import replace
 
@@ -32,6 +36,7 @@ from test_sampling_verification import PROMPT, SAMPLES, TOKENS, Target, exact_jo
 
 from specchat.drafters import DrafterChoice, build_drafter, parse_drafter, resolve_drafter
 from specchat.drafters.composite import CompositeDrafter, merge_trees
+from specchat.drafters.mode_choice import BOTH, SECOND, ModeChoice
 from specchat.drafters.longspec import LongSpecDrafter
 from specchat.drafters.ngram import NgramDrafter
 from specchat.engine.events import TARGET
@@ -115,11 +120,25 @@ def test_draft_rows_are_kept_only_below_nodes_the_second_drafter_left_alone():
 # --- the composite drafter ------------------------------------------------------------------------------
 
 
+class AlwaysBoth(ModeChoice):
+    """Both parts draft every step: what the merge tests check, whatever the timings say."""
+
+    def next_mode(self) -> str:
+        return BOTH
+
+
+def merging(first, second, composite=CompositeDrafter) -> CompositeDrafter:
+    drafter = composite(first, second)
+    drafter.modes = AlwaysBoth()
+    return drafter
+
+
 class RecordingComposite(CompositeDrafter):
     """The composite as it is, keeping every tree it proposed."""
 
     def __init__(self, first, second):
         super().__init__(first, second)
+        self.modes = AlwaysBoth()
         self.trees: list[tuple[int, DraftTree]] = []
 
     def propose(self, budget, sampling, generator):
@@ -154,7 +173,7 @@ def test_the_ngram_tree_is_kept_whole_and_the_model_drafts_within_the_rest(budge
     model = tiny_model("llama", vocab_size=64)
     engine = Engine(model, tokenizer, max_len=256)
     beam, ngram = LongSpecDrafter(engine.target, random_layer(model)), NgramDrafter()
-    drafter = CompositeDrafter(beam, ngram)
+    drafter = merging(beam, ngram)
     engine.set_drafter(drafter, budget)
     checked = 0
     for _ in engine.generate(REPETITIVE, max_new_tokens=48):  # between steps, as the engine would call it
@@ -165,6 +184,122 @@ def test_the_ngram_tree_is_kept_whole_and_the_model_drafts_within_the_rest(budge
         assert set(paths(alone)) <= set(paths(tree))  # the n-gram drafter's tree is all there
         checked += len(alone) > 0
     assert checked > 0
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_steps(choice: ModeChoice, clock: Clock, steps: int, cost: dict, tokens: dict) -> list[str]:
+    """`steps` steps as the composite drives the choice: a proposal, then one commit; the modes chosen."""
+    modes = []
+    for _ in range(steps):
+        mode = choice.next_mode()
+        modes.append(mode)
+        clock.now += cost[mode]
+        choice.committed(tokens[mode])
+    return modes
+
+
+def test_the_mode_that_commits_more_tokens_per_second_is_chosen_and_the_other_probed():
+    clock = Clock()
+    choice = ModeChoice(probe_every=16, clock=clock)
+    # The model's draft costs 3 ms a step and adds half a token: 2.5 tokens in 8 ms against 2 in 5 ms.
+    modes = run_steps(choice, clock, 64, cost={BOTH: 0.008, SECOND: 0.005}, tokens={BOTH: 2.5, SECOND: 2})
+    assert modes[:2] == [BOTH, SECOND]  # each tried once, then the faster
+    assert [i + 1 for i, mode in enumerate(modes[2:], 2) if mode == BOTH] == [16, 32, 48, 64]  # probes
+    # The text changes: the model now adds three tokens a step (5 in 8 ms); the probes see it.
+    modes = run_steps(choice, clock, 64, cost={BOTH: 0.008, SECOND: 0.005}, tokens={BOTH: 5, SECOND: 2})
+    assert modes[-16:].count(BOTH) == 15 and modes[-16:].count(SECOND) == 1
+
+
+def test_a_step_with_other_commits_between_proposals_is_not_counted():
+    clock = Clock()
+    choice = ModeChoice(clock=clock)
+    choice.next_mode()
+    clock.now += 1.0  # the engine decoded without drafting (budget 0): two commits, a second
+    choice.committed(1)
+    choice.committed(1)
+    choice.next_mode()
+    assert choice.seconds == {BOTH: 0.0, SECOND: 0.0}
+    choice.restart()  # a new request: the time since the last proposal was no step either
+    choice.committed(1)
+    choice.next_mode()
+    assert choice.seconds == {BOTH: 0.0, SECOND: 0.0}
+
+
+class Slow:
+    """A drafter that is slow and seldom right: always the same one token."""
+
+    kind = "model"
+
+    def __init__(self):
+        self.calls = 0
+
+    def prefill(self, ids, hidden, reused):
+        pass
+
+    def commit(self, tokens, hidden):
+        pass
+
+    def propose(self, budget, sampling, generator):
+        self.calls += 1
+        time.sleep(0.02)
+        return DraftTree([63], [ROOT], [self.kind])
+
+
+class Oracle:
+    """A drafter that knows the target's greedy answer: it proposes the next tokens of it as a chain."""
+
+    kind = "model"
+
+    def __init__(self, answer: list[int]):
+        self.answer = answer
+        self.calls = self.done = 0
+
+    def prefill(self, ids, hidden, reused):
+        self.done = -1  # the first commit is the first answer token
+
+    def commit(self, tokens, hidden):
+        self.done += len(tokens)
+
+    def propose(self, budget, sampling, generator):
+        self.calls += 1
+        chain = self.answer[self.done + 1 : self.done + 1 + budget]
+        return DraftTree.from_chains([chain], self.kind, budget) if chain else DraftTree.empty()
+
+
+class RoomLeft(NgramDrafter):
+    """N-gram lookup that counts the steps whose tree left room for the model."""
+
+    def __init__(self, budget: int):
+        super().__init__()
+        self.budget = budget
+        self.room = 0
+
+    def propose(self, budget, sampling=None, generator=None):
+        tree = super().propose(budget, sampling, generator)
+        self.room += len(tree) < self.budget
+        return tree
+
+
+def test_the_model_drafts_only_where_it_pays(tokenizer):
+    model = tiny_model("llama", vocab_size=64)
+    engine = Engine(model, tokenizer, max_len=256)
+    prompt = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7]
+    expected = generate(engine, prompt, 96)
+    slow, ngram = Slow(), RoomLeft(8)
+    engine.set_drafter(CompositeDrafter(slow, ngram), 8)
+    assert generate(engine, prompt, 96) == expected
+    assert slow.calls <= 2 + ngram.room / 16 + 2, (slow.calls, ngram.room)  # tried, then probed
+    oracle, ngram = Oracle(expected), RoomLeft(8)
+    engine.set_drafter(CompositeDrafter(oracle, ngram), 8)
+    assert generate(engine, prompt, 96) == expected
+    assert oracle.calls >= 0.8 * ngram.room > 0, (oracle.calls, ngram.room)
 
 
 def test_memory_is_the_parts_memory(tokenizer):
@@ -243,13 +378,13 @@ def test_sampled_output_is_distributed_as_target_sampling(tokenizer):
     exact = exact_joint(Target(model, sampling), PROMPT, TOKENS)
     engine = Engine(model, tokenizer, max_len=64)
     chain = RecordedDrafter(LongSpecDrafter(engine.target, flat_draft(model), chain=True))
-    engine.set_drafter(CompositeDrafter(chain, NgramDrafter()), 2)  # the first step gives the 2nd and 3rd tokens
+    engine.set_drafter(merging(chain, NgramDrafter()), 2)  # the first step gives the 2nd and 3rd tokens
     outputs, origins = sampled_outputs(engine, sampling)
     assert origins["longspec"] > SAMPLES // 40 and origins["ngram"] > SAMPLES // 20, origins  # n-gram drafts first
     assert_fits(outputs, exact, "longspec+ngram, sampled chain")
-    engine.set_drafter(OneEach(chain, NgramDrafter()), 2)
+    engine.set_drafter(merging(chain, NgramDrafter(), OneEach), 2)
     assert_fits(sampled_outputs(engine, sampling)[0], exact, "one child of the root from each, merged")
-    engine.set_drafter(KeepsEveryDraftRow(chain, NgramDrafter()), 2)
+    engine.set_drafter(merging(chain, NgramDrafter(), KeepsEveryDraftRow), 2)
     assert_rejected(sampled_outputs(engine, sampling)[0], exact, "keeping every draft row")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from specchat.drafters.base import Drafter
+from specchat.drafters.mode_choice import BOTH, ModeChoice
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 
@@ -19,7 +20,8 @@ class CompositeDrafter:
     """Drafts with `first` and `second` at once; both follow every prefill and commit.
 
     Budget: the second drafter (the cheap one: n-gram lookup) proposes first, within the whole budget, and
-    its tree is kept whole; the first drafter proposes within what is left, and only when something is. A
+    its tree is kept whole; the first drafter proposes within what is left, when something is and when
+    drafting with both parts has committed more tokens per second than the second alone (`ModeChoice`). A
     copy the lookup found costs no draft forward, and a long one fills the budget by itself; measured on
     the default model, giving the model the first share instead made copy-heavy text a third slower than
     n-gram drafting alone (docs/benchmarks.md).
@@ -36,19 +38,23 @@ class CompositeDrafter:
         self.first = first
         self.second = second
         self.kind = f"{first.kind}+{second.kind}"  # its nodes carry the parts' kinds
+        self.modes = ModeChoice()
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         self.first.prefill(ids, hidden, reused)
         self.second.prefill(ids, hidden, reused)
+        self.modes.restart()
 
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         self.first.commit(tokens, hidden)
         self.second.commit(tokens, hidden)
+        self.modes.committed(len(tokens))
 
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
         second = self.second.propose(budget, sampling, generator)
         rest = budget - len(second)
-        first = self.first.propose(rest, sampling, generator) if rest > 0 else DraftTree.empty()
+        both = rest > 0 and self.modes.next_mode() == BOTH  # a step with no room left is nobody's sample
+        first = self.first.propose(rest, sampling, generator) if both else DraftTree.empty()
         return merge_trees(first, second, budget)
 
     def memory_bytes(self) -> int:
