@@ -112,12 +112,12 @@ async def test_accepted_drafts_are_coloured_by_origin_and_keep_colours(default_m
 
 
 async def test_escape_stops_at_once_keeps_the_answer_and_the_next_turn_reuses_the_cache(default_model):
-    """The real model (~15 tokens/s here) answers slowly enough that every key lands mid-answer."""
-    app = make_app(default_model, drafter="ngram", max_new_tokens=400)
+    """The real model answers for long enough (3000 tokens, over 10 s here) that every key lands mid-answer."""
+    app = make_app(default_model, drafter="ngram", max_new_tokens=3000)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await send(pilot, "Tell me a very long story about the sea.")
-        await wait_until(pilot, lambda: len(app.session.messages[-1].token_ids) >= 5, what="a few tokens")
+        await wait_until(pilot, lambda: len(app.session.messages[-1].token_ids) >= 1, what="the first tokens")
         for line in ("/save", "/clear", "hello?"):  # nothing that needs the finished answer runs meanwhile
             await send(pilot, line)
         errors = note_lines(app, errors=True)
@@ -128,7 +128,7 @@ async def test_escape_stops_at_once_keeps_the_answer_and_the_next_turn_reuses_th
         await wait_until(pilot, lambda: not app.generating, timeout=5, what="the stop")
         await pilot.pause()
         first = app.session.messages[-1]
-        assert first.finish == "stopped" and 5 <= len(first.token_ids) < 400
+        assert first.finish == "stopped" and 1 <= len(first.token_ids) < 3000
         assert "stopped (Esc)" in footer_line(first)
         engine = app.session.engine
         committed = engine.ids[: engine.length].tolist()
