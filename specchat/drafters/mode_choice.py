@@ -34,8 +34,8 @@ class ModeChoice:
         self._commits.append(tokens)
 
     def next_mode(self) -> str:
-        """The mode to propose in now; closes the step in flight (one commit: a step the engine skipped
-        drafting for, or a new request, is not counted)."""
+        """The mode to propose in now. Closes the step in flight, counted only if exactly one commit followed
+        it: steps the engine decoded without drafting, or a new request, are not that step's."""
         now = self.clock()
         if self._pending is not None and len(self._commits) == 1:
             mode, began = self._pending

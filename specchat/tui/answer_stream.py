@@ -1,8 +1,8 @@
 """Hands one answer's updates from the engine's thread to the UI's: in order, nothing dropped, in batches.
 
 The worker thread runs `produce`; the UI drains on a timer, so a fast engine never floods the screen with
-redraws and a slow one shows every step as it lands. `stop` ends the answer
-after the step in flight; every step the engine committed still reaches the UI.
+redraws and a slow one shows every step as it lands. `stop` ends the answer after the step in flight; every
+step the engine committed still reaches the UI.
 """
 
 from __future__ import annotations
