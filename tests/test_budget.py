@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import json
 
-from specchat.engine.budget import AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost
+from specchat.engine.budget import AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost, proposers
+from specchat.engine.tree import ROOT, DraftTree
 
 CPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.7, 1.8, 1.85, 1.9, 2.0, 2.6, 3.8))
 GPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.0, 1.0, 1.0, 1.01, 1.02, 1.04, 1.1))
+
+
+def observe_chain(policy, depth, accepted, origin="model", **kwargs):
+    """A chain of `depth` nodes from one drafter, its first `accepted` nodes accepted."""
+    policy.observe(DraftTree(list(range(depth)), list(range(-1, depth - 1)), [origin] * depth), list(range(accepted)), **kwargs)
 
 
 def test_relative_cost_interpolates_between_measured_sizes():
@@ -19,7 +25,7 @@ def test_relative_cost_interpolates_between_measured_sizes():
 def test_rejected_drafts_turn_drafting_off_and_probes_continue():
     policy = AdaptiveBudget(CPU_LIKE, probe_every=8)
     for _ in range(30):
-        policy.observe(tree_depth=4, accepted=0)
+        observe_chain(policy, 4, accepted=0)
     assert policy.budget == 0
     budgets = [policy.next_budget() for _ in range(16)]
     assert budgets.count(0) == 14 and max(budgets) == 7  # two small probe trees in 16 steps
@@ -29,7 +35,7 @@ def test_long_acceptances_grow_the_budget_where_verification_is_cheap():
     cpu, gpu = AdaptiveBudget(CPU_LIKE), AdaptiveBudget(GPU_LIKE)
     for policy in (cpu, gpu):
         for _ in range(40):
-            policy.observe(tree_depth=16, accepted=14)
+            observe_chain(policy, 16, accepted=14)
     assert cpu.budget >= 7
     assert gpu.budget >= cpu.budget
     assert gpu.expected_tokens(16) > 10
@@ -38,17 +44,17 @@ def test_long_acceptances_grow_the_budget_where_verification_is_cheap():
 def test_the_budget_follows_the_text():
     policy = AdaptiveBudget(CPU_LIKE)
     for _ in range(40):
-        policy.observe(tree_depth=16, accepted=16)
+        observe_chain(policy, 16, accepted=16)
     copying = policy.budget
     for _ in range(80):
-        policy.observe(tree_depth=2, accepted=0)
+        observe_chain(policy, 2, accepted=0)
     assert copying >= 7 and policy.budget == 0
 
 
 def test_empty_trees_say_nothing_about_acceptance():
     policy = AdaptiveBudget(CPU_LIKE)
     before = policy.expected_tokens(8)
-    policy.observe(tree_depth=0, accepted=0)
+    policy.observe(DraftTree.empty(), [])
     assert policy.expected_tokens(8) == before
 
 
@@ -72,17 +78,44 @@ def test_calibration_is_monotone_and_cached(tmp_path):
 def test_the_budget_prices_drafting_and_reads_the_depth_trees_really_reach():
     chain, beam = AdaptiveBudget(GPU_LIKE), AdaptiveBudget(GPU_LIKE)
     for _ in range(50):
-        chain.observe(tree_depth=15, accepted=12, budget=15)
-        beam.observe(tree_depth=2, accepted=2, budget=15)  # 15 nodes, but only two levels deep
+        observe_chain(chain, 15, 12, budget=15)
+        observe_beam(beam, 15, budget=15)  # 15 nodes, but only two levels deep
     assert beam.expected_tokens(15) <= 3 < chain.expected_tokens(15)
     slow = AdaptiveBudget(GPU_LIKE)
     base = GPU_LIKE.seconds[0]
     for _ in range(50):  # one token accepted per tree, which costs three decode steps to draft: no longer pays
         for n in slow.candidates[1:]:
-            slow.observe(tree_depth=n, accepted=1, budget=n, draft_seconds=3 * base)
+            observe_chain(slow, n, accepted=1, budget=n, draft_seconds=3 * base)
     assert slow.budget == 0
     fast = AdaptiveBudget(GPU_LIKE)
     for _ in range(50):
         for n in fast.candidates[1:]:
-            fast.observe(tree_depth=n, accepted=1, budget=n, draft_seconds=0.0)
+            observe_chain(fast, n, accepted=1, budget=n, draft_seconds=0.0)
     assert fast.budget > 0
+
+
+def observe_beam(policy, nodes, **kwargs):
+    """A tree of `nodes` nodes only two levels deep, a path of two accepted."""
+    parents = [ROOT] * 3 + [i // 4 for i in range(nodes - 3)]
+    policy.observe(DraftTree(list(range(nodes)), parents, ["model"] * nodes), [0, 3], **kwargs)
+
+
+def test_each_origin_counts_the_nodes_it_proposed_with_their_ancestors():
+    # model: a -> b, a -> c; n-gram: a -> b -> d (a and b merged into the model's nodes), x at the root
+    tree = DraftTree([1, 2, 3, 4, 5], [ROOT, 0, 0, 1, ROOT], ["model", "model", "model", "ngram", "ngram"])
+    assert proposers(tree) == {"model": {0, 1, 2}, "ngram": {0, 1, 3, 4}}
+
+
+def test_copies_keep_their_price_beside_a_model_part_that_is_mostly_wrong():
+    """A composite whose model part is rejected at depth 1 while the n-gram chains it proposes on a third of
+    the steps are accepted whole: the budget stays sized for the copies."""
+    mixed = AdaptiveBudget(CPU_LIKE)
+    for step in range(90):
+        model = DraftTree([1, 2, 3], [ROOT, 0, 1], ["model"] * 3)
+        if step % 3:
+            mixed.observe(model, [], budget=mixed.budget or 7)
+        else:  # the copy's chain beside the model's
+            tree = DraftTree([1, 2, 3, 9, 9, 9, 9], [ROOT, 0, 1, ROOT, 3, 4, 5], ["model"] * 3 + ["ngram"] * 4)
+            mixed.observe(tree, [3, 4, 5, 6], budget=mixed.budget or 7)
+    assert mixed.budget >= 3
+    assert mixed.origins["model"].expected_tokens(3) < 1.1 < 4 < mixed.origins["ngram"].expected_tokens(7)

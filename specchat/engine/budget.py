@@ -12,6 +12,12 @@ budget follows the text (copying a passage, then free writing). depth(n) is how 
 n nodes actually reach (a beam of 7 nodes reaches depth 2, a chain depth 7; n until one is seen), and
 draft cost(n) the time the drafter took to propose them: both measured as the engine runs. When drafting does not pay (budget 0)
 the engine still probes with a small tree every few steps, so a return of copyable text is noticed.
+
+A composite drafter's parts are counted apart, by origin: a part's acceptance counts the steps it proposed
+on, and the budget is sized for the part whose trees pay best. N-gram lookup proposes only where the text
+repeats, and is mostly right there; counted together with a model part whose guesses are mostly wrong, its
+copies were priced at the model's acceptance and the budget fell to zero on copy-heavy text. Whether the
+model part joins a step is the composite's own measured choice (`drafters/mode_choice.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 
 from specchat.disk_cache import cached_json
 from specchat.engine.timing import Timer
+from specchat.engine.tree import ROOT, DraftTree
 
 # Tree sizes the budget chooses from: with the root, 1, 2, 4, ... 64 rows, the row blocks kernels compute in
 # (torch's CPU int4 kernel takes rows four at a time: 5 rows cost about twice 4).
@@ -72,47 +79,25 @@ def cached_verify_cost(path: Path, key: str, measure: Callable[[], VerifyCost]) 
     return VerifyCost(tuple(entry["sizes"]), tuple(entry["seconds"]))
 
 
-class AdaptiveBudget:
-    """Chooses each step's tree budget from the verification cost and the acceptance seen so far."""
+class Acceptance:
+    """What one drafter (one origin) has had accepted, per depth, with decay; and how deep its trees reach."""
 
-    def __init__(self, cost: VerifyCost, *, max_budget: int = MAX_BUDGET, decay: float = 0.97, probe_every: int = 16):
-        self.cost = cost
-        self.candidates = [n for n in SIZES if n <= max_budget]
+    def __init__(self, decay: float):
         self.decay = decay
-        self.probe_every = probe_every
         self.proposed: list[float] = []  # decayed counts per depth d (index d - 1)
         self.accepted: list[float] = []
         self.depth: dict[int, int] = {}  # budget -> depth of the last tree proposed with it
-        self.draft_seconds: dict[int, float] = {}  # budget -> smoothed seconds the drafter took
-        self.idle_steps = probe_every - 1  # the first idle step probes: acceptance is unknown at the start
-        self.budget = self._best()
 
-    def observe(self, tree_depth: int, accepted: int, *, budget: int | None = None, draft_seconds: float = 0.0) -> None:
-        """Record one verified tree, proposed with `budget` in `draft_seconds`; empty trees (the drafter had
-        nothing) say nothing about acceptance or depth."""
+    def observe(self, depth: int, accepted: int, budget: int) -> None:
         if budget:
-            last = self.draft_seconds.get(budget, draft_seconds)
-            self.draft_seconds[budget] = 0.8 * last + 0.2 * draft_seconds
-        if tree_depth == 0:
-            return
-        if budget:
-            self.depth[budget] = tree_depth
+            self.depth[budget] = depth
         for counts in (self.proposed, self.accepted):
             counts[:] = [c * self.decay for c in counts]
-            counts.extend([0.0] * (tree_depth - len(counts)))
-        for d in range(tree_depth):
+            counts.extend([0.0] * (depth - len(counts)))
+        for d in range(depth):
             self.proposed[d] += 1
         for d in range(accepted):
             self.accepted[d] += 1
-        self.budget = self._best()
-
-    def next_budget(self) -> int:
-        if self.budget:
-            return self.budget
-        self.idle_steps += 1
-        if self.idle_steps % self.probe_every == 0:
-            return self.candidates[min(3, len(self.candidates) - 1)]  # a small probe tree (7 nodes)
-        return 0
 
     def expected_tokens(self, n: int) -> float:
         """Tokens a step with a tree of n nodes is expected to commit, bonus included."""
@@ -125,9 +110,62 @@ class AdaptiveBudget:
             total += reach
         return total
 
+
+class AdaptiveBudget:
+    """Chooses each step's tree budget from the verification cost and the acceptance seen so far."""
+
+    def __init__(self, cost: VerifyCost, *, max_budget: int = MAX_BUDGET, decay: float = 0.97, probe_every: int = 16):
+        self.cost = cost
+        self.candidates = [n for n in SIZES if n <= max_budget]
+        self.decay = decay
+        self.probe_every = probe_every
+        self.origins: dict[str, Acceptance] = {}
+        self.draft_seconds: dict[int, float] = {}  # budget -> smoothed seconds the drafter took
+        self.idle_steps = probe_every - 1  # the first idle step probes: acceptance is unknown at the start
+        self.budget = self._best()
+
+    def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float = 0.0) -> None:
+        """Record one verified tree, proposed with `budget` in `draft_seconds`, of which the nodes `path` were
+        accepted. Each origin in the tree is counted on the nodes it proposed: its own and their ancestors (a
+        composite's second part joins the first part's nodes where it proposed the same tokens). Empty trees
+        (the drafter had nothing) say nothing about acceptance or depth."""
+        if budget:
+            last = self.draft_seconds.get(budget, draft_seconds)
+            self.draft_seconds[budget] = 0.8 * last + 0.2 * draft_seconds
+        for origin, nodes in proposers(tree).items():
+            depth = max(tree.depths[node] for node in nodes)
+            accepted = sum(node in nodes for node in path)  # its nodes are closed under ancestors: a prefix
+            self.origins.setdefault(origin, Acceptance(self.decay)).observe(depth, accepted, budget)
+        if len(tree):
+            self.budget = self._best()
+
+    def next_budget(self) -> int:
+        if self.budget:
+            return self.budget
+        self.idle_steps += 1
+        if self.idle_steps % self.probe_every == 0:
+            return self.candidates[min(3, len(self.candidates) - 1)]  # a small probe tree (7 nodes)
+        return 0
+
+    def expected_tokens(self, n: int) -> float:
+        """Tokens a step with a tree of n nodes is expected to commit, bonus included, from the best part."""
+        parts = self.origins.values() or [Acceptance(self.decay)]  # nothing seen yet: the prior
+        return max(part.expected_tokens(n) for part in parts)
+
     def _best(self) -> int:
         return max(self.candidates, key=lambda n: self.expected_tokens(n) / self.relative_cost(n))
 
     def relative_cost(self, n: int) -> float:
         """A step's cost with a tree of n nodes, in decode steps: verification plus drafting."""
         return self.cost.relative(n) + self.draft_seconds.get(n, 0.0) / self.cost.seconds[0]
+
+
+def proposers(tree: DraftTree) -> dict[str, set[int]]:
+    """Origin -> the nodes it proposed: those carrying it and their ancestors."""
+    nodes: dict[str, set[int]] = {}
+    for node, origin in enumerate(tree.origins):
+        own = nodes.setdefault(origin, set())
+        while node != ROOT and node not in own:
+            own.add(node)
+            node = tree.parents[node]
+    return nodes

@@ -140,7 +140,7 @@ class Engine:
         kept = [0] + [node + 1 for node in verdict.path]
         self.cache.commit(kept)
         if self.policy:
-            self.policy.observe(tree.depth, len(verdict.path), budget=budget, draft_seconds=draft_seconds)
+            self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds)
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[kept] if self.drafter is not None else hidden  # only a drafter reads them
