@@ -16,7 +16,7 @@ from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.models.longspec import LongSpecConfig, LongSpecLayer, rotate
-from specchat.training.features import target_features
+from specchat.training.features import SampleFeatures, target_features
 from specchat.training.longspec import LongSpecObjective, chain_accepted
 from specchat.training.samples import Sample, fingerprint, sample_of, samples_of
 from specchat.training.train_longspec import train_longspec
@@ -46,7 +46,7 @@ def _samples(count, length=24, seed=0):
     return [Sample(tuple(rng.randrange(1000) for _ in range(length)), length // 2, True) for _ in range(count)]
 
 
-def test_features_are_the_targets_last_layer_kv_computed_once(loaded, tmp_path):
+def test_features_are_the_targets_last_layer_kv_and_greedy_tokens_computed_once(loaded, tmp_path):
     engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
     samples = _samples(3)
     features = target_features(engine, tmp_path, "train", samples)
@@ -54,9 +54,12 @@ def test_features_are_the_targets_last_layer_kv_computed_once(loaded, tmp_path):
     for index, sample in enumerate(samples):
         engine.target_states(list(sample.ids))
         layer = engine.cache.layers[-1]
-        keys, values = features.of(index)
+        keys, values, labels = features.of(index)
         torch.testing.assert_close(keys, layer.keys[0, :, :24].to(torch.bfloat16))
         torch.testing.assert_close(values, layer.values[0, :, :24].to(torch.bfloat16))
+        with torch.no_grad():  # transformers' own forward: the greedy token after each row
+            logits = loaded.model(input_ids=torch.tensor([sample.ids])).logits[0]
+        assert labels.tolist() == logits.argmax(dim=-1).tolist()
     path = next((tmp_path / "features").glob("train-*.safetensors"))
     written = path.stat().st_mtime_ns
     again = target_features(engine, tmp_path, "train", samples)  # read back, not computed
@@ -93,15 +96,16 @@ def test_a_row_never_sees_target_kv_inside_its_lag(loaded):
     objective = _objective(loaded)
     sample = _samples(1, length=16)[0]
     keys, values = torch.randn(2, 2, 16, 16).unbind(0)  # the tiny model's kv heads x head_dim
+    labels = torch.zeros(16, dtype=torch.int32)
     positions = torch.arange(16)
     for pad in (1, 3):
-        out = objective._forward(sample, (keys, values), positions, pad)
+        out = objective._forward(sample, SampleFeatures(keys, values, labels), positions, pad)
         later = values.clone()
         later[:, 16 - pad :] += 5.0  # the last `pad` positions: seen by no row under this lag
-        torch.testing.assert_close(objective._forward(sample, (keys, later), positions, pad), out)
+        torch.testing.assert_close(objective._forward(sample, SampleFeatures(keys, later, labels), positions, pad), out)
         seen = values.clone()
         seen[:, 15 - pad] += 5.0  # seen by the last row only
-        changed = (objective._forward(sample, (keys, seen), positions, pad) - out).abs().sum(-1) > 0
+        changed = (objective._forward(sample, SampleFeatures(keys, seen, labels), positions, pad) - out).abs().sum(-1) > 0
         assert changed.nonzero().flatten().tolist() == [15]
 
 

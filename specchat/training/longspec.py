@@ -8,11 +8,14 @@ and with the target's cache lagging behind, scored through the target's frozen L
   from 1-4, as a tree node at depth d sees a target cache that ends d positions before it; rows t < pad see
   none and are not scored.
 - The draft's own self-attention is causal over its window of positions, as `RingKV` serves it.
-- The loss is cross-entropy of the target's next token over the draft vocabulary, on answer rows only.
+- The loss is cross-entropy, over the draft vocabulary, of the target's greedy next token (`features.labels`)
+  at every row: prompt rows too, since the target's choice is known there as well. Training on prompt rows
+  as well as answer rows was measured against answer rows alone (docs/training.md).
 
-Held-out evaluation measures greedy chain acceptance teacher-forced: while a chain is right its inputs are
-the text's own tokens, so the accepted length from root t is the run of rows t, t + 1, ... whose argmax
-(under lags 1, 2, ...) equals the next token — the chain tau a greedy target would see, by position.
+Held-out evaluation is on answer rows: the loss at lag 1, and greedy chain acceptance teacher-forced on the
+greedy answers. While a chain is right its inputs are the text's own tokens, so the accepted length from
+root t is the run of rows t, t + 1, ... whose argmax (under lags 1, 2, ...) equals the target's — the chain
+tau a greedy target would see, by position.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from specchat.models.longspec import LongSpecLayer, rotate
-from specchat.training.features import Features
+from specchat.training.features import Features, SampleFeatures
 from specchat.training.indices import anchor_offset_positions, lag_pad, lag_visibility, loss_rows
 from specchat.training.samples import Sample
 from specchat.training.vocab import IGNORE_INDEX, draft_vocab_targets
@@ -45,14 +48,14 @@ class LongSpecObjective:
         self.rotary = rotary
         self.window = window
 
-    def loss(self, sample: Sample, features: tuple[torch.Tensor, torch.Tensor], rng: random.Random):
+    def loss(self, sample: Sample, features: SampleFeatures, rng: random.Random):
         """Summed cross-entropy over the sample's scored rows, and how many rows were scored."""
         length = len(sample)
         positions = anchor_offset_positions(length, self.window, rng).to(self.device)
         pad = lag_pad(rng)
         out = self._forward(sample, features, positions, pad)
-        rows = loss_rows(length, pad).to(self.device) & self._answer_rows(sample)
-        labels = draft_vocab_targets(self._next_tokens(sample), self.draft_vocab)
+        rows = loss_rows(length, pad).to(self.device)
+        labels = draft_vocab_targets(self._labels(features), self.draft_vocab)
         logits = out[rows] @ self.head.T
         loss = F.cross_entropy(logits.float(), labels[rows], ignore_index=IGNORE_INDEX, reduction="sum")
         return loss, int((labels[rows] != IGNORE_INDEX).sum())
@@ -63,13 +66,13 @@ class LongSpecObjective:
         loss_sum, rows, accepted, roots = 0.0, 0, 0, 0
         for index, sample in enumerate(samples):
             positions = torch.arange(len(sample), device=self.device)
-            right = []  # right[d][t]: row t, seeing the target up to t - d - 1, predicts the next token
-            next_tokens = self._next_tokens(sample)
-            labels = draft_vocab_targets(next_tokens, self.draft_vocab)
+            right = []  # right[d][t]: row t, seeing the target up to t - d - 1, predicts the target's token
+            target_tokens = self._labels(features.of(index))
+            labels = draft_vocab_targets(target_tokens, self.draft_vocab)
             scored = self._answer_rows(sample)
             for depth in range(CHAIN_DEPTH):
                 logits = self._forward(sample, features.of(index), positions, depth + 1) @ self.head.T
-                right.append(self.draft_vocab[logits.argmax(dim=-1)] == next_tokens)
+                right.append(self.draft_vocab[logits.argmax(dim=-1)] == target_tokens)
                 if depth == 0:
                     keep = scored & (labels != IGNORE_INDEX)
                     loss_sum += float(F.cross_entropy(logits[keep].float(), labels[keep], reduction="sum"))
@@ -80,13 +83,13 @@ class LongSpecObjective:
                 roots += len(runs)
         return {"loss": loss_sum / max(rows, 1), "chain_tau": 1 + accepted / max(roots, 1)}
 
-    def _forward(self, sample: Sample, features, positions: torch.Tensor, pad: int) -> torch.Tensor:
+    def _forward(self, sample: Sample, features: SampleFeatures, positions: torch.Tensor, pad: int) -> torch.Tensor:
         """The draft's outputs [length, hidden] at `positions`, the target's cache lagging `pad` rows."""
         length = len(sample)
         x = self.embeddings[self._ids(sample)]
         cos, sin = self._rotary(positions)
         shift_cos, shift_sin = self._rotary(positions - torch.arange(length, device=self.device))
-        keys, values = (part.to(self.device, torch.float32) for part in features)
+        keys, values = (part.to(self.device, torch.float32) for part in (features.keys, features.values))
         keys = rotate(keys, shift_cos, shift_sin)
         own_keys, own_values = self.module.own_kv(x, cos, sin)
         own_mask = (positions[None, :] <= positions[:, None]) & (positions[None, :] > positions[:, None] - self.module.config.window)
@@ -110,9 +113,8 @@ class LongSpecObjective:
         t = torch.arange(len(sample), device=self.device)
         return (t + 1 >= sample.answer_start) & (t + 1 < len(sample))
 
-    def _next_tokens(self, sample: Sample) -> torch.Tensor:
-        ids = self._ids(sample)
-        return torch.cat([ids[1:], ids[-1:]])  # the last row has no next token; never scored
+    def _labels(self, features: SampleFeatures) -> torch.Tensor:
+        return features.labels.to(self.device, torch.long)
 
 
 def chain_accepted(right: torch.Tensor, roots: list[int]) -> list[int]:
