@@ -320,28 +320,80 @@ def train_data(
     print(f"{out}: {done.records} prompts, {done.answer_tokens} answer tokens ({len(prompts)} prompts available)")
 
 
+DataOption = Annotated[Path, typer.Option("--data", help="Directory of `specchat train data`.")]
+DraftOutOption = Annotated[Path, typer.Option("--out", help="Checkpoint directory (created; --resume goes on).")]
+TargetOption = Annotated[str | None, typer.Option("--target", "--model", "-m", help="The target model.")]
+EpochsOption = Annotated[float, typer.Option("--epochs", help="Passes over the training samples.")]
+BatchOption = Annotated[int, typer.Option("--batch", help="Samples per optimizer step (accumulated).")]
+LrOption = Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine, 10% warm-up).")]
+CheckpointOption = Annotated[float, typer.Option("--checkpoint-minutes", help="Minutes between checkpoints.")]
+ResumeOption = Annotated[bool, typer.Option("--resume", help="Go on with the run in --out.")]
+PrecisionOption = Annotated[str, typer.Option("--precision", help="bf16 (autocast) or fp32.")]
+
+
 @train_app.command("longspec")
 def train_longspec(
-    data: Annotated[Path, typer.Option("--data", help="Directory of `specchat train data`.")],
-    out: Annotated[Path, typer.Option("--out", help="Checkpoint directory (created; --resume goes on).")],
-    target: Annotated[str | None, typer.Option("--target", "--model", "-m", help="The target model.")] = None,
-    epochs: Annotated[float, typer.Option("--epochs", help="Passes over the training samples.")] = 3.0,
-    batch: Annotated[int, typer.Option("--batch", help="Samples per optimizer step (accumulated).")] = 16,
-    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine, 10% warm-up).")] = 5e-4,
+    data: DataOption,
+    out: DraftOutOption,
+    target: TargetOption = None,
+    epochs: EpochsOption = 3.0,
+    batch: BatchOption = 16,
+    lr: LrOption = 5e-4,
     vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary trained over, most frequent first (0: all); "
                                                        "the shipped one is chosen by measured speed.")] = 0,  # fmt: skip
-    checkpoint_minutes: Annotated[float, typer.Option("--checkpoint-minutes", help="Minutes between checkpoints.")] = 5.0,
-    resume: Annotated[bool, typer.Option("--resume", help="Go on with the run in --out.")] = False,
+    checkpoint_minutes: CheckpointOption = 5.0,
+    resume: ResumeOption = False,
     eval_prompts: Annotated[int, typer.Option("--eval-prompts", help="Held-out prompts decoded at the end.")] = 16,
-    precision: Annotated[str, typer.Option("--precision", help="bf16 (autocast) or fp32.")] = "bf16",
+    precision: PrecisionOption = "bf16",
     seed: SeedOption = None,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
 ) -> None:
     """A LongSpec draft layer for the target: anchor-offset positions, lag training, loss through the target's
     frozen LM head; then the draft vocabulary whose decoding is fastest here."""
-    if epochs <= 0 or batch < 1 or lr <= 0 or vocab < 0 or checkpoint_minutes <= 0 or eval_prompts < 1:
-        raise SpecchatError("--epochs, --lr, --checkpoint-minutes must be positive, --batch and --eval-prompts at least 1, --vocab >= 0")
+    if eval_prompts < 1:
+        raise SpecchatError("--eval-prompts must be at least 1")
+    from specchat.training.train_longspec import train_longspec as run_training
+
+    summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
+                             precision, seed, dtype, device, eval_prompts=eval_prompts)  # fmt: skip
+    for row in summary["vocab_measurements"]:
+        print(f"  vocab {row['vocab']}: tau {row['tau']:.2f}, {row['tokens_per_second']:.1f} tok/s, {row['speedup']:.2f}x AR")
+    print(f"{out}: LongSpec drafter, draft vocabulary {summary['draft_vocab']}; use --drafter longspec:{out}")
+
+
+@train_app.command("glide")
+def train_glide(
+    data: DataOption,
+    out: DraftOutOption,
+    target: TargetOption = None,
+    epochs: EpochsOption = 3.0,
+    batch: BatchOption = 16,
+    lr: LrOption = 5e-4,
+    vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary the loss is taken over, most frequent first (0: all).")] = 0,
+    checkpoint_minutes: CheckpointOption = 5.0,
+    resume: ResumeOption = False,
+    precision: PrecisionOption = "bf16",
+    seed: SeedOption = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+) -> None:
+    """A one-layer GLIDE draft for the target: its embedding and LM head the target's, cross-attention to the
+    target's last layer under GLIDE's block-wise lag (blocks of 5)."""
+    from specchat.training.train_glide import train_glide as run_training
+
+    summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
+                             precision, seed, dtype, device)  # fmt: skip
+    last = summary["log"][-1] if summary["log"] else {}
+    print(f"{out}: GLIDE drafter, held-out chain tau {last.get('heldout_chain_tau', float('nan')):.2f}; "
+          f"use --drafter glide:{out}")  # fmt: skip
+
+
+def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume, precision,
+                   seed, dtype, device, **options) -> dict:  # fmt: skip
+    """Check the shared options, load the target and run `run_training` under a progress display."""
+    if epochs <= 0 or batch < 1 or lr <= 0 or vocab < 0 or checkpoint_minutes <= 0:
+        raise SpecchatError("--epochs, --lr, --checkpoint-minutes must be positive, --batch at least 1, --vocab >= 0")
     if precision not in ("bf16", "fp32"):
         raise SpecchatError(f"--precision must be bf16 or fp32, not {precision}")
     if not (data / "recipe.json").is_file():
@@ -349,7 +401,6 @@ def train_longspec(
     check_dtype(dtype)
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from specchat.training.train_longspec import train_longspec as run_training
     from specchat.training.trainer import TrainRecipe
 
     loaded = _load(target, dtype, device)
@@ -372,11 +423,8 @@ def train_longspec(
             bar.update(train_task, completed=now.step,
                        info=f"step {now.step}/{now.steps} · loss {now.loss:.3f} · {now.tokens_per_second:.0f} tok/s{heldout}")  # fmt: skip
 
-        summary = run_training(loaded, data, out, recipe, vocab=vocab, resume=resume, checkpoint_minutes=checkpoint_minutes,
-                               eval_prompts=eval_prompts, stage=stage, progress=show)  # fmt: skip
-    for row in summary["vocab_measurements"]:
-        print(f"  vocab {row['vocab']}: tau {row['tau']:.2f}, {row['tokens_per_second']:.1f} tok/s, {row['speedup']:.2f}x AR")
-    print(f"{out}: LongSpec drafter, draft vocabulary {summary['draft_vocab']}; use --drafter longspec:{out}")
+        return run_training(loaded, data, out, recipe, vocab=vocab, resume=resume, checkpoint_minutes=checkpoint_minutes,
+                            stage=stage, progress=show, **options)  # fmt: skip
 
 
 bench_app = typer.Typer(help="Benchmarks: speculative vs autoregressive vs transformers, same run.")

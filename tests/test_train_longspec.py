@@ -17,7 +17,8 @@ from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.models.longspec import LongSpecConfig, LongSpecLayer, rotate
 from specchat.training.features import SampleFeatures, target_features
-from specchat.training.longspec import LongSpecObjective, chain_accepted
+from specchat.training.lag_evaluation import chain_accepted
+from specchat.training.longspec import LongSpecObjective
 from specchat.training.samples import Sample, fingerprint, sample_of, samples_of
 from specchat.training.train_longspec import train_longspec
 from specchat.training.trainer import STATE, TrainRecipe, learning_rate, train

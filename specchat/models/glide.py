@@ -175,13 +175,14 @@ class GlideModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, tokens: torch.Tensor, start: int, kv: GlideKV, target_kv: list[tuple[torch.Tensor, torch.Tensor]],
-                cross_rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:  # fmt: skip
+                cross_rotary: tuple[torch.Tensor, torch.Tensor], cross_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Final-normed states [q, hidden] of `tokens` [q] at positions start, start + 1, ... (their own keys
         and values are written to those slots of `kv`).
 
         target_kv: per draft layer, the target keys / values [kv_heads, n, head_dim] it reads (post-RoPE,
-        remapped when the draft remaps); row p sees those of positions < p. cross_rotary: the target's
-        rotary tables [q, cross_head_dim] at the rows' positions.
+        remapped when the draft remaps); row p sees those of positions < p, or those `cross_mask` [q, n]
+        shows it (training's block-wise lag). cross_rotary: the target's rotary tables [q, cross_head_dim]
+        at the rows' positions.
         """
         config, count = self.config, tokens.shape[0]
         end = start + count
@@ -200,8 +201,11 @@ class GlideModel(nn.Module):
             x = x + attn.o_proj(_merge(out))
             cross = layer.cross_attn
             keys, values = target_kv[index]
-            keys, values = keys[:, : end - 1], values[:, : end - 1]  # the last row sees positions < end - 1
-            mask = None if start >= keys.shape[1] else torch.arange(keys.shape[1], device=rows.device) < rows[:, None]
+            if cross_mask is None:
+                keys, values = keys[:, : end - 1], values[:, : end - 1]  # the last row sees positions < end - 1
+                mask = None if start >= keys.shape[1] else torch.arange(keys.shape[1], device=rows.device) < rows[:, None]
+            else:
+                mask = cross_mask
             q = rotate(_heads(cross.q_proj(x), config.cross_heads), cross_cos, cross_sin)
             x = x + cross.o_proj(_merge(attend(q, keys, values, mask)))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -316,6 +320,10 @@ def _shape(heads: int, kv: int | None, dim: int) -> str:
     return f"{heads} heads, {kv} KV heads of {dim}" if kv else f"{heads} heads of {dim}"
 
 
-def save_glide(path: Path, model: GlideModel) -> None:
-    """A checkpoint `load_glide` reads: config.json and model.safetensors."""
-    write_checkpoint(path, {"model_type": "glide", **model.config.to_dict()}, dict(model.state_dict()))
+def save_glide(path: Path, model: GlideModel, *, dtype: torch.dtype | None = None, tied: bool = False) -> None:
+    """A checkpoint `load_glide` reads: config.json and model.safetensors, the weights in `dtype` when given;
+    `tied`: the LM head is the embedding, written once."""
+    tensors = {name: tensor.to(dtype or tensor.dtype) for name, tensor in model.state_dict().items()}
+    if tied:
+        del tensors["lm_head.weight"]
+    write_checkpoint(path, {"model_type": "glide", **model.config.to_dict(), "tie_word_embeddings": tied}, tensors)

@@ -9,13 +9,10 @@ and with the target's cache lagging behind, scored through the target's frozen L
   none and are not scored.
 - The draft's own self-attention is causal over its window of positions, as `RingKV` serves it.
 - The loss is cross-entropy, over the draft vocabulary, of the target's greedy next token (`features.labels`)
-  at every row: prompt rows too, since the target's choice is known there as well. Training on prompt rows
-  as well as answer rows was measured against answer rows alone (docs/training.md).
+  at every row: prompt rows too, since the target's choice is known there as well (about twice the rows
+  of the answers alone, on the same features).
 
-Held-out evaluation is on answer rows: the loss at lag 1, and greedy chain acceptance teacher-forced on the
-greedy answers. While a chain is right its inputs are the text's own tokens, so the accepted length from
-root t is the run of rows t, t + 1, ... whose argmax (under lags 1, 2, ...) equals the target's — the chain
-tau a greedy target would see, by position.
+Held-out evaluation: `lag_evaluation`.
 """
 
 from __future__ import annotations
@@ -28,10 +25,9 @@ import torch.nn.functional as F
 from specchat.models.longspec import LongSpecLayer, rotate
 from specchat.training.features import Features, SampleFeatures
 from specchat.training.indices import anchor_offset_positions, lag_pad, lag_visibility, loss_rows
+from specchat.training.lag_evaluation import lag_evaluation
 from specchat.training.samples import Sample
 from specchat.training.vocab import IGNORE_INDEX, draft_vocab_targets
-
-CHAIN_DEPTH = 5  # the depth of held-out chain acceptance (LongSpec's trees are 5 deep)
 
 
 class LongSpecObjective:
@@ -60,28 +56,14 @@ class LongSpecObjective:
         loss = F.cross_entropy(logits.float(), labels[rows], ignore_index=IGNORE_INDEX, reduction="sum")
         return loss, int((labels[rows] != IGNORE_INDEX).sum())
 
-    @torch.no_grad()
     def evaluate(self, samples: list[Sample], features: Features) -> dict[str, float]:
-        """Held-out loss (lag 1, positions as the text has them) and greedy chain tau (1 + accepted per root)."""
-        loss_sum, rows, accepted, roots = 0.0, 0, 0, 0
-        for index, sample in enumerate(samples):
-            positions = torch.arange(len(sample), device=self.device)
-            right = []  # right[d][t]: row t, seeing the target up to t - d - 1, predicts the target's token
-            target_tokens = self._labels(features.of(index))
-            labels = draft_vocab_targets(target_tokens, self.draft_vocab)
-            scored = self._answer_rows(sample)
-            for depth in range(CHAIN_DEPTH):
-                logits = self._forward(sample, features.of(index), positions, depth + 1) @ self.head.T
-                right.append(self.draft_vocab[logits.argmax(dim=-1)] == target_tokens)
-                if depth == 0:
-                    keep = scored & (labels != IGNORE_INDEX)
-                    loss_sum += float(F.cross_entropy(logits[keep].float(), labels[keep], reduction="sum"))
-                    rows += int(keep.sum())
-            if sample.greedy:
-                runs = chain_accepted(torch.stack(right), scored.nonzero().flatten().tolist())
-                accepted += sum(runs)
-                roots += len(runs)
-        return {"loss": loss_sum / max(rows, 1), "chain_tau": 1 + accepted / max(roots, 1)}
+        """Held-out loss and greedy chain tau (`lag_evaluation`), at the positions the text has."""
+
+        def logits_at_lag(index: int, lag: int) -> torch.Tensor:
+            positions = torch.arange(len(samples[index]), device=self.device)
+            return self._forward(samples[index], features.of(index), positions, lag) @ self.head.T
+
+        return lag_evaluation(logits_at_lag, samples, features, self.draft_vocab)
 
     def _forward(self, sample: Sample, features: SampleFeatures, positions: torch.Tensor, pad: int) -> torch.Tensor:
         """The draft's outputs [length, hidden] at `positions`, the target's cache lagging `pad` rows."""
@@ -108,24 +90,6 @@ class LongSpecObjective:
     def _ids(self, sample: Sample) -> torch.Tensor:
         return torch.tensor(sample.ids, device=self.device)
 
-    def _answer_rows(self, sample: Sample) -> torch.Tensor:
-        """bool [length]: rows whose next token is an answer token."""
-        t = torch.arange(len(sample), device=self.device)
-        return (t + 1 >= sample.answer_start) & (t + 1 < len(sample))
-
     def _labels(self, features: SampleFeatures) -> torch.Tensor:
         return features.labels.to(self.device, torch.long)
 
-
-def chain_accepted(right: torch.Tensor, roots: list[int]) -> list[int]:
-    """Accepted draft tokens of a greedy chain from each root: right [depth, length] bool says whether row t,
-    drafting at depth d + 1 (the target's cache lagging d + 1 rows), predicts the text's next token; a chain
-    from root t goes on through rows t, t + 1, ... while they are right."""
-    depth, length = right.shape
-    runs = []
-    for root in roots:
-        run = 0
-        while run < depth and root + run < length and right[run, root + run]:
-            run += 1
-        runs.append(run)
-    return runs

@@ -43,12 +43,12 @@ def train_longspec(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab:
     sizes up to it). `stage(name, total)` announces a stage and returns its progress callback.
     """
     model = loaded.model
-    train_records, heldout_records = _records(data, loaded.source.name)
+    train_records, heldout_records = read_split_records(data, loaded.source.name)
     samples, heldout = samples_of(train_records), samples_of(heldout_records)
     engine = Engine(model, loaded.tokenizer, max_len=MAX_SAMPLE_TOKENS)
     start = time.perf_counter()
-    features = target_features(engine, data, "train", samples, stage("target features", _tokens(samples)))
-    heldout_features = target_features(engine, data, "heldout", heldout, stage("held-out features", _tokens(heldout)))
+    features = target_features(engine, data, "train", samples, stage("target features", sample_tokens(samples)))
+    heldout_features = target_features(engine, data, "heldout", heldout, stage("held-out features", sample_tokens(heldout)))
     feature_seconds = time.perf_counter() - start
     del engine
 
@@ -58,7 +58,7 @@ def train_longspec(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab:
     trained_vocab = frequent_tokens(answers, vocab, vocab_size, always=eos)
     torch.manual_seed(recipe.seed)
     layer = LongSpecLayer(LongSpecConfig.for_target(model.config)).to(model.device)
-    objective = LongSpecObjective(layer, _embeddings(model), _head(model), trained_vocab,
+    objective = LongSpecObjective(layer, target_embeddings(model), target_head(model), trained_vocab,
                                   model.model.rotary_emb, model.config.max_position_embeddings)  # fmt: skip
     reduced = None if len(trained_vocab) == vocab_size else trained_vocab
 
@@ -81,7 +81,7 @@ def train_longspec(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab:
     summary = {
         "target": loaded.source.name, "weights": loaded.weights, "dtype": loaded.dtype, "recipe": asdict(recipe),
         "trained_vocab": len(trained_vocab), "draft_vocab": chosen,
-        "data": {"dir": str(data), "train_samples": len(samples), "train_tokens": _tokens(samples),
+        "data": {"dir": str(data), "train_samples": len(samples), "train_tokens": sample_tokens(samples),
                  "answer_tokens": sum(map(len, answers)), "heldout_samples": len(heldout)},
         "seconds": {"features": round(feature_seconds, 1), "training_this_run": round(train_seconds, 1)},
         "steps": done.step, "log": done.log, "vocab_measurements": rows, "eval_prompts": len(prompts),
@@ -92,7 +92,8 @@ def train_longspec(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab:
     return summary
 
 
-def _records(data: Path, model_name: str) -> tuple[list[dict], list[dict]]:
+def read_split_records(data: Path, model_name: str) -> tuple[list[dict], list[dict]]:
+    """The train and held-out records of `data`, checked to be answers of `model_name`."""
     recipe = data / "recipe.json"
     if not recipe.is_file():
         raise SpecchatError(f"{data} holds no training data; make it with `specchat train data --out {data}`")
@@ -105,17 +106,18 @@ def _records(data: Path, model_name: str) -> tuple[list[dict], list[dict]]:
     return train_records, heldout_records
 
 
-def _tokens(samples) -> int:
+def sample_tokens(samples) -> int:
+    """All tokens of `samples`, prompts included."""
     return sum(len(sample) for sample in samples)
 
 
-def _embeddings(model) -> torch.Tensor:
+def target_embeddings(model) -> torch.Tensor:
     """The target's input embeddings [vocab, hidden] in fp32 (frozen)."""
     embed = model.model.embed_tokens
     return embed(torch.arange(model.config.vocab_size, device=model.device)).float()
 
 
-def _head(model) -> torch.Tensor:
+def target_head(model) -> torch.Tensor:
     """The target's LM head [vocab, hidden] in fp32 (frozen; quantized heads dequantized)."""
     head = model.lm_head
     return (head.dequantize() if hasattr(head, "dequantize") else head.weight).float()
