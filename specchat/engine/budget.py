@@ -25,10 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specchat.disk_cache import cached_json
 from specchat.engine.timing import Timer
-from specchat.engine.tree import ROOT, DraftTree
+
+if TYPE_CHECKING:  # torch-free: the CLI checks --draft-budget against MAX_BUDGET before loading torch
+    from specchat.engine.tree import DraftTree
 
 # Tree sizes the budget chooses from: with the root, 1, 2, 4, ... 64 rows, the row blocks kernels compute in
 # (torch's CPU int4 kernel takes rows four at a time: 5 rows cost about twice 4).
@@ -165,7 +168,7 @@ def proposers(tree: DraftTree) -> dict[str, set[int]]:
     nodes: dict[str, set[int]] = {}
     for node, origin in enumerate(tree.origins):
         own = nodes.setdefault(origin, set())
-        while node != ROOT and node not in own:
+        while node >= 0 and node not in own:  # up to the root (-1)
             own.add(node)
             node = tree.parents[node]
     return nodes
