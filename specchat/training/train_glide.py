@@ -16,21 +16,13 @@ from pathlib import Path
 
 import torch
 
-from specchat.engine.generate import Engine, eos_ids
+from specchat.engine.generate import eos_ids
 from specchat.models.glide import GlideConfig, GlideModel, save_glide
 from specchat.training.curves import plot_training
-from specchat.training.features import target_features
 from specchat.training.glide import GlideObjective
-from specchat.training.samples import MAX_SAMPLE_TOKENS, samples_of
-from specchat.training.train_longspec import (
-    CURVES,
-    SUMMARY,
-    read_split_records,
-    sample_tokens,
-    target_embeddings,
-    target_head,
-)
+from specchat.training.train_longspec import CURVES, SUMMARY
 from specchat.training.trainer import TrainProgress, TrainRecipe, train
+from specchat.training.training_set import TrainingSet, target_embeddings, target_head
 from specchat.training.vocab import frequent_tokens
 
 
@@ -41,17 +33,8 @@ def train_glide(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab: in
     """Train, write the checkpoint and its summary to `out`; returns the summary. `vocab`: the most frequent
     answer tokens the loss is taken over (0: all). `stage` and `progress` as `train_longspec`'s."""
     model = loaded.model
-    train_records, heldout_records = read_split_records(data, loaded.source.name)
-    samples, heldout = samples_of(train_records), samples_of(heldout_records)
-    engine = Engine(model, loaded.tokenizer, max_len=MAX_SAMPLE_TOKENS)
-    start = time.perf_counter()
-    features = target_features(engine, data, "train", samples, stage("target features", sample_tokens(samples)))
-    heldout_features = target_features(engine, data, "heldout", heldout, stage("held-out features", sample_tokens(heldout)))
-    feature_seconds = time.perf_counter() - start
-    del engine
-
-    answers = [record["answer_ids"] for record in train_records]
-    loss_vocab = frequent_tokens(answers, vocab, model.config.vocab_size, always=sorted(eos_ids(model, loaded.tokenizer)))
+    data_set = TrainingSet.load(loaded, data, stage)
+    loss_vocab = frequent_tokens(data_set.answers, vocab, model.config.vocab_size, always=sorted(eos_ids(model, loaded.tokenizer)))
     torch.manual_seed(recipe.seed)
     draft = GlideModel(GlideConfig.for_target(model.config, num_hidden_layers=1)).to(model.device)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -65,14 +48,14 @@ def train_glide(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab: in
         save_glide(out, draft, dtype=torch.bfloat16, tied=tied)
 
     start = time.perf_counter()
-    done = train(objective, samples, features, heldout, heldout_features, recipe, out, resume=resume,
+    done = train(objective, data_set.samples, data_set.features, data_set.heldout, data_set.heldout_features, recipe, out,
+                 resume=resume,
                  checkpoint_minutes=checkpoint_minutes, save=save, progress=progress)  # fmt: skip
     summary = {
         "target": loaded.source.name, "weights": loaded.weights, "dtype": loaded.dtype, "recipe": asdict(recipe),
         "loss_vocab": len(loss_vocab), "layers": 1,
-        "data": {"dir": str(data), "train_samples": len(samples), "train_tokens": sample_tokens(samples),
-                 "answer_tokens": sum(map(len, answers)), "heldout_samples": len(heldout)},
-        "seconds": {"features": round(feature_seconds, 1), "training_this_run": round(time.perf_counter() - start, 1)},
+        "data": data_set.summary(data),
+        "seconds": {"features": round(data_set.feature_seconds, 1), "training_this_run": round(time.perf_counter() - start, 1)},
         "steps": done.step, "log": done.log,
     }  # fmt: skip
     (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
