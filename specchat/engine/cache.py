@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import psutil
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from specchat.errors import SpecchatError
 
 
 class TreeKVLayer(CacheLayerMixin):
@@ -110,3 +113,22 @@ class TreeCache(Cache):
         for layer in self.layers:
             layer.length = min(layer.length, length)
             layer.pending = 0
+
+
+def check_cache_fits(model, max_len: int) -> None:
+    """Refuse, in one line, a cache that cannot be allocated: it is allocated once, for the whole session,
+    so this is known before the first token (not 90K tokens into a book)."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    need = 2 * config.num_hidden_layers * config.num_key_value_heads * max_len * head_dim * model.dtype.itemsize
+    if model.device.type == "cuda":
+        free = torch.cuda.mem_get_info(model.device)[0]
+    elif model.device.type == "cpu":
+        free = psutil.virtual_memory().available
+    else:
+        return
+    if need > free:
+        raise SpecchatError(
+            f"the KV cache for {max_len} tokens needs {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB is free; "
+            "ask for fewer tokens of context"
+        )

@@ -21,11 +21,11 @@ from specchat.engine.budget import (
     cached_verify_cost,
     measure_verify_cost,
 )
-from specchat.engine.cache import TreeCache
+from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.events import TARGET, StepEvent
 from specchat.engine.lean_forward import lean_forward
 from specchat.engine.linear import use_few_rows_linear
-from specchat.engine.sampling import SamplingConfig, make_generator, process_logits, sample
+from specchat.engine.sampling import PositionNoise, SamplingConfig, make_generator, process_logits, sample
 from specchat.engine.stats import GenerationStats
 from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, node_histories, tree_batch
@@ -57,6 +57,7 @@ class Engine:
         self.max_len = min((max_len or self.context_window) + self.tree_capacity, self.context_window)
         self.device = model.device
         self.eos_ids = eos_ids(model, tokenizer)
+        check_cache_fits(model, self.max_len)
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len)
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
@@ -91,7 +92,18 @@ class Engine:
         sampling: SamplingConfig = SamplingConfig(),
         max_new_tokens: int = 512,
         stop: tuple[str, ...] = (),
+        reproducible: bool = False,
+        index_offset: int = 0,
     ) -> Iterator[StepEvent]:
+        """Prefill `prompt_ids` and yield a `StepEvent` per step until EOS, a stop string, `max_new_tokens` or a
+        full cache.
+
+        `reproducible` keys every sampled choice by its token's index in the text (`PositionNoise`; the
+        prompt's first token is index `index_offset`, for a text whose beginning the cache no longer holds):
+        the output is then the same for every drafter and tree, and continues the same after a restart. Its
+        price: a drafter's sampled trees are checked by those draws instead of by rejection sampling, which
+        accepts a little less.
+        """
         if not prompt_ids:
             raise SpecchatError("the prompt is empty")
         if max_new_tokens < 1:
@@ -102,11 +114,16 @@ class Engine:
         budget, limit = (max_new_tokens, "length") if max_new_tokens <= room else (room, "context")
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         generator = make_generator(sampling, self.device)
+        noise = None
+        if reproducible and not sampling.greedy:
+            seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (), generator=generator))
+            noise = PositionNoise(seed, self.model.config.vocab_size, self.device, index_offset)
         stream = TextStream(self.tokenizer, stop)
 
         start = time.perf_counter()
         logits = self._prefill(prompt_ids, stats)
-        token = int(sample(self._process(logits, sampling, DraftTree.empty()), sampling, generator)[0])
+        first = noise.rows([self.length]) if noise else None
+        token = int(sample(self._process(logits, sampling, DraftTree.empty()), sampling, generator, first)[0])
         stats.prefill_seconds = time.perf_counter() - start
         if self.drafter is not None and self.fixed_budget is None and self.policy is None:
             self.policy = AdaptiveBudget(self._verify_cost())
@@ -114,7 +131,7 @@ class Engine:
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
-            tokens, origins, hidden, tree_depth, tree_budget = self._step(sampling, generator)
+            tokens, origins, hidden, tree_depth, tree_budget = self._step(sampling, generator, noise)
             stats.decode_seconds += time.perf_counter() - start
             event = self._commit(tokens, origins, hidden, stats, stream, budget, limit)
             stats.decode_tokens += len(event.tokens)
@@ -122,7 +139,7 @@ class Engine:
             stats.record_step(tree_depth, drafted, tree_budget)
             yield event
 
-    def _step(self, sampling: SamplingConfig, generator):
+    def _step(self, sampling: SamplingConfig, generator, noise: PositionNoise | None):
         """Draft, verify the tree (or just the root) in one forward, commit the accepted KV.
 
         Returns the accepted tokens then the bonus, their origins, the hidden states of the rows kept in the
@@ -136,7 +153,8 @@ class Engine:
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
         mask = batch.attention_mask(prefix, tree_only=self.tree_only_masks) if len(tree) else None  # 1 query: no mask
         logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
-        verdict = verify(tree, self._process(logits, sampling, tree), sampling, generator)
+        rows = noise.rows([self.length + depth for depth in (0, *tree.depths)]) if noise else None
+        verdict = verify(tree, self._process(logits, sampling, tree), sampling, generator, rows)
         kept = [0] + [node + 1 for node in verdict.path]
         self.cache.commit(kept)
         if self.policy:
@@ -162,7 +180,7 @@ class Engine:
         history = None
         if sampling.uses_history:
             window = sampling.penalty_window
-            committed = self.ids[max(0, self.length - window) : self.length].tolist()
+            committed = self.ids[max(0, self.length - window) : self.length].cpu()
             history = node_histories(tree, committed, window)
         return process_logits(logits, sampling, history)
 

@@ -15,16 +15,19 @@ from specchat.engine.sampling_config import SamplingConfig
 def apply_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:
     """Divide positive (multiply negative) logits of tokens seen in each row's history by `penalty`.
 
+    Only the seen tokens' logits are read and written (a tree of 40 rows over a 49K vocabulary would
+    otherwise spend milliseconds on full-width masks).
+
     Args:
         logits: [n, vocab]
         history: [n, W] token ids, -1 = padding (rows may have shorter histories)
     """
-    n, vocab = logits.shape
-    seen = torch.zeros(n, vocab + 1, dtype=torch.bool, device=logits.device)  # column 0 absorbs padding
-    seen.scatter_(1, history.to(logits.device) + 1, True)
-    seen = seen[:, 1:]
-    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-    return torch.where(seen, penalised, logits)
+    history = history.to(logits.device)
+    fill = history.max(dim=1, keepdim=True).values  # a token the row has seen; -1: it has seen none
+    index = torch.where(history >= 0, history, fill).clamp(min=0)  # padding repeats a seen token
+    seen = logits.gather(1, index)
+    penalised = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(1, index, torch.where(fill >= 0, penalised, seen))
 
 
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -47,18 +50,23 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    """Drop tokens whose probability is below min_p times the most likely token's."""
+def apply_min_p(logits: torch.Tensor, min_p: float, keep: int = 1) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the most likely token's, keeping at least the
+    `keep` most likely (TokenSwift writes with min-p 0.1 and keeps 20; ties with the keep-th are kept too)."""
     if min_p <= 0:
         return logits
     probs = logits.softmax(dim=-1)
     threshold = min_p * probs.max(dim=-1, keepdim=True).values
+    if keep > 1:
+        threshold = torch.minimum(threshold, torch.topk(probs, min(keep, probs.shape[-1]), dim=-1).values[:, -1:])
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
 def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.Tensor | None = None) -> torch.Tensor:
     """Raw logits [n, vocab] -> the processed logits whose softmax (or argmax, when greedy) is the target."""
     logits = logits.float()
+    if config.suppress:
+        logits = logits.index_fill(1, torch.tensor(config.suppress, device=logits.device), float("-inf"))
     if config.uses_history and history is not None:
         logits = apply_penalty(logits, history, config.penalty)
     if config.greedy:
@@ -66,19 +74,56 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.
     logits = logits / config.temperature
     logits = apply_top_k(logits, config.top_k)
     logits = apply_top_p(logits, config.top_p)
-    return apply_min_p(logits, config.min_p)
+    return apply_min_p(logits, config.min_p, config.min_p_keep)
 
 
-def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None,
+           noise: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """One token per row of processed logits [n, vocab] -> [n]; greedy takes the argmax.
 
-    Sampling is an exponential race, argmax(p / E) with E ~ Exp(1): exact and free of host syncs.
+    Sampling is an exponential race, argmax(p / E) with E ~ Exp(1): exact and free of host syncs. `noise`
+    gives E per row (`PositionNoise`); without it E is drawn from `generator`.
     """
     if config.greedy:
         return logits.argmax(dim=-1)
     probs = logits.softmax(dim=-1)
-    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator) if noise is None else noise
     return (probs / race).argmax(dim=-1)
+
+
+class PositionNoise:
+    """The exponential race's noise for the token at each index of the text, from (seed, index) alone.
+
+    A sampled token then depends on nothing but its own distribution and where it stands: autoregressive
+    decoding and every drafter's trees choose the same tokens (a node's draw is the draw autoregressive
+    decoding makes at that index, whatever the tree around it), and a text can be continued in another
+    process, after its KV cache was rebuilt, as if it had never stopped. Draws at distinct indices are
+    independent, so the output is distributed exactly as the target's sampling.
+    """
+
+    def __init__(self, seed: int, vocab: int, device: torch.device, offset: int = 0):
+        self.seed, self.vocab, self.device, self.offset = seed, vocab, device, offset
+        self.recent: dict[int, torch.Tensor] = {}  # index -> noise; the next step asks again for most
+
+    def rows(self, indices: list[int]) -> torch.Tensor:
+        """[len(indices), vocab] Exp(1) noise for the tokens at `indices` (+ `offset`); equal indices get
+        equal rows."""
+        indices = [self.offset + i for i in indices]
+        low = min(indices)
+        self.recent = {i: e for i, e in self.recent.items() if i >= low}
+        for index in set(indices) - self.recent.keys():
+            generator = torch.Generator(device=self.device).manual_seed(_mix(self.seed, index))
+            self.recent[index] = torch.empty(self.vocab, device=self.device).exponential_(1.0, generator=generator)
+        return torch.stack([self.recent[i] for i in indices])
+
+
+def _mix(seed: int, index: int) -> int:
+    """A 63-bit generator seed for (seed, index): splitmix64, so neighbouring indices get unrelated streams."""
+    mask = (1 << 64) - 1
+    z = (seed * 0x9E3779B97F4A7C15 + index + 1) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 1
 
 
 def make_generator(config: SamplingConfig, device: torch.device) -> torch.Generator:

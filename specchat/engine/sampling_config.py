@@ -15,9 +15,11 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
+    min_p_keep: int = 1  # min-p keeps at least this many of the most likely tokens
     penalty: float = 1.0  # repetition / contextual penalty theta; 1 = off
     penalty_window: int = 1024  # the last W tokens of a row's history are penalised
     seed: int | None = None
+    suppress: tuple[int, ...] = ()  # token ids never chosen (a book written past the model's end of text)
 
     def __post_init__(self):
         checks = {
@@ -25,9 +27,11 @@ class SamplingConfig:
             "top_k must be >= 0": self.top_k >= 0,
             "top_p must be in (0, 1]": 0 < self.top_p <= 1,
             "min_p must be in [0, 1)": 0 <= self.min_p < 1,
+            "min_p_keep must be >= 1": self.min_p_keep >= 1,
             "penalty must be a number > 0": 0 < self.penalty < math.inf,
             "penalty_window must be >= 1": self.penalty_window >= 1,
             f"seed must be between 0 and {MAX_SEED}": self.seed is None or 0 <= self.seed <= MAX_SEED,
+            "suppressed tokens must be ids >= 0": all(token >= 0 for token in self.suppress),
         }
         for message, ok in checks.items():
             if not ok:

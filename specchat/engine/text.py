@@ -1,4 +1,4 @@
-"""Token ids -> streamed text, with stop strings, in time linear in the output length."""
+"""Token ids -> streamed text, with stop strings, at a cost per step that does not grow with the output."""
 
 from __future__ import annotations
 
@@ -6,45 +6,48 @@ from __future__ import annotations
 class TextStream:
     """Incremental detokenizer that holds back text which may still become a stop string.
 
-    Decoding only the tokens since the previous read offset keeps each step O(new tokens); comparing with
-    the decode of the overlap keeps word-boundary spaces (SentencePiece) right, and a trailing U+FFFD means
-    a multi-byte character is still incomplete, so its text waits for the next token.
+    Only the tokens since the previous read offset are decoded again, with the tokens of the step before
+    (the `window`): comparing with the decode of that overlap keeps word-boundary spaces (SentencePiece)
+    right, and a trailing U+FFFD means a multi-byte character is still incomplete, so its text waits for the
+    next token. Text already handed out is not kept, so a 100K-token book streams in flat time per token.
     """
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), *, window: list[int] | None = None, read: int = 0):
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
-        self.ids: list[int] = []
-        self.prefix_offset = 0
-        self.read_offset = 0
-        self.text = ""  # all text decoded so far (stop string excluded once found)
-        self.emitted = 0  # characters of `text` already handed out
+        self.window: list[int] = list(window or [])  # ids from the prefix offset on
+        self.read = read  # window[:read] is text already
+        self.pending = ""  # decoded text not handed out yet: a possible start of a stop string
         self.stopped = False
 
     def add(self, ids: list[int]) -> str:
         """Append tokens; return the text that is now safe to show (nothing once a stop string is found)."""
         if self.stopped:
             return ""
-        self.ids.extend(ids)
+        self.window.extend(ids)
         decode = self.tokenizer.decode
-        before = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
-        after = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+        before = decode(self.window[: self.read], skip_special_tokens=True)
+        after = decode(self.window, skip_special_tokens=True)
         if after.endswith("\ufffd"):
             return ""
-        searched_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
-        self.text += after[len(before) :]
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        found = [i for i in (self.text.find(s, searched_from) for s in self.stop) if i >= 0]
+        self.pending += after[len(before) :]
+        self.window = self.window[self.read :]
+        self.read = len(self.window)
+        found = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
         if found:
-            self.text, self.stopped = self.text[: min(found)], True
+            self.pending, self.stopped = self.pending[: min(found)], True
         holdback = 0 if self.stopped else max((len(s) - 1 for s in self.stop), default=0)
-        return self._take(len(self.text) - holdback)
+        return self._take(len(self.pending) - holdback)
 
     def flush(self) -> str:
         """The text held back for stop strings, once generation has ended."""
-        return self._take(len(self.text))
+        return self._take(len(self.pending))
+
+    def state(self) -> dict:
+        """What a stream without stop strings needs to go on in another process (`TextStream(tok, **state)`)."""
+        return {"window": list(self.window), "read": self.read}
 
     def _take(self, upto: int) -> str:
-        upto = max(upto, self.emitted)
-        chunk, self.emitted = self.text[self.emitted : upto], upto
+        upto = max(upto, 0)
+        chunk, self.pending = self.pending[:upto], self.pending[upto:]
         return chunk

@@ -123,13 +123,24 @@ def tree_batch(tree: DraftTree, root_token: int, prefix_len: int, device: torch.
     return TreeBatch(ids.to(device), positions.to(device), mask.to(device))
 
 
-def node_histories(tree: DraftTree, committed: list[int], window: int) -> torch.Tensor:
+def node_histories(tree: DraftTree, committed: list[int] | torch.Tensor, window: int) -> torch.Tensor:
     """[n + 1, window] token ids each verified row has seen (-1 pads short rows): the last `window` of the
-    committed ids (root included) followed by the row's own ancestors and itself."""
-    committed = committed[-window:]
-    rows = [committed]
-    for i in range(len(tree)):
-        own = committed + [tree.tokens[j] for j in tree.path_to(i)]
-        rows.append(own[-window:])
-    width = max(len(r) for r in rows)
-    return torch.tensor([r + [-1] * (width - len(r)) for r in rows])
+    committed ids (root included) followed by the row's own ancestors and itself.
+
+    Built with tensor ops from the committed tail and the nodes' paths (at most the tree's depth each), so a
+    40-node tree under a 1024-token window costs a few small copies, not 40 Python lists of 1024 ids.
+    """
+    committed = torch.as_tensor(committed, dtype=torch.long)[-window:]
+    paths = [[]]
+    for token, parent in zip(tree.tokens, tree.parents):
+        paths.append(paths[parent + 1] + [token])
+    depth = max(len(path) for path in paths)
+    own = torch.tensor([path + [-1] * (depth - len(path)) for path in paths], dtype=torch.long).reshape(len(paths), depth)
+    rows = torch.cat([committed.expand(len(paths), -1), own], dim=1)  # [n + 1, m + depth]
+    lengths = torch.tensor([len(path) for path in paths]) + len(committed)
+    drop = (lengths - window).clamp(min=0)  # the oldest committed ids a deep row no longer sees
+    kept = lengths - drop
+    width = int(kept.max())
+    columns = torch.arange(width)
+    shifted = rows.gather(1, (columns + drop[:, None]).clamp(max=rows.shape[1] - 1))
+    return torch.where(columns < kept[:, None], shifted, -1)

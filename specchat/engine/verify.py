@@ -35,15 +35,14 @@ class Verdict:
     bonus: int  # the target's token after the path
 
 
-def target_choices(processed: torch.Tensor, sampling: SamplingConfig, generator) -> list[int]:
-    """One target choice per verified row of processed logits [n + 1, vocab]."""
-    return sample(processed, sampling, generator).tolist()
+def verify(tree: DraftTree, processed: torch.Tensor, sampling: SamplingConfig, generator,
+           noise: torch.Tensor | None = None) -> Verdict:  # fmt: skip
+    """Accepted path and bonus for a tree, from the processed target logits of its rows [n + 1, vocab].
 
-
-def verify(tree: DraftTree, processed: torch.Tensor, sampling: SamplingConfig, generator) -> Verdict:
-    """Accepted path and bonus for a tree, from the processed target logits of its rows [n + 1, vocab]."""
-    if sampling.greedy or tree.draft_probs is None:
-        return accept(tree, target_choices(processed, sampling, generator))
+    With `noise` (the rows' `PositionNoise`) every row's choice is its keyed draw and sampled trees are
+    verified by those draws too: the output is then the same whatever the tree."""
+    if sampling.greedy or tree.draft_probs is None or noise is not None:
+        return accept(tree, sample(processed, sampling, generator, noise).tolist())
     return accept_sampled(tree, processed.softmax(dim=-1), generator)
 
 
