@@ -270,10 +270,117 @@ def chat(
         raise SpecchatError(chat_app.error)
 
 
-@app.command("write", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def write() -> None:
-    """(not built yet) Long generation to a file."""
-    raise SpecchatError("`specchat write` is not built yet; use `specchat run`")
+@app.command("write")
+def write(
+    out: Annotated[Path, typer.Option("--out", "-o", help="The book's text file (ids and state are kept beside it).")],
+    tokens: Annotated[int | None, typer.Option("--tokens", help="Tokens to write (default 100000; --resume: the book's).")] = None,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="What to write (default: a long novel).")] = None,
+    prompt_file: Annotated[Path | None, typer.Option("--prompt-file", help="Read the prompt from this file.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Continue the prompt as text, without the chat template.")] = False,
+    model: ModelOption = None,
+    drafter: Annotated[str | None, typer.Option("--drafter", "-d", help=f"{' | '.join(NAMES)}; A+B merges two (default: the model's best).")] = None,
+    draft_budget: BudgetOption = None,
+    penalty: Annotated[float | None, typer.Option("--penalty", help="Contextual penalty theta (default 1.2; 1 = off).")] = None,
+    penalty_window: Annotated[int | None, typer.Option("--penalty-window", help="Tokens the penalty looks back (default 1024).")] = None,
+    temperature: TemperatureOption = None,
+    top_k: TopKOption = None,
+    top_p: TopPOption = None,
+    min_p: Annotated[float | None, typer.Option("--min-p", help="Default 0.1, keeping at least 20 tokens.")] = None,
+    seed: SeedOption = None,
+    stop_at_eos: Annotated[bool | None, typer.Option("--stop-at-eos/--ignore-eos", help="End the book where the model ends its text (default: write on to --tokens).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Go on with the book in --out, exactly where it stopped.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Write a long text to a file as it is generated (TokenSwift's settings); Ctrl-C stops, --resume goes on."""
+    from specchat.writer import settings as book_defaults
+
+    if tokens is not None and tokens < 1:
+        raise SpecchatError("--tokens must be at least 1")
+    if resume and force:
+        raise SpecchatError("--resume continues the book and --force overwrites it: choose one")
+    if prompt is not None and prompt_file is not None:
+        raise SpecchatError("give the prompt as --prompt or --prompt-file, not both")
+    if prompt_file is not None:
+        try:
+            prompt = prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise SpecchatError(f"cannot read the prompt file {prompt_file}: {getattr(error, 'strerror', None) or error}") from None
+    if prompt is not None and not prompt.strip():
+        raise SpecchatError("the prompt is empty")
+    if drafter is not None:
+        _check_drafters([drafter], draft_budget)
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "penalty": penalty,
+             "penalty_window": penalty_window, "seed": seed}  # fmt: skip
+    defaults = {"temperature": book_defaults.TEMPERATURE, "top_k": 0, "top_p": 1.0, "min_p": book_defaults.MIN_P,
+                "min_p_keep": book_defaults.MIN_P_KEEP, "penalty": book_defaults.PENALTY,
+                "penalty_window": book_defaults.PENALTY_WINDOW}  # fmt: skip
+    flags = {**FLAGS, "penalty": "--penalty", "penalty_window": "--penalty-window"}
+    sampling = dataclasses.asdict(_sampling_config(defaults, given, flags))
+    _checked_overrides(dtype, attention)
+
+    from specchat.writer.book import Book
+
+    book = Book.open(out) if resume else None  # a bad state file fails before the model loads
+    if book is not None:
+        model = model or book.settings.model
+        tokens = tokens or max(book.progress.target, book.progress.tokens)
+        if book.progress.finished == "eos":
+            raise SpecchatError(f"{out} ended where the model ended its text ({book.progress.tokens} tokens)")
+        if tokens <= book.progress.tokens:
+            raise SpecchatError(f"{out} holds {book.progress.tokens} tokens already; ask for more with --tokens")
+    tokens = tokens or 100_000
+    _quiet_transformers()
+    from rich.console import Console
+
+    from specchat.drafters import build_drafter, resolve_drafter
+    from specchat.loading import load_model, resolve_device, resolve_model
+    from specchat.writer.display import report_json, report_lines, write_progress
+    from specchat.writer.start import new_book, resumed_book, writer_drafter
+    from specchat.writer.write import write_book
+
+    source = resolve_model(model)
+    choice = resolve_drafter(parse_drafter(drafter or writer_drafter(source.profile)), source.profile, source.name)
+    resolve_device(device)
+    loaded = load_model(model, dtype=dtype, device=device, attention=attention)
+    if book is None:
+        book, engine = new_book(loaded, out, tokens, prompt or book_defaults.STORY, raw=raw, sampling=sampling,
+                                stop_at_eos=bool(stop_at_eos), force=force)  # fmt: skip
+    else:
+        engine = resumed_book(loaded, book, prompt=prompt, raw=raw, given=given, stop_at_eos=stop_at_eos)
+    book.progress.target, book.progress.finished = tokens, None
+    book.save()
+    engine.set_drafter(build_drafter(choice, engine.target), draft_budget)
+    console = Console(stderr=True)
+    if book.progress.tokens == 0:
+        console.print(f"[dim]prompt ({book.settings.prompt_tokens} tokens):[/dim] {prompt or book_defaults.STORY}")
+    _stop_on_sigterm()
+    try:
+        with write_progress(console, book.progress.tokens, tokens) as update:
+            report = write_book(engine, book, tokens, status=update, warn=lambda m: console.print(f"warning: {m}"))
+    except KeyboardInterrupt:
+        console.print(f"stopped at {book.progress.tokens} tokens; `specchat write --out {out} --resume` goes on")
+        raise
+    finally:
+        book.close()
+    if as_json:
+        print(json.dumps(report_json(report)))
+    else:
+        for line in report_lines(report, out):
+            console.print(line)
+
+
+def _stop_on_sigterm() -> None:
+    """`kill` stops a write as Ctrl-C does: the book's state is saved on the way out."""
+    import signal
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 train_app = typer.Typer(help="Train drafters for a target: data (the target's own answers), then the drafter.")
@@ -390,8 +497,9 @@ def train_glide(
 
 
 def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume, precision,
-                   seed, dtype, device, **options) -> dict:  # fmt: skip
-    """Check the shared options, load the target and run `run_training` under a progress display."""
+                   seed, dtype, device, recipe_options: dict | None = None, **options) -> dict:  # fmt: skip
+    """Check the shared options, load the target and run `run_training` under a progress display;
+    `recipe_options` set recipe fields the shared options do not."""
     if epochs <= 0 or batch < 1 or lr <= 0 or vocab < 0 or checkpoint_minutes <= 0:
         raise SpecchatError("--epochs, --lr, --checkpoint-minutes must be positive, --batch at least 1, --vocab >= 0")
     if precision not in ("bf16", "fp32"):
@@ -404,7 +512,8 @@ def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, ch
     from specchat.training.trainer import TrainRecipe
 
     loaded = _load(target, dtype, device)
-    recipe = TrainRecipe(epochs=epochs, batch=batch, lr=lr, seed=seed or 0, autocast=precision == "bf16")
+    recipe = TrainRecipe(epochs=epochs, batch=batch, lr=lr, seed=seed or 0, autocast=precision == "bf16",
+                         **(recipe_options or {}))  # fmt: skip
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn())
     with Progress(*columns, transient=False) as bar:
 
@@ -698,7 +807,7 @@ FLAGS = {"top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "penalty": 
          "temperature": "--temperature", "seed": "--seed"}  # fmt: skip
 
 
-def _sampling_config(defaults: dict, overrides: dict):
+def _sampling_config(defaults: dict, overrides: dict, flags: dict[str, str] = FLAGS):
     from specchat.engine.sampling_config import SamplingConfig
 
     values = {**defaults, **{k: v for k, v in overrides.items() if v is not None}}
@@ -707,7 +816,7 @@ def _sampling_config(defaults: dict, overrides: dict):
         return SamplingConfig(**{k: v for k, v in values.items() if k in names})
     except ValueError as error:  # "top_p must be ..." -> "--top-p must be ..."
         field, _, rest = str(error).partition(" ")
-        raise SpecchatError(f"{FLAGS.get(field, field)} {rest}") from None
+        raise SpecchatError(f"{flags.get(field, field)} {rest}") from None
 
 
 def _quiet_transformers() -> None:

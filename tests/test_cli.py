@@ -57,7 +57,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("chat", "--max-new-tokens", "0"), ("at least 1",)),
         (("chat", "--attention", "flash"), ("unknown attention",)),
         (("chat", "--draft-budget", "999"), ("--draft-budget",)),
-        (("write", "--tokens", "10"), ("not built yet",)),
+        (("write", "--tokens", "0", "--out", "b.txt"), ("--tokens must be at least 1",)),
         (("bench", "--drafter", "psychic"), ("unknown drafter",)),
         (("bench", "--prompt-set", "poems"), ("unknown prompt set", "summarize")),
         (("bench", "--prompts", "missing.jsonl"), ("no such prompts file",)),

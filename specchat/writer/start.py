@@ -1,0 +1,66 @@
+"""Opening a book: a new one from the options, or an existing one with `--resume`, whose stored settings fill
+in every option not given again (a given one that would change the text is refused)."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import replace
+from pathlib import Path
+
+from specchat.engine.generate import Engine
+from specchat.engine.prompt import encode_prompt
+from specchat.errors import SpecchatError
+from specchat.writer.book import Book
+from specchat.writer.settings import BookSettings, check_same, prompt_digest
+
+WRITER_DRAFTERS = ("tokenswift", "longspec")  # in order of preference, where the profile publishes them
+
+
+def writer_drafter(profile) -> str:
+    """The default drafter of a book: TokenSwift's heads where the model has them, else its trained drafter,
+    with n-gram reuse on top (long texts repeat themselves); n-gram alone for a model with none."""
+    published = profile.drafters if profile else {}
+    for name in WRITER_DRAFTERS:
+        if name in published:
+            return name if name == "tokenswift" else f"{name}+ngram"
+    return "ngram"
+
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "min_p_keep", "penalty", "penalty_window", "seed")
+
+
+def new_book(loaded, out: Path, tokens: int, prompt: str, *, raw: bool, sampling: dict, stop_at_eos: bool,
+             force: bool) -> tuple[Book, Engine]:  # fmt: skip
+    """A book for `tokens` new tokens after `prompt`, and the engine sized for it: the prompt and the tokens
+    when the model's window holds both (never a refill), else the window."""
+    prompt_ids = encode_prompt(loaded.tokenizer, prompt, raw=raw)
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + tokens)
+    room = engine.capacity - len(prompt_ids)
+    if room < 2:
+        raise SpecchatError(
+            f"the prompt has {len(prompt_ids)} tokens; the model's window holds {engine.capacity}, "
+            "so nothing can be written after it"
+        )
+    settings = BookSettings(
+        model=loaded.source.name, weights=loaded.weights, dtype=loaded.dtype, prompt_sha256=prompt_digest(prompt_ids),
+        prompt_tokens=len(prompt_ids), **{name: sampling[name] for name in SAMPLING_FIELDS if name != "seed"},
+        seed=sampling["seed"] if sampling["seed"] is not None else secrets.randbits(62),
+        stop_at_eos=stop_at_eos, context=engine.capacity, refill_chunk=max(1, room // 4),
+    )  # fmt: skip
+    return Book.create(out, settings, prompt_ids, force=force), engine
+
+
+def resumed_book(loaded, book: Book, *, prompt: str | None, raw: bool, given: dict, stop_at_eos: bool | None) -> Engine:
+    """Check that what was given again matches the book, and the engine that goes on with it."""
+    settings = book.settings
+    asked = replace(settings, weights=loaded.weights, dtype=loaded.dtype, model=loaded.source.name,
+                    **{name: value for name, value in given.items() if value is not None})  # fmt: skip
+    if stop_at_eos is not None:
+        asked = replace(asked, stop_at_eos=stop_at_eos)
+    if prompt is not None:
+        asked = replace(asked, prompt_sha256=prompt_digest(encode_prompt(loaded.tokenizer, prompt, raw=raw)))
+    check_same(settings, asked)
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=settings.context)
+    if engine.capacity != settings.context:
+        raise SpecchatError(f"this model holds {engine.capacity} tokens; the book was written holding {settings.context}")
+    return engine

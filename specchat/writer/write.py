@@ -1,0 +1,165 @@
+"""The writing loop: the engine's steps appended to a book, the cache refilled when it is full, the state
+saved every few seconds, autoregressive decoding timed along the way.
+
+**Window policy** (part of what defines the text): the cache holds `context` tokens. When it is full, the
+oldest `refill_chunk` generated tokens leave it, and the prompt plus the rest are prefilled again at
+positions from 0, so positions stay inside the model's trained range. Autoregressive decoding under the same
+policy writes the same text: every sampled choice is keyed by its token's index in the book
+(`Engine.generate(reproducible=True)`), not by how the cache got there.
+
+**Resume.** A prefill computes a cache that differs in its last bits from the one decoding builds step by
+step, so a book cannot be continued exactly from an arbitrary token. It is replayed instead from the last
+point where it was prefilled anyway (the start or the last refill): the replayed tokens are checked against
+the book's, then writing goes on, byte for byte as if it had never stopped. Should a machine compute them
+differently, the book keeps what it has and goes on from its last token, with a warning.
+
+Nothing here grows with the book: each step appends its tokens and text; the cache, the n-gram tables and
+the detokenizer hold bounded state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from specchat.engine.generate import Engine
+from specchat.engine.stats import GenerationStats
+from specchat.engine.text import TextStream
+from specchat.writer.book import Book
+from specchat.writer.diversity import distinct_n
+
+SAVE_SECONDS = 2.0  # a kill loses at most this much writing
+AR_EVERY = 2048  # generated tokens between two timings of an autoregressive step
+
+
+@dataclass
+class WriteStatus:
+    """What a progress display shows after each step (this run's figures; the book's token count)."""
+
+    tokens: int  # in the book
+    target: int
+    written: int  # by this run
+    seconds: float  # of this run, the timing of the AR baseline excluded
+    steps: int  # target forwards after prefills
+    decode_tokens: int  # tokens those forwards committed
+    drafted_depth: int
+    accepted: int
+    refills: int  # of the book
+    replaying: bool  # re-deriving tokens already in the book (after --resume)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.written / self.seconds if self.seconds else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        return self.decode_tokens / self.steps if self.steps else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted_depth if self.drafted_depth else None
+
+
+@dataclass(frozen=True)
+class WriteReport:
+    tokens: int  # in the book
+    written: int  # by this run (the rest was in the book already)
+    seconds: float
+    tokens_per_second: float
+    mean_accepted_length: float | None
+    acceptance_rate: float | None
+    distinct_1: float
+    distinct_2: float
+    distinct_3: float
+    distinct_4: float
+    ar_tokens_per_second: float | None
+    speedup_vs_ar: float | None
+    refills: int  # of the book
+    prefill_seconds: float  # this run's prefills: the prompt's and every refill's
+    finish_reason: str | None  # "length" | "eos"; None when stopped early
+
+
+def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str], None] = lambda _m: None,
+               status: Callable[[WriteStatus], None] = lambda _s: None) -> WriteReport:  # fmt: skip
+    """Write `book` on until it holds `target` generated tokens (or to EOS, if its settings stop there).
+
+    The book's state is saved every SAVE_SECONDS and on the way out, a KeyboardInterrupt included."""
+    settings, progress = book.settings, book.progress
+    if target < progress.tokens:
+        raise ValueError(f"the book holds {progress.tokens} tokens already, more than {target}")
+    if engine.capacity != settings.context:
+        raise ValueError(f"the engine holds {engine.capacity} tokens; the book was written with {settings.context}")
+    sampling = settings.sampling(engine.eos_ids)
+    stream = TextStream(engine.tokenizer, **progress.stream)
+    position = progress.segment_start  # generated tokens reproduced or written so far
+    done = GenerationStats()  # the finished segments of this run
+    ar_steps: list[float] = []
+    written, prefill_seconds, since_ar = 0, 0.0, AR_EVERY
+    clock, saved = time.perf_counter(), time.monotonic()
+
+    def current(stats: GenerationStats) -> WriteStatus:
+        return WriteStatus(progress.tokens, target, written, time.perf_counter() - clock, done.steps + stats.steps,
+                           done.decode_tokens + stats.decode_tokens, done.drafted_depth + stats.drafted_depth,
+                           done.accepted + stats.accepted, progress.refills, position < progress.tokens)  # fmt: skip
+
+    try:
+        while progress.finished is None and position < target:
+            if settings.prompt_tokens + position - progress.dropped >= settings.context:  # full: refill
+                progress.dropped = position - (settings.context - settings.prompt_tokens - settings.refill_chunk)
+                progress.refills += 1
+            progress.segment_start = position
+            context = book.prompt_ids + book.generated[progress.dropped : position]
+            stats = GenerationStats()
+            for event in engine.generate(context, sampling=sampling, max_new_tokens=target - position,
+                                         reproducible=True, index_offset=progress.dropped):  # fmt: skip
+                tokens, stats = event.tokens, event.stats
+                known = book.generated[position : position + len(tokens)]
+                if tokens[: len(known)] != known:
+                    warn(f"resuming did not reproduce token {position + 1} of the book (this machine computes "
+                         "differently from the one that wrote it); going on from the book's last token")  # fmt: skip
+                    position = progress.tokens
+                    break
+                position += len(tokens)
+                new = tokens[len(known) :]
+                if new:
+                    book.append(new, stream.add(new))
+                    progress.stream = stream.state()
+                    written += len(new)
+                    since_ar += len(new)
+                if event.finish_reason == "eos" or position >= target:
+                    progress.finished = event.finish_reason or "length"
+                elif since_ar >= AR_EVERY:
+                    mark = time.perf_counter()
+                    ar_steps.append(engine.autoregressive_step_seconds(sampling=sampling))
+                    clock += time.perf_counter() - mark  # timing the baseline is not writing
+                    since_ar = 0
+                status(current(stats))
+                if time.monotonic() - saved > SAVE_SECONDS:
+                    book.save()
+                    saved = time.monotonic()
+            prefill_seconds += stats.prefill_seconds
+            done = _sum(done, stats)
+    finally:
+        progress.seconds += time.perf_counter() - clock
+        book.save()
+    return _report(book, current(GenerationStats()), ar_steps, prefill_seconds)
+
+
+def _sum(a: GenerationStats, b: GenerationStats) -> GenerationStats:
+    return GenerationStats(steps=a.steps + b.steps, decode_tokens=a.decode_tokens + b.decode_tokens,
+                           drafted_depth=a.drafted_depth + b.drafted_depth, accepted=a.accepted + b.accepted)  # fmt: skip
+
+
+def _report(book: Book, run: WriteStatus, ar_steps: list[float], prefill_seconds: float) -> WriteReport:
+    """The run's figures. The AR baseline writes the same tokens at the measured AR step time each, and pays
+    the same prefills: its time is written tokens x median step + the refills' prefill time."""
+    ar_step = sorted(ar_steps)[len(ar_steps) // 2] if ar_steps else None
+    ar_tps = 1 / ar_step if ar_step else None
+    speedup = None
+    if ar_step and run.seconds and run.written:
+        speedup = (run.written * ar_step + prefill_seconds) / run.seconds
+    distinct = [distinct_n(book.generated, n) for n in (1, 2, 3, 4)]
+    return WriteReport(run.tokens, run.written, run.seconds, run.tokens_per_second, run.mean_accepted_length,
+                       run.acceptance_rate, *distinct, ar_tps, speedup, book.progress.refills, prefill_seconds,
+                       book.progress.finished)  # fmt: skip

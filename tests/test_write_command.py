@@ -1,0 +1,128 @@
+"""`specchat write` as users run it: on the real default model, killed and resumed, and given bad input.
+
+Proven here: a write killed (SIGKILL) mid-run and resumed with `--resume` leaves the very bytes of an
+unbroken run with the same seed; Ctrl-C stops with the book saved and says how to go on; an existing book is
+never overwritten without `--force`; bad input (token count, unwritable path, a prompt longer than the
+window, foreign, corrupt or missing state, settings that would change the text) is one line and a non-zero
+exit, and leaves the book as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_cli import ENV, assert_one_line_error, specchat
+
+from specchat.writer.book import ids_path, state_path
+
+TOKENS = "1200"
+COMMON = ("--tokens", TOKENS, "--seed", "11", "--drafter", "ngram")
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "specchat", "write", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+
+
+def _wait_for_tokens(path, count: int, process: subprocess.Popen) -> None:
+    """Until the book's state counts `count` tokens and more were written after it."""
+    deadline = time.monotonic() + 240
+    while True:
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "the book did not grow"
+        if state_path(path).exists():
+            state = json.loads(state_path(path).read_text())
+            saved = state["settings"]["prompt_tokens"] + state["progress"]["tokens"]
+            if state["progress"]["tokens"] >= count and ids_path(path).stat().st_size > 4 * saved:
+                return
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_writes_the_same_bytes(default_model, tmp_path):
+    whole = tmp_path / "whole.txt"
+    result = specchat("write", "--out", str(whole), *COMMON, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["tokens"] == int(TOKENS) and report["finish_reason"] == "length"
+
+    cut = tmp_path / "cut.txt"
+    process = _start("--out", str(cut), *COMMON)
+    _wait_for_tokens(cut, 300, process)
+    process.kill()  # SIGKILL: no clean-up runs
+    process.communicate()
+    assert 0 < len(cut.read_bytes()) < len(whole.read_bytes())
+
+    resumed = specchat("write", "--out", str(cut), "--resume", "--drafter", "none", "--json")  # the drafter may change
+    assert resumed.returncode == 0, resumed.stderr
+    assert "warning" not in resumed.stderr
+    assert cut.read_bytes() == whole.read_bytes()
+    assert json.loads(resumed.stdout)["written"] < int(TOKENS)
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_book_and_says_how_to_go_on(default_model, tmp_path):
+    book = tmp_path / "book.txt"
+    process = _start("--out", str(book), "--tokens", "100000", "--drafter", "ngram")
+    _wait_for_tokens(book, 100, process)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert "--resume" in err and "Traceback" not in err
+    state = json.loads(state_path(book).read_text())
+    assert len(book.read_bytes()) == state["progress"]["text_bytes"] > 0
+
+    refused = specchat("write", "--out", str(book), "--resume", "--temperature", "0.5")
+    assert_one_line_error(refused, "would change the book's text", "temperature: was 1.0, now 0.5")
+    assert json.loads(state_path(book).read_text()) == state
+
+
+@pytest.mark.slow
+def test_a_prompt_longer_than_the_window_is_refused(default_model, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("word " * 9000)
+    assert_one_line_error(specchat("write", "--out", str(tmp_path / "b.txt"), "--prompt-file", str(prompt)),
+                          "the prompt has", "window holds")  # fmt: skip
+
+
+def test_bad_input_is_one_line_and_loses_nothing(tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_text("my novel")
+    assert_one_line_error(specchat("write", "--out", str(book)), "exists", "--resume", "--force")
+    assert book.read_text() == "my novel"
+    assert_one_line_error(specchat("write", "--out", str(book), "--resume"), "nothing to resume")
+    state_path(book).write_text("{not json")
+    assert_one_line_error(specchat("write", "--out", str(book), "--resume"), "not a specchat book state")
+    state_path(book).write_text(json.dumps({"format": "specchat-book/1", "settings": {"model": "x"}, "progress": {}}))
+    assert_one_line_error(specchat("write", "--out", str(book), "--resume"), "not a specchat book state")
+    assert book.read_text() == "my novel"
+    for args, needle in [
+        (("--tokens", "-5"), "--tokens must be at least 1"),
+        (("--resume", "--force"), "choose one"),
+        (("--prompt", "a", "--prompt-file", "p.txt"), "not both"),
+        (("--prompt", "   "), "the prompt is empty"),
+        (("--prompt-file", str(tmp_path / "missing.txt")), "cannot read the prompt file"),
+        (("--penalty", "0"), "--penalty must be"),
+        (("--drafter", "psychic"), "unknown drafter"),
+    ]:
+        assert_one_line_error(specchat("write", "--out", str(tmp_path / "new.txt"), *args), needle)
+    assert not (tmp_path / "new.txt").exists()
+
+
+@pytest.mark.slow
+def test_an_unwritable_path_is_one_line(default_model, tmp_path):
+    assert_one_line_error(specchat("write", "--out", str(tmp_path / "no" / "such" / "dir.txt"), "--tokens", "5"),
+                          "cannot write")  # fmt: skip
+    os.chmod(tmp_path, 0o500)
+    try:
+        if os.access(tmp_path, os.W_OK):  # root writes anywhere
+            pytest.skip("this user can write to a read-only directory")
+        assert_one_line_error(specchat("write", "--out", str(tmp_path / "b.txt"), "--tokens", "5"), "cannot write")
+    finally:
+        os.chmod(tmp_path, 0o700)

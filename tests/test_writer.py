@@ -1,0 +1,173 @@
+"""The writer: a book is what autoregressive decoding under the same window policy writes, and it survives
+any interruption.
+
+Proven here, on a tiny model whose window is made small enough to refill many times:
+- greedy and sampled-with-penalty books written with drafters (n-gram, random trees, an oracle of the book)
+  equal the autoregressive book token for token, across refills; the refills change the text (the policy
+  matters) and the drafters' tokens are accepted;
+- a book cut at any step (the files as a kill leaves them: data appended after the last saved state)
+  resumes by replay to the very bytes of an unbroken run, before and after refills;
+- the state refuses what would change the text, a foreign or corrupt state file, and a cut book.
+`tests/test_cli.py` runs the real command: kill and resume of the real process, overwrite refusal, bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import tiny_model
+from drafters_for_tests import RandomTreeDrafter
+
+from specchat.drafters.ngram import NgramDrafter
+from specchat.engine.generate import Engine
+from specchat.engine.tree import ROOT, TreeBuilder
+from specchat.errors import SpecchatError
+from specchat.writer import write as write_module
+from specchat.writer.book import Book, ids_path, state_path
+from specchat.writer.settings import BookSettings, check_same, prompt_digest
+from specchat.writer.write import write_book
+
+VOCAB = 64
+WINDOW = 160  # positions: the engine keeps 64 slots for trees, so the cache holds 96 tokens
+PROMPT = [5, 9, 17, 33, 8, 41, 12, 3, 30, 22]
+TOKENS = 300
+
+
+@pytest.fixture(scope="module")
+def model():
+    model = tiny_model("llama", vocab_size=VOCAB, seed=3)
+    model.config.max_position_embeddings = WINDOW
+    return model
+
+
+def settings(engine: Engine, **sampling) -> BookSettings:
+    values = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, min_p_keep=1, penalty=1.0, penalty_window=1024, seed=7)
+    values.update(sampling)
+    return BookSettings(model="tiny", weights="fp32", dtype="float32", prompt_sha256=prompt_digest(PROMPT),
+                        prompt_tokens=len(PROMPT), **values, stop_at_eos=False, context=engine.capacity,
+                        refill_chunk=(engine.capacity - len(PROMPT)) // 4)  # fmt: skip
+
+
+def write(model, tokenizer, path, drafter=None, budget=None, tokens=TOKENS, **sampling):
+    engine = Engine(model, tokenizer, max_len=WINDOW, drafter=drafter, draft_budget=budget)
+    book = Book.create(path, settings(engine, **sampling), PROMPT, force=True)
+    report = write_book(engine, book, tokens)
+    book.close()
+    return book.generated, report
+
+
+class BookOracle:
+    """Knows the book: proposes its next tokens as a chain with a wrong sibling per level, wherever the cache
+    window starts (it finds its place from the context it is prefilled with)."""
+
+    kind = "oracle"
+
+    def __init__(self, book: list[int], depth: int = 5):
+        self.book, self.depth, self.position = book, depth, 0
+
+    def prefill(self, ids, hidden=None, reused=0):
+        tail = ids[len(PROMPT) :]
+        self.position = next(p for p in range(len(tail), len(self.book) + 1) if self.book[p - len(tail) : p] == tail)
+
+    def commit(self, tokens, hidden=None):
+        assert tokens == self.book[self.position : self.position + len(tokens)]
+        self.position += len(tokens)
+
+    def propose(self, budget, sampling=None, generator=None):
+        builder, parent = TreeBuilder(), ROOT
+        for token in self.book[self.position : self.position + min(self.depth, budget // 2)]:
+            builder.add(parent, (token + 1) % VOCAB, self.kind)
+            parent = builder.add(parent, token, self.kind)
+        return builder.build()
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{}, {"temperature": 1.0, "min_p": 0.05, "min_p_keep": 3, "penalty": 1.3, "penalty_window": 24}],
+    ids=["greedy", "sampled-penalised"],
+)
+def test_books_equal_the_autoregressive_book_across_refills(model, tokenizer, tmp_path, sampling):
+    expected, report = write(model, tokenizer, tmp_path / "ar.txt", **sampling)
+    assert len(expected) == TOKENS and report.refills >= 5
+    unwindowed = Engine(model, tokenizer, max_len=len(PROMPT) + TOKENS + 1)
+    book_settings = settings(unwindowed, **sampling)
+    plain = [t for e in unwindowed.generate(PROMPT, sampling=book_settings.sampling(frozenset()), max_new_tokens=TOKENS,
+                                            reproducible=True) for t in e.tokens]  # fmt: skip
+    assert plain != expected  # dropping the oldest tokens changes what comes next: the policy defines the text
+    drafters = [
+        (NgramDrafter(), 8),
+        (RandomTreeDrafter(vocab_size=VOCAB, seed=1), 16),
+        (BookOracle(expected), 12),
+    ]
+    for drafter, budget in drafters:
+        book, report = write(model, tokenizer, tmp_path / f"{drafter.kind}.txt", drafter, budget, **sampling)
+        assert book == expected, drafter.kind
+        assert report.acceptance_rate > 0, drafter.kind
+        assert (tmp_path / f"{drafter.kind}.txt").read_bytes() == (tmp_path / "ar.txt").read_bytes()
+
+
+def test_a_book_cut_anywhere_resumes_to_the_same_bytes(model, tokenizer, tmp_path, monkeypatch):
+    sampling = {"temperature": 1.0, "penalty": 1.2, "penalty_window": 32}
+    write(model, tokenizer, tmp_path / "whole.txt", NgramDrafter(), 8, **sampling)
+    whole = (tmp_path / "whole.txt").read_bytes()
+
+    monkeypatch.setattr(write_module, "SAVE_SECONDS", 0.0)  # a state per step: cuts land anywhere
+    cuts, seen = [3, 40, 101, 180, 260], []
+
+    def cut_here(status):  # after a step's append, before its state: what a kill leaves on disk
+        if cuts and status.tokens >= cuts[0]:
+            cut = tmp_path / f"cut{cuts.pop(0)}.txt"
+            for source, target in ((book_path, cut), (ids_path(book_path), ids_path(cut)),
+                                   (state_path(book_path), state_path(cut))):  # fmt: skip
+                shutil.copy(source, target)
+            seen.append(cut)
+
+    book_path = tmp_path / "cut.txt"
+    engine = Engine(model, tokenizer, max_len=WINDOW, drafter=NgramDrafter(), draft_budget=8)
+    book = Book.create(book_path, settings(engine, **sampling), PROMPT, force=True)
+    write_book(engine, book, TOKENS, status=cut_here)
+    book.close()
+    assert len(seen) == 5
+
+    for cut in seen:
+        book = Book.open(cut)
+        assert book.progress.tokens < TOKENS
+        engine = Engine(model, tokenizer, max_len=WINDOW, drafter=RandomTreeDrafter(vocab_size=VOCAB, seed=2),
+                        draft_budget=16)  # fmt: skip
+        warnings = []
+        write_book(engine, book, TOKENS, warn=warnings.append)
+        book.close()
+        assert not warnings
+        assert cut.read_bytes() == whole, cut.name
+        assert json.loads(state_path(cut).read_text())["progress"]["finished"] == "length"
+
+
+def test_resume_refuses_other_text_settings(model, tokenizer, tmp_path):
+    engine = Engine(model, tokenizer, max_len=WINDOW)
+    stored = settings(engine, temperature=1.0)
+    check_same(stored, settings(engine, temperature=1.0))
+    with pytest.raises(SpecchatError, match=r"temperature: was 1.0, now 0.7"):
+        check_same(stored, settings(engine, temperature=0.7))
+
+
+def test_foreign_corrupt_and_cut_books_are_refused(model, tokenizer, tmp_path):
+    path = tmp_path / "book.txt"
+    write(model, tokenizer, path, tokens=40)
+    with pytest.raises(SpecchatError, match="exists; --resume continues it, --force overwrites it"):
+        Book.create(path, settings(Engine(model, tokenizer, max_len=WINDOW)), PROMPT, force=False)
+
+    state = state_path(path).read_text()
+    state_path(path).write_text(json.dumps({"format": "someone-else/2"}))
+    with pytest.raises(SpecchatError, match="not a specchat book state"):
+        Book.open(path)
+    state_path(path).write_text(state[: len(state) // 2])
+    with pytest.raises(SpecchatError, match="not a specchat book state"):
+        Book.open(path)
+    state_path(path).write_text(state)
+    path.write_bytes(path.read_bytes()[:5])
+    with pytest.raises(SpecchatError, match="cut or edited"):
+        Book.open(path)
+    with pytest.raises(SpecchatError, match="nothing to resume"):
+        Book.open(tmp_path / "other.txt")
