@@ -1,0 +1,217 @@
+"""TokenSwift's multi-token heads: gamma small residual blocks that turn the target's last hidden state at
+position t into guesses for tokens t + 2, t + 3, ... through the target's own LM head.
+
+The heads (bigai-nlco/TokenSwift, `MedusaModel` in `models/modeling_llama3_1.py`) are chained from the last
+decoder layer's output, before the final norm:
+
+    h = h + linear_i(input_layernorm_i(h))         # no bias; h carries on to head i + 1
+    out_i = post_layernorm_i(h)                     # into the target's LM head
+
+The LM head at t predicts t + 1, so head i (from 0) predicts token t + 2 + i. The LM head is not part of
+this module: the drafter borrows the target's.
+
+Checkpoints come in two forms. TokenSwift publishes its heads inside full-model checkpoints
+(`TokenSwift/TokenSwift-Llama-3.1-8B`, `-Qwen2.5-*`, ...) as `model.medusa_layers.{i}.{linear,
+input_layernorm,post_layernorm}.weight`, next to gigabytes of target weights: `read_published_heads` reads
+only those tensors. specchat's own checkpoints (`save_heads`) are `heads.safetensors` (the same names
+without `model.`) and a `config.json` with `model_type: "tokenswift"`; `load_heads` reads either.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from specchat.errors import SpecchatError
+from specchat.models.checkpoint import PICKLES, load_into
+from specchat.models.longspec import RMSNorm
+
+GAMMA = 3  # TokenSwift's heads: tokens t + 2 .. t + 4 from the state at t
+WEIGHTS = "heads.safetensors"
+PUBLISHED_PREFIX = "model."  # published heads sit in the target's own checkpoint, under its `model.`
+PUBLISHED_INDEX = "model.safetensors.index.json"
+PUBLISHED_SINGLE = "model.safetensors"
+PARTS = ("linear", "input_layernorm", "post_layernorm")
+
+
+@dataclass(frozen=True)
+class TokenSwiftConfig:
+    hidden_size: int
+    rms_norm_eps: float
+    gamma: int = GAMMA
+
+    @classmethod
+    def for_target(cls, config, gamma: int = GAMMA) -> TokenSwiftConfig:
+        """The heads for a target's transformers config (its hidden size and RMS norm epsilon)."""
+        return cls(config.hidden_size, getattr(config, "rms_norm_eps", 1e-6), gamma)
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+class Head(nn.Module):
+    """One residual block; parameter names are the published checkpoints' keys."""
+
+    def __init__(self, config: TokenSwiftConfig):
+        super().__init__()
+        self.linear = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class TokenSwiftHeads(nn.Module):
+    """gamma chained heads over the target's last-layer states.
+
+    A fresh module starts where Medusa's heads start: every `linear` is zero and every `post_layernorm` is
+    the target's final norm (`final_norm`, when given), so each head's output is exactly the target's own
+    final hidden state and its distribution the target's next-token distribution. That is a calibrated
+    guess of the right scale in the LM head's input space, rather than a random direction (the reference
+    draws `linear` from N(0, 0.02) and starts the norms at one); the chain's residual stream starts
+    unchanged, so every head starts from the target's state; and the zero `linear` still gets a gradient
+    at once (the outer product of the output's gradient and its normed input).
+    """
+
+    def __init__(self, config: TokenSwiftConfig, final_norm: torch.Tensor | None = None):
+        super().__init__()
+        self.config = config
+        self.medusa_layers = nn.ModuleList(Head(config) for _ in range(config.gamma))
+        with torch.no_grad():
+            for head in self.medusa_layers:
+                head.linear.weight.zero_()
+                if final_norm is not None:
+                    head.post_layernorm.weight.copy_(final_norm)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The heads' normed outputs [gamma, n, hidden_size] of the target's last-layer states `hidden`
+        [n, hidden_size] (before its final norm); output i at row t feeds the LM head's guess of token t + 2 + i."""
+        outputs = []
+        for head in self.medusa_layers:
+            hidden = hidden + head.linear(head.input_layernorm(hidden))
+            outputs.append(head.post_layernorm(hidden))
+        return torch.stack(outputs)
+
+
+def save_heads(directory: Path, heads: TokenSwiftHeads, dtype: torch.dtype = torch.bfloat16) -> None:
+    """`heads.safetensors` (in `dtype`: a trained head ships in bf16, the precision it runs in) and
+    `config.json`, which `load_heads` reads."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.detach().to(dtype).contiguous().cpu() for name, tensor in heads.state_dict().items()}
+    (directory / "config.json").write_text(json.dumps({"model_type": "tokenswift", **heads.config.to_dict()}, indent=1))
+    save_file(tensors, directory / WEIGHTS)
+
+
+def load_heads(directory: Path, device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
+               target_config=None) -> TokenSwiftHeads:  # fmt: skip
+    """The heads of `directory`: a specchat checkpoint (`save_heads`) or a published TokenSwift model, on
+    `device` in `dtype` (None: as read). With `target_config`, the heads must fit that target's hidden size."""
+    directory = Path(directory).expanduser()
+    heads = _read_own(directory) if (directory / WEIGHTS).is_file() else read_published_heads(directory)
+    if target_config is not None and heads.config.hidden_size != target_config.hidden_size:
+        raise SpecchatError(
+            f"{directory}: the TokenSwift heads have hidden size {heads.config.hidden_size}; "
+            f"the target has {target_config.hidden_size}"
+        )
+    return heads.to(device=device, dtype=dtype)
+
+
+def read_published_heads(directory: Path) -> TokenSwiftHeads:
+    """The heads inside a published TokenSwift model directory, reading only their tensors.
+
+    The shard index (`model.safetensors.index.json`) says which shards hold `model.medusa_layers.*`; a
+    single-file model's header lists its tensors. Each tensor is read alone (`safe_open` maps the file and
+    copies only what is asked for), so the target's weights beside the heads are never loaded. The norms'
+    epsilon is the model's `rms_norm_eps` (config.json).
+    """
+    directory = Path(directory).expanduser()
+    if not directory.is_dir():
+        raise SpecchatError(f"{directory}: no such checkpoint directory")
+    shards = _published_shards(directory)
+    tensors = {}
+    for shard, names in shards.items():
+        try:
+            with safe_open(directory / shard, "pt") as handle:
+                for name in names:
+                    tensors[name.removeprefix(PUBLISHED_PREFIX)] = handle.get_tensor(name)
+        except (OSError, SafetensorError) as error:
+            raise SpecchatError(f"{directory / shard}: unreadable safetensors file ({error})") from None
+    if not (directory / "config.json").is_file():
+        raise SpecchatError(f"{directory}: no config.json (the heads' norms take its rms_norm_eps)")
+    config = _json(directory / "config.json")
+    gamma = len({name.split(".")[1] for name in tensors})
+    hidden = tensors.get("medusa_layers.0.linear.weight")
+    if hidden is None:
+        raise SpecchatError(f"{directory}: the TokenSwift heads lack {PUBLISHED_PREFIX}medusa_layers.0.linear.weight")
+    heads = TokenSwiftHeads(TokenSwiftConfig(hidden.shape[1], config.get("rms_norm_eps", 1e-6), gamma))
+    load_into(heads, tensors, directory)
+    return heads
+
+
+def _published_shards(directory: Path) -> dict[str, list[str]]:
+    """The shard files that hold `model.medusa_layers.*` tensors, and those tensors' names in each."""
+    prefix = f"{PUBLISHED_PREFIX}medusa_layers."
+    index = directory / PUBLISHED_INDEX
+    if index.is_file():
+        weight_map = _json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise SpecchatError(f"{index}: no weight_map")
+        shards = defaultdict(list)
+        for name, shard in weight_map.items():
+            if name.startswith(prefix):
+                shards[shard].append(name)
+        for shard in shards:
+            if not (directory / shard).is_file():
+                raise SpecchatError(f"{directory}: the shard {shard}, which holds TokenSwift heads, is missing")
+    elif (directory / PUBLISHED_SINGLE).is_file():
+        try:
+            with safe_open(directory / PUBLISHED_SINGLE, "pt") as handle:
+                names = [name for name in handle.keys() if name.startswith(prefix)]
+        except (OSError, SafetensorError) as error:
+            raise SpecchatError(f"{directory / PUBLISHED_SINGLE}: unreadable safetensors file ({error})") from None
+        shards = {PUBLISHED_SINGLE: names} if names else {}
+    elif any(child.suffix in PICKLES for child in directory.iterdir()):
+        raise SpecchatError(f"{directory}: specchat reads only safetensors checkpoints and never unpickles "
+                            ".bin/.pth files")
+    else:
+        raise SpecchatError(f"{directory}: neither TokenSwift heads ({WEIGHTS}) nor a model ({PUBLISHED_SINGLE} or "
+                            f"{PUBLISHED_INDEX})")  # fmt: skip
+    if not shards:
+        raise SpecchatError(f"{directory}: the model holds no TokenSwift heads ({prefix}*)")
+    return dict(shards)
+
+
+def _read_own(directory: Path) -> TokenSwiftHeads:
+    if not (directory / "config.json").is_file():
+        raise SpecchatError(f"{directory}: the TokenSwift checkpoint has no config.json")
+    config = _json(directory / "config.json")
+    if config.get("model_type") != "tokenswift":
+        raise SpecchatError(f"{directory}: config.json says model_type {config.get('model_type')!r}, not 'tokenswift'")
+    path = directory / WEIGHTS
+    try:
+        heads = TokenSwiftHeads(TokenSwiftConfig(config["hidden_size"], config["rms_norm_eps"], config["gamma"]))
+    except KeyError as missing:
+        raise SpecchatError(f"{directory}: config.json lacks {missing}") from None
+    try:
+        with safe_open(path, "pt") as handle:
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except (OSError, SafetensorError) as error:
+        raise SpecchatError(f"{path}: unreadable safetensors file ({error})") from None
+    load_into(heads, tensors, directory)
+    return heads
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise SpecchatError(f"{path}: unreadable JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise SpecchatError(f"{path}: not a JSON object")
+    return data
