@@ -496,6 +496,39 @@ def train_glide(
           f"use --drafter glide:{out}")  # fmt: skip
 
 
+@train_app.command("tokenswift")
+def train_tokenswift(
+    data: DataOption,
+    out: DraftOutOption,
+    target: TargetOption = None,
+    epochs: EpochsOption = 3.0,
+    batch: BatchOption = 16,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine after --warmup-steps).")] = 5e-3,
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")] = 50,
+    vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary the loss is taken over, most frequent first (0: all).")] = 0,
+    checkpoint_minutes: CheckpointOption = 5.0,
+    resume: ResumeOption = False,
+    precision: PrecisionOption = "bf16",
+    seed: SeedOption = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+) -> None:
+    """TokenSwift's three multi-token heads for the target: chained residual blocks on its last hidden state,
+    guessing tokens t+2..t+4 through its frozen LM head (TokenSwift's recipe: LR 5e-3, 50 warm-up steps)."""
+    if warmup_steps < 0:
+        raise SpecchatError("--warmup-steps must be at least 0")
+    from specchat.training.train_tokenswift import BETAS
+    from specchat.training.train_tokenswift import train_tokenswift as run_training
+
+    summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
+                             precision, seed, dtype, device,
+                             recipe_options={"betas": BETAS, "warmup_steps": warmup_steps})  # fmt: skip
+    last = summary["log"][-1] if summary["log"] else {}
+    accuracy = ", ".join(f"{last.get(f'heldout_head{i + 1}_top1', float('nan')):.2f}" for i in range(summary["gamma"]))
+    print(f"{out}: TokenSwift heads, held-out top-1 {accuracy} (heads 1..{summary['gamma']}), "
+          f"chain tau {last.get('heldout_chain_tau', float('nan')):.2f}")  # fmt: skip
+
+
 def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume, precision,
                    seed, dtype, device, recipe_options: dict | None = None, **options) -> dict:  # fmt: skip
     """Check the shared options, load the target and run `run_training` under a progress display;

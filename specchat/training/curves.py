@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_training(log: list[dict], path: Path, *, title: str) -> bool:
+def plot_training(log: list[dict], path: Path, *, title: str,
+                  tau_label: str = "held-out greedy chain tau (depth 5)") -> bool:  # fmt: skip
     """Write the curves to `path` (PNG); False when matplotlib is not installed (`specchat[plot]`)."""
     try:
         import matplotlib
@@ -23,7 +24,7 @@ def plot_training(log: list[dict], path: Path, *, title: str) -> bool:
     loss.legend()
     tau.plot(steps, [entry["heldout_chain_tau"] for entry in log], color="tab:green")
     tau.set_xlabel("optimizer step")
-    tau.set_ylabel("held-out greedy chain tau (depth 5)")
+    tau.set_ylabel(tau_label)
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -13,6 +13,13 @@ missing chunk.
 Keys are post-RoPE at the sample's own positions 0..L-1. LongSpec's anchor offsets move a sample to other
 positions by rotating them (`training/longspec.py`); RoPE is relative, so that equals the keys the target
 would compute there, except for the target's own attention to the sinks.
+
+Heads that read the target's last hidden state (TokenSwift) train on that state instead: `target_hidden`
+keeps it, with the same labels, in a file set of its own, `<data>/features/hidden-<split>-NNNNN.safetensors`
+(`hidden` [tokens, hidden_size] bf16, `labels`, `starts`), so the key / value files stay as they are and a
+data directory serves either kind of drafter without the other's files. Caching pays for the same reason:
+the target's prefill with its labels (about 720 tokens/s for the default model on 2 cores) is as slow as a
+heads' training step over the full vocabulary (about 800) and ten times slower than one over 8K tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -30,6 +37,7 @@ from specchat.training.samples import Sample, fingerprint
 
 CHUNK = 200  # samples per features file
 NAMES = ("keys", "values", "labels", "starts")
+HIDDEN_NAMES = ("hidden", "labels", "starts")
 
 
 class SampleFeatures(NamedTuple):
@@ -46,10 +54,38 @@ class Features:
     values: torch.Tensor
     labels: torch.Tensor
     starts: torch.Tensor
+    TOKEN_DIMS: ClassVar[dict[str, int]] = {"keys": 1, "values": 1, "labels": 0}  # the dim chunks join along
 
     def of(self, index: int) -> SampleFeatures:
         start, end = int(self.starts[index]), int(self.starts[index + 1])
         return SampleFeatures(self.keys[:, start:end], self.values[:, start:end], self.labels[start:end])
+
+    @classmethod
+    def empty(cls) -> Features:
+        return cls(torch.empty(0, 0, 0), torch.empty(0, 0, 0), torch.empty(0, dtype=torch.int32), _starts([]))
+
+
+class SampleHidden(NamedTuple):
+    hidden: torch.Tensor  # [length, hidden_size]: the target's last decoder layer output, before its final norm
+    labels: torch.Tensor  # [length]: the target's greedy token after each row
+
+
+@dataclass(frozen=True)
+class HiddenFeatures:
+    """The target's last hidden states of samples, end to end: sample i is rows starts[i]:starts[i + 1]."""
+
+    hidden: torch.Tensor  # [tokens, hidden_size]
+    labels: torch.Tensor  # [tokens]
+    starts: torch.Tensor  # [samples + 1]
+    TOKEN_DIMS: ClassVar[dict[str, int]] = {"hidden": 0, "labels": 0}
+
+    def of(self, index: int) -> SampleHidden:
+        start, end = int(self.starts[index]), int(self.starts[index + 1])
+        return SampleHidden(self.hidden[start:end], self.labels[start:end])
+
+    @classmethod
+    def empty(cls) -> HiddenFeatures:
+        return cls(torch.empty(0, 0), torch.empty(0, dtype=torch.int32), _starts([]))
 
 
 def target_features(engine, data: Path, split: str, samples: list[Sample],
@@ -58,20 +94,35 @@ def target_features(engine, data: Path, split: str, samples: list[Sample],
 
     `engine` runs the target (`Engine.target_states`); `progress` hears the tokens of each sample computed.
     """
+    return _cached(Features, NAMES, data, split, samples, lambda part: _compute(engine, part, progress), progress)
+
+
+def target_hidden(engine, data: Path, split: str, samples: list[Sample],
+                  progress: Callable[[int], None] = lambda _tokens: None) -> HiddenFeatures:  # fmt: skip
+    """The target's last hidden states and greedy labels of `samples`, as `target_features` computes and
+    keeps its features (files `hidden-<split>-NNNNN.safetensors`)."""
+    return _cached(HiddenFeatures, HIDDEN_NAMES, data, f"hidden-{split}", samples,
+                   lambda part: _compute_hidden(engine, part, progress), progress)  # fmt: skip
+
+
+def _cached(kind, names: tuple[str, ...], data: Path, stem: str, samples: list[Sample],
+            compute: Callable[[list[Sample]], object], progress: Callable[[int], None]):  # fmt: skip
+    """`kind` (Features or HiddenFeatures) of `samples`: each chunk read from `<data>/features/<stem>-NNNNN`
+    when it holds these samples, else `compute(part)` and written."""
     folder = data / "features"
     folder.mkdir(exist_ok=True)
     chunks = []
     for index, first in enumerate(range(0, len(samples), CHUNK)):
         part = samples[first : first + CHUNK]
-        path = folder / f"{split}-{index:05d}.safetensors"
-        chunk = _read(path, fingerprint(part))
+        path = folder / f"{stem}-{index:05d}.safetensors"
+        chunk = _read(kind, names, path, fingerprint(part))
         if chunk is None:
-            chunk = _compute(engine, part, progress)
-            save_file({name: getattr(chunk, name) for name in NAMES}, path, metadata={"fingerprint": fingerprint(part)})
+            chunk = compute(part)
+            save_file({name: getattr(chunk, name) for name in names}, path, metadata={"fingerprint": fingerprint(part)})
         else:
             progress(sum(len(sample) for sample in part))
         chunks.append(chunk)
-    return _concat(chunks)
+    return _concat(kind, chunks)
 
 
 def _compute(engine, samples: list[Sample], progress: Callable[[int], None]) -> Features:
@@ -83,8 +134,21 @@ def _compute(engine, samples: list[Sample], progress: Callable[[int], None]) -> 
         values.append(layer.values[0, :, : len(sample)].to(torch.bfloat16).cpu())
         labels.append(greedy_tokens(engine.model, hidden).cpu())
         progress(len(sample))
-    starts = torch.tensor([0] + [len(sample) for sample in samples]).cumsum(0)
-    return Features(torch.cat(keys, dim=1), torch.cat(values, dim=1), torch.cat(labels), starts)
+    return Features(torch.cat(keys, dim=1), torch.cat(values, dim=1), torch.cat(labels), _starts(samples))
+
+
+def _compute_hidden(engine, samples: list[Sample], progress: Callable[[int], None]) -> HiddenFeatures:
+    states, labels = [], []
+    for sample in samples:
+        hidden = engine.target_states(list(sample.ids))
+        states.append(hidden.to(torch.bfloat16).cpu())
+        labels.append(greedy_tokens(engine.model, hidden).cpu())
+        progress(len(sample))
+    return HiddenFeatures(torch.cat(states), torch.cat(labels), _starts(samples))
+
+
+def _starts(samples: list[Sample]) -> torch.Tensor:
+    return torch.tensor([0] + [len(sample) for sample in samples]).cumsum(0)
 
 
 @torch.inference_mode()
@@ -95,25 +159,25 @@ def greedy_tokens(model, hidden: torch.Tensor, rows: int = 256) -> torch.Tensor:
     return torch.cat([head(norm(part)).argmax(dim=-1) for part in hidden.split(rows)]).to(torch.int32)
 
 
-def _read(path: Path, wanted: str) -> Features | None:
+def _read(kind, names: tuple[str, ...], path: Path, wanted: str):
     if not path.is_file():
         return None
     try:
         with safe_open(path, "pt") as handle:
-            if handle.metadata().get("fingerprint") != wanted or set(handle.keys()) != set(NAMES):
+            if handle.metadata().get("fingerprint") != wanted or set(handle.keys()) != set(names):
                 return None  # other samples, or written before the file held all it holds now
-            return Features(*(handle.get_tensor(name) for name in NAMES))
+            return kind(**{name: handle.get_tensor(name) for name in names})
     except (OSError, ValueError, RuntimeError):  # cut by a stop while written: computed again
         return None
 
 
-def _concat(chunks: list[Features]) -> Features:
+def _concat(kind, chunks: list):
+    """One `kind` of the chunks end to end (their samples' starts offset)."""
     if not chunks:
-        return Features(torch.empty(0, 0, 0), torch.empty(0, 0, 0), torch.empty(0, dtype=torch.int32),
-                        torch.zeros(1, dtype=torch.long))  # fmt: skip
+        return kind.empty()
     offsets = [0]
     for chunk in chunks[:-1]:
         offsets.append(offsets[-1] + int(chunk.starts[-1]))
     starts = torch.cat([chunks[0].starts[:1]] + [chunk.starts[1:] + offset for chunk, offset in zip(chunks, offsets)])
-    return Features(torch.cat([c.keys for c in chunks], dim=1), torch.cat([c.values for c in chunks], dim=1),
-                    torch.cat([c.labels for c in chunks]), starts)  # fmt: skip
+    joined = {name: torch.cat([getattr(c, name) for c in chunks], dim=dim) for name, dim in kind.TOKEN_DIMS.items()}
+    return kind(**joined, starts=starts)

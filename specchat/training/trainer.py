@@ -34,6 +34,7 @@ class TrainRecipe:
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.1
     warmup: float = 0.1  # fraction of the steps
+    warmup_steps: int = 0  # when > 0, the warm-up in steps instead of `warmup` (TokenSwift's 50)
     seed: int = 0
     autocast: bool = True  # bf16 autocast (CPUs with AVX-512 bf16 and GPUs run it faster)
     evaluations: int = 10  # held-out evaluations over the run
@@ -54,8 +55,8 @@ class TrainProgress:
 
 
 def learning_rate(step: int, steps: int, recipe: TrainRecipe) -> float:
-    """Linear warm-up over the first `warmup` of the steps, then cosine down to zero."""
-    warmup = max(1, round(steps * recipe.warmup))
+    """Linear warm-up over the first `warmup` of the steps (or `warmup_steps`), then cosine down to zero."""
+    warmup = recipe.warmup_steps or max(1, round(steps * recipe.warmup))
     if step < warmup:
         return recipe.lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
@@ -164,7 +165,8 @@ class _State:
     def load(self) -> tuple[int, list[dict]]:
         with safe_open(self.path, "pt") as handle:
             info = json.loads(handle.metadata()["state"])
-        held = {**info["recipe"], "betas": tuple(info["recipe"]["betas"])}
+        # a state written before a recipe field existed was trained with that field's default
+        held = {**asdict(TrainRecipe()), **info["recipe"], "betas": tuple(info["recipe"]["betas"])}
         if held != asdict(self.recipe):
             changed = ", ".join(f"{k} {held.get(k)} -> {v}" for k, v in asdict(self.recipe).items() if held.get(k) != v)
             raise SpecchatError(f"{self.path.parent} was trained with another recipe ({changed}); use another --out")
