@@ -16,10 +16,10 @@ from specchat.tui.session import ChatSession, ChatSettings
 
 
 def test_names_and_checkpoints_parse_in_one_place():
-    assert NAMES == ("none", "ngram", "longspec", "glide")
+    assert NAMES == ("none", "ngram", "longspec", "glide", "tokenswift")
     assert parse_drafter("ngram") == DrafterChoice("ngram")
     assert parse_drafter("longspec:~/draft") == DrafterChoice("longspec", Path("~/draft").expanduser())
-    with pytest.raises(SpecchatError, match="unknown drafter 'eagle'; available: none, ngram, longspec, glide"):
+    with pytest.raises(SpecchatError, match="unknown drafter 'eagle'; available: none, ngram, longspec, glide, tokenswift"):
         parse_drafter("eagle")
     with pytest.raises(SpecchatError, match="takes no checkpoint"):
         parse_drafter("ngram:x")

@@ -36,6 +36,7 @@ KINDS = {
         DrafterKind("ngram", "prompt lookup: continuations of earlier n-grams (training-free)", "specchat.drafters.ngram"),
         DrafterKind("longspec", "LongSpec: one draft layer reading the target's KV cache", "specchat.drafters.longspec", True),
         DrafterKind("glide", "GLIDE + CAPE: draft layers attending to the target's KV cache", "specchat.drafters.glide", True),
+        DrafterKind("tokenswift", "TokenSwift: heads on the target over a partial KV cache, with n-gram reuse", "specchat.drafters.tokenswift", True),
     )
 }  # fmt: skip
 NAMES = tuple(KINDS)

@@ -8,6 +8,7 @@ nodes after `commit`. They come out of the forward the engine runs anyway, so th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,6 +27,11 @@ class TargetView:
     `cache.layers[i].keys[:, :, :cache.length]` (and `.values`) are the committed prefix of layer i, post-RoPE,
     `[1, kv_heads, length, head_dim]`: valid whenever the engine calls the drafter. The newest committed token
     (the root of the next tree) is not in the cache yet.
+
+    `forward(tokens [q], positions [q], cache)` runs the target itself, as the engine does, over `tokens` written
+    after `cache`'s prefix (pending, never committed): logits [q, vocab] and the last layer's output before
+    the final norm [q, hidden_size]. A drafter that drafts with the target (TokenSwift) passes a cache of its
+    own, or the engine's, whose pending rows the next verification overwrites.
     """
 
     config: Any  # the target's transformers config
@@ -36,13 +42,15 @@ class TargetView:
     cache: TreeCache
     device: torch.device
     dtype: torch.dtype
+    model: torch.nn.Module  # the whole target, for what reads inside a forward (TokenSwift's query capture)
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @classmethod
-    def of(cls, model, cache: TreeCache) -> TargetView:
+    def of(cls, model, cache: TreeCache, forward=None) -> TargetView:
         """The view of a Llama-family transformers model (`model.model` holds the decoder) and its cache."""
         inner = model.model
         return cls(model.config, inner.embed_tokens, inner.norm, model.lm_head, inner.rotary_emb, cache,
-                   model.device, model.dtype)  # fmt: skip
+                   model.device, model.dtype, model, forward)  # fmt: skip
 
 
 class Drafter(Protocol):

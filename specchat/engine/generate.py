@@ -61,7 +61,7 @@ class Engine:
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len)
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
-        self.target = TargetView.of(model, self.cache)
+        self.target = TargetView.of(model, self.cache, forward=self._draft_forward)
         self._hidden = _LastHidden.of(model.model.norm)  # transformers' forward hides it; the lean one returns it
         self.set_drafter(drafter, draft_budget)
 
@@ -215,19 +215,24 @@ class Engine:
         self.length = len(ids)
         return hidden
 
-    def _forward(self, tokens: torch.Tensor, *, positions=None, mask=None, last_only=False):
+    def _draft_forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: TreeCache):
+        """`TargetView.forward`: a causal forward over another cache (or this one, left pending)."""
+        return self._forward(tokens, positions=positions, cache=cache)
+
+    def _forward(self, tokens: torch.Tensor, *, positions=None, mask=None, last_only=False, cache=None):
         """Run the target over `tokens` [q] written right after the cached prefix -> logits [q or 1, vocab] and
         the last decoder layer's output (before the final norm) [q, hidden_size]."""
+        cache = cache if cache is not None else self.cache
         if positions is None:
-            start = self.cache.length
+            start = cache.length
             positions = torch.arange(start, start + tokens.shape[0], device=self.device)
         if self.lean is not None:
-            return self.lean(tokens, positions, None if mask is None else mask[0, 0], self.cache, last_only=last_only)
+            return self.lean(tokens, positions, None if mask is None else mask[0, 0], cache, last_only=last_only)
         out = self.model(
             input_ids=tokens[None],
             position_ids=positions[None],
             attention_mask=mask,
-            past_key_values=self.cache,
+            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         )

@@ -15,7 +15,7 @@ from specchat.engine.events import TARGET
 PALETTE = ("bold green", "bold cyan", "bold magenta", "bold blue", "bold red")
 DRAFT_STYLES = dict(zip([name for name in NAMES if name != "none"], PALETTE))
 UNKNOWN_DRAFT_STYLE = "bold yellow"  # a drafter kind added later still stands out
-LABELS = {TARGET: "target", "ngram": "n-gram"}
+LABELS = {TARGET: "target", "ngram": "n-gram", "tokenswift": "heads"}
 
 
 def origin_style(origin: str) -> str:

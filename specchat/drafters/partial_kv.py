@@ -1,0 +1,140 @@
+"""TokenSwift's drafting cache: per layer and KV head, the first SINKS positions and the most important
+others, up to a budget of B slots; verification always reads the engine's full cache.
+
+A draft forward then reads B keys per layer instead of the whole context: at 100K tokens that is most of a
+decode step's memory traffic saved. The slots are a compact copy of the engine's cache in a `TreeCache` of
+B + 1 slots (the last one takes the drafted root's own keys, never committed), so the target's own forward
+runs over it unchanged. Positions stay where RoPE put them: a key keeps its rotation, the query is rotated at
+its true position, so attention over the copy is attention over those positions.
+
+Importance (TokenSwift, section 3.3): the last query's q.k, summed over the query heads of each KV head's
+group, per layer. Selected slots are ordered by importance, and each newly committed position overwrites
+the least important slot left; once new positions have taken every non-sink slot, the next draft selects
+again (about every B - SINKS tokens), with the queries of one target forward over the full cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specchat.engine.cache import TreeCache
+
+SINKS = 16
+
+
+class PartialKV:
+    def __init__(self, target, budget: int):
+        if budget <= SINKS:
+            raise ValueError(f"a partial cache needs more than {SINKS} slots")
+        self.target, self.budget = target, budget
+        self.cache = TreeCache(target.config.num_hidden_layers, budget + 1)
+        self.synced = 0  # positions of the engine's cache copied in
+        self.overwrite: list[int] = []  # slots new positions take next, least important first
+        self.selections = 0
+
+    def reset(self) -> None:
+        """Forget everything (a new request): the next `prepare` copies or selects afresh."""
+        self.cache.truncate(0)
+        self.synced, self.overwrite = 0, []
+
+    def prepare(self, root: int) -> TreeCache:
+        """The cache to draft from, brought up to the engine's committed prefix (`root` is the token after it)."""
+        full = self.target.cache
+        if full.length < self.synced:  # the engine went back (a new prompt sharing less): start again
+            self.reset()
+        new = range(self.synced, full.length)
+        if self.cache.length + len(new) <= self.budget and not self.overwrite:
+            self._copy(torch.arange(self.synced, full.length), self.cache.length)  # the context fits: all of it
+        elif len(new) <= len(self.overwrite):
+            slots, self.overwrite = self.overwrite[: len(new)], self.overwrite[len(new) :]
+            self._write(torch.tensor(list(new)), torch.tensor(slots))
+        else:
+            self._select(root)
+        self.synced = full.length
+        return self.cache
+
+    def _copy(self, positions: torch.Tensor, start: int) -> None:
+        """Positions (the same for every head) into slots start.. of every layer, and commit them."""
+        count = len(positions)
+        self._write(positions, torch.arange(start, start + count))
+        for layer in self.cache.layers:
+            layer.length, layer.pending = start + count, 0
+
+    def _write(self, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        device = self.target.device
+        positions, slots = positions.to(device), slots.to(device)
+        for mine, theirs in zip(self.cache.layers, self.target.cache.layers):
+            self._allocate(mine, theirs)
+            mine.keys[:, :, slots] = theirs.keys[:, :, positions]
+            mine.values[:, :, slots] = theirs.values[:, :, positions]
+
+    def _select(self, root: int) -> None:
+        """Sinks + the (budget - SINKS) most important later positions per layer and KV head, by importance."""
+        full = self.target.cache
+        length = full.length
+        queries = last_queries(self.target, root, length)
+        keep = self.budget - SINKS
+        for layer, (mine, theirs, query) in enumerate(zip(self.cache.layers, full.layers, queries)):
+            self._allocate(mine, theirs)
+            keys = theirs.keys[0, :, SINKS:length]  # [kv_heads, L - SINKS, D]
+            scores = importance(query, keys)
+            order = scores.topk(keep, dim=-1).indices + SINKS  # [kv_heads, keep], most important first
+            sinks = torch.arange(SINKS, device=order.device).expand(order.shape[0], -1)
+            index = torch.cat([sinks, order], dim=1)[None, :, :, None]
+            mine.keys[:, :, : self.budget] = theirs.keys[:, :, :length].gather(2, index.expand(-1, -1, -1, keys.shape[-1]))
+            mine.values[:, :, : self.budget] = theirs.values[:, :, :length].gather(
+                2, index.expand(-1, -1, -1, theirs.values.shape[-1])
+            )
+            mine.length, mine.pending = self.budget, 0
+        self.overwrite = list(range(self.budget - 1, SINKS - 1, -1))
+        self.selections += 1
+
+    @staticmethod
+    def _allocate(mine, theirs) -> None:
+        if not mine.is_initialized:
+            mine.lazy_initialization(theirs.keys[:, :, :0], theirs.values[:, :, :0])
+
+
+def importance(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Per KV head, the q.k of every key summed over the query heads that share it.
+
+    Args:
+        query: [heads, D], post-RoPE
+        keys: [kv_heads, L, D], post-RoPE
+    Returns: [kv_heads, L] (fp32)
+    """
+    kv_heads = keys.shape[0]
+    grouped = query.float().reshape(kv_heads, -1, query.shape[-1]).sum(dim=1)  # sum of q.k = (sum of q).k
+    return torch.einsum("kd,kld->kl", grouped, keys.float())
+
+
+@torch.inference_mode()
+def last_queries(target, token: int, position: int) -> list[torch.Tensor]:
+    """Every layer's query [heads, D] (post-RoPE) of `token` at `position` after the engine's cache: one
+    forward of transformers' modules, whose projections are hooked, over the full cache (left pending)."""
+    model, captured = target.model, []
+    layers = model.model.layers
+    hooks = [layer.self_attn.q_proj.register_forward_hook(lambda _m, _i, out: captured.append(out)) for layer in layers]
+    try:
+        model(input_ids=torch.tensor([[token]], device=target.device),
+              position_ids=torch.tensor([[position]], device=target.device),
+              past_key_values=target.cache, use_cache=True)  # fmt: skip
+    finally:
+        for hook in hooks:
+            hook.remove()
+        target.cache.truncate(target.cache.length)
+    cos, sin = target.rotary(captured[0], torch.tensor([[position]], device=target.device))
+    queries = []
+    for layer, out in zip(layers, captured):
+        attention = layer.self_attn
+        query = out.reshape(-1, attention.head_dim)  # [heads, D]
+        if hasattr(attention, "q_norm"):  # Qwen3 normalises each head's query before RoPE
+            query = attention.q_norm(query)
+        queries.append(_rotate(query, cos[0], sin[0]))
+    return queries
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)

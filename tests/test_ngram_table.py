@@ -1,0 +1,52 @@
+"""TokenSwift's n-gram reuse table against a brute force over the text.
+
+Proven here: after any number of appends, in any chunking, the continuations of every token are exactly the
+brute force's most frequent 4-grams of the text old enough (ending `lag` or more tokens before its end), in
+descending count (ties in either order), at most `top`; nothing newer than the lag is counted; the table
+holds bounded state per token added.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from specchat.drafters.ngram_table import NgramTable
+
+
+def brute_force(text: list[int], lag: int, n: int = 4) -> Counter:
+    old = text[: max(0, len(text) - lag)]
+    return Counter(tuple(old[i : i + n]) for i in range(len(old) - n + 1))
+
+
+@pytest.mark.parametrize("lag, top, vocab", [(0, 20, 5), (16, 3, 4), (40, 20, 12), (7, 1, 3)])
+def test_continuations_are_the_most_frequent_old_4grams(lag, top, vocab):
+    rng = random.Random(lag * 31 + top)
+    table, text = NgramTable(lag=lag, top=top), []
+    while len(text) < 600:
+        chunk = [rng.randrange(vocab) for _ in range(rng.randint(1, 9))]
+        table.add(chunk)
+        text += chunk
+        counts = brute_force(text, lag)
+        for first in range(vocab):
+            got = [(first, *rest) for rest in table.continuations(first)]
+            mine = {gram: count for gram, count in counts.items() if gram[0] == first}
+            assert len(got) == min(top, len(mine))
+            assert all(gram in mine for gram in got)
+            got_counts = [mine[gram] for gram in got]
+            assert got_counts == sorted(got_counts, reverse=True)
+            if got:  # nothing left out beats what is in
+                assert max((c for g, c in mine.items() if g not in got), default=0) <= got_counts[-1]
+
+
+def test_nothing_newer_than_the_lag_is_reused():
+    table = NgramTable(lag=8)
+    table.add([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3])  # 11 tokens: only the first 3 are 8 tokens old
+    assert table.continuations(1) == []
+    table.add([9])
+    assert table.continuations(1) == [(2, 3, 4)]
+    table.add([9] * 8)  # now the first 12 are old: 1 2 3 4 twice, 1 2 3 9 once
+    assert table.continuations(1) == [(2, 3, 4), (2, 3, 9)] and table.continuations(2) == [(3, 4, 1)]
+    assert len(table.recent) <= 8 + 4

@@ -1,0 +1,139 @@
+"""The TokenSwift drafter: the partial KV cache it drafts from, the tree it proposes, and that it is lossless.
+
+Proven here, on tiny random models:
+- the partial cache holds, per layer and KV head, the 16 sinks and exactly the positions whose keys score
+  highest against the last query (checked against a brute force from transformers' own hidden states),
+  their keys and values copied bit for bit; new positions overwrite the least important slots, and a new
+  selection follows once they took every slot;
+- the tree is [1, 3, 3, 3] (40 nodes) with n-gram chains merged in (siblings distinct, origins kept), and a
+  smaller budget keeps the most probable nodes, parents first;
+- greedy and sampled (contextual penalty) output equals autoregressive output, over the full cache and a
+  partial one small enough to be selected again several times.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+from test_speculative import run
+
+from specchat.drafters.ngram_table import NgramTable
+from specchat.drafters.partial_kv import SINKS, PartialKV
+from specchat.drafters.tokenswift import TokenSwiftDrafter, _tree
+from specchat.engine.generate import Engine
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads
+
+VOCAB = 96
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", vocab_size=VOCAB, seed=5)
+
+
+def random_heads(model, seed: int = 0) -> TokenSwiftHeads:
+    torch.manual_seed(seed)
+    heads = TokenSwiftHeads(TokenSwiftConfig.for_target(model.config), model.model.norm.weight)
+    with torch.no_grad():
+        for head in heads.medusa_layers:
+            head.linear.weight.normal_(0, 0.2)
+    return heads.eval()
+
+
+def brute_force_positions(model, ids: list[int], root: int, keep: int) -> list[torch.Tensor]:
+    """Per layer [kv_heads, keep]: the positions >= SINKS whose keys score highest, from a fresh forward."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    with torch.no_grad():
+        out = model(torch.tensor([ids + [root]]), output_hidden_states=True, use_cache=True)
+    positions = torch.arange(len(ids) + 1)[None]
+    result = []
+    for layer, (block, hidden) in enumerate(zip(model.model.layers, out.hidden_states)):
+        attention = block.self_attn
+        x = block.input_layernorm(hidden)
+        q = attention.q_proj(x).view(1, -1, model.config.num_attention_heads, attention.head_dim).transpose(1, 2)
+        k = attention.k_proj(x).view(1, -1, model.config.num_key_value_heads, attention.head_dim).transpose(1, 2)
+        cos, sin = model.model.rotary_emb(x, positions)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        group = model.config.num_attention_heads // model.config.num_key_value_heads
+        scores = []
+        for kv in range(model.config.num_key_value_heads):
+            query = q[0, kv * group : (kv + 1) * group, -1]  # [group, D]
+            scores.append((k[0, kv, SINKS : len(ids)] @ query.T).sum(dim=1))
+        result.append(torch.stack(scores).topk(keep, dim=-1).indices + SINKS)
+    return result
+
+
+def test_partial_cache_selects_the_most_important_positions(model, tokenizer):
+    ids = torch.randint(3, VOCAB, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+    engine = Engine(model, tokenizer, max_len=400)
+    list(engine.generate(ids, max_new_tokens=1))  # prefill: the cache holds ids[:-1]... and the first token
+    committed = engine.ids[: engine.length].tolist()
+    root, prefix = committed[-1], committed[:-1]
+    budget = 48
+    partial = PartialKV(engine.target, budget)
+    cache = partial.prepare(root)
+    assert partial.selections == 1 and cache.length == budget
+    expected = brute_force_positions(model, prefix, root, budget - SINKS)
+    for layer, (mine, full, positions) in enumerate(zip(cache.layers, engine.cache.layers, expected)):
+        for head in range(model.config.num_key_value_heads):
+            want = torch.cat([torch.arange(SINKS), positions[head]])
+            assert torch.equal(mine.keys[0, head, :budget], full.keys[0, head, want]), (layer, head)
+            assert torch.equal(mine.values[0, head, :budget], full.values[0, head, want]), (layer, head)
+
+    # one new position overwrites the least important slot; the rest stay
+    before = cache.layers[0].keys[0, :, : budget - 1].clone()
+    list(engine.generate(committed + [5], max_new_tokens=1))  # the engine's cache grows by two positions
+    partial.prepare(engine.ids[engine.length - 1].item())
+    assert partial.selections == 1
+    assert torch.equal(cache.layers[0].keys[0, :, : budget - 2], before[:, : budget - 2])
+    new = engine.cache.length - 1
+    assert torch.equal(cache.layers[0].keys[0, :, budget - 2], engine.cache.layers[0].keys[0, :, new])
+
+
+def test_tree_is_1_3_3_3_with_ngram_chains():
+    probs = torch.full((4, VOCAB), 1e-4)
+    probs[0, 10] = 0.9
+    for row in range(1, 4):
+        probs[row, [20 + row, 30 + row, 40 + row]] = torch.tensor([0.5, 0.3, 0.1])
+    table = NgramTable(lag=0)
+    table.add([10, 21, 50, 51, 7, 10, 21, 50, 51, 7, 10, 60, 61, 62, 8])
+    tree = _tree(probs, table, 64, "tokenswift")
+    assert tree.tokens[0] == 10 and tree.depths[0] == 1
+    heads_nodes = [i for i, o in enumerate(tree.origins) if o == "tokenswift"]
+    assert len(heads_nodes) == 40
+    paths = {tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))}
+    assert (10, 21, 50, 51) in paths and (10, 60, 61, 62) in paths
+    assert tree.origins[tree.tokens.index(50)] == "ngram"
+    siblings = {}
+    for parent, token in zip(tree.parents, tree.tokens):
+        assert token not in siblings.setdefault(parent, set())
+        siblings[parent].add(token)
+    small = _tree(probs, table, 7, "tokenswift")
+    assert len(small) == 7
+    assert all(parent < i for i, parent in enumerate(small.parents))
+    assert _tree(probs, table, 0, "tokenswift").tokens == []
+
+
+@pytest.mark.parametrize("kv_budget", [0, 40])
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingConfig(suppress=(2,)),  # no EOS: a book runs to its length
+     SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.3, penalty_window=32, seed=4, suppress=(2,))],
+    ids=["greedy", "sampled-penalised"],
+)
+def test_tokenswift_output_equals_autoregressive(model, tokenizer, kv_budget, sampling):
+    prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
+    expected = [t for e in Engine(model, tokenizer, max_len=400).generate(prompt, sampling=sampling, max_new_tokens=160,
+                                                                        reproducible=True) for t in e.tokens]  # fmt: skip
+    engine = Engine(model, tokenizer, max_len=400)
+    drafter = TokenSwiftDrafter(engine.target, random_heads(model), kv_budget=kv_budget, lag=16)
+    engine.set_drafter(drafter, 24)
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=160, reproducible=True))
+    assert len(expected) == 160
+    assert [t for e in events for t in e.tokens] == expected
+    assert events[-1].stats.accepted > 0
+    if kv_budget:
+        assert drafter.partial.selections >= 3
