@@ -115,7 +115,7 @@ def test_models_lists_profiles_and_availability():
     assert "here; drafters: none, ngram, longspec" in result.stdout  # the embedded model, nothing to download
     assert "longspec: smollm2-135m-longspec (here)" in result.stdout  # shipped in models/checkpoints
     assert "not cached (offline)" in result.stdout  # HF_HUB_OFFLINE: nothing claims it can download
-    assert "tokenswift: TokenSwift/TokenSwift-Llama-3.1-8B (cannot load yet)" in result.stdout
+    assert "tokenswift: TokenSwift/TokenSwift-Llama-3.1-8B (not cached (offline))" in result.stdout
     assert "longspec: sail/longspec-vicuna-7b-v1.5-16k (not cached (offline))" in result.stdout
     assert "longspec, glide: none published; --drafter NAME:DIR runs a local checkpoint" in result.stdout
 
