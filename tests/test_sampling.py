@@ -10,6 +10,8 @@ greedy, reproducible per seed, and passes a chi-square goodness-of-fit test that
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -409,3 +411,28 @@ def test_chi_square_rejects_a_biased_sampler():
     biased = sample(processed.expand(DRAWS, -1) * 1.3, CONFIG, make_generator(CONFIG, CPU))
     statistic, df = chi_square(biased, probs)
     assert statistic > CHI2_CRITICAL_P001[df], f"chi2 = {statistic:.1f} with {df} dof"
+
+
+# --- keyed noise: the draw at each index of the text ---------------------------------------------------
+
+
+def test_position_noise_draws_are_distributed_as_p():
+    from chi_square import assert_fits, assert_rejected
+
+    from specchat.engine.sampling import PositionNoise
+
+    p = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02, 0.0])
+    noise = PositionNoise(seed=12345)
+    draws = [noise.choose(p[None], [index])[0] for index in range(6000)]
+    counts = Counter(draws)
+    assert counts[7] == 0  # a token of probability 0 is never drawn
+    exact = {token: float(prob) for token, prob in enumerate(p) if prob > 0}
+    assert_fits(counts, exact, "keyed draws")
+    assert_rejected(counts, {t: q for t, q in zip(exact, [0.34, 0.28, 0.17, 0.11, 0.05, 0.03, 0.02])}, "a near p")
+    # the same (seed, index) draws the same token, in any company; another seed draws others
+    again = PositionNoise(seed=12345)
+    assert [again.choose(torch.stack([p, p.flip(0)]), [i, i])[0] for i in range(200)] == draws[:200]
+    other = [PositionNoise(seed=1).choose(p[None], [i])[0] for i in range(200)]
+    assert other != draws[:200]
+    shifted = PositionNoise(seed=12345, offset=100)
+    assert [shifted.choose(p[None], [i])[0] for i in range(100)] == draws[100:200]

@@ -117,13 +117,16 @@ class Engine:
         noise = None
         if reproducible and not sampling.greedy:
             seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (), generator=generator))
-            noise = PositionNoise(seed, self.model.config.vocab_size, self.device, index_offset)
+            noise = PositionNoise(seed, index_offset)
         stream = TextStream(self.tokenizer, stop)
 
         start = time.perf_counter()
         logits = self._prefill(prompt_ids, stats)
-        first = noise.rows([self.length]) if noise else None
-        token = int(sample(self._process(logits, sampling, DraftTree.empty()), sampling, generator, first)[0])
+        processed = self._process(logits, sampling, DraftTree.empty())
+        if noise:
+            [token] = noise.choose(processed.softmax(dim=-1), [self.length])
+        else:
+            token = int(sample(processed, sampling, generator)[0])
         stats.prefill_seconds = time.perf_counter() - start
         if self.drafter is not None and self.fixed_budget is None and self.policy is None:
             self.policy = AdaptiveBudget(self._verify_cost())
@@ -153,8 +156,11 @@ class Engine:
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
         mask = batch.attention_mask(prefix, tree_only=self.tree_only_masks) if len(tree) else None  # 1 query: no mask
         logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
-        rows = noise.rows([self.length + depth for depth in (0, *tree.depths)]) if noise else None
-        verdict = verify(tree, self._process(logits, sampling, tree), sampling, generator, rows)
+        processed = self._process(logits, sampling, tree)
+        choices = None
+        if noise:
+            choices = noise.choose(processed.softmax(dim=-1), [self.length + depth for depth in (0, *tree.depths)])
+        verdict = verify(tree, processed, sampling, generator, choices)
         kept = [0] + [node + 1 for node in verdict.path]
         self.cache.commit(kept)
         if self.policy:

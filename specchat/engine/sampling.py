@@ -77,53 +77,76 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.
     return apply_min_p(logits, config.min_p, config.min_p_keep)
 
 
-def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None,
-           noise: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of processed logits [n, vocab] -> [n]; greedy takes the argmax.
 
-    Sampling is an exponential race, argmax(p / E) with E ~ Exp(1): exact and free of host syncs. `noise`
-    gives E per row (`PositionNoise`); without it E is drawn from `generator`.
+    Sampling is an exponential race, argmax(p / E) with E ~ Exp(1): exact and free of host syncs.
     """
     if config.greedy:
         return logits.argmax(dim=-1)
     probs = logits.softmax(dim=-1)
-    race = torch.empty_like(probs).exponential_(1.0, generator=generator) if noise is None else noise
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / race).argmax(dim=-1)
 
 
 class PositionNoise:
-    """The exponential race's noise for the token at each index of the text, from (seed, index) alone.
+    """The exponential race with noise that depends on (seed, index of the token in the text, token) alone.
 
     A sampled token then depends on nothing but its own distribution and where it stands: autoregressive
     decoding and every drafter's trees choose the same tokens (a node's draw is the draw autoregressive
     decoding makes at that index, whatever the tree around it), and a text can be continued in another
-    process, after its KV cache was rebuilt, as if it had never stopped. Draws at distinct indices are
-    independent, so the output is distributed exactly as the target's sampling.
+    process, after its KV cache was rebuilt, as if it had never stopped. The noise is a counter-based hash
+    (splitmix64), independent across indices and tokens, so the output is distributed exactly as the
+    target's sampling; it is computed only where a row's distribution is not zero (min-p or top-p leave a
+    few dozen tokens of 49K).
     """
 
-    def __init__(self, seed: int, vocab: int, device: torch.device, offset: int = 0):
-        self.seed, self.vocab, self.device, self.offset = seed, vocab, device, offset
-        self.recent: dict[int, torch.Tensor] = {}  # index -> noise; the next step asks again for most
+    def __init__(self, seed: int, offset: int = 0):
+        self.seed = _signed(_splitmix(seed))
+        self.offset = offset
 
-    def rows(self, indices: list[int]) -> torch.Tensor:
-        """[len(indices), vocab] Exp(1) noise for the tokens at `indices` (+ `offset`); equal indices get
-        equal rows."""
-        indices = [self.offset + i for i in indices]
-        low = min(indices)
-        self.recent = {i: e for i, e in self.recent.items() if i >= low}
-        for index in set(indices) - self.recent.keys():
-            generator = torch.Generator(device=self.device).manual_seed(_mix(self.seed, index))
-            self.recent[index] = torch.empty(self.vocab, device=self.device).exponential_(1.0, generator=generator)
-        return torch.stack([self.recent[i] for i in indices])
+    def choose(self, probs: torch.Tensor, indices: list[int]) -> list[int]:
+        """One token per row of `probs` [n, vocab], row i being the token at text index `indices[i]` (+ offset):
+        argmax over the row's support of p / E, E ~ Exp(1) keyed by (seed, index, token)."""
+        choices = [0] * len(indices)
+        for index in sorted(set(indices)):
+            rows = [i for i, each in enumerate(indices) if each == index]
+            block = probs[rows]
+            support = block.amax(dim=0).nonzero()[:, 0]  # tokens some row at this index may take
+            noise = self.exponential(self.offset + index, support)
+            winners = support[(block[:, support] / noise).argmax(dim=1)]
+            for row, token in zip(rows, winners.tolist()):
+                choices[row] = token
+        return choices
+
+    def exponential(self, index: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Exp(1) noise of `tokens` at text `index` (float64 uniforms in (0, 1), then -log)."""
+        key = torch.tensor(_signed(_splitmix(self.seed ^ index)), dtype=torch.long, device=tokens.device)
+        bits = _mix_tensor(key + tokens.long() * _GOLDEN)
+        uniform = ((bits >> 11) & ((1 << 53) - 1)).double() * 2.0**-53 + 2.0**-54
+        return -torch.log(uniform)
 
 
-def _mix(seed: int, index: int) -> int:
-    """A 63-bit generator seed for (seed, index): splitmix64, so neighbouring indices get unrelated streams."""
+_GOLDEN = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
+
+
+def _splitmix(x: int) -> int:
     mask = (1 << 64) - 1
-    z = (seed * 0x9E3779B97F4A7C15 + index + 1) & mask
+    z = (x + 0x9E3779B97F4A7C15) & mask
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    return (z ^ (z >> 31)) >> 1
+    return z ^ (z >> 31)
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _mix_tensor(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (multiplication wraps; shifts made logical)."""
+    z = (z ^ ((z >> 30) & ((1 << 34) - 1))) * _signed(0xBF58476D1CE4E5B9)
+    z = (z ^ ((z >> 27) & ((1 << 37) - 1))) * _signed(0x94D049BB133111EB)
+    return z ^ ((z >> 31) & ((1 << 33) - 1))
 
 
 def make_generator(config: SamplingConfig, device: torch.device) -> torch.Generator:

@@ -36,13 +36,15 @@ class Verdict:
 
 
 def verify(tree: DraftTree, processed: torch.Tensor, sampling: SamplingConfig, generator,
-           noise: torch.Tensor | None = None) -> Verdict:  # fmt: skip
+           choices: list[int] | None = None) -> Verdict:  # fmt: skip
     """Accepted path and bonus for a tree, from the processed target logits of its rows [n + 1, vocab].
 
-    With `noise` (the rows' `PositionNoise`) every row's choice is its keyed draw and sampled trees are
-    verified by those draws too: the output is then the same whatever the tree."""
-    if sampling.greedy or tree.draft_probs is None or noise is not None:
-        return accept(tree, sample(processed, sampling, generator, noise).tolist())
+    `choices` are the rows' choices when the caller drew them (`PositionNoise`: keyed draws); sampled trees
+    are then verified by those draws too, so the output is the same whatever the tree."""
+    if choices is not None:
+        return accept(tree, choices)
+    if sampling.greedy or tree.draft_probs is None:
+        return accept(tree, sample(processed, sampling, generator).tolist())
     return accept_sampled(tree, processed.softmax(dim=-1), generator)
 
 
