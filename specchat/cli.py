@@ -280,6 +280,7 @@ def write(
     model: ModelOption = None,
     drafter: Annotated[str | None, typer.Option("--drafter", "-d", help=f"{' | '.join(NAMES)}; A+B merges two (default: the model's best).")] = None,
     draft_budget: BudgetOption = None,
+    draft_kv_budget: Annotated[int | None, typer.Option("--draft-kv-budget", help="tokenswift: KV slots its draft forward reads (default 4096; 0 = the whole cache).")] = None,
     penalty: Annotated[float | None, typer.Option("--penalty", help="Contextual penalty theta (default 1.2; 1 = off).")] = None,
     penalty_window: Annotated[int | None, typer.Option("--penalty-window", help="Tokens the penalty looks back (default 1024).")] = None,
     temperature: TemperatureOption = None,
@@ -313,6 +314,8 @@ def write(
         raise SpecchatError("the prompt is empty")
     if drafter is not None:
         _check_drafters([drafter], draft_budget)
+    if draft_kv_budget is not None and draft_kv_budget != 0 and draft_kv_budget <= 16:
+        raise SpecchatError("--draft-kv-budget must be 0 (the whole cache) or more than the 16 sink tokens")
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "penalty": penalty,
              "penalty_window": penalty_window, "seed": seed}  # fmt: skip
     defaults = {"temperature": book_defaults.TEMPERATURE, "top_k": 0, "top_p": 1.0, "min_p": book_defaults.MIN_P,
@@ -344,6 +347,8 @@ def write(
 
     source = resolve_model(model)
     choice = resolve_drafter(parse_drafter(drafter or writer_drafter(source.profile)), source.profile, source.name)
+    if draft_kv_budget is not None and choice.name != "tokenswift":
+        raise SpecchatError(f"--draft-kv-budget is for the tokenswift drafter, not {choice}")
     resolve_device(device)
     loaded = load_model(model, dtype=dtype, device=device, attention=attention)
     if book is None:
@@ -353,7 +358,10 @@ def write(
         engine = resumed_book(loaded, book, prompt=prompt, raw=raw, given=given, stop_at_eos=stop_at_eos)
     book.progress.target, book.progress.finished = tokens, None
     book.save()
-    engine.set_drafter(build_drafter(choice, engine.target), draft_budget)
+    drafter_object = build_drafter(choice, engine.target)
+    if draft_kv_budget is not None:
+        drafter_object.use_kv_budget(draft_kv_budget)
+    engine.set_drafter(drafter_object, draft_budget)
     console = Console(stderr=True)
     if book.progress.tokens == 0:
         console.print(f"[dim]prompt ({book.settings.prompt_tokens} tokens):[/dim] {prompt or book_defaults.STORY}")

@@ -1,0 +1,95 @@
+"""Measures `specchat write` on the default model (not a test: prints a table and JSON).
+
+Each drafter writes the same book (same prompt, seed and settings) in one process: tokens/s over the whole
+book and per 1K tokens at its start and end (flat cost per token), resident memory after the first 1K tokens
+and at the end, tau, acceptance, distinct-1..4, refills, the speedup the writer reports (AR timed by the
+engine in the same run) and the speedup over the autoregressive book written here (the first row).
+
+    .venv/bin/python tests/writer_speed.py --tokens 20000 --drafter none,ngram,tokenswift
+    .venv/bin/python tests/writer_speed.py --tokens 5000 --drafter none --penalty 1.0,1.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from specchat.drafters import build_drafter, parse_drafter, resolve_drafter  # noqa: E402
+from specchat.loading import load_model  # noqa: E402
+from specchat.writer import settings as defaults  # noqa: E402
+from specchat.writer.start import new_book  # noqa: E402
+from specchat.writer.write import write_book  # noqa: E402
+
+MARK = 1000  # tokens per timing window
+
+
+def measure(loaded, drafter: str, tokens: int, penalty: float, seed: int, folder: Path) -> dict:
+    sampling = {"temperature": defaults.TEMPERATURE, "top_k": 0, "top_p": 1.0, "min_p": defaults.MIN_P,
+                "min_p_keep": defaults.MIN_P_KEEP, "penalty": penalty, "penalty_window": defaults.PENALTY_WINDOW,
+                "seed": seed}  # fmt: skip
+    book, engine = new_book(loaded, folder / f"{drafter}-{penalty}.txt", tokens, defaults.STORY, raw=False,
+                            sampling=sampling, stop_at_eos=False, force=True)  # fmt: skip
+    choice = resolve_drafter(parse_drafter(drafter), loaded.source.profile, loaded.source.name)
+    engine.set_drafter(build_drafter(choice, engine.target))
+    marks: list[tuple[int, float, int]] = []  # (tokens, seconds, rss) at each crossing of a MARK
+
+    def status(now):
+        if now.tokens >= MARK * (len(marks) + 1) or now.tokens == tokens:
+            marks.append((now.tokens, now.seconds, psutil.Process().memory_info().rss))
+
+    report = write_book(engine, book, tokens, status=status)
+    book.close()
+    first, last = marks[0], marks[-1]
+    before_last = max((m for m in marks if m[0] <= last[0] - MARK), key=lambda m: m[0], default=(0, 0.0, 0))
+    return {
+        "drafter": drafter, "penalty": penalty, "tokens": report.tokens, "tokens_per_second": round(report.tokens_per_second, 1),
+        "tau": round(report.mean_accepted_length or 1.0, 3),
+        "acceptance": None if report.acceptance_rate is None else round(report.acceptance_rate, 3),
+        "ms_per_token_first_1k": round(1000 * first[1] / first[0], 3),
+        "ms_per_token_last_1k": round(1000 * (last[1] - before_last[1]) / (last[0] - before_last[0]), 3),
+        "rss_mib_at_1k": round(first[2] / 2**20), "rss_mib_at_end": round(last[2] / 2**20),
+        "distinct": [round(d, 4) for d in (report.distinct_1, report.distinct_2, report.distinct_3, report.distinct_4)],
+        "refills": report.refills, "prefill_seconds": round(report.prefill_seconds, 1),
+        "ar_tokens_per_second_timed": None if report.ar_tokens_per_second is None else round(report.ar_tokens_per_second, 1),
+        "speedup_vs_timed_ar": None if report.speedup_vs_ar is None else round(report.speedup_vs_ar, 3),
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=20000)
+    parser.add_argument("--drafter", default="none,ngram")
+    parser.add_argument("--penalty", default=str(defaults.PENALTY))
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    loaded = load_model(None)
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for penalty in map(float, args.penalty.split(",")):
+            for drafter in args.drafter.split(","):
+                start = time.perf_counter()
+                rows.append(measure(loaded, drafter, args.tokens, penalty, args.seed, Path(folder)))
+                rows[-1]["wall_seconds"] = round(time.perf_counter() - start, 1)
+                ar = next((r for r in rows if r["drafter"] == "none" and r["penalty"] == penalty), None)
+                if ar is not None:
+                    rows[-1]["speedup_vs_ar_book"] = round(rows[-1]["tokens_per_second"] / ar["tokens_per_second"], 3)
+                print(json.dumps(rows[-1]), flush=True)
+    columns = ["drafter", "penalty", "tokens_per_second", "speedup_vs_ar_book", "speedup_vs_timed_ar", "tau",
+               "acceptance", "ms_per_token_first_1k", "ms_per_token_last_1k", "rss_mib_at_1k", "rss_mib_at_end",
+               "distinct", "refills", "prefill_seconds"]  # fmt: skip
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(row.get(c, "-")) for c in columns) + " |")
+
+
+if __name__ == "__main__":
+    main()
