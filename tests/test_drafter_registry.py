@@ -31,7 +31,7 @@ def test_names_and_checkpoints_parse_in_one_place():
 
 def test_profiles_say_which_drafters_a_model_has():
     profiles = load_profiles()
-    assert usable_drafters(profiles["smollm2-135m"]) == ["none", "ngram", "longspec"]
+    assert usable_drafters(profiles["smollm2-135m"]) == ["none", "ngram", "longspec", "tokenswift"]
     assert usable_drafters(profiles["vicuna-7b-16k"]) == ["none", "ngram", "longspec"]
     assert resolve_drafter(DrafterChoice("longspec"), profiles["vicuna-7b-16k"], "vicuna-7b-16k").repo == (
         "sail/longspec-vicuna-7b-v1.5-16k"

@@ -204,9 +204,15 @@ class ChatSession:
         if not isinstance(sampling, dict):
             raise SpecchatError("bad settings in the saved chat: sampling must be an object")
         fields = {f.name: f.type for f in dataclasses.fields(SamplingConfig)}
+        sampling = dict(sampling)
         for name, value in sampling.items():
             if name not in fields:
                 raise SpecchatError(f"bad settings in the saved chat: unknown sampling setting {name!r}")
+            if "tuple" in fields[name]:  # token ids (suppress)
+                if not (isinstance(value, list) and all(json_is(each, int) for each in value)):
+                    raise SpecchatError(f"bad settings in the saved chat: sampling.{name} must be a list of token ids")
+                sampling[name] = tuple(value)
+                continue
             whole = "int" in fields[name]
             if not (json_is(value, int if whole else float) or name == "seed" and value is None):
                 kind = "a whole number" if whole else "a number"
