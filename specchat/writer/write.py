@@ -124,7 +124,6 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
                 new = tokens[len(known) :]
                 if new:
                     book.append(new, stream.add(new))
-                    progress.stream = stream.state()
                     written += len(new)
                     since_ar += len(new)
                 if event.finish_reason == "eos" or position >= target:
@@ -136,12 +135,14 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
                     since_ar = 0
                 status(current(stats))
                 if time.monotonic() - saved > SAVE_SECONDS:
+                    progress.stream = stream.state()
                     book.save()
                     saved = time.monotonic()
             prefill_seconds += stats.prefill_seconds
             done = _sum(done, stats)
     finally:
         progress.seconds += time.perf_counter() - clock
+        progress.stream = stream.state()
         book.save()
     return _report(book, current(GenerationStats()), ar_steps, prefill_seconds)
 
