@@ -119,3 +119,21 @@ def test_copies_keep_their_price_beside_a_model_part_that_is_mostly_wrong():
             mixed.observe(tree, [3, 4, 5, 6], budget=mixed.budget or 7)
     assert mixed.budget >= 3
     assert mixed.origins["model"].expected_tokens(3) < 1.1 < 4 < mixed.origins["ngram"].expected_tokens(7)
+
+
+def test_drafting_time_is_priced_per_mode():
+    """Copies found on every step, accepted whole; on one step in three the model part joins them, its draft
+    forward costing ten decode steps. Averaged over all steps that time would make the copies' trees cost more
+    than they commit; priced apart, steps with the copies alone keep the budget sized for them."""
+    base = CPU_LIKE.seconds[0]
+    policy = AdaptiveBudget(CPU_LIKE)
+    copy = DraftTree([9, 9, 9, 9], [ROOT, 0, 1, 2], ["ngram"] * 4)
+    with_model = DraftTree([9, 9, 9, 9, 1, 2, 3], [ROOT, 0, 1, 2, ROOT, 4, 5], ["ngram"] * 4 + ["model"] * 3)
+    budgets = []
+    for step in range(90):
+        tree, seconds = (with_model, 10 * base) if step % 3 == 0 else (copy, 0.0)
+        budgets.append(policy.budget)
+        policy.observe(tree, [0, 1, 2, 3], budget=policy.budget or 7, draft_seconds=seconds)
+    assert min(budgets[30:]) >= 7
+    ngram, both = frozenset({"ngram"}), frozenset({"ngram", "model"})
+    assert policy.relative_cost(7, ngram) < 2 < 10 < policy.relative_cost(7, both)

@@ -17,7 +17,10 @@ A composite drafter's parts are counted apart, by origin: a part's acceptance co
 on, and the budget is sized for the part whose trees pay best. N-gram lookup proposes only where the text
 repeats, and is mostly right there; counted together with a model part whose guesses are mostly wrong, its
 copies were priced at the model's acceptance and the budget fell to zero on copy-heavy text. Whether the
-model part joins a step is the composite's own measured choice (`drafters/mode_choice.py`).
+model part joins a step is the composite's own measured choice (`drafters/mode_choice.py`), so drafting time
+is priced per mode, the set of origins in a tree: steps with the n-gram part alone cost no draft forward, and
+averaged with the model's steps their trees were priced a forward too high (measured: a composite 8-12%
+slower than n-gram drafting alone on copy-heavy text). The budget is sized for the mode that pays best.
 """
 
 from __future__ import annotations
@@ -123,7 +126,8 @@ class AdaptiveBudget:
         self.decay = decay
         self.probe_every = probe_every
         self.origins: dict[str, Acceptance] = {}
-        self.draft_seconds: dict[int, float] = {}  # budget -> smoothed seconds the drafter took
+        # mode (the origins in a tree) -> budget -> smoothed seconds the drafter took
+        self.draft_seconds: dict[frozenset[str], dict[int, float]] = {}
         self.idle_steps = probe_every - 1  # the first idle step probes: acceptance is unknown at the start
         self.budget = self._best()
 
@@ -131,10 +135,10 @@ class AdaptiveBudget:
         """Record one verified tree, proposed with `budget` in `draft_seconds`, of which the nodes `path` were
         accepted. Each origin in the tree is counted on the nodes it proposed: its own and their ancestors (a
         composite's second part joins the first part's nodes where it proposed the same tokens). Empty trees
-        (the drafter had nothing) say nothing about acceptance or depth."""
-        if budget:
-            last = self.draft_seconds.get(budget, draft_seconds)
-            self.draft_seconds[budget] = 0.8 * last + 0.2 * draft_seconds
+        (the drafter had nothing) say nothing about acceptance, depth or drafting time."""
+        if budget and len(tree):
+            seconds = self.draft_seconds.setdefault(frozenset(tree.origins), {})
+            seconds[budget] = 0.8 * seconds.get(budget, draft_seconds) + 0.2 * draft_seconds
         for origin, nodes in proposers(tree).items():
             depth = max(tree.depths[node] for node in nodes)
             accepted = sum(node in nodes for node in path)  # its nodes are closed under ancestors: a prefix
@@ -150,17 +154,22 @@ class AdaptiveBudget:
             return self.candidates[min(3, len(self.candidates) - 1)]  # a small probe tree (7 nodes)
         return 0
 
-    def expected_tokens(self, n: int) -> float:
-        """Tokens a step with a tree of n nodes is expected to commit, bonus included, from the best part."""
-        parts = self.origins.values() or [Acceptance(self.decay)]  # nothing seen yet: the prior
+    def expected_tokens(self, n: int, mode: frozenset[str] = frozenset()) -> float:
+        """Tokens a step with a tree of n nodes is expected to commit, bonus included, from the best part of
+        `mode` (of all parts when empty)."""
+        parts = [self.origins[origin] for origin in mode] or list(self.origins.values()) or [Acceptance(self.decay)]
         return max(part.expected_tokens(n) for part in parts)
 
     def _best(self) -> int:
-        return max(self.candidates, key=lambda n: self.expected_tokens(n) / self.relative_cost(n))
+        modes = list(self.draft_seconds) or [frozenset()]  # no drafting timed yet: all parts, drafting free
+        return max(
+            self.candidates,
+            key=lambda n: max(self.expected_tokens(n, mode) / self.relative_cost(n, mode) for mode in modes),
+        )
 
-    def relative_cost(self, n: int) -> float:
-        """A step's cost with a tree of n nodes, in decode steps: verification plus drafting."""
-        return self.cost.relative(n) + self.draft_seconds.get(n, 0.0) / self.cost.seconds[0]
+    def relative_cost(self, n: int, mode: frozenset[str] = frozenset()) -> float:
+        """A step's cost with a tree of n nodes, in decode steps: verification plus drafting in `mode`."""
+        return self.cost.relative(n) + self.draft_seconds.get(mode, {}).get(n, 0.0) / self.cost.seconds[0]
 
 
 def proposers(tree: DraftTree) -> dict[str, set[int]]:
