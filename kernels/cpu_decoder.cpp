@@ -299,18 +299,25 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
   }
 }
 
-// Prefill (many causal rows, no tree): SDPA, whose blocked sums need not match a decode step's.
+// Prefill (many causal rows, no tree): SDPA, whose blocked sums need not match a decode step's. Rows go in
+// chunks, each over the keys up to its last row: SDPA's CPU kernel computes the masked blocks of a mask too,
+// so one call over all rows did twice the work of a causal one (6000 rows: 14.6 s of attention, chunked 9 s).
+constexpr int64_t kPrefillChunk = 256;
+
 template <typename T>
 void causal_prefill(const std::vector<float>& queries, const at::Tensor& keys, const at::Tensor& values,
                     int64_t prefix, int64_t rows, const Decoder& decoder, at::Tensor& out) {
-  const int64_t total = prefix + rows;
   const auto q = at::from_blob(const_cast<float*>(queries.data()), {1, rows, decoder.heads, decoder.head_dim},
                                at::kFloat).to(keys.scalar_type()).transpose(1, 2);
-  const auto mask = at::ones({rows, total}, keys.options().dtype(at::kBool)).tril(total - rows);
-  const auto result = at::scaled_dot_product_attention(q, keys.slice(1, 0, total).unsqueeze(0),
-                                                       values.slice(1, 0, total).unsqueeze(0), mask, 0.0, false,
-                                                       decoder.scale, true);
-  out.view({rows, decoder.heads, decoder.head_dim}).copy_(result[0].transpose(0, 1));
+  auto attended = out.view({rows, decoder.heads, decoder.head_dim});
+  for (int64_t start = 0; start < rows; start += kPrefillChunk) {
+    const int64_t count = std::min(kPrefillChunk, rows - start), total = prefix + start + count;
+    const auto mask = at::ones({count, total}, keys.options().dtype(at::kBool)).tril(total - count);
+    const auto result = at::scaled_dot_product_attention(
+        q.slice(2, start, start + count), keys.slice(1, 0, total).unsqueeze(0),
+        values.slice(1, 0, total).unsqueeze(0), mask, 0.0, false, decoder.scale, true);
+    attended.slice(0, start, start + count).copy_(result[0].transpose(0, 1));
+  }
 }
 
 template <typename T>

@@ -55,6 +55,22 @@ def test_prefill_and_tree_verification_match_transformers_in_float32(family, hea
     torch.testing.assert_close(verified, expected, atol=2e-4, rtol=1e-4)
 
 
+@torch.inference_mode()
+def test_a_long_prefill_after_a_cached_prefix_matches_transformers_in_float32():
+    """Long prefills attend in chunks of rows (`kPrefillChunk`): 600 rows after 40 cached ones take three."""
+    model = _model("llama", torch.float32)
+    lean = LeanForward(model, cpu_decoder())
+    tokens = torch.randint(3, 1000, (640,), generator=torch.Generator().manual_seed(1))
+    caches = TreeCache(2, 1024), TreeCache(2, 1024)
+    lean(tokens[:40], torch.arange(40), None, caches[0])
+    _transformers_logits(model, tokens[:40], torch.arange(40), None, caches[1])
+    for cache in caches:
+        cache.commit()
+    logits = lean(tokens[40:], torch.arange(40, 640), None, caches[0])[0]
+    expected = _transformers_logits(model, tokens[40:], torch.arange(40, 640), None, caches[1])
+    torch.testing.assert_close(logits, expected, atol=2e-4, rtol=1e-4)
+
+
 def _random_tree(nodes: int, seed: int) -> DraftTree:
     generator = torch.Generator().manual_seed(seed)
     parents = [-1] + [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(1, nodes)]
