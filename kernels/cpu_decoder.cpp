@@ -323,12 +323,13 @@ void causal_prefill(const std::vector<float>& queries, const at::Tensor& keys, c
 template <typename T>
 void attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
                at::Tensor& values, int64_t prefix, const std::vector<std::vector<int64_t>>* tails, at::Tensor& out,
-               const Decoder& decoder) {
+               const Decoder& decoder, float* kept_queries) {
   const int64_t rows = qkv.size(0), heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
   const int64_t cache_len = keys.size(1), group = heads / kv_heads;
   std::vector<float> queries(rows * heads * dim);
   rotate_and_cache<T>(qkv.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), queries.data(),
                       keys.data_ptr<T>(), values.data_ptr<T>(), cache_len, prefix, rows, heads, kv_heads, dim);
+  if (kept_queries) std::copy(queries.begin(), queries.end(), kept_queries);
   if (!tails) return causal_prefill<T>(queries, keys, values, prefix, rows, decoder, out);
   const int64_t chunk = std::max<int64_t>(1, (rows + 1) / 2);  // rows per unit: two units per KV head at most
   const int64_t chunks = (rows + chunk - 1) / chunk;
@@ -377,11 +378,13 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
   at::Tensor normed = at::empty_like(x);
   at::Tensor attended = at::empty({rows, decoder.heads * decoder.head_dim}, x.options());
   at::Tensor gated = at::empty({rows, decoder.intermediate}, x.options());
+  at::Tensor last_queries = at::empty({rows, decoder.heads, decoder.head_dim}, x.options().dtype(at::kFloat));
   for (size_t i = 0; i < decoder.layers.size(); ++i) {
     const Layer& layer = decoder.layers[i];
     rms_norm<T>(x.data_ptr<T>(), layer.attention_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
     at::Tensor qkv = layer.qkv(normed).contiguous();
-    attention<T>(qkv, cos, sin, keys[i], values[i], prefix, prefill ? nullptr : &tails, attended, decoder);
+    float* kept = i + 1 == decoder.layers.size() ? last_queries.data_ptr<float>() : nullptr;
+    attention<T>(qkv, cos, sin, keys[i], values[i], prefix, prefill ? nullptr : &tails, attended, decoder, kept);
     const at::Tensor projected = layer.o(attended).contiguous();
     add_into<T>(x.data_ptr<T>(), projected.data_ptr<T>(), rows * hidden);
     rms_norm<T>(x.data_ptr<T>(), layer.mlp_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
@@ -393,12 +396,13 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
   at::Tensor last = last_only ? x.slice(0, rows - 1) : x;
   at::Tensor out = at::empty_like(last);
   rms_norm<T>(last.data_ptr<T>(), decoder.final_norm.data_ptr<T>(), out.data_ptr<T>(), last.size(0), hidden, eps);
-  return {out, x};
+  return {out, x, last_queries};
 }
 
 // x [rows, hidden] (the embedded tokens) -> [final-normed rows (the last only with `last_only`), the last
-// layer's output before the final norm]. keys / values: each layer's cache [kv_heads, slots, D], written at
-// [prefix, prefix + rows); mask [rows, rows] bool: the tree (row r sees rows j <= r it marks); none: causal.
+// layer's output before the final norm, the last layer's rotated queries [rows, heads, D] fp32]. keys /
+// values: each layer's cache [kv_heads, slots, D], written at [prefix, prefix + rows); mask [rows, rows]
+// bool: the tree (row r sees rows j <= r it marks); none: causal.
 std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedded, const at::Tensor& cos,
                                 const at::Tensor& sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                                 int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only) {

@@ -16,10 +16,10 @@ from specchat.tui.session import ChatSession, ChatSettings
 
 
 def test_names_and_checkpoints_parse_in_one_place():
-    assert NAMES == ("none", "ngram", "longspec", "glide", "tokenswift")
+    assert NAMES == ("none", "ngram", "longspec", "glide", "tokenswift", "model")
     assert parse_drafter("ngram") == DrafterChoice("ngram")
     assert parse_drafter("longspec:~/draft") == DrafterChoice("longspec", Path("~/draft").expanduser())
-    with pytest.raises(SpecchatError, match="unknown drafter 'eagle'; available: none, ngram, longspec, glide, tokenswift"):
+    with pytest.raises(SpecchatError, match="unknown drafter 'eagle'; available: none, ngram, longspec, glide, tokenswift, model"):
         parse_drafter("eagle")
     with pytest.raises(SpecchatError, match="takes no checkpoint"):
         parse_drafter("ngram:x")

@@ -95,7 +95,7 @@ def test_each_verified_row_is_bitwise_its_decode_step(quantize, head_dim, prefix
     cache.commit()
     for tree in (_random_tree(20, seed=prefix), _chain(17)):
         batch = tree_batch(tree, 11, prefix, CPU)
-        logits, hidden = lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache)
+        logits, hidden, _ = lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache)
         for row in range(len(tree) + 1):
             path = [0] + [1 + node for node in tree.path_to(row - 1)] if row else [0]
             for step in path:  # the row's ancestors and itself, decoded one at a time

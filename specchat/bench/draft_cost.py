@@ -89,7 +89,7 @@ def _target_forward(model, cache: TreeCache):
 
     def forward(tokens, *, positions, mask):
         if lean is not None:
-            return lean(tokens, positions, None if mask is None else mask[0, 0], cache)
+            return lean(tokens, positions, None if mask is None else mask[0, 0], cache)[:2]
         return model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
                      past_key_values=cache, use_cache=True)  # fmt: skip
 

@@ -37,6 +37,7 @@ KINDS = {
         DrafterKind("longspec", "LongSpec: one draft layer reading the target's KV cache", "specchat.drafters.longspec", True),
         DrafterKind("glide", "GLIDE + CAPE: draft layers attending to the target's KV cache", "specchat.drafters.glide", True),
         DrafterKind("tokenswift", "TokenSwift: heads on the target over a partial KV cache, with n-gram reuse", "specchat.drafters.tokenswift", True),
+        DrafterKind("model", "SpecExtend: a small draft model reading part of its own cache (--draft-cache)", "specchat.drafters.model", True),
     )
 }  # fmt: skip
 NAMES = tuple(KINDS)

@@ -32,6 +32,9 @@ class TargetView:
     after `cache`'s prefix (pending, never committed): logits [q, vocab] and the last layer's output before
     the final norm [q, hidden_size]. A drafter that drafts with the target (TokenSwift) passes a cache of its
     own, or the engine's, whose pending rows the next verification overwrites.
+
+    `last_query()` is the target's last-layer query [heads, head_dim] (fp32, rotated) of the newest position
+    in the cache: with the cached keys, how the target itself attends to the context (SpecExtend's retrieval).
     """
 
     config: Any  # the target's transformers config
@@ -44,13 +47,14 @@ class TargetView:
     dtype: torch.dtype
     model: torch.nn.Module  # the whole target, for what reads inside a forward (TokenSwift's query capture)
     forward: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    last_query: Callable[[], torch.Tensor] | None = None
 
     @classmethod
-    def of(cls, model, cache: TreeCache, forward=None) -> TargetView:
+    def of(cls, model, cache: TreeCache, forward=None, last_query=None) -> TargetView:
         """The view of a Llama-family transformers model (`model.model` holds the decoder) and its cache."""
         inner = model.model
         return cls(model.config, inner.embed_tokens, inner.norm, model.lm_head, inner.rotary_emb, cache,
-                   model.device, model.dtype, model, forward)  # fmt: skip
+                   model.device, model.dtype, model, forward, last_query)  # fmt: skip
 
 
 class Drafter(Protocol):

@@ -15,13 +15,13 @@ from pathlib import Path
 import copy
 
 import torch
-from torch import nn
 
 from specchat.drafters.base import TargetView
+from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.models.longspec import LongSpecLayer, RingKV, load_longspec
-from specchat.quant.quantize import quantize_linear, quantize_linears
+from specchat.quant.quantize import quantize_linears
 
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
 
@@ -177,44 +177,6 @@ class _Growing:
             seen[i, self.ancestry[row]] = True
         mask = torch.cat([self.ring.visible(positions), seen.to(positions.device)], dim=1)
         return keys, values, mask
-
-
-class DraftHead:
-    """The target's LM head over the whole vocabulary (shared), or over a reduced draft vocabulary (those rows
-    of the head, copied once, quantized as the draft runs: the full head is most of a draft step on a CPU)."""
-
-    def __init__(self, target: TargetView, draft_vocab: torch.Tensor | None, weights: str | None = None):
-        self.vocab_size = target.config.vocab_size
-        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(target.device)
-        if draft_vocab is None:
-            self.lm_head = target.lm_head
-        else:
-            head = target.lm_head
-            dense = head.dequantize() if hasattr(head, "dequantize") else head.weight
-            self.lm_head = nn.Linear(dense.shape[1], len(draft_vocab), bias=False, device=target.device,
-                                     dtype=target.dtype).requires_grad_(False)  # fmt: skip
-            self.lm_head.weight.copy_(dense[self.draft_vocab])
-            if weights:
-                self.lm_head = quantize_linear(self.lm_head, weights, dtype=target.dtype)
-
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h)
-
-    def target_ids(self, columns: torch.Tensor) -> torch.Tensor:
-        return columns if self.draft_vocab is None else self.draft_vocab[columns]
-
-    def full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
-        """A distribution over the draft vocabulary as one over the target's (zero elsewhere)."""
-        if self.draft_vocab is None:
-            return probs
-        full = probs.new_zeros(self.vocab_size)
-        return full.index_copy_(0, self.draft_vocab, probs)
-
-
-def draft_weights(target: TargetView) -> str | None:
-    """How the draft's weights run by default: int8 on a CPU whose target runs quantized weights (a draft forward
-    there is mostly reading weights), else dense in the target's dtype."""
-    return "int8" if target.device.type == "cpu" and hasattr(target.lm_head, "dequantize") else None
 
 
 def build(target: TargetView, checkpoint: Path) -> LongSpecDrafter:

@@ -23,6 +23,7 @@ from specchat.engine.budget import (
 )
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.events import TARGET, StepEvent
+from specchat.engine.last_query import LastQuery
 from specchat.engine.lean_forward import lean_forward
 from specchat.engine.linear import use_few_rows_linear
 from specchat.engine.sampling import PositionNoise, SamplingConfig, make_generator, process_logits, sample
@@ -61,8 +62,9 @@ class Engine:
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len)
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
-        self.target = TargetView.of(model, self.cache, forward=self._draft_forward)
         self._hidden = _LastHidden.of(model.model.norm)  # transformers' forward hides it; the lean one returns it
+        self._query = LastQuery(model, lean=self.lean is not None)
+        self.target = TargetView.of(model, self.cache, forward=self._draft_forward, last_query=self._query)
         self.set_drafter(drafter, draft_budget)
 
     def set_drafter(self, drafter: Drafter | None, draft_budget: int | None = None) -> None:
@@ -163,6 +165,7 @@ class Engine:
         verdict = verify(tree, processed, sampling, generator, choices)
         kept = [0] + [node + 1 for node in verdict.path]
         self.cache.commit(kept)
+        self._query.keep(kept[-1])
         if self.policy:
             self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds)
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
@@ -204,6 +207,7 @@ class Engine:
         self.length = len(prompt_ids)
         logits, hidden = self._forward(prompt[shared:], last_only=True)
         self.cache.commit()
+        self._query.keep(-1)
         if self.drafter is not None:
             self.drafter.prefill(prompt_ids, hidden, shared)
         return logits
@@ -233,7 +237,10 @@ class Engine:
             start = cache.length
             positions = torch.arange(start, start + tokens.shape[0], device=self.device)
         if self.lean is not None:
-            return self.lean(tokens, positions, None if mask is None else mask[0, 0], cache, last_only=last_only)
+            logits, hidden, queries = self.lean(tokens, positions, None if mask is None else mask[0, 0], cache,
+                                                last_only=last_only)  # fmt: skip
+            self._query.ran(positions, queries)
+            return logits, hidden
         out = self.model(
             input_ids=tokens[None],
             position_ids=positions[None],
@@ -242,6 +249,7 @@ class Engine:
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
         )
+        self._query.ran(positions)
         return out.logits[0], self._hidden.take()
 
     def _commit(self, tokens, origins, hidden, stats, stream, budget, limit) -> StepEvent:

@@ -48,9 +48,9 @@ class LeanForward:
         self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None, cache,
-                 *, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """Logits [q or 1, vocab] of `tokens` [q] at `positions` [q], written after the cache's prefix, and the
-        last layer's output before the final norm [q, hidden_size].
+                 *, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Logits [q or 1, vocab] of `tokens` [q] at `positions` [q], written after the cache's prefix, the
+        last layer's output before the final norm [q, hidden_size] and its rotated queries [q, heads, D] (fp32).
 
         `tree_mask` [q, q] makes the forward a tree verification; without one the rows are causal (a single
         token is a decode step, several a prefill)."""
@@ -58,10 +58,10 @@ class LeanForward:
         cos, sin = self.rotary(self.angles, positions[None])
         prefix = cache.length
         keys, values = cache.reserve(tokens.shape[0], self.kv_heads, self.head_dim, x.dtype, x.device)
-        normed, hidden = self.native.forward(
+        normed, hidden, queries = self.native.forward(
             self.decoder, x, cos[0], sin[0], keys, values, prefix, tree_mask, last_only
         )
-        return self.head(normed), hidden
+        return self.head(normed), hidden, queries
 
 
 def lean_forward(model) -> LeanForward | None:

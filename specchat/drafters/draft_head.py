@@ -1,0 +1,54 @@
+"""A draft model's LM head: the target's, shared, or the target's rows for a reduced draft vocabulary.
+
+A draft that feeds the target's LM head (LongSpec, a student distilled here) predicts over the whole
+vocabulary or over the tokens its training saw most (a draft vocabulary): on a CPU the full head is most of a
+draft step, so the reduced head is a copy of those rows, quantized as the draft runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specchat.drafters.base import TargetView
+from specchat.quant.quantize import quantize_linear
+
+
+class DraftHead:
+    """The target's LM head over the whole vocabulary (shared), or over a reduced draft vocabulary (those rows
+    of the head, copied once, quantized as the draft runs: the full head is most of a draft step on a CPU)."""
+
+    def __init__(self, target: TargetView, draft_vocab: torch.Tensor | None, weights: str | None = None,
+                 lm_head: torch.nn.Module | None = None):  # fmt: skip
+        """`lm_head`: a draft model's own head over the target's vocabulary, instead of the target's."""
+        self.vocab_size = target.config.vocab_size
+        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(target.device)
+        head = lm_head if lm_head is not None else target.lm_head
+        if draft_vocab is None:
+            self.lm_head = head
+        else:
+            dense = head.dequantize() if hasattr(head, "dequantize") else head.weight
+            self.lm_head = nn.Linear(dense.shape[1], len(draft_vocab), bias=False, device=target.device,
+                                     dtype=target.dtype).requires_grad_(False)  # fmt: skip
+            self.lm_head.weight.copy_(dense[self.draft_vocab])
+            if weights:
+                self.lm_head = quantize_linear(self.lm_head, weights, dtype=target.dtype)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(h)
+
+    def target_ids(self, columns: torch.Tensor) -> torch.Tensor:
+        return columns if self.draft_vocab is None else self.draft_vocab[columns]
+
+    def full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """A distribution over the draft vocabulary as one over the target's (zero elsewhere)."""
+        if self.draft_vocab is None:
+            return probs
+        full = probs.new_zeros(self.vocab_size)
+        return full.index_copy_(0, self.draft_vocab, probs)
+
+
+def draft_weights(target: TargetView) -> str | None:
+    """How the draft's weights run by default: int8 on a CPU whose target runs quantized weights (a draft forward
+    there is mostly reading weights), else dense in the target's dtype."""
+    return "int8" if target.device.type == "cpu" and hasattr(target.lm_head, "dequantize") else None

@@ -1,0 +1,187 @@
+"""A standalone draft model (SpecExtend; `--drafter model`, `model:HF-ID|PATH`): a small causal LM with the
+target's tokenizer drafts dynamic trees from a cache of its own, of which it reads what `--draft-cache` says.
+
+Each proposal first runs the draft over the tokens committed since the last one (the root among them, whose
+distribution starts the tree), in blocks for a long prompt, appending their keys and values to its cache;
+then one forward per depth of the tree (`dynamic_tree.py`). Rows attend to the working cache the policy laid
+out (`cache_policy.py`: everything, sinks and recent tokens, or the chunks the target attends to most) at
+compact positions, then to their own ancestors. The draft never sees the target's hidden states: it can be
+any model that speaks the target's vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specchat.drafters.base import TargetView
+from specchat.drafters.cache_policy import BLOCK, CachePolicy, make_policy
+from specchat.drafters.draft_head import DraftHead, draft_weights
+from specchat.drafters.dynamic_tree import grow_tree
+from specchat.drafters.working_cache import WorkingCache, rotate
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.tree import ROOT, DraftTree
+from specchat.models.draft_model import DraftModel, load_draft_model
+from specchat.quant.quantize import quantize_linears
+
+class ModelDrafter:
+    kind = "model"
+
+    def __init__(self, target: TargetView, draft: DraftModel, *, cache: str = "retrieval", weights: str | None = "auto"):
+        """`weights`: "int8" / "int4" run the draft's layers (and a reduced head) quantized, None dense, "auto" as
+        the target runs (quantized on a CPU whose target is)."""
+        model, config = draft.model, draft.config
+        weights = draft_weights(target) if weights == "auto" else weights
+        self.target = target
+        self.layers = model.model.layers
+        if weights:
+            self.layers = copy.deepcopy(self.layers)
+            quantize_linears(self.layers, weights, dtype=target.dtype)
+        self.embed, self.norm = model.model.embed_tokens, model.model.norm
+        self.head = DraftHead(target, draft.draft_vocab, weights, lm_head=None if draft.student else model.lm_head)
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.draft = draft
+        self.ids: list[int] = []
+        self.use_cache_policy(cache)
+
+    def use_cache_policy(self, policy: str | CachePolicy) -> None:
+        """Read the context as `policy` says (full, streaming, retrieval; or a policy of other sizes) from the
+        next proposal on."""
+        self.policy = make_policy(policy, self.target) if isinstance(policy, str) else policy
+        capacity = self.target.cache.max_len + 1
+        self.cache = WorkingCache(len(self.layers), self.kv_heads, self.head_dim, capacity,
+                                  self.policy.working_slots(capacity), dtype=self.target.dtype,
+                                  device=self.target.device, rotary=self.draft.model.model.rotary_emb)  # fmt: skip
+        self.fresh = True  # the next proposal lays the working cache out from scratch
+
+    def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
+        same = reused if self.ids[:reused] == ids[:reused] else 0
+        self.cache.truncate(same)
+        self.ids = list(ids)
+        self.fresh = True
+
+    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
+        self.ids += tokens
+
+    @torch.inference_mode()
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+        root_logits = self._catch_up()
+        tree = _TreeRows(root=self.cache.size - 1)
+
+        def expand(columns: list[int], parents: list[int]) -> torch.Tensor:
+            rows = tree.add(parents)
+            ids = self.head.target_ids(torch.tensor(columns, device=self.target.device))
+            compact = torch.tensor([tree.root + tree.depth(row) for row in rows], device=self.target.device)
+            mask = tree.mask(rows, self.cache.size).to(self.target.device)
+            logits, new = self._forward(ids, compact, mask, tree.keys, tree.values)
+            tree.write(new)
+            return logits.float().softmax(dim=-1)
+
+        columns = grow_tree(root_logits.float().softmax(dim=-1), expand, budget, self.kind)
+        return DraftTree(self.head.target_ids(torch.tensor(columns.tokens, dtype=torch.long)).tolist(),
+                         columns.parents, columns.origins)  # fmt: skip
+
+    def _catch_up(self) -> torch.Tensor:
+        """Run the draft over the committed tokens it has not seen (the root last) and cache their keys and
+        values; returns the root's draft logits."""
+        selection = self.policy.select(self.cache.length, force=self.fresh)
+        if selection is not None:
+            self.cache.select(selection)
+        self.fresh = False
+        start, slots = self.cache.length, self.cache.keys.shape[2]
+        while True:
+            end = min(start + BLOCK, len(self.ids))
+            if self.cache.size + end - start > slots:  # a long prompt: lay out again before the next block
+                self.cache.select(self.policy.select(start, force=True))
+            count, size = end - start, self.cache.size
+            ids = torch.tensor(self.ids[start:end], device=self.target.device)
+            compact = torch.arange(size, size + count, device=self.target.device)
+            mask = torch.ones(count, size + count, dtype=torch.bool, device=self.target.device)
+            mask[:, size:].tril_()
+            logits, new = self._forward(ids, compact, mask, last_only=True)
+            self.cache.append(*(torch.stack([layer[i] for layer in new]) for i in range(3)))
+            start = end
+            if start == len(self.ids):
+                return logits[-1]
+
+    def _forward(self, ids, compact, mask, tree_keys=None, tree_values=None, *, last_only=False):
+        """Draft logits [rows (the last only with `last_only`), draft vocab] of `ids` at `compact` positions,
+        attending to the working cache, then to earlier tree rows (`tree_keys[i]` per layer), then to
+        themselves, as `mask` [rows, working + tree + rows] says; and per layer the rows' (keys before RoPE,
+        values, rotated keys) [kv_heads, rows, D]."""
+        x = self.embed(ids)
+        cos, sin = self.cache.tables(compact, x)
+        size, rows = self.cache.size, len(ids)
+        new = []
+        for i, layer in enumerate(self.layers):
+            attention = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = rotate(self._split(attention.q_proj(h), self.heads), cos, sin)
+            k = self._split(attention.k_proj(h), self.kv_heads)
+            v = self._split(attention.v_proj(h), self.kv_heads)
+            rotated = rotate(k, cos, sin)
+            earlier = () if tree_keys is None else (tree_keys[i], tree_values[i])
+            keys = torch.cat([self.cache.keys[i, :, :size], *earlier[:1], rotated], dim=1)
+            values = torch.cat([self.cache.values[i, :, :size], *earlier[1:], v], dim=1)
+            out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+            x = x + attention.o_proj(out.transpose(0, 1).reshape(rows, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            new.append((k, v, rotated))
+        x = x[-1:] if last_only else x
+        return self.head(self.norm(x)), new
+
+    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        return x.view(x.shape[0], heads, self.head_dim).transpose(0, 1)  # [heads, rows, D]
+
+    def memory_bytes(self) -> int:
+        """What the draft holds besides its weights: its stored keys and values and the working cache."""
+        return self.cache.nbytes()
+
+    def weight_bytes(self) -> int:
+        own = sum(t.numel() * t.element_size() for t in (*self.layers.parameters(), *self.layers.buffers()))
+        head = [] if self.head.draft_vocab is None else [self.head.lm_head]
+        return own + sum(t.numel() * t.element_size() for m in head for t in (*m.parameters(), *m.buffers()))
+
+
+class _TreeRows:
+    """The tree's rows as it grows, one depth per draft forward: ancestry, and per layer their keys and values."""
+
+    def __init__(self, root: int):
+        self.root = root  # the root's compact position
+        self.ancestry: list[list[int]] = []  # per row: the rows it sees, itself last
+        self.keys: list[torch.Tensor] | None = None
+        self.values: list[torch.Tensor] | None = None
+
+    def add(self, parents: list[int]) -> list[int]:
+        first = len(self.ancestry)
+        for parent in parents:
+            self.ancestry.append(([] if parent == ROOT else self.ancestry[parent]) + [len(self.ancestry)])
+        return list(range(first, len(self.ancestry)))
+
+    def depth(self, row: int) -> int:
+        return len(self.ancestry[row])
+
+    def mask(self, rows: list[int], working: int) -> torch.Tensor:
+        """[rows, working + all rows so far]: the working cache, then each row's ancestors and itself."""
+        mask = torch.zeros(len(rows), working + len(self.ancestry), dtype=torch.bool)
+        mask[:, :working] = True
+        for i, row in enumerate(rows):
+            mask[i, [working + j for j in self.ancestry[row]]] = True
+        return mask
+
+    def write(self, new: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        if self.keys is None:
+            self.keys = [rotated for _, _, rotated in new]
+            self.values = [v for _, v, _ in new]
+        else:
+            self.keys = [torch.cat([old, rotated], dim=1) for old, (_, _, rotated) in zip(self.keys, new)]
+            self.values = [torch.cat([old, v], dim=1) for old, (_, v, _) in zip(self.values, new)]
+
+
+def build(target: TargetView, checkpoint: Path | str) -> ModelDrafter:
+    """The registry's factory: the draft model at `checkpoint` (a directory or a Hugging Face id) over `target`."""
+    return ModelDrafter(target, load_draft_model(checkpoint, target.model))

@@ -1,0 +1,174 @@
+"""Standalone draft models (SpecExtend): a small Llama-family causal LM that shares the target's tokenizer.
+
+Two kinds of checkpoint load into the same transformers module, whose layers `drafters/model.py` runs:
+
+- **A Hugging Face model** (a repo id or a local directory, e.g. `double7/vicuna-68m` for vicuna-7b): its
+  own embedding and LM head, loaded by transformers.
+- **A student distilled here** (`specchat train model-drafter`): the target's first layers, retrained. Its
+  embedding and LM head are the target's own, shared at run time and never stored (the default model's
+  embedding alone is 57 MB in bf16, seven times its two layers); the head may be restricted to a draft
+  vocabulary. `config.json` is a Llama config with the key `specchat_student`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specchat.errors import SpecchatError
+from specchat.models.checkpoint import read_checkpoint, write_checkpoint
+
+STUDENT = "specchat_student"  # config.json: {"target": the target's name, "layers": the target layers it began as}
+FAMILIES = ("llama", "mistral", "qwen2")  # plain pre-norm decoders whose layers the drafter runs
+
+
+@dataclass
+class DraftModel:
+    """The draft's decoder (a transformers `*ForCausalLM`; for a student, its embedding and head are the
+    target's) and, for a student, its draft vocabulary (None: the whole vocabulary)."""
+
+    model: nn.Module
+    student: bool
+    draft_vocab: torch.Tensor | None = None
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def weight_bytes(self) -> int:
+        """Its own weights: everything but a student's shared embedding and head."""
+        shared = {id(p) for m in (self.model.model.embed_tokens, self.model.lm_head) for p in m.parameters()}
+        own = [p for p in self.model.parameters() if not (self.student and id(p) in shared)]
+        return sum(p.numel() * p.element_size() for p in own)
+
+
+def student_from_target(target: nn.Module, layers: int) -> nn.Module:
+    """A `layers`-layer student initialised from the target's first layers, final norm, embedding and LM head
+    (shared modules, not copies: training freezes them). The target must be dense (not 4-bit)."""
+    from transformers import AutoModelForCausalLM
+
+    config = target.config.__class__.from_dict({**target.config.to_dict(), "num_hidden_layers": layers})
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    with torch.device("meta"):
+        student = AutoModelForCausalLM.from_config(config)
+    _share(student, target.model.embed_tokens, target.lm_head)
+    own = {name: tensor for name, tensor in target.state_dict().items() if _student_tensor(name, layers)}
+    student.load_state_dict({name: tensor.detach().clone() for name, tensor in own.items()}, strict=False, assign=True)
+    _rotary(student, target.device)
+    return student
+
+
+def save_student(path: Path, student: nn.Module, *, target: str, draft_vocab: torch.Tensor | None = None,
+                 dtype: torch.dtype = torch.bfloat16) -> None:  # fmt: skip
+    """config.json and model.safetensors of the student's own tensors (layers and final norm) in `dtype`, with
+    `draft_vocab` when reduced."""
+    layers = student.config.num_hidden_layers
+    tensors = {name: t.to(dtype) for name, t in student.state_dict().items() if _student_tensor(name, layers)}
+    if draft_vocab is not None:
+        tensors["draft_vocab"] = draft_vocab.long()
+    config = {**student.config.to_dict(), STUDENT: {"target": target, "layers": list(range(layers))}}
+    config.pop("torch_dtype", None)
+    config.pop("dtype", None)
+    write_checkpoint(path, config, tensors)
+
+
+def load_draft_model(source: str | Path, target: nn.Module) -> DraftModel:
+    """The draft model at `source` (a checkpoint directory or a Hugging Face repo id) beside `target`, on its
+    device and in its dtype; one-line errors for what cannot be drafted with."""
+    path = Path(source).expanduser()
+    if path.is_dir() and (path / "config.json").is_file() and STUDENT in _read_config(path):
+        return _load_student(path, target)
+    return _load_pretrained(str(source), target)
+
+
+def _load_student(path: Path, target: nn.Module) -> DraftModel:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    data, tensors = read_checkpoint(path)
+    draft_vocab = tensors.pop("draft_vocab", None)
+    data = {k: v for k, v in data.items() if k != STUDENT}
+    config = AutoConfig.for_model(**data)
+    _check_shapes(config, target.config, path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    _share(model, target.model.embed_tokens, target.lm_head)
+    expected = {name for name in model.state_dict() if _student_tensor(name, config.num_hidden_layers)}
+    if set(tensors) != expected:
+        odd = sorted(set(tensors) ^ expected)[0]
+        raise SpecchatError(f"{path}: the student's tensors do not match its config ({odd})")
+    own = {k: v.to(device=target.device, dtype=target.dtype) for k, v in tensors.items()}
+    model.load_state_dict(own, strict=False, assign=True)  # the shared modules stay the target's, untouched
+    _rotary(model, target.device)
+    return DraftModel(model.eval(), student=True, draft_vocab=draft_vocab)
+
+
+def _load_pretrained(source: str, target: nn.Module) -> DraftModel:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=target.dtype, attn_implementation="eager")
+    except (OSError, ValueError) as error:
+        raise SpecchatError(f"could not load the draft model '{source}': {str(error).strip().splitlines()[0]}") from None
+    if model.config.model_type not in FAMILIES:
+        raise SpecchatError(f"the draft model '{source}' is a {model.config.model_type}; specchat drafts with {', '.join(FAMILIES)} models")
+    if model.config.vocab_size != target.config.vocab_size:
+        raise SpecchatError(
+            f"the draft model '{source}' has a vocabulary of {model.config.vocab_size} tokens; the target's has "
+            f"{target.config.vocab_size}"
+        )
+    return DraftModel(model.to(target.device).eval().requires_grad_(False), student=False)
+
+
+def check_tokenizers(draft, target, name: str) -> None:
+    """Refuse, in one line, a draft whose tokenizer differs from the target's: their ids must mean the same."""
+    if len(draft) != len(target):
+        raise SpecchatError(f"the draft model '{name}' has {len(draft)} tokens; the target's tokenizer has {len(target)}")
+    for role in ("bos_token_id", "eos_token_id", "unk_token_id"):
+        if getattr(draft, role) != getattr(target, role):
+            raise SpecchatError(
+                f"the draft model '{name}' has {role.removesuffix('_id')} {getattr(draft, role)}; the target's is {getattr(target, role)}"
+            )
+    if draft.get_vocab() != target.get_vocab():
+        word = next(w for w, i in draft.get_vocab().items() if target.get_vocab().get(w) != i)
+        raise SpecchatError(f"the draft model '{name}' maps {word!r} to another id than the target")
+
+
+def _read_config(path: Path) -> dict:
+    import json
+
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _check_shapes(config, target_config, path: Path) -> None:
+    """A student shares the target's embedding and head: same hidden size and vocabulary."""
+    for name in ("hidden_size", "vocab_size"):
+        if getattr(config, name) != getattr(target_config, name):
+            raise SpecchatError(
+                f"{path}: the student has {name} {getattr(config, name)}; the target has {getattr(target_config, name)}"
+            )
+
+
+def _student_tensor(name: str, layers: int) -> bool:
+    """Whether a state-dict entry is the student's own: its first `layers` layers and the final norm."""
+    if name == "model.norm.weight":
+        return True
+    parts = name.split(".")
+    return name.startswith("model.layers.") and int(parts[2]) < layers
+
+
+def _share(model: nn.Module, embed: nn.Module, head: nn.Module) -> None:
+    model.model.embed_tokens = embed
+    model.lm_head = head
+
+
+def _rotary(model: nn.Module, device: torch.device) -> None:
+    """Rebuild the rotary tables a meta-device construction left empty."""
+    with torch.device(device):
+        model.model.rotary_emb = model.model.rotary_emb.__class__(model.config)

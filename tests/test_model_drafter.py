@@ -1,0 +1,165 @@
+"""The standalone draft model (SpecExtend): its cache policies, the working cache's compact positions, dynamic
+trees, the target's attention row it ranks chunks by, and that drafting with it is lossless.
+
+On tiny random models: the draft is a student made of the target's own layers, so under the full cache it
+predicts what the target will say and nearly every draft is accepted (a wrong position, mask or rotation
+would show at once); under streaming and retrieval it reads part of the context, and the output is still
+the target's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from specchat.drafters.cache_policy import (
+    FullCache,
+    RetrievalCache,
+    StreamingCache,
+    rank_chunks,
+    recent_chunks,
+    target_attention,
+)
+from specchat.drafters.dynamic_tree import CHILDREN, grow_tree
+from specchat.drafters.model import ModelDrafter
+from specchat.drafters.working_cache import WorkingCache, rotate
+from specchat.engine.generate import Engine
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.tree import ROOT
+from specchat.errors import SpecchatError
+from specchat.models.draft_model import DraftModel, load_draft_model, student_from_target
+
+VOCAB = 96
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", vocab_size=VOCAB, seed=7)
+
+
+def small_policy(name: str, engine: Engine):
+    """The policies at sizes a 200-token text exercises: chunks of 8, 4 of them kept, 4 sinks + 36 recent."""
+    if name == "full":
+        return FullCache()
+    if name == "streaming":
+        return StreamingCache(sinks=4, read=40)
+    return RetrievalCache(lambda: target_attention(engine.target), chunk=8, top=4)
+
+
+@pytest.mark.parametrize("policy", ["full", "streaming", "retrieval"])
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingConfig(suppress=(2,)), SamplingConfig(temperature=1.0, top_p=0.9, seed=3, suppress=(2,))],
+    ids=["greedy", "sampled"],
+)
+def test_each_cache_policy_is_lossless(model, tokenizer, policy, sampling):
+    prompt = torch.randint(3, VOCAB, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    expected = [t for e in Engine(model, tokenizer, max_len=400).generate(prompt, sampling=sampling, max_new_tokens=80,
+                                                                        reproducible=True) for t in e.tokens]  # fmt: skip
+    engine = Engine(model, tokenizer, max_len=400)
+    drafter = ModelDrafter(engine.target, DraftModel(student_from_target(model, 2), student=True))
+    drafter.use_cache_policy(small_policy(policy, engine))
+    engine.set_drafter(drafter, 8)
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=80, reproducible=True))
+    assert [t for e in events for t in e.tokens] == expected
+    stats = events[-1].stats
+    assert stats.accepted > 0
+    if policy == "full" and sampling.greedy:  # the draft is the target: its best path is the target's
+        assert sum(stats.accepted_at_depth) >= 0.9 * sum(stats.proposed_at_depth)
+    if policy != "full":
+        assert drafter.cache.size < drafter.cache.length  # it read part of the context
+    if policy == "retrieval":
+        assert drafter.policy.steps >= 8
+
+
+def test_retrieval_ranks_chunks_by_mean_score_and_keeps_the_newest():
+    scores = torch.zeros(99)  # the target's row lags the draft's context (100 positions) by the root
+    scores[8:16] = 0.5  # chunk 1: mean 0.5
+    scores[16] = 3.0  # chunk 2: one high position, mean 0.375
+    scores[40:48] = 1.0  # chunk 5: mean 1.0
+    scores[90:] = 9.0  # chunk 11 (88..95): mean 6.75; the newest chunk is 12 (96..99)
+    kept = rank_chunks(scores, 100, chunk=8, top=3).tolist()
+    assert kept == [*range(8, 16), *range(40, 48), *range(88, 96), *range(96, 100)]
+    assert rank_chunks(scores, 30, chunk=8, top=3).tolist() == list(range(30))  # everything fits
+    assert recent_chunks(100, 8, 3).tolist() == list(range(72, 100))
+
+
+def test_working_cache_rotates_stored_keys_at_compact_positions(model):
+    rotary = model.model.rotary_emb
+    cache = WorkingCache(2, 2, 16, 64, 64, dtype=torch.float32, device=torch.device("cpu"), rotary=rotary)
+    keys = torch.randn(2, 2, 10, 16)
+    values = torch.randn(2, 2, 10, 16)
+    cache.append(keys, values, torch.zeros_like(keys))
+    cache.select(torch.tensor([1, 4, 9]))
+    cos, sin = rotary(keys, torch.arange(3)[None])
+    torch.testing.assert_close(cache.keys[:, :, :3], rotate(keys[:, :, [1, 4, 9]], cos[0], sin[0]))
+    assert torch.equal(cache.values[:, :, :3], values[:, :, [1, 4, 9]])
+    # attention scores depend only on distances: a query at compact position 3 sees key 9 as one step back
+    q = torch.randn(16)
+    at = lambda x, p: rotate(x[None], *(t[0] for t in rotary(x, torch.tensor([[p]]))))[0]  # noqa: E731
+    assert torch.allclose(at(q, 3) @ cache.keys[0, 0, 2], at(q, 10) @ at(keys[0, 0, 9], 9), atol=1e-4)
+
+
+def test_dynamic_tree_takes_the_most_probable_nodes_and_stops_when_a_depth_adds_little():
+    vocab = 20
+
+    def certain(columns, parents):  # always sure of the next token: a chain as deep as allowed
+        return torch.nn.functional.one_hot(torch.tensor(columns) % vocab, vocab).float() * 0.98 + 0.001
+
+    tree = grow_tree(torch.nn.functional.one_hot(torch.tensor(3), vocab).float(), certain, 12, "model", max_depth=10)
+    assert len(tree) <= 12 and tree.depth == 10
+    assert all(parent < node for node, parent in enumerate(tree.parents))
+
+    calls = []
+
+    def uniform(columns, parents):
+        calls.append(len(columns))
+        return torch.full((len(columns), vocab), 1 / vocab)
+
+    flat = grow_tree(torch.full((vocab,), 1 / vocab), uniform, 10, "model")
+    assert calls == [] and len(flat) == CHILDREN and flat.depth == 1  # depth 1 adds 0.4 <= 0.7: no forward
+
+    peaked = torch.tensor([0.6, 0.3] + [0.1 / (vocab - 2)] * (vocab - 2))
+    grown = grow_tree(peaked, lambda c, p: peaked.expand(len(c), -1), 6, "model")
+    values = {}
+    for node, (token, parent) in enumerate(zip(grown.tokens, grown.parents)):
+        values[node] = peaked[token].item() * (1.0 if parent == ROOT else values[parent])
+    assert sorted(values.values(), reverse=True)[:6] == pytest.approx(sorted(values.values(), reverse=True))
+    assert min(values.values()) >= 0.3 * 0.3 - 1e-6  # the 6 best: 0.6, 0.36, 0.3, 0.216, 0.18, 0.18
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["transformers", "lean"])
+def test_last_query_is_the_targets_last_layer_query_of_the_newest_cached_position(tokenizer, dtype):
+    from specchat.engine.attention import use_attention
+
+    target = tiny_model("llama", vocab_size=VOCAB, seed=7, head_dim=64).to(dtype)
+    if dtype == torch.bfloat16:
+        use_attention(target, "canonical")
+    engine = Engine(target, tokenizer, max_len=200)
+    assert (engine.lean is not None) == (dtype == torch.bfloat16)
+    prompt = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(0)).tolist()
+    next(engine.generate(prompt, max_new_tokens=1))
+
+    reference, captured = tiny_model("llama", vocab_size=VOCAB, seed=7, head_dim=64), []
+    attention = reference.model.layers[-1].self_attn
+    hook = attention.q_proj.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    reference(input_ids=torch.tensor([prompt]))
+    hook.remove()
+    query = captured[0][0, -1].view(-1, 64)
+    cos, sin = reference.model.rotary_emb(query, torch.tensor([[29]]))
+    tolerance = dict(atol=0.1, rtol=0.05) if dtype == torch.bfloat16 else {}  # bf16 activations in two layers
+    torch.testing.assert_close(engine.target.last_query(), rotate(query, cos[0], sin[0]), **tolerance)
+    row = target_attention(engine.target)
+    assert row.shape == (30,) and abs(float(row.sum()) - 1) < 1e-4
+
+
+def test_a_draft_model_must_speak_the_targets_vocabulary(model, tmp_path):
+    other = tiny_model("llama", vocab_size=VOCAB + 4, seed=1)
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(SpecchatError, match=f"vocabulary of {VOCAB + 4} tokens; the target's has {VOCAB}"):
+        load_draft_model(tmp_path / "other", model)
+    same = tiny_model("llama", vocab_size=VOCAB, seed=1)
+    same.save_pretrained(tmp_path / "same")
+    draft = load_draft_model(tmp_path / "same", model)
+    assert not draft.student and draft.model.config.vocab_size == VOCAB
