@@ -23,6 +23,7 @@ from specchat.errors import SpecchatError
 from specchat.models.tokenswift import (
     TokenSwiftConfig,
     TokenSwiftHeads,
+    download_heads,
     load_heads,
     read_published_heads,
     save_heads,
@@ -300,3 +301,33 @@ def test_train_tokenswift_rejects_bad_options_in_one_line(tmp_path):
     assert_one_line_error(specchat(*command), "holds no training data")
     assert_one_line_error(specchat(*command, "--warmup-steps", "-1"), "--warmup-steps")
     assert_one_line_error(specchat(*command, "--lr", "0"), "--lr")
+
+
+def test_a_published_model_is_fetched_only_as_far_as_it_holds_heads(tmp_path):
+    """From a published TokenSwift repo only config.json, the shard index and the shards with heads come down,
+    never the target's other shards; offline and uncached is one line."""
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    written = published_checkpoint(tmp_path / "hub", random_heads())
+    local, fetched = tmp_path / "snapshot", []
+    local.mkdir()
+
+    def download(repo, filename):
+        if not (tmp_path / "hub" / filename).is_file():
+            raise EntryNotFoundError(f"{repo}/{filename}")  # what the hub answers for a missing file
+        fetched.append(filename)
+        (local / filename).write_bytes((tmp_path / "hub" / filename).read_bytes())
+        return str(local / filename)
+
+    directory = download_heads("TokenSwift/TokenSwift-tiny", download)
+    assert sorted(fetched) == ["config.json", "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                               "model.safetensors.index.json"]  # fmt: skip
+    heads = load_heads(directory)
+    for name, tensor in heads.state_dict().items():
+        assert torch.equal(tensor, written[f"model.{name}"])
+
+    def offline(repo, filename):
+        raise LocalEntryNotFoundError(filename)
+
+    with pytest.raises(SpecchatError, match="^the TokenSwift heads of TokenSwift/x are not cached and this machine is offline$"):
+        download_heads("TokenSwift/x", offline)

@@ -143,10 +143,10 @@ def build_drafter(choice: DrafterChoice, target: TargetView) -> Drafter | None:
     kind = KINDS[choice.name]
     if not kind.module:
         return None
-    build = importlib.import_module(kind.module).build
+    module = importlib.import_module(kind.module)
     if not kind.trained:
-        return build(target, None)
-    return build(target, choice.path or _fetch(choice.repo))
+        return module.build(target, None)
+    return module.build(target, choice.path or _fetch(choice.repo, getattr(module, "fetch_checkpoint", None)))
 
 
 def bundled_checkpoint(repo: str) -> Path | None:
@@ -159,14 +159,16 @@ def bundled_checkpoint(repo: str) -> Path | None:
     return Path(str(resources.files("specchat.checkpoints"))) / repo
 
 
-def _fetch(repo: str) -> Path:
+def _fetch(repo: str, download=None) -> Path:
     """A profile's checkpoint directory: shipped with specchat, else from the Hugging Face cache (downloaded
-    when online)."""
+    when online) by the drafter's own `download(repo)` when it fetches only part of a repo."""
     bundled = bundled_checkpoint(repo)
     if bundled is not None:
         if not (bundled / "config.json").is_file():
             raise SpecchatError(f"the drafter checkpoint {repo} is missing from this installation ({bundled})")
         return bundled
+    if download is not None:
+        return download(repo)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 

@@ -23,7 +23,7 @@ from specchat.drafters.ngram_table import NgramTable
 from specchat.drafters.partial_kv import PartialKV
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
-from specchat.models.tokenswift import TokenSwiftHeads, load_heads
+from specchat.models.tokenswift import TokenSwiftHeads, download_heads, load_heads
 
 KV_BUDGET = 4096  # TokenSwift's partial cache B; 0 drafts over the full cache
 WIDTH = 3  # candidates per head (the [1, 3, 3, 3] tree)
@@ -108,6 +108,9 @@ def _tree(probs: torch.Tensor, table: NgramTable, budget: int, kind: str) -> Dra
             continue  # its parent was cut (equal scores ranked a child first)
         nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], candidates[path][1])
     return builder.build()
+
+
+fetch_checkpoint = download_heads  # the registry's download of a profile's published heads
 
 
 def build(target: TargetView, checkpoint: Path) -> TokenSwiftDrafter:

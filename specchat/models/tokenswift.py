@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,18 +156,59 @@ def read_published_heads(directory: Path) -> TokenSwiftHeads:
     return heads
 
 
+def download_heads(repo: str, download: Callable[[str, str], str] | None = None) -> Path:
+    """The local directory of Hugging Face repo `repo`'s TokenSwift heads, fetching only what holds them: our
+    own checkpoint's files, or a published model's config, shard index and the shards with
+    `model.medusa_layers.*` (an 8B model's other shards are 16 GB of the target, which is loaded from its
+    own repo). `download(repo, filename) -> local path` is `huggingface_hub.hf_hub_download` by default."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    download = download or hf_hub_download
+    offline = f"the TokenSwift heads of {repo} are not cached and this machine is offline"
+    uncached = False
+    for name in (WEIGHTS, PUBLISHED_INDEX, PUBLISHED_SINGLE):
+        try:
+            path = Path(download(repo, name))
+        except LocalEntryNotFoundError:  # not cached, offline: it may still be another layout's file
+            uncached = True
+            continue
+        except EntryNotFoundError:  # the repo has no such file
+            continue
+        try:
+            for shard in _medusa_shards(_weight_map(path)) if name == PUBLISHED_INDEX else ():
+                download(repo, shard)
+            download(repo, "config.json")
+        except LocalEntryNotFoundError:
+            raise SpecchatError(offline) from None
+        return path.parent
+    if uncached:
+        raise SpecchatError(offline)
+    raise SpecchatError(f"{repo} holds neither TokenSwift heads ({WEIGHTS}) nor a model with them")
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    weight_map = _json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise SpecchatError(f"{index}: no weight_map")
+    return weight_map
+
+
+def _medusa_shards(weight_map: dict[str, str]) -> dict[str, list[str]]:
+    """Shard file -> the `model.medusa_layers.*` tensors it holds."""
+    shards = defaultdict(list)
+    for name, shard in weight_map.items():
+        if name.startswith(f"{PUBLISHED_PREFIX}medusa_layers."):
+            shards[shard].append(name)
+    return dict(shards)
+
+
 def _published_shards(directory: Path) -> dict[str, list[str]]:
     """The shard files that hold `model.medusa_layers.*` tensors, and those tensors' names in each."""
     prefix = f"{PUBLISHED_PREFIX}medusa_layers."
     index = directory / PUBLISHED_INDEX
     if index.is_file():
-        weight_map = _json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise SpecchatError(f"{index}: no weight_map")
-        shards = defaultdict(list)
-        for name, shard in weight_map.items():
-            if name.startswith(prefix):
-                shards[shard].append(name)
+        shards = _medusa_shards(_weight_map(index))
         for shard in shards:
             if not (directory / shard).is_file():
                 raise SpecchatError(f"{directory}: the shard {shard}, which holds TokenSwift heads, is missing")
