@@ -18,7 +18,15 @@ except ImportError:
     from click import exceptions as click_errors
 
 from specchat.checks import check_dtype, check_quantize
-from specchat.drafters import DEFAULT_DRAFTER, NAMES, DrafterChoice, parse_drafter
+from specchat.bench.prompts import PROMPT_SET_NAMES
+from specchat.drafters import (
+    DEFAULT_DRAFTER,
+    NAMES,
+    DrafterChoice,
+    check_draft_cache,
+    parse_drafter,
+    reads_draft_cache,
+)
 from specchat.engine.attention import check_attention
 from specchat.errors import SpecchatError
 
@@ -43,6 +51,11 @@ BudgetOption = Annotated[
     int | None,
     typer.Option("--draft-budget", help="Most draft-tree nodes per step (default: chosen for this machine)."),
 ]
+DraftCacheOption = Annotated[
+    str | None,
+    typer.Option("--draft-cache", help="What a model or longspec draft reads of a long context: full | streaming | "
+                 "retrieval (the chunks the target attends to). Default: retrieval for model, full for longspec."),
+]  # fmt: skip
 DtypeOption = Annotated[
     str,
     typer.Option(
@@ -75,6 +88,7 @@ def run(
     model: ModelOption = None,
     drafter: DrafterOption = DEFAULT_DRAFTER,
     draft_budget: BudgetOption = None,
+    draft_cache: DraftCacheOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 512,
     temperature: TemperatureOption = None,
     top_k: TopKOption = None,
@@ -99,13 +113,15 @@ def run(
     if any(not each for each in stop or ()):
         raise SpecchatError("--stop takes a non-empty string")
     [choice] = _check_drafters([drafter], draft_budget)
+    if draft_cache is not None:
+        check_draft_cache(draft_cache, choice)
     overrides = _checked_overrides(
         dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         penalty=repetition_penalty, seed=seed,
     )  # fmt: skip
     check_quantize(quantize, device)
     _quiet_transformers()
-    from specchat.drafters import build_drafter, resolve_drafter
+    from specchat.drafters import build_drafter, resolve_drafter, use_draft_cache
     from specchat.engine.generate import Engine
     from specchat.engine.prompt import encode_prompt
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
@@ -120,6 +136,8 @@ def run(
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + max_new_tokens)
     engine.set_drafter(build_drafter(choice, engine.target), draft_budget)
+    if draft_cache is not None:
+        use_draft_cache(engine.drafter, draft_cache)
 
     tokens, origins, text, stats, finish = [], [], [], None, None
     try:
@@ -593,8 +611,13 @@ def bench(
         str, typer.Option("--drafter", help="Comma-separated drafters to compare with AR (always measured).")
     ] = DEFAULT_DRAFTER,
     draft_budget: BudgetOption = None,
+    draft_cache: Annotated[
+        str | None,
+        typer.Option("--draft-cache", help="Comma-separated: the model and longspec drafters are measured under each "
+                     "(rows named like model@streaming)."),
+    ] = None,  # fmt: skip
     prompt_set: Annotated[
-        str, typer.Option("--prompt-set", help="Comma-separated: chat, code, summarize.")
+        str, typer.Option("--prompt-set", help=f"Comma-separated: {', '.join(PROMPT_SET_NAMES)}.")
     ] = "chat,code,summarize",
     prompts: Annotated[Path | None, typer.Option("--prompts", help='JSONL file of {"prompt": ...} lines.')] = None,
     baseline: Annotated[
@@ -622,7 +645,9 @@ def bench(
     from specchat.bench.prompts import load_prompt_sets
 
     methods = _csv(drafter)
-    _check_drafters(methods, draft_budget)
+    choices = _check_drafters(methods, draft_budget)
+    if draft_cache is not None:
+        methods = _with_draft_caches(methods, choices, _csv(draft_cache))
     check_attention(attention)
     if plot is not None:
         if not plot.parent.is_dir() or not os.access(plot.parent, os.W_OK):
@@ -799,6 +824,14 @@ def _check_drafters(names: list[str], draft_budget: int | None) -> list[DrafterC
     if draft_budget is not None and {choice.name for choice in choices} == {"none"}:
         raise SpecchatError("--draft-budget needs a drafter (--drafter none decodes autoregressively)")
     return choices
+
+
+def _with_draft_caches(methods: list[str], choices: list[DrafterChoice], caches: list[str]) -> list[str]:
+    """Each drafter that reads a draft cache, once per cache ("model@streaming"), after the others."""
+    readers = [method for method, choice in zip(methods, choices) if reads_draft_cache(choice)]
+    for cache in caches:
+        check_draft_cache(cache, parse_drafter(readers[0]) if readers else choices[0])
+    return [m for m in methods if m not in readers] + [f"{m}@{cache}" for m in readers for cache in caches]
 
 
 def _cached(repo: str) -> bool:

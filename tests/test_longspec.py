@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from chi_square import assert_fits
 from conftest import tiny_model
+from test_model_drafter import small_policy
 from test_sampling_verification import CONFIGS, PROMPT, SAMPLES, TOKENS, Target, exact_joint
 
 from specchat.drafters.longspec import LongSpecDrafter
@@ -52,6 +53,24 @@ def test_greedy_output_equals_the_target_alone(family, chain, budget, tokenizer)
     engine.set_drafter(LongSpecDrafter(engine.target, random_layer(model), chain=chain), budget)
     assert generate(engine, prompt, 60) == expected
     assert generate(engine, prompt + expected[:20], 30) == expected[20:50]  # the next turn reuses the cache
+
+
+@pytest.mark.parametrize("policy", ["streaming", "retrieval"])
+def test_cross_attention_reads_the_policys_part_of_the_target_cache_and_stays_lossless(policy, tokenizer):
+    """SpecExtend's retrieval (or streaming) applied to LongSpec: cross-attention reads the chunks the target
+    attends to, not its whole last layer; the output is still the target's."""
+    model = tiny_model("llama", vocab_size=64)
+    prompt = torch.randint(3, 64, (150,), generator=torch.Generator().manual_seed(3)).tolist()
+    engine = Engine(model, tokenizer, max_len=300)
+    expected = generate(engine, prompt, 60)
+    drafter = LongSpecDrafter(engine.target, random_layer(model))
+    drafter.use_cache_policy(small_policy(policy, engine))
+    engine.set_drafter(drafter, 8)
+    assert generate(engine, prompt, 60) == expected
+    keys, values = drafter.target_kv
+    assert keys.shape[1] == len(drafter.read) < int(drafter.read[-1]) - 40  # well under the context it covers
+    layer = engine.cache.layers[-1]
+    assert torch.equal(keys, layer.keys[0, :, drafter.read]) and torch.equal(values, layer.values[0, :, drafter.read])
 
 
 def test_the_beam_follows_the_reference_widths_within_the_budget(tokenizer):

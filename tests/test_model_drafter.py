@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
+from transformers import AutoTokenizer
 
 from specchat.drafters.cache_policy import (
     FullCache,
@@ -28,7 +29,7 @@ from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT
 from specchat.errors import SpecchatError
-from specchat.models.draft_model import DraftModel, load_draft_model, student_from_target
+from specchat.models.draft_model import DraftModel, check_tokenizers, load_draft_model, student_from_target
 
 VOCAB = 96
 
@@ -163,3 +164,12 @@ def test_a_draft_model_must_speak_the_targets_vocabulary(model, tmp_path):
     same.save_pretrained(tmp_path / "same")
     draft = load_draft_model(tmp_path / "same", model)
     assert not draft.student and draft.model.config.vocab_size == VOCAB
+
+
+def test_a_draft_models_tokenizer_must_be_the_targets(tokenizer, tmp_path):
+    check_tokenizers(tokenizer, tokenizer, "same")
+    tokenizer.save_pretrained(tmp_path / "grown")
+    grown = AutoTokenizer.from_pretrained(tmp_path / "grown")
+    grown.add_tokens(["<extra-token>"])
+    with pytest.raises(SpecchatError, match=f"'grown' has {len(tokenizer) + 1} tokens; the target's tokenizer has {len(tokenizer)}"):
+        check_tokenizers(grown, tokenizer, "grown")

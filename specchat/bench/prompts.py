@@ -60,13 +60,30 @@ PROMPT_SETS: dict[str, list[str]] = {
 }
 
 
+# Long inputs (SpecExtend's setting): about this many tokens of the Python reference manual, which every
+# CPython installation carries (`pydoc_data.topics`, 465K characters; about 4.2 characters a token here).
+LONG_SETS = {"long1k": 1000, "long4k": 4000, "long7k": 7000}
+PROMPT_SET_NAMES = (*PROMPT_SETS, *LONG_SETS)
+
+
+def long_prompts(tokens: int) -> list[str]:
+    """A summary and a list, each over the same ~`tokens` tokens of documentation."""
+    from pydoc_data.topics import topics
+
+    document = "\n\n".join(topics[name] for name in sorted(topics))[: int(tokens * 4.2)]
+    return [
+        f"{document}\n\nSummarize the documentation above in a few paragraphs.",
+        f"{document}\n\nList the Python statements the documentation above describes, one sentence each.",
+    ]
+
+
 def load_prompt_sets(names: list[str], prompts_file: Path | None = None) -> dict[str, list[str]]:
     """The requested built-in sets, plus the file's prompts as a set named after the file."""
     sets = {}
     for name in names:
-        if name not in PROMPT_SETS:
-            raise SpecchatError(f"unknown prompt set '{name}'; built-in sets: {', '.join(PROMPT_SETS)}")
-        sets[name] = PROMPT_SETS[name]
+        if name not in PROMPT_SET_NAMES:
+            raise SpecchatError(f"unknown prompt set '{name}'; built-in sets: {', '.join(PROMPT_SET_NAMES)}")
+        sets[name] = PROMPT_SETS[name] if name in PROMPT_SETS else long_prompts(LONG_SETS[name])
     if prompts_file is not None:
         sets[prompts_file.stem] = _read_jsonl(prompts_file)
     return sets

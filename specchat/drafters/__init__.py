@@ -42,6 +42,9 @@ KINDS = {
 }  # fmt: skip
 NAMES = tuple(KINDS)
 DEFAULT_DRAFTER = "ngram"  # the best drafter every model has: the default of run, chat and bench
+# --draft-cache: what a draft model reads of a long context (`cache_policy.py`), for the drafters that keep one
+DRAFT_CACHES = ("full", "streaming", "retrieval")
+CACHE_READERS = ("model", "longspec")
 
 _NEXT_PART = re.compile(rf"\+(?=(?:{'|'.join(NAMES)})(?:[:+]|$))")  # '+' and a name: where A:PATH+B's path ends
 
@@ -110,6 +113,25 @@ def _parse_one(text: str) -> DrafterChoice:
     if colon and not path:
         raise SpecchatError(f"--drafter {name}: give the checkpoint directory after the colon")
     return DrafterChoice(name, Path(path).expanduser() if path else None)
+
+
+def reads_draft_cache(choice: DrafterChoice) -> bool:
+    return bool({part.name for part in choice.parts or (choice,)} & set(CACHE_READERS))
+
+
+def check_draft_cache(name: str, choice: DrafterChoice) -> None:
+    """`--draft-cache NAME` with `--drafter CHOICE`: a known policy, for a drafter (or part) that reads one."""
+    if name not in DRAFT_CACHES:
+        raise SpecchatError(f"unknown --draft-cache '{name}'; use {', '.join(DRAFT_CACHES)}")
+    if not reads_draft_cache(choice):
+        raise SpecchatError(f"--draft-cache is for the {' and '.join(CACHE_READERS)} drafters, not {choice}")
+
+
+def use_draft_cache(drafter: Drafter, name: str) -> None:
+    """Every part of `drafter` that reads a draft cache reads it as `name` says."""
+    for part in (drafter.first, drafter.second) if hasattr(drafter, "second") else (drafter,):
+        if hasattr(part, "use_cache_policy"):
+            part.use_cache_policy(name)
 
 
 def usable_drafters(profile: Profile | None) -> list[str]:

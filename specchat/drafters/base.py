@@ -48,13 +48,14 @@ class TargetView:
     model: torch.nn.Module  # the whole target, for what reads inside a forward (TokenSwift's query capture)
     forward: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     last_query: Callable[[], torch.Tensor] | None = None
+    tokenizer: Any = None  # a standalone draft model's must be the same
 
     @classmethod
-    def of(cls, model, cache: TreeCache, forward=None, last_query=None) -> TargetView:
+    def of(cls, model, cache: TreeCache, forward=None, last_query=None, tokenizer=None) -> TargetView:
         """The view of a Llama-family transformers model (`model.model` holds the decoder) and its cache."""
         inner = model.model
         return cls(model.config, inner.embed_tokens, inner.norm, model.lm_head, inner.rotary_emb, cache,
-                   model.device, model.dtype, model, forward, last_query)  # fmt: skip
+                   model.device, model.dtype, model, forward, last_query, tokenizer)  # fmt: skip
 
 
 class Drafter(Protocol):

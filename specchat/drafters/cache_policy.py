@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from specchat.drafters import DRAFT_CACHES
+
 CHUNK = 32
 TOP_CHUNKS = 32
 RETRIEVE_EVERY = 4  # steps
@@ -23,7 +25,6 @@ SINKS = 4
 READ = (TOP_CHUNKS + 1) * CHUNK  # positions a streaming or retrieval draft reads, new ones aside
 BLOCK = 512  # committed rows one draft forward takes at most: a long prompt goes in blocks
 SLOTS = READ + BLOCK + 64  # working slots: a layout, then at most a block or a few steps' tokens appended
-POLICIES = ("full", "streaming", "retrieval")
 
 
 class FullCache:
@@ -123,4 +124,4 @@ def make_policy(name: str, target) -> CachePolicy:
         return StreamingCache()
     if name == "retrieval":
         return RetrievalCache(lambda: target_attention(target))
-    raise ValueError(f"unknown draft cache policy '{name}'; use {', '.join(POLICIES)}")
+    raise ValueError(f"unknown draft cache policy '{name}'; use {', '.join(DRAFT_CACHES)}")

@@ -17,6 +17,7 @@ import copy
 import torch
 
 from specchat.drafters.base import TargetView
+from specchat.drafters.cache_policy import CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
@@ -46,11 +47,19 @@ class LongSpecDrafter:
         self.ring = RingKV(config.window, config.num_key_value_heads, config.head_dim, dtype=target.dtype,
                            device=target.device)  # fmt: skip
         self.ids: list[int] = []
+        self.use_cache_policy("full")
+
+    def use_cache_policy(self, policy: str | CachePolicy) -> None:
+        """Which of the target's cached positions cross-attention reads (`cache_policy.py`; LongSpec reads them
+        all): from the next proposal on."""
+        self.policy = make_policy(policy, self.target) if isinstance(policy, str) else policy
+        self.read = torch.zeros(0, dtype=torch.long, device=self.target.device)  # target positions read
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         same = reused if self.ids[:reused] == ids[:reused] else 0
         self.ring.forget_from(same)
         self.ids = list(ids)
+        self.read = self.read[:0]
 
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         self.ids += tokens
@@ -59,8 +68,7 @@ class LongSpecDrafter:
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
         self._catch_up()
-        layer_cache = self.target.cache.layers[-1]
-        self.target_kv = layer_cache.keys[0, :, :root], layer_cache.values[0, :, :root]
+        self.target_kv = self._target_kv(root)
         tree = _Growing(self.ring)
         logits = self._forward(torch.tensor([self.ids[-1]], device=self.target.device), torch.tensor([root]), tree)
         if self.chain:
@@ -104,6 +112,21 @@ class LongSpecDrafter:
             logits = self._forward(torch.tensor([token], device=self.target.device), torch.tensor([root + depth]), tree)[0]
         draft_probs = torch.stack(rows) if rows else None
         return DraftTree(tokens, parents, [self.kind] * len(tokens), draft_probs)
+
+    def _target_kv(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's last-layer keys and values that cross-attention reads: the policy's selection of the
+        `length` cached positions, and those cached since it was made. Keys keep the rotation of their true
+        positions, as the draft's queries do, so a selection needs no re-rotation."""
+        selection = self.policy.select(length, force=not len(self.read))
+        if selection is not None:
+            self.read = selection.to(self.read.device)
+        else:
+            start = int(self.read[-1]) + 1
+            self.read = torch.cat([self.read, torch.arange(start, length, device=self.read.device)])
+        layer = self.target.cache.layers[-1]
+        if len(self.read) == length:  # all of it: a view, no copy
+            return layer.keys[0, :, :length], layer.values[0, :, :length]
+        return layer.keys[0, :, self.read], layer.values[0, :, self.read]
 
     def _catch_up(self) -> None:
         """Write the draft's own keys / values of committed positions before the root that it has not written

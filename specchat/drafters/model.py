@@ -182,6 +182,12 @@ class _TreeRows:
             self.values = [torch.cat([old, v], dim=1) for old, (_, v, _) in zip(self.values, new)]
 
 
+def fetch_checkpoint(repo: str) -> str:
+    """A profile's published draft model, by repo id: transformers finds it in the cache (or fetches it) in
+    whichever weight format it was published."""
+    return repo
+
+
 def build(target: TargetView, checkpoint: Path | str) -> ModelDrafter:
     """The registry's factory: the draft model at `checkpoint` (a directory or a Hugging Face id) over `target`."""
-    return ModelDrafter(target, load_draft_model(checkpoint, target.model))
+    return ModelDrafter(target, load_draft_model(checkpoint, target.model, target.tokenizer))

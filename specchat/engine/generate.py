@@ -64,7 +64,8 @@ class Engine:
         self.length = 0  # committed ids; the cache holds all but the last (the root)
         self._hidden = _LastHidden.of(model.model.norm)  # transformers' forward hides it; the lean one returns it
         self._query = LastQuery(model, lean=self.lean is not None)
-        self.target = TargetView.of(model, self.cache, forward=self._draft_forward, last_query=self._query)
+        self.target = TargetView.of(model, self.cache, forward=self._draft_forward, last_query=self._query,
+                                    tokenizer=tokenizer)  # fmt: skip
         self.set_drafter(drafter, draft_budget)
 
     def set_drafter(self, drafter: Drafter | None, draft_budget: int | None = None) -> None:

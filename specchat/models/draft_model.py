@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specchat.errors import SpecchatError
+from specchat.errors import SpecchatError, first_line
 from specchat.models.checkpoint import read_checkpoint, write_checkpoint
 
 STUDENT = "specchat_student"  # config.json: {"target": the target's name, "layers": the target layers it began as}
@@ -76,13 +76,23 @@ def save_student(path: Path, student: nn.Module, *, target: str, draft_vocab: to
     write_checkpoint(path, config, tensors)
 
 
-def load_draft_model(source: str | Path, target: nn.Module) -> DraftModel:
+def load_draft_model(source: str | Path, target: nn.Module, tokenizer=None) -> DraftModel:
     """The draft model at `source` (a checkpoint directory or a Hugging Face repo id) beside `target`, on its
-    device and in its dtype; one-line errors for what cannot be drafted with."""
+    device and in its dtype; one-line errors for what cannot be drafted with. A Hugging Face model's tokenizer
+    must equal the target's `tokenizer` (when given); a student shares the target's embedding."""
     path = Path(source).expanduser()
     if path.is_dir() and (path / "config.json").is_file() and STUDENT in _read_config(path):
         return _load_student(path, target)
-    return _load_pretrained(str(source), target)
+    draft = _load_pretrained(str(source), target)
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        try:
+            own = AutoTokenizer.from_pretrained(str(source))
+        except (OSError, ValueError) as error:
+            raise SpecchatError(f"could not load the draft model's tokenizer '{source}': {first_line(error)}") from None
+        check_tokenizers(own, tokenizer, str(source))
+    return draft
 
 
 def _load_student(path: Path, target: nn.Module) -> DraftModel:
@@ -112,7 +122,7 @@ def _load_pretrained(source: str, target: nn.Module) -> DraftModel:
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=target.dtype, attn_implementation="eager")
     except (OSError, ValueError) as error:
-        raise SpecchatError(f"could not load the draft model '{source}': {str(error).strip().splitlines()[0]}") from None
+        raise SpecchatError(f"could not load the draft model '{source}': {first_line(error)}") from None
     if model.config.model_type not in FAMILIES:
         raise SpecchatError(f"the draft model '{source}' is a {model.config.model_type}; specchat drafts with {', '.join(FAMILIES)} models")
     if model.config.vocab_size != target.config.vocab_size:
