@@ -1,11 +1,12 @@
-"""What a standalone draft model reads of a long context (`--draft-cache full|streaming|retrieval`).
+"""What a draft reads of a long context (`--draft-cache full|streaming|retrieval`): a standalone draft model
+of its own cache, LongSpec's cross-attention of the target's.
 
 - **full**: every position, at its true position (the baseline).
 - **streaming**: attention sinks and the most recent tokens (StreamingLLM).
 - **retrieval** (SpecExtend's Cross-model Retrieval): the context in chunks of 32, ranked by the target's own
-  attention: every 4 steps the target's last-layer attention row of the newest position in its cache (one q.K
-  row of the last verification, averaged over heads), each chunk scored by its mean; the top 32 chunks and
-  the newest one make the draft's working cache. Before any score exists, the most recent chunks.
+  attention: when a text starts and every 4 steps, the target's last-layer attention row of the newest
+  position in its cache (one q.K row of the last forward, averaged over heads), each chunk scored by its
+  mean; the top 32 chunks and the newest one make the working cache. Without a row, the most recent chunks.
 
 Streaming and retrieval read the same number of positions (33 chunks of 32), so they cost the same.
 A policy says when the working cache is laid out again and which stored positions it then holds; between
@@ -59,10 +60,11 @@ class StreamingCache:
 
 
 class RetrievalCache:
-    """The top chunks by the target's attention, and the newest chunk, chosen every RETRIEVE_EVERY steps.
+    """The top chunks by the target's attention, and the newest chunk, chosen every RETRIEVE_EVERY steps and
+    whenever a text starts (the prefill's last row has a query too).
 
     `attention()` is the target's attention row of the newest position in its cache, averaged over heads
-    [positions] (None before the target has run)."""
+    [positions], or None where the target has none to give."""
 
     name = "retrieval"
 
@@ -74,14 +76,12 @@ class RetrievalCache:
         return min(capacity, SLOTS)
 
     def select(self, length: int, *, force: bool = False) -> torch.Tensor | None:
-        """`force`: a prefill or a new request (no step of this text scored yet): the most recent chunks."""
-        if force:
-            self.steps = 0
-            return recent_chunks(length, self.chunk, self.top)
-        self.steps += 1
+        """`force`: a new text, or a long prompt between blocks."""
+        self.steps = 0 if force else self.steps + 1
         if self.steps % self.every:
             return None
-        return rank_chunks(self.attention(), length, self.chunk, self.top)
+        scores = self.attention()
+        return recent_chunks(length, self.chunk, self.top) if scores is None else rank_chunks(scores, length, self.chunk, self.top)
 
 
 def recent_chunks(length: int, chunk: int, top: int) -> torch.Tensor:
@@ -103,9 +103,11 @@ def rank_chunks(scores: torch.Tensor, length: int, chunk: int = CHUNK, top: int 
     return torch.cat([(best[:, None] * chunk + torch.arange(chunk)).flatten(), torch.arange(newest * chunk, length)])
 
 
-def target_attention(target) -> torch.Tensor:
+def target_attention(target) -> torch.Tensor | None:
     """The target's last-layer attention row of the newest position in its cache, averaged over heads
-    [cache length] (fp32): one q.K row over the keys it cached."""
+    [cache length] (fp32): one q.K row over the keys it cached. None for a view without an engine."""
+    if target.last_query is None:
+        return None
     query = target.last_query()  # [heads, D]
     keys = target.cache.layers[-1].keys[0, :, : target.cache.length].float()  # [kv_heads, L, D]
     grouped = query.reshape(keys.shape[0], -1, query.shape[-1])  # [kv_heads, group, D]
