@@ -555,6 +555,35 @@ def train_tokenswift(
           f"chain tau {last.get('heldout_chain_tau', float('nan')):.2f}")  # fmt: skip
 
 
+@train_app.command("model-drafter")
+def train_model_drafter(
+    data: DataOption,
+    out: DraftOutOption,
+    target: TargetOption = None,
+    layers: Annotated[int, typer.Option("--layers", help="The target's first layers the student starts as.")] = 2,
+    epochs: EpochsOption = 3.0,
+    batch: BatchOption = 16,
+    lr: LrOption = 5e-4,
+    vocab: Annotated[int, typer.Option("--vocab", help="Draft vocabulary, most frequent answer tokens (0: all).")] = 0,
+    checkpoint_minutes: CheckpointOption = 5.0,
+    resume: ResumeOption = False,
+    precision: PrecisionOption = "bf16",
+    seed: SeedOption = None,
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16: the target's dense weights the student starts "
+                                            "as (not the embedded GGUF's 4-bit ones).")] = "float32",  # fmt: skip
+    device: DeviceOption = "auto",
+) -> None:
+    """A standalone draft model for the target: its first --layers layers and final norm, distilled towards
+    its greedy tokens over its own embedding and LM head (shared, frozen and not stored)."""
+    from specchat.training.train_model_drafter import train_model_drafter as run_training
+
+    summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
+                             precision, seed, dtype, device, layers=layers)  # fmt: skip
+    last = summary["log"][-1] if summary["log"] else {}
+    print(f"{out}: {summary['layers']}-layer draft model ({summary['checkpoint_bytes'] / 1e6:.1f} MB), held-out chain "
+          f"tau {last.get('heldout_chain_tau', float('nan')):.2f}; use --drafter model:{out}")  # fmt: skip
+
+
 def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume, precision,
                    seed, dtype, device, recipe_options: dict | None = None, **options) -> dict:  # fmt: skip
     """Check the shared options, load the target and run `run_training` under a progress display;
