@@ -31,7 +31,7 @@ def test_names_and_checkpoints_parse_in_one_place():
 
 def test_profiles_say_which_drafters_a_model_has():
     profiles = load_profiles()
-    assert usable_drafters(profiles["smollm2-135m"]) == ["none", "ngram", "longspec", "tokenswift"]
+    assert usable_drafters(profiles["smollm2-135m"]) == ["none", "ngram", "longspec", "tokenswift", "model"]
     assert usable_drafters(profiles["vicuna-7b-16k"]) == ["none", "ngram", "longspec", "model"]
     assert profiles["longchat-7b-16k"].drafters["model"] == "JackFram/llama-68m"  # SpecExtend's published pairs
     assert resolve_drafter(DrafterChoice("longspec"), profiles["vicuna-7b-16k"], "vicuna-7b-16k").repo == (
