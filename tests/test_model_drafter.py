@@ -26,6 +26,7 @@ from specchat.drafters.dynamic_tree import CHILDREN, grow_tree
 from specchat.drafters.model import ModelDrafter
 from specchat.drafters.working_cache import WorkingCache, rotate
 from specchat.engine.generate import Engine
+from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT
 from specchat.errors import SpecchatError
@@ -173,3 +174,47 @@ def test_a_draft_models_tokenizer_must_be_the_targets(tokenizer, tmp_path):
     grown.add_tokens(["<extra-token>"])
     with pytest.raises(SpecchatError, match=f"'grown' has {len(tokenizer) + 1} tokens; the target's tokenizer has {len(tokenizer)}"):
         check_tokenizers(grown, tokenizer, "grown")
+
+
+def needle_prompt(tokenizer) -> tuple[list[int], list[int]]:
+    """~4.1K tokens of the Python reference manual with a password planted a third of the way in, and a question
+    whose answer copies it; and the password's tokens as the answer writes it (after "is")."""
+    from pydoc_data.topics import topics
+
+    document = "\n\n".join(topics[name] for name in sorted(topics))[:17000]
+    fact = "\n\nThe password of the archive server is TULIP-4471-ORBIT.\n\n"
+    text = f"{document[:6000]}{fact}{document[6000:]}\n\nWhat is the password of the archive server? Answer with the password only."
+    return encode_prompt(tokenizer, text), tokenizer(" TULIP-4471-ORBIT", add_special_tokens=False).input_ids
+
+
+@pytest.fixture(scope="module")
+def quantized_and_dense():
+    """The default model as it runs (4-bit weights) and densely in bf16 (a draft that can copy)."""
+    from specchat.loading import load_model
+
+    return load_model(None), load_model(None, dtype="bfloat16")
+
+
+def test_needle_retrieval_drafts_the_copied_fact_streaming_cannot(quantized_and_dense):
+    """On the real default model, whose answer copies a fact from 4K tokens back: a draft that can copy (the
+    target's own layers, dense, reading its own cache) gets the fact's tokens accepted when it retrieves the
+    chunks the target attends to, and not when it streams the recent tokens only: the needle lies outside
+    streaming's window."""
+    loaded, dense = quantized_and_dense
+    tokenizer = loaded.tokenizer
+    prompt, secret = needle_prompt(tokenizer)
+    assert len(prompt) > 4000
+    drafted = {}
+    for policy in ("streaming", "retrieval"):
+        engine = Engine(loaded.model, tokenizer, max_len=len(prompt) + 32)
+        drafter = ModelDrafter(engine.target, DraftModel(dense.model, student=False))
+        drafter.use_cache_policy(policy)
+        engine.set_drafter(drafter, 8)
+        tokens, origins = [], []
+        for event in engine.generate(prompt, max_new_tokens=24):
+            tokens += event.tokens
+            origins += event.origins
+        starts = [i for i in range(len(tokens)) if tokens[i : i + len(secret)] == secret]
+        assert starts, f"the answer does not copy the password: {tokenizer.decode(tokens)!r}"
+        drafted[policy] = origins[starts[0] : starts[0] + len(secret)].count("model")
+    assert drafted["retrieval"] > drafted["streaming"], drafted

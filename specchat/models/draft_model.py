@@ -71,8 +71,8 @@ def save_student(path: Path, student: nn.Module, *, target: str, draft_vocab: to
     if draft_vocab is not None:
         tensors["draft_vocab"] = draft_vocab.long()
     config = {**student.config.to_dict(), STUDENT: {"target": target, "layers": list(range(layers))}}
-    config.pop("torch_dtype", None)
-    config.pop("dtype", None)
+    for name in ("torch_dtype", "dtype", "_name_or_path"):  # how this run loaded the target, not the student's
+        config.pop(name, None)
     write_checkpoint(path, config, tensors)
 
 
