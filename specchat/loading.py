@@ -132,7 +132,7 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, torch_device)
     native = source.embedded and dtype == "auto" and quantize is None and torch_device.type == "cpu"
     start = time.perf_counter()
-    location = _embedded_checkpoint(progress, dense=not native) if source.embedded else _local_or_cached(source)
+    location = embedded_checkpoint(progress, dense=not native) if source.embedded else _local_or_cached(source)
     weights = "q4_1" if native else quantize
     if torch_dtype is None:  # auto on a CPU: bf16 is the exact dense format (fp32 matmuls are row-dependent)
         torch_dtype = fastest_activation_dtype(weights, _matmul_shape(location)) if weights else torch.bfloat16
@@ -204,7 +204,7 @@ def _local_or_cached(source: ModelSource) -> str:
     return source.location
 
 
-def _embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *, dense: bool = True) -> str:
+def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *, dense: bool = True) -> str:
     """A directory with the embedded GGUF's config and tokenizer, converted once (~10 s), and with `dense` its
     weights dequantized to fp32 safetensors too (once, ~20 s more); later loads take ~2 s."""
     gguf = embedded_gguf_path()

@@ -322,7 +322,7 @@ def test_build_loads_and_drafts(targets, tokenizer, tmp_path):
 @pytest.mark.parametrize("rows", [1, 5, 20])
 def test_attention_of_few_rows_is_sdpa(rows, monkeypatch):
     """A draft step's attention (matmuls) and a catch-up's (SDPA) agree; a row that sees nothing gets zeros."""
-    from specchat.models import glide
+    from specchat.models import attention
 
     generator = torch.Generator().manual_seed(rows)
     q, keys = torch.randn(4, rows, 16, generator=generator), torch.randn(2, 30, 16, generator=generator)
@@ -330,8 +330,8 @@ def test_attention_of_few_rows_is_sdpa(rows, monkeypatch):
     mask = torch.arange(30)[None] < torch.arange(rows)[:, None] * 3  # row 0 sees nothing
     results = []
     for few in (64, 0):
-        monkeypatch.setattr(glide, "FEW_ROWS", few)
-        results += [glide.attend(q, keys, values, mask), glide.attend(q, keys, values, None)]
+        monkeypatch.setattr(attention, "FEW_ROWS", few)
+        results += [attention.attend(q, keys, values, mask), attention.attend(q, keys, values, None)]
     torch.testing.assert_close(results[0], results[2])
     torch.testing.assert_close(results[1], results[3])
     assert not results[0][:, 0].any()

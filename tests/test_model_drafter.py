@@ -218,3 +218,18 @@ def test_needle_retrieval_drafts_the_copied_fact_streaming_cannot(quantized_and_
         assert starts, f"the answer does not copy the password: {tokenizer.decode(tokens)!r}"
         drafted[policy] = origins[starts[0] : starts[0] + len(secret)].count("model")
     assert drafted["retrieval"] > drafted["streaming"], drafted
+
+
+@pytest.mark.slow
+def test_a_profile_alias_drafts_with_that_profiles_model(default_model):
+    """`--drafter model:smollm2-135m`: the alias's model (here the target's own, dense), its tokenizer checked."""
+    from specchat.drafters.model import build
+
+    model, tokenizer = default_model.model, default_model.tokenizer
+    prompt = encode_prompt(tokenizer, "Name three colours.")
+    engine = Engine(model, tokenizer, max_len=len(prompt) + 24)
+    expected = [t for e in engine.generate(prompt, max_new_tokens=16) for t in e.tokens]
+    engine.set_drafter(build(engine.target, "smollm2-135m"), 6)
+    events = list(engine.generate(prompt, max_new_tokens=16))
+    assert [t for e in events for t in e.tokens] == expected
+    assert events[-1].stats.accepted >= 8  # the target drafting for itself

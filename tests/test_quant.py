@@ -54,10 +54,10 @@ def test_loaded_weights_are_the_gguf_values(quantized_model):
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from specchat.loading import _embedded_checkpoint
+    from specchat.loading import embedded_checkpoint
     from specchat.quant.gguf_model import load_gguf_model
 
-    model = load_gguf_model(embedded_gguf_path(), _embedded_checkpoint(dense=False), torch.float32)
+    model = load_gguf_model(embedded_gguf_path(), embedded_checkpoint(dense=False), torch.float32)
     tensors = {t.name: t for t in GGUFReader(embedded_gguf_path()).tensors}
     layer = model.model.layers[3]
     tensor = tensors["blk.3.ffn_down.weight"]

@@ -14,14 +14,14 @@ import pytest
 from transformers import AutoTokenizer
 
 from specchat.engine.text import TextStream
-from specchat.loading import _embedded_checkpoint
+from specchat.loading import embedded_checkpoint
 
 FFFD = "\ufffd"
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return AutoTokenizer.from_pretrained(_embedded_checkpoint())
+    return AutoTokenizer.from_pretrained(embedded_checkpoint())
 
 
 def encode(tok, text: str) -> list[int]:

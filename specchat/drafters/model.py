@@ -15,7 +15,6 @@ import copy
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from specchat.drafters.base import TargetView
 from specchat.drafters.cache_policy import BLOCK, CachePolicy, make_policy
@@ -24,6 +23,7 @@ from specchat.drafters.dynamic_tree import grow_tree
 from specchat.drafters.working_cache import WorkingCache, rotate
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
+from specchat.models.attention import attend
 from specchat.models.draft_model import DraftModel, load_draft_model
 from specchat.quant.quantize import quantize_linears
 
@@ -58,11 +58,15 @@ class ModelDrafter:
                                   device=self.target.device, rotary=self.draft.model.model.rotary_emb)  # fmt: skip
         self.fresh = True  # the next proposal lays the working cache out from scratch
 
+    @torch.inference_mode()
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
+        """Run the draft over the prompt now, while the target prefills: its cost is the prompt's, not the
+        first step's."""
         same = reused if self.ids[:reused] == ids[:reused] else 0
         self.cache.truncate(same)
         self.ids = list(ids)
         self.fresh = True
+        self._catch_up()
 
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         self.ids += tokens
@@ -86,8 +90,8 @@ class ModelDrafter:
                          columns.parents, columns.origins)  # fmt: skip
 
     def _catch_up(self) -> torch.Tensor:
-        """Run the draft over the committed tokens it has not seen (the root last) and cache their keys and
-        values; returns the root's draft logits."""
+        """Run the draft over the committed tokens it has not seen (at least the newest: the engine reuses at
+        most all but a prompt's last token) and cache their keys and values; returns the newest one's logits."""
         selection = self.policy.select(self.cache.length, force=self.fresh)
         if selection is not None:
             self.cache.select(selection)
@@ -127,7 +131,7 @@ class ModelDrafter:
             earlier = () if tree_keys is None else (tree_keys[i], tree_values[i])
             keys = torch.cat([self.cache.keys[i, :, :size], *earlier[:1], rotated], dim=1)
             values = torch.cat([self.cache.values[i, :, :size], *earlier[1:], v], dim=1)
-            out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+            out = attend(q, keys, values, mask)
             x = x + attention.o_proj(out.transpose(0, 1).reshape(rows, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             new.append((k, v, rotated))
@@ -189,5 +193,18 @@ def fetch_checkpoint(repo: str) -> str:
 
 
 def build(target: TargetView, checkpoint: Path | str) -> ModelDrafter:
-    """The registry's factory: the draft model at `checkpoint` (a directory or a Hugging Face id) over `target`."""
-    return ModelDrafter(target, load_draft_model(checkpoint, target.model, target.tokenizer))
+    """The registry's factory: the draft model at `checkpoint` (a directory, a Hugging Face id or a profile
+    alias) over `target`."""
+    return ModelDrafter(target, load_draft_model(_location(checkpoint), target.model, target.tokenizer))
+
+
+def _location(checkpoint: Path | str) -> Path | str:
+    """`model:ALIAS` drafts with that profile's target (a small model for a large one of its family); the
+    embedded model with its weights dequantized, as transformers loads them."""
+    from specchat.loading import embedded_checkpoint
+    from specchat.profiles import load_profiles
+
+    profile = load_profiles().get(str(checkpoint))
+    if profile is None:
+        return checkpoint
+    return embedded_checkpoint(dense=True) if profile.embedded else profile.target

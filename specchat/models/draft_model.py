@@ -6,7 +6,7 @@ Two kinds of checkpoint load into the same transformers module, whose layers `dr
   own embedding and LM head, loaded by transformers.
 - **A student distilled here** (`specchat train model-drafter`): the target's first layers, retrained. Its
   embedding and LM head are the target's own, shared at run time and never stored (the default model's
-  embedding alone is 57 MB in bf16, seven times its two layers); the head may be restricted to a draft
+  embedding alone is 57 MB in bf16, four times its two layers); the head may be restricted to a draft
   vocabulary. `config.json` is a Llama config with the key `specchat_student`.
 """
 

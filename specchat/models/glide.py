@@ -20,20 +20,18 @@ whether it was computed as the root of a tree or caught up later.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specchat.errors import SpecchatError
+from specchat.models.attention import attend
 from specchat.models.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
 from specchat.models.longspec import MLP, RMSNorm, SelfAttention, rotate
 
 PREFIXES = ("draft_model.", "small_model.", "module.")  # training wrappers' names, stripped when present
-FEW_ROWS = 8  # attention over at most this many rows is plain matmuls
 
 
 @dataclass(frozen=True)
@@ -236,29 +234,6 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 def _merge(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).reshape(x.shape[1], -1)
-
-
-def attend(q, keys, values, mask) -> torch.Tensor:
-    """q [H, q, D] over keys / values [Hkv, k, D] (grouped heads), mask [q, k] (True = visible) or None ->
-    [H, q, D]; a row that sees no key gets zeros.
-
-    A few rows (a draft step) are two batched matmuls, ~8x faster than SDPA's CPU kernel at one row; more
-    rows (catching up a prompt) go through SDPA, which never holds the whole score matrix.
-    """
-    heads, rows, dim = q.shape
-    kv, count = keys.shape[:2]
-    if count == 0:
-        return torch.zeros_like(q)
-    if rows > FEW_ROWS:
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
-        return out if mask is None else out.masked_fill(~mask.any(dim=-1)[None, :, None], 0)
-    scores = torch.bmm(q.reshape(kv, -1, dim), keys.transpose(1, 2)).float() * dim**-0.5  # [kv, group * q, k]
-    if mask is not None:
-        scores = scores.view(kv, -1, rows, count).masked_fill(~mask, -math.inf).view(kv, -1, count)
-    probs = scores.softmax(dim=-1)
-    if mask is not None:
-        probs = probs.nan_to_num(0.0)  # rows that see nothing
-    return torch.bmm(probs.to(values.dtype), values).view(heads, rows, dim)
 
 
 def load_glide(path: Path, target_config) -> GlideModel:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specchat.errors import SpecchatError
+from specchat.models.attention import attend
 from specchat.models.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
 
 WINDOW = 512  # the reference's sliding window over the draft's own states
@@ -140,10 +141,10 @@ class LongSpecLayer(nn.Module):
         config = self.config
         h = self.input_layernorm(x)
         q = rotate(self._heads(self.self_attn.q_proj(h), config.num_attention_heads), cos, sin)
-        x = x + self.self_attn.o_proj(self._merge(_attend(q, own_keys, own_values, own_mask)))
+        x = x + self.self_attn.o_proj(self._merge(attend(q, own_keys, own_values, own_mask)))
         h = self.post_self_attention_layernorm(x)
         q = rotate(self._heads(self.cross_attn.q_proj(h), config.num_attention_heads), cos, sin)
-        x = x + self.cross_attn.o_proj(self._merge(_attend(q, target_keys, target_values, target_mask)))
+        x = x + self.cross_attn.o_proj(self._merge(attend(q, target_keys, target_values, target_mask)))
         return x + self.mlp(self.post_cross_attention_layernorm(x))
 
     def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -158,13 +159,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """Rotary embedding of x [heads, q, D] with the target's tables cos / sin [q, D]."""
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-second, first], dim=-1) * sin
-
-
-def _attend(q, keys, values, mask) -> torch.Tensor:
-    """q [H, q, D] over keys / values [Hkv, k, D] (grouped heads), mask [q, k] or None -> [H, q, D]."""
-    if keys.shape[1] == 0:
-        return torch.zeros_like(q)
-    return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
 
 
 class RingKV:

@@ -1,0 +1,34 @@
+"""Attention of a draft's rows over keys it reads: a few rows, or a prompt's worth, each the fastest way."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+FEW_ROWS = 32  # attention over at most this many rows is plain matmuls
+
+
+def attend(q, keys, values, mask) -> torch.Tensor:
+    """q [H, q, D] over keys / values [Hkv, k, D] (grouped heads), mask [q, k] (True = visible) or None ->
+    [H, q, D]; a row that sees no key gets zeros.
+
+    A few rows (a draft step) are two batched matmuls: SDPA's CPU kernel costs 15x more at one row over 7K
+    keys (3.0 vs 0.2 ms), about the same at 32 to 64 rows. More rows (catching up a prompt) go through SDPA,
+    which never holds the whole score matrix.
+    """
+    heads, rows, dim = q.shape
+    kv, count = keys.shape[:2]
+    if count == 0:
+        return torch.zeros_like(q)
+    if rows > FEW_ROWS:
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+        return out if mask is None else out.masked_fill(~mask.any(dim=-1)[None, :, None], 0)
+    scores = torch.bmm(q.reshape(kv, -1, dim), keys.transpose(1, 2)).float() * dim**-0.5  # [kv, group * q, k]
+    if mask is not None:
+        scores = scores.view(kv, -1, rows, count).masked_fill(~mask, -math.inf).view(kv, -1, count)
+    probs = scores.softmax(dim=-1)
+    if mask is not None:
+        probs = probs.nan_to_num(0.0)  # rows that see nothing
+    return torch.bmm(probs.to(values.dtype), values).view(heads, rows, dim)
