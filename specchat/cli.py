@@ -456,6 +456,9 @@ def train_data(
 DataOption = Annotated[Path, typer.Option("--data", help="Directory of `specchat train data`.")]
 DraftOutOption = Annotated[Path, typer.Option("--out", help="Checkpoint directory (created; --resume goes on).")]
 TargetOption = Annotated[str | None, typer.Option("--target", "--model", "-m", help="The target model.")]
+VocabOption = Annotated[
+    int, typer.Option("--vocab", help="Vocabulary the loss is taken over, most frequent answer tokens first (0: all).")
+]
 EpochsOption = Annotated[float, typer.Option("--epochs", help="Passes over the training samples.")]
 BatchOption = Annotated[int, typer.Option("--batch", help="Samples per optimizer step (accumulated).")]
 LrOption = Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine, 10% warm-up).")]
@@ -503,7 +506,7 @@ def train_glide(
     epochs: EpochsOption = 3.0,
     batch: BatchOption = 16,
     lr: LrOption = 5e-4,
-    vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary the loss is taken over, most frequent first (0: all).")] = 0,
+    vocab: VocabOption = 0,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     precision: PrecisionOption = "bf16",
@@ -531,7 +534,7 @@ def train_tokenswift(
     batch: BatchOption = 16,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine after --warmup-steps).")] = 5e-3,
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")] = 50,
-    vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary the loss is taken over, most frequent first (0: all).")] = 0,
+    vocab: VocabOption = 0,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     precision: PrecisionOption = "bf16",
@@ -564,7 +567,7 @@ def train_model_drafter(
     epochs: EpochsOption = 3.0,
     batch: BatchOption = 16,
     lr: LrOption = 5e-4,
-    vocab: Annotated[int, typer.Option("--vocab", help="Draft vocabulary, most frequent answer tokens (0: all).")] = 0,
+    vocab: VocabOption = 0,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     precision: PrecisionOption = "bf16",
