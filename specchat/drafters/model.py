@@ -30,7 +30,7 @@ from specchat.quant.quantize import quantize_linears
 class ModelDrafter:
     kind = "model"
 
-    def __init__(self, target: TargetView, draft: DraftModel, *, cache: str = "retrieval", weights: str | None = "auto"):
+    def __init__(self, target: TargetView, draft: DraftModel, *, policy: str = "retrieval", weights: str | None = "auto"):
         """`weights`: "int8" / "int4" run the draft's layers (and a reduced head) quantized, None dense, "auto" as
         the target runs (quantized on a CPU whose target is)."""
         model, config = draft.model, draft.config
@@ -46,7 +46,7 @@ class ModelDrafter:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.draft = draft
         self.ids: list[int] = []
-        self.use_cache_policy(cache)
+        self.use_cache_policy(policy)
 
     def use_cache_policy(self, policy: str | CachePolicy) -> None:
         """Read the context as `policy` says (full, streaming, retrieval; or a policy of other sizes) from the
@@ -60,8 +60,8 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
-        """Run the draft over the prompt now, while the target prefills: its cost is the prompt's, not the
-        first step's."""
+        """Run the draft over the prompt now, right after the target's prefill: its cost counts with the
+        prompt's, not with the first step's."""
         same = reused if self.ids[:reused] == ids[:reused] else 0
         self.cache.truncate(same)
         self.ids = list(ids)
