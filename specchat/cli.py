@@ -239,6 +239,7 @@ def chat(
     model: ModelOption = None,
     drafter: DrafterOption = DEFAULT_DRAFTER,
     draft_budget: BudgetOption = None,
+    draft_cache: DraftCacheOption = None,
     system: SystemOption = None,
     temperature: TemperatureOption = None,
     top_k: TopKOption = None,
@@ -256,7 +257,9 @@ def chat(
     attention: AttentionOption = "auto",
 ) -> None:
     """Chat in the terminal: accepted draft tokens are coloured as they stream, with live acceptance figures."""
-    _check_drafters([drafter], draft_budget)
+    [choice] = _check_drafters([drafter], draft_budget)
+    if draft_cache is not None:
+        check_draft_cache(draft_cache, choice)
     overrides = _checked_overrides(
         dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         penalty=repetition_penalty, seed=seed,
@@ -265,8 +268,9 @@ def chat(
     from specchat.tui.session import ChatSettings, check_settings
 
     settings = ChatSettings(
-        drafter=drafter, draft_budget=draft_budget, system=system, max_new_tokens=max_new_tokens, context=context
-    )
+        drafter=drafter, draft_budget=draft_budget, draft_cache=draft_cache, system=system,
+        max_new_tokens=max_new_tokens, context=context,
+    )  # fmt: skip
     check_settings(settings)
     check_quantize(quantize, device)
     resolve_model(model)  # fail fast, before the app starts

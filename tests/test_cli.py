@@ -73,6 +73,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("run", "hi", "--drafter", "ngram", "--draft-cache", "streaming"), ("--draft-cache is for the model and longspec",)),
         (("run", "hi", "--drafter", "longspec", "--draft-cache", "lru"), ("unknown --draft-cache 'lru'", "retrieval")),
         (("bench", "--drafter", "ngram", "--draft-cache", "full"), ("--draft-cache is for",)),
+        (("chat", "--drafter", "ngram", "--draft-cache", "full"), ("--draft-cache is for",)),
         (("run", "hi", "--drafter", "model:/no/such/draft"), ("could not load the draft model '/no/such/draft'",)),
     ],
 )

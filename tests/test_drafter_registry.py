@@ -57,3 +57,22 @@ def test_changing_the_drafter_in_a_chat_keeps_its_cache(tokenizer):
     with pytest.raises(SpecchatError, match="no published glide drafter"):
         session.choose_drafter("glide")
     assert session.settings.drafter == "none"
+
+
+def test_a_chat_keeps_its_draft_cache_for_the_drafters_that_read_one(tokenizer, tmp_path):
+    """`chat --draft-cache`: checked by name (a saved chat may hold it while its drafter is n-gram), applied to
+    the model or LongSpec part of whatever drafter the chat runs, ignored by the others."""
+    from test_longspec import random_layer
+
+    from specchat.models.longspec import save_longspec
+    from specchat.tui.session import check_settings
+
+    with pytest.raises(SpecchatError, match="the draft cache must be one of full, streaming, retrieval"):
+        check_settings(ChatSettings(draft_cache="lru"))
+    loaded = tiny_loaded(tokenizer)
+    save_longspec(tmp_path / "draft", random_layer(loaded.model))
+    session = ChatSession(loaded, SamplingConfig(), ChatSettings(drafter="ngram", draft_cache="streaming"))
+    session.use_drafter()  # n-gram reads no cache
+    session.update_settings(drafter=f"longspec:{tmp_path / 'draft'}+ngram")
+    session.use_drafter()
+    assert session.engine.drafter.first.policy.name == "streaming"

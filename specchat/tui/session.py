@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
+from specchat.drafters import DRAFT_CACHES, build_drafter, parse_drafter, resolve_drafter, use_draft_cache
 from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.events import StepEvent
 from specchat.engine.generate import Engine
@@ -37,6 +37,7 @@ ModelLoader = Callable[[Callable[[str], None]], tuple[LoadedModel, SamplingConfi
 class ChatSettings:
     drafter: str = "ngram"
     draft_budget: int | None = None  # None: the engine's adaptive budget
+    draft_cache: str | None = None  # --draft-cache for a drafter that reads one; None: its default
     system: str | None = None  # None: the chat template's default
     max_new_tokens: int = 1024  # per answer
     context: int | None = None  # most tokens the conversation may hold
@@ -64,6 +65,8 @@ def check_settings(settings: ChatSettings) -> None:
     if not isinstance(settings.drafter, str):
         raise SpecchatError("the drafter must be a name")
     parse_drafter(settings.drafter)
+    if settings.draft_cache is not None and settings.draft_cache not in DRAFT_CACHES:  # kept while drafters change
+        raise SpecchatError(f"the draft cache must be one of {', '.join(DRAFT_CACHES)}")
     budget = settings.draft_budget
     if budget is not None and not (isinstance(budget, int) and 1 <= budget <= MAX_BUDGET):
         raise SpecchatError(f"the draft budget must be between 1 and {MAX_BUDGET} (or auto)")
@@ -99,7 +102,7 @@ class ChatSession:
         self.settings = dataclasses.replace(self.settings, **changes)
         if "context" in changes:
             self.engine = None
-        if {"drafter", "draft_budget", "context"} & changes.keys():
+        if {"drafter", "draft_budget", "draft_cache", "context"} & changes.keys():
             self.drafter_ready = False
         if "system" in changes:
             self.previous = None
@@ -173,6 +176,8 @@ class ChatSession:
             source = self.loaded.source
             choice = resolve_drafter(parse_drafter(self.settings.drafter), source.profile, source.name)
             engine.set_drafter(build_drafter(choice, engine.target), self.settings.draft_budget)
+            if self.settings.draft_cache is not None and engine.drafter is not None:
+                use_draft_cache(engine.drafter, self.settings.draft_cache)  # parts that read no cache ignore it
             self.drafter_ready = True
 
     def run(self, prompt_ids: list[int], *, max_new_tokens: int | None = None) -> Iterator[Update]:
