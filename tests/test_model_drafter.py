@@ -24,13 +24,14 @@ from specchat.drafters.cache_policy import (
 )
 from specchat.drafters.dynamic_tree import CHILDREN, grow_tree
 from specchat.drafters.model import ModelDrafter
-from specchat.drafters.working_cache import WorkingCache, rotate
+from specchat.drafters.working_cache import WorkingCache
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT
 from specchat.errors import SpecchatError
 from specchat.models.draft_model import DraftModel, check_tokenizers, load_draft_model, student_from_target
+from specchat.models.longspec import rotate
 
 VOCAB = 96
 

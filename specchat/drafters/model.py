@@ -20,11 +20,12 @@ from specchat.drafters.base import TargetView
 from specchat.drafters.cache_policy import BLOCK, CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.dynamic_tree import grow_tree
-from specchat.drafters.working_cache import WorkingCache, rotate
+from specchat.drafters.working_cache import WorkingCache
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 from specchat.models.attention import attend
 from specchat.models.draft_model import DraftModel, load_draft_model
+from specchat.models.longspec import rotate
 from specchat.quant.quantize import quantize_linears
 
 class ModelDrafter:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from specchat.models.longspec import rotate
+
 
 class WorkingCache:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, working: int, *,
@@ -68,8 +70,3 @@ class WorkingCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.stored_keys, self.stored_values, self.keys, self.values))
 
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [..., q, D] with tables cos / sin [q, D]."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specchat.models.longspec import rotate
+
 
 class LastQuery:
     def __init__(self, model: nn.Module, *, lean: bool):
@@ -42,8 +44,7 @@ class LastQuery:
             if self.q_norm is not None:
                 query = self.q_norm(query)
             cos, sin = self.rotary(query, position.reshape(1, 1))
-            first, second = query.chunk(2, dim=-1)
-            query = query * cos[0] + torch.cat([-second, first], dim=-1) * sin[0]
+            query = rotate(query, cos[0], sin[0])
         return query.float()
 
 
