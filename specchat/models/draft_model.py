@@ -50,9 +50,10 @@ def student_from_target(target: nn.Module, layers: int) -> nn.Module:
     (shared modules, not copies: training freezes them). The target must be dense (not 4-bit)."""
     from transformers import AutoModelForCausalLM
 
-    config = target.config.__class__.from_dict({**target.config.to_dict(), "num_hidden_layers": layers})
-    if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:layers]
+    fields = {**target.config.to_dict(), "num_hidden_layers": layers}
+    if fields.get("layer_types"):  # validated against num_hidden_layers as the config is built
+        fields["layer_types"] = fields["layer_types"][:layers]
+    config = target.config.__class__.from_dict(fields)
     with torch.device("meta"):
         student = AutoModelForCausalLM.from_config(config)
     _share(student, target.model.embed_tokens, target.lm_head)

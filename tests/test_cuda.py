@@ -1,0 +1,115 @@
+"""On CUDA: every drafter is lossless, with hybrid tree attention (the Triton kernels, compiled for the GPU)
+and with SDPA, on tiny random models of each family in fp32. Skipped without a GPU; the same properties are
+proven on CPU by the drafters' own test files.
+
+The tokenizer is a word-level one built here (one word per id): these tests need no model file, so they run
+on a GPU machine that has only torch, triton and transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from conftest import tiny_model
+from drafters_for_tests import RandomTreeDrafter
+from test_glide import random_draft
+from test_longspec import random_layer
+from test_speculative import random_prompt
+from test_tokenswift_drafter import random_heads
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from specchat.drafters.composite import CompositeDrafter
+from specchat.drafters.glide import GlideDrafter
+from specchat.drafters.longspec import LongSpecDrafter
+from specchat.drafters.model import ModelDrafter
+from specchat.drafters.ngram import NgramDrafter
+from specchat.drafters.tokenswift import TokenSwiftDrafter
+from specchat.engine.attention import use_attention
+from specchat.engine.generate import Engine
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.kernels.configs import prefix_config, tree_config
+from specchat.models.draft_model import DraftModel, student_from_target
+
+VOCAB = 1024
+CUDA = torch.device("cuda")
+NO_EOS = SamplingConfig(suppress=(2,))  # random models would otherwise stop at random places
+SAMPLED = SamplingConfig(temperature=1.0, top_p=0.9, seed=3, suppress=(2,))
+
+
+def word_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    words = {f"w{i}": i for i in range(vocab)}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="w0", eos_token="w2", pad_token="w2")
+
+
+TOKENIZER = word_tokenizer(VOCAB)
+
+DRAFTERS = {
+    "ngram": lambda engine, model, reference: NgramDrafter(),
+    "random": lambda engine, model, reference: RandomTreeDrafter(vocab_size=VOCAB, seed=1, reference=reference),
+    "longspec": lambda engine, model, reference: LongSpecDrafter(engine.target, random_layer(model)),
+    "glide": lambda engine, model, reference: GlideDrafter(engine.target, random_draft(model.config)),
+    "tokenswift": lambda engine, model, reference: TokenSwiftDrafter(engine.target, random_heads(model), lag=16),
+    "model": lambda engine, model, reference: ModelDrafter(
+        engine.target, DraftModel(student_from_target(model, 1), student=True)
+    ),
+    "longspec+ngram": lambda engine, model, reference: CompositeDrafter(
+        LongSpecDrafter(engine.target, random_layer(model)), NgramDrafter()
+    ),
+}
+
+
+def generate(engine: Engine, prompt: list[int], n: int, sampling: SamplingConfig) -> list[int]:
+    events = engine.generate(prompt, sampling=sampling, max_new_tokens=n, reproducible=True)
+    return [t for event in events for t in event.tokens]
+
+
+def cuda_model(family: str, attention: str, seed: int = 0):
+    model = tiny_model(family, vocab_size=VOCAB, seed=seed).to(CUDA)
+    use_attention(model, attention)
+    return model
+
+
+def test_the_hopper_block_configs_are_chosen():
+    major, _ = torch.cuda.get_device_capability()
+    if major < 9:
+        pytest.skip("not a Hopper GPU")
+    assert tree_config(CUDA, 128).num_stages == 3
+    assert prefix_config(CUDA, 128, rows=8).num_stages == 4
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("attention", ["sdpa", "hybrid"])
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_greedy_speculation_on_cuda_equals_autoregressive(family, attention, drafter):
+    prompt = random_prompt(40, seed=2, vocab=VOCAB)
+    reference_model = cuda_model(family, "sdpa")
+    expected = generate(Engine(reference_model, TOKENIZER, max_len=256), prompt, 100, NO_EOS)
+    model = cuda_model(family, attention)
+    engine = Engine(model, TOKENIZER, max_len=256)
+    assert engine.tree_only_masks == (attention == "hybrid")
+    engine.set_drafter(DRAFTERS[drafter](engine, model, prompt + expected), 16)
+    events = list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=100, reproducible=True))
+    assert [t for e in events for t in e.tokens] == expected
+    if drafter == "random":
+        assert events[-1].stats.accepted > 0
+    follow_up = prompt + expected[:30] + [5, 6, 7]  # a second turn over the cached prefix
+    want = generate(Engine(reference_model, TOKENIZER, max_len=256), follow_up, 40, NO_EOS)
+    assert generate(engine, follow_up, 40, NO_EOS) == want
+
+
+@pytest.mark.parametrize("drafter", ["random", "longspec", "model"])
+def test_seeded_sampling_on_cuda_equals_autoregressive(drafter):
+    """`reproducible=True` draws each token from its own seeded stream, so a sampled run is comparable
+    token for token (the chi-square tests of the distributions run on CPU)."""
+    prompt = random_prompt(40, seed=4, vocab=VOCAB)
+    model = cuda_model("llama", "hybrid")
+    expected = generate(Engine(model, TOKENIZER, max_len=256), prompt, 80, SAMPLED)
+    engine = Engine(model, TOKENIZER, max_len=256)
+    engine.set_drafter(DRAFTERS[drafter](engine, model, prompt + expected), 16)
+    assert generate(engine, prompt, 80, SAMPLED) == expected
