@@ -13,6 +13,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "gguf_blocks.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -29,16 +31,20 @@ namespace {
 constexpr int LANES = 16;  // partial sums kept side by side; a sum's order depends on the indices alone
 
 struct Linear {
-  // y = x W^T + bias, with W dense or the sum of 4-bit planes (packed codes + scales/zeros per group).
+  // y = x W^T + bias, with W dense, the sum of 4-bit planes (packed codes + scales/zeros per group), or GGUF
+  // block-quantized matrices stacked along their rows (gguf_blocks.h).
   at::Tensor dense;
   std::vector<at::Tensor> packed, scales;
   int64_t group = 0;
+  std::vector<gguf::Matrix> blocks;
   std::optional<at::Tensor> bias;
 
   at::Tensor operator()(const at::Tensor& x) const {
     at::Tensor out;
     if (dense.defined()) {
       out = at::linear(x, dense);
+    } else if (!blocks.empty()) {
+      out = gguf::matmul(x, blocks, gguf::portable_only()).to(x.scalar_type());
     } else {
       out = at::_weight_int4pack_mm_for_cpu(x, packed[0], group, scales[0]);
       for (size_t i = 1; i < packed.size(); ++i) {
@@ -448,6 +454,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         linear.bias = bias;
         return linear;
       });
+  m.def("gguf_linear", [](std::vector<at::Tensor> blocks, std::vector<int64_t> types, int64_t cols,
+                          std::optional<at::Tensor> bias) {
+    Linear linear;
+    for (size_t i = 0; i < blocks.size(); ++i) linear.blocks.push_back({blocks[i].contiguous(), types[i], cols});
+    linear.bias = bias;
+    return linear;
+  });
+  m.def("gguf_matmul", [](at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types, int64_t cols,
+                          bool portable) {
+    std::vector<gguf::Matrix> matrices;
+    for (size_t i = 0; i < blocks.size(); ++i) matrices.push_back({blocks[i].contiguous(), types[i], cols});
+    return gguf::matmul(x, matrices, portable);
+  }, "x [n, cols] times GGUF matrices stacked along their rows -> [n, rows] float32 (gguf_blocks.h).");
+  m.def("gguf_rows", [](at::Tensor blocks, int64_t type, int64_t cols, at::Tensor ids) {
+    return gguf::dequantize_rows({blocks.contiguous(), type, cols}, ids);
+  }, "Rows `ids` of a GGUF matrix dequantized to float32.");
   py::class_<Projection>(m, "Projection").def(py::init([](std::vector<Linear> parts) {
     return Projection{parts};
   }));

@@ -7,11 +7,13 @@ loaded from torch's extension cache (rebuilt only when the source changes).
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu_decoder.cpp")
+HEADERS = [Path(__file__).with_name("gguf_blocks.h")]
 
 
 @functools.cache
@@ -23,7 +25,11 @@ def cpu_decoder():
     _put_ninja_on_path()
     native = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
     try:
-        return load(name="specchat_cpu_decoder", sources=[str(SOURCE)], extra_cflags=["-O3", native])
+        # named by its code: two checkouts of different versions each keep their own build
+        version = hashlib.sha256(b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))).hexdigest()[:12]
+        return load(name=f"specchat_cpu_decoder_{version}", sources=[str(SOURCE)],
+                    extra_cflags=["-O3", native, "-fopenmp"],  # at::parallel_for runs serially without it
+                    extra_ldflags=["-fopenmp"])
     except (OSError, ImportError, RuntimeError) as error:  # a missing compiler is an OSError, a failed build a RuntimeError
         raise RuntimeError(f"the CPU decoder could not be built: {str(error).strip().splitlines()[-1]}") from None
 

@@ -1,0 +1,581 @@
+// GGUF's block-quantized weights times a few activation rows, each weight block read once for all rows.
+//
+// Every block type is unpacked into one integer form, a weight row at a time, into a buffer that stays in L1:
+//   w[i] = A[g] * S[j] * u[i] + B[g] * M[j]
+// with u[i] a small unsigned code (signed for Q8_0), S and M integers per 16 values (j) and A, B floats per
+// group g (32 values for the legacy types, 256 for the K-quants). Activations are quantized per row to int8
+// over the same groups (x = D[g] * a, as llama.cpp quantizes them for these types), so a dot product is
+//   sum_g D[g] * (A[g] * sum_j S[j] * (u . a)_j + B[g] * sum_j M[j] * sum(a)_j)
+// whose inner sums are integers: exact in any order. Each row's float steps (8 lanes, a fixed final sum) are
+// the same whichever rows share the call, and the AVX2 and portable paths perform the same float operations,
+// so results are bitwise the same across row counts and code paths (tests/test_gguf_kernels.py).
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define GGUF_AVX2 1
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+namespace gguf {
+
+// ggml's type ids, as GGUF files store them.
+enum Type : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+struct Layout {
+  int64_t values, bytes;  // per block
+  bool is_signed;         // codes are int8 (Q8_0), else unsigned
+};
+
+inline Layout layout(int64_t type) {
+  switch (type) {
+    case Q4_0: return {32, 18, false};
+    case Q4_1: return {32, 20, false};
+    case Q5_0: return {32, 22, false};
+    case Q5_1: return {32, 24, false};
+    case Q8_0: return {32, 34, true};
+    case Q4_K: return {256, 144, false};
+    case Q5_K: return {256, 176, false};
+    case Q6_K: return {256, 210, false};
+    default: TORCH_CHECK(false, "no kernel for GGUF block type ", type);
+  }
+}
+
+inline float half(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#ifdef GGUF_AVX2
+  return _cvtsh_ss(bits);  // F16C: exact, like the portable conversion
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
+}
+
+// One weight row in the integer form. `pair_scales` holds S once per pair of codes (the AVX2 multiply-add
+// pairs them), so a chunk of 32 codes has 16 of them.
+struct Unpacked {
+  std::vector<uint8_t> codes;
+  std::vector<int16_t> pair_scales, mins;  // [cols / 2], [cols / 16]
+  std::vector<float> a, b;                 // [cols / values per block]
+  void resize(int64_t cols, int64_t groups) {
+    codes.resize(cols);
+    pair_scales.resize(cols / 2);
+    mins.resize(cols / 16);
+    a.resize(groups);
+    b.resize(groups);
+  }
+};
+
+// ---- unpacking: the codes of 32 values at a time, natural order -------------------------------------------
+
+// 16 bytes of nibbles: the low nibbles are values 0..15, the high ones 16..31 (legacy types).
+inline void nibbles_32(const uint8_t* q, uint8_t* out) {
+#ifdef GGUF_AVX2
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(15));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_set_m128i(high, low));
+#else
+  for (int l = 0; l < 16; ++l) {
+    out[l] = q[l] & 15;
+    out[l + 16] = q[l] >> 4;
+  }
+#endif
+}
+
+// 32 bytes of nibbles: low nibbles are values 0..31, high ones 32..63 (K-quants).
+inline void nibbles_64(const uint8_t* q, uint8_t* out) {
+#ifdef GGUF_AVX2
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  const __m256i mask = _mm256_set1_epi8(15);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_and_si256(bytes, mask));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask));
+#else
+  for (int l = 0; l < 32; ++l) {
+    out[l] = q[l] & 15;
+    out[l + 32] = q[l] >> 4;
+  }
+#endif
+}
+
+// Adds 16 to code l (of 32) where bit l of `bits` is set (Q5_0 / Q5_1's fifth bits).
+inline void fifth_bits_32(uint32_t bits, uint8_t* codes) {
+  for (int l = 0; l < 32; ++l) codes[l] |= ((bits >> l) & 1) << 4;
+}
+
+// Adds 16 to code l (of 32) where bit `shift` of high[l] is set (Q5_K's fifth bits).
+inline void fifth_bits_k(const uint8_t* high, int shift, uint8_t* codes) {
+#ifdef GGUF_AVX2
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high));
+  const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << shift));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+  const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), _mm256_or_si256(c, _mm256_and_si256(set, _mm256_set1_epi8(16))));
+#else
+  for (int l = 0; l < 32; ++l) codes[l] |= ((high[l] >> shift) & 1) << 4;
+#endif
+}
+
+// Q6_K: 64 low-nibble bytes and 32 bytes of 2-bit pairs -> 128 codes in 0..63.
+inline void six_bits_128(const uint8_t* ql, const uint8_t* qh, uint8_t* out) {
+#ifdef GGUF_AVX2
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+  const __m256i low0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+  const __m256i low1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+  const auto high = [&](int shift) {  // bits (shift, shift + 1) of each byte, moved to bits 4 and 5
+    const __m256i two = _mm256_and_si256(_mm256_srli_epi16(h, shift), m2);
+    return _mm256_slli_epi16(two, 4);
+  };
+  const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(low0, 4), m4);
+  const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(low1, 4), m4);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_or_si256(_mm256_and_si256(low0, m4), high(0)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), _mm256_or_si256(_mm256_and_si256(low1, m4), high(2)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64), _mm256_or_si256(hi0, high(4)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 96), _mm256_or_si256(hi1, high(6)));
+#else
+  for (int l = 0; l < 32; ++l) {
+    out[l] = (ql[l] & 15) | ((qh[l] & 3) << 4);
+    out[l + 32] = (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4);
+    out[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+    out[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+  }
+#endif
+}
+
+// Q4_K / Q5_K: the eight 6-bit scales (bytes 0-7 of `out`) and mins (8-15) from the 12 packed bytes.
+inline void scales_mins_k4(const uint8_t* q, uint8_t* out) {
+  uint32_t w[4];
+  std::memcpy(w, q, 12);
+  constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+  w[3] = ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4);  // mins 4-7
+  const uint32_t mins = w[1] & low6;                           // mins 0-3
+  w[1] = (w[2] & low4) | (((w[0] >> 6) & low2) << 4);          // scales 4-7
+  w[2] = mins;
+  w[0] &= low6;                                                // scales 0-3
+  std::memcpy(out, w, 16);
+}
+
+// Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes.
+inline void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
+  if (j < 4) {
+    scale = q[j] & 63;
+    min = q[j + 4] & 63;
+  } else {
+    scale = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+    min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// S and M of the 16-value sub-block `j`, both halves of a 32-value sub-block alike where they come in 32s.
+inline void set_sub(Unpacked& u, int64_t j, int s, int m) {
+  std::fill_n(u.pair_scales.data() + 8 * j, 8, static_cast<int16_t>(s));
+  u.mins[j] = static_cast<int16_t>(m);
+}
+
+inline void unpack_row(const uint8_t* row, int64_t type, int64_t cols, Unpacked& u) {
+  const Layout l = layout(type);
+  const int64_t blocks = cols / l.values;
+  u.resize(cols, blocks);
+  for (int64_t k = 0; k < blocks; ++k) {
+    const uint8_t* b = row + k * l.bytes;
+    uint8_t* codes = u.codes.data() + k * l.values;
+    const int64_t sub = k * l.values / 16;  // first 16-value sub-block
+    switch (type) {
+      case Q4_0:
+      case Q4_1:
+      case Q5_0:
+      case Q5_1: {
+        const bool five = type == Q5_0 || type == Q5_1, with_min = type == Q4_1 || type == Q5_1;
+        const float d = half(b);
+        const int64_t head = (with_min ? 4 : 2) + (five ? 4 : 0);
+        nibbles_32(b + head, codes);
+        if (five) {
+          uint32_t bits;
+          std::memcpy(&bits, b + head - 4, 4);
+          fifth_bits_32(bits, codes);
+        }
+        u.a[k] = d;
+        u.b[k] = with_min ? half(b + 2) : -(five ? 16.0f : 8.0f) * d;
+        set_sub(u, sub, 1, 1);
+        set_sub(u, sub + 1, 1, 1);
+        break;
+      }
+      case Q8_0:
+        std::memcpy(codes, b + 2, 32);
+        u.a[k] = half(b);
+        u.b[k] = 0.0f;
+        set_sub(u, sub, 1, 0);
+        set_sub(u, sub + 1, 1, 0);
+        break;
+      case Q4_K:
+      case Q5_K: {
+        const uint8_t* scales = b + 4;
+        const uint8_t* high = b + 16;  // Q5_K only
+        const uint8_t* qs = b + (type == Q5_K ? 48 : 16);
+        for (int c = 0; c < 4; ++c) {  // 64 values: sub-blocks 2c (low nibbles) and 2c + 1 (high)
+          nibbles_64(qs + 32 * c, codes + 64 * c);
+          if (type == Q5_K) {
+            fifth_bits_k(high, 2 * c, codes + 64 * c);
+            fifth_bits_k(high, 2 * c + 1, codes + 64 * c + 32);
+          }
+          for (int h = 0; h < 2; ++h) {
+            int s, m;
+            scale_min_k4(2 * c + h, scales, s, m);
+            set_sub(u, sub + 4 * c + 2 * h, s, m);
+            set_sub(u, sub + 4 * c + 2 * h + 1, s, m);
+          }
+        }
+        u.a[k] = half(b);
+        u.b[k] = -half(b + 2);
+        break;
+      }
+      case Q6_K: {
+        const uint8_t* ql = b;
+        const uint8_t* qh = b + 128;
+        const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+        six_bits_128(ql, qh, codes);
+        six_bits_128(ql + 64, qh + 32, codes + 128);
+        for (int j = 0; j < 16; ++j) set_sub(u, sub + j, scales[j], scales[j]);
+        const float d = half(b + 208);
+        u.a[k] = d;
+        u.b[k] = -32.0f * d;  // w = d S (u - 32) = d S u - 32 d S
+        break;
+      }
+      default: layout(type);
+    }
+  }
+}
+
+// ---- activations -----------------------------------------------------------------------------------------
+
+// Rows of x quantized to int8 per group of `group` values: x = scale * q; sums of q per 16 values.
+struct Quantized {
+  int64_t rows = 0, cols = 0, group = 0;
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<int16_t> sums;
+
+  Quantized(const float* x, int64_t rows_, int64_t cols_, int64_t group_)
+      : rows(rows_), cols(cols_), group(group_), q(rows_ * cols_), scale(rows_ * cols_ / group_),
+        sums(rows_ * cols_ / 16) {
+    for (int64_t g = 0; g < rows * cols / group; ++g) {
+      const float* in = x + g * group;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::fabs(in[i]));
+      const float d = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+      scale[g] = d;
+      int8_t* out = q.data() + g * group;
+      for (int64_t i = 0; i < group; ++i) out[i] = static_cast<int8_t>(std::nearbyint(in[i] * inverse));
+    }
+    for (int64_t j = 0; j < rows * cols / 16; ++j) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) sum += q[j * 16 + i];
+      sums[j] = static_cast<int16_t>(sum);
+    }
+  }
+};
+
+// ---- the dot products --------------------------------------------------------------------------------------
+//
+// Per row and group g: P = sum_j S[j] (u . a)_j and Q = sum_j M[j] sum(a)_j, each in 8 int32 lanes (lane l
+// holds code pairs 2l, 2l + 1 of every 32 codes, and sub-blocks 2l, 2l + 1 of the group), then
+//   acc += float(P) * (D[g] A[g]),  offset += float(Q) * (D[g] B[g])   lane by lane, fused multiply-adds,
+// and the result is lane_sum(acc) + lane_sum(offset). Every path below performs exactly these operations.
+
+// The eight float lanes summed in one fixed order (the AVX2 path's).
+inline float lane_sum(const float* v) {
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
+// Q lanes of group g for activation row r.
+inline void offset_lanes(const Unpacked& u, const Quantized& x, int64_t r, int64_t g, int64_t values,
+                         int32_t* lanes) {
+  const int64_t per = values / 16, first = g * per;
+  const int16_t* sums = x.sums.data() + r * x.cols / 16;
+  for (int l = 0; l < 8; ++l) {
+    int32_t q = 0;
+    for (int64_t j = first + 2 * l; j < std::min(first + 2 * l + 2, first + per); ++j) q += u.mins[j] * sums[j];
+    lanes[l] = q;
+  }
+}
+
+// Portable: out[r] for rows [first, first + n).
+template <bool SIGNED>
+void dots_portable(const Unpacked& u, const Quantized& x, int64_t first, int64_t n, int64_t values, float* out) {
+  const int64_t cols = x.cols, groups = cols / values;
+  for (int64_t r = first; r < first + n; ++r) {
+    const int8_t* a = x.q.data() + r * cols;
+    float acc[8] = {}, offset[8] = {};
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t lanes[8] = {};
+      for (int64_t c = g * values; c < (g + 1) * values; c += 32) {
+        for (int k = 0; k < 16; ++k) {  // k: a pair of codes
+          const int64_t i = c + 2 * k;
+          const int32_t w0 = SIGNED ? static_cast<int8_t>(u.codes[i]) : u.codes[i];
+          const int32_t w1 = SIGNED ? static_cast<int8_t>(u.codes[i + 1]) : u.codes[i + 1];
+          lanes[k / 2] += (w0 * a[i] + w1 * a[i + 1]) * u.pair_scales[i / 2];
+        }
+      }
+      const float d = x.scale[r * groups + g];
+      const float s = d * u.a[g];
+      for (int l = 0; l < 8; ++l) acc[l] = std::fma(static_cast<float>(lanes[l]), s, acc[l]);
+      if (u.b[g] != 0.0f) {
+        offset_lanes(u, x, r, g, values, lanes);
+        const float t = d * u.b[g];
+        for (int l = 0; l < 8; ++l) offset[l] = std::fma(static_cast<float>(lanes[l]), t, offset[l]);
+      }
+    }
+    out[r] = lane_sum(acc) + lane_sum(offset);
+  }
+}
+
+#ifdef GGUF_AVX2
+inline float lane_sum(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  return lane_sum(lanes);
+}
+
+// codes (unsigned, or int8 with SIGNED) times int8 activations in pairs, times the pairs' scales, into lanes.
+template <bool SIGNED>
+inline __m256i pair_products(__m256i codes, __m256i a, __m256i scales) {
+  if (SIGNED) return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(codes, codes), _mm256_sign_epi8(a, codes)), scales);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, a), scales);
+}
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// AVX2 over the unpacked row (any type): ROWS rows share each load of the codes and scales.
+template <bool SIGNED, int ROWS>
+void dots_avx2(const Unpacked& u, const Quantized& x, int64_t first, int64_t values, float* out) {
+  const int64_t cols = x.cols, groups = cols / values;
+  __m256 acc[ROWS], offset[ROWS];
+  const int8_t* a[ROWS];
+  for (int r = 0; r < ROWS; ++r) {
+    acc[r] = offset[r] = _mm256_setzero_ps();
+    a[r] = x.q.data() + (first + r) * cols;
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i lanes[ROWS];
+    for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
+    for (int64_t c = g * values; c < (g + 1) * values; c += 32) {
+      const __m256i w = load256(u.codes.data() + c), s = load256(u.pair_scales.data() + c / 2);
+      for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_add_epi32(lanes[r], pair_products<SIGNED>(w, load256(a[r] + c), s));
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const float d = x.scale[(first + r) * groups + g];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[r]), _mm256_set1_ps(d * u.a[g]), acc[r]);
+      if (u.b[g] != 0.0f) {
+        alignas(32) int32_t q[8];
+        offset_lanes(u, x, first + r, g, values, q);
+        offset[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(load256(q)), _mm256_set1_ps(d * u.b[g]), offset[r]);
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
+}
+
+// Q4_K straight from its blocks (no unpacked copy): the same operations as the paths above.
+template <int ROWS>
+void dots_q4_k(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m256 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* b = row + g * 144;
+    uint8_t scales[16];  // then the mins
+    scales_mins_k4(b + 4, scales);
+    int64_t packed_mins;
+    std::memcpy(&packed_mins, scales + 8, 8);
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(packed_mins), twice));
+    const float da = half(b), db = -half(b + 2);
+    __m256i lanes[ROWS];
+    for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = load256(b + 16 + 32 * c);
+      const __m256i low = _mm256_and_si256(q, m4), high = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m256i s_low = _mm256_set1_epi16(scales[2 * c]), s_high = _mm256_set1_epi16(scales[2 * c + 1]);
+      for (int r = 0; r < ROWS; ++r) {
+        const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 64 * c;
+        lanes[r] = _mm256_add_epi32(lanes[r], _mm256_add_epi32(pair_products<false>(low, load256(a), s_low),
+                                                               pair_products<false>(high, load256(a + 32), s_high)));
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const float d = x.scale[(first + r) * groups + g];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[r]), _mm256_set1_ps(d * da), acc[r]);
+      const __m256i q = _mm256_madd_epi16(m16, load256(x.sums.data() + (first + r) * cols / 16 + g * 16));
+      offset[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d * db), offset[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
+}
+
+// Q6_K straight from its blocks.
+template <int ROWS>
+void dots_q6_k(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  alignas(32) uint8_t codes[128];
+  __m256 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* b = row + g * 210;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+    const float da = half(b + 208), db = -32.0f * da;
+    __m256i lanes[ROWS];
+    for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      six_bits_128(b + 64 * h, b + 128 + 32 * h, codes);
+      for (int c = 0; c < 4; ++c) {
+        const int j = 8 * h + 2 * c;  // the chunk's two 16-value sub-blocks
+        const __m256i s = _mm256_set_m128i(_mm_set1_epi16(scales[j + 1]), _mm_set1_epi16(scales[j]));
+        const __m256i w = load256(codes + 32 * c);
+        for (int r = 0; r < ROWS; ++r) {
+          const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 128 * h + 32 * c;
+          lanes[r] = _mm256_add_epi32(lanes[r], pair_products<false>(w, load256(a), s));
+        }
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const float d = x.scale[(first + r) * groups + g];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[r]), _mm256_set1_ps(d * da), acc[r]);
+      const __m256i q = _mm256_madd_epi16(s16, load256(x.sums.data() + (first + r) * cols / 16 + g * 16));
+      offset[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d * db), offset[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
+}
+
+// Rows in fours, then one at a time; each row's operations the same either way.
+template <typename Kernel>
+inline void by_fours(int64_t rows, Kernel kernel) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) kernel(std::integral_constant<int, 4>{}, r);
+  for (; r < rows; ++r) kernel(std::integral_constant<int, 1>{}, r);
+}
+#endif
+
+// Whether a weight row of `type` goes through `unpack_row` first (else a kernel reads its blocks directly).
+inline bool needs_unpacking(int64_t type, bool portable) {
+#ifdef GGUF_AVX2
+  return portable || (type != Q4_K && type != Q6_K);
+#else
+  (void)type, (void)portable;
+  return true;
+#endif
+}
+
+// out[r] = a weight row dotted with activation rows r in [0, rows): `u` holds it unpacked when
+// `needs_unpacking`, else `row` is read directly.
+inline void dots(const uint8_t* row, const Unpacked& u, const Quantized& x, int64_t type, bool portable, float* out) {
+  const Layout l = layout(type);
+#ifdef GGUF_AVX2
+  if (!portable) {
+    if (type == Q4_K) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q4_k<rows()>(row, x, r, out); });
+    if (type == Q6_K) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q6_k<rows()>(row, x, r, out); });
+    if (l.is_signed) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_avx2<true, rows()>(u, x, r, l.values, out); });
+    return by_fours(x.rows, [&](auto rows, int64_t r) { dots_avx2<false, rows()>(u, x, r, l.values, out); });
+  }
+#endif
+  (void)row;
+  l.is_signed ? dots_portable<true>(u, x, 0, x.rows, l.values, out)
+              : dots_portable<false>(u, x, 0, x.rows, l.values, out);
+}
+
+// ---- matrices ----------------------------------------------------------------------------------------------
+
+// One quantized matrix: its blocks [out, bytes per row] as the file stores them.
+struct Matrix {
+  at::Tensor blocks;
+  int64_t type = 0, cols = 0;
+  int64_t rows() const { return blocks.size(0); }
+};
+
+inline bool portable_only() {
+  static const bool value = [] {
+    const char* flag = std::getenv("SPECCHAT_PORTABLE_KERNELS");
+    return flag && flag[0] == '1';
+  }();
+  return value;
+}
+
+// x [n, cols] (any float dtype) times the matrices stacked along their rows -> [n, total rows] float32. One
+// parallel loop over all their rows; activations quantized once per group size.
+inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, bool portable) {
+  TORCH_CHECK(x.dim() == 2, "x must be [rows, cols]");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t n = xf.size(0), cols = xf.size(1);
+  std::vector<int64_t> starts{0};
+  for (const auto& m : matrices) {
+    TORCH_CHECK(m.cols == cols, "matrix of ", m.cols, " columns times rows of ", cols);
+    TORCH_CHECK(m.blocks.scalar_type() == at::kByte && m.blocks.is_contiguous(), "blocks must be contiguous uint8");
+    const Layout l = layout(m.type);
+    TORCH_CHECK(cols % l.values == 0 && m.blocks.size(1) == cols / l.values * l.bytes, "blocks do not fit the type");
+    starts.push_back(starts.back() + m.rows());
+  }
+  const Quantized* by_group[2] = {nullptr, nullptr};  // groups of 32, 256
+  std::vector<std::unique_ptr<Quantized>> held;
+  for (const auto& m : matrices) {
+    const int64_t values = layout(m.type).values, slot = values == 32 ? 0 : 1;
+    if (!by_group[slot]) {
+      held.push_back(std::make_unique<Quantized>(xf.data_ptr<float>(), n, cols, values));
+      by_group[slot] = held.back().get();
+    }
+  }
+  const int64_t total = starts.back();
+  at::Tensor out = at::empty({n, total}, xf.options());
+  float* out_data = out.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
+    Unpacked u;
+    std::vector<float> column(n);
+    size_t part = 0;
+    for (int64_t o = begin; o < end; ++o) {
+      while (o >= starts[part + 1]) ++part;
+      const Matrix& m = matrices[part];
+      const uint8_t* row = m.blocks.data_ptr<uint8_t>() + (o - starts[part]) * m.blocks.size(1);
+      if (needs_unpacking(m.type, portable)) unpack_row(row, m.type, cols, u);
+      dots(row, u, *by_group[layout(m.type).values == 32 ? 0 : 1], m.type, portable, column.data());
+      for (int64_t r = 0; r < n; ++r) out_data[r * total + o] = column[r];
+    }
+  });
+  return out;
+}
+
+// Rows `ids` of a matrix, dequantized to float32 [ids, cols] (embedding lookups).
+inline at::Tensor dequantize_rows(const Matrix& m, const at::Tensor& ids) {
+  const at::Tensor idx = ids.to(at::kLong).contiguous();
+  const int64_t n = idx.numel(), cols = m.cols, values = layout(m.type).values;
+  const bool is_signed = layout(m.type).is_signed;
+  at::Tensor out = at::empty({n, cols}, at::TensorOptions().dtype(at::kFloat));
+  Unpacked u;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t id = idx.data_ptr<int64_t>()[r];
+    TORCH_CHECK(id >= 0 && id < m.rows(), "row ", id, " out of range");
+    unpack_row(m.blocks.data_ptr<uint8_t>() + id * m.blocks.size(1), m.type, cols, u);
+    float* dst = out.data_ptr<float>() + r * cols;
+    for (int64_t i = 0; i < cols; ++i) {
+      const int64_t g = i / values, j = i / 16;
+      const float code = is_signed ? static_cast<int8_t>(u.codes[i]) : u.codes[i];
+      dst[i] = u.a[g] * u.pair_scales[i / 2] * code + u.b[g] * u.mins[j];
+    }
+  }
+  return out;
+}
+
+}  // namespace gguf
