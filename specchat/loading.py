@@ -30,8 +30,9 @@ class ModelSource:
     """Where a model comes from, before anything is loaded."""
 
     name: str  # what the user asked for (alias, repo id or path)
-    location: str  # repo id or local directory handed to from_pretrained
+    location: str  # repo id or local directory handed to from_pretrained, or the GGUF file
     profile: Profile | None = None
+    gguf: bool = False  # `location` is (or, for a profile, will be) a GGUF file run on its own blocks
 
     @property
     def embedded(self) -> bool:
@@ -64,8 +65,10 @@ def resolve_model(spec: str | None) -> ModelSource:
     spec = spec or DEFAULT_PROFILE
     if spec in profiles:
         profile = profiles[spec]
-        return ModelSource(name=spec, location=profile.target, profile=profile)
+        return ModelSource(name=spec, location=profile.target, profile=profile, gguf=bool(profile.gguf))
     path = Path(spec).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return ModelSource(name=spec, location=str(gguf_file(path)), gguf=True)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise SpecchatError(f"'{spec}' is a directory but holds no config.json: not a Hugging Face model")
@@ -130,6 +133,8 @@ def load_model(
     check_quantize(quantize, device)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    if source.gguf:
+        return _load_gguf(source, quantize, torch_device, torch_dtype, attention, progress)
     native = source.embedded and dtype == "auto" and quantize is None and torch_device.type == "cpu"
     start = time.perf_counter()
     location = embedded_checkpoint(progress, dense=not native) if source.embedded else _local_or_cached(source)
@@ -142,7 +147,7 @@ def load_model(
         if native:
             from specchat.quant.gguf_model import load_gguf_model
 
-            model = load_gguf_model(embedded_gguf_path(), location, torch_dtype)
+            model = load_gguf_model(embedded_gguf_path(), location, torch_dtype, aten_int4=True)
         else:
             model = AutoModelForCausalLM.from_pretrained(
                 location, dtype=torch_dtype, device_map=device_map, attn_implementation="sdpa"
@@ -160,6 +165,105 @@ def load_model(
     model.eval().requires_grad_(False)
     use_attention(model, attention)
     return LoadedModel(model, tokenizer, source, time.perf_counter() - start)
+
+
+def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch.dtype | None, attention: str,
+               progress: Callable[[str], None]) -> LoadedModel:  # fmt: skip
+    """A GGUF file on its own blocks: on a CPU, bf16 activations unless told otherwise."""
+    from transformers import AutoTokenizer
+
+    from specchat.engine.attention import use_attention
+    from specchat.quant.gguf_model import load_gguf_model
+
+    if device.type != "cpu":
+        raise SpecchatError(f"GGUF files run on a CPU here; '{source.name}' cannot be loaded on {device}")
+    if quantize:
+        raise SpecchatError(f"'{source.name}' is already quantized (a GGUF file): drop --quantize")
+    start = time.perf_counter()
+    path = Path(source.location) if not source.profile else profile_gguf(source.profile)
+    dtype = dtype or torch.bfloat16
+    config_dir = gguf_checkpoint(path, progress)
+    progress(f"loading {source.name} ({str(dtype).removeprefix('torch.')} activations)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config_dir)
+        model = load_gguf_model(path, config_dir, dtype)
+    except (OSError, ValueError) as error:
+        raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
+    model.eval().requires_grad_(False)
+    use_attention(model, attention)
+    return LoadedModel(model, tokenizer, source, time.perf_counter() - start)
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def gguf_file(path: Path) -> Path:
+    """`path` if it is a readable GGUF file, else a one-line error saying what is wrong with it."""
+    if not path.exists():
+        raise SpecchatError(f"no such GGUF file: {path}")
+    if not path.is_file():
+        raise SpecchatError(f"{path} is not a file")
+    try:
+        with path.open("rb") as file:
+            magic = file.read(4)
+    except OSError as error:
+        raise SpecchatError(f"cannot read {path}: {error.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise SpecchatError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
+    return path
+
+
+GGUF_DIR = Path("~/.cache/specchat/gguf")
+
+
+def profile_gguf(profile: Profile, *, download: bool = True) -> Path | None:
+    """A profile's target GGUF file (its `gguf` field)."""
+    return find_gguf(profile.gguf, download=download)
+
+
+def find_gguf(spec: str, *, download: bool = True) -> Path | None:
+    """The GGUF file `repo/file.gguf`: under ~/.cache/specchat/gguf, else in the Hugging Face cache, else
+    downloaded when online (None instead with `download` off); else a one-line error saying how to get it."""
+    repo, _, name = spec.rpartition("/")
+    local = GGUF_DIR.expanduser() / name
+    if local.is_file():
+        return local
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo, name)
+    if isinstance(cached, str):
+        return Path(cached)
+    if not download:
+        return None
+    if offline():
+        raise SpecchatError(
+            f"{name} is not on this machine: put it in {GGUF_DIR} or run `hf download {repo} {name}` online"
+        )
+    return Path(hf_hub_download(repo, name))
+
+
+def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage: None) -> str:
+    """A directory with a GGUF file's config and tokenizer, converted from its metadata once (seconds; the
+    tokenizer's vocabulary is the slow part) and found again by the file's name, size and time."""
+    stat = path.stat()
+    stamp = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir() / f"gguf-{path.stem}-{stamp}"
+    if (target / "config.json").is_file():
+        return str(target)
+    from transformers import AutoConfig, AutoTokenizer
+
+    progress(f"reading {path.name}'s tokenizer and config (first run only)")
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
+    try:
+        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(partial)
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    except (OSError, ValueError, KeyError) as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise SpecchatError(f"could not read {path}: {first_line(error)}") from None
+    config.__dict__.pop("quantization_config", None)
+    config.save_pretrained(partial)
+    _publish(partial, target)
+    return str(target)
 
 
 def _matmul_shape(location: str) -> tuple[int, int]:
@@ -183,6 +287,8 @@ def is_available(source: ModelSource) -> bool:
     """Whether the model can be loaded on this machine without a download."""
     if source.embedded:
         return embedded_gguf_path() is not None
+    if source.gguf:
+        return Path(source.location).is_file() if source.profile is None else profile_gguf(source.profile, download=False) is not None
     if Path(source.location).is_dir():
         return True
     from huggingface_hub import try_to_load_from_cache
@@ -215,15 +321,12 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
     weights = target / "model.safetensors"
     if (target / "config.json").is_file() and (weights.is_file() or not dense):
         return str(target)
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
     if not (target / "config.json").is_file():
         progress("reading the embedded GGUF's tokenizer and config (first run only, ~10 s)")
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(partial)
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        config.__dict__.pop("quantization_config", None)
-        config.save_pretrained(partial)
+        shutil.copytree(gguf_checkpoint(gguf), partial)
         _publish(partial, target)
     if dense and not weights.is_file():
         progress("dequantizing the embedded GGUF to fp32 safetensors (first run only, ~20 s)")

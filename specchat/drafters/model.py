@@ -189,7 +189,11 @@ class _TreeRows:
 
 def fetch_checkpoint(repo: str) -> str:
     """A profile's published draft model, by repo id: transformers finds it in the cache (or fetches it) in
-    whichever weight format it was published."""
+    whichever weight format it was published; a `repo/file.gguf` is found as a profile's GGUF target is."""
+    if repo.endswith(".gguf"):
+        from specchat.loading import find_gguf
+
+        return str(find_gguf(repo))
     return repo
 
 
@@ -202,10 +206,12 @@ def build(target: TargetView, checkpoint: Path | str) -> ModelDrafter:
 def _location(checkpoint: Path | str) -> Path | str:
     """`model:ALIAS` drafts with that profile's target (a small model for a large one of its family); the
     embedded model with its weights dequantized, as transformers loads them."""
-    from specchat.loading import embedded_checkpoint
+    from specchat.loading import embedded_checkpoint, profile_gguf
     from specchat.profiles import load_profiles
 
     profile = load_profiles().get(str(checkpoint))
     if profile is None:
         return checkpoint
+    if profile.gguf:
+        return profile_gguf(profile)
     return embedded_checkpoint(dense=True) if profile.embedded else profile.target

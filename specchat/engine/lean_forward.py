@@ -22,6 +22,7 @@ from torch import nn
 from specchat.engine.attention import CANONICAL
 from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Side, fuse_projections
+from specchat.quant.gguf_linear import GGUFLinear
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
 
@@ -93,7 +94,18 @@ def _layer(native, layer):
 
 def _projection(native, layer: nn.Module):
     parts = list(layer.layers) if isinstance(layer, Side) else [layer]
+    if all(isinstance(part, GGUFLinear) for part in parts):  # one call over all their rows
+        return native.Projection([_gguf_linear(native, parts)])
     return native.Projection([_linear(native, part) for part in parts])
+
+
+def _gguf_linear(native, parts: list[GGUFLinear]):
+    present = [part.bias for part in parts if part.bias is not None]
+    bias = None
+    if present:  # a part without a bias adds zeros
+        bias = torch.cat([present[0].new_zeros(p.out_features) if p.bias is None else p.bias for p in parts])
+    return native.gguf_linear([part.blocks for part in parts], [part.type_id for part in parts],
+                              parts[0].in_features, bias)  # fmt: skip
 
 
 def _linear(native, layer: nn.Module):
@@ -102,6 +114,8 @@ def _linear(native, layer: nn.Module):
     if isinstance(layer, Int8Linear):
         planes, scales = [layer.high, layer.low], [layer.high_scales, layer.low_scales]
         return native.Linear.int4(planes, scales, layer.group_size, layer.bias)
+    if isinstance(layer, GGUFLinear):
+        return _gguf_linear(native, [layer])
     if isinstance(layer, nn.Linear):
         return native.Linear.dense(layer.weight, layer.bias)
     raise TypeError(f"the CPU decoder cannot run a {type(layer).__name__} layer")

@@ -84,7 +84,14 @@ def load_draft_model(source: str | Path, target: nn.Module, tokenizer=None) -> D
     path = Path(source).expanduser()
     if path.is_dir() and (path / "config.json").is_file() and STUDENT in _read_config(path):
         return _load_student(path, target)
-    draft = _load_pretrained(str(source), target)
+    if path.suffix.lower() == ".gguf":
+        from specchat.loading import gguf_checkpoint, gguf_file
+
+        path = gguf_file(path)
+        source = gguf_checkpoint(path)  # its converted config and tokenizer
+        draft = _load_gguf(path, source, target)
+    else:
+        draft = _load_pretrained(str(source), target)
     if tokenizer is not None:
         from transformers import AutoTokenizer
 
@@ -117,6 +124,19 @@ def _load_student(path: Path, target: nn.Module) -> DraftModel:
     return DraftModel(model.eval(), student=True, draft_vocab=draft_vocab)
 
 
+def _load_gguf(path: Path, config_dir: str, target: nn.Module) -> DraftModel:
+    from specchat.quant.gguf_model import load_gguf_model
+
+    if target.device.type != "cpu":
+        raise SpecchatError(f"GGUF draft models run on a CPU; the target is on {target.device}")
+    try:
+        model = load_gguf_model(path, config_dir, target.dtype)
+    except ValueError as error:
+        raise SpecchatError(f"could not load the draft model '{path}': {first_line(error)}") from None
+    model.set_attn_implementation("eager")
+    return _checked(model, str(path), target)
+
+
 def _load_pretrained(source: str, target: nn.Module) -> DraftModel:
     from transformers import AutoModelForCausalLM
 
@@ -124,6 +144,11 @@ def _load_pretrained(source: str, target: nn.Module) -> DraftModel:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=target.dtype, attn_implementation="eager")
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load the draft model '{source}': {first_line(error)}") from None
+    return _checked(model.to(target.device), source, target)
+
+
+def _checked(model: nn.Module, source: str, target: nn.Module) -> DraftModel:
+    """A pretrained draft model, refused in one line where its family or vocabulary cannot draft."""
     if model.config.model_type not in FAMILIES:
         raise SpecchatError(f"the draft model '{source}' is a {model.config.model_type}; specchat drafts with {', '.join(FAMILIES)} models")
     if model.config.vocab_size != target.config.vocab_size:
@@ -131,7 +156,7 @@ def _load_pretrained(source: str, target: nn.Module) -> DraftModel:
             f"the draft model '{source}' has a vocabulary of {model.config.vocab_size} tokens; the target's has "
             f"{target.config.vocab_size}"
         )
-    return DraftModel(model.to(target.device).eval().requires_grad_(False), student=False)
+    return DraftModel(model.eval().requires_grad_(False), student=False)
 
 
 def check_tokenizers(draft, target, name: str) -> None:

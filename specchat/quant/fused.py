@@ -80,11 +80,11 @@ def _stacked(layers: list[nn.Module]) -> nn.Module | None:
         if bias is not None:
             fused.bias = nn.Parameter(bias, requires_grad=False)
         return fused.to(first.weight.device)
+    if kind not in (Int4Linear, Int8Linear):  # GGUF blocks: the CPU decoder runs them side by side in one call
+        return None
     same_codes = len({(layer.group_size, layer.format) for layer in layers}) == 1
     if not same_codes or any(layer.out_features % PACK_BLOCK for layer in layers[:-1]):
         return None
     if kind is Int4Linear:
         return Int4Linear.stacked(layers, bias)
-    if kind is Int8Linear:
-        return Int8Linear.stacked(layers, bias)
-    return None
+    return Int8Linear.stacked(layers, bias)

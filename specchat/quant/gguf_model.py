@@ -1,9 +1,9 @@
-"""A transformers Llama model that runs on a GGUF file's own quantized weights, without an fp32 copy.
+"""A transformers model (llama, qwen2, mistral) that runs on a GGUF file's own quantized weights.
 
-Q4_0 / Q4_1 matrices become `Int4Linear`s and Q8_0 ones `Int8Linear`s, code for code: their weights equal the
-file's dequantized values exactly. A Q8_0 token embedding becomes an `Int8Embedding`, and when the LM head is
-tied to it (no `output.weight` tensor) an `Int8Linear` over the same codes. F32 / F16 tensors (norms) are kept
-dense in the activation dtype; any other GGUF type is dequantized into a dense layer.
+Block-quantized matrices become `GGUFLinear`s over the file's memory-mapped blocks (the token embedding a
+`GGUFEmbedding`, and the LM head, when tied to it, a `GGUFLinear` over the same blocks): nothing is
+dequantized to a dense copy. F32 / F16 tensors (norms, biases) are kept dense in the activation dtype. The
+embedded model keeps its older path, torch's int4 kernel on its Q4_1 / Q8_0 codes (`aten_int4`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from torch import nn
 
 from specchat.disk_cache import cache_dir, cached_json
 from specchat.quant.embedding import Int8Embedding
+from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
+from specchat.quant.gguf_types import BLOCK_TYPES, check_type
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
 
@@ -35,26 +37,36 @@ _LAYER_NAMES = {
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype) -> nn.Module:
-    """The Llama-architecture model of `gguf_path` (config and tokenizer already converted to `config_dir`)."""
+ARCHITECTURES = ("llama", "qwen2", "mistral")
+
+
+def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, aten_int4: bool = False) -> nn.Module:
+    """The model of `gguf_path` (config and tokenizer already converted to `config_dir`) on the file's own
+    weights: block-quantized matrices as `GGUFLinear`s over the memory-mapped blocks. With `aten_int4`,
+    Q4_0 / Q4_1 / Q8_0 matrices run on torch's int4 kernel instead (the embedded model's path)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(config_dir)
-    if config.model_type != "llama":
-        raise ValueError(f"quantized GGUF loading supports the llama architecture, not {config.model_type}")
+    if config.model_type not in ARCHITECTURES:
+        raise ValueError(f"{gguf_path.name} is a {config.model_type} model; specchat runs {', '.join(ARCHITECTURES)} GGUF files")
     with init_empty_weights(include_buffers=False):  # parameters on the meta device: nothing is allocated
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
+    modules: dict[str, dict[str, GGUFTensor]] = {}
     for name, tensor in tensors.items():
-        module_name = _module_name(name)
-        if module_name.endswith(("q_proj", "k_proj")):
+        check_type(int(tensor.tensor_type), name, gguf_path)
+        module_name, field = _module_name(name, config.model_type)
+        modules.setdefault(module_name, {})[field] = tensor
+    permuted = config.model_type in ("llama", "mistral")  # llama.cpp's converter interleaves their q/k rows
+    for module_name, parts in modules.items():
+        rows = None
+        if permuted and module_name.endswith(("q_proj", "k_proj")):
             heads = config.num_attention_heads if module_name.endswith("q_proj") else config.num_key_value_heads
-            _install(model, module_name, tensor, dtype, rows=_unpermute_rotary_rows(tensor.shape[-1], heads))
-        else:
-            _install(model, module_name, tensor, dtype)
-    if "output.weight" not in tensors:  # tied LM head: the embedding's codes, multiplied as a linear layer
-        _install(model, "lm_head", tensors["token_embd.weight"], dtype, as_linear=True)
+            rows = _unpermute_rotary_rows(parts["weight"].shape[-1], heads)
+        _install(model, module_name, parts, dtype, rows=rows, aten_int4=aten_int4)
+    if "output.weight" not in tensors:  # tied LM head: the embedding's blocks, multiplied as a linear layer
+        _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, as_linear=True, aten_int4=aten_int4)
     missing = [name for name, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if missing:
         raise ValueError(f"the GGUF file has no tensor for {', '.join(missing[:3])}")
@@ -79,7 +91,7 @@ def gguf_tensors(path: Path) -> list[GGUFTensor]:
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     table = cached_json(cache_dir() / "gguf_tensors.json", key, lambda: _tensor_table(path))
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    data = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: writable for torch, shared pages
     tensors = []
     for name, kind, shape, offset, n_bytes in table:
         kind = GGMLQuantizationType(kind)
@@ -98,13 +110,15 @@ def _tensor_table(path: Path) -> list:
             for t in GGUFReader(path).tensors]  # fmt: skip
 
 
-def _module_name(gguf_name: str) -> str:
-    parts = gguf_name.removesuffix(".weight").split(".")
-    if parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+def _module_name(gguf_name: str, architecture: str) -> tuple[str, str]:
+    """The module a GGUF tensor belongs to, and which of its tensors it is ("weight" or "bias")."""
+    parts = gguf_name.split(".")
+    field = parts.pop() if parts[-1] in ("weight", "bias") else "weight"
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}", field
     if len(parts) == 1 and parts[0] in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[parts[0]]
-    raise ValueError(f"unexpected tensor '{gguf_name}' in a llama GGUF file")
+        return _GLOBAL_NAMES[parts[0]], field
+    raise ValueError(f"unexpected tensor '{gguf_name}' in a {architecture} GGUF file")
 
 
 def _unpermute_rotary_rows(rows: int, heads: int) -> torch.Tensor:
@@ -112,39 +126,51 @@ def _unpermute_rotary_rows(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).view(heads, -1, 2).transpose(1, 2).reshape(rows)
 
 
-def _install(model, name: str, tensor, dtype, *, rows=None, as_linear=False) -> None:
-    """Put the module (or norm weight) made from one GGUF tensor at `name`, its rows reordered by `rows`."""
+def _install(model, name: str, parts: dict, dtype, *, rows=None, as_linear=False, aten_int4=False) -> None:
+    """Put the module (or norm weight) made from a module's GGUF tensors at `name`, rows reordered by `rows`."""
     from gguf import GGMLQuantizationType as Q
 
+    tensor, bias = parts["weight"], parts.get("bias")
     kind = tensor.tensor_type
-    raw = torch.from_numpy(np.array(tensor.data))  # [rows, bytes or values per row]: a copy of the file's bytes
+    raw = torch.from_numpy(tensor.data)  # [rows, bytes or values per row], mapped from the file
     if rows is not None:
         raw = raw[rows]
+    if bias is not None:
+        bias = torch.from_numpy(bias.data).float()
+        bias = bias if rows is None else bias[rows]
     current = model.get_submodule(name)
-    fmt = kind.name.lower()
-    if isinstance(current, nn.Embedding) and kind == Q.Q8_0 or as_linear and kind == Q.Q8_0:
-        codes, scale = _q8_0(raw)
-        module = (
-            Int8Linear(codes, scale, group_size=BLOCK, dtype=dtype, format=fmt)
-            if as_linear
-            else Int8Embedding(codes, scale, dtype=dtype, format=fmt)
-        )
-    elif isinstance(current, nn.Linear) and kind in (Q.Q4_0, Q.Q4_1):
-        codes, scale, zero = _q4(raw, with_min=kind == Q.Q4_1)
-        module = Int4Linear(codes, scale, zero, group_size=BLOCK, dtype=dtype, format=fmt)
-    elif isinstance(current, nn.Linear) and kind == Q.Q8_0:
-        codes, scale = _q8_0(raw)
-        module = Int8Linear(codes, scale, group_size=BLOCK, dtype=dtype, format=fmt)
-    else:  # norms (F32), and any type without a quantized kernel here: dense
+    embedding = isinstance(current, nn.Embedding) and not as_linear
+    if aten_int4 and kind in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
+        module = _aten_int4(raw, kind, dtype, embedding=embedding, bias=bias)
+    elif int(kind) in BLOCK_TYPES:
+        columns = tensor.shape[0]
+        module = GGUFEmbedding(raw, int(kind), columns, dtype=dtype) if embedding \
+            else GGUFLinear(raw, int(kind), columns, dtype=dtype, bias=bias)  # fmt: skip
+    else:  # F32 / F16: norms, biases, unquantized matrices
         weight = _dense(tensor, raw).to(dtype)
         if isinstance(current, nn.Linear | nn.Embedding):
-            module = nn.Linear(weight.shape[1], weight.shape[0], bias=False) if isinstance(current, nn.Linear) \
-                else nn.Embedding(*weight.shape)  # fmt: skip
+            module = nn.Embedding(*weight.shape) if embedding else nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
             module.weight = nn.Parameter(weight, requires_grad=False)
+            if bias is not None:
+                module.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
         else:
             current.weight = nn.Parameter(weight, requires_grad=False)
             return
     model.set_submodule(name, module)
+
+
+def _aten_int4(raw: torch.Tensor, kind, dtype, *, embedding: bool, bias) -> nn.Module:
+    """Q4_0 / Q4_1 as `Int4Linear`s and Q8_0 as `Int8Linear`s (or an `Int8Embedding`), code for code."""
+    from gguf import GGMLQuantizationType as Q
+
+    fmt = kind.name.lower()
+    if kind == Q.Q8_0:
+        codes, scale = _q8_0(raw)
+        if embedding:
+            return Int8Embedding(codes, scale, dtype=dtype, format=fmt)
+        return Int8Linear(codes, scale, group_size=BLOCK, dtype=dtype, format=fmt, bias=bias)
+    codes, scale, zero = _q4(raw, with_min=kind == Q.Q4_1)
+    return Int4Linear(codes, scale, zero, group_size=BLOCK, dtype=dtype, format=fmt, bias=bias)
 
 
 def _q4(raw: torch.Tensor, *, with_min: bool):
@@ -172,8 +198,5 @@ def _q8_0(raw: torch.Tensor):
 
 def _dense(tensor, raw: torch.Tensor) -> torch.Tensor:
     from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize
 
-    if tensor.tensor_type in (Q.F32, Q.F16, Q.BF16):
-        return raw.float() if tensor.tensor_type != Q.BF16 else raw.view(torch.bfloat16).float()
-    return torch.from_numpy(dequantize(raw.numpy(), tensor.tensor_type).copy())
+    return raw.view(torch.bfloat16).float() if tensor.tensor_type == Q.BF16 else raw.float()

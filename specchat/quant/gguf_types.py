@@ -1,0 +1,46 @@
+"""GGUF tensor types: which ones specchat multiplies in their own blocks, and which it keeps dense.
+
+One table: a block type's kernel lives in kernels/gguf_blocks.h under the same ggml type id, so adding a type
+is one entry here and one unpacking case there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockType:
+    name: str
+    values: int  # per block
+    bytes: int  # per block
+
+    def row_bytes(self, columns: int) -> int:
+        return columns // self.values * self.bytes
+
+
+BLOCK_TYPES = {  # ggml type id -> layout (kernels/gguf_blocks.h)
+    2: BlockType("q4_0", 32, 18),
+    3: BlockType("q4_1", 32, 20),
+    6: BlockType("q5_0", 32, 22),
+    7: BlockType("q5_1", 32, 24),
+    8: BlockType("q8_0", 32, 34),
+    12: BlockType("q4_k", 256, 144),
+    13: BlockType("q5_k", 256, 176),
+    14: BlockType("q6_k", 256, 210),
+}
+DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored unquantized
+
+
+def check_type(type_id: int, tensor: str, path) -> None:
+    """A one-line refusal for a tensor type with no kernel here."""
+    if type_id in BLOCK_TYPES or type_id in DENSE_TYPES:
+        return
+    from gguf import GGMLQuantizationType
+
+    try:
+        name = GGMLQuantizationType(type_id).name
+    except ValueError:
+        name = f"type {type_id}"
+    known = ", ".join(t.name.upper() for t in BLOCK_TYPES.values())
+    raise ValueError(f"{path}: tensor '{tensor}' is {name}, which specchat cannot run (it runs {known}, F16, F32)")

@@ -1,0 +1,108 @@
+"""Synthetic GGUF data for tests: blocks of random codes and scales in each type's layout, and a tiny random
+qwen2 / llama model written as a GGUF file with gguf-py's writer (the embedded model's tokenizer inside)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+# type -> (values per block, bytes per block, byte offsets of its fp16 scale fields)
+LAYOUTS = {
+    Q.Q4_0: (32, 18, [0]),
+    Q.Q4_1: (32, 20, [0, 2]),
+    Q.Q5_0: (32, 22, [0]),
+    Q.Q5_1: (32, 24, [0, 2]),
+    Q.Q8_0: (32, 34, [0]),
+    Q.Q4_K: (256, 144, [0, 2]),
+    Q.Q5_K: (256, 176, [0, 2]),
+    Q.Q6_K: (256, 210, [208]),
+}
+# per type: the fp16 scales' magnitude that gives weights of std ~0.1-0.3 (codes and sub-block scales vary)
+SCALE = {Q.Q4_0: 0.05, Q.Q4_1: 0.05, Q.Q5_0: 0.02, Q.Q5_1: 0.02, Q.Q8_0: 0.004, Q.Q4_K: 6e-4, Q.Q5_K: 3e-4,
+         Q.Q6_K: 2e-4}  # fmt: skip
+
+
+def random_blocks(kind: Q, rows: int, columns: int, rng: np.random.Generator) -> np.ndarray:
+    """[rows, bytes per row] uint8: random codes and sub-block scales, random finite fp16 block scales."""
+    values, size, halves = LAYOUTS[kind]
+    raw = rng.integers(0, 256, (rows, columns // values, size), dtype=np.uint8)
+    for offset in halves:
+        scale = rng.uniform(0.5, 1.5, raw.shape[:2]) * SCALE[kind] * rng.choice([-1, 1], raw.shape[:2])
+        raw[..., offset : offset + 2] = scale.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def tokenizer_fields(writer, source: Path) -> int:
+    """Copy a GGUF file's tokenizer (its `tokenizer.*` fields) into `writer`; returns the vocabulary size."""
+    from gguf import GGUFReader, GGUFValueType
+
+    reader = GGUFReader(source)
+    size = 0
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        kind = field.types[0]
+        if kind == GGUFValueType.ARRAY:
+            items = [field.parts[i] for i in field.data]
+            element = field.types[1]
+            if element == GGUFValueType.STRING:
+                value = [bytes(item).decode("utf-8") for item in items]
+            else:
+                value = [item.tolist()[0] for item in items]
+            size = max(size, len(value)) if name == "tokenizer.ggml.tokens" else size
+            writer.add_key_value(name, value, kind, sub_type=element)
+        elif kind == GGUFValueType.STRING:
+            writer.add_key_value(name, bytes(field.parts[field.data[0]]).decode("utf-8"), kind)
+        else:
+            writer.add_key_value(name, field.parts[field.data[0]].tolist()[0], kind)
+    return size
+
+
+def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = "qwen2", seed: int = 0,
+                     layers: int = 2, tied: bool = False) -> Path:  # fmt: skip
+    """A random `architecture` model (hidden 256, 4 heads of 64, 2 KV heads, MLP 512) whose matrices use every
+    block type, with q/k/v biases for qwen2."""
+    from gguf import GGUFWriter
+
+    rng = np.random.default_rng(seed)
+    hidden, intermediate, heads, kv_heads, dim = 256, 512, 4, 2, 64
+    writer = GGUFWriter(str(path), architecture)
+    vocab = tokenizer_fields(writer, tokenizer_source)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(intermediate)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_dimension_count(dim)
+
+    def matrix(name: str, kind: Q, rows: int, columns: int) -> None:
+        writer.add_tensor(name, random_blocks(kind, rows, columns, rng), raw_dtype=kind)
+
+    def dense(name: str, values: np.ndarray) -> None:
+        writer.add_tensor(name, values.astype(np.float32))
+
+    kinds = list(LAYOUTS)
+    matrix("token_embd.weight", Q.Q8_0, vocab, hidden)
+    for i in range(layers):
+        dense(f"blk.{i}.attn_norm.weight", rng.uniform(0.8, 1.2, hidden))
+        dense(f"blk.{i}.ffn_norm.weight", rng.uniform(0.8, 1.2, hidden))
+        for j, (name, rows, columns) in enumerate([("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
+                                                  ("attn_v", kv_heads * dim, hidden), ("attn_output", hidden, heads * dim),
+                                                  ("ffn_gate", intermediate, hidden), ("ffn_up", intermediate, hidden),
+                                                  ("ffn_down", hidden, intermediate)]):  # fmt: skip
+            matrix(f"blk.{i}.{name}.weight", kinds[(i * 7 + j) % len(kinds)], rows, columns)
+            if architecture == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
+                dense(f"blk.{i}.{name}.bias", rng.normal(0, 0.5, rows))
+    dense("output_norm.weight", rng.uniform(0.8, 1.2, hidden))
+    if not tied:
+        matrix("output.weight", Q.Q6_K, vocab, hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,0 +1,130 @@
+"""Any GGUF file as `--model`: a tiny random qwen2 model written with gguf-py (every block type among its
+matrices, q/k/v biases, the embedded model's tokenizer) loads on its own blocks, and speculative decoding on
+it equals autoregressive decoding, greedy and seeded sampling, through the CPU decoder (bf16) and through
+transformers' forward (fp32). Files that cannot run are refused in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from drafters_for_tests import RandomTreeDrafter
+from gguf import GGMLQuantizationType as Q
+from gguf_files import random_blocks, write_tiny_model
+
+from specchat.drafters.ngram import NgramDrafter
+from specchat.engine.generate import Engine
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.errors import SpecchatError
+from specchat.loading import embedded_gguf_path, load_model
+from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
+
+GREEDY = SamplingConfig(suppress=(2,))
+SAMPLED = SamplingConfig(temperature=1.0, top_p=0.95, seed=5, suppress=(2,))
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf", embedded_gguf_path())
+
+
+def generate(engine, prompt, n, sampling):
+    events = engine.generate(prompt, sampling=sampling, max_new_tokens=n, reproducible=True)
+    return [t for event in events for t in event.tokens]
+
+
+def test_loads_on_its_own_blocks(tiny_gguf):
+    loaded = load_model(str(tiny_gguf))
+    model = loaded.model
+    assert model.config.model_type == "qwen2" and loaded.dtype == "bfloat16"
+    attention = model.model.layers[0].self_attn
+    assert isinstance(attention.q_proj, GGUFLinear) and attention.q_proj.bias is not None
+    assert isinstance(model.model.embed_tokens, GGUFEmbedding)
+    formats = {module.format for module in model.modules() if isinstance(module, GGUFLinear)}
+    assert formats == {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"}
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode("Hello, world")) == "Hello, world"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("drafter", ["ngram", "random"])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
+    loaded = load_model(str(tiny_gguf), dtype=dtype)
+    prompt = torch.randint(3, 2000, (30,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = prompt + prompt[:12]  # something for the n-gram drafter to find
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    expected = generate(engine, prompt, 80, sampling)
+    made = NgramDrafter() if drafter == "ngram" else RandomTreeDrafter(
+        vocab_size=2000, seed=3, reference=prompt + expected, p_correct=0.8)  # fmt: skip
+    engine.set_drafter(made, 16)
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=80, reproducible=True))
+    assert [t for event in events for t in event.tokens] == expected
+    if drafter == "random":
+        assert events[-1].stats.accepted > 0
+
+
+def test_embedded_llama_file_on_the_block_kernels_matches_torch_int4(default_model):
+    """The embedded file (llama: q/k rows un-permuted) through GGUFLinear gives the logits of its torch-int4
+    load (bf16 activations there, int8 here) to within int8 activation rounding."""
+    from specchat.loading import embedded_checkpoint
+    from specchat.quant.gguf_model import load_gguf_model
+
+    config_dir = embedded_checkpoint(dense=False)
+    blocks = load_gguf_model(embedded_gguf_path(), config_dir, torch.float32)
+    int4 = load_gguf_model(embedded_gguf_path(), config_dir, torch.float32, aten_int4=True)
+    ids = torch.tensor([default_model.tokenizer.encode("The capital of France is Paris, and the capital of Italy is")])
+    with torch.inference_mode():
+        got, want = blocks(ids).logits[0], int4(ids).logits[0]
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
+def test_refusals_are_one_line(tmp_path, tiny_gguf):
+    with pytest.raises(SpecchatError, match="no such GGUF file"):
+        load_model(str(tmp_path / "missing.gguf"))
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    with pytest.raises(SpecchatError, match="not a GGUF file"):
+        load_model(str(text))
+    with pytest.raises(SpecchatError, match="GGUF files run on a CPU|already quantized"):
+        load_model(str(tiny_gguf), quantize="int4")
+
+
+def test_unsupported_tensor_type_is_named(tmp_path):
+    with pytest.raises(SpecchatError, match="'blk.0.ffn_up.weight' is Q2_K"):
+        load_model(str(_with_q2_k(tmp_path / "q2.gguf")))
+
+
+def _with_q2_k(path):
+    """A one-layer model whose up projection is Q2_K (no kernel here)."""
+    from gguf import GGUFWriter
+    from gguf_files import tokenizer_fields
+
+    writer = GGUFWriter(str(path), "qwen2")
+    tokenizer_fields(writer, embedded_gguf_path())
+    for key, value in [("context_length", 2048), ("embedding_length", 256), ("block_count", 1),
+                       ("feed_forward_length", 512), ("head_count", 4), ("head_count_kv", 2)]:  # fmt: skip
+        getattr(writer, f"add_{key}")(value)
+    writer.add_layer_norm_rms_eps(1e-6)
+    rng = np.random.default_rng(0)
+    writer.add_tensor("blk.0.ffn_up.weight", rng.integers(0, 256, (512, 84), dtype=np.uint8), raw_dtype=Q.Q2_K)
+    writer.add_tensor("token_embd.weight", random_blocks(Q.Q8_0, 49152, 256, rng), raw_dtype=Q.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_cli_runs_a_gguf_path(tiny_gguf):
+    result = subprocess.run([sys.executable, "-m", "specchat", "run", "Hi", "--model", str(tiny_gguf), "-n", "8",
+                             "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert '"weights": ' in result.stdout and '"new_tokens": 8' in result.stdout
+    missing = subprocess.run([sys.executable, "-m", "specchat", "run", "Hi", "--model", "./nope.gguf"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert missing.returncode != 0 and missing.stderr.strip().count("\n") == 0
+    assert "no such GGUF file" in missing.stderr
