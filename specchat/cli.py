@@ -779,27 +779,37 @@ def bench_attention(
 
 @bench_app.command("verify-cost")
 def bench_verify_cost(
+    model: ModelOption = None,
     contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "4096,32768",
-    tree: Annotated[int, typer.Option(help="Draft-tree nodes verified per forward.")] = 64,
-    layers: Annotated[int, typer.Option(help="Decoder layers to build (fewer for CPU runs).")] = 32,
-    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "bfloat16",
+    trees: Annotated[str, typer.Option("--tree", help="Comma-separated draft-tree sizes (0: a decode step).")] = "64",
+    layers: Annotated[int, typer.Option(help="Without --model: decoder layers to build (fewer for CPU runs).")] = 32,
+    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     repeats: Annotated[int, typer.Option(help="Timed forwards of each kind (median).")] = 5,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Decode vs tree-verification forward of a random-weight model with Llama-3.1-8B's shapes, cache filled
-    with random KV to each context. On a CPU pass e.g. --layers 2 --context 1024,4096 --dtype float32."""
-    from specchat.bench.verify_cost import verify_cost
+    """Decode vs tree-verification forwards at each context: of --model through the engine's own forward, else
+    of a random-weight model with Llama-3.1-8B's shapes (on a CPU pass e.g. --layers 2 --context 1024,4096)."""
+    from specchat.bench.verify_cost import model_verify_cost, verify_cost
 
-    lengths = _ints(contexts, "--context")
+    lengths, sizes = _ints(contexts, "--context"), _ints(trees, "--tree")
     check_attention(attention)
     _quiet_transformers()
-    rows = verify_cost(
-        contexts=lengths, tree=tree, layers=layers, dtype=dtype, device=device, attention=attention, repeats=repeats
-    )
+    if model is not None:
+        from specchat.engine.generate import Engine
+
+        loaded = _load(model, dtype, device, attention)
+        engine = Engine(loaded.model, loaded.tokenizer, max_len=max(lengths) + max(sizes) + 1)
+        rows = model_verify_cost(engine, contexts=lengths, trees=sizes, repeats=repeats)
+        title = f"{loaded.source.name} ({loaded.weights}, {loaded.dtype}): ms per forward over the root + nodes"
+        _report([dataclasses.asdict(row) for row in rows], as_json, title=title)
+        return
+    dtype = "bfloat16" if dtype == "auto" else dtype
+    rows = [row for tree in sizes for row in verify_cost(contexts=lengths, tree=tree, layers=layers, dtype=dtype,
+                                                         device=device, attention=attention, repeats=repeats)]  # fmt: skip
     shape = "Llama-3.1-8B shapes" if layers == 32 else f"Llama-3.1-8B shapes but {layers} of 32 layers"
-    title = f"{shape}, random weights, {dtype}: ms per forward (decode: 1 token; verify: root + {tree} nodes)"
+    title = f"{shape}, random weights, {dtype}: ms per forward (decode: 1 token; verify: root + tree nodes)"
     _report([dataclasses.asdict(row) for row in rows], as_json, title=title)
 
 

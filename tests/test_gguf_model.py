@@ -48,9 +48,12 @@ def test_loads_on_its_own_blocks(tiny_gguf):
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("Hello, world")) == "Hello, world"
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("drafter", ["ngram", "random"])
-@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "dtype, drafter, sampling",
+    [("bfloat16", "ngram", GREEDY), ("bfloat16", "random", GREEDY), ("bfloat16", "random", SAMPLED),
+     ("float32", "random", GREEDY)],  # bf16: the CPU decoder; fp32: transformers' forward on the same layers
+    ids=["bf16-ngram-greedy", "bf16-random-greedy", "bf16-random-sampled", "fp32-random-greedy"],
+)  # fmt: skip
 def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
     loaded = load_model(str(tiny_gguf), dtype=dtype)
     prompt = torch.randint(3, 2000, (30,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -66,16 +69,19 @@ def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
         assert events[-1].stats.accepted > 0
 
 
-def test_embedded_llama_file_on_the_block_kernels_matches_torch_int4(default_model):
+def test_embedded_llama_file_on_the_block_kernels_matches_torch_int4():
     """The embedded file (llama: q/k rows un-permuted) through GGUFLinear gives the logits of its torch-int4
     load (bf16 activations there, int8 here) to within int8 activation rounding."""
+    from transformers import AutoTokenizer
+
     from specchat.loading import embedded_checkpoint
     from specchat.quant.gguf_model import load_gguf_model
 
     config_dir = embedded_checkpoint(dense=False)
+    tokenizer = AutoTokenizer.from_pretrained(config_dir)
     blocks = load_gguf_model(embedded_gguf_path(), config_dir, torch.float32)
     int4 = load_gguf_model(embedded_gguf_path(), config_dir, torch.float32, aten_int4=True)
-    ids = torch.tensor([default_model.tokenizer.encode("The capital of France is Paris, and the capital of Italy is")])
+    ids = torch.tensor([tokenizer.encode("The capital of France is Paris, and the capital of Italy is")])
     with torch.inference_mode():
         got, want = blocks(ids).logits[0], int4(ids).logits[0]
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
@@ -128,3 +134,15 @@ def test_cli_runs_a_gguf_path(tiny_gguf):
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert missing.returncode != 0 and missing.stderr.strip().count("\n") == 0
     assert "no such GGUF file" in missing.stderr
+
+
+def test_verify_cost_of_a_real_model_through_the_engine(tiny_gguf):
+    from specchat.bench.verify_cost import model_verify_cost
+
+    loaded = load_model(str(tiny_gguf))
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=200)
+    rows = model_verify_cost(engine, contexts=[64, 128], trees=[0, 3, 15], repeats=1)
+    assert [(row.context, row.nodes) for row in rows] == [(64, 0), (64, 3), (64, 15), (128, 0), (128, 3), (128, 15)]
+    assert all(row.ms > 0 for row in rows) and rows[0].over_decode == 1.0
+    with pytest.raises(SpecchatError, match="room for the tree"):
+        model_verify_cost(engine, contexts=[engine.cache.max_len - 10], trees=[15], repeats=1)

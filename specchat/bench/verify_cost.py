@@ -1,5 +1,6 @@
-"""`specchat bench verify-cost`: a decode forward vs a tree-verification forward of a model with Llama-3.1-8B's
-shapes and random weights, at fixed context lengths, exactly as the engine runs them."""
+"""`specchat bench verify-cost`: a decode forward vs tree-verification forwards at fixed context lengths, exactly
+as the engine runs them: of a real model through the engine's own forward (`--model`), or of a model with
+Llama-3.1-8B's shapes and random weights."""
 
 from __future__ import annotations
 
@@ -178,3 +179,34 @@ def fill_cache(cache, length: int, config, dtype: torch.dtype, device: torch.dev
             keys, values = torch.randn(2, 1, kv_heads, chunk, head_dim, dtype=dtype, device=device)
             layer.update(keys, values)
         cache.commit()
+
+
+@dataclass
+class ModelVerifyCostRow:
+    context: int  # committed tokens in the cache
+    nodes: int  # draft nodes below the root (0: a decode step)
+    ms: float  # one forward over the root and the nodes
+    over_decode: float  # ms / a decode step's ms at this context
+
+
+def model_verify_cost(engine, *, contexts: list[int], trees: list[int], repeats: int = 5) -> list[ModelVerifyCostRow]:
+    """Milliseconds of the engine's forward over a chain of each size in `trees` (0 = a decode step) at each
+    context, its cache filled with random keys and values (timing does not depend on them)."""
+    check_contexts(contexts)
+    for nodes in trees:
+        check_range("--tree", nodes, 0, MAX_TREE)
+    config, cache, device = engine.model.config, engine.cache, engine.device
+    if max(contexts) + max(trees) + 1 > cache.max_len:
+        raise SpecchatError(f"--context must leave room for the tree: at most {cache.max_len - max(trees) - 1} here")
+    timer = Timer(device, repeats=repeats, warmup=WARMUP)
+    sizes = sorted(set(trees) | {0})
+    rows = []
+    with torch.inference_mode():
+        for context in contexts:
+            fill_cache(cache, context, config, engine.model.dtype, device)
+            calls = {nodes: verification_forward(engine._forward, cache, device, tree_only=engine.tree_only_masks,
+                                                 tree=nodes) for nodes in sizes}  # fmt: skip
+            seconds = timer.seconds_each(calls)
+            rows += [ModelVerifyCostRow(context, nodes, significant(seconds[nodes] * 1e3),
+                                        significant(seconds[nodes] / seconds[0])) for nodes in trees]  # fmt: skip
+    return rows

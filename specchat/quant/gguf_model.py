@@ -54,8 +54,8 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     modules: dict[str, dict[str, GGUFTensor]] = {}
+    check_tensor_types(gguf_path)
     for name, tensor in tensors.items():
-        check_type(int(tensor.tensor_type), name, gguf_path)
         module_name, field = _module_name(name, config.model_type)
         modules.setdefault(module_name, {})[field] = tensor
     permuted = config.model_type in ("llama", "mistral")  # llama.cpp's converter interleaves their q/k rows
@@ -71,6 +71,12 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     if missing:
         raise ValueError(f"the GGUF file has no tensor for {', '.join(missing[:3])}")
     return model
+
+
+def check_tensor_types(path: Path) -> None:
+    """A ValueError naming the first tensor whose type has no kernel here."""
+    for tensor in gguf_tensors(path):
+        check_type(int(tensor.tensor_type), tensor.name, path)
 
 
 @dataclass(frozen=True)
