@@ -886,6 +886,10 @@ def _cached(repo: str) -> bool:
 
     from specchat.drafters import bundled_checkpoint
 
+    if repo.endswith(".gguf"):
+        from specchat.loading import find_gguf
+
+        return find_gguf(repo, download=False) is not None
     bundled = bundled_checkpoint(repo)
     if bundled is not None:
         return (bundled / "config.json").is_file()
