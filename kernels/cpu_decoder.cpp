@@ -44,7 +44,7 @@ struct Linear {
     if (dense.defined()) {
       out = at::linear(x, dense);
     } else if (!blocks.empty()) {
-      out = gguf::matmul(x, blocks, gguf::portable_only()).to(x.scalar_type());
+      out = gguf::matmul(x, blocks, false).to(x.scalar_type());
     } else {
       out = at::_weight_int4pack_mm_for_cpu(x, packed[0], group, scales[0]);
       for (size_t i = 1; i < packed.size(); ++i) {

@@ -15,7 +15,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define GGUF_AVX2 1
 #endif
@@ -505,14 +505,6 @@ struct Matrix {
   int64_t type = 0, cols = 0;
   int64_t rows() const { return blocks.size(0); }
 };
-
-inline bool portable_only() {
-  static const bool value = [] {
-    const char* flag = std::getenv("SPECCHAT_PORTABLE_KERNELS");
-    return flag && flag[0] == '1';
-  }();
-  return value;
-}
 
 // x [n, cols] (any float dtype) times the matrices stacked along their rows -> [n, total rows] float32. One
 // parallel loop over all their rows; activations quantized once per group size.
