@@ -39,7 +39,7 @@ app = typer.Typer(
 )
 
 ModelOption = Annotated[
-    str | None, typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id or local directory.")
+    str | None, typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id, local directory or GGUF file.")
 ]
 DrafterOption = Annotated[
     str,
