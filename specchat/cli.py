@@ -719,13 +719,20 @@ def bench(
 
         llamacpp = LlamaCpp.for_model(model)
     rows = []
-    for each_dtype in _csv(dtype):
-        loaded = _load(model, each_dtype, device, attention, quantize)
-        rows += compare(
-            loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
-            llamacpp=llamacpp,
-        )  # fmt: skip
-        llamacpp = None  # measured once, beside the first dtype
+    from specchat.bench.progress import bench_progress
+
+    dtypes = _csv(dtype)
+    runs = 1 + repeats * sum(map(len, sets.values()))  # per method and dtype: the warm-up, then every prompt
+    total = len(dtypes) * (1 + len(set(methods) | {"none"}) * runs) + (runs if llamacpp else 0)  # loads included
+    with bench_progress(total) as step:
+        for each_dtype in dtypes:
+            step(f"loading {model or 'the default model'} ({each_dtype})")
+            loaded = _load(model, each_dtype, device, attention, quantize)
+            rows += compare(
+                loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
+                llamacpp=llamacpp, step=lambda what, d=each_dtype: step(f"{d} · {what}"),
+            )  # fmt: skip
+            llamacpp = None  # measured once, beside the first dtype
     title = f"{loaded.source.name}, greedy, decode tokens/s"
     _report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
     if plot is not None:
@@ -738,7 +745,7 @@ def bench_context(
     contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "256,4096",
     steps: Annotated[int, typer.Option(help="Decode steps timed per context.")] = 32,
     repeats: Annotated[int, typer.Option()] = 3,
-    dtype: Annotated[str, typer.Option()] = "float32",
+    dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -751,12 +758,17 @@ def bench_context(
     except ValueError:
         raise SpecchatError(f"--context takes comma-separated integers, not '{contexts}'") from None
     check_attention(attention)
+    check_dtype(dtype)
     loaded = _load(model, dtype, device, attention)
     window = loaded.model.config.max_position_embeddings
     if not lengths or min(lengths) < 1 or max(lengths) + steps + 1 > window:
         raise SpecchatError(f"each context must be between 1 and {window - steps - 1} tokens")
-    rows = decode_cost(loaded, lengths, steps=steps, repeats=repeats)
-    _report(rows, as_json, title=f"{loaded.source.name} {dtype}: autoregressive decode cost")
+    from specchat.bench.progress import bench_progress
+
+    with bench_progress(len(lengths) * (repeats + 1)) as step:
+        rows = decode_cost(loaded, lengths, steps=steps, repeats=repeats, step=step)
+    weights = f"{loaded.weights}/{loaded.dtype}" if loaded.weights else loaded.dtype
+    _report(rows, as_json, title=f"{loaded.source.name} {weights}\nms per AR token")
 
 
 @bench_app.command("attention")
@@ -777,10 +789,14 @@ def bench_attention(
     plus the prefix part's bandwidth. The defaults are GPU sizes: on a CPU pass e.g. --context 1024,4096."""
     from specchat.bench.attention import attention_bench
 
-    rows = attention_bench(
-        contexts=_ints(contexts, "--context"), tree=tree, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-        dtype=dtype, device=device, repeats=repeats,
-    )  # fmt: skip
+    from specchat.bench.progress import bench_progress
+
+    lengths = _ints(contexts, "--context")
+    with bench_progress(len(lengths)) as step:
+        rows = attention_bench(
+            contexts=lengths, tree=tree, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
+            device=device, repeats=repeats, step=step,
+        )  # fmt: skip
     title = (
         f"attention per call, {dtype}: root + {tree} tree nodes, {heads} query / {kv_heads} KV heads x {head_dim}"
         " (vs_sdpa = SDPA-with-mask time / this time)"
@@ -806,9 +822,11 @@ def bench_verify_cost(
     lengths = _ints(contexts, "--context")
     check_attention(attention)
     _quiet_transformers()
-    rows = verify_cost(
-        contexts=lengths, tree=tree, layers=layers, dtype=dtype, device=device, attention=attention, repeats=repeats
-    )
+    from specchat.bench.progress import bench_progress
+
+    with bench_progress(len(lengths)) as step:
+        rows = verify_cost(contexts=lengths, tree=tree, layers=layers, dtype=dtype, device=device, attention=attention,
+                           repeats=repeats, step=step)  # fmt: skip
     shape = "Llama-3.1-8B shapes" if layers == 32 else f"Llama-3.1-8B shapes but {layers} of 32 layers"
     title = f"{shape}, random weights, {dtype}: ms per forward (decode: 1 token; verify: root + {tree} nodes)"
     _report([dataclasses.asdict(row) for row in rows], as_json, title=title)
@@ -851,7 +869,10 @@ def bench_draft(
     else:
         loaded = _load(model, dtype, device, attention)
         target, name = loaded.model, f"{loaded.source.name} {loaded.weights}/{loaded.dtype}"
-    rows = draft_cost(target, contexts=lengths, vocabs=sizes, budgets=trees, repeats=repeats)
+    from specchat.bench.progress import bench_progress
+
+    with bench_progress(len(lengths) * len(sizes) * len(trees)) as step:
+        rows = draft_cost(target, contexts=lengths, vocabs=sizes, budgets=trees, repeats=repeats, step=step)
     _report([dataclasses.asdict(row) for row in rows], as_json, title=f"random LongSpec draft on {name}: ms per call")
 
 

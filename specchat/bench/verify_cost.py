@@ -4,10 +4,12 @@ shapes and random weights, at fixed context lengths, exactly as the engine runs 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.synthetic import (
     MAX_TREE,
     WARMUP,
@@ -101,6 +103,7 @@ def verify_cost(
     repeats: int = 5,
     config=None,
     seed: int = 0,
+    step: Callable[[str], None] = NO_PROGRESS,
 ) -> list[VerifyCostRow]:
     """Milliseconds of a decode forward and of a tree-verification forward, at each context length.
 
@@ -145,6 +148,7 @@ def verify_cost(
     rows = []
     with torch.inference_mode():
         for context in contexts:
+            step(f"context {context}")
             fill_cache(cache, context, config, float_type, dev)
             calls = {
                 kind: verification_forward(forward, cache, dev, tree_only=hybrid, tree=nodes, root_token=1)
