@@ -136,8 +136,9 @@ def load_model(
     location = embedded_checkpoint(progress, dense=not native) if source.embedded else _local_or_cached(source)
     weights = "q4_1" if native else quantize
     if torch_dtype is None:  # auto on a CPU: bf16 is the exact dense format (fp32 matmuls are row-dependent)
+        shape = _matmul_shape(location) if weights else None
         with first_use("timing this CPU's float32 and bfloat16 matmuls"):
-            torch_dtype = fastest_activation_dtype(weights, _matmul_shape(location)) if weights else torch.bfloat16
+            torch_dtype = fastest_activation_dtype(weights, shape) if weights else torch.bfloat16
     progress(f"loading {source.name} ({weights + ', ' if weights else ''}{str(torch_dtype).removeprefix('torch.')})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
