@@ -1,6 +1,10 @@
-"""Option checks that run before anything slow is imported (no torch): names and ranges, one-line errors."""
+"""Option checks that run before anything slow is imported (no torch): names, ranges and output paths,
+one-line errors."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from specchat.errors import SpecchatError
 
@@ -18,3 +22,32 @@ def check_quantize(quantize: str | None, device: str = "cpu") -> None:
         raise SpecchatError(f"invalid --quantize '{quantize}'; use {', '.join(QUANTIZE)}")
     if quantize is not None and device not in ("auto", "cpu"):
         raise SpecchatError("--quantize runs on CPU only (its kernels are torch's CPU int4 kernels)")
+
+
+def check_output_file(path: Path, *, force: bool) -> None:
+    """A file to create, beside which files of the same name are kept: a regular file only with `force`, in a
+    directory that exists and can be written."""
+    if path.is_dir():
+        raise SpecchatError(f"{path} is a directory; --out takes a file")
+    if path.exists() and not force:
+        raise SpecchatError(f"{path} exists; --resume continues it, --force overwrites it")
+    if path.exists() and not path.is_file():
+        raise SpecchatError(f"{path} is not a regular file; --out takes a file (its state is kept beside it)")
+    if not path.absolute().parent.is_dir():
+        raise SpecchatError(f"{path}: the directory {path.parent} does not exist")
+    _check_writable(path.absolute().parent, path)
+
+
+def check_output_dir(path: Path) -> None:
+    """A directory to go on filling, or to create with its missing parents."""
+    if path.exists() and not path.is_dir():
+        raise SpecchatError(f"--out {path} exists and is not a directory")
+    existing = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise SpecchatError(f"--out {path}: {existing} is not a directory")
+    _check_writable(existing, path)
+
+
+def _check_writable(directory: Path, path: Path) -> None:
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise SpecchatError(f"{path}: cannot write into {directory}")

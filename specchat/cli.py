@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ try:  # typer >= 0.24 carries its own copy of click
 except ImportError:
     from click import exceptions as click_errors
 
-from specchat.checks import check_dtype, check_quantize
+from specchat.checks import check_dtype, check_output_dir, check_output_file, check_quantize
 from specchat.bench.prompts import PROMPT_SET_NAMES
 from specchat.drafters import (
     DEFAULT_DRAFTER,
@@ -27,6 +28,7 @@ from specchat.drafters import (
     parse_drafter,
     reads_draft_cache,
 )
+from specchat.engine.attention import CHOICES as ATTENTION_CHOICES
 from specchat.engine.attention import check_attention
 from specchat.errors import SpecchatError
 
@@ -68,7 +70,9 @@ QuantizeOption = Annotated[
 ]
 DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 AttentionOption = Annotated[
-    str, typer.Option(help="auto | hybrid | sdpa | eager (auto: hybrid where its Triton kernels run, else sdpa).")
+    str,
+    typer.Option(help=f"{' | '.join(ATTENTION_CHOICES)} (auto: hybrid where its Triton kernels run, on a CPU "
+                 "canonical in bf16/fp16, else sdpa)."),
 ]
 TemperatureOption = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
 TopKOption = Annotated[int | None, typer.Option("--top-k")]
@@ -228,7 +232,9 @@ def models() -> None:
         typer.echo(f"  {alias:<24} {profile.target}\n      {here}; drafters: {', '.join(usable_drafters(profile))}")
         for kind, repo in profile.drafters.items():
             state = "cannot load yet" if kind not in KINDS else "here" if _cached(repo) else missing
-            typer.echo(f"      {kind}: {repo} ({state})")
+            other = profile.trained_on.get(kind)
+            note = f"; trained on {other}, runs exactly here, may be accepted less" if other else ""
+            typer.echo(f"      {kind}: {repo} ({state}{note})")
         others = [kind for kind in trained if kind not in profile.drafters]
         if others:
             typer.echo(f"      {', '.join(others)}: none published; --drafter NAME:DIR runs a local checkpoint")
@@ -325,6 +331,8 @@ def write(
         raise SpecchatError("--tokens must be at least 1")
     if resume and force:
         raise SpecchatError("--resume continues the book and --force overwrites it: choose one")
+    if not resume:
+        check_output_file(out, force=force)
     if prompt is not None and prompt_file is not None:
         raise SpecchatError("give the prompt as --prompt or --prompt-file, not both")
     if prompt_file is not None:
@@ -377,7 +385,7 @@ def write(
         book, engine = new_book(loaded, out, tokens, prompt or book_defaults.STORY, raw=raw, sampling=sampling,
                                 stop_at_eos=bool(stop_at_eos), force=force)  # fmt: skip
     else:
-        engine = resumed_book(loaded, book, prompt=prompt, raw=raw, given=given, stop_at_eos=stop_at_eos)
+        engine = resumed_book(loaded, book, tokens, prompt=prompt, raw=raw, given=given, stop_at_eos=stop_at_eos)
     book.progress.target, book.progress.finished = tokens, None
     book.save()
     drafter_object = build_drafter(choice, engine.target)
@@ -437,6 +445,7 @@ def train_data(
     if not (0 <= heldout < 1 and 0 <= sampled <= 1):
         raise SpecchatError("--heldout must be in [0, 1) and --sampled in [0, 1]")
     check_dtype(dtype)
+    check_output_dir(out)
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from specchat.training.data import DataRecipe, build_data
@@ -595,13 +604,15 @@ def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, ch
                    seed, dtype, device, recipe_options: dict | None = None, **options) -> dict:  # fmt: skip
     """Check the shared options, load the target and run `run_training` under a progress display;
     `recipe_options` set recipe fields the shared options do not."""
-    if epochs <= 0 or batch < 1 or lr <= 0 or vocab < 0 or checkpoint_minutes <= 0:
-        raise SpecchatError("--epochs, --lr, --checkpoint-minutes must be positive, --batch at least 1, --vocab >= 0")
+    if not all(0 < value < math.inf for value in (epochs, lr, checkpoint_minutes)) or batch < 1 or vocab < 0:
+        raise SpecchatError("--epochs, --lr, --checkpoint-minutes must be positive numbers, --batch at least 1, "
+                            "--vocab >= 0")  # fmt: skip
     if precision not in ("bf16", "fp32"):
         raise SpecchatError(f"--precision must be bf16 or fp32, not {precision}")
+    check_dtype(dtype)
+    check_output_dir(out)
     if not (data / "recipe.json").is_file():
         raise SpecchatError(f"{data} holds no training data; make it with `specchat train data --out {data}`")
-    check_dtype(dtype)
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from specchat.training.trainer import TrainRecipe
@@ -708,13 +719,20 @@ def bench(
 
         llamacpp = LlamaCpp.for_model(model)
     rows = []
-    for each_dtype in _csv(dtype):
-        loaded = _load(model, each_dtype, device, attention, quantize)
-        rows += compare(
-            loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
-            llamacpp=llamacpp,
-        )  # fmt: skip
-        llamacpp = None  # measured once, beside the first dtype
+    from specchat.bench.progress import bench_progress
+
+    dtypes = _csv(dtype)
+    runs = 1 + repeats * sum(map(len, sets.values()))  # per method and dtype: the warm-up, then every prompt
+    total = len(dtypes) * (1 + len(set(methods) | {"none"}) * runs) + (runs if llamacpp else 0)  # loads included
+    with bench_progress(total) as step:
+        for each_dtype in dtypes:
+            step(f"loading {model or 'the default model'} ({each_dtype})")
+            loaded = _load(model, each_dtype, device, attention, quantize)
+            rows += compare(
+                loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
+                llamacpp=llamacpp, step=lambda what, d=each_dtype: step(f"{d} · {what}"),
+            )  # fmt: skip
+            llamacpp = None  # measured once, beside the first dtype
     title = f"{loaded.source.name}, greedy, decode tokens/s"
     _report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
     if plot is not None:
@@ -727,7 +745,7 @@ def bench_context(
     contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "256,4096",
     steps: Annotated[int, typer.Option(help="Decode steps timed per context.")] = 32,
     repeats: Annotated[int, typer.Option()] = 3,
-    dtype: Annotated[str, typer.Option()] = "float32",
+    dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -740,12 +758,17 @@ def bench_context(
     except ValueError:
         raise SpecchatError(f"--context takes comma-separated integers, not '{contexts}'") from None
     check_attention(attention)
+    check_dtype(dtype)
     loaded = _load(model, dtype, device, attention)
     window = loaded.model.config.max_position_embeddings
     if not lengths or min(lengths) < 1 or max(lengths) + steps + 1 > window:
         raise SpecchatError(f"each context must be between 1 and {window - steps - 1} tokens")
-    rows = decode_cost(loaded, lengths, steps=steps, repeats=repeats)
-    _report(rows, as_json, title=f"{loaded.source.name} {dtype}: autoregressive decode cost")
+    from specchat.bench.progress import bench_progress
+
+    with bench_progress(len(lengths) * (repeats + 1)) as step:
+        rows = decode_cost(loaded, lengths, steps=steps, repeats=repeats, step=step)
+    weights = f"{loaded.weights}/{loaded.dtype}" if loaded.weights else loaded.dtype
+    _report(rows, as_json, title=f"{loaded.source.name} {weights}\nms per AR token")
 
 
 @bench_app.command("attention")
@@ -766,10 +789,14 @@ def bench_attention(
     plus the prefix part's bandwidth. The defaults are GPU sizes: on a CPU pass e.g. --context 1024,4096."""
     from specchat.bench.attention import attention_bench
 
-    rows = attention_bench(
-        contexts=_ints(contexts, "--context"), tree=tree, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-        dtype=dtype, device=device, repeats=repeats,
-    )  # fmt: skip
+    from specchat.bench.progress import bench_progress
+
+    lengths = _ints(contexts, "--context")
+    with bench_progress(len(lengths)) as step:
+        rows = attention_bench(
+            contexts=lengths, tree=tree, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
+            device=device, repeats=repeats, step=step,
+        )  # fmt: skip
     title = (
         f"attention per call, {dtype}: root + {tree} tree nodes, {heads} query / {kv_heads} KV heads x {head_dim}"
         " (vs_sdpa = SDPA-with-mask time / this time)"
@@ -805,9 +832,13 @@ def bench_verify_cost(
         title = f"{loaded.source.name} ({loaded.weights}, {loaded.dtype}): ms per forward over the root + nodes"
         _report([dataclasses.asdict(row) for row in rows], as_json, title=title)
         return
+    from specchat.bench.progress import bench_progress
+
     dtype = "bfloat16" if dtype == "auto" else dtype
-    rows = [row for tree in sizes for row in verify_cost(contexts=lengths, tree=tree, layers=layers, dtype=dtype,
-                                                         device=device, attention=attention, repeats=repeats)]  # fmt: skip
+    with bench_progress(len(lengths) * len(sizes)) as step:
+        rows = [row for tree in sizes for row in verify_cost(contexts=lengths, tree=tree, layers=layers, dtype=dtype,
+                                                             device=device, attention=attention, repeats=repeats,
+                                                             step=step)]  # fmt: skip
     shape = "Llama-3.1-8B shapes" if layers == 32 else f"Llama-3.1-8B shapes but {layers} of 32 layers"
     title = f"{shape}, random weights, {dtype}: ms per forward (decode: 1 token; verify: root + tree nodes)"
     _report([dataclasses.asdict(row) for row in rows], as_json, title=title)
@@ -850,7 +881,10 @@ def bench_draft(
     else:
         loaded = _load(model, dtype, device, attention)
         target, name = loaded.model, f"{loaded.source.name} {loaded.weights}/{loaded.dtype}"
-    rows = draft_cost(target, contexts=lengths, vocabs=sizes, budgets=trees, repeats=repeats)
+    from specchat.bench.progress import bench_progress
+
+    with bench_progress(len(lengths) * len(sizes) * len(trees)) as step:
+        rows = draft_cost(target, contexts=lengths, vocabs=sizes, budgets=trees, repeats=repeats, step=step)
     _report([dataclasses.asdict(row) for row in rows], as_json, title=f"random LongSpec draft on {name}: ms per call")
 
 
@@ -970,7 +1004,9 @@ def main() -> None:
     except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)
         sys.exit(130)
-    except OSError as error:  # the output cannot be written: a full disk, a closed pipe
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as command-line tools do
+        os._exit(0)  # no flush of the closed stream at exit
+    except OSError as error:  # the output cannot be written: a full disk
         with contextlib.suppress(OSError):
             sys.stderr.write(f"error: cannot write the output: {error.strerror or error}\n")
         os._exit(1)  # no flush of the broken stream at exit

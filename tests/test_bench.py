@@ -39,8 +39,12 @@ def test_unknown_prompt_set():
 def test_compare_rows_cover_every_method_and_check_identity(tokenizer):
     loaded = LoadedModel(tiny_model("llama"), tokenizer, ModelSource("tiny", "tiny"), 0.0)
     sets = {"loop": ["a b c a b c a b c a b c", "x y x y x y x y"]}
-    rows = compare(loaded, sets, ["ngram", "hf", "hf-prompt-lookup"], max_new_tokens=24, repeats=1, draft_budget=4)
+    steps = []
+    rows = compare(loaded, sets, ["ngram", "hf", "hf-prompt-lookup"], max_new_tokens=24, repeats=1, draft_budget=4,
+                   step=steps.append)  # fmt: skip
     by_method = {row.method: row for row in rows}
+    # the progress bar hears every generation, as many as the CLI counts: per method a warm-up, then each prompt
+    assert len(steps) == 4 * (1 + 1 * 2) and steps[0] == "none: warm-up" and "hf: loop prompt 2/2, repeat 1/1" in steps
     assert list(by_method) == ["none", "ngram", "hf", "hf-prompt-lookup"]
     assert all(row.identical_to_ar for row in rows)  # fp32 greedy: every method gives the same tokens
     assert by_method["none"].speedup_vs_ar == 1.0 and by_method["none"].mean_accepted_length == 1.0

@@ -22,13 +22,45 @@ def test_relative_cost_interpolates_between_measured_sizes():
     assert CPU_LIKE.relative(128) == 3.8 * 2
 
 
-def test_rejected_drafts_turn_drafting_off_and_probes_continue():
+def test_rejected_drafts_turn_drafting_off_probes_back_off_then_stop():
     policy = AdaptiveBudget(CPU_LIKE, probe_every=8)
     for _ in range(30):
         observe_chain(policy, 4, accepted=0)
     assert policy.budget == 0
-    budgets = [policy.next_budget() for _ in range(16)]
-    assert budgets.count(0) == 14 and max(budgets) == 7  # two small probe trees in 16 steps
+    probes = []
+    for step in range(200):
+        budget = policy.next_budget()
+        if budget:
+            probes.append(step)
+            if len(probes) == 2:
+                policy.observe(DraftTree.empty(), [])  # the drafter had nothing: the probe waits for a tree
+                continue
+            observe_chain(policy, 3, accepted=0)  # a probe that did not pay
+    # a small tree at once (the wait since the last tree is over), again after 16 idle steps and once more when
+    # the drafter had nothing, then after 32; then
+    # drafting is off for good (each probe verifies several rows: they kept the default below plain decoding)
+    assert probes == [0, 16, 17, 48] and policy.off_for_good
+    assert all(policy.next_budget() == 0 for _ in range(500))
+
+
+def test_a_probe_that_pays_turns_drafting_back_on():
+    policy = AdaptiveBudget(CPU_LIKE, probe_every=4)
+    for _ in range(30):
+        observe_chain(policy, 4, accepted=0)
+    while not policy.next_budget():
+        pass
+    observe_chain(policy, 3, accepted=0)  # one failed probe: the next comes later
+    while not policy.next_budget():
+        pass
+    observe_chain(policy, 3, accepted=3)  # copyable text is back
+    assert policy.failed_probes == 0
+    for _ in range(60):  # the probes that follow find it accepted too, until drafting pays again
+        while not policy.next_budget():
+            pass
+        observe_chain(policy, 3, accepted=3)
+        if policy.budget:
+            break
+    assert policy.budget > 0 and not policy.off_for_good
 
 
 def test_long_acceptances_grow_the_budget_where_verification_is_cheap():
@@ -137,3 +169,15 @@ def test_drafting_time_is_priced_per_mode():
     assert min(budgets[30:]) >= 7
     ngram, both = frozenset({"ngram"}), frozenset({"ngram", "model"})
     assert policy.relative_cost(7, ngram) < 2 < 10 < policy.relative_cost(7, both)
+
+
+def test_a_probe_whose_drafting_costs_more_than_its_tokens_fails():
+    """TokenSwift-like drafting on a small CPU model: a draft forward per step, some tokens accepted, not enough."""
+    policy = AdaptiveBudget(CPU_LIKE, probe_every=4)
+    for _ in range(30):
+        observe_chain(policy, 4, accepted=0)
+    for _ in range(3):
+        while not (budget := policy.next_budget()):
+            pass
+        observe_chain(policy, 3, accepted=1, budget=budget, draft_seconds=2.0)  # two decode steps' time
+    assert policy.off_for_good

@@ -175,6 +175,29 @@ def test_chat_refuses_to_run_without_a_terminal():
     assert_one_line_error(specchat("chat", stdin=""), "chat needs a terminal")
 
 
+def refused_before_loading(*args: str) -> subprocess.CompletedProcess:
+    """`specchat ARGS` run in a fresh interpreter whose stdout says whether torch was imported before the exit:
+    a refusal that comes before any model load imports none of it."""
+    code = (
+        f"import sys; from specchat.cli import main; sys.argv = ['specchat', *{list(args)!r}]\n"
+        "try:\n    main()\nfinally:\n    print('torch' in sys.modules)"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+
+
+def test_train_refuses_bad_output_and_options_before_loading():
+    """`--out` is checked before any model load, the options before the files they name."""
+    result = refused_before_loading("train", "data", "--out", "/dev/null")
+    assert_one_line_error(result, "--out /dev/null exists and is not a directory")
+    assert result.stdout.strip() == "False"
+    for args, needle in [
+        (("train", "longspec", "--data", "/no/data", "--out", "/dev/null"), "--out /dev/null exists and is not a directory"),
+        (("train", "glide", "--data", "/no/data", "--out", "o", "--lr", "nan"), "--lr"),
+        (("train", "model-drafter", "--data", "/no/data", "--out", "o", "--epochs", "inf"), "--epochs"),
+    ]:
+        assert_one_line_error(specchat(*args), needle)
+
+
 def test_option_errors_do_not_import_torch():
     """Option checks answer before anything slow is imported (a bad flag used to take 1.5-2.7 s)."""
     code = (
@@ -197,6 +220,22 @@ def test_an_output_that_cannot_be_written_is_one_line(default_model):
                                 stderr=subprocess.PIPE, text=True, env=ENV, timeout=300)  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.strip() == "error: cannot write the output: No space left on device"
+
+
+@pytest.mark.slow
+def test_a_closed_pipe_ends_quietly(default_model):
+    """`specchat run ... | head -c 1`: the reader leaves after a byte; specchat stops without a word, exit 0."""
+    command = (f"{sys.executable} -m specchat run 'Count from 1 to 100, one number per line.' -n 300 "
+               "--temperature 0 | head -c 1 > /dev/null; exit ${PIPESTATUS[0]}")  # fmt: skip
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=ENV, timeout=300)
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_the_attention_help_lists_every_choice():
+    from specchat.engine.attention import CHOICES
+
+    help_text = " ".join(specchat("run", "--help").stdout.split())
+    assert all(choice in help_text for choice in CHOICES) and "canonical" in help_text
 
 
 @pytest.mark.slow
@@ -258,3 +297,20 @@ def test_reading_the_prompt_from_a_terminal_says_so():
     text = output.decode()
     assert "reading the prompt from stdin (Ctrl-D ends)" in text and "error: the prompt is empty" in text
     assert os.waitstatus_to_exitcode(status) == 1
+
+
+def test_slow_first_use_work_says_what_it_is_and_quick_work_says_nothing(monkeypatch):
+    """A first run compiled the CPU decoder and timed this CPU for minutes without a word."""
+    from specchat import first_use
+
+    lines = []
+    monkeypatch.setattr(first_use, "AFTER_SECONDS", 0.05)
+    first_use.tell(lines.append)
+    try:
+        with first_use.first_use("compiling the thing"):
+            time.sleep(0.3)
+        with first_use.first_use("a cached step"):
+            pass
+    finally:
+        first_use.tell(first_use._stderr)
+    assert lines == ["compiling the thing (once on this machine) ...", "compiling the thing: done in 0 s"]

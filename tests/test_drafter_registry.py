@@ -33,13 +33,49 @@ def test_profiles_say_which_drafters_a_model_has():
     profiles = load_profiles()
     assert usable_drafters(profiles["smollm2-135m"]) == ["none", "ngram", "longspec", "tokenswift", "model"]
     assert usable_drafters(profiles["vicuna-7b-16k"]) == ["none", "ngram", "longspec", "model"]
-    assert profiles["longchat-7b-16k"].drafters["model"] == "JackFram/llama-68m"  # SpecExtend's published pairs
+    assert profiles["longchat-7b-32k"].drafters["model"] == "JackFram/llama-68m"  # SpecExtend's published pairs
     assert resolve_drafter(DrafterChoice("longspec"), profiles["vicuna-7b-16k"], "vicuna-7b-16k").repo == (
         "sail/longspec-vicuna-7b-v1.5-16k"
     )
     with pytest.raises(SpecchatError, match=r"no published glide drafter \(it has: none, ngram, longspec, model\)"):
         resolve_drafter(DrafterChoice("glide"), profiles["vicuna-7b-16k"], "vicuna-7b-16k")
     assert all(kind.module or name == "none" for name, kind in KINDS.items())
+
+
+def test_every_alias_names_its_target():
+    """Each part of an alias (family, size, context) is in the target's repo id: longchat-7b-16k named a 32K model."""
+    for name, profile in load_profiles().items():
+        target = "".join(c for c in profile.target.lower() if c.isalnum())
+        assert all(part.replace(".", "") in target for part in name.split("-")), (name, profile.target)
+
+
+def test_llama31_runs_the_longspec_draft_published_for_llama3_262k(tmp_path):
+    """`specchat chat --model llama3.1-8b --drafter longspec` resolves to LongSpec's Llama-3-8B-262k draft (same
+    tokenizer and shapes), found offline in a Hugging Face cache made here; `models` says what it was trained on."""
+    import os
+    import subprocess
+    import sys
+
+    repo = "sail/longspec-Llama-3-8B-Instruct-262k"
+    cached = tmp_path / "hub" / f"models--{repo.replace('/', '--')}"
+    snapshot = cached / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (cached / "refs").mkdir()
+    (cached / "refs" / "main").write_text("0" * 40)
+    for name in ("config.json", "model.safetensors"):
+        (snapshot / name).write_text("{}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    code = (
+        "from specchat.drafters import _fetch, parse_drafter, resolve_drafter\n"
+        "from specchat.profiles import load_profiles\n"
+        "choice = resolve_drafter(parse_drafter('longspec'), load_profiles()['llama3.1-8b'], 'llama3.1-8b')\n"
+        "print(choice.repo, _fetch(choice.repo))"
+    )
+    resolved = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert resolved.stdout.split() == [repo, str(snapshot)], resolved.stderr
+    listing = subprocess.run([sys.executable, "-m", "specchat", "models"], capture_output=True, text=True, env=env,
+                             timeout=60)  # fmt: skip
+    assert f"longspec: {repo} (here; trained on Llama-3-8B-Instruct-262k" in listing.stdout, listing.stdout
 
 
 def test_changing_the_drafter_in_a_chat_keeps_its_cache(tokenizer):

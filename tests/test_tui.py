@@ -171,26 +171,28 @@ async def test_save_then_load_round_trips_messages_settings_and_origins(default_
     assert data["format"] == "specchat-chat/1" and data["settings"]["drafter"] == "ngram"
 
 
-@pytest.mark.parametrize(
-    "line, needle",
-    [
-        ("/nope", "unknown command '/nope'"),
-        ("/temp hot", "/temp takes a number"),
-        ("/temp -1", "/temp takes a number"),
-        ("/budget 0", "/budget takes 1..64"),
-        ("/drafter eagle", "unknown drafter 'eagle'"),
-        ("/clear now", "/clear takes no argument"),
-        ("/load", "/load needs a file"),
-        ("/load /no/such/chat.json", "could not read"),
-    ],
-)
-async def test_bad_commands_are_inline_errors(tiny, line, needle):
+BAD_COMMANDS = [
+    ("/nope", "unknown command '/nope'"),
+    ("/temp hot", "/temp takes a number"),
+    ("/temp -1", "/temp takes a number"),
+    ("/budget 0", "/budget takes 1..64"),
+    ("/drafter eagle", "unknown drafter 'eagle'"),
+    ("/drafter glide", "pass a checkpoint directory with /drafter glide:PATH"),  # the chat's command, not the flag
+    ("/drafter ngram:x", "use /drafter ngram"),
+    ("/clear now", "/clear takes no argument"),
+    ("/load", "/load needs a file"),
+    ("/load /no/such/chat.json", "could not read"),
+]
+
+
+async def test_bad_commands_are_inline_errors(tiny):
     app = make_app(tiny, max_new_tokens=4)
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(pilot)
-        await send(pilot, line)
-        assert any(needle in error for error in note_lines(app, errors=True)), note_lines(app)
-        assert app.is_running
+        for line, needle in BAD_COMMANDS:
+            await send(pilot, line)
+            assert needle in note_lines(app, errors=True)[-1], (line, note_lines(app))
+            assert app.is_running
         answer = await ask(pilot, "still there?")  # and the chat still works
         assert len(answer.token_ids) == 4
 

@@ -66,3 +66,26 @@ def test_help_screen(snap_compare, chat_app):
         await pilot.press("f1")
 
     assert snap_compare(chat_app, terminal_size=(100, 36), run_before=run_before)
+
+
+def test_the_overlay_and_stats_show_the_same_budget():
+    """One number for the adaptive budget: this answer's mean, in the overlay as in /stats (the overlay said
+    "budget 0 auto" while /stats said 0.7)."""
+    from dataclasses import replace
+
+    from specchat.tui.overlay import resources_text
+
+    idle = replace(FIGURES, budget=0, mean_budget=0.7)
+    assert "budget   auto, mean 0.7" in str(resources_text(idle)) and "budget auto, mean 0.7" in idle.describe()
+    fixed = replace(FIGURES, adaptive=False)
+    assert "budget   8\n" in str(resources_text(fixed)) and "budget 8 " in fixed.describe() + " "
+
+
+def test_help_keeps_a_gap_between_each_command_or_key_and_its_meaning():
+    from specchat.tui.commands import COMMANDS
+    from specchat.tui.help_screen import KEYS, help_text
+
+    lines = str(help_text()).splitlines()
+    for name in [spec.usage for spec in COMMANDS] + list(KEYS):
+        line = next(line for line in lines if line.startswith(name))
+        assert line[len(name) : len(name) + 2] == "  " and line[len(name) + 2 :].strip(), line

@@ -7,7 +7,10 @@ Proven here, on a tiny model whose window is made small enough to refill many ti
   matters) and the drafters' tokens are accepted;
 - a book cut at any step (the files as a kill leaves them: data appended after the last saved state)
   resumes by replay to the very bytes of an unbroken run, before and after refills;
-- the state refuses what would change the text, a foreign or corrupt state file, and a cut book.
+- the state refuses what would change the text, a foreign or corrupt state file, and a cut or edited book;
+- a finished book extended to more tokens equals an unbroken run of that length (before and after its first
+  refill), its replay verifies the book's tokens in chains of 64 and none of its time counts as writing;
+  the state keeps the writing time as it grows.
 `tests/test_cli.py` runs the real command: kill and resume of the real process, overwrite refusal, bad input.
 """
 
@@ -26,6 +29,7 @@ from specchat.engine.tree import ROOT, TreeBuilder
 from specchat.errors import SpecchatError
 from specchat.writer import write as write_module
 from specchat.writer.book import Book, ids_path, state_path
+from specchat.writer.start import fit_window
 from specchat.writer.settings import BookSettings, check_same, prompt_digest
 from specchat.writer.write import write_book
 
@@ -171,3 +175,49 @@ def test_foreign_corrupt_and_cut_books_are_refused(model, tokenizer, tmp_path):
         Book.open(path)
     with pytest.raises(SpecchatError, match="nothing to resume"):
         Book.open(tmp_path / "other.txt")
+
+
+def test_a_hand_edited_book_is_refused_and_left_as_it_is(model, tokenizer, tmp_path):
+    path = tmp_path / "book.txt"
+    write(model, tokenizer, path, tokens=40)
+    text = path.read_bytes()
+    for edited in (text + b"\nTHE END, added by hand", text[:-3] + b"xyz"):  # appended; changed in place
+        path.write_bytes(edited)
+        with pytest.raises(SpecchatError, match="not what book.txt.specchat.json records: the book was cut or edited"):
+            Book.open(path)
+        assert path.read_bytes() == edited
+
+
+def sized_book(model, tokenizer, path, tokens, **sampling) -> Book:
+    """A book written as `specchat write --tokens N` sizes it: the cache holds the whole book if it can."""
+    engine = Engine(model, tokenizer, max_len=len(PROMPT) + tokens)
+    book = Book.create(path, settings(engine, **sampling), PROMPT, force=True)
+    write_book(engine, book, tokens)
+    book.close()
+    return book
+
+
+@pytest.mark.parametrize(("first", "total"), [(40, 80), (40, TOKENS), (150, TOKENS)])
+def test_an_extended_book_equals_an_unbroken_run(model, tokenizer, tmp_path, monkeypatch, first, total):
+    sampling = {"temperature": 1.0, "penalty": 1.2, "penalty_window": 32}
+    sized_book(model, tokenizer, tmp_path / "whole.txt", total, **sampling)
+    path = tmp_path / "book.txt"
+    assert (sized_book(model, tokenizer, path, first, **sampling).progress.refills > 0) == (first == 150)
+
+    book = Book.open(path)
+    engine = Engine(model, tokenizer, max_len=len(PROMPT) + total, drafter=NgramDrafter(), draft_budget=8)
+    fit_window(book, engine.capacity)
+    book.progress.finished = None  # as `specchat write --resume --tokens N` asks for more
+    forwards, statuses, real_forward = [], [], engine._forward
+    monkeypatch.setattr(engine, "_forward", lambda *a, **k: forwards.append(1) or real_forward(*a, **k))
+    monkeypatch.setattr(write_module, "SAVE_SECONDS", 0.0)
+    saved = lambda: json.loads(state_path(path).read_text())["progress"]["seconds"]  # noqa: E731
+    report = write_book(engine, book, total, status=lambda s: statuses.append((s, saved())))
+    book.close()
+    assert path.read_bytes() == (tmp_path / "whole.txt").read_bytes()
+    assert report.written == total - first and report.finish_reason == "length"
+    replayed = first - book.progress.segment_start if first == 150 else first
+    ar_timing = 3  # forwards: the AR step timed once
+    assert len(forwards) <= 2 + replayed // 64 + report.written + report.refills + ar_timing  # replay: a chain per 64
+    assert all(status.seconds == status.written == 0 for status, _ in statuses if status.replaying)
+    assert statuses[-1][1] > statuses[0][1]  # the state's writing time grows as the book is written

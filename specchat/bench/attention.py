@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.synthetic import (
     MAX_TREE,
     WARMUP,
@@ -94,6 +96,7 @@ def attention_bench(
     device: str = "auto",
     repeats: int = 20,
     seed: int = 0,
+    step: Callable[[str], None] = NO_PROGRESS,
 ) -> list[AttentionRow]:
     """Per-call time of every attention method for each context length, after one copy reference row.
 
@@ -104,6 +107,7 @@ def attention_bench(
         dtype: float32 | bfloat16 | float16.
         device: auto | cpu | cuda | cuda:N.
         repeats: timed calls per method (median).
+        step: hears each context as its calls start (`progress.py`).
 
     Returns:
         The copy row, then per context the full-attention methods, then the prefix part alone.
@@ -130,6 +134,7 @@ def attention_bench(
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flex_attention warns on every uncompiled call
         for context in contexts:
+            step(f"context {context}")
             q = randn(1, heads, tree + 1, head_dim)
             k = randn(1, kv_heads, context + tree + 1, head_dim)  # the tree's keys in the last tree + 1 slots
             v = randn(1, kv_heads, context + tree + 1, head_dim)

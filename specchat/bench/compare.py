@@ -8,9 +8,11 @@ excludes prefill for every method (`runs.py`).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from specchat.bench.llamacpp import LlamaCpp
+from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.runs import BASELINES, LLAMACPP, Run, method_runner
 from specchat.engine.prompt import encode_prompt
 from specchat.loading import LoadedModel
@@ -59,9 +61,10 @@ def compare(
     repeats: int,
     draft_budget: int | None = None,
     llamacpp: LlamaCpp | None = None,
+    step: Callable[[str], None] = NO_PROGRESS,
 ) -> list[BenchRow]:
     """Greedy generation of every prompt by every method; "none" (our AR) is always measured, and llama.cpp
-    too when `llamacpp` is given."""
+    too when `llamacpp` is given. `step(what)` hears each generation as it starts (`progress.py`)."""
     methods = ["none", *[m for m in methods if m != "none"], *([LLAMACPP] if llamacpp else [])]
     tokenizer = loaded.tokenizer
     encoded = {name: [encode_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
@@ -69,14 +72,16 @@ def compare(
     runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp) for m in methods}
 
     warmup = next(iter(encoded.values()))[0]
-    for runner in runners.values():
+    for method, runner in runners.items():
+        step(f"{method}: warm-up")
         runner(warmup)
     runs: dict[tuple[str, str], list[list[Run]]] = defaultdict(list)  # (method, set) -> [repeat][prompt]
-    for _ in range(repeats):
+    for repeat in range(repeats):
         for name, prompts in encoded.items():
             results = {m: [] for m in methods}
-            for ids in prompts:
+            for i, ids in enumerate(prompts):
                 for method in methods:
+                    step(f"{method}: {name} prompt {i + 1}/{len(prompts)}, repeat {repeat + 1}/{repeats}")
                     results[method].append(runners[method](ids))
             for method in methods:
                 runs[method, name].append(results[method])

@@ -7,19 +7,27 @@ what whole decode steps cost: the forward, sampling and the commit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.runs import engine_run
 from specchat.engine.generate import Engine
 from specchat.loading import LoadedModel
 
 
-def decode_cost(loaded: LoadedModel, contexts: list[int], *, steps: int, repeats: int) -> list[dict]:
-    """Milliseconds per decoded token with `context` tokens already in the cache."""
+def decode_cost(loaded: LoadedModel, contexts: list[int], *, steps: int, repeats: int,
+                step: Callable[[str], None] = NO_PROGRESS) -> list[dict]:  # fmt: skip
+    """Milliseconds per decoded token with `context` tokens already in the cache; `step` hears each run."""
     filler = loaded.tokenizer(" ".join(["The lighthouse keeper wrote in the log every night."] * 4))["input_ids"]
     engine = Engine(loaded.model, loaded.tokenizer, max_len=max(contexts) + steps + 1)
     rows = []
     for context in contexts:
         prompt = (filler * (context // len(filler) + 1))[:context]
-        runs = [engine_run(engine, prompt, steps + 1) for _ in range(repeats + 1)][1:]  # first: warm-up
+        runs = []
+        for repeat in range(repeats + 1):  # the first: warm-up
+            step(f"context {context}: {'warm-up' if repeat == 0 else f'repeat {repeat}/{repeats}'}")
+            runs.append(engine_run(engine, prompt, steps + 1))
+        runs = runs[1:]
         seconds = sum(r.decode_seconds for r in runs)
         rows.append({"context": context, "ms_per_token": round(1000 * seconds / sum(r.decode_tokens for r in runs), 2)})
     return rows

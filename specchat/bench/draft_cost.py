@@ -9,10 +9,12 @@ is the first N token ids: the LM head over N rows is what it changes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.synthetic import WARMUP, check_contexts, check_range, significant
 from specchat.bench.verify_cost import fill_cache
 from specchat.drafters.base import TargetView
@@ -41,7 +43,7 @@ class DraftCostRow:
 
 
 def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[int], repeats: int = 5,
-               seed: int = 0) -> list[DraftCostRow]:  # fmt: skip
+               seed: int = 0, step: Callable[[str], None] = NO_PROGRESS) -> list[DraftCostRow]:  # fmt: skip
     check_contexts(contexts)
     check_range("--repeats", repeats, 1)
     config = model.config
@@ -70,6 +72,7 @@ def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[i
                 drafter = LongSpecDrafter(target, layer, draft_vocab=draft_vocab)
                 drafter.prefill(ids[: context + 1].tolist(), torch.empty(0), 0)
                 for budget in budgets:
+                    step(f"context {context}, vocab {vocab or config.vocab_size}, budget {budget}")
                     propose = lambda: drafter.propose(budget, SamplingConfig(), None)  # noqa: E731
                     drafted = timer.seconds(propose)
                     tree = propose()

@@ -20,8 +20,8 @@ class LlamaCpp:
             from llama_cpp import Llama
         except ImportError:
             raise SpecchatError(
-                "--baseline llamacpp needs llama-cpp-python: pip install llama-cpp-python diskcache "
-                "(compiles llama.cpp from source)"
+                '--baseline llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]" in the specchat '
+                "checkout (compiles llama.cpp from source, several minutes)"
             ) from None
         self.llm = Llama(str(gguf_path), n_ctx=context, n_threads=torch.get_num_threads(), verbose=False)
 

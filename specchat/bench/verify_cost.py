@@ -5,10 +5,12 @@ Llama-3.1-8B's shapes and random weights."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.synthetic import (
     MAX_TREE,
     WARMUP,
@@ -102,6 +104,7 @@ def verify_cost(
     repeats: int = 5,
     config=None,
     seed: int = 0,
+    step: Callable[[str], None] = NO_PROGRESS,
 ) -> list[VerifyCostRow]:
     """Milliseconds of a decode forward and of a tree-verification forward, at each context length.
 
@@ -116,7 +119,7 @@ def verify_cost(
         contexts: committed tokens in the cache, one row each.
         tree: draft nodes of the random tree verified (the forward has tree + 1 rows).
         layers: decoder layers to build (default: all of the config's); fewer make CPU runs feasible.
-        attention: auto | hybrid | sdpa | eager (specchat.engine.attention.use_attention).
+        attention: auto | hybrid | canonical | sdpa | eager (specchat.engine.attention.use_attention).
         config: a transformers config to build instead of Llama-3.1-8B's (tests pass a tiny one).
     """
     from specchat.engine.attention import check_attention, uses_tree_masks
@@ -146,6 +149,7 @@ def verify_cost(
     rows = []
     with torch.inference_mode():
         for context in contexts:
+            step(f"context {context}")
             fill_cache(cache, context, config, float_type, dev)
             calls = {
                 kind: verification_forward(forward, cache, dev, tree_only=hybrid, tree=nodes, root_token=1)

@@ -65,19 +65,20 @@ class DrafterChoice:
         return f"{self.name}:{self.path}" if self.path else self.name
 
 
-def parse_drafter(text: str) -> DrafterChoice:
+def parse_drafter(text: str, flag: str = "--drafter") -> DrafterChoice:
     """'ngram', 'longspec:./draft', 'longspec+ngram' -> a choice; unknown names, misplaced paths and
-    composites of other than two different drafters are one line."""
+    composites of other than two different drafters are one line, naming `flag` as the user typed it (the
+    chat's is /drafter)."""
     parts = _split_parts(text)
     if len(parts) == 1:
-        return _parse_one(text)
+        return _parse_one(text, flag)
     if len(parts) != 2 or "" in parts:
-        raise SpecchatError(f"--drafter {text}: a composite combines two drafters, as A+B")
-    first, second = map(_parse_one, parts)
+        raise SpecchatError(f"{flag} {text}: a composite combines two drafters, as A+B")
+    first, second = (_parse_one(part, flag) for part in parts)
     if "none" in (first.name, second.name):
-        raise SpecchatError(f"--drafter {text}: none drafts nothing, so it combines with nothing")
+        raise SpecchatError(f"{flag} {text}: none drafts nothing, so it combines with nothing")
     if first.name == second.name:
-        raise SpecchatError(f"--drafter {text}: combine two different drafters, not {first.name} twice")
+        raise SpecchatError(f"{flag} {text}: combine two different drafters, not {first.name} twice")
     return DrafterChoice(f"{first.name}+{second.name}", parts=(first, second))
 
 
@@ -100,7 +101,7 @@ def _first_part_end(text: str) -> int | None:
     return after_path.start() if after_path else None
 
 
-def _parse_one(text: str) -> DrafterChoice:
+def _parse_one(text: str, flag: str) -> DrafterChoice:
     name, colon, path = text.partition(":")
     kind = KINDS.get(name)
     if kind is None:
@@ -109,9 +110,9 @@ def _parse_one(text: str) -> DrafterChoice:
             "(NAME:PATH for a local checkpoint, A+B for two at once)"
         )
     if colon and not kind.trained:
-        raise SpecchatError(f"the {name} drafter takes no checkpoint: use --drafter {name}")
+        raise SpecchatError(f"the {name} drafter takes no checkpoint: use {flag} {name}")
     if colon and not path:
-        raise SpecchatError(f"--drafter {name}: give the checkpoint directory after the colon")
+        raise SpecchatError(f"{flag} {name}: give the checkpoint directory after the colon")
     return DrafterChoice(name, Path(path).expanduser() if path else None)
 
 
@@ -141,17 +142,17 @@ def usable_drafters(profile: Profile | None) -> list[str]:
     return [name for name, kind in KINDS.items() if not kind.trained or name in published]
 
 
-def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: str) -> DrafterChoice:
+def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: str, flag: str = "--drafter") -> DrafterChoice:
     """Fill in the profile's checkpoint for a trained kind given without a path, or say what the model has."""
     if choice.parts:
-        return replace(choice, parts=tuple(resolve_drafter(part, profile, model_name) for part in choice.parts))
+        return replace(choice, parts=tuple(resolve_drafter(part, profile, model_name, flag) for part in choice.parts))
     if not KINDS[choice.name].trained or choice.path is not None:
         return choice
     repo = profile.drafters.get(choice.name) if profile else None
     if repo is None:
         raise SpecchatError(
             f"model '{model_name}' has no published {choice.name} drafter (it has: {', '.join(usable_drafters(profile))}); "
-            f"pass a checkpoint directory with --drafter {choice.name}:PATH"
+            f"pass a checkpoint directory with {flag} {choice.name}:PATH"
         )
     return DrafterChoice(choice.name, repo=repo)
 

@@ -11,7 +11,10 @@ alpha_j is the rate at which depth j was accepted when proposed, counted with ex
 budget follows the text (copying a passage, then free writing). depth(n) is how deep this drafter's trees of
 n nodes actually reach (a beam of 7 nodes reaches depth 2, a chain depth 7; n until one is seen), and
 draft cost(n) the time the drafter took to propose them: both measured as the engine runs. When drafting does not pay (budget 0)
-the engine still probes with a small tree every few steps, so a return of copyable text is noticed.
+the engine still probes with a small tree now and then, so a return of copyable text is noticed; each probe
+whose tokens did not pay for its step doubles the wait for the next, and after MAX_FAILED_PROBES in a row
+drafting stays off for good (a probe costs a verification of several rows: probing every 16 steps forever kept the default drafter
+at 0.6-0.9x plain decoding on chat answers).
 
 A composite drafter's parts are counted apart, by origin: a part's acceptance counts the steps it proposed
 on, and the budget is sized for the part whose trees pay best. N-gram lookup proposes only where the text
@@ -40,6 +43,7 @@ if TYPE_CHECKING:  # torch-free: the CLI checks --draft-budget against MAX_BUDGE
 # (torch's CPU int4 kernel takes rows four at a time: 5 rows cost about twice 4).
 SIZES = (0, 1, 3, 7, 15, 31, 63)
 MAX_BUDGET = 64  # the most nodes a fixed budget may ask for: canonical attention's deepest tree
+MAX_FAILED_PROBES = 3  # probes in a row that did not pay, after which drafting stays off
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,15 @@ class Acceptance:
 class AdaptiveBudget:
     """Chooses each step's tree budget from the verification cost and the acceptance seen so far."""
 
-    def __init__(self, cost: VerifyCost, *, max_budget: int = MAX_BUDGET, decay: float = 0.97, probe_every: int = 16):
+    def __init__(self, cost: VerifyCost, *, max_budget: int = MAX_BUDGET, decay: float = 0.97, probe_every: int = 16,
+                 max_failed_probes: int = MAX_FAILED_PROBES):  # fmt: skip
         self.cost = cost
         self.candidates = [n for n in SIZES if n <= max_budget]
         self.decay = decay
         self.probe_every = probe_every
+        self.max_failed_probes = max_failed_probes
+        self.failed_probes = 0  # in a row: each doubles the wait for the next
+        self.probing = False  # the next non-empty tree is a probe
         self.origins: dict[str, Acceptance] = {}
         # mode (the origins in a tree) -> budget -> smoothed seconds the drafter took
         self.draft_seconds: dict[frozenset[str], dict[int, float]] = {}
@@ -145,13 +153,23 @@ class AdaptiveBudget:
             self.origins.setdefault(origin, Acceptance(self.decay)).observe(depth, accepted, budget)
         if len(tree):
             self.budget = self._best()
+            if self.probing:  # a probe fails when its tokens did not pay for its step (drafting and verifying)
+                self.probing = False
+                paid = 1 + len(path) >= self.relative_cost(budget or len(tree), frozenset(tree.origins))
+                self.failed_probes = 0 if paid else self.failed_probes + 1
+
+    @property
+    def off_for_good(self) -> bool:
+        return not self.budget and self.failed_probes >= self.max_failed_probes
 
     def next_budget(self) -> int:
-        if self.budget:
+        if self.budget or self.off_for_good:
             return self.budget
         self.idle_steps += 1
-        if self.idle_steps % self.probe_every == 0:
-            return self.candidates[min(3, len(self.candidates) - 1)]  # a small probe tree (7 nodes)
+        if self.idle_steps >= self.probe_every << self.failed_probes:
+            self.idle_steps, self.probing = 0, True
+        if self.probing:  # until the drafter has something to show: an empty tree costs no verification
+            return self.candidates[min(2, len(self.candidates) - 1)]  # a small probe tree (3 nodes)
         return 0
 
     def expected_tokens(self, n: int, mode: frozenset[str] = frozenset()) -> float:

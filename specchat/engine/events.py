@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from specchat.engine.stats import GenerationStats
 
 TARGET = "target"  # origin of a token produced by the target model itself
+KNOWN = "known"  # origin of a token the text was known to go on with (`Engine.generate(known=...)`)
 
 
 @dataclass(frozen=True)

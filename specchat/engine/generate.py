@@ -22,7 +22,7 @@ from specchat.engine.budget import (
     measure_verify_cost,
 )
 from specchat.engine.cache import TreeCache, check_cache_fits
-from specchat.engine.events import TARGET, StepEvent
+from specchat.engine.events import KNOWN, TARGET, StepEvent
 from specchat.engine.last_query import LastQuery
 from specchat.engine.lean_forward import lean_forward
 from specchat.engine.linear import use_few_rows_linear
@@ -34,6 +34,7 @@ from specchat.engine.verify import verify
 from specchat.engine.verify_forward import verification_forward
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError
+from specchat.first_use import first_use
 from specchat.quant.formats import weight_format
 
 
@@ -51,7 +52,8 @@ class Engine:
                  draft_budget: int | None = None):  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
-        self.lean = lean_forward(model)  # None: transformers' forward
+        with first_use("preparing the CPU decoder (compiled for this CPU the first time)"):
+            self.lean = lean_forward(model)  # None: transformers' forward
         self.tree_only_masks = uses_tree_masks(model)  # the attention sees the prefix by itself
         self.tree_capacity = MAX_BUDGET  # slots kept for a verified tree, whatever the drafter: it may change
         self.context_window = model.config.max_position_embeddings
@@ -97,6 +99,7 @@ class Engine:
         stop: tuple[str, ...] = (),
         reproducible: bool = False,
         index_offset: int = 0,
+        known: list[int] = (),
     ) -> Iterator[StepEvent]:
         """Prefill `prompt_ids` and yield a `StepEvent` per step until EOS, a stop string, `max_new_tokens` or a
         full cache.
@@ -106,6 +109,11 @@ class Engine:
         the output is then the same for every drafter and tree, and continues the same after a restart. Its
         price: a drafter's sampled trees are checked by those draws instead of by rejection sampling, which
         accepts a little less.
+
+        `known`: tokens the text is known to go on with (a book being resumed, `writer/write.py`). While the
+        output follows them, each step verifies the next ones as a chain, whatever the drafter: re-deriving a
+        text costs one forward per MAX_BUDGET tokens instead of one per token, and commits what the target
+        itself picks (a verified row is bitwise a decode step), so the output stays exact.
         """
         if not prompt_ids:
             raise SpecchatError("the prompt is empty")
@@ -134,27 +142,34 @@ class Engine:
         if self.drafter is not None and self.fixed_budget is None and self.policy is None:
             self.policy = AdaptiveBudget(self._verify_cost())
         event = self._commit([token], [TARGET], self._no_rows, stats, stream, budget, limit)
+        ahead = _still_known(list(known), event.tokens)
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
-            tokens, origins, hidden, tree_depth, tree_budget = self._step(sampling, generator, noise)
+            tokens, origins, hidden, tree_depth, tree_budget = self._step(sampling, generator, noise, ahead)
             stats.decode_seconds += time.perf_counter() - start
             event = self._commit(tokens, origins, hidden, stats, stream, budget, limit)
             stats.decode_tokens += len(event.tokens)
             drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
             stats.record_step(tree_depth, drafted, tree_budget)
+            ahead = _still_known(ahead, event.tokens)
             yield event
 
-    def _step(self, sampling: SamplingConfig, generator, noise: PositionNoise | None):
-        """Draft, verify the tree (or just the root) in one forward, commit the accepted KV.
+    def _step(self, sampling: SamplingConfig, generator, noise: PositionNoise | None, known: list[int]):
+        """Draft (or take the `known` tokens as a chain), verify the tree (or just the root) in one forward,
+        commit the accepted KV.
 
         Returns the accepted tokens then the bonus, their origins, the hidden states of the rows kept in the
         cache (root and accepted nodes), the tree's depth and its budget.
         """
-        budget = self.policy.next_budget() if self.policy else self.fixed_budget if self.drafter else 0
-        start = time.perf_counter()
-        tree = self.drafter.propose(budget, sampling, generator) if budget else DraftTree.empty()
-        draft_seconds = time.perf_counter() - start
+        if known:
+            tree = DraftTree.from_chains([known[: self.tree_capacity]], KNOWN, self.tree_capacity)
+            budget, draft_seconds = len(tree), 0.0
+        else:
+            budget = self.policy.next_budget() if self.policy else self.fixed_budget if self.drafter else 0
+            start = time.perf_counter()
+            tree = self.drafter.propose(budget, sampling, generator) if budget else DraftTree.empty()
+            draft_seconds = time.perf_counter() - start
         prefix = self.cache.length
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
         mask = batch.attention_mask(prefix, tree_only=self.tree_only_masks) if len(tree) else None  # 1 query: no mask
@@ -167,7 +182,7 @@ class Engine:
         kept = [0] + [node + 1 for node in verdict.path]
         self.cache.commit(kept)
         self._query.keep(kept[-1])
-        if self.policy:
+        if self.policy and not known:  # known tokens say nothing about the drafter
             self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds)
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
@@ -181,7 +196,11 @@ class Engine:
             return verification_forward(self._forward, self.cache, self.device, tree_only=self.tree_only_masks, tree=n)
 
         sizes = [n for n in SIZES if n <= self.tree_capacity]
-        measure = lambda: measure_verify_cost(verify_forward, sizes=sizes, device=self.device)  # noqa: E731
+
+        def measure() -> VerifyCost:
+            with first_use("timing verification forwards of this model"):
+                return measure_verify_cost(verify_forward, sizes=sizes, device=self.device)
+
         key = f"{calibration_key(self.model, lean=self.lean is not None)}|sizes={','.join(map(str, sizes))}"
         return cached_verify_cost(cache_dir() / "verify_cost.json", key, measure)
 
@@ -293,6 +312,11 @@ class Engine:
             times.append(time.perf_counter() - start)
         self.cache.truncate(self.cache.length)  # drop the pending root KV the forwards wrote
         return sorted(times)[len(times) // 2]
+
+
+def _still_known(known: list[int], tokens: list[int]) -> list[int]:
+    """What remains of `known` after committing `tokens`; nothing once the output leaves it."""
+    return known[len(tokens) :] if known[: len(tokens)] == tokens else []
 
 
 def calibration_key(model, *, lean: bool) -> str:

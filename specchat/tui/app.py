@@ -20,7 +20,7 @@ from textual.containers import Horizontal
 from textual.timer import Timer
 from textual.widgets import Footer
 
-from specchat import STARTED
+from specchat import STARTED, first_use
 from specchat.errors import SpecchatError, unexpected
 from specchat.tui.answer_stream import AnswerEnd, AnswerStream
 from specchat.tui.chat_input import ChatInput
@@ -97,6 +97,8 @@ class ChatApp(App[None]):
     def _load(self) -> None:
         def progress(stage: str) -> None:
             self.call_from_thread(setattr, self, "_stage", stage)
+
+        first_use.tell(progress)  # a first run's one-time work shows in the loading line, not on a hidden stderr
 
         try:
             loaded, sampling = self.loader(progress)

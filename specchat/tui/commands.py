@@ -54,7 +54,7 @@ def _temperature(text: str) -> float:
 
 
 def _drafter(text: str) -> str:
-    parse_drafter(text)
+    parse_drafter(text, "/drafter")
     return text
 
 

@@ -27,8 +27,8 @@ EXPLANATIONS = {
     "tau sparkline": "tokens committed by each of the last steps, oldest on the left.",
     "context": "tokens the conversation holds now / the most it may hold (--context).",
     "drafter, budget": "who proposes draft trees, and the most nodes a tree may have: fixed (/budget N) or "
-    "auto (chosen each step from the measured verification cost and the acceptance seen; 'mean' is this "
-    "answer's average).",
+    "auto, chosen each step from the measured verification cost and the acceptance seen and shown as this "
+    "answer's mean (0 when drafting did not pay; small trees still probe now and then).",
     "memory": "resident memory of this process (CPU), or memory torch has allocated on the GPU.",
 }
 
@@ -56,6 +56,13 @@ class Figures:
     prefill_seconds: float
 
     @property
+    def budget_text(self) -> str:
+        """The tree budget as the overlay and /stats show it: fixed, or the adaptive one's mean."""
+        if self.budget is None:
+            return "-"
+        return f"auto, mean {self.mean_budget:.1f}" if self.adaptive else f"{self.budget}"
+
+    @property
     def speedup(self) -> float | None:
         if self.ar_tokens_per_second is None:
             return None
@@ -68,6 +75,8 @@ class Figures:
             parts.append(f"acceptance {self.acceptance_rate:.0%}")
         if self.speedup is not None:
             parts.append(f"{self.speedup:.2f}x autoregressive ({self.ar_tokens_per_second:.1f} tok/s)")
+        if self.budget is not None:
+            parts.append(f"budget {self.budget_text}")
         parts.append(
             f"prompt {self.prompt_tokens} tokens ({self.reused_tokens} reused from the cache), "
             f"prefill {self.prefill_seconds:.2f} s"

@@ -33,12 +33,13 @@ def help_text() -> Text:
     for name, meaning in EXPLANATIONS.items():
         text.append(f"{name}: ", "bold").append(f"{meaning}\n")
     text.append("\n").append(legend()).append("\n\n")
+    width = max(len(name) for name in (*(spec.usage for spec in COMMANDS), *KEYS)) + 2  # a gap after the longest
     text.append("Commands\n", "bold underline")
     for spec in COMMANDS:
-        text.append(f"{spec.usage:<18}", "bold").append(f"{spec.help}\n")
+        text.append(f"{spec.usage:<{width}}", "bold").append(f"{spec.help}\n")
     text.append("\nKeys\n", "bold underline")
     for key, meaning in KEYS.items():
-        text.append(f"{key:<18}", "bold").append(f"{meaning}\n")
+        text.append(f"{key:<{width}}", "bold").append(f"{meaning}\n")
     return text
 
 

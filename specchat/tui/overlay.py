@@ -63,9 +63,8 @@ def numbers_text(f: Figures | None) -> Text:
 def resources_text(f: Figures | None) -> Text:
     if f is None:
         return Text()
-    budget = "-" if f.budget is None else f"{f.budget}" + (f" auto, mean {f.mean_budget:.1f}" if f.adaptive else "")
     text = Text()
     for label, value in (("context", f"{f.context_used}/{f.context_max}"), ("drafter", f.drafter),
-                         ("budget", budget), ("memory", f"{f.memory_bytes / 2**20:.0f} MiB {f.memory_kind}")):  # fmt: skip
+                         ("budget", f.budget_text), ("memory", f"{f.memory_bytes / 2**20:.0f} MiB {f.memory_kind}")):  # fmt: skip
         text.append(f"{label:<9}", "dim").append(f"{value}\n")
     return text

@@ -5,12 +5,17 @@ little-endian); both only grow, by appends flushed as tokens commit. `book.txt.s
 of them counts: it is replaced atomically (write, fsync, rename) after the data it points to is on disk, so
 a kill at any moment leaves a state that points at whole, written data. Resuming truncates both files to
 what the state counts: bytes written after the last state are written again, the same.
+
+The state also keeps a CRC-32 of the text and of the ids it counts, so a book edited by hand is refused
+rather than silently rewritten: text added after a clean stop (no ids beyond the state's: only a kill leaves
+those), or any counted byte changed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +39,8 @@ class Progress:
     refills: int = 0
     seconds: float = 0.0  # writing time, all sessions together
     finished: str | None = None  # why writing ended: "length" | "eos"
+    text_crc: int | None = None  # CRC-32 of the counted text and ids (None: a book from before they were kept)
+    ids_crc: int | None = None
 
 
 class Book:
@@ -56,7 +63,7 @@ class Book:
             ids_path(path).write_bytes(array("I", prompt_ids).tobytes())
         except OSError as error:
             raise SpecchatError(f"cannot write {path}: {error.strerror}") from None
-        book = cls(path, settings, list(prompt_ids), [], Progress())
+        book = cls(path, settings, list(prompt_ids), [], Progress(text_crc=0, ids_crc=_crc(array("I", prompt_ids))))
         book.save()
         return book
 
@@ -75,17 +82,20 @@ class Book:
         except (ValueError, KeyError, TypeError) as error:
             raise SpecchatError(f"{state_file} is not a specchat book state ({error})") from None
         count = settings.prompt_tokens + progress.tokens
-        ids = array("I")
         try:
             with open(ids_path(path), "rb") as file:
-                ids.frombytes(file.read(4 * count))
-            text_size = path.stat().st_size
+                id_bytes = file.read()
+            with open(path, "rb") as file:
+                text = file.read()
         except OSError as error:
             raise SpecchatError(f"cannot read the book {path}: {error.strerror}") from None
-        if len(ids) < count or text_size < progress.text_bytes:
-            raise SpecchatError(f"{path} or its ids are shorter than {state_file.name} says: the book was cut or edited")
+        if not _as_recorded(text, id_bytes, 4 * count, progress):
+            raise SpecchatError(f"{path} or its ids are not what {state_file.name} records: the book was cut or "
+                                "edited; restore it, or write a new book")  # fmt: skip
         os.truncate(path, progress.text_bytes)
         os.truncate(ids_path(path), 4 * count)
+        ids = array("I")
+        ids.frombytes(id_bytes[: 4 * count])
         ids = ids.tolist()
         return cls(path, settings, ids[: settings.prompt_tokens], ids[settings.prompt_tokens :], progress)
 
@@ -99,6 +109,9 @@ class Book:
         self.generated.extend(tokens)
         self.progress.tokens += len(tokens)
         self.progress.text_bytes += len(data)
+        if self.progress.text_crc is not None:
+            self.progress.text_crc = zlib.crc32(data, self.progress.text_crc)
+            self.progress.ids_crc = _crc(array("I", tokens), self.progress.ids_crc)
 
     def save(self) -> None:
         """Make what was appended count: data to disk first, then the state that points at it."""
@@ -116,6 +129,22 @@ class Book:
     def close(self) -> None:
         self._text.close()
         self._ids.close()
+
+
+def _as_recorded(text: bytes, ids: bytes, id_bytes: int, progress: Progress) -> bool:
+    """Whether the files hold what the state counts, unchanged, plus at most what a kill leaves after it (ids
+    and the text they completed, appended after the last state)."""
+    if len(ids) < id_bytes or len(text) < progress.text_bytes:
+        return False  # cut
+    if len(text) > progress.text_bytes and len(ids) == id_bytes:
+        return False  # text added by hand: a kill leaves ids beyond the state too
+    if progress.text_crc is None:
+        return True
+    return zlib.crc32(text[: progress.text_bytes]) == progress.text_crc and _crc(ids[:id_bytes]) == progress.ids_crc
+
+
+def _crc(data, start: int = 0) -> int:
+    return zlib.crc32(memoryview(data).cast("B"), start)
 
 
 def state_path(path: Path) -> Path:

@@ -35,8 +35,7 @@ def new_book(loaded, out: Path, tokens: int, prompt: str, *, raw: bool, sampling
     when the model's window holds both (never a refill), else the window."""
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, raw=raw)
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + tokens)
-    room = engine.capacity - len(prompt_ids)
-    if room < 2:
+    if engine.capacity - len(prompt_ids) < 2:
         raise SpecchatError(
             f"the prompt has {len(prompt_ids)} tokens; the model's window holds {engine.capacity}, "
             "so nothing can be written after it"
@@ -45,13 +44,20 @@ def new_book(loaded, out: Path, tokens: int, prompt: str, *, raw: bool, sampling
         model=loaded.source.name, weights=loaded.weights, dtype=loaded.dtype, prompt_sha256=prompt_digest(prompt_ids),
         prompt_tokens=len(prompt_ids), **{name: sampling[name] for name in SAMPLING_FIELDS if name != "seed"},
         seed=sampling["seed"] if sampling["seed"] is not None else secrets.randbits(62),
-        stop_at_eos=stop_at_eos, context=engine.capacity, refill_chunk=max(1, room // 4),
+        stop_at_eos=stop_at_eos, **window_policy(engine.capacity, len(prompt_ids)),
     )  # fmt: skip
     return Book.create(out, settings, prompt_ids, force=force), engine
 
 
-def resumed_book(loaded, book: Book, *, prompt: str | None, raw: bool, given: dict, stop_at_eos: bool | None) -> Engine:
-    """Check that what was given again matches the book, and the engine that goes on with it."""
+def window_policy(capacity: int, prompt_tokens: int) -> dict:
+    """The book's window policy when the cache holds `capacity` tokens: the whole book when the model's window
+    allows (no refill ever), else the window, a quarter of whose generated tokens each refill drops."""
+    return {"context": capacity, "refill_chunk": max(1, (capacity - prompt_tokens) // 4)}
+
+
+def resumed_book(loaded, book: Book, tokens: int, *, prompt: str | None, raw: bool, given: dict,
+                 stop_at_eos: bool | None) -> Engine:  # fmt: skip
+    """Check that what was given again matches the book, and the engine that goes on with it to `tokens`."""
     settings = book.settings
     asked = replace(settings, weights=loaded.weights, dtype=loaded.dtype, model=loaded.source.name,
                     **{name: value for name, value in given.items() if value is not None})  # fmt: skip
@@ -60,7 +66,18 @@ def resumed_book(loaded, book: Book, *, prompt: str | None, raw: bool, given: di
     if prompt is not None:
         asked = replace(asked, prompt_sha256=prompt_digest(encode_prompt(loaded.tokenizer, prompt, raw=raw)))
     check_same(settings, asked)
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=settings.context)
-    if engine.capacity != settings.context:
-        raise SpecchatError(f"this model holds {engine.capacity} tokens; the book was written holding {settings.context}")
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=settings.prompt_tokens + tokens)
+    fit_window(book, engine.capacity)
     return engine
+
+
+def fit_window(book: Book, capacity: int) -> None:
+    """Size the book's window policy for a cache of `capacity` tokens, the book's prompt and length to be.
+
+    Before its first refill the policy has not acted, so the book is what a book written for its new length
+    from the start holds: it takes that book's policy (an extended book then equals an unbroken run). After
+    one, the window is the model's and must stay the same."""
+    if book.progress.refills == 0:
+        book.settings = replace(book.settings, **window_policy(capacity, book.settings.prompt_tokens))
+    elif capacity != book.settings.context:
+        raise SpecchatError(f"this model holds {capacity} tokens; the book was written holding {book.settings.context}")

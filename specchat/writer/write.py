@@ -9,7 +9,8 @@ policy writes the same text: every sampled choice is keyed by its token's index 
 
 **Resume.** A prefill computes a cache that differs in its last bits from the one decoding builds step by
 step, so a book cannot be continued exactly from an arbitrary token. It is replayed instead from the last
-point where it was prefilled anyway (the start or the last refill): the replayed tokens are checked against
+point where it was prefilled anyway (the start or the last refill), the book's tokens verified as known
+chains (`Engine.generate(known=...)`: one forward per 64 tokens, whatever the drafter) and checked against
 the book's, then writing goes on, byte for byte as if it had never stopped. Should a machine compute them
 differently, the book keeps what it has and goes on from its last token, with a warning.
 
@@ -40,7 +41,7 @@ class WriteStatus:
     tokens: int  # in the book
     target: int
     written: int  # by this run
-    seconds: float  # of this run, the timing of the AR baseline excluded
+    seconds: float  # of this run's writing steps (not the replay, not the timing of the AR baseline)
     steps: int  # target forwards after prefills
     decode_tokens: int  # tokens those forwards committed
     drafted_depth: int
@@ -84,7 +85,10 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
                status: Callable[[WriteStatus], None] = lambda _s: None) -> WriteReport:  # fmt: skip
     """Write `book` on until it holds `target` generated tokens (or to EOS, if its settings stop there).
 
-    The book's state is saved every SAVE_SECONDS and on the way out, a KeyboardInterrupt included."""
+    Only steps that write new tokens count as writing: their time, their figures, their prefills; the replay
+    of tokens already in the book (after --resume) verifies them as known chains and counts for nothing. The
+    book's state, writing time included, is saved every SAVE_SECONDS and on the way out, a KeyboardInterrupt
+    included."""
     settings, progress = book.settings, book.progress
     if target < progress.tokens:
         raise ValueError(f"the book holds {progress.tokens} tokens already, more than {target}")
@@ -93,15 +97,14 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
     sampling = settings.sampling(engine.eos_ids)
     stream = TextStream(engine.tokenizer, **progress.stream)
     position = progress.segment_start  # generated tokens reproduced or written so far
-    done = GenerationStats()  # the finished segments of this run
+    run = GenerationStats()  # this run's writing steps
     ar_steps: list[float] = []
-    written, prefill_seconds, since_ar = 0, 0.0, AR_EVERY
-    clock, saved = time.perf_counter(), time.monotonic()
+    written, seconds, prefill_seconds, since_ar = 0, 0.0, 0.0, AR_EVERY
+    book_seconds, saved = progress.seconds, time.monotonic()
 
-    def current(stats: GenerationStats) -> WriteStatus:
-        return WriteStatus(progress.tokens, target, written, time.perf_counter() - clock, done.steps + stats.steps,
-                           done.decode_tokens + stats.decode_tokens, done.drafted_depth + stats.drafted_depth,
-                           done.accepted + stats.accepted, progress.refills, position < progress.tokens)  # fmt: skip
+    def current() -> WriteStatus:
+        return WriteStatus(progress.tokens, target, written, seconds, run.steps, run.decode_tokens, run.drafted_depth,
+                           run.accepted, progress.refills, position < progress.tokens)  # fmt: skip
 
     try:
         while progress.finished is None and position < target:
@@ -110,9 +113,10 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
                 progress.refills += 1
             progress.segment_start = position
             context = book.prompt_ids + book.generated[progress.dropped : position]
-            stats = GenerationStats()
+            before, mark = GenerationStats(), time.perf_counter()
             for event in engine.generate(context, sampling=sampling, max_new_tokens=target - position,
-                                         reproducible=True, index_offset=progress.dropped):  # fmt: skip
+                                         reproducible=True, index_offset=progress.dropped,
+                                         known=book.generated[position:]):  # fmt: skip
                 tokens, stats = event.tokens, event.stats
                 known = book.generated[position : position + len(tokens)]
                 if tokens[: len(known)] != known:
@@ -122,34 +126,42 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
                     break
                 position += len(tokens)
                 new = tokens[len(known) :]
-                if new:
+                if new:  # a writing step: its time and figures count (the segment's prefill with its first token)
                     book.append(new, stream.add(new))
                     written += len(new)
                     since_ar += len(new)
+                    seconds += time.perf_counter() - mark
+                    prefill_seconds += stats.prefill_seconds if before.new_tokens == 0 else 0.0
+                    run = _add(run, stats, before)
+                before = _copy(stats)
                 if event.finish_reason == "eos" or position >= target:
                     progress.finished = event.finish_reason or "length"
                 elif since_ar >= AR_EVERY:
-                    mark = time.perf_counter()
-                    ar_steps.append(engine.autoregressive_step_seconds(sampling=sampling))
-                    clock += time.perf_counter() - mark  # timing the baseline is not writing
+                    ar_steps.append(engine.autoregressive_step_seconds(sampling=sampling))  # not writing time
                     since_ar = 0
-                status(current(stats))
+                status(current())
                 if time.monotonic() - saved > SAVE_SECONDS:
-                    progress.stream = stream.state()
+                    progress.seconds, progress.stream = book_seconds + seconds, stream.state()
                     book.save()
                     saved = time.monotonic()
-            prefill_seconds += stats.prefill_seconds
-            done = _sum(done, stats)
+                mark = time.perf_counter()
     finally:
-        progress.seconds += time.perf_counter() - clock
-        progress.stream = stream.state()
+        progress.seconds, progress.stream = book_seconds + seconds, stream.state()
         book.save()
-    return _report(book, current(GenerationStats()), ar_steps, prefill_seconds)
+    return _report(book, current(), ar_steps, prefill_seconds)
 
 
-def _sum(a: GenerationStats, b: GenerationStats) -> GenerationStats:
-    return GenerationStats(steps=a.steps + b.steps, decode_tokens=a.decode_tokens + b.decode_tokens,
-                           drafted_depth=a.drafted_depth + b.drafted_depth, accepted=a.accepted + b.accepted)  # fmt: skip
+def _add(run: GenerationStats, now: GenerationStats, before: GenerationStats) -> GenerationStats:
+    """`run` plus what a generation's stats gained from `before` to `now`."""
+    return GenerationStats(steps=run.steps + now.steps - before.steps,
+                           decode_tokens=run.decode_tokens + now.decode_tokens - before.decode_tokens,
+                           drafted_depth=run.drafted_depth + now.drafted_depth - before.drafted_depth,
+                           accepted=run.accepted + now.accepted - before.accepted)  # fmt: skip
+
+
+def _copy(stats: GenerationStats) -> GenerationStats:
+    return GenerationStats(new_tokens=stats.new_tokens, steps=stats.steps, decode_tokens=stats.decode_tokens,
+                           drafted_depth=stats.drafted_depth, accepted=stats.accepted)  # fmt: skip
 
 
 def _report(book: Book, run: WriteStatus, ar_steps: list[float], prefill_seconds: float) -> WriteReport:

@@ -1,0 +1,47 @@
+"""Work a machine does once (compiling the CPU decoder, timing this CPU, converting the embedded model): when
+it takes more than a moment, say what it is and that it happens once, so a first run is never silent."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+AFTER_SECONDS = 1.5  # quicker work (the same step when its result is cached) says nothing
+
+
+def _stderr(line: str) -> None:
+    sys.stderr.write(f"{line}\n")
+    sys.stderr.flush()
+
+
+_say: Callable[[str], None] = _stderr
+
+
+def tell(say: Callable[[str], None]) -> None:
+    """Where the lines go: stderr (the default), or e.g. the chat's loading line."""
+    global _say
+    _say = say
+
+
+@contextmanager
+def first_use(what: str) -> Iterator[None]:
+    """Around work that is slow only the first time on a machine: if it runs past AFTER_SECONDS, says `what`
+    is happening and happens once, then how long it took."""
+    start, said = time.monotonic(), threading.Event()
+
+    def announce() -> None:
+        said.set()
+        _say(f"{what} (once on this machine) ...")
+
+    timer = threading.Timer(AFTER_SECONDS, announce)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if said.is_set():
+            _say(f"{what}: done in {time.monotonic() - start:.0f} s")
