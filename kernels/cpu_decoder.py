@@ -27,9 +27,10 @@ def cpu_decoder():
     try:
         # named by its code: two checkouts of different versions each keep their own build
         version = hashlib.sha256(b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))).hexdigest()[:12]
+        # -fopenmp compiles at::parallel_for's threads in (serial without it); not linked: the OpenMP calls
+        # resolve to the runtime torch itself loaded, so both share one pool instead of fighting over the cores
         return load(name=f"specchat_cpu_decoder_{version}", sources=[str(SOURCE)],
-                    extra_cflags=["-O3", native, "-fopenmp"],  # at::parallel_for runs serially without it
-                    extra_ldflags=["-fopenmp"])
+                    extra_cflags=["-O3", native, "-fopenmp"])
     except (OSError, ImportError, RuntimeError) as error:  # a missing compiler is an OSError, a failed build a RuntimeError
         raise RuntimeError(f"the CPU decoder could not be built: {str(error).strip().splitlines()[-1]}") from None
 
