@@ -295,7 +295,19 @@ def chat(
     chat_app = ChatApp(loader, settings)
     chat_app.run()
     if chat_app.error is not None:
-        raise SpecchatError(chat_app.error)
+        typer.echo(f"error: {chat_app.error}", err=True)
+    _leave(1 if chat_app.error is not None else 0)
+
+
+def _leave(status: int) -> None:
+    """Exit now, without the interpreter's finalization: triton, which transformers imports even on a CPU,
+    reports ~30 lines of nanobind "leaks" there, onto the terminal the chat just gave back."""
+    import atexit
+
+    atexit._run_exitfuncs()  # the terminal's settings are given back here (tui/typeahead.py)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 @app.command("write")
@@ -971,6 +983,10 @@ def _quiet_transformers() -> None:
 
 def main() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
+    if sys.argv[1:2] == ["chat"]:
+        from specchat.tui.typeahead import hold_typed_keys
+
+        hold_typed_keys()
     try:
         status = app(standalone_mode=False)  # typer turns Ctrl-C into a returned 130
         if status == 130:
