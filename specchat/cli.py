@@ -153,8 +153,7 @@ def run(
             text.append(event.text)
             stats, finish = event.stats, event.finish_reason
             if not as_json:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+                _out(event.text)
     except KeyboardInterrupt:  # report what was produced, then exit 130 (main)
         finish = "interrupted"
     if stats is None:
@@ -181,10 +180,9 @@ def run(
             "drafter": str(choice),
             "attention": loaded.model.config._attn_implementation,
         }
-        print(json.dumps(report, ensure_ascii=False))
+        _out(json.dumps(report, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        _out("\n")
         budget_note = f" | budget {stats.mean_budget:.1f}" if choice.name != "none" and stats.steps else ""
         decode = (f"decode {stats.tokens_per_second:.1f} tok/s | tau {stats.mean_accepted_length:.2f}"
                   if stats.steps else "no decode step")  # fmt: skip
@@ -196,6 +194,16 @@ def run(
         )
     if finish == "interrupted":
         raise KeyboardInterrupt
+
+
+def _out(text: str) -> None:
+    """Write to stdout. A reader that left (`specchat run ... | head`) ends the command quietly with exit 0, as
+    command-line tools do (click would exit 1)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os._exit(0)  # no flush of the closed stream at exit
 
 
 def _read_prompt(prompt: str) -> str:
@@ -1004,9 +1012,7 @@ def main() -> None:
     except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)
         sys.exit(130)
-    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as command-line tools do
-        os._exit(0)  # no flush of the closed stream at exit
-    except OSError as error:  # the output cannot be written: a full disk
+    except OSError as error:  # the output cannot be written: a full disk, a closed pipe elsewhere than `run`
         with contextlib.suppress(OSError):
             sys.stderr.write(f"error: cannot write the output: {error.strerror or error}\n")
         os._exit(1)  # no flush of the broken stream at exit

@@ -20,10 +20,10 @@ def _stderr(line: str) -> None:
 _say: Callable[[str], None] = _stderr
 
 
-def tell(say: Callable[[str], None]) -> None:
-    """Where the lines go: stderr (the default), or e.g. the chat's loading line."""
+def tell(say: Callable[[str], None] | None) -> None:
+    """Where the lines go: e.g. the chat's loading line while it loads; None: stderr (the default)."""
     global _say
-    _say = say
+    _say = say or _stderr
 
 
 @contextmanager
