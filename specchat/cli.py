@@ -153,8 +153,7 @@ def run(
             text.append(event.text)
             stats, finish = event.stats, event.finish_reason
             if not as_json:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+                _out(event.text)
     except KeyboardInterrupt:  # report what was produced, then exit 130 (main)
         finish = "interrupted"
     if stats is None:
@@ -181,10 +180,9 @@ def run(
             "drafter": str(choice),
             "attention": loaded.model.config._attn_implementation,
         }
-        print(json.dumps(report, ensure_ascii=False))
+        _out(json.dumps(report, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        _out("\n")
         budget_note = f" | budget {stats.mean_budget:.1f}" if choice.name != "none" and stats.steps else ""
         decode = (f"decode {stats.tokens_per_second:.1f} tok/s | tau {stats.mean_accepted_length:.2f}"
                   if stats.steps else "no decode step")  # fmt: skip
@@ -196,6 +194,16 @@ def run(
         )
     if finish == "interrupted":
         raise KeyboardInterrupt
+
+
+def _out(text: str) -> None:
+    """Write to stdout. A reader that left (`specchat run ... | head`) ends the command quietly with exit 0, as
+    command-line tools do (click would exit 1)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os._exit(0)  # no flush of the closed stream at exit
 
 
 def _read_prompt(prompt: str) -> str:
@@ -295,7 +303,19 @@ def chat(
     chat_app = ChatApp(loader, settings)
     chat_app.run()
     if chat_app.error is not None:
-        raise SpecchatError(chat_app.error)
+        typer.echo(f"error: {chat_app.error}", err=True)
+    _leave(1 if chat_app.error is not None else 0)
+
+
+def _leave(status: int) -> None:
+    """Exit now, without the interpreter's finalization: triton, which transformers imports even on a CPU,
+    reports ~30 lines of nanobind "leaks" there, onto the terminal the chat just gave back."""
+    import atexit
+
+    atexit._run_exitfuncs()  # the terminal's settings are given back here (tui/typeahead.py)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 @app.command("write")
@@ -987,6 +1007,10 @@ def _quiet_transformers() -> None:
 
 def main() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
+    if sys.argv[1:2] == ["chat"]:
+        from specchat.tui.typeahead import hold_typed_keys
+
+        hold_typed_keys()
     try:
         status = app(standalone_mode=False)  # typer turns Ctrl-C into a returned 130
         if status == 130:
@@ -1004,9 +1028,7 @@ def main() -> None:
     except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)
         sys.exit(130)
-    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as command-line tools do
-        os._exit(0)  # no flush of the closed stream at exit
-    except OSError as error:  # the output cannot be written: a full disk
+    except OSError as error:  # the output cannot be written: a full disk, a closed pipe elsewhere than `run`
         with contextlib.suppress(OSError):
             sys.stderr.write(f"error: cannot write the output: {error.strerror or error}\n")
         os._exit(1)  # no flush of the broken stream at exit

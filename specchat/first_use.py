@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-AFTER_SECONDS = 1.5  # quicker work (the same step when its result is cached) says nothing
+AFTER_SECONDS = 3.0  # quicker work (the same step when its result is cached) says nothing
 
 
 def _stderr(line: str) -> None:
@@ -20,21 +20,21 @@ def _stderr(line: str) -> None:
 _say: Callable[[str], None] = _stderr
 
 
-def tell(say: Callable[[str], None]) -> None:
-    """Where the lines go: stderr (the default), or e.g. the chat's loading line."""
+def tell(say: Callable[[str], None] | None) -> None:
+    """Where the lines go: e.g. the chat's loading line while it loads; None: stderr (the default)."""
     global _say
-    _say = say
+    _say = say or _stderr
 
 
 @contextmanager
 def first_use(what: str) -> Iterator[None]:
     """Around work that is slow only the first time on a machine: if it runs past AFTER_SECONDS, says `what`
-    is happening and happens once, then how long it took."""
+    is happening (`what` says it happens once), then how long it took."""
     start, said = time.monotonic(), threading.Event()
 
     def announce() -> None:
         said.set()
-        _say(f"{what} (once on this machine) ...")
+        _say(f"{what} ...")
 
     timer = threading.Timer(AFTER_SECONDS, announce)
     timer.daemon = True

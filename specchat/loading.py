@@ -142,7 +142,7 @@ def load_model(
     weights = "q4_1" if native else quantize
     if torch_dtype is None:  # auto on a CPU: bf16 is the exact dense format (fp32 matmuls are row-dependent)
         shape = _matmul_shape(location) if weights else None
-        with first_use("timing this CPU's float32 and bfloat16 matmuls"):
+        with first_use("timing this CPU's float32 and bfloat16 matmuls (once per machine)"):
             torch_dtype = fastest_activation_dtype(weights, shape) if weights else torch.bfloat16
     progress(f"loading {source.name} ({weights + ', ' if weights else ''}{str(torch_dtype).removeprefix('torch.')})")
     try:
@@ -262,7 +262,7 @@ def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage:
     progress(f"reading {path.name}'s tokenizer and config (first run only)")
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
     try:
-        with first_use(f"reading {path.name}'s tokenizer and config"):
+        with first_use(f"reading {path.name}'s tokenizer and config (once per file)"):
             AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(partial)
             config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     except (OSError, ValueError, KeyError) as error:
@@ -336,12 +336,12 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
     if not (target / "config.json").is_file():
         progress("reading the embedded GGUF's tokenizer and config (first run only, ~10 s)")
-        with first_use("reading the embedded model's tokenizer and config"):
+        with first_use("reading the embedded model's tokenizer and config (once per machine)"):
             shutil.copytree(gguf_checkpoint(gguf), partial)
         _publish(partial, target)
     if dense and not weights.is_file():
         progress("dequantizing the embedded GGUF to fp32 safetensors (first run only, ~20 s)")
-        with first_use("dequantizing the embedded model to fp32 safetensors"):
+        with first_use("dequantizing the embedded model to fp32 safetensors (once per machine)"):
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
             model.hf_quantizer = None  # the weights are dequantized: save them as plain fp32 tensors
             del model.config.quantization_config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -12,6 +13,21 @@ if not torch.cuda.is_available():  # Triton kernels then run in the interpreter;
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+EXIT_STATUS = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config.stash[EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """Leave without the interpreter's finalization, once every report is out: triton (which transformers
+    imports, and the kernel tests run in its interpreter) prints ~30 lines of nanobind "leaks" there."""
+    if EXIT_STATUS in config.stash:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config.stash[EXIT_STATUS])
 
 
 def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim: int | None = None):

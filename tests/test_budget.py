@@ -36,10 +36,10 @@ def test_rejected_drafts_turn_drafting_off_probes_back_off_then_stop():
                 policy.observe(DraftTree.empty(), [])  # the drafter had nothing: the probe waits for a tree
                 continue
             observe_chain(policy, 3, accepted=0)  # a probe that did not pay
-    # a small tree at once (the wait since the last tree is over), again after 16 idle steps and once more when
-    # the drafter had nothing, then after 32; then
+    # a small tree after 8 idle steps, again after 16 and once more when the drafter had nothing, then after 32;
+    # then
     # drafting is off for good (each probe verifies several rows: they kept the default below plain decoding)
-    assert probes == [0, 16, 17, 48] and policy.off_for_good
+    assert probes == [7, 23, 24, 55] and policy.off_for_good
     assert all(policy.next_budget() == 0 for _ in range(500))
 
 

@@ -58,6 +58,8 @@ def test_a_message_typed_before_ready_is_kept_and_answered(tmp_path):
         assert "The overlay" not in screen  # the help screen never opened
         terminal.send("C-q")
         assert exit_status(tmp_path) == "exit=0"
+        left = terminal.screen()  # what the app leaves on the terminal: neither the keys again nor triton's leaks
+        assert "capital of France" not in left and "nanobind" not in left, left
     finally:
         terminal.close()
 

@@ -307,10 +307,10 @@ def test_slow_first_use_work_says_what_it_is_and_quick_work_says_nothing(monkeyp
     monkeypatch.setattr(first_use, "AFTER_SECONDS", 0.05)
     first_use.tell(lines.append)
     try:
-        with first_use.first_use("compiling the thing"):
+        with first_use.first_use("compiling the thing (once per machine)"):
             time.sleep(0.3)
         with first_use.first_use("a cached step"):
             pass
     finally:
         first_use.tell(first_use._stderr)
-    assert lines == ["compiling the thing (once on this machine) ...", "compiling the thing: done in 0 s"]
+    assert lines == ["compiling the thing (once per machine) ...", "compiling the thing (once per machine): done in 0 s"]

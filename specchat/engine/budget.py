@@ -136,7 +136,7 @@ class AdaptiveBudget:
         self.origins: dict[str, Acceptance] = {}
         # mode (the origins in a tree) -> budget -> smoothed seconds the drafter took
         self.draft_seconds: dict[frozenset[str], dict[int, float]] = {}
-        self.idle_steps = probe_every - 1  # the first idle step probes: acceptance is unknown at the start
+        self.idle_steps = 0  # the optimistic prior tries drafting at the start; probes come after idle steps
         self.budget = self._best()
 
     def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float = 0.0) -> None:

@@ -52,7 +52,7 @@ class Engine:
                  draft_budget: int | None = None):  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
-        with first_use("preparing the CPU decoder (compiled for this CPU the first time)"):
+        with first_use("preparing the CPU decoder (compiled once per machine, a minute or more)"):
             self.lean = lean_forward(model)  # None: transformers' forward
         self.tree_only_masks = uses_tree_masks(model)  # the attention sees the prefix by itself
         self.tree_capacity = MAX_BUDGET  # slots kept for a verified tree, whatever the drafter: it may change
@@ -132,6 +132,7 @@ class Engine:
         stream = TextStream(self.tokenizer, stop)
 
         start = time.perf_counter()
+        continued = self.cache.length > 0 and self.ids[: self.cache.length].tolist() == prompt_ids[: self.cache.length]
         logits = self._prefill(prompt_ids, stats)
         processed = self._process(logits, sampling, DraftTree.empty())
         if noise:
@@ -139,8 +140,9 @@ class Engine:
         else:
             token = int(sample(processed, sampling, generator)[0])
         stats.prefill_seconds = time.perf_counter() - start
-        if self.drafter is not None and self.fixed_budget is None and self.policy is None:
-            self.policy = AdaptiveBudget(self._verify_cost())
+        if self.drafter is not None and self.fixed_budget is None and (self.policy is None or not continued):
+            # acceptance belongs to a text: a new one (not a chat's next turn) starts with what it will show
+            self.policy = AdaptiveBudget(self.policy.cost if self.policy else self._verify_cost())
         event = self._commit([token], [TARGET], self._no_rows, stats, stream, budget, limit)
         ahead = _still_known(list(known), event.tokens)
         yield event
@@ -198,7 +200,7 @@ class Engine:
         sizes = [n for n in SIZES if n <= self.tree_capacity]
 
         def measure() -> VerifyCost:
-            with first_use("timing verification forwards of this model"):
+            with first_use("timing verification forwards of this model (once per machine)"):
                 return measure_verify_cost(verify_forward, sizes=sizes, device=self.device)
 
         key = f"{calibration_key(self.model, lean=self.lean is not None)}|sizes={','.join(map(str, sizes))}"

@@ -99,7 +99,6 @@ class ChatApp(App[None]):
             self.call_from_thread(setattr, self, "_stage", stage)
 
         first_use.tell(progress)  # a first run's one-time work shows in the loading line, not on a hidden stderr
-
         try:
             loaded, sampling = self.loader(progress)
             session = ChatSession(loaded, sampling, self.initial_settings)
@@ -111,6 +110,8 @@ class ChatApp(App[None]):
             self.call_from_thread(self._load_failed, unexpected(error))
         else:
             self.call_from_thread(self._loaded, session)
+        finally:
+            first_use.tell(None)  # later one-time work (another drafter's calibration) must not reach a closed app
 
     def _loaded(self, session: ChatSession) -> None:
         gc.freeze()  # the model's and the app's objects: the collector stops rescanning them (a third of a frame)
