@@ -25,6 +25,7 @@ def pytest_unconfigure(config):
     """Leave without the interpreter's finalization, once every report is out: triton (which transformers
     imports, and the kernel tests run in its interpreter) prints ~30 lines of nanobind "leaks" there."""
     if EXIT_STATUS in config.stash:
+        config.get_terminal_writer().flush()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(config.stash[EXIT_STATUS])

@@ -21,7 +21,7 @@ from test_cli import ENV, assert_one_line_error, refused_before_loading, speccha
 
 from specchat.writer.book import ids_path, state_path
 
-TOKENS = "1200"
+TOKENS = "600"  # no refill (the window holds 8K): a kill and a resume replay from the start
 COMMON = ("--tokens", TOKENS, "--seed", "11", "--drafter", "ngram")
 
 
@@ -54,7 +54,7 @@ def test_killed_and_resumed_writes_the_same_bytes(default_model, tmp_path):
 
     cut = tmp_path / "cut.txt"
     process = _start("--out", str(cut), *COMMON)
-    _wait_for_tokens(cut, 300, process)
+    _wait_for_tokens(cut, 150, process)
     process.kill()  # SIGKILL: no clean-up runs
     process.communicate()
     assert 0 < len(cut.read_bytes()) < len(whole.read_bytes())
@@ -129,6 +129,9 @@ def test_a_path_that_cannot_take_a_book_is_refused_before_loading(tmp_path):
         assert_one_line_error(result, needle)
         assert result.stdout.strip() == "False", args
     assert existing.read_text() == "my novel"
+
+
+def test_a_read_only_directory_is_refused_before_loading(tmp_path):
     os.chmod(tmp_path, 0o500)
     try:
         if os.access(tmp_path, os.W_OK):  # root writes anywhere
