@@ -387,6 +387,16 @@ void dots_avx2(const Unpacked& u, const Quantized& x, int64_t first, int64_t val
   for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
 }
 
+// The end of a K-quant group (256 values) for activation row r: P lanes into acc, the 16 sub-blocks' M[j]
+// (`mins`, int16) times the row's sums into the offset lanes, as the paths above do.
+inline void close_k_group(const Quantized& x, int64_t r, int64_t g, __m256i lanes, __m256i mins, float da, float db,
+                          __m256& acc, __m256& offset) {
+  const float d = x.scale[r * (x.cols / 256) + g];
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d * da), acc);
+  const __m256i q = _mm256_madd_epi16(mins, load256(x.sums.data() + r * x.cols / 16 + g * 16));
+  offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d * db), offset);
+}
+
 // Q4_K straight from its blocks (no unpacked copy): the same operations as the paths above.
 template <int ROWS>
 void dots_q4_k(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
@@ -415,12 +425,7 @@ void dots_q4_k(const uint8_t* row, const Quantized& x, int64_t first, float* out
                                                                pair_products<false>(high, load256(a + 32), s_high)));
       }
     }
-    for (int r = 0; r < ROWS; ++r) {
-      const float d = x.scale[(first + r) * groups + g];
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[r]), _mm256_set1_ps(d * da), acc[r]);
-      const __m256i q = _mm256_madd_epi16(m16, load256(x.sums.data() + (first + r) * cols / 16 + g * 16));
-      offset[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d * db), offset[r]);
-    }
+    for (int r = 0; r < ROWS; ++r) close_k_group(x, first + r, g, lanes[r], m16, da, db, acc[r], offset[r]);
   }
   for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
 }
@@ -451,12 +456,7 @@ void dots_q6_k(const uint8_t* row, const Quantized& x, int64_t first, float* out
         }
       }
     }
-    for (int r = 0; r < ROWS; ++r) {
-      const float d = x.scale[(first + r) * groups + g];
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[r]), _mm256_set1_ps(d * da), acc[r]);
-      const __m256i q = _mm256_madd_epi16(s16, load256(x.sums.data() + (first + r) * cols / 16 + g * 16));
-      offset[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d * db), offset[r]);
-    }
+    for (int r = 0; r < ROWS; ++r) close_k_group(x, first + r, g, lanes[r], s16, da, db, acc[r], offset[r]);
   }
   for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
 }
