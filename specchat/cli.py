@@ -497,7 +497,7 @@ BatchOption = Annotated[int, typer.Option("--batch", help="Samples per optimizer
 LrOption = Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine, 10% warm-up).")]
 CheckpointOption = Annotated[float, typer.Option("--checkpoint-minutes", help="Minutes between checkpoints.")]
 ResumeOption = Annotated[bool, typer.Option("--resume", help="Go on with the run in --out.")]
-PrecisionOption = Annotated[str, typer.Option("--precision", help="bf16 (autocast) or fp32.")]
+PrecisionOption = Annotated[str, typer.Option("--precision", help="bf16 (autocast), fp32, or auto: bf16 on a GPU or a CPU with bf16 instructions.")]
 
 
 @train_app.command("longspec")
@@ -513,7 +513,7 @@ def train_longspec(
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     eval_prompts: Annotated[int, typer.Option("--eval-prompts", help="Held-out prompts decoded at the end.")] = 16,
-    precision: PrecisionOption = "bf16",
+    precision: PrecisionOption = "auto",
     seed: SeedOption = None,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
@@ -542,7 +542,7 @@ def train_glide(
     vocab: VocabOption = 0,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
-    precision: PrecisionOption = "bf16",
+    precision: PrecisionOption = "auto",
     seed: SeedOption = None,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
@@ -570,7 +570,7 @@ def train_tokenswift(
     vocab: VocabOption = 0,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
-    precision: PrecisionOption = "bf16",
+    precision: PrecisionOption = "auto",
     seed: SeedOption = None,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
@@ -603,7 +603,7 @@ def train_model_drafter(
     vocab: VocabOption = 0,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
-    precision: PrecisionOption = "bf16",
+    precision: PrecisionOption = "auto",
     seed: SeedOption = None,
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16: the target's dense weights the student starts "
                                             "as (not the embedded GGUF's 4-bit ones).")] = "float32",  # fmt: skip
@@ -627,17 +627,19 @@ def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, ch
     if not all(0 < value < math.inf for value in (epochs, lr, checkpoint_minutes)) or batch < 1 or vocab < 0:
         raise SpecchatError("--epochs, --lr, --checkpoint-minutes must be positive numbers, --batch at least 1, "
                             "--vocab >= 0")  # fmt: skip
-    if precision not in ("bf16", "fp32"):
-        raise SpecchatError(f"--precision must be bf16 or fp32, not {precision}")
+    if precision not in ("auto", "bf16", "fp32"):
+        raise SpecchatError(f"--precision must be auto, bf16 or fp32, not {precision}")
     check_dtype(dtype)
     check_output_dir(out)
     if not (data / "recipe.json").is_file():
         raise SpecchatError(f"{data} holds no training data; make it with `specchat train data --out {data}`")
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from specchat.training.trainer import TrainRecipe
+    from specchat.training.trainer import TrainRecipe, bf16_autocast_pays
 
     loaded = _load(target, dtype, device)
+    if precision == "auto":
+        precision = "bf16" if bf16_autocast_pays(loaded.model.device) else "fp32"
     recipe = TrainRecipe(epochs=epochs, batch=batch, lr=lr, seed=seed or 0, autocast=precision == "bf16",
                          **(recipe_options or {}))  # fmt: skip
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn())

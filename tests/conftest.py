@@ -12,6 +12,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if not torch.cuda.is_available():  # Triton kernels then run in the interpreter; set before triton.jit runs
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `make test` runs workers side by side: share the cores out
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)  # the commands the tests start inherit it
+    torch.set_num_threads(_threads)
+
 TINY_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 EXIT_STATUS = pytest.StashKey[int]()
 

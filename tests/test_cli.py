@@ -245,17 +245,20 @@ def test_run_without_a_decode_step_says_so(default_model):
     assert "no decode step" in result.stderr and "0.0 tok/s" not in result.stderr
 
 
-def _interrupted(*args: str) -> subprocess.CompletedProcess:
-    """`specchat ARGS` sent SIGINT (Ctrl-C) once it has streamed some output."""
+def _interrupted(*args: str, wait: float | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """`specchat ARGS` sent SIGINT (Ctrl-C) once it has streamed some output, or after `wait` seconds when
+    nothing streams (--json); also the seconds it ran before the signal."""
+    start = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "specchat", *args], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
-    if "--json" in args:
-        time.sleep(8)  # nothing streams: give the model time to load and generate
-    else:
+    if wait is None:
         process.stdout.read(20)  # the answer is streaming
+    else:
+        time.sleep(wait)
+    elapsed = time.monotonic() - start
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err), elapsed
 
 
 @pytest.mark.slow
@@ -263,11 +266,12 @@ def test_ctrl_c_exits_130_with_what_was_produced(default_model):
     prompt = "Write a very long story about a dragon and a lighthouse."
     # greedy and autoregressive: 4000 tokens, about 20 s here (a sampled story may end before the signal)
     long_run = ("run", prompt, "-n", "4000", "--temperature", "0", "--drafter", "none")
-    streamed = _interrupted(*long_run)
+    streamed, to_first_output = _interrupted(*long_run)
     assert streamed.returncode == 130
     stats, notice = streamed.stderr.strip().splitlines()[-2:]
     assert "(interrupted)" in stats and "tok/s" in stats and notice == "interrupted"
-    report = _interrupted(*long_run, "--json")
+    # --json streams nothing: signal well after the streamed run's first output (load times vary on a busy machine)
+    report, _ = _interrupted(*long_run, "--json", wait=2 * to_first_output + 2)
     assert report.returncode == 130
     result = json.loads(report.stdout)
     assert result["finish_reason"] == "interrupted" and result["new_tokens"] == len(result["token_ids"]) > 0

@@ -178,37 +178,31 @@ def test_a_draft_models_tokenizer_must_be_the_targets(tokenizer, tmp_path):
 
 
 def needle_prompt(tokenizer) -> tuple[list[int], list[int]]:
-    """~4.1K tokens of the Python reference manual with a password planted a third of the way in, and a question
-    whose answer copies it; and the password's tokens as the answer writes it (after "is")."""
+    """~2.3K tokens of the Python reference manual with a password planted ~1.4K tokens before the end (outside
+    the 1056 positions a working cache reads), and a question whose answer copies it; and the password's tokens
+    as the answer writes it (after "is")."""
     from pydoc_data.topics import topics
 
-    document = "\n\n".join(topics[name] for name in sorted(topics))[:17000]
+    document = "\n\n".join(topics[name] for name in sorted(topics))[:9000]
     fact = "\n\nThe password of the archive server is TULIP-4471-ORBIT.\n\n"
-    text = f"{document[:6000]}{fact}{document[6000:]}\n\nWhat is the password of the archive server? Answer with the password only."
+    text = f"{document[:3000]}{fact}{document[3000:]}\n\nWhat is the password of the archive server? Answer with the password only."
     return encode_prompt(tokenizer, text), tokenizer(" TULIP-4471-ORBIT", add_special_tokens=False).input_ids
 
 
-@pytest.fixture(scope="module")
-def quantized_and_dense():
-    """The default model as it runs (4-bit weights) and densely in bf16 (a draft that can copy)."""
-    from specchat.loading import load_model
-
-    return load_model(None), load_model(None, dtype="bfloat16")
-
-
-def test_needle_retrieval_drafts_the_copied_fact_streaming_cannot(quantized_and_dense):
-    """On the real default model, whose answer copies a fact from 4K tokens back: a draft that can copy (the
-    target's own layers, dense, reading its own cache) gets the fact's tokens accepted when it retrieves the
-    chunks the target attends to, and not when it streams the recent tokens only: the needle lies outside
-    streaming's window."""
-    loaded, dense = quantized_and_dense
-    tokenizer = loaded.tokenizer
+@pytest.mark.slow
+def test_needle_retrieval_drafts_the_copied_fact_streaming_cannot(default_model):
+    """On the real default model (fp32), whose answer copies a fact from 1.4K tokens back: a draft that can copy
+    (the target's own layers, reading its own cache) gets the fact's tokens accepted when it retrieves the chunks
+    the target attends to, and not when it streams the recent tokens only: the needle lies outside streaming's
+    window."""
+    tokenizer = default_model.tokenizer
     prompt, secret = needle_prompt(tokenizer)
-    assert len(prompt) > 4000
+    [needle_at] = [i for i in range(len(prompt)) if prompt[i : i + len(secret)] == secret]
+    assert len(prompt) - needle_at > 1056 + 256, (len(prompt), needle_at)
     drafted = {}
     for policy in ("streaming", "retrieval"):
-        engine = Engine(loaded.model, tokenizer, max_len=len(prompt) + 32)
-        drafter = ModelDrafter(engine.target, DraftModel(dense.model, student=False))
+        engine = Engine(default_model.model, tokenizer, max_len=len(prompt) + 32)
+        drafter = ModelDrafter(engine.target, DraftModel(default_model.model, student=False))
         drafter.use_cache_policy(policy)
         engine.set_drafter(drafter, 8)
         tokens, origins = [], []

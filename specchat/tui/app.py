@@ -264,11 +264,11 @@ class ChatApp(App[None]):
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
-    def exit(self, *args, **kwargs) -> None:
-        """Quit (Ctrl+Q, /quit), first telling a streaming answer to stop so its thread ends too."""
+    def on_unmount(self) -> None:
+        """However the app ends (Ctrl+Q, /quit, an error), tell a streaming answer to stop: its thread ends
+        after the step in flight instead of generating on to the token limit."""
         if self.generating:
             self.answer.stop()
-        super().exit(*args, **kwargs)
 
     # Commands
 
