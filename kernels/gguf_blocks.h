@@ -397,6 +397,24 @@ inline void close_k_group(const Quantized& x, int64_t r, int64_t g, __m256i lane
   offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d * db), offset);
 }
 
+// vpshufb patterns that copy int16 word k of each 128-bit half to all eight words of that half.
+alignas(32) inline constexpr uint8_t broadcast_word[8][32] = {
+#define GGUF_WORD(k) {2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, \
+  2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, \
+  2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1}
+    GGUF_WORD(0), GGUF_WORD(1), GGUF_WORD(2), GGUF_WORD(3), GGUF_WORD(4), GGUF_WORD(5), GGUF_WORD(6), GGUF_WORD(7),
+#undef GGUF_WORD
+};
+
+// vpshufb patterns that copy int16 word 2c to the low half's eight words and word 2c + 1 to the high half's.
+alignas(32) inline constexpr uint8_t word_pair[4][32] = {
+#define GGUF_PAIR(c) {4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c, 4 * c + 1, \
+  4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, \
+  4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3}
+    GGUF_PAIR(0), GGUF_PAIR(1), GGUF_PAIR(2), GGUF_PAIR(3),
+#undef GGUF_PAIR
+};
+
 // Q4_K straight from its blocks (no unpacked copy): the same operations as the paths above.
 template <int ROWS>
 void dots_q4_k(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
@@ -407,18 +425,20 @@ void dots_q4_k(const uint8_t* row, const Quantized& x, int64_t first, float* out
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* b = row + g * 144;
-    uint8_t scales[16];  // then the mins
+    alignas(16) uint8_t scales[16];  // then the mins
     scales_mins_k4(b + 4, scales);
-    int64_t packed_mins;
-    std::memcpy(&packed_mins, scales + 8, 8);
-    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(packed_mins), twice));
+    const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales));
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_srli_si128(packed, 8), twice));
+    const __m128i s8 = _mm_cvtepu8_epi16(packed);  // the eight scales as int16
+    const __m256i s16 = _mm256_set_m128i(s8, s8);
     const float da = half(b), db = -half(b + 2);
     __m256i lanes[ROWS];
     for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i q = load256(b + 16 + 32 * c);
       const __m256i low = _mm256_and_si256(q, m4), high = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      const __m256i s_low = _mm256_set1_epi16(scales[2 * c]), s_high = _mm256_set1_epi16(scales[2 * c + 1]);
+      const __m256i s_low = _mm256_shuffle_epi8(s16, load256(broadcast_word[2 * c]));
+      const __m256i s_high = _mm256_shuffle_epi8(s16, load256(broadcast_word[2 * c + 1]));
       for (int r = 0; r < ROWS; ++r) {
         const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 64 * c;
         lanes[r] = _mm256_add_epi32(lanes[r], _mm256_add_epi32(pair_products<false>(low, load256(a), s_low),
@@ -440,15 +460,17 @@ void dots_q6_k(const uint8_t* row, const Quantized& x, int64_t first, float* out
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* b = row + g * 210;
     const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
-    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
+    const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+    const __m128i s_front = _mm_cvtepi8_epi16(s8), s_back = _mm_cvtepi8_epi16(_mm_srli_si128(s8, 8));
+    const __m256i halves[2] = {_mm256_set_m128i(s_front, s_front), _mm256_set_m128i(s_back, s_back)};
     const float da = half(b + 208), db = -32.0f * da;
     __m256i lanes[ROWS];
     for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       six_bits_128(b + 64 * h, b + 128 + 32 * h, codes);
       for (int c = 0; c < 4; ++c) {
-        const int j = 8 * h + 2 * c;  // the chunk's two 16-value sub-blocks
-        const __m256i s = _mm256_set_m128i(_mm_set1_epi16(scales[j + 1]), _mm_set1_epi16(scales[j]));
+        const __m256i s = _mm256_shuffle_epi8(halves[h], load256(word_pair[c]));  // S[j], S[j + 1]
         const __m256i w = load256(codes + 32 * c);
         for (int r = 0; r < ROWS; ++r) {
           const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 128 * h + 32 * c;
@@ -461,12 +483,13 @@ void dots_q6_k(const uint8_t* row, const Quantized& x, int64_t first, float* out
   for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
 }
 
-// Rows in fours, then one at a time; each row's operations the same either way.
+// Rows in fours, then a pair, then one; each row's operations the same either way.
 template <typename Kernel>
 inline void by_fours(int64_t rows, Kernel kernel) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) kernel(std::integral_constant<int, 4>{}, r);
-  for (; r < rows; ++r) kernel(std::integral_constant<int, 1>{}, r);
+  if (r + 2 <= rows) kernel(std::integral_constant<int, 2>{}, r), r += 2;
+  if (r < rows) kernel(std::integral_constant<int, 1>{}, r);
 }
 #endif
 
@@ -533,6 +556,8 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
   at::Tensor out = at::empty({n, total}, xf.options());
   float* out_data = out.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  std::vector<const uint8_t*> bases;  // read once: data_ptr is checked on every call
+  for (const auto& m : matrices) bases.push_back(m.blocks.data_ptr<uint8_t>());
   at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
     Unpacked u;
     std::vector<float> column(n);
@@ -540,7 +565,7 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
     for (int64_t o = begin; o < end; ++o) {
       while (o >= starts[part + 1]) ++part;
       const Matrix& m = matrices[part];
-      const uint8_t* row = m.blocks.data_ptr<uint8_t>() + (o - starts[part]) * m.blocks.size(1);
+      const uint8_t* row = bases[part] + (o - starts[part]) * m.blocks.size(1);
       if (needs_unpacking(m.type, portable)) unpack_row(row, m.type, cols, u);
       dots(row, u, *by_group[layout(m.type).values == 32 ? 0 : 1], m.type, portable, column.data());
       for (int64_t r = 0; r < n; ++r) out_data[r * total + o] = column[r];
