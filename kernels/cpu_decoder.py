@@ -26,13 +26,19 @@ def cpu_decoder():
     native = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
     try:
         # named by its code: two checkouts of different versions each keep their own build
-        version = hashlib.sha256(b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))).hexdigest()[:12]
+        version = source_version()
         # -fopenmp compiles at::parallel_for's threads in (serial without it); not linked: the OpenMP calls
         # resolve to the runtime torch itself loaded, so both share one pool instead of fighting over the cores
         return load(name=f"specchat_cpu_decoder_{version}", sources=[str(SOURCE)],
                     extra_cflags=["-O3", native, "-fopenmp"])
     except (OSError, ImportError, RuntimeError) as error:  # a missing compiler is an OSError, a failed build a RuntimeError
         raise RuntimeError(f"the CPU decoder could not be built: {str(error).strip().splitlines()[-1]}") from None
+
+
+@functools.cache
+def source_version() -> str:
+    """A hash of the decoder's C++ code: names its build, and keys what was measured with it."""
+    return hashlib.sha256(b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))).hexdigest()[:12]
 
 
 def _put_ninja_on_path() -> None:
