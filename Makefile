@@ -14,7 +14,7 @@ chat: $(STAMP)
 
 # Two workers share the cores (tests/conftest.py splits the threads); PYTEST_ARGS="-n 0" runs them in one process.
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
 
 setup: $(STAMP)
 
