@@ -35,14 +35,14 @@ enum Type : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 1
 
 struct Layout {
   int64_t values, bytes;  // per block
-  bool is_signed;         // codes are int8 (Q8_0), else unsigned
+  bool is_signed;         // codes are int8 (Q8_0, and Q4_0 / Q5_0 once centred), else unsigned
 };
 
 inline Layout layout(int64_t type) {
   switch (type) {
-    case Q4_0: return {32, 18, false};
+    case Q4_0: return {32, 18, true};
     case Q4_1: return {32, 20, false};
-    case Q5_0: return {32, 22, false};
+    case Q5_0: return {32, 22, true};
     case Q5_1: return {32, 24, false};
     case Q8_0: return {32, 34, true};
     case Q4_K: return {256, 144, false};
@@ -111,7 +111,18 @@ inline void nibbles_64(const uint8_t* q, uint8_t* out) {
 
 // Adds 16 to code l (of 32) where bit l of `bits` is set (Q5_0 / Q5_1's fifth bits).
 inline void fifth_bits_32(uint32_t bits, uint8_t* codes) {
+#ifdef GGUF_AVX2
+  // byte l of `spread` is byte l / 8 of `bits`; then bit l % 8 of it, as a byte mask
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), _mm256_or_si256(c, _mm256_and_si256(set, _mm256_set1_epi8(16))));
+#else
   for (int l = 0; l < 32; ++l) codes[l] |= ((bits >> l) & 1) << 4;
+#endif
 }
 
 // Adds 16 to code l (of 32) where bit `shift` of high[l] is set (Q5_K's fifth bits).
@@ -207,9 +218,15 @@ inline void unpack_row(const uint8_t* row, int64_t type, int64_t cols, Unpacked&
           fifth_bits_32(bits, codes);
         }
         u.a[k] = d;
-        u.b[k] = with_min ? half(b + 2) : -(five ? 16.0f : 8.0f) * d;
-        set_sub(u, sub, 1, 1);
-        set_sub(u, sub + 1, 1, 1);
+        if (with_min) {
+          u.b[k] = half(b + 2);
+        } else {  // w = d (u - 8) or d (u - 16): signed codes, so no offset term (which costs a pass per row)
+          const uint8_t middle = five ? 16 : 8;
+          for (int i = 0; i < 32; ++i) codes[i] = static_cast<uint8_t>(codes[i] - middle);
+          u.b[k] = 0.0f;
+        }
+        set_sub(u, sub, 1, with_min);
+        set_sub(u, sub + 1, 1, with_min);
         break;
       }
       case Q8_0:
