@@ -500,6 +500,26 @@ void dots_q6_k(const uint8_t* row, const Quantized& x, int64_t first, float* out
   for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
 }
 
+// Q8_0 straight from its blocks: the generic path's operations with S = 1 and no offset term.
+template <int ROWS>
+void dots_q8_0(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* b = row + g * 34;
+    const __m256i w = load256(b + 2);
+    const float a = half(b);
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256i lanes = pair_products<true>(w, load256(x.q.data() + (first + r) * cols + g * 32), ones);
+      const float d = x.scale[(first + r) * groups + g];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d * a), acc[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(_mm256_setzero_ps());
+}
+
 // Rows in fours, then a pair, then one; each row's operations the same either way.
 template <typename Kernel>
 inline void by_fours(int64_t rows, Kernel kernel) {
@@ -513,7 +533,7 @@ inline void by_fours(int64_t rows, Kernel kernel) {
 // Whether a weight row of `type` goes through `unpack_row` first (else a kernel reads its blocks directly).
 inline bool needs_unpacking(int64_t type, bool portable) {
 #ifdef GGUF_AVX2
-  return portable || (type != Q4_K && type != Q6_K);
+  return portable || (type != Q4_K && type != Q6_K && type != Q8_0);
 #else
   (void)type, (void)portable;
   return true;
@@ -528,6 +548,7 @@ inline void dots(const uint8_t* row, const Unpacked& u, const Quantized& x, int6
   if (!portable) {
     if (type == Q4_K) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q4_k<rows()>(row, x, r, out); });
     if (type == Q6_K) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q6_k<rows()>(row, x, r, out); });
+    if (type == Q8_0) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q8_0<rows()>(row, x, r, out); });
     if (l.is_signed) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_avx2<true, rows()>(u, x, r, l.values, out); });
     return by_fours(x.rows, [&](auto rows, int64_t r) { dots_avx2<false, rows()>(u, x, r, l.values, out); });
   }
