@@ -249,12 +249,18 @@ def find_gguf(spec: str, *, download: bool = True) -> Path | None:
     return Path(hf_hub_download(repo, name))
 
 
+def gguf_checkpoint_dir(path: Path) -> Path:
+    """Where `gguf_checkpoint` keeps a GGUF file's converted config and tokenizer: named by the file's path,
+    size and time."""
+    stat = path.stat()
+    stamp = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_dir() / f"gguf-{path.stem}-{stamp}"
+
+
 def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage: None) -> str:
     """A directory with a GGUF file's config and tokenizer, converted from its metadata once (seconds; the
     tokenizer's vocabulary is the slow part) and found again by the file's name, size and time."""
-    stat = path.stat()
-    stamp = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache_dir() / f"gguf-{path.stem}-{stamp}"
+    target = gguf_checkpoint_dir(path)
     if (target / "config.json").is_file():
         return str(target)
     from transformers import AutoConfig, AutoTokenizer

@@ -5,6 +5,7 @@ transformers' forward (fp32). Files that cannot run are refused in one line."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ from specchat.drafters.ngram import NgramDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
-from specchat.loading import embedded_gguf_path, load_model
+from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, load_model
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 
 GREEDY = SamplingConfig(suppress=(2,))
@@ -28,7 +29,9 @@ SAMPLED = SamplingConfig(temperature=1.0, top_p=0.95, seed=5, suppress=(2,))
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf", embedded_gguf_path())
+    path = write_tiny_model(tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf", embedded_gguf_path())
+    yield path
+    shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)  # a new file each run: leave no conversion behind
 
 
 def generate(engine, prompt, n, sampling):
@@ -100,8 +103,10 @@ def test_refusals_are_one_line(tmp_path, tiny_gguf):
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):
+    path = _with_q2_k(tmp_path / "q2.gguf")
     with pytest.raises(SpecchatError, match="'blk.0.ffn_up.weight' is Q2_K"):
-        load_model(str(_with_q2_k(tmp_path / "q2.gguf")))
+        load_model(str(path))
+    assert not gguf_checkpoint_dir(path).exists()  # refused before the slow tokenizer conversion
 
 
 def _with_q2_k(path):
