@@ -517,7 +517,8 @@ void dots_q8_0(const uint8_t* row, const Quantized& x, int64_t first, float* out
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d * a), acc[r]);
     }
   }
-  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(_mm256_setzero_ps());
+  // + 0.0f: the generic path adds its (zero) offset lanes' sum, which turns a -0.0 into 0.0
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + 0.0f;
 }
 
 // Rows in fours, then a pair, then one; each row's operations the same either way.
