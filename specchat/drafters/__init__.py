@@ -18,6 +18,8 @@ from specchat.errors import SpecchatError
 
 if TYPE_CHECKING:
     from specchat.drafters.base import Drafter, TargetView
+    from specchat.engine.generate import Engine
+    from specchat.loading import ModelSource
     from specchat.profiles import Profile
 
 
@@ -126,6 +128,21 @@ def check_draft_cache(name: str, choice: DrafterChoice) -> None:
         raise SpecchatError(f"unknown --draft-cache '{name}'; use {', '.join(DRAFT_CACHES)}")
     if not reads_draft_cache(choice):
         raise SpecchatError(f"--draft-cache is for the {' and '.join(CACHE_READERS)} drafters, not {choice}")
+
+
+def attach_drafter(engine: Engine, source: ModelSource, drafter: str | DrafterChoice, *, draft_budget: int | None = None,
+                   draft_cache: str | None = None, kv_budget: int | None = None, flag: str = "--drafter") -> DrafterChoice:
+    """Make `engine` draft with what `drafter` names for the model `source` (a trained kind: its profile's
+    checkpoint unless a path is given), with its options; returns the resolved choice. What every command runs."""
+    choice = parse_drafter(drafter, flag) if isinstance(drafter, str) else drafter
+    choice = resolve_drafter(choice, source.profile, source.name, flag)
+    built = build_drafter(choice, engine.target)
+    if kv_budget is not None:
+        built.use_kv_budget(kv_budget)
+    engine.set_drafter(built, draft_budget)
+    if draft_cache is not None and built is not None:
+        use_draft_cache(built, draft_cache)  # parts that read no cache ignore it
+    return choice
 
 
 def use_draft_cache(drafter: Drafter, name: str) -> None:

@@ -101,6 +101,7 @@ class Engine:
         reproducible: bool = False,
         index_offset: int = 0,
         known: list[int] = (),
+        fresh: bool = False,
     ) -> Iterator[StepEvent]:
         """Prefill `prompt_ids` and yield a `StepEvent` per step until EOS, a stop string, `max_new_tokens` or a
         full cache.
@@ -115,6 +116,10 @@ class Engine:
         output follows them, each step verifies the next ones as a chain, whatever the drafter: re-deriving a
         text costs one forward per MAX_BUDGET tokens instead of one per token, and commits what the target
         itself picks (a verified row is bitwise a decode step), so the output stays exact.
+
+        `fresh` prefills the whole prompt, as a new engine would, instead of reusing the cached prefix it shares
+        with the last request: the output is then exactly a new engine's (a prompt prefilled in pieces, or
+        after decode steps, is rounded differently from one prefilled in one go).
         """
         if not prompt_ids:
             raise SpecchatError("the prompt is empty")
@@ -133,6 +138,8 @@ class Engine:
         stream = TextStream(self.tokenizer, stop)
 
         start = time.perf_counter()
+        if fresh:
+            self.cache.truncate(0)
         continued = self.cache.length > 0 and self.ids[: self.cache.length].tolist() == prompt_ids[: self.cache.length]
         logits = self._prefill(prompt_ids, stats)
         processed = self._process(logits, sampling, DraftTree.empty())

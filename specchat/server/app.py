@@ -1,0 +1,217 @@
+"""The HTTP routes: OpenAI's chat completions, completions and models, and a health check.
+
+A request is checked whole (body size, key, JSON, fields, model, prompt length) before it is queued, so a bad
+one changes nothing. Errors are OpenAI's `{"error": {...}}` with a 4xx status. Until the model has loaded,
+`/health` says "loading" (503) and generation requests get 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.server.requests import CompletionRequest, RequestError, chat_request, text_request
+from specchat.server.responses import Reply
+from specchat.server.worker import EngineWorker, Ended, Job, QueueFull
+
+RETRY_SECONDS = 5  # Retry-After while loading, and when the queue is full
+DISCONNECT_POLL_SECONDS = 0.5  # how often a waiting non-streaming request checks that its client is still there
+
+
+@dataclass
+class Served:
+    """What the worker loaded: the engine, and what the routes need to check and answer a request."""
+
+    engine: object
+    tokenizer: object  # the routes' own copy: the engine's tokenizer is used on the engine's thread
+    name: str  # the model id clients send and /v1/models lists
+    aliases: frozenset[str]  # other names accepted for it (the --model given, its profile alias)
+    drafter: str
+    defaults: dict  # SamplingConfig fields the model asks for when a request leaves them out
+
+    def prompt_ids(self, request: CompletionRequest) -> list[int]:
+        from specchat.engine.prompt import encode_chat
+
+        if request.messages is not None:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise RequestError(f"model '{self.name}' has no chat template; use /v1/completions", param="messages")
+            ids = encode_chat(self.tokenizer, request.messages)
+        elif isinstance(request.prompt, str):
+            ids = self.tokenizer(request.prompt)["input_ids"]
+        else:
+            ids = request.prompt
+            if max(ids) >= len(self.tokenizer):
+                raise RequestError(f"prompt token ids must be below the vocabulary size {len(self.tokenizer)}",
+                                   param="prompt")  # fmt: skip
+        capacity = self.engine.capacity
+        if len(ids) >= capacity:
+            raise RequestError(f"the prompt has {len(ids)} tokens; the context holds {capacity} in all, prompt and "
+                               "answer (start the server with a larger --context)",
+                               param="messages" if request.messages is not None else "prompt")  # fmt: skip
+        return ids
+
+    def sampling(self, request: CompletionRequest) -> SamplingConfig:
+        try:
+            return SamplingConfig(**{**self.defaults, **request.sampling})
+        except ValueError as error:
+            raise RequestError(str(error)) from None
+
+
+def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int) -> Starlette:
+    async def health(request: Request) -> Response:
+        if worker.load_error is not None:
+            return JSONResponse({"status": "error", "error": worker.load_error}, status_code=503)
+        if worker.served is None:
+            return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": str(RETRY_SECONDS)})
+        return JSONResponse({"status": "ready", "model": worker.served.name, "drafter": worker.served.drafter,
+                             "generating": worker.busy, "waiting": worker.waiting,
+                             "tokens_generated": worker.tokens_generated})  # fmt: skip
+
+    async def models(request: Request) -> Response:
+        served = _served(request)
+        return JSONResponse({"object": "list", "data": [_model_card(served)]})
+
+    async def model(request: Request) -> Response:
+        served = _served(request)
+        _check_model(served, request.path_params["model"])
+        return JSONResponse(_model_card(served))
+
+    async def chat_completions(request: Request) -> Response:
+        return await _complete(request, chat_request(await _json(request)))
+
+    async def completions(request: Request) -> Response:
+        return await _complete(request, text_request(await _json(request)))
+
+    def _served(request: Request) -> Served:
+        _authorize(request)
+        if worker.served is None:
+            reason = worker.load_error or "the model is loading"
+            raise RequestError(reason, status=503, kind="server_error",
+                               headers={"Retry-After": str(RETRY_SECONDS)})  # fmt: skip
+        return worker.served
+
+    def _authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+            raise RequestError("a valid API key is required (Authorization: Bearer KEY)", status=401,
+                               kind="authentication_error")  # fmt: skip
+
+    async def _json(request: Request) -> object:
+        _authorize(request)
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > max_body_bytes:
+            raise _too_large()
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_body_bytes:
+                raise _too_large()
+        try:
+            return json.loads(body)
+        except ValueError as error:  # also bad UTF-8
+            raise RequestError(f"the request body is not valid JSON: {error}") from None
+
+    def _too_large() -> RequestError:
+        return RequestError(f"the request body is over {max_body_bytes} bytes", status=413)
+
+    async def _complete(request: Request, wanted: CompletionRequest) -> Response:
+        served = _served(request)
+        if wanted.model is not None:
+            _check_model(served, wanted.model)
+        ids = served.prompt_ids(wanted)
+        room = served.engine.capacity + 1 - len(ids)
+        items: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        job = Job(ids, served.sampling(wanted), min(wanted.max_tokens or room, room), wanted.stop,
+                  deliver=lambda item: loop.call_soon_threadsafe(items.put_nowait, item))  # fmt: skip
+        try:
+            worker.submit(job)
+        except QueueFull:
+            raise RequestError(f"the server is busy: {worker.waiting} requests are waiting; retry later",
+                               status=429, kind="rate_limit_error",
+                               headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
+        reply = Reply(served.name, served.drafter, chat=wanted.messages is not None)
+        if wanted.stream:
+            return StreamingResponse(_stream(job, items, reply, wanted.include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})  # fmt: skip
+        return await _whole(request, job, items, reply)
+
+    async def _whole(request: Request, job: Job, items: asyncio.Queue, reply: Reply) -> Response:
+        while True:
+            try:
+                item = await asyncio.wait_for(items.get(), DISCONNECT_POLL_SECONDS)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    job.cancelled.set()  # nobody is waiting for the answer: free the engine
+                    return Response(status_code=499)
+                continue
+            if not isinstance(item, Ended):
+                reply.add(item)
+                continue
+            if item.error is not None:
+                raise RequestError(item.error, status=item.status, kind=_kind(item.status))
+            if item.shutdown:
+                if reply.stats is None:
+                    raise RequestError("the server is shutting down", status=503, kind="server_error")
+                reply.cut_short()
+            return JSONResponse(reply.body())
+
+    async def _stream(job: Job, items: asyncio.Queue, reply: Reply, include_usage: bool):
+        try:
+            if opening := reply.first_chunk():
+                yield opening
+            while not isinstance(item := await items.get(), Ended):
+                if text := reply.chunk(item):
+                    yield text
+            if item.error is not None:
+                error = RequestError(item.error, status=item.status, kind=_kind(item.status))
+                yield f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n"
+                return
+            if item.shutdown:
+                reply.cut_short()
+            yield reply.last_chunks(include_usage)
+        finally:  # the client hung up (the stream is cancelled), or it ended: either way the job is over
+            job.cancelled.set()
+
+    async def on_request_error(request: Request, error: RequestError) -> Response:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    async def on_http_error(request: Request, error: HTTPException) -> Response:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        body = RequestError(f"{request.method} {request.url.path}: {error.detail}", kind=kind).body()
+        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    handlers = {RequestError: on_request_error, HTTPException: on_http_error}
+    return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def _check_model(served: Served, name: str) -> None:
+    if name != served.name and name not in served.aliases:
+        raise RequestError(f"the model '{name}' is not served here; this server has '{served.name}'",
+                           param="model", status=404, kind="not_found_error")  # fmt: skip
+
+
+def _model_card(served: Served) -> dict:
+    return {"id": served.name, "object": "model", "created": 0, "owned_by": "specchat"}
+
+
+def _kind(status: int) -> str:
+    return "invalid_request_error" if status < 500 else "server_error"

@@ -1,0 +1,258 @@
+"""An OpenAI request body, checked field by field into what the engine is asked for.
+
+Every problem is a `RequestError` naming the field, answered as OpenAI answers it (a 4xx and an `error` object),
+before the request is queued. Fields the engine has no equivalent for are refused when they ask for something
+(`n` > 1, tools, logprobs, additive penalties), and accepted at their neutral values, which many clients always
+send. Fields this server does not know are ignored, as vLLM and llama-server do: clients add their own.
+Omitted sampling fields take the model's own defaults, as `specchat run` does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from specchat.engine.sampling_config import MAX_SEED
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOPS = 16
+
+
+class RequestError(Exception):
+    """A request the server will not run: its HTTP status, OpenAI's error type and the field at fault."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None):  # fmt: skip
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind = message, param, status, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """What one request asks for. Exactly one of `messages` (chat) and `prompt` (text or token ids) is set."""
+
+    model: str | None
+    messages: list[dict[str, str]] | None = None
+    prompt: str | list[int] | None = None
+    max_tokens: int | None = None  # None: until the end of the text or of the context
+    sampling: dict = field(default_factory=dict)  # SamplingConfig fields the request sets
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+
+
+def chat_request(body: object) -> CompletionRequest:
+    """`POST /v1/chat/completions`."""
+    body = _object(body)
+    _refuse_unsupported(body)
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise RequestError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
+    if body.get("response_format") is not None:
+        kind = _object(body["response_format"], "response_format").get("type")
+        if kind != "text":
+            raise RequestError(f"response_format {kind!r} is not supported; only 'text'", param="response_format")
+    return CompletionRequest(
+        model=_model(body),
+        messages=_messages(body.get("messages")),
+        max_tokens=_max_tokens(body, "max_completion_tokens") or _max_tokens(body, "max_tokens"),
+        **_common(body),
+    )
+
+
+def text_request(body: object) -> CompletionRequest:
+    """`POST /v1/completions`: the prompt is continued as text, without the chat template."""
+    body = _object(body)
+    _refuse_unsupported(body)
+    if body.get("echo") not in (None, False):
+        raise RequestError("echo is not supported", param="echo")
+    if body.get("suffix") not in (None, ""):
+        raise RequestError("suffix is not supported", param="suffix")
+    if body.get("best_of") not in (None, 1):
+        raise RequestError("best_of must be 1: one completion per request", param="best_of")
+    max_tokens = _max_tokens(body, "max_tokens")
+    return CompletionRequest(
+        model=_model(body),
+        prompt=_prompt(body.get("prompt")),
+        max_tokens=16 if "max_tokens" not in body else max_tokens,  # OpenAI's default for completions
+        **_common(body),
+    )
+
+
+def _common(body: dict) -> dict:
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise RequestError("stream must be a boolean", param="stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise RequestError("stream_options is only allowed when stream is true", param="stream_options")
+        include_usage = _object(options, "stream_options").get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise RequestError("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
+    return {"sampling": _sampling(body), "stop": _stop(body.get("stop")), "stream": stream,
+            "include_usage": include_usage}  # fmt: skip
+
+
+def _sampling(body: dict) -> dict:
+    """SamplingConfig's fields from OpenAI's (and vLLM's `top_k`, `min_p`, `repetition_penalty`)."""
+    sampling = {}
+    for name, key, low, high, low_open in (
+        ("temperature", "temperature", 0.0, 2.0, False),
+        ("top_p", "top_p", 0.0, 1.0, True),
+        ("min_p", "min_p", 0.0, 1.0, False),
+        ("penalty", "repetition_penalty", 0.0, 10.0, True),
+    ):
+        value = _number(body, key)
+        if value is None:
+            continue
+        if not (low < value if low_open else low <= value) or value > high or (name == "min_p" and value == high):
+            ends = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if name == 'min_p' else ']'}"
+            raise RequestError(f"{key} must be in {ends}, not {value:g}", param=key)
+        sampling[name] = value
+    top_k = _integer(body, "top_k")
+    if top_k is not None:
+        if top_k < -1:
+            raise RequestError("top_k must be -1 or 0 (off) or a positive number of tokens", param="top_k")
+        sampling["top_k"] = max(top_k, 0)
+    seed = _integer(body, "seed")
+    if seed is not None:
+        if not 0 <= seed <= MAX_SEED:
+            raise RequestError(f"seed must be between 0 and {MAX_SEED}", param="seed")
+        sampling["seed"] = seed
+    return sampling
+
+
+def _refuse_unsupported(body: dict) -> None:
+    """Fields that ask for what the engine does not do: a clear 400, unless they ask for nothing."""
+    n = _integer(body, "n")
+    if n is not None and n != 1:
+        raise RequestError("n must be 1: one completion per request", param="n")
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = _number(body, name)
+        if value:
+            raise RequestError(f"{name} is not supported; repetition_penalty is (multiplicative, > 1 penalises)",
+                               param=name)  # fmt: skip
+    if body.get("tools") or body.get("functions"):
+        raise RequestError("tools are not supported", param="tools" if body.get("tools") else "functions")
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise RequestError("tool_choice is not supported", param="tool_choice")
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
+        raise RequestError("logprobs are not supported", param="logprobs" if logprobs else "top_logprobs")
+    if body.get("logit_bias"):
+        raise RequestError("logit_bias is not supported", param="logit_bias")
+
+
+def _messages(messages: object) -> list[dict[str, str]]:
+    if messages is None:
+        raise RequestError("messages is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    checked = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        message = _object(message, where)
+        role = message.get("role")
+        if role not in ROLES:
+            if role in ("tool", "function"):
+                raise RequestError(f"{where}.role {role!r} is not supported: no tools", param=f"{where}.role")
+            raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
+        checked.append({"role": ROLES[role], "content": _content(message.get("content"), f"{where}.content")})
+    if checked[-1]["role"] == "assistant":
+        raise RequestError("the last message must be the user's (or the system's), not the assistant's",
+                           param=f"messages[{len(checked) - 1}].role")  # fmt: skip
+    return checked
+
+
+def _content(content: object, where: str) -> str:
+    """A message's text: a string, or a list of text parts (other parts, images, are refused)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for index, part in enumerate(content):
+            part = _object(part, f"{where}[{index}]")
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}[{index}]: only text parts are supported", param=f"{where}[{index}]")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise RequestError(f"{where} must be a string or a list of text parts", param=where)
+
+
+def _prompt(prompt: object) -> str | list[int]:
+    """One prompt: text, or token ids; a list of one of either. Several prompts are refused (one per request)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("prompt is empty", param="prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_int(token) for token in prompt):
+        if min(prompt) < 0:
+            raise RequestError("prompt token ids must be >= 0", param="prompt")
+        return list(prompt)
+    if prompt is None:
+        raise RequestError("prompt is required", param="prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(each, (str, list)) for each in prompt):
+        raise RequestError("one prompt per request", param="prompt")
+    raise RequestError("prompt must be a string or a list of token ids", param="prompt")
+
+
+def _stop(stop: object) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise RequestError("stop must be a string or a list of strings", param="stop")
+    if len(stops) > MAX_STOPS:
+        raise RequestError(f"stop takes at most {MAX_STOPS} strings", param="stop")
+    return tuple(s for s in stops if s)
+
+
+def _model(body: dict) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError("model must be a string", param="model")
+    return model
+
+
+def _max_tokens(body: dict, name: str) -> int | None:
+    value = _integer(body, name)
+    if value is not None and value < 1:
+        raise RequestError(f"{name} must be at least 1, not {value}", param=name)
+    return value
+
+
+def _object(value: object, where: str = "the request body") -> dict:
+    if not isinstance(value, dict):
+        raise RequestError(f"{where} must be a JSON object", param=None if where == "the request body" else where)
+    return value
+
+
+def _number(body: dict, name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"{name} must be a number", param=name)
+    return float(value)
+
+
+def _integer(body: dict, name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise RequestError(f"{name} must be an integer", param=name)
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

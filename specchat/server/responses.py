@@ -1,0 +1,101 @@
+"""What goes back: OpenAI's response and stream-chunk objects, plus a `specchat` object no other server has,
+saying which tokens the drafter proposed (and the target accepted), tau and the acceptance rate."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from specchat.engine.stats import GenerationStats
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}  # the engine's -> OpenAI's
+
+
+class Reply:
+    """One request's answer as it is produced; renders it whole (`body`) or as stream chunks."""
+
+    def __init__(self, model: str, drafter: str, *, chat: bool):
+        self.model, self.drafter, self.chat = model, drafter, chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.text: list[str] = []
+        self.origins: list[str] = []
+        self.stats: GenerationStats | None = None
+        self.finish: str | None = None
+
+    def add(self, event) -> None:
+        """Take one engine step (a `StepEvent`)."""
+        self.text.append(event.text)
+        self.origins += event.origins
+        self.stats = event.stats
+        if event.finish_reason is not None:
+            self.finish = FINISH[event.finish_reason]
+
+    def cut_short(self) -> None:
+        """The server stopped this answer before the engine did (shutting down)."""
+        self.finish = self.finish or "length"
+
+    def body(self) -> dict:
+        text = "".join(self.text)
+        choice = {"index": 0, "finish_reason": self.finish, "logprobs": None}
+        choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+        return self._envelope("chat.completion" if self.chat else "text_completion", [choice],
+                              usage=self.usage(), specchat=self.summary(self.origins))  # fmt: skip
+
+    def first_chunk(self) -> str:
+        """A chat stream opens with the assistant's role (completions streams have no roles)."""
+        return self._chunk({"role": "assistant", "content": ""}, None) if self.chat else ""
+
+    def chunk(self, event) -> str:
+        """The stream chunk of one step: its text and its tokens' origins."""
+        self.add(event)
+        if not event.text and event.finish_reason is None:
+            return ""
+        return self._chunk({"content": event.text}, None, {"origins": event.origins})
+
+    def last_chunks(self, include_usage: bool) -> str:
+        """The finish reason with the whole answer's figures, the usage when asked, and the end marker."""
+        chunks = self._chunk({}, self.finish, self.summary([]))
+        if include_usage:
+            chunks += _sse(self._envelope(self._chunk_object, [], usage=self.usage()))
+        return chunks + "data: [DONE]\n\n"
+
+    def usage(self) -> dict:
+        prompt = self.stats.prompt_tokens if self.stats else 0
+        completion = self.stats.new_tokens if self.stats else 0
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def summary(self, origins: list[str]) -> dict:
+        """The `specchat` object: each token's origin (when given), and how the drafting went."""
+        stats = self.stats
+        figures = {"drafter": self.drafter}
+        if origins:
+            figures["origins"] = origins
+        if stats is not None:
+            figures |= {
+                "drafted_tokens": sum(origin != "target" for origin in self.origins),
+                "tau": round(stats.mean_accepted_length, 4) if stats.steps else None,
+                "acceptance_rate": None if stats.acceptance_rate is None else round(stats.acceptance_rate, 4),
+                "tokens_per_second": round(stats.tokens_per_second, 3) if stats.steps else None,
+                "prefill_seconds": round(stats.prefill_seconds, 4),
+            }
+        return figures
+
+    @property
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def _chunk(self, delta: dict, finish: str | None, specchat: dict | None = None) -> str:
+        choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+        choice |= {"delta": delta} if self.chat else {"text": delta.get("content", "")}
+        extra = {"specchat": specchat} if specchat else {}
+        return _sse(self._envelope(self._chunk_object, [choice], **extra))
+
+    def _envelope(self, kind: str, choices: list[dict], **extra) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
+                **extra}  # fmt: skip
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

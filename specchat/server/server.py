@@ -1,0 +1,114 @@
+"""`specchat serve`: listen at once, load the model on the engine's thread, serve until SIGTERM or Ctrl-C.
+
+The port is bound before anything loads, so a taken port is a one-line error, not a minute later; requests
+that come while the model loads get 503 (`/health` says "loading"). uvicorn runs on a thread of its own
+while the main thread waits for a signal: then the server stops taking connections, the answers in flight
+end cleanly (their last chunk and `[DONE]`), queued ones get 503, and the command exits 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+
+from specchat.errors import SpecchatError
+
+GRACE_SECONDS = 3  # how long answers in flight get to send their last chunk at shutdown
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    model: str | None
+    drafter: str
+    draft_budget: int | None
+    draft_cache: str | None
+    host: str
+    port: int
+    api_key: str | None
+    context: int
+    max_queue: int
+    max_body_bytes: int
+    dtype: str
+    quantize: str | None
+    device: str
+    attention: str
+
+
+def serve(settings: ServeSettings) -> None:
+    import uvicorn
+
+    from specchat.server.app import create_app
+    from specchat.server.worker import EngineWorker
+
+    listener = _listen(settings.host, settings.port)
+    host, port = listener.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    worker = EngineWorker(lambda: load_served(settings), settings.max_queue)
+    app = create_app(worker, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                           timeout_graceful_shutdown=GRACE_SECONDS))  # fmt: skip
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
+    _say(f"specchat serve: loading {settings.model or 'the default model'}; listening on {url} "
+         "(requests get 503 until the model is ready)")  # fmt: skip
+    worker.start()
+    http = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, name="specchat-http", daemon=True)
+    http.start()
+    announced = False
+    while not stop.wait(0.1) and http.is_alive():
+        if worker.ready.is_set() and not announced:
+            announced = True
+            if worker.load_error is not None:
+                break
+            served = worker.served
+            _say(f"specchat serve: ready at {url}/v1 (model {served.name}, drafter {served.drafter}); "
+                 "Ctrl-C stops")  # fmt: skip
+    worker.stop()
+    server.should_exit = True
+    http.join(GRACE_SECONDS + 2)
+    worker.join(2)
+    if worker.load_error is not None:
+        raise SpecchatError(worker.load_error)
+    _say("specchat serve: stopped")
+
+
+def load_served(settings: ServeSettings):
+    """Load the model, build the engine and its drafter, and warm them up (the first request then starts warm)."""
+    from specchat.drafters import attach_drafter
+    from specchat.engine.generate import Engine
+    from specchat.loading import decoding_defaults, load_model
+    from specchat.server.app import Served
+
+    loaded = load_model(settings.model, dtype=settings.dtype, quantize=settings.quantize, device=settings.device,
+                        attention=settings.attention)  # fmt: skip
+    window = loaded.model.config.max_position_embeddings
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=min(settings.context, window))
+    choice = attach_drafter(engine, loaded.source, settings.drafter, draft_budget=settings.draft_budget,
+                            draft_cache=settings.draft_cache)  # fmt: skip
+    for _ in engine.generate(loaded.tokenizer("Hello")["input_ids"], max_new_tokens=2):
+        pass  # pays the first forward's setup and, on a new machine, the verification-cost timing
+    aliases = {settings.model} - {None, loaded.source.name}
+    return Served(engine, copy.deepcopy(loaded.tokenizer), loaded.source.name, frozenset(aliases), str(choice),
+                  decoding_defaults(loaded))  # fmt: skip
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` (port 0: a free one), or a one-line error."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(128)  # connections queue from now on, while uvicorn starts
+    except OSError as error:
+        raise SpecchatError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return listener
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

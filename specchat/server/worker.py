@@ -1,0 +1,137 @@
+"""The engine's own thread: loads the model, then runs one request at a time, in arrival order.
+
+One engine serves every client, one request after the other, and each prompt is prefilled whole, as
+`specchat run` does: an answer is then the same alone or under load, whatever was asked before it. (Reusing
+the cached prefix a prompt shares with the last one, as the chat does, would change the rounding of the
+prefill, and with it, now and then, a greedy token.)
+Requests wait in a bounded queue; a full queue is refused at once (429) rather than left to time out.
+Each request hears its steps through `deliver` (called on this thread) and can be cancelled at any time: a
+cancelled request stops within one step, or is skipped if it has not started.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.errors import SpecchatError, unexpected
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    sampling: SamplingConfig
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    deliver: Callable[[object], None]  # a StepEvent per step, then one `Ended`
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A job's last delivery: why it ended early, or None when the engine finished it."""
+
+    error: str | None = None  # the engine refused it, or failed
+    status: int = 500  # with an error: 400 when the request was at fault
+    shutdown: bool = False  # the server is stopping: cut short, or never started
+
+
+class QueueFull(Exception):
+    pass
+
+
+class EngineWorker:
+    """Owns the engine from `load()` (called on this thread: the server listens while the model loads)."""
+
+    def __init__(self, load: Callable[[], object], max_queue: int):
+        self.served = None  # what `load` returned, once loaded
+        self.load_error: str | None = None
+        self.ready = threading.Event()  # set when loaded, or when loading failed
+        self._load = load
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._current: Job | None = None
+        self.tokens_generated = 0  # since the start, every request's: what /health reports
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="specchat-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None
+
+    def submit(self, job: Job) -> None:
+        if self._stopping.is_set():
+            job.deliver(Ended(shutdown=True))
+            return
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFull from None
+
+    def stop(self) -> None:
+        """Stop taking work: the running job ends after its current step, the waiting ones are turned away."""
+        self._stopping.set()
+        current = self._current
+        if current is not None:
+            current.cancelled.set()
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.deliver(Ended(shutdown=True))
+        self._queue.put(None)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            self.served = self._load()
+        except SpecchatError as error:
+            self.load_error = str(error)
+        except Exception as error:  # a broken file, a bug: the server reports it and exits
+            self.load_error = unexpected(error)
+        finally:
+            self.ready.set()
+        if self.load_error is not None:
+            return
+        while (job := self._queue.get()) is not None:
+            if self._stopping.is_set():
+                job.deliver(Ended(shutdown=True))
+                continue
+            if not job.cancelled.is_set():
+                self._current = job
+                self._serve(job)
+                self._current = None
+
+    def _serve(self, job: Job) -> None:
+        try:
+            events = self.served.engine.generate(
+                job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop, fresh=True
+            )
+            for event in events:
+                self.tokens_generated += len(event.tokens)
+                job.deliver(event)
+                if job.cancelled.is_set():
+                    events.close()
+                    job.deliver(Ended(shutdown=self._stopping.is_set()))
+                    return
+        except SpecchatError as error:
+            job.deliver(Ended(error=str(error), status=400))
+        except Exception as error:  # reported to its client and on stderr; the server goes on
+            print(f"error in a request: {unexpected(error)}", file=sys.stderr)
+            job.deliver(Ended(error=unexpected(error)))
+        else:
+            job.deliver(Ended())

@@ -1,0 +1,230 @@
+"""`specchat serve` as a real process on a free port, driven by the official `openai` client and by raw HTTP."""
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+import pytest
+
+KEY = "sk-specchat-test"
+MODEL = "smollm2-135m"
+COLOURS = [{"role": "user", "content": "List three colours."}]
+PROMPTS = ["List three colours.", "Name two rivers.", "What is 2 + 3?", "Say hello in French."]
+COUNTING = "1, 2, 3, 4, 5, 6,"  # the model counts on for as long as it is let
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class Server:
+    def __init__(self, *args: str):
+        self.process = subprocess.Popen([sys.executable, "-m", "specchat", "serve", "--port", "0", *args],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+        self.lines = []
+        while "listening on" not in (line := self._line()):
+            assert line, f"the server ended before listening: {self.lines}"
+        self.port = int(line.rsplit(":", 1)[1].split()[0])
+
+    def wait_ready(self) -> None:
+        while "ready at" not in (line := self._line()):
+            assert line, f"the server ended before it was ready: {self.lines}"
+
+    def client(self, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0)
+
+    def request(self, method: str, path: str, body=None, *, key: str | None = KEY, raw: bytes | None = None):
+        """(status, headers, parsed JSON body) of one raw HTTP request."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+        connection.request(method, path, raw if raw is not None else json.dumps(body) if body is not None else None,
+                           headers)  # fmt: skip
+        response = connection.getresponse()
+        payload = response.read()
+        connection.close()
+        return response.status, response.headers, json.loads(payload) if payload else None
+
+    def open_stream(self, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        connection.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
+                           {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})  # fmt: skip
+        response = connection.getresponse()
+        assert response.status == 200
+        return connection, response
+
+    def health(self) -> dict:
+        return self.request("GET", "/health", key=None)[2]
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+    def _line(self) -> str:
+        line = self.process.stderr.readline()
+        self.lines.append(line)
+        return line
+
+
+def events(response) -> list:
+    """The server-sent events of a stream, as parsed JSON, and "[DONE]"."""
+    found = []
+    for line in response:
+        line = line.decode().strip()
+        if line.startswith("data: "):
+            data = line.removeprefix("data: ")
+            found.append(data if data == "[DONE]" else json.loads(data))
+            if data == "[DONE]":
+                break
+    return found
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = Server("--api-key", KEY, "--context", "1024", "--max-body-mb", "0.05")
+    running.wait_ready()
+    yield running
+    assert running.stop() == 0
+
+
+def chat(server, messages, **fields) -> str:
+    reply = server.client().chat.completions.create(model=MODEL, messages=messages, temperature=0, **fields)
+    return reply.choices[0].message.content
+
+
+def test_a_greedy_answer_is_what_specchat_run_prints(server):
+    run = subprocess.run([sys.executable, "-m", "specchat", "run", COLOURS[0]["content"], "--temperature", "0",
+                          "-n", "40", "--json"], capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+    expected = json.loads(run.stdout)
+    reply = server.client().chat.completions.create(model=MODEL, messages=COLOURS, temperature=0, max_tokens=40)
+    [choice] = reply.choices
+    assert choice.message.content == expected["text"] and choice.message.role == "assistant"
+    assert choice.finish_reason == "length"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (expected["prompt_tokens"], 40)
+    figures = reply.model_extra["specchat"]
+    assert figures["origins"] == expected["origins"] and figures["drafter"] == "ngram"
+    assert figures["drafted_tokens"] == sum(origin != "target" for origin in expected["origins"])
+
+
+def test_a_stream_carries_the_same_answer_its_origins_and_the_usage(server):
+    whole = chat(server, COLOURS, max_tokens=30)
+    chunks = list(server.client().chat.completions.create(
+        model=MODEL, messages=COLOURS, temperature=0, max_tokens=30, stream=True,
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    *body, finish, usage = chunks
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in body) == whole
+    assert sum(len(chunk.model_extra["specchat"]["origins"]) for chunk in body[1:]) == 30
+    assert finish.choices[0].finish_reason == "length" and finish.model_extra["specchat"]["tau"] >= 1
+    assert usage.choices == [] and usage.usage.completion_tokens == 30
+
+
+def test_completions_continue_text_and_stop_at_a_stop_string(server):
+    client = server.client()
+    reply = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=12, temperature=0)
+    assert reply.choices[0].text.startswith(" 7, 8") and reply.choices[0].finish_reason == "length"
+    stopped = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=12, temperature=0, stop=[" 9"])
+    assert stopped.choices[0].text == " 7, 8," and stopped.choices[0].finish_reason == "stop"
+    assert [model.id for model in client.models.list()] == [MODEL]
+
+
+def test_concurrent_clients_get_what_they_get_alone(server):
+    alone = {prompt: chat(server, [{"role": "user", "content": prompt}], max_tokens=24) for prompt in PROMPTS}
+    together, errors = {}, []
+
+    def ask(index: int) -> None:
+        prompt = PROMPTS[index % len(PROMPTS)]
+        try:
+            together[index] = chat(server, [{"role": "user", "content": prompt}], max_tokens=24)
+        except Exception as error:  # reported below, with the others
+            errors.append(error)
+
+    threads = [threading.Thread(target=ask, args=(index,)) for index in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert together == {index: alone[PROMPTS[index % len(PROMPTS)]] for index in range(8)}
+
+
+def test_bad_requests_get_openai_errors_and_change_nothing(server):
+    before = chat(server, COLOURS, max_tokens=16)
+    good = {"model": MODEL, "messages": COLOURS}
+    cases = [
+        (("POST", "/v1/chat/completions"), {"raw": b"{not json"}, 400, None),
+        (("POST", "/v1/chat/completions"), {"body": good, "key": None}, 401, None),
+        (("POST", "/v1/chat/completions"), {"body": good, "key": "sk-wrong"}, 401, None),
+        (("GET", "/v1/models"), {"key": "sk-wrong"}, 401, None),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "model": "gpt-4o"}}, 404, "model"),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "max_tokens": -1}}, 400, "max_tokens"),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "temperature": 9}}, 400, "temperature"),
+        (("POST", "/v1/chat/completions"), {"body": {"model": MODEL}}, 400, "messages"),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "n": 3}}, 400, "n"),
+        (("POST", "/v1/completions"), {"body": {"prompt": ["a", "b"]}}, 400, "prompt"),
+        (("POST", "/v1/chat/completions"), {"raw": json.dumps({**good, "pad": "x" * 60_000}).encode()}, 413, None),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "messages": [{"role": "user", "content": "word " * 1100}]}},
+         400, "messages"),
+        (("GET", "/v1/embeddings"), {}, 404, None),
+        (("GET", "/v1/chat/completions"), {}, 405, None),
+    ]  # fmt: skip
+    for (method, path), options, status, param in cases:
+        answer_status, headers, body = server.request(method, path, **options)
+        assert (answer_status, body["error"]["param"]) == (status, param), (method, path, body)
+        assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["message"]
+    too_long = server.request("POST", "/v1/chat/completions", body=cases[11][1]["body"])[2]["error"]["message"]
+    assert "the context holds 1024" in too_long and "--context" in too_long
+    assert chat(server, COLOURS, max_tokens=16) == before
+    assert server.health()["waiting"] == 0
+
+
+def test_a_client_that_hangs_up_mid_stream_frees_the_engine(server):
+    start = server.health()["tokens_generated"]
+    connection, response = server.open_stream({"prompt": COUNTING, "max_tokens": 900, "temperature": 0})
+    chunks = 0
+    while chunks < 2:  # two steps' chunks, then hang up
+        chunks += response.readline().startswith(b"data: ")
+    connection.sock.shutdown(2)
+    connection.close()
+    deadline = time.monotonic() + 60
+    while server.health()["generating"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    made = server.health()["tokens_generated"] - start
+    assert made < 100, f"{made} tokens generated for a client that hung up after two chunks"
+    assert chat(server, COLOURS, max_tokens=8)
+
+
+def test_loading_then_a_full_queue_then_sigterm_ends_every_request_cleanly():
+    server = Server("--max-queue", "1", "--context", "1024")
+    try:
+        status, headers, body = server.request("GET", "/health", key=None)  # the model is still loading
+        assert (status, body["status"]) == (503, "loading") and headers["Retry-After"]
+        status, headers, body = server.request("POST", "/v1/completions", {"prompt": "Hi"})
+        assert status == 503 and "loading" in body["error"]["message"] and headers["Retry-After"]
+        server.wait_ready()
+        assert server.health()["status"] == "ready"
+
+        connection, running = server.open_stream({"prompt": COUNTING, "max_tokens": 900, "temperature": 0})
+        assert running.readline().startswith(b"data: ")  # generating now
+        queued = {}
+        waiter = threading.Thread(target=lambda: queued.update(answer=server.request(
+            "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 4})))  # fmt: skip
+        waiter.start()
+        while server.health()["waiting"] < 1:
+            time.sleep(0.02)
+        status, headers, body = server.request("POST", "/v1/completions", {"prompt": "Hi"})
+        assert status == 429 and body["error"]["type"] == "rate_limit_error" and headers["Retry-After"]
+
+        server.process.send_signal(signal.SIGTERM)
+        rest = events(running)
+        assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] == "length"
+        waiter.join(timeout=30)
+        assert queued["answer"][0] == 503 and "shutting down" in queued["answer"][2]["error"]["message"]
+        assert server.process.wait(timeout=15) == 0
+        assert "stopped" in server.process.stderr.read()
+    finally:
+        server.stop()

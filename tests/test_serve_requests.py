@@ -1,0 +1,108 @@
+"""Request bodies checked before anything is queued: each bad field is a 4xx naming it (no server, no model)."""
+
+import pytest
+
+from specchat.server.requests import RequestError, chat_request, text_request
+
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def test_a_plain_chat_request_takes_the_model_defaults():
+    request = chat_request({"model": "m", "messages": HI})
+    assert request.messages == HI and request.sampling == {} and request.max_tokens is None
+    assert request.stop == () and not request.stream
+
+
+def test_fields_map_onto_the_engine_settings():
+    request = chat_request({
+        "messages": [{"role": "developer", "content": "Be brief."},
+                     {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+        "temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.05, "seed": 3, "repetition_penalty": 1.1,
+        "max_completion_tokens": 20, "stop": "END", "stream": True, "stream_options": {"include_usage": True},
+        "n": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "logprobs": False, "tool_choice": "none",
+        "response_format": {"type": "text"}, "user": "someone", "some_client_extension": {"x": 1},
+    })  # fmt: skip
+    assert request.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab"}]
+    assert request.sampling == {"temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.05, "seed": 3, "penalty": 1.1}
+    assert request.max_tokens == 20 and request.stop == ("END",) and request.stream and request.include_usage
+
+
+def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
+    assert text_request({"prompt": "Once"}).prompt == "Once"
+    assert text_request({"prompt": ["Once"]}).max_tokens == 16
+    assert text_request({"prompt": [1, 2, 3], "max_tokens": None}).prompt == [1, 2, 3]
+    assert text_request({"prompt": [[5, 6]], "max_tokens": 4}).max_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ([], None, "JSON object"),
+        ({}, "messages", "required"),
+        ({"messages": []}, "messages", "non-empty"),
+        ({"messages": "Hi"}, "messages", "non-empty list"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "one of"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "no tools"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "string"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+         "messages[0].content[0]", "only text"),
+        ({"messages": [*HI, {"role": "assistant", "content": "x"}]}, "messages[1].role", "last message"),
+        ({"messages": HI, "model": 7}, "model", "string"),
+        ({"messages": HI, "temperature": "hot"}, "temperature", "number"),
+        ({"messages": HI, "temperature": True}, "temperature", "number"),
+        ({"messages": HI, "temperature": 2.5}, "temperature", "[0, 2]"),
+        ({"messages": HI, "temperature": -1}, "temperature", "[0, 2]"),
+        ({"messages": HI, "top_p": 0}, "top_p", "(0, 1]"),
+        ({"messages": HI, "min_p": 1}, "min_p", "[0, 1)"),
+        ({"messages": HI, "top_k": -2}, "top_k", "-1 or 0"),
+        ({"messages": HI, "top_k": 1.5}, "top_k", "integer"),
+        ({"messages": HI, "seed": -1}, "seed", "between"),
+        ({"messages": HI, "repetition_penalty": 0}, "repetition_penalty", "(0, 10]"),
+        ({"messages": HI, "max_tokens": -5}, "max_tokens", "at least 1"),
+        ({"messages": HI, "max_tokens": 0}, "max_tokens", "at least 1"),
+        ({"messages": HI, "max_tokens": "10"}, "max_tokens", "integer"),
+        ({"messages": HI, "max_tokens": 5, "max_completion_tokens": 5}, "max_completion_tokens", "not both"),
+        ({"messages": HI, "n": 2}, "n", "n must be 1"),
+        ({"messages": HI, "tools": [{"type": "function"}]}, "tools", "tools"),
+        ({"messages": HI, "tool_choice": "required"}, "tool_choice", "tool_choice"),
+        ({"messages": HI, "logprobs": True}, "logprobs", "logprobs"),
+        ({"messages": HI, "top_logprobs": 3}, "top_logprobs", "logprobs"),
+        ({"messages": HI, "frequency_penalty": 0.5}, "frequency_penalty", "repetition_penalty"),
+        ({"messages": HI, "presence_penalty": -1}, "presence_penalty", "not supported"),
+        ({"messages": HI, "logit_bias": {"5": 10}}, "logit_bias", "logit_bias"),
+        ({"messages": HI, "response_format": {"type": "json_object"}}, "response_format", "only 'text'"),
+        ({"messages": HI, "stop": 5}, "stop", "string"),
+        ({"messages": HI, "stop": ["a"] * 17}, "stop", "at most"),
+        ({"messages": HI, "stream": "yes"}, "stream", "boolean"),
+        ({"messages": HI, "stream_options": {"include_usage": True}}, "stream_options", "only allowed"),
+        ({"messages": HI, "stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage",
+         "boolean"),
+    ],
+)  # fmt: skip
+def test_bad_chat_requests_name_their_field(body, param, words):
+    with pytest.raises(RequestError) as caught:
+        chat_request(body)
+    error = caught.value
+    assert error.status == 400 and error.param == param and words in error.message
+    assert error.body()["error"] == {"message": error.message, "type": "invalid_request_error", "param": param,
+                                     "code": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({}, "prompt", "required"),
+        ({"prompt": ""}, "prompt", "empty"),
+        ({"prompt": ["a", "b"]}, "prompt", "one prompt"),
+        ({"prompt": [1, -2]}, "prompt", ">= 0"),
+        ({"prompt": {"text": "a"}}, "prompt", "string or a list of token ids"),
+        ({"prompt": "a", "echo": True}, "echo", "echo"),
+        ({"prompt": "a", "suffix": "b"}, "suffix", "suffix"),
+        ({"prompt": "a", "best_of": 3}, "best_of", "best_of"),
+        ({"prompt": "a", "logprobs": 2}, "logprobs", "logprobs"),
+    ],
+)
+def test_bad_completion_requests_name_their_field(body, param, words):
+    with pytest.raises(RequestError) as caught:
+        text_request(body)
+    assert caught.value.status == 400 and caught.value.param == param and words in caught.value.message
