@@ -58,7 +58,7 @@ def test_compare_rows_cover_every_method_and_check_identity(tokenizer):
 
 def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
     from specchat.bench.compare import BenchRow
-    from specchat.cli import _report
+    from specchat.cli.common import report as _report
 
     rows = [
         BenchRow("none", "summarize", "q4_1", "bfloat16", 384, 75.479, 1.0, 1.0, None, True, None),

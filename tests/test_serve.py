@@ -119,7 +119,7 @@ def test_a_stream_carries_the_same_answer_its_origins_and_the_usage(server):
     *body, finish, usage = chunks
     assert "".join(chunk.choices[0].delta.content or "" for chunk in body) == whole
     assert sum(len(chunk.model_extra["specchat"]["origins"]) for chunk in body[1:]) == 30
-    assert finish.choices[0].finish_reason == "length" and finish.model_extra["specchat"]["tau"] >= 1
+    assert finish.choices[0].finish_reason == "length" and finish.model_extra["specchat"]["mean_accepted_length"] >= 1
     assert usage.choices == [] and usage.usage.completion_tokens == 30
 
 
@@ -198,8 +198,8 @@ def test_a_client_that_hangs_up_mid_stream_frees_the_engine(server):
     assert chat(server, COLOURS, max_tokens=8)
 
 
-def test_loading_then_a_full_queue_then_sigterm_ends_every_request_cleanly():
-    server = Server("--max-queue", "1", "--context", "1024")
+def test_loading_a_prompt_cache_a_full_queue_then_sigterm_ending_every_request_cleanly():
+    server = Server("--max-queue", "1", "--context", "1024", "--prompt-cache")
     try:
         status, headers, body = server.request("GET", "/health", key=None)  # the model is still loading
         assert (status, body["status"]) == (503, "loading") and headers["Retry-After"]
@@ -207,6 +207,13 @@ def test_loading_then_a_full_queue_then_sigterm_ends_every_request_cleanly():
         assert status == 503 and "loading" in body["error"]["message"] and headers["Retry-After"]
         server.wait_ready()
         assert server.health()["status"] == "ready"
+
+        first = server.client().chat.completions.create(model=MODEL, messages=COLOURS, temperature=0, max_tokens=8)
+        turn = [*COLOURS, {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "And three more?"}]  # fmt: skip
+        second = server.client().chat.completions.create(model=MODEL, messages=turn, temperature=0, max_tokens=8)
+        assert second.model_extra["specchat"]["reused_tokens"] >= first.usage.prompt_tokens
+        assert first.model_extra["specchat"]["reused_tokens"] < first.usage.prompt_tokens
 
         connection, running = server.open_stream({"prompt": COUNTING, "max_tokens": 900, "temperature": 0})
         assert running.readline().startswith(b"data: ")  # generating now
@@ -228,3 +235,14 @@ def test_loading_then_a_full_queue_then_sigterm_ends_every_request_cleanly():
         assert "stopped" in server.process.stderr.read()
     finally:
         server.stop()
+
+
+def test_bench_serve_reports_each_client_count():
+    run = subprocess.run([sys.executable, "-m", "specchat", "bench", "serve", "--clients", "1,2", "-n", "4", "--json"],
+                         capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(run.stdout)
+    assert [(row["clients"], row["requests"], row["tokens"]) for row in rows] == [(1, 3, 12), (2, 6, 24)]
+    assert all(row["ttft_ms"] > 0 and row["tokens_per_second"] > 0 and row["direct_tokens_per_second"] > 0
+               for row in rows)  # fmt: skip
+    assert rows[0]["overhead"] is not None and rows[1]["overhead"] is None

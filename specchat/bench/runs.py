@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from specchat.bench.llamacpp import LlamaCpp
-from specchat.drafters import build_drafter, parse_drafter, resolve_drafter, use_draft_cache
+from specchat.drafters import attach_drafter
 from specchat.engine.generate import Engine, eos_ids
 from specchat.engine.sampling import SamplingConfig
 from specchat.loading import LoadedModel
@@ -42,11 +42,8 @@ def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens
         return lambda ids: llamacpp_run(llamacpp, ids, max_new_tokens, stop_ids)
     if method not in HF_METHODS:
         drafter, _, cache = method.partition("@")  # "model@streaming": under that --draft-cache
-        choice = resolve_drafter(parse_drafter(drafter), loaded.source.profile, loaded.source.name)
         engine = Engine(model, loaded.tokenizer, max_len=max_len)
-        engine.set_drafter(build_drafter(choice, engine.target), draft_budget)
-        if cache:
-            use_draft_cache(engine.drafter, cache)
+        attach_drafter(engine, loaded.source, drafter, draft_budget=draft_budget, draft_cache=cache or None)
         return lambda ids: engine_run(engine, ids, max_new_tokens)
     if method == "hf":
         return lambda ids: hf_run(model, ids, max_new_tokens, {})

@@ -57,3 +57,20 @@ class GenerationStats:
     @property
     def tokens_per_second(self) -> float:
         return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    def as_json(self) -> dict:
+        """The figures as `specchat run --json` and the server's `specchat` object report them."""
+        decoded = self.steps > 0
+        return {
+            "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "reused_tokens": self.reused_tokens,
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "decode_seconds": round(self.decode_seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3) if decoded else None,
+            "steps": self.steps,
+            "mean_accepted_length": round(self.mean_accepted_length, 4) if decoded else None,
+            "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
+            "per_depth_acceptance": [round(a, 4) for a in self.per_depth_acceptance],
+            "draft_budget": round(self.mean_budget, 2) if self.budget_total else None,
+        }

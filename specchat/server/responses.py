@@ -68,18 +68,12 @@ class Reply:
 
     def summary(self, origins: list[str]) -> dict:
         """The `specchat` object: each token's origin (when given), and how the drafting went."""
-        stats = self.stats
         figures = {"drafter": self.drafter}
         if origins:
             figures["origins"] = origins
-        if stats is not None:
-            figures |= {
-                "drafted_tokens": sum(origin != "target" for origin in self.origins),
-                "tau": round(stats.mean_accepted_length, 4) if stats.steps else None,
-                "acceptance_rate": None if stats.acceptance_rate is None else round(stats.acceptance_rate, 4),
-                "tokens_per_second": round(stats.tokens_per_second, 3) if stats.steps else None,
-                "prefill_seconds": round(stats.prefill_seconds, 4),
-            }
+        if self.stats is not None:
+            figures["drafted_tokens"] = sum(origin != "target" for origin in self.origins)
+            figures |= self.stats.as_json()  # tau is its mean_accepted_length
         return figures
 
     @property

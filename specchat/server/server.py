@@ -36,42 +36,62 @@ class ServeSettings:
     quantize: str | None
     device: str
     attention: str
+    prompt_cache: bool = False  # reuse the prefix a prompt shares with the last one (see worker.py)
+
+
+class Server:
+    """The engine's thread and uvicorn's, serving on a socket bound at creation (`specchat serve`, `bench serve`)."""
+
+    def __init__(self, settings: ServeSettings):
+        import uvicorn
+
+        from specchat.server.app import create_app
+        from specchat.server.worker import EngineWorker
+
+        self.listener = _listen(settings.host, settings.port)
+        host, port = self.listener.getsockname()[:2]
+        self.host, self.port = host, port
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        self.worker = EngineWorker(lambda: load_served(settings), settings.max_queue, fresh=not settings.prompt_cache)
+        app = create_app(self.worker, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+        self.http = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                                  timeout_graceful_shutdown=GRACE_SECONDS))  # fmt: skip
+        self._thread = threading.Thread(target=self.http.run, kwargs={"sockets": [self.listener]},
+                                        name="specchat-http", daemon=True)  # fmt: skip
+
+    def start(self) -> None:
+        self.worker.start()
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop taking requests, end those in flight (their last chunk), and wait for both threads."""
+        self.worker.stop()
+        self.http.should_exit = True
+        self._thread.join(GRACE_SECONDS + 2)
+        self.worker.join(2)
 
 
 def serve(settings: ServeSettings) -> None:
-    import uvicorn
-
-    from specchat.server.app import create_app
-    from specchat.server.worker import EngineWorker
-
-    listener = _listen(settings.host, settings.port)
-    host, port = listener.getsockname()[:2]
-    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    worker = EngineWorker(lambda: load_served(settings), settings.max_queue)
-    app = create_app(worker, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                           timeout_graceful_shutdown=GRACE_SECONDS))  # fmt: skip
+    server = Server(settings)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda _signum, _frame: stop.set())
-    _say(f"specchat serve: loading {settings.model or 'the default model'}; listening on {url} "
+    _say(f"specchat serve: loading {settings.model or 'the default model'}; listening on {server.url} "
          "(requests get 503 until the model is ready)")  # fmt: skip
-    worker.start()
-    http = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, name="specchat-http", daemon=True)
-    http.start()
-    announced = False
-    while not stop.wait(0.1) and http.is_alive():
+    server.start()
+    worker, announced = server.worker, False
+    while not stop.wait(0.1) and server.running:
         if worker.ready.is_set() and not announced:
             announced = True
             if worker.load_error is not None:
                 break
-            served = worker.served
-            _say(f"specchat serve: ready at {url}/v1 (model {served.name}, drafter {served.drafter}); "
-                 "Ctrl-C stops")  # fmt: skip
-    worker.stop()
-    server.should_exit = True
-    http.join(GRACE_SECONDS + 2)
-    worker.join(2)
+            _say(f"specchat serve: ready at {server.url}/v1 (model {worker.served.name}, drafter "
+                 f"{worker.served.drafter}); Ctrl-C stops")  # fmt: skip
+    server.stop()
     if worker.load_error is not None:
         raise SpecchatError(worker.load_error)
     _say("specchat serve: stopped")

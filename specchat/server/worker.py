@@ -1,9 +1,10 @@
 """The engine's own thread: loads the model, then runs one request at a time, in arrival order.
 
 One engine serves every client, one request after the other, and each prompt is prefilled whole, as
-`specchat run` does: an answer is then the same alone or under load, whatever was asked before it. (Reusing
-the cached prefix a prompt shares with the last one, as the chat does, would change the rounding of the
-prefill, and with it, now and then, a greedy token.)
+`specchat run` does: an answer is then the same alone or under load, whatever was asked before it. With
+`fresh=False` (`--prompt-cache`) a prompt reuses the cached prefix it shares with the last one, as the chat
+does: a conversation's next turn starts sooner, but a prefill in pieces rounds differently from a whole one,
+which can change a greedy token against `specchat run` (the output stays the target's own for that cache).
 Requests wait in a bounded queue; a full queue is refused at once (429) rather than left to time out.
 Each request hears its steps through `deliver` (called on this thread) and can be cancelled at any time: a
 cancelled request stops within one step, or is skipped if it has not started.
@@ -47,11 +48,12 @@ class QueueFull(Exception):
 class EngineWorker:
     """Owns the engine from `load()` (called on this thread: the server listens while the model loads)."""
 
-    def __init__(self, load: Callable[[], object], max_queue: int):
+    def __init__(self, load: Callable[[], object], max_queue: int, *, fresh: bool = True):
         self.served = None  # what `load` returned, once loaded
         self.load_error: str | None = None
         self.ready = threading.Event()  # set when loaded, or when loading failed
         self._load = load
+        self._fresh = fresh
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._current: Job | None = None
         self.tokens_generated = 0  # since the start, every request's: what /health reports
@@ -119,7 +121,8 @@ class EngineWorker:
     def _serve(self, job: Job) -> None:
         try:
             events = self.served.engine.generate(
-                job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop, fresh=True
+                job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
+                fresh=self._fresh,
             )
             for event in events:
                 self.tokens_generated += len(event.tokens)

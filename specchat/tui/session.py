@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from specchat.drafters import DRAFT_CACHES, build_drafter, parse_drafter, resolve_drafter, use_draft_cache
+from specchat.drafters import DRAFT_CACHES, attach_drafter, parse_drafter, resolve_drafter
 from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.events import StepEvent
 from specchat.engine.generate import Engine
@@ -173,11 +173,8 @@ class ChatSession:
         """Make the engine draft as the settings say (a checkpoint loads here); one-line errors."""
         engine = self._engine()
         if not self.drafter_ready:
-            source = self.loaded.source
-            choice = resolve_drafter(parse_drafter(self.settings.drafter), source.profile, source.name)
-            engine.set_drafter(build_drafter(choice, engine.target), self.settings.draft_budget)
-            if self.settings.draft_cache is not None and engine.drafter is not None:
-                use_draft_cache(engine.drafter, self.settings.draft_cache)  # parts that read no cache ignore it
+            attach_drafter(engine, self.loaded.source, self.settings.drafter, draft_budget=self.settings.draft_budget,
+                           draft_cache=self.settings.draft_cache)  # fmt: skip
             self.drafter_ready = True
 
     def run(self, prompt_ids: list[int], *, max_new_tokens: int | None = None) -> Iterator[Update]:

@@ -1,0 +1,335 @@
+"""`specchat bench ...`: decoding speed against autoregressive decoding and other tools, and cost curves."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specchat.bench.prompts import PROMPT_SET_NAMES
+from specchat.checks import check_dtype, check_quantize
+from specchat.cli.common import (
+    AttentionOption,
+    BudgetOption,
+    DeviceOption,
+    DtypeOption,
+    ModelOption,
+    QuantizeOption,
+    app,
+    check_drafters,
+    csv_list,
+    ints,
+    load,
+    quiet_transformers,
+    report,
+)
+from specchat.drafters import DEFAULT_DRAFTER, DrafterChoice, check_draft_cache, parse_drafter, reads_draft_cache
+from specchat.engine.attention import check_attention
+from specchat.errors import SpecchatError
+
+bench_app = typer.Typer(help="Benchmarks: speculative vs autoregressive vs transformers, same run.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench(
+    ctx: typer.Context,
+    model: ModelOption = None,
+    drafter: Annotated[
+        str, typer.Option("--drafter", help="Comma-separated drafters to compare with AR (always measured).")
+    ] = DEFAULT_DRAFTER,
+    draft_budget: BudgetOption = None,
+    draft_cache: Annotated[
+        str | None,
+        typer.Option("--draft-cache", help="Comma-separated: the model and longspec drafters are measured under each "
+                     "(rows named like model@streaming)."),
+    ] = None,  # fmt: skip
+    prompt_set: Annotated[
+        str, typer.Option("--prompt-set", help=f"Comma-separated: {', '.join(PROMPT_SET_NAMES)}.")
+    ] = "chat,code,summarize",
+    prompts: Annotated[Path | None, typer.Option("--prompts", help='JSONL file of {"prompt": ...} lines.')] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            help="Comma-separated: hf (transformers generate rows), llamacpp (llama.cpp on the same GGUF, "
+            "when llama-cpp-python is installed).",
+        ),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="Comma-separated dtypes, each measured in turn (auto: the CPU's quantized default).")
+    ] = "auto,float32",
+    quantize: QuantizeOption = None,
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 128,
+    repeats: Annotated[int, typer.Option(help="Interleaved repetitions after the warm-up.")] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Also draw tokens/s and tau to this PNG.")] = None,
+) -> None:
+    """Greedy decoding speed of each drafter against autoregressive decoding (and transformers)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from specchat.bench.prompts import load_prompt_sets
+
+    methods = csv_list(drafter)
+    choices = check_drafters(methods, draft_budget)
+    if draft_cache is not None:
+        methods = _with_draft_caches(methods, choices, csv_list(draft_cache))
+    check_attention(attention)
+    if plot is not None:
+        if not plot.parent.is_dir() or not os.access(plot.parent, os.W_OK):
+            raise SpecchatError(f"--plot: cannot write into {plot.parent}")
+        from specchat.bench.plot import plot_rows  # fails now, not after the run, when matplotlib is missing
+    baselines = csv_list(baseline or "")
+    for name in baselines:
+        if name not in ("hf", "llamacpp"):
+            raise SpecchatError(f"unknown baseline '{name}'; use hf, llamacpp")
+    check_quantize(quantize, device)
+    if max_new_tokens < 1 or repeats < 1:
+        raise SpecchatError("--max-new-tokens and --repeats must be at least 1")
+    sets = load_prompt_sets(csv_list(prompt_set), prompts)
+    from specchat.bench.compare import compare
+    from specchat.bench.runs import HF_METHODS
+
+    if "hf" in baselines:
+        methods += HF_METHODS
+    llamacpp = None
+    if "llamacpp" in baselines:
+        from specchat.bench.llamacpp import LlamaCpp
+
+        llamacpp = LlamaCpp.for_model(model)
+    rows = []
+    from specchat.bench.progress import bench_progress
+
+    dtypes = csv_list(dtype)
+    runs = 1 + repeats * sum(map(len, sets.values()))  # per method and dtype: the warm-up, then every prompt
+    total = len(dtypes) * (1 + len(set(methods) | {"none"}) * runs) + (runs if llamacpp else 0)  # loads included
+    with bench_progress(total) as step:
+        for each_dtype in dtypes:
+            step(f"loading {model or 'the default model'} ({each_dtype})")
+            loaded = load(model, each_dtype, device, attention, quantize)
+            rows += compare(
+                loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
+                llamacpp=llamacpp, step=lambda what, d=each_dtype: step(f"{d} · {what}"),
+            )  # fmt: skip
+            llamacpp = None  # measured once, beside the first dtype
+    title = f"{loaded.source.name}, greedy, decode tokens/s"
+    report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
+    if plot is not None:
+        plot_rows([row.as_dict() for row in rows], plot, title=title)
+
+
+@bench_app.command("context")
+def bench_context(
+    model: ModelOption = None,
+    contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "256,4096",
+    steps: Annotated[int, typer.Option(help="Decode steps timed per context.")] = 32,
+    repeats: Annotated[int, typer.Option()] = 3,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Autoregressive time per token as the context grows (only attention cost should grow)."""
+    from specchat.bench.context import decode_cost
+
+    try:
+        lengths = [int(c) for c in csv_list(contexts)]
+    except ValueError:
+        raise SpecchatError(f"--context takes comma-separated integers, not '{contexts}'") from None
+    check_attention(attention)
+    check_dtype(dtype)
+    loaded = load(model, dtype, device, attention)
+    window = loaded.model.config.max_position_embeddings
+    if not lengths or min(lengths) < 1 or max(lengths) + steps + 1 > window:
+        raise SpecchatError(f"each context must be between 1 and {window - steps - 1} tokens")
+    from specchat.bench.progress import bench_progress
+
+    with bench_progress(len(lengths) * (repeats + 1)) as step:
+        rows = decode_cost(loaded, lengths, steps=steps, repeats=repeats, step=step)
+    weights = f"{loaded.weights}/{loaded.dtype}" if loaded.weights else loaded.dtype
+    report(rows, as_json, title=f"{loaded.source.name} {weights}\nms per AR token")
+
+
+@bench_app.command("attention")
+def bench_attention(
+    contexts: Annotated[
+        str, typer.Option("--context", help="Comma-separated committed lengths before the tree.")
+    ] = "4096,16384,32768,131072",
+    tree: Annotated[int, typer.Option(help="Draft-tree nodes; the call has tree + 1 query rows.")] = 64,
+    heads: Annotated[int, typer.Option(help="Query heads.")] = 32,
+    kv_heads: Annotated[int, typer.Option("--kv-heads", help="KV heads (GQA).")] = 8,
+    head_dim: Annotated[int, typer.Option("--head-dim")] = 128,
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "bfloat16",
+    device: DeviceOption = "auto",
+    repeats: Annotated[int, typer.Option(help="Timed calls per method (median).")] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """One attention call of a tree verification: hybrid vs SDPA with a dense mask, eager and FlexAttention,
+    plus the prefix part's bandwidth. The defaults are GPU sizes: on a CPU pass e.g. --context 1024,4096."""
+    from specchat.bench.attention import attention_bench
+    from specchat.bench.progress import bench_progress
+
+    lengths = ints(contexts, "--context")
+    with bench_progress(len(lengths)) as step:
+        rows = attention_bench(
+            contexts=lengths, tree=tree, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
+            device=device, repeats=repeats, step=step,
+        )  # fmt: skip
+    title = (
+        f"attention per call, {dtype}: root + {tree} tree nodes, {heads} query / {kv_heads} KV heads x {head_dim}"
+        " (vs_sdpa = SDPA-with-mask time / this time)"
+    )
+    report([dataclasses.asdict(row) for row in rows], as_json, title=title)
+
+
+@bench_app.command("verify-cost")
+def bench_verify_cost(
+    model: ModelOption = None,
+    contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "4096,32768",
+    trees: Annotated[str, typer.Option("--tree", help="Comma-separated draft-tree sizes (0: a decode step).")] = "64",
+    layers: Annotated[int, typer.Option(help="Without --model: decoder layers to build (fewer for CPU runs).")] = 32,
+    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+    repeats: Annotated[int, typer.Option(help="Timed forwards of each kind (median).")] = 5,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Decode vs tree-verification forwards at each context: of --model through the engine's own forward, else
+    of a random-weight model with Llama-3.1-8B's shapes (on a CPU pass e.g. --layers 2 --context 1024,4096)."""
+    from specchat.bench.verify_cost import model_verify_cost, verify_cost
+
+    lengths, sizes = ints(contexts, "--context"), ints(trees, "--tree")
+    check_attention(attention)
+    quiet_transformers()
+    if model is not None:
+        from specchat.engine.generate import Engine
+
+        loaded = load(model, dtype, device, attention)
+        engine = Engine(loaded.model, loaded.tokenizer, max_len=max(lengths) + max(sizes) + 1)
+        rows = model_verify_cost(engine, contexts=lengths, trees=sizes, repeats=repeats)
+        title = f"{loaded.source.name} ({loaded.weights}, {loaded.dtype}): ms per forward over the root + nodes"
+        report([dataclasses.asdict(row) for row in rows], as_json, title=title)
+        return
+    from specchat.bench.progress import bench_progress
+
+    dtype = "bfloat16" if dtype == "auto" else dtype
+    with bench_progress(len(lengths) * len(sizes)) as step:
+        rows = [row for tree in sizes for row in verify_cost(contexts=lengths, tree=tree, layers=layers, dtype=dtype,
+                                                             device=device, attention=attention, repeats=repeats,
+                                                             step=step)]  # fmt: skip
+    shape = "Llama-3.1-8B shapes" if layers == 32 else f"Llama-3.1-8B shapes but {layers} of 32 layers"
+    title = f"{shape}, random weights, {dtype}: ms per forward (decode: 1 token; verify: root + tree nodes)"
+    report([dataclasses.asdict(row) for row in rows], as_json, title=title)
+
+
+@bench_app.command("draft")
+def bench_draft(
+    model: ModelOption = None,
+    shapes: Annotated[
+        str | None, typer.Option(help="llama3.1-8b: a random-weight target of those shapes instead of --model.")
+    ] = None,
+    layers: Annotated[int, typer.Option(help="With --shapes: decoder layers to build (fewer for CPU runs).")] = 32,
+    contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "1024,6144",
+    vocabs: Annotated[
+        str, typer.Option("--vocab", help="Comma-separated draft vocabulary sizes (0 = the target's whole one).")
+    ] = "0,16384,8192",
+    budgets: Annotated[str, typer.Option("--budget", help="Comma-separated tree budgets.")] = "7,15,63",
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+    repeats: Annotated[int, typer.Option(help="Timed calls of each kind (median).")] = 5,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """A random-weight LongSpec draft's cost per proposal (beam) against the target's decode and verify
+    forwards, and its memory, by context and draft vocabulary. GPU: --shapes llama3.1-8b --dtype bfloat16."""
+    lengths, sizes, trees = ints(contexts, "--context"), ints(vocabs, "--vocab"), ints(budgets, "--budget")
+    check_attention(attention)
+    if shapes not in (None, "llama3.1-8b"):
+        raise SpecchatError(f"unknown --shapes '{shapes}'; use llama3.1-8b")
+    quiet_transformers()
+    from specchat.bench.draft_cost import draft_cost
+
+    if shapes:
+        from specchat.bench.synthetic import torch_device, torch_dtype
+        from specchat.bench.verify_cost import llama31_8b_config, random_model, with_layers
+
+        float_type = torch_dtype("bfloat16" if dtype == "auto" else dtype)
+        target = random_model(with_layers(llama31_8b_config(), layers), float_type, torch_device(device), attention)
+        name = f"random Llama-3.1-8B shapes, {layers} layers, {float_type}".replace("torch.", "")
+    else:
+        loaded = load(model, dtype, device, attention)
+        target, name = loaded.model, f"{loaded.source.name} {loaded.weights}/{loaded.dtype}"
+    from specchat.bench.progress import bench_progress
+
+    with bench_progress(len(lengths) * len(sizes) * len(trees)) as step:
+        rows = draft_cost(target, contexts=lengths, vocabs=sizes, budgets=trees, repeats=repeats, step=step)
+    report([dataclasses.asdict(row) for row in rows], as_json, title=f"random LongSpec draft on {name}: ms per call")
+
+
+def _with_draft_caches(methods: list[str], choices: list[DrafterChoice], caches: list[str]) -> list[str]:
+    """Each drafter that reads a draft cache, once per cache ("model@streaming"), after the others."""
+    readers = [method for method, choice in zip(methods, choices) if reads_draft_cache(choice)]
+    for cache in caches:
+        check_draft_cache(cache, parse_drafter(readers[0]) if readers else choices[0])
+    return [m for m in methods if m not in readers] + [f"{m}@{cache}" for m in readers for cache in caches]
+
+
+@bench_app.command("serve")
+def bench_serve(
+    model: ModelOption = None,
+    drafter: Annotated[str, typer.Option("--drafter", "-d", help="The server's drafter.")] = DEFAULT_DRAFTER,
+    clients: Annotated[str, typer.Option("--clients", help="Comma-separated numbers of clients at once.")] = "1,4,8",
+    prompt_set: Annotated[
+        str, typer.Option("--prompt-set", help=f"Comma-separated: {', '.join(PROMPT_SET_NAMES)}.")
+    ] = "chat",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 64,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The OpenAI server under several clients at once: time to first token, time between tokens, tokens/s,
+    and its overhead per token against the same engine driven directly."""
+    counts = ints(clients, "--clients")
+    if not counts or min(counts) < 1:
+        raise SpecchatError("--clients takes numbers of clients, each at least 1")
+    if max_new_tokens < 1:
+        raise SpecchatError("--max-new-tokens must be at least 1")
+    [choice] = check_drafters([drafter], None)
+    check_dtype(dtype)
+    from specchat.bench.prompts import load_prompt_sets
+    from specchat.drafters import resolve_drafter
+    from specchat.loading import resolve_model
+
+    source = resolve_model(model)
+    resolve_drafter(choice, source.profile, source.name)
+
+    prompts = [prompt for each in load_prompt_sets(csv_list(prompt_set)).values() for prompt in each]
+    quiet_transformers()
+    from specchat.bench.progress import bench_progress
+    from specchat.bench.serve import serve_bench
+    from specchat.server.server import Server, ServeSettings
+
+    settings = ServeSettings(
+        model=model, drafter=drafter, draft_budget=None, draft_cache=None, host="127.0.0.1", port=0, api_key=None,
+        context=8192, max_queue=max(counts) + 1, max_body_bytes=2**22, dtype=dtype, quantize=None, device=device,
+        attention="auto",
+    )  # fmt: skip
+    server = Server(settings)
+    try:
+        with bench_progress(1 + len(counts) + 1) as step:
+            step(f"loading {model or 'the default model'}")
+            server.start()
+            server.worker.ready.wait()
+            if server.worker.load_error is not None:
+                raise SpecchatError(server.worker.load_error)
+            rows = serve_bench(server, prompts, clients=counts, max_tokens=max_new_tokens, step=step)
+    finally:
+        server.stop()
+    served = server.worker.served
+    title = f"specchat serve: {served.name}, drafter {served.drafter}, {len(prompts)} prompts per client, greedy"
+    report([dataclasses.asdict(row) for row in rows], as_json, title=title)

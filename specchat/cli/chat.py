@@ -1,0 +1,105 @@
+"""`specchat chat`: the terminal chat app."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from specchat.checks import check_quantize
+from specchat.cli.common import (
+    AttentionOption,
+    BudgetOption,
+    DeviceOption,
+    DraftCacheOption,
+    DrafterOption,
+    DtypeOption,
+    MinPOption,
+    ModelOption,
+    PenaltyOption,
+    QuantizeOption,
+    SeedOption,
+    SystemOption,
+    TemperatureOption,
+    TopKOption,
+    TopPOption,
+    app,
+    check_drafters,
+    checked_overrides,
+    quiet_transformers,
+    sampling_config,
+)
+from specchat.drafters import DEFAULT_DRAFTER, check_draft_cache
+from specchat.errors import SpecchatError
+
+
+@app.command()
+def chat(
+    model: ModelOption = None,
+    drafter: DrafterOption = DEFAULT_DRAFTER,
+    draft_budget: BudgetOption = None,
+    draft_cache: DraftCacheOption = None,
+    system: SystemOption = None,
+    temperature: TemperatureOption = None,
+    top_k: TopKOption = None,
+    top_p: TopPOption = None,
+    min_p: MinPOption = None,
+    repetition_penalty: PenaltyOption = None,
+    seed: SeedOption = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per answer.")] = 1024,
+    context: Annotated[
+        int | None, typer.Option("--context", help="Most tokens the conversation may hold (default 8192).")
+    ] = None,
+    dtype: DtypeOption = "auto",
+    quantize: QuantizeOption = None,
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+) -> None:
+    """Chat in the terminal: accepted draft tokens are coloured as they stream, with live acceptance figures."""
+    [choice] = check_drafters([drafter], draft_budget)
+    if draft_cache is not None:
+        check_draft_cache(draft_cache, choice)
+    overrides = checked_overrides(
+        dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        penalty=repetition_penalty, seed=seed,
+    )  # fmt: skip
+    from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
+    from specchat.tui.session import ChatSettings, check_settings
+
+    settings = ChatSettings(
+        drafter=drafter, draft_budget=draft_budget, draft_cache=draft_cache, system=system,
+        max_new_tokens=max_new_tokens, context=context,
+    )  # fmt: skip
+    check_settings(settings)
+    check_quantize(quantize, device)
+    resolve_model(model)  # fail fast, before the app starts
+    resolve_device(device)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise SpecchatError("chat needs a terminal; for scripts use `specchat run`")
+    quiet_transformers()
+    from specchat.tui.app import ChatApp
+
+    def loader(progress):
+        loaded = load_model(
+            model, dtype=dtype, quantize=quantize, device=device, attention=attention, progress=progress
+        )
+        return loaded, sampling_config(decoding_defaults(loaded), overrides)
+
+    chat_app = ChatApp(loader, settings)
+    chat_app.run()
+    if chat_app.error is not None:
+        typer.echo(f"error: {chat_app.error}", err=True)
+    _leave(1 if chat_app.error is not None else 0)
+
+
+def _leave(status: int) -> None:
+    """Exit now, without the interpreter's finalization: triton, which transformers imports even on a CPU,
+    reports ~30 lines of nanobind "leaks" there, onto the terminal the chat just gave back."""
+    import atexit
+
+    atexit._run_exitfuncs()  # the terminal's settings are given back here (tui/typeahead.py)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -1,0 +1,147 @@
+"""The `specchat` typer app, the options several commands share, and the checks they run before anything
+slow (none imports torch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Annotated
+
+import typer
+
+from specchat.checks import check_dtype
+from specchat.drafters import DEFAULT_DRAFTER, NAMES, DrafterChoice, parse_drafter
+from specchat.engine.attention import CHOICES as ATTENTION_CHOICES
+from specchat.engine.attention import check_attention
+from specchat.errors import SpecchatError
+
+app = typer.Typer(
+    name="specchat",
+    help="Fast, exact LLM generation with tree speculative decoding.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ModelOption = Annotated[
+    str | None, typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id, local directory or GGUF file.")
+]
+DrafterOption = Annotated[
+    str,
+    typer.Option(
+        "--drafter", "-d", help=f"Drafter: {' | '.join(NAMES)} (default {DEFAULT_DRAFTER}); NAME:DIR for a local checkpoint; A+B merges two."
+    ),
+]
+BudgetOption = Annotated[
+    int | None,
+    typer.Option("--draft-budget", help="Most draft-tree nodes per step (default: chosen for this machine)."),
+]
+DraftCacheOption = Annotated[
+    str | None,
+    typer.Option("--draft-cache", help="What a model or longspec draft reads of a long context: full | streaming | "
+                 "retrieval (the chunks the target attends to). Default: retrieval for model, full for longspec."),
+]  # fmt: skip
+DtypeOption = Annotated[
+    str,
+    typer.Option(
+        help="auto | float32 | bfloat16 | float16. auto: bf16 on GPU; on CPU the embedded model's own 4-bit GGUF "
+        "weights, activations in the faster exact dtype (float32 = dense reference, as transformers)."
+    ),
+]
+QuantizeOption = Annotated[
+    str | None, typer.Option("--quantize", help="int4 | int8: group-wise weight-only quantization on load (CPU).")
+]
+DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
+AttentionOption = Annotated[
+    str,
+    typer.Option(help=f"{' | '.join(ATTENTION_CHOICES)} (auto: hybrid where its Triton kernels run, on a CPU "
+                 "canonical in bf16/fp16, else sdpa)."),
+]
+TemperatureOption = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
+TopKOption = Annotated[int | None, typer.Option("--top-k")]
+TopPOption = Annotated[float | None, typer.Option("--top-p")]
+MinPOption = Annotated[float | None, typer.Option("--min-p")]
+PenaltyOption = Annotated[float | None, typer.Option("--repetition-penalty")]
+SeedOption = Annotated[int | None, typer.Option("--seed")]
+SystemOption = Annotated[str | None, typer.Option("--system", help="System prompt.")]
+DeviceMapOption = Annotated[
+    str | None, typer.Option("--device-map", help="accelerate device map (e.g. auto) for models larger than one GPU.")
+]
+
+
+def csv_list(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def ints(value: str, flag: str) -> list[int]:
+    try:
+        return [int(item) for item in csv_list(value)]
+    except ValueError:
+        raise SpecchatError(f"{flag} takes comma-separated integers, not '{value}'") from None
+
+
+def check_drafters(names: list[str], draft_budget: int | None) -> list[DrafterChoice]:
+    from specchat.engine.budget import MAX_BUDGET
+
+    choices = [parse_drafter(name) for name in names]
+    if draft_budget is not None and not 1 <= draft_budget <= MAX_BUDGET:
+        raise SpecchatError(f"--draft-budget must be between 1 and {MAX_BUDGET}")
+    if draft_budget is not None and {choice.name for choice in choices} == {"none"}:
+        raise SpecchatError("--draft-budget needs a drafter (--drafter none decodes autoregressively)")
+    return choices
+
+
+def load(model: str | None, dtype: str, device: str, attention: str = "auto", quantize: str | None = None):
+    quiet_transformers()
+    from specchat.loading import load_model
+
+    return load_model(model, dtype=dtype, quantize=quantize, device=device, attention=attention)
+
+
+def report(rows: list[dict], as_json: bool, *, title: str, table: list[dict] | None = None) -> None:
+    """`rows` as JSON, or as a table (`table`: the same rows as they read best, when given)."""
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    shown = table or rows
+    grid = Table(*shown[0].keys(), title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for row in shown:
+        grid.add_row(*("-" if v is None else str(v) for v in row.values()))
+    Console().print(grid)
+
+
+def checked_overrides(dtype: str, attention: str, **sampling) -> dict:
+    """Reject bad load and sampling options before anything slow runs; returns the sampling overrides."""
+    check_attention(attention)
+    check_dtype(dtype)
+    sampling_config({}, sampling)
+    return sampling
+
+
+FLAGS = {"top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "penalty": "--repetition-penalty",
+         "temperature": "--temperature", "seed": "--seed"}  # fmt: skip
+
+
+def sampling_config(defaults: dict, overrides: dict, flags: dict[str, str] = FLAGS):
+    from specchat.engine.sampling_config import SamplingConfig
+
+    values = {**defaults, **{k: v for k, v in overrides.items() if v is not None}}
+    names = {f.name for f in dataclasses.fields(SamplingConfig)}
+    try:
+        return SamplingConfig(**{k: v for k, v in values.items() if k in names})
+    except ValueError as error:  # "top_p must be ..." -> "--top-p must be ..."
+        field, _, rest = str(error).partition(" ")
+        raise SpecchatError(f"{flags.get(field, field)} {rest}") from None
+
+
+def quiet_transformers() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()

@@ -1,0 +1,164 @@
+"""`specchat run`: one answer to a prompt, streamed or as a JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from specchat.checks import check_quantize
+from specchat.cli.common import (
+    AttentionOption,
+    BudgetOption,
+    DeviceMapOption,
+    DeviceOption,
+    DraftCacheOption,
+    DrafterOption,
+    DtypeOption,
+    MinPOption,
+    ModelOption,
+    PenaltyOption,
+    QuantizeOption,
+    SeedOption,
+    SystemOption,
+    TemperatureOption,
+    TopKOption,
+    TopPOption,
+    app,
+    check_drafters,
+    checked_overrides,
+    quiet_transformers,
+    sampling_config,
+)
+from specchat.drafters import DEFAULT_DRAFTER, check_draft_cache
+from specchat.errors import SpecchatError
+
+
+@app.command()
+def run(
+    prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from stdin.")],
+    model: ModelOption = None,
+    drafter: DrafterOption = DEFAULT_DRAFTER,
+    draft_budget: BudgetOption = None,
+    draft_cache: DraftCacheOption = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 512,
+    temperature: TemperatureOption = None,
+    top_k: TopKOption = None,
+    top_p: TopPOption = None,
+    min_p: MinPOption = None,
+    repetition_penalty: PenaltyOption = None,
+    seed: SeedOption = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    system: SystemOption = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
+    dtype: DtypeOption = "auto",
+    quantize: QuantizeOption = None,
+    device: DeviceOption = "auto",
+    device_map: DeviceMapOption = None,
+    attention: AttentionOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+) -> None:
+    """Generate a reply to PROMPT and print it (or a JSON report)."""
+    prompt = _read_prompt(prompt)
+    if max_new_tokens < 1:
+        raise SpecchatError("--max-new-tokens must be at least 1")
+    if any(not each for each in stop or ()):
+        raise SpecchatError("--stop takes a non-empty string")
+    [choice] = check_drafters([drafter], draft_budget)
+    if draft_cache is not None:
+        check_draft_cache(draft_cache, choice)
+    overrides = checked_overrides(
+        dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        penalty=repetition_penalty, seed=seed,
+    )  # fmt: skip
+    check_quantize(quantize, device)
+    quiet_transformers()
+    from specchat.drafters import attach_drafter, resolve_drafter
+    from specchat.engine.generate import Engine
+    from specchat.engine.prompt import encode_prompt
+    from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
+
+    source = resolve_model(model)  # fail fast, before the slow imports and loads
+    resolve_drafter(choice, source.profile, source.name)
+    resolve_device(device)
+    loaded = load_model(
+        model, dtype=dtype, quantize=quantize, device=device, device_map=device_map, attention=attention
+    )
+    sampling = sampling_config(decoding_defaults(loaded), overrides)
+    prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + max_new_tokens)
+    choice = attach_drafter(engine, loaded.source, choice, draft_budget=draft_budget, draft_cache=draft_cache)
+
+    tokens, origins, text, stats, finish = [], [], [], None, None
+    try:
+        for event in engine.generate(
+            prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ())
+        ):
+            tokens += event.tokens
+            origins += event.origins
+            text.append(event.text)
+            stats, finish = event.stats, event.finish_reason
+            if not as_json:
+                _out(event.text)
+    except KeyboardInterrupt:  # report what was produced, then exit 130 (main)
+        finish = "interrupted"
+    if stats is None:
+        raise KeyboardInterrupt
+    if as_json:
+        report = {
+            "text": "".join(text),
+            "token_ids": tokens,
+            "origins": origins,
+            "finish_reason": finish,
+            **stats.as_json(),
+            "model": loaded.source.name,
+            "weights": loaded.weights,
+            "dtype": loaded.dtype,
+            "drafter": str(choice),
+            "attention": loaded.model.config._attn_implementation,
+        }
+        _out(json.dumps(report, ensure_ascii=False) + "\n")
+    else:
+        _out("\n")
+        budget_note = f" | budget {stats.mean_budget:.1f}" if choice.name != "none" and stats.steps else ""
+        decode = (f"decode {stats.tokens_per_second:.1f} tok/s | tau {stats.mean_accepted_length:.2f}"
+                  if stats.steps else "no decode step")  # fmt: skip
+        typer.echo(
+            f"[{stats.new_tokens} tokens ({finish}) | prefill {stats.prompt_tokens} tokens "
+            f"{stats.prefill_seconds:.2f} s | {decode}{budget_note} | {loaded.source.name} "
+            f"{loaded.weights}/{loaded.dtype}, drafter {choice}]",
+            err=True,
+        )
+    if finish == "interrupted":
+        raise KeyboardInterrupt
+
+
+def _out(text: str) -> None:
+    """Write to stdout. A reader that left (`specchat run ... | head`) ends the command quietly with exit 0, as
+    command-line tools do (click would exit 1)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os._exit(0)  # no flush of the closed stream at exit
+
+
+def _read_prompt(prompt: str) -> str:
+    """The prompt argument, or stdin for '-': text that is valid UTF-8 and not blank."""
+    if prompt == "-":
+        if sys.stdin.isatty():
+            typer.echo("reading the prompt from stdin (Ctrl-D ends)", err=True)
+        try:
+            prompt = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpecchatError("the prompt on stdin is not valid UTF-8") from None
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable argv bytes arrive as lone surrogates
+        raise SpecchatError("the prompt is not valid UTF-8") from None
+    if not prompt.strip():
+        raise SpecchatError("the prompt is empty")
+    return prompt

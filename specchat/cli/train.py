@@ -1,0 +1,242 @@
+"""`specchat train ...`: training data from a target, then a drafter trained on it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specchat.checks import check_dtype, check_output_dir
+from specchat.cli.common import (
+    DeviceOption,
+    DtypeOption,
+    ModelOption,
+    SeedOption,
+    app,
+    load,
+)
+from specchat.errors import SpecchatError
+
+train_app = typer.Typer(help="Train drafters for a target: data (the target's own answers), then the drafter.")
+app.add_typer(train_app, name="train")
+
+
+@train_app.command("data")
+def train_data(
+    out: Annotated[Path, typer.Option("--out", help="Directory of jsonl shards (created; a rerun resumes).")],
+    model: ModelOption = None,
+    tokens: Annotated[int, typer.Option("--tokens", help="Answer tokens to reach in --out.")] = 300_000,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Longest answer.")] = 320,
+    heldout: Annotated[float, typer.Option("--heldout", help="Fraction of prompts held out.")] = 0.02,
+    sampled: Annotated[float, typer.Option("--sampled", help="Fraction answered with the profile's sampling "
+                                                          "settings; the rest greedy.")] = 0.5,  # fmt: skip
+    seed: SeedOption = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+) -> None:
+    """Self-distillation data: prompts from the Python standard library, the system's package documentation
+    and open-chat prompts, answered by the target itself (the bench's prompts left out)."""
+    if tokens < 1 or max_new_tokens < 1:
+        raise SpecchatError("--tokens and --max-new-tokens must be at least 1")
+    if not (0 <= heldout < 1 and 0 <= sampled <= 1):
+        raise SpecchatError("--heldout must be in [0, 1) and --sampled in [0, 1]")
+    check_dtype(dtype)
+    check_output_dir(out)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from specchat.training.data import DataRecipe, build_data
+    from specchat.training.prompts import all_prompts
+
+    loaded = load(model, dtype, device)
+    recipe = DataRecipe(loaded.source.name, loaded.weights, loaded.dtype, seed or 0, max_new_tokens, heldout, sampled)
+    prompts = all_prompts(recipe.seed)
+    columns = (TextColumn("[bold]data"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} tokens"),
+               TextColumn("{task.fields[records]} prompts · {task.fields[rate]:.0f} tok/s"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("data", total=tokens, records=0, rate=0.0)
+
+        def show(now):
+            bar.update(task, completed=min(now.answer_tokens, tokens), records=now.records, rate=now.tokens_per_second)
+
+        done = build_data(loaded, out, prompts, recipe, tokens=tokens, progress=show)
+    print(f"{out}: {done.records} prompts, {done.answer_tokens} answer tokens ({len(prompts)} prompts available)")
+
+
+DataOption = Annotated[Path, typer.Option("--data", help="Directory of `specchat train data`.")]
+DraftOutOption = Annotated[Path, typer.Option("--out", help="Checkpoint directory (created; --resume goes on).")]
+TargetOption = Annotated[str | None, typer.Option("--target", "--model", "-m", help="The target model.")]
+VocabOption = Annotated[
+    int, typer.Option("--vocab", help="Vocabulary the loss is taken over, most frequent answer tokens first (0: all).")
+]
+EpochsOption = Annotated[float, typer.Option("--epochs", help="Passes over the training samples.")]
+BatchOption = Annotated[int, typer.Option("--batch", help="Samples per optimizer step (accumulated).")]
+LrOption = Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine, 10% warm-up).")]
+CheckpointOption = Annotated[float, typer.Option("--checkpoint-minutes", help="Minutes between checkpoints.")]
+ResumeOption = Annotated[bool, typer.Option("--resume", help="Go on with the run in --out.")]
+PrecisionOption = Annotated[str, typer.Option("--precision", help="bf16 (autocast), fp32, or auto: bf16 on a GPU or a CPU with bf16 instructions.")]
+
+
+@train_app.command("longspec")
+def train_longspec(
+    data: DataOption,
+    out: DraftOutOption,
+    target: TargetOption = None,
+    epochs: EpochsOption = 3.0,
+    batch: BatchOption = 16,
+    lr: LrOption = 5e-4,
+    vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary trained over, most frequent first (0: all); "
+                                                       "the shipped one is chosen by measured speed.")] = 0,  # fmt: skip
+    checkpoint_minutes: CheckpointOption = 5.0,
+    resume: ResumeOption = False,
+    eval_prompts: Annotated[int, typer.Option("--eval-prompts", help="Held-out prompts decoded at the end.")] = 16,
+    precision: PrecisionOption = "auto",
+    seed: SeedOption = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+) -> None:
+    """A LongSpec draft layer for the target: anchor-offset positions, lag training, loss through the target's
+    frozen LM head; then the draft vocabulary whose decoding is fastest here."""
+    if eval_prompts < 1:
+        raise SpecchatError("--eval-prompts must be at least 1")
+    from specchat.training.train_longspec import train_longspec as run_training
+
+    summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
+                             precision, seed, dtype, device, eval_prompts=eval_prompts)  # fmt: skip
+    for row in summary["vocab_measurements"]:
+        print(f"  vocab {row['vocab']}: tau {row['tau']:.2f}, {row['tokens_per_second']:.1f} tok/s, {row['speedup']:.2f}x AR")
+    print(f"{out}: LongSpec drafter, draft vocabulary {summary['draft_vocab']}; use --drafter longspec:{out}")
+
+
+@train_app.command("glide")
+def train_glide(
+    data: DataOption,
+    out: DraftOutOption,
+    target: TargetOption = None,
+    epochs: EpochsOption = 3.0,
+    batch: BatchOption = 16,
+    lr: LrOption = 5e-4,
+    vocab: VocabOption = 0,
+    checkpoint_minutes: CheckpointOption = 5.0,
+    resume: ResumeOption = False,
+    precision: PrecisionOption = "auto",
+    seed: SeedOption = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+) -> None:
+    """A one-layer GLIDE draft for the target: its embedding and LM head the target's, cross-attention to the
+    target's last layer under GLIDE's block-wise lag (blocks of 5)."""
+    from specchat.training.train_glide import train_glide as run_training
+
+    summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
+                             precision, seed, dtype, device)  # fmt: skip
+    last = summary["log"][-1] if summary["log"] else {}
+    print(f"{out}: GLIDE drafter, held-out chain tau {last.get('heldout_chain_tau', float('nan')):.2f}; "
+          f"use --drafter glide:{out}")  # fmt: skip
+
+
+@train_app.command("tokenswift")
+def train_tokenswift(
+    data: DataOption,
+    out: DraftOutOption,
+    target: TargetOption = None,
+    epochs: EpochsOption = 3.0,
+    batch: BatchOption = 16,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine after --warmup-steps).")] = 5e-3,
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")] = 50,
+    vocab: VocabOption = 0,
+    checkpoint_minutes: CheckpointOption = 5.0,
+    resume: ResumeOption = False,
+    precision: PrecisionOption = "auto",
+    seed: SeedOption = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+) -> None:
+    """TokenSwift's three multi-token heads for the target: chained residual blocks on its last hidden state,
+    guessing tokens t+2..t+4 through its frozen LM head (TokenSwift's recipe: LR 5e-3, 50 warm-up steps)."""
+    if warmup_steps < 0:
+        raise SpecchatError("--warmup-steps must be at least 0")
+    from specchat.training.train_tokenswift import BETAS
+    from specchat.training.train_tokenswift import train_tokenswift as run_training
+
+    summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
+                             precision, seed, dtype, device,
+                             recipe_options={"betas": BETAS, "warmup_steps": warmup_steps})  # fmt: skip
+    last = summary["log"][-1] if summary["log"] else {}
+    accuracy = ", ".join(f"{last.get(f'heldout_head{i + 1}_top1', float('nan')):.2f}" for i in range(summary["gamma"]))
+    print(f"{out}: TokenSwift heads, held-out top-1 {accuracy} (heads 1..{summary['gamma']}), "
+          f"chain tau {last.get('heldout_chain_tau', float('nan')):.2f}")  # fmt: skip
+
+
+@train_app.command("model-drafter")
+def train_model_drafter(
+    data: DataOption,
+    out: DraftOutOption,
+    target: TargetOption = None,
+    layers: Annotated[int, typer.Option("--layers", help="The target's first layers the student starts as.")] = 2,
+    epochs: EpochsOption = 3.0,
+    batch: BatchOption = 16,
+    lr: LrOption = 5e-4,
+    vocab: VocabOption = 0,
+    checkpoint_minutes: CheckpointOption = 5.0,
+    resume: ResumeOption = False,
+    precision: PrecisionOption = "auto",
+    seed: SeedOption = None,
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16: the target's dense weights the student starts "
+                                            "as (not the embedded GGUF's 4-bit ones).")] = "float32",  # fmt: skip
+    device: DeviceOption = "auto",
+) -> None:
+    """A standalone draft model for the target: its first --layers layers and final norm, distilled towards
+    its greedy tokens over its own embedding and LM head (shared, frozen and not stored)."""
+    from specchat.training.train_model_drafter import train_model_drafter as run_training
+
+    summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
+                             precision, seed, dtype, device, layers=layers)  # fmt: skip
+    last = summary["log"][-1] if summary["log"] else {}
+    print(f"{out}: {summary['layers']}-layer draft model ({summary['checkpoint_bytes'] / 1e6:.1f} MB), held-out chain "
+          f"tau {last.get('heldout_chain_tau', float('nan')):.2f}; use --drafter model:{out}")  # fmt: skip
+
+
+def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume, precision,
+                   seed, dtype, device, recipe_options: dict | None = None, **options) -> dict:  # fmt: skip
+    """Check the shared options, load the target and run `run_training` under a progress display;
+    `recipe_options` set recipe fields the shared options do not."""
+    if not all(0 < value < math.inf for value in (epochs, lr, checkpoint_minutes)) or batch < 1 or vocab < 0:
+        raise SpecchatError("--epochs, --lr, --checkpoint-minutes must be positive numbers, --batch at least 1, "
+                            "--vocab >= 0")  # fmt: skip
+    if precision not in ("auto", "bf16", "fp32"):
+        raise SpecchatError(f"--precision must be auto, bf16 or fp32, not {precision}")
+    check_dtype(dtype)
+    check_output_dir(out)
+    if not (data / "recipe.json").is_file():
+        raise SpecchatError(f"{data} holds no training data; make it with `specchat train data --out {data}`")
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from specchat.training.trainer import TrainRecipe, bf16_autocast_pays
+
+    loaded = load(target, dtype, device)
+    if precision == "auto":
+        precision = "bf16" if bf16_autocast_pays(loaded.model.device) else "fp32"
+    recipe = TrainRecipe(epochs=epochs, batch=batch, lr=lr, seed=seed or 0, autocast=precision == "bf16",
+                         **(recipe_options or {}))  # fmt: skip
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+    with Progress(*columns, transient=False) as bar:
+
+        def stage(name: str, total: int):
+            task = bar.add_task(name, total=total or None, info="")
+            return lambda count: bar.update(task, advance=count, info=f"{bar.tasks[task].completed:,.0f}/{total:,} tokens")
+
+        train_task = None
+
+        def show(now):
+            nonlocal train_task
+            if train_task is None:
+                train_task = bar.add_task("training", total=now.steps, info="")
+            last = now.log[-1] if now.log else {}
+            heldout = f" · held-out tau {last['heldout_chain_tau']:.2f}" if last else ""
+            bar.update(train_task, completed=now.step,
+                       info=f"step {now.step}/{now.steps} · loss {now.loss:.3f} · {now.tokens_per_second:.0f} tok/s{heldout}")  # fmt: skip
+
+        return run_training(loaded, data, out, recipe, vocab=vocab, resume=resume, checkpoint_minutes=checkpoint_minutes,
+                            stage=stage, progress=show, **options)  # fmt: skip

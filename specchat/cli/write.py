@@ -1,0 +1,151 @@
+"""`specchat write`: a long text written to a file as it is generated, resumable."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specchat.checks import check_output_file
+from specchat.cli.common import (
+    FLAGS,
+    AttentionOption,
+    BudgetOption,
+    DeviceOption,
+    DtypeOption,
+    ModelOption,
+    SeedOption,
+    TemperatureOption,
+    TopKOption,
+    TopPOption,
+    app,
+    check_drafters,
+    checked_overrides,
+    quiet_transformers,
+    sampling_config,
+)
+from specchat.drafters import NAMES, parse_drafter
+from specchat.errors import SpecchatError
+
+
+@app.command("write")
+def write(
+    out: Annotated[Path, typer.Option("--out", "-o", help="The book's text file (ids and state are kept beside it).")],
+    tokens: Annotated[int | None, typer.Option("--tokens", help="Tokens to write (default 100000; --resume: the book's).")] = None,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="What to write (default: a long novel).")] = None,
+    prompt_file: Annotated[Path | None, typer.Option("--prompt-file", help="Read the prompt from this file.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Continue the prompt as text, without the chat template.")] = False,
+    model: ModelOption = None,
+    drafter: Annotated[str | None, typer.Option("--drafter", "-d", help=f"{' | '.join(NAMES)}; A+B merges two (default: the model's best).")] = None,
+    draft_budget: BudgetOption = None,
+    draft_kv_budget: Annotated[int | None, typer.Option("--draft-kv-budget", help="tokenswift: KV slots its draft forward reads (default 4096; 0 = the whole cache).")] = None,
+    penalty: Annotated[float | None, typer.Option("--penalty", help="Contextual penalty theta (default 1.2; 1 = off).")] = None,
+    penalty_window: Annotated[int | None, typer.Option("--penalty-window", help="Tokens the penalty looks back (default 1024).")] = None,
+    temperature: TemperatureOption = None,
+    top_k: TopKOption = None,
+    top_p: TopPOption = None,
+    min_p: Annotated[float | None, typer.Option("--min-p", help="Default 0.1, keeping at least 20 tokens.")] = None,
+    seed: SeedOption = None,
+    stop_at_eos: Annotated[bool | None, typer.Option("--stop-at-eos/--ignore-eos", help="End the book where the model ends its text (default: write on to --tokens).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Go on with the book in --out, exactly where it stopped.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Write a long text to a file as it is generated (TokenSwift's settings); Ctrl-C stops, --resume goes on."""
+    from specchat.writer import settings as book_defaults
+
+    if tokens is not None and tokens < 1:
+        raise SpecchatError("--tokens must be at least 1")
+    if resume and force:
+        raise SpecchatError("--resume continues the book and --force overwrites it: choose one")
+    if not resume:
+        check_output_file(out, force=force)
+    if prompt is not None and prompt_file is not None:
+        raise SpecchatError("give the prompt as --prompt or --prompt-file, not both")
+    if prompt_file is not None:
+        try:
+            prompt = prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise SpecchatError(f"cannot read the prompt file {prompt_file}: {getattr(error, 'strerror', None) or error}") from None
+    if prompt is not None and not prompt.strip():
+        raise SpecchatError("the prompt is empty")
+    if drafter is not None:
+        check_drafters([drafter], draft_budget)
+    if draft_kv_budget is not None and draft_kv_budget != 0 and draft_kv_budget <= 16:
+        raise SpecchatError("--draft-kv-budget must be 0 (the whole cache) or more than the 16 sink tokens")
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "penalty": penalty,
+             "penalty_window": penalty_window, "seed": seed}  # fmt: skip
+    defaults = {"temperature": book_defaults.TEMPERATURE, "top_k": 0, "top_p": 1.0, "min_p": book_defaults.MIN_P,
+                "min_p_keep": book_defaults.MIN_P_KEEP, "penalty": book_defaults.PENALTY,
+                "penalty_window": book_defaults.PENALTY_WINDOW}  # fmt: skip
+    flags = {**FLAGS, "penalty": "--penalty", "penalty_window": "--penalty-window"}
+    sampling = dataclasses.asdict(sampling_config(defaults, given, flags))
+    checked_overrides(dtype, attention)
+
+    from specchat.writer.book import Book
+
+    book = Book.open(out) if resume else None  # a bad state file fails before the model loads
+    if book is not None:
+        model = model or book.settings.model
+        tokens = tokens or max(book.progress.target, book.progress.tokens)
+        if book.progress.finished == "eos":
+            raise SpecchatError(f"{out} ended where the model ended its text ({book.progress.tokens} tokens)")
+        if tokens <= book.progress.tokens:
+            raise SpecchatError(f"{out} holds {book.progress.tokens} tokens already; ask for more with --tokens")
+    tokens = tokens or 100_000
+    quiet_transformers()
+    from rich.console import Console
+
+    from specchat.drafters import attach_drafter, resolve_drafter
+    from specchat.loading import load_model, resolve_device, resolve_model
+    from specchat.writer.display import report_json, report_lines, write_progress
+    from specchat.writer.start import new_book, resumed_book, writer_drafter
+    from specchat.writer.write import write_book
+
+    source = resolve_model(model)
+    choice = resolve_drafter(parse_drafter(drafter or writer_drafter(source.profile)), source.profile, source.name)
+    if draft_kv_budget is not None and choice.name != "tokenswift":
+        raise SpecchatError(f"--draft-kv-budget is for the tokenswift drafter, not {choice}")
+    resolve_device(device)
+    loaded = load_model(model, dtype=dtype, device=device, attention=attention)
+    if book is None:
+        book, engine = new_book(loaded, out, tokens, prompt or book_defaults.STORY, raw=raw, sampling=sampling,
+                                stop_at_eos=bool(stop_at_eos), force=force)  # fmt: skip
+    else:
+        engine = resumed_book(loaded, book, tokens, prompt=prompt, raw=raw, given=given, stop_at_eos=stop_at_eos)
+    book.progress.target, book.progress.finished = tokens, None
+    book.save()
+    attach_drafter(engine, loaded.source, choice, draft_budget=draft_budget, kv_budget=draft_kv_budget)
+    console = Console(stderr=True)
+    if book.progress.tokens == 0:
+        console.print(f"[dim]prompt ({book.settings.prompt_tokens} tokens):[/dim] {prompt or book_defaults.STORY}")
+    _stop_on_sigterm()
+    try:
+        with write_progress(console, book.progress.tokens, tokens) as update:
+            report = write_book(engine, book, tokens, status=update, warn=lambda m: console.print(f"warning: {m}"))
+    except KeyboardInterrupt:
+        console.print(f"stopped at {book.progress.tokens} tokens; `specchat write --out {out} --resume` goes on")
+        raise
+    finally:
+        book.close()
+    if as_json:
+        print(json.dumps(report_json(report)))
+    else:
+        for line in report_lines(report, out):
+            console.print(line)
+
+
+def _stop_on_sigterm() -> None:
+    """`kill` stops a write as Ctrl-C does: the book's state is saved on the way out."""
+    import signal
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
