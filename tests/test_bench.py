@@ -74,3 +74,15 @@ def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
     assert "int4-g32·bf16" in out and "110.3" in out and "1.46x" in out
     _report([row.as_dict() for row in rows], True, title="t")
     assert json.loads(capsys.readouterr().out)[1]["tokens_per_second"] == 110.321  # JSON keeps the fields
+
+
+def test_bench_logits_scores_the_embedded_model_against_its_dequantized_weights():
+    """Our kernels on the Q4_1 blocks against gguf-py's dequantization run in fp32: a broken block layout or
+    scale would put the top token wrong at most positions and the KL far above bf16's rounding."""
+    from specchat.bench.logits import logits_accuracy, text_ids
+    from specchat.loading import embedded_gguf_path, load_model
+
+    loaded = load_model(None, dtype="auto", device="cpu")
+    [row] = logits_accuracy(loaded, embedded_gguf_path(), text_ids(loaded.tokenizer, 48), llamacpp=False)
+    assert row.tokens == 48 and row.source.startswith("specchat (q4_1")
+    assert row.mean_kl < 0.02 and row.top1_agreement > 0.85 and 0 < row.rms_error < 0.5

@@ -97,30 +97,30 @@ def chat(server, messages, **fields) -> str:
 
 def test_a_greedy_answer_is_what_specchat_run_prints(server):
     run = subprocess.run([sys.executable, "-m", "specchat", "run", COLOURS[0]["content"], "--temperature", "0",
-                          "-n", "40", "--json"], capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+                          "-n", "24", "--json"], capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
     expected = json.loads(run.stdout)
-    reply = server.client().chat.completions.create(model=MODEL, messages=COLOURS, temperature=0, max_tokens=40)
+    reply = server.client().chat.completions.create(model=MODEL, messages=COLOURS, temperature=0, max_tokens=24)
     [choice] = reply.choices
     assert choice.message.content == expected["text"] and choice.message.role == "assistant"
     assert choice.finish_reason == "length"
-    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (expected["prompt_tokens"], 40)
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (expected["prompt_tokens"], 24)
     figures = reply.model_extra["specchat"]
     assert figures["origins"] == expected["origins"] and figures["drafter"] == "ngram"
     assert figures["drafted_tokens"] == sum(origin != "target" for origin in expected["origins"])
 
 
 def test_a_stream_carries_the_same_answer_its_origins_and_the_usage(server):
-    whole = chat(server, COLOURS, max_tokens=30)
+    whole = chat(server, COLOURS, max_tokens=20)
     chunks = list(server.client().chat.completions.create(
-        model=MODEL, messages=COLOURS, temperature=0, max_tokens=30, stream=True,
+        model=MODEL, messages=COLOURS, temperature=0, max_tokens=20, stream=True,
         stream_options={"include_usage": True},
     ))  # fmt: skip
     assert chunks[0].choices[0].delta.role == "assistant"
     *body, finish, usage = chunks
     assert "".join(chunk.choices[0].delta.content or "" for chunk in body) == whole
-    assert sum(len(chunk.model_extra["specchat"]["origins"]) for chunk in body[1:]) == 30
+    assert sum(len(chunk.model_extra["specchat"]["origins"]) for chunk in body[1:]) == 20
     assert finish.choices[0].finish_reason == "length" and finish.model_extra["specchat"]["mean_accepted_length"] >= 1
-    assert usage.choices == [] and usage.usage.completion_tokens == 30
+    assert usage.choices == [] and usage.usage.completion_tokens == 20
 
 
 def test_completions_continue_text_and_stop_at_a_stop_string(server):

@@ -333,3 +333,32 @@ def bench_serve(
     served = server.worker.served
     title = f"specchat serve: {served.name}, drafter {served.drafter}, {len(prompts)} prompts per client, greedy"
     report([dataclasses.asdict(row) for row in rows], as_json, title=title)
+
+
+@bench_app.command("logits")
+def bench_logits(
+    model: ModelOption = None,
+    tokens: Annotated[int, typer.Option("--tokens", help="Positions of real text scored.")] = 512,
+    llamacpp: Annotated[bool, typer.Option("--llamacpp", help="Also score llama.cpp's logits on the same file.")] = False,
+    dtype: DtypeOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Logits of a GGUF model on its own blocks against the same file dequantized and run in fp32 (and
+    llama.cpp's): mean KL, top-1 agreement, logit errors over a real text."""
+    if tokens < 2:
+        raise SpecchatError("--tokens must be at least 2")
+    check_dtype(dtype)
+    quiet_transformers()
+    from pathlib import Path
+
+    from specchat.bench.logits import logits_accuracy, text_ids
+    from specchat.loading import embedded_gguf_path, profile_gguf, resolve_model
+
+    source = resolve_model(model)
+    if not source.gguf and not source.embedded:
+        raise SpecchatError("bench logits scores GGUF models (the embedded one, a GGUF profile or file)")
+    path = embedded_gguf_path() if source.embedded else profile_gguf(source.profile) if source.profile else Path(source.location)
+    loaded = load(model, dtype, "cpu")
+    rows = logits_accuracy(loaded, path, text_ids(loaded.tokenizer, tokens), llamacpp=llamacpp)
+    report([dataclasses.asdict(row) for row in rows], as_json,
+           title=f"{source.name}: logits against its weights dequantized by gguf-py in fp32")  # fmt: skip

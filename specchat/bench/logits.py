@@ -1,0 +1,95 @@
+"""`specchat bench logits`: how far our logits on a GGUF's own blocks are from exact arithmetic, next to
+llama.cpp's on the same file.
+
+The reference is the file's weights dequantized by gguf-py (transformers' GGUF loader) and run densely in
+fp32: what the quantized model computes with no rounding but the quantization's own. Ours come from the
+engine's forward on the blocks (bf16 or fp32 activations, as `--dtype` says); llama.cpp's from
+llama-cpp-python with `logits_all`. Each is scored against the reference at every position of a real text:
+mean KL divergence (nats), how often the top token agrees, and the largest and root-mean-square logit error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specchat.errors import SpecchatError
+
+
+@dataclass(frozen=True)
+class LogitsRow:
+    source: str  # whose logits: "specchat (...)" or "llama.cpp"
+    tokens: int
+    mean_kl: float  # KL(reference || these), nats per position
+    top1_agreement: float  # positions whose most likely token is the reference's
+    max_abs_error: float
+    rms_error: float
+
+
+def logits_accuracy(loaded, path: Path, ids: list[int], *, llamacpp: bool) -> list[LogitsRow]:
+    """`loaded`: the GGUF at `path` on its own blocks; `ids`: the text's token ids."""
+    reference = _reference_logits(path, loaded, ids)
+    rows = [_score(f"specchat ({loaded.weights}, {loaded.dtype})", _our_logits(loaded, ids), reference)]
+    if llamacpp:
+        rows.append(_score("llama.cpp", _llamacpp_logits(path, ids), reference))
+    return rows
+
+
+def text_ids(tokenizer, tokens: int) -> list[int]:
+    """`tokens` token ids of real text that every machine has: the Python standard library's own source."""
+    import argparse
+    import inspect
+
+    ids = tokenizer(inspect.getsource(argparse))["input_ids"][:tokens]
+    if len(ids) < tokens:
+        raise SpecchatError(f"the text has only {len(ids)} tokens")
+    return ids
+
+
+@torch.inference_mode()
+def _reference_logits(path: Path, loaded, ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    from specchat.loading import gguf_checkpoint
+
+    model = AutoModelForCausalLM.from_pretrained(gguf_checkpoint(path), gguf_file=str(path.resolve()),
+                                                 dtype=torch.float32)  # fmt: skip
+    logits = model(torch.tensor([ids])).logits[0].float()
+    del model
+    return logits
+
+
+@torch.inference_mode()
+def _our_logits(loaded, ids: list[int]) -> torch.Tensor:
+    from specchat.engine.generate import Engine
+
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(ids) + 1)
+    hidden = engine.target_states(ids)
+    return loaded.model.lm_head(loaded.model.model.norm(hidden)).float()
+
+
+def _llamacpp_logits(path: Path, ids: list[int]) -> torch.Tensor:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        raise SpecchatError('--llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]"') from None
+    llm = Llama(str(path), n_ctx=len(ids) + 8, n_batch=512, logits_all=True, n_threads=torch.get_num_threads(),
+                verbose=False)  # fmt: skip
+    llm.eval(ids)
+    return torch.from_numpy(llm.scores[: len(ids)].copy()).float()
+
+
+def _score(source: str, logits: torch.Tensor, reference: torch.Tensor) -> LogitsRow:
+    error = logits - reference
+    log_ref, log_ours = reference.log_softmax(-1), logits.log_softmax(-1)
+    kl = (log_ref.exp() * (log_ref - log_ours)).sum(-1)
+    return LogitsRow(
+        source=source,
+        tokens=reference.shape[0],
+        mean_kl=round(float(kl.mean()), 6),
+        top1_agreement=round(float((logits.argmax(-1) == reference.argmax(-1)).float().mean()), 4),
+        max_abs_error=round(float(error.abs().max()), 4),
+        rms_error=round(float(error.pow(2).mean().sqrt()), 4),
+    )
