@@ -10,14 +10,15 @@ import sys
 import time
 
 import pytest
+from cli_fork import run_specchat
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def specchat(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "specchat", *args], input=stdin, capture_output=True, text=True, env=ENV, timeout=300
-    )
+    """`python -m specchat ARGS` in a process of its own, forked from an interpreter that has imported torch and
+    transformers already (`cli_fork.py`: a cold start costs ~6 s of imports)."""
+    return run_specchat(args, env=ENV, stdin=stdin, timeout=300)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
