@@ -153,7 +153,7 @@ def test_llama31_8b_shapes():
 def test_cli_attention_json():
     result = specchat(
         "bench", "attention", "--context", "16,64", "--tree", "4", "--heads", "4", "--kv-heads", "2",
-        "--head-dim", "16", "--dtype", "float32", "--device", "cpu", "--repeats", "1", "--json",
+        "--head-dim", "16", "--dtype", "float32", "--device", "cpu", "--repeats", "1", "--json", warm=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
@@ -192,7 +192,7 @@ def test_cli_verify_cost_with_llama_shapes():
     """One layer of Llama-3.1-8B's shapes still means 4 GB of fp32 embeddings and LM head: ~12 s here."""
     result = specchat(
         "bench", "verify-cost", "--layers", "1", "--context", "8", "--tree", "1", "--repeats", "1",
-        "--dtype", "float32", "--device", "cpu", "--attention", "hybrid", "--json",
+        "--dtype", "float32", "--device", "cpu", "--attention", "hybrid", "--json", warm=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from cli_fork import run_specchat
+from cli_fork import run_specchat, start_specchat
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
@@ -20,16 +20,11 @@ def specchat(*args: str, stdin: str | None = None, warm: bool = False) -> subpro
     model, or a check that needs torch): the process is forked from an interpreter that has imported torch and
     transformers already (`cli_fork.py`), which saves the ~6 s of a cold start's imports; a command that exits
     before importing torch is quicker cold (a fork carries torch's ~2 s of interpreter exit)."""
-    _t = time.time()
-    if warm and not os.environ.get("COLDALL"):
-        r = run_specchat(args, env=ENV, stdin=stdin, timeout=300)
-    else:
-        r = subprocess.run(
+    if warm:
+        return run_specchat(args, env=ENV, stdin=stdin, timeout=300)
+    return subprocess.run(
         [sys.executable, "-m", "specchat", *args], input=stdin, capture_output=True, text=True, env=ENV, timeout=300
     )
-    with open("/tmp/perf/calls.log", "a") as f:
-        f.write(f"{time.time()-_t:.2f} warm={warm} {args}\n")
-    return r
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
@@ -113,14 +108,14 @@ CHECKED_WITH_TORCH = {
 
 @pytest.mark.slow
 def test_prompt_longer_than_the_context(default_model):
-    result = specchat("run", "-", "--max-new-tokens", "4", stdin="word " * 9000)
+    result = specchat("run", "-", "--max-new-tokens", "4", stdin="word " * 9000, warm=True)
     assert_one_line_error(result, "tokens; the context holds")
 
 
 @pytest.mark.slow
 def test_run_json_report(default_model):
     result = specchat("run", "What is the capital of France?", "--temperature", "0", "--json", "-n", "24",
-                      "--drafter", "none")  # fmt: skip
+                      "--drafter", "none", warm=True)  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert "Paris" in report["text"]
@@ -135,14 +130,14 @@ def test_run_json_report(default_model):
 
 @pytest.mark.slow
 def test_run_streams_text_and_a_stats_line(default_model):
-    result = specchat("run", "Say hello.", "--temperature", "0", "-n", "16", "--seed", "1")
+    result = specchat("run", "Say hello.", "--temperature", "0", "-n", "16", "--seed", "1", warm=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "tok/s" in result.stderr.splitlines()[-1]
 
 
 def test_models_lists_profiles_and_availability():
-    result = specchat("models")
+    result = specchat("models", warm=True)
     assert result.returncode == 0, result.stderr
     for alias in ("smollm2-135m", "llama3.1-8b", "llama3-8b-262k", "qwen2.5-7b", "vicuna-7b-16k", "qwq-32b"):
         assert alias in result.stdout
@@ -167,8 +162,8 @@ def test_run_with_a_local_longspec_checkpoint_matches_autoregressive(default_mod
     save_longspec(tmp_path / "draft", LongSpecLayer(LongSpecConfig.for_target(default_model.model.config)),
                   draft_vocab=torch.arange(8192))  # fmt: skip
     common = ("run", "Name three colours.", "--temperature", "0", "--json", "-n", "24")
-    ar = json.loads(specchat(*common, "--drafter", "none").stdout)
-    result = specchat(*common, "--drafter", f"longspec:{tmp_path / 'draft'}", "--draft-budget", "7")
+    ar = json.loads(specchat(*common, "--drafter", "none", warm=True).stdout)
+    result = specchat(*common, "--drafter", f"longspec:{tmp_path / 'draft'}", "--draft-budget", "7", warm=True)
     assert result.returncode == 0, result.stderr
     spec = json.loads(result.stdout)
     assert spec["token_ids"] == ar["token_ids"]
@@ -179,8 +174,8 @@ def test_run_with_a_local_longspec_checkpoint_matches_autoregressive(default_mod
 def test_run_ngram_reports_drafted_tokens_and_matches_autoregressive(default_model):
     prompt = "Repeat this list exactly, twice: red, green, blue, yellow, purple, orange, black, white."
     common = ("run", prompt, "--temperature", "0", "--json", "-n", "48")
-    ar = json.loads(specchat(*common, "--drafter", "none").stdout)
-    spec = json.loads(specchat(*common, "--drafter", "ngram", "--draft-budget", "8").stdout)
+    ar = json.loads(specchat(*common, "--drafter", "none", warm=True).stdout)
+    spec = json.loads(specchat(*common, "--drafter", "ngram", "--draft-budget", "8", warm=True).stdout)
     assert spec["token_ids"] == ar["token_ids"]
     assert spec["drafter"] == "ngram" and spec["draft_budget"] == 8
     assert "ngram" in spec["origins"] and spec["mean_accepted_length"] > 1.0
@@ -202,7 +197,7 @@ def test_input_that_is_not_utf8_is_refused():
 
 
 def test_chat_refuses_to_run_without_a_terminal():
-    assert_one_line_error(specchat("chat", stdin=""), "chat needs a terminal")
+    assert_one_line_error(specchat("chat", stdin="", warm=True), "chat needs a terminal")
 
 
 def refused_before_loading(*args: str) -> subprocess.CompletedProcess:
@@ -225,7 +220,7 @@ def test_train_refuses_bad_output_and_options_before_loading():
         (("train", "glide", "--data", "/no/data", "--out", "o", "--lr", "nan"), "--lr"),
         (("train", "model-drafter", "--data", "/no/data", "--out", "o", "--epochs", "inf"), "--epochs"),
     ]:
-        assert_one_line_error(specchat(*args), needle)
+        assert_one_line_error(specchat(*args, warm=True), needle)
 
 
 def test_option_errors_do_not_import_torch():
@@ -270,7 +265,7 @@ def test_the_attention_help_lists_every_choice():
 
 @pytest.mark.slow
 def test_run_without_a_decode_step_says_so(default_model):
-    result = specchat("run", "Say hello.", "-n", "1")
+    result = specchat("run", "Say hello.", "-n", "1", warm=True)
     assert result.returncode == 0, result.stderr
     assert "no decode step" in result.stderr and "0.0 tok/s" not in result.stderr
 
@@ -279,8 +274,7 @@ def _interrupted(*args: str, wait: float | None = None) -> tuple[subprocess.Comp
     """`specchat ARGS` sent SIGINT (Ctrl-C) once it has streamed some output, or after `wait` seconds when
     nothing streams (--json); also the seconds it ran before the signal."""
     start = time.monotonic()
-    process = subprocess.Popen([sys.executable, "-m", "specchat", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+    process = start_specchat(args, env=ENV)  # forked from a warm interpreter (cli_fork.py), signalled by its pid
     if wait is None:
         process.stdout.read(20)  # the answer is streaming
     else:

@@ -32,7 +32,7 @@ from chi_square import assert_fits, assert_rejected
 from conftest import tiny_model
 from test_cli import assert_one_line_error, specchat
 from test_longspec import generate, random_layer
-from test_sampling_verification import PROMPT, SAMPLES, TOKENS, Target, exact_joint
+from test_sampling_verification import PROMPT, TOKENS, Target, exact_joint
 
 from specchat.drafters import DrafterChoice, build_drafter, parse_drafter, resolve_drafter
 from specchat.drafters.composite import CompositeDrafter, merge_trees
@@ -363,6 +363,11 @@ class KeepsEveryDraftRow(OneEach):
         return replace(tree, draft_probs=probs)
 
 
+# More than test_sampling_verification's 1000: the unsound merge biases the output only where a sample meets an
+# n-gram token, and its chi2 is ~90 at 2000 samples (45-77 at 1000) against 59.7, the critical value at p = 0.001.
+SAMPLES = 2000
+
+
 def sampled_outputs(engine: Engine, sampling: SamplingConfig) -> tuple[Counter, Counter]:
     outputs, origins = Counter(), Counter()
     for seed in range(SAMPLES):
@@ -450,7 +455,7 @@ def test_composites_resolve_and_build_per_part(tmp_path, tokenizer):
     ],
 )
 def test_bad_composites_are_one_line_in_the_cli(args, needles):
-    assert_one_line_error(specchat(*args), *needles)
+    assert_one_line_error(specchat(*args, warm=True), *needles)
 
 
 @pytest.mark.slow
@@ -460,9 +465,9 @@ def test_run_with_a_local_longspec_checkpoint_and_ngram_matches_autoregressive(d
                   draft_vocab=torch.arange(8192))  # fmt: skip
     prompt = "Repeat this list exactly, twice: red, green, blue, yellow, purple, orange, black, white."
     common = ("run", prompt, "--temperature", "0", "--json", "-n", "48")
-    ar = json.loads(specchat(*common, "--drafter", "none").stdout)
+    ar = json.loads(specchat(*common, "--drafter", "none", warm=True).stdout)
     drafter = f"longspec:{tmp_path / 'draft'}+ngram"
-    result = specchat(*common, "--drafter", drafter, "--draft-budget", "8")
+    result = specchat(*common, "--drafter", drafter, "--draft-budget", "8", warm=True)
     assert result.returncode == 0, result.stderr
     spec = json.loads(result.stdout)
     assert spec["token_ids"] == ar["token_ids"]

@@ -6,8 +6,6 @@ transformers' forward (fp32). Files that cannot run are refused in one line."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ import torch
 from drafters_for_tests import RandomTreeDrafter
 from gguf import GGMLQuantizationType as Q
 from gguf_files import random_blocks, write_tiny_model
+from test_cli import specchat
 
 from specchat.drafters.ngram import NgramDrafter
 from specchat.engine.generate import Engine
@@ -131,12 +130,10 @@ def _with_q2_k(path):
 
 
 def test_cli_runs_a_gguf_path(tiny_gguf):
-    result = subprocess.run([sys.executable, "-m", "specchat", "run", "Hi", "--model", str(tiny_gguf), "-n", "8",
-                             "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = specchat("run", "Hi", "--model", str(tiny_gguf), "-n", "8", "--temperature", "0", "--json", warm=True)
     assert result.returncode == 0, result.stderr
     assert '"weights": ' in result.stdout and '"new_tokens": 8' in result.stdout
-    missing = subprocess.run([sys.executable, "-m", "specchat", "run", "Hi", "--model", "./nope.gguf"],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    missing = specchat("run", "Hi", "--model", "./nope.gguf", warm=True)
     assert missing.returncode != 0 and missing.stderr.strip().count("\n") == 0
     assert "no such GGUF file" in missing.stderr
 

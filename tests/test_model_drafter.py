@@ -200,8 +200,10 @@ def test_needle_retrieval_drafts_the_copied_fact_streaming_cannot(default_model)
     [needle_at] = [i for i in range(len(prompt)) if prompt[i : i + len(secret)] == secret]
     assert len(prompt) - needle_at > 1056 + 256, (len(prompt), needle_at)
     drafted = {}
+    # one engine: the second request reuses the target's cache of the prompt (a 2.3K-token prefill in fp32);
+    # each drafter is new and reads the whole prompt into its own cache
+    engine = Engine(default_model.model, tokenizer, max_len=len(prompt) + 32)
     for policy in ("streaming", "retrieval"):
-        engine = Engine(default_model.model, tokenizer, max_len=len(prompt) + 32)
         drafter = ModelDrafter(engine.target, DraftModel(default_model.model, student=False))
         drafter.use_cache_policy(policy)
         engine.set_drafter(drafter, 8)

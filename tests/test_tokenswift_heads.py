@@ -298,9 +298,9 @@ def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path):
 def test_train_tokenswift_rejects_bad_options_in_one_line(tmp_path):
     out = str(tmp_path / "o")
     command = ("train", "tokenswift", "--data", str(tmp_path), "--out", out)
-    assert_one_line_error(specchat(*command), "holds no training data")
-    assert_one_line_error(specchat(*command, "--warmup-steps", "-1"), "--warmup-steps")
-    assert_one_line_error(specchat(*command, "--lr", "0"), "--lr")
+    assert_one_line_error(specchat(*command, warm=True), "holds no training data")
+    assert_one_line_error(specchat(*command, "--warmup-steps", "-1", warm=True), "--warmup-steps")
+    assert_one_line_error(specchat(*command, "--lr", "0", warm=True), "--lr")
 
 
 def test_a_published_model_is_fetched_only_as_far_as_it_holds_heads(tmp_path):

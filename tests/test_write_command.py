@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from cli_fork import start_specchat
 from test_cli import ENV, assert_one_line_error, refused_before_loading, specchat
 
 from specchat.writer.book import ids_path, state_path
@@ -25,12 +24,13 @@ TOKENS = "300"  # no refill (the window holds 8K): a kill and a resume replay fr
 COMMON = ("--tokens", TOKENS, "--seed", "11", "--drafter", "ngram")
 
 
-def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "specchat", "write", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+def _start(*args: str):
+    """`specchat write ARGS` running, as `subprocess.Popen` would start it (forked from a warm interpreter,
+    `cli_fork.py`: a cold start spends ~6 s importing torch)."""
+    return start_specchat(("write", *args), env=ENV)
 
 
-def _wait_for_tokens(path, count: int, process: subprocess.Popen) -> None:
+def _wait_for_tokens(path, count: int, process) -> None:
     """Until the book's state counts `count` tokens and more were written after it."""
     deadline = time.monotonic() + 240
     while True:
@@ -47,7 +47,7 @@ def _wait_for_tokens(path, count: int, process: subprocess.Popen) -> None:
 @pytest.mark.slow
 def test_killed_and_resumed_writes_the_same_bytes(default_model, tmp_path):
     whole = tmp_path / "whole.txt"
-    result = specchat("write", "--out", str(whole), *COMMON, "--json")
+    result = specchat("write", "--out", str(whole), *COMMON, "--json", warm=True)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["tokens"] == int(TOKENS) and report["finish_reason"] == "length"
@@ -59,7 +59,8 @@ def test_killed_and_resumed_writes_the_same_bytes(default_model, tmp_path):
     process.communicate()
     assert 0 < len(cut.read_bytes()) < len(whole.read_bytes())
 
-    resumed = specchat("write", "--out", str(cut), "--resume", "--drafter", "none", "--json")  # the drafter may change
+    # the drafter may change
+    resumed = specchat("write", "--out", str(cut), "--resume", "--drafter", "none", "--json", warm=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "warning" not in resumed.stderr
     assert cut.read_bytes() == whole.read_bytes()
@@ -78,7 +79,7 @@ def test_ctrl_c_saves_the_book_and_says_how_to_go_on(default_model, tmp_path):
     state = json.loads(state_path(book).read_text())
     assert len(book.read_bytes()) == state["progress"]["text_bytes"] > 0
 
-    refused = specchat("write", "--out", str(book), "--resume", "--temperature", "0.5")
+    refused = specchat("write", "--out", str(book), "--resume", "--temperature", "0.5", warm=True)
     assert_one_line_error(refused, "would change the book's text", "temperature: was 1.0, now 0.5")
     assert json.loads(state_path(book).read_text()) == state
 
@@ -87,7 +88,7 @@ def test_ctrl_c_saves_the_book_and_says_how_to_go_on(default_model, tmp_path):
 def test_a_prompt_longer_than_the_window_is_refused(default_model, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("word " * 9000)
-    assert_one_line_error(specchat("write", "--out", str(tmp_path / "b.txt"), "--prompt-file", str(prompt)),
+    assert_one_line_error(specchat("write", "--out", str(tmp_path / "b.txt"), "--prompt-file", str(prompt), warm=True),
                           "the prompt has", "window holds")  # fmt: skip
 
 
