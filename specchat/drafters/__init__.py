@@ -160,9 +160,13 @@ def usable_drafters(profile: Profile | None) -> list[str]:
 
 
 def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: str, flag: str = "--drafter") -> DrafterChoice:
-    """Fill in the profile's checkpoint for a trained kind given without a path, or say what the model has."""
+    """Fill in the profile's checkpoint for a trained kind given without a path, or say what the model has; a
+    path given that does not exist is a one-line error."""
     if choice.parts:
         return replace(choice, parts=tuple(resolve_drafter(part, profile, model_name, flag) for part in choice.parts))
+    if choice.path is not None and choice.name != "model" and not choice.path.exists():  # before anything loads
+        # (model:X may also name a Hugging Face repo)
+        raise SpecchatError(f"{choice.path}: no such checkpoint directory (it holds config.json and model.safetensors)")
     if not KINDS[choice.name].trained or choice.path is not None:
         return choice
     repo = profile.drafters.get(choice.name) if profile else None

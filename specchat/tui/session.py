@@ -163,10 +163,7 @@ class ChatSession:
     def choose_drafter(self, text: str) -> None:
         """Draft with `text` (NAME, NAME:DIR or A+B) from the next answer: one-line errors for what cannot run here."""
         source = self.loaded.source
-        choice = resolve_drafter(parse_drafter(text, "/drafter"), source.profile, source.name, "/drafter")
-        for part in choice.parts or (choice,):
-            if part.path is not None and not part.path.is_dir():
-                raise SpecchatError(f"{part.path}: no such checkpoint directory")
+        resolve_drafter(parse_drafter(text, "/drafter"), source.profile, source.name, "/drafter")
         self.update_settings(drafter=text)
 
     def use_drafter(self) -> None:
