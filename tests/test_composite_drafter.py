@@ -30,7 +30,7 @@ import pytest
 import torch
 from chi_square import assert_fits, assert_rejected
 from conftest import tiny_model
-from test_cli import assert_one_line_error, specchat, specchat_in_process
+from test_cli import assert_one_line_error, specchat
 from test_longspec import generate, random_layer
 from test_sampling_verification import PROMPT, TOKENS, Target, exact_joint
 
@@ -456,12 +456,8 @@ def test_composites_resolve_and_build_per_part(tmp_path, tokenizer):
         (("bench", "--drafter", "none,glide+ngram"), ("no published glide drafter",)),
     ],
 )
-def test_bad_composites_are_one_line_in_the_cli(args, needles, monkeypatch, capfd):
-    if args[0] == "bench":  # bench loads the model before it resolves its drafters: a process of its own
-        result = specchat(*args, warm=True)
-    else:
-        result = specchat_in_process(monkeypatch, capfd, *args)
-    assert_one_line_error(result, *needles)
+def test_bad_composites_are_one_line_in_the_cli(args, needles):
+    assert_one_line_error(specchat(*args, warm=True), *needles)
 
 
 @pytest.mark.slow
