@@ -3,6 +3,7 @@ qwen2 / llama model written as a GGUF file with gguf-py's writer (the embedded m
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -34,13 +35,34 @@ def random_blocks(kind: Q, rows: int, columns: int, rng: np.random.Generator) ->
     return raw.reshape(rows, -1)
 
 
+@functools.cache
+def reader(path: Path):
+    """gguf-py's reader of the GGUF file at `path`, parsed once per test process (the embedded model's takes 4-5 s:
+    gguf-py reads its 49K-token vocabulary field by field); read only, its tensors memory-mapped."""
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
 def tokenizer_fields(writer, source: Path) -> int:
     """Copy a GGUF file's tokenizer (its `tokenizer.*` fields) into `writer`; returns the vocabulary size."""
-    from gguf import GGUFReader, GGUFValueType
+    fields, size = _tokenizer_fields(source)
+    for name, value, kind, element in fields:
+        if element is None:
+            writer.add_key_value(name, value, kind)
+        else:
+            writer.add_key_value(name, list(value), kind, sub_type=element)
+    return size
 
-    reader = GGUFReader(source)
-    size = 0
-    for name, field in reader.fields.items():
+
+@functools.cache
+def _tokenizer_fields(source: Path) -> tuple[tuple, int]:
+    """The `tokenizer.*` fields of a GGUF file as (name, value, type, element type) and the vocabulary size, read
+    once per test process (the values are tuples: never changed in place)."""
+    from gguf import GGUFValueType
+
+    size, fields = 0, []
+    for name, field in reader(source).fields.items():
         if not name.startswith("tokenizer."):
             continue
         kind = field.types[0]
@@ -52,12 +74,12 @@ def tokenizer_fields(writer, source: Path) -> int:
             else:
                 value = [item.tolist()[0] for item in items]
             size = max(size, len(value)) if name == "tokenizer.ggml.tokens" else size
-            writer.add_key_value(name, value, kind, sub_type=element)
+            fields.append((name, tuple(value), kind, element))
         elif kind == GGUFValueType.STRING:
-            writer.add_key_value(name, bytes(field.parts[field.data[0]]).decode("utf-8"), kind)
+            fields.append((name, bytes(field.parts[field.data[0]]).decode("utf-8"), kind, None))
         else:
-            writer.add_key_value(name, field.parts[field.data[0]].tolist()[0], kind)
-    return size
+            fields.append((name, field.parts[field.data[0]].tolist()[0], kind, None))
+    return tuple(fields), size
 
 
 def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = "qwen2", seed: int = 0,

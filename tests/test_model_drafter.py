@@ -178,14 +178,16 @@ def test_a_draft_models_tokenizer_must_be_the_targets(tokenizer, tmp_path):
 
 
 def needle_prompt(tokenizer) -> tuple[list[int], list[int]]:
-    """~2.3K tokens of the Python reference manual with a password planted ~1.4K tokens before the end (outside
-    the 1056 positions a working cache reads), and a question whose answer copies it; and the password's tokens
-    as the answer writes it (after "is")."""
+    """~1.7K tokens of the Python reference manual with a password planted ~1.45K tokens before the end (outside
+    the 1056 positions a working cache reads) and ~260 after its start, and a question whose answer copies it;
+    and the password's tokens as the answer writes it (after "is"). (The text before the password was 3000
+    characters; 1000 keep the answer and what each policy drafts of it, 9 of 11 tokens against 3, and spare
+    three prefills of 460 tokens in fp32.)"""
     from pydoc_data.topics import topics
 
     document = "\n\n".join(topics[name] for name in sorted(topics))[:9000]
     fact = "\n\nThe password of the archive server is TULIP-4471-ORBIT.\n\n"
-    text = f"{document[:3000]}{fact}{document[3000:]}\n\nWhat is the password of the archive server? Answer with the password only."
+    text = f"{document[2000:3000]}{fact}{document[3000:]}\n\nWhat is the password of the archive server? Answer with the password only."
     return encode_prompt(tokenizer, text), tokenizer(" TULIP-4471-ORBIT", add_special_tokens=False).input_ids
 
 
@@ -200,7 +202,7 @@ def test_needle_retrieval_drafts_the_copied_fact_streaming_cannot(default_model)
     [needle_at] = [i for i in range(len(prompt)) if prompt[i : i + len(secret)] == secret]
     assert len(prompt) - needle_at > 1056 + 256, (len(prompt), needle_at)
     drafted = {}
-    # one engine: the second request reuses the target's cache of the prompt (a 2.3K-token prefill in fp32);
+    # one engine: the second request reuses the target's cache of the prompt (a 1.7K-token prefill in fp32);
     # each drafter is new and reads the whole prompt into its own cache
     engine = Engine(default_model.model, tokenizer, max_len=len(prompt) + 32)
     for policy in ("streaming", "retrieval"):

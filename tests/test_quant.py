@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import tiny_model
 from drafters_for_tests import RandomTreeDrafter
+from gguf_files import reader
 
 from specchat.drafters.ngram import NgramDrafter
 from specchat.engine.generate import Engine
@@ -48,17 +49,16 @@ def test_quantized_matmuls_are_row_independent(layer):
 
 
 @pytest.mark.slow
-def test_loaded_weights_are_the_gguf_values(quantized_model):
+def test_loaded_weights_are_the_gguf_values(quantized_model, default_model):
     """In fp32 the kernel's weights equal gguf-py's dequantization, and transformers' own GGUF conversion
     (rows of q/k un-permuted as it does) — code for code, no rounding."""
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
     from specchat.loading import embedded_checkpoint
     from specchat.quant.gguf_model import load_gguf_model
 
     model = load_gguf_model(embedded_gguf_path(), embedded_checkpoint(dense=False), torch.float32)
-    tensors = {t.name: t for t in GGUFReader(embedded_gguf_path()).tensors}
+    tensors = {t.name: t for t in reader(embedded_gguf_path()).tensors}
     layer = model.model.layers[3]
     tensor = tensors["blk.3.ffn_down.weight"]
     down = torch.from_numpy(dequantize(np.array(tensor.data), tensor.tensor_type))
@@ -69,18 +69,16 @@ def test_loaded_weights_are_the_gguf_values(quantized_model):
     ids = torch.tensor([[0, 17, 49151]])
     assert torch.equal(model.model.embed_tokens(ids)[0], embedding[ids[0]])
 
-    dense = load_model(None, dtype="float32", device="cpu").model  # transformers' conversion of the same file
+    dense = default_model.model  # transformers' conversion of the same file
     for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj"):
         assert torch.equal(layer.get_submodule(name).dequantize(), dense.model.layers[3].get_submodule(name).weight)
 
 
 def test_cached_tensor_table_maps_the_same_bytes_as_gguf_py(tmp_path, monkeypatch):
-    from gguf import GGUFReader
-
     from specchat.quant.gguf_model import gguf_tensors
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    reference = GGUFReader(embedded_gguf_path()).tensors
+    reference = reader(embedded_gguf_path()).tensors  # gguf-py's parse
     for attempt in ("parsed", "cached"):
         ours = gguf_tensors(embedded_gguf_path())
         assert (tmp_path / "specchat" / "gguf_tensors.json").is_file()

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from test_cli import assert_one_line_error, specchat
+from test_cli import assert_one_line_error, specchat_in_process
 from test_train_glide import real_text_samples
 from test_train_longspec import _record
 from tui_harness import tiny_loaded
@@ -295,12 +295,13 @@ def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path):
     assert heads.medusa_layers[0].linear.weight.abs().sum() > 0  # trained, not the zero start
 
 
-def test_train_tokenswift_rejects_bad_options_in_one_line(tmp_path):
+def test_train_tokenswift_rejects_bad_options_in_one_line(tmp_path, monkeypatch, capfd):
     out = str(tmp_path / "o")
     command = ("train", "tokenswift", "--data", str(tmp_path), "--out", out)
-    assert_one_line_error(specchat(*command, warm=True), "holds no training data")
-    assert_one_line_error(specchat(*command, "--warmup-steps", "-1", warm=True), "--warmup-steps")
-    assert_one_line_error(specchat(*command, "--lr", "0", warm=True), "--lr")
+    # in this process (`specchat_in_process`): each is refused before the target loads
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command), "holds no training data")
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--warmup-steps", "-1"), "--warmup-steps")
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--lr", "0"), "--lr")
 
 
 def test_a_published_model_is_fetched_only_as_far_as_it_holds_heads(tmp_path):

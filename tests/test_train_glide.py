@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 from test_train_longspec import _objective as longspec_objective
-from test_cli import assert_one_line_error, specchat
+from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _record
 from tui_harness import tiny_loaded
 
@@ -98,8 +98,8 @@ def test_train_glide_writes_a_checkpoint_that_decodes_losslessly(loaded, tmp_pat
     assert [t for e in engine.generate(prompt, sampling=SamplingConfig(), max_new_tokens=24) for t in e.tokens] == ar
 
 
-def test_train_glide_rejects_bad_options_in_one_line(tmp_path):
-    assert_one_line_error(specchat("train", "glide", "--data", str(tmp_path), "--out", str(tmp_path / "o"),
-                                   warm=True), "holds no training data")  # fmt: skip
-    assert_one_line_error(specchat("train", "glide", "--data", str(tmp_path), "--out", str(tmp_path / "o"),
-                                   "--batch", "0", warm=True), "--batch")  # fmt: skip
+def test_train_glide_rejects_bad_options_in_one_line(tmp_path, monkeypatch, capfd):
+    command = ("train", "glide", "--data", str(tmp_path), "--out", str(tmp_path / "o"))
+    # in this process (`specchat_in_process`): each is refused before the target loads
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command), "holds no training data")
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--batch", "0"), "--batch")

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from test_cli import assert_one_line_error, specchat
+from test_cli import assert_one_line_error, specchat_in_process
 from tui_harness import tiny_loaded
 
 from specchat.drafters.longspec import build
@@ -198,10 +198,9 @@ def tiny_loaded_named(loaded, name):
     return replace(loaded, source=replace(loaded.source, name=name))
 
 
-def test_train_longspec_rejects_bad_options_in_one_line(tmp_path):
-    assert_one_line_error(specchat("train", "longspec", "--data", str(tmp_path), "--out", str(tmp_path / "o"),
-                                   warm=True), "holds no training data")  # fmt: skip
-    assert_one_line_error(specchat("train", "longspec", "--data", str(tmp_path), "--out", str(tmp_path / "o"),
-                                   "--epochs", "0", warm=True), "--epochs")  # fmt: skip
-    assert_one_line_error(specchat("train", "longspec", "--data", str(tmp_path), "--out", str(tmp_path / "o"),
-                                   "--precision", "fp8", warm=True), "--precision")  # fmt: skip
+def test_train_longspec_rejects_bad_options_in_one_line(tmp_path, monkeypatch, capfd):
+    command = ("train", "longspec", "--data", str(tmp_path), "--out", str(tmp_path / "o"))
+    # in this process (`specchat_in_process`): each is refused before the target loads
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command), "holds no training data")
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--epochs", "0"), "--epochs")
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--precision", "fp8"), "--precision")

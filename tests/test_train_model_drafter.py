@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import tiny_model
 from safetensors.torch import load_file
-from test_cli import assert_one_line_error, specchat
+from test_cli import assert_one_line_error, specchat_in_process
 from test_train_glide import real_text_samples
 from test_train_longspec import _record
 from tui_harness import tiny_loaded
@@ -102,7 +102,9 @@ def test_a_short_run_lowers_the_heldout_loss_and_its_checkpoint_is_the_trained_s
 
 def test_a_stopped_run_resumes_to_the_same_student(loaded, tokenizer, tmp_path):
     data = _data(tmp_path, tokenizer, 10)  # 9 training samples: 3 steps an epoch
-    recipe = TrainRecipe(epochs=2, batch=4, evaluations=2)
+    # fp32 (`--precision auto` on a CPU without bf16 dot products; bf16 autocast runs ~15x slower there): a
+    # resume under autocast is checked by test_train_longspec's, on the trainer all objectives share
+    recipe = TrainRecipe(epochs=2, batch=4, evaluations=2, autocast=False)
 
     def run(out, **options):
         return train_model_drafter(loaded, data, tmp_path / out, recipe, layers=1, checkpoint_minutes=0.0, **options)
@@ -154,7 +156,8 @@ def test_a_quantized_target_is_refused_in_one_line(loaded, tmp_path):
         train_model_drafter(replace(loaded, model=quantized), tmp_path, tmp_path / "o", TrainRecipe())
 
 
-def test_train_model_drafter_rejects_bad_options_in_one_line(tmp_path):
+def test_train_model_drafter_rejects_bad_options_in_one_line(tmp_path, monkeypatch, capfd):
     command = ("train", "model-drafter", "--data", str(tmp_path), "--out", str(tmp_path / "o"))
-    assert_one_line_error(specchat(*command, warm=True), "holds no training data")
-    assert_one_line_error(specchat(*command, "--vocab", "-1", warm=True), "--vocab")
+    # in this process (`specchat_in_process`): each is refused before the target loads
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command), "holds no training data")
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--vocab", "-1"), "--vocab")

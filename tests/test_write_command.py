@@ -9,6 +9,7 @@ exit, and leaves the book as it was.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import time
 
 import pytest
 from cli_fork import start_specchat
-from test_cli import ENV, assert_one_line_error, refused_before_loading, specchat
+from test_cli import ENV, assert_one_line_error, refused_before_loading, specchat, specchat_in_process
 
 from specchat.writer.book import ids_path, state_path
 
@@ -92,16 +93,18 @@ def test_a_prompt_longer_than_the_window_is_refused(default_model, tmp_path):
                           "the prompt has", "window holds")  # fmt: skip
 
 
-def test_bad_input_is_one_line_and_loses_nothing(tmp_path):
+def test_bad_input_is_one_line_and_loses_nothing(tmp_path, monkeypatch, capfd):
+    # in this process (`specchat_in_process`): each is refused before any model loads
+    write = functools.partial(specchat_in_process, monkeypatch, capfd, "write")
     book = tmp_path / "book.txt"
     book.write_text("my novel")
-    assert_one_line_error(specchat("write", "--out", str(book)), "exists", "--resume", "--force")
+    assert_one_line_error(write("--out", str(book)), "exists", "--resume", "--force")
     assert book.read_text() == "my novel"
-    assert_one_line_error(specchat("write", "--out", str(book), "--resume"), "nothing to resume")
+    assert_one_line_error(write("--out", str(book), "--resume"), "nothing to resume")
     state_path(book).write_text("{not json")
-    assert_one_line_error(specchat("write", "--out", str(book), "--resume"), "not a specchat book state")
+    assert_one_line_error(write("--out", str(book), "--resume"), "not a specchat book state")
     state_path(book).write_text(json.dumps({"format": "specchat-book/1", "settings": {"model": "x"}, "progress": {}}))
-    assert_one_line_error(specchat("write", "--out", str(book), "--resume"), "not a specchat book state")
+    assert_one_line_error(write("--out", str(book), "--resume"), "not a specchat book state")
     assert book.read_text() == "my novel"
     for args, needle in [
         (("--tokens", "-5"), "--tokens must be at least 1"),
@@ -112,7 +115,7 @@ def test_bad_input_is_one_line_and_loses_nothing(tmp_path):
         (("--penalty", "0"), "--penalty must be"),
         (("--drafter", "psychic"), "unknown drafter"),
     ]:
-        assert_one_line_error(specchat("write", "--out", str(tmp_path / "new.txt"), *args), needle)
+        assert_one_line_error(write("--out", str(tmp_path / "new.txt"), *args), needle)
     assert not (tmp_path / "new.txt").exists()
 
 
