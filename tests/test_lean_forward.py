@@ -3,6 +3,7 @@ bitwise what a decode step at its position computes; fused projections give what
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
@@ -13,6 +14,7 @@ from specchat.engine.lean_forward import LeanForward, lean_forward
 from specchat.engine.tree import DraftTree, tree_batch
 from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Rows, Side, fuse_projections
+from specchat.quant.gguf_linear import GGUFLinear
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
 from specchat.quant.quantize import quantize_model
@@ -151,3 +153,25 @@ def test_projections_that_cannot_stack_run_side_by_side():
     fused = fuse_projections(parent, ("a", "b"))
     assert isinstance(fused, Side)
     assert torch.equal(fused(x), expected)
+
+
+def test_gguf_projections_of_different_block_types_stack_into_one_layer():
+    """q/k/v of a GGUF file may mix types (the 1.5B's are Q4_K and Q6_K): one layer multiplies them in one
+    call, each projection's outputs bitwise what it gives alone, biases included."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf_files import random_blocks
+
+    rng = np.random.default_rng(3)
+    parent = torch.nn.Module()
+    for name, kind, out in zip("abc", (Q.Q4_K, Q.Q6_K, Q.Q8_0), (64, 32, 16)):
+        blocks = torch.from_numpy(random_blocks(kind, out, 256, rng))
+        setattr(parent, name, GGUFLinear(blocks, int(kind), 256, dtype=torch.float32, bias=torch.randn(out)))
+    x = torch.randn(5, 256)
+    separate = [getattr(parent, name)(x) for name in "abc"]
+    weights = torch.cat([getattr(parent, name).dequantize() for name in "abc"])
+    fused = fuse_projections(parent, ("a", "b", "c"))
+    assert isinstance(fused, GGUFLinear) and fused.format == "q4_k+q6_k+q8_0"
+    assert torch.equal(fused(x), torch.cat(separate, dim=-1))
+    assert torch.equal(fused.dequantize(), weights)
+    for name, expected in zip("abc", separate):
+        assert torch.equal(getattr(parent, name)(x), expected)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from specchat.architectures import parts
 from specchat.errors import SpecchatError
 
 
@@ -67,7 +68,8 @@ def _our_logits(loaded, ids: list[int]) -> torch.Tensor:
 
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(ids) + 1)
     hidden = engine.target_states(ids)
-    return loaded.model.lm_head(loaded.model.model.norm(hidden)).float()
+    decoder = parts(loaded.model)
+    return decoder.head(decoder.norm(hidden)).float()
 
 
 def _llamacpp_logits(path: Path, ids: list[int]) -> torch.Tensor:

@@ -52,9 +52,11 @@ class TargetView:
 
     @classmethod
     def of(cls, model, cache: TreeCache, forward=None, last_query=None, tokenizer=None) -> TargetView:
-        """The view of a Llama-family transformers model (`model.model` holds the decoder) and its cache."""
-        inner = model.model
-        return cls(model.config, inner.embed_tokens, inner.norm, model.lm_head, inner.rotary_emb, cache,
+        """The view of a transformers model of an architecture specchat knows and its cache."""
+        from specchat.architectures import parts
+
+        decoder = parts(model)
+        return cls(model.config, decoder.embed, decoder.norm, decoder.head, decoder.rotary, cache,
                    model.device, model.dtype, model, forward, last_query, tokenizer)  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from specchat.architectures import parts
 from specchat.drafters import DRAFT_CACHES
 
 CHUNK = 32
@@ -111,7 +112,7 @@ def target_attention(target) -> torch.Tensor | None:
     query = target.last_query()  # [heads, D]
     keys = target.cache.layers[-1].keys[0, :, : target.cache.length].float()  # [kv_heads, L, D]
     grouped = query.reshape(keys.shape[0], -1, query.shape[-1])  # [kv_heads, group, D]
-    scale = target.model.model.layers[-1].self_attn.scaling
+    scale = parts(target.model).layers[-1].scaling
     logits = torch.einsum("kgd,kld->kgl", grouped, keys) * scale
     return logits.softmax(dim=-1).mean(dim=(0, 1))
 

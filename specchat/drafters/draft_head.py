@@ -12,6 +12,7 @@ from torch import nn
 
 from specchat.drafters.base import TargetView
 from specchat.quant.quantize import quantize_linear
+from specchat.quant.quantized_linear import QuantizedLinear, dense_weight
 
 
 class DraftHead:
@@ -27,7 +28,7 @@ class DraftHead:
         if draft_vocab is None:
             self.lm_head = head
         else:
-            dense = head.dequantize() if hasattr(head, "dequantize") else head.weight
+            dense = dense_weight(head)
             self.lm_head = nn.Linear(dense.shape[1], len(draft_vocab), bias=False, device=target.device,
                                      dtype=target.dtype).requires_grad_(False)  # fmt: skip
             self.lm_head.weight.copy_(dense[self.draft_vocab])
@@ -51,4 +52,4 @@ class DraftHead:
 def draft_weights(target: TargetView) -> str | None:
     """How the draft's weights run by default: int8 on a CPU whose target runs quantized weights (a draft forward
     there is mostly reading weights), else dense in the target's dtype."""
-    return "int8" if target.device.type == "cpu" and hasattr(target.lm_head, "dequantize") else None
+    return "int8" if target.device.type == "cpu" and isinstance(target.lm_head, QuantizedLinear) else None

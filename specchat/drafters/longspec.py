@@ -10,9 +10,8 @@ it, so verification can use rejection sampling.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import copy
+from pathlib import Path
 
 import torch
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from specchat.architectures import parts
 from specchat.drafters.base import TargetView
 from specchat.drafters.cache_policy import BLOCK, CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
@@ -28,6 +29,7 @@ from specchat.models.draft_model import DraftModel, load_draft_model
 from specchat.models.longspec import rotate
 from specchat.quant.quantize import quantize_linears
 
+
 class ModelDrafter:
     kind = "model"
 
@@ -37,12 +39,14 @@ class ModelDrafter:
         model, config = draft.model, draft.config
         weights = draft_weights(target) if weights == "auto" else weights
         self.target = target
-        self.layers = model.model.layers
+        decoder = parts(model)
+        self.layer_modules = decoder.layer_modules
         if weights:
-            self.layers = copy.deepcopy(self.layers)
-            quantize_linears(self.layers, weights, dtype=target.dtype)
-        self.embed, self.norm = model.model.embed_tokens, model.model.norm
-        self.head = DraftHead(target, draft.draft_vocab, weights, lm_head=None if draft.student else model.lm_head)
+            self.layer_modules = copy.deepcopy(self.layer_modules)
+            quantize_linears(self.layer_modules, weights, dtype=target.dtype)
+        self.layers = [decoder.Layer(module) for module in self.layer_modules]
+        self.embed, self.norm, self.rotary = decoder.embed, decoder.norm, decoder.rotary
+        self.head = DraftHead(target, draft.draft_vocab, weights, lm_head=None if draft.student else decoder.head)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.draft = draft
@@ -56,7 +60,7 @@ class ModelDrafter:
         capacity = self.target.cache.max_len + 1
         self.cache = WorkingCache(len(self.layers), self.kv_heads, self.head_dim, capacity,
                                   self.policy.working_slots(capacity), dtype=self.target.dtype,
-                                  device=self.target.device, rotary=self.draft.model.model.rotary_emb)  # fmt: skip
+                                  device=self.target.device, rotary=self.rotary)  # fmt: skip
         self.fresh = True  # the next proposal lays the working cache out from scratch
 
     @torch.inference_mode()
@@ -123,18 +127,17 @@ class ModelDrafter:
         size, rows = self.cache.size, len(ids)
         new = []
         for i, layer in enumerate(self.layers):
-            attention = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = rotate(self._split(attention.q_proj(h), self.heads), cos, sin)
-            k = self._split(attention.k_proj(h), self.kv_heads)
-            v = self._split(attention.v_proj(h), self.kv_heads)
+            h = layer.input_norm(x)
+            q = rotate(self._split(layer.q(h), self.heads), cos, sin)
+            k = self._split(layer.k(h), self.kv_heads)
+            v = self._split(layer.v(h), self.kv_heads)
             rotated = rotate(k, cos, sin)
             earlier = () if tree_keys is None else (tree_keys[i], tree_values[i])
             keys = torch.cat([self.cache.keys[i, :, :size], *earlier[:1], rotated], dim=1)
             values = torch.cat([self.cache.values[i, :, :size], *earlier[1:], v], dim=1)
             out = attend(q, keys, values, mask)
-            x = x + attention.o_proj(out.transpose(0, 1).reshape(rows, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + layer.o(out.transpose(0, 1).reshape(rows, -1))
+            x = x + layer.mlp(layer.post_attention_norm(x))
             new.append((k, v, rotated))
         x = x[-1:] if last_only else x
         return self.head(self.norm(x)), new
@@ -147,9 +150,8 @@ class ModelDrafter:
         return self.cache.nbytes()
 
     def weight_bytes(self) -> int:
-        own = sum(t.numel() * t.element_size() for t in (*self.layers.parameters(), *self.layers.buffers()))
-        head = [] if self.head.draft_vocab is None else [self.head.lm_head]
-        return own + sum(t.numel() * t.element_size() for m in head for t in (*m.parameters(), *m.buffers()))
+        own = [self.layer_modules] + ([] if self.head.draft_vocab is None else [self.head.lm_head])
+        return sum(t.numel() * t.element_size() for m in own for t in (*m.parameters(), *m.buffers()))
 
 
 class _TreeRows:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from specchat.architectures import parts
 from specchat.engine.cache import TreeCache
 
 SINKS = 16
@@ -113,8 +114,8 @@ def last_queries(target, token: int, position: int) -> list[torch.Tensor]:
     """Every layer's query [heads, D] (post-RoPE) of `token` at `position` after the engine's cache: one
     forward of transformers' modules, whose projections are hooked, over the full cache (left pending)."""
     model, captured = target.model, []
-    layers = model.model.layers
-    hooks = [layer.self_attn.q_proj.register_forward_hook(lambda _m, _i, out: captured.append(out)) for layer in layers]
+    layers = parts(model).layers
+    hooks = [layer.q.register_forward_hook(lambda _m, _i, out: captured.append(out)) for layer in layers]
     try:
         model(input_ids=torch.tensor([[token]], device=target.device),
               position_ids=torch.tensor([[position]], device=target.device),
@@ -126,10 +127,9 @@ def last_queries(target, token: int, position: int) -> list[torch.Tensor]:
     cos, sin = target.rotary(captured[0], torch.tensor([[position]], device=target.device))
     queries = []
     for layer, out in zip(layers, captured):
-        attention = layer.self_attn
-        query = out.reshape(-1, attention.head_dim)  # [heads, D]
-        if hasattr(attention, "q_norm"):  # Qwen3 normalises each head's query before RoPE
-            query = attention.q_norm(query)
+        query = out.reshape(-1, layer.head_dim)  # [heads, D]
+        if layer.q_norm is not None:  # Qwen3 normalises each head's query before RoPE
+            query = layer.q_norm(query)
         queries.append(_rotate(query, cos[0], sin[0]))
     return queries
 

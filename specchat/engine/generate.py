@@ -11,6 +11,8 @@ from collections.abc import Iterator
 
 import torch
 
+from specchat.architectures import parts
+from specchat.disk_cache import cache_dir
 from specchat.drafters.base import Drafter, TargetView
 from specchat.engine.attention import uses_tree_masks
 from specchat.engine.budget import (
@@ -32,7 +34,6 @@ from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, node_histories, tree_batch
 from specchat.engine.verify import verify
 from specchat.engine.verify_forward import verification_forward
-from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError
 from specchat.first_use import first_use
 from specchat.kernels.cpu_decoder import source_version
@@ -65,7 +66,7 @@ class Engine:
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len)
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
-        self._hidden = _LastHidden.of(model.model.norm)  # transformers' forward hides it; the lean one returns it
+        self._hidden = _LastHidden.of(parts(model).norm)  # transformers' forward hides it; the lean one returns it
         self._query = LastQuery(model, lean=self.lean is not None)
         self.target = TargetView.of(model, self.cache, forward=self._draft_forward, last_query=self._query,
                                     tokenizer=tokenizer)  # fmt: skip

@@ -11,16 +11,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specchat.architectures import parts
 from specchat.models.longspec import rotate
 
 
 class LastQuery:
     def __init__(self, model: nn.Module, *, lean: bool):
-        attention = model.model.layers[-1].self_attn
-        self.rotary = model.model.rotary_emb
-        self.head_dim = attention.head_dim
-        self.q_norm = getattr(attention, "q_norm", None)  # Qwen3 normalises each head's query before RoPE
-        self.output = None if lean else _Output.of(attention.q_proj)
+        decoder = parts(model)
+        last = decoder.layers[-1]
+        self.rotary = decoder.rotary
+        self.head_dim = last.head_dim
+        self.q_norm = last.q_norm  # Qwen3 normalises each head's query before RoPE
+        self.output = None if lean else _Output.of(last.q)
         self._rows: tuple[torch.Tensor, torch.Tensor, bool] | None = None  # queries, positions, rotated
         self._kept: tuple[torch.Tensor, torch.Tensor, bool] | None = None
 

@@ -19,32 +19,33 @@ import warnings
 import torch
 from torch import nn
 
+from specchat.architectures import parts
+from specchat.architectures.llama import LlamaLayer
 from specchat.engine.attention import CANONICAL
 from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Side, fuse_projections
-from specchat.quant.gguf_linear import GGUFLinear
-from specchat.quant.int4_linear import Int4Linear
-from specchat.quant.int8_linear import Int8Linear
+from specchat.quant.quantized_linear import QuantizedLinear
 
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2")  # qwen3's per-head q/k norms are not in the decoder
 HEAD_DIMS = (64, 128)  # the CPU decoder is compiled for these
 
 
 class LeanForward:
     def __init__(self, model, native):
-        config = model.config
+        config, decoder = model.config, parts(model)
+        layers = decoder.layers
         self.native = native
-        self.embed, self.head, self.rotary = model.model.embed_tokens, model.lm_head, model.model.rotary_emb
-        self.kv_heads, self.head_dim = config.num_key_value_heads, model.model.layers[0].self_attn.head_dim
+        self.embed, self.head, self.rotary = decoder.embed, decoder.head, decoder.rotary
+        self.kv_heads, self.head_dim = config.num_key_value_heads, layers[0].head_dim
         self.decoder = native.Decoder(
-            [_layer(native, layer) for layer in model.model.layers],
-            model.model.norm.weight,
+            [_layer(native, layer) for layer in layers],
+            decoder.norm.weight,
             config.num_attention_heads,
             self.kv_heads,
             self.head_dim,
             config.intermediate_size,
-            model.model.norm.variance_epsilon,
-            model.model.layers[0].self_attn.scaling,
+            decoder.norm.variance_epsilon,
+            layers[0].scaling,
         )
         self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
@@ -70,7 +71,7 @@ def lean_forward(model) -> LeanForward | None:
     config = model.config
     if config._attn_implementation != CANONICAL or config.model_type not in FAMILIES:
         return None
-    if config.hidden_act != "silu" or model.model.layers[0].self_attn.head_dim not in HEAD_DIMS:
+    if config.hidden_act != "silu" or parts(model).layers[0].head_dim not in HEAD_DIMS:
         return None
     try:
         native = cpu_decoder()
@@ -80,42 +81,24 @@ def lean_forward(model) -> LeanForward | None:
     return LeanForward(model, native)
 
 
-def _layer(native, layer):
-    attn, mlp = layer.self_attn, layer.mlp
+def _layer(native, layer: LlamaLayer):
     return native.Layer(
-        _projection(native, fuse_projections(attn, ("q_proj", "k_proj", "v_proj"))),
-        _projection(native, attn.o_proj),
-        _projection(native, fuse_projections(mlp, ("gate_proj", "up_proj"))),
-        _projection(native, mlp.down_proj),
-        layer.input_layernorm.weight,
-        layer.post_attention_layernorm.weight,
+        _projection(native, fuse_projections(layer.attention, layer.qkv_names)),
+        _projection(native, layer.o),
+        _projection(native, fuse_projections(layer.mlp, layer.gate_up_names)),
+        _projection(native, layer.down),
+        layer.input_norm.weight,
+        layer.post_attention_norm.weight,
     )
 
 
 def _projection(native, layer: nn.Module):
-    parts = list(layer.layers) if isinstance(layer, Side) else [layer]
-    if all(isinstance(part, GGUFLinear) for part in parts):  # one call over all their rows
-        return native.Projection([_gguf_linear(native, parts)])
-    return native.Projection([_linear(native, part) for part in parts])
-
-
-def _gguf_linear(native, parts: list[GGUFLinear]):
-    present = [part.bias for part in parts if part.bias is not None]
-    bias = None
-    if present:  # a part without a bias adds zeros
-        bias = torch.cat([present[0].new_zeros(p.out_features) if p.bias is None else p.bias for p in parts])
-    return native.gguf_linear([part.blocks for part in parts], [part.type_id for part in parts],
-                              parts[0].in_features, bias)  # fmt: skip
+    return native.Projection([_linear(native, part) for part in (layer.layers if isinstance(layer, Side) else [layer])])
 
 
 def _linear(native, layer: nn.Module):
-    if isinstance(layer, Int4Linear):
-        return native.Linear.int4([layer.packed], [layer.scales_zeros], layer.group_size, layer.bias)
-    if isinstance(layer, Int8Linear):
-        planes, scales = [layer.high, layer.low], [layer.high_scales, layer.low_scales]
-        return native.Linear.int4(planes, scales, layer.group_size, layer.bias)
-    if isinstance(layer, GGUFLinear):
-        return _gguf_linear(native, [layer])
+    if isinstance(layer, QuantizedLinear):
+        return layer.native(native)
     if isinstance(layer, nn.Linear):
         return native.Linear.dense(layer.weight, layer.bias)
     raise TypeError(f"the CPU decoder cannot run a {type(layer).__name__} layer")

@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specchat.architectures import parts
 from specchat.errors import SpecchatError, first_line
 from specchat.models.checkpoint import read_checkpoint, write_checkpoint
 
+FAMILIES = ("llama", "mistral", "qwen2")  # plain pre-norm decoders whose layers the drafter runs (no q/k norms)
 STUDENT = "specchat_student"  # config.json: {"target": the target's name, "layers": the target layers it began as}
-FAMILIES = ("llama", "mistral", "qwen2")  # plain pre-norm decoders whose layers the drafter runs
 
 
 @dataclass
@@ -40,7 +41,8 @@ class DraftModel:
 
     def weight_bytes(self) -> int:
         """Its own weights: everything but a student's shared embedding and head."""
-        shared = {id(p) for m in (self.model.model.embed_tokens, self.model.lm_head) for p in m.parameters()}
+        decoder = parts(self.model)
+        shared = {id(p) for m in (decoder.embed, decoder.head) for p in m.parameters()}
         own = [p for p in self.model.parameters() if not (self.student and id(p) in shared)]
         return sum(p.numel() * p.element_size() for p in own)
 
@@ -56,10 +58,11 @@ def student_from_target(target: nn.Module, layers: int) -> nn.Module:
     config = target.config.__class__.from_dict(fields)
     with torch.device("meta"):
         student = AutoModelForCausalLM.from_config(config)
-    _share(student, target.model.embed_tokens, target.lm_head)
-    own = {name: tensor for name, tensor in target.state_dict().items() if _student_tensor(name, layers)}
+    source, decoder = parts(target), parts(student)
+    decoder.share_embedding_and_head(source.embed, source.head)
+    own = {name: tensor for name, tensor in target.state_dict().items() if decoder.in_first_layers(name, layers)}
     student.load_state_dict({name: tensor.detach().clone() for name, tensor in own.items()}, strict=False, assign=True)
-    _rotary(student, target.device)
+    decoder.rebuild_rotary(target.device)
     return student
 
 
@@ -68,7 +71,8 @@ def save_student(path: Path, student: nn.Module, *, target: str, draft_vocab: to
     """config.json and model.safetensors of the student's own tensors (layers and final norm) in `dtype`, with
     `draft_vocab` when reduced."""
     layers = student.config.num_hidden_layers
-    tensors = {name: t.to(dtype) for name, t in student.state_dict().items() if _student_tensor(name, layers)}
+    own = parts(student).in_first_layers
+    tensors = {name: t.to(dtype) for name, t in student.state_dict().items() if own(name, layers)}
     if draft_vocab is not None:
         tensors["draft_vocab"] = draft_vocab.long()
     config = {**student.config.to_dict(), STUDENT: {"target": target, "layers": list(range(layers))}}
@@ -113,14 +117,15 @@ def _load_student(path: Path, target: nn.Module) -> DraftModel:
     _check_shapes(config, target.config, path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    _share(model, target.model.embed_tokens, target.lm_head)
-    expected = {name for name in model.state_dict() if _student_tensor(name, config.num_hidden_layers)}
+    source, decoder = parts(target), parts(model)
+    decoder.share_embedding_and_head(source.embed, source.head)
+    expected = {name for name in model.state_dict() if decoder.in_first_layers(name, config.num_hidden_layers)}
     if set(tensors) != expected:
         odd = sorted(set(tensors) ^ expected)[0]
         raise SpecchatError(f"{path}: the student's tensors do not match its config ({odd})")
     own = {k: v.to(device=target.device, dtype=target.dtype) for k, v in tensors.items()}
     model.load_state_dict(own, strict=False, assign=True)  # the shared modules stay the target's, untouched
-    _rotary(model, target.device)
+    decoder.rebuild_rotary(target.device)
     return DraftModel(model.eval(), student=True, draft_vocab=draft_vocab)
 
 
@@ -189,22 +194,3 @@ def _check_shapes(config, target_config, path: Path) -> None:
             raise SpecchatError(
                 f"{path}: the student has {name} {getattr(config, name)}; the target has {getattr(target_config, name)}"
             )
-
-
-def _student_tensor(name: str, layers: int) -> bool:
-    """Whether a state-dict entry is the student's own: its first `layers` layers and the final norm."""
-    if name == "model.norm.weight":
-        return True
-    parts = name.split(".")
-    return name.startswith("model.layers.") and int(parts[2]) < layers
-
-
-def _share(model: nn.Module, embed: nn.Module, head: nn.Module) -> None:
-    model.model.embed_tokens = embed
-    model.lm_head = head
-
-
-def _rotary(model: nn.Module, device: torch.device) -> None:
-    """Rebuild the rotary tables a meta-device construction left empty."""
-    with torch.device(device):
-        model.model.rotary_emb = model.model.rotary_emb.__class__(model.config)

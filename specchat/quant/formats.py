@@ -6,13 +6,15 @@ from collections import Counter
 
 from torch import nn
 
+from specchat.quant.quantized_linear import QuantizedLinear
+
 
 def weight_format(model: nn.Module) -> str:
     """The format most of the model's linear layers hold."""
     formats = Counter(
         layer_format(module)
         for module in model.modules()
-        if isinstance(module, nn.Linear) or hasattr(module, "format") and hasattr(module, "in_features")
+        if isinstance(module, nn.Linear | QuantizedLinear)
     )
     return formats.most_common(1)[0][0]
 

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from specchat.quant.formats import layer_format
-from specchat.quant.int4_linear import PACK_BLOCK, Int4Linear
-from specchat.quant.int8_linear import Int8Linear
+from specchat.quant.quantized_linear import QuantizedLinear
 
 
 class Rows(nn.Module):
@@ -80,11 +79,4 @@ def _stacked(layers: list[nn.Module]) -> nn.Module | None:
         if bias is not None:
             fused.bias = nn.Parameter(bias, requires_grad=False)
         return fused.to(first.weight.device)
-    if kind not in (Int4Linear, Int8Linear):  # GGUF blocks: the CPU decoder runs them side by side in one call
-        return None
-    same_codes = len({(layer.group_size, layer.format) for layer in layers}) == 1
-    if not same_codes or any(layer.out_features % PACK_BLOCK for layer in layers[:-1]):
-        return None
-    if kind is Int4Linear:
-        return Int4Linear.stacked(layers, bias)
-    return Int8Linear.stacked(layers, bias)
+    return kind.stacked(layers, bias) if issubclass(kind, QuantizedLinear) else None

@@ -2,7 +2,8 @@
 
 `GGUFLinear` multiplies by the blocks through the CPU decoder's kernels (kernels/gguf_blocks.h): activations
 are quantized to int8 per row, as llama.cpp does for these types, and each row's result is bitwise the same
-whatever rows share the call. `GGUFEmbedding` dequantizes only the rows it looks up.
+whatever rows share the call. Several matrices of one input (q/k/v, gate/up) stack into one layer that
+multiplies them in one call, whatever their block types. `GGUFEmbedding` dequantizes only the rows it looks up.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from torch import nn
 
 from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.gguf_types import BLOCK_TYPES
+from specchat.quant.quantized_linear import QuantizedLinear
 
 
-class GGUFLinear(nn.Module):
+class GGUFLinear(QuantizedLinear):
     def __init__(self, blocks: torch.Tensor, type_id: int, in_features: int, *, dtype: torch.dtype,
                  bias: torch.Tensor | None = None):  # fmt: skip
         """`blocks` [out, bytes per row] uint8, as the file stores them."""
@@ -22,22 +24,48 @@ class GGUFLinear(nn.Module):
         kind = BLOCK_TYPES[type_id]
         if blocks.shape[1] != kind.row_bytes(in_features):
             raise ValueError(f"{kind.name} blocks of {blocks.shape[1]} bytes per row do not hold {in_features} values")
-        self.type_id, self.in_features, self.out_features = type_id, in_features, blocks.shape[0]
-        self.format = kind.name  # what the weights are, for reports
-        self.register_buffer("blocks", blocks, persistent=False)
-        self.register_buffer("bias", None if bias is None else bias.to(dtype), persistent=False)
+        self._hold([blocks], [type_id], in_features, None if bias is None else bias.to(dtype))
+
+    @classmethod
+    def stacked(cls, layers: list[GGUFLinear], bias: torch.Tensor | None) -> GGUFLinear | None:
+        """One layer over all of `layers`' matrices (the same blocks, not copies), outputs side by side."""
+        if len({layer.in_features for layer in layers}) != 1:
+            return None
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        matrices = [matrix for each in layers for matrix in each.matrices]
+        types = [type_id for each in layers for type_id in each.type_ids]
+        layer._hold(matrices, types, layers[0].in_features, bias)
+        return layer
+
+    def _hold(self, matrices: list[torch.Tensor], type_ids: list[int], in_features: int, bias) -> None:
+        self.type_ids, self.in_features = type_ids, in_features
+        self.out_features = sum(matrix.shape[0] for matrix in matrices)
+        self.format = "+".join(dict.fromkeys(BLOCK_TYPES[t].name for t in type_ids))  # "q4_k", "q4_k+q6_k"
+        for i, matrix in enumerate(matrices):
+            self.register_buffer(f"blocks_{i}", matrix, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+
+    @property
+    def matrices(self) -> list[torch.Tensor]:
+        return [getattr(self, f"blocks_{i}") for i in range(len(self.type_ids))]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        out = cpu_decoder().gguf_matmul(flat, [self.blocks], [self.type_id], self.in_features, False).to(x.dtype)
+        out = cpu_decoder().gguf_matmul(flat, self.matrices, self.type_ids, self.in_features, False).to(x.dtype)
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self) -> torch.Tensor:
         """The weight matrix [out, in] in float32 (tests and small models only: it is the whole matrix)."""
-        rows = torch.arange(self.out_features)
-        return cpu_decoder().gguf_rows(self.blocks, self.type_id, self.in_features, rows)
+        return torch.cat([
+            cpu_decoder().gguf_rows(matrix, type_id, self.in_features, torch.arange(matrix.shape[0]))
+            for matrix, type_id in zip(self.matrices, self.type_ids)
+        ])  # fmt: skip
+
+    def native(self, decoder):
+        return decoder.gguf_linear(self.matrices, self.type_ids, self.in_features, self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, {self.format}"

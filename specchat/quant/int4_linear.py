@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specchat.quant.quantized_linear import QuantizedLinear
+
 PACK_ROWS = 4096  # codes are packed this many output rows at a time: no int32 copy of a whole large matrix
 PACK_BLOCK = 64  # the kernel interleaves rows in blocks of 64: packed matrices stack at multiples of it
 
@@ -32,10 +34,13 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_z
     return out.view(*x.shape[:-1], -1)
 
 
-def empty_stack(cls, layers: list[nn.Module]) -> nn.Module:
-    """A `cls` layer without weights yet, sized to hold `layers`' packed rows side by side."""
+def empty_stack(cls, layers: list[nn.Module]) -> nn.Module | None:
+    """A `cls` layer without weights yet, sized to hold `layers`' packed rows side by side; None where they
+    cannot stack (another input size, group or format; packed rows stack at multiples of PACK_BLOCK)."""
+    if len({(each.in_features, each.group_size, each.format) for each in layers}) != 1:
+        return None
     if any(each.out_features % PACK_BLOCK for each in layers[:-1]):
-        raise ValueError(f"packed layers stack at multiples of {PACK_BLOCK} rows")
+        return None
     layer = cls.__new__(cls)
     nn.Module.__init__(layer)
     layer.in_features = layers[0].in_features
@@ -43,7 +48,7 @@ def empty_stack(cls, layers: list[nn.Module]) -> nn.Module:
     return layer
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantizedLinear):
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, *, group_size: int,
                  dtype: torch.dtype, bias: torch.Tensor | None = None, format: str = "int4"):  # fmt: skip
         """`codes` [out, in] integers in 0..15; `scale`, `zero` [out, in // group_size]."""
@@ -56,10 +61,13 @@ class Int4Linear(nn.Module):
         self._hold(pack(codes), scales_and_zeros(scale, zero, dtype), group_size, format, bias, dtype)
 
     @classmethod
-    def stacked(cls, layers: list[Int4Linear], bias: torch.Tensor | None) -> Int4Linear:
-        """One layer whose outputs are those of `layers` side by side (same input size, groups and format;
-        all but the last a multiple of PACK_BLOCK rows)."""
-        first, layer = layers[0], empty_stack(cls, layers)
+    def stacked(cls, layers: list[Int4Linear], bias: torch.Tensor | None) -> Int4Linear | None:
+        """One layer whose outputs are those of `layers` side by side; None unless they share input size,
+        groups and format and all but the last are a multiple of PACK_BLOCK rows."""
+        layer = empty_stack(cls, layers)
+        if layer is None:
+            return None
+        first = layers[0]
         scales_zeros = torch.cat([each.scales_zeros for each in layers], dim=1).contiguous()
         packed = torch.cat([each.packed for each in layers])
         layer._hold(packed, scales_zeros, first.group_size, first.format, bias, scales_zeros.dtype)
@@ -80,6 +88,9 @@ class Int4Linear(nn.Module):
         """The weight matrix [out, in] the kernel multiplies by (computed by the kernel itself)."""
         eye = torch.eye(self.in_features, dtype=self.scales_zeros.dtype)
         return int4_matmul(eye, self.packed, self.group_size, self.scales_zeros).T.contiguous()
+
+    def native(self, decoder):
+        return decoder.Linear.int4([self.packed], [self.scales_zeros], self.group_size, self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, {self.format}, group={self.group_size}"

@@ -9,12 +9,12 @@ sees are exactly d * q; the bytes read are those of int8 weights.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from specchat.quant.int4_linear import empty_stack, int4_matmul, pack, scales_and_zeros
+from specchat.quant.quantized_linear import QuantizedLinear
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(QuantizedLinear):
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, *, group_size: int, dtype: torch.dtype,
                  bias: torch.Tensor | None = None, format: str = "int8"):  # fmt: skip
         """`codes` [out, in] int8; `scale` [out, in // group_size]."""
@@ -31,10 +31,13 @@ class Int8Linear(nn.Module):
         )  # fmt: skip
 
     @classmethod
-    def stacked(cls, layers: list[Int8Linear], bias: torch.Tensor | None) -> Int8Linear:
-        """One layer whose outputs are those of `layers` side by side (same input size, groups and format;
-        all but the last a multiple of PACK_BLOCK rows)."""
-        first, layer = layers[0], empty_stack(cls, layers)
+    def stacked(cls, layers: list[Int8Linear], bias: torch.Tensor | None) -> Int8Linear | None:
+        """One layer whose outputs are those of `layers` side by side; None unless they share input size,
+        groups and format and all but the last are a multiple of PACK_BLOCK rows."""
+        layer = empty_stack(cls, layers)
+        if layer is None:
+            return None
+        first = layers[0]
         planes = [torch.cat([getattr(each, name) for each in layers]) for name in ("high", "low")]
         scales = [torch.cat([getattr(each, name) for each in layers], dim=1).contiguous()
                   for name in ("high_scales", "low_scales")]  # fmt: skip
@@ -60,6 +63,10 @@ class Int8Linear(nn.Module):
         eye = torch.eye(self.in_features, dtype=self.low_scales.dtype)
         high = int4_matmul(eye, self.high, self.group_size, self.high_scales)
         return (high + int4_matmul(eye, self.low, self.group_size, self.low_scales)).T.contiguous()
+
+    def native(self, decoder):
+        planes, scales = [self.high, self.low], [self.high_scales, self.low_scales]
+        return decoder.Linear.int4(planes, scales, self.group_size, self.bias)  # x W^T = x W_hi^T + x W_lo^T
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, {self.format}, group={self.group_size}"

@@ -33,6 +33,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from specchat.architectures import parts
 from specchat.training.samples import Sample, fingerprint
 
 CHUNK = 200  # samples per features file
@@ -155,7 +156,8 @@ def _starts(samples: list[Sample]) -> torch.Tensor:
 def greedy_tokens(model, hidden: torch.Tensor, rows: int = 256) -> torch.Tensor:
     """The target's greedy next token after each row of its last-layer states `hidden` [length, hidden_size]
     (final norm, LM head, argmax; `rows` at a time, so the logits stay small)."""
-    head, norm = model.lm_head, model.model.norm
+    decoder = parts(model)
+    head, norm = decoder.head, decoder.norm
     return torch.cat([head(norm(part)).argmax(dim=-1) for part in hidden.split(rows)]).to(torch.int32)
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specchat.architectures import parts
 from specchat.training.features import Features, SampleFeatures
 from specchat.training.lag_evaluation import lag_evaluation
 from specchat.training.samples import Sample
@@ -32,11 +33,11 @@ class ModelDrafterObjective:
     def __init__(self, student: nn.Module, draft_vocab: torch.Tensor):
         """`student` a transformers `*ForCausalLM`, `draft_vocab` the ids the loss is taken over (sorted; all of
         them for the full vocabulary)."""
-        self.student = student
+        self.student, decoder = student, parts(student)
         # what trains and what a training state holds: the student's own modules, not the shared embedding and head
-        self.module = nn.ModuleDict({"layers": student.model.layers, "norm": student.model.norm})
+        self.module = nn.ModuleDict({"layers": decoder.layer_modules, "norm": decoder.norm})
         self.draft_vocab = draft_vocab.to(self.device)
-        self.head = student.lm_head.weight.detach()[self.draft_vocab]
+        self.head = decoder.head.weight.detach()[self.draft_vocab]
 
     def loss(self, sample: Sample, features: SampleFeatures, _rng: random.Random):
         """Summed cross-entropy over the sample's rows, and how many rows were scored (those whose target token
@@ -58,4 +59,4 @@ class ModelDrafterObjective:
 
     @property
     def device(self) -> torch.device:
-        return self.student.lm_head.weight.device
+        return parts(self.student).head.weight.device

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from specchat.architectures import parts
 from specchat.engine.generate import eos_ids
 from specchat.models.glide import GlideConfig, GlideModel, save_glide
 from specchat.training.curves import plot_training
@@ -42,7 +43,7 @@ def train_glide(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab: in
     with torch.no_grad():  # a tied target's head is its embedding: one matrix for both (dequantized once)
         draft.lm_head.weight.copy_(head)
         draft.model.embed_tokens.weight.copy_(head if tied else target_embeddings(model))
-    objective = GlideObjective(draft, loss_vocab, model.model.rotary_emb)
+    objective = GlideObjective(draft, loss_vocab, parts(model).rotary)
 
     def save():
         save_glide(out, draft, dtype=torch.bfloat16, tied=tied)

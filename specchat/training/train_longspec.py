@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from specchat.architectures import parts
 from specchat.engine.generate import eos_ids
 from specchat.models.longspec import LongSpecConfig, LongSpecLayer, save_longspec
 from specchat.training.curves import plot_training
@@ -49,7 +50,7 @@ def train_longspec(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab:
     torch.manual_seed(recipe.seed)
     layer = LongSpecLayer(LongSpecConfig.for_target(model.config)).to(model.device)
     objective = LongSpecObjective(layer, target_embeddings(model), target_head(model), trained_vocab,
-                                  model.model.rotary_emb, model.config.max_position_embeddings)  # fmt: skip
+                                  parts(model).rotary, model.config.max_position_embeddings)  # fmt: skip
     reduced = None if len(trained_vocab) == vocab_size else trained_vocab
 
     def save(draft_vocab=reduced):

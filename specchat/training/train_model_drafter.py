@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
 from torch import nn
 
+from specchat.architectures import parts
 from specchat.engine.generate import eos_ids
 from specchat.errors import SpecchatError
 from specchat.models.checkpoint import WEIGHTS
@@ -81,8 +81,9 @@ def trainable_student(target: nn.Module, layers: int) -> nn.Module:
     if not 1 <= layers <= depth:
         raise SpecchatError(f"--layers must be between 1 and the target's {depth} layers, not {layers}")
     student = student_from_target(target, layers)
-    student.model.embed_tokens.requires_grad_(False)
-    student.lm_head.requires_grad_(False)
-    for own in (student.model.layers, student.model.norm):
+    decoder = parts(student)
+    decoder.embed.requires_grad_(False)
+    decoder.head.requires_grad_(False)
+    for own in (decoder.layer_modules, decoder.norm):
         own.float().requires_grad_(True)
     return student

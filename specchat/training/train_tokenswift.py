@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from specchat.architectures import parts
 from specchat.engine.generate import Engine, eos_ids
 from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads, save_heads
 from specchat.training.curves import plot_training
@@ -51,7 +52,7 @@ def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, voca
     eos = sorted(eos_ids(model, loaded.tokenizer))
     loss_vocab = frequent_tokens(answers, vocab, model.config.vocab_size, always=eos)
     torch.manual_seed(recipe.seed)
-    heads = TokenSwiftHeads(TokenSwiftConfig.for_target(model.config), model.model.norm.weight.detach().float())
+    heads = TokenSwiftHeads(TokenSwiftConfig.for_target(model.config), parts(model).norm.weight.detach().float())
     heads = heads.to(model.device)
     objective = TokenSwiftObjective(heads, target_head(model), loss_vocab)
 

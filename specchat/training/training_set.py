@@ -11,8 +11,10 @@ from pathlib import Path
 
 import torch
 
+from specchat.architectures import parts
 from specchat.engine.generate import Engine
 from specchat.errors import SpecchatError
+from specchat.quant.quantized_linear import dense_weight
 from specchat.training.data import read_records
 from specchat.training.features import Features, target_features
 from specchat.training.samples import MAX_SAMPLE_TOKENS, Sample, samples_of
@@ -72,11 +74,10 @@ def sample_tokens(samples) -> int:
 
 def target_embeddings(model) -> torch.Tensor:
     """The target's input embeddings [vocab, hidden] in fp32 (frozen)."""
-    embed = model.model.embed_tokens
+    embed = parts(model).embed
     return embed(torch.arange(model.config.vocab_size, device=model.device)).float()
 
 
 def target_head(model) -> torch.Tensor:
     """The target's LM head [vocab, hidden] in fp32 (frozen; quantized heads dequantized)."""
-    head = model.lm_head
-    return (head.dequantize() if hasattr(head, "dequantize") else head.weight).float()
+    return dense_weight(parts(model).head).float()

@@ -1,0 +1,25 @@
+"""Where a decoder's parts are: one adapter per architecture, chosen by `config.model_type`.
+
+Nothing else in specchat names a transformers module path (`model.model.layers[i].self_attn`, `rotary_emb`,
+...): it asks `parts(model)` for the embedding, the layers and their projections and norms, the final norm, the
+LM head and the rotary embedding. A new architecture is one file here and its entry in `ADAPTERS`.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from specchat.architectures.llama import LlamaParts
+from specchat.errors import SpecchatError
+
+ADAPTERS = {model_type: LlamaParts for model_type in LlamaParts.model_types}
+
+
+def parts(model: nn.Module) -> LlamaParts:
+    """The adapter of `model` (a transformers `*ForCausalLM`), or a one-line error for an architecture specchat
+    cannot reach into."""
+    model_type = model.config.model_type
+    adapter = ADAPTERS.get(model_type)
+    if adapter is None:
+        raise SpecchatError(f"the model is a {model_type}; specchat runs {', '.join(ADAPTERS)} models")
+    return adapter(model)

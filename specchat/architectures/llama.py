@@ -1,0 +1,99 @@
+"""The Llama layout, as transformers builds it for llama, mistral, qwen2 (biases inside the q/k/v projections)
+and qwen3 (a norm over each head's queries and keys): a pre-norm decoder whose layer is
+
+    h = x + o(attention(rope(q(n1(x))), rope(k(n1(x))), v(n1(x))))      n1 = input norm
+    y = h + down(silu(gate(n2(h))) * up(n2(h)))                         n2 = post-attention norm
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LlamaLayer:
+    """One decoder layer's parts. Read from the module at each access: quantization and fusion replace
+    projections in place."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    @property
+    def attention(self) -> nn.Module:
+        """Owner of the q/k/v/o projections (where `fuse_projections` installs its views)."""
+        return self.module.self_attn
+
+    q = property(lambda self: self.module.self_attn.q_proj)
+    k = property(lambda self: self.module.self_attn.k_proj)
+    v = property(lambda self: self.module.self_attn.v_proj)
+    o = property(lambda self: self.module.self_attn.o_proj)
+    qkv_names = ("q_proj", "k_proj", "v_proj")  # on `attention`
+    mlp = property(lambda self: self.module.mlp)  # callable: down(silu(gate(x)) * up(x))
+    gate_up_names = ("gate_proj", "up_proj")  # on `mlp`
+    down = property(lambda self: self.module.mlp.down_proj)
+    input_norm = property(lambda self: self.module.input_layernorm)
+    post_attention_norm = property(lambda self: self.module.post_attention_layernorm)
+
+    @property
+    def q_norm(self) -> nn.Module | None:
+        """The norm over each head's query before RoPE (qwen3), or None."""
+        return getattr(self.module.self_attn, "q_norm", None)
+
+    @property
+    def head_dim(self) -> int:
+        return self.module.self_attn.head_dim
+
+    @property
+    def scaling(self) -> float:
+        return self.module.self_attn.scaling
+
+
+class LlamaParts:
+    model_types = ("llama", "mistral", "qwen2", "qwen3")
+    Layer = LlamaLayer
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    @property
+    def embed(self) -> nn.Module:
+        return self.model.model.embed_tokens
+
+    @property
+    def layer_modules(self) -> nn.ModuleList:
+        return self.model.model.layers
+
+    @property
+    def layers(self) -> list[LlamaLayer]:
+        return [LlamaLayer(module) for module in self.model.model.layers]
+
+    @property
+    def norm(self) -> nn.Module:
+        """The final norm, before the LM head."""
+        return self.model.model.norm
+
+    @property
+    def head(self) -> nn.Module:
+        return self.model.lm_head
+
+    @property
+    def rotary(self) -> nn.Module:
+        """(x, positions [1, q]) -> cos, sin [1, q, head_dim]."""
+        return self.model.model.rotary_emb
+
+    def share_embedding_and_head(self, embed: nn.Module, head: nn.Module) -> None:
+        """Use another model's embedding and LM head (a student's are its target's)."""
+        self.model.model.embed_tokens = embed
+        self.model.lm_head = head
+
+    def rebuild_rotary(self, device: torch.device) -> None:
+        """Rebuild the rotary tables that a construction on the meta device left empty."""
+        with torch.device(device):
+            self.model.model.rotary_emb = self.model.model.rotary_emb.__class__(self.model.config)
+
+    @staticmethod
+    def in_first_layers(name: str, layers: int) -> bool:
+        """Whether a state-dict entry belongs to the first `layers` layers or the final norm (a student's own)."""
+        if name == "model.norm.weight":
+            return True
+        return name.startswith("model.layers.") and int(name.split(".")[2]) < layers
