@@ -53,10 +53,14 @@ def text_ids(tokenizer, tokens: int) -> list[int]:
 def _reference_logits(path: Path, loaded, ids: list[int]) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
-    from specchat.loading import gguf_checkpoint
+    from specchat.loading import embedded_checkpoint, embedded_gguf_path, gguf_checkpoint
 
-    model = AutoModelForCausalLM.from_pretrained(gguf_checkpoint(path), gguf_file=str(path.resolve()),
-                                                 dtype=torch.float32)  # fmt: skip
+    embedded = embedded_gguf_path()
+    if embedded is not None and path.resolve() == embedded.resolve():  # its conversion is on disk: 2 s, not 20
+        model = AutoModelForCausalLM.from_pretrained(embedded_checkpoint(dense=True), dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(gguf_checkpoint(path), gguf_file=str(path.resolve()),
+                                                     dtype=torch.float32)  # fmt: skip
     logits = model(torch.tensor([ids])).logits[0].float()
     del model
     return logits
