@@ -104,23 +104,20 @@ REFUSED_AFTER_A_MODEL_LOADS = {
 
 
 def specchat_in_process(monkeypatch, capfd, *args: str) -> subprocess.CompletedProcess:
-    """`specchat ARGS` through `main`, the entry point `python -m specchat` and the console script run, in this
+    """`specchat ARGS` through `command_status`, what `python -m specchat` and the console script run, in this
     process (as tests/test_bench_attention.py's bad input): for input refused before any model loads, where a
     process of its own costs 0.3 s, or 2 s once torch is imported. Everything written to the file descriptors
-    of stdout and stderr is captured; an exception that escapes `main` fails the test, as a traceback would. The
+    of stdout and stderr is captured; an exception that escapes it fails the test, as a traceback would. The
     process-wide settings a command makes on its way (transformers' logging and progress bars) are put back."""
     from transformers.utils import logging
 
-    from specchat.cli import main
+    from specchat.cli import command_status
 
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     monkeypatch.setattr(sys, "argv", ["specchat", *args])
     capfd.readouterr()  # what the test printed before
-    code = 0
     try:
-        main()
-    except SystemExit as exit_:
-        code = 0 if exit_.code is None else exit_.code
+        code = command_status()
     finally:
         logging.set_verbosity(verbosity)
         (logging.enable_progress_bar if bars else logging.disable_progress_bar)()
@@ -226,8 +223,8 @@ def refused_before_loading(*args: str) -> subprocess.CompletedProcess:
     """`specchat ARGS` run in a fresh interpreter whose stdout says whether torch was imported before the exit:
     a refusal that comes before any model load imports none of it."""
     code = (
-        f"import sys; from specchat.cli import main; sys.argv = ['specchat', *{list(args)!r}]\n"
-        "try:\n    main()\nfinally:\n    print('torch' in sys.modules)"
+        f"import sys; from specchat.cli import command_status; sys.argv = ['specchat', *{list(args)!r}]\n"
+        "status = command_status()\nprint('torch' in sys.modules)\nsys.exit(status)"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
 
@@ -248,8 +245,8 @@ def test_train_refuses_bad_output_and_options_before_loading(monkeypatch, capfd)
 def test_option_errors_do_not_import_torch():
     """Option checks answer before anything slow is imported (a bad flag used to take 1.5-2.7 s)."""
     code = (
-        "import sys; from specchat.cli import main; sys.argv = ['specchat', 'run', 'hi', '--top-p', '2'];\n"
-        "try:\n    main()\nexcept SystemExit:\n    print('torch' in sys.modules)"
+        "import sys; from specchat.cli import command_status; sys.argv = ['specchat', 'run', 'hi', '--top-p', '2']\n"
+        "command_status()\nprint('torch' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
     assert result.stdout.strip() == "False", result.stderr

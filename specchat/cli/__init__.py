@@ -3,6 +3,7 @@ command (group); `common.py` holds the app and what they share."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -25,24 +26,42 @@ def main() -> None:
         from specchat.tui.typeahead import hold_typed_keys
 
         hold_typed_keys()
+    _leave(command_status())
+
+
+def command_status() -> int:
+    """Run the command `sys.argv` names; its exit status, its output flushed. (`main` then exits; tests call
+    this in their own process.)"""
     try:
         status = app(standalone_mode=False)  # typer turns Ctrl-C into a returned 130
         if status == 130:
             raise KeyboardInterrupt
-        if isinstance(status, int) and status:
-            sys.exit(status)
+        sys.stdout.flush()
+        return status if isinstance(status, int) else 0
     except SpecchatError as error:
         typer.echo(f"error: {error}", err=True)
-        sys.exit(1)
+        return 1
     except click_errors.NoArgsIsHelpError:
-        pass  # the help is already printed
+        return 0  # the help is already printed
     except click_errors.UsageError as error:  # a bad flag or value: one line too, exit status 2 as click's
         typer.echo(f"error: {error.format_message()} (see --help)", err=True)
-        sys.exit(2)
+        return 2
     except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)
-        sys.exit(130)
+        return 130
     except OSError as error:  # the output cannot be written: a full disk, a closed pipe elsewhere than `run`
         with contextlib.suppress(OSError):
             sys.stderr.write(f"error: cannot write the output: {error.strerror or error}\n")
         os._exit(1)  # no flush of the broken stream at exit
+
+
+def _leave(status: int) -> None:
+    """Exit without the interpreter's finalization. With torch, transformers and a model loaded it spends
+    1-2 s freeing objects one by one (measured after `specchat run`), and triton, which transformers imports
+    even on a CPU, prints ~30 lines of nanobind "leaks" there. Exit handlers still run: the chat gives the
+    terminal's settings back in one (tui/typeahead.py)."""
+    atexit._run_exitfuncs()
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(status)

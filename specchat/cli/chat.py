@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated
 
@@ -56,7 +55,7 @@ def chat(
     quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
-) -> None:
+) -> int:
     """Chat in the terminal: accepted draft tokens are coloured as they stream, with live acceptance figures."""
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
@@ -91,15 +90,4 @@ def chat(
     chat_app.run()
     if chat_app.error is not None:
         typer.echo(f"error: {chat_app.error}", err=True)
-    _leave(1 if chat_app.error is not None else 0)
-
-
-def _leave(status: int) -> None:
-    """Exit now, without the interpreter's finalization: triton, which transformers imports even on a CPU,
-    reports ~30 lines of nanobind "leaks" there, onto the terminal the chat just gave back."""
-    import atexit
-
-    atexit._run_exitfuncs()  # the terminal's settings are given back here (tui/typeahead.py)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    return 1 if chat_app.error is not None else 0
