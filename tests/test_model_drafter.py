@@ -15,6 +15,7 @@ from conftest import tiny_model
 from transformers import AutoTokenizer
 
 from specchat.drafters.cache_policy import (
+    CHUNK,
     FullCache,
     RetrievalCache,
     StreamingCache,
@@ -177,35 +178,44 @@ def test_a_draft_models_tokenizer_must_be_the_targets(tokenizer, tmp_path):
         check_tokenizers(grown, tokenizer, "grown")
 
 
+# The policies' sizes in the needle test: 6 chunks of 32 and the newest (224 positions) where the CLI's read 33
+# (1056), so that a prompt of ~420 tokens holds the needle beyond the window (three prefills of 1.7K tokens in
+# fp32 took 41 s, these 12 s).
+NEEDLE_TOP = 6
+NEEDLE_READ = (NEEDLE_TOP + 1) * CHUNK
+
+
 def needle_prompt(tokenizer) -> tuple[list[int], list[int]]:
-    """~1.7K tokens of the Python reference manual with a password planted ~1.45K tokens before the end (outside
-    the 1056 positions a working cache reads) and ~260 after its start, and a question whose answer copies it;
-    and the password's tokens as the answer writes it (after "is"). (The text before the password was 3000
-    characters; 1000 keep the answer and what each policy drafts of it, 9 of 11 tokens against 3, and spare
-    three prefills of 460 tokens in fp32.)"""
+    """~420 tokens of the Python reference manual with a password planted ~290 tokens before the end (outside
+    the NEEDLE_READ positions a working cache reads) and ~100 after its start, and a question whose answer copies
+    it; and the password's tokens as the answer writes it (after "is")."""
     from pydoc_data.topics import topics
 
     document = "\n\n".join(topics[name] for name in sorted(topics))[:9000]
     fact = "\n\nThe password of the archive server is TULIP-4471-ORBIT.\n\n"
-    text = f"{document[2000:3000]}{fact}{document[3000:]}\n\nWhat is the password of the archive server? Answer with the password only."
+    text = f"{document[2600:3000]}{fact}{document[3000:4100]}\n\nWhat is the password of the archive server? Answer with the password only."
     return encode_prompt(tokenizer, text), tokenizer(" TULIP-4471-ORBIT", add_special_tokens=False).input_ids
 
 
 @pytest.mark.slow
 def test_needle_retrieval_drafts_the_copied_fact_streaming_cannot(default_model):
-    """On the real default model (fp32), whose answer copies a fact from 1.4K tokens back: a draft that can copy
+    """On the real default model (fp32), whose answer copies a fact from ~290 tokens back: a draft that can copy
     (the target's own layers, reading its own cache) gets the fact's tokens accepted when it retrieves the chunks
     the target attends to, and not when it streams the recent tokens only: the needle lies outside streaming's
-    window."""
+    window. (The policies at the CLI's sizes are the same classes, tested on their own above.)"""
     tokenizer = default_model.tokenizer
     prompt, secret = needle_prompt(tokenizer)
     [needle_at] = [i for i in range(len(prompt)) if prompt[i : i + len(secret)] == secret]
-    assert len(prompt) - needle_at > 1056 + 256, (len(prompt), needle_at)
+    assert len(prompt) - needle_at > NEEDLE_READ + CHUNK, (len(prompt), needle_at)
     drafted = {}
-    # one engine: the second request reuses the target's cache of the prompt (a 1.7K-token prefill in fp32);
-    # each drafter is new and reads the whole prompt into its own cache
+    # one engine: the second request reuses the target's cache of the prompt; each drafter is new and reads the
+    # whole prompt into its own cache
     engine = Engine(default_model.model, tokenizer, max_len=len(prompt) + 32)
-    for policy in ("streaming", "retrieval"):
+    policies = {
+        "streaming": StreamingCache(read=NEEDLE_READ),
+        "retrieval": RetrievalCache(lambda: target_attention(engine.target), top=NEEDLE_TOP),
+    }
+    for name, policy in policies.items():
         drafter = ModelDrafter(engine.target, DraftModel(default_model.model, student=False))
         drafter.use_cache_policy(policy)
         engine.set_drafter(drafter, 8)
@@ -215,7 +225,7 @@ def test_needle_retrieval_drafts_the_copied_fact_streaming_cannot(default_model)
             origins += event.origins
         starts = [i for i in range(len(tokens)) if tokens[i : i + len(secret)] == secret]
         assert starts, f"the answer does not copy the password: {tokenizer.decode(tokens)!r}"
-        drafted[policy] = origins[starts[0] : starts[0] + len(secret)].count("model")
+        drafted[name] = origins[starts[0] : starts[0] + len(secret)].count("model")
     assert drafted["retrieval"] > drafted["streaming"], drafted
 
 
