@@ -21,7 +21,7 @@ from test_cli import ENV, assert_one_line_error, refused_before_loading, speccha
 
 from specchat.writer.book import ids_path, state_path
 
-TOKENS = "300"  # no refill (the window holds 8K): a kill and a resume replay from the start
+TOKENS = "160"  # no refill (the window holds 8K): a kill and a resume replay from the start
 COMMON = ("--tokens", TOKENS, "--seed", "11", "--drafter", "ngram")
 
 
@@ -55,7 +55,7 @@ def test_killed_and_resumed_writes_the_same_bytes(default_model, tmp_path):
 
     cut = tmp_path / "cut.txt"
     process = _start("--out", str(cut), *COMMON)
-    _wait_for_tokens(cut, 100, process)
+    _wait_for_tokens(cut, 50, process)
     process.kill()  # SIGKILL: no clean-up runs
     process.communicate()
     assert 0 < len(cut.read_bytes()) < len(whole.read_bytes())
