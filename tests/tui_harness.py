@@ -41,10 +41,13 @@ async def ready(pilot) -> None:
 
 
 async def send(pilot, line: str) -> None:
-    """Put `line` in the input and press Enter (typing key by key is tested once, separately)."""
-    pilot.app.query_one(ChatInput).value = line
-    await pilot.press("enter")
-    await pilot.pause()
+    """Put `line` in the input and submit it as Enter does (typing key by key is tested once, separately), then
+    let the app handle it. Not `pilot.press`: it waits for the CPU to go idle, which it never is while an answer
+    streams (3 s a line)."""
+    chat_input = pilot.app.query_one(ChatInput)
+    chat_input.value = line
+    await chat_input.action_submit()
+    await pilot.pause(0.05)
 
 
 async def ask(pilot, line: str, timeout: float = 120.0):
