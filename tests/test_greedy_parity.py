@@ -46,9 +46,9 @@ def test_tiny_models_match_generate(family, prompt_len, tokenizer):
 def test_default_model_matches_generate(prompt, default_model):
     model, tokenizer = default_model.model, default_model.tokenizer
     ids = encode_prompt(tokenizer, prompt)
-    expected = hf_greedy(model, ids, 64)
-    assert len(expected) >= 48
-    assert ours(model, tokenizer, ids, 64) == expected
+    expected = hf_greedy(model, ids, 32)  # 64 tokens cost twice the time and proved the same on these prompts
+    assert len(expected) == 32
+    assert ours(model, tokenizer, ids, 32) == expected
 
 
 def test_chat_template_is_applied_exactly(tokenizer):
