@@ -36,7 +36,10 @@ WARM = (
 )  # fmt: skip
 
 _HELPER = r"""
-import importlib, json, os, sys
+import importlib, json, os, signal, sys
+# Ctrl-C as a terminal delivers it, also when this test run was started with SIGINT ignored (`make test &` in
+# a script): an interpreter that starts with it ignored never raises KeyboardInterrupt, nor do its forks.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 inbox, outbox = os.fdopen(int(sys.argv[1]), "r"), os.fdopen(int(sys.argv[2]), "w", buffering=1)
 for name in json.loads(sys.argv[3]):
     importlib.import_module(name)
@@ -59,7 +62,7 @@ for line in inbox:
                 os.dup2(opened, fd)
                 os.close(opened)
         sys.argv = ["-m", *request["args"]]
-        del importlib, json, inbox, outbox, line, request, pid
+        del importlib, json, signal, inbox, outbox, line, request, pid
         import runpy
         runpy._run_module_as_main("specchat")
         sys.exit(0)
