@@ -568,8 +568,10 @@ struct Matrix {
   int64_t rows() const { return blocks.size(0); }
 };
 
+constexpr int64_t kRowChunk = 64;  // activation rows per pass over the weights
+
 // x [n, cols] (any float dtype) times the matrices stacked along their rows -> [n, total rows] float32. One
-// parallel loop over all their rows; activations quantized once per group size.
+// parallel loop over all their rows per chunk of kRowChunk activation rows, quantized once per group size.
 inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, bool portable) {
   TORCH_CHECK(x.dim() == 2, "x must be [rows, cols]");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
@@ -582,34 +584,42 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
     TORCH_CHECK(cols % l.values == 0 && m.blocks.size(1) == cols / l.values * l.bytes, "blocks do not fit the type");
     starts.push_back(starts.back() + m.rows());
   }
-  const Quantized* by_group[2] = {nullptr, nullptr};  // groups of 32, 256
-  std::vector<std::unique_ptr<Quantized>> held;
-  for (const auto& m : matrices) {
-    const int64_t values = layout(m.type).values, slot = values == 32 ? 0 : 1;
-    if (!by_group[slot]) {
-      held.push_back(std::make_unique<Quantized>(xf.data_ptr<float>(), n, cols, values));
-      by_group[slot] = held.back().get();
-    }
-  }
   const int64_t total = starts.back();
   at::Tensor out = at::empty({n, total}, xf.options());
   float* out_data = out.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
   std::vector<const uint8_t*> bases;  // read once: data_ptr is checked on every call
   for (const auto& m : matrices) bases.push_back(m.blocks.data_ptr<uint8_t>());
-  at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
-    Unpacked u;
-    std::vector<float> column(n);
-    size_t part = 0;
-    for (int64_t o = begin; o < end; ++o) {
-      while (o >= starts[part + 1]) ++part;
-      const Matrix& m = matrices[part];
-      const uint8_t* row = bases[part] + (o - starts[part]) * m.blocks.size(1);
-      if (needs_unpacking(m.type, portable)) unpack_row(row, m.type, cols, u);
-      dots(row, u, *by_group[layout(m.type).values == 32 ? 0 : 1], m.type, portable, column.data());
-      for (int64_t r = 0; r < n; ++r) out_data[r * total + o] = column[r];
+  // Activation rows a chunk at a time, so that their int8 values stay in cache while every weight row passes
+  // by (a 512-row prefill re-read 0.8 MB of them per weight row). Each row is quantized and dotted on its own,
+  // so chunking changes no result.
+  for (int64_t chunk = 0; chunk < n; chunk += kRowChunk) {
+    const int64_t rows = std::min(kRowChunk, n - chunk);
+    const float* x_rows = xf.data_ptr<float>() + chunk * cols;
+    const Quantized* by_group[2] = {nullptr, nullptr};  // groups of 32, 256
+    std::vector<std::unique_ptr<Quantized>> held;
+    for (const auto& m : matrices) {
+      const int64_t values = layout(m.type).values, slot = values == 32 ? 0 : 1;
+      if (!by_group[slot]) {
+        held.push_back(std::make_unique<Quantized>(x_rows, rows, cols, values));
+        by_group[slot] = held.back().get();
+      }
     }
-  });
+    float* out_rows = out_data + chunk * total;
+    at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
+      Unpacked u;
+      std::vector<float> column(rows);
+      size_t part = 0;
+      for (int64_t o = begin; o < end; ++o) {
+        while (o >= starts[part + 1]) ++part;
+        const Matrix& m = matrices[part];
+        const uint8_t* row = bases[part] + (o - starts[part]) * m.blocks.size(1);
+        if (needs_unpacking(m.type, portable)) unpack_row(row, m.type, cols, u);
+        dots(row, u, *by_group[layout(m.type).values == 32 ? 0 : 1], m.type, portable, column.data());
+        for (int64_t r = 0; r < rows; ++r) out_rows[r * total + o] = column[r];
+      }
+    });
+  }
   return out;
 }
 

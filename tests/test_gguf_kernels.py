@@ -4,7 +4,8 @@ Activations are quantized to int8 per row over each type's groups (32 values, or
 the kernel computes exactly x_q @ W^T with x_q the quantized activations: checked to 1e-5 of the output's
 scale in float64 (the kernel's only rounding is its float accumulation), and to 2% of it against the
 unquantized x (int8 activations: llama.cpp's own precision for these types). Each row's result is bitwise
-the same alone, among 1..64 rows, and on the AVX2 and portable paths.
+the same alone, among 1..150 rows (past the 64 a pass over the weights takes), and on the AVX2 and
+portable paths.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def test_kernel_equals_gguf_dequantize_then_matmul(kind, rows, columns, n):
 def test_rows_are_bitwise_independent_and_paths_agree(kind):
     rng = np.random.default_rng(1)
     blocks = random_blocks(kind, 40, 512, rng)
-    x = torch.from_numpy(rng.standard_normal((64, 512)).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((150, 512)).astype(np.float32))  # 64 + 64 + 22 rows a pass
     together = matmul(x, blocks, kind)
     assert torch.equal(together, matmul(x, blocks, kind, portable=True))
-    for first, count in [(0, 1), (5, 1), (3, 4), (7, 5), (60, 4), (0, 9)]:  # straddling the blocks of four rows
+    # straddling the blocks of four rows, and the chunks of 64 rows that pass over the weights together
+    for first, count in [(0, 1), (5, 1), (3, 4), (7, 5), (60, 4), (0, 9), (62, 5), (127, 23)]:
         assert torch.equal(matmul(x[first : first + count], blocks, kind), together[first : first + count])
 
 
