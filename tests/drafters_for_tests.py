@@ -17,10 +17,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from specchat.drafters.base import TracksCommittedIds
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 
 
-class _TrackingDrafter:
+class _TrackingDrafter(TracksCommittedIds):
     """Keeps the committed ids, prompt included, exactly as the engine reports them."""
 
     kind = "test"
@@ -30,10 +31,7 @@ class _TrackingDrafter:
         self.proposals: list[DraftTree] = []  # every tree proposed, for the test to inspect
 
     def prefill(self, ids: list[int], hidden=None, reused: int = 0) -> None:
-        self.ids = list(ids)
-
-    def commit(self, tokens: list[int], hidden=None) -> None:
-        self.ids += list(tokens)
+        self.new_request(ids, reused)
 
     def propose(self, budget: int, sampling=None, generator=None) -> DraftTree:
         tree = self._propose(budget)

@@ -79,3 +79,20 @@ class Drafter(Protocol):
         then one per token of a step (the previous last token's, then each accepted token's). Over a request,
         `prefill`'s and `commit`'s rows line up with cache positions `reused`, `reused` + 1, ...: the state at
         position p is the one that predicted the token at p + 1."""
+
+
+class TracksCommittedIds:
+    """The committed ids (prompt included) as the engine reports them, for a drafter that keeps state built
+    from them: `prefill` asks `new_request` how much of it a new request leaves valid."""
+
+    ids: list[int]
+
+    def new_request(self, ids: list[int], reused: int) -> int:
+        """Track `ids` from now on; the number of leading positions whose state stays valid: the `reused` the
+        engine kept, when this drafter had tracked the same ids there, else none."""
+        kept = reused if self.ids[:reused] == ids[:reused] else 0
+        self.ids = list(ids)
+        return kept
+
+    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
+        self.ids += tokens

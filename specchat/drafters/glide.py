@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.drafters.base import TargetView
+from specchat.drafters.base import TargetView, TracksCommittedIds
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
@@ -29,7 +29,7 @@ CHAIN = 4
 CHUNK = 256  # committed rows per catch-up forward: bounds the masks at long contexts
 
 
-class GlideDrafter:
+class GlideDrafter(TracksCommittedIds):
     kind = "glide"
 
     def __init__(self, target: TargetView, model: GlideModel, *, chain: int = CHAIN,
@@ -48,12 +48,8 @@ class GlideDrafter:
         self.ids: list[int] = []
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
-        same = reused if self.ids[:reused] == ids[:reused] else 0
+        same = self.new_request(ids, reused)
         self.kv.written = min(self.kv.written, same)
-        self.ids = list(ids)
-
-    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
-        self.ids += tokens
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.drafters.base import TargetView
+from specchat.drafters.base import TargetView, TracksCommittedIds
 from specchat.drafters.cache_policy import CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.engine.sampling import SamplingConfig, process_logits
@@ -26,7 +26,7 @@ from specchat.quant.quantize import quantize_linears
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
 
 
-class LongSpecDrafter:
+class LongSpecDrafter(TracksCommittedIds):
     kind = "longspec"
 
     def __init__(self, target: TargetView, layer: LongSpecLayer, *, draft_vocab: torch.Tensor | None = None,
@@ -55,13 +55,9 @@ class LongSpecDrafter:
         self.read = torch.zeros(0, dtype=torch.long, device=self.target.device)  # target positions read
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
-        same = reused if self.ids[:reused] == ids[:reused] else 0
+        same = self.new_request(ids, reused)
         self.ring.forget_from(same)
-        self.ids = list(ids)
         self.read = self.read[:0]
-
-    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
-        self.ids += tokens
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:

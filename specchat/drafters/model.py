@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specchat.architectures import parts
-from specchat.drafters.base import TargetView
+from specchat.drafters.base import TargetView, TracksCommittedIds
 from specchat.drafters.cache_policy import BLOCK, CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.dynamic_tree import grow_tree
@@ -30,7 +30,7 @@ from specchat.models.longspec import rotate
 from specchat.quant.quantize import quantize_linears
 
 
-class ModelDrafter:
+class ModelDrafter(TracksCommittedIds):
     kind = "model"
 
     def __init__(self, target: TargetView, draft: DraftModel, *, policy: str = "retrieval", weights: str | None = "auto"):
@@ -67,14 +67,10 @@ class ModelDrafter:
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         """Run the draft over the prompt now, right after the target's prefill: its cost counts with the
         prompt's, not with the first step's."""
-        same = reused if self.ids[:reused] == ids[:reused] else 0
+        same = self.new_request(ids, reused)
         self.cache.truncate(same)
-        self.ids = list(ids)
         self.fresh = True
         self._catch_up()
-
-    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
-        self.ids += tokens
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
