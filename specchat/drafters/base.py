@@ -94,5 +94,5 @@ class TracksCommittedIds:
         self.ids = list(ids)
         return kept
 
-    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
+    def commit(self, tokens: list[int], hidden: torch.Tensor | None = None) -> None:  # the states go unread
         self.ids += tokens
