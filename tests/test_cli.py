@@ -80,7 +80,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("run", "hi", "--drafter", "glide"), ("no published glide drafter", "it has: none, ngram, longspec", "glide:PATH")),
         (("run", "hi", "--drafter", "glide:/no/such/draft"), ("/no/such/draft", "no such checkpoint directory")),
         (("bench", "--drafter", "none,glide"), ("no published glide drafter",)),
-        (("run", "hi", "--drafter", "ngram", "--draft-cache", "streaming"), ("--draft-cache is for the model and longspec",)),
+        (("run", "hi", "--drafter", "ngram", "--draft-cache", "streaming"), ("--draft-cache is for the longspec and model drafters, not ngram",)),
         (("run", "hi", "--drafter", "longspec", "--draft-cache", "lru"), ("unknown --draft-cache 'lru'", "retrieval")),
         (("bench", "--drafter", "ngram", "--draft-cache", "full"), ("--draft-cache is for",)),
         (("chat", "--drafter", "ngram", "--draft-cache", "full"), ("--draft-cache is for",)),

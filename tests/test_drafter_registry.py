@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tui_harness import tiny_loaded
 
-from specchat.drafters import KINDS, NAMES, DrafterChoice, parse_drafter, resolve_drafter, usable_drafters
+from specchat.drafters import KINDS, NAMES, DrafterChoice, check_option, parse_drafter, resolve_drafter, usable_drafters
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.profiles import load_profiles
@@ -93,6 +93,15 @@ def test_changing_the_drafter_in_a_chat_keeps_its_cache(tokenizer):
     with pytest.raises(SpecchatError, match="no published glide drafter"):
         session.choose_drafter("glide")
     assert session.settings.drafter == "none"
+
+
+def test_build_options_are_for_the_kinds_that_take_them():
+    check_option(parse_drafter("tokenswift"), "kv_budget")
+    check_option(parse_drafter("longspec+ngram"), "cache")  # a part reads a draft cache
+    with pytest.raises(SpecchatError, match=r"^--draft-kv-budget is for the tokenswift drafter, not ngram\+model$"):
+        check_option(parse_drafter("ngram+model"), "kv_budget")
+    with pytest.raises(SpecchatError, match=r"^--draft-cache is for the longspec and model drafters, not glide$"):
+        check_option(parse_drafter("glide"), "cache")
 
 
 def test_a_chat_keeps_its_draft_cache_for_the_drafters_that_read_one(tokenizer, tmp_path):

@@ -26,7 +26,7 @@ from specchat.cli.common import (
     quiet_transformers,
     report,
 )
-from specchat.drafters import DEFAULT_DRAFTER, DrafterChoice, check_draft_cache, parse_drafter, reads_draft_cache
+from specchat.drafters import DEFAULT_DRAFTER, DrafterChoice, check_draft_cache, parse_drafter, takes_option
 from specchat.engine.attention import check_attention
 from specchat.errors import SpecchatError
 
@@ -273,7 +273,7 @@ def bench_draft(
 
 def _with_draft_caches(methods: list[str], choices: list[DrafterChoice], caches: list[str]) -> list[str]:
     """Each drafter that reads a draft cache, once per cache ("model@streaming"), after the others."""
-    readers = [method for method, choice in zip(methods, choices) if reads_draft_cache(choice)]
+    readers = [method for method, choice in zip(methods, choices) if takes_option(choice, "cache")]
     for cache in caches:
         check_draft_cache(cache, parse_drafter(readers[0]) if readers else choices[0])
     return [m for m in methods if m not in readers] + [f"{m}@{cache}" for m in readers for cache in caches]

@@ -27,7 +27,7 @@ from specchat.cli.common import (
     quiet_transformers,
     sampling_config,
 )
-from specchat.drafters import NAMES, parse_drafter
+from specchat.drafters import NAMES, check_option, parse_drafter
 from specchat.errors import SpecchatError
 
 
@@ -110,8 +110,8 @@ def write(
 
     source = resolve_model(model)
     choice = resolve_drafter(parse_drafter(drafter or writer_drafter(source.profile)), source.profile, source.name)
-    if draft_kv_budget is not None and choice.name != "tokenswift":
-        raise SpecchatError(f"--draft-kv-budget is for the tokenswift drafter, not {choice}")
+    if draft_kv_budget is not None:
+        check_option(choice, "kv_budget")
     resolve_device(device)
     loaded = load_model(model, dtype=dtype, device=device, attention=attention)
     if book is None:

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 class DrafterKind:
     name: str
     summary: str
-    module: str  # holds `build(target, checkpoint) -> Drafter`; "" for none
+    module: str  # holds `build(target, checkpoint, **options) -> Drafter`; "" for none
     trained: bool = False  # reads a checkpoint: the profile's, or NAME:PATH
+    options: tuple[str, ...] = ()  # the build options (`OPTION_FLAGS`) its `build` takes as keyword arguments
 
 
 KINDS = {
@@ -36,17 +37,18 @@ KINDS = {
     for kind in (
         DrafterKind("none", "no drafting: autoregressive decoding", ""),
         DrafterKind("ngram", "prompt lookup: continuations of earlier n-grams (training-free)", "specchat.drafters.ngram"),
-        DrafterKind("longspec", "LongSpec: one draft layer reading the target's KV cache", "specchat.drafters.longspec", True),
+        DrafterKind("longspec", "LongSpec: one draft layer reading the target's KV cache", "specchat.drafters.longspec", True, ("cache",)),
         DrafterKind("glide", "GLIDE + CAPE: draft layers attending to the target's KV cache", "specchat.drafters.glide", True),
-        DrafterKind("tokenswift", "TokenSwift: heads on the target over a partial KV cache, with n-gram reuse", "specchat.drafters.tokenswift", True),
-        DrafterKind("model", "SpecExtend: a small draft model reading part of its own cache (--draft-cache)", "specchat.drafters.model", True),
+        DrafterKind("tokenswift", "TokenSwift: heads on the target over a partial KV cache, with n-gram reuse", "specchat.drafters.tokenswift", True, ("kv_budget",)),
+        DrafterKind("model", "SpecExtend: a small draft model reading part of its own cache (--draft-cache)", "specchat.drafters.model", True, ("cache",)),
     )
 }  # fmt: skip
 NAMES = tuple(KINDS)
 DEFAULT_DRAFTER = "ngram"  # the best drafter every model has: the default of run, chat and bench
-# --draft-cache: what a draft model reads of a long context (`cache_policy.py`), for the drafters that keep one
+# Build options, by the flag that sets them: what a draft model reads of a long context (`cache_policy.py`), and
+# the KV slots TokenSwift's draft forward reads. A kind takes those its `options` name.
+OPTION_FLAGS = {"cache": "--draft-cache", "kv_budget": "--draft-kv-budget"}
 DRAFT_CACHES = ("full", "streaming", "retrieval")
-CACHE_READERS = ("model", "longspec")
 
 _NEXT_PART = re.compile(rf"\+(?=(?:{'|'.join(NAMES)})(?:[:+]|$))")  # '+' and a name: where A:PATH+B's path ends
 
@@ -118,16 +120,24 @@ def _parse_one(text: str, flag: str) -> DrafterChoice:
     return DrafterChoice(name, Path(path).expanduser() if path else None)
 
 
-def reads_draft_cache(choice: DrafterChoice) -> bool:
-    return bool({part.name for part in choice.parts or (choice,)} & set(CACHE_READERS))
+def takes_option(choice: DrafterChoice, option: str) -> bool:
+    """Whether `choice`, or a part of it, takes the build option `option`."""
+    return any(option in KINDS[part.name].options for part in choice.parts or (choice,))
+
+
+def check_option(choice: DrafterChoice, option: str) -> None:
+    """A one-line error when the user set `option`'s flag for a drafter that takes no such option."""
+    if not takes_option(choice, option):
+        takers = [name for name, kind in KINDS.items() if option in kind.options]
+        kinds = f"{' and '.join(takers)} drafter{'s' if len(takers) > 1 else ''}"
+        raise SpecchatError(f"{OPTION_FLAGS[option]} is for the {kinds}, not {choice}")
 
 
 def check_draft_cache(name: str, choice: DrafterChoice) -> None:
     """`--draft-cache NAME` with `--drafter CHOICE`: a known policy, for a drafter (or part) that reads one."""
     if name not in DRAFT_CACHES:
         raise SpecchatError(f"unknown --draft-cache '{name}'; use {', '.join(DRAFT_CACHES)}")
-    if not reads_draft_cache(choice):
-        raise SpecchatError(f"--draft-cache is for the {' and '.join(CACHE_READERS)} drafters, not {choice}")
+    check_option(choice, "cache")
 
 
 def attach_drafter(engine: Engine, source: ModelSource, drafter: str | DrafterChoice, *, draft_budget: int | None = None,
@@ -136,20 +146,8 @@ def attach_drafter(engine: Engine, source: ModelSource, drafter: str | DrafterCh
     checkpoint unless a path is given), with its options; returns the resolved choice. What every command runs."""
     choice = parse_drafter(drafter, flag) if isinstance(drafter, str) else drafter
     choice = resolve_drafter(choice, source.profile, source.name, flag)
-    built = build_drafter(choice, engine.target)
-    if kv_budget is not None:
-        built.use_kv_budget(kv_budget)
-    engine.set_drafter(built, draft_budget)
-    if draft_cache is not None and built is not None:
-        use_draft_cache(built, draft_cache)  # parts that read no cache ignore it
+    engine.set_drafter(build_drafter(choice, engine.target, cache=draft_cache, kv_budget=kv_budget), draft_budget)
     return choice
-
-
-def use_draft_cache(drafter: Drafter, name: str) -> None:
-    """Every part of `drafter` that reads a draft cache reads it as `name` says."""
-    for part in (drafter.first, drafter.second) if hasattr(drafter, "second") else (drafter,):
-        if hasattr(part, "use_cache_policy"):
-            part.use_cache_policy(name)
 
 
 def usable_drafters(profile: Profile | None) -> list[str]:
@@ -178,19 +176,21 @@ def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: 
     return DrafterChoice(choice.name, repo=repo)
 
 
-def build_drafter(choice: DrafterChoice, target: TargetView) -> Drafter | None:
-    """The drafter for `choice` over `target` (None for none); checkpoints are read, or fetched, here."""
+def build_drafter(choice: DrafterChoice, target: TargetView, **options) -> Drafter | None:
+    """The drafter for `choice` over `target` (None for none); checkpoints are read, or fetched, here. Each kind
+    (each part of A+B) gets the build `options` it takes that are not None; the others go unused."""
     if choice.parts:
         from specchat.drafters.composite import CompositeDrafter
 
-        return CompositeDrafter(*(build_drafter(part, target) for part in choice.parts))
+        return CompositeDrafter(*(build_drafter(part, target, **options) for part in choice.parts))
     kind = KINDS[choice.name]
     if not kind.module:
         return None
     module = importlib.import_module(kind.module)
+    taken = {name: value for name, value in options.items() if name in kind.options and value is not None}
     if not kind.trained:
-        return module.build(target, None)
-    return module.build(target, choice.path or _fetch(choice.repo, getattr(module, "fetch_checkpoint", None)))
+        return module.build(target, None, **taken)
+    return module.build(target, choice.path or _fetch(choice.repo, getattr(module, "fetch_checkpoint", None)), **taken)
 
 
 def bundled_checkpoint(repo: str) -> Path | None:

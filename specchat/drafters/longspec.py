@@ -30,7 +30,8 @@ class LongSpecDrafter(TracksCommittedIds):
     kind = "longspec"
 
     def __init__(self, target: TargetView, layer: LongSpecLayer, *, draft_vocab: torch.Tensor | None = None,
-                 widths: tuple[int, ...] = BEAM_WIDTHS, chain: bool = False, weights: str | None = "auto"):  # fmt: skip
+                 widths: tuple[int, ...] = BEAM_WIDTHS, chain: bool = False, weights: str | None = "auto",
+                 policy: str = "full"):  # fmt: skip
         """`weights`: "int8" / "int4" run the draft's linears and reduced head quantized (a copy; `layer` stays
         as it is), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
         config = layer.config
@@ -46,7 +47,7 @@ class LongSpecDrafter(TracksCommittedIds):
         self.ring = RingKV(config.window, config.num_key_value_heads, config.head_dim, dtype=target.dtype,
                            device=target.device)  # fmt: skip
         self.ids: list[int] = []
-        self.use_cache_policy("full")
+        self.use_cache_policy(policy)
 
     def use_cache_policy(self, policy: str | CachePolicy) -> None:
         """Which of the target's cached positions cross-attention reads (`cache_policy.py`; LongSpec reads them
@@ -197,7 +198,8 @@ class _Growing:
         return keys, values, mask
 
 
-def build(target: TargetView, checkpoint: Path) -> LongSpecDrafter:
-    """The registry's factory: the checkpoint's layer and draft vocabulary over `target`."""
+def build(target: TargetView, checkpoint: Path, *, cache: str = "full") -> LongSpecDrafter:
+    """The registry's factory: the checkpoint's layer and draft vocabulary over `target`, reading the target's
+    cache as the policy `cache` says (LongSpec's own reads it all)."""
     layer, draft_vocab = load_longspec(checkpoint, target.config)
-    return LongSpecDrafter(target, layer, draft_vocab=draft_vocab)
+    return LongSpecDrafter(target, layer, draft_vocab=draft_vocab, policy=cache)

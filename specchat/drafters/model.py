@@ -195,10 +195,10 @@ def fetch_checkpoint(repo: str) -> str:
     return repo
 
 
-def build(target: TargetView, checkpoint: Path | str) -> ModelDrafter:
+def build(target: TargetView, checkpoint: Path | str, *, cache: str = "retrieval") -> ModelDrafter:
     """The registry's factory: the draft model at `checkpoint` (a directory, a Hugging Face id or a profile
-    alias) over `target`."""
-    return ModelDrafter(target, load_draft_model(_location(checkpoint), target.model, target.tokenizer))
+    alias) over `target`, reading its own cache as the policy `cache` says."""
+    return ModelDrafter(target, load_draft_model(_location(checkpoint), target.model, target.tokenizer), policy=cache)
 
 
 def _location(checkpoint: Path | str) -> Path | str:

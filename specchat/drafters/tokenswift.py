@@ -68,10 +68,6 @@ class TokenSwiftDrafter:
         probs = process_logits(torch.cat([logits[-1:], head_logits]), sampling, history).softmax(dim=-1)
         return _tree(probs, self.table, budget, self.kind)
 
-    def use_kv_budget(self, budget: int) -> None:
-        """Draft over a partial cache of `budget` slots (0: the engine's full cache)."""
-        self.partial = PartialKV(self.target, budget) if budget else None
-
     @property
     def heads_dtype(self) -> torch.dtype:
         return next(self.heads.parameters()).dtype
@@ -113,6 +109,8 @@ def _tree(probs: torch.Tensor, table: NgramTable, budget: int, kind: str) -> Dra
 fetch_checkpoint = download_heads  # the registry's download of a profile's published heads
 
 
-def build(target: TargetView, checkpoint: Path) -> TokenSwiftDrafter:
+def build(target: TargetView, checkpoint: Path, *, kv_budget: int = KV_BUDGET) -> TokenSwiftDrafter:
+    """The registry's factory: the checkpoint's heads over `target`, drafting over a partial cache of
+    `kv_budget` slots (0: the engine's full cache)."""
     heads = load_heads(checkpoint, device=target.device, dtype=target.dtype, target_config=target.config)
-    return TokenSwiftDrafter(target, heads)
+    return TokenSwiftDrafter(target, heads, kv_budget=kv_budget)
