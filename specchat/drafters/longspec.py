@@ -18,6 +18,7 @@ import torch
 from specchat.drafters.base import TargetView, TracksCommittedIds
 from specchat.drafters.cache_policy import CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
+from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.models.longspec import LongSpecLayer, RingKV, load_longspec
@@ -65,14 +66,16 @@ class LongSpecDrafter(TracksCommittedIds):
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
         self._catch_up()
         self.target_kv = self._target_kv(root)
-        tree = _Growing(self.ring)
-        logits = self._forward(torch.tensor([self.ids[-1]], device=self.target.device), torch.tensor([root]), tree)
+        tree = TreeRows()  # row 0 is the root: the draft layer runs it too
+        logits = self._forward(torch.tensor([self.ids[-1]], device=self.target.device), torch.tensor([root]), tree,
+                               tree.add([ROOT]))  # fmt: skip
         if self.chain:
             return self._chain(tree, logits[0], root, budget, sampling, generator)
         return self._beam(tree, logits, root, budget)
 
-    def _beam(self, tree: _Growing, logits: torch.Tensor, root: int, budget: int) -> DraftTree:
+    def _beam(self, tree: TreeRows, logits: torch.Tensor, root: int, budget: int) -> DraftTree:
         builder = TreeBuilder()
+        row_of = {ROOT: 0}  # tree node -> its row
         scores = logits.float().log_softmax(dim=-1)  # [frontier, draft vocab], cumulative log-probabilities
         frontier = [ROOT]
         for depth, width in enumerate(self.widths, start=1):
@@ -85,9 +88,10 @@ class LongSpecDrafter(TracksCommittedIds):
             frontier = [builder.add(frontier[row], token, self.kind) for row, token in zip(rows.tolist(), tokens)]
             if depth == len(self.widths) or len(builder) >= budget:
                 break
-            tree.add(frontier, [builder.parents[node] for node in frontier])
+            rows = tree.add([row_of[builder.parents[node]] for node in frontier])
+            row_of.update(zip(frontier, rows))
             logits = self._forward(torch.tensor(tokens, device=self.target.device),
-                                   torch.full((len(tokens),), root + depth), tree)  # fmt: skip
+                                   torch.full((len(tokens),), root + depth), tree, rows)  # fmt: skip
             scores = best.values[:, None] + logits.float().log_softmax(dim=-1)
         return builder.build()
 
@@ -104,8 +108,9 @@ class LongSpecDrafter(TracksCommittedIds):
             parents.append(depth - 2)
             if depth == budget:
                 break
-            tree.add([depth - 1], [depth - 2])
-            logits = self._forward(torch.tensor([token], device=self.target.device), torch.tensor([root + depth]), tree)[0]
+            new = tree.add([depth - 1])  # node depth - 1 below node depth - 2, whose row is depth - 1
+            logits = self._forward(torch.tensor([token], device=self.target.device), torch.tensor([root + depth]), tree,
+                                   new)[0]  # fmt: skip
         draft_probs = torch.stack(rows) if rows else None
         return DraftTree(tokens, parents, [self.kind] * len(tokens), draft_probs)
 
@@ -136,14 +141,17 @@ class LongSpecDrafter(TracksCommittedIds):
         keys, values = self.layer.own_kv(self.target.embed_tokens(positions.new_tensor(self.ids[start:end])), cos, sin)
         self.ring.write(start, keys, values)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree: _Growing) -> torch.Tensor:
-        """Draft logits [rows, draft vocab] of tree rows: the root, or the nodes `tree` added last."""
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree: TreeRows, rows: list[int]) -> torch.Tensor:
+        """Draft logits [rows, draft vocab] of the tree's newest `rows` (the root's, or nodes'): their own keys and
+        values join the ring's committed window and their ancestors'."""
         positions = positions.to(self.target.device)
         cos, sin = self._rotary(positions)
         x = self.target.embed_tokens(tokens)
         keys, values = self.layer.own_kv(x, cos, sin)
-        tree.write(keys, values)
-        own_keys, own_values, mask = tree.visible(positions)
+        tree.write([keys], [values])
+        own_keys = torch.cat([self.ring.keys, *tree.keys[0]], dim=1)
+        own_values = torch.cat([self.ring.values, *tree.values[0]], dim=1)
+        mask = torch.cat([self.ring.visible(positions), tree.seen(rows).to(positions.device)], dim=1)
         out = self.layer(x, cos, sin, own_keys, own_values, mask, *self.target_kv)
         return self.head(out)
 
@@ -159,43 +167,6 @@ class LongSpecDrafter(TracksCommittedIds):
         """The draft's own weights: its layer, and the reduced LM head when it has one (the full one is the target's)."""
         own = [self.layer] + ([] if self.head.draft_vocab is None else [self.head.lm_head])
         return sum(t.numel() * t.element_size() for module in own for t in (*module.parameters(), *module.buffers()))
-
-
-class _Growing:
-    """The draft's own keys / values as a tree grows: the ring's committed window, then the tree's rows."""
-
-    def __init__(self, ring: RingKV):
-        self.ring = ring
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.ancestry: list[list[int]] = []  # per tree row: the tree rows it sees (itself and its ancestors)
-        self.node_row: dict[int, int] = {ROOT: 0}  # tree node -> its row (row 0 is the root)
-        self.pending: list[int] = [0]  # the rows of the next `write`
-
-    def add(self, nodes: list[int], parents: list[int]) -> None:
-        """The next forward's rows are these tree nodes, below these parents."""
-        self.pending = []
-        for node, parent in zip(nodes, parents):
-            row = len(self.ancestry)
-            self.node_row[node] = row
-            self.pending.append(row)
-            self.ancestry.append(self.ancestry[self.node_row[parent]] + [row])
-
-    def write(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        if not self.ancestry:  # the root: it sees itself
-            self.ancestry.append([0])
-        self.keys.append(keys)
-        self.values.append(values)
-
-    def visible(self, positions: torch.Tensor):
-        """Keys, values and mask [rows, window + tree rows] of the rows just written."""
-        keys = torch.cat([self.ring.keys, *self.keys], dim=1)
-        values = torch.cat([self.ring.values, *self.values], dim=1)
-        seen = torch.zeros(len(self.pending), len(self.ancestry), dtype=torch.bool)
-        for i, row in enumerate(self.pending):
-            seen[i, self.ancestry[row]] = True
-        mask = torch.cat([self.ring.visible(positions), seen.to(positions.device)], dim=1)
-        return keys, values, mask
 
 
 def build(target: TargetView, checkpoint: Path, *, cache: str = "full") -> LongSpecDrafter:

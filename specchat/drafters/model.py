@@ -21,9 +21,10 @@ from specchat.drafters.base import TargetView, TracksCommittedIds
 from specchat.drafters.cache_policy import BLOCK, CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.dynamic_tree import grow_tree
+from specchat.drafters.tree_rows import TreeRows
 from specchat.drafters.working_cache import WorkingCache
 from specchat.engine.sampling_config import SamplingConfig
-from specchat.engine.tree import ROOT, DraftTree
+from specchat.engine.tree import DraftTree
 from specchat.models.attention import attend
 from specchat.models.draft_model import DraftModel, load_draft_model
 from specchat.models.longspec import rotate
@@ -75,15 +76,16 @@ class ModelDrafter(TracksCommittedIds):
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
         root_logits = self._catch_up()
-        tree = _TreeRows(root=self.cache.size - 1)
+        root, working = self.cache.size - 1, self.cache.size  # the root's compact position: in the working cache
+        tree = TreeRows(len(self.layers))
 
         def expand(columns: list[int], parents: list[int]) -> torch.Tensor:
             rows = tree.add(parents)
             ids = self.head.target_ids(torch.tensor(columns, device=self.target.device))
-            compact = torch.tensor([tree.root + tree.depth(row) for row in rows], device=self.target.device)
-            mask = tree.mask(rows, self.cache.size).to(self.target.device)
-            logits, new = self._forward(ids, compact, mask, tree.keys, tree.values)
-            tree.write(new)
+            compact = torch.tensor([root + tree.depth(row) for row in rows], device=self.target.device)
+            mask = torch.cat([torch.ones(len(rows), working, dtype=torch.bool), tree.seen(rows)], dim=1)
+            logits, new = self._forward(ids, compact, mask.to(self.target.device), tree)
+            tree.write([rotated for _, _, rotated in new], [v for _, v, _ in new])
             return logits.float().softmax(dim=-1)
 
         columns = grow_tree(root_logits.float().softmax(dim=-1), expand, budget, self.kind)
@@ -113,11 +115,11 @@ class ModelDrafter(TracksCommittedIds):
             if start == len(self.ids):
                 return logits[-1]
 
-    def _forward(self, ids, compact, mask, tree_keys=None, tree_values=None, *, last_only=False):
+    def _forward(self, ids, compact, mask, tree: TreeRows | None = None, *, last_only=False):
         """Draft logits [rows (the last only with `last_only`), draft vocab] of `ids` at `compact` positions,
-        attending to the working cache, then to earlier tree rows (`tree_keys[i]` per layer), then to
-        themselves, as `mask` [rows, working + tree + rows] says; and per layer the rows' (keys before RoPE,
-        values, rotated keys) [kv_heads, rows, D]."""
+        attending to the working cache, then to earlier rows of `tree`, then to themselves, as `mask`
+        [rows, working + tree + rows] says; and per layer the rows' (keys before RoPE, values, rotated keys)
+        [kv_heads, rows, D]."""
         x = self.embed(ids)
         cos, sin = self.cache.tables(compact, x)
         size, rows = self.cache.size, len(ids)
@@ -128,9 +130,9 @@ class ModelDrafter(TracksCommittedIds):
             k = self._split(layer.k(h), self.kv_heads)
             v = self._split(layer.v(h), self.kv_heads)
             rotated = rotate(k, cos, sin)
-            earlier = () if tree_keys is None else (tree_keys[i], tree_values[i])
-            keys = torch.cat([self.cache.keys[i, :, :size], *earlier[:1], rotated], dim=1)
-            values = torch.cat([self.cache.values[i, :, :size], *earlier[1:], v], dim=1)
+            earlier_keys, earlier_values = (tree.keys[i], tree.values[i]) if tree is not None else ((), ())
+            keys = torch.cat([self.cache.keys[i, :, :size], *earlier_keys, rotated], dim=1)
+            values = torch.cat([self.cache.values[i, :, :size], *earlier_values, v], dim=1)
             out = attend(q, keys, values, mask)
             x = x + layer.o(out.transpose(0, 1).reshape(rows, -1))
             x = x + layer.mlp(layer.post_attention_norm(x))
@@ -148,41 +150,6 @@ class ModelDrafter(TracksCommittedIds):
     def weight_bytes(self) -> int:
         own = [self.layer_modules] + ([] if self.head.draft_vocab is None else [self.head.lm_head])
         return sum(t.numel() * t.element_size() for m in own for t in (*m.parameters(), *m.buffers()))
-
-
-class _TreeRows:
-    """The tree's rows as it grows, one depth per draft forward: ancestry, and per layer their keys and values."""
-
-    def __init__(self, root: int):
-        self.root = root  # the root's compact position
-        self.ancestry: list[list[int]] = []  # per row: the rows it sees, itself last
-        self.keys: list[torch.Tensor] | None = None
-        self.values: list[torch.Tensor] | None = None
-
-    def add(self, parents: list[int]) -> list[int]:
-        first = len(self.ancestry)
-        for parent in parents:
-            self.ancestry.append(([] if parent == ROOT else self.ancestry[parent]) + [len(self.ancestry)])
-        return list(range(first, len(self.ancestry)))
-
-    def depth(self, row: int) -> int:
-        return len(self.ancestry[row])
-
-    def mask(self, rows: list[int], working: int) -> torch.Tensor:
-        """[rows, working + all rows so far]: the working cache, then each row's ancestors and itself."""
-        mask = torch.zeros(len(rows), working + len(self.ancestry), dtype=torch.bool)
-        mask[:, :working] = True
-        for i, row in enumerate(rows):
-            mask[i, [working + j for j in self.ancestry[row]]] = True
-        return mask
-
-    def write(self, new: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
-        if self.keys is None:
-            self.keys = [rotated for _, _, rotated in new]
-            self.values = [v for _, v, _ in new]
-        else:
-            self.keys = [torch.cat([old, rotated], dim=1) for old, (_, _, rotated) in zip(self.keys, new)]
-            self.values = [torch.cat([old, v], dim=1) for old, (_, v, _) in zip(self.values, new)]
 
 
 def fetch_checkpoint(repo: str) -> str:
