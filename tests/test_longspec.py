@@ -27,7 +27,8 @@ from specchat.engine.prompt import encode_chat
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.models.checkpoint import write_checkpoint
-from specchat.models.longspec import LongSpecConfig, LongSpecLayer, load_longspec, rotate, save_longspec
+from specchat.models.layers import rotate
+from specchat.models.longspec import LongSpecConfig, LongSpecLayer, load_longspec, save_longspec
 
 
 def random_layer(model, *, seed: int = 0, **changes) -> LongSpecLayer:

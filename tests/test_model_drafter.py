@@ -32,7 +32,7 @@ from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT
 from specchat.errors import SpecchatError
 from specchat.models.draft_model import DraftModel, check_tokenizers, load_draft_model, student_from_target
-from specchat.models.longspec import rotate
+from specchat.models.layers import rotate
 
 VOCAB = 96
 

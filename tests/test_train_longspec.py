@@ -15,7 +15,8 @@ from specchat.drafters.longspec import build
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
-from specchat.models.longspec import LongSpecConfig, LongSpecLayer, rotate
+from specchat.models.layers import rotate
+from specchat.models.longspec import LongSpecConfig, LongSpecLayer
 from specchat.training.features import SampleFeatures, target_features
 from specchat.training.lag_evaluation import chain_accepted
 from specchat.training.longspec import LongSpecObjective

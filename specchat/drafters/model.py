@@ -27,7 +27,7 @@ from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import DraftTree
 from specchat.models.attention import attend
 from specchat.models.draft_model import DraftModel, load_draft_model
-from specchat.models.longspec import rotate
+from specchat.models.layers import rotate
 from specchat.quant.quantize import quantize_linears
 
 

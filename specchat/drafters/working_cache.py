@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from specchat.models.longspec import rotate
+from specchat.models.layers import rotate
 
 
 class WorkingCache:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from specchat.architectures import parts
-from specchat.models.longspec import rotate
+from specchat.models.layers import rotate
 
 
 class LastQuery:

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specchat.errors import SpecchatError
 from specchat.models.attention import attend
 from specchat.models.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
+from specchat.models.layers import MLP, RMSNorm, SelfAttention, rotate
 
 WINDOW = 512  # the reference's sliding window over the draft's own states
 
@@ -63,28 +63,6 @@ class LongSpecConfig:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
-
-
-class SelfAttention(nn.Module):
-    """q/k/v/o projections of a draft layer's self-attention (LongSpec's q/k/v have a bias; GLIDE's do not)."""
-
-    def __init__(self, config, *, bias: bool = True):
-        super().__init__()
-        heads, kv, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, heads * dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv * dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv * dim, bias=bias)
-        self.o_proj = nn.Linear(heads * dim, config.hidden_size, bias=False)
-
-
 class CrossAttention(nn.Module):
     """Only the query and output projections: keys and values are the target's (checkpoints also hold
     k_proj / v_proj, which the reference never uses; the loader skips them)."""
@@ -94,17 +72,6 @@ class CrossAttention(nn.Module):
         heads, dim = config.num_attention_heads, config.head_dim
         self.q_proj = nn.Linear(config.hidden_size, heads * dim, bias=True)
         self.o_proj = nn.Linear(heads * dim, config.hidden_size, bias=False)
-
-
-class MLP(nn.Module):
-    def __init__(self, config: LongSpecConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LongSpecLayer(nn.Module):
@@ -153,12 +120,6 @@ class LongSpecLayer(nn.Module):
     @staticmethod
     def _merge(x: torch.Tensor) -> torch.Tensor:
         return x.transpose(0, 1).reshape(x.shape[1], -1)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [heads, q, D] with the target's tables cos / sin [q, D]."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
 class RingKV:

@@ -32,7 +32,7 @@ from torch import nn
 
 from specchat.errors import SpecchatError
 from specchat.models.checkpoint import PICKLES, load_into
-from specchat.models.longspec import RMSNorm
+from specchat.models.layers import RMSNorm
 
 GAMMA = 3  # TokenSwift's heads: tokens t + 2 .. t + 4 from the state at t
 WEIGHTS = "heads.safetensors"
