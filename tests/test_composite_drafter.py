@@ -302,13 +302,6 @@ def test_the_model_drafts_only_where_it_pays(tokenizer):
     assert oracle.calls >= 0.8 * ngram.room > 0, (oracle.calls, ngram.room)
 
 
-def test_memory_is_the_parts_memory(tokenizer):
-    model = tiny_model("llama", vocab_size=64)
-    engine = Engine(model, tokenizer, max_len=64)
-    longspec = LongSpecDrafter(engine.target, random_layer(model))
-    assert CompositeDrafter(longspec, NgramDrafter()).memory_bytes() == longspec.memory_bytes() > 0
-
-
 # --- sampling -------------------------------------------------------------------------------------------
 
 

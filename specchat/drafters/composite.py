@@ -57,10 +57,6 @@ class CompositeDrafter:
         first = self.first.propose(rest, sampling, generator) if both else DraftTree.empty()
         return merge_trees(first, second, budget)
 
-    def memory_bytes(self) -> int:
-        """What the parts hold besides their weights (those that say)."""
-        return sum(part.memory_bytes() for part in (self.first, self.second) if hasattr(part, "memory_bytes"))
-
 
 def merge_trees(first: DraftTree, second: DraftTree, budget: int) -> DraftTree:
     """`first`'s nodes, then `second`'s that are new, in order, up to `budget` nodes (a node whose parent did not
