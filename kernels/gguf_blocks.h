@@ -30,8 +30,10 @@
 
 namespace gguf {
 
-// ggml's type ids, as GGUF files store them.
-enum Type : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+// ggml's type ids, as GGUF files store them; and Q4_K_X8, Q4_K repacked in tiles of eight rows (`tile_q4_k`).
+enum Type : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_K_X8 = 112 };
+
+constexpr int64_t kTileRows = 8;  // weight rows per Q4_K_X8 tile
 
 struct Layout {
   int64_t values, bytes;  // per block
@@ -48,6 +50,7 @@ inline Layout layout(int64_t type) {
     case Q4_K: return {256, 144, false};
     case Q5_K: return {256, 176, false};
     case Q6_K: return {256, 210, false};
+    case Q4_K_X8: return {256, 8 * 148, false};  // a tile's 8 rows (148 = 144 + the scales unpacked)
     default: TORCH_CHECK(false, "no kernel for GGUF block type ", type);
   }
 }
@@ -282,11 +285,11 @@ struct Quantized {
   int64_t rows = 0, cols = 0, group = 0;
   std::vector<int8_t> q;
   std::vector<float> scale;
-  std::vector<int16_t> sums;
+  std::vector<int16_t> sums, sums32;  // sums of q per 16 and per 32 values
 
   Quantized(const float* x, int64_t rows_, int64_t cols_, int64_t group_)
       : rows(rows_), cols(cols_), group(group_), q(rows_ * cols_), scale(rows_ * cols_ / group_),
-        sums(rows_ * cols_ / 16) {
+        sums(rows_ * cols_ / 16), sums32(rows_ * cols_ / 32) {
     for (int64_t g = 0; g < rows * cols / group; ++g) {
       const float* in = x + g * group;
       float amax = 0.0f;
@@ -301,6 +304,7 @@ struct Quantized {
       for (int i = 0; i < 16; ++i) sum += q[j * 16 + i];
       sums[j] = static_cast<int16_t>(sum);
     }
+    for (int64_t j = 0; j < rows * cols / 32; ++j) sums32[j] = static_cast<int16_t>(sums[2 * j] + sums[2 * j + 1]);
   }
 };
 
@@ -550,6 +554,183 @@ inline void by_fours(int64_t rows, Kernel kernel) {
 }
 #endif
 
+// ---- Q4_K in tiles of eight rows ---------------------------------------------------------------------------
+//
+// At load a Q4_K matrix whose rows come in eights is repacked (`tile_q4_k`): per group of 256 values, its eight
+// rows' codes interleaved four values at a time, so that one 32-byte vector holds 4 values of each of the 8
+// rows, and 4 values of an activation row, broadcast, multiply all 8 rows at once. A sub-block's 8 such products
+// sum in int16 (|sum| <= 8 * 2 * 15 * 127 < 2^15) before its scale's one multiply-add: 9 integer multiplies per
+// 256 products where the row-at-a-time kernel takes 16, and each weight row's sum ends in a lane of its own.
+// Per weight row i, activation row r and group g:
+//   P = sum_j S[i][j] (u . a)_j,  Q = sum_j M[i][j] sum(a)_j        (integers: exact in any order)
+//   acc = fma(float(P), D[g] * d[i], acc),  offset = fma(float(Q), D[g] * (0 - dmin[i]), offset)
+// and the result is acc + offset, in the AVX2 and the portable path alike.
+
+struct TileQ4K {  // one group of 256 values of 8 rows
+  // sub-block j: 4 vectors of 32 bytes; byte 4i + c of vector p holds row i's code of value 8p + c (low
+  // nibble) and of value 8p + 4 + c (high nibble)
+  uint8_t codes[8][128];
+  uint8_t scales[8][8];  // [sub-block][row]
+  uint8_t mins[4][16];   // [pair of sub-blocks][row][which of the pair]
+  uint16_t d[8], dmin[8];  // fp16, per row
+};
+static_assert(sizeof(TileQ4K) == 8 * 148, "a tile group is its 8 rows' 148 bytes");
+
+// Q4_K blocks [rows, groups * 144] -> tiles [rows / 8, groups * sizeof(TileQ4K)].
+inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols) {
+  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) % kTileRows == 0, "Q4_K tiles take rows in eights");
+  const int64_t tiles = blocks.size(0) / kTileRows, groups = cols / 256, row_bytes = groups * 144;
+  TORCH_CHECK(blocks.size(1) == row_bytes, "blocks do not fit the type");
+  const at::Tensor in = blocks.contiguous();
+  at::Tensor out = at::empty({tiles, groups * static_cast<int64_t>(sizeof(TileQ4K))}, in.options());
+  const uint8_t* src = in.data_ptr<uint8_t>();
+  auto* dst = reinterpret_cast<TileQ4K*>(out.data_ptr<uint8_t>());
+  at::parallel_for(0, tiles * groups, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t tile = unit / groups, g = unit % groups;
+      TileQ4K& t = dst[unit];
+      for (int i = 0; i < 8; ++i) {
+        const uint8_t* b = src + (tile * kTileRows + i) * row_bytes + g * 144;
+        std::memcpy(&t.d[i], b, 2);
+        std::memcpy(&t.dmin[i], b + 2, 2);
+        uint8_t scales[16];
+        scales_mins_k4(b + 4, scales);
+        for (int j = 0; j < 8; ++j) {
+          t.scales[j][i] = scales[j];
+          t.mins[j / 2][2 * i + j % 2] = scales[8 + j];
+        }
+        uint8_t codes[256];
+        for (int c = 0; c < 4; ++c) nibbles_64(b + 16 + 32 * c, codes + 64 * c);
+        for (int j = 0; j < 8; ++j)
+          for (int p = 0; p < 4; ++p)
+            for (int c = 0; c < 4; ++c)
+              t.codes[j][32 * p + 4 * i + c] = codes[32 * j + 8 * p + c] | (codes[32 * j + 8 * p + 4 + c] << 4);
+      }
+    }
+  });
+  return out;
+}
+
+// Row i of a tile in the integer form (`dequantize_rows`).
+inline void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, Unpacked& u) {
+  const int64_t groups = cols / 256;
+  u.resize(cols, groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ4K& t = reinterpret_cast<const TileQ4K*>(tile)[g];
+    for (int j = 0; j < 8; ++j) {
+      for (int p = 0; p < 4; ++p)
+        for (int c = 0; c < 4; ++c) {
+          const uint8_t byte = t.codes[j][32 * p + 4 * i + c];
+          u.codes[g * 256 + 32 * j + 8 * p + c] = byte & 15;
+          u.codes[g * 256 + 32 * j + 8 * p + 4 + c] = byte >> 4;
+        }
+      set_sub(u, g * 16 + 2 * j, t.scales[j][i], t.mins[j / 2][2 * i + j % 2]);
+      set_sub(u, g * 16 + 2 * j + 1, t.scales[j][i], t.mins[j / 2][2 * i + j % 2]);
+    }
+    u.a[g] = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+    u.b[g] = -half(reinterpret_cast<const uint8_t*>(&t.dmin[i]));
+  }
+}
+
+// Portable: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
+inline void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const TileQ4K*>(tile);
+  for (int64_t r = first; r < first + n; ++r) {
+    const int8_t* a = x.q.data() + r * cols;
+    const int16_t* sums = x.sums32.data() + r * cols / 32;
+    for (int i = 0; i < 8; ++i) {
+      float acc = 0.0f, offset = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const TileQ4K& t = tiles[g];
+        int32_t p = 0, q = 0;
+        for (int j = 0; j < 8; ++j) {
+          int32_t dot = 0;
+          for (int k = 0; k < 16; ++k) {
+            const uint8_t byte = t.codes[j][32 * (k / 4) + 4 * i + k % 4];
+            dot += (byte & 15) * a[g * 256 + 32 * j + 8 * (k / 4) + k % 4];
+            dot += (byte >> 4) * a[g * 256 + 32 * j + 8 * (k / 4) + 4 + k % 4];
+          }
+          p += t.scales[j][i] * dot;
+          q += t.mins[j / 2][2 * i + j % 2] * sums[g * 8 + j];
+        }
+        const float d = x.scale[r * groups + g];
+        acc = std::fma(static_cast<float>(p), d * half(reinterpret_cast<const uint8_t*>(&t.d[i])), acc);
+        offset = std::fma(static_cast<float>(q), d * (0.0f - half(reinterpret_cast<const uint8_t*>(&t.dmin[i]))), offset);
+      }
+      out[i * x.rows + r] = acc + offset;
+    }
+  }
+}
+
+#ifdef GGUF_AVX2
+// AVX2: ROWS activation rows share each load of the tile's codes.
+template <int ROWS>
+void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const TileQ4K*>(tile);
+  const __m256i m4 = _mm256_set1_epi8(15);
+  __m256 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ4K& t = tiles[g];
+    __m256i p[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+      __m256i dot[ROWS];  // int16: row i's two pair sums in lanes 2i, 2i + 1
+      for (int r = 0; r < ROWS; ++r) dot[r] = _mm256_setzero_si256();
+      const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
+      for (int v = 0; v < 4; ++v) {
+        const __m256i codes = load256(t.codes[j] + 32 * v);
+        const __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
+        for (int r = 0; r < ROWS; ++r) {
+          int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the sub-block
+          std::memcpy(&front, a + r * cols + 8 * v, 4);
+          std::memcpy(&back, a + r * cols + 8 * v + 4, 4);
+          dot[r] = _mm256_add_epi16(dot[r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(front)));
+          dot[r] = _mm256_add_epi16(dot[r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(back)));
+        }
+      }
+      uint64_t packed;
+      std::memcpy(&packed, t.scales[j], 8);
+      const __m128i s8 = _mm_cvtsi64_si128(static_cast<int64_t>(packed));
+      const __m256i scales = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));  // row i's scale in lanes 2i, 2i + 1
+      for (int r = 0; r < ROWS; ++r) p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(dot[r], scales));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
+    const __m256 neg_min = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.dmin))));
+    for (int r = 0; r < ROWS; ++r) {
+      const int16_t* sums = x.sums32.data() + (first + r) * cols / 32 + g * 8;
+      __m256i q = _mm256_setzero_si256();
+      for (int pair = 0; pair < 4; ++pair) {
+        int32_t both;
+        std::memcpy(&both, sums + 2 * pair, 4);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.mins[pair])));
+        q = _mm256_add_epi32(q, _mm256_madd_epi16(mins, _mm256_set1_epi32(both)));
+      }
+      const __m256 da = _mm256_broadcast_ss(x.scale.data() + (first + r) * groups + g);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(da, d), acc[r]);
+      offset[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(da, neg_min), offset[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, _mm256_add_ps(acc[r], offset[r]));
+    for (int i = 0; i < 8; ++i) out[i * x.rows + first + r] = lanes[i];
+  }
+}
+#endif
+
+// out[i * x.rows + r]: the tile's weight rows i dotted with every activation row r.
+inline void tile_dots(const uint8_t* tile, const Quantized& x, bool portable, float* out) {
+#ifdef GGUF_AVX2
+  if (!portable) return by_fours(x.rows, [&](auto rows, int64_t r) { tile_dots<rows()>(tile, x, r, out); });
+#endif
+  (void)portable;
+  tile_dots_portable(tile, x, 0, x.rows, out);
+}
+
 // Whether a weight row of `type` goes through `unpack_row` first (else a kernel reads its blocks directly).
 inline bool needs_unpacking(int64_t type, bool portable) {
 #ifdef GGUF_AVX2
@@ -584,7 +765,7 @@ inline void dots(const uint8_t* row, const Unpacked& u, const Quantized& x, int6
 struct Matrix {
   at::Tensor blocks;
   int64_t type = 0, cols = 0;
-  int64_t rows() const { return blocks.size(0); }
+  int64_t rows() const { return blocks.size(0) * (type == Q4_K_X8 ? kTileRows : 1); }
 };
 
 constexpr int64_t kRowChunk = 64;  // activation rows per pass over the weights
@@ -595,13 +776,14 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
   TORCH_CHECK(x.dim() == 2, "x must be [rows, cols]");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t n = xf.size(0), cols = xf.size(1);
-  std::vector<int64_t> starts{0};
+  std::vector<int64_t> starts{0}, units{0};  // per matrix: its first output row, its first unit (row or tile)
   for (const auto& m : matrices) {
     TORCH_CHECK(m.cols == cols, "matrix of ", m.cols, " columns times rows of ", cols);
     TORCH_CHECK(m.blocks.scalar_type() == at::kByte && m.blocks.is_contiguous(), "blocks must be contiguous uint8");
     const Layout l = layout(m.type);
     TORCH_CHECK(cols % l.values == 0 && m.blocks.size(1) == cols / l.values * l.bytes, "blocks do not fit the type");
     starts.push_back(starts.back() + m.rows());
+    units.push_back(units.back() + m.blocks.size(0));
   }
   const int64_t total = starts.back();
   at::Tensor out = at::empty({n, total}, xf.options());
@@ -625,17 +807,24 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
       }
     }
     float* out_rows = out_data + chunk * total;
-    at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, units.back(), grain, [&](int64_t begin, int64_t end) {
       Unpacked u;
-      std::vector<float> column(rows);
+      std::vector<float> column(kTileRows * rows);
       size_t part = 0;
-      for (int64_t o = begin; o < end; ++o) {
-        while (o >= starts[part + 1]) ++part;
+      for (int64_t unit = begin; unit < end; ++unit) {
+        while (unit >= units[part + 1]) ++part;
         const Matrix& m = matrices[part];
-        const uint8_t* row = bases[part] + (o - starts[part]) * m.blocks.size(1);
-        if (needs_unpacking(m.type, portable)) unpack_row(row, m.type, cols, u);
-        dots(row, u, *by_group[layout(m.type).values == 32 ? 0 : 1], m.type, portable, column.data());
-        for (int64_t r = 0; r < rows; ++r) out_rows[r * total + o] = column[r];
+        const uint8_t* blocks = bases[part] + (unit - units[part]) * m.blocks.size(1);
+        const Quantized& x = *by_group[layout(m.type).values == 32 ? 0 : 1];
+        const int64_t first = starts[part] + (unit - units[part]) * (m.rows() / m.blocks.size(0));
+        if (m.type == Q4_K_X8) {
+          tile_dots(blocks, x, portable, column.data());
+        } else {
+          if (needs_unpacking(m.type, portable)) unpack_row(blocks, m.type, cols, u);
+          dots(blocks, u, x, m.type, portable, column.data());
+        }
+        for (int64_t i = 0; i < m.rows() / m.blocks.size(0); ++i)
+          for (int64_t r = 0; r < rows; ++r) out_rows[r * total + first + i] = column[i * rows + r];
       }
     });
   }
@@ -652,7 +841,11 @@ inline at::Tensor dequantize_rows(const Matrix& m, const at::Tensor& ids) {
   for (int64_t r = 0; r < n; ++r) {
     const int64_t id = idx.data_ptr<int64_t>()[r];
     TORCH_CHECK(id >= 0 && id < m.rows(), "row ", id, " out of range");
-    unpack_row(m.blocks.data_ptr<uint8_t>() + id * m.blocks.size(1), m.type, cols, u);
+    if (m.type == Q4_K_X8) {
+      unpack_tile_row(m.blocks.data_ptr<uint8_t>() + id / kTileRows * m.blocks.size(1), id % kTileRows, cols, u);
+    } else {
+      unpack_row(m.blocks.data_ptr<uint8_t>() + id * m.blocks.size(1), m.type, cols, u);
+    }
     float* dst = out.data_ptr<float>() + r * cols;
     for (int64_t i = 0; i < cols; ++i) {
       const int64_t g = i / values, j = i / 16;

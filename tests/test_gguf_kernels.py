@@ -5,7 +5,8 @@ the kernel computes exactly x_q @ W^T with x_q the quantized activations: checke
 scale in float64 (the kernel's only rounding is its float accumulation), and to 2% of it against the
 unquantized x (int8 activations: llama.cpp's own precision for these types). Each row's result is bitwise
 the same alone, among 1..150 rows (past the 64 a pass over the weights takes), and on the AVX2 and
-portable paths.
+portable paths. Q4_K repacked in tiles of 8 rows (type 112) is held to the same, and to the row-at-a-time
+kernel's results within float rounding.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from gguf_files import LAYOUTS, random_blocks
 
@@ -75,3 +77,50 @@ def test_rows_dequantize_like_gguf_py(kind):
     ids = torch.tensor([9, 0, 4, 4])
     got = cpu_decoder().gguf_rows(torch.from_numpy(blocks), int(kind), 512, ids)
     torch.testing.assert_close(got, want[ids], atol=1e-6 * want.abs().max().item(), rtol=0)
+
+
+# --- Q4_K in tiles of eight rows (type 112): the same products, 8 weight rows at once ----------------------
+
+Q4_K, TILES = GGMLQuantizationType.Q4_K, 112
+
+
+def tiled(blocks: np.ndarray, columns: int) -> torch.Tensor:
+    return cpu_decoder().gguf_tile_q4_k(torch.from_numpy(blocks), columns)
+
+
+def tile_matmul(x, tiles, *, portable=False):
+    return cpu_decoder().gguf_matmul(x, [tiles], [TILES], x.shape[1], portable)
+
+
+@pytest.mark.parametrize("rows, columns, n", [(8, 512, 1), (64, 768, 5), (24, 256, 17)])
+def test_tiles_equal_gguf_dequantize_then_matmul(rows, columns, n):
+    rng = np.random.default_rng(rows + n)
+    blocks = random_blocks(Q4_K, rows, columns, rng)
+    weight = torch.from_numpy(dequantize(blocks, Q4_K).copy()).double()
+    x = torch.from_numpy(rng.standard_normal((n, columns)).astype(np.float32))
+    got = tile_matmul(x, tiled(blocks, columns)).double()
+    scale = (x.double() @ weight.T).abs().max()
+    assert (got - quantized(x, 256).double() @ weight.T).abs().max() <= 1e-5 * scale
+    torch.testing.assert_close(got, matmul(x, blocks, Q4_K).double(), atol=1e-5 * scale.item(), rtol=0)
+
+
+def test_tile_rows_are_bitwise_independent_and_paths_agree():
+    rng = np.random.default_rng(1)
+    tiles = tiled(random_blocks(Q4_K, 40, 512, rng), 512)
+    x = torch.from_numpy(rng.standard_normal((150, 512)).astype(np.float32))
+    together = tile_matmul(x, tiles)
+    assert torch.equal(together, tile_matmul(x, tiles, portable=True))
+    for first, count in [(0, 1), (5, 1), (3, 4), (7, 5), (60, 4), (0, 9), (62, 5), (127, 23)]:
+        assert torch.equal(tile_matmul(x[first : first + count], tiles), together[first : first + count])
+
+
+def test_tiles_dequantize_like_their_blocks_and_stack_with_other_types():
+    rng = np.random.default_rng(4)
+    blocks = random_blocks(Q4_K, 16, 512, rng)
+    ids = torch.arange(16).flip(0)
+    rows = cpu_decoder().gguf_rows(torch.from_numpy(blocks), int(Q4_K), 512, ids)
+    assert torch.equal(cpu_decoder().gguf_rows(tiled(blocks, 512), TILES, 512, ids), rows)
+    q6 = random_blocks(GGMLQuantizationType.Q6_K, 3, 512, rng)
+    x = torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float32))
+    stacked = cpu_decoder().gguf_matmul(x, [tiled(blocks, 512), torch.from_numpy(q6)], [TILES, 14], 512, False)
+    assert torch.equal(stacked, torch.cat([tile_matmul(x, tiled(blocks, 512)), matmul(x, q6, 14)], dim=1))

@@ -12,18 +12,21 @@ import torch
 from torch import nn
 
 from specchat.kernels.cpu_decoder import cpu_decoder
-from specchat.quant.gguf_types import BLOCK_TYPES
+from specchat.quant.gguf_types import BLOCK_TYPES, Q4_K, Q4_K_TILES, TILE_ROWS, held_rows
 from specchat.quant.quantized_linear import QuantizedLinear
 
 
 class GGUFLinear(QuantizedLinear):
     def __init__(self, blocks: torch.Tensor, type_id: int, in_features: int, *, dtype: torch.dtype,
                  bias: torch.Tensor | None = None):  # fmt: skip
-        """`blocks` [out, bytes per row] uint8, as the file stores them."""
+        """`blocks` [out, bytes per row] uint8, as the file stores them; Q4_K ones are repacked in tiles of 8 rows
+        (a copy in memory) when their rows come in eights."""
         super().__init__()
         kind = BLOCK_TYPES[type_id]
         if blocks.shape[1] != kind.row_bytes(in_features):
             raise ValueError(f"{kind.name} blocks of {blocks.shape[1]} bytes per row do not hold {in_features} values")
+        if type_id == Q4_K and blocks.shape[0] % TILE_ROWS == 0:
+            blocks, type_id = cpu_decoder().gguf_tile_q4_k(blocks, in_features), Q4_K_TILES
         self._hold([blocks], [type_id], in_features, None if bias is None else bias.to(dtype))
 
     @classmethod
@@ -40,8 +43,9 @@ class GGUFLinear(QuantizedLinear):
 
     def _hold(self, matrices: list[torch.Tensor], type_ids: list[int], in_features: int, bias) -> None:
         self.type_ids, self.in_features = type_ids, in_features
-        self.out_features = sum(matrix.shape[0] for matrix in matrices)
-        self.format = "+".join(dict.fromkeys(BLOCK_TYPES[t].name for t in type_ids))  # "q4_k", "q4_k+q6_k"
+        self.out_features = sum(held_rows(matrix, t) for matrix, t in zip(matrices, type_ids))
+        names = (BLOCK_TYPES[Q4_K if t == Q4_K_TILES else t].name for t in type_ids)
+        self.format = "+".join(dict.fromkeys(names))  # "q4_k", "q4_k+q6_k"
         for i, matrix in enumerate(matrices):
             self.register_buffer(f"blocks_{i}", matrix, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
@@ -60,7 +64,7 @@ class GGUFLinear(QuantizedLinear):
     def dequantize(self) -> torch.Tensor:
         """The weight matrix [out, in] in float32 (tests and small models only: it is the whole matrix)."""
         return torch.cat([
-            cpu_decoder().gguf_rows(matrix, type_id, self.in_features, torch.arange(matrix.shape[0]))
+            cpu_decoder().gguf_rows(matrix, type_id, self.in_features, torch.arange(held_rows(matrix, type_id)))
             for matrix, type_id in zip(self.matrices, self.type_ids)
         ])  # fmt: skip
 
