@@ -1,4 +1,5 @@
-"""Layers that compute on a GGUF tensor's own blocks (memory-mapped from the file, never dequantized whole).
+"""Layers that compute on a GGUF tensor's own blocks (memory-mapped from the file, never dequantized whole;
+Q4_K ones repacked in tiles of 8 rows, `gguf_types.Q4_K_TILES`).
 
 `GGUFLinear` multiplies by the blocks through the CPU decoder's kernels (kernels/gguf_blocks.h): activations
 are quantized to int8 per row, as llama.cpp does for these types, and each row's result is bitwise the same
