@@ -674,6 +674,10 @@ void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* ou
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const TileQ4K& t = tiles[g];
+    // the group two ahead, into cache while this one computes: the hardware prefetcher alone left a one-row
+    // product 10-15% slower (a prefetch past the matrix's end is harmless)
+    for (int k = 0; k < static_cast<int>(sizeof(TileQ4K)); k += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(&t + 2) + k, _MM_HINT_T0);
     __m256i p[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
