@@ -30,10 +30,10 @@
 
 namespace gguf {
 
-// ggml's type ids, as GGUF files store them; and Q4_K_X8, Q4_K repacked in tiles of eight rows (`tile_q4_k`).
-enum Type : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_K_X8 = 112 };
+// ggml's type ids, as GGUF files store them; and Q4_K_TILES, Q4_K repacked in tiles of eight rows (`tile_q4_k`).
+enum Type : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_K_TILES = 112 };
 
-constexpr int64_t kTileRows = 8;  // weight rows per Q4_K_X8 tile
+constexpr int64_t kTileRows = 8;  // weight rows per Q4_K_TILES tile
 
 struct Layout {
   int64_t values, bytes;  // per block
@@ -50,7 +50,7 @@ inline Layout layout(int64_t type) {
     case Q4_K: return {256, 144, false};
     case Q5_K: return {256, 176, false};
     case Q6_K: return {256, 210, false};
-    case Q4_K_X8: return {256, 8 * 148, false};  // a tile's 8 rows (148 = 144 + the scales unpacked)
+    case Q4_K_TILES: return {256, 8 * 148, false};  // a tile's 8 rows (148 = 144 + the scales unpacked)
     default: TORCH_CHECK(false, "no kernel for GGUF block type ", type);
   }
 }
@@ -769,7 +769,7 @@ inline void dots(const uint8_t* row, const Unpacked& u, const Quantized& x, int6
 struct Matrix {
   at::Tensor blocks;
   int64_t type = 0, cols = 0;
-  int64_t rows() const { return blocks.size(0) * (type == Q4_K_X8 ? kTileRows : 1); }
+  int64_t rows() const { return blocks.size(0) * (type == Q4_K_TILES ? kTileRows : 1); }
 };
 
 constexpr int64_t kRowChunk = 64;  // activation rows per pass over the weights
@@ -821,7 +821,7 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
         const uint8_t* blocks = bases[part] + (unit - units[part]) * m.blocks.size(1);
         const Quantized& x = *by_group[layout(m.type).values == 32 ? 0 : 1];
         const int64_t first = starts[part] + (unit - units[part]) * (m.rows() / m.blocks.size(0));
-        if (m.type == Q4_K_X8) {
+        if (m.type == Q4_K_TILES) {
           tile_dots(blocks, x, portable, column.data());
         } else {
           if (needs_unpacking(m.type, portable)) unpack_row(blocks, m.type, cols, u);
@@ -845,7 +845,7 @@ inline at::Tensor dequantize_rows(const Matrix& m, const at::Tensor& ids) {
   for (int64_t r = 0; r < n; ++r) {
     const int64_t id = idx.data_ptr<int64_t>()[r];
     TORCH_CHECK(id >= 0 && id < m.rows(), "row ", id, " out of range");
-    if (m.type == Q4_K_X8) {
+    if (m.type == Q4_K_TILES) {
       unpack_tile_row(m.blocks.data_ptr<uint8_t>() + id / kTileRows * m.blocks.size(1), id % kTileRows, cols, u);
     } else {
       unpack_row(m.blocks.data_ptr<uint8_t>() + id * m.blocks.size(1), m.type, cols, u);
