@@ -18,7 +18,7 @@ import triton.language as tl
 from specchat.kernels.configs import dot_dtype, interpreting, prefix_config
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)  # read inside kernels: a global there must be a constexpr
 MAX_SPLITS = 64
 
 
@@ -65,13 +65,13 @@ def _prefix_split_kernel(
             V + b * s_vb + kv_h * s_vh + keys[:, None] * s_vn + dims[None, :] * s_vd,
             mask=key_ok[:, None] & dim_ok[None, :], other=0.0,
         )  # fmt: skip
-        s = tl.dot(q.to(DOT), k.to(DOT)) * scale_log2
+        s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])  # every split holds at least one key: m_new is finite
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT))
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision="ieee")
         m_i = m_new
 
     base = b * s_ob + h * s_oh + split * s_os + i * s_om

@@ -15,7 +15,7 @@ import triton.language as tl
 from specchat.kernels.configs import dot_dtype, tree_config
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)  # read inside kernels: a global there must be a constexpr
 
 
 @triton.jit
@@ -57,7 +57,7 @@ def _tree_attention_kernel(
         allowed = tl.load(
             Mask + rows[:, None] * s_mm + keys[None, :] * s_mn, mask=row_ok[:, None] & key_ok[None, :], other=0
         )
-        s = tl.dot(q.to(DOT), k.to(DOT)) * scale_log2
+        s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
         s = tl.where(allowed != 0, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
@@ -68,7 +68,7 @@ def _tree_attention_kernel(
             mask=key_ok[:, None] & dim_ok[None, :], other=0.0,
         )  # fmt: skip
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT))
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision="ieee")
         m_i = m_new
 
     empty = l_i == 0.0

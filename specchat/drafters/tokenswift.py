@@ -34,7 +34,7 @@ class TokenSwiftDrafter:
     kind = "tokenswift"  # the registry name: the chat colours its tokens by it
 
     def __init__(self, target: TargetView, heads: TokenSwiftHeads, *, kv_budget: int = KV_BUDGET, lag: int = 1024):
-        self.target, self.heads = target, heads
+        self.target, self.heads = target, heads.to(target.device)
         self.partial = PartialKV(target, kv_budget) if kv_budget else None
         self.table = NgramTable(lag=lag)
         self.ids: list[int] = []  # the committed ids of the request (the table reads them)
