@@ -7,10 +7,13 @@ import torch
 from conftest import TINY_FAMILIES, tiny_model
 from transformers import DynamicCache
 
+from specchat.drafters.working_cache import WorkingCache
 from specchat.engine.budget import MAX_BUDGET
-from specchat.engine.cache import TreeCache
+from specchat.engine.cache import Rollback, TreeCache
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
+from specchat.models.glide import GlideConfig, GlideKV
+from specchat.models.longspec import RingKV
 
 
 def fresh_kv(model, ids: list[int]):
@@ -73,6 +76,61 @@ def test_truncate_is_a_pointer_move():
     assert cache.length == 2 and cache.get_seq_length() == 2
     keys, _ = cache.layers[0].update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
     assert keys.shape[2] == 3 and keys[0, 0, 2].tolist() == [0, 0]
+
+
+def _tree_cache():
+    cache = TreeCache(num_layers=2, max_len=16)
+
+    def write(start: int, count: int) -> None:
+        for layer in cache.layers:
+            layer.update(torch.randn(1, 2, count, 4), torch.randn(1, 2, count, 4))
+        cache.commit()
+
+    return cache, write
+
+
+def _ring():
+    ring = RingKV(8, 2, 4, dtype=torch.float32, device=torch.device("cpu"))
+    return ring, lambda start, count: ring.write(start, torch.randn(2, count, 4), torch.randn(2, count, 4))
+
+
+def _glide_kv():
+    kv = GlideKV(GlideConfig.for_target(tiny_model("llama").config), 16, dtype=torch.float32, device=torch.device("cpu"))
+    return kv, lambda start, count: kv.commit(start + count)  # the draft's forward writes the slots itself
+
+
+def _working_cache():
+    rotary = tiny_model("llama").model.rotary_emb
+    cache = WorkingCache(2, 2, 16, 16, 16, dtype=torch.float32, device=torch.device("cpu"), rotary=rotary)
+
+    def write(start: int, count: int) -> None:
+        keys = torch.randn(2, 2, count, 16)
+        cache.append(keys, torch.randn_like(keys), keys)
+
+    return cache, write
+
+
+@pytest.mark.parametrize("make", [_tree_cache, _ring, _glide_kv, _working_cache], ids=lambda make: make.__name__[1:])
+def test_every_cache_rolls_back_through_the_same_contract(make):
+    """The target's cache and the drafters' own share `length` and `truncate` (PartialKV's is tested with its
+    target in test_tokenswift_drafter.py): a cut never grows the cache, and writing resumes at the cut."""
+    cache, write = make()
+    assert isinstance(cache, Rollback)
+    write(0, 6)
+    assert cache.length == 6
+    cache.truncate(9)
+    assert cache.length == 6
+    cache.truncate(4)
+    assert cache.length == 4
+    write(4, 3)
+    assert cache.length == 7
+
+
+def test_a_ring_forgets_what_it_truncates():
+    ring, write = _ring()
+    write(0, 6)
+    ring.truncate(4)
+    assert ring.visible(torch.tensor([5])).sum() == 4  # positions 0..3, not 4 and 5
 
 
 def test_overflow_is_an_error():

@@ -92,6 +92,12 @@ def test_partial_cache_selects_the_most_important_positions(model, tokenizer):
     new = engine.cache.length - 1
     assert torch.equal(cache.layers[0].keys[0, :, budget - 2], engine.cache.layers[0].keys[0, :, new])
 
+    # rolling back: keeping every position keeps the slots; any cut empties them (they hold a selection)
+    partial.truncate(partial.length)
+    assert partial.length == engine.cache.length and cache.length == budget
+    partial.truncate(partial.length - 1)
+    assert partial.length == 0 and cache.length == 0
+
 
 def test_tree_is_1_3_3_3_with_ngram_chains():
     probs = torch.full((4, VOCAB), 1e-4)

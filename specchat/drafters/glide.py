@@ -49,7 +49,7 @@ class GlideDrafter(TracksCommittedIds):
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         same = self.new_request(ids, reused)
-        self.kv.written = min(self.kv.written, same)
+        self.kv.truncate(same)
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
@@ -86,14 +86,15 @@ class GlideDrafter(TracksCommittedIds):
         """Draft logits [vocab] below the root, after catching up every committed position before it."""
         root = len(self.ids) - 1
         self._target_kv = self.model.target_kv(self._target_layers(root))
-        self.kv.written = start = min(self.kv.written, root)  # the root's own state is (re)computed
+        self.kv.truncate(root)  # the root's own state is (re)computed
+        start = self.kv.length
         while True:
             end = min(start + CHUNK, root + 1)
             states = self._forward(self.ids[start:end], start)
             if end == root + 1:
                 break
             start = end
-        self.kv.written = root + 1
+        self.kv.commit(root + 1)
         return self.model.lm_head(states[-1])
 
     def _logits(self, token: int, position: int) -> torch.Tensor:

@@ -58,7 +58,7 @@ class LongSpecDrafter(TracksCommittedIds):
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         same = self.new_request(ids, reused)
-        self.ring.forget_from(same)
+        self.ring.truncate(same)
         self.read = self.read[:0]
 
     @torch.inference_mode()
@@ -133,7 +133,7 @@ class LongSpecDrafter(TracksCommittedIds):
         """Write the draft's own keys / values of committed positions before the root that it has not written
         (the last window of them); the root's are the first row of each tree."""
         end = len(self.ids) - 1
-        start = max(self.ring.written, end - self.ring.window)
+        start = max(self.ring.length, end - self.ring.window)
         if start >= end:
             return
         positions = torch.arange(start, end, device=self.target.device)

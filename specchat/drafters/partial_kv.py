@@ -33,16 +33,22 @@ class PartialKV:
         self.overwrite: list[int] = []  # slots new positions take next, least important first
         self.selections = 0
 
-    def reset(self) -> None:
-        """Forget everything (a new request): the next `prepare` copies or selects afresh."""
-        self.cache.truncate(0)
-        self.synced, self.overwrite = 0, []
+    @property
+    def length(self) -> int:
+        """Positions of the engine's cache accounted for: copied in, or passed over by a selection."""
+        return self.synced
+
+    def truncate(self, length: int) -> None:
+        """Forget the positions from `length` on. The slots hold a selection, not a prefix, so any cut empties
+        them: the next `prepare` copies or selects afresh."""
+        if length < self.synced:
+            self.cache.truncate(0)
+            self.synced, self.overwrite = 0, []
 
     def prepare(self, root: int) -> TreeCache:
         """The cache to draft from, brought up to the engine's committed prefix (`root` is the token after it)."""
         full = self.target.cache
-        if full.length < self.synced:  # the engine went back (a new prompt sharing less): start again
-            self.reset()
+        self.truncate(full.length)  # the engine went back (a new prompt sharing less): start again
         new = range(self.synced, full.length)
         if self.cache.length + len(new) <= self.budget and not self.overwrite:
             self._copy(torch.arange(self.synced, full.length), self.cache.length)  # the context fits: all of it

@@ -49,7 +49,7 @@ class TokenSwiftDrafter:
             self.table.add(ids)
         self.ids = list(ids)
         if self.partial is not None:
-            self.partial.reset()
+            self.partial.truncate(0)
 
     def commit(self, tokens: list[int], hidden=None) -> None:
         self.ids += tokens

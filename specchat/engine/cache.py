@@ -9,12 +9,26 @@ copy of the past. `commit(kept)` then keeps a subset of the pending block, in or
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import psutil
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specchat.errors import SpecchatError
+
+
+@runtime_checkable
+class Rollback(Protocol):
+    """The contract every KV cache here keeps, the target's and each drafter's own: positions [0, length) hold
+    the keys and values of the committed ids, and `truncate(length)` forgets those from `length` on (a request
+    that shares only part of the last one, a draft that went past what was accepted). Writing is each cache's
+    own business (a verified tree's kept rows, a ring's window, a selection rotated at compact positions)."""
+
+    @property
+    def length(self) -> int: ...
+
+    def truncate(self, length: int) -> None: ...
 
 
 class TreeKVLayer(CacheLayerMixin):

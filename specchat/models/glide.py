@@ -147,13 +147,20 @@ class GlideBody(nn.Module):
 
 class GlideKV:
     """The draft's own keys and values, `[layers, kv_heads, slots, head_dim]`, allocated once: slot p holds
-    position p. Positions [0, written) are valid for the committed ids; a forward writes past them freely."""
+    position p. Positions [0, length) are valid for the committed ids; a forward writes past them freely."""
 
     def __init__(self, config: GlideConfig, slots: int, *, dtype: torch.dtype, device: torch.device):
         shape = (config.num_hidden_layers, config.num_key_value_heads, slots, config.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
-        self.written = 0
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def commit(self, length: int) -> None:
+        """Positions [0, length) now hold the committed ids' keys and values (a forward wrote them)."""
+        self.length = length
 
     @property
     def slots(self) -> int:

@@ -130,7 +130,7 @@ class RingKV:
         self.keys = torch.zeros(kv_heads, window, head_dim, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
         self.positions = torch.full((window,), -1, dtype=torch.long, device=device)  # -1: empty slot
-        self.written = 0  # positions [0, written) have been written (the last `window` of them are kept)
+        self.length = 0  # positions [0, length) have been written (the last `window` of them are kept)
 
     def write(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Keys / values [kv_heads, q, D] of positions start, start + 1, ... (the last `window` are kept)."""
@@ -141,12 +141,12 @@ class RingKV:
         self.keys[:, slots] = keys[:, count - keep :]
         self.values[:, slots] = values[:, count - keep :]
         self.positions[slots] = positions
-        self.written = start + count
+        self.length = start + count
 
-    def forget_from(self, position: int) -> None:
-        """Drop positions >= `position` (a request that shares only part of what was written)."""
-        self.positions[self.positions >= position] = -1
-        self.written = min(self.written, position)
+    def truncate(self, length: int) -> None:
+        """Drop positions >= `length` (a request that shares only part of what was written)."""
+        self.positions[self.positions >= length] = -1
+        self.length = min(self.length, length)
 
     def visible(self, query_positions: torch.Tensor) -> torch.Tensor:
         """[q, window] which slots each query sees: written, not after it, and inside its window."""
