@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+CHAIN_TAU = "held-out greedy chain tau (depth 5)"
 
-def plot_training(log: list[dict], path: Path, *, title: str,
-                  tau_label: str = "held-out greedy chain tau (depth 5)") -> bool:  # fmt: skip
+
+def plot_training(log: list[dict], path: Path, *, title: str, tau_label: str = CHAIN_TAU) -> bool:
     """Write the curves to `path` (PNG); False when matplotlib is not installed (`specchat[plot]`)."""
     try:
         import matplotlib

@@ -16,7 +16,7 @@ from specchat.engine.generate import Engine
 from specchat.errors import SpecchatError
 from specchat.quant.quantized_linear import dense_weight
 from specchat.training.data import read_records
-from specchat.training.features import Features, target_features
+from specchat.training.features import Features, HiddenFeatures, target_features, target_hidden
 from specchat.training.samples import MAX_SAMPLE_TOKENS, Sample, samples_of
 
 
@@ -24,23 +24,25 @@ from specchat.training.samples import MAX_SAMPLE_TOKENS, Sample, samples_of
 class TrainingSet:
     train_records: list[dict]
     samples: list[Sample]
-    features: Features
+    features: Features | HiddenFeatures
     heldout_records: list[dict]
     heldout: list[Sample]
-    heldout_features: Features
+    heldout_features: Features | HiddenFeatures
     feature_seconds: float  # computing the features that were not on disk
 
     @classmethod
-    def load(cls, loaded, data: Path, stage: Callable[[str, int], Callable[[int], None]]) -> TrainingSet:
-        """The records of `data`, checked to be answers of `loaded`'s model, and their features;
-        `stage(name, total)` announces the features stages and returns their progress callbacks."""
+    def load(cls, loaded, data: Path, stage: Callable[[str, int], Callable[[int], None]], *,
+             hidden: bool = False) -> TrainingSet:  # fmt: skip
+        """The records of `data`, checked to be answers of `loaded`'s model, and their features (`hidden`: the
+        target's last hidden states instead); `stage(name, total)` announces the features stages and returns
+        their progress callbacks."""
         train_records, heldout_records = read_split_records(data, loaded.source.name)
         samples, heldout = samples_of(train_records), samples_of(heldout_records)
         engine = Engine(loaded.model, loaded.tokenizer, max_len=MAX_SAMPLE_TOKENS)
+        compute, what = (target_hidden, "hidden states") if hidden else (target_features, "features")
         start = time.perf_counter()
-        features = target_features(engine, data, "train", samples, stage("target features", sample_tokens(samples)))
-        heldout_features = target_features(engine, data, "heldout", heldout,
-                                           stage("held-out features", sample_tokens(heldout)))  # fmt: skip
+        features = compute(engine, data, "train", samples, stage(f"target {what}", sample_tokens(samples)))
+        heldout_features = compute(engine, data, "heldout", heldout, stage(f"held-out {what}", sample_tokens(heldout)))
         return cls(train_records, samples, features, heldout_records, heldout, heldout_features,
                    time.perf_counter() - start)  # fmt: skip
 
