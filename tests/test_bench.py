@@ -8,7 +8,7 @@ import pytest
 from conftest import tiny_model
 
 from specchat.bench.compare import compare
-from specchat.bench.prompts import PROMPT_SETS, load_prompt_sets
+from specchat.bench.prompts import LONG_SETS, PROMPT_SETS, load_prompt_sets, long_document
 from specchat.errors import SpecchatError
 from specchat.loading import LoadedModel, ModelSource
 
@@ -29,6 +29,16 @@ def test_bad_prompt_files_are_one_line_errors(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(SpecchatError, match=message):
         load_prompt_sets([], path)
+
+
+@pytest.mark.parametrize("name", ["long4k", "long30k"])
+def test_long_prompt_sets_hold_about_their_tokens_of_real_text(name, tokenizer):
+    """Every task reads the same document; the recall task's answer lies in its first topic."""
+    prompts = load_prompt_sets([name])[name]
+    document = long_document(LONG_SETS[name])
+    assert len(prompts) == 4 and all(prompt.startswith(document + "\n\n") for prompt in prompts)
+    assert 0.8 < len(tokenizer(document).input_ids) / LONG_SETS[name] < 1.25
+    assert document.index('assert_stmt ::= "assert" expression') < 200
 
 
 def test_unknown_prompt_set():

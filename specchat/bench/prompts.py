@@ -62,18 +62,27 @@ PROMPT_SETS: dict[str, list[str]] = {
 
 # Long inputs (SpecExtend's setting): about this many tokens of the Python reference manual, which every
 # CPython installation carries (`pydoc_data.topics`, 465K characters; about 4.2 characters a token here).
-LONG_SETS = {"long1k": 1000, "long4k": 4000, "long7k": 7000}
+LONG_SETS = {"long1k": 1000, "long4k": 4000, "long7k": 7000, "long16k": 16000, "long30k": 30000}
 PROMPT_SET_NAMES = (*PROMPT_SETS, *LONG_SETS)
 
 
-def long_prompts(tokens: int) -> list[str]:
-    """A summary and a list, each over the same ~`tokens` tokens of documentation."""
+def long_document(tokens: int) -> str:
+    """About `tokens` tokens of the reference manual, its topics in alphabetical order (`assert` first)."""
     from pydoc_data.topics import topics
 
-    document = "\n\n".join(topics[name] for name in sorted(topics))[: int(tokens * 4.2)]
+    return "\n\n".join(topics[name] for name in sorted(topics))[: int(tokens * 4.2)]
+
+
+def long_prompts(tokens: int) -> list[str]:
+    """Four tasks over the same ~`tokens` tokens of documentation, each needing the whole of it or its far
+    end: summarise it, list what it describes, continue it, and recall a detail of its very first topic."""
+    document = long_document(tokens)
     return [
         f"{document}\n\nSummarize the documentation above in a few paragraphs.",
         f"{document}\n\nList the Python statements the documentation above describes, one sentence each.",
+        f"{document}\n\nContinue the documentation above with its next topic, in the same style.",
+        f"{document}\n\nAt its very start, the documentation above gives the grammar of the assert statement. "
+        "Quote that grammar rule and say what the simple form of assert is equivalent to.",
     ]
 
 
