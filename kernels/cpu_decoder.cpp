@@ -15,7 +15,7 @@
 
 #include "gguf_blocks.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -180,8 +181,18 @@ void rotate_and_cache(const T* qkv, const float* cos, const float* sin, float* q
   }
 }
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+// [t(v0), ..., t(v7)], t(v) = ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)): eight vectors' sums of adjacent
+// lanes paired down, as the portable loop pairs them.
+inline __m256 pairwise_sums8(const __m256* v) {
+  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
+#endif
+
 // scores[i] = q . tile[i] for a tile of 16 keys [16][dim] (dim a multiple of 16): the products summed in 16
-// lanes, then adjacent lanes paired down to one. The AVX-512 path and the portable one compute the same sums.
+// lanes, then adjacent lanes paired down to one. The AVX-512, AVX2 and portable paths compute the same sums.
 template <int DIM>
 inline void dots16(const float* q, const float* tile, float* scores) {
   constexpr int dim = DIM;
@@ -203,6 +214,21 @@ inline void dots16(const float* q, const float* tile, float* scores) {
     }
   }
   _mm512_storeu_ps(scores, sums[0]);
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (int first = 0; first < LANES; first += 4) {  // four keys at a time: lanes 0-7 and 8-15 of each
+    __m256 sums[8];
+    for (int i = 0; i < 8; ++i) sums[i] = _mm256_setzero_ps();
+    for (int c = 0; c < dim; c += LANES) {
+      const __m256 q_low = _mm256_loadu_ps(q + c), q_high = _mm256_loadu_ps(q + c + 8);
+      for (int i = 0; i < 4; ++i) {
+        const float* key = tile + (first + i) * dim + c;
+        sums[i] = _mm256_fmadd_ps(q_low, _mm256_loadu_ps(key), sums[i]);
+        sums[4 + i] = _mm256_fmadd_ps(q_high, _mm256_loadu_ps(key + 8), sums[4 + i]);
+      }
+    }
+    const __m256 halves = pairwise_sums8(sums);  // lanes 0-7 summed for keys 0-3, then lanes 8-15
+    _mm_storeu_ps(scores + first, _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1)));
+  }
 #else
   for (int i = 0; i < LANES; ++i) {
     float lanes[LANES] = {};
@@ -213,6 +239,28 @@ inline void dots16(const float* q, const float* tile, float* scores) {
       for (int j = 0; j < n / 2; ++j) lanes[j] = lanes[2 * j] + lanes[2 * j + 1];
     }
     scores[i] = lanes[0];
+  }
+#endif
+}
+
+// acc[d] += weights[p] * rows[p][d] for the `count` rows [count][DIM] in order, one fma each: the AVX2 path
+// keeps 64 columns of `acc` in registers while the rows stream by.
+template <int DIM>
+inline void add_weighted(const float* weights, const float* rows, int64_t count, float* acc) {
+#if defined(__AVX2__) && defined(__FMA__)
+  for (int h = 0; h < DIM; h += 64) {
+    __m256 sums[8];
+    for (int j = 0; j < 8; ++j) sums[j] = _mm256_loadu_ps(acc + h + 8 * j);
+    for (int64_t p = 0; p < count; ++p) {
+      const __m256 weight = _mm256_broadcast_ss(weights + p);
+      const float* row = rows + p * DIM + h;
+      for (int j = 0; j < 8; ++j) sums[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * j), sums[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc + h + 8 * j, sums[j]);
+  }
+#else
+  for (int64_t p = 0; p < count; ++p) {
+    for (int d = 0; d < DIM; ++d) acc[d] = std::fma(weights[p], rows[p * DIM + d], acc[d]);
   }
 #endif
 }
@@ -232,19 +280,31 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
   std::vector<float> scores(count * width), tile(BLOCK * DIM), accumulator(count * DIM, 0.0f);
   float block[LANES];
   auto query = [&](int64_t i) { return queries + ((i / group) * heads + i % group) * DIM; };
-  auto convert = [&](const T* cache, const int64_t* slots, int64_t first, int64_t n) {  // n <= BLOCK rows
+  // Rows first, first + 1, ... (`n` <= BLOCK of them; through `slots` when given) of a cache as fp32 [padded][DIM],
+  // zeros after the n: read in place when they are consecutive fp32 rows, else converted into `tile`.
+  auto rows_at = [&](const T* cache, const int64_t* slots, int64_t first, int64_t n, int64_t padded) -> const float* {
+    if (!slots) {  // a stream of rows: the next call's rows into L2 now (the hardware prefetcher lags here)
+      const char* ahead = reinterpret_cast<const char*>(cache + (first + padded) * DIM);
+      for (int64_t byte = 0; byte < padded * DIM * static_cast<int64_t>(sizeof(T)); byte += 64) {
+        __builtin_prefetch(ahead + byte, 0, 2);
+      }
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (!slots && n == padded) return cache + first * DIM;
+    }
     for (int64_t i = 0; i < n; ++i) {
       const T* row = cache + (slots ? slots[first + i] : first + i) * DIM;
       for (int d = 0; d < DIM; ++d) tile[i * DIM + d] = load(row[d]);
     }
+    std::fill(tile.begin() + n * DIM, tile.begin() + padded * DIM, 0.0f);
+    return tile.data();
   };
   auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
     for (int64_t b = 0; b < n; b += LANES) {
       const int64_t filled = std::min<int64_t>(LANES, n - b);
-      convert(keys, slots, b, filled);
-      std::fill(tile.begin() + filled * DIM, tile.begin() + LANES * DIM, 0.0f);
+      const float* keys_tile = rows_at(keys, slots, b, filled, LANES);
       for (int64_t i = first_query; i < last_query; ++i) {
-        dots16<DIM>(query(i), tile.data(), block);
+        dots16<DIM>(query(i), keys_tile, block);
         float* row = scores.data() + i * width + offset + b;
         for (int64_t j = 0; j < filled; ++j) row[j] = block[j] * scale;
       }
@@ -253,15 +313,9 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
   auto add_values = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
     for (int64_t b = 0; b < n; b += BLOCK) {
       const int64_t filled = std::min<int64_t>(BLOCK, n - b);
-      convert(values, slots, b, filled);
+      const float* values_tile = rows_at(values, slots, b, filled, filled);
       for (int64_t i = first_query; i < last_query; ++i) {
-        const float* weights = scores.data() + i * width + offset + b;
-        float acc[DIM];
-        std::copy_n(accumulator.data() + i * DIM, DIM, acc);
-        for (int64_t p = 0; p < filled; ++p) {
-          for (int d = 0; d < DIM; ++d) acc[d] = std::fma(weights[p], tile[p * DIM + d], acc[d]);
-        }
-        std::copy_n(acc, DIM, accumulator.data() + i * DIM);
+        add_weighted<DIM>(scores.data() + i * width + offset + b, values_tile, filled, accumulator.data() + i * DIM);
       }
     }
   };
