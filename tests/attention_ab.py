@@ -3,9 +3,15 @@ and tiny matmuls, its KV cache at `context` (DRAM-resident, as in the model); ms
 largest output difference between builds. Each build is named by its source version (`source_version()` of
 that checkout, built once by `cpu_decoder()`):
 `python tests/attention_ab.py 16384 5 before=4e7c530d223d after=<version>`."""
-import glob, importlib.util, statistics, sys, time
+import glob
+import importlib.util
+import statistics
+import sys
+import time
+
 import torch
 from torch.utils.cpp_extension import _get_build_directory
+
 builds = {}
 for name_hash in sys.argv[3:]:
     name, h = name_hash.split("=")
