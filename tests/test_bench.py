@@ -8,9 +8,10 @@ import pytest
 from conftest import tiny_model
 
 from specchat.bench.compare import compare
+from specchat.bench.llamacpp import CONTEXT_STEP, LlamaCpp
 from specchat.bench.prompts import LONG_SETS, PROMPT_SETS, load_prompt_sets, long_document
 from specchat.errors import SpecchatError
-from specchat.loading import LoadedModel, ModelSource
+from specchat.loading import LoadedModel, ModelSource, embedded_gguf_path
 
 
 def test_builtin_and_file_prompt_sets(tmp_path):
@@ -90,9 +91,19 @@ def test_bench_logits_scores_the_embedded_model_against_its_dequantized_weights(
     """Our kernels on the Q4_1 blocks against gguf-py's dequantization run in fp32: a broken block layout or
     scale would put the top token wrong at most positions and the KL far above bf16's rounding."""
     from specchat.bench.logits import logits_accuracy, text_ids
-    from specchat.loading import embedded_gguf_path, load_model
+    from specchat.loading import load_model
 
     loaded = load_model(None, dtype="auto", device="cpu")
     [row] = logits_accuracy(loaded, embedded_gguf_path(), text_ids(loaded.tokenizer, 48), llamacpp=False)
     assert row.tokens == 48 and row.source.startswith("specchat (q4_1")
     assert row.mean_kl < 0.02 and row.top1_agreement > 0.85 and 0 < row.rms_error < 0.5
+
+
+def test_the_llamacpp_baseline_grows_its_context_to_the_prompt(tokenizer):
+    """A prompt longer than llama.cpp's context reloads it larger instead of failing in llama_decode."""
+    pytest.importorskip("llama_cpp")
+    llamacpp = LlamaCpp(embedded_gguf_path(), context=64)
+    ids = tokenizer(" ".join(["The lighthouse keeper wrote in the log every night."] * 12)).input_ids
+    tokens, _ = llamacpp.generate(ids, 8, frozenset())
+    assert len(ids) > 64 and len(tokens) == 8 and llamacpp.context == CONTEXT_STEP
+

@@ -2,7 +2,8 @@
 
 An optional extra (it compiles llama.cpp from source, several minutes), never needed by the tests. Greedy,
 the same prompt token ids as ours, as many threads as torch uses; decode time runs from the first generated
-token to the last, as our engine's does (prefill excluded).
+token to the last, as our engine's does (prefill excluded). Its context grows to the longest generation asked
+for, in steps of CONTEXT_STEP tokens (each growth reloads the model).
 """
 
 from __future__ import annotations
@@ -13,17 +14,26 @@ import torch
 
 from specchat.errors import SpecchatError
 
+CONTEXT_STEP = 4096
+
 
 class LlamaCpp:
-    def __init__(self, gguf_path, *, context: int = 4096):
+    def __init__(self, gguf_path, *, context: int = CONTEXT_STEP):
         try:
-            from llama_cpp import Llama
+            import llama_cpp  # noqa: F401
         except ImportError:
             raise SpecchatError(
                 '--baseline llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]" in the specchat '
                 "checkout (compiles llama.cpp from source, several minutes)"
             ) from None
-        self.llm = Llama(str(gguf_path), n_ctx=context, n_threads=torch.get_num_threads(), verbose=False)
+        self.path = str(gguf_path)
+        self._load(context)
+
+    def _load(self, context: int) -> None:
+        from llama_cpp import Llama
+
+        self.context = context
+        self.llm = Llama(self.path, n_ctx=context, n_threads=torch.get_num_threads(), verbose=False)
 
     @classmethod
     def for_model(cls, spec: str | None) -> LlamaCpp:
@@ -44,11 +54,16 @@ class LlamaCpp:
 
     def generate(self, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int]) -> tuple[list[int], float]:
         """Greedy tokens after `ids` and the seconds spent decoding all but the first."""
+        if len(ids) + max_new_tokens > self.context:
+            self._load(-(-(len(ids) + max_new_tokens) // CONTEXT_STEP) * CONTEXT_STEP)
         tokens, first = [], 0.0
-        for token in self.llm.generate(ids, top_k=1, temp=0.0, reset=True):
-            if not tokens:
-                first = time.perf_counter()
-            tokens.append(token)
-            if token in stop_ids or len(tokens) >= max_new_tokens:
-                break
+        try:
+            for token in self.llm.generate(ids, top_k=1, temp=0.0, reset=True):
+                if not tokens:
+                    first = time.perf_counter()
+                tokens.append(token)
+                if token in stop_ids or len(tokens) >= max_new_tokens:
+                    break
+        except RuntimeError as error:  # llama.cpp reports a failed decode (out of memory, say) as a return code
+            raise SpecchatError(f"llama.cpp failed on a {len(ids)}-token prompt: {error}") from None
         return tokens, time.perf_counter() - first
