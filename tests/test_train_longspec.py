@@ -14,6 +14,7 @@ from tui_harness import tiny_loaded
 from specchat.drafters.longspec import build
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
+from specchat.training.data import read_records
 from specchat.errors import SpecchatError
 from specchat.models.layers import rotate
 from specchat.models.longspec import LongSpecConfig, LongSpecLayer
@@ -23,6 +24,7 @@ from specchat.training.longspec import LongSpecObjective
 from specchat.training.samples import Sample, fingerprint, sample_of, samples_of
 from specchat.training.train_longspec import train_longspec
 from specchat.training.trainer import STATE, TrainRecipe, learning_rate, train
+from specchat.training.training_set import TrainingSet
 
 
 def _record(prompt, answer, sampling="greedy", turn=0):
@@ -163,17 +165,39 @@ def test_a_resumed_run_ends_with_the_same_weights_as_an_unbroken_one(loaded, tmp
     assert (tmp_path / "whole" / STATE).is_file()
 
 
+def _data_dir(folder, counts=(("train", 8), ("heldout", 2)), sampling="greedy", seed=0):
+    """A data directory of random records of the tiny target."""
+    folder.mkdir()
+    (folder / "recipe.json").write_text(json.dumps({"model": "tiny-llama"}))
+    rng = random.Random(seed)
+    for split, count in counts:
+        records = [_record([rng.randrange(1, 1000) for _ in range(12)], [rng.randrange(1, 1000) for _ in range(8)],
+                           sampling) for _ in range(count)]  # fmt: skip
+        (folder / f"{split}-00000.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    return folder
+
+
+def test_a_training_set_joins_data_dirs_each_keeping_its_own_features(loaded, tmp_path):
+    answers = _data_dir(tmp_path / "answers")
+    text = _data_dir(tmp_path / "text", counts=(("train", 3),), sampling="text", seed=1)  # no held-out records
+    stage = lambda _name, _total: lambda _tokens: None  # noqa: E731
+    alone = TrainingSet.load(loaded, answers, stage)
+    both = TrainingSet.load(loaded, [answers, text], stage)
+    assert both.samples == alone.samples + samples_of(read_records(text, "train")) and both.heldout == alone.heldout
+    assert [path.name for path in (text / "features").iterdir()] == ["train-00000.safetensors"]
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
+    text_features = target_features(engine, text, "train", samples_of(read_records(text, "train")))  # read back
+    first = len(alone.samples)
+    for index in range(len(both.samples)):  # each sample's features, wherever they were computed
+        own = alone.features.of(index) if index < first else text_features.of(index - first)
+        assert all(torch.equal(a, b) for a, b in zip(both.features.of(index), own, strict=True))
+    assert both.summary()["text_tokens"] == 24 and both.summary()["answer_tokens"] == 64
+    with pytest.raises(SpecchatError, match="no heldout records"):
+        TrainingSet.load(loaded, [text], stage)
+
+
 def test_train_longspec_writes_a_checkpoint_that_decodes_losslessly(loaded, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "recipe.json").write_text(json.dumps({"model": "tiny-llama"}))
-    rng = random.Random(0)
-    lines = {"train": [], "heldout": []}
-    for split, count in (("train", 8), ("heldout", 2)):
-        for _ in range(count):
-            record = _record([rng.randrange(1, 1000) for _ in range(12)], [rng.randrange(1, 1000) for _ in range(8)])
-            lines[split].append(json.dumps(record) + "\n")
-        (data / f"{split}-00000.jsonl").write_text("".join(lines[split]))
+    data = _data_dir(tmp_path / "data")
     out = tmp_path / "draft"
     summary = train_longspec(loaded, data, out, TrainRecipe(epochs=1, batch=4), vocab=16384, eval_tokens=8)
     assert summary["steps"] == 2 and summary["trained_vocab"] == 16384
@@ -203,5 +227,8 @@ def test_train_longspec_rejects_bad_options_in_one_line(tmp_path, monkeypatch, c
     command = ("train", "longspec", "--data", str(tmp_path), "--out", str(tmp_path / "o"))
     # in this process (`specchat_in_process`): each is refused before the target loads
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command), "holds no training data")
+    data = _data_dir(tmp_path / "data")
+    two = ("train", "longspec", "--data", str(data), "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"))
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *two), f"{tmp_path / 'none'} holds no training data")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--epochs", "0"), "--epochs")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--precision", "fp8"), "--precision")

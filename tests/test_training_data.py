@@ -18,6 +18,8 @@ from specchat.errors import SpecchatError
 from specchat.training import prompts as prompt_sources
 from specchat.training.data import DataRecipe, build_data, read_records
 from specchat.training.prompts import Prompt, all_prompts, doc_prompts, stdlib_prompts
+from specchat.training.samples import samples_of
+from specchat.training.text_data import CHARS_PER_TOKEN, TEXT_TOKENS, build_text_data, stdlib_chunks
 
 MODULE = textwrap.dedent('''
     """A module."""
@@ -131,6 +133,57 @@ def test_the_targets_own_answers_in_shards_with_splits_and_resume(tokenizer, tmp
     assert all(json.loads(line) for path in out.glob("*.jsonl") for line in path.read_text().splitlines())
     with pytest.raises(SpecchatError, match="another recipe .*max_new_tokens 6 -> 8"):
         build_data(loaded, out, PROMPTS, _recipe(max_new_tokens=8), tokens=10)
+
+
+def _long_module(lines: int) -> str:
+    return "\n".join(f"value_{i} = compute({i}, 'a line of code of about forty characters')" for i in range(lines))
+
+
+@pytest.fixture
+def stdlib_text(tmp_path):
+    root = tmp_path / "text"
+    (root / "shapes").mkdir(parents=True)
+    (root / "pydoc_data").mkdir()
+    (root / "shapes" / "plane.py").write_text(_long_module(300))
+    (root / "small.py").write_text("x = 1\n")
+    (root / "pydoc_data" / "topics.py").write_text(MODULE)  # the long bench sets' text: never trained on
+    (root / "_hidden.py").write_text(MODULE)
+    (root / "test_shapes.py").write_text(MODULE)
+    return root
+
+
+def test_stdlib_text_comes_in_chunks_of_whole_lines_bench_tests_and_private_modules_skipped(stdlib_text):
+    chunks = list(stdlib_chunks(0, stdlib_text))
+    assert {chunk.module for chunk in chunks} == {"shapes.plane", "small"}
+    plane = [chunk for chunk in chunks if chunk.module == "shapes.plane"]
+    assert "\n".join(chunk.text for chunk in plane) == _long_module(300)  # every line, once, in order
+    assert [(c.first_line, c.last_line) for c in plane][0][0] == 1 and plane[-1].last_line == 300
+    assert all(a.last_line + 1 == b.first_line for a, b in zip(plane, plane[1:], strict=False))
+    assert all(len(chunk.text) < TEXT_TOKENS * CHARS_PER_TOKEN + 80 for chunk in plane) and len(plane) > 1
+    assert len({chunk.id for chunk in chunks}) == len(chunks)
+    orders = {tuple(c.module for c in stdlib_chunks(seed, stdlib_text))[0] for seed in range(8)}
+    assert orders == {"shapes.plane", "small"}  # the seed orders the modules
+
+
+def test_text_records_show_the_text_as_an_answer_in_resumable_shards(tokenizer, stdlib_text, tmp_path):
+    loaded = tiny_loaded(tokenizer)
+    out = tmp_path / "data"
+    recipe = _recipe(kind="text", max_new_tokens=TEXT_TOKENS, sampled=0.0, heldout=0.3)
+    first = build_text_data(loaded, out, recipe, tokens=1, chunks=stdlib_chunks(0, stdlib_text))
+    assert first.records == 1
+    done = build_text_data(loaded, out, recipe, tokens=10**9, chunks=stdlib_chunks(0, stdlib_text))  # resumes
+    records = list(read_records(out))
+    chunks = list(stdlib_chunks(0, stdlib_text))
+    assert done.records == len(records) == len(chunks) and {r["split"] for r in records} == {"train", "heldout"}
+    by_id = {record["id"]: record for record in records}
+    for chunk in chunks:
+        record = by_id[chunk.id]
+        fenced = loaded.tokenizer(f"```python\n{chunk.text}\n```", add_special_tokens=False)["input_ids"]
+        assert record["answer_ids"] == fenced[:TEXT_TOKENS] and record["sampling"] == "text"
+        assert loaded.tokenizer.decode(record["prompt_ids"]).count(chunk.module) == 1
+    assert not any(sample.greedy for sample in samples_of(records))  # never in greedy chain tau
+    with pytest.raises(SpecchatError, match="another recipe .*kind text -> answers"):
+        build_data(loaded, out, PROMPTS, _recipe(max_new_tokens=TEXT_TOKENS, sampled=0.0), tokens=10)
 
 
 def test_train_data_rejects_bad_options_in_one_line(tmp_path):

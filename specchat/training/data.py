@@ -35,6 +35,7 @@ class DataRecipe:
     max_new_tokens: int
     heldout: float  # fraction of prompts held out
     sampled: float  # fraction of prompts answered with the profile's sampling settings (the rest greedy)
+    kind: str = "answers"  # the target's own answers, or "text" labelled by its prefill (`text_data.py`)
 
 
 @dataclass
@@ -57,14 +58,14 @@ def build_data(loaded, out: Path, prompts: list[Prompt], recipe: DataRecipe, *, 
     from specchat.engine.sampling_config import SamplingConfig
     from specchat.loading import decoding_defaults
 
-    _check_recipe(out, recipe)
+    check_recipe(out, recipe)
     held = list(read_records(out))
     done = {record["id"] for record in held}
     total = DataProgress(records=len(done), answer_tokens=sum(len(record["answer_ids"]) for record in held))
     progress(total)
     engine = Engine(loaded.model, loaded.tokenizer, max_len=2048, drafter=NgramDrafter())
     defaults = decoding_defaults(loaded)
-    writers = {split: _ShardWriter(out, split) for split in SPLITS}
+    writers = shard_writers(out)
     start = time.perf_counter()
     for prompt in prompts:
         if total.answer_tokens >= tokens:
@@ -74,7 +75,7 @@ def build_data(loaded, out: Path, prompts: list[Prompt], recipe: DataRecipe, *, 
         seed = int(prompt.id[:8], 16)
         sampled = (seed % 1000) / 1000 < recipe.sampled
         sampling = SamplingConfig(**{**defaults, "seed": seed}) if sampled else SamplingConfig()
-        split = "heldout" if (int(prompt.id[8:16], 16) % 10_000) / 10_000 < recipe.heldout else "train"
+        split = split_of(prompt.id, recipe.heldout)
         messages, records = [], []
         for turn, text in enumerate(prompt.turns):
             messages.append({"role": "user", "content": text})
@@ -111,6 +112,15 @@ def read_records(out: Path, split: str | None = None) -> Iterator[dict]:
                         yield json.loads(line)
 
 
+def split_of(record_id: str, heldout: float) -> str:
+    """train or heldout, fixed by a record's id (a hex digest): a resumed or grown run keeps every split."""
+    return "heldout" if (int(record_id[8:16], 16) % 10_000) / 10_000 < heldout else "train"
+
+
+def shard_writers(out: Path) -> dict[str, _ShardWriter]:
+    return {split: _ShardWriter(out, split) for split in SPLITS}
+
+
 class _ShardWriter:
     """Appends records to `{split}-NNNNN.jsonl`, RECORDS_PER_SHARD a shard; repairs a line cut by a stop."""
 
@@ -137,12 +147,13 @@ def _drop_cut_line(path: Path) -> None:
         path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
-def _check_recipe(out: Path, recipe: DataRecipe) -> None:
+def check_recipe(out: Path, recipe: DataRecipe) -> None:
+    """Create `out` for `recipe`, or refuse it when it holds data of another recipe."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "recipe.json"
     wanted = dataclasses.asdict(recipe)
     if path.exists():
-        held = json.loads(path.read_text())
+        held = {"kind": "answers", **json.loads(path.read_text())}  # written before text data existed
         if held != wanted:
             changed = ", ".join(f"{key} {held.get(key)} -> {value}" for key, value in wanted.items()
                                 if held.get(key) != value)  # fmt: skip

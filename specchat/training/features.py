@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from specchat.architectures import parts
 from specchat.training.samples import Sample, fingerprint
 
-CHUNK = 200  # samples per features file
+CHUNK = 16  # samples per features file: a few minutes of the 1.5B's prefill here, what a stop can lose
 NAMES = ("keys", "values", "labels", "starts")
 HIDDEN_NAMES = ("hidden", "labels", "starts")
 
@@ -123,7 +123,7 @@ def _cached(kind, names: tuple[str, ...], data: Path, stem: str, samples: list[S
         else:
             progress(sum(len(sample) for sample in part))
         chunks.append(chunk)
-    return _concat(kind, chunks)
+    return concat(chunks) if chunks else kind.empty()
 
 
 def _compute(engine, samples: list[Sample], progress: Callable[[int], None]) -> Features:
@@ -173,10 +173,10 @@ def _read(kind, names: tuple[str, ...], path: Path, wanted: str):
         return None
 
 
-def _concat(kind, chunks: list):
-    """One `kind` of the chunks end to end (their samples' starts offset)."""
-    if not chunks:
-        return kind.empty()
+def concat(chunks: list):
+    """Features (or HiddenFeatures) end to end, their samples' starts offset (at least one; empty ones skipped)."""
+    kind = type(chunks[0])
+    chunks = [chunk for chunk in chunks if len(chunk.starts) > 1] or chunks[:1]
     offsets = [0]
     for chunk in chunks[:-1]:
         offsets.append(offsets[-1] + int(chunk.starts[-1]))

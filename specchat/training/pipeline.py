@@ -37,7 +37,7 @@ def quiet_stage(_name: str, _total: int) -> Callable[[int], None]:
     return lambda _tokens: None
 
 
-def train_drafter(loaded, data: Path, out: Path, recipe: TrainRecipe, trainee: Callable[[TrainingSet], Trainee], *,
+def train_drafter(loaded, data: Path | list[Path], out: Path, recipe: TrainRecipe, trainee: Callable[[TrainingSet], Trainee], *,
                   hidden: bool = False, resume: bool = False, checkpoint_minutes: float = 5.0,
                   stage: Callable[[str, int], Callable[[int], None]] = quiet_stage,
                   progress: Callable[[TrainProgress], None] = lambda _p: None) -> dict:  # fmt: skip
@@ -53,7 +53,7 @@ def train_drafter(loaded, data: Path, out: Path, recipe: TrainRecipe, trainee: C
     seconds = {"features": round(data_set.feature_seconds, 1), "training_this_run": round(time.perf_counter() - start, 1)}
     summary = {
         "target": loaded.source.name, "weights": loaded.weights, "dtype": loaded.dtype, "recipe": asdict(recipe),
-        **kind.summary, "data": data_set.summary(data), "seconds": seconds, "steps": done.step, "log": done.log,
+        **kind.summary, "data": data_set.summary(), "seconds": seconds, "steps": done.step, "log": done.log,
         **kind.finish(),
     }  # fmt: skip
     (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")

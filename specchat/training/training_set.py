@@ -1,11 +1,13 @@
-"""What every drafter trains on: a data directory's records for one target, as samples, with the target's
-features of each (computed where not on disk yet), and the frozen target tensors a draft borrows."""
+"""What every drafter trains on: the records of one or more data directories for one target (its answers,
+text it labels), as samples, with the target's features of each (computed where not on disk yet), and the
+frozen target tensors a draft borrows."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +17,8 @@ from specchat.architectures import parts
 from specchat.engine.generate import Engine
 from specchat.errors import SpecchatError
 from specchat.quant.quantized_linear import dense_weight
-from specchat.training.data import read_records
-from specchat.training.features import Features, HiddenFeatures, target_features, target_hidden
+from specchat.training.data import SPLITS, read_records
+from specchat.training.features import Features, HiddenFeatures, concat, target_features, target_hidden
 from specchat.training.samples import MAX_SAMPLE_TOKENS, Sample, samples_of
 
 
@@ -29,44 +31,54 @@ class TrainingSet:
     heldout: list[Sample]
     heldout_features: Features | HiddenFeatures
     feature_seconds: float  # computing the features that were not on disk
+    dirs: list[Path]  # the data directories, in the order their samples are
 
     @classmethod
-    def load(cls, loaded, data: Path, stage: Callable[[str, int], Callable[[int], None]], *,
+    def load(cls, loaded, data: Path | Sequence[Path], stage: Callable[[str, int], Callable[[int], None]], *,
              hidden: bool = False) -> TrainingSet:  # fmt: skip
-        """The records of `data`, checked to be answers of `loaded`'s model, and their features (`hidden`: the
-        target's last hidden states instead); `stage(name, total)` announces the features stages and returns
-        their progress callbacks."""
-        train_records, heldout_records = read_split_records(data, loaded.source.name)
-        samples, heldout = samples_of(train_records), samples_of(heldout_records)
+        """The records of the data directories `data`, each checked to hold answers or labels of `loaded`'s
+        model, and their features (`hidden`: the target's last hidden states instead), each directory's kept in
+        it; `stage(name, total)` announces the features stages and returns their progress callbacks."""
+        dirs = [data] if isinstance(data, Path) else list(data)
+        records = {folder: dict(zip(SPLITS, read_split_records(folder, loaded.source.name), strict=True)) for folder in dirs}
+        for split in SPLITS:
+            if not any(samples_of(held[split]) for held in records.values()):
+                raise SpecchatError(f"{', '.join(map(str, dirs))}: no {split} records yet")
         engine = Engine(loaded.model, loaded.tokenizer, max_len=MAX_SAMPLE_TOKENS)
         compute, what = (target_hidden, "hidden states") if hidden else (target_features, "features")
         start = time.perf_counter()
-        features = compute(engine, data, "train", samples, stage(f"target {what}", sample_tokens(samples)))
-        heldout_features = compute(engine, data, "heldout", heldout, stage(f"held-out {what}", sample_tokens(heldout)))
-        return cls(train_records, samples, features, heldout_records, heldout, heldout_features,
-                   time.perf_counter() - start)  # fmt: skip
+        parts = {split: ([], [], []) for split in SPLITS}  # records, samples, features
+        for folder, split in itertools.product(dirs, SPLITS):
+            samples = samples_of(records[folder][split])
+            name = ("held-out " if split == "heldout" else "") + what + (f" ({folder})" if len(dirs) > 1 else "")
+            features = compute(engine, folder, split, samples, stage(f"target {name}", sample_tokens(samples)))
+            for held, part in zip(parts[split], (records[folder][split], samples, [features]), strict=True):
+                held.extend(part)
+        (train_records, samples, train_features), (heldout_records, heldout, heldout_features) = parts.values()
+        return cls(train_records, samples, concat(train_features), heldout_records, heldout, concat(heldout_features),
+                   time.perf_counter() - start, dirs)  # fmt: skip
 
     @property
     def answers(self) -> list[list[int]]:
+        """Every training record's answer: the target's own, or text it labelled."""
         return [record["answer_ids"] for record in self.train_records]
 
-    def summary(self, data: Path) -> dict:
-        return {"dir": str(data), "train_samples": len(self.samples), "train_tokens": sample_tokens(self.samples),
-                "answer_tokens": sum(map(len, self.answers)), "heldout_samples": len(self.heldout)}  # fmt: skip
+    def summary(self) -> dict:
+        text = sum(len(r["answer_ids"]) for r in self.train_records if r["sampling"] == "text")
+        return {"dirs": [str(folder) for folder in self.dirs], "train_samples": len(self.samples),
+                "train_tokens": sample_tokens(self.samples), "answer_tokens": sum(map(len, self.answers)) - text,
+                "text_tokens": text, "heldout_samples": len(self.heldout)}  # fmt: skip
 
 
 def read_split_records(data: Path, model_name: str) -> tuple[list[dict], list[dict]]:
-    """The train and held-out records of `data`, checked to be answers of `model_name`."""
+    """The train and held-out records of `data`, checked to be answers (or labels) of `model_name`."""
     recipe = data / "recipe.json"
     if not recipe.is_file():
         raise SpecchatError(f"{data} holds no training data; make it with `specchat train data --out {data}`")
     made_by = json.loads(recipe.read_text())["model"]
     if made_by != model_name:
         raise SpecchatError(f"{data} holds answers of {made_by}, not of {model_name}: a drafter learns its own target")
-    train_records, heldout_records = list(read_records(data, "train")), list(read_records(data, "heldout"))
-    if not train_records or not heldout_records:
-        raise SpecchatError(f"{data} has no {'train' if not train_records else 'held-out'} records yet")
-    return train_records, heldout_records
+    return list(read_records(data, "train")), list(read_records(data, "heldout"))
 
 
 def sample_tokens(samples) -> int:
