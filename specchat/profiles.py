@@ -20,6 +20,8 @@ class Profile:
     drafters: dict[str, str] = field(default_factory=dict)  # drafter kind -> checkpoint repo id
     trained_on: dict[str, str] = field(default_factory=dict)  # drafter kind -> the other model it was trained on
     decoding: dict[str, float] = field(default_factory=dict)  # SamplingConfig field -> default
+    drafter: str = "ngram"  # the default of run, chat, bench and serve: the drafter measured fastest on this model
+    writer: str = ""  # the default of write, measured likewise ("": the published drafters' preference)
 
 
 def load_profiles() -> dict[str, Profile]:

@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 from tui_harness import tiny_loaded
 
+from specchat.cli.common import default_drafter
 from specchat.drafters import KINDS, NAMES, DrafterChoice, check_option, parse_drafter, resolve_drafter, usable_drafters
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.profiles import load_profiles
 from specchat.tui.commands import parse_command
 from specchat.tui.session import ChatSession, ChatSettings
+from specchat.writer.start import writer_drafter
 
 
 def test_names_and_checkpoints_parse_in_one_place():
@@ -40,6 +42,19 @@ def test_profiles_say_which_drafters_a_model_has():
     with pytest.raises(SpecchatError, match=r"no published glide drafter \(it has: none, ngram, longspec, model\)"):
         resolve_drafter(DrafterChoice("glide"), profiles["vicuna-7b-16k"], "vicuna-7b-16k")
     assert all(kind.module or name == "none" for name, kind in KINDS.items())
+
+
+def test_a_profile_names_the_drafters_measured_fastest_on_its_model():
+    profiles = load_profiles()
+    for name, profile in profiles.items():  # each default is a drafter the model has
+        for default in filter(None, (profile.drafter, profile.writer)):
+            for part in default.split("+"):
+                assert part in usable_drafters(profile), (name, default)
+    assert (default_drafter(None), default_drafter("smollm2-135m")) == ("ngram", profiles["smollm2-135m"].drafter)
+    assert default_drafter("someone/some-model") == "ngram"  # no profile: n-gram, which every model has
+    assert writer_drafter(profiles["smollm2-135m"]) == "none"  # every drafter measured slower on its books
+    assert writer_drafter(profiles["llama3.1-8b"]) == "tokenswift"  # not measured here: the published heads
+    assert writer_drafter(None) == "ngram"
 
 
 def test_every_alias_names_its_target():

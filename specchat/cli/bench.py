@@ -21,12 +21,13 @@ from specchat.cli.common import (
     app,
     check_drafters,
     csv_list,
+    default_drafter,
     ints,
     load,
     quiet_transformers,
     report,
 )
-from specchat.drafters import DEFAULT_DRAFTER, DrafterChoice, check_draft_cache, parse_drafter, takes_option
+from specchat.drafters import DrafterChoice, check_draft_cache, parse_drafter, takes_option
 from specchat.engine.attention import check_attention
 from specchat.errors import SpecchatError
 
@@ -39,8 +40,10 @@ def bench(
     ctx: typer.Context,
     model: ModelOption = None,
     drafter: Annotated[
-        str, typer.Option("--drafter", help="Comma-separated drafters to compare with AR (always measured).")
-    ] = DEFAULT_DRAFTER,
+        str | None,
+        typer.Option("--drafter", help="Comma-separated drafters to compare with AR (always measured); default: "
+                     "the model's fastest, as measured."),
+    ] = None,
     draft_budget: BudgetOption = None,
     draft_cache: Annotated[
         str | None,
@@ -75,7 +78,7 @@ def bench(
         return
     from specchat.bench.prompts import load_prompt_sets
 
-    methods = csv_list(drafter)
+    methods = csv_list(drafter or default_drafter(model))
     choices = check_drafters(methods, draft_budget)
     if draft_cache is not None:
         methods = _with_draft_caches(methods, choices, csv_list(draft_cache))
@@ -282,7 +285,8 @@ def _with_draft_caches(methods: list[str], choices: list[DrafterChoice], caches:
 @bench_app.command("serve")
 def bench_serve(
     model: ModelOption = None,
-    drafter: Annotated[str, typer.Option("--drafter", "-d", help="The server's drafter.")] = DEFAULT_DRAFTER,
+    drafter: Annotated[str | None, typer.Option("--drafter", "-d", help="The server's drafter (default: the "
+                                                                       "model's fastest, as measured).")] = None,
     clients: Annotated[str, typer.Option("--clients", help="Comma-separated numbers of clients at once.")] = "1,4,8",
     prompt_set: Annotated[
         str, typer.Option("--prompt-set", help=f"Comma-separated: {', '.join(PROMPT_SET_NAMES)}.")
@@ -299,6 +303,7 @@ def bench_serve(
         raise SpecchatError("--clients takes numbers of clients, each at least 1")
     if max_new_tokens < 1:
         raise SpecchatError("--max-new-tokens must be at least 1")
+    drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], None)
     check_dtype(dtype)
     from specchat.bench.prompts import load_prompt_sets

@@ -27,17 +27,18 @@ from specchat.cli.common import (
     app,
     check_drafters,
     checked_overrides,
+    default_drafter,
     quiet_transformers,
     sampling_config,
 )
-from specchat.drafters import DEFAULT_DRAFTER, check_draft_cache
+from specchat.drafters import check_draft_cache
 from specchat.errors import SpecchatError
 
 
 @app.command()
 def chat(
     model: ModelOption = None,
-    drafter: DrafterOption = DEFAULT_DRAFTER,
+    drafter: DrafterOption = None,
     draft_budget: BudgetOption = None,
     draft_cache: DraftCacheOption = None,
     system: SystemOption = None,
@@ -57,6 +58,7 @@ def chat(
     attention: AttentionOption = "auto",
 ) -> int:
     """Chat in the terminal: accepted draft tokens are coloured as they stream, with live acceptance figures."""
+    drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
         check_draft_cache(draft_cache, choice)

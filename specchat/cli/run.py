@@ -30,10 +30,11 @@ from specchat.cli.common import (
     app,
     check_drafters,
     checked_overrides,
+    default_drafter,
     quiet_transformers,
     sampling_config,
 )
-from specchat.drafters import DEFAULT_DRAFTER, check_draft_cache
+from specchat.drafters import check_draft_cache
 from specchat.errors import SpecchatError
 
 
@@ -41,7 +42,7 @@ from specchat.errors import SpecchatError
 def run(
     prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from stdin.")],
     model: ModelOption = None,
-    drafter: DrafterOption = DEFAULT_DRAFTER,
+    drafter: DrafterOption = None,
     draft_budget: BudgetOption = None,
     draft_cache: DraftCacheOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate.")] = 512,
@@ -67,6 +68,7 @@ def run(
         raise SpecchatError("--max-new-tokens must be at least 1")
     if any(not each for each in stop or ()):
         raise SpecchatError("--stop takes a non-empty string")
+    drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
         check_draft_cache(draft_cache, choice)

@@ -19,16 +19,17 @@ from specchat.cli.common import (
     app,
     check_drafters,
     checked_overrides,
+    default_drafter,
     quiet_transformers,
 )
-from specchat.drafters import DEFAULT_DRAFTER, check_draft_cache
+from specchat.drafters import check_draft_cache
 from specchat.errors import SpecchatError
 
 
 @app.command()
 def serve(
     model: ModelOption = None,
-    drafter: DrafterOption = DEFAULT_DRAFTER,
+    drafter: DrafterOption = None,
     draft_budget: BudgetOption = None,
     draft_cache: DraftCacheOption = None,
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
@@ -48,6 +49,7 @@ def serve(
     attention: AttentionOption = "auto",
 ) -> None:
     """Serve the OpenAI API (chat completions, completions, models) with exact speculative decoding."""
+    drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
         check_draft_cache(draft_cache, choice)

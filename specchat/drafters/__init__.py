@@ -44,7 +44,7 @@ KINDS = {
     )
 }  # fmt: skip
 NAMES = tuple(KINDS)
-DEFAULT_DRAFTER = "ngram"  # the best drafter every model has: the default of run, chat and bench
+DEFAULT_DRAFTER = "ngram"  # every model has it: the default of a model whose profile measured none faster
 # Build options, by the flag that sets them: what a draft model reads of a long context (`cache_policy.py`), and
 # the KV slots TokenSwift's draft forward reads. A kind takes those its `options` name.
 OPTION_FLAGS = {"cache": "--draft-cache", "kv_budget": "--draft-kv-budget"}
