@@ -14,13 +14,14 @@ from tui_harness import tiny_loaded
 from specchat.drafters.longspec import build
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
-from specchat.training.data import read_records
 from specchat.errors import SpecchatError
 from specchat.models.layers import rotate
 from specchat.models.longspec import LongSpecConfig, LongSpecLayer
+from specchat.training.data import read_records
 from specchat.training.features import SampleFeatures, target_features
 from specchat.training.lag_evaluation import chain_accepted
 from specchat.training.longspec import LongSpecObjective
+from specchat.training.pipeline import quiet_stage
 from specchat.training.samples import Sample, fingerprint, sample_of, samples_of
 from specchat.training.train_longspec import train_longspec
 from specchat.training.trainer import STATE, TrainRecipe, learning_rate, train
@@ -180,9 +181,8 @@ def _data_dir(folder, counts=(("train", 8), ("heldout", 2)), sampling="greedy", 
 def test_a_training_set_joins_data_dirs_each_keeping_its_own_features(loaded, tmp_path):
     answers = _data_dir(tmp_path / "answers")
     text = _data_dir(tmp_path / "text", counts=(("train", 3),), sampling="text", seed=1)  # no held-out records
-    stage = lambda _name, _total: lambda _tokens: None  # noqa: E731
-    alone = TrainingSet.load(loaded, answers, stage)
-    both = TrainingSet.load(loaded, [answers, text], stage)
+    alone = TrainingSet.load(loaded, answers, quiet_stage)
+    both = TrainingSet.load(loaded, [answers, text], quiet_stage)
     assert both.samples == alone.samples + samples_of(read_records(text, "train")) and both.heldout == alone.heldout
     assert [path.name for path in (text / "features").iterdir()] == ["train-00000.safetensors"]
     engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
@@ -193,7 +193,7 @@ def test_a_training_set_joins_data_dirs_each_keeping_its_own_features(loaded, tm
         assert all(torch.equal(a, b) for a, b in zip(both.features.of(index), own, strict=True))
     assert both.summary()["text_tokens"] == 24 and both.summary()["answer_tokens"] == 64
     with pytest.raises(SpecchatError, match="no heldout records"):
-        TrainingSet.load(loaded, [text], stage)
+        TrainingSet.load(loaded, [text], quiet_stage)
 
 
 def test_train_longspec_writes_a_checkpoint_that_decodes_losslessly(loaded, tmp_path):

@@ -4,6 +4,7 @@ in resumable shards; bench prompts kept out."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import textwrap
 
@@ -157,11 +158,11 @@ def test_stdlib_text_comes_in_chunks_of_whole_lines_bench_tests_and_private_modu
     assert {chunk.module for chunk in chunks} == {"shapes.plane", "small"}
     plane = [chunk for chunk in chunks if chunk.module == "shapes.plane"]
     assert "\n".join(chunk.text for chunk in plane) == _long_module(300)  # every line, once, in order
-    assert [(c.first_line, c.last_line) for c in plane][0][0] == 1 and plane[-1].last_line == 300
-    assert all(a.last_line + 1 == b.first_line for a, b in zip(plane, plane[1:], strict=False))
+    assert plane[0].first_line == 1 and plane[-1].last_line == 300
+    assert all(a.last_line + 1 == b.first_line for a, b in itertools.pairwise(plane))
     assert all(len(chunk.text) < TEXT_TOKENS * CHARS_PER_TOKEN + 80 for chunk in plane) and len(plane) > 1
     assert len({chunk.id for chunk in chunks}) == len(chunks)
-    orders = {tuple(c.module for c in stdlib_chunks(seed, stdlib_text))[0] for seed in range(8)}
+    orders = {next(stdlib_chunks(seed, stdlib_text)).module for seed in range(8)}
     assert orders == {"shapes.plane", "small"}  # the seed orders the modules
 
 
