@@ -60,6 +60,7 @@ def test_compare_rows_cover_every_method_and_check_identity(tokenizer):
     assert all(row.identical_to_ar for row in rows)  # fp32 greedy: every method gives the same tokens
     assert by_method["none"].speedup_vs_ar == 1.0 and by_method["none"].mean_accepted_length == 1.0
     assert by_method["ngram"].mean_budget == 4.0
+    assert by_method["ngram"].draft_ms_per_step > 0 and by_method["none"].draft_ms_per_step is None
     assert all(row.tokens_per_second > 0 and row.new_tokens > 0 for row in rows)
     assert set(rows[0].as_dict()) >= {
         "drafter", "prompt_set", "new_tokens", "tokens_per_second", "speedup_vs_ar",
@@ -73,7 +74,7 @@ def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
 
     rows = [
         BenchRow("none", "summarize", "q4_1", "bfloat16", 384, 75.479, 1.0, 1.0, None, True, None),
-        BenchRow("ngram", "summarize", "int4-g32", "bfloat16", 384, 110.321, 1.462, 1.568, 0.412, True, 1.55),
+        BenchRow("ngram", "summarize", "int4-g32", "bfloat16", 384, 110.321, 1.462, 1.568, 0.412, True, 1.55, 0.42),
         BenchRow("llamacpp", "summarize", "gguf", "llama.cpp", 384, 136.479, 1.808, 1.0, None, False, None),
     ]
     monkeypatch.setenv("COLUMNS", "80")
@@ -84,7 +85,7 @@ def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
         assert header in out
     assert "int4-g32·bf16" in out and "110.3" in out and "1.46x" in out
     _report([row.as_dict() for row in rows], True, title="t")
-    assert json.loads(capsys.readouterr().out)[1]["tokens_per_second"] == 110.321  # JSON keeps the fields
+    assert json.loads(capsys.readouterr().out)[1]["draft_ms_per_step"] == 0.42  # JSON keeps every field
 
 
 def test_bench_logits_scores_the_embedded_model_against_its_dequantized_weights():

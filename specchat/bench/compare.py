@@ -31,6 +31,7 @@ class BenchRow:
     acceptance_rate: float | None
     identical_to_ar: bool  # greedy ids equal our AR run's on every prompt
     mean_budget: float | None  # tree budget in force per step (fixed, or chosen by the engine)
+    draft_ms_per_step: float | None = None  # the drafter's time per decode step, all steps counted (--json only)
 
     def as_dict(self) -> dict:
         return {"drafter": self.method, **{k: v for k, v in asdict(self).items() if k != "method"}}
@@ -110,6 +111,9 @@ def compare(
                     ),
                     mean_budget=round(sum(r.budget_total for r in flat) / steps, 2)
                     if method not in ("none", *BASELINES)
+                    else None,
+                    draft_ms_per_step=round(1e3 * sum(r.draft_seconds for r in flat) / steps, 2)
+                    if method not in ("none", *BASELINES) and steps
                     else None,
                 )
             )

@@ -31,6 +31,7 @@ class Run:
     drafted_depth: int = 0
     accepted: int = 0
     budget_total: int = 0
+    draft_seconds: float = 0.0  # the drafter's proposals (part of decode_seconds)
 
 
 def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens: int, draft_budget: int | None,
@@ -56,7 +57,8 @@ def engine_run(engine: Engine, ids: list[int], max_new_tokens: int) -> Run:
     for event in engine.generate(ids, sampling=SamplingConfig(), max_new_tokens=max_new_tokens):
         tokens += event.tokens
     s = event.stats
-    return Run(tokens, s.decode_tokens, s.decode_seconds, s.steps, s.drafted_depth, s.accepted, s.budget_total)
+    return Run(tokens, s.decode_tokens, s.decode_seconds, s.steps, s.drafted_depth, s.accepted, s.budget_total,
+               s.draft_seconds)  # fmt: skip
 
 
 def llamacpp_run(llamacpp: LlamaCpp, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int]) -> Run:

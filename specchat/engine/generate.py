@@ -157,12 +157,12 @@ class Engine:
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
-            tokens, origins, hidden, tree_depth, tree_budget = self._step(sampling, generator, noise, ahead)
+            tokens, origins, hidden, tree_depth, tree_budget, draft_seconds = self._step(sampling, generator, noise, ahead)
             stats.decode_seconds += time.perf_counter() - start
             event = self._commit(tokens, origins, hidden, stats, stream, budget, limit)
             stats.decode_tokens += len(event.tokens)
             drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
-            stats.record_step(tree_depth, drafted, tree_budget)
+            stats.record_step(tree_depth, drafted, tree_budget, draft_seconds)
             ahead = _still_known(ahead, event.tokens)
             yield event
 
@@ -171,7 +171,7 @@ class Engine:
         commit the accepted KV.
 
         Returns the accepted tokens then the bonus, their origins, the hidden states of the rows kept in the
-        cache (root and accepted nodes), the tree's depth and its budget.
+        cache (root and accepted nodes), the tree's depth, its budget and the seconds the drafter took.
         """
         if known:
             tree = DraftTree.from_chains([known[: self.tree_capacity]], KNOWN, self.tree_capacity)
@@ -198,7 +198,7 @@ class Engine:
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[kept] if self.drafter is not None else hidden  # only a drafter reads them
-        return tokens, origins, hidden, tree.depth, budget
+        return tokens, origins, hidden, tree.depth, budget, draft_seconds
 
     def _verify_cost(self) -> VerifyCost:
         """Verification cost by tree size for this model, dtype, device and thread count (cached on disk)."""

@@ -25,10 +25,12 @@ class GenerationStats:
     accepted_at_depth: list[int] = field(default_factory=list)  # [d - 1]: steps that accepted depth d
 
     budget_total: int = 0  # sum over steps of the tree budget in force
+    draft_seconds: float = 0.0  # the drafter's proposals, part of decode_seconds
 
-    def record_step(self, tree_depth: int, accepted: int, budget: int) -> None:
+    def record_step(self, tree_depth: int, accepted: int, budget: int, draft_seconds: float = 0.0) -> None:
         self.steps += 1
         self.budget_total += budget
+        self.draft_seconds += draft_seconds
         self.drafted_depth += tree_depth
         self.accepted += accepted
         for counts, depth in ((self.proposed_at_depth, tree_depth), (self.accepted_at_depth, accepted)):
@@ -55,6 +57,10 @@ class GenerationStats:
         return self.accepted / self.drafted_depth if self.drafted_depth else None
 
     @property
+    def draft_ms_per_step(self) -> float:
+        return 1e3 * self.draft_seconds / self.steps if self.steps else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
@@ -73,4 +79,5 @@ class GenerationStats:
             "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
             "per_depth_acceptance": [round(a, 4) for a in self.per_depth_acceptance],
             "draft_budget": round(self.mean_budget, 2) if self.budget_total else None,
+            "draft_ms_per_step": round(self.draft_ms_per_step, 3) if decoded else None,
         }
