@@ -108,3 +108,17 @@ def test_the_llamacpp_baseline_grows_its_context_to_the_prompt(tokenizer):
     tokens, _ = llamacpp.generate(ids, 8, frozenset())
     assert len(ids) > 64 and len(tokens) == 8 and llamacpp.context == CONTEXT_STEP
 
+
+
+def test_bench_draft_times_a_draft_of_the_width_asked_for(tokenizer):
+    from tui_harness import tiny_loaded
+
+    from specchat.bench.draft_cost import draft_cost
+
+    model = tiny_loaded(tokenizer).model
+    wide, narrow = (draft_cost(model, contexts=[64], vocabs=[0], budgets=[3], intermediate=width, repeats=1)
+                    for width in (0, 16))  # fmt: skip
+    assert [(row.context, row.budget, row.nodes) for row in wide] == [(64, 3, 3)] == [(r.context, r.budget, r.nodes) for r in narrow]
+    assert narrow[0].mib < wide[0].mib and all(row.draft_ms > 0 and row.decode_ms > 0 for row in wide + narrow)
+    with pytest.raises(SpecchatError, match="--intermediate must be at least 0"):
+        draft_cost(model, contexts=[64], vocabs=[0], budgets=[3], intermediate=-1)

@@ -42,9 +42,11 @@ class DraftCostRow:
     mib: float  # draft weights, reduced LM head and ring buffer: the same at every context
 
 
-def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[int], repeats: int = 5,
-               seed: int = 0, step: Callable[[str], None] = NO_PROGRESS) -> list[DraftCostRow]:  # fmt: skip
+def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[int], intermediate: int = 0,
+               repeats: int = 5, seed: int = 0, step: Callable[[str], None] = NO_PROGRESS) -> list[DraftCostRow]:  # fmt: skip
+    """`intermediate`: the draft MLP's width (0: the target's, as LongSpec's layer has)."""
     check_contexts(contexts)
+    check_range("--intermediate", intermediate, 0)
     check_range("--repeats", repeats, 1)
     config = model.config
     for vocab in vocabs:
@@ -57,7 +59,7 @@ def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[i
     cache = TreeCache(config.num_hidden_layers, max(contexts) + 66)
     target = TargetView.of(model, cache)
     torch.manual_seed(seed)
-    layer = LongSpecLayer(LongSpecConfig.for_target(config))
+    layer = LongSpecLayer(LongSpecConfig.for_target(config, **({"intermediate_size": intermediate} if intermediate else {})))
     forward = _target_forward(model, cache)
     tree_only = uses_tree_masks(model)
     timer = Timer(device, repeats=repeats, warmup=WARMUP)

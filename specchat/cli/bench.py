@@ -242,6 +242,7 @@ def bench_draft(
         str, typer.Option("--vocab", help="Comma-separated draft vocabulary sizes (0 = the target's whole one).")
     ] = "0,16384,8192",
     budgets: Annotated[str, typer.Option("--budget", help="Comma-separated tree budgets.")] = "7,15,63",
+    intermediate: Annotated[int, typer.Option("--intermediate", help="The draft MLP's width (0: the target's).")] = 0,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
@@ -270,7 +271,8 @@ def bench_draft(
     from specchat.bench.progress import bench_progress
 
     with bench_progress(len(lengths) * len(sizes) * len(trees)) as step:
-        rows = draft_cost(target, contexts=lengths, vocabs=sizes, budgets=trees, repeats=repeats, step=step)
+        rows = draft_cost(target, contexts=lengths, vocabs=sizes, budgets=trees, intermediate=intermediate,
+                          repeats=repeats, step=step)  # fmt: skip
     report([dataclasses.asdict(row) for row in rows], as_json, title=f"random LongSpec draft on {name}: ms per call")
 
 
