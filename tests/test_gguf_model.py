@@ -15,11 +15,13 @@ from gguf import GGMLQuantizationType as Q
 from gguf_files import random_blocks, write_tiny_model
 from test_cli import specchat
 
+from specchat.drafters.longspec import LongSpecDrafter
 from specchat.drafters.ngram import NgramDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, load_model
+from specchat.models.longspec import LongSpecConfig, LongSpecLayer
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 
 GREEDY = SamplingConfig(suppress=(2,))
@@ -53,8 +55,10 @@ def test_loads_on_its_own_blocks(tiny_gguf):
 @pytest.mark.parametrize(
     "dtype, drafter, sampling",
     [("bfloat16", "ngram", GREEDY), ("bfloat16", "random", GREEDY), ("bfloat16", "random", SAMPLED),
-     ("float32", "random", GREEDY)],  # bf16: the CPU decoder; fp32: transformers' forward on the same layers
-    ids=["bf16-ngram-greedy", "bf16-random-greedy", "bf16-random-sampled", "fp32-random-greedy"],
+     ("float32", "random", GREEDY), ("bfloat16", "longspec", GREEDY), ("bfloat16", "longspec", SAMPLED)],
+    # bf16: the CPU decoder; fp32: transformers' forward on the same layers
+    ids=["bf16-ngram-greedy", "bf16-random-greedy", "bf16-random-sampled", "fp32-random-greedy",
+         "bf16-longspec-greedy", "bf16-longspec-sampled"],
 )  # fmt: skip
 def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
     loaded = load_model(str(tiny_gguf), dtype=dtype)
@@ -62,8 +66,13 @@ def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
     prompt = prompt + prompt[:12]  # something for the n-gram drafter to find
     engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
     expected = generate(engine, prompt, 80, sampling)
-    made = NgramDrafter() if drafter == "ngram" else RandomTreeDrafter(
-        vocab_size=2000, seed=3, reference=prompt + expected, p_correct=0.8)  # fmt: skip
+    if drafter == "longspec":  # a draft layer of the target's shapes (random: a 1.5B's is trained, same code)
+        torch.manual_seed(0)
+        layer = LongSpecLayer(LongSpecConfig.for_target(loaded.model.config, intermediate_size=64))
+        made = LongSpecDrafter(engine.target, layer, draft_vocab=torch.arange(1024))
+    else:
+        made = NgramDrafter() if drafter == "ngram" else RandomTreeDrafter(
+            vocab_size=2000, seed=3, reference=prompt + expected, p_correct=0.8)  # fmt: skip
     engine.set_drafter(made, 16)
     events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=80, reproducible=True))
     assert [t for event in events for t in event.tokens] == expected
@@ -152,8 +161,8 @@ def test_verify_cost_of_a_real_model_through_the_engine(tiny_gguf):
 
 def test_the_real_qwen_coder_files_keep_greedy_output():
     """Qwen2.5-Coder-1.5B Q4_K_M (Q4_K, Q6_K) as target, its 0.5B (mostly Q5_0, a Q8_0 head) as draft: greedy
-    output with the n-gram and the model drafter equals autoregressive decoding. Needs the real files
-    (`specchat models` says where they go); CI has none."""
+    output with the n-gram, the model and the shipped LongSpec drafter (alone and with n-gram) equals
+    autoregressive decoding. Needs the real files (`specchat models` says where they go); CI has none."""
     from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
     from specchat.engine.prompt import encode_prompt
     from specchat.loading import profile_gguf
@@ -166,7 +175,7 @@ def test_the_real_qwen_coder_files_keep_greedy_output():
     prompt = encode_prompt(loaded.tokenizer, "Write a Python function that reverses a linked list.")
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt) + 40)
     expected = generate(engine, prompt, 32, GREEDY)
-    for name in ("ngram", "model"):
+    for name in ("ngram", "model", "longspec", "longspec+ngram"):  # longspec: the checkpoint trained here
         choice = resolve_drafter(parse_drafter(name), loaded.source.profile, loaded.source.name)
         engine.set_drafter(build_drafter(choice, engine.target), 4)
         assert generate(engine, prompt, 32, GREEDY) == expected, name
