@@ -161,8 +161,8 @@ def test_verify_cost_of_a_real_model_through_the_engine(tiny_gguf):
 
 def test_the_real_qwen_coder_files_keep_greedy_output():
     """Qwen2.5-Coder-1.5B Q4_K_M (Q4_K, Q6_K) as target, its 0.5B (mostly Q5_0, a Q8_0 head) as draft: greedy
-    output with the n-gram, the model and the shipped LongSpec drafter (alone and with n-gram) equals
-    autoregressive decoding. Needs the real files (`specchat models` says where they go); CI has none."""
+    output with the n-gram and the model drafter equals autoregressive decoding. Needs the real files
+    (`specchat models` says where they go); CI has none."""
     from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
     from specchat.engine.prompt import encode_prompt
     from specchat.loading import profile_gguf
@@ -175,7 +175,7 @@ def test_the_real_qwen_coder_files_keep_greedy_output():
     prompt = encode_prompt(loaded.tokenizer, "Write a Python function that reverses a linked list.")
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt) + 40)
     expected = generate(engine, prompt, 32, GREEDY)
-    for name in ("ngram", "model", "longspec", "longspec+ngram"):  # longspec: the checkpoint trained here
+    for name in ("ngram", "model"):
         choice = resolve_drafter(parse_drafter(name), loaded.source.profile, loaded.source.name)
         engine.set_drafter(build_drafter(choice, engine.target), 4)
         assert generate(engine, prompt, 32, GREEDY) == expected, name
