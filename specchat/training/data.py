@@ -58,14 +58,10 @@ def build_data(loaded, out: Path, prompts: list[Prompt], recipe: DataRecipe, *, 
     from specchat.engine.sampling_config import SamplingConfig
     from specchat.loading import decoding_defaults
 
-    check_recipe(out, recipe)
-    held = list(read_records(out))
-    done = {record["id"] for record in held}
-    total = DataProgress(records=len(done), answer_tokens=sum(len(record["answer_ids"]) for record in held))
+    done, total, writers = open_data(out, recipe)
     progress(total)
     engine = Engine(loaded.model, loaded.tokenizer, max_len=2048, drafter=NgramDrafter())
     defaults = decoding_defaults(loaded)
-    writers = shard_writers(out)
     start = time.perf_counter()
     for prompt in prompts:
         if total.answer_tokens >= tokens:
@@ -102,6 +98,15 @@ def build_data(loaded, out: Path, prompts: list[Prompt], recipe: DataRecipe, *, 
     return total
 
 
+def open_data(out: Path, recipe: DataRecipe) -> tuple[set[str], DataProgress, dict[str, _ShardWriter]]:
+    """`out` checked for `recipe` (created if new): the ids it holds, its progress so far, and its writers."""
+    _check_recipe(out, recipe)
+    held = list(read_records(out))
+    done = {record["id"] for record in held}
+    total = DataProgress(records=len(done), answer_tokens=sum(len(record["answer_ids"]) for record in held))
+    return done, total, {split: _ShardWriter(out, split) for split in SPLITS}
+
+
 def read_records(out: Path, split: str | None = None) -> Iterator[dict]:
     """The records in `out`'s shards (of one split, or all), in shard order."""
     for name in (split,) if split else SPLITS:
@@ -115,10 +120,6 @@ def read_records(out: Path, split: str | None = None) -> Iterator[dict]:
 def split_of(record_id: str, heldout: float) -> str:
     """train or heldout, fixed by a record's id (a hex digest): a resumed or grown run keeps every split."""
     return "heldout" if (int(record_id[8:16], 16) % 10_000) / 10_000 < heldout else "train"
-
-
-def shard_writers(out: Path) -> dict[str, _ShardWriter]:
-    return {split: _ShardWriter(out, split) for split in SPLITS}
 
 
 class _ShardWriter:
@@ -147,7 +148,7 @@ def _drop_cut_line(path: Path) -> None:
         path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
-def check_recipe(out: Path, recipe: DataRecipe) -> None:
+def _check_recipe(out: Path, recipe: DataRecipe) -> None:
     """Create `out` for `recipe`, or refuse it when it holds data of another recipe."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "recipe.json"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.training.data import DataProgress, DataRecipe, check_recipe, read_records, shard_writers, split_of
+from specchat.training.data import DataProgress, DataRecipe, open_data, split_of
 
 TEXT_TOKENS = 1000  # text tokens a record at most: with the request, under the samples' 1200-token cap
 CHARS_PER_TOKEN = 4.3  # the coder tokenizer reads about 4.6 characters of stdlib source a token
@@ -71,11 +71,7 @@ def build_text_data(loaded, out: Path, recipe: DataRecipe, *, tokens: int, chunk
     """Write `chunks` as records, skipping those already in `out`, until `out` holds `tokens` text tokens."""
     from specchat.engine.prompt import encode_chat
 
-    check_recipe(out, recipe)
-    held = list(read_records(out))
-    done = {record["id"] for record in held}
-    total = DataProgress(records=len(done), answer_tokens=sum(len(record["answer_ids"]) for record in held))
-    writers = shard_writers(out)
+    done, total, writers = open_data(out, recipe)
     start = time.perf_counter()
     for chunk in chunks:
         if total.answer_tokens >= tokens:
