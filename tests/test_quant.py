@@ -144,3 +144,18 @@ def test_quantize_a_tiny_llama(tokenizer):
     events = engine.generate(prompt, sampling=SamplingConfig(temperature=0.0), max_new_tokens=40)
     ar = [t for event in events for t in event.tokens]
     assert len(ar) == 40
+
+
+def test_shapes_the_int4_kernel_cannot_take_stay_dense():
+    """Output rows must come in multiples of 16, inputs in whole groups: a draft vocabulary of 1000 tokens kept
+    its head dense instead of failing in torch's packing."""
+    from specchat.quant.quantize import quantize_linears
+
+    module = torch.nn.ModuleDict({"odd_rows": torch.nn.Linear(64, 1000), "odd_inputs": torch.nn.Linear(40, 64),
+                                  "fits": torch.nn.Linear(64, 1024)})  # fmt: skip
+    quantize_linears(module, "int8", dtype=torch.float32)
+    assert type(module["odd_rows"]) is torch.nn.Linear and type(module["odd_inputs"]) is torch.nn.Linear
+    assert isinstance(module["fits"], Int8Linear)
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(module["fits"](x), x @ module["fits"].dequantize().float().T + module["fits"].bias,
+                               rtol=1e-4, atol=1e-4)  # fmt: skip

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from specchat.drafters.base import TargetView
-from specchat.quant.quantize import quantize_linear
+from specchat.quant.quantize import quantizable, quantize_linear
 from specchat.quant.quantized_linear import QuantizedLinear, dense_weight
 
 
@@ -32,7 +32,7 @@ class DraftHead:
             self.lm_head = nn.Linear(dense.shape[1], len(draft_vocab), bias=False, device=target.device,
                                      dtype=target.dtype).requires_grad_(False)  # fmt: skip
             self.lm_head.weight.copy_(dense[self.draft_vocab])
-            if weights:
+            if weights and quantizable(self.lm_head):  # a vocabulary of odd size stays dense
                 self.lm_head = quantize_linear(self.lm_head, weights, dtype=target.dtype)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:

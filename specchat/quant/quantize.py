@@ -2,8 +2,8 @@
 
 int4 stores a scale and a minimum per group of 32 inputs (as GGUF's Q4_1), int8 one scale per group of 32 (as
 Q8_0). The LM head is int8 under both, as llama.cpp's 4-bit files keep their output layer at 6-8 bits: it
-decides every token. Embeddings, norms and linear layers whose input size is not a multiple of the group
-stay dense in the activation dtype.
+decides every token. Embeddings, norms and linear layers of shapes torch's int4 kernel does not take (inputs not
+in whole groups, outputs not a multiple of 16) stay dense in the activation dtype.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
 
 GROUP = 32
+ROW_MULTIPLE = 16  # torch's int4 packing takes output rows in multiples of this
 
 
 def quantize_model(model: nn.Module, scheme: str, *, dtype: torch.dtype) -> None:
@@ -25,9 +26,14 @@ def quantize_model(model: nn.Module, scheme: str, *, dtype: torch.dtype) -> None
 def quantize_linears(module: nn.Module, scheme: str, *, dtype: torch.dtype, head: nn.Module | None = None) -> None:
     """Replace `module`'s linear layers in place (`head`, the LM head, gets int8 whatever the scheme)."""
     for name, linear in list(module.named_modules()):
-        if type(linear) is nn.Linear and linear.in_features % GROUP == 0:
+        if type(linear) is nn.Linear and quantizable(linear):
             layer_scheme = "int8" if linear is head else scheme
             module.set_submodule(name, quantize_linear(linear, layer_scheme, dtype=dtype))
+
+
+def quantizable(linear: nn.Linear) -> bool:
+    """Whether torch's int4 kernel takes this shape (int8 runs on it too)."""
+    return linear.in_features % GROUP == 0 and linear.out_features % ROW_MULTIPLE == 0
 
 
 def quantize_linear(linear: nn.Linear, scheme: str, *, dtype: torch.dtype) -> nn.Module:
