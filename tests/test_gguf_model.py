@@ -68,7 +68,7 @@ def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
     expected = generate(engine, prompt, 80, sampling)
     if drafter == "longspec":  # a draft layer of the target's shapes (random: a 1.5B's is trained, same code)
         torch.manual_seed(0)
-        layer = LongSpecLayer(LongSpecConfig.for_target(loaded.model.config, intermediate_size=64))
+        layer = LongSpecLayer(LongSpecConfig.for_target(loaded.model.config, intermediate=64))
         made = LongSpecDrafter(engine.target, layer, draft_vocab=torch.arange(1000))  # odd-sized: a dense head
     else:
         made = NgramDrafter() if drafter == "ngram" else RandomTreeDrafter(

@@ -59,7 +59,7 @@ def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[i
     cache = TreeCache(config.num_hidden_layers, max(contexts) + 66)
     target = TargetView.of(model, cache)
     torch.manual_seed(seed)
-    layer = LongSpecLayer(LongSpecConfig.for_target(config, **({"intermediate_size": intermediate} if intermediate else {})))
+    layer = LongSpecLayer(LongSpecConfig.for_target(config, intermediate=intermediate))
     forward = _target_forward(model, cache)
     tree_only = uses_tree_masks(model)
     timer = Timer(device, repeats=repeats, warmup=WARMUP)

@@ -34,7 +34,7 @@ def train_data(
                                                           "settings; the rest greedy.")] = 0.5,  # fmt: skip
     text: Annotated[bool, typer.Option("--text", help="Teacher labels instead: the standard library's sources "
                                                       "shown as answers, labelled by the target's prefill when a "
-                                                      "drafter trains (no generation: ~5x the tokens an hour). "
+                                                      "drafter trains (no generation: several times the tokens an hour). "
                                                       "--tokens counts text tokens.")] = False,
     seed: SeedOption = None,
     dtype: DtypeOption = "auto",

@@ -56,8 +56,10 @@ class LongSpecConfig:
         )
 
     @classmethod
-    def for_target(cls, config, **changes) -> LongSpecConfig:
-        return cls.from_dict({**config.to_dict(), **changes})
+    def for_target(cls, config, *, intermediate: int = 0, **changes) -> LongSpecConfig:
+        """The target's layer shapes; `intermediate` the MLP's width where not the target's (0)."""
+        width = {"intermediate_size": intermediate} if intermediate else {}
+        return cls.from_dict({**config.to_dict(), **width, **changes})
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

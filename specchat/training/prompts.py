@@ -55,15 +55,12 @@ def stdlib_prompts(root: Path) -> list[Prompt]:
     """Per documented function or class of the standard library's modules (tests and private modules
     skipped): explain its code, summarise its docstring, or write it from its signature and docstring."""
     prompts = []
-    for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
-        if any(part.startswith(("_", "test")) for part in path.relative_to(root).parts):
-            continue
+    for module, path in stdlib_modules(root):
         try:
             source = path.read_text(encoding="utf-8")
             tree = ast.parse(source)
         except (SyntaxError, UnicodeDecodeError, OSError):
             continue
-        module = ".".join(path.relative_to(root).with_suffix("").parts)
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef | ast.ClassDef) or node.name.startswith("_"):
                 continue
@@ -82,6 +79,14 @@ def stdlib_prompts(root: Path) -> list[Prompt]:
                 prompts.append(Prompt("stdlib-write", (
                     f"Write a Python function `{signature}`: {summary}",)))
     return prompts
+
+
+def stdlib_modules(root: Path) -> list[tuple[str, Path]]:
+    """The standard library's public modules under `root` (tests and private modules skipped), as (dotted
+    name, path), in name order."""
+    paths = sorted(root.glob("*.py")) + sorted(root.glob("*/*.py"))
+    return [(".".join(path.relative_to(root).with_suffix("").parts), path) for path in paths
+            if not any(part.startswith(("_", "test")) for part in path.relative_to(root).parts)]  # fmt: skip
 
 
 def doc_prompts(root: Path | None) -> list[Prompt]:

@@ -3,7 +3,7 @@
 A drafter learns the target's greedy next token at every row (`features.py`), and the features stage computes
 it by one prefill per sample whatever the sample's text is. So besides the target's own answers, which cost a
 decode step per token, any text can be labelled at prefill speed: for the 1.5B coder on this CPU about 190K
-tokens an hour against about 36K for its answers. The text is the Python standard library's own source, asked
+tokens an hour against about 25K of its own answers. The text is the Python standard library's own source, asked
 for and shown as a fenced code block in a chat answer, the shape code takes when the target writes it.
 
 The text is not the target's output, so these records (`sampling: "text"`) train a drafter's loss but are left
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.training.data import DataProgress, DataRecipe, open_data, split_of
+from specchat.training.prompts import stdlib_modules
 
 TEXT_TOKENS = 1000  # text tokens a record at most: with the request, under the samples' 1200-token cap
 CHARS_PER_TOKEN = 4.3  # the coder tokenizer reads about 4.6 characters of stdlib source a token
@@ -46,16 +47,14 @@ class TextChunk:
 def stdlib_chunks(seed: int = 0, root: Path | None = None) -> Iterator[TextChunk]:
     """The standard library's modules (tests, private modules and the bench's documentation skipped) in a
     seeded order, each cut into chunks of whole lines of about TEXT_TOKENS tokens."""
-    root = root or Path(sysconfig.get_paths()["stdlib"])
-    paths = [path for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py"))
-             if not any(part.startswith(("_", "test", *BENCH_TEXT)) for part in path.relative_to(root).parts)]  # fmt: skip
-    random.Random(seed).shuffle(paths)
-    for path in paths:
+    modules = [(name, path) for name, path in stdlib_modules(root or Path(sysconfig.get_paths()["stdlib"]))
+               if name.split(".")[0] not in BENCH_TEXT]  # fmt: skip
+    random.Random(seed).shuffle(modules)
+    for module, path in modules:
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except (UnicodeDecodeError, OSError):
             continue
-        module = ".".join(path.relative_to(root).with_suffix("").parts)
         first, size = 0, 0
         for index, line in enumerate(lines):
             size += len(line) + 1

@@ -40,8 +40,7 @@ def train_longspec(loaded, data: Path | list[Path], out: Path, recipe: TrainReci
     def trainee(data_set: TrainingSet) -> Trainee:
         trained_vocab = frequent_tokens(data_set.answers, vocab, vocab_size, always=eos)
         torch.manual_seed(recipe.seed)
-        width = {"intermediate_size": intermediate} if intermediate else {}
-        layer = LongSpecLayer(LongSpecConfig.for_target(model.config, **width)).to(model.device)
+        layer = LongSpecLayer(LongSpecConfig.for_target(model.config, intermediate=intermediate)).to(model.device)
         reduced = None if len(trained_vocab) == vocab_size else trained_vocab
         objective = LongSpecObjective(layer, target_embeddings(model), target_head(model), trained_vocab,
                                       parts(model).rotary, model.config.max_position_embeddings)  # fmt: skip
