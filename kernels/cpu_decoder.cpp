@@ -45,7 +45,7 @@ struct Linear {
     if (dense.defined()) {
       out = at::linear(x, dense);
     } else if (!blocks.empty()) {
-      out = gguf::matmul(x, blocks, false).to(x.scalar_type());
+      out = gguf::matmul(x, blocks, gguf::Path::Best).to(x.scalar_type());
     } else {
       out = at::_weight_int4pack_mm_for_cpu(x, packed[0], group, scales[0]);
       for (size_t i = 1; i < packed.size(); ++i) {
@@ -516,10 +516,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return linear;
   });
   m.def("gguf_matmul", [](at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types, int64_t cols,
-                          bool portable) {
+                          const std::string& path) {
     std::vector<gguf::Matrix> matrices;
     for (size_t i = 0; i < blocks.size(); ++i) matrices.push_back({blocks[i].contiguous(), types[i], cols});
-    return gguf::matmul(x, matrices, portable);
+    return gguf::matmul(x, matrices, gguf::path_named(path));
   }, "x [n, cols] times GGUF matrices stacked along their rows -> [n, rows] float32 (gguf_blocks.h).");
   m.def("gguf_tile_q4_k", &gguf::tile_q4_k, "Q4_K blocks [rows, bytes] -> the tiles of 8 rows that type 112 names.");
   m.def("gguf_rows", [](at::Tensor blocks, int64_t type, int64_t cols, at::Tensor ids) {

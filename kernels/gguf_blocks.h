@@ -18,6 +18,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define GGUF_AVX2 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define GGUF_VNNI 1  // AVX-512 VNNI on 256-bit vectors: four byte products summed into an int32 lane in one step
+#endif
 #endif
 
 #include <algorithm>
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -34,6 +38,17 @@ namespace gguf {
 enum Type : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_K_TILES = 112 };
 
 constexpr int64_t kTileRows = 8;  // weight rows per Q4_K_TILES tile
+
+// Which code path computes the products: the fastest this build has, AVX2, or the portable loops. All give
+// bitwise the same results; tests pick each in turn.
+enum class Path { Best, Avx2, Portable };
+
+inline Path path_named(const std::string& name) {
+  if (name == "best") return Path::Best;
+  if (name == "avx2") return Path::Avx2;
+  if (name == "portable") return Path::Portable;
+  TORCH_CHECK(false, "no kernel path named '", name, "' (best, avx2, portable)");
+}
 
 struct Layout {
   int64_t values, bytes;  // per block
@@ -664,6 +679,48 @@ inline void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t 
 }
 
 #ifdef GGUF_AVX2
+// The end of tile group g for activation row r: P (row i's in int32 lane i) and the mins' Q into the float lanes,
+// as `tile_dots_portable` does. Shared by the AVX2 and VNNI kernels, which differ only in how they sum P.
+inline void close_tile_group(const TileQ4K& t, const Quantized& x, int64_t r, int64_t g, __m256i p, __m256 d,
+                             __m256 neg_min, __m256& acc, __m256& offset) {
+  const int64_t groups = x.cols / 256;
+  const int16_t* sums = x.sums32.data() + r * x.cols / 32 + g * 8;
+  __m256i q = _mm256_setzero_si256();
+  for (int pair = 0; pair < 4; ++pair) {
+    int32_t both;
+    std::memcpy(&both, sums + 2 * pair, 4);
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.mins[pair])));
+    q = _mm256_add_epi32(q, _mm256_madd_epi16(mins, _mm256_set1_epi32(both)));
+  }
+  const __m256 da = _mm256_broadcast_ss(x.scale.data() + r * groups + g);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(da, d), acc);
+  offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(da, neg_min), offset);
+}
+
+// The tile's 8 rows' fp16 scales d and 0 - dmin, a row a lane.
+inline __m256 tile_d(const TileQ4K& t) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d))); }
+inline __m256 tile_neg_min(const TileQ4K& t) {
+  return _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.dmin))));
+}
+
+// The group two ahead, into cache while this one computes: the hardware prefetcher alone left a one-row
+// product 10-15% slower (a prefetch past the matrix's end is harmless).
+inline void prefetch_ahead(const TileQ4K& t) {
+  for (int k = 0; k < static_cast<int>(sizeof(TileQ4K)); k += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(&t + 2) + k, _MM_HINT_T0);
+}
+
+// Every activation row's 8 lanes stored out, lane i to weight row i's column.
+template <int ROWS>
+inline void store_tile_rows(const __m256 (&acc)[ROWS], const __m256 (&offset)[ROWS], const Quantized& x,
+                            int64_t first, float* out) {
+  for (int r = 0; r < ROWS; ++r) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, _mm256_add_ps(acc[r], offset[r]));
+    for (int i = 0; i < 8; ++i) out[i * x.rows + first + r] = lanes[i];
+  }
+}
+
 // AVX2: ROWS activation rows share each load of the tile's codes.
 template <int ROWS>
 void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
@@ -674,10 +731,7 @@ void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* ou
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const TileQ4K& t = tiles[g];
-    // the group two ahead, into cache while this one computes: the hardware prefetcher alone left a one-row
-    // product 10-15% slower (a prefetch past the matrix's end is harmless)
-    for (int k = 0; k < static_cast<int>(sizeof(TileQ4K)); k += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(&t + 2) + k, _MM_HINT_T0);
+    prefetch_ahead(t);
     __m256i p[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
@@ -702,55 +756,95 @@ void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* ou
       const __m256i scales = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));  // row i's scale in lanes 2i, 2i + 1
       for (int r = 0; r < ROWS; ++r) p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(dot[r], scales));
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
-    const __m256 neg_min = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.dmin))));
-    for (int r = 0; r < ROWS; ++r) {
-      const int16_t* sums = x.sums32.data() + (first + r) * cols / 32 + g * 8;
-      __m256i q = _mm256_setzero_si256();
-      for (int pair = 0; pair < 4; ++pair) {
-        int32_t both;
-        std::memcpy(&both, sums + 2 * pair, 4);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.mins[pair])));
-        q = _mm256_add_epi32(q, _mm256_madd_epi16(mins, _mm256_set1_epi32(both)));
+    const __m256 d = tile_d(t), neg_min = tile_neg_min(t);
+    for (int r = 0; r < ROWS; ++r) close_tile_group(t, x, first + r, g, p[r], d, neg_min, acc[r], offset[r]);
+  }
+  store_tile_rows(acc, offset, x, first, out);
+}
+#endif
+
+#ifdef GGUF_VNNI
+// AVX-512 VNNI: a sub-block's products go straight into int32 lanes, four at a time (vpdpbusd), where AVX2
+// takes a pair multiply, an int16 add and a widening multiply-add; then one multiply by the row's scale. The
+// integer P is the same, and so is every float step after it. Eight activation rows share each code load.
+template <int ROWS>
+void tile_dots_vnni(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const TileQ4K*>(tile);
+  const __m256i m4 = _mm256_set1_epi8(15);
+  __m256 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ4K& t = tiles[g];
+    prefetch_ahead(t);
+    __m256i p[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+      __m256i dot[ROWS];  // int32: row i's sub-block sum in lane i
+      for (int r = 0; r < ROWS; ++r) dot[r] = _mm256_setzero_si256();
+      const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
+      for (int v = 0; v < 4; ++v) {
+        const __m256i codes = load256(t.codes[j] + 32 * v);
+        const __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
+        for (int r = 0; r < ROWS; ++r) {
+          int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the sub-block
+          std::memcpy(&front, a + r * cols + 8 * v, 4);
+          std::memcpy(&back, a + r * cols + 8 * v + 4, 4);
+          dot[r] = _mm256_dpbusd_epi32(dot[r], low, _mm256_set1_epi32(front));
+          dot[r] = _mm256_dpbusd_epi32(dot[r], high, _mm256_set1_epi32(back));
+        }
       }
-      const __m256 da = _mm256_broadcast_ss(x.scale.data() + (first + r) * groups + g);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(da, d), acc[r]);
-      offset[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(da, neg_min), offset[r]);
+      uint64_t packed;
+      std::memcpy(&packed, t.scales[j], 8);
+      const __m256i scales = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(packed)));  // lane i: row i's
+      for (int r = 0; r < ROWS; ++r) p[r] = _mm256_add_epi32(p[r], _mm256_mullo_epi32(dot[r], scales));
     }
+    const __m256 d = tile_d(t), neg_min = tile_neg_min(t);
+    for (int r = 0; r < ROWS; ++r) close_tile_group(t, x, first + r, g, p[r], d, neg_min, acc[r], offset[r]);
   }
-  for (int r = 0; r < ROWS; ++r) {
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, _mm256_add_ps(acc[r], offset[r]));
-    for (int i = 0; i < 8; ++i) out[i * x.rows + first + r] = lanes[i];
-  }
+  store_tile_rows(acc, offset, x, first, out);
+}
+
+// Rows in eights, then fours, a pair, one; each row's operations the same either way.
+template <typename Kernel>
+inline void by_eights(int64_t rows, Kernel kernel) {
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) kernel(std::integral_constant<int, 8>{}, r);
+  if (r + 4 <= rows) kernel(std::integral_constant<int, 4>{}, r), r += 4;
+  if (r + 2 <= rows) kernel(std::integral_constant<int, 2>{}, r), r += 2;
+  if (r < rows) kernel(std::integral_constant<int, 1>{}, r);
 }
 #endif
 
 // out[i * x.rows + r]: the tile's weight rows i dotted with every activation row r.
-inline void tile_dots(const uint8_t* tile, const Quantized& x, bool portable, float* out) {
-#ifdef GGUF_AVX2
-  if (!portable) return by_fours(x.rows, [&](auto rows, int64_t r) { tile_dots<rows()>(tile, x, r, out); });
+inline void tile_dots(const uint8_t* tile, const Quantized& x, Path path, float* out) {
+#ifdef GGUF_VNNI
+  if (path == Path::Best) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_dots_vnni<rows()>(tile, x, r, out); });
 #endif
-  (void)portable;
+#ifdef GGUF_AVX2
+  if (path != Path::Portable) return by_fours(x.rows, [&](auto rows, int64_t r) { tile_dots<rows()>(tile, x, r, out); });
+#endif
+  (void)path;
   tile_dots_portable(tile, x, 0, x.rows, out);
 }
 
 // Whether a weight row of `type` goes through `unpack_row` first (else a kernel reads its blocks directly).
-inline bool needs_unpacking(int64_t type, bool portable) {
+inline bool needs_unpacking(int64_t type, Path path) {
 #ifdef GGUF_AVX2
-  return portable || (type != Q4_K && type != Q6_K && type != Q8_0);
+  return path == Path::Portable || (type != Q4_K && type != Q6_K && type != Q8_0);
 #else
-  (void)type, (void)portable;
+  (void)type, (void)path;
   return true;
 #endif
 }
 
 // out[r] = a weight row dotted with activation rows r in [0, rows): `u` holds it unpacked when
 // `needs_unpacking`, else `row` is read directly.
-inline void dots(const uint8_t* row, const Unpacked& u, const Quantized& x, int64_t type, bool portable, float* out) {
+inline void dots(const uint8_t* row, const Unpacked& u, const Quantized& x, int64_t type, Path path, float* out) {
   const Layout l = layout(type);
 #ifdef GGUF_AVX2
-  if (!portable) {
+  if (path != Path::Portable) {
     if (type == Q4_K) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q4_k<rows()>(row, x, r, out); });
     if (type == Q6_K) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q6_k<rows()>(row, x, r, out); });
     if (type == Q8_0) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q8_0<rows()>(row, x, r, out); });
@@ -776,7 +870,7 @@ constexpr int64_t kRowChunk = 64;  // activation rows per pass over the weights
 
 // x [n, cols] (any float dtype) times the matrices stacked along their rows -> [n, total rows] float32. One
 // parallel loop over all their rows per chunk of kRowChunk activation rows, quantized once per group size.
-inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, bool portable) {
+inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path path) {
   TORCH_CHECK(x.dim() == 2, "x must be [rows, cols]");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t n = xf.size(0), cols = xf.size(1);
@@ -822,10 +916,10 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
         const Quantized& x = *by_group[layout(m.type).values == 32 ? 0 : 1];
         const int64_t first = starts[part] + (unit - units[part]) * (m.rows() / m.blocks.size(0));
         if (m.type == Q4_K_TILES) {
-          tile_dots(blocks, x, portable, column.data());
+          tile_dots(blocks, x, path, column.data());
         } else {
-          if (needs_unpacking(m.type, portable)) unpack_row(blocks, m.type, cols, u);
-          dots(blocks, u, x, m.type, portable, column.data());
+          if (needs_unpacking(m.type, path)) unpack_row(blocks, m.type, cols, u);
+          dots(blocks, u, x, m.type, path, column.data());
         }
         for (int64_t i = 0; i < m.rows() / m.blocks.size(0); ++i)
           for (int64_t r = 0; r < rows; ++r) out_rows[r * total + first + i] = column[i * rows + r];

@@ -4,9 +4,10 @@ Activations are quantized to int8 per row over each type's groups (32 values, or
 the kernel computes exactly x_q @ W^T with x_q the quantized activations: checked to 1e-5 of the output's
 scale in float64 (the kernel's only rounding is its float accumulation), and to 2% of it against the
 unquantized x (int8 activations: llama.cpp's own precision for these types). Each row's result is bitwise
-the same alone, among 1..150 rows (past the 64 a pass over the weights takes), and on the AVX2 and
-portable paths. Q4_K repacked in tiles of 8 rows (type 112) is held to the same, and to the row-at-a-time
-kernel's results within float rounding.
+the same alone, among 1..150 rows (past the 64 a pass over the weights takes), and on every code path
+(the best this machine has, AVX-512 VNNI where it has it; AVX2; the portable loops). Q4_K repacked in
+tiles of 8 rows (type 112) is held to the same, and to the row-at-a-time kernel's results within float
+rounding.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ def quantized(x: torch.Tensor, group: int) -> torch.Tensor:
     return (torch.round(groups * inverse) * (amax / 127)).view_as(x)
 
 
-def matmul(x, blocks, kind, *, portable=False):
-    return cpu_decoder().gguf_matmul(x, [torch.from_numpy(blocks)], [int(kind)], x.shape[1], portable)
+PATHS = ["avx2", "portable"]  # each checked against "best"
+
+
+def matmul(x, blocks, kind, *, path="best"):
+    return cpu_decoder().gguf_matmul(x, [torch.from_numpy(blocks)], [int(kind)], x.shape[1], path)
 
 
 @pytest.mark.parametrize("kind", TYPES, ids=[t.name for t in TYPES])
@@ -55,7 +59,8 @@ def test_rows_are_bitwise_independent_and_paths_agree(kind):
     blocks = random_blocks(kind, 40, 512, rng)
     x = torch.from_numpy(rng.standard_normal((150, 512)).astype(np.float32))  # 64 + 64 + 22 rows a pass
     together = matmul(x, blocks, kind)
-    assert torch.equal(together, matmul(x, blocks, kind, portable=True))
+    for path in PATHS:
+        assert torch.equal(together, matmul(x, blocks, kind, path=path)), path
     # straddling the blocks of four rows, and the chunks of 64 rows that pass over the weights together
     for first, count in [(0, 1), (5, 1), (3, 4), (7, 5), (60, 4), (0, 9), (62, 5), (127, 23)]:
         assert torch.equal(matmul(x[first : first + count], blocks, kind), together[first : first + count])
@@ -65,7 +70,7 @@ def test_stacked_matrices_of_different_types_equal_each_alone():
     rng = np.random.default_rng(2)
     parts = [(Q, random_blocks(Q, rows, 512, rng)) for Q, rows in zip(TYPES, [8, 16, 3, 5, 7, 9, 2, 11])]
     x = torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float32))
-    stacked = cpu_decoder().gguf_matmul(x, [torch.from_numpy(b) for _, b in parts], [int(k) for k, _ in parts], 512, False)
+    stacked = cpu_decoder().gguf_matmul(x, [torch.from_numpy(b) for _, b in parts], [int(k) for k, _ in parts], 512, "best")
     assert torch.equal(stacked, torch.cat([matmul(x, b, k) for k, b in parts], dim=1))
 
 
@@ -88,8 +93,8 @@ def tiled(blocks: np.ndarray, columns: int) -> torch.Tensor:
     return cpu_decoder().gguf_tile_q4_k(torch.from_numpy(blocks), columns)
 
 
-def tile_matmul(x, tiles, *, portable=False):
-    return cpu_decoder().gguf_matmul(x, [tiles], [TILES], x.shape[1], portable)
+def tile_matmul(x, tiles, *, path="best"):
+    return cpu_decoder().gguf_matmul(x, [tiles], [TILES], x.shape[1], path)
 
 
 @pytest.mark.parametrize("rows, columns, n", [(8, 512, 1), (64, 768, 5), (24, 256, 17)])
@@ -109,8 +114,9 @@ def test_tile_rows_are_bitwise_independent_and_paths_agree():
     tiles = tiled(random_blocks(Q4_K, 40, 512, rng), 512)
     x = torch.from_numpy(rng.standard_normal((150, 512)).astype(np.float32))
     together = tile_matmul(x, tiles)
-    assert torch.equal(together, tile_matmul(x, tiles, portable=True))
-    for first, count in [(0, 1), (5, 1), (3, 4), (7, 5), (60, 4), (0, 9), (62, 5), (127, 23)]:
+    for path in PATHS:
+        assert torch.equal(together, tile_matmul(x, tiles, path=path)), path
+    for first, count in [(0, 1), (5, 1), (3, 4), (7, 5), (60, 4), (0, 9), (62, 5), (127, 23), (16, 15)]:
         assert torch.equal(tile_matmul(x[first : first + count], tiles), together[first : first + count])
 
 
@@ -122,5 +128,5 @@ def test_tiles_dequantize_like_their_blocks_and_stack_with_other_types():
     assert torch.equal(cpu_decoder().gguf_rows(tiled(blocks, 512), TILES, 512, ids), rows)
     q6 = random_blocks(GGMLQuantizationType.Q6_K, 3, 512, rng)
     x = torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float32))
-    stacked = cpu_decoder().gguf_matmul(x, [tiled(blocks, 512), torch.from_numpy(q6)], [TILES, 14], 512, False)
+    stacked = cpu_decoder().gguf_matmul(x, [tiled(blocks, 512), torch.from_numpy(q6)], [TILES, 14], 512, "best")
     assert torch.equal(stacked, torch.cat([tile_matmul(x, tiled(blocks, 512)), matmul(x, q6, 14)], dim=1))

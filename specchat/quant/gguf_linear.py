@@ -57,7 +57,7 @@ class GGUFLinear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        out = cpu_decoder().gguf_matmul(flat, self.matrices, self.type_ids, self.in_features, False).to(x.dtype)
+        out = cpu_decoder().gguf_matmul(flat, self.matrices, self.type_ids, self.in_features, "best").to(x.dtype)
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
