@@ -34,10 +34,15 @@
 
 namespace gguf {
 
-// ggml's type ids, as GGUF files store them; and Q4_K_TILES, Q4_K repacked in tiles of eight rows (`tile_q4_k`).
-enum Type : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_K_TILES = 112 };
+// ggml's type ids, as GGUF files store them; and Q4_K_TILES / Q6_K_TILES, Q4_K / Q6_K repacked in tiles of eight
+// rows (`tile_q4_k`, `tile_q6_k`).
+enum Type : int64_t {
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_K_TILES = 112, Q6_K_TILES = 114
+};
 
-constexpr int64_t kTileRows = 8;  // weight rows per Q4_K_TILES tile
+constexpr int64_t kTileRows = 8;  // weight rows per tile
+
+inline bool is_tiled(int64_t type) { return type == Q4_K_TILES || type == Q6_K_TILES; }
 
 // Which code path computes the products: the fastest this build has, AVX2, or the portable loops. All give
 // bitwise the same results; tests pick each in turn.
@@ -66,6 +71,7 @@ inline Layout layout(int64_t type) {
     case Q5_K: return {256, 176, false};
     case Q6_K: return {256, 210, false};
     case Q4_K_TILES: return {256, 8 * 148, false};  // a tile's 8 rows (148 = 144 + the scales unpacked)
+    case Q6_K_TILES: return {256, 8 * 210, false};  // a tile's 8 rows, the same bytes rearranged
     default: TORCH_CHECK(false, "no kernel for GGUF block type ", type);
   }
 }
@@ -829,6 +835,240 @@ inline void tile_dots(const uint8_t* tile, const Quantized& x, Path path, float*
   tile_dots_portable(tile, x, 0, x.rows, out);
 }
 
+// ---- Q6_K in tiles of eight rows -----------------------------------------------------------------------------
+//
+// The same idea for Q6_K (the 1.5B's output head and half its down projections): per group of 256 values and
+// sub-block j of 16, one 32-byte vector per quarter of the sub-block holds 4 values of each of the 8 rows, so
+// 4 activation values, broadcast, multiply all 8 rows at once. The bytes are the file's, rearranged (210 per row
+// and group): no more to read than row by row. Per weight row i, activation row r and group g:
+//   P = sum_j S[i][j] (u . a)_j,  Q = sum_j S[i][j] sum(a)_j        (integers: exact in any order)
+//   acc = fma(float(P), D[g] * d[i], acc),  offset = fma(float(Q), D[g] * (-32 d[i]), offset)
+// and the result is acc + offset (w = d S (u - 32)), in every path alike.
+
+struct TileQ6K {  // one group of 256 values of 8 rows
+  // sub-block j: byte 4i + c of low[j][32p .. 32p + 31] holds the low 4 bits of row i's value 4p + c (low
+  // nibble) and of its value 8 + 4p + c (high nibble); byte 4i + c of high[j] the top 2 bits of its values
+  // c, 4 + c, 8 + c, 12 + c (bits 0-1, 2-3, 4-5, 6-7)
+  uint8_t low[16][64];
+  uint8_t high[16][32];
+  int8_t scales[8][16];  // [pair of sub-blocks][row][which of the pair]
+  uint16_t d[8];         // fp16, per row
+};
+static_assert(sizeof(TileQ6K) == 8 * 210, "a Q6_K tile group is its 8 rows' 210 bytes");
+
+// Row i's 6-bit code of value v (0..15) of sub-block j.
+inline int q6_tile_code(const TileQ6K& t, int j, int i, int v) {
+  const int quarter = v / 4, c = v % 4;
+  const int low = (t.low[j][32 * (quarter % 2) + 4 * i + c] >> (4 * (quarter / 2))) & 15;
+  return low | (((t.high[j][4 * i + c] >> (2 * quarter)) & 3) << 4);
+}
+
+// Q6_K blocks [rows, groups * 210] -> tiles [rows / 8, groups * sizeof(TileQ6K)].
+inline at::Tensor tile_q6_k(const at::Tensor& blocks, int64_t cols) {
+  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) % kTileRows == 0, "Q6_K tiles take rows in eights");
+  const int64_t tiles = blocks.size(0) / kTileRows, groups = cols / 256, row_bytes = groups * 210;
+  TORCH_CHECK(blocks.size(1) == row_bytes, "blocks do not fit the type");
+  const at::Tensor in = blocks.contiguous();
+  at::Tensor out = at::zeros({tiles, groups * static_cast<int64_t>(sizeof(TileQ6K))}, in.options());
+  const uint8_t* src = in.data_ptr<uint8_t>();
+  auto* dst = reinterpret_cast<TileQ6K*>(out.data_ptr<uint8_t>());
+  at::parallel_for(0, tiles * groups, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t tile = unit / groups, g = unit % groups;
+      TileQ6K& t = dst[unit];
+      for (int i = 0; i < 8; ++i) {
+        const uint8_t* b = src + (tile * kTileRows + i) * row_bytes + g * 210;
+        alignas(32) uint8_t codes[256];
+        six_bits_128(b, b + 128, codes);
+        six_bits_128(b + 64, b + 160, codes + 128);
+        std::memcpy(&t.d[i], b + 208, 2);
+        for (int j = 0; j < 16; ++j) {
+          t.scales[j / 2][2 * i + j % 2] = static_cast<int8_t>(b[192 + j]);
+          for (int v = 0; v < 16; ++v) {
+            const int code = codes[16 * j + v], quarter = v / 4, c = v % 4;
+            t.low[j][32 * (quarter % 2) + 4 * i + c] |= static_cast<uint8_t>((code & 15) << (4 * (quarter / 2)));
+            t.high[j][4 * i + c] |= static_cast<uint8_t>((code >> 4) << (2 * quarter));
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// Row i of a Q6_K tile in the integer form (`dequantize_rows`).
+inline void unpack_q6_tile_row(const uint8_t* tile, int64_t i, int64_t cols, Unpacked& u) {
+  const int64_t groups = cols / 256;
+  u.resize(cols, groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ6K& t = reinterpret_cast<const TileQ6K*>(tile)[g];
+    for (int j = 0; j < 16; ++j) {
+      for (int v = 0; v < 16; ++v) u.codes[g * 256 + 16 * j + v] = static_cast<uint8_t>(q6_tile_code(t, j, i, v));
+      const int s = t.scales[j / 2][2 * i + j % 2];
+      set_sub(u, g * 16 + j, s, s);
+    }
+    const float d = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+    u.a[g] = d;
+    u.b[g] = -32.0f * d;
+  }
+}
+
+// Portable: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
+inline void q6_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const TileQ6K*>(tile);
+  for (int64_t r = first; r < first + n; ++r) {
+    const int8_t* a = x.q.data() + r * cols;
+    const int16_t* sums = x.sums.data() + r * cols / 16;
+    for (int i = 0; i < 8; ++i) {
+      float acc = 0.0f, offset = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const TileQ6K& t = tiles[g];
+        int32_t p = 0, q = 0;
+        for (int j = 0; j < 16; ++j) {
+          int32_t dot = 0;
+          for (int v = 0; v < 16; ++v) dot += q6_tile_code(t, j, i, v) * a[g * 256 + 16 * j + v];
+          const int32_t s = t.scales[j / 2][2 * i + j % 2];
+          p += s * dot;
+          q += s * sums[g * 16 + j];
+        }
+        const float d = x.scale[r * groups + g], di = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+        acc = std::fma(static_cast<float>(p), d * di, acc);
+        offset = std::fma(static_cast<float>(q), d * (-32.0f * di), offset);
+      }
+      out[i * x.rows + r] = acc + offset;
+    }
+  }
+}
+
+#ifdef GGUF_AVX2
+// The four vectors of sub-block j's codes, quarter by quarter: vector k holds values 4k .. 4k + 3 of every row.
+inline void q6_tile_codes(const TileQ6K& t, int j, __m256i (&codes)[4]) {
+  const __m256i m4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+  const __m256i low0 = load256(t.low[j]), low1 = load256(t.low[j] + 32), high = load256(t.high[j]);
+  codes[0] = _mm256_or_si256(_mm256_and_si256(low0, m4), _mm256_and_si256(_mm256_slli_epi16(high, 4), top));
+  codes[1] = _mm256_or_si256(_mm256_and_si256(low1, m4), _mm256_and_si256(_mm256_slli_epi16(high, 2), top));
+  codes[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low0, 4), m4), _mm256_and_si256(high, top));
+  codes[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low1, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(high, 2), top));
+}
+
+// Activation values 4k .. 4k + 3 of a sub-block, broadcast to every lane.
+inline __m256i quad(const int8_t* a, int k) {
+  int32_t four;
+  std::memcpy(&four, a + 4 * k, 4);
+  return _mm256_set1_epi32(four);
+}
+
+// The end of a Q6_K tile group for one activation row (P and Q summed, row i's in lane i).
+inline void close_q6_tile_group(const TileQ6K& t, const Quantized& x, int64_t r, int64_t g, __m256i p, __m256i q,
+                                __m256& acc, __m256& offset) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
+  const __m256 da = _mm256_broadcast_ss(x.scale.data() + r * (x.cols / 256) + g);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(da, d), acc);
+  offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(da, _mm256_mul_ps(_mm256_set1_ps(-32.0f), d)), offset);
+}
+
+// Q: a pair of sub-blocks' scales (int16 lanes 2i, 2i + 1: row i's) times the row's two sums.
+inline __m256i q6_pair_offset(__m256i scales16, const int16_t* sums) {
+  int32_t both;
+  std::memcpy(&both, sums, 4);
+  return _mm256_madd_epi16(scales16, _mm256_set1_epi32(both));
+}
+
+// AVX2: ROWS activation rows share each tile's codes. Two quarters' products sum in int16 (at most
+// 4 * 63 * 127 < 2^15) before the scale's widening multiply-add.
+template <int ROWS>
+void q6_tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const TileQ6K*>(tile);
+  __m256 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ6K& t = tiles[g];
+    for (int k = 0; k < static_cast<int>(sizeof(TileQ6K)); k += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(&t + 2) + k, _MM_HINT_T0);
+    __m256i p[ROWS], q[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int pair = 0; pair < 8; ++pair) {
+      const __m256i both = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scales[pair])));
+      // row i's scale of the pair's first (second) sub-block in both of lanes 2i, 2i + 1
+      const __m256i scales[2] = {_mm256_blend_epi16(both, _mm256_slli_epi32(both, 16), 0xAA),
+                                 _mm256_blend_epi16(_mm256_srli_epi32(both, 16), both, 0xAA)};
+      for (int h = 0; h < 2; ++h) {
+        __m256i codes[4];
+        q6_tile_codes(t, 2 * pair + h, codes);
+        for (int r = 0; r < ROWS; ++r) {
+          const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * (2 * pair + h);
+          const __m256i front = _mm256_add_epi16(_mm256_maddubs_epi16(codes[0], quad(a, 0)),
+                                                 _mm256_maddubs_epi16(codes[1], quad(a, 1)));
+          const __m256i back = _mm256_add_epi16(_mm256_maddubs_epi16(codes[2], quad(a, 2)),
+                                                _mm256_maddubs_epi16(codes[3], quad(a, 3)));
+          p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(_mm256_add_epi16(front, back), scales[h]));
+        }
+      }
+      for (int r = 0; r < ROWS; ++r)
+        q[r] = _mm256_add_epi32(q[r], q6_pair_offset(both, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair));
+    }
+    for (int r = 0; r < ROWS; ++r) close_q6_tile_group(t, x, first + r, g, p[r], q[r], acc[r], offset[r]);
+  }
+  store_tile_rows(acc, offset, x, first, out);
+}
+#endif
+
+#ifdef GGUF_VNNI
+// AVX-512 VNNI: a sub-block's four quarters summed straight into int32 lanes, then one multiply by the scale.
+template <int ROWS>
+void q6_tile_dots_vnni(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const TileQ6K*>(tile);
+  __m256 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ6K& t = tiles[g];
+    for (int k = 0; k < static_cast<int>(sizeof(TileQ6K)); k += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(&t + 2) + k, _MM_HINT_T0);
+    __m256i p[ROWS], q[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int pair = 0; pair < 8; ++pair) {
+      const __m256i both = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scales[pair])));
+      // row i's scale of the pair's first (second) sub-block in int32 lane i
+      const __m256i scales[2] = {_mm256_srai_epi32(_mm256_slli_epi32(both, 16), 16), _mm256_srai_epi32(both, 16)};
+      for (int h = 0; h < 2; ++h) {
+        __m256i codes[4];
+        q6_tile_codes(t, 2 * pair + h, codes);
+        for (int r = 0; r < ROWS; ++r) {
+          const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * (2 * pair + h);
+          __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes[0], quad(a, 0));
+          dot = _mm256_dpbusd_epi32(dot, codes[1], quad(a, 1));
+          dot = _mm256_dpbusd_epi32(dot, codes[2], quad(a, 2));
+          dot = _mm256_dpbusd_epi32(dot, codes[3], quad(a, 3));
+          p[r] = _mm256_add_epi32(p[r], _mm256_mullo_epi32(dot, scales[h]));
+        }
+      }
+      for (int r = 0; r < ROWS; ++r)
+        q[r] = _mm256_add_epi32(q[r], q6_pair_offset(both, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair));
+    }
+    for (int r = 0; r < ROWS; ++r) close_q6_tile_group(t, x, first + r, g, p[r], q[r], acc[r], offset[r]);
+  }
+  store_tile_rows(acc, offset, x, first, out);
+}
+#endif
+
+// out[i * x.rows + r]: the Q6_K tile's weight rows i dotted with every activation row r.
+inline void q6_tile_dots(const uint8_t* tile, const Quantized& x, Path path, float* out) {
+#ifdef GGUF_VNNI
+  if (path == Path::Best) return by_eights(x.rows, [&](auto rows, int64_t r) { q6_tile_dots_vnni<rows()>(tile, x, r, out); });
+#endif
+#ifdef GGUF_AVX2
+  if (path != Path::Portable) return by_fours(x.rows, [&](auto rows, int64_t r) { q6_tile_dots<rows()>(tile, x, r, out); });
+#endif
+  (void)path;
+  q6_tile_dots_portable(tile, x, 0, x.rows, out);
+}
+
 // Whether a weight row of `type` goes through `unpack_row` first (else a kernel reads its blocks directly).
 inline bool needs_unpacking(int64_t type, Path path) {
 #ifdef GGUF_AVX2
@@ -863,7 +1103,7 @@ inline void dots(const uint8_t* row, const Unpacked& u, const Quantized& x, int6
 struct Matrix {
   at::Tensor blocks;
   int64_t type = 0, cols = 0;
-  int64_t rows() const { return blocks.size(0) * (type == Q4_K_TILES ? kTileRows : 1); }
+  int64_t rows() const { return blocks.size(0) * (is_tiled(type) ? kTileRows : 1); }
 };
 
 constexpr int64_t kRowChunk = 64;  // activation rows per pass over the weights
@@ -917,6 +1157,8 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
         const int64_t first = starts[part] + (unit - units[part]) * (m.rows() / m.blocks.size(0));
         if (m.type == Q4_K_TILES) {
           tile_dots(blocks, x, path, column.data());
+        } else if (m.type == Q6_K_TILES) {
+          q6_tile_dots(blocks, x, path, column.data());
         } else {
           if (needs_unpacking(m.type, path)) unpack_row(blocks, m.type, cols, u);
           dots(blocks, u, x, m.type, path, column.data());
@@ -939,8 +1181,11 @@ inline at::Tensor dequantize_rows(const Matrix& m, const at::Tensor& ids) {
   for (int64_t r = 0; r < n; ++r) {
     const int64_t id = idx.data_ptr<int64_t>()[r];
     TORCH_CHECK(id >= 0 && id < m.rows(), "row ", id, " out of range");
+    const uint8_t* tile = m.blocks.data_ptr<uint8_t>() + id / kTileRows * m.blocks.size(1);
     if (m.type == Q4_K_TILES) {
-      unpack_tile_row(m.blocks.data_ptr<uint8_t>() + id / kTileRows * m.blocks.size(1), id % kTileRows, cols, u);
+      unpack_tile_row(tile, id % kTileRows, cols, u);
+    } else if (m.type == Q6_K_TILES) {
+      unpack_q6_tile_row(tile, id % kTileRows, cols, u);
     } else {
       unpack_row(m.blocks.data_ptr<uint8_t>() + id * m.blocks.size(1), m.type, cols, u);
     }

@@ -5,8 +5,8 @@ the kernel computes exactly x_q @ W^T with x_q the quantized activations: checke
 scale in float64 (the kernel's only rounding is its float accumulation), and to 2% of it against the
 unquantized x (int8 activations: llama.cpp's own precision for these types). Each row's result is bitwise
 the same alone, among 1..150 rows (past the 64 a pass over the weights takes), and on every code path
-(the best this machine has, AVX-512 VNNI where it has it; AVX2; the portable loops). Q4_K repacked in
-tiles of 8 rows (type 112) is held to the same, and to the row-at-a-time kernel's results within float
+(the best this machine has, AVX-512 VNNI where it has it; AVX2; the portable loops). Q4_K and Q6_K repacked
+in tiles of 8 rows (types 112, 114) are held to the same, and to the row-at-a-time kernel's results within float
 rounding.
 """
 
@@ -84,49 +84,54 @@ def test_rows_dequantize_like_gguf_py(kind):
     torch.testing.assert_close(got, want[ids], atol=1e-6 * want.abs().max().item(), rtol=0)
 
 
-# --- Q4_K in tiles of eight rows (type 112): the same products, 8 weight rows at once ----------------------
+# --- Q4_K and Q6_K in tiles of eight rows (types 112, 114): the same products, 8 weight rows at once --------
 
-Q4_K, TILES = GGMLQuantizationType.Q4_K, 112
-
-
-def tiled(blocks: np.ndarray, columns: int) -> torch.Tensor:
-    return cpu_decoder().gguf_tile_q4_k(torch.from_numpy(blocks), columns)
+Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+TILED = {Q4_K: 112, Q6_K: 114}
 
 
-def tile_matmul(x, tiles, *, path="best"):
-    return cpu_decoder().gguf_matmul(x, [tiles], [TILES], x.shape[1], path)
+def tiled(kind, blocks: np.ndarray, columns: int) -> torch.Tensor:
+    tile = cpu_decoder().gguf_tile_q4_k if kind == Q4_K else cpu_decoder().gguf_tile_q6_k
+    return tile(torch.from_numpy(blocks), columns)
 
 
+def tile_matmul(kind, x, tiles, *, path="best"):
+    return cpu_decoder().gguf_matmul(x, [tiles], [TILED[kind]], x.shape[1], path)
+
+
+@pytest.mark.parametrize("kind", list(TILED), ids=[t.name for t in TILED])
 @pytest.mark.parametrize("rows, columns, n", [(8, 512, 1), (64, 768, 5), (24, 256, 17)])
-def test_tiles_equal_gguf_dequantize_then_matmul(rows, columns, n):
+def test_tiles_equal_gguf_dequantize_then_matmul(kind, rows, columns, n):
     rng = np.random.default_rng(rows + n)
-    blocks = random_blocks(Q4_K, rows, columns, rng)
-    weight = torch.from_numpy(dequantize(blocks, Q4_K).copy()).double()
+    blocks = random_blocks(kind, rows, columns, rng)
+    weight = torch.from_numpy(dequantize(blocks, kind).copy()).double()
     x = torch.from_numpy(rng.standard_normal((n, columns)).astype(np.float32))
-    got = tile_matmul(x, tiled(blocks, columns)).double()
+    got = tile_matmul(kind, x, tiled(kind, blocks, columns)).double()
     scale = (x.double() @ weight.T).abs().max()
     assert (got - quantized(x, 256).double() @ weight.T).abs().max() <= 1e-5 * scale
-    torch.testing.assert_close(got, matmul(x, blocks, Q4_K).double(), atol=1e-5 * scale.item(), rtol=0)
+    torch.testing.assert_close(got, matmul(x, blocks, kind).double(), atol=1e-5 * scale.item(), rtol=0)
 
 
-def test_tile_rows_are_bitwise_independent_and_paths_agree():
+@pytest.mark.parametrize("kind", list(TILED), ids=[t.name for t in TILED])
+def test_tile_rows_are_bitwise_independent_and_paths_agree(kind):
     rng = np.random.default_rng(1)
-    tiles = tiled(random_blocks(Q4_K, 40, 512, rng), 512)
+    tiles = tiled(kind, random_blocks(kind, 40, 512, rng), 512)
     x = torch.from_numpy(rng.standard_normal((150, 512)).astype(np.float32))
-    together = tile_matmul(x, tiles)
+    together = tile_matmul(kind, x, tiles)
     for path in PATHS:
-        assert torch.equal(together, tile_matmul(x, tiles, path=path)), path
+        assert torch.equal(together, tile_matmul(kind, x, tiles, path=path)), path
     for first, count in [(0, 1), (5, 1), (3, 4), (7, 5), (60, 4), (0, 9), (62, 5), (127, 23), (16, 15)]:
-        assert torch.equal(tile_matmul(x[first : first + count], tiles), together[first : first + count])
+        assert torch.equal(tile_matmul(kind, x[first : first + count], tiles), together[first : first + count])
 
 
-def test_tiles_dequantize_like_their_blocks_and_stack_with_other_types():
+@pytest.mark.parametrize("kind", list(TILED), ids=[t.name for t in TILED])
+def test_tiles_dequantize_like_their_blocks_and_stack_with_other_types(kind):
     rng = np.random.default_rng(4)
-    blocks = random_blocks(Q4_K, 16, 512, rng)
+    blocks = random_blocks(kind, 16, 512, rng)
     ids = torch.arange(16).flip(0)
-    rows = cpu_decoder().gguf_rows(torch.from_numpy(blocks), int(Q4_K), 512, ids)
-    assert torch.equal(cpu_decoder().gguf_rows(tiled(blocks, 512), TILES, 512, ids), rows)
-    q6 = random_blocks(GGMLQuantizationType.Q6_K, 3, 512, rng)
+    rows = cpu_decoder().gguf_rows(torch.from_numpy(blocks), int(kind), 512, ids)
+    assert torch.equal(cpu_decoder().gguf_rows(tiled(kind, blocks, 512), TILED[kind], 512, ids), rows)
+    q8 = random_blocks(GGMLQuantizationType.Q8_0, 3, 512, rng)
     x = torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float32))
-    stacked = cpu_decoder().gguf_matmul(x, [tiled(blocks, 512), torch.from_numpy(q6)], [TILES, 14], 512, "best")
-    assert torch.equal(stacked, torch.cat([tile_matmul(x, tiled(blocks, 512)), matmul(x, q6, 14)], dim=1))
+    stacked = cpu_decoder().gguf_matmul(x, [tiled(kind, blocks, 512), torch.from_numpy(q8)], [TILED[kind], 8], 512, "best")
+    assert torch.equal(stacked, torch.cat([tile_matmul(kind, x, tiled(kind, blocks, 512)), matmul(x, q8, 8)], dim=1))

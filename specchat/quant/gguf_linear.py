@@ -1,5 +1,5 @@
 """Layers that compute on a GGUF tensor's own blocks (memory-mapped from the file, never dequantized whole;
-Q4_K ones repacked in tiles of 8 rows, `gguf_types.Q4_K_TILES`).
+Q4_K and Q6_K ones repacked in tiles of 8 rows, `gguf_types.TILED`).
 
 `GGUFLinear` multiplies by the blocks through the CPU decoder's kernels (kernels/gguf_blocks.h): activations
 are quantized to int8 per row, as llama.cpp does for these types, and each row's result is bitwise the same
@@ -13,21 +13,22 @@ import torch
 from torch import nn
 
 from specchat.kernels.cpu_decoder import cpu_decoder
-from specchat.quant.gguf_types import BLOCK_TYPES, Q4_K, Q4_K_TILES, TILE_ROWS, held_rows
+from specchat.quant.gguf_types import BLOCK_TYPES, Q4_K, TILE_ROWS, TILED, UNTILED, held_rows
 from specchat.quant.quantized_linear import QuantizedLinear
 
 
 class GGUFLinear(QuantizedLinear):
     def __init__(self, blocks: torch.Tensor, type_id: int, in_features: int, *, dtype: torch.dtype,
                  bias: torch.Tensor | None = None):  # fmt: skip
-        """`blocks` [out, bytes per row] uint8, as the file stores them; Q4_K ones are repacked in tiles of 8 rows
-        (a copy in memory) when their rows come in eights."""
+        """`blocks` [out, bytes per row] uint8, as the file stores them; Q4_K and Q6_K ones are repacked in tiles
+        of 8 rows (a copy in memory) when their rows come in eights."""
         super().__init__()
         kind = BLOCK_TYPES[type_id]
         if blocks.shape[1] != kind.row_bytes(in_features):
             raise ValueError(f"{kind.name} blocks of {blocks.shape[1]} bytes per row do not hold {in_features} values")
-        if type_id == Q4_K and blocks.shape[0] % TILE_ROWS == 0:
-            blocks, type_id = cpu_decoder().gguf_tile_q4_k(blocks, in_features), Q4_K_TILES
+        if type_id in TILED and blocks.shape[0] % TILE_ROWS == 0:
+            tile = cpu_decoder().gguf_tile_q4_k if type_id == Q4_K else cpu_decoder().gguf_tile_q6_k
+            blocks, type_id = tile(blocks, in_features), TILED[type_id]
         self._hold([blocks], [type_id], in_features, None if bias is None else bias.to(dtype))
 
     @classmethod
@@ -45,7 +46,7 @@ class GGUFLinear(QuantizedLinear):
     def _hold(self, matrices: list[torch.Tensor], type_ids: list[int], in_features: int, bias) -> None:
         self.type_ids, self.in_features = type_ids, in_features
         self.out_features = sum(held_rows(matrix, t) for matrix, t in zip(matrices, type_ids))
-        names = (BLOCK_TYPES[Q4_K if t == Q4_K_TILES else t].name for t in type_ids)
+        names = (BLOCK_TYPES[UNTILED.get(t, t)].name for t in type_ids)
         self.format = "+".join(dict.fromkeys(names))  # "q4_k", "q4_k+q6_k"
         for i, matrix in enumerate(matrices):
             self.register_buffer(f"blocks_{i}", matrix, persistent=False)

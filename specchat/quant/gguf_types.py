@@ -31,15 +31,17 @@ BLOCK_TYPES = {  # ggml type id -> layout (kernels/gguf_blocks.h)
 }
 DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored unquantized
 
-# Q4_K matrices whose rows come in eights run repacked in tiles of 8 rows (kernels/gguf_blocks.h, `tile_q4_k`):
-# each tile's codes are read once for all 8 rows' products, which makes prefill and tree verification ~1.3-1.5x
-# faster. The tiles are a type of their own to the kernels, held [rows / 8, bytes per tile].
-Q4_K, Q4_K_TILES, TILE_ROWS = 12, 112, 8
+# Q4_K and Q6_K matrices whose rows come in eights run repacked in tiles of 8 rows (kernels/gguf_blocks.h,
+# `tile_q4_k`, `tile_q6_k`): each tile's codes are read once for all 8 rows' products, which makes prefill and
+# tree verification faster. A tiled type is a type of its own to the kernels, held [rows / 8, bytes per tile].
+Q4_K, Q6_K, TILE_ROWS = 12, 14, 8
+TILED = {Q4_K: 112, Q6_K: 114}  # block type -> its tiles' type
+UNTILED = {tiles: blocks for blocks, tiles in TILED.items()}
 
 
 def held_rows(matrix, type_id: int) -> int:
     """The weight rows a held matrix ([rows, bytes] of blocks, or [rows / 8, bytes] of tiles) has."""
-    return matrix.shape[0] * (TILE_ROWS if type_id == Q4_K_TILES else 1)
+    return matrix.shape[0] * (TILE_ROWS if type_id in UNTILED else 1)
 
 
 def check_type(type_id: int, tensor: str, path) -> None:
