@@ -685,6 +685,26 @@ inline void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t 
 }
 
 #ifdef GGUF_AVX2
+// Unsigned codes times int8 activations added to `sums`: AVX2 in pairs into int16 lanes, VNNI in fours into
+// int32 lanes.
+template <bool VNNI>
+inline __m256i products(__m256i sums, __m256i codes, __m256i a) {
+#ifdef GGUF_VNNI
+  if constexpr (VNNI) return _mm256_dpbusd_epi32(sums, codes, a);
+#endif
+  return _mm256_add_epi16(sums, _mm256_maddubs_epi16(codes, a));
+}
+
+// A sub-block's `products` times its scales, in int32 lanes: AVX2 widens pairs of int16 lanes in the
+// multiply-add, VNNI's lanes are int32 already.
+template <bool VNNI>
+inline __m256i scaled(__m256i sums, __m256i scales) {
+#ifdef GGUF_VNNI
+  if constexpr (VNNI) return _mm256_mullo_epi32(sums, scales);
+#endif
+  return _mm256_madd_epi16(sums, scales);
+}
+
 // The end of tile group g for activation row r: P (row i's in int32 lane i) and the mins' Q into the float lanes,
 // as `tile_dots_portable` does. Shared by the AVX2 and VNNI kernels, which differ only in how they sum P.
 inline void close_tile_group(const TileQ4K& t, const Quantized& x, int64_t r, int64_t g, __m256i p, __m256 d,
@@ -727,8 +747,11 @@ inline void store_tile_rows(const __m256 (&acc)[ROWS], const __m256 (&offset)[RO
   }
 }
 
-// AVX2: ROWS activation rows share each load of the tile's codes.
-template <int ROWS>
+// ROWS activation rows share each load of the tile's codes. AVX2 sums a sub-block's pair products in int16
+// (|sum| <= 8 * 2 * 15 * 127 < 2^15) and widens them in the scale's multiply-add; AVX-512 VNNI sums them
+// straight into int32 lanes, four products at a time (vpdpbusd), then multiplies by the scale once. The integer
+// P is the same either way, and so is every float step after it.
+template <int ROWS, bool VNNI>
 void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
   const auto* tiles = reinterpret_cast<const TileQ4K*>(tile);
@@ -742,7 +765,7 @@ void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* ou
     for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {
-      __m256i dot[ROWS];  // int16: row i's two pair sums in lanes 2i, 2i + 1
+      __m256i dot[ROWS];  // AVX2: int16, row i's two pair sums in lanes 2i, 2i + 1; VNNI: int32, row i's in lane i
       for (int r = 0; r < ROWS; ++r) dot[r] = _mm256_setzero_si256();
       const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
       for (int v = 0; v < 4; ++v) {
@@ -752,15 +775,16 @@ void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* ou
           int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the sub-block
           std::memcpy(&front, a + r * cols + 8 * v, 4);
           std::memcpy(&back, a + r * cols + 8 * v + 4, 4);
-          dot[r] = _mm256_add_epi16(dot[r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(front)));
-          dot[r] = _mm256_add_epi16(dot[r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(back)));
+          dot[r] = products<VNNI>(dot[r], low, _mm256_set1_epi32(front));
+          dot[r] = products<VNNI>(dot[r], high, _mm256_set1_epi32(back));
         }
       }
       uint64_t packed;
       std::memcpy(&packed, t.scales[j], 8);
       const __m128i s8 = _mm_cvtsi64_si128(static_cast<int64_t>(packed));
-      const __m256i scales = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));  // row i's scale in lanes 2i, 2i + 1
-      for (int r = 0; r < ROWS; ++r) p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(dot[r], scales));
+      // row i's scale: AVX2 in int16 lanes 2i, 2i + 1, VNNI in int32 lane i
+      const __m256i scales = VNNI ? _mm256_cvtepu8_epi32(s8) : _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
+      for (int r = 0; r < ROWS; ++r) p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(dot[r], scales));
     }
     const __m256 d = tile_d(t), neg_min = tile_neg_min(t);
     for (int r = 0; r < ROWS; ++r) close_tile_group(t, x, first + r, g, p[r], d, neg_min, acc[r], offset[r]);
@@ -770,50 +794,8 @@ void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* ou
 #endif
 
 #ifdef GGUF_VNNI
-// AVX-512 VNNI: a sub-block's products go straight into int32 lanes, four at a time (vpdpbusd), where AVX2
-// takes a pair multiply, an int16 add and a widening multiply-add; then one multiply by the row's scale. The
-// integer P is the same, and so is every float step after it. Eight activation rows share each code load.
-template <int ROWS>
-void tile_dots_vnni(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
-  const int64_t cols = x.cols, groups = cols / 256;
-  const auto* tiles = reinterpret_cast<const TileQ4K*>(tile);
-  const __m256i m4 = _mm256_set1_epi8(15);
-  __m256 acc[ROWS], offset[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    const TileQ4K& t = tiles[g];
-    prefetch_ahead(t);
-    __m256i p[ROWS];
-    for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-    for (int j = 0; j < 8; ++j) {
-      __m256i dot[ROWS];  // int32: row i's sub-block sum in lane i
-      for (int r = 0; r < ROWS; ++r) dot[r] = _mm256_setzero_si256();
-      const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
-      for (int v = 0; v < 4; ++v) {
-        const __m256i codes = load256(t.codes[j] + 32 * v);
-        const __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
-        for (int r = 0; r < ROWS; ++r) {
-          int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the sub-block
-          std::memcpy(&front, a + r * cols + 8 * v, 4);
-          std::memcpy(&back, a + r * cols + 8 * v + 4, 4);
-          dot[r] = _mm256_dpbusd_epi32(dot[r], low, _mm256_set1_epi32(front));
-          dot[r] = _mm256_dpbusd_epi32(dot[r], high, _mm256_set1_epi32(back));
-        }
-      }
-      uint64_t packed;
-      std::memcpy(&packed, t.scales[j], 8);
-      const __m256i scales = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(packed)));  // lane i: row i's
-      for (int r = 0; r < ROWS; ++r) p[r] = _mm256_add_epi32(p[r], _mm256_mullo_epi32(dot[r], scales));
-    }
-    const __m256 d = tile_d(t), neg_min = tile_neg_min(t);
-    for (int r = 0; r < ROWS; ++r) close_tile_group(t, x, first + r, g, p[r], d, neg_min, acc[r], offset[r]);
-  }
-  store_tile_rows(acc, offset, x, first, out);
-}
-
 // Two tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's): half the
-// instructions of two calls of `tile_dots_vnni`, and every lane's integer and float steps the same as there.
+// instructions of two calls of `tile_dots<ROWS, true>`, and every lane's integer and float steps the same as there.
 // out[i * x.rows + r] for the 16 weight rows i.
 template <int ROWS>
 void tile_pair_dots_vnni(const uint8_t* tile_a, const uint8_t* tile_b, const Quantized& x, int64_t first, float* out) {
@@ -921,10 +903,10 @@ inline void tile_pair_dots(const uint8_t* a, const uint8_t* b, const Quantized& 
 // out[i * x.rows + r]: the tile's weight rows i dotted with every activation row r.
 inline void tile_dots(const uint8_t* tile, const Quantized& x, Path path, float* out) {
 #ifdef GGUF_VNNI
-  if (path == Path::Best) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_dots_vnni<rows()>(tile, x, r, out); });
+  if (path == Path::Best) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_dots<rows(), true>(tile, x, r, out); });
 #endif
 #ifdef GGUF_AVX2
-  if (path != Path::Portable) return by_fours(x.rows, [&](auto rows, int64_t r) { tile_dots<rows()>(tile, x, r, out); });
+  if (path != Path::Portable) return by_fours(x.rows, [&](auto rows, int64_t r) { tile_dots<rows(), false>(tile, x, r, out); });
 #endif
   (void)path;
   tile_dots_portable(tile, x, 0, x.rows, out);
@@ -1071,9 +1053,10 @@ inline __m256i q6_pair_offset(__m256i scales16, const int16_t* sums) {
   return _mm256_madd_epi16(scales16, _mm256_set1_epi32(both));
 }
 
-// AVX2: ROWS activation rows share each tile's codes. Two quarters' products sum in int16 (at most
-// 4 * 63 * 127 < 2^15) before the scale's widening multiply-add.
-template <int ROWS>
+// ROWS activation rows share each tile's codes. AVX2 sums two quarters' products in int16 (at most
+// 4 * 63 * 127 < 2^15) before the scale's widening multiply-add; VNNI sums a sub-block's four quarters straight
+// into int32 lanes, then multiplies by the scale once. The integers P and Q are the same either way.
+template <int ROWS, bool VNNI>
 void q6_tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
   const auto* tiles = reinterpret_cast<const TileQ6K*>(tile);
@@ -1088,59 +1071,18 @@ void q6_tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float*
 #pragma GCC unroll 1
     for (int pair = 0; pair < 8; ++pair) {
       const __m256i both = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scales[pair])));
-      // row i's scale of the pair's first (second) sub-block in both of lanes 2i, 2i + 1
-      const __m256i scales[2] = {_mm256_blend_epi16(both, _mm256_slli_epi32(both, 16), 0xAA),
-                                 _mm256_blend_epi16(_mm256_srli_epi32(both, 16), both, 0xAA)};
+      // row i's scale of the pair's first (second) sub-block: VNNI in int32 lane i, AVX2 in int16 lanes 2i, 2i + 1
+      const __m256i scales[2] = {
+          VNNI ? _mm256_srai_epi32(_mm256_slli_epi32(both, 16), 16) : _mm256_blend_epi16(both, _mm256_slli_epi32(both, 16), 0xAA),
+          VNNI ? _mm256_srai_epi32(both, 16) : _mm256_blend_epi16(_mm256_srli_epi32(both, 16), both, 0xAA)};
       for (int h = 0; h < 2; ++h) {
         __m256i codes[4];
         q6_tile_codes(t, 2 * pair + h, codes);
         for (int r = 0; r < ROWS; ++r) {
           const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * (2 * pair + h);
-          const __m256i front = _mm256_add_epi16(_mm256_maddubs_epi16(codes[0], quad(a, 0)),
-                                                 _mm256_maddubs_epi16(codes[1], quad(a, 1)));
-          const __m256i back = _mm256_add_epi16(_mm256_maddubs_epi16(codes[2], quad(a, 2)),
-                                                _mm256_maddubs_epi16(codes[3], quad(a, 3)));
-          p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(_mm256_add_epi16(front, back), scales[h]));
-        }
-      }
-      for (int r = 0; r < ROWS; ++r)
-        q[r] = _mm256_add_epi32(q[r], q6_pair_offset(both, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair));
-    }
-    for (int r = 0; r < ROWS; ++r) close_q6_tile_group(t, x, first + r, g, p[r], q[r], acc[r], offset[r]);
-  }
-  store_tile_rows(acc, offset, x, first, out);
-}
-#endif
-
-#ifdef GGUF_VNNI
-// AVX-512 VNNI: a sub-block's four quarters summed straight into int32 lanes, then one multiply by the scale.
-template <int ROWS>
-void q6_tile_dots_vnni(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
-  const int64_t cols = x.cols, groups = cols / 256;
-  const auto* tiles = reinterpret_cast<const TileQ6K*>(tile);
-  __m256 acc[ROWS], offset[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    const TileQ6K& t = tiles[g];
-    for (int k = 0; k < static_cast<int>(sizeof(TileQ6K)); k += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(&t + 2) + k, _MM_HINT_T0);
-    __m256i p[ROWS], q[ROWS];
-    for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-    for (int pair = 0; pair < 8; ++pair) {
-      const __m256i both = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scales[pair])));
-      // row i's scale of the pair's first (second) sub-block in int32 lane i
-      const __m256i scales[2] = {_mm256_srai_epi32(_mm256_slli_epi32(both, 16), 16), _mm256_srai_epi32(both, 16)};
-      for (int h = 0; h < 2; ++h) {
-        __m256i codes[4];
-        q6_tile_codes(t, 2 * pair + h, codes);
-        for (int r = 0; r < ROWS; ++r) {
-          const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * (2 * pair + h);
-          __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes[0], quad(a, 0));
-          dot = _mm256_dpbusd_epi32(dot, codes[1], quad(a, 1));
-          dot = _mm256_dpbusd_epi32(dot, codes[2], quad(a, 2));
-          dot = _mm256_dpbusd_epi32(dot, codes[3], quad(a, 3));
-          p[r] = _mm256_add_epi32(p[r], _mm256_mullo_epi32(dot, scales[h]));
+          const __m256i front = products<VNNI>(products<VNNI>(_mm256_setzero_si256(), codes[0], quad(a, 0)), codes[1], quad(a, 1));
+          const __m256i sum = products<VNNI>(products<VNNI>(front, codes[2], quad(a, 2)), codes[3], quad(a, 3));
+          p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(sum, scales[h]));
         }
       }
       for (int r = 0; r < ROWS; ++r)
@@ -1155,10 +1097,10 @@ void q6_tile_dots_vnni(const uint8_t* tile, const Quantized& x, int64_t first, f
 // out[i * x.rows + r]: the Q6_K tile's weight rows i dotted with every activation row r.
 inline void q6_tile_dots(const uint8_t* tile, const Quantized& x, Path path, float* out) {
 #ifdef GGUF_VNNI
-  if (path == Path::Best) return by_eights(x.rows, [&](auto rows, int64_t r) { q6_tile_dots_vnni<rows()>(tile, x, r, out); });
+  if (path == Path::Best) return by_eights(x.rows, [&](auto rows, int64_t r) { q6_tile_dots<rows(), true>(tile, x, r, out); });
 #endif
 #ifdef GGUF_AVX2
-  if (path != Path::Portable) return by_fours(x.rows, [&](auto rows, int64_t r) { q6_tile_dots<rows()>(tile, x, r, out); });
+  if (path != Path::Portable) return by_fours(x.rows, [&](auto rows, int64_t r) { q6_tile_dots<rows(), false>(tile, x, r, out); });
 #endif
   (void)path;
   q6_tile_dots_portable(tile, x, 0, x.rows, out);
