@@ -193,75 +193,112 @@ inline __m256 pairwise_sums8(const __m256* v) {
 
 // scores[i] = q . tile[i] for a tile of 16 keys [16][dim] (dim a multiple of 16): the products summed in 16
 // lanes, then adjacent lanes paired down to one. The AVX-512, AVX2 and portable paths compute the same sums.
-template <int DIM>
-inline void dots16(const float* q, const float* tile, float* scores) {
+// Q queries at once: AVX-512 loads each key vector once for all of them, and pairs the keys' sums down as they
+// come (keys 2i and 2i + 1 as soon as both are summed, then pairs of those: the same pairs in the same order).
+template <int DIM, int Q>
+inline void dots16(const float* const (&q)[Q], const float* tile, float* const (&scores)[Q]) {
   constexpr int dim = DIM;
 #if defined(__AVX512F__)
-  __m512 sums[LANES];
-  for (int i = 0; i < LANES; ++i) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t c = 0; c < dim; c += LANES) {
-      acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + c), _mm512_loadu_ps(tile + i * dim + c), acc);
-    }
-    sums[i] = acc;
-  }
+  constexpr int kVectors = DIM / LANES;
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  for (int n = LANES; n > 1; n /= 2) {  // each step halves the vectors: lane k of the last is key k's sum
-    for (int i = 0; i < n / 2; ++i) {
-      sums[i] = _mm512_add_ps(_mm512_permutex2var_ps(sums[2 * i], even, sums[2 * i + 1]),
-                              _mm512_permutex2var_ps(sums[2 * i], odd, sums[2 * i + 1]));
+  const auto pair = [&](__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+  };
+  __m512 query[Q][kVectors], pending[Q][4];  // pending[level]: a sum waiting for its pair at that level
+  for (int j = 0; j < Q; ++j)
+    for (int c = 0; c < kVectors; ++c) query[j][c] = _mm512_loadu_ps(q[j] + LANES * c);
+#pragma GCC unroll 16
+  for (int i = 0; i < LANES; ++i) {
+    __m512 sum[Q];
+    for (int j = 0; j < Q; ++j) sum[j] = _mm512_setzero_ps();
+    for (int c = 0; c < kVectors; ++c) {
+      const __m512 key = _mm512_loadu_ps(tile + i * dim + LANES * c);
+      for (int j = 0; j < Q; ++j) sum[j] = _mm512_fmadd_ps(query[j][c], key, sum[j]);
+    }
+    for (int level = 0, k = i; level < 4; ++level, k >>= 1) {
+      if ((k & 1) == 0) {
+        for (int j = 0; j < Q; ++j) pending[j][level] = sum[j];
+        break;
+      }
+      for (int j = 0; j < Q; ++j) sum[j] = pair(pending[j][level], sum[j]);
+      if (level == 3)  // the last key: lane k of the pairs' last sum is key k's score
+        for (int j = 0; j < Q; ++j) _mm512_storeu_ps(scores[j], sum[j]);
     }
   }
-  _mm512_storeu_ps(scores, sums[0]);
 #elif defined(__AVX2__) && defined(__FMA__)
-  for (int first = 0; first < LANES; first += 4) {  // four keys at a time: lanes 0-7 and 8-15 of each
-    __m256 sums[8];
-    for (int i = 0; i < 8; ++i) sums[i] = _mm256_setzero_ps();
-    for (int c = 0; c < dim; c += LANES) {
-      const __m256 q_low = _mm256_loadu_ps(q + c), q_high = _mm256_loadu_ps(q + c + 8);
-      for (int i = 0; i < 4; ++i) {
-        const float* key = tile + (first + i) * dim + c;
-        sums[i] = _mm256_fmadd_ps(q_low, _mm256_loadu_ps(key), sums[i]);
-        sums[4 + i] = _mm256_fmadd_ps(q_high, _mm256_loadu_ps(key + 8), sums[4 + i]);
+  for (int j = 0; j < Q; ++j) {
+    for (int first = 0; first < LANES; first += 4) {  // four keys at a time: lanes 0-7 and 8-15 of each
+      __m256 sums[8];
+      for (int i = 0; i < 8; ++i) sums[i] = _mm256_setzero_ps();
+      for (int c = 0; c < dim; c += LANES) {
+        const __m256 q_low = _mm256_loadu_ps(q[j] + c), q_high = _mm256_loadu_ps(q[j] + c + 8);
+        for (int i = 0; i < 4; ++i) {
+          const float* key = tile + (first + i) * dim + c;
+          sums[i] = _mm256_fmadd_ps(q_low, _mm256_loadu_ps(key), sums[i]);
+          sums[4 + i] = _mm256_fmadd_ps(q_high, _mm256_loadu_ps(key + 8), sums[4 + i]);
+        }
       }
+      const __m256 halves = pairwise_sums8(sums);  // lanes 0-7 summed for keys 0-3, then lanes 8-15
+      _mm_storeu_ps(scores[j] + first, _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1)));
     }
-    const __m256 halves = pairwise_sums8(sums);  // lanes 0-7 summed for keys 0-3, then lanes 8-15
-    _mm_storeu_ps(scores + first, _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1)));
   }
 #else
-  for (int i = 0; i < LANES; ++i) {
-    float lanes[LANES] = {};
-    for (int64_t c = 0; c < dim; c += LANES) {
-      for (int l = 0; l < LANES; ++l) lanes[l] = std::fma(q[c + l], tile[i * dim + c + l], lanes[l]);
+  for (int j = 0; j < Q; ++j) {
+    for (int i = 0; i < LANES; ++i) {
+      float lanes[LANES] = {};
+      for (int64_t c = 0; c < dim; c += LANES) {
+        for (int l = 0; l < LANES; ++l) lanes[l] = std::fma(q[j][c + l], tile[i * dim + c + l], lanes[l]);
+      }
+      for (int n = LANES; n > 1; n /= 2) {
+        for (int k = 0; k < n / 2; ++k) lanes[k] = lanes[2 * k] + lanes[2 * k + 1];
+      }
+      scores[j][i] = lanes[0];
     }
-    for (int n = LANES; n > 1; n /= 2) {
-      for (int j = 0; j < n / 2; ++j) lanes[j] = lanes[2 * j] + lanes[2 * j + 1];
-    }
-    scores[i] = lanes[0];
   }
 #endif
 }
 
-// acc[d] += weights[p] * rows[p][d] for the `count` rows [count][DIM] in order, one fma each: the AVX2 path
-// keeps 64 columns of `acc` in registers while the rows stream by.
-template <int DIM>
-inline void add_weighted(const float* weights, const float* rows, int64_t count, float* acc) {
-#if defined(__AVX2__) && defined(__FMA__)
-  for (int h = 0; h < DIM; h += 64) {
-    __m256 sums[8];
-    for (int j = 0; j < 8; ++j) sums[j] = _mm256_loadu_ps(acc + h + 8 * j);
+// acc[q][d] += weights[q][p] * rows[p][d] for each of Q queries and the `count` rows [count][DIM] in order, one
+// fma each, whatever the path: AVX-512 keeps 128 columns of every query's `acc` in registers while the rows
+// stream by (each row loaded once for the Q queries), AVX2 64 columns of one query.
+template <int DIM, int Q>
+inline void add_weighted(const float* const (&weights)[Q], const float* rows, int64_t count, float* const (&acc)[Q]) {
+#if defined(__AVX512F__)
+  constexpr int kWidth = DIM < 128 ? DIM : 128, kVectors = kWidth / 16;
+  for (int h = 0; h < DIM; h += kWidth) {
+    __m512 sums[Q][kVectors];
+    for (int q = 0; q < Q; ++q)
+      for (int j = 0; j < kVectors; ++j) sums[q][j] = _mm512_loadu_ps(acc[q] + h + 16 * j);
     for (int64_t p = 0; p < count; ++p) {
-      const __m256 weight = _mm256_broadcast_ss(weights + p);
       const float* row = rows + p * DIM + h;
-      for (int j = 0; j < 8; ++j) sums[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * j), sums[j]);
+      __m512 weight[Q];
+      for (int q = 0; q < Q; ++q) weight[q] = _mm512_set1_ps(weights[q][p]);
+      for (int j = 0; j < kVectors; ++j) {
+        const __m512 v = _mm512_loadu_ps(row + 16 * j);
+        for (int q = 0; q < Q; ++q) sums[q][j] = _mm512_fmadd_ps(weight[q], v, sums[q][j]);
+      }
     }
-    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc + h + 8 * j, sums[j]);
+    for (int q = 0; q < Q; ++q)
+      for (int j = 0; j < kVectors; ++j) _mm512_storeu_ps(acc[q] + h + 16 * j, sums[q][j]);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (int q = 0; q < Q; ++q) {
+    for (int h = 0; h < DIM; h += 64) {
+      __m256 sums[8];
+      for (int j = 0; j < 8; ++j) sums[j] = _mm256_loadu_ps(acc[q] + h + 8 * j);
+      for (int64_t p = 0; p < count; ++p) {
+        const __m256 weight = _mm256_broadcast_ss(weights[q] + p);
+        const float* row = rows + p * DIM + h;
+        for (int j = 0; j < 8; ++j) sums[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * j), sums[j]);
+      }
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc[q] + h + 8 * j, sums[j]);
+    }
   }
 #else
-  for (int64_t p = 0; p < count; ++p) {
-    for (int d = 0; d < DIM; ++d) acc[d] = std::fma(weights[p], rows[p * DIM + d], acc[d]);
-  }
+  for (int q = 0; q < Q; ++q)
+    for (int64_t p = 0; p < count; ++p)
+      for (int d = 0; d < DIM; ++d) acc[q][d] = std::fma(weights[q][p], rows[p * DIM + d], acc[q][d]);
 #endif
 }
 
@@ -278,7 +315,7 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
   for (int64_t r = 0; r < rows; ++r) longest = std::max<int64_t>(longest, static_cast<int64_t>(tails[r].size()));
   const int64_t width = prefix + longest;
   std::vector<float> scores(count * width), tile(BLOCK * DIM), accumulator(count * DIM, 0.0f);
-  float block[LANES];
+  float block[2 * LANES];
   auto query = [&](int64_t i) { return queries + ((i / group) * heads + i % group) * DIM; };
   // Rows first, first + 1, ... (`n` <= BLOCK of them; through `slots` when given) of a cache as fp32 [padded][DIM],
   // zeros after the n: read in place when they are consecutive fp32 rows, else converted into `tile`.
@@ -303,10 +340,19 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
     for (int64_t b = 0; b < n; b += LANES) {
       const int64_t filled = std::min<int64_t>(LANES, n - b);
       const float* keys_tile = rows_at(keys, slots, b, filled, LANES);
-      for (int64_t i = first_query; i < last_query; ++i) {
-        dots16<DIM>(query(i), keys_tile, block);
+      const auto keep = [&](int64_t i, const float* block) {
         float* row = scores.data() + i * width + offset + b;
         for (int64_t j = 0; j < filled; ++j) row[j] = block[j] * scale;
+      };
+      int64_t i = first_query;
+      for (; i + 2 <= last_query; i += 2) {  // two queries per pass over the tile
+        dots16<DIM, 2>({query(i), query(i + 1)}, keys_tile, {block, block + LANES});
+        keep(i, block);
+        keep(i + 1, block + LANES);
+      }
+      if (i < last_query) {
+        dots16<DIM, 1>({query(i)}, keys_tile, {block});
+        keep(i, block);
       }
     }
   };
@@ -314,9 +360,13 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
     for (int64_t b = 0; b < n; b += BLOCK) {
       const int64_t filled = std::min<int64_t>(BLOCK, n - b);
       const float* values_tile = rows_at(values, slots, b, filled, filled);
-      for (int64_t i = first_query; i < last_query; ++i) {
-        add_weighted<DIM>(scores.data() + i * width + offset + b, values_tile, filled, accumulator.data() + i * DIM);
+      const auto weights = [&](int64_t i) { return scores.data() + i * width + offset + b; };
+      int64_t i = first_query;
+      for (; i + 2 <= last_query; i += 2) {  // two queries per pass over the tile: each row loaded once for both
+        add_weighted<DIM, 2>({weights(i), weights(i + 1)}, values_tile, filled,
+                             {accumulator.data() + i * DIM, accumulator.data() + (i + 1) * DIM});
       }
+      if (i < last_query) add_weighted<DIM, 1>({weights(i)}, values_tile, filled, {accumulator.data() + i * DIM});
     }
   };
   score_keys(nullptr, prefix, 0, count, 0);
