@@ -880,23 +880,13 @@ inline void by_eights(int64_t rows, Kernel kernel) {
 #endif
 
 // Whether `tile_pair_dots` takes two tiles at once: on this path, for this many activation rows (measured on
-// the 1.5B's matrices, pairs pay from 8 rows: 16 rows 58 -> 44 ms; below that a tile at a time is faster).
+// the 1.5B's Q4_K matrices, pairs pay from 8 rows: 16 rows 58 -> 44 ms; below that a tile at a time is faster).
 inline bool pairs_tiles(Path path, int64_t rows) {
 #ifdef GGUF_VNNI
   return path == Path::Best && rows >= 8;
 #else
   (void)path, (void)rows;
   return false;
-#endif
-}
-
-// out[i * x.rows + r] for the 16 weight rows of two Q4_K tiles (where `pairs_tiles`).
-inline void tile_pair_dots(const uint8_t* a, const uint8_t* b, const Quantized& x, float* out) {
-#ifdef GGUF_VNNI
-  by_eights(x.rows, [&](auto rows, int64_t r) { tile_pair_dots_vnni<rows()>(a, b, x, r, out); });
-#else
-  (void)a, (void)b, (void)x, (void)out;
-  TORCH_CHECK(false, "no paired tiles on this build");
 #endif
 }
 
@@ -1094,6 +1084,80 @@ void q6_tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float*
 }
 #endif
 
+#ifdef GGUF_VNNI
+// Two Q6_K tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's), as
+// `tile_pair_dots_vnni` does for Q4_K: every lane's integer and float steps those of `q6_tile_dots<ROWS, true>`.
+template <int ROWS>
+void q6_tile_pair_dots_vnni(const uint8_t* tile_a, const uint8_t* tile_b, const Quantized& x, int64_t first,
+                            float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* as = reinterpret_cast<const TileQ6K*>(tile_a);
+  const auto* bs = reinterpret_cast<const TileQ6K*>(tile_b);
+  const __m512i m4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+  const auto both = [](const void* a, const void* b) {  // 32 bytes of each tile, one vector
+    return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
+  };
+  __m512 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ6K &ta = as[g], &tb = bs[g];
+    for (int k = 0; k < static_cast<int>(sizeof(TileQ6K)); k += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(&ta + 2) + k, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(&tb + 2) + k, _MM_HINT_T0);
+    }
+    __m512i p[ROWS], q[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int pair = 0; pair < 8; ++pair) {
+      const __m512i scales16 = _mm512_cvtepi8_epi16(
+          _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.scales[pair]))),
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.scales[pair])), 1));
+      const __m512i scales[2] = {_mm512_srai_epi32(_mm512_slli_epi32(scales16, 16), 16), _mm512_srai_epi32(scales16, 16)};
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * pair + h;
+        const __m512i low0 = both(ta.low[j], tb.low[j]), low1 = both(ta.low[j] + 32, tb.low[j] + 32);
+        const __m512i high = both(ta.high[j], tb.high[j]);
+        const __m512i codes[4] = {
+            _mm512_or_si512(_mm512_and_si512(low0, m4), _mm512_and_si512(_mm512_slli_epi16(high, 4), top)),
+            _mm512_or_si512(_mm512_and_si512(low1, m4), _mm512_and_si512(_mm512_slli_epi16(high, 2), top)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low0, 4), m4), _mm512_and_si512(high, top)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low1, 4), m4),
+                            _mm512_and_si512(_mm512_srli_epi16(high, 2), top))};
+        for (int r = 0; r < ROWS; ++r) {
+          const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * j;
+          int32_t four[4];
+          std::memcpy(four, a, 16);
+          __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], _mm512_set1_epi32(four[0]));
+          dot = _mm512_dpbusd_epi32(dot, codes[1], _mm512_set1_epi32(four[1]));
+          dot = _mm512_dpbusd_epi32(dot, codes[2], _mm512_set1_epi32(four[2]));
+          dot = _mm512_dpbusd_epi32(dot, codes[3], _mm512_set1_epi32(four[3]));
+          p[r] = _mm512_add_epi32(p[r], _mm512_mullo_epi32(dot, scales[h]));
+        }
+      }
+      for (int r = 0; r < ROWS; ++r) {
+        int32_t two;
+        std::memcpy(&two, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair, 4);
+        q[r] = _mm512_add_epi32(q[r], _mm512_madd_epi16(scales16, _mm512_set1_epi32(two)));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.d))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.d)), 1));
+    const __m512 neg32d = _mm512_mul_ps(_mm512_set1_ps(-32.0f), d);
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 da = _mm512_set1_ps(x.scale[(first + r) * groups + g]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(da, d), acc[r]);
+      offset[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q[r]), _mm512_mul_ps(da, neg32d), offset[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, _mm512_add_ps(acc[r], offset[r]));
+    for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
+  }
+}
+#endif
+
 // out[i * x.rows + r]: the Q6_K tile's weight rows i dotted with every activation row r.
 inline void q6_tile_dots(const uint8_t* tile, const Quantized& x, Path path, float* out) {
 #ifdef GGUF_VNNI
@@ -1104,6 +1168,17 @@ inline void q6_tile_dots(const uint8_t* tile, const Quantized& x, Path path, flo
 #endif
   (void)path;
   q6_tile_dots_portable(tile, x, 0, x.rows, out);
+}
+
+// out[i * x.rows + r] for the 16 weight rows of two tiles of `type` (where `pairs_tiles`).
+inline void tile_pair_dots(int64_t type, const uint8_t* a, const uint8_t* b, const Quantized& x, float* out) {
+#ifdef GGUF_VNNI
+  if (type == Q4_K_TILES) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_pair_dots_vnni<rows()>(a, b, x, r, out); });
+  return by_eights(x.rows, [&](auto rows, int64_t r) { q6_tile_pair_dots_vnni<rows()>(a, b, x, r, out); });
+#else
+  (void)type, (void)a, (void)b, (void)x, (void)out;
+  TORCH_CHECK(false, "no paired tiles on this build");
+#endif
 }
 
 // Whether a weight row of `type` goes through `unpack_row` first (else a kernel reads its blocks directly).
@@ -1193,8 +1268,8 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
         const Quantized& x = *by_group[layout(m.type).values == 32 ? 0 : 1];
         const int64_t first = starts[part] + (unit - units[part]) * (m.rows() / m.blocks.size(0));
         int64_t taken = 1;  // units (rows or tiles) done in this pass
-        if (m.type == Q4_K_TILES && pairs_tiles(path, rows) && unit + 1 < std::min(end, units[part + 1])) {
-          tile_pair_dots(blocks, blocks + m.blocks.size(1), x, column.data());
+        if (is_tiled(m.type) && pairs_tiles(path, rows) && unit + 1 < std::min(end, units[part + 1])) {
+          tile_pair_dots(m.type, blocks, blocks + m.blocks.size(1), x, column.data());
           taken = 2;
         } else if (m.type == Q4_K_TILES) {
           tile_dots(blocks, x, path, column.data());
