@@ -1279,8 +1279,9 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
           if (needs_unpacking(m.type, path)) unpack_row(blocks, m.type, cols, u);
           dots(blocks, u, x, m.type, path, column.data());
         }
-        for (int64_t i = 0; i < taken * (m.rows() / m.blocks.size(0)); ++i)
-          for (int64_t r = 0; r < rows; ++r) out_rows[r * total + first + i] = column[i * rows + r];
+        const int64_t done = taken * (m.rows() / m.blocks.size(0));  // weight rows: a run of outputs per row r
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < done; ++i) out_rows[r * total + first + i] = column[i * rows + r];
         unit += taken - 1;
       }
     });
