@@ -7,8 +7,8 @@
 // over the same groups (x = D[g] * a, as llama.cpp quantizes them for these types), so a dot product is
 //   sum_g D[g] * (A[g] * sum_j S[j] * (u . a)_j + B[g] * sum_j M[j] * sum(a)_j)
 // whose inner sums are integers: exact in any order. Each row's float steps (8 lanes, a fixed final sum) are
-// the same whichever rows share the call, and the AVX2 and portable paths perform the same float operations,
-// so results are bitwise the same across row counts and code paths (tests/test_gguf_kernels.py).
+// the same whichever rows share the call, and the AVX-512 VNNI, AVX2 and portable paths perform the same float
+// operations, so results are bitwise the same across row counts and code paths (tests/test_gguf_kernels.py).
 #pragma once
 
 #include <torch/extension.h>
