@@ -1,8 +1,8 @@
 """Interleaved A/B of CPU decoder builds: 28 layers with the 1.5B's attention shapes (12 q heads, 2 kv, D 128)
 and tiny matmuls, its KV cache at `context` (DRAM-resident, as in the model); ms per step, median, and the
 largest output difference between builds. Each build is named by its source version (`source_version()` of
-that checkout, built once by `cpu_decoder()`):
-`python tests/attention_ab.py 16384 5 before=4e7c530d223d after=<version>`."""
+that checkout, built once by `cpu_decoder()`); `dtype=bfloat16` holds the weights and cache in bf16, as the 1.5B
+runs: `python tests/attention_ab.py 16384 5 before=4e7c530d223d after=<version> [dtype=bfloat16]`."""
 import glob
 import importlib.util
 import statistics
@@ -12,33 +12,37 @@ import time
 import torch
 from torch.utils.cpp_extension import _get_build_directory
 
-builds = {}
+builds, dt = {}, torch.float32
 for name_hash in sys.argv[3:]:
     name, h = name_hash.split("=")
+    if name == "dtype":
+        dt = getattr(torch, h)
+        continue
     path = glob.glob(f"{_get_build_directory(f'specchat_cpu_decoder_{h}', False)}/*.so")[0]
     spec = importlib.util.spec_from_file_location(f"specchat_cpu_decoder_{h}", path)
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); builds[name] = mod
 context, reps = int(sys.argv[1]), int(sys.argv[2])
 H, KV, D, HID, INTER, L = 12, 2, 128, 256, 64, 28
 torch.manual_seed(0)
-weights = [(torch.randn((H + 2 * KV) * D, HID) * 0.05, torch.randn(HID, H * D) * 0.05, torch.randn(2 * INTER, HID) * 0.05, torch.randn(HID, INTER) * 0.05) for _ in range(L)]
+weights = [tuple(w.to(dt) for w in (torch.randn((H + 2 * KV) * D, HID) * 0.05, torch.randn(HID, H * D) * 0.05, torch.randn(2 * INTER, HID) * 0.05, torch.randn(HID, INTER) * 0.05)) for _ in range(L)]
 def decoder(native):
     d = lambda w: native.Projection([native.Linear.dense(w, None)])
-    layers = [native.Layer(d(a), d(b), d(c), d(e), torch.ones(HID), torch.ones(HID)) for a, b, c, e in weights]
-    return native.Decoder(layers, torch.ones(HID), H, KV, D, INTER, 1e-6, D ** -0.5)
+    layers = [native.Layer(d(a), d(b), d(c), d(e), torch.ones(HID, dtype=dt), torch.ones(HID, dtype=dt)) for a, b, c, e in weights]
+    return native.Decoder(layers, torch.ones(HID, dtype=dt), H, KV, D, INTER, 1e-6, D ** -0.5)
 decoders = {name: decoder(native) for name, native in builds.items()}
-keys = [torch.randn(KV, context + 16, D) for _ in range(L)]
-values = [torch.randn(KV, context + 16, D) for _ in range(L)]
-times = {(name, rows): [] for name in builds for rows in (1, 8)}
-inputs = {rows: (torch.randn(rows, HID), torch.ones(rows, D), torch.zeros(rows, D), None if rows == 1 else torch.tril(torch.ones(rows, rows, dtype=torch.bool))) for rows in (1, 8)}
+keys = [torch.randn(KV, context + 16, D, dtype=dt) for _ in range(L)]
+values = [torch.randn(KV, context + 16, D, dtype=dt) for _ in range(L)]
+ROWS = (1, 4, 8, 16)
+times = {(name, rows): [] for name in builds for rows in ROWS}
+inputs = {rows: (torch.randn(rows, HID, dtype=dt), torch.ones(rows, D), torch.zeros(rows, D), None if rows == 1 else torch.tril(torch.ones(rows, rows, dtype=torch.bool))) for rows in ROWS}
 outs = {}
 for _ in range(reps):
     for name, native in builds.items():
         for rows, (x, cos, sin, mask) in inputs.items():
             t = time.perf_counter(); out = native.forward(decoders[name], x, cos, sin, keys, values, context, mask, True)
             times[(name, rows)].append(time.perf_counter() - t); outs[(name, rows)] = out[0]
-for rows in (1, 8):
+for rows in ROWS:
     print(f"context {context}, {rows} rows: " + ", ".join(f"{name} {statistics.median(times[(name, rows)]) * 1e3:.1f} ms" for name in builds))
 ref = next(iter(builds))
 for name in builds:
-    print(name, "max diff vs", ref, max((outs[(name, r)] - outs[(ref, r)]).abs().max().item() for r in (1, 8)))
+    print(name, "max diff vs", ref, max((outs[(name, r)].float() - outs[(ref, r)].float()).abs().max().item() for r in ROWS))
