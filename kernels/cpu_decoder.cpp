@@ -310,6 +310,7 @@ template <typename T, int DIM>
 void attend(const float* queries, const T* keys, const T* values, const std::vector<int64_t>* tails, int64_t prefix,
             int64_t rows, int64_t heads, int64_t group, float scale, T* out) {
   constexpr int64_t BLOCK = 4 * LANES;  // value rows converted at a time
+  constexpr int64_t kPrefetchTiles = 4;  // how many tiles ahead the stream of cache rows is prefetched
   const int64_t count = rows * group;  // queries
   int64_t longest = 0;
   for (int64_t r = 0; r < rows; ++r) longest = std::max<int64_t>(longest, static_cast<int64_t>(tails[r].size()));
@@ -320,8 +321,8 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
   // Rows first, first + 1, ... (`n` <= BLOCK of them; through `slots` when given) of a cache as fp32 [padded][DIM],
   // zeros after the n: read in place when they are consecutive fp32 rows, else converted into `tile`.
   auto rows_at = [&](const T* cache, const int64_t* slots, int64_t first, int64_t n, int64_t padded) -> const float* {
-    if (!slots) {  // a stream of rows: the next call's rows into L2 now (the hardware prefetcher lags here)
-      const char* ahead = reinterpret_cast<const char*>(cache + (first + padded) * DIM);
+    if (!slots) {  // a stream of rows: rows a few calls ahead into L2 now (the hardware prefetcher lags here)
+      const char* ahead = reinterpret_cast<const char*>(cache + (first + kPrefetchTiles * padded) * DIM);
       for (int64_t byte = 0; byte < padded * DIM * static_cast<int64_t>(sizeof(T)); byte += 64) {
         __builtin_prefetch(ahead + byte, 0, 2);
       }
