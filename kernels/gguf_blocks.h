@@ -579,13 +579,14 @@ inline void by_fours(int64_t rows, Kernel kernel) {
 //
 // At load a Q4_K matrix whose rows come in eights is repacked (`tile_q4_k`): per group of 256 values, its eight
 // rows' codes interleaved four values at a time, so that one 32-byte vector holds 4 values of each of the 8
-// rows, and 4 values of an activation row, broadcast, multiply all 8 rows at once. A sub-block's 8 such products
-// sum in int16 (|sum| <= 8 * 2 * 15 * 127 < 2^15) before its scale's one multiply-add: 9 integer multiplies per
-// 256 products where the row-at-a-time kernel takes 16, and each weight row's sum ends in a lane of its own.
+// rows, and 4 values of an activation row, broadcast, multiply all 8 rows at once. On AVX2 a sub-block's 8 such
+// products sum in int16 (|sum| <= 8 * 2 * 15 * 127 < 2^15) before its scale's one multiply-add: 9 integer
+// multiplies per 256 products where the row-at-a-time kernel takes 16; with AVX-512 VNNI they sum into int32
+// lanes four at a time. Either way each weight row's sum ends in a lane of its own.
 // Per weight row i, activation row r and group g:
 //   P = sum_j S[i][j] (u . a)_j,  Q = sum_j M[i][j] sum(a)_j        (integers: exact in any order)
 //   acc = fma(float(P), D[g] * d[i], acc),  offset = fma(float(Q), D[g] * (0 - dmin[i]), offset)
-// and the result is acc + offset, in the AVX2 and the portable path alike.
+// and the result is acc + offset, in every path alike.
 
 struct TileQ4K {  // one group of 256 values of 8 rows
   // sub-block j: 4 vectors of 32 bytes; byte 4i + c of vector p holds row i's code of value 8p + c (low
