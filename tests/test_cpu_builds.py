@@ -1,0 +1,83 @@
+"""The CPU decoder built for AVX2 only (x86-64-v3, what a machine without AVX-512 compiles) gives bitwise what
+this machine's own build gives: the GGUF block kernels (every type, both tile kinds, row counts below and past
+a kernel's row blocks) and the decoder's attention (fp32 and bf16 caches, head_dim 64 and 128, a decode step
+and a tree of rows). So results do not depend on the machine that computes them, and the AVX2 paths, which
+an AVX-512 machine's own build never runs, are tested here too. Skipped where the native build is that same
+AVX2 build (no AVX-512) or the machine is not x86.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf_files import LAYOUTS, random_blocks
+
+from specchat.kernels.cpu_decoder import SOURCE, _put_ninja_on_path, cpu_decoder, source_version
+
+pytestmark = pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64")
+    or "avx512f" not in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""),
+    reason="the native build is the AVX2 one here (no AVX-512) or this is not an x86 machine",
+)
+
+
+@pytest.fixture(scope="module")
+def avx2():
+    """The decoder compiled for x86-64-v3 (AVX2, FMA, F16C; no AVX-512), named by its source version."""
+    from torch.utils.cpp_extension import load
+
+    _put_ninja_on_path()
+    return load(name=f"specchat_cpu_decoder_avx2_{source_version()}", sources=[str(SOURCE)],
+                extra_cflags=["-O3", "-march=x86-64-v3", "-fopenmp"])  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(LAYOUTS), ids=[t.name for t in LAYOUTS])
+def test_gguf_kernels_equal_the_avx2_build(avx2, kind):
+    native, rng = cpu_decoder(), np.random.default_rng(int(kind))
+    blocks = torch.from_numpy(random_blocks(kind, 48, 512, rng))
+    held = [(blocks, int(kind))]
+    if kind.name in ("Q4_K", "Q6_K"):
+        tile = native.gguf_tile_q4_k if kind.name == "Q4_K" else native.gguf_tile_q6_k
+        held.append((tile(blocks, 512), 112 if kind.name == "Q4_K" else 114))
+    x = torch.from_numpy(rng.standard_normal((21, 512)).astype(np.float32))
+    for matrix, type_id in held:
+        for rows in (1, 3, 8, 21):
+            mine = native.gguf_matmul(x[:rows], [matrix], [type_id], 512, "best")
+            assert torch.equal(mine, avx2.gguf_matmul(x[:rows], [matrix], [type_id], 512, "best")), (type_id, rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_attention_equals_the_avx2_build(avx2, dtype, head_dim):
+    heads, kv_heads, hidden, intermediate, layers, context = 8, 2, 128, 64, 2, 300
+    generator = torch.Generator().manual_seed(head_dim)
+
+    def random(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=generator) * scale).to(dtype)
+
+    weights = [(random((heads + 2 * kv_heads) * head_dim, hidden, scale=0.05), random(hidden, heads * head_dim, scale=0.05),
+                random(2 * intermediate, hidden, scale=0.05), random(hidden, intermediate, scale=0.05))
+               for _ in range(layers)]  # fmt: skip
+    keys = [random(kv_heads, context + 16, head_dim) for _ in range(layers)]
+    values = [random(kv_heads, context + 16, head_dim) for _ in range(layers)]
+    inputs = {rows: random(rows, hidden) for rows in (1, 9)}
+    outputs = []
+    for build in (cpu_decoder(), avx2):
+        def dense(w, build=build):
+            return build.Projection([build.Linear.dense(w, None)])
+
+        ones = torch.ones(hidden, dtype=dtype)
+        decoder = build.Decoder([build.Layer(dense(a), dense(b), dense(c), dense(d), ones, ones) for a, b, c, d in weights],
+                                ones, heads, kv_heads, head_dim, intermediate, 1e-6, head_dim**-0.5)  # fmt: skip
+        outputs.append([
+            build.forward(decoder, x, torch.ones(rows, head_dim), torch.zeros(rows, head_dim), [k.clone() for k in keys],
+                          [v.clone() for v in values], context,
+                          None if rows == 1 else torch.tril(torch.ones(rows, rows, dtype=torch.bool)), False)[0]
+            for rows, x in inputs.items()
+        ])  # fmt: skip
+    for mine, theirs in zip(*outputs):
+        assert torch.equal(mine, theirs)
