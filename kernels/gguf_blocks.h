@@ -598,39 +598,44 @@ struct TileQ4K {  // one group of 256 values of 8 rows
 };
 static_assert(sizeof(TileQ4K) == 8 * 148, "a tile group is its 8 rows' 148 bytes");
 
-// Q4_K blocks [rows, groups * 144] -> tiles [rows / 8, groups * sizeof(TileQ4K)].
-inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols) {
-  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) % kTileRows == 0, "Q4_K tiles take rows in eights");
-  const int64_t tiles = blocks.size(0) / kTileRows, groups = cols / 256, row_bytes = groups * 144;
+// Blocks [rows, groups * block_bytes] of 8-row tiles' rows -> tiles [rows / 8, groups * sizeof(Tile)], zeroed,
+// then `fill(tile_group, i, block)` for each of the 8 rows i of every tile group: the repacking both tile kinds share.
+template <typename Tile, typename Fill>
+inline at::Tensor repack_tiles(const at::Tensor& blocks, int64_t cols, int64_t block_bytes, Fill fill) {
+  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) % kTileRows == 0, "tiles take rows in eights");
+  const int64_t tiles = blocks.size(0) / kTileRows, groups = cols / 256, row_bytes = groups * block_bytes;
   TORCH_CHECK(blocks.size(1) == row_bytes, "blocks do not fit the type");
   const at::Tensor in = blocks.contiguous();
-  at::Tensor out = at::empty({tiles, groups * static_cast<int64_t>(sizeof(TileQ4K))}, in.options());
+  at::Tensor out = at::zeros({tiles, groups * static_cast<int64_t>(sizeof(Tile))}, in.options());
   const uint8_t* src = in.data_ptr<uint8_t>();
-  auto* dst = reinterpret_cast<TileQ4K*>(out.data_ptr<uint8_t>());
+  auto* dst = reinterpret_cast<Tile*>(out.data_ptr<uint8_t>());
   at::parallel_for(0, tiles * groups, 64, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t tile = unit / groups, g = unit % groups;
-      TileQ4K& t = dst[unit];
-      for (int i = 0; i < 8; ++i) {
-        const uint8_t* b = src + (tile * kTileRows + i) * row_bytes + g * 144;
-        std::memcpy(&t.d[i], b, 2);
-        std::memcpy(&t.dmin[i], b + 2, 2);
-        uint8_t scales[16];
-        scales_mins_k4(b + 4, scales);
-        for (int j = 0; j < 8; ++j) {
-          t.scales[j][i] = scales[j];
-          t.mins[j / 2][2 * i + j % 2] = scales[8 + j];
-        }
-        uint8_t codes[256];
-        for (int c = 0; c < 4; ++c) nibbles_64(b + 16 + 32 * c, codes + 64 * c);
-        for (int j = 0; j < 8; ++j)
-          for (int p = 0; p < 4; ++p)
-            for (int c = 0; c < 4; ++c)
-              t.codes[j][32 * p + 4 * i + c] = codes[32 * j + 8 * p + c] | (codes[32 * j + 8 * p + 4 + c] << 4);
-      }
+      for (int i = 0; i < 8; ++i) fill(dst[unit], i, src + (tile * kTileRows + i) * row_bytes + g * block_bytes);
     }
   });
   return out;
+}
+
+// Q4_K blocks [rows, groups * 144] -> tiles [rows / 8, groups * sizeof(TileQ4K)].
+inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols) {
+  return repack_tiles<TileQ4K>(blocks, cols, 144, [](TileQ4K& t, int i, const uint8_t* b) {
+    std::memcpy(&t.d[i], b, 2);
+    std::memcpy(&t.dmin[i], b + 2, 2);
+    uint8_t scales[16];
+    scales_mins_k4(b + 4, scales);
+    for (int j = 0; j < 8; ++j) {
+      t.scales[j][i] = scales[j];
+      t.mins[j / 2][2 * i + j % 2] = scales[8 + j];
+    }
+    uint8_t codes[256];
+    for (int c = 0; c < 4; ++c) nibbles_64(b + 16 + 32 * c, codes + 64 * c);
+    for (int j = 0; j < 8; ++j)
+      for (int p = 0; p < 4; ++p)
+        for (int c = 0; c < 4; ++c)
+          t.codes[j][32 * p + 4 * i + c] = codes[32 * j + 8 * p + c] | (codes[32 * j + 8 * p + 4 + c] << 4);
+  });
 }
 
 // Row i of a tile in the integer form (`dequantize_rows`).
@@ -934,35 +939,20 @@ inline int q6_tile_code(const TileQ6K& t, int j, int i, int v) {
 
 // Q6_K blocks [rows, groups * 210] -> tiles [rows / 8, groups * sizeof(TileQ6K)].
 inline at::Tensor tile_q6_k(const at::Tensor& blocks, int64_t cols) {
-  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) % kTileRows == 0, "Q6_K tiles take rows in eights");
-  const int64_t tiles = blocks.size(0) / kTileRows, groups = cols / 256, row_bytes = groups * 210;
-  TORCH_CHECK(blocks.size(1) == row_bytes, "blocks do not fit the type");
-  const at::Tensor in = blocks.contiguous();
-  at::Tensor out = at::zeros({tiles, groups * static_cast<int64_t>(sizeof(TileQ6K))}, in.options());
-  const uint8_t* src = in.data_ptr<uint8_t>();
-  auto* dst = reinterpret_cast<TileQ6K*>(out.data_ptr<uint8_t>());
-  at::parallel_for(0, tiles * groups, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t tile = unit / groups, g = unit % groups;
-      TileQ6K& t = dst[unit];
-      for (int i = 0; i < 8; ++i) {
-        const uint8_t* b = src + (tile * kTileRows + i) * row_bytes + g * 210;
-        alignas(32) uint8_t codes[256];
-        six_bits_128(b, b + 128, codes);
-        six_bits_128(b + 64, b + 160, codes + 128);
-        std::memcpy(&t.d[i], b + 208, 2);
-        for (int j = 0; j < 16; ++j) {
-          t.scales[j / 2][2 * i + j % 2] = static_cast<int8_t>(b[192 + j]);
-          for (int v = 0; v < 16; ++v) {
-            const int code = codes[16 * j + v], quarter = v / 4, c = v % 4;
-            t.low[j][32 * (quarter % 2) + 4 * i + c] |= static_cast<uint8_t>((code & 15) << (4 * (quarter / 2)));
-            t.high[j][4 * i + c] |= static_cast<uint8_t>((code >> 4) << (2 * quarter));
-          }
-        }
+  return repack_tiles<TileQ6K>(blocks, cols, 210, [](TileQ6K& t, int i, const uint8_t* b) {
+    alignas(32) uint8_t codes[256];
+    six_bits_128(b, b + 128, codes);
+    six_bits_128(b + 64, b + 160, codes + 128);
+    std::memcpy(&t.d[i], b + 208, 2);
+    for (int j = 0; j < 16; ++j) {
+      t.scales[j / 2][2 * i + j % 2] = static_cast<int8_t>(b[192 + j]);
+      for (int v = 0; v < 16; ++v) {
+        const int code = codes[16 * j + v], quarter = v / 4, c = v % 4;
+        t.low[j][32 * (quarter % 2) + 4 * i + c] |= static_cast<uint8_t>((code & 15) << (4 * (quarter / 2)));
+        t.high[j][4 * i + c] |= static_cast<uint8_t>((code >> 4) << (2 * quarter));
       }
     }
   });
-  return out;
 }
 
 // Row i of a Q6_K tile in the integer form (`dequantize_rows`).
