@@ -132,9 +132,14 @@ def test_on_a_greedy_answer_head_i_at_row_t_is_labelled_with_the_texts_token_t_p
         for t in range(len(prompt) - 1, length - 2 - i):  # rows whose guessed token is the answer's
             assert int(head_labels(labels, i)[t]) == sample.ids[t + 2 + i]
     torch.testing.assert_close(features.hidden, engine.target_states(list(sample.ids)).to(torch.bfloat16))
-    assert torch.equal(features.labels, target_features(engine, tmp_path, "train", [sample]).labels)
-    assert sorted(p.name for p in (tmp_path / "features").iterdir()) == ["hidden-train-00000.safetensors",
-                                                                        "train-00000.safetensors"]  # fmt: skip
+    # the same prefill wrote the keys and values too: read back, not computed again
+    written = tmp_path / "features" / "train-00000.safetensors"
+    assert sorted(p.name for p in written.parent.iterdir()) == ["hidden-train-00000.safetensors", written.name]
+    before = written.stat().st_mtime_ns
+    kv = target_features(engine, tmp_path, "train", [sample])
+    assert written.stat().st_mtime_ns == before and torch.equal(kv.labels, features.labels)
+    layer = engine.cache.layers[-1]
+    assert torch.equal(kv.keys, layer.keys[0, :, :length].to(torch.bfloat16))
 
 
 def published_checkpoint(directory, heads: TokenSwiftHeads, *, sharded: bool = True) -> dict[str, torch.Tensor]:
@@ -289,8 +294,9 @@ def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path):
     assert summary["steps"] == 2 and summary["gamma"] == 3 and summary["loss_vocab"] == 8192
     assert {"heldout_head1_top1", "heldout_head3_top3", "heldout_chain_tau"} <= set(summary["log"][-1])
     assert (out / "curves.png").stat().st_size > 0
-    assert sorted(p.name for p in (data / "features").iterdir()) == ["hidden-heldout-00000.safetensors",
-                                                                     "hidden-train-00000.safetensors"]  # fmt: skip
+    assert sorted(p.name for p in (data / "features").iterdir()) == [
+        "heldout-00000.safetensors", "hidden-heldout-00000.safetensors", "hidden-train-00000.safetensors",
+        "train-00000.safetensors"]  # fmt: skip
     heads = load_heads(out, target_config=loaded.model.config)
     assert heads.medusa_layers[0].linear.weight.abs().sum() > 0  # trained, not the zero start
 

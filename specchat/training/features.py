@@ -16,10 +16,12 @@ would compute there, except for the target's own attention to the sinks.
 
 Heads that read the target's last hidden state (TokenSwift) train on that state instead: `target_hidden`
 keeps it, with the same labels, in a file set of its own, `<data>/features/hidden-<split>-NNNNN.safetensors`
-(`hidden` [tokens, hidden_size] bf16, `labels`, `starts`), so the key / value files stay as they are and a
-data directory serves either kind of drafter without the other's files. Caching pays for the same reason:
-the target's prefill with its labels (about 720 tokens/s for the default model on 2 cores) is as slow as a
-heads' training step over the full vocabulary (about 800) and ten times slower than one over 8K tokens.
+(`hidden` [tokens, hidden_size] bf16, `labels`, `starts`). One prefill gives both: a chunk computed for either
+kind writes both files, so training LongSpec and TokenSwift on the same data costs one pass over it (for the
+1.5B, ~30 minutes per 400K tokens here) and disk for both (the hidden states are 3 KB a token, its keys and
+values 1 KB). Caching pays for the same reason: the target's prefill with its labels (about 720 tokens/s for
+the default model on 2 cores) is as slow as a heads' training step over the full vocabulary (about 800) and
+ten times slower than one over 8K tokens.
 """
 
 from __future__ import annotations
@@ -95,57 +97,59 @@ def target_features(engine, data: Path, split: str, samples: list[Sample],
 
     `engine` runs the target (`Engine.target_states`); `progress` hears the tokens of each sample computed.
     """
-    return _cached(Features, NAMES, data, split, samples, lambda part: _compute(engine, part, progress), progress)
+    return _cached(Features, engine, data, split, samples, progress)
 
 
 def target_hidden(engine, data: Path, split: str, samples: list[Sample],
                   progress: Callable[[int], None] = lambda _tokens: None) -> HiddenFeatures:  # fmt: skip
     """The target's last hidden states and greedy labels of `samples`, as `target_features` computes and
     keeps its features (files `hidden-<split>-NNNNN.safetensors`)."""
-    return _cached(HiddenFeatures, HIDDEN_NAMES, data, f"hidden-{split}", samples,
-                   lambda part: _compute_hidden(engine, part, progress), progress)  # fmt: skip
+    return _cached(HiddenFeatures, engine, data, split, samples, progress)
 
 
-def _cached(kind, names: tuple[str, ...], data: Path, stem: str, samples: list[Sample],
-            compute: Callable[[list[Sample]], object], progress: Callable[[int], None]):  # fmt: skip
-    """`kind` (Features or HiddenFeatures) of `samples`: each chunk read from `<data>/features/<stem>-NNNNN`
-    when it holds these samples, else `compute(part)` and written."""
+FILES = {Features: ("", NAMES), HiddenFeatures: ("hidden-", HIDDEN_NAMES)}  # each kind's file stem and tensors
+
+
+def _cached(kind, engine, data: Path, split: str, samples: list[Sample], progress: Callable[[int], None]):
+    """`kind` (Features or HiddenFeatures) of `samples`: each chunk read from its file when that holds these
+    samples, else computed with the other kind from one prefill, and both written."""
     folder = data / "features"
     folder.mkdir(exist_ok=True)
+
+    def path(of, index: int) -> Path:
+        return folder / f"{FILES[of][0]}{split}-{index:05d}.safetensors"
+
     chunks = []
     for index, first in enumerate(range(0, len(samples), CHUNK)):
         part = samples[first : first + CHUNK]
-        path = folder / f"{stem}-{index:05d}.safetensors"
-        chunk = _read(kind, names, path, fingerprint(part))
+        chunk = _read(kind, path(kind, index), fingerprint(part))
         if chunk is None:
-            chunk = compute(part)
-            save_file({name: getattr(chunk, name) for name in names}, path, metadata={"fingerprint": fingerprint(part)})
+            computed = _compute(engine, part, progress)
+            for made_kind, made in computed.items():
+                names = FILES[made_kind][1]
+                save_file({name: getattr(made, name) for name in names}, path(made_kind, index),
+                          metadata={"fingerprint": fingerprint(part)})  # fmt: skip
+            chunk = computed[kind]
         else:
             progress(sum(len(sample) for sample in part))
         chunks.append(chunk)
     return concat(chunks) if chunks else kind.empty()
 
 
-def _compute(engine, samples: list[Sample], progress: Callable[[int], None]) -> Features:
-    keys, values, labels = [], [], []
+def _compute(engine, samples: list[Sample], progress: Callable[[int], None]) -> dict[type, Features | HiddenFeatures]:
+    """Both kinds of features of `samples`, from one target prefill per sample."""
+    keys, values, states, labels = [], [], [], []
     for sample in samples:
         hidden = engine.target_states(list(sample.ids))
         layer = engine.cache.layers[-1]
         keys.append(layer.keys[0, :, : len(sample)].to(torch.bfloat16).cpu())
         values.append(layer.values[0, :, : len(sample)].to(torch.bfloat16).cpu())
-        labels.append(greedy_tokens(engine.model, hidden).cpu())
-        progress(len(sample))
-    return Features(torch.cat(keys, dim=1), torch.cat(values, dim=1), torch.cat(labels), _starts(samples))
-
-
-def _compute_hidden(engine, samples: list[Sample], progress: Callable[[int], None]) -> HiddenFeatures:
-    states, labels = [], []
-    for sample in samples:
-        hidden = engine.target_states(list(sample.ids))
         states.append(hidden.to(torch.bfloat16).cpu())
         labels.append(greedy_tokens(engine.model, hidden).cpu())
         progress(len(sample))
-    return HiddenFeatures(torch.cat(states), torch.cat(labels), _starts(samples))
+    labels, starts = torch.cat(labels), _starts(samples)
+    return {Features: Features(torch.cat(keys, dim=1), torch.cat(values, dim=1), labels, starts),
+            HiddenFeatures: HiddenFeatures(torch.cat(states), labels, starts)}  # fmt: skip
 
 
 def _starts(samples: list[Sample]) -> torch.Tensor:
@@ -161,7 +165,8 @@ def greedy_tokens(model, hidden: torch.Tensor, rows: int = 256) -> torch.Tensor:
     return torch.cat([head(norm(part)).argmax(dim=-1) for part in hidden.split(rows)]).to(torch.int32)
 
 
-def _read(kind, names: tuple[str, ...], path: Path, wanted: str):
+def _read(kind, path: Path, wanted: str):
+    names = FILES[kind][1]
     if not path.is_file():
         return None
     try:
