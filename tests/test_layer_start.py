@@ -9,13 +9,21 @@ from tui_harness import tiny_loaded
 
 from specchat.architectures import parts
 from specchat.models.longspec import LongSpecConfig, LongSpecLayer
+from specchat.quant.fused import Rows, fuse_projections
 from specchat.quant.quantized_linear import dense_weight
 from specchat.training.layer_start import start_from_last_layer
 
 
 @pytest.fixture(scope="module")
 def loaded(tokenizer):
-    return tiny_loaded(tokenizer)
+    """The tiny target with its last layer's q/k/v and gate/up fused as the CPU decoder fuses a quantized target's
+    (the projections become `Rows` views of one layer): what a start meets after features were computed."""
+    loaded = tiny_loaded(tokenizer)
+    last = parts(loaded.model).layers[-1]
+    fuse_projections(last.attention, last.qkv_names)
+    fuse_projections(last.mlp, last.gate_up_names)
+    assert isinstance(last.q, Rows) and isinstance(last.mlp.up_proj, Rows)
+    return loaded
 
 
 def _started(model, intermediate: int = 0) -> LongSpecLayer:
@@ -46,7 +54,7 @@ def test_a_full_width_start_is_the_targets_last_layer(loaded):
 def test_a_narrower_mlp_keeps_the_targets_strongest_neurons_in_order(loaded):
     model = loaded.model
     mlp = parts(model).layers[-1].mlp
-    gate, up, down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
+    gate, up, down = (dense_weight(projection) for projection in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
     width = model.config.intermediate_size // 4
     layer = _started(model, intermediate=width)
     kept = [int((gate == row).all(dim=1).nonzero()) for row in layer.mlp.gate_proj.weight]
