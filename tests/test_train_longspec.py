@@ -200,9 +200,8 @@ def test_a_training_set_joins_data_dirs_each_keeping_its_own_features(loaded, tm
 def test_train_longspec_writes_a_checkpoint_that_decodes_losslessly(loaded, tmp_path):
     data = _data_dir(tmp_path / "data")
     out = tmp_path / "draft"
-    summary = train_longspec(loaded, data, out, TrainRecipe(epochs=1, batch=4), vocab=16384, eval_tokens=8,
-                             from_last_layer=True)  # fmt: skip
-    assert summary["steps"] == 2 and summary["trained_vocab"] == 16384 and summary["start"] == "last-layer"
+    summary = train_longspec(loaded, data, out, TrainRecipe(epochs=1, batch=4), vocab=16384, eval_tokens=8)
+    assert summary["steps"] == 2 and summary["trained_vocab"] == 16384
     assert [row["vocab"] for row in summary["vocab_measurements"]] == ["AR", 8192, 16384]
     assert summary["draft_vocab"] in (8192, 16384)
     assert json.loads((out / "training.json").read_text())["draft_vocab"] == summary["draft_vocab"]
@@ -234,5 +233,3 @@ def test_train_longspec_rejects_bad_options_in_one_line(tmp_path, monkeypatch, c
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *two), f"{tmp_path / 'none'} holds no training data")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--epochs", "0"), "--epochs")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--precision", "fp8"), "--precision")
-    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--start", "middle"),
-                          "--start must be random or last-layer, not middle")  # fmt: skip

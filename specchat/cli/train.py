@@ -100,8 +100,6 @@ def train_longspec(
     vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary trained over, most frequent first (0: all); "
                                                        "the shipped one is chosen by measured speed.")] = 0,  # fmt: skip
     intermediate: Annotated[int, typer.Option("--intermediate", help="The draft MLP's width (0: the target's).")] = 0,
-    start: Annotated[str, typer.Option("--start", help="The layer's first weights: random, or last-layer (the "
-                                                       "target's last decoder layer).")] = "random",  # fmt: skip
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     eval_prompts: Annotated[int, typer.Option("--eval-prompts", help="Held-out prompts decoded at the end.")] = 16,
@@ -114,13 +112,10 @@ def train_longspec(
     frozen LM head; then the draft vocabulary whose decoding is fastest here."""
     if eval_prompts < 1 or intermediate < 0:
         raise SpecchatError("--eval-prompts must be at least 1 and --intermediate at least 0")
-    if start not in ("random", "last-layer"):
-        raise SpecchatError(f"--start must be random or last-layer, not {start}")
     from specchat.training.train_longspec import train_longspec as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, eval_prompts=eval_prompts, intermediate=intermediate,
-                             from_last_layer=start == "last-layer")  # fmt: skip
+                             precision, seed, dtype, device, eval_prompts=eval_prompts, intermediate=intermediate)  # fmt: skip
     for row in summary["vocab_measurements"]:
         print(f"  vocab {row['vocab']}: tau {row['tau']:.2f}, {row['tokens_per_second']:.1f} tok/s, {row['speedup']:.2f}x AR")
     print(f"{out}: LongSpec drafter, draft vocabulary {summary['draft_vocab']}; use --drafter longspec:{out}")

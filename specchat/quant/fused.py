@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from specchat.quant.formats import layer_format
-from specchat.quant.quantized_linear import QuantizedLinear, dense_weight
+from specchat.quant.quantized_linear import QuantizedLinear
 
 
 class Rows(nn.Module):
@@ -34,13 +34,7 @@ class Rows(nn.Module):
         return self.fused(x)[..., self.start : self.end]
 
     def dequantize(self) -> torch.Tensor:
-        """This projection's weight matrix [out, in] (dequantized where the fused layer is quantized)."""
-        return dense_weight(self.fused)[self.start : self.end]
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        bias = self.fused.bias
-        return None if bias is None else bias[self.start : self.end]
+        return self.fused.dequantize()[self.start : self.end]
 
 
 class Side(nn.Module):

@@ -32,6 +32,5 @@ class QuantizedLinear(nn.Module):
 
 
 def dense_weight(layer: nn.Module) -> torch.Tensor:
-    """A linear layer's weight matrix [out, in]: a dense layer's own, else dequantized (a quantized layer, or one
-    projection of a fused layer, `fused.Rows`)."""
-    return layer.weight if isinstance(layer, nn.Linear) else layer.dequantize()
+    """A linear layer's weight matrix [out, in], dequantized where it is quantized."""
+    return layer.dequantize() if isinstance(layer, QuantizedLinear) else layer.weight

@@ -14,7 +14,6 @@ import torch
 from specchat.architectures import parts
 from specchat.engine.generate import eos_ids
 from specchat.models.longspec import LongSpecConfig, LongSpecLayer, save_longspec
-from specchat.training.layer_start import start_from_last_layer
 from specchat.training.longspec import LongSpecObjective
 from specchat.training.pipeline import Trainee, quiet_stage, train_drafter
 from specchat.training.trainer import TrainRecipe
@@ -24,7 +23,7 @@ from specchat.training.vocab_choice import VOCAB_SIZES, best_vocab, measure_voca
 
 
 def train_longspec(loaded, data: Path | list[Path], out: Path, recipe: TrainRecipe, *, vocab: int = 0,
-                   intermediate: int = 0, from_last_layer: bool = False, eval_prompts: int = 16, eval_tokens: int = 128, stage=quiet_stage,
+                   intermediate: int = 0, eval_prompts: int = 16, eval_tokens: int = 128, stage=quiet_stage,
                    **pipeline) -> dict:  # fmt: skip
     """Train, choose the draft vocabulary, write the checkpoint and its summary to `out`; returns the summary.
 
@@ -32,7 +31,6 @@ def train_longspec(loaded, data: Path | list[Path], out: Path, recipe: TrainReci
     sizes up to it, decoding `eval_prompts` held-out prompts for `eval_tokens` tokens with each).
     `intermediate` is the draft MLP's width (0: the target's, as LongSpec's layer has): a narrower one trains
     and drafts faster on a CPU, and keeps a 1.5B target's draft under 40 MB in bf16.
-    `from_last_layer`: the layer starts as the target's last decoder layer (`layer_start.py`), not at random.
     `stage` and `pipeline`: `train_drafter`'s options.
     """
     model = loaded.model
@@ -43,8 +41,6 @@ def train_longspec(loaded, data: Path | list[Path], out: Path, recipe: TrainReci
         trained_vocab = frequent_tokens(data_set.answers, vocab, vocab_size, always=eos)
         torch.manual_seed(recipe.seed)
         layer = LongSpecLayer(LongSpecConfig.for_target(model.config, intermediate=intermediate)).to(model.device)
-        if from_last_layer:
-            start_from_last_layer(layer, model)
         reduced = None if len(trained_vocab) == vocab_size else trained_vocab
         objective = LongSpecObjective(layer, target_embeddings(model), target_head(model), trained_vocab,
                                       parts(model).rotary, model.config.max_position_embeddings)  # fmt: skip
@@ -66,8 +62,7 @@ def train_longspec(loaded, data: Path | list[Path], out: Path, recipe: TrainReci
             objective=objective,
             save=lambda: save_longspec(out, layer, reduced, dtype=torch.bfloat16),  # the vocabulary trained over
             title=f"LongSpec drafter for {loaded.source.name}",
-            summary={"trained_vocab": len(trained_vocab), "intermediate_size": layer.config.intermediate_size,
-                     "start": "last-layer" if from_last_layer else "random"},  # fmt: skip
+            summary={"trained_vocab": len(trained_vocab), "intermediate_size": layer.config.intermediate_size},
             finish=choose_vocab,
         )
 
