@@ -39,8 +39,6 @@ from specchat.architectures import parts
 from specchat.training.samples import Sample, fingerprint
 
 CHUNK = 16  # samples per features file: a few minutes of the 1.5B's prefill here, what a stop can lose
-NAMES = ("keys", "values", "labels", "starts")
-HIDDEN_NAMES = ("hidden", "labels", "starts")
 
 
 class SampleFeatures(NamedTuple):
@@ -107,7 +105,9 @@ def target_hidden(engine, data: Path, split: str, samples: list[Sample],
     return _cached(HiddenFeatures, engine, data, split, samples, progress)
 
 
-FILES = {Features: ("", NAMES), HiddenFeatures: ("hidden-", HIDDEN_NAMES)}  # each kind's file stem and tensors
+# each kind's file stem and the tensors its files hold
+FILES = {Features: ("", ("keys", "values", "labels", "starts")),
+         HiddenFeatures: ("hidden-", ("hidden", "labels", "starts"))}  # fmt: skip
 
 
 def _cached(kind, engine, data: Path, split: str, samples: list[Sample], progress: Callable[[int], None]):
@@ -122,13 +122,14 @@ def _cached(kind, engine, data: Path, split: str, samples: list[Sample], progres
     chunks = []
     for index, first in enumerate(range(0, len(samples), CHUNK)):
         part = samples[first : first + CHUNK]
-        chunk = _read(kind, path(kind, index), fingerprint(part))
+        wanted = fingerprint(part)
+        chunk = _read(kind, path(kind, index), wanted)
         if chunk is None:
             computed = _compute(engine, part, progress)
             for made_kind, made in computed.items():
                 names = FILES[made_kind][1]
                 save_file({name: getattr(made, name) for name in names}, path(made_kind, index),
-                          metadata={"fingerprint": fingerprint(part)})  # fmt: skip
+                          metadata={"fingerprint": wanted})  # fmt: skip
             chunk = computed[kind]
         else:
             progress(sum(len(sample) for sample in part))
