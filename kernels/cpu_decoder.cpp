@@ -8,11 +8,13 @@
 // Exactness: every row's attention sums over its keys in position order (the committed prefix, then its
 // ancestors by depth, itself last) with a fixed lane layout, so a verified tree node gets bitwise what a
 // decode step at its position gets, whatever the tree around it. The norms and elementwise parts are per
-// row; the 4-bit kernel computes each row on its own (tested in tests/test_quant.py).
+// row; the 4-bit kernel computes each row on its own (tested in tests/test_quant.py). A bf16 cache is read in
+// bf16 dot-product arithmetic (bf16_dots.h), its value rows summed in pairs by their index in that order.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "bf16_dots.h"
 #include "gguf_blocks.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -302,6 +304,32 @@ inline void add_weighted(const float* const (&weights)[Q], const float* rows, in
 #endif
 }
 
+// row[0, n) = softmax(row[0, n)): the maximum and the sum of exponentials kept in lanes by key index.
+inline void softmax(float* row, int64_t n) {
+  float lanes[LANES];
+  std::fill_n(lanes, LANES, row[0]);
+  int64_t p = 0;
+  for (; p + LANES <= n; p += LANES) {
+    for (int l = 0; l < LANES; ++l) lanes[l] = std::max(lanes[l], row[p + l]);
+  }
+  for (int l = 0; p < n; ++p, ++l) lanes[l] = std::max(lanes[l], row[p]);
+  const float top = *std::max_element(lanes, lanes + LANES);
+  std::fill_n(lanes, LANES, 0.0f);
+  p = 0;
+  for (; p + LANES <= n; p += LANES) {
+    for (int l = 0; l < LANES; ++l) {
+      row[p + l] = exp_approx(row[p + l] - top);
+      lanes[l] += row[p + l];
+    }
+  }
+  for (int l = 0; p < n; ++p, ++l) {
+    row[p] = exp_approx(row[p] - top);
+    lanes[l] += row[p];
+  }
+  const float inverse = 1.0f / lane_total(lanes);
+  for (int64_t q = 0; q < n; ++q) row[q] *= inverse;
+}
+
 // Attention of `rows` consecutive rows for one KV head's group of query heads (queries [rows][heads][DIM] fp32
 // from the group's first head). Row r sees the cache slots [0, prefix) then tails[r]; the prefix keys are
 // converted once for all rows. Per query, scores are computed key by key, the softmax sums lanes by key
@@ -374,32 +402,7 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
   for (int64_t r = 0; r < rows; ++r) {
     score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
   }
-  for (int64_t i = 0; i < count; ++i) {
-    float* row = scores.data() + i * width;
-    const int64_t n = prefix + static_cast<int64_t>(tails[i / group].size());
-    float lanes[LANES];
-    std::fill_n(lanes, LANES, row[0]);
-    int64_t p = 0;
-    for (; p + LANES <= n; p += LANES) {
-      for (int l = 0; l < LANES; ++l) lanes[l] = std::max(lanes[l], row[p + l]);
-    }
-    for (int l = 0; p < n; ++p, ++l) lanes[l] = std::max(lanes[l], row[p]);
-    const float top = *std::max_element(lanes, lanes + LANES);
-    std::fill_n(lanes, LANES, 0.0f);
-    p = 0;
-    for (; p + LANES <= n; p += LANES) {
-      for (int l = 0; l < LANES; ++l) {
-        row[p + l] = exp_approx(row[p + l] - top);
-        lanes[l] += row[p + l];
-      }
-    }
-    for (int l = 0; p < n; ++p, ++l) {
-      row[p] = exp_approx(row[p] - top);
-      lanes[l] += row[p];
-    }
-    const float inverse = 1.0f / lane_total(lanes);
-    for (int64_t q = 0; q < n; ++q) row[q] *= inverse;
-  }
+  for (int64_t i = 0; i < count; ++i) softmax(scores.data() + i * width, prefix + tails[i / group].size());
   add_values(nullptr, prefix, 0, count, 0);
   for (int64_t r = 0; r < rows; ++r) {
     add_values(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
@@ -407,6 +410,110 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
   for (int64_t i = 0; i < count; ++i) {
     T* dst = out + ((i / group) * heads + i % group) * DIM;
     for (int d = 0; d < DIM; ++d) dst[d] = store<T>(accumulator[i * DIM + d]);
+  }
+}
+
+// `attend` on a bf16 cache in bf16 dot-product arithmetic (bf16_dots.h): the query rounded to bf16 for the scores,
+// the softmax weights rounded to bf16 for the value sums, keys and values read as the cache holds them. Value
+// rows are summed in pairs by their index in the row's key sequence (the prefix, then its tail), so a tree row
+// pairs its keys as a decode step at its position does: an odd prefix's last key pairs with the tail's first.
+template <int DIM>
+void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::BFloat16* value_cache,
+                 const std::vector<int64_t>* tails, int64_t prefix, int64_t rows, int64_t heads, int64_t group,
+                 float scale, at::BFloat16* out) {
+  using bf16_dots::add_pairs;
+  using bf16_dots::dots16;
+  constexpr int64_t PAIRS = 2 * LANES;  // value pairs interleaved at a time
+  constexpr int64_t kPrefetchTiles = 4;  // how many tiles ahead the stream of cache rows is prefetched
+  const auto* keys = reinterpret_cast<const uint16_t*>(key_cache);
+  const auto* values = reinterpret_cast<const uint16_t*>(value_cache);
+  const int64_t count = rows * group;  // queries
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) longest = std::max<int64_t>(longest, static_cast<int64_t>(tails[r].size()));
+  const int64_t width = prefix + longest, paired = (width + 2) & ~int64_t{1};  // weights padded to whole pairs
+  std::vector<float> scores(count * width), accumulator(count * DIM, 0.0f);
+  std::vector<uint16_t> query16(count * DIM), weights16(count * paired, 0), key_tile(LANES * DIM), zeros(DIM, 0);
+  std::vector<uint32_t> pair_tile(PAIRS * DIM);
+  float block[2 * LANES];
+  for (int64_t i = 0; i < count; ++i) {
+    bf16_dots::round_bf16(queries + ((i / group) * heads + i % group) * DIM, query16.data() + i * DIM, DIM);
+  }
+  const auto query = [&](int64_t i) { return query16.data() + i * DIM; };
+  const auto prefetch = [&](const uint16_t* cache, int64_t first, int64_t rows_ahead) {
+    const char* ahead = reinterpret_cast<const char*>(cache + first * DIM);
+    for (int64_t byte = 0; byte < rows_ahead * DIM * 2; byte += 64) __builtin_prefetch(ahead + byte, 0, 2);
+  };
+  auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
+    for (int64_t b = 0; b < n; b += LANES) {
+      const int64_t filled = std::min<int64_t>(LANES, n - b);
+      const uint16_t* tile = key_tile.data();
+      if (!slots) prefetch(keys, b + kPrefetchTiles * LANES, LANES);
+      if (!slots && filled == LANES) {
+        tile = keys + b * DIM;  // read in place
+      } else {
+        for (int64_t i = 0; i < LANES; ++i) {
+          const uint16_t* row = i < filled ? keys + (slots ? slots[b + i] : b + i) * DIM : zeros.data();
+          std::copy(row, row + DIM, key_tile.begin() + i * DIM);
+        }
+      }
+      const auto keep = [&](int64_t i, const float* block) {
+        float* row = scores.data() + i * width + offset + b;
+        for (int64_t j = 0; j < filled; ++j) row[j] = block[j] * scale;
+      };
+      int64_t i = first_query;
+      for (; i + 2 <= last_query; i += 2) {  // two queries per pass over the tile
+        dots16<DIM, 2>({query(i), query(i + 1)}, tile, {block, block + LANES});
+        keep(i, block);
+        keep(i + 1, block + LANES);
+      }
+      if (i < last_query) {
+        dots16<DIM, 1>({query(i)}, tile, {block});
+        keep(i, block);
+      }
+    }
+  };
+  // The value rows at sequence indices [start, start + n) (cache rows through `slots` when given, else
+  // consecutive from `start`; n even, or odd with a zero row after the last) into the queries' sums.
+  auto add_values = [&](const int64_t* slots, int64_t start, int64_t n, int64_t first_query, int64_t last_query) {
+    for (int64_t b = 0; b < n; b += 2 * PAIRS) {
+      const int64_t pairs = std::min<int64_t>(PAIRS, (n - b + 1) / 2);
+      if (!slots) prefetch(values, start + b + kPrefetchTiles * 2 * PAIRS, 2 * PAIRS);
+      const auto row = [&](int64_t i) {
+        return i >= n ? zeros.data() : values + (slots ? slots[i] : start + i) * DIM;
+      };
+      for (int64_t m = 0; m < pairs; ++m) {
+        bf16_dots::interleave<DIM>(row(b + 2 * m), row(b + 2 * m + 1), pair_tile.data() + m * DIM);
+      }
+      const auto weights = [&](int64_t i) {
+        return reinterpret_cast<const uint32_t*>(weights16.data() + i * paired + start + b);
+      };
+      int64_t i = first_query;
+      for (; i + 2 <= last_query; i += 2) {  // two queries per pass over the pairs
+        add_pairs<DIM, 2>({weights(i), weights(i + 1)}, pair_tile.data(), pairs,
+                          {accumulator.data() + i * DIM, accumulator.data() + (i + 1) * DIM});
+      }
+      if (i < last_query) add_pairs<DIM, 1>({weights(i)}, pair_tile.data(), pairs, {accumulator.data() + i * DIM});
+    }
+  };
+  score_keys(nullptr, prefix, 0, count, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t n = prefix + static_cast<int64_t>(tails[i / group].size());
+    softmax(scores.data() + i * width, n);
+    bf16_dots::round_bf16(scores.data() + i * width, weights16.data() + i * paired, n);
+  }
+  const int64_t even = prefix & ~int64_t{1};  // the prefix's whole pairs; an odd prefix's last key joins each tail
+  add_values(nullptr, 0, even, 0, count);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> sequence(prefix - even, prefix - 1);
+    sequence.insert(sequence.end(), tails[r].begin(), tails[r].end());
+    add_values(sequence.data(), even, sequence.size(), r * group, (r + 1) * group);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    at::BFloat16* dst = out + ((i / group) * heads + i % group) * DIM;
+    for (int d = 0; d < DIM; ++d) dst[d] = store<at::BFloat16>(accumulator[i * DIM + d]);
   }
 }
 
@@ -457,8 +564,13 @@ void attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& s
       const auto* rows_tails = tails->data() + first;
       T* o = out_data + (first * heads + g * group) * dim;
       const float s = static_cast<float>(decoder.scale);
-      if (dim == 64) attend<T, 64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-      else attend<T, 128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+      if constexpr (std::is_same_v<T, at::BFloat16>) {
+        if (dim == 64) attend_bf16<64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+        else attend_bf16<128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+      } else {
+        if (dim == 64) attend<T, 64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+        else attend<T, 128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+      }
     }
   };
   at::parallel_for(0, kv_heads * chunks, cost > 4096 ? 1 : kv_heads * chunks, run);

@@ -89,15 +89,18 @@ def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
 
 
 def test_bench_logits_scores_the_embedded_model_against_its_dequantized_weights():
-    """Our kernels on the Q4_1 blocks against gguf-py's dequantization run in fp32: a broken block layout or
-    scale would put the top token wrong at most positions and the KL far above bf16's rounding."""
+    """Our kernels on the Q4_1 blocks against gguf-py's dequantization run in fp32, as a prefill and a decode step
+    at a time: a broken block layout, scale or attention would put the top token wrong at most positions and the
+    KL far above bf16's rounding."""
     from specchat.bench.logits import logits_accuracy, text_ids
     from specchat.loading import load_model
 
     loaded = load_model(None, dtype="auto", device="cpu")
-    [row] = logits_accuracy(loaded, embedded_gguf_path(), text_ids(loaded.tokenizer, 48), llamacpp=False)
-    assert row.tokens == 48 and row.source.startswith("specchat (q4_1")
-    assert row.mean_kl < 0.02 and row.top1_agreement > 0.85 and 0 < row.rms_error < 0.5
+    rows = logits_accuracy(loaded, embedded_gguf_path(), text_ids(loaded.tokenizer, 48), llamacpp=False)
+    assert [row.source.split(", ")[-1] for row in rows] == ["prefill)", "decode)"]
+    for row in rows:
+        assert row.tokens == 48 and row.source.startswith("specchat (q4_1")
+        assert row.mean_kl < 0.02 and row.top1_agreement > 0.85 and 0 < row.rms_error < 0.5
 
 
 def test_the_llamacpp_baseline_grows_its_context_to_the_prompt(tokenizer):

@@ -3,7 +3,8 @@ llama.cpp's on the same file.
 
 The reference is the file's weights dequantized by gguf-py (transformers' GGUF loader) and run densely in
 fp32: what the quantized model computes with no rounding but the quantization's own. Ours come from the
-engine's forward on the blocks (bf16 or fp32 activations, as `--dtype` says); llama.cpp's from
+engine's forward on the blocks (bf16 or fp32 activations, as `--dtype` says), twice: as one prefill, and a
+decode step at a time (the arithmetic every generated token and verified tree row gets); llama.cpp's from
 llama-cpp-python with `logits_all`. Each is scored against the reference at every position of a real text:
 mean KL divergence (nats), how often the top token agrees, and the largest and root-mean-square logit error.
 """
@@ -32,7 +33,8 @@ class LogitsRow:
 def logits_accuracy(loaded, path: Path, ids: list[int], *, llamacpp: bool) -> list[LogitsRow]:
     """`loaded`: the GGUF at `path` on its own blocks; `ids`: the text's token ids."""
     reference = _reference_logits(path, loaded, ids)
-    rows = [_score(f"specchat ({loaded.weights}, {loaded.dtype})", _our_logits(loaded, ids), reference)]
+    rows = [_score(f"specchat ({loaded.weights}, {loaded.dtype}, {way})", _our_logits(loaded, ids, way), reference)
+            for way in ("prefill", "decode")]
     if llamacpp:
         rows.append(_score("llama.cpp", _llamacpp_logits(path, ids), reference))
     return rows
@@ -67,11 +69,11 @@ def _reference_logits(path: Path, loaded, ids: list[int]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def _our_logits(loaded, ids: list[int]) -> torch.Tensor:
+def _our_logits(loaded, ids: list[int], way: str) -> torch.Tensor:
     from specchat.engine.generate import Engine
 
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(ids) + 1)
-    hidden = engine.target_states(ids)
+    hidden = engine.target_states(ids) if way == "prefill" else engine.decode_states(ids)
     decoder = parts(loaded.model)
     return decoder.head(decoder.norm(hidden)).float()
 

@@ -256,6 +256,18 @@ class Engine:
         self.length = len(ids)
         return hidden
 
+    def decode_states(self, ids: list[int]) -> torch.Tensor:
+        """`target_states` computed one decode step at a time, as generated tokens and verified tree rows get
+        them (a prefill's blocked attention may round otherwise): [len(ids), hidden_size]."""
+        self.cache.truncate(0)
+        hidden = []
+        for token in torch.tensor(ids, dtype=torch.long, device=self.device):
+            hidden.append(self._forward(token[None])[1])
+            self.cache.commit()
+        self.ids[: len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self.length = len(ids)
+        return torch.cat(hidden)
+
     def _draft_forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: TreeCache):
         """`TargetView.forward`: a causal forward over another cache (or this one, left pending)."""
         return self._forward(tokens, positions=positions, cache=cache)
