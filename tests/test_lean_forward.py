@@ -84,11 +84,15 @@ def _chain(nodes: int) -> DraftTree:
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("quantize", [None, "int4", "int8"])
+@pytest.mark.parametrize(("dtype", "quantize"), [
+    (torch.bfloat16, None), (torch.bfloat16, "int4"), (torch.bfloat16, "int8"),  # bf16 dot-product attention
+    (torch.float16, "int4"), (torch.float32, "int4"),  # the other cache precisions (fp32 arithmetic; dense fp32
+])  # fmt: skip                                             # matmuls are not row-independent, int4 ones are)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("prefix", [1, 15, 63, 130])  # key counts on both sides of the 16- and 64-key blocks
-def test_each_verified_row_is_bitwise_its_decode_step(quantize, head_dim, prefix):
-    model = _model("llama", torch.bfloat16, quantize=quantize, head_dim=head_dim)
+def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, head_dim, prefix):
+    model = _model("llama", dtype, quantize=quantize, head_dim=head_dim)
+    use_attention(model, "canonical")
     lean = lean_forward(model)
     assert lean is not None
     prompt = torch.randint(3, 1000, (prefix,), generator=torch.Generator().manual_seed(prefix))

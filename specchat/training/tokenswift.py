@@ -67,13 +67,14 @@ class TokenSwiftObjective:
             right = torch.zeros(gamma, length, dtype=torch.bool, device=self.device)  # [head, row]: argmax right
             for i, states in enumerate(self._forward(sample_features)):
                 wanted = head_labels(labels, i)
-                logits = (states[: len(wanted)] @ self.full_head.T).float()
-                top = logits.topk(TOP_K, dim=-1).indices == wanted[:, None]  # [rows, k]
                 scored = guessed_answer_rows(sample, i, self.device)[: len(wanted)]
-                right[i, : len(wanted)] = top[:, 0] & scored
-                loss_sum += float(F.cross_entropy(logits[scored], wanted[scored], reduction="sum"))
-                hits[i] += top[scored].cumsum(-1).clamp(max=1).sum(0).cpu()
-                counts[i] += int(scored.sum())
+                wanted = wanted[scored]  # only these rows are scored: the whole head's logits of the others go unused
+                logits = (states[: len(scored)][scored] @ self.full_head.T).float()
+                top = logits.topk(TOP_K, dim=-1).indices == wanted[:, None]  # [scored rows, k]
+                right[i, : len(scored)][scored] = top[:, 0]
+                loss_sum += float(F.cross_entropy(logits, wanted, reduction="sum"))
+                hits[i] += top.cumsum(-1).clamp(max=1).sum(0).cpu()
+                counts[i] += len(wanted)
             if sample.greedy:
                 root_rows = answer_rows(sample, self.device)
                 runs = right.int().cumprod(0).sum(0)  # [length]: heads right in a row from head 0
