@@ -92,7 +92,7 @@ def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = 
     hidden, intermediate, heads, kv_heads, dim = 256, 512, 4, 2, 64
     writer = GGUFWriter(str(path), architecture)
     vocab = tokenizer_fields(writer, tokenizer_source)
-    writer.add_context_length(2048)
+    writer.add_context_length(4096)  # room for the 3K-token tests
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
     writer.add_feed_forward_length(intermediate)

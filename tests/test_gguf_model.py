@@ -80,6 +80,20 @@ def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
         assert events[-1].stats.accepted > 0
 
 
+@pytest.mark.parametrize("context", [3001, 3072])  # an odd and an even prefix: bf16 value rows go in pairs
+def test_speculation_equals_autoregressive_after_3k_tokens(tiny_gguf, context):
+    """Verified trees read a 3K-token cache through the same attention as decode steps (the long-context case)."""
+    loaded = load_model(str(tiny_gguf))
+    prompt = torch.randint(3, 2000, (context - 200,), generator=torch.Generator().manual_seed(2)).tolist()
+    prompt += prompt[:200]
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=context + 64)
+    expected = generate(engine, prompt, 48, GREEDY)
+    engine.set_drafter(RandomTreeDrafter(vocab_size=2000, seed=4, reference=prompt + expected, p_correct=0.8), 16)
+    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=48, reproducible=True))
+    assert [t for event in events for t in event.tokens] == expected
+    assert events[-1].stats.accepted > 0
+
+
 def test_embedded_llama_file_on_the_block_kernels_matches_torch_int4():
     """The embedded file (llama: q/k rows un-permuted) through GGUFLinear gives the logits of its torch-int4
     load (bf16 activations there, int8 here) to within int8 activation rounding. That rounding flips chaotically
