@@ -23,6 +23,8 @@
 #define BF16_DOTS_NATIVE 1
 #endif
 
+#include "lane_pairs.h"
+
 namespace bf16_dots {
 
 constexpr int LANES = 16;
@@ -73,13 +75,8 @@ inline void dots16(const uint16_t* const (&q)[Q], const uint16_t* tile, float* c
   static_assert(DIM % 32 == 0, "a key is whole 32-value vectors");
 #ifdef BF16_DOTS_NATIVE
   constexpr int kVectors = DIM / 32;
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  const auto pair = [&](__m512 a, __m512 b) {
-    return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
-  };
+  LanePairs<Q> pairs;
   __m512bh query[Q][kVectors];
-  __m512 pending[Q][4];  // pending[level]: a sum waiting for its pair at that level
   for (int j = 0; j < Q; ++j)
     for (int c = 0; c < kVectors; ++c) query[j][c] = (__m512bh)_mm512_loadu_si512(q[j] + 32 * c);
 #pragma GCC unroll 16
@@ -90,15 +87,7 @@ inline void dots16(const uint16_t* const (&q)[Q], const uint16_t* tile, float* c
       const __m512bh key = (__m512bh)_mm512_loadu_si512(tile + i * DIM + 32 * c);
       for (int j = 0; j < Q; ++j) sum[j] = _mm512_dpbf16_ps(sum[j], query[j][c], key);
     }
-    for (int level = 0, k = i; level < 4; ++level, k >>= 1) {
-      if ((k & 1) == 0) {
-        for (int j = 0; j < Q; ++j) pending[j][level] = sum[j];
-        break;
-      }
-      for (int j = 0; j < Q; ++j) sum[j] = pair(pending[j][level], sum[j]);
-      if (level == 3)  // the last key: lane k of the pairs' last sum is key k's score
-        for (int j = 0; j < Q; ++j) _mm512_storeu_ps(scores[j], sum[j]);
-    }
+    pairs.add(i, sum, scores);
   }
 #else
   for (int j = 0; j < Q; ++j) {

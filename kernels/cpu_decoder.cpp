@@ -16,6 +16,7 @@
 
 #include "bf16_dots.h"
 #include "gguf_blocks.h"
+#include "lane_pairs.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -202,12 +203,8 @@ inline void dots16(const float* const (&q)[Q], const float* tile, float* const (
   constexpr int dim = DIM;
 #if defined(__AVX512F__)
   constexpr int kVectors = DIM / LANES;
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  const auto pair = [&](__m512 a, __m512 b) {
-    return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
-  };
-  __m512 query[Q][kVectors], pending[Q][4];  // pending[level]: a sum waiting for its pair at that level
+  LanePairs<Q> pairs;
+  __m512 query[Q][kVectors];
   for (int j = 0; j < Q; ++j)
     for (int c = 0; c < kVectors; ++c) query[j][c] = _mm512_loadu_ps(q[j] + LANES * c);
 #pragma GCC unroll 16
@@ -218,15 +215,7 @@ inline void dots16(const float* const (&q)[Q], const float* tile, float* const (
       const __m512 key = _mm512_loadu_ps(tile + i * dim + LANES * c);
       for (int j = 0; j < Q; ++j) sum[j] = _mm512_fmadd_ps(query[j][c], key, sum[j]);
     }
-    for (int level = 0, k = i; level < 4; ++level, k >>= 1) {
-      if ((k & 1) == 0) {
-        for (int j = 0; j < Q; ++j) pending[j][level] = sum[j];
-        break;
-      }
-      for (int j = 0; j < Q; ++j) sum[j] = pair(pending[j][level], sum[j]);
-      if (level == 3)  // the last key: lane k of the pairs' last sum is key k's score
-        for (int j = 0; j < Q; ++j) _mm512_storeu_ps(scores[j], sum[j]);
-    }
+    pairs.add(i, sum, scores);
   }
 #elif defined(__AVX2__) && defined(__FMA__)
   for (int j = 0; j < Q; ++j) {
@@ -330,6 +319,15 @@ inline void softmax(float* row, int64_t n) {
   for (int64_t q = 0; q < n; ++q) row[q] *= inverse;
 }
 
+// f(i, Q) for the queries [first, last): two at a time (one pass over a tile serves both), then one left over;
+// Q a std::integral_constant, so f instantiates its kernels for 2 and 1 queries.
+template <typename F>
+inline void queries_in_twos(int64_t first, int64_t last, F&& f) {
+  int64_t i = first;
+  for (; i + 2 <= last; i += 2) f(i, std::integral_constant<int, 2>{});
+  if (i < last) f(i, std::integral_constant<int, 1>{});
+}
+
 // Attention of `rows` consecutive rows for one KV head's group of query heads (queries [rows][heads][DIM] fp32
 // from the group's first head). Row r sees the cache slots [0, prefix) then tails[r]; the prefix keys are
 // converted once for all rows. Per query, scores are computed key by key, the softmax sums lanes by key
@@ -373,16 +371,14 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
         float* row = scores.data() + i * width + offset + b;
         for (int64_t j = 0; j < filled; ++j) row[j] = block[j] * scale;
       };
-      int64_t i = first_query;
-      for (; i + 2 <= last_query; i += 2) {  // two queries per pass over the tile
-        dots16<DIM, 2>({query(i), query(i + 1)}, keys_tile, {block, block + LANES});
-        keep(i, block);
-        keep(i + 1, block + LANES);
-      }
-      if (i < last_query) {
-        dots16<DIM, 1>({query(i)}, keys_tile, {block});
-        keep(i, block);
-      }
+      queries_in_twos(first_query, last_query, [&](int64_t i, auto count) {
+        constexpr int Q = decltype(count)::value;
+        const float* q[Q];
+        float* out[Q];
+        for (int j = 0; j < Q; ++j) q[j] = query(i + j), out[j] = block + j * LANES;
+        dots16<DIM, Q>(q, keys_tile, out);
+        for (int j = 0; j < Q; ++j) keep(i + j, out[j]);
+      });
     }
   };
   auto add_values = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
@@ -390,12 +386,13 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
       const int64_t filled = std::min<int64_t>(BLOCK, n - b);
       const float* values_tile = rows_at(values, slots, b, filled, filled);
       const auto weights = [&](int64_t i) { return scores.data() + i * width + offset + b; };
-      int64_t i = first_query;
-      for (; i + 2 <= last_query; i += 2) {  // two queries per pass over the tile: each row loaded once for both
-        add_weighted<DIM, 2>({weights(i), weights(i + 1)}, values_tile, filled,
-                             {accumulator.data() + i * DIM, accumulator.data() + (i + 1) * DIM});
-      }
-      if (i < last_query) add_weighted<DIM, 1>({weights(i)}, values_tile, filled, {accumulator.data() + i * DIM});
+      queries_in_twos(first_query, last_query, [&](int64_t i, auto count) {
+        constexpr int Q = decltype(count)::value;
+        const float* w[Q];
+        float* acc[Q];
+        for (int j = 0; j < Q; ++j) w[j] = weights(i + j), acc[j] = accumulator.data() + (i + j) * DIM;
+        add_weighted<DIM, Q>(w, values_tile, filled, acc);
+      });
     }
   };
   score_keys(nullptr, prefix, 0, count, 0);
@@ -460,16 +457,14 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
         float* row = scores.data() + i * width + offset + b;
         for (int64_t j = 0; j < filled; ++j) row[j] = block[j] * scale;
       };
-      int64_t i = first_query;
-      for (; i + 2 <= last_query; i += 2) {  // two queries per pass over the tile
-        dots16<DIM, 2>({query(i), query(i + 1)}, tile, {block, block + LANES});
-        keep(i, block);
-        keep(i + 1, block + LANES);
-      }
-      if (i < last_query) {
-        dots16<DIM, 1>({query(i)}, tile, {block});
-        keep(i, block);
-      }
+      queries_in_twos(first_query, last_query, [&](int64_t i, auto count) {
+        constexpr int Q = decltype(count)::value;
+        const uint16_t* q[Q];
+        float* out[Q];
+        for (int j = 0; j < Q; ++j) q[j] = query(i + j), out[j] = block + j * LANES;
+        dots16<DIM, Q>(q, tile, out);
+        for (int j = 0; j < Q; ++j) keep(i + j, out[j]);
+      });
     }
   };
   // The value rows at sequence indices [start, start + n) (cache rows through `slots` when given, else
@@ -487,12 +482,13 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
       const auto weights = [&](int64_t i) {
         return reinterpret_cast<const uint32_t*>(weights16.data() + i * paired + start + b);
       };
-      int64_t i = first_query;
-      for (; i + 2 <= last_query; i += 2) {  // two queries per pass over the pairs
-        add_pairs<DIM, 2>({weights(i), weights(i + 1)}, pair_tile.data(), pairs,
-                          {accumulator.data() + i * DIM, accumulator.data() + (i + 1) * DIM});
-      }
-      if (i < last_query) add_pairs<DIM, 1>({weights(i)}, pair_tile.data(), pairs, {accumulator.data() + i * DIM});
+      queries_in_twos(first_query, last_query, [&](int64_t i, auto count) {
+        constexpr int Q = decltype(count)::value;
+        const uint32_t* w[Q];
+        float* acc[Q];
+        for (int j = 0; j < Q; ++j) w[j] = weights(i + j), acc[j] = accumulator.data() + (i + j) * DIM;
+        add_pairs<DIM, Q>(w, pair_tile.data(), pairs, acc);
+      });
     }
   };
   score_keys(nullptr, prefix, 0, count, 0);
