@@ -259,12 +259,13 @@ class Engine:
     def decode_states(self, ids: list[int]) -> torch.Tensor:
         """`target_states` computed one decode step at a time, as generated tokens and verified tree rows get
         them (a prefill's blocked attention may round otherwise): [len(ids), hidden_size]."""
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         self.cache.truncate(0)
         hidden = []
-        for token in torch.tensor(ids, dtype=torch.long, device=self.device):
+        for token in tokens:
             hidden.append(self._forward(token[None])[1])
             self.cache.commit()
-        self.ids[: len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self.ids[: len(ids)] = tokens
         self.length = len(ids)
         return torch.cat(hidden)
 
