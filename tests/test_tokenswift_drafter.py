@@ -123,19 +123,47 @@ def test_tree_is_1_3_3_3_with_ngram_chains():
     assert _tree(probs, table, 0, "tokenswift").tokens == []
 
 
-@pytest.mark.parametrize("kv_budget", [0, 40])
+def test_tree_without_the_draft_forward_is_3_3_3_below_the_root():
+    probs = torch.full((3, VOCAB), 1e-4)
+    for row in range(3):
+        probs[row, [20 + row, 30 + row, 40 + row]] = torch.tensor([0.5, 0.3, 0.1])
+    table = NgramTable(lag=0)
+    table.add([10, 50, 51, 52, 7, 10, 50, 51, 52, 7, 10])
+    tree = _tree(probs, table, 64, "tokenswift", root=10)
+    paths = {tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))}
+    assert sum(o == "tokenswift" for o in tree.origins) == 3 + 9 + 27
+    assert {p for p in paths if len(p) == 1} == {(20,), (30,), (40,), (50,)}
+    assert (20, 21, 22) in paths and (50, 51, 52) in paths  # the chain continues the root
+    assert tree.origins[tree.tokens.index(50)] == "ngram"
+    assert [tree.tokens[i] for i in range(len(tree)) if tree.depths[i] == 1][:2] == [50, 20]  # share 1.0, then 0.5
+
+
+def vocab_heads(model) -> TokenSwiftHeads:
+    """Random heads that rank only the even token ids, as heads trained over a draft vocabulary do."""
+    heads = random_heads(model, seed=1)
+    heads.draft_vocab = torch.arange(0, VOCAB, 2)
+    return heads
+
+
+@pytest.mark.parametrize(
+    ("forward", "kv_budget", "heads"),
+    [(True, 0, random_heads), (True, 40, random_heads), (False, 0, random_heads), (False, 0, vocab_heads),
+     (True, 0, vocab_heads)],
+    ids=["forward-full-cache", "forward-partial-cache", "verified-state", "verified-state-draft-vocab",
+         "forward-draft-vocab"],
+)
 @pytest.mark.parametrize(
     "sampling",
     [SamplingConfig(suppress=(2,)),  # no EOS: a book runs to its length
      SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.3, penalty_window=32, seed=4, suppress=(2,))],
     ids=["greedy", "sampled-penalised"],
 )
-def test_tokenswift_output_equals_autoregressive(model, tokenizer, kv_budget, sampling):
+def test_tokenswift_output_equals_autoregressive(model, tokenizer, forward, kv_budget, heads, sampling):
     prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
     expected = [t for e in Engine(model, tokenizer, max_len=400).generate(prompt, sampling=sampling, max_new_tokens=160,
                                                                         reproducible=True) for t in e.tokens]  # fmt: skip
     engine = Engine(model, tokenizer, max_len=400)
-    drafter = TokenSwiftDrafter(engine.target, random_heads(model), kv_budget=kv_budget, lag=16)
+    drafter = TokenSwiftDrafter(engine.target, heads(model), kv_budget=kv_budget, forward=forward, lag=16)
     engine.set_drafter(drafter, 24)
     events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=160, reproducible=True))
     assert len(expected) == 160

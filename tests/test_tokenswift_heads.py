@@ -210,6 +210,10 @@ def test_our_checkpoint_round_trips_in_bf16(tmp_path, loaded):
     for (name, a), b in zip(heads.state_dict().items(), back.state_dict().values()):
         assert torch.equal(a.to(torch.bfloat16).float(), b), name
     assert load_heads(tmp_path / "heads", dtype=torch.bfloat16).medusa_layers[2].linear.weight.dtype == torch.bfloat16
+    assert back.draft_vocab is None
+    heads.draft_vocab = torch.tensor([0, 5, 9, 40])
+    save_heads(tmp_path / "reduced", heads)
+    assert torch.equal(load_heads(tmp_path / "reduced", dtype=torch.bfloat16).draft_vocab, heads.draft_vocab)
     published_checkpoint(tmp_path / "published", random_heads())
     assert load_heads(tmp_path / "published").config.rms_norm_eps == 1e-5  # a published model loads the same way
 
@@ -299,6 +303,7 @@ def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path):
         "train-00000.safetensors"]  # fmt: skip
     heads = load_heads(out, target_config=loaded.model.config)
     assert heads.medusa_layers[0].linear.weight.abs().sum() > 0  # trained, not the zero start
+    assert len(heads.draft_vocab) == 8192 and bool((heads.draft_vocab.diff() > 0).all())  # it drafts inside it
 
 
 def test_train_tokenswift_rejects_bad_options_in_one_line(tmp_path, monkeypatch, capfd):

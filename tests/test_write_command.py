@@ -114,6 +114,8 @@ def test_bad_input_is_one_line_and_loses_nothing(tmp_path, monkeypatch, capfd):
         (("--prompt-file", str(tmp_path / "missing.txt")), "cannot read the prompt file"),
         (("--penalty", "0"), "--penalty must be"),
         (("--drafter", "psychic"), "unknown drafter"),
+        (("--drafter", "ngram", "--no-draft-forward"), "--draft-forward is for the tokenswift drafter, not ngram"),
+        (("--drafter", "tokenswift", "--draft-kv-budget", "64", "--no-draft-forward"), "which --no-draft-forward leaves out"),
     ]:
         assert_one_line_error(write("--out", str(tmp_path / "new.txt"), *args), needle)
     assert not (tmp_path / "new.txt").exists()

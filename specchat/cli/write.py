@@ -42,6 +42,7 @@ def write(
     drafter: Annotated[str | None, typer.Option("--drafter", "-d", help=f"{' | '.join(NAMES)}; A+B merges two (default: the model's best).")] = None,
     draft_budget: BudgetOption = None,
     draft_kv_budget: Annotated[int | None, typer.Option("--draft-kv-budget", help="tokenswift: KV slots its draft forward reads (default 4096; 0 = the whole cache).")] = None,
+    draft_forward: Annotated[bool | None, typer.Option("--draft-forward/--no-draft-forward", help="tokenswift: draft the root's next token with a target forward (default on a GPU or with --draft-kv-budget), or the heads alone from the last verified state (default on a CPU).")] = None,
     penalty: Annotated[float | None, typer.Option("--penalty", help="Contextual penalty theta (default 1.2; 1 = off).")] = None,
     penalty_window: Annotated[int | None, typer.Option("--penalty-window", help="Tokens the penalty looks back (default 1024).")] = None,
     temperature: TemperatureOption = None,
@@ -110,8 +111,11 @@ def write(
 
     source = resolve_model(model)
     choice = resolve_drafter(parse_drafter(drafter or writer_drafter(source.profile)), source.profile, source.name)
-    if draft_kv_budget is not None:
-        check_option(choice, "kv_budget")
+    for option, value in (("kv_budget", draft_kv_budget), ("draft_forward", draft_forward)):
+        if value is not None:
+            check_option(choice, option)
+    if draft_kv_budget is not None and draft_forward is False:
+        raise SpecchatError("--draft-kv-budget sizes the draft forward, which --no-draft-forward leaves out")
     resolve_device(device)
     loaded = load_model(model, dtype=dtype, device=device, attention=attention)
     if book is None:
@@ -121,7 +125,8 @@ def write(
         engine = resumed_book(loaded, book, tokens, prompt=prompt, raw=raw, given=given, stop_at_eos=stop_at_eos)
     book.progress.target, book.progress.finished = tokens, None
     book.save()
-    attach_drafter(engine, loaded.source, choice, draft_budget=draft_budget, kv_budget=draft_kv_budget)
+    attach_drafter(engine, loaded.source, choice, draft_budget=draft_budget, kv_budget=draft_kv_budget,
+                   draft_forward=draft_forward)  # fmt: skip
     console = Console(stderr=True)
     if book.progress.tokens == 0:
         console.print(f"[dim]prompt ({book.settings.prompt_tokens} tokens):[/dim] {prompt or book_defaults.STORY}")

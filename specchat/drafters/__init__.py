@@ -39,15 +39,15 @@ KINDS = {
         DrafterKind("ngram", "prompt lookup: continuations of earlier n-grams (training-free)", "specchat.drafters.ngram"),
         DrafterKind("longspec", "LongSpec: one draft layer reading the target's KV cache", "specchat.drafters.longspec", True, ("cache",)),
         DrafterKind("glide", "GLIDE + CAPE: draft layers attending to the target's KV cache", "specchat.drafters.glide", True),
-        DrafterKind("tokenswift", "TokenSwift: heads on the target over a partial KV cache, with n-gram reuse", "specchat.drafters.tokenswift", True, ("kv_budget",)),
+        DrafterKind("tokenswift", "TokenSwift: heads on the target over a partial KV cache, with n-gram reuse", "specchat.drafters.tokenswift", True, ("kv_budget", "draft_forward")),
         DrafterKind("model", "SpecExtend: a small draft model reading part of its own cache (--draft-cache)", "specchat.drafters.model", True, ("cache",)),
     )
 }  # fmt: skip
 NAMES = tuple(KINDS)
 DEFAULT_DRAFTER = "ngram"  # every model has it: the default of a model whose profile measured none faster
 # Build options, by the flag that sets them: what a draft model reads of a long context (`cache_policy.py`), and
-# the KV slots TokenSwift's draft forward reads. A kind takes those its `options` name.
-OPTION_FLAGS = {"cache": "--draft-cache", "kv_budget": "--draft-kv-budget"}
+# whether TokenSwift runs a draft forward and the KV slots it reads. A kind takes those its `options` name.
+OPTION_FLAGS = {"cache": "--draft-cache", "kv_budget": "--draft-kv-budget", "draft_forward": "--draft-forward"}
 DRAFT_CACHES = ("full", "streaming", "retrieval")
 
 _NEXT_PART = re.compile(rf"\+(?=(?:{'|'.join(NAMES)})(?:[:+]|$))")  # '+' and a name: where A:PATH+B's path ends
@@ -141,12 +141,14 @@ def check_draft_cache(name: str, choice: DrafterChoice) -> None:
 
 
 def attach_drafter(engine: Engine, source: ModelSource, drafter: str | DrafterChoice, *, draft_budget: int | None = None,
-                   draft_cache: str | None = None, kv_budget: int | None = None, flag: str = "--drafter") -> DrafterChoice:
+                   draft_cache: str | None = None, kv_budget: int | None = None, draft_forward: bool | None = None,
+                   flag: str = "--drafter") -> DrafterChoice:  # fmt: skip
     """Make `engine` draft with what `drafter` names for the model `source` (a trained kind: its profile's
     checkpoint unless a path is given), with its options; returns the resolved choice. What every command runs."""
     choice = parse_drafter(drafter, flag) if isinstance(drafter, str) else drafter
     choice = resolve_drafter(choice, source.profile, source.name, flag)
-    engine.set_drafter(build_drafter(choice, engine.target, cache=draft_cache, kv_budget=kv_budget), draft_budget)
+    drafter = build_drafter(choice, engine.target, cache=draft_cache, kv_budget=kv_budget, draft_forward=draft_forward)
+    engine.set_drafter(drafter, draft_budget)
     return choice
 
 

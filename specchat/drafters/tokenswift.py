@@ -10,6 +10,12 @@ probabilities along its path (an n-gram chain's share of its first token's 4-gra
 heads' probabilities), so a parent always outranks its children. Drafting probabilities are the target's
 processed ones (penalty, temperature, min-p ...) with the committed text as history, as TokenSwift drafts.
 Verification reads the full cache, so none of this can change the output, only its speed.
+
+Without the draft forward (`forward=False`, the default on a CPU) the heads draft from the state the last
+verification already computed, the one that predicted the root, as Medusa's heads do: the tree is [3, 3, 3]
+under the root and the 4-grams continue the root. It costs no target forward, which on a CPU costs a whole
+read of the weights, about what the verification itself costs; the draft forward pays where a long context's
+attention is most of a step, and the partial cache skips most of it (a GPU at 100K tokens).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 import torch
 
 from specchat.drafters.base import TargetView
+from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.ngram_table import NgramTable
 from specchat.drafters.partial_kv import PartialKV
 from specchat.engine.sampling import SamplingConfig, process_logits
@@ -33,11 +40,17 @@ NGRAM = "ngram"
 class TokenSwiftDrafter:
     kind = "tokenswift"  # the registry name: the chat colours its tokens by it
 
-    def __init__(self, target: TargetView, heads: TokenSwiftHeads, *, kv_budget: int = KV_BUDGET, lag: int = 1024):
+    def __init__(self, target: TargetView, heads: TokenSwiftHeads, *, kv_budget: int = KV_BUDGET,
+                 forward: bool = True, lag: int = 1024):  # fmt: skip
+        """`forward`: draft the root's own token with a target forward over `kv_budget` slots of its cache
+        (0: the engine's full cache); else the heads alone, from the last verified state."""
         self.target, self.heads = target, heads.to(target.device)
-        self.partial = PartialKV(target, kv_budget) if kv_budget else None
+        self.head = DraftHead(target, heads.draft_vocab, draft_weights(target))
+        self.forward = forward
+        self.partial = PartialKV(target, kv_budget) if forward and kv_budget else None
         self.table = NgramTable(lag=lag)
         self.ids: list[int] = []  # the committed ids of the request (the table reads them)
+        self.state: torch.Tensor | None = None  # the target's last state of the committed text: it predicted the root
 
     def prefill(self, ids: list[int], hidden=None, reused: int = 0) -> None:
         """Keep the n-gram table when `ids` go on from the text it has read (a book's refill drops its oldest
@@ -48,52 +61,81 @@ class TokenSwiftDrafter:
             self.table = NgramTable(lag=self.table.lag)
             self.table.add(ids)
         self.ids = list(ids)
+        self._keep_state(hidden)
         if self.partial is not None:
             self.partial.truncate(0)
 
     def commit(self, tokens: list[int], hidden=None) -> None:
         self.ids += tokens
         self.table.add(tokens)
+        self._keep_state(hidden)
+
+    def _keep_state(self, hidden: torch.Tensor | None) -> None:
+        if hidden is not None and len(hidden):  # none after prefill's first token: the prefill's last still holds
+            self.state = hidden[-1:]
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator=None) -> DraftTree:
-        root, position = self.ids[-1], self.target.cache.length
-        cache = self.partial.prepare(root) if self.partial is not None else self.target.cache
-        logits, hidden = self.target.forward(torch.tensor([root], device=self.target.device),
-                                             torch.tensor([position], device=self.target.device), cache)  # fmt: skip
-        head_logits = self.target.lm_head(self.heads(hidden[-1:].to(self.heads_dtype)).to(hidden.dtype))[:, 0]
+        if budget < 1:
+            return DraftTree.empty()
+        root = self.ids[-1]
+        if self.forward:
+            position = self.target.cache.length
+            cache = self.partial.prepare(root) if self.partial is not None else self.target.cache
+            logits, hidden = self.target.forward(torch.tensor([root], device=self.target.device),
+                                                 torch.tensor([position], device=self.target.device), cache)  # fmt: skip
+            rows = torch.cat([logits[-1:], self._head_logits(hidden[-1:])])
+        elif self.state is None:
+            return DraftTree.empty()
+        else:
+            rows = self._head_logits(self.state)
         history = None
         if sampling.uses_history:
-            history = torch.tensor(self.ids[-sampling.penalty_window :])[None].expand(1 + len(head_logits), -1)
-        probs = process_logits(torch.cat([logits[-1:], head_logits]), sampling, history).softmax(dim=-1)
-        return _tree(probs, self.table, budget, self.kind)
+            history = torch.tensor(self.ids[-sampling.penalty_window :])[None].expand(len(rows), -1)
+        probs = process_logits(rows, sampling, history).softmax(dim=-1)
+        return _tree(probs, self.table, budget, self.kind, None if self.forward else root)
+
+    def _head_logits(self, state: torch.Tensor) -> torch.Tensor:
+        """[gamma, vocab]: the heads' logits of one state [1, hidden], -inf outside their draft vocabulary."""
+        guesses = self.heads(state.to(self.heads_dtype)).to(state.dtype)[:, 0]  # [gamma, hidden]
+        scores = self.head(guesses)
+        if self.head.draft_vocab is None:
+            return scores
+        full = scores.new_full((len(scores), self.head.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.head.draft_vocab, scores)
 
     @property
     def heads_dtype(self) -> torch.dtype:
         return next(self.heads.parameters()).dtype
 
 
-def _tree(probs: torch.Tensor, table: NgramTable, budget: int, kind: str) -> DraftTree:
-    """The [1, 3, 3, 3] tree of `probs` (row 0: the LM head, rows 1..: the heads) merged with the 4-gram
-    chains of its first token, cut to the `budget` most probable nodes."""
+def _tree(probs: torch.Tensor, table: NgramTable, budget: int, kind: str, root: int | None = None) -> DraftTree:
+    """The tree of `probs` merged with 4-gram chains, cut to the `budget` most probable nodes. `root` None: row 0
+    is the LM head, whose top token is the one first node, and rows 1.. the heads, 3 wide below it ([1, 3, 3, 3]).
+    `root` an id: every row is a head, 3 wide from the root down ([3, 3, 3]). The chains continue the tree's
+    single-child top: the LM head's token, or the root."""
     if budget < 1:
         return DraftTree.empty()
-    first_p, first = probs[0].max(dim=0)
-    first, first_p = int(first), float(first_p)
-    top = [probs[row].topk(WIDTH) for row in range(1, len(probs))]
-    candidates: dict[tuple[int, ...], tuple[float, str]] = {(first,): (first_p, kind)}
-    level = [((first,), first_p)]
-    for values, tokens in top:
-        level = [(path + (int(t),), score * float(v)) for path, score in level for v, t in zip(values, tokens)]
+    if root is None:  # row 0 is the LM head: its top token is the one first node, and the chains continue it
+        first_p, first = probs[0].max(dim=0)
+        start, below, below_p = int(first), (int(first),), float(first_p)
+        candidates: dict[tuple[int, ...], tuple[float, str]] = {below: (below_p, kind)}
+        probs = probs[1:]
+    else:
+        start, below, below_p = root, (), 1.0
+        candidates = {}
+    level = [(below, below_p)]
+    for values, tokens in (row.topk(WIDTH) for row in probs):
+        level = [(path + (int(t),), score * float(v)) for path, score in level for v, t in zip(values, tokens) if v > 0]
         candidates.update({path: (score, kind) for path, score in level})
-    grams = table.continuations(first)
-    counts = [table.counts[(first, *rest)] for rest in grams]
+    grams = table.continuations(start)
+    counts = [table.counts[(start, *rest)] for rest in grams]
     total = sum(counts)
     for rest, count in zip(grams, counts):
         for depth in range(1, len(rest) + 1):
-            path = (first, *rest[:depth])
+            path = (*below, *rest[:depth])
             share = sum(c for r, c in zip(grams, counts) if r[:depth] == rest[:depth]) / total
-            score = first_p * share
+            score = below_p * share
             if candidates.get(path, (-1.0,))[0] < score:
                 candidates[path] = (score, candidates[path][1] if path in candidates else NGRAM)
     chosen = sorted(candidates, key=lambda path: (-candidates[path][0], len(path)))[:budget]
@@ -109,8 +151,14 @@ def _tree(probs: torch.Tensor, table: NgramTable, budget: int, kind: str) -> Dra
 fetch_checkpoint = download_heads  # the registry's download of a profile's published heads
 
 
-def build(target: TargetView, checkpoint: Path, *, kv_budget: int = KV_BUDGET) -> TokenSwiftDrafter:
-    """The registry's factory: the checkpoint's heads over `target`, drafting over a partial cache of
-    `kv_budget` slots (0: the engine's full cache)."""
+def build(target: TargetView, checkpoint: Path, *, kv_budget: int | None = None,
+          draft_forward: bool | None = None) -> TokenSwiftDrafter:  # fmt: skip
+    """The registry's factory: the checkpoint's heads over `target`. They draft with a forward over a partial
+    cache of `kv_budget` slots (default 4096; 0: the engine's full cache) where `draft_forward` says so; by
+    default on a GPU, where that forward costs less than the verification, or when a `kv_budget` is given. A
+    CPU's step is its weight read, which a draft forward would pay twice."""
     heads = load_heads(checkpoint, device=target.device, dtype=target.dtype, target_config=target.config)
-    return TokenSwiftDrafter(target, heads, kv_budget=kv_budget)
+    if draft_forward is None:
+        draft_forward = target.device.type != "cpu" or kv_budget is not None
+    return TokenSwiftDrafter(target, heads, kv_budget=KV_BUDGET if kv_budget is None else kv_budget,
+                             forward=draft_forward)  # fmt: skip

@@ -14,7 +14,9 @@ Checkpoints come in two forms. TokenSwift publishes its heads inside full-model 
 (`TokenSwift/TokenSwift-Llama-3.1-8B`, `-Qwen2.5-*`, ...) as `model.medusa_layers.{i}.{linear,
 input_layernorm,post_layernorm}.weight`, next to gigabytes of target weights: `read_published_heads` reads
 only those tensors. specchat's own checkpoints (`save_heads`) are `heads.safetensors` (the same names
-without `model.`) and a `config.json` with `model_type: "tokenswift"`; `load_heads` reads either.
+without `model.`) and a `config.json` with `model_type: "tokenswift"`; `load_heads` reads either. Heads
+trained over a draft vocabulary (the most frequent answer tokens) keep it as `draft_vocab` and draft inside
+it: the LM head's other rows were never trained against, so their logits mean nothing to the heads.
 """
 
 from __future__ import annotations
@@ -80,9 +82,12 @@ class TokenSwiftHeads(nn.Module):
     gradient at once (the outer product of the output's gradient and its normed input).
     """
 
-    def __init__(self, config: TokenSwiftConfig, final_norm: torch.Tensor | None = None):
+    def __init__(self, config: TokenSwiftConfig, final_norm: torch.Tensor | None = None,
+                 draft_vocab: torch.Tensor | None = None):  # fmt: skip
+        """`draft_vocab`: the sorted target ids the heads were trained to rank (None: the whole vocabulary)."""
         super().__init__()
         self.config = config
+        self.draft_vocab = draft_vocab
         self.medusa_layers = nn.ModuleList(Head(config) for _ in range(config.gamma))
         with torch.no_grad():
             for head in self.medusa_layers:
@@ -106,6 +111,8 @@ def save_heads(directory: Path, heads: TokenSwiftHeads, dtype: torch.dtype = tor
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: tensor.detach().to(dtype).contiguous().cpu() for name, tensor in heads.state_dict().items()}
+    if heads.draft_vocab is not None:
+        tensors["draft_vocab"] = heads.draft_vocab.long().cpu()
     (directory / "config.json").write_text(json.dumps({"model_type": "tokenswift", **heads.config.to_dict()}, indent=1))
     save_file(tensors, directory / WEIGHTS)
 
@@ -238,14 +245,15 @@ def _read_own(directory: Path) -> TokenSwiftHeads:
         raise SpecchatError(f"{directory}: config.json says model_type {config.get('model_type')!r}, not 'tokenswift'")
     path = directory / WEIGHTS
     try:
-        heads = TokenSwiftHeads(TokenSwiftConfig(config["hidden_size"], config["rms_norm_eps"], config["gamma"]))
-    except KeyError as missing:
-        raise SpecchatError(f"{directory}: config.json lacks {missing}") from None
-    try:
         with safe_open(path, "pt") as handle:
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     except (OSError, SafetensorError) as error:
         raise SpecchatError(f"{path}: unreadable safetensors file ({error})") from None
+    try:
+        shape = TokenSwiftConfig(config["hidden_size"], config["rms_norm_eps"], config["gamma"])
+    except KeyError as missing:
+        raise SpecchatError(f"{directory}: config.json lacks {missing}") from None
+    heads = TokenSwiftHeads(shape, draft_vocab=tensors.pop("draft_vocab", None))
     load_into(heads, tensors, directory)
     return heads
 

@@ -8,9 +8,9 @@ the target's frozen LM head against the token it must guess.
 - The loss is cross-entropy over the draft vocabulary (`--vocab`; all of it by default), summed over heads
   and rows (the trainer divides by the rows), as the reference sums its heads' losses.
 
-Held-out evaluation is over the whole vocabulary, since the drafter ranks all of it: per head, top-1 and
-top-3 accuracy on the rows whose guessed token is an answer token; the loss there; and the greedy chain tau
-teacher-forced: from a root row t of a greedy answer, the target's own token t + 1 (the bonus) plus the run
+Held-out evaluation ranks what the drafter ranks, the draft vocabulary (a token outside it is a miss): per
+head, top-1 and top-3 accuracy on the rows whose guessed token is an answer token; the loss on those of them
+inside the draft vocabulary; and the greedy chain tau teacher-forced: from a root row t of a greedy answer, the target's own token t + 1 (the bonus) plus the run
 of heads 0, 1, ... whose argmax at t is right, as a chain drafted by the heads would be accepted.
 """
 
@@ -37,7 +37,6 @@ class TokenSwiftObjective:
         """`head` [vocab, hidden] is the target's LM head, `draft_vocab` the ids the loss is taken over (sorted;
         all of them for the full vocabulary)."""
         self.module = heads
-        self.full_head = head
         self.draft_vocab = draft_vocab.to(head.device)
         self.head = head if len(draft_vocab) == head.shape[0] else head[self.draft_vocab]
 
@@ -55,24 +54,25 @@ class TokenSwiftObjective:
 
     @torch.no_grad()
     def evaluate(self, samples: list[Sample], features: HiddenFeatures) -> dict[str, float]:
-        """Per-head top-1 / top-3 accuracy and loss, and greedy chain tau, over the whole vocabulary."""
+        """Per-head top-1 / top-3 accuracy and loss, and greedy chain tau, over the draft vocabulary."""
         gamma = self.module.config.gamma
-        loss_sum, accepted, roots = 0.0, 0, 0
+        loss_sum, inside, accepted, roots = 0.0, 0, 0, 0
         hits = torch.zeros(gamma, TOP_K)  # [head, k]: rows whose label is in the head's top k
         counts = torch.zeros(gamma)
         for index, sample in enumerate(samples):
             sample_features = features.of(index)
-            labels = sample_features.labels.to(self.device, torch.long)
+            labels = draft_vocab_targets(sample_features.labels.to(self.device, torch.long), self.draft_vocab)
             length = len(sample)
             right = torch.zeros(gamma, length, dtype=torch.bool, device=self.device)  # [head, row]: argmax right
             for i, states in enumerate(self._forward(sample_features)):
                 wanted = head_labels(labels, i)
                 scored = guessed_answer_rows(sample, i, self.device)[: len(wanted)]
-                wanted = wanted[scored]  # only these rows are scored: the whole head's logits of the others go unused
-                logits = (states[: len(scored)][scored] @ self.full_head.T).float()
-                top = logits.topk(TOP_K, dim=-1).indices == wanted[:, None]  # [scored rows, k]
+                wanted = wanted[scored]  # only these rows are scored: the head's logits of the others go unused
+                logits = (states[: len(scored)][scored] @ self.head.T).float()
+                top = logits.topk(TOP_K, dim=-1).indices == wanted[:, None]  # [scored rows, k]; IGNORE_INDEX: a miss
                 right[i, : len(scored)][scored] = top[:, 0]
-                loss_sum += float(F.cross_entropy(logits, wanted, reduction="sum"))
+                loss_sum += float(F.cross_entropy(logits, wanted, ignore_index=IGNORE_INDEX, reduction="sum"))
+                inside += int((wanted != IGNORE_INDEX).sum())
                 hits[i] += top.cumsum(-1).clamp(max=1).sum(0).cpu()
                 counts[i] += len(wanted)
             if sample.greedy:
@@ -80,7 +80,7 @@ class TokenSwiftObjective:
                 runs = right.int().cumprod(0).sum(0)  # [length]: heads right in a row from head 0
                 accepted += int(runs[root_rows].sum())
                 roots += int(root_rows.sum())
-        metrics = {"loss": loss_sum / max(float(counts.sum()), 1), "chain_tau": 1 + accepted / max(roots, 1)}
+        metrics = {"loss": loss_sum / max(inside, 1), "chain_tau": 1 + accepted / max(roots, 1)}
         for i in range(gamma):
             for k in (1, TOP_K):
                 metrics[f"head{i + 1}_top{k}"] = float(hits[i, k - 1] / max(float(counts[i]), 1))
@@ -91,7 +91,7 @@ class TokenSwiftObjective:
 
     @property
     def device(self) -> torch.device:
-        return self.full_head.device
+        return self.head.device
 
 
 def head_labels(labels: torch.Tensor, i: int) -> torch.Tensor:

@@ -26,14 +26,17 @@ BETAS = (0.9, 0.999)  # the reference trains with the Hugging Face Trainer's Ada
 
 def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab: int = 0, **pipeline) -> dict:
     """Train, write the heads and their summary to `out`; returns the summary. `vocab`: the most frequent
-    answer tokens the loss is taken over (0: all). `pipeline`: `train_drafter`'s options."""
+    answer tokens the loss is taken over and the heads draft from (0: all). `pipeline`: `train_drafter`'s
+    options."""
     model = loaded.model
 
     def trainee(data_set: TrainingSet) -> Trainee:
         always = sorted(eos_ids(model, loaded.tokenizer))
         loss_vocab = frequent_tokens(data_set.answers, vocab, model.config.vocab_size, always=always)
         torch.manual_seed(recipe.seed)
-        heads = TokenSwiftHeads(TokenSwiftConfig.for_target(model.config), parts(model).norm.weight.detach().float())
+        reduced = loss_vocab if len(loss_vocab) < model.config.vocab_size else None  # the heads draft inside it
+        heads = TokenSwiftHeads(TokenSwiftConfig.for_target(model.config), parts(model).norm.weight.detach().float(),
+                                draft_vocab=reduced)  # fmt: skip
         heads = heads.to(model.device)
         return Trainee(
             objective=TokenSwiftObjective(heads, target_head(model), loss_vocab),
