@@ -99,14 +99,14 @@ def test_partial_cache_selects_the_most_important_positions(model, tokenizer):
     assert partial.length == 0 and cache.length == 0
 
 
+HEADS_VALUES = [[0.5, 0.3, 0.1]] * 3
+HEADS_TOKENS = [[20 + row, 30 + row, 40 + row] for row in range(1, 4)]  # depth d's head: 2d, 3d, 4d (d from 1)
+
+
 def test_tree_is_1_3_3_3_with_ngram_chains():
-    probs = torch.full((4, VOCAB), 1e-4)
-    probs[0, 10] = 0.9
-    for row in range(1, 4):
-        probs[row, [20 + row, 30 + row, 40 + row]] = torch.tensor([0.5, 0.3, 0.1])
     table = NgramTable(lag=0)
     table.add([10, 21, 50, 51, 7, 10, 21, 50, 51, 7, 10, 60, 61, 62, 8])
-    tree = _tree(probs, table, 64, "tokenswift")
+    tree = _tree(HEADS_VALUES, HEADS_TOKENS, table, 64, "tokenswift", root=3, first=(10, 0.9))
     assert tree.tokens[0] == 10 and tree.depths[0] == 1
     heads_nodes = [i for i, o in enumerate(tree.origins) if o == "tokenswift"]
     assert len(heads_nodes) == 40
@@ -117,25 +117,22 @@ def test_tree_is_1_3_3_3_with_ngram_chains():
     for parent, token in zip(tree.parents, tree.tokens):
         assert token not in siblings.setdefault(parent, set())
         siblings[parent].add(token)
-    small = _tree(probs, table, 7, "tokenswift")
+    small = _tree(HEADS_VALUES, HEADS_TOKENS, table, 7, "tokenswift", root=3, first=(10, 0.9))
     assert len(small) == 7
     assert all(parent < i for i, parent in enumerate(small.parents))
-    assert _tree(probs, table, 0, "tokenswift").tokens == []
+    assert _tree(HEADS_VALUES, HEADS_TOKENS, table, 0, "tokenswift", root=3, first=(10, 0.9)).tokens == []
 
 
 def test_tree_without_the_draft_forward_is_3_3_3_below_the_root():
-    probs = torch.full((3, VOCAB), 1e-4)
-    for row in range(3):
-        probs[row, [20 + row, 30 + row, 40 + row]] = torch.tensor([0.5, 0.3, 0.1])
     table = NgramTable(lag=0)
     table.add([10, 50, 51, 52, 7, 10, 50, 51, 52, 7, 10])
-    tree = _tree(probs, table, 64, "tokenswift", root=10)
+    tree = _tree(HEADS_VALUES, HEADS_TOKENS, table, 64, "tokenswift", root=10)
     paths = {tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))}
     assert sum(o == "tokenswift" for o in tree.origins) == 3 + 9 + 27
-    assert {p for p in paths if len(p) == 1} == {(20,), (30,), (40,), (50,)}
-    assert (20, 21, 22) in paths and (50, 51, 52) in paths  # the chain continues the root
+    assert {p for p in paths if len(p) == 1} == {(21,), (31,), (41,), (50,)}
+    assert (21, 22, 23) in paths and (50, 51, 52) in paths  # the chain continues the root
     assert tree.origins[tree.tokens.index(50)] == "ngram"
-    assert [tree.tokens[i] for i in range(len(tree)) if tree.depths[i] == 1][:2] == [50, 20]  # share 1.0, then 0.5
+    assert [tree.tokens[i] for i in range(len(tree)) if tree.depths[i] == 1][:2] == [50, 21]  # share 1.0, then 0.5
 
 
 def vocab_heads(model) -> TokenSwiftHeads:
@@ -171,3 +168,15 @@ def test_tokenswift_output_equals_autoregressive(model, tokenizer, forward, kv_b
     assert events[-1].stats.accepted > 0
     if kv_budget:
         assert drafter.partial.selections >= 3
+
+
+@pytest.mark.parametrize("forward", [True, False], ids=["forward", "verified-state"])
+def test_heads_draft_only_inside_their_vocabulary(model, tokenizer, forward):
+    engine = Engine(model, tokenizer, max_len=200)
+    drafter = TokenSwiftDrafter(engine.target, vocab_heads(model), kv_budget=0, forward=forward, lag=16)
+    engine.set_drafter(drafter, 40)
+    prompt = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(7)).tolist()
+    list(engine.generate(prompt, max_new_tokens=4))
+    tree = drafter.propose(40, SamplingConfig())
+    heads_tokens = [t for t, o, d in zip(tree.tokens, tree.origins, tree.depths) if o == "tokenswift" and (d > 1 or not forward)]
+    assert len(heads_tokens) >= 27 and all(t % 2 == 0 for t in heads_tokens)

@@ -93,10 +93,18 @@ class TokenSwiftDrafter:
         if sampling.uses_history:
             history = torch.tensor(self.ids[-sampling.penalty_window :])[None].expand(len(rows), -1)
         probs = process_logits(rows, sampling, history).softmax(dim=-1)
-        return _tree(probs, self.table, budget, self.kind, None if self.forward else root)
+        first = None
+        if self.forward:  # row 0: the LM head at the root
+            p, token = probs[0].max(dim=0)
+            first, probs = (int(token), float(p)), probs[1:]
+        vocab = self.head.draft_vocab
+        top = (probs if vocab is None else probs[:, vocab]).topk(WIDTH, dim=-1)  # the heads rank their vocabulary
+        tokens = top.indices if vocab is None else vocab[top.indices]
+        return _tree(top.values.tolist(), tokens.tolist(), self.table, budget, self.kind, root=root, first=first)
 
     def _head_logits(self, state: torch.Tensor) -> torch.Tensor:
-        """[gamma, vocab]: the heads' logits of one state [1, hidden], -inf outside their draft vocabulary."""
+        """[gamma, vocab]: the heads' logits of one state [1, hidden], -inf outside their draft vocabulary (the
+        target's sampling settings apply to them as to the LM head's)."""
         guesses = self.heads(state.to(self.heads_dtype)).to(state.dtype)[:, 0]  # [gamma, hidden]
         scores = self.head(guesses)
         if self.head.draft_vocab is None:
@@ -109,24 +117,25 @@ class TokenSwiftDrafter:
         return next(self.heads.parameters()).dtype
 
 
-def _tree(probs: torch.Tensor, table: NgramTable, budget: int, kind: str, root: int | None = None) -> DraftTree:
-    """The tree of `probs` merged with 4-gram chains, cut to the `budget` most probable nodes. `root` None: row 0
-    is the LM head, whose top token is the one first node, and rows 1.. the heads, 3 wide below it ([1, 3, 3, 3]).
-    `root` an id: every row is a head, 3 wide from the root down ([3, 3, 3]). The chains continue the tree's
-    single-child top: the LM head's token, or the root."""
+def _tree(values: list[list[float]], tokens: list[list[int]], table: NgramTable, budget: int, kind: str, *,
+          root: int, first: tuple[int, float] | None = None) -> DraftTree:  # fmt: skip
+    """The heads' candidates (row d: the top 3 tokens and probabilities of depth d's head) as a tree, 3 wide at
+    every depth, merged with 4-gram chains and cut to the `budget` most probable nodes. With `first` (the LM
+    head's token at the root and its probability) the heads' levels hang below that one node ([1, 3, 3, 3])
+    and the chains continue it; without, the heads' levels start at the root ([3, 3, 3]) and the chains
+    continue the root."""
     if budget < 1:
         return DraftTree.empty()
-    if root is None:  # row 0 is the LM head: its top token is the one first node, and the chains continue it
-        first_p, first = probs[0].max(dim=0)
-        start, below, below_p = int(first), (int(first),), float(first_p)
-        candidates: dict[tuple[int, ...], tuple[float, str]] = {below: (below_p, kind)}
-        probs = probs[1:]
-    else:
+    if first is None:
         start, below, below_p = root, (), 1.0
-        candidates = {}
+        candidates: dict[tuple[int, ...], tuple[float, str]] = {}
+    else:
+        start, below_p = first
+        below = (start,)
+        candidates = {below: (below_p, kind)}
     level = [(below, below_p)]
-    for values, tokens in (row.topk(WIDTH) for row in probs):
-        level = [(path + (int(t),), score * float(v)) for path, score in level for v, t in zip(values, tokens) if v > 0]
+    for row_values, row_tokens in zip(values, tokens):
+        level = [(path + (t,), score * v) for path, score in level for v, t in zip(row_values, row_tokens) if v > 0]
         candidates.update({path: (score, kind) for path, score in level})
     grams = table.continuations(start)
     counts = [table.counts[(start, *rest)] for rest in grams]
