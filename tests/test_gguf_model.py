@@ -17,11 +17,13 @@ from test_cli import specchat
 
 from specchat.drafters.longspec import LongSpecDrafter
 from specchat.drafters.ngram import NgramDrafter
+from specchat.drafters.tokenswift import TokenSwiftDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, load_model
 from specchat.models.longspec import LongSpecConfig, LongSpecLayer
+from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 
 GREEDY = SamplingConfig(suppress=(2,))
@@ -55,10 +57,11 @@ def test_loads_on_its_own_blocks(tiny_gguf):
 @pytest.mark.parametrize(
     "dtype, drafter, sampling",
     [("bfloat16", "ngram", GREEDY), ("bfloat16", "random", GREEDY), ("bfloat16", "random", SAMPLED),
-     ("float32", "random", GREEDY), ("bfloat16", "longspec", GREEDY), ("bfloat16", "longspec", SAMPLED)],
+     ("float32", "random", GREEDY), ("bfloat16", "longspec", GREEDY), ("bfloat16", "longspec", SAMPLED),
+     ("bfloat16", "tokenswift", GREEDY), ("bfloat16", "tokenswift", SAMPLED)],
     # bf16: the CPU decoder; fp32: transformers' forward on the same layers
     ids=["bf16-ngram-greedy", "bf16-random-greedy", "bf16-random-sampled", "fp32-random-greedy",
-         "bf16-longspec-greedy", "bf16-longspec-sampled"],
+         "bf16-longspec-greedy", "bf16-longspec-sampled", "bf16-tokenswift-greedy", "bf16-tokenswift-sampled"],
 )  # fmt: skip
 def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
     loaded = load_model(str(tiny_gguf), dtype=dtype)
@@ -70,6 +73,12 @@ def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
         torch.manual_seed(0)
         layer = LongSpecLayer(LongSpecConfig.for_target(loaded.model.config, intermediate=64))
         made = LongSpecDrafter(engine.target, layer, draft_vocab=torch.arange(1000))  # odd-sized: a dense head
+    elif drafter == "tokenswift":  # random heads over a draft vocabulary, from the last verified state (a CPU's way)
+        torch.manual_seed(0)
+        heads = TokenSwiftHeads(TokenSwiftConfig.for_target(loaded.model.config), draft_vocab=torch.arange(0, 2000, 2))
+        for head in heads.medusa_layers:
+            torch.nn.init.normal_(head.linear.weight, std=0.05)
+        made = TokenSwiftDrafter(engine.target, heads, forward=False, lag=8)
     else:
         made = NgramDrafter() if drafter == "ngram" else RandomTreeDrafter(
             vocab_size=2000, seed=3, reference=prompt + expected, p_correct=0.8)  # fmt: skip
