@@ -186,10 +186,11 @@ def test_verify_cost_of_a_real_model_through_the_engine(tiny_gguf):
         model_verify_cost(engine, contexts=[engine.cache.max_len - 10], trees=[15], repeats=1)
 
 
-def test_the_real_qwen_coder_files_keep_greedy_output():
-    """Qwen2.5-Coder-1.5B Q4_K_M (Q4_K, Q6_K) as target, its 0.5B (mostly Q5_0, a Q8_0 head) as draft: greedy
-    output with the n-gram and the model drafter equals autoregressive decoding. Needs the real files
-    (`specchat models` says where they go); CI has none."""
+def test_the_real_qwen_coder_files_keep_their_output():
+    """Qwen2.5-Coder-1.5B Q4_K_M (Q4_K, Q6_K) as target, its 0.5B (mostly Q5_0, a Q8_0 head) as draft, and the
+    TokenSwift heads shipped for it: output with each drafter equals autoregressive decoding, greedy and seeded
+    sampling at the model card's settings. Needs the real files (`specchat models` says where they go); CI has
+    none."""
     from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
     from specchat.engine.prompt import encode_prompt
     from specchat.loading import profile_gguf
@@ -201,8 +202,10 @@ def test_the_real_qwen_coder_files_keep_greedy_output():
     loaded = load_model("qwen2.5-coder-1.5b")
     prompt = encode_prompt(loaded.tokenizer, "Write a Python function that reverses a linked list.")
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt) + 40)
-    expected = generate(engine, prompt, 32, GREEDY)
-    for name in ("ngram", "model"):
+    sampled = SamplingConfig(temperature=0.7, top_p=0.8, top_k=20, seed=3)
+    expected = {sampling: generate(engine, prompt, 32, sampling) for sampling in (GREEDY, sampled)}
+    for name in ("ngram", "model", "tokenswift", "tokenswift+ngram"):
         choice = resolve_drafter(parse_drafter(name), loaded.source.profile, loaded.source.name)
         engine.set_drafter(build_drafter(choice, engine.target), 4)
-        assert generate(engine, prompt, 32, GREEDY) == expected, name
+        for sampling, tokens in expected.items():
+            assert generate(engine, prompt, 32, sampling) == tokens, (name, sampling)

@@ -6,9 +6,12 @@ Proven here, on tiny random models:
   their keys and values copied bit for bit; new positions overwrite the least important slots, and a new
   selection follows once they took every slot;
 - the tree is [1, 3, 3, 3] (40 nodes) with n-gram chains merged in (siblings distinct, origins kept), and a
-  smaller budget keeps the most probable nodes, parents first;
+  smaller budget keeps the most probable nodes, parents first; without the draft forward it is [3, 3, 3]
+  below the root, whose 4-grams it continues;
+- heads trained over a draft vocabulary propose only its tokens;
 - greedy and sampled (contextual penalty) output equals autoregressive output, over the full cache and a
-  partial one small enough to be selected again several times.
+  partial one small enough to be selected again several times, and without a draft forward;
+- on a CPU the registry's drafter drafts without a forward unless a KV budget or the flag asks for one.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from test_speculative import run
 
 from specchat.drafters.ngram_table import NgramTable
 from specchat.drafters.partial_kv import SINKS, PartialKV
-from specchat.drafters.tokenswift import TokenSwiftDrafter, _tree
+from specchat.drafters.tokenswift import KV_BUDGET, TokenSwiftDrafter, _tree, build
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
-from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads
+from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads, save_heads
 
 VOCAB = 96
 
@@ -180,3 +183,11 @@ def test_heads_draft_only_inside_their_vocabulary(model, tokenizer, forward):
     tree = drafter.propose(40, SamplingConfig())
     heads_tokens = [t for t, o, d in zip(tree.tokens, tree.origins, tree.depths) if o == "tokenswift" and (d > 1 or not forward)]
     assert len(heads_tokens) >= 27 and all(t % 2 == 0 for t in heads_tokens)
+
+
+def test_build_drafts_without_a_forward_on_a_cpu_unless_asked(model, tokenizer, tmp_path):
+    save_heads(tmp_path / "heads", random_heads(model))
+    target = Engine(model, tokenizer, max_len=64).target
+    assert not build(target, tmp_path / "heads").forward  # a CPU step is a weight read: no second one to draft
+    assert build(target, tmp_path / "heads", kv_budget=64).forward  # a KV budget sizes a draft forward
+    assert build(target, tmp_path / "heads", draft_forward=True).partial.budget == KV_BUDGET

@@ -1,4 +1,4 @@
-"""Measures `specchat write` on the default model (not a test: prints a table and JSON).
+"""Measures `specchat write` on a model, the default one unless --model (not a test: prints a table and JSON).
 
 Each drafter writes the same book (same prompt, seed and settings) in one process: tokens/s over the whole
 book and per 1K tokens at its start and end (flat cost per token), resident memory after the first 1K tokens
@@ -7,6 +7,7 @@ engine in the same run) and the speedup over the autoregressive book written her
 
     .venv/bin/python tests/writer_speed.py --tokens 20000 --drafter none,ngram,tokenswift
     .venv/bin/python tests/writer_speed.py --tokens 5000 --drafter none --penalty 1.0,1.2
+    .venv/bin/python tests/writer_speed.py --model qwen2.5-coder-1.5b --tokens 20000 --drafter none,tokenswift
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def main() -> None:
     parser.add_argument("--drafter", default="none,ngram")
     parser.add_argument("--penalty", default=str(defaults.PENALTY))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--model", default=None, help="a profile or GGUF (default: the embedded model)")
     args = parser.parse_args()
-    loaded = load_model(None)
+    loaded = load_model(args.model)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for penalty in map(float, args.penalty.split(",")):
