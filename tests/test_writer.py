@@ -148,6 +148,39 @@ def test_a_book_cut_anywhere_resumes_to_the_same_bytes(model, tokenizer, tmp_pat
         assert json.loads(state_path(cut).read_text())["progress"]["finished"] == "length"
 
 
+def test_an_append_stopped_halfway_leaves_a_book_that_resumes(model, tokenizer, tmp_path, monkeypatch):
+    """A kill between an append's two files leaves ids beyond the state and no text: the book opens. Ctrl-C
+    in the middle of an append (the state not yet counting it) leaves files that `save` cuts back to the state."""
+    path = tmp_path / "book.txt"
+    engine = Engine(model, tokenizer, max_len=WINDOW)
+    book = Book.create(path, settings(engine), PROMPT, force=True)
+    book.append([5, 6], "ab")
+    book.save()
+    text_write = book._text.write
+
+    def killed(_data):  # the process dies once the ids are out, before the text
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(book._text, "write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        book.append([7], "c")
+    assert Book.open(path).generated == [5, 6]  # the kill's leftovers are taken and cut
+    monkeypatch.setattr(book._text, "write", text_write)
+
+    class Interrupted(list):  # Ctrl-C after both files, before the counts
+        def extend(self, _tokens):
+            raise KeyboardInterrupt
+
+    generated, book.generated = book.generated, Interrupted()
+    with pytest.raises(KeyboardInterrupt):
+        book.append([7], "c")
+    book.generated = generated
+    book.save()  # what the writer's `finally` does
+    book.close()
+    assert path.read_bytes() == b"ab" and len(ids_path(path).read_bytes()) == 4 * (len(PROMPT) + 2)
+    assert Book.open(path).generated == [5, 6]
+
+
 def test_resume_refuses_other_text_settings(model, tokenizer, tmp_path):
     engine = Engine(model, tokenizer, max_len=WINDOW)
     stored = settings(engine, temperature=1.0)

@@ -100,12 +100,14 @@ class Book:
         return cls(path, settings, ids[: settings.prompt_tokens], ids[settings.prompt_tokens :], progress)
 
     def append(self, tokens: list[int], text: str) -> None:
-        """Tokens and the text they completed, flushed: a killed process leaves them to the next resume."""
+        """Tokens and the text they completed, flushed: a killed process leaves them to the next resume. Ids go
+        first: a kill between the two leaves ids beyond the state and no text, which a resume takes (text beyond
+        the state without ids is an edit by hand)."""
         data = text.encode("utf-8")
-        self._text.write(data)
         self._ids.write(array("I", tokens).tobytes())
-        self._text.flush()
         self._ids.flush()
+        self._text.write(data)
+        self._text.flush()
         self.generated.extend(tokens)
         self.progress.tokens += len(tokens)
         self.progress.text_bytes += len(data)
@@ -114,8 +116,11 @@ class Book:
             self.progress.ids_crc = _crc(array("I", tokens), self.progress.ids_crc)
 
     def save(self) -> None:
-        """Make what was appended count: data to disk first, then the state that points at it."""
-        for file in (self._text, self._ids):
+        """Make what was appended count: data to disk first, then the state that points at it. The files are cut
+        to what the state counts: an append that Ctrl-C stopped halfway is left out of both."""
+        count = 4 * (len(self.prompt_ids) + self.progress.tokens)
+        for file, size in ((self._text, self.progress.text_bytes), (self._ids, count)):
+            file.truncate(size)
             file.flush()
             os.fsync(file.fileno())
         state = {"format": FORMAT, "settings": self.settings.to_json(), "progress": self.progress.__dict__}
