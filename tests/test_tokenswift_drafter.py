@@ -145,12 +145,24 @@ def vocab_heads(model) -> TokenSwiftHeads:
     return heads
 
 
+def root_heads(model) -> TokenSwiftHeads:
+    """Random heads that also read the root token (`root_input`), over a draft vocabulary."""
+    torch.manual_seed(3)
+    heads = TokenSwiftHeads(TokenSwiftConfig.for_target(model.config, root_input=True), model.model.norm.weight,
+                            draft_vocab=torch.arange(0, VOCAB, 3))  # fmt: skip
+    with torch.no_grad():
+        for head in heads.medusa_layers:
+            head.linear.weight.normal_(0, 0.2)
+        heads.root_input.down.weight.normal_(0, 0.2)
+    return heads.eval()
+
+
 @pytest.mark.parametrize(
     ("forward", "kv_budget", "heads"),
     [(True, 0, random_heads), (True, 40, random_heads), (False, 0, random_heads), (False, 0, vocab_heads),
-     (True, 0, vocab_heads)],
+     (True, 0, vocab_heads), (False, 0, root_heads), (True, 0, root_heads)],
     ids=["forward-full-cache", "forward-partial-cache", "verified-state", "verified-state-draft-vocab",
-         "forward-draft-vocab"],
+         "forward-draft-vocab", "verified-state-root-input", "forward-root-input"],
 )
 @pytest.mark.parametrize(
     "sampling",
@@ -183,6 +195,26 @@ def test_heads_draft_only_inside_their_vocabulary(model, tokenizer, forward):
     tree = drafter.propose(40, SamplingConfig())
     heads_tokens = [t for t, o, d in zip(tree.tokens, tree.origins, tree.depths) if o == "tokenswift" and (d > 1 or not forward)]
     assert len(heads_tokens) >= 27 and all(t % 2 == 0 for t in heads_tokens)
+
+
+@pytest.mark.parametrize("forward", [True, False], ids=["forward", "verified-state"])
+def test_heads_with_root_input_draft_from_the_token_the_target_chose(model, tokenizer, forward):
+    """The heads' levels follow the token below them: the root (verified state) or the LM head's first token
+    (forward); the same state with another token gives other guesses."""
+    engine = Engine(model, tokenizer, max_len=200)
+    drafter = TokenSwiftDrafter(engine.target, root_heads(model), kv_budget=0, forward=forward, lag=16)
+    engine.set_drafter(drafter, 40)
+    prompt = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(7)).tolist()
+    list(engine.generate(prompt, max_new_tokens=4))
+    heard = []
+    head_logits = drafter._head_logits
+    drafter._head_logits = lambda state, root: heard.append((state, root)) or head_logits(state, root)
+    tree = drafter.propose(40, SamplingConfig())
+    first = [t for t, d in zip(tree.tokens, tree.depths) if d == 1]
+    state, root = heard[-1]
+    assert root == (first[0] if forward else drafter.ids[-1])
+    other = head_logits(state, (root + 1) % VOCAB)
+    assert not torch.equal(head_logits(state, root), other)  # the same state with another token guesses otherwise
 
 
 def test_build_drafts_without_a_forward_on_a_cpu_unless_asked(model, tokenizer, tmp_path):

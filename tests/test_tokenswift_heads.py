@@ -40,9 +40,9 @@ def loaded(tokenizer):
     return tiny_loaded(tokenizer)
 
 
-def random_heads(hidden: int = 16, eps: float = 1e-5, seed: int = 0) -> TokenSwiftHeads:
+def random_heads(hidden: int = 16, eps: float = 1e-5, seed: int = 0, root_input: bool = False) -> TokenSwiftHeads:
     torch.manual_seed(seed)
-    heads = TokenSwiftHeads(TokenSwiftConfig(hidden, eps))
+    heads = TokenSwiftHeads(TokenSwiftConfig(hidden, eps, root_input=root_input))
     with torch.no_grad():
         for p in heads.parameters():
             p.normal_()
@@ -65,12 +65,28 @@ def test_the_heads_chain_residual_blocks_as_written_by_hand():
         torch.testing.assert_close(heads(x), torch.stack(expected))
 
 
-def test_fresh_heads_start_as_the_targets_own_final_state(loaded):
+def test_the_root_input_adds_a_silu_block_of_the_state_and_the_token_as_written_by_hand():
+    heads = random_heads(root_input=True)
+    x, root = torch.randn(5, 16), torch.randn(5, 16)
+    mix = heads.root_input
+    both = torch.cat([rms_norm(x, mix.state_norm.weight, 1e-5), rms_norm(root, mix.token_norm.weight, 1e-5)], -1)
+    start = x + F.silu(both @ mix.up.weight.T) @ mix.down.weight.T
+    plain = random_heads()
+    plain.medusa_layers = heads.medusa_layers
+    with torch.no_grad():
+        torch.testing.assert_close(heads(x, root), plain(start))
+        assert not torch.allclose(heads(x, root), heads(x, root.flip(0)))  # it reads the token
+    with pytest.raises(ValueError, match="root token"):
+        heads(x)
+
+
+@pytest.mark.parametrize("root_input", [False, True], ids=["tokenswift", "root-input"])
+def test_fresh_heads_start_as_the_targets_own_final_state(loaded, root_input):
     model = loaded.model
-    heads = TokenSwiftHeads(TokenSwiftConfig.for_target(model.config), model.model.norm.weight)
+    heads = TokenSwiftHeads(TokenSwiftConfig.for_target(model.config, root_input=root_input), model.model.norm.weight)
     hidden = torch.randn(7, model.config.hidden_size)
     with torch.no_grad():
-        out = heads(hidden)
+        out = heads(hidden, torch.randn(7, model.config.hidden_size) if root_input else None)
         for i in range(3):
             torch.testing.assert_close(out[i], model.model.norm(hidden))
     assert heads.config.rms_norm_eps == model.config.rms_norm_eps and heads.config.gamma == 3
@@ -204,7 +220,7 @@ def test_our_checkpoint_round_trips_in_bf16(tmp_path, loaded):
     heads = random_heads(hidden=loaded.model.config.hidden_size)
     save_heads(tmp_path / "heads", heads)
     assert json.loads((tmp_path / "heads" / "config.json").read_text()) == {
-        "model_type": "tokenswift", "hidden_size": 64, "rms_norm_eps": 1e-5, "gamma": 3}  # fmt: skip
+        "model_type": "tokenswift", "hidden_size": 64, "rms_norm_eps": 1e-5, "gamma": 3, "root_input": False}  # fmt: skip
     back = load_heads(tmp_path / "heads", "cpu", torch.float32, target_config=loaded.model.config)
     assert back.config == heads.config and next(back.parameters()).dtype == torch.float32
     for (name, a), b in zip(heads.state_dict().items(), back.state_dict().values()):
@@ -216,6 +232,10 @@ def test_our_checkpoint_round_trips_in_bf16(tmp_path, loaded):
     assert torch.equal(load_heads(tmp_path / "reduced", dtype=torch.bfloat16).draft_vocab, heads.draft_vocab)
     published_checkpoint(tmp_path / "published", random_heads())
     assert load_heads(tmp_path / "published").config.rms_norm_eps == 1e-5  # a published model loads the same way
+    rooted = random_heads(hidden=64, root_input=True)
+    save_heads(tmp_path / "rooted", rooted)
+    back = load_heads(tmp_path / "rooted", dtype=torch.float32)
+    assert back.config.root_input and torch.equal(back.root_input.up.weight, rooted.root_input.up.weight.bfloat16().float())
 
 
 def test_checkpoint_errors_are_one_line(tmp_path, loaded):
@@ -267,6 +287,44 @@ def objective_for(loaded, vocab: torch.Tensor | None = None) -> TokenSwiftObject
     heads = TokenSwiftHeads(TokenSwiftConfig.for_target(model.config), model.model.norm.weight)
     full = torch.arange(model.config.vocab_size)
     return TokenSwiftObjective(heads, model.lm_head.weight.detach().float(), full if vocab is None else vocab)
+
+
+def test_heads_with_root_input_learn_what_only_the_root_tells():
+    """Token t + 2 is a fixed function of token t + 1 and the states are noise: heads that read the root learn
+    it, TokenSwift's cannot guess better than the token frequencies."""
+    hidden, vocab, length = 32, 40, 48
+    torch.manual_seed(0)
+    follow = torch.randperm(vocab)  # token t + 1 -> token t + 2
+
+    def sample(seed: int) -> tuple[Sample, HiddenFeatures]:
+        g = torch.Generator().manual_seed(seed)
+        ids = [int(torch.randint(vocab, (1,), generator=g))]
+        while len(ids) < length:
+            ids.append(int(follow[ids[-1]]) if torch.rand(1, generator=g) < 0.9 else int(torch.randint(vocab, (1,), generator=g)))
+        labels = torch.tensor(ids[1:] + [0], dtype=torch.int32)  # a greedy answer: the text's next token
+        return Sample(tuple(ids), 1, True), HiddenFeatures(torch.randn(length, hidden, generator=g), labels,
+                                                           torch.tensor([0, length]))  # fmt: skip
+
+    train_set, heldout = [sample(s) for s in range(32)], [sample(100 + s) for s in range(4)]
+    embed = torch.nn.Embedding(vocab, hidden)
+    head = torch.randn(vocab, hidden)
+    accuracy = {}
+    for root_input in (False, True):
+        torch.manual_seed(1)
+        heads = TokenSwiftHeads(TokenSwiftConfig(hidden, 1e-5, root_input=root_input))
+        objective = TokenSwiftObjective(heads, head, torch.arange(vocab), embed=embed)
+        optimizer = torch.optim.AdamW(heads.parameters(), lr=1e-2)
+        for _ in range(3):
+            for s, f in train_set:
+                total, rows = objective.loss(s, f.of(0), random.Random(0))
+                optimizer.zero_grad()
+                (total / rows).backward()
+                optimizer.step()
+        samples, features = zip(*heldout)
+        from specchat.training.features import concat
+
+        accuracy[root_input] = objective.evaluate(list(samples), concat(list(features)))["head1_top1"]
+    assert accuracy[True] > 0.75 and accuracy[False] < 0.3, accuracy
 
 
 def test_a_short_run_on_real_text_lowers_the_heldout_loss(loaded, tokenizer, tmp_path):

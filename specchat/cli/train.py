@@ -158,6 +158,8 @@ def train_tokenswift(
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine after --warmup-steps).")] = 5e-3,
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")] = 50,
     vocab: VocabOption = 0,
+    root_input: Annotated[bool, typer.Option("--root-input/--no-root-input",
+                                             help="The heads also read the root token t+1 (EAGLE's input).")] = False,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     precision: PrecisionOption = "auto",
@@ -173,7 +175,7 @@ def train_tokenswift(
     from specchat.training.train_tokenswift import train_tokenswift as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device,
+                             precision, seed, dtype, device, root_input=root_input,
                              recipe_options={"betas": BETAS, "warmup_steps": warmup_steps})  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     accuracy = ", ".join(f"{last.get(f'heldout_head{i + 1}_top1', float('nan')):.2f}" for i in range(summary["gamma"]))

@@ -79,33 +79,38 @@ class TokenSwiftDrafter:
         if budget < 1:
             return DraftTree.empty()
         root = self.ids[-1]
-        if self.forward:
+        first = None
+        if self.forward:  # the LM head at the root drafts the first token; the heads continue it
             position = self.target.cache.length
             cache = self.partial.prepare(root) if self.partial is not None else self.target.cache
             logits, hidden = self.target.forward(torch.tensor([root], device=self.target.device),
                                                  torch.tensor([position], device=self.target.device), cache)  # fmt: skip
-            rows = torch.cat([logits[-1:], self._head_logits(hidden[-1:])])
+            p, token = self._probs(logits[-1:], sampling)[0].max(dim=0)
+            first = (int(token), float(p))
+            probs = self._probs(self._head_logits(hidden[-1:], first[0]), sampling)
         elif self.state is None:
             return DraftTree.empty()
         else:
-            rows = self._head_logits(self.state)
-        history = None
-        if sampling.uses_history:
-            history = torch.tensor(self.ids[-sampling.penalty_window :])[None].expand(len(rows), -1)
-        probs = process_logits(rows, sampling, history).softmax(dim=-1)
-        first = None
-        if self.forward:  # row 0: the LM head at the root
-            p, token = probs[0].max(dim=0)
-            first, probs = (int(token), float(p)), probs[1:]
+            probs = self._probs(self._head_logits(self.state, root), sampling)
         vocab = self.head.draft_vocab
         top = (probs if vocab is None else probs[:, vocab]).topk(WIDTH, dim=-1)  # the heads rank their vocabulary
         tokens = top.indices if vocab is None else vocab[top.indices]
         return _tree(top.values.tolist(), tokens.tolist(), self.table, budget, self.kind, root=root, first=first)
 
-    def _head_logits(self, state: torch.Tensor) -> torch.Tensor:
-        """[gamma, vocab]: the heads' logits of one state [1, hidden], -inf outside their draft vocabulary (the
-        target's sampling settings apply to them as to the LM head's)."""
-        guesses = self.heads(state.to(self.heads_dtype)).to(state.dtype)[:, 0]  # [gamma, hidden]
+    def _probs(self, rows: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        """Drafting probabilities of logits `rows`: the target's sampling settings, the committed text as history."""
+        history = None
+        if sampling.uses_history:
+            history = torch.tensor(self.ids[-sampling.penalty_window :])[None].expand(len(rows), -1)
+        return process_logits(rows, sampling, history).softmax(dim=-1)
+
+    def _head_logits(self, state: torch.Tensor, root: int) -> torch.Tensor:
+        """[gamma, vocab]: the heads' logits of one state [1, hidden] whose next token is `root`, -inf outside
+        their draft vocabulary."""
+        embedded = None
+        if self.heads.config.root_input:
+            embedded = self.target.embed_tokens(torch.tensor([root], device=self.target.device)).to(self.heads_dtype)
+        guesses = self.heads(state.to(self.heads_dtype), embedded).to(state.dtype)[:, 0]  # [gamma, hidden]
         scores = self.head(guesses)
         if self.head.draft_vocab is None:
             return scores

@@ -10,6 +10,11 @@ decoder layer's output, before the final norm:
 The LM head at t predicts t + 1, so head i (from 0) predicts token t + 2 + i. The LM head is not part of
 this module: the drafter borrows the target's.
 
+specchat's heads may also see the root, token t + 1 (`root_input`): when the heads draft, the target has
+already chosen it, yet TokenSwift's heads guess t + 2 without it. EAGLE's drafter reads the state and the
+token after it together; here a SiLU block over both (the state and the target's embedding of the token, each
+normed) is added to the state before the chain, so everything after it is TokenSwift's.
+
 Checkpoints come in two forms. TokenSwift publishes its heads inside full-model checkpoints
 (`TokenSwift/TokenSwift-Llama-3.1-8B`, `-Qwen2.5-*`, ...) as `model.medusa_layers.{i}.{linear,
 input_layernorm,post_layernorm}.weight`, next to gigabytes of target weights: `read_published_heads` reads
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -49,11 +55,12 @@ class TokenSwiftConfig:
     hidden_size: int
     rms_norm_eps: float
     gamma: int = GAMMA
+    root_input: bool = False  # the heads also read the root token's embedding (`RootInput`)
 
     @classmethod
-    def for_target(cls, config, gamma: int = GAMMA) -> TokenSwiftConfig:
+    def for_target(cls, config, gamma: int = GAMMA, root_input: bool = False) -> TokenSwiftConfig:
         """The heads for a target's transformers config (its hidden size and RMS norm epsilon)."""
-        return cls(config.hidden_size, getattr(config, "rms_norm_eps", 1e-6), gamma)
+        return cls(config.hidden_size, getattr(config, "rms_norm_eps", 1e-6), gamma, root_input)
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -67,6 +74,27 @@ class Head(nn.Module):
         self.linear = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class RootInput(nn.Module):
+    """The root token mixed into the state the heads start from: state + down(silu(up([norm(state); norm(token)]))).
+
+    `down` starts at zero, so fresh heads start as TokenSwift's do (the root is ignored until training finds
+    a use for it)."""
+
+    def __init__(self, config: TokenSwiftConfig):
+        super().__init__()
+        size = config.hidden_size
+        self.state_norm = RMSNorm(size, config.rms_norm_eps)
+        self.token_norm = RMSNorm(size, config.rms_norm_eps)
+        self.up = nn.Linear(2 * size, size, bias=False)
+        self.down = nn.Linear(size, size, bias=False)
+        with torch.no_grad():
+            self.down.weight.zero_()
+
+    def forward(self, hidden: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+        mixed = torch.cat([self.state_norm(hidden), self.token_norm(root.to(hidden.dtype))], dim=-1)
+        return hidden + self.down(F.silu(self.up(mixed)))
 
 
 class TokenSwiftHeads(nn.Module):
@@ -89,15 +117,21 @@ class TokenSwiftHeads(nn.Module):
         self.config = config
         self.draft_vocab = draft_vocab
         self.medusa_layers = nn.ModuleList(Head(config) for _ in range(config.gamma))
+        self.root_input = RootInput(config) if config.root_input else None
         with torch.no_grad():
             for head in self.medusa_layers:
                 head.linear.weight.zero_()
                 if final_norm is not None:
                     head.post_layernorm.weight.copy_(final_norm)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, root: torch.Tensor | None = None) -> torch.Tensor:
         """The heads' normed outputs [gamma, n, hidden_size] of the target's last-layer states `hidden`
-        [n, hidden_size] (before its final norm); output i at row t feeds the LM head's guess of token t + 2 + i."""
+        [n, hidden_size] (before its final norm); output i at row t feeds the LM head's guess of token t + 2 + i.
+        `root` [n, hidden_size]: the target's embeddings of tokens t + 1, which heads with `root_input` read."""
+        if self.root_input is not None:
+            if root is None:
+                raise ValueError("these TokenSwift heads read the root token's embedding")
+            hidden = self.root_input(hidden, root)
         outputs = []
         for head in self.medusa_layers:
             hidden = hidden + head.linear(head.input_layernorm(hidden))
@@ -250,7 +284,8 @@ def _read_own(directory: Path) -> TokenSwiftHeads:
     except (OSError, SafetensorError) as error:
         raise SpecchatError(f"{path}: unreadable safetensors file ({error})") from None
     try:
-        shape = TokenSwiftConfig(config["hidden_size"], config["rms_norm_eps"], config["gamma"])
+        shape = TokenSwiftConfig(config["hidden_size"], config["rms_norm_eps"], config["gamma"],
+                                 config.get("root_input", False))
     except KeyError as missing:
         raise SpecchatError(f"{directory}: config.json lacks {missing}") from None
     heads = TokenSwiftHeads(shape, draft_vocab=tensors.pop("draft_vocab", None))

@@ -17,6 +17,7 @@ of heads 0, 1, ... whose argmax at t is right, as a chain drafted by the heads w
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,16 +34,17 @@ TOP_K = 3  # held-out top-k accuracy: a TokenSwift tree [1, 3, 3, 3] takes each 
 class TokenSwiftObjective:
     """Loss and held-out metrics of TokenSwift heads over a target's frozen LM head."""
 
-    def __init__(self, heads: TokenSwiftHeads, head: torch.Tensor, draft_vocab: torch.Tensor):
+    def __init__(self, heads: TokenSwiftHeads, head: torch.Tensor, draft_vocab: torch.Tensor,
+                 embed: Callable[[torch.Tensor], torch.Tensor] | None = None):  # fmt: skip
         """`head` [vocab, hidden] is the target's LM head, `draft_vocab` the ids the loss is taken over (sorted;
-        all of them for the full vocabulary)."""
-        self.module = heads
+        all of them for the full vocabulary), `embed` the target's token embedding (heads with `root_input`)."""
+        self.module, self.embed = heads, embed
         self.draft_vocab = draft_vocab.to(head.device)
         self.head = head if len(draft_vocab) == head.shape[0] else head[self.draft_vocab]
 
     def loss(self, sample: Sample, features: SampleHidden, rng: random.Random):
         """Summed cross-entropy of every head at every row it has a label for, and how many were scored."""
-        out = self._forward(features)
+        out = self._forward(sample, features)
         labels = draft_vocab_targets(features.labels.to(self.device, torch.long), self.draft_vocab)
         total, rows = 0.0, 0
         for i, states in enumerate(out):
@@ -64,7 +66,7 @@ class TokenSwiftObjective:
             labels = draft_vocab_targets(sample_features.labels.to(self.device, torch.long), self.draft_vocab)
             length = len(sample)
             right = torch.zeros(gamma, length, dtype=torch.bool, device=self.device)  # [head, row]: argmax right
-            for i, states in enumerate(self._forward(sample_features)):
+            for i, states in enumerate(self._forward(sample, sample_features)):
                 wanted = head_labels(labels, i)
                 scored = guessed_answer_rows(sample, i, self.device)[: len(wanted)]
                 wanted = wanted[scored]  # only these rows are scored: the head's logits of the others go unused
@@ -86,8 +88,15 @@ class TokenSwiftObjective:
                 metrics[f"head{i + 1}_top{k}"] = float(hits[i, k - 1] / max(float(counts[i]), 1))
         return metrics
 
-    def _forward(self, features: SampleHidden) -> torch.Tensor:
-        return self.module(features.hidden.to(self.device, torch.float32))  # [gamma, length, hidden]
+    def _forward(self, sample: Sample, features: SampleHidden) -> torch.Tensor:
+        """[gamma, rows, hidden]: every row, or with `root_input` every row but the last (row t reads token
+        t + 1, the text's own: the one the labels of rows t + 1 on follow)."""
+        hidden = features.hidden.to(self.device, torch.float32)
+        if not self.module.config.root_input:
+            return self.module(hidden)
+        with torch.no_grad():
+            root = self.embed(torch.tensor(sample.ids[1:], device=self.device)).float()
+        return self.module(hidden[:-1], root)
 
     @property
     def device(self) -> torch.device:

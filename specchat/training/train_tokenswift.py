@@ -24,10 +24,11 @@ from specchat.training.vocab import frequent_tokens
 BETAS = (0.9, 0.999)  # the reference trains with the Hugging Face Trainer's AdamW defaults
 
 
-def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab: int = 0, **pipeline) -> dict:
+def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab: int = 0, root_input: bool = False,
+                     **pipeline) -> dict:  # fmt: skip
     """Train, write the heads and their summary to `out`; returns the summary. `vocab`: the most frequent
-    answer tokens the loss is taken over and the heads draft from (0: all). `pipeline`: `train_drafter`'s
-    options."""
+    answer tokens the loss is taken over and the heads draft from (0: all). `root_input`: the heads also read
+    the root token. `pipeline`: `train_drafter`'s options."""
     model = loaded.model
 
     def trainee(data_set: TrainingSet) -> Trainee:
@@ -35,14 +36,14 @@ def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, voca
         loss_vocab = frequent_tokens(data_set.answers, vocab, model.config.vocab_size, always=always)
         torch.manual_seed(recipe.seed)
         reduced = loss_vocab if len(loss_vocab) < model.config.vocab_size else None  # the heads draft inside it
-        heads = TokenSwiftHeads(TokenSwiftConfig.for_target(model.config), parts(model).norm.weight.detach().float(),
-                                draft_vocab=reduced)  # fmt: skip
+        config = TokenSwiftConfig.for_target(model.config, root_input=root_input)
+        heads = TokenSwiftHeads(config, parts(model).norm.weight.detach().float(), draft_vocab=reduced)
         heads = heads.to(model.device)
         return Trainee(
-            objective=TokenSwiftObjective(heads, target_head(model), loss_vocab),
+            objective=TokenSwiftObjective(heads, target_head(model), loss_vocab, embed=parts(model).embed),
             save=lambda: save_heads(out, heads, dtype=torch.bfloat16),
             title=f"TokenSwift heads for {loaded.source.name}",
-            summary={"loss_vocab": len(loss_vocab), "gamma": heads.config.gamma},
+            summary={"loss_vocab": len(loss_vocab), "gamma": config.gamma, "root_input": root_input},
             tau_label=f"held-out greedy chain tau (depth {heads.config.gamma})",
         )
 
