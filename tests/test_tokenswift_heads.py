@@ -342,7 +342,8 @@ def test_a_short_run_on_real_text_lowers_the_heldout_loss(loaded, tokenizer, tmp
     assert done.log[-1]["heldout_loss"] < before - 0.8
 
 
-def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path):
+@pytest.mark.parametrize("root_input", [False, True], ids=["tokenswift", "root-input"])
+def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path, root_input):
     data = tmp_path / "data"
     data.mkdir()
     (data / "recipe.json").write_text(json.dumps({"model": "tiny-llama"}))
@@ -352,8 +353,10 @@ def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path):
                    for _ in range(count)]  # fmt: skip
         (data / f"{split}-00000.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     out = tmp_path / "heads"
-    summary = train_tokenswift(loaded, data, out, TrainRecipe(epochs=1, batch=4, warmup_steps=1), vocab=8192)
+    summary = train_tokenswift(loaded, data, out, TrainRecipe(epochs=1, batch=4, warmup_steps=1), vocab=8192,
+                               root_input=root_input)  # fmt: skip
     assert summary["steps"] == 2 and summary["gamma"] == 3 and summary["loss_vocab"] == 8192
+    assert summary["root_input"] == root_input
     assert {"heldout_head1_top1", "heldout_head3_top3", "heldout_chain_tau"} <= set(summary["log"][-1])
     assert (out / "curves.png").stat().st_size > 0
     assert sorted(p.name for p in (data / "features").iterdir()) == [
@@ -361,6 +364,9 @@ def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path):
         "train-00000.safetensors"]  # fmt: skip
     heads = load_heads(out, target_config=loaded.model.config)
     assert heads.medusa_layers[0].linear.weight.abs().sum() > 0  # trained, not the zero start
+    assert heads.config.root_input == root_input
+    if root_input:
+        assert heads.root_input.down.weight.abs().sum() > 0
     assert len(heads.draft_vocab) == 8192 and bool((heads.draft_vocab.diff() > 0).all())  # it drafts inside it
 
 
@@ -369,6 +375,7 @@ def test_train_tokenswift_rejects_bad_options_in_one_line(tmp_path, monkeypatch,
     command = ("train", "tokenswift", "--data", str(tmp_path), "--out", out)
     # in this process (`specchat_in_process`): each is refused before the target loads
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command), "holds no training data")
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--root-input"), "holds no training data")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--warmup-steps", "-1"), "--warmup-steps")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--lr", "0"), "--lr")
 
