@@ -217,6 +217,26 @@ def test_heads_with_root_input_draft_from_the_token_the_target_chose(model, toke
     assert not torch.equal(head_logits(state, root), other)  # the same state with another token guesses otherwise
 
 
+@pytest.mark.parametrize("forward", [True, False], ids=["forward", "verified-state"])
+def test_a_small_budget_runs_only_the_heads_its_tree_can_reach(model, tokenizer, forward):
+    engine = Engine(model, tokenizer, max_len=200)
+    drafter = TokenSwiftDrafter(engine.target, root_heads(model), kv_budget=0, forward=forward, lag=16)
+    engine.set_drafter(drafter, 40)
+    prompt = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(7)).tolist()
+    list(engine.generate(prompt, max_new_tokens=4))
+    ran = []
+    for i, head in enumerate(drafter.heads.medusa_layers):
+        head.linear.register_forward_pre_hook(lambda *_, i=i: ran.append(i))
+    full = drafter.propose(40, SamplingConfig())
+    ran.clear()
+    small = drafter.propose(2 if forward else 1, SamplingConfig())
+    assert ran == [0]  # one node below the root (or below the LM head's first token): the first head alone
+    assert small.tokens[: len(small)] == full.tokens[: len(small)]  # the same most probable nodes
+    ran.clear()
+    if forward:
+        assert len(drafter.propose(1, SamplingConfig())) == 1 and ran == []
+
+
 def test_build_drafts_without_a_forward_on_a_cpu_unless_asked(model, tokenizer, tmp_path):
     save_heads(tmp_path / "heads", random_heads(model))
     target = Engine(model, tokenizer, max_len=64).target

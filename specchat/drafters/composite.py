@@ -19,12 +19,15 @@ from specchat.engine.tree import ROOT, DraftTree
 class CompositeDrafter:
     """Drafts with `first` and `second` at once; both follow every prefill and commit.
 
-    Budget: the second drafter (the cheap one: n-gram lookup) proposes first, within the whole budget, and
-    its tree is kept whole; the first drafter proposes within what is left, when something is and when
-    drafting with both parts has committed more tokens per second than the second alone (`ModeChoice`). A
-    copy the lookup found costs no draft forward, and a long one fills the budget by itself; measured on
-    the default model, giving the model the first share instead made copy-heavy text a third slower than
-    n-gram drafting alone (docs/benchmarks.md).
+    Budget: the second drafter (the cheap one: n-gram lookup) always proposes within the whole budget. The
+    part whose top guess (its first node below the root) has more often been the target's next token leads:
+    its tree is kept whole and the other's nodes fill what is left. The first drafter proposes when it leads
+    or something is left, and when drafting with both parts has committed more tokens per second than the
+    second alone (`ModeChoice`). A copy the lookup found costs no draft forward and is mostly right, and a
+    long one fills the budget by itself: measured on the default model, giving the model the first share
+    regardless made copy-heavy text a third slower than n-gram drafting alone (docs/benchmarks.md). Where the
+    lookup's matches are mostly wrong (chat answers), letting it lead left a model whose top guess was twice
+    as often right out of trees of one node.
 
     Sampling: verification draws once from the target wherever a node's children are not all drafter
     samples (`specchat.engine.verify`), which is exact for any tree; rejection sampling against `draft_probs`
@@ -39,23 +42,57 @@ class CompositeDrafter:
         self.second = second
         self.kind = f"{first.kind}+{second.kind}"  # its nodes carry the parts' kinds
         self.modes = ModeChoice()
+        self.guesses = TopGuesses()
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         self.first.prefill(ids, hidden, reused)
         self.second.prefill(ids, hidden, reused)
         self.modes.restart()
+        self.guesses.restart()
 
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         self.first.commit(tokens, hidden)
         self.second.commit(tokens, hidden)
         self.modes.committed(len(tokens))
+        self.guesses.committed(tokens[0])
 
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
         second = self.second.propose(budget, sampling, generator)
-        rest = budget - len(second)
-        both = rest > 0 and self.modes.next_mode() == BOTH  # a step with no room left is nobody's sample
-        first = self.first.propose(rest, sampling, generator) if both else DraftTree.empty()
+        room = budget if self.guesses.first_leads() else budget - len(second)
+        both = room > 0 and self.modes.next_mode() == BOTH  # a step with no room left is nobody's sample
+        first = self.first.propose(room, sampling, generator) if both else DraftTree.empty()
+        self.guesses.proposed(first, second)
         return merge_trees(first, second, budget)
+
+
+class TopGuesses:
+    """How often each part's top guess, its first node below the root, was the token the target committed next,
+    counted with decay (a part that proposed nothing on a step is not counted on it)."""
+
+    def __init__(self, decay: float = 0.95):
+        self.decay = decay
+        self.right = [0.0, 0.0]  # decayed sums: first, second
+        self.guessed = [0.0, 0.0]
+        self._pending: list[int | None] = [None, None]  # the tokens guessed on the step in flight
+
+    def restart(self) -> None:
+        self._pending = [None, None]
+
+    def proposed(self, *trees: DraftTree) -> None:
+        self._pending = [next((t for t, p in zip(tree.tokens, tree.parents) if p == ROOT), None) for tree in trees]
+
+    def committed(self, token: int) -> None:
+        for part, guess in enumerate(self._pending):
+            if guess is not None:
+                self.right[part] = self.right[part] * self.decay + (guess == token)
+                self.guessed[part] = self.guessed[part] * self.decay + 1
+        self._pending = [None, None]
+
+    def rate(self, part: int) -> float:
+        return (self.right[part] + 1) / (self.guessed[part] + 2)  # one right and one wrong guess to start with
+
+    def first_leads(self) -> bool:
+        return self.rate(0) > self.rate(1)
 
 
 def merge_trees(first: DraftTree, second: DraftTree, budget: int) -> DraftTree:

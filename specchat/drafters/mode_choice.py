@@ -16,7 +16,7 @@ BOTH, SECOND = "both", "second"
 
 
 class ModeChoice:
-    def __init__(self, *, decay: float = 0.9, probe_every: int = 16, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, *, decay: float = 0.97, probe_every: int = 16, clock: Callable[[], float] = time.perf_counter):
         self.decay = decay
         self.probe_every = probe_every
         self.clock = clock

@@ -31,6 +31,7 @@ from specchat.drafters.partial_kv import PartialKV
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.models.tokenswift import TokenSwiftHeads, download_heads, load_heads
+from specchat.quant.quantize import quantize_linears
 
 KV_BUDGET = 4096  # TokenSwift's partial cache B; 0 drafts over the full cache
 WIDTH = 3  # candidates per head (the [1, 3, 3, 3] tree)
@@ -45,7 +46,10 @@ class TokenSwiftDrafter:
         """`forward`: draft the root's own token with a target forward over `kv_budget` slots of its cache
         (0: the engine's full cache); else the heads alone, from the last verified state."""
         self.target, self.heads = target, heads.to(target.device)
-        self.head = DraftHead(target, heads.draft_vocab, draft_weights(target))
+        weights = draft_weights(target)
+        if weights:  # on a CPU each draft reads the heads anew after the target's step evicted them: half the bytes
+            quantize_linears(self.heads, weights, dtype=target.dtype)
+        self.head = DraftHead(target, heads.draft_vocab, weights)
         self.forward = forward
         self.partial = PartialKV(target, kv_budget) if forward and kv_budget else None
         self.table = NgramTable(lag=lag)
@@ -87,11 +91,11 @@ class TokenSwiftDrafter:
                                                  torch.tensor([position], device=self.target.device), cache)  # fmt: skip
             p, token = self._probs(logits[-1:], sampling)[0].max(dim=0)
             first = (int(token), float(p))
-            probs = self._probs(self._head_logits(hidden[-1:], first[0]), sampling)
+            probs = self._probs(self._head_logits(hidden[-1:], first[0], budget - 1), sampling)
         elif self.state is None:
             return DraftTree.empty()
         else:
-            probs = self._probs(self._head_logits(self.state, root), sampling)
+            probs = self._probs(self._head_logits(self.state, root, budget), sampling)
         vocab = self.head.draft_vocab
         top = (probs if vocab is None else probs[:, vocab]).topk(WIDTH, dim=-1)  # the heads rank their vocabulary
         tokens = top.indices if vocab is None else vocab[top.indices]
@@ -104,13 +108,13 @@ class TokenSwiftDrafter:
             history = torch.tensor(self.ids[-sampling.penalty_window :])[None].expand(len(rows), -1)
         return process_logits(rows, sampling, history).softmax(dim=-1)
 
-    def _head_logits(self, state: torch.Tensor, root: int) -> torch.Tensor:
-        """[gamma, vocab]: the heads' logits of one state [1, hidden] whose next token is `root`, -inf outside
-        their draft vocabulary."""
+    def _head_logits(self, state: torch.Tensor, root: int, depth: int | None = None) -> torch.Tensor:
+        """[depth, vocab]: the first `depth` heads' logits (default all: a tree of n nodes is at most n deep) of
+        one state [1, hidden] whose next token is `root`, -inf outside their draft vocabulary."""
         embedded = None
         if self.heads.config.root_input:
             embedded = self.target.embed_tokens(torch.tensor([root], device=self.target.device)).to(self.heads_dtype)
-        guesses = self.heads(state.to(self.heads_dtype), embedded).to(state.dtype)[:, 0]  # [gamma, hidden]
+        guesses = self.heads(state.to(self.heads_dtype), embedded, depth).to(state.dtype)[:, 0]  # [depth, hidden]
         scores = self.head(guesses)
         if self.head.draft_vocab is None:
             return scores

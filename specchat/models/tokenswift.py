@@ -124,19 +124,20 @@ class TokenSwiftHeads(nn.Module):
                 if final_norm is not None:
                     head.post_layernorm.weight.copy_(final_norm)
 
-    def forward(self, hidden: torch.Tensor, root: torch.Tensor | None = None) -> torch.Tensor:
-        """The heads' normed outputs [gamma, n, hidden_size] of the target's last-layer states `hidden`
+    def forward(self, hidden: torch.Tensor, root: torch.Tensor | None = None, depth: int | None = None) -> torch.Tensor:
+        """The heads' normed outputs [depth, n, hidden_size] of the target's last-layer states `hidden`
         [n, hidden_size] (before its final norm); output i at row t feeds the LM head's guess of token t + 2 + i.
-        `root` [n, hidden_size]: the target's embeddings of tokens t + 1, which heads with `root_input` read."""
+        `root` [n, hidden_size]: the target's embeddings of tokens t + 1, which heads with `root_input` read.
+        `depth`: only the first heads (a small tree reaches no deeper; default all gamma)."""
         if self.root_input is not None:
             if root is None:
                 raise ValueError("these TokenSwift heads read the root token's embedding")
             hidden = self.root_input(hidden, root)
         outputs = []
-        for head in self.medusa_layers:
+        for head in self.medusa_layers[:depth]:
             hidden = hidden + head.linear(head.input_layernorm(hidden))
             outputs.append(head.post_layernorm(hidden))
-        return torch.stack(outputs)
+        return torch.stack(outputs) if outputs else hidden.new_empty(0, *hidden.shape)
 
 
 def save_heads(directory: Path, heads: TokenSwiftHeads, dtype: torch.dtype = torch.bfloat16) -> None:
