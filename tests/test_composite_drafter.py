@@ -3,7 +3,8 @@
 - the merge keeps the first tree, adds the second's new nodes (siblings distinct, origins kept, the first
   drafter's origin where both proposed a token), stays within the budget and leaves out nodes whose
   parent did not fit; on crafted and on random trees;
-- the n-gram tree is kept whole and the model drafts within the rest of the budget;
+- the n-gram tree is kept whole and the model drafts within the rest of the budget, while the lookup's top
+  guesses are right more often than the model's; else the model leads;
 - the model drafts only while drafting with both parts commits more tokens per second than n-gram alone:
   the choice on a crafted clock, then a slow drafter that is never right (left out but for probes) and an
   oracle (kept);
@@ -231,6 +232,38 @@ def test_a_step_with_other_commits_between_proposals_is_not_counted():
     choice.committed(1)
     choice.next_mode()
     assert choice.seconds == {BOTH: 0.0, SECOND: 0.0}
+
+
+class Always:
+    """A drafter that guesses the same one token every step."""
+
+    def __init__(self, kind: str, token: int):
+        self.kind, self.token = kind, token
+
+    def prefill(self, ids, hidden, reused):
+        pass
+
+    def commit(self, tokens, hidden):
+        pass
+
+    def propose(self, budget, sampling, generator):
+        return DraftTree([self.token], [ROOT], [self.kind]) if budget else DraftTree.empty()
+
+
+def test_the_part_whose_top_guess_is_more_often_right_leads():
+    """In trees of one node, the lookup leads at first (as a composite always let it), then the part whose guess
+    has been the target's next token more often; when the text turns, the lead follows."""
+    composite = CompositeDrafter(Always("model", 1), Always("ngram", 2))
+    ticks = itertools.count()
+    composite.modes = ModeChoice(clock=lambda: next(ticks), probe_every=1000)  # no probes of the lookup alone
+    leads = []
+    for target_token in [1] * 30 + [2] * 60:
+        tree = composite.propose(1, SamplingConfig(), None)
+        leads.append(tree.origins[0])
+        composite.commit([target_token], None)
+    assert leads[0] == "ngram"
+    assert leads[3:30] == ["model"] * 27  # right every step, where the lookup never was
+    assert "ngram" in leads[30:60] and leads[60:] == ["ngram"] * 30
 
 
 class Slow:
