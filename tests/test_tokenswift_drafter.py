@@ -208,7 +208,7 @@ def test_heads_with_root_input_draft_from_the_token_the_target_chose(model, toke
     list(engine.generate(prompt, max_new_tokens=4))
     heard = []
     head_logits = drafter._head_logits
-    drafter._head_logits = lambda state, root: heard.append((state, root)) or head_logits(state, root)
+    drafter._head_logits = lambda state, root, depth: heard.append((state, root)) or head_logits(state, root, depth)
     tree = drafter.propose(40, SamplingConfig())
     first = [t for t, d in zip(tree.tokens, tree.depths) if d == 1]
     state, root = heard[-1]

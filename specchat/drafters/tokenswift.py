@@ -45,7 +45,7 @@ class TokenSwiftDrafter:
                  forward: bool = True, lag: int = 1024):  # fmt: skip
         """`forward`: draft the root's own token with a target forward over `kv_budget` slots of its cache
         (0: the engine's full cache); else the heads alone, from the last verified state."""
-        self.target, self.heads = target, heads.to(target.device)
+        self.target, self.heads = target, heads.to(target.device, target.dtype)
         weights = draft_weights(target)
         if weights:  # on a CPU each draft reads the heads anew after the target's step evicted them: half the bytes
             quantize_linears(self.heads, weights, dtype=target.dtype)
@@ -113,17 +113,13 @@ class TokenSwiftDrafter:
         one state [1, hidden] whose next token is `root`, -inf outside their draft vocabulary."""
         embedded = None
         if self.heads.config.root_input:
-            embedded = self.target.embed_tokens(torch.tensor([root], device=self.target.device)).to(self.heads_dtype)
-        guesses = self.heads(state.to(self.heads_dtype), embedded, depth).to(state.dtype)[:, 0]  # [depth, hidden]
+            embedded = self.target.embed_tokens(torch.tensor([root], device=self.target.device)).to(self.target.dtype)
+        guesses = self.heads(state.to(self.target.dtype), embedded, depth).to(state.dtype)[:, 0]  # [depth, hidden]
         scores = self.head(guesses)
         if self.head.draft_vocab is None:
             return scores
         full = scores.new_full((len(scores), self.head.vocab_size), float("-inf"))
         return full.index_copy_(1, self.head.draft_vocab, scores)
-
-    @property
-    def heads_dtype(self) -> torch.dtype:
-        return next(self.heads.parameters()).dtype
 
 
 def _tree(values: list[list[float]], tokens: list[list[int]], table: NgramTable, budget: int, kind: str, *,
