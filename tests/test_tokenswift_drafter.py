@@ -185,13 +185,19 @@ def test_tokenswift_output_equals_autoregressive(model, tokenizer, forward, kv_b
         assert drafter.partial.selections >= 3
 
 
-@pytest.mark.parametrize("forward", [True, False], ids=["forward", "verified-state"])
-def test_heads_draft_only_inside_their_vocabulary(model, tokenizer, forward):
+def drafter_after_a_prompt(model, tokenizer, heads: TokenSwiftHeads, forward: bool) -> TokenSwiftDrafter:
+    """A drafter with `heads` that has followed a 30-token random prompt and 4 generated tokens."""
     engine = Engine(model, tokenizer, max_len=200)
-    drafter = TokenSwiftDrafter(engine.target, vocab_heads(model), kv_budget=0, forward=forward, lag=16)
+    drafter = TokenSwiftDrafter(engine.target, heads, kv_budget=0, forward=forward, lag=16)
     engine.set_drafter(drafter, 40)
     prompt = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(7)).tolist()
     list(engine.generate(prompt, max_new_tokens=4))
+    return drafter
+
+
+@pytest.mark.parametrize("forward", [True, False], ids=["forward", "verified-state"])
+def test_heads_draft_only_inside_their_vocabulary(model, tokenizer, forward):
+    drafter = drafter_after_a_prompt(model, tokenizer, vocab_heads(model), forward)
     tree = drafter.propose(40, SamplingConfig())
     heads_tokens = [t for t, o, d in zip(tree.tokens, tree.origins, tree.depths) if o == "tokenswift" and (d > 1 or not forward)]
     assert len(heads_tokens) >= 27 and all(t % 2 == 0 for t in heads_tokens)
@@ -201,11 +207,7 @@ def test_heads_draft_only_inside_their_vocabulary(model, tokenizer, forward):
 def test_heads_with_root_input_draft_from_the_token_the_target_chose(model, tokenizer, forward):
     """The heads' levels follow the token below them: the root (verified state) or the LM head's first token
     (forward); the same state with another token gives other guesses."""
-    engine = Engine(model, tokenizer, max_len=200)
-    drafter = TokenSwiftDrafter(engine.target, root_heads(model), kv_budget=0, forward=forward, lag=16)
-    engine.set_drafter(drafter, 40)
-    prompt = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(7)).tolist()
-    list(engine.generate(prompt, max_new_tokens=4))
+    drafter = drafter_after_a_prompt(model, tokenizer, root_heads(model), forward)
     heard = []
     head_logits = drafter._head_logits
     drafter._head_logits = lambda state, root, depth: heard.append((state, root)) or head_logits(state, root, depth)
@@ -219,11 +221,7 @@ def test_heads_with_root_input_draft_from_the_token_the_target_chose(model, toke
 
 @pytest.mark.parametrize("forward", [True, False], ids=["forward", "verified-state"])
 def test_a_small_budget_runs_only_the_heads_its_tree_can_reach(model, tokenizer, forward):
-    engine = Engine(model, tokenizer, max_len=200)
-    drafter = TokenSwiftDrafter(engine.target, root_heads(model), kv_budget=0, forward=forward, lag=16)
-    engine.set_drafter(drafter, 40)
-    prompt = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(7)).tolist()
-    list(engine.generate(prompt, max_new_tokens=4))
+    drafter = drafter_after_a_prompt(model, tokenizer, root_heads(model), forward)
     ran = []
     for i, head in enumerate(drafter.heads.medusa_layers):
         head.linear.register_forward_pre_hook(lambda *_, i=i: ran.append(i))
