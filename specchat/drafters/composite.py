@@ -73,10 +73,11 @@ class TopGuesses:
         self.decay = decay
         self.right = [0.0, 0.0]  # decayed sums: first, second
         self.guessed = [0.0, 0.0]
-        self._pending: list[int | None] = [None, None]  # the tokens guessed on the step in flight
+        self.restart()
 
     def restart(self) -> None:
-        self._pending = [None, None]
+        """A new request: no step is in flight."""
+        self._pending: list[int | None] = [None, None]  # the tokens guessed on the step in flight
 
     def proposed(self, *trees: DraftTree) -> None:
         self._pending = [next((t for t, p in zip(tree.tokens, tree.parents) if p == ROOT), None) for tree in trees]
@@ -86,7 +87,7 @@ class TopGuesses:
             if guess is not None:
                 self.right[part] = self.right[part] * self.decay + (guess == token)
                 self.guessed[part] = self.guessed[part] * self.decay + 1
-        self._pending = [None, None]
+        self.restart()
 
     def rate(self, part: int) -> float:
         return (self.right[part] + 1) / (self.guessed[part] + 2)  # one right and one wrong guess to start with

@@ -113,7 +113,7 @@ class TokenSwiftDrafter:
         one state [1, hidden] whose next token is `root`, -inf outside their draft vocabulary."""
         embedded = None
         if self.heads.config.root_input:
-            embedded = self.target.embed_tokens(torch.tensor([root], device=self.target.device)).to(self.target.dtype)
+            embedded = self.target.embed_tokens(torch.tensor([root], device=self.target.device))  # cast by the heads
         guesses = self.heads(state.to(self.target.dtype), embedded, depth).to(state.dtype)[:, 0]  # [depth, hidden]
         scores = self.head(guesses)
         if self.head.draft_vocab is None:
