@@ -680,8 +680,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (size_t i = 0; i < blocks.size(); ++i) matrices.push_back({blocks[i].contiguous(), types[i], cols});
     return gguf::matmul(x, matrices, gguf::path_named(path));
   }, "x [n, cols] times GGUF matrices stacked along their rows -> [n, rows] float32 (gguf_blocks.h).");
-  m.def("gguf_tile_q4_k", &gguf::tile_q4_k, "Q4_K blocks [rows, bytes] -> the tiles of 8 rows that type 112 names.");
-  m.def("gguf_tile_q6_k", &gguf::tile_q6_k, "Q6_K blocks [rows, bytes] -> the tiles of 8 rows that type 114 names.");
+  m.def("gguf_tile", &gguf::tile, py::arg("blocks"), py::arg("type"), py::arg("cols"), py::arg("per_unit") = 0,
+        "A Q4_K / Q6_K matrix's blocks [rows, bytes] -> (its tiles, their type) for this build (gguf_blocks.h, `tile`).");
   m.def("gguf_rows", [](at::Tensor blocks, int64_t type, int64_t cols, at::Tensor ids) {
     return gguf::dequantize_rows({blocks.contiguous(), type, cols}, ids);
   }, "Rows `ids` of a GGUF matrix dequantized to float32.");

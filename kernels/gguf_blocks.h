@@ -30,6 +30,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -39,15 +40,21 @@
 
 namespace gguf {
 
-// ggml's type ids, as GGUF files store them; and Q4_K_TILES / Q6_K_TILES, Q4_K / Q6_K repacked in tiles of eight
-// rows (`tile_q4_k`, `tile_q6_k`).
+// ggml's type ids, as GGUF files store them; Q4_K_TILES / Q6_K_TILES, Q4_K / Q6_K repacked in tiles of eight
+// rows; and Q4_K_PAIRS / Q6_K_PAIRS, in tiles of 16 rows: two 8-row tiles whose groups alternate (`tile`).
 enum Type : int64_t {
-  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_K_TILES = 112, Q6_K_TILES = 114
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+  Q4_K_TILES = 112, Q6_K_TILES = 114, Q4_K_PAIRS = 212, Q6_K_PAIRS = 214
 };
 
-constexpr int64_t kTileRows = 8;  // weight rows per tile
+constexpr int64_t kTileRows = 8;  // weight rows per tile (a pair holds two)
 
-inline bool is_tiled(int64_t type) { return type == Q4_K_TILES || type == Q6_K_TILES; }
+inline bool is_tiled(int64_t type) {
+  return type == Q4_K_TILES || type == Q6_K_TILES || type == Q4_K_PAIRS || type == Q6_K_PAIRS;
+}
+// 8-row tiles side by side in a unit of a tiled type: 1, or 2 in a pair.
+inline int64_t tiles_per_unit(int64_t type) { return type == Q4_K_PAIRS || type == Q6_K_PAIRS ? 2 : 1; }
+inline bool is_q4_k_tiles(int64_t type) { return type == Q4_K_TILES || type == Q4_K_PAIRS; }
 
 // Which code path computes the products: the fastest this build has, AVX2, or the portable loops. All give
 // bitwise the same results; tests pick each in turn.
@@ -77,6 +84,8 @@ inline Layout layout(int64_t type) {
     case Q6_K: return {256, 210, false};
     case Q4_K_TILES: return {256, 8 * 148, false};  // a tile's 8 rows (148 = 144 + the scales unpacked)
     case Q6_K_TILES: return {256, 8 * 210, false};  // a tile's 8 rows, the same bytes rearranged
+    case Q4_K_PAIRS: return {256, 16 * 148, false};  // a pair's 16 rows
+    case Q6_K_PAIRS: return {256, 16 * 210, false};
     default: TORCH_CHECK(false, "no kernel for GGUF block type ", type);
   }
 }
@@ -617,29 +626,33 @@ inline at::Tensor huge_page_bytes(int64_t rows, int64_t cols) {
   return at::from_blob(memory, {rows, cols}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kByte));
 }
 
-// Blocks [rows, groups * block_bytes] of 8-row tiles' rows -> tiles [rows / 8, groups * sizeof(Tile)], zeroed,
-// then `fill(tile_group, i, block)` for each of the 8 rows i of every tile group: the repacking both tile kinds share.
+// Blocks [rows, groups * block_bytes] -> units of `per_unit` 8-row tiles [rows / (8 per_unit), groups * per_unit *
+// sizeof(Tile)], zeroed, then `fill(tile_group, i, block)` for each of the 8 rows i of every tile group: the
+// repacking both tile kinds share. In a pair (per_unit 2) the two tiles' groups alternate: group g of the first
+// tile, of the second, then group g + 1 of each, so the pair is read as one stream.
 template <typename Tile, typename Fill>
-inline at::Tensor repack_tiles(const at::Tensor& blocks, int64_t cols, int64_t block_bytes, Fill fill) {
-  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) % kTileRows == 0, "tiles take rows in eights");
+inline at::Tensor repack_tiles(const at::Tensor& blocks, int64_t cols, int64_t block_bytes, int64_t per_unit, Fill fill) {
+  const int64_t unit_rows = kTileRows * per_unit;
+  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) % unit_rows == 0, "tiles of ", unit_rows, " take rows in ", unit_rows, "s");
   const int64_t tiles = blocks.size(0) / kTileRows, groups = cols / 256, row_bytes = groups * block_bytes;
   TORCH_CHECK(blocks.size(1) == row_bytes, "blocks do not fit the type");
   const at::Tensor in = blocks.contiguous();
-  at::Tensor out = huge_page_bytes(tiles, groups * static_cast<int64_t>(sizeof(Tile)));
+  at::Tensor out = huge_page_bytes(tiles / per_unit, groups * per_unit * static_cast<int64_t>(sizeof(Tile)));
   const uint8_t* src = in.data_ptr<uint8_t>();
   auto* dst = reinterpret_cast<Tile*>(out.data_ptr<uint8_t>());
   at::parallel_for(0, tiles * groups, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t tile = unit / groups, g = unit % groups;
-      for (int i = 0; i < 8; ++i) fill(dst[unit], i, src + (tile * kTileRows + i) * row_bytes + g * block_bytes);
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t tile = index / groups, g = index % groups;
+      Tile& group = dst[(tile / per_unit * groups + g) * per_unit + tile % per_unit];
+      for (int i = 0; i < 8; ++i) fill(group, i, src + (tile * kTileRows + i) * row_bytes + g * block_bytes);
     }
   });
   return out;
 }
 
-// Q4_K blocks [rows, groups * 144] -> tiles [rows / 8, groups * sizeof(TileQ4K)].
-inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols) {
-  return repack_tiles<TileQ4K>(blocks, cols, 144, [](TileQ4K& t, int i, const uint8_t* b) {
+// Q4_K blocks [rows, groups * 144] -> units of `per_unit` tiles (`repack_tiles`).
+inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ4K>(blocks, cols, 144, per_unit, [](TileQ4K& t, int i, const uint8_t* b) {
     std::memcpy(&t.d[i], b, 2);
     std::memcpy(&t.dmin[i], b + 2, 2);
     uint8_t scales[16];
@@ -657,12 +670,12 @@ inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols) {
   });
 }
 
-// Row i of a tile in the integer form (`dequantize_rows`).
-inline void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, Unpacked& u) {
+// Row i of a tile in the integer form (`dequantize_rows`); its groups `stride` groups apart (2 in a pair).
+inline void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
   const int64_t groups = cols / 256;
   u.resize(cols, groups);
   for (int64_t g = 0; g < groups; ++g) {
-    const TileQ4K& t = reinterpret_cast<const TileQ4K*>(tile)[g];
+    const TileQ4K& t = reinterpret_cast<const TileQ4K*>(tile)[g * stride];
     for (int j = 0; j < 8; ++j) {
       for (int p = 0; p < 4; ++p)
         for (int c = 0; c < 4; ++c) {
@@ -678,8 +691,10 @@ inline void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, Unpack
   }
 }
 
-// Portable: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
-inline void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, float* out) {
+// Portable: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n); the tile's
+// groups `stride` groups apart.
+inline void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,
+                               float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
   const auto* tiles = reinterpret_cast<const TileQ4K*>(tile);
   for (int64_t r = first; r < first + n; ++r) {
@@ -688,7 +703,7 @@ inline void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t 
     for (int i = 0; i < 8; ++i) {
       float acc = 0.0f, offset = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
-        const TileQ4K& t = tiles[g];
+        const TileQ4K& t = tiles[g * stride];
         int32_t p = 0, q = 0;
         for (int j = 0; j < 8; ++j) {
           int32_t dot = 0;
@@ -754,20 +769,14 @@ inline __m256 tile_neg_min(const TileQ4K& t) {
   return _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.dmin))));
 }
 
-// Group g + kPrefetchGroups of this kernel's stream of tiles into cache while group g computes. A stream goes on,
-// past its tile's `groups` groups, into the tile `stride` tiles on (the next call's: 1 for a tile at a time, 2
-// for pairs), so a call's first groups are in cache when it starts. A prefetch past the matrix's end is harmless.
-// Measured on the 1.5B (2 threads): the hardware prefetcher alone left a one-row product 10-15% slower; 2 groups
-// ahead, and tiles in pairs starting cold, left 8 rows at 43 ms a forward's matmuls where 8 groups take 34 ms.
-constexpr int64_t kPrefetchGroups = 8;
-
-template <typename Tile>
-inline void prefetch_ahead(const Tile* tiles, int64_t g, int64_t groups, int64_t stride) {
-  const int64_t ahead = g + kPrefetchGroups;
-  const Tile* t = tiles + ahead / groups * stride * groups + ahead % groups;
-  for (int k = 0; k < static_cast<int>(sizeof(Tile)); k += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(t) + k, _MM_HINT_T0);
+// `bytes` at `p` into cache, a line at a time (a prefetch past the matrix's end is harmless). The kernels ask
+// for what they will read about 9 KB on in their stream of tiles (8 groups of one tile, 4 of a pair): on the
+// 1.5B (2 threads) the hardware prefetcher alone left a one-row product 10-15% slower, and 2 groups ahead left
+// 8 rows at 43 ms a forward's matrices where 8 take 34 ms.
+inline void prefetch(const void* p, int64_t bytes) {
+  for (int64_t k = 0; k < bytes; k += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + k, _MM_HINT_T0);
 }
+constexpr int64_t kPrefetchGroups = 8;
 
 // Every activation row's 8 lanes stored out, lane i to weight row i's column.
 template <int ROWS>
@@ -783,17 +792,21 @@ inline void store_tile_rows(const __m256 (&acc)[ROWS], const __m256 (&offset)[RO
 // ROWS activation rows share each load of the tile's codes. AVX2 sums a sub-block's pair products in int16
 // (|sum| <= 8 * 2 * 15 * 127 < 2^15) and widens them in the scale's multiply-add; AVX-512 VNNI sums them
 // straight into int32 lanes, four products at a time (vpdpbusd), then multiplies by the scale once. The integer
-// P is the same either way, and so is every float step after it.
-template <int ROWS, bool VNNI>
-void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
+// P is the same either way, and so is every float step after it. A unit's HALVES tiles (2 in a pair) go group by
+// group, as they lie: out[i * x.rows + r] for tile h's rows 8h + i.
+template <int ROWS, bool VNNI, int HALVES>
+void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
-  const auto* tiles = reinterpret_cast<const TileQ4K*>(tile);
+  const auto* tiles = reinterpret_cast<const TileQ4K*>(unit);
   const __m256i m4 = _mm256_set1_epi8(15);
-  __m256 acc[ROWS], offset[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    const TileQ4K& t = tiles[g];
-    prefetch_ahead(tiles, g, groups, 1);
+  __m256 acc[HALVES][ROWS], offset[HALVES][ROWS];
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) acc[h][r] = offset[h][r] = _mm256_setzero_ps();
+  for (int64_t half_group = 0; half_group < groups * HALVES; ++half_group) {
+    const int64_t g = half_group / HALVES;
+    const int h = HALVES == 1 ? 0 : half_group % HALVES;
+    const TileQ4K& t = tiles[half_group];
+    prefetch(tiles + half_group + kPrefetchGroups, sizeof(TileQ4K));
     __m256i p[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
@@ -820,21 +833,20 @@ void tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* ou
       for (int r = 0; r < ROWS; ++r) p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(dot[r], scales));
     }
     const __m256 d = tile_d(t), neg_min = tile_neg_min(t);
-    for (int r = 0; r < ROWS; ++r) close_tile_group(t, x, first + r, g, p[r], d, neg_min, acc[r], offset[r]);
+    for (int r = 0; r < ROWS; ++r) close_tile_group(t, x, first + r, g, p[r], d, neg_min, acc[h][r], offset[h][r]);
   }
-  store_tile_rows(acc, offset, x, first, out);
+  for (int h = 0; h < HALVES; ++h) store_tile_rows(acc[h], offset[h], x, first, out + h * kTileRows * x.rows);
 }
 #endif
 
 #ifdef GGUF_VNNI
-// Two tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's): half the
+// A pair's two tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's): half the
 // instructions of two calls of `tile_dots<ROWS, true>`, and every lane's integer and float steps the same as there.
 // out[i * x.rows + r] for the 16 weight rows i.
 template <int ROWS>
-void tile_pair_dots_vnni(const uint8_t* tile_a, const uint8_t* tile_b, const Quantized& x, int64_t first, float* out) {
+void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
-  const auto* as = reinterpret_cast<const TileQ4K*>(tile_a);
-  const auto* bs = reinterpret_cast<const TileQ4K*>(tile_b);
+  const auto* tiles = reinterpret_cast<const TileQ4K*>(pair);
   const __m512i m4 = _mm512_set1_epi8(15);
   const auto both = [](const void* a, const void* b) {  // 32 bytes of each tile, one vector
     return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
@@ -847,9 +859,8 @@ void tile_pair_dots_vnni(const uint8_t* tile_a, const uint8_t* tile_b, const Qua
   __m512 acc[ROWS], offset[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const TileQ4K &ta = as[g], &tb = bs[g];
-    prefetch_ahead(as, g, groups, 2);
-    prefetch_ahead(bs, g, groups, 2);
+    const TileQ4K &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
+    prefetch(tiles + 2 * (g + kPrefetchGroups / 2), 2 * sizeof(TileQ4K));
     __m512i p[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = _mm512_setzero_si512();
 #pragma GCC unroll 1
@@ -912,29 +923,6 @@ inline void by_eights(int64_t rows, Kernel kernel) {
 }
 #endif
 
-// Whether `tile_pair_dots` takes two tiles at once: on this path, for this many activation rows (measured on
-// the 1.5B's Q4_K matrices, pairs pay from 8 rows: 16 rows 58 -> 44 ms; below that a tile at a time is faster).
-inline bool pairs_tiles(Path path, int64_t rows) {
-#ifdef GGUF_VNNI
-  return path == Path::Best && rows >= 8;
-#else
-  (void)path, (void)rows;
-  return false;
-#endif
-}
-
-// out[i * x.rows + r]: the tile's weight rows i dotted with every activation row r.
-inline void tile_dots(const uint8_t* tile, const Quantized& x, Path path, float* out) {
-#ifdef GGUF_VNNI
-  if (path == Path::Best) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_dots<rows(), true>(tile, x, r, out); });
-#endif
-#ifdef GGUF_AVX2
-  if (path != Path::Portable) return by_fours(x.rows, [&](auto rows, int64_t r) { tile_dots<rows(), false>(tile, x, r, out); });
-#endif
-  (void)path;
-  tile_dots_portable(tile, x, 0, x.rows, out);
-}
-
 // ---- Q6_K in tiles of eight rows -----------------------------------------------------------------------------
 //
 // The same idea for Q6_K (the 1.5B's output head and half its down projections): per group of 256 values and
@@ -963,9 +951,9 @@ inline int q6_tile_code(const TileQ6K& t, int j, int i, int v) {
   return low | (((t.high[j][4 * i + c] >> (2 * quarter)) & 3) << 4);
 }
 
-// Q6_K blocks [rows, groups * 210] -> tiles [rows / 8, groups * sizeof(TileQ6K)].
-inline at::Tensor tile_q6_k(const at::Tensor& blocks, int64_t cols) {
-  return repack_tiles<TileQ6K>(blocks, cols, 210, [](TileQ6K& t, int i, const uint8_t* b) {
+// Q6_K blocks [rows, groups * 210] -> units of `per_unit` tiles (`repack_tiles`).
+inline at::Tensor tile_q6_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ6K>(blocks, cols, 210, per_unit, [](TileQ6K& t, int i, const uint8_t* b) {
     alignas(32) uint8_t codes[256];
     six_bits_128(b, b + 128, codes);
     six_bits_128(b + 64, b + 160, codes + 128);
@@ -981,12 +969,12 @@ inline at::Tensor tile_q6_k(const at::Tensor& blocks, int64_t cols) {
   });
 }
 
-// Row i of a Q6_K tile in the integer form (`dequantize_rows`).
-inline void unpack_q6_tile_row(const uint8_t* tile, int64_t i, int64_t cols, Unpacked& u) {
+// Row i of a Q6_K tile in the integer form (`dequantize_rows`); its groups `stride` groups apart.
+inline void unpack_q6_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
   const int64_t groups = cols / 256;
   u.resize(cols, groups);
   for (int64_t g = 0; g < groups; ++g) {
-    const TileQ6K& t = reinterpret_cast<const TileQ6K*>(tile)[g];
+    const TileQ6K& t = reinterpret_cast<const TileQ6K*>(tile)[g * stride];
     for (int j = 0; j < 16; ++j) {
       for (int v = 0; v < 16; ++v) u.codes[g * 256 + 16 * j + v] = static_cast<uint8_t>(q6_tile_code(t, j, i, v));
       const int s = t.scales[j / 2][2 * i + j % 2];
@@ -999,7 +987,8 @@ inline void unpack_q6_tile_row(const uint8_t* tile, int64_t i, int64_t cols, Unp
 }
 
 // Portable: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
-inline void q6_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, float* out) {
+inline void q6_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,
+                                  float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
   const auto* tiles = reinterpret_cast<const TileQ6K*>(tile);
   for (int64_t r = first; r < first + n; ++r) {
@@ -1008,7 +997,7 @@ inline void q6_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64
     for (int i = 0; i < 8; ++i) {
       float acc = 0.0f, offset = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
-        const TileQ6K& t = tiles[g];
+        const TileQ6K& t = tiles[g * stride];
         int32_t p = 0, q = 0;
         for (int j = 0; j < 16; ++j) {
           int32_t dot = 0;
@@ -1064,15 +1053,18 @@ inline __m256i q6_pair_offset(__m256i scales16, const int16_t* sums) {
 // ROWS activation rows share each tile's codes. AVX2 sums two quarters' products in int16 (at most
 // 4 * 63 * 127 < 2^15) before the scale's widening multiply-add; VNNI sums a sub-block's four quarters straight
 // into int32 lanes, then multiplies by the scale once. The integers P and Q are the same either way.
-template <int ROWS, bool VNNI>
-void q6_tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float* out) {
+template <int ROWS, bool VNNI, int HALVES>
+void q6_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
-  const auto* tiles = reinterpret_cast<const TileQ6K*>(tile);
-  __m256 acc[ROWS], offset[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    const TileQ6K& t = tiles[g];
-    prefetch_ahead(tiles, g, groups, 1);
+  const auto* tiles = reinterpret_cast<const TileQ6K*>(unit);
+  __m256 acc[HALVES][ROWS], offset[HALVES][ROWS];
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) acc[h][r] = offset[h][r] = _mm256_setzero_ps();
+  for (int64_t half_group = 0; half_group < groups * HALVES; ++half_group) {
+    const int64_t g = half_group / HALVES;
+    const int h = HALVES == 1 ? 0 : half_group % HALVES;
+    const TileQ6K& t = tiles[half_group];
+    prefetch(tiles + half_group + kPrefetchGroups, sizeof(TileQ6K));
     __m256i p[ROWS], q[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
@@ -1095,9 +1087,9 @@ void q6_tile_dots(const uint8_t* tile, const Quantized& x, int64_t first, float*
       for (int r = 0; r < ROWS; ++r)
         q[r] = _mm256_add_epi32(q[r], q6_pair_offset(both, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair));
     }
-    for (int r = 0; r < ROWS; ++r) close_q6_tile_group(t, x, first + r, g, p[r], q[r], acc[r], offset[r]);
+    for (int r = 0; r < ROWS; ++r) close_q6_tile_group(t, x, first + r, g, p[r], q[r], acc[h][r], offset[h][r]);
   }
-  store_tile_rows(acc, offset, x, first, out);
+  for (int h = 0; h < HALVES; ++h) store_tile_rows(acc[h], offset[h], x, first, out + h * kTileRows * x.rows);
 }
 #endif
 
@@ -1110,14 +1102,12 @@ inline __m512i quad512(const int8_t* a, int k) {
   return _mm512_set1_epi32(four);
 }
 
-// Two Q6_K tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's), as
+// A pair of Q6_K tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's), as
 // `tile_pair_dots_vnni` does for Q4_K: every lane's integer and float steps those of `q6_tile_dots<ROWS, true>`.
 template <int ROWS>
-void q6_tile_pair_dots_vnni(const uint8_t* tile_a, const uint8_t* tile_b, const Quantized& x, int64_t first,
-                            float* out) {
+void q6_tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
-  const auto* as = reinterpret_cast<const TileQ6K*>(tile_a);
-  const auto* bs = reinterpret_cast<const TileQ6K*>(tile_b);
+  const auto* tiles = reinterpret_cast<const TileQ6K*>(pair);
   const __m512i m4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
   const auto both = [](const void* a, const void* b) {  // 32 bytes of each tile, one vector
     return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
@@ -1125,9 +1115,8 @@ void q6_tile_pair_dots_vnni(const uint8_t* tile_a, const uint8_t* tile_b, const 
   __m512 acc[ROWS], offset[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const TileQ6K &ta = as[g], &tb = bs[g];
-    prefetch_ahead(as, g, groups, 2);
-    prefetch_ahead(bs, g, groups, 2);
+    const TileQ6K &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
+    prefetch(tiles + 2 * (g + kPrefetchGroups / 2), 2 * sizeof(TileQ6K));
     __m512i p[ROWS], q[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm512_setzero_si512();
 #pragma GCC unroll 1
@@ -1179,27 +1168,75 @@ void q6_tile_pair_dots_vnni(const uint8_t* tile_a, const uint8_t* tile_b, const 
 }
 #endif
 
-// out[i * x.rows + r]: the Q6_K tile's weight rows i dotted with every activation row r.
-inline void q6_tile_dots(const uint8_t* tile, const Quantized& x, Path path, float* out) {
+// ---- units of tiles ------------------------------------------------------------------------------------------
+
+// The tiled form of a Q4_K or Q6_K matrix [rows, bytes] and its type: pairs where AVX-512 VNNI reads a pair's 16
+// rows at once and the rows come in sixteens, else 8-row tiles where they come in eights; any other matrix as
+// it is. `per_unit` 1 or 2 asks for tiles or pairs (the tests hold every path to both).
+//
+// Measured on the 1.5B (2 threads, a forward's matrices, against 8-row tiles in one process): 4 activation rows
+// 24.1-24.6 ms -> 17.5-18.0 ms, 8 rows 33 -> 31 ms, 1 and 2 rows the same. Read as two streams (two 8-row tiles
+// apart in memory, as before) pairs had lost to a tile at a time below 8 rows.
+inline std::tuple<at::Tensor, int64_t> tile(const at::Tensor& blocks, int64_t type, int64_t cols, int64_t per_unit) {
+  if (per_unit == 0) {
 #ifdef GGUF_VNNI
-  if (path == Path::Best) return by_eights(x.rows, [&](auto rows, int64_t r) { q6_tile_dots<rows(), true>(tile, x, r, out); });
+    per_unit = blocks.size(0) % (2 * kTileRows) == 0 ? 2 : 1;
+#else
+    per_unit = 1;
 #endif
-#ifdef GGUF_AVX2
-  if (path != Path::Portable) return by_fours(x.rows, [&](auto rows, int64_t r) { q6_tile_dots<rows(), false>(tile, x, r, out); });
-#endif
-  (void)path;
-  q6_tile_dots_portable(tile, x, 0, x.rows, out);
+  }
+  TORCH_CHECK(per_unit == 1 || per_unit == 2, "a unit holds 1 or 2 tiles");
+  if ((type != Q4_K && type != Q6_K) || blocks.size(0) % (per_unit * kTileRows) != 0) return {blocks, type};
+  if (type == Q4_K) return {tile_q4_k(blocks, cols, per_unit), per_unit == 2 ? Q4_K_PAIRS : Q4_K_TILES};
+  return {tile_q6_k(blocks, cols, per_unit), per_unit == 2 ? Q6_K_PAIRS : Q6_K_TILES};
 }
 
-// out[i * x.rows + r] for the 16 weight rows of two tiles of `type` (where `pairs_tiles`).
-inline void tile_pair_dots(int64_t type, const uint8_t* a, const uint8_t* b, const Quantized& x, float* out) {
-#ifdef GGUF_VNNI
-  if (type == Q4_K_TILES) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_pair_dots_vnni<rows()>(a, b, x, r, out); });
-  return by_eights(x.rows, [&](auto rows, int64_t r) { q6_tile_pair_dots_vnni<rows()>(a, b, x, r, out); });
-#else
-  (void)type, (void)a, (void)b, (void)x, (void)out;
-  TORCH_CHECK(false, "no paired tiles on this build");
+#ifdef GGUF_AVX2
+// A kernel templated on a unit's tiles (1, or 2 in a pair), called with the unit's count.
+template <typename Kernel>
+inline void by_halves(int64_t per_unit, Kernel kernel) {
+  if (per_unit == 2) return kernel(std::integral_constant<int, 2>{});
+  kernel(std::integral_constant<int, 1>{});
+}
 #endif
+
+// Activation rows from which a pair's two tiles go side by side through 512-bit vectors (`tile_pair_dots_vnni`)
+// rather than group by group through 256-bit ones (`tile_dots`). Measured on the 1.5B (2 threads, a forward's
+// matrices, 7 rounds): 3 rows 21.7-24.9 ms against 26.8-28.9 through 256 bits; at 1 and 2 rows the two are within
+// a millisecond, the 256-bit kernel ahead at 2 rows in three runs of three.
+constexpr int64_t kPairVectorRows = 3;
+
+// out[i * x.rows + r]: a unit's weight rows i (8, or 16 in a pair) dotted with every activation row r.
+inline void unit_dots(int64_t type, const uint8_t* unit, const Quantized& x, Path path, float* out) {
+  const bool q4 = is_q4_k_tiles(type);
+  const int64_t per_unit = tiles_per_unit(type);
+#ifdef GGUF_VNNI
+  if (per_unit == 2 && path == Path::Best && x.rows >= kPairVectorRows) {
+    if (q4) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_pair_dots_vnni<rows()>(unit, x, r, out); });
+    return by_eights(x.rows, [&](auto rows, int64_t r) { q6_tile_pair_dots_vnni<rows()>(unit, x, r, out); });
+  }
+  if (path == Path::Best)
+    return by_halves(per_unit, [&](auto halves) {
+      by_eights(x.rows, [&](auto rows, int64_t r) {
+        q4 ? tile_dots<rows(), true, halves()>(unit, x, r, out) : q6_tile_dots<rows(), true, halves()>(unit, x, r, out);
+      });
+    });
+#endif
+#ifdef GGUF_AVX2
+  if (path != Path::Portable)
+    return by_halves(per_unit, [&](auto halves) {
+      by_fours(x.rows, [&](auto rows, int64_t r) {
+        q4 ? tile_dots<rows(), false, halves()>(unit, x, r, out) : q6_tile_dots<rows(), false, halves()>(unit, x, r, out);
+      });
+    });
+#endif
+  (void)path;
+  const int64_t tile_bytes = q4 ? sizeof(TileQ4K) : sizeof(TileQ6K);
+  for (int64_t h = 0; h < per_unit; ++h) {
+    float* part = out + h * kTileRows * x.rows;
+    if (q4) tile_dots_portable(unit + h * tile_bytes, x, 0, x.rows, per_unit, part);
+    else q6_tile_dots_portable(unit + h * tile_bytes, x, 0, x.rows, per_unit, part);
+  }
 }
 
 // Whether a weight row of `type` goes through `unpack_row` first (else a kernel reads its blocks directly).
@@ -1236,7 +1273,8 @@ inline void dots(const uint8_t* row, const Unpacked& u, const Quantized& x, int6
 struct Matrix {
   at::Tensor blocks;
   int64_t type = 0, cols = 0;
-  int64_t rows() const { return blocks.size(0) * (is_tiled(type) ? kTileRows : 1); }
+  int64_t unit_rows() const { return is_tiled(type) ? kTileRows * tiles_per_unit(type) : 1; }  // a row, a tile or a pair
+  int64_t rows() const { return blocks.size(0) * unit_rows(); }
 };
 
 constexpr int64_t kRowChunk = 64;  // activation rows per pass over the weights
@@ -1247,7 +1285,7 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
   TORCH_CHECK(x.dim() == 2, "x must be [rows, cols]");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t n = xf.size(0), cols = xf.size(1);
-  std::vector<int64_t> starts{0}, units{0};  // per matrix: its first output row, its first unit (row or tile)
+  std::vector<int64_t> starts{0}, units{0};  // per matrix: its first output row, its first unit (`unit_rows`)
   for (const auto& m : matrices) {
     TORCH_CHECK(m.cols == cols, "matrix of ", m.cols, " columns times rows of ", cols);
     TORCH_CHECK(m.blocks.scalar_type() == at::kByte && m.blocks.is_contiguous(), "blocks must be contiguous uint8");
@@ -1287,23 +1325,15 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
         const Matrix& m = matrices[part];
         const uint8_t* blocks = bases[part] + (unit - units[part]) * m.blocks.size(1);
         const Quantized& x = *by_group[layout(m.type).values == 32 ? 0 : 1];
-        const int64_t first = starts[part] + (unit - units[part]) * (m.rows() / m.blocks.size(0));
-        int64_t taken = 1;  // units (rows or tiles) done in this pass
-        if (is_tiled(m.type) && pairs_tiles(path, rows) && unit + 1 < std::min(end, units[part + 1])) {
-          tile_pair_dots(m.type, blocks, blocks + m.blocks.size(1), x, column.data());
-          taken = 2;
-        } else if (m.type == Q4_K_TILES) {
-          tile_dots(blocks, x, path, column.data());
-        } else if (m.type == Q6_K_TILES) {
-          q6_tile_dots(blocks, x, path, column.data());
+        const int64_t done = m.unit_rows(), first = starts[part] + (unit - units[part]) * done;
+        if (is_tiled(m.type)) {
+          unit_dots(m.type, blocks, x, path, column.data());
         } else {
           if (needs_unpacking(m.type, path)) unpack_row(blocks, m.type, cols, u);
           dots(blocks, u, x, m.type, path, column.data());
         }
-        const int64_t done = taken * (m.rows() / m.blocks.size(0));  // weight rows: a run of outputs per row r
-        for (int64_t r = 0; r < rows; ++r)
+        for (int64_t r = 0; r < rows; ++r)  // weight rows: a run of outputs per row r
           for (int64_t i = 0; i < done; ++i) out_rows[r * total + first + i] = column[i * rows + r];
-        unit += taken - 1;
       }
     });
   }
@@ -1320,11 +1350,12 @@ inline at::Tensor dequantize_rows(const Matrix& m, const at::Tensor& ids) {
   for (int64_t r = 0; r < n; ++r) {
     const int64_t id = idx.data_ptr<int64_t>()[r];
     TORCH_CHECK(id >= 0 && id < m.rows(), "row ", id, " out of range");
-    const uint8_t* tile = m.blocks.data_ptr<uint8_t>() + id / kTileRows * m.blocks.size(1);
-    if (m.type == Q4_K_TILES) {
-      unpack_tile_row(tile, id % kTileRows, cols, u);
-    } else if (m.type == Q6_K_TILES) {
-      unpack_q6_tile_row(tile, id % kTileRows, cols, u);
+    if (is_tiled(m.type)) {  // tile id % unit_rows / 8 of unit id / unit_rows, its groups per_unit apart
+      const int64_t per_unit = tiles_per_unit(m.type), within = id % m.unit_rows();
+      const int64_t tile_bytes = is_q4_k_tiles(m.type) ? sizeof(TileQ4K) : sizeof(TileQ6K);
+      const uint8_t* tile = m.blocks.data_ptr<uint8_t>() + id / m.unit_rows() * m.blocks.size(1) + within / kTileRows * tile_bytes;
+      if (is_q4_k_tiles(m.type)) unpack_tile_row(tile, within % kTileRows, cols, per_unit, u);
+      else unpack_q6_tile_row(tile, within % kTileRows, cols, per_unit, u);
     } else {
       unpack_row(m.blocks.data_ptr<uint8_t>() + id * m.blocks.size(1), m.type, cols, u);
     }

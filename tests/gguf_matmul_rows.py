@@ -18,7 +18,7 @@ import torch
 
 from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.gguf_model import gguf_tensors
-from specchat.quant.gguf_types import Q4_K, Q6_K, TILED
+from specchat.quant.gguf_types import Q4_K, Q6_K, UNTILED
 
 FILE = Path.home() / ".cache/specchat/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
@@ -32,8 +32,7 @@ def matrices(untiled_q6: bool) -> list[tuple[torch.Tensor, int, int]]:
             continue
         blocks, columns = torch.from_numpy(tensor.data), tensor.shape[0]
         if kind == Q4_K or not untiled_q6:
-            tile = decoder.gguf_tile_q4_k if kind == Q4_K else decoder.gguf_tile_q6_k
-            blocks, kind = tile(blocks, columns), TILED[kind]
+            blocks, kind = decoder.gguf_tile(blocks, kind, columns)
         held.append((blocks, kind, columns))
     return held
 
@@ -56,7 +55,7 @@ def main() -> None:
                 start = time.perf_counter()
                 cpu_decoder().gguf_matmul(inputs[n, cols], [blocks], [kind], cols, args.path)
                 elapsed = time.perf_counter() - start
-                q4, q6 = (q4 + elapsed, q6) if kind in (Q4_K, TILED[Q4_K]) else (q4, q6 + elapsed)
+                q4, q6 = (q4 + elapsed, q6) if UNTILED.get(kind, kind) == Q4_K else (q4, q6 + elapsed)
             times[n].append((q4, q6))
     for n in counts:
         q4 = statistics.median(t for t, _ in times[n]) * 1e3

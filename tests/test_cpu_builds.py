@@ -40,9 +40,8 @@ def test_gguf_kernels_equal_the_avx2_build(avx2, kind):
     native, rng = cpu_decoder(), np.random.default_rng(int(kind))
     blocks = torch.from_numpy(random_blocks(kind, 48, 512, rng))
     held = [(blocks, int(kind))]
-    if kind.name in ("Q4_K", "Q6_K"):
-        tile = native.gguf_tile_q4_k if kind.name == "Q4_K" else native.gguf_tile_q6_k
-        held.append((tile(blocks, 512), 112 if kind.name == "Q4_K" else 114))
+    if kind.name in ("Q4_K", "Q6_K"):  # 8-row tiles and pairs of them, as this build lays them out
+        held += [native.gguf_tile(blocks, int(kind), 512, per_unit) for per_unit in (1, 2)]
     x = torch.from_numpy(rng.standard_normal((21, 512)).astype(np.float32))
     for matrix, type_id in held:
         for rows in (1, 3, 8, 21):

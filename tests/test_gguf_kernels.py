@@ -6,8 +6,8 @@ scale in float64 (the kernel's only rounding is its float accumulation), and to 
 unquantized x (int8 activations: llama.cpp's own precision for these types). Each row's result is bitwise
 the same alone, among 1..150 rows (past the 64 a pass over the weights takes), and on every code path
 (the best this machine has, AVX-512 VNNI where it has it; AVX2; the portable loops). Q4_K and Q6_K repacked
-in tiles of 8 rows (types 112, 114) are held to the same, and to the row-at-a-time kernel's results within float
-rounding.
+in tiles of 8 rows (types 112, 114) or pairs of them (212, 214) are held to the same, to each other bitwise, and to
+the row-at-a-time kernel's results within float rounding.
 """
 
 from __future__ import annotations
@@ -84,54 +84,75 @@ def test_rows_dequantize_like_gguf_py(kind):
     torch.testing.assert_close(got, want[ids], atol=1e-6 * want.abs().max().item(), rtol=0)
 
 
-# --- Q4_K and Q6_K in tiles of eight rows (types 112, 114): the same products, 8 weight rows at once --------
+# --- Q4_K and Q6_K in tiles of 8 rows (types 112, 114) and pairs of them (212, 214): the same products ---------
 
 Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
-TILED = {Q4_K: 112, Q6_K: 114}
+KINDS = [Q4_K, Q6_K]
+UNITS = {1: "tiles", 2: "pairs"}  # 8-row tiles a unit holds
 
 
-def tiled(kind, blocks: np.ndarray, columns: int) -> torch.Tensor:
-    tile = cpu_decoder().gguf_tile_q4_k if kind == Q4_K else cpu_decoder().gguf_tile_q6_k
-    return tile(torch.from_numpy(blocks), columns)
+def tiled(kind, blocks: np.ndarray, columns: int, per_unit: int) -> tuple[torch.Tensor, int]:
+    tiles, type_id = cpu_decoder().gguf_tile(torch.from_numpy(blocks), int(kind), columns, per_unit)
+    assert type_id == {1: 100, 2: 200}[per_unit] + int(kind)
+    return tiles, type_id
 
 
-def tile_matmul(kind, x, tiles, *, path="best"):
-    return cpu_decoder().gguf_matmul(x, [tiles], [TILED[kind]], x.shape[1], path)
+def tile_matmul(x, held, *, path="best"):
+    tiles, type_id = held
+    return cpu_decoder().gguf_matmul(x, [tiles], [type_id], x.shape[1], path)
 
 
-@pytest.mark.parametrize("kind", list(TILED), ids=[t.name for t in TILED])
-@pytest.mark.parametrize("rows, columns, n", [(8, 512, 1), (64, 768, 5), (24, 256, 17)])
-def test_tiles_equal_gguf_dequantize_then_matmul(kind, rows, columns, n):
+@pytest.mark.parametrize("per_unit", list(UNITS), ids=list(UNITS.values()))
+@pytest.mark.parametrize("kind", KINDS, ids=[t.name for t in KINDS])
+@pytest.mark.parametrize("rows, columns, n", [(16, 512, 1), (64, 768, 5), (48, 256, 17)])
+def test_tiles_equal_gguf_dequantize_then_matmul(kind, per_unit, rows, columns, n):
     rng = np.random.default_rng(rows + n)
     blocks = random_blocks(kind, rows, columns, rng)
     weight = torch.from_numpy(dequantize(blocks, kind).copy()).double()
     x = torch.from_numpy(rng.standard_normal((n, columns)).astype(np.float32))
-    got = tile_matmul(kind, x, tiled(kind, blocks, columns)).double()
+    got = tile_matmul(x, tiled(kind, blocks, columns, per_unit)).double()
     scale = (x.double() @ weight.T).abs().max()
     assert (got - quantized(x, 256).double() @ weight.T).abs().max() <= 1e-5 * scale
     torch.testing.assert_close(got, matmul(x, blocks, kind).double(), atol=1e-5 * scale.item(), rtol=0)
 
 
-@pytest.mark.parametrize("kind", list(TILED), ids=[t.name for t in TILED])
-def test_tile_rows_are_bitwise_independent_and_paths_agree(kind):
+@pytest.mark.parametrize("kind", KINDS, ids=[t.name for t in KINDS])
+def test_tile_rows_are_bitwise_independent_and_paths_and_units_agree(kind):
     rng = np.random.default_rng(1)
-    tiles = tiled(kind, random_blocks(kind, 40, 512, rng), 512)
+    blocks = random_blocks(kind, 48, 512, rng)
     x = torch.from_numpy(rng.standard_normal((150, 512)).astype(np.float32))
-    together = tile_matmul(kind, x, tiles)
-    for path in PATHS:
-        assert torch.equal(together, tile_matmul(kind, x, tiles, path=path)), path
-    for first, count in [(0, 1), (5, 1), (3, 4), (7, 5), (60, 4), (0, 9), (62, 5), (127, 23), (16, 15)]:
-        assert torch.equal(tile_matmul(kind, x[first : first + count], tiles), together[first : first + count])
+    together = tile_matmul(x, tiled(kind, blocks, 512, 1))
+    for per_unit in UNITS:
+        held = tiled(kind, blocks, 512, per_unit)
+        for path in ["best", *PATHS]:
+            assert torch.equal(together, tile_matmul(x, held, path=path)), (per_unit, path)
+        for first, count in [(0, 1), (5, 1), (3, 4), (7, 5), (60, 4), (0, 9), (62, 5), (127, 23), (16, 15)]:
+            assert torch.equal(tile_matmul(x[first : first + count], held), together[first : first + count])
 
 
-@pytest.mark.parametrize("kind", list(TILED), ids=[t.name for t in TILED])
-def test_tiles_dequantize_like_their_blocks_and_stack_with_other_types(kind):
+@pytest.mark.parametrize("per_unit", list(UNITS), ids=list(UNITS.values()))
+@pytest.mark.parametrize("kind", KINDS, ids=[t.name for t in KINDS])
+def test_tiles_dequantize_like_their_blocks_and_stack_with_other_types(kind, per_unit):
     rng = np.random.default_rng(4)
-    blocks = random_blocks(kind, 16, 512, rng)
-    ids = torch.arange(16).flip(0)
+    blocks = random_blocks(kind, 32, 512, rng)
+    ids = torch.arange(32).flip(0)
     rows = cpu_decoder().gguf_rows(torch.from_numpy(blocks), int(kind), 512, ids)
-    assert torch.equal(cpu_decoder().gguf_rows(tiled(kind, blocks, 512), TILED[kind], 512, ids), rows)
+    held = tiled(kind, blocks, 512, per_unit)
+    assert torch.equal(cpu_decoder().gguf_rows(*held, 512, ids), rows)
     q8 = random_blocks(GGMLQuantizationType.Q8_0, 3, 512, rng)
     x = torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float32))
-    stacked = cpu_decoder().gguf_matmul(x, [tiled(kind, blocks, 512), torch.from_numpy(q8)], [TILED[kind], 8], 512, "best")
-    assert torch.equal(stacked, torch.cat([tile_matmul(kind, x, tiled(kind, blocks, 512)), matmul(x, q8, 8)], dim=1))
+    stacked = cpu_decoder().gguf_matmul(x, [held[0], torch.from_numpy(q8)], [held[1], 8], 512, "best")
+    assert torch.equal(stacked, torch.cat([tile_matmul(x, held), matmul(x, q8, 8)], dim=1))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[t.name for t in KINDS])
+def test_a_build_tiles_what_it_can(kind):
+    rng = np.random.default_rng(5)
+    for rows, columns in [(32, 512), (24, 256), (20, 256)]:
+        blocks = torch.from_numpy(random_blocks(kind, rows, columns, rng))
+        tiles, type_id = cpu_decoder().gguf_tile(blocks, int(kind), columns)
+        if rows % 8:
+            assert type_id == int(kind) and torch.equal(tiles, blocks)
+        else:  # pairs where this build reads them (AVX-512 VNNI) and rows come in sixteens, else 8-row tiles
+            assert type_id in (int(kind) + 100, int(kind) + 200) and (type_id < 200 or rows % 16 == 0)
+        assert tiles.shape[0] * {int(kind): 1, int(kind) + 100: 8, int(kind) + 200: 16}[type_id] == rows

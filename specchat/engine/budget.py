@@ -63,15 +63,19 @@ class VerifyCost:
 
 
 def measure_verify_cost(
-    verify_forward: Callable[[int], Callable[[], object]], *, sizes=SIZES, repeats: int = 3, device=None
+    verify_forward: Callable[[int], Callable[[], object]], *, sizes=SIZES, repeats: int = 5, device=None
 ) -> VerifyCost:
     """Median seconds of a verification forward over 1 + n tokens for each size n, after a warm-up.
 
     `verify_forward(n)` builds the call to time (`specchat.engine.verify_forward.verification_forward`);
-    `device` is where it runs (a CUDA device is synchronised around each call).
+    `device` is where it runs (a CUDA device is synchronised around each call). The sizes run interleaved, round
+    by round: timed one size after another, a CPU whose memory bandwidth drifted between them (this 2-core
+    machine's decode step moves between 16 and 24 ms) priced a one-node tree at 1.17x a decode step in one
+    calibration and 1.01x in the next, and the budget followed.
     """
     timer = Timer(device, repeats=repeats, warmup=1)
-    seconds = [timer.seconds(verify_forward(n)) for n in sizes]
+    times = timer.seconds_each({str(n): verify_forward(n) for n in sizes})
+    seconds = [times[str(n)] for n in sizes]
     # Larger trees never cost less than smaller ones; measured noise otherwise makes the curve non-monotone.
     for i in range(1, len(seconds)):
         seconds[i] = max(seconds[i], seconds[i - 1])

@@ -1,5 +1,5 @@
 """Layers that compute on a GGUF tensor's own blocks (memory-mapped from the file, never dequantized whole;
-Q4_K and Q6_K ones repacked in tiles of 8 rows, `gguf_types.TILED`).
+Q4_K and Q6_K ones repacked in tiles of 8 or 16 rows, `gguf_types.UNIT_ROWS`).
 
 `GGUFLinear` multiplies by the blocks through the CPU decoder's kernels (kernels/gguf_blocks.h): activations
 are quantized to int8 per row, as llama.cpp does for these types, and each row's result is bitwise the same
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from specchat.kernels.cpu_decoder import cpu_decoder
-from specchat.quant.gguf_types import BLOCK_TYPES, Q4_K, TILE_ROWS, TILED, UNTILED, held_rows
+from specchat.quant.gguf_types import BLOCK_TYPES, Q4_K, Q6_K, UNTILED, held_rows
 from specchat.quant.quantized_linear import QuantizedLinear
 
 
@@ -26,9 +26,8 @@ class GGUFLinear(QuantizedLinear):
         kind = BLOCK_TYPES[type_id]
         if blocks.shape[1] != kind.row_bytes(in_features):
             raise ValueError(f"{kind.name} blocks of {blocks.shape[1]} bytes per row do not hold {in_features} values")
-        if type_id in TILED and blocks.shape[0] % TILE_ROWS == 0:
-            tile = cpu_decoder().gguf_tile_q4_k if type_id == Q4_K else cpu_decoder().gguf_tile_q6_k
-            blocks, type_id = tile(blocks, in_features), TILED[type_id]
+        if type_id in (Q4_K, Q6_K):
+            blocks, type_id = cpu_decoder().gguf_tile(blocks, type_id, in_features)
         self._hold([blocks], [type_id], in_features, None if bias is None else bias.to(dtype))
 
     @classmethod

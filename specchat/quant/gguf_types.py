@@ -31,17 +31,18 @@ BLOCK_TYPES = {  # ggml type id -> layout (kernels/gguf_blocks.h)
 }
 DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored unquantized
 
-# Q4_K and Q6_K matrices whose rows come in eights run repacked in tiles of 8 rows (kernels/gguf_blocks.h,
-# `tile_q4_k`, `tile_q6_k`): each tile's codes are read once for all 8 rows' products, which makes prefill and
-# tree verification faster. A tiled type is a type of its own to the kernels, held [rows / 8, bytes per tile].
-Q4_K, Q6_K, TILE_ROWS = 12, 14, 8
-TILED = {Q4_K: 112, Q6_K: 114}  # block type -> its tiles' type
-UNTILED = {tiles: blocks for blocks, tiles in TILED.items()}
+# Q4_K and Q6_K matrices run repacked in tiles of 8 rows, or pairs of them (16 rows) where the build reads pairs
+# (kernels/gguf_blocks.h, `tile`): each tile's codes are read once for all its rows' products, which makes prefill
+# and tree verification faster. A tiled type is a type of its own to the kernels, held [rows / unit rows, bytes
+# per unit].
+Q4_K, Q6_K = 12, 14
+UNIT_ROWS = {112: 8, 114: 8, 212: 16, 214: 16}  # tiled type -> the weight rows of a unit
+UNTILED = {112: Q4_K, 212: Q4_K, 114: Q6_K, 214: Q6_K}  # tiled type -> its block type
 
 
 def held_rows(matrix, type_id: int) -> int:
-    """The weight rows a held matrix ([rows, bytes] of blocks, or [rows / 8, bytes] of tiles) has."""
-    return matrix.shape[0] * (TILE_ROWS if type_id in UNTILED else 1)
+    """The weight rows a held matrix ([rows, bytes] of blocks, or [rows / unit rows, bytes] of tiles) has."""
+    return matrix.shape[0] * UNIT_ROWS.get(type_id, 1)
 
 
 def check_type(type_id: int, tensor: str, path) -> None:
