@@ -1,0 +1,81 @@
+"""Interleaved A/B of CPU decoder builds on every Q4_K / Q6_K matrix a decode step of Qwen2.5-Coder-1.5B Q4_K_M
+reads (the output head included, the embedding not): ms per forward's matrices by activation rows, median of
+`repeats` rounds, each round every build and row count in turn, and a check that every build's results are
+bitwise the same. Each build is named by its source version (`source_version()` of that checkout, built once by
+`cpu_decoder()`) and holds the matrices tiled its own way (`gguf_tile`, or the older `gguf_tile_q4_k` /
+`gguf_tile_q6_k`), all repacked before any timing:
+
+    python tests/gguf_matmul_ab.py 7 before=cf8b56c4ebc7 after=<version> [rows=1,2,3,4,8,16]
+"""
+
+import glob
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.cpp_extension import _get_build_directory
+
+from specchat.quant.gguf_model import gguf_tensors
+
+FILE = Path.home() / ".cache/specchat/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+Q4_K, Q6_K = 12, 14
+
+
+def load_build(version: str):
+    path = glob.glob(f"{_get_build_directory(f'specchat_cpu_decoder_{version}', False)}/*.so")[0]
+    spec = importlib.util.spec_from_file_location(f"specchat_cpu_decoder_{version}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiled(build, blocks: torch.Tensor, kind: int, cols: int) -> tuple[torch.Tensor, int]:
+    if hasattr(build, "gguf_tile"):
+        return build.gguf_tile(blocks, kind, cols)
+    tile = build.gguf_tile_q4_k if kind == Q4_K else build.gguf_tile_q6_k
+    return tile(blocks, cols), kind + 100
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    repeats, rows = int(sys.argv[1]), [1, 2, 3, 4, 8, 16]
+    builds = {}
+    for arg in sys.argv[2:]:
+        name, value = arg.split("=")
+        if name == "rows":
+            rows = [int(n) for n in value.split(",")]
+        else:
+            builds[name] = load_build(value)
+    tensors = [t for t in gguf_tensors(FILE) if t.name != "token_embd.weight" and int(t.tensor_type) in (Q4_K, Q6_K)]
+    held = {name: [(*tiled(build, torch.from_numpy(t.data), int(t.tensor_type), t.shape[0]), t.shape[0]) for t in tensors]
+            for name, build in builds.items()}  # fmt: skip
+    inputs = {(n, c): torch.randn(n, c) for n in rows for c in {t.shape[0] for t in tensors}}
+
+    def forward(name: str, n: int) -> list[torch.Tensor]:
+        return [builds[name].gguf_matmul(inputs[n, c], [b], [k], c, "best") for b, k, c in held[name]]
+
+    first = next(iter(builds))
+    for n in rows:
+        want = forward(first, n)
+        for name in builds:
+            assert all(torch.equal(a, b) for a, b in zip(want, forward(name, n))), f"{name} differs at {n} rows"
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(repeats):
+        for n in rows:
+            for name in builds:
+                start = time.perf_counter()
+                forward(name, n)
+                times.setdefault((name, n), []).append((time.perf_counter() - start) * 1e3)
+    print("every build's results bitwise equal")
+    print("| build | " + " | ".join(f"{n} rows" for n in rows) + " |")
+    for name in builds:
+        one = statistics.median(times[name, rows[0]])
+        cells = (f"{statistics.median(times[name, n]):.1f} ({statistics.median(times[name, n]) / one:.2f}x)" for n in rows)
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
