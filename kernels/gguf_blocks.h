@@ -789,24 +789,33 @@ inline void store_tile_rows(const __m256 (&acc)[ROWS], const __m256 (&offset)[RO
   }
 }
 
-// ROWS activation rows share each load of the tile's codes. AVX2 sums a sub-block's pair products in int16
-// (|sum| <= 8 * 2 * 15 * 127 < 2^15) and widens them in the scale's multiply-add; AVX-512 VNNI sums them
-// straight into int32 lanes, four products at a time (vpdpbusd), then multiplies by the scale once. The integer
-// P is the same either way, and so is every float step after it. A unit's HALVES tiles (2 in a pair) go group by
-// group, as they lie: out[i * x.rows + r] for tile h's rows 8h + i.
-template <int ROWS, bool VNNI, int HALVES>
-void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
-  const int64_t cols = x.cols, groups = cols / 256;
-  const auto* tiles = reinterpret_cast<const TileQ4K*>(unit);
-  const __m256i m4 = _mm256_set1_epi8(15);
+// The walk both 256-bit tile kernels take: a unit's HALVES tiles (2 in a pair) group by group, as they lie in
+// memory, each group prefetched ahead; `group(t, g, acc, offset)` adds tile group t (group g of its tile) into that
+// tile's ROWS accumulators. out[i * x.rows + r] for tile h's rows 8h + i.
+template <typename Tile, int ROWS, int HALVES, typename Group>
+inline void walk_tile_groups(const uint8_t* unit, const Quantized& x, int64_t first, float* out, Group group) {
+  const auto* tiles = reinterpret_cast<const Tile*>(unit);
   __m256 acc[HALVES][ROWS], offset[HALVES][ROWS];
   for (int h = 0; h < HALVES; ++h)
     for (int r = 0; r < ROWS; ++r) acc[h][r] = offset[h][r] = _mm256_setzero_ps();
-  for (int64_t half_group = 0; half_group < groups * HALVES; ++half_group) {
-    const int64_t g = half_group / HALVES;
-    const int h = HALVES == 1 ? 0 : half_group % HALVES;
-    const TileQ4K& t = tiles[half_group];
-    prefetch(tiles + half_group + kPrefetchGroups, sizeof(TileQ4K));
+  for (int64_t index = 0; index < x.cols / 256 * HALVES; ++index) {
+    prefetch(tiles + index + kPrefetchGroups, sizeof(Tile));
+    const int h = HALVES == 1 ? 0 : index % HALVES;
+    group(tiles[index], index / HALVES, acc[h], offset[h]);
+  }
+  for (int h = 0; h < HALVES; ++h) store_tile_rows(acc[h], offset[h], x, first, out + h * kTileRows * x.rows);
+}
+
+// ROWS activation rows share each load of the tile's codes. AVX2 sums a sub-block's pair products in int16
+// (|sum| <= 8 * 2 * 15 * 127 < 2^15) and widens them in the scale's multiply-add; AVX-512 VNNI sums them
+// straight into int32 lanes, four products at a time (vpdpbusd), then multiplies by the scale once. The integer
+// P is the same either way, and so is every float step after it. A unit's HALVES tiles go as `walk_tile_groups`.
+template <int ROWS, bool VNNI, int HALVES>
+void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  walk_tile_groups<TileQ4K, ROWS, HALVES>(unit, x, first, out, [&](const TileQ4K& t, int64_t g, __m256 (&acc)[ROWS],
+                                                                    __m256 (&offset)[ROWS]) {
     __m256i p[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
@@ -833,9 +842,8 @@ void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* ou
       for (int r = 0; r < ROWS; ++r) p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(dot[r], scales));
     }
     const __m256 d = tile_d(t), neg_min = tile_neg_min(t);
-    for (int r = 0; r < ROWS; ++r) close_tile_group(t, x, first + r, g, p[r], d, neg_min, acc[h][r], offset[h][r]);
-  }
-  for (int h = 0; h < HALVES; ++h) store_tile_rows(acc[h], offset[h], x, first, out + h * kTileRows * x.rows);
+    for (int r = 0; r < ROWS; ++r) close_tile_group(t, x, first + r, g, p[r], d, neg_min, acc[r], offset[r]);
+  });
 }
 #endif
 
@@ -1055,16 +1063,9 @@ inline __m256i q6_pair_offset(__m256i scales16, const int16_t* sums) {
 // into int32 lanes, then multiplies by the scale once. The integers P and Q are the same either way.
 template <int ROWS, bool VNNI, int HALVES>
 void q6_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
-  const int64_t cols = x.cols, groups = cols / 256;
-  const auto* tiles = reinterpret_cast<const TileQ6K*>(unit);
-  __m256 acc[HALVES][ROWS], offset[HALVES][ROWS];
-  for (int h = 0; h < HALVES; ++h)
-    for (int r = 0; r < ROWS; ++r) acc[h][r] = offset[h][r] = _mm256_setzero_ps();
-  for (int64_t half_group = 0; half_group < groups * HALVES; ++half_group) {
-    const int64_t g = half_group / HALVES;
-    const int h = HALVES == 1 ? 0 : half_group % HALVES;
-    const TileQ6K& t = tiles[half_group];
-    prefetch(tiles + half_group + kPrefetchGroups, sizeof(TileQ6K));
+  const int64_t cols = x.cols;
+  walk_tile_groups<TileQ6K, ROWS, HALVES>(unit, x, first, out, [&](const TileQ6K& t, int64_t g, __m256 (&acc)[ROWS],
+                                                                    __m256 (&offset)[ROWS]) {
     __m256i p[ROWS], q[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
@@ -1087,9 +1088,8 @@ void q6_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float*
       for (int r = 0; r < ROWS; ++r)
         q[r] = _mm256_add_epi32(q[r], q6_pair_offset(both, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair));
     }
-    for (int r = 0; r < ROWS; ++r) close_q6_tile_group(t, x, first + r, g, p[r], q[r], acc[h][r], offset[h][r]);
-  }
-  for (int h = 0; h < HALVES; ++h) store_tile_rows(acc[h], offset[h], x, first, out + h * kTileRows * x.rows);
+    for (int r = 0; r < ROWS; ++r) close_q6_tile_group(t, x, first + r, g, p[r], q[r], acc[r], offset[r]);
+  });
 }
 #endif
 
