@@ -513,64 +513,10 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
   }
 }
 
-// Prefill (many causal rows, no tree): SDPA, whose blocked sums need not match a decode step's. Rows go in
-// chunks, each over the keys up to its last row: SDPA's CPU kernel computes the masked blocks of a mask too,
-// so one call over all rows did twice the work of a causal one (6000 rows: 14.6 s of attention, chunked 9 s).
-constexpr int64_t kPrefillChunk = 256;
-
-template <typename T>
-void causal_prefill(const std::vector<float>& queries, const at::Tensor& keys, const at::Tensor& values,
-                    int64_t prefix, int64_t rows, const Decoder& decoder, at::Tensor& out) {
-  const auto q = at::from_blob(const_cast<float*>(queries.data()), {1, rows, decoder.heads, decoder.head_dim},
-                               at::kFloat).to(keys.scalar_type()).transpose(1, 2);
-  auto attended = out.view({rows, decoder.heads, decoder.head_dim});
-  for (int64_t start = 0; start < rows; start += kPrefillChunk) {
-    const int64_t count = std::min(kPrefillChunk, rows - start), total = prefix + start + count;
-    const auto mask = at::ones({count, total}, keys.options().dtype(at::kBool)).tril(total - count);
-    const auto result = at::scaled_dot_product_attention(
-        q.slice(2, start, start + count), keys.slice(1, 0, total).unsqueeze(0),
-        values.slice(1, 0, total).unsqueeze(0), mask, 0.0, false, decoder.scale, true);
-    attended.slice(0, start, start + count).copy_(result[0].transpose(0, 1));
-  }
-}
-
-template <typename T>
-void attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
-               at::Tensor& values, int64_t prefix, const std::vector<std::vector<int64_t>>* tails, at::Tensor& out,
-               const Decoder& decoder, float* kept_queries) {
-  const int64_t rows = qkv.size(0), heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
-  const int64_t cache_len = keys.size(1), group = heads / kv_heads;
-  std::vector<float> queries(rows * heads * dim);
-  rotate_and_cache<T>(qkv.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), queries.data(),
-                      keys.data_ptr<T>(), values.data_ptr<T>(), cache_len, prefix, rows, heads, kv_heads, dim);
-  if (kept_queries) std::copy(queries.begin(), queries.end(), kept_queries);
-  if (!tails) return causal_prefill<T>(queries, keys, values, prefix, rows, decoder, out);
-  const int64_t chunk = std::max<int64_t>(1, (rows + 1) / 2);  // rows per unit: two units per KV head at most
-  const int64_t chunks = (rows + chunk - 1) / chunk;
-  const int64_t cost = (prefix + rows) * group * std::min(rows, chunk);  // key-query pairs in a unit
-  const T* key_data = keys.data_ptr<T>();
-  const T* value_data = values.data_ptr<T>();
-  T* out_data = out.data_ptr<T>();
-  const auto run = [&](int64_t begin, int64_t end) {
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t g = unit / chunks, first = (unit % chunks) * chunk, n = std::min(chunk, rows - first);
-      const float* q = queries.data() + (first * heads + g * group) * dim;
-      const T* k = key_data + g * cache_len * dim;
-      const T* v = value_data + g * cache_len * dim;
-      const auto* rows_tails = tails->data() + first;
-      T* o = out_data + (first * heads + g * group) * dim;
-      const float s = static_cast<float>(decoder.scale);
-      if constexpr (std::is_same_v<T, at::BFloat16>) {
-        if (dim == 64) attend_bf16<64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-        else attend_bf16<128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-      } else {
-        if (dim == 64) attend<T, 64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-        else attend<T, 128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-      }
-    }
-  };
-  at::parallel_for(0, kv_heads * chunks, cost > 4096 ? 1 : kv_heads * chunks, run);
-}
+// Causal rows (a prefill) attend in chunks of this many: a chunk's rows read the keys before it as their prefix
+// and the chunk's rows up to their own as their tails, so each row gets bitwise what a decode step at its
+// position gets. Larger chunks read the prefix fewer times; smaller ones gather fewer tail keys row by row.
+constexpr int64_t kCausalChunk = 64;
 
 // Tree slots row r attends, in depth order: the rows j <= r marked in its mask row (row 0 alone without a mask:
 // a decode step).
@@ -585,6 +531,60 @@ std::vector<std::vector<int64_t>> tails_of(int64_t rows, int64_t prefix, const s
   return tails;
 }
 
+// The rows' attention (queries [rows][heads][D] fp32) over the cache, row r seeing slots [0, prefix) then
+// tails[r]: units of a KV head's query group by up to half the rows, spread over the threads.
+template <typename T>
+void attend_rows(const float* queries, const at::Tensor& keys, const at::Tensor& values, int64_t prefix,
+                 const std::vector<int64_t>* tails, int64_t rows, T* out, const Decoder& decoder) {
+  const int64_t heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
+  const int64_t cache_len = keys.size(1), group = heads / kv_heads;
+  const int64_t chunk = std::max<int64_t>(1, (rows + 1) / 2);  // rows per unit: two units per KV head at most
+  const int64_t chunks = (rows + chunk - 1) / chunk;
+  const int64_t cost = (prefix + rows) * group * std::min(rows, chunk);  // key-query pairs in a unit
+  const T* key_data = keys.data_ptr<T>();
+  const T* value_data = values.data_ptr<T>();
+  const auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t g = unit / chunks, first = (unit % chunks) * chunk, n = std::min(chunk, rows - first);
+      const float* q = queries + (first * heads + g * group) * dim;
+      const T* k = key_data + g * cache_len * dim;
+      const T* v = value_data + g * cache_len * dim;
+      const auto* rows_tails = tails + first;
+      T* o = out + (first * heads + g * group) * dim;
+      const float s = static_cast<float>(decoder.scale);
+      if constexpr (std::is_same_v<T, at::BFloat16>) {
+        if (dim == 64) attend_bf16<64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+        else attend_bf16<128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+      } else {
+        if (dim == 64) attend<T, 64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+        else attend<T, 128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+      }
+    }
+  };
+  at::parallel_for(0, kv_heads * chunks, cost > 4096 ? 1 : kv_heads * chunks, run);
+}
+
+// Rotate the rows' queries and keys, write keys and values to the cache at [prefix, prefix + rows), and attend:
+// through `tails` (a tree: one per row), else causally.
+template <typename T>
+void attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
+               at::Tensor& values, int64_t prefix, const std::vector<std::vector<int64_t>>* tails, at::Tensor& out,
+               const Decoder& decoder, float* kept_queries) {
+  const int64_t rows = qkv.size(0), heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
+  std::vector<float> queries(rows * heads * dim);
+  rotate_and_cache<T>(qkv.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), queries.data(),
+                      keys.data_ptr<T>(), values.data_ptr<T>(), keys.size(1), prefix, rows, heads, kv_heads, dim);
+  if (kept_queries) std::copy(queries.begin(), queries.end(), kept_queries);
+  T* out_data = out.data_ptr<T>();
+  if (tails) return attend_rows<T>(queries.data(), keys, values, prefix, tails->data(), rows, out_data, decoder);
+  for (int64_t start = 0; start < rows; start += kCausalChunk) {
+    const int64_t n = std::min(kCausalChunk, rows - start), offset = start * heads * dim;
+    const auto causal = tails_of(n, prefix + start, std::nullopt);
+    attend_rows<T>(queries.data() + offset, keys, values, prefix + start, causal.data(), n, out_data + offset,
+                   decoder);
+  }
+}
+
 template <typename T>
 std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, const at::Tensor& cos,
                                       const at::Tensor& sin, std::vector<at::Tensor>& keys,
@@ -592,8 +592,7 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
                                       const std::optional<at::Tensor>& mask, bool last_only) {
   const int64_t rows = x.size(0), hidden = x.size(1);
   const float eps = static_cast<float>(decoder.eps);
-  const bool prefill = !mask && rows > 1;  // causal rows through SDPA; a decode step or a tree through `attend`
-  const auto tails = tails_of(prefill ? 0 : rows, prefix, mask);
+  const auto tails = mask ? tails_of(rows, prefix, mask) : std::vector<std::vector<int64_t>>{};
   at::Tensor normed = at::empty_like(x);
   at::Tensor attended = at::empty({rows, decoder.heads * decoder.head_dim}, x.options());
   at::Tensor gated = at::empty({rows, decoder.intermediate}, x.options());
@@ -603,7 +602,7 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
     rms_norm<T>(x.data_ptr<T>(), layer.attention_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
     at::Tensor qkv = layer.qkv(normed).contiguous();
     float* kept = i + 1 == decoder.layers.size() ? last_queries.data_ptr<float>() : nullptr;
-    attention<T>(qkv, cos, sin, keys[i], values[i], prefix, prefill ? nullptr : &tails, attended, decoder, kept);
+    attention<T>(qkv, cos, sin, keys[i], values[i], prefix, mask ? &tails : nullptr, attended, decoder, kept);
     const at::Tensor projected = layer.o(attended).contiguous();
     add_into<T>(x.data_ptr<T>(), projected.data_ptr<T>(), rows * hidden);
     rms_norm<T>(x.data_ptr<T>(), layer.mlp_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);

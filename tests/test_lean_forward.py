@@ -59,7 +59,7 @@ def test_prefill_and_tree_verification_match_transformers_in_float32(family, hea
 
 @torch.inference_mode()
 def test_a_long_prefill_after_a_cached_prefix_matches_transformers_in_float32():
-    """Long prefills attend in chunks of rows (`kPrefillChunk`): 600 rows after 40 cached ones take three."""
+    """Long prefills attend in chunks of rows (`kCausalChunk`): 600 rows after 40 cached ones take ten."""
     model = _model("llama", torch.float32)
     lean = LeanForward(model, cpu_decoder())
     tokens = torch.randint(3, 1000, (640,), generator=torch.Generator().manual_seed(1))
@@ -110,6 +110,31 @@ def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, head_dim,
             assert torch.equal(one[0][0], logits[row]), f"row {row} of {len(tree) + 1}"
             assert torch.equal(one[1][0], hidden[row])
             cache.truncate(prefix)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize(("dtype", "quantize"), [
+    (torch.bfloat16, "int4"), (torch.bfloat16, "int8"), (torch.float16, "int4"), (torch.float32, "int4"),
+])  # fmt: skip
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, head_dim):
+    """Causal rows attend in chunks of 64 (`kCausalChunk`): 150 rows after 15 cached ones cross three chunk
+    boundaries, and every row still gets what decoding it alone gets (matmuls that are row-independent)."""
+    model = _model("llama", dtype, quantize=quantize, head_dim=head_dim)
+    use_attention(model, "canonical")
+    lean = lean_forward(model)
+    tokens = torch.randint(3, 1000, (165,), generator=torch.Generator().manual_seed(head_dim))
+    cache = TreeCache(2, 256)
+    lean(tokens[:15], torch.arange(15), None, cache)
+    cache.commit()
+    logits, hidden, _ = lean(tokens[15:], torch.arange(15, 165), None, cache)
+    cache.truncate(15)
+    for row in range(150):
+        position = torch.arange(15 + row, 16 + row)
+        one = lean(tokens[15 + row : 16 + row], position, None, cache)
+        cache.commit()
+        assert torch.equal(one[0][0], logits[row]), f"row {row}"
+        assert torch.equal(one[1][0], hidden[row])
 
 
 def test_lean_forward_serves_canonical_llama_family_models_it_was_compiled_for():

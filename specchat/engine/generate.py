@@ -258,7 +258,8 @@ class Engine:
 
     def decode_states(self, ids: list[int]) -> torch.Tensor:
         """`target_states` computed one decode step at a time, as generated tokens and verified tree rows get
-        them (a prefill's blocked attention may round otherwise): [len(ids), hidden_size]."""
+        them (a prefill may round otherwise: under transformers' forward, or dense matmuls over many rows):
+        [len(ids), hidden_size]."""
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         self.cache.truncate(0)
         hidden = []
