@@ -1202,26 +1202,21 @@ inline void by_halves(int64_t per_unit, Kernel kernel) {
 }
 #endif
 
-// Activation rows from which a pair's two tiles go side by side through 512-bit vectors (`tile_pair_dots_vnni`)
-// rather than group by group through 256-bit ones (`tile_dots`). Measured on the 1.5B (2 threads, a forward's
-// matrices, 7 rounds): 3 rows 21.7-24.9 ms against 26.8-28.9 through 256 bits; at 1 and 2 rows the two are within
-// a millisecond, the 256-bit kernel ahead at 2 rows in three runs of three.
-constexpr int64_t kPairVectorRows = 3;
-
-// out[i * x.rows + r]: a unit's weight rows i (8, or 16 in a pair) dotted with every activation row r.
+// out[i * x.rows + r]: a unit's weight rows i (8, or 16 in a pair) dotted with every activation row r. On VNNI a
+// pair's two tiles go side by side through 512-bit vectors (`tile_pair_dots_vnni`), at any row count: measured on
+// the 1.5B (2 threads, a forward's matrices, 7 rounds), one row 21.6-22.2 ms against 22.9-24.3 group by group
+// through 256 bits, two rows the same, from three rows 3-5 ms less.
 inline void unit_dots(int64_t type, const uint8_t* unit, const Quantized& x, Path path, float* out) {
   const bool q4 = is_q4_k_tiles(type);
   const int64_t per_unit = tiles_per_unit(type);
 #ifdef GGUF_VNNI
-  if (per_unit == 2 && path == Path::Best && x.rows >= kPairVectorRows) {
+  if (per_unit == 2 && path == Path::Best) {
     if (q4) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_pair_dots_vnni<rows()>(unit, x, r, out); });
     return by_eights(x.rows, [&](auto rows, int64_t r) { q6_tile_pair_dots_vnni<rows()>(unit, x, r, out); });
   }
   if (path == Path::Best)
-    return by_halves(per_unit, [&](auto halves) {
-      by_eights(x.rows, [&](auto rows, int64_t r) {
-        q4 ? tile_dots<rows(), true, halves()>(unit, x, r, out) : q6_tile_dots<rows(), true, halves()>(unit, x, r, out);
-      });
+    return by_eights(x.rows, [&](auto rows, int64_t r) {
+      q4 ? tile_dots<rows(), true, 1>(unit, x, r, out) : q6_tile_dots<rows(), true, 1>(unit, x, r, out);
     });
 #endif
 #ifdef GGUF_AVX2

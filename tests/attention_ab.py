@@ -2,7 +2,8 @@
 and tiny matmuls, its KV cache at `context` (DRAM-resident, as in the model); ms per step, median, and the
 largest output difference between builds. Each build is named by its source version (`source_version()` of
 that checkout, built once by `cpu_decoder()`); `dtype=bfloat16` holds the weights and cache in bf16, as the 1.5B
-runs: `python tests/attention_ab.py 16384 5 before=4e7c530d223d after=<version> [dtype=bfloat16]`."""
+runs: `python tests/attention_ab.py 16384 5 before=4e7c530d223d after=<version> [dtype=bfloat16]`. With
+`prefill=1` the rows are a prompt's: `context` causal rows from an empty cache, one forward each build."""
 import glob
 import importlib.util
 import statistics
@@ -12,11 +13,14 @@ import time
 import torch
 from torch.utils.cpp_extension import _get_build_directory
 
-builds, dt = {}, torch.float32
+builds, dt, prefill = {}, torch.float32, False
 for name_hash in sys.argv[3:]:
     name, h = name_hash.split("=")
     if name == "dtype":
         dt = getattr(torch, h)
+        continue
+    if name == "prefill":
+        prefill = h == "1"
         continue
     path = glob.glob(f"{_get_build_directory(f'specchat_cpu_decoder_{h}', False)}/*.so")[0]
     spec = importlib.util.spec_from_file_location(f"specchat_cpu_decoder_{h}", path)
@@ -32,17 +36,18 @@ def decoder(native):
 decoders = {name: decoder(native) for name, native in builds.items()}
 keys = [torch.randn(KV, context + 16, D, dtype=dt) for _ in range(L)]
 values = [torch.randn(KV, context + 16, D, dtype=dt) for _ in range(L)]
-ROWS = (1, 4, 8, 16)
+ROWS = (context,) if prefill else (1, 4, 8, 16)
+prefix = 0 if prefill else context
 times = {(name, rows): [] for name in builds for rows in ROWS}
-inputs = {rows: (torch.randn(rows, HID, dtype=dt), torch.ones(rows, D), torch.zeros(rows, D), None if rows == 1 else torch.tril(torch.ones(rows, rows, dtype=torch.bool))) for rows in ROWS}
+inputs = {rows: (torch.randn(rows, HID, dtype=dt), torch.ones(rows, D), torch.zeros(rows, D), None if rows == 1 or prefill else torch.tril(torch.ones(rows, rows, dtype=torch.bool))) for rows in ROWS}
 outs = {}
 for _ in range(reps):
     for name, native in builds.items():
         for rows, (x, cos, sin, mask) in inputs.items():
-            t = time.perf_counter(); out = native.forward(decoders[name], x, cos, sin, keys, values, context, mask, True)
+            t = time.perf_counter(); out = native.forward(decoders[name], x, cos, sin, keys, values, prefix, mask, True)
             times[(name, rows)].append(time.perf_counter() - t); outs[(name, rows)] = out[0]
 for rows in ROWS:
-    print(f"context {context}, {rows} rows: " + ", ".join(f"{name} {statistics.median(times[(name, rows)]) * 1e3:.1f} ms" for name in builds))
+    print(f"context {prefix}, {rows} rows: " + ", ".join(f"{name} {statistics.median(times[(name, rows)]) * 1e3:.1f} ms" for name in builds))
 ref = next(iter(builds))
 for name in builds:
     print(name, "max diff vs", ref, max((outs[(name, r)].float() - outs[(ref, r)].float()).abs().max().item() for r in ROWS))
