@@ -4,8 +4,9 @@ target's own output, and the answers are written as jsonl shards that a stopped 
 A record is one turn: `prompt_ids` (the conversation so far, chat template applied, generation prompt
 included), `answer_ids` (the target's tokens, EOS included when it stopped there), the messages as text,
 its source, split (train / heldout, fixed by the prompt's id) and sampling (greedy, or the profile's
-settings seeded by the prompt's id). Generation runs through the engine with the n-gram drafter, which is
-lossless and makes copy-heavy answers (summaries of the source text) cheaper.
+settings seeded by the prompt's id). Generation runs through the engine with the model's default drafter (the
+one its profile measured fastest, n-gram without a profile): lossless, so greedy answers are the target's own
+whoever drafts them, and sampled ones are drawn from its distribution; only the hours differ.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class DataProgress:
 def build_data(loaded, out: Path, prompts: list[Prompt], recipe: DataRecipe, *, tokens: int,
                progress: Callable[[DataProgress], None] = lambda _progress: None) -> DataProgress:  # fmt: skip
     """Answer `prompts` in order, skipping those already in `out`, until `out` holds `tokens` answer tokens."""
-    from specchat.drafters.ngram import NgramDrafter
+    from specchat.drafters import DEFAULT_DRAFTER, attach_drafter
     from specchat.engine.generate import Engine
     from specchat.engine.prompt import encode_chat
     from specchat.engine.sampling_config import SamplingConfig
@@ -60,7 +61,9 @@ def build_data(loaded, out: Path, prompts: list[Prompt], recipe: DataRecipe, *, 
 
     done, total, writers = open_data(out, recipe)
     progress(total)
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=2048, drafter=NgramDrafter())
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=2048)
+    profile = loaded.source.profile
+    attach_drafter(engine, loaded.source, profile.drafter if profile else DEFAULT_DRAFTER)
     defaults = decoding_defaults(loaded)
     start = time.perf_counter()
     for prompt in prompts:
