@@ -3,8 +3,9 @@
 - the merge keeps the first tree, adds the second's new nodes (siblings distinct, origins kept, the first
   drafter's origin where both proposed a token), stays within the budget and leaves out nodes whose
   parent did not fit; on crafted and on random trees;
-- the n-gram tree is kept whole and the model drafts within the rest of the budget, while the lookup's top
-  guesses are right more often than the model's; else the model leads;
+- the n-gram tree is kept whole and the model drafts within the rest of the budget, while the lookup's trees
+  match more of the committed tokens than the model's; else the model leads; a long copy leads a model whose
+  top guess is right more often;
 - the model drafts only while drafting with both parts commits more tokens per second than n-gram alone:
   the choice on a crafted clock, then a slow drafter that is never right (left out but for probes) and an
   oracle (kept);
@@ -37,7 +38,7 @@ from test_longspec import generate, random_layer
 from test_sampling_verification import PROMPT, TOKENS, Target, exact_joint
 
 from specchat.drafters import DrafterChoice, build_drafter, parse_drafter, resolve_drafter
-from specchat.drafters.composite import CompositeDrafter, merge_trees
+from specchat.drafters.composite import CompositeDrafter, matched_run, merge_trees
 from specchat.drafters.mode_choice import BOTH, SECOND, ModeChoice
 from specchat.drafters.longspec import LongSpecDrafter
 from specchat.drafters.ngram import NgramDrafter
@@ -250,7 +251,7 @@ class Always:
         return DraftTree([self.token], [ROOT], [self.kind]) if budget else DraftTree.empty()
 
 
-def test_the_part_whose_top_guess_is_more_often_right_leads():
+def test_the_part_whose_trees_matched_more_leads():
     """In trees of one node, the lookup leads at first (as a composite always let it), then the part whose guess
     has been the target's next token more often; when the text turns, the lead follows."""
     composite = CompositeDrafter(Always("model", 1), Always("ngram", 2))
@@ -264,6 +265,59 @@ def test_the_part_whose_top_guess_is_more_often_right_leads():
     assert leads[0] == "ngram"
     assert leads[3:30] == ["model"] * 27  # right every step, where the lookup never was
     assert "ngram" in leads[30:60] and leads[60:] == ["ngram"] * 30
+
+
+class Copy:
+    """A lookup that proposes a chain of 4 tokens every step, right (all of it) one step in three."""
+
+    kind = "ngram"
+
+    def __init__(self):
+        self.step = 0
+
+    def prefill(self, ids, hidden, reused):
+        pass
+
+    def commit(self, tokens, hidden):
+        self.step += 1
+
+    def propose(self, budget, sampling, generator):
+        tokens = [5, 6, 7, 8] if self.step % 3 == 0 else [9, 9, 9, 9]
+        return DraftTree(tokens[:budget], [ROOT, 0, 1, 2][:budget], [self.kind] * min(budget, 4))
+
+
+class BothAlways:
+    """A mode choice that always drafts with both parts."""
+
+    def restart(self):
+        pass
+
+    def committed(self, tokens):
+        pass
+
+    def next_mode(self):
+        return BOTH
+
+
+def test_a_long_copy_leads_a_model_whose_top_guess_is_right_more_often():
+    """The model's one-node guess is right 3 steps in 4, the lookup's top guess 1 in 3 but then with 3 more
+    tokens: its trees match more (1.33 against 0.75 tokens a step) and it leads, its chains whole."""
+    model = Always("model", 5)
+    composite = CompositeDrafter(model, Copy())
+    composite.modes = BothAlways()
+    leads = []
+    for step in range(60):
+        model.token = 5 if step % 4 else 0  # wrong every fourth step
+        tree = composite.propose(4, SamplingConfig(), None)
+        leads.append(tree.origins[0])
+        composite.commit([5, 6, 7, 8, 1] if step % 3 == 0 else [5, 2], None)
+    assert leads[10:] == ["ngram"] * 50
+
+
+def test_a_matched_run_follows_the_committed_tokens_down_the_tree():
+    tree = DraftTree([1, 2, 3, 4, 5], [ROOT, 0, 1, ROOT, 3], ["x"] * 5)  # 1 -> 2 -> 3 and 4 -> 5
+    assert [matched_run(tree, tokens) for tokens in ([1, 2, 3, 7], [1, 2, 9], [4, 5], [4, 6], [7], [1, 2, 3])] == [
+        3, 2, 2, 1, 0, 3]  # fmt: skip
 
 
 class Slow:

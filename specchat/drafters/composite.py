@@ -20,8 +20,9 @@ class CompositeDrafter:
     """Drafts with `first` and `second` at once; both follow every prefill and commit.
 
     Budget: the second drafter (the cheap one: n-gram lookup) always proposes within the whole budget. The
-    part whose top guess (its first node below the root) has more often been the target's next token leads:
-    its tree is kept whole and the other's nodes fill what is left. The first drafter proposes when it leads
+    part whose own tree has matched more of what the target then committed leads: its tree is kept whole and
+    the other's nodes fill what is left. Matched tokens, not top guesses: a copy the lookup found is often
+    several tokens right where a model's guesses stop at one or two, and a top guess counts both alike. The first drafter proposes when it leads
     or something is left, and when drafting with both parts has committed more tokens per second than the
     second alone (`ModeChoice`). A copy the lookup found costs no draft forward and is mostly right, and a
     long one fills the budget by itself: measured on the default model, giving the model the first share
@@ -42,58 +43,70 @@ class CompositeDrafter:
         self.second = second
         self.kind = f"{first.kind}+{second.kind}"  # its nodes carry the parts' kinds
         self.modes = ModeChoice()
-        self.guesses = TopGuesses()
+        self.runs = MatchedRuns()
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         self.first.prefill(ids, hidden, reused)
         self.second.prefill(ids, hidden, reused)
         self.modes.restart()
-        self.guesses.restart()
+        self.runs.restart()
 
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         self.first.commit(tokens, hidden)
         self.second.commit(tokens, hidden)
         self.modes.committed(len(tokens))
-        self.guesses.committed(tokens[0])
+        self.runs.committed(tokens)
 
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
         second = self.second.propose(budget, sampling, generator)
-        room = budget if self.guesses.first_leads() else budget - len(second)
+        room = budget if self.runs.first_leads() else budget - len(second)
         both = room > 0 and self.modes.next_mode() == BOTH  # a step with no room left is nobody's sample
         first = self.first.propose(room, sampling, generator) if both else DraftTree.empty()
-        self.guesses.proposed(first, second)
+        self.runs.proposed(first, second)
         return merge_trees(first, second, budget)
 
 
-class TopGuesses:
-    """How often each part's top guess, its first node below the root, was the token the target committed next,
-    counted with decay (a part that proposed nothing on a step is not counted on it)."""
+class MatchedRuns:
+    """How many tokens each part's own tree matched of what the target committed next (its longest path from the
+    root along the committed tokens), averaged with decay (a part that proposed nothing on a step is not
+    counted on it)."""
 
     def __init__(self, decay: float = 0.95):
         self.decay = decay
-        self.right = [0.0, 0.0]  # decayed sums: first, second
-        self.guessed = [0.0, 0.0]
+        self.matched = [0.0, 0.0]  # decayed sums: first, second
+        self.counted = [0.0, 0.0]
         self.restart()
 
     def restart(self) -> None:
         """A new request: no step is in flight."""
-        self._pending: list[int | None] = [None, None]  # the tokens guessed on the step in flight
+        self._pending: list[DraftTree | None] = [None, None]  # the parts' trees of the step in flight
 
     def proposed(self, *trees: DraftTree) -> None:
-        self._pending = [next((t for t, p in zip(tree.tokens, tree.parents) if p == ROOT), None) for tree in trees]
+        self._pending = [tree if len(tree) else None for tree in trees]
 
-    def committed(self, token: int) -> None:
-        for part, guess in enumerate(self._pending):
-            if guess is not None:
-                self.right[part] = self.right[part] * self.decay + (guess == token)
-                self.guessed[part] = self.guessed[part] * self.decay + 1
+    def committed(self, tokens: list[int]) -> None:
+        for part, tree in enumerate(self._pending):
+            if tree is not None:
+                self.matched[part] = self.matched[part] * self.decay + matched_run(tree, tokens)
+                self.counted[part] = self.counted[part] * self.decay + 1
         self.restart()
 
     def rate(self, part: int) -> float:
-        return (self.right[part] + 1) / (self.guessed[part] + 2)  # one right and one wrong guess to start with
+        return (self.matched[part] + 1) / (self.counted[part] + 2)  # one token matched in two steps to start with
 
     def first_leads(self) -> bool:
         return self.rate(0) > self.rate(1)
+
+
+def matched_run(tree: DraftTree, tokens: list[int]) -> int:
+    """How many of `tokens` the path from the root of `tree` along them covers."""
+    child = {(parent, token): node for node, (parent, token) in enumerate(zip(tree.parents, tree.tokens))}
+    node = ROOT
+    for depth, token in enumerate(tokens):
+        node = child.get((node, token))
+        if node is None:
+            return depth
+    return len(tokens)
 
 
 def merge_trees(first: DraftTree, second: DraftTree, budget: int) -> DraftTree:
