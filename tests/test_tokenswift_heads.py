@@ -137,50 +137,6 @@ def test_head_i_is_scored_against_the_targets_token_t_plus_2_plus_i():
     assert head_labels(labels, 2).tolist() == labels[3:].tolist()
 
 
-class Echo(torch.nn.Module):
-    """Heads whose head i at row t outputs the state of row t + 1 + i + `shift`: through an identity norm and
-    LM head, the target's own logits for the token head i guesses when `shift` is 0."""
-
-    def __init__(self, vocab: int, shift: int):
-        super().__init__()
-        self.config = TokenSwiftConfig(vocab, 1e-6)
-        self.shift = shift
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        length, vocab = hidden.shape
-        out = torch.zeros(3, length, vocab)
-        for i in range(3):
-            rows = torch.arange(length) + 1 + i + self.shift
-            inside = (rows >= 0) & (rows < length)
-            out[i, inside] = hidden[rows[inside]]
-        return out
-
-
-def test_distilled_head_i_at_row_t_learns_the_targets_distribution_at_row_t_plus_1_plus_i():
-    """Self-distillation: the loss of heads that give exactly the target's distribution of the row they guess
-    for is its entropy, the least any distribution can score; one row off scores more. Labels outside the draft
-    vocabulary leave their rows unscored, as the hard loss does."""
-    vocab, length = 24, 10
-    g = torch.Generator().manual_seed(0)
-    hidden = torch.randn(length, vocab, generator=g) * 3  # the target's logits after each row
-    labels = hidden.argmax(dim=-1).to(torch.int32)
-    labels[5] = vocab + 1  # outside the draft vocabulary: rows 4, 3, 2 of heads 0, 1, 2 go unscored
-    sample = Sample(tuple(range(length)), 3, True)
-    features = HiddenFeatures(hidden, labels, torch.tensor([0, length]))
-    losses = {}
-    for shift in (0, 1, -1):
-        objective = TokenSwiftObjective(TokenSwiftHeads(TokenSwiftConfig(vocab, 1e-6)), torch.eye(vocab),
-                                        torch.arange(vocab), teacher_norm=lambda h: h)  # fmt: skip
-        objective.module = Echo(vocab, shift)
-        losses[shift], rows = objective.loss(sample, features.of(0), random.Random(0))
-    assert rows == (length - 1) + (length - 2) + (length - 3) - 3
-    probs = hidden.softmax(dim=-1)
-    entropy = -(probs * probs.log()).sum(dim=-1)  # [row]
-    scored = [row for i in range(3) for row in range(1 + i, length) if row != 5]
-    assert float(losses[0]) == pytest.approx(float(entropy[scored].sum()), rel=1e-5)
-    assert float(losses[1]) > float(losses[0]) + 1 and float(losses[-1]) > float(losses[0]) + 1
-
-
 def test_on_a_greedy_answer_head_i_at_row_t_is_labelled_with_the_texts_token_t_plus_2_plus_i(loaded, tmp_path):
     engine = Engine(loaded.model, loaded.tokenizer, max_len=128)
     prompt = list(range(40, 60))
@@ -386,9 +342,8 @@ def test_a_short_run_on_real_text_lowers_the_heldout_loss(loaded, tokenizer, tmp
     assert done.log[-1]["heldout_loss"] < before - 0.8
 
 
-@pytest.mark.parametrize(("root_input", "distill"), [(False, False), (True, False), (True, True)],
-                         ids=["tokenswift", "root-input", "distilled"])
-def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path, root_input, distill):
+@pytest.mark.parametrize("root_input", [False, True], ids=["tokenswift", "root-input"])
+def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path, root_input):
     data = tmp_path / "data"
     data.mkdir()
     (data / "recipe.json").write_text(json.dumps({"model": "tiny-llama"}))
@@ -399,9 +354,9 @@ def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path, root_input, d
         (data / f"{split}-00000.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     out = tmp_path / "heads"
     summary = train_tokenswift(loaded, data, out, TrainRecipe(epochs=1, batch=4, warmup_steps=1), vocab=8192,
-                               root_input=root_input, distill=distill)  # fmt: skip
+                               root_input=root_input)  # fmt: skip
     assert summary["steps"] == 2 and summary["gamma"] == 3 and summary["loss_vocab"] == 8192
-    assert summary["root_input"] == root_input and summary["distill"] == distill
+    assert summary["root_input"] == root_input
     assert {"heldout_head1_top1", "heldout_head3_top3", "heldout_chain_tau"} <= set(summary["log"][-1])
     assert (out / "curves.png").stat().st_size > 0
     assert sorted(p.name for p in (data / "features").iterdir()) == [

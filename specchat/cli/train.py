@@ -160,9 +160,6 @@ def train_tokenswift(
     vocab: VocabOption = 0,
     root_input: Annotated[bool, typer.Option("--root-input/--no-root-input",
                                              help="The heads also read the root token t+1 (EAGLE's input).")] = False,
-    distill: Annotated[bool, typer.Option("--distill/--no-distill",
-                                          help="Learn the target's whole next-token distributions, not only its "
-                                               "greedy choices (self-distillation).")] = False,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     precision: PrecisionOption = "auto",
@@ -178,7 +175,7 @@ def train_tokenswift(
     from specchat.training.train_tokenswift import train_tokenswift as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, root_input=root_input, distill=distill,
+                             precision, seed, dtype, device, root_input=root_input,
                              recipe_options={"betas": BETAS, "warmup_steps": warmup_steps})  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     accuracy = ", ".join(f"{last.get(f'heldout_head{i + 1}_top1', float('nan')):.2f}" for i in range(summary["gamma"]))

@@ -7,9 +7,6 @@ the target's frozen LM head against the token it must guess.
   a greedy target would accept after that text. Every row with such a label is scored, prompt rows too.
 - The loss is cross-entropy over the draft vocabulary (`--vocab`; all of it by default), summed over heads
   and rows (the trainer divides by the rows), as the reference sums its heads' losses.
-- With `--distill` a head learns the target's whole distribution at the row it guesses for (its final norm
-  and LM head over the cached state, restricted to the draft vocabulary) instead of only its argmax: Medusa-2's
-  self-distillation, more of what the target knows per answer token where answers are few.
 
 Held-out evaluation ranks what the drafter ranks, the draft vocabulary (a token outside it is a miss): per
 head, top-1 and top-3 accuracy on the rows whose guessed token is an answer token; the loss on those of them
@@ -38,13 +35,10 @@ class TokenSwiftObjective:
     """Loss and held-out metrics of TokenSwift heads over a target's frozen LM head."""
 
     def __init__(self, heads: TokenSwiftHeads, head: torch.Tensor, draft_vocab: torch.Tensor,
-                 embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 teacher_norm: Callable[[torch.Tensor], torch.Tensor] | None = None):  # fmt: skip
+                 embed: Callable[[torch.Tensor], torch.Tensor] | None = None):  # fmt: skip
         """`head` [vocab, hidden] is the target's LM head, `draft_vocab` the ids the loss is taken over (sorted;
-        all of them for the full vocabulary), `embed` the target's token embedding (heads with `root_input`),
-        `teacher_norm` the target's final norm: given, the loss is self-distillation from the target's
-        distributions."""
-        self.module, self.embed, self.teacher_norm = heads, embed, teacher_norm
+        all of them for the full vocabulary), `embed` the target's token embedding (heads with `root_input`)."""
+        self.module, self.embed = heads, embed
         self.draft_vocab = draft_vocab.to(head.device)
         self.head = head if len(draft_vocab) == head.shape[0] else head[self.draft_vocab]
 
@@ -52,25 +46,13 @@ class TokenSwiftObjective:
         """Summed cross-entropy of every head at every row it has a label for, and how many were scored."""
         out = self._forward(sample, features)
         labels = draft_vocab_targets(features.labels.to(self.device, torch.long), self.draft_vocab)
-        teacher = self._teacher(features) if self.teacher_norm is not None else None
         total, rows = 0.0, 0
         for i, states in enumerate(out):
             wanted = head_labels(labels, i)
-            logits = (states[: len(wanted)] @ self.head.T).float()
-            if teacher is None:
-                total = total + F.cross_entropy(logits, wanted, ignore_index=IGNORE_INDEX, reduction="sum")
-            else:
-                scored = wanted != IGNORE_INDEX
-                soft = head_labels(teacher, i)[: len(wanted)][scored]
-                total = total - (soft * logits[scored].log_softmax(dim=-1)).sum()
+            logits = states[: len(wanted)] @ self.head.T
+            total = total + F.cross_entropy(logits.float(), wanted, ignore_index=IGNORE_INDEX, reduction="sum")
             rows += int((wanted != IGNORE_INDEX).sum())
         return total, rows
-
-    @torch.no_grad()
-    def _teacher(self, features: SampleHidden) -> torch.Tensor:
-        """[rows, draft vocab]: the target's next-token distribution after each row, over the draft vocabulary."""
-        hidden = features.hidden.to(self.device, torch.float32)
-        return (self.teacher_norm(hidden) @ self.head.T).float().softmax(dim=-1)
 
     @torch.no_grad()
     def evaluate(self, samples: list[Sample], features: HiddenFeatures) -> dict[str, float]:

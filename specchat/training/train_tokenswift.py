@@ -25,11 +25,10 @@ BETAS = (0.9, 0.999)  # the reference trains with the Hugging Face Trainer's Ada
 
 
 def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab: int = 0, root_input: bool = False,
-                     distill: bool = False, **pipeline) -> dict:  # fmt: skip
+                     **pipeline) -> dict:  # fmt: skip
     """Train, write the heads and their summary to `out`; returns the summary. `vocab`: the most frequent
     answer tokens the loss is taken over and the heads draft from (0: all). `root_input`: the heads also read
-    the root token. `distill`: learn the target's distributions, not only its choices. `pipeline`:
-    `train_drafter`'s options."""
+    the root token. `pipeline`: `train_drafter`'s options."""
     model = loaded.model
 
     def trainee(data_set: TrainingSet) -> Trainee:
@@ -41,11 +40,10 @@ def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, voca
         heads = TokenSwiftHeads(config, parts(model).norm.weight.detach().float(), draft_vocab=reduced)
         heads = heads.to(model.device)
         return Trainee(
-            objective=TokenSwiftObjective(heads, target_head(model), loss_vocab, embed=parts(model).embed,
-                                          teacher_norm=parts(model).norm if distill else None),
+            objective=TokenSwiftObjective(heads, target_head(model), loss_vocab, embed=parts(model).embed),
             save=lambda: save_heads(out, heads, dtype=torch.bfloat16),
             title=f"TokenSwift heads for {loaded.source.name}",
-            summary={"loss_vocab": len(loss_vocab), "gamma": config.gamma, "root_input": root_input, "distill": distill},
+            summary={"loss_vocab": len(loss_vocab), "gamma": config.gamma, "root_input": root_input},
             tau_label=f"held-out greedy chain tau (depth {heads.config.gamma})",
         )
 
