@@ -17,11 +17,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from specchat.drafters.base import TracksCommittedIds
+from specchat.drafters.base import DraftsAlone, TracksCommittedIds
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 
 
-class _TrackingDrafter(TracksCommittedIds):
+class _TrackingDrafter(DraftsAlone, TracksCommittedIds):
     """Keeps the committed ids, prompt included, exactly as the engine reports them."""
 
     kind = "test"

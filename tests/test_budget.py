@@ -181,3 +181,16 @@ def test_a_probe_whose_drafting_costs_more_than_its_tokens_fails():
             pass
         observe_chain(policy, 3, accepted=1, budget=budget, draft_seconds=2.0)  # two decode steps' time
     assert policy.off_for_good
+
+
+def test_each_tree_is_sized_for_the_kinds_that_draft_it():
+    """A composite whose model part's guesses are rejected beyond depth 1 and whose lookup's chains of 7 are
+    accepted whole: a step the lookup drafts alone gets the lookup's budget, not the one-node trees that suit
+    the model. Drafting pays while one mode pays."""
+    policy = AdaptiveBudget(CPU_LIKE)
+    model, ngram = frozenset({"model"}), frozenset({"ngram"})
+    for _ in range(30):
+        observe_chain(policy, 3, accepted=1, origin="model", budget=3, mode=model, draft_seconds=0.0)
+        observe_chain(policy, 7, accepted=7, origin="ngram", budget=7, mode=ngram)
+    assert policy.next_budget(model) == 1
+    assert policy.next_budget(ngram) == policy.next_budget() == policy.budget >= 7

@@ -126,8 +126,8 @@ def test_draft_rows_are_kept_only_below_nodes_the_second_drafter_left_alone():
 class AlwaysBoth(ModeChoice):
     """Both parts draft every step: what the merge tests check, whatever the timings say."""
 
-    def next_mode(self) -> str:
-        return BOTH
+    def committed(self, tokens: int) -> None:
+        pass
 
 
 def merging(first, second, composite=CompositeDrafter) -> CompositeDrafter:
@@ -198,19 +198,19 @@ class Clock:
 
 
 def run_steps(choice: ModeChoice, clock: Clock, steps: int, cost: dict, tokens: dict) -> list[str]:
-    """`steps` steps as the composite drives the choice: a proposal, then one commit; the modes chosen."""
+    """`steps` steps as the composite drives the choice, each ending in one commit; the modes chosen."""
     modes = []
     for _ in range(steps):
-        mode = choice.next_mode()
-        modes.append(mode)
-        clock.now += cost[mode]
-        choice.committed(tokens[mode])
+        modes.append(choice.mode)
+        clock.now += cost[choice.mode]
+        choice.committed(tokens[choice.mode])
     return modes
 
 
 def test_the_mode_that_commits_more_tokens_per_second_is_chosen_and_the_other_probed():
     clock = Clock()
     choice = ModeChoice(probe_every=16, clock=clock)
+    choice.committed(1)  # the prefill's token: the first step starts
     # The model's draft costs 3 ms a step and adds half a token: 2.5 tokens in 8 ms against 2 in 5 ms.
     modes = run_steps(choice, clock, 64, cost={BOTH: 0.008, SECOND: 0.005}, tokens={BOTH: 2.5, SECOND: 2})
     assert modes[:2] == [BOTH, SECOND]  # each tried once, then the faster
@@ -220,19 +220,19 @@ def test_the_mode_that_commits_more_tokens_per_second_is_chosen_and_the_other_pr
     assert modes[-16:].count(BOTH) == 15 and modes[-16:].count(SECOND) == 1
 
 
-def test_a_step_with_other_commits_between_proposals_is_not_counted():
+def test_the_time_before_a_request_is_no_step():
     clock = Clock()
     choice = ModeChoice(clock=clock)
-    choice.next_mode()
-    clock.now += 1.0  # the engine decoded without drafting (budget 0): two commits, a second
+    clock.now += 1.0  # loading, then the first request's prefill
     choice.committed(1)
-    choice.committed(1)
-    choice.next_mode()
     assert choice.seconds == {BOTH: 0.0, SECOND: 0.0}
-    choice.restart()  # a new request: the time since the last proposal was no step either
+    clock.now += 0.25
+    choice.committed(3)
+    assert (choice.tokens, choice.seconds) == ({BOTH: 3.0, SECOND: 0.0}, {BOTH: 0.25, SECOND: 0.0})
+    choice.restart()  # a new request: the time since the last commit (the user typing, a prefill) was no step
+    clock.now += 5.0
     choice.committed(1)
-    choice.next_mode()
-    assert choice.seconds == {BOTH: 0.0, SECOND: 0.0}
+    assert choice.seconds == {BOTH: 0.25, SECOND: 0.0}
 
 
 class Always:
@@ -286,17 +286,6 @@ class Copy:
         return DraftTree(tokens[:budget], [ROOT, 0, 1, 2][:budget], [self.kind] * min(budget, 4))
 
 
-class BothAlways:
-    """A mode choice that always drafts with both parts."""
-
-    def restart(self):
-        pass
-
-    def committed(self, tokens):
-        pass
-
-    def next_mode(self):
-        return BOTH
 
 
 def test_a_long_copy_leads_a_model_whose_top_guess_is_right_more_often():
@@ -304,7 +293,7 @@ def test_a_long_copy_leads_a_model_whose_top_guess_is_right_more_often():
     tokens: its trees match more (1.33 against 0.75 tokens a step) and it leads, its chains whole."""
     model = Always("model", 5)
     composite = CompositeDrafter(model, Copy())
-    composite.modes = BothAlways()
+    composite.modes = AlwaysBoth()
     leads = []
     for step in range(60):
         model.token = 5 if step % 4 else 0  # wrong every fourth step
@@ -312,6 +301,17 @@ def test_a_long_copy_leads_a_model_whose_top_guess_is_right_more_often():
         leads.append(tree.origins[0])
         composite.commit([5, 6, 7, 8, 1] if step % 3 == 0 else [5, 2], None)
     assert leads[10:] == ["ngram"] * 50
+
+
+def test_the_kinds_that_draft_next_follow_the_mode_chosen_at_the_last_commit():
+    composite = CompositeDrafter(Always("model", 1), Always("ngram", 2))
+    ticks = itertools.count()
+    composite.modes = ModeChoice(clock=lambda: float(next(ticks)))
+    kinds = []
+    for tokens in ([1], [1], [2], [1, 2]):  # the prefill's token, a step with both parts, one with the lookup
+        composite.commit(tokens, None)
+        kinds.append(composite.next_kinds())
+    assert kinds == [{"model", "ngram"}, {"ngram"}, {"model", "ngram"}, {"model", "ngram"}]
 
 
 def test_a_matched_run_follows_the_committed_tokens_down_the_tree():

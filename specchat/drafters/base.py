@@ -69,6 +69,10 @@ class Drafter(Protocol):
         the states of the rest. A drafter that tracked the same first `reused` ids may keep what it built from
         them; one that did not rebuilds from `ids` and the target's cache."""
 
+    def next_kinds(self) -> frozenset[str]:
+        """The kinds that will draft the next proposal: this drafter's own, or those of the parts a composite
+        will run. The adaptive budget sizes the next tree for them and prices the proposal's time as theirs."""
+
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
         """A tree of at most `budget` nodes below the last committed id (possibly empty). A drafter that
         samples uses `generator` (seeded per request) and records what it sampled from in `draft_probs`."""
@@ -79,6 +83,15 @@ class Drafter(Protocol):
         then one per token of a step (the previous last token's, then each accepted token's). Over a request,
         `prefill`'s and `commit`'s rows line up with cache positions `reused`, `reused` + 1, ...: the state at
         position p is the one that predicted the token at p + 1."""
+
+
+class DraftsAlone:
+    """A drafter that is not a composite: every proposal is drafted by its own kind."""
+
+    kind: str
+
+    def next_kinds(self) -> frozenset[str]:
+        return frozenset({self.kind})
 
 
 class TracksCommittedIds:

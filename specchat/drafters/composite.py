@@ -28,7 +28,9 @@ class CompositeDrafter:
     draft forward and is mostly right, and a long one fills the budget by itself: measured on the default
     model, giving the model the first share regardless made copy-heavy text a third slower than n-gram
     drafting alone (docs/benchmarks.md). Where the lookup's matches are mostly wrong (chat answers), letting
-    it lead left a model whose top guess was twice as often right out of trees of one node.
+    it lead left a model whose top guess was twice as often right out of trees of one node. The mode is
+    chosen before the engine sizes the budget (`next_kinds`): sized for the best of all modes, then drafted
+    by the lookup alone, trees fell to one node where the lookup alone kept three.
 
     Sampling: verification draws once from the target wherever a node's children are not all drafter
     samples (`specchat.engine.verify`), which is exact for any tree; rejection sampling against `draft_probs`
@@ -57,10 +59,13 @@ class CompositeDrafter:
         self.modes.committed(len(tokens))
         self.runs.committed(tokens)
 
+    def next_kinds(self) -> frozenset[str]:
+        return frozenset({self.first.kind, self.second.kind} if self.modes.mode == BOTH else {self.second.kind})
+
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
         second = self.second.propose(budget, sampling, generator)
         room = budget if self.runs.first_leads() else budget - len(second)
-        both = room > 0 and self.modes.next_mode() == BOTH  # a step with no room left is nobody's sample
+        both = room > 0 and self.modes.mode == BOTH
         first = self.first.propose(room, sampling, generator) if both else DraftTree.empty()
         self.runs.proposed(first, second)
         return merge_trees(first, second, budget)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.drafters.base import TargetView, TracksCommittedIds
+from specchat.drafters.base import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
@@ -29,7 +29,7 @@ CHAIN = 4
 CHUNK = 256  # committed rows per catch-up forward: bounds the masks at long contexts
 
 
-class GlideDrafter(TracksCommittedIds):
+class GlideDrafter(DraftsAlone, TracksCommittedIds):
     kind = "glide"
 
     def __init__(self, target: TargetView, model: GlideModel, *, chain: int = CHAIN,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.drafters.base import TargetView, TracksCommittedIds
+from specchat.drafters.base import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.drafters.cache_policy import CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.tree_rows import TreeRows
@@ -27,7 +27,7 @@ from specchat.quant.quantize import quantize_linears
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
 
 
-class LongSpecDrafter(TracksCommittedIds):
+class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
     kind = "longspec"
 
     def __init__(self, target: TargetView, layer: LongSpecLayer, *, draft_vocab: torch.Tensor | None = None,

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specchat.architectures import parts
-from specchat.drafters.base import TargetView, TracksCommittedIds
+from specchat.drafters.base import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.drafters.cache_policy import BLOCK, CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.dynamic_tree import grow_tree
@@ -31,7 +31,7 @@ from specchat.models.layers import rotate
 from specchat.quant.quantize import quantize_linears
 
 
-class ModelDrafter(TracksCommittedIds):
+class ModelDrafter(DraftsAlone, TracksCommittedIds):
     kind = "model"
 
     def __init__(self, target: TargetView, draft: DraftModel, *, policy: str = "retrieval", weights: str | None = "auto"):

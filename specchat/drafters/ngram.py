@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from specchat.drafters.base import DraftsAlone
 from specchat.engine.tree import DraftTree
 
 
-class NgramDrafter:
+class NgramDrafter(DraftsAlone):
     kind = "ngram"
 
     def __init__(self, *, max_ngram: int = 3, matches_per_ngram: int = 4):

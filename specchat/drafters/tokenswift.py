@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.drafters.base import TargetView
+from specchat.drafters.base import DraftsAlone, TargetView
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.ngram_table import NgramTable
 from specchat.drafters.partial_kv import PartialKV
@@ -38,7 +38,7 @@ WIDTH = 3  # candidates per head (the [1, 3, 3, 3] tree)
 NGRAM = "ngram"
 
 
-class TokenSwiftDrafter:
+class TokenSwiftDrafter(DraftsAlone):
     kind = "tokenswift"  # the registry name: the chat colours its tokens by it
 
     def __init__(self, target: TargetView, heads: TokenSwiftHeads, *, kv_budget: int = KV_BUDGET,

@@ -21,9 +21,11 @@ on, and the budget is sized for the part whose trees pay best. N-gram lookup pro
 repeats, and is mostly right there; counted together with a model part whose guesses are mostly wrong, its
 copies were priced at the model's acceptance and the budget fell to zero on copy-heavy text. Whether the
 model part joins a step is the composite's own measured choice (`drafters/mode_choice.py`), so drafting time
-is priced per mode, the set of origins in a tree: steps with the n-gram part alone cost no draft forward, and
-averaged with the model's steps their trees were priced a forward too high (measured: a composite 8-12%
-slower than n-gram drafting alone on copy-heavy text). The budget is sized for the mode that pays best.
+is priced per mode, the kinds that draft a step (`Drafter.next_kinds`): steps with the n-gram part alone cost
+no draft forward, and averaged with the model's steps their trees were priced a forward too high (measured: a
+composite 8-12% slower than n-gram drafting alone on copy-heavy text). Each step's tree is sized for the mode
+it is drafted in; drafting is on while some mode pays. Sized for the best mode instead, a composite that then
+drafted with the lookup alone got the one-node trees that suited its model part.
 """
 
 from __future__ import annotations
@@ -143,13 +145,16 @@ class AdaptiveBudget:
         self.idle_steps = 0  # the optimistic prior tries drafting at the start; probes come after idle steps
         self.budget = self._best()
 
-    def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float = 0.0) -> None:
-        """Record one verified tree, proposed with `budget` in `draft_seconds`, of which the nodes `path` were
-        accepted. Each origin in the tree is counted on the nodes it proposed: its own and their ancestors (a
-        composite's second part joins the first part's nodes where it proposed the same tokens). Empty trees
-        (the drafter had nothing) say nothing about acceptance, depth or drafting time."""
+    def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float = 0.0,
+                mode: frozenset[str] | None = None) -> None:  # fmt: skip
+        """Record one verified tree, proposed with `budget` in `draft_seconds` by the kinds `mode` (by default
+        the tree's origins), of which the nodes `path` were accepted. Each origin in the tree is counted on the
+        nodes it proposed: its own and their ancestors (a composite's second part joins the first part's nodes
+        where it proposed the same tokens). Empty trees (the drafter had nothing) say nothing about acceptance,
+        depth or drafting time."""
+        mode = frozenset(tree.origins) if mode is None else mode
         if budget and len(tree):
-            seconds = self.draft_seconds.setdefault(frozenset(tree.origins), {})
+            seconds = self.draft_seconds.setdefault(mode, {})
             seconds[budget] = 0.8 * seconds.get(budget, draft_seconds) + 0.2 * draft_seconds
         for origin, nodes in proposers(tree).items():
             depth = max(tree.depths[node] for node in nodes)
@@ -159,16 +164,19 @@ class AdaptiveBudget:
             self.budget = self._best()
             if self.probing:  # a probe fails when its tokens did not pay for its step (drafting and verifying)
                 self.probing = False
-                paid = 1 + len(path) >= self.relative_cost(budget or len(tree), frozenset(tree.origins))
+                paid = 1 + len(path) >= self.relative_cost(budget or len(tree), mode)
                 self.failed_probes = 0 if paid else self.failed_probes + 1
 
     @property
     def off_for_good(self) -> bool:
         return not self.budget and self.failed_probes >= self.max_failed_probes
 
-    def next_budget(self) -> int:
-        if self.budget or self.off_for_good:
-            return self.budget
+    def next_budget(self, mode: frozenset[str] = frozenset()) -> int:
+        """The next tree's budget, for a tree drafted by the kinds `mode` (any: empty)."""
+        if self.budget:
+            return self._best_for(mode) if mode else self.budget
+        if self.off_for_good:
+            return 0
         self.idle_steps += 1
         if self.idle_steps >= self.probe_every << self.failed_probes:
             self.idle_steps, self.probing = 0, True
@@ -179,15 +187,21 @@ class AdaptiveBudget:
     def expected_tokens(self, n: int, mode: frozenset[str] = frozenset()) -> float:
         """Tokens a step with a tree of n nodes is expected to commit, bonus included, from the best part of
         `mode` (of all parts when empty)."""
-        parts = [self.origins[origin] for origin in mode] or list(self.origins.values()) or [Acceptance(self.decay)]
+        unseen = Acceptance(self.decay)  # the prior: unseen depths are tried
+        parts = [self.origins.get(origin, unseen) for origin in mode] or list(self.origins.values()) or [unseen]
         return max(part.expected_tokens(n) for part in parts)
 
     def _best(self) -> int:
+        """The budget of the mode that pays best (0: drafting pays in none)."""
         modes = list(self.draft_seconds) or [frozenset()]  # no drafting timed yet: all parts, drafting free
-        return max(
-            self.candidates,
-            key=lambda n: max(self.expected_tokens(n, mode) / self.relative_cost(n, mode) for mode in modes),
-        )
+        return max(self.candidates, key=lambda n: max(self._speed(n, mode) for mode in modes))
+
+    def _best_for(self, mode: frozenset[str]) -> int:
+        return max(self.candidates, key=lambda n: self._speed(n, mode))
+
+    def _speed(self, n: int, mode: frozenset[str]) -> float:
+        """Tokens per decode step's time with trees of n nodes drafted by `mode`."""
+        return self.expected_tokens(n, mode) / self.relative_cost(n, mode)
 
     def relative_cost(self, n: int, mode: frozenset[str] = frozenset()) -> float:
         """A step's cost with a tree of n nodes, in decode steps: verification plus drafting in `mode`."""

@@ -177,7 +177,8 @@ class Engine:
             tree = DraftTree.from_chains([known[: self.tree_capacity]], KNOWN, self.tree_capacity)
             budget, draft_seconds = len(tree), 0.0
         else:
-            budget = self.policy.next_budget() if self.policy else self.fixed_budget if self.drafter else 0
+            mode = self.drafter.next_kinds() if self.policy else frozenset()
+            budget = self.policy.next_budget(mode) if self.policy else self.fixed_budget if self.drafter else 0
             start = time.perf_counter()
             tree = self.drafter.propose(budget, sampling, generator) if budget else DraftTree.empty()
             draft_seconds = time.perf_counter() - start
@@ -194,7 +195,7 @@ class Engine:
         self.cache.commit(kept)
         self._query.keep(kept[-1])
         if self.policy and not known:  # known tokens say nothing about the drafter
-            self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds)
+            self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds, mode=mode)
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[kept] if self.drafter is not None else hidden  # only a drafter reads them
