@@ -1,9 +1,10 @@
 """The protocol every drafter implements, and the read-only view of the target a drafter may be built from.
 
-The engine drives a drafter through three calls. Each call that follows a target forward hands over the
-target's last hidden state (the last decoder layer's output, before the final norm) of every position that
-forward wrote into the cache, in order: the prompt's new rows after `prefill`, the root and the accepted
-nodes after `commit`. They come out of the forward the engine runs anyway, so they cost nothing.
+The engine drives a drafter through three calls, and asks before each proposal which kinds will draft it
+(`next_kinds`: the adaptive budget sizes the tree for them). Each call that follows a target forward hands
+over the target's last hidden state (the last decoder layer's output, before the final norm) of every
+position that forward wrote into the cache, in order: the prompt's new rows after `prefill`, the root and
+the accepted nodes after `commit`. They come out of the forward the engine runs anyway, so they cost nothing.
 """
 
 from __future__ import annotations
