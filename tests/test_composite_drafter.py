@@ -38,6 +38,7 @@ from test_longspec import generate, random_layer
 from test_sampling_verification import PROMPT, TOKENS, Target, exact_joint
 
 from specchat.drafters import DrafterChoice, build_drafter, parse_drafter, resolve_drafter
+from specchat.drafters.base import DraftsAlone
 from specchat.drafters.composite import CompositeDrafter, matched_run, merge_trees
 from specchat.drafters.mode_choice import BOTH, SECOND, ModeChoice
 from specchat.drafters.longspec import LongSpecDrafter
@@ -235,7 +236,7 @@ def test_the_time_before_a_request_is_no_step():
     assert choice.seconds == {BOTH: 0.25, SECOND: 0.0}
 
 
-class Always:
+class Always(DraftsAlone):
     """A drafter that guesses the same one token every step."""
 
     def __init__(self, kind: str, token: int):
@@ -267,7 +268,7 @@ def test_the_part_whose_trees_matched_more_leads():
     assert "ngram" in leads[30:60] and leads[60:] == ["ngram"] * 30
 
 
-class Copy:
+class Copy(DraftsAlone):
     """A lookup that proposes a chain of 4 tokens every step, right (all of it) one step in three."""
 
     kind = "ngram"
@@ -320,7 +321,7 @@ def test_a_matched_run_follows_the_committed_tokens_down_the_tree():
         3, 2, 2, 1, 0, 3]  # fmt: skip
 
 
-class Slow:
+class Slow(DraftsAlone):
     """A drafter that is slow and seldom right: always the same one token."""
 
     kind = "model"
@@ -340,7 +341,7 @@ class Slow:
         return DraftTree([63], [ROOT], [self.kind])
 
 
-class Oracle:
+class Oracle(DraftsAlone):
     """A drafter that knows the target's greedy answer: it proposes the next tokens of it as a chain."""
 
     kind = "model"
@@ -406,7 +407,7 @@ def flat_draft(model) -> LongSpecLayer:
     return layer
 
 
-class RecordedDrafter:
+class RecordedDrafter(DraftsAlone):
     """A drafter as it is, keeping its last tree."""
 
     def __init__(self, drafter):

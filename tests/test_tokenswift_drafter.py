@@ -241,3 +241,16 @@ def test_build_drafts_without_a_forward_on_a_cpu_unless_asked(model, tokenizer, 
     assert not build(target, tmp_path / "heads").forward  # a CPU step is a weight read: no second one to draft
     assert build(target, tmp_path / "heads", kv_budget=64).forward  # a KV budget sizes a draft forward
     assert build(target, tmp_path / "heads", draft_forward=True).partial.budget == KV_BUDGET
+
+
+def test_its_trees_carry_only_the_kinds_it_names(model, tokenizer):
+    """The adaptive budget sizes its trees and prices its time by `next_kinds`: the nodes its n-gram reuse adds
+    carry the n-gram kind, so that is named too."""
+    engine = Engine(model, tokenizer, max_len=256)
+    drafter = TokenSwiftDrafter(engine.target, random_heads(model), kv_budget=0, forward=False, lag=16)
+    engine.set_drafter(drafter)
+    origins = set()
+    propose = drafter.propose
+    drafter.propose = lambda *args, **kwargs: (tree := propose(*args, **kwargs), origins.update(tree.origins))[0]
+    list(engine.generate(list(range(3, 23)) * 4, max_new_tokens=48))
+    assert origins == drafter.next_kinds() == {"tokenswift", "ngram"}

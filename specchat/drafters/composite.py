@@ -60,7 +60,8 @@ class CompositeDrafter:
         self.runs.committed(tokens)
 
     def next_kinds(self) -> frozenset[str]:
-        return frozenset({self.first.kind, self.second.kind} if self.modes.mode == BOTH else {self.second.kind})
+        second = self.second.next_kinds()
+        return self.first.next_kinds() | second if self.modes.mode == BOTH else second
 
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
         second = self.second.propose(budget, sampling, generator)

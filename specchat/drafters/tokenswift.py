@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.drafters.base import DraftsAlone, TargetView
+from specchat.drafters.base import TargetView
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.ngram_table import NgramTable
 from specchat.drafters.partial_kv import PartialKV
@@ -35,10 +35,10 @@ from specchat.quant.quantize import quantize_linears
 
 KV_BUDGET = 4096  # TokenSwift's partial cache B; 0 drafts over the full cache
 WIDTH = 3  # candidates per head (the [1, 3, 3, 3] tree)
-NGRAM = "ngram"
+NGRAM = "ngram"  # the origin of the nodes its n-gram reuse adds
 
 
-class TokenSwiftDrafter(DraftsAlone):
+class TokenSwiftDrafter:
     kind = "tokenswift"  # the registry name: the chat colours its tokens by it
 
     def __init__(self, target: TargetView, heads: TokenSwiftHeads, *, kv_budget: int = KV_BUDGET,
@@ -77,6 +77,9 @@ class TokenSwiftDrafter(DraftsAlone):
     def _keep_state(self, hidden: torch.Tensor | None) -> None:
         if hidden is not None and len(hidden):  # none after prefill's first token: the prefill's last still holds
             self.state = hidden[-1:]
+
+    def next_kinds(self) -> frozenset[str]:
+        return frozenset({self.kind, NGRAM})  # its trees carry its n-gram reuse's chains as n-gram nodes
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator=None) -> DraftTree:
