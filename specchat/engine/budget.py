@@ -143,6 +143,7 @@ class AdaptiveBudget:
         # mode (the origins in a tree) -> budget -> smoothed seconds the drafter took
         self.draft_seconds: dict[frozenset[str], dict[int, float]] = {}
         self.idle_steps = 0  # the optimistic prior tries drafting at the start; probes come after idle steps
+        self.sized: dict[frozenset[str], int] = {}  # each timed mode's own best budget (`_best` fills it)
         self.budget = self._best()
 
     def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float = 0.0,
@@ -174,7 +175,9 @@ class AdaptiveBudget:
     def next_budget(self, mode: frozenset[str] = frozenset()) -> int:
         """The next tree's budget, for a tree drafted by the kinds `mode` (any: empty)."""
         if self.budget:
-            return self._best_for(mode) if mode else self.budget
+            if not mode:
+                return self.budget
+            return self.sized[mode] if mode in self.sized else self._best_for(mode)
         if self.off_for_good:
             return 0
         self.idle_steps += 1
@@ -192,9 +195,12 @@ class AdaptiveBudget:
         return max(part.expected_tokens(n) for part in parts)
 
     def _best(self) -> int:
-        """The budget of the mode that pays best (0: drafting pays in none)."""
+        """The budget of the mode that pays best (0: drafting pays in none); each timed mode's own best budget is
+        kept in `sized`, for `next_budget` to read in the decode loop."""
         modes = list(self.draft_seconds) or [frozenset()]  # no drafting timed yet: all parts, drafting free
-        return max(self.candidates, key=lambda n: max(self._speed(n, mode) for mode in modes))
+        speeds = {mode: {n: self._speed(n, mode) for n in self.candidates} for mode in modes}
+        self.sized = {mode: max(self.candidates, key=by_size.__getitem__) for mode, by_size in speeds.items()}
+        return max(self.candidates, key=lambda n: max(by_size[n] for by_size in speeds.values()))
 
     def _best_for(self, mode: frozenset[str]) -> int:
         return max(self.candidates, key=lambda n: self._speed(n, mode))
