@@ -65,7 +65,7 @@ def attention_calls(heads=32, kv_heads=8, dim=128, dtype=torch.bfloat16):
                       f"{kv_bytes / replay / 1e6:>8.0f}", flush=True)  # fmt: skip
 
 
-def forwards(contexts=(4096, 32768), trees=(0, 1, 16, 64)):
+def forwards(contexts=(4096, 32768), trees=(0, 1, 16, 63, 64)):
     config = llama31_8b_config()
     model = random_model(config, torch.bfloat16, CUDA, "auto")
     cache = TreeCache(config.num_hidden_layers, max(contexts) + max(trees) + 1)
