@@ -194,3 +194,18 @@ def test_each_tree_is_sized_for_the_kinds_that_draft_it():
         observe_chain(policy, 7, accepted=7, origin="ngram", budget=7, mode=ngram)
     assert policy.next_budget(model) == 1
     assert policy.next_budget(ngram) == policy.next_budget() == policy.budget >= 7
+
+
+def test_a_part_that_drafted_in_the_room_another_left_keeps_the_depth_its_own_trees_reach():
+    """A model part's chains of 3 reach depth 3 on the steps it leads; on the others the lookup led with 2 nodes
+    and the model drafted the 1 node left. Counted there, its trees of 3 nodes would seem 1 deep and be sized
+    smaller than they pay."""
+    policy = AdaptiveBudget(CPU_LIKE)
+    led = DraftTree([1, 2, 3], [ROOT, 0, 1], ["model"] * 3, leaders=frozenset({"model"}))
+    followed = DraftTree([1, 7, 8], [ROOT, ROOT, 1], ["model", "ngram", "ngram"], leaders=frozenset({"ngram"}))
+    for _ in range(10):
+        policy.observe(led, [0, 1], budget=3)
+        policy.observe(followed, [0], budget=3)
+    assert policy.origins["model"].depth[3] == 3
+    assert policy.origins["ngram"].depth[3] == 2
+    assert policy.origins["model"].proposed[0] > policy.origins["model"].proposed[2]  # its acceptance counts both

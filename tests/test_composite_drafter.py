@@ -262,6 +262,7 @@ def test_the_part_whose_trees_matched_more_leads():
     for target_token in [1] * 30 + [2] * 60:
         tree = composite.propose(1, SamplingConfig(), None)
         leads.append(tree.origins[0])
+        assert tree.leaders == {tree.origins[0]}  # the budget learns depths only from the part that led
         composite.commit([target_token], None)
     assert leads[0] == "ngram"
     assert leads[3:30] == ["model"] * 27  # right every step, where the lookup never was

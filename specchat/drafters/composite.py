@@ -65,11 +65,13 @@ class CompositeDrafter:
 
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
         second = self.second.propose(budget, sampling, generator)
-        room = budget if self.runs.first_leads() else budget - len(second)
+        first_leads = self.runs.first_leads()
+        room = budget if first_leads else budget - len(second)
         both = room > 0 and self.modes.mode == BOTH
         first = self.first.propose(room, sampling, generator) if both else DraftTree.empty()
         self.runs.proposed(first, second)
-        return merge_trees(first, second, budget)
+        leader = self.first if first_leads and len(first) else self.second
+        return merge_trees(first, second, budget, leaders=leader.next_kinds())
 
 
 class MatchedRuns:
@@ -115,9 +117,9 @@ def matched_run(tree: DraftTree, tokens: list[int]) -> int:
     return len(tokens)
 
 
-def merge_trees(first: DraftTree, second: DraftTree, budget: int) -> DraftTree:
+def merge_trees(first: DraftTree, second: DraftTree, budget: int, leaders: frozenset[str] | None = None) -> DraftTree:
     """`first`'s nodes, then `second`'s that are new, in order, up to `budget` nodes (a node whose parent did not
-    fit is left out with it); `draft_probs` as `CompositeDrafter` says."""
+    fit is left out with it); `draft_probs` as `CompositeDrafter` says; `leaders` as `DraftTree` says."""
     tokens: list[int] = []
     parents: list[int] = []
     origins: list[str] = []
@@ -134,7 +136,7 @@ def merge_trees(first: DraftTree, second: DraftTree, budget: int) -> DraftTree:
                 origins.append(origin)
             placed.append(child.get(key))
         merged_of.append(placed)
-    return DraftTree(tokens, parents, origins, _first_draft_probs(first, second, merged_of, parents))
+    return DraftTree(tokens, parents, origins, _first_draft_probs(first, second, merged_of, parents), leaders)
 
 
 def _first_draft_probs(first: DraftTree, second: DraftTree, merged_of: list[list[int | None]], parents: list[int]):

@@ -25,7 +25,10 @@ is priced per mode, the kinds that draft a step (`Drafter.next_kinds`): steps wi
 no draft forward, and averaged with the model's steps their trees were priced a forward too high (measured: a
 composite 8-12% slower than n-gram drafting alone on copy-heavy text). Each step's tree is sized for the mode
 it is drafted in; drafting is on while some mode pays. Sized for the best mode instead, a composite that then
-drafted with the lookup alone got the one-node trees that suited its model part.
+drafted with the lookup alone got the one-node trees that suited its model part. A part's depth(n) is learnt
+only from the steps where it led (`DraftTree.leaders`): counted also where it drafted in the room the other
+part left, the heads of a composite seemed to reach depth 2 in trees of 3 nodes, where alone they reach 3, and
+their trees were sized too small.
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ class Acceptance:
         self.depth: dict[int, int] = {}  # budget -> depth of the last tree proposed with it
 
     def observe(self, depth: int, accepted: int, budget: int) -> None:
+        """Count one tree reaching `depth` of which `accepted` depths were; `budget` 0: its depth is not that of
+        this origin's trees of the step's budget."""
         if budget:
             self.depth[budget] = depth
         for counts in (self.proposed, self.accepted):
@@ -160,7 +165,8 @@ class AdaptiveBudget:
         for origin, nodes in proposers(tree).items():
             depth = max(tree.depths[node] for node in nodes)
             accepted = sum(node in nodes for node in path)  # its nodes are closed under ancestors: a prefix
-            self.origins.setdefault(origin, Acceptance(self.decay)).observe(depth, accepted, budget)
+            led = tree.leaders is None or origin in tree.leaders  # else its depth is not its trees' at this budget
+            self.origins.setdefault(origin, Acceptance(self.decay)).observe(depth, accepted, budget if led else 0)
         if len(tree):
             self.budget = self._best()
             if self.probing:  # a probe fails when its tokens did not pay for its step (drafting and verifying)

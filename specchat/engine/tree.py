@@ -22,6 +22,9 @@ class DraftTree:
     # [n, vocab] the distribution each node was sampled from (siblings in sampling order); all-zero rows
     # mark deterministic nodes; None when the drafter sampled nothing.
     draft_probs: torch.Tensor | None = None
+    # The origins that drafted with the whole budget and were kept whole (None: every origin). A composite's
+    # other part drafts in what is left, so its tree says how deep its trees of that budget reach only when it led.
+    leaders: frozenset[str] | None = None
     depths: list[int] = field(init=False)  # [n] 1 for children of the root
 
     def __post_init__(self):
