@@ -209,3 +209,18 @@ def test_a_part_that_drafted_in_the_room_another_left_keeps_the_depth_its_own_tr
     assert policy.origins["model"].depth[3] == 3
     assert policy.origins["ngram"].depth[3] == 2
     assert policy.origins["model"].proposed[0] > policy.origins["model"].proposed[2]  # its acceptance counts both
+
+
+def test_one_shallow_tree_does_not_lock_a_dynamic_drafter_into_small_trees():
+    """Trees of 3 nodes are mostly chains whose first two nodes are accepted; now and then the drafter, unsure,
+    makes a beam of 3 (depth 1). Priced by that last beam alone, 3 nodes would promise what 1 node does at
+    more cost, the budget would fall to 1 and no tree of 3 would come again to correct it."""
+    policy = AdaptiveBudget(GPU_LIKE, max_budget=3)
+    for step in range(40):
+        budget = policy.next_budget()
+        if budget == 3 and step % 8 == 7:
+            policy.observe(DraftTree([1, 2, 3], [ROOT] * 3, ["model"] * 3), [0], budget=3)
+        else:
+            observe_chain(policy, budget, min(budget, 2), budget=budget)
+    assert policy.budget == 3
+    assert 1 < policy.origins["model"].depth[3] < 3

@@ -9,7 +9,8 @@ dtype and device) and weighs that cost against the acceptance it observes:
 
 alpha_j is the rate at which depth j was accepted when proposed, counted with exponential decay so the
 budget follows the text (copying a passage, then free writing). depth(n) is how deep this drafter's trees of
-n nodes actually reach (a beam of 7 nodes reaches depth 2, a chain depth 7; n until one is seen), and
+n nodes actually reach, a moving average (a beam of 7 nodes reaches depth 2, a chain depth 7; n until one is
+seen), and
 draft cost(n) the time the drafter took to propose them: both measured as the engine runs. When drafting does not pay (budget 0)
 the engine still probes with a small tree now and then, so a return of copyable text is noticed; each probe
 whose tokens did not pay for its step doubles the wait for the next, and after MAX_FAILED_PROBES in a row
@@ -33,6 +34,7 @@ their trees were sized too small.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +51,7 @@ if TYPE_CHECKING:  # torch-free: the CLI checks --draft-budget against MAX_BUDGE
 SIZES = (0, 1, 3, 7, 15, 31, 63)
 MAX_BUDGET = 64  # the most nodes a fixed budget may ask for: canonical attention's deepest tree
 MAX_FAILED_PROBES = 3  # probes in a row that did not pay, after which drafting stays off
+NEW_TREE_WEIGHT = 0.25  # of a tree's depth in the moving average of its budget's depth
 
 
 @dataclass(frozen=True)
@@ -105,13 +108,17 @@ class Acceptance:
         self.decay = decay
         self.proposed: list[float] = []  # decayed counts per depth d (index d - 1)
         self.accepted: list[float] = []
-        self.depth: dict[int, int] = {}  # budget -> depth of the last tree proposed with it
+        # budget -> how deep its trees reach: the first tree's depth, then a moving average (fractional). The
+        # last tree's depth alone locked dynamic trees small: one beam of 3 (depth 1) priced 3 nodes as 1 node at
+        # more cost, the budget fell to 1, and no tree of 3 came again to correct it.
+        self.depth: dict[int, float] = {}
 
     def observe(self, depth: int, accepted: int, budget: int) -> None:
         """Count one tree reaching `depth` of which `accepted` depths were; `budget` 0: its depth is not that of
         this origin's trees of the step's budget."""
         if budget:
-            self.depth[budget] = depth
+            seen = self.depth.get(budget, depth)
+            self.depth[budget] = seen + (depth - seen) * NEW_TREE_WEIGHT
         for counts in (self.proposed, self.accepted):
             counts[:] = [c * self.decay for c in counts]
             counts.extend([0.0] * (depth - len(counts)))
@@ -123,12 +130,13 @@ class Acceptance:
     def expected_tokens(self, n: int) -> float:
         """Tokens a step with a tree of n nodes is expected to commit, bonus included."""
         total, reach = 1.0, 1.0
-        for d in range(self.depth.get(n, n)):
+        depth = self.depth.get(n, n)
+        for d in range(math.ceil(depth)):
             # Optimistic prior (one pseudo-step accepted at 0.5) lets unseen depths be tried.
             proposed = self.proposed[d] if d < len(self.proposed) else 0.0
             accepted = self.accepted[d] if d < len(self.accepted) else 0.0
             reach *= (accepted + 0.5) / (proposed + 1.0)
-            total += reach
+            total += reach * min(1.0, depth - d)  # a fractional depth counts its last level in part
         return total
 
 
