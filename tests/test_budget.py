@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from specchat.engine.budget import AdaptiveBudget, VerifyCost, cached_verify_cost, measure_verify_cost, proposers
+from specchat.engine.budget import (
+    AdaptiveBudget,
+    VerifyCost,
+    cached_verify_cost,
+    measure_verify_cost,
+    priced_context,
+    proposers,
+)
 from specchat.engine.tree import ROOT, DraftTree
 
 CPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.7, 1.8, 1.85, 1.9, 2.0, 2.6, 3.8))
@@ -224,3 +231,9 @@ def test_one_shallow_tree_does_not_lock_a_dynamic_drafter_into_small_trees():
             observe_chain(policy, budget, min(budget, 2), budget=budget)
     assert policy.budget == 3
     assert 1 < policy.origins["model"].depth[3] < 3
+
+
+def test_a_calibration_stands_for_contexts_up_to_the_next_power_of_two():
+    assert [priced_context(n) for n in (0, 1, 1024, 1025, 2048, 16000, 16384, 16385)] == [
+        1024, 1024, 1024, 2048, 2048, 16384, 16384, 32768,
+    ]

@@ -264,6 +264,29 @@ def test_adaptive_budget_changes_nothing(tokenizer, tmp_path, monkeypatch):
     assert out3 == greedy and events[-1].stats.accepted > 0
 
 
+def test_trees_are_priced_at_the_context_class_of_each_text(tokenizer, tmp_path, monkeypatch):
+    """A calibration stands for a context class (a power of two, at least 1024 tokens): a text that starts in a
+    class not timed yet is timed at its own context; one in a class already timed reuses that timing."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = tiny_model("llama", vocab_size=VOCAB)
+    model.config.max_position_embeddings = 4096  # default RoPE: the window only bounds the engine's cache
+    engine = Engine(model, tokenizer, max_len=1400, drafter=NgramDrafter())
+    calibration = tmp_path / "specchat" / "verify_cost.json"
+
+    def classes() -> list[int]:
+        return sorted(int(key.rsplit("|context=", 1)[1]) for key in json.loads(calibration.read_text()))
+
+    def text(n: int, seed: int) -> list[int]:
+        return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+    run(engine, text(40, 0), 4)
+    assert classes() == [1024]
+    run(engine, text(1100, 1), 4)
+    assert classes() == [1024, 2048]
+    run(engine, text(1300, 2), 4)
+    assert classes() == [1024, 2048]
+
+
 # --- the cache after speculative steps, over two turns --------------------------------------------------
 
 

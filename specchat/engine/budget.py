@@ -2,7 +2,8 @@
 
 On 2 CPU cores verifying 64 nodes costs several single-token forwards; on a GPU about one. So the engine
 times verification forwards of growing size for the loaded model (calibration, cached on disk per model,
-dtype and device) and weighs that cost against the acceptance it observes:
+dtype, device and context class: each tree row attends to the whole context) and weighs that cost against
+the acceptance it observes:
 
     expected tokens(n) = 1 + sum_{d=1..depth(n)} prod_{j<=d} alpha_j
     budget = argmax_n expected_tokens(n) / (verify cost(n) + draft cost(n))
@@ -52,6 +53,7 @@ SIZES = (0, 1, 3, 7, 15, 31, 63)
 MAX_BUDGET = 64  # the most nodes a fixed budget may ask for: canonical attention's deepest tree
 MAX_FAILED_PROBES = 3  # probes in a row that did not pay, after which drafting stays off
 NEW_TREE_WEIGHT = 0.25  # of a tree's depth in the moving average of its budget's depth
+MIN_PRICED_CONTEXT = 1024  # contexts up to this share one calibration
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,13 @@ class VerifyCost:
             if n <= n1:
                 return (s0 + (s1 - s0) * (n - n0) / (n1 - n0)) / base
         return self.seconds[-1] / base * n / self.sizes[-1]
+
+
+def priced_context(length: int) -> int:
+    """The context class a calibration stands for: the power of two at or above `length`, at least 1024. A tree's
+    rows each attend to the whole context, so its price in decode steps grows with it (the 1.5B on this CPU: 7
+    nodes 1.6x a decode step at a few hundred tokens, 2.7x at 16K)."""
+    return max(MIN_PRICED_CONTEXT, 1 << (length - 1).bit_length())
 
 
 def measure_verify_cost(

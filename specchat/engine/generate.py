@@ -22,6 +22,7 @@ from specchat.engine.budget import (
     VerifyCost,
     cached_verify_cost,
     measure_verify_cost,
+    priced_context,
 )
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.events import KNOWN, TARGET, StepEvent
@@ -150,8 +151,9 @@ class Engine:
             token = int(sample(processed, sampling, generator)[0])
         stats.prefill_seconds = time.perf_counter() - start
         if self.drafter is not None and self.fixed_budget is None and (self.policy is None or not continued):
-            # acceptance belongs to a text: a new one (not a chat's next turn) starts with what it will show
-            self.policy = AdaptiveBudget(self.policy.cost if self.policy else self._verify_cost())
+            # acceptance belongs to a text: a new one (not a chat's next turn) starts with what it will show,
+            # trees priced at its context
+            self.policy = AdaptiveBudget(self._verify_cost())
         event = self._commit([token], [TARGET], self._no_rows, stats, stream, budget, limit)
         ahead = _still_known(list(known), event.tokens)
         yield event
@@ -202,7 +204,8 @@ class Engine:
         return tokens, origins, hidden, tree.depth, budget, draft_seconds
 
     def _verify_cost(self) -> VerifyCost:
-        """Verification cost by tree size for this model, dtype, device and thread count (cached on disk)."""
+        """Verification cost by tree size for this model, dtype, device, thread count and the class of the current
+        context (`priced_context`), timed at the current context once per machine (cached on disk)."""
 
         def verify_forward(n: int):  # a chain of n nodes at the current context, never committed
             return verification_forward(self._forward, self.cache, self.device, tree_only=self.tree_only_masks, tree=n)
@@ -210,10 +213,11 @@ class Engine:
         sizes = [n for n in SIZES if n <= self.tree_capacity]
 
         def measure() -> VerifyCost:
-            with first_use("timing verification forwards of this model (once per machine)"):
+            with first_use("timing verification forwards of this model at this context (once per machine)"):
                 return measure_verify_cost(verify_forward, sizes=sizes, device=self.device)
 
-        key = f"{calibration_key(self.model, lean=self.lean is not None)}|sizes={','.join(map(str, sizes))}"
+        key = (f"{calibration_key(self.model, lean=self.lean is not None)}|sizes={','.join(map(str, sizes))}"
+               f"|context={priced_context(self.cache.length)}")
         return cached_verify_cost(cache_dir() / "verify_cost.json", key, measure)
 
     def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree) -> torch.Tensor:
