@@ -136,6 +136,27 @@ def test_the_targets_own_answers_in_shards_with_splits_and_resume(tokenizer, tmp
         build_data(loaded, out, PROMPTS, _recipe(max_new_tokens=8), tokens=10)
 
 
+def test_full_shards_are_sealed_as_gzip_and_read_back_in_order(tokenizer, tmp_path, monkeypatch):
+    """Shards of 3 records: each full one is sealed as .jsonl.gz, the growing one stays plain; a plain copy a
+    stop left beside its sealed one is not read twice, and a resumed run goes on after the sealed shards."""
+    from specchat.training import data
+
+    monkeypatch.setattr(data, "RECORDS_PER_SHARD", 3)
+    loaded = tiny_loaded(tokenizer)
+    out = tmp_path / "data"
+    build_data(loaded, out, PROMPTS[:8], _recipe(heldout=0.0), tokens=10_000)
+    names = sorted(path.name for path in out.glob("train-*"))
+    assert names == ["train-00000.jsonl.gz", "train-00001.jsonl.gz", "train-00002.jsonl"]
+    first = list(read_records(out))
+    assert len(first) == 8 and len(gzip.decompress((out / names[0]).read_bytes()).splitlines()) == 3
+
+    (out / "train-00001.jsonl").write_bytes(gzip.decompress((out / names[1]).read_bytes()))  # stopped mid-seal
+    assert list(read_records(out)) == first
+    done = build_data(loaded, out, PROMPTS, _recipe(heldout=0.0), tokens=10_000)
+    records = list(read_records(out))
+    assert done.records == len(PROMPTS) == len({r["id"] for r in records}) and records[:8] == first
+
+
 def _long_module(lines: int) -> str:
     return "\n".join(f"value_{i} = compute({i}, 'a line of code of about forty characters')" for i in range(lines))
 

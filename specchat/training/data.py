@@ -12,6 +12,7 @@ whoever drafts them, and sampled ones are drawn from its distribution; only the 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -113,11 +114,20 @@ def open_data(out: Path, recipe: DataRecipe) -> tuple[set[str], DataProgress, di
 def read_records(out: Path, split: str | None = None) -> Iterator[dict]:
     """The records in `out`'s shards (of one split, or all), in shard order."""
     for name in (split,) if split else SPLITS:
-        for path in sorted(out.glob(f"{name}-*.jsonl")):
-            with path.open() as handle:
+        for path in _shards(out, name):
+            with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as handle:
                 for line in handle:
                     if line.endswith("\n"):  # a last line without one was cut by a stopped run
                         yield json.loads(line)
+
+
+def _shards(out: Path, split: str) -> list[Path]:
+    """`split`'s shards in order: the full ones sealed as `.jsonl.gz` (a third of the bytes: the answers are kept
+    in the repository), the last one plain while it grows. A plain shard whose sealed copy exists is one a stop
+    left behind after sealing it."""
+    paths = sorted(out.glob(f"{split}-*.jsonl")) + sorted(out.glob(f"{split}-*.jsonl.gz"))
+    sealed = {path.name for path in paths}
+    return sorted((path for path in paths if f"{path.name}.gz" not in sealed), key=lambda path: path.name)
 
 
 def split_of(record_id: str, heldout: float) -> str:
@@ -126,23 +136,40 @@ def split_of(record_id: str, heldout: float) -> str:
 
 
 class _ShardWriter:
-    """Appends records to `{split}-NNNNN.jsonl`, RECORDS_PER_SHARD a shard; repairs a line cut by a stop."""
+    """Appends records to `{split}-NNNNN.jsonl`, RECORDS_PER_SHARD a shard, and seals each full shard as
+    `.jsonl.gz`; repairs a line cut by a stop."""
 
     def __init__(self, out: Path, split: str):
         self.out, self.split = out, split
-        shards = sorted(out.glob(f"{split}-*.jsonl"))
+        shards = _shards(out, split)
         self.index = len(shards) - 1 if shards else 0
         self.count = 0
-        if shards:
+        if shards and shards[-1].suffix == ".gz":
+            self.count = RECORDS_PER_SHARD
+        elif shards:
             _drop_cut_line(shards[-1])
             self.count = sum(1 for _ in shards[-1].open())
 
     def write(self, records: list[dict]) -> None:
         if self.count >= RECORDS_PER_SHARD:
+            _seal(self._path())
             self.index, self.count = self.index + 1, 0
-        with (self.out / f"{self.split}-{self.index:05d}.jsonl").open("a") as handle:
+        with self._path().open("a") as handle:
             handle.write("".join(json.dumps(record) + "\n" for record in records))
         self.count += len(records)
+
+    def _path(self) -> Path:
+        return self.out / f"{self.split}-{self.index:05d}.jsonl"
+
+
+def _seal(path: Path) -> None:
+    """`path` as `path.gz` (the same bytes for the same records: no timestamp), then without the plain copy."""
+    if not path.exists():  # sealed already, by a run stopped before it could start the next shard
+        return
+    partial = path.with_name(f"{path.name}.gz.partial")
+    partial.write_bytes(gzip.compress(path.read_bytes(), compresslevel=9, mtime=0))
+    partial.replace(path.with_name(f"{path.name}.gz"))
+    path.unlink()
 
 
 def _drop_cut_line(path: Path) -> None:
