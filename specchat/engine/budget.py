@@ -11,8 +11,7 @@ the acceptance it observes:
 alpha_j is the rate at which depth j was accepted when proposed, counted with exponential decay so the
 budget follows the text (copying a passage, then free writing). depth(n) is how deep this drafter's trees of
 n nodes actually reach, a moving average (a beam of 7 nodes reaches depth 2, a chain depth 7; n until one is
-seen), and
-draft cost(n) the time the drafter took to propose them: both measured as the engine runs. When drafting does not pay (budget 0)
+seen), and draft cost(n) the time the drafter took to propose them: both measured as the engine runs. When drafting does not pay (budget 0)
 the engine still probes with a small tree now and then, so a return of copyable text is noticed; each probe
 whose tokens did not pay for its step doubles the wait for the next, and after MAX_FAILED_PROBES in a row
 drafting stays off for good (a probe costs a verification of several rows: probing every 16 steps forever kept the default drafter

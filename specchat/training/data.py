@@ -125,9 +125,9 @@ def _shards(out: Path, split: str) -> list[Path]:
     """`split`'s shards in order: the full ones sealed as `.jsonl.gz` (a third of the bytes: the answers are kept
     in the repository), the last one plain while it grows. A plain shard whose sealed copy exists is one a stop
     left behind after sealing it."""
-    paths = sorted(out.glob(f"{split}-*.jsonl")) + sorted(out.glob(f"{split}-*.jsonl.gz"))
-    sealed = {path.name for path in paths}
-    return sorted((path for path in paths if f"{path.name}.gz" not in sealed), key=lambda path: path.name)
+    paths = [*out.glob(f"{split}-*.jsonl"), *out.glob(f"{split}-*.jsonl.gz")]
+    names = {path.name for path in paths}
+    return sorted((path for path in paths if f"{path.name}.gz" not in names), key=lambda path: path.name)
 
 
 def split_of(record_id: str, heldout: float) -> str:
