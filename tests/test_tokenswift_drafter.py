@@ -23,9 +23,10 @@ from test_speculative import run
 
 from specchat.drafters.ngram_table import NgramTable
 from specchat.drafters.partial_kv import SINKS, PartialKV
-from specchat.drafters.tokenswift import KV_BUDGET, TokenSwiftDrafter, _tree, build
+from specchat.drafters.tokenswift import KV_BUDGET, TokenSwiftDrafter, _product, _tree, build
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.tree import DraftTree
 from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads, save_heads
 
 VOCAB = 96
@@ -106,10 +107,16 @@ HEADS_VALUES = [[0.5, 0.3, 0.1]] * 3
 HEADS_TOKENS = [[20 + row, 30 + row, 40 + row] for row in range(1, 4)]  # depth d's head: 2d, 3d, 4d (d from 1)
 
 
+def below_first(table: NgramTable, budget: int) -> DraftTree:
+    """The heads' levels and the chains below the LM head's first token 10 (probability 0.9)."""
+    paths = _product(HEADS_VALUES, HEADS_TOKENS, (10,), 0.9)
+    return _tree(paths, table, budget, "tokenswift", start=10, below=(10,), below_p=0.9)
+
+
 def test_tree_is_1_3_3_3_with_ngram_chains():
     table = NgramTable(lag=0)
     table.add([10, 21, 50, 51, 7, 10, 21, 50, 51, 7, 10, 60, 61, 62, 8])
-    tree = _tree(HEADS_VALUES, HEADS_TOKENS, table, 64, "tokenswift", root=3, first=(10, 0.9))
+    tree = below_first(table, 64)
     assert tree.tokens[0] == 10 and tree.depths[0] == 1
     heads_nodes = [i for i, o in enumerate(tree.origins) if o == "tokenswift"]
     assert len(heads_nodes) == 40
@@ -120,16 +127,16 @@ def test_tree_is_1_3_3_3_with_ngram_chains():
     for parent, token in zip(tree.parents, tree.tokens):
         assert token not in siblings.setdefault(parent, set())
         siblings[parent].add(token)
-    small = _tree(HEADS_VALUES, HEADS_TOKENS, table, 7, "tokenswift", root=3, first=(10, 0.9))
+    small = below_first(table, 7)
     assert len(small) == 7
     assert all(parent < i for i, parent in enumerate(small.parents))
-    assert _tree(HEADS_VALUES, HEADS_TOKENS, table, 0, "tokenswift", root=3, first=(10, 0.9)).tokens == []
+    assert below_first(table, 0).tokens == []
 
 
 def test_tree_without_the_draft_forward_is_3_3_3_below_the_root():
     table = NgramTable(lag=0)
     table.add([10, 50, 51, 52, 7, 10, 50, 51, 52, 7, 10])
-    tree = _tree(HEADS_VALUES, HEADS_TOKENS, table, 64, "tokenswift", root=10)
+    tree = _tree(_product(HEADS_VALUES, HEADS_TOKENS, (), 1.0), table, 64, "tokenswift", start=10, below=(), below_p=1.0)
     paths = {tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))}
     assert sum(o == "tokenswift" for o in tree.origins) == 3 + 9 + 27
     assert {p for p in paths if len(p) == 1} == {(21,), (31,), (41,), (50,)}
@@ -157,12 +164,28 @@ def root_heads(model) -> TokenSwiftHeads:
     return heads.eval()
 
 
+def chain_heads(model) -> TokenSwiftHeads:
+    """Random heads that read the root and, after the first, the token the head before guessed (`chain_input`)."""
+    torch.manual_seed(5)
+    config = TokenSwiftConfig.for_target(model.config, root_input=True, chain_input=True)
+    heads = TokenSwiftHeads(config, model.model.norm.weight, draft_vocab=torch.arange(0, VOCAB, 3))
+    with torch.no_grad():
+        for head in heads.medusa_layers:
+            head.linear.weight.normal_(0, 0.2)
+        heads.root_input.down.weight.normal_(0, 0.2)
+        for block in heads.chain_inputs:
+            block.down.weight.normal_(0, 2.0)  # strong enough that other tokens rank other children
+    return heads.eval()
+
+
 @pytest.mark.parametrize(
     ("forward", "kv_budget", "heads"),
     [(True, 0, random_heads), (True, 40, random_heads), (False, 0, random_heads), (False, 0, vocab_heads),
-     (True, 0, vocab_heads), (False, 0, root_heads), (True, 0, root_heads)],
+     (True, 0, vocab_heads), (False, 0, root_heads), (True, 0, root_heads), (False, 0, chain_heads),
+     (True, 0, chain_heads)],
     ids=["forward-full-cache", "forward-partial-cache", "verified-state", "verified-state-draft-vocab",
-         "forward-draft-vocab", "verified-state-root-input", "forward-root-input"],
+         "forward-draft-vocab", "verified-state-root-input", "forward-root-input", "verified-state-chain-input",
+         "forward-chain-input"],
 )
 @pytest.mark.parametrize(
     "sampling",
@@ -209,14 +232,49 @@ def test_heads_with_root_input_draft_from_the_token_the_target_chose(model, toke
     (forward); the same state with another token gives other guesses."""
     drafter = drafter_after_a_prompt(model, tokenizer, root_heads(model), forward)
     heard = []
-    head_logits = drafter._head_logits
-    drafter._head_logits = lambda state, root, depth: heard.append((state, root)) or head_logits(state, root, depth)
+    embed = drafter._embed
+    drafter._embed = lambda tokens: heard.append(tokens) or embed(tokens)
     tree = drafter.propose(40, SamplingConfig())
     first = [t for t, d in zip(tree.tokens, tree.depths) if d == 1]
-    state, root = heard[-1]
-    assert root == (first[0] if forward else drafter.ids[-1])
-    other = head_logits(state, (root + 1) % VOCAB)
-    assert not torch.equal(head_logits(state, root), other)  # the same state with another token guesses otherwise
+    assert heard == [[first[0] if forward else drafter.ids[-1]]]  # root-input heads read one token: the start
+    root = drafter.ids[-1]
+    paths = drafter._product_paths(drafter.state, root, 3, SamplingConfig(), (), 1.0)
+    assert paths != drafter._product_paths(drafter.state, (root + 1) % VOCAB, 3, SamplingConfig(), (), 1.0)
+
+
+def test_chained_heads_draft_each_node_s_children_from_its_own_token(model, tokenizer):
+    """Head 2 runs once per depth-1 node, reading that node's token: each node's children are the top 3 of
+    head 2 over the state head 1 left and the node's token, so nodes with other tokens get other children."""
+    drafter = drafter_after_a_prompt(model, tokenizer, chain_heads(model), forward=False)
+    greedy = SamplingConfig()
+    tree = drafter.propose(40, greedy)
+    heads, root = drafter.heads, drafter.ids[-1]
+    first_state, _ = heads.step(0, heads.start(drafter.state, drafter._embed([root])))
+    children = {}
+    for i, (parent, origin) in enumerate(zip(tree.parents, tree.origins)):
+        if origin == "tokenswift" and tree.depths[i] == 2:
+            children.setdefault(parent, set()).add(tree.tokens[i])
+    assert len(children) == 3
+    for parent, tokens in children.items():
+        _, out = heads.step(1, first_state, drafter._embed([tree.tokens[parent]]))
+        _, [top] = drafter._top(out, greedy)
+        assert tokens == set(top)
+    assert len({frozenset(tokens) for tokens in children.values()}) > 1
+
+
+def test_chained_heads_expand_only_the_nodes_the_budget_can_keep(model, tokenizer):
+    """A tree of 2 nodes keeps the best depth-1 node and its best child, or the two best depth-1 nodes: head 2
+    runs over the depth-1 nodes still among the 2 best, not all 3; head 3 over at most one."""
+    drafter = drafter_after_a_prompt(model, tokenizer, chain_heads(model), forward=False)
+    rows = []
+    for i, block in enumerate(drafter.heads.chain_inputs):
+        block.up.register_forward_hook(lambda _m, args, _o, i=i: rows.append((i + 2, len(args[0]))))
+    tree = drafter.propose(2, SamplingConfig())
+    assert len(tree) == 2
+    assert all(count <= 2 for head, count in rows if head == 2) and all(count <= 1 for head, count in rows if head == 3)
+    rows.clear()
+    drafter.propose(1, SamplingConfig())
+    assert rows == []  # one node: head 1 alone
 
 
 @pytest.mark.parametrize("forward", [True, False], ids=["forward", "verified-state"])

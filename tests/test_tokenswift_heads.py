@@ -80,6 +80,41 @@ def test_the_root_input_adds_a_silu_block_of_the_state_and_the_token_as_written_
         heads(x)
 
 
+def test_chained_heads_read_the_token_the_head_before_guessed_as_written_by_hand():
+    torch.manual_seed(0)
+    heads = TokenSwiftHeads(TokenSwiftConfig(16, 1e-5, root_input=True, chain_input=True))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_()
+    x, root, chain = torch.randn(5, 16), torch.randn(5, 16), torch.randn(2, 5, 16)
+
+    def mixed(block, state, token):
+        both = torch.cat([rms_norm(state, block.state_norm.weight, 1e-5), rms_norm(token, block.token_norm.weight, 1e-5)], -1)
+        return state + F.silu(both @ block.up.weight.T) @ block.down.weight.T
+
+    h, expected = mixed(heads.root_input, x, root), []
+    for i in range(3):
+        if i:
+            h = mixed(heads.chain_inputs[i - 1], h, chain[i - 1])
+        block = heads.medusa_layers[i]
+        h = h + rms_norm(h, block.input_layernorm.weight, 1e-5) @ block.linear.weight.T
+        expected.append(rms_norm(h, block.post_layernorm.weight, 1e-5))
+    with torch.no_grad():
+        out = heads(x, root, chain=chain)
+        torch.testing.assert_close(out, torch.stack(expected))
+        other = heads(x, root, chain=chain.flip(1))
+        assert torch.equal(other[0], out[0]) and not torch.allclose(other[1], out[1])  # head 1 reads no chain token
+        state, stepped = heads.start(x, root), []
+        for i in range(3):  # a depth at a time, as the drafter runs them
+            state, step_out = heads.step(i, state, chain[i - 1] if i else None)
+            stepped.append(step_out)
+        torch.testing.assert_close(torch.stack(stepped), out)
+    with pytest.raises(ValueError, match="the head before"):
+        heads(x, root)
+    with pytest.raises(SpecchatError, match="root token too"):
+        TokenSwiftConfig(16, 1e-5, chain_input=True)
+
+
 @pytest.mark.parametrize("root_input", [False, True], ids=["tokenswift", "root-input"])
 def test_fresh_heads_start_as_the_targets_own_final_state(loaded, root_input):
     model = loaded.model
@@ -220,7 +255,8 @@ def test_our_checkpoint_round_trips_in_bf16(tmp_path, loaded):
     heads = random_heads(hidden=loaded.model.config.hidden_size)
     save_heads(tmp_path / "heads", heads)
     assert json.loads((tmp_path / "heads" / "config.json").read_text()) == {
-        "model_type": "tokenswift", "hidden_size": 64, "rms_norm_eps": 1e-5, "gamma": 3, "root_input": False}  # fmt: skip
+        "model_type": "tokenswift", "hidden_size": 64, "rms_norm_eps": 1e-5, "gamma": 3, "root_input": False,
+            "chain_input": False}  # fmt: skip
     back = load_heads(tmp_path / "heads", "cpu", torch.float32, target_config=loaded.model.config)
     assert back.config == heads.config and next(back.parameters()).dtype == torch.float32
     for (name, a), b in zip(heads.state_dict().items(), back.state_dict().values()):
@@ -327,6 +363,47 @@ def test_heads_with_root_input_learn_what_only_the_root_tells():
     assert accuracy[True] > 0.75 and accuracy[False] < 0.3, accuracy
 
 
+def test_chained_heads_learn_what_only_the_token_before_tells():
+    """Tokens come in pairs, a random one then a fixed function of it, and the states are noise: head 2 (token
+    t + 3) can know it only from token t + 2, which chained heads read (teacher-forced, as a run of right guesses
+    drafts it) and root-input heads do not."""
+    hidden, vocab, length = 32, 40, 48
+    torch.manual_seed(0)
+    follow = torch.randperm(vocab)
+
+    def sample(seed: int) -> tuple[Sample, HiddenFeatures]:
+        g = torch.Generator().manual_seed(seed)
+        ids = []
+        while len(ids) < length:
+            first = int(torch.randint(vocab, (1,), generator=g))
+            ids += [first, int(follow[first])]
+        labels = torch.tensor(ids[1:] + [0], dtype=torch.int32)
+        return Sample(tuple(ids), 1, True), HiddenFeatures(torch.randn(length, hidden, generator=g), labels,
+                                                           torch.tensor([0, length]))  # fmt: skip
+
+    train_set, heldout = [sample(s) for s in range(32)], [sample(100 + s) for s in range(4)]
+    embed = torch.nn.Embedding(vocab, hidden)
+    head = torch.randn(vocab, hidden)
+    accuracy = {}
+    for chain_input in (False, True):
+        torch.manual_seed(1)
+        heads = TokenSwiftHeads(TokenSwiftConfig(hidden, 1e-5, root_input=True, chain_input=chain_input))
+        objective = TokenSwiftObjective(heads, head, torch.arange(vocab), embed=embed)
+        optimizer = torch.optim.AdamW(heads.parameters(), lr=1e-2)
+        for _ in range(6):
+            for s, f in train_set:
+                total, rows = objective.loss(s, f.of(0), random.Random(0))
+                optimizer.zero_grad()
+                (total / rows).backward()
+                optimizer.step()
+        samples, features = zip(*heldout)
+        from specchat.training.features import concat
+
+        accuracy[chain_input] = objective.evaluate(list(samples), concat(list(features)))["head2_top1"]
+    # half of head 2's tokens follow the one before (the other half are a pair's random first)
+    assert accuracy[True] > 0.4 and accuracy[False] < 0.2, accuracy
+
+
 def test_a_short_run_on_real_text_lowers_the_heldout_loss(loaded, tokenizer, tmp_path):
     engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
     samples = real_text_samples(tokenizer, 20)
@@ -370,6 +447,33 @@ def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path, root_input):
     assert len(heads.draft_vocab) == 8192 and bool((heads.draft_vocab.diff() > 0).all())  # it drafts inside it
 
 
+def test_heads_trained_from_a_checkpoint_keep_its_vocabulary_and_start_as_it_was(loaded, tmp_path):
+    """`--init` with `--chain-input`: the root-input heads of a first run, given chain blocks that start as no-ops
+    (the same outputs before any step), train on with the first run's draft vocabulary."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "recipe.json").write_text(json.dumps({"model": "tiny-llama"}))
+    rng = random.Random(0)
+    for split, count in (("train", 8), ("heldout", 2)):
+        records = [_record([rng.randrange(1, 1000) for _ in range(12)], [rng.randrange(1, 1000) for _ in range(8)])
+                   for _ in range(count)]  # fmt: skip
+        (data / f"{split}-00000.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    recipe = TrainRecipe(epochs=1, batch=4, warmup_steps=1)
+    train_tokenswift(loaded, data, tmp_path / "first", recipe, vocab=8192, root_input=True)
+    first = load_heads(tmp_path / "first")
+    summary = train_tokenswift(loaded, data, tmp_path / "chained", recipe, vocab=64, chain_input=True,
+                               init=tmp_path / "first")  # fmt: skip
+    assert summary["chain_input"] and summary["loss_vocab"] == 8192  # the first run's vocabulary, not --vocab's
+    chained = load_heads(tmp_path / "chained")
+    assert chained.config.chain_input and chained.config.root_input and torch.equal(chained.draft_vocab, first.draft_vocab)
+    assert all(block.down.weight.abs().sum() > 0 for block in chained.chain_inputs)
+    fresh = TokenSwiftHeads(chained.config, draft_vocab=first.draft_vocab)
+    fresh.load_state_dict(first.state_dict(), strict=False)
+    x, root, chain = torch.randn(3, 64), torch.randn(3, 64), torch.randn(2, 3, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.float()(x, root, chain=chain), first.float()(x, root))
+
+
 def test_train_tokenswift_rejects_bad_options_in_one_line(tmp_path, monkeypatch, capfd):
     out = str(tmp_path / "o")
     command = ("train", "tokenswift", "--data", str(tmp_path), "--out", out)
@@ -378,6 +482,7 @@ def test_train_tokenswift_rejects_bad_options_in_one_line(tmp_path, monkeypatch,
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--root-input"), "holds no training data")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--warmup-steps", "-1"), "--warmup-steps")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--lr", "0"), "--lr")
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--init", out), "--init")
 
 
 def test_a_published_model_is_fetched_only_as_far_as_it_holds_heads(tmp_path):

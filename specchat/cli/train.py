@@ -160,6 +160,11 @@ def train_tokenswift(
     vocab: VocabOption = 0,
     root_input: Annotated[bool, typer.Option("--root-input/--no-root-input",
                                              help="The heads also read the root token t+1 (EAGLE's input).")] = False,
+    chain_input: Annotated[bool, typer.Option("--chain-input/--no-chain-input",
+                                              help="Each later head also reads the token the head before it guessed "
+                                                   "(implies --root-input).")] = False,
+    init: Annotated[Path | None, typer.Option("--init", help="Start from these trained heads (their draft "
+                                              "vocabulary kept; blocks they lack start as no-ops).")] = None,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     precision: PrecisionOption = "auto",
@@ -171,11 +176,13 @@ def train_tokenswift(
     guessing tokens t+2..t+4 through its frozen LM head (TokenSwift's recipe: LR 5e-3, 50 warm-up steps)."""
     if warmup_steps < 0:
         raise SpecchatError("--warmup-steps must be at least 0")
+    if init is not None and not init.is_dir():
+        raise SpecchatError(f"--init: {init} is not a directory of TokenSwift heads")
     from specchat.training.train_tokenswift import BETAS
     from specchat.training.train_tokenswift import train_tokenswift as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, root_input=root_input,
+                             precision, seed, dtype, device, root_input=root_input, chain_input=chain_input, init=init,
                              recipe_options={"betas": BETAS, "warmup_steps": warmup_steps})  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     accuracy = ", ".join(f"{last.get(f'heldout_head{i + 1}_top1', float('nan')):.2f}" for i in range(summary["gamma"]))

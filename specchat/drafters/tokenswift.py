@@ -11,6 +11,10 @@ heads' probabilities), so a parent always outranks its children. Drafting probab
 processed ones (penalty, temperature, min-p ...) with the committed text as history, as TokenSwift drafts.
 Verification reads the full cache, so none of this can change the output, only its speed.
 
+Heads that read their chain's tokens (`chain_input`) guess a node's children from that node's own token, so
+their levels are not one product: they run a depth at a time, head i + 1 over the depth-i nodes that still rank
+among the budget's most probable (each reading its own token), and each such node gets its own top 3.
+
 Without the draft forward (`forward=False`, the default on a CPU) the heads draft from the state the last
 verification already computed, the one that predicted the root, as Medusa's heads do: the tree is [3, 3, 3]
 under the root and the 4-grams continue the root. It costs no target forward, which on a CPU costs a whole
@@ -94,15 +98,69 @@ class TokenSwiftDrafter:
                                                  torch.tensor([position], device=self.target.device), cache)  # fmt: skip
             p, token = self._probs(logits[-1:], sampling)[0].max(dim=0)
             first = (int(token), float(p))
-            probs = self._probs(self._head_logits(hidden[-1:], first[0], budget - 1), sampling)
+            state, start, depth = hidden[-1:], first[0], budget - 1
         elif self.state is None:
             return DraftTree.empty()
         else:
-            probs = self._probs(self._head_logits(self.state, root, budget), sampling)
+            state, start, depth = self.state, root, budget
+        below, below_p = ((first[0],), first[1]) if first else ((), 1.0)
+        if self.heads.config.chain_input:
+            paths = self._chained_paths(state, start, depth, budget, sampling, below, below_p)
+        else:
+            paths = self._product_paths(state, start, depth, sampling, below, below_p)
+        return _tree(paths, self.table, budget, self.kind, start=start, below=below, below_p=below_p)
+
+    def _product_paths(self, state: torch.Tensor, start: int, depth: int, sampling: SamplingConfig,
+                       below: tuple[int, ...], below_p: float) -> dict[tuple[int, ...], float]:  # fmt: skip
+        """Heads that guess from the state alone ([3, 3, 3]): every path of their levels' top 3 below `below`,
+        scored by the product of its drafting probabilities."""
+        states = self.heads.start(state.to(self.target.dtype), self._embed([start]))
+        guesses = []
+        for i in range(min(depth, self.heads.config.gamma)):
+            states, out = self.heads.step(i, states)
+            guesses.append(out)
+        if not guesses:
+            return {}
+        return _product(*self._top(torch.cat(guesses), sampling), below, below_p)
+
+    def _chained_paths(self, state: torch.Tensor, start: int, depth: int, budget: int, sampling: SamplingConfig,
+                       below: tuple[int, ...], below_p: float) -> dict[tuple[int, ...], float]:  # fmt: skip
+        """Heads that read their chain's tokens, a depth at a time: head i runs over the paths of depth i that
+        rank among the `budget` best found so far, each reading its own last token, and adds their top 3."""
+        states = self.heads.start(state.to(self.target.dtype), self._embed([start]))
+        paths, level = {}, [(below, below_p)]
+        for i in range(min(depth, self.heads.config.gamma)):
+            states, out = self.heads.step(i, states, self._embed([path[-1] for path, _ in level]) if i else None)
+            values, tokens = self._top(out, sampling)
+            children = [(path + (t,), score * v, row) for row, (path, score) in enumerate(level)
+                        for v, t in zip(values[row], tokens[row]) if v > 0]  # fmt: skip
+            paths.update((path, score) for path, score, _ in children)
+            cutoff = sorted(paths.values(), reverse=True)[: budget][-1] if paths else 1.0
+            kept = [child for child in children if child[1] >= cutoff]
+            if not kept:
+                break
+            level = [(path, score) for path, score, _ in kept]
+            states = states[[row for _, _, row in kept]]
+        return paths
+
+    def _embed(self, tokens: list[int]) -> torch.Tensor | None:
+        """The target's embeddings of `tokens`, for heads that read tokens (cast by the heads)."""
+        if not self.heads.config.root_input:
+            return None
+        return self.target.embed_tokens(torch.tensor(tokens, device=self.target.device))
+
+    def _top(self, guesses: torch.Tensor, sampling: SamplingConfig) -> tuple[list[list[float]], list[list[int]]]:
+        """The top 3 drafting probabilities and target ids of each head output in `guesses` [n, hidden], ranked
+        inside the heads' draft vocabulary."""
+        scores = self.head(guesses)
         vocab = self.head.draft_vocab
-        top = (probs if vocab is None else probs[:, vocab]).topk(WIDTH, dim=-1)  # the heads rank their vocabulary
+        if vocab is not None:
+            full = scores.new_full((len(scores), self.head.vocab_size), float("-inf"))
+            scores = full.index_copy_(1, vocab, scores)
+        probs = self._probs(scores, sampling)
+        top = (probs if vocab is None else probs[:, vocab]).topk(WIDTH, dim=-1)
         tokens = top.indices if vocab is None else vocab[top.indices]
-        return _tree(top.values.tolist(), tokens.tolist(), self.table, budget, self.kind, root=root, first=first)
+        return top.values.tolist(), tokens.tolist()
 
     def _probs(self, rows: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         """Drafting probabilities of logits `rows`: the target's sampling settings, the committed text as history."""
@@ -111,40 +169,27 @@ class TokenSwiftDrafter:
             history = torch.tensor(self.ids[-sampling.penalty_window :])[None].expand(len(rows), -1)
         return process_logits(rows, sampling, history).softmax(dim=-1)
 
-    def _head_logits(self, state: torch.Tensor, root: int, depth: int | None = None) -> torch.Tensor:
-        """[depth, vocab]: the first `depth` heads' logits (default all: a tree of n nodes is at most n deep) of
-        one state [1, hidden] whose next token is `root`, -inf outside their draft vocabulary."""
-        embedded = None
-        if self.heads.config.root_input:
-            embedded = self.target.embed_tokens(torch.tensor([root], device=self.target.device))  # cast by the heads
-        guesses = self.heads(state.to(self.target.dtype), embedded, depth).to(state.dtype)[:, 0]  # [depth, hidden]
-        scores = self.head(guesses)
-        if self.head.draft_vocab is None:
-            return scores
-        full = scores.new_full((len(scores), self.head.vocab_size), float("-inf"))
-        return full.index_copy_(1, self.head.draft_vocab, scores)
 
-
-def _tree(values: list[list[float]], tokens: list[list[int]], table: NgramTable, budget: int, kind: str, *,
-          root: int, first: tuple[int, float] | None = None) -> DraftTree:  # fmt: skip
-    """The heads' candidates (row d: the top 3 tokens and probabilities of depth d's head) as a tree, 3 wide at
-    every depth, merged with 4-gram chains and cut to the `budget` most probable nodes. With `first` (the LM
-    head's token at the root and its probability) the heads' levels hang below that one node ([1, 3, 3, 3])
-    and the chains continue it; without, the heads' levels start at the root ([3, 3, 3]) and the chains
-    continue the root."""
-    if budget < 1:
-        return DraftTree.empty()
-    if first is None:
-        start, below, below_p = root, (), 1.0
-        candidates: dict[tuple[int, ...], tuple[float, str]] = {}
-    else:
-        start, below_p = first
-        below = (start,)
-        candidates = {below: (below_p, kind)}
-    level = [(below, below_p)]
+def _product(values: list[list[float]], tokens: list[list[int]], below: tuple[int, ...],
+             below_p: float) -> dict[tuple[int, ...], float]:  # fmt: skip
+    """Every path of the levels' candidates (row d: depth d's tokens and probabilities) below `below`, scored by
+    the product of its probabilities along it (from `below_p`)."""
+    paths, level = {}, [(below, below_p)]
     for row_values, row_tokens in zip(values, tokens):
         level = [(path + (t,), score * v) for path, score in level for v, t in zip(row_values, row_tokens) if v > 0]
-        candidates.update({path: (score, kind) for path, score in level})
+        paths.update(level)
+    return paths
+
+
+def _tree(paths: dict[tuple[int, ...], float], table: NgramTable, budget: int, kind: str, *, start: int,
+          below: tuple[int, ...], below_p: float) -> DraftTree:  # fmt: skip
+    """The heads' `paths` (token tuples below the root, with their scores) merged with the 4-gram chains that
+    continue `start`, cut to the `budget` most probable nodes. `below`: the LM head's token at the root when it
+    drafted one (probability `below_p`), which the heads' paths and the chains hang from; else empty."""
+    if budget < 1:
+        return DraftTree.empty()
+    candidates: dict[tuple[int, ...], tuple[float, str]] = {below: (below_p, kind)} if below else {}
+    candidates.update({path: (score, kind) for path, score in paths.items()})
     grams = table.continuations(start)
     counts = [table.counts[(start, *rest)] for rest in grams]
     total = sum(counts)

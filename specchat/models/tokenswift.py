@@ -13,7 +13,10 @@ this module: the drafter borrows the target's.
 specchat's heads may also see the root, token t + 1 (`root_input`): when the heads draft, the target has
 already chosen it, yet TokenSwift's heads guess t + 2 without it. EAGLE's drafter reads the state and the
 token after it together; here a SiLU block over both (the state and the target's embedding of the token, each
-normed) is added to the state before the chain, so everything after it is TokenSwift's.
+normed: `TokenInput`) is added to the state before the chain, so everything after it is TokenSwift's. With
+`chain_input` every later head reads the token the head before it guessed the same way (Hydra's sequentially
+dependent heads): head i + 1 guesses t + 3 + i knowing t + 2 + i, so a tree's children depend on their parent's
+token and the drafter runs the heads a depth at a time (`start`, `step`).
 
 Checkpoints come in two forms. TokenSwift publishes its heads inside full-model checkpoints
 (`TokenSwift/TokenSwift-Llama-3.1-8B`, `-Qwen2.5-*`, ...) as `model.medusa_layers.{i}.{linear,
@@ -55,12 +58,17 @@ class TokenSwiftConfig:
     hidden_size: int
     rms_norm_eps: float
     gamma: int = GAMMA
-    root_input: bool = False  # the heads also read the root token's embedding (`RootInput`)
+    root_input: bool = False  # the heads also read the root token's embedding (`TokenInput`)
+    chain_input: bool = False  # heads after the first also read the token the head before them guessed
+
+    def __post_init__(self):
+        if self.chain_input and not self.root_input:
+            raise SpecchatError("TokenSwift heads that read their chain's tokens read the root token too")
 
     @classmethod
-    def for_target(cls, config, gamma: int = GAMMA, root_input: bool = False) -> TokenSwiftConfig:
+    def for_target(cls, config, gamma: int = GAMMA, root_input: bool = False, chain_input: bool = False) -> TokenSwiftConfig:
         """The heads for a target's transformers config (its hidden size and RMS norm epsilon)."""
-        return cls(config.hidden_size, getattr(config, "rms_norm_eps", 1e-6), gamma, root_input)
+        return cls(config.hidden_size, getattr(config, "rms_norm_eps", 1e-6), gamma, root_input, chain_input)
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -76,11 +84,12 @@ class Head(nn.Module):
         self.post_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class RootInput(nn.Module):
-    """The root token mixed into the state the heads start from: state + down(silu(up([norm(state); norm(token)]))).
+class TokenInput(nn.Module):
+    """A token mixed into the heads' state: state + down(silu(up([norm(state); norm(token)]))).
 
-    `down` starts at zero, so fresh heads start as TokenSwift's do (the root is ignored until training finds
-    a use for it)."""
+    `down` starts at zero, so a fresh block changes nothing: fresh heads start as TokenSwift's do, and a
+    trained checkpoint given new blocks starts as it was (the token is ignored until training finds a use
+    for it)."""
 
     def __init__(self, config: TokenSwiftConfig):
         super().__init__()
@@ -117,27 +126,45 @@ class TokenSwiftHeads(nn.Module):
         self.config = config
         self.draft_vocab = draft_vocab
         self.medusa_layers = nn.ModuleList(Head(config) for _ in range(config.gamma))
-        self.root_input = RootInput(config) if config.root_input else None
+        self.root_input = TokenInput(config) if config.root_input else None
+        self.chain_inputs = nn.ModuleList(TokenInput(config) for _ in range(config.gamma - 1)) if config.chain_input else None
         with torch.no_grad():
             for head in self.medusa_layers:
                 head.linear.weight.zero_()
                 if final_norm is not None:
                     head.post_layernorm.weight.copy_(final_norm)
 
-    def forward(self, hidden: torch.Tensor, root: torch.Tensor | None = None, depth: int | None = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, root: torch.Tensor | None = None, depth: int | None = None,
+                chain: torch.Tensor | None = None) -> torch.Tensor:
         """The heads' normed outputs [depth, n, hidden_size] of the target's last-layer states `hidden`
         [n, hidden_size] (before its final norm); output i at row t feeds the LM head's guess of token t + 2 + i.
-        `root` [n, hidden_size]: the target's embeddings of tokens t + 1, which heads with `root_input` read.
+        `root` [n, hidden_size]: the target's embeddings of tokens t + 1, which heads with `root_input` read;
+        `chain` [gamma - 1, n, hidden_size]: of tokens t + 2 + i, which head i + 1 reads with `chain_input`.
         `depth`: only the first heads (a small tree reaches no deeper; default all gamma)."""
-        if self.root_input is not None:
-            if root is None:
-                raise ValueError("these TokenSwift heads read the root token's embedding")
-            hidden = self.root_input(hidden, root)
-        outputs = []
-        for head in self.medusa_layers[:depth]:
-            hidden = hidden + head.linear(head.input_layernorm(hidden))
-            outputs.append(head.post_layernorm(hidden))
+        state, outputs = self.start(hidden, root), []
+        for i in range(len(self.medusa_layers[:depth])):
+            state, out = self.step(i, state, chain[i - 1] if i and chain is not None else None)
+            outputs.append(out)
         return torch.stack(outputs) if outputs else hidden.new_empty(0, *hidden.shape)
+
+    def start(self, hidden: torch.Tensor, root: torch.Tensor | None = None) -> torch.Tensor:
+        """The state head 0 starts from: `hidden` [n, hidden_size], with the root's embedding `root` mixed in."""
+        if self.root_input is None:
+            return hidden
+        if root is None:
+            raise ValueError("these TokenSwift heads read the root token's embedding")
+        return self.root_input(hidden, root)
+
+    def step(self, i: int, state: torch.Tensor, token: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head i over `state` [n, hidden_size] -> the state head i + 1 starts from and head i's normed output.
+        `token` [n, hidden_size]: with `chain_input`, the embedding of the token head i - 1 guessed (i >= 1)."""
+        if i and self.chain_inputs is not None:
+            if token is None:
+                raise ValueError("these TokenSwift heads read the token the head before guessed")
+            state = self.chain_inputs[i - 1](state, token)
+        head = self.medusa_layers[i]
+        state = state + head.linear(head.input_layernorm(state))
+        return state, head.post_layernorm(state)
 
 
 def save_heads(directory: Path, heads: TokenSwiftHeads, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -286,7 +313,7 @@ def _read_own(directory: Path) -> TokenSwiftHeads:
         raise SpecchatError(f"{path}: unreadable safetensors file ({error})") from None
     try:
         shape = TokenSwiftConfig(config["hidden_size"], config["rms_norm_eps"], config["gamma"],
-                                 config.get("root_input", False))
+                                 config.get("root_input", False), config.get("chain_input", False))
     except KeyError as missing:
         raise SpecchatError(f"{directory}: config.json lacks {missing}") from None
     heads = TokenSwiftHeads(shape, draft_vocab=tensors.pop("draft_vocab", None))

@@ -90,13 +90,21 @@ class TokenSwiftObjective:
 
     def _forward(self, sample: Sample, features: SampleHidden) -> torch.Tensor:
         """[gamma, rows, hidden]: every row, or with `root_input` every row but the last (row t reads token
-        t + 1, the text's own: the one the labels of rows t + 1 on follow)."""
+        t + 1, the text's own: the one the labels of rows t + 1 on follow). With `chain_input` head i + 1 at
+        row t reads the text's token t + 2 + i, which head i guesses: a run of right guesses feeds each head what
+        drafting would (rows whose token is past the text's end are never scored; they read token 0)."""
         hidden = features.hidden.to(self.device, torch.float32)
-        if not self.module.config.root_input:
+        config = self.module.config
+        if not config.root_input:
             return self.module(hidden)
+        ids = torch.tensor(sample.ids, device=self.device)
         with torch.no_grad():
-            root = self.embed(torch.tensor(sample.ids[1:], device=self.device)).float()
-        return self.module(hidden[:-1], root)
+            root = self.embed(ids[1:]).float()
+            chain = None
+            if config.chain_input:
+                ahead = torch.cat([F.pad(ids[2 + i :], (0, 1 + i)) for i in range(config.gamma - 1)])
+                chain = self.embed(ahead).float().view(config.gamma - 1, len(ids) - 1, -1)
+        return self.module(hidden[:-1], root, chain=chain)
 
     @property
     def device(self) -> torch.device:

@@ -8,13 +8,15 @@ LR 5e-3, 50 warm-up steps, cosine. `<out>` is a checkpoint (`save_heads`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from specchat.architectures import parts
 from specchat.engine.generate import eos_ids
-from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads, save_heads
+from specchat.errors import SpecchatError
+from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads, load_heads, save_heads
 from specchat.training.pipeline import Trainee, train_drafter
 from specchat.training.tokenswift import TokenSwiftObjective
 from specchat.training.trainer import TrainRecipe
@@ -25,25 +27,38 @@ BETAS = (0.9, 0.999)  # the reference trains with the Hugging Face Trainer's Ada
 
 
 def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab: int = 0, root_input: bool = False,
-                     **pipeline) -> dict:  # fmt: skip
+                     chain_input: bool = False, init: Path | None = None, **pipeline) -> dict:  # fmt: skip
     """Train, write the heads and their summary to `out`; returns the summary. `vocab`: the most frequent
     answer tokens the loss is taken over and the heads draft from (0: all). `root_input`: the heads also read
-    the root token. `pipeline`: `train_drafter`'s options."""
+    the root token; `chain_input`: each later head the token the one before it guessed. `init`: start from
+    these trained heads (their draft vocabulary, and root input, kept; blocks they lack start as no-ops).
+    `pipeline`: `train_drafter`'s options."""
     model = loaded.model
+    start = load_heads(init, device=model.device, dtype=torch.float32, target_config=model.config) if init else None
 
     def trainee(data_set: TrainingSet) -> Trainee:
-        always = sorted(eos_ids(model, loaded.tokenizer))
-        loss_vocab = frequent_tokens(data_set.answers, vocab, model.config.vocab_size, always=always)
         torch.manual_seed(recipe.seed)
-        reduced = loss_vocab if len(loss_vocab) < model.config.vocab_size else None  # the heads draft inside it
-        config = TokenSwiftConfig.for_target(model.config, root_input=root_input)
-        heads = TokenSwiftHeads(config, parts(model).norm.weight.detach().float(), draft_vocab=reduced)
+        config = TokenSwiftConfig.for_target(model.config, root_input=root_input or chain_input, chain_input=chain_input)
+        if start is None:
+            always = sorted(eos_ids(model, loaded.tokenizer))
+            loss_vocab = frequent_tokens(data_set.answers, vocab, model.config.vocab_size, always=always)
+            reduced = loss_vocab if len(loss_vocab) < model.config.vocab_size else None  # the heads draft inside it
+            heads = TokenSwiftHeads(config, parts(model).norm.weight.detach().float(), draft_vocab=reduced)
+        else:
+            config = replace(config, root_input=config.root_input or start.config.root_input)
+            reduced = start.draft_vocab
+            loss_vocab = reduced if reduced is not None else torch.arange(model.config.vocab_size)
+            heads = TokenSwiftHeads(config, draft_vocab=reduced)
+            missing, unexpected = heads.load_state_dict(start.state_dict(), strict=False)
+            if unexpected or any(not name.startswith(("chain_inputs.", "root_input.")) for name in missing):
+                raise SpecchatError(f"{init}: these heads are not the trained part of the heads asked for")
         heads = heads.to(model.device)
         return Trainee(
             objective=TokenSwiftObjective(heads, target_head(model), loss_vocab, embed=parts(model).embed),
             save=lambda: save_heads(out, heads, dtype=torch.bfloat16),
             title=f"TokenSwift heads for {loaded.source.name}",
-            summary={"loss_vocab": len(loss_vocab), "gamma": config.gamma, "root_input": root_input},
+            summary={"loss_vocab": len(loss_vocab), "gamma": config.gamma, "root_input": config.root_input,
+                     "chain_input": chain_input, "init": str(init) if init else None},  # fmt: skip
             tau_label=f"held-out greedy chain tau (depth {heads.config.gamma})",
         )
 
