@@ -325,6 +325,22 @@ def objective_for(loaded, vocab: torch.Tensor | None = None) -> TokenSwiftObject
     return TokenSwiftObjective(heads, model.lm_head.weight.detach().float(), full if vocab is None else vocab)
 
 
+def fitted(heads, head, embed, train_set, heldout, *, epochs: int) -> dict[str, float]:
+    """Held-out metrics of `heads` after `epochs` of AdamW over `train_set` ((sample, features) pairs)."""
+    from specchat.training.features import concat
+
+    objective = TokenSwiftObjective(heads, head, torch.arange(head.shape[0]), embed=embed)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=1e-2)
+    for _ in range(epochs):
+        for s, f in train_set:
+            total, rows = objective.loss(s, f.of(0), random.Random(0))
+            optimizer.zero_grad()
+            (total / rows).backward()
+            optimizer.step()
+    samples, features = zip(*heldout)
+    return objective.evaluate(list(samples), concat(list(features)))
+
+
 def test_heads_with_root_input_learn_what_only_the_root_tells():
     """Token t + 2 is a fixed function of token t + 1 and the states are noise: heads that read the root learn
     it, TokenSwift's cannot guess better than the token frequencies."""
@@ -348,18 +364,7 @@ def test_heads_with_root_input_learn_what_only_the_root_tells():
     for root_input in (False, True):
         torch.manual_seed(1)
         heads = TokenSwiftHeads(TokenSwiftConfig(hidden, 1e-5, root_input=root_input))
-        objective = TokenSwiftObjective(heads, head, torch.arange(vocab), embed=embed)
-        optimizer = torch.optim.AdamW(heads.parameters(), lr=1e-2)
-        for _ in range(3):
-            for s, f in train_set:
-                total, rows = objective.loss(s, f.of(0), random.Random(0))
-                optimizer.zero_grad()
-                (total / rows).backward()
-                optimizer.step()
-        samples, features = zip(*heldout)
-        from specchat.training.features import concat
-
-        accuracy[root_input] = objective.evaluate(list(samples), concat(list(features)))["head1_top1"]
+        accuracy[root_input] = fitted(heads, head, embed, train_set, heldout, epochs=3)["head1_top1"]
     assert accuracy[True] > 0.75 and accuracy[False] < 0.3, accuracy
 
 
@@ -388,18 +393,7 @@ def test_chained_heads_learn_what_only_the_token_before_tells():
     for chain_input in (False, True):
         torch.manual_seed(1)
         heads = TokenSwiftHeads(TokenSwiftConfig(hidden, 1e-5, root_input=True, chain_input=chain_input))
-        objective = TokenSwiftObjective(heads, head, torch.arange(vocab), embed=embed)
-        optimizer = torch.optim.AdamW(heads.parameters(), lr=1e-2)
-        for _ in range(6):
-            for s, f in train_set:
-                total, rows = objective.loss(s, f.of(0), random.Random(0))
-                optimizer.zero_grad()
-                (total / rows).backward()
-                optimizer.step()
-        samples, features = zip(*heldout)
-        from specchat.training.features import concat
-
-        accuracy[chain_input] = objective.evaluate(list(samples), concat(list(features)))["head2_top1"]
+        accuracy[chain_input] = fitted(heads, head, embed, train_set, heldout, epochs=6)["head2_top1"]
     # half of head 2's tokens follow the one before (the other half are a pair's random first)
     assert accuracy[True] > 0.4 and accuracy[False] < 0.2, accuracy
 
