@@ -108,6 +108,24 @@ def test_a_sampled_chain_is_distributed_as_target_sampling(tokenizer):
         assert_fits(counts, exact, f"LongSpec sampled chain under {name}")
 
 
+def test_a_sampled_chain_over_a_draft_vocabulary_keeps_suppressed_tokens_out(tokenizer):
+    """Suppressed ids are target ids: mapped into the draft vocabulary's columns (41 is outside it), never used
+    as columns themselves (the chain drafts none of them, and its other tokens are accepted)."""
+    model = tiny_model("llama", vocab_size=64)
+    engine = Engine(model, tokenizer, max_len=400)
+    drafter = LongSpecDrafter(engine.target, random_layer(model), draft_vocab=torch.arange(0, 64, 2), chain=True)
+    engine.set_drafter(drafter, 4)
+    proposed = []
+    propose = drafter.propose
+    drafter.propose = lambda *args: proposed.append(propose(*args)) or proposed[-1]
+    sampling = SamplingConfig(temperature=1.5, seed=1, suppress=(10, 41))
+    events = list(engine.generate([5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7], sampling=sampling, max_new_tokens=200))
+    drafted = [token for tree in proposed for token in tree.tokens]
+    assert len(drafted) > 100 and not {10, 41} & set(drafted)
+    assert not {10, 41} & {t for event in events for t in event.tokens}
+    assert any(origin == "longspec" for event in events for origin in event.origins)
+
+
 def test_window_attention_equals_dense_attention_over_the_last_window(tokenizer):
     model = tiny_model("llama", vocab_size=64)
     window, prompt = 16, [int(t) for t in torch.randint(3, 64, (70,), generator=torch.Generator().manual_seed(0))]

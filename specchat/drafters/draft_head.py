@@ -7,10 +7,13 @@ draft step, so the reduced head is a copy of those rows, quantized as the draft 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from specchat.drafters.base import TargetView
+from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.quant.quantize import quantizable, quantize_linear
 from specchat.quant.quantized_linear import QuantizedLinear, dense_weight
 
@@ -24,6 +27,10 @@ class DraftHead:
         """`lm_head`: a draft model's own head over the target's vocabulary, instead of the target's."""
         self.vocab_size = target.config.vocab_size
         self.draft_vocab = None if draft_vocab is None else draft_vocab.to(target.device)
+        self.columns = None  # [vocab]: each target id's column in the draft vocabulary, -1 where it has none
+        if self.draft_vocab is not None:
+            self.columns = torch.full((self.vocab_size,), -1, dtype=torch.long, device=target.device)
+            self.columns[self.draft_vocab] = torch.arange(len(self.draft_vocab), device=target.device)
         head = lm_head if lm_head is not None else target.lm_head
         if draft_vocab is None:
             self.lm_head = head
@@ -38,6 +45,19 @@ class DraftHead:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(h)
 
+    def probs(self, logits: torch.Tensor, sampling: SamplingConfig, history: torch.Tensor | None = None) -> torch.Tensor:
+        """Drafting probabilities of the head's `logits` [n, columns] under the target's sampling settings, in the
+        draft vocabulary's own columns: a token outside it has probability zero, as it would at -inf over the whole
+        vocabulary, so the suppressed ids and the `history` [n, W] (target ids, -1 padding) are mapped, not the
+        logits widened."""
+        if self.columns is not None:
+            if sampling.suppress:
+                suppress = self.columns[torch.tensor(sampling.suppress, device=self.columns.device)]
+                sampling = replace(sampling, suppress=tuple(suppress[suppress >= 0].tolist()))
+            if history is not None:
+                history = self.columns[history.clamp(min=0)].masked_fill(history < 0, -1)
+        return process_logits(logits, sampling, history).softmax(dim=-1)
+
     def target_ids(self, columns: torch.Tensor) -> torch.Tensor:
         return columns if self.draft_vocab is None else self.draft_vocab[columns]
 
@@ -50,6 +70,7 @@ class DraftHead:
 
 
 def draft_weights(target: TargetView) -> str | None:
-    """How the draft's weights run by default: int8 on a CPU whose target runs quantized weights (a draft forward
-    there is mostly reading weights), else dense in the target's dtype."""
-    return "int8" if target.device.type == "cpu" and isinstance(target.lm_head, QuantizedLinear) else None
+    """How the draft's weights run by default: int4 on a CPU whose target runs quantized weights (a draft there
+    is mostly reading weights, and int4 halves them for a few thousandths of tau), else dense in the target's
+    dtype."""
+    return "int4" if target.device.type == "cpu" and isinstance(target.lm_head, QuantizedLinear) else None

@@ -19,7 +19,7 @@ from specchat.drafters.base import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.drafters.cache_policy import CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.tree_rows import TreeRows
-from specchat.engine.sampling import SamplingConfig, process_logits
+from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.models.longspec import LongSpecLayer, RingKV, load_longspec
 from specchat.quant.quantize import quantize_linears
@@ -101,7 +101,7 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
             if sampling.greedy:
                 token = int(self.head.target_ids(logits.argmax()))
             else:
-                q = self.head.full_vocab(process_logits(logits[None], sampling)[0].softmax(dim=-1))
+                q = self.head.full_vocab(self.head.probs(logits[None], sampling)[0])
                 token = int(torch.multinomial(q, 1, generator=generator))
                 rows.append(q)
             tokens.append(token)

@@ -46,12 +46,14 @@ class TokenSwiftDrafter:
     kind = "tokenswift"  # the registry name: the chat colours its tokens by it
 
     def __init__(self, target: TargetView, heads: TokenSwiftHeads, *, kv_budget: int = KV_BUDGET,
-                 forward: bool = True, lag: int = 1024):  # fmt: skip
+                 forward: bool = True, lag: int = 1024, weights: str | None = "auto"):  # fmt: skip
         """`forward`: draft the root's own token with a target forward over `kv_budget` slots of its cache
-        (0: the engine's full cache); else the heads alone, from the last verified state."""
+        (0: the engine's full cache); else the heads alone, from the last verified state. `weights`: "int8" /
+        "int4" run the heads and the reduced head quantized (on a CPU each draft reads them anew after the
+        target's step evicted them), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
         self.target, self.heads = target, heads.to(target.device, target.dtype)
-        weights = draft_weights(target)
-        if weights:  # on a CPU each draft reads the heads anew after the target's step evicted them: half the bytes
+        weights = draft_weights(target) if weights == "auto" else weights
+        if weights:
             quantize_linears(self.heads, weights, dtype=target.dtype)
         self.head = DraftHead(target, heads.draft_vocab, weights)
         self.forward = forward
@@ -152,22 +154,18 @@ class TokenSwiftDrafter:
     def _top(self, guesses: torch.Tensor, sampling: SamplingConfig) -> tuple[list[list[float]], list[list[int]]]:
         """The top 3 drafting probabilities and target ids of each head output in `guesses` [n, hidden], ranked
         inside the heads' draft vocabulary."""
-        scores = self.head(guesses)
-        vocab = self.head.draft_vocab
-        if vocab is not None:
-            full = scores.new_full((len(scores), self.head.vocab_size), float("-inf"))
-            scores = full.index_copy_(1, vocab, scores)
-        probs = self._probs(scores, sampling)
-        top = (probs if vocab is None else probs[:, vocab]).topk(WIDTH, dim=-1)
-        tokens = top.indices if vocab is None else vocab[top.indices]
-        return top.values.tolist(), tokens.tolist()
+        top = self.head.probs(self.head(guesses), sampling, self._history(len(guesses), sampling)).topk(WIDTH, dim=-1)
+        return top.values.tolist(), self.head.target_ids(top.indices).tolist()
 
     def _probs(self, rows: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        """Drafting probabilities of logits `rows`: the target's sampling settings, the committed text as history."""
-        history = None
-        if sampling.uses_history:
-            history = torch.tensor(self.ids[-sampling.penalty_window :])[None].expand(len(rows), -1)
-        return process_logits(rows, sampling, history).softmax(dim=-1)
+        """Drafting probabilities of the target's logits `rows` [n, vocab] under its sampling settings."""
+        return process_logits(rows, sampling, self._history(len(rows), sampling)).softmax(dim=-1)
+
+    def _history(self, rows: int, sampling: SamplingConfig) -> torch.Tensor | None:
+        """The committed text's last tokens that the penalty reads, for each of `rows` drafted rows."""
+        if not sampling.uses_history:
+            return None
+        return torch.tensor(self.ids[-sampling.penalty_window :], device=self.target.device)[None].expand(rows, -1)
 
 
 def _product(values: list[list[float]], tokens: list[list[int]], below: tuple[int, ...],

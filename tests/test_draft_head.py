@@ -1,0 +1,58 @@
+"""A draft head over a reduced draft vocabulary scores its own columns under the target's sampling settings.
+
+Its drafting probabilities must be those of the same logits placed in the whole vocabulary (every other token
+at -inf) and run through the target's pipeline: suppressed ids and the penalty's history are target ids, and
+only those inside the draft vocabulary touch its columns.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from specchat.drafters.draft_head import DraftHead
+from specchat.engine.generate import Engine
+from specchat.engine.sampling import process_logits
+from specchat.engine.sampling_config import SamplingConfig
+
+VOCAB = 96
+
+
+@pytest.fixture(scope="module")
+def target(tokenizer):
+    return Engine(tiny_model("llama", vocab_size=VOCAB, seed=2), tokenizer, max_len=64).target
+
+
+def widened(logits: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
+    return logits.new_full((len(logits), VOCAB), float("-inf")).index_copy_(1, vocab, logits)
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingConfig(),
+    SamplingConfig(temperature=0.7, suppress=(5, 40)),
+    SamplingConfig(temperature=1.0, min_p=0.1, min_p_keep=4, penalty=1.3, penalty_window=8),
+    SamplingConfig(temperature=0.9, top_k=30, top_p=0.8, penalty=0.8, suppress=(0, 41, 95)),
+])  # fmt: skip
+def test_draft_columns_score_as_the_whole_vocabulary_would(target, sampling):
+    generator = torch.Generator().manual_seed(3)
+    vocab = torch.randperm(VOCAB, generator=generator)[:40].sort().values
+    head = DraftHead(target, vocab)
+    logits = torch.randn(3, len(vocab), generator=generator) * 3
+    history = torch.randint(0, VOCAB, (3, 8), generator=generator)
+    history[0, :5] = -1  # a row with a shorter history
+    history[1, :] = vocab[:8]  # a row whose every token is in the draft vocabulary
+    probs = head.probs(logits, sampling, history)
+    reference = process_logits(widened(logits, vocab), sampling, history).softmax(dim=-1)[:, vocab]
+    torch.testing.assert_close(probs, reference)
+    for token in sampling.suppress:
+        if token in vocab:
+            assert (probs[:, int((vocab == token).nonzero())] == 0).all()
+
+
+def test_the_whole_vocabulary_is_scored_as_the_target_scores_it(target):
+    sampling = SamplingConfig(temperature=0.8, penalty=1.2, suppress=(7,))
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(4))
+    history = torch.tensor([[1, 2, 3], [-1, 9, 9]])
+    expected = process_logits(logits, sampling, history).softmax(dim=-1)
+    assert torch.equal(DraftHead(target, None).probs(logits, sampling, history), expected)
