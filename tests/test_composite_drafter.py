@@ -40,7 +40,7 @@ from test_sampling_verification import PROMPT, TOKENS, Target, exact_joint
 from specchat.drafters import DrafterChoice, build_drafter, parse_drafter, resolve_drafter
 from specchat.drafters.base import DraftsAlone
 from specchat.drafters.composite import CompositeDrafter, matched_run, merge_trees
-from specchat.drafters.mode_choice import BOTH, SECOND, ModeChoice
+from specchat.drafters.mode_choice import BOTH, FIRST_STEPS, SECOND, ModeChoice
 from specchat.drafters.longspec import LongSpecDrafter
 from specchat.drafters.ngram import NgramDrafter
 from specchat.engine.events import TARGET
@@ -127,7 +127,7 @@ def test_draft_rows_are_kept_only_below_nodes_the_second_drafter_left_alone():
 class AlwaysBoth(ModeChoice):
     """Both parts draft every step: what the merge tests check, whatever the timings say."""
 
-    def committed(self, tokens: int) -> None:
+    def committed(self, tokens: int, second_alone: int | None = None) -> None:
         pass
 
 
@@ -214,11 +214,28 @@ def test_the_mode_that_commits_more_tokens_per_second_is_chosen_and_the_other_pr
     choice.committed(1)  # the prefill's token: the first step starts
     # The model's draft costs 3 ms a step and adds half a token: 2.5 tokens in 8 ms against 2 in 5 ms.
     modes = run_steps(choice, clock, 64, cost={BOTH: 0.008, SECOND: 0.005}, tokens={BOTH: 2.5, SECOND: 2})
-    assert modes[:2] == [BOTH, SECOND]  # each tried once, then the faster
-    assert [i + 1 for i, mode in enumerate(modes[2:], 2) if mode == BOTH] == [16, 32, 48, 64]  # probes
+    assert modes[:4] == [BOTH, BOTH, BOTH, SECOND]  # each tried (the model three times), then the faster
+    assert [i + 1 for i, mode in enumerate(modes[4:], 4) if mode == BOTH] == [16, 32, 48, 64]  # probes
     # The text changes: the model now adds three tokens a step (5 in 8 ms); the probes see it.
     modes = run_steps(choice, clock, 64, cost={BOTH: 0.008, SECOND: 0.005}, tokens={BOTH: 5, SECOND: 2})
     assert modes[-16:].count(BOTH) == 15 and modes[-16:].count(SECOND) == 1
+
+
+def test_the_second_alone_is_counted_on_every_step_and_timed_on_its_own():
+    """While both parts draft, what the lookup alone would have committed is counted on each step, so its own
+    steps only time it: probed every 64 steps, and a lucky probe (4 tokens where it would have committed 1 on
+    the steps before) does not hand it the steps after."""
+    clock = Clock()
+    choice = ModeChoice(clock=clock)
+    choice.committed(1)  # the prefill's token: the first step starts
+    modes = []
+    for step in range(200):
+        modes.append(choice.mode)
+        clock.now += 0.008 if choice.mode == BOTH else 0.005  # 2 tokens in 8 ms against 1 in 5 ms
+        lucky = step > 100
+        choice.committed(2 if choice.mode == BOTH else 4 if lucky else 1, second_alone=1)
+    assert modes[:4] == [BOTH, BOTH, BOTH, SECOND]  # each tried, then the faster
+    assert [i + 1 for i, mode in enumerate(modes[4:], 4) if mode == SECOND] == [64, 128, 192]
 
 
 def test_the_time_before_a_request_is_no_step():
@@ -264,8 +281,8 @@ def test_the_part_whose_trees_matched_more_leads():
         leads.append(tree.origins[0])
         assert tree.leaders == {tree.origins[0]}  # the budget learns depths only from the part that led
         composite.commit([target_token], None)
-    assert leads[0] == "ngram"
-    assert leads[3:30] == ["model"] * 27  # right every step, where the lookup never was
+    assert leads[0] == "ngram" and leads[4] == "ngram"  # the lookup alone is timed once after the first steps
+    assert leads[5:30] == ["model"] * 25  # right every step, where the lookup never was
     assert "ngram" in leads[30:60] and leads[60:] == ["ngram"] * 30
 
 
@@ -310,10 +327,27 @@ def test_the_kinds_that_draft_next_follow_the_mode_chosen_at_the_last_commit():
     ticks = itertools.count()
     composite.modes = ModeChoice(clock=lambda: float(next(ticks)))
     kinds = []
-    for tokens in ([1], [1], [2], [1, 2]):  # the prefill's token, a step with both parts, one with the lookup
+    # the prefill's token, the first steps with both parts, one with the lookup alone, one with both again
+    for tokens in ([1], [1], [1], [1], [2], [1, 2]):
         composite.commit(tokens, None)
         kinds.append(composite.next_kinds())
-    assert kinds == [{"model", "ngram"}, {"ngram"}, {"model", "ngram"}, {"model", "ngram"}]
+    assert kinds == [{"model", "ngram"}] * 3 + [{"ngram"}] + [{"model", "ngram"}] * 2
+
+
+def test_the_composite_tells_its_mode_choice_what_the_lookup_alone_would_have_committed():
+    seen = []
+
+    class Recording(AlwaysBoth):
+        def committed(self, tokens: int, second_alone: int | None = None) -> None:
+            seen.append((tokens, second_alone))
+
+    composite = CompositeDrafter(Always("model", 5), Copy())
+    composite.modes = Recording()
+    composite.commit([1], None)  # the prefill's token: no step was in flight
+    for tokens in ([9, 9, 3], [5, 2], [5, 6, 7, 8, 1], [9, 9]):  # the lookup drafts 9 9 9 9, 9 9 9 9, 5 6 7 8, ...
+        composite.propose(4, SamplingConfig(), None)
+        composite.commit(tokens, None)
+    assert seen == [(1, None), (3, 3), (2, 1), (5, 5), (2, 2)]  # its matched run and the target's next token
 
 
 def test_a_matched_run_follows_the_committed_tokens_down_the_tree():
@@ -385,7 +419,7 @@ def test_the_model_drafts_only_where_it_pays(tokenizer):
     slow, ngram = Slow(), RoomLeft(8)
     engine.set_drafter(CompositeDrafter(slow, ngram), 8)
     assert generate(engine, prompt, 96) == expected
-    assert slow.calls <= 2 + ngram.room / 16 + 2, (slow.calls, ngram.room)  # tried, then probed
+    assert slow.calls <= FIRST_STEPS[BOTH] + ngram.room / 16 + 3, (slow.calls, ngram.room)  # tried, then probed
     oracle, ngram = Oracle(expected), RoomLeft(8)
     composite = CompositeDrafter(oracle, ngram)
     ticks = itertools.count()

@@ -46,17 +46,23 @@ class CompositeDrafter:
         self.kind = f"{first.kind}+{second.kind}"  # its nodes carry the parts' kinds
         self.modes = ModeChoice()
         self.runs = MatchedRuns()
+        self._second_tree: DraftTree | None = None  # the second's tree of the step in flight
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         self.first.prefill(ids, hidden, reused)
         self.second.prefill(ids, hidden, reused)
         self.modes.restart()
         self.runs.restart()
+        self._second_tree = None
 
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         self.first.commit(tokens, hidden)
         self.second.commit(tokens, hidden)
-        self.modes.committed(len(tokens))
+        second_alone = None  # what the second's tree alone would have committed: its matched run and the next
+        if self._second_tree is not None:
+            second_alone = min(matched_run(self._second_tree, tokens) + 1, len(tokens))
+            self._second_tree = None
+        self.modes.committed(len(tokens), second_alone)
         self.runs.committed(tokens)
 
     def next_kinds(self) -> frozenset[str]:
@@ -70,6 +76,7 @@ class CompositeDrafter:
         both = room > 0 and self.modes.mode == BOTH
         first = self.first.propose(room, sampling, generator) if both else DraftTree.empty()
         self.runs.proposed(first, second)
+        self._second_tree = second
         leader = self.first if first_leads and len(first) else self.second
         return merge_trees(first, second, budget, leaders=leader.next_kinds())
 
