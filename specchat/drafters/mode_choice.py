@@ -5,15 +5,17 @@ are accepted, which depends on the model, the machine and the text. So the compo
 each mode, both parts (`BOTH`) or the second alone (`SECOND`), from one commit to the next (the budget the
 engine sized for the mode, drafting, verification), and counts the tokens each step committed. The mode is
 chosen at each commit, before the engine sizes the next tree for it. Counts decay, so the choice follows the
-text; the mode not chosen is tried every `probe_every` steps, so a change is noticed.
+text; the mode not chosen is tried now and then (a probe), so a change is noticed.
 
 What the second part alone would have committed is known on every step, not only on its own: its tree was
 drafted within the whole budget either way, and it would have committed the tokens its tree matched and the
 target's next (`second_alone`). So the second alone's tokens are counted on every step and its own steps only
-time it, every `probe_second_every` steps while both parts draft. Counted on its own steps alone, one lucky
-probe (a copy found in a chat answer) could make it look the faster for several steps after. For the same
-reason the first steps draft with both parts (`FIRST_STEPS`) before the lookup alone is timed: a model's first
-guesses can all miss, and after two such steps the lookup alone led a chat answer's first 30 steps.
+time it, every `probe_second_every` steps while both parts draft (both parts are tried every `probe_every`
+steps while the second drafts alone: the first's tokens are known only where it drafts). Counted on its own
+steps alone, one lucky probe (a copy found in a chat answer) could make it look the faster for several steps
+after. For the same reason the first steps draft with both parts (`FIRST_STEPS`) before the lookup alone is
+timed: a model's first guesses can all miss, and after two such steps the lookup alone drafted a chat answer's
+first 28 steps.
 """
 
 from __future__ import annotations
