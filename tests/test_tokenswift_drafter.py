@@ -28,6 +28,8 @@ from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import DraftTree
 from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads, save_heads
+from specchat.quant.int4_linear import Int4Linear
+from specchat.quant.quantize import quantize_model
 
 VOCAB = 96
 
@@ -299,6 +301,22 @@ def test_build_drafts_without_a_forward_on_a_cpu_unless_asked(model, tokenizer, 
     assert not build(target, tmp_path / "heads").forward  # a CPU step is a weight read: no second one to draft
     assert build(target, tmp_path / "heads", kv_budget=64).forward  # a KV budget sizes a draft forward
     assert build(target, tmp_path / "heads", draft_forward=True).partial.budget == KV_BUDGET
+
+
+def test_over_a_quantized_cpu_target_the_heads_draft_in_int4_and_stay_lossless(tokenizer):
+    model = tiny_model("llama", vocab_size=VOCAB, seed=5)
+    quantize_model(model, "int4", dtype=torch.float32)
+    engine = Engine(model, tokenizer, max_len=256)
+    prompt = list(range(3, 23)) * 3
+
+    def generate() -> list[int]:
+        return [t for event in engine.generate(prompt, max_new_tokens=48) for t in event.tokens]
+
+    expected = generate()
+    drafter = TokenSwiftDrafter(engine.target, random_heads(model), forward=False)
+    assert all(type(head.linear) is Int4Linear for head in drafter.heads.medusa_layers)
+    engine.set_drafter(drafter)
+    assert generate() == expected
 
 
 def test_its_trees_carry_only_the_kinds_it_names(model, tokenizer):
