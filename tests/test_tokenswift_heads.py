@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from test_cli import assert_one_line_error, specchat_in_process
 from test_train_glide import real_text_samples
-from test_train_longspec import _record
+from test_train_longspec import _data_dir
 from tui_harness import tiny_loaded
 
 import specchat.models.tokenswift as tokenswift
@@ -325,6 +325,20 @@ def objective_for(loaded, vocab: torch.Tensor | None = None) -> TokenSwiftObject
     return TokenSwiftObjective(heads, model.lm_head.weight.detach().float(), full if vocab is None else vocab)
 
 
+def noise_state_samples(text, hidden: int) -> tuple[list, list]:
+    """32 training and 4 held-out (sample, features) pairs: greedy answers of `text(generator)`'s ids over
+    target states of noise, so only the tokens tell what comes next."""
+
+    def sample(seed: int) -> tuple[Sample, HiddenFeatures]:
+        g = torch.Generator().manual_seed(seed)
+        ids = text(g)
+        labels = torch.tensor(ids[1:] + [0], dtype=torch.int32)  # a greedy answer: the text's next token
+        return Sample(tuple(ids), 1, True), HiddenFeatures(torch.randn(len(ids), hidden, generator=g), labels,
+                                                           torch.tensor([0, len(ids)]))  # fmt: skip
+
+    return [sample(s) for s in range(32)], [sample(100 + s) for s in range(4)]
+
+
 def fitted(heads, head, embed, train_set, heldout, *, epochs: int) -> dict[str, float]:
     """Held-out metrics of `heads` after `epochs` of AdamW over `train_set` ((sample, features) pairs)."""
     from specchat.training.features import concat
@@ -348,16 +362,13 @@ def test_heads_with_root_input_learn_what_only_the_root_tells():
     torch.manual_seed(0)
     follow = torch.randperm(vocab)  # token t + 1 -> token t + 2
 
-    def sample(seed: int) -> tuple[Sample, HiddenFeatures]:
-        g = torch.Generator().manual_seed(seed)
+    def text(g: torch.Generator) -> list[int]:
         ids = [int(torch.randint(vocab, (1,), generator=g))]
         while len(ids) < length:
             ids.append(int(follow[ids[-1]]) if torch.rand(1, generator=g) < 0.9 else int(torch.randint(vocab, (1,), generator=g)))
-        labels = torch.tensor(ids[1:] + [0], dtype=torch.int32)  # a greedy answer: the text's next token
-        return Sample(tuple(ids), 1, True), HiddenFeatures(torch.randn(length, hidden, generator=g), labels,
-                                                           torch.tensor([0, length]))  # fmt: skip
+        return ids
 
-    train_set, heldout = [sample(s) for s in range(32)], [sample(100 + s) for s in range(4)]
+    train_set, heldout = noise_state_samples(text, hidden)
     embed = torch.nn.Embedding(vocab, hidden)
     head = torch.randn(vocab, hidden)
     accuracy = {}
@@ -376,17 +387,14 @@ def test_chained_heads_learn_what_only_the_token_before_tells():
     torch.manual_seed(0)
     follow = torch.randperm(vocab)
 
-    def sample(seed: int) -> tuple[Sample, HiddenFeatures]:
-        g = torch.Generator().manual_seed(seed)
+    def text(g: torch.Generator) -> list[int]:
         ids = []
         while len(ids) < length:
             first = int(torch.randint(vocab, (1,), generator=g))
             ids += [first, int(follow[first])]
-        labels = torch.tensor(ids[1:] + [0], dtype=torch.int32)
-        return Sample(tuple(ids), 1, True), HiddenFeatures(torch.randn(length, hidden, generator=g), labels,
-                                                           torch.tensor([0, length]))  # fmt: skip
+        return ids
 
-    train_set, heldout = [sample(s) for s in range(32)], [sample(100 + s) for s in range(4)]
+    train_set, heldout = noise_state_samples(text, hidden)
     embed = torch.nn.Embedding(vocab, hidden)
     head = torch.randn(vocab, hidden)
     accuracy = {}
@@ -415,14 +423,7 @@ def test_a_short_run_on_real_text_lowers_the_heldout_loss(loaded, tokenizer, tmp
 
 @pytest.mark.parametrize("root_input", [False, True], ids=["tokenswift", "root-input"])
 def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path, root_input):
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "recipe.json").write_text(json.dumps({"model": "tiny-llama"}))
-    rng = random.Random(0)
-    for split, count in (("train", 8), ("heldout", 2)):
-        records = [_record([rng.randrange(1, 1000) for _ in range(12)], [rng.randrange(1, 1000) for _ in range(8)])
-                   for _ in range(count)]  # fmt: skip
-        (data / f"{split}-00000.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    data = _data_dir(tmp_path / "data")
     out = tmp_path / "heads"
     summary = train_tokenswift(loaded, data, out, TrainRecipe(epochs=1, batch=4, warmup_steps=1), vocab=8192,
                                root_input=root_input)  # fmt: skip
@@ -444,14 +445,7 @@ def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path, root_input):
 def test_heads_trained_from_a_checkpoint_keep_its_vocabulary_and_start_as_it_was(loaded, tmp_path):
     """`--init` with `--chain-input`: the root-input heads of a first run, given chain blocks that start as no-ops
     (the same outputs before any step), train on with the first run's draft vocabulary."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "recipe.json").write_text(json.dumps({"model": "tiny-llama"}))
-    rng = random.Random(0)
-    for split, count in (("train", 8), ("heldout", 2)):
-        records = [_record([rng.randrange(1, 1000) for _ in range(12)], [rng.randrange(1, 1000) for _ in range(8)])
-                   for _ in range(count)]  # fmt: skip
-        (data / f"{split}-00000.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    data = _data_dir(tmp_path / "data")
     recipe = TrainRecipe(epochs=1, batch=4, warmup_steps=1)
     train_tokenswift(loaded, data, tmp_path / "first", recipe, vocab=8192, root_input=True)
     first = load_heads(tmp_path / "first")

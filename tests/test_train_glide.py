@@ -4,14 +4,13 @@ the held-out loss (GLIDE and LongSpec), and a trained GLIDE checkpoint that deco
 from __future__ import annotations
 
 import json
-import random
 import textwrap
 
 import pytest
 import torch
 from test_train_longspec import _objective as longspec_objective
 from test_cli import assert_one_line_error, specchat_in_process
-from test_train_longspec import _record
+from test_train_longspec import _data_dir
 from tui_harness import tiny_loaded
 
 from specchat.drafters.glide import build
@@ -76,14 +75,7 @@ def test_a_short_run_on_real_text_lowers_the_heldout_loss(kind, loaded, tokenize
 
 
 def test_train_glide_writes_a_checkpoint_that_decodes_losslessly(loaded, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "recipe.json").write_text(json.dumps({"model": "tiny-llama"}))
-    rng = random.Random(0)
-    for split, count in (("train", 8), ("heldout", 2)):
-        records = [_record([rng.randrange(1, 1000) for _ in range(12)], [rng.randrange(1, 1000) for _ in range(8)])
-                   for _ in range(count)]  # fmt: skip
-        (data / f"{split}-00000.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    data = _data_dir(tmp_path / "data")
     out = tmp_path / "draft"
     summary = train_glide(loaded, data, out, TrainRecipe(epochs=1, batch=4))
     assert summary["steps"] == 2 and summary["layers"] == 1
