@@ -1,0 +1,61 @@
+"""Where a decode step's time goes on Qwen2.5-Coder-1.5B: the chat prompts decoded once to warm up (and
+calibrate the budget), then again under cProfile, one process; the time per step in the decoder's forward,
+its output head, the drafter's proposal and the rest (Python).
+
+    python tests/step_profile.py [--drafter tokenswift] [--prompt-set chat] [-n 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+from specchat.bench.prompts import load_prompt_sets
+from specchat.bench.runs import engine_run
+from specchat.cli.common import load
+from specchat.drafters import attach_drafter
+from specchat.engine.generate import Engine
+from specchat.engine.prompt import encode_prompt
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--drafter", default="tokenswift")
+    parser.add_argument("--prompt-set", default="chat")
+    parser.add_argument("-n", type=int, default=64)
+    args = parser.parse_args()
+    loaded = load("qwen2.5-coder-1.5b", "auto", "cpu")
+    prompts = [encode_prompt(loaded.tokenizer, p) for p in load_prompt_sets([args.prompt_set])[args.prompt_set]]
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=4096)
+    if args.drafter != "none":
+        attach_drafter(engine, loaded.source, args.drafter, draft_budget=None, draft_cache=None)
+    for ids in prompts:
+        engine_run(engine, ids, args.n)
+    profile = cProfile.Profile()
+    start = time.perf_counter()
+    profile.enable()
+    for ids in prompts:
+        engine_run(engine, ids, args.n)
+    profile.disable()
+    wall = time.perf_counter() - start
+    stats = pstats.Stats(profile).stats  # {(file, line, name): (calls, _, own, cumulative, {caller: ...})}
+
+    def find(name: str, file: str) -> tuple:
+        return next(key for key in stats if key[2] == name and key[0].endswith(file))
+
+    step = find("_step", "engine/generate.py")
+    steps, step_time = stats[step][0], stats[step][3]
+    forward = stats[find("_forward", "engine/generate.py")][4][step][3]  # the target's forwards inside steps
+    head_calls, _, _, head_time, _ = stats[next(key for key in stats if key[2].endswith(".gguf_matmul>"))]
+    proposals = [v for (f, _, n), v in stats.items() if n == "propose" and "/drafters/" in f]  # in steps only
+    draft = sum(v[3] for v in proposals)
+    print(f"{steps} steps, {wall:.2f} s in all, {step_time / steps * 1e3:.2f} ms a step:")
+    print(f"  the target's forward: {forward / steps * 1e3:.2f} ms, of which its output head "
+          f"{head_time / head_calls * 1e3:.2f} ms (a call's mean, prefill's included)")
+    print(f"  the drafter's proposal: {draft / steps * 1e3:.2f} ms")
+    print(f"  the rest (verification, commits, budget): {(step_time - forward - draft) / steps * 1e3:.2f} ms")
+
+if __name__ == "__main__":
+    main()
