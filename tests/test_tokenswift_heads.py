@@ -339,6 +339,19 @@ def noise_state_samples(text, hidden: int) -> tuple[list, list]:
     return [sample(s) for s in range(32)], [sample(100 + s) for s in range(4)]
 
 
+def heldout_top1_by_config(text, hidden: int, vocab: int, configs: dict, epochs: int, metric: str) -> dict:
+    """`metric` on the held-out noise-state samples of `text` for heads fitted under each of `configs`, all from
+    the same data, embeddings, LM head and start."""
+    train_set, heldout = noise_state_samples(text, hidden)
+    embed = torch.nn.Embedding(vocab, hidden)
+    head = torch.randn(vocab, hidden)
+    accuracy = {}
+    for key, config in configs.items():
+        torch.manual_seed(1)
+        accuracy[key] = fitted(TokenSwiftHeads(config), head, embed, train_set, heldout, epochs=epochs)[metric]
+    return accuracy
+
+
 def fitted(heads, head, embed, train_set, heldout, *, epochs: int) -> dict[str, float]:
     """Held-out metrics of `heads` after `epochs` of AdamW over `train_set` ((sample, features) pairs)."""
     from specchat.training.features import concat
@@ -368,14 +381,8 @@ def test_heads_with_root_input_learn_what_only_the_root_tells():
             ids.append(int(follow[ids[-1]]) if torch.rand(1, generator=g) < 0.9 else int(torch.randint(vocab, (1,), generator=g)))
         return ids
 
-    train_set, heldout = noise_state_samples(text, hidden)
-    embed = torch.nn.Embedding(vocab, hidden)
-    head = torch.randn(vocab, hidden)
-    accuracy = {}
-    for root_input in (False, True):
-        torch.manual_seed(1)
-        heads = TokenSwiftHeads(TokenSwiftConfig(hidden, 1e-5, root_input=root_input))
-        accuracy[root_input] = fitted(heads, head, embed, train_set, heldout, epochs=3)["head1_top1"]
+    configs = {root_input: TokenSwiftConfig(hidden, 1e-5, root_input=root_input) for root_input in (False, True)}
+    accuracy = heldout_top1_by_config(text, hidden, vocab, configs, epochs=3, metric="head1_top1")
     assert accuracy[True] > 0.75 and accuracy[False] < 0.3, accuracy
 
 
@@ -394,14 +401,8 @@ def test_chained_heads_learn_what_only_the_token_before_tells():
             ids += [first, int(follow[first])]
         return ids
 
-    train_set, heldout = noise_state_samples(text, hidden)
-    embed = torch.nn.Embedding(vocab, hidden)
-    head = torch.randn(vocab, hidden)
-    accuracy = {}
-    for chain_input in (False, True):
-        torch.manual_seed(1)
-        heads = TokenSwiftHeads(TokenSwiftConfig(hidden, 1e-5, root_input=True, chain_input=chain_input))
-        accuracy[chain_input] = fitted(heads, head, embed, train_set, heldout, epochs=6)["head2_top1"]
+    configs = {chain: TokenSwiftConfig(hidden, 1e-5, root_input=True, chain_input=chain) for chain in (False, True)}
+    accuracy = heldout_top1_by_config(text, hidden, vocab, configs, epochs=6, metric="head2_top1")
     # half of head 2's tokens follow the one before (the other half are a pair's random first)
     assert accuracy[True] > 0.4 and accuracy[False] < 0.2, accuracy
 
