@@ -16,6 +16,7 @@
 
 #include "bf16_dots.h"
 #include "gguf_blocks.h"
+#include "int8_dots.h"
 #include "lane_pairs.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -152,12 +153,60 @@ void silu_gate(const T* gate_up, T* out, int64_t rows, int64_t intermediate) {
   }
 }
 
-// The rows' queries rotated into fp32 [rows, heads, D]; their keys rotated and values copied into the cache
-// slots [prefix, prefix + rows).
+// A cache in the activations' dtype T: each KV head's keys and values [slots][D].
 template <typename T>
-void rotate_and_cache(const T* qkv, const float* cos, const float* sin, float* queries, T* keys, T* values,
-                      int64_t cache_len, int64_t prefix, int64_t rows, int64_t heads, int64_t kv_heads,
-                      int64_t dim) {
+struct PlainKv {
+  T* keys;
+  T* values;
+  int64_t slots;
+
+  void write_key(int64_t head, int64_t slot, const float* rotated, int64_t dim) const {
+    T* out = keys + (head * slots + slot) * dim;
+    for (int64_t d = 0; d < dim; ++d) out[d] = store<T>(rotated[d]);
+  }
+  void write_value(int64_t head, int64_t slot, const T* value, int64_t dim) const {
+    std::copy(value, value + dim, values + (head * slots + slot) * dim);
+  }
+};
+
+// Where scale `row` of a slot lies in an int8 cache's tiled scales (int8_dots.h): rows 0 .. D / 32 - 1 are the
+// key's block scales, row D / 32 the value's.
+inline int64_t scale_index(int64_t slot, int64_t row, int64_t dim) {
+  return ((slot / int8_dots::LANES) * (dim / int8_dots::BLOCK + 1) + row) * int8_dots::LANES + slot % int8_dots::LANES;
+}
+
+// An int8 cache (int8_dots.h): each KV head's keys in tiles of 16 slots, values [slots][D] int8, and their scales
+// [slots / 16][D / 32 + 1][16] fp32. `slots` is a multiple of 16.
+struct Int8Kv {
+  uint8_t* keys;
+  int8_t* values;
+  float* scales;
+  int64_t slots;
+
+  float* head_scales(int64_t head, int64_t dim) const { return scales + head * slots * (dim / int8_dots::BLOCK + 1); }
+
+  void write_key(int64_t head, int64_t slot, const float* rotated, int64_t dim) const {
+    std::vector<int8_t> codes(dim);
+    for (int64_t b = 0; b < dim / int8_dots::BLOCK; ++b) {
+      head_scales(head, dim)[scale_index(slot, b, dim)] =
+          int8_dots::quantize(rotated + b * int8_dots::BLOCK, codes.data() + b * int8_dots::BLOCK, int8_dots::BLOCK);
+    }
+    int8_dots::store_key(codes.data(), keys + head * slots * dim, slot, static_cast<int>(dim));
+  }
+  template <typename T>
+  void write_value(int64_t head, int64_t slot, const T* value, int64_t dim) const {
+    std::vector<float> x(dim);
+    for (int64_t d = 0; d < dim; ++d) x[d] = load(value[d]);
+    head_scales(head, dim)[scale_index(slot, dim / int8_dots::BLOCK, dim)] =
+        int8_dots::quantize(x.data(), values + (head * slots + slot) * dim, static_cast<int>(dim));
+  }
+};
+
+// The rows' queries rotated into fp32 [rows, heads, D]; their keys rotated and values written to the cache
+// slots [prefix, prefix + rows).
+template <typename T, typename Kv>
+void rotate_and_cache(const T* qkv, const float* cos, const float* sin, float* queries, const Kv& cache,
+                      int64_t prefix, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim) {
   const int64_t half = dim / 2, width = (heads + 2 * kv_heads) * dim;
   std::vector<float> rotated(dim);
   for (int64_t r = 0; r < rows; ++r) {
@@ -173,14 +222,10 @@ void rotate_and_cache(const T* qkv, const float* cos, const float* sin, float* q
       if (h < heads) {
         std::copy(rotated.begin(), rotated.end(), queries + (r * heads + h) * dim);
       } else {
-        T* slot = keys + ((h - heads) * cache_len + prefix + r) * dim;
-        for (int64_t d = 0; d < dim; ++d) slot[d] = store<T>(rotated[d]);
+        cache.write_key(h - heads, prefix + r, rotated.data(), dim);
       }
     }
-    for (int64_t g = 0; g < kv_heads; ++g) {
-      const T* in = row + (heads + kv_heads + g) * dim;
-      std::copy(in, in + dim, values + (g * cache_len + prefix + r) * dim);
-    }
+    for (int64_t g = 0; g < kv_heads; ++g) cache.write_value(g, prefix + r, row + (heads + kv_heads + g) * dim, dim);
   }
 }
 
@@ -319,13 +364,28 @@ inline void softmax(float* row, int64_t n) {
   for (int64_t q = 0; q < n; ++q) row[q] *= inverse;
 }
 
-// f(i, Q) for the queries [first, last): two at a time (one pass over a tile serves both), then one left over;
-// Q a std::integral_constant, so f instantiates its kernels for 2 and 1 queries.
-template <typename F>
-inline void queries_in_twos(int64_t first, int64_t last, F&& f) {
+// f(i, Q) for the queries [first, last): Q at a time (one pass over a tile serves them all), then the rest by
+// halves; Q a std::integral_constant, so f instantiates its kernels for Q, Q / 2, ..., 1 queries.
+template <int Q, typename F>
+inline void queries_in(int64_t first, int64_t last, F&& f) {
   int64_t i = first;
-  for (; i + 2 <= last; i += 2) f(i, std::integral_constant<int, 2>{});
-  if (i < last) f(i, std::integral_constant<int, 1>{});
+  for (; i + Q <= last; i += Q) f(i, std::integral_constant<int, Q>{});
+  if constexpr (Q > 1) queries_in<Q / 2>(i, last, f);
+}
+
+constexpr int64_t kPrefetchTiles = 4;  // how many tiles ahead a stream of cache rows is prefetched
+
+// `rows_ahead` rows of `bytes_per_row` from `first` into L2 (the hardware prefetcher lags on these streams).
+inline void prefetch_rows(const void* first, int64_t rows_ahead, int64_t bytes_per_row) {
+  const char* ahead = static_cast<const char*>(first);
+  for (int64_t byte = 0; byte < rows_ahead * bytes_per_row; byte += 64) __builtin_prefetch(ahead + byte, 0, 2);
+}
+
+// The longest of the rows' tails, and the scores' row width: the prefix plus that.
+inline int64_t score_width(const std::vector<int64_t>* tails, int64_t prefix, int64_t rows) {
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) longest = std::max<int64_t>(longest, static_cast<int64_t>(tails[r].size()));
+  return prefix + longest;
 }
 
 // Attention of `rows` consecutive rows for one KV head's group of query heads (queries [rows][heads][DIM] fp32
@@ -336,23 +396,15 @@ template <typename T, int DIM>
 void attend(const float* queries, const T* keys, const T* values, const std::vector<int64_t>* tails, int64_t prefix,
             int64_t rows, int64_t heads, int64_t group, float scale, T* out) {
   constexpr int64_t BLOCK = 4 * LANES;  // value rows converted at a time
-  constexpr int64_t kPrefetchTiles = 4;  // how many tiles ahead the stream of cache rows is prefetched
   const int64_t count = rows * group;  // queries
-  int64_t longest = 0;
-  for (int64_t r = 0; r < rows; ++r) longest = std::max<int64_t>(longest, static_cast<int64_t>(tails[r].size()));
-  const int64_t width = prefix + longest;
+  const int64_t width = score_width(tails, prefix, rows);
   std::vector<float> scores(count * width), tile(BLOCK * DIM), accumulator(count * DIM, 0.0f);
   float block[2 * LANES];
   auto query = [&](int64_t i) { return queries + ((i / group) * heads + i % group) * DIM; };
   // Rows first, first + 1, ... (`n` <= BLOCK of them; through `slots` when given) of a cache as fp32 [padded][DIM],
   // zeros after the n: read in place when they are consecutive fp32 rows, else converted into `tile`.
   auto rows_at = [&](const T* cache, const int64_t* slots, int64_t first, int64_t n, int64_t padded) -> const float* {
-    if (!slots) {  // a stream of rows: rows a few calls ahead into L2 now (the hardware prefetcher lags here)
-      const char* ahead = reinterpret_cast<const char*>(cache + (first + kPrefetchTiles * padded) * DIM);
-      for (int64_t byte = 0; byte < padded * DIM * static_cast<int64_t>(sizeof(T)); byte += 64) {
-        __builtin_prefetch(ahead + byte, 0, 2);
-      }
-    }
+    if (!slots) prefetch_rows(cache + (first + kPrefetchTiles * padded) * DIM, padded, DIM * sizeof(T));
     if constexpr (std::is_same_v<T, float>) {
       if (!slots && n == padded) return cache + first * DIM;
     }
@@ -371,7 +423,7 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
         float* row = scores.data() + i * width + offset + b;
         for (int64_t j = 0; j < filled; ++j) row[j] = block[j] * scale;
       };
-      queries_in_twos(first_query, last_query, [&](int64_t i, auto count) {
+      queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
         constexpr int Q = decltype(count)::value;
         const float* q[Q];
         float* out[Q];
@@ -386,7 +438,7 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
       const int64_t filled = std::min<int64_t>(BLOCK, n - b);
       const float* values_tile = rows_at(values, slots, b, filled, filled);
       const auto weights = [&](int64_t i) { return scores.data() + i * width + offset + b; };
-      queries_in_twos(first_query, last_query, [&](int64_t i, auto count) {
+      queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
         constexpr int Q = decltype(count)::value;
         const float* w[Q];
         float* acc[Q];
@@ -410,41 +462,78 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
   }
 }
 
+// The value sums of a bf16 or int8 cache, in bf16 dot pairs (bf16_dots::add_pairs): each query's weights
+// (bf16, [count][paired], in its row's key sequence: the prefix, then its tail) times the value rows, paired by
+// their index in that sequence, so a tree row pairs its keys as a decode step at its position does: an odd
+// prefix's last key pairs with the tail's first. `pair(a, b, out)` writes cache rows a and b (-1: a zero row)
+// as DIM pairs; `prefetch(first, n)` is told of prefix rows about to be read.
+template <int DIM, typename Pair, typename Prefetch>
+void sum_value_pairs(const Pair& pair, const Prefetch& prefetch, const uint16_t* weights16, int64_t paired,
+                     const std::vector<int64_t>* tails, int64_t prefix, int64_t rows, int64_t group,
+                     float* accumulator) {
+  constexpr int64_t PAIRS = 2 * LANES;  // value pairs made at a time
+  std::vector<uint32_t> pair_tile(PAIRS * DIM);
+  // The rows at sequence indices [start, start + n) (cache rows through `slots` when given, else consecutive
+  // from `start`; n even, or odd with a zero row after the last) into the queries' sums.
+  auto add_values = [&](const int64_t* slots, int64_t start, int64_t n, int64_t first_query, int64_t last_query) {
+    for (int64_t b = 0; b < n; b += 2 * PAIRS) {
+      const int64_t pairs = std::min<int64_t>(PAIRS, (n - b + 1) / 2);
+      if (!slots) prefetch(start + b + kPrefetchTiles * 2 * PAIRS, 2 * PAIRS);
+      const auto slot = [&](int64_t i) -> int64_t { return i >= n ? -1 : slots ? slots[i] : start + i; };
+      for (int64_t m = 0; m < pairs; ++m) pair(slot(b + 2 * m), slot(b + 2 * m + 1), pair_tile.data() + m * DIM);
+      queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
+        constexpr int Q = decltype(count)::value;
+        const uint32_t* w[Q];
+        float* acc[Q];
+        for (int j = 0; j < Q; ++j) {
+          w[j] = reinterpret_cast<const uint32_t*>(weights16 + (i + j) * paired + start + b);
+          acc[j] = accumulator + (i + j) * DIM;
+        }
+        bf16_dots::add_pairs<DIM, Q>(w, pair_tile.data(), pairs, acc);
+      });
+    }
+  };
+  const int64_t even = prefix & ~int64_t{1};  // the prefix's whole pairs; an odd prefix's last key joins each tail
+  add_values(nullptr, 0, even, 0, rows * group);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> sequence(prefix - even, prefix - 1);
+    sequence.insert(sequence.end(), tails[r].begin(), tails[r].end());
+    add_values(sequence.data(), even, sequence.size(), r * group, (r + 1) * group);
+  }
+}
+
+// Each query's sum [DIM] fp32 into its row and head of `out` [rows][heads][DIM].
+template <typename T, int DIM>
+void store_sums(const float* accumulator, int64_t count, int64_t heads, int64_t group, T* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    T* dst = out + ((i / group) * heads + i % group) * DIM;
+    for (int d = 0; d < DIM; ++d) dst[d] = store<T>(accumulator[i * DIM + d]);
+  }
+}
+
 // `attend` on a bf16 cache in bf16 dot-product arithmetic (bf16_dots.h): the query rounded to bf16 for the scores,
-// the softmax weights rounded to bf16 for the value sums, keys and values read as the cache holds them. Value
-// rows are summed in pairs by their index in the row's key sequence (the prefix, then its tail), so a tree row
-// pairs its keys as a decode step at its position does: an odd prefix's last key pairs with the tail's first.
+// the softmax weights rounded to bf16 for the value sums (`sum_value_pairs`), keys and values read as the cache
+// holds them.
 template <int DIM>
 void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::BFloat16* value_cache,
                  const std::vector<int64_t>* tails, int64_t prefix, int64_t rows, int64_t heads, int64_t group,
                  float scale, at::BFloat16* out) {
-  using bf16_dots::add_pairs;
-  using bf16_dots::dots16;
-  constexpr int64_t PAIRS = 2 * LANES;  // value pairs interleaved at a time
-  constexpr int64_t kPrefetchTiles = 4;  // how many tiles ahead the stream of cache rows is prefetched
   const auto* keys = reinterpret_cast<const uint16_t*>(key_cache);
   const auto* values = reinterpret_cast<const uint16_t*>(value_cache);
   const int64_t count = rows * group;  // queries
-  int64_t longest = 0;
-  for (int64_t r = 0; r < rows; ++r) longest = std::max<int64_t>(longest, static_cast<int64_t>(tails[r].size()));
-  const int64_t width = prefix + longest, paired = (width + 2) & ~int64_t{1};  // weights padded to whole pairs
+  const int64_t width = score_width(tails, prefix, rows), paired = (width + 2) & ~int64_t{1};  // whole pairs
   std::vector<float> scores(count * width), accumulator(count * DIM, 0.0f);
   std::vector<uint16_t> query16(count * DIM), weights16(count * paired, 0), key_tile(LANES * DIM), zeros(DIM, 0);
-  std::vector<uint32_t> pair_tile(PAIRS * DIM);
   float block[2 * LANES];
   for (int64_t i = 0; i < count; ++i) {
     bf16_dots::round_bf16(queries + ((i / group) * heads + i % group) * DIM, query16.data() + i * DIM, DIM);
   }
   const auto query = [&](int64_t i) { return query16.data() + i * DIM; };
-  const auto prefetch = [&](const uint16_t* cache, int64_t first, int64_t rows_ahead) {
-    const char* ahead = reinterpret_cast<const char*>(cache + first * DIM);
-    for (int64_t byte = 0; byte < rows_ahead * DIM * 2; byte += 64) __builtin_prefetch(ahead + byte, 0, 2);
-  };
   auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
     for (int64_t b = 0; b < n; b += LANES) {
       const int64_t filled = std::min<int64_t>(LANES, n - b);
       const uint16_t* tile = key_tile.data();
-      if (!slots) prefetch(keys, b + kPrefetchTiles * LANES, LANES);
+      if (!slots) prefetch_rows(keys + (b + kPrefetchTiles * LANES) * DIM, LANES, DIM * 2);
       if (!slots && filled == LANES) {
         tile = keys + b * DIM;  // read in place
       } else {
@@ -457,37 +546,13 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
         float* row = scores.data() + i * width + offset + b;
         for (int64_t j = 0; j < filled; ++j) row[j] = block[j] * scale;
       };
-      queries_in_twos(first_query, last_query, [&](int64_t i, auto count) {
+      queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
         constexpr int Q = decltype(count)::value;
         const uint16_t* q[Q];
         float* out[Q];
         for (int j = 0; j < Q; ++j) q[j] = query(i + j), out[j] = block + j * LANES;
-        dots16<DIM, Q>(q, tile, out);
+        bf16_dots::dots16<DIM, Q>(q, tile, out);
         for (int j = 0; j < Q; ++j) keep(i + j, out[j]);
-      });
-    }
-  };
-  // The value rows at sequence indices [start, start + n) (cache rows through `slots` when given, else
-  // consecutive from `start`; n even, or odd with a zero row after the last) into the queries' sums.
-  auto add_values = [&](const int64_t* slots, int64_t start, int64_t n, int64_t first_query, int64_t last_query) {
-    for (int64_t b = 0; b < n; b += 2 * PAIRS) {
-      const int64_t pairs = std::min<int64_t>(PAIRS, (n - b + 1) / 2);
-      if (!slots) prefetch(values, start + b + kPrefetchTiles * 2 * PAIRS, 2 * PAIRS);
-      const auto row = [&](int64_t i) {
-        return i >= n ? zeros.data() : values + (slots ? slots[i] : start + i) * DIM;
-      };
-      for (int64_t m = 0; m < pairs; ++m) {
-        bf16_dots::interleave<DIM>(row(b + 2 * m), row(b + 2 * m + 1), pair_tile.data() + m * DIM);
-      }
-      const auto weights = [&](int64_t i) {
-        return reinterpret_cast<const uint32_t*>(weights16.data() + i * paired + start + b);
-      };
-      queries_in_twos(first_query, last_query, [&](int64_t i, auto count) {
-        constexpr int Q = decltype(count)::value;
-        const uint32_t* w[Q];
-        float* acc[Q];
-        for (int j = 0; j < Q; ++j) w[j] = weights(i + j), acc[j] = accumulator.data() + (i + j) * DIM;
-        add_pairs<DIM, Q>(w, pair_tile.data(), pairs, acc);
       });
     }
   };
@@ -500,17 +565,103 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
     softmax(scores.data() + i * width, n);
     bf16_dots::round_bf16(scores.data() + i * width, weights16.data() + i * paired, n);
   }
-  const int64_t even = prefix & ~int64_t{1};  // the prefix's whole pairs; an odd prefix's last key joins each tail
-  add_values(nullptr, 0, even, 0, count);
-  for (int64_t r = 0; r < rows; ++r) {
-    std::vector<int64_t> sequence(prefix - even, prefix - 1);
-    sequence.insert(sequence.end(), tails[r].begin(), tails[r].end());
-    add_values(sequence.data(), even, sequence.size(), r * group, (r + 1) * group);
-  }
+  const auto pair = [&](int64_t a, int64_t b, uint32_t* out) {
+    bf16_dots::interleave<DIM>(a < 0 ? zeros.data() : values + a * DIM, b < 0 ? zeros.data() : values + b * DIM, out);
+  };
+  const auto prefetch = [&](int64_t first, int64_t n) { prefetch_rows(values + first * DIM, n, DIM * 2); };
+  sum_value_pairs<DIM>(pair, prefetch, weights16.data(), paired, tails, prefix, rows, group, accumulator.data());
+  store_sums<at::BFloat16, DIM>(accumulator.data(), count, heads, group, out);
+}
+
+// One KV head's part of an int8 cache (Int8Kv).
+struct Int8Head {
+  const uint8_t* keys;
+  const int8_t* values;
+  const float* scales;
+};
+
+// `attend` on an int8 cache (int8_dots.h): each query quantized like a key, its scores integer dot products of
+// 16 keys a tile and block (vpdpbusd) times the query's and each key's block scale, summed over the blocks in
+// order; the softmax weights times each value row's scale, rounded to bf16, and the value sums in bf16 dot pairs
+// over the rows' codes (`sum_value_pairs`).
+template <typename T, int DIM>
+void attend_int8(const float* queries, const Int8Head& cache, const std::vector<int64_t>* tails, int64_t prefix,
+                 int64_t rows, int64_t heads, int64_t group, float scale, T* out) {
+  constexpr int QUERIES = 4;  // queries scored in one pass over a key tile
+  constexpr int BLOCKS = DIM / int8_dots::BLOCK, ROWS = BLOCKS + 1;  // a tile's scale rows: the keys', the values'
+  const int64_t count = rows * group;  // queries
+  const int64_t width = score_width(tails, prefix, rows), paired = (width + 2) & ~int64_t{1};  // whole pairs
+  std::vector<float> scores(count * width), accumulator(count * DIM, 0.0f), query_scales(count * BLOCKS);
+  std::vector<uint32_t> codes(count * DIM / 4);
+  std::vector<int32_t> starts(count * BLOCKS);
+  std::vector<uint16_t> weights16(count * paired, 0);
+  std::vector<uint8_t> key_tile(LANES * DIM, 0);
+  std::vector<int8_t> zeros(DIM, 0);
+  float tile_scales[ROWS * LANES] = {};
+  float block[QUERIES][LANES];
   for (int64_t i = 0; i < count; ++i) {
-    at::BFloat16* dst = out + ((i / group) * heads + i % group) * DIM;
-    for (int d = 0; d < DIM; ++d) dst[d] = store<at::BFloat16>(accumulator[i * DIM + d]);
+    auto* query = reinterpret_cast<int8_t*>(codes.data() + i * DIM / 4);
+    const float* x = queries + ((i / group) * heads + i % group) * DIM;
+    for (int b = 0; b < BLOCKS; ++b) {
+      const int first = b * int8_dots::BLOCK;
+      query_scales[i * BLOCKS + b] = int8_dots::quantize(x + first, query + first, int8_dots::BLOCK) * scale;
+      int32_t sum = 0;
+      for (int d = first; d < first + int8_dots::BLOCK; ++d) sum += query[d];
+      starts[i * BLOCKS + b] = -128 * sum;
+    }
   }
+  const auto value_scale = [&](int64_t slot) { return cache.scales[scale_index(slot, BLOCKS, DIM)]; };
+  auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
+    for (int64_t b = 0; b < n; b += LANES) {
+      const int64_t filled = std::min<int64_t>(LANES, n - b);
+      const uint8_t* tile = key_tile.data();
+      const float* key_scales = tile_scales;  // [BLOCKS][16]
+      if (!slots) {  // a stream of whole tiles (the slots past the prefix in its last one are scored, not kept)
+        prefetch_rows(cache.keys + (b + kPrefetchTiles * LANES) * DIM, LANES, DIM);
+        tile = cache.keys + b * DIM;
+        key_scales = cache.scales + scale_index(b, 0, DIM);
+      } else {
+        for (int64_t i = 0; i < filled; ++i) {
+          int8_dots::gather_key(cache.keys, slots[b + i], key_tile.data(), static_cast<int>(i), DIM);
+          for (int r = 0; r < BLOCKS; ++r) tile_scales[r * LANES + i] = cache.scales[scale_index(slots[b + i], r, DIM)];
+        }
+      }
+      queries_in<QUERIES>(first_query, last_query, [&](int64_t i, auto count) {
+        constexpr int Q = decltype(count)::value;
+        const uint32_t* q[Q];
+        const int32_t* start[Q];
+        const float* query_scale[Q];
+        float* out[Q];
+        for (int j = 0; j < Q; ++j) {
+          q[j] = codes.data() + (i + j) * DIM / 4, start[j] = starts.data() + (i + j) * BLOCKS;
+          query_scale[j] = query_scales.data() + (i + j) * BLOCKS, out[j] = block[j];
+        }
+        int8_dots::scores16<DIM, Q>(q, start, query_scale, tile, key_scales, out);
+        for (int j = 0; j < Q; ++j) std::copy(block[j], block[j] + filled, scores.data() + (i + j) * width + offset + b);
+      });
+    }
+  };
+  score_keys(nullptr, prefix, 0, count, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
+  }
+  std::vector<float> weights(width);
+  for (int64_t i = 0; i < count; ++i) {
+    const auto& tail = tails[i / group];
+    const int64_t n = prefix + static_cast<int64_t>(tail.size());
+    float* p = scores.data() + i * width;
+    softmax(p, n);
+    for (int64_t k = 0; k < prefix; ++k) weights[k] = p[k] * value_scale(k);
+    for (int64_t k = prefix; k < n; ++k) weights[k] = p[k] * value_scale(tail[k - prefix]);
+    bf16_dots::round_bf16(weights.data(), weights16.data() + i * paired, n);
+  }
+  const auto pair = [&](int64_t a, int64_t b, uint32_t* out) {
+    int8_dots::widen_pair<DIM>(a < 0 ? zeros.data() : cache.values + a * DIM,
+                               b < 0 ? zeros.data() : cache.values + b * DIM, out);
+  };
+  const auto prefetch = [&](int64_t first, int64_t n) { prefetch_rows(cache.values + first * DIM, n, DIM); };
+  sum_value_pairs<DIM>(pair, prefetch, weights16.data(), paired, tails, prefix, rows, group, accumulator.data());
+  store_sums<T, DIM>(accumulator.data(), count, heads, group, out);
 }
 
 // Causal rows (a prefill) attend in chunks of this many: a chunk's rows read the keys before it as their prefix
@@ -533,31 +684,35 @@ std::vector<std::vector<int64_t>> tails_of(int64_t rows, int64_t prefix, const s
 
 // The rows' attention (queries [rows][heads][D] fp32) over the cache, row r seeing slots [0, prefix) then
 // tails[r]: units of a KV head's query group by up to half the rows, spread over the threads.
-template <typename T>
-void attend_rows(const float* queries, const at::Tensor& keys, const at::Tensor& values, int64_t prefix,
-                 const std::vector<int64_t>* tails, int64_t rows, T* out, const Decoder& decoder) {
+template <typename T, typename Kv>
+void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const std::vector<int64_t>* tails,
+                 int64_t rows, T* out, const Decoder& decoder) {
   const int64_t heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
-  const int64_t cache_len = keys.size(1), group = heads / kv_heads;
+  const int64_t slots = cache.slots, group = heads / kv_heads;
   const int64_t chunk = std::max<int64_t>(1, (rows + 1) / 2);  // rows per unit: two units per KV head at most
   const int64_t chunks = (rows + chunk - 1) / chunk;
   const int64_t cost = (prefix + rows) * group * std::min(rows, chunk);  // key-query pairs in a unit
-  const T* key_data = keys.data_ptr<T>();
-  const T* value_data = values.data_ptr<T>();
   const auto run = [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t g = unit / chunks, first = (unit % chunks) * chunk, n = std::min(chunk, rows - first);
       const float* q = queries + (first * heads + g * group) * dim;
-      const T* k = key_data + g * cache_len * dim;
-      const T* v = value_data + g * cache_len * dim;
       const auto* rows_tails = tails + first;
       T* o = out + (first * heads + g * group) * dim;
       const float s = static_cast<float>(decoder.scale);
-      if constexpr (std::is_same_v<T, at::BFloat16>) {
-        if (dim == 64) attend_bf16<64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-        else attend_bf16<128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+      if constexpr (std::is_same_v<Kv, Int8Kv>) {
+        const Int8Head head{cache.keys + g * slots * dim, cache.values + g * slots * dim, cache.head_scales(g, dim)};
+        if (dim == 64) attend_int8<T, 64>(q, head, rows_tails, prefix, n, heads, group, s, o);
+        else attend_int8<T, 128>(q, head, rows_tails, prefix, n, heads, group, s, o);
       } else {
-        if (dim == 64) attend<T, 64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-        else attend<T, 128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+        const T* k = cache.keys + g * slots * dim;
+        const T* v = cache.values + g * slots * dim;
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          if (dim == 64) attend_bf16<64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+          else attend_bf16<128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+        } else {
+          if (dim == 64) attend<T, 64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+          else attend<T, 128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+        }
       }
     }
   };
@@ -566,30 +721,29 @@ void attend_rows(const float* queries, const at::Tensor& keys, const at::Tensor&
 
 // Rotate the rows' queries and keys, write keys and values to the cache at [prefix, prefix + rows), and attend:
 // through `tails` (a tree: one per row), else causally.
-template <typename T>
-void attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
-               at::Tensor& values, int64_t prefix, const std::vector<std::vector<int64_t>>* tails, at::Tensor& out,
-               const Decoder& decoder, float* kept_queries) {
+template <typename T, typename Kv>
+void attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const Kv& cache, int64_t prefix,
+               const std::vector<std::vector<int64_t>>* tails, at::Tensor& out, const Decoder& decoder,
+               float* kept_queries) {
   const int64_t rows = qkv.size(0), heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
   std::vector<float> queries(rows * heads * dim);
-  rotate_and_cache<T>(qkv.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), queries.data(),
-                      keys.data_ptr<T>(), values.data_ptr<T>(), keys.size(1), prefix, rows, heads, kv_heads, dim);
+  rotate_and_cache<T>(qkv.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), queries.data(), cache,
+                      prefix, rows, heads, kv_heads, dim);
   if (kept_queries) std::copy(queries.begin(), queries.end(), kept_queries);
   T* out_data = out.data_ptr<T>();
-  if (tails) return attend_rows<T>(queries.data(), keys, values, prefix, tails->data(), rows, out_data, decoder);
+  if (tails) return attend_rows<T>(queries.data(), cache, prefix, tails->data(), rows, out_data, decoder);
   for (int64_t start = 0; start < rows; start += kCausalChunk) {
     const int64_t n = std::min(kCausalChunk, rows - start), offset = start * heads * dim;
     const auto causal = tails_of(n, prefix + start, std::nullopt);
-    attend_rows<T>(queries.data() + offset, keys, values, prefix + start, causal.data(), n, out_data + offset,
-                   decoder);
+    attend_rows<T>(queries.data() + offset, cache, prefix + start, causal.data(), n, out_data + offset, decoder);
   }
 }
 
 template <typename T>
 std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, const at::Tensor& cos,
                                       const at::Tensor& sin, std::vector<at::Tensor>& keys,
-                                      std::vector<at::Tensor>& values, int64_t prefix,
-                                      const std::optional<at::Tensor>& mask, bool last_only) {
+                                      std::vector<at::Tensor>& values, const std::vector<at::Tensor>* scales,
+                                      int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only) {
   const int64_t rows = x.size(0), hidden = x.size(1);
   const float eps = static_cast<float>(decoder.eps);
   const auto tails = mask ? tails_of(rows, prefix, mask) : std::vector<std::vector<int64_t>>{};
@@ -602,7 +756,15 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
     rms_norm<T>(x.data_ptr<T>(), layer.attention_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
     at::Tensor qkv = layer.qkv(normed).contiguous();
     float* kept = i + 1 == decoder.layers.size() ? last_queries.data_ptr<float>() : nullptr;
-    attention<T>(qkv, cos, sin, keys[i], values[i], prefix, mask ? &tails : nullptr, attended, decoder, kept);
+    const auto* tree = mask ? &tails : nullptr;
+    const int64_t slots = keys[i].size(1);
+    if (scales) {
+      const Int8Kv cache{keys[i].data_ptr<uint8_t>(), values[i].data_ptr<int8_t>(), (*scales)[i].data_ptr<float>(), slots};
+      attention<T>(qkv, cos, sin, cache, prefix, tree, attended, decoder, kept);
+    } else {
+      const PlainKv<T> cache{keys[i].data_ptr<T>(), values[i].data_ptr<T>(), slots};
+      attention<T>(qkv, cos, sin, cache, prefix, tree, attended, decoder, kept);
+    }
     const at::Tensor projected = layer.o(attended).contiguous();
     add_into<T>(x.data_ptr<T>(), projected.data_ptr<T>(), rows * hidden);
     rms_norm<T>(x.data_ptr<T>(), layer.mlp_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
@@ -619,11 +781,14 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
 
 // x [rows, hidden] (the embedded tokens) -> [final-normed rows (the last only with `last_only`), the last
 // layer's output before the final norm, the last layer's rotated queries [rows, heads, D] fp32]. keys /
-// values: each layer's cache [kv_heads, slots, D], written at [prefix, prefix + rows); mask [rows, rows]
-// bool: the tree (row r sees rows j <= r it marks); none: causal.
+// values: each layer's cache [kv_heads, slots, D] in the activations' dtype, written at [prefix, prefix + rows);
+// with `scales` (each layer's [kv_heads, slots / 16, D / 32 + 1, 16] fp32) an int8 cache instead: keys uint8,
+// values int8 and scales as int8_dots.h lays them out, slots a multiple of 16. mask [rows, rows] bool: the tree (row r sees rows j <= r it
+// marks); none: causal.
 std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedded, const at::Tensor& cos,
                                 const at::Tensor& sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
-                                int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only) {
+                                int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only,
+                                const std::optional<std::vector<at::Tensor>>& scales) {
   TORCH_CHECK(embedded.dim() == 2, "x must be [rows, hidden]");
   TORCH_CHECK(decoder.head_dim == 64 || decoder.head_dim == 128, "head_dim must be 64 or 128");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
@@ -631,17 +796,35 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
   const int64_t rows = embedded.size(0);
   for (size_t i = 0; i < keys.size(); ++i) {
     TORCH_CHECK(keys[i].is_contiguous() && values[i].is_contiguous(), "caches must be contiguous");
-    TORCH_CHECK(keys[i].scalar_type() == embedded.scalar_type(), "caches must have the activations' dtype");
     TORCH_CHECK(prefix + rows <= keys[i].size(1), "the cache has no room for the rows");
+    if (!scales) {
+      TORCH_CHECK(keys[i].scalar_type() == embedded.scalar_type() && values[i].scalar_type() == embedded.scalar_type(),
+                  "caches must have the activations' dtype");
+      continue;
+    }
+    const at::Tensor& scale = (*scales)[i];
+    TORCH_CHECK(keys[i].scalar_type() == at::kByte && values[i].scalar_type() == at::kChar,
+                "an int8 cache's keys must be uint8 and its values int8");
+    TORCH_CHECK(keys[i].size(1) % int8_dots::LANES == 0 && values[i].sizes() == keys[i].sizes(),
+                "an int8 cache's keys and values must be [kv_heads, slots, D], slots a multiple of 16");
+    const int64_t tiles = keys[i].size(1) / int8_dots::LANES, scale_rows = decoder.head_dim / int8_dots::BLOCK + 1;
+    TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                    scale.sizes() == at::IntArrayRef({keys[i].size(0), tiles, scale_rows, int8_dots::LANES}),
+                "an int8 cache's scales must be a contiguous [kv_heads, slots / 16, D / 32 + 1, 16] float32");
   }
+  if (scales) TORCH_CHECK(scales->size() == keys.size(), "one scale tensor per layer");
   if (mask) TORCH_CHECK(mask->scalar_type() == at::kBool && mask->size(0) == rows && mask->is_contiguous(),
                         "mask must be a contiguous [rows, rows] bool");
   at::Tensor x = embedded.contiguous().clone();
   at::Tensor c = cos.contiguous(), s = sin.contiguous();
+  const std::vector<at::Tensor>* int8_scales = scales ? &*scales : nullptr;
   switch (x.scalar_type()) {
-    case at::kFloat: return forward_typed<float>(decoder, x, c, s, keys, values, prefix, mask, last_only);
-    case at::kBFloat16: return forward_typed<at::BFloat16>(decoder, x, c, s, keys, values, prefix, mask, last_only);
-    case at::kHalf: return forward_typed<at::Half>(decoder, x, c, s, keys, values, prefix, mask, last_only);
+    case at::kFloat:
+      return forward_typed<float>(decoder, x, c, s, keys, values, int8_scales, prefix, mask, last_only);
+    case at::kBFloat16:
+      return forward_typed<at::BFloat16>(decoder, x, c, s, keys, values, int8_scales, prefix, mask, last_only);
+    case at::kHalf:
+      return forward_typed<at::Half>(decoder, x, c, s, keys, values, int8_scales, prefix, mask, last_only);
     default: TORCH_CHECK(false, "activations must be float32, bfloat16 or float16");
   }
 }
@@ -696,5 +879,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                       int64_t intermediate, double eps, double scale) {
     return Decoder{layers, final_norm.contiguous(), heads, kv_heads, head_dim, intermediate, eps, scale};
   }));
-  m.def("forward", &forward, "The decoder's layers and final norm over the rows (see the source).");
+  m.def("forward", &forward, "The decoder's layers and final norm over the rows (see the source).",
+        py::arg("decoder"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"),
+        py::arg("prefix"), py::arg("mask"), py::arg("last_only"), py::arg("scales") = py::none());
 }

@@ -13,7 +13,7 @@ import platform
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu_decoder.cpp")
-HEADERS = [Path(__file__).with_name(name) for name in ("bf16_dots.h", "gguf_blocks.h", "lane_pairs.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("bf16_dots.h", "gguf_blocks.h", "int8_dots.h", "lane_pairs.h")]
 
 
 @functools.cache

@@ -10,6 +10,7 @@ from specchat.errors import SpecchatError
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZE = ("int4", "int8")
+KV_CACHES = ("auto", "int8")  # auto: the activations' dtype
 
 
 def check_dtype(dtype: str) -> None:
@@ -22,6 +23,11 @@ def check_quantize(quantize: str | None, device: str = "cpu") -> None:
         raise SpecchatError(f"invalid --quantize '{quantize}'; use {', '.join(QUANTIZE)}")
     if quantize is not None and device not in ("auto", "cpu"):
         raise SpecchatError("--quantize runs on CPU only (its kernels are torch's CPU int4 kernels)")
+
+
+def check_kv_cache(kv_cache: str) -> None:
+    if kv_cache not in KV_CACHES:
+        raise SpecchatError(f"invalid --kv-cache '{kv_cache}'; use {', '.join(KV_CACHES)}")
 
 
 def check_output_file(path: Path, *, force: bool) -> None:

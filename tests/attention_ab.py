@@ -3,7 +3,8 @@ and tiny matmuls, its KV cache at `context` (DRAM-resident, as in the model); ms
 largest output difference between builds. Each build is named by its source version (`source_version()` of
 that checkout, built once by `cpu_decoder()`); `dtype=bfloat16` holds the weights and cache in bf16, as the 1.5B
 runs: `python tests/attention_ab.py 16384 5 before=4e7c530d223d after=<version> [dtype=bfloat16]`. With
-`prefill=1` the rows are a prompt's: `context` causal rows from an empty cache, one forward each build."""
+`prefill=1` the rows are a prompt's: `context` causal rows from an empty cache, one forward each build. A
+version written `<version>+int8` runs that build on an int8 cache (random codes and scales) instead."""
 import glob
 import importlib.util
 import statistics
@@ -13,7 +14,7 @@ import time
 import torch
 from torch.utils.cpp_extension import _get_build_directory
 
-builds, dt, prefill = {}, torch.float32, False
+builds, int8, dt, prefill = {}, set(), torch.float32, False
 for name_hash in sys.argv[3:]:
     name, h = name_hash.split("=")
     if name == "dtype":
@@ -22,6 +23,9 @@ for name_hash in sys.argv[3:]:
     if name == "prefill":
         prefill = h == "1"
         continue
+    if h.endswith("+int8"):
+        h = h.removesuffix("+int8")
+        int8.add(name)
     path = glob.glob(f"{_get_build_directory(f'specchat_cpu_decoder_{h}', False)}/*.so")[0]
     spec = importlib.util.spec_from_file_location(f"specchat_cpu_decoder_{h}", path)
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); builds[name] = mod
@@ -36,6 +40,10 @@ def decoder(native):
 decoders = {name: decoder(native) for name, native in builds.items()}
 keys = [torch.randn(KV, context + 16, D, dtype=dt) for _ in range(L)]
 values = [torch.randn(KV, context + 16, D, dtype=dt) for _ in range(L)]
+int8_keys = [torch.randint(0, 256, (KV, context + 16, D), dtype=torch.uint8) for _ in range(L)]
+int8_values = [torch.randint(-127, 128, (KV, context + 16, D), dtype=torch.int8) for _ in range(L)]
+int8_scales = [torch.rand(KV, (context + 16) // 16, D // 32 + 1, 16) * 0.02 for _ in range(L)]
+caches = {name: (int8_keys, int8_values, int8_scales) if name in int8 else (keys, values, None) for name in builds}
 ROWS = (context,) if prefill else (1, 4, 8, 16)
 prefix = 0 if prefill else context
 times = {(name, rows): [] for name in builds for rows in ROWS}
@@ -44,7 +52,7 @@ outs = {}
 for _ in range(reps):
     for name, native in builds.items():
         for rows, (x, cos, sin, mask) in inputs.items():
-            t = time.perf_counter(); out = native.forward(decoders[name], x, cos, sin, keys, values, prefix, mask, True)
+            t = time.perf_counter(); out = native.forward(decoders[name], x, cos, sin, *caches[name][:2], prefix, mask, True, *(caches[name][2:] if name in int8 else ()))
             times[(name, rows)].append(time.perf_counter() - t); outs[(name, rows)] = out[0]
 for rows in ROWS:
     print(f"context {prefix}, {rows} rows: " + ", ".join(f"{name} {statistics.median(times[(name, rows)]) * 1e3:.1f} ms" for name in builds))

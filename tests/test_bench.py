@@ -73,9 +73,9 @@ def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
     from specchat.cli.common import report as _report
 
     rows = [
-        BenchRow("none", "summarize", "q4_1", "bfloat16", 384, 75.479, 1.0, 1.0, None, True, None),
-        BenchRow("ngram", "summarize", "int4-g32", "bfloat16", 384, 110.321, 1.462, 1.568, 0.412, True, 1.55, 0.42),
-        BenchRow("llamacpp", "summarize", "gguf", "llama.cpp", 384, 136.479, 1.808, 1.0, None, False, None),
+        BenchRow("none", "summarize", "q4_1", "bfloat16", "auto", 384, 75.479, 1.0, 1.0, None, True, None),
+        BenchRow("ngram", "summarize", "int4-g32", "bfloat16", "int8", 384, 110.321, 1.462, 1.568, 0.412, True, 1.55, 0.42),
+        BenchRow("llamacpp", "summarize", "gguf", "llama.cpp", "llama.cpp", 384, 136.479, 1.808, 1.0, None, False, None),
     ]
     monkeypatch.setenv("COLUMNS", "80")
     _report([row.as_dict() for row in rows], False, title="t", table=[row.as_table_row() for row in rows])

@@ -49,10 +49,12 @@ def test_gguf_kernels_equal_the_avx2_build(avx2, kind):
             assert torch.equal(mine, avx2.gguf_matmul(x[:rows], [matrix], [type_id], 512, "best")), (type_id, rows)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("dtype", "kv_cache"), [(torch.float32, "auto"), (torch.bfloat16, "auto"), (torch.bfloat16, "int8")],
+                         ids=["fp32", "bf16", "int8"])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("context", [300, 301])  # bf16 value rows go in pairs: an odd prefix pairs with the tree
-def test_attention_equals_the_avx2_build(avx2, dtype, head_dim, context):
+def test_attention_equals_the_avx2_build(avx2, dtype, kv_cache, head_dim, context):
+    """An int8 cache's scores run through vpdpbusd here and through the portable loops there (no VNNI)."""
     heads, kv_heads, hidden, intermediate, layers = 8, 2, 128, 64, 2
     generator = torch.Generator().manual_seed(head_dim)
 
@@ -62,8 +64,14 @@ def test_attention_equals_the_avx2_build(avx2, dtype, head_dim, context):
     weights = [(random((heads + 2 * kv_heads) * head_dim, hidden, scale=0.05), random(hidden, heads * head_dim, scale=0.05),
                 random(2 * intermediate, hidden, scale=0.05), random(hidden, intermediate, scale=0.05))
                for _ in range(layers)]  # fmt: skip
-    keys = [random(kv_heads, context + 16, head_dim) for _ in range(layers)]
-    values = [random(kv_heads, context + 16, head_dim) for _ in range(layers)]
+    keys = [random(kv_heads, context + 19, head_dim) for _ in range(layers)]
+    values = [random(kv_heads, context + 19, head_dim) for _ in range(layers)]
+    scales = None
+    if kv_cache == "int8":  # random codes and scales over 320 slots
+        keys = [torch.randint(0, 256, (kv_heads, 320, head_dim), generator=generator, dtype=torch.uint8) for _ in range(layers)]
+        values = [torch.randint(-127, 128, (kv_heads, 320, head_dim), generator=generator, dtype=torch.int8)
+                  for _ in range(layers)]  # fmt: skip
+        scales = [torch.rand(kv_heads, 20, head_dim // 32 + 1, 16, generator=generator) * 0.02 for _ in range(layers)]
     inputs = {rows: random(rows, hidden) for rows in (1, 9)}
     outputs = []
     for build in (cpu_decoder(), avx2):
@@ -76,7 +84,8 @@ def test_attention_equals_the_avx2_build(avx2, dtype, head_dim, context):
         outputs.append([
             build.forward(decoder, x, torch.ones(rows, head_dim), torch.zeros(rows, head_dim), [k.clone() for k in keys],
                           [v.clone() for v in values], context,
-                          None if rows == 1 else torch.tril(torch.ones(rows, rows, dtype=torch.bool)), False)[0]
+                          None if rows == 1 else torch.tril(torch.ones(rows, rows, dtype=torch.bool)), False,
+                          scales and [s.clone() for s in scales])[0]
             for rows, x in inputs.items()
         ])  # fmt: skip
     for mine, theirs in zip(*outputs):

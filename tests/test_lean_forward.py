@@ -84,19 +84,20 @@ def _chain(nodes: int) -> DraftTree:
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize(("dtype", "quantize"), [
-    (torch.bfloat16, None), (torch.bfloat16, "int4"), (torch.bfloat16, "int8"),  # bf16 dot-product attention
-    (torch.float16, "int4"), (torch.float32, "int4"),  # the other cache precisions (fp32 arithmetic; dense fp32
-])  # fmt: skip                                             # matmuls are not row-independent, int4 ones are)
+@pytest.mark.parametrize(("dtype", "quantize", "kv_cache"), [
+    (torch.bfloat16, None, "auto"), (torch.bfloat16, "int4", "auto"), (torch.bfloat16, "int8", "auto"),  # bf16 dots
+    (torch.float16, "int4", "auto"), (torch.float32, "int4", "auto"),  # the other cache precisions (fp32 arithmetic;
+    (torch.bfloat16, "int4", "int8"), (torch.float16, "int4", "int8"),  # dense fp32 matmuls are not row-independent)
+])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("prefix", [1, 15, 63, 130])  # key counts on both sides of the 16- and 64-key blocks
-def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, head_dim, prefix):
+def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, head_dim, prefix):
     model = _model("llama", dtype, quantize=quantize, head_dim=head_dim)
     use_attention(model, "canonical")
     lean = lean_forward(model)
     assert lean is not None
     prompt = torch.randint(3, 1000, (prefix,), generator=torch.Generator().manual_seed(prefix))
-    cache = TreeCache(2, 256)
+    cache = TreeCache(2, 256, kv_cache)
     lean(prompt, torch.arange(prefix), None, cache)
     cache.commit()
     for tree in (_random_tree(20, seed=prefix), _chain(17)):
@@ -113,18 +114,19 @@ def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, head_dim,
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize(("dtype", "quantize"), [
-    (torch.bfloat16, "int4"), (torch.bfloat16, "int8"), (torch.float16, "int4"), (torch.float32, "int4"),
+@pytest.mark.parametrize(("dtype", "quantize", "kv_cache"), [
+    (torch.bfloat16, "int4", "auto"), (torch.bfloat16, "int8", "auto"), (torch.float16, "int4", "auto"),
+    (torch.float32, "int4", "auto"), (torch.bfloat16, "int4", "int8"),
 ])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, head_dim):
+def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, head_dim):
     """Causal rows attend in chunks of 64 (`kCausalChunk`): 150 rows after 15 cached ones cross three chunk
     boundaries, and every row still gets what decoding it alone gets (matmuls that are row-independent)."""
     model = _model("llama", dtype, quantize=quantize, head_dim=head_dim)
     use_attention(model, "canonical")
     lean = lean_forward(model)
     tokens = torch.randint(3, 1000, (165,), generator=torch.Generator().manual_seed(head_dim))
-    cache = TreeCache(2, 256)
+    cache = TreeCache(2, 256, kv_cache)
     lean(tokens[:15], torch.arange(15), None, cache)
     cache.commit()
     logits, hidden, _ = lean(tokens[15:], torch.arange(15, 165), None, cache)

@@ -24,6 +24,7 @@ class BenchRow:
     prompt_set: str
     weights: str  # "q4_1", "int4-g32", "float32", ...
     dtype: str  # activations
+    kv_cache: str  # the target's KV cache: "auto" (the activations' dtype) or "int8"
     new_tokens: int  # per repeat, summed over the set's prompts
     tokens_per_second: float  # decode only
     speedup_vs_ar: float  # over our autoregressive decoding, same set and dtype, same run
@@ -40,10 +41,11 @@ class BenchRow:
         """The row as the table shows it: human headers and units, narrow enough for 80 columns."""
         figure = lambda value, digits: "-" if value is None else f"{value:.{digits}f}"  # noqa: E731
         activations = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(self.dtype, self.dtype)
+        kv = "" if self.kv_cache == "auto" or self.method == LLAMACPP else f"·kv {self.kv_cache}"
         return {
             "method": "AR" if self.method == "none" else self.method,
             "set": self.prompt_set,
-            "weights": self.weights if self.method == LLAMACPP else f"{self.weights}·{activations}",
+            "weights": self.weights if self.method == LLAMACPP else f"{self.weights}·{activations}{kv}",
             "tok/s": figure(self.tokens_per_second, 1),
             "vs AR": f"{self.speedup_vs_ar:.2f}x",
             "tau": "-" if self.method in BASELINES else figure(self.mean_accepted_length, 2),
@@ -62,15 +64,17 @@ def compare(
     repeats: int,
     draft_budget: int | None = None,
     llamacpp: LlamaCpp | None = None,
+    kv_cache: str = "auto",
     step: Callable[[str], None] = NO_PROGRESS,
 ) -> list[BenchRow]:
-    """Greedy generation of every prompt by every method; "none" (our AR) is always measured, and llama.cpp
-    too when `llamacpp` is given. `step(what)` hears each generation as it starts (`progress.py`)."""
+    """Greedy generation of every prompt by every method, our engine's over a `kv_cache` cache; "none" (our AR)
+    is always measured, and llama.cpp too when `llamacpp` is given. `step(what)` hears each generation as it
+    starts (`progress.py`)."""
     methods = ["none", *[m for m in methods if m != "none"], *([LLAMACPP] if llamacpp else [])]
     tokenizer = loaded.tokenizer
     encoded = {name: [encode_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
     max_len = max(len(ids) for ids_list in encoded.values() for ids in ids_list) + max_new_tokens
-    runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp) for m in methods}
+    runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp, kv_cache) for m in methods}
 
     warmup = next(iter(encoded.values()))[0]
     for method, runner in runners.items():
@@ -101,6 +105,7 @@ def compare(
                     prompt_set=name,
                     weights="gguf" if method == LLAMACPP else loaded.weights,
                     dtype="llama.cpp" if method == LLAMACPP else loaded.dtype,
+                    kv_cache="llama.cpp" if method == LLAMACPP else kv_cache,
                     new_tokens=sum(len(r.tokens) for r in repeats_runs[0]),
                     tokens_per_second=round(_speed(repeats_runs), 3),
                     speedup_vs_ar=round(_speed(repeats_runs) / ar_speed, 3),

@@ -30,11 +30,12 @@ class LogitsRow:
     rms_error: float
 
 
-def logits_accuracy(loaded, path: Path, ids: list[int], *, llamacpp: bool) -> list[LogitsRow]:
-    """`loaded`: the GGUF at `path` on its own blocks; `ids`: the text's token ids."""
+def logits_accuracy(loaded, path: Path, ids: list[int], *, llamacpp: bool, kv_cache: str = "auto") -> list[LogitsRow]:
+    """`loaded`: the GGUF at `path` on its own blocks; `ids`: the text's token ids; `kv_cache`: our engine's."""
     reference = _reference_logits(path, loaded, ids)
-    rows = [_score(f"specchat ({loaded.weights}, {loaded.dtype}, {way})", _our_logits(loaded, ids, way), reference)
-            for way in ("prefill", "decode")]
+    cache = "" if kv_cache == "auto" else f", kv {kv_cache}"
+    rows = [_score(f"specchat ({loaded.weights}, {loaded.dtype}{cache}, {way})", _our_logits(loaded, ids, way, kv_cache),
+                   reference) for way in ("prefill", "decode")]  # fmt: skip
     if llamacpp:
         rows.append(_score("llama.cpp", _llamacpp_logits(path, ids), reference))
     return rows
@@ -69,10 +70,10 @@ def _reference_logits(path: Path, loaded, ids: list[int]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def _our_logits(loaded, ids: list[int], way: str) -> torch.Tensor:
+def _our_logits(loaded, ids: list[int], way: str, kv_cache: str) -> torch.Tensor:
     from specchat.engine.generate import Engine
 
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(ids) + 1)
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(ids) + 1, kv_cache=kv_cache)
     hidden = engine.target_states(ids) if way == "prefill" else engine.decode_states(ids)
     decoder = parts(loaded.model)
     return decoder.head(decoder.norm(hidden)).float()

@@ -35,7 +35,7 @@ class Run:
 
 
 def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens: int, draft_budget: int | None,
-                  llamacpp: LlamaCpp | None):  # fmt: skip
+                  llamacpp: LlamaCpp | None, kv_cache: str = "auto"):  # fmt: skip
     """A function that generates greedily from prompt ids with `method`, each method with its own engine."""
     model = loaded.model
     if method == LLAMACPP:
@@ -43,7 +43,7 @@ def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens
         return lambda ids: llamacpp_run(llamacpp, ids, max_new_tokens, stop_ids)
     if method not in HF_METHODS:
         drafter, _, cache = method.partition("@")  # "model@streaming": under that --draft-cache
-        engine = Engine(model, loaded.tokenizer, max_len=max_len)
+        engine = Engine(model, loaded.tokenizer, max_len=max_len, kv_cache=kv_cache)
         attach_drafter(engine, loaded.source, drafter, draft_budget=draft_budget, draft_cache=cache or None)
         return lambda ids: engine_run(engine, ids, max_new_tokens)
     if method == "hf":

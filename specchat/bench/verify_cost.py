@@ -204,6 +204,7 @@ def fill_cache(cache, length: int, config, dtype: torch.dtype, device: torch.dev
 
 @dataclass
 class ModelVerifyCostRow:
+    kv_cache: str  # the target's KV cache: "auto" (the activations' dtype) or "int8"
     context: int  # committed tokens in the cache
     nodes: int  # draft nodes below the root (0: a decode step)
     ms: float  # one forward over the root and the nodes
@@ -228,6 +229,6 @@ def model_verify_cost(engine, *, contexts: list[int], trees: list[int], repeats:
             calls = {nodes: verification_forward(engine._forward, cache, device, tree_only=engine.tree_only_masks,
                                                  tree=nodes) for nodes in sizes}  # fmt: skip
             seconds = timer.seconds_each(calls)
-            rows += [ModelVerifyCostRow(context, nodes, significant(seconds[nodes] * 1e3),
+            rows += [ModelVerifyCostRow(cache.kv_cache, context, nodes, significant(seconds[nodes] * 1e3),
                                         significant(seconds[nodes] / seconds[0])) for nodes in trees]  # fmt: skip
     return rows

@@ -10,12 +10,13 @@ from typing import Annotated
 import typer
 
 from specchat.bench.prompts import PROMPT_SET_NAMES
-from specchat.checks import check_dtype, check_quantize
+from specchat.checks import check_dtype, check_kv_cache, check_quantize
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
     DeviceOption,
     DtypeOption,
+    KvCacheOption,
     ModelOption,
     QuantizeOption,
     app,
@@ -65,6 +66,10 @@ def bench(
     dtype: Annotated[
         str, typer.Option(help="Comma-separated dtypes, each measured in turn (auto: the CPU's quantized default).")
     ] = "auto,float32",
+    kv_cache: Annotated[
+        str, typer.Option("--kv-cache", help="Comma-separated KV caches, each measured in turn: auto (the "
+                          "activations' dtype) | int8.")
+    ] = "auto",
     quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
@@ -92,6 +97,9 @@ def bench(
         if name not in ("hf", "llamacpp"):
             raise SpecchatError(f"unknown baseline '{name}'; use hf, llamacpp")
     check_quantize(quantize, device)
+    kv_caches = csv_list(kv_cache)
+    for each in kv_caches:
+        check_kv_cache(each)
     if max_new_tokens < 1 or repeats < 1:
         raise SpecchatError("--max-new-tokens and --repeats must be at least 1")
     sets = load_prompt_sets(csv_list(prompt_set), prompts)
@@ -110,16 +118,18 @@ def bench(
 
     dtypes = csv_list(dtype)
     runs = 1 + repeats * sum(map(len, sets.values()))  # per method and dtype: the warm-up, then every prompt
-    total = len(dtypes) * (1 + len(set(methods) | {"none"}) * runs) + (runs if llamacpp else 0)  # loads included
+    measured = len(dtypes) * len(kv_caches)
+    total = measured * len(set(methods) | {"none"}) * runs + len(dtypes) + (runs if llamacpp else 0)  # loads included
     with bench_progress(total) as step:
         for each_dtype in dtypes:
             step(f"loading {model or 'the default model'} ({each_dtype})")
             loaded = load(model, each_dtype, device, attention, quantize)
-            rows += compare(
-                loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
-                llamacpp=llamacpp, step=lambda what, d=each_dtype: step(f"{d} · {what}"),
-            )  # fmt: skip
-            llamacpp = None  # measured once, beside the first dtype
+            for kv in kv_caches:
+                rows += compare(
+                    loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
+                    llamacpp=llamacpp, kv_cache=kv, step=lambda what, d=f"{each_dtype}, kv {kv}": step(f"{d} · {what}"),
+                )  # fmt: skip
+                llamacpp = None  # measured once, beside the first dtype and cache
     title = f"{loaded.source.name}, greedy, decode tokens/s"
     report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
     if plot is not None:
@@ -200,6 +210,9 @@ def bench_verify_cost(
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     repeats: Annotated[int, typer.Option(help="Timed forwards of each kind (median).")] = 5,
+    kv_cache: Annotated[
+        str, typer.Option("--kv-cache", help="With --model, comma-separated KV caches, each timed in turn: auto | int8.")
+    ] = "auto",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Decode vs tree-verification forwards at each context: of --model through the engine's own forward, else
@@ -208,13 +221,21 @@ def bench_verify_cost(
 
     lengths, sizes = ints(contexts, "--context"), ints(trees, "--tree")
     check_attention(attention)
+    kv_caches = csv_list(kv_cache)
+    for each in kv_caches:
+        check_kv_cache(each)
+    if model is None and kv_caches != ["auto"]:
+        raise SpecchatError("--kv-cache needs --model (the random-weight model runs transformers' attention)")
     quiet_transformers()
     if model is not None:
         from specchat.engine.generate import Engine
 
         loaded = load(model, dtype, device, attention)
-        engine = Engine(loaded.model, loaded.tokenizer, max_len=max(lengths) + max(sizes) + 1)
-        rows = model_verify_cost(engine, contexts=lengths, trees=sizes, repeats=repeats)
+        rows = []
+        for kv in kv_caches:
+            engine = Engine(loaded.model, loaded.tokenizer, max_len=max(lengths) + max(sizes) + 1, kv_cache=kv)
+            rows += model_verify_cost(engine, contexts=lengths, trees=sizes, repeats=repeats)
+            del engine  # its cache, before the next one's
         title = f"{loaded.source.name} ({loaded.weights}, {loaded.dtype}): ms per forward over the root + nodes"
         report([dataclasses.asdict(row) for row in rows], as_json, title=title)
         return
@@ -348,6 +369,7 @@ def bench_logits(
     tokens: Annotated[int, typer.Option("--tokens", help="Positions of real text scored.")] = 512,
     llamacpp: Annotated[bool, typer.Option("--llamacpp", help="Also score llama.cpp's logits on the same file.")] = False,
     dtype: DtypeOption = "auto",
+    kv_cache: KvCacheOption = "auto",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Logits of a GGUF model on its own blocks against the same file dequantized and run in fp32 (and
@@ -355,6 +377,7 @@ def bench_logits(
     if tokens < 2:
         raise SpecchatError("--tokens must be at least 2")
     check_dtype(dtype)
+    check_kv_cache(kv_cache)
     quiet_transformers()
     from pathlib import Path
 
@@ -366,6 +389,6 @@ def bench_logits(
         raise SpecchatError("bench logits scores GGUF models (the embedded one, a GGUF profile or file)")
     path = embedded_gguf_path() if source.embedded else profile_gguf(source.profile) if source.profile else Path(source.location)
     loaded = load(model, dtype, "cpu")
-    rows = logits_accuracy(loaded, path, text_ids(loaded.tokenizer, tokens), llamacpp=llamacpp)
+    rows = logits_accuracy(loaded, path, text_ids(loaded.tokenizer, tokens), llamacpp=llamacpp, kv_cache=kv_cache)
     report([dataclasses.asdict(row) for row in rows], as_json,
            title=f"{source.name}: logits against its weights dequantized by gguf-py in fp32")  # fmt: skip

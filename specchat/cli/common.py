@@ -50,6 +50,11 @@ DtypeOption = Annotated[
         "weights, activations in the faster exact dtype (float32 = dense reference, as transformers)."
     ),
 ]
+KvCacheOption = Annotated[
+    str,
+    typer.Option("--kv-cache", help="auto | int8. auto: the activations' dtype; int8: each key and value quantized "
+                 "when written, half bf16's bytes (the CPU decoder)."),
+]  # fmt: skip
 QuantizeOption = Annotated[
     str | None, typer.Option("--quantize", help="int4 | int8: group-wise weight-only quantization on load (CPU).")
 ]

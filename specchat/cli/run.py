@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from specchat.checks import check_quantize
+from specchat.checks import check_kv_cache, check_quantize
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
@@ -18,6 +18,7 @@ from specchat.cli.common import (
     DraftCacheOption,
     DrafterOption,
     DtypeOption,
+    KvCacheOption,
     MinPOption,
     ModelOption,
     PenaltyOption,
@@ -56,6 +57,7 @@ def run(
     system: SystemOption = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
     dtype: DtypeOption = "auto",
+    kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
     device_map: DeviceMapOption = None,
@@ -77,6 +79,7 @@ def run(
         penalty=repetition_penalty, seed=seed,
     )  # fmt: skip
     check_quantize(quantize, device)
+    check_kv_cache(kv_cache)
     quiet_transformers()
     from specchat.drafters import attach_drafter, resolve_drafter
     from specchat.engine.generate import Engine
@@ -91,7 +94,7 @@ def run(
     )
     sampling = sampling_config(decoding_defaults(loaded), overrides)
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + max_new_tokens)
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + max_new_tokens, kv_cache=kv_cache)
     choice = attach_drafter(engine, loaded.source, choice, draft_budget=draft_budget, draft_cache=draft_cache)
 
     tokens, origins, text, stats, finish = [], [], [], None, None

@@ -25,9 +25,9 @@ if TYPE_CHECKING:  # no torch for option checks that only need the drafters' nam
 class TargetView:
     """What a drafter may read of the target: its modules (shared, never copied) and the engine's cache.
 
-    `cache.layers[i].keys[:, :, :cache.length]` (and `.values`) are the committed prefix of layer i, post-RoPE,
-    `[1, kv_heads, length, head_dim]`: valid whenever the engine calls the drafter. The newest committed token
-    (the root of the next tree) is not in the cache yet.
+    `cache.layers[i].read(slice(0, cache.length))` gives the committed prefix of layer i, post-RoPE, as keys and
+    values `[kv_heads, length, head_dim]` (dequantized from an int8 cache): valid whenever the engine calls the
+    drafter. The newest committed token (the root of the next tree) is not in the cache yet.
 
     `forward(tokens [q], positions [q], cache)` runs the target itself, as the engine does, over `tokens` written
     after `cache`'s prefix (pending, never committed): logits [q, vocab] and the last layer's output before

@@ -110,7 +110,7 @@ def target_attention(target) -> torch.Tensor | None:
     if target.last_query is None:
         return None
     query = target.last_query()  # [heads, D]
-    keys = target.cache.layers[-1].keys[0, :, : target.cache.length].float()  # [kv_heads, L, D]
+    keys = target.cache.layers[-1].read(slice(0, target.cache.length))[0].float()  # [kv_heads, L, D]
     grouped = query.reshape(keys.shape[0], -1, query.shape[-1])  # [kv_heads, group, D]
     scale = parts(target.model).layers[-1].scaling
     logits = torch.einsum("kgd,kld->kgl", grouped, keys) * scale

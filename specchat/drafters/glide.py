@@ -111,7 +111,7 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
 
     def _target_layers(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         layers = self.target.cache.layers[self.first_layer :]
-        return [(layer.keys[0, :, :length], layer.values[0, :, :length]) for layer in layers]
+        return [layer.read(slice(0, length)) for layer in layers]
 
     def memory_bytes(self) -> int:
         """What the draft holds besides its weights: its own keys and values for the whole context."""

@@ -125,9 +125,9 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
             start = int(self.read[-1]) + 1
             self.read = torch.cat([self.read, torch.arange(start, length, device=self.read.device)])
         layer = self.target.cache.layers[-1]
-        if len(self.read) == length:  # all of it: a view, no copy
-            return layer.keys[0, :, :length], layer.values[0, :, :length]
-        return layer.keys[0, :, self.read], layer.values[0, :, self.read]
+        if len(self.read) == length:  # all of it: a view, no copy (in the activations' dtype)
+            return layer.read(slice(0, length))
+        return layer.read(self.read)
 
     def _catch_up(self) -> None:
         """Write the draft's own keys / values of committed positions before the root that it has not written

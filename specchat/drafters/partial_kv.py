@@ -72,8 +72,7 @@ class PartialKV:
         positions, slots = positions.to(device), slots.to(device)
         for mine, theirs in zip(self.cache.layers, self.target.cache.layers):
             self._allocate(mine, theirs)
-            mine.keys[:, :, slots] = theirs.keys[:, :, positions]
-            mine.values[:, :, slots] = theirs.values[:, :, positions]
+            mine.keys[0, :, slots], mine.values[0, :, slots] = theirs.read(positions)
 
     def _select(self, root: int) -> None:
         """Sinks + the (budget - SINKS) most important later positions per layer and KV head, by importance."""
@@ -83,15 +82,13 @@ class PartialKV:
         keep = self.budget - SINKS
         for layer, (mine, theirs, query) in enumerate(zip(self.cache.layers, full.layers, queries)):
             self._allocate(mine, theirs)
-            keys = theirs.keys[0, :, SINKS:length]  # [kv_heads, L - SINKS, D]
-            scores = importance(query, keys)
+            keys, values = theirs.read(slice(0, length))  # [kv_heads, L, D]
+            scores = importance(query, keys[:, SINKS:])
             order = scores.topk(keep, dim=-1).indices + SINKS  # [kv_heads, keep], most important first
             sinks = torch.arange(SINKS, device=order.device).expand(order.shape[0], -1)
-            index = torch.cat([sinks, order], dim=1)[None, :, :, None]
-            mine.keys[:, :, : self.budget] = theirs.keys[:, :, :length].gather(2, index.expand(-1, -1, -1, keys.shape[-1]))
-            mine.values[:, :, : self.budget] = theirs.values[:, :, :length].gather(
-                2, index.expand(-1, -1, -1, theirs.values.shape[-1])
-            )
+            index = torch.cat([sinks, order], dim=1)[:, :, None]
+            mine.keys[0, :, : self.budget] = keys.gather(1, index.expand(-1, -1, keys.shape[-1]))
+            mine.values[0, :, : self.budget] = values.gather(1, index.expand(-1, -1, values.shape[-1]))
             mine.length, mine.pending = self.budget, 0
         self.overwrite = list(range(self.budget - 1, SINKS - 1, -1))
         self.selections += 1
@@ -99,7 +96,8 @@ class PartialKV:
     @staticmethod
     def _allocate(mine, theirs) -> None:
         if not mine.is_initialized:
-            mine.lazy_initialization(theirs.keys[:, :, :0], theirs.values[:, :, :0])
+            keys, values = theirs.read(slice(0, 0))
+            mine.lazy_initialization(keys[None], values[None])
 
 
 def importance(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, node_histories, tree_batch
 from specchat.engine.verify import verify
 from specchat.engine.verify_forward import verification_forward
+from specchat.checks import check_kv_cache
 from specchat.errors import SpecchatError
 from specchat.first_use import first_use
 from specchat.kernels.cpu_decoder import source_version
@@ -48,23 +49,27 @@ class Engine:
     empty tree) a step is plain autoregressive decoding. The tree budget is `draft_budget` when given, else
     chosen step by step by an `AdaptiveBudget` calibrated for this model on this machine. `set_drafter`
     changes drafter and budget between requests and keeps the cache: a chat's next answer reuses its KV.
-    A drafter that reads the target is built from `engine.target`.
+    A drafter that reads the target is built from `engine.target`. `kv_cache="int8"` holds the target's keys and
+    values in int8 (the compiled CPU decoder only), else they have the activations' dtype.
     """
 
     def __init__(self, model, tokenizer, *, max_len: int | None = None, drafter: Drafter | None = None,
-                 draft_budget: int | None = None):  # fmt: skip
+                 draft_budget: int | None = None, kv_cache: str = "auto"):  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
         with first_use("preparing the CPU decoder (compiled once per machine, a minute or more)"):
             self.lean = lean_forward(model)  # None: transformers' forward
+        check_kv_cache(kv_cache)
+        if kv_cache == "int8" and self.lean is None:
+            raise SpecchatError("--kv-cache int8 needs the compiled CPU decoder: a CPU model in bf16 or fp16 activations")
         self.tree_only_masks = uses_tree_masks(model)  # the attention sees the prefix by itself
         self.tree_capacity = MAX_BUDGET  # slots kept for a verified tree, whatever the drafter: it may change
         self.context_window = model.config.max_position_embeddings
         self.max_len = min((max_len or self.context_window) + self.tree_capacity, self.context_window)
         self.device = model.device
         self.eos_ids = eos_ids(model, tokenizer)
-        check_cache_fits(model, self.max_len)
-        self.cache = TreeCache(model.config.num_hidden_layers, self.max_len)
+        check_cache_fits(model, self.max_len, kv_cache)
+        self.cache = TreeCache(model.config.num_hidden_layers, self.max_len, kv_cache)
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
         self._hidden = _LastHidden.of(parts(model).norm)  # transformers' forward hides it; the lean one returns it

@@ -59,9 +59,9 @@ class LeanForward:
         x = self.embed(tokens)
         cos, sin = self.rotary(self.angles, positions[None])
         prefix = cache.length
-        keys, values = cache.reserve(tokens.shape[0], self.kv_heads, self.head_dim, x.dtype, x.device)
+        keys, values, scales = cache.reserve(tokens.shape[0], self.kv_heads, self.head_dim, x.dtype, x.device)
         normed, hidden, queries = self.native.forward(
-            self.decoder, x, cos[0], sin[0], keys, values, prefix, tree_mask, last_only
+            self.decoder, x, cos[0], sin[0], keys, values, prefix, tree_mask, last_only, scales
         )
         return self.head(normed), hidden, queries
 

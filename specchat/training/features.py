@@ -143,8 +143,9 @@ def _compute(engine, samples: list[Sample], progress: Callable[[int], None]) -> 
     for sample in samples:
         hidden = engine.target_states(list(sample.ids))
         layer = engine.cache.layers[-1]
-        keys.append(layer.keys[0, :, : len(sample)].to(torch.bfloat16).cpu())
-        values.append(layer.values[0, :, : len(sample)].to(torch.bfloat16).cpu())
+        sample_keys, sample_values = layer.read(slice(0, len(sample)))
+        keys.append(sample_keys.to(torch.bfloat16).cpu())
+        values.append(sample_values.to(torch.bfloat16).cpu())
         states.append(hidden.to(torch.bfloat16).cpu())
         labels.append(greedy_tokens(engine.model, hidden).cpu())
         progress(len(sample))

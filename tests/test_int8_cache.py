@@ -1,0 +1,86 @@
+"""The int8 KV cache (`--kv-cache int8`): its layout kept through commits, its codes close to what was written,
+and generation over it lossless against plain decoding over it, with drafters that read it too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
+from specchat.engine.cache import TreeCache
+from specchat.engine.generate import Engine
+from specchat.engine.prompt import encode_prompt
+from specchat.engine.sampling import SamplingConfig
+from specchat.errors import SpecchatError
+from specchat.loading import load_model
+
+HEADS, DIM = 2, 64
+
+
+def _written(cache: TreeCache, rows: torch.Tensor) -> None:
+    """rows [2, heads, n, D] as the pending keys and values of every layer."""
+    for layer in cache.layers:
+        layer.update(rows[0][None], rows[1][None])
+
+
+def test_codes_and_scales_give_back_what_was_written():
+    cache = TreeCache(1, 40, "int8")
+    rows = torch.randn(2, HEADS, 37, DIM, generator=torch.Generator().manual_seed(0))
+    rows[0, :, :, :32] *= 20  # a block of large dims beside small ones: keys are scaled by blocks of 32
+    rows[0, 1, 5] = 0  # an all-zero key
+    _written(cache, rows)
+    keys, values = cache.layers[0].read(slice(0, 37))
+    key_blocks = rows[0].abs().unflatten(-1, (DIM // 32, 32)).amax(-1, keepdim=True)
+    assert ((keys - rows[0]).abs().unflatten(-1, (DIM // 32, 32)) <= key_blocks / 254 * 1.01).all()
+    assert ((values - rows[1]).abs() <= rows[1].abs().amax(-1, keepdim=True) / 254 * 1.01).all()
+    assert torch.equal(keys[1, 5], torch.zeros(DIM))
+
+
+def test_a_commit_keeps_the_chosen_slots_in_order_across_tiles():
+    cache = TreeCache(1, 64, "int8")
+    rows = torch.randn(2, HEADS, 30, DIM, generator=torch.Generator().manual_seed(1))
+    _written(cache, rows[:, :, :14])
+    cache.commit()
+    _written(cache, rows[:, :, 14:])  # pending slots 14..29 span two tiles of 16
+    before = cache.layers[0].read(slice(0, 30))
+    kept = [0, 3, 4, 9, 15]
+    cache.commit(kept)
+    after = cache.layers[0].read(slice(0, 14 + len(kept)))
+    order = list(range(14)) + [14 + k for k in kept]
+    for mine, theirs in zip(after, before):
+        assert torch.equal(mine, theirs[:, order])
+
+
+@pytest.fixture(scope="module")
+def embedded_bf16():
+    return load_model(None, dtype="auto", device="cpu")
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("name", ["ngram", "longspec"])
+def test_speculation_over_an_int8_cache_decodes_what_plain_decoding_over_it_does(embedded_bf16, name):
+    """Greedy: token for token, with a drafter that reads no cache and with one that reads the target's (LongSpec's
+    cross-attention over its last layer, dequantized)."""
+    model, tokenizer = embedded_bf16.model, embedded_bf16.tokenizer
+    prompt = encode_prompt(tokenizer, "List the planets of the solar system, one line each, with a fact about each.")
+
+    def greedy(drafter: str | None) -> tuple[list[int], int]:
+        engine = Engine(model, tokenizer, max_len=len(prompt) + 80, kv_cache="int8")
+        if drafter:
+            choice = resolve_drafter(parse_drafter(drafter), embedded_bf16.source.profile, embedded_bf16.source.name)
+            engine.set_drafter(build_drafter(choice, engine.target), 6)
+        tokens, accepted = [], 0
+        for event in engine.generate(prompt, sampling=SamplingConfig(), max_new_tokens=80):
+            tokens += event.tokens
+            accepted = event.stats.accepted
+        return tokens, accepted
+
+    plain, _ = greedy(None)
+    speculative, accepted = greedy(name)
+    assert speculative == plain and accepted > 0
+
+
+def test_an_int8_cache_needs_the_compiled_decoder(default_model):
+    """fp32 runs transformers' forward, which reads no int8 cache: a one-line refusal."""
+    with pytest.raises(SpecchatError, match="needs the compiled CPU decoder"):
+        Engine(default_model.model, default_model.tokenizer, max_len=64, kv_cache="int8")
