@@ -41,7 +41,7 @@ class BenchRow:
         """The row as the table shows it: human headers and units, narrow enough for 80 columns."""
         figure = lambda value, digits: "-" if value is None else f"{value:.{digits}f}"  # noqa: E731
         activations = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(self.dtype, self.dtype)
-        kv = "" if self.kv_cache == "auto" or self.method == LLAMACPP else f"·kv {self.kv_cache}"
+        kv = "·kv8" if self.kv_cache == "int8" else ""  # an int8 KV cache
         return {
             "method": "AR" if self.method == "none" else self.method,
             "set": self.prompt_set,

@@ -112,7 +112,7 @@ BLOCK = 32  # a key's dims under one scale in an int8 cache
 class Int8KVLayer(TreeKVLayer):
     """One layer's keys and values in int8, as the compiled CPU decoder writes and reads them: each slot's key (by
     blocks of 32 dims) and value of each head quantized when written, with scales of its own, so a slot's codes
-    never change and a verified tree row reads what a decode step at its position reads. 0.52x a bf16 cache's
+    never change and a verified tree row reads what a decode step at its position reads. 0.54x a bf16 cache's
     bytes at head_dim 128.
 
     `key_codes` [heads, slots, D] uint8 holds the keys in tiles of 16 slots (`kernels/int8_dots.h`), `value_codes`
