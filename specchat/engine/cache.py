@@ -52,13 +52,17 @@ class TreeKVLayer(CacheLayerMixin):
         )
         self.is_initialized = True
 
-    def reserve(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole cache [heads, max_len, D] (batch 1) for a forward that writes `rows` slots after the prefix
-        itself (the compiled CPU decoder): `update` without the copy."""
+    def reserve(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
+        """The whole cache (batch 1) for a forward that writes `rows` slots after the prefix itself (the compiled
+        CPU decoder): `update` without the copy."""
         if not self.is_initialized:
             empty = torch.empty(1, heads, 0, head_dim, dtype=dtype, device=device)
             self.lazy_initialization(empty, empty)
         self._claim(rows)
+        return self._held()
+
+    def _held(self) -> tuple[torch.Tensor, ...]:
+        """What the CPU decoder's forward takes of this layer: keys and values [heads, max_len, D]."""
         return self.keys[0], self.values[0]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -130,13 +134,8 @@ class Int8KVLayer(TreeKVLayer):
         self.dtype = key_states.dtype
         self.is_initialized = True
 
-    def reserve(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
-        """The whole cache for a forward of the compiled CPU decoder that writes `rows` slots after the prefix:
-        (key codes, value codes, scales)."""
-        if not self.is_initialized:
-            empty = torch.empty(1, heads, 0, head_dim, dtype=dtype, device=device)
-            self.lazy_initialization(empty, empty)
-        self._claim(rows)
+    def _held(self) -> tuple[torch.Tensor, ...]:
+        """What the CPU decoder's forward takes of this layer: key codes, value codes and scales."""
         return self.key_codes, self.value_codes, self.scales
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
