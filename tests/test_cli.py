@@ -68,6 +68,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("chat", "--context", "8"), ("context must hold",)),
         (("chat", "--max-new-tokens", "0"), ("at least 1",)),
         (("chat", "--attention", "flash"), ("unknown attention",)),
+        (("chat", "--kv-cache", "q4"), ("invalid --kv-cache 'q4'", "int8")),
+        (("serve", "--kv-cache", "q4"), ("invalid --kv-cache 'q4'", "int8")),
         (("chat", "--draft-budget", "999"), ("--draft-budget",)),
         (("write", "--tokens", "0", "--out", "b.txt"), ("--tokens must be at least 1",)),
         (("bench", "--drafter", "psychic"), ("unknown drafter",)),

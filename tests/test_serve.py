@@ -109,6 +109,22 @@ def test_a_greedy_answer_is_what_specchat_run_prints(server):
     assert figures["drafted_tokens"] == sum(origin != "target" for origin in expected["origins"])
 
 
+def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):
+    """`serve --kv-cache int8` reaches the engine: a greedy answer is `run --kv-cache int8`'s, not the auto
+    server's (here the int8 cache's rounding changes the eighth token)."""
+    run = subprocess.run([sys.executable, "-m", "specchat", "run", COLOURS[0]["content"], "--temperature", "0",
+                          "-n", "24", "--json", "--kv-cache", "int8"], capture_output=True, text=True, env=ENV,
+                         timeout=300)  # fmt: skip
+    expected = json.loads(run.stdout)["text"]
+    int8 = Server("--context", "1024", "--kv-cache", "int8")
+    try:
+        int8.wait_ready()
+        answer = chat(int8, COLOURS, max_tokens=24)
+    finally:
+        assert int8.stop() == 0
+    assert answer == expected != chat(server, COLOURS, max_tokens=24)
+
+
 def test_a_stream_carries_the_same_answer_its_origins_and_the_usage(server):
     whole = chat(server, COLOURS, max_tokens=20)
     chunks = list(server.client().chat.completions.create(

@@ -11,13 +11,19 @@ import statistics
 import time
 
 import pytest
+import torch
+from conftest import tiny_model
 from rich.markdown import Markdown
 from tui_harness import ask, make_app, note_lines, ready, send, tiny_loaded, wait_until
 
+from specchat.engine.attention import use_attention
+from specchat.engine.cache import Int8KVLayer
 from specchat.engine.events import TARGET
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
+from specchat.loading import LoadedModel, ModelSource
+from specchat.quant.quantize import quantize_model
 from specchat.tui.app import RENDER_HZ
 from specchat.tui.ar_baseline import SAMPLES
 from specchat.tui.chat_input import ChatInput
@@ -26,6 +32,7 @@ from specchat.tui.help_screen import HelpScreen
 from specchat.tui.message_view import MessageView, footer_line
 from specchat.tui.overlay import AcceptanceOverlay
 from specchat.tui.redraw_budget import RedrawBudget
+from specchat.tui.session import ChatSettings, check_settings
 
 pytestmark = pytest.mark.asyncio
 
@@ -35,9 +42,9 @@ def tiny(tokenizer):
     return tiny_loaded(tokenizer)
 
 
-def greedy_reference(loaded, prompt_ids: list[int], n: int) -> list[int]:
+def greedy_reference(loaded, prompt_ids: list[int], n: int, kv_cache: str = "auto") -> list[int]:
     """Target-only greedy decoding of `prompt_ids`: what every chat answer must equal at temperature 0."""
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + n)
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + n, kv_cache=kv_cache)
     return [t for event in engine.generate(prompt_ids, max_new_tokens=n) for t in event.tokens]
 
 
@@ -186,6 +193,35 @@ async def test_save_then_load_round_trips_messages_settings_and_origins(default_
         assert answer.token_ids and answer.finish in ("eos", "length")
     data = json.loads(path.read_text())
     assert data["format"] == "specchat-chat/1" and data["settings"]["drafter"] == "ngram"
+
+
+async def test_a_chat_on_an_int8_cache_answers_over_it_and_keeps_it_through_a_load(tokenizer, tmp_path):
+    """`chat --kv-cache int8`: the engine's cache is int8 and the answers are plain decoding's over it. The KV
+    cache is how the loaded model runs, as its dtype is: a saved chat records it, and loading one (here, one
+    saved before the setting existed) keeps the command line's."""
+    with pytest.raises(SpecchatError, match="invalid --kv-cache 'q4'; use auto, int8"):
+        check_settings(ChatSettings(kv_cache="q4"))
+    model = tiny_model("llama", head_dim=64).to(torch.bfloat16)  # the compiled CPU decoder runs it (int8 cache:
+    quantize_model(model, "int4", dtype=torch.bfloat16)  # weights whose rows it computes independently)
+    use_attention(model, "canonical")
+    loaded = LoadedModel(model, tokenizer, ModelSource("tiny-llama", "tiny-llama"), 0.0)
+    app = make_app(loaded, drafter="ngram", max_new_tokens=40, kv_cache="int8")
+    path, old = tmp_path / "chat.json", tmp_path / "old.json"
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        answer = await ask(pilot, "hello there")
+        assert {type(layer) for layer in app.session.engine.cache.layers} == {Int8KVLayer}
+        assert answer.token_ids == greedy_reference(loaded, app.session.previous.ids, 40, kv_cache="int8")
+        await send(pilot, f"/save {path}")
+        saved = json.loads(path.read_text())
+        assert saved["settings"]["kv_cache"] == "int8"
+        del saved["settings"]["kv_cache"]
+        old.write_text(json.dumps(saved))
+        await send(pilot, f"/load {old}")
+        assert not note_lines(app, errors=True) and len(app.session.messages) == 2
+        assert (await ask(pilot, "and again")).finish == "length"
+        assert app.session.settings.kv_cache == "int8"
+        assert {type(layer) for layer in app.session.engine.cache.layers} == {Int8KVLayer}
 
 
 BAD_COMMANDS = [

@@ -93,6 +93,33 @@ def test_a_prompt_longer_than_the_window_is_refused(default_model, tmp_path):
                           "the prompt has", "window holds")  # fmt: skip
 
 
+@pytest.mark.slow
+def test_a_book_written_on_an_int8_cache_resumes_on_one_only(tmp_path):
+    """The KV cache is part of the book's arithmetic, as the dtype is: extended on int8, the book is an unbroken
+    int8 run's; resumed on auto, it is refused and left as it was. int8 on fp32 activations (no compiled decoder)
+    is refused before a book is made."""
+    int8 = ("--kv-cache", "int8", "--seed", "11", "--drafter", "ngram")
+    whole, book = tmp_path / "whole.txt", tmp_path / "book.txt"
+    assert specchat("write", "--out", str(whole), "--tokens", "48", *int8, warm=True).returncode == 0
+    written = specchat("write", "--out", str(book), "--tokens", "24", *int8, warm=True)
+    assert written.returncode == 0, written.stderr
+    assert json.loads(state_path(book).read_text())["settings"]["kv_cache"] == "int8"
+
+    files = [book.read_bytes(), ids_path(book).read_bytes(), state_path(book).read_text()]
+    refused = specchat("write", "--out", str(book), "--resume", "--tokens", "48", "--kv-cache", "auto", warm=True)
+    assert_one_line_error(refused, "would change the book's text", "kv_cache: was 'int8', now 'auto'")
+    assert [book.read_bytes(), ids_path(book).read_bytes(), state_path(book).read_text()] == files
+
+    resumed = specchat("write", "--out", str(book), "--resume", "--tokens", "48", "--kv-cache", "int8", warm=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert book.read_bytes() == whole.read_bytes() and ids_path(book).read_bytes() == ids_path(whole).read_bytes()
+
+    fp32 = tmp_path / "fp32.txt"
+    refused = specchat("write", "--out", str(fp32), "--tokens", "8", "--dtype", "float32", *int8, warm=True)
+    assert_one_line_error(refused, "--kv-cache int8 needs the compiled CPU decoder")
+    assert not fp32.exists()
+
+
 def test_bad_input_is_one_line_and_loses_nothing(tmp_path, monkeypatch, capfd):
     # in this process (`specchat_in_process`): each is refused before any model loads
     write = functools.partial(specchat_in_process, monkeypatch, capfd, "write")
@@ -113,6 +140,7 @@ def test_bad_input_is_one_line_and_loses_nothing(tmp_path, monkeypatch, capfd):
         (("--prompt", "   "), "the prompt is empty"),
         (("--prompt-file", str(tmp_path / "missing.txt")), "cannot read the prompt file"),
         (("--penalty", "0"), "--penalty must be"),
+        (("--kv-cache", "q4"), "invalid --kv-cache 'q4'; use auto, int8"),
         (("--drafter", "psychic"), "unknown drafter"),
         (("--drafter", "ngram", "--no-draft-forward"), "--draft-forward is for the tokenswift drafter, not ngram"),
         (("--drafter", "tokenswift", "--draft-kv-budget", "64", "--no-draft-forward"), "which --no-draft-forward leaves out"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 from conftest import tiny_model
@@ -49,9 +50,9 @@ def model():
 def settings(engine: Engine, **sampling) -> BookSettings:
     values = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, min_p_keep=1, penalty=1.0, penalty_window=1024, seed=7)
     values.update(sampling)
-    return BookSettings(model="tiny", weights="fp32", dtype="float32", prompt_sha256=prompt_digest(PROMPT),
-                        prompt_tokens=len(PROMPT), **values, stop_at_eos=False, context=engine.capacity,
-                        refill_chunk=(engine.capacity - len(PROMPT)) // 4)  # fmt: skip
+    return BookSettings(model="tiny", weights="fp32", dtype="float32", kv_cache="auto",
+                        prompt_sha256=prompt_digest(PROMPT), prompt_tokens=len(PROMPT), **values, stop_at_eos=False,
+                        context=engine.capacity, refill_chunk=(engine.capacity - len(PROMPT)) // 4)  # fmt: skip
 
 
 def write(model, tokenizer, path, drafter=None, budget=None, tokens=TOKENS, **sampling):
@@ -187,6 +188,32 @@ def test_resume_refuses_other_text_settings(model, tokenizer, tmp_path):
     check_same(stored, settings(engine, temperature=1.0))
     with pytest.raises(SpecchatError, match=r"temperature: was 1.0, now 0.7"):
         check_same(stored, settings(engine, temperature=0.7))
+
+
+def test_a_book_keeps_its_kv_cache_and_one_saved_before_the_field_reads_as_auto(model, tokenizer, tmp_path):
+    """The KV cache is part of the arithmetic: resuming with another is refused. A state file written before
+    `--kv-cache` existed has no `kv_cache`: it was auto, and the book opens and goes on as it was; any other
+    gap is refused."""
+    stored = settings(Engine(model, tokenizer, max_len=WINDOW))
+    with pytest.raises(SpecchatError, match=r"kv_cache: was 'auto', now 'int8'"):
+        check_same(stored, replace(stored, kv_cache="int8"))
+    path = tmp_path / "book.txt"
+    write(model, tokenizer, path, tokens=40)
+    state = json.loads(state_path(path).read_text())
+    del state["settings"]["kv_cache"]
+    state_path(path).write_text(json.dumps(state))
+    book = Book.open(path)
+    assert book.settings == stored
+    book.progress.finished = None  # as `--resume --tokens 60` asks for more
+    write_book(Engine(model, tokenizer, max_len=WINDOW), book, 60)
+    book.close()
+    assert book.progress.tokens == 60
+    assert json.loads(state_path(path).read_text())["settings"]["kv_cache"] == "auto"  # saved as books are now
+    unknown = {**state["settings"], "weather": "fine"}
+    missing = {name: value for name, value in state["settings"].items() if name != "dtype"}
+    for broken in (unknown, missing):
+        with pytest.raises(ValueError, match="not a book's"):
+            BookSettings.from_json(broken)
 
 
 def test_foreign_corrupt_and_cut_books_are_refused(model, tokenizer, tmp_path):

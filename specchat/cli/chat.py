@@ -15,6 +15,7 @@ from specchat.cli.common import (
     DraftCacheOption,
     DrafterOption,
     DtypeOption,
+    KvCacheOption,
     MinPOption,
     ModelOption,
     PenaltyOption,
@@ -53,6 +54,7 @@ def chat(
         int | None, typer.Option("--context", help="Most tokens the conversation may hold (default 8192).")
     ] = None,
     dtype: DtypeOption = "auto",
+    kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
@@ -71,7 +73,7 @@ def chat(
 
     settings = ChatSettings(
         drafter=drafter, draft_budget=draft_budget, draft_cache=draft_cache, system=system,
-        max_new_tokens=max_new_tokens, context=context,
+        max_new_tokens=max_new_tokens, context=context, kv_cache=kv_cache,
     )  # fmt: skip
     check_settings(settings)
     check_quantize(quantize, device)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from specchat.checks import check_quantize
+from specchat.checks import check_kv_cache, check_quantize
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
@@ -14,6 +14,7 @@ from specchat.cli.common import (
     DraftCacheOption,
     DrafterOption,
     DtypeOption,
+    KvCacheOption,
     ModelOption,
     QuantizeOption,
     app,
@@ -44,6 +45,7 @@ def serve(
         "conversation's next turn starts sooner, but greedy answers may then differ from `specchat run` by a "
         "rounding (default: each prompt prefilled whole, exactly as run does).")] = False,  # fmt: skip
     dtype: DtypeOption = "auto",
+    kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
@@ -55,6 +57,7 @@ def serve(
         check_draft_cache(draft_cache, choice)
     checked_overrides(dtype, attention)
     check_quantize(quantize, device)
+    check_kv_cache(kv_cache)
     if not 0 <= port <= 65535:
         raise SpecchatError("--port must be between 0 and 65535")
     if context < 16 or max_queue < 1 or not max_body_mb > 0:
@@ -73,5 +76,5 @@ def serve(
     run_server(ServeSettings(
         model=model, drafter=drafter, draft_budget=draft_budget, draft_cache=draft_cache, host=host, port=port,
         api_key=api_key, context=context, max_queue=max_queue, max_body_bytes=int(max_body_mb * 2**20), dtype=dtype,
-        quantize=quantize, device=device, attention=attention, prompt_cache=prompt_cache,
+        quantize=quantize, device=device, attention=attention, prompt_cache=prompt_cache, kv_cache=kv_cache,
     ))  # fmt: skip

@@ -9,13 +9,14 @@ from typing import Annotated
 
 import typer
 
-from specchat.checks import check_output_file
+from specchat.checks import check_kv_cache, check_output_file
 from specchat.cli.common import (
     FLAGS,
     AttentionOption,
     BudgetOption,
     DeviceOption,
     DtypeOption,
+    KvCacheOption,
     ModelOption,
     SeedOption,
     TemperatureOption,
@@ -54,6 +55,7 @@ def write(
     resume: Annotated[bool, typer.Option("--resume", help="Go on with the book in --out, exactly where it stopped.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
     dtype: DtypeOption = "auto",
+    kv_cache: KvCacheOption = "auto",
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
@@ -88,6 +90,7 @@ def write(
     flags = {**FLAGS, "penalty": "--penalty", "penalty_window": "--penalty-window"}
     sampling = dataclasses.asdict(sampling_config(defaults, given, flags))
     checked_overrides(dtype, attention)
+    check_kv_cache(kv_cache)
 
     from specchat.writer.book import Book
 
@@ -120,9 +123,10 @@ def write(
     loaded = load_model(model, dtype=dtype, device=device, attention=attention)
     if book is None:
         book, engine = new_book(loaded, out, tokens, prompt or book_defaults.STORY, raw=raw, sampling=sampling,
-                                stop_at_eos=bool(stop_at_eos), force=force)  # fmt: skip
+                                stop_at_eos=bool(stop_at_eos), force=force, kv_cache=kv_cache)  # fmt: skip
     else:
-        engine = resumed_book(loaded, book, tokens, prompt=prompt, raw=raw, given=given, stop_at_eos=stop_at_eos)
+        engine = resumed_book(loaded, book, tokens, prompt=prompt, raw=raw, given=given, stop_at_eos=stop_at_eos,
+                              kv_cache=kv_cache)  # fmt: skip
     book.progress.target, book.progress.finished = tokens, None
     book.save()
     attach_drafter(engine, loaded.source, choice, draft_budget=draft_budget, kv_budget=draft_kv_budget,

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from specchat.checks import check_kv_cache
 from specchat.drafters import DRAFT_CACHES, attach_drafter, parse_drafter, resolve_drafter
 from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.events import StepEvent
@@ -41,6 +42,7 @@ class ChatSettings:
     system: str | None = None  # None: the chat template's default
     max_new_tokens: int = 1024  # per answer
     context: int | None = None  # most tokens the conversation may hold
+    kv_cache: str = "auto"  # --kv-cache; the command line's, whatever a loaded chat says (`apply_settings_json`)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ def check_settings(settings: ChatSettings) -> None:
         raise SpecchatError("the context must hold at least 16 tokens")
     if settings.system is not None and not isinstance(settings.system, str):
         raise SpecchatError("the system prompt must be text")
+    check_kv_cache(settings.kv_cache)
 
 
 class ChatSession:
@@ -197,8 +200,9 @@ class ChatSession:
         }
 
     def apply_settings_json(self, saved: dict) -> None:
-        """Settings from a saved chat (the model stays the one loaded); bad values are one-line errors."""
-        known = {f.name for f in dataclasses.fields(ChatSettings)}
+        """Settings from a saved chat; bad values are one-line errors. The model stays the one loaded, and so does
+        the KV cache: it is how this model runs (an int8 cache saved on a CPU cannot run on a GPU)."""
+        known = {f.name for f in dataclasses.fields(ChatSettings)} - {"kv_cache"}
         sampling = saved.get("sampling", {})
         if not isinstance(sampling, dict):
             raise SpecchatError("bad settings in the saved chat: sampling must be an object")
@@ -229,7 +233,8 @@ class ChatSession:
         if self.engine is None:
             window = self.loaded.model.config.max_position_embeddings
             context = min(self.settings.context or DEFAULT_CONTEXT, window)
-            self.engine = Engine(self.loaded.model, self.loaded.tokenizer, max_len=context)
+            self.engine = Engine(self.loaded.model, self.loaded.tokenizer, max_len=context,
+                                 kv_cache=self.settings.kv_cache)  # fmt: skip
             self.drafter_ready = False
         return self.engine
 

@@ -24,6 +24,7 @@ class BookSettings:
     model: str  # the profile or model name
     weights: str  # how the weights run (e.g. Q4_1): part of the arithmetic
     dtype: str  # activations
+    kv_cache: str  # auto (the activations' dtype) | int8: part of the arithmetic too
     prompt_sha256: str  # of the prompt's token ids
     prompt_tokens: int
     temperature: float
@@ -50,7 +51,10 @@ class BookSettings:
 
     @classmethod
     def from_json(cls, data: dict) -> BookSettings:
+        """Exactly a book's fields; a book saved before `--kv-cache` existed has no `kv_cache`: it was auto."""
         names = {f.name for f in fields(cls)}
+        if isinstance(data, dict):
+            data = {"kv_cache": "auto", **data}
         if not isinstance(data, dict) or set(data) != names:
             raise ValueError("its settings are not a book's")
         return cls(**data)

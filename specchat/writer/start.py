@@ -33,19 +33,20 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "min_p_keep", "pena
 
 
 def new_book(loaded, out: Path, tokens: int, prompt: str, *, raw: bool, sampling: dict, stop_at_eos: bool,
-             force: bool) -> tuple[Book, Engine]:  # fmt: skip
+             force: bool, kv_cache: str = "auto") -> tuple[Book, Engine]:  # fmt: skip
     """A book for `tokens` new tokens after `prompt`, and the engine sized for it: the prompt and the tokens
     when the model's window holds both (never a refill), else the window."""
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, raw=raw)
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + tokens)
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + tokens, kv_cache=kv_cache)
     if engine.capacity - len(prompt_ids) < 2:
         raise SpecchatError(
             f"the prompt has {len(prompt_ids)} tokens; the model's window holds {engine.capacity}, "
             "so nothing can be written after it"
         )
     settings = BookSettings(
-        model=loaded.source.name, weights=loaded.weights, dtype=loaded.dtype, prompt_sha256=prompt_digest(prompt_ids),
-        prompt_tokens=len(prompt_ids), **{name: sampling[name] for name in SAMPLING_FIELDS if name != "seed"},
+        model=loaded.source.name, weights=loaded.weights, dtype=loaded.dtype, kv_cache=kv_cache,
+        prompt_sha256=prompt_digest(prompt_ids), prompt_tokens=len(prompt_ids),
+        **{name: sampling[name] for name in SAMPLING_FIELDS if name != "seed"},
         seed=sampling["seed"] if sampling["seed"] is not None else secrets.randbits(62),
         stop_at_eos=stop_at_eos, **window_policy(engine.capacity, len(prompt_ids)),
     )  # fmt: skip
@@ -59,17 +60,17 @@ def window_policy(capacity: int, prompt_tokens: int) -> dict:
 
 
 def resumed_book(loaded, book: Book, tokens: int, *, prompt: str | None, raw: bool, given: dict,
-                 stop_at_eos: bool | None) -> Engine:  # fmt: skip
+                 stop_at_eos: bool | None, kv_cache: str = "auto") -> Engine:  # fmt: skip
     """Check that what was given again matches the book, and the engine that goes on with it to `tokens`."""
     settings = book.settings
-    asked = replace(settings, weights=loaded.weights, dtype=loaded.dtype, model=loaded.source.name,
+    asked = replace(settings, weights=loaded.weights, dtype=loaded.dtype, kv_cache=kv_cache, model=loaded.source.name,
                     **{name: value for name, value in given.items() if value is not None})  # fmt: skip
     if stop_at_eos is not None:
         asked = replace(asked, stop_at_eos=stop_at_eos)
     if prompt is not None:
         asked = replace(asked, prompt_sha256=prompt_digest(encode_prompt(loaded.tokenizer, prompt, raw=raw)))
     check_same(settings, asked)
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=settings.prompt_tokens + tokens)
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=settings.prompt_tokens + tokens, kv_cache=kv_cache)
     fit_window(book, engine.capacity)
     return engine
 
