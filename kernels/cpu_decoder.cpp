@@ -175,7 +175,7 @@ inline int64_t scale_index(int64_t slot, int64_t row, int64_t dim) {
   return ((slot / int8_dots::LANES) * (dim / int8_dots::BLOCK + 1) + row) * int8_dots::LANES + slot % int8_dots::LANES;
 }
 
-// An int8 cache (int8_dots.h): each KV head's keys in tiles of 16 slots, values [slots][D] int8, and their scales
+// An int8 cache (int8_dots.h): each KV head's keys and values in tiles of 16 slots, and their scales
 // [slots / 16][D / 32 + 1][16] fp32. `slots` is a multiple of 16.
 struct Int8Kv {
   uint8_t* keys;
@@ -197,8 +197,10 @@ struct Int8Kv {
   void write_value(int64_t head, int64_t slot, const T* value, int64_t dim) const {
     std::vector<float> x(dim);
     for (int64_t d = 0; d < dim; ++d) x[d] = load(value[d]);
+    std::vector<int8_t> codes(dim);
     head_scales(head, dim)[scale_index(slot, dim / int8_dots::BLOCK, dim)] =
-        int8_dots::quantize(x.data(), values + (head * slots + slot) * dim, static_cast<int>(dim));
+        int8_dots::quantize(x.data(), codes.data(), static_cast<int>(dim));
+    int8_dots::store_value(codes.data(), values + head * slots * dim, slot, static_cast<int>(dim));
   }
 };
 
@@ -462,7 +464,7 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
   }
 }
 
-// The value sums of a bf16 or int8 cache, in bf16 dot pairs (bf16_dots::add_pairs): each query's weights
+// The value sums of a bf16 cache, in bf16 dot pairs (bf16_dots::add_pairs): each query's weights
 // (bf16, [count][paired], in its row's key sequence: the prefix, then its tail) times the value rows, paired by
 // their index in that sequence, so a tree row pairs its keys as a decode step at its position does: an odd
 // prefix's last key pairs with the tail's first. `pair(a, b, out)` writes cache rows a and b (-1: a zero row)
@@ -573,6 +575,11 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
   store_sums<at::BFloat16, DIM>(accumulator.data(), count, heads, group, out);
 }
 
+// A tile of an int8 cache's value sums whose largest softmax weight is at least this has its weights quantized
+// to two bytes: one byte's error of up to 1/510 of that weight on each of its keys' weights would otherwise show
+// (the attention sink, the last few tokens); lighter tiles, most of a long context's, cost one pass.
+constexpr float kFineWeight = 1.0f / 128;
+
 // One KV head's part of an int8 cache (Int8Kv).
 struct Int8Head {
   const uint8_t* keys;
@@ -582,21 +589,19 @@ struct Int8Head {
 
 // `attend` on an int8 cache (int8_dots.h): each query quantized like a key, its scores integer dot products of
 // 16 keys a tile and block (vpdpbusd) times the query's and each key's block scale, summed over the blocks in
-// order; the softmax weights times each value row's scale, rounded to bf16, and the value sums in bf16 dot pairs
-// over the rows' codes (`sum_value_pairs`).
+// order; the softmax weights times each value row's scale, as bytes under a scale per 16 keys of the row's key
+// sequence, and the value sums integer sums a tile (vpdpbusd) times that scale, added over the tiles in order.
 template <typename T, int DIM>
 void attend_int8(const float* queries, const Int8Head& cache, const std::vector<int64_t>* tails, int64_t prefix,
                  int64_t rows, int64_t heads, int64_t group, float scale, T* out) {
   constexpr int QUERIES = 4;  // queries scored in one pass over a key tile
   constexpr int BLOCKS = DIM / int8_dots::BLOCK, ROWS = BLOCKS + 1;  // a tile's scale rows: the keys', the values'
   const int64_t count = rows * group;  // queries
-  const int64_t width = score_width(tails, prefix, rows), paired = (width + 2) & ~int64_t{1};  // whole pairs
+  const int64_t width = score_width(tails, prefix, rows);
   std::vector<float> scores(count * width), accumulator(count * DIM, 0.0f), query_scales(count * BLOCKS);
   std::vector<uint32_t> codes(count * DIM / 4);
   std::vector<int32_t> starts(count * BLOCKS);
-  std::vector<uint16_t> weights16(count * paired, 0);
   std::vector<uint8_t> key_tile(LANES * DIM, 0);
-  std::vector<int8_t> zeros(DIM, 0);
   float tile_scales[ROWS * LANES] = {};
   float block[QUERIES][LANES];
   for (int64_t i = 0; i < count; ++i) {
@@ -645,22 +650,71 @@ void attend_int8(const float* queries, const Int8Head& cache, const std::vector<
   for (int64_t r = 0; r < rows; ++r) {
     score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
   }
-  std::vector<float> weights(width);
+  // Each query's weights times their value rows' scales, by tiles of 16 keys of its key sequence (the prefix,
+  // then its row's tail), as bytes under a scale a tile (int8_dots::quantize_weights), to two bytes in a tile
+  // that holds a softmax weight of at least kFineWeight; zeros past its keys.
+  const int64_t tiles = (width + LANES - 1) / LANES;
+  std::vector<uint8_t> weight_codes(count * tiles * LANES, 0), fine_codes(count * tiles * LANES, 0);
+  std::vector<float> weight_scales(count * tiles, 0.0f), fine_scales(count * tiles, 0.0f);
   for (int64_t i = 0; i < count; ++i) {
     const auto& tail = tails[i / group];
     const int64_t n = prefix + static_cast<int64_t>(tail.size());
     float* p = scores.data() + i * width;
     softmax(p, n);
-    for (int64_t k = 0; k < prefix; ++k) weights[k] = p[k] * value_scale(k);
-    for (int64_t k = prefix; k < n; ++k) weights[k] = p[k] * value_scale(tail[k - prefix]);
-    bf16_dots::round_bf16(weights.data(), weights16.data() + i * paired, n);
+    for (int64_t t = 0; t * LANES < n; ++t) {
+      float w[LANES];
+      const int64_t first = t * LANES, at = i * tiles + t;
+      float top = 0.0f;
+      if (first + LANES <= prefix) {  // a whole tile of the prefix: its value scales lie side by side
+        const float* row_scales = cache.scales + scale_index(first, BLOCKS, DIM);
+        for (int l = 0; l < LANES; ++l) w[l] = p[first + l] * row_scales[l];
+        top = int8_dots::largest(p + first);
+      } else {
+        for (int64_t k = first; k < first + LANES; ++k) {
+          w[k - first] = k < n ? p[k] * value_scale(k < prefix ? k : tail[k - prefix]) : 0.0f;
+          if (k < n) top = std::max(top, p[k]);
+        }
+      }
+      const bool fine = top >= kFineWeight;
+      weight_scales[at] = int8_dots::quantize_weights(w, weight_codes.data() + at * LANES,
+                                                      fine ? fine_codes.data() + at * LANES : nullptr);
+      if (fine) fine_scales[at] = weight_scales[at] / 255.0f;
+    }
   }
-  const auto pair = [&](int64_t a, int64_t b, uint32_t* out) {
-    int8_dots::widen_pair<DIM>(a < 0 ? zeros.data() : cache.values + a * DIM,
-                               b < 0 ? zeros.data() : cache.values + b * DIM, out);
+  // The value tiles [first, first + n) of the key sequence, laid out at `values`, into the queries' sums.
+  const auto add_values = [&](const int8_t* values, int64_t first, int64_t n, int64_t first_query, int64_t last_query) {
+    queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
+      constexpr int Q = decltype(count)::value;
+      const uint32_t *w[Q], *w_fine[Q];
+      const float *tile_scale[Q], *fine_scale[Q];
+      float* acc[Q];
+      for (int j = 0; j < Q; ++j) {
+        const int64_t at = (i + j) * tiles + first;
+        w[j] = reinterpret_cast<const uint32_t*>(weight_codes.data() + at * LANES), tile_scale[j] = &weight_scales[at];
+        w_fine[j] = reinterpret_cast<const uint32_t*>(fine_codes.data() + at * LANES), fine_scale[j] = &fine_scales[at];
+        acc[j] = accumulator.data() + (i + j) * DIM;
+      }
+      int8_dots::add_value_tiles<DIM, Q>(w, tile_scale, w_fine, fine_scale, values, n, acc);
+    });
   };
-  const auto prefetch = [&](int64_t first, int64_t n) { prefetch_rows(cache.values + first * DIM, n, DIM); };
-  sum_value_pairs<DIM>(pair, prefetch, weights16.data(), paired, tails, prefix, rows, group, accumulator.data());
+  constexpr int64_t TILES = 4;  // prefix tiles summed at a time for all queries (8 KB at D = 128: they stay in L1)
+  const int64_t whole = prefix / LANES;  // the prefix's whole tiles, read in place
+  for (int64_t t = 0; t < whole; t += TILES) {
+    prefetch_rows(cache.values + (t + kPrefetchTiles) * LANES * DIM, TILES * LANES, DIM);
+    add_values(cache.values + t * LANES * DIM, t, std::min(TILES, whole - t), 0, count);
+  }
+  std::vector<int8_t> gathered(LANES * DIM);  // the rest of a row's sequence: the prefix's last keys, its tail
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> sequence;
+    for (int64_t k = whole * LANES; k < prefix; ++k) sequence.push_back(k);
+    sequence.insert(sequence.end(), tails[r].begin(), tails[r].end());
+    const int64_t n = (static_cast<int64_t>(sequence.size()) + LANES - 1) / LANES;
+    gathered.resize(n * LANES * DIM);  // lanes past the sequence keep what they held: their weights are 0
+    for (size_t k = 0; k < sequence.size(); ++k) {
+      int8_dots::gather_value(cache.values, sequence[k], gathered.data() + (k / LANES) * LANES * DIM, k % LANES, DIM);
+    }
+    add_values(gathered.data(), whole, n, r * group, (r + 1) * group);
+  }
   store_sums<T, DIM>(accumulator.data(), count, heads, group, out);
 }
 

@@ -1,17 +1,20 @@
-// Attention's two products on an int8 cache (AVX-512 VNNI's vpdpbusd for the scores).
+// Attention's two products on an int8 cache, both by AVX-512 VNNI's vpdpbusd.
 //
 // A key or value is quantized when it is written, symmetrically: x = s * c with c an integer in [-127, 127] and
 // s = max|x| / 127, a key over each block of 32 dims (BLOCK) and a value over its whole row, so a row's codes
 // and scales depend on that row alone and never change. A query is quantized like a key when it is scored. A
 // score is then a sum over the blocks of an integer dot product (exact, in any order) times the two blocks'
-// scales; a value row's codes are exact in bf16, and its scale goes into its softmax weight, so value sums run
-// in bf16 dot-product arithmetic as on a bf16 cache (bf16_dots.h).
+// scales. A value row's scale goes into its softmax weight, and the weights of each 16 slots are quantized to
+// unsigned bytes under one scale of their own (to two bytes, a coarse and a fine one, where the tile holds a
+// large softmax weight), so a value sum is a sum over tiles of integer sums (exact, in any order) times scales.
 //
 // Key layout: tiles of 16 rows (slots 16t .. 16t + 15), a tile [DIM / 4][16][4] bytes: the four codes of dims
 // 4c .. 4c + 3 of the 16 keys side by side, each code stored plus 128 (an unsigned byte). One vpdpbusd adds a
 // query's four dims times those of 16 keys to 16 int32 lanes, lane i key i's, so a tile's scores need no lanes
 // paired down. The bias is taken back by starting each block's sum at -128 times the sum of the query's codes
-// there. Scales lie in tiles too: [DIM / 32 + 1][16] fp32 per tile, the keys' block scales, then the values'.
+// there. Value layout: the same tiles of 16 slots, each four groups of 4 slots [DIM][4] bytes, so one vpdpbusd
+// adds 4 slots' weighted codes to each of 16 dims. Scales lie in tiles too: [DIM / 32 + 1][16] fp32 per tile, the
+// keys' block scales, then the values'.
 
 #pragma once
 
@@ -106,29 +109,128 @@ inline void scores16(const uint32_t* const (&q)[Q], const int32_t* const (&start
 #endif
 }
 
-// out[d] = (bf16 of a[d], bf16 of b[d]) as one dword, a in the low half: two value rows' codes (exact in bf16)
-// as DIM pairs for bf16_dots::add_pairs.
-template <int DIM>
-inline void widen_pair(const int8_t* a, const int8_t* b, uint32_t* out) {
-  int d = 0;
+// Byte offset of dim d of value `slot` in its head's tiled values: a tile of 16 slots is four groups of 4 slots,
+// a group [DIM][4] bytes, the 4 slots' codes of dim d side by side.
+inline int64_t value_offset(int64_t slot, int64_t d, int dim) {
+  return (slot / LANES) * LANES * dim + ((slot % LANES) / 4) * 4 * dim + d * 4 + slot % 4;
+}
+
+// Write a value's codes into its tile.
+inline void store_value(const int8_t* codes, int8_t* head_values, int64_t slot, int dim) {
+  for (int d = 0; d < dim; ++d) head_values[value_offset(slot, d, dim)] = codes[d];
+}
+
+// Copy value `slot` into lane `lane` of a tile (a row's tail, gathered from wherever it lies).
+inline void gather_value(const int8_t* head_values, int64_t slot, int8_t* tile, int lane, int dim) {
+  for (int d = 0; d < dim; ++d) tile[value_offset(lane, d, dim)] = head_values[value_offset(slot, d, dim)];
+}
+
+// The largest of 16 floats that are >= 0 (0 if none is larger).
+inline float largest(const float* x) {
 #ifdef INT8_DOTS_NATIVE
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  for (; d + LANES <= DIM; d += LANES) {
-    const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + d))));
-    const __m512 y = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + d))));
-    // (x >> 16) | (y & high): the top halves of two fp32 holding |code| <= 127, which are their bf16 exactly
-    const __m512i pair = _mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(x), 16),
-                                                   _mm512_castps_si512(y), high, 0xf8);
-    _mm512_storeu_si512(out + d, pair);
+  return std::max(0.0f, _mm512_reduce_max_ps(_mm512_loadu_ps(x)));
+#else
+  float top = 0.0f;
+  for (int i = 0; i < LANES; ++i) top = std::max(top, x[i]);
+  return top;
+#endif
+}
+
+// A tile's 16 softmax weights (each already times its value row's scale, all >= 0) as unsigned bytes under the
+// scale s = max w / 255, which this returns (0 for a zero tile): c = round(w / s). With `fine` given, to 16 bits
+// instead: c = floor(w / s) and fine = round((w / s - c) * 255), so w = s * (c + fine / 255) within s / 510 / 255.
+inline float quantize_weights(const float* w, uint8_t* codes, uint8_t* fine) {
+  const float top = largest(w);
+  const float inverse = top > 0.0f ? 255.0f / top : 0.0f;
+#ifdef INT8_DOTS_NATIVE
+  const __m512 x = _mm512_loadu_ps(w);
+  const __m512 scaled = _mm512_mul_ps(x, _mm512_set1_ps(inverse));
+  const auto store = [](uint8_t* out, __m512 codes) {  // rounded to nearest even
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(codes)));
+  };
+  if (fine) {
+    const __m512 whole = _mm512_roundscale_ps(scaled, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    store(codes, whole);
+    store(fine, _mm512_mul_ps(_mm512_sub_ps(scaled, whole), _mm512_set1_ps(255.0f)));
+  } else {
+    store(codes, scaled);
+  }
+#else
+  for (int i = 0; i < LANES; ++i) {
+    const float scaled = w[i] * inverse;
+    const float whole = fine ? std::floor(scaled) : std::nearbyint(scaled);
+    codes[i] = static_cast<uint8_t>(whole);
+    if (fine) fine[i] = static_cast<uint8_t>(std::nearbyint((scaled - whole) * 255.0f));
   }
 #endif
-  for (; d < DIM; ++d) {
-    const float x = a[d], y = b[d];
-    uint32_t xb, yb;
-    std::memcpy(&xb, &x, 4);
-    std::memcpy(&yb, &y, 4);
-    out[d] = (xb >> 16) | (yb & 0xffff0000u);
+  return top / 255.0f;
+}
+
+// acc[j][d] += (sum over the tile's 16 slots of weight code * value code at d) * the tile's weight scale, for
+// `count` tiles in order and each of Q queries: the sum exact in int32 (vpdpbusd adds a group's 4 slots to each
+// of 16 dims at once), then one fma a dim and tile, and where a tile's fine scale is not 0, the same again with
+// its fine codes. weights[j] and fine[j] are 4 dwords a tile (its 16 codes), scales[j] and fine_scales[j] one
+// float a tile, tiles [count][16 * DIM] as value_offset lays them out.
+template <int DIM, int Q>
+inline void add_value_tiles(const uint32_t* const (&weights)[Q], const float* const (&scales)[Q],
+                            const uint32_t* const (&fine)[Q], const float* const (&fine_scales)[Q],
+                            const int8_t* tiles, int64_t count, float* const (&acc)[Q]) {
+#ifdef INT8_DOTS_NATIVE
+  constexpr int kWidth = DIM < 64 ? DIM : 64, kVectors = kWidth / LANES;  // dims kept in registers at a time
+  for (int h = 0; h < DIM; h += kWidth) {
+    __m512 total[Q][kVectors];
+    for (int j = 0; j < Q; ++j)
+      for (int v = 0; v < kVectors; ++v) total[j][v] = _mm512_loadu_ps(acc[j] + h + LANES * v);
+    for (int64_t t = 0; t < count; ++t) {
+      const int8_t* tile = tiles + t * LANES * DIM + h * 4;
+      __m512i sum[Q][kVectors];
+      for (int j = 0; j < Q; ++j)
+        for (int v = 0; v < kVectors; ++v) sum[j][v] = _mm512_setzero_si512();
+      for (int g = 0; g < LANES / 4; ++g) {
+        for (int j = 0; j < Q; ++j) {
+          const __m512i weight = _mm512_set1_epi32(static_cast<int>(weights[j][4 * t + g]));
+          for (int v = 0; v < kVectors; ++v) {
+            sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], weight, _mm512_loadu_si512(tile + (g * DIM + LANES * v) * 4));
+          }
+        }
+      }
+      for (int j = 0; j < Q; ++j) {
+        const __m512 scale = _mm512_set1_ps(scales[j][t]);
+        for (int v = 0; v < kVectors; ++v) total[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j][v]), scale, total[j][v]);
+        if (fine_scales[j][t] == 0.0f) continue;
+        __m512i rest[kVectors];
+        for (int v = 0; v < kVectors; ++v) rest[v] = _mm512_setzero_si512();
+        for (int g = 0; g < LANES / 4; ++g) {
+          const __m512i weight = _mm512_set1_epi32(static_cast<int>(fine[j][4 * t + g]));
+          for (int v = 0; v < kVectors; ++v) {
+            rest[v] = _mm512_dpbusd_epi32(rest[v], weight, _mm512_loadu_si512(tile + (g * DIM + LANES * v) * 4));
+          }
+        }
+        const __m512 fine_scale = _mm512_set1_ps(fine_scales[j][t]);
+        for (int v = 0; v < kVectors; ++v) total[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(rest[v]), fine_scale, total[j][v]);
+      }
+    }
+    for (int j = 0; j < Q; ++j)
+      for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(acc[j] + h + LANES * v, total[j][v]);
   }
+#else
+  const auto add = [](const uint32_t* codes_of_tiles, float tile_scale, const int8_t* tile, float* sums) {
+    uint8_t codes[LANES];
+    std::memcpy(codes, codes_of_tiles, LANES);
+    for (int d = 0; d < DIM; ++d) {
+      int32_t sum = 0;
+      for (int i = 0; i < LANES; ++i) sum += static_cast<int32_t>(codes[i]) * tile[value_offset(i, d, DIM)];
+      sums[d] = std::fma(static_cast<float>(sum), tile_scale, sums[d]);
+    }
+  };
+  for (int j = 0; j < Q; ++j) {
+    for (int64_t t = 0; t < count; ++t) {
+      const int8_t* tile = tiles + t * LANES * DIM;
+      add(weights[j] + 4 * t, scales[j][t], tile, acc[j]);
+      if (fine_scales[j][t] != 0.0f) add(fine[j] + 4 * t, fine_scales[j][t], tile, acc[j]);
+    }
+  }
+#endif
 }
 
 }  // namespace int8_dots

@@ -9,6 +9,7 @@ import torch
 from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
 from specchat.engine.cache import TreeCache
 from specchat.engine.generate import Engine
+from specchat.engine.lean_forward import lean_forward
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
@@ -54,6 +55,33 @@ def test_a_commit_keeps_the_chosen_slots_in_order_across_tiles():
 @pytest.fixture(scope="module")
 def embedded_bf16():
     return load_model(None, dtype="auto", device="cpu")
+
+
+@torch.inference_mode()
+def test_the_decoder_and_the_cache_layer_agree_on_where_codes_lie(embedded_bf16):
+    """`read` gives back the keys and values the compiled decoder wrote (its first layer's, within their
+    quantization, against a bf16 cache's), and a cache written by `update` decodes as the decoder's own does (a
+    layout read wrongly moves the logits by tens)."""
+    model = embedded_bf16.model
+    lean = lean_forward(model)
+    tokens = torch.randint(3, 1000, (40,), generator=torch.Generator().manual_seed(0))
+    layers = model.config.num_hidden_layers
+    written, copied, plain = TreeCache(layers, 64, "int8"), TreeCache(layers, 64, "int8"), TreeCache(layers, 64)
+    for cache in (written, plain):
+        lean(tokens[:39], torch.arange(39), None, cache)
+        cache.commit()
+    (keys, values), (bf16_keys, bf16_values) = (cache.layers[0].read(slice(0, 39)) for cache in (written, plain))
+    for ours, theirs, width in ((keys, bf16_keys, 32), (values, bf16_values, values.shape[-1])):  # scaled together
+        blocks = theirs.float().unflatten(-1, (-1, width))
+        error = (ours.float().unflatten(-1, (-1, width)) - blocks).abs()
+        assert (error <= blocks.abs().amax(-1, keepdim=True) / 127).all()
+    for mine, theirs in zip(copied.layers, plain.layers):
+        keys, values = theirs.read(slice(0, 39))
+        mine.update(keys[None], values[None])
+    copied.commit()
+    step = tokens[39:], torch.tensor([39]), None
+    own, again = (lean(*step, cache)[0][0].float() for cache in (written, copied))
+    assert (own - again).abs().max() < 0.1 * own.abs().max()
 
 
 @torch.inference_mode()

@@ -119,8 +119,8 @@ class Int8KVLayer(TreeKVLayer):
     never change and a verified tree row reads what a decode step at its position reads. 0.54x a bf16 cache's
     bytes at head_dim 128.
 
-    `key_codes` [heads, slots, D] uint8 holds the keys in tiles of 16 slots (`kernels/int8_dots.h`), `value_codes`
-    [heads, slots, D] int8 the values, `scales` [heads, slots / 16, D / 32 + 1, 16] fp32 each tile's key block
+    `key_codes` [heads, slots, D] uint8 holds the keys and `value_codes` [heads, slots, D] int8 the values, both in
+    tiles of 16 slots (`kernels/int8_dots.h`), `scales` [heads, slots / 16, D / 32 + 1, 16] fp32 each tile's key block
     scales, then its value scales; slots are `max_len` rounded up to 16. `read` dequantizes slots for what reads
     the target's cache (a LongSpec or GLIDE draft, retrieval): the keys and values the target attends to."""
 
@@ -150,7 +150,7 @@ class Int8KVLayer(TreeKVLayer):
         biased = (key_codes.reshape(heads, n, head_dim).to(torch.int16) + 128).to(torch.uint8)
         self._key_tiles()[:, slots // TILE, :, slots % TILE] = biased.view(torch.int32).transpose(0, 1)
         value_codes, value_scales = _quantized(value_states[0])
-        self.value_codes[:, start:end] = value_codes
+        self._value_groups()[_value_columns(slots)] = value_codes.transpose(0, 1)
         scales = torch.cat([key_scales, value_scales[..., None]], dim=-1)  # [heads, n, D / 32 + 1]
         self.scales[:, slots // TILE, :, slots % TILE] = scales.transpose(0, 1)
         keys, values = self.read(slice(0, end))
@@ -162,7 +162,8 @@ class Int8KVLayer(TreeKVLayer):
             source, target = start + kept, torch.arange(start, start + count, device=kept.device)
             for tiles in (self._key_tiles(), self.scales):  # a slot is a column of its tile in both
                 tiles[:, target // TILE, :, target % TILE] = tiles[:, source // TILE, :, source % TILE]
-            self.value_codes[:, target] = self.value_codes[:, source]
+            groups = self._value_groups()
+            groups[_value_columns(target)] = groups[_value_columns(source)]
         self.length += count
         self.pending = 0
 
@@ -173,7 +174,7 @@ class Int8KVLayer(TreeKVLayer):
         codes = self._key_tiles()[:, index // TILE, :, index % TILE].transpose(0, 1).contiguous()  # [heads, n, D / 4]
         scales = self.scales[:, index // TILE, :, index % TILE].transpose(0, 1)  # [heads, n, D / 32 + 1]
         keys = (codes.view(torch.uint8).view(heads, -1, head_dim // BLOCK, BLOCK).float() - 128) * scales[..., :-1, None]
-        values = self.value_codes[:, index].float() * scales[..., -1:]
+        values = self._value_groups()[_value_columns(index)].transpose(0, 1).float() * scales[..., -1:]
         return keys.reshape(heads, -1, head_dim).to(self.dtype), values.to(self.dtype)
 
     @property
@@ -184,6 +185,17 @@ class Int8KVLayer(TreeKVLayer):
         """The keys as [heads, tiles, D / 4, 16] int32: a slot's key is a dword in each of D / 4 rows of its tile."""
         heads, slots, head_dim = self.key_codes.shape
         return self.key_codes.view(heads, slots // TILE, head_dim // 4, TILE, 4).view(torch.int32)[..., 0]
+
+    def _value_groups(self) -> torch.Tensor:
+        """The values as [heads, tiles, 4, D, 4]: a tile is four groups of 4 slots, a slot's value a column of its
+        group."""
+        heads, slots, head_dim = self.value_codes.shape
+        return self.value_codes.view(heads, slots // TILE, TILE // 4, head_dim, 4)
+
+
+def _value_columns(slots: torch.Tensor) -> tuple:
+    """Where slots' values lie in `_value_groups()`: indexed there, [n, heads, D]."""
+    return slice(None), slots // TILE, slots % TILE // 4, slice(None), slots % 4
 
 
 def _quantized(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
