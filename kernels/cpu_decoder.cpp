@@ -340,14 +340,21 @@ inline void add_weighted(const float* const (&weights)[Q], const float* rows, in
 #endif
 }
 
-// row[0, n) = softmax(row[0, n)): the maximum and the sum of exponentials kept in lanes by key index.
-inline void softmax(float* row, int64_t n) {
+// row[0, n) = exp(row[0, n) - their maximum); returns the sum of those, kept in lanes by key index. The maximum
+// is exact in any order, so AVX-512 takes it 16 keys at a time.
+inline float exponentials(float* row, int64_t n) {
   float lanes[LANES];
-  std::fill_n(lanes, LANES, row[0]);
   int64_t p = 0;
+#if defined(__AVX512F__)
+  __m512 tops = _mm512_set1_ps(row[0]);
+  for (; p + LANES <= n; p += LANES) tops = _mm512_max_ps(tops, _mm512_loadu_ps(row + p));
+  _mm512_storeu_ps(lanes, tops);
+#else
+  std::fill_n(lanes, LANES, row[0]);
   for (; p + LANES <= n; p += LANES) {
     for (int l = 0; l < LANES; ++l) lanes[l] = std::max(lanes[l], row[p + l]);
   }
+#endif
   for (int l = 0; p < n; ++p, ++l) lanes[l] = std::max(lanes[l], row[p]);
   const float top = *std::max_element(lanes, lanes + LANES);
   std::fill_n(lanes, LANES, 0.0f);
@@ -362,7 +369,12 @@ inline void softmax(float* row, int64_t n) {
     row[p] = exp_approx(row[p] - top);
     lanes[l] += row[p];
   }
-  const float inverse = 1.0f / lane_total(lanes);
+  return lane_total(lanes);
+}
+
+// row[0, n) = softmax(row[0, n)).
+inline void softmax(float* row, int64_t n) {
+  const float inverse = 1.0f / exponentials(row, n);
   for (int64_t q = 0; q < n; ++q) row[q] *= inverse;
 }
 
@@ -589,8 +601,9 @@ struct Int8Head {
 
 // `attend` on an int8 cache (int8_dots.h): each query quantized like a key, its scores integer dot products of
 // 16 keys a tile and block (vpdpbusd) times the query's and each key's block scale, summed over the blocks in
-// order; the softmax weights times each value row's scale, as bytes under a scale per 16 keys of the row's key
-// sequence, and the value sums integer sums a tile (vpdpbusd) times that scale, added over the tiles in order.
+// order; the exponentials of the softmax times each value row's scale, as bytes under a scale per 16 keys of the
+// row's key sequence, and the value sums integer sums a tile (vpdpbusd) times that scale, added over the tiles in
+// order, then divided by the exponentials' total (one pass over the weights fewer than normalizing them first).
 template <typename T, int DIM>
 void attend_int8(const float* queries, const Int8Head& cache, const std::vector<int64_t>* tails, int64_t prefix,
                  int64_t rows, int64_t heads, int64_t group, float scale, T* out) {
@@ -650,17 +663,17 @@ void attend_int8(const float* queries, const Int8Head& cache, const std::vector<
   for (int64_t r = 0; r < rows; ++r) {
     score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
   }
-  // Each query's weights times their value rows' scales, by tiles of 16 keys of its key sequence (the prefix,
-  // then its row's tail), as bytes under a scale a tile (int8_dots::quantize_weights), to two bytes in a tile
-  // that holds a softmax weight of at least kFineWeight; zeros past its keys.
+  // Each query's exponentials times their value rows' scales, by tiles of 16 keys of its key sequence (the
+  // prefix, then its row's tail), as bytes under a scale a tile (int8_dots::quantize_weights), to two bytes in a
+  // tile that holds a softmax weight of at least kFineWeight; zeros past its keys.
   const int64_t tiles = (width + LANES - 1) / LANES;
   std::vector<uint8_t> weight_codes(count * tiles * LANES, 0), fine_codes(count * tiles * LANES, 0);
-  std::vector<float> weight_scales(count * tiles, 0.0f), fine_scales(count * tiles, 0.0f);
+  std::vector<float> weight_scales(count * tiles, 0.0f), fine_scales(count * tiles, 0.0f), totals(count);
   for (int64_t i = 0; i < count; ++i) {
     const auto& tail = tails[i / group];
     const int64_t n = prefix + static_cast<int64_t>(tail.size());
-    float* p = scores.data() + i * width;
-    softmax(p, n);
+    float* p = scores.data() + i * width;  // exponentials; each query's sums are divided by their total at the end
+    totals[i] = exponentials(p, n);
     for (int64_t t = 0; t * LANES < n; ++t) {
       float w[LANES];
       const int64_t first = t * LANES, at = i * tiles + t;
@@ -675,7 +688,7 @@ void attend_int8(const float* queries, const Int8Head& cache, const std::vector<
           if (k < n) top = std::max(top, p[k]);
         }
       }
-      const bool fine = top >= kFineWeight;
+      const bool fine = top >= kFineWeight * totals[i];
       weight_scales[at] = int8_dots::quantize_weights(w, weight_codes.data() + at * LANES,
                                                       fine ? fine_codes.data() + at * LANES : nullptr);
       if (fine) fine_scales[at] = weight_scales[at] / 255.0f;
@@ -714,6 +727,10 @@ void attend_int8(const float* queries, const Int8Head& cache, const std::vector<
       int8_dots::gather_value(cache.values, sequence[k], gathered.data() + (k / LANES) * LANES * DIM, k % LANES, DIM);
     }
     add_values(gathered.data(), whole, n, r * group, (r + 1) * group);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const float inverse = 1.0f / totals[i];
+    for (int d = 0; d < DIM; ++d) accumulator[i * DIM + d] *= inverse;
   }
   store_sums<T, DIM>(accumulator.data(), count, heads, group, out);
 }

@@ -136,7 +136,7 @@ inline float largest(const float* x) {
 #endif
 }
 
-// A tile's 16 softmax weights (each already times its value row's scale, all >= 0) as unsigned bytes under the
+// A tile's 16 weights (softmax exponentials, each already times its value row's scale, all >= 0) as unsigned bytes under the
 // scale s = max w / 255, which this returns (0 for a zero tile): c = round(w / s). With `fine` given, to 16 bits
 // instead: c = floor(w / s) and fine = round((w / s - c) * 255), so w = s * (c + fine / 255) within s / 510 / 255.
 inline float quantize_weights(const float* w, uint8_t* codes, uint8_t* fine) {
