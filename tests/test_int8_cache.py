@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specchat.bench.prompts import long_document
 from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
 from specchat.engine.cache import TreeCache
 from specchat.engine.generate import Engine
@@ -82,6 +83,20 @@ def test_the_decoder_and_the_cache_layer_agree_on_where_codes_lie(embedded_bf16)
     step = tokens[39:], torch.tensor([39]), None
     own, again = (lean(*step, cache)[0][0].float() for cache in (written, copied))
     assert (own - again).abs().max() < 0.1 * own.abs().max()
+
+
+@torch.inference_mode()
+def test_attention_over_an_int8_cache_stays_close_to_attention_over_bf16(embedded_bf16):
+    """Scores and value sums in integers approximate the bf16 cache's attention over 200 tokens of real text: every
+    row's logits within a small part of their range (7% at worst here), the same greedy token at nearly every row
+    (99% here); a scale lost anywhere breaks both."""
+    model = embedded_bf16.model
+    lean = lean_forward(model)
+    tokens = torch.tensor(embedded_bf16.tokenizer(long_document(300))["input_ids"][:200])
+    layers = model.config.num_hidden_layers
+    int8, bf16 = (lean(tokens, torch.arange(200), None, TreeCache(layers, 208, kv))[0].float() for kv in ("int8", "auto"))
+    assert ((int8 - bf16).abs().amax(-1) < 0.15 * bf16.abs().amax(-1)).all()
+    assert (int8.argmax(-1) == bf16.argmax(-1)).float().mean() > 0.95
 
 
 @torch.inference_mode()
