@@ -136,9 +136,10 @@ inline float largest(const float* x) {
 #endif
 }
 
-// A tile's 16 weights (softmax exponentials, each already times its value row's scale, all >= 0) as unsigned bytes under the
-// scale s = max w / 255, which this returns (0 for a zero tile): c = round(w / s). With `fine` given, to 16 bits
-// instead: c = floor(w / s) and fine = round((w / s - c) * 255), so w = s * (c + fine / 255) within s / 510 / 255.
+// A tile's 16 weights (softmax exponentials, each already times its value row's scale, all >= 0) as unsigned
+// bytes under the scale s = max w / 255, which this returns (0 for a zero tile): c = round(w / s). With `fine`
+// given, to 16 bits instead: c = floor(w / s) and fine = round((w / s - c) * 255), so w = s * (c + fine / 255)
+// within s / 510 / 255.
 inline float quantize_weights(const float* w, uint8_t* codes, uint8_t* fine) {
   const float top = largest(w);
   const float inverse = top > 0.0f ? 255.0f / top : 0.0f;
@@ -196,7 +197,9 @@ inline void add_value_tiles(const uint32_t* const (&weights)[Q], const float* co
       }
       for (int j = 0; j < Q; ++j) {
         const __m512 scale = _mm512_set1_ps(scales[j][t]);
-        for (int v = 0; v < kVectors; ++v) total[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j][v]), scale, total[j][v]);
+        for (int v = 0; v < kVectors; ++v) {
+          total[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j][v]), scale, total[j][v]);
+        }
         if (fine_scales[j][t] == 0.0f) continue;
         __m512i rest[kVectors];
         for (int v = 0; v < kVectors; ++v) rest[v] = _mm512_setzero_si512();
@@ -207,7 +210,9 @@ inline void add_value_tiles(const uint32_t* const (&weights)[Q], const float* co
           }
         }
         const __m512 fine_scale = _mm512_set1_ps(fine_scales[j][t]);
-        for (int v = 0; v < kVectors; ++v) total[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(rest[v]), fine_scale, total[j][v]);
+        for (int v = 0; v < kVectors; ++v) {
+          total[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(rest[v]), fine_scale, total[j][v]);
+        }
       }
     }
     for (int j = 0; j < Q; ++j)

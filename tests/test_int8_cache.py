@@ -94,7 +94,8 @@ def test_attention_over_an_int8_cache_stays_close_to_attention_over_bf16(embedde
     lean = lean_forward(model)
     tokens = torch.tensor(embedded_bf16.tokenizer(long_document(300))["input_ids"][:200])
     layers = model.config.num_hidden_layers
-    int8, bf16 = (lean(tokens, torch.arange(200), None, TreeCache(layers, 208, kv))[0].float() for kv in ("int8", "auto"))
+    int8, bf16 = (lean(tokens, torch.arange(200), None, TreeCache(layers, 208, kv))[0].float()
+                  for kv in ("int8", "auto"))  # fmt: skip
     assert ((int8 - bf16).abs().amax(-1) < 0.15 * bf16.abs().amax(-1)).all()
     assert (int8.argmax(-1) == bf16.argmax(-1)).float().mean() > 0.95
 
