@@ -8,11 +8,13 @@ engine in the same run) and the speedup over the autoregressive book written her
     .venv/bin/python tests/writer_speed.py --tokens 20000 --drafter none,ngram,tokenswift
     .venv/bin/python tests/writer_speed.py --tokens 5000 --drafter none --penalty 1.0,1.2
     .venv/bin/python tests/writer_speed.py --model qwen2.5-coder-1.5b --tokens 20000 --drafter none,tokenswift
+    .venv/bin/python tests/writer_speed.py --model qwen2.5-coder-1.5b --tokens 20000 --drafter none --kv-cache auto,int8
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import tempfile
@@ -32,12 +34,12 @@ from specchat.writer.write import write_book  # noqa: E402
 MARK = 1000  # tokens per timing window
 
 
-def measure(loaded, drafter: str, tokens: int, penalty: float, seed: int, folder: Path) -> dict:
+def measure(loaded, drafter: str, tokens: int, penalty: float, seed: int, kv_cache: str, folder: Path) -> dict:
     sampling = {"temperature": defaults.TEMPERATURE, "top_k": 0, "top_p": 1.0, "min_p": defaults.MIN_P,
                 "min_p_keep": defaults.MIN_P_KEEP, "penalty": penalty, "penalty_window": defaults.PENALTY_WINDOW,
                 "seed": seed}  # fmt: skip
-    book, engine = new_book(loaded, folder / f"{drafter}-{penalty}.txt", tokens, defaults.STORY, raw=False,
-                            sampling=sampling, stop_at_eos=False, force=True)  # fmt: skip
+    book, engine = new_book(loaded, folder / f"{drafter}-{penalty}-{kv_cache}.txt", tokens, defaults.STORY, raw=False,
+                            sampling=sampling, stop_at_eos=False, force=True, kv_cache=kv_cache)  # fmt: skip
     choice = resolve_drafter(parse_drafter(drafter), loaded.source.profile, loaded.source.name)
     engine.set_drafter(build_drafter(choice, engine.target))
     marks: list[tuple[int, float, int]] = []  # (tokens, seconds, rss) at each crossing of a MARK
@@ -51,7 +53,7 @@ def measure(loaded, drafter: str, tokens: int, penalty: float, seed: int, folder
     first, last = marks[0], marks[-1]
     before_last = max((m for m in marks if m[0] <= last[0] - MARK), key=lambda m: m[0], default=(0, 0.0, 0))
     return {
-        "drafter": drafter, "penalty": penalty, "tokens": report.tokens, "tokens_per_second": round(report.tokens_per_second, 1),
+        "drafter": drafter, "penalty": penalty, "kv_cache": kv_cache, "tokens": report.tokens, "tokens_per_second": round(report.tokens_per_second, 1),
         "tau": round(report.mean_accepted_length or 1.0, 3),
         "acceptance": None if report.acceptance_rate is None else round(report.acceptance_rate, 3),
         "ms_per_token_first_1k": round(1000 * first[1] / first[0], 3),
@@ -71,20 +73,21 @@ def main() -> None:
     parser.add_argument("--penalty", default=str(defaults.PENALTY))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--model", default=None, help="a profile or GGUF (default: the embedded model)")
+    parser.add_argument("--kv-cache", default="auto", help="comma-separated: auto | int8 (each its own book)")
     args = parser.parse_args()
     loaded = load_model(args.model)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for penalty in map(float, args.penalty.split(",")):
-            for drafter in args.drafter.split(","):
-                start = time.perf_counter()
-                rows.append(measure(loaded, drafter, args.tokens, penalty, args.seed, Path(folder)))
-                rows[-1]["wall_seconds"] = round(time.perf_counter() - start, 1)
-                ar = next((r for r in rows if r["drafter"] == "none" and r["penalty"] == penalty), None)
-                if ar is not None:
-                    rows[-1]["speedup_vs_ar_book"] = round(rows[-1]["tokens_per_second"] / ar["tokens_per_second"], 3)
-                print(json.dumps(rows[-1]), flush=True)
-    columns = ["drafter", "penalty", "tokens_per_second", "speedup_vs_ar_book", "speedup_vs_timed_ar", "tau",
+        for penalty, kv_cache, drafter in itertools.product(map(float, args.penalty.split(",")),
+                                                            args.kv_cache.split(","), args.drafter.split(",")):
+            start = time.perf_counter()
+            rows.append(measure(loaded, drafter, args.tokens, penalty, args.seed, kv_cache, Path(folder)))
+            rows[-1]["wall_seconds"] = round(time.perf_counter() - start, 1)
+            ar = next((r for r in rows if r["drafter"] == "none" and r["penalty"] == penalty), None)
+            if ar is not None:
+                rows[-1]["speedup_vs_ar_book"] = round(rows[-1]["tokens_per_second"] / ar["tokens_per_second"], 3)
+            print(json.dumps(rows[-1]), flush=True)
+    columns = ["drafter", "penalty", "kv_cache", "tokens_per_second", "speedup_vs_ar_book", "speedup_vs_timed_ar", "tau",
                "acceptance", "ms_per_token_first_1k", "ms_per_token_last_1k", "rss_mib_at_1k", "rss_mib_at_end",
                "distinct", "refills", "prefill_seconds"]  # fmt: skip
     print("| " + " | ".join(columns) + " |")
