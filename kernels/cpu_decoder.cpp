@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -754,13 +755,17 @@ std::vector<std::vector<int64_t>> tails_of(int64_t rows, int64_t prefix, const s
 }
 
 // The rows' attention (queries [rows][heads][D] fp32) over the cache, row r seeing slots [0, prefix) then
-// tails[r]: units of a KV head's query group by up to half the rows, spread over the threads.
+// tails[r]: units of a KV head's query group and a chunk of the rows, spread over the threads. Each unit reads its
+// head's prefix once for all its rows, so the rows are cut into as few chunks as give every thread the same
+// number of units (one chunk with 2 KV heads on 2 threads; two with 3 heads).
 template <typename T, typename Kv>
 void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const std::vector<int64_t>* tails,
                  int64_t rows, T* out, const Decoder& decoder) {
   const int64_t heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
   const int64_t slots = cache.slots, group = heads / kv_heads;
-  const int64_t chunk = std::max<int64_t>(1, (rows + 1) / 2);  // rows per unit: two units per KV head at most
+  const int64_t threads = at::get_num_threads();
+  const int64_t wanted = std::min<int64_t>(rows, threads / std::gcd(kv_heads, threads));
+  const int64_t chunk = (rows + wanted - 1) / wanted;
   const int64_t chunks = (rows + chunk - 1) / chunk;
   const int64_t cost = (prefix + rows) * group * std::min(rows, chunk);  // key-query pairs in a unit
   const auto run = [&](int64_t begin, int64_t end) {
