@@ -1,19 +1,30 @@
-"""Prompt lookup: propose what followed earlier occurrences of the context's last 3, 2 or 1 tokens.
+"""Prompt lookup: propose what followed earlier occurrences of the context's last tokens.
 
 Training-free; strong wherever the output copies from the prompt or from itself (code edits, summaries,
-quotes). The index maps every k-gram (k <= 3) to the positions where it ends and grows by O(1) per committed
-token, so proposing never scans the context.
+quotes). How far the context's end matches an earlier occurrence says how likely the copy goes on. On the
+1.5B's own answers (2026-11-27, the training answers' first 800 records), the token after a match of 3 tokens
+was the target's next one 62% of the time, after 8-11 tokens 80%, after 16-31 91% and after 32 or more 99%.
+So a step whose last COPY_MATCH tokens occurred before drafts as a kind of its own, "copy": the adaptive budget
+learns its acceptance apart from the short matches' and gives it the long chains it pays for (copying a quote
+out of a 16K-token input, a chain of 15 where the short matches' 30% acceptance allows one node).
+
+The index maps every k-gram (k <= 3, and k = COPY_MATCH) to the positions where it ends and grows by O(1) per
+committed token, so proposing never scans the context.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from specchat.drafters.base import DraftsAlone
+from specchat.engine.events import COPY
 from specchat.engine.tree import DraftTree
 
+COPY_MATCH = 8
+LONGEST_MATCH = 32  # matches are measured up to this many tokens: the copy is then all but certain
+RECENT = 16  # occurrences of a k-gram looked at, the most recent first
 
-class NgramDrafter(DraftsAlone):
+
+class NgramDrafter:
     kind = "ngram"
 
     def __init__(self, *, max_ngram: int = 3, matches_per_ngram: int = 4):
@@ -21,20 +32,39 @@ class NgramDrafter(DraftsAlone):
         self.matches_per_ngram = matches_per_ngram
         self.ids: list[int] = []
         self.index: dict[tuple[int, ...], list[int]] = defaultdict(list)  # k-gram -> positions of its last token
+        self._copies: tuple[int, list[int]] | None = None  # (len(ids), copy sources) of the last lookup
 
     def prefill(self, ids: list[int], hidden=None, reused: int = 0) -> None:
-        self.ids, self.index = [], defaultdict(list)
+        self.ids, self.index, self._copies = [], defaultdict(list), None
         self.commit(ids)
 
     def commit(self, tokens: list[int], hidden=None) -> None:
         for token in tokens:
             self.ids.append(token)
             end = len(self.ids) - 1
-            for k in range(1, min(self.max_ngram, end + 1) + 1):
-                self.index[tuple(self.ids[end - k + 1 : end + 1])].append(end)
+            for k in (*range(1, self.max_ngram + 1), COPY_MATCH):
+                if k <= end + 1:
+                    self.index[tuple(self.ids[end - k + 1 : end + 1])].append(end)
+
+    def next_kinds(self) -> frozenset[str]:
+        return frozenset({COPY if self.copy_sources() else self.kind})
+
+    def copy_sources(self) -> list[int]:
+        """Where the context's last COPY_MATCH tokens occurred before (the positions of their last token), the
+        longest match first (measured up to LONGEST_MATCH), the most recent among equals."""
+        n = len(self.ids)
+        if self._copies is None or self._copies[0] != n:
+            ends = self.index.get(tuple(self.ids[n - COPY_MATCH :]), []) if n > COPY_MATCH else []
+            recent = [end for end in reversed(ends) if end < n - 1][:RECENT]
+            self._copies = (n, sorted(recent, key=lambda end: -self._match_length(end)))
+        return self._copies[1]
 
     def propose(self, budget: int, sampling=None, generator=None) -> DraftTree:
-        """Continuations of the longest matching suffix first, most recent occurrence first."""
+        """A copy's continuations, or else those of the longest matching k-gram (k = 3..1), most recent
+        occurrence first."""
+        copies = self.copy_sources()
+        if copies:
+            return DraftTree.from_chains([self.ids[end + 1 : end + 1 + budget] for end in copies], COPY, budget)
         n = len(self.ids)
         chains = []
         for k in range(min(self.max_ngram, n), 0, -1):
@@ -42,6 +72,14 @@ class NgramDrafter(DraftsAlone):
             recent = [end for end in reversed(ends) if end < n - 1][: self.matches_per_ngram]
             chains += [self.ids[end + 1 : end + 1 + budget] for end in recent]
         return DraftTree.from_chains(chains, self.kind, budget)
+
+    def _match_length(self, end: int) -> int:
+        """How many tokens up to `end` equal the context's last ones, at most LONGEST_MATCH."""
+        ids, last = self.ids, len(self.ids) - 1
+        length = COPY_MATCH
+        while length < LONGEST_MATCH and end - length >= 0 and ids[end - length] == ids[last - length]:
+            length += 1
+        return length
 
 
 def build(target, checkpoint) -> NgramDrafter:

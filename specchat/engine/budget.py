@@ -195,11 +195,15 @@ class AdaptiveBudget:
         return not self.budget and self.failed_probes >= self.max_failed_probes
 
     def next_budget(self, mode: frozenset[str] = frozenset()) -> int:
-        """The next tree's budget, for a tree drafted by the kinds `mode` (any: empty)."""
+        """The next tree's budget, for a tree drafted by the kinds `mode` (any: empty). A mode not timed yet is
+        sized from what its parts have had accepted (the prior, for parts never seen) even while drafting is
+        off: an n-gram drafter's first copy of a long passage is tried however its short matches fared."""
+        if mode and mode not in self.sized:
+            untried = self._best_for(mode)
+            if untried or self.budget:
+                return untried
         if self.budget:
-            if not mode:
-                return self.budget
-            return self.sized[mode] if mode in self.sized else self._best_for(mode)
+            return self.sized[mode] if mode else self.budget
         if self.off_for_good:
             return 0
         self.idle_steps += 1

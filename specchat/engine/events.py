@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from specchat.engine.stats import GenerationStats
 
 TARGET = "target"  # origin of a token produced by the target model itself
+COPY = "copy"  # origin of n-gram lookup's copies of a long passage (specchat/drafters/ngram.py)
 KNOWN = "known"  # origin of a token the text was known to go on with (`Engine.generate(known=...)`)
 
 
