@@ -5,8 +5,8 @@ quotes). How far the context's end matches an earlier occurrence says how likely
 1.5B's own answers (2026-11-27, the training answers' first 800 records), the token after a match of 3 tokens
 was the target's next one 62% of the time, after 8-11 tokens 80%, after 16-31 91% and after 32 or more 99%.
 So a step whose last COPY_MATCH tokens occurred before drafts as a kind of its own, "copy": the adaptive budget
-learns its acceptance apart from the short matches' and gives it the long chains it pays for (copying a quote
-out of a 16K-token input, a chain of 15 where the short matches' 30% acceptance allows one node).
+learns its acceptance apart from the short matches' and sizes its trees for that acceptance, not for an average
+with matches that are mostly wrong (chat answers: 16-22% of n-gram nodes accepted).
 
 The index maps every k-gram (k <= 3, and k = COPY_MATCH) to the positions where it ends and grows by O(1) per
 committed token, so proposing never scans the context.
