@@ -758,13 +758,16 @@ std::vector<std::vector<int64_t>> tails_of(int64_t rows, int64_t prefix, const s
 // tails[r]: units of a KV head's query group and a chunk of the rows, spread over the threads. Each unit reads its
 // head's prefix once for all its rows, so the rows are cut into as few chunks as give every thread the same
 // number of units (one chunk with 2 KV heads on 2 threads; two with 3 heads).
+constexpr int64_t kUnitRows = 8;  // rows a unit takes at most: more, and their scores outgrow the caches
+
 template <typename T, typename Kv>
 void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const std::vector<int64_t>* tails,
                  int64_t rows, T* out, const Decoder& decoder) {
   const int64_t heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
   const int64_t slots = cache.slots, group = heads / kv_heads;
   const int64_t threads = at::get_num_threads();
-  const int64_t wanted = std::min<int64_t>(rows, threads / std::gcd(kv_heads, threads));
+  const int64_t balanced = threads / std::gcd(kv_heads, threads);  // chunks that give each thread as many units
+  const int64_t wanted = std::min(rows, balanced * ((rows + balanced * kUnitRows - 1) / (balanced * kUnitRows)));
   const int64_t chunk = (rows + wanted - 1) / wanted;
   const int64_t chunks = (rows + chunk - 1) / chunk;
   const int64_t cost = (prefix + rows) * group * std::min(rows, chunk);  // key-query pairs in a unit
