@@ -754,11 +754,12 @@ std::vector<std::vector<int64_t>> tails_of(int64_t rows, int64_t prefix, const s
   return tails;
 }
 
+constexpr int64_t kUnitRows = 8;  // rows a unit takes at most: more, and their scores outgrow the caches
+
 // The rows' attention (queries [rows][heads][D] fp32) over the cache, row r seeing slots [0, prefix) then
 // tails[r]: units of a KV head's query group and a chunk of the rows, spread over the threads. Each unit reads its
-// head's prefix once for all its rows, so the rows are cut into as few chunks as give every thread the same
-// number of units (one chunk with 2 KV heads on 2 threads; two with 3 heads).
-constexpr int64_t kUnitRows = 8;  // rows a unit takes at most: more, and their scores outgrow the caches
+// head's prefix once for all its rows, so the rows are cut into as few chunks of at most kUnitRows as give every
+// thread the same number of units (up to 8 rows: one chunk with 2 KV heads on 2 threads, two with 3 heads).
 
 template <typename T, typename Kv>
 void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const std::vector<int64_t>* tails,
