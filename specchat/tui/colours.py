@@ -11,10 +11,10 @@ from rich.text import Text
 from specchat.drafters import NAMES
 from specchat.engine.events import COPY, TARGET
 
-# One colour per drafter in the registry (a drafter's kind is its registry name), in registry order, then the
-# n-gram lookup's copies of long passages.
-PALETTE = ("bold green", "bold cyan", "bold magenta", "bold blue", "bold red", "bold bright_green")
-DRAFT_STYLES = dict(zip([*(name for name in NAMES if name != "none"), COPY], PALETTE))
+# One colour per drafter in the registry (a drafter's kind is its registry name), in registry order; the n-gram
+# lookup's copies of long passages a brighter green than its short matches.
+PALETTE = ("bold green", "bold cyan", "bold magenta", "bold blue", "bold red")
+DRAFT_STYLES = {**dict(zip([name for name in NAMES if name != "none"], PALETTE)), COPY: "bold bright_green"}
 UNKNOWN_DRAFT_STYLE = "bold yellow"  # a drafter kind added later still stands out
 LABELS = {TARGET: "target", "ngram": "n-gram", "tokenswift": "heads", COPY: "copy"}
 
