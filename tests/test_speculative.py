@@ -3,7 +3,7 @@
 Proven here, on tiny random models of every family (and once on the real default model):
 - equality with `transformers`' greedy `generate` for an oracle drafter (always right, surrounded by wrong
   siblings and decoys), an always-wrong drafter, random trees of every budget from 1 to 64, and the n-gram
-  drafter at budgets 1, 4, 16 and 64;
+  drafter at budgets 1, 4, 16 and 64 (its copies of a long passage included);
 - the oracle's whole chain is accepted at every step, its tokens carry the drafter's origin and the bonus
   "target"; the always-wrong drafter gets nothing accepted and every token is "target";
 - an EOS inside an accepted path (or as the bonus) ends generation exactly there with "eos",
@@ -146,16 +146,30 @@ REPETITIVE = (5, 9, 12, 7, 5, 9, 12, 7, 5, 9, 12, 7, 5, 9)
 NGRAM_MODELS = {"llama": 0, "qwen2": 3, "qwen3": 1, "mistral": 2}
 
 
+class CountsCopies(NgramDrafter):
+    """The n-gram drafter, counting the trees it proposed as copies of a long passage."""
+
+    copies = 0
+
+    def propose(self, budget, sampling=None, generator=None):
+        tree = super().propose(budget, sampling, generator)
+        self.copies += COPY in tree.origins
+        return tree
+
+
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
 def test_ngram_drafter_equals_greedy(family, budget, tokenizer):
     model, prompt, greedy = model_and_greedy(family, seed=NGRAM_MODELS[family], vocab=64, n=96, prompt=REPETITIVE)
     assert len(greedy) == 96
-    engine = Engine(model, tokenizer, max_len=256, drafter=NgramDrafter(), draft_budget=budget)
+    drafter = CountsCopies()
+    engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)
     out, events = run(engine, prompt, 96)
     assert out == greedy
     assert events[-1].stats.accepted > 0
     assert any({"ngram", COPY} & set(event.origins) for event in events)
+    if family == "qwen3":  # its greedy output repeats stretches longer than COPY_MATCH: copies are verified too
+        assert drafter.copies > 0
     assert_cache_is_fresh_prefill(engine, prompt + out)
 
 
