@@ -85,9 +85,32 @@ def test_the_budget_follows_the_text():
     for _ in range(40):
         observe_chain(policy, 16, accepted=16)
     copying = policy.budget
-    for _ in range(80):
+    for _ in range(100):  # about four half-lives of the decay
         observe_chain(policy, 2, accepted=0)
     assert copying >= 7 and policy.budget == 0
+
+
+def test_depths_are_priced_at_their_acceptance_below_an_accepted_depth():
+    """Chains of 5 whose every level is accepted 80% of the time where the level above was: a step commits
+    1 + 0.8 + 0.8^2 + ... + 0.8^5 tokens on average, and that is the price, not a product of the rates at
+    which each depth was accepted among all trees."""
+    policy = AdaptiveBudget(CPU_LIKE, decay=1.0)
+    for step in range(5**5):  # every pattern of levels, each accepted in 4 of 5
+        accepted = 0
+        while accepted < 5 and step % 5:
+            accepted, step = accepted + 1, step // 5
+        observe_chain(policy, 5, accepted)
+    assert abs(policy.expected_tokens(5) - sum(0.8**d for d in range(6))) < 0.01
+
+
+def test_copies_accepted_whole_grow_their_chains_where_deeper_trees_pay():
+    """On the 1.5B's cost curve at 16K (7 nodes 2.4x a decode step), chains of 3 accepted whole grow to 7: a
+    depth not seen yet is priced at the rate of the depth above, not at an even chance."""
+    long_context = VerifyCost((0, 1, 3, 7, 15), (1.0, 1.14, 1.44, 2.37, 4.6))
+    policy = AdaptiveBudget(long_context)
+    for _ in range(20):
+        observe_chain(policy, 3, accepted=3, budget=3, origin="copy")
+    assert policy.budget >= 7
 
 
 def test_empty_trees_say_nothing_about_acceptance():

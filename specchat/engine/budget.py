@@ -8,8 +8,13 @@ the acceptance it observes:
     expected tokens(n) = 1 + sum_{d=1..depth(n)} prod_{j<=d} alpha_j
     budget = argmax_n expected_tokens(n) / (verify cost(n) + draft cost(n))
 
-alpha_j is the rate at which depth j was accepted when proposed, counted with exponential decay so the
-budget follows the text (copying a passage, then free writing). depth(n) is how deep this drafter's trees of
+alpha_j is the rate at which depth j was accepted when proposed below an accepted depth j - 1, counted with
+exponential decay so the budget follows the text (copying a passage, then free writing). The rate must be that
+conditional one for the product to be the chance of reaching depth d: counted over every tree that proposed
+depth j, a chain accepted at 80% a level was priced as 1 + 0.8 + 0.51 + 0.26 tokens at depth 3 instead of
+1 + 0.8 + 0.64 + 0.51, and its trees were sized too small. A depth not seen yet is priced at the rate of the one
+above it (one pseudo-observation of it): at 0.5, a lookup whose copies were accepted whole never grew its chains
+past the depth it had started with. depth(n) is how deep this drafter's trees of
 n nodes actually reach, a moving average (a beam of 7 nodes reaches depth 2, a chain depth 7; n until one is
 seen), and draft cost(n) the time the drafter took to propose them: both measured as the engine runs. When drafting does not pay (budget 0)
 the engine still probes with a small tree now and then, so a return of copyable text is noticed; each probe
@@ -130,20 +135,21 @@ class Acceptance:
         for counts in (self.proposed, self.accepted):
             counts[:] = [c * self.decay for c in counts]
             counts.extend([0.0] * (depth - len(counts)))
-        for d in range(depth):
+        for d in range(min(depth, accepted + 1)):  # depth d + 1 counts where depth d was accepted
             self.proposed[d] += 1
         for d in range(accepted):
             self.accepted[d] += 1
 
     def expected_tokens(self, n: int) -> float:
         """Tokens a step with a tree of n nodes is expected to commit, bonus included."""
-        total, reach = 1.0, 1.0
+        total, reach, rate = 1.0, 1.0, 0.5
         depth = self.depth.get(n, n)
         for d in range(math.ceil(depth)):
-            # Optimistic prior (one pseudo-step accepted at 0.5) lets unseen depths be tried.
+            # One pseudo-observation at the rate of the depth above (0.5 for the first) lets unseen depths be tried.
             proposed = self.proposed[d] if d < len(self.proposed) else 0.0
             accepted = self.accepted[d] if d < len(self.accepted) else 0.0
-            reach *= (accepted + 0.5) / (proposed + 1.0)
+            rate = (accepted + rate) / (proposed + 1.0)
+            reach *= rate
             total += reach * min(1.0, depth - d)  # a fractional depth counts its last level in part
         return total
 
