@@ -113,6 +113,16 @@ def test_copies_accepted_whole_grow_their_chains_where_deeper_trees_pay():
     assert policy.budget >= 7
 
 
+def test_a_few_chains_accepted_whole_do_not_buy_a_large_tree():
+    """The depths of one tree are one event (a copy is right or wrong), not independent evidence: on the 1.5B's
+    cost curve at 1K tokens (31 nodes 4.9x a decode step), two chains of 7 accepted whole leave the budget at 7."""
+    short_context = VerifyCost((0, 1, 3, 7, 15, 31, 63), (1.0, 1.13, 1.16, 1.57, 2.77, 4.85, 9.59))
+    policy = AdaptiveBudget(short_context)
+    for _ in range(2):
+        observe_chain(policy, 7, accepted=7, budget=7, origin="copy")
+    assert policy.budget == 7
+
+
 def test_empty_trees_say_nothing_about_acceptance():
     policy = AdaptiveBudget(CPU_LIKE)
     before = policy.expected_tokens(8)

@@ -12,9 +12,11 @@ alpha_j is the rate at which depth j was accepted when proposed below an accepte
 exponential decay so the budget follows the text (copying a passage, then free writing). The rate must be that
 conditional one for the product to be the chance of reaching depth d: counted over every tree that proposed
 depth j, a chain accepted at 80% a level was priced as 1 + 0.8 + 0.51 + 0.26 tokens at depth 3 instead of
-1 + 0.8 + 0.64 + 0.51, and its trees were sized too small. A depth not seen yet is priced at the rate of the one
-above it (one pseudo-observation of it): at 0.5, a lookup whose copies were accepted whole never grew its chains
-past the depth it had started with. depth(n) is how deep this drafter's trees of
+1 + 0.8 + 0.64 + 0.51, and its trees were sized too small. A depth never proposed is priced at the rate of the
+one above it: at 0.5, a lookup whose copies were accepted whole never grew its chains past the depth it had
+started with. Each depth seen keeps its own estimate, with one pseudo-step at 0.5: the depths of one tree are
+one event (a copy is right or wrong), and pooled as independent evidence two chains accepted whole made a
+tree of 31 nodes look worth its five decode steps. depth(n) is how deep this drafter's trees of
 n nodes actually reach, a moving average (a beam of 7 nodes reaches depth 2, a chain depth 7; n until one is
 seen), and draft cost(n) the time the drafter took to propose them: both measured as the engine runs. When drafting does not pay (budget 0)
 the engine still probes with a small tree now and then, so a return of copyable text is noticed; each probe
@@ -145,10 +147,8 @@ class Acceptance:
         total, reach, rate = 1.0, 1.0, 0.5
         depth = self.depth.get(n, n)
         for d in range(math.ceil(depth)):
-            # One pseudo-observation at the rate of the depth above (0.5 for the first) lets unseen depths be tried.
-            proposed = self.proposed[d] if d < len(self.proposed) else 0.0
-            accepted = self.accepted[d] if d < len(self.accepted) else 0.0
-            rate = (accepted + rate) / (proposed + 1.0)
+            if d < len(self.proposed) and self.proposed[d] > 0:  # else the rate of the depth above
+                rate = (self.accepted[d] + 0.5) / (self.proposed[d] + 1.0)  # one pseudo-step accepted at 0.5
             reach *= rate
             total += reach * min(1.0, depth - d)  # a fractional depth counts its last level in part
         return total
