@@ -20,6 +20,7 @@ import math
 import pytest
 import torch
 from conftest import tiny_model
+from safetensors import safe_open
 from torch import nn
 
 from specchat.drafters.glide import CAPE_BINS, GlideDrafter, build
@@ -51,10 +52,10 @@ def random_draft(target_config, layers: int = 1, seed: int = 0, std: float = 0.3
     return draft.eval().requires_grad_(False)
 
 
-def copy_of(target) -> GlideModel:
+def copy_of(target, **changes) -> GlideModel:
     """A draft that is the (bias-free llama) target: self-attention over its own cache is the target's own
     attention, the cross-attention adds nothing."""
-    draft = GlideModel(GlideConfig.for_target(target.config))
+    draft = GlideModel(GlideConfig.for_target(target.config, **changes))
     state = {k: v for k, v in target.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
     for name, tensor in draft.state_dict().items():
         tensor.copy_(state[name] if name in state else torch.zeros_like(tensor))
@@ -108,6 +109,39 @@ def test_default_model(default_model, tokenizer):
     engine = Engine(model, tokenizer, max_len=128)
     engine.set_drafter(GlideDrafter(engine.target, random_draft(model.config, std=0.02)), 20)
     assert run(engine, prompt, 32)[0] == expected
+
+
+# --- drafts that share the target's embedding and LM head (trained here) ------------------------------------
+
+
+@pytest.mark.parametrize("weights", [None, "int8", "int4"])
+def test_a_shared_vocabulary_draft_changes_nothing(weights, targets, greedy, tokenizer):
+    """A draft over the target's embedding and a reduced vocabulary (its head: those rows of the target's),
+    dense or quantized, keeps greedy decoding the target's and drafts only ids of its vocabulary."""
+    target = targets["qwen2"]
+    draft_vocab = torch.arange(3, VOCAB, 4)
+    engine = Engine(target, tokenizer, max_len=256)
+    draft = random_draft(target.config, shared_vocab=True)
+    drafter = GlideDrafter(engine.target, draft, draft_vocab=draft_vocab, weights=weights)
+    quantized = [m for m in drafter.model.modules() if type(m) is not nn.Linear and hasattr(m, "in_features")]
+    assert len(quantized) == (0 if weights is None else 9)  # q / k / v / o, cross q / o, gate / up / down
+    engine.set_drafter(drafter, 12)
+    assert run(engine, PROMPT, 48)[0] == greedy["qwen2"]
+    tree = drafter.propose(12, GREEDY, torch.Generator())
+    assert len(tree) == 12 and set(tree.tokens) <= set(draft_vocab.tolist())
+
+
+def test_a_shared_vocabulary_copy_gets_its_chains_accepted(targets, greedy, tokenizer):
+    """The copy of the target again, reading the target's embedding and predicting through the rows of its
+    head that a draft vocabulary (here all of them) copies."""
+    engine = Engine(targets["llama"], tokenizer, max_len=256)
+    draft = copy_of(targets["llama"], shared_vocab=True)
+    assert draft.lm_head is None and draft.model.embed_tokens is None
+    engine.set_drafter(GlideDrafter(engine.target, draft, draft_vocab=torch.arange(VOCAB)), 20)
+    out, events = run(engine, PROMPT, 48)
+    assert out == greedy["llama"]
+    steps = events[1:]
+    assert sum(event.origins == ["glide"] * 4 + ["target"] for event in steps) >= len(steps) - 2
 
 
 # --- the CAPE tree ----------------------------------------------------------------------------------------
@@ -234,7 +268,8 @@ def outputs(draft: GlideModel, target, seed: int = 0) -> torch.Tensor:
     positions = torch.arange(12)
     cos, sin = target.model.rotary_emb(kv.keys, positions[None])
     with torch.inference_mode():
-        return draft.lm_head(draft(tokens, 0, kv, draft.target_kv(target_kv), (cos[0], sin[0])))
+        x = draft.model.embed_tokens(tokens)
+        return draft.lm_head(draft(x, 0, kv, draft.target_kv(target_kv), (cos[0], sin[0])))
 
 
 def test_save_then_load_gives_the_same_outputs(targets, tmp_path):
@@ -242,9 +277,23 @@ def test_save_then_load_gives_the_same_outputs(targets, tmp_path):
     draft = random_draft(target.config, layers=2, hidden_size=48, intermediate_size=96, num_attention_heads=3,
                          num_key_value_heads=1, head_dim=16)  # fmt: skip
     save_glide(tmp_path / "glide", draft)
-    loaded = load_glide(tmp_path / "glide", target.config)
-    assert loaded.config == draft.config
+    loaded, draft_vocab = load_glide(tmp_path / "glide", target.config)
+    assert loaded.config == draft.config and draft_vocab is None
     torch.testing.assert_close(outputs(loaded, target), outputs(draft, target), atol=0, rtol=0)
+
+
+def test_a_shared_vocabulary_checkpoint_holds_its_layers_and_vocabulary_only(targets, tmp_path):
+    target = targets["llama"]
+    draft = random_draft(target.config, shared_vocab=True, intermediate_size=96)
+    draft_vocab = torch.arange(0, VOCAB, 3)
+    save_glide(tmp_path / "glide", draft, dtype=torch.bfloat16, draft_vocab=draft_vocab)
+    with safe_open(tmp_path / "glide" / "model.safetensors", "pt") as stored:
+        names = set(stored.keys())
+    assert "draft_vocab" in names and not any("embed_tokens" in name or "lm_head" in name for name in names)
+    loaded, vocab = load_glide(tmp_path / "glide", target.config)
+    assert loaded.config == draft.config and loaded.lm_head is None and torch.equal(vocab, draft_vocab)
+    for name, tensor in draft.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor.bfloat16().float()), name
 
 
 @pytest.mark.parametrize("per_head", [True, False])
@@ -262,7 +311,7 @@ def test_remap_checkpoint_loads(per_head, targets, tmp_path):
         for name in ("k_proj", "v_proj"):
             tensors[f"draft_model.model.layers.{layer}.cross_attn.{name}.weight"] = torch.zeros(32, 64)
     write_checkpoint(tmp_path / "remap", plain.config.to_dict(), tensors)
-    loaded = load_glide(tmp_path / "remap", config)
+    loaded, _ = load_glide(tmp_path / "remap", config)
     assert loaded.config.remap == width and isinstance(loaded.model.layers[1].cross_attn.remap_v, nn.Linear)
     torch.testing.assert_close(outputs(loaded, target), outputs(plain, target))
     with torch.no_grad():

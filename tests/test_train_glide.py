@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 import torch
+from safetensors import safe_open
 from test_train_longspec import _objective as longspec_objective
 from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _data_dir
@@ -33,11 +34,9 @@ def loaded(tokenizer):
 def glide_objective(loaded) -> GlideObjective:
     model = loaded.model
     torch.manual_seed(0)
-    draft = GlideModel(GlideConfig.for_target(model.config, num_hidden_layers=1))
-    with torch.no_grad():
-        draft.lm_head.weight.copy_(model.lm_head.weight)
-        draft.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight)
-    return GlideObjective(draft, torch.arange(model.config.vocab_size), model.model.rotary_emb)
+    draft = GlideModel(GlideConfig.for_target(model.config, num_hidden_layers=1, shared_vocab=True))
+    embeddings, head = model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach()
+    return GlideObjective(draft, embeddings, head, torch.arange(model.config.vocab_size), model.model.rotary_emb)
 
 
 def real_text_samples(tokenizer, count: int, length: int = 48) -> list[Sample]:
@@ -75,11 +74,17 @@ def test_a_short_run_on_real_text_lowers_the_heldout_loss(kind, loaded, tokenize
 
 
 def test_train_glide_writes_a_checkpoint_that_decodes_losslessly(loaded, tmp_path):
+    """The checkpoint holds the layer, its final norm and its draft vocabulary: the embedding and LM head are
+    the target's."""
     data = _data_dir(tmp_path / "data")
     out = tmp_path / "draft"
-    summary = train_glide(loaded, data, out, TrainRecipe(epochs=1, batch=4))
-    assert summary["steps"] == 2 and summary["layers"] == 1
-    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
+    summary = train_glide(loaded, data, out, TrainRecipe(epochs=1, batch=4), vocab=256, intermediate=32)
+    assert summary["steps"] == 2 and summary["layers"] == 1 and summary["draft_vocab"] == 256
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and config["intermediate_size"] == 32 and config["shared_vocab"]
+    with safe_open(out / "model.safetensors", "pt") as stored:
+        assert stored.get_tensor("draft_vocab").shape == (256,)
+        assert not any("embed_tokens" in name or "lm_head" in name for name in stored.keys())
     assert (out / "curves.png").stat().st_size > 0
 
     engine = Engine(loaded.model, loaded.tokenizer, max_len=256)

@@ -87,6 +87,7 @@ LrOption = Annotated[float, typer.Option("--lr", help="Peak learning rate (cosin
 CheckpointOption = Annotated[float, typer.Option("--checkpoint-minutes", help="Minutes between checkpoints.")]
 ResumeOption = Annotated[bool, typer.Option("--resume", help="Go on with the run in --out.")]
 PrecisionOption = Annotated[str, typer.Option("--precision", help="bf16 (autocast), fp32, or auto: bf16 on a GPU or a CPU with bf16 instructions.")]
+IntermediateOption = Annotated[int, typer.Option("--intermediate", help="The draft MLP's width (0: the target's).")]
 
 
 @train_app.command("longspec")
@@ -99,7 +100,7 @@ def train_longspec(
     lr: LrOption = 5e-4,
     vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary trained over, most frequent first (0: all); "
                                                        "the shipped one is chosen by measured speed.")] = 0,  # fmt: skip
-    intermediate: Annotated[int, typer.Option("--intermediate", help="The draft MLP's width (0: the target's).")] = 0,
+    intermediate: IntermediateOption = 0,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     eval_prompts: Annotated[int, typer.Option("--eval-prompts", help="Held-out prompts decoded at the end.")] = 16,
@@ -129,7 +130,9 @@ def train_glide(
     epochs: EpochsOption = 3.0,
     batch: BatchOption = 16,
     lr: LrOption = 5e-4,
-    vocab: VocabOption = 0,
+    vocab: Annotated[int, typer.Option("--vocab", help="The draft vocabulary: the most frequent answer tokens "
+                                                       "(0: all).")] = 0,  # fmt: skip
+    intermediate: IntermediateOption = 0,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     precision: PrecisionOption = "auto",
@@ -137,12 +140,14 @@ def train_glide(
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
 ) -> None:
-    """A one-layer GLIDE draft for the target: its embedding and LM head the target's, cross-attention to the
-    target's last layer under GLIDE's block-wise lag (blocks of 5)."""
+    """A one-layer GLIDE draft for the target: its embedding and LM head the target's (shared, not stored),
+    cross-attention to the target's last layer under GLIDE's block-wise lag (blocks of 5)."""
+    if intermediate < 0:
+        raise SpecchatError("--intermediate must be at least 0")
     from specchat.training.train_glide import train_glide as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device)  # fmt: skip
+                             precision, seed, dtype, device, intermediate=intermediate)  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     print(f"{out}: GLIDE drafter, held-out chain tau {last.get('heldout_chain_tau', float('nan')):.2f}; "
           f"use --drafter glide:{out}")  # fmt: skip

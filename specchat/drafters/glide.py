@@ -13,16 +13,19 @@ verification draws once per node and stays lossless under sampling.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
 import torch
 
 from specchat.drafters.base import DraftsAlone, TargetView, TracksCommittedIds
+from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
 from specchat.models.glide import GlideKV, GlideModel, check_target, load_glide
+from specchat.quant.quantize import quantize_linears
 
 CAPE_BINS = ((0.3, 8), (0.6, 6), (0.8, 4), (math.inf, 2))  # (bound, siblings): the first bound above c applies
 CHAIN = 4
@@ -32,14 +35,25 @@ CHUNK = 256  # committed rows per catch-up forward: bounds the masks at long con
 class GlideDrafter(DraftsAlone, TracksCommittedIds):
     kind = "glide"
 
-    def __init__(self, target: TargetView, model: GlideModel, *, chain: int = CHAIN,
-                 bins: tuple[tuple[float, int], ...] = CAPE_BINS):  # fmt: skip
+    def __init__(self, target: TargetView, model: GlideModel, *, draft_vocab: torch.Tensor | None = None,
+                 chain: int = CHAIN, bins: tuple[tuple[float, int], ...] = CAPE_BINS,
+                 weights: str | None = "auto"):  # fmt: skip
+        """`draft_vocab`: the ids a shared-vocabulary draft predicts over (None: all). `weights`: "int8" /
+        "int4" run the draft's layers and reduced head quantized (a copy), None dense, "auto" as the target
+        runs (quantized on a CPU whose target is)."""
         if chain < 1:
             raise SpecchatError("the GLIDE chain needs at least one token")
         config = model.config
         check_target(config, target.config, "the glide draft")
         self.target = target
+        weights = draft_weights(target) if weights == "auto" else weights
         self.model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        if weights:
+            self.model = copy.deepcopy(self.model)
+            quantize_linears(self.model.model.layers, weights, dtype=target.dtype)
+        own_embedding = self.model.model.embed_tokens
+        self.embed = target.embed_tokens if own_embedding is None else own_embedding
+        self.head = DraftHead(target, draft_vocab, weights, lm_head=self.model.lm_head)
         self.chain = chain
         self.bins = bins
         self.first_layer = target.config.num_hidden_layers - config.num_hidden_layers  # draft layer m reads this + m
@@ -65,7 +79,7 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
             logits = logits.float()
             top = logits.topk(most)
             confidence = float((top.values[0] - logits.logsumexp(dim=-1)).exp())
-            ranked = top.indices.tolist()
+            ranked = self.head.target_ids(top.indices).tolist()
             parent_of_step, parent = parent, builder.add(parent, ranked[0], self.kind)
             steps.append((parent_of_step, ranked[1 : 1 + self.siblings(confidence)]))
             if depth == length:
@@ -95,11 +109,11 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
                 break
             start = end
         self.kv.commit(root + 1)
-        return self.model.lm_head(states[-1])
+        return self.head(states[-1])
 
     def _logits(self, token: int, position: int) -> torch.Tensor:
         """Draft logits [vocab] below a chain node at `position` (its state goes to a scratch slot)."""
-        return self.model.lm_head(self._forward([token], position)[0])
+        return self.head(self._forward([token], position)[0])
 
     def _forward(self, tokens: list[int], start: int) -> torch.Tensor:
         device = self.target.device
@@ -107,7 +121,7 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
         cos, sin = self.target.rotary(self.kv.keys, positions[None])
         rotary = cos[0].to(self.target.dtype), sin[0].to(self.target.dtype)
         ids = torch.tensor(tokens, dtype=torch.long, device=device)
-        return self.model(ids, start, self.kv, self._target_kv, rotary)
+        return self.model(self.embed(ids), start, self.kv, self._target_kv, rotary)
 
     def _target_layers(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         layers = self.target.cache.layers[self.first_layer :]
@@ -120,4 +134,5 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
 
 def build(target: TargetView, checkpoint: Path) -> GlideDrafter:
     """The GLIDE + CAPE drafter of the checkpoint directory `checkpoint` for this target."""
-    return GlideDrafter(target, load_glide(checkpoint, target.config))
+    model, draft_vocab = load_glide(checkpoint, target.config)
+    return GlideDrafter(target, model, draft_vocab=draft_vocab)

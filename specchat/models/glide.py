@@ -1,7 +1,9 @@
 """GLIDE's draft model: a small decoder whose layers cross-attend to the target's KV cache, read in place.
 
 The draft (NonvolatileMemory/GliDe_with_a_CaPE_ICML_24, `glide/glideModel.py`) has its own embedding, final
-norm and LM head over the target's vocabulary, and N_D layers; layer m is
+norm and LM head over the target's vocabulary, and N_D layers. A draft trained here shares the target's
+embedding and LM head instead (`shared_vocab`: they are frozen copies of the target's in training, so they
+are not stored; for a 1.5B target they are 470 MB in bf16). Layer m is
 
     h = x + self_attn(input_layernorm(x))          # causal, over the draft's own keys / values
     h = h + cross_attn(h)                          # no pre-norm; over the target's layer N_T - N_D + m
@@ -49,6 +51,7 @@ class GlideConfig:
     cross_kv_heads: int
     cross_head_dim: int
     remap: int = 0  # 0: no remap; else the width remap_k / remap_v act on (head_dim, or kv_heads * head_dim)
+    shared_vocab: bool = False  # the target's embedding and LM head, none of its own
 
     @classmethod
     def from_dict(cls, data: dict, target_config, **changes) -> GlideConfig:
@@ -69,6 +72,7 @@ class GlideConfig:
             "cross_heads": target[0],
             "cross_kv_heads": target[1],
             "cross_head_dim": target[2],
+            "shared_vocab": bool(data.get("shared_vocab", False)),
         }
         return cls(**{**values, **changes})
 
@@ -140,7 +144,7 @@ class GlideLayer(nn.Module):
 class GlideBody(nn.Module):
     def __init__(self, config: GlideConfig, remap_bias: bool = False):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = None if config.shared_vocab else nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(GlideLayer(config, remap_bias) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -177,25 +181,24 @@ class GlideModel(nn.Module):
         super().__init__()
         self.config = config
         self.model = GlideBody(config, remap_bias)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if config.shared_vocab else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    def forward(self, tokens: torch.Tensor, start: int, kv: GlideKV, target_kv: list[tuple[torch.Tensor, torch.Tensor]],
+    def forward(self, x: torch.Tensor, start: int, kv: GlideKV, target_kv: list[tuple[torch.Tensor, torch.Tensor]],
                 cross_rotary: tuple[torch.Tensor, torch.Tensor], cross_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-        """Final-normed states [q, hidden] of `tokens` [q] at positions start, start + 1, ... (their own keys
-        and values are written to those slots of `kv`).
+        """Final-normed states [q, hidden] of token embeddings `x` [q, hidden] at positions start, start + 1, ...
+        (their own keys and values are written to those slots of `kv`).
 
         target_kv: per draft layer, the target keys / values [kv_heads, n, head_dim] it reads (post-RoPE,
         remapped when the draft remaps); row p sees those of positions < p, or those `cross_mask` [q, n]
         shows it (training's block-wise lag). cross_rotary: the target's rotary tables [q, cross_head_dim]
         at the rows' positions.
         """
-        config, count = self.config, tokens.shape[0]
+        config, count = self.config, x.shape[0]
         end = start + count
-        rows = torch.arange(start, end, device=tokens.device)
+        rows = torch.arange(start, end, device=x.device)
         own_cos, own_sin = self.own_rotary(rows)
         cross_cos, cross_sin = cross_rotary
         own_mask = None if count == 1 else torch.arange(end, device=rows.device) <= rows[:, None]
-        x = self.model.embed_tokens(tokens)
         for index, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
@@ -222,7 +225,7 @@ class GlideModel(nn.Module):
         inv_freq = 1.0 / self.config.rope_theta ** (torch.arange(0, dim, 2, device=positions.device) / dim)
         freqs = positions.float()[:, None] * inv_freq[None]
         angles = torch.cat([freqs, freqs], dim=-1)
-        dtype = self.lm_head.weight.dtype
+        dtype = self.model.norm.weight.dtype
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def target_kv(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -243,16 +246,19 @@ def _merge(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).reshape(x.shape[1], -1)
 
 
-def load_glide(path: Path, target_config) -> GlideModel:
-    """The GLIDE draft of the checkpoint at `path`, checked against the target it drafts for.
+def load_glide(path: Path, target_config) -> tuple[GlideModel, torch.Tensor | None]:
+    """The GLIDE draft of the checkpoint at `path`, checked against the target it drafts for, and its draft
+    vocabulary (None: the whole one).
 
     Released checkpoints name tensors like a Llama model (`model.layers.N...`, `model.embed_tokens`,
     `model.norm`, `lm_head`); a training prefix is stripped, unused `cross_attn.k_proj` / `v_proj` and rotary
     buffers are skipped, a tied LM head is the embedding. `cross_attn.remap_k` / `remap_v` load when present.
+    A draft trained here (`shared_vocab`) holds neither embedding nor head, and may hold `draft_vocab`.
     """
     data, tensors = read_checkpoint(path)
     tensors = strip_prefix(tensors, PREFIXES)
     tensors = {k: v for k, v in tensors.items() if not _unused(k)}
+    draft_vocab = tensors.pop("draft_vocab", None)
     if "lm_head.weight" not in tensors and data.get("tie_word_embeddings") and "model.embed_tokens.weight" in tensors:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
     remap = tensors.get("model.layers.0.cross_attn.remap_k.weight")
@@ -263,7 +269,7 @@ def load_glide(path: Path, target_config) -> GlideModel:
     check_target(config, target_config, f"{path}: the glide draft", _checkpoint_cross(data, tensors, config))
     model = GlideModel(config, remap_bias="model.layers.0.cross_attn.remap_k.bias" in tensors)
     load_into(model, tensors, path)
-    return model
+    return model, draft_vocab
 
 
 def _unused(name: str) -> bool:
@@ -302,10 +308,14 @@ def _shape(heads: int, kv: int | None, dim: int) -> str:
     return f"{heads} heads, {kv} KV heads of {dim}" if kv else f"{heads} heads of {dim}"
 
 
-def save_glide(path: Path, model: GlideModel, *, dtype: torch.dtype | None = None, tied: bool = False) -> None:
+def save_glide(path: Path, model: GlideModel, *, dtype: torch.dtype | None = None, tied: bool = False,
+               draft_vocab: torch.Tensor | None = None) -> None:  # fmt: skip
     """A checkpoint `load_glide` reads: config.json and model.safetensors, the weights in `dtype` when given;
-    `tied`: the LM head is the embedding, written once."""
+    `tied`: the LM head is the embedding, written once; `draft_vocab`: the ids a shared-vocabulary draft
+    predicts over, where fewer than the target's."""
     tensors = {name: tensor.to(dtype or tensor.dtype) for name, tensor in model.state_dict().items()}
-    if tied:
+    if tied and model.lm_head is not None:
         del tensors["lm_head.weight"]
+    if draft_vocab is not None:
+        tensors["draft_vocab"] = draft_vocab.long()
     write_checkpoint(path, {"model_type": "glide", **model.config.to_dict(), "tie_word_embeddings": tied}, tensors)

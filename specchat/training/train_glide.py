@@ -1,8 +1,9 @@
 """`specchat train glide`: a one-layer GLIDE draft for a target, from `specchat train data`'s records.
 
-The draft keeps the target's whole vocabulary, its LM head being the target's, so no vocabulary is chosen
-afterwards; the loss may still be taken over the most frequent answer tokens. Trained through `pipeline.py`
-with `glide.py`'s objective; `<out>` is a checkpoint (`--drafter glide:<out>`).
+The draft shares the target's embedding and LM head; with `vocab` it predicts over the most frequent answer
+tokens only (its draft vocabulary: those rows of the head, as LongSpec's), which is most of a draft step's
+cost on a CPU otherwise. Trained through `pipeline.py` with `glide.py`'s objective; `<out>` is a checkpoint
+(`--drafter glide:<out>`).
 """
 
 from __future__ import annotations
@@ -21,26 +22,28 @@ from specchat.training.training_set import TrainingSet, target_embeddings, targe
 from specchat.training.vocab import frequent_tokens
 
 
-def train_glide(loaded, data: Path, out: Path, recipe: TrainRecipe, *, vocab: int = 0, **pipeline) -> dict:
-    """Train, write the checkpoint and its summary to `out`; returns the summary. `vocab`: the most frequent
-    answer tokens the loss is taken over (0: all). `pipeline`: `train_drafter`'s options."""
+def train_glide(loaded, data: Path | list[Path], out: Path, recipe: TrainRecipe, *, vocab: int = 0,
+                intermediate: int = 0, **pipeline) -> dict:  # fmt: skip
+    """Train, write the checkpoint and its summary to `out`; returns the summary. `vocab`: the draft
+    vocabulary, the most frequent answer tokens (0: all); `intermediate`: the draft MLP's width (0: the
+    target's). `pipeline`: `train_drafter`'s options."""
     model = loaded.model
+    vocab_size = model.config.vocab_size
 
     def trainee(data_set: TrainingSet) -> Trainee:
         always = sorted(eos_ids(model, loaded.tokenizer))
-        loss_vocab = frequent_tokens(data_set.answers, vocab, model.config.vocab_size, always=always)
+        draft_vocab = frequent_tokens(data_set.answers, vocab, vocab_size, always=always)
         torch.manual_seed(recipe.seed)
-        draft = GlideModel(GlideConfig.for_target(model.config, num_hidden_layers=1)).to(model.device)
-        tied = bool(getattr(model.config, "tie_word_embeddings", False))
-        head = target_head(model)
-        with torch.no_grad():  # a tied target's head is its embedding: one matrix for both (dequantized once)
-            draft.lm_head.weight.copy_(head)
-            draft.model.embed_tokens.weight.copy_(head if tied else target_embeddings(model))
+        width = {"intermediate_size": intermediate} if intermediate else {}
+        config = GlideConfig.for_target(model.config, num_hidden_layers=1, shared_vocab=True, **width)
+        draft = GlideModel(config).to(model.device)
+        reduced = None if len(draft_vocab) == vocab_size else draft_vocab
         return Trainee(
-            objective=GlideObjective(draft, loss_vocab, parts(model).rotary),
-            save=lambda: save_glide(out, draft, dtype=torch.bfloat16, tied=tied),
+            objective=GlideObjective(draft, target_embeddings(model), target_head(model), draft_vocab,
+                                     parts(model).rotary),  # fmt: skip
+            save=lambda: save_glide(out, draft, dtype=torch.bfloat16, draft_vocab=reduced),
             title=f"GLIDE drafter for {loaded.source.name}",
-            summary={"loss_vocab": len(loss_vocab), "layers": 1},
+            summary={"draft_vocab": len(draft_vocab), "layers": 1, "intermediate_size": config.intermediate_size},
         )
 
     return train_drafter(loaded, data, out, recipe, trainee, **pipeline)
