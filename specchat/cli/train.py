@@ -224,6 +224,18 @@ def train_model_drafter(
           f"tau {last.get('heldout_chain_tau', float('nan')):.2f}; use --drafter model:{out}")  # fmt: skip
 
 
+@train_app.command("pack")
+def train_pack(
+    checkpoint: Annotated[Path, typer.Argument(help="A trained draft's checkpoint directory.")],
+) -> None:
+    """Store a trained draft's matrices in 4 bits, in groups of 32 as its linears run on a CPU: about a third
+    of its bf16 size, for a checkpoint that ships. Loaders unpack it; it is not packed twice."""
+    from specchat.models.checkpoint import pack_checkpoint
+
+    before, after = pack_checkpoint(checkpoint)
+    print(f"{checkpoint}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+
+
 def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume, precision,
                    seed, dtype, device, recipe_options: dict | None = None, **options) -> dict:  # fmt: skip
     """Check the shared options, load the target and run `run_training` under a progress display;

@@ -2,7 +2,8 @@
 
 Released drafts name their tensors in slightly different ways (a training prefix, unused projections);
 each model's loader says which prefixes to strip and which keys to skip, and every mismatch is one line
-that names the checkpoint, the key and both shapes.
+that names the checkpoint, the key and both shapes. Matrices may be stored packed in 4 bits
+(`packed_weights.py`, `pack_checkpoint`); they are read back as floats, so loaders never see the difference.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specchat.errors import SpecchatError
+from specchat.models.packed_weights import is_packed, pack, unpack
 
 WEIGHTS = "model.safetensors"
+HEADS = "heads.safetensors"  # TokenSwift's heads
 PICKLES = (".bin", ".pth", ".pt", ".pkl", ".ckpt")
 
 
@@ -31,7 +34,7 @@ def read_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
             raise SpecchatError(f"{path}: the checkpoint has no {name}")
     try:
         config = json.loads((path / "config.json").read_text())
-        tensors = load_file(path / WEIGHTS)
+        tensors = unpack(load_file(path / WEIGHTS))
     except (ValueError, OSError) as error:
         raise SpecchatError(f"{path}: unreadable checkpoint ({error})") from None
     return config, tensors
@@ -42,6 +45,26 @@ def write_checkpoint(path: Path, config: dict, tensors: dict[str, torch.Tensor])
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=1))
     save_file({name: tensor.detach().contiguous().cpu() for name, tensor in tensors.items()}, path / WEIGHTS)
+
+
+def pack_checkpoint(path: Path) -> tuple[int, int]:
+    """Rewrite the weights of the draft checkpoint directory `path` packed in 4 bits; returns the file's bytes
+    before and after. A checkpoint already packed is refused, not packed twice."""
+    path = Path(path).expanduser()
+    weights = next((path / name for name in (WEIGHTS, HEADS) if (path / name).is_file()), None)
+    if weights is None:
+        raise SpecchatError(f"{path}: no draft checkpoint here (it holds config.json and {WEIGHTS} or {HEADS})")
+    try:
+        tensors = load_file(weights)
+    except (ValueError, OSError) as error:
+        raise SpecchatError(f"{weights}: unreadable safetensors file ({error})") from None
+    if is_packed(tensors):
+        raise SpecchatError(f"{weights} is packed already")
+    before = weights.stat().st_size
+    partial = weights.with_suffix(".partial")
+    save_file({name: tensor.contiguous() for name, tensor in pack(tensors).items()}, partial)
+    partial.replace(weights)
+    return before, weights.stat().st_size
 
 
 def strip_prefix(tensors: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:

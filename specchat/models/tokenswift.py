@@ -42,11 +42,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specchat.errors import SpecchatError
-from specchat.models.checkpoint import PICKLES, load_into
+from specchat.models.checkpoint import HEADS, PICKLES, load_into
+from specchat.models.packed_weights import unpack
 from specchat.models.layers import RMSNorm
 
 GAMMA = 3  # TokenSwift's heads: tokens t + 2 .. t + 4 from the state at t
-WEIGHTS = "heads.safetensors"
 PUBLISHED_PREFIX = "model."  # published heads sit in the target's own checkpoint, under its `model.`
 PUBLISHED_INDEX = "model.safetensors.index.json"
 PUBLISHED_SINGLE = "model.safetensors"
@@ -176,7 +176,7 @@ def save_heads(directory: Path, heads: TokenSwiftHeads, dtype: torch.dtype = tor
     if heads.draft_vocab is not None:
         tensors["draft_vocab"] = heads.draft_vocab.long().cpu()
     (directory / "config.json").write_text(json.dumps({"model_type": "tokenswift", **heads.config.to_dict()}, indent=1))
-    save_file(tensors, directory / WEIGHTS)
+    save_file(tensors, directory / HEADS)
 
 
 def load_heads(directory: Path, device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
@@ -184,7 +184,7 @@ def load_heads(directory: Path, device: torch.device | str | None = None, dtype:
     """The heads of `directory`: a specchat checkpoint (`save_heads`) or a published TokenSwift model, on
     `device` in `dtype` (None: as read). With `target_config`, the heads must fit that target's hidden size."""
     directory = Path(directory).expanduser()
-    heads = _read_own(directory) if (directory / WEIGHTS).is_file() else read_published_heads(directory)
+    heads = _read_own(directory) if (directory / HEADS).is_file() else read_published_heads(directory)
     if target_config is not None and heads.config.hidden_size != target_config.hidden_size:
         raise SpecchatError(
             f"{directory}: the TokenSwift heads have hidden size {heads.config.hidden_size}; "
@@ -236,7 +236,7 @@ def download_heads(repo: str, download: Callable[[str, str], str] | None = None)
     download = download or hf_hub_download
     offline = f"the TokenSwift heads of {repo} are not cached and this machine is offline"
     uncached = False
-    for name in (WEIGHTS, PUBLISHED_INDEX, PUBLISHED_SINGLE):
+    for name in (HEADS, PUBLISHED_INDEX, PUBLISHED_SINGLE):
         try:
             path = Path(download(repo, name))
         except LocalEntryNotFoundError:  # not cached, offline: it may still be another layout's file
@@ -253,7 +253,7 @@ def download_heads(repo: str, download: Callable[[str, str], str] | None = None)
         return path.parent
     if uncached:
         raise SpecchatError(offline)
-    raise SpecchatError(f"{repo} holds neither TokenSwift heads ({WEIGHTS}) nor a model with them")
+    raise SpecchatError(f"{repo} holds neither TokenSwift heads ({HEADS}) nor a model with them")
 
 
 def _weight_map(index: Path) -> dict[str, str]:
@@ -292,7 +292,7 @@ def _published_shards(directory: Path) -> dict[str, list[str]]:
         raise SpecchatError(f"{directory}: specchat reads only safetensors checkpoints and never unpickles "
                             ".bin/.pth files")
     else:
-        raise SpecchatError(f"{directory}: neither TokenSwift heads ({WEIGHTS}) nor a model ({PUBLISHED_SINGLE} or "
+        raise SpecchatError(f"{directory}: neither TokenSwift heads ({HEADS}) nor a model ({PUBLISHED_SINGLE} or "
                             f"{PUBLISHED_INDEX})")  # fmt: skip
     if not shards:
         raise SpecchatError(f"{directory}: the model holds no TokenSwift heads ({prefix}*)")
@@ -305,11 +305,11 @@ def _read_own(directory: Path) -> TokenSwiftHeads:
     config = _json(directory / "config.json")
     if config.get("model_type") != "tokenswift":
         raise SpecchatError(f"{directory}: config.json says model_type {config.get('model_type')!r}, not 'tokenswift'")
-    path = directory / WEIGHTS
+    path = directory / HEADS
     try:
         with safe_open(path, "pt") as handle:
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    except (OSError, SafetensorError) as error:
+            tensors = unpack({name: handle.get_tensor(name) for name in handle.keys()})
+    except (OSError, SafetensorError, ValueError) as error:
         raise SpecchatError(f"{path}: unreadable safetensors file ({error})") from None
     try:
         shape = TokenSwiftConfig(config["hidden_size"], config["rms_norm_eps"], config["gamma"],
