@@ -308,14 +308,11 @@ def _shape(heads: int, kv: int | None, dim: int) -> str:
     return f"{heads} heads, {kv} KV heads of {dim}" if kv else f"{heads} heads of {dim}"
 
 
-def save_glide(path: Path, model: GlideModel, *, dtype: torch.dtype | None = None, tied: bool = False,
+def save_glide(path: Path, model: GlideModel, *, dtype: torch.dtype | None = None,
                draft_vocab: torch.Tensor | None = None) -> None:  # fmt: skip
     """A checkpoint `load_glide` reads: config.json and model.safetensors, the weights in `dtype` when given;
-    `tied`: the LM head is the embedding, written once; `draft_vocab`: the ids a shared-vocabulary draft
-    predicts over, where fewer than the target's."""
+    `draft_vocab`: the ids a shared-vocabulary draft predicts over, where fewer than the target's."""
     tensors = {name: tensor.to(dtype or tensor.dtype) for name, tensor in model.state_dict().items()}
-    if tied and model.lm_head is not None:
-        del tensors["lm_head.weight"]
     if draft_vocab is not None:
         tensors["draft_vocab"] = draft_vocab.long()
-    write_checkpoint(path, {"model_type": "glide", **model.config.to_dict(), "tie_word_embeddings": tied}, tensors)
+    write_checkpoint(path, {"model_type": "glide", **model.config.to_dict()}, tensors)
