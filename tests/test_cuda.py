@@ -53,7 +53,13 @@ DRAFTERS = {
     "ngram": lambda engine, model, reference: NgramDrafter(),
     "random": lambda engine, model, reference: RandomTreeDrafter(vocab_size=VOCAB, seed=1, reference=reference),
     "longspec": lambda engine, model, reference: LongSpecDrafter(engine.target, random_layer(model)),
+    "longspec-draft-vocab": lambda engine, model, reference: LongSpecDrafter(
+        engine.target, random_layer(model), draft_vocab=torch.arange(0, VOCAB, 2)
+    ),
     "glide": lambda engine, model, reference: GlideDrafter(engine.target, random_draft(model.config)),
+    "glide-shared-vocab": lambda engine, model, reference: GlideDrafter(
+        engine.target, random_draft(model.config, shared_vocab=True), draft_vocab=torch.arange(3, VOCAB, 4)
+    ),
     "tokenswift": lambda engine, model, reference: TokenSwiftDrafter(engine.target, random_heads(model), lag=16),
     "model": lambda engine, model, reference: ModelDrafter(
         engine.target, DraftModel(student_from_target(model, 1), student=True)
@@ -103,7 +109,7 @@ def test_greedy_speculation_on_cuda_equals_autoregressive(family, attention, dra
     assert generate(engine, follow_up, 40, NO_EOS) == want
 
 
-@pytest.mark.parametrize("drafter", ["random", "longspec", "model"])
+@pytest.mark.parametrize("drafter", ["random", "longspec", "glide-shared-vocab", "model"])
 def test_seeded_sampling_on_cuda_equals_autoregressive(drafter):
     """`reproducible=True` draws each token from its own seeded stream, so a sampled run is comparable
     token for token (the chi-square tests of the distributions run on CPU)."""
