@@ -69,8 +69,10 @@ class DraftHead:
         return full.index_copy_(0, self.draft_vocab, probs)
 
 
-def draft_weights(target: TargetView) -> str | None:
-    """How the draft's weights run by default: int4 on a CPU whose target runs quantized weights (a draft there
-    is mostly reading weights, and int4 halves them for a few thousandths of tau), else dense in the target's
-    dtype."""
+def draft_weights(target: TargetView, weights: str | None = "auto") -> str | None:
+    """How the draft's weights run: as asked, or for "auto" int4 on a CPU whose target runs quantized weights (a
+    draft there is mostly reading weights, and int4 halves them for a few thousandths of tau), else dense in the
+    target's dtype."""
+    if weights != "auto":
+        return weights
     return "int4" if target.device.type == "cpu" and isinstance(target.lm_head, QuantizedLinear) else None

@@ -13,7 +13,6 @@ verification draws once per node and stays lossless under sampling.
 
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
 from specchat.models.glide import GlideKV, GlideModel, check_target, load_glide
-from specchat.quant.quantize import quantize_linears
+from specchat.quant.quantize import quantized_copy
 
 CAPE_BINS = ((0.3, 8), (0.6, 6), (0.8, 4), (math.inf, 2))  # (bound, siblings): the first bound above c applies
 CHAIN = 4
@@ -39,18 +38,16 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
                  chain: int = CHAIN, bins: tuple[tuple[float, int], ...] = CAPE_BINS,
                  weights: str | None = "auto"):  # fmt: skip
         """`draft_vocab`: the ids a shared-vocabulary draft predicts over (None: all). `weights`: "int8" /
-        "int4" run the draft's layers and reduced head quantized (a copy), None dense, "auto" as the target
-        runs (quantized on a CPU whose target is)."""
+        "int4" run the draft's linear layers (its own head too, where it has one) and reduced head quantized (a
+        copy), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
         if chain < 1:
             raise SpecchatError("the GLIDE chain needs at least one token")
         config = model.config
         check_target(config, target.config, "the glide draft")
         self.target = target
-        weights = draft_weights(target) if weights == "auto" else weights
-        self.model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-        if weights:
-            self.model = copy.deepcopy(self.model)
-            quantize_linears(self.model.model.layers, weights, dtype=target.dtype)
+        weights = draft_weights(target, weights)
+        model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        self.model = quantized_copy(model, weights, dtype=target.dtype)
         own_embedding = self.model.model.embed_tokens
         self.embed = target.embed_tokens if own_embedding is None else own_embedding
         self.head = DraftHead(target, draft_vocab, weights, lm_head=self.model.lm_head)

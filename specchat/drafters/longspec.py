@@ -10,7 +10,6 @@ it, so verification can use rejection sampling.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.models.longspec import LongSpecLayer, RingKV, load_longspec
-from specchat.quant.quantize import quantize_linears
+from specchat.quant.quantize import quantized_copy
 
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
 
@@ -37,11 +36,9 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         as it is), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
         config = layer.config
         self.target = target
-        weights = draft_weights(target) if weights == "auto" else weights
-        self.layer = layer.to(device=target.device, dtype=target.dtype).eval()
-        if weights:
-            self.layer = copy.deepcopy(self.layer)
-            quantize_linears(self.layer, weights, dtype=target.dtype)
+        weights = draft_weights(target, weights)
+        layer = layer.to(device=target.device, dtype=target.dtype).eval()
+        self.layer = quantized_copy(layer, weights, dtype=target.dtype)
         self.widths = widths
         self.chain = chain
         self.head = DraftHead(target, draft_vocab, weights)

@@ -11,7 +11,6 @@ any model that speaks the target's vocabulary.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ from specchat.engine.tree import DraftTree
 from specchat.models.attention import attend
 from specchat.models.draft_model import DraftModel, load_draft_model
 from specchat.models.layers import rotate
-from specchat.quant.quantize import quantize_linears
+from specchat.quant.quantize import quantized_copy
 
 
 class ModelDrafter(DraftsAlone, TracksCommittedIds):
@@ -38,13 +37,10 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         """`weights`: "int8" / "int4" run the draft's layers (and a reduced head) quantized, None dense, "auto" as
         the target runs (quantized on a CPU whose target is)."""
         model, config = draft.model, draft.config
-        weights = draft_weights(target) if weights == "auto" else weights
+        weights = draft_weights(target, weights)
         self.target = target
         decoder = parts(model)
-        self.layer_modules = decoder.layer_modules
-        if weights:
-            self.layer_modules = copy.deepcopy(self.layer_modules)
-            quantize_linears(self.layer_modules, weights, dtype=target.dtype)
+        self.layer_modules = quantized_copy(decoder.layer_modules, weights, dtype=target.dtype)
         self.layers = [decoder.Layer(module) for module in self.layer_modules]
         self.embed, self.norm, self.rotary = decoder.embed, decoder.norm, decoder.rotary
         self.head = DraftHead(target, draft.draft_vocab, weights, lm_head=None if draft.student else decoder.head)

@@ -35,7 +35,7 @@ from specchat.drafters.partial_kv import PartialKV
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.models.tokenswift import TokenSwiftHeads, download_heads, load_heads
-from specchat.quant.quantize import quantize_linears
+from specchat.quant.quantize import quantized_copy
 
 KV_BUDGET = 4096  # TokenSwift's partial cache B; 0 drafts over the full cache
 WIDTH = 3  # candidates per head (the [1, 3, 3, 3] tree)
@@ -51,10 +51,9 @@ class TokenSwiftDrafter:
         (0: the engine's full cache); else the heads alone, from the last verified state. `weights`: "int8" /
         "int4" run the heads and the reduced head quantized (on a CPU each draft reads them anew after the
         target's step evicted them), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
-        self.target, self.heads = target, heads.to(target.device, target.dtype)
-        weights = draft_weights(target) if weights == "auto" else weights
-        if weights:
-            quantize_linears(self.heads, weights, dtype=target.dtype)
+        weights = draft_weights(target, weights)
+        self.target = target
+        self.heads = quantized_copy(heads.to(target.device, target.dtype), weights, dtype=target.dtype)
         self.head = DraftHead(target, heads.draft_vocab, weights)
         self.forward = forward
         self.partial = PartialKV(target, kv_budget) if forward and kv_budget else None

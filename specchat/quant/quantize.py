@@ -8,6 +8,8 @@ in whole groups, outputs not a multiple of 16) stay dense in the activation dtyp
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -29,6 +31,16 @@ def quantize_linears(module: nn.Module, scheme: str, *, dtype: torch.dtype, head
         if type(linear) is nn.Linear and quantizable(linear):
             layer_scheme = "int8" if linear is head else scheme
             module.set_submodule(name, quantize_linear(linear, layer_scheme, dtype=dtype))
+
+
+def quantized_copy(module: nn.Module, scheme: str | None, *, dtype: torch.dtype) -> nn.Module:
+    """A copy of `module` with its linear layers in `scheme` (the caller's module stays as it is), or `module`
+    itself when `scheme` is None: how a drafter runs its own layers beside a quantized target."""
+    if scheme is None:
+        return module
+    module = copy.deepcopy(module)
+    quantize_linears(module, scheme, dtype=dtype)
+    return module
 
 
 def quantizable(linear: nn.Linear) -> bool:
