@@ -188,8 +188,8 @@ def test_verify_cost_of_a_real_model_through_the_engine(tiny_gguf):
 
 def test_the_real_qwen_coder_files_keep_their_output():
     """Qwen2.5-Coder-1.5B Q4_K_M (Q4_K, Q6_K) as target, its 0.5B (mostly Q5_0, a Q8_0 head) as draft, and the
-    TokenSwift heads and LongSpec draft shipped for it: output with each drafter equals autoregressive decoding, greedy and seeded
-    sampling at the model card's settings. Needs the real files (`specchat models` says where they go); CI has
+    TokenSwift heads, LongSpec and GLIDE drafts shipped for it: output with each drafter equals autoregressive
+    decoding, greedy and seeded sampling at the model card's settings. Needs the real files (`specchat models` says where they go); CI has
     none."""
     from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
     from specchat.engine.prompt import encode_prompt
@@ -204,7 +204,7 @@ def test_the_real_qwen_coder_files_keep_their_output():
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt) + 40)
     sampled = SamplingConfig(temperature=0.7, top_p=0.8, top_k=20, seed=3)
     expected = {sampling: generate(engine, prompt, 32, sampling) for sampling in (GREEDY, sampled)}
-    for name in ("ngram", "model", "tokenswift", "tokenswift+ngram", "longspec", "longspec+ngram"):
+    for name in ("ngram", "model", "tokenswift", "tokenswift+ngram", "longspec", "longspec+ngram", "glide", "glide+ngram"):
         choice = resolve_drafter(parse_drafter(name), loaded.source.profile, loaded.source.name)
         engine.set_drafter(build_drafter(choice, engine.target), 4)
         for sampling, tokens in expected.items():
