@@ -370,12 +370,13 @@ def test_build_loads_and_drafts(targets, tokenizer, tmp_path):
 
 @pytest.mark.parametrize("rows", [1, 5, 20])
 def test_attention_of_few_rows_is_sdpa(rows, monkeypatch):
-    """A draft step's attention (matmuls) and a catch-up's (SDPA) agree; a row that sees nothing gets zeros."""
+    """A draft step's attention (matmuls) and a catch-up's (SDPA) agree, over keys and values read in place from a
+    longer cache; a row that sees nothing gets zeros."""
     from specchat.models import attention
 
     generator = torch.Generator().manual_seed(rows)
-    q, keys = torch.randn(4, rows, 16, generator=generator), torch.randn(2, 30, 16, generator=generator)
-    values = torch.randn(2, 30, 16, generator=generator)
+    q, keys = torch.randn(4, rows, 16, generator=generator), torch.randn(2, 48, 16, generator=generator)[:, :30]
+    values = torch.randn(2, 48, 16, generator=generator)[:, :30]
     mask = torch.arange(30)[None] < torch.arange(rows)[:, None] * 3  # row 0 sees nothing
     results = []
     for few in (64, 0):

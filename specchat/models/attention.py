@@ -15,7 +15,8 @@ def attend(q, keys, values, mask) -> torch.Tensor:
     [H, q, D]; a row that sees no key gets zeros.
 
     A few rows (a draft step) are two batched matmuls: SDPA's CPU kernel costs 15x more at one row over 7K
-    keys (3.0 vs 0.2 ms), about the same at 32 to 64 rows. More rows (catching up a prompt) go through SDPA,
+    keys (3.0 vs 0.2 ms), about the same at 32 to 64 rows. The scores are K q^T: q K^T copied a view of the
+    target's cache to K^T first, 2.4x the time at 30K keys. More rows (catching up a prompt) go through SDPA,
     which never holds the whole score matrix.
     """
     heads, rows, dim = q.shape
@@ -25,7 +26,7 @@ def attend(q, keys, values, mask) -> torch.Tensor:
     if rows > FEW_ROWS:
         out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
         return out if mask is None else out.masked_fill(~mask.any(dim=-1)[None, :, None], 0)
-    scores = torch.bmm(q.reshape(kv, -1, dim), keys.transpose(1, 2)).float() * dim**-0.5  # [kv, group * q, k]
+    scores = torch.bmm(keys, q.reshape(kv, -1, dim).transpose(1, 2)).transpose(1, 2).float() * dim**-0.5  # [kv, group * q, k]
     if mask is not None:
         scores = scores.view(kv, -1, rows, count).masked_fill(~mask, -math.inf).view(kv, -1, count)
     probs = scores.softmax(dim=-1)
