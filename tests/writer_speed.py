@@ -17,6 +17,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +39,8 @@ def measure(loaded, drafter: str, tokens: int, penalty: float, seed: int, kv_cac
     sampling = {"temperature": defaults.TEMPERATURE, "top_k": 0, "top_p": 1.0, "min_p": defaults.MIN_P,
                 "min_p_keep": defaults.MIN_P_KEEP, "penalty": penalty, "penalty_window": defaults.PENALTY_WINDOW,
                 "seed": seed}  # fmt: skip
-    book, engine = new_book(loaded, folder / f"{drafter}-{penalty}-{kv_cache}.txt", tokens, defaults.STORY, raw=False,
+    name = re.sub(r"[^\w.+-]", "_", drafter)  # a drafter NAME:PATH names a file too
+    book, engine = new_book(loaded, folder / f"{name}-{penalty}-{kv_cache}.txt", tokens, defaults.STORY, raw=False,
                             sampling=sampling, stop_at_eos=False, force=True, kv_cache=kv_cache)  # fmt: skip
     choice = resolve_drafter(parse_drafter(drafter), loaded.source.profile, loaded.source.name)
     engine.set_drafter(build_drafter(choice, engine.target))
