@@ -7,6 +7,7 @@ import gzip
 import itertools
 import json
 import textwrap
+from array import array
 
 import pytest
 from test_cli import assert_one_line_error, specchat
@@ -16,6 +17,7 @@ from specchat.bench.prompts import PROMPT_SETS
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
+from specchat.training import book_data
 from specchat.training import prompts as prompt_sources
 from specchat.training.data import DataRecipe, build_data, read_records
 from specchat.training.prompts import Prompt, all_prompts, doc_prompts, stdlib_prompts
@@ -211,3 +213,39 @@ def test_text_records_show_the_text_as_an_answer_in_resumable_shards(tokenizer, 
 def test_train_data_rejects_bad_options_in_one_line(tmp_path):
     assert_one_line_error(specchat("train", "data", "--out", str(tmp_path), "--heldout", "1.5"), "--heldout")
     assert_one_line_error(specchat("train", "data", "--out", str(tmp_path), "--tokens", "0"), "--tokens")
+
+
+def test_the_targets_own_books_cut_into_records_held_out_whole_and_resumed(tokenizer, tmp_path, monkeypatch):
+    """Books at the writer's settings, cut into records of BOOK_ANSWER tokens after BOOK_CONTEXT tokens of the
+    book (its prompt before the first); a book is held out or trained on whole; a rerun writes only the books
+    still missing."""
+    monkeypatch.setattr(book_data, "BOOK_ANSWER", 20)
+    monkeypatch.setattr(book_data, "BOOK_CONTEXT", 8)
+    loaded = tiny_loaded(tokenizer)
+    out = tmp_path / "data"
+    recipe = _recipe(kind="books", max_new_tokens=50, sampled=1.0, heldout=0.5)
+    first = book_data.build_book_data(loaded, out, recipe, tokens=1)
+    assert (first.records, first.answer_tokens) == (3, 50)
+    records = list(read_records(out))
+    (book,) = (out / "books").glob("*.txt")
+    ids = array("I", book.with_name(book.name + ".specchat.ids").read_bytes()).tolist()
+    generated = ids[-50:]
+    assert [r["answer_ids"] for r in records] == [generated[:20], generated[20:40], generated[40:]]
+    assert records[0]["prompt_ids"] == ids[:-50]  # the chat prompt
+    assert [r["prompt_ids"] for r in records[1:]] == [generated[12:20], generated[32:40]]
+    settings = records[0]["sampling"]
+    assert (settings["temperature"], settings["min_p"], settings["penalty"]) == (1.0, 0.1, 1.2)
+    assert not any(sample.greedy for sample in samples_of(records))  # never in greedy chain tau
+
+    done = book_data.build_book_data(loaded, out, recipe, tokens=200)  # resumes: three books more
+    records = list(read_records(out))
+    assert (done.records, done.answer_tokens) == (12, 200) == (len(records), sum(len(r["answer_ids"]) for r in records))
+    assert [r for r in records if r["source"] == records[0]["source"]] == records[:3]  # the first book, once
+    sources = {r["source"] for r in records}
+    splits = {source: {r["split"] for r in records if r["source"] == source} for source in sources}
+    assert len(splits) == 4 and all(len(split) == 1 for split in splits.values())
+    assert len(list((out / "books").glob("*.txt"))) == 4
+
+
+def test_books_are_not_text(tmp_path):
+    assert_one_line_error(specchat("train", "data", "--out", str(tmp_path), "--books", "100", "--text"), "--books")

@@ -36,21 +36,25 @@ def train_data(
                                                       "shown as answers, labelled by the target's prefill when a "
                                                       "drafter trains (no generation: several times the tokens an hour). "
                                                       "--tokens counts text tokens.")] = False,
+    books: Annotated[int, typer.Option("--books", help="The target's own sampled books instead, of this many "
+                                                      "tokens each, at the writer's settings (nine story prompts, "
+                                                      "a seed a book). --tokens counts book tokens.")] = 0,
     seed: SeedOption = None,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
 ) -> None:
     """Self-distillation data: prompts from the Python standard library, the system's package documentation
-    and open-chat prompts, answered by the target itself (the bench's prompts left out); or, with --text,
-    existing text the target labels."""
+    and open-chat prompts, answered by the target itself (the bench's prompts left out); with --text, existing
+    text the target labels; with --books N, books the target writes."""
     if tokens < 1 or max_new_tokens < 1:
         raise SpecchatError("--tokens and --max-new-tokens must be at least 1")
     if not (0 <= heldout < 1 and 0 <= sampled <= 1):
         raise SpecchatError("--heldout must be in [0, 1) and --sampled in [0, 1]")
+    if books < 0 or (books and text):
+        raise SpecchatError("--books takes a number of tokens a book, and not with --text")
     check_dtype(dtype)
     check_output_dir(out)
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
+    from specchat.training.book_data import build_book_data
     from specchat.training.data import DataRecipe, build_data
     from specchat.training.prompts import all_prompts
     from specchat.training.text_data import TEXT_TOKENS, build_text_data, stdlib_chunks
@@ -61,18 +65,32 @@ def train_data(
         done = build_text_data(loaded, out, recipe, tokens=tokens, chunks=stdlib_chunks(recipe.seed))
         print(f"{out}: {done.records} text records, {done.answer_tokens} text tokens")
         return
+    if books:
+        recipe = DataRecipe(loaded.source.name, loaded.weights, loaded.dtype, seed or 0, books, heldout, 1.0, "books")
+        done = _with_bar(tokens, "records",
+                         lambda show: build_book_data(loaded, out, recipe, tokens=tokens, progress=show))  # fmt: skip
+        print(f"{out}: {done.answer_tokens} book tokens in {done.records} records (books in {out / 'books'})")
+        return
     recipe = DataRecipe(loaded.source.name, loaded.weights, loaded.dtype, seed or 0, max_new_tokens, heldout, sampled)
     prompts = all_prompts(recipe.seed)
+    done = _with_bar(tokens, "prompts",
+                     lambda show: build_data(loaded, out, prompts, recipe, tokens=tokens, progress=show))  # fmt: skip
+    print(f"{out}: {done.records} prompts, {done.answer_tokens} answer tokens ({len(prompts)} prompts available)")
+
+
+def _with_bar(tokens: int, unit: str, build):
+    """`build(show)` with a progress bar of the tokens it has written, `show` its callback."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
     columns = (TextColumn("[bold]data"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} tokens"),
-               TextColumn("{task.fields[records]} prompts · {task.fields[rate]:.0f} tok/s"), TimeRemainingColumn())  # fmt: skip
+               TextColumn(f"{{task.fields[records]}} {unit} · {{task.fields[rate]:.0f}} tok/s"), TimeRemainingColumn())  # fmt: skip
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("data", total=tokens, records=0, rate=0.0)
 
         def show(now):
             bar.update(task, completed=min(now.answer_tokens, tokens), records=now.records, rate=now.tokens_per_second)
 
-        done = build_data(loaded, out, prompts, recipe, tokens=tokens, progress=show)
-    print(f"{out}: {done.records} prompts, {done.answer_tokens} answer tokens ({len(prompts)} prompts available)")
+        return build(show)
 
 
 DataOption = Annotated[list[Path], typer.Option("--data", help="Directory of `specchat train data` (repeat it to train on several: answers and text).")]

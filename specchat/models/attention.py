@@ -26,7 +26,8 @@ def attend(q, keys, values, mask) -> torch.Tensor:
     if rows > FEW_ROWS:
         out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
         return out if mask is None else out.masked_fill(~mask.any(dim=-1)[None, :, None], 0)
-    scores = torch.bmm(keys, q.reshape(kv, -1, dim).transpose(1, 2)).transpose(1, 2).float() * dim**-0.5  # [kv, group * q, k]
+    scores = torch.bmm(keys, q.reshape(kv, -1, dim).transpose(1, 2)).transpose(1, 2)  # [kv, group * q, k]
+    scores = scores.float() * dim**-0.5
     if mask is not None:
         scores = scores.view(kv, -1, rows, count).masked_fill(~mask, -math.inf).view(kv, -1, count)
     probs = scores.softmax(dim=-1)

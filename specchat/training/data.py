@@ -37,7 +37,7 @@ class DataRecipe:
     max_new_tokens: int
     heldout: float  # fraction of prompts held out
     sampled: float  # fraction of prompts answered with the profile's sampling settings (the rest greedy)
-    kind: str = "answers"  # the target's own answers, or "text" labelled by its prefill (`text_data.py`)
+    kind: str = "answers"  # the target's own answers, "text" labelled by its prefill (`text_data.py`), "books"
 
 
 @dataclass
