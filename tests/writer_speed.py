@@ -36,9 +36,7 @@ MARK = 1000  # tokens per timing window
 
 
 def measure(loaded, drafter: str, tokens: int, penalty: float, seed: int, kv_cache: str, folder: Path) -> dict:
-    sampling = {"temperature": defaults.TEMPERATURE, "top_k": 0, "top_p": 1.0, "min_p": defaults.MIN_P,
-                "min_p_keep": defaults.MIN_P_KEEP, "penalty": penalty, "penalty_window": defaults.PENALTY_WINDOW,
-                "seed": seed}  # fmt: skip
+    sampling = {**defaults.SAMPLING, "penalty": penalty, "seed": seed}
     name = re.sub(r"[^\w.+-]", "_", drafter)  # a drafter NAME:PATH names a file too
     book, engine = new_book(loaded, folder / f"{name}-{penalty}-{kv_cache}.txt", tokens, defaults.STORY, raw=False,
                             sampling=sampling, stop_at_eos=False, force=True, kv_cache=kv_cache)  # fmt: skip

@@ -84,11 +84,8 @@ def write(
         raise SpecchatError("--draft-kv-budget must be 0 (the whole cache) or more than the 16 sink tokens")
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "penalty": penalty,
              "penalty_window": penalty_window, "seed": seed}  # fmt: skip
-    defaults = {"temperature": book_defaults.TEMPERATURE, "top_k": 0, "top_p": 1.0, "min_p": book_defaults.MIN_P,
-                "min_p_keep": book_defaults.MIN_P_KEEP, "penalty": book_defaults.PENALTY,
-                "penalty_window": book_defaults.PENALTY_WINDOW}  # fmt: skip
     flags = {**FLAGS, "penalty": "--penalty", "penalty_window": "--penalty-window"}
-    sampling = dataclasses.asdict(sampling_config(defaults, given, flags))
+    sampling = dataclasses.asdict(sampling_config(book_defaults.SAMPLING, given, flags))
     checked_overrides(dtype, attention)
     check_kv_cache(kv_cache)
 

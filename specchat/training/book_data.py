@@ -74,9 +74,7 @@ def build_book_data(loaded, out: Path, recipe: DataRecipe, *, tokens: int,
         index += 1
         if hashlib.sha1(f"{book_id}:0".encode()).hexdigest()[:16] in done:
             continue
-        sampling = {"temperature": writer.TEMPERATURE, "top_k": 0, "top_p": 1.0, "min_p": writer.MIN_P,
-                    "min_p_keep": writer.MIN_P_KEEP, "penalty": writer.PENALTY,
-                    "penalty_window": writer.PENALTY_WINDOW, "seed": seed}  # fmt: skip
+        sampling = {**writer.SAMPLING, "seed": seed}
         book, engine = new_book(loaded, out / "books" / f"{book_id}.txt", recipe.max_new_tokens, story, raw=False,
                                 sampling=sampling, stop_at_eos=False, force=True)  # fmt: skip
         write_book(engine, book, recipe.max_new_tokens)

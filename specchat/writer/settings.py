@@ -13,6 +13,8 @@ from specchat.errors import SpecchatError
 # TokenSwift's writing settings (its paper, section 4.1 and appendix B): sampled, min-p 0.1 keeping 20
 # tokens, contextual penalty 1.2 over the last 1024 tokens.
 TEMPERATURE, MIN_P, MIN_P_KEEP, PENALTY, PENALTY_WINDOW = 1.0, 0.1, 20, 1.2, 1024
+SAMPLING = {"temperature": TEMPERATURE, "top_k": 0, "top_p": 1.0, "min_p": MIN_P, "min_p_keep": MIN_P_KEEP,
+            "penalty": PENALTY, "penalty_window": PENALTY_WINDOW}  # a book's settings, its seed aside
 STORY = (
     "Write a very long novel. Begin with the title, then tell the story chapter by chapter, with named "
     "characters, places, dialogue and vivid detail. Never summarise and never stop: keep the story going."
