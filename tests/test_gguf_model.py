@@ -79,6 +79,7 @@ def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
         for head in heads.medusa_layers:
             torch.nn.init.normal_(head.linear.weight, std=0.05)
         made = TokenSwiftDrafter(engine.target, heads, forward=False, lag=8)
+        assert all(isinstance(head.linear, GGUFLinear) for head in made.heads.medusa_layers)  # Q4_K beside a GGUF
     else:
         made = NgramDrafter() if drafter == "ngram" else RandomTreeDrafter(
             vocab_size=2000, seed=3, reference=prompt + expected, p_correct=0.8)  # fmt: skip

@@ -14,6 +14,7 @@ from torch import nn
 
 from specchat.drafters.base import TargetView
 from specchat.engine.sampling import SamplingConfig, process_logits
+from specchat.quant.gguf_linear import GGUFLinear
 from specchat.quant.quantize import quantizable, quantize_linear
 from specchat.quant.quantized_linear import QuantizedLinear, dense_weight
 
@@ -70,9 +71,12 @@ class DraftHead:
 
 
 def draft_weights(target: TargetView, weights: str | None = "auto") -> str | None:
-    """How the draft's weights run: as asked, or for "auto" int4 on a CPU whose target runs quantized weights (a
-    draft there is mostly reading weights, and int4 halves them for a few thousandths of tau), else dense in the
-    target's dtype."""
+    """How the draft's weights run: as asked, or for "auto" on a CPU whose target runs quantized weights in 4
+    bits (a draft there is mostly reading weights, and 4 bits cost a few thousandths of tau): GGUF's Q4_K beside
+    a GGUF target, through the kernels its matrices run on (`quant/q4_k.py`), else int4; dense in the target's
+    dtype elsewhere."""
     if weights != "auto":
         return weights
-    return "int4" if target.device.type == "cpu" and isinstance(target.lm_head, QuantizedLinear) else None
+    if target.device.type != "cpu" or not isinstance(target.lm_head, QuantizedLinear):
+        return None
+    return "q4_k" if isinstance(target.lm_head, GGUFLinear) else "int4"

@@ -38,7 +38,7 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
                  chain: int = CHAIN, bins: tuple[tuple[float, int], ...] = CAPE_BINS,
                  weights: str | None = "auto"):  # fmt: skip
         """`draft_vocab`: the ids a shared-vocabulary draft predicts over (None: all). `weights`: "int8" /
-        "int4" run the draft's linear layers (its own head too, where it has one) and reduced head quantized (a
+        "int4" / "q4_k" run the draft's linear layers (its own head too, where it has one) and reduced head quantized (a
         copy), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
         if chain < 1:
             raise SpecchatError("the GLIDE chain needs at least one token")

@@ -32,8 +32,8 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
     def __init__(self, target: TargetView, layer: LongSpecLayer, *, draft_vocab: torch.Tensor | None = None,
                  widths: tuple[int, ...] = BEAM_WIDTHS, chain: bool = False, weights: str | None = "auto",
                  policy: str = "full"):  # fmt: skip
-        """`weights`: "int8" / "int4" run the draft's linears and reduced head quantized (a copy; `layer` stays
-        as it is), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
+        """`weights`: "int8" / "int4" / "q4_k" run the draft's linears and reduced head quantized (a copy; `layer`
+        stays as it is), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
         config = layer.config
         self.target = target
         weights = draft_weights(target, weights)

@@ -34,8 +34,8 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
     kind = "model"
 
     def __init__(self, target: TargetView, draft: DraftModel, *, policy: str = "retrieval", weights: str | None = "auto"):
-        """`weights`: "int8" / "int4" run the draft's layers (and a reduced head) quantized, None dense, "auto" as
-        the target runs (quantized on a CPU whose target is)."""
+        """`weights`: "int8" / "int4" / "q4_k" run the draft's layers (and a reduced head) quantized, None dense,
+        "auto" as the target runs (quantized on a CPU whose target is)."""
         model, config = draft.model, draft.config
         weights = draft_weights(target, weights)
         self.target = target

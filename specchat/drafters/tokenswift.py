@@ -49,7 +49,7 @@ class TokenSwiftDrafter:
                  forward: bool = True, lag: int = 1024, weights: str | None = "auto"):  # fmt: skip
         """`forward`: draft the root's own token with a target forward over `kv_budget` slots of its cache
         (0: the engine's full cache); else the heads alone, from the last verified state. `weights`: "int8" /
-        "int4" run the heads and the reduced head quantized (on a CPU each draft reads them anew after the
+        "int4" / "q4_k" run the heads and the reduced head quantized (on a CPU each draft reads them anew after the
         target's step evicted them), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
         weights = draft_weights(target, weights)
         self.target = target

@@ -1,11 +1,12 @@
 """Draft checkpoints stored in 4 bits: each matrix in groups of 32 along its rows, one code 0..15 a weight and
 the group's minimum and step in fp16, unpacked to floats when read.
 
-On a CPU whose target runs quantized weights a draft runs its linears in int4 with this very grouping
+Beside a quantized target that is not a GGUF file a draft runs its linears in int4 with this very grouping
 (`quant/quantize.py`, as GGUF's Q4_1): quantizing the unpacked weights again gives back the same codes, since a
-group's minimum and maximum are codes 0 and 15, so the stored draft is the one that runs there. Elsewhere it
-runs the unpacked weights. A 1.5B target's draft layer is 39 MB in bf16 and 12 MB packed: the checkpoints
-shipped in the repository stay within what travels with it.
+group's minimum and maximum are codes 0 and 15, so the stored draft is the one that runs there. Beside a GGUF
+target it runs them as Q4_K blocks (`quant/q4_k.py`), whose sub-blocks are these groups with their steps and
+minimums rounded onto 6-bit scales; elsewhere it runs the unpacked weights. A 1.5B target's draft layer is 39 MB
+in bf16 and 12 MB packed: the checkpoints shipped in the repository stay within what travels with it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,64 @@
+"""A dense matrix written as GGUF Q4_K blocks, to run through the kernels a GGUF target's own matrices run on.
+
+A draft on a CPU reads its few small matrices right after the target's step has evicted them, then reads the
+draft vocabulary's head again at every depth of its tree. Torch's int4 kernel takes about as long over a cold
+matrix as our Q4_K tiles do, and twice as long over a warm one (8192 x 1536 at 1-3 rows: 0.19-0.27 ms against
+0.10-0.16), and its calls cost more around them: a chained TokenSwift draft of budget 3, caches evicted first,
+took 2.31 ms in int4 and 1.38 ms in Q4_K. Q4_K is what the tiled kernels read, so a draft beside a GGUF target
+is quantized to it.
+
+Q4_K, per group of 256 values of a row: 8 sub-blocks of 32, each value w = d * sc * q - dmin * m, with q in
+0..15, sc and m 6-bit integers per sub-block and d, dmin fp16 per group (ggml's `block_q4_K`: d, dmin, 12 bytes
+of packed scales and mins, 128 bytes of nibbles). Each sub-block's range is split in 15 steps from min(0, its
+smallest value), and its step and offset are rounded onto the group's 63-step scales: no search for the best
+scales as llama.cpp's quantizer does, which costs a draft nothing measurable.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specchat.quant.gguf_linear import GGUFLinear
+from specchat.quant.gguf_types import Q4_K
+
+GROUP = 256  # values per Q4_K block
+SUB = 32  # values per sub-block
+
+
+def takes_q4_k(linear: nn.Linear) -> bool:
+    """Whether a layer's rows split into whole Q4_K blocks."""
+    return linear.in_features % GROUP == 0
+
+
+def q4_k_linear(linear: nn.Linear, *, dtype: torch.dtype) -> GGUFLinear:
+    """`linear` as a layer on Q4_K blocks (its bias kept); `dtype` is the activation dtype."""
+    bias = None if linear.bias is None else linear.bias.detach()
+    return GGUFLinear(q4_k_blocks(linear.weight.detach()), Q4_K, linear.in_features, dtype=dtype, bias=bias)
+
+
+def q4_k_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """[rows, cols] float -> Q4_K blocks [rows, cols / 256 * 144] uint8, as a GGUF file stores them."""
+    rows, cols = weight.shape
+    x = weight.float().reshape(rows, cols // GROUP, GROUP // SUB, SUB)
+    low = x.amin(-1).clamp(max=0)  # [rows, groups, 8]
+    step = (x.amax(-1) - low) / 15
+    d = (step.amax(-1) / 63).half().float()  # [rows, groups]
+    dmin = ((-low).amax(-1) / 63).half().float()
+    scales = torch.round(step / _nonzero(d)[..., None]).clamp(0, 63)
+    mins = torch.round(-low / _nonzero(dmin)[..., None]).clamp(0, 63)
+    codes = torch.round((x + (dmin[..., None] * mins)[..., None]) / _nonzero(d[..., None] * scales)[..., None])
+    codes = codes.clamp(0, 15).to(torch.uint8).reshape(rows, cols // GROUP, 4, 2, SUB)
+    scales, mins = scales.to(torch.uint8), mins.to(torch.uint8)
+    packed = torch.cat([  # ggml's get_scale_min_k4, inverted: sub-blocks 4-7 keep their top 2 bits in bytes 0-7
+        scales[..., :4] | (scales[..., 4:] >> 4) << 6,
+        mins[..., :4] | (mins[..., 4:] >> 4) << 6,
+        (scales[..., 4:] & 15) | (mins[..., 4:] & 15) << 4,
+    ], dim=-1)  # fmt: skip
+    nibbles = (codes[..., 0, :] | codes[..., 1, :] << 4).flatten(-2)  # per 64 values: low nibbles 0-31, high 32-63
+    halves = torch.stack([d, dmin], dim=-1).half().view(torch.uint8)
+    return torch.cat([halves, packed, nibbles], dim=-1).reshape(rows, -1).contiguous()
+
+
+def _nonzero(scale: torch.Tensor) -> torch.Tensor:
+    return torch.where(scale > 0, scale, torch.ones_like(scale))

@@ -1,0 +1,52 @@
+"""Dense matrices written as GGUF Q4_K blocks (`quant/q4_k.py`): the bytes ggml's layout means, read back by the
+CPU decoder's own Q4_K unpacking, and the layer a draft runs beside a GGUF target."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specchat.quant.gguf_linear import GGUFLinear
+from specchat.quant.int4_linear import Int4Linear
+from specchat.quant.q4_k import q4_k_blocks, q4_k_linear
+from specchat.quant.quantize import quantize_linear
+
+
+def _representable(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """A matrix that Q4_K holds exactly: w = d * sc * q - dmin * m with fp16 d, dmin, 6-bit sc, m and 4-bit q,
+    every group using scale and min 63 somewhere and every sub-block codes 0 and 15 (so its range is found)."""
+    g = torch.Generator().manual_seed(seed)
+    groups = cols // 256
+    d = torch.rand(rows, groups, 1, 1, generator=g).mul(1e-3).half().float()
+    dmin = torch.rand(rows, groups, 1, 1, generator=g).mul(1e-3).half().float()
+    sc = torch.randint(1, 64, (rows, groups, 8, 1), generator=g).float()
+    m = torch.randint(0, 64, (rows, groups, 8, 1), generator=g).float()
+    sc[:, :, 0], m[:, :, 1] = 63, 63
+    q = torch.randint(0, 16, (rows, groups, 8, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15
+    return (d * sc * q - dmin * m).reshape(rows, cols)
+
+
+def test_blocks_hold_a_representable_matrix_exactly():
+    """Every field in its place: scales and mins of all eight sub-blocks (the upper four split over three
+    bytes), both nibbles of every byte, d and dmin. The CPU decoder's unpacking gives the matrix back bit for bit."""
+    weight = _representable(32, 512, seed=0)
+    layer = GGUFLinear(q4_k_blocks(weight), 12, 512, dtype=torch.float32)
+    assert torch.equal(layer.dequantize(), weight)
+
+
+def test_a_q4_k_layer_is_the_dense_product_to_4_bit_rounding():
+    torch.manual_seed(0)
+    linear = nn.Linear(512, 48)
+    nn.init.normal_(linear.weight, std=0.02)
+    layer = q4_k_linear(linear, dtype=torch.float32)
+    x = torch.randn(3, 512)
+    exact = linear(x)
+    error = (layer(x) - exact).norm() / exact.norm()
+    assert isinstance(layer, GGUFLinear) and 0 < error < 0.12  # 16 levels a sub-block: ~8% of a Gaussian matrix
+
+
+def test_rows_that_do_not_split_into_q4_k_blocks_run_in_int4():
+    linear = nn.Linear(96, 32, bias=False)
+    assert isinstance(quantize_linear(linear, "q4_k", dtype=torch.float32), Int4Linear)
+    assert isinstance(quantize_linear(nn.Linear(256, 32), "q4_k", dtype=torch.float32), GGUFLinear)
