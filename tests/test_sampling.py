@@ -257,6 +257,22 @@ def test_greedy_returns_penalised_logits_only():
     assert process_logits(logits, SamplingConfig(), history).tolist() == logits.tolist()  # penalty 1 = off
 
 
+@pytest.mark.parametrize("top_k, top_p, min_p", [(20, 0.8, 0.0), (40, 1.0, 0.1), (5, 0.95, 0.05), (1, 0.5, 0.0)])
+def test_top_p_and_min_p_over_the_top_k_alone_equal_them_over_the_vocabulary(top_k, top_p, min_p):
+    """process_logits runs top-p and min-p over the k survivors of top-k only: the same tokens and logits as
+    the three steps over the whole vocabulary."""
+    logits = random_logits(rows=6, vocab=50_000, seed=7)
+    config = SamplingConfig(temperature=0.7, top_k=top_k, top_p=top_p, min_p=min_p)
+    full = apply_min_p(apply_top_p(apply_top_k(logits / 0.7, top_k), top_p), min_p)
+    assert torch.equal(process_logits(logits, config), full)
+
+
+def test_process_logits_keeps_ties_with_the_kth_value():
+    row = torch.tensor([[4.0, 1.0, 4.0, 4.0, 0.5]])
+    assert kept(process_logits(row, SamplingConfig(temperature=1.0, top_k=1))) == [[0, 2, 3]]
+    assert kept(process_logits(row, SamplingConfig(temperature=1.0, top_k=1, top_p=0.5))) == [[0, 2]]
+
+
 def test_sampling_chain_order():
     """penalty -> temperature -> top-k -> top-p -> min-p, each on the previous step's output."""
     logits = torch.tensor([[6.0, 5.0, 4.8, 3.0, 1.0, -2.0], [0.0, 3.0, 2.0, 2.5, -1.0, 1.0]])

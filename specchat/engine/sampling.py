@@ -72,21 +72,37 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.
     if config.greedy:
         return logits
     logits = logits / config.temperature
-    logits = apply_top_k(logits, config.top_k)
+    if 0 < config.top_k < logits.shape[-1]:
+        return _within_top_k(logits, config)
     logits = apply_top_p(logits, config.top_p)
     return apply_min_p(logits, config.min_p, config.min_p_keep)
+
+
+def _within_top_k(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Top-k, then top-p and min-p over the k survivors alone: the tokens top-k drops have probability 0 in
+    every later step, so the k values are the whole distribution, and sorting them instead of the vocabulary
+    saves ~3 ms a row at 152K tokens."""
+    values, indices = torch.topk(logits, config.top_k, dim=-1)  # sorted, most likely first
+    if bool((logits >= values[:, -1:]).sum(dim=-1).gt(config.top_k).any()):  # ties with the k-th: top-k keeps them all
+        logits = apply_top_p(apply_top_k(logits, config.top_k), config.top_p)
+        return apply_min_p(logits, config.min_p, config.min_p_keep)
+    values = apply_min_p(apply_top_p(values, config.top_p), config.min_p, config.min_p_keep)
+    return torch.full_like(logits, float("-inf")).scatter_(1, indices, values)
 
 
 def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of processed logits [n, vocab] -> [n]; greedy takes the argmax.
 
-    Sampling is an exponential race, argmax(p / E) with E ~ Exp(1): exact and free of host syncs.
+    Sampling is an exponential race, argmax(p / E) with E ~ Exp(1): exact. Tokens of probability 0 cannot win
+    it, so it draws noise for the others alone (top-k, top-p or min-p leave a few dozen of 152K tokens; noise for
+    all of them cost ~3 ms a row).
     """
     if config.greedy:
         return logits.argmax(dim=-1)
     probs = logits.softmax(dim=-1)
-    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
-    return (probs / race).argmax(dim=-1)
+    rows, tokens = probs.nonzero(as_tuple=True)
+    race = torch.empty(tokens.shape, dtype=probs.dtype, device=probs.device).exponential_(1.0, generator=generator)
+    return torch.zeros_like(probs).index_put_((rows, tokens), probs[rows, tokens] / race).argmax(dim=-1)
 
 
 class PositionNoise:
