@@ -82,12 +82,12 @@ def _within_top_k(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """Top-k, then top-p and min-p over the k survivors alone: the tokens top-k drops have probability 0 in
     every later step, so the k values are the whole distribution, and sorting them instead of the vocabulary
     saves ~3 ms a row at 152K tokens."""
-    values, indices = torch.topk(logits, config.top_k, dim=-1)  # sorted, most likely first
-    if bool((logits >= values[:, -1:]).sum(dim=-1).gt(config.top_k).any()):  # ties with the k-th: top-k keeps them all
+    values, indices = torch.topk(logits, config.top_k + 1, dim=-1)  # sorted, most likely first
+    if bool((values[:, -1] == values[:, -2]).any()):  # a tie with the k-th: top-k keeps every token of that value
         logits = apply_top_p(apply_top_k(logits, config.top_k), config.top_p)
         return apply_min_p(logits, config.min_p, config.min_p_keep)
-    values = apply_min_p(apply_top_p(values, config.top_p), config.min_p, config.min_p_keep)
-    return torch.full_like(logits, float("-inf")).scatter_(1, indices, values)
+    values = apply_min_p(apply_top_p(values[:, :-1], config.top_p), config.min_p, config.min_p_keep)
+    return torch.full_like(logits, float("-inf")).scatter_(1, indices[:, :-1], values)
 
 
 def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:

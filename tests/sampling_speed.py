@@ -1,0 +1,55 @@
+"""Times the sampling pipeline a decode step runs on a 152K-token vocabulary (Qwen2.5's) per number of rows
+(not a test: prints a table): `process_logits` (penalty, temperature, top-k, top-p, min-p) and `sample` (the
+exponential race), under the settings a chat uses by default and under the writer's.
+
+    .venv/bin/python tests/sampling_speed.py [rows=1,4,8]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from specchat.engine.sampling import process_logits, sample
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.writer.settings import SAMPLING
+
+VOCAB = 151_936
+SETTINGS = {
+    "chat (Qwen's defaults)": SamplingConfig(temperature=0.7, top_k=20, top_p=0.8, penalty=1.05),
+    "writer (TokenSwift's)": SamplingConfig(**SAMPLING),
+}
+
+
+def milliseconds(work, rounds: int = 30) -> float:
+    for _ in range(3):
+        work()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        work()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    rows = [int(n) for n in sys.argv[1].split("=")[1].split(",")] if len(sys.argv) > 1 else [1, 4, 8]
+    print("| settings | rows | process_logits ms | sample ms |")
+    print("|---|---|---|---|")
+    for name, config in SETTINGS.items():
+        for n in rows:
+            logits = torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(n)) * 3
+            history = torch.randint(0, VOCAB, (n, 256), generator=torch.Generator().manual_seed(n + 1))
+            processed = process_logits(logits, config, history)
+            generator = torch.Generator().manual_seed(0)
+            process = milliseconds(lambda: process_logits(logits, config, history))
+            draw = milliseconds(lambda: sample(processed, config, generator))
+            print(f"| {name} | {n} | {process:.2f} | {draw:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
