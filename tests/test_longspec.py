@@ -121,7 +121,7 @@ def test_a_sampled_chain_over_a_draft_vocabulary_keeps_suppressed_tokens_out(tok
     sampling = SamplingConfig(temperature=1.5, seed=1, suppress=(10, 41))
     events = list(engine.generate([5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7], sampling=sampling, max_new_tokens=200))
     drafted = [token for tree in proposed for token in tree.tokens]
-    assert len(drafted) > 100 and not {10, 41} & set(drafted)
+    assert len(drafted) > 50 and not {10, 41} & set(drafted)
     assert not {10, 41} & {t for event in events for t in event.tokens}
     assert any(origin == "longspec" for event in events for origin in event.origins)
 
