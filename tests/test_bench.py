@@ -10,6 +10,9 @@ from conftest import tiny_model
 from specchat.bench.compare import compare
 from specchat.bench.llamacpp import CONTEXT_STEP, LlamaCpp
 from specchat.bench.prompts import LONG_SETS, PROMPT_SETS, load_prompt_sets, long_document
+from specchat.bench.runs import method_runner
+from specchat.engine.prompt import encode_prompt
+from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.loading import LoadedModel, ModelSource, embedded_gguf_path
 
@@ -66,6 +69,20 @@ def test_compare_rows_cover_every_method_and_check_identity(tokenizer):
         "drafter", "prompt_set", "new_tokens", "tokens_per_second", "speedup_vs_ar",
         "mean_accepted_length", "acceptance_rate", "identical_to_ar",
     }  # fmt: skip
+
+
+def test_sampled_rows_write_autoregressive_decodings_text(default_model):
+    """Under sampling every method of ours draws the same keyed noise, so a drafter whose copies are accepted
+    still writes AR's text (`identical_to_ar` still checks exactness), and that text is not the greedy one."""
+    prompt = "Repeat this list exactly twice: apple, banana, cherry, grape, lemon, mango, orange, peach, pear, plum."
+    sets = {"copy": [prompt]}
+    sampling = SamplingConfig(temperature=0.7, top_k=20, seed=0)
+    rows = compare(default_model, sets, ["ngram"], max_new_tokens=48, repeats=1, draft_budget=4, sampling=sampling)
+    assert [row.method for row in rows] == ["none", "ngram"] and all(row.identical_to_ar for row in rows)
+    assert rows[1].acceptance_rate > 0
+    ids = encode_prompt(default_model.tokenizer, prompt)
+    greedy = method_runner("none", default_model, 128, 48, None, None)(ids)
+    assert method_runner("none", default_model, 128, 48, None, None, sampling=sampling)(ids).tokens != greedy.tokens
 
 
 def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):

@@ -73,6 +73,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("chat", "--draft-budget", "999"), ("--draft-budget",)),
         (("write", "--tokens", "0", "--out", "b.txt"), ("--tokens must be at least 1",)),
         (("bench", "--drafter", "psychic"), ("unknown drafter",)),
+        (("bench", "--temperature", "-0.5"), ("--temperature must be a number >= 0",)),
         (("bench", "--prompt-set", "poems"), ("unknown prompt set", "summarize")),
         (("bench", "--prompts", "missing.jsonl"), ("no such prompts file",)),
         (("run", "hi", "--drafter", "ngram", "--draft-budget", "0"), ("--draft-budget",)),

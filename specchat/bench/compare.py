@@ -1,4 +1,4 @@
-"""`specchat bench`: greedy decoding speed of each method on the same prompts, against our autoregressive decoding.
+"""`specchat bench`: decoding speed of each method on the same prompts, against our autoregressive decoding.
 
 `compare` runs every method on the same prompts, interleaved (method by method within each prompt, all of
 it repeated) after a warm-up, so slow drifts of a noisy machine hit every method alike. Decode speed
@@ -15,6 +15,7 @@ from specchat.bench.llamacpp import LlamaCpp
 from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.runs import BASELINES, LLAMACPP, Run, method_runner
 from specchat.engine.prompt import encode_prompt
+from specchat.engine.sampling_config import SamplingConfig
 from specchat.loading import LoadedModel
 
 
@@ -65,16 +66,18 @@ def compare(
     draft_budget: int | None = None,
     llamacpp: LlamaCpp | None = None,
     kv_cache: str = "auto",
+    sampling: SamplingConfig = SamplingConfig(),
     step: Callable[[str], None] = NO_PROGRESS,
 ) -> list[BenchRow]:
-    """Greedy generation of every prompt by every method, our engine's over a `kv_cache` cache; "none" (our AR)
-    is always measured, and llama.cpp too when `llamacpp` is given. `step(what)` hears each generation as it
-    starts (`progress.py`)."""
+    """Generation of every prompt by every method, our engine's over a `kv_cache` cache and under `sampling`
+    (the other tools' greedy); "none" (our AR) is always measured, and llama.cpp too when `llamacpp` is given.
+    `step(what)` hears each generation as it starts (`progress.py`)."""
     methods = ["none", *[m for m in methods if m != "none"], *([LLAMACPP] if llamacpp else [])]
     tokenizer = loaded.tokenizer
     encoded = {name: [encode_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
     max_len = max(len(ids) for ids_list in encoded.values() for ids in ids_list) + max_new_tokens
-    runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp, kv_cache) for m in methods}
+    runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp, kv_cache, sampling)
+               for m in methods}  # fmt: skip
 
     warmup = next(iter(encoded.values()))[0]
     for method, runner in runners.items():

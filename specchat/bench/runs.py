@@ -1,4 +1,5 @@
-"""One greedy generation by one method, with its decode time: our engine, transformers' `generate`, llama.cpp.
+"""One generation by one method, with its decode time: our engine (greedy or sampled), transformers' `generate`
+and llama.cpp (both greedy).
 
 Decode time excludes prefill for every method: ours from the engine's stats, transformers' from a streamer's
 clock, llama.cpp's from its first generated token (`llamacpp.py`).
@@ -35,8 +36,10 @@ class Run:
 
 
 def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens: int, draft_budget: int | None,
-                  llamacpp: LlamaCpp | None, kv_cache: str = "auto"):  # fmt: skip
-    """A function that generates greedily from prompt ids with `method`, each method with its own engine."""
+                  llamacpp: LlamaCpp | None, kv_cache: str = "auto",
+                  sampling: SamplingConfig = SamplingConfig()):  # fmt: skip
+    """A function that generates from prompt ids with `method`, each method with its own engine; ours decode
+    under `sampling`, the other tools greedily."""
     model = loaded.model
     if method == LLAMACPP:
         stop_ids = eos_ids(model, loaded.tokenizer)
@@ -45,16 +48,18 @@ def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens
         drafter, _, cache = method.partition("@")  # "model@streaming": under that --draft-cache
         engine = Engine(model, loaded.tokenizer, max_len=max_len, kv_cache=kv_cache)
         attach_drafter(engine, loaded.source, drafter, draft_budget=draft_budget, draft_cache=cache or None)
-        return lambda ids: engine_run(engine, ids, max_new_tokens)
+        return lambda ids: engine_run(engine, ids, max_new_tokens, sampling)
     if method == "hf":
         return lambda ids: hf_run(model, ids, max_new_tokens, {})
     return lambda ids: hf_run(model, ids, max_new_tokens, {"prompt_lookup_num_tokens": 10})
 
 
-def engine_run(engine: Engine, ids: list[int], max_new_tokens: int) -> Run:
-    """Greedy generation by our engine; the stats give the decode time and what was drafted and accepted."""
+def engine_run(engine: Engine, ids: list[int], max_new_tokens: int, sampling: SamplingConfig = SamplingConfig()) -> Run:
+    """Generation by our engine; the stats give the decode time and what was drafted and accepted. Sampled runs
+    draw keyed noise (`reproducible`), so every drafter writes the text autoregressive decoding does."""
     tokens = []
-    for event in engine.generate(ids, sampling=SamplingConfig(), max_new_tokens=max_new_tokens):
+    events = engine.generate(ids, sampling=sampling, max_new_tokens=max_new_tokens, reproducible=not sampling.greedy)
+    for event in events:
         tokens += event.tokens
     s = event.stats
     return Run(tokens, s.decode_tokens, s.decode_seconds, s.steps, s.drafted_depth, s.accepted, s.budget_total,

@@ -27,6 +27,7 @@ from specchat.cli.common import (
     load,
     quiet_transformers,
     report,
+    sampling_config,
 )
 from specchat.drafters import DrafterChoice, check_draft_cache, parse_drafter, takes_option
 from specchat.engine.attention import check_attention
@@ -74,11 +75,16 @@ def bench(
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 128,
+    temperature: Annotated[
+        float, typer.Option("--temperature", "-t", help="0 = greedy; above 0, sampled with the model's other "
+                            "defaults (top-k, top-p, penalty), our methods drawing the same keyed noise (seed 0), "
+                            "so each writes autoregressive decoding's text. Baselines stay greedy.")
+    ] = 0.0,
     repeats: Annotated[int, typer.Option(help="Interleaved repetitions after the warm-up.")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw tokens/s and tau to this PNG.")] = None,
 ) -> None:
-    """Greedy decoding speed of each drafter against autoregressive decoding (and transformers)."""
+    """Decoding speed of each drafter against autoregressive decoding (and transformers, llama.cpp)."""
     if ctx.invoked_subcommand is not None:
         return
     from specchat.bench.prompts import load_prompt_sets
@@ -102,6 +108,7 @@ def bench(
         check_kv_cache(each)
     if max_new_tokens < 1 or repeats < 1:
         raise SpecchatError("--max-new-tokens and --repeats must be at least 1")
+    sampling_config({}, {"temperature": temperature})
     sets = load_prompt_sets(csv_list(prompt_set), prompts)
     from specchat.bench.compare import compare
     from specchat.bench.runs import HF_METHODS
@@ -124,16 +131,36 @@ def bench(
         for each_dtype in dtypes:
             step(f"loading {model or 'the default model'} ({each_dtype})")
             loaded = load(model, each_dtype, device, attention, quantize)
+            sampling = _bench_sampling(loaded, temperature)
             for kv in kv_caches:
                 rows += compare(
                     loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
-                    llamacpp=llamacpp, kv_cache=kv, step=lambda what, d=f"{each_dtype}, kv {kv}": step(f"{d} · {what}"),
+                    llamacpp=llamacpp, kv_cache=kv, sampling=sampling,
+                    step=lambda what, d=f"{each_dtype}, kv {kv}": step(f"{d} · {what}"),
                 )  # fmt: skip
                 llamacpp = None  # measured once, beside the first dtype and cache
-    title = f"{loaded.source.name}, greedy, decode tokens/s"
+    title = f"{loaded.source.name}, {_described(sampling)}, decode tokens/s"
     report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
     if plot is not None:
         plot_rows([row.as_dict() for row in rows], plot, title=title)
+
+
+def _bench_sampling(loaded, temperature: float):
+    """Greedy, or the model's sampling defaults at `temperature` with a fixed seed."""
+    from specchat.loading import decoding_defaults
+
+    if temperature == 0:
+        return sampling_config({}, {"temperature": 0.0})
+    return sampling_config(decoding_defaults(loaded), {"temperature": temperature, "seed": 0})
+
+
+def _described(sampling) -> str:
+    if sampling.greedy:
+        return "greedy"
+    shown = {"top-k": sampling.top_k, "top-p": sampling.top_p, "min-p": sampling.min_p, "penalty": sampling.penalty}
+    off = {"top-k": 0, "top-p": 1.0, "min-p": 0.0, "penalty": 1.0}
+    return ", ".join([f"sampled at temperature {sampling.temperature:g}",
+                      *(f"{name} {value:g}" for name, value in shown.items() if value != off[name])])
 
 
 @bench_app.command("context")
