@@ -258,19 +258,29 @@ def test_greedy_returns_penalised_logits_only():
 
 
 @pytest.mark.parametrize("top_k, top_p, min_p", [(20, 0.8, 0.0), (40, 1.0, 0.1), (5, 0.95, 0.05), (1, 0.5, 0.0)])
-def test_top_p_and_min_p_over_the_top_k_alone_equal_them_over_the_vocabulary(top_k, top_p, min_p):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_p_and_min_p_over_the_top_k_alone_equal_them_over_the_vocabulary(top_k, top_p, min_p, dtype):
     """process_logits runs top-p and min-p over the k survivors of top-k only: the same tokens and logits as
-    the three steps over the whole vocabulary."""
-    logits = random_logits(rows=6, vocab=50_000, seed=7)
+    the three steps over the whole vocabulary, also where bf16 logits tie with the k-th."""
+    logits = random_logits(rows=6, vocab=50_000, seed=7).to(dtype)
     config = SamplingConfig(temperature=0.7, top_k=top_k, top_p=top_p, min_p=min_p)
-    full = apply_min_p(apply_top_p(apply_top_k(logits / 0.7, top_k), top_p), min_p)
+    full = apply_min_p(apply_top_p(apply_top_k(logits.float() / 0.7, top_k), top_p), min_p)
     assert torch.equal(process_logits(logits, config), full)
 
 
+def test_top_p_keeps_or_drops_tied_tokens_together():
+    """Each of three tied tokens holds 0.3: the mass strictly above each is 0, so p = 0.5 keeps all three, not
+    the two a sort happened to put first; the token below them has 0.9 above it and goes."""
+    row = torch.tensor([[0.0, 0.0, 0.0, -1.0986]])  # probs 0.3, 0.3, 0.3, 0.1
+    assert kept(apply_top_p(row, 0.5)) == [[0, 1, 2]]
+    assert kept(apply_top_p(row[:, [3, 1, 0, 2]], 0.5)) == [[1, 2, 3]]
+
+
 def test_process_logits_keeps_ties_with_the_kth_value():
-    row = torch.tensor([[4.0, 1.0, 4.0, 4.0, 0.5]])
+    row = torch.tensor([[4.0, 1.0, 4.0, 4.0, 0.5, 0.0, -1.0, -2.0]])  # k = 1: the ties reach past the 2 largest
     assert kept(process_logits(row, SamplingConfig(temperature=1.0, top_k=1))) == [[0, 2, 3]]
-    assert kept(process_logits(row, SamplingConfig(temperature=1.0, top_k=1, top_p=0.5))) == [[0, 2]]
+    assert kept(process_logits(row, SamplingConfig(temperature=1.0, top_k=1, top_p=0.5))) == [[0, 2, 3]]  # ties: all
+    assert kept(process_logits(row, SamplingConfig(temperature=1.0, top_k=2))) == [[0, 2, 3]]  # within the 4 largest
 
 
 def test_sampling_chain_order():
