@@ -54,7 +54,8 @@ def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens
     return lambda ids: hf_run(model, ids, max_new_tokens, {"prompt_lookup_num_tokens": 10})
 
 
-def engine_run(engine: Engine, ids: list[int], max_new_tokens: int, sampling: SamplingConfig = SamplingConfig()) -> Run:
+def engine_run(engine: Engine, ids: list[int], max_new_tokens: int,
+               sampling: SamplingConfig = SamplingConfig()) -> Run:  # fmt: skip
     """Generation by our engine; the stats give the decode time and what was drafted and accepted. Sampled runs
     draw keyed noise (`reproducible`), so every drafter writes the text autoregressive decoding does."""
     tokens = []

@@ -147,10 +147,11 @@ def bench(
 
 def _bench_sampling(loaded, temperature: float):
     """Greedy, or the model's sampling defaults at `temperature` with a fixed seed."""
+    from specchat.engine.sampling_config import SamplingConfig
     from specchat.loading import decoding_defaults
 
     if temperature == 0:
-        return sampling_config({}, {"temperature": 0.0})
+        return SamplingConfig()
     return sampling_config(decoding_defaults(loaded), {"temperature": temperature, "seed": 0})
 
 

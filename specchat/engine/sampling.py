@@ -78,25 +78,31 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.
         return logits
     logits = logits / config.temperature
     if 0 < config.top_k < logits.shape[-1]:
-        return _within_top_k(logits, config)
-    logits = apply_top_p(logits, config.top_p)
-    return apply_min_p(logits, config.min_p, config.min_p_keep)
+        survivors = _top_k_survivors(logits, config.top_k)
+        if survivors is not None:
+            values, indices = survivors
+            return torch.full_like(logits, float("-inf")).scatter_(1, indices, _top_p_then_min_p(values, config))
+        logits = apply_top_k(logits, config.top_k)
+    return _top_p_then_min_p(logits, config)
 
 
-def _within_top_k(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
-    """Top-k, then top-p and min-p over the k survivors alone: the tokens top-k drops have probability 0 in
-    every later step, so the survivors are the whole distribution, and sorting them instead of the vocabulary
-    saves ~3 ms a row at 152K tokens. Top-k keeps every token tied with the k-th, and bf16 logits tie often, so
-    the survivors are looked for among the 2k largest; ties that reach past those take the whole row."""
-    k, room = config.top_k, min(2 * config.top_k, logits.shape[-1])
+def _top_p_then_min_p(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    return apply_min_p(apply_top_p(logits, config.top_p), config.min_p, config.min_p_keep)
+
+
+def _top_k_survivors(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The logits top-k keeps, -inf among them where a larger set was searched, and their token ids; None when
+    ties with the k-th reach past the 2k largest.
+
+    Top-p and min-p then run over these alone: the tokens top-k drops have probability 0 in every later step,
+    so the survivors are the whole distribution, and sorting them instead of the vocabulary saves ~3 ms a row
+    at 152K tokens. Top-k keeps every token tied with the k-th, and bf16 logits tie often, hence the 2k."""
+    room = min(2 * k, logits.shape[-1])
     values, indices = torch.topk(logits, room, dim=-1)  # sorted, most likely first
     kth = values[:, k - 1 : k]
     if room < logits.shape[-1] and bool((values[:, -1:] == kth).any()):
-        logits = apply_top_p(apply_top_k(logits, k), config.top_p)
-        return apply_min_p(logits, config.min_p, config.min_p_keep)
-    values = apply_top_p(values.masked_fill(values < kth, float("-inf")), config.top_p)
-    values = apply_min_p(values, config.min_p, config.min_p_keep)
-    return torch.full_like(logits, float("-inf")).scatter_(1, indices, values)
+        return None
+    return values.masked_fill(values < kth, float("-inf")), indices
 
 
 def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
