@@ -126,7 +126,8 @@ def test_tile_rows_are_bitwise_independent_and_paths_and_units_agree(kind):
         held = tiled(kind, blocks, 512, per_unit)
         for path in ["best", *PATHS]:
             assert torch.equal(together, tile_matmul(x, held, path=path)), (per_unit, path)
-        for first, count in [(0, 1), (5, 1), (3, 4), (7, 5), (60, 4), (0, 9), (62, 5), (127, 23), (16, 15)]:
+        spans = [(0, 1), (5, 1), (90, 3), (3, 4), (7, 5), (40, 6), (100, 7), (60, 4), (0, 9), (62, 5), (127, 23), (16, 15)]
+        for first, count in spans:
             assert torch.equal(tile_matmul(x[first : first + count], held), together[first : first + count])
 
 
