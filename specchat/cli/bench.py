@@ -156,12 +156,14 @@ def _bench_sampling(loaded, temperature: float):
 
 
 def _described(sampling) -> str:
+    """The table's title: greedy, or the temperature and each filter that is on (not at its default, off)."""
     if sampling.greedy:
         return "greedy"
-    shown = {"top-k": sampling.top_k, "top-p": sampling.top_p, "min-p": sampling.min_p, "penalty": sampling.penalty}
-    off = {"top-k": 0, "top-p": 1.0, "min-p": 0.0, "penalty": 1.0}
-    return ", ".join([f"sampled at temperature {sampling.temperature:g}",
-                      *(f"{name} {value:g}" for name, value in shown.items() if value != off[name])])
+    off = type(sampling)()
+    filters = ("top_k", "top_p", "min_p", "penalty")
+    shown = [f"{field.replace('_', '-')} {getattr(sampling, field):g}" for field in filters
+             if getattr(sampling, field) != getattr(off, field)]
+    return ", ".join([f"sampled at temperature {sampling.temperature:g}", *shown])
 
 
 @bench_app.command("context")
