@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import random
 
-from specchat.engine.budget import (
-    AdaptiveBudget,
+from specchat.engine.budget import AdaptiveBudget, proposers
+from specchat.engine.verify_cost import (
+    LIVE_WEIGHT,
+    PLAIN_STEP_EVERY,
     VerifyCost,
     cached_verify_cost,
     measure_verify_cost,
     priced_context,
-    proposers,
 )
 from specchat.engine.tree import ROOT, DraftTree
 
@@ -270,3 +272,51 @@ def test_a_calibration_stands_for_contexts_up_to_the_next_power_of_two():
     assert [priced_context(n) for n in (0, 1, 1024, 1025, 2048, 16000, 16384, 16385)] == [
         1024, 1024, 1024, 2048, 2048, 16384, 16384, 32768,
     ]
+
+
+def test_timed_forwards_move_the_prices_of_their_size_class():
+    """A forward's timing moves its size class's factor (a moving ratio to the calibration); a class never timed
+    takes the factor of the nearest one timed, ties to the smaller."""
+    cost = VerifyCost((0, 1, 3, 7), (1.0, 1.05, 1.2, 1.6))
+    cost.observe(2, 1.125)  # class 3, as calibrated (2 nodes interpolate to 1.125)
+    assert cost.factors == {3: 1.0} and cost.relative(7) == 1.6
+    cost.observe(0, 0.8)  # the decode step got faster; the trees did not
+    assert cost.relative(3) == 1.2 / 0.8 and cost.relative(7) == 1.6 / 0.8  # 7 takes 3's factor
+    assert cost.relative(1) == 1.05  # 1 is as near 0 as 3: it takes the smaller's factor
+    cost.observe(0, 1.0)
+    assert abs(cost.factors[0] - (0.8 + 0.2 * LIVE_WEIGHT)) < 1e-12
+
+
+def test_while_drafting_a_plain_step_times_the_decode_step_now_and_then():
+    policy = AdaptiveBudget(VerifyCost((0, 1, 3, 7), (1.0, 1.0, 1.0, 1.0)))
+    plain = []
+    for step in range(3 * PLAIN_STEP_EVERY + 3):
+        budget = policy.next_budget()
+        if not budget:
+            plain.append(step)
+            policy.observe(DraftTree.empty(), [], verify_seconds=1.0)
+        else:
+            observe_chain(policy, budget, budget, budget=budget, verify_seconds=1.0)
+    assert plain == [PLAIN_STEP_EVERY, 2 * PLAIN_STEP_EVERY + 1, 3 * PLAIN_STEP_EVERY + 2]
+
+
+def test_a_calibration_timed_under_load_is_corrected_by_the_forwards_decoding_times():
+    """The 1.5B's costs on the Zen 4 (ms): decode 33, 3 nodes 40, 7 nodes 64; timed while another process loaded
+    the CPU, the decode step took 60 and 7 nodes cost 1.05x it. With chains accepted at 0.6 a depth, 3 nodes pay
+    best at the real costs: the timings of decoding bring the budget there, where the calibration alone kept 7."""
+    true_ms = {0: 33.0, 1: 34.0, 3: 40.0, 7: 64.0, 15: 120.0}
+
+    def last_budgets(timed: bool) -> list[int]:
+        loaded = VerifyCost((0, 1, 3, 7, 15), (60.0, 60.0, 61.0, 63.0, 90.0))
+        policy, budgets, rng = AdaptiveBudget(loaded), [], random.Random(0)
+        for _ in range(300):
+            budget = policy.next_budget()
+            budgets.append(budget)
+            accepted = next((d for d in range(budget) if rng.random() >= 0.6), budget)
+            observe_chain(policy, budget, accepted, budget=budget, verify_seconds=true_ms[budget] if timed else None)
+        if timed:
+            assert [round(loaded.relative(n), 2) for n in (1, 3, 7)] == [1.0, 1.21, 1.94]
+        return budgets[-100:]
+
+    assert last_budgets(timed=False) == [7] * 100
+    assert last_budgets(timed=True).count(3) >= 98  # and a plain step or two

@@ -4,9 +4,10 @@ kind of its own, whose chains the budget sizes apart from the short matches'."""
 from __future__ import annotations
 
 from specchat.drafters.ngram import COPY_MATCH, NgramDrafter
-from specchat.engine.budget import AdaptiveBudget, VerifyCost
+from specchat.engine.budget import AdaptiveBudget
 from specchat.engine.events import COPY
 from specchat.engine.tree import ROOT, DraftTree
+from specchat.engine.verify_cost import VerifyCost
 
 
 def drafter_of(ids: list[int]) -> NgramDrafter:

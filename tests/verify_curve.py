@@ -6,7 +6,7 @@ from specchat.loading import load_model
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
-from specchat.engine.budget import measure_verify_cost
+from specchat.engine.verify_cost import measure_verify_cost
 from specchat.drafters.ngram import NgramDrafter
 from specchat.engine.verify_forward import verification_forward
 dtype = sys.argv[1]

@@ -2,8 +2,8 @@
 
 On 2 CPU cores verifying 64 nodes costs several single-token forwards; on a GPU about one. So the engine
 times verification forwards of growing size for the loaded model (calibration, cached on disk per model,
-dtype, device and context class: each tree row attends to the whole context) and weighs that cost against
-the acceptance it observes:
+dtype, device and context class: each tree row attends to the whole context; corrected by the forwards decoding
+times, `verify_cost.py`) and weighs that cost against the acceptance it observes:
 
     expected tokens(n) = 1 + sum_{d=1..depth(n)} prod_{j<=d} alpha_j
     budget = argmax_n expected_tokens(n) / (verify cost(n) + draft cost(n))
@@ -42,13 +42,9 @@ their trees were sized too small.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specchat.disk_cache import cached_json
-from specchat.engine.timing import Timer
+from specchat.engine.verify_cost import VerifyCost
 
 if TYPE_CHECKING:  # torch-free: the CLI checks --draft-budget against MAX_BUDGET before loading torch
     from specchat.engine.tree import DraftTree
@@ -59,61 +55,6 @@ SIZES = (0, 1, 3, 7, 15, 31, 63)
 MAX_BUDGET = 64  # the most nodes a fixed budget may ask for: canonical attention's deepest tree
 MAX_FAILED_PROBES = 3  # probes in a row that did not pay, after which drafting stays off
 NEW_TREE_WEIGHT = 0.25  # of a tree's depth in the moving average of its budget's depth
-MIN_PRICED_CONTEXT = 1024  # contexts up to this share one calibration
-
-
-@dataclass(frozen=True)
-class VerifyCost:
-    """Seconds of one target forward over 1 + n tokens, measured at the listed tree sizes n."""
-
-    sizes: tuple[int, ...]
-    seconds: tuple[float, ...]
-
-    def relative(self, n: int) -> float:
-        """cost(n) / cost(0), linearly interpolated between measured sizes."""
-        base = self.seconds[0]
-        for (n0, s0), (n1, s1) in zip(zip(self.sizes, self.seconds), zip(self.sizes[1:], self.seconds[1:])):
-            if n <= n1:
-                return (s0 + (s1 - s0) * (n - n0) / (n1 - n0)) / base
-        return self.seconds[-1] / base * n / self.sizes[-1]
-
-
-def priced_context(length: int) -> int:
-    """The context class a calibration stands for: the power of two at or above `length`, at least 1024. A tree's
-    rows each attend to the whole context, so its price in decode steps grows with it (the 1.5B on this CPU: 7
-    nodes 1.6x a decode step at a few hundred tokens, 2.7x at 16K)."""
-    return max(MIN_PRICED_CONTEXT, 1 << (length - 1).bit_length())
-
-
-def measure_verify_cost(
-    verify_forward: Callable[[int], Callable[[], object]], *, sizes=SIZES, repeats: int = 5, device=None
-) -> VerifyCost:
-    """Median seconds of a verification forward over 1 + n tokens for each size n, after a warm-up.
-
-    `verify_forward(n)` builds the call to time (`specchat.engine.verify_forward.verification_forward`);
-    `device` is where it runs (a CUDA device is synchronised around each call). The sizes run interleaved, round
-    by round: timed one size after another, a CPU whose memory bandwidth drifted between them (this 2-core
-    machine's decode step moves between 16 and 24 ms) priced a one-node tree at 1.17x a decode step in one
-    calibration and 1.01x in the next, and the budget followed.
-    """
-    timer = Timer(device, repeats=repeats, warmup=1)
-    times = timer.seconds_each({str(n): verify_forward(n) for n in sizes})
-    seconds = [times[str(n)] for n in sizes]
-    # Larger trees never cost less than smaller ones; measured noise otherwise makes the curve non-monotone.
-    for i in range(1, len(seconds)):
-        seconds[i] = max(seconds[i], seconds[i - 1])
-    return VerifyCost(tuple(sizes), tuple(seconds))
-
-
-def cached_verify_cost(path: Path, key: str, measure: Callable[[], VerifyCost]) -> VerifyCost:
-    """The calibration stored under `key` in the JSON file at `path`, measured and stored when missing."""
-
-    def compute() -> dict:
-        cost = measure()
-        return {"sizes": list(cost.sizes), "seconds": list(cost.seconds)}
-
-    entry = cached_json(path, key, compute)
-    return VerifyCost(tuple(entry["sizes"]), tuple(entry["seconds"]))
 
 
 class Acceptance:
@@ -155,7 +96,8 @@ class Acceptance:
 
 
 class AdaptiveBudget:
-    """Chooses each step's tree budget from the verification cost and the acceptance seen so far."""
+    """Chooses each step's tree budget from the verification cost and the acceptance seen so far. `cost` is
+    shared: the engine keeps one per calibration, which the forwards timed here keep up to date."""
 
     def __init__(self, cost: VerifyCost, *, max_budget: int = MAX_BUDGET, decay: float = 0.97, probe_every: int = 16,
                  max_failed_probes: int = MAX_FAILED_PROBES):  # fmt: skip
@@ -174,12 +116,15 @@ class AdaptiveBudget:
         self.budget = self._best()
 
     def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float = 0.0,
-                mode: frozenset[str] | None = None) -> None:  # fmt: skip
+                verify_seconds: float | None = None, mode: frozenset[str] | None = None) -> None:  # fmt: skip
         """Record one verified tree, proposed with `budget` in `draft_seconds` by the kinds `mode` (by default
-        the tree's origins), of which the nodes `path` were accepted. Each origin in the tree is counted on the
-        nodes it proposed: its own and their ancestors (a composite's second part joins the first part's nodes
-        where it proposed the same tokens). Empty trees (the drafter had nothing) say nothing about acceptance,
-        depth or drafting time."""
+        the tree's origins) and verified in `verify_seconds` (None: not timed), of which the nodes `path` were
+        accepted. Each origin in the tree is counted on the nodes it proposed: its own and their ancestors (a
+        composite's second part joins the first part's nodes where it proposed the same tokens). Empty trees
+        (the drafter had nothing) say nothing about acceptance, depth or drafting time; their forward still
+        times a decode step."""
+        if verify_seconds is not None:
+            self.cost.observe(len(tree), verify_seconds)
         mode = frozenset(tree.origins) if mode is None else mode
         if budget and len(tree):
             seconds = self.draft_seconds.setdefault(mode, {})
@@ -203,7 +148,10 @@ class AdaptiveBudget:
     def next_budget(self, mode: frozenset[str] = frozenset()) -> int:
         """The next tree's budget, for a tree drafted by the kinds `mode` (any: empty). A mode not timed yet is
         sized from what its parts have had accepted (the prior, for parts never seen) even while drafting is
-        off: an n-gram drafter's first copy of a long passage is tried however its short matches fared."""
+        off: an n-gram drafter's first copy of a long passage is tried however its short matches fared. While
+        drafting, a plain step now and then times the decode step that every price is a ratio to."""
+        if self.cost.decode_stale:
+            return 0
         if mode and mode not in self.sized:
             untried = self._best_for(mode)
             if untried or self.budget:
@@ -243,7 +191,7 @@ class AdaptiveBudget:
 
     def relative_cost(self, n: int, mode: frozenset[str] = frozenset()) -> float:
         """A step's cost with a tree of n nodes, in decode steps: verification plus drafting in `mode`."""
-        return self.cost.relative(n) + self.draft_seconds.get(mode, {}).get(n, 0.0) / self.cost.seconds[0]
+        return self.cost.relative(n) + self.draft_seconds.get(mode, {}).get(n, 0.0) / self.cost.now(0)
 
 
 def proposers(tree: DraftTree) -> dict[str, set[int]]:

@@ -15,15 +15,7 @@ from specchat.architectures import parts
 from specchat.disk_cache import cache_dir
 from specchat.drafters.base import Drafter, TargetView
 from specchat.engine.attention import uses_tree_masks
-from specchat.engine.budget import (
-    MAX_BUDGET,
-    SIZES,
-    AdaptiveBudget,
-    VerifyCost,
-    cached_verify_cost,
-    measure_verify_cost,
-    priced_context,
-)
+from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.events import KNOWN, TARGET, StepEvent
 from specchat.engine.last_query import LastQuery
@@ -34,6 +26,7 @@ from specchat.engine.stats import GenerationStats
 from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, node_histories, tree_batch
 from specchat.engine.verify import verify
+from specchat.engine.verify_cost import VerifyCost, cached_verify_cost, measure_verify_cost, priced_context
 from specchat.engine.verify_forward import verification_forward
 from specchat.checks import check_kv_cache
 from specchat.errors import SpecchatError
@@ -74,6 +67,7 @@ class Engine:
         self.length = 0  # committed ids; the cache holds all but the last (the root)
         self._hidden = _LastHidden.of(parts(model).norm)  # transformers' forward hides it; the lean one returns it
         self._query = LastQuery(model, lean=self.lean is not None)
+        self._verify_costs: dict[str, VerifyCost] = {}  # calibration key -> its prices, kept up to date
         self.target = TargetView.of(model, self.cache, forward=self._draft_forward, last_query=self._query,
                                     tokenizer=tokenizer)  # fmt: skip
         self.set_drafter(drafter, draft_budget)
@@ -189,6 +183,7 @@ class Engine:
             start = time.perf_counter()
             tree = self.drafter.propose(budget, sampling, generator) if budget else DraftTree.empty()
             draft_seconds = time.perf_counter() - start
+        start = time.perf_counter()
         prefix = self.cache.length
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
         mask = batch.attention_mask(prefix, tree_only=self.tree_only_masks) if len(tree) else None  # 1 query: no mask
@@ -201,8 +196,10 @@ class Engine:
         kept = [0] + [node + 1 for node in verdict.path]
         self.cache.commit(kept)
         self._query.keep(kept[-1])
+        verify_seconds = time.perf_counter() - start  # the verdict's ints are on the host: the device is done
         if self.policy and not known:  # known tokens say nothing about the drafter
-            self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds, mode=mode)
+            self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds,
+                                verify_seconds=verify_seconds, mode=mode)  # fmt: skip
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[kept] if self.drafter is not None else hidden  # only a drafter reads them
@@ -210,7 +207,8 @@ class Engine:
 
     def _verify_cost(self) -> VerifyCost:
         """Verification cost by tree size for this model, dtype, device, thread count and the class of the current
-        context (`priced_context`), timed at the current context once per machine (cached on disk)."""
+        context (`priced_context`), timed at the current context once per machine (cached on disk), then kept up
+        to date by the forwards this engine times: one per calibration for the engine's lifetime."""
 
         def verify_forward(n: int):  # a chain of n nodes at the current context, never committed
             return verification_forward(self._forward, self.cache, self.device, tree_only=self.tree_only_masks, tree=n)
@@ -223,7 +221,9 @@ class Engine:
 
         key = (f"{calibration_key(self.model, lean=self.lean is not None)}|sizes={','.join(map(str, sizes))}"
                f"|context={priced_context(self.cache.length)}")
-        return cached_verify_cost(cache_dir() / "verify_cost.json", key, measure)
+        if key not in self._verify_costs:
+            self._verify_costs[key] = cached_verify_cost(cache_dir() / "verify_cost.json", key, measure)
+        return self._verify_costs[key]
 
     def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree) -> torch.Tensor:
         """Processed logits per verified row, each with its own history when the penalty needs one."""

@@ -1,0 +1,117 @@
+"""What a verification forward over the root and n draft nodes costs: timed once per machine, then kept up to
+date from the forwards decoding runs.
+
+The calibration times forwards of 0, 1, 3, 7, ... nodes at the current context, once per model, dtype, device
+and context class, and keeps them on disk. Its prices are ratios to a decode step, and on a machine that shares
+its memory those ratios move with the minute: on 2 cores of a Zen 4 the 1.5B's decode step reads the weights at
+whatever bandwidth the neighbours leave (33-44 ms), while a forward of 4 rows, nearer compute-bound, stays at
+~41 ms; 3 nodes cost 1.0x a decode step one minute and 1.24x ten minutes later. Frozen, one calibration had the
+default drafter spend 1.6-1.8 nodes a step and the next 2.9-3.2, and one timed while another process loaded the
+CPU priced 7 nodes at 1.05x for good (6-7 nodes a step, 1.09x plain decoding on chat).
+
+So each timed forward of decoding corrects the price of its size class: a factor per calibrated size, the
+moving ratio of measured to calibrated seconds, read by the sizes it stands for (a class never timed takes the
+factor of the nearest one that was). A drafting engine runs few forwards of the root alone, and every price is
+a ratio to that one, so while drafting the budget asks for a plain step every `PLAIN_STEP_EVERY` forwards
+(`decode_stale`): under 1% of the tokens a step would have drafted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specchat.disk_cache import cached_json
+from specchat.engine.timing import Timer
+
+MIN_PRICED_CONTEXT = 1024  # contexts up to this share one calibration
+PLAIN_STEP_EVERY = 64  # timed forwards with a tree before a plain step re-times the decode step
+LIVE_WEIGHT = 0.3  # of a new timing in its size class's moving factor
+
+
+@dataclass
+class VerifyCost:
+    """Seconds of one target forward over 1 + n tokens: calibrated at the listed tree sizes n, corrected by the
+    forwards decoding times (`observe`)."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    factors: dict[int, float] = field(default_factory=dict, compare=False)  # size class -> measured / calibrated
+    since_decode: int = field(default=0, compare=False)  # timed forwards since the last one of the root alone
+
+    def calibrated(self, n: int) -> float:
+        """The calibration's seconds for n nodes, linearly interpolated between measured sizes."""
+        for (n0, s0), (n1, s1) in zip(zip(self.sizes, self.seconds), zip(self.sizes[1:], self.seconds[1:])):
+            if n <= n1:
+                return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
+        return self.seconds[-1] * n / self.sizes[-1]
+
+    def now(self, n: int) -> float:
+        """Seconds for n nodes as the forwards timed lately have cost."""
+        return self.calibrated(n) * self._factor(self._size_class(n))
+
+    def relative(self, n: int) -> float:
+        """cost(n) / cost(0), now."""
+        return self.now(n) / self.now(0)
+
+    def observe(self, n: int, seconds: float) -> None:
+        """Count one forward over the root and n nodes that took `seconds`."""
+        size = self._size_class(n)
+        ratio = seconds / self.calibrated(n)
+        seen = self.factors.get(size, ratio)
+        self.factors[size] = seen + (ratio - seen) * LIVE_WEIGHT
+        self.since_decode = 0 if n == 0 else self.since_decode + 1
+
+    @property
+    def decode_stale(self) -> bool:
+        """Whether the decode step, every price's unit, wants timing again."""
+        return self.since_decode >= PLAIN_STEP_EVERY
+
+    def _size_class(self, n: int) -> int:
+        """The calibrated size at or above n (the largest past it): the forwards whose prices n's timing moves."""
+        return next((size for size in self.sizes if n <= size), self.sizes[-1])
+
+    def _factor(self, size: int) -> float:
+        if not self.factors:
+            return 1.0
+        nearest = min(self.factors, key=lambda seen: (abs(self.sizes.index(seen) - self.sizes.index(size)), seen))
+        return self.factors[nearest]
+
+
+def priced_context(length: int) -> int:
+    """The context class a calibration stands for: the power of two at or above `length`, at least 1024. A tree's
+    rows each attend to the whole context, so its price in decode steps grows with it (the 1.5B on this CPU: 7
+    nodes 1.6x a decode step at a few hundred tokens, 2.7x at 16K)."""
+    return max(MIN_PRICED_CONTEXT, 1 << (length - 1).bit_length())
+
+
+def measure_verify_cost(
+    verify_forward: Callable[[int], Callable[[], object]], *, sizes: tuple[int, ...], repeats: int = 5, device=None
+) -> VerifyCost:
+    """Median seconds of a verification forward over 1 + n tokens for each size n, after a warm-up.
+
+    `verify_forward(n)` builds the call to time (`specchat.engine.verify_forward.verification_forward`);
+    `device` is where it runs (a CUDA device is synchronised around each call). The sizes run interleaved, round
+    by round: timed one size after another, a CPU whose memory bandwidth drifted between them (this 2-core
+    machine's decode step moves between 16 and 24 ms) priced a one-node tree at 1.17x a decode step in one
+    calibration and 1.01x in the next, and the budget followed.
+    """
+    timer = Timer(device, repeats=repeats, warmup=1)
+    times = timer.seconds_each({str(n): verify_forward(n) for n in sizes})
+    seconds = [times[str(n)] for n in sizes]
+    # Larger trees never cost less than smaller ones; measured noise otherwise makes the curve non-monotone.
+    for i in range(1, len(seconds)):
+        seconds[i] = max(seconds[i], seconds[i - 1])
+    return VerifyCost(tuple(sizes), tuple(seconds))
+
+
+def cached_verify_cost(path: Path, key: str, measure: Callable[[], VerifyCost]) -> VerifyCost:
+    """The calibration stored under `key` in the JSON file at `path`, measured and stored when missing."""
+
+    def compute() -> dict:
+        cost = measure()
+        return {"sizes": list(cost.sizes), "seconds": list(cost.seconds)}
+
+    entry = cached_json(path, key, compute)
+    return VerifyCost(tuple(entry["sizes"]), tuple(entry["seconds"]))
