@@ -31,6 +31,7 @@ from specchat.engine.events import COPY, TARGET
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
+from specchat.engine.verify_cost import PLAIN_STEP_EVERY
 
 GREEDY = SamplingConfig()
 VOCAB = 1024  # small enough to be cheap, large enough that random models rarely repeat or emit EOS (2)
@@ -370,3 +371,22 @@ def test_default_model_ngram_equals_greedy(default_model):
     assert out == expected
     assert events[-1].stats.accepted > 0
     assert any({"ngram", COPY} & set(event.origins) for event in events)
+
+
+def test_a_drafting_engine_times_its_forwards_and_now_and_then_a_plain_step(tokenizer, tmp_path, monkeypatch):
+    """Every verification is timed into the prices of its size class, and while drafting a plain step re-times
+    the decode step after `PLAIN_STEP_EVERY` forwards with a tree; the prices outlive a text (one table per
+    calibration), so the next text starts from what was learnt."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model, prompt, greedy = model_and_greedy("llama", seed=5, n=150)
+    drafter = OracleDrafter(prompt + greedy, depth=1, vocab_size=VOCAB, siblings=False)  # trees of one node
+    engine = Engine(model, tokenizer, max_len=256, drafter=drafter)
+    out, events = run(engine, prompt, 150)
+    assert out == greedy[: len(out)] and len(out) == 150
+    steps = [len(event.tokens) for event in events[1:]]  # after the prefill's token; a chain of one is accepted
+    # the 65th step is plain (earlier, only if this machine's timings made drafting not pay)
+    assert 1 in steps[: PLAIN_STEP_EVERY + 1]
+    cost = engine.policy.cost
+    assert set(cost.factors) == {0, 1} and cost.since_decode < PLAIN_STEP_EVERY
+    run(engine, random_prompt(12, seed=6), 8)  # a new text: a new policy, the same prices
+    assert engine.policy.cost is cost and list(engine._verify_costs.values()) == [cost]
