@@ -147,30 +147,43 @@ inline void nibbles_64(const uint8_t* q, uint8_t* out) {
 #endif
 }
 
-// Adds 16 to code l (of 32) where bit l of `bits` is set (Q5_0 / Q5_1's fifth bits).
-inline void fifth_bits_32(uint32_t bits, uint8_t* codes) {
 #ifdef GGUF_AVX2
+// 16 in byte l where bit l of `bits` is set, else 0 (Q5_0 / Q5_1's fifth bits).
+inline __m256i fifth_bits_vector(uint32_t bits) {
   // byte l of `spread` is byte l / 8 of `bits`; then bit l % 8 of it, as a byte mask
   const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
                                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+#endif
+
+// Adds 16 to code l (of 32) where bit l of `bits` is set (Q5_0 / Q5_1's fifth bits).
+inline void fifth_bits_32(uint32_t bits, uint8_t* codes) {
+#ifdef GGUF_AVX2
   const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), _mm256_or_si256(c, _mm256_and_si256(set, _mm256_set1_epi8(16))));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), _mm256_or_si256(c, fifth_bits_vector(bits)));
 #else
   for (int l = 0; l < 32; ++l) codes[l] |= ((bits >> l) & 1) << 4;
 #endif
 }
 
+#ifdef GGUF_AVX2
+// 16 in byte l where bit `shift` of byte l of `high` is set, else 0 (Q5_K's fifth bits).
+inline __m256i fifth_bits_k_vector(__m256i high, int shift) {
+  const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << shift));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, bit), bit), _mm256_set1_epi8(16));
+}
+#endif
+
 // Adds 16 to code l (of 32) where bit `shift` of high[l] is set (Q5_K's fifth bits).
 inline void fifth_bits_k(const uint8_t* high, int shift, uint8_t* codes) {
 #ifdef GGUF_AVX2
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high));
-  const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << shift));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
   const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), _mm256_or_si256(c, _mm256_and_si256(set, _mm256_set1_epi8(16))));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), _mm256_or_si256(c, fifth_bits_k_vector(h, shift)));
 #else
   for (int l = 0; l < 32; ++l) codes[l] |= ((high[l] >> shift) & 1) << 4;
 #endif
@@ -486,9 +499,9 @@ alignas(32) inline constexpr uint8_t word_pair[4][32] = {
 #undef GGUF_PAIR
 };
 
-// Q4_K straight from its blocks (no unpacked copy): the same operations as the paths above. The chunk loop
-// stays rolled: unrolled, the compiler keeps every product live at once and spills them (15% slower).
-template <int ROWS>
+// Q4_K, or Q5_K with FIVE, straight from its blocks (no unpacked copy): the same operations as the paths above.
+// The chunk loop stays rolled: unrolled, the compiler keeps every product live at once and spills them (15% slower).
+template <bool FIVE, int ROWS>
 void dots_q4_k(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
   const int64_t groups = x.cols / 256;
   const __m256i m4 = _mm256_set1_epi8(15);
@@ -498,7 +511,8 @@ void dots_q4_k(const uint8_t* row, const Quantized& x, int64_t first, float* out
   k_cursors(x, first, rows);
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* b = row + g * 144;
+    const uint8_t* b = row + g * (FIVE ? 176 : 144);
+    const uint8_t* qs = b + (FIVE ? 48 : 16);
     alignas(16) uint8_t scales[16];  // then the mins
     scales_mins_k4(b + 4, scales);
     const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales));
@@ -507,8 +521,12 @@ void dots_q4_k(const uint8_t* row, const Quantized& x, int64_t first, float* out
     for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
     for (int c = 0; c < 4; ++c) {
-      const __m256i q = load256(b + 16 + 32 * c);
-      const __m256i low = _mm256_and_si256(q, m4), high = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m256i q = load256(qs + 32 * c);
+      __m256i low = _mm256_and_si256(q, m4), high = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if (FIVE) {  // Q5_K's fifth bits: bit 2c of byte l in b + 16 for the low nibbles, bit 2c + 1 for the high
+        low = _mm256_or_si256(low, fifth_bits_k_vector(load256(b + 16), 2 * c));
+        high = _mm256_or_si256(high, fifth_bits_k_vector(load256(b + 16), 2 * c + 1));
+      }
       const __m256i s_low = _mm256_shuffle_epi8(s16, load256(broadcast_word[2 * c]));
       const __m256i s_high = _mm256_shuffle_epi8(s16, load256(broadcast_word[2 * c + 1]));
       for (int r = 0; r < ROWS; ++r) {
@@ -558,25 +576,48 @@ void dots_q6_k(const uint8_t* row, const Quantized& x, int64_t first, float* out
   for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
 }
 
-// Q8_0 straight from its blocks: the generic path's operations with S = 1 and no offset term.
-template <int ROWS>
-void dots_q8_0(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
-  const int64_t cols = x.cols, groups = cols / 32;
+// A legacy block's 32 codes in natural order, as `unpack_row` leaves them: Q4_0 and Q5_0 centred (u - 8, u - 16),
+// Q4_1 and Q5_1 unsigned, Q8_0 as stored.
+template <int64_t TYPE>
+inline __m256i codes_32(const uint8_t* b) {
+  if (TYPE == Q8_0) return load256(b + 2);
+  constexpr bool five = TYPE == Q5_0 || TYPE == Q5_1, with_min = TYPE == Q4_1 || TYPE == Q5_1;
+  constexpr int head = (with_min ? 4 : 2) + (five ? 4 : 0);
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + head));
+  const __m128i m4 = _mm_set1_epi8(15);
+  __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), m4), _mm_and_si128(bytes, m4));
+  if (five) {
+    uint32_t bits;
+    std::memcpy(&bits, b + head - 4, 4);
+    codes = _mm256_or_si256(codes, fifth_bits_vector(bits));
+  }
+  return with_min ? codes : _mm256_sub_epi8(codes, _mm256_set1_epi8(five ? 16 : 8));
+}
+
+// The legacy types (groups of 32) straight from their blocks: the generic path's operations with S = 1, and for
+// Q4_1 / Q5_1 an offset whose first lane alone is not zero (M = 1 on both of a group's sub-blocks).
+template <int64_t TYPE, int ROWS>
+void dots_32(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+  constexpr bool with_min = TYPE == Q4_1 || TYPE == Q5_1;
+  const int64_t cols = x.cols, groups = cols / 32, bytes = layout(TYPE).bytes;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* b = row + g * 34;
-    const __m256i w = load256(b + 2);
-    const float a = half(b);
+    const uint8_t* b = row + g * bytes;
+    const __m256i w = codes_32<TYPE>(b);
+    const float a = half(b), m = with_min ? half(b + 2) : 0.0f;
     for (int r = 0; r < ROWS; ++r) {
-      const __m256i lanes = pair_products<true>(w, load256(x.q.data() + (first + r) * cols + g * 32), ones);
+      const __m256i lanes = pair_products<!with_min>(w, load256(x.q.data() + (first + r) * cols + g * 32), ones);
       const float d = x.scale[(first + r) * groups + g];
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d * a), acc[r]);
+      if (with_min && m != 0.0f) {
+        const __m256i sum = _mm256_setr_epi32(x.sums32[(first + r) * groups + g], 0, 0, 0, 0, 0, 0, 0);
+        offset[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(d * m), offset[r]);
+      }
     }
   }
-  // + 0.0f: the generic path adds its (zero) offset lanes' sum, which turns a -0.0 into 0.0
-  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + 0.0f;
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
 }
 
 // Rows in fours, then a pair, then one; each row's operations the same either way.
@@ -1249,7 +1290,7 @@ inline void unit_dots(int64_t type, const uint8_t* unit, const Quantized& x, Pat
 // Whether a weight row of `type` goes through `unpack_row` first (else a kernel reads its blocks directly).
 inline bool needs_unpacking(int64_t type, Path path) {
 #ifdef GGUF_AVX2
-  return path == Path::Portable || (type != Q4_K && type != Q6_K && type != Q8_0);
+  return path == Path::Portable || (type != Q4_K && type != Q5_K && type != Q6_K && layout(type).values != 32);
 #else
   (void)type, (void)path;
   return true;
@@ -1262,9 +1303,14 @@ inline void dots(const uint8_t* row, const Unpacked& u, const Quantized& x, int6
   const Layout l = layout(type);
 #ifdef GGUF_AVX2
   if (path != Path::Portable) {
-    if (type == Q4_K) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q4_k<rows()>(row, x, r, out); });
+    if (type == Q4_K) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q4_k<false, rows()>(row, x, r, out); });
+    if (type == Q5_K) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q4_k<true, rows()>(row, x, r, out); });
     if (type == Q6_K) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q6_k<rows()>(row, x, r, out); });
-    if (type == Q8_0) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_q8_0<rows()>(row, x, r, out); });
+    if (type == Q4_0) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_32<Q4_0, rows()>(row, x, r, out); });
+    if (type == Q4_1) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_32<Q4_1, rows()>(row, x, r, out); });
+    if (type == Q5_0) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_32<Q5_0, rows()>(row, x, r, out); });
+    if (type == Q5_1) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_32<Q5_1, rows()>(row, x, r, out); });
+    if (type == Q8_0) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_32<Q8_0, rows()>(row, x, r, out); });
     if (l.is_signed) return by_fours(x.rows, [&](auto rows, int64_t r) { dots_avx2<true, rows()>(u, x, r, l.values, out); });
     return by_fours(x.rows, [&](auto rows, int64_t r) { dots_avx2<false, rows()>(u, x, r, l.values, out); });
   }
