@@ -653,25 +653,25 @@ struct TileQ4K {  // one group of 256 values of 8 rows
 };
 static_assert(sizeof(TileQ4K) == 8 * 148, "a tile group is its 8 rows' 148 bytes");
 
-// A zeroed uint8 tensor [rows, cols] in memory that asks for 2 MB pages (Linux, `madvise`): every decode step
+// A uint8 tensor [rows, cols], its bytes left for the caller to write, in memory that asks for 2 MB pages (Linux, `madvise`): every decode step
 // streams the whole model, and in 4 KB pages each 4 KB of weights is a TLB miss of its own. A matrix under 2 MB
 // takes ordinary pages: rounded up to whole 2 MB pages, the 1.5B's small matrices held 142 MB more.
 inline at::Tensor huge_page_bytes(int64_t rows, int64_t cols) {
   constexpr size_t kHuge = size_t{2} << 20;
   const size_t bytes = static_cast<size_t>(rows * cols), size = (bytes + kHuge - 1) / kHuge * kHuge;
-  if (bytes < kHuge) return at::zeros({rows, cols}, at::TensorOptions().dtype(at::kByte));
+  if (bytes < kHuge) return at::empty({rows, cols}, at::TensorOptions().dtype(at::kByte));
   void* memory = std::aligned_alloc(kHuge, size);
   TORCH_CHECK(memory, "out of memory for ", bytes, " bytes of tiles");
 #ifdef __linux__
   madvise(memory, size, MADV_HUGEPAGE);
 #endif
-  std::memset(memory, 0, bytes);
   return at::from_blob(memory, {rows, cols}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kByte));
 }
 
 // Blocks [rows, groups * block_bytes] -> units of `per_unit` 8-row tiles [rows / (8 per_unit), groups * per_unit *
-// sizeof(Tile)], zeroed, then `fill(tile_group, i, block)` for each of the 8 rows i of every tile group: the
-// repacking both tile kinds share. In a pair (per_unit 2) the two tiles' groups alternate: group g of the first
+// sizeof(Tile)], each tile group zeroed, then `fill(tile_group, i, block)` for each of its 8 rows i: the repacking
+// both tile kinds share. The threads that fill the memory are the first to touch it (a serial pass zeroing 1 GB
+// first took a third of a 1.5B's load). In a pair (per_unit 2) the two tiles' groups alternate: group g of the first
 // tile, of the second, then group g + 1 of each, so the pair is read as one stream.
 template <typename Tile, typename Fill>
 inline at::Tensor repack_tiles(const at::Tensor& blocks, int64_t cols, int64_t block_bytes, int64_t per_unit, Fill fill) {
@@ -687,6 +687,7 @@ inline at::Tensor repack_tiles(const at::Tensor& blocks, int64_t cols, int64_t b
     for (int64_t index = begin; index < end; ++index) {
       const int64_t tile = index / groups, g = index % groups;
       Tile& group = dst[(tile / per_unit * groups + g) * per_unit + tile % per_unit];
+      std::memset(&group, 0, sizeof(Tile));
       for (int i = 0; i < 8; ++i) fill(group, i, src + (tile * kTileRows + i) * row_bytes + g * block_bytes);
     }
   });

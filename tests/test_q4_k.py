@@ -50,3 +50,13 @@ def test_rows_that_do_not_split_into_q4_k_blocks_run_in_int4():
     linear = nn.Linear(96, 32, bias=False)
     assert isinstance(quantize_linear(linear, "q4_k", dtype=torch.float32), Int4Linear)
     assert isinstance(quantize_linear(nn.Linear(256, 32), "q4_k", dtype=torch.float32), GGUFLinear)
+
+
+def test_rows_of_a_stacked_layer_come_from_the_matrix_that_holds_them():
+    """A draft head is a few rows of a 152K-row head: only those rows are unpacked, in the order asked, from
+    whichever of a stacked layer's matrices (tiled here: their rows come in eights) holds each."""
+    first, second = _representable(32, 512, seed=1), _representable(16, 512, seed=2)
+    layers = [GGUFLinear(q4_k_blocks(w), 12, 512, dtype=torch.float32) for w in (first, second)]
+    stacked = GGUFLinear.stacked(layers, bias=None)
+    rows = torch.tensor([40, 3, 31, 32, 47, 3])
+    assert torch.equal(stacked.dequantize_rows(rows), torch.cat([first, second])[rows])

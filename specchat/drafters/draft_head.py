@@ -16,7 +16,7 @@ from specchat.drafters.base import TargetView
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.quant.gguf_linear import GGUFLinear
 from specchat.quant.quantize import quantizable, quantize_linear
-from specchat.quant.quantized_linear import QuantizedLinear, dense_weight
+from specchat.quant.quantized_linear import QuantizedLinear, dense_rows
 
 
 class DraftHead:
@@ -36,10 +36,10 @@ class DraftHead:
         if draft_vocab is None:
             self.lm_head = head
         else:
-            dense = dense_weight(head)
-            self.lm_head = nn.Linear(dense.shape[1], len(draft_vocab), bias=False, device=target.device,
+            rows = dense_rows(head, self.draft_vocab)
+            self.lm_head = nn.Linear(rows.shape[1], len(draft_vocab), bias=False, device=target.device,
                                      dtype=target.dtype).requires_grad_(False)  # fmt: skip
-            self.lm_head.weight.copy_(dense[self.draft_vocab])
+            self.lm_head.weight.copy_(rows)
             if weights and quantizable(self.lm_head):  # a vocabulary of odd size stays dense
                 self.lm_head = quantize_linear(self.lm_head, weights, dtype=target.dtype)
 

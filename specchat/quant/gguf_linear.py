@@ -64,10 +64,18 @@ class GGUFLinear(QuantizedLinear):
 
     def dequantize(self) -> torch.Tensor:
         """The weight matrix [out, in] in float32 (tests and small models only: it is the whole matrix)."""
-        return torch.cat([
-            cpu_decoder().gguf_rows(matrix, type_id, self.in_features, torch.arange(held_rows(matrix, type_id)))
-            for matrix, type_id in zip(self.matrices, self.type_ids)
-        ])  # fmt: skip
+        return self.dequantize_rows(torch.arange(self.out_features))
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` of the weight matrix [len(rows), in] in float32, each unpacked from its matrix's blocks."""
+        out, first = torch.empty(len(rows), self.in_features), 0
+        for matrix, type_id in zip(self.matrices, self.type_ids):
+            count = held_rows(matrix, type_id)
+            inside = ((rows >= first) & (rows < first + count)).nonzero().flatten()
+            if len(inside):
+                out[inside] = cpu_decoder().gguf_rows(matrix, type_id, self.in_features, rows[inside] - first)
+            first += count
+        return out
 
     def native(self, decoder):
         return decoder.gguf_linear(self.matrices, self.type_ids, self.in_features, self.bias)

@@ -1,8 +1,8 @@
 """The one contract every quantized linear layer follows (int4 and int8 on torch's kernel, GGUF blocks).
 
 What the rest of specchat may ask of a quantized layer, and nothing more: its sizes and `format` (for
-reports), `forward`, `dequantize()` (the exact matrix it multiplies by: for draft heads built from rows of it,
-and tests), `native(decoder)` (the same product inside the compiled CPU decoder) and `stacked(layers, bias)`
+reports), `forward`, `dequantize()` (the exact matrix it multiplies by: for tests and training), `dequantize_rows`
+(some rows of it: a draft head built from a 152K-row head's draft vocabulary), `native(decoder)` (the same product inside the compiled CPU decoder) and `stacked(layers, bias)`
 (one layer computing several side by side, or None when its kind does not stack). A new kind is one subclass.
 """
 
@@ -21,6 +21,10 @@ class QuantizedLinear(nn.Module):
         """The weight matrix [out, in] the layer multiplies by."""
         raise NotImplementedError
 
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` of the weight matrix [len(rows), in]: the whole matrix indexed, unless a kind does better."""
+        return self.dequantize()[rows]
+
     def native(self, decoder):
         """This layer as the CPU decoder's `Linear` (`decoder`: the compiled module)."""
         raise NotImplementedError
@@ -34,3 +38,8 @@ class QuantizedLinear(nn.Module):
 def dense_weight(layer: nn.Module) -> torch.Tensor:
     """A linear layer's weight matrix [out, in], dequantized where it is quantized."""
     return layer.dequantize() if isinstance(layer, QuantizedLinear) else layer.weight
+
+
+def dense_rows(layer: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` of a linear layer's weight matrix [len(rows), in], dequantized where it is quantized."""
+    return layer.dequantize_rows(rows) if isinstance(layer, QuantizedLinear) else layer.weight[rows]
