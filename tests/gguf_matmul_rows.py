@@ -1,10 +1,11 @@
 """Time every matrix a decode step of a GGUF model reads (the output head included, the embedding not) through
 the GGUF kernels, by block type and number of activation rows: what a tree of that many rows costs in matmuls
 against one row, and how close one row comes to the memory's speed. Medians over repeats, each repeat every
-row count in turn. The model is Qwen2.5-Coder-1.5B Q4_K_M unless --gguf names another file.
+row count in turn. The model is Qwen2.5-Coder-1.5B Q4_K_M unless --gguf names another file; --synthetic times
+one random 8960 x 1536 matrix (the 1.5B's MLP shape) of every block type instead.
 
-    python tests/gguf_matmul_rows.py [--gguf FILE] [--rows 1,2,4,8,16] [--repeats 7] [--path best|avx2|portable]
-                                     [--untiled-q6]
+    python tests/gguf_matmul_rows.py [--gguf FILE | --synthetic] [--rows 1,2,4,8,16] [--repeats 7]
+                                     [--path best|avx2|portable] [--untiled-q6]
 
 --untiled-q6 runs Q6_K a row at a time, as before it had tiles.
 """
@@ -17,7 +18,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
+from gguf_files import random_blocks
 
 from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.gguf_model import gguf_tensors
@@ -42,16 +45,29 @@ def matrices(path: Path, untiled_q6: bool) -> list[tuple[torch.Tensor, int, int,
     return held
 
 
+def synthetic(untiled_q6: bool) -> list[tuple[torch.Tensor, int, int, str, int]]:
+    """One random 8960 x 1536 matrix of every block type, held as `matrices` holds a file's."""
+    decoder, held, rng = cpu_decoder(), [], np.random.default_rng(0)
+    for kind, block in BLOCK_TYPES.items():
+        blocks = torch.from_numpy(random_blocks(kind, 8960, 1536, rng))
+        if kind == Q4_K or (kind == Q6_K and not untiled_q6):
+            blocks, kind = decoder.gguf_tile(blocks, kind, 1536)
+        held.append((blocks, kind, 1536, block.name.upper(), blocks.numel()))
+    return held
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", type=Path, default=FILE)
+    parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--rows", default="1,2,4,8,16")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--path", default="best", choices=["best", "avx2", "portable"])
     parser.add_argument("--untiled-q6", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    held, counts = matrices(args.gguf, args.untiled_q6), [int(n) for n in args.rows.split(",")]
+    held = synthetic(args.untiled_q6) if args.synthetic else matrices(args.gguf, args.untiled_q6)
+    counts = [int(n) for n in args.rows.split(",")]
     names = sorted({name for *_, name, _ in held})
     sizes = {name: sum(size for *_, n, size in held if n == name) for name in names}
     inputs = {(n, cols): torch.randn(n, cols) for n in counts for cols in {c for _, _, c, _, _ in held}}
