@@ -589,9 +589,26 @@ inline __m256i codes_32(const uint8_t* b) {
   if (five) {
     uint32_t bits;
     std::memcpy(&bits, b + head - 4, 4);
+#ifdef GGUF_VNNI  // the fifth bits as a byte mask: where one is clear, u - 16 is the nibble less 16, else the nibble
+    if (!with_min) return _mm256_mask_sub_epi8(codes, _cvtu32_mask32(~bits), codes, _mm256_set1_epi8(16));
+    return _mm256_mask_add_epi8(codes, _cvtu32_mask32(bits), codes, _mm256_set1_epi8(16));
+#else
     codes = _mm256_or_si256(codes, fifth_bits_vector(bits));
+#endif
   }
   return with_min ? codes : _mm256_sub_epi8(codes, _mm256_set1_epi8(five ? 16 : 8));
+}
+
+// The 8 lanes of 4 products each of 32 codes `w` (int8 with SIGNED, then `magnitude` = |w|) and int8 activations.
+template <bool SIGNED>
+inline __m256i products_32(__m256i w, __m256i magnitude, __m256i a) {
+#ifdef GGUF_VNNI  // the same integers in one step: vpdpbusd sums four byte products into each int32 lane
+  const __m256i zero = _mm256_setzero_si256();
+  return SIGNED ? _mm256_dpbusd_epi32(zero, magnitude, _mm256_sign_epi8(a, w)) : _mm256_dpbusd_epi32(zero, w, a);
+#else
+  (void)magnitude;
+  return pair_products<SIGNED>(w, a, _mm256_set1_epi16(1));
+#endif
 }
 
 // The legacy types (groups of 32) straight from their blocks: the generic path's operations with S = 1, and for
@@ -600,15 +617,14 @@ template <int64_t TYPE, int ROWS>
 void dots_32(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
   constexpr bool with_min = TYPE == Q4_1 || TYPE == Q5_1;
   const int64_t cols = x.cols, groups = cols / 32, bytes = layout(TYPE).bytes;
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[ROWS], offset[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* b = row + g * bytes;
-    const __m256i w = codes_32<TYPE>(b);
+    const __m256i w = codes_32<TYPE>(b), magnitude = _mm256_sign_epi8(w, w);
     const float a = half(b), m = with_min ? half(b + 2) : 0.0f;
     for (int r = 0; r < ROWS; ++r) {
-      const __m256i lanes = pair_products<!with_min>(w, load256(x.q.data() + (first + r) * cols + g * 32), ones);
+      const __m256i lanes = products_32<!with_min>(w, magnitude, load256(x.q.data() + (first + r) * cols + g * 32));
       const float d = x.scale[(first + r) * groups + g];
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d * a), acc[r]);
       if (with_min && m != 0.0f) {
