@@ -40,21 +40,23 @@
 
 namespace gguf {
 
-// ggml's type ids, as GGUF files store them; Q4_K_TILES / Q6_K_TILES, Q4_K / Q6_K repacked in tiles of eight
-// rows; and Q4_K_PAIRS / Q6_K_PAIRS, in tiles of 16 rows: two 8-row tiles whose groups alternate (`tile`).
+// ggml's type ids, as GGUF files store them; Q8_0_TILES / Q4_K_TILES / Q6_K_TILES, Q8_0 / Q4_K / Q6_K repacked in
+// tiles of eight rows; and the PAIRS, in tiles of 16 rows: two 8-row tiles whose groups alternate (`tile`).
 enum Type : int64_t {
   Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-  Q4_K_TILES = 112, Q6_K_TILES = 114, Q4_K_PAIRS = 212, Q6_K_PAIRS = 214
+  Q8_0_TILES = 108, Q4_K_TILES = 112, Q6_K_TILES = 114, Q8_0_PAIRS = 208, Q4_K_PAIRS = 212, Q6_K_PAIRS = 214
 };
 
 constexpr int64_t kTileRows = 8;  // weight rows per tile (a pair holds two)
 
 inline bool is_tiled(int64_t type) {
-  return type == Q4_K_TILES || type == Q6_K_TILES || type == Q4_K_PAIRS || type == Q6_K_PAIRS;
+  return type == Q8_0_TILES || type == Q4_K_TILES || type == Q6_K_TILES || type == Q8_0_PAIRS || type == Q4_K_PAIRS ||
+         type == Q6_K_PAIRS;
 }
 // 8-row tiles side by side in a unit of a tiled type: 1, or 2 in a pair.
-inline int64_t tiles_per_unit(int64_t type) { return type == Q4_K_PAIRS || type == Q6_K_PAIRS ? 2 : 1; }
+inline int64_t tiles_per_unit(int64_t type) { return type == Q8_0_PAIRS || type == Q4_K_PAIRS || type == Q6_K_PAIRS ? 2 : 1; }
 inline bool is_q4_k_tiles(int64_t type) { return type == Q4_K_TILES || type == Q4_K_PAIRS; }
+inline bool is_q8_0_tiles(int64_t type) { return type == Q8_0_TILES || type == Q8_0_PAIRS; }
 
 // Which code path computes the products: the fastest this build has, AVX2, or the portable loops. All give
 // bitwise the same results; tests pick each in turn.
@@ -82,6 +84,8 @@ inline Layout layout(int64_t type) {
     case Q4_K: return {256, 144, false};
     case Q5_K: return {256, 176, false};
     case Q6_K: return {256, 210, false};
+    case Q8_0_TILES: return {32, 8 * 34, true};  // a tile's 8 rows, the same bytes rearranged
+    case Q8_0_PAIRS: return {32, 16 * 34, true};
     case Q4_K_TILES: return {256, 8 * 148, false};  // a tile's 8 rows (148 = 144 + the scales unpacked)
     case Q6_K_TILES: return {256, 8 * 210, false};  // a tile's 8 rows, the same bytes rearranged
     case Q4_K_PAIRS: return {256, 16 * 148, false};  // a pair's 16 rows
@@ -684,16 +688,16 @@ inline at::Tensor huge_page_bytes(int64_t rows, int64_t cols) {
   return at::from_blob(memory, {rows, cols}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kByte));
 }
 
-// Blocks [rows, groups * block_bytes] -> units of `per_unit` 8-row tiles [rows / (8 per_unit), groups * per_unit *
-// sizeof(Tile)], each tile group zeroed, then `fill(tile_group, i, block)` for each of its 8 rows i: the repacking
+// Blocks [rows, groups * block_bytes] (groups of VALUES values) -> units of `per_unit` 8-row tiles [rows / (8
+// per_unit), groups * per_unit * sizeof(Tile)], each tile group zeroed, then `fill(tile_group, i, block)` for each of its 8 rows i: the repacking
 // both tile kinds share. The threads that fill the memory are the first to touch it (a serial pass zeroing 1 GB
 // first took a third of a 1.5B's load). In a pair (per_unit 2) the two tiles' groups alternate: group g of the first
 // tile, of the second, then group g + 1 of each, so the pair is read as one stream.
-template <typename Tile, typename Fill>
+template <typename Tile, int64_t VALUES = 256, typename Fill>
 inline at::Tensor repack_tiles(const at::Tensor& blocks, int64_t cols, int64_t block_bytes, int64_t per_unit, Fill fill) {
   const int64_t unit_rows = kTileRows * per_unit;
   TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) % unit_rows == 0, "tiles of ", unit_rows, " take rows in ", unit_rows, "s");
-  const int64_t tiles = blocks.size(0) / kTileRows, groups = cols / 256, row_bytes = groups * block_bytes;
+  const int64_t tiles = blocks.size(0) / kTileRows, groups = cols / VALUES, row_bytes = groups * block_bytes;
   TORCH_CHECK(blocks.size(1) == row_bytes, "blocks do not fit the type");
   const at::Tensor in = blocks.contiguous();
   at::Tensor out = huge_page_bytes(tiles / per_unit, groups * per_unit * static_cast<int64_t>(sizeof(Tile)));
@@ -1238,9 +1242,123 @@ void q6_tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t fir
 }
 #endif
 
+// ---- Q8_0 in tiles of eight rows ---------------------------------------------------------------------------
+//
+// At load a Q8_0 matrix whose rows come in eights is repacked (`tile_q8_0`) as Q4_K is: per group of 32 values,
+// its eight rows' codes interleaved four values at a time, so that one 32-byte vector holds 4 values of each of
+// the 8 rows and 4 values of an activation row, broadcast, multiply all 8 rows at once; each weight row's sum
+// ends in a lane of its own. Per weight row i, activation row r and group g:
+//   P = sum_v c[i][v] a[v]   (an integer: exact in any order),   acc = fma(float(P), D[g] * d[i], acc)
+// and the result is acc, in every path alike. The codes are stored plus 128 (unsigned bytes): AVX-512 VNNI
+// multiplies them straight into int32 lanes and takes 128 sum(a) back once a group; AVX2 turns them back into
+// int8 and multiplies |c| by a with c's sign, as the row-at-a-time kernel does (unsigned, a pair of products
+// could pass int16's range).
+struct TileQ8_0 {  // one group of 32 values of 8 rows
+  uint8_t codes[8][32];  // codes[k][4i + b]: row i's value 4k + b, plus 128
+  uint16_t d[8];         // fp16, per row
+};
+static_assert(sizeof(TileQ8_0) == 8 * 34, "a Q8_0 tile group is its 8 rows' 34 bytes");
+
+// Q8_0 blocks [rows, groups * 34] -> units of `per_unit` tiles (`repack_tiles`).
+inline at::Tensor tile_q8_0(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ8_0, 32>(blocks, cols, 34, per_unit, [](TileQ8_0& t, int i, const uint8_t* b) {
+    std::memcpy(&t.d[i], b, 2);
+    for (int v = 0; v < 32; ++v) t.codes[v / 4][4 * i + v % 4] = static_cast<uint8_t>(b[2 + v] ^ 0x80);
+  });
+}
+
+// Row i of a Q8_0 tile in the integer form (`dequantize_rows`); its groups `stride` groups apart.
+inline void unpack_q8_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+  const int64_t groups = cols / 32;
+  u.resize(cols, groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ8_0& t = reinterpret_cast<const TileQ8_0*>(tile)[g * stride];
+    for (int v = 0; v < 32; ++v) u.codes[g * 32 + v] = static_cast<uint8_t>(t.codes[v / 4][4 * i + v % 4] ^ 0x80);
+    u.a[g] = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+    u.b[g] = 0.0f;
+    set_sub(u, 2 * g, 1, 0);
+    set_sub(u, 2 * g + 1, 1, 0);
+  }
+}
+
+// Portable: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n); the tile's
+// groups `stride` groups apart.
+inline void q8_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,
+                                  float* out) {
+  const int64_t cols = x.cols, groups = cols / 32;
+  const auto* tiles = reinterpret_cast<const TileQ8_0*>(tile);
+  for (int64_t r = first; r < first + n; ++r) {
+    const int8_t* a = x.q.data() + r * cols;
+    for (int i = 0; i < 8; ++i) {
+      float acc = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const TileQ8_0& t = tiles[g * stride];
+        int32_t p = 0;
+        for (int v = 0; v < 32; ++v) p += (t.codes[v / 4][4 * i + v % 4] - 128) * a[g * 32 + v];
+        acc = std::fma(static_cast<float>(p), x.scale[r * groups + g] * half(reinterpret_cast<const uint8_t*>(&t.d[i])), acc);
+      }
+      out[i * x.rows + r] = acc;
+    }
+  }
+}
+
+#ifdef GGUF_AVX2
+// ROWS activation rows share each load of a unit's HALVES tiles (2 in a pair), group by group as they lie in memory,
+// prefetched about as far ahead as the K-quant tiles are. out[i * x.rows + r] for tile h's rows 8h + i.
+template <int ROWS, bool VNNI, int HALVES>
+void q8_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  constexpr int64_t ahead = kPrefetchGroups * sizeof(TileQ4K) / sizeof(TileQ8_0);
+  const int64_t cols = x.cols, groups = cols / 32;
+  const auto* tiles = reinterpret_cast<const TileQ8_0*>(unit);
+  const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 acc[HALVES][ROWS];
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) acc[h][r] = _mm256_setzero_ps();
+  for (int64_t index = 0; index < groups * HALVES; ++index) {
+    prefetch(tiles + index + ahead, sizeof(TileQ8_0));
+    const TileQ8_0& t = tiles[index];
+    const int h = HALVES == 1 ? 0 : index % HALVES;
+    const int64_t g = index / HALVES;
+    __m256i p[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i codes = load256(t.codes[k]);
+      const __m256i c = _mm256_xor_si256(codes, bias), magnitude = _mm256_sign_epi8(c, c);  // AVX2: int8 again
+      for (int r = 0; r < ROWS; ++r) {
+        int32_t four;  // activation values 4k .. 4k + 3 of the group
+        std::memcpy(&four, x.q.data() + (first + r) * cols + g * 32 + 4 * k, 4);
+        const __m256i a = _mm256_set1_epi32(four);
+#ifdef GGUF_VNNI
+        if constexpr (VNNI) {
+          p[r] = _mm256_dpbusd_epi32(p[r], codes, a);
+          continue;
+        }
+#endif
+        p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(a, c)), ones));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
+    for (int r = 0; r < ROWS; ++r) {
+      if (VNNI) {  // take back the codes' bias: 128 times the sum of the group's activation values, in every lane
+        const __m256i taken = _mm256_set1_epi32(128 * x.sums32[(first + r) * groups + g]);
+        p[r] = _mm256_sub_epi32(p[r], taken);
+      }
+      const __m256 da = _mm256_broadcast_ss(x.scale.data() + (first + r) * groups + g);
+      acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(da, d), acc[h][r]);
+    }
+  }
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[h][r]);
+      for (int i = 0; i < 8; ++i) out[(8 * h + i) * x.rows + first + r] = lanes[i];
+    }
+}
+#endif
+
 // ---- units of tiles ------------------------------------------------------------------------------------------
 
-// The tiled form of a Q4_K or Q6_K matrix [rows, bytes] and its type: pairs where AVX-512 VNNI reads a pair's 16
+// The tiled form of a Q8_0, Q4_K or Q6_K matrix [rows, bytes] and its type: pairs where AVX-512 VNNI reads a pair's 16
 // rows at once and the rows come in sixteens, else 8-row tiles where they come in eights; any other matrix as
 // it is. `per_unit` 1 or 2 asks for tiles or pairs (the tests hold every path to both).
 //
@@ -1256,7 +1374,8 @@ inline std::tuple<at::Tensor, int64_t> tile(const at::Tensor& blocks, int64_t ty
 #endif
   }
   TORCH_CHECK(per_unit == 1 || per_unit == 2, "a unit holds 1 or 2 tiles");
-  if ((type != Q4_K && type != Q6_K) || blocks.size(0) % (per_unit * kTileRows) != 0) return {blocks, type};
+  if ((type != Q8_0 && type != Q4_K && type != Q6_K) || blocks.size(0) % (per_unit * kTileRows) != 0) return {blocks, type};
+  if (type == Q8_0) return {tile_q8_0(blocks, cols, per_unit), per_unit == 2 ? Q8_0_PAIRS : Q8_0_TILES};
   if (type == Q4_K) return {tile_q4_k(blocks, cols, per_unit), per_unit == 2 ? Q4_K_PAIRS : Q4_K_TILES};
   return {tile_q6_k(blocks, cols, per_unit), per_unit == 2 ? Q6_K_PAIRS : Q6_K_TILES};
 }
@@ -1270,6 +1389,25 @@ inline void by_halves(int64_t per_unit, Kernel kernel) {
 }
 #endif
 
+// `unit_dots` for a unit of Q8_0 tiles: 256-bit vectors on every path, a pair's two tiles group by group.
+inline void q8_unit_dots(const uint8_t* unit, const Quantized& x, Path path, int64_t per_unit, float* out) {
+#ifdef GGUF_VNNI
+  if (path == Path::Best)
+    return by_halves(per_unit, [&](auto halves) {
+      by_eights(x.rows, [&](auto rows, int64_t r) { q8_tile_dots<rows(), true, halves()>(unit, x, r, out); });
+    });
+#endif
+#ifdef GGUF_AVX2
+  if (path != Path::Portable)
+    return by_halves(per_unit, [&](auto halves) {
+      by_fours(x.rows, [&](auto rows, int64_t r) { q8_tile_dots<rows(), false, halves()>(unit, x, r, out); });
+    });
+#endif
+  (void)path;
+  for (int64_t h = 0; h < per_unit; ++h)
+    q8_tile_dots_portable(unit + h * sizeof(TileQ8_0), x, 0, x.rows, per_unit, out + h * kTileRows * x.rows);
+}
+
 // out[i * x.rows + r]: a unit's weight rows i (8, or 16 in a pair) dotted with every activation row r. On VNNI a
 // pair's two tiles go side by side through 512-bit vectors (`tile_pair_dots_vnni`), at any row count: measured on
 // the 1.5B (2 threads, a forward's matrices, 7 rounds), one row 21.6-22.2 ms against 22.9-24.3 group by group
@@ -1277,6 +1415,7 @@ inline void by_halves(int64_t per_unit, Kernel kernel) {
 inline void unit_dots(int64_t type, const uint8_t* unit, const Quantized& x, Path path, float* out) {
   const bool q4 = is_q4_k_tiles(type);
   const int64_t per_unit = tiles_per_unit(type);
+  if (is_q8_0_tiles(type)) return q8_unit_dots(unit, x, path, per_unit, out);
 #ifdef GGUF_VNNI
   if (per_unit == 2 && path == Path::Best) {
     if (q4) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_pair_dots_vnni<rows()>(unit, x, r, out); });
@@ -1422,9 +1561,10 @@ inline at::Tensor dequantize_rows(const Matrix& m, const at::Tensor& ids) {
     TORCH_CHECK(id >= 0 && id < m.rows(), "row ", id, " out of range");
     if (is_tiled(m.type)) {  // tile id % unit_rows / 8 of unit id / unit_rows, its groups per_unit apart
       const int64_t per_unit = tiles_per_unit(m.type), within = id % m.unit_rows();
-      const int64_t tile_bytes = is_q4_k_tiles(m.type) ? sizeof(TileQ4K) : sizeof(TileQ6K);
+      const int64_t tile_bytes = is_q8_0_tiles(m.type) ? sizeof(TileQ8_0) : is_q4_k_tiles(m.type) ? sizeof(TileQ4K) : sizeof(TileQ6K);
       const uint8_t* tile = m.blocks.data_ptr<uint8_t>() + id / m.unit_rows() * m.blocks.size(1) + within / kTileRows * tile_bytes;
-      if (is_q4_k_tiles(m.type)) unpack_tile_row(tile, within % kTileRows, cols, per_unit, u);
+      if (is_q8_0_tiles(m.type)) unpack_q8_tile_row(tile, within % kTileRows, cols, per_unit, u);
+      else if (is_q4_k_tiles(m.type)) unpack_tile_row(tile, within % kTileRows, cols, per_unit, u);
       else unpack_q6_tile_row(tile, within % kTileRows, cols, per_unit, u);
     } else {
       unpack_row(m.blocks.data_ptr<uint8_t>() + id * m.blocks.size(1), m.type, cols, u);

@@ -31,13 +31,14 @@ BLOCK_TYPES = {  # ggml type id -> layout (kernels/gguf_blocks.h)
 }
 DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored unquantized
 
-# Q4_K and Q6_K matrices run repacked in tiles of 8 rows, or pairs of them (16 rows) where the build reads pairs
-# (kernels/gguf_blocks.h, `tile`): each tile's codes are read once for all its rows' products, which makes prefill
-# and tree verification faster. A tiled type is a type of its own to the kernels, held [rows / unit rows, bytes
-# per unit].
-Q4_K, Q6_K = 12, 14
-UNIT_ROWS = {112: 8, 114: 8, 212: 16, 214: 16}  # tiled type -> the weight rows of a unit
-UNTILED = {112: Q4_K, 212: Q4_K, 114: Q6_K, 214: Q6_K}  # tiled type -> its block type
+# Q8_0, Q4_K and Q6_K matrices run repacked in tiles of 8 rows, or pairs of them (16 rows) where the build reads
+# pairs (kernels/gguf_blocks.h, `tile`): each tile's codes are read once for all its rows' products, which makes
+# prefill and tree verification faster. A tiled type is a type of its own to the kernels (100 or 200 plus its block
+# type), held [rows / unit rows, bytes per unit].
+Q8_0, Q4_K, Q6_K = 8, 12, 14
+TILED = (Q8_0, Q4_K, Q6_K)
+UNTILED = {unit + kind: kind for kind in TILED for unit in (100, 200)}  # tiled type -> its block type
+UNIT_ROWS = {tiled: 8 if tiled < 200 else 16 for tiled in UNTILED}  # tiled type -> the weight rows of a unit
 
 
 def held_rows(matrix, type_id: int) -> int:
