@@ -46,8 +46,16 @@ def reader(path: Path):
 
 def tokenizer_fields(writer, source: Path) -> int:
     """Copy a GGUF file's tokenizer (its `tokenizer.*` fields) into `writer`; returns the vocabulary size."""
-    fields, size = _tokenizer_fields(source)
+    return copy_fields(writer, source, "tokenizer.")
+
+
+def copy_fields(writer, source: Path, prefix: str = "") -> int:
+    """Copy a GGUF file's metadata fields whose names start with `prefix` into `writer` (never the file format's
+    own, nor the architecture the writer was made with); returns the vocabulary size."""
+    fields, size = _fields(source, prefix)
     for name, value, kind, element in fields:
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
         if element is None:
             writer.add_key_value(name, value, kind)
         else:
@@ -56,14 +64,14 @@ def tokenizer_fields(writer, source: Path) -> int:
 
 
 @functools.cache
-def _tokenizer_fields(source: Path) -> tuple[tuple, int]:
-    """The `tokenizer.*` fields of a GGUF file as (name, value, type, element type) and the vocabulary size, read
-    once per test process (the values are tuples: never changed in place)."""
+def _fields(source: Path, prefix: str) -> tuple[tuple, int]:
+    """The fields of a GGUF file whose names start with `prefix` as (name, value, type, element type) and the
+    vocabulary size, read once per test process (the values are tuples: never changed in place)."""
     from gguf import GGUFValueType
 
     size, fields = 0, []
     for name, field in reader(source).fields.items():
-        if not name.startswith("tokenizer."):
+        if not name.startswith(prefix):
             continue
         kind = field.types[0]
         if kind == GGUFValueType.ARRAY:

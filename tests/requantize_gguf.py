@@ -1,0 +1,46 @@
+"""Write a GGUF file's block-quantized matrices in another block type (dequantized by gguf-py, quantized again by
+it), everything else copied: a real model in a type no file here ships, for benchmarks of that type's kernels
+(say the 1.5B in Q8_0, the type people pick when they want a small model unharmed).
+
+    python tests/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
+from gguf_files import copy_fields, reader
+
+DENSE = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
+    args = parser.parse_args()
+    kind = GGMLQuantizationType[args.type.upper()]
+    source = reader(args.source)
+    architecture = bytes(source.fields["general.architecture"].parts[-1]).decode()
+    writer = GGUFWriter(str(args.out), architecture)
+    copy_fields(writer, args.source)
+    for tensor in source.tensors:
+        if tensor.tensor_type in DENSE:
+            writer.add_tensor(tensor.name, np.array(tensor.data))
+            continue
+        values = dequantize(tensor.data, tensor.tensor_type)  # [rows, columns] float32
+        writer.add_tensor(tensor.name, quantize(values, kind), raw_dtype=kind)
+        print(f"{tensor.name}: {tensor.tensor_type.name} -> {kind.name}", flush=True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+if __name__ == "__main__":
+    main()
