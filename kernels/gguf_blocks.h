@@ -40,23 +40,27 @@
 
 namespace gguf {
 
-// ggml's type ids, as GGUF files store them; Q8_0_TILES / Q4_K_TILES / Q6_K_TILES, Q8_0 / Q4_K / Q6_K repacked in
-// tiles of eight rows; and the PAIRS, in tiles of 16 rows: two 8-row tiles whose groups alternate (`tile`).
+// ggml's type ids, as GGUF files store them; the TILES, Q8_0 / Q4_K / Q5_K / Q6_K repacked in tiles of eight rows
+// (100 + the block type); and the PAIRS, in tiles of 16 rows: two 8-row tiles whose groups alternate (`tile`).
 enum Type : int64_t {
   Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-  Q8_0_TILES = 108, Q4_K_TILES = 112, Q6_K_TILES = 114, Q8_0_PAIRS = 208, Q4_K_PAIRS = 212, Q6_K_PAIRS = 214
+  Q8_0_TILES = 108, Q4_K_TILES = 112, Q5_K_TILES = 113, Q6_K_TILES = 114,
+  Q8_0_PAIRS = 208, Q4_K_PAIRS = 212, Q5_K_PAIRS = 213, Q6_K_PAIRS = 214
 };
 
 constexpr int64_t kTileRows = 8;  // weight rows per tile (a pair holds two)
 
-inline bool is_tiled(int64_t type) {
-  return type == Q8_0_TILES || type == Q4_K_TILES || type == Q6_K_TILES || type == Q8_0_PAIRS || type == Q4_K_PAIRS ||
-         type == Q6_K_PAIRS;
+// The block type a tiled type repacks, or 0 for any other type.
+inline int64_t tiled_block_type(int64_t type) {
+  const int64_t block = type % 100;
+  return type > 100 && type < 300 && (block == Q8_0 || block == Q4_K || block == Q5_K || block == Q6_K) ? block : 0;
 }
+inline bool is_tiled(int64_t type) { return tiled_block_type(type) != 0; }
 // 8-row tiles side by side in a unit of a tiled type: 1, or 2 in a pair.
-inline int64_t tiles_per_unit(int64_t type) { return type == Q8_0_PAIRS || type == Q4_K_PAIRS || type == Q6_K_PAIRS ? 2 : 1; }
-inline bool is_q4_k_tiles(int64_t type) { return type == Q4_K_TILES || type == Q4_K_PAIRS; }
-inline bool is_q8_0_tiles(int64_t type) { return type == Q8_0_TILES || type == Q8_0_PAIRS; }
+inline int64_t tiles_per_unit(int64_t type) { return type > 200 ? 2 : 1; }
+inline bool is_q4_k_tiles(int64_t type) { return tiled_block_type(type) == Q4_K; }
+inline bool is_q5_k_tiles(int64_t type) { return tiled_block_type(type) == Q5_K; }
+inline bool is_q8_0_tiles(int64_t type) { return tiled_block_type(type) == Q8_0; }
 
 // Which code path computes the products: the fastest this build has, AVX2, or the portable loops. All give
 // bitwise the same results; tests pick each in turn.
@@ -89,6 +93,8 @@ inline Layout layout(int64_t type) {
     case Q4_K_TILES: return {256, 8 * 148, false};  // a tile's 8 rows (148 = 144 + the scales unpacked)
     case Q6_K_TILES: return {256, 8 * 210, false};  // a tile's 8 rows, the same bytes rearranged
     case Q4_K_PAIRS: return {256, 16 * 148, false};  // a pair's 16 rows
+    case Q5_K_TILES: return {256, 8 * 180, false};  // a Q4_K tile and the 8 rows' fifth bits
+    case Q5_K_PAIRS: return {256, 16 * 180, false};
     case Q6_K_PAIRS: return {256, 16 * 210, false};
     default: TORCH_CHECK(false, "no kernel for GGUF block type ", type);
   }
@@ -673,8 +679,19 @@ struct TileQ4K {  // one group of 256 values of 8 rows
 };
 static_assert(sizeof(TileQ4K) == 8 * 148, "a tile group is its 8 rows' 148 bytes");
 
-// A uint8 tensor [rows, cols], its bytes left for the caller to write, in memory that asks for 2 MB pages (Linux, `madvise`): every decode step
-// streams the whole model, and in 4 KB pages each 4 KB of weights is a TLB miss of its own. A matrix under 2 MB
+// Q5_K in the same tiles, its fifth bits beside them: bit 4i + c of fifth[j][p][0] is row i's for value 8p + c of
+// sub-block j, of fifth[j][p][1] for value 8p + 4 + c (the codes of the low and high nibbles of vector p).
+struct TileQ5K {
+  TileQ4K k4;
+  uint32_t fifth[8][4][2];
+};
+static_assert(sizeof(TileQ5K) == 8 * 180, "a Q5_K tile group is its 8 rows' 176 bytes and their scales unpacked");
+
+inline const TileQ4K& k4_part(const TileQ4K& t) { return t; }
+inline const TileQ4K& k4_part(const TileQ5K& t) { return t.k4; }
+
+// A uint8 tensor [rows, cols], its bytes left for the caller to write, in memory that asks for 2 MB pages (Linux,
+// `madvise`): every decode step streams the whole model, and in 4 KB pages each 4 KB of weights is a TLB miss of its own. A matrix under 2 MB
 // takes ordinary pages: rounded up to whole 2 MB pages, the 1.5B's small matrices held 142 MB more.
 inline at::Tensor huge_page_bytes(int64_t rows, int64_t cols) {
   constexpr size_t kHuge = size_t{2} << 20;
@@ -714,9 +731,8 @@ inline at::Tensor repack_tiles(const at::Tensor& blocks, int64_t cols, int64_t b
   return out;
 }
 
-// Q4_K blocks [rows, groups * 144] -> units of `per_unit` tiles (`repack_tiles`).
-inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
-  return repack_tiles<TileQ4K>(blocks, cols, 144, per_unit, [](TileQ4K& t, int i, const uint8_t* b) {
+// Row i of a tile from a Q4_K or Q5_K block `b` whose nibbles are at `qs`.
+inline void fill_k4_tile(TileQ4K& t, int i, const uint8_t* b, const uint8_t* qs) {
     std::memcpy(&t.d[i], b, 2);
     std::memcpy(&t.dmin[i], b + 2, 2);
     uint8_t scales[16];
@@ -726,26 +742,52 @@ inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols, int64_t per_
       t.mins[j / 2][2 * i + j % 2] = scales[8 + j];
     }
     uint8_t codes[256];
-    for (int c = 0; c < 4; ++c) nibbles_64(b + 16 + 32 * c, codes + 64 * c);
+    for (int c = 0; c < 4; ++c) nibbles_64(qs + 32 * c, codes + 64 * c);
     for (int j = 0; j < 8; ++j)
       for (int p = 0; p < 4; ++p)
         for (int c = 0; c < 4; ++c)
           t.codes[j][32 * p + 4 * i + c] = codes[32 * j + 8 * p + c] | (codes[32 * j + 8 * p + 4 + c] << 4);
+}
+
+// Q4_K blocks [rows, groups * 144] -> units of `per_unit` tiles (`repack_tiles`).
+inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ4K>(blocks, cols, 144, per_unit,
+                               [](TileQ4K& t, int i, const uint8_t* b) { fill_k4_tile(t, i, b, b + 16); });
+}
+
+// Q5_K blocks [rows, groups * 176] -> units of `per_unit` tiles: the Q4_K tile of their nibbles, and value v's fifth
+// bit, bit v / 32 of byte v % 32 of the block's 32 high-bit bytes, moved to where the tile's code of v lies.
+inline at::Tensor tile_q5_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ5K>(blocks, cols, 176, per_unit, [](TileQ5K& t, int i, const uint8_t* b) {
+    fill_k4_tile(t.k4, i, b, b + 48);
+    const uint8_t* high = b + 16;
+    for (int j = 0; j < 8; ++j)
+      for (int p = 0; p < 4; ++p)
+        for (int c = 0; c < 4; ++c)
+          for (int half_ = 0; half_ < 2; ++half_)
+            t.fifth[j][p][half_] |= static_cast<uint32_t>((high[8 * p + 4 * half_ + c] >> j) & 1) << (4 * i + c);
   });
 }
 
-// Row i of a tile in the integer form (`dequantize_rows`); its groups `stride` groups apart (2 in a pair).
+// Row i's fifth bit (0 or 16) for value 8p + 4h + c of sub-block j: none in a Q4_K tile.
+inline int fifth_of(const TileQ4K&, int, int, int, int, int) { return 0; }
+inline int fifth_of(const TileQ5K& t, int j, int p, int h, int i, int c) { return ((t.fifth[j][p][h] >> (4 * i + c)) & 1) << 4; }
+
+// Row i of a Q4_K or Q5_K tile in the integer form (`dequantize_rows`); its groups `stride` groups apart (2 in a
+// pair).
+template <typename Tile>
 inline void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
   const int64_t groups = cols / 256;
   u.resize(cols, groups);
   for (int64_t g = 0; g < groups; ++g) {
-    const TileQ4K& t = reinterpret_cast<const TileQ4K*>(tile)[g * stride];
+    const Tile& whole = reinterpret_cast<const Tile*>(tile)[g * stride];
+    const TileQ4K& t = k4_part(whole);
     for (int j = 0; j < 8; ++j) {
       for (int p = 0; p < 4; ++p)
         for (int c = 0; c < 4; ++c) {
           const uint8_t byte = t.codes[j][32 * p + 4 * i + c];
-          u.codes[g * 256 + 32 * j + 8 * p + c] = byte & 15;
-          u.codes[g * 256 + 32 * j + 8 * p + 4 + c] = byte >> 4;
+          u.codes[g * 256 + 32 * j + 8 * p + c] = (byte & 15) + fifth_of(whole, j, p, 0, i, c);
+          u.codes[g * 256 + 32 * j + 8 * p + 4 + c] = (byte >> 4) + fifth_of(whole, j, p, 1, i, c);
         }
       set_sub(u, g * 16 + 2 * j, t.scales[j][i], t.mins[j / 2][2 * i + j % 2]);
       set_sub(u, g * 16 + 2 * j + 1, t.scales[j][i], t.mins[j / 2][2 * i + j % 2]);
@@ -757,24 +799,27 @@ inline void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_
 
 // Portable: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n); the tile's
 // groups `stride` groups apart.
+template <typename Tile>
 inline void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,
                                float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
-  const auto* tiles = reinterpret_cast<const TileQ4K*>(tile);
+  const auto* tiles = reinterpret_cast<const Tile*>(tile);
   for (int64_t r = first; r < first + n; ++r) {
     const int8_t* a = x.q.data() + r * cols;
     const int16_t* sums = x.sums32.data() + r * cols / 32;
     for (int i = 0; i < 8; ++i) {
       float acc = 0.0f, offset = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
-        const TileQ4K& t = tiles[g * stride];
+        const TileQ4K& t = k4_part(tiles[g * stride]);
         int32_t p = 0, q = 0;
         for (int j = 0; j < 8; ++j) {
           int32_t dot = 0;
           for (int k = 0; k < 16; ++k) {
             const uint8_t byte = t.codes[j][32 * (k / 4) + 4 * i + k % 4];
-            dot += (byte & 15) * a[g * 256 + 32 * j + 8 * (k / 4) + k % 4];
-            dot += (byte >> 4) * a[g * 256 + 32 * j + 8 * (k / 4) + 4 + k % 4];
+            const int low = (byte & 15) + fifth_of(tiles[g * stride], j, k / 4, 0, i, k % 4);
+            const int high = (byte >> 4) + fifth_of(tiles[g * stride], j, k / 4, 1, i, k % 4);
+            dot += low * a[g * 256 + 32 * j + 8 * (k / 4) + k % 4];
+            dot += high * a[g * 256 + 32 * j + 8 * (k / 4) + 4 + k % 4];
           }
           p += t.scales[j][i] * dot;
           q += t.mins[j / 2][2 * i + j % 2] * sums[g * 8 + j];
@@ -876,22 +921,45 @@ inline void walk_tile_groups(const uint8_t* unit, const Quantized& x, int64_t fi
 // (|sum| <= 8 * 2 * 15 * 127 < 2^15) and widens them in the scale's multiply-add; AVX-512 VNNI sums them
 // straight into int32 lanes, four products at a time (vpdpbusd), then multiplies by the scale once. The integer
 // P is the same either way, and so is every float step after it. A unit's HALVES tiles go as `walk_tile_groups`.
-template <int ROWS, bool VNNI, int HALVES>
+//
+// Q5_K tiles (Tile = TileQ5K) add each code's fifth bit: on VNNI through a byte mask, on AVX2 as a vector of 16s.
+// Their codes reach 31, so AVX2's int16 sums are widened after every two vectors (|sum| <= 4 * 2 * 31 * 127).
+template <int ROWS, bool VNNI, int HALVES, typename Tile = TileQ4K>
 void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  constexpr bool five = std::is_same_v<Tile, TileQ5K>;
   const int64_t cols = x.cols;
   const __m256i m4 = _mm256_set1_epi8(15);
-  walk_tile_groups<TileQ4K, ROWS, HALVES>(unit, x, first, out, [&](const TileQ4K& t, int64_t g, __m256 (&acc)[ROWS],
-                                                                    __m256 (&offset)[ROWS]) {
+  walk_tile_groups<Tile, ROWS, HALVES>(unit, x, first, out, [&](const Tile& whole, int64_t g, __m256 (&acc)[ROWS],
+                                                                 __m256 (&offset)[ROWS]) {
+    const TileQ4K& t = k4_part(whole);
     __m256i p[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {
+      uint64_t packed;
+      std::memcpy(&packed, t.scales[j], 8);
+      const __m128i s8 = _mm_cvtsi64_si128(static_cast<int64_t>(packed));
+      // row i's scale: AVX2 in int16 lanes 2i, 2i + 1, VNNI in int32 lane i
+      const __m256i scales = VNNI ? _mm256_cvtepu8_epi32(s8) : _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
       __m256i dot[ROWS];  // AVX2: int16, row i's two pair sums in lanes 2i, 2i + 1; VNNI: int32, row i's in lane i
       for (int r = 0; r < ROWS; ++r) dot[r] = _mm256_setzero_si256();
       const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
       for (int v = 0; v < 4; ++v) {
         const __m256i codes = load256(t.codes[j] + 32 * v);
-        const __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
+        __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
+        if constexpr (five) {
+          const uint32_t* bits = whole.fifth[j][v];
+#ifdef GGUF_VNNI
+          if constexpr (VNNI) {
+            low = _mm256_mask_add_epi8(low, _cvtu32_mask32(bits[0]), low, _mm256_set1_epi8(16));
+            high = _mm256_mask_add_epi8(high, _cvtu32_mask32(bits[1]), high, _mm256_set1_epi8(16));
+          }
+#endif
+          if constexpr (!VNNI) {
+            low = _mm256_or_si256(low, fifth_bits_vector(bits[0]));
+            high = _mm256_or_si256(high, fifth_bits_vector(bits[1]));
+          }
+        }
         for (int r = 0; r < ROWS; ++r) {
           int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the sub-block
           std::memcpy(&front, a + r * cols + 8 * v, 4);
@@ -899,12 +967,13 @@ void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* ou
           dot[r] = products<VNNI>(dot[r], low, _mm256_set1_epi32(front));
           dot[r] = products<VNNI>(dot[r], high, _mm256_set1_epi32(back));
         }
+        if (five && !VNNI && v == 1) {  // widen before the int16 sums could overflow
+          for (int r = 0; r < ROWS; ++r) {
+            p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(dot[r], scales));
+            dot[r] = _mm256_setzero_si256();
+          }
+        }
       }
-      uint64_t packed;
-      std::memcpy(&packed, t.scales[j], 8);
-      const __m128i s8 = _mm_cvtsi64_si128(static_cast<int64_t>(packed));
-      // row i's scale: AVX2 in int16 lanes 2i, 2i + 1, VNNI in int32 lane i
-      const __m256i scales = VNNI ? _mm256_cvtepu8_epi32(s8) : _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
       for (int r = 0; r < ROWS; ++r) p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(dot[r], scales));
     }
     const __m256 d = tile_d(t), neg_min = tile_neg_min(t);
@@ -1358,7 +1427,7 @@ void q8_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float*
 
 // ---- units of tiles ------------------------------------------------------------------------------------------
 
-// The tiled form of a Q8_0, Q4_K or Q6_K matrix [rows, bytes] and its type: pairs where AVX-512 VNNI reads a pair's 16
+// The tiled form of a Q8_0, Q4_K, Q5_K or Q6_K matrix [rows, bytes] and its type: pairs where AVX-512 VNNI reads a pair's 16
 // rows at once and the rows come in sixteens, else 8-row tiles where they come in eights; any other matrix as
 // it is. `per_unit` 1 or 2 asks for tiles or pairs (the tests hold every path to both).
 //
@@ -1374,8 +1443,10 @@ inline std::tuple<at::Tensor, int64_t> tile(const at::Tensor& blocks, int64_t ty
 #endif
   }
   TORCH_CHECK(per_unit == 1 || per_unit == 2, "a unit holds 1 or 2 tiles");
-  if ((type != Q8_0 && type != Q4_K && type != Q6_K) || blocks.size(0) % (per_unit * kTileRows) != 0) return {blocks, type};
+  if ((type != Q8_0 && type != Q4_K && type != Q5_K && type != Q6_K) || blocks.size(0) % (per_unit * kTileRows) != 0)
+    return {blocks, type};
   if (type == Q8_0) return {tile_q8_0(blocks, cols, per_unit), per_unit == 2 ? Q8_0_PAIRS : Q8_0_TILES};
+  if (type == Q5_K) return {tile_q5_k(blocks, cols, per_unit), per_unit == 2 ? Q5_K_PAIRS : Q5_K_TILES};
   if (type == Q4_K) return {tile_q4_k(blocks, cols, per_unit), per_unit == 2 ? Q4_K_PAIRS : Q4_K_TILES};
   return {tile_q6_k(blocks, cols, per_unit), per_unit == 2 ? Q6_K_PAIRS : Q6_K_TILES};
 }
@@ -1408,6 +1479,25 @@ inline void q8_unit_dots(const uint8_t* unit, const Quantized& x, Path path, int
     q8_tile_dots_portable(unit + h * sizeof(TileQ8_0), x, 0, x.rows, per_unit, out + h * kTileRows * x.rows);
 }
 
+// `unit_dots` for a unit of Q5_K tiles: 256-bit vectors on every path, a pair's two tiles group by group.
+inline void q5_unit_dots(const uint8_t* unit, const Quantized& x, Path path, int64_t per_unit, float* out) {
+#ifdef GGUF_VNNI
+  if (path == Path::Best)
+    return by_halves(per_unit, [&](auto halves) {
+      by_eights(x.rows, [&](auto rows, int64_t r) { tile_dots<rows(), true, halves(), TileQ5K>(unit, x, r, out); });
+    });
+#endif
+#ifdef GGUF_AVX2
+  if (path != Path::Portable)
+    return by_halves(per_unit, [&](auto halves) {
+      by_fours(x.rows, [&](auto rows, int64_t r) { tile_dots<rows(), false, halves(), TileQ5K>(unit, x, r, out); });
+    });
+#endif
+  (void)path;
+  for (int64_t h = 0; h < per_unit; ++h)
+    tile_dots_portable<TileQ5K>(unit + h * sizeof(TileQ5K), x, 0, x.rows, per_unit, out + h * kTileRows * x.rows);
+}
+
 // out[i * x.rows + r]: a unit's weight rows i (8, or 16 in a pair) dotted with every activation row r. On VNNI a
 // pair's two tiles go side by side through 512-bit vectors (`tile_pair_dots_vnni`), at any row count: measured on
 // the 1.5B (2 threads, a forward's matrices, 7 rounds), one row 21.6-22.2 ms against 22.9-24.3 group by group
@@ -1416,6 +1506,7 @@ inline void unit_dots(int64_t type, const uint8_t* unit, const Quantized& x, Pat
   const bool q4 = is_q4_k_tiles(type);
   const int64_t per_unit = tiles_per_unit(type);
   if (is_q8_0_tiles(type)) return q8_unit_dots(unit, x, path, per_unit, out);
+  if (is_q5_k_tiles(type)) return q5_unit_dots(unit, x, path, per_unit, out);
 #ifdef GGUF_VNNI
   if (per_unit == 2 && path == Path::Best) {
     if (q4) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_pair_dots_vnni<rows()>(unit, x, r, out); });
@@ -1438,7 +1529,7 @@ inline void unit_dots(int64_t type, const uint8_t* unit, const Quantized& x, Pat
   const int64_t tile_bytes = q4 ? sizeof(TileQ4K) : sizeof(TileQ6K);
   for (int64_t h = 0; h < per_unit; ++h) {
     float* part = out + h * kTileRows * x.rows;
-    if (q4) tile_dots_portable(unit + h * tile_bytes, x, 0, x.rows, per_unit, part);
+    if (q4) tile_dots_portable<TileQ4K>(unit + h * tile_bytes, x, 0, x.rows, per_unit, part);
     else q6_tile_dots_portable(unit + h * tile_bytes, x, 0, x.rows, per_unit, part);
   }
 }
@@ -1561,10 +1652,15 @@ inline at::Tensor dequantize_rows(const Matrix& m, const at::Tensor& ids) {
     TORCH_CHECK(id >= 0 && id < m.rows(), "row ", id, " out of range");
     if (is_tiled(m.type)) {  // tile id % unit_rows / 8 of unit id / unit_rows, its groups per_unit apart
       const int64_t per_unit = tiles_per_unit(m.type), within = id % m.unit_rows();
-      const int64_t tile_bytes = is_q8_0_tiles(m.type) ? sizeof(TileQ8_0) : is_q4_k_tiles(m.type) ? sizeof(TileQ4K) : sizeof(TileQ6K);
+      const int64_t block = tiled_block_type(m.type);
+      const int64_t tile_bytes = block == Q8_0   ? sizeof(TileQ8_0)
+                                 : block == Q4_K ? sizeof(TileQ4K)
+                                 : block == Q5_K ? sizeof(TileQ5K)
+                                                 : sizeof(TileQ6K);
       const uint8_t* tile = m.blocks.data_ptr<uint8_t>() + id / m.unit_rows() * m.blocks.size(1) + within / kTileRows * tile_bytes;
-      if (is_q8_0_tiles(m.type)) unpack_q8_tile_row(tile, within % kTileRows, cols, per_unit, u);
-      else if (is_q4_k_tiles(m.type)) unpack_tile_row(tile, within % kTileRows, cols, per_unit, u);
+      if (block == Q8_0) unpack_q8_tile_row(tile, within % kTileRows, cols, per_unit, u);
+      else if (block == Q4_K) unpack_tile_row<TileQ4K>(tile, within % kTileRows, cols, per_unit, u);
+      else if (block == Q5_K) unpack_tile_row<TileQ5K>(tile, within % kTileRows, cols, per_unit, u);
       else unpack_q6_tile_row(tile, within % kTileRows, cols, per_unit, u);
     } else {
       unpack_row(m.blocks.data_ptr<uint8_t>() + id * m.blocks.size(1), m.type, cols, u);

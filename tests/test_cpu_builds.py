@@ -40,7 +40,7 @@ def test_gguf_kernels_equal_the_avx2_build(avx2, kind):
     native, rng = cpu_decoder(), np.random.default_rng(int(kind))
     blocks = torch.from_numpy(random_blocks(kind, 48, 512, rng))
     held = [(blocks, int(kind))]
-    if kind.name in ("Q8_0", "Q4_K", "Q6_K"):  # 8-row tiles and pairs of them, as this build lays them out
+    if kind.name in ("Q8_0", "Q4_K", "Q5_K", "Q6_K"):  # 8-row tiles and pairs of them, as this build lays them out
         held += [native.gguf_tile(blocks, int(kind), 512, per_unit) for per_unit in (1, 2)]
     x = torch.from_numpy(rng.standard_normal((21, 512)).astype(np.float32))
     for matrix, type_id in held:
