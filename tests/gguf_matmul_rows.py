@@ -83,7 +83,9 @@ def main() -> None:
                 times[n, name].append(spent[name])
     for n in counts:
         medians = {name: statistics.median(times[n, name]) for name in names}
-        parts = "  ".join(f"{name} {t * 1e3:6.1f} ms ({sizes[name] / t / 1e9:4.1f} GB/s)" for name, t in medians.items())
+        parts = "  ".join(
+            f"{name} {t * 1e3:6.1f} ms ({sizes[name] / t / 1e9:4.1f} GB/s)" for name, t in medians.items()
+        )
         print(f"{n:3d} rows: {parts}  all {sum(medians.values()) * 1e3:6.1f} ms")
 
 

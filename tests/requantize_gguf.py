@@ -1,8 +1,9 @@
 """Write a GGUF file's block-quantized matrices in another block type (dequantized by gguf-py, quantized again by
-it), everything else copied: a real model in a type no file here ships, for benchmarks of that type's kernels
-(say the 1.5B in Q8_0, the type people pick when they want a small model unharmed).
+it, or for Q5_K by `quant/q4_k.py`), everything else copied: a real model in a type no file here ships, for
+benchmarks of that type's kernels (say the 1.5B in Q8_0, the type people pick when they want a small model
+unharmed, or in Q5_K, most of a Q5_K_M file).
 
-    python tests/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1]
+    python tests/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k]
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 from gguf_files import copy_fields, reader
+
+from specchat.quant.q4_k import k_quant_blocks
 
 DENSE = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
@@ -22,7 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
+    parser.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k"])
     args = parser.parse_args()
     kind = GGMLQuantizationType[args.type.upper()]
     source = reader(args.source)
@@ -34,7 +38,11 @@ def main() -> None:
             writer.add_tensor(tensor.name, np.array(tensor.data))
             continue
         values = dequantize(tensor.data, tensor.tensor_type)  # [rows, columns] float32
-        writer.add_tensor(tensor.name, quantize(values, kind), raw_dtype=kind)
+        if kind == GGMLQuantizationType.Q5_K:
+            blocks = k_quant_blocks(torch.from_numpy(values), bits=5).numpy()
+        else:
+            blocks = quantize(values, kind)
+        writer.add_tensor(tensor.name, blocks, raw_dtype=kind)
         print(f"{tensor.name}: {tensor.tensor_type.name} -> {kind.name}", flush=True)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -4,11 +4,13 @@ CPU decoder's own Q4_K unpacking, and the layer a draft runs beside a GGUF targe
 from __future__ import annotations
 
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
 from torch import nn
 
 from specchat.quant.gguf_linear import GGUFLinear
 from specchat.quant.int4_linear import Int4Linear
-from specchat.quant.q4_k import q4_k_blocks, q4_k_linear
+from specchat.quant.q4_k import k_quant_blocks, q4_k_blocks, q4_k_linear
 from specchat.quant.quantize import quantize_linear
 
 
@@ -60,3 +62,20 @@ def test_rows_of_a_stacked_layer_come_from_the_matrix_that_holds_them():
     stacked = GGUFLinear.stacked(layers, bias=None)
     rows = torch.tensor([40, 3, 31, 32, 47, 3])
     assert torch.equal(stacked.dequantize_rows(rows), torch.cat([first, second])[rows])
+
+
+def test_q5_k_blocks_hold_a_representable_matrix_exactly():
+    """Q5_K's fifth bits in their place (bit j of byte l for value 32j + l), read back by the CPU decoder (from
+    tiles: the rows come in eights) and by gguf-py alike."""
+    g = torch.Generator().manual_seed(3)
+    d = torch.rand(16, 2, 1, 1, generator=g).mul(1e-3).half().float()
+    dmin = torch.rand(16, 2, 1, 1, generator=g).mul(1e-3).half().float()
+    sc = torch.randint(1, 64, (16, 2, 8, 1), generator=g).float()
+    m = torch.randint(0, 64, (16, 2, 8, 1), generator=g).float()
+    sc[:, :, 0], m[:, :, 1] = 63, 63
+    q = torch.randint(0, 32, (16, 2, 8, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 31
+    weight = (d * sc * q - dmin * m).reshape(16, 512)
+    blocks = k_quant_blocks(weight, bits=5)
+    assert torch.equal(GGUFLinear(blocks, 13, 512, dtype=torch.float32).dequantize(), weight)
+    assert torch.equal(torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType.Q5_K).copy()), weight)

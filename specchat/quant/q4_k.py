@@ -11,7 +11,9 @@ Q4_K, per group of 256 values of a row: 8 sub-blocks of 32, each value w = d * s
 0..15, sc and m 6-bit integers per sub-block and d, dmin fp16 per group (ggml's `block_q4_K`: d, dmin, 12 bytes
 of packed scales and mins, 128 bytes of nibbles). Each sub-block's range is split in 15 steps from min(0, its
 smallest value), and its step and offset are rounded onto the group's 63-step scales: no search for the best
-scales as llama.cpp's quantizer does, which costs a draft nothing measurable.
+scales as llama.cpp's quantizer does, which costs a draft nothing measurable. Q5_K is the same with q in 0..31,
+each code's fifth bit in 32 bytes before the nibbles (bit j of byte l for value 32j + l): benchmarks write whole
+models in it (`tests/requantize_gguf.py`), as no Q5_K file is at hand here.
 """
 
 from __future__ import annotations
@@ -39,16 +41,24 @@ def q4_k_linear(linear: nn.Linear, *, dtype: torch.dtype) -> GGUFLinear:
 
 def q4_k_blocks(weight: torch.Tensor) -> torch.Tensor:
     """[rows, cols] float -> Q4_K blocks [rows, cols / 256 * 144] uint8, as a GGUF file stores them."""
+    return k_quant_blocks(weight, bits=4)
+
+
+def k_quant_blocks(weight: torch.Tensor, *, bits: int) -> torch.Tensor:
+    """[rows, cols] float -> Q4_K (`bits` 4) or Q5_K (5) blocks [rows, cols / 256 * (144 or 176)] uint8."""
     rows, cols = weight.shape
+    levels = (1 << bits) - 1
     x = weight.float().reshape(rows, cols // GROUP, GROUP // SUB, SUB)
     low = x.amin(-1).clamp(max=0)  # [rows, groups, 8]
-    step = (x.amax(-1) - low) / 15
+    step = (x.amax(-1) - low) / levels
     d = (step.amax(-1) / 63).half().float()  # [rows, groups]
     dmin = ((-low).amax(-1) / 63).half().float()
     scales = torch.round(step / _nonzero(d)[..., None]).clamp(0, 63)
     mins = torch.round(-low / _nonzero(dmin)[..., None]).clamp(0, 63)
     codes = torch.round((x + (dmin[..., None] * mins)[..., None]) / _nonzero(d[..., None] * scales)[..., None])
-    codes = codes.clamp(0, 15).to(torch.uint8).reshape(rows, cols // GROUP, 4, 2, SUB)
+    codes = codes.clamp(0, levels).to(torch.uint8)  # [rows, groups, 8, 32]
+    high = ((codes >> 4) << torch.arange(8, dtype=torch.uint8)[:, None]).sum(-2, dtype=torch.uint8)  # [.., 32]
+    codes = (codes & 15).reshape(rows, cols // GROUP, 4, 2, SUB)
     scales, mins = scales.to(torch.uint8), mins.to(torch.uint8)
     packed = torch.cat([  # ggml's get_scale_min_k4, inverted: sub-blocks 4-7 keep their top 2 bits in bytes 0-7
         scales[..., :4] | (scales[..., 4:] >> 4) << 6,
@@ -57,7 +67,8 @@ def q4_k_blocks(weight: torch.Tensor) -> torch.Tensor:
     ], dim=-1)  # fmt: skip
     nibbles = (codes[..., 0, :] | codes[..., 1, :] << 4).flatten(-2)  # per 64 values: low nibbles 0-31, high 32-63
     halves = torch.stack([d, dmin], dim=-1).half().view(torch.uint8)
-    return torch.cat([halves, packed, nibbles], dim=-1).reshape(rows, -1).contiguous()
+    parts = [halves, packed, high, nibbles] if bits == 5 else [halves, packed, nibbles]
+    return torch.cat(parts, dim=-1).reshape(rows, -1).contiguous()
 
 
 def _nonzero(scale: torch.Tensor) -> torch.Tensor:
