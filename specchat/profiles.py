@@ -24,6 +24,25 @@ class Profile:
     writer: str = ""  # the default of write, measured likewise ("": the published drafters' preference)
 
 
+def gguf_profile(fields: dict[str, str], profiles: dict[str, Profile]) -> Profile | None:
+    """The GGUF profile whose target a GGUF file's `general.*` fields name (another quantization of that model:
+    its drafters and decoding defaults fit), by `general.name` or basename + size label + finetune, compared
+    without case, spaces, dashes and a "GGUF" suffix; None when none does."""
+    names = {
+        _model_key(fields.get("general.name", "")),
+        _model_key(" ".join(fields.get(f"general.{part}", "") for part in ("basename", "size_label", "finetune"))),
+    }
+    for profile in profiles.values():
+        if profile.gguf and _model_key(profile.target.rsplit("/", 1)[-1]) in names - {""}:
+            return profile
+    return None
+
+
+def _model_key(name: str) -> str:
+    key = "".join(c for c in name.lower() if c.isalnum() or c == ".")
+    return key.removesuffix("gguf")
+
+
 def load_profiles() -> dict[str, Profile]:
     """All profiles shipped with specchat, by alias."""
     profiles = {}

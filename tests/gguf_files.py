@@ -91,14 +91,16 @@ def _fields(source: Path, prefix: str) -> tuple[tuple, int]:
 
 
 def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = "qwen2", seed: int = 0,
-                     layers: int = 2, tied: bool = False) -> Path:  # fmt: skip
+                     layers: int = 2, tied: bool = False, name: str | None = None) -> Path:  # fmt: skip
     """A random `architecture` model (hidden 256, 4 heads of 64, 2 KV heads, MLP 512) whose matrices use every
-    block type, with q/k/v biases for qwen2."""
+    block type, with q/k/v biases for qwen2; `name` its `general.name`."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
     hidden, intermediate, heads, kv_heads, dim = 256, 512, 4, 2, 64
     writer = GGUFWriter(str(path), architecture)
+    if name is not None:
+        writer.add_name(name)
     vocab = tokenizer_fields(writer, tokenizer_source)
     writer.add_context_length(4096)  # room for the 3K-token tests
     writer.add_embedding_length(hidden)

@@ -38,13 +38,11 @@ class LlamaCpp:
     @classmethod
     def for_model(cls, spec: str | None) -> LlamaCpp:
         """llama.cpp on `spec`'s GGUF file: the embedded model's, a profile's GGUF target or a .gguf path."""
-        from pathlib import Path
-
-        from specchat.loading import embedded_gguf_path, profile_gguf, resolve_model
+        from specchat.loading import embedded_gguf_path, resolve_model
 
         source = resolve_model(spec)
         if source.gguf:
-            return cls(profile_gguf(source.profile) if source.profile else Path(source.location))
+            return cls(source.gguf_path())
         if not source.embedded:
             raise SpecchatError("--baseline llamacpp runs GGUF models only (the embedded one, a GGUF profile or file)")
         path = embedded_gguf_path()

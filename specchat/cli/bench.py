@@ -409,15 +409,13 @@ def bench_logits(
     check_dtype(dtype)
     check_kv_cache(kv_cache)
     quiet_transformers()
-    from pathlib import Path
-
     from specchat.bench.logits import logits_accuracy, text_ids
-    from specchat.loading import embedded_gguf_path, profile_gguf, resolve_model
+    from specchat.loading import embedded_gguf_path, resolve_model
 
     source = resolve_model(model)
     if not source.gguf and not source.embedded:
         raise SpecchatError("bench logits scores GGUF models (the embedded one, a GGUF profile or file)")
-    path = embedded_gguf_path() if source.embedded else profile_gguf(source.profile) if source.profile else Path(source.location)
+    path = embedded_gguf_path() if source.embedded else source.gguf_path()
     loaded = load(model, dtype, "cpu")
     rows = logits_accuracy(loaded, path, text_ids(loaded.tokenizer, tokens), llamacpp=llamacpp, kv_cache=kv_cache)
     report([dataclasses.asdict(row) for row in rows], as_json,

@@ -1,0 +1,55 @@
+"""A GGUF file named by path finds the profile of the model it holds: another quantization of a profile's target
+takes that profile's drafters and decoding defaults. Found from the header's `general.*` fields alone, and the
+file named is still the one that runs."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from gguf_files import write_tiny_model
+
+from specchat.gguf_header import general_fields
+from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, is_available, load_model, resolve_model
+from specchat.profiles import gguf_profile, load_profiles
+
+CODER = "qwen2.5-coder-1.5b"
+
+
+@pytest.mark.parametrize(
+    "fields, profile",
+    [
+        ({"general.name": "Qwen2.5 Coder 1.5B Instruct GGUF"}, CODER),  # the official file's
+        ({"general.name": "Qwen2.5 Coder 1.5B Instruct"}, CODER),  # as others name their quantizations
+        ({"general.basename": "Qwen2.5-Coder", "general.size_label": "1.5B", "general.finetune": "Instruct"}, CODER),
+        ({"general.name": "Qwen2.5 Coder 0.5B Instruct"}, None),
+        ({"general.name": "Qwen2.5 Coder 1.5B"}, None),  # the base model, not the instruct one
+        ({"general.name": "Llama 3.1 8B Instruct"}, None),  # a profile's model, but that profile runs no GGUF
+        ({}, None),
+    ],
+)
+def test_a_file_finds_the_profile_of_the_model_it_holds(fields, profile):
+    found = gguf_profile(fields, load_profiles())
+    assert (found.name if found else None) == profile
+
+
+@pytest.fixture(scope="module")
+def named_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "coder-q8_0.gguf"
+    write_tiny_model(path, embedded_gguf_path(), name="Qwen2.5 Coder 1.5B Instruct")
+    yield path
+    shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+
+
+def test_the_header_is_read_up_to_its_general_fields(named_gguf, tmp_path):
+    assert general_fields(named_gguf) == {"general.architecture": "qwen2", "general.name": "Qwen2.5 Coder 1.5B Instruct"}
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(named_gguf.read_bytes()[:40])  # a header cut short: no fields, no profile, no error
+    assert general_fields(cut) == {} and resolve_model(str(cut)).profile is None
+
+
+def test_a_file_of_a_profiles_model_runs_itself_with_the_profile(named_gguf):
+    source = resolve_model(str(named_gguf))
+    assert source.profile.name == CODER and source.gguf_path() == named_gguf and is_available(source)
+    loaded = load_model(str(named_gguf))  # the file named (a tiny model), not the profile's 1.1 GB one
+    assert loaded.model.config.hidden_size == 256 and loaded.source.profile.name == CODER
