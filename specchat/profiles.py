@@ -6,6 +6,9 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
+
+from specchat.gguf_header import general_fields
 
 DEFAULT_PROFILE = "smollm2-135m"
 
@@ -22,6 +25,17 @@ class Profile:
     decoding: dict[str, float] = field(default_factory=dict)  # SamplingConfig field -> default
     drafter: str = "ngram"  # the default of run, chat, bench and serve: the drafter measured fastest on this model
     writer: str = ""  # the default of write, measured likewise ("": the published drafters' preference)
+
+
+def profile_of(spec: str | None) -> Profile | None:
+    """The profile `--model` runs with: an alias's, or for a GGUF file the profile of the model it holds (its
+    header read, not the file loaded: options are checked before torch is imported)."""
+    profiles = load_profiles()
+    spec = spec or DEFAULT_PROFILE
+    if spec in profiles:
+        return profiles[spec]
+    path = Path(spec).expanduser()
+    return gguf_profile(general_fields(path), profiles) if path.suffix.lower() == ".gguf" else None
 
 
 def gguf_profile(fields: dict[str, str], profiles: dict[str, Profile]) -> Profile | None:

@@ -9,6 +9,7 @@ import shutil
 import pytest
 from gguf_files import write_tiny_model
 
+from specchat.cli.common import default_drafter
 from specchat.gguf_header import general_fields
 from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, is_available, load_model, resolve_model
 from specchat.profiles import gguf_profile, load_profiles
@@ -49,6 +50,8 @@ def test_the_header_is_read_up_to_its_general_fields(named_gguf, tmp_path):
 
 
 def test_a_file_of_a_profiles_model_runs_itself_with_the_profile(named_gguf):
+    assert default_drafter(str(named_gguf)) == load_profiles()[CODER].drafter != "ngram"  # read before torch loads
+    assert default_drafter("./nope.gguf") == "ngram"  # the load says what is missing
     source = resolve_model(str(named_gguf))
     assert source.profile.name == CODER and source.gguf_path() == named_gguf and is_available(source)
     loaded = load_model(str(named_gguf))  # the file named (a tiny model), not the profile's 1.1 GB one

@@ -90,9 +90,9 @@ def ints(value: str, flag: str) -> list[int]:
 def default_drafter(model: str | None) -> str:
     """The drafter a model's profile names as measured fastest on it (`drafter` in its toml), else n-gram
     (read without torch: options are checked before it loads)."""
-    from specchat.profiles import DEFAULT_PROFILE, load_profiles
+    from specchat.profiles import profile_of
 
-    profile = load_profiles().get(model or DEFAULT_PROFILE)
+    profile = profile_of(model)
     return profile.drafter if profile else DEFAULT_DRAFTER
 
 
