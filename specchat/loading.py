@@ -41,7 +41,7 @@ class ModelSource:
 
     def gguf_path(self, *, download: bool = True) -> Path | None:
         """The GGUF file to run: the one named by path, else the profile's (None if absent and not `download`)."""
-        if self.profile is not None and self.name == self.profile.name:
+        if self.profile is not None and self.name == self.profile.name:  # asked for by alias, not by a file
             return profile_gguf(self.profile, download=download)
         return Path(self.location)
 
