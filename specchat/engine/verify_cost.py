@@ -10,10 +10,17 @@ default drafter spend 1.6-1.8 nodes a step and the next 2.9-3.2, and one timed w
 CPU priced 7 nodes at 1.05x for good (6-7 nodes a step, 1.09x plain decoding on chat).
 
 So each timed forward of decoding corrects the price of its size class: a factor per calibrated size, the
-moving ratio of measured to calibrated seconds, read by the sizes it stands for (a class never timed takes the
-factor of the nearest one that was). A drafting engine runs few forwards of the root alone, and every price is
-a ratio to that one, so while drafting the budget asks for a plain step after `PLAIN_STEP_EVERY` forwards with
-a tree (`decode_stale`): one step in 65 drafts nothing, under 1% of the tokens.
+median ratio of measured to calibrated seconds over its latest timings, read by the sizes it stands for (a class
+not timed lately takes the factor of the nearest one that was). A drafting engine runs few forwards of the root
+alone, and every price is a ratio to that one, so while drafting the budget asks for a plain step after
+`PLAIN_STEP_EVERY` forwards with a tree (`decode_stale`): one step in 65 drafts nothing, under 1% of the tokens.
+
+A median, and a class's timings forgotten when it has not been timed lately, because the budget reads the prices
+it makes: one forward of 3 nodes slowed to 239 ms (40 expected, just after a prompt's prefill) and a moving
+average took the factor of 3 nodes from 1.0 to 2.5, the budget moved to 7-node trees at 1.6-1.9x a decode step,
+and 3 nodes, never timed again, kept that price for the rest of the run. Slow outliers are the noise here (a
+forward cannot run faster than its work), so a class timed afresh starts from the factor it was priced at, and
+of an even count of timings the lower middle one counts.
 """
 
 from __future__ import annotations
@@ -21,13 +28,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median_low
 
 from specchat.disk_cache import cached_json
 from specchat.engine.timing import Timer
 
 MIN_PRICED_CONTEXT = 1024  # contexts up to this share one calibration
 PLAIN_STEP_EVERY = 64  # timed forwards with a tree before a plain step re-times the decode step
-LIVE_WEIGHT = 0.3  # of a new timing in its size class's moving factor
+LIVE_TIMINGS = 9  # a size class's latest timings, whose median is its factor
+STALE_AFTER = 4 * PLAIN_STEP_EVERY  # timed forwards after which a class's timing no longer counts
 
 
 @dataclass
@@ -38,6 +47,8 @@ class VerifyCost:
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
     factors: dict[int, float] = field(default_factory=dict, compare=False)  # size class -> measured / calibrated
+    timings: dict[int, list[tuple[int, float]]] = field(default_factory=dict, compare=False)  # (at, ratio) a class
+    forwards: int = field(default=0, compare=False)  # timed forwards so far: the clock `timings` are kept by
     since_decode: int = field(default=0, compare=False)  # timed forwards since the last one of the root alone
 
     def calibrated(self, n: int) -> float:
@@ -58,10 +69,18 @@ class VerifyCost:
     def observe(self, n: int, seconds: float) -> None:
         """Count one forward over the root and n nodes that took `seconds`."""
         size = self._size_class(n)
-        ratio = seconds / self.calibrated(n)
-        seen = self.factors.get(size, ratio)
-        self.factors[size] = seen + (ratio - seen) * LIVE_WEIGHT
+        recent = self._recent(size) or [(self.forwards, self._factor(size))]  # afresh: from the price it had
+        self.forwards += 1
+        self.timings[size] = [*recent, (self.forwards, seconds / self.calibrated(n))][-LIVE_TIMINGS:]
+        self.factors = {}
+        for timed in self.timings:
+            if ratios := [ratio for _, ratio in self._recent(timed)]:
+                self.factors[timed] = median_low(ratios)
         self.since_decode = 0 if n == 0 else self.since_decode + 1
+
+    def _recent(self, size: int) -> list[tuple[int, float]]:
+        """The size class's timings (forward count, ratio to the calibration) of the last `STALE_AFTER` forwards."""
+        return [(at, ratio) for at, ratio in self.timings.get(size, ()) if self.forwards - at < STALE_AFTER]
 
     @property
     def decode_stale(self) -> bool:
