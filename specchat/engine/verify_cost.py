@@ -16,7 +16,7 @@ alone, and every price is a ratio to that one, so while drafting the budget asks
 `PLAIN_STEP_EVERY` forwards with a tree (`decode_stale`): one step in 65 drafts nothing, under 1% of the tokens.
 
 A median, and a class's timings forgotten when it has not been timed lately, because the budget reads the prices
-it makes: one forward of 3 nodes slowed to 239 ms (40 expected, just after a prompt's prefill) and a moving
+it makes: one forward of 3 nodes slowed to 239 ms (40 expected, a few steps into a prompt) and a moving
 average took the factor of 3 nodes from 1.0 to 2.5, the budget moved to 7-node trees at 1.6-1.9x a decode step,
 and 3 nodes, never timed again, kept that price for the rest of the run. Slow outliers are the noise here (a
 forward cannot run faster than its work), so a class timed afresh starts from the factor it was priced at, and
