@@ -2,7 +2,7 @@
 `--rounds` times in one process (the prices carry over from prompt to prompt, as in `specchat bench`).
 
     python tests/budget_trace.py [--model qwen2.5-coder-1.5b] [--drafter tokenswift+ngram] [--prompt-set chat,code]
-        [-n 64] [--rounds 2]
+        [-n 64] [--rounds 2] [--max-len 4096]
 
 Per prompt: the mean budget, each step's budget and how many of its nodes were accepted (3/2: a budget of 3, two
 accepted), and every timed forward as nodes:ms, with the prices of 1, 3 and 7 nodes in decode steps after each
