@@ -40,27 +40,32 @@
 
 namespace gguf {
 
-// ggml's type ids, as GGUF files store them; the TILES, Q8_0 / Q4_K / Q5_K / Q6_K repacked in tiles of eight rows
+// ggml's type ids, as GGUF files store them; the TILES, each block type repacked in tiles of eight rows
 // (100 + the block type); and the PAIRS, in tiles of 16 rows: two 8-row tiles whose groups alternate (`tile`).
 enum Type : int64_t {
   Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+  Q4_0_TILES = 102, Q4_1_TILES = 103, Q5_0_TILES = 106, Q5_1_TILES = 107,
   Q8_0_TILES = 108, Q4_K_TILES = 112, Q5_K_TILES = 113, Q6_K_TILES = 114,
+  Q4_0_PAIRS = 202, Q4_1_PAIRS = 203, Q5_0_PAIRS = 206, Q5_1_PAIRS = 207,
   Q8_0_PAIRS = 208, Q4_K_PAIRS = 212, Q5_K_PAIRS = 213, Q6_K_PAIRS = 214
 };
 
 constexpr int64_t kTileRows = 8;  // weight rows per tile (a pair holds two)
 
+inline bool is_tileable(int64_t type) {
+  return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K || type == Q5_K ||
+         type == Q6_K;
+}
+
 // The block type a tiled type repacks, or 0 for any other type.
 inline int64_t tiled_block_type(int64_t type) {
   const int64_t block = type % 100;
-  return type > 100 && type < 300 && (block == Q8_0 || block == Q4_K || block == Q5_K || block == Q6_K) ? block : 0;
+  return type > 100 && type < 300 && is_tileable(block) ? block : 0;
 }
 inline bool is_tiled(int64_t type) { return tiled_block_type(type) != 0; }
 // 8-row tiles side by side in a unit of a tiled type: 1, or 2 in a pair.
 inline int64_t tiles_per_unit(int64_t type) { return type > 200 ? 2 : 1; }
 inline bool is_q4_k_tiles(int64_t type) { return tiled_block_type(type) == Q4_K; }
-inline bool is_q5_k_tiles(int64_t type) { return tiled_block_type(type) == Q5_K; }
-inline bool is_q8_0_tiles(int64_t type) { return tiled_block_type(type) == Q8_0; }
 
 // Which code path computes the products: the fastest this build has, AVX2, or the portable loops. All give
 // bitwise the same results; tests pick each in turn.
@@ -88,7 +93,15 @@ inline Layout layout(int64_t type) {
     case Q4_K: return {256, 144, false};
     case Q5_K: return {256, 176, false};
     case Q6_K: return {256, 210, false};
-    case Q8_0_TILES: return {32, 8 * 34, true};  // a tile's 8 rows, the same bytes rearranged
+    case Q4_0_TILES: return {32, 8 * 18, true};  // a tile's 8 rows, the same bytes rearranged
+    case Q4_0_PAIRS: return {32, 16 * 18, true};
+    case Q4_1_TILES: return {32, 8 * 20, false};
+    case Q4_1_PAIRS: return {32, 16 * 20, false};
+    case Q5_0_TILES: return {32, 8 * 22, true};
+    case Q5_0_PAIRS: return {32, 16 * 22, true};
+    case Q5_1_TILES: return {32, 8 * 24, false};
+    case Q5_1_PAIRS: return {32, 16 * 24, false};
+    case Q8_0_TILES: return {32, 8 * 34, true};
     case Q8_0_PAIRS: return {32, 16 * 34, true};
     case Q4_K_TILES: return {256, 8 * 148, false};  // a tile's 8 rows (148 = 144 + the scales unpacked)
     case Q6_K_TILES: return {256, 8 * 210, false};  // a tile's 8 rows, the same bytes rearranged
@@ -1425,9 +1438,256 @@ void q8_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float*
 }
 #endif
 
+// ---- Q4_0, Q4_1, Q5_0 and Q5_1 in tiles of eight rows --------------------------------------------------------
+//
+// At load these legacy matrices are repacked as a Q4_K sub-block is (`tile_legacy`), in the file's bytes: per group
+// of 32 values, byte 4i + c of vector p holds row i's codes of values 8p + c (low nibble) and 8p + 4 + c (high),
+// so that one 32-byte vector, its nibbles apart, times four activation values broadcast multiplies all 8 rows;
+// Q5_0 / Q5_1's fifth bits lie beside them as Q5_K's do. Per weight row i, activation row r and group g, with u
+// the unsigned code and S the group's sum of activation values:
+//   P = sum_v u[i][v] a[v] - bias S   (bias 8 for Q4_0, 16 for Q5_0, 0 with a min: an integer),
+//   acc = fma(float(P), D[g] * d[i], acc),   offset = fma(float(S), D[g] * m[i], offset)   (Q4_1 / Q5_1's min)
+// and the result is acc + offset (acc alone without a min), in every path alike.
+struct TileQ4_0 {  // one group of 32 values of 8 rows, as the blocks' 8 * 18 bytes
+  uint8_t codes[4][32];
+  uint16_t d[8];
+};
+struct TileQ4_1 {
+  uint8_t codes[4][32];
+  uint16_t d[8], m[8];
+};
+struct TileQ5_0 {
+  uint8_t codes[4][32];
+  uint32_t fifth[4][2];  // bit 4i + c of fifth[p][h]: row i's fifth bit of value 8p + 4h + c
+  uint16_t d[8];
+};
+struct TileQ5_1 {
+  uint8_t codes[4][32];
+  uint32_t fifth[4][2];
+  uint16_t d[8], m[8];
+};
+static_assert(sizeof(TileQ4_0) == 8 * 18 && sizeof(TileQ4_1) == 8 * 20, "a legacy tile group is its rows' bytes");
+static_assert(sizeof(TileQ5_0) == 8 * 22 && sizeof(TileQ5_1) == 8 * 24, "a legacy tile group is its rows' bytes");
+
+// What a legacy tile's codes mean: its block type, whether it has fifth bits and a min, the codes' bias.
+template <typename Tile> struct Legacy;
+template <> struct Legacy<TileQ4_0> { static constexpr int64_t type = Q4_0, bias = 8; static constexpr bool five = false, min = false; };
+template <> struct Legacy<TileQ4_1> { static constexpr int64_t type = Q4_1, bias = 0; static constexpr bool five = false, min = true; };
+template <> struct Legacy<TileQ5_0> { static constexpr int64_t type = Q5_0, bias = 16; static constexpr bool five = true, min = false; };
+template <> struct Legacy<TileQ5_1> { static constexpr int64_t type = Q5_1, bias = 0; static constexpr bool five = true, min = true; };
+
+// Row i's unsigned code of value v of a legacy tile group.
+template <typename Tile>
+inline int legacy_code(const Tile& t, int i, int v) {
+  const int p = v / 8, h = v % 8 / 4, c = v % 4;
+  int code = (t.codes[p][4 * i + c] >> (4 * h)) & 15;
+  if constexpr (Legacy<Tile>::five) code |= ((t.fifth[p][h] >> (4 * i + c)) & 1) << 4;
+  return code;
+}
+
+// Legacy blocks [rows, groups * bytes] -> units of `per_unit` tiles (`repack_tiles`). A block is d (fp16), then m
+// (fp16) with a min, the 32 fifth bits (bit v for value v) with five bits, and 16 bytes of nibbles (values 0-15
+// low, 16-31 high).
+template <typename Tile>
+inline at::Tensor tile_legacy(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  using L = Legacy<Tile>;
+  return repack_tiles<Tile, 32>(blocks, cols, layout(L::type).bytes, per_unit, [](Tile& t, int i, const uint8_t* b) {
+    std::memcpy(&t.d[i], b, 2);
+    const uint8_t* rest = b + 2;
+    if constexpr (L::min) std::memcpy(&t.m[i], b + 2, 2), rest += 2;
+    uint32_t bits = 0;
+    if constexpr (L::five) std::memcpy(&bits, rest, 4), rest += 4;
+    for (int v = 0; v < 32; ++v) {
+      const int code = v < 16 ? rest[v] & 15 : rest[v - 16] >> 4, p = v / 8, h = v % 8 / 4, c = v % 4;
+      t.codes[p][4 * i + c] |= static_cast<uint8_t>(code << (4 * h));
+      if constexpr (L::five) t.fifth[p][h] |= ((bits >> v) & 1) << (4 * i + c);
+    }
+  });
+}
+
+// Row i of a legacy tile in the integer form (`dequantize_rows`), as `unpack_row` has its blocks; its groups
+// `stride` groups apart.
+template <typename Tile>
+inline void unpack_legacy_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+  using L = Legacy<Tile>;
+  const int64_t groups = cols / 32;
+  u.resize(cols, groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const Tile& t = reinterpret_cast<const Tile*>(tile)[g * stride];
+    for (int v = 0; v < 32; ++v) u.codes[g * 32 + v] = static_cast<uint8_t>(legacy_code(t, i, v) - L::bias);
+    u.a[g] = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+    u.b[g] = 0.0f;
+    if constexpr (L::min) u.b[g] = half(reinterpret_cast<const uint8_t*>(&t.m[i]));
+    set_sub(u, 2 * g, 1, L::min);
+    set_sub(u, 2 * g + 1, 1, L::min);
+  }
+}
+
+// Portable: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n); the tile's
+// groups `stride` groups apart.
+template <typename Tile>
+inline void legacy_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n,
+                                      int64_t stride, float* out) {
+  using L = Legacy<Tile>;
+  const int64_t cols = x.cols, groups = cols / 32;
+  const auto* tiles = reinterpret_cast<const Tile*>(tile);
+  for (int64_t r = first; r < first + n; ++r) {
+    const int8_t* a = x.q.data() + r * cols;
+    for (int i = 0; i < 8; ++i) {
+      float acc = 0.0f, offset = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const Tile& t = tiles[g * stride];
+        const int32_t s = x.sums32[r * groups + g];
+        int32_t p = -L::bias * s;
+        for (int v = 0; v < 32; ++v) p += legacy_code(t, i, v) * a[g * 32 + v];
+        const float d = x.scale[r * groups + g];
+        acc = std::fma(static_cast<float>(p), d * half(reinterpret_cast<const uint8_t*>(&t.d[i])), acc);
+        if constexpr (L::min)
+          offset = std::fma(static_cast<float>(s), d * half(reinterpret_cast<const uint8_t*>(&t.m[i])), offset);
+      }
+      out[i * x.rows + r] = L::min ? acc + offset : acc;
+    }
+  }
+}
+
+#ifdef GGUF_AVX2
+// ROWS activation rows share each load of a unit's HALVES tiles (2 in a pair), group by group as they lie in
+// memory, as `q8_tile_dots` reads Q8_0's. AVX2 sums a vector's two products in int16 (|sum| <= 2 * 2 * 31 * 128
+// < 2^15), VNNI in int32 lanes. out[i * x.rows + r] for tile h's rows 8h + i.
+template <typename Tile, int ROWS, bool VNNI, int HALVES>
+void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  using L = Legacy<Tile>;
+  constexpr int64_t ahead = kPrefetchGroups * sizeof(TileQ4K) / sizeof(Tile);
+  const int64_t cols = x.cols, groups = cols / 32;
+  const auto* tiles = reinterpret_cast<const Tile*>(unit);
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256 acc[HALVES][ROWS], offset[HALVES][ROWS];
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) acc[h][r] = offset[h][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int h = 0; h < HALVES; ++h) {  // unrolled: each tile's accumulators stay in registers
+      prefetch(tiles + HALVES * g + h + ahead, sizeof(Tile));
+      const Tile& t = tiles[HALVES * g + h];
+      __m256i p[ROWS], high_p[ROWS];
+      for (int r = 0; r < ROWS; ++r) p[r] = high_p[r] = _mm256_setzero_si256();
+      for (int v = 0; v < 4; ++v) {
+        const __m256i codes = load256(t.codes[v]);
+        __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
+        if constexpr (L::five) {
+#ifdef GGUF_VNNI
+          if constexpr (VNNI) {
+            low = _mm256_mask_add_epi8(low, _cvtu32_mask32(t.fifth[v][0]), low, _mm256_set1_epi8(16));
+            high = _mm256_mask_add_epi8(high, _cvtu32_mask32(t.fifth[v][1]), high, _mm256_set1_epi8(16));
+          }
+#endif
+          if constexpr (!VNNI) {
+            low = _mm256_or_si256(low, fifth_bits_vector(t.fifth[v][0]));
+            high = _mm256_or_si256(high, fifth_bits_vector(t.fifth[v][1]));
+          }
+        }
+        for (int r = 0; r < ROWS; ++r) {
+          int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the group
+          std::memcpy(&front, x.q.data() + (first + r) * cols + g * 32 + 8 * v, 4);
+          std::memcpy(&back, x.q.data() + (first + r) * cols + g * 32 + 8 * v + 4, 4);
+#ifdef GGUF_VNNI
+          if constexpr (VNNI) {  // two chains a row: one of 8 dependent products left 4 rows latency-bound
+            p[r] = _mm256_dpbusd_epi32(p[r], low, _mm256_set1_epi32(front));
+            high_p[r] = _mm256_dpbusd_epi32(high_p[r], high, _mm256_set1_epi32(back));
+            continue;
+          }
+#endif
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(front)),
+                                                 _mm256_maddubs_epi16(high, _mm256_set1_epi32(back)));
+          p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
+      for (int r = 0; r < ROWS; ++r) {
+        const int32_t s = x.sums32[(first + r) * groups + g];
+        if constexpr (VNNI) p[r] = _mm256_add_epi32(p[r], high_p[r]);
+        if constexpr (L::bias != 0) p[r] = _mm256_sub_epi32(p[r], _mm256_set1_epi32(L::bias * s));
+        const __m256 da = _mm256_broadcast_ss(x.scale.data() + (first + r) * groups + g);
+        acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(da, d), acc[h][r]);
+        if constexpr (L::min) {
+          const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.m)));
+          offset[h][r] = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(s)), _mm256_mul_ps(da, m), offset[h][r]);
+        }
+      }
+    }
+  }
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, L::min ? _mm256_add_ps(acc[h][r], offset[h][r]) : acc[h][r]);
+      for (int i = 0; i < 8; ++i) out[(8 * h + i) * x.rows + first + r] = lanes[i];
+    }
+}
+#endif
+
+#ifdef GGUF_VNNI
+// A pair's two legacy tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's),
+// as `tile_pair_dots_vnni` reads Q4_K: every lane's integer and float steps those of `legacy_tile_dots`. Through
+// 256 bits a tile at a time, a forward's Q4_0 matrices of the 1.5B took 1.5x one row's time at 4 rows.
+template <typename Tile, int ROWS>
+void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
+  using L = Legacy<Tile>;
+  constexpr int64_t ahead = kPrefetchGroups * sizeof(TileQ4K) / sizeof(Tile);
+  const int64_t cols = x.cols, groups = cols / 32;
+  const auto* tiles = reinterpret_cast<const Tile*>(pair);
+  const __m512i m4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+  const auto both = [](const void* a, const void* b) {  // 32 bytes of each tile, one vector
+    return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
+  };
+  const auto halves = [](const void* a, const void* b) {  // 8 fp16 of each tile, as 16 floats
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
+  };
+  __m512 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const Tile &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
+    prefetch(tiles + 2 * g + ahead, 2 * sizeof(Tile));
+    __m512i p[ROWS], high_p[ROWS];  // two chains a row, as in `legacy_tile_dots`
+    for (int r = 0; r < ROWS; ++r) p[r] = high_p[r] = _mm512_setzero_si512();
+    for (int v = 0; v < 4; ++v) {
+      const __m512i codes = both(ta.codes[v], tb.codes[v]);
+      __m512i low = _mm512_and_si512(codes, m4), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
+      if constexpr (L::five) {
+        const auto bits = [&](int h) { return _cvtu64_mask64(ta.fifth[v][h] | uint64_t{tb.fifth[v][h]} << 32); };
+        low = _mm512_mask_add_epi8(low, bits(0), low, sixteen);
+        high = _mm512_mask_add_epi8(high, bits(1), high, sixteen);
+      }
+      for (int r = 0; r < ROWS; ++r) {
+        int32_t front, back;
+        std::memcpy(&front, x.q.data() + (first + r) * cols + g * 32 + 8 * v, 4);
+        std::memcpy(&back, x.q.data() + (first + r) * cols + g * 32 + 8 * v + 4, 4);
+        p[r] = _mm512_dpbusd_epi32(p[r], low, _mm512_set1_epi32(front));
+        high_p[r] = _mm512_dpbusd_epi32(high_p[r], high, _mm512_set1_epi32(back));
+      }
+    }
+    const __m512 d = halves(ta.d, tb.d);
+    for (int r = 0; r < ROWS; ++r) {
+      const int32_t s = x.sums32[(first + r) * groups + g];
+      __m512i sum = _mm512_add_epi32(p[r], high_p[r]);
+      if constexpr (L::bias != 0) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(L::bias * s));
+      const __m512 da = _mm512_set1_ps(x.scale[(first + r) * groups + g]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(da, d), acc[r]);
+      if constexpr (L::min)
+        offset[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(s)), _mm512_mul_ps(da, halves(ta.m, tb.m)), offset[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, L::min ? _mm512_add_ps(acc[r], offset[r]) : acc[r]);
+    for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
+  }
+}
+#endif
+
 // ---- units of tiles ------------------------------------------------------------------------------------------
 
-// The tiled form of a Q8_0, Q4_K, Q5_K or Q6_K matrix [rows, bytes] and its type: pairs where AVX-512 VNNI reads a pair's 16
+// The tiled form of a block-quantized matrix [rows, bytes] and its type: pairs where AVX-512 VNNI reads a pair's 16
 // rows at once and the rows come in sixteens, else 8-row tiles where they come in eights; any other matrix as
 // it is. `per_unit` 1 or 2 asks for tiles or pairs (the tests hold every path to both).
 //
@@ -1443,12 +1703,18 @@ inline std::tuple<at::Tensor, int64_t> tile(const at::Tensor& blocks, int64_t ty
 #endif
   }
   TORCH_CHECK(per_unit == 1 || per_unit == 2, "a unit holds 1 or 2 tiles");
-  if ((type != Q8_0 && type != Q4_K && type != Q5_K && type != Q6_K) || blocks.size(0) % (per_unit * kTileRows) != 0)
-    return {blocks, type};
-  if (type == Q8_0) return {tile_q8_0(blocks, cols, per_unit), per_unit == 2 ? Q8_0_PAIRS : Q8_0_TILES};
-  if (type == Q5_K) return {tile_q5_k(blocks, cols, per_unit), per_unit == 2 ? Q5_K_PAIRS : Q5_K_TILES};
-  if (type == Q4_K) return {tile_q4_k(blocks, cols, per_unit), per_unit == 2 ? Q4_K_PAIRS : Q4_K_TILES};
-  return {tile_q6_k(blocks, cols, per_unit), per_unit == 2 ? Q6_K_PAIRS : Q6_K_TILES};
+  if (!is_tileable(type) || blocks.size(0) % (per_unit * kTileRows) != 0) return {blocks, type};
+  const int64_t tiled = 100 * per_unit + type;
+  switch (type) {
+    case Q4_0: return {tile_legacy<TileQ4_0>(blocks, cols, per_unit), tiled};
+    case Q4_1: return {tile_legacy<TileQ4_1>(blocks, cols, per_unit), tiled};
+    case Q5_0: return {tile_legacy<TileQ5_0>(blocks, cols, per_unit), tiled};
+    case Q5_1: return {tile_legacy<TileQ5_1>(blocks, cols, per_unit), tiled};
+    case Q8_0: return {tile_q8_0(blocks, cols, per_unit), tiled};
+    case Q4_K: return {tile_q4_k(blocks, cols, per_unit), tiled};
+    case Q5_K: return {tile_q5_k(blocks, cols, per_unit), tiled};
+    default: return {tile_q6_k(blocks, cols, per_unit), tiled};
+  }
 }
 
 #ifdef GGUF_AVX2
@@ -1460,42 +1726,42 @@ inline void by_halves(int64_t per_unit, Kernel kernel) {
 }
 #endif
 
-// `unit_dots` for a unit of Q8_0 tiles: 256-bit vectors on every path, a pair's two tiles group by group.
-inline void q8_unit_dots(const uint8_t* unit, const Quantized& x, Path path, int64_t per_unit, float* out) {
-#ifdef GGUF_VNNI
-  if (path == Path::Best)
-    return by_halves(per_unit, [&](auto halves) {
-      by_eights(x.rows, [&](auto rows, int64_t r) { q8_tile_dots<rows(), true, halves()>(unit, x, r, out); });
-    });
-#endif
 #ifdef GGUF_AVX2
-  if (path != Path::Portable)
-    return by_halves(per_unit, [&](auto halves) {
-      by_fours(x.rows, [&](auto rows, int64_t r) { q8_tile_dots<rows(), false, halves()>(unit, x, r, out); });
-    });
-#endif
-  (void)path;
-  for (int64_t h = 0; h < per_unit; ++h)
-    q8_tile_dots_portable(unit + h * sizeof(TileQ8_0), x, 0, x.rows, per_unit, out + h * kTileRows * x.rows);
+// The kernel of the tiles read in 256-bit vectors on every path: Q8_0, Q5_K and the legacy types.
+template <typename Tile, int ROWS, bool VNNI, int HALVES>
+inline void tile_dots_256(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  if constexpr (std::is_same_v<Tile, TileQ8_0>) q8_tile_dots<ROWS, VNNI, HALVES>(unit, x, first, out);
+  else if constexpr (std::is_same_v<Tile, TileQ5K>) tile_dots<ROWS, VNNI, HALVES, TileQ5K>(unit, x, first, out);
+  else legacy_tile_dots<Tile, ROWS, VNNI, HALVES>(unit, x, first, out);
 }
+#endif
 
-// `unit_dots` for a unit of Q5_K tiles: 256-bit vectors on every path, a pair's two tiles group by group.
-inline void q5_unit_dots(const uint8_t* unit, const Quantized& x, Path path, int64_t per_unit, float* out) {
+// `unit_dots` for a unit of such tiles: a pair's two tiles group by group.
+template <typename Tile>
+inline void unit_dots_256(const uint8_t* unit, const Quantized& x, Path path, int64_t per_unit, float* out) {
 #ifdef GGUF_VNNI
+  if constexpr (!std::is_same_v<Tile, TileQ8_0> && !std::is_same_v<Tile, TileQ5K>)
+    if (path == Path::Best && per_unit == 2)
+      return by_eights(x.rows, [&](auto rows, int64_t r) { legacy_pair_dots_vnni<Tile, rows()>(unit, x, r, out); });
   if (path == Path::Best)
     return by_halves(per_unit, [&](auto halves) {
-      by_eights(x.rows, [&](auto rows, int64_t r) { tile_dots<rows(), true, halves(), TileQ5K>(unit, x, r, out); });
+      by_eights(x.rows, [&](auto rows, int64_t r) { tile_dots_256<Tile, rows(), true, halves()>(unit, x, r, out); });
     });
 #endif
 #ifdef GGUF_AVX2
   if (path != Path::Portable)
     return by_halves(per_unit, [&](auto halves) {
-      by_fours(x.rows, [&](auto rows, int64_t r) { tile_dots<rows(), false, halves(), TileQ5K>(unit, x, r, out); });
+      by_fours(x.rows, [&](auto rows, int64_t r) { tile_dots_256<Tile, rows(), false, halves()>(unit, x, r, out); });
     });
 #endif
   (void)path;
-  for (int64_t h = 0; h < per_unit; ++h)
-    tile_dots_portable<TileQ5K>(unit + h * sizeof(TileQ5K), x, 0, x.rows, per_unit, out + h * kTileRows * x.rows);
+  for (int64_t h = 0; h < per_unit; ++h) {
+    const uint8_t* tile = unit + h * sizeof(Tile);
+    float* part = out + h * kTileRows * x.rows;
+    if constexpr (std::is_same_v<Tile, TileQ8_0>) q8_tile_dots_portable(tile, x, 0, x.rows, per_unit, part);
+    else if constexpr (std::is_same_v<Tile, TileQ5K>) tile_dots_portable<TileQ5K>(tile, x, 0, x.rows, per_unit, part);
+    else legacy_tile_dots_portable<Tile>(tile, x, 0, x.rows, per_unit, part);
+  }
 }
 
 // out[i * x.rows + r]: a unit's weight rows i (8, or 16 in a pair) dotted with every activation row r. On VNNI a
@@ -1505,8 +1771,14 @@ inline void q5_unit_dots(const uint8_t* unit, const Quantized& x, Path path, int
 inline void unit_dots(int64_t type, const uint8_t* unit, const Quantized& x, Path path, float* out) {
   const bool q4 = is_q4_k_tiles(type);
   const int64_t per_unit = tiles_per_unit(type);
-  if (is_q8_0_tiles(type)) return q8_unit_dots(unit, x, path, per_unit, out);
-  if (is_q5_k_tiles(type)) return q5_unit_dots(unit, x, path, per_unit, out);
+  switch (tiled_block_type(type)) {
+    case Q4_0: return unit_dots_256<TileQ4_0>(unit, x, path, per_unit, out);
+    case Q4_1: return unit_dots_256<TileQ4_1>(unit, x, path, per_unit, out);
+    case Q5_0: return unit_dots_256<TileQ5_0>(unit, x, path, per_unit, out);
+    case Q5_1: return unit_dots_256<TileQ5_1>(unit, x, path, per_unit, out);
+    case Q8_0: return unit_dots_256<TileQ8_0>(unit, x, path, per_unit, out);
+    case Q5_K: return unit_dots_256<TileQ5K>(unit, x, path, per_unit, out);
+  }
 #ifdef GGUF_VNNI
   if (per_unit == 2 && path == Path::Best) {
     if (q4) return by_eights(x.rows, [&](auto rows, int64_t r) { tile_pair_dots_vnni<rows()>(unit, x, r, out); });
@@ -1653,15 +1925,18 @@ inline at::Tensor dequantize_rows(const Matrix& m, const at::Tensor& ids) {
     if (is_tiled(m.type)) {  // tile id % unit_rows / 8 of unit id / unit_rows, its groups per_unit apart
       const int64_t per_unit = tiles_per_unit(m.type), within = id % m.unit_rows();
       const int64_t block = tiled_block_type(m.type);
-      const int64_t tile_bytes = block == Q8_0   ? sizeof(TileQ8_0)
-                                 : block == Q4_K ? sizeof(TileQ4K)
-                                 : block == Q5_K ? sizeof(TileQ5K)
-                                                 : sizeof(TileQ6K);
-      const uint8_t* tile = m.blocks.data_ptr<uint8_t>() + id / m.unit_rows() * m.blocks.size(1) + within / kTileRows * tile_bytes;
-      if (block == Q8_0) unpack_q8_tile_row(tile, within % kTileRows, cols, per_unit, u);
-      else if (block == Q4_K) unpack_tile_row<TileQ4K>(tile, within % kTileRows, cols, per_unit, u);
-      else if (block == Q5_K) unpack_tile_row<TileQ5K>(tile, within % kTileRows, cols, per_unit, u);
-      else unpack_q6_tile_row(tile, within % kTileRows, cols, per_unit, u);
+      const uint8_t* unit = m.blocks.data_ptr<uint8_t>() + id / m.unit_rows() * m.blocks.size(1);
+      const int64_t i = within % kTileRows, h = within / kTileRows;
+      switch (block) {
+        case Q4_0: unpack_legacy_tile_row<TileQ4_0>(unit + h * sizeof(TileQ4_0), i, cols, per_unit, u); break;
+        case Q4_1: unpack_legacy_tile_row<TileQ4_1>(unit + h * sizeof(TileQ4_1), i, cols, per_unit, u); break;
+        case Q5_0: unpack_legacy_tile_row<TileQ5_0>(unit + h * sizeof(TileQ5_0), i, cols, per_unit, u); break;
+        case Q5_1: unpack_legacy_tile_row<TileQ5_1>(unit + h * sizeof(TileQ5_1), i, cols, per_unit, u); break;
+        case Q8_0: unpack_q8_tile_row(unit + h * sizeof(TileQ8_0), i, cols, per_unit, u); break;
+        case Q4_K: unpack_tile_row<TileQ4K>(unit + h * sizeof(TileQ4K), i, cols, per_unit, u); break;
+        case Q5_K: unpack_tile_row<TileQ5K>(unit + h * sizeof(TileQ5K), i, cols, per_unit, u); break;
+        default: unpack_q6_tile_row(unit + h * sizeof(TileQ6K), i, cols, per_unit, u);
+      }
     } else {
       unpack_row(m.blocks.data_ptr<uint8_t>() + id * m.blocks.size(1), m.type, cols, u);
     }

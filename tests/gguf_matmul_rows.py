@@ -24,14 +24,14 @@ from gguf_files import random_blocks
 
 from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.gguf_model import gguf_tensors
-from specchat.quant.gguf_types import BLOCK_TYPES, Q6_K, TILED
+from specchat.quant.gguf_types import BLOCK_TYPES, Q6_K
 
 FILE = Path.home() / ".cache/specchat/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
 
 def matrices(path: Path, untiled_q6: bool) -> list[tuple[torch.Tensor, int, int, str, int]]:
     """(blocks, type, columns, block type name, bytes) of every block-quantized matrix but the embedding, held
-    as GGUFLinear holds them (Q8_0, Q4_K and Q6_K tiled)."""
+    as GGUFLinear holds them (tiled)."""
     decoder, held = cpu_decoder(), []
     for tensor in gguf_tensors(path):
         kind = int(tensor.tensor_type)
@@ -39,7 +39,7 @@ def matrices(path: Path, untiled_q6: bool) -> list[tuple[torch.Tensor, int, int,
             continue
         blocks, columns = torch.from_numpy(tensor.data), tensor.shape[0]
         name = BLOCK_TYPES[kind].name.upper()
-        if kind in TILED and not (kind == Q6_K and untiled_q6):
+        if not (kind == Q6_K and untiled_q6):
             blocks, kind = decoder.gguf_tile(blocks, kind, columns)
         held.append((blocks, kind, columns, name, blocks.numel()))
     return held
@@ -50,7 +50,7 @@ def synthetic(untiled_q6: bool) -> list[tuple[torch.Tensor, int, int, str, int]]
     decoder, held, rng = cpu_decoder(), [], np.random.default_rng(0)
     for kind, block in BLOCK_TYPES.items():
         blocks = torch.from_numpy(random_blocks(kind, 8960, 1536, rng))
-        if kind in TILED and not (kind == Q6_K and untiled_q6):
+        if not (kind == Q6_K and untiled_q6):
             blocks, kind = decoder.gguf_tile(blocks, kind, 1536)
         held.append((blocks, kind, 1536, block.name.upper(), blocks.numel()))
     return held

@@ -5,9 +5,9 @@ the kernel computes exactly x_q @ W^T with x_q the quantized activations: checke
 scale in float64 (the kernel's only rounding is its float accumulation), and to 2% of it against the
 unquantized x (int8 activations: llama.cpp's own precision for these types). Each row's result is bitwise
 the same alone, among 1..150 rows (past the 64 a pass over the weights takes), and on every code path
-(the best this machine has, AVX-512 VNNI where it has it; AVX2; the portable loops). Q8_0, Q4_K, Q5_K and Q6_K
-repacked in tiles of 8 rows (types 108, 112, 113, 114) or pairs of them (208, 212, 213, 214) are held to the same,
-to each other bitwise, and to the row-at-a-time kernel's results within float rounding.
+(the best this machine has, AVX-512 VNNI where it has it; AVX2; the portable loops). Every type repacked in
+tiles of 8 rows (types 100 + its id) or pairs of them (200 + its id) is held to the same, to each other
+bitwise, and to the row-at-a-time kernel's results within float rounding.
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ def test_rows_dequantize_like_gguf_py(kind):
     torch.testing.assert_close(got, want[ids], atol=1e-6 * want.abs().max().item(), rtol=0)
 
 
-# --- Q8_0, Q4_K, Q5_K and Q6_K in tiles of 8 rows (types 1xx) and pairs of them (2xx): the same products ------
+# --- every type in tiles of 8 rows (types 1xx) and pairs of them (2xx): the same products --------------------
 
-KINDS = [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
+KINDS = TYPES
 UNITS = {1: "tiles", 2: "pairs"}  # 8-row tiles a unit holds
 
 

@@ -1,5 +1,5 @@
 """Layers that compute on a GGUF tensor's own blocks (memory-mapped from the file, never dequantized whole;
-Q8_0, Q4_K, Q5_K and Q6_K ones repacked in tiles of 8 or 16 rows, `gguf_types.UNIT_ROWS`).
+repacked in tiles of 8 or 16 rows, `gguf_types.UNIT_ROWS`).
 
 `GGUFLinear` multiplies by the blocks through the CPU decoder's kernels (kernels/gguf_blocks.h): activations
 are quantized to int8 per row, as llama.cpp does for these types, and each row's result is bitwise the same
@@ -13,21 +13,20 @@ import torch
 from torch import nn
 
 from specchat.kernels.cpu_decoder import cpu_decoder
-from specchat.quant.gguf_types import BLOCK_TYPES, TILED, UNTILED, held_rows
+from specchat.quant.gguf_types import BLOCK_TYPES, UNTILED, held_rows
 from specchat.quant.quantized_linear import QuantizedLinear
 
 
 class GGUFLinear(QuantizedLinear):
     def __init__(self, blocks: torch.Tensor, type_id: int, in_features: int, *, dtype: torch.dtype,
                  bias: torch.Tensor | None = None):  # fmt: skip
-        """`blocks` [out, bytes per row] uint8, as the file stores them; Q8_0, Q4_K, Q5_K and Q6_K ones are
-        repacked in tiles of 8 rows (a copy in memory) when their rows come in eights."""
+        """`blocks` [out, bytes per row] uint8, as the file stores them, repacked in tiles of 8 rows (a copy in
+        memory) when their rows come in eights."""
         super().__init__()
         kind = BLOCK_TYPES[type_id]
         if blocks.shape[1] != kind.row_bytes(in_features):
             raise ValueError(f"{kind.name} blocks of {blocks.shape[1]} bytes per row do not hold {in_features} values")
-        if type_id in TILED:
-            blocks, type_id = cpu_decoder().gguf_tile(blocks, type_id, in_features)
+        blocks, type_id = cpu_decoder().gguf_tile(blocks, type_id, in_features)
         self._hold([blocks], [type_id], in_features, None if bias is None else bias.to(dtype))
 
     @classmethod

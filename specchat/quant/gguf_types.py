@@ -31,13 +31,12 @@ BLOCK_TYPES = {  # ggml type id -> layout (kernels/gguf_blocks.h)
 }
 DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored unquantized
 
-# Q8_0, Q4_K, Q5_K and Q6_K matrices run repacked in tiles of 8 rows, or pairs of them (16 rows) where the build reads
+# Every block type's matrices run repacked in tiles of 8 rows, or pairs of them (16 rows) where the build reads
 # pairs (kernels/gguf_blocks.h, `tile`): each tile's codes are read once for all its rows' products, which makes
 # prefill and tree verification faster. A tiled type is a type of its own to the kernels (100 or 200 plus its block
 # type), held [rows / unit rows, bytes per unit].
-Q8_0, Q4_K, Q5_K, Q6_K = 8, 12, 13, 14
-TILED = (Q8_0, Q4_K, Q5_K, Q6_K)
-UNTILED = {unit + kind: kind for kind in TILED for unit in (100, 200)}  # tiled type -> its block type
+Q4_K, Q6_K = 12, 14
+UNTILED = {unit + kind: kind for kind in BLOCK_TYPES for unit in (100, 200)}  # tiled type -> its block type
 UNIT_ROWS = {tiled: 8 if tiled < 200 else 16 for tiled in UNTILED}  # tiled type -> the weight rows of a unit
 
 
