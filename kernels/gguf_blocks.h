@@ -1446,8 +1446,9 @@ void q8_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float*
 // Q5_0 / Q5_1's fifth bits lie beside them as Q5_K's do. Per weight row i, activation row r and group g, with u
 // the unsigned code and S the group's sum of activation values:
 //   P = sum_v u[i][v] a[v] - bias S   (bias 8 for Q4_0, 16 for Q5_0, 0 with a min: an integer),
-//   acc = fma(float(P), D[g] * d[i], acc),   offset = fma(float(S), D[g] * m[i], offset)   (Q4_1 / Q5_1's min)
-// and the result is acc + offset (acc alone without a min), in every path alike.
+//   acc = fma(float(P), D[g] * d[i], acc),   then with Q4_1 / Q5_1's min   acc = fma(float(S), D[g] * m[i], acc)
+// and the result is acc, in every path alike (one accumulator a row: a second left 8 rows of Q5_1 short of
+// registers).
 struct TileQ4_0 {  // one group of 32 values of 8 rows, as the blocks' 8 * 18 bytes
   uint8_t codes[4][32];
   uint16_t d[8];
@@ -1534,7 +1535,7 @@ inline void legacy_tile_dots_portable(const uint8_t* tile, const Quantized& x, i
   for (int64_t r = first; r < first + n; ++r) {
     const int8_t* a = x.q.data() + r * cols;
     for (int i = 0; i < 8; ++i) {
-      float acc = 0.0f, offset = 0.0f;
+      float acc = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
         const Tile& t = tiles[g * stride];
         const int32_t s = x.sums32[r * groups + g];
@@ -1543,9 +1544,9 @@ inline void legacy_tile_dots_portable(const uint8_t* tile, const Quantized& x, i
         const float d = x.scale[r * groups + g];
         acc = std::fma(static_cast<float>(p), d * half(reinterpret_cast<const uint8_t*>(&t.d[i])), acc);
         if constexpr (L::min)
-          offset = std::fma(static_cast<float>(s), d * half(reinterpret_cast<const uint8_t*>(&t.m[i])), offset);
+          acc = std::fma(static_cast<float>(s), d * half(reinterpret_cast<const uint8_t*>(&t.m[i])), acc);
       }
-      out[i * x.rows + r] = L::min ? acc + offset : acc;
+      out[i * x.rows + r] = acc;
     }
   }
 }
@@ -1561,9 +1562,9 @@ void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, fl
   const int64_t cols = x.cols, groups = cols / 32;
   const auto* tiles = reinterpret_cast<const Tile*>(unit);
   const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  __m256 acc[HALVES][ROWS], offset[HALVES][ROWS];
+  __m256 acc[HALVES][ROWS];
   for (int h = 0; h < HALVES; ++h)
-    for (int r = 0; r < ROWS; ++r) acc[h][r] = offset[h][r] = _mm256_setzero_ps();
+    for (int r = 0; r < ROWS; ++r) acc[h][r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     for (int h = 0; h < HALVES; ++h) {  // unrolled: each tile's accumulators stay in registers
       prefetch(tiles + HALVES * g + h + ahead, sizeof(Tile));
@@ -1610,7 +1611,7 @@ void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, fl
         acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(da, d), acc[h][r]);
         if constexpr (L::min) {
           const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.m)));
-          offset[h][r] = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(s)), _mm256_mul_ps(da, m), offset[h][r]);
+          acc[h][r] = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(s)), _mm256_mul_ps(da, m), acc[h][r]);
         }
       }
     }
@@ -1618,7 +1619,7 @@ void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, fl
   for (int h = 0; h < HALVES; ++h)
     for (int r = 0; r < ROWS; ++r) {
       alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, L::min ? _mm256_add_ps(acc[h][r], offset[h][r]) : acc[h][r]);
+      _mm256_store_ps(lanes, acc[h][r]);
       for (int i = 0; i < 8; ++i) out[(8 * h + i) * x.rows + first + r] = lanes[i];
     }
 }
@@ -1643,8 +1644,8 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
   };
-  __m512 acc[ROWS], offset[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
+  __m512 acc[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const Tile &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
     prefetch(tiles + 2 * g + ahead, 2 * sizeof(Tile));
@@ -1674,12 +1675,12 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
       const __m512 da = _mm512_set1_ps(x.scale[(first + r) * groups + g]);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(da, d), acc[r]);
       if constexpr (L::min)
-        offset[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(s)), _mm512_mul_ps(da, halves(ta.m, tb.m)), offset[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(s)), _mm512_mul_ps(da, halves(ta.m, tb.m)), acc[r]);
     }
   }
   for (int r = 0; r < ROWS; ++r) {
     alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, L::min ? _mm512_add_ps(acc[r], offset[r]) : acc[r]);
+    _mm512_store_ps(lanes, acc[r]);
     for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
   }
 }
