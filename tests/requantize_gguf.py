@@ -1,9 +1,11 @@
 """Write a GGUF file's block-quantized matrices in another block type (dequantized by gguf-py, quantized again by
 it, or for Q5_K by `quant/q4_k.py`), everything else copied: a real model in a type no file here ships, for
 benchmarks of that type's kernels (say the 1.5B in Q8_0, the type people pick when they want a small model
-unharmed, or in Q5_K, most of a Q5_K_M file).
+unharmed, or in Q5_K, most of a Q5_K_M file). With --llama-cpp, llama.cpp's own quantizer writes it
+(llama-cpp-python's `llama_model_quantize`, from a Q8_0 or F16 source): its mixture of types, the output layer
+kept at Q6_K, as files of that type ship.
 
-    python tests/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k]
+    python tests/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k] [--llama-cpp]
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ def main() -> None:
     parser.add_argument("source", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k"])
+    parser.add_argument("--llama-cpp", action="store_true", help="quantize with llama.cpp, as its files ship")
     args = parser.parse_args()
     kind = GGMLQuantizationType[args.type.upper()]
+    if args.llama_cpp:
+        return llama_cpp_quantize(args.source, args.out, args.type)
     source = reader(args.source)
     architecture = bytes(source.fields["general.architecture"].parts[-1]).decode()
     writer = GGUFWriter(str(args.out), architecture)
@@ -48,6 +53,21 @@ def main() -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def llama_cpp_quantize(source: Path, out: Path, name: str) -> None:
+    import ctypes
+
+    import llama_cpp
+
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name.upper()}", None)
+    if ftype is None:
+        raise SystemExit(f"llama.cpp has no file type {name} (it writes Q5_K as Q5_K_S / Q5_K_M)")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params)) != 0:
+        raise SystemExit(f"llama.cpp could not quantize {source} to {name}")
 
 
 if __name__ == "__main__":
