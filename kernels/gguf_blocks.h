@@ -996,6 +996,17 @@ void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* ou
 #endif
 
 #ifdef GGUF_VNNI
+// 32 bytes of each of a pair's two tiles, one vector (the first tile's in the low half).
+inline __m512i pair_bytes(const void* a, const void* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
+}
+
+// 8 fp16 of each of a pair's two tiles, as 16 floats.
+inline __m512 pair_halves(const void* a, const void* b) {
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
+}
+
 // A pair's two tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's): half the
 // instructions of two calls of `tile_dots<ROWS, true>`, and every lane's integer and float steps the same as there.
 // Q5_K tiles (`Tile` TileQ5K) add their fifth bits by a byte mask. out[i * x.rows + r] for the 16 weight rows i.
@@ -1004,14 +1015,6 @@ void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first,
   const int64_t cols = x.cols, groups = cols / 256;
   const auto* tiles = reinterpret_cast<const Tile*>(pair);
   const __m512i m4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
-  const auto both = [](const void* a, const void* b) {  // 32 bytes of each tile, one vector
-    return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
-  };
-  const auto halves = [](const void* a, const void* b) {  // 8 fp16 of each tile, as 16 floats
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
-  };
   __m512 acc[ROWS], offset[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -1026,7 +1029,7 @@ void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first,
       for (int r = 0; r < ROWS; ++r) dot[r] = _mm512_setzero_si512();
       const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
       for (int v = 0; v < 4; ++v) {
-        const __m512i codes = both(ta.codes[j] + 32 * v, tb.codes[j] + 32 * v);
+        const __m512i codes = pair_bytes(ta.codes[j] + 32 * v, tb.codes[j] + 32 * v);
         __m512i low = _mm512_and_si512(codes, m4), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
         if constexpr (std::is_same_v<Tile, TileQ5K>) {
           const auto bits = [&](int h) { return _cvtu64_mask64(wa.fifth[j][v][h] | uint64_t{wb.fifth[j][v][h]} << 32); };
@@ -1047,8 +1050,8 @@ void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first,
       const __m512i scales = _mm512_cvtepu8_epi32(_mm_set_epi64x(static_cast<int64_t>(sb), static_cast<int64_t>(sa)));
       for (int r = 0; r < ROWS; ++r) p[r] = _mm512_add_epi32(p[r], _mm512_mullo_epi32(dot[r], scales));
     }
-    const __m512 d = halves(ta.d, tb.d);
-    const __m512 neg_min = _mm512_sub_ps(_mm512_setzero_ps(), halves(ta.dmin, tb.dmin));
+    const __m512 d = pair_halves(ta.d, tb.d);
+    const __m512 neg_min = _mm512_sub_ps(_mm512_setzero_ps(), pair_halves(ta.dmin, tb.dmin));
     __m512i mins[4];
     for (int pair = 0; pair < 4; ++pair)
       mins[pair] = _mm512_inserti64x4(
@@ -1271,9 +1274,6 @@ void q6_tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t fir
   const int64_t cols = x.cols, groups = cols / 256;
   const auto* tiles = reinterpret_cast<const TileQ6K*>(pair);
   const __m512i m4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
-  const auto both = [](const void* a, const void* b) {  // 32 bytes of each tile, one vector
-    return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
-  };
   __m512 acc[ROWS], offset[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -1289,8 +1289,8 @@ void q6_tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t fir
       const __m512i scales[2] = {_mm512_srai_epi32(_mm512_slli_epi32(scales16, 16), 16), _mm512_srai_epi32(scales16, 16)};
       for (int h = 0; h < 2; ++h) {
         const int j = 2 * pair + h;
-        const __m512i low0 = both(ta.low[j], tb.low[j]), low1 = both(ta.low[j] + 32, tb.low[j] + 32);
-        const __m512i high = both(ta.high[j], tb.high[j]);
+        const __m512i low0 = pair_bytes(ta.low[j], tb.low[j]), low1 = pair_bytes(ta.low[j] + 32, tb.low[j] + 32);
+        const __m512i high = pair_bytes(ta.high[j], tb.high[j]);
         const __m512i codes[4] = {
             _mm512_or_si512(_mm512_and_si512(low0, m4), _mm512_and_si512(_mm512_slli_epi16(high, 4), top)),
             _mm512_or_si512(_mm512_and_si512(low1, m4), _mm512_and_si512(_mm512_slli_epi16(high, 2), top)),
@@ -1642,14 +1642,6 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
   const int64_t cols = x.cols, groups = cols / 32;
   const auto* tiles = reinterpret_cast<const Tile*>(pair);
   const __m512i m4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
-  const auto both = [](const void* a, const void* b) {  // 32 bytes of each tile, one vector
-    return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
-  };
-  const auto halves = [](const void* a, const void* b) {  // 8 fp16 of each tile, as 16 floats
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
-  };
   __m512 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -1658,7 +1650,7 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
     __m512i p[ROWS], high_p[ROWS];  // two chains a row, as in `legacy_tile_dots`
     for (int r = 0; r < ROWS; ++r) p[r] = high_p[r] = _mm512_setzero_si512();
     for (int v = 0; v < 4; ++v) {
-      const __m512i codes = both(ta.codes[v], tb.codes[v]);
+      const __m512i codes = pair_bytes(ta.codes[v], tb.codes[v]);
       __m512i low = _mm512_and_si512(codes, m4), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
       if constexpr (L::five) {
         const auto bits = [&](int h) { return _cvtu64_mask64(ta.fifth[v][h] | uint64_t{tb.fifth[v][h]} << 32); };
@@ -1673,7 +1665,7 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
         high_p[r] = _mm512_dpbusd_epi32(high_p[r], high, _mm512_set1_epi32(back));
       }
     }
-    const __m512 d = halves(ta.d, tb.d);
+    const __m512 d = pair_halves(ta.d, tb.d);
     for (int r = 0; r < ROWS; ++r) {
       const int32_t s = x.sums32[(first + r) * groups + g];
       __m512i sum = _mm512_add_epi32(p[r], high_p[r]);
@@ -1681,7 +1673,7 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
       const __m512 da = _mm512_set1_ps(x.scale[(first + r) * groups + g]);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(da, d), acc[r]);
       if constexpr (L::min)
-        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(s)), _mm512_mul_ps(da, halves(ta.m, tb.m)), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(s)), _mm512_mul_ps(da, pair_halves(ta.m, tb.m)), acc[r]);
     }
   }
   for (int r = 0; r < ROWS; ++r) {
