@@ -1726,7 +1726,8 @@ inline void by_halves(int64_t per_unit, Kernel kernel) {
 #endif
 
 #ifdef GGUF_AVX2
-// The kernel of the tiles read in 256-bit vectors on every path: Q8_0, Q5_K and the legacy types.
+// The kernel of the tiles read in 256-bit vectors on every path (Q8_0, Q5_K and the legacy types); on VNNI their
+// pairs, but Q8_0's, may take 512 instead (`unit_dots_256`).
 template <typename Tile, int ROWS, bool VNNI, int HALVES>
 inline void tile_dots_256(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
   if constexpr (std::is_same_v<Tile, TileQ8_0>) q8_tile_dots<ROWS, VNNI, HALVES>(unit, x, first, out);
@@ -1739,9 +1740,14 @@ inline void tile_dots_256(const uint8_t* unit, const Quantized& x, int64_t first
 template <typename Tile>
 inline void unit_dots_256(const uint8_t* unit, const Quantized& x, Path path, int64_t per_unit, float* out) {
 #ifdef GGUF_VNNI
-  if constexpr (!std::is_same_v<Tile, TileQ8_0> && !std::is_same_v<Tile, TileQ5K>)
+  // VNNI reads pairs of Q5_K and legacy tiles through 512 bits; Q5_K from 3 rows (at one row 8-20% slower)
+  if constexpr (std::is_same_v<Tile, TileQ5K>) {
+    if (path == Path::Best && per_unit == 2 && x.rows >= 3)
+      return by_eights(x.rows, [&](auto rows, int64_t r) { tile_pair_dots_vnni<rows(), TileQ5K>(unit, x, r, out); });
+  } else if constexpr (!std::is_same_v<Tile, TileQ8_0>) {
     if (path == Path::Best && per_unit == 2)
       return by_eights(x.rows, [&](auto rows, int64_t r) { legacy_pair_dots_vnni<Tile, rows()>(unit, x, r, out); });
+  }
   if (path == Path::Best)
     return by_halves(per_unit, [&](auto halves) {
       by_eights(x.rows, [&](auto rows, int64_t r) { tile_dots_256<Tile, rows(), true, halves()>(unit, x, r, out); });
@@ -1770,10 +1776,6 @@ inline void unit_dots_256(const uint8_t* unit, const Quantized& x, Path path, in
 inline void unit_dots(int64_t type, const uint8_t* unit, const Quantized& x, Path path, float* out) {
   const bool q4 = is_q4_k_tiles(type);
   const int64_t per_unit = tiles_per_unit(type);
-#ifdef GGUF_VNNI  // Q5_K pairs through 512 bits from 3 rows: at one row they read 8-20% slower than 256 bits
-  if (per_unit == 2 && path == Path::Best && tiled_block_type(type) == Q5_K && x.rows >= 3)
-    return by_eights(x.rows, [&](auto rows, int64_t r) { tile_pair_dots_vnni<rows(), TileQ5K>(unit, x, r, out); });
-#endif
   switch (tiled_block_type(type)) {
     case Q4_0: return unit_dots_256<TileQ4_0>(unit, x, path, per_unit, out);
     case Q4_1: return unit_dots_256<TileQ4_1>(unit, x, path, per_unit, out);
