@@ -534,7 +534,7 @@ def test_composites_parse_in_the_registry(tmp_path):
         ("none+ngram", "none drafts nothing"),
         ("longspec+ngram+glide", "a composite combines two drafters, as A+B"),
         ("longspec+", "a composite combines two drafters"),
-        ("ngram:x+longspec", "the ngram drafter takes no checkpoint"),
+        ("none:x+longspec", "the none drafter takes no checkpoint"),
         ("longspec:+ngram", "give the checkpoint directory after the colon"),
     ]:
         with pytest.raises(SpecchatError, match=re.escape(message)) as error:

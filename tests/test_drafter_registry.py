@@ -23,8 +23,9 @@ def test_names_and_checkpoints_parse_in_one_place():
     assert parse_drafter("longspec:~/draft") == DrafterChoice("longspec", Path("~/draft").expanduser())
     with pytest.raises(SpecchatError, match="unknown drafter 'eagle'; available: none, ngram, longspec, glide, tokenswift, model"):
         parse_drafter("eagle")
+    assert parse_drafter("ngram:x") == DrafterChoice("ngram", Path("x"))  # a table of answers (answer_store.py)
     with pytest.raises(SpecchatError, match="takes no checkpoint"):
-        parse_drafter("ngram:x")
+        parse_drafter("none:x")
     # the chat's command reads the same registry
     assert parse_command("/drafter glide:./d").value == "glide:./d"
     with pytest.raises(SpecchatError, match="unknown drafter 'eagle'"):

@@ -233,7 +233,7 @@ BAD_COMMANDS = [
     ("/budget 0", "/budget takes 1..64"),
     ("/drafter eagle", "unknown drafter 'eagle'"),
     ("/drafter glide", "pass a checkpoint directory with /drafter glide:PATH"),  # the chat's command, not the flag
-    ("/drafter ngram:x", "use /drafter ngram"),
+    ("/drafter none:x", "use /drafter none"),
     ("/clear now", "/clear takes no argument"),
     ("/load", "/load needs a file"),
     ("/load /no/such/chat.json", "could not read"),

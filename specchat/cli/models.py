@@ -17,7 +17,7 @@ def models() -> None:
     from specchat.profiles import DEFAULT_PROFILE, load_profiles
 
     missing = "not cached (offline)" if offline() else "downloads on first use"
-    trained = [name for name, kind in KINDS.items() if kind.trained]
+    trained = [name for name, kind in KINDS.items() if kind.trained and not kind.optional]
     typer.echo("--model ALIAS (any Hugging Face repo id or local model directory works too):\n")
     for name, profile in load_profiles().items():
         alias = f"{name} (default)" if name == DEFAULT_PROFILE else name

@@ -242,6 +242,20 @@ def train_model_drafter(
           f"tau {last.get('heldout_chain_tau', float('nan')):.2f}; use --drafter model:{out}")  # fmt: skip
 
 
+@train_app.command("ngram")
+def train_ngram(
+    data: Annotated[Path, typer.Option("--data", help="A `train data` directory: its training answers are read.")],
+    out: Annotated[Path, typer.Option("--out", help="Checkpoint directory (created); use --drafter ngram:DIR.")],
+) -> None:
+    """Give n-gram lookup the target's own answers: where the context has no earlier occurrence of its last
+    tokens, it proposes what the target wrote after them in other answers."""
+    from specchat.training.train_ngram import build_answer_store
+
+    check_output_dir(out)
+    config = build_answer_store(data, out)
+    print(f"{out}: {config['records']} answers of {config['model']}, {config['answer_tokens']} tokens; use --drafter ngram:{out}")
+
+
 @train_app.command("pack")
 def train_pack(
     checkpoint: Annotated[Path, typer.Argument(help="A trained draft's checkpoint directory.")],

@@ -30,13 +30,14 @@ class DrafterKind:
     module: str  # holds `build(target, checkpoint, **options) -> Drafter`; "" for none
     trained: bool = False  # reads a checkpoint: the profile's, or NAME:PATH
     options: tuple[str, ...] = ()  # the build options (`OPTION_FLAGS`) its `build` takes as keyword arguments
+    optional: bool = False  # a trained kind that also runs without one (where no profile publishes it)
 
 
 KINDS = {
     kind.name: kind
     for kind in (
         DrafterKind("none", "no drafting: autoregressive decoding", ""),
-        DrafterKind("ngram", "prompt lookup: continuations of earlier n-grams (training-free)", "specchat.drafters.ngram"),
+        DrafterKind("ngram", "prompt lookup: continuations of earlier n-grams, and of the target's own answers where its profile ships them", "specchat.drafters.ngram", True, optional=True),
         DrafterKind("longspec", "LongSpec: one draft layer reading the target's KV cache", "specchat.drafters.longspec", True, ("cache",)),
         DrafterKind("glide", "GLIDE + CAPE: draft layers attending to the target's KV cache", "specchat.drafters.glide", True),
         DrafterKind("tokenswift", "TokenSwift: heads on the target over a partial KV cache, with n-gram reuse", "specchat.drafters.tokenswift", True, ("kv_budget", "draft_forward")),
@@ -156,7 +157,7 @@ def usable_drafters(profile: Profile | None) -> list[str]:
     """The drafters a model runs with as it is: the untrained ones and those its profile publishes (any two of
     them other than none also run together, as A+B)."""
     published = profile.drafters if profile else {}
-    return [name for name, kind in KINDS.items() if not kind.trained or name in published]
+    return [name for name, kind in KINDS.items() if not kind.trained or kind.optional or name in published]
 
 
 def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: str, flag: str = "--drafter") -> DrafterChoice:
@@ -166,10 +167,12 @@ def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: 
         return replace(choice, parts=tuple(resolve_drafter(part, profile, model_name, flag) for part in choice.parts))
     if choice.path is not None and choice.name != "model" and not choice.path.exists():  # before anything loads
         # (model:X may also name a Hugging Face repo)
-        raise SpecchatError(f"{choice.path}: no such checkpoint directory (it holds config.json and model.safetensors)")
+        raise SpecchatError(f"{choice.path}: no such checkpoint directory")
     if not KINDS[choice.name].trained or choice.path is not None:
         return choice
     repo = profile.drafters.get(choice.name) if profile else None
+    if repo is None and KINDS[choice.name].optional:
+        return choice
     if repo is None:
         raise SpecchatError(
             f"model '{model_name}' has no published {choice.name} drafter (it has: {', '.join(usable_drafters(profile))}); "
@@ -190,7 +193,7 @@ def build_drafter(choice: DrafterChoice, target: TargetView, **options) -> Draft
         return None
     module = importlib.import_module(kind.module)
     taken = {name: value for name, value in options.items() if name in kind.options and value is not None}
-    if not kind.trained:
+    if not kind.trained or (kind.optional and choice.path is None and choice.repo is None):
         return module.build(target, None, **taken)
     return module.build(target, choice.path or _fetch(choice.repo, getattr(module, "fetch_checkpoint", None)), **taken)
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 from rich.text import Text
 
 from specchat.drafters import NAMES
-from specchat.engine.events import COPY, TARGET
+from specchat.engine.events import ANSWERS, COPY, TARGET
 
 # One colour per drafter in the registry (a drafter's kind is its registry name), in registry order; the n-gram
-# lookup's copies of long passages a brighter green than its short matches.
+# lookup's copies of long passages a brighter green than its short matches, its guesses from the target's own
+# answers a darker one.
 PALETTE = ("bold green", "bold cyan", "bold magenta", "bold blue", "bold red")
-DRAFT_STYLES = {**dict(zip([name for name in NAMES if name != "none"], PALETTE)), COPY: "bold bright_green"}
+DRAFT_STYLES = {**dict(zip([name for name in NAMES if name != "none"], PALETTE)), COPY: "bold bright_green",
+                ANSWERS: "green"}
 UNKNOWN_DRAFT_STYLE = "bold yellow"  # a drafter kind added later still stands out
-LABELS = {TARGET: "target", "ngram": "n-gram", "tokenswift": "heads", COPY: "copy"}
+LABELS = {TARGET: "target", "ngram": "n-gram", "tokenswift": "heads", COPY: "copy", ANSWERS: "answers"}
 
 
 def origin_style(origin: str) -> str:
