@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _data_dir
 
 from specchat.drafters.answer_store import CONTEXT, ORDERS, AnswerStore, Guess
-from specchat.drafters.ngram import NgramDrafter, build
+from specchat.drafters.ngram import NgramDrafter, build, match_rate
 from specchat.engine.events import ANSWERS
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
@@ -34,22 +35,23 @@ def test_only_answer_tokens_are_guessed_and_records_do_not_run_together():
     assert store.guess([2]) is None  # the next record's prompt does not follow this answer
 
 
-def test_the_drafter_proposes_the_stores_chain_first_where_it_matched_more(tmp_path):
+def test_the_drafter_keeps_the_most_likely_nodes_of_the_contexts_chains_and_the_answers(tmp_path):
     store = AnswerStore.from_records([([1], [10, 11, 12, 13, 14, 15])])
     store.save(tmp_path)
     drafter = build(None, tmp_path)
     assert np.array_equal(drafter.store.tokens, store.tokens)
     drafter.prefill([7, 12, 40, 41, 10, 11, 12])  # "12" occurred in the context; "10 11 12" in the answers
     assert drafter.next_kinds() == {"ngram", ANSWERS}
-    tree = drafter.propose(4)
-    assert tree.tokens[:3] == [13, 14, 15] and tree.origins[:3] == [ANSWERS] * 3
-    assert tree.tokens[3] == 40 and tree.origins[3] == "ngram"  # the context's 1-gram match fills the rest
-    drafter.prefill([5, 10, 11, 12, 40, 5, 10, 11, 12])  # now the context matches four tokens, the store three
+    tree = drafter.propose(4)  # the answers' 13, 14, 15 at 1/2, 1/4, 1/8; the context's 40 after one token: 0.21
+    assert tree.tokens == [13, 40, 14, 15] and tree.origins == [ANSWERS, "ngram", ANSWERS, ANSWERS]
+    assert tree.scores == [0.5, match_rate(1), 0.25, 0.125]
+    drafter.prefill([5, 10, 11, 12, 40, 5, 10, 11, 12])  # now the context matches four tokens: 0.72, then 0.52 ...
     tree = drafter.propose(7)
-    assert tree.tokens == [40, 5, 10, 11, 12, 13, 14] and tree.origins == ["ngram"] * 5 + [ANSWERS] * 2
+    assert tree.tokens == [40, 13, 5, 14, 10, 11, 12] and tree.origins.count(ANSWERS) == 2
 
 
-def test_lookup_in_the_targets_answers_is_lossless_and_accepted(default_model, tokenizer):
+@pytest.mark.parametrize("budget", [4, None])  # None: the adaptive budget, which cuts scored trees to size
+def test_lookup_in_the_targets_answers_is_lossless_and_accepted(default_model, tokenizer, budget):
     engine = Engine(default_model.model, tokenizer, max_len=512)
     prompts = [encode_prompt(tokenizer, text) for text in ("Name three primary colours.", "What is a noun?")]
 
@@ -58,7 +60,7 @@ def test_lookup_in_the_targets_answers_is_lossless_and_accepted(default_model, t
         return [t for event in events for t in event.tokens], events[-1].stats
 
     answers = [decode(ids)[0] for ids in prompts]
-    engine.set_drafter(NgramDrafter(store=AnswerStore.from_records([(prompts[0], answers[0])])), 4)
+    engine.set_drafter(NgramDrafter(store=AnswerStore.from_records([(prompts[0], answers[0])])), budget)
     tokens, stats = decode(prompts[0])  # its own answer is in the store: drafted from it
     assert tokens == answers[0] and stats.accepted >= len(answers[0]) // 2
     assert decode(prompts[1])[0] == answers[1]  # guesses from another answer, checked and mostly rejected

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+
 from specchat.engine.budget import AdaptiveBudget, proposers
 from specchat.engine.verify_cost import (
     LIVE_TIMINGS,
@@ -15,7 +17,7 @@ from specchat.engine.verify_cost import (
     measure_verify_cost,
     priced_context,
 )
-from specchat.engine.tree import ROOT, DraftTree
+from specchat.engine.tree import ROOT, DraftTree, siblings_bounded
 
 CPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.7, 1.8, 1.85, 1.9, 2.0, 2.6, 3.8))
 GPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.0, 1.0, 1.0, 1.01, 1.02, 1.04, 1.1))
@@ -366,3 +368,24 @@ def test_a_calibration_timed_under_load_is_corrected_by_the_forwards_decoding_ti
 
     assert last_budgets(timed=False) == [7] * 100
     assert last_budgets(timed=True).count(3) >= 96  # and a plain step or two; 7 nodes again once their timings expire
+
+
+def test_siblings_chances_given_their_parent_sum_to_at_most_one():
+    paths = {(1,): (0.9, "a"), (2,): (0.6, "b"), (1, 3): (0.45, "a"), (1, 4): (0.45, "b"), (5,): (0.1, "c")}
+    bounded = siblings_bounded(paths)
+    assert bounded[(1,)][0] == pytest.approx(0.9 / 1.6) and bounded[(2,)] == (pytest.approx(0.6 / 1.6), "b")
+    assert bounded[(1, 3)][0] == pytest.approx(0.9 / 1.6 * 0.5)  # its parent's half, as given
+    assert siblings_bounded({(1,): (0.5, "a"), (1, 2): (0.2, "a")}) == {(1,): (0.5, "a"), (1, 2): (0.2, "a")}
+
+
+def test_a_scored_tree_keeps_the_nodes_whose_chances_pay_for_their_rows():
+    policy = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.1, 1.3, 1.8, 2.8)))
+    tree = DraftTree.best({(1,): (0.9, "a"), (1, 2): (0.8, "a"), (3,): (0.05, "b"), (1, 2, 4): (0.7, "a")}, 4)
+    assert tree.tokens == [1, 3, 2, 4] and tree.scores == [0.9, 0.05, 0.8, 0.7]
+    assert policy.size(tree, 0.0) == 3  # the fourth node adds 0.05 tokens for 1.3 -> 1.43x a step: not worth it
+    assert tree.cut(3).tokens == [1, 2, 4] and tree.cut(3).parents == [ROOT, 0, 1]
+    assert policy.size(tree, 0.0) == policy.size(tree, 0.02)  # drafting done is paid whatever is kept
+    for step in range(40):  # a tenth of what its scores promise is accepted: no node pays for its row
+        policy.observe(tree.cut(3), [0] if step % 4 == 0 else [], budget=3)
+    assert policy.size(tree, 0.0) == 0
+    assert policy.scored_budget() == 15

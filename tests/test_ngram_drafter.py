@@ -3,7 +3,9 @@ kind of its own, whose chains the budget sizes apart from the short matches'."""
 
 from __future__ import annotations
 
-from specchat.drafters.ngram import COPY_MATCH, NgramDrafter
+import pytest
+
+from specchat.drafters.ngram import COPY_MATCH, NgramDrafter, match_rate
 from specchat.engine.budget import AdaptiveBudget
 from specchat.engine.events import COPY
 from specchat.engine.tree import ROOT, DraftTree
@@ -16,12 +18,16 @@ def drafter_of(ids: list[int]) -> NgramDrafter:
     return drafter
 
 
-def test_short_matches_propose_the_continuations_of_the_longest_k_gram_first():
+def test_short_matches_are_scored_by_how_much_of_the_context_they_match():
     drafter = drafter_of([1, 2, 3, 40, 9, 2, 3, 50, 9, 3, 60, 9, 2, 3])
     assert drafter.next_kinds() == {"ngram"}
-    # "9 2 3" ended at 6, "2 3" at 6 and 2, "3" at 9, 6 and 2: the most recent of the longest first
-    tree = drafter.propose(2)
-    assert tree.tokens == [50, 9] and tree.parents == [ROOT, 0] and set(tree.origins) == {"ngram"}
+    # "9 2 3" ended at 6 (50 next: 0.61), "2 3" also at 2 (40: 0.46), "3" also at 9 (60: 0.21); as siblings
+    # their chances are scaled to sum to 1; 50's child 9 follows a match of 4 (0.72)
+    tree = drafter.propose(3)
+    assert tree.tokens == [50, 40, 9] and tree.parents == [ROOT, ROOT, 0] and set(tree.origins) == {"ngram"}
+    scale = match_rate(3) + match_rate(2) + match_rate(1)
+    assert tree.scores == pytest.approx([0.61 / scale, 0.46 / scale, 0.61 / scale * match_rate(4)])
+    assert drafter.propose(2).tokens == [50, 40]  # 40 (0.36) over 50's child (0.34)
     assert drafter_of([5, 6, 7, 8, 5]).propose(2).tokens == [6, 7]  # a 1-gram match alone
 
 
@@ -34,7 +40,8 @@ def test_a_long_match_is_copied_from_the_occurrence_that_matches_furthest_back()
     tree = drafter.propose(4)
     assert tree.tokens[:4] == [1, 2, 3, 4] and tree.parents[:4] == [ROOT, 0, 1, 2]
     assert set(tree.origins) == {COPY} and len(tree) == 4  # the budget holds the second source's branch out
-    assert drafter.propose(8).tokens[4:6] == [5, 0]
+    eight = drafter.propose(8)  # the newer source's 6, scored at a match of 8, comes in beside the older's chain
+    assert eight.tokens == [1, 6, 2, 3, 4, 5, 0, 0] and eight.parents[:3] == [ROOT, ROOT, 0]
     assert drafter.copy_sources()[0] == 30  # the older occurrence: 31 tokens matched, against COPY_MATCH
     assert [drafter._match_length(end) for end in drafter.copy_sources()] == [31, COPY_MATCH]
 

@@ -63,6 +63,9 @@ class TargetView:
 
 class Drafter(Protocol):
     kind: str  # the origin recorded for tokens it proposes ("ngram", "model", "heads", ...)
+    # Its trees carry `scores` (each node's estimated chance to be accepted): the engine asks it for a large
+    # tree and keeps the nodes worth their verification (`AdaptiveBudget.size`).
+    scores_nodes: bool
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         """A new request whose committed ids (prompt included) are `ids`. The first `reused` of them were
@@ -90,6 +93,7 @@ class DraftsAlone:
     """A drafter that is not a composite: every proposal is drafted by its own kind."""
 
     kind: str
+    scores_nodes = False
 
     def next_kinds(self) -> frozenset[str]:
         return frozenset({self.kind})

@@ -69,14 +69,22 @@ class CompositeDrafter:
         second = self.second.next_kinds()
         return self.first.next_kinds() | second if self.modes.mode == BOTH else second
 
+    @property
+    def scores_nodes(self) -> bool:
+        return self.first.scores_nodes and self.second.scores_nodes
+
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+        """Parts whose nodes carry scores: the `budget` most likely nodes of both trees. Otherwise the leading
+        part's tree whole, and the other part's nodes in the room it left."""
         second = self.second.propose(budget, sampling, generator)
         first_leads = self.runs.first_leads()
-        room = budget if first_leads else budget - len(second)
+        room = budget if first_leads or self.scores_nodes else budget - len(second)
         both = room > 0 and self.modes.mode == BOTH
         first = self.first.propose(room, sampling, generator) if both else DraftTree.empty()
         self.runs.proposed(first, second)
         self._second_tree = second
+        if self.scores_nodes:
+            return DraftTree.best({**second.paths(), **_higher(first.paths(), second.paths())}, budget)
         leader = self.first if first_leads and len(first) else self.second
         return merge_trees(first, second, budget, leaders=leader.next_kinds())
 
@@ -122,6 +130,11 @@ def matched_run(tree: DraftTree, tokens: list[int]) -> int:
         if node is None:
             return depth
     return len(tokens)
+
+
+def _higher(paths: dict, others: dict) -> dict:
+    """The `paths` that `others` do not hold at a score as high (a token both proposed keeps the higher)."""
+    return {path: value for path, value in paths.items() if value[0] > others.get(path, (-1.0,))[0]}
 
 
 def merge_trees(first: DraftTree, second: DraftTree, budget: int, leaders: frozenset[str] | None = None) -> DraftTree:

@@ -33,7 +33,7 @@ from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.ngram_table import NgramTable
 from specchat.drafters.partial_kv import PartialKV
 from specchat.engine.sampling import SamplingConfig, process_logits
-from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
+from specchat.engine.tree import DraftTree
 from specchat.models.tokenswift import TokenSwiftHeads, download_heads, load_heads
 from specchat.quant.quantize import quantized_copy
 
@@ -44,6 +44,7 @@ NGRAM = "ngram"  # the origin of the nodes its n-gram reuse adds
 
 class TokenSwiftDrafter:
     kind = "tokenswift"  # the registry name: the chat colours its tokens by it
+    scores_nodes = True
 
     def __init__(self, target: TargetView, heads: TokenSwiftHeads, *, kv_budget: int = KV_BUDGET,
                  forward: bool = True, lag: int = 1024, weights: str | None = "auto"):  # fmt: skip
@@ -197,14 +198,7 @@ def _tree(paths: dict[tuple[int, ...], float], table: NgramTable, budget: int, k
             score = below_p * share
             if candidates.get(path, (-1.0,))[0] < score:
                 candidates[path] = (score, candidates[path][1] if path in candidates else NGRAM)
-    chosen = sorted(candidates, key=lambda path: (-candidates[path][0], len(path)))[:budget]
-    builder = TreeBuilder()
-    nodes: dict[tuple[int, ...], int] = {}
-    for path in sorted(chosen, key=len):
-        if path[:-1] and path[:-1] not in nodes:
-            continue  # its parent was cut (equal scores ranked a child first)
-        nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], candidates[path][1])
-    return builder.build()
+    return DraftTree.best(candidates, budget)
 
 
 fetch_checkpoint = download_heads  # the registry's download of a profile's published heads

@@ -179,10 +179,15 @@ class Engine:
             budget, draft_seconds = len(tree), 0.0
         else:
             mode = self.drafter.next_kinds() if self.policy else frozenset()
-            budget = self.policy.next_budget(mode) if self.policy else self.fixed_budget if self.drafter else 0
+            scored = self.policy is not None and self.drafter.scores_nodes
+            budget = (self.policy.scored_budget() if scored else self.policy.next_budget(mode) if self.policy
+                      else self.fixed_budget if self.drafter else 0)  # fmt: skip
             start = time.perf_counter()
             tree = self.drafter.propose(budget, sampling, generator) if budget else DraftTree.empty()
             draft_seconds = time.perf_counter() - start
+            if scored:  # the nodes worth verifying
+                tree = tree.cut(self.policy.size(tree, draft_seconds))
+                budget = len(tree)
         start = time.perf_counter()
         prefix = self.cache.length
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)

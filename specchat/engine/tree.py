@@ -7,7 +7,7 @@ whose token equals the target's choice" unique during verification.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -25,6 +25,9 @@ class DraftTree:
     # The origins that drafted with the whole budget and were kept whole (None: every origin). A composite's
     # other part drafts in what is left, so its tree says how deep its trees of that budget reach only when it led.
     leaders: frozenset[str] | None = None
+    # [n] the drafter's estimate of each node's chance to be accepted (its path's), never above its parent's;
+    # None where the drafter has none. Such trees are merged and sized by them (`best`, `cut`).
+    scores: list[float] | None = None
     depths: list[int] = field(init=False)  # [n] 1 for children of the root
 
     def __post_init__(self):
@@ -53,6 +56,34 @@ class DraftTree:
     @classmethod
     def empty(cls) -> DraftTree:
         return cls([], [], [])
+
+    @classmethod
+    def best(cls, paths: dict[tuple[int, ...], tuple[float, str]], budget: int) -> DraftTree:
+        """The `budget` most likely of `paths` (token paths below the root -> their chance and origin), as a tree
+        that keeps their scores, `siblings_bounded`; a path whose parent was cut (equal scores ranked a child
+        first) is left out."""
+        paths = siblings_bounded(paths)
+        chosen = sorted(paths, key=lambda path: (-paths[path][0], len(path)))[: max(budget, 0)]
+        builder = TreeBuilder()
+        nodes: dict[tuple[int, ...], int] = {}
+        scores = []
+        for path in sorted(chosen, key=len):
+            if path[:-1] and path[:-1] not in nodes:
+                continue
+            nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], paths[path][1])
+            scores.append(paths[path][0])
+        return replace(builder.build(), scores=scores)
+
+    def paths(self) -> dict[tuple[int, ...], tuple[float, str]]:
+        """Each node's token path below the root -> its score and origin: what `best` builds a tree from."""
+        keys: list[tuple[int, ...]] = []
+        for parent, token in zip(self.parents, self.tokens):
+            keys.append((keys[parent] if parent != ROOT else ()) + (token,))
+        return {key: (score, origin) for key, score, origin in zip(keys, self.scores or [], self.origins)}
+
+    def cut(self, n: int) -> DraftTree:
+        """The tree of its n most likely nodes (a scored tree)."""
+        return self if n >= len(self) else DraftTree.best(self.paths(), n)
 
     @classmethod
     def from_chains(cls, chains: list[list[int]], origin: str, budget: int) -> DraftTree:
@@ -94,6 +125,26 @@ class TreeBuilder:
 
     def build(self) -> DraftTree:
         return DraftTree(list(self.tokens), list(self.parents), list(self.origins))
+
+
+def siblings_bounded(paths: dict[tuple[int, ...], tuple[float, str]]) -> dict[tuple[int, ...], tuple[float, str]]:
+    """`paths` with each node's children's chances, given it, scaled to sum to at most 1: siblings are
+    alternatives, so at most one is right, whatever each source guessed (four earlier continuations of a
+    one-token match scored 0.21 each; the heads' and the lookup's best guesses for one position)."""
+    children: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for path in paths:
+        children.setdefault(path[:-1], []).append(path)
+    bounded = {}
+    for parent in sorted(children, key=len):  # each parent's own chance is settled before its children's
+        if parent and parent not in bounded:
+            continue  # below a path not given
+        given = paths[parent][0] if parent else 1.0
+        chance = bounded[parent][0] if parent else 1.0
+        total = max(1.0, sum(paths[child][0] for child in children[parent]) / given) if given > 0 else 1.0
+        for child in children[parent]:
+            conditional = paths[child][0] / given / total if given > 0 else 0.0
+            bounded[child] = (chance * conditional, paths[child][1])
+    return bounded
 
 
 @dataclass(frozen=True)
