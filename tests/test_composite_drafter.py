@@ -43,7 +43,7 @@ from specchat.drafters.composite import CompositeDrafter, matched_run, merge_tre
 from specchat.drafters.mode_choice import BOTH, FIRST_STEPS, SECOND, ModeChoice
 from specchat.drafters.longspec import LongSpecDrafter
 from specchat.drafters.ngram import NgramDrafter
-from specchat.engine.events import TARGET
+from specchat.engine.events import COPY, TARGET
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
@@ -320,6 +320,34 @@ def test_a_long_copy_leads_a_model_whose_top_guess_is_right_more_often():
         leads.append(tree.origins[0])
         composite.commit([5, 6, 7, 8, 1] if step % 3 == 0 else [5, 2], None)
     assert leads[10:] == ["ngram"] * 50
+
+
+class Scored(Always):
+    """A drafter whose nodes carry chances, as TokenSwift's heads: a fixed set of paths."""
+
+    scores_nodes = True
+
+    def __init__(self, paths):
+        super().__init__("tokenswift", 0)
+        self.paths, self.calls = paths, 0
+
+    def propose(self, budget, sampling, generator):
+        self.calls += 1
+        return DraftTree.best(self.paths, budget)
+
+
+def test_scored_parts_merge_by_their_chances_and_a_copy_is_drafted_alone():
+    heads = Scored({(9,): (0.9, "tokenswift"), (9, 8): (0.5, "tokenswift")})
+    composite = CompositeDrafter(heads, NgramDrafter())
+    composite.modes = AlwaysBoth()
+    composite.prefill([5, 6, 7, 5], None, 0)  # "5" occurred: 6 next, at a one-token match's 0.21
+    tree = composite.propose(3, SamplingConfig(), None)
+    assert tree.tokens == [9, 6, 8] and tree.origins == ["tokenswift", "ngram", "tokenswift"]
+    assert tree.scores == pytest.approx([0.9 / 1.11, 0.21 / 1.11, 0.9 / 1.11 * 0.5 / 0.9])  # siblings sum to 1
+    passage = list(range(10, 20))
+    composite.prefill([*passage, 0, *passage[:8]], None, 0)  # the last 8 tokens occurred: a copy
+    tree = composite.propose(3, SamplingConfig(), None)
+    assert tree.tokens == [18, 19, 0] and set(tree.origins) == {COPY} and heads.calls == 1
 
 
 def test_the_kinds_that_draft_next_follow_the_mode_chosen_at_the_last_commit():
