@@ -542,6 +542,19 @@ def test_sampled_output_is_distributed_as_target_sampling(tokenizer):
     assert_rejected(sampled_outputs(engine, sampling, SAMPLES_TO_REJECT)[0], exact, "keeping every draft row")
 
 
+def test_scored_trees_cut_to_size_keep_sampled_output_distributed_as_target_sampling(tokenizer):
+    """The adaptive budget cuts a scoring drafter's tree to the nodes worth verifying: what is verified is
+    chosen by the drafts' scores and live timings, never by the target's draws."""
+    model = tiny_model("qwen2", vocab_size=8, seed=1)
+    sampling = SamplingConfig(temperature=1.0)
+    exact = exact_joint(Target(model, sampling), PROMPT, TOKENS)
+    engine = Engine(model, tokenizer, max_len=64)
+    engine.set_drafter(NgramDrafter(), None)
+    outputs, origins = sampled_outputs(engine, sampling)
+    assert origins["ngram"] > SAMPLES // 20, origins
+    assert_fits(outputs, exact, "n-gram lookup, scored trees cut by the adaptive budget")
+
+
 # --- the registry and the CLI ---------------------------------------------------------------------------
 
 

@@ -180,8 +180,7 @@ class Engine:
         else:
             mode = self.drafter.next_kinds() if self.policy else frozenset()
             scored = self.policy is not None and self.drafter.scores_nodes
-            budget = (self.policy.scored_budget() if scored else self.policy.next_budget(mode) if self.policy
-                      else self.fixed_budget if self.drafter else 0)  # fmt: skip
+            budget = self._draft_budget(mode, scored)
             start = time.perf_counter()
             tree = self.drafter.propose(budget, sampling, generator) if budget else DraftTree.empty()
             draft_seconds = time.perf_counter() - start
@@ -209,6 +208,13 @@ class Engine:
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[kept] if self.drafter is not None else hidden  # only a drafter reads them
         return tokens, origins, hidden, tree.depth, budget, draft_seconds
+
+    def _draft_budget(self, mode: frozenset[str], scored: bool) -> int:
+        """The nodes to ask the drafter for: the adaptive budget's (for a scoring drafter a large tree, cut after),
+        else the fixed budget, else none."""
+        if self.policy is None:
+            return self.fixed_budget if self.drafter else 0
+        return self.policy.scored_budget() if scored else self.policy.next_budget(mode)
 
     def _verify_cost(self) -> VerifyCost:
         """Verification cost by tree size for this model, dtype, device, thread count and the class of the current
