@@ -389,3 +389,21 @@ def test_a_scored_tree_keeps_the_nodes_whose_chances_pay_for_their_rows():
         policy.observe(tree.cut(3), [0] if step % 4 == 0 else [], budget=3)
     assert policy.size(tree, 0.0) == 0
     assert policy.scored_budget() == 15
+
+
+def test_scored_drafting_that_does_not_pay_stops_but_for_probes():
+    """Guesses whose chances never pay for a row, drafted in a tenth of a decode step: the drafting alone makes a
+    step slower than a plain one, so the budget asks for nothing but a probe every `probe_every` steps, and a
+    probe whose nodes pay turns drafting back on."""
+    policy = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.3, 1.6, 2.2, 3.4)), probe_every=4)
+    weak = DraftTree.best({(1,): (0.1, "a"), (1, 2): (0.05, "a")}, 2)
+    strong = DraftTree.best({(1,): (0.9, "a"), (1, 2): (0.8, "a")}, 2)
+    asked = []
+    for step in range(20):
+        asked.append(budget := policy.scored_budget())
+        if budget:
+            tree = strong if step == 16 else weak
+            kept = tree.cut(policy.size(tree, 0.1))
+            policy.observe(kept, list(range(len(kept))) if tree is strong else [], budget=len(kept))
+    assert asked[:16] == [15, 0, 0, 0] * 4  # each weak tree cut to nothing, its drafting lost
+    assert asked[16:] == [15, 15, 15, 15]  # the strong probe's two nodes paid: drafting is back on

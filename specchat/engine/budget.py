@@ -43,8 +43,10 @@ the two) is sized after it drafts instead: asked for SCORED_TREE nodes, its tree
 that maximise (1 + c * the sum of their scores) / (verify cost(n) + the drafting done), as EAGLE-2 sizes its
 trees. A node's score is its estimated chance of being accepted, so their sum is the tokens a tree is expected
 to add; c corrects the drafters' estimates by what their trees have had accepted (decayed sums of scores and of
-accepted nodes, a prior of one each; a step that keeps nothing decays both, so the prior comes back and a tree
-is tried again). Merged best-first by these scores, the heads' guesses and the lookup's chains share one tree,
+accepted nodes, a prior of one each). Its drafting is paid whatever is kept, so while its steps are expected to
+run slower than plain ones (the best cut's tokens per second, a moving average) it drafts only every
+`probe_every` steps: on a sampled 20K-token book, where the heads' guesses are accepted a quarter of the time,
+drafting every step ran at 0.84x plain decoding. Merged best-first by these scores, the heads' guesses and the lookup's chains share one tree,
 where the chain model above would size each part's tree as if it drafted alone: on the 1.5B's greedy answers
 to the bench's prompts (teacher-forced, 3 nodes) the merged tree reaches 1.96 / 2.66 / 3.19 tokens a step on
 chat / code / summaries, the heads' tree alone 1.85 / 2.02 / 1.51.
@@ -64,6 +66,7 @@ if TYPE_CHECKING:  # torch-free: the CLI checks --draft-budget against MAX_BUDGE
 # (torch's CPU int4 kernel takes rows four at a time: 5 rows cost about twice 4).
 SIZES = (0, 1, 3, 7, 15, 31, 63)
 SCORED_TREE = 15  # the nodes a drafter that scores them proposes; `AdaptiveBudget.size` keeps those that pay
+SCORED_SPEED_DECAY = 0.8  # of the past, in the moving average of what scored drafting is expected to gain
 MAX_BUDGET = 64  # the most nodes a fixed budget may ask for: canonical attention's deepest tree
 MAX_FAILED_PROBES = 3  # probes in a row that did not pay, after which drafting stays off
 NEW_TREE_WEIGHT = 0.25  # of a tree's depth in the moving average of its budget's depth
@@ -126,6 +129,7 @@ class AdaptiveBudget:
         self.idle_steps = 0  # the optimistic prior tries drafting at the start; probes come after idle steps
         self.sized: dict[frozenset[str], int] = {}  # each timed mode's own best budget (`_best` fills it)
         self.scored = (1.0, 1.0)  # scored trees: decayed sums of their scores and of their accepted nodes (a prior)
+        self.scored_speed = 1.0  # moving average of a scored step's expected speed over a plain step's, drafting paid
         self.budget = self._best()
 
     def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float = 0.0,
@@ -138,7 +142,7 @@ class AdaptiveBudget:
         times a decode step."""
         if verify_seconds is not None:
             self.cost.observe(len(tree), verify_seconds)
-        if tree.scores is not None:  # a scored tree; one cut to nothing lets the prior back in, step by step
+        if tree.scores is not None:  # a scored tree
             self.scored = (self.scored[0] * self.decay + sum(tree.scores), self.scored[1] * self.decay + len(path))
         mode = frozenset(tree.origins) if mode is None else mode
         if budget and len(tree):
@@ -183,8 +187,18 @@ class AdaptiveBudget:
         return 0
 
     def scored_budget(self) -> int:
-        """The nodes to ask of a drafter that scores them: SCORED_TREE, or none when a plain step is due."""
-        return 0 if self.cost.decode_stale else min(SCORED_TREE, self.candidates[-1])
+        """The nodes to ask of a drafter that scores them: SCORED_TREE; none when a plain step is due, and none
+        while its steps have been expected to run slower than plain ones (the drafting alone cost more than the
+        nodes worth verifying would gain: guesses at sampled prose at 20K tokens), but for a probe every
+        `probe_every` steps, which costs a draft and no verification unless its nodes pay."""
+        if self.cost.decode_stale:
+            return 0
+        if self.scored_speed < 1.0:
+            self.idle_steps += 1
+            if self.idle_steps < self.probe_every:
+                return 0
+            self.idle_steps = 0
+        return min(SCORED_TREE, self.candidates[-1])
 
     def size(self, tree: DraftTree, draft_seconds: float) -> int:
         """How many of a scored tree's most likely nodes to verify: as many as maximise tokens per second, a
@@ -197,6 +211,7 @@ class AdaptiveBudget:
             expected += score * calibration
             if (speed := expected / (self.cost.relative(n) + drafting)) > best_speed:
                 best, best_speed = n, speed
+        self.scored_speed = SCORED_SPEED_DECAY * self.scored_speed + (1 - SCORED_SPEED_DECAY) * best_speed
         return best
 
     def expected_tokens(self, n: int, mode: frozenset[str] = frozenset()) -> float:
