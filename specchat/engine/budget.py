@@ -46,10 +46,10 @@ to add; c corrects the drafters' estimates by what their trees have had accepted
 accepted nodes, a prior of one each). Its drafting is paid whatever is kept, so while its steps are expected to
 run slower than plain ones (the best cut's tokens per second, a moving average) it drafts only every
 `probe_every` steps: on a sampled 20K-token book, where the heads' guesses are accepted a quarter of the time,
-drafting every step ran at 0.84x plain decoding. Merged best-first by these scores, the heads' guesses and the lookup's chains share one tree,
-where the chain model above would size each part's tree as if it drafted alone: on the 1.5B's greedy answers
-to the bench's prompts (teacher-forced, 3 nodes) the merged tree reaches 1.96 / 2.66 / 3.19 tokens a step on
-chat / code / summaries, the heads' tree alone 1.85 / 2.02 / 1.51.
+drafting every step ran at 0.84x plain decoding. Merged best-first by these scores, the heads' guesses and the
+lookup's chains share one tree, where the chain model above would size each part's tree as if it drafted alone:
+on the 1.5B's greedy answers to the bench's prompts (teacher-forced, 3 nodes) the merged tree reaches 1.96 /
+2.66 / 3.19 tokens a step on chat / code / summaries, the heads' tree alone 1.85 / 2.02 / 1.51.
 """
 
 from __future__ import annotations
