@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from specchat.bench.prompts import load_prompt_sets  # noqa: E402
 from specchat.cli.common import load  # noqa: E402
 from specchat.drafters import attach_drafter  # noqa: E402
-from specchat.drafters.composite import matched_run  # noqa: E402
+from specchat.drafters.composite import CompositeDrafter, matched_run  # noqa: E402
 from specchat.drafters.mode_choice import BOTH  # noqa: E402
 from specchat.engine.budget import SCORED_TREE  # noqa: E402
 from specchat.engine.generate import Engine  # noqa: E402
@@ -52,7 +52,7 @@ def accepted_by_size(engine: Engine, prompt: list[int], reply: list[int]) -> lis
     drafter.commit(reply[:1], states[:0])  # prefill's token: no new state, as in the engine
     steps = []
     for m in range(len(prompt) + 1, len(ids)):  # ids[:m] committed, the root ids[m - 1]
-        if hasattr(drafter, "modes"):
+        if isinstance(drafter, CompositeDrafter):
             drafter.modes.mode = BOTH  # a composite's timed choice of parts is not what is measured here
         tree = drafter.propose(SCORED_TREE, SamplingConfig(), None)
         steps.append([matched_run(tree.cut(n), ids[m:]) for n in SIZES])
