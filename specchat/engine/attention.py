@@ -28,7 +28,7 @@ def check_attention(choice: str) -> None:
 def use_attention(model, choice: str) -> str:
     """Switch `model` to the attention named by `choice`; returns the transformers implementation name."""
     check_attention(choice)
-    sliding = _sliding_window(model.config)
+    sliding = sliding_window(model.config)
     if choice == "auto":
         choice = _auto(model, sliding)
     if choice in TREE_KERNELS and sliding:
@@ -69,7 +69,7 @@ def _register() -> None:
         AttentionMaskInterface.register(name, sdpa_mask)
 
 
-def _sliding_window(config) -> bool:
+def sliding_window(config) -> bool:
     if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
         return True
     window = getattr(config, "sliding_window", None)

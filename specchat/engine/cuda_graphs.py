@@ -1,0 +1,73 @@
+"""The torch decoder's forward replayed as CUDA graphs, one per row bucket.
+
+A decode step of an 8B model is ~350 kernels whose launches from Python take longer than the GPU takes to run
+them; a replayed graph launches them all at once. Each bucket (1, 2, 4, ..., 64 rows) is captured once on a
+cache: a forward of r rows runs in the smallest bucket that holds it, its inputs copied into the bucket's
+static buffers and the rows past r padded (no real row sees a pad row and every pad row sees itself, so real
+rows compute what an unpadded forward computes and pad rows stay finite). The committed length is read on the device, so one graph
+serves every context length; the pad rows' keys and values land in slots after the real rows', which the
+cache never commits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specchat.engine.static_cache import StaticCache
+from specchat.engine.torch_decoder import DecoderOutput, TorchDecoder
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class _Bucket:
+    """One captured forward of `rows` rows and the static tensors it reads and writes."""
+
+    def __init__(self, decoder: TorchDecoder, cache: StaticCache, rows: int, pool):
+        device = decoder.device
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.mask = torch.eye(rows, dtype=torch.bool, device=device)
+        self.eye = self.mask.clone()  # pad rows of a tree: each sees itself
+        self.causal = torch.ones_like(self.mask).tril_()  # pad rows of a decode step or a prefill see real rows too
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # compiles the Triton kernels and settles cuBLAS' workspace
+            for _ in range(2):
+                decoder(self.tokens, self.positions, cache, self.mask)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = decoder(self.tokens, self.positions, cache, self.mask)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None) -> DecoderOutput:
+        rows = tokens.shape[0]
+        self.tokens[:rows].copy_(tokens)
+        self.positions[:rows].copy_(positions)
+        if tree_mask is None:
+            self.mask.copy_(self.causal)
+        else:
+            self.mask.copy_(self.eye)
+            self.mask[:rows, :rows].copy_(tree_mask)
+        self.graph.replay()
+        return DecoderOutput(self.out.logits[:rows], self.out.hidden[:rows], self.out.queries[:rows])
+
+
+class GraphedDecoder:
+    """`decoder`'s forward on `cache`, captured per row bucket; the same call as `TorchDecoder`'s (all rows'
+    logits). Outputs are views of the graphs' buffers, valid until the next call. A forward larger than every
+    bucket, or too close to the cache's end for its bucket's pad rows, runs uncaptured."""
+
+    def __init__(self, decoder: TorchDecoder, cache: StaticCache, buckets: tuple[int, ...] = BUCKETS):
+        if cache.length + max(buckets) > cache.capacity:
+            raise ValueError(f"capturing needs {max(buckets)} free slots after the cache's {cache.length}")
+        self.decoder, self.cache = decoder, cache
+        pool = torch.cuda.graph_pool_handle()
+        self.buckets = {rows: _Bucket(decoder, cache, rows, pool) for rows in sorted(buckets)}
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
+                 tree_mask: torch.Tensor | None = None) -> DecoderOutput:  # fmt: skip
+        rows = tokens.shape[0]
+        for size, bucket in self.buckets.items():
+            if size >= rows and self.cache.length + size <= self.cache.capacity:
+                return bucket(tokens, positions, tree_mask)
+        return self.decoder(tokens, positions, self.cache, tree_mask)

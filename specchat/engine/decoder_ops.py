@@ -1,0 +1,142 @@
+"""The torch decoder's non-matmul steps as custom ops (`specchat::*`): torch code on a CPU, Triton kernels on CUDA.
+
+Registered with `torch.library.custom_op`, each is one opaque node to `torch.compile` (no graph break, no
+retrace of Triton's launcher) and one call to a CUDA graph capture. The CPU bodies follow transformers' modules
+operation for operation, which the parity tests compare against; the CUDA bodies fuse each step into one or two
+launches (`specchat.kernels.layer_kernels`, `specchat.kernels.graph_attention`) and read the committed length
+from the device, so a captured graph serves every context length.
+
+Caches are passed whole (`[layers, B, Hkv, capacity, D]`, batch 1) with the layer's index: a mutated argument is
+then a graph input itself, never a view of one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specchat.kernels import reference
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: fp32 statistics, the row rounded to x's dtype before the weight multiplies it."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' RoPE on `[n, H, D]` with cos/sin `[n, 1, D]`: the second half rotated into the first."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@torch.library.custom_op("specchat::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of `[rows, width]`."""
+    return _rms(x, weight, eps)
+
+
+@rms_norm.register_kernel("cuda")
+def _(x, weight, eps):
+    from specchat.kernels.layer_kernels import rms_norm as kernel
+
+    return kernel(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("specchat::silu_mul", mutates_args=())
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` of the fused projection's output `[rows, 2 * I]`."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@silu_mul.register_kernel("cuda")
+def _(gate_up):
+    from specchat.kernels.layer_kernels import silu_mul as kernel
+
+    return kernel(gate_up)
+
+
+@silu_mul.register_fake
+def _(gate_up):
+    return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+
+
+@torch.library.custom_op("specchat::rope_write", mutates_args=("k_cache", "v_cache"))
+def rope_write(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    length: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layer: int,
+    qk_norm: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    """RoPE on the queries and keys of `qkv` `[n, (Hq + 2 Hkv) D]` at `positions` (after qwen3's per-head norms
+    `qk_norm` `[2, D]` when given); keys and values written to slots `[length, length + n)` of layer `layer`.
+    Returns the rotated queries `[n, Hq, D]`."""
+    kv_heads, dim = k_cache.shape[2], k_cache.shape[4]
+    n = qkv.shape[0]
+    x = qkv.view(n, -1, dim)
+    q, k, v = x.split([x.shape[1] - 2 * kv_heads, kv_heads, kv_heads], dim=1)
+    if qk_norm is not None:
+        q, k = _rms(q, qk_norm[0], eps), _rms(k, qk_norm[1], eps)
+    c, s = cos[positions].to(x.dtype), sin[positions].to(x.dtype)
+    c, s = torch.cat((c, c), dim=-1)[:, None], torch.cat((s, s), dim=-1)[:, None]
+    start = int(length)
+    k_cache[layer, 0, :, start : start + n] = _rotate(k, c, s).transpose(0, 1)
+    v_cache[layer, 0, :, start : start + n] = v.transpose(0, 1)
+    return _rotate(q, c, s).contiguous()
+
+
+@rope_write.register_kernel("cuda")
+def _(qkv, positions, cos, sin, length, k_cache, v_cache, layer, qk_norm, eps):
+    from specchat.kernels.layer_kernels import rope_write as kernel
+
+    return kernel(qkv, positions, cos, sin, length, k_cache[layer, 0], v_cache[layer, 0], qk_norm, eps)
+
+
+@rope_write.register_fake
+def _(qkv, positions, cos, sin, length, k_cache, v_cache, layer, qk_norm, eps):
+    dim = k_cache.shape[4]
+    return qkv.new_empty(qkv.shape[0], qkv.shape[1] // dim - 2 * k_cache.shape[2], dim)
+
+
+@torch.library.custom_op("specchat::tree_attention", mutates_args=())
+def tree_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layer: int,
+    length: torch.Tensor,
+    tree_mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Hybrid tree attention of the rotated queries `[n, Hq, D]`: the committed prefix `[0, length)` without a
+    mask, this forward's slots after it under `tree_mask` `[n, n]` -> `[n, Hq, D]`."""
+    out = reference.hybrid_tree_attention(
+        q.transpose(0, 1)[None], k_cache[layer], v_cache[layer], int(length), tree_mask, scale
+    )
+    return out[0].transpose(0, 1).contiguous()
+
+
+@tree_attention.register_kernel("cuda")
+def _(q, k_cache, v_cache, layer, length, tree_mask, scale):
+    from specchat.kernels.graph_attention import graph_tree_attention
+
+    return graph_tree_attention(q, k_cache[layer, 0], v_cache[layer, 0], length, tree_mask, scale)
+
+
+@tree_attention.register_fake
+def _(q, k_cache, v_cache, layer, length, tree_mask, scale):
+    return torch.empty_like(q)

@@ -1,0 +1,84 @@
+"""The torch decoder's Triton kernels against the CPU bodies of its custom ops (`specchat.engine.decoder_ops`) and
+the attention reference: on a GPU for real, on a CPU in the interpreter (conftest sets TRITON_INTERPRET=1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_oracle import random_tree_mask
+
+pytest.importorskip("triton")
+
+from specchat.engine import decoder_ops as ops
+from specchat.kernels import reference
+from specchat.kernels.graph_attention import graph_splits, graph_tree_attention
+from specchat.kernels.layer_kernels import rms_norm, rope_write, silu_mul
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # the interpreter truncates fp32 -> bf16
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _close(got, want, dtype):
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=tolerance, rtol=tolerance)
+
+
+def _randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "lengths, n, heads, kv_heads, dim",
+    [((0, 5, 300), 1, 4, 2, 64), ((7, 130), 9, 8, 2, 128), ((0, 64, 200), 13, 3, 1, 80)],
+)
+def test_one_launch_serves_every_length(lengths, n, heads, kv_heads, dim, dtype):
+    """The same tensors, the length changed on the device between calls (as between graph replays)."""
+    capacity = max(lengths) + n + 3
+    k = _randn(kv_heads, capacity, dim, seed=1).to(DEVICE, dtype)
+    v = _randn(kv_heads, capacity, dim, seed=2).to(DEVICE, dtype)
+    q = _randn(n, heads, dim, seed=3).to(DEVICE, dtype)
+    mask = random_tree_mask(n, torch.Generator().manual_seed(n)).to(DEVICE)
+    length = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    for prefix in lengths:
+        length.fill_(prefix)
+        got = graph_tree_attention(q, k, v, length, mask, dim**-0.5)
+        want = reference.hybrid_tree_attention(q.transpose(0, 1)[None], k[None], v[None], prefix, mask, dim**-0.5)
+        assert got.dtype == dtype and got.shape == (n, heads, dim)
+        _close(got, want[0].transpose(0, 1), dtype)
+
+
+def test_the_split_count_depends_on_shapes_only():
+    assert graph_splits(DEVICE, 4, 8, 128, 32768) == graph_splits(DEVICE, 4, 8, 128, 32768)
+    assert graph_splits(DEVICE, 4, 8, 128, 64) == 1  # never more splits than key blocks in the capacity
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_and_silu_mul_match_the_ops_cpu_bodies(dtype):
+    x = _randn(3, 96, seed=4).to(dtype)
+    weight = (1 + _randn(96, seed=5) / 4).to(dtype)
+    _close(rms_norm(x.to(DEVICE), weight.to(DEVICE), 1e-5), ops.rms_norm(x, weight, 1e-5), dtype)
+    gate_up = (2 * _randn(3, 2 * 1500, seed=6)).to(dtype)
+    _close(silu_mul(gate_up.to(DEVICE)), ops.silu_mul(gate_up), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_write_matches_the_ops_cpu_body(dtype, qk_norm):
+    n, heads, kv_heads, dim, capacity, prefix = 5, 4, 2, 32, 20, 6
+    qkv = _randn(n, (heads + 2 * kv_heads) * dim, seed=7).to(dtype)
+    positions = torch.tensor([6, 7, 7, 8, 40])
+    angles = torch.arange(64).float()[:, None] * (1.0 / 10000 ** (torch.arange(0, dim, 2).float() / dim))
+    cos, sin = angles.cos(), angles.sin()
+    norms = (1 + _randn(2, dim, seed=8) / 4).to(dtype) if qk_norm else None
+    length = torch.tensor([prefix], dtype=torch.int32)
+    caches = [torch.zeros(2, 1, kv_heads, capacity, dim, dtype=dtype) for _ in range(4)]
+    want = ops.rope_write(qkv, positions, cos, sin, length, caches[0], caches[1], 1, norms, 1e-6)
+    k, v = (c.to(DEVICE) for c in caches[2:])
+    got = rope_write(*(t.to(DEVICE) for t in (qkv, positions, cos, sin, length)), k[1, 0], v[1, 0],
+                     None if norms is None else norms.to(DEVICE), 1e-6)  # fmt: skip
+    _close(got, want, dtype)
+    _close(k, caches[0], dtype)
+    _close(v, caches[1], dtype)
+    assert caches[0][1, 0, :, prefix : prefix + n].abs().sum() > 0 and k[0].abs().sum() == 0
