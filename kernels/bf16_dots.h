@@ -4,8 +4,13 @@
 // One vdpbf16ps lane adds two products of bf16 pairs to an fp32 sum: the odd element's product first, then the
 // even one's, each an exact product (8-bit by 8-bit mantissas) rounded once into the sum, with bf16 denormal
 // inputs read as zero and denormal results flushed to zero. That is 32 multiplies an instruction against 16 for
-// an fp32 fma, and the keys and values are read as they lie in the cache, not converted first. Builds without
-// the instruction run the same arithmetic a lane at a time (`dot_step`), so every build gives the same bits.
+// an fp32 fma, and the keys and values are read as they lie in the cache, not converted first.
+//
+// AVX2 has no such instruction but performs the same arithmetic at its full fma rate: a bf16 widens to fp32 by
+// a shift (the even element) or a mask (the odd one) of its dword, an fp32 fma of two widened bf16 is the exact
+// product rounded once into the sum, and MXCSR's DAZ and FTZ bits (set by `Arithmetic` around a pass) read
+// denormals as zero and flush denormal sums. So the AVX-512, AVX2 and portable paths give the same bits; the
+// portable one runs the arithmetic a lane at a time (`dot_step`).
 //
 // Layouts: a query and a key are DIM bf16; lane l of a key's sum holds dims 32c + 2l (even) and 32c + 2l + 1
 // (odd) for c = 0, 1, ...; the 16 lanes are then paired down (adjacent lanes, as lane_total pairs them). Value
@@ -21,6 +26,9 @@
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define BF16_DOTS_NATIVE 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define BF16_DOTS_AVX2 1
 #endif
 
 #include "lane_pairs.h"
@@ -28,6 +36,39 @@
 namespace bf16_dots {
 
 constexpr int LANES = 16;
+
+// The floating-point environment of the kernels below for as long as it lives: on AVX2, MXCSR with DAZ and FTZ
+// set and rounding to nearest even, which makes an fp32 fma round as a vdpbf16ps step does (the other paths
+// need nothing). Held around a pass of dots16 or add_pairs, not around a softmax.
+class Arithmetic {
+#ifdef BF16_DOTS_AVX2
+ public:
+  Arithmetic() : saved_(_mm_getcsr()) { _mm_setcsr((saved_ & ~0x6000u) | 0x8040u); }
+  ~Arithmetic() { _mm_setcsr(saved_); }
+  Arithmetic(const Arithmetic&) = delete;
+  Arithmetic& operator=(const Arithmetic&) = delete;
+
+ private:
+  unsigned saved_;
+#endif
+};
+
+#ifdef BF16_DOTS_AVX2
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+// The odd (high) and even (low) bf16 of eight dwords as fp32.
+inline __m256 odd_halves(__m256i v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(-65536))); }
+inline __m256 even_halves(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+
+// Eight floats rounded to bf16 as round_bf16 rounds them, each in the low half of its dword.
+inline __m256i round_bf16_8(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+#endif
 
 // Round to nearest even, as vcvtneps2bf16 does (NaN stays NaN).
 inline uint16_t round_bf16(float x) {
@@ -43,6 +84,11 @@ inline void round_bf16(const float* x, uint16_t* out, int64_t count) {
 #ifdef BF16_DOTS_NATIVE
   for (; i + LANES <= count; i += LANES) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+  }
+#elif defined(BF16_DOTS_AVX2)
+  for (; i + LANES <= count; i += LANES) {  // packed [0-3, 8-11 | 4-7, 12-15], then put in order
+    const __m256i packed = _mm256_packus_epi32(round_bf16_8(_mm256_loadu_ps(x + i)), round_bf16_8(_mm256_loadu_ps(x + i + 8)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(packed, 0xd8));
   }
 #endif
   for (; i < count; ++i) out[i] = round_bf16(x[i]);
@@ -89,6 +135,31 @@ inline void dots16(const uint16_t* const (&q)[Q], const uint16_t* tile, float* c
     }
     pairs.add(i, sum, scores);
   }
+#elif defined(BF16_DOTS_AVX2)
+  // Per query, four keys at a time: sums[i] holds key i's lanes 0-7, sums[4 + i] its lanes 8-15 (a chunk of 32
+  // values is two vectors of eight dwords), each lane the odd product, then the even one, into the sum.
+  constexpr int kVectors = DIM / 16;  // vectors of eight dwords in a key
+  for (int j = 0; j < Q; ++j) {
+    __m256 odd[kVectors], even[kVectors];
+    for (int c = 0; c < kVectors; ++c) {
+      const __m256i v = load256(q[j] + 16 * c);
+      odd[c] = odd_halves(v), even[c] = even_halves(v);
+    }
+    for (int first = 0; first < LANES; first += 4) {
+      __m256 sums[8];
+      for (int i = 0; i < 8; ++i) sums[i] = _mm256_setzero_ps();
+      for (int c = 0; c < kVectors; ++c) {
+        for (int i = 0; i < 4; ++i) {
+          const __m256i key = load256(tile + (first + i) * DIM + 16 * c);
+          __m256& sum = sums[(c % 2) * 4 + i];
+          sum = _mm256_fmadd_ps(odd[c], odd_halves(key), sum);
+          sum = _mm256_fmadd_ps(even[c], even_halves(key), sum);
+        }
+      }
+      const __m256 halves = pairwise_sums8(sums);  // lanes 0-7 summed for keys 0-3, then lanes 8-15
+      _mm_storeu_ps(scores[j] + first, _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1)));
+    }
+  }
 #else
   for (int j = 0; j < Q; ++j) {
     for (int i = 0; i < LANES; ++i) {
@@ -119,12 +190,19 @@ inline void interleave(const uint16_t* a, const uint16_t* b, uint32_t* out) {
     _mm512_storeu_si512(out + d, _mm512_permutex2var_epi16(x, low, y));
     _mm512_storeu_si512(out + d + 16, _mm512_permutex2var_epi16(x, high, y));
   }
+#elif defined(BF16_DOTS_AVX2)
+  for (; d + 16 <= DIM; d += 16) {  // unpacked [0-3, 8-11 | 4-7, 12-15], then put in order
+    const __m256i x = load256(a + d), y = load256(b + d);
+    const __m256i low = _mm256_unpacklo_epi16(x, y), high = _mm256_unpackhi_epi16(x, y);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + d), _mm256_permute2x128_si256(low, high, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + d + 8), _mm256_permute2x128_si256(low, high, 0x31));
+  }
 #endif
   for (; d < DIM; ++d) out[d] = static_cast<uint32_t>(a[d]) | (static_cast<uint32_t>(b[d]) << 16);
 }
 
 // acc[q][d] += the dot pair of weights[q][m] and pairs[m][d], for m = 0 .. count - 1 in order and each of Q
-// queries: AVX-512 keeps 128 columns of every query's `acc` in registers while the pairs stream by.
+// queries: AVX-512 keeps 128 columns of every query's `acc` in registers while the pairs stream by, AVX2 64 of one.
 template <int DIM, int Q>
 inline void add_pairs(const uint32_t* const (&weights)[Q], const uint32_t* pairs, int64_t count,
                       float* const (&acc)[Q]) {
@@ -145,6 +223,24 @@ inline void add_pairs(const uint32_t* const (&weights)[Q], const uint32_t* pairs
     }
     for (int q = 0; q < Q; ++q)
       for (int j = 0; j < kVectors; ++j) _mm512_storeu_ps(acc[q] + h + 16 * j, sums[q][j]);
+  }
+#elif defined(BF16_DOTS_AVX2)
+  for (int q = 0; q < Q; ++q) {  // 64 columns of one query's `acc` in registers while the pairs stream by
+    for (int h = 0; h < DIM; h += 64) {
+      __m256 sums[8];
+      for (int j = 0; j < 8; ++j) sums[j] = _mm256_loadu_ps(acc[q] + h + 8 * j);
+      for (int64_t m = 0; m < count; ++m) {
+        const __m256i weight = _mm256_set1_epi32(static_cast<int>(weights[q][m]));
+        const __m256 odd = odd_halves(weight), even = even_halves(weight);
+        const uint32_t* pair = pairs + m * DIM + h;
+        for (int j = 0; j < 8; ++j) {
+          const __m256i v = load256(pair + 8 * j);
+          sums[j] = _mm256_fmadd_ps(odd, odd_halves(v), sums[j]);
+          sums[j] = _mm256_fmadd_ps(even, even_halves(v), sums[j]);
+        }
+      }
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc[q] + h + 8 * j, sums[j]);
+    }
   }
 #else
   for (int q = 0; q < Q; ++q)

@@ -232,16 +232,6 @@ void rotate_and_cache(const T* qkv, const float* cos, const float* sin, float* q
   }
 }
 
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-// [t(v0), ..., t(v7)], t(v) = ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)): eight vectors' sums of adjacent
-// lanes paired down, as the portable loop pairs them.
-inline __m256 pairwise_sums8(const __m256* v) {
-  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
-}
-#endif
-
 // scores[i] = q . tile[i] for a tile of 16 keys [16][dim] (dim a multiple of 16): the products summed in 16
 // lanes, then adjacent lanes paired down to one. The AVX-512, AVX2 and portable paths compute the same sums.
 // Q queries at once: AVX-512 loads each key vector once for all of them, and pairs the keys' sums down as they
@@ -557,34 +547,38 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
           std::copy(row, row + DIM, key_tile.begin() + i * DIM);
         }
       }
-      const auto keep = [&](int64_t i, const float* block) {
-        float* row = scores.data() + i * width + offset + b;
-        for (int64_t j = 0; j < filled; ++j) row[j] = block[j] * scale;
-      };
       queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
         constexpr int Q = decltype(count)::value;
         const uint16_t* q[Q];
         float* out[Q];
         for (int j = 0; j < Q; ++j) q[j] = query(i + j), out[j] = block + j * LANES;
         bf16_dots::dots16<DIM, Q>(q, tile, out);
-        for (int j = 0; j < Q; ++j) keep(i + j, out[j]);
+        for (int j = 0; j < Q; ++j) std::copy(out[j], out[j] + filled, scores.data() + (i + j) * width + offset + b);
       });
     }
   };
-  score_keys(nullptr, prefix, 0, count, 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
+  {  // the dot products alone in their arithmetic; the scale, softmax and rounding in the usual environment
+    const bf16_dots::Arithmetic arithmetic;
+    score_keys(nullptr, prefix, 0, count, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
+    }
   }
   for (int64_t i = 0; i < count; ++i) {
     const int64_t n = prefix + static_cast<int64_t>(tails[i / group].size());
-    softmax(scores.data() + i * width, n);
-    bf16_dots::round_bf16(scores.data() + i * width, weights16.data() + i * paired, n);
+    float* row = scores.data() + i * width;
+    for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+    softmax(row, n);
+    bf16_dots::round_bf16(row, weights16.data() + i * paired, n);
   }
   const auto pair = [&](int64_t a, int64_t b, uint32_t* out) {
     bf16_dots::interleave<DIM>(a < 0 ? zeros.data() : values + a * DIM, b < 0 ? zeros.data() : values + b * DIM, out);
   };
   const auto prefetch = [&](int64_t first, int64_t n) { prefetch_rows(values + first * DIM, n, DIM * 2); };
-  sum_value_pairs<DIM>(pair, prefetch, weights16.data(), paired, tails, prefix, rows, group, accumulator.data());
+  {
+    const bf16_dots::Arithmetic arithmetic;
+    sum_value_pairs<DIM>(pair, prefetch, weights16.data(), paired, tails, prefix, rows, group, accumulator.data());
+  }
   store_sums<at::BFloat16, DIM>(accumulator.data(), count, heads, group, out);
 }
 
@@ -911,8 +905,24 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
 
 }  // namespace
 
+// The code path this build's kernels take, named by the instructions it was compiled for.
+std::string isa() {
+#if defined(GGUF_VNNI) && defined(BF16_DOTS_NATIVE)
+  return "avx512 (vnni, bf16)";
+#elif defined(GGUF_VNNI)
+  return "avx512 (vnni)";
+#elif defined(GGUF_AVX_VNNI)
+  return "avx2 (avx-vnni)";
+#elif defined(GGUF_AVX2)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
+  m.def("isa", &isa, "The instruction set this build's kernels use.");
   py::class_<Linear>(m, "Linear")
       .def_static("dense", [](at::Tensor weight, std::optional<at::Tensor> bias) {
         Linear linear;

@@ -1,6 +1,11 @@
 """The CPU decoder extension (`cpu_decoder.cpp`): compiled on first use with the machine's C++ compiler, then
 loaded from torch's extension cache (rebuilt only when the source changes).
 
+It is compiled for the machine it runs on (`-march=native`), so the kernels' code path follows the CPU's
+features: AVX-512 VNNI / BF16, AVX2 with AVX-VNNI, AVX2, or the portable loops (`isa()` of the module names the
+one built). `SPECCHAT_CPU_ISA=avx2` builds the AVX2 path (x86-64-v3) on any x86 machine, for measuring it
+where the CPU has more.
+
 `python -m specchat.kernels.cpu_decoder` builds it ahead of time (`make setup` does).
 """
 
@@ -13,24 +18,41 @@ import platform
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu_decoder.cpp")
+# Compiler targets by SPECCHAT_CPU_ISA: the machine's own, or the AVX2 path alone (tuned for this CPU).
+ISA_FLAGS = {
+    "native": lambda: ["-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"],
+    "avx2": lambda: ["-march=x86-64-v3", "-mtune=native"],
+}
 HEADERS = [Path(__file__).with_name(name) for name in ("bf16_dots.h", "gguf_blocks.h", "int8_dots.h", "lane_pairs.h")]
 
 
-@functools.cache
 def cpu_decoder():
-    """The compiled module (Linear, Projection, Layer, Decoder, forward); raises RuntimeError when it cannot be
-    built (no compiler, no ninja)."""
+    """The compiled module (Linear, Projection, Layer, Decoder, forward) for `selected_isa()`; raises
+    RuntimeError when it cannot be built (no compiler, no ninja)."""
+    return build(selected_isa())
+
+
+def selected_isa() -> str:
+    """The build target SPECCHAT_CPU_ISA names (default: native)."""
+    isa = os.environ.get("SPECCHAT_CPU_ISA", "native")
+    if isa not in ISA_FLAGS:
+        raise RuntimeError(f"SPECCHAT_CPU_ISA={isa} is not one of {', '.join(ISA_FLAGS)}")
+    return isa
+
+
+@functools.cache
+def build(isa: str):
+    """The module compiled for `isa` (a key of ISA_FLAGS), named by its code and target: two checkouts of
+    different versions, or two targets, each keep their own build."""
     from torch.utils.cpp_extension import load
 
     _put_ninja_on_path()
-    native = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
+    suffix = "" if isa == "native" else f"_{isa}"
     try:
-        # named by its code: two checkouts of different versions each keep their own build
-        version = source_version()
         # -fopenmp compiles at::parallel_for's threads in (serial without it); not linked: the OpenMP calls
         # resolve to the runtime torch itself loaded, so both share one pool instead of fighting over the cores
-        return load(name=f"specchat_cpu_decoder_{version}", sources=[str(SOURCE)],
-                    extra_cflags=["-O3", native, "-fopenmp"])
+        return load(name=f"specchat_cpu_decoder{suffix}_{source_version()}", sources=[str(SOURCE)],
+                    extra_cflags=["-O3", *ISA_FLAGS[isa](), "-fopenmp"])
     except (OSError, ImportError, RuntimeError) as error:  # a missing compiler is an OSError, a failed build a RuntimeError
         raise RuntimeError(f"the CPU decoder could not be built: {str(error).strip().splitlines()[-1]}") from None
 
@@ -52,5 +74,4 @@ def _put_ninja_on_path() -> None:
 
 
 if __name__ == "__main__":
-    cpu_decoder()
-    print(f"CPU decoder ready ({SOURCE.name})")
+    print(f"CPU decoder ready ({SOURCE.name}, {cpu_decoder().isa()})")

@@ -1,11 +1,26 @@
-// Sixteen keys' dot products, each summed in 16 lanes, paired down to one score per key as the sums come: keys
-// 2i and 2i + 1 as soon as both are summed, then pairs of those (the pairs and order of adjacent lanes that the
-// portable loops take). After the sixteenth key, lane k of the last pairing is key k's score. AVX-512 only.
+// Dot products summed in 16 lanes, paired down to one score per key in the pairs and order of adjacent lanes
+// that the portable loops take: on AVX-512, sixteen keys' sums as they come (`LanePairs`); on AVX2, eight
+// vectors of eight lanes at a time (`pairwise_sums8`).
 
 #pragma once
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+
+#if defined(__AVX2__)
+// [t(v0), ..., t(v7)], t(v) = ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)): eight vectors' sums of adjacent
+// lanes paired down.
+inline __m256 pairwise_sums8(const __m256* v) {
+  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
+#endif
+
+#if defined(__AVX512F__)
+// Sixteen keys' sums paired down as they come: keys 2i and 2i + 1 as soon as both are summed, then pairs of
+// those. After the sixteenth key, lane k of the last pairing is key k's score.
 
 template <int Q>
 struct LanePairs {

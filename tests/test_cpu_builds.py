@@ -16,7 +16,7 @@ import pytest
 import torch
 from gguf_files import LAYOUTS, random_blocks
 
-from specchat.kernels.cpu_decoder import SOURCE, _put_ninja_on_path, cpu_decoder, source_version
+from specchat.kernels.cpu_decoder import build, cpu_decoder
 
 pytestmark = pytest.mark.skipif(
     platform.machine() not in ("x86_64", "AMD64")
@@ -27,12 +27,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def avx2():
-    """The decoder compiled for x86-64-v3 (AVX2, FMA, F16C; no AVX-512), named by its source version."""
-    from torch.utils.cpp_extension import load
-
-    _put_ninja_on_path()
-    return load(name=f"specchat_cpu_decoder_avx2_{source_version()}", sources=[str(SOURCE)],
-                extra_cflags=["-O3", "-march=x86-64-v3", "-fopenmp"])  # fmt: skip
+    """The decoder compiled for x86-64-v3 (AVX2, FMA, F16C; no AVX-512), as SPECCHAT_CPU_ISA=avx2 builds it."""
+    return build("avx2")
 
 
 @pytest.mark.parametrize("kind", list(LAYOUTS), ids=[t.name for t in LAYOUTS])

@@ -31,7 +31,7 @@ from specchat.engine.verify_forward import verification_forward
 from specchat.checks import check_kv_cache
 from specchat.errors import SpecchatError
 from specchat.first_use import first_use
-from specchat.kernels.cpu_decoder import source_version
+from specchat.kernels.cpu_decoder import selected_isa, source_version
 from specchat.quant.formats import weight_format
 
 
@@ -372,7 +372,7 @@ def calibration_key(model, *, lean: bool) -> str:
     shape = f"{config.num_hidden_layers}x{config.hidden_size}x{config.intermediate_size}x{config.vocab_size}"
     return (
         f"{model.name_or_path}|{shape}|{weight_format(model)}|{model.dtype}|{model.device}|"
-        f"{config._attn_implementation}|{f'cpu-decoder-{source_version()}' if lean else 'transformers'}|"
+        f"{config._attn_implementation}|{f'cpu-decoder-{source_version()}-{selected_isa()}' if lean else 'transformers'}|"
         f"threads={torch.get_num_threads()}"
     )
 
