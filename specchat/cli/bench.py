@@ -281,6 +281,31 @@ def bench_verify_cost(
     report([dataclasses.asdict(row) for row in rows], as_json, title=title)
 
 
+@bench_app.command("gpu-forward")
+def bench_gpu_forward(
+    contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "4096,32768",
+    trees: Annotated[
+        str, typer.Option("--tree", help="Comma-separated draft-tree sizes (a decode step is always timed).")
+    ] = "1,15,63,64",
+    layers: Annotated[int, typer.Option(help="Decoder layers to build.")] = 32,
+    repeats: Annotated[int, typer.Option(help="Timed forwards of each kind (median).")] = 20,
+    called: Annotated[bool, typer.Option(help="Also time each forward as called from Python.")] = True,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The torch decoder's forward on CUDA (Llama-3.1-8B shapes, random bf16 weights): decode and tree
+    verification as CUDA graphs and as called, the matmuls' weight-reading floor and a measured copy bandwidth."""
+    from specchat.bench.gpu_forward import gpu_forward
+    from specchat.bench.progress import bench_progress
+
+    lengths, sizes = ints(contexts, "--context"), ints(trees, "--tree")
+    quiet_transformers()
+    with bench_progress(len(lengths)) as step:
+        rows = gpu_forward(contexts=lengths, trees=sizes, layers=layers, repeats=repeats, called=called, step=step)
+    shape = "Llama-3.1-8B shapes" if layers == 32 else f"Llama-3.1-8B shapes but {layers} of 32 layers"
+    title = f"{shape}, random bf16 weights: ms per forward (graph: CUDA graph of its row bucket; called: eager)"
+    report([dataclasses.asdict(row) for row in rows], as_json, title=title)
+
+
 @bench_app.command("draft")
 def bench_draft(
     model: ModelOption = None,

@@ -4,9 +4,9 @@ A decode step of an 8B model is ~350 kernels whose launches from Python take lon
 them; a replayed graph launches them all at once. Each bucket (1, 2, 4, ..., 64 rows) is captured once on a
 cache: a forward of r rows runs in the smallest bucket that holds it, its inputs copied into the bucket's
 static buffers and the rows past r padded (no real row sees a pad row and every pad row sees itself, so real
-rows compute what an unpadded forward computes and pad rows stay finite). The committed length is read on the device, so one graph
-serves every context length; the pad rows' keys and values land in slots after the real rows', which the
-cache never commits.
+rows compute what an unpadded forward computes and pad rows stay finite). The committed length is read on the
+device, so one graph serves every context length; the pad rows' keys and values land in slots after the real
+rows', which the cache never commits.
 """
 
 from __future__ import annotations
@@ -19,6 +19,21 @@ from specchat.engine.torch_decoder import DecoderOutput, TorchDecoder
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+def capture(call, pool=None):
+    """(graph, what `call` returned while captured): `call` warmed up twice on a side stream (Triton compiles its
+    kernels, cuBLAS settles its workspace), then captured into `pool` (shared by graphs replayed one at a time)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = call()
+    return graph, out
+
+
 class _Bucket:
     """One captured forward of `rows` rows and the static tensors it reads and writes."""
 
@@ -29,15 +44,7 @@ class _Bucket:
         self.mask = torch.eye(rows, dtype=torch.bool, device=device)
         self.eye = self.mask.clone()  # pad rows of a tree: each sees itself
         self.causal = torch.ones_like(self.mask).tril_()  # pad rows of a decode step or a prefill see real rows too
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # compiles the Triton kernels and settles cuBLAS' workspace
-            for _ in range(2):
-                decoder(self.tokens, self.positions, cache, self.mask)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.out = decoder(self.tokens, self.positions, cache, self.mask)
+        self.graph, self.out = capture(lambda: decoder(self.tokens, self.positions, cache, self.mask), pool)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None) -> DecoderOutput:
         rows = tokens.shape[0]

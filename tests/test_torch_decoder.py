@@ -1,0 +1,175 @@
+"""The torch decoder (`specchat.engine.torch_decoder`) against transformers' forward, and its tree verification
+against decode steps, on tiny random llama / mistral / qwen2 / qwen3 models (rope scaling included). On a CPU its
+ops run their torch bodies; on CUDA the Triton kernels, and the CUDA graphs (`specchat.engine.cuda_graphs`) are
+checked against the uncaptured forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from specchat.bench.synthetic import random_tree
+from specchat.engine.torch_decoder import TorchDecoder
+from specchat.engine.tree import tree_batch
+from specchat.errors import SpecchatError
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+VOCAB = 512
+LLAMA3_ROPE = {
+    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}  # fmt: skip
+FAMILIES = {
+    "llama": {"rope_parameters": LLAMA3_ROPE},  # Llama 3.1's scaling, with a context short enough to matter here
+    "mistral": {},
+    "qwen2": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},  # q/k/v biases
+    "qwen3": {"head_dim": 32},  # q/k norms
+}
+
+
+def model_of(family: str, dtype=torch.float32, seed: int = 0):
+    config = AutoConfig.for_model(
+        family, vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.3, **FAMILIES[family],
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.to(DEVICE).eval().requires_grad_(False)
+
+
+def prompt(length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+def decode(decoder, cache, tokens: list[int]) -> torch.Tensor:
+    """Logits [vocab] of the last of `tokens`, each run as one decode step after the cache's prefix."""
+    for token in tokens:
+        out = decoder(torch.tensor([token], device=DEVICE), torch.tensor([cache.length], device=DEVICE), cache)
+        cache.advance(1)
+    return out.logits[-1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_and_greedy_tokens_match_transformers_in_fp32(family):
+    model = model_of(family)
+    decoder = TorchDecoder.from_model(model)
+    cache = decoder.new_cache(64)
+    ids = prompt(20)
+    with torch.inference_mode():
+        out = decoder(ids, torch.arange(20, device=DEVICE), cache)
+        torch.testing.assert_close(out.logits, model(ids[None]).logits[0], atol=1e-4, rtol=1e-4)
+        cache.advance(20)
+        ours, theirs = ids.tolist(), ids.tolist()
+        logits = out.logits[-1]
+        for _ in range(12):
+            ours.append(int(logits.argmax()))
+            logits = decode(decoder, cache, ours[-1:])
+            theirs.append(int(model(torch.tensor([theirs], device=DEVICE)).logits[0, -1].argmax()))
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_logits_are_within_bf16_rounding_of_transformers(family):
+    model = model_of(family, dtype=torch.bfloat16)
+    decoder = TorchDecoder.from_model(model)
+    ids = prompt(24)
+    with torch.inference_mode():
+        got = decoder(ids, torch.arange(24, device=DEVICE), decoder.new_cache(32), last_only=True).logits
+        want = model(ids[None]).logits[0, -1:]
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    scale = want.float().abs().max()
+    assert (got.float() - want.float()).abs().max() <= 0.03 * scale
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_tree_rows_equal_the_decode_steps_at_their_positions(family):
+    """Each verified node's logits are those of decoding its path after the prefix; after `commit` of one path
+    the cache holds what decoding that path wrote."""
+    decoder = TorchDecoder.from_model(model_of(family))
+    ids = prompt(30)
+    tree = random_tree(12, seed=2, vocab=VOCAB)
+    cache = decoder.new_cache(64)
+    with torch.inference_mode():
+        decoder(ids, torch.arange(30, device=DEVICE), cache)
+        cache.advance(30)
+        batch = tree_batch(tree, int(ids[-1]), 29, DEVICE)  # the root re-run at the last prompt position
+        cache.truncate(29)
+        out = decoder(batch.input_ids, batch.position_ids, cache, batch.tree_mask)
+        assert out.queries.shape == (13, 4, decoder.head_dim) and out.hidden.shape == (13, 64)
+        paths = [[]]
+        for token, parent in zip(tree.tokens, tree.parents):
+            paths.append(paths[parent + 1] + [token])
+        for row, path in enumerate(paths):
+            cache.truncate(29)
+            want = decode(decoder, cache, [int(ids[-1]), *path])
+            torch.testing.assert_close(out.logits[row], want, atol=1e-4, rtol=1e-4)
+        deepest = max(range(len(paths)), key=lambda row: len(paths[row]))
+        cache.truncate(29)
+        out = decoder(batch.input_ids, batch.position_ids, cache, batch.tree_mask)
+        kept = torch.tensor([0] + [row for row in range(1, 13) if paths[row] == paths[deepest][: len(paths[row])]])
+        cache.commit(kept)
+        after_commit = decode(decoder, cache, [7])
+        cache.truncate(29)
+        torch.testing.assert_close(after_commit, decode(decoder, cache, [int(ids[-1]), *paths[deepest], 7]),
+                                   atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+def padded(batch, rows: int):
+    """A tree's batch padded to `rows` rows as the CUDA graphs pad it: pad rows see only themselves."""
+    real = batch.input_ids.shape[0]
+    mask = torch.eye(rows, dtype=torch.bool, device=DEVICE)
+    mask[:real, :real] = batch.tree_mask
+    pad = rows - real
+    tokens = torch.cat([batch.input_ids, batch.input_ids.new_zeros(pad)])
+    return tokens, torch.cat([batch.position_ids, batch.position_ids[:1].expand(pad)]), mask
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="the CPU compile check")
+def test_the_forward_compiles_whole_and_50_steps_of_varying_trees_in_one_bucket_never_recompile():
+    decoder = TorchDecoder.from_model(model_of("qwen3"))
+    cache = decoder.new_cache(128)
+    compiled = torch.compile(decoder.__call__, fullgraph=True, dynamic=False, backend="aot_eager")
+    with torch.inference_mode():
+        decoder(prompt(16), torch.arange(16, device=DEVICE), cache)
+        cache.advance(16)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for step in range(50):
+                tree = random_tree(step % 8, seed=step, vocab=VOCAB)
+                batch = tree_batch(tree, 5, cache.length, DEVICE)
+                tokens, positions, mask = padded(batch, 8)
+                got = compiled(tokens, positions, cache, mask).logits[: len(tree) + 1]
+                want = decoder(batch.input_ids, batch.position_ids, cache, batch.tree_mask).logits
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+                cache.advance(1)
+
+
+def test_a_config_it_cannot_compute_is_refused_in_one_line():
+    config = AutoConfig.for_model("llama", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
+    with pytest.raises(SpecchatError, match="yarn"):
+        TorchDecoder(config, [], torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1))
+    with pytest.raises(SpecchatError, match="sliding"):
+        TorchDecoder(AutoConfig.for_model("mistral"), [], torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1))
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_cuda_graphs_replay_the_forward_at_every_length_and_tree_size(family):
+    from specchat.engine.cuda_graphs import GraphedDecoder
+
+    decoder = TorchDecoder.from_model(model_of(family))
+    cache = decoder.new_cache(400)
+    with torch.inference_mode():
+        decoder(prompt(40), torch.arange(40, device=DEVICE), cache)
+        cache.advance(40)
+        graphs = GraphedDecoder(decoder, cache, buckets=(1, 4, 16))
+        for step, nodes in enumerate([0, 3, 0, 15, 7, 1, 0, 20]):  # 21 rows: past every bucket, uncaptured
+            batch = tree_batch(random_tree(nodes, seed=step, vocab=VOCAB), 9, cache.length, DEVICE)
+            got = graphs(batch.input_ids, batch.position_ids, batch.tree_mask)
+            want = decoder(batch.input_ids, batch.position_ids, cache, batch.tree_mask)
+            torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(got.queries, want.queries, atol=1e-4, rtol=1e-4)
+            cache.advance(1 + step * 7)  # the next step at another length
+        decode_step = graphs(torch.tensor([3], device=DEVICE), torch.tensor([cache.length], device=DEVICE))
+        want = decoder(torch.tensor([3], device=DEVICE), torch.tensor([cache.length], device=DEVICE), cache)
+        torch.testing.assert_close(decode_step.logits, want.logits, atol=1e-4, rtol=1e-4)
