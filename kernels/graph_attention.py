@@ -120,11 +120,12 @@ def _reduce_kernel(
 
 def graph_splits(device: torch.device, rows: int, kv_heads: int, head_dim: int, capacity: int) -> int:
     """Prefix splits for `rows` = group * n query rows: eight programs per SM at any length (as `prefix_partials`
-    picks them), never more splits than key blocks in the capacity. A function of shapes only."""
+    picks them), never more splits than key blocks in the capacity, and with the tree part at most 64 partials
+    for pass 2 to hold. A function of shapes only."""
     config = prefix_config(device, head_dim, rows)
     programs_per_split = triton.cdiv(rows, config.block_m) * kv_heads
     target = 4 if interpreting() else 8 * _sm_count(device)
-    return max(1, min(MAX_SPLITS, triton.cdiv(target, programs_per_split), triton.cdiv(capacity, config.block_n)))
+    return max(1, min(MAX_SPLITS - 1, triton.cdiv(target, programs_per_split), triton.cdiv(capacity, config.block_n)))
 
 
 def graph_tree_attention(
