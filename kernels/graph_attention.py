@@ -23,6 +23,18 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
+def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr):
+    """Fold one key block's scores `s` (log2 units, -inf where not seen) and values into the running softmax."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _partials_kernel(
     Q, K, V, Mask, Length, OP, LP,
     s_qm, s_qh, s_qd,
@@ -45,10 +57,8 @@ def _partials_kernel(
     cols = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
-    is_tree = split == splits
-    split_len = tl.cdiv(tl.cdiv(length, splits), BLOCK_N) * BLOCK_N
-    start = tl.where(is_tree, length, split * split_len)
-    end = tl.where(is_tree, length + n, tl.minimum(start + split_len, length))
+    k_base = K + kv_h * s_kh + dims[:, None] * s_kd
+    v_base = V + kv_h * s_vh + dims[None, :] * s_vd
 
     q = tl.load(
         Q + i[:, None] * s_qm + h[:, None] * s_qh + dims[None, :] * s_qd,
@@ -57,31 +67,29 @@ def _partials_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for key_start in range(start, end, BLOCK_N):
-        keys = key_start + cols
-        key_ok = keys < end
-        k = tl.load(
-            K + kv_h * s_kh + keys[None, :] * s_kn + dims[:, None] * s_kd,
-            mask=key_ok[None, :] & dim_ok[:, None], other=0.0,
-        )  # fmt: skip
-        v = tl.load(
-            V + kv_h * s_vh + keys[:, None] * s_vn + dims[None, :] * s_vd,
-            mask=key_ok[:, None] & dim_ok[None, :], other=0.0,
-        )  # fmt: skip
-        allowed = row_ok[:, None] & key_ok[None, :]
-        in_tree = keys >= length  # the tree's slots: prefix splits load no mask and see every key
-        seen = tl.load(
-            Mask + i[:, None] * s_mm + (keys - length)[None, :] * s_mn, mask=allowed & in_tree[None, :], other=1
-        )
-        s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
-        s = tl.where(allowed & (seen != 0), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision="ieee")
-        m_i = m_new
+    if split < splits:  # the prefix: no mask, the lean loop of a compute-bound kernel at many rows
+        split_len = tl.cdiv(tl.cdiv(length, splits), BLOCK_N) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, length)
+        for key_start in range(start, end, BLOCK_N):
+            keys = key_start + cols
+            key_ok = keys < end
+            k = tl.load(k_base + keys[None, :] * s_kn, mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
+            v = tl.load(v_base + keys[:, None] * s_vn, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+            s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
+            m_i, l_i, acc = _online_step(m_i, l_i, acc, tl.where(key_ok[None, :], s, float("-inf")), v, DOT)
+    else:  # the tree slots after the prefix, under the tree mask
+        for key_start in range(0, n, BLOCK_N):
+            cols_in = key_start + cols
+            key_ok = cols_in < n
+            keys = length + cols_in
+            k = tl.load(k_base + keys[None, :] * s_kn, mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
+            v = tl.load(v_base + keys[:, None] * s_vn, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+            seen = tl.load(
+                Mask + i[:, None] * s_mm + cols_in[None, :] * s_mn, mask=row_ok[:, None] & key_ok[None, :], other=0
+            )
+            s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
+            m_i, l_i, acc = _online_step(m_i, l_i, acc, tl.where(seen != 0, s, float("-inf")), v, DOT)
 
     empty = l_i == 0.0  # a split past the length, or a padding row
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
