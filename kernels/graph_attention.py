@@ -79,7 +79,7 @@ def _partials_kernel(
             s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
             m_i, l_i, acc = _online_step(m_i, l_i, acc, tl.where(key_ok[None, :], s, float("-inf")), v, DOT)
     else:  # the tree slots after the prefix, under the tree mask
-        for key_start in range(0, n, BLOCK_N):
+        for key_start in tl.range(0, n, BLOCK_N, num_stages=1):  # short: no pipeline buffers beside the prefix loop's
             cols_in = key_start + cols
             key_ok = cols_in < n
             keys = length + cols_in
