@@ -50,6 +50,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("run", "hi", "--dtype", "float8"), ("invalid dtype", "bfloat16")),
         (("run", "hi", "--kv-cache", "q4"), ("invalid --kv-cache", "int8")),
         (("bench", "verify-cost", "--kv-cache", "int8"), ("--kv-cache needs --model",)),
+        (("bench", "gpu-forward", "--tree", "999"), ("--tree must be between",)),
         (("run", "hi", "--device", "tpu"), ("device",)),
         (("run", "hi", "--device", "cuda:0"), ("cuda",)),
         (("run", "hi", "--drafter", "psychic"), ("unknown drafter", "none")),

@@ -73,12 +73,12 @@ def gpu_forward(
         called: also time each forward as called from Python (slow: ~1000 launches).
         config: a transformers config to build instead of Llama-3.1-8B's (tests pass a tiny one).
     """
-    if not torch.cuda.is_available():
-        raise SpecchatError("bench gpu-forward needs a CUDA GPU")
     check_contexts(contexts)
     for nodes in trees:
         check_range("--tree", nodes, 0, MAX_TREE)
     check_range("--repeats", repeats, 1)
+    if not torch.cuda.is_available():
+        raise SpecchatError("bench gpu-forward needs a CUDA GPU")
     device = torch.device("cuda")
     config = with_layers(copy.deepcopy(config if config is not None else llama31_8b_config()), layers)
     trees = sorted(set(trees) | {0})  # the decode step first: the others are put against it
