@@ -136,29 +136,38 @@ inline void dots16(const uint16_t* const (&q)[Q], const uint16_t* tile, float* c
     pairs.add(i, sum, scores);
   }
 #elif defined(BF16_DOTS_AVX2)
-  // Per query, four keys at a time: sums[i] holds key i's lanes 0-7, sums[4 + i] its lanes 8-15 (a chunk of 32
-  // values is two vectors of eight dwords), each lane the odd product, then the even one, into the sum.
-  constexpr int kVectors = DIM / 16;  // vectors of eight dwords in a key
+  // KEYS keys at a time, each key vector widened once for the Q queries: sums[4h + KEYS j + i] holds query j's
+  // lanes 8h .. 8h + 7 of key i (a chunk of 32 values is two vectors of eight dwords, h = 0 then 1), each lane
+  // the odd product, then the even one, into the sum. Eight sums in flight keep both fma pipes busy.
+  static_assert(Q == 1 || Q == 2, "one or two queries a call");
+  constexpr int KEYS = 4 / Q, kVectors = DIM / 16;  // kVectors: vectors of eight dwords in a key
+  __m256 odd[Q][kVectors], even[Q][kVectors];
   for (int j = 0; j < Q; ++j) {
-    __m256 odd[kVectors], even[kVectors];
     for (int c = 0; c < kVectors; ++c) {
       const __m256i v = load256(q[j] + 16 * c);
-      odd[c] = odd_halves(v), even[c] = even_halves(v);
+      odd[j][c] = odd_halves(v), even[j][c] = even_halves(v);
     }
-    for (int first = 0; first < LANES; first += 4) {
-      __m256 sums[8];
-      for (int i = 0; i < 8; ++i) sums[i] = _mm256_setzero_ps();
-      for (int c = 0; c < kVectors; ++c) {
-        for (int i = 0; i < 4; ++i) {
-          const __m256i key = load256(tile + (first + i) * DIM + 16 * c);
-          __m256& sum = sums[(c % 2) * 4 + i];
-          sum = _mm256_fmadd_ps(odd[c], odd_halves(key), sum);
-          sum = _mm256_fmadd_ps(even[c], even_halves(key), sum);
+  }
+  for (int first = 0; first < LANES; first += KEYS) {
+    __m256 sums[8];
+    for (int k = 0; k < 8; ++k) sums[k] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < kVectors; ++c) {
+      for (int i = 0; i < KEYS; ++i) {
+        const __m256i key = load256(tile + (first + i) * DIM + 16 * c);
+        const __m256 key_odd = odd_halves(key), key_even = even_halves(key);
+        for (int j = 0; j < Q; ++j) {
+          __m256& sum = sums[4 * (c % 2) + KEYS * j + i];
+          sum = _mm256_fmadd_ps(odd[j][c], key_odd, sum);
+          sum = _mm256_fmadd_ps(even[j][c], key_even, sum);
         }
       }
-      const __m256 halves = pairwise_sums8(sums);  // lanes 0-7 summed for keys 0-3, then lanes 8-15
-      _mm_storeu_ps(scores[j] + first, _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1)));
     }
+    const __m256 halves = pairwise_sums8(sums);  // lanes 0-7 summed, then lanes 8-15
+    alignas(16) float four[4];
+    _mm_store_ps(four, _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1)));
+    for (int j = 0; j < Q; ++j)
+      for (int i = 0; i < KEYS; ++i) scores[j][first + i] = four[KEYS * j + i];
   }
 #else
   for (int j = 0; j < Q; ++j) {
@@ -202,7 +211,7 @@ inline void interleave(const uint16_t* a, const uint16_t* b, uint32_t* out) {
 }
 
 // acc[q][d] += the dot pair of weights[q][m] and pairs[m][d], for m = 0 .. count - 1 in order and each of Q
-// queries: AVX-512 keeps 128 columns of every query's `acc` in registers while the pairs stream by, AVX2 64 of one.
+// queries: AVX-512 keeps 128 columns of every query's `acc` in registers while the pairs stream by.
 template <int DIM, int Q>
 inline void add_pairs(const uint32_t* const (&weights)[Q], const uint32_t* pairs, int64_t count,
                       float* const (&acc)[Q]) {
@@ -225,22 +234,31 @@ inline void add_pairs(const uint32_t* const (&weights)[Q], const uint32_t* pairs
       for (int j = 0; j < kVectors; ++j) _mm512_storeu_ps(acc[q] + h + 16 * j, sums[q][j]);
   }
 #elif defined(BF16_DOTS_AVX2)
-  for (int q = 0; q < Q; ++q) {  // 64 columns of one query's `acc` in registers while the pairs stream by
-    for (int h = 0; h < DIM; h += 64) {
-      __m256 sums[8];
-      for (int j = 0; j < 8; ++j) sums[j] = _mm256_loadu_ps(acc[q] + h + 8 * j);
-      for (int64_t m = 0; m < count; ++m) {
+  // 64 / Q columns of each query's `acc` in registers while the pairs stream by, each pair widened once for all
+  static_assert(Q == 1 || Q == 2, "one or two queries a call");
+  constexpr int kVectors = 8 / Q;
+  for (int h = 0; h < DIM; h += 8 * kVectors) {
+    __m256 sums[Q][kVectors];
+    for (int q = 0; q < Q; ++q)
+      for (int v = 0; v < kVectors; ++v) sums[q][v] = _mm256_loadu_ps(acc[q] + h + 8 * v);
+    for (int64_t m = 0; m < count; ++m) {
+      __m256 odd[Q], even[Q];
+      for (int q = 0; q < Q; ++q) {
         const __m256i weight = _mm256_set1_epi32(static_cast<int>(weights[q][m]));
-        const __m256 odd = odd_halves(weight), even = even_halves(weight);
-        const uint32_t* pair = pairs + m * DIM + h;
-        for (int j = 0; j < 8; ++j) {
-          const __m256i v = load256(pair + 8 * j);
-          sums[j] = _mm256_fmadd_ps(odd, odd_halves(v), sums[j]);
-          sums[j] = _mm256_fmadd_ps(even, even_halves(v), sums[j]);
+        odd[q] = odd_halves(weight), even[q] = even_halves(weight);
+      }
+      const uint32_t* pair = pairs + m * DIM + h;
+      for (int v = 0; v < kVectors; ++v) {
+        const __m256i values = load256(pair + 8 * v);
+        const __m256 values_odd = odd_halves(values), values_even = even_halves(values);
+        for (int q = 0; q < Q; ++q) {
+          sums[q][v] = _mm256_fmadd_ps(odd[q], values_odd, sums[q][v]);
+          sums[q][v] = _mm256_fmadd_ps(even[q], values_even, sums[q][v]);
         }
       }
-      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc[q] + h + 8 * j, sums[j]);
     }
+    for (int q = 0; q < Q; ++q)
+      for (int v = 0; v < kVectors; ++v) _mm256_storeu_ps(acc[q] + h + 8 * v, sums[q][v]);
   }
 #else
   for (int q = 0; q < Q; ++q)

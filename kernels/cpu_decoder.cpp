@@ -99,23 +99,60 @@ inline float lane_total(float* lanes) {
   return lanes[0];
 }
 
-// exp(x) for x in [-87, 88]: Cephes' range reduction and polynomial, plain arithmetic that loops vectorise.
+// exp(x) for x in [-87, 88]: Cephes' range reduction and polynomial, each step an explicit fma or a single
+// rounding, so that the vector forms below (exp8, exp16) give the same bits lane by lane.
 inline float exp_approx(float x) {
   x = std::min(std::max(x, -87.0f), 88.0f);
   const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  const float r = std::fma(n, 2.12194440e-4f, std::fma(-n, 0.693359375f, x));
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  const float y = std::fma(p * r, r, r) + 1.0f;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
   return y * two_n;
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+#endif
+
+#if defined(__AVX512F__)
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+#endif
 
 // out[r] = round(round(x[r] / rms(x[r])) * weight), Llama's RMSNorm with its two roundings.
 template <typename T>
@@ -332,7 +369,7 @@ inline void add_weighted(const float* const (&weights)[Q], const float* rows, in
 }
 
 // row[0, n) = exp(row[0, n) - their maximum); returns the sum of those, kept in lanes by key index. The maximum
-// is exact in any order, so AVX-512 takes it 16 keys at a time.
+// is exact in any order; the exponentials go 16 keys at a time (exp16, or two exp8), the same bits as one by one.
 inline float exponentials(float* row, int64_t n) {
   float lanes[LANES];
   int64_t p = 0;
@@ -340,6 +377,12 @@ inline float exponentials(float* row, int64_t n) {
   __m512 tops = _mm512_set1_ps(row[0]);
   for (; p + LANES <= n; p += LANES) tops = _mm512_max_ps(tops, _mm512_loadu_ps(row + p));
   _mm512_storeu_ps(lanes, tops);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 low = _mm256_set1_ps(row[0]), high = low;
+  for (; p + LANES <= n; p += LANES) {
+    low = _mm256_max_ps(low, _mm256_loadu_ps(row + p)), high = _mm256_max_ps(high, _mm256_loadu_ps(row + p + 8));
+  }
+  _mm256_storeu_ps(lanes, low), _mm256_storeu_ps(lanes + 8, high);
 #else
   std::fill_n(lanes, LANES, row[0]);
   for (; p + LANES <= n; p += LANES) {
@@ -348,14 +391,33 @@ inline float exponentials(float* row, int64_t n) {
 #endif
   for (int l = 0; p < n; ++p, ++l) lanes[l] = std::max(lanes[l], row[p]);
   const float top = *std::max_element(lanes, lanes + LANES);
-  std::fill_n(lanes, LANES, 0.0f);
   p = 0;
+#if defined(__AVX512F__)
+  __m512 sums = _mm512_setzero_ps();
+  for (; p + LANES <= n; p += LANES) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row + p), _mm512_set1_ps(top)));
+    _mm512_storeu_ps(row + p, e);
+    sums = _mm512_add_ps(sums, e);
+  }
+  _mm512_storeu_ps(lanes, sums);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 sums_low = _mm256_setzero_ps(), sums_high = sums_low;
+  for (; p + LANES <= n; p += LANES) {
+    const __m256 e_low = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + p), _mm256_set1_ps(top)));
+    const __m256 e_high = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + p + 8), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(row + p, e_low), _mm256_storeu_ps(row + p + 8, e_high);
+    sums_low = _mm256_add_ps(sums_low, e_low), sums_high = _mm256_add_ps(sums_high, e_high);
+  }
+  _mm256_storeu_ps(lanes, sums_low), _mm256_storeu_ps(lanes + 8, sums_high);
+#else
+  std::fill_n(lanes, LANES, 0.0f);
   for (; p + LANES <= n; p += LANES) {
     for (int l = 0; l < LANES; ++l) {
       row[p + l] = exp_approx(row[p + l] - top);
       lanes[l] += row[p + l];
     }
   }
+#endif
   for (int l = 0; p < n; ++p, ++l) {
     row[p] = exp_approx(row[p] - top);
     lanes[l] += row[p];
@@ -923,6 +985,11 @@ std::string isa() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.def("isa", &isa, "The instruction set this build's kernels use.");
+  m.def("exponentials", [](at::Tensor row) {
+    at::Tensor out = row.to(at::kFloat).contiguous().clone();
+    const float total = exponentials(out.data_ptr<float>(), out.numel());
+    return std::make_tuple(out, total);
+  }, "exp(row - max(row)) and its total, as attention's softmax computes them (for tests).");
   py::class_<Linear>(m, "Linear")
       .def_static("dense", [](at::Tensor weight, std::optional<at::Tensor> bias) {
         Linear linear;

@@ -1246,8 +1246,13 @@ void q6_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float*
         for (int r = 0; r < ROWS; ++r) {
           const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * (2 * pair + h);
           const __m256i front = products<VNNI>(products<VNNI>(_mm256_setzero_si256(), codes[0], quad(a, 0)), codes[1], quad(a, 1));
-          const __m256i sum = products<VNNI>(products<VNNI>(front, codes[2], quad(a, 2)), codes[3], quad(a, 3));
-          p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(sum, scales[h]));
+          if constexpr (VNNI) {
+            const __m256i sum = products<VNNI>(products<VNNI>(front, codes[2], quad(a, 2)), codes[3], quad(a, 3));
+            p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(sum, scales[h]));
+          } else {  // two quarters at a time in int16, each pair widened by the scale's multiply-add
+            const __m256i back = products<VNNI>(products<VNNI>(_mm256_setzero_si256(), codes[2], quad(a, 2)), codes[3], quad(a, 3));
+            p[r] = _mm256_add_epi32(p[r], _mm256_add_epi32(scaled<VNNI>(front, scales[h]), scaled<VNNI>(back, scales[h])));
+          }
         }
       }
       for (int r = 0; r < ROWS; ++r)

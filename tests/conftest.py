@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,24 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `make test` runs workers side b
     torch.set_num_threads(_threads)
 
 TINY_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def _cpu_flags() -> set[str]:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
+
+
+# The CPU decoder builds this machine runs (SPECCHAT_CPU_ISA): its own, and on an x86 CPU with more than AVX2 the
+# AVX2 build as well, so every kernel path the machine can run is tested on it.
+CPU_ISAS = ("native", "avx2") if {"avx2", "fma", "f16c"} <= _cpu_flags() and _cpu_flags() & {"avx512f", "avx_vnni"} else ("native",)
+
+
+@pytest.fixture(params=CPU_ISAS)
+def cpu_isa(request, monkeypatch) -> str:
+    """Each CPU decoder build this machine runs in turn, selected for the test's whole run."""
+    monkeypatch.setenv("SPECCHAT_CPU_ISA", request.param)
+    return request.param
 EXIT_STATUS = pytest.StashKey[int]()
 
 

@@ -156,3 +156,24 @@ def test_a_build_tiles_what_it_can(kind):
         else:  # pairs where this build reads them (AVX-512 VNNI) and rows come in sixteens, else 8-row tiles
             assert type_id in (int(kind) + 100, int(kind) + 200) and (type_id < 200 or rows % 16 == 0)
         assert tiles.shape[0] * {int(kind): 1, int(kind) + 100: 8, int(kind) + 200: 16}[type_id] == rows
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[t.name for t in KINDS])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_the_largest_codes_and_activations_stay_exact_on_every_path(kind, sign):
+    """Every code byte 0xff (each type's largest codes, its sub-block scales' extremes) times activations that
+    all quantize to +-127: the integer sums that 8- and 16-bit lanes hold reach their largest here."""
+    rng = np.random.default_rng(6)
+    blocks = random_blocks(kind, 16, 512, rng)
+    values, size, halves = LAYOUTS[kind]
+    scales = [blocks.reshape(16, -1, size)[..., offset : offset + 2].copy() for offset in halves]
+    blocks.reshape(16, -1, size)[:] = 0xFF
+    for offset, scale in zip(halves, scales):
+        blocks.reshape(16, -1, size)[..., offset : offset + 2] = scale
+    weight = torch.from_numpy(dequantize(blocks, kind).copy()).double()
+    x = torch.full((3, 512), float(sign))
+    want = x.double() @ weight.T
+    for held in [(torch.from_numpy(blocks), int(kind)), tiled(kind, blocks, 512, 1), tiled(kind, blocks, 512, 2)]:
+        for path in ["best", *PATHS]:
+            got = cpu_decoder().gguf_matmul(x, [held[0]], [held[1]], 512, path).double()
+            assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (held[1], path)

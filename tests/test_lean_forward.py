@@ -91,7 +91,9 @@ def _chain(nodes: int) -> DraftTree:
 ])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("prefix", [1, 15, 63, 130])  # key counts on both sides of the 16- and 64-key blocks
-def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, head_dim, prefix):
+def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, head_dim, prefix, cpu_isa):
+    if cpu_isa != "native" and prefix in (1, 63):  # the other builds on the prefixes past a block's edge
+        pytest.skip("the native build covers every prefix")
     model = _model("llama", dtype, quantize=quantize, head_dim=head_dim)
     use_attention(model, "canonical")
     lean = lean_forward(model)
@@ -119,7 +121,7 @@ def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache,
     (torch.float32, "int4", "auto"), (torch.bfloat16, "int4", "int8"),
 ])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, head_dim):
+def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, head_dim, cpu_isa):
     """Causal rows attend in chunks of 64 (`kCausalChunk`): 150 rows after 15 cached ones cross three chunk
     boundaries, and every row still gets what decoding it alone gets (matmuls that are row-independent)."""
     model = _model("llama", dtype, quantize=quantize, head_dim=head_dim)
