@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specchat.bench.bandwidth import COPY_BYTES, copy_bandwidth
 from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.synthetic import (
     MAX_TREE,
@@ -38,7 +39,6 @@ from specchat.engine.timing import Timer
 from specchat.engine.tree import tree_batch
 from specchat.errors import SpecchatError, first_line
 
-COPY_BYTES = {"cuda": 2**30, "cpu": 256 * 2**20}  # per tensor of the copy-bandwidth reference
 
 # Spec-sheet HBM bandwidth (bytes/s) by a substring of torch.cuda.get_device_name; the first match wins.
 PEAK_BANDWIDTH = (
@@ -255,11 +255,8 @@ def _compiled_flex():
 
 def _copy_row(timer, device: torch.device) -> tuple[AttentionRow, float]:
     """The achievable bandwidth (bytes/s): a large device-to-device copy_, read + written bytes / time."""
+    seconds, rate = copy_bandwidth(timer, device)
     size = COPY_BYTES[device.type]
-    src = torch.ones(size, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    seconds = timer.seconds(functools.partial(dst.copy_, src))
-    rate = 2 * size / seconds
     peak = peak_bandwidth(device)
     spec = f"peak {peak / 1e9:.0f} GB/s (spec sheet)" if peak else "peak unknown"
     note = f"{_device_name(device)}: copy_ of {size // 2**20} MiB; {spec}"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specchat.bench.bandwidth import copy_bandwidth, weight_bytes
 from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.synthetic import (
     MAX_TREE,
@@ -21,6 +22,7 @@ from specchat.bench.synthetic import (
     torch_device,
     torch_dtype,
 )
+from specchat.engine.cache import token_bytes
 from specchat.engine.timing import Timer
 from specchat.engine.verify_forward import verification_forward
 from specchat.errors import SpecchatError
@@ -209,11 +211,14 @@ class ModelVerifyCostRow:
     nodes: int  # draft nodes below the root (0: a decode step)
     ms: float  # one forward over the root and the nodes
     over_decode: float  # ms / a decode step's ms at this context
+    gb_s: float | None  # a decode step: the weights and the cache's `context` tokens read / its time
+    of_copy: float | None  # gb_s / a large copy's rate (read + written bytes / time) on this device
 
 
 def model_verify_cost(engine, *, contexts: list[int], trees: list[int], repeats: int = 5) -> list[ModelVerifyCostRow]:
     """Milliseconds of the engine's forward over a chain of each size in `trees` (0 = a decode step) at each
-    context, its cache filled with random keys and values (timing does not depend on them)."""
+    context, its cache filled with random keys and values (timing does not depend on them); a decode step's
+    bytes (weights and cache) per second against a copy's."""
     check_contexts(contexts)
     for nodes in trees:
         check_range("--tree", nodes, 0, MAX_TREE)
@@ -221,6 +226,8 @@ def model_verify_cost(engine, *, contexts: list[int], trees: list[int], repeats:
     if max(contexts) + max(trees) + 1 > cache.max_len:
         raise SpecchatError(f"--context must leave room for the tree: at most {cache.max_len - max(trees) - 1} here")
     timer = Timer(device, repeats=repeats, warmup=WARMUP)
+    _, copy_rate = copy_bandwidth(timer, device)
+    weights, per_token = weight_bytes(engine.model), token_bytes(engine.model, cache.kv_cache)
     sizes = sorted(set(trees) | {0})
     rows = []
     with torch.inference_mode():
@@ -229,6 +236,12 @@ def model_verify_cost(engine, *, contexts: list[int], trees: list[int], repeats:
             calls = {nodes: verification_forward(engine._forward, cache, device, tree_only=engine.tree_only_masks,
                                                  tree=nodes) for nodes in sizes}  # fmt: skip
             seconds = timer.seconds_each(calls)
-            rows += [ModelVerifyCostRow(cache.kv_cache, context, nodes, significant(seconds[nodes] * 1e3),
-                                        significant(seconds[nodes] / seconds[0])) for nodes in trees]  # fmt: skip
+            rate = (weights + context * per_token) / seconds[0]
+            for nodes in trees:
+                decode = nodes == 0
+                rows.append(ModelVerifyCostRow(
+                    cache.kv_cache, context, nodes, significant(seconds[nodes] * 1e3),
+                    significant(seconds[nodes] / seconds[0]), significant(rate / 1e9) if decode else None,
+                    significant(rate / copy_rate) if decode else None,
+                ))  # fmt: skip
     return rows

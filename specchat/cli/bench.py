@@ -112,6 +112,7 @@ def bench(
     sets = load_prompt_sets(csv_list(prompt_set), prompts)
     from specchat.bench.compare import compare
     from specchat.bench.runs import HF_METHODS
+    from specchat.engine.lean_forward import forward_path
 
     if "hf" in baselines:
         methods += HF_METHODS
@@ -139,7 +140,7 @@ def bench(
                     step=lambda what, d=f"{each_dtype}, kv {kv}": step(f"{d} · {what}"),
                 )  # fmt: skip
                 llamacpp = None  # measured once, beside the first dtype and cache
-    title = f"{loaded.source.name}, {_described(sampling)}, decode tokens/s"
+    title = f"{loaded.source.name} ({forward_path(loaded.model)}), {_described(sampling)}, decode tokens/s"
     report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
     if plot is not None:
         plot_rows([row.as_dict() for row in rows], plot, title=title)
@@ -259,6 +260,7 @@ def bench_verify_cost(
     quiet_transformers()
     if model is not None:
         from specchat.engine.generate import Engine
+        from specchat.engine.lean_forward import forward_path
 
         loaded = load(model, dtype, device, attention)
         rows = []
@@ -266,7 +268,8 @@ def bench_verify_cost(
             engine = Engine(loaded.model, loaded.tokenizer, max_len=max(lengths) + max(sizes) + 1, kv_cache=kv)
             rows += model_verify_cost(engine, contexts=lengths, trees=sizes, repeats=repeats)
             del engine  # its cache, before the next one's
-        title = f"{loaded.source.name} ({loaded.weights}, {loaded.dtype}): ms per forward over the root + nodes"
+        title = (f"{loaded.source.name} ({loaded.weights}, {loaded.dtype}, {forward_path(loaded.model)}): ms per "
+                 "forward over the root + nodes; a decode step's GB/s of weights and cache, and of a copy's rate")
         report([dataclasses.asdict(row) for row in rows], as_json, title=title)
         return
     from specchat.bench.progress import bench_progress

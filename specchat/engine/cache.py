@@ -245,16 +245,21 @@ class TreeCache(Cache):
             layer.pending = 0
 
 
-def check_cache_fits(model, max_len: int, kv_cache: str = "auto") -> None:
-    """Refuse, in one line, a cache that cannot be allocated: it is allocated once, for the whole session,
-    so this is known before the first token (not 90K tokens into a book)."""
+def token_bytes(model, kv_cache: str = "auto") -> int:
+    """Bytes one token takes in the cache, over every layer and KV head."""
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if kv_cache == "int8":  # a key's and a value's codes, and their scales
         slot_bytes = 2 * head_dim + 4 * (head_dim // BLOCK + 1)
     else:
         slot_bytes = 2 * head_dim * model.dtype.itemsize
-    need = config.num_hidden_layers * config.num_key_value_heads * max_len * slot_bytes
+    return config.num_hidden_layers * config.num_key_value_heads * slot_bytes
+
+
+def check_cache_fits(model, max_len: int, kv_cache: str = "auto") -> None:
+    """Refuse, in one line, a cache that cannot be allocated: it is allocated once, for the whole session,
+    so this is known before the first token (not 90K tokens into a book)."""
+    need = max_len * token_bytes(model, kv_cache)
     if model.device.type == "cuda":
         free = torch.cuda.mem_get_info(model.device)[0]
     elif model.device.type == "cpu":

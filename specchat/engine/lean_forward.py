@@ -66,12 +66,27 @@ class LeanForward:
         return self.head(normed), hidden, queries
 
 
+def serves(model) -> bool:
+    """Whether the CPU decoder computes `model`'s forward (given that it builds)."""
+    config = model.config
+    return (config._attn_implementation == CANONICAL and config.model_type in FAMILIES and config.hidden_act == "silu"
+            and parts(model).layers[0].head_dim in HEAD_DIMS)  # fmt: skip
+
+
+def forward_path(model) -> str:
+    """Which forward runs `model`, for reports: the CPU decoder and the instruction set its kernels use, or
+    transformers' on the model's device."""
+    if serves(model):
+        try:
+            return f"CPU decoder, {cpu_decoder().isa()}"
+        except RuntimeError:
+            pass
+    return f"transformers, {model.device.type}"
+
+
 def lean_forward(model) -> LeanForward | None:
     """The lean forward for `model`, or None when it cannot serve it (transformers' forward then runs)."""
-    config = model.config
-    if config._attn_implementation != CANONICAL or config.model_type not in FAMILIES:
-        return None
-    if config.hidden_act != "silu" or parts(model).layers[0].head_dim not in HEAD_DIMS:
+    if not serves(model):
         return None
     try:
         native = cpu_decoder()
