@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf_files import random_blocks, write_tiny_model
 from test_cli import specchat
 
+from specchat.bench.bandwidth import weight_bytes
 from specchat.drafters.longspec import LongSpecDrafter
 from specchat.drafters.ngram import NgramDrafter
 from specchat.drafters.tokenswift import TokenSwiftDrafter
@@ -183,6 +184,10 @@ def test_verify_cost_of_a_real_model_through_the_engine(tiny_gguf):
     rows = model_verify_cost(engine, contexts=[64, 128], trees=[0, 3, 15], repeats=1)
     assert [(row.context, row.nodes) for row in rows] == [(64, 0), (64, 3), (64, 15), (128, 0), (128, 3), (128, 15)]
     assert all(row.ms > 0 for row in rows) and rows[0].over_decode == 1.0
+    decode, tree = rows[0], rows[1]  # a decode step's bytes: every matrix's blocks and the cache's 64 tokens
+    assert decode.gb_s > 0 and decode.of_copy > 0 and tree.gb_s is None and tree.of_copy is None
+    blocks = sum(t.numel() for m in loaded.model.modules() if isinstance(m, GGUFLinear) for t in m.matrices)
+    assert weight_bytes(loaded.model) >= blocks
     with pytest.raises(SpecchatError, match="room for the tree"):
         model_verify_cost(engine, contexts=[engine.cache.max_len - 10], trees=[15], repeats=1)
 
