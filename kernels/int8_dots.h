@@ -26,6 +26,9 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define INT8_DOTS_NATIVE 1
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define INT8_DOTS_AVX2 1  // the same integer sums by vpmaddubsw / vpmaddwd, the same float steps after them
 #endif
 
 namespace int8_dots {
@@ -90,6 +93,34 @@ inline void scores16(const uint32_t* const (&q)[Q], const int32_t* const (&start
     }
   }
   for (int j = 0; j < Q; ++j) _mm512_storeu_ps(scores[j], total[j]);
+#elif defined(INT8_DOTS_AVX2)
+  // Per query, keys 0-7 and 8-15 in two vectors. A block's integer sum is the same as VNNI's: the keys' codes
+  // unbiased (xor 128) times the query's with its sign moved onto them, so vpmaddubsw's pairs stay within int16
+  // (|sum| <= 2 * 127 * 127), then vpmaddwd adds each key's two pairs into its int32 lane.
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  for (int j = 0; j < Q; ++j) {
+    __m256 total[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int b = 0; b < DIM / BLOCK; ++b) {
+      __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int c = b * CHUNKS; c < (b + 1) * CHUNKS; ++c) {
+        const __m256i query = _mm256_set1_epi32(static_cast<int>(q[j][c]));
+        const __m256i magnitude = _mm256_abs_epi8(query);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i keys = _mm256_xor_si256(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + c * LANES * 4 + 32 * h)), bias);
+          const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(keys, query));
+          sum[h] = _mm256_add_epi32(sum[h], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256 both = _mm256_mul_ps(_mm256_loadu_ps(key_scales + b * LANES + 8 * h), _mm256_set1_ps(scale[j][b]));
+        total[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[h]), both, total[h]);
+      }
+    }
+    _mm256_storeu_ps(scores[j], total[0]);
+    _mm256_storeu_ps(scores[j] + 8, total[1]);
+  }
+  (void)start;
 #else
   for (int j = 0; j < Q; ++j) {
     int8_t codes[DIM];
@@ -217,6 +248,35 @@ inline void add_value_tiles(const uint32_t* const (&weights)[Q], const float* co
     }
     for (int j = 0; j < Q; ++j)
       for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(acc[j] + h + LANES * v, total[j][v]);
+  }
+#elif defined(INT8_DOTS_AVX2)
+  // Per query and tile, 8 dims at a time: a group's 4 slots of dims d .. d + 3 widened to int16 and multiplied
+  // by the 4 weight codes in pairs (vpmaddwd), the pairs then added (vphaddd), which leaves the dims in the
+  // order 0, 1, 4, 5, 2, 3, 6, 7 of the 8 in int32 lanes: exact sums, put back in order once a tile.
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  const auto tile_sums = [&](const uint32_t* codes, const int8_t* tile, int d) {  // 8 dims' integer sums
+    __m256i sum = _mm256_setzero_si256();
+    for (int g = 0; g < LANES / 4; ++g) {
+      const __m256i weights = _mm256_cvtepu8_epi16(_mm_set1_epi32(static_cast<int>(codes[g])));
+      const __m256i values = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + (g * DIM + d) * 4));
+      const __m256i low = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(values)), weights);
+      const __m256i high = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(values, 1)), weights);
+      sum = _mm256_add_epi32(sum, _mm256_hadd_epi32(low, high));
+    }
+    return _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(sum, order));
+  };
+  for (int j = 0; j < Q; ++j) {
+    for (int d = 0; d < DIM; d += 8) {
+      __m256 total = _mm256_loadu_ps(acc[j] + d);
+      for (int64_t t = 0; t < count; ++t) {
+        const int8_t* tile = tiles + t * LANES * DIM;
+        total = _mm256_fmadd_ps(tile_sums(weights[j] + 4 * t, tile, d), _mm256_set1_ps(scales[j][t]), total);
+        if (fine_scales[j][t] != 0.0f) {
+          total = _mm256_fmadd_ps(tile_sums(fine[j] + 4 * t, tile, d), _mm256_set1_ps(fine_scales[j][t]), total);
+        }
+      }
+      _mm256_storeu_ps(acc[j] + d, total);
+    }
   }
 #else
   const auto add = [](const uint32_t* codes_of_tiles, float tile_scale, const int8_t* tile, float* sums) {

@@ -40,7 +40,7 @@ def decoder(native):
 decoders = {name: decoder(native) for name, native in builds.items()}
 keys = [torch.randn(KV, context + 16, D, dtype=dt) for _ in range(L)]
 values = [torch.randn(KV, context + 16, D, dtype=dt) for _ in range(L)]
-int8_keys = [torch.randint(0, 256, (KV, context + 16, D), dtype=torch.uint8) for _ in range(L)]
+int8_keys = [torch.randint(1, 256, (KV, context + 16, D), dtype=torch.uint8) for _ in range(L)]
 int8_values = [torch.randint(-127, 128, (KV, context + 16, D), dtype=torch.int8) for _ in range(L)]
 int8_scales = [torch.rand(KV, (context + 16) // 16, D // 32 + 1, 16) * 0.02 for _ in range(L)]
 caches = {name: (int8_keys, int8_values, int8_scales) if name in int8 else (keys, values, None) for name in builds}

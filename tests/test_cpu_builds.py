@@ -63,8 +63,8 @@ def test_attention_equals_the_avx2_build(avx2, dtype, kv_cache, head_dim, contex
     keys = [random(kv_heads, context + 19, head_dim) for _ in range(layers)]
     values = [random(kv_heads, context + 19, head_dim) for _ in range(layers)]
     scales = None
-    if kv_cache == "int8":  # random codes and scales over 320 slots
-        keys = [torch.randint(0, 256, (kv_heads, 320, head_dim), generator=generator, dtype=torch.uint8) for _ in range(layers)]
+    if kv_cache == "int8":  # random codes (keys -127..127 stored plus 128, as written) and scales over 320 slots
+        keys = [torch.randint(1, 256, (kv_heads, 320, head_dim), generator=generator, dtype=torch.uint8) for _ in range(layers)]
         values = [torch.randint(-127, 128, (kv_heads, 320, head_dim), generator=generator, dtype=torch.int8)
                   for _ in range(layers)]  # fmt: skip
         scales = [torch.rand(kv_heads, 20, head_dim // 32 + 1, 16, generator=generator) * 0.02 for _ in range(layers)]
