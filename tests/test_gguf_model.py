@@ -91,6 +91,24 @@ def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
         assert events[-1].stats.accepted > 0
 
 
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_speculation_equals_autoregressive_on_every_cpu_path(tmp_path, architecture, sampling, cpu_isa):
+    """Each decoder build this machine runs (its own, and the AVX2 one on an AVX-512 CPU), bf16 and an int8
+    cache: the target alone and the target verifying trees give the same tokens."""
+    path = write_tiny_model(tmp_path / f"tiny-{architecture}.gguf", embedded_gguf_path(), architecture=architecture)
+    loaded = load_model(str(path))
+    prompt = torch.randint(3, 2000, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    for kv_cache in ("auto", "int8"):
+        engine = Engine(loaded.model, loaded.tokenizer, max_len=512, kv_cache=kv_cache)
+        expected = generate(engine, prompt, 40, sampling)
+        engine.set_drafter(RandomTreeDrafter(vocab_size=2000, seed=4, reference=prompt + expected, p_correct=0.8), 16)
+        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=40, reproducible=True))
+        assert [t for event in events for t in event.tokens] == expected, kv_cache
+        assert events[-1].stats.accepted > 0
+    shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+
+
 @pytest.mark.parametrize("context", [3001, 3072])  # an odd and an even prefix: bf16 value rows go in pairs
 def test_speculation_equals_autoregressive_after_3k_tokens(tiny_gguf, context):
     """Verified trees read a 3K-token cache through the same attention as decode steps (the long-context case)."""
