@@ -957,6 +957,9 @@ void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* ou
       __m256i dot[ROWS];  // AVX2: int16, row i's two pair sums in lanes 2i, 2i + 1; VNNI: int32, row i's in lane i
       for (int r = 0; r < ROWS; ++r) dot[r] = _mm256_setzero_si256();
       const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
+      // rolled: unrolled, GCC computes every row's 8 products of the sub-block first and spills them (AVX2, 4 rows:
+      // the step's matmuls 15% slower)
+#pragma GCC unroll 1
       for (int v = 0; v < 4; ++v) {
         const __m256i codes = load256(t.codes[j] + 32 * v);
         __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
