@@ -2,7 +2,7 @@
 loaded from torch's extension cache (rebuilt only when the source changes).
 
 It is compiled for the machine it runs on (`-march=native`), so the kernels' code path follows the CPU's
-features: AVX-512 VNNI / BF16, AVX2 with AVX-VNNI, AVX2, or the portable loops (`isa()` of the module names the
+features: AVX-512 VNNI / BF16, AVX2 (with FMA and F16C), or the portable loops (`isa()` of the module names the
 one built). `SPECCHAT_CPU_ISA=avx2` builds the AVX2 path (x86-64-v3) on any x86 machine, for measuring it
 where the CPU has more.
 
