@@ -12,25 +12,12 @@ from specchat.bench.synthetic import random_tree
 from specchat.bench.verify_cost import fill_cache, llama31_8b_config, random_model
 from specchat.engine.attention import uses_tree_masks
 from specchat.engine.cache import TreeCache
+from specchat.engine.cuda_graphs import capture
 from specchat.engine.verify_forward import verification_forward
 from specchat.kernels.decode_attention import prefix_attention
 from specchat.kernels.hybrid import triton_hybrid_tree_attention
 
 CUDA = torch.device("cuda")
-
-
-def graphed(call):
-    """(graph, its output): `call` warmed up on a side stream, then captured."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
-    return graph, out
 
 
 def ms(call) -> float:
@@ -55,7 +42,7 @@ def attention_calls(heads=32, kv_heads=8, dim=128, dtype=torch.bfloat16):
             }  # fmt: skip
             want = calls["sdpa-mask"]().float()
             for name, call in calls.items():
-                graph, out = graphed(call)
+                graph, out = capture(call)
                 graph.replay()
                 if name == "hybrid-triton":
                     assert (out.float() - want).abs().max() < 2e-2
@@ -83,7 +70,7 @@ def forwards(contexts=(4096, 32768), trees=(0, 1, 16, 63, 64)):
                 call = verification_forward(forward, cache, CUDA, tree_only=uses_tree_masks(model), tree=tree,
                                             root_token=1)  # fmt: skip
                 try:
-                    graph, out = graphed(call)
+                    graph, out = capture(call)
                     graph.replay()
                     same = torch.equal(out.argmax(-1), call().argmax(-1))
                     replay = f"{ms(graph.replay):.2f} ms, argmax as called: {same}"
