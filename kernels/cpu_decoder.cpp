@@ -15,7 +15,7 @@
 #include <ATen/Parallel.h>
 
 #include "bf16_dots.h"
-#include "gguf_blocks.h"
+#include "gguf/matmul.h"
 #include "int8_dots.h"
 #include "lane_pairs.h"
 
@@ -38,7 +38,7 @@ constexpr int LANES = 16;  // partial sums kept side by side; a sum's order depe
 
 struct Linear {
   // y = x W^T + bias, with W dense, the sum of 4-bit planes (packed codes + scales/zeros per group), or GGUF
-  // block-quantized matrices stacked along their rows (gguf_blocks.h).
+  // block-quantized matrices stacked along their rows (gguf/matmul.h).
   at::Tensor dense;
   std::vector<at::Tensor> packed, scales;
   int64_t group = 0;
@@ -1004,23 +1004,33 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         linear.bias = bias;
         return linear;
       });
-  m.def("gguf_linear", [](std::vector<at::Tensor> blocks, std::vector<int64_t> types, int64_t cols,
-                          std::optional<at::Tensor> bias) {
+  // A GGUF matrix crosses as (blocks, type, unit_rows): its tensor, ggml's type id, and 1 for the file's blocks or
+  // 8 / 16 for tiles (gguf/matmul.h, `Matrix`).
+  const auto matrices = [](const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
+                           const std::vector<int64_t>& unit_rows, int64_t cols) {
+    TORCH_CHECK(blocks.size() == types.size() && blocks.size() == unit_rows.size(), "one type and unit per matrix");
+    std::vector<gguf::Matrix> held;
+    for (size_t i = 0; i < blocks.size(); ++i) held.push_back(gguf::blocks_matrix(blocks[i], types[i], unit_rows[i], cols));
+    return held;
+  };
+  m.def("gguf_linear", [matrices](std::vector<at::Tensor> blocks, std::vector<int64_t> types,
+                                  std::vector<int64_t> unit_rows, int64_t cols, std::optional<at::Tensor> bias) {
     Linear linear;
-    for (size_t i = 0; i < blocks.size(); ++i) linear.blocks.push_back({blocks[i].contiguous(), types[i], cols});
+    linear.blocks = matrices(blocks, types, unit_rows, cols);
     linear.bias = bias;
     return linear;
   });
-  m.def("gguf_matmul", [](at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types, int64_t cols,
-                          const std::string& path) {
-    std::vector<gguf::Matrix> matrices;
-    for (size_t i = 0; i < blocks.size(); ++i) matrices.push_back({blocks[i].contiguous(), types[i], cols});
-    return gguf::matmul(x, matrices, gguf::path_named(path));
-  }, "x [n, cols] times GGUF matrices stacked along their rows -> [n, rows] float32 (gguf_blocks.h).");
-  m.def("gguf_tile", &gguf::tile, py::arg("blocks"), py::arg("type"), py::arg("cols"), py::arg("per_unit") = 0,
-        "A Q4_K / Q6_K matrix's blocks [rows, bytes] -> (its tiles, their type) for this build (gguf_blocks.h, `tile`).");
-  m.def("gguf_rows", [](at::Tensor blocks, int64_t type, int64_t cols, at::Tensor ids) {
-    return gguf::dequantize_rows({blocks.contiguous(), type, cols}, ids);
+  m.def("gguf_matmul", [matrices](at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types,
+                                  std::vector<int64_t> unit_rows, int64_t cols, const std::string& path) {
+    return gguf::matmul(x, matrices(blocks, types, unit_rows, cols), gguf::path_named(path));
+  }, "x [n, cols] times GGUF matrices stacked along their rows -> [n, rows] float32 (gguf/matmul.h).");
+  m.def("gguf_tile", [](at::Tensor blocks, int64_t type, int64_t cols, int64_t per_unit) {
+    const gguf::Matrix tiled = gguf::tile(gguf::blocks_matrix(blocks, type, 1, cols), per_unit);
+    return std::make_tuple(tiled.blocks, tiled.unit_rows);
+  }, py::arg("blocks"), py::arg("type"), py::arg("cols"), py::arg("per_unit") = 0,
+     "A matrix's blocks [rows, bytes] -> (its units, their rows: 1, or 8 / 16 where this build tiles it).");
+  m.def("gguf_rows", [](at::Tensor blocks, int64_t type, int64_t unit_rows, int64_t cols, at::Tensor ids) {
+    return gguf::dequantize_rows(gguf::blocks_matrix(blocks, type, unit_rows, cols), ids);
   }, "Rows `ids` of a GGUF matrix dequantized to float32.");
   py::class_<Projection>(m, "Projection").def(py::init([](std::vector<Linear> parts) {
     return Projection{parts};

@@ -23,7 +23,7 @@ ISA_FLAGS = {
     "native": lambda: ["-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"],
     "avx2": lambda: ["-march=x86-64-v3", "-mtune=native"],
 }
-HEADERS = [Path(__file__).with_name(name) for name in ("bf16_dots.h", "gguf_blocks.h", "int8_dots.h", "lane_pairs.h")]
+HEADERS = sorted(SOURCE.parent.glob("*.h")) + sorted(SOURCE.parent.glob("gguf/*.h"))
 
 
 def cpu_decoder():

@@ -2,8 +2,8 @@
 reads (the output head included, the embedding not): ms per forward's matrices by activation rows, median of
 `repeats` rounds, each round every build and row count in turn, and a check that every build's results are
 bitwise the same. Each build is named by its source version (`source_version()` of that checkout, built once by
-`cpu_decoder()`) and holds the matrices tiled its own way (`gguf_tile`, or the older `gguf_tile_q4_k` /
-`gguf_tile_q6_k`), all repacked before any timing:
+`cpu_decoder()`) and holds the matrices tiled its own way (`gguf_tile`, which returns the unit's rows, or the
+older one which returned a tiled type id 1xx / 2xx), all repacked before any timing:
 
     python tests/gguf_matmul_ab.py 7 before=cf8b56c4ebc7 after=<version> [rows=1,2,3,4,8,16]
 """
@@ -32,11 +32,12 @@ def load_build(version: str):
     return module
 
 
-def tiled(build, blocks: torch.Tensor, kind: int, cols: int) -> tuple[torch.Tensor, int]:
-    if hasattr(build, "gguf_tile"):
-        return build.gguf_tile(blocks, kind, cols)
-    tile = build.gguf_tile_q4_k if kind == Q4_K else build.gguf_tile_q6_k
-    return tile(blocks, cols), kind + 100
+def held_by(build, blocks: torch.Tensor, kind: int, cols: int):
+    """A function of x: the matrix times x, as `build` holds the matrix."""
+    tiles, unit = build.gguf_tile(blocks, kind, cols)
+    if unit in (1, 8, 16):  # unit rows
+        return lambda x: build.gguf_matmul(x, [tiles], [kind], [unit], cols, "best")
+    return lambda x: build.gguf_matmul(x, [tiles], [unit], cols, "best")  # a tiled type id
 
 
 def main() -> None:
@@ -50,12 +51,12 @@ def main() -> None:
         else:
             builds[name] = load_build(value)
     tensors = [t for t in gguf_tensors(FILE) if t.name != "token_embd.weight" and int(t.tensor_type) in (Q4_K, Q6_K)]
-    held = {name: [(*tiled(build, torch.from_numpy(t.data), int(t.tensor_type), t.shape[0]), t.shape[0]) for t in tensors]
+    held = {name: [(held_by(build, torch.from_numpy(t.data), int(t.tensor_type), t.shape[0]), t.shape[0]) for t in tensors]
             for name, build in builds.items()}  # fmt: skip
     inputs = {(n, c): torch.randn(n, c) for n in rows for c in {t.shape[0] for t in tensors}}
 
     def forward(name: str, n: int) -> list[torch.Tensor]:
-        return [builds[name].gguf_matmul(inputs[n, c], [b], [k], c, "best") for b, k, c in held[name]]
+        return [product(inputs[n, c]) for product, c in held[name]]
 
     first = next(iter(builds))
     for n in rows:

@@ -29,30 +29,30 @@ from specchat.quant.gguf_types import BLOCK_TYPES, Q6_K
 FILE = Path.home() / ".cache/specchat/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
 
-def matrices(path: Path, untiled_q6: bool) -> list[tuple[torch.Tensor, int, int, str, int]]:
-    """(blocks, type, columns, block type name, bytes) of every block-quantized matrix but the embedding, held
-    as GGUFLinear holds them (tiled)."""
+def matrices(path: Path, untiled_q6: bool) -> list[tuple[torch.Tensor, int, int, int, str, int]]:
+    """(blocks, type, unit rows, columns, block type name, bytes) of every block-quantized matrix but the
+    embedding, held as GGUFLinear holds them (tiled)."""
     decoder, held = cpu_decoder(), []
     for tensor in gguf_tensors(path):
         kind = int(tensor.tensor_type)
         if tensor.name == "token_embd.weight" or kind not in BLOCK_TYPES:
             continue
         blocks, columns = torch.from_numpy(tensor.data), tensor.shape[0]
-        name = BLOCK_TYPES[kind].name.upper()
+        name, units = BLOCK_TYPES[kind].name.upper(), 1
         if not (kind == Q6_K and untiled_q6):
-            blocks, kind = decoder.gguf_tile(blocks, kind, columns)
-        held.append((blocks, kind, columns, name, blocks.numel()))
+            blocks, units = decoder.gguf_tile(blocks, kind, columns)
+        held.append((blocks, kind, units, columns, name, blocks.numel()))
     return held
 
 
-def synthetic(untiled_q6: bool) -> list[tuple[torch.Tensor, int, int, str, int]]:
+def synthetic(untiled_q6: bool) -> list[tuple[torch.Tensor, int, int, int, str, int]]:
     """One random 8960 x 1536 matrix of every block type, held as `matrices` holds a file's."""
     decoder, held, rng = cpu_decoder(), [], np.random.default_rng(0)
     for kind, block in BLOCK_TYPES.items():
-        blocks = torch.from_numpy(random_blocks(kind, 8960, 1536, rng))
+        blocks, units = torch.from_numpy(random_blocks(kind, 8960, 1536, rng)), 1
         if not (kind == Q6_K and untiled_q6):
-            blocks, kind = decoder.gguf_tile(blocks, kind, 1536)
-        held.append((blocks, kind, 1536, block.name.upper(), blocks.numel()))
+            blocks, units = decoder.gguf_tile(blocks, kind, 1536)
+        held.append((blocks, kind, units, 1536, block.name.upper(), blocks.numel()))
     return held
 
 
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--rows", default="1,2,4,8,16")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--path", default="best", choices=["best", "avx2", "portable"])
+    parser.add_argument("--path", default="best", choices=["best", "avx2", "unpacked", "portable"])
     parser.add_argument("--untiled-q6", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -70,14 +70,14 @@ def main() -> None:
     counts = [int(n) for n in args.rows.split(",")]
     names = sorted({name for *_, name, _ in held})
     sizes = {name: sum(size for *_, n, size in held if n == name) for name in names}
-    inputs = {(n, cols): torch.randn(n, cols) for n in counts for cols in {c for _, _, c, _, _ in held}}
+    inputs = {(n, cols): torch.randn(n, cols) for n in counts for cols in {c for _, _, _, c, _, _ in held}}
     times: dict[tuple[int, str], list[float]] = defaultdict(list)
     for _ in range(args.repeats):
         for n in counts:
             spent: dict[str, float] = defaultdict(float)
-            for blocks, kind, cols, name, _ in held:
+            for blocks, kind, units, cols, name, _ in held:
                 start = time.perf_counter()
-                cpu_decoder().gguf_matmul(inputs[n, cols], [blocks], [kind], cols, args.path)
+                cpu_decoder().gguf_matmul(inputs[n, cols], [blocks], [kind], [units], cols, args.path)
                 spent[name] += time.perf_counter() - start
             for name in names:
                 times[n, name].append(spent[name])

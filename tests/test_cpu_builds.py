@@ -35,14 +35,13 @@ def avx2():
 def test_gguf_kernels_equal_the_avx2_build(avx2, kind):
     native, rng = cpu_decoder(), np.random.default_rng(int(kind))
     blocks = torch.from_numpy(random_blocks(kind, 48, 512, rng))
-    held = [(blocks, int(kind))]
-    if kind.name in ("Q8_0", "Q4_K", "Q5_K", "Q6_K"):  # 8-row tiles and pairs of them, as this build lays them out
-        held += [native.gguf_tile(blocks, int(kind), 512, per_unit) for per_unit in (1, 2)]
+    held = [(blocks, 1)] + [native.gguf_tile(blocks, int(kind), 512, per_unit) for per_unit in (1, 2)]
     x = torch.from_numpy(rng.standard_normal((21, 512)).astype(np.float32))
-    for matrix, type_id in held:
+    for matrix, unit_rows in held:  # the file's rows, 8-row tiles and pairs of them
         for rows in (1, 3, 8, 21):
-            mine = native.gguf_matmul(x[:rows], [matrix], [type_id], 512, "best")
-            assert torch.equal(mine, avx2.gguf_matmul(x[:rows], [matrix], [type_id], 512, "best")), (type_id, rows)
+            mine = native.gguf_matmul(x[:rows], [matrix], [int(kind)], [unit_rows], 512, "best")
+            theirs = avx2.gguf_matmul(x[:rows], [matrix], [int(kind)], [unit_rows], 512, "best")
+            assert torch.equal(mine, theirs), (unit_rows, rows)
 
 
 @pytest.mark.parametrize(("dtype", "kv_cache"), [(torch.float32, "auto"), (torch.bfloat16, "auto"), (torch.bfloat16, "int8")],

@@ -1,13 +1,14 @@
-"""The CPU decoder's GGUF block kernels (kernels/gguf_blocks.h) against gguf-py's own dequantization.
+"""The CPU decoder's GGUF block kernels (kernels/gguf/) against gguf-py's own dequantization.
 
 Activations are quantized to int8 per row over each type's groups (32 values, or 256 for the K-quants), so
 the kernel computes exactly x_q @ W^T with x_q the quantized activations: checked to 1e-5 of the output's
 scale in float64 (the kernel's only rounding is its float accumulation), and to 2% of it against the
 unquantized x (int8 activations: llama.cpp's own precision for these types). Each row's result is bitwise
 the same alone, among 1..150 rows (past the 64 a pass over the weights takes), and on every code path
-(the best this machine has, AVX-512 VNNI where it has it; AVX2; the portable loops). Every type repacked in
-tiles of 8 rows (types 100 + its id) or pairs of them (200 + its id) is held to the same, to each other
-bitwise, and to the row-at-a-time kernel's results within float rounding.
+(the best this machine has, AVX-512 VNNI where it has it; AVX2; every row through its integer form, as a type
+without kernels of its own runs; the portable loops). Every type repacked in tiles of 8 rows or pairs of them
+(held in units of 8 or 16 rows) is held to the same, to each other bitwise, and to the row-at-a-time kernel's
+results within float rounding.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def quantized(x: torch.Tensor, group: int) -> torch.Tensor:
     return (torch.round(groups * inverse) * (amax / 127)).view_as(x)
 
 
-PATHS = ["avx2", "portable"]  # each checked against "best"
+PATHS = ["avx2", "unpacked", "portable"]  # each checked against "best"
 
 
 def matmul(x, blocks, kind, *, path="best"):
-    return cpu_decoder().gguf_matmul(x, [torch.from_numpy(blocks)], [int(kind)], x.shape[1], path)
+    return cpu_decoder().gguf_matmul(x, [torch.from_numpy(blocks)], [int(kind)], [1], x.shape[1], path)
 
 
 @pytest.mark.parametrize("kind", TYPES, ids=[t.name for t in TYPES])
@@ -70,7 +71,8 @@ def test_stacked_matrices_of_different_types_equal_each_alone():
     rng = np.random.default_rng(2)
     parts = [(Q, random_blocks(Q, rows, 512, rng)) for Q, rows in zip(TYPES, [8, 16, 3, 5, 7, 9, 2, 11])]
     x = torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float32))
-    stacked = cpu_decoder().gguf_matmul(x, [torch.from_numpy(b) for _, b in parts], [int(k) for k, _ in parts], 512, "best")
+    blocks, kinds = [torch.from_numpy(b) for _, b in parts], [int(k) for k, _ in parts]
+    stacked = cpu_decoder().gguf_matmul(x, blocks, kinds, [1] * len(parts), 512, "best")
     assert torch.equal(stacked, torch.cat([matmul(x, b, k) for k, b in parts], dim=1))
 
 
@@ -80,25 +82,26 @@ def test_rows_dequantize_like_gguf_py(kind):
     blocks = random_blocks(kind, 10, 512, rng)
     want = torch.from_numpy(dequantize(blocks, kind).copy())
     ids = torch.tensor([9, 0, 4, 4])
-    got = cpu_decoder().gguf_rows(torch.from_numpy(blocks), int(kind), 512, ids)
+    got = cpu_decoder().gguf_rows(torch.from_numpy(blocks), int(kind), 1, 512, ids)
     torch.testing.assert_close(got, want[ids], atol=1e-6 * want.abs().max().item(), rtol=0)
 
 
-# --- every type in tiles of 8 rows (types 1xx) and pairs of them (2xx): the same products --------------------
+# --- every type in tiles of 8 rows and pairs of them: the same products ------------------------------------
 
 KINDS = TYPES
 UNITS = {1: "tiles", 2: "pairs"}  # 8-row tiles a unit holds
 
 
-def tiled(kind, blocks: np.ndarray, columns: int, per_unit: int) -> tuple[torch.Tensor, int]:
-    tiles, type_id = cpu_decoder().gguf_tile(torch.from_numpy(blocks), int(kind), columns, per_unit)
-    assert type_id == {1: 100, 2: 200}[per_unit] + int(kind)
-    return tiles, type_id
+def tiled(kind, blocks: np.ndarray, columns: int, per_unit: int) -> tuple[torch.Tensor, int, int]:
+    """(tiles, type, unit rows): a matrix as the kernels hold it."""
+    tiles, unit_rows = cpu_decoder().gguf_tile(torch.from_numpy(blocks), int(kind), columns, per_unit)
+    assert unit_rows == 8 * per_unit
+    return tiles, int(kind), unit_rows
 
 
 def tile_matmul(x, held, *, path="best"):
-    tiles, type_id = held
-    return cpu_decoder().gguf_matmul(x, [tiles], [type_id], x.shape[1], path)
+    tiles, type_id, unit_rows = held
+    return cpu_decoder().gguf_matmul(x, [tiles], [type_id], [unit_rows], x.shape[1], path)
 
 
 @pytest.mark.parametrize("per_unit", list(UNITS), ids=list(UNITS.values()))
@@ -120,11 +123,13 @@ def test_tile_rows_are_bitwise_independent_and_paths_and_units_agree(kind):
     rng = np.random.default_rng(1)
     blocks = random_blocks(kind, 48, 512, rng)
     x = torch.from_numpy(rng.standard_normal((150, 512)).astype(np.float32))
-    together = tile_matmul(x, tiled(kind, blocks, 512, 1))
+    together, rows_form = tile_matmul(x, tiled(kind, blocks, 512, 1)), matmul(x, blocks, kind)
     for per_unit in UNITS:
         held = tiled(kind, blocks, 512, per_unit)
-        for path in ["best", *PATHS]:
+        for path in ["best", "avx2", "portable"]:
             assert torch.equal(together, tile_matmul(x, held, path=path)), (per_unit, path)
+        # through the integer form a tile's rows are its blocks' rows: the file's form, bit for bit
+        assert torch.equal(tile_matmul(x, held, path="unpacked"), rows_form), per_unit
         spans = [(0, 1), (5, 1), (90, 3), (3, 4), (7, 5), (40, 6), (100, 7), (60, 4), (0, 9), (62, 5), (127, 23), (16, 15)]
         for first, count in spans:
             assert torch.equal(tile_matmul(x[first : first + count], held), together[first : first + count])
@@ -136,12 +141,12 @@ def test_tiles_dequantize_like_their_blocks_and_stack_with_other_types(kind, per
     rng = np.random.default_rng(4)
     blocks = random_blocks(kind, 32, 512, rng)
     ids = torch.arange(32).flip(0)
-    rows = cpu_decoder().gguf_rows(torch.from_numpy(blocks), int(kind), 512, ids)
+    rows = cpu_decoder().gguf_rows(torch.from_numpy(blocks), int(kind), 1, 512, ids)
     held = tiled(kind, blocks, 512, per_unit)
     assert torch.equal(cpu_decoder().gguf_rows(*held, 512, ids), rows)
     q8 = random_blocks(GGMLQuantizationType.Q8_0, 3, 512, rng)
     x = torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float32))
-    stacked = cpu_decoder().gguf_matmul(x, [held[0], torch.from_numpy(q8)], [held[1], 8], 512, "best")
+    stacked = cpu_decoder().gguf_matmul(x, [held[0], torch.from_numpy(q8)], [held[1], 8], [held[2], 1], 512, "best")
     assert torch.equal(stacked, torch.cat([tile_matmul(x, held), matmul(x, q8, 8)], dim=1))
 
 
@@ -150,12 +155,12 @@ def test_a_build_tiles_what_it_can(kind):
     rng = np.random.default_rng(5)
     for rows, columns in [(32, 512), (24, 256), (20, 256)]:
         blocks = torch.from_numpy(random_blocks(kind, rows, columns, rng))
-        tiles, type_id = cpu_decoder().gguf_tile(blocks, int(kind), columns)
+        tiles, unit_rows = cpu_decoder().gguf_tile(blocks, int(kind), columns)
         if rows % 8:
-            assert type_id == int(kind) and torch.equal(tiles, blocks)
+            assert unit_rows == 1 and torch.equal(tiles, blocks)
         else:  # pairs where this build reads them (AVX-512 VNNI) and rows come in sixteens, else 8-row tiles
-            assert type_id in (int(kind) + 100, int(kind) + 200) and (type_id < 200 or rows % 16 == 0)
-        assert tiles.shape[0] * {int(kind): 1, int(kind) + 100: 8, int(kind) + 200: 16}[type_id] == rows
+            assert unit_rows in (8, 16) and (unit_rows == 8 or rows % 16 == 0)
+        assert tiles.shape[0] * unit_rows == rows
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=[t.name for t in KINDS])
@@ -173,7 +178,7 @@ def test_the_largest_codes_and_activations_stay_exact_on_every_path(kind, sign):
     weight = torch.from_numpy(dequantize(blocks, kind).copy()).double()
     x = torch.full((3, 512), float(sign))
     want = x.double() @ weight.T
-    for held in [(torch.from_numpy(blocks), int(kind)), tiled(kind, blocks, 512, 1), tiled(kind, blocks, 512, 2)]:
+    for held in [(torch.from_numpy(blocks), int(kind), 1), tiled(kind, blocks, 512, 1), tiled(kind, blocks, 512, 2)]:
         for path in ["best", *PATHS]:
-            got = cpu_decoder().gguf_matmul(x, [held[0]], [held[1]], 512, path).double()
-            assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (held[1], path)
+            got = cpu_decoder().gguf_matmul(x, [held[0]], [held[1]], [held[2]], 512, path).double()
+            assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (held[2], path)

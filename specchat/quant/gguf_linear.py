@@ -1,7 +1,7 @@
 """Layers that compute on a GGUF tensor's own blocks (memory-mapped from the file, never dequantized whole;
-repacked in tiles of 8 or 16 rows, `gguf_types.UNIT_ROWS`).
+repacked in tiles of 8 or 16 rows).
 
-`GGUFLinear` multiplies by the blocks through the CPU decoder's kernels (kernels/gguf_blocks.h): activations
+`GGUFLinear` multiplies by the blocks through the CPU decoder's kernels (kernels/gguf/): activations
 are quantized to int8 per row, as llama.cpp does for these types, and each row's result is bitwise the same
 whatever rows share the call. Several matrices of one input (q/k/v, gate/up) stack into one layer that
 multiplies them in one call, whatever their block types. `GGUFEmbedding` dequantizes only the rows it looks up.
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from specchat.kernels.cpu_decoder import cpu_decoder
-from specchat.quant.gguf_types import BLOCK_TYPES, UNTILED, held_rows
+from specchat.quant.gguf_types import BLOCK_TYPES, held_rows
 from specchat.quant.quantized_linear import QuantizedLinear
 
 
@@ -26,8 +26,8 @@ class GGUFLinear(QuantizedLinear):
         kind = BLOCK_TYPES[type_id]
         if blocks.shape[1] != kind.row_bytes(in_features):
             raise ValueError(f"{kind.name} blocks of {blocks.shape[1]} bytes per row do not hold {in_features} values")
-        blocks, type_id = cpu_decoder().gguf_tile(blocks, type_id, in_features)
-        self._hold([blocks], [type_id], in_features, None if bias is None else bias.to(dtype))
+        blocks, unit_rows = cpu_decoder().gguf_tile(blocks, type_id, in_features)
+        self._hold([blocks], [type_id], [unit_rows], in_features, None if bias is None else bias.to(dtype))
 
     @classmethod
     def stacked(cls, layers: list[GGUFLinear], bias: torch.Tensor | None) -> GGUFLinear | None:
@@ -38,13 +38,16 @@ class GGUFLinear(QuantizedLinear):
         nn.Module.__init__(layer)
         matrices = [matrix for each in layers for matrix in each.matrices]
         types = [type_id for each in layers for type_id in each.type_ids]
-        layer._hold(matrices, types, layers[0].in_features, bias)
+        units = [unit_rows for each in layers for unit_rows in each.unit_rows]
+        layer._hold(matrices, types, units, layers[0].in_features, bias)
         return layer
 
-    def _hold(self, matrices: list[torch.Tensor], type_ids: list[int], in_features: int, bias) -> None:
-        self.type_ids, self.in_features = type_ids, in_features
-        self.out_features = sum(held_rows(matrix, t) for matrix, t in zip(matrices, type_ids))
-        names = (BLOCK_TYPES[UNTILED.get(t, t)].name for t in type_ids)
+    def _hold(self, matrices: list[torch.Tensor], type_ids: list[int], unit_rows: list[int], in_features: int,
+              bias) -> None:  # fmt: skip
+        """Matrices held in units of `unit_rows` rows each: 1, the file's blocks; 8 or 16, repacked in tiles."""
+        self.type_ids, self.unit_rows, self.in_features = type_ids, unit_rows, in_features
+        self.out_features = sum(held_rows(matrix, units) for matrix, units in zip(matrices, unit_rows))
+        names = (BLOCK_TYPES[t].name for t in type_ids)
         self.format = "+".join(dict.fromkeys(names))  # "q4_k", "q4_k+q6_k"
         for i, matrix in enumerate(matrices):
             self.register_buffer(f"blocks_{i}", matrix, persistent=False)
@@ -56,7 +59,8 @@ class GGUFLinear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        out = cpu_decoder().gguf_matmul(flat, self.matrices, self.type_ids, self.in_features, "best").to(x.dtype)
+        out = cpu_decoder().gguf_matmul(flat, self.matrices, self.type_ids, self.unit_rows, self.in_features, "best")
+        out = out.to(x.dtype)
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
@@ -68,16 +72,16 @@ class GGUFLinear(QuantizedLinear):
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Rows `rows` of the weight matrix [len(rows), in] in float32, each unpacked from its matrix's blocks."""
         out, first = torch.empty(len(rows), self.in_features), 0
-        for matrix, type_id in zip(self.matrices, self.type_ids):
-            count = held_rows(matrix, type_id)
+        for matrix, type_id, units in zip(self.matrices, self.type_ids, self.unit_rows):
+            count = held_rows(matrix, units)
             inside = ((rows >= first) & (rows < first + count)).nonzero().flatten()
             if len(inside):
-                out[inside] = cpu_decoder().gguf_rows(matrix, type_id, self.in_features, rows[inside] - first)
+                out[inside] = cpu_decoder().gguf_rows(matrix, type_id, units, self.in_features, rows[inside] - first)
             first += count
         return out
 
     def native(self, decoder):
-        return decoder.gguf_linear(self.matrices, self.type_ids, self.in_features, self.bias)
+        return decoder.gguf_linear(self.matrices, self.type_ids, self.unit_rows, self.in_features, self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, {self.format}"
@@ -91,7 +95,7 @@ class GGUFEmbedding(nn.Module):
         self.register_buffer("blocks", blocks, persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = cpu_decoder().gguf_rows(self.blocks, self.type_id, self.embedding_dim, ids.reshape(-1))
+        rows = cpu_decoder().gguf_rows(self.blocks, self.type_id, 1, self.embedding_dim, ids.reshape(-1))
         return rows.to(self.dtype).view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

@@ -1,7 +1,9 @@
 """GGUF tensor types: which ones specchat multiplies in their own blocks, and which it keeps dense.
 
-One table: a block type's kernel lives in kernels/gguf_blocks.h under the same ggml type id, so adding a type
-is one entry here and one unpacking case there.
+One table: a block type's kernels live in kernels/gguf/ under the same ggml type id. Adding a type is one entry
+here, its line in GGUF_BLOCK_TYPES (kernels/gguf/formats.h) and its case in `unpack_row` (kernels/gguf/unpack.h):
+it then runs on every path through its rows' integer form. Tiles and kernels of its own are an entry in
+kernels/gguf/traits.h.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ class BlockType:
         return columns // self.values * self.bytes
 
 
-BLOCK_TYPES = {  # ggml type id -> layout (kernels/gguf_blocks.h)
+BLOCK_TYPES = {  # ggml type id -> layout (kernels/gguf/formats.h)
     2: BlockType("q4_0", 32, 18),
     3: BlockType("q4_1", 32, 20),
     6: BlockType("q5_0", 32, 22),
@@ -30,19 +32,16 @@ BLOCK_TYPES = {  # ggml type id -> layout (kernels/gguf_blocks.h)
     14: BlockType("q6_k", 256, 210),
 }
 DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored unquantized
-
-# Every block type's matrices run repacked in tiles of 8 rows, or pairs of them (16 rows) where the build reads
-# pairs (kernels/gguf_blocks.h, `tile`): each tile's codes are read once for all its rows' products, which makes
-# prefill and tree verification faster. A tiled type is a type of its own to the kernels (100 or 200 plus its block
-# type), held [rows / unit rows, bytes per unit].
 Q4_K, Q6_K = 12, 14
-UNTILED = {unit + kind: kind for kind in BLOCK_TYPES for unit in (100, 200)}  # tiled type -> its block type
-UNIT_ROWS = {tiled: 8 if tiled < 200 else 16 for tiled in UNTILED}  # tiled type -> the weight rows of a unit
+
+# A matrix is held in units of rows: the file's blocks a row at a time (1), or repacked in tiles of 8 rows or pairs
+# of them (16) where the build reads pairs (kernels/gguf/matmul.h, `tile`): each tile's codes are read once for all
+# its rows' products, which makes prefill and tree verification faster. Held: [rows / unit rows, bytes per unit].
 
 
-def held_rows(matrix, type_id: int) -> int:
-    """The weight rows a held matrix ([rows, bytes] of blocks, or [rows / unit rows, bytes] of tiles) has."""
-    return matrix.shape[0] * UNIT_ROWS.get(type_id, 1)
+def held_rows(matrix, unit_rows: int) -> int:
+    """The weight rows a held matrix has."""
+    return matrix.shape[0] * unit_rows
 
 
 def check_type(type_id: int, tensor: str, path) -> None:

@@ -1,0 +1,638 @@
+// The 256-bit kernels: AVX2 (with FMA and F16C), each row's operations those of the portable loops (portable.h).
+// Integer products go through vpmaddubsw / vpmaddwd; on a build with AVX-512 VNNI (VL) the same integers may
+// take vpdpbusd instead (`VNNI` template arguments, and the legacy types' products). Activation rows come in
+// fours (ROWS), each weight row or tile read once for all of them.
+#pragma once
+
+#include "portable.h"
+
+#include <type_traits>
+
+#ifdef GGUF_AVX2
+namespace gguf {
+
+inline float lane_sum(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  return lane_sum(lanes);
+}
+
+// codes (unsigned, or int8 with SIGNED) times int8 activations in pairs, times the pairs' scales, into lanes.
+template <bool SIGNED>
+inline __m256i pair_products(__m256i codes, __m256i a, __m256i scales) {
+  if (SIGNED) return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(codes, codes), _mm256_sign_epi8(a, codes)), scales);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, a), scales);
+}
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 16 in byte l where bit l of `bits` is set, else 0 (Q5_0 / Q5_1's fifth bits).
+inline __m256i fifth_bits_vector(uint32_t bits) {
+  // byte l of `spread` is byte l / 8 of `bits`; then bit l % 8 of it, as a byte mask
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+// 16 in byte l where bit `shift` of byte l of `high` is set, else 0 (Q5_K's fifth bits).
+inline __m256i fifth_bits_k_vector(__m256i high, int shift) {
+  const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << shift));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, bit), bit), _mm256_set1_epi8(16));
+}
+
+// `six_bits_128` (unpack.h) in four vectors: 64 low-nibble bytes and 32 bytes of 2-bit pairs -> 128 codes.
+inline void six_bits_128_vectors(const uint8_t* ql, const uint8_t* qh, uint8_t* out) {
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+  const __m256i low0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+  const __m256i low1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+  const auto high = [&](int shift) {  // bits (shift, shift + 1) of each byte, moved to bits 4 and 5
+    const __m256i two = _mm256_and_si256(_mm256_srli_epi16(h, shift), m2);
+    return _mm256_slli_epi16(two, 4);
+  };
+  const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(low0, 4), m4);
+  const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(low1, 4), m4);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_or_si256(_mm256_and_si256(low0, m4), high(0)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), _mm256_or_si256(_mm256_and_si256(low1, m4), high(2)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64), _mm256_or_si256(hi0, high(4)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 96), _mm256_or_si256(hi1, high(6)));
+}
+
+// AVX2 over the unpacked row (any type): ROWS rows share each load of the codes and scales.
+template <bool SIGNED, int ROWS>
+void dots_avx2(const Unpacked& u, const Quantized& x, int64_t first, int64_t values, float* out) {
+  const int64_t cols = x.cols, groups = cols / values;
+  __m256 acc[ROWS], offset[ROWS];
+  const int8_t* a[ROWS];
+  for (int r = 0; r < ROWS; ++r) {
+    acc[r] = offset[r] = _mm256_setzero_ps();
+    a[r] = x.q.data() + (first + r) * cols;
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i lanes[ROWS];
+    for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
+    for (int64_t c = g * values; c < (g + 1) * values; c += 32) {
+      const __m256i w = load256(u.codes.data() + c), s = load256(u.pair_scales.data() + c / 2);
+      for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_add_epi32(lanes[r], pair_products<SIGNED>(w, load256(a[r] + c), s));
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const float d = x.scale[(first + r) * groups + g];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[r]), _mm256_set1_ps(d * u.a[g]), acc[r]);
+      if (u.b[g] != 0.0f) {
+        alignas(32) int32_t q[8];
+        offset_lanes(u, x, first + r, g, values, q);
+        offset[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(load256(q)), _mm256_set1_ps(d * u.b[g]), offset[r]);
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
+}
+
+// An activation row as the K-quant kernels walk it: its int8 values, per-group scales and per-16 sums.
+struct RowCursor {
+  const int8_t* q = nullptr;
+  const float* scale = nullptr;
+  const int16_t* sums = nullptr;
+};
+
+template <int ROWS>
+inline void k_cursors(const Quantized& x, int64_t first, RowCursor (&rows)[ROWS]) {
+  for (int r = 0; r < ROWS; ++r)
+    rows[r] = {x.q.data() + (first + r) * x.cols, x.scale.data() + (first + r) * (x.cols / 256),
+               x.sums.data() + (first + r) * x.cols / 16};
+}
+
+// The end of K-quant group g (256 values) for one activation row: P lanes into acc, the 16 sub-blocks' M[j]
+// (`mins`, int16) times the row's sums into the offset lanes, as `dots_portable` does (D[g] A[g] and D[g] B[g]
+// are the same float products in every lane).
+inline void close_k_group(const RowCursor& row, int64_t g, __m256i lanes, __m256i mins, __m256 da, __m256 db,
+                          __m256& acc, __m256& offset) {
+  const __m256 d = _mm256_broadcast_ss(row.scale + g);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_mul_ps(d, da), acc);
+  const __m256i q = _mm256_madd_epi16(mins, load256(row.sums + g * 16));
+  offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(d, db), offset);
+}
+
+// vpshufb patterns that copy int16 word k of each 128-bit half to all eight words of that half.
+alignas(32) inline constexpr uint8_t broadcast_word[8][32] = {
+#define GGUF_WORD(k) {2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, \
+  2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, \
+  2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1}
+    GGUF_WORD(0), GGUF_WORD(1), GGUF_WORD(2), GGUF_WORD(3), GGUF_WORD(4), GGUF_WORD(5), GGUF_WORD(6), GGUF_WORD(7),
+#undef GGUF_WORD
+};
+
+// vpshufb patterns that copy int16 word 2c to the low half's eight words and word 2c + 1 to the high half's.
+alignas(32) inline constexpr uint8_t word_pair[4][32] = {
+#define GGUF_PAIR(c) {4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c, 4 * c + 1, \
+  4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, \
+  4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3}
+    GGUF_PAIR(0), GGUF_PAIR(1), GGUF_PAIR(2), GGUF_PAIR(3),
+#undef GGUF_PAIR
+};
+
+// Q4_K, or Q5_K with FIVE, straight from its blocks (no unpacked copy): the operations of `dots_portable`.
+// The chunk loop stays rolled: unrolled, the compiler keeps every product live at once and spills them (15% slower).
+template <bool FIVE, int ROWS>
+void dots_q4_k(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+  const int64_t groups = x.cols / 256;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m256 acc[ROWS], offset[ROWS];
+  RowCursor rows[ROWS];
+  k_cursors(x, first, rows);
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* b = row + g * (FIVE ? 176 : 144);
+    const uint8_t* qs = b + (FIVE ? 48 : 16);
+    alignas(16) uint8_t scales[16];  // then the mins
+    scales_mins_k4(b + 4, scales);
+    const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales));
+    const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));  // the eight scales, each half
+    __m256i lanes[ROWS];
+    for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = load256(qs + 32 * c);
+      __m256i low = _mm256_and_si256(q, m4), high = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if (FIVE) {  // Q5_K's fifth bits: bit 2c of byte l in b + 16 for the low nibbles, bit 2c + 1 for the high
+        low = _mm256_or_si256(low, fifth_bits_k_vector(load256(b + 16), 2 * c));
+        high = _mm256_or_si256(high, fifth_bits_k_vector(load256(b + 16), 2 * c + 1));
+      }
+      const __m256i s_low = _mm256_shuffle_epi8(s16, load256(broadcast_word[2 * c]));
+      const __m256i s_high = _mm256_shuffle_epi8(s16, load256(broadcast_word[2 * c + 1]));
+      for (int r = 0; r < ROWS; ++r) {
+        const int8_t* a = rows[r].q + g * 256 + 64 * c;
+        lanes[r] = _mm256_add_epi32(lanes[r], pair_products<false>(low, load256(a), s_low));
+        lanes[r] = _mm256_add_epi32(lanes[r], pair_products<false>(high, load256(a + 32), s_high));
+      }
+    }
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_srli_si128(packed, 8), twice));
+    const __m256 da = _mm256_set1_ps(half(b)), db = _mm256_set1_ps(-half(b + 2));
+    for (int r = 0; r < ROWS; ++r) close_k_group(rows[r], g, lanes[r], m16, da, db, acc[r], offset[r]);
+  }
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
+}
+
+// Q6_K straight from its blocks.
+template <int ROWS>
+void dots_q6_k(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+  const int64_t groups = x.cols / 256;
+  alignas(32) uint8_t codes[128];
+  __m256 acc[ROWS], offset[ROWS];
+  RowCursor rows[ROWS];
+  k_cursors(x, first, rows);
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* b = row + g * 210;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
+    const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+    const __m256i halves[2] = {_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8)),
+                               _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(s8, 8)))};
+    __m256i lanes[ROWS];
+    for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      six_bits_128_vectors(b + 64 * h, b + 128 + 32 * h, codes);
+#pragma GCC unroll 1
+      for (int c = 0; c < 4; ++c) {
+        const __m256i s = _mm256_shuffle_epi8(halves[h], load256(word_pair[c]));  // S[j], S[j + 1]
+        const __m256i w = load256(codes + 32 * c);
+        for (int r = 0; r < ROWS; ++r)
+          lanes[r] = _mm256_add_epi32(lanes[r], pair_products<false>(w, load256(rows[r].q + g * 256 + 128 * h + 32 * c), s));
+      }
+    }
+    const __m256 da = _mm256_set1_ps(half(b + 208)), db = _mm256_set1_ps(-32.0f * half(b + 208));
+    for (int r = 0; r < ROWS; ++r) close_k_group(rows[r], g, lanes[r], s16, da, db, acc[r], offset[r]);
+  }
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
+}
+
+// A legacy block's 32 codes in natural order, as `unpack_row` leaves them: Q4_0 and Q5_0 centred (u - 8, u - 16),
+// Q4_1 and Q5_1 unsigned, Q8_0 as stored.
+template <int64_t TYPE>
+inline __m256i codes_32(const uint8_t* b) {
+  if (TYPE == Q8_0) return load256(b + 2);
+  constexpr bool five = TYPE == Q5_0 || TYPE == Q5_1, with_min = TYPE == Q4_1 || TYPE == Q5_1;
+  constexpr int head = (with_min ? 4 : 2) + (five ? 4 : 0);
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + head));
+  const __m128i m4 = _mm_set1_epi8(15);
+  __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), m4), _mm_and_si128(bytes, m4));
+  if (five) {
+    uint32_t bits;
+    std::memcpy(&bits, b + head - 4, 4);
+#ifdef GGUF_VNNI  // the fifth bits as a byte mask: where one is clear, u - 16 is the nibble less 16, else the nibble
+    if (!with_min) return _mm256_mask_sub_epi8(codes, _cvtu32_mask32(~bits), codes, _mm256_set1_epi8(16));
+    return _mm256_mask_add_epi8(codes, _cvtu32_mask32(bits), codes, _mm256_set1_epi8(16));
+#else
+    codes = _mm256_or_si256(codes, fifth_bits_vector(bits));
+#endif
+  }
+  return with_min ? codes : _mm256_sub_epi8(codes, _mm256_set1_epi8(five ? 16 : 8));
+}
+
+// The 8 lanes of 4 products each of 32 codes `w` (int8 with SIGNED, then `magnitude` = |w|) and int8 activations.
+template <bool SIGNED>
+inline __m256i products_32(__m256i w, __m256i magnitude, __m256i a) {
+#ifdef GGUF_VNNI  // the same integers in one step: vpdpbusd sums four byte products into each int32 lane
+  const __m256i zero = _mm256_setzero_si256();
+  return SIGNED ? _mm256_dpbusd_epi32(zero, magnitude, _mm256_sign_epi8(a, w)) : _mm256_dpbusd_epi32(zero, w, a);
+#else
+  (void)magnitude;
+  return pair_products<SIGNED>(w, a, _mm256_set1_epi16(1));
+#endif
+}
+
+// The legacy types (groups of 32) straight from their blocks: the generic path's operations with S = 1, and for
+// Q4_1 / Q5_1 an offset whose first lane alone is not zero (M = 1 on both of a group's sub-blocks).
+template <int64_t TYPE, int ROWS>
+void dots_32(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+  constexpr bool with_min = TYPE == Q4_1 || TYPE == Q5_1;
+  const int64_t cols = x.cols, groups = cols / 32, bytes = layout(TYPE).bytes;
+  __m256 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* b = row + g * bytes;
+    const __m256i w = codes_32<TYPE>(b), magnitude = _mm256_sign_epi8(w, w);
+    const float a = half(b), m = with_min ? half(b + 2) : 0.0f;
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256i lanes = products_32<!with_min>(w, magnitude, load256(x.q.data() + (first + r) * cols + g * 32));
+      const float d = x.scale[(first + r) * groups + g];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d * a), acc[r]);
+      if (with_min && m != 0.0f) {
+        const __m256i sum = _mm256_setr_epi32(x.sums32[(first + r) * groups + g], 0, 0, 0, 0, 0, 0, 0);
+        offset[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(d * m), offset[r]);
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(offset[r]);
+}
+
+// Rows in fours, then a pair, then one; each row's operations the same either way.
+template <typename Kernel>
+inline void by_fours(int64_t rows, Kernel kernel) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) kernel(std::integral_constant<int, 4>{}, r);
+  if (r + 2 <= rows) kernel(std::integral_constant<int, 2>{}, r), r += 2;
+  if (r < rows) kernel(std::integral_constant<int, 1>{}, r);
+}
+
+// Unsigned codes times int8 activations added to `sums`: AVX2 in pairs into int16 lanes, VNNI in fours into
+// int32 lanes.
+template <bool VNNI>
+inline __m256i products(__m256i sums, __m256i codes, __m256i a) {
+#ifdef GGUF_VNNI
+  if constexpr (VNNI) return _mm256_dpbusd_epi32(sums, codes, a);
+#endif
+  return _mm256_add_epi16(sums, _mm256_maddubs_epi16(codes, a));
+}
+
+// A sub-block's `products` times its scales, in int32 lanes: AVX2 widens pairs of int16 lanes in the
+// multiply-add, VNNI's lanes are int32 already.
+template <bool VNNI>
+inline __m256i scaled(__m256i sums, __m256i scales) {
+#ifdef GGUF_VNNI
+  if constexpr (VNNI) return _mm256_mullo_epi32(sums, scales);
+#endif
+  return _mm256_madd_epi16(sums, scales);
+}
+
+// The end of tile group g for activation row r: P (row i's in int32 lane i) and the mins' Q into the float lanes,
+// as `tile_dots_portable` does. Shared by the AVX2 and VNNI kernels, which differ only in how they sum P.
+inline void close_tile_group(const TileQ4K& t, const Quantized& x, int64_t r, int64_t g, __m256i p, __m256 d,
+                             __m256 neg_min, __m256& acc, __m256& offset) {
+  const int64_t groups = x.cols / 256;
+  const int16_t* sums = x.sums32.data() + r * x.cols / 32 + g * 8;
+  __m256i q = _mm256_setzero_si256();
+  for (int pair = 0; pair < 4; ++pair) {
+    int32_t both;
+    std::memcpy(&both, sums + 2 * pair, 4);
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.mins[pair])));
+    q = _mm256_add_epi32(q, _mm256_madd_epi16(mins, _mm256_set1_epi32(both)));
+  }
+  const __m256 da = _mm256_broadcast_ss(x.scale.data() + r * groups + g);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(da, d), acc);
+  offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(da, neg_min), offset);
+}
+
+// The tile's 8 rows' fp16 scales d and 0 - dmin, a row a lane.
+inline __m256 tile_d(const TileQ4K& t) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d))); }
+inline __m256 tile_neg_min(const TileQ4K& t) {
+  return _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.dmin))));
+}
+
+// `bytes` at `p` into L2, a line at a time (a prefetch past the matrix's end is harmless). The kernels ask for
+// what they will read about 9 KB on in their stream of tiles (8 groups of one tile, 4 of a pair): on the 1.5B
+// (2 threads) the hardware prefetcher alone left a one-row product 10-15% slower, and 2 groups ahead left 8 rows
+// at 43 ms a forward's matrices where 8 take 34 ms. Into L2, not L1: on a Zen 4 prefetches into L1 made a
+// forward's matrices 2.2x slower at one row (72 ms against 32) and 1.9x at eight, while 4 KB ahead or 18 KB
+// made no difference there.
+inline void prefetch(const void* p, int64_t bytes) {
+  for (int64_t k = 0; k < bytes; k += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + k, _MM_HINT_T1);
+}
+constexpr int64_t kPrefetchGroups = 8;
+
+// Every activation row's 8 lanes stored out, lane i to weight row i's column.
+template <int ROWS>
+inline void store_tile_rows(const __m256 (&acc)[ROWS], const __m256 (&offset)[ROWS], const Quantized& x,
+                            int64_t first, float* out) {
+  for (int r = 0; r < ROWS; ++r) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, _mm256_add_ps(acc[r], offset[r]));
+    for (int i = 0; i < 8; ++i) out[i * x.rows + first + r] = lanes[i];
+  }
+}
+
+// The walk both 256-bit tile kernels take: a unit's HALVES tiles (2 in a pair) group by group, as they lie in
+// memory, each group prefetched ahead; `group(t, g, acc, offset)` adds tile group t (group g of its tile) into that
+// tile's ROWS accumulators. out[i * x.rows + r] for tile h's rows 8h + i.
+template <typename Tile, int ROWS, int HALVES, typename Group>
+inline void walk_tile_groups(const uint8_t* unit, const Quantized& x, int64_t first, float* out, Group group) {
+  const auto* tiles = reinterpret_cast<const Tile*>(unit);
+  __m256 acc[HALVES][ROWS], offset[HALVES][ROWS];
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) acc[h][r] = offset[h][r] = _mm256_setzero_ps();
+  for (int64_t index = 0; index < x.cols / 256 * HALVES; ++index) {
+    prefetch(tiles + index + kPrefetchGroups, sizeof(Tile));
+    const int h = HALVES == 1 ? 0 : index % HALVES;
+    group(tiles[index], index / HALVES, acc[h], offset[h]);
+  }
+  for (int h = 0; h < HALVES; ++h) store_tile_rows(acc[h], offset[h], x, first, out + h * kTileRows * x.rows);
+}
+
+// ROWS activation rows share each load of the tile's codes. AVX2 sums a sub-block's pair products in int16
+// (|sum| <= 8 * 2 * 15 * 127 < 2^15) and widens them in the scale's multiply-add; AVX-512 VNNI sums them
+// straight into int32 lanes, four products at a time (vpdpbusd), then multiplies by the scale once. The integer
+// P is the same either way, and so is every float step after it. A unit's HALVES tiles go as `walk_tile_groups`.
+//
+// Q5_K tiles (Tile = TileQ5K) add each code's fifth bit: on VNNI through a byte mask, on AVX2 as a vector of 16s.
+// Their codes reach 31, so AVX2's int16 sums are widened after every two vectors (|sum| <= 4 * 2 * 31 * 127).
+template <int ROWS, bool VNNI, int HALVES, typename Tile = TileQ4K>
+void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  constexpr bool five = std::is_same_v<Tile, TileQ5K>;
+  const int64_t cols = x.cols;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  walk_tile_groups<Tile, ROWS, HALVES>(unit, x, first, out, [&](const Tile& whole, int64_t g, __m256 (&acc)[ROWS],
+                                                                 __m256 (&offset)[ROWS]) {
+    const TileQ4K& t = k4_part(whole);
+    __m256i p[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+      uint64_t packed;
+      std::memcpy(&packed, t.scales[j], 8);
+      const __m128i s8 = _mm_cvtsi64_si128(static_cast<int64_t>(packed));
+      // row i's scale: AVX2 in int16 lanes 2i, 2i + 1, VNNI in int32 lane i
+      const __m256i scales = VNNI ? _mm256_cvtepu8_epi32(s8) : _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
+      __m256i dot[ROWS];  // AVX2: int16, row i's two pair sums in lanes 2i, 2i + 1; VNNI: int32, row i's in lane i
+      for (int r = 0; r < ROWS; ++r) dot[r] = _mm256_setzero_si256();
+      const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
+      // rolled: unrolled, GCC computes every row's 8 products of the sub-block first and spills them (AVX2, 4 rows:
+      // the step's matmuls 15% slower)
+#pragma GCC unroll 1
+      for (int v = 0; v < 4; ++v) {
+        const __m256i codes = load256(t.codes[j] + 32 * v);
+        __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
+        if constexpr (five) {
+          const uint32_t* bits = whole.fifth[j][v];
+#ifdef GGUF_VNNI
+          if constexpr (VNNI) {
+            low = _mm256_mask_add_epi8(low, _cvtu32_mask32(bits[0]), low, _mm256_set1_epi8(16));
+            high = _mm256_mask_add_epi8(high, _cvtu32_mask32(bits[1]), high, _mm256_set1_epi8(16));
+          }
+#endif
+          if constexpr (!VNNI) {
+            low = _mm256_or_si256(low, fifth_bits_vector(bits[0]));
+            high = _mm256_or_si256(high, fifth_bits_vector(bits[1]));
+          }
+        }
+        for (int r = 0; r < ROWS; ++r) {
+          int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the sub-block
+          std::memcpy(&front, a + r * cols + 8 * v, 4);
+          std::memcpy(&back, a + r * cols + 8 * v + 4, 4);
+          dot[r] = products<VNNI>(dot[r], low, _mm256_set1_epi32(front));
+          dot[r] = products<VNNI>(dot[r], high, _mm256_set1_epi32(back));
+        }
+        if (five && !VNNI && v == 1) {  // widen before the int16 sums could overflow
+          for (int r = 0; r < ROWS; ++r) {
+            p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(dot[r], scales));
+            dot[r] = _mm256_setzero_si256();
+          }
+        }
+      }
+      for (int r = 0; r < ROWS; ++r) p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(dot[r], scales));
+    }
+    const __m256 d = tile_d(t), neg_min = tile_neg_min(t);
+    for (int r = 0; r < ROWS; ++r) close_tile_group(t, x, first + r, g, p[r], d, neg_min, acc[r], offset[r]);
+  });
+}
+
+// The four vectors of sub-block j's codes, quarter by quarter: vector k holds values 4k .. 4k + 3 of every row.
+inline void q6_tile_codes(const TileQ6K& t, int j, __m256i (&codes)[4]) {
+  const __m256i m4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+  const __m256i low0 = load256(t.low[j]), low1 = load256(t.low[j] + 32), high = load256(t.high[j]);
+  codes[0] = _mm256_or_si256(_mm256_and_si256(low0, m4), _mm256_and_si256(_mm256_slli_epi16(high, 4), top));
+  codes[1] = _mm256_or_si256(_mm256_and_si256(low1, m4), _mm256_and_si256(_mm256_slli_epi16(high, 2), top));
+  codes[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low0, 4), m4), _mm256_and_si256(high, top));
+  codes[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low1, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(high, 2), top));
+}
+
+// Activation values 4k .. 4k + 3 of a sub-block, broadcast to every lane.
+inline __m256i quad(const int8_t* a, int k) {
+  int32_t four;
+  std::memcpy(&four, a + 4 * k, 4);
+  return _mm256_set1_epi32(four);
+}
+
+// The end of a Q6_K tile group for one activation row (P and Q summed, row i's in lane i).
+inline void close_q6_tile_group(const TileQ6K& t, const Quantized& x, int64_t r, int64_t g, __m256i p, __m256i q,
+                                __m256& acc, __m256& offset) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
+  const __m256 da = _mm256_broadcast_ss(x.scale.data() + r * (x.cols / 256) + g);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(da, d), acc);
+  offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(da, _mm256_mul_ps(_mm256_set1_ps(-32.0f), d)), offset);
+}
+
+// Q: a pair of sub-blocks' scales (int16 lanes 2i, 2i + 1: row i's) times the row's two sums.
+inline __m256i q6_pair_offset(__m256i scales16, const int16_t* sums) {
+  int32_t both;
+  std::memcpy(&both, sums, 4);
+  return _mm256_madd_epi16(scales16, _mm256_set1_epi32(both));
+}
+
+// ROWS activation rows share each tile's codes. AVX2 sums two quarters' products in int16 (at most
+// 4 * 63 * 127 < 2^15) before the scale's widening multiply-add; VNNI sums a sub-block's four quarters straight
+// into int32 lanes, then multiplies by the scale once. The integers P and Q are the same either way.
+template <int ROWS, bool VNNI, int HALVES>
+void q6_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols;
+  walk_tile_groups<TileQ6K, ROWS, HALVES>(unit, x, first, out, [&](const TileQ6K& t, int64_t g, __m256 (&acc)[ROWS],
+                                                                    __m256 (&offset)[ROWS]) {
+    __m256i p[ROWS], q[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int pair = 0; pair < 8; ++pair) {
+      const __m256i both = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scales[pair])));
+      // row i's scale of the pair's first (second) sub-block: VNNI in int32 lane i, AVX2 in int16 lanes 2i, 2i + 1
+      const __m256i scales[2] = {
+          VNNI ? _mm256_srai_epi32(_mm256_slli_epi32(both, 16), 16) : _mm256_blend_epi16(both, _mm256_slli_epi32(both, 16), 0xAA),
+          VNNI ? _mm256_srai_epi32(both, 16) : _mm256_blend_epi16(_mm256_srli_epi32(both, 16), both, 0xAA)};
+      for (int h = 0; h < 2; ++h) {
+        __m256i codes[4];
+        q6_tile_codes(t, 2 * pair + h, codes);
+        for (int r = 0; r < ROWS; ++r) {
+          const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * (2 * pair + h);
+          const __m256i front = products<VNNI>(products<VNNI>(_mm256_setzero_si256(), codes[0], quad(a, 0)), codes[1], quad(a, 1));
+          if constexpr (VNNI) {
+            const __m256i sum = products<VNNI>(products<VNNI>(front, codes[2], quad(a, 2)), codes[3], quad(a, 3));
+            p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(sum, scales[h]));
+          } else {  // two quarters at a time in int16, each pair widened by the scale's multiply-add
+            const __m256i back = products<VNNI>(products<VNNI>(_mm256_setzero_si256(), codes[2], quad(a, 2)), codes[3], quad(a, 3));
+            p[r] = _mm256_add_epi32(p[r], _mm256_add_epi32(scaled<VNNI>(front, scales[h]), scaled<VNNI>(back, scales[h])));
+          }
+        }
+      }
+      for (int r = 0; r < ROWS; ++r)
+        q[r] = _mm256_add_epi32(q[r], q6_pair_offset(both, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair));
+    }
+    for (int r = 0; r < ROWS; ++r) close_q6_tile_group(t, x, first + r, g, p[r], q[r], acc[r], offset[r]);
+  });
+}
+
+// ROWS activation rows share each load of a unit's HALVES tiles (2 in a pair), group by group as they lie in memory,
+// prefetched about as far ahead as the K-quant tiles are. out[i * x.rows + r] for tile h's rows 8h + i.
+template <int ROWS, bool VNNI, int HALVES>
+void q8_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  constexpr int64_t ahead = kPrefetchGroups * sizeof(TileQ4K) / sizeof(TileQ8_0);
+  const int64_t cols = x.cols, groups = cols / 32;
+  const auto* tiles = reinterpret_cast<const TileQ8_0*>(unit);
+  const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 acc[HALVES][ROWS];
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) acc[h][r] = _mm256_setzero_ps();
+  for (int64_t index = 0; index < groups * HALVES; ++index) {
+    prefetch(tiles + index + ahead, sizeof(TileQ8_0));
+    const TileQ8_0& t = tiles[index];
+    const int h = HALVES == 1 ? 0 : index % HALVES;
+    const int64_t g = index / HALVES;
+    __m256i p[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i codes = load256(t.codes[k]);
+      const __m256i c = _mm256_xor_si256(codes, bias), magnitude = _mm256_sign_epi8(c, c);  // AVX2: int8 again
+      for (int r = 0; r < ROWS; ++r) {
+        int32_t four;  // activation values 4k .. 4k + 3 of the group
+        std::memcpy(&four, x.q.data() + (first + r) * cols + g * 32 + 4 * k, 4);
+        const __m256i a = _mm256_set1_epi32(four);
+#ifdef GGUF_VNNI
+        if constexpr (VNNI) {
+          p[r] = _mm256_dpbusd_epi32(p[r], codes, a);
+          continue;
+        }
+#endif
+        p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(a, c)), ones));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
+    for (int r = 0; r < ROWS; ++r) {
+      if (VNNI) {  // take back the codes' bias: 128 times the sum of the group's activation values, in every lane
+        const __m256i taken = _mm256_set1_epi32(128 * x.sums32[(first + r) * groups + g]);
+        p[r] = _mm256_sub_epi32(p[r], taken);
+      }
+      const __m256 da = _mm256_broadcast_ss(x.scale.data() + (first + r) * groups + g);
+      acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(da, d), acc[h][r]);
+    }
+  }
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[h][r]);
+      for (int i = 0; i < 8; ++i) out[(8 * h + i) * x.rows + first + r] = lanes[i];
+    }
+}
+
+// ROWS activation rows share each load of a unit's HALVES tiles (2 in a pair), group by group as they lie in
+// memory, as `q8_tile_dots` reads Q8_0's. AVX2 sums a vector's two products in int16 (|sum| <= 2 * 2 * 31 * 128
+// < 2^15), VNNI in int32 lanes. out[i * x.rows + r] for tile h's rows 8h + i.
+template <typename Tile, int ROWS, bool VNNI, int HALVES>
+void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  using L = Legacy<Tile>;
+  constexpr int64_t ahead = kPrefetchGroups * sizeof(TileQ4K) / sizeof(Tile);
+  const int64_t cols = x.cols, groups = cols / 32;
+  const auto* tiles = reinterpret_cast<const Tile*>(unit);
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256 acc[HALVES][ROWS];
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) acc[h][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int h = 0; h < HALVES; ++h) {  // unrolled: each tile's accumulators stay in registers
+      prefetch(tiles + HALVES * g + h + ahead, sizeof(Tile));
+      const Tile& t = tiles[HALVES * g + h];
+      __m256i p[ROWS], high_p[ROWS];
+      for (int r = 0; r < ROWS; ++r) p[r] = high_p[r] = _mm256_setzero_si256();
+      for (int v = 0; v < 4; ++v) {
+        const __m256i codes = load256(t.codes[v]);
+        __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
+        if constexpr (L::five) {
+#ifdef GGUF_VNNI
+          if constexpr (VNNI) {
+            low = _mm256_mask_add_epi8(low, _cvtu32_mask32(t.fifth[v][0]), low, _mm256_set1_epi8(16));
+            high = _mm256_mask_add_epi8(high, _cvtu32_mask32(t.fifth[v][1]), high, _mm256_set1_epi8(16));
+          }
+#endif
+          if constexpr (!VNNI) {
+            low = _mm256_or_si256(low, fifth_bits_vector(t.fifth[v][0]));
+            high = _mm256_or_si256(high, fifth_bits_vector(t.fifth[v][1]));
+          }
+        }
+        for (int r = 0; r < ROWS; ++r) {
+          int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the group
+          std::memcpy(&front, x.q.data() + (first + r) * cols + g * 32 + 8 * v, 4);
+          std::memcpy(&back, x.q.data() + (first + r) * cols + g * 32 + 8 * v + 4, 4);
+#ifdef GGUF_VNNI
+          if constexpr (VNNI) {  // two chains a row: one of 8 dependent products left 4 rows latency-bound
+            p[r] = _mm256_dpbusd_epi32(p[r], low, _mm256_set1_epi32(front));
+            high_p[r] = _mm256_dpbusd_epi32(high_p[r], high, _mm256_set1_epi32(back));
+            continue;
+          }
+#endif
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(front)),
+                                                 _mm256_maddubs_epi16(high, _mm256_set1_epi32(back)));
+          p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
+      for (int r = 0; r < ROWS; ++r) {
+        const int32_t s = x.sums32[(first + r) * groups + g];
+        if constexpr (VNNI) p[r] = _mm256_add_epi32(p[r], high_p[r]);
+        if constexpr (L::bias != 0) p[r] = _mm256_sub_epi32(p[r], _mm256_set1_epi32(L::bias * s));
+        const __m256 da = _mm256_broadcast_ss(x.scale.data() + (first + r) * groups + g);
+        acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(da, d), acc[h][r]);
+        if constexpr (L::min) {
+          const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.m)));
+          acc[h][r] = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(s)), _mm256_mul_ps(da, m), acc[h][r]);
+        }
+      }
+    }
+  }
+  for (int h = 0; h < HALVES; ++h)
+    for (int r = 0; r < ROWS; ++r) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[h][r]);
+      for (int i = 0; i < 8; ++i) out[(8 * h + i) * x.rows + first + r] = lanes[i];
+    }
+}
+
+// A kernel templated on a unit's tiles (1, or 2 in a pair), called with the unit's count.
+template <typename Kernel>
+inline void by_halves(int64_t per_unit, Kernel kernel) {
+  if (per_unit == 2) return kernel(std::integral_constant<int, 2>{});
+  kernel(std::integral_constant<int, 1>{});
+}
+
+}  // namespace gguf
+#endif  // GGUF_AVX2

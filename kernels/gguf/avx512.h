@@ -1,0 +1,232 @@
+// The 512-bit kernels (AVX-512 VNNI, BW, VL): a pair's two 8-row tiles side by side, lanes 0-7 the first
+// tile's rows and 8-15 the second's, every lane's integer and float steps those of the 256-bit kernels (avx2.h).
+// Activation rows come in eights (ROWS).
+#pragma once
+
+#include "avx2.h"
+
+#ifdef GGUF_VNNI
+namespace gguf {
+
+// 32 bytes of each of a pair's two tiles, one vector (the first tile's in the low half).
+inline __m512i pair_bytes(const void* a, const void* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
+}
+
+// 8 fp16 of each of a pair's two tiles, as 16 floats.
+inline __m512 pair_halves(const void* a, const void* b) {
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
+}
+
+// A pair's two tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's): half the
+// instructions of two calls of `tile_dots<ROWS, true>`, and every lane's integer and float steps the same as there.
+// Q5_K tiles (`Tile` TileQ5K) add their fifth bits by a byte mask. out[i * x.rows + r] for the 16 weight rows i.
+template <int ROWS, typename Tile = TileQ4K>
+void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const Tile*>(pair);
+  const __m512i m4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+  __m512 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const Tile &wa = tiles[2 * g], &wb = tiles[2 * g + 1];
+    const TileQ4K &ta = k4_part(wa), &tb = k4_part(wb);
+    prefetch(tiles + 2 * (g + kPrefetchGroups * sizeof(TileQ4K) / sizeof(Tile) / 2), 2 * sizeof(Tile));
+    __m512i p[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+      __m512i dot[ROWS];  // int32: weight row i's sub-block sum in lane i
+      for (int r = 0; r < ROWS; ++r) dot[r] = _mm512_setzero_si512();
+      const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
+      for (int v = 0; v < 4; ++v) {
+        const __m512i codes = pair_bytes(ta.codes[j] + 32 * v, tb.codes[j] + 32 * v);
+        __m512i low = _mm512_and_si512(codes, m4), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
+        if constexpr (std::is_same_v<Tile, TileQ5K>) {
+          const auto bits = [&](int h) { return _cvtu64_mask64(wa.fifth[j][v][h] | uint64_t{wb.fifth[j][v][h]} << 32); };
+          low = _mm512_mask_add_epi8(low, bits(0), low, sixteen);
+          high = _mm512_mask_add_epi8(high, bits(1), high, sixteen);
+        }
+        for (int r = 0; r < ROWS; ++r) {
+          int32_t front, back;
+          std::memcpy(&front, a + r * cols + 8 * v, 4);
+          std::memcpy(&back, a + r * cols + 8 * v + 4, 4);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], low, _mm512_set1_epi32(front));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], high, _mm512_set1_epi32(back));
+        }
+      }
+      uint64_t sa, sb;
+      std::memcpy(&sa, ta.scales[j], 8);
+      std::memcpy(&sb, tb.scales[j], 8);
+      const __m512i scales = _mm512_cvtepu8_epi32(_mm_set_epi64x(static_cast<int64_t>(sb), static_cast<int64_t>(sa)));
+      for (int r = 0; r < ROWS; ++r) p[r] = _mm512_add_epi32(p[r], _mm512_mullo_epi32(dot[r], scales));
+    }
+    const __m512 d = pair_halves(ta.d, tb.d);
+    const __m512 neg_min = _mm512_sub_ps(_mm512_setzero_ps(), pair_halves(ta.dmin, tb.dmin));
+    __m512i mins[4];
+    for (int pair = 0; pair < 4; ++pair)
+      mins[pair] = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.mins[pair])))),
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.mins[pair]))), 1);
+    for (int r = 0; r < ROWS; ++r) {
+      const int16_t* sums = x.sums32.data() + (first + r) * cols / 32 + g * 8;
+      __m512i q = _mm512_setzero_si512();
+      for (int pair = 0; pair < 4; ++pair) {
+        int32_t two;
+        std::memcpy(&two, sums + 2 * pair, 4);
+        q = _mm512_add_epi32(q, _mm512_madd_epi16(mins[pair], _mm512_set1_epi32(two)));
+      }
+      const __m512 da = _mm512_set1_ps(x.scale[(first + r) * groups + g]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(da, d), acc[r]);
+      offset[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(da, neg_min), offset[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, _mm512_add_ps(acc[r], offset[r]));
+    for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
+  }
+}
+
+// Rows in eights, then the rest in one call; each row's operations the same either way. The rest went as
+// fours, a pair and one, and each call unpacks the codes again: on a Zen 4 (2 threads) a forward's matrices took
+// 1.22x / 1.33x / 1.62x one row's time at 5 / 6 / 7 rows (8: 1.46x); in one call 1.06x / 1.20x / 1.30x.
+template <typename Kernel>
+inline void by_eights(int64_t rows, Kernel kernel) {
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) kernel(std::integral_constant<int, 8>{}, r);
+  switch (rows - r) {
+    case 7: return kernel(std::integral_constant<int, 7>{}, r);
+    case 6: return kernel(std::integral_constant<int, 6>{}, r);
+    case 5: return kernel(std::integral_constant<int, 5>{}, r);
+    case 4: return kernel(std::integral_constant<int, 4>{}, r);
+    case 3: return kernel(std::integral_constant<int, 3>{}, r);
+    case 2: return kernel(std::integral_constant<int, 2>{}, r);
+    case 1: return kernel(std::integral_constant<int, 1>{}, r);
+  }
+}
+
+// `quad` in 512 bits. Each quad its own 4-byte load: one 16-byte copy of all four went through general registers
+// (a 64-bit load, a shift, a broadcast from a register), and left the Q6_K pair kernel 13% slower.
+inline __m512i quad512(const int8_t* a, int k) {
+  int32_t four;
+  std::memcpy(&four, a + 4 * k, 4);
+  return _mm512_set1_epi32(four);
+}
+
+// A pair of Q6_K tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's), as
+// `tile_pair_dots_vnni` does for Q4_K: every lane's integer and float steps those of `q6_tile_dots<ROWS, true>`.
+template <int ROWS>
+void q6_tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const TileQ6K*>(pair);
+  const __m512i m4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+  __m512 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ6K &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
+    prefetch(tiles + 2 * (g + kPrefetchGroups / 2), 2 * sizeof(TileQ6K));
+    __m512i p[ROWS], q[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int pair = 0; pair < 8; ++pair) {
+      const __m512i scales16 = _mm512_cvtepi8_epi16(
+          _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.scales[pair]))),
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.scales[pair])), 1));
+      const __m512i scales[2] = {_mm512_srai_epi32(_mm512_slli_epi32(scales16, 16), 16), _mm512_srai_epi32(scales16, 16)};
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * pair + h;
+        const __m512i low0 = pair_bytes(ta.low[j], tb.low[j]), low1 = pair_bytes(ta.low[j] + 32, tb.low[j] + 32);
+        const __m512i high = pair_bytes(ta.high[j], tb.high[j]);
+        const __m512i codes[4] = {
+            _mm512_or_si512(_mm512_and_si512(low0, m4), _mm512_and_si512(_mm512_slli_epi16(high, 4), top)),
+            _mm512_or_si512(_mm512_and_si512(low1, m4), _mm512_and_si512(_mm512_slli_epi16(high, 2), top)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low0, 4), m4), _mm512_and_si512(high, top)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low1, 4), m4),
+                            _mm512_and_si512(_mm512_srli_epi16(high, 2), top))};
+        for (int r = 0; r < ROWS; ++r) {
+          const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * j;
+          __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], quad512(a, 0));
+          dot = _mm512_dpbusd_epi32(dot, codes[1], quad512(a, 1));
+          dot = _mm512_dpbusd_epi32(dot, codes[2], quad512(a, 2));
+          dot = _mm512_dpbusd_epi32(dot, codes[3], quad512(a, 3));
+          p[r] = _mm512_add_epi32(p[r], _mm512_mullo_epi32(dot, scales[h]));
+        }
+      }
+      for (int r = 0; r < ROWS; ++r) {
+        int32_t two;
+        std::memcpy(&two, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair, 4);
+        q[r] = _mm512_add_epi32(q[r], _mm512_madd_epi16(scales16, _mm512_set1_epi32(two)));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.d))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.d)), 1));
+    const __m512 neg32d = _mm512_mul_ps(_mm512_set1_ps(-32.0f), d);
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 da = _mm512_set1_ps(x.scale[(first + r) * groups + g]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(da, d), acc[r]);
+      offset[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q[r]), _mm512_mul_ps(da, neg32d), offset[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, _mm512_add_ps(acc[r], offset[r]));
+    for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
+  }
+}
+
+// A pair's two legacy tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's),
+// as `tile_pair_dots_vnni` reads Q4_K: every lane's integer and float steps those of `legacy_tile_dots`. Through
+// 256 bits a tile at a time, a forward's Q4_0 matrices of the 1.5B took 1.5x one row's time at 4 rows.
+template <typename Tile, int ROWS>
+void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
+  using L = Legacy<Tile>;
+  constexpr int64_t ahead = kPrefetchGroups * sizeof(TileQ4K) / sizeof(Tile);
+  const int64_t cols = x.cols, groups = cols / 32;
+  const auto* tiles = reinterpret_cast<const Tile*>(pair);
+  const __m512i m4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+  __m512 acc[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const Tile &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
+    prefetch(tiles + 2 * g + ahead, 2 * sizeof(Tile));
+    __m512i p[ROWS], high_p[ROWS];  // two chains a row, as in `legacy_tile_dots`
+    for (int r = 0; r < ROWS; ++r) p[r] = high_p[r] = _mm512_setzero_si512();
+    for (int v = 0; v < 4; ++v) {
+      const __m512i codes = pair_bytes(ta.codes[v], tb.codes[v]);
+      __m512i low = _mm512_and_si512(codes, m4), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
+      if constexpr (L::five) {
+        const auto bits = [&](int h) { return _cvtu64_mask64(ta.fifth[v][h] | uint64_t{tb.fifth[v][h]} << 32); };
+        low = _mm512_mask_add_epi8(low, bits(0), low, sixteen);
+        high = _mm512_mask_add_epi8(high, bits(1), high, sixteen);
+      }
+      for (int r = 0; r < ROWS; ++r) {
+        int32_t front, back;
+        std::memcpy(&front, x.q.data() + (first + r) * cols + g * 32 + 8 * v, 4);
+        std::memcpy(&back, x.q.data() + (first + r) * cols + g * 32 + 8 * v + 4, 4);
+        p[r] = _mm512_dpbusd_epi32(p[r], low, _mm512_set1_epi32(front));
+        high_p[r] = _mm512_dpbusd_epi32(high_p[r], high, _mm512_set1_epi32(back));
+      }
+    }
+    const __m512 d = pair_halves(ta.d, tb.d);
+    for (int r = 0; r < ROWS; ++r) {
+      const int32_t s = x.sums32[(first + r) * groups + g];
+      __m512i sum = _mm512_add_epi32(p[r], high_p[r]);
+      if constexpr (L::bias != 0) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(L::bias * s));
+      const __m512 da = _mm512_set1_ps(x.scale[(first + r) * groups + g]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(da, d), acc[r]);
+      if constexpr (L::min)
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(s)), _mm512_mul_ps(da, pair_halves(ta.m, tb.m)), acc[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc[r]);
+    for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
+  }
+}
+
+}  // namespace gguf
+#endif  // GGUF_VNNI

@@ -1,0 +1,353 @@
+// Block-quantized matrices repacked at load in tiles of eight rows: per group of values, the eight rows' codes
+// interleaved so that one 32-byte vector holds a few values of each row, and those values of an activation row,
+// broadcast, multiply all eight rows at once; each weight row's sum ends in a lane of its own. A tile's bytes are
+// its rows' blocks rearranged (Q4_K's and Q5_K's scales unpacked besides). A pair is two 8-row tiles whose groups
+// alternate, read as one stream. Here: each tile's layout, its repacking, and its rows back in the integer form
+// (`dequantize_rows`); the kernels that read them are per ISA (portable.h, avx2.h, avx512.h).
+#pragma once
+
+#include "unpack.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
+namespace gguf {
+
+// A uint8 tensor [rows, cols], its bytes left for the caller to write, in memory that asks for 2 MB pages (Linux,
+// `madvise`): every decode step streams the whole model, and in 4 KB pages each 4 KB of weights is a TLB miss of
+// its own. A matrix under 2 MB takes ordinary pages: rounded up to whole 2 MB pages, the 1.5B's small matrices
+// held 142 MB more.
+inline at::Tensor huge_page_bytes(int64_t rows, int64_t cols) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t bytes = static_cast<size_t>(rows * cols), size = (bytes + kHuge - 1) / kHuge * kHuge;
+  if (bytes < kHuge) return at::empty({rows, cols}, at::TensorOptions().dtype(at::kByte));
+  void* memory = std::aligned_alloc(kHuge, size);
+  TORCH_CHECK(memory, "out of memory for ", bytes, " bytes of tiles");
+#ifdef __linux__
+  madvise(memory, size, MADV_HUGEPAGE);
+#endif
+  return at::from_blob(memory, {rows, cols}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kByte));
+}
+
+// Blocks [rows, groups * block_bytes] (groups of VALUES values) -> units of `per_unit` 8-row tiles [rows / (8
+// per_unit), groups * per_unit * sizeof(Tile)], each tile group zeroed, then `fill(tile_group, i, block)` for each
+// of its 8 rows i: the repacking every tile shares. The threads that fill the memory are the first to touch it (a serial pass zeroing 1 GB
+// first took a third of a 1.5B's load). In a pair (per_unit 2) the two tiles' groups alternate: group g of the first
+// tile, of the second, then group g + 1 of each, so the pair is read as one stream.
+template <typename Tile, int64_t VALUES = 256, typename Fill>
+inline at::Tensor repack_tiles(const at::Tensor& blocks, int64_t cols, int64_t block_bytes, int64_t per_unit, Fill fill) {
+  const int64_t unit_rows = kTileRows * per_unit;
+  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) % unit_rows == 0, "tiles of ", unit_rows, " take rows in ", unit_rows, "s");
+  const int64_t tiles = blocks.size(0) / kTileRows, groups = cols / VALUES, row_bytes = groups * block_bytes;
+  TORCH_CHECK(blocks.size(1) == row_bytes, "blocks do not fit the type");
+  const at::Tensor in = blocks.contiguous();
+  at::Tensor out = huge_page_bytes(tiles / per_unit, groups * per_unit * static_cast<int64_t>(sizeof(Tile)));
+  const uint8_t* src = in.data_ptr<uint8_t>();
+  auto* dst = reinterpret_cast<Tile*>(out.data_ptr<uint8_t>());
+  at::parallel_for(0, tiles * groups, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t tile = index / groups, g = index % groups;
+      Tile& group = dst[(tile / per_unit * groups + g) * per_unit + tile % per_unit];
+      std::memset(&group, 0, sizeof(Tile));
+      for (int i = 0; i < 8; ++i) fill(group, i, src + (tile * kTileRows + i) * row_bytes + g * block_bytes);
+    }
+  });
+  return out;
+}
+
+// ---- Q4_K in tiles of eight rows ---------------------------------------------------------------------------
+//
+// At load a Q4_K matrix whose rows come in eights is repacked (`tile_q4_k`): per group of 256 values, its eight
+// rows' codes interleaved four values at a time, so that one 32-byte vector holds 4 values of each of the 8
+// rows, and 4 values of an activation row, broadcast, multiply all 8 rows at once. On AVX2 a sub-block's 8 such
+// products sum in int16 (|sum| <= 8 * 2 * 15 * 127 < 2^15) before its scale's one multiply-add: 9 integer
+// multiplies per 256 products where the row-at-a-time kernel takes 16; with AVX-512 VNNI they sum into int32
+// lanes four at a time. Either way each weight row's sum ends in a lane of its own.
+// Per weight row i, activation row r and group g:
+//   P = sum_j S[i][j] (u . a)_j,  Q = sum_j M[i][j] sum(a)_j        (integers: exact in any order)
+//   acc = fma(float(P), D[g] * d[i], acc),  offset = fma(float(Q), D[g] * (0 - dmin[i]), offset)
+// and the result is acc + offset, in every path alike.
+
+struct TileQ4K {  // one group of 256 values of 8 rows
+  // sub-block j: 4 vectors of 32 bytes; byte 4i + c of vector p holds row i's code of value 8p + c (low
+  // nibble) and of value 8p + 4 + c (high nibble)
+  uint8_t codes[8][128];
+  uint8_t scales[8][8];  // [sub-block][row]
+  uint8_t mins[4][16];   // [pair of sub-blocks][row][which of the pair]
+  uint16_t d[8], dmin[8];  // fp16, per row
+};
+static_assert(sizeof(TileQ4K) == 8 * 148, "a tile group is its 8 rows' 148 bytes");
+
+// Q5_K in the same tiles, its fifth bits beside them: bit 4i + c of fifth[j][p][0] is row i's for value 8p + c of
+// sub-block j, of fifth[j][p][1] for value 8p + 4 + c (the codes of the low and high nibbles of vector p).
+struct TileQ5K {
+  TileQ4K k4;
+  uint32_t fifth[8][4][2];
+};
+static_assert(sizeof(TileQ5K) == 8 * 180, "a Q5_K tile group is its 8 rows' 176 bytes and their scales unpacked");
+
+inline const TileQ4K& k4_part(const TileQ4K& t) { return t; }
+inline const TileQ4K& k4_part(const TileQ5K& t) { return t.k4; }
+
+// Row i of a tile from a Q4_K or Q5_K block `b` whose nibbles are at `qs`.
+inline void fill_k4_tile(TileQ4K& t, int i, const uint8_t* b, const uint8_t* qs) {
+    std::memcpy(&t.d[i], b, 2);
+    std::memcpy(&t.dmin[i], b + 2, 2);
+    uint8_t scales[16];
+    scales_mins_k4(b + 4, scales);
+    for (int j = 0; j < 8; ++j) {
+      t.scales[j][i] = scales[j];
+      t.mins[j / 2][2 * i + j % 2] = scales[8 + j];
+    }
+    uint8_t codes[256];
+    for (int c = 0; c < 4; ++c) nibbles_64(qs + 32 * c, codes + 64 * c);
+    for (int j = 0; j < 8; ++j)
+      for (int p = 0; p < 4; ++p)
+        for (int c = 0; c < 4; ++c)
+          t.codes[j][32 * p + 4 * i + c] = codes[32 * j + 8 * p + c] | (codes[32 * j + 8 * p + 4 + c] << 4);
+}
+
+// Q4_K blocks [rows, groups * 144] -> units of `per_unit` tiles (`repack_tiles`).
+inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ4K>(blocks, cols, 144, per_unit,
+                               [](TileQ4K& t, int i, const uint8_t* b) { fill_k4_tile(t, i, b, b + 16); });
+}
+
+// Q5_K blocks [rows, groups * 176] -> units of `per_unit` tiles: the Q4_K tile of their nibbles, and value v's fifth
+// bit, bit v / 32 of byte v % 32 of the block's 32 high-bit bytes, moved to where the tile's code of v lies.
+inline at::Tensor tile_q5_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ5K>(blocks, cols, 176, per_unit, [](TileQ5K& t, int i, const uint8_t* b) {
+    fill_k4_tile(t.k4, i, b, b + 48);
+    const uint8_t* high = b + 16;
+    for (int j = 0; j < 8; ++j)
+      for (int p = 0; p < 4; ++p)
+        for (int c = 0; c < 4; ++c)
+          for (int half_ = 0; half_ < 2; ++half_)
+            t.fifth[j][p][half_] |= static_cast<uint32_t>((high[8 * p + 4 * half_ + c] >> j) & 1) << (4 * i + c);
+  });
+}
+
+
+// Row i's fifth bit (0 or 16) for value 8p + 4h + c of sub-block j: none in a Q4_K tile.
+inline int fifth_of(const TileQ4K&, int, int, int, int, int) { return 0; }
+inline int fifth_of(const TileQ5K& t, int j, int p, int h, int i, int c) { return ((t.fifth[j][p][h] >> (4 * i + c)) & 1) << 4; }
+
+// Row i of a Q4_K or Q5_K tile in the integer form (`dequantize_rows`); its groups `stride` groups apart (2 in a
+// pair).
+template <typename Tile>
+inline void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+  const int64_t groups = cols / 256;
+  u.resize(cols, groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const Tile& whole = reinterpret_cast<const Tile*>(tile)[g * stride];
+    const TileQ4K& t = k4_part(whole);
+    for (int j = 0; j < 8; ++j) {
+      for (int p = 0; p < 4; ++p)
+        for (int c = 0; c < 4; ++c) {
+          const uint8_t byte = t.codes[j][32 * p + 4 * i + c];
+          u.codes[g * 256 + 32 * j + 8 * p + c] = (byte & 15) + fifth_of(whole, j, p, 0, i, c);
+          u.codes[g * 256 + 32 * j + 8 * p + 4 + c] = (byte >> 4) + fifth_of(whole, j, p, 1, i, c);
+        }
+      set_sub(u, g * 16 + 2 * j, t.scales[j][i], t.mins[j / 2][2 * i + j % 2]);
+      set_sub(u, g * 16 + 2 * j + 1, t.scales[j][i], t.mins[j / 2][2 * i + j % 2]);
+    }
+    u.a[g] = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+    u.b[g] = -half(reinterpret_cast<const uint8_t*>(&t.dmin[i]));
+  }
+}
+
+// ---- Q6_K in tiles of eight rows -----------------------------------------------------------------------------
+//
+// The same idea for Q6_K (the 1.5B's output head and half its down projections): per group of 256 values and
+// sub-block j of 16, one 32-byte vector per quarter of the sub-block holds 4 values of each of the 8 rows, so
+// 4 activation values, broadcast, multiply all 8 rows at once. The bytes are the file's, rearranged (210 per row
+// and group): no more to read than row by row. Per weight row i, activation row r and group g:
+//   P = sum_j S[i][j] (u . a)_j,  Q = sum_j S[i][j] sum(a)_j        (integers: exact in any order)
+//   acc = fma(float(P), D[g] * d[i], acc),  offset = fma(float(Q), D[g] * (-32 d[i]), offset)
+// and the result is acc + offset (w = d S (u - 32)), in every path alike.
+
+struct TileQ6K {  // one group of 256 values of 8 rows
+  // sub-block j: byte 4i + c of low[j][32p .. 32p + 31] holds the low 4 bits of row i's value 4p + c (low
+  // nibble) and of its value 8 + 4p + c (high nibble); byte 4i + c of high[j] the top 2 bits of its values
+  // c, 4 + c, 8 + c, 12 + c (bits 0-1, 2-3, 4-5, 6-7)
+  uint8_t low[16][64];
+  uint8_t high[16][32];
+  int8_t scales[8][16];  // [pair of sub-blocks][row][which of the pair]
+  uint16_t d[8];         // fp16, per row
+};
+static_assert(sizeof(TileQ6K) == 8 * 210, "a Q6_K tile group is its 8 rows' 210 bytes");
+
+// Row i's 6-bit code of value v (0..15) of sub-block j.
+inline int q6_tile_code(const TileQ6K& t, int j, int i, int v) {
+  const int quarter = v / 4, c = v % 4;
+  const int low = (t.low[j][32 * (quarter % 2) + 4 * i + c] >> (4 * (quarter / 2))) & 15;
+  return low | (((t.high[j][4 * i + c] >> (2 * quarter)) & 3) << 4);
+}
+
+// Q6_K blocks [rows, groups * 210] -> units of `per_unit` tiles (`repack_tiles`).
+inline at::Tensor tile_q6_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ6K>(blocks, cols, 210, per_unit, [](TileQ6K& t, int i, const uint8_t* b) {
+    alignas(32) uint8_t codes[256];
+    six_bits_128(b, b + 128, codes);
+    six_bits_128(b + 64, b + 160, codes + 128);
+    std::memcpy(&t.d[i], b + 208, 2);
+    for (int j = 0; j < 16; ++j) {
+      t.scales[j / 2][2 * i + j % 2] = static_cast<int8_t>(b[192 + j]);
+      for (int v = 0; v < 16; ++v) {
+        const int code = codes[16 * j + v], quarter = v / 4, c = v % 4;
+        t.low[j][32 * (quarter % 2) + 4 * i + c] |= static_cast<uint8_t>((code & 15) << (4 * (quarter / 2)));
+        t.high[j][4 * i + c] |= static_cast<uint8_t>((code >> 4) << (2 * quarter));
+      }
+    }
+  });
+}
+
+// Row i of a Q6_K tile in the integer form (`dequantize_rows`); its groups `stride` groups apart.
+inline void unpack_q6_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+  const int64_t groups = cols / 256;
+  u.resize(cols, groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ6K& t = reinterpret_cast<const TileQ6K*>(tile)[g * stride];
+    for (int j = 0; j < 16; ++j) {
+      for (int v = 0; v < 16; ++v) u.codes[g * 256 + 16 * j + v] = static_cast<uint8_t>(q6_tile_code(t, j, i, v));
+      const int s = t.scales[j / 2][2 * i + j % 2];
+      set_sub(u, g * 16 + j, s, s);
+    }
+    const float d = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+    u.a[g] = d;
+    u.b[g] = -32.0f * d;
+  }
+}
+
+// ---- Q8_0 in tiles of eight rows ---------------------------------------------------------------------------
+//
+// At load a Q8_0 matrix whose rows come in eights is repacked (`tile_q8_0`) as Q4_K is: per group of 32 values,
+// its eight rows' codes interleaved four values at a time, so that one 32-byte vector holds 4 values of each of
+// the 8 rows and 4 values of an activation row, broadcast, multiply all 8 rows at once; each weight row's sum
+// ends in a lane of its own. Per weight row i, activation row r and group g:
+//   P = sum_v c[i][v] a[v]   (an integer: exact in any order),   acc = fma(float(P), D[g] * d[i], acc)
+// and the result is acc, in every path alike. The codes are stored plus 128 (unsigned bytes): AVX-512 VNNI
+// multiplies them straight into int32 lanes and takes 128 sum(a) back once a group; AVX2 turns them back into
+// int8 and multiplies |c| by a with c's sign, as the row-at-a-time kernel does (unsigned, a pair of products
+// could pass int16's range).
+struct TileQ8_0 {  // one group of 32 values of 8 rows
+  uint8_t codes[8][32];  // codes[k][4i + b]: row i's value 4k + b, plus 128
+  uint16_t d[8];         // fp16, per row
+};
+static_assert(sizeof(TileQ8_0) == 8 * 34, "a Q8_0 tile group is its 8 rows' 34 bytes");
+
+// Q8_0 blocks [rows, groups * 34] -> units of `per_unit` tiles (`repack_tiles`).
+inline at::Tensor tile_q8_0(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ8_0, 32>(blocks, cols, 34, per_unit, [](TileQ8_0& t, int i, const uint8_t* b) {
+    std::memcpy(&t.d[i], b, 2);
+    for (int v = 0; v < 32; ++v) t.codes[v / 4][4 * i + v % 4] = static_cast<uint8_t>(b[2 + v] ^ 0x80);
+  });
+}
+
+// Row i of a Q8_0 tile in the integer form (`dequantize_rows`); its groups `stride` groups apart.
+inline void unpack_q8_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+  const int64_t groups = cols / 32;
+  u.resize(cols, groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ8_0& t = reinterpret_cast<const TileQ8_0*>(tile)[g * stride];
+    for (int v = 0; v < 32; ++v) u.codes[g * 32 + v] = static_cast<uint8_t>(t.codes[v / 4][4 * i + v % 4] ^ 0x80);
+    u.a[g] = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+    u.b[g] = 0.0f;
+    set_sub(u, 2 * g, 1, 0);
+    set_sub(u, 2 * g + 1, 1, 0);
+  }
+}
+
+
+// ---- Q4_0, Q4_1, Q5_0 and Q5_1 in tiles of eight rows --------------------------------------------------------
+//
+// At load these legacy matrices are repacked as a Q4_K sub-block is (`tile_legacy`), in the file's bytes: per group
+// of 32 values, byte 4i + c of vector p holds row i's codes of values 8p + c (low nibble) and 8p + 4 + c (high),
+// so that one 32-byte vector, its nibbles apart, times four activation values broadcast multiplies all 8 rows;
+// Q5_0 / Q5_1's fifth bits lie beside them as Q5_K's do. Per weight row i, activation row r and group g, with u
+// the unsigned code and S the group's sum of activation values:
+//   P = sum_v u[i][v] a[v] - bias S   (bias 8 for Q4_0, 16 for Q5_0, 0 with a min: an integer),
+//   acc = fma(float(P), D[g] * d[i], acc),   then with Q4_1 / Q5_1's min   acc = fma(float(S), D[g] * m[i], acc)
+// and the result is acc, in every path alike (one accumulator a row: a second left 8 rows of Q5_1 short of
+// registers).
+struct TileQ4_0 {  // one group of 32 values of 8 rows, as the blocks' 8 * 18 bytes
+  uint8_t codes[4][32];
+  uint16_t d[8];
+};
+struct TileQ4_1 {
+  uint8_t codes[4][32];
+  uint16_t d[8], m[8];
+};
+struct TileQ5_0 {
+  uint8_t codes[4][32];
+  uint32_t fifth[4][2];  // bit 4i + c of fifth[p][h]: row i's fifth bit of value 8p + 4h + c
+  uint16_t d[8];
+};
+struct TileQ5_1 {
+  uint8_t codes[4][32];
+  uint32_t fifth[4][2];
+  uint16_t d[8], m[8];
+};
+static_assert(sizeof(TileQ4_0) == 8 * 18 && sizeof(TileQ4_1) == 8 * 20, "a legacy tile group is its rows' bytes");
+static_assert(sizeof(TileQ5_0) == 8 * 22 && sizeof(TileQ5_1) == 8 * 24, "a legacy tile group is its rows' bytes");
+
+// What a legacy tile's codes mean: its block type, whether it has fifth bits and a min, the codes' bias.
+template <typename Tile> struct Legacy;
+template <> struct Legacy<TileQ4_0> { static constexpr int64_t type = Q4_0, bias = 8; static constexpr bool five = false, min = false; };
+template <> struct Legacy<TileQ4_1> { static constexpr int64_t type = Q4_1, bias = 0; static constexpr bool five = false, min = true; };
+template <> struct Legacy<TileQ5_0> { static constexpr int64_t type = Q5_0, bias = 16; static constexpr bool five = true, min = false; };
+template <> struct Legacy<TileQ5_1> { static constexpr int64_t type = Q5_1, bias = 0; static constexpr bool five = true, min = true; };
+
+// Row i's unsigned code of value v of a legacy tile group.
+template <typename Tile>
+inline int legacy_code(const Tile& t, int i, int v) {
+  const int p = v / 8, h = v % 8 / 4, c = v % 4;
+  int code = (t.codes[p][4 * i + c] >> (4 * h)) & 15;
+  if constexpr (Legacy<Tile>::five) code |= ((t.fifth[p][h] >> (4 * i + c)) & 1) << 4;
+  return code;
+}
+
+// Legacy blocks [rows, groups * bytes] -> units of `per_unit` tiles (`repack_tiles`). A block is d (fp16), then m
+// (fp16) with a min, the 32 fifth bits (bit v for value v) with five bits, and 16 bytes of nibbles (values 0-15
+// low, 16-31 high).
+template <typename Tile>
+inline at::Tensor tile_legacy(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  using L = Legacy<Tile>;
+  return repack_tiles<Tile, 32>(blocks, cols, layout(L::type).bytes, per_unit, [](Tile& t, int i, const uint8_t* b) {
+    std::memcpy(&t.d[i], b, 2);
+    const uint8_t* rest = b + 2;
+    if constexpr (L::min) std::memcpy(&t.m[i], b + 2, 2), rest += 2;
+    uint32_t bits = 0;
+    if constexpr (L::five) std::memcpy(&bits, rest, 4), rest += 4;
+    for (int v = 0; v < 32; ++v) {
+      const int code = v < 16 ? rest[v] & 15 : rest[v - 16] >> 4, p = v / 8, h = v % 8 / 4, c = v % 4;
+      t.codes[p][4 * i + c] |= static_cast<uint8_t>(code << (4 * h));
+      if constexpr (L::five) t.fifth[p][h] |= ((bits >> v) & 1) << (4 * i + c);
+    }
+  });
+}
+
+// Row i of a legacy tile in the integer form (`dequantize_rows`), as `unpack_row` has its blocks; its groups
+// `stride` groups apart.
+template <typename Tile>
+inline void unpack_legacy_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+  using L = Legacy<Tile>;
+  const int64_t groups = cols / 32;
+  u.resize(cols, groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const Tile& t = reinterpret_cast<const Tile*>(tile)[g * stride];
+    for (int v = 0; v < 32; ++v) u.codes[g * 32 + v] = static_cast<uint8_t>(legacy_code(t, i, v) - L::bias);
+    u.a[g] = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+    u.b[g] = 0.0f;
+    if constexpr (L::min) u.b[g] = half(reinterpret_cast<const uint8_t*>(&t.m[i]));
+    set_sub(u, 2 * g, 1, L::min);
+    set_sub(u, 2 * g + 1, 1, L::min);
+  }
+}
+
+}  // namespace gguf

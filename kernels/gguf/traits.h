@@ -1,0 +1,150 @@
+// One entry per block type: the kernels it has of its own. A type without an entry runs through its rows'
+// integer form (`unpack_row`, then `dots_avx2` or `dots_portable`), which every type has; an entry adds
+//   row_kernel  an AVX2 kernel reading the file's blocks directly (`row_dots<ROWS>`),
+//   tiles       8-row tiles (`Tile`, `repack`, `unpack_tile_row`, `tile_dots_portable`, the 256-bit `tile_dots`),
+//   pairs_from  on AVX-512 VNNI, the activation rows from which a pair of tiles goes through 512 bits
+//               (`pair_dots`); 0: never.
+// matmul.h builds its dispatch table from these entries and GGUF_BLOCK_TYPES alone.
+#pragma once
+
+#include "avx512.h"
+
+namespace gguf {
+
+template <int64_t TYPE>
+struct Traits {
+  static constexpr bool row_kernel = false, tiles = false;
+};
+
+template <typename TileType>
+struct LegacyTraits {  // Q4_0, Q4_1, Q5_0, Q5_1
+  using Tile = TileType;
+  static constexpr bool row_kernel = true, tiles = true;
+  static constexpr int64_t pairs_from = 1;
+  static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+    return tile_legacy<Tile>(blocks, cols, per_unit);
+  }
+  static void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+    unpack_legacy_tile_row<Tile>(tile, i, cols, stride, u);
+  }
+  static void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t n, int64_t stride, float* out) {
+    legacy_tile_dots_portable<Tile>(tile, x, 0, n, stride, out);
+  }
+#ifdef GGUF_AVX2
+  template <int ROWS>
+  static void row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+    dots_32<Legacy<Tile>::type, ROWS>(row, x, first, out);
+  }
+  template <int ROWS, bool VNNI, int HALVES>
+  static void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+    legacy_tile_dots<Tile, ROWS, VNNI, HALVES>(unit, x, first, out);
+  }
+#endif
+#ifdef GGUF_VNNI
+  template <int ROWS>
+  static void pair_dots(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
+    legacy_pair_dots_vnni<Tile, ROWS>(pair, x, first, out);
+  }
+#endif
+};
+
+template <> struct Traits<Q4_0> : LegacyTraits<TileQ4_0> {};
+template <> struct Traits<Q4_1> : LegacyTraits<TileQ4_1> {};
+template <> struct Traits<Q5_0> : LegacyTraits<TileQ5_0> {};
+template <> struct Traits<Q5_1> : LegacyTraits<TileQ5_1> {};
+
+template <>
+struct Traits<Q8_0> {
+  using Tile = TileQ8_0;
+  static constexpr bool row_kernel = true, tiles = true;
+  static constexpr int64_t pairs_from = 0;  // its 256-bit kernel reads a pair as fast
+  static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+    return tile_q8_0(blocks, cols, per_unit);
+  }
+  static void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+    unpack_q8_tile_row(tile, i, cols, stride, u);
+  }
+  static void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t n, int64_t stride, float* out) {
+    q8_tile_dots_portable(tile, x, 0, n, stride, out);
+  }
+#ifdef GGUF_AVX2
+  template <int ROWS>
+  static void row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+    dots_32<Q8_0, ROWS>(row, x, first, out);
+  }
+  template <int ROWS, bool VNNI, int HALVES>
+  static void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+    q8_tile_dots<ROWS, VNNI, HALVES>(unit, x, first, out);
+  }
+#endif
+};
+
+template <typename TileType>
+struct K4Traits {  // Q4_K, and Q5_K (TileQ5K: the same tiles, fifth bits beside them)
+  using Tile = TileType;
+  static constexpr bool five = std::is_same_v<Tile, TileQ5K>;
+  static constexpr bool row_kernel = true, tiles = true;
+  static constexpr int64_t pairs_from = five ? 3 : 1;  // Q5_K's pairs at one row ran 8-20% slower in 512 bits
+  static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+    return five ? tile_q5_k(blocks, cols, per_unit) : tile_q4_k(blocks, cols, per_unit);
+  }
+  static void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+    gguf::unpack_tile_row<Tile>(tile, i, cols, stride, u);
+  }
+  static void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t n, int64_t stride, float* out) {
+    gguf::tile_dots_portable<Tile>(tile, x, 0, n, stride, out);
+  }
+#ifdef GGUF_AVX2
+  template <int ROWS>
+  static void row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+    dots_q4_k<five, ROWS>(row, x, first, out);
+  }
+  template <int ROWS, bool VNNI, int HALVES>
+  static void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+    gguf::tile_dots<ROWS, VNNI, HALVES, Tile>(unit, x, first, out);
+  }
+#endif
+#ifdef GGUF_VNNI
+  template <int ROWS>
+  static void pair_dots(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
+    tile_pair_dots_vnni<ROWS, Tile>(pair, x, first, out);
+  }
+#endif
+};
+
+template <> struct Traits<Q4_K> : K4Traits<TileQ4K> {};
+template <> struct Traits<Q5_K> : K4Traits<TileQ5K> {};
+
+template <>
+struct Traits<Q6_K> {
+  using Tile = TileQ6K;
+  static constexpr bool row_kernel = true, tiles = true;
+  static constexpr int64_t pairs_from = 1;
+  static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+    return tile_q6_k(blocks, cols, per_unit);
+  }
+  static void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+    unpack_q6_tile_row(tile, i, cols, stride, u);
+  }
+  static void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t n, int64_t stride, float* out) {
+    q6_tile_dots_portable(tile, x, 0, n, stride, out);
+  }
+#ifdef GGUF_AVX2
+  template <int ROWS>
+  static void row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+    dots_q6_k<ROWS>(row, x, first, out);
+  }
+  template <int ROWS, bool VNNI, int HALVES>
+  static void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+    q6_tile_dots<ROWS, VNNI, HALVES>(unit, x, first, out);
+  }
+#endif
+#ifdef GGUF_VNNI
+  template <int ROWS>
+  static void pair_dots(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
+    q6_tile_pair_dots_vnni<ROWS>(pair, x, first, out);
+  }
+#endif
+};
+
+}  // namespace gguf

@@ -1,0 +1,178 @@
+// A weight row of any block type in one integer form, into a buffer that stays in L1:
+//   w[i] = A[g] * S[j] * u[i] + B[g] * M[j]
+// with u[i] a small unsigned code (signed for Q8_0, Q4_0 and Q5_0), S and M integers per 16 values (j) and A, B
+// floats per group g (32 values for the legacy types, 256 for the K-quants). Every path's products are defined by
+// it (matmul.h); the kernels of the types that have their own read the blocks or tiles directly, with the same
+// integers.
+#pragma once
+
+#include "formats.h"
+
+#include <vector>
+
+namespace gguf {
+
+// One weight row in the integer form. `pair_scales` holds S once per pair of codes (the AVX2 multiply-add
+// pairs them), so a chunk of 32 codes has 16 of them.
+struct Unpacked {
+  std::vector<uint8_t> codes;
+  std::vector<int16_t> pair_scales, mins;  // [cols / 2], [cols / 16]
+  std::vector<float> a, b;                 // [cols / values per block]
+  void resize(int64_t cols, int64_t groups) {
+    codes.resize(cols);
+    pair_scales.resize(cols / 2);
+    mins.resize(cols / 16);
+    a.resize(groups);
+    b.resize(groups);
+  }
+};
+
+// ---- unpacking: the codes of 32 values at a time, natural order -------------------------------------------
+
+// 16 bytes of nibbles: the low nibbles are values 0..15, the high ones 16..31 (legacy types).
+inline void nibbles_32(const uint8_t* q, uint8_t* out) {
+  for (int l = 0; l < 16; ++l) {
+    out[l] = q[l] & 15;
+    out[l + 16] = q[l] >> 4;
+  }
+}
+
+// 32 bytes of nibbles: low nibbles are values 0..31, high ones 32..63 (K-quants).
+inline void nibbles_64(const uint8_t* q, uint8_t* out) {
+  for (int l = 0; l < 32; ++l) {
+    out[l] = q[l] & 15;
+    out[l + 32] = q[l] >> 4;
+  }
+}
+
+// Adds 16 to code l (of 32) where bit l of `bits` is set (Q5_0 / Q5_1's fifth bits).
+inline void fifth_bits_32(uint32_t bits, uint8_t* codes) {
+  for (int l = 0; l < 32; ++l) codes[l] |= ((bits >> l) & 1) << 4;
+}
+
+// Adds 16 to code l (of 32) where bit `shift` of high[l] is set (Q5_K's fifth bits).
+inline void fifth_bits_k(const uint8_t* high, int shift, uint8_t* codes) {
+  for (int l = 0; l < 32; ++l) codes[l] |= ((high[l] >> shift) & 1) << 4;
+}
+
+// Q6_K: 64 low-nibble bytes and 32 bytes of 2-bit pairs -> 128 codes in 0..63.
+inline void six_bits_128(const uint8_t* ql, const uint8_t* qh, uint8_t* out) {
+  for (int l = 0; l < 32; ++l) {
+    out[l] = (ql[l] & 15) | ((qh[l] & 3) << 4);
+    out[l + 32] = (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4);
+    out[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+    out[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+  }
+}
+
+// Q4_K / Q5_K: the eight 6-bit scales (bytes 0-7 of `out`) and mins (8-15) from the 12 packed bytes.
+inline void scales_mins_k4(const uint8_t* q, uint8_t* out) {
+  uint32_t w[4];
+  std::memcpy(w, q, 12);
+  constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+  w[3] = ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4);  // mins 4-7
+  const uint32_t mins = w[1] & low6;                           // mins 0-3
+  w[1] = (w[2] & low4) | (((w[0] >> 6) & low2) << 4);          // scales 4-7
+  w[2] = mins;
+  w[0] &= low6;                                                // scales 0-3
+  std::memcpy(out, w, 16);
+}
+
+// Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes.
+inline void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
+  if (j < 4) {
+    scale = q[j] & 63;
+    min = q[j + 4] & 63;
+  } else {
+    scale = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+    min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// S and M of the 16-value sub-block `j`, both halves of a 32-value sub-block alike where they come in 32s.
+inline void set_sub(Unpacked& u, int64_t j, int s, int m) {
+  std::fill_n(u.pair_scales.data() + 8 * j, 8, static_cast<int16_t>(s));
+  u.mins[j] = static_cast<int16_t>(m);
+}
+
+inline void unpack_row(const uint8_t* row, int64_t type, int64_t cols, Unpacked& u) {
+  const Layout l = layout(type);
+  const int64_t blocks = cols / l.values;
+  u.resize(cols, blocks);
+  for (int64_t k = 0; k < blocks; ++k) {
+    const uint8_t* b = row + k * l.bytes;
+    uint8_t* codes = u.codes.data() + k * l.values;
+    const int64_t sub = k * l.values / 16;  // first 16-value sub-block
+    switch (type) {
+      case Q4_0:
+      case Q4_1:
+      case Q5_0:
+      case Q5_1: {
+        const bool five = type == Q5_0 || type == Q5_1, with_min = type == Q4_1 || type == Q5_1;
+        const float d = half(b);
+        const int64_t head = (with_min ? 4 : 2) + (five ? 4 : 0);
+        nibbles_32(b + head, codes);
+        if (five) {
+          uint32_t bits;
+          std::memcpy(&bits, b + head - 4, 4);
+          fifth_bits_32(bits, codes);
+        }
+        u.a[k] = d;
+        if (with_min) {
+          u.b[k] = half(b + 2);
+        } else {  // w = d (u - 8) or d (u - 16): signed codes, so no offset term (which costs a pass per row)
+          const uint8_t middle = five ? 16 : 8;
+          for (int i = 0; i < 32; ++i) codes[i] = static_cast<uint8_t>(codes[i] - middle);
+          u.b[k] = 0.0f;
+        }
+        set_sub(u, sub, 1, with_min);
+        set_sub(u, sub + 1, 1, with_min);
+        break;
+      }
+      case Q8_0:
+        std::memcpy(codes, b + 2, 32);
+        u.a[k] = half(b);
+        u.b[k] = 0.0f;
+        set_sub(u, sub, 1, 0);
+        set_sub(u, sub + 1, 1, 0);
+        break;
+      case Q4_K:
+      case Q5_K: {
+        const uint8_t* scales = b + 4;
+        const uint8_t* high = b + 16;  // Q5_K only
+        const uint8_t* qs = b + (type == Q5_K ? 48 : 16);
+        for (int c = 0; c < 4; ++c) {  // 64 values: sub-blocks 2c (low nibbles) and 2c + 1 (high)
+          nibbles_64(qs + 32 * c, codes + 64 * c);
+          if (type == Q5_K) {
+            fifth_bits_k(high, 2 * c, codes + 64 * c);
+            fifth_bits_k(high, 2 * c + 1, codes + 64 * c + 32);
+          }
+          for (int h = 0; h < 2; ++h) {
+            int s, m;
+            scale_min_k4(2 * c + h, scales, s, m);
+            set_sub(u, sub + 4 * c + 2 * h, s, m);
+            set_sub(u, sub + 4 * c + 2 * h + 1, s, m);
+          }
+        }
+        u.a[k] = half(b);
+        u.b[k] = -half(b + 2);
+        break;
+      }
+      case Q6_K: {
+        const uint8_t* ql = b;
+        const uint8_t* qh = b + 128;
+        const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+        six_bits_128(ql, qh, codes);
+        six_bits_128(ql + 64, qh + 32, codes + 128);
+        for (int j = 0; j < 16; ++j) set_sub(u, sub + j, scales[j], scales[j]);
+        const float d = half(b + 208);
+        u.a[k] = d;
+        u.b[k] = -32.0f * d;  // w = d S (u - 32) = d S u - 32 d S
+        break;
+      }
+      default: layout(type);
+    }
+  }
+}
+
+}  // namespace gguf
