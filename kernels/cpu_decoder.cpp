@@ -973,6 +973,8 @@ std::string isa() {
   return "avx512 (vnni, bf16)";
 #elif defined(GGUF_VNNI)
   return "avx512 (vnni)";
+#elif defined(GGUF_DPBUSD)
+  return "avx2 (avx-vnni)";
 #elif defined(GGUF_AVX2)
   return "avx2";
 #else

@@ -2,9 +2,10 @@
 loaded from torch's extension cache (rebuilt only when the source changes).
 
 It is compiled for the machine it runs on (`-march=native`), so the kernels' code path follows the CPU's
-features: AVX-512 VNNI / BF16, AVX2 (with FMA and F16C), or the portable loops (`isa()` of the module names the
-one built). `SPECCHAT_CPU_ISA=avx2` builds the AVX2 path (x86-64-v3) on any x86 machine, for measuring it
-where the CPU has more.
+features: AVX-512 VNNI / BF16, AVX2 (with FMA and F16C) with or without AVX-VNNI, or the portable loops (`isa()`
+of the module names the one built). `SPECCHAT_CPU_ISA=avx2` builds the AVX2 path (x86-64-v3) on any x86
+machine, for measuring it where the CPU has more; `avxvnni` adds AVX-VNNI to it (it runs only on CPUs that have
+AVX-VNNI: Intel's since Alder Lake, AMD's since Zen 5).
 
 `python -m specchat.kernels.cpu_decoder` builds it ahead of time (`make setup` does).
 """
@@ -22,6 +23,7 @@ SOURCE = Path(__file__).with_name("cpu_decoder.cpp")
 ISA_FLAGS = {
     "native": lambda: ["-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"],
     "avx2": lambda: ["-march=x86-64-v3", "-mtune=native"],
+    "avxvnni": lambda: ["-march=x86-64-v3", "-mavxvnni", "-mtune=native"],
 }
 HEADERS = sorted(SOURCE.parent.glob("*.h")) + sorted(SOURCE.parent.glob("gguf/*.h"))
 
@@ -50,9 +52,12 @@ def build(isa: str):
     suffix = "" if isa == "native" else f"_{isa}"
     try:
         # -fopenmp compiles at::parallel_for's threads in (serial without it); not linked: the OpenMP calls
-        # resolve to the runtime torch itself loaded, so both share one pool instead of fighting over the cores
+        # resolve to the runtime torch itself loaded, so both share one pool instead of fighting over the cores.
+        # Hidden symbols: two builds loaded in one process (tests, A/B scripts) must not bind to each other's
+        # kernels, which share their names and may use instructions the CPU lacks.
         return load(name=f"specchat_cpu_decoder{suffix}_{source_version()}", sources=[str(SOURCE)],
-                    extra_cflags=["-O3", *ISA_FLAGS[isa](), "-fopenmp"])
+                    extra_cflags=["-O3", *ISA_FLAGS[isa](), "-fopenmp", "-fvisibility=hidden",
+                                  "-fvisibility-inlines-hidden"])
     except (OSError, ImportError, RuntimeError) as error:  # a missing compiler is an OSError, a failed build a RuntimeError
         raise RuntimeError(f"the CPU decoder could not be built: {str(error).strip().splitlines()[-1]}") from None
 

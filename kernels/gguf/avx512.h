@@ -89,24 +89,6 @@ void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first,
   }
 }
 
-// Rows in eights, then the rest in one call; each row's operations the same either way. The rest went as
-// fours, a pair and one, and each call unpacks the codes again: on a Zen 4 (2 threads) a forward's matrices took
-// 1.22x / 1.33x / 1.62x one row's time at 5 / 6 / 7 rows (8: 1.46x); in one call 1.06x / 1.20x / 1.30x.
-template <typename Kernel>
-inline void by_eights(int64_t rows, Kernel kernel) {
-  int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) kernel(std::integral_constant<int, 8>{}, r);
-  switch (rows - r) {
-    case 7: return kernel(std::integral_constant<int, 7>{}, r);
-    case 6: return kernel(std::integral_constant<int, 6>{}, r);
-    case 5: return kernel(std::integral_constant<int, 5>{}, r);
-    case 4: return kernel(std::integral_constant<int, 4>{}, r);
-    case 3: return kernel(std::integral_constant<int, 3>{}, r);
-    case 2: return kernel(std::integral_constant<int, 2>{}, r);
-    case 1: return kernel(std::integral_constant<int, 1>{}, r);
-  }
-}
-
 // `quad` in 512 bits. Each quad its own 4-byte load: one 16-byte copy of all four went through general registers
 // (a 64-bit load, a shift, a broadcast from a register), and left the Q6_K pair kernel 13% slower.
 inline __m512i quad512(const int8_t* a, int k) {

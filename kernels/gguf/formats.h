@@ -10,7 +10,10 @@
 #include <immintrin.h>
 #define GGUF_AVX2 1
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-#define GGUF_VNNI 1  // AVX-512 VNNI: four byte products summed into an int32 lane in one step
+#define GGUF_VNNI 1  // AVX-512 VNNI: four byte products summed into an int32 lane in one step; pairs in 512 bits
+#endif
+#if defined(GGUF_VNNI) || defined(__AVXVNNI__)
+#define GGUF_DPBUSD 1  // vpdpbusd on 256-bit vectors: AVX-512 VNNI's (VL) or AVX-VNNI's (Intel since Alder Lake)
 #endif
 #endif
 

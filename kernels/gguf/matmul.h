@@ -54,8 +54,9 @@ void row_dots(const uint8_t* row, const Quantized& x, Path path, Unpacked& u, fl
   unpacked_dots(u, x, kLayout<TYPE>, path, out);
 }
 
-// A unit's weight rows i (8, or 16 in a pair) dotted with every activation row r: out[i * x.rows + r]. On VNNI a
-// pair's two tiles go side by side through 512-bit vectors (`pair_dots`): measured on the 1.5B (2 threads, a
+// A unit's weight rows i (8, or 16 in a pair) dotted with every activation row r: out[i * x.rows + r]. Where the
+// CPU has vpdpbusd its products take it; on AVX-512 VNNI a pair's two tiles go side by side through 512-bit
+// vectors (`pair_dots`): measured on the 1.5B (2 threads, a
 // forward's matrices, 7 rounds), one row 21.6-22.2 ms against 22.9-24.3 group by group through 256 bits, two rows
 // the same, from three rows 3-5 ms less.
 template <int64_t TYPE>
@@ -70,11 +71,13 @@ void unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path p
       }
       return;
     }
-#ifdef GGUF_VNNI
+#ifdef GGUF_DPBUSD
     if (path == Path::Best) {
+#ifdef GGUF_VNNI
       if constexpr (T::pairs_from > 0)
         if (per_unit == 2 && x.rows >= T::pairs_from)
           return by_eights(x.rows, [&](auto rows, int64_t r) { T::template pair_dots<rows()>(unit, x, r, out); });
+#endif
       return by_halves(per_unit, [&](auto halves) {
         by_eights(x.rows, [&](auto rows, int64_t r) { T::template tile_dots<rows(), true, halves()>(unit, x, r, out); });
       });
