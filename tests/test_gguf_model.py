@@ -157,6 +157,17 @@ def test_refusals_are_one_line(tmp_path, tiny_gguf):
         load_model(str(tiny_gguf), quantize="int4")
 
 
+@pytest.mark.parametrize("kept", [0.9999, 0.5, 0.01])
+def test_a_truncated_file_is_refused_in_one_line(tmp_path, tiny_gguf, kept):
+    """Cut in its data, its tensor table or its metadata (an interrupted download): one line that says so."""
+    whole = tiny_gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: int(len(whole) * kept)])
+    with pytest.raises(SpecchatError, match="truncated") as refused:
+        load_model(str(cut))
+    assert "\n" not in str(refused.value)
+
+
 def test_unsupported_tensor_type_is_named(tmp_path):
     path = _with_q2_k(tmp_path / "q2.gguf")
     with pytest.raises(SpecchatError, match="'blk.0.ffn_up.weight' is Q2_K"):

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -126,6 +127,49 @@ def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):
     assert answer == expected != chat(server, COLOURS, max_tokens=24)
 
 
+def test_a_conversation_reusing_its_cached_prefix_answers_as_prompts_prefilled_whole(server):
+    """On the CPU decoder the prompt cache is on by default, and exact: each turn of a conversation, its earlier
+    turns reused from the cache, gets the answer of a server that prefills every prompt whole (`specchat run`'s,
+    test_a_greedy_answer_is_what_specchat_run_prints)."""
+    whole = Server("--context", "1024", "--no-prompt-cache")
+    try:
+        whole.wait_ready()
+        assert server.health()["prompt_cache"] is True and whole.health()["prompt_cache"] is False
+        conversation = list(COLOURS)
+        for turn, question in enumerate(["And three more?", "Which of them is the darkest?", None]):
+            reply = server.client().chat.completions.create(model=MODEL, messages=conversation, temperature=0,
+                                                            max_tokens=24)  # fmt: skip
+            alone = whole.client().chat.completions.create(model=MODEL, messages=conversation, temperature=0,
+                                                           max_tokens=24)  # fmt: skip
+            answer = reply.choices[0].message.content
+            assert answer == alone.choices[0].message.content, turn
+            assert alone.model_extra["specchat"]["reused_tokens"] == 0
+            if turn:  # the earlier turns were in the cache: only the new ones were prefilled
+                assert reply.model_extra["specchat"]["reused_tokens"] >= previous_prompt
+            previous_prompt = reply.usage.prompt_tokens
+            if question:
+                conversation += [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+    finally:
+        assert whole.stop() == 0
+
+
+def test_a_body_of_8_mb_is_answered_413_by_every_client(server):
+    """A body far over --max-body-mb (0.05 here) is read to its end and answered, not cut off with a reset."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (8 * 2**20)}]}
+    with pytest.raises(openai.APIStatusError) as refused:
+        server.client().chat.completions.create(**body)
+    assert refused.value.status_code == 413
+    answer = httpx.post(f"http://127.0.0.1:{server.port}/v1/chat/completions", json=body,
+                        headers={"Authorization": f"Bearer {KEY}"}, timeout=120)  # fmt: skip
+    assert answer.status_code == 413 and "over" in answer.json()["error"]["message"]
+    curl = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", f"Authorization: Bearer {KEY}",
+                           "-H", "Content-Type: application/json", "--data-binary", "@-",
+                           f"http://127.0.0.1:{server.port}/v1/chat/completions"],
+                          input=json.dumps(body), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert (curl.returncode, curl.stdout) == (0, "413")
+    assert chat(server, COLOURS, max_tokens=4)
+
+
 def test_a_stream_carries_the_same_answer_its_origins_and_the_usage(server):
     whole = chat(server, COLOURS, max_tokens=20)
     chunks = list(server.client().chat.completions.create(
@@ -138,6 +182,24 @@ def test_a_stream_carries_the_same_answer_its_origins_and_the_usage(server):
     assert sum(len(chunk.model_extra["specchat"]["origins"]) for chunk in body[1:]) == 20
     assert finish.choices[0].finish_reason == "length" and finish.model_extra["specchat"]["mean_accepted_length"] >= 1
     assert usage.choices == [] and usage.usage.completion_tokens == 20
+    assert finish.model_extra["timings"]["predicted_n"] == 20
+
+
+def test_timings_in_llama_servers_words_agree_with_the_answer():
+    """llama-server's `timings` (what its clients read), for an answer drafted by n-gram lookup on a text that
+    repeats: its counts are the usage's and the `specchat` object's."""
+    lookup = Server("--context", "1024", "--drafter", "ngram", "--draft-budget", "4")
+    try:
+        lookup.wait_ready()
+        reply = lookup.client().completions.create(model=MODEL, prompt=COUNTING, max_tokens=32, temperature=0)
+    finally:
+        assert lookup.stop() == 0
+    timings, figures = reply.model_extra["timings"], reply.model_extra["specchat"]
+    assert timings["predicted_n"] == reply.usage.completion_tokens == 32
+    assert timings["prompt_n"] + timings["cache_n"] == reply.usage.prompt_tokens
+    assert timings["draft_n_accepted"] == figures["drafted_tokens"] > 0
+    assert 4 * figures["steps"] >= timings["draft_n"] >= timings["draft_n_accepted"]
+    assert timings["prompt_ms"] > 0 and timings["predicted_ms"] > 0
 
 
 def test_completions_continue_text_and_stop_at_a_stop_string(server):

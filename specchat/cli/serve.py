@@ -40,10 +40,11 @@ def serve(
     context: Annotated[int, typer.Option("--context", help="Most tokens a request may hold, prompt and answer.")] = 8192,
     max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait; more get 429.")] = 32,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body; larger get 413.")] = 4.0,
-    prompt_cache: Annotated[bool, typer.Option(
-        "--prompt-cache/--no-prompt-cache", help="Reuse the cached prefix a prompt shares with the last one: a "
-        "conversation's next turn starts sooner, but greedy answers may then differ from `specchat run` by a "
-        "rounding (default: each prompt prefilled whole, exactly as run does).")] = False,  # fmt: skip
+    prompt_cache: Annotated[bool | None, typer.Option(
+        "--prompt-cache/--no-prompt-cache", help="Reuse the cached prefix a prompt shares with the last one, so a "
+        "conversation's next turn prefills only what is new. Default: on where it is exact (the CPU decoder: "
+        "answers stay `specchat run`'s), off elsewhere, where forcing it on may change a greedy token by a "
+        "rounding.", show_default=False)] = None,  # fmt: skip
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,

@@ -91,6 +91,13 @@ class Engine:
         """Tokens a session may hold: the cache less the slots a verified tree needs."""
         return self.max_len - self.tree_capacity
 
+    @property
+    def exact_reuse(self) -> bool:
+        """Whether a prompt that reuses a cached prefix gets bitwise the logits of one prefilled whole: so on the
+        CPU decoder, whose prefill rows are each a decode step at their position (row-independent matmuls, and
+        each row's attention over its own keys in order); transformers' forward rounds a prefill by its rows."""
+        return self.lean is not None
+
     @torch.inference_mode()
     def generate(
         self,
@@ -119,8 +126,8 @@ class Engine:
         itself picks (a verified row is bitwise a decode step), so the output stays exact.
 
         `fresh` prefills the whole prompt, as a new engine would, instead of reusing the cached prefix it shares
-        with the last request: the output is then exactly a new engine's (a prompt prefilled in pieces, or
-        after decode steps, is rounded differently from one prefilled in one go).
+        with the last request: where reuse is not exact (`exact_reuse`), the output is then exactly a new
+        engine's (a prompt prefilled in pieces, or after decode steps, is rounded differently there).
         """
         if not prompt_ids:
             raise SpecchatError("the prompt is empty")
@@ -158,12 +165,12 @@ class Engine:
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
-            tokens, origins, hidden, tree_depth, tree_budget, draft_seconds = self._step(sampling, generator, noise, ahead)
+            tokens, origins, hidden, tree, tree_budget, draft_seconds = self._step(sampling, generator, noise, ahead)
             stats.decode_seconds += time.perf_counter() - start
             event = self._commit(tokens, origins, hidden, stats, stream, budget, limit)
             stats.decode_tokens += len(event.tokens)
             drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
-            stats.record_step(tree_depth, drafted, tree_budget, draft_seconds)
+            stats.record_step(tree.depth, drafted, tree_budget, draft_seconds, nodes=len(tree))
             ahead = _still_known(ahead, event.tokens)
             yield event
 
@@ -172,7 +179,7 @@ class Engine:
         commit the accepted KV.
 
         Returns the accepted tokens then the bonus, their origins, the hidden states of the rows kept in the
-        cache (root and accepted nodes), the tree's depth, its budget and the seconds the drafter took.
+        cache (root and accepted nodes), the tree verified, its budget and the seconds the drafter took.
         """
         if known:
             tree = DraftTree.from_chains([known[: self.tree_capacity]], KNOWN, self.tree_capacity)
@@ -207,7 +214,7 @@ class Engine:
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[kept] if self.drafter is not None else hidden  # only a drafter reads them
-        return tokens, origins, hidden, tree.depth, budget, draft_seconds
+        return tokens, origins, hidden, tree, budget, draft_seconds
 
     def _draft_budget(self, mode: frozenset[str], scored: bool) -> int:
         """The nodes to ask the drafter for: the adaptive budget's (for a scoring drafter a large tree, cut after),

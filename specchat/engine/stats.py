@@ -25,11 +25,14 @@ class GenerationStats:
     accepted_at_depth: list[int] = field(default_factory=list)  # [d - 1]: steps that accepted depth d
 
     budget_total: int = 0  # sum over steps of the tree budget in force
+    drafted_nodes: int = 0  # sum over steps of the draft tokens verified (the trees' nodes)
     draft_seconds: float = 0.0  # the drafter's proposals, part of decode_seconds
 
-    def record_step(self, tree_depth: int, accepted: int, budget: int, draft_seconds: float = 0.0) -> None:
+    def record_step(self, tree_depth: int, accepted: int, budget: int, draft_seconds: float = 0.0, *,
+                    nodes: int = 0) -> None:
         self.steps += 1
         self.budget_total += budget
+        self.drafted_nodes += nodes
         self.draft_seconds += draft_seconds
         self.drafted_depth += tree_depth
         self.accepted += accepted

@@ -100,6 +100,9 @@ def gguf_tensors(path: Path) -> list[GGUFTensor]:
     data = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: writable for torch, shared pages
     tensors = []
     for name, kind, shape, offset, n_bytes in table:
+        if offset + n_bytes > data.size:
+            raise ValueError(f"{path}: tensor '{name}' ends past the file's {data.size} bytes: the file is truncated "
+                             "(an interrupted download or copy?)")  # fmt: skip
         kind = GGMLQuantizationType(kind)
         rows = int(np.prod(shape[1:]))
         raw = data[offset : offset + n_bytes]
@@ -112,8 +115,12 @@ def gguf_tensors(path: Path) -> list[GGUFTensor]:
 def _tensor_table(path: Path) -> list:
     from gguf import GGUFReader
 
+    try:
+        tensors = GGUFReader(path).tensors
+    except (ValueError, IndexError, KeyError, OSError) as error:  # what gguf-py raises on a cut or damaged header
+        raise ValueError(f"{path}: cannot be read as GGUF, the file is damaged or truncated ({error})") from None
     return [[t.name, int(t.tensor_type), [int(n) for n in t.shape], int(t.data_offset), int(t.n_bytes)]
-            for t in GGUFReader(path).tensors]  # fmt: skip
+            for t in tensors]  # fmt: skip
 
 
 def _module_name(gguf_name: str, architecture: str) -> tuple[str, str]:

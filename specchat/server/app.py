@@ -24,6 +24,7 @@ from specchat.server.responses import Reply
 from specchat.server.worker import EngineWorker, Ended, Job, QueueFull
 
 RETRY_SECONDS = 5  # Retry-After while loading, and when the queue is full
+DRAIN_BYTES = 256 * 2**20  # a body over the limit is still read up to this size, so that its client hears the 413
 DISCONNECT_POLL_SECONDS = 0.5  # how often a waiting non-streaming request checks that its client is still there
 
 
@@ -74,7 +75,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": str(RETRY_SECONDS)})
         return JSONResponse({"status": "ready", "model": worker.served.name, "drafter": worker.served.drafter,
                              "generating": worker.busy, "waiting": worker.waiting,
-                             "tokens_generated": worker.tokens_generated})  # fmt: skip
+                             "tokens_generated": worker.tokens_generated, "prompt_cache": worker.prompt_cache})  # fmt: skip
 
     async def models(request: Request) -> Response:
         served = _served(request)
@@ -110,12 +111,17 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
     async def _json(request: Request) -> object:
         _authorize(request)
         length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > max_body_bytes:
-            raise _too_large()
-        body = bytearray()
-        async for chunk in request.stream():
+        if length.isdigit() and int(length) > max(max_body_bytes, DRAIN_BYTES):
+            raise _too_large()  # not worth reading: its client may see the connection reset
+        body, stream = bytearray(), request.stream()
+        async for chunk in stream:
             body += chunk
-            if len(body) > max_body_bytes:
+            if len(body) > max_body_bytes:  # read the rest, unkept: a client still sending would see a reset
+                read = len(body)
+                async for rest in stream:
+                    read += len(rest)
+                    if read > DRAIN_BYTES:
+                        break
                 raise _too_large()
         try:
             return json.loads(body)

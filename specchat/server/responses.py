@@ -1,4 +1,5 @@
-"""What goes back: OpenAI's response and stream-chunk objects, plus a `specchat` object no other server has,
+"""What goes back: OpenAI's response and stream-chunk objects, llama-server's `timings` object (what its clients
+read: prompt and generation times, drafted and accepted tokens), and a `specchat` object no other server has,
 saying which tokens the drafter proposed (and the target accepted), tau and the acceptance rate."""
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Reply:
         choice = {"index": 0, "finish_reason": self.finish, "logprobs": None}
         choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
         return self._envelope("chat.completion" if self.chat else "text_completion", [choice],
-                              usage=self.usage(), specchat=self.summary(self.origins))  # fmt: skip
+                              usage=self.usage(), timings=self.timings(), specchat=self.summary(self.origins))  # fmt: skip
 
     def first_chunk(self) -> str:
         """A chat stream opens with the assistant's role (completions streams have no roles)."""
@@ -56,7 +57,7 @@ class Reply:
 
     def last_chunks(self, include_usage: bool) -> str:
         """The finish reason with the whole answer's figures, the usage when asked, and the end marker."""
-        chunks = self._chunk({}, self.finish, self.summary([]))
+        chunks = self._chunk({}, self.finish, self.summary([]), timings=self.timings())
         if include_usage:
             chunks += _sse(self._envelope(self._chunk_object, [], usage=self.usage()))
         return chunks + "data: [DONE]\n\n"
@@ -65,6 +66,24 @@ class Reply:
         prompt = self.stats.prompt_tokens if self.stats else 0
         completion = self.stats.new_tokens if self.stats else 0
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def timings(self) -> dict:
+        """llama-server's `timings`: the prompt's tokens prefilled (`cache_n` of them were cached) and its time with
+        the first token's, then the later tokens' time, and the draft tokens verified and accepted."""
+        stats = self.stats or GenerationStats()
+        prompt_n, predicted_n = stats.prompt_tokens - stats.reused_tokens, stats.new_tokens
+        prompt_ms, predicted_ms = 1e3 * stats.prefill_seconds, 1e3 * stats.decode_seconds
+        return {
+            "cache_n": stats.reused_tokens,
+            "prompt_n": prompt_n,
+            "prompt_ms": round(prompt_ms, 3),
+            "prompt_per_second": round(1e3 * prompt_n / prompt_ms, 3) if prompt_ms else None,
+            "predicted_n": predicted_n,
+            "predicted_ms": round(predicted_ms, 3),
+            "predicted_per_second": round(1e3 * stats.decode_tokens / predicted_ms, 3) if predicted_ms else None,
+            "draft_n": stats.drafted_nodes,
+            "draft_n_accepted": stats.accepted,
+        }
 
     def summary(self, origins: list[str]) -> dict:
         """The `specchat` object: each token's origin (when given), and how the drafting went."""
@@ -80,10 +99,10 @@ class Reply:
     def _chunk_object(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def _chunk(self, delta: dict, finish: str | None, specchat: dict | None = None) -> str:
+    def _chunk(self, delta: dict, finish: str | None, specchat: dict | None = None, **extra) -> str:
         choice = {"index": 0, "finish_reason": finish, "logprobs": None}
         choice |= {"delta": delta} if self.chat else {"text": delta.get("content", "")}
-        extra = {"specchat": specchat} if specchat else {}
+        extra |= {"specchat": specchat} if specchat else {}
         return _sse(self._envelope(self._chunk_object, [choice], **extra))
 
     def _envelope(self, kind: str, choices: list[dict], **extra) -> dict:

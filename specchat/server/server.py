@@ -36,7 +36,7 @@ class ServeSettings:
     quantize: str | None
     device: str
     attention: str
-    prompt_cache: bool = False  # reuse the prefix a prompt shares with the last one (see worker.py)
+    prompt_cache: bool | None = None  # reuse the prefix a prompt shares with the last one; None: where exact
     kv_cache: str = "auto"  # the target's keys and values: the activations' dtype, or int8 (the CPU decoder)
 
 
@@ -53,7 +53,7 @@ class Server:
         host, port = self.listener.getsockname()[:2]
         self.host, self.port = host, port
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-        self.worker = EngineWorker(lambda: load_served(settings), settings.max_queue, fresh=not settings.prompt_cache)
+        self.worker = EngineWorker(lambda: load_served(settings), settings.max_queue, prompt_cache=settings.prompt_cache)
         app = create_app(self.worker, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
         self.http = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
                                                   timeout_graceful_shutdown=GRACE_SECONDS))  # fmt: skip
@@ -90,8 +90,9 @@ def serve(settings: ServeSettings) -> None:
             announced = True
             if worker.load_error is not None:
                 break
+            reuse = "reused" if worker.prompt_cache else "prefilled whole"
             _say(f"specchat serve: ready at {server.url}/v1 (model {worker.served.name}, drafter "
-                 f"{worker.served.drafter}); Ctrl-C stops")  # fmt: skip
+                 f"{worker.served.drafter}; cached prompt prefixes {reuse}); Ctrl-C stops")  # fmt: skip
     server.stop()
     if worker.load_error is not None:
         raise SpecchatError(worker.load_error)

@@ -1,10 +1,9 @@
 """The engine's own thread: loads the model, then runs one request at a time, in arrival order.
 
-One engine serves every client, one request after the other, and each prompt is prefilled whole, as
-`specchat run` does: an answer is then the same alone or under load, whatever was asked before it. With
-`fresh=False` (`--prompt-cache`) a prompt reuses the cached prefix it shares with the last one, as the chat
-does: a conversation's next turn starts sooner, but a prefill in pieces rounds differently from a whole one,
-which can change a greedy token against `specchat run` (the output stays the target's own for that cache).
+One engine serves every client, one request after the other. A prompt reuses the cached prefix it shares with
+the last one (a conversation's next turn prefills only what is new) where that is exact (`Engine.exact_reuse`:
+the CPU decoder); elsewhere each prompt is prefilled whole, as `specchat run` does, unless the prompt cache is
+forced on. Either way an answer is then the same alone or under load, whatever was asked before it.
 Requests wait in a bounded queue; a full queue is refused at once (429) rather than left to time out.
 Each request hears its steps through `deliver` (called on this thread) and can be cancelled at any time: a
 cancelled request stops within one step, or is skipped if it has not started.
@@ -48,12 +47,12 @@ class QueueFull(Exception):
 class EngineWorker:
     """Owns the engine from `load()` (called on this thread: the server listens while the model loads)."""
 
-    def __init__(self, load: Callable[[], object], max_queue: int, *, fresh: bool = True):
+    def __init__(self, load: Callable[[], object], max_queue: int, *, prompt_cache: bool | None = None):
         self.served = None  # what `load` returned, once loaded
         self.load_error: str | None = None
         self.ready = threading.Event()  # set when loaded, or when loading failed
         self._load = load
-        self._fresh = fresh
+        self._prompt_cache = prompt_cache  # None: where reuse is exact
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._current: Job | None = None
         self.tokens_generated = 0  # since the start, every request's: what /health reports
@@ -62,6 +61,13 @@ class EngineWorker:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def prompt_cache(self) -> bool:
+        """Whether prompts reuse the cached prefix (once loaded)."""
+        if self._prompt_cache is not None:
+            return self._prompt_cache
+        return self.served is not None and self.served.engine.exact_reuse
 
     @property
     def waiting(self) -> int:
@@ -122,7 +128,7 @@ class EngineWorker:
         try:
             events = self.served.engine.generate(
                 job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
-                fresh=self._fresh,
+                fresh=not self.prompt_cache,
             )
             for event in events:
                 self.tokens_generated += len(event.tokens)
