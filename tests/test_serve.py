@@ -170,6 +170,25 @@ def test_a_body_of_8_mb_is_answered_413_by_every_client(server):
     assert chat(server, COLOURS, max_tokens=4)
 
 
+def test_speculation_asked_per_request_changes_the_speed_not_the_answer(server):
+    """`speculative`: the target alone ("none"), or a fixed draft budget, for one request; the answer stays the
+    target's, and the server's own drafting comes back for the next request."""
+    asked = {}
+    for name, speculative in [("server's", None), ("none", {"drafter": "none"}), ("budget", {"draft_budget": 3}),
+                              ("ngram", {"drafter": "ngram"}), ("after", None)]:  # fmt: skip
+        extra = {} if speculative is None else {"extra_body": {"speculative": speculative}}
+        asked[name] = server.client().completions.create(model=MODEL, prompt=COUNTING, max_tokens=24, temperature=0,
+                                                         **extra)  # fmt: skip
+    answers = {name: reply.choices[0].text for name, reply in asked.items()}
+    assert len(set(answers.values())) == 1, answers
+    alone, budget = asked["none"].model_extra, asked["budget"].model_extra
+    assert alone["specchat"]["drafter"] == "none" and alone["timings"]["draft_n"] == 0
+    assert alone["specchat"]["undrafted_steps"] == alone["specchat"]["steps"]
+    assert 0 < budget["timings"]["draft_n"] <= 3 * budget["specchat"]["steps"]
+    drafters = {name: reply.model_extra["specchat"]["drafter"] for name, reply in asked.items()}
+    assert drafters["after"] == drafters["server's"] == "ngram"
+
+
 def test_a_stream_carries_the_same_answer_its_origins_and_the_usage(server):
     whole = chat(server, COLOURS, max_tokens=20)
     chunks = list(server.client().chat.completions.create(
@@ -248,6 +267,16 @@ def test_bad_requests_get_openai_errors_and_change_nothing(server):
         (("POST", "/v1/chat/completions"), {"raw": json.dumps({**good, "pad": "x" * 60_000}).encode()}, 413, None),
         (("POST", "/v1/chat/completions"), {"body": {**good, "messages": [{"role": "user", "content": "word " * 1100}]}},
          400, "messages"),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "speculative": 5}}, 400, "speculative"),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "speculative": {"drafter": "eagle3"}}}, 400,
+         "speculative.drafter"),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "speculative": {"draft_budget": 0}}}, 400,
+         "speculative.draft_budget"),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "speculative": {"draft_budget": "4"}}}, 400,
+         "speculative.draft_budget"),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "speculative": {"drafter": "none", "draft_budget": 2}}},
+         400, "speculative.draft_budget"),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "speculative": {"budget": 2}}}, 400, "speculative.budget"),
         (("GET", "/v1/embeddings"), {}, 404, None),
         (("GET", "/v1/chat/completions"), {}, 405, None),
     ]  # fmt: skip

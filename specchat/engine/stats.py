@@ -26,6 +26,7 @@ class GenerationStats:
 
     budget_total: int = 0  # sum over steps of the tree budget in force
     drafted_nodes: int = 0  # sum over steps of the draft tokens verified (the trees' nodes)
+    undrafted_steps: int = 0  # steps that verified no draft: no drafter, or the adaptive budget switched it off
     draft_seconds: float = 0.0  # the drafter's proposals, part of decode_seconds
 
     def record_step(self, tree_depth: int, accepted: int, budget: int, draft_seconds: float = 0.0, *,
@@ -33,6 +34,7 @@ class GenerationStats:
         self.steps += 1
         self.budget_total += budget
         self.drafted_nodes += nodes
+        self.undrafted_steps += nodes == 0
         self.draft_seconds += draft_seconds
         self.drafted_depth += tree_depth
         self.accepted += accepted
@@ -78,6 +80,7 @@ class GenerationStats:
             "decode_seconds": round(self.decode_seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 3) if decoded else None,
             "steps": self.steps,
+            "undrafted_steps": self.undrafted_steps,
             "mean_accepted_length": round(self.mean_accepted_length, 4) if decoded else None,
             "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
             "per_depth_acceptance": [round(a, 4) for a in self.per_depth_acceptance],

@@ -75,7 +75,8 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": str(RETRY_SECONDS)})
         return JSONResponse({"status": "ready", "model": worker.served.name, "drafter": worker.served.drafter,
                              "generating": worker.busy, "waiting": worker.waiting,
-                             "tokens_generated": worker.tokens_generated, "prompt_cache": worker.prompt_cache})  # fmt: skip
+                             "tokens_generated": worker.tokens_generated,
+                             "prompt_cache": worker.prompt_cache})  # fmt: skip
 
     async def models(request: Request) -> Response:
         served = _served(request)
@@ -136,18 +137,20 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         if wanted.model is not None:
             _check_model(served, wanted.model)
         ids = served.prompt_ids(wanted)
+        drafting, draft_budget = _speculation(served, wanted)
         room = served.engine.capacity + 1 - len(ids)
         items: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         job = Job(ids, served.sampling(wanted), min(wanted.max_tokens or room, room), wanted.stop,
-                  deliver=lambda item: loop.call_soon_threadsafe(items.put_nowait, item))  # fmt: skip
+                  deliver=lambda item: loop.call_soon_threadsafe(items.put_nowait, item), drafting=drafting,
+                  draft_budget=draft_budget)  # fmt: skip
         try:
             worker.submit(job)
         except QueueFull:
             raise RequestError(f"the server is busy: {worker.waiting} requests are waiting; retry later",
                                status=429, kind="rate_limit_error",
                                headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
-        reply = Reply(served.name, served.drafter, chat=wanted.messages is not None)
+        reply = Reply(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None)
         if wanted.stream:
             return StreamingResponse(_stream(job, items, reply, wanted.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})  # fmt: skip
@@ -207,6 +210,20 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
     ]
     handlers = {RequestError: on_request_error, HTTPException: on_http_error}
     return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def _speculation(served: Served, wanted: CompletionRequest) -> tuple[bool, int | None]:
+    """Whether the request drafts, and its fixed budget (None: the server's), from its `speculative` object."""
+    asked = wanted.speculative
+    if asked is None:
+        return served.drafter != "none", None
+    if asked.drafter not in (None, served.drafter, "none"):
+        raise RequestError(f"this server drafts with {served.drafter!r}: speculative.drafter may be that or 'none', "
+                           f"not {asked.drafter!r}", param="speculative.drafter")  # fmt: skip
+    if asked.drafter != "none" and served.drafter == "none" and asked.draft_budget is not None:
+        raise RequestError("this server has no drafter: speculative.draft_budget asks for none",
+                           param="speculative.draft_budget")  # fmt: skip
+    return asked.drafter != "none" and served.drafter != "none", asked.draft_budget
 
 
 def _check_model(served: Served, name: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.sampling_config import MAX_SEED
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -43,6 +44,16 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    speculative: Speculative | None = None  # None: the server's drafter and budget
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """The request's `speculative` object: which drafter (the one the server loaded, or "none") and, optionally, a
+    fixed draft budget instead of the adaptive one."""
+
+    drafter: str | None = None  # None: the server's
+    draft_budget: int | None = None  # None: adaptive (or the server's --draft-budget)
 
 
 def chat_request(body: object) -> CompletionRequest:
@@ -97,7 +108,28 @@ def _common(body: dict) -> dict:
         if not isinstance(include_usage, bool):
             raise RequestError("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     return {"sampling": _sampling(body), "stop": _stop(body.get("stop")), "stream": stream,
-            "include_usage": include_usage}  # fmt: skip
+            "include_usage": include_usage, "speculative": _speculative(body.get("speculative"))}  # fmt: skip
+
+
+def _speculative(value: object) -> Speculative | None:
+    if value is None:
+        return None
+    fields = _object(value, "speculative")
+    unknown = sorted(set(fields) - {"drafter", "draft_budget"})
+    if unknown:
+        raise RequestError(f"speculative has no field {unknown[0]!r} (drafter, draft_budget)",
+                           param=f"speculative.{unknown[0]}")  # fmt: skip
+    drafter = fields.get("drafter")
+    if drafter is not None and (not isinstance(drafter, str) or not drafter):
+        raise RequestError("speculative.drafter must be a drafter's name, or 'none'", param="speculative.drafter")
+    budget = fields.get("draft_budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                               or not 1 <= budget <= MAX_BUDGET):  # fmt: skip
+        raise RequestError(f"speculative.draft_budget must be a whole number from 1 to {MAX_BUDGET}",
+                           param="speculative.draft_budget")  # fmt: skip
+    if drafter == "none" and budget is not None:
+        raise RequestError("speculative.draft_budget needs a drafter, not 'none'", param="speculative.draft_budget")
+    return Speculative(drafter, budget)
 
 
 def _sampling(body: dict) -> dict:

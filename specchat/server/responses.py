@@ -41,8 +41,8 @@ class Reply:
         text = "".join(self.text)
         choice = {"index": 0, "finish_reason": self.finish, "logprobs": None}
         choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
-        return self._envelope("chat.completion" if self.chat else "text_completion", [choice],
-                              usage=self.usage(), timings=self.timings(), specchat=self.summary(self.origins))  # fmt: skip
+        return self._envelope("chat.completion" if self.chat else "text_completion", [choice], usage=self.usage(),
+                              timings=self.timings(), specchat=self.summary(self.origins))
 
     def first_chunk(self) -> str:
         """A chat stream opens with the assistant's role (completions streams have no roles)."""

@@ -53,7 +53,8 @@ class Server:
         host, port = self.listener.getsockname()[:2]
         self.host, self.port = host, port
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-        self.worker = EngineWorker(lambda: load_served(settings), settings.max_queue, prompt_cache=settings.prompt_cache)
+        self.worker = EngineWorker(lambda: load_served(settings), settings.max_queue,
+                                   prompt_cache=settings.prompt_cache)
         app = create_app(self.worker, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
         self.http = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
                                                   timeout_graceful_shutdown=GRACE_SECONDS))  # fmt: skip

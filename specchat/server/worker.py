@@ -29,6 +29,8 @@ class Job:
     stop: tuple[str, ...]
     deliver: Callable[[object], None]  # a StepEvent per step, then one `Ended`
     cancelled: threading.Event = field(default_factory=threading.Event)
+    drafting: bool = True  # False: the target alone, whatever drafter the server has
+    draft_budget: int | None = None  # a fixed budget for this request; None: the server's
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,17 @@ class EngineWorker:
                 self._current = None
 
     def _serve(self, job: Job) -> None:
+        engine = self.served.engine
+        drafter, budget = engine.drafter, engine.fixed_budget  # the server's, back after a request that asks otherwise
+        if not job.drafting or job.draft_budget is not None:
+            engine.set_drafter(drafter if job.drafting else None, job.draft_budget if job.drafting else None)
+        try:
+            self._generate(job)
+        finally:
+            if (engine.drafter, engine.fixed_budget) != (drafter, budget):
+                engine.set_drafter(drafter, budget)
+
+    def _generate(self, job: Job) -> None:
         try:
             events = self.served.engine.generate(
                 job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
