@@ -189,6 +189,35 @@ def test_speculation_asked_per_request_changes_the_speed_not_the_answer(server):
     assert drafters["after"] == drafters["server's"] == "ngram"
 
 
+def scrape(server) -> dict[str, float]:
+    """`GET /metrics`, as {sample: value} (a sample: its name and labels, as the text format writes them)."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    connection.request("GET", "/metrics")
+    response = connection.getresponse()
+    assert response.status == 200 and response.headers["Content-Type"].startswith("text/plain")
+    lines = response.read().decode().splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if not line.startswith("#")}
+
+
+def test_metrics_count_what_the_answers_say(server):
+    before = scrape(server)
+    replies = [server.client().completions.create(model=MODEL, prompt=COUNTING, max_tokens=n, temperature=0)
+               for n in (12, 20)]  # fmt: skip
+    refused = server.request("POST", "/v1/chat/completions", {"model": MODEL, "messages": COLOURS, "n": 2})
+    after = scrape(server)
+    grew = {name: after[name] - before.get(name, 0.0) for name in after}
+    assert refused[0] == 400 and grew['specchat_requests_total{status="400"}'] == 1
+    assert grew['specchat_requests_total{status="200"}'] == 2
+    assert grew["specchat_generation_tokens_total"] == sum(reply.usage.completion_tokens for reply in replies) == 32
+    assert grew["specchat_prompt_tokens_total"] == sum(reply.usage.prompt_tokens for reply in replies)
+    timings = [reply.model_extra["timings"] for reply in replies]
+    assert grew["specchat_prompt_tokens_cached_total"] == sum(t["cache_n"] for t in timings)
+    assert grew["specchat_spec_decode_num_draft_tokens_total"] == sum(t["draft_n"] for t in timings)
+    assert grew["specchat_spec_decode_num_accepted_tokens_total"] == sum(t["draft_n_accepted"] for t in timings)
+    assert grew["specchat_time_to_first_token_seconds_count"] == 2
+    assert after["specchat_num_requests_waiting"] == 0 and after["specchat_mean_accepted_length"] >= 1
+
+
 def test_a_stream_carries_the_same_answer_its_origins_and_the_usage(server):
     whole = chat(server, COLOURS, max_tokens=20)
     chunks = list(server.client().chat.completions.create(

@@ -1,4 +1,4 @@
-"""The HTTP routes: OpenAI's chat completions, completions and models, and a health check.
+"""The HTTP routes: OpenAI's chat completions, completions and models, a health check and Prometheus' metrics.
 
 A request is checked whole (body size, key, JSON, fields, model, prompt length) before it is queued, so a bad
 one changes nothing. Errors are OpenAI's `{"error": {...}}` with a 4xx status. Until the model has loaded,
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import time
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
@@ -19,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specchat.engine.sampling_config import SamplingConfig
+from specchat.server.metrics import Metrics
 from specchat.server.requests import CompletionRequest, RequestError, chat_request, text_request
 from specchat.server.responses import Reply
 from specchat.server.worker import EngineWorker, Ended, Job, QueueFull
@@ -68,6 +70,11 @@ class Served:
 
 
 def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int) -> Starlette:
+    metrics = Metrics(waiting=lambda: worker.waiting, running=lambda: int(worker.busy))
+
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
     async def health(request: Request) -> Response:
         if worker.load_error is not None:
             return JSONResponse({"status": "error", "error": worker.load_error}, status_code=503)
@@ -133,6 +140,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         return RequestError(f"the request body is over {max_body_bytes} bytes", status=413)
 
     async def _complete(request: Request, wanted: CompletionRequest) -> Response:
+        arrived = time.perf_counter()
         served = _served(request)
         if wanted.model is not None:
             _check_model(served, wanted.model)
@@ -152,19 +160,28 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
                                headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
         reply = Reply(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None)
         if wanted.stream:
-            return StreamingResponse(_stream(job, items, reply, wanted.include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})  # fmt: skip
-        return await _whole(request, job, items, reply)
+            return StreamingResponse(_stream(job, items, reply, wanted.include_usage, arrived),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await _whole(request, job, items, reply, arrived)
 
-    async def _whole(request: Request, job: Job, items: asyncio.Queue, reply: Reply) -> Response:
+    def _heard(reply: Reply, item, arrived: float) -> None:
+        """Metrics of one delivery from the engine: the first token's time, a finished run's counts."""
+        if isinstance(item, Ended):
+            metrics.ran(reply.stats)
+        elif reply.stats is None:
+            metrics.time_to_first_token.observe(time.perf_counter() - arrived)
+
+    async def _whole(request: Request, job: Job, items: asyncio.Queue, reply: Reply, arrived: float) -> Response:
         while True:
             try:
                 item = await asyncio.wait_for(items.get(), DISCONNECT_POLL_SECONDS)
             except TimeoutError:
                 if await request.is_disconnected():
                     job.cancelled.set()  # nobody is waiting for the answer: free the engine
+                    metrics.answered(499)
                     return Response(status_code=499)
                 continue
+            _heard(reply, item, arrived)
             if not isinstance(item, Ended):
                 reply.add(item)
                 continue
@@ -174,13 +191,18 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
                 if reply.stats is None:
                     raise RequestError("the server is shutting down", status=503, kind="server_error")
                 reply.cut_short()
+            metrics.answered(200)
             return JSONResponse(reply.body())
 
-    async def _stream(job: Job, items: asyncio.Queue, reply: Reply, include_usage: bool):
+    async def _stream(job: Job, items: asyncio.Queue, reply: Reply, include_usage: bool, arrived: float):
+        metrics.answered(200)  # the status is sent before the answer
         try:
             if opening := reply.first_chunk():
                 yield opening
-            while not isinstance(item := await items.get(), Ended):
+            while True:
+                _heard(reply, item := await items.get(), arrived)
+                if isinstance(item, Ended):
+                    break
                 if text := reply.chunk(item):
                     yield text
             if item.error is not None:
@@ -194,15 +216,18 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
             job.cancelled.set()
 
     async def on_request_error(request: Request, error: RequestError) -> Response:
+        metrics.answered(error.status)
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     async def on_http_error(request: Request, error: HTTPException) -> Response:
+        metrics.answered(error.status_code)
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
         body = RequestError(f"{request.method} {request.url.path}: {error.detail}", kind=kind).body()
         return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
