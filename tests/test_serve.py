@@ -127,10 +127,10 @@ def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):
     assert answer == expected != chat(server, COLOURS, max_tokens=24)
 
 
-def test_a_conversation_reusing_its_cached_prefix_answers_as_prompts_prefilled_whole(server):
+def test_conversations_reusing_their_cached_prefixes_answer_as_prompts_prefilled_whole(server):
     """On the CPU decoder the prompt cache is on by default, and exact: each turn of a conversation, its earlier
     turns reused from the cache, gets the answer of a server that prefills every prompt whole (`specchat run`'s,
-    test_a_greedy_answer_is_what_specchat_run_prints)."""
+    test_a_greedy_answer_is_what_specchat_run_prints); so do 8 clients' conversations taking turns at once."""
     whole = Server("--context", "1024", "--no-prompt-cache")
     try:
         whole.wait_ready()
@@ -149,6 +149,30 @@ def test_a_conversation_reusing_its_cached_prefix_answers_as_prompts_prefilled_w
             previous_prompt = reply.usage.prompt_tokens
             if question:
                 conversation += [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+        talks = {index: [{"role": "user", "content": f"{PROMPTS[index % 4]} (I am client {index}.)"}]
+                 for index in range(8)}  # fmt: skip
+        answers, errors = {}, []
+
+        def talk(index: int) -> None:  # two turns, the second after the other clients' requests took the cache
+            try:
+                messages = talks[index]
+                for turn, question in enumerate(["And why?", None]):
+                    answers[index, turn] = chat(server, messages, max_tokens=16)
+                    if question:
+                        messages += [{"role": "assistant", "content": answers[index, turn]},
+                                     {"role": "user", "content": question}]  # fmt: skip
+            except Exception as error:  # reported below, with the others
+                errors.append(error)
+
+        threads = [threading.Thread(target=talk, args=(index,)) for index in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        for index, messages in talks.items():
+            assert answers[index, 0] == chat(whole, messages[:1], max_tokens=16), index
+            assert answers[index, 1] == chat(whole, messages, max_tokens=16), index
     finally:
         assert whole.stop() == 0
 

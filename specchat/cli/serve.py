@@ -45,6 +45,9 @@ def serve(
         "conversation's next turn prefills only what is new. Default: on where it is exact (the CPU decoder: "
         "answers stay `specchat run`'s), off elsewhere, where forcing it on may change a greedy token by a "
         "rounding.", show_default=False)] = None,  # fmt: skip
+    prompt_cache_mb: Annotated[float, typer.Option(
+        "--prompt-cache-mb", help="With the prompt cache: memory for earlier texts' cached prefixes, kept so that "
+        "a client coming back after others finds its own (0: the last text's alone).")] = 1024,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
@@ -63,6 +66,8 @@ def serve(
         raise SpecchatError("--port must be between 0 and 65535")
     if context < 16 or max_queue < 1 or not max_body_mb > 0:
         raise SpecchatError("--context must be at least 16, --max-queue at least 1 and --max-body-mb above 0")
+    if not prompt_cache_mb >= 0:
+        raise SpecchatError("--prompt-cache-mb must be 0 or more")
     if api_key is not None and not api_key.strip():
         raise SpecchatError("--api-key is empty")
     quiet_transformers()
@@ -78,4 +83,5 @@ def serve(
         model=model, drafter=drafter, draft_budget=draft_budget, draft_cache=draft_cache, host=host, port=port,
         api_key=api_key, context=context, max_queue=max_queue, max_body_bytes=int(max_body_mb * 2**20), dtype=dtype,
         quantize=quantize, device=device, attention=attention, prompt_cache=prompt_cache, kv_cache=kv_cache,
+        prompt_cache_bytes=int(prompt_cache_mb * 2**20),
     ))  # fmt: skip

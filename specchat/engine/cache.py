@@ -65,6 +65,20 @@ class TreeKVLayer(CacheLayerMixin):
         """What the CPU decoder's forward takes of this layer: keys and values [heads, max_len, D]."""
         return self.keys[0], self.values[0]
 
+    def _stored(self, length: int) -> tuple[torch.Tensor, ...]:
+        """Views of what holds the first `length` slots (`copy` / `restore` move these)."""
+        return self.keys[:, :, :length], self.values[:, :, :length]
+
+    def copy(self, length: int) -> tuple[torch.Tensor, ...]:
+        """A copy of the first `length` committed slots, for `restore` later."""
+        return tuple(part.clone() for part in self._stored(length))
+
+    def restore(self, parts: tuple[torch.Tensor, ...], length: int) -> None:
+        """Slots [0, length) back as `copy(length)` took them; what followed is forgotten."""
+        for held, saved in zip(self._stored(length), parts):
+            held.copy_(saved[tuple(slice(0, n) for n in held.shape)])
+        self.length, self.pending = length, 0
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -137,6 +151,10 @@ class Int8KVLayer(TreeKVLayer):
     def _held(self) -> tuple[torch.Tensor, ...]:
         """What the CPU decoder's forward takes of this layer: key codes, value codes and scales."""
         return self.key_codes, self.value_codes, self.scales
+
+    def _stored(self, length: int) -> tuple[torch.Tensor, ...]:
+        tiles = -(-length // TILE)  # whole tiles: a slot's codes and scales are its own, so the rest is rewritten
+        return self.key_codes[:, : tiles * TILE], self.value_codes[:, : tiles * TILE], self.scales[:, :tiles]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Quantize and write [1, heads, n, D] keys and values after the prefix (as the CPU decoder does); returns
@@ -243,6 +261,15 @@ class TreeCache(Cache):
         for layer in self.layers:
             layer.length = min(layer.length, length)
             layer.pending = 0
+
+    def copy(self, length: int) -> list[tuple[torch.Tensor, ...]]:
+        """Every layer's first `length` committed slots, copied (`PrefixStore` keeps them)."""
+        return [layer.copy(length) for layer in self.layers]
+
+    def restore(self, layers: list[tuple[torch.Tensor, ...]], length: int) -> None:
+        """The first `length` slots of every layer back as `copy(length)` took them."""
+        for layer, parts in zip(self.layers, layers):
+            layer.restore(parts, length)
 
 
 def token_bytes(model, kv_cache: str = "auto") -> int:

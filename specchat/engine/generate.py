@@ -21,6 +21,7 @@ from specchat.engine.events import KNOWN, TARGET, StepEvent
 from specchat.engine.last_query import LastQuery
 from specchat.engine.lean_forward import lean_forward
 from specchat.engine.linear import use_few_rows_linear
+from specchat.engine.prefix_store import PrefixStore
 from specchat.engine.sampling import PositionNoise, SamplingConfig, make_generator, process_logits, sample
 from specchat.engine.stats import GenerationStats
 from specchat.engine.text import TextStream
@@ -43,11 +44,13 @@ class Engine:
     chosen step by step by an `AdaptiveBudget` calibrated for this model on this machine. `set_drafter`
     changes drafter and budget between requests and keeps the cache: a chat's next answer reuses its KV.
     A drafter that reads the target is built from `engine.target`. `kv_cache="int8"` holds the target's keys and
-    values in int8 (the compiled CPU decoder only), else they have the activations' dtype.
+    values in int8 (the compiled CPU decoder only), else they have the activations' dtype. With `prefix_bytes`,
+    texts the cache held before are kept up to that many bytes, and a prompt that shares a prefix with one reuses
+    it (`PrefixStore`).
     """
 
     def __init__(self, model, tokenizer, *, max_len: int | None = None, drafter: Drafter | None = None,
-                 draft_budget: int | None = None, kv_cache: str = "auto"):  # fmt: skip
+                 draft_budget: int | None = None, kv_cache: str = "auto", prefix_bytes: int = 0):  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
         with first_use("preparing the CPU decoder (compiled once per machine, a minute or more)"):
@@ -63,6 +66,7 @@ class Engine:
         self.eos_ids = eos_ids(model, tokenizer)
         check_cache_fits(model, self.max_len, kv_cache)
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len, kv_cache)
+        self.prefixes = PrefixStore(prefix_bytes) if prefix_bytes else None  # earlier texts' cached prefixes
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
         self._hidden = _LastHidden.of(parts(model).norm)  # transformers' forward hides it; the lean one returns it
@@ -149,7 +153,7 @@ class Engine:
         if fresh:
             self.cache.truncate(0)
         continued = self.cache.length > 0 and self.ids[: self.cache.length].tolist() == prompt_ids[: self.cache.length]
-        logits = self._prefill(prompt_ids, stats)
+        logits = self._prefill(prompt_ids, stats, reuse=not fresh)
         processed = self._process(logits, sampling, DraftTree.empty())
         if noise:
             [token] = noise.choose(processed.softmax(dim=-1), [self.length])
@@ -252,14 +256,17 @@ class Engine:
             history = node_histories(tree, committed, window)
         return process_logits(logits, sampling, history)
 
-    def _prefill(self, prompt_ids: list[int], stats: GenerationStats) -> torch.Tensor:
-        """Feed the prompt, reusing the cached KV of the longest prefix it shares with the session."""
+    def _prefill(self, prompt_ids: list[int], stats: GenerationStats, *, reuse: bool) -> torch.Tensor:
+        """Feed the prompt, reusing the cached KV of the longest prefix it shares with the session or, with
+        `reuse`, with a text kept in `prefixes`."""
         prompt = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
         shared = 0
         if self.cache.length:
             limit = min(self.cache.length, len(prompt_ids) - 1)
             same = (self.ids[:limit] == prompt[:limit]).int()
             shared = int(same.cumprod(0).sum()) if limit else 0
+        if reuse and self.prefixes is not None:
+            shared = self.prefixes.reuse(prompt_ids, self.ids[: self.cache.length].tolist(), shared, self.cache)
         self.cache.truncate(shared)
         stats.reused_tokens = shared
         self.ids[: len(prompt_ids)] = prompt

@@ -37,6 +37,7 @@ class ServeSettings:
     device: str
     attention: str
     prompt_cache: bool | None = None  # reuse the prefix a prompt shares with the last one; None: where exact
+    prompt_cache_bytes: int = 2**30  # earlier texts' prefixes kept for their clients' next requests
     kv_cache: str = "auto"  # the target's keys and values: the activations' dtype, or int8 (the CPU decoder)
 
 
@@ -110,7 +111,9 @@ def load_served(settings: ServeSettings):
     loaded = load_model(settings.model, dtype=settings.dtype, quantize=settings.quantize, device=settings.device,
                         attention=settings.attention)  # fmt: skip
     window = loaded.model.config.max_position_embeddings
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=min(settings.context, window), kv_cache=settings.kv_cache)
+    kept = settings.prompt_cache_bytes if settings.prompt_cache is not False else 0
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=min(settings.context, window), kv_cache=settings.kv_cache,
+                    prefix_bytes=kept)
     choice = attach_drafter(engine, loaded.source, settings.drafter, draft_budget=settings.draft_budget,
                             draft_cache=settings.draft_cache)  # fmt: skip
     for _ in engine.generate(loaded.tokenizer("Hello")["input_ids"], max_new_tokens=2):
