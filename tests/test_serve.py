@@ -343,6 +343,73 @@ def test_bad_requests_get_openai_errors_and_change_nothing(server):
     assert server.health()["waiting"] == 0
 
 
+def bad_inputs() -> list[tuple[str, str, dict]]:
+    """(method, path, request options) of bad requests, one field or shape wrong in each."""
+    chat_body, text_body = {"model": MODEL, "messages": COLOURS}, {"model": MODEL, "prompt": "Hi"}
+    fields = {
+        "model": [123, [], {}, True],
+        "max_tokens": [-1, 0, "5", 1.5, True, [], -(2**40)],
+        "max_completion_tokens": [-3, "7", 2.5],
+        "temperature": [-1, 2.5, "hot", [], {}, True],
+        "top_p": [0, 1.5, -0.1, "x", [0.5]],
+        "top_k": [-2, 1.5, "k", [3]],
+        "min_p": [1, -0.5, 1.5, "m"],
+        "repetition_penalty": [0, -1, 11, "r"],
+        "seed": [-1, 2**70, "s", 1.5, [1]],
+        "stop": [5, [1], ["a"] * 17, {"a": 1}, [["a"]]],
+        "stream": ["yes", 1, [], {}],
+        "stream_options": [{"include_usage": True}, "x", 5],
+        "n": [2, 0, -1, "1"],
+        "frequency_penalty": [1, -0.5],
+        "presence_penalty": [0.5, 2],
+        "logprobs": [True],
+        "top_logprobs": [3],
+        "tools": [[{"type": "function", "function": {"name": "f"}}]],
+        "logit_bias": [{"50256": -100}],
+        "response_format": [{"type": "json_object"}, {"type": "json_schema"}, "text", 5],
+        "speculative": [5, "none", [], {"drafter": 5}, {"drafter": ""}, {"drafter": "eagle3"}, {"draft_budget": 0},
+                        {"draft_budget": 65}, {"draft_budget": 2.5}, {"draft_budget": True}, {"draft_budget": "4"},
+                        {"drafter": "none", "draft_budget": 2}, {"budget": 2}],
+    }  # fmt: skip
+    cases = [("POST", "/v1/chat/completions", {"body": {**chat_body, name: value}})
+             for name, values in fields.items() for value in values]  # fmt: skip
+    messages = [None, [], "hi", [1], [{"role": "robot", "content": "hi"}], [{"role": "user"}],
+                [{"role": "user", "content": 5}], [{"content": "hi"}], [{"role": "user", "content": None}],
+                [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                [{"role": "user", "content": "word " * 1100}]]  # fmt: skip
+    cases += [("POST", "/v1/chat/completions", {"body": {"model": MODEL, "messages": m}}) for m in messages]
+    prompts = [5, [], [-1], [10**9], [1.5], {"a": 1}, [[1, 2], [3]], ["a", "b"], True, "word " * 1100]
+    cases += [("POST", "/v1/completions", {"body": {"model": MODEL, "prompt": p}}) for p in prompts]
+    cases += [("POST", "/v1/completions", {"body": {**text_body, name: value}})
+              for name, value in [("echo", True), ("suffix", "x"), ("best_of", 2), ("max_tokens", -5)]]  # fmt: skip
+    cases += [("POST", "/v1/chat/completions", {"body": {**chat_body, "max_tokens": 4, "max_completion_tokens": 4}})]
+    cases += [("POST", "/v1/chat/completions", {"raw": raw}) for raw in
+              [b"", b"{not json", b"[1, 2]", b'"text"', b"null", b"\xff\xfe", b'{"model": "' + b"x" * 10 + b'"', b"123"]]
+    cases += [("POST", "/v1/chat/completions", {"body": {**chat_body, "model": "gpt-4o"}}),
+              ("POST", "/v1/chat/completions", {"body": chat_body, "key": None}),
+              ("POST", "/v1/chat/completions", {"body": chat_body, "key": "sk-wrong"}),
+              ("POST", "/v1/completions", {"body": text_body, "key": "Bearer"}),
+              ("GET", "/v1/models", {"key": "sk-wrong"}),
+              ("GET", "/v1/models/gpt-4o", {}),
+              ("GET", "/v1/embeddings", {}), ("POST", "/v1/embeddings", {"body": {}}),
+              ("GET", "/v1/chat/completions", {}), ("DELETE", "/v1/models", {}), ("PUT", "/v1/completions", {}),
+              ("POST", "/v1/chat/completions", {"raw": json.dumps({**chat_body, "pad": "x" * 60_000}).encode()})]  # fmt: skip
+    return cases
+
+
+def test_a_hundred_bad_requests_each_get_an_openai_error_and_change_nothing(server):
+    before = chat(server, COLOURS, max_tokens=16)
+    cases = bad_inputs()
+    assert len(cases) >= 100
+    for method, path, options in cases:
+        status, _, body = server.request(method, path, **options)
+        assert 400 <= status < 500, (method, path, options, status, body)
+        assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["message"], body
+        assert "\n" not in body["error"]["message"] and "Traceback" not in body["error"]["message"]
+    assert chat(server, COLOURS, max_tokens=16) == before
+    assert server.health()["waiting"] == 0
+
+
 def test_a_client_that_hangs_up_mid_stream_frees_the_engine(server):
     start = server.health()["tokens_generated"]
     connection, response = server.open_stream({"prompt": COUNTING, "max_tokens": 900, "temperature": 0})
