@@ -172,11 +172,11 @@ def bench_context(
     model: ModelOption = None,
     contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "256,4096",
     steps: Annotated[int, typer.Option(help="Decode steps timed per context.")] = 32,
-    repeats: Annotated[int, typer.Option()] = 3,
+    repeats: Annotated[int, typer.Option(help="Timed runs at each length (median).")] = 3,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Autoregressive time per token as the context grows (only attention cost should grow)."""
     from specchat.bench.context import decode_cost
@@ -207,11 +207,11 @@ def bench_attention(
     tree: Annotated[int, typer.Option(help="Draft-tree nodes; the call has tree + 1 query rows.")] = 64,
     heads: Annotated[int, typer.Option(help="Query heads.")] = 32,
     kv_heads: Annotated[int, typer.Option("--kv-heads", help="KV heads (GQA).")] = 8,
-    head_dim: Annotated[int, typer.Option("--head-dim")] = 128,
+    head_dim: Annotated[int, typer.Option("--head-dim", help="Dims of an attention head.")] = 128,
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "bfloat16",
     device: DeviceOption = "auto",
     repeats: Annotated[int, typer.Option(help="Timed calls per method (median).")] = 20,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """One attention call of a tree verification: hybrid vs SDPA with a dense mask, eager and FlexAttention,
     plus the prefix part's bandwidth. The defaults are GPU sizes: on a CPU pass e.g. --context 1024,4096."""
@@ -244,7 +244,7 @@ def bench_verify_cost(
     kv_cache: Annotated[
         str, typer.Option("--kv-cache", help="With --model, comma-separated KV caches, each timed in turn: auto | int8.")
     ] = "auto",
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Decode vs tree-verification forwards at each context: of --model through the engine's own forward, else
     of a random-weight model with Llama-3.1-8B's shapes (on a CPU pass e.g. --layers 2 --context 1024,4096)."""
@@ -293,7 +293,7 @@ def bench_gpu_forward(
     layers: Annotated[int, typer.Option(help="Decoder layers to build.")] = 32,
     repeats: Annotated[int, typer.Option(help="Timed forwards of each kind (median).")] = 20,
     called: Annotated[bool, typer.Option(help="Also time each forward as called from Python.")] = True,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """The torch decoder's forward on CUDA (Llama-3.1-8B shapes, random bf16 weights): decode and tree
     verification as CUDA graphs and as called, the matmuls' weight-reading floor and a measured copy bandwidth."""
@@ -326,7 +326,7 @@ def bench_draft(
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     repeats: Annotated[int, typer.Option(help="Timed calls of each kind (median).")] = 5,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """A random-weight LongSpec draft's cost per proposal (beam) against the target's decode and verify
     forwards, and its memory, by context and draft vocabulary. GPU: --shapes llama3.1-8b --dtype bfloat16."""
@@ -372,10 +372,10 @@ def bench_serve(
     prompt_set: Annotated[
         str, typer.Option("--prompt-set", help=f"Comma-separated: {', '.join(PROMPT_SET_NAMES)}.")
     ] = "chat",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 64,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens each request generates.")] = 64,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """The OpenAI server under several clients at once: time to first token, time between tokens, tokens/s,
     and its overhead per token against the same engine driven directly."""
@@ -428,7 +428,7 @@ def bench_logits(
     llamacpp: Annotated[bool, typer.Option("--llamacpp", help="Also score llama.cpp's logits on the same file.")] = False,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Logits of a GGUF model on its own blocks against the same file dequantized and run in fp32 (and
     llama.cpp's): mean KL, top-1 agreement, logit errors over a real text."""

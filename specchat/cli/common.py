@@ -65,11 +65,12 @@ AttentionOption = Annotated[
                  "canonical in bf16/fp16, else sdpa)."),
 ]
 TemperatureOption = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
-TopKOption = Annotated[int | None, typer.Option("--top-k")]
-TopPOption = Annotated[float | None, typer.Option("--top-p")]
-MinPOption = Annotated[float | None, typer.Option("--min-p")]
-PenaltyOption = Annotated[float | None, typer.Option("--repetition-penalty")]
-SeedOption = Annotated[int | None, typer.Option("--seed")]
+TopKOption = Annotated[int | None, typer.Option("--top-k", help="Sample among the k likeliest tokens (0: all).")]
+TopPOption = Annotated[float | None, typer.Option("--top-p", help="Sample among the likeliest tokens summing to p.")]
+MinPOption = Annotated[float | None, typer.Option("--min-p", help="Drop tokens below p times the likeliest's chance.")]
+PenaltyOption = Annotated[float | None, typer.Option(
+    "--repetition-penalty", help="Divide the logits of tokens already in the text by this (> 1 penalises).")]
+SeedOption = Annotated[int | None, typer.Option("--seed", help="Seed of the sampling (the same seed, the same text).")]
 SystemOption = Annotated[str | None, typer.Option("--system", help="System prompt.")]
 DeviceMapOption = Annotated[
     str | None, typer.Option("--device-map", help="accelerate device map (e.g. auto) for models larger than one GPU.")
