@@ -39,10 +39,15 @@ def answer(engine: Engine, ids: list[int], *, fresh: bool = False) -> tuple[list
     return tokens, stats.reused_tokens
 
 
-@pytest.mark.parametrize("kv_cache", ["auto", "int8"])
-def test_conversations_taking_turns_reuse_their_own_prefixes_exactly(default_model, kv_cache):
+@pytest.mark.parametrize(("kv_cache", "drafter"), [("auto", "none"), ("int8", "none"), ("auto", "longspec"),
+                                                 ("auto", "tokenswift+ngram")])  # fmt: skip
+def test_conversations_taking_turns_reuse_their_own_prefixes_exactly(default_model, kv_cache, drafter):
+    """A drafter that tracked another text rebuilds its state from the restored prefix (the Drafter contract)."""
+    from specchat.drafters import attach_drafter
+
     engine = Engine(default_model.model, default_model.tokenizer, max_len=1024, kv_cache=kv_cache,
                     prefix_bytes=2**30)  # fmt: skip
+    attach_drafter(engine, default_model.source, drafter)
     assert engine.exact_reuse
     first = {topic: prompt(default_model.tokenizer, topic, 0) for topic in TOPICS}
     assert min(len(ids) for ids in first.values()) >= MIN_TOKENS
