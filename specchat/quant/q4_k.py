@@ -13,7 +13,7 @@ of packed scales and mins, 128 bytes of nibbles). Each sub-block's range is spli
 smallest value), and its step and offset are rounded onto the group's 63-step scales: no search for the best
 scales as llama.cpp's quantizer does, which costs a draft nothing measurable. Q5_K is the same with q in 0..31,
 each code's fifth bit in 32 bytes before the nibbles (bit j of byte l for value 32j + l): benchmarks write whole
-models in it (`tests/requantize_gguf.py`), as no Q5_K file is at hand here.
+models in it (`scripts/requantize_gguf.py`), as no Q5_K file is at hand here.
 """
 
 from __future__ import annotations

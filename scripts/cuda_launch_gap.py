@@ -1,6 +1,6 @@
 """How much of a GPU forward is Python launch overhead: the hybrid attention call (at 4K/32K/128K keys, 2 and
 65 query rows) and the verify-cost forwards (Llama-3.1-8B shapes, random bf16 weights), each timed as called
-from Python and as a replayed CUDA graph of the same kernels. `python tests/cuda_launch_gap.py` on a CUDA
+from Python and as a replayed CUDA graph of the same kernels. `python scripts/cuda_launch_gap.py` on a CUDA
 machine; figures in docs/benchmarks.md ("GPU")."""
 import functools
 

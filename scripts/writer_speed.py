@@ -5,10 +5,10 @@ book and per 1K tokens at its start and end (flat cost per token), resident memo
 and at the end, tau, acceptance, distinct-1..4, refills, the speedup the writer reports (AR timed by the
 engine in the same run) and the speedup over the autoregressive book written here (the first row).
 
-    .venv/bin/python tests/writer_speed.py --tokens 20000 --drafter none,ngram,tokenswift
-    .venv/bin/python tests/writer_speed.py --tokens 5000 --drafter none --penalty 1.0,1.2
-    .venv/bin/python tests/writer_speed.py --model qwen2.5-coder-1.5b --tokens 20000 --drafter none,tokenswift
-    .venv/bin/python tests/writer_speed.py --model qwen2.5-coder-1.5b --tokens 20000 --drafter none --kv-cache auto,int8
+    .venv/bin/python scripts/writer_speed.py --tokens 20000 --drafter none,ngram,tokenswift
+    .venv/bin/python scripts/writer_speed.py --tokens 5000 --drafter none --penalty 1.0,1.2
+    .venv/bin/python scripts/writer_speed.py --model qwen2.5-coder-1.5b --tokens 20000 --drafter none,tokenswift
+    .venv/bin/python scripts/writer_speed.py --model qwen2.5-coder-1.5b --tokens 20000 --drafter none --kv-cache auto,int8
 """
 
 from __future__ import annotations

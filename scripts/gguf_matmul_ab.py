@@ -5,7 +5,7 @@ bitwise the same. Each build is named by its source version (`source_version()` 
 `cpu_decoder()`) and holds the matrices tiled its own way (`gguf_tile`, which returns the unit's rows, or the
 older one which returned a tiled type id 1xx / 2xx), all repacked before any timing:
 
-    python tests/gguf_matmul_ab.py 7 before=cf8b56c4ebc7 after=<version> [rows=1,2,3,4,8,16]
+    python scripts/gguf_matmul_ab.py 7 before=cf8b56c4ebc7 after=<version> [rows=1,2,3,4,8,16]
 """
 
 import glob

@@ -1,7 +1,7 @@
 // This CPU's 256-bit fma rate: 10 independent chains of fmas (enough to fill two pipes of 4 cycles' latency),
 // on one core, then on two at once. The ceiling the AVX2 attention's multiply-adds are measured against
 // (docs/benchmarks.md):
-//   g++ -O2 -march=x86-64-v3 -pthread tests/fma_rate.cpp -o /tmp/fma_rate && /tmp/fma_rate
+//   g++ -O2 -march=x86-64-v3 -pthread scripts/fma_rate.cpp -o /tmp/fma_rate && /tmp/fma_rate
 #include <immintrin.h>
 
 #include <chrono>

@@ -2,7 +2,7 @@
 and tiny matmuls, its KV cache at `context` (DRAM-resident, as in the model); ms per step, median, and the
 largest output difference between builds. Each build is named by its source version (`source_version()` of
 that checkout, built once by `cpu_decoder()`); `dtype=bfloat16` holds the weights and cache in bf16, as the 1.5B
-runs: `python tests/attention_ab.py 16384 5 before=4e7c530d223d after=<version> [dtype=bfloat16]`. With
+runs: `python scripts/attention_ab.py 16384 5 before=4e7c530d223d after=<version> [dtype=bfloat16]`. With
 `prefill=1` the rows are a prompt's: `context` causal rows from an empty cache, one forward each build. A
 version written `<version>+int8` runs that build on an int8 cache (random codes and scales) instead."""
 import glob

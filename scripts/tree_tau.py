@@ -8,7 +8,7 @@ of verifying n nodes against a decode step (the engine's calibration on this mac
 and their ratio: the speedup over plain decoding were drafting free and every step n nodes. It bounds what
 sizing trees can gain, and says whether a target needs better drafts or cheaper rows.
 
-    python tests/tree_tau.py [--drafter tokenswift+ngram] [--prompt-set chat,code,summarize] [-n 128]
+    python scripts/tree_tau.py [--drafter tokenswift+ngram] [--prompt-set chat,code,summarize] [-n 128]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How fast the chat app feels, on the default model in a real terminal (tmux). Prints a table and JSON.
 
-    .venv/bin/python tests/chat_latency.py [--keys 20] [--json]
+    .venv/bin/python scripts/chat_latency.py [--keys 20] [--json]
 
 - start to ready: a warm `make chat` started until the model is loaded and the input takes keys;
 - enter to first token: Enter pressed until the answer's first token is on screen;
@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
-from tmux_terminal import Terminal
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
+from tmux_terminal import Terminal  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMAND = f"cd {ROOT} && env -u COLUMNS -u LINES make -s chat ARGS='--temperature 0 --max-new-tokens 600'"

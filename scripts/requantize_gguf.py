@@ -5,19 +5,21 @@ unharmed, or in Q5_K, most of a Q5_K_M file). With --llama-cpp, llama.cpp's own 
 (llama-cpp-python's `llama_model_quantize`, from a Q8_0 or F16 source): its mixture of types, the output layer
 kept at Q6_K, as files of that type ship.
 
-    python tests/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k] [--llama-cpp]
+    python scripts/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k] [--llama-cpp]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
-from gguf_files import copy_fields, reader
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
+from gguf_files import copy_fields, reader  # noqa: E402
 
 from specchat.quant.q4_k import k_quant_blocks
 

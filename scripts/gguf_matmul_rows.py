@@ -4,7 +4,7 @@ against one row, and how close one row comes to the memory's speed. Medians over
 row count in turn. The model is Qwen2.5-Coder-1.5B Q4_K_M unless --gguf names another file; --synthetic times
 one random 8960 x 1536 matrix (the 1.5B's MLP shape) of every block type instead.
 
-    python tests/gguf_matmul_rows.py [--gguf FILE | --synthetic] [--rows 1,2,4,8,16] [--repeats 7]
+    python scripts/gguf_matmul_rows.py [--gguf FILE | --synthetic] [--rows 1,2,4,8,16] [--repeats 7]
                                      [--path best|avx2|portable] [--untiled-q6]
 
 --untiled-q6 runs Q6_K a row at a time, as before it had tiles.
@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf_files import random_blocks
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
+from gguf_files import random_blocks  # noqa: E402
 
 from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.gguf_model import gguf_tensors

@@ -2,7 +2,7 @@
 calibrate the budget), then again under cProfile, one process; the time per step in the decoder's forward,
 its output head, the drafter's proposal and the rest (Python).
 
-    python tests/step_profile.py [--drafter tokenswift] [--prompt-set chat] [-n 64]
+    python scripts/step_profile.py [--drafter tokenswift] [--prompt-set chat] [-n 64]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the tree budget chose, step by step, and the live prices it chose by: a model's prompt sets decoded
 `--rounds` times in one process (the prices carry over from prompt to prompt, as in `specchat bench`).
 
-    python tests/budget_trace.py [--model qwen2.5-coder-1.5b] [--drafter tokenswift+ngram] [--prompt-set chat,code]
+    python scripts/budget_trace.py [--model qwen2.5-coder-1.5b] [--drafter tokenswift+ngram] [--prompt-set chat,code]
         [-n 64] [--rounds 2] [--max-len 4096]
 
 Per prompt: the mean budget, each step's budget and how many of its nodes were accepted (3/2: a budget of 3, two

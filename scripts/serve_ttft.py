@@ -1,13 +1,16 @@
 """Time to first token of each turn of a conversation of about 2K tokens, through `specchat serve` with its prompt
 cache (the default) and with `--no-prompt-cache`, streamed through the `openai` client; the answers compared:
 
-    python tests/serve_ttft.py [--model qwen2.5-coder-1.5b] [--turns 3] [--tokens 2000]
+    python scripts/serve_ttft.py [--model qwen2.5-coder-1.5b] [--turns 3] [--tokens 2000]
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from test_serve import Server
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
+from test_serve import Server  # noqa: E402
 
 TEXT = ("The river rose in the night and by morning the lower fields were under water. The farmers moved their "
         "animals to the hill, where the old church stood, and waited for the rain to stop. ")  # fmt: skip

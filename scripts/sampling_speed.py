@@ -2,7 +2,7 @@
 (not a test: prints a table): `process_logits` (penalty, temperature, top-k, top-p, min-p) and `sample` (the
 exponential race), under the settings a chat uses by default and under the writer's.
 
-    .venv/bin/python tests/sampling_speed.py [rows=1,4,8]
+    .venv/bin/python scripts/sampling_speed.py [rows=1,4,8]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 round by round in one process: the first N tokens of the long bench text (the Python reference manual), ours
 through `Engine.target_states`, llama.cpp through llama-cpp-python's `eval` (2 threads, batches of 512).
 
-    python tests/prefill_vs_llamacpp.py [N=4096] [ROUNDS=3]
+    python scripts/prefill_vs_llamacpp.py [N=4096] [ROUNDS=3]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Peak RSS after loading and one answer, and verification cost by tree size (root + n chain nodes, ~263 tokens
 of context unless argv[2] gives a prompt length), of the default model loaded with `--dtype` argv[1]:
-`python tests/verify_curve.py auto|float32 [TOKENS]`."""
+`python scripts/verify_curve.py auto|float32 [TOKENS]`."""
 import json, resource, sys, time, torch
 from specchat.loading import load_model
 from specchat.engine.generate import Engine

@@ -1,6 +1,6 @@
 """Decode speed of the chat app against `specchat run`, same prompts, same run. Prints a table and JSON.
 
-    .venv/bin/python tests/chat_speed.py [--drafter none] [-n 600] [--repeats 2] [--json]
+    .venv/bin/python scripts/chat_speed.py [--drafter none] [-n 600] [--repeats 2] [--json]
 
 The chat runs in a real terminal (tmux, 100x30) and is asked each prompt in a fresh conversation (/clear);
 its tokens/s is the one the answer's footer shows. `specchat run` answers the same prompt with the same
@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from tmux_terminal import Terminal
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
+from tmux_terminal import Terminal  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = (
