@@ -91,6 +91,24 @@ def server():
     assert running.stop() == 0
 
 
+def at_once(client, count: int) -> None:
+    """`client(index)` for `count` indices, each on a thread of its own, all at once; their errors raised here."""
+    errors = []
+
+    def run(index: int) -> None:
+        try:
+            client(index)
+        except Exception as error:  # reported below, with the others
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+
+
 def chat(server, messages, **fields) -> str:
     reply = server.client().chat.completions.create(model=MODEL, messages=messages, temperature=0, **fields)
     return reply.choices[0].message.content
@@ -151,25 +169,17 @@ def test_conversations_reusing_their_cached_prefixes_answer_as_prompts_prefilled
                 conversation += [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
         talks = {index: [{"role": "user", "content": f"{PROMPTS[index % 4]} (I am client {index}.)"}]
                  for index in range(8)}  # fmt: skip
-        answers, errors = {}, []
+        answers = {}
 
         def talk(index: int) -> None:  # two turns, the second after the other clients' requests took the cache
-            try:
-                messages = talks[index]
-                for turn, question in enumerate(["And why?", None]):
-                    answers[index, turn] = chat(server, messages, max_tokens=16)
-                    if question:
-                        messages += [{"role": "assistant", "content": answers[index, turn]},
-                                     {"role": "user", "content": question}]  # fmt: skip
-            except Exception as error:  # reported below, with the others
-                errors.append(error)
+            messages = talks[index]
+            for turn, question in enumerate(["And why?", None]):
+                answers[index, turn] = chat(server, messages, max_tokens=16)
+                if question:
+                    messages += [{"role": "assistant", "content": answers[index, turn]},
+                                 {"role": "user", "content": question}]  # fmt: skip
 
-        threads = [threading.Thread(target=talk, args=(index,)) for index in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not errors
+        at_once(talk, 8)
         for index, messages in talks.items():
             assert answers[index, 0] == chat(whole, messages[:1], max_tokens=16), index
             assert answers[index, 1] == chat(whole, messages, max_tokens=16), index
@@ -285,21 +295,12 @@ def test_completions_continue_text_and_stop_at_a_stop_string(server):
 
 def test_concurrent_clients_get_what_they_get_alone(server):
     alone = {prompt: chat(server, [{"role": "user", "content": prompt}], max_tokens=24) for prompt in PROMPTS}
-    together, errors = {}, []
+    together = {}
 
     def ask(index: int) -> None:
-        prompt = PROMPTS[index % len(PROMPTS)]
-        try:
-            together[index] = chat(server, [{"role": "user", "content": prompt}], max_tokens=24)
-        except Exception as error:  # reported below, with the others
-            errors.append(error)
+        together[index] = chat(server, [{"role": "user", "content": PROMPTS[index % len(PROMPTS)]}], max_tokens=24)
 
-    threads = [threading.Thread(target=ask, args=(index,)) for index in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    at_once(ask, 8)
     assert together == {index: alone[PROMPTS[index % len(PROMPTS)]] for index in range(8)}
 
 
