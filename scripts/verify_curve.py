@@ -16,7 +16,7 @@ ids = encode_prompt(m.tokenizer, "Write a short story about a lighthouse keeper.
 e = Engine(m.model, m.tokenizer, max_len=len(ids) + 80, drafter=NgramDrafter(), draft_budget=64)
 for ev in e.generate(ids, sampling=SamplingConfig(temperature=0.0), max_new_tokens=8): pass
 def verify_forward(n):  # root + a chain of n nodes at the current context, committing nothing
-    return verification_forward(e._forward, e.cache, e.device, tree_only=e.tree_only_masks, tree=n)
+    return verification_forward(e._forward, e.cache, e.device, tree=n)
 with torch.inference_mode():
     cost = measure_verify_cost(verify_forward, sizes=(0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64), repeats=5, device=e.device)
 print(json.dumps({"dtype": dtype, "weights": m.weights, "activations": m.dtype, "attention": m.model.config._attn_implementation,

@@ -33,15 +33,25 @@ class ModelSource:
     name: str  # what the user asked for (alias, repo id or path)
     location: str  # repo id or local directory handed to from_pretrained, or the GGUF file
     profile: Profile | None = None  # the alias's, or the profile of the model a GGUF file holds
-    gguf: bool = False  # `location` is (or, for a profile, will be) a GGUF file run on its own blocks
+    gguf: bool = False  # `location` is a GGUF file run on its own blocks, or a profile names one for CPUs
 
     @property
     def embedded(self) -> bool:
         return self.profile is not None and self.profile.embedded
 
+    @property
+    def by_alias(self) -> bool:
+        """Asked for by a profile's alias (not by a path or a repo id)."""
+        return self.profile is not None and self.name == self.profile.name
+
+    def runs_gguf(self, device: torch.device) -> bool:
+        """Whether the model runs from a GGUF file on `device`: a file named by path anywhere (a GPU refuses
+        it), a profile's on a CPU; on a GPU a profile runs its target's own weights."""
+        return self.gguf and (device.type == "cpu" or not self.by_alias)
+
     def gguf_path(self, *, download: bool = True) -> Path | None:
         """The GGUF file to run: the one named by path, else the profile's (None if absent and not `download`)."""
-        if self.profile is not None and self.name == self.profile.name:  # asked for by alias, not by a file
+        if self.by_alias:
             return profile_gguf(self.profile, download=download)
         return Path(self.location)
 
@@ -140,7 +150,7 @@ def load_model(
     check_quantize(quantize, device)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    if source.gguf:
+    if source.runs_gguf(torch_device):
         return _load_gguf(source, quantize, torch_device, torch_dtype, attention, progress)
     native = source.embedded and dtype == "auto" and quantize is None and torch_device.type == "cpu"
     start = time.perf_counter()

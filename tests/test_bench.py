@@ -143,3 +143,25 @@ def test_bench_draft_times_a_draft_of_the_width_asked_for(tokenizer):
     assert narrow[0].mib < wide[0].mib and all(row.draft_ms > 0 and row.decode_ms > 0 for row in wide + narrow)
     with pytest.raises(SpecchatError, match="--intermediate must be at least 0"):
         draft_cost(model, contexts=[64], vocabs=[0], budgets=[3], intermediate=-1)
+
+
+def test_the_oracle_sets_tau_and_every_run_writes_plain_decodings_text(tokenizer):
+    from specchat.bench.oracle import expected_tau, oracle_runs
+    from specchat.engine.generate import Engine
+
+    engine = Engine(tiny_model("llama", vocab_size=512, seed=4), tokenizer, max_len=128)
+    prompt = list(range(40, 72))
+    plain, never, sometimes, always = oracle_runs(engine, prompt, acceptances=[0, 0.7, 1], budget=3, tokens=41)
+    assert (plain.acceptance, plain.tau, plain.vs_plain) == (None, 1.0, 1.0)
+    assert never.tau == 1.0 and never.expected_tau == 1.0
+    assert always.tau == 4.0 and always.expected_tau == 4.0  # 40 tokens after the first: 10 steps of 4
+    assert 1.0 < sometimes.tau < 4.0 and sometimes.expected_tau == pytest.approx(expected_tau(0.7, 3), rel=1e-3)
+    assert all(row.exact for row in (never, sometimes, always))
+    assert engine.drafter is None
+
+
+def test_a_random_weight_model_writes_with_a_word_tokenizer():
+    from specchat.bench.oracle import word_tokenizer
+
+    words = word_tokenizer(1000)
+    assert words.decode([5, 999]) == "<5> <999>" and words.eos_token_id is None

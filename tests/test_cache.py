@@ -38,8 +38,9 @@ def test_cache_equals_fresh_forward(family, tokenizer):
     committed = prompt + out
     assert engine.cache.length == len(committed) - 1  # the last token (root) is not cached yet
     for layer, (keys, values) in zip(engine.cache.layers, fresh_kv(model, committed[:-1])):
-        torch.testing.assert_close(layer.keys[:, :, : layer.length], keys, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(layer.values[:, :, : layer.length], values, atol=1e-5, rtol=1e-5)
+        # fp32 sums in another order than transformers' (fused projections, residuals added in the matmuls)
+        torch.testing.assert_close(layer.keys[:, :, : layer.length], keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(layer.values[:, :, : layer.length], values, atol=1e-4, rtol=1e-4)
 
 
 def test_memory_is_allocated_once(tokenizer):

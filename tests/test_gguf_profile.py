@@ -25,7 +25,8 @@ CODER = "qwen2.5-coder-1.5b"
         ({"general.basename": "Qwen2.5-Coder", "general.size_label": "1.5B", "general.finetune": "Instruct"}, CODER),
         ({"general.name": "Qwen2.5 Coder 0.5B Instruct"}, None),
         ({"general.name": "Qwen2.5 Coder 1.5B"}, None),  # the base model, not the instruct one
-        ({"general.name": "Llama 3.1 8B Instruct"}, None),  # a profile's model, but that profile runs no GGUF
+        ({"general.name": "Llama 3.1 8B Instruct"}, "llama3.1-8b"),
+        ({"general.name": "Llama 3 8B Instruct"}, None),
         ({}, None),
     ],
 )
@@ -56,3 +57,28 @@ def test_a_file_of_a_profiles_model_runs_itself_with_the_profile(named_gguf):
     assert source.profile.name == CODER and source.gguf_path() == named_gguf and is_available(source)
     loaded = load_model(str(named_gguf))  # the file named (a tiny model), not the profile's 1.1 GB one
     assert loaded.model.config.hidden_size == 256 and loaded.source.profile.name == CODER
+
+
+def test_the_mission_profile_runs_its_gguf_on_a_cpu_found_in_the_hub_cache(tmp_path, monkeypatch):
+    """`--model llama3.1-8b` on a CPU is the profile's Q4_K_M file (a tiny stand-in here, under the name and in the
+    place `hf download` puts it, offline); on a GPU the profile names its target's own weights."""
+    import torch
+    from huggingface_hub import constants
+
+    profile = load_profiles()["llama3.1-8b"]
+    repo, _, name = profile.gguf.rpartition("/")
+    snapshot = tmp_path / f"models--{repo.replace('/', '--')}" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
+    write_tiny_model(snapshot / name, embedded_gguf_path(), architecture="llama", name="Llama 3.1 8B Instruct")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    source = resolve_model("llama3.1-8b")
+    assert source.gguf_path(download=False) == snapshot / name and is_available(source)
+    assert source.runs_gguf(torch.device("cpu")) and not source.runs_gguf(torch.device("cuda"))
+    try:
+        loaded = load_model("llama3.1-8b", device="cpu")
+        assert loaded.model.config.model_type == "llama" and loaded.model.config.hidden_size == 256
+        assert loaded.source.profile.name == "llama3.1-8b"
+    finally:
+        shutil.rmtree(gguf_checkpoint_dir(snapshot / name), ignore_errors=True)

@@ -81,7 +81,7 @@ def test_the_decoder_and_the_cache_layer_agree_on_where_codes_lie(embedded_bf16)
         mine.update(keys[None], values[None])
     copied.commit()
     step = tokens[39:], torch.tensor([39]), None
-    own, again = (lean(*step, cache)[0][0].float() for cache in (written, copied))
+    own, again = (lean(*step, cache).logits[0].float() for cache in (written, copied))
     assert (own - again).abs().max() < 0.1 * own.abs().max()
 
 
@@ -94,7 +94,7 @@ def test_attention_over_an_int8_cache_stays_close_to_attention_over_bf16(embedde
     lean = lean_forward(model)
     tokens = torch.tensor(embedded_bf16.tokenizer(long_document(300))["input_ids"][:200])
     layers = model.config.num_hidden_layers
-    int8, bf16 = (lean(tokens, torch.arange(200), None, TreeCache(layers, 208, kv))[0].float()
+    int8, bf16 = (lean(tokens, torch.arange(200), None, TreeCache(layers, 208, kv)).logits.float()
                   for kv in ("int8", "auto"))  # fmt: skip
     assert ((int8 - bf16).abs().amax(-1) < 0.15 * bf16.abs().amax(-1)).all()
     assert (int8.argmax(-1) == bf16.argmax(-1)).float().mean() > 0.95

@@ -11,6 +11,7 @@ from conftest import tiny_model
 from specchat.engine.attention import use_attention
 from specchat.engine.cache import TreeCache
 from specchat.engine.lean_forward import LeanForward, lean_forward
+from specchat.engine.target_forward import canonical
 from specchat.engine.tree import DraftTree, tree_batch
 from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Rows, Side, fuse_projections
@@ -26,8 +27,6 @@ def _model(family: str, dtype: torch.dtype, *, quantize: str | None = None, head
     model = tiny_model(family, head_dim=head_dim).to(dtype)
     if quantize:
         quantize_model(model, quantize, dtype=dtype)
-    if dtype != torch.float32:
-        use_attention(model, "canonical")
     return model
 
 
@@ -47,11 +46,11 @@ def test_prefill_and_tree_verification_match_transformers_in_float32(family, hea
     tree = DraftTree([5, 6, 7, 8, 9], [-1, 0, 0, 1, 3], ["test"] * 5)
     batch = tree_batch(tree, 11, 40, CPU)
     caches = TreeCache(2, 128), TreeCache(2, 128)
-    prefill = lean(prompt, torch.arange(40), None, caches[0])[0]
+    prefill = lean(prompt, torch.arange(40), None, caches[0]).logits
     expected_prefill = _transformers_logits(model, prompt, torch.arange(40), None, caches[1])
     for cache in caches:
         cache.commit()
-    verified = lean(batch.input_ids, batch.position_ids, batch.tree_mask, caches[0])[0]
+    verified = lean(batch.input_ids, batch.position_ids, batch.tree_mask, caches[0]).logits
     expected = _transformers_logits(model, batch.input_ids, batch.position_ids, batch.attention_mask(40), caches[1])
     torch.testing.assert_close(prefill, expected_prefill, atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(verified, expected, atol=2e-4, rtol=1e-4)
@@ -68,7 +67,7 @@ def test_a_long_prefill_after_a_cached_prefix_matches_transformers_in_float32():
     _transformers_logits(model, tokens[:40], torch.arange(40), None, caches[1])
     for cache in caches:
         cache.commit()
-    logits = lean(tokens[40:], torch.arange(40, 640), None, caches[0])[0]
+    logits = lean(tokens[40:], torch.arange(40, 640), None, caches[0]).logits
     expected = _transformers_logits(model, tokens[40:], torch.arange(40, 640), None, caches[1])
     torch.testing.assert_close(logits, expected, atol=2e-4, rtol=1e-4)
 
@@ -104,14 +103,15 @@ def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache,
     cache.commit()
     for tree in (_random_tree(20, seed=prefix), _chain(17)):
         batch = tree_batch(tree, 11, prefix, CPU)
-        logits, hidden, _ = lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache)
+        out = lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache)
+        logits, hidden = out.logits, out.hidden
         for row in range(len(tree) + 1):
             path = [0] + [1 + node for node in tree.path_to(row - 1)] if row else [0]
             for step in path:  # the row's ancestors and itself, decoded one at a time
                 one = lean(batch.input_ids[step : step + 1], batch.position_ids[step : step + 1], None, cache)
                 cache.commit()
-            assert torch.equal(one[0][0], logits[row]), f"row {row} of {len(tree) + 1}"
-            assert torch.equal(one[1][0], hidden[row])
+            assert torch.equal(one.logits[0], logits[row]), f"row {row} of {len(tree) + 1}"
+            assert torch.equal(one.hidden[0], hidden[row])
             cache.truncate(prefix)
 
 
@@ -131,18 +131,19 @@ def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, 
     cache = TreeCache(2, 256, kv_cache)
     lean(tokens[:15], torch.arange(15), None, cache)
     cache.commit()
-    logits, hidden, _ = lean(tokens[15:], torch.arange(15, 165), None, cache)
+    out = lean(tokens[15:], torch.arange(15, 165), None, cache)
+    logits, hidden = out.logits, out.hidden
     cache.truncate(15)
     for row in range(150):
         position = torch.arange(15 + row, 16 + row)
         one = lean(tokens[15 + row : 16 + row], position, None, cache)
         cache.commit()
-        assert torch.equal(one[0][0], logits[row]), f"row {row}"
-        assert torch.equal(one[1][0], hidden[row])
+        assert torch.equal(one.logits[0], logits[row]), f"row {row}"
+        assert torch.equal(one.hidden[0], hidden[row])
 
 
-def test_lean_forward_serves_canonical_llama_family_models_it_was_compiled_for():
-    assert lean_forward(tiny_model("llama", head_dim=64)) is None  # fp32 on CPU: SDPA, transformers' forward
+def test_lean_forward_serves_llama_family_models_it_was_compiled_for():
+    assert not canonical(tiny_model("llama", head_dim=64))  # fp32 on CPU: auto runs the torch decoder
     assert lean_forward(_model("qwen3", torch.bfloat16)) is None  # q/k norms: not a plain Llama layer
     assert lean_forward(_model("llama", torch.bfloat16, head_dim=16)) is None
     assert lean_forward(_model("llama", torch.bfloat16)) is not None
@@ -174,9 +175,14 @@ def test_fused_projections_give_the_same_outputs_once(kind):
     fused = fuse_projections(parent, ("a", "b", "c"))
     assert torch.equal(fused(x), torch.cat(separate, dim=-1))
     for name, expected in zip("abc", separate):
-        assert isinstance(getattr(parent, name), Rows)
+        # a dense projection stays what it was, its weights now rows of the fused ones: one copy held
+        assert isinstance(getattr(parent, name), torch.nn.Linear if kind == "dense" else Rows)
         assert torch.equal(getattr(parent, name)(x), expected)
-    assert fuse_projections(parent, ("a", "b", "c")) is fused  # found again, not stacked twice
+    again = fuse_projections(parent, ("a", "b", "c"))  # found again, not stacked twice
+    assert again is fused if kind != "dense" else again.weight.data_ptr() == fused.weight.data_ptr()
+    if kind == "dense":
+        assert parent.b.weight.data_ptr() == fused.weight[128].data_ptr()
+        assert set(parent.state_dict()) == {f"{name}.{part}" for name in "abc" for part in ("weight", "bias")}
 
 
 def test_projections_that_cannot_stack_run_side_by_side():

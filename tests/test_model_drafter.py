@@ -133,7 +133,7 @@ def test_dynamic_tree_takes_the_most_probable_nodes_and_stops_when_a_depth_adds_
     assert min(values.values()) >= 0.3 * 0.3 - 1e-6  # the 6 best: 0.6, 0.36, 0.3, 0.216, 0.18, 0.18
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["transformers", "lean"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["torch-decoder", "cpu-decoder"])
 def test_last_query_is_the_targets_last_layer_query_of_the_newest_cached_position(tokenizer, dtype):
     from specchat.engine.attention import use_attention
 
@@ -141,7 +141,7 @@ def test_last_query_is_the_targets_last_layer_query_of_the_newest_cached_positio
     if dtype == torch.bfloat16:
         use_attention(target, "canonical")
     engine = Engine(target, tokenizer, max_len=200)
-    assert (engine.lean is not None) == (dtype == torch.bfloat16)
+    assert engine.canonical == (dtype == torch.bfloat16)
     prompt = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(0)).tolist()
     next(engine.generate(prompt, max_new_tokens=1))
 

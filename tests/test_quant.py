@@ -14,6 +14,7 @@ from specchat.drafters.ngram import NgramDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
+from specchat.engine.target_forward import forward_path
 from specchat.loading import embedded_gguf_path, load_model
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
@@ -91,7 +92,7 @@ def test_cached_tensor_table_maps_the_same_bytes_as_gguf_py(tmp_path, monkeypatc
 @pytest.mark.slow
 def test_default_cpu_load_runs_the_gguf_codes(quantized_model):
     assert quantized_model.weights == "q4_1"
-    assert quantized_model.model.config._attn_implementation == "specchat_canonical"
+    assert forward_path(quantized_model.model).startswith("CPU decoder")
     assert quantized_model.dtype in ("bfloat16", "float32")
     assert not any(p.dtype == torch.float32 and p.numel() > 1_000_000 for p in quantized_model.model.parameters())
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from specchat.engine.attention import use_attention, uses_tree_masks
 from specchat.engine.cache import TreeCache
+from specchat.engine.target_forward import target_forward
 from specchat.engine.timing import Timer
 from specchat.engine.tree import DraftTree
 from specchat.engine.verify_forward import chain_tree, verification_forward
@@ -37,26 +37,24 @@ def test_timer_rejects_nonsense():
 
 
 def _forward(model, cache):
-    def forward(tokens, *, positions, mask):
-        out = model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
-                    past_key_values=cache, use_cache=True)  # fmt: skip
-        return out.logits[0]
+    run = target_forward(model, cache)
+
+    def forward(tokens, *, positions, tree_mask):
+        return run(tokens, positions, tree_mask, cache).logits
 
     return forward
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "hybrid"])
-def test_verification_forward_commits_nothing_and_computes_decode_steps(attention):
-    model = tiny_model("llama")
-    use_attention(model, attention)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the torch decoder, the CPU decoder
+def test_verification_forward_commits_nothing_and_computes_decode_steps(dtype):
+    model = tiny_model("llama", head_dim=64).to(dtype)
     cache = TreeCache(2, 64)
     forward = _forward(model, cache)
-    forward(torch.arange(10, 30), positions=torch.arange(20), mask=None)  # a prefill of 20 tokens
+    forward(torch.arange(10, 30), positions=torch.arange(20), tree_mask=None)  # a prefill of 20 tokens
     cache.commit()
     keys = cache.layers[0].keys.clone()
 
-    call = verification_forward(forward, cache, torch.device("cpu"), tree_only=uses_tree_masks(model), tree=3,
-                                root_token=7)  # fmt: skip
+    call = verification_forward(forward, cache, torch.device("cpu"), tree=3, root_token=7)
     logits = call()
     assert logits.shape[0] == 4 and cache.length == 20 and cache.layers[0].pending == 0
     assert torch.equal(call(), logits)  # the same forward again: nothing was committed
@@ -64,7 +62,7 @@ def test_verification_forward_commits_nothing_and_computes_decode_steps(attentio
 
     # Row i is the decode step after the root and i chain tokens (token 0 each).
     for i, token in enumerate([7, 0, 0, 0]):
-        step = forward(torch.tensor([token]), positions=torch.tensor([20 + i]), mask=None)
+        step = forward(torch.tensor([token]), positions=torch.tensor([20 + i]), tree_mask=None)
         cache.commit()
         torch.testing.assert_close(step[0], logits[i], rtol=1e-4, atol=1e-4)
 
@@ -73,8 +71,8 @@ def test_a_tree_of_size_zero_is_the_root_alone():
     assert len(chain_tree(0)) == 0 and chain_tree(3).parents == [-1, 0, 1]
     cache = TreeCache(1, 8)
     seen = []
-    call = verification_forward(lambda tokens, *, positions, mask: seen.append((tokens, positions, mask)), cache,
-                                torch.device("cpu"), tree_only=False, tree=DraftTree.empty())  # fmt: skip
+    call = verification_forward(lambda tokens, *, positions, tree_mask: seen.append((tokens, positions, tree_mask)),
+                                cache, torch.device("cpu"), tree=DraftTree.empty())  # fmt: skip
     call()
     ((tokens, positions, mask),) = seen
     assert tokens.tolist() == [0] and positions.tolist() == [0] and mask is None

@@ -42,11 +42,17 @@ def prompt(length: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
 
+def forward(decoder, cache, tokens, positions, tree_mask=None, **kwargs):
+    """One forward as the engine runs it: its rows claimed after the cache's prefix, left pending."""
+    cache.claim(tokens.shape[0])
+    return decoder(tokens, positions, cache, tree_mask, **kwargs)
+
+
 def decode(decoder, cache, tokens: list[int]) -> torch.Tensor:
     """Logits [vocab] of the last of `tokens`, each run as one decode step after the cache's prefix."""
     for token in tokens:
-        out = decoder(torch.tensor([token], device=DEVICE), torch.tensor([cache.length], device=DEVICE), cache)
-        cache.advance(1)
+        out = forward(decoder, cache, torch.tensor([token], device=DEVICE), torch.tensor([cache.length], device=DEVICE))
+        cache.commit()
     return out.logits[-1]
 
 
@@ -57,9 +63,9 @@ def test_logits_and_greedy_tokens_match_transformers_in_fp32(family):
     cache = decoder.new_cache(64)
     ids = prompt(20)
     with torch.inference_mode():
-        out = decoder(ids, torch.arange(20, device=DEVICE), cache)
+        out = forward(decoder, cache, ids, torch.arange(20, device=DEVICE))
         torch.testing.assert_close(out.logits, model(ids[None]).logits[0], atol=1e-4, rtol=1e-4)
-        cache.advance(20)
+        cache.commit()
         ours, theirs = ids.tolist(), ids.tolist()
         logits = out.logits[-1]
         for _ in range(12):
@@ -80,7 +86,7 @@ def test_bf16_logits_are_as_close_to_fp32_as_transformers_bf16_forward(family):
         model.to(torch.bfloat16)
         theirs = model(ids[None]).logits[0, -1:]
         decoder = TorchDecoder.from_model(model)
-        ours = decoder(ids, torch.arange(24, device=DEVICE), decoder.new_cache(32), last_only=True).logits
+        ours = forward(decoder, decoder.new_cache(32), ids, torch.arange(24, device=DEVICE), last_only=True).logits
     assert ours.dtype == torch.bfloat16 and ours.shape == theirs.shape
     error = {name: (logits.float() - truth).abs().max() for name, logits in (("ours", ours), ("theirs", theirs))}
     assert error["ours"] <= 1.5 * error["theirs"] + 0.005 * truth.abs().max()
@@ -95,11 +101,11 @@ def test_tree_rows_equal_the_decode_steps_at_their_positions(family):
     tree = random_tree(12, seed=2, vocab=VOCAB)
     cache = decoder.new_cache(64)
     with torch.inference_mode():
-        decoder(ids, torch.arange(30, device=DEVICE), cache)
-        cache.advance(30)
+        forward(decoder, cache, ids, torch.arange(30, device=DEVICE))
+        cache.commit()
         batch = tree_batch(tree, int(ids[-1]), 29, DEVICE)  # the root re-run at the last prompt position
         cache.truncate(29)
-        out = decoder(batch.input_ids, batch.position_ids, cache, batch.tree_mask)
+        out = forward(decoder, cache, batch.input_ids, batch.position_ids, batch.tree_mask)
         assert out.queries.shape == (13, 4, decoder.head_dim) and out.hidden.shape == (13, 64)
         paths = [[]]
         for token, parent in zip(tree.tokens, tree.parents):
@@ -110,7 +116,7 @@ def test_tree_rows_equal_the_decode_steps_at_their_positions(family):
             torch.testing.assert_close(out.logits[row], want, atol=1e-4, rtol=1e-4)
         deepest = max(range(len(paths)), key=lambda row: len(paths[row]))
         cache.truncate(29)
-        out = decoder(batch.input_ids, batch.position_ids, cache, batch.tree_mask)
+        out = forward(decoder, cache, batch.input_ids, batch.position_ids, batch.tree_mask)
         kept = torch.tensor([0] + [row for row in range(1, 13) if paths[row] == paths[deepest][: len(paths[row])]])
         cache.commit(kept)
         after_commit = decode(decoder, cache, [7])
@@ -135,25 +141,27 @@ def test_the_forward_compiles_whole_and_50_steps_of_varying_trees_in_one_bucket_
     cache = decoder.new_cache(128)
     compiled = torch.compile(decoder.__call__, fullgraph=True, dynamic=False, backend="aot_eager")
     with torch.inference_mode():
-        decoder(prompt(16), torch.arange(16, device=DEVICE), cache)
-        cache.advance(16)
+        forward(decoder, cache, prompt(16), torch.arange(16, device=DEVICE))
+        cache.commit()
         with torch._dynamo.config.patch(error_on_recompile=True):
             for step in range(50):
                 tree = random_tree(step % 8, seed=step, vocab=VOCAB)
                 batch = tree_batch(tree, 5, cache.length, DEVICE)
                 tokens, positions, mask = padded(batch, 8)
+                cache.claim(8)
                 got = compiled(tokens, positions, cache, mask).logits[: len(tree) + 1]
-                want = decoder(batch.input_ids, batch.position_ids, cache, batch.tree_mask).logits
+                want = forward(decoder, cache, batch.input_ids, batch.position_ids, batch.tree_mask).logits
                 torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-                cache.advance(1)
+                cache.commit([0])
 
 
 def test_a_config_it_cannot_compute_is_refused_in_one_line():
     config = AutoConfig.for_model("llama", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
+    place = {"dtype": torch.float32, "device": torch.device("cpu")}
     with pytest.raises(SpecchatError, match="yarn"):
-        TorchDecoder(config, [], torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1))
+        TorchDecoder(config, [], torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1), **place)
     with pytest.raises(SpecchatError, match="sliding"):
-        TorchDecoder(AutoConfig.for_model("mistral"), [], torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1))
+        TorchDecoder(AutoConfig.for_model("mistral"), [], torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1), **place)
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a CUDA GPU")
@@ -164,16 +172,21 @@ def test_cuda_graphs_replay_the_forward_at_every_length_and_tree_size(family):
     decoder = TorchDecoder.from_model(model_of(family))
     cache = decoder.new_cache(400)
     with torch.inference_mode():
-        decoder(prompt(40), torch.arange(40, device=DEVICE), cache)
-        cache.advance(40)
+        forward(decoder, cache, prompt(40), torch.arange(40, device=DEVICE))
+        cache.commit()
         graphs = GraphedDecoder(decoder, cache, buckets=(1, 4, 16))
         for step, nodes in enumerate([0, 3, 0, 15, 7, 1, 0, 20]):  # 21 rows: past every bucket, uncaptured
             batch = tree_batch(random_tree(nodes, seed=step, vocab=VOCAB), 9, cache.length, DEVICE)
+            cache.claim(nodes + 1)
             got = graphs(batch.input_ids, batch.position_ids, batch.tree_mask)
-            want = decoder(batch.input_ids, batch.position_ids, cache, batch.tree_mask)
-            torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(got.queries, want.queries, atol=1e-4, rtol=1e-4)
-            cache.advance(1 + step * 7)  # the next step at another length
+            got = [got.logits.clone(), got.queries.clone()]
+            want = forward(decoder, cache, batch.input_ids, batch.position_ids, batch.tree_mask)
+            torch.testing.assert_close(got[0], want.logits, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(got[1], want.queries, atol=1e-4, rtol=1e-4)
+            cache.commit([0])
+            cache.claim(step * 7)  # the next step at another length
+            cache.commit()
+        cache.claim(1)
         decode_step = graphs(torch.tensor([3], device=DEVICE), torch.tensor([cache.length], device=DEVICE))
-        want = decoder(torch.tensor([3], device=DEVICE), torch.tensor([cache.length], device=DEVICE), cache)
+        want = forward(decoder, cache, torch.tensor([3], device=DEVICE), torch.tensor([cache.length], device=DEVICE))
         torch.testing.assert_close(decode_step.logits, want.logits, atol=1e-4, rtol=1e-4)

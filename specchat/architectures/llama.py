@@ -40,6 +40,11 @@ class LlamaLayer:
         return getattr(self.module.self_attn, "q_norm", None)
 
     @property
+    def k_norm(self) -> nn.Module | None:
+        """The norm over each head's key before RoPE (qwen3), or None."""
+        return getattr(self.module.self_attn, "k_norm", None)
+
+    @property
     def head_dim(self) -> int:
         return self.module.self_attn.head_dim
 

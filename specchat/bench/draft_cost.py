@@ -19,10 +19,9 @@ from specchat.bench.synthetic import WARMUP, check_contexts, check_range, signif
 from specchat.bench.verify_cost import fill_cache
 from specchat.drafters.base import TargetView
 from specchat.drafters.longspec import LongSpecDrafter
-from specchat.engine.attention import uses_tree_masks
 from specchat.engine.cache import TreeCache
-from specchat.engine.lean_forward import lean_forward
 from specchat.engine.sampling import SamplingConfig
+from specchat.engine.target_forward import target_forward
 from specchat.engine.timing import Timer
 from specchat.engine.verify_forward import verification_forward
 from specchat.errors import SpecchatError
@@ -60,15 +59,18 @@ def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[i
     target = TargetView.of(model, cache)
     torch.manual_seed(seed)
     layer = LongSpecLayer(LongSpecConfig.for_target(config, intermediate=intermediate))
-    forward = _target_forward(model, cache)
-    tree_only = uses_tree_masks(model)
+    run = target_forward(model, cache)
+
+    def forward(tokens, *, positions, tree_mask):  # the engine's, over this cache
+        return run(tokens, positions, tree_mask, cache)
+
     timer = Timer(device, repeats=repeats, warmup=WARMUP)
     ids = torch.randint(0, config.vocab_size, (max(contexts) + 1,), generator=torch.Generator().manual_seed(seed))
     rows = []
     with torch.inference_mode():
         for context in contexts:
             fill_cache(cache, context, config, dtype, device)
-            decode = timer.seconds(verification_forward(forward, cache, device, tree_only=tree_only, tree=0))
+            decode = timer.seconds(verification_forward(forward, cache, device, tree=0))
             for vocab in vocabs:
                 draft_vocab = torch.arange(vocab) if vocab else None
                 drafter = LongSpecDrafter(target, layer, draft_vocab=draft_vocab)
@@ -78,7 +80,7 @@ def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[i
                     propose = lambda: drafter.propose(budget, SamplingConfig(), None)  # noqa: E731
                     drafted = timer.seconds(propose)
                     tree = propose()
-                    verify = timer.seconds(verification_forward(forward, cache, device, tree_only=tree_only, tree=tree))
+                    verify = timer.seconds(verification_forward(forward, cache, device, tree=tree))
                     rows.append(DraftCostRow(
                         context=context, vocab=vocab or config.vocab_size, budget=budget, nodes=len(tree),
                         draft_ms=significant(drafted * 1e3), decode_ms=significant(decode * 1e3),
@@ -86,16 +88,3 @@ def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[i
                         mib=significant((drafter.weight_bytes() + drafter.memory_bytes()) / 2**20),
                     ))  # fmt: skip
     return rows
-
-
-def _target_forward(model, cache: TreeCache):
-    """The target's forward as the engine runs it: the lean forward where it serves the model."""
-    lean = lean_forward(model)
-
-    def forward(tokens, *, positions, mask):
-        if lean is not None:
-            return lean(tokens, positions, None if mask is None else mask[0, 0], cache)[:2]
-        return model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
-                     past_key_values=cache, use_cache=True)  # fmt: skip
-
-    return forward

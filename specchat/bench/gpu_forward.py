@@ -87,10 +87,8 @@ def gpu_forward(
     if capacity > config.max_position_embeddings:
         room = config.max_position_embeddings - max(buckets)
         raise SpecchatError(f"--context must leave room for the tree: at most {room} here")
-    model = random_model(config, dtype, device, "sdpa", seed=seed)
+    model = random_model(config, dtype, device, "hybrid", seed=seed)
     decoder = TorchDecoder.from_model(model, max_positions=capacity)
-    del model  # the unfused projections; the decoder keeps what it reads
-    torch.cuda.empty_cache()
     cache = decoder.new_cache(capacity)
     timer = Timer(device, repeats=repeats, warmup=WARMUP)
     copy_rate = _copy_rate(timer, device)
@@ -135,7 +133,9 @@ def _fill(cache, length: int) -> None:
     cache.keys[:, :, :, :length].normal_()
     cache.values[:, :, :, :length].normal_()
     cache.truncate(0)
-    cache.advance(length)
+    cache.claim(length)
+    cache.commit()
+    cache.claim(0)  # the device length, which the kernels read, brought to the committed one
 
 
 def _weights_read(decoder: TorchDecoder) -> list[torch.Tensor]:

@@ -35,7 +35,7 @@ class VerifyCostRow:
     context: int  # committed tokens in the cache
     tree: int  # draft nodes verified (the forward has tree + 1 rows)
     layers: int  # decoder layers of the model timed
-    attention: str  # the transformers attention implementation in use
+    forward: str  # the decoder that ran it (`forward_path`)
     decode_ms: float  # one-token forward
     verify_ms: float  # forward over the root and the tree
     verify_over_decode: float
@@ -43,20 +43,17 @@ class VerifyCostRow:
 
 def random_model(config, dtype: torch.dtype, device: torch.device, attention: str, *, seed: int = 0):
     """A model of `config` with random weights, built on the device in `dtype` (never materialised in fp32 on the
-    CPU), with `attention` and the few-rows linear the engine uses whenever it verifies trees."""
+    CPU), verifying with `attention`."""
     from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
     from specchat.engine.attention import use_attention
-    from specchat.engine.linear import use_few_rows_linear
-
-    from transformers.initialization import no_init_weights
 
     with device, no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     model.eval().requires_grad_(False)
     _fill_random(model, seed, std=getattr(config, "initializer_range", 0.02))
     use_attention(model, attention)
-    use_few_rows_linear(model)
     return model
 
 
@@ -129,8 +126,8 @@ def verify_cost(
 
     The model has random weights, built on the device in `dtype` (never materialised in fp32 on the CPU).
     The cache is filled with random keys/values written into its preallocated layers (no prefill: timing
-    does not depend on the values). Forwards are the engine's own (`specchat.engine.verify_forward`):
-    `tree_batch`, the mask the attention takes, explicit position ids, logits for every row; inputs and masks
+    does not depend on the values). Forwards are the engine's own (`target_forward`, `verify_forward`):
+    `tree_batch`, the tree's mask, explicit position ids, logits for every row; inputs and masks
     are built before timing, and each forward is rolled back, so the context stays fixed. Decode and verify
     forwards alternate; wall time, device synced, the median of `repeats` after a warm-up.
 
@@ -138,11 +135,12 @@ def verify_cost(
         contexts: committed tokens in the cache, one row each.
         tree: draft nodes of the random tree verified (the forward has tree + 1 rows).
         layers: decoder layers to build (default: all of the config's); fewer make CPU runs feasible.
-        attention: auto | hybrid | canonical | sdpa | eager (specchat.engine.attention.use_attention).
+        attention: auto | canonical | hybrid (specchat.engine.attention.use_attention).
         config: a transformers config to build instead of Llama-3.1-8B's (tests pass a tiny one).
     """
-    from specchat.engine.attention import check_attention, uses_tree_masks
+    from specchat.engine.attention import check_attention
     from specchat.engine.cache import TreeCache
+    from specchat.engine.target_forward import forward_path, target_forward
 
     float_type = torch_dtype(dtype)
     check_attention(attention)
@@ -155,15 +153,14 @@ def verify_cost(
         raise SpecchatError(f"--context must leave room for the tree: at most {window - tree - 1} here")
     dev = torch_device(device)
     model = random_model(config, float_type, dev, attention, seed=seed)
-    name = model.config._attn_implementation
-    hybrid = uses_tree_masks(model)
+    name = forward_path(model)
     draft = random_tree(tree, seed=seed, vocab=config.vocab_size)
     cache = TreeCache(config.num_hidden_layers, max(contexts) + tree + 1)
+    target = target_forward(model, cache)
     timer = Timer(dev, repeats=repeats, warmup=WARMUP)
 
-    def forward(tokens, *, positions, mask) -> None:
-        model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask, past_key_values=cache,
-              use_cache=True)  # fmt: skip
+    def forward(tokens, *, positions, tree_mask):
+        return target(tokens, positions, tree_mask, cache)
 
     rows = []
     with torch.inference_mode():
@@ -171,7 +168,7 @@ def verify_cost(
             step(f"context {context}")
             fill_cache(cache, context, config, float_type, dev)
             calls = {
-                kind: verification_forward(forward, cache, dev, tree_only=hybrid, tree=nodes, root_token=1)
+                kind: verification_forward(forward, cache, dev, tree=nodes, root_token=1)
                 for kind, nodes in (("decode", 0), ("verify", draft))
             }
             seconds = timer.seconds_each(calls)
@@ -181,7 +178,7 @@ def verify_cost(
                     context=context,
                     tree=tree,
                     layers=config.num_hidden_layers,
-                    attention=name,
+                    forward=name,
                     decode_ms=significant(decode_s * 1e3),
                     verify_ms=significant(verify_s * 1e3),
                     verify_over_decode=significant(verify_s / decode_s),
@@ -196,6 +193,7 @@ def fill_cache(cache, length: int, config, dtype: torch.dtype, device: torch.dev
     cache.truncate(length)
     kv_heads = config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache.allocate(kv_heads, head_dim, dtype, device)
     while cache.length < length:
         chunk = min(FILL_CHUNK, length - cache.length)
         for layer in cache.layers:
@@ -233,8 +231,7 @@ def model_verify_cost(engine, *, contexts: list[int], trees: list[int], repeats:
     with torch.inference_mode():
         for context in contexts:
             fill_cache(cache, context, config, engine.model.dtype, device)
-            calls = {nodes: verification_forward(engine._forward, cache, device, tree_only=engine.tree_only_masks,
-                                                 tree=nodes) for nodes in sizes}  # fmt: skip
+            calls = {nodes: verification_forward(engine._forward, cache, device, tree=nodes) for nodes in sizes}
             seconds = timer.seconds_each(calls)
             rate = (weights + context * per_token) / seconds[0]
             for nodes in trees:

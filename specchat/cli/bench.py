@@ -112,7 +112,7 @@ def bench(
     sets = load_prompt_sets(csv_list(prompt_set), prompts)
     from specchat.bench.compare import compare
     from specchat.bench.runs import HF_METHODS
-    from specchat.engine.lean_forward import forward_path
+    from specchat.engine.target_forward import forward_path
 
     if "hf" in baselines:
         methods += HF_METHODS
@@ -256,11 +256,11 @@ def bench_verify_cost(
     for each in kv_caches:
         check_kv_cache(each)
     if model is None and kv_caches != ["auto"]:
-        raise SpecchatError("--kv-cache needs --model (the random-weight model runs transformers' attention)")
+        raise SpecchatError("--kv-cache needs --model (the random-weight model's cache holds its dtype)")
     quiet_transformers()
     if model is not None:
         from specchat.engine.generate import Engine
-        from specchat.engine.lean_forward import forward_path
+        from specchat.engine.target_forward import forward_path
 
         loaded = load(model, dtype, device, attention)
         rows = []
@@ -306,6 +306,61 @@ def bench_gpu_forward(
         rows = gpu_forward(contexts=lengths, trees=sizes, layers=layers, repeats=repeats, called=called, step=step)
     shape = "Llama-3.1-8B shapes" if layers == 32 else f"Llama-3.1-8B shapes but {layers} of 32 layers"
     title = f"{shape}, random bf16 weights: ms per forward (graph: CUDA graph of its row bucket; called: eager)"
+    report([dataclasses.asdict(row) for row in rows], as_json, title=title)
+
+
+@bench_app.command("oracle")
+def bench_oracle(
+    model: ModelOption = None,
+    context: Annotated[int, typer.Option(help="Prompt tokens (random ids) before decoding starts.")] = 1024,
+    tokens: Annotated[int, typer.Option(help="Tokens to decode in each run.")] = 128,
+    acceptances: Annotated[
+        str, typer.Option("--acceptance", help="Comma-separated chances that each drafted node is the target's own.")
+    ] = "0,0.5,0.8,1",
+    budget: Annotated[int, typer.Option(help="Nodes of every drafted chain.")] = 3,
+    layers: Annotated[int, typer.Option(help="Without --model: decoder layers to build (fewer for CPU runs).")] = 32,
+    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+    device: DeviceOption = "auto",
+    attention: AttentionOption = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+) -> None:
+    """End-to-end speed at known acceptances: an oracle drafter replays plain decoding's output, each node right
+    with the given chance, on --model or a random-weight model with Llama-3.1-8B's shapes (tau set by the
+    benchmark, not by a trained draft; every run's output checked against plain decoding's)."""
+    import torch
+
+    from specchat.bench.oracle import check_oracle_run, oracle_runs, word_tokenizer
+    from specchat.bench.progress import bench_progress
+    from specchat.bench.synthetic import check_range, torch_device, torch_dtype
+    from specchat.bench.verify_cost import llama31_8b_config, random_model, with_layers
+    from specchat.engine.generate import Engine
+    from specchat.engine.target_forward import forward_path
+
+    try:
+        rates = [float(item) for item in csv_list(acceptances)]
+    except ValueError:
+        raise SpecchatError(f"--acceptance takes comma-separated numbers, not '{acceptances}'") from None
+    check_oracle_run(rates, budget, tokens)
+    check_attention(attention)
+    check_range("--context", context, 1)
+    quiet_transformers()
+    if model is not None:
+        loaded = load(model, dtype, device, attention)
+        target, tokenizer, name = loaded.model, loaded.tokenizer, f"{loaded.source.name} ({loaded.weights}, {loaded.dtype}"
+    else:
+        config = with_layers(llama31_8b_config(), layers)
+        float_type = torch_dtype("bfloat16" if dtype == "auto" else dtype)
+        target = random_model(config, float_type, torch_device(device), attention)
+        target.generation_config.eos_token_id = None  # random text: every run decodes all its tokens
+        tokenizer = word_tokenizer(config.vocab_size)
+        shape = "Llama-3.1-8B shapes" if layers == 32 else f"Llama-3.1-8B shapes but {layers} of 32 layers"
+        name = f"{shape}, random weights ({str(float_type).removeprefix('torch.')}"
+    engine = Engine(target, tokenizer, max_len=context + tokens + 1)
+    prompt = torch.randint(0, target.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
+    with bench_progress(len(rates) + 2) as step:
+        rows = oracle_runs(engine, prompt.tolist(), acceptances=rates, budget=budget, tokens=tokens, step=step)
+    title = (f"{name}, {forward_path(target)}): {tokens} tokens after {context}, the oracle's chains of {budget} "
+             "nodes against plain decoding")  # fmt: skip
     report([dataclasses.asdict(row) for row in rows], as_json, title=title)
 
 

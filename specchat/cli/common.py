@@ -61,8 +61,9 @@ QuantizeOption = Annotated[
 DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 AttentionOption = Annotated[
     str,
-    typer.Option(help=f"{' | '.join(ATTENTION_CHOICES)} (auto: hybrid where its Triton kernels run, on a CPU "
-                 "canonical in bf16/fp16, else sdpa)."),
+    typer.Option(help=f"{' | '.join(ATTENTION_CHOICES)}: canonical is the compiled CPU decoder's (Llama-family "
+                 "models on a CPU in bf16/fp16), hybrid the torch decoder's (Triton kernels on a GPU); auto: canonical "
+                 "where it runs, else hybrid."),
 ]
 TemperatureOption = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
 TopKOption = Annotated[int | None, typer.Option("--top-k", help="Sample among the k likeliest tokens (0: all).")]

@@ -83,6 +83,7 @@ def run(
     quiet_transformers()
     from specchat.drafters import attach_drafter, resolve_drafter
     from specchat.engine.generate import Engine
+    from specchat.engine.target_forward import forward_path
     from specchat.engine.prompt import encode_prompt
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
 
@@ -123,7 +124,7 @@ def run(
             "weights": loaded.weights,
             "dtype": loaded.dtype,
             "drafter": str(choice),
-            "attention": loaded.model.config._attn_implementation,
+            "forward": forward_path(loaded.model),
         }
         _out(json.dumps(report, ensure_ascii=False) + "\n")
     else:

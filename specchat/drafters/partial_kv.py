@@ -70,8 +70,8 @@ class PartialKV:
     def _write(self, positions: torch.Tensor, slots: torch.Tensor) -> None:
         device = self.target.device
         positions, slots = positions.to(device), slots.to(device)
+        self.cache.allocate_like(self.target.cache)
         for mine, theirs in zip(self.cache.layers, self.target.cache.layers):
-            self._allocate(mine, theirs)
             mine.keys[0, :, slots], mine.values[0, :, slots] = theirs.read(positions)
 
     def _select(self, root: int) -> None:
@@ -80,8 +80,8 @@ class PartialKV:
         length = full.length
         queries = last_queries(self.target, root, length)
         keep = self.budget - SINKS
+        self.cache.allocate_like(full)
         for layer, (mine, theirs, query) in enumerate(zip(self.cache.layers, full.layers, queries)):
-            self._allocate(mine, theirs)
             keys, values = theirs.read(slice(0, length))  # [kv_heads, L, D]
             scores = importance(query, keys[:, SINKS:])
             order = scores.topk(keep, dim=-1).indices + SINKS  # [kv_heads, keep], most important first
@@ -93,11 +93,6 @@ class PartialKV:
         self.overwrite = list(range(self.budget - 1, SINKS - 1, -1))
         self.selections += 1
 
-    @staticmethod
-    def _allocate(mine, theirs) -> None:
-        if not mine.is_initialized:
-            keys, values = theirs.read(slice(0, 0))
-            mine.lazy_initialization(keys[None], values[None])
 
 
 def importance(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

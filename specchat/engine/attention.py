@@ -1,23 +1,19 @@
-"""Which attention the target runs: `--attention auto | hybrid | canonical | sdpa | eager`.
+"""Which attention verifies trees: `--attention auto | canonical | hybrid`.
 
-"hybrid" and "canonical" register `specchat.kernels`' tree attention functions with transformers as
-"specchat_hybrid" / "specchat_canonical" (with SDPA's mask builder, so prefill and generic masks behave as
-under "sdpa") and tell the engine to pass tree masks as `[1, 1, n, n]` instead of dense
-`[1, 1, n, prefix + n]` ones. "auto" is hybrid where its Triton kernels run (a CUDA model with triton
-installed); on a CPU with bf16 / fp16 activations it is canonical, whose per-query summation order makes
-speculative output bitwise equal to autoregressive output (fp32 CPU matmuls are not row-independent, so
-canonical attention cannot promise that there); elsewhere SDPA. Neither tree kernel implements sliding
-windows.
+"canonical" is the compiled CPU decoder's (`lean_forward`): every row sums in an order its position alone fixes,
+so a verified tree row is bitwise the decode step at its position; it runs Llama-family models on a CPU. "hybrid"
+is the torch decoder's (`torch_decoder`): the long prefix without a mask and the small tree part masked, merged by
+log-sum-exp, as Triton kernels on a GPU (in torch on a CPU). "auto" is canonical where the CPU decoder runs the
+model in bf16 / fp16 activations, else hybrid. Neither implements sliding windows.
+
+The choice is kept on the model (`use_attention`), whose forward the engine then builds (`target_forward`).
 """
 
 from __future__ import annotations
 
 from specchat.errors import SpecchatError
 
-HYBRID = "specchat_hybrid"
-CANONICAL = "specchat_canonical"
-TREE_KERNELS = {"hybrid": HYBRID, "canonical": CANONICAL}  # choice -> registered name
-CHOICES = ("auto", "hybrid", "canonical", "sdpa", "eager")
+CHOICES = ("auto", "canonical", "hybrid")
 
 
 def check_attention(choice: str) -> None:
@@ -25,48 +21,22 @@ def check_attention(choice: str) -> None:
         raise SpecchatError(f"unknown attention '{choice}'; use {', '.join(CHOICES)}")
 
 
-def use_attention(model, choice: str) -> str:
-    """Switch `model` to the attention named by `choice`; returns the transformers implementation name."""
+def use_attention(model, choice: str) -> None:
+    """Verify `model`'s trees with the attention `choice` names (a one-line error where it cannot run)."""
     check_attention(choice)
-    sliding = sliding_window(model.config)
-    if choice == "auto":
-        choice = _auto(model, sliding)
-    if choice in TREE_KERNELS and sliding:
-        raise SpecchatError(f"this model uses sliding-window attention, which {choice} attention does not support")
-    name = TREE_KERNELS.get(choice, choice)
-    if choice in TREE_KERNELS:
-        _register()
-    if model.config._attn_implementation != name:
-        model.set_attn_implementation(name)
-    return name
+    if sliding_window(model.config):
+        raise SpecchatError("this model uses sliding-window attention, which specchat's forwards do not implement")
+    if choice == "canonical":
+        from specchat.engine.lean_forward import serves  # torch: not for the CLI's option checks
+
+        if not serves(model):
+            raise SpecchatError("canonical attention runs Llama-family models (llama, mistral, qwen2) on a CPU")
+    model.specchat_attention = choice
 
 
-def uses_tree_masks(model) -> bool:
-    """Whether the model's attention takes tree-only `[1, 1, n, n]` masks (it sees the prefix by itself)."""
-    return model.config._attn_implementation in TREE_KERNELS.values()
-
-
-def _auto(model, sliding: bool) -> str:
-    import torch
-
-    from specchat.kernels.hybrid import uses_triton  # torch: not for the CLI's option checks
-
-    if sliding:
-        return "sdpa"
-    if uses_triton(model.device):
-        return "hybrid"
-    return "canonical" if model.device.type == "cpu" and model.dtype in (torch.bfloat16, torch.float16) else "sdpa"
-
-
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    from specchat.kernels.transformers_attention import canonical_attention_forward, hybrid_attention_forward
-
-    for name, forward in ((HYBRID, hybrid_attention_forward), (CANONICAL, canonical_attention_forward)):
-        AttentionInterface.register(name, forward)
-        AttentionMaskInterface.register(name, sdpa_mask)
+def attention_of(model) -> str:
+    """The attention chosen for `model` (auto when none was)."""
+    return getattr(model, "specchat_attention", "auto")
 
 
 def sliding_window(config) -> bool:

@@ -52,12 +52,9 @@ class TreeKVLayer(CacheLayerMixin):
         )
         self.is_initialized = True
 
-    def reserve(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
+    def reserve(self, rows: int) -> tuple[torch.Tensor, ...]:
         """The whole cache (batch 1) for a forward that writes `rows` slots after the prefix itself (the compiled
         CPU decoder): `update` without the copy."""
-        if not self.is_initialized:
-            empty = torch.empty(1, heads, 0, head_dim, dtype=dtype, device=device)
-            self.lazy_initialization(empty, empty)
         self._claim(rows)
         return self._held()
 
@@ -227,32 +224,73 @@ def _quantized(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class TreeCache(Cache):
     """The target's KV cache for one session: a `TreeKVLayer` per decoder layer (an `Int8KVLayer` with
-    `kv_cache="int8"`)."""
+    `kv_cache="int8"`).
+
+    `allocate` lays every layer's keys and values out in two tensors `[layers, 1, kv_heads, max_len, D]` (`keys`,
+    `values`; each layer's are views of them), and `length_tensor` holds the committed length on the device: what
+    the torch decoder's kernels read, so a CUDA graph of its forward replays at any length."""
 
     def __init__(self, num_layers: int, max_len: int, kv_cache: str = "auto"):
         layer = {"auto": TreeKVLayer, "int8": Int8KVLayer}[kv_cache]
         super().__init__(layers=[layer(max_len) for _ in range(num_layers)])
         self.max_len = max_len
         self.kv_cache = kv_cache
+        self.keys: torch.Tensor | None = None  # [layers, 1, kv_heads, max_len, D] once allocated (not int8)
+        self.values: torch.Tensor | None = None
+        self.length_tensor: torch.Tensor | None = None  # [1] int32 on the cache's device
+
+    def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device) -> None:
+        """Allocate every layer (once): keys and values in `dtype` on `device`, or int8 codes and scales."""
+        if self.layers[0].is_initialized:
+            return
+        if self.kv_cache == "int8":
+            empty = torch.empty(1, heads, 0, head_dim, dtype=dtype, device=device)
+            for layer in self.layers:
+                layer.lazy_initialization(empty, empty)
+        else:
+            shape = (len(self.layers), 1, heads, self.max_len, head_dim)
+            self.keys = torch.zeros(shape, dtype=dtype, device=device)
+            self.values = torch.zeros(shape, dtype=dtype, device=device)
+            for i, layer in enumerate(self.layers):
+                layer.keys, layer.values, layer.is_initialized = self.keys[i], self.values[i], True
+        self.length_tensor = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def allocate_like(self, other: TreeCache) -> None:
+        """Allocate with `other`'s heads, head size, dtype and device (a drafter's copy of the target's cache)."""
+        keys, _ = other.layers[0].read(slice(0, 0))
+        self.allocate(keys.shape[0], keys.shape[-1], keys.dtype, keys.device)
 
     @property
     def length(self) -> int:
         return self.layers[0].length
 
-    def commit(self, kept: Sequence[int] | None = None) -> None:
+    def claim(self, rows: int) -> None:
+        """Set the `rows` slots after the prefix pending (a forward writes them) and the device length to the
+        committed one; raises when they do not fit."""
+        for layer in self.layers:
+            layer._claim(rows)
+        self.length_tensor.fill_(self.length)
+
+    def commit(self, kept: Sequence[int] | torch.Tensor | None = None) -> None:
         """Make pending slots part of the prefix: all of them (None), or the offsets `kept`, in order."""
         pending = self.layers[0].pending
-        if kept is None or list(kept) == list(range(len(kept))):
+        if kept is None or (not isinstance(kept, torch.Tensor) and list(kept) == list(range(len(kept)))):
             index, count = None, pending if kept is None else len(kept)
         else:
             index, count = torch.as_tensor(kept, device=self.layers[0].device), len(kept)
+        if index is not None and self.keys is not None:  # one move for every layer
+            start = self.length
+            self.keys[:, :, :, start : start + count] = self.keys[:, :, :, start + index]
+            self.values[:, :, :, start : start + count] = self.values[:, :, :, start + index]
+            index = None
         for layer in self.layers:
             layer.commit(index, count)
 
     def reserve(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype, device) -> tuple[list, list, list | None]:
         """Every layer's keys and values [heads, max_len, D] and, in int8, their scales (else None), `rows` slots
         after the prefix set pending: what the compiled CPU decoder's forward takes."""
-        reserved = [layer.reserve(rows, heads, head_dim, dtype, device) for layer in self.layers]
+        self.allocate(heads, head_dim, dtype, device)
+        reserved = [layer.reserve(rows) for layer in self.layers]
         keys, values, *scales = zip(*reserved)
         return list(keys), list(values), list(scales[0]) if scales else None
 

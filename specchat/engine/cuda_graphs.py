@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from specchat.engine.static_cache import StaticCache
-from specchat.engine.torch_decoder import DecoderOutput, TorchDecoder
+from specchat.engine.cache import TreeCache
+from specchat.engine.forward_output import ForwardOutput
+from specchat.engine.torch_decoder import TorchDecoder
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -37,7 +38,7 @@ def capture(call, pool=None):
 class _Bucket:
     """One captured forward of `rows` rows and the static tensors it reads and writes."""
 
-    def __init__(self, decoder: TorchDecoder, cache: StaticCache, rows: int, pool):
+    def __init__(self, decoder: TorchDecoder, cache: TreeCache, rows: int, pool):
         device = decoder.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
@@ -46,7 +47,7 @@ class _Bucket:
         self.causal = torch.ones_like(self.mask).tril_()  # pad rows of a decode step or a prefill see real rows too
         self.graph, self.out = capture(lambda: decoder(self.tokens, self.positions, cache, self.mask), pool)
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None) -> DecoderOutput:
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None) -> ForwardOutput:
         rows = tokens.shape[0]
         self.tokens[:rows].copy_(tokens)
         self.positions[:rows].copy_(positions)
@@ -56,7 +57,7 @@ class _Bucket:
             self.mask.copy_(self.eye)
             self.mask[:rows, :rows].copy_(tree_mask)
         self.graph.replay()
-        return DecoderOutput(self.out.logits[:rows], self.out.hidden[:rows], self.out.queries[:rows])
+        return ForwardOutput(self.out.logits[:rows], self.out.hidden[:rows], self.out.queries[:rows])
 
 
 class GraphedDecoder:
@@ -64,17 +65,17 @@ class GraphedDecoder:
     logits). Outputs are views of the graphs' buffers, valid until the next call. A forward larger than every
     bucket, or too close to the cache's end for its bucket's pad rows, runs uncaptured."""
 
-    def __init__(self, decoder: TorchDecoder, cache: StaticCache, buckets: tuple[int, ...] = BUCKETS):
-        if cache.length + max(buckets) > cache.capacity:
+    def __init__(self, decoder: TorchDecoder, cache: TreeCache, buckets: tuple[int, ...] = BUCKETS):
+        if cache.length + max(buckets) > cache.max_len:
             raise ValueError(f"capturing needs {max(buckets)} free slots after the cache's {cache.length}")
         self.decoder, self.cache = decoder, cache
         pool = torch.cuda.graph_pool_handle()
         self.buckets = {rows: _Bucket(decoder, cache, rows, pool) for rows in sorted(buckets)}
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
-                 tree_mask: torch.Tensor | None = None) -> DecoderOutput:  # fmt: skip
+                 tree_mask: torch.Tensor | None = None) -> ForwardOutput:  # fmt: skip
         rows = tokens.shape[0]
         for size, bucket in self.buckets.items():
-            if size >= rows and self.cache.length + size <= self.cache.capacity:
+            if size >= rows and self.cache.length + size <= self.cache.max_len:
                 return bucket(tokens, positions, tree_mask)
         return self.decoder(tokens, positions, self.cache, tree_mask)

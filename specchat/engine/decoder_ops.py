@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specchat.kernels import reference
+from specchat.kernels.canonical_attention import TAIL, canonical_tree_attention
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -123,10 +124,12 @@ def tree_attention(
     scale: float,
 ) -> torch.Tensor:
     """Hybrid tree attention of the rotated queries `[n, Hq, D]`: the committed prefix `[0, length)` without a
-    mask, this forward's slots after it under `tree_mask` `[n, n]` -> `[n, Hq, D]`."""
-    out = reference.hybrid_tree_attention(
-        q.transpose(0, 1)[None], k_cache[layer], v_cache[layer], int(length), tree_mask, scale
-    )
+    mask, this forward's slots after it under `tree_mask` `[n, n]` -> `[n, Hq, D]`. On a CPU in bf16 / fp16,
+    a forward of up to TAIL rows sums each row in the order its position fixes (`canonical_tree_attention`):
+    a verified tree row is then bitwise the decode step at its position."""
+    canonical = q.dtype in (torch.bfloat16, torch.float16) and q.shape[0] <= TAIL
+    attention = canonical_tree_attention if canonical else reference.hybrid_tree_attention
+    out = attention(q.transpose(0, 1)[None], k_cache[layer], v_cache[layer], int(length), tree_mask, scale)
     return out[0].transpose(0, 1).contiguous()
 
 

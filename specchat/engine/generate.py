@@ -11,19 +11,16 @@ from collections.abc import Iterator
 
 import torch
 
-from specchat.architectures import parts
 from specchat.disk_cache import cache_dir
 from specchat.drafters.base import Drafter, TargetView
-from specchat.engine.attention import uses_tree_masks
 from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.events import KNOWN, TARGET, StepEvent
-from specchat.engine.last_query import LastQuery
-from specchat.engine.lean_forward import lean_forward
-from specchat.engine.linear import use_few_rows_linear
+from specchat.engine.lean_forward import LeanForward
 from specchat.engine.prefix_store import PrefixStore
 from specchat.engine.sampling import PositionNoise, SamplingConfig, make_generator, process_logits, sample
 from specchat.engine.stats import GenerationStats
+from specchat.engine.target_forward import forward_path, target_forward
 from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, node_histories, tree_batch
 from specchat.engine.verify import verify
@@ -32,7 +29,7 @@ from specchat.engine.verify_forward import verification_forward
 from specchat.checks import check_kv_cache
 from specchat.errors import SpecchatError
 from specchat.first_use import first_use
-from specchat.kernels.cpu_decoder import selected_isa, source_version
+from specchat.kernels.cpu_decoder import source_version
 from specchat.quant.formats import weight_format
 
 
@@ -53,12 +50,7 @@ class Engine:
                  draft_budget: int | None = None, kv_cache: str = "auto", prefix_bytes: int = 0):  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
-        with first_use("preparing the CPU decoder (compiled once per machine, a minute or more)"):
-            self.lean = lean_forward(model)  # None: transformers' forward
         check_kv_cache(kv_cache)
-        if kv_cache == "int8" and self.lean is None:
-            raise SpecchatError("--kv-cache int8 needs the compiled CPU decoder: a CPU model in bf16 or fp16 activations")
-        self.tree_only_masks = uses_tree_masks(model)  # the attention sees the prefix by itself
         self.tree_capacity = MAX_BUDGET  # slots kept for a verified tree, whatever the drafter: it may change
         self.context_window = model.config.max_position_embeddings
         self.max_len = min((max_len or self.context_window) + self.tree_capacity, self.context_window)
@@ -66,22 +58,25 @@ class Engine:
         self.eos_ids = eos_ids(model, tokenizer)
         check_cache_fits(model, self.max_len, kv_cache)
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len, kv_cache)
+        with first_use("preparing the CPU decoder (compiled once per machine, a minute or more)"):
+            self.forward = target_forward(model, self.cache)
+        self.canonical = isinstance(self.forward, LeanForward)  # the compiled CPU decoder runs it
+        if kv_cache == "int8" and not self.canonical:
+            raise SpecchatError("--kv-cache int8 needs the compiled CPU decoder: a CPU model in bf16 or fp16 activations")
         self.prefixes = PrefixStore(prefix_bytes) if prefix_bytes else None  # earlier texts' cached prefixes
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)
-        self._hidden = _LastHidden.of(parts(model).norm)  # transformers' forward hides it; the lean one returns it
-        self._query = LastQuery(model, lean=self.lean is not None)
+        self._queries: torch.Tensor | None = None  # the last forward's last-layer rotated queries [q, heads, D]
+        self._last_query: torch.Tensor | None = None  # [heads, D] fp32 of the newest position in the cache
         self._verify_costs: dict[str, VerifyCost] = {}  # calibration key -> its prices, kept up to date
-        self.target = TargetView.of(model, self.cache, forward=self._draft_forward, last_query=self._query,
-                                    tokenizer=tokenizer)  # fmt: skip
+        self.target = TargetView.of(model, self.cache, forward=self._draft_forward,
+                                    last_query=lambda: self._last_query, tokenizer=tokenizer)  # fmt: skip
         self.set_drafter(drafter, draft_budget)
 
     def set_drafter(self, drafter: Drafter | None, draft_budget: int | None = None) -> None:
         """Draft with `drafter` (None: autoregressive) from the next request on, at a fixed budget or adaptive."""
         if draft_budget is not None and not 1 <= draft_budget <= MAX_BUDGET:
             raise SpecchatError(f"the draft budget must be between 1 and {MAX_BUDGET}")
-        if drafter is not None:
-            use_few_rows_linear(self.model)  # verification forwards are a few rows: make them cost one decode step
         self.drafter = drafter
         self.fixed_budget = draft_budget
         self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
@@ -99,8 +94,8 @@ class Engine:
     def exact_reuse(self) -> bool:
         """Whether a prompt that reuses a cached prefix gets bitwise the logits of one prefilled whole: so on the
         CPU decoder, whose prefill rows are each a decode step at their position (row-independent matmuls, and
-        each row's attention over its own keys in order); transformers' forward rounds a prefill by its rows."""
-        return self.lean is not None
+        each row's attention over its own keys in order); the torch decoder rounds a prefill by its rows."""
+        return self.canonical
 
     @torch.inference_mode()
     def generate(
@@ -201,8 +196,8 @@ class Engine:
         start = time.perf_counter()
         prefix = self.cache.length
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
-        mask = batch.attention_mask(prefix, tree_only=self.tree_only_masks) if len(tree) else None  # 1 query: no mask
-        logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, mask=mask)
+        mask = batch.tree_mask if len(tree) else None  # the root alone: a decode step
+        logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask)
         processed = self._process(logits, sampling, tree)
         choices = None
         if noise:
@@ -210,7 +205,7 @@ class Engine:
         verdict = verify(tree, processed, sampling, generator, choices)
         kept = [0] + [node + 1 for node in verdict.path]
         self.cache.commit(kept)
-        self._query.keep(kept[-1])
+        self._keep_query(kept[-1])
         verify_seconds = time.perf_counter() - start  # the verdict's ints are on the host: the device is done
         if self.policy and not known:  # known tokens say nothing about the drafter
             self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds,
@@ -233,7 +228,7 @@ class Engine:
         to date by the forwards this engine times: one per calibration for the engine's lifetime."""
 
         def verify_forward(n: int):  # a chain of n nodes at the current context, never committed
-            return verification_forward(self._forward, self.cache, self.device, tree_only=self.tree_only_masks, tree=n)
+            return verification_forward(self._forward, self.cache, self.device, tree=n)
 
         sizes = [n for n in SIZES if n <= self.tree_capacity]
 
@@ -241,7 +236,7 @@ class Engine:
             with first_use("timing verification forwards of this model at this context (once per machine)"):
                 return measure_verify_cost(verify_forward, sizes=sizes, device=self.device)
 
-        key = (f"{calibration_key(self.model, lean=self.lean is not None)}|sizes={','.join(map(str, sizes))}"
+        key = (f"{calibration_key(self.model)}|sizes={','.join(map(str, sizes))}"
                f"|context={priced_context(self.cache.length)}")
         if key not in self._verify_costs:
             self._verify_costs[key] = cached_verify_cost(cache_dir() / "verify_cost.json", key, measure)
@@ -273,7 +268,7 @@ class Engine:
         self.length = len(prompt_ids)
         logits, hidden = self._forward(prompt[shared:], last_only=True)
         self.cache.commit()
-        self._query.keep(-1)
+        self._keep_query(-1)
         if self.drafter is not None:
             self.drafter.prefill(prompt_ids, hidden, shared)
         return logits
@@ -293,7 +288,7 @@ class Engine:
 
     def decode_states(self, ids: list[int]) -> torch.Tensor:
         """`target_states` computed one decode step at a time, as generated tokens and verified tree rows get
-        them (a prefill may round otherwise: under transformers' forward, or dense matmuls over many rows):
+        them (a prefill may round otherwise: under the torch decoder, or dense matmuls over many rows):
         [len(ids), hidden_size]."""
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         self.cache.truncate(0)
@@ -309,28 +304,20 @@ class Engine:
         """`TargetView.forward`: a causal forward over another cache (or this one, left pending)."""
         return self._forward(tokens, positions=positions, cache=cache)
 
-    def _forward(self, tokens: torch.Tensor, *, positions=None, mask=None, last_only=False, cache=None):
+    def _forward(self, tokens: torch.Tensor, *, positions=None, tree_mask=None, last_only=False, cache=None):
         """Run the target over `tokens` [q] written right after the cached prefix -> logits [q or 1, vocab] and
         the last decoder layer's output (before the final norm) [q, hidden_size]."""
         cache = cache if cache is not None else self.cache
         if positions is None:
             start = cache.length
             positions = torch.arange(start, start + tokens.shape[0], device=self.device)
-        if self.lean is not None:
-            logits, hidden, queries = self.lean(tokens, positions, None if mask is None else mask[0, 0], cache,
-                                                last_only=last_only)  # fmt: skip
-            self._query.ran(positions, queries)
-            return logits, hidden
-        out = self.model(
-            input_ids=tokens[None],
-            position_ids=positions[None],
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1 if last_only else 0,
-        )
-        self._query.ran(positions)
-        return out.logits[0], self._hidden.take()
+        out = self.forward(tokens, positions, tree_mask, cache, last_only=last_only)
+        self._queries = out.queries
+        return out.logits, out.hidden
+
+    def _keep_query(self, row: int) -> None:
+        """The last forward's row `row` is now the newest position in the cache: keep its query (fp32, a copy)."""
+        self._last_query = self._queries[row].to(torch.float32, copy=True)
 
     def _commit(self, tokens, origins, hidden, stats, stream, budget, limit) -> StepEvent:
         """Append a step's tokens to the committed ids, cut exactly where autoregressive decoding would have
@@ -379,16 +366,13 @@ def _still_known(known: list[int], tokens: list[int]) -> list[int]:
     return known[len(tokens) :] if known[: len(tokens)] == tokens else []
 
 
-def calibration_key(model, *, lean: bool) -> str:
-    """What a verification forward's cost depends on: model and shapes, weights, activations, attention, which
-    forward runs it, machine."""
+def calibration_key(model) -> str:
+    """What a verification forward's cost depends on: model and shapes, weights, activations, which forward runs
+    it, machine."""
     config = model.config
     shape = f"{config.num_hidden_layers}x{config.hidden_size}x{config.intermediate_size}x{config.vocab_size}"
-    return (
-        f"{model.name_or_path}|{shape}|{weight_format(model)}|{model.dtype}|{model.device}|"
-        f"{config._attn_implementation}|{f'cpu-decoder-{source_version()}-{selected_isa()}' if lean else 'transformers'}|"
-        f"threads={torch.get_num_threads()}"
-    )
+    return (f"{model.name_or_path}|{shape}|{weight_format(model)}|{model.dtype}|{model.device}|"
+            f"{forward_path(model)}|{source_version()}|threads={torch.get_num_threads()}")  # fmt: skip
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:
@@ -398,25 +382,3 @@ def eos_ids(model, tokenizer) -> frozenset[int]:
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return frozenset(ids)
-
-
-class _LastHidden:
-    """Catches what enters the final norm during transformers' forward: the last decoder layer's output.
-    One per norm module, however many engines run the model (`of`)."""
-
-    def __init__(self, norm: torch.nn.Module):
-        self.value: torch.Tensor | None = None
-        norm.register_forward_pre_hook(self._catch)
-
-    @classmethod
-    def of(cls, norm: torch.nn.Module) -> _LastHidden:
-        if not isinstance(getattr(norm, "_specchat_last_hidden", None), cls):
-            norm._specchat_last_hidden = cls(norm)
-        return norm._specchat_last_hidden
-
-    def _catch(self, module, args) -> None:
-        self.value = args[0]
-
-    def take(self) -> torch.Tensor:
-        value, self.value = self.value, None
-        return value[0]

@@ -7,9 +7,10 @@ matmuls cost more than the matmuls. Here every layer runs inside the compiled CP
 `fuse_projections`), everything else in plain loops, tree attention read from the engine's cache in an order
 fixed by each row's position (so a verified node computes bitwise what a decode step computes).
 
-It serves models whose attention is canonical (CPU, bf16 / fp16 activations) and whose layers are plain
-Llama ones (llama, mistral without a sliding window, qwen2); `lean_forward` returns None for the rest, and
-when the decoder cannot be compiled here (with a warning), which keep transformers' forward.
+It serves Llama-family models on a CPU (llama, mistral without a sliding window, qwen2); `lean_forward` returns
+None for the rest, and when the decoder cannot be compiled here (with a warning): the torch decoder runs those
+(`target_forward`). It is exact (a verified row bitwise its decode step) in bf16 / fp16 activations, whose CPU
+matmuls are row-independent, and where the weights' own kernel is (int4, int8, GGUF blocks).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from torch import nn
 
 from specchat.architectures import parts
 from specchat.architectures.llama import LlamaLayer
-from specchat.engine.attention import CANONICAL
+from specchat.engine.attention import sliding_window
+from specchat.engine.forward_output import ForwardOutput
 from specchat.kernels.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Side, fuse_projections
 from specchat.quant.quantized_linear import QuantizedLinear
@@ -50,9 +52,8 @@ class LeanForward:
         self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None, cache,
-                 *, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-        """Logits [q or 1, vocab] of `tokens` [q] at `positions` [q], written after the cache's prefix, the
-        last layer's output before the final norm [q, hidden_size] and its rotated queries [q, heads, D] (fp32).
+                 *, last_only: bool = False) -> ForwardOutput:  # fmt: skip
+        """`tokens` [q] at `positions` [q], written after the cache's prefix (pending); queries in fp32.
 
         `tree_mask` [q, q] makes the forward a tree verification; without one the rows are causal (a single
         token is a decode step, several a prefill)."""
@@ -63,35 +64,24 @@ class LeanForward:
         normed, hidden, queries = self.native.forward(
             self.decoder, x, cos[0], sin[0], keys, values, prefix, tree_mask, last_only, scales
         )
-        return self.head(normed), hidden, queries
+        return ForwardOutput(self.head(normed), hidden, queries)
 
 
 def serves(model) -> bool:
     """Whether the CPU decoder computes `model`'s forward (given that it builds)."""
     config = model.config
-    return (config._attn_implementation == CANONICAL and config.model_type in FAMILIES and config.hidden_act == "silu"
+    return (model.device.type == "cpu" and config.model_type in FAMILIES and config.hidden_act == "silu" and not sliding_window(config)
             and parts(model).layers[0].head_dim in HEAD_DIMS)  # fmt: skip
 
 
-def forward_path(model) -> str:
-    """Which forward runs `model`, for reports: the CPU decoder and the instruction set its kernels use, or
-    transformers' on the model's device."""
-    if serves(model):
-        try:
-            return f"CPU decoder, {cpu_decoder().isa()}"
-        except RuntimeError:
-            pass
-    return f"transformers, {model.device.type}"
-
-
 def lean_forward(model) -> LeanForward | None:
-    """The lean forward for `model`, or None when it cannot serve it (transformers' forward then runs)."""
+    """The lean forward for `model`, or None when it cannot serve it (the torch decoder then runs)."""
     if not serves(model):
         return None
     try:
         native = cpu_decoder()
     except RuntimeError as error:
-        warnings.warn(f"{error}; running transformers' forward (slower)", stacklevel=2)
+        warnings.warn(f"{error}; running the torch decoder (slower)", stacklevel=2)
         return None
     return LeanForward(model, native)
 

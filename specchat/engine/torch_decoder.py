@@ -1,4 +1,5 @@
-"""A Llama-family decoder of our own in torch (llama, mistral, qwen2, qwen3): the GPU target's forward.
+"""A Llama-family decoder of our own in torch (llama, mistral, qwen2, qwen3): the target's forward wherever the
+compiled CPU decoder does not run it (GPUs, fp32 activations, qwen3 on a CPU).
 
 transformers' modules cost about 1000 kernel launches per forward and cannot be captured whole (their cache
 and mask code runs on the host). Here a layer is four matmuls over fused weights (q/k/v and gate/up each one
@@ -7,7 +8,8 @@ RoPE with the KV write, hybrid tree attention, SiLU-and-multiply. Everything a f
 tree mask, the cache's length) is a tensor, so a CUDA graph of it replays at any context length
 (`specchat.engine.cuda_graphs`), and `torch.compile(fullgraph=True)` traces it without a break.
 
-transformers only supplies the config and the weights (`from_model`, `from_state_dict`).
+transformers supplies the config and the weights (`from_model`); a quantized projection or embedding is called
+as the module it is (its own kernel), a dense one is multiplied here.
 """
 
 from __future__ import annotations
@@ -17,127 +19,144 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from specchat.architectures import parts
 from specchat.architectures.llama import LlamaParts
 from specchat.engine import decoder_ops as ops
 from specchat.engine.attention import sliding_window
-from specchat.engine.static_cache import StaticCache
+from specchat.engine.cache import TreeCache
+from specchat.engine.forward_output import ForwardOutput
 from specchat.errors import SpecchatError
+from specchat.quant.fused import fuse_projections
 
-
-@dataclass
-class DecoderOutput:
-    logits: torch.Tensor  # [rows or 1, vocab], the weights' dtype
-    hidden: torch.Tensor  # [rows, hidden_size]: the last layer's output, before the final norm
-    queries: torch.Tensor  # [rows, Hq, D]: the last layer's rotated queries
+Projection = torch.Tensor | nn.Module  # a dense weight [out, in], or a layer computing x -> x W^T (+ bias)
 
 
 @dataclass
 class Layer:
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, hidden]: q, k, v stacked
-    qkv_bias: torch.Tensor | None  # qwen2's
+    qkv: Projection  # q, k, v stacked: [(Hq + 2 Hkv) D, hidden]
+    qkv_bias: torch.Tensor | None  # qwen2's (a dense projection's; a module adds its own)
     qk_norm: torch.Tensor | None  # qwen3's per-head norms [2, D]: queries', keys'
-    o: torch.Tensor
+    o: Projection
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 I, hidden]: gate, then up
+    gate_up: Projection  # [2 I, hidden]: gate, then up
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
+    down: Projection
     down_bias: torch.Tensor | None
 
 
 class TorchDecoder:
-    def __init__(self, config, layers: list[Layer], embed: torch.Tensor, norm: torch.Tensor, head: torch.Tensor,
-                 *, max_positions: int | None = None):  # fmt: skip
+    def __init__(self, config, layers: list[Layer], embed: Projection, norm: torch.Tensor, head: Projection,
+                 *, dtype: torch.dtype, device: torch.device, max_positions: int | None = None):  # fmt: skip
         check_config(config)
         self.config = config
         self.layers = layers
         self.embed, self.norm, self.head = embed, norm, head
+        self.dtype, self.device = dtype, device
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
-        positions = torch.arange(max_positions or config.max_position_embeddings, device=embed.device).float()
-        angles = positions[:, None] * inverse_frequencies(config, self.head_dim).to(embed.device)[None]
+        positions = torch.arange(max_positions or config.max_position_embeddings, device=device).float()
+        angles = positions[:, None] * inverse_frequencies(config, self.head_dim).to(device)[None]
         self.cos, self.sin = angles.cos(), angles.sin()  # [max_positions, D / 2], fp32
 
     @classmethod
-    def from_state_dict(cls, config, state: dict[str, torch.Tensor], **kwargs) -> TorchDecoder:
-        """From a transformers `*ForCausalLM` state dict (names `model.layers.{i}.self_attn.q_proj.weight`, ...)."""
-
-        def get(name: str) -> torch.Tensor | None:
-            return state.get(name)
-
-        def cat(names: list[str]) -> torch.Tensor | None:
-            parts = [get(name) for name in names]
-            return None if parts[0] is None else torch.cat(parts)
-
+    def from_model(cls, model: nn.Module, **kwargs) -> TorchDecoder:
+        """From a loaded transformers model of the Llama family, its weights shared: q/k/v and gate/up are fused
+        in place (`fuse_projections`, as the CPU decoder fuses them), so no weight is held twice."""
+        decoder = parts(model)
         layers = []
-        for i in range(config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            qkv = [f"{p}self_attn.{name}_proj" for name in "qkv"]
-            gate_up = [f"{p}mlp.gate_proj", f"{p}mlp.up_proj"]
-            q_norm = get(f"{p}self_attn.q_norm.weight")
+        for layer in decoder.layers:
+            qkv = _projection(fuse_projections(layer.attention, layer.qkv_names))
+            gate_up = _projection(fuse_projections(layer.mlp, layer.gate_up_names))
+            norms = layer.q_norm, layer.k_norm
             layers.append(
                 Layer(
-                    input_norm=state[f"{p}input_layernorm.weight"],
-                    qkv=cat([f"{name}.weight" for name in qkv]),
-                    qkv_bias=cat([f"{name}.bias" for name in qkv]),
-                    qk_norm=None if q_norm is None else torch.stack([q_norm, state[f"{p}self_attn.k_norm.weight"]]),
-                    o=state[f"{p}self_attn.o_proj.weight"],
-                    o_bias=get(f"{p}self_attn.o_proj.bias"),
-                    post_norm=state[f"{p}post_attention_layernorm.weight"],
-                    gate_up=cat([f"{name}.weight" for name in gate_up]),
-                    gate_up_bias=cat([f"{name}.bias" for name in gate_up]),
-                    down=state[f"{p}mlp.down_proj.weight"],
-                    down_bias=get(f"{p}mlp.down_proj.bias"),
+                    input_norm=layer.input_norm.weight,
+                    qkv=qkv[0],
+                    qkv_bias=qkv[1],
+                    qk_norm=None if norms[0] is None else torch.stack([norm.weight for norm in norms]),
+                    o=_projection(layer.o)[0],
+                    o_bias=_projection(layer.o)[1],
+                    post_norm=layer.post_attention_norm.weight,
+                    gate_up=gate_up[0],
+                    gate_up_bias=gate_up[1],
+                    down=_projection(layer.down)[0],
+                    down_bias=_projection(layer.down)[1],
                 )
             )
-        embed = state["model.embed_tokens.weight"]
-        return cls(config, layers, embed, state["model.norm.weight"], state.get("lm_head.weight", embed), **kwargs)
+        embed = decoder.embed.weight if type(decoder.embed) is nn.Embedding else decoder.embed
+        head, _ = _projection(decoder.head)
+        return cls(model.config, layers, embed, decoder.norm.weight, head, dtype=model.dtype, device=model.device,
+                   **kwargs)  # fmt: skip
 
-    @classmethod
-    def from_model(cls, model, **kwargs) -> TorchDecoder:
-        """From a loaded transformers model (its weights shared where not fused)."""
-        return cls.from_state_dict(model.config, model.state_dict(), **kwargs)
+    def new_cache(self, capacity: int) -> TreeCache:
+        """An allocated cache of `capacity` slots for this decoder."""
+        cache = TreeCache(len(self.layers), capacity)
+        cache.allocate(self.kv_heads, self.head_dim, self.dtype, self.device)
+        return cache
 
-    @property
-    def device(self) -> torch.device:
-        return self.embed.device
-
-    def new_cache(self, capacity: int) -> StaticCache:
-        return StaticCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.embed.dtype, self.device)
-
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticCache,
-                 tree_mask: torch.Tensor | None = None, *, last_only: bool = False) -> DecoderOutput:  # fmt: skip
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cache: TreeCache,
+                 tree_mask: torch.Tensor | None = None, *, last_only: bool = False) -> ForwardOutput:  # fmt: skip
         """`tokens` [rows] at `positions` [rows], their keys and values written after the cache's committed prefix
-        (whose length is read from `cache.length_tensor`; the bookkeeping is the caller's). `tree_mask` [rows, rows]
-        bool (True: row may attend column, the diagonal included) makes it a tree verification; without one the
-        rows are causal (one row: a decode step; several: a prefill)."""
+        (whose length is read from `cache.length_tensor`; the bookkeeping is the caller's: `cache.claim`).
+        `tree_mask` [rows, rows] bool (True: row may attend column, the diagonal included) makes it a tree
+        verification; without one the rows are causal (one row: a decode step; several: a prefill)."""
         rows = tokens.shape[0]
         if tree_mask is None:
             tree_mask = torch.ones(rows, rows, dtype=torch.bool, device=tokens.device).tril_()
         length = cache.length_tensor
-        x = F.embedding(tokens, self.embed)
+        x = F.embedding(tokens, self.embed) if isinstance(self.embed, torch.Tensor) else self.embed(tokens)
         for i, layer in enumerate(self.layers):
             h = ops.rms_norm(x, layer.input_norm, self.eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            qkv = _linear(h, layer.qkv, layer.qkv_bias)
             q = ops.rope_write(qkv, positions, self.cos, self.sin, length, cache.keys, cache.values, i, layer.qk_norm,
                                self.eps)  # fmt: skip
             attended = ops.tree_attention(q, cache.keys, cache.values, i, length, tree_mask, self.scale)
             x = _add_projection(x, attended.view(rows, -1), layer.o, layer.o_bias)
             h = ops.rms_norm(x, layer.post_norm, self.eps)
-            gated = ops.silu_mul(F.linear(h, layer.gate_up, layer.gate_up_bias))
+            gated = ops.silu_mul(_linear(h, layer.gate_up, layer.gate_up_bias))
             x = _add_projection(x, gated, layer.down, layer.down_bias)
         normed = ops.rms_norm(x[-1:] if last_only else x, self.norm, self.eps)
-        return DecoderOutput(F.linear(normed, self.head), x, q)
+        return ForwardOutput(_linear(normed, self.head), x, q)
 
 
-def _add_projection(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """`residual + x W^T (+ bias)`, the residual added by the matmul itself (one kernel)."""
-    out = torch.addmm(residual, x, weight.t())
+def _projection(module: nn.Module) -> tuple[Projection, torch.Tensor | None]:
+    """(what `_linear` multiplies by, its bias): a dense layer's weight and bias, else the layer itself."""
+    if type(module) is nn.Linear:
+        return module.weight, module.bias
+    return module, None
+
+
+FEW_ROWS = range(2, 17)
+
+
+def _streams_weight(x: torch.Tensor) -> bool:
+    """Whether `x`'s product takes `(W x^T)^T`: 2-16 rows in fp32 on a CPU, where torch's kernel for a few rows
+    repacks all of W (1.5-3.5x a single row's time; a verification forward is a few rows) and this streams W once."""
+    return x.shape[0] in FEW_ROWS and x.device.type == "cpu" and x.dtype == torch.float32
+
+
+def _linear(x: torch.Tensor, projection: Projection, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x W^T (+ bias)` of `x` [rows, in]."""
+    if not isinstance(projection, torch.Tensor):
+        return projection(x)
+    if _streams_weight(x):
+        out = (projection @ x.T).T.contiguous()
+        return out if bias is None else out + bias
+    return F.linear(x, projection, bias)
+
+
+def _add_projection(residual: torch.Tensor, x: torch.Tensor, projection: Projection, bias: torch.Tensor | None):
+    """`residual + x W^T (+ bias)`; a dense product adds the residual in the matmul itself (one kernel)."""
+    if not isinstance(projection, torch.Tensor) or _streams_weight(x):
+        return residual + _linear(x, projection, bias)
+    out = torch.addmm(residual, x, projection.t())
     return out if bias is None else out + bias
 
 

@@ -155,11 +155,9 @@ class TreeBatch:
     position_ids: torch.Tensor  # [n + 1] long, prefix_len + depth
     tree_mask: torch.Tensor  # [n + 1, n + 1] bool, True where row may attend column (ancestors and itself)
 
-    def attention_mask(self, prefix_len: int, *, tree_only: bool = False) -> torch.Tensor:
-        """The 4-D bool mask handed to the model: `[1, 1, n + 1, n + 1]` (the tree alone) for the tree kernels,
-        which see the committed prefix by themselves, else `[1, 1, n + 1, prefix_len + n + 1]`, prefix included."""
-        if tree_only:
-            return self.tree_mask[None, None]
+    def attention_mask(self, prefix_len: int) -> torch.Tensor:
+        """The dense 4-D bool mask `[1, 1, n + 1, prefix_len + n + 1]`, prefix included: what a forward without
+        a tree kernel takes (transformers', the reference the tests compare against)."""
         rows = self.tree_mask.shape[0]
         prefix = torch.ones(rows, prefix_len, dtype=torch.bool, device=self.tree_mask.device)
         return torch.cat([prefix, self.tree_mask], dim=1)[None, None]

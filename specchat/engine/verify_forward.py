@@ -2,10 +2,10 @@
 benchmarks time.
 
 The forward is the decode loop's own (`Engine._step`): the root and the tree's nodes as one batch from
-`tree_batch`, each node at position prefix + depth, the attention mask the model's attention takes (tree-only
-for the tree kernels, else prefix included; none for the root alone). Inputs and mask are built once, when the
-call is made, so timing the call times the forward alone. Each call writes its rows' keys and values after the
-committed prefix and drops them again (`cache.truncate`): the context stays as it was.
+`tree_batch`, each node at position prefix + depth, under the tree's mask (none for the root alone: a decode
+step). Inputs and mask are built once, when the call is made, so timing the call times the forward alone. Each
+call writes its rows' keys and values after the committed prefix and drops them again (`cache.truncate`): the
+context stays as it was.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from specchat.engine.cache import TreeCache
 from specchat.engine.tree import DraftTree, tree_batch
 
 
-class TargetForward(Protocol):
+class EngineForward(Protocol):
     """The target over `tokens` [q] at `positions` [q], written right after the cached prefix (`Engine._forward`)."""
 
-    def __call__(self, tokens: torch.Tensor, *, positions: torch.Tensor, mask: torch.Tensor | None): ...
+    def __call__(self, tokens: torch.Tensor, *, positions: torch.Tensor, tree_mask: torch.Tensor | None): ...
 
 
 def chain_tree(nodes: int) -> DraftTree:
@@ -31,11 +31,10 @@ def chain_tree(nodes: int) -> DraftTree:
 
 
 def verification_forward(
-    forward: TargetForward,
+    forward: EngineForward,
     cache: TreeCache,
     device: torch.device,
     *,
-    tree_only: bool,
     tree: DraftTree | int,
     root_token: int = 0,
 ) -> Callable[[], object]:
@@ -46,16 +45,15 @@ def verification_forward(
     Args:
         forward: the target's forward with the engine's signature.
         cache: the cache `forward` writes into; its committed length is the context.
-        tree_only: whether the model's attention takes tree-only masks (`uses_tree_masks`).
     """
     if isinstance(tree, int):
         tree = chain_tree(tree)
     prefix = cache.length
     batch = tree_batch(tree, root_token, prefix, device)
-    mask = batch.attention_mask(prefix, tree_only=tree_only) if len(tree) else None  # the root alone: no mask
+    mask = batch.tree_mask if len(tree) else None
 
     def run() -> object:
-        out = forward(batch.input_ids, positions=batch.position_ids, mask=mask)
+        out = forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask)
         cache.truncate(cache.length)  # drop the pending rows: nothing is committed
         return out
 

@@ -5,8 +5,9 @@ three 4-bit q/k/v products of the default model take 37 us, one over their stack
 product gives each projection's outputs bit for bit (tests/test_lean_forward.py checks dense, 4-bit and 8-bit
 layers).
 
-`fuse_projections` stacks the weights once and leaves each projection in place as a `Rows` view of the fused
-layer (same outputs, no second copy of the weights), so the model still runs as it did.
+`fuse_projections` stacks the weights once, keeping one copy: dense projections stay the `nn.Linear`s they were,
+their weights and biases re-pointed at their rows of the stacked ones (the model's modules, state dict and
+outputs unchanged); a quantized projection is replaced by a `Rows` view of the fused layer (same outputs).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def fuse_projections(parent: nn.Module, names: tuple[str, ...]) -> nn.Module:
     layers = [getattr(parent, name) for name in names]
     if isinstance(layers[0], Rows):
         return layers[0].fused
+    if all(type(layer) is nn.Linear for layer in layers):
+        return _dense_stacked(layers)
     fused = _stacked(layers)
     if fused is None:
         return Side(layers)
@@ -62,6 +65,42 @@ def fuse_projections(parent: nn.Module, names: tuple[str, ...]) -> nn.Module:
         setattr(parent, name, Rows(fused, start, start + layer.out_features))
         start += layer.out_features
     return fused
+
+
+def _dense_stacked(layers: list[nn.Linear]) -> nn.Module:
+    """An `nn.Linear` over the layers' stacked weights (and biases), each layer's now a view of its rows; found
+    again from the views when they already are (stacked weights are one storage, the first layer's at its
+    start)."""
+    if len({layer.in_features for layer in layers}) != 1 or len({layer.bias is None for layer in layers}) != 1:
+        return Side(layers)
+    rows, first = sum(layer.out_features for layer in layers), layers[0]
+    fused = nn.Linear(first.in_features, rows, bias=first.bias is not None, device="meta")
+    for name in ("weight", "bias") if first.bias is not None else ("weight",):
+        parts = [getattr(layer, name) for layer in layers]
+        held = _whole(parts)
+        stacked = held if held is not None else torch.cat(parts)
+        setattr(fused, name, nn.Parameter(stacked, requires_grad=False))
+        start = 0
+        for layer, part in zip(layers, parts):
+            view = stacked[start : start + part.shape[0]]
+            setattr(layer, name, nn.Parameter(view, requires_grad=False))
+            start += part.shape[0]
+    return fused
+
+
+def _whole(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The stacked tensor whose consecutive rows `parts` are views of, or None when they are not."""
+    first = parts[0]
+    storage = first.untyped_storage()
+    rows = sum(part.shape[0] for part in parts)
+    offset = first.storage_offset()
+    for part in parts:
+        if part.untyped_storage().data_ptr() != storage.data_ptr() or part.storage_offset() != offset:
+            return None
+        offset += part.numel()
+    if first.storage_offset() != 0 or offset * first.element_size() != storage.nbytes():
+        return None
+    return first.new_empty(0).set_(storage, 0, (rows, *first.shape[1:]))
 
 
 def _stacked(layers: list[nn.Module]) -> nn.Module | None:
@@ -73,10 +112,4 @@ def _stacked(layers: list[nn.Module]) -> nn.Module | None:
     if any(bias is None for bias in biases) and any(bias is not None for bias in biases):
         return None
     bias = None if biases[0] is None else torch.cat(biases)
-    if kind is nn.Linear:
-        fused = nn.Linear(first.in_features, sum(layer.out_features for layer in layers), bias=bias is not None)
-        fused.weight = nn.Parameter(torch.cat([layer.weight for layer in layers]), requires_grad=False)
-        if bias is not None:
-            fused.bias = nn.Parameter(bias, requires_grad=False)
-        return fused.to(first.weight.device)
     return kind.stacked(layers, bias) if issubclass(kind, QuantizedLinear) else None

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU device check, one run on a CUDA machine, from the repo root:
+#   OUT=/some/dir bash scripts/gpu_check.sh
+# Installs the project (no network: --no-deps), runs the CUDA tests (the Triton kernels, every drafter lossless
+# through the engine's torch decoder and its CUDA graphs), then at Llama-3.1-8B shapes with random bf16 weights
+# `specchat bench gpu-forward` (decode and verification, graphs against calls) and `specchat bench oracle` (end to
+# end at tau 1 and 4 against our own graph AR); everything lands in $OUT (env.txt, pytest.txt, gpu_forward.json,
+# oracle.json, *.err). About 6 minutes on an H200.
+set -u
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+python3 -m pip install -q -e . --no-deps --no-build-isolation >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+    git rev-parse --short HEAD 2>/dev/null
+    date -u +%FT%TZ
+} | tee "$OUT/env.txt"
+SECONDS=0
+timeout 200 python3 -m pytest -q -n 6 -p no:cacheprovider tests/test_torch_decoder.py tests/test_decoder_kernels.py \
+    tests/test_kernels_triton.py tests/test_cuda.py >"$OUT/pytest.txt" 2>&1
+echo "pytest rc $? in ${SECONDS}s"
+tail -25 "$OUT/pytest.txt"
+SECONDS=0
+timeout 150 python3 -m specchat bench gpu-forward --context 4096,32768 --tree 1,15,63,64 --json \
+    >"$OUT/gpu_forward.json" 2>"$OUT/gpu_forward.err"
+echo "gpu-forward rc $? in ${SECONDS}s"
+tail -5 "$OUT/gpu_forward.err"
+cat "$OUT/gpu_forward.json"
+SECONDS=0
+timeout 120 python3 -m specchat bench oracle --context 4096 --tokens 384 --acceptance 0,0.8,1 --budget 3 --json \
+    >"$OUT/oracle.json" 2>"$OUT/oracle.err"
+echo "oracle rc $? in ${SECONDS}s"
+tail -5 "$OUT/oracle.err"
+cat "$OUT/oracle.json"

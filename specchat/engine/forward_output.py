@@ -1,0 +1,14 @@
+"""What a target forward returns, whichever runs it (the compiled CPU decoder, the torch decoder)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [rows, vocab], or [1, vocab] for the last row only
+    hidden: torch.Tensor  # [rows, hidden_size]: the last decoder layer's output, before the final norm
+    queries: torch.Tensor  # [rows, heads, head_dim]: the last layer's rotated queries

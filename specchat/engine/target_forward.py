@@ -1,0 +1,80 @@
+"""The target's forward as the engine calls it, whichever decoder runs it.
+
+`forward(tokens [q], positions [q], tree_mask [q, q] or None, cache, last_only=)` writes the rows' keys and values
+after the cache's committed prefix (pending until the caller commits them) and returns a `ForwardOutput`: logits,
+the last layer's output before the final norm, its rotated queries. Two decoders implement it: the compiled CPU
+decoder (`LeanForward`, canonical attention) and the torch decoder (`TorchForward`, hybrid attention), which on
+a GPU replays the engine's forwards of up to 64 rows as CUDA graphs. The model's attention choice
+(`use_attention`) picks one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from specchat.engine.attention import attention_of
+from specchat.engine.cache import TreeCache
+from specchat.engine.cuda_graphs import BUCKETS, GraphedDecoder
+from specchat.engine.forward_output import ForwardOutput
+from specchat.engine.lean_forward import LeanForward, lean_forward, serves
+from specchat.engine.torch_decoder import TorchDecoder
+from specchat.kernels.cpu_decoder import cpu_decoder
+
+
+class TargetForward(Protocol):
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None,
+                 cache: TreeCache, *, last_only: bool = False) -> ForwardOutput: ...  # fmt: skip
+
+
+class TorchForward:
+    """The torch decoder over the engine's cache (`cache`) or another one with the same shapes (a drafter's
+    copy). On a GPU, forwards over the engine's cache that fit a row bucket replay CUDA graphs, captured on the
+    first one; their outputs are copied out of the graphs' buffers, which the next replay overwrites."""
+
+    def __init__(self, model, cache: TreeCache):
+        self.decoder = TorchDecoder.from_model(model)  # rotary tables for every position (training shifts them)
+        self.cache = cache
+        self.graphed = model.device.type == "cuda"
+        self.graphs: GraphedDecoder | None = None
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None,
+                 cache: TreeCache, *, last_only: bool = False) -> ForwardOutput:  # fmt: skip
+        decoder = self.decoder
+        cache.allocate(decoder.kv_heads, decoder.head_dim, decoder.dtype, decoder.device)
+        cache.claim(tokens.shape[0])
+        if not (self.graphed and cache is self.cache and tokens.shape[0] <= BUCKETS[-1]):
+            return decoder(tokens, positions, cache, tree_mask, last_only=last_only)
+        if self.graphs is None:
+            self.graphs = GraphedDecoder(decoder, cache)
+        out = self.graphs(tokens, positions, tree_mask)
+        logits = out.logits[-1:] if last_only else out.logits
+        return ForwardOutput(logits.clone(), out.hidden.clone(), out.queries.clone())
+
+
+def canonical(model) -> bool:
+    """Whether the CPU decoder is to run `model`: chosen (canonical), or by auto where it serves the model in
+    bf16 / fp16 activations (in fp32 dense matmuls are row-dependent: nothing to gain over the torch decoder)."""
+    choice = attention_of(model)
+    automatic = choice == "auto" and model.dtype in (torch.bfloat16, torch.float16)
+    return (choice == "canonical" or automatic) and serves(model)
+
+
+def target_forward(model, cache: TreeCache) -> LeanForward | TorchForward:
+    """The forward of `model` over `cache`: the CPU decoder where it is to run it and builds here, else the torch
+    decoder."""
+    lean = lean_forward(model) if canonical(model) else None
+    return lean if lean is not None else TorchForward(model, cache)
+
+
+def forward_path(model) -> str:
+    """Which decoder runs `model`, for reports and calibration keys: the CPU decoder and the instruction set its
+    kernels use, or the torch decoder on the model's device (with CUDA graphs on a GPU)."""
+    if canonical(model):
+        try:
+            return f"CPU decoder, {cpu_decoder().isa()}"
+        except RuntimeError:
+            pass
+    device = model.device.type
+    return f"torch decoder, {device}{' + CUDA graphs' if device == 'cuda' else ''}"
