@@ -54,14 +54,20 @@ def test_memory_is_allocated_once(tokenizer):
     assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in engine.cache.layers] == pointers
 
 
+def _allocated(layers: int, max_len: int, *, heads: int = 1, dim: int = 1) -> TreeCache:
+    cache = TreeCache(num_layers=layers, max_len=max_len)
+    cache.allocate(heads, dim, torch.float32, torch.device("cpu"))
+    return cache
+
+
 def test_commit_keeps_chosen_pending_slots_in_order():
-    cache = TreeCache(num_layers=2, max_len=16)
+    cache = _allocated(2, 16)
     for layer in cache.layers:
         layer.update(torch.arange(3.0).view(1, 1, 3, 1), -torch.arange(3.0).view(1, 1, 3, 1))
     cache.commit()
     for layer in cache.layers:  # a "tree" of 4 pending tokens: keep offsets 0, 2, 3
-        keys = layer.update(torch.tensor([10.0, 11, 12, 13]).view(1, 1, 4, 1), torch.zeros(1, 1, 4, 1))[0]
-        assert keys.shape[2] == 7  # attends over committed + pending, nothing beyond
+        layer.update(torch.tensor([10.0, 11, 12, 13]).view(1, 1, 4, 1), torch.zeros(1, 1, 4, 1))
+        assert layer.pending == 4 and layer.length == 3
     cache.commit([0, 2, 3])
     assert cache.length == 6
     for layer in cache.layers:
@@ -70,17 +76,31 @@ def test_commit_keeps_chosen_pending_slots_in_order():
 
 
 def test_truncate_is_a_pointer_move():
-    cache = TreeCache(num_layers=1, max_len=8)
+    cache = _allocated(1, 8, dim=2)
     cache.layers[0].update(torch.ones(1, 1, 5, 2), torch.ones(1, 1, 5, 2))
     cache.commit()
     cache.truncate(2)
-    assert cache.length == 2 and cache.get_seq_length() == 2
-    keys, _ = cache.layers[0].update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
-    assert keys.shape[2] == 3 and keys[0, 0, 2].tolist() == [0, 0]
+    assert cache.length == 2
+    cache.layers[0].update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+    cache.commit()
+    assert cache.length == 3 and cache.layers[0].keys[0, 0, :3].tolist() == [[1, 1], [1, 1], [0, 0]]
+
+
+def test_one_commit_moves_every_layers_kept_slots():
+    """The keys and values of every layer are one tensor each: a verified path moves in one copy."""
+    cache = _allocated(3, 8, heads=2, dim=4)
+    assert cache.keys.shape == (3, 1, 2, 8, 4) and cache.length_tensor.tolist() == [0]
+    cache.claim(5)
+    cache.keys[:, :, :, :5] = torch.arange(5.0).view(1, 1, 1, 5, 1)
+    cache.commit(torch.tensor([0, 3, 4]))
+    assert cache.length == 3 and all(layer.length == 3 for layer in cache.layers)
+    assert cache.layers[2].keys[0, 1, :3, 0].tolist() == [0, 3, 4]
+    cache.claim(1)
+    assert cache.length_tensor.tolist() == [3]  # the device length the kernels read
 
 
 def _tree_cache():
-    cache = TreeCache(num_layers=2, max_len=16)
+    cache = _allocated(2, 16, heads=2, dim=4)
 
     def write(start: int, count: int) -> None:
         for layer in cache.layers:
@@ -135,7 +155,7 @@ def test_a_ring_forgets_what_it_truncates():
 
 
 def test_overflow_is_an_error():
-    cache = TreeCache(num_layers=1, max_len=4)
+    cache = _allocated(1, 4, dim=2)
     with pytest.raises(RuntimeError, match="KV cache full"):
         cache.layers[0].update(torch.ones(1, 1, 5, 2), torch.ones(1, 1, 5, 2))
 

@@ -21,6 +21,7 @@ HEADS, DIM = 2, 64
 
 def _written(cache: TreeCache, rows: torch.Tensor) -> None:
     """rows [2, heads, n, D] as the pending keys and values of every layer."""
+    cache.allocate(rows.shape[1], rows.shape[3], rows.dtype, rows.device)
     for layer in cache.layers:
         layer.update(rows[0][None], rows[1][None])
 
@@ -76,6 +77,7 @@ def test_the_decoder_and_the_cache_layer_agree_on_where_codes_lie(embedded_bf16)
         blocks = theirs.float().unflatten(-1, (-1, width))
         error = (ours.float().unflatten(-1, (-1, width)) - blocks).abs()
         assert (error <= blocks.abs().amax(-1, keepdim=True) / 127).all()
+    copied.allocate_like(plain)
     for mine, theirs in zip(copied.layers, plain.layers):
         keys, values = theirs.read(slice(0, 39))
         mine.update(keys[None], values[None])

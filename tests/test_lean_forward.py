@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
+from transformers import DynamicCache
 
 from specchat.engine.attention import use_attention
 from specchat.engine.cache import TreeCache
@@ -31,9 +32,16 @@ def _model(family: str, dtype: torch.dtype, *, quantize: str | None = None, head
 
 
 def _transformers_logits(model, tokens, positions, mask, cache):
+    """transformers' forward over `cache` (its own `DynamicCache`), `mask` dense [1, 1, rows, prefix + rows]."""
     out = model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask, past_key_values=cache,
                 use_cache=True)  # fmt: skip
     return out.logits[0]
+
+
+def _dense_mask(batch, prefix: int) -> torch.Tensor:
+    """The tree's mask with the committed prefix prepended: what a forward without a tree kernel takes."""
+    visible = torch.ones(batch.tree_mask.shape[0], prefix, dtype=torch.bool)
+    return torch.cat([visible, batch.tree_mask], dim=1)[None, None]
 
 
 @torch.inference_mode()
@@ -45,13 +53,12 @@ def test_prefill_and_tree_verification_match_transformers_in_float32(family, hea
     prompt = torch.randint(3, 1000, (40,), generator=torch.Generator().manual_seed(0))
     tree = DraftTree([5, 6, 7, 8, 9], [-1, 0, 0, 1, 3], ["test"] * 5)
     batch = tree_batch(tree, 11, 40, CPU)
-    caches = TreeCache(2, 128), TreeCache(2, 128)
+    caches = TreeCache(2, 128), DynamicCache(config=model.config)
     prefill = lean(prompt, torch.arange(40), None, caches[0]).logits
     expected_prefill = _transformers_logits(model, prompt, torch.arange(40), None, caches[1])
-    for cache in caches:
-        cache.commit()
+    caches[0].commit()
     verified = lean(batch.input_ids, batch.position_ids, batch.tree_mask, caches[0]).logits
-    expected = _transformers_logits(model, batch.input_ids, batch.position_ids, batch.attention_mask(40), caches[1])
+    expected = _transformers_logits(model, batch.input_ids, batch.position_ids, _dense_mask(batch, 40), caches[1])
     torch.testing.assert_close(prefill, expected_prefill, atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(verified, expected, atol=2e-4, rtol=1e-4)
 
@@ -62,11 +69,10 @@ def test_a_long_prefill_after_a_cached_prefix_matches_transformers_in_float32():
     model = _model("llama", torch.float32)
     lean = LeanForward(model, cpu_decoder())
     tokens = torch.randint(3, 1000, (640,), generator=torch.Generator().manual_seed(1))
-    caches = TreeCache(2, 1024), TreeCache(2, 1024)
+    caches = TreeCache(2, 1024), DynamicCache(config=model.config)
     lean(tokens[:40], torch.arange(40), None, caches[0])
     _transformers_logits(model, tokens[:40], torch.arange(40), None, caches[1])
-    for cache in caches:
-        cache.commit()
+    caches[0].commit()
     logits = lean(tokens[40:], torch.arange(40, 640), None, caches[0]).logits
     expected = _transformers_logits(model, tokens[40:], torch.arange(40, 640), None, caches[1])
     torch.testing.assert_close(logits, expected, atol=2e-4, rtol=1e-4)
@@ -214,3 +220,21 @@ def test_gguf_projections_of_different_block_types_stack_into_one_layer():
     assert torch.equal(fused.dequantize(), weights)
     for name, expected in zip("abc", separate):
         assert torch.equal(getattr(parent, name)(x), expected)
+
+
+@torch.inference_mode()
+def test_every_layers_queries_are_the_torch_decoders_and_the_last_is_the_default():
+    """What TokenSwift's partial cache ranks keys by: each layer's rotated queries, from either decoder."""
+    from specchat.engine.torch_decoder import TorchDecoder
+
+    model = _model("llama", torch.float32)
+    lean = LeanForward(model, cpu_decoder())
+    tokens = torch.randint(3, 1000, (12,), generator=torch.Generator().manual_seed(2))
+    every = lean(tokens, torch.arange(12), None, TreeCache(2, 32), every_layer=True).queries
+    last = lean(tokens, torch.arange(12), None, TreeCache(2, 32)).queries
+    assert every.shape == (2, 12, 4, 64) and torch.equal(every[-1], last)
+    decoder = TorchDecoder.from_model(model)
+    cache = decoder.new_cache(32)
+    cache.claim(12)
+    theirs = decoder(tokens, torch.arange(12), cache, every_layer=True).queries
+    torch.testing.assert_close(every, theirs, atol=1e-4, rtol=1e-4)

@@ -4,8 +4,8 @@ Proven here: `DraftTree` computes depths and root paths and rejects any node who
 it; `from_chains` / `TreeBuilder` merge shared prefixes once, keep siblings distinct, never exceed the budget
 and keep every chain's prefix that fits as a root path; `tree_batch` lets each row attend to exactly its
 ancestors and itself (a literal table, and the definition on random trees), places each node at
-prefix_len + depth, and `attention_mask` prepends the whole committed prefix; a tree forward through the
-engine's `TreeCache` gives every node the logits of a plain forward over the prefix plus its root path, on
+prefix_len + depth; a tree forward through the engine's forward and `TreeCache` gives every node the logits of
+transformers' plain forward over the prefix plus its root path, on
 all four model families; `node_histories` rows are the committed tail plus the row's own ancestors, cut to the
 window and padded with -1; `accept` walks the deepest matching path and takes the bonus at its last row
 (literal cases, the empty tree included).
@@ -20,6 +20,7 @@ import torch
 from conftest import TINY_FAMILIES, tiny_model
 
 from specchat.engine.cache import TreeCache
+from specchat.engine.target_forward import target_forward
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder, node_histories, tree_batch
 from specchat.engine.verify import Verdict, accept
 
@@ -149,18 +150,12 @@ def test_tree_batch_literal():
     assert batch.position_ids.tolist() == [7, 8, 8, 9, 10, 9, 9]
     assert batch.tree_mask.dtype == torch.bool
     assert batch.tree_mask.int().tolist() == EXPECTED_MASK
-    mask = batch.attention_mask(7)
-    assert mask.shape == (1, 1, 7, 14) and mask.dtype == torch.bool
-    assert mask[0, 0, :, :7].all()
-    assert torch.equal(mask[0, 0, :, 7:], batch.tree_mask)
 
 
 def test_tree_batch_of_empty_tree_is_the_root_alone():
     batch = tree_batch(DraftTree.empty(), root_token=5, prefix_len=3, device=CPU)
     assert batch.input_ids.tolist() == [5] and batch.position_ids.tolist() == [3]
     assert batch.tree_mask.tolist() == [[True]]
-    assert batch.attention_mask(3).tolist() == [[[[True, True, True, True]]]]
-    assert batch.attention_mask(0).shape == (1, 1, 1, 1)
 
 
 def test_tree_mask_is_ancestors_and_self_on_random_trees():
@@ -181,7 +176,8 @@ def test_tree_mask_is_ancestors_and_self_on_random_trees():
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_tree_forward_gives_each_node_its_paths_logits(family):
-    """Through the engine's own cache: one masked forward over the tree equals plain forwards per path."""
+    """Through the engine's forward and cache: one masked forward over the tree equals transformers' plain forwards
+    per path."""
     model = tiny_model(family, vocab_size=1024, seed=3)
     prefix = list(range(300, 313))
     root = 500
@@ -189,17 +185,12 @@ def test_tree_forward_gives_each_node_its_paths_logits(family):
         [40, 41, 42, 40, 43, 44, 42], [ROOT, ROOT, 0, 1, 2, 1, 5], ["x"] * 7
     )  # token 40 twice and 42 twice, under different parents
     cache = TreeCache(model.config.num_hidden_layers, 64)
+    forward = target_forward(model, cache)
     with torch.inference_mode():
-        model(input_ids=torch.tensor([prefix]), past_key_values=cache, use_cache=True)
+        forward(torch.tensor(prefix), torch.arange(len(prefix)), None, cache)
         cache.commit()
         batch = tree_batch(tree, root, len(prefix), CPU)
-        logits = model(
-            input_ids=batch.input_ids[None],
-            position_ids=batch.position_ids[None],
-            attention_mask=batch.attention_mask(len(prefix)),
-            past_key_values=cache,
-            use_cache=True,
-        ).logits[0]
+        logits = forward(batch.input_ids, batch.position_ids, batch.tree_mask, cache).logits
         for row, node in enumerate([ROOT, *range(len(tree))]):
             path = [root] + [tree.tokens[j] for j in tree.path_to(node)]
             plain = model(input_ids=torch.tensor([prefix + path])).logits[0, -1]

@@ -36,6 +36,9 @@ class TargetView:
 
     `last_query()` is the target's last-layer query [heads, head_dim] (fp32, rotated) of the newest position
     in the cache: with the cached keys, how the target itself attends to the context (SpecExtend's retrieval).
+    `layer_queries(token, position)` runs the target over `token` at `position` after the engine's cache (the
+    row not kept) for every layer's query [layers, heads, head_dim] (fp32, rotated): how each layer would attend
+    (TokenSwift's partial cache ranks each layer's keys by it).
     """
 
     config: Any  # the target's transformers config
@@ -46,19 +49,21 @@ class TargetView:
     cache: TreeCache
     device: torch.device
     dtype: torch.dtype
-    model: torch.nn.Module  # the whole target, for what reads inside a forward (TokenSwift's query capture)
+    model: torch.nn.Module  # the whole target (a standalone draft checks its shapes and tokenizer against it)
     forward: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     last_query: Callable[[], torch.Tensor] | None = None
     tokenizer: Any = None  # a standalone draft model's must be the same
+    layer_queries: Callable[[int, int], torch.Tensor] | None = None
 
     @classmethod
-    def of(cls, model, cache: TreeCache, forward=None, last_query=None, tokenizer=None) -> TargetView:
+    def of(cls, model, cache: TreeCache, forward=None, last_query=None, tokenizer=None,
+           layer_queries=None) -> TargetView:  # fmt: skip
         """The view of a transformers model of an architecture specchat knows and its cache."""
         from specchat.architectures import parts
 
         decoder = parts(model)
         return cls(model.config, decoder.embed, decoder.norm, decoder.head, decoder.rotary, cache,
-                   model.device, model.dtype, model, forward, last_query, tokenizer)  # fmt: skip
+                   model.device, model.dtype, model, forward, last_query, tokenizer, layer_queries)  # fmt: skip
 
 
 class Drafter(Protocol):

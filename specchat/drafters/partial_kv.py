@@ -8,7 +8,7 @@ runs over it unchanged. Positions stay where RoPE put them: a key keeps its rota
 its true position, so attention over the copy is attention over those positions.
 
 Importance (TokenSwift, section 3.3): the last query's q.k, summed over the query heads of each KV head's
-group, per layer. Selected slots are ordered by importance, and each newly committed position overwrites
+group, per layer (every layer's query from one target forward of the root, `TargetView.layer_queries`). Selected slots are ordered by importance, and each newly committed position overwrites
 the least important slot left; once new positions have taken every non-sink slot, the next draft selects
 again (about every B - SINKS tokens), with the queries of one target forward over the full cache.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from specchat.architectures import parts
 from specchat.engine.cache import TreeCache
 
 SINKS = 16
@@ -78,7 +77,7 @@ class PartialKV:
         """Sinks + the (budget - SINKS) most important later positions per layer and KV head, by importance."""
         full = self.target.cache
         length = full.length
-        queries = last_queries(self.target, root, length)
+        queries = self.target.layer_queries(root, length)  # [layers, heads, D]
         keep = self.budget - SINKS
         self.cache.allocate_like(full)
         for layer, (mine, theirs, query) in enumerate(zip(self.cache.layers, full.layers, queries)):
@@ -106,34 +105,3 @@ def importance(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     kv_heads = keys.shape[0]
     grouped = query.float().reshape(kv_heads, -1, query.shape[-1]).sum(dim=1)  # sum of q.k = (sum of q).k
     return torch.einsum("kd,kld->kl", grouped, keys.float())
-
-
-@torch.inference_mode()
-def last_queries(target, token: int, position: int) -> list[torch.Tensor]:
-    """Every layer's query [heads, D] (post-RoPE) of `token` at `position` after the engine's cache: one
-    forward of transformers' modules, whose projections are hooked, over the full cache (left pending)."""
-    model, captured = target.model, []
-    layers = parts(model).layers
-    hooks = [layer.q.register_forward_hook(lambda _m, _i, out: captured.append(out)) for layer in layers]
-    try:
-        model(input_ids=torch.tensor([[token]], device=target.device),
-              position_ids=torch.tensor([[position]], device=target.device),
-              past_key_values=target.cache, use_cache=True)  # fmt: skip
-    finally:
-        for hook in hooks:
-            hook.remove()
-        target.cache.truncate(target.cache.length)
-    cos, sin = target.rotary(captured[0], torch.tensor([[position]], device=target.device))
-    queries = []
-    for layer, out in zip(layers, captured):
-        query = out.reshape(-1, layer.head_dim)  # [heads, D]
-        if layer.q_norm is not None:  # Qwen3 normalises each head's query before RoPE
-            query = layer.q_norm(query)
-        queries.append(_rotate(query, cos[0], sin[0]))
-    return queries
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)

@@ -13,7 +13,6 @@ from typing import Protocol, runtime_checkable
 
 import psutil
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specchat.errors import SpecchatError
 
@@ -31,26 +30,18 @@ class Rollback(Protocol):
     def truncate(self, length: int) -> None: ...
 
 
-class TreeKVLayer(CacheLayerMixin):
-    """One layer's keys/values, `[batch, kv_heads, max_len, head_dim]`, allocated on first use."""
-
-    is_compileable = False
-    is_sliding = False
+class TreeKVLayer:
+    """One layer's keys/values, `[1, kv_heads, max_len, head_dim]`: views of the cache's, once it allocates them."""
 
     def __init__(self, max_len: int):
-        super().__init__()
         self.max_len = max_len
         self.length = 0  # committed slots
         self.pending = 0  # slots written by the last forward, not yet committed
+        self.is_initialized = False
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        batch, heads, _, head_dim = key_states.shape
-        shape = (batch, heads, self.max_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
-        self.values = torch.zeros(
-            shape[:-1] + value_states.shape[-1:], dtype=value_states.dtype, device=value_states.device
-        )
-        self.is_initialized = True
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold `keys` and `values` [1, kv_heads, max_len, D] (the cache's for this layer)."""
+        self.keys, self.values, self.is_initialized = keys, values, True
 
     def reserve(self, rows: int) -> tuple[torch.Tensor, ...]:
         """The whole cache (batch 1) for a forward that writes `rows` slots after the prefix itself (the compiled
@@ -76,13 +67,11 @@ class TreeKVLayer(CacheLayerMixin):
             held.copy_(saved[tuple(slice(0, n) for n in held.shape)])
         self.length, self.pending = length, 0
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Write keys and values [1, kv_heads, n, D] after the prefix, pending (a benchmark's random context)."""
         start, end = self.length, self._claim(key_states.shape[-2])
         self.keys[:, :, start:end].copy_(key_states)
         self.values[:, :, start:end].copy_(value_states)
-        return self.keys[:, :, :end], self.values[:, :, :end]
 
     def _claim(self, rows: int) -> int:
         """Mark the `rows` slots after the prefix pending; returns where they end."""
@@ -110,15 +99,6 @@ class TreeKVLayer(CacheLayerMixin):
     def device(self) -> torch.device:
         return self.keys.device
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def get_max_length(self) -> int:
-        return self.max_len
-
 
 TILE = 16  # slots in an int8 cache's tile
 BLOCK = 32  # a key's dims under one scale in an int8 cache
@@ -135,14 +115,13 @@ class Int8KVLayer(TreeKVLayer):
     scales, then its value scales; slots are `max_len` rounded up to 16. `read` dequantizes slots for what reads
     the target's cache (a LongSpec or GLIDE draft, retrieval): the keys and values the target attends to."""
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        _, heads, _, head_dim = key_states.shape
+    def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device) -> None:
+        """Codes and scales for `max_len` slots; `dtype` is what `read` dequantizes to."""
         slots = -(-self.max_len // TILE) * TILE
-        device = key_states.device
         self.key_codes = torch.zeros(heads, slots, head_dim, dtype=torch.uint8, device=device)
         self.value_codes = torch.zeros(heads, slots, head_dim, dtype=torch.int8, device=device)
         self.scales = torch.zeros(heads, slots // TILE, head_dim // BLOCK + 1, TILE, device=device)
-        self.dtype = key_states.dtype
+        self.dtype = dtype
         self.is_initialized = True
 
     def _held(self) -> tuple[torch.Tensor, ...]:
@@ -153,11 +132,9 @@ class Int8KVLayer(TreeKVLayer):
         tiles = -(-length // TILE)  # whole tiles: a slot's codes and scales are its own, so the rest is rewritten
         return self.key_codes[:, : tiles * TILE], self.value_codes[:, : tiles * TILE], self.scales[:, :tiles]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Quantize and write [1, heads, n, D] keys and values after the prefix (as the CPU decoder does); returns
-        every written slot's, dequantized."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Quantize and write [1, heads, n, D] keys and values after the prefix, pending (as the CPU decoder
+        does)."""
         start, end = self.length, self._claim(key_states.shape[-2])
         heads, n, head_dim = key_states.shape[1:]
         slots = torch.arange(start, end, device=key_states.device)
@@ -168,8 +145,6 @@ class Int8KVLayer(TreeKVLayer):
         self._value_groups()[_value_columns(slots)] = value_codes.transpose(0, 1)
         scales = torch.cat([key_scales, value_scales[..., None]], dim=-1)  # [heads, n, D / 32 + 1]
         self.scales[:, slots // TILE, :, slots % TILE] = scales.transpose(0, 1)
-        keys, values = self.read(slice(0, end))
-        return keys[None], values[None]
 
     def commit(self, kept: torch.Tensor | None, count: int) -> None:
         if kept is not None:
@@ -222,7 +197,7 @@ def _quantized(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (rows * inverse).round().to(torch.int8), (top / 127)[..., 0]
 
 
-class TreeCache(Cache):
+class TreeCache:
     """The target's KV cache for one session: a `TreeKVLayer` per decoder layer (an `Int8KVLayer` with
     `kv_cache="int8"`).
 
@@ -232,7 +207,7 @@ class TreeCache(Cache):
 
     def __init__(self, num_layers: int, max_len: int, kv_cache: str = "auto"):
         layer = {"auto": TreeKVLayer, "int8": Int8KVLayer}[kv_cache]
-        super().__init__(layers=[layer(max_len) for _ in range(num_layers)])
+        self.layers = [layer(max_len) for _ in range(num_layers)]
         self.max_len = max_len
         self.kv_cache = kv_cache
         self.keys: torch.Tensor | None = None  # [layers, 1, kv_heads, max_len, D] once allocated (not int8)
@@ -244,15 +219,14 @@ class TreeCache(Cache):
         if self.layers[0].is_initialized:
             return
         if self.kv_cache == "int8":
-            empty = torch.empty(1, heads, 0, head_dim, dtype=dtype, device=device)
             for layer in self.layers:
-                layer.lazy_initialization(empty, empty)
+                layer.allocate(heads, head_dim, dtype, device)
         else:
             shape = (len(self.layers), 1, heads, self.max_len, head_dim)
             self.keys = torch.zeros(shape, dtype=dtype, device=device)
             self.values = torch.zeros(shape, dtype=dtype, device=device)
-            for i, layer in enumerate(self.layers):
-                layer.keys, layer.values, layer.is_initialized = self.keys[i], self.values[i], True
+            for layer, keys, values in zip(self.layers, self.keys, self.values):
+                layer.adopt(keys, values)
         self.length_tensor = torch.zeros(1, dtype=torch.int32, device=device)
 
     def allocate_like(self, other: TreeCache) -> None:

@@ -11,4 +11,4 @@ import torch
 class ForwardOutput:
     logits: torch.Tensor  # [rows, vocab], or [1, vocab] for the last row only
     hidden: torch.Tensor  # [rows, hidden_size]: the last decoder layer's output, before the final norm
-    queries: torch.Tensor  # [rows, heads, head_dim]: the last layer's rotated queries
+    queries: torch.Tensor  # [rows, heads, head_dim]: the last layer's rotated queries ([layers, ...]: every layer's)

@@ -70,7 +70,8 @@ class Engine:
         self._last_query: torch.Tensor | None = None  # [heads, D] fp32 of the newest position in the cache
         self._verify_costs: dict[str, VerifyCost] = {}  # calibration key -> its prices, kept up to date
         self.target = TargetView.of(model, self.cache, forward=self._draft_forward,
-                                    last_query=lambda: self._last_query, tokenizer=tokenizer)  # fmt: skip
+                                    last_query=lambda: self._last_query, tokenizer=tokenizer,
+                                    layer_queries=self._layer_queries)  # fmt: skip
         self.set_drafter(drafter, draft_budget)
 
     def set_drafter(self, drafter: Drafter | None, draft_budget: int | None = None) -> None:
@@ -303,6 +304,15 @@ class Engine:
     def _draft_forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: TreeCache):
         """`TargetView.forward`: a causal forward over another cache (or this one, left pending)."""
         return self._forward(tokens, positions=positions, cache=cache)
+
+    @torch.inference_mode()
+    def _layer_queries(self, token: int, position: int) -> torch.Tensor:
+        """`TargetView.layer_queries`: every layer's rotated query [layers, heads, D] (fp32) of `token` at
+        `position` after this cache, whose pending row is then dropped."""
+        tokens, positions = (torch.tensor([value], device=self.device) for value in (token, position))
+        out = self.forward(tokens, positions, None, self.cache, every_layer=True)
+        self.cache.truncate(self.cache.length)
+        return out.queries[:, 0].float()
 
     def _forward(self, tokens: torch.Tensor, *, positions=None, tree_mask=None, last_only=False, cache=None):
         """Run the target over `tokens` [q] written right after the cached prefix -> logits [q or 1, vocab] and

@@ -155,13 +155,6 @@ class TreeBatch:
     position_ids: torch.Tensor  # [n + 1] long, prefix_len + depth
     tree_mask: torch.Tensor  # [n + 1, n + 1] bool, True where row may attend column (ancestors and itself)
 
-    def attention_mask(self, prefix_len: int) -> torch.Tensor:
-        """The dense 4-D bool mask `[1, 1, n + 1, prefix_len + n + 1]`, prefix included: what a forward without
-        a tree kernel takes (transformers', the reference the tests compare against)."""
-        rows = self.tree_mask.shape[0]
-        prefix = torch.ones(rows, prefix_len, dtype=torch.bool, device=self.tree_mask.device)
-        return torch.cat([prefix, self.tree_mask], dim=1)[None, None]
-
 
 def tree_batch(tree: DraftTree, root_token: int, prefix_len: int, device: torch.device) -> TreeBatch:
     rows = len(tree) + 1
