@@ -131,7 +131,6 @@ def load_model(
     dtype: str = "auto",
     quantize: str | None = None,
     device: str = "auto",
-    device_map: str | None = None,
     attention: str = "auto",
     progress: Callable[[str], None] = lambda _stage: None,
 ) -> LoadedModel:
@@ -168,9 +167,7 @@ def load_model(
 
             model = load_gguf_model(embedded_gguf_path(), location, torch_dtype, aten_int4=True)
         else:
-            model = AutoModelForCausalLM.from_pretrained(
-                location, dtype=torch_dtype, device_map=device_map, attn_implementation="sdpa"
-            )
+            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
     if quantize:
@@ -178,7 +175,7 @@ def load_model(
 
         progress(f"quantizing to {quantize}")
         quantize_model(model, quantize, dtype=torch_dtype)
-    if device_map is None and torch_device.type != "cpu":
+    if torch_device.type != "cpu":
         progress(f"moving it to {torch_device}")
         model.to(torch_device)
     model.eval().requires_grad_(False)

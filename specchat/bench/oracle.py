@@ -19,6 +19,7 @@ from specchat.bench.runs import engine_run
 from specchat.bench.synthetic import check_range, significant
 from specchat.drafters.base import DraftsAlone, TracksCommittedIds
 from specchat.engine.budget import MAX_BUDGET
+from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import DraftTree
 from specchat.errors import SpecchatError
 
@@ -74,21 +75,23 @@ class OracleRow:
 
 def oracle_runs(engine, prompt: list[int], *, acceptances: list[float], budget: int, tokens: int, seed: int = 0,
                 step: Callable[[str], None] = NO_PROGRESS) -> list[OracleRow]:  # fmt: skip
-    """Plain decoding of `tokens` tokens after `prompt`, then the same with the oracle at each acceptance (greedy);
-    a short warm-up run first (on a GPU it captures the CUDA graphs)."""
+    """Plain decoding of `tokens` tokens after `prompt`, then the same with the oracle at each acceptance (greedy,
+    EOS never chosen: every run decodes all its tokens); a short warm-up run first (on a GPU it captures the CUDA
+    graphs)."""
     check_oracle_run(acceptances, budget, tokens)
+    greedy = SamplingConfig(suppress=tuple(sorted(engine.eos_ids)))
     engine.set_drafter(None)
     step("warm-up")
-    engine_run(engine, prompt, 3)
+    engine_run(engine, prompt, 3, greedy)
     step("plain decoding")
-    plain = engine_run(engine, prompt, tokens)
+    plain = engine_run(engine, prompt, tokens, greedy)
     plain_rate = plain.decode_tokens / plain.decode_seconds
     rows = [OracleRow(None, 0, 1.0, 1.0, significant(plain_rate), 1.0, True)]
     vocab = engine.model.config.vocab_size
     for acceptance in acceptances:
         step(f"acceptance {acceptance}")
         engine.set_drafter(OracleDrafter(prompt + plain.tokens, acceptance, vocab_size=vocab, seed=seed), budget)
-        run = engine_run(engine, prompt, tokens)
+        run = engine_run(engine, prompt, tokens, greedy)
         rate = run.decode_tokens / run.decode_seconds
         rows.append(OracleRow(acceptance, budget, significant(expected_tau(acceptance, budget)),
                               significant(run.decode_tokens / max(run.steps, 1)), significant(rate),

@@ -74,7 +74,7 @@ def bench(
     quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 128,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per answer.")] = 128,
     temperature: Annotated[
         float, typer.Option("--temperature", "-t", help="0 = greedy; above 0, sampled with the model's other "
                             "defaults (top-k, top-p, penalty), our methods drawing the same keyed noise (seed 0), "

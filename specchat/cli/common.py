@@ -62,8 +62,8 @@ DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 AttentionOption = Annotated[
     str,
     typer.Option(help=f"{' | '.join(ATTENTION_CHOICES)}: canonical is the compiled CPU decoder's (Llama-family "
-                 "models on a CPU in bf16/fp16), hybrid the torch decoder's (Triton kernels on a GPU); auto: canonical "
-                 "where it runs, else hybrid."),
+                 "models on a CPU), hybrid the torch decoder's (Triton kernels on a GPU); auto: canonical on a CPU in "
+                 "bf16/fp16 where it runs, else hybrid."),
 ]
 TemperatureOption = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
 TopKOption = Annotated[int | None, typer.Option("--top-k", help="Sample among the k likeliest tokens (0: all).")]
@@ -73,9 +73,6 @@ PenaltyOption = Annotated[float | None, typer.Option(
     "--repetition-penalty", help="Divide the logits of tokens already in the text by this (> 1 penalises).")]
 SeedOption = Annotated[int | None, typer.Option("--seed", help="Seed of the sampling (the same seed, the same text).")]
 SystemOption = Annotated[str | None, typer.Option("--system", help="System prompt.")]
-DeviceMapOption = Annotated[
-    str | None, typer.Option("--device-map", help="accelerate device map (e.g. auto) for models larger than one GPU.")
-]
 
 
 def csv_list(value: str) -> list[str]:

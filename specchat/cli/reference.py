@@ -24,12 +24,20 @@ def markdown() -> str:
 
 
 def _describe(lines: list[str], path: str, command) -> None:
-    if hasattr(command, "commands"):  # a group: its commands in turn
-        for name, sub in command.commands.items():
-            _describe(lines, f"{path} {name}", sub)
-        return
+    group = hasattr(command, "commands")
+    if not group or _options(command):  # a group with options of its own runs by itself too (`specchat bench`)
+        _command(lines, path, command)
+    for name, sub in command.commands.items() if group else ():
+        _describe(lines, f"{path} {name}", sub)
+
+
+def _options(command) -> list:
+    return [param for param in command.params if param.param_type_name == "option" and param.name != "help"]
+
+
+def _command(lines: list[str], path: str, command) -> None:
     arguments = [param for param in command.params if param.param_type_name == "argument"]
-    options = [param for param in command.params if param.param_type_name == "option" and param.name != "help"]
+    options = _options(command)
     usage = " ".join([path, *(param.name.upper() for param in arguments), "[OPTIONS]" if options else ""]).strip()
     lines += [f"## `{path}`", "", (command.help or "").strip().split("\n\n")[0].replace("\n", " "), "",
               f"`{usage}`", ""]  # fmt: skip

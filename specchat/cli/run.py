@@ -13,7 +13,6 @@ from specchat.checks import check_kv_cache, check_quantize
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
-    DeviceMapOption,
     DeviceOption,
     DraftCacheOption,
     DrafterOption,
@@ -60,7 +59,6 @@ def run(
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
-    device_map: DeviceMapOption = None,
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
 ) -> None:
@@ -91,7 +89,7 @@ def run(
     resolve_drafter(choice, source.profile, source.name)
     resolve_device(device)
     loaded = load_model(
-        model, dtype=dtype, quantize=quantize, device=device, device_map=device_map, attention=attention
+        model, dtype=dtype, quantize=quantize, device=device, attention=attention
     )
     sampling = sampling_config(decoding_defaults(loaded), overrides)
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
