@@ -25,13 +25,11 @@ class CompositeDrafter:
     the other's nodes fill what is left. Matched tokens, not top guesses: a copy the lookup found is often
     several tokens right where a model's guesses stop at one or two, and a top guess counts both alike. The
     first drafter proposes when it leads or something is left, and when drafting with both parts has
-    committed more tokens per second than the second alone (`ModeChoice`). A copy the lookup found costs no
-    draft forward and is mostly right, and a long one fills the budget by itself: measured on the default
-    model, giving the model the first share regardless made copy-heavy text a third slower than n-gram
-    drafting alone (docs/benchmarks.md). Where the lookup's matches are mostly wrong (chat answers), letting
-    it lead left a model whose top guess was twice as often right out of trees of one node. The mode is
-    chosen before the engine sizes the budget (`next_kinds`): sized for the best of all modes, then drafted
-    by the lookup alone, trees fell to one node where the lookup alone kept three.
+    committed more tokens per second than the second alone (`ModeChoice`): a copy the lookup found costs no
+    draft forward and is mostly right, and a long one fills the budget by itself, so a model part that always
+    drafts first only slows copy-heavy text; where the lookup's matches are mostly wrong (chat answers), the
+    model part's guesses lead. The mode is chosen before the engine sizes the budget (`next_kinds`), so each
+    tree is sized for the parts that draft it.
 
     Sampling: verification draws once from the target wherever a node's children are not all drafter
     samples (`specchat.engine.verify`), which is exact for any tree; rejection sampling against `draft_probs`

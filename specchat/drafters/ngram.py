@@ -1,12 +1,10 @@
 """Prompt lookup: propose what followed earlier occurrences of the context's last tokens.
 
 Training-free; strong wherever the output copies from the prompt or from itself (code edits, summaries,
-quotes). How far the context's end matches an earlier occurrence says how likely the copy goes on. On the
-1.5B's own answers (2026-11-27, the training answers' first 800 records), the token after a match of 3 tokens
-was the target's next one 62% of the time, after 8-11 tokens 80%, after 16-31 91% and after 32 or more 99%.
-So a step whose last COPY_MATCH tokens occurred before drafts as a kind of its own, "copy": the adaptive budget
-learns its acceptance apart from the short matches' and sizes its trees for that acceptance, not for an average
-with matches that are mostly wrong (chat answers: 16-22% of n-gram nodes accepted).
+quotes). How far the context's end matches an earlier occurrence says how likely the copy goes on (MATCH_RATES:
+a long match is all but certain to go on, a short one mostly does not). So a step whose last COPY_MATCH tokens
+occurred before drafts as a kind of its own, "copy": the adaptive budget learns its acceptance apart from the
+short matches' and sizes its trees for that acceptance, not for an average with matches that are mostly wrong.
 
 The index maps every k-gram (k <= 3, and k = COPY_MATCH) to the positions where it ends and grows by O(1) per
 committed token, so proposing never scans the context.
@@ -30,7 +28,7 @@ from specchat.engine.tree import DraftTree
 
 COPY_MATCH = 8
 # (least match length, how often the token after it was the target's next one), measured on 160 of the 1.5B's
-# held-out greedy answers (2026-11-28; the most recent occurrence of the longest match). A match of L tokens whose
+# held-out greedy answers (the most recent occurrence of the longest match). A match of L tokens whose
 # next token was right is one of L + 1, so a chain's next token is right at that one's rate (after 1, 2: 0.49, 0.64).
 MATCH_RATES = ((16, 0.97), (8, 0.82), (4, 0.72), (3, 0.61), (2, 0.46), (1, 0.21))
 LONGEST_MATCH = 32  # matches are measured up to this many tokens: the copy is then all but certain

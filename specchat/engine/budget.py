@@ -1,55 +1,35 @@
 """The tree budget that maximises expected tokens per second on this machine, for this drafter.
 
-On 2 CPU cores verifying 64 nodes costs several single-token forwards; on a GPU about one. So the engine
-times verification forwards of growing size for the loaded model (calibration, cached on disk per model,
-dtype, device and context class: each tree row attends to the whole context; corrected by the forwards decoding
+On 2 CPU cores verifying 64 nodes costs several single-token forwards; on a GPU about one. So the engine times
+verification forwards of each size for the loaded model (calibration, cached on disk per model, dtype, device
+and context class, since each tree row attends to the whole context; kept up to date by the forwards decoding
 times, `verify_cost.py`) and weighs that cost against the acceptance it observes:
 
     expected tokens(n) = 1 + sum_{d=1..depth(n)} prod_{j<=d} alpha_j
     budget = argmax_n expected_tokens(n) / (verify cost(n) + draft cost(n))
 
-alpha_j is the rate at which depth j was accepted when proposed below an accepted depth j - 1, counted with
-exponential decay so the budget follows the text (copying a passage, then free writing). The rate must be that
-conditional one for the product to be the chance of reaching depth d: counted over every tree that proposed
-depth j, a chain accepted at 80% a level was priced as 1 + 0.8 + 0.51 + 0.26 tokens at depth 3 instead of
-1 + 0.8 + 0.64 + 0.51, and its trees were sized too small. A depth never proposed is priced at the rate of the
-one above it: at 0.5, a lookup whose copies were accepted whole never grew its chains past the depth it had
-started with. Each depth seen keeps its own estimate, with one pseudo-step at 0.5: the depths of one tree are
-one event (a copy is right or wrong), and pooled as independent evidence two chains accepted whole made a
-tree of 31 nodes look worth its five decode steps. depth(n) is how deep this drafter's trees of
-n nodes actually reach, a moving average (a beam of 7 nodes reaches depth 2, a chain depth 7; n until one is
-seen), and draft cost(n) the time the drafter took to propose them: both measured as the engine runs. When drafting does not pay (budget 0)
-the engine still probes with a small tree now and then, so a return of copyable text is noticed; each probe
-whose tokens did not pay for its step doubles the wait for the next, and after MAX_FAILED_PROBES in a row
-drafting stays off for good (a probe costs a verification of several rows: probing every 16 steps forever kept the default drafter
-at 0.6-0.9x plain decoding on chat answers).
-
-A composite drafter's parts are counted apart, by origin: a part's acceptance counts the steps it proposed
-on, and the budget is sized for the part whose trees pay best. N-gram lookup proposes only where the text
-repeats, and is mostly right there; counted together with a model part whose guesses are mostly wrong, its
-copies were priced at the model's acceptance and the budget fell to zero on copy-heavy text. Whether the
-model part joins a step is the composite's own measured choice (`drafters/mode_choice.py`), so drafting time
-is priced per mode, the kinds that draft a step (`Drafter.next_kinds`): steps with the n-gram part alone cost
-no draft forward, and averaged with the model's steps their trees were priced a forward too high (measured: a
-composite 8-12% slower than n-gram drafting alone on copy-heavy text). Each step's tree is sized for the mode
-it is drafted in; drafting is on while some mode pays. Sized for the best mode instead, a composite that then
-drafted with the lookup alone got the one-node trees that suited its model part. A part's depth(n) is learnt
-only from the steps where it led (`DraftTree.leaders`): counted also where it drafted in the room the other
-part left, the heads of a composite seemed to reach depth 2 in trees of 3 nodes, where alone they reach 3, and
-their trees were sized too small.
-
-A drafter whose nodes carry scores (`Drafter.scores_nodes`: n-gram lookup, TokenSwift's heads, a composite of
-the two) is sized after it drafts instead: asked for SCORED_TREE nodes, its tree is cut to the n most likely
-that maximise (1 + c * the sum of their scores) / (verify cost(n) + the drafting done), as EAGLE-2 sizes its
-trees. A node's score is its estimated chance of being accepted, so their sum is the tokens a tree is expected
-to add; c corrects the drafters' estimates by what their trees have had accepted (decayed sums of scores and of
-accepted nodes, a prior of one each). Its drafting is paid whatever is kept, so while its steps are expected to
-run slower than plain ones (the best cut's tokens per second, a moving average) it drafts only every
-`probe_every` steps: on a sampled 20K-token book, where the heads' guesses are accepted a quarter of the time,
-drafting every step ran at 0.84x plain decoding. Merged best-first by these scores, the heads' guesses and the
-lookup's chains share one tree, where the chain model above would size each part's tree as if it drafted alone:
-on the 1.5B's greedy answers to the bench's prompts (teacher-forced, 3 nodes) the merged tree reaches 1.96 /
-2.66 / 3.19 tokens a step on chat / code / summaries, the heads' tree alone 1.85 / 2.02 / 1.51.
+- alpha_j is the rate at which depth j is accepted when proposed below an accepted depth j - 1 (the conditional
+  rate, so that the product is the chance of reaching depth d), counted with exponential decay so the budget
+  follows the text (a copied passage, then free writing). A depth never proposed takes the rate of the one above
+  it, so a drafter whose chains are accepted whole grows them. Each depth keeps its own estimate with one
+  pseudo-step at 0.5: a tree's depths are one event (a copy is right or wrong), not independent evidence.
+- depth(n) is how deep this drafter's trees of n nodes reach (a moving average: a beam of 7 nodes reaches depth
+  2, a chain depth 7) and draft cost(n) the time it took to propose them, both measured as the engine runs.
+- When drafting does not pay (budget 0) the engine still probes with a small tree now and then, so that a return
+  of copyable text is noticed; each probe that did not pay doubles the wait for the next, and after
+  MAX_FAILED_PROBES in a row drafting stays off: a probe costs a verification of several rows.
+- A composite drafter's parts are counted apart, by origin: n-gram lookup proposes only where the text repeats
+  and is mostly right there, and pooled with a model part that is mostly wrong its copies would be priced at the
+  model's rate. Drafting time is priced per mode, the kinds that draft a step (`Drafter.next_kinds`: the lookup
+  alone costs no draft forward), each step's tree is sized for its mode, and a part's depth(n) is learnt only
+  from the steps it led (`DraftTree.leaders`).
+- A drafter whose nodes carry scores (`Drafter.scores_nodes`: n-gram lookup, TokenSwift's heads, their
+  composite) is sized after it drafts, as EAGLE-2 sizes its trees: asked for SCORED_TREE nodes, its tree is cut
+  to the n most likely that maximise (1 + c * the sum of their scores) / (verify cost(n) + the drafting done).
+  A score is a node's estimated chance of acceptance, so their sum is the tokens a tree should add; c corrects
+  the estimates by what was accepted (decayed sums, a prior of one each). The drafting is paid whatever is
+  kept, so while its steps are expected to run slower than plain ones it drafts only every `probe_every` steps.
+  Merged best-first by these scores, the heads' guesses and the lookup's chains share one tree.
 """
 
 from __future__ import annotations
