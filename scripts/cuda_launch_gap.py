@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from specchat.engine.cuda_graphs import capture
-from specchat.kernels.decode_attention import prefix_attention
-from specchat.kernels.hybrid import triton_hybrid_tree_attention
+from specchat.kernels.attention.decode_attention import prefix_attention
+from specchat.kernels.attention.hybrid import triton_hybrid_tree_attention
 
 CUDA = torch.device("cuda")
 

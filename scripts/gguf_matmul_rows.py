@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
 from gguf_files import random_blocks  # noqa: E402
 
-from specchat.kernels.cpu_decoder import cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.gguf_model import gguf_tensors
 from specchat.quant.gguf_types import BLOCK_TYPES, Q6_K
 

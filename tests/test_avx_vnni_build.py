@@ -15,7 +15,7 @@ import pytest
 import torch
 from gguf_files import LAYOUTS, random_blocks
 
-from specchat.kernels.cpu_decoder import build
+from specchat.kernels.cpu.cpu_decoder import build
 
 CPU_FLAGS = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
 pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="an x86 path")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specchat.kernels.cpu_decoder import cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 
 HEADS, KV_HEADS = 4, 2
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from attention_oracle import dense_attention, random_tree_mask
 
-from specchat.kernels.canonical_attention import CHUNK, TAIL, WIDTH, canonical_tree_attention
+from specchat.kernels.attention.canonical_attention import CHUNK, TAIL, WIDTH, canonical_tree_attention
 
 HEADS, KV_HEADS, DIM = 9, 3, 64  # the default model's attention
 SCALE = DIM**-0.5

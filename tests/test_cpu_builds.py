@@ -16,7 +16,7 @@ import pytest
 import torch
 from gguf_files import LAYOUTS, random_blocks
 
-from specchat.kernels.cpu_decoder import build, cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import build, cpu_decoder
 
 pytestmark = pytest.mark.skipif(
     platform.machine() not in ("x86_64", "AMD64")

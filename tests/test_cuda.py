@@ -31,7 +31,7 @@ from specchat.drafters.tokenswift import TokenSwiftDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.target_forward import TorchForward
-from specchat.kernels.configs import prefix_config, tree_config
+from specchat.kernels.attention.configs import prefix_config, tree_config
 from specchat.models.draft_model import DraftModel, student_from_target
 
 VOCAB = 1024

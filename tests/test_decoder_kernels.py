@@ -10,8 +10,8 @@ from attention_oracle import random_tree_mask
 pytest.importorskip("triton")
 
 from specchat.engine import decoder_ops as ops
-from specchat.kernels import reference
-from specchat.kernels.graph_attention import graph_splits, graph_tree_attention
+from specchat.kernels.attention import reference
+from specchat.kernels.attention.graph_attention import graph_splits, graph_tree_attention
 from specchat.kernels.layer_kernels import rms_norm, rope_write, silu_mul
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

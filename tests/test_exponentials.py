@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from specchat.kernels.cpu_decoder import cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 
 
 def test_vector_and_scalar_exponentials_give_the_same_bits(cpu_isa):

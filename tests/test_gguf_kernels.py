@@ -1,4 +1,4 @@
-"""The CPU decoder's GGUF block kernels (kernels/gguf/) against gguf-py's own dequantization.
+"""The CPU decoder's GGUF block kernels (kernels/cpu/gguf/) against gguf-py's own dequantization.
 
 Activations are quantized to int8 per row over each type's groups (32 values, or 256 for the K-quants), so
 the kernel computes exactly x_q @ W^T with x_q the quantized activations: checked to 1e-5 of the output's
@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from gguf_files import LAYOUTS, random_blocks
 
-from specchat.kernels.cpu_decoder import cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 
 TYPES = list(LAYOUTS)
 

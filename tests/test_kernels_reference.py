@@ -6,8 +6,8 @@ import pytest
 import torch
 from attention_oracle import dense_attention, random_tree_mask
 
-import specchat.kernels
-from specchat.kernels import reference
+import specchat.kernels.attention
+from specchat.kernels.attention import reference
 
 # (prefix_len, tree nodes, query heads, kv heads, head_dim): GQA ratios 1/3/4/8, head_dim 64/80/128
 SHAPES = [
@@ -44,7 +44,7 @@ def test_each_node_sees_exactly_its_root_to_node_path(prefix_len, n, heads, kv_h
     """Node i's output equals plain causal attention over prefix + its path, computed on that path alone."""
     q, k, v, mask = _inputs(prefix_len, n, heads, kv_heads, dim, seed=n)
     scale = dim**-0.5
-    out = specchat.kernels.hybrid_tree_attention(q, k, v, prefix_len, mask, scale)
+    out = specchat.kernels.attention.hybrid_tree_attention(q, k, v, prefix_len, mask, scale)
     group = heads // kv_heads
     for i in range(n):
         path = mask[i].nonzero().flatten()  # ancestors and itself, root first
@@ -80,7 +80,7 @@ def test_an_empty_key_set_has_lse_minus_infinity_and_merges_to_nothing():
 def test_the_scale_is_the_callers_not_a_hard_coded_head_size():
     q, k, v, mask = _inputs(50, 6, 4, 2, 80, seed=9)
     for scale in (80**-0.5, 0.3):
-        got = specchat.kernels.hybrid_tree_attention(q, k, v, 50, mask, scale)
+        got = specchat.kernels.attention.hybrid_tree_attention(q, k, v, 50, mask, scale)
         torch.testing.assert_close(got.double(), dense_attention(q, k, v, 50, mask, scale), atol=1e-5, rtol=1e-5)
 
 
@@ -88,6 +88,6 @@ def test_output_keeps_the_query_dtype_and_fills_a_strided_out():
     q, k, v, mask = _inputs(30, 5, 4, 2, 64, seed=1)
     q16, k16, v16 = q.bfloat16(), k.bfloat16(), v.bfloat16()
     out = torch.empty(2, 5, 4, 64, dtype=torch.bfloat16).transpose(1, 2)  # transformers' layout, seen as [B,H,n,D]
-    returned = specchat.kernels.hybrid_tree_attention(q16, k16, v16, 30, mask, 0.125, out=out)
+    returned = specchat.kernels.attention.hybrid_tree_attention(q16, k16, v16, 30, mask, 0.125, out=out)
     assert returned is out and out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), dense_attention(q16, k16, v16, 30, mask, 0.125), atol=2e-2, rtol=2e-2)

@@ -7,13 +7,13 @@ import pytest
 import torch
 from attention_oracle import random_tree_mask
 
-from specchat.kernels import reference
+from specchat.kernels.attention import reference
 
 pytest.importorskip("triton")
 
-from specchat.kernels.decode_attention import prefix_attention
-from specchat.kernels.hybrid import triton_hybrid_tree_attention
-from specchat.kernels.tree_attention import fused_mask_attn
+from specchat.kernels.attention.decode_attention import prefix_attention
+from specchat.kernels.attention.hybrid import triton_hybrid_tree_attention
+from specchat.kernels.attention.tree_attention import fused_mask_attn
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16: inputs and outputs are rounded to 8 bits of mantissa (the interpreter also truncates fp32 -> bf16)
@@ -78,7 +78,7 @@ def test_triton_hybrid_writes_a_transposed_out_in_place():
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="flash-attn runs on CUDA only")
 def test_flash_attn_prefix_matches_the_reference():
-    from specchat.kernels.flash_decoding import flash_attn_available
+    from specchat.kernels.attention.flash_decoding import flash_attn_available
 
     if not flash_attn_available():
         pytest.skip("flash-attn >= 2.6 is not installed")

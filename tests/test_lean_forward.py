@@ -14,7 +14,7 @@ from specchat.engine.cache import TreeCache
 from specchat.engine.lean_forward import LeanForward, lean_forward
 from specchat.engine.target_forward import canonical
 from specchat.engine.tree import DraftTree, tree_batch
-from specchat.kernels.cpu_decoder import cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Rows, Side, fuse_projections
 from specchat.quant.gguf_linear import GGUFLinear
 from specchat.quant.int4_linear import Int4Linear

@@ -145,8 +145,8 @@ def attention_bench(
 
 def _context_rows(timer, q, k, v, context: int, mask: torch.Tensor, copy_rate: float) -> list[AttentionRow]:
     """q `[1, Hq, n, D]`, k/v `[1, Hkv, context + n, D]` (the tree's keys last), mask `[n, n]`."""
-    from specchat.kernels import reference
-    from specchat.kernels.hybrid import hybrid_tree_attention, triton_hybrid_tree_attention, uses_triton
+    from specchat.kernels.attention import reference
+    from specchat.kernels.attention.hybrid import hybrid_tree_attention, triton_hybrid_tree_attention, uses_triton
 
     device = q.device
     scale = q.shape[-1] ** -0.5
@@ -154,7 +154,7 @@ def _context_rows(timer, q, k, v, context: int, mask: torch.Tensor, copy_rate: f
     dense = torch.cat([torch.ones(n, context, dtype=torch.bool, device=device), mask], dim=1)  # [n, context + n]
     methods = {}  # name -> a builder of the call to time (FlexAttention's builds its block mask)
     if uses_triton(device):
-        from specchat.kernels.flash_decoding import flash_attn_available
+        from specchat.kernels.attention.flash_decoding import flash_attn_available
 
         hybrid = functools.partial(triton_hybrid_tree_attention, q, k, v, context, mask, scale)
         methods["hybrid-triton"] = lambda: functools.partial(hybrid, prefix="triton")
@@ -180,8 +180,8 @@ def _context_rows(timer, q, k, v, context: int, mask: torch.Tensor, copy_rate: f
             error = (outputs[row.method].float() - outputs["sdpa-mask"].float()).abs().max().item()
             row.note = _join(row.note, f"max abs diff vs sdpa {error:.0e}")
     if uses_triton(device):
-        from specchat.kernels.decode_attention import prefix_attention
-        from specchat.kernels.flash_decoding import flash_attn_available, flash_prefix_attention
+        from specchat.kernels.attention.decode_attention import prefix_attention
+        from specchat.kernels.attention.flash_decoding import flash_attn_available, flash_prefix_attention
 
         prefixes = {"prefix-triton": lambda: functools.partial(prefix_attention, q, k, v, context, scale)}
         if flash_attn_available():

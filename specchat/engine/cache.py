@@ -111,8 +111,8 @@ class Int8KVLayer(TreeKVLayer):
     bytes at head_dim 128.
 
     `key_codes` [heads, slots, D] uint8 holds the keys and `value_codes` [heads, slots, D] int8 the values, both in
-    tiles of 16 slots (`kernels/int8_dots.h`), `scales` [heads, slots / 16, D / 32 + 1, 16] fp32 each tile's key block
-    scales, then its value scales; slots are `max_len` rounded up to 16. `read` dequantizes slots for what reads
+    tiles of 16 slots (`kernels/cpu/int8_dots.h`), `scales` [heads, slots / 16, D / 32 + 1, 16] fp32 each tile's key
+    block scales, then its value scales; slots are `max_len` rounded up to 16. `read` dequantizes slots for what reads
     the target's cache (a LongSpec or GLIDE draft, retrieval): the keys and values the target attends to."""
 
     def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device) -> None:

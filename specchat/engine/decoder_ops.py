@@ -3,7 +3,7 @@
 Registered with `torch.library.custom_op`, each is one opaque node to `torch.compile` (no graph break, no
 retrace of Triton's launcher) and one call to a CUDA graph capture. The CPU bodies follow transformers' modules
 operation for operation, which the parity tests compare against; the CUDA bodies fuse each step into one or two
-launches (`specchat.kernels.layer_kernels`, `specchat.kernels.graph_attention`) and read the committed length
+launches (`specchat.kernels.layer_kernels`, `specchat.kernels.attention.graph_attention`) and read the committed length
 from the device, so a captured graph serves every context length.
 
 Caches are passed whole (`[layers, B, Hkv, capacity, D]`, batch 1) with the layer's index: a mutated argument is
@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specchat.kernels import reference
-from specchat.kernels.canonical_attention import TAIL, canonical_tree_attention
+from specchat.kernels.attention import reference
+from specchat.kernels.attention.canonical_attention import TAIL, canonical_tree_attention
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -135,7 +135,7 @@ def tree_attention(
 
 @tree_attention.register_kernel("cuda")
 def _(q, k_cache, v_cache, layer, length, tree_mask, scale):
-    from specchat.kernels.graph_attention import graph_tree_attention
+    from specchat.kernels.attention.graph_attention import graph_tree_attention
 
     return graph_tree_attention(q, k_cache[layer, 0], v_cache[layer, 0], length, tree_mask, scale)
 

@@ -29,7 +29,7 @@ from specchat.engine.verify_forward import verification_forward
 from specchat.checks import check_kv_cache
 from specchat.errors import SpecchatError
 from specchat.first_use import first_use
-from specchat.kernels.cpu_decoder import source_version
+from specchat.kernels.cpu.cpu_decoder import source_version
 from specchat.quant.formats import weight_format
 
 
@@ -62,7 +62,9 @@ class Engine:
             self.forward = target_forward(model, self.cache)
         self.canonical = isinstance(self.forward, LeanForward)  # the compiled CPU decoder runs it
         if kv_cache == "int8" and not self.canonical:
-            raise SpecchatError("--kv-cache int8 needs the compiled CPU decoder: a CPU model in bf16 or fp16 activations")
+            raise SpecchatError(
+                "--kv-cache int8 needs the compiled CPU decoder: a CPU model in bf16 or fp16 activations"
+            )
         self.prefixes = PrefixStore(prefix_bytes) if prefix_bytes else None  # earlier texts' cached prefixes
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)

@@ -3,7 +3,7 @@
 A decode step of the default model on 2 cores is about 4.5 ms of 4-bit matmuls; run as transformers' modules
 it took 14 ms, and as a loop of torch calls from Python 11 ms: the hundreds of small operations between the
 matmuls cost more than the matmuls. Here every layer runs inside the compiled CPU decoder
-(`specchat.kernels.cpu_decoder`): ATen's matmuls on the model's own weights (q/k/v and gate/up fused by
+(`specchat.kernels.cpu.cpu_decoder`): ATen's matmuls on the model's own weights (q/k/v and gate/up fused by
 `fuse_projections`), everything else in plain loops, tree attention read from the engine's cache in an order
 fixed by each row's position (so a verified node computes bitwise what a decode step computes).
 
@@ -24,7 +24,7 @@ from specchat.architectures import parts
 from specchat.architectures.llama import LlamaLayer
 from specchat.engine.attention import sliding_window
 from specchat.engine.forward_output import ForwardOutput
-from specchat.kernels.cpu_decoder import cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Side, fuse_projections
 from specchat.quant.quantized_linear import QuantizedLinear
 
@@ -71,8 +71,8 @@ class LeanForward:
 def serves(model) -> bool:
     """Whether the CPU decoder computes `model`'s forward (given that it builds)."""
     config = model.config
-    return (model.device.type == "cpu" and config.model_type in FAMILIES and config.hidden_act == "silu" and not sliding_window(config)
-            and parts(model).layers[0].head_dim in HEAD_DIMS)  # fmt: skip
+    return (model.device.type == "cpu" and config.model_type in FAMILIES and config.hidden_act == "silu"
+            and not sliding_window(config) and parts(model).layers[0].head_dim in HEAD_DIMS)  # fmt: skip
 
 
 def lean_forward(model) -> LeanForward | None:

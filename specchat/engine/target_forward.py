@@ -21,7 +21,7 @@ from specchat.engine.cuda_graphs import BUCKETS, GraphedDecoder
 from specchat.engine.forward_output import ForwardOutput
 from specchat.engine.lean_forward import LeanForward, lean_forward, serves
 from specchat.engine.torch_decoder import TorchDecoder
-from specchat.kernels.cpu_decoder import cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 
 
 class TargetForward(Protocol):

@@ -1,7 +1,7 @@
 """Layers that compute on a GGUF tensor's own blocks (memory-mapped from the file, never dequantized whole;
 repacked in tiles of 8 or 16 rows).
 
-`GGUFLinear` multiplies by the blocks through the CPU decoder's kernels (kernels/gguf/): activations
+`GGUFLinear` multiplies by the blocks through the CPU decoder's kernels (kernels/cpu/gguf/): activations
 are quantized to int8 per row, as llama.cpp does for these types, and each row's result is bitwise the same
 whatever rows share the call. Several matrices of one input (q/k/v, gate/up) stack into one layer that
 multiplies them in one call, whatever their block types. `GGUFEmbedding` dequantizes only the rows it looks up.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specchat.kernels.cpu_decoder import cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.gguf_types import BLOCK_TYPES, held_rows
 from specchat.quant.quantized_linear import QuantizedLinear
 

@@ -1,9 +1,9 @@
 """GGUF tensor types: which ones specchat multiplies in their own blocks, and which it keeps dense.
 
-One table: a block type's kernels live in kernels/gguf/ under the same ggml type id. Adding a type is one entry
-here, its line in GGUF_BLOCK_TYPES (kernels/gguf/formats.h) and its case in `unpack_row` (kernels/gguf/unpack.h):
-it then runs on every path through its rows' integer form. Tiles and kernels of its own are an entry in
-kernels/gguf/traits.h.
+One table: a block type's kernels live in kernels/cpu/gguf/ under the same ggml type id. Adding a type is one
+entry here, its line in GGUF_BLOCK_TYPES (kernels/cpu/gguf/formats.h) and its case in `unpack_row`
+(kernels/cpu/gguf/unpack.h): it then runs on every path through its rows' integer form. Tiles and kernels of its
+own are an entry in kernels/cpu/gguf/traits.h.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class BlockType:
         return columns // self.values * self.bytes
 
 
-BLOCK_TYPES = {  # ggml type id -> layout (kernels/gguf/formats.h)
+BLOCK_TYPES = {  # ggml type id -> layout (kernels/cpu/gguf/formats.h)
     2: BlockType("q4_0", 32, 18),
     3: BlockType("q4_1", 32, 20),
     6: BlockType("q5_0", 32, 22),
@@ -35,7 +35,7 @@ DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored
 Q4_K, Q6_K = 12, 14
 
 # A matrix is held in units of rows: the file's blocks a row at a time (1), or repacked in tiles of 8 rows or pairs
-# of them (16) where the build reads pairs (kernels/gguf/matmul.h, `tile`): each tile's codes are read once for all
+# of them (16) where the build reads pairs (kernels/cpu/gguf/matmul.h, `tile`): each tile's codes are read once for all
 # its rows' products, which makes prefill and tree verification faster. Held: [rows / unit rows, bytes per unit].
 
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specchat.kernels.configs import dot_dtype, tree_config
+from specchat.kernels.attention.configs import dot_dtype, tree_config
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)  # read inside kernels: a global there must be a constexpr

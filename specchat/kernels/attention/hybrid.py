@@ -13,7 +13,7 @@ import importlib.util
 
 import torch
 
-from specchat.kernels import reference
+from specchat.kernels.attention import reference
 
 
 @functools.cache
@@ -52,9 +52,9 @@ def hybrid_tree_attention(
 
 def triton_hybrid_tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, scale, *, out=None, prefix="auto"):
     """The GPU path; `prefix` = auto | triton | flash picks the prefix kernel (tests pin it)."""
-    from specchat.kernels.decode_attention import merge_partials, prefix_partials
-    from specchat.kernels.flash_decoding import flash_attn_available, flash_prefix_attention
-    from specchat.kernels.tree_attention import fused_mask_attn
+    from specchat.kernels.attention.decode_attention import merge_partials, prefix_partials
+    from specchat.kernels.attention.flash_decoding import flash_attn_available, flash_prefix_attention
+    from specchat.kernels.attention.tree_attention import fused_mask_attn
 
     n = q.shape[2]
     out = torch.empty_like(q) if out is None else out

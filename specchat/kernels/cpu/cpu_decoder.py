@@ -7,7 +7,7 @@ of the module names the one built). `SPECCHAT_CPU_ISA=avx2` builds the AVX2 path
 machine, for measuring it where the CPU has more; `avxvnni` adds AVX-VNNI to it (it runs only on CPUs that have
 AVX-VNNI: Intel's since Alder Lake, AMD's since Zen 5).
 
-`python -m specchat.kernels.cpu_decoder` builds it ahead of time (`make setup` does).
+`python -m specchat.kernels.cpu.cpu_decoder` builds it ahead of time (`make setup` does).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from specchat.kernels.configs import dot_dtype, interpreting, prefix_config
-from specchat.kernels.decode_attention import MAX_SPLITS, _sm_count
+from specchat.kernels.attention.configs import dot_dtype, interpreting, prefix_config
+from specchat.kernels.attention.decode_attention import MAX_SPLITS, _sm_count
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
