@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from specchat.bench.llamacpp import LlamaCpp
-from specchat.drafters import attach_drafter
 from specchat.engine.generate import Engine, eos_ids
 from specchat.engine.sampling import SamplingConfig
 from specchat.loading import LoadedModel
+from specchat.session import Session
 
 HF_METHODS = ("hf", "hf-prompt-lookup")  # transformers' own generate: plain greedy, prompt-lookup decoding
 LLAMACPP = "llamacpp"  # llama.cpp on the same GGUF (llamacpp.py)
@@ -46,8 +46,8 @@ def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens
         return lambda ids: llamacpp_run(llamacpp, ids, max_new_tokens, stop_ids)
     if method not in HF_METHODS:
         drafter, _, cache = method.partition("@")  # "model@streaming": under that --draft-cache
-        engine = Engine(model, loaded.tokenizer, max_len=max_len, kv_cache=kv_cache)
-        attach_drafter(engine, loaded.source, drafter, draft_budget=draft_budget, draft_cache=cache or None)
+        engine = Session.over(loaded, max_len=max_len, drafter=drafter, draft_budget=draft_budget,
+                              draft_cache=cache or None, kv_cache=kv_cache).engine  # fmt: skip
         return lambda ids: engine_run(engine, ids, max_new_tokens, sampling)
     if method == "hf":
         return lambda ids: hf_run(model, ids, max_new_tokens, {})

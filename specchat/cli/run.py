@@ -79,11 +79,11 @@ def run(
     check_quantize(quantize, device)
     check_kv_cache(kv_cache)
     quiet_transformers()
-    from specchat.drafters import attach_drafter, resolve_drafter
-    from specchat.engine.generate import Engine
+    from specchat.drafters import resolve_drafter
     from specchat.engine.target_forward import forward_path
     from specchat.engine.prompt import encode_prompt
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
+    from specchat.session import Session
 
     source = resolve_model(model)  # fail fast, before the slow imports and loads
     resolve_drafter(choice, source.profile, source.name)
@@ -93,8 +93,9 @@ def run(
     )
     sampling = sampling_config(decoding_defaults(loaded), overrides)
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + max_new_tokens, kv_cache=kv_cache)
-    choice = attach_drafter(engine, loaded.source, choice, draft_budget=draft_budget, draft_cache=draft_cache)
+    session = Session.over(loaded, max_len=len(prompt_ids) + max_new_tokens, drafter=choice,
+                           draft_budget=draft_budget, draft_cache=draft_cache, kv_cache=kv_cache)  # fmt: skip
+    engine, choice = session.engine, session.drafter
 
     tokens, origins, text, stats, finish = [], [], [], None, None
     try:

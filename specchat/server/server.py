@@ -103,19 +103,18 @@ def serve(settings: ServeSettings) -> None:
 
 def load_served(settings: ServeSettings):
     """Load the model, build the engine and its drafter, and warm them up (the first request then starts warm)."""
-    from specchat.drafters import attach_drafter
-    from specchat.engine.generate import Engine
     from specchat.loading import decoding_defaults, load_model
     from specchat.server.app import Served
+    from specchat.session import Session
 
     loaded = load_model(settings.model, dtype=settings.dtype, quantize=settings.quantize, device=settings.device,
                         attention=settings.attention)  # fmt: skip
     window = loaded.model.config.max_position_embeddings
     kept = settings.prompt_cache_bytes if settings.prompt_cache is not False else 0
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=min(settings.context, window), kv_cache=settings.kv_cache,
-                    prefix_bytes=kept)
-    choice = attach_drafter(engine, loaded.source, settings.drafter, draft_budget=settings.draft_budget,
-                            draft_cache=settings.draft_cache)  # fmt: skip
+    session = Session.over(loaded, max_len=min(settings.context, window), drafter=settings.drafter,
+                           draft_budget=settings.draft_budget, draft_cache=settings.draft_cache,
+                           kv_cache=settings.kv_cache, prefix_bytes=kept)  # fmt: skip
+    engine, choice = session.engine, session.drafter
     for _ in engine.generate(loaded.tokenizer("Hello")["input_ids"], max_new_tokens=2):
         pass  # pays the first forward's setup and, on a new machine, the verification-cost timing
     aliases = {settings.model} - {None, loaded.source.name}

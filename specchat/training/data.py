@@ -54,17 +54,14 @@ class DataProgress:
 def build_data(loaded, out: Path, prompts: list[Prompt], recipe: DataRecipe, *, tokens: int,
                progress: Callable[[DataProgress], None] = lambda _progress: None) -> DataProgress:  # fmt: skip
     """Answer `prompts` in order, skipping those already in `out`, until `out` holds `tokens` answer tokens."""
-    from specchat.drafters import DEFAULT_DRAFTER, attach_drafter
-    from specchat.engine.generate import Engine
     from specchat.engine.prompt import encode_chat
+    from specchat.session import Session
     from specchat.engine.sampling_config import SamplingConfig
     from specchat.loading import decoding_defaults
 
     done, total, writers = open_data(out, recipe)
     progress(total)
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=2048)
-    profile = loaded.source.profile
-    attach_drafter(engine, loaded.source, profile.drafter if profile else DEFAULT_DRAFTER)
+    engine = Session.over(loaded, max_len=2048).engine  # the model's default drafter: answers come faster
     defaults = decoding_defaults(loaded)
     start = time.perf_counter()
     for prompt in prompts:
