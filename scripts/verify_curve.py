@@ -7,7 +7,7 @@ from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.verify_cost import measure_verify_cost
-from specchat.drafters.ngram import NgramDrafter
+from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.engine.verify_forward import verification_forward
 dtype = sys.argv[1]
 m = load_model(None, dtype=dtype, device="cpu")

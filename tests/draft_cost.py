@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from specchat.drafters.longspec import LongSpecDrafter
+from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
 from specchat.loading import load_model
-from specchat.models.longspec import LongSpecConfig, LongSpecLayer
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
 
 
 def median_ms(call, repeats: int = 5) -> float:

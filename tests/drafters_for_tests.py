@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from specchat.drafters.base import DraftsAlone, TracksCommittedIds
+from specchat.engine.drafter import DraftsAlone, TracksCommittedIds
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 
 

@@ -10,8 +10,8 @@ import pytest
 from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _data_dir
 
-from specchat.drafters.answer_store import CONTEXT, ORDERS, AnswerStore, Guess
-from specchat.drafters.ngram import NgramDrafter, build, match_rate
+from specchat.drafters.ngram.answer_store import CONTEXT, ORDERS, AnswerStore, Guess
+from specchat.drafters.ngram.drafter import NgramDrafter, build, match_rate
 from specchat.engine.events import ANSWERS
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt

@@ -9,7 +9,7 @@ from conftest import TINY_FAMILIES, tiny_model
 from drafters_for_tests import RandomTreeDrafter
 from test_speculative import VOCAB, assert_cache_is_fresh_prefill, model_and_greedy, run
 
-from specchat.drafters.ngram import NgramDrafter
+from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.engine.attention import attention_of, use_attention
 from specchat.engine.generate import Engine
 from specchat.engine.lean_forward import LeanForward

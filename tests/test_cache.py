@@ -7,13 +7,13 @@ import torch
 from conftest import TINY_FAMILIES, tiny_model
 from transformers import DynamicCache
 
-from specchat.drafters.working_cache import WorkingCache
+from specchat.drafters.model.working_cache import WorkingCache
 from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.cache import Rollback, TreeCache
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
-from specchat.models.glide import GlideConfig, GlideKV
-from specchat.models.longspec import RingKV
+from specchat.drafters.glide.model import GlideConfig, GlideKV
+from specchat.drafters.longspec.model import RingKV
 
 
 def fresh_kv(model, ids: list[int]):

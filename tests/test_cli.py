@@ -185,7 +185,7 @@ def test_models_lists_profiles_and_availability():
 def test_run_with_a_local_longspec_checkpoint_matches_autoregressive(default_model, tmp_path):
     import torch
 
-    from specchat.models.longspec import LongSpecConfig, LongSpecLayer, save_longspec
+    from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer, save_longspec
 
     torch.manual_seed(0)
     save_longspec(tmp_path / "draft", LongSpecLayer(LongSpecConfig.for_target(default_model.model.config)),

@@ -38,17 +38,17 @@ from test_longspec import generate, random_layer
 from test_sampling_verification import PROMPT, TOKENS, Target, exact_joint
 
 from specchat.drafters import DrafterChoice, build_drafter, parse_drafter, resolve_drafter
-from specchat.drafters.base import DraftsAlone
+from specchat.engine.drafter import DraftsAlone
 from specchat.drafters.composite import CompositeDrafter, matched_run, merge_trees
 from specchat.drafters.mode_choice import BOTH, FIRST_STEPS, SECOND, ModeChoice
-from specchat.drafters.longspec import LongSpecDrafter
-from specchat.drafters.ngram import NgramDrafter
+from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.engine.events import COPY, TARGET
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
-from specchat.models.longspec import LongSpecConfig, LongSpecLayer, save_longspec
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer, save_longspec
 from specchat.profiles import load_profiles
 
 REPETITIVE = [5, 9, 12, 7, 5, 9, 12, 7, 5, 9, 12, 7, 5, 9]

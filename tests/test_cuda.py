@@ -23,16 +23,16 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specchat.drafters.composite import CompositeDrafter
-from specchat.drafters.glide import GlideDrafter
-from specchat.drafters.longspec import LongSpecDrafter
-from specchat.drafters.model import ModelDrafter
-from specchat.drafters.ngram import NgramDrafter
-from specchat.drafters.tokenswift import TokenSwiftDrafter
+from specchat.drafters.glide.drafter import GlideDrafter
+from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.model.drafter import ModelDrafter
+from specchat.drafters.ngram.drafter import NgramDrafter
+from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.target_forward import TorchForward
 from specchat.kernels.attention.configs import prefix_config, tree_config
-from specchat.models.draft_model import DraftModel, student_from_target
+from specchat.drafters.model.model import DraftModel, student_from_target
 
 VOCAB = 1024
 CUDA = torch.device("cuda")

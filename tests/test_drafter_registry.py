@@ -8,7 +8,16 @@ import pytest
 from tui_harness import tiny_loaded
 
 from specchat.cli.common import default_drafter
-from specchat.drafters import KINDS, NAMES, DrafterChoice, check_option, parse_drafter, resolve_drafter, usable_drafters
+from specchat.drafters import (
+    KINDS,
+    NAMES,
+    OPTION_FLAGS,
+    DrafterChoice,
+    check_option,
+    parse_drafter,
+    resolve_drafter,
+    usable_drafters,
+)
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.profiles import load_profiles
@@ -42,7 +51,26 @@ def test_profiles_say_which_drafters_a_model_has():
     )
     with pytest.raises(SpecchatError, match=r"no published glide drafter \(it has: none, ngram, longspec, model\)"):
         resolve_drafter(DrafterChoice("glide"), profiles["vicuna-7b-16k"], "vicuna-7b-16k")
-    assert all(kind.module or name == "none" for name, kind in KINDS.items())
+    assert all(kind.build or name == "none" for name, kind in KINDS.items())
+
+
+def test_the_registry_names_each_kinds_build_and_fetch_and_its_options_match_builds_signature():
+    """The options a kind lists are exactly the keyword arguments its `build` takes (none silently dropped, none
+    that a flag cannot reach), and every named function exists."""
+    import inspect
+
+    from specchat.drafters import function
+
+    for name, kind in KINDS.items():
+        if not kind.build:
+            continue
+        parameters = inspect.signature(function(kind.build)).parameters
+        assert list(parameters)[:2] == ["target", "checkpoint"], name
+        keywords = {p for p, spec in parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY}
+        assert keywords == set(kind.options), name
+        assert set(kind.options) <= set(OPTION_FLAGS), name
+        if kind.fetch:
+            assert list(inspect.signature(function(kind.fetch)).parameters) == ["repo"], name
 
 
 def test_a_profile_names_the_drafters_measured_fastest_on_its_model():
@@ -125,7 +153,7 @@ def test_a_chat_keeps_its_draft_cache_for_the_drafters_that_read_one(tokenizer, 
     the model or LongSpec part of whatever drafter the chat runs, ignored by the others."""
     from test_longspec import random_layer
 
-    from specchat.models.longspec import save_longspec
+    from specchat.drafters.longspec.model import save_longspec
     from specchat.tui.session import check_settings
 
     with pytest.raises(SpecchatError, match="the draft cache must be one of full, streaming, retrieval"):

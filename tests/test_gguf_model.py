@@ -16,15 +16,15 @@ from gguf_files import random_blocks, write_tiny_model
 from test_cli import specchat
 
 from specchat.bench.bandwidth import weight_bytes
-from specchat.drafters.longspec import LongSpecDrafter
-from specchat.drafters.ngram import NgramDrafter
-from specchat.drafters.tokenswift import TokenSwiftDrafter
+from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.ngram.drafter import NgramDrafter
+from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, load_model
-from specchat.models.longspec import LongSpecConfig, LongSpecLayer
-from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
+from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 
 GREEDY = SamplingConfig(suppress=(2,))

@@ -23,13 +23,13 @@ from conftest import tiny_model
 from safetensors import safe_open
 from torch import nn
 
-from specchat.drafters.glide import CAPE_BINS, GlideDrafter, build
+from specchat.drafters.glide.drafter import CAPE_BINS, GlideDrafter, build
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT
 from specchat.errors import SpecchatError
-from specchat.models.checkpoint import write_checkpoint
-from specchat.models.glide import GlideConfig, GlideKV, GlideModel, load_glide, save_glide
+from specchat.drafters.checkpoint import write_checkpoint
+from specchat.drafters.glide.model import GlideConfig, GlideKV, GlideModel, load_glide, save_glide
 
 GREEDY = SamplingConfig()
 VOCAB = 1024
@@ -237,7 +237,7 @@ def test_catch_up_equals_a_fresh_drafter(family, targets, tokenizer):
 
 def test_catch_up_in_chunks(targets, tokenizer, monkeypatch):
     """A prompt longer than one catch-up chunk gives the same root logits as one chunk."""
-    from specchat.drafters import glide
+    from specchat.drafters.glide import drafter as glide
 
     target = targets["qwen2"]
     engine = Engine(target, tokenizer, max_len=256)
@@ -372,7 +372,7 @@ def test_build_loads_and_drafts(targets, tokenizer, tmp_path):
 def test_attention_of_few_rows_is_sdpa(rows, monkeypatch):
     """A draft step's attention (matmuls) and a catch-up's (SDPA) agree, over keys and values read in place from a
     longer cache; a row that sees nothing gets zeros."""
-    from specchat.models import attention
+    from specchat.drafters import draft_attention as attention
 
     generator = torch.Generator().manual_seed(rows)
     q, keys = torch.randn(4, rows, 16, generator=generator), torch.randn(2, 48, 16, generator=generator)[:, :30]

@@ -21,14 +21,14 @@ from conftest import tiny_model
 from test_model_drafter import small_policy
 from test_sampling_verification import CONFIGS, PROMPT, SAMPLES, TOKENS, Target, exact_joint
 
-from specchat.drafters.longspec import LongSpecDrafter
+from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_chat
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
-from specchat.models.checkpoint import write_checkpoint
-from specchat.models.layers import rotate
-from specchat.models.longspec import LongSpecConfig, LongSpecLayer, load_longspec, save_longspec
+from specchat.drafters.checkpoint import write_checkpoint
+from specchat.drafters.draft_layers import rotate
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer, load_longspec, save_longspec
 
 
 def random_layer(model, *, seed: int = 0, **changes) -> LongSpecLayer:

@@ -23,16 +23,16 @@ from specchat.drafters.cache_policy import (
     recent_chunks,
     target_attention,
 )
-from specchat.drafters.dynamic_tree import CHILDREN, grow_tree
-from specchat.drafters.model import ModelDrafter
-from specchat.drafters.working_cache import WorkingCache
+from specchat.drafters.model.dynamic_tree import CHILDREN, grow_tree
+from specchat.drafters.model.drafter import ModelDrafter
+from specchat.drafters.model.working_cache import WorkingCache
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT
 from specchat.errors import SpecchatError
-from specchat.models.draft_model import DraftModel, check_tokenizers, load_draft_model, student_from_target
-from specchat.models.layers import rotate
+from specchat.drafters.model.model import DraftModel, check_tokenizers, load_draft_model, student_from_target
+from specchat.drafters.draft_layers import rotate
 
 VOCAB = 96
 
@@ -232,7 +232,7 @@ def test_needle_retrieval_drafts_the_copied_fact_streaming_cannot(default_model)
 @pytest.mark.slow
 def test_a_profile_alias_drafts_with_that_profiles_model(default_model):
     """`--drafter model:smollm2-135m`: the alias's model (here the target's own, dense), its tokenizer checked."""
-    from specchat.drafters.model import build
+    from specchat.drafters.model.drafter import build
 
     model, tokenizer = default_model.model, default_model.tokenizer
     prompt = encode_prompt(tokenizer, "Name three colours.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specchat.drafters.ngram import COPY_MATCH, NgramDrafter, match_rate
+from specchat.drafters.ngram.drafter import COPY_MATCH, NgramDrafter, match_rate
 from specchat.engine.budget import AdaptiveBudget
 from specchat.engine.events import COPY
 from specchat.engine.tree import ROOT, DraftTree

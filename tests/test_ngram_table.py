@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from specchat.drafters.ngram_table import NgramTable
+from specchat.drafters.tokenswift.ngram_table import NgramTable
 
 
 def brute_force(text: list[int], lag: int, n: int = 4) -> Counter:

@@ -21,14 +21,14 @@ from test_longspec import generate, random_layer
 from test_tokenswift_drafter import random_heads
 from torch import nn
 
-from specchat.drafters.glide import GlideDrafter
-from specchat.drafters.longspec import LongSpecDrafter
+from specchat.drafters.glide.drafter import GlideDrafter
+from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.engine.generate import Engine
-from specchat.models.checkpoint import WEIGHTS, pack_checkpoint
-from specchat.models.glide import load_glide, save_glide
-from specchat.models.longspec import load_longspec, save_longspec
-from specchat.models.packed_weights import pack, unpack
-from specchat.models.tokenswift import load_heads, save_heads
+from specchat.drafters.checkpoint import WEIGHTS, pack_checkpoint
+from specchat.drafters.glide.model import load_glide, save_glide
+from specchat.drafters.longspec.model import load_longspec, save_longspec
+from specchat.drafters.packed_weights import pack, unpack
+from specchat.drafters.tokenswift.model import load_heads, save_heads
 from specchat.quant.quantize import quantize_linear
 
 PROMPT = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7]

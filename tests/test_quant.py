@@ -10,7 +10,7 @@ from conftest import tiny_model
 from drafters_for_tests import RandomTreeDrafter
 from gguf_files import reader
 
-from specchat.drafters.ngram import NgramDrafter
+from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specchat.drafters.ngram import NgramDrafter
+from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.errors import SpecchatError
 from specchat.session import Session
 

@@ -26,7 +26,7 @@ from conftest import TINY_FAMILIES, tiny_model
 from drafters_for_tests import OracleDrafter, RandomTreeDrafter, WrongDrafter
 from transformers import DynamicCache
 
-from specchat.drafters.ngram import NgramDrafter
+from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.engine.events import COPY, TARGET
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt

@@ -21,13 +21,13 @@ import torch
 from conftest import tiny_model
 from test_speculative import run
 
-from specchat.drafters.ngram_table import NgramTable
-from specchat.drafters.partial_kv import SINKS, PartialKV
-from specchat.drafters.tokenswift import KV_BUDGET, TokenSwiftDrafter, _product, _tree, build
+from specchat.drafters.tokenswift.ngram_table import NgramTable
+from specchat.drafters.tokenswift.partial_kv import SINKS, PartialKV
+from specchat.drafters.tokenswift.drafter import KV_BUDGET, TokenSwiftDrafter, _product, _tree, build
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import DraftTree
-from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads, save_heads
+from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, save_heads
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.quantize import quantize_model
 

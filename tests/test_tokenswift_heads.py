@@ -16,11 +16,11 @@ from test_train_glide import real_text_samples
 from test_train_longspec import _data_dir
 from tui_harness import tiny_loaded
 
-import specchat.models.tokenswift as tokenswift
+import specchat.drafters.tokenswift.model as tokenswift
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
-from specchat.models.tokenswift import (
+from specchat.drafters.tokenswift.model import (
     TokenSwiftConfig,
     TokenSwiftHeads,
     download_heads,
@@ -30,8 +30,8 @@ from specchat.models.tokenswift import (
 )
 from specchat.training.features import HiddenFeatures, target_features, target_hidden
 from specchat.training.samples import Sample
-from specchat.training.tokenswift import TokenSwiftObjective, head_labels
-from specchat.training.train_tokenswift import BETAS, train_tokenswift
+from specchat.drafters.tokenswift.objective import TokenSwiftObjective, head_labels
+from specchat.drafters.tokenswift.train import BETAS, train_tokenswift
 from specchat.training.trainer import STATE, TrainRecipe, learning_rate, train
 
 

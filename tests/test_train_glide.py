@@ -14,15 +14,15 @@ from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _data_dir
 from tui_harness import tiny_loaded
 
-from specchat.drafters.glide import build
+from specchat.drafters.glide.drafter import build
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
-from specchat.models.glide import GlideConfig, GlideModel
+from specchat.drafters.glide.model import GlideConfig, GlideModel
 from specchat.training.features import SampleFeatures, target_features
-from specchat.training.glide import BLOCK, GlideObjective
+from specchat.drafters.glide.objective import BLOCK, GlideObjective
 from specchat.training.indices import block_lag_visibility
 from specchat.training.samples import Sample
-from specchat.training.train_glide import train_glide
+from specchat.drafters.glide.train import train_glide
 from specchat.training.trainer import TrainRecipe, train
 
 

@@ -24,7 +24,7 @@ import pytest
 from conftest import tiny_model
 from drafters_for_tests import RandomTreeDrafter
 
-from specchat.drafters.ngram import NgramDrafter
+from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.tree import ROOT, TreeBuilder
 from specchat.errors import SpecchatError

@@ -17,15 +17,15 @@ import torch
 from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.synthetic import WARMUP, check_contexts, check_range, significant
 from specchat.bench.verify_cost import fill_cache
-from specchat.drafters.base import TargetView
-from specchat.drafters.longspec import LongSpecDrafter
+from specchat.engine.drafter import TargetView
+from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.engine.cache import TreeCache
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.target_forward import target_forward
 from specchat.engine.timing import Timer
 from specchat.engine.verify_forward import verification_forward
 from specchat.errors import SpecchatError
-from specchat.models.longspec import LongSpecConfig, LongSpecLayer
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
 
 
 @dataclass

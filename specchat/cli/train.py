@@ -131,7 +131,7 @@ def train_longspec(
     frozen LM head; then the draft vocabulary whose decoding is fastest here."""
     if eval_prompts < 1 or intermediate < 0:
         raise SpecchatError("--eval-prompts must be at least 1 and --intermediate at least 0")
-    from specchat.training.train_longspec import train_longspec as run_training
+    from specchat.drafters.longspec.train import train_longspec as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
                              precision, seed, dtype, device, eval_prompts=eval_prompts, intermediate=intermediate)  # fmt: skip
@@ -162,7 +162,7 @@ def train_glide(
     cross-attention to the target's last layer under GLIDE's block-wise lag (blocks of 5)."""
     if intermediate < 0:
         raise SpecchatError("--intermediate must be at least 0")
-    from specchat.training.train_glide import train_glide as run_training
+    from specchat.drafters.glide.train import train_glide as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
                              precision, seed, dtype, device, intermediate=intermediate)  # fmt: skip
@@ -201,8 +201,8 @@ def train_tokenswift(
         raise SpecchatError("--warmup-steps must be at least 0")
     if init is not None and not init.is_dir():
         raise SpecchatError(f"--init: {init} is not a directory of TokenSwift heads")
-    from specchat.training.train_tokenswift import BETAS
-    from specchat.training.train_tokenswift import train_tokenswift as run_training
+    from specchat.drafters.tokenswift.train import BETAS
+    from specchat.drafters.tokenswift.train import train_tokenswift as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
                              precision, seed, dtype, device, root_input=root_input, chain_input=chain_input, init=init,
@@ -233,7 +233,7 @@ def train_model_drafter(
 ) -> None:
     """A standalone draft model for the target: its first --layers layers and final norm, distilled towards
     its greedy tokens over its own embedding and LM head (shared, frozen and not stored)."""
-    from specchat.training.train_model_drafter import train_model_drafter as run_training
+    from specchat.drafters.model.train import train_model_drafter as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
                              precision, seed, dtype, device, layers=layers)  # fmt: skip
@@ -249,7 +249,7 @@ def train_ngram(
 ) -> None:
     """Give n-gram lookup the target's own answers: where the context has no earlier occurrence of its last
     tokens, it proposes what the target wrote after them in other answers."""
-    from specchat.training.train_ngram import build_answer_store
+    from specchat.drafters.ngram.train import build_answer_store
 
     check_output_dir(out)
     config = build_answer_store(data, out)
@@ -262,7 +262,7 @@ def train_pack(
 ) -> None:
     """Store a trained draft's matrices in 4 bits, in groups of 32 as its linears run on a CPU: about a third
     of its bf16 size, for a checkpoint that ships. Loaders unpack it; it is not packed twice."""
-    from specchat.models.checkpoint import pack_checkpoint
+    from specchat.drafters.checkpoint import pack_checkpoint
 
     before, after = pack_checkpoint(checkpoint)
     print(f"{checkpoint}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")

@@ -1,6 +1,8 @@
-"""Drafters propose token trees for the target to verify; one file each, behind one protocol (`base.py`).
+"""Drafters propose token trees for the target to verify; one folder per kind, behind the engine's protocol
+(`specchat.engine.drafter`).
 
-This module is their registry: every place that names drafters (the CLI's checks and help, the chat's
+This module is their registry, as data (`KINDS`: each kind's `build` and, where it fetches only part of a
+published repo, its `fetch`, named as "module:function"): every place that names drafters (the CLI's checks and help, the chat's
 `/drafter`, `bench`, `models`) reads it. `--drafter NAME` uses the model profile's checkpoint for NAME,
 `--drafter NAME:PATH` a local checkpoint directory, `--drafter A+B` two drafters merged into one tree
 (`composite.py`; `longspec:PATH+ngram`). It imports no torch: option checks stay fast.
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING
 from specchat.errors import SpecchatError
 
 if TYPE_CHECKING:
-    from specchat.drafters.base import Drafter, TargetView
+    from specchat.engine.drafter import Drafter, TargetView
     from specchat.engine.generate import Engine
     from specchat.loading import ModelSource
     from specchat.profiles import Profile
@@ -27,25 +29,33 @@ if TYPE_CHECKING:
 class DrafterKind:
     name: str
     summary: str
-    module: str  # holds `build(target, checkpoint, **options) -> Drafter`; "" for none
+    build: str  # "module:function", `function(target, checkpoint, **options) -> Drafter`; "" for none
     trained: bool = False  # reads a checkpoint: the profile's, or NAME:PATH
     options: tuple[str, ...] = ()  # the build options (`OPTION_FLAGS`) its `build` takes as keyword arguments
     optional: bool = False  # a trained kind that also runs without one (where no profile publishes it)
+    fetch: str = ""  # "module:function", `function(repo) -> directory`: fetches a published checkpoint's files
 
 
+NONE, NGRAM, LONGSPEC, GLIDE, TOKENSWIFT, MODEL = "none", "ngram", "longspec", "glide", "tokenswift", "model"
 KINDS = {
     kind.name: kind
     for kind in (
-        DrafterKind("none", "no drafting: autoregressive decoding", ""),
-        DrafterKind("ngram", "prompt lookup: continuations of earlier n-grams, and of the target's own answers where its profile ships them", "specchat.drafters.ngram", True, optional=True),
-        DrafterKind("longspec", "LongSpec: one draft layer reading the target's KV cache", "specchat.drafters.longspec", True, ("cache",)),
-        DrafterKind("glide", "GLIDE + CAPE: draft layers attending to the target's KV cache", "specchat.drafters.glide", True),
-        DrafterKind("tokenswift", "TokenSwift: heads on the target over a partial KV cache, with n-gram reuse", "specchat.drafters.tokenswift", True, ("kv_budget", "draft_forward")),
-        DrafterKind("model", "SpecExtend: a small draft model reading part of its own cache (--draft-cache)", "specchat.drafters.model", True, ("cache",)),
+        DrafterKind(NONE, "no drafting: autoregressive decoding", ""),
+        DrafterKind(NGRAM, "prompt lookup: continuations of earlier n-grams, and of the target's own answers where its profile ships them",
+                    "specchat.drafters.ngram.drafter:build", True, optional=True),
+        DrafterKind(LONGSPEC, "LongSpec: one draft layer reading the target's KV cache",
+                    "specchat.drafters.longspec.drafter:build", True, ("cache",)),
+        DrafterKind(GLIDE, "GLIDE + CAPE: draft layers attending to the target's KV cache",
+                    "specchat.drafters.glide.drafter:build", True),
+        DrafterKind(TOKENSWIFT, "TokenSwift: heads on the target over a partial KV cache, with n-gram reuse",
+                    "specchat.drafters.tokenswift.drafter:build", True, ("kv_budget", "draft_forward")),
+        DrafterKind(MODEL, "SpecExtend: a small draft model reading part of its own cache (--draft-cache)",
+                    "specchat.drafters.model.drafter:build", True, ("cache",),
+                    fetch="specchat.drafters.model.drafter:fetch_checkpoint"),
     )
 }  # fmt: skip
 NAMES = tuple(KINDS)
-DEFAULT_DRAFTER = "ngram"  # every model has it: the default of a model whose profile measured none faster
+DEFAULT_DRAFTER = NGRAM  # every model has it: the default of a model whose profile measured none faster
 # Build options, by the flag that sets them: what a draft model reads of a long context (`cache_policy.py`), and
 # whether TokenSwift runs a draft forward and the KV slots it reads. A kind takes those its `options` name.
 OPTION_FLAGS = {"cache": "--draft-cache", "kv_budget": "--draft-kv-budget", "draft_forward": "--draft-forward"}
@@ -189,13 +199,21 @@ def build_drafter(choice: DrafterChoice, target: TargetView, **options) -> Draft
 
         return CompositeDrafter(*(build_drafter(part, target, **options) for part in choice.parts))
     kind = KINDS[choice.name]
-    if not kind.module:
+    if not kind.build:
         return None
-    module = importlib.import_module(kind.module)
+    build = function(kind.build)
     taken = {name: value for name, value in options.items() if name in kind.options and value is not None}
     if not kind.trained or (kind.optional and choice.path is None and choice.repo is None):
-        return module.build(target, None, **taken)
-    return module.build(target, choice.path or _fetch(choice.repo, getattr(module, "fetch_checkpoint", None)), **taken)
+        return build(target, None, **taken)
+    fetch = function(kind.fetch) if kind.fetch else None
+    return build(target, choice.path or _fetch(choice.repo, fetch), **taken)
+
+
+def function(reference: str):
+    """The function a registry entry names as "module:function" (its module imported only now: torch stays out
+    of the option checks)."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def bundled_checkpoint(repo: str) -> Path | None:

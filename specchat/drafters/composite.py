@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specchat.drafters.base import Drafter
+from specchat.engine.drafter import Drafter
 from specchat.drafters.mode_choice import BOTH, ModeChoice
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.events import COPY

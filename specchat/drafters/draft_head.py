@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from specchat.drafters.base import TargetView
+from specchat.engine.drafter import TargetView
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.quant.gguf_linear import GGUFLinear
 from specchat.quant.quantize import quantizable, quantize_linear

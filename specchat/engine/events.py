@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from specchat.engine.stats import GenerationStats
 
 TARGET = "target"  # origin of a token produced by the target model itself
-COPY = "copy"  # origin of n-gram lookup's copies of a long passage (specchat/drafters/ngram.py)
-ANSWERS = "answers"  # origin of its guesses from the target's own answers (specchat/drafters/answer_store.py)
+COPY = "copy"  # origin of n-gram lookup's copies of a long passage (specchat/drafters/ngram/drafter.py)
+ANSWERS = "answers"  # origin of its guesses from the target's own answers (specchat/drafters/ngram/answer_store.py)
 KNOWN = "known"  # origin of a token the text was known to go on with (`Engine.generate(known=...)`)
 
 

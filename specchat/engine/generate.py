@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from specchat.disk_cache import cache_dir
-from specchat.drafters.base import Drafter, TargetView
+from specchat.engine.drafter import Drafter, TargetView
 from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.events import KNOWN, TARGET, StepEvent

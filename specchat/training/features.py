@@ -11,7 +11,7 @@ in chunks of CHUNK samples: `<data>/features/<split>-NNNNN.safetensors` holds `k
 missing chunk.
 
 Keys are post-RoPE at the sample's own positions 0..L-1. LongSpec's anchor offsets move a sample to other
-positions by rotating them (`training/longspec.py`); RoPE is relative, so that equals the keys the target
+positions by rotating them (`drafters/longspec/objective.py`); RoPE is relative, so that equals the keys the target
 would compute there, except for the target's own attention to the sinks.
 
 Heads that read the target's last hidden state (TokenSwift) train on that state instead: `target_hidden`

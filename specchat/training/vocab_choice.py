@@ -14,9 +14,9 @@ from collections.abc import Callable
 import torch
 
 from specchat.bench.runs import engine_run
-from specchat.drafters.longspec import LongSpecDrafter
+from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.engine.generate import Engine
-from specchat.models.longspec import LongSpecLayer
+from specchat.drafters.longspec.model import LongSpecLayer
 
 VOCAB_SIZES = (8192, 16384, 32768, 0)  # 0: the target's whole vocabulary
 

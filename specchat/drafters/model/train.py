@@ -18,9 +18,9 @@ from torch import nn
 from specchat.architectures import parts
 from specchat.engine.generate import eos_ids
 from specchat.errors import SpecchatError
-from specchat.models.checkpoint import WEIGHTS
-from specchat.models.draft_model import save_student, student_from_target
-from specchat.training.model_drafter import ModelDrafterObjective
+from specchat.drafters.checkpoint import WEIGHTS
+from specchat.drafters.model.model import save_student, student_from_target
+from specchat.drafters.model.objective import ModelDrafterObjective
 from specchat.training.pipeline import Trainee, train_drafter
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet

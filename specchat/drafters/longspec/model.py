@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from specchat.errors import SpecchatError
-from specchat.models.attention import attend
-from specchat.models.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
-from specchat.models.layers import MLP, RMSNorm, SelfAttention, rotate
+from specchat.drafters.draft_attention import attend
+from specchat.drafters.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
+from specchat.drafters.draft_layers import MLP, RMSNorm, SelfAttention, rotate
 
 WINDOW = 512  # the reference's sliding window over the draft's own states
 

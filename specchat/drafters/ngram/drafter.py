@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from specchat.drafters.answer_store import AnswerStore, Guess
+from specchat.drafters import NGRAM
+from specchat.drafters.ngram.answer_store import AnswerStore, Guess
 from specchat.engine.events import ANSWERS, COPY
 from specchat.engine.tree import DraftTree
 
@@ -36,7 +37,7 @@ RECENT = 16  # occurrences of a k-gram looked at, the most recent first
 
 
 class NgramDrafter:
-    kind = "ngram"
+    kind = NGRAM
     scores_nodes = True
 
     def __init__(self, *, max_ngram: int = 3, matches_per_ngram: int = 4, store: AnswerStore | None = None):

@@ -42,9 +42,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specchat.errors import SpecchatError
-from specchat.models.checkpoint import HEADS, PICKLES, load_into
-from specchat.models.packed_weights import unpack
-from specchat.models.layers import RMSNorm
+from specchat.drafters.checkpoint import HEADS, PICKLES, load_into
+from specchat.drafters.packed_weights import unpack
+from specchat.drafters.draft_layers import RMSNorm
 
 GAMMA = 3  # TokenSwift's heads: tokens t + 2 .. t + 4 from the state at t
 PUBLISHED_PREFIX = "model."  # published heads sit in the target's own checkpoint, under its `model.`

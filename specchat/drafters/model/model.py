@@ -1,6 +1,6 @@
 """Standalone draft models (SpecExtend): a small Llama-family causal LM that shares the target's tokenizer.
 
-Two kinds of checkpoint load into the same transformers module, whose layers `drafters/model.py` runs:
+Two kinds of checkpoint load into the same transformers module, whose layers `drafters/model/drafter.py` runs:
 
 - **A Hugging Face model** (a repo id or a local directory, e.g. `double7/vicuna-68m` for vicuna-7b): its
   own embedding and LM head, loaded by transformers.
@@ -20,7 +20,7 @@ from torch import nn
 
 from specchat.architectures import parts
 from specchat.errors import SpecchatError, first_line
-from specchat.models.checkpoint import read_checkpoint, write_checkpoint
+from specchat.drafters.checkpoint import read_checkpoint, write_checkpoint
 
 FAMILIES = ("llama", "mistral", "qwen2")  # plain pre-norm decoders whose layers the drafter runs (no q/k norms)
 STUDENT = "specchat_student"  # config.json: {"target": the target's name, "layers": the target layers it began as}

@@ -1,4 +1,4 @@
-"""`specchat train ngram`: the n-gram drafter's table of the target's own answers (`drafters/answer_store.py`).
+"""`specchat train ngram`: the n-gram drafter's table of the target's own answers (`drafters/ngram/answer_store.py`).
 
 Nothing is learnt: the training answers are written as one token file next to a config naming the model they
 came from. The held-out answers stay out, so they measure the table as they measure a trained drafter.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specchat.drafters.answer_store import FILE, AnswerStore
+from specchat.drafters.ngram.answer_store import FILE, AnswerStore
 from specchat.errors import SpecchatError
 from specchat.training.data import read_records
 

@@ -16,9 +16,9 @@ import torch
 from specchat.architectures import parts
 from specchat.engine.generate import eos_ids
 from specchat.errors import SpecchatError
-from specchat.models.tokenswift import TokenSwiftConfig, TokenSwiftHeads, load_heads, save_heads
+from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, load_heads, save_heads
 from specchat.training.pipeline import Trainee, train_drafter
-from specchat.training.tokenswift import TokenSwiftObjective
+from specchat.drafters.tokenswift.objective import TokenSwiftObjective
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet, target_head
 from specchat.training.vocab import frequent_tokens

@@ -1,6 +1,6 @@
 """GLIDE drafting with CAPE: a small draft model over the target's KV cache, growing a chain and its runners-up.
 
-The draft (specchat.models.glide) keeps its own keys and values of every committed position, computed by
+The draft (specchat.drafters.glide.model) keeps its own keys and values of every committed position, computed by
 full draft forwards: a layer above the first depends on the cross-attention, so the committed tokens are
 caught up lazily at the next `propose` (in chunks), the root last; its logits start the tree.
 
@@ -18,12 +18,13 @@ from pathlib import Path
 
 import torch
 
-from specchat.drafters.base import DraftsAlone, TargetView, TracksCommittedIds
+from specchat.drafters import GLIDE
+from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
-from specchat.models.glide import GlideKV, GlideModel, check_target, load_glide
+from specchat.drafters.glide.model import GlideKV, GlideModel, check_target, load_glide
 from specchat.quant.quantize import quantized_copy
 
 CAPE_BINS = ((0.3, 8), (0.6, 6), (0.8, 4), (math.inf, 2))  # (bound, siblings): the first bound above c applies
@@ -32,7 +33,7 @@ CHUNK = 256  # committed rows per catch-up forward: bounds the masks at long con
 
 
 class GlideDrafter(DraftsAlone, TracksCommittedIds):
-    kind = "glide"
+    kind = GLIDE
 
     def __init__(self, target: TargetView, model: GlideModel, *, draft_vocab: torch.Tensor | None = None,
                  chain: int = CHAIN, bins: tuple[tuple[float, int], ...] = CAPE_BINS,

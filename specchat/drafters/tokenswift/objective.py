@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from specchat.models.tokenswift import TokenSwiftHeads
+from specchat.drafters.tokenswift.model import TokenSwiftHeads
 from specchat.training.features import HiddenFeatures, SampleHidden
 from specchat.training.lag_evaluation import answer_rows
 from specchat.training.samples import Sample

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from specchat.models.layers import rotate
+from specchat.drafters.draft_layers import rotate
 
 
 class WorkingCache:

@@ -1,5 +1,5 @@
 """TokenSwift: the target drafts for itself. One target forward of the root over a partial KV cache gives
-the LM head's next-token distribution and, through gamma = 3 heads (`models/tokenswift.py`), guesses for
+the LM head's next-token distribution and, through gamma = 3 heads (`drafters/tokenswift/model.py`), guesses for
 the three tokens after it; the most frequent 4-grams of the text that start with the drafted token
 (`ngram_table.py`) are added as branches.
 
@@ -28,13 +28,14 @@ from pathlib import Path
 
 import torch
 
-from specchat.drafters.base import TargetView
+from specchat.drafters import TOKENSWIFT
+from specchat.engine.drafter import TargetView
 from specchat.drafters.draft_head import DraftHead, draft_weights
-from specchat.drafters.ngram_table import NgramTable
-from specchat.drafters.partial_kv import PartialKV
+from specchat.drafters.tokenswift.ngram_table import NgramTable
+from specchat.drafters.tokenswift.partial_kv import PartialKV
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import DraftTree
-from specchat.models.tokenswift import TokenSwiftHeads, download_heads, load_heads
+from specchat.drafters.tokenswift.model import TokenSwiftHeads, download_heads, load_heads
 from specchat.quant.quantize import quantized_copy
 
 KV_BUDGET = 4096  # TokenSwift's partial cache B; 0 drafts over the full cache
@@ -43,7 +44,7 @@ NGRAM = "ngram"  # the origin of the nodes its n-gram reuse adds
 
 
 class TokenSwiftDrafter:
-    kind = "tokenswift"  # the registry name: the chat colours its tokens by it
+    kind = TOKENSWIFT  # the registry name: the chat colours its tokens by it
     scores_nodes = True
 
     def __init__(self, target: TargetView, heads: TokenSwiftHeads, *, kv_budget: int = KV_BUDGET,

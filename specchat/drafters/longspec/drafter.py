@@ -14,20 +14,21 @@ from pathlib import Path
 
 import torch
 
-from specchat.drafters.base import DraftsAlone, TargetView, TracksCommittedIds
+from specchat.drafters import LONGSPEC
+from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.drafters.cache_policy import CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
-from specchat.models.longspec import LongSpecLayer, RingKV, load_longspec
+from specchat.drafters.longspec.model import LongSpecLayer, RingKV, load_longspec
 from specchat.quant.quantize import quantized_copy
 
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
 
 
 class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
-    kind = "longspec"
+    kind = LONGSPEC
 
     def __init__(self, target: TargetView, layer: LongSpecLayer, *, draft_vocab: torch.Tensor | None = None,
                  widths: tuple[int, ...] = BEAM_WIDTHS, chain: bool = False, weights: str | None = "auto",

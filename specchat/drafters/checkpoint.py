@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specchat.errors import SpecchatError
-from specchat.models.packed_weights import is_packed, pack, unpack
+from specchat.drafters.packed_weights import is_packed, pack, unpack
 
 WEIGHTS = "model.safetensors"
 HEADS = "heads.safetensors"  # TokenSwift's heads

@@ -14,8 +14,8 @@ import torch
 
 from specchat.architectures import parts
 from specchat.engine.generate import eos_ids
-from specchat.models.glide import GlideConfig, GlideModel, save_glide
-from specchat.training.glide import GlideObjective
+from specchat.drafters.glide.model import GlideConfig, GlideModel, save_glide
+from specchat.drafters.glide.objective import GlideObjective
 from specchat.training.pipeline import Trainee, train_drafter
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet, target_embeddings, target_head

@@ -18,7 +18,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from specchat.models.glide import GlideKV, GlideModel
+from specchat.drafters.glide.model import GlideKV, GlideModel
 from specchat.training.features import Features, SampleFeatures
 from specchat.training.indices import block_lag_visibility, lag_visibility
 from specchat.training.lag_evaluation import lag_evaluation

@@ -22,8 +22,8 @@ import random
 import torch
 import torch.nn.functional as F
 
-from specchat.models.layers import rotate
-from specchat.models.longspec import LongSpecLayer
+from specchat.drafters.draft_layers import rotate
+from specchat.drafters.longspec.model import LongSpecLayer
 from specchat.training.features import Features, SampleFeatures
 from specchat.training.indices import anchor_offset_positions, lag_pad, lag_visibility, loss_rows
 from specchat.training.lag_evaluation import lag_evaluation

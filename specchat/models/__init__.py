@@ -1,1 +1,0 @@
-"""Draft-model architectures that read the target: LongSpec, GLIDE; their checkpoint loaders."""
