@@ -3,11 +3,9 @@ date from the forwards decoding runs.
 
 The calibration times forwards of 0, 1, 3, 7, ... nodes at the current context, once per model, dtype, device
 and context class, and keeps them on disk. Its prices are ratios to a decode step, and on a machine that shares
-its memory those ratios move with the minute: on 2 cores of a Zen 4 the 1.5B's decode step reads the weights at
-whatever bandwidth the neighbours leave (33-44 ms), while a forward of 4 rows, nearer compute-bound, stays at
-~41 ms; 3 nodes cost 1.0x a decode step one minute and 1.24x ten minutes later. Frozen, one calibration had the
-default drafter spend 1.6-1.8 nodes a step and the next 2.9-3.2, and one timed while another process loaded the
-CPU priced 7 nodes at 1.05x for good (6-7 nodes a step, 1.09x plain decoding on chat).
+its memory those ratios move with the minute: a decode step reads the weights at whatever bandwidth the
+neighbours leave, while a forward of a few rows, nearer compute-bound, does not; a calibration timed while
+another process loaded the CPU would misprice trees for good.
 
 So each timed forward of decoding corrects the price of its size class: a factor per calibrated size, the
 median ratio of measured to calibrated seconds over its latest timings, read by the sizes it stands for (a class
@@ -16,11 +14,10 @@ alone, and every price is a ratio to that one, so while drafting the budget asks
 `PLAIN_STEP_EVERY` forwards with a tree (`decode_stale`): one step in 65 drafts nothing, under 1% of the tokens.
 
 A median, and a class's timings forgotten when it has not been timed lately, because the budget reads the prices
-it makes: one forward of 3 nodes slowed to 239 ms (40 expected, a few steps into a prompt) and a moving
-average took the factor of 3 nodes from 1.0 to 2.5, the budget moved to 7-node trees at 1.6-1.9x a decode step,
-and 3 nodes, never timed again, kept that price for the rest of the run. Slow outliers are the noise here (a
-forward cannot run faster than its work), so a class timed afresh starts from the factor it was priced at, and
-of an even count of timings the lower middle one counts.
+it makes: with a moving average, one slow forward (a few steps into a prompt) raised a class's price, the budget
+left that size, and the size, never timed again, kept its price. Slow outliers are the noise here (a forward
+cannot run faster than its work), so a class timed afresh starts from the factor it was priced at, and of an
+even count of timings the lower middle one counts.
 """
 
 from __future__ import annotations
