@@ -26,7 +26,6 @@ import psutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from specchat.drafters import build_drafter, parse_drafter, resolve_drafter  # noqa: E402
 from specchat.loading import load_model  # noqa: E402
 from specchat.writer import settings as defaults  # noqa: E402
 from specchat.writer.start import new_book  # noqa: E402
@@ -39,9 +38,8 @@ def measure(loaded, drafter: str, tokens: int, penalty: float, seed: int, kv_cac
     sampling = {**defaults.SAMPLING, "penalty": penalty, "seed": seed}
     name = re.sub(r"[^\w.+-]", "_", drafter)  # a drafter NAME:PATH names a file too
     book, engine = new_book(loaded, folder / f"{name}-{penalty}-{kv_cache}.txt", tokens, defaults.STORY, raw=False,
-                            sampling=sampling, stop_at_eos=False, force=True, kv_cache=kv_cache)  # fmt: skip
-    choice = resolve_drafter(parse_drafter(drafter), loaded.source.profile, loaded.source.name)
-    engine.set_drafter(build_drafter(choice, engine.target))
+                            sampling=sampling, stop_at_eos=False, force=True, kv_cache=kv_cache,
+                            drafter=drafter)  # fmt: skip
     marks: list[tuple[int, float, int]] = []  # (tokens, seconds, rss) at each crossing of a MARK
 
     def status(now):

@@ -103,7 +103,7 @@ def write(
     quiet_transformers()
     from rich.console import Console
 
-    from specchat.drafters import attach_drafter, resolve_drafter
+    from specchat.drafters import resolve_drafter
     from specchat.loading import load_model, resolve_device, resolve_model
     from specchat.writer.display import report_json, report_lines, write_progress
     from specchat.writer.start import new_book, resumed_book, writer_drafter
@@ -118,16 +118,16 @@ def write(
         raise SpecchatError("--draft-kv-budget sizes the draft forward, which --no-draft-forward leaves out")
     resolve_device(device)
     loaded = load_model(model, dtype=dtype, device=device, attention=attention)
+    drafting = {"kv_cache": kv_cache, "drafter": choice, "draft_budget": draft_budget, "kv_budget": draft_kv_budget,
+                "draft_forward": draft_forward}
     if book is None:
         book, engine = new_book(loaded, out, tokens, prompt or book_defaults.STORY, raw=raw, sampling=sampling,
-                                stop_at_eos=bool(stop_at_eos), force=force, kv_cache=kv_cache)  # fmt: skip
+                                stop_at_eos=bool(stop_at_eos), force=force, **drafting)  # fmt: skip
     else:
         engine = resumed_book(loaded, book, tokens, prompt=prompt, raw=raw, given=given, stop_at_eos=stop_at_eos,
-                              kv_cache=kv_cache)  # fmt: skip
+                              **drafting)  # fmt: skip
     book.progress.target, book.progress.finished = tokens, None
     book.save()
-    attach_drafter(engine, loaded.source, choice, draft_budget=draft_budget, kv_budget=draft_kv_budget,
-                   draft_forward=draft_forward)  # fmt: skip
     console = Console(stderr=True)
     if book.progress.tokens == 0:
         console.print(f"[dim]prompt ({book.settings.prompt_tokens} tokens):[/dim] {prompt or book_defaults.STORY}")

@@ -7,9 +7,11 @@ import secrets
 from dataclasses import replace
 from pathlib import Path
 
+from specchat.drafters import DrafterChoice
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.errors import SpecchatError
+from specchat.session import Session
 from specchat.writer.book import Book
 from specchat.writer.settings import BookSettings, check_same, prompt_digest
 
@@ -33,11 +35,13 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "min_p_keep", "pena
 
 
 def new_book(loaded, out: Path, tokens: int, prompt: str, *, raw: bool, sampling: dict, stop_at_eos: bool,
-             force: bool, kv_cache: str = "auto") -> tuple[Book, Engine]:  # fmt: skip
-    """A book for `tokens` new tokens after `prompt`, and the engine sized for it: the prompt and the tokens
-    when the model's window holds both (never a refill), else the window."""
+             force: bool, kv_cache: str = "auto", drafter: str | DrafterChoice = "none", **drafting) -> tuple[Book, Engine]:  # fmt: skip
+    """A book for `tokens` new tokens after `prompt`, and the engine sized for it (the prompt and the tokens when
+    the model's window holds both: never a refill; else the window), drafting with `drafter` and its options
+    (`Session.over`)."""
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, raw=raw)
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt_ids) + tokens, kv_cache=kv_cache)
+    engine = Session.over(loaded, max_len=len(prompt_ids) + tokens, kv_cache=kv_cache, drafter=drafter,
+                          **drafting).engine  # fmt: skip
     if engine.capacity - len(prompt_ids) < 2:
         raise SpecchatError(
             f"the prompt has {len(prompt_ids)} tokens; the model's window holds {engine.capacity}, "
@@ -60,8 +64,10 @@ def window_policy(capacity: int, prompt_tokens: int) -> dict:
 
 
 def resumed_book(loaded, book: Book, tokens: int, *, prompt: str | None, raw: bool, given: dict,
-                 stop_at_eos: bool | None, kv_cache: str = "auto") -> Engine:  # fmt: skip
-    """Check that what was given again matches the book, and the engine that goes on with it to `tokens`."""
+                 stop_at_eos: bool | None, kv_cache: str = "auto", drafter: str | DrafterChoice = "none",
+                 **drafting) -> Engine:  # fmt: skip
+    """Check that what was given again matches the book, and the engine that goes on with it to `tokens`,
+    drafting with `drafter` and its options."""
     settings = book.settings
     asked = replace(settings, weights=loaded.weights, dtype=loaded.dtype, kv_cache=kv_cache, model=loaded.source.name,
                     **{name: value for name, value in given.items() if value is not None})  # fmt: skip
@@ -70,7 +76,8 @@ def resumed_book(loaded, book: Book, tokens: int, *, prompt: str | None, raw: bo
     if prompt is not None:
         asked = replace(asked, prompt_sha256=prompt_digest(encode_prompt(loaded.tokenizer, prompt, raw=raw)))
     check_same(settings, asked)
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=settings.prompt_tokens + tokens, kv_cache=kv_cache)
+    engine = Session.over(loaded, max_len=settings.prompt_tokens + tokens, kv_cache=kv_cache, drafter=drafter,
+                          **drafting).engine  # fmt: skip
     fit_window(book, engine.capacity)
     return engine
 
