@@ -153,7 +153,10 @@ def load_model(
         return _load_gguf(source, quantize, torch_device, torch_dtype, attention, progress)
     native = source.embedded and dtype == "auto" and quantize is None and torch_device.type == "cpu"
     start = time.perf_counter()
-    location = embedded_checkpoint(progress, dense=not native) if source.embedded else _local_or_cached(source)
+    if source.embedded:
+        location = embedded_checkpoint(progress, dense=not native)
+    else:
+        location = _local_or_cached(source, torch_device)
     weights = "q4_1" if native else quantize
     if torch_dtype is None:  # auto on a CPU: bf16 is the exact dense format (fp32 matmuls are row-dependent)
         shape = _matmul_shape(location) if weights else None
@@ -310,11 +313,12 @@ def embedded_gguf_path() -> Path | None:
     return path if path.is_file() else None
 
 
-def is_available(source: ModelSource) -> bool:
-    """Whether the model can be loaded on this machine without a download."""
+def is_available(source: ModelSource, device: torch.device | None = None) -> bool:
+    """Whether the model can be loaded on `device` (default: the one `--device auto` picks) without a download: a
+    profile's GGUF file on a CPU, its target's own weights on a GPU."""
     if source.embedded:
         return embedded_gguf_path() is not None
-    if source.gguf:
+    if source.runs_gguf(device or resolve_device("auto")):
         path = source.gguf_path(download=False)
         return path is not None and path.is_file()
     if Path(source.location).is_dir():
@@ -329,8 +333,8 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
-def _local_or_cached(source: ModelSource) -> str:
-    if offline() and not is_available(source):
+def _local_or_cached(source: ModelSource, device: torch.device) -> str:
+    if offline() and not is_available(source, device):
         raise SpecchatError(
             f"model '{source.location}' is not available offline; download it with "
             f"`hf download {source.location}` on a connected machine (or unset HF_HUB_OFFLINE)"

@@ -74,8 +74,9 @@ def test_the_mission_profile_runs_its_gguf_on_a_cpu_found_in_the_hub_cache(tmp_p
     write_tiny_model(snapshot / name, embedded_gguf_path(), architecture="llama", name="Llama 3.1 8B Instruct")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     source = resolve_model("llama3.1-8b")
-    assert source.gguf_path(download=False) == snapshot / name and is_available(source)
+    assert source.gguf_path(download=False) == snapshot / name and is_available(source, torch.device("cpu"))
     assert source.runs_gguf(torch.device("cpu")) and not source.runs_gguf(torch.device("cuda"))
+    assert not is_available(source, torch.device("cuda"))  # a GPU runs the target's own weights: not cached here
     try:
         loaded = load_model("llama3.1-8b", device="cpu")
         assert loaded.model.config.model_type == "llama" and loaded.model.config.hidden_size == 256
