@@ -110,10 +110,10 @@ def test_llama31_runs_the_longspec_draft_published_for_llama3_262k(tmp_path):
         (snapshot / name).write_text("{}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
     code = (
-        "from specchat.drafters import _fetch, parse_drafter, resolve_drafter\n"
+        "from specchat.drafters import fetch_published, parse_drafter, resolve_drafter\n"
         "from specchat.profiles import load_profiles\n"
         "choice = resolve_drafter(parse_drafter('longspec'), load_profiles()['llama3.1-8b'], 'llama3.1-8b')\n"
-        "print(choice.repo, _fetch(choice.repo))"
+        "print(choice.repo, fetch_published(choice.repo))"
     )
     resolved = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert resolved.stdout.split() == [repo, str(snapshot)], resolved.stderr

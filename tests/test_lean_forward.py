@@ -64,6 +64,24 @@ def test_prefill_and_tree_verification_match_transformers_in_float32(family, hea
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_feature_layers_are_the_residual_stream_entering_each_layer(dtype):
+    """What EAGLE-3 reads: transformers' hidden states i < L are the stream entering layer i; the layer count names
+    the last layer's output (transformers' last entry is after the final norm)."""
+    model = _model("llama", dtype)
+    lean = LeanForward(model, cpu_decoder())
+    prompt = torch.randint(3, 1000, (24,), generator=torch.Generator().manual_seed(0))
+    out = lean(prompt, torch.arange(24), None, TreeCache(2, 64), feature_layers=(1, 0, 2))
+    expected = model(prompt[None], output_hidden_states=True).hidden_states
+    width = model.config.hidden_size
+    first = out.features[:, :width].float() - expected[1][0].float()
+    assert first.norm() <= (1e-5 if dtype == torch.float32 else 2e-2) * expected[1][0].float().norm()  # bf16 rounding
+    assert torch.equal(out.features[:, width : 2 * width], model.model.embed_tokens(prompt))
+    assert torch.equal(out.features[:, 2 * width :], out.hidden)
+    assert lean(prompt, torch.arange(24), None, TreeCache(2, 64)).features.shape == (24, 0)
+
+
+@torch.inference_mode()
 def test_a_long_prefill_after_a_cached_prefix_matches_transformers_in_float32():
     """Long prefills attend in chunks of rows (`kCausalChunk`): 600 rows after 40 cached ones take ten."""
     model = _model("llama", torch.float32)

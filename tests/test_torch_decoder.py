@@ -75,6 +75,19 @@ def test_logits_and_greedy_tokens_match_transformers_in_fp32(family):
     assert ours == theirs
 
 
+def test_feature_layers_are_the_residual_stream_entering_each_layer():
+    model = model_of("llama")
+    decoder = TorchDecoder.from_model(model)
+    ids = prompt(20)
+    with torch.inference_mode():
+        out = forward(decoder, decoder.new_cache(64), ids, torch.arange(20, device=DEVICE), feature_layers=(1, 2, 0))
+        expected = model(ids[None], output_hidden_states=True).hidden_states
+    width = model.config.hidden_size
+    torch.testing.assert_close(out.features[:, :width], expected[1][0], atol=1e-4, rtol=1e-4)
+    assert torch.equal(out.features[:, width : 2 * width], out.hidden)
+    torch.testing.assert_close(out.features[:, 2 * width :], expected[0][0])
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_logits_are_as_close_to_fp32_as_transformers_bf16_forward(family):
     """Both bf16 forwards against the fp32 forward of the same weights: ours rounds no worse than transformers'

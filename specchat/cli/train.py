@@ -213,6 +213,38 @@ def train_tokenswift(
           f"chain tau {last.get('heldout_chain_tau', float('nan')):.2f}")  # fmt: skip
 
 
+@train_app.command("eagle3")
+def train_eagle3(
+    data: DataOption,
+    out: DraftOutOption,
+    target: TargetOption = None,
+    epochs: EpochsOption = 1.0,
+    batch: BatchOption = 4,
+    lr: LrOption = 5e-4,
+    vocab: VocabOption = 8192,
+    intermediate: Annotated[int, typer.Option("--intermediate", help="The draft MLP's width.")] = 2048,
+    steps: Annotated[int, typer.Option("--steps", help="Training-time test: steps the draft is unrolled over "
+                                                       "its own outputs.")] = 3,  # fmt: skip
+    checkpoint_minutes: CheckpointOption = 5.0,
+    resume: ResumeOption = False,
+    precision: PrecisionOption = "auto",
+    seed: SeedOption = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+) -> None:
+    """An EAGLE-3 draft for the target: one layer over the target's low, middle and high layers' states and the
+    next token, trained by training-time test (unrolled over its own outputs); saved in the released layout."""
+    if intermediate < 1 or steps < 1:
+        raise SpecchatError("--intermediate and --steps must be at least 1")
+    from specchat.drafters.eagle3.train import train_eagle3 as run_training
+
+    summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
+                             precision, seed, dtype, device, intermediate=intermediate, steps=steps)  # fmt: skip
+    last = summary["log"][-1] if summary["log"] else {}
+    print(f"{out}: EAGLE-3 drafter, held-out chain tau {last.get('heldout_chain_tau', float('nan')):.2f}; "
+          f"use --drafter eagle3:{out}")  # fmt: skip
+
+
 @train_app.command("model-drafter")
 def train_model_drafter(
     data: DataOption,

@@ -34,9 +34,12 @@ class DrafterKind:
     options: tuple[str, ...] = ()  # the build options (`OPTION_FLAGS`) its `build` takes as keyword arguments
     optional: bool = False  # a trained kind that also runs without one (where no profile publishes it)
     fetch: str = ""  # "module:function", `function(repo) -> directory`: fetches a published checkpoint's files
+    hub_ids: bool = False  # NAME:X may also name a Hugging Face repo
 
 
-NONE, NGRAM, LONGSPEC, GLIDE, TOKENSWIFT, MODEL = "none", "ngram", "longspec", "glide", "tokenswift", "model"
+NONE, NGRAM, LONGSPEC, GLIDE, TOKENSWIFT, MODEL, EAGLE3 = (
+    "none", "ngram", "longspec", "glide", "tokenswift", "model", "eagle3"
+)
 KINDS = {
     kind.name: kind
     for kind in (
@@ -51,7 +54,9 @@ KINDS = {
                     "specchat.drafters.tokenswift.drafter:build", True, ("kv_budget", "draft_forward")),
         DrafterKind(MODEL, "SpecExtend: a small draft model reading part of its own cache (--draft-cache)",
                     "specchat.drafters.model.drafter:build", True, ("cache",),
-                    fetch="specchat.drafters.model.drafter:fetch_checkpoint"),
+                    fetch="specchat.drafters.model.drafter:fetch_checkpoint", hub_ids=True),
+        DrafterKind(EAGLE3, "EAGLE-3: one draft layer over three of the target's layers, drafting on its own outputs",
+                    "specchat.drafters.eagle3.drafter:build", True, hub_ids=True),
     )
 }  # fmt: skip
 NAMES = tuple(KINDS)
@@ -175,8 +180,7 @@ def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: 
     path given that does not exist is a one-line error."""
     if choice.parts:
         return replace(choice, parts=tuple(resolve_drafter(part, profile, model_name, flag) for part in choice.parts))
-    if choice.path is not None and choice.name != "model" and not choice.path.exists():  # before anything loads
-        # (model:X may also name a Hugging Face repo)
+    if choice.path is not None and not KINDS[choice.name].hub_ids and not choice.path.exists():  # before loading
         raise SpecchatError(f"{choice.path}: no such checkpoint directory")
     if not KINDS[choice.name].trained or choice.path is not None:
         return choice
@@ -206,7 +210,7 @@ def build_drafter(choice: DrafterChoice, target: TargetView, **options) -> Draft
     if not kind.trained or (kind.optional and choice.path is None and choice.repo is None):
         return build(target, None, **taken)
     fetch = function(kind.fetch) if kind.fetch else None
-    return build(target, choice.path or _fetch(choice.repo, fetch), **taken)
+    return build(target, choice.path or fetch_published(choice.repo, fetch), **taken)
 
 
 def function(reference: str):
@@ -226,7 +230,7 @@ def bundled_checkpoint(repo: str) -> Path | None:
     return Path(str(resources.files("specchat.checkpoints"))) / repo
 
 
-def _fetch(repo: str, download=None) -> Path:
+def fetch_published(repo: str, download=None) -> Path:
     """A profile's checkpoint directory: shipped with specchat, else from the Hugging Face cache (downloaded
     when online) by the drafter's own `download(repo)` when it fetches only part of a repo."""
     bundled = bundled_checkpoint(repo)

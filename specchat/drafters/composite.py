@@ -15,6 +15,7 @@ from specchat.drafters.mode_choice import BOTH, ModeChoice
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.events import COPY
 from specchat.engine.tree import ROOT, DraftTree
+from specchat.errors import SpecchatError
 
 
 class CompositeDrafter:
@@ -40,8 +41,12 @@ class CompositeDrafter:
     """
 
     def __init__(self, first: Drafter, second: Drafter):
+        read = {part.feature_layers for part in (first, second) if part.feature_layers is not None}
+        if len(read) > 1:  # one forward hands over one kind of state
+            raise SpecchatError(f"{first.kind} and {second.kind} read different target states: they cannot draft together")
         self.first = first
         self.second = second
+        self.feature_layers = read.pop() if read else None
         self.kind = f"{first.kind}+{second.kind}"  # its nodes carry the parts' kinds
         self.modes = ModeChoice()
         self.runs = MatchedRuns()

@@ -38,14 +38,16 @@ def capture(call, pool=None):
 class _Bucket:
     """One captured forward of `rows` rows and the static tensors it reads and writes."""
 
-    def __init__(self, decoder: TorchDecoder, cache: TreeCache, rows: int, pool):
+    def __init__(self, decoder: TorchDecoder, cache: TreeCache, rows: int, pool, feature_layers: tuple[int, ...]):
         device = decoder.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
         self.mask = torch.eye(rows, dtype=torch.bool, device=device)
         self.eye = self.mask.clone()  # pad rows of a tree: each sees itself
         self.causal = torch.ones_like(self.mask).tril_()  # pad rows of a decode step or a prefill see real rows too
-        self.graph, self.out = capture(lambda: decoder(self.tokens, self.positions, cache, self.mask), pool)
+        self.graph, self.out = capture(
+            lambda: decoder(self.tokens, self.positions, cache, self.mask, feature_layers=feature_layers), pool
+        )
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None) -> ForwardOutput:
         rows = tokens.shape[0]
@@ -57,20 +59,23 @@ class _Bucket:
             self.mask.copy_(self.eye)
             self.mask[:rows, :rows].copy_(tree_mask)
         self.graph.replay()
-        return ForwardOutput(self.out.logits[:rows], self.out.hidden[:rows], self.out.queries[:rows])
+        out = self.out
+        return ForwardOutput(out.logits[:rows], out.hidden[:rows], out.queries[:rows], out.features[:rows])
 
 
 class GraphedDecoder:
     """`decoder`'s forward on `cache`, captured per row bucket; the same call as `TorchDecoder`'s (all rows'
     logits). Outputs are views of the graphs' buffers, valid until the next call. A forward larger than every
-    bucket, or too close to the cache's end for its bucket's pad rows, runs uncaptured."""
+    bucket, or too close to the cache's end for its bucket's pad rows, runs uncaptured. Each forward returns the
+    features of `feature_layers` (those a drafter reads)."""
 
-    def __init__(self, decoder: TorchDecoder, cache: TreeCache, buckets: tuple[int, ...] = BUCKETS):
+    def __init__(self, decoder: TorchDecoder, cache: TreeCache, buckets: tuple[int, ...] = BUCKETS,
+                 feature_layers: tuple[int, ...] = ()):  # fmt: skip
         if cache.length + max(buckets) > cache.max_len:
             raise ValueError(f"capturing needs {max(buckets)} free slots after the cache's {cache.length}")
-        self.decoder, self.cache = decoder, cache
+        self.decoder, self.cache, self.feature_layers = decoder, cache, feature_layers
         pool = torch.cuda.graph_pool_handle()
-        self.buckets = {rows: _Bucket(decoder, cache, rows, pool) for rows in sorted(buckets)}
+        self.buckets = {rows: _Bucket(decoder, cache, rows, pool, feature_layers) for rows in sorted(buckets)}
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
                  tree_mask: torch.Tensor | None = None) -> ForwardOutput:  # fmt: skip
@@ -78,4 +83,4 @@ class GraphedDecoder:
         for size, bucket in self.buckets.items():
             if size >= rows and self.cache.length + size <= self.cache.max_len:
                 return bucket(tokens, positions, tree_mask)
-        return self.decoder(tokens, positions, self.cache, tree_mask)
+        return self.decoder(tokens, positions, self.cache, tree_mask, feature_layers=self.feature_layers)

@@ -2,9 +2,11 @@
 
 The engine drives a drafter through three calls, and asks before each proposal which kinds will draft it
 (`next_kinds`: the adaptive budget sizes the tree for them). Each call that follows a target forward hands
-over the target's last hidden state (the last decoder layer's output, before the final norm) of every
-position that forward wrote into the cache, in order: the prompt's new rows after `prefill`, the root and
-the accepted nodes after `commit`. They come out of the forward the engine runs anyway, so they cost nothing.
+over the target's states of every position that forward wrote into the cache, in order: the prompt's new rows
+after `prefill`, the root and the accepted nodes after `commit`. They are the last decoder layer's output, before
+the final norm, or, for a drafter that names `feature_layers`, the residual stream entering each of those layers
+side by side (EAGLE-3 fuses a low, a middle and a high layer). They come out of the forward the engine runs
+anyway, so they cost nothing.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ class Drafter(Protocol):
     # Its trees carry `scores` (each node's estimated chance to be accepted): the engine asks it for a large
     # tree and keeps the nodes worth their verification (`AdaptiveBudget.size`).
     scores_nodes: bool
+    # The target layers whose input states `prefill` and `commit` hand over (the layer count: the last layer's
+    # output); empty: the last layer's output, as every drafter but EAGLE-3 reads; None: it reads no states.
+    feature_layers: tuple[int, ...] | None
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         """A new request whose committed ids (prompt included) are `ids`. The first `reused` of them were
@@ -99,6 +104,7 @@ class DraftsAlone:
 
     kind: str
     scores_nodes = False
+    feature_layers: tuple[int, ...] = ()
 
     def next_kinds(self) -> frozenset[str]:
         return frozenset({self.kind})

@@ -85,8 +85,14 @@ class Engine:
         self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
 
     @property
+    def _read_layers(self) -> tuple[int, ...]:
+        """The target layers whose input states the drafter reads (none: the last layer's output)."""
+        return (self.drafter.feature_layers or ()) if self.drafter is not None else ()
+
+    @property
     def _no_rows(self) -> torch.Tensor:
-        return torch.empty(0, self.model.config.hidden_size, device=self.device, dtype=self.model.dtype)
+        width = self.model.config.hidden_size * max(1, len(self._read_layers))
+        return torch.empty(0, width, device=self.device, dtype=self.model.dtype)
 
     @property
     def capacity(self) -> int:
@@ -200,7 +206,8 @@ class Engine:
         prefix = self.cache.length
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
         mask = batch.tree_mask if len(tree) else None  # the root alone: a decode step
-        logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask)
+        logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask,
+                                       feature_layers=self._read_layers)  # fmt: skip
         processed = self._process(logits, sampling, tree)
         choices = None
         if noise:
@@ -269,7 +276,7 @@ class Engine:
         stats.reused_tokens = shared
         self.ids[: len(prompt_ids)] = prompt
         self.length = len(prompt_ids)
-        logits, hidden = self._forward(prompt[shared:], last_only=True)
+        logits, hidden = self._forward(prompt[shared:], last_only=True, feature_layers=self._read_layers)
         self.cache.commit()
         self._keep_query(-1)
         if self.drafter is not None:
@@ -277,13 +284,15 @@ class Engine:
         return logits
 
     @torch.inference_mode()
-    def target_states(self, ids: list[int], positions: torch.Tensor | None = None) -> torch.Tensor:
+    def target_states(self, ids: list[int], positions: torch.Tensor | None = None,
+                      feature_layers: tuple[int, ...] = ()) -> torch.Tensor:  # fmt: skip
         """Run the target alone over `ids` from an empty cache, as a prefill would (training a drafter on the
-        target's own features): the last layer's output before the final norm [len(ids), hidden_size]; every
-        layer's keys and values stay in `self.cache` until the next request. `positions` default to 0, 1, ..."""
+        target's own features): the last layer's output before the final norm [len(ids), hidden_size], or the
+        residual stream entering each of `feature_layers` side by side; every layer's keys and values stay in
+        `self.cache` until the next request. `positions` default to 0, 1, ..."""
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         self.cache.truncate(0)
-        _, hidden = self._forward(tokens, positions=positions, last_only=True)
+        _, hidden = self._forward(tokens, positions=positions, last_only=True, feature_layers=feature_layers)
         self.cache.commit()
         self.ids[: len(ids)] = tokens  # a later request may reuse this KV like any other prefix
         self.length = len(ids)
@@ -316,16 +325,18 @@ class Engine:
         self.cache.truncate(self.cache.length)
         return out.queries[:, 0].float()
 
-    def _forward(self, tokens: torch.Tensor, *, positions=None, tree_mask=None, last_only=False, cache=None):
+    def _forward(self, tokens: torch.Tensor, *, positions=None, tree_mask=None, last_only=False, cache=None,
+                 feature_layers: tuple[int, ...] = ()):  # fmt: skip
         """Run the target over `tokens` [q] written right after the cached prefix -> logits [q or 1, vocab] and
-        the last decoder layer's output (before the final norm) [q, hidden_size]."""
+        the last decoder layer's output (before the final norm) [q, hidden_size], or the residual stream entering
+        each of `feature_layers` side by side [q, len(feature_layers) * hidden_size]."""
         cache = cache if cache is not None else self.cache
         if positions is None:
             start = cache.length
             positions = torch.arange(start, start + tokens.shape[0], device=self.device)
-        out = self.forward(tokens, positions, tree_mask, cache, last_only=last_only)
+        out = self.forward(tokens, positions, tree_mask, cache, last_only=last_only, feature_layers=feature_layers)
         self._queries = out.queries
-        return out.logits, out.hidden
+        return out.logits, (out.features if feature_layers else out.hidden)
 
     def _keep_query(self, row: int) -> None:
         """The last forward's row `row` is now the newest position in the cache: keep its query (fp32, a copy)."""

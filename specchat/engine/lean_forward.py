@@ -52,9 +52,10 @@ class LeanForward:
         self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None, cache,
-                 *, last_only: bool = False, every_layer: bool = False) -> ForwardOutput:  # fmt: skip
+                 *, last_only: bool = False, every_layer: bool = False,
+                 feature_layers: tuple[int, ...] = ()) -> ForwardOutput:  # fmt: skip
         """`tokens` [q] at `positions` [q], written after the cache's prefix (pending); queries in fp32 (with
-        `every_layer` every layer's).
+        `every_layer` every layer's); with `feature_layers` the residual stream entering those layers (`ForwardOutput`).
 
         `tree_mask` [q, q] makes the forward a tree verification; without one the rows are causal (a single
         token is a decode step, several a prefill)."""
@@ -62,10 +63,11 @@ class LeanForward:
         cos, sin = self.rotary(self.angles, positions[None])
         prefix = cache.length
         keys, values, scales = cache.reserve(tokens.shape[0], self.kv_heads, self.head_dim, x.dtype, x.device)
-        normed, hidden, queries = self.native.forward(
-            self.decoder, x, cos[0], sin[0], keys, values, prefix, tree_mask, last_only, scales, every_layer
+        normed, hidden, queries, features = self.native.forward(
+            self.decoder, x, cos[0], sin[0], keys, values, prefix, tree_mask, last_only, scales, every_layer,
+            list(feature_layers),
         )
-        return ForwardOutput(self.head(normed), hidden, queries)
+        return ForwardOutput(self.head(normed), hidden, queries, features)
 
 
 def serves(model) -> bool:

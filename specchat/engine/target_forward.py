@@ -1,9 +1,10 @@
 """The target's forward as the engine calls it, whichever decoder runs it.
 
-`forward(tokens [q], positions [q], tree_mask [q, q] or None, cache, last_only=, every_layer=)` writes the rows'
-keys and values after the cache's committed prefix (pending until the caller commits them) and returns a
-`ForwardOutput`: logits, the last layer's output before the final norm, its rotated queries (or every layer's: what
-a drafter ranking each layer's keys asks for). Two decoders implement it: the compiled CPU
+`forward(tokens [q], positions [q], tree_mask [q, q] or None, cache, last_only=, every_layer=, feature_layers=)`
+writes the rows' keys and values after the cache's committed prefix (pending until the caller commits them) and
+returns a `ForwardOutput`: logits, the last layer's output before the final norm, its rotated queries (or every
+layer's: what a drafter ranking each layer's keys asks for), and the residual stream entering the layers a drafter
+reads (EAGLE-3 fuses a low, a middle and a high one). Two decoders implement it: the compiled CPU
 decoder (`LeanForward`, canonical attention) and the torch decoder (`TorchForward`, hybrid attention), which on
 a GPU replays the engine's forwards of up to 64 rows as CUDA graphs. The model's attention choice
 (`use_attention`) picks one.
@@ -26,7 +27,8 @@ from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 
 class TargetForward(Protocol):
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None,
-                 cache: TreeCache, *, last_only: bool = False, every_layer: bool = False) -> ForwardOutput: ...  # fmt: skip
+                 cache: TreeCache, *, last_only: bool = False, every_layer: bool = False,
+                 feature_layers: tuple[int, ...] = ()) -> ForwardOutput: ...  # fmt: skip
 
 
 class TorchForward:
@@ -38,21 +40,24 @@ class TorchForward:
         self.decoder = TorchDecoder.from_model(model)  # rotary tables for every position (training shifts them)
         self.cache = cache
         self.graphed = model.device.type == "cuda"
-        self.graphs: GraphedDecoder | None = None
+        self.graphs: dict[tuple[int, ...], GraphedDecoder] = {}  # per set of feature layers read
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None,
-                 cache: TreeCache, *, last_only: bool = False, every_layer: bool = False) -> ForwardOutput:  # fmt: skip
+                 cache: TreeCache, *, last_only: bool = False, every_layer: bool = False,
+                 feature_layers: tuple[int, ...] = ()) -> ForwardOutput:  # fmt: skip
         decoder = self.decoder
         cache.allocate(decoder.kv_heads, decoder.head_dim, decoder.dtype, decoder.device)
         cache.claim(tokens.shape[0])
-        capturable = self.graphs is not None or cache.length + BUCKETS[-1] <= cache.max_len
+        graphs = self.graphs.get(feature_layers)
+        capturable = graphs is not None or cache.length + BUCKETS[-1] <= cache.max_len
         if not (self.graphed and cache is self.cache and tokens.shape[0] <= BUCKETS[-1] and capturable) or every_layer:
-            return decoder(tokens, positions, cache, tree_mask, last_only=last_only, every_layer=every_layer)
-        if self.graphs is None:
-            self.graphs = GraphedDecoder(decoder, cache)
-        out = self.graphs(tokens, positions, tree_mask)
+            return decoder(tokens, positions, cache, tree_mask, last_only=last_only, every_layer=every_layer,
+                           feature_layers=feature_layers)  # fmt: skip
+        if graphs is None:
+            graphs = self.graphs[feature_layers] = GraphedDecoder(decoder, cache, feature_layers=feature_layers)
+        out = graphs(tokens, positions, tree_mask)
         logits = out.logits[-1:] if last_only else out.logits
-        return ForwardOutput(logits.clone(), out.hidden.clone(), out.queries.clone())
+        return ForwardOutput(logits.clone(), out.hidden.clone(), out.queries.clone(), out.features.clone())
 
 
 def canonical(model) -> bool:

@@ -103,19 +103,22 @@ class TorchDecoder:
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cache: TreeCache,
                  tree_mask: torch.Tensor | None = None, *, last_only: bool = False,
-                 every_layer: bool = False) -> ForwardOutput:  # fmt: skip
+                 every_layer: bool = False, feature_layers: tuple[int, ...] = ()) -> ForwardOutput:  # fmt: skip
         """`tokens` [rows] at `positions` [rows], their keys and values written after the cache's committed prefix
         (whose length is read from `cache.length_tensor`; the bookkeeping is the caller's: `cache.claim`).
         `tree_mask` [rows, rows] bool (True: row may attend column, the diagonal included) makes it a tree
         verification; without one the rows are causal (one row: a decode step; several: a prefill). Queries: the
-        last layer's, or with `every_layer` every layer's."""
+        last layer's, or with `every_layer` every layer's. Features: the residual stream entering each of
+        `feature_layers` (the layer count: the last layer's output), side by side."""
         rows = tokens.shape[0]
         if tree_mask is None:
             tree_mask = torch.ones(rows, rows, dtype=torch.bool, device=tokens.device).tril_()
         length = cache.length_tensor
         x = F.embedding(tokens, self.embed) if isinstance(self.embed, torch.Tensor) else self.embed(tokens)
-        queries = []
+        queries, features = [], {}
         for i, layer in enumerate(self.layers):
+            if i in feature_layers:
+                features[i] = x
             h = ops.rms_norm(x, layer.input_norm, self.eps)
             qkv = _linear(h, layer.qkv, layer.qkv_bias)
             q = ops.rope_write(qkv, positions, self.cos, self.sin, length, cache.keys, cache.values, i, layer.qk_norm,
@@ -127,8 +130,10 @@ class TorchDecoder:
             h = ops.rms_norm(x, layer.post_norm, self.eps)
             gated = ops.silu_mul(_linear(h, layer.gate_up, layer.gate_up_bias))
             x = _add_projection(x, gated, layer.down, layer.down_bias)
+        features[len(self.layers)] = x
         normed = ops.rms_norm(x[-1:] if last_only else x, self.norm, self.eps)
-        return ForwardOutput(_linear(normed, self.head), x, torch.stack(queries) if every_layer else q)
+        kept = torch.cat([features[i] for i in feature_layers], dim=-1) if feature_layers else x[:, :0]
+        return ForwardOutput(_linear(normed, self.head), x, torch.stack(queries) if every_layer else q, kept)
 
 
 def _projection(module: nn.Module) -> tuple[Projection, torch.Tensor | None]:

@@ -19,7 +19,8 @@ keeps it, with the same labels, in a file set of its own, `<data>/features/hidde
 (`hidden` [tokens, hidden_size] bf16, `labels`, `starts`). One prefill gives both: a chunk computed for either
 kind writes both files, so training LongSpec and TokenSwift on the same data costs one pass over it (for the
 1.5B, ~30 minutes per 400K tokens here) and disk for both (the hidden states are 3 KB a token, its keys and
-values 1 KB). Caching pays for the same reason: the target's prefill with its labels (about 720 tokens/s for
+values 1 KB). EAGLE-3 reads three layers' input states (`target_layer_states`): 9 KB a token for the 1.5B, so
+they are computed only for it, in files of their own (`layers-<split>-NNNNN.safetensors`). Caching pays for the same reason: the target's prefill with its labels (about 720 tokens/s for
 the default model on 2 cores) is as slow as a heads' training step over the full vocabulary (about 800) and
 ten times slower than one over 8K tokens.
 """
@@ -89,6 +90,29 @@ class HiddenFeatures:
         return cls(torch.empty(0, 0), torch.empty(0, dtype=torch.int32), _starts([]))
 
 
+class SampleLayers(NamedTuple):
+    layers: torch.Tensor  # [length, layers * hidden_size]: the residual stream entering each layer, side by side
+    labels: torch.Tensor  # [length]: the target's greedy token after each row
+
+
+@dataclass(frozen=True)
+class LayerFeatures:
+    """The target's states entering some of its layers, of samples end to end (EAGLE-3's features)."""
+
+    layers: torch.Tensor  # [tokens, layers * hidden_size]
+    labels: torch.Tensor  # [tokens]
+    starts: torch.Tensor  # [samples + 1]
+    TOKEN_DIMS: ClassVar[dict[str, int]] = {"layers": 0, "labels": 0}
+
+    def of(self, index: int) -> SampleLayers:
+        start, end = int(self.starts[index]), int(self.starts[index + 1])
+        return SampleLayers(self.layers[start:end], self.labels[start:end])
+
+    @classmethod
+    def empty(cls) -> LayerFeatures:
+        return cls(torch.empty(0, 0), torch.empty(0, dtype=torch.int32), _starts([]))
+
+
 def target_features(engine, data: Path, split: str, samples: list[Sample],
                     progress: Callable[[int], None] = lambda _tokens: None) -> Features:  # fmt: skip
     """The features of `samples` (one split of `data`, in order), computed where not on disk yet.
@@ -105,14 +129,24 @@ def target_hidden(engine, data: Path, split: str, samples: list[Sample],
     return _cached(HiddenFeatures, engine, data, split, samples, progress)
 
 
+def target_layer_states(engine, data: Path, split: str, samples: list[Sample],
+                        progress: Callable[[int], None] = lambda _tokens: None, *,
+                        layers: tuple[int, ...]) -> LayerFeatures:  # fmt: skip
+    """The residual stream entering each of the target's `layers` and the greedy labels of `samples`, kept as
+    `target_features` keeps its features (files `layers-<split>-NNNNN.safetensors`, for these layers)."""
+    return _cached(LayerFeatures, engine, data, split, samples, progress, layers)
+
+
 # each kind's file stem and the tensors its files hold
 FILES = {Features: ("", ("keys", "values", "labels", "starts")),
-         HiddenFeatures: ("hidden-", ("hidden", "labels", "starts"))}  # fmt: skip
+         HiddenFeatures: ("hidden-", ("hidden", "labels", "starts")),
+         LayerFeatures: ("layers-", ("layers", "labels", "starts"))}  # fmt: skip
 
 
-def _cached(kind, engine, data: Path, split: str, samples: list[Sample], progress: Callable[[int], None]):
-    """`kind` (Features or HiddenFeatures) of `samples`: each chunk read from its file when that holds these
-    samples, else computed with the other kind from one prefill, and both written."""
+def _cached(kind, engine, data: Path, split: str, samples: list[Sample], progress: Callable[[int], None],
+            layers: tuple[int, ...] = ()):  # fmt: skip
+    """`kind` of `samples`: each chunk read from its file when that holds these samples, else computed (Features
+    and HiddenFeatures together, from one prefill) and written."""
     folder = data / "features"
     folder.mkdir(exist_ok=True)
 
@@ -122,10 +156,10 @@ def _cached(kind, engine, data: Path, split: str, samples: list[Sample], progres
     chunks = []
     for index, first in enumerate(range(0, len(samples), CHUNK)):
         part = samples[first : first + CHUNK]
-        wanted = fingerprint(part)
+        wanted = fingerprint(part) + (f"|layers={','.join(map(str, layers))}" if layers else "")
         chunk = _read(kind, path(kind, index), wanted)
         if chunk is None:
-            computed = _compute(engine, part, progress)
+            computed = _compute_layers(engine, part, layers, progress) if layers else _compute(engine, part, progress)
             for made_kind, made in computed.items():
                 names = FILES[made_kind][1]
                 save_file({name: getattr(made, name) for name in names}, path(made_kind, index),
@@ -152,6 +186,20 @@ def _compute(engine, samples: list[Sample], progress: Callable[[int], None]) -> 
     labels, starts = torch.cat(labels), _starts(samples)
     return {Features: Features(torch.cat(keys, dim=1), torch.cat(values, dim=1), labels, starts),
             HiddenFeatures: HiddenFeatures(torch.cat(states), labels, starts)}  # fmt: skip
+
+
+def _compute_layers(engine, samples: list[Sample], layers: tuple[int, ...],
+                    progress: Callable[[int], None]) -> dict[type, LayerFeatures]:  # fmt: skip
+    """LayerFeatures of `samples`, one target prefill each (the last layer's output too, for the labels)."""
+    states, labels = [], []
+    last = engine.model.config.num_hidden_layers
+    for sample in samples:
+        both = engine.target_states(list(sample.ids), feature_layers=(*layers, last))
+        width = both.shape[1] // (len(layers) + 1)
+        states.append(both[:, : len(layers) * width].to(torch.bfloat16).cpu())
+        labels.append(greedy_tokens(engine.model, both[:, len(layers) * width :]).cpu())
+        progress(len(sample))
+    return {LayerFeatures: LayerFeatures(torch.cat(states), torch.cat(labels), _starts(samples))}
 
 
 def _starts(samples: list[Sample]) -> torch.Tensor:

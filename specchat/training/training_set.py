@@ -5,6 +5,7 @@ frozen target tensors a draft borrows."""
 from __future__ import annotations
 
 import itertools
+from functools import partial
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +19,8 @@ from specchat.engine.generate import Engine
 from specchat.errors import SpecchatError
 from specchat.quant.quantized_linear import dense_weight
 from specchat.training.data import SPLITS, read_records
-from specchat.training.features import Features, HiddenFeatures, concat, target_features, target_hidden
+from specchat.training.features import (Features, HiddenFeatures, LayerFeatures, concat, target_features,
+                                        target_hidden, target_layer_states)  # fmt: skip
 from specchat.training.samples import MAX_SAMPLE_TOKENS, Sample, samples_of
 
 
@@ -26,18 +28,19 @@ from specchat.training.samples import MAX_SAMPLE_TOKENS, Sample, samples_of
 class TrainingSet:
     train_records: list[dict]
     samples: list[Sample]
-    features: Features | HiddenFeatures
+    features: Features | HiddenFeatures | LayerFeatures
     heldout_records: list[dict]
     heldout: list[Sample]
-    heldout_features: Features | HiddenFeatures
+    heldout_features: Features | HiddenFeatures | LayerFeatures
     feature_seconds: float  # computing the features that were not on disk
     dirs: list[Path]  # the data directories, in the order their samples are
 
     @classmethod
     def load(cls, loaded, data: Path | Sequence[Path], stage: Callable[[str, int], Callable[[int], None]], *,
-             hidden: bool = False) -> TrainingSet:  # fmt: skip
+             hidden: bool = False, layers: tuple[int, ...] = ()) -> TrainingSet:  # fmt: skip
         """The records of the data directories `data`, each checked to hold answers or labels of `loaded`'s
-        model, and their features (`hidden`: the target's last hidden states instead), each directory's kept in
+        model, and their features (`hidden`: the target's last hidden states instead; `layers`: the states entering
+        those target layers), each directory's kept in
         it; `stage(name, total)` announces the features stages and returns their progress callbacks."""
         dirs = [data] if isinstance(data, Path) else list(data)
         records = {folder: dict(zip(SPLITS, read_split_records(folder, loaded.source.name), strict=True)) for folder in dirs}
@@ -46,6 +49,8 @@ class TrainingSet:
                 raise SpecchatError(f"{', '.join(map(str, dirs))}: no {split} records yet")
         engine = Engine(loaded.model, loaded.tokenizer, max_len=MAX_SAMPLE_TOKENS)
         compute, what = (target_hidden, "hidden states") if hidden else (target_features, "features")
+        if layers:
+            compute, what = partial(target_layer_states, layers=layers), f"states of layers {list(layers)}"
         start = time.perf_counter()
         parts = {split: ([], [], []) for split in SPLITS}  # records, samples, features
         for folder, split in itertools.product(dirs, SPLITS):

@@ -39,6 +39,7 @@ RECENT = 16  # occurrences of a k-gram looked at, the most recent first
 class NgramDrafter:
     kind = NGRAM
     scores_nodes = True
+    feature_layers = None  # reads no target states
 
     def __init__(self, *, max_ngram: int = 3, matches_per_ngram: int = 4, store: AnswerStore | None = None):
         self.max_ngram = max_ngram

@@ -46,6 +46,7 @@ NGRAM = "ngram"  # the origin of the nodes its n-gram reuse adds
 class TokenSwiftDrafter:
     kind = TOKENSWIFT  # the registry name: the chat colours its tokens by it
     scores_nodes = True
+    feature_layers = ()  # the target's last state
 
     def __init__(self, target: TargetView, heads: TokenSwiftHeads, *, kv_budget: int = KV_BUDGET,
                  forward: bool = True, lag: int = 1024, weights: str | None = "auto"):  # fmt: skip

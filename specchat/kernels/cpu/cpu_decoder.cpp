@@ -880,7 +880,7 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
                                       const at::Tensor& sin, std::vector<at::Tensor>& keys,
                                       std::vector<at::Tensor>& values, const std::vector<at::Tensor>* scales,
                                       int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only,
-                                      bool every_layer) {
+                                      bool every_layer, const std::vector<int64_t>& feature_layers) {
   const int64_t rows = x.size(0), hidden = x.size(1);
   const float eps = static_cast<float>(decoder.eps);
   const auto tails = mask ? tails_of(rows, prefix, mask) : std::vector<std::vector<int64_t>>{};
@@ -889,8 +889,15 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
   at::Tensor gated = at::empty({rows, decoder.intermediate}, x.options());
   const int64_t kept_layers = every_layer ? static_cast<int64_t>(decoder.layers.size()) : 1;
   at::Tensor queries = at::empty({kept_layers, rows, decoder.heads, decoder.head_dim}, x.options().dtype(at::kFloat));
+  const int64_t kept_features = static_cast<int64_t>(feature_layers.size());
+  at::Tensor features = at::empty({rows, kept_features * hidden}, x.options());
+  const auto keep_features = [&](int64_t layer) {  // the residual stream as it enters `layer`
+    for (int64_t k = 0; k < kept_features; ++k)
+      if (feature_layers[k] == layer) features.narrow(1, k * hidden, hidden).copy_(x);
+  };
   for (size_t i = 0; i < decoder.layers.size(); ++i) {
     const Layer& layer = decoder.layers[i];
+    keep_features(static_cast<int64_t>(i));
     rms_norm<T>(x.data_ptr<T>(), layer.attention_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
     at::Tensor qkv = layer.qkv(normed).contiguous();
     float* kept = every_layer ? queries[i].data_ptr<float>()
@@ -912,15 +919,17 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
     const at::Tensor down = layer.down(gated).contiguous();
     add_into<T>(x.data_ptr<T>(), down.data_ptr<T>(), rows * hidden);
   }
+  keep_features(static_cast<int64_t>(decoder.layers.size()));
   at::Tensor last = last_only ? x.slice(0, rows - 1) : x;
   at::Tensor out = at::empty_like(last);
   rms_norm<T>(last.data_ptr<T>(), decoder.final_norm.data_ptr<T>(), out.data_ptr<T>(), last.size(0), hidden, eps);
-  return {out, x, every_layer ? queries : queries[0]};
+  return {out, x, every_layer ? queries : queries[0], features};
 }
 
 // x [rows, hidden] (the embedded tokens) -> [final-normed rows (the last only with `last_only`), the last
 // layer's output before the final norm, the last layer's rotated queries [rows, heads, D] fp32 (with
-// `every_layer` every layer's, [layers, rows, heads, D])]. keys /
+// `every_layer` every layer's, [layers, rows, heads, D]), the residual stream entering each of `feature_layers`
+// side by side [rows, len(feature_layers) * hidden] (layer count: the last layer's output)]. keys /
 // values: each layer's cache [kv_heads, slots, D] in the activations' dtype, written at [prefix, prefix + rows);
 // with `scales` (each layer's [kv_heads, slots / 16, D / 32 + 1, 16] fp32) an int8 cache instead: keys uint8,
 // values int8 and scales as int8_dots.h lays them out, slots a multiple of 16. mask [rows, rows] bool: the tree (row r sees rows j <= r it
@@ -928,7 +937,8 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
 std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedded, const at::Tensor& cos,
                                 const at::Tensor& sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                                 int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only,
-                                const std::optional<std::vector<at::Tensor>>& scales, bool every_layer) {
+                                const std::optional<std::vector<at::Tensor>>& scales, bool every_layer,
+                                const std::vector<int64_t>& feature_layers) {
   TORCH_CHECK(embedded.dim() == 2, "x must be [rows, hidden]");
   TORCH_CHECK(decoder.head_dim == 64 || decoder.head_dim == 128, "head_dim must be 64 or 128");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
@@ -953,6 +963,8 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
                 "an int8 cache's scales must be a contiguous [kv_heads, slots / 16, D / 32 + 1, 16] float32");
   }
   if (scales) TORCH_CHECK(scales->size() == keys.size(), "one scale tensor per layer");
+  for (const int64_t layer : feature_layers)
+    TORCH_CHECK(0 <= layer && layer <= static_cast<int64_t>(keys.size()), "a feature layer is out of range");
   if (mask) TORCH_CHECK(mask->scalar_type() == at::kBool && mask->size(0) == rows && mask->is_contiguous(),
                         "mask must be a contiguous [rows, rows] bool");
   at::Tensor x = embedded.contiguous().clone();
@@ -961,13 +973,13 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
   switch (x.scalar_type()) {
     case at::kFloat:
       return forward_typed<float>(decoder, x, c, s, keys, values, int8_scales, prefix, mask, last_only,
-                                     every_layer);
+                                     every_layer, feature_layers);
     case at::kBFloat16:
       return forward_typed<at::BFloat16>(decoder, x, c, s, keys, values, int8_scales, prefix, mask, last_only,
-                                            every_layer);
+                                            every_layer, feature_layers);
     case at::kHalf:
       return forward_typed<at::Half>(decoder, x, c, s, keys, values, int8_scales, prefix, mask, last_only,
-                                     every_layer);
+                                     every_layer, feature_layers);
     default: TORCH_CHECK(false, "activations must be float32, bfloat16 or float16");
   }
 }
@@ -1056,5 +1068,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "The decoder's layers and final norm over the rows (see the source).",
         py::arg("decoder"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"),
         py::arg("prefix"), py::arg("mask"), py::arg("last_only"), py::arg("scales") = py::none(),
-        py::arg("every_layer") = false);
+        py::arg("every_layer") = false, py::arg("feature_layers") = std::vector<int64_t>{});
 }

@@ -1,0 +1,200 @@
+"""EAGLE-3 drafting: the draft layer over the target's fused low / middle / high states, grown into a dynamic tree.
+
+Every committed position p has a draft row: the target's features of p (handed over by the engine's forwards:
+`feature_layers`) and the embedding of token p + 1. Rows run once, when the tokens after them are committed, and
+keep their keys and values (`DraftKV`); the newest row's output guesses the root's children. A depth further, a
+node's row reads its own token and, for the target's features it has none of, its parent row's output.
+
+The tree is EAGLE-2's dynamic tree: each depth expands the `top_k` most probable nodes of the depth before
+(by the product of the draft's probabilities along their path), each into its `top_k` most probable children, one
+draft forward of `top_k` rows a depth; the tree kept is the most probable nodes, at most the engine's budget, so
+a parent always outranks its children. Scores go to the engine's adaptive budget (`scores_nodes`), which cuts the
+tree to what pays. The draft proposes deterministic nodes under sampling too: verification then draws from the
+target itself wherever the children are not the drafter's samples, which is exact for any tree.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from specchat.drafters import EAGLE3
+from specchat.drafters.draft_head import draft_weights
+from specchat.drafters.eagle3.model import Eagle3Draft, load_eagle3
+from specchat.drafters.tree_rows import TreeRows
+from specchat.engine.drafter import TargetView, TracksCommittedIds
+from specchat.engine.sampling import SamplingConfig
+from specchat.engine.tree import ROOT, DraftTree
+from specchat.quant.quantize import quantized_copy
+
+TOP_K = 4  # children per expanded node and nodes expanded per depth
+DEPTH = 5  # tree depth: the root's children, then a draft forward per depth below them
+
+
+class DraftKV:
+    """The draft layer's keys and values of committed rows, in position order (a row missing where the engine
+    reused target states the draft never saw: it attends to what it has)."""
+
+    def __init__(self, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device):
+        self.keys = torch.zeros(kv_heads, 256, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.positions: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor, positions: list[int]) -> None:
+        count, size = len(self), keys.shape[1]
+        if count + size > self.keys.shape[1]:
+            grown = max(2 * self.keys.shape[1], count + size)
+            self.keys = torch.cat([self.keys[:, :count], self.keys.new_zeros(self.keys.shape[0], grown - count,
+                                                                              self.keys.shape[2])], dim=1)  # fmt: skip
+            self.values = torch.cat([self.values[:, :count], torch.zeros_like(self.keys[:, count:])], dim=1)
+        self.keys[:, count : count + size] = keys
+        self.values[:, count : count + size] = values
+        self.positions += positions
+
+    def truncate(self, position: int) -> None:
+        """Forget rows of positions >= `position`."""
+        while self.positions and self.positions[-1] >= position:
+            self.positions.pop()
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[:, : len(self)], self.values[:, : len(self)]
+
+    def nbytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+
+class Eagle3Drafter(TracksCommittedIds):
+    kind = EAGLE3
+    scores_nodes = True
+
+    def __init__(self, target: TargetView, draft: Eagle3Draft, *, top_k: int = TOP_K, depth: int = DEPTH,
+                 weights: str | None = "auto"):  # fmt: skip
+        """`weights`: "int8" / "int4" / "q4_k" run the draft's linears quantized (a copy), None dense, "auto" as the
+        target runs (quantized on a CPU whose target is)."""
+        config = draft.config
+        self.target = target
+        self.feature_layers = config.layers_for(target.config.num_hidden_layers)
+        draft = draft.to(device=target.device).eval()
+        draft = draft.to(dtype=target.dtype)  # the d2t / t2d buffers stay integers
+        self.draft = quantized_copy(draft, draft_weights(target, weights), dtype=target.dtype)
+        self.draft_vocab = draft.draft_vocab
+        self.top_k, self.depth = top_k, depth
+        self.kv = DraftKV(config.num_key_value_heads, config.head_dim, dtype=target.dtype, device=target.device)
+        self.ids: list[int] = []
+        self.features = self._no_features()  # committed positions' target features not yet run as rows
+        self.first_pending = 0  # the position of features[0]
+
+    def next_kinds(self) -> frozenset[str]:
+        return frozenset({self.kind})
+
+    def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
+        kept = self.new_request(ids, reused)
+        self.kv.truncate(kept)
+        self.features, self.first_pending = hidden, reused
+
+    def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
+        self.ids += tokens
+        self.features = torch.cat([self.features, hidden])
+
+    @torch.inference_mode()
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+        h = self._catch_up()
+        if h is None or budget < 1:
+            return DraftTree.empty()
+        root = len(self.ids) - 1  # the root's position: rows of positions < root are in the draft's cache
+        tree = TreeRows()
+        paths: dict[tuple[int, ...], tuple[float, str]] = {}
+        frontier = [((), 0.0, ROOT, h)]  # (token path, log-probability, its row, the output its children read)
+        for depth in range(1, min(self.depth, budget) + 1):
+            outputs = torch.cat([node[3] for node in frontier])
+            logprobs = self.draft.logits(outputs).float().log_softmax(dim=-1)
+            best = logprobs.topk(min(self.top_k, logprobs.shape[1]), dim=-1)
+            tokens = self.draft_vocab[best.indices].tolist()
+            scores = (best.values + torch.tensor([node[1] for node in frontier], device=best.values.device)[:, None])
+            candidates = []  # every child of the frontier: (path, log-probability, parent row)
+            for (path, _, row, _), children, child_scores in zip(frontier, tokens, scores.tolist()):
+                for token, score in zip(children, child_scores):
+                    candidates.append((path + (token,), score, row))
+                    paths[path + (token,)] = (math.exp(score), self.kind)
+            if depth == min(self.depth, budget):
+                break
+            expanded = sorted(candidates, key=lambda c: -c[1])[: self.top_k]
+            rows = tree.add([row for _, _, row in expanded])
+            outputs = self._tree_forward([path[-1] for path, _, _ in expanded], root + depth - 1, tree, rows,
+                                         [frontier_output(frontier, row) for _, _, row in expanded])  # fmt: skip
+            frontier = [(path, score, new_row, outputs[i : i + 1])
+                        for i, ((path, score, _), new_row) in enumerate(zip(expanded, rows))]  # fmt: skip
+        return DraftTree.best(paths, budget)
+
+    def _catch_up(self) -> torch.Tensor | None:
+        """Run the committed rows the draft has not run (their next tokens are known now), keep their keys and
+        values; the newest row's output [1, H], which guesses the root's children (None before any)."""
+        count = len(self.features)
+        if count == 0:
+            return self._last
+        start = self.first_pending
+        positions = list(range(start, start + count))
+        device = self.target.device
+        embeds = self.target.embed_tokens(torch.tensor(self.ids[start + 1 : start + count + 1], device=device))
+        hidden = self.draft.fc(self.features)
+        past_keys, past_values = self.kv.read()
+        visible = torch.ones(count, len(self.kv), dtype=torch.bool, device=device)
+        mask = torch.cat([visible, torch.ones(count, count, dtype=torch.bool, device=device).tril_()], dim=1)
+        out, keys, values = self.draft(hidden, embeds, torch.tensor(positions, device=device), past_keys, past_values,
+                                       mask)  # fmt: skip
+        self.kv.append(keys, values, positions)
+        self.features = self.features[:0]
+        self.first_pending = start + count
+        self._last = out[-1:]
+        return self._last
+
+    _last: torch.Tensor | None = None
+
+    def _tree_forward(self, tokens: list[int], position: int, tree: TreeRows, rows: list[int],
+                      parents: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+        """Outputs [rows, H] of tree rows at `position` reading `tokens` and their parents' outputs: they see the
+        committed rows, their ancestors' rows and themselves."""
+        device = self.target.device
+        embeds = self.target.embed_tokens(torch.tensor(tokens, device=device))
+        past_keys, past_values = self.kv.read()
+        if tree.keys[0]:
+            past_keys = torch.cat([past_keys, *tree.keys[0]], dim=1)
+            past_values = torch.cat([past_values, *tree.values[0]], dim=1)
+        seen = tree.seen(rows).to(device)  # [rows, tree rows]: ancestors and themselves, the new rows last
+        mask = torch.cat([torch.ones(len(rows), len(self.kv), dtype=torch.bool, device=device), seen], dim=1)
+        positions = torch.full((len(rows),), position, device=device)
+        out, keys, values = self.draft(torch.cat(parents), embeds, positions, past_keys, past_values, mask)
+        tree.write([keys], [values])
+        return out
+
+    def _no_features(self) -> torch.Tensor:
+        width = len(self.feature_layers) * self.target.config.hidden_size
+        return torch.empty(0, width, dtype=self.target.dtype, device=self.target.device)
+
+    def memory_bytes(self) -> int:
+        """What the draft holds besides its weights: its keys and values of every committed row."""
+        return self.kv.nbytes()
+
+
+def frontier_output(frontier, row: int) -> torch.Tensor:
+    """The output a child of the frontier node at tree row `row` reads."""
+    return next(node[3] for node in frontier if node[2] == row)
+
+
+def build(target: TargetView, checkpoint: Path | str) -> Eagle3Drafter:
+    """The registry's factory: the EAGLE-3 draft at `checkpoint` (a directory, or a Hugging Face repo id)."""
+    return Eagle3Drafter(target, load_eagle3(_directory(checkpoint), target.config))
+
+
+def _directory(checkpoint: Path | str) -> Path:
+    path = Path(checkpoint)
+    if path.is_dir():
+        return path
+    from specchat.drafters import fetch_published
+
+    return fetch_published(str(checkpoint))

@@ -1,0 +1,191 @@
+"""EAGLE-3 (`specchat.drafters.eagle3`): the released checkpoint layout, drafting through the engine (lossless,
+greedy and sampled), training-time test against what drafting computes, and `specchat train eagle3`."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_train_longspec import _data_dir
+from tui_harness import tiny_loaded
+
+from specchat.drafters import build_drafter, parse_drafter
+from specchat.drafters.eagle3.drafter import Eagle3Drafter
+from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft, load_eagle3, save_eagle3
+from specchat.drafters.eagle3.objective import Eagle3Objective
+from specchat.drafters.eagle3.train import initial_draft, train_eagle3
+from specchat.engine.generate import Engine
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.tree import DraftTree
+from specchat.drafters.tree_rows import TreeRows
+from specchat.errors import SpecchatError
+from specchat.training.features import LayerFeatures, SampleLayers, target_layer_states
+from specchat.training.samples import Sample
+from specchat.training.trainer import TrainRecipe
+
+
+@pytest.fixture(scope="module")
+def loaded(tokenizer):
+    return tiny_loaded(tokenizer)
+
+
+def random_draft(model, vocab: int = 512, seed: int = 0) -> Eagle3Draft:
+    """A draft over target ids 3 .. vocab + 2, its weights moved off their start so that its guesses vary."""
+    torch.manual_seed(seed)
+    config = Eagle3Config.for_target(model.config, intermediate=96, draft_vocab_size=vocab)
+    draft = initial_draft(config, model, torch.arange(3, 3 + vocab))
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return draft
+
+
+def released_layout(draft: Eagle3Draft, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The tensors as EAGLE-3's releases name them (with the target's embedding some of them carry)."""
+    tensors = {prefix + name: tensor.clone() for name, tensor in draft.state_dict().items()}
+    tensors[prefix + "embed_tokens.weight"] = torch.zeros(draft.config.vocab_size, draft.config.target_hidden_size)
+    return tensors
+
+
+def test_a_released_checkpoint_loads_with_its_config_and_prefixes(loaded, tmp_path):
+    model = loaded.model
+    draft = random_draft(model)
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "intermediate_size": 96,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 49152,
+              "draft_vocab_size": 512, "rope_theta": 10000.0, "num_hidden_layers": 1}  # fmt: skip
+    tensors = released_layout(draft, "model.")
+    del tensors["model.t2d"]  # some releases carry only d2t
+    (tmp_path / "release").mkdir()
+    (tmp_path / "release" / "config.json").write_text(json.dumps(config))
+    save_file(tensors, tmp_path / "release" / "model.safetensors")
+    back = load_eagle3(tmp_path / "release", model.config)
+    assert back.config.feature_layers is None and back.config.head_dim == 16
+    for name, tensor in draft.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+    drafter = Eagle3Drafter(Engine(model, loaded.tokenizer, max_len=64).target, back)
+    assert drafter.feature_layers == (2, 1, 0)  # EAGLE-3's (2, L/2, L - 3), clamped into 2 layers
+
+
+def test_released_checkpoints_for_another_target_and_pickles_are_one_line_errors(loaded, tmp_path):
+    draft = random_draft(loaded.model)
+    save_eagle3(tmp_path / "ours", draft)
+    other = loaded.model.config.__class__(**{**loaded.model.config.to_dict(), "hidden_size": 128})
+    with pytest.raises(SpecchatError, match="hidden size 64 and 49152 tokens; this one has 128"):
+        load_eagle3(tmp_path / "ours", other)
+    (tmp_path / "pickled").mkdir()
+    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"\x80\x04")
+    with pytest.raises(SpecchatError, match="never unpickles"):
+        load_eagle3(tmp_path / "pickled", loaded.model.config)
+
+
+def test_our_checkpoint_is_the_released_layout_and_loads_back(loaded, tmp_path):
+    draft = random_draft(loaded.model)
+    save_eagle3(tmp_path / "ours", draft)
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 512
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 1, 0]
+    back = load_eagle3(tmp_path / "ours", loaded.model.config)
+    assert torch.equal(back.draft_vocab, torch.arange(3, 515))
+    assert all(torch.equal(back.state_dict()[name], tensor) for name, tensor in draft.state_dict().items())
+
+
+def _decode(engine, prompt, sampling, **options):
+    return [t for event in engine.generate(prompt, sampling=sampling, max_new_tokens=40, **options) for t in event.tokens]
+
+
+@pytest.mark.parametrize("budget", [1, 4, 12, None])
+def test_eagle3_decodes_token_for_token_as_the_target_alone(loaded, budget):
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    prompts = [list(range(30, 60)), list(range(100, 180, 3))]
+    alone = [_decode(engine, prompt, SamplingConfig()) for prompt in prompts]
+    engine.set_drafter(Eagle3Drafter(engine.target, random_draft(loaded.model)), budget)
+    assert [_decode(engine, prompt, SamplingConfig()) for prompt in prompts] == alone
+    assert engine.drafter.kv.positions == list(range(len(engine.drafter.kv.positions)))  # a row per position
+
+
+def test_eagle3_drafts_that_are_right_get_accepted(loaded):
+    """A draft whose guesses are the target's own: the tree's first path is the greedy continuation, so the
+    engine commits several tokens a step (a drafter wired wrong would commit one)."""
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    prompt = list(range(30, 60))
+    alone = _decode(engine, prompt, SamplingConfig())
+    drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
+    real = drafter.propose
+
+    def knowing(budget, sampling, generator):  # the tree the draft grew, its best path replaced by the truth
+        real(budget, sampling, generator)
+        return DraftTree.from_chains([alone[len(drafter.ids) - len(prompt) :][:3]], drafter.kind, budget)
+
+    drafter.propose = knowing
+    engine.set_drafter(drafter, 3)
+    events = list(engine.generate(prompt, sampling=SamplingConfig(), max_new_tokens=40))
+    assert [t for e in events for t in e.tokens] == alone and len(events) < 20
+
+
+def test_eagle3_sampled_output_is_the_targets_draw_for_draw(loaded):
+    """Reproducible sampling keys every draw by its token's position: the output is the target's own whatever
+    the drafter proposes, so any difference would be a verification that is not exact."""
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    sampling = SamplingConfig(temperature=1.0, top_p=0.95, seed=7)
+    prompt = list(range(30, 60))
+    alone = _decode(engine, prompt, sampling, reproducible=True)
+    engine.set_drafter(Eagle3Drafter(engine.target, random_draft(loaded.model)), 6)
+    assert _decode(engine, prompt, sampling, reproducible=True) == alone
+
+
+@torch.inference_mode()
+def test_training_time_test_computes_what_drafting_computes(loaded):
+    """The objective's step-k row of anchor p equals the drafter's depth-(k + 1) row below committed text that
+    ends at p + 1, reading the text's tokens: training trains the computation drafting runs."""
+    model = loaded.model
+    draft = random_draft(model).eval()
+    ids = list(range(200, 236))
+    engine = Engine(model, loaded.tokenizer, max_len=128)
+    layers = draft.config.layers_for(2)
+    features = engine.target_states(ids, feature_layers=layers)
+    labels = torch.zeros(len(ids), dtype=torch.int32)
+    unrolled = [logits for logits, _ in Eagle3Objective(draft, engine.target.embed_tokens, steps=3)._unroll(
+        Sample(tuple(ids), 1, True), SampleLayers(features, labels))]  # fmt: skip
+    drafter = Eagle3Drafter(engine.target, draft, weights=None)
+    anchor = 20  # committed: ids[: anchor + 2]; the root is ids[anchor + 1]
+    drafter.prefill(ids[: anchor + 1], features[: anchor + 1], 0)
+    drafter.commit([ids[anchor + 1]], features[:0])
+    h = drafter._catch_up()
+    torch.testing.assert_close(draft.logits(h)[0], unrolled[0][anchor], atol=1e-4, rtol=1e-4)
+    tree, parents, root = TreeRows(), [h], anchor + 1
+    for depth in (1, 2):
+        rows = tree.add([rows[0]] if depth > 1 else [-1])
+        out = drafter._tree_forward([ids[anchor + 1 + depth]], root + depth - 1, tree, rows, parents)
+        torch.testing.assert_close(draft.logits(out)[0], unrolled[depth][anchor], atol=1e-4, rtol=1e-4)
+        parents = [out]
+
+
+def test_a_short_run_lowers_the_heldout_loss_and_the_checkpoint_decodes_losslessly(loaded, tmp_path):
+    data = _data_dir(tmp_path / "data", counts=(("train", 16), ("heldout", 4)))
+    out = tmp_path / "draft"
+    summary = train_eagle3(loaded, data, out, TrainRecipe(epochs=3, batch=4, lr=3e-3, evaluations=2), vocab=0,
+                           intermediate=32)  # fmt: skip
+    log = summary["log"]
+    assert summary["steps"] == 12 and summary["feature_layers"] == [2, 1, 0]
+    assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
+    assert sorted(p.name for p in (data / "features").iterdir()) == ["layers-heldout-00000.safetensors",
+                                                                   "layers-train-00000.safetensors"]  # fmt: skip
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    prompt = list(range(30, 60))
+    alone = _decode(engine, prompt, SamplingConfig())
+    engine.set_drafter(build_drafter(parse_drafter(f"eagle3:{out}+ngram"), engine.target), 8)
+    assert _decode(engine, prompt, SamplingConfig()) == alone
+
+
+def test_layer_features_are_the_engine_forward_states(loaded, tmp_path):
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
+    samples = [Sample(tuple(random.Random(i).randrange(3, 1000) for _ in range(20)), 10, True) for i in range(3)]
+    features = target_layer_states(engine, tmp_path, "train", samples, layers=(2, 1, 0))
+    assert isinstance(features, LayerFeatures) and features.layers.shape == (60, 192)
+    expected = engine.target_states(list(samples[1].ids), feature_layers=(2, 1, 0)).to(torch.bfloat16)
+    assert torch.equal(features.of(1).layers, expected)
+    again = target_layer_states(engine, tmp_path, "train", samples, layers=(2, 1, 0))  # read back from disk
+    assert torch.equal(again.layers, features.layers)
