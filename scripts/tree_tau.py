@@ -46,7 +46,7 @@ def accepted_by_size(engine: Engine, prompt: list[int], reply: list[int]) -> lis
     """Per decode step of `reply` (the root: each committed token but the last), the tokens each cut of the
     drafter's tree would have accepted."""
     ids = prompt + reply
-    states = engine.target_states(ids)  # states[p] predicted ids[p + 1]
+    states = engine.target_states(ids, feature_layers=engine.state_layers)  # states[p] predicted ids[p + 1]
     drafter = engine.drafter
     drafter.prefill(prompt, states[: len(prompt)], 0)
     drafter.commit(reply[:1], states[:0])  # prefill's token: no new state, as in the engine

@@ -106,6 +106,18 @@ def test_eagle3_decodes_token_for_token_as_the_target_alone(loaded, budget):
     assert engine.drafter.kv.positions == list(range(len(engine.drafter.kv.positions)))  # a row per position
 
 
+def test_a_chat_turn_that_reuses_the_cache_keeps_one_draft_row_per_position(loaded):
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    engine.set_drafter(Eagle3Drafter(engine.target, random_draft(loaded.model)), 6)
+    first = list(range(30, 60))
+    second = first + _decode(engine, first, SamplingConfig()) + list(range(300, 310))
+    alone = _decode(Engine(loaded.model, loaded.tokenizer, max_len=256), second, SamplingConfig())
+    assert _decode(engine, second, SamplingConfig()) == alone  # the second turn prefilled only its new tokens
+    drafter = engine.drafter
+    positions = drafter.kv.positions + list(range(drafter.first_pending, drafter.first_pending + len(drafter.features)))
+    assert positions == list(range(engine.length - 1))  # every committed position's row, run or pending, once
+
+
 def test_eagle3_drafts_that_are_right_get_accepted(loaded):
     """A draft whose guesses are the target's own: the tree's first path is the greedy continuation, so the
     engine commits several tokens a step (a drafter wired wrong would commit one)."""

@@ -85,13 +85,13 @@ class Engine:
         self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
 
     @property
-    def _read_layers(self) -> tuple[int, ...]:
+    def state_layers(self) -> tuple[int, ...]:
         """The target layers whose input states the drafter reads (none: the last layer's output)."""
         return (self.drafter.feature_layers or ()) if self.drafter is not None else ()
 
     @property
     def _no_rows(self) -> torch.Tensor:
-        width = self.model.config.hidden_size * max(1, len(self._read_layers))
+        width = self.model.config.hidden_size * max(1, len(self.state_layers))
         return torch.empty(0, width, device=self.device, dtype=self.model.dtype)
 
     @property
@@ -207,7 +207,7 @@ class Engine:
         batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
         mask = batch.tree_mask if len(tree) else None  # the root alone: a decode step
         logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask,
-                                       feature_layers=self._read_layers)  # fmt: skip
+                                       feature_layers=self.state_layers)  # fmt: skip
         processed = self._process(logits, sampling, tree)
         choices = None
         if noise:
@@ -276,7 +276,7 @@ class Engine:
         stats.reused_tokens = shared
         self.ids[: len(prompt_ids)] = prompt
         self.length = len(prompt_ids)
-        logits, hidden = self._forward(prompt[shared:], last_only=True, feature_layers=self._read_layers)
+        logits, hidden = self._forward(prompt[shared:], last_only=True, feature_layers=self.state_layers)
         self.cache.commit()
         self._keep_query(-1)
         if self.drafter is not None:

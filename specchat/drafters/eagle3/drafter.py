@@ -93,9 +93,14 @@ class Eagle3Drafter(TracksCommittedIds):
         return frozenset({self.kind})
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
+        before, pending, start = self.ids, self.features, self.first_pending
         kept = self.new_request(ids, reused)
+        if kept and before[kept : kept + 1] != ids[kept : kept + 1]:
+            kept -= 1  # the row of position kept - 1 read token kept, which this text changes
         self.kv.truncate(kept)
         self.features, self.first_pending = hidden, reused
+        if kept == reused and start <= kept <= start + len(pending):  # rows not run yet of the kept text
+            self.features, self.first_pending = torch.cat([pending[: kept - start], hidden]), start
 
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         self.ids += tokens
