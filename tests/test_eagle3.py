@@ -13,6 +13,10 @@ from test_train_longspec import _data_dir
 from tui_harness import tiny_loaded
 
 from specchat.drafters import build_drafter, parse_drafter
+from specchat.drafters.composite import CompositeDrafter
+from specchat.drafters.glide.drafter import GlideDrafter
+from specchat.drafters.glide.model import GlideConfig, GlideModel
+from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.eagle3.drafter import Eagle3Drafter
 from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft, load_eagle3, save_eagle3
 from specchat.drafters.eagle3.objective import Eagle3Objective
@@ -201,3 +205,12 @@ def test_layer_features_are_the_engine_forward_states(loaded, tmp_path):
     assert torch.equal(features.of(1).layers, expected)
     again = target_layer_states(engine, tmp_path, "train", samples, layers=(2, 1, 0))  # read back from disk
     assert torch.equal(again.layers, features.layers)
+
+
+def test_drafters_that_read_different_target_states_do_not_combine(loaded):
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
+    eagle3 = Eagle3Drafter(engine.target, random_draft(loaded.model))
+    with pytest.raises(SpecchatError, match="eagle3 and glide read different target states"):
+        CompositeDrafter(eagle3, GlideDrafter(engine.target, GlideModel(GlideConfig.for_target(
+            loaded.model.config, num_hidden_layers=1, shared_vocab=True))))  # fmt: skip
+    assert CompositeDrafter(eagle3, NgramDrafter()).feature_layers == eagle3.feature_layers

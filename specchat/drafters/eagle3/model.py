@@ -153,8 +153,8 @@ class Eagle3Draft(nn.Module):
         # draft id i is target id i + d2t[i]; t2d marks the target ids the draft vocabulary holds
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
-        inverse = inverse_frequencies(SimpleNamespace(rope_parameters=config.rope), config.head_dim)
-        self.register_buffer("inverse_frequencies", inverse, persistent=False)
+        # fp32 whatever the weights' dtype (not a buffer: `.to(bfloat16)` would round the angles at long contexts)
+        self.inverse_frequencies = inverse_frequencies(SimpleNamespace(rope_parameters=config.rope), config.head_dim)
 
     def set_vocab(self, draft_vocab: torch.Tensor) -> None:
         """The draft vocabulary: target ids, ascending, one per lm_head row."""
@@ -168,7 +168,7 @@ class Eagle3Draft(nn.Module):
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's cos / sin [q, head_dim] at `positions` [q]."""
-        angles = positions.float()[:, None] * self.inverse_frequencies[None]
+        angles = positions.float()[:, None] * self.inverse_frequencies.to(positions.device)[None]
         angles = torch.cat([angles, angles], dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
