@@ -214,3 +214,20 @@ def test_drafters_that_read_different_target_states_do_not_combine(loaded):
         CompositeDrafter(eagle3, GlideDrafter(engine.target, GlideModel(GlideConfig.for_target(
             loaded.model.config, num_hidden_layers=1, shared_vocab=True))))  # fmt: skip
     assert CompositeDrafter(eagle3, NgramDrafter()).feature_layers == eagle3.feature_layers
+
+
+@torch.inference_mode()
+def test_a_long_prompt_catches_up_in_blocks_as_in_one(loaded, monkeypatch):
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
+    draft = random_draft(loaded.model)
+    ids = list(range(200, 230))
+    features = engine.target_states(ids, feature_layers=(2, 1, 0))
+    runs = []
+    for block in (512, 7):
+        monkeypatch.setattr("specchat.drafters.eagle3.drafter.CATCH_UP", block)
+        drafter = Eagle3Drafter(engine.target, draft, weights=None)
+        drafter.prefill(ids[:-1], features[:-1], 0)
+        drafter.commit(ids[-1:], features[:0])
+        runs.append((drafter._catch_up(), *drafter.kv.read()))
+    for whole, blocks in zip(*runs, strict=True):
+        torch.testing.assert_close(blocks, whole, atol=1e-5, rtol=1e-5)

@@ -31,6 +31,7 @@ from specchat.quant.quantize import quantized_copy
 
 TOP_K = 4  # children per expanded node and nodes expanded per depth
 DEPTH = 5  # tree depth: the root's children, then a draft forward per depth below them
+CATCH_UP = 512  # committed rows a draft forward runs at most (a prompt's)
 
 
 class DraftKV:
@@ -88,6 +89,7 @@ class Eagle3Drafter(TracksCommittedIds):
         self.ids: list[int] = []
         self.features = self._no_features()  # committed positions' target features not yet run as rows
         self.first_pending = 0  # the position of features[0]
+        self.last: torch.Tensor | None = None  # the newest committed row's output: it guesses the root's children
 
     def next_kinds(self) -> frozenset[str]:
         return frozenset({self.kind})
@@ -137,28 +139,23 @@ class Eagle3Drafter(TracksCommittedIds):
         return DraftTree.best(paths, budget)
 
     def _catch_up(self) -> torch.Tensor | None:
-        """Run the committed rows the draft has not run (their next tokens are known now), keep their keys and
-        values; the newest row's output [1, H], which guesses the root's children (None before any)."""
-        count = len(self.features)
-        if count == 0:
-            return self._last
-        start = self.first_pending
-        positions = list(range(start, start + count))
+        """Run the committed rows the draft has not run (their next tokens are known now), in blocks of
+        `CATCH_UP` rows (a long prompt's mask stays small), keep their keys and values; the newest row's output
+        [1, H], which guesses the root's children (None before any row)."""
         device = self.target.device
-        embeds = self.target.embed_tokens(torch.tensor(self.ids[start + 1 : start + count + 1], device=device))
-        hidden = self.draft.fc(self.features)
-        past_keys, past_values = self.kv.read()
-        visible = torch.ones(count, len(self.kv), dtype=torch.bool, device=device)
-        mask = torch.cat([visible, torch.ones(count, count, dtype=torch.bool, device=device).tril_()], dim=1)
-        out, keys, values = self.draft(hidden, embeds, torch.tensor(positions, device=device), past_keys, past_values,
-                                       mask)  # fmt: skip
-        self.kv.append(keys, values, positions)
+        for block in self.features.split(CATCH_UP):
+            count, start = len(block), self.first_pending
+            embeds = self.target.embed_tokens(torch.tensor(self.ids[start + 1 : start + count + 1], device=device))
+            past_keys, past_values = self.kv.read()
+            mask = torch.ones(count, len(self.kv) + count, dtype=torch.bool, device=device)
+            mask[:, len(self.kv) :].tril_()
+            positions = torch.arange(start, start + count, device=device)
+            out, keys, values = self.draft(self.draft.fc(block), embeds, positions, past_keys, past_values, mask)
+            self.kv.append(keys, values, positions.tolist())
+            self.first_pending += count
+            self.last = out[-1:]
         self.features = self.features[:0]
-        self.first_pending = start + count
-        self._last = out[-1:]
-        return self._last
-
-    _last: torch.Tensor | None = None
+        return self.last
 
     def _tree_forward(self, tokens: list[int], position: int, tree: TreeRows, rows: list[int],
                       parents: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
