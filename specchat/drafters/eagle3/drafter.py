@@ -103,6 +103,7 @@ class Eagle3Drafter(TracksCommittedIds):
         self.features, self.first_pending = hidden, reused
         if kept == reused and start <= kept <= start + len(pending):  # rows not run yet of the kept text
             self.features, self.first_pending = torch.cat([pending[: kept - start], hidden]), start
+        self._catch_up()  # the prompt's rows with their next token: its processing, not the first step's drafting
 
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         self.ids += tokens
@@ -138,12 +139,14 @@ class Eagle3Drafter(TracksCommittedIds):
                         for i, ((path, score, _), new_row) in enumerate(zip(expanded, rows))]  # fmt: skip
         return DraftTree.best(paths, budget)
 
+    @torch.inference_mode()
     def _catch_up(self) -> torch.Tensor | None:
-        """Run the committed rows the draft has not run (their next tokens are known now), in blocks of
-        `CATCH_UP` rows (a long prompt's mask stays small), keep their keys and values; the newest row's output
-        [1, H], which guesses the root's children (None before any row)."""
+        """Run the committed rows the draft has not run whose next token is known (all of them once the root is
+        committed), in blocks of `CATCH_UP` rows (a long prompt's mask stays small), and keep their keys and
+        values; the newest row's output [1, H], which guesses the root's children (None before any row)."""
         device = self.target.device
-        for block in self.features.split(CATCH_UP):
+        runnable = min(len(self.features), len(self.ids) - 1 - self.first_pending)
+        for block in self.features[:runnable].split(CATCH_UP) if runnable > 0 else ():
             count, start = len(block), self.first_pending
             embeds = self.target.embed_tokens(torch.tensor(self.ids[start + 1 : start + count + 1], device=device))
             past_keys, past_values = self.kv.read()
@@ -154,7 +157,7 @@ class Eagle3Drafter(TracksCommittedIds):
             self.kv.append(keys, values, positions.tolist())
             self.first_pending += count
             self.last = out[-1:]
-        self.features = self.features[:0]
+        self.features = self.features[runnable:]
         return self.last
 
     def _tree_forward(self, tokens: list[int], position: int, tree: TreeRows, rows: list[int],
