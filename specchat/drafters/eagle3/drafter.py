@@ -30,7 +30,7 @@ from specchat.engine.tree import ROOT, DraftTree
 from specchat.quant.quantize import quantized_copy
 
 TOP_K = 4  # children per expanded node and nodes expanded per depth
-DEPTH = 5  # tree depth: the root's children, then a draft forward per depth below them
+DEPTH = 4  # tree depth: the root's children, then a draft forward per depth below them
 CATCH_UP = 512  # committed rows a draft forward runs at most (a prompt's)
 
 
@@ -82,7 +82,7 @@ class Eagle3Drafter(TracksCommittedIds):
         self.feature_layers = config.layers_for(target.config.num_hidden_layers)
         draft = draft.to(device=target.device).eval()
         draft = draft.to(dtype=target.dtype)  # the d2t / t2d buffers stay integers
-        self.draft = quantized_copy(draft, draft_weights(target, weights), dtype=target.dtype)
+        self.draft = quantized_copy(draft.fused(), draft_weights(target, weights), dtype=target.dtype)
         self.draft_vocab = draft.draft_vocab
         self.top_k, self.depth = top_k, depth
         self.kv = DraftKV(config.num_key_value_heads, config.head_dim, dtype=target.dtype, device=target.device)

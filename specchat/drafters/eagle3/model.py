@@ -16,11 +16,13 @@ released drafts load (`load_eagle3`) and the drafts trained here load in vLLM an
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specchat.drafters.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
@@ -126,6 +128,34 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(2 * width, kv * dim, bias=False)
         self.v_proj = nn.Linear(2 * width, kv * dim, bias=False)
         self.o_proj = nn.Linear(heads * dim, width, bias=False)
+        self.qkv_proj: nn.Linear | None = None  # q, k, v stacked in place of the three (`Eagle3Draft.fused`)
+        self.sizes = [heads * dim, kv * dim, kv * dim]
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.qkv_proj(x).split(self.sizes, dim=-1)
+
+
+class FusedMLP(nn.Module):
+    """The MLP with gate and up stacked: one matmul where there were two (a draft step is a few rows, each
+    matmul a read of its weights plus a call's overhead)."""
+
+    def __init__(self, mlp: MLP):
+        super().__init__()
+        self.gate_up_proj = _stacked(mlp.gate_proj, mlp.up_proj)
+        self.down_proj = mlp.down_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _stacked(*layers: nn.Linear) -> nn.Linear:
+    stacked = nn.Linear(layers[0].in_features, sum(layer.out_features for layer in layers), bias=False)
+    stacked = stacked.to(device=layers[0].weight.device, dtype=layers[0].weight.dtype).requires_grad_(False)
+    stacked.weight.copy_(torch.cat([layer.weight for layer in layers]))
+    return stacked
 
 
 class MidLayer(nn.Module):
@@ -179,10 +209,10 @@ class Eagle3Draft(nn.Module):
         layer, config = self.midlayer, self.config
         normed = layer.hidden_norm(hidden)
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
-        attention = layer.self_attn
-        q = rotate(_heads(attention.q_proj(x), config.num_attention_heads, config.head_dim), cos, sin)
-        k = rotate(_heads(attention.k_proj(x), config.num_key_value_heads, config.head_dim), cos, sin)
-        v = _heads(attention.v_proj(x), config.num_key_value_heads, config.head_dim)
+        q, k, v = layer.self_attn.qkv(x)
+        q = rotate(_heads(q, config.num_attention_heads, config.head_dim), cos, sin)
+        k = rotate(_heads(k, config.num_key_value_heads, config.head_dim), cos, sin)
+        v = _heads(v, config.num_key_value_heads, config.head_dim)
         return q, k, v, normed if config.norm_before_residual else hidden
 
     def finish(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
@@ -201,6 +231,17 @@ class Eagle3Draft(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(h))
+
+    @torch.no_grad()
+    def fused(self) -> Eagle3Draft:
+        """A copy for inference whose q / k / v and gate / up each run as one matmul (fewer, larger reads of
+        the weights: a draft forward is a few rows)."""
+        draft = copy.deepcopy(self)
+        attention = draft.midlayer.self_attn
+        attention.qkv_proj = _stacked(attention.q_proj, attention.k_proj, attention.v_proj)
+        del attention.q_proj, attention.k_proj, attention.v_proj
+        draft.midlayer.mlp = FusedMLP(draft.midlayer.mlp)
+        return draft
 
 
 def _heads(x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
