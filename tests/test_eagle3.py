@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _data_dir
 from tui_harness import tiny_loaded
 
@@ -231,3 +232,12 @@ def test_a_long_prompt_catches_up_in_blocks_as_in_one(loaded, monkeypatch):
         runs.append((drafter._catch_up(), *drafter.kv.read()))
     for whole, blocks in zip(*runs, strict=True):
         torch.testing.assert_close(blocks, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_train_eagle3_rejects_bad_options_in_one_line(tmp_path, monkeypatch, capfd):
+    command = ("train", "eagle3", "--data", str(tmp_path), "--out", str(tmp_path / "o"))
+    # in this process (`specchat_in_process`): each is refused before the target loads
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command), "holds no training data")
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--steps", "0"), "--steps")
+    assert_one_line_error(specchat_in_process(monkeypatch, capfd, "run", "hi", "--drafter", "eagle3"),
+                          "no published eagle3 drafter")  # fmt: skip
