@@ -176,7 +176,7 @@ def test_models_lists_profiles_and_availability():
     assert "not cached (offline)" in result.stdout  # HF_HUB_OFFLINE: nothing claims it can download
     assert "tokenswift: TokenSwift/TokenSwift-Llama-3.1-8B (not cached (offline))" in result.stdout
     assert "longspec: sail/longspec-vicuna-7b-v1.5-16k (not cached (offline))" in result.stdout
-    assert "longspec, glide, model: none published; --drafter NAME:DIR runs a local checkpoint" in result.stdout
+    assert "longspec, glide, model, eagle3: none published; --drafter NAME:DIR runs a local checkpoint" in result.stdout
     assert "model: smollm2-135m-model (here)" in result.stdout
     assert "model: double7/vicuna-68m (not cached (offline))" in result.stdout  # SpecExtend's published pair
 

@@ -68,6 +68,7 @@ class BookOracle:
     window starts (it finds its place from the context it is prefilled with)."""
 
     kind = "oracle"
+    feature_layers = None  # reads no target states
 
     def __init__(self, book: list[int], depth: int = 5):
         self.book, self.depth, self.position = book, depth, 0
