@@ -7,9 +7,9 @@ node's row reads its own token and, for the target's features it has none of, it
 
 The tree is EAGLE-2's dynamic tree: each depth expands the `top_k` most probable nodes of the depth before
 (by the product of the draft's probabilities along their path), each into its `top_k` most probable children, one
-draft forward of `top_k` rows a depth; the tree kept is the most probable nodes, at most the engine's budget, so
-a parent always outranks its children. Scores go to the engine's adaptive budget (`scores_nodes`), which cuts the
-tree to what pays. The draft proposes deterministic nodes under sampling too: verification then draws from the
+draft forward of `top_k` rows a depth, while those nodes hold a chance worth a forward; the tree kept is the
+most probable nodes, at most the engine's budget, so a parent always outranks its children. Scores go to the
+engine's adaptive budget (`scores_nodes`), which cuts the tree to what pays. The draft proposes deterministic nodes under sampling too: verification then draws from the
 target itself wherever the children are not the drafter's samples, which is exact for any tree.
 """
 
@@ -31,6 +31,7 @@ from specchat.quant.quantize import quantized_copy
 
 TOP_K = 4  # children per expanded node and nodes expanded per depth
 DEPTH = 4  # tree depth: the root's children, then a draft forward per depth below them
+MIN_DEPTH_CHANCE = 0.1  # the chance a depth's expanded nodes must hold together for the draft to run it
 CATCH_UP = 512  # committed rows a draft forward runs at most (a prompt's)
 
 
@@ -132,6 +133,8 @@ class Eagle3Drafter(TracksCommittedIds):
             if depth == min(self.depth, budget):
                 break
             expanded = sorted(candidates, key=lambda c: -c[1])[: self.top_k]
+            if sum(math.exp(score) for _, score, _ in expanded) < MIN_DEPTH_CHANCE:
+                break  # a depth below nodes this unlikely adds less than its forward costs
             rows = tree.add([row for _, _, row in expanded])
             outputs = self._tree_forward([path[-1] for path, _, _ in expanded], root + depth - 1, tree, rows,
                                          [frontier_output(frontier, row) for _, _, row in expanded])  # fmt: skip
