@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 from safetensors.torch import save_file
+from conftest import tiny_model
 from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _data_dir
 from tui_harness import tiny_loaded
@@ -109,6 +110,17 @@ def test_eagle3_decodes_token_for_token_as_the_target_alone(loaded, budget):
     engine.set_drafter(Eagle3Drafter(engine.target, random_draft(loaded.model)), budget)
     assert [_decode(engine, prompt, SamplingConfig()) for prompt in prompts] == alone
     assert engine.drafter.kv.positions == list(range(len(engine.drafter.kv.positions)))  # a row per position
+
+
+def test_eagle3_is_lossless_through_the_cpu_decoder_in_bf16(tokenizer):
+    """bf16 activations: the compiled CPU decoder runs the target and hands over the layers' states."""
+    model = tiny_model("llama", head_dim=64).to(torch.bfloat16)  # a head size the CPU decoder is built for
+    engine = Engine(model, tokenizer, max_len=256)
+    assert engine.canonical
+    prompt = list(range(30, 60))
+    alone = _decode(engine, prompt, SamplingConfig())
+    engine.set_drafter(Eagle3Drafter(engine.target, random_draft(model)), 6)
+    assert _decode(engine, prompt, SamplingConfig(), fresh=True) == alone
 
 
 def test_a_chat_turn_that_reuses_the_cache_keeps_one_draft_row_per_position(loaded):
