@@ -16,6 +16,7 @@ target itself wherever the children are not the drafter's samples, which is exac
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -37,34 +38,45 @@ CATCH_UP = 512  # committed rows a draft forward runs at most (a prompt's)
 
 class DraftKV:
     """The draft layer's keys and values of committed rows, in position order (a row missing where the engine
-    reused target states the draft never saw: it attends to what it has)."""
+    reused target states the draft never saw: it attends to what it has), and after them a draft tree's rows,
+    written in place so that a depth reads one view of the buffer instead of a copy of it."""
 
     def __init__(self, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device):
         self.keys = torch.zeros(kv_heads, 256, head_dim, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
-        self.positions: list[int] = []
+        self.positions: list[int] = []  # of the committed rows
+        self.tree_rows = 0  # rows of the tree being drafted, after the committed ones
 
     def __len__(self) -> int:
         return len(self.positions)
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor, positions: list[int]) -> None:
-        count, size = len(self), keys.shape[1]
-        if count + size > self.keys.shape[1]:
-            grown = max(2 * self.keys.shape[1], count + size)
-            self.keys = torch.cat([self.keys[:, :count], self.keys.new_zeros(self.keys.shape[0], grown - count,
-                                                                              self.keys.shape[2])], dim=1)  # fmt: skip
-            self.values = torch.cat([self.values[:, :count], torch.zeros_like(self.keys[:, count:])], dim=1)
-        self.keys[:, count : count + size] = keys
-        self.values[:, count : count + size] = values
+    def append(self, keys: torch.Tensor, values: torch.Tensor, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Commit rows of `positions` (a tree's rows are dropped); every row's keys and values, theirs last."""
+        self.tree_rows = 0
+        out = self.write(keys, values)
         self.positions += positions
+        self.tree_rows = 0  # the rows written are committed ones now
+        return out
+
+    def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add tree rows [kv_heads, q, D]; the committed rows' and the tree's so far, these last (views)."""
+        start = len(self) + self.tree_rows
+        end = start + keys.shape[1]
+        if end > self.keys.shape[1]:
+            grown = max(2 * self.keys.shape[1], end)
+            self.keys = torch.cat([self.keys[:, :start], self.keys.new_zeros(self.keys.shape[0], grown - start,
+                                                                              self.keys.shape[2])], dim=1)  # fmt: skip
+            self.values = torch.cat([self.values[:, :start], torch.zeros_like(self.keys[:, start:])], dim=1)
+        self.keys[:, start:end] = keys
+        self.values[:, start:end] = values
+        self.tree_rows = end - len(self)
+        return self.keys[:, :end], self.values[:, :end]
 
     def truncate(self, position: int) -> None:
-        """Forget rows of positions >= `position`."""
+        """Forget rows of positions >= `position`, and any tree's."""
+        self.tree_rows = 0
         while self.positions and self.positions[-1] >= position:
             self.positions.pop()
-
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys[:, : len(self)], self.values[:, : len(self)]
 
     def nbytes(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size()
@@ -116,7 +128,8 @@ class Eagle3Drafter(TracksCommittedIds):
         if h is None or budget < 1:
             return DraftTree.empty()
         root = len(self.ids) - 1  # the root's position: rows of positions < root are in the draft's cache
-        tree = TreeRows()
+        tree = TreeRows()  # which rows each sees; their keys and values follow the committed ones in `kv`
+        self.kv.tree_rows = 0
         paths: dict[tuple[int, ...], tuple[float, str]] = {}
         frontier = [((), 0.0, ROOT, h)]  # (token path, log-probability, its row, the output its children read)
         for depth in range(1, min(self.depth, budget) + 1):
@@ -152,12 +165,11 @@ class Eagle3Drafter(TracksCommittedIds):
         for block in self.features[:runnable].split(CATCH_UP) if runnable > 0 else ():
             count, start = len(block), self.first_pending
             embeds = self.target.embed_tokens(torch.tensor(self.ids[start + 1 : start + count + 1], device=device))
-            past_keys, past_values = self.kv.read()
             mask = torch.ones(count, len(self.kv) + count, dtype=torch.bool, device=device)
             mask[:, len(self.kv) :].tril_()
             positions = torch.arange(start, start + count, device=device)
-            out, keys, values = self.draft(self.draft.fc(block), embeds, positions, past_keys, past_values, mask)
-            self.kv.append(keys, values, positions.tolist())
+            write = partial(self.kv.append, positions=positions.tolist())
+            out = self.draft(self.draft.fc(block), embeds, positions, write, mask)
             self.first_pending += count
             self.last = out[-1:]
         self.features = self.features[runnable:]
@@ -169,16 +181,10 @@ class Eagle3Drafter(TracksCommittedIds):
         committed rows, their ancestors' rows and themselves."""
         device = self.target.device
         embeds = self.target.embed_tokens(torch.tensor(tokens, device=device))
-        past_keys, past_values = self.kv.read()
-        if tree.keys[0]:
-            past_keys = torch.cat([past_keys, *tree.keys[0]], dim=1)
-            past_values = torch.cat([past_values, *tree.values[0]], dim=1)
         seen = tree.seen(rows).to(device)  # [rows, tree rows]: ancestors and themselves, the new rows last
         mask = torch.cat([torch.ones(len(rows), len(self.kv), dtype=torch.bool, device=device), seen], dim=1)
         positions = torch.full((len(rows),), position, device=device)
-        out, keys, values = self.draft(torch.cat(parents), embeds, positions, past_keys, past_values, mask)
-        tree.write([keys], [values])
-        return out
+        return self.draft(torch.cat(parents), embeds, positions, self.kv.write, mask)
 
     def _no_features(self) -> torch.Tensor:
         width = len(self.feature_layers) * self.target.config.hidden_size

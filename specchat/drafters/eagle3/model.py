@@ -221,13 +221,13 @@ class Eagle3Draft(nn.Module):
         h = residual + layer.self_attn.o_proj(attended.transpose(0, 1).reshape(attended.shape[1], -1))
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
-    def forward(self, hidden, embeds, positions, past_keys, past_values, mask):
-        """(outputs [q, H], the rows' keys, values): rows attend over `past_keys` / `past_values` [kv_heads, k, D]
-        and their own, `mask` [q, k + q] (True: visible)."""
+    def forward(self, hidden, embeds, positions, write, mask):
+        """Outputs [q, H] of rows reading `hidden` and `embeds` at `positions`: `write(keys, values)` stores the
+        rows' keys and values [kv_heads, q, D] where the draft keeps them and returns every key and value the rows
+        attend over, theirs included, which `mask` [q, k] (True: visible) selects."""
         cos, sin = self.tables(positions, hidden.dtype)
         q, k, v, residual = self.project(hidden, embeds, cos, sin)
-        keys, values = torch.cat([past_keys, k], dim=1), torch.cat([past_values, v], dim=1)
-        return self.finish(residual, attend(q, keys, values, mask)), k, v
+        return self.finish(residual, attend(q, *write(k, v), mask))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(h))
