@@ -25,7 +25,7 @@ from specchat.drafters import EAGLE3
 from specchat.drafters.draft_head import draft_weights
 from specchat.drafters.eagle3.model import Eagle3Draft, load_eagle3
 from specchat.drafters.tree_rows import TreeRows
-from specchat.engine.drafter import TargetView, TracksCommittedIds
+from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 from specchat.quant.quantize import quantized_copy
@@ -82,7 +82,7 @@ class DraftKV:
         return 2 * self.keys.numel() * self.keys.element_size()
 
 
-class Eagle3Drafter(TracksCommittedIds):
+class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
     kind = EAGLE3
     scores_nodes = True
 
@@ -103,9 +103,6 @@ class Eagle3Drafter(TracksCommittedIds):
         self.features = self._no_features()  # committed positions' target features not yet run as rows
         self.first_pending = 0  # the position of features[0]
         self.last: torch.Tensor | None = None  # the newest committed row's output: it guesses the root's children
-
-    def next_kinds(self) -> frozenset[str]:
-        return frozenset({self.kind})
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         before, pending, start = self.ids, self.features, self.first_pending
