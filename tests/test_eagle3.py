@@ -25,7 +25,7 @@ from specchat.drafters.eagle3.objective import Eagle3Objective
 from specchat.drafters.eagle3.train import initial_draft, train_eagle3
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
-from specchat.engine.tree import DraftTree
+from specchat.engine.tree import ROOT, DraftTree
 from specchat.drafters.tree_rows import TreeRows
 from specchat.errors import SpecchatError
 from specchat.training.features import LayerFeatures, SampleLayers, target_layer_states
@@ -182,14 +182,45 @@ def test_training_time_test_computes_what_drafting_computes(loaded):
     anchor = 20  # committed: ids[: anchor + 2]; the root is ids[anchor + 1]
     drafter.prefill(ids[: anchor + 1], features[: anchor + 1], 0)
     drafter.commit([ids[anchor + 1]], features[:0])
-    h = drafter._catch_up()
-    torch.testing.assert_close(draft.logits(h)[0], unrolled[0][anchor], atol=1e-4, rtol=1e-4)
-    tree, parents, root = TreeRows(), [h], anchor + 1
+    h, logits = drafter._catch_up()
+    torch.testing.assert_close(logits[0], unrolled[0][anchor], atol=1e-4, rtol=1e-4)
+    tree, rows, root = TreeRows(), [ROOT], anchor + 1
     for depth in (1, 2):
-        rows = tree.add([rows[0]] if depth > 1 else [-1])
-        out = drafter._tree_forward([ids[anchor + 1 + depth]], root + depth - 1, tree, rows, parents)
-        torch.testing.assert_close(draft.logits(out)[0], unrolled[depth][anchor], atol=1e-4, rtol=1e-4)
-        parents = [out]
+        rows = tree.add(rows)
+        h, logits = drafter._rows(h, [ids[anchor + 1 + depth]], torch.tensor([root + depth - 1]), tree.seen(rows))
+        torch.testing.assert_close(logits[0], unrolled[depth][anchor], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_the_compiled_draft_layer_computes_what_the_torch_layer_computes(tokenizer, dtype):
+    """The CPU decoder's EAGLE-3 layer (`native.py`) against the torch layer: the committed rows' keys and values,
+    the newest row's logits and the trees drafted below it."""
+    model = tiny_model("llama", head_dim=64).to(dtype)  # a head size the CPU decoder is built for
+    engine = Engine(model, tokenizer, max_len=128)
+    ids = list(range(200, 240))
+    features = engine.target_states(ids, feature_layers=(2, 1, 0))
+    draft = random_draft(model).to(dtype)
+    drafters = [Eagle3Drafter(engine.target, draft, weights=None) for _ in range(2)]
+    assert drafters[0].native is not None
+    drafters[1].native = None
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.05}
+    trees = []
+    for drafter in drafters:
+        drafter.prefill(ids[:30], features[:30], 0)
+        drafter.commit(ids[30:33], features[30:33])
+        trees.append([drafter.propose(12, SamplingConfig(), torch.Generator()).paths() for _ in range(2)])
+        assert trees[-1][0] == trees[-1][1]  # drafting twice from the same text drafts the same tree
+    compiled, plain = drafters
+    assert compiled.kv.positions == plain.kv.positions == list(range(32))
+    for a, b in zip(compiled.last, plain.last, strict=True):
+        torch.testing.assert_close(a, b, **tolerance)
+    torch.testing.assert_close(compiled.kv.keys[:, :32], plain.kv.keys[:, :32], **tolerance)
+    torch.testing.assert_close(compiled.kv.values[:, :32], plain.kv.values[:, :32], **tolerance)
+    if dtype == torch.float32:  # bf16's roundings may swap near-equal guesses
+        (compiled_tree, _), (plain_tree, _) = trees
+        assert list(compiled_tree) == list(plain_tree) and len(compiled_tree) == 12
+        assert [p for p, _ in compiled_tree.values()] == pytest.approx([p for p, _ in plain_tree.values()], rel=1e-4)
 
 
 def test_a_short_run_lowers_the_heldout_loss_and_the_checkpoint_decodes_losslessly(loaded, tmp_path):
@@ -241,8 +272,8 @@ def test_a_long_prompt_catches_up_in_blocks_as_in_one(loaded, monkeypatch):
         drafter = Eagle3Drafter(engine.target, draft, weights=None)
         drafter.prefill(ids[:-1], features[:-1], 0)
         drafter.commit(ids[-1:], features[:0])
-        last, kv = drafter._catch_up(), drafter.kv
-        runs.append((last, kv.keys[:, : len(kv)], kv.values[:, : len(kv)]))
+        (last, logits), kv = drafter._catch_up(), drafter.kv
+        runs.append((last, logits, kv.keys[:, : len(kv)], kv.values[:, : len(kv)]))
     for whole, blocks in zip(*runs, strict=True):
         torch.testing.assert_close(blocks, whole, atol=1e-5, rtol=1e-5)
 

@@ -91,16 +91,16 @@ def lean_forward(model) -> LeanForward | None:
 
 def _layer(native, layer: LlamaLayer):
     return native.Layer(
-        _projection(native, fuse_projections(layer.attention, layer.qkv_names)),
-        _projection(native, layer.o),
-        _projection(native, fuse_projections(layer.mlp, layer.gate_up_names)),
-        _projection(native, layer.down),
+        native_projection(native, fuse_projections(layer.attention, layer.qkv_names)),
+        native_projection(native, layer.o),
+        native_projection(native, fuse_projections(layer.mlp, layer.gate_up_names)),
+        native_projection(native, layer.down),
         layer.input_norm.weight,
         layer.post_attention_norm.weight,
     )
 
 
-def _projection(native, layer: nn.Module):
+def native_projection(native, layer: nn.Module):
     return native.Projection([_linear(native, part) for part in (layer.layers if isinstance(layer, Side) else [layer])])
 
 

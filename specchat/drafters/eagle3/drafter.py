@@ -3,20 +3,22 @@
 Every committed position p has a draft row: the target's features of p (handed over by the engine's forwards:
 `feature_layers`) and the embedding of token p + 1. Rows run once, when the tokens after them are committed, and
 keep their keys and values (`DraftKV`); the newest row's output guesses the root's children. A depth further, a
-node's row reads its own token and, for the target's features it has none of, its parent row's output.
+node's row reads its own token and, for the target's features it has none of, its parent row's output. On a CPU
+a forward's rows and their logits run in one call of the compiled CPU decoder (`native.py`), elsewhere as torch
+operations (`Eagle3Draft`).
 
 The tree is EAGLE-2's dynamic tree: each depth expands the `top_k` most probable nodes of the depth before
 (by the product of the draft's probabilities along their path), each into its `top_k` most probable children, one
 draft forward of `top_k` rows a depth, while those nodes hold a chance worth a forward; the tree kept is the
 most probable nodes, at most the engine's budget, so a parent always outranks its children. Scores go to the
-engine's adaptive budget (`scores_nodes`), which cuts the tree to what pays. The draft proposes deterministic nodes under sampling too: verification then draws from the
-target itself wherever the children are not the drafter's samples, which is exact for any tree.
+engine's adaptive budget (`scores_nodes`), which cuts the tree to what pays. The draft proposes deterministic
+nodes under sampling too: verification then draws from the target itself wherever the children are not the
+drafter's samples, which is exact for any tree.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,6 +26,7 @@ import torch
 from specchat.drafters import EAGLE3
 from specchat.drafters.draft_head import draft_weights
 from specchat.drafters.eagle3.model import Eagle3Draft, load_eagle3
+from specchat.drafters.eagle3.native import native_eagle3
 from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.sampling import SamplingConfig
@@ -50,27 +53,32 @@ class DraftKV:
     def __len__(self) -> int:
         return len(self.positions)
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Commit rows of `positions` (a tree's rows are dropped); every row's keys and values, theirs last."""
-        self.tree_rows = 0
-        out = self.write(keys, values)
-        self.positions += positions
-        self.tree_rows = 0  # the rows written are committed ones now
-        return out
+    def reserve(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buffers [kv_heads, slots, D], with room for `rows` more after the committed and tree rows."""
+        end = len(self) + self.tree_rows + rows
+        if end > self.keys.shape[1]:
+            grown = self.keys.new_zeros(self.keys.shape[0], max(2 * self.keys.shape[1], end), self.keys.shape[2])
+            self.keys = torch.cat([self.keys[:, : end - rows], grown[:, end - rows :]], dim=1)
+            self.values = torch.cat([self.values[:, : end - rows], torch.zeros_like(grown[:, end - rows :])], dim=1)
+        return self.keys, self.values
 
     def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add tree rows [kv_heads, q, D]; the committed rows' and the tree's so far, these last (views)."""
+        """Put rows [kv_heads, q, D] after the committed and tree rows; every row's keys and values up to
+        them (views). `added` says what they were."""
         start = len(self) + self.tree_rows
-        end = start + keys.shape[1]
-        if end > self.keys.shape[1]:
-            grown = max(2 * self.keys.shape[1], end)
-            self.keys = torch.cat([self.keys[:, :start], self.keys.new_zeros(self.keys.shape[0], grown - start,
-                                                                              self.keys.shape[2])], dim=1)  # fmt: skip
-            self.values = torch.cat([self.values[:, :start], torch.zeros_like(self.keys[:, start:])], dim=1)
-        self.keys[:, start:end] = keys
-        self.values[:, start:end] = values
-        self.tree_rows = end - len(self)
-        return self.keys[:, :end], self.values[:, :end]
+        self.reserve(keys.shape[1])
+        self.keys[:, start : start + keys.shape[1]] = keys
+        self.values[:, start : start + keys.shape[1]] = values
+        return self.keys[:, : start + keys.shape[1]], self.values[:, : start + keys.shape[1]]
+
+    def added(self, rows: int, committed: list[int] | None) -> None:
+        """`rows` rows were written after the committed and tree rows: committed ones at positions `committed`
+        (a tree's rows dropped first), or the tree's (None)."""
+        if committed is None:
+            self.tree_rows += rows
+        else:
+            self.positions += committed
+            self.tree_rows = 0
 
     def truncate(self, position: int) -> None:
         """Forget rows of positions >= `position`, and any tree's."""
@@ -98,11 +106,12 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
         self.draft = quantized_copy(draft.fused(), draft_weights(target, weights), dtype=target.dtype)
         self.draft_vocab = draft.draft_vocab
         self.top_k, self.depth = top_k, depth
+        self.native = native_eagle3(self.draft, target.device)  # None: the layer runs as torch operations
         self.kv = DraftKV(config.num_key_value_heads, config.head_dim, dtype=target.dtype, device=target.device)
         self.ids: list[int] = []
         self.features = self._no_features()  # committed positions' target features not yet run as rows
         self.first_pending = 0  # the position of features[0]
-        self.last: torch.Tensor | None = None  # the newest committed row's output: it guesses the root's children
+        self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # the newest committed row's output, logits
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         before, pending, start = self.ids, self.features, self.first_pending
@@ -121,22 +130,22 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
-        h = self._catch_up()
-        if h is None or budget < 1:
+        newest = self._catch_up()
+        if newest is None or budget < 1:
             return DraftTree.empty()
         root = len(self.ids) - 1  # the root's position: rows of positions < root are in the draft's cache
         tree = TreeRows()  # which rows each sees; their keys and values follow the committed ones in `kv`
         self.kv.tree_rows = 0
         paths: dict[tuple[int, ...], tuple[float, str]] = {}
-        frontier = [((), 0.0, ROOT, h)]  # (token path, log-probability, its row, the output its children read)
+        # (token path, log-probability, its row, the output its children read and their logits)
+        frontier = [((), 0.0, ROOT, *newest)]
         for depth in range(1, min(self.depth, budget) + 1):
-            outputs = torch.cat([node[3] for node in frontier])
-            logprobs = self.draft.logits(outputs).float().log_softmax(dim=-1)
+            logprobs = torch.cat([node[4] for node in frontier]).float().log_softmax(dim=-1)
             best = logprobs.topk(min(self.top_k, logprobs.shape[1]), dim=-1)
             tokens = self.draft_vocab[best.indices].tolist()
             scores = (best.values + torch.tensor([node[1] for node in frontier], device=best.values.device)[:, None])
             candidates = []  # every child of the frontier: (path, log-probability, parent row)
-            for (path, _, row, _), children, child_scores in zip(frontier, tokens, scores.tolist()):
+            for (path, _, row, _, _), children, child_scores in zip(frontier, tokens, scores.tolist()):
                 for token, score in zip(children, child_scores):
                     candidates.append((path + (token,), score, row))
                     paths[path + (token,)] = (math.exp(score), self.kind)
@@ -145,43 +154,58 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
             expanded = sorted(candidates, key=lambda c: -c[1])[: self.top_k]
             if sum(math.exp(score) for _, score, _ in expanded) < MIN_DEPTH_CHANCE:
                 break  # a depth below nodes this unlikely adds less than its forward costs
+            parents = {node[2]: node[3] for node in frontier}
             rows = tree.add([row for _, _, row in expanded])
-            outputs = self._tree_forward([path[-1] for path, _, _ in expanded], root + depth - 1, tree, rows,
-                                         [frontier_output(frontier, row) for _, _, row in expanded])  # fmt: skip
-            frontier = [(path, score, new_row, outputs[i : i + 1])
+            device = self.target.device
+            outputs, logits = self._rows(
+                torch.cat([parents[row] for _, _, row in expanded]),
+                [path[-1] for path, _, _ in expanded],
+                torch.full((len(rows),), root + depth - 1, device=device),
+                tree_mask=tree.seen(rows).to(device),  # ancestors and themselves, the new rows last
+            )
+            frontier = [(path, score, new_row, outputs[i : i + 1], logits[i : i + 1])
                         for i, ((path, score, _), new_row) in enumerate(zip(expanded, rows))]  # fmt: skip
         return DraftTree.best(paths, budget)
 
     @torch.inference_mode()
-    def _catch_up(self) -> torch.Tensor | None:
+    def _catch_up(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Run the committed rows the draft has not run whose next token is known (all of them once the root is
         committed), in blocks of `CATCH_UP` rows (a long prompt's mask stays small), and keep their keys and
-        values; the newest row's output [1, H], which guesses the root's children (None before any row)."""
-        device = self.target.device
+        values; the newest row's output [1, H], which its children read, and its logits, which guess the root's
+        children (None before any row)."""
         runnable = min(len(self.features), len(self.ids) - 1 - self.first_pending)
         for block in self.features[:runnable].split(CATCH_UP) if runnable > 0 else ():
             count, start = len(block), self.first_pending
-            embeds = self.target.embed_tokens(torch.tensor(self.ids[start + 1 : start + count + 1], device=device))
-            mask = torch.ones(count, len(self.kv) + count, dtype=torch.bool, device=device)
-            mask[:, len(self.kv) :].tril_()
-            positions = torch.arange(start, start + count, device=device)
-            write = partial(self.kv.append, positions=positions.tolist())
-            out = self.draft(self.draft.fc(block), embeds, positions, write, mask)
+            positions = torch.arange(start, start + count, device=self.target.device)
+            self.last = self._rows(self.draft.fc(block), self.ids[start + 1 : start + count + 1], positions)
             self.first_pending += count
-            self.last = out[-1:]
         self.features = self.features[runnable:]
         return self.last
 
-    def _tree_forward(self, tokens: list[int], position: int, tree: TreeRows, rows: list[int],
-                      parents: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
-        """Outputs [rows, H] of tree rows at `position` reading `tokens` and their parents' outputs: they see the
-        committed rows, their ancestors' rows and themselves."""
-        device = self.target.device
-        embeds = self.target.embed_tokens(torch.tensor(tokens, device=device))
-        seen = tree.seen(rows).to(device)  # [rows, tree rows]: ancestors and themselves, the new rows last
-        mask = torch.cat([torch.ones(len(rows), len(self.kv), dtype=torch.bool, device=device), seen], dim=1)
-        positions = torch.full((len(rows),), position, device=device)
-        return self.draft(torch.cat(parents), embeds, positions, self.kv.write, mask)
+    def _rows(self, hidden: torch.Tensor, tokens: list[int], positions: torch.Tensor,
+              tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Run rows reading `hidden` [q, H] and `tokens` at `positions`, their keys and values kept: committed
+        rows (no `tree_mask`: each sees the committed rows and those before it; the last row's output and logits
+        returned) or a depth of tree rows (`tree_mask` [q, tree rows so far + q]: each sees the committed rows
+        and the tree rows it marks; every row's outputs [q, H] and logits)."""
+        committed = tree_mask is None
+        if committed:
+            self.kv.tree_rows = 0
+        embeds = self.target.embed_tokens(torch.tensor(tokens, device=self.target.device))
+        prefix, count = len(self.kv), len(tokens)
+        if self.native is not None:
+            keys, values = self.kv.reserve(count)
+            outputs, logits = self.native(hidden, embeds, positions, keys, values, prefix, tree_mask, committed)
+        else:
+            mask = torch.ones(count, prefix + self.kv.tree_rows + count, dtype=torch.bool, device=hidden.device)
+            if committed:
+                mask[:, prefix:].tril_()
+            else:
+                mask[:, prefix:] = tree_mask
+            outputs = self.draft(hidden, embeds, positions, self.kv.write, mask)
+            logits = self.draft.logits(outputs[-1:] if committed else outputs)
+        self.kv.added(count, positions.tolist() if committed else None)
+        return (outputs[-1:], logits) if committed else (outputs, logits)
 
     def _no_features(self) -> torch.Tensor:
         width = len(self.feature_layers) * self.target.config.hidden_size
@@ -190,11 +214,6 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
     def memory_bytes(self) -> int:
         """What the draft holds besides its weights: its keys and values of every committed row."""
         return self.kv.nbytes()
-
-
-def frontier_output(frontier, row: int) -> torch.Tensor:
-    """The output a child of the frontier node at tree row `row` reads."""
-    return next(node[3] for node in frontier if node[2] == row)
 
 
 def build(target: TargetView, checkpoint: Path | str) -> Eagle3Drafter:

@@ -797,14 +797,15 @@ void attend_int8(const float* queries, const Int8Head& cache, const std::vector<
 // position gets. Larger chunks read the prefix fewer times; smaller ones gather fewer tail keys row by row.
 constexpr int64_t kCausalChunk = 64;
 
-// Tree slots row r attends, in depth order: the rows j <= r marked in its mask row (row 0 alone without a mask:
-// a decode step).
+// Tree slots row r attends, in depth order: of the `span` slots after the prefix (the rows' own the last `rows`
+// of them), those its mask row [span] marks up to its own slot (row 0 alone without a mask: a decode step).
 std::vector<std::vector<int64_t>> tails_of(int64_t rows, int64_t prefix, const std::optional<at::Tensor>& mask) {
   std::vector<std::vector<int64_t>> tails(rows);
+  const int64_t span = mask ? mask->size(1) : rows, before = span - rows;
   const bool* visible = mask ? mask->data_ptr<bool>() : nullptr;
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j <= r; ++j) {
-      if (!visible || visible[r * rows + j]) tails[r].push_back(prefix + j);
+    for (int64_t j = 0; j <= before + r; ++j) {
+      if (!visible || visible[r * span + j]) tails[r].push_back(prefix + j);
     }
   }
   return tails;
@@ -855,16 +856,16 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
   at::parallel_for(0, kv_heads * chunks, cost > 4096 ? 1 : kv_heads * chunks, run);
 }
 
-// Rotate the rows' queries and keys, write keys and values to the cache at [prefix, prefix + rows), and attend:
-// through `tails` (a tree: one per row), else causally.
+// Rotate the rows' queries and keys, write keys and values to the cache at [written, written + rows), and attend:
+// through `tails` (a tree: one per row), else causally (written = prefix).
 template <typename T, typename Kv>
 void attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const Kv& cache, int64_t prefix,
-               const std::vector<std::vector<int64_t>>* tails, at::Tensor& out, const Decoder& decoder,
-               float* kept_queries) {
+               int64_t written, const std::vector<std::vector<int64_t>>* tails, at::Tensor& out,
+               const Decoder& decoder, float* kept_queries) {
   const int64_t rows = qkv.size(0), heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
   std::vector<float> queries(rows * heads * dim);
   rotate_and_cache<T>(qkv.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), queries.data(), cache,
-                      prefix, rows, heads, kv_heads, dim);
+                      written, rows, heads, kv_heads, dim);
   if (kept_queries) std::copy(queries.begin(), queries.end(), kept_queries);
   T* out_data = out.data_ptr<T>();
   if (tails) return attend_rows<T>(queries.data(), cache, prefix, tails->data(), rows, out_data, decoder);
@@ -873,6 +874,42 @@ void attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& s
     const auto causal = tails_of(n, prefix + start, std::nullopt);
     attend_rows<T>(queries.data() + offset, cache, prefix + start, causal.data(), n, out_data + offset, decoder);
   }
+}
+
+// A layer's attention half over its cache: queries, keys and values projected from `normed`, the rows written at
+// [prefix + span - rows, prefix + span) and attending as `mask` [rows, span] says (none: causally, span = rows);
+// the heads' outputs in `attended`.
+template <typename T>
+void attention_half(const Layer& layer, const Decoder& decoder, const at::Tensor& normed, const at::Tensor& cos,
+                    const at::Tensor& sin, at::Tensor& keys, at::Tensor& values, const at::Tensor* scales,
+                    int64_t prefix, const std::optional<at::Tensor>& mask,
+                    const std::vector<std::vector<int64_t>>& tails, at::Tensor& attended, float* kept) {
+  const at::Tensor qkv = layer.qkv(normed).contiguous();
+  const int64_t written = prefix + (mask ? mask->size(1) : qkv.size(0)) - qkv.size(0);
+  const auto* tree = mask ? &tails : nullptr;
+  const int64_t slots = keys.size(1);
+  if (scales) {
+    const Int8Kv cache{keys.data_ptr<uint8_t>(), values.data_ptr<int8_t>(), scales->data_ptr<float>(), slots};
+    attention<T>(qkv, cos, sin, cache, prefix, written, tree, attended, decoder, kept);
+  } else {
+    const PlainKv<T> cache{keys.data_ptr<T>(), values.data_ptr<T>(), slots};
+    attention<T>(qkv, cos, sin, cache, prefix, written, tree, attended, decoder, kept);
+  }
+}
+
+// The rest of a layer after its attention: x += o(attended), then x += down(silu(gate) * up) of x's norm.
+template <typename T>
+void layer_rest(const Layer& layer, const Decoder& decoder, at::Tensor& x, const at::Tensor& attended,
+                at::Tensor& normed, at::Tensor& gated) {
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  const at::Tensor projected = layer.o(attended).contiguous();
+  add_into<T>(x.data_ptr<T>(), projected.data_ptr<T>(), rows * hidden);
+  rms_norm<T>(x.data_ptr<T>(), layer.mlp_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden,
+              static_cast<float>(decoder.eps));
+  const at::Tensor gate_up = layer.gate_up(normed).contiguous();
+  silu_gate<T>(gate_up.data_ptr<T>(), gated.data_ptr<T>(), rows, decoder.intermediate);
+  const at::Tensor down = layer.down(gated).contiguous();
+  add_into<T>(x.data_ptr<T>(), down.data_ptr<T>(), rows * hidden);
 }
 
 template <typename T>
@@ -899,25 +936,11 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
     const Layer& layer = decoder.layers[i];
     keep_features(static_cast<int64_t>(i));
     rms_norm<T>(x.data_ptr<T>(), layer.attention_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
-    at::Tensor qkv = layer.qkv(normed).contiguous();
     float* kept = every_layer ? queries[i].data_ptr<float>()
                   : i + 1 == decoder.layers.size() ? queries[0].data_ptr<float>() : nullptr;
-    const auto* tree = mask ? &tails : nullptr;
-    const int64_t slots = keys[i].size(1);
-    if (scales) {
-      const Int8Kv cache{keys[i].data_ptr<uint8_t>(), values[i].data_ptr<int8_t>(), (*scales)[i].data_ptr<float>(), slots};
-      attention<T>(qkv, cos, sin, cache, prefix, tree, attended, decoder, kept);
-    } else {
-      const PlainKv<T> cache{keys[i].data_ptr<T>(), values[i].data_ptr<T>(), slots};
-      attention<T>(qkv, cos, sin, cache, prefix, tree, attended, decoder, kept);
-    }
-    const at::Tensor projected = layer.o(attended).contiguous();
-    add_into<T>(x.data_ptr<T>(), projected.data_ptr<T>(), rows * hidden);
-    rms_norm<T>(x.data_ptr<T>(), layer.mlp_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
-    const at::Tensor gate_up = layer.gate_up(normed).contiguous();
-    silu_gate<T>(gate_up.data_ptr<T>(), gated.data_ptr<T>(), rows, decoder.intermediate);
-    const at::Tensor down = layer.down(gated).contiguous();
-    add_into<T>(x.data_ptr<T>(), down.data_ptr<T>(), rows * hidden);
+    attention_half<T>(layer, decoder, normed, cos, sin, keys[i], values[i], scales ? &(*scales)[i] : nullptr, prefix,
+                      mask, tails, attended, kept);
+    layer_rest<T>(layer, decoder, x, attended, normed, gated);
   }
   keep_features(static_cast<int64_t>(decoder.layers.size()));
   at::Tensor last = last_only ? x.slice(0, rows - 1) : x;
@@ -926,14 +949,21 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
   return {out, x, every_layer ? queries : queries[0], features};
 }
 
+void check_mask(const std::optional<at::Tensor>& mask, int64_t rows) {
+  if (mask) TORCH_CHECK(mask->scalar_type() == at::kBool && mask->dim() == 2 && mask->size(0) == rows &&
+                            mask->size(1) >= rows && mask->is_contiguous(),
+                        "mask must be a contiguous [rows, span >= rows] bool");
+}
+
 // x [rows, hidden] (the embedded tokens) -> [final-normed rows (the last only with `last_only`), the last
 // layer's output before the final norm, the last layer's rotated queries [rows, heads, D] fp32 (with
 // `every_layer` every layer's, [layers, rows, heads, D]), the residual stream entering each of `feature_layers`
 // side by side [rows, len(feature_layers) * hidden] (layer count: the last layer's output)]. keys /
 // values: each layer's cache [kv_heads, slots, D] in the activations' dtype, written at [prefix, prefix + rows);
 // with `scales` (each layer's [kv_heads, slots / 16, D / 32 + 1, 16] fp32) an int8 cache instead: keys uint8,
-// values int8 and scales as int8_dots.h lays them out, slots a multiple of 16. mask [rows, rows] bool: the tree (row r sees rows j <= r it
-// marks); none: causal.
+// values int8 and scales as int8_dots.h lays them out, slots a multiple of 16. mask [rows, span] bool: a tree
+// (`tails_of`: the rows are the last of `span` slots after the prefix, and see those their row marks, up to their
+// own); none: causal.
 std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedded, const at::Tensor& cos,
                                 const at::Tensor& sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                                 int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only,
@@ -946,7 +976,7 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
   const int64_t rows = embedded.size(0);
   for (size_t i = 0; i < keys.size(); ++i) {
     TORCH_CHECK(keys[i].is_contiguous() && values[i].is_contiguous(), "caches must be contiguous");
-    TORCH_CHECK(prefix + rows <= keys[i].size(1), "the cache has no room for the rows");
+    TORCH_CHECK(prefix + (mask ? mask->size(1) : rows) <= keys[i].size(1), "the cache has no room for the rows");
     if (!scales) {
       TORCH_CHECK(keys[i].scalar_type() == embedded.scalar_type() && values[i].scalar_type() == embedded.scalar_type(),
                   "caches must have the activations' dtype");
@@ -965,8 +995,7 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
   if (scales) TORCH_CHECK(scales->size() == keys.size(), "one scale tensor per layer");
   for (const int64_t layer : feature_layers)
     TORCH_CHECK(0 <= layer && layer <= static_cast<int64_t>(keys.size()), "a feature layer is out of range");
-  if (mask) TORCH_CHECK(mask->scalar_type() == at::kBool && mask->size(0) == rows && mask->is_contiguous(),
-                        "mask must be a contiguous [rows, rows] bool");
+  check_mask(mask, rows);
   at::Tensor x = embedded.contiguous().clone();
   at::Tensor c = cos.contiguous(), s = sin.contiguous();
   const std::vector<at::Tensor>* int8_scales = scales ? &*scales : nullptr;
@@ -980,6 +1009,70 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
     case at::kHalf:
       return forward_typed<at::Half>(decoder, x, c, s, keys, values, int8_scales, prefix, mask, last_only,
                                      every_layer, feature_layers);
+    default: TORCH_CHECK(false, "activations must be float32, bfloat16 or float16");
+  }
+}
+
+// EAGLE-3's draft layer (drafters/eagle3/model.py): one Llama layer whose q / k / v read the token's embedding and
+// a hidden state side by side, each normed, around the hidden state (or its norm) as the residual; then the draft's
+// final norm and LM head. Its attention and MLP are the decoder's (`attention_half`, `layer_rest`).
+struct Eagle3Layer {
+  Decoder decoder;  // one layer: its attention norm is the hidden state's, its final norm the head's
+  at::Tensor embed_norm;
+  Projection head;
+  bool norm_before_residual = false;
+};
+
+template <typename T>
+std::vector<at::Tensor> eagle3_typed(const Eagle3Layer& draft, const at::Tensor& hidden, const at::Tensor& embeds,
+                                     const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
+                                     at::Tensor& values, int64_t prefix, const std::optional<at::Tensor>& mask,
+                                     bool last_only) {
+  const Decoder& decoder = draft.decoder;
+  const Layer& layer = decoder.layers[0];
+  const int64_t rows = hidden.size(0), width = hidden.size(1);
+  const float eps = static_cast<float>(decoder.eps);
+  at::Tensor normed_embeds = at::empty_like(embeds), normed = at::empty_like(hidden);
+  rms_norm<T>(embeds.data_ptr<T>(), draft.embed_norm.data_ptr<T>(), normed_embeds.data_ptr<T>(), rows, width, eps);
+  rms_norm<T>(hidden.data_ptr<T>(), layer.attention_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, width, eps);
+  const at::Tensor both = at::cat({normed_embeds, normed}, 1);
+  at::Tensor x = draft.norm_before_residual ? normed.clone() : hidden.clone();
+  at::Tensor attended = at::empty({rows, decoder.heads * decoder.head_dim}, hidden.options());
+  at::Tensor gated = at::empty({rows, decoder.intermediate}, hidden.options());
+  const auto tails = mask ? tails_of(rows, prefix, mask) : std::vector<std::vector<int64_t>>{};
+  attention_half<T>(layer, decoder, both, cos, sin, keys, values, nullptr, prefix, mask, tails, attended, nullptr);
+  layer_rest<T>(layer, decoder, x, attended, normed, gated);
+  const int64_t first = last_only ? rows - 1 : 0;
+  rms_norm<T>(x.data_ptr<T>() + first * width, decoder.final_norm.data_ptr<T>(), normed.data_ptr<T>(), rows - first,
+              width, eps);
+  return {x, draft.head(normed.slice(0, 0, rows - first))};
+}
+
+// hidden (fc's output, or the layer's own output a depth on) and embeds [rows, H], cos / sin [rows, D] fp32 ->
+// [the layer's outputs [rows, H], their logits [rows (the last only with `last_only`), draft vocabulary]].
+// keys / values: the draft's cache [kv_heads, slots, D] in the activations' dtype, written and read as `forward`
+// does its layers' (mask included).
+std::vector<at::Tensor> eagle3_forward(const Eagle3Layer& draft, const at::Tensor& hidden, const at::Tensor& embeds,
+                                       const at::Tensor& cos, const at::Tensor& sin, at::Tensor keys,
+                                       at::Tensor values, int64_t prefix, const std::optional<at::Tensor>& mask,
+                                       bool last_only) {
+  const Decoder& decoder = draft.decoder;
+  const int64_t rows = hidden.size(0);
+  TORCH_CHECK(decoder.layers.size() == 1, "an EAGLE-3 draft has one layer");
+  TORCH_CHECK(decoder.head_dim == 64 || decoder.head_dim == 128, "head_dim must be 64 or 128");
+  TORCH_CHECK(hidden.dim() == 2 && embeds.sizes() == hidden.sizes() && embeds.scalar_type() == hidden.scalar_type(),
+              "hidden and embeds must be [rows, hidden] of one dtype");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == hidden.scalar_type() &&
+                  values.scalar_type() == hidden.scalar_type(),
+              "the cache must be contiguous, in the activations' dtype");
+  TORCH_CHECK(prefix + (mask ? mask->size(1) : rows) <= keys.size(1), "the cache has no room for the rows");
+  check_mask(mask, rows);
+  const at::Tensor h = hidden.contiguous(), e = embeds.contiguous(), c = cos.contiguous(), s = sin.contiguous();
+  switch (h.scalar_type()) {
+    case at::kFloat: return eagle3_typed<float>(draft, h, e, c, s, keys, values, prefix, mask, last_only);
+    case at::kBFloat16: return eagle3_typed<at::BFloat16>(draft, h, e, c, s, keys, values, prefix, mask, last_only);
+    case at::kHalf: return eagle3_typed<at::Half>(draft, h, e, c, s, keys, values, prefix, mask, last_only);
     default: TORCH_CHECK(false, "activations must be float32, bfloat16 or float16");
   }
 }
@@ -1069,4 +1162,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("decoder"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"),
         py::arg("prefix"), py::arg("mask"), py::arg("last_only"), py::arg("scales") = py::none(),
         py::arg("every_layer") = false, py::arg("feature_layers") = std::vector<int64_t>{});
+  py::class_<Eagle3Layer>(m, "Eagle3Layer").def(py::init([](Decoder decoder, at::Tensor embed_norm, Projection head,
+                                                              bool norm_before_residual) {
+    return Eagle3Layer{decoder, embed_norm.contiguous(), head, norm_before_residual};
+  }));
+  m.def("eagle3_forward", &eagle3_forward, "EAGLE-3's draft layer and head over the rows (see the source).",
+        py::arg("draft"), py::arg("hidden"), py::arg("embeds"), py::arg("cos"), py::arg("sin"), py::arg("keys"),
+        py::arg("values"), py::arg("prefix"), py::arg("mask"), py::arg("last_only") = false);
 }
