@@ -123,12 +123,15 @@ def test_eagle3_is_lossless_through_the_cpu_decoder_in_bf16(tokenizer):
     assert _decode(engine, prompt, SamplingConfig(), fresh=True) == alone
 
 
-def test_a_chat_turn_that_reuses_the_cache_keeps_one_draft_row_per_position(loaded):
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
-    engine.set_drafter(Eagle3Drafter(engine.target, random_draft(loaded.model)), 6)
+@pytest.mark.parametrize("layer", ["torch", "compiled"])
+def test_a_chat_turn_that_reuses_the_cache_keeps_one_draft_row_per_position(loaded, layer):
+    model = loaded.model if layer == "torch" else tiny_model("llama", head_dim=64)  # the CPU decoder's head size
+    engine = Engine(model, loaded.tokenizer, max_len=256)
+    engine.set_drafter(Eagle3Drafter(engine.target, random_draft(model)), 6)
+    assert (engine.drafter.native is not None) == (layer == "compiled")
     first = list(range(30, 60))
     second = first + _decode(engine, first, SamplingConfig()) + list(range(300, 310))
-    alone = _decode(Engine(loaded.model, loaded.tokenizer, max_len=256), second, SamplingConfig())
+    alone = _decode(Engine(model, loaded.tokenizer, max_len=256), second, SamplingConfig())
     assert _decode(engine, second, SamplingConfig()) == alone  # the second turn prefilled only its new tokens
     drafter = engine.drafter
     positions = drafter.kv.positions + list(range(drafter.first_pending, drafter.first_pending + len(drafter.features)))
