@@ -19,7 +19,7 @@ from specchat.drafters.composite import CompositeDrafter
 from specchat.drafters.glide.drafter import GlideDrafter
 from specchat.drafters.glide.model import GlideConfig, GlideModel
 from specchat.drafters.ngram.drafter import NgramDrafter
-from specchat.drafters.eagle3.drafter import Eagle3Drafter
+from specchat.drafters.eagle3.drafter import DraftKV, Eagle3Drafter
 from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft, load_eagle3, save_eagle3
 from specchat.drafters.eagle3.objective import Eagle3Objective
 from specchat.drafters.eagle3.train import initial_draft, train_eagle3
@@ -288,3 +288,12 @@ def test_train_eagle3_rejects_bad_options_in_one_line(tmp_path, monkeypatch, cap
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--steps", "0"), "--steps")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, "run", "hi", "--drafter", "eagle3"),
                           "no published eagle3 drafter")  # fmt: skip
+
+
+def test_the_draft_cache_grows_keeping_its_rows():
+    kv = DraftKV(2, 4, dtype=torch.float32, device=torch.device("cpu"))
+    rows = torch.arange(2 * 300 * 4, dtype=torch.float32).view(2, 300, 4)
+    keys, _ = kv.write(rows[:, :200], -rows[:, :200])
+    kv.added(200, list(range(200)))
+    keys, values = kv.write(rows[:, 200:], -rows[:, 200:])  # past the 256 slots it starts with
+    assert kv.keys.shape[1] >= 300 and torch.equal(keys, rows) and torch.equal(values, -rows)

@@ -55,11 +55,11 @@ class DraftKV:
 
     def reserve(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The buffers [kv_heads, slots, D], with room for `rows` more after the committed and tree rows."""
-        end = len(self) + self.tree_rows + rows
-        if end > self.keys.shape[1]:
-            grown = self.keys.new_zeros(self.keys.shape[0], max(2 * self.keys.shape[1], end), self.keys.shape[2])
-            self.keys = torch.cat([self.keys[:, : end - rows], grown[:, end - rows :]], dim=1)
-            self.values = torch.cat([self.values[:, : end - rows], torch.zeros_like(grown[:, end - rows :])], dim=1)
+        used = len(self) + self.tree_rows
+        if used + rows > self.keys.shape[1]:
+            size = max(2 * self.keys.shape[1], used + rows)
+            self.keys, self.values = (torch.cat([t[:, :used], t.new_zeros(t.shape[0], size - used, t.shape[2])], dim=1)
+                                      for t in (self.keys, self.values))  # fmt: skip
         return self.keys, self.values
 
     def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,6 +136,7 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
         root = len(self.ids) - 1  # the root's position: rows of positions < root are in the draft's cache
         tree = TreeRows()  # which rows each sees; their keys and values follow the committed ones in `kv`
         self.kv.tree_rows = 0
+        device = self.target.device
         paths: dict[tuple[int, ...], tuple[float, str]] = {}
         # (token path, log-probability, its row, the output its children read and their logits)
         frontier = [((), 0.0, ROOT, *newest)]
@@ -156,7 +157,6 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
                 break  # a depth below nodes this unlikely adds less than its forward costs
             parents = {node[2]: node[3] for node in frontier}
             rows = tree.add([row for _, _, row in expanded])
-            device = self.target.device
             outputs, logits = self._rows(
                 torch.cat([parents[row] for _, _, row in expanded]),
                 [path[-1] for path, _, _ in expanded],
