@@ -80,11 +80,13 @@ def train_data(
 
 def _with_bar(tokens: int, unit: str, build):
     """`build(show)` with a progress bar of the tokens it has written, `show` its callback."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+
+    from specchat.logged_progress import LoggedProgress
 
     columns = (TextColumn("[bold]data"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} tokens"),
                TextColumn(f"{{task.fields[records]}} {unit} · {{task.fields[rate]:.0f}} tok/s"), TimeRemainingColumn())  # fmt: skip
-    with Progress(*columns, transient=False) as bar:
+    with LoggedProgress(*columns, transient=False) as bar:
         task = bar.add_task("data", total=tokens, records=0, rate=0.0)
 
         def show(now):
@@ -314,8 +316,9 @@ def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, ch
     for folder in data:
         if not (folder / "recipe.json").is_file():
             raise SpecchatError(f"{folder} holds no training data; make it with `specchat train data --out {folder}`")
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
 
+    from specchat.logged_progress import LoggedProgress
     from specchat.training.trainer import TrainRecipe, bf16_autocast_pays
 
     loaded = load(target, dtype, device)
@@ -324,7 +327,7 @@ def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, ch
     recipe = TrainRecipe(epochs=epochs, batch=batch, lr=lr, seed=seed or 0, autocast=precision == "bf16",
                          **(recipe_options or {}))  # fmt: skip
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn())
-    with Progress(*columns, transient=False) as bar:
+    with LoggedProgress(*columns, transient=False) as bar:
 
         def stage(name: str, total: int):
             task = bar.add_task(name, total=total or None, info="")

@@ -6,7 +6,9 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+
+from specchat.logged_progress import LoggedProgress
 
 from specchat.writer.write import WriteReport, WriteStatus
 
@@ -21,7 +23,7 @@ def write_progress(console: Console, book_tokens: int, target: int):
         TextColumn("{task.fields[figures]}"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console, transient=False, refresh_per_second=4) as progress:
+    with LoggedProgress(*columns, console=console, transient=False, refresh_per_second=4) as progress:
         task = progress.add_task("writing", total=target, completed=book_tokens, figures="")
 
         def update(status: WriteStatus) -> None:
