@@ -123,6 +123,23 @@ def test_eagle3_is_lossless_through_the_cpu_decoder_in_bf16(tokenizer):
     assert _decode(engine, prompt, SamplingConfig(), fresh=True) == alone
 
 
+def test_a_small_budget_expands_only_the_nodes_whose_children_it_can_keep(loaded, monkeypatch):
+    """At budget B a depth-d forward runs the B - d best nodes (at most top_k): the tree is the one a full
+    expansion cut to B nodes gives, for fewer rows."""
+    monkeypatch.setattr("specchat.drafters.eagle3.drafter.MIN_DEPTH_CHANCE", 0.0)  # every depth runs
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=128)
+    ids = list(range(200, 240))
+    features = engine.target_states(ids, feature_layers=(2, 1, 0))
+    drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
+    drafter.prefill(ids, features, 0)
+    full = drafter.propose(64, SamplingConfig(), torch.Generator()).paths()
+    assert drafter.kv.tree_rows == 12  # depths 1-3, four rows each
+    for budget, rows in ((2, 1), (3, 3), (4, 6), (6, 11), (8, 12)):
+        tree = drafter.propose(budget, SamplingConfig(), torch.Generator())
+        assert drafter.kv.tree_rows == rows
+        assert tree.paths() == DraftTree.best(full, budget).paths()
+
+
 @pytest.mark.parametrize("layer", ["torch", "compiled"])
 def test_a_chat_turn_that_reuses_the_cache_keeps_one_draft_row_per_position(loaded, layer):
     model = loaded.model if layer == "torch" else tiny_model("llama", head_dim=64)  # the CPU decoder's head size

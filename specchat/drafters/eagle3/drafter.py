@@ -8,9 +8,10 @@ a forward's rows and their logits run in one call of the compiled CPU decoder (`
 operations (`Eagle3Draft`).
 
 The tree is EAGLE-2's dynamic tree: each depth expands the `top_k` most probable nodes of the depth before
-(by the product of the draft's probabilities along their path), each into its `top_k` most probable children, one
-draft forward of `top_k` rows a depth, while those nodes hold a chance worth a forward; the tree kept is the
-most probable nodes, at most the engine's budget, so a parent always outranks its children. Scores go to the
+(by the product of the draft's probabilities along their path; fewer where the budget cannot keep a child of
+more), each into its `top_k` most probable children, one draft forward of those rows a depth, while they hold a
+chance worth a forward; the tree kept is the most probable nodes, at most the engine's budget, so a parent
+always outranks its children. Scores go to the
 engine's adaptive budget (`scores_nodes`), which cuts the tree to what pays. The draft proposes deterministic
 nodes under sampling too: verification then draws from the target itself wherever the children are not the
 drafter's samples, which is exact for any tree.
@@ -152,7 +153,10 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
                     paths[path + (token,)] = (math.exp(score), self.kind)
             if depth == min(self.depth, budget):
                 break
-            expanded = sorted(candidates, key=lambda c: -c[1])[: self.top_k]
+            # A node ranked below budget - depth at its depth has no child in the tree kept: the nodes ranked above
+            # it, its ancestors, itself and its child would be more than the budget. Expanding fewer rows is a
+            # cheaper forward.
+            expanded = sorted(candidates, key=lambda c: -c[1])[: min(self.top_k, budget - depth)]
             if sum(math.exp(score) for _, score, _ in expanded) < MIN_DEPTH_CHANCE:
                 break  # a depth below nodes this unlikely adds less than its forward costs
             parents = {node[2]: node[3] for node in frontier}
