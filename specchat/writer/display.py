@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
 
 from specchat.logged_progress import LoggedProgress
-
 from specchat.writer.write import WriteReport, WriteStatus
 
 
