@@ -391,6 +391,17 @@ def test_a_scored_tree_keeps_the_nodes_whose_chances_pay_for_their_rows():
     assert policy.scored_budget() == 15
 
 
+def test_the_least_chance_worth_a_node_pays_for_its_mean_verification_cost_at_the_expected_speed():
+    cpu = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.1, 1.3, 1.8, 2.8)))
+    assert cpu.least_chance() == pytest.approx(1.8 / 15)  # speed and calibration at their priors, 1
+    assert AdaptiveBudget(GPU_LIKE).least_chance() < 0.002  # rows nearly free: every node is worth one
+    tree = DraftTree.best({(1,): (0.9, "a"), (1, 2): (0.8, "a")}, 2)
+    for _ in range(40):  # half of what the scores promise is accepted: a score is worth half a token
+        cpu.observe(tree, [0], budget=2)
+    assert cpu.least_chance() == pytest.approx(1.8 / 15 * cpu.scored[0] / cpu.scored[1])
+    assert cpu.least_chance() > 1.5 * 1.8 / 15
+
+
 def test_scored_drafting_that_does_not_pay_stops_but_for_probes():
     """Guesses whose chances never pay for a row, drafted in a tenth of a decode step: the drafting alone makes a
     step slower than a plain one, so the budget asks for nothing but a probe every `probe_every` steps, and a

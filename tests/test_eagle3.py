@@ -140,6 +140,39 @@ def test_a_small_budget_expands_only_the_nodes_whose_children_it_can_keep(loaded
         assert tree.paths() == DraftTree.best(full, budget).paths()
 
 
+def test_nodes_less_likely_than_the_least_chance_are_not_expanded(loaded, monkeypatch):
+    """A child is no likelier than its parent, so below the least chance worth verifying a node's row is not run:
+    the tree is the full one less the children of such nodes."""
+    monkeypatch.setattr("specchat.drafters.eagle3.drafter.MIN_DEPTH_CHANCE", 0.0)  # every depth runs
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=128)
+    ids = list(range(200, 240))
+    drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
+    drafter.prefill(ids, engine.target_states(ids, feature_layers=(2, 1, 0)), 0)
+    full = drafter.propose(64, SamplingConfig(), torch.Generator()).paths()
+    least = sorted((chance for path, (chance, _) in full.items() if len(path) == 1), reverse=True)[1]
+    tree = drafter.propose(64, SamplingConfig(), torch.Generator(), least_chance=least)
+    assert drafter.kv.tree_rows == 2  # the two likeliest of the root's children; their children are less likely
+    kept = {path: node for path, node in full.items() if all(full[path[:d]][0] >= least for d in range(1, len(path)))}
+    assert tree.paths().keys() == kept.keys() and {len(path) for path in kept} == {1, 2}
+    assert [chance for chance, _ in tree.paths().values()] == pytest.approx(
+        [kept[path][0] for path in tree.paths()], rel=1e-5
+    )  # fp32 rounds rows batched in twos and in fours apart
+
+
+def test_the_engine_tells_a_scored_drafter_the_least_chance_worth_a_node(loaded):
+    asked = []
+
+    class Recorded(Eagle3Drafter):
+        def propose(self, budget, sampling, generator, least_chance=0.0):
+            asked.append(least_chance)
+            return super().propose(budget, sampling, generator, least_chance)
+
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    engine.set_drafter(Recorded(engine.target, random_draft(loaded.model)), None)  # the adaptive budget
+    _decode(engine, list(range(30, 60)), SamplingConfig())
+    assert asked and all(chance > 0 for chance in asked)  # verifying a node costs something on a CPU
+
+
 @pytest.mark.parametrize("layer", ["torch", "compiled"])
 def test_a_chat_turn_that_reuses_the_cache_keeps_one_draft_row_per_position(loaded, layer):
     model = loaded.model if layer == "torch" else tiny_model("llama", head_dim=64)  # the CPU decoder's head size
@@ -164,8 +197,8 @@ def test_eagle3_drafts_that_are_right_get_accepted(loaded):
     drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
     real = drafter.propose
 
-    def knowing(budget, sampling, generator):  # the tree the draft grew, its best path replaced by the truth
-        real(budget, sampling, generator)
+    def knowing(budget, sampling, generator, least_chance=0.0):  # the draft's tree, its best path the truth
+        real(budget, sampling, generator, least_chance)
         return DraftTree.from_chains([alone[len(drafter.ids) - len(prompt) :][:3]], drafter.kind, budget)
 
     drafter.propose = knowing

@@ -152,8 +152,8 @@ class CountsCopies(NgramDrafter):
 
     copies = 0
 
-    def propose(self, budget, sampling=None, generator=None):
-        tree = super().propose(budget, sampling, generator)
+    def propose(self, budget, sampling=None, generator=None, least_chance=0.0):
+        tree = super().propose(budget, sampling, generator, least_chance)
         self.copies += COPY in tree.origins
         return tree
 

@@ -29,7 +29,9 @@ times, `verify_cost.py`) and weighs that cost against the acceptance it observes
   A score is a node's estimated chance of acceptance, so their sum is the tokens a tree should add; c corrects
   the estimates by what was accepted (decayed sums, a prior of one each). The drafting is paid whatever is
   kept, so while its steps are expected to run slower than plain ones it drafts only every `probe_every` steps.
-  Merged best-first by these scores, the heads' guesses and the lookup's chains share one tree.
+  Merged best-first by these scores, the heads' guesses and the lookup's chains share one tree. The drafter is
+  told the least score worth a verified node (`least_chance`), so that a tree grown a depth at a time (EAGLE-3)
+  does not run rows for children the cut would drop.
 """
 
 from __future__ import annotations
@@ -179,6 +181,17 @@ class AdaptiveBudget:
                 return 0
             self.idle_steps = 0
         return min(SCORED_TREE, self.candidates[-1])
+
+    def least_chance(self) -> float:
+        """The least score a node of a scored tree needs to be worth verifying: its tokens (the score, corrected
+        by what was accepted) at the speed scored steps have been expected to reach must pay for a node's mean
+        verification cost in the tree asked for. A drafter that grows its tree a depth at a time need not expand
+        a node below it: a child is no likelier than its parent."""
+        nodes = min(SCORED_TREE, self.candidates[-1])
+        if not nodes:
+            return 0.0
+        per_node = max(self.cost.relative(nodes) - 1.0, 0.0) / nodes
+        return self.scored_speed * per_node * self.scored[0] / self.scored[1]
 
     def size(self, tree: DraftTree, draft_seconds: float) -> int:
         """How many of a scored tree's most likely nodes to verify: as many as maximise tokens per second, a

@@ -87,9 +87,12 @@ class Drafter(Protocol):
         """The kinds that will draft the next proposal: this drafter's own, or those of the parts a composite
         will run. The adaptive budget sizes the next tree for them and prices the proposal's time as theirs."""
 
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
+                least_chance: float = 0.0) -> DraftTree:  # fmt: skip
         """A tree of at most `budget` nodes below the last committed id (possibly empty). A drafter that
-        samples uses `generator` (seeded per request) and records what it sampled from in `draft_probs`."""
+        samples uses `generator` (seeded per request) and records what it sampled from in `draft_probs`. A
+        drafter that scores its nodes may leave out those scored below `least_chance`: worth less than their
+        verification costs."""
 
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         """Tokens the engine committed since the last call (accepted drafts, then the target's own), and the

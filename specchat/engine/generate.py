@@ -196,8 +196,9 @@ class Engine:
             mode = self.drafter.next_kinds() if self.policy else frozenset()
             scored = self.policy is not None and self.drafter.scores_nodes
             budget = self._draft_budget(mode, scored)
+            least_chance = self.policy.least_chance() if scored else 0.0
             start = time.perf_counter()
-            tree = self.drafter.propose(budget, sampling, generator) if budget else DraftTree.empty()
+            tree = self.drafter.propose(budget, sampling, generator, least_chance) if budget else DraftTree.empty()
             draft_seconds = time.perf_counter() - start
             if scored:  # the nodes worth verifying
                 tree = tree.cut(self.policy.size(tree, draft_seconds))

@@ -9,9 +9,9 @@ operations (`Eagle3Draft`).
 
 The tree is EAGLE-2's dynamic tree: each depth expands the `top_k` most probable nodes of the depth before
 (by the product of the draft's probabilities along their path; fewer where the budget cannot keep a child of
-more), each into its `top_k` most probable children, one draft forward of those rows a depth, while they hold a
-chance worth a forward; the tree kept is the most probable nodes, at most the engine's budget, so a parent
-always outranks its children. Scores go to the engine's adaptive budget (`scores_nodes`), which cuts the tree to
+more, and none less likely than the engine's least chance worth verifying), each into its `top_k` most probable
+children, one draft forward of those rows a depth, while they hold a chance worth a forward; the tree kept is
+the most probable nodes, at most the engine's budget, so a parent always outranks its children. Scores go to the engine's adaptive budget (`scores_nodes`), which cuts the tree to
 what pays. The draft proposes deterministic nodes under sampling too: verification then draws from the target
 itself wherever the children are not the drafter's samples, which is exact for any tree.
 """
@@ -129,7 +129,8 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
         self.features = torch.cat([self.features, hidden])
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
+                least_chance: float = 0.0) -> DraftTree:  # fmt: skip
         newest = self._catch_up()
         if newest is None or budget < 1:
             return DraftTree.empty()
@@ -153,10 +154,11 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
             if depth == min(self.depth, budget):
                 break
             # A node ranked below budget - depth at its depth has no child in the tree kept: the nodes ranked above
-            # it, its ancestors, itself and its child would be more than the budget. Expanding fewer rows is a
-            # cheaper forward.
-            expanded = sorted(candidates, key=lambda c: -c[1])[: min(self.top_k, budget - depth)]
-            if sum(math.exp(score) for _, score, _ in expanded) < MIN_DEPTH_CHANCE:
+            # it, its ancestors, itself and its child would be more than the budget. Nor has a node less likely
+            # than `least_chance` a child worth verifying. Expanding fewer rows is a cheaper forward.
+            ranked = sorted(candidates, key=lambda c: -c[1])[: min(self.top_k, budget - depth)]
+            expanded = [candidate for candidate in ranked if math.exp(candidate[1]) >= least_chance]
+            if not expanded or sum(math.exp(score) for _, score, _ in expanded) < MIN_DEPTH_CHANCE:
                 break  # a depth below nodes this unlikely adds less than its forward costs
             parents = {node[2]: node[3] for node in frontier}
             rows = tree.add([row for _, _, row in expanded])

@@ -64,7 +64,8 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
         self.kv.truncate(same)
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
+                least_chance: float = 0.0) -> DraftTree:  # fmt: skip
         builder = TreeBuilder()
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
         if budget <= 0:

@@ -60,7 +60,8 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         self.read = self.read[:0]
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
+                least_chance: float = 0.0) -> DraftTree:  # fmt: skip
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
         self._catch_up()
         self.target_kv = self._target_kv(root)

@@ -71,7 +71,8 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         self._catch_up()
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator) -> DraftTree:
+    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
+                least_chance: float = 0.0) -> DraftTree:  # fmt: skip
         root_logits = self._catch_up()
         root, working = self.cache.size - 1, self.cache.size  # the root's compact position: in the working cache
         tree = TreeRows(len(self.layers))

@@ -90,7 +90,7 @@ class TokenSwiftDrafter:
         return frozenset({self.kind, NGRAM})  # its trees carry its n-gram reuse's chains as n-gram nodes
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator=None) -> DraftTree:
+    def propose(self, budget: int, sampling: SamplingConfig, generator=None, least_chance: float = 0.0) -> DraftTree:
         if budget < 1:
             return DraftTree.empty()
         root = self.ids[-1]
