@@ -279,6 +279,23 @@ def test_chained_heads_expand_only_the_nodes_the_budget_can_keep(model, tokenize
     assert rows == []  # one node: head 1 alone
 
 
+def test_chained_heads_expand_no_node_below_the_least_chance(model, tokenizer):
+    drafter = drafter_after_a_prompt(model, tokenizer, chain_heads(model), forward=False)
+    rows = []
+    for i, block in enumerate(drafter.heads.chain_inputs):
+        block.up.register_forward_hook(lambda _m, args, _o, i=i: rows.append((i + 2, len(args[0]))))
+    full = drafter.propose(40, SamplingConfig())
+    heads = [node for node, origin in enumerate(full.origins) if origin == "tokenswift"]
+    first = sorted((full.scores[node] for node in heads if full.depths[node] == 1), reverse=True)
+    rows.clear()
+    tree = drafter.propose(40, SamplingConfig(), least_chance=first[1])  # the two likeliest depth-1 nodes
+    assert rows[0] == (2, 2)
+    assert all(tree.scores[parent] >= first[1] for parent in tree.parents if parent >= 0)
+    rows.clear()
+    tree = drafter.propose(40, SamplingConfig(), least_chance=first[0] * 1.01)  # above every node
+    assert rows == [] and set(tree.depths) == {1}
+
+
 @pytest.mark.parametrize("forward", [True, False], ids=["forward", "verified-state"])
 def test_a_small_budget_runs_only_the_heads_its_tree_can_reach(model, tokenizer, forward):
     drafter = drafter_after_a_prompt(model, tokenizer, root_heads(model), forward)

@@ -109,7 +109,7 @@ class TokenSwiftDrafter:
             state, start, depth = self.state, root, budget
         below, below_p = ((first[0],), first[1]) if first else ((), 1.0)
         if self.heads.config.chain_input:
-            paths = self._chained_paths(state, start, depth, budget, sampling, below, below_p)
+            paths = self._chained_paths(state, start, depth, budget, sampling, below, below_p, least_chance)
         else:
             paths = self._product_paths(state, start, depth, sampling, below, below_p)
         return _tree(paths, self.table, budget, self.kind, start=start, below=below, below_p=below_p)
@@ -128,9 +128,11 @@ class TokenSwiftDrafter:
         return _product(*self._top(torch.cat(guesses), sampling), below, below_p)
 
     def _chained_paths(self, state: torch.Tensor, start: int, depth: int, budget: int, sampling: SamplingConfig,
-                       below: tuple[int, ...], below_p: float) -> dict[tuple[int, ...], float]:  # fmt: skip
+                       below: tuple[int, ...], below_p: float,
+                       least_chance: float) -> dict[tuple[int, ...], float]:  # fmt: skip
         """Heads that read their chain's tokens, a depth at a time: head i runs over the paths of depth i that
-        rank among the `budget` best found so far, each reading its own last token, and adds their top 3."""
+        rank among the `budget` best found so far and are at least `least_chance` likely (a child is no likelier
+        than its parent), each reading its own last token, and adds their top 3."""
         states = self.heads.start(state.to(self.target.dtype), self._embed([start]))
         paths, level = {}, [(below, below_p)]
         for i in range(min(depth, self.heads.config.gamma)):
@@ -140,7 +142,7 @@ class TokenSwiftDrafter:
                         for v, t in zip(values[row], tokens[row]) if v > 0]  # fmt: skip
             paths.update((path, score) for path, score, _ in children)
             cutoff = sorted(paths.values(), reverse=True)[: budget][-1] if paths else 1.0
-            kept = [child for child in children if child[1] >= cutoff]
+            kept = [child for child in children if child[1] >= max(cutoff, least_chance)]
             if not kept:
                 break
             level = [(path, score) for path, score, _ in kept]
