@@ -30,8 +30,8 @@ times, `verify_cost.py`) and weighs that cost against the acceptance it observes
   the estimates by what was accepted (decayed sums, a prior of one each). The drafting is paid whatever is
   kept, so while its steps are expected to run slower than plain ones it drafts only every `probe_every` steps.
   Merged best-first by these scores, the heads' guesses and the lookup's chains share one tree. The drafter is
-  told the least score worth a verified node (`least_chance`), so that a tree grown a depth at a time (EAGLE-3)
-  does not run rows for children the cut would drop.
+  told the least score worth a verified node (`least_chance`), so that a tree grown a depth at a time (EAGLE-3,
+  chained heads) does not run rows for children the cut would drop.
 """
 
 from __future__ import annotations

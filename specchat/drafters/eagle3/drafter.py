@@ -11,9 +11,10 @@ The tree is EAGLE-2's dynamic tree: each depth expands the `top_k` most probable
 (by the product of the draft's probabilities along their path; fewer where the budget cannot keep a child of
 more, and none less likely than the engine's least chance worth verifying), each into its `top_k` most probable
 children, one draft forward of those rows a depth, while they hold a chance worth a forward; the tree kept is
-the most probable nodes, at most the engine's budget, so a parent always outranks its children. Scores go to the engine's adaptive budget (`scores_nodes`), which cuts the tree to
-what pays. The draft proposes deterministic nodes under sampling too: verification then draws from the target
-itself wherever the children are not the drafter's samples, which is exact for any tree.
+the most probable nodes, at most the engine's budget, so a parent always outranks its children. Scores go to the
+engine's adaptive budget (`scores_nodes`), which cuts the tree to what pays. The draft proposes deterministic
+nodes under sampling too: verification then draws from the target itself wherever the children are not the
+drafter's samples, which is exact for any tree.
 """
 
 from __future__ import annotations
