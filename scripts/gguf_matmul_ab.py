@@ -1,11 +1,13 @@
-"""Interleaved A/B of CPU decoder builds on every Q4_K / Q6_K matrix a decode step of Qwen2.5-Coder-1.5B Q4_K_M
-reads (the output head included, the embedding not): ms per forward's matrices by activation rows, median of
+"""Interleaved A/B of CPU decoder builds on every block-quantized matrix a decode step of a GGUF model reads (the
+output head included, the embedding not; Qwen2.5-Coder-1.5B Q4_K_M unless `gguf=FILE`): ms per forward's matrices by activation rows, median of
 `repeats` rounds, each round every build and row count in turn, and a check that every build's results are
 bitwise the same. Each build is named by its source version (`source_version()` of that checkout, built once by
 `cpu_decoder()`) and holds the matrices tiled its own way (`gguf_tile`, which returns the unit's rows, or the
-older one which returned a tiled type id 1xx / 2xx), all repacked before any timing:
+older one which returned a tiled type id 1xx / 2xx), all repacked before any timing. `version:U:PATH` holds that
+build's matrices in units of U tiles (1 or 2; 0 its choice) and runs its kernels of PATH (best, avx2, ...):
 
     python scripts/gguf_matmul_ab.py 7 before=cf8b56c4ebc7 after=<version> [rows=1,2,3,4,8,16]
+    python scripts/gguf_matmul_ab.py 7 pairs=<version> tiles=<version>:1 [rows=1,2,4,8] [gguf=FILE] [types=12,14]
 """
 
 import glob
@@ -21,7 +23,7 @@ from torch.utils.cpp_extension import _get_build_directory
 from specchat.quant.gguf_model import gguf_tensors
 
 FILE = Path.home() / ".cache/specchat/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-Q4_K, Q6_K = 12, 14
+BLOCK_TYPES = {2, 3, 6, 7, 8, 12, 13, 14}  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 
 
 def load_build(version: str):
@@ -32,27 +34,33 @@ def load_build(version: str):
     return module
 
 
-def held_by(build, blocks: torch.Tensor, kind: int, cols: int):
-    """A function of x: the matrix times x, as `build` holds the matrix."""
-    tiles, unit = build.gguf_tile(blocks, kind, cols)
+def held_by(build, blocks: torch.Tensor, kind: int, cols: int, per_unit: int | None, path: str):
+    """A function of x: the matrix times x, as `build` holds the matrix (in units of `per_unit` tiles if given)."""
+    tiles, unit = build.gguf_tile(blocks, kind, cols) if per_unit is None else build.gguf_tile(blocks, kind, cols, per_unit)
     if unit in (1, 8, 16):  # unit rows
-        return lambda x: build.gguf_matmul(x, [tiles], [kind], [unit], cols, "best")
-    return lambda x: build.gguf_matmul(x, [tiles], [unit], cols, "best")  # a tiled type id
+        return lambda x: build.gguf_matmul(x, [tiles], [kind], [unit], cols, path)
+    return lambda x: build.gguf_matmul(x, [tiles], [unit], cols, path)  # a tiled type id
 
 
 def main() -> None:
     torch.set_num_threads(2)
-    repeats, rows = int(sys.argv[1]), [1, 2, 3, 4, 8, 16]
-    builds = {}
+    repeats, rows, file, types = int(sys.argv[1]), [1, 2, 3, 4, 8, 16], FILE, BLOCK_TYPES
+    builds = {}  # name -> (build, tiles per unit or None, path)
     for arg in sys.argv[2:]:
         name, value = arg.split("=")
         if name == "rows":
             rows = [int(n) for n in value.split(",")]
+        elif name == "gguf":
+            file = Path(value)
+        elif name == "types":  # GGML type ids: only these matrices
+            types = {int(t) for t in value.split(",")}
         else:
-            builds[name] = load_build(value)
-    tensors = [t for t in gguf_tensors(FILE) if t.name != "token_embd.weight" and int(t.tensor_type) in (Q4_K, Q6_K)]
-    held = {name: [(held_by(build, torch.from_numpy(t.data), int(t.tensor_type), t.shape[0]), t.shape[0]) for t in tensors]
-            for name, build in builds.items()}  # fmt: skip
+            version, *options = value.split(":")
+            per_unit = int(options[0]) if options else None
+            builds[name] = (load_build(version), per_unit, options[1] if len(options) > 1 else "best")
+    tensors = [t for t in gguf_tensors(file) if t.name != "token_embd.weight" and int(t.tensor_type) in types]
+    held = {name: [(held_by(build, torch.from_numpy(t.data), int(t.tensor_type), t.shape[0], per_unit, path), t.shape[0])
+                   for t in tensors] for name, (build, per_unit, path) in builds.items()}  # fmt: skip
     inputs = {(n, c): torch.randn(n, c) for n in rows for c in {t.shape[0] for t in tensors}}
 
     def forward(name: str, n: int) -> list[torch.Tensor]:

@@ -56,9 +56,7 @@ void row_dots(const uint8_t* row, const Quantized& x, Path path, Unpacked& u, fl
 
 // A unit's weight rows i (8, or 16 in a pair) dotted with every activation row r: out[i * x.rows + r]. Where the
 // CPU has vpdpbusd its products take it; on AVX-512 VNNI a pair's two tiles go side by side through 512-bit
-// vectors (`pair_dots`): measured on the 1.5B (2 threads, a
-// forward's matrices, 7 rounds), one row 21.6-22.2 ms against 22.9-24.3 group by group through 256 bits, two rows
-// the same, from three rows 3-5 ms less.
+// vectors (`pair_dots`) from its type's `pairs_from` activation rows, below that group by group through 256 bits.
 template <int64_t TYPE>
 void unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path path, Unpacked& u, float* out) {
   using T = Traits<TYPE>;
