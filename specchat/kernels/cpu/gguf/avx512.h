@@ -32,11 +32,12 @@ void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first,
   for (int64_t g = 0; g < groups; ++g) {
     const Tile &wa = tiles[2 * g], &wb = tiles[2 * g + 1];
     const TileQ4K &ta = k4_part(wa), &tb = k4_part(wb);
-    prefetch(tiles + 2 * (g + kPrefetchGroups * sizeof(TileQ4K) / sizeof(Tile) / 2), 2 * sizeof(Tile));
+    const Tile* ahead = tiles + 2 * (g + kPrefetchGroups * sizeof(TileQ4K) / sizeof(Tile) / 2);
     __m512i p[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = _mm512_setzero_si512();
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {
+      prefetch_part(ahead, 2 * sizeof(Tile), j, 8);
       __m512i dot[ROWS];  // int32: weight row i's sub-block sum in lane i
       for (int r = 0; r < ROWS; ++r) dot[r] = _mm512_setzero_si512();
       const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
@@ -108,11 +109,12 @@ void q6_tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t fir
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const TileQ6K &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
-    prefetch(tiles + 2 * (g + kPrefetchGroups / 2), 2 * sizeof(TileQ6K));
+    const TileQ6K* ahead = tiles + 2 * (g + kPrefetchGroups / 2);
     __m512i p[ROWS], q[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm512_setzero_si512();
 #pragma GCC unroll 1
     for (int pair = 0; pair < 8; ++pair) {
+      prefetch_part(ahead, 2 * sizeof(TileQ6K), pair, 8);
       const __m512i scales16 = _mm512_cvtepi8_epi16(
           _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.scales[pair]))),
                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.scales[pair])), 1));

@@ -54,9 +54,14 @@ void row_dots(const uint8_t* row, const Quantized& x, Path path, Unpacked& u, fl
   unpacked_dots(u, x, kLayout<TYPE>, path, out);
 }
 
+// From this many activation rows a pair's two tiles go side by side through 512-bit vectors (`pair_dots`), below
+// it group by group through 256 bits. Measured on the 1.5B's matrices (a Zen 4, 2 threads, while its memory ran
+// fast): one row 21.4-23.3 ms through 256 bits against 26.3-28.5 through 512, two rows 23.0-24.9 through 512
+// against 27.7-29.0; with slow memory the two within 5% (docs/benchmarks.md).
+constexpr int64_t kPairsFromRows = 2;
+
 // A unit's weight rows i (8, or 16 in a pair) dotted with every activation row r: out[i * x.rows + r]. Where the
-// CPU has vpdpbusd its products take it; on AVX-512 VNNI a pair's two tiles go side by side through 512-bit
-// vectors (`pair_dots`) from its type's `pairs_from` activation rows, below that group by group through 256 bits.
+// CPU has vpdpbusd its products take it; on AVX-512 VNNI a pair's tiles go through 512 bits from kPairsFromRows.
 template <int64_t TYPE>
 void unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path path, Unpacked& u, float* out) {
   using T = Traits<TYPE>;
@@ -72,8 +77,8 @@ void unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path p
 #ifdef GGUF_DPBUSD
     if (path == Path::Best) {
 #ifdef GGUF_VNNI
-      if constexpr (T::pairs_from > 0)
-        if (per_unit == 2 && x.rows >= T::pairs_from)
+      if constexpr (T::pairs)
+        if (per_unit == 2 && x.rows >= kPairsFromRows)
           return by_eights(x.rows, [&](auto rows, int64_t r) { T::template pair_dots<rows()>(unit, x, r, out); });
 #endif
       return by_halves(per_unit, [&](auto halves) {

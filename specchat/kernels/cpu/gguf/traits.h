@@ -2,9 +2,7 @@
 // integer form (`unpack_row`, then `dots_avx2` or `dots_portable`), which every type has; an entry adds
 //   row_kernel  an AVX2 kernel reading the file's blocks directly (`row_dots<ROWS>`),
 //   tiles       8-row tiles (`Tile`, `repack`, `unpack_tile_row`, `tile_dots_portable`, the 256-bit `tile_dots`),
-//   pairs_from  on AVX-512 VNNI, the activation rows from which a pair of tiles goes through 512 bits
-//               (`pair_dots`); 0: never. Below it a pair's tiles go group by group through 256 bits, which on a
-//               Zen 4 streams a few rows faster; from it the 512-bit kernel's half the instructions win.
+//   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`).
 // matmul.h builds its dispatch table from these entries and GGUF_BLOCK_TYPES alone.
 #pragma once
 
@@ -21,7 +19,7 @@ template <typename TileType>
 struct LegacyTraits {  // Q4_0, Q4_1, Q5_0, Q5_1
   using Tile = TileType;
   static constexpr bool row_kernel = true, tiles = true;
-  static constexpr int64_t pairs_from = 2;
+  static constexpr bool pairs = true;
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return tile_legacy<Tile>(blocks, cols, per_unit);
   }
@@ -58,7 +56,7 @@ template <>
 struct Traits<Q8_0> {
   using Tile = TileQ8_0;
   static constexpr bool row_kernel = true, tiles = true;
-  static constexpr int64_t pairs_from = 0;  // its 256-bit kernel reads a pair as fast
+  static constexpr bool pairs = false;  // its 256-bit kernel reads a pair as fast
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return tile_q8_0(blocks, cols, per_unit);
   }
@@ -85,7 +83,7 @@ struct K4Traits {  // Q4_K, and Q5_K (TileQ5K: the same tiles, fifth bits beside
   using Tile = TileType;
   static constexpr bool five = std::is_same_v<Tile, TileQ5K>;
   static constexpr bool row_kernel = true, tiles = true;
-  static constexpr int64_t pairs_from = five ? 3 : 4;
+  static constexpr bool pairs = true;
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return five ? tile_q5_k(blocks, cols, per_unit) : tile_q4_k(blocks, cols, per_unit);
   }
@@ -120,7 +118,7 @@ template <>
 struct Traits<Q6_K> {
   using Tile = TileQ6K;
   static constexpr bool row_kernel = true, tiles = true;
-  static constexpr int64_t pairs_from = 6;
+  static constexpr bool pairs = true;
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return tile_q6_k(blocks, cols, per_unit);
   }
