@@ -1,10 +1,11 @@
 """Interleaved A/B of CPU decoder builds on every block-quantized matrix a decode step of a GGUF model reads (the
-output head included, the embedding not; Qwen2.5-Coder-1.5B Q4_K_M unless `gguf=FILE`): ms per forward's matrices by activation rows, median of
-`repeats` rounds, each round every build and row count in turn, and a check that every build's results are
-bitwise the same. Each build is named by its source version (`source_version()` of that checkout, built once by
-`cpu_decoder()`) and holds the matrices tiled its own way (`gguf_tile`, which returns the unit's rows, or the
-older one which returned a tiled type id 1xx / 2xx), all repacked before any timing. `version:U:PATH` holds that
-build's matrices in units of U tiles (1 or 2; 0 its choice) and runs its kernels of PATH (best, avx2, ...):
+output head included, the embedding not; Qwen2.5-Coder-1.5B Q4_K_M unless `gguf=FILE`): ms per forward's matrices by
+activation rows, median of `repeats` rounds, each round every build and row count in turn, and a check that every
+build's results are bitwise the same. Each build is named by its source version (`source_version()` of that
+checkout, built once by `cpu_decoder()`) and holds the matrices tiled its own way (`gguf_tile`, which returns the
+unit's rows, or the older one which returned a tiled type id 1xx / 2xx), all repacked before any timing.
+`version:U:PATH` holds that build's matrices in units of U tiles (1 or 2; 0 its choice) and runs its kernels of PATH
+(best, avx2, ...):
 
     python scripts/gguf_matmul_ab.py 7 before=cf8b56c4ebc7 after=<version> [rows=1,2,3,4,8,16]
     python scripts/gguf_matmul_ab.py 7 pairs=<version> tiles=<version>:1 [rows=1,2,4,8] [gguf=FILE] [types=12,14]
@@ -36,7 +37,8 @@ def load_build(version: str):
 
 def held_by(build, blocks: torch.Tensor, kind: int, cols: int, per_unit: int | None, path: str):
     """A function of x: the matrix times x, as `build` holds the matrix (in units of `per_unit` tiles if given)."""
-    tiles, unit = build.gguf_tile(blocks, kind, cols) if per_unit is None else build.gguf_tile(blocks, kind, cols, per_unit)
+    options = {} if per_unit is None else {"per_unit": per_unit}  # older builds took no per_unit
+    tiles, unit = build.gguf_tile(blocks, kind, cols, **options)
     if unit in (1, 8, 16):  # unit rows
         return lambda x: build.gguf_matmul(x, [tiles], [kind], [unit], cols, path)
     return lambda x: build.gguf_matmul(x, [tiles], [unit], cols, path)  # a tiled type id
@@ -59,8 +61,8 @@ def main() -> None:
             per_unit = int(options[0]) if options else None
             builds[name] = (load_build(version), per_unit, options[1] if len(options) > 1 else "best")
     tensors = [t for t in gguf_tensors(file) if t.name != "token_embd.weight" and int(t.tensor_type) in types]
-    held = {name: [(held_by(build, torch.from_numpy(t.data), int(t.tensor_type), t.shape[0], per_unit, path), t.shape[0])
-                   for t in tensors] for name, (build, per_unit, path) in builds.items()}  # fmt: skip
+    held = {name: [(held_by(build, torch.from_numpy(t.data), int(t.tensor_type), t.shape[0], per_unit, path),
+                    t.shape[0]) for t in tensors] for name, (build, per_unit, path) in builds.items()}  # fmt: skip
     inputs = {(n, c): torch.randn(n, c) for n in rows for c in {t.shape[0] for t in tensors}}
 
     def forward(name: str, n: int) -> list[torch.Tensor]:
