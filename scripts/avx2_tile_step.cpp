@@ -34,24 +34,21 @@ __attribute__((noinline)) double run(long steps) {
     const int at = (step & 127) * 32, q = (step & 31) * 8;
     const __m256i c = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + at));
     const __m256i low = _mm256_and_si256(c, m4), high = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+    // a row's two products (low nibbles times its first quad, high times its second) added to its int16 sums
+    const auto row = [&](__m256i& d, __m256i front, __m256i back) {
+      d = _mm256_add_epi16(d, _mm256_maddubs_epi16(low, front));
+      d = _mm256_add_epi16(d, _mm256_maddubs_epi16(high, back));
+    };
     if constexpr (S == kAsWritten) {
-      d0 = _mm256_add_epi16(d0, _mm256_maddubs_epi16(low, quad(activations[0] + q)));
-      d0 = _mm256_add_epi16(d0, _mm256_maddubs_epi16(high, quad(activations[0] + q + 4)));
-      d1 = _mm256_add_epi16(d1, _mm256_maddubs_epi16(low, quad(activations[1] + q)));
-      d1 = _mm256_add_epi16(d1, _mm256_maddubs_epi16(high, quad(activations[1] + q + 4)));
-      d2 = _mm256_add_epi16(d2, _mm256_maddubs_epi16(low, quad(activations[2] + q)));
-      d2 = _mm256_add_epi16(d2, _mm256_maddubs_epi16(high, quad(activations[2] + q + 4)));
-      d3 = _mm256_add_epi16(d3, _mm256_maddubs_epi16(low, quad(activations[3] + q)));
-      d3 = _mm256_add_epi16(d3, _mm256_maddubs_epi16(high, quad(activations[3] + q + 4)));
+      row(d0, quad(activations[0] + q), quad(activations[0] + q + 4));
+      row(d1, quad(activations[1] + q), quad(activations[1] + q + 4));
+      row(d2, quad(activations[2] + q), quad(activations[2] + q + 4));
+      row(d3, quad(activations[3] + q), quad(activations[3] + q + 4));
     } else if constexpr (S == kActivationsInRegisters) {
-      d0 = _mm256_add_epi16(d0, _mm256_maddubs_epi16(low, a0));
-      d0 = _mm256_add_epi16(d0, _mm256_maddubs_epi16(high, a1));
-      d1 = _mm256_add_epi16(d1, _mm256_maddubs_epi16(low, a1));
-      d1 = _mm256_add_epi16(d1, _mm256_maddubs_epi16(high, a2));
-      d2 = _mm256_add_epi16(d2, _mm256_maddubs_epi16(low, a2));
-      d2 = _mm256_add_epi16(d2, _mm256_maddubs_epi16(high, a3));
-      d3 = _mm256_add_epi16(d3, _mm256_maddubs_epi16(low, a3));
-      d3 = _mm256_add_epi16(d3, _mm256_maddubs_epi16(high, a0));
+      row(d0, a0, a1);
+      row(d1, a1, a2);
+      row(d2, a2, a3);
+      row(d3, a3, a0);
     } else {  // kept live by xor, which any pipe runs
       d0 = _mm256_xor_si256(d0, _mm256_maddubs_epi16(low, a0));
       d1 = _mm256_xor_si256(d1, _mm256_maddubs_epi16(high, a1));
