@@ -28,7 +28,9 @@ times, `verify_cost.py`) and weighs that cost against the acceptance it observes
   to the n most likely that maximise (1 + c * the sum of their scores) / (verify cost(n) + the drafting done).
   A score is a node's estimated chance of acceptance, so their sum is the tokens a tree should add; c corrects
   the estimates by what was accepted (decayed sums, a prior of one each). The drafting is paid whatever is
-  kept, so while its steps are expected to run slower than plain ones it drafts only every `probe_every` steps.
+  kept, so while its steps are expected to run slower than plain ones it drafts only now and then, as often as
+  keeps that drafting under PROBE_SHARE of the time: cheap drafting is probed every few steps (a text that turns
+  predictable is drafted again within a few tokens), costly drafting rarely.
   Merged best-first by these scores, the heads' guesses and the lookup's chains share one tree. The drafter is
   told the least score worth a verified node (`least_chance`), so that a tree grown a depth at a time (EAGLE-3,
   chained heads) does not run rows for children the cut would drop.
@@ -52,6 +54,7 @@ SCORED_SPEED_DECAY = 0.8  # of the past, in the moving average of what scored dr
 MAX_BUDGET = 64  # the most nodes a fixed budget may ask for: canonical attention's deepest tree
 MAX_FAILED_PROBES = 3  # probes in a row that did not pay, after which drafting stays off
 NEW_TREE_WEIGHT = 0.25  # of a tree's depth in the moving average of its budget's depth
+PROBE_SHARE = 0.02  # of the time, at most, that probes spend drafting while scored drafting does not pay
 
 
 class Acceptance:
@@ -112,6 +115,7 @@ class AdaptiveBudget:
         self.sized: dict[frozenset[str], int] = {}  # each timed mode's own best budget (`_best` fills it)
         self.scored = (1.0, 1.0)  # scored trees: decayed sums of their scores and of their accepted nodes (a prior)
         self.scored_speed = 1.0  # moving average of a scored step's expected speed over a plain step's, drafting paid
+        self.scored_drafting = 0.0  # the last scored tree's drafting, in decode steps
         self.budget = self._best()
 
     def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float = 0.0,
@@ -171,13 +175,15 @@ class AdaptiveBudget:
     def scored_budget(self) -> int:
         """The nodes to ask of a drafter that scores them: SCORED_TREE; none when a plain step is due, and none
         while its steps have been expected to run slower than plain ones (the drafting alone cost more than the
-        nodes worth verifying would gain: guesses at sampled prose at 20K tokens), but for a probe every
-        `probe_every` steps, which costs a draft and no verification unless its nodes pay."""
+        nodes worth verifying would gain: guesses at sampled prose at 20K tokens), but for a probe once the steps
+        since the last one make its drafting PROBE_SHARE of their time. A probe costs a draft and no verification
+        unless its nodes pay, and it is how drafting comes back: drafting at a twentieth of a step is probed every
+        third step, so two unlucky trees at an answer's start cost it a few undrafted steps, not dozens."""
         if self.cost.decode_stale:
             return 0
         if self.scored_speed < 1.0:
             self.idle_steps += 1
-            if self.idle_steps < self.probe_every:
+            if self.idle_steps * PROBE_SHARE < self.scored_drafting:
                 return 0
             self.idle_steps = 0
         return min(SCORED_TREE, self.candidates[-1])
@@ -199,6 +205,7 @@ class AdaptiveBudget:
         to the tokens a step expects (the drafting done is paid whatever is kept)."""
         calibration = self.scored[1] / self.scored[0]
         drafting = draft_seconds / self.cost.now(0)
+        self.scored_drafting = drafting
         best, best_speed, expected = 0, 1 / (1 + drafting), 1.0
         for n, score in enumerate(sorted(tree.scores or [], reverse=True), 1):
             expected += score * calibration
