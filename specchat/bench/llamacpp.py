@@ -8,13 +8,41 @@ for, in steps of CONTEXT_STEP tokens (each growth reloads the model).
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from specchat.errors import SpecchatError
 
 CONTEXT_STEP = 4096
+
+# A child's first decode of the file (argv[1]), for `check_first_decode`.
+FIRST_DECODE = (
+    "import sys; from llama_cpp import Llama; Llama(sys.argv[1], n_ctx=64, n_threads=1, verbose=False).eval([0])"
+)
+NO_AMX = (
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON '
+    '-DGGML_AVX512_BF16=ON" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python'
+)
+
+
+def check_first_decode(path: str, probe: str = FIRST_DECODE) -> None:
+    """Decode one token of `path` in a child process: llama-cpp-python 0.3.36 built for a CPU with AMX (a Xeon since
+    Sapphire Rapids) crashed in its AMX matmul on its first decode there, which in this process would end the bench
+    and lose every row it had measured. A crash in the child is a one-line error here instead."""
+    child = subprocess.run([sys.executable, "-c", probe, path], capture_output=True, text=True)
+    if child.returncode < 0:
+        raise SpecchatError(
+            f"llama.cpp crashed ({signal.Signals(-child.returncode).name}) decoding {Path(path).name}: its AMX build "
+            f"fails on this CPU; build it without AMX: {NO_AMX}"
+        )
+    if child.returncode:
+        why = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
+        raise SpecchatError(f"llama.cpp could not decode {Path(path).name}: {why}")
 
 
 class LlamaCpp:
@@ -26,7 +54,11 @@ class LlamaCpp:
                 '--baseline llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]" in the specchat '
                 "checkout (compiles llama.cpp from source, several minutes)"
             ) from None
+        from llama_cpp import llama_print_system_info
+
         self.path = str(gguf_path)
+        if b"AMX_INT8 = 1" in llama_print_system_info():
+            check_first_decode(self.path)
         self._load(context)
 
     def _load(self, context: int) -> None:
