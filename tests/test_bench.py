@@ -9,7 +9,7 @@ import pytest
 from conftest import tiny_model
 
 from specchat.bench.compare import compare
-from specchat.bench.llamacpp import CONTEXT_STEP, LlamaCpp, check_first_decode
+from specchat.bench.llamacpp import CONTEXT_STEP, LlamaCpp, check_prompt_decodes
 from specchat.bench.prompts import LONG_SETS, PROMPT_SETS, load_prompt_sets, long_document
 from specchat.bench.runs import method_runner
 from specchat.engine.prompt import encode_prompt
@@ -131,16 +131,16 @@ def test_the_llamacpp_baseline_grows_its_context_to_the_prompt(tokenizer):
     assert len(ids) > 64 and len(tokens) == 8 and llamacpp.context == CONTEXT_STEP
 
 
-def test_a_crash_in_llamacpps_first_decode_is_a_one_line_error():
-    """What a llama.cpp build with AMX runs before the bench: a first decode in a child process, whose crash (here
-    a real segfault) or failure is an error naming the file, not the end of the bench."""
+def test_a_crash_in_llamacpps_prefill_is_a_one_line_error():
+    """What a llama.cpp build with AMX runs before the bench: a short prompt decoded in a child process, whose crash
+    (here a real segfault) or failure is an error naming the file, not the end of the bench."""
     path = str(embedded_gguf_path())
     with pytest.raises(SpecchatError, match=r"^llama.cpp crashed \(SIGSEGV\) decoding SmolLM2.*without AMX: CMAKE"):
-        check_first_decode(path, "import ctypes; ctypes.string_at(0)")
+        check_prompt_decodes(path, "import ctypes; ctypes.string_at(0)")
     with pytest.raises(SpecchatError, match="could not decode SmolLM2.*: exit status 3$"):
-        check_first_decode(path, "raise SystemExit(3)")
+        check_prompt_decodes(path, "raise SystemExit(3)")
     if importlib.util.find_spec("llama_cpp"):
-        check_first_decode(path)  # the real first decode, where llama.cpp is installed
+        check_prompt_decodes(path)  # the real prefill, where llama.cpp is installed
 
 
 def test_bench_draft_times_a_draft_of_the_width_asked_for(tokenizer):

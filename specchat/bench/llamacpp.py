@@ -20,9 +20,10 @@ from specchat.errors import SpecchatError
 
 CONTEXT_STEP = 4096
 
-# A child's first decode of the file (argv[1]), for `check_first_decode`.
-FIRST_DECODE = (
-    "import sys; from llama_cpp import Llama; Llama(sys.argv[1], n_ctx=64, n_threads=1, verbose=False).eval([0])"
+# A child's prefill of eight tokens of the file (argv[1]), for `check_prompt_decodes`.
+PROMPT_DECODE = (
+    "import sys; from llama_cpp import Llama; "
+    "Llama(sys.argv[1], n_ctx=64, n_threads=1, verbose=False).eval(list(range(8)))"
 )
 NO_AMX = (
     'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON '
@@ -30,10 +31,10 @@ NO_AMX = (
 )
 
 
-def check_first_decode(path: str, probe: str = FIRST_DECODE) -> None:
-    """Decode one token of `path` in a child process: llama-cpp-python 0.3.36 built for a CPU with AMX (a Xeon since
-    Sapphire Rapids) crashed in its AMX matmul on its first decode there, which in this process would end the bench
-    and lose every row it had measured. A crash in the child is a one-line error here instead."""
+def check_prompt_decodes(path: str, probe: str = PROMPT_DECODE) -> None:
+    """Decode a short prompt of `path` in a child process: llama-cpp-python 0.3.36 built for a CPU with AMX (a Xeon
+    since Sapphire Rapids) crashed there in its AMX matmul on any prompt of more than one token, which in this
+    process would end the bench and lose every row it had measured. A crash in the child is a one-line error here."""
     child = subprocess.run([sys.executable, "-c", probe, path], capture_output=True, text=True)
     if child.returncode < 0:
         raise SpecchatError(
@@ -45,6 +46,14 @@ def check_first_decode(path: str, probe: str = FIRST_DECODE) -> None:
         raise SpecchatError(f"llama.cpp could not decode {Path(path).name}: {why}")
 
 
+def check_amx_build(path: str) -> None:
+    """`check_prompt_decodes` where llama.cpp was built with AMX (where it crashed); elsewhere nothing."""
+    from llama_cpp import llama_print_system_info
+
+    if b"AMX_INT8 = 1" in llama_print_system_info():
+        check_prompt_decodes(path)
+
+
 class LlamaCpp:
     def __init__(self, gguf_path, *, context: int = CONTEXT_STEP):
         try:
@@ -54,11 +63,8 @@ class LlamaCpp:
                 '--baseline llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]" in the specchat '
                 "checkout (compiles llama.cpp from source, several minutes)"
             ) from None
-        from llama_cpp import llama_print_system_info
-
         self.path = str(gguf_path)
-        if b"AMX_INT8 = 1" in llama_print_system_info():
-            check_first_decode(self.path)
+        check_amx_build(self.path)
         self._load(context)
 
     def _load(self, context: int) -> None:

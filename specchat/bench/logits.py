@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from specchat.architectures import parts
+from specchat.bench.llamacpp import check_amx_build
 from specchat.errors import SpecchatError
 
 
@@ -84,6 +85,7 @@ def _llamacpp_logits(path: Path, ids: list[int]) -> torch.Tensor:
         from llama_cpp import Llama
     except ImportError:
         raise SpecchatError('--llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]"') from None
+    check_amx_build(str(path))
     llm = Llama(str(path), n_ctx=len(ids) + 8, n_batch=512, logits_all=True, n_threads=torch.get_num_threads(),
                 verbose=False)  # fmt: skip
     llm.eval(ids)
