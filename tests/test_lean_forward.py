@@ -128,15 +128,16 @@ def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache,
     for tree in (_random_tree(20, seed=prefix), _chain(17)):
         batch = tree_batch(tree, 11, prefix, CPU)
         out = lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache)
-        logits, hidden = out.logits, out.hidden
-        for row in range(len(tree) + 1):
-            path = [0] + [1 + node for node in tree.path_to(row - 1)] if row else [0]
-            for step in path:  # the row's ancestors and itself, decoded one at a time
-                one = lean(batch.input_ids[step : step + 1], batch.position_ids[step : step + 1], None, cache)
-                cache.commit()
-            assert torch.equal(one.logits[0], logits[row]), f"row {row} of {len(tree) + 1}"
-            assert torch.equal(one.hidden[0], hidden[row])
-            cache.truncate(prefix)
+        # Depth first, each row decoded once on its ancestors' decode steps (the cache cut back to its parent's).
+        paths = sorted([0] + [1 + node for node in tree.path_to(row - 1)] for row in range(len(tree) + 1))
+        for path in paths:
+            cache.truncate(prefix + len(path) - 1)
+            row = path[-1]
+            one = lean(batch.input_ids[row : row + 1], batch.position_ids[row : row + 1], None, cache)
+            cache.commit()
+            assert torch.equal(one.logits[0], out.logits[row]), f"row {row} of {len(tree) + 1}"
+            assert torch.equal(one.hidden[0], out.hidden[row])
+        cache.truncate(prefix)
 
 
 @torch.inference_mode()

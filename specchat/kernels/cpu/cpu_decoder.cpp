@@ -11,7 +11,8 @@
 // row; the 4-bit kernel computes each row on its own (tested in tests/test_quant.py). A bf16 cache is read in
 // bf16 dot-product arithmetic (bf16_dots.h), its value rows summed in pairs by their index in that order.
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/python.h>
 #include <ATen/Parallel.h>
 
 #include "bf16_dots.h"

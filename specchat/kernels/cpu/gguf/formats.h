@@ -3,7 +3,7 @@
 // its own, its entry in traits.h. How the kernels compute, and why their results are exact per row: matmul.h.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <c10/util/Half.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
