@@ -6,6 +6,7 @@ transformers' forward (fp32). Files that cannot run are refused in one line."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,10 +33,25 @@ SAMPLED = SamplingConfig(temperature=1.0, top_p=0.95, seed=5, suppress=(2,))
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    path = write_tiny_model(tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf", embedded_gguf_path())
-    yield path
-    shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)  # a new file each run: leave no conversion behind
+def tiny_ggufs(tmp_path_factory):
+    """A tiny GGUF file by architecture, written and converted (its tokenizer read) once per module."""
+    paths = {}
+
+    def of(architecture: str) -> Path:
+        if architecture not in paths:
+            folder = tmp_path_factory.mktemp("gguf")
+            paths[architecture] = write_tiny_model(folder / f"tiny-{architecture}.gguf", embedded_gguf_path(),
+                                                   architecture=architecture)  # fmt: skip
+        return paths[architecture]
+
+    yield of
+    for path in paths.values():  # a new file each run: leave no conversion behind
+        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_ggufs):
+    return tiny_ggufs("qwen2")
 
 
 def generate(engine, prompt, n, sampling):
@@ -93,11 +109,10 @@ def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
 
 @pytest.mark.parametrize("architecture", ["qwen2", "llama"])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_speculation_equals_autoregressive_on_every_cpu_path(tmp_path, architecture, sampling, cpu_isa):
+def test_speculation_equals_autoregressive_on_every_cpu_path(tiny_ggufs, architecture, sampling, cpu_isa):
     """Each decoder build this machine runs (its own, and the AVX2 one on an AVX-512 CPU), bf16 and an int8
     cache: the target alone and the target verifying trees give the same tokens."""
-    path = write_tiny_model(tmp_path / f"tiny-{architecture}.gguf", embedded_gguf_path(), architecture=architecture)
-    loaded = load_model(str(path))
+    loaded = load_model(str(tiny_ggufs(architecture)))
     prompt = torch.randint(3, 2000, (300,), generator=torch.Generator().manual_seed(3)).tolist()
     for kv_cache in ("auto", "int8"):
         engine = Engine(loaded.model, loaded.tokenizer, max_len=512, kv_cache=kv_cache)
@@ -106,7 +121,6 @@ def test_speculation_equals_autoregressive_on_every_cpu_path(tmp_path, architect
         events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=40, reproducible=True))
         assert [t for event in events for t in event.tokens] == expected, kv_cache
         assert events[-1].stats.accepted > 0
-    shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
 
 
 @pytest.mark.parametrize("context", [3001, 3072])  # an odd and an even prefix: bf16 value rows go in pairs
