@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specchat.disk_cache import cache_dir, cached_json
+from specchat.gguf_header import tensor_table
 from specchat.quant.embedding import Int8Embedding
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 from specchat.quant.gguf_types import BLOCK_TYPES, check_type
@@ -90,13 +90,13 @@ class GGUFTensor:
 
 
 def gguf_tensors(path: Path) -> list[GGUFTensor]:
-    """The tensors of a GGUF file. Their table (name, type, shape, offset) is read once with gguf-py and kept
-    in the cache: gguf-py parses every metadata field, the tokenizer's 100K strings included (~2 s)."""
+    """The tensors of a GGUF file, their table read from its header (gguf_header.py, a fraction of a second)."""
     from gguf import GGMLQuantizationType
 
-    stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    table = cached_json(cache_dir() / "gguf_tensors.json", key, lambda: _tensor_table(path))
+    try:
+        table = tensor_table(path)
+    except (ValueError, OSError) as error:
+        raise ValueError(f"{path}: cannot be read as GGUF, the file is damaged or truncated ({error})") from None
     data = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: writable for torch, shared pages
     tensors = []
     for name, kind, shape, offset, n_bytes in table:
@@ -110,17 +110,6 @@ def gguf_tensors(path: Path) -> list[GGUFTensor]:
             raw = raw.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16)
         tensors.append(GGUFTensor(name, kind, tuple(shape), raw.reshape(rows, -1) if len(shape) > 1 else raw))
     return tensors
-
-
-def _tensor_table(path: Path) -> list:
-    from gguf import GGUFReader
-
-    try:
-        tensors = GGUFReader(path).tensors
-    except (ValueError, IndexError, KeyError, OSError) as error:  # what gguf-py raises on a cut or damaged header
-        raise ValueError(f"{path}: cannot be read as GGUF, the file is damaged or truncated ({error})") from None
-    return [[t.name, int(t.tensor_type), [int(n) for n in t.shape], int(t.data_offset), int(t.n_bytes)]
-            for t in tensors]  # fmt: skip
 
 
 def _module_name(gguf_name: str, architecture: str) -> tuple[str, str]:
