@@ -192,7 +192,7 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
     from transformers import AutoTokenizer
 
     from specchat.engine.attention import use_attention
-    from specchat.quant.gguf_model import check_tensor_types, load_gguf_model
+    from specchat.quant.gguf_model import check_tensor_types, gguf_tensors, load_gguf_model
 
     if device.type != "cpu":
         raise SpecchatError(f"GGUF files run on a CPU here; '{source.name}' cannot be loaded on {device}")
@@ -202,7 +202,7 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
     path = source.gguf_path()
     dtype = dtype or torch.bfloat16
     try:  # before the tokenizer's conversion, which takes seconds
-        check_tensor_types(path)
+        check_tensor_types(gguf_tensors(path), path)
     except ValueError as error:
         raise SpecchatError(first_line(error)) from None
     config_dir = gguf_checkpoint(path, progress)

@@ -8,6 +8,7 @@ embedded model keeps its older path, torch's int4 kernel on its Q4_1 / Q8_0 code
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +54,8 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     with init_empty_weights(include_buffers=False):  # parameters on the meta device: nothing is allocated
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
+    check_tensor_types(tensors.values(), gguf_path)
     modules: dict[str, dict[str, GGUFTensor]] = {}
-    check_tensor_types(gguf_path)
     for name, tensor in tensors.items():
         module_name, field = _module_name(name, config.model_type)
         modules.setdefault(module_name, {})[field] = tensor
@@ -73,9 +74,9 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     return model
 
 
-def check_tensor_types(path: Path) -> None:
-    """A ValueError naming the first tensor whose type has no kernel here."""
-    for tensor in gguf_tensors(path):
+def check_tensor_types(tensors: Iterable[GGUFTensor], path: Path) -> None:
+    """A ValueError naming the first of the file's tensors whose type has no kernel here."""
+    for tensor in tensors:
         check_type(int(tensor.tensor_type), tensor.name, path)
 
 
