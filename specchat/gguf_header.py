@@ -1,9 +1,8 @@
 """A GGUF file's header read directly: the names it gives its model, and its tensor table.
 
-gguf-py's reader parses every metadata field into numpy views, the tokenizer's 150K strings and merges included:
-~10 s for a Qwen2.5 file on a laptop-class core, paid again by each reader. Here the fields are walked over the
-memory-mapped bytes, skipped unless wanted (a string costs one length read), so the header takes a fraction of
-a second; the tensor data is never touched.
+gguf-py's reader parses every metadata field into numpy views, the tokenizer's 150K strings and merges included
+(10.4 s for Qwen2.5-Coder-1.5B's file on a Xeon core). Here the fields are walked over the memory-mapped bytes,
+skipped unless wanted (a string costs one length read): 0.14 s for the same file. The tensor data is never read.
 """
 
 from __future__ import annotations
@@ -91,6 +90,8 @@ def tensor_table(path: Path) -> list[list]:
             (kind,) = cursor.take("<I")
             if key == "general.alignment" and kind == UINT32:
                 (alignment,) = cursor.take("<I")
+                if alignment == 0:
+                    raise ValueError("its data alignment is 0")
             else:
                 try:
                     cursor.skip(kind)
@@ -108,7 +109,7 @@ def tensor_table(path: Path) -> list[list]:
     for name, kind, shape, offset in infos:
         try:
             block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-        except ValueError:
+        except (ValueError, KeyError):
             raise ValueError(f"tensor '{name}' has an unknown type id {kind}") from None
         table.append([name, kind, shape, start + offset, math.prod(shape) // block * block_bytes])
     return table
