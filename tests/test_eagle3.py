@@ -160,17 +160,20 @@ def test_nodes_less_likely_than_the_least_chance_are_not_expanded(loaded, monkey
 
 
 def test_the_engine_tells_a_scored_drafter_the_least_chance_worth_a_node(loaded):
-    asked = []
+    """Each step passes the adaptive budget's price of a node as it stands; live timings move it (a noisy step
+    can even make a node look free), so the test compares it with the budget's, not with a number."""
+    asked, priced = [], []
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
 
     class Recorded(Eagle3Drafter):
         def propose(self, budget, sampling, generator, least_chance=0.0):
             asked.append(least_chance)
+            priced.append(engine.policy.least_chance())
             return super().propose(budget, sampling, generator, least_chance)
 
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
     engine.set_drafter(Recorded(engine.target, random_draft(loaded.model)), None)  # the adaptive budget
     _decode(engine, list(range(30, 60)), SamplingConfig())
-    assert asked and all(chance > 0 for chance in asked)  # verifying a node costs something on a CPU
+    assert asked and asked == priced and any(chance > 0 for chance in asked)  # verifying a node costs something
 
 
 @pytest.mark.parametrize("layer", ["torch", "compiled"])
