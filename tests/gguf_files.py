@@ -4,6 +4,7 @@ qwen2 / llama model written as a GGUF file with gguf-py's writer (the embedded m
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -91,9 +92,11 @@ def _fields(source: Path, prefix: str) -> tuple[tuple, int]:
 
 
 def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = "qwen2", seed: int = 0,
-                     layers: int = 2, tied: bool = False, name: str | None = None) -> Path:  # fmt: skip
+                     layers: int = 2, tied: bool = False, name: str | None = None,
+                     frequency_factors: list[float] | None = None) -> Path:  # fmt: skip
     """A random `architecture` model (hidden 256, 4 heads of 64, 2 KV heads, MLP 512) whose matrices use every
-    block type, with q/k/v biases for qwen2; `name` its `general.name`."""
+    block type, with q/k/v biases for qwen2; `name` its `general.name`; `frequency_factors` its `rope_freqs`
+    tensor (32 factors, RoPE base 10000)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -131,6 +134,8 @@ def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = 
             if architecture == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
                 dense(f"blk.{i}.{name}.bias", rng.normal(0, 0.5, rows))
     dense("output_norm.weight", rng.uniform(0.8, 1.2, hidden))
+    if frequency_factors is not None:
+        dense("rope_freqs.weight", np.array(frequency_factors))
     if not tied:
         matrix("output.weight", Q.Q6_K, vocab, hidden)
     writer.write_header_to_file()
@@ -138,3 +143,20 @@ def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def llama3_frequency_factors(factor: float, *, base: float = 10000.0, dim: int = 64, low: float = 1.0,
+                             high: float = 4.0, old_context: int = 8192) -> list[float]:  # fmt: skip
+    """The `rope_freqs` factors llama.cpp's converter writes for Llama 3's RoPE scaling: per rotary pair, 1 for
+    wavelengths under `old_context / high`, `factor` over `old_context / low`, interpolated between (in float64)."""
+    factors = []
+    for i in range(0, dim, 2):
+        wavelength = 2 * math.pi * base ** (i / dim)
+        if wavelength < old_context / high:
+            factors.append(1.0)
+        elif wavelength > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors

@@ -13,14 +13,17 @@ import pytest
 import torch
 from drafters_for_tests import RandomTreeDrafter
 from gguf import GGMLQuantizationType as Q
-from gguf_files import random_blocks, write_tiny_model
+from gguf_files import llama3_frequency_factors, random_blocks, write_tiny_model
 from test_cli import specchat
 
+from specchat.architectures import parts
+from specchat.architectures.rope import rope_of_frequency_factors
 from specchat.bench.bandwidth import weight_bytes
 from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.engine.generate import Engine
+from specchat.engine.torch_decoder import TorchDecoder
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, load_model
@@ -34,14 +37,16 @@ SAMPLED = SamplingConfig(temperature=1.0, top_p=0.95, seed=5, suppress=(2,))
 
 @pytest.fixture(scope="module")
 def tiny_ggufs(tmp_path_factory):
-    """A tiny GGUF file by architecture, written and converted (its tokenizer read) once per module."""
+    """A tiny GGUF file by architecture, written and converted (its tokenizer read) once per module; the llama one
+    has Llama 3.1's RoPE scaling, as a `rope_freqs` tensor."""
     paths = {}
 
     def of(architecture: str) -> Path:
         if architecture not in paths:
             folder = tmp_path_factory.mktemp("gguf")
+            factors = llama3_frequency_factors(8.0) if architecture == "llama" else None  # Llama 3.1's way
             paths[architecture] = write_tiny_model(folder / f"tiny-{architecture}.gguf", embedded_gguf_path(),
-                                                   architecture=architecture)  # fmt: skip
+                                                   architecture=architecture, frequency_factors=factors)  # fmt: skip
         return paths[architecture]
 
     yield of
@@ -121,6 +126,29 @@ def test_speculation_equals_autoregressive_on_every_cpu_path(tiny_ggufs, archite
         events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=40, reproducible=True))
         assert [t for event in events for t in event.tokens] == expected, kv_cache
         assert events[-1].stats.accepted > 0
+
+
+def test_llama_3_rope_scaling_is_read_from_the_files_frequency_factors(tiny_ggufs):
+    """A Llama 3.1 GGUF file says its RoPE scaling only as a `rope_freqs` tensor, whose factors divide each rotary
+    pair's frequency (llama.cpp's way): the loaded config says Llama 3's scaling, and every decoder's frequencies
+    (transformers' rotary module, the torch decoder's tables) are the base ones over the file's factors."""
+    loaded = load_model(str(tiny_ggufs("llama")), dtype="float32")
+    rope = loaded.model.config.rope_parameters
+    assert rope["rope_type"] == "llama3" and rope["factor"] == 8.0
+    base = 1 / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    wanted = base / torch.tensor(llama3_frequency_factors(8.0), dtype=torch.float64)
+    assert torch.allclose(parts(loaded.model).rotary.inv_freq.double(), wanted, rtol=1e-6)
+    tables = TorchDecoder.from_model(loaded.model, max_positions=4096)
+    assert torch.allclose(tables.cos[4000].double(), (4000 * wanted).cos(), atol=1e-3)  # fp32 angles near 4000
+
+
+def test_frequency_factors_other_than_llama_3s_are_refused():
+    base = {"rope_type": "default", "rope_theta": 10000.0}
+    factors = torch.tensor(llama3_frequency_factors(8.0))
+    assert rope_of_frequency_factors(base, 64, factors)["factor"] == 8.0
+    for other in (llama3_frequency_factors(8.0, old_context=4096), [2.0] * 32, [1.0] * 16):
+        with pytest.raises(ValueError, match="is not Llama 3's RoPE scaling"):
+            rope_of_frequency_factors(base, 64, torch.tensor(other))
 
 
 @pytest.mark.parametrize("context", [3001, 3072])  # an odd and an even prefix: bf16 value rows go in pairs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from gguf_files import write_tiny_model
+from gguf_files import llama3_frequency_factors, write_tiny_model
 
 from specchat.cli.common import default_drafter
 from specchat.gguf_header import general_fields
@@ -71,7 +71,8 @@ def test_the_mission_profile_runs_its_gguf_on_a_cpu_found_in_the_hub_cache(tmp_p
     snapshot.mkdir(parents=True)
     (snapshot.parent.parent / "refs").mkdir()
     (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
-    write_tiny_model(snapshot / name, embedded_gguf_path(), architecture="llama", name="Llama 3.1 8B Instruct")
+    write_tiny_model(snapshot / name, embedded_gguf_path(), architecture="llama", name="Llama 3.1 8B Instruct",
+                     frequency_factors=llama3_frequency_factors(8.0))  # as the real file stores its RoPE scaling
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     source = resolve_model("llama3.1-8b")
     assert source.gguf_path(download=False) == snapshot / name and is_available(source, torch.device("cpu"))
@@ -80,6 +81,7 @@ def test_the_mission_profile_runs_its_gguf_on_a_cpu_found_in_the_hub_cache(tmp_p
     try:
         loaded = load_model("llama3.1-8b", device="cpu")
         assert loaded.model.config.model_type == "llama" and loaded.model.config.hidden_size == 256
+        assert loaded.model.config.rope_parameters["rope_type"] == "llama3"
         assert loaded.source.profile.name == "llama3.1-8b"
     finally:
         shutil.rmtree(gguf_checkpoint_dir(snapshot / name), ignore_errors=True)

@@ -14,7 +14,6 @@ as the module it is (its own kernel), a dense one is multiplied here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +22,7 @@ from torch import nn
 
 from specchat.architectures import parts
 from specchat.architectures.llama import LlamaParts
+from specchat.architectures.rope import inverse_frequencies, rope_parameters
 from specchat.engine import decoder_ops as ops
 from specchat.engine.attention import sliding_window
 from specchat.engine.cache import TreeCache
@@ -62,7 +62,7 @@ class TorchDecoder:
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
         positions = torch.arange(max_positions or config.max_position_embeddings, device=device).float()
-        angles = positions[:, None] * inverse_frequencies(config, self.head_dim).to(device)[None]
+        angles = positions[:, None] * inverse_frequencies(rope_parameters(config), self.head_dim).to(device)[None]
         self.cos, self.sin = angles.cos(), angles.sin()  # [max_positions, D / 2], fp32
 
     @classmethod
@@ -179,32 +179,5 @@ def check_config(config) -> None:
         raise SpecchatError(f"the torch decoder runs SiLU MLPs, not {config.hidden_act}")
     if sliding_window(config):
         raise SpecchatError("the torch decoder has no sliding-window attention")
-    if _rope(config).get("partial_rotary_factor", 1.0) != 1.0:
+    if rope_parameters(config).get("partial_rotary_factor", 1.0) != 1.0:
         raise SpecchatError("the torch decoder rotates whole heads (partial_rotary_factor 1)")
-
-
-def _rope(config) -> dict:
-    return getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": config.rope_theta}
-
-
-def inverse_frequencies(config, head_dim: int) -> torch.Tensor:
-    """RoPE's inverse frequencies `[head_dim / 2]` (fp32) for rope types default, linear and llama3 (Llama 3.1),
-    computed as transformers computes them."""
-    rope = _rope(config)
-    kind = rope.get("rope_type", "default")
-    base = rope["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    if kind == "default":
-        return inv_freq
-    if kind == "linear":
-        return inv_freq / rope["factor"]
-    if kind == "llama3":
-        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
-        old_context = rope["original_max_position_embeddings"]
-        wavelength = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelength > old_context / low, inv_freq / factor, inv_freq)
-        smooth = (old_context / wavelength - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelength < old_context / high) * ~(wavelength > old_context / low)
-        return torch.where(medium, smoothed, scaled)
-    raise SpecchatError(f"the torch decoder has no '{kind}' RoPE scaling (default, linear, llama3)")

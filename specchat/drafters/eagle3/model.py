@@ -28,7 +28,7 @@ from torch import nn
 from specchat.drafters.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
 from specchat.drafters.draft_attention import attend
 from specchat.drafters.draft_layers import MLP, RMSNorm, rotate
-from specchat.engine.torch_decoder import inverse_frequencies
+from specchat.architectures.rope import inverse_frequencies, rope_parameters
 from specchat.errors import SpecchatError
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -82,7 +82,7 @@ class Eagle3Config:
     def for_target(cls, config, *, intermediate: int, draft_vocab_size: int) -> Eagle3Config:
         """A draft of the target's width, heads and RoPE, an MLP `intermediate` wide, over `draft_vocab_size`."""
         heads = config.num_attention_heads
-        rope = getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": config.rope_theta}
+        rope = rope_parameters(config)
         return cls(
             hidden_size=config.hidden_size,
             num_attention_heads=heads,
@@ -184,7 +184,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
         # fp32 whatever the weights' dtype (not a buffer: `.to(bfloat16)` would round the angles at long contexts)
-        self.inverse_frequencies = inverse_frequencies(SimpleNamespace(rope_parameters=config.rope), config.head_dim)
+        self.inverse_frequencies = inverse_frequencies(config.rope, config.head_dim)
 
     def set_vocab(self, draft_vocab: torch.Tensor) -> None:
         """The draft vocabulary: target ids, ascending, one per lm_head row."""
