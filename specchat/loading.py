@@ -181,6 +181,8 @@ def load_model(
     if torch_device.type != "cpu":
         progress(f"moving it to {torch_device}")
         model.to(torch_device)
+    if source.embedded:
+        stop_at_end_of_turn(model, tokenizer)
     model.eval().requires_grad_(False)
     use_attention(model, attention)
     return LoadedModel(model, tokenizer, source, time.perf_counter() - start)
@@ -212,9 +214,25 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
         model = load_gguf_model(path, config_dir, dtype)
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
+    stop_at_end_of_turn(model, tokenizer)
     model.eval().requires_grad_(False)
     use_attention(model, attention)
     return LoadedModel(model, tokenizer, source, time.perf_counter() - start)
+
+
+# the special tokens llama.cpp ends generation at, by their text, besides a file's EOS
+END_OF_TURN = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>",
+               "<end_of_turn>", "<EOT>", "<｜end▁of▁sentence｜>")  # fmt: skip
+
+
+def stop_at_end_of_turn(model, tokenizer) -> None:
+    """Make a model read from a GGUF file stop where llama.cpp stops on it: at its EOS and at every special token
+    spelled as an end of turn. A GGUF file names one EOS where the model's own repo lists several (Qwen2.5's
+    `<|im_end|>` and `<|endoftext|>`, Llama 3.1's `<|eot_id|>`, `<|eom_id|>` and `<|end_of_text|>`)."""
+    ids = model.generation_config.eos_token_id
+    ids = {ids} if isinstance(ids, int) else set(ids or ())
+    ids |= {i for i, token in tokenizer.added_tokens_decoder.items() if token.special and token.content in END_OF_TURN}
+    model.generation_config.eos_token_id = sorted(ids)
 
 
 GGUF_MAGIC = b"GGUF"

@@ -128,6 +128,17 @@ def test_speculation_equals_autoregressive_on_every_cpu_path(tiny_ggufs, archite
         assert events[-1].stats.accepted > 0
 
 
+def test_a_gguf_model_stops_where_llama_cpp_stops(tiny_gguf):
+    """At the file's EOS (the embedded tokenizer's `<|im_end|>`, 2) and at every special token spelled as an end of
+    turn (its `<|endoftext|>`, 0), as llama.cpp does: a file names one EOS where a repo lists several."""
+    loaded = load_model(str(tiny_gguf))
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
+    assert engine.eos_ids == {0, 2}
+    only_endoftext = SamplingConfig(suppress=tuple(range(1, loaded.model.config.vocab_size)))
+    events = list(engine.generate([5, 6, 7], sampling=only_endoftext, max_new_tokens=8))
+    assert [t for event in events for t in event.tokens] == [0] and events[-1].finish_reason == "eos"
+
+
 def test_llama_3_rope_scaling_is_read_from_the_files_frequency_factors(tiny_ggufs):
     """A Llama 3.1 GGUF file says its RoPE scaling only as a `rope_freqs` tensor, whose factors divide each rotary
     pair's frequency (llama.cpp's way): the loaded config says Llama 3's scaling, and every decoder's frequencies
@@ -279,6 +290,7 @@ def test_the_real_qwen_coder_files_keep_their_output():
     loaded = load_model("qwen2.5-coder-1.5b")
     prompt = encode_prompt(loaded.tokenizer, "Write a Python function that reverses a linked list.")
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt) + 40)
+    assert engine.eos_ids == {151643, 151645}  # <|endoftext|> and <|im_end|>, as the model's own repo lists them
     sampled = SamplingConfig(temperature=0.7, top_p=0.8, top_k=20, seed=3)
     expected = {sampling: generate(engine, prompt, 32, sampling) for sampling in (GREEDY, sampled)}
     for name in ("ngram", "model", "tokenswift", "tokenswift+ngram", "longspec", "longspec+ngram", "glide", "glide+ngram"):

@@ -87,13 +87,14 @@ class _StreamClock:
 
 def hf_run(model, ids: list[int], max_new_tokens: int, options: dict) -> Run:
     clock = _StreamClock()
+    eos = model.generation_config.eos_token_id  # an id or a list of them
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([ids], device=model.device),
             do_sample=False,
             max_new_tokens=max_new_tokens,
             streamer=clock,
-            pad_token_id=model.generation_config.eos_token_id,
+            pad_token_id=eos[0] if isinstance(eos, list) else eos,
             **options,
         )
     # puts[0] is the prompt, puts[1] the first token (prefill); the rest is decoding.
