@@ -283,32 +283,39 @@ def find_gguf(spec: str, *, download: bool = True) -> Path | None:
     return Path(hf_hub_download(repo, name))
 
 
+GGUF_CONVERSION = 2  # in the converted directory's name: a conversion that now differs is made again
+
+
 def gguf_checkpoint_dir(path: Path) -> Path:
     """Where `gguf_checkpoint` keeps a GGUF file's converted config and tokenizer: named by the file's path,
-    size and time."""
+    size and time, and the conversion's version."""
     stat = path.stat()
-    stamp = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_dir() / f"gguf-{path.stem}-{stamp}"
+    key = f"{GGUF_CONVERSION}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    return cache_dir() / f"gguf-{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage: None) -> str:
-    """A directory with a GGUF file's config and tokenizer, converted from its metadata once (seconds; the
-    tokenizer's vocabulary is the slow part) and found again by the file's name, size and time."""
+    """A directory with a GGUF file's config (read from its header, `gguf_config`) and tokenizer (transformers'
+    conversion: 0.5-3 s, the vocabulary's strings and merges), converted once and found again by the file's name,
+    size and time."""
     target = gguf_checkpoint_dir(path)
     if (target / "config.json").is_file():
         return str(target)
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from specchat.gguf_config import gguf_config
 
     progress(f"reading {path.name}'s tokenizer and config (first run only)")
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
     try:
         with first_use(f"reading {path.name}'s tokenizer and config (once per file)"):
-            AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(partial)
-            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+            config = gguf_config(path)
+            # the tokenizer is all in the file: no class of a model type adds to it (AutoTokenizer would parse the
+            # whole file with gguf-py only to pick one)
+            PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(partial)
     except (OSError, ValueError, KeyError) as error:
         shutil.rmtree(partial, ignore_errors=True)
         raise SpecchatError(f"could not read {path}: {first_line(error)}") from None
-    config.__dict__.pop("quantization_config", None)
     config.save_pretrained(partial)
     _publish(partial, target)
     return str(target)
@@ -361,7 +368,7 @@ def _local_or_cached(source: ModelSource, device: torch.device) -> str:
 
 
 def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *, dense: bool = True) -> str:
-    """A directory with the embedded GGUF's config and tokenizer, converted once (~10 s), and with `dense` its
+    """A directory with the embedded GGUF's config and tokenizer, converted once (~1 s), and with `dense` its
     weights dequantized to fp32 safetensors too (once, ~20 s more); later loads take ~2 s."""
     gguf = embedded_gguf_path()
     if gguf is None:
@@ -375,7 +382,7 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
 
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
     if not (target / "config.json").is_file():
-        progress("reading the embedded GGUF's tokenizer and config (first run only, ~10 s)")
+        progress("reading the embedded GGUF's tokenizer and config (first run only)")
         with first_use("reading the embedded model's tokenizer and config (once per machine)"):
             shutil.copytree(gguf_checkpoint(gguf), partial)
         _publish(partial, target)

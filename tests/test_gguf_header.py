@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter
 from gguf_files import random_blocks
 
-from specchat.gguf_header import general_fields, tensor_table
+from specchat.gguf_header import general_fields, header_fields, tensor_table
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +54,20 @@ def test_a_cut_header_is_a_value_error(mixed_gguf, tmp_path):
         cut.write_bytes(whole[:length])
         with pytest.raises(ValueError):
             tensor_table(cut)
+
+
+def test_the_fields_are_gguf_pys_with_arrays_as_their_length(mixed_gguf, tmp_path):
+    fields = header_fields(mixed_gguf)
+    reference = {}
+    for name, field in GGUFReader(mixed_gguf).fields.items():
+        if name.startswith("GGUF."):
+            continue
+        value = field.contents()
+        reference[name] = len(value) if isinstance(value, list) else value
+    assert fields.keys() == reference.keys() and fields["tokenizer.ggml.tokens"] == 200
+    for name, value in reference.items():
+        assert fields[name] == pytest.approx(value) if isinstance(value, float) else fields[name] == value, name
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(mixed_gguf.read_bytes()[:300])
+    with pytest.raises(ValueError):
+        header_fields(cut)

@@ -2,8 +2,7 @@
 
 Block-quantized matrices become `GGUFLinear`s over the file's memory-mapped blocks (the token embedding a
 `GGUFEmbedding`, and the LM head, when tied to it, a `GGUFLinear` over the same blocks): nothing is
-dequantized to a dense copy. F32 / F16 tensors (norms, biases) are kept dense in the activation dtype. A
-`rope_freqs` tensor (how llama.cpp stores Llama 3.1's RoPE scaling) becomes the config's rope parameters. The
+dequantized to a dense copy. F32 / F16 tensors (norms, biases) are kept dense in the activation dtype. The
 embedded model keeps its older path, torch's int4 kernel on its Q4_1 / Q8_0 codes (`aten_int4`).
 """
 
@@ -17,7 +16,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from specchat.architectures.rope import rope_of_frequency_factors, rope_parameters
 from specchat.gguf_header import tensor_table
 from specchat.quant.embedding import Int8Embedding
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
@@ -40,9 +38,6 @@ _LAYER_NAMES = {
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")
-
-
 def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, aten_int4: bool = False) -> nn.Module:
     """The model of `gguf_path` (config and tokenizer already converted to `config_dir`) on the file's own
     weights: block-quantized matrices as `GGUFLinear`s over the memory-mapped blocks. With `aten_int4`,
@@ -51,20 +46,11 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(config_dir)
-    if config.model_type not in ARCHITECTURES:
-        raise ValueError(f"{gguf_path.name} is a {config.model_type} model; specchat runs {', '.join(ARCHITECTURES)} GGUF files")
-    tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
-    check_tensor_types(tensors.values(), gguf_path)
-    frequency_factors = tensors.pop("rope_freqs.weight", None)  # Llama 3.1's RoPE scaling, as llama.cpp stores it
-    if frequency_factors is not None:
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        factors = torch.from_numpy(np.array(frequency_factors.data, dtype=np.float32))
-        try:
-            config.rope_parameters = rope_of_frequency_factors(rope_parameters(config), head_dim, factors)
-        except ValueError as error:
-            raise ValueError(f"{gguf_path.name}: {error}") from None
     with init_empty_weights(include_buffers=False):  # parameters on the meta device: nothing is allocated
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
+    check_tensor_types(tensors.values(), gguf_path)
+    tensors.pop("rope_freqs.weight", None)  # Llama 3.1's RoPE scaling: the config's rope parameters (gguf_config)
     modules: dict[str, dict[str, GGUFTensor]] = {}
     for name, tensor in tensors.items():
         module_name, field = _module_name(name, config.model_type)

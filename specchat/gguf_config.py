@@ -1,0 +1,80 @@
+"""A transformers config for a GGUF file of the llama family, read from its header.
+
+A GGUF file's metadata is its model's config under llama.cpp's key names (`qwen2.embedding_length`, ...).
+transformers reads it through gguf-py, which parses the tokenizer's 150K strings on the way (10-12 s for a 1.5B's
+file, twice per conversion); the header walk here takes a fraction of a second. Its RoPE scaling is the file's
+too: `rope.scaling.*` for linear scaling, a `rope_freqs` tensor for Llama 3.1's (transformers reads neither).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specchat.architectures.rope import rope_of_frequency_factors
+from specchat.gguf_header import header_fields, tensor_table
+
+ARCHITECTURES = ("llama", "qwen2", "mistral")
+TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "pad_token_id": "padding_token_id",
+             "unk_token_id": "unknown_token_id"}  # fmt: skip
+
+
+def gguf_config(path: Path):
+    """The config of the model in the GGUF file at `path`; a ValueError naming what the file lacks or has that
+    specchat does not run (another architecture, a RoPE scaling other than linear or Llama 3's)."""
+    from transformers import AutoConfig
+
+    fields = header_fields(path)
+    tensors = {row[0]: row for row in tensor_table(path)}
+    architecture = fields.get("general.architecture")
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"{path.name} is a {architecture} model; specchat runs {', '.join(ARCHITECTURES)} GGUF files")
+
+    def field(name: str, default=None):
+        value = fields.get(f"{architecture}.{name}", default)
+        if value is None:
+            raise ValueError(f"{path.name} has no '{architecture}.{name}' field")
+        return value
+
+    heads, hidden = field("attention.head_count"), field("embedding_length")
+    head_dim = field("attention.key_length", hidden // heads)
+    if "token_embd.weight" not in tensors:
+        raise ValueError(f"{path.name} has no token embedding (tensor 'token_embd.weight')")
+    config = {
+        "max_position_embeddings": field("context_length"),
+        "hidden_size": hidden,
+        "intermediate_size": field("feed_forward_length"),
+        "num_hidden_layers": field("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": field("attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": field("attention.layer_norm_rms_epsilon"),
+        "rope_parameters": _rope(path, fields, architecture, head_dim, tensors.get("rope_freqs.weight")),
+        "vocab_size": tensors["token_embd.weight"][2][1],  # GGUF shapes list the row length first
+        "tie_word_embeddings": "output.weight" not in tensors,  # llama.cpp writes no head tied to the embedding
+    }
+    for name, key in TOKEN_IDS.items():
+        config[name] = fields.get(f"tokenizer.ggml.{key}")
+    return AutoConfig.for_model(architecture, **config)
+
+
+def _rope(path: Path, fields: dict, architecture: str, head_dim: int, factors_row: list | None) -> dict:
+    rope = {"rope_type": "default", "rope_theta": fields.get(f"{architecture}.rope.freq_base", 10000.0)}
+    scaling = fields.get(f"{architecture}.rope.scaling.type", "none")
+    if scaling == "linear":
+        rope = {**rope, "rope_type": "linear", "factor": fields[f"{architecture}.rope.scaling.factor"]}
+    elif scaling != "none":
+        raise ValueError(f"{path.name} asks for {scaling} RoPE scaling; specchat runs linear and Llama 3's")
+    if factors_row is None:
+        return rope
+    _, kind, shape, offset, size = factors_row
+    if kind != 0:  # F32, as llama.cpp's converter writes it
+        raise ValueError(f"{path.name}: its rope_freqs tensor is not float32")
+    with path.open("rb") as file:
+        file.seek(offset)
+        factors = torch.frombuffer(bytearray(file.read(size)), dtype=torch.float32)
+    try:
+        return rope_of_frequency_factors(rope, head_dim, factors)
+    except ValueError as error:
+        raise ValueError(f"{path.name}: {error}") from None

@@ -1,0 +1,108 @@
+"""A GGUF file converted once for transformers (`gguf_checkpoint`): its config, read from the header, is
+transformers' own reading of it (gguf-py's) plus the RoPE scaling transformers drops (linear from the
+`rope.scaling.*` fields, Llama 3's from a `rope_freqs` tensor), and a file specchat cannot run is a ValueError
+naming why; its tokenizer encodes, decodes and templates chats as `AutoTokenizer`'s conversion of the file does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+from gguf_files import llama3_frequency_factors, write_tiny_model
+
+from specchat.gguf_config import gguf_config
+from specchat.loading import GGUF_DIR, embedded_gguf_path, gguf_checkpoint
+
+SHAPES = ("max_position_embeddings", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+          "num_key_value_heads", "rms_norm_eps", "rope_parameters", "vocab_size", "tie_word_embeddings",
+          "bos_token_id", "eos_token_id", "pad_token_id", "model_type")  # fmt: skip
+
+
+@pytest.mark.parametrize("which", ["embedded", "tiny-qwen2"])
+def test_the_config_is_transformers_reading_of_the_file(which, tmp_path):
+    from transformers import AutoConfig
+
+    path = embedded_gguf_path() if which == "embedded" else write_tiny_model(tmp_path / "t.gguf", embedded_gguf_path())
+    ours, theirs = gguf_config(path), AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    assert {name: getattr(ours, name) for name in SHAPES} == {name: getattr(theirs, name) for name in SHAPES}
+    assert ours.head_dim == (getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads)
+
+
+def header(path, architecture="llama", *, scaling: dict | None = None, factors=None, drop: str | None = None):
+    """A header-only llama file (hidden 256, 4 heads of 64, RoPE base 10000): the fields and tensors a config
+    reads, `scaling` as `rope.scaling.*` fields, `factors` as a `rope_freqs` tensor, field `drop` left out."""
+    writer = GGUFWriter(str(path), architecture)
+    fields = {"context_length": 4096, "embedding_length": 256, "feed_forward_length": 512, "block_count": 2,
+              "attention.head_count": 4, "attention.head_count_kv": 2, "attention.layer_norm_rms_epsilon": 1e-5,
+              "rope.freq_base": 10000.0}  # fmt: skip
+    for name, value in fields.items():
+        if name != drop:
+            add = writer.add_float32 if isinstance(value, float) else writer.add_uint32
+            add(f"{architecture}.{name}", value)
+    for name, value in (scaling or {}).items():
+        add = writer.add_string if isinstance(value, str) else writer.add_float32
+        add(f"{architecture}.rope.scaling.{name}", value)
+    writer.add_tensor("token_embd.weight", np.zeros((100, 256), dtype=np.float32))
+    if factors is not None:
+        writer.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_rope_scaling_is_the_files(tmp_path):
+    plain = gguf_config(header(tmp_path / "plain.gguf"))
+    assert plain.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+    assert plain.vocab_size == 100 and plain.tie_word_embeddings and plain.head_dim == 64
+    linear = gguf_config(header(tmp_path / "linear.gguf", scaling={"type": "linear", "factor": 8.0}))
+    assert linear.rope_parameters == {"rope_type": "linear", "rope_theta": 10000.0, "factor": 8.0}
+    llama3 = gguf_config(header(tmp_path / "llama3.gguf", factors=llama3_frequency_factors(8.0)))
+    assert llama3.rope_parameters == {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [({"architecture": "phi3"}, "is a phi3 model; specchat runs llama, qwen2, mistral GGUF files"),
+     ({"scaling": {"type": "yarn", "factor": 4.0}}, "asks for yarn RoPE scaling"),
+     ({"factors": [2.0] * 32}, "rope_freqs tensor \\(32 factors\\) is not Llama 3's RoPE scaling"),
+     ({"drop": "block_count"}, "has no 'llama.block_count' field")],
+    ids=["architecture", "yarn", "factors", "field"],
+)  # fmt: skip
+def test_what_specchat_cannot_run_is_named(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        gguf_config(header(tmp_path / "bad.gguf", **options))
+
+
+TEXTS = ["Hello, world", "  two leading spaces\n\n\ttab, then\r\nCRLF   ", "def f(x):\n    return x ** 2  # 1234567",
+         "naïve café, Übergröße, 中文分词, 日本語のテキスト, русский, العربية, 🙂👍🏽", "don't, I'll, we've; THEY'RE",
+         "<|im_start|>user\nhi<|im_end|><|endoftext|>", "<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>", "x" * 300,
+         "\u00a0\u2003nbsp and em space", ""]  # fmt: skip
+CHATS = [[{"role": "user", "content": "Write a haiku."}],
+         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+          {"role": "assistant", "content": "Hello! 🙂"}, {"role": "user", "content": "2+2?"}]]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["embedded", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"])
+def test_the_tokenizer_is_autotokenizers_conversion_of_the_file(name):
+    from transformers import AutoTokenizer
+
+    path = embedded_gguf_path() if name == "embedded" else (GGUF_DIR / name).expanduser()
+    if not path.is_file():
+        pytest.skip(f"{name} is not on this machine")
+    ours = AutoTokenizer.from_pretrained(gguf_checkpoint(path))  # as a load converts it: kept, in the user's cache
+    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for text in TEXTS:
+        ids = theirs(text)["input_ids"]
+        assert ours(text)["input_ids"] == ids, text
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip), text
+    for chat in CHATS:
+        assert ours.apply_chat_template(chat, add_generation_prompt=True) == theirs.apply_chat_template(
+            chat, add_generation_prompt=True)  # fmt: skip
+    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (theirs.bos_token_id, theirs.eos_token_id,
+                                                                         theirs.pad_token_id)  # fmt: skip
+    assert ours.all_special_ids == theirs.all_special_ids and len(ours) == len(theirs)
