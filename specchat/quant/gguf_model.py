@@ -8,7 +8,7 @@ embedded model keeps its older path, torch's int4 kernel on its Q4_1 / Q8_0 code
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,17 +50,7 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     check_tensor_types(tensors.values(), gguf_path)
-    tensors.pop("rope_freqs.weight", None)  # Llama 3.1's RoPE scaling: the config's rope parameters (gguf_config)
-    modules: dict[str, dict[str, GGUFTensor]] = {}
-    for name, tensor in tensors.items():
-        module_name, field = _module_name(name, config.model_type)
-        modules.setdefault(module_name, {})[field] = tensor
-    permuted = config.model_type in ("llama", "mistral")  # llama.cpp's converter interleaves their q/k rows
-    for module_name, parts in modules.items():
-        rows = None
-        if permuted and module_name.endswith(("q_proj", "k_proj")):
-            heads = config.num_attention_heads if module_name.endswith("q_proj") else config.num_key_value_heads
-            rows = _unpermute_rotary_rows(parts["weight"].shape[-1], heads)
+    for module_name, parts, rows in _modules(tensors, config):
         _install(model, module_name, parts, dtype, rows=rows, aten_int4=aten_int4)
     if "output.weight" not in tensors:  # tied LM head: the embedding's blocks, multiplied as a linear layer
         _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, as_linear=True, aten_int4=aten_int4)
@@ -68,6 +58,48 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     if missing:
         raise ValueError(f"the GGUF file has no tensor for {', '.join(missing[:3])}")
     return model
+
+
+def dequantized_model(gguf_path: Path, config_dir: str) -> nn.Module:
+    """The model of `gguf_path` with every weight dequantized to fp32 by gguf-py: the dense reference its own
+    blocks are measured against, and the embedded model's fp32 weights."""
+    from accelerate import init_empty_weights
+    from gguf import dequantize
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(config_dir)
+    state = {}
+    for module_name, parts, rows in _modules({tensor.name: tensor for tensor in gguf_tensors(gguf_path)}, config):
+        for field, tensor in parts.items():
+            values = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type)).float().reshape(tensor.shape[::-1])
+            state[f"{module_name}.{field}"] = values if rows is None else values[rows]
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()  # a tied LM head: the embedding's weights
+    missing = [name for name, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ValueError(f"the GGUF file has no tensor for {', '.join(missing[:3])}")
+    return model.eval()
+
+
+ModuleTensors = tuple[str, dict[str, "GGUFTensor"], torch.Tensor | None]
+
+
+def _modules(tensors: dict[str, GGUFTensor], config) -> Iterator[ModuleTensors]:
+    """Each module's name, its tensors by field ("weight", "bias"), and the row order that undoes the q/k row
+    interleaving of llama.cpp's converter for llama and mistral (None elsewhere)."""
+    modules: dict[str, dict[str, GGUFTensor]] = {}
+    for name, tensor in tensors.items():
+        if name != "rope_freqs.weight":  # Llama 3.1's RoPE scaling: the config's rope parameters (gguf_config)
+            module_name, field = _module_name(name, config.model_type)
+            modules.setdefault(module_name, {})[field] = tensor
+    for module_name, parts in modules.items():
+        rows = None
+        if config.model_type in ("llama", "mistral") and module_name.endswith(("q_proj", "k_proj")):
+            heads = config.num_attention_heads if module_name.endswith("q_proj") else config.num_key_value_heads
+            rows = _unpermute_rotary_rows(parts["weight"].shape[-1], heads)
+        yield module_name, parts, rows
 
 
 def check_tensor_types(tensors: Iterable[GGUFTensor], path: Path) -> None:
