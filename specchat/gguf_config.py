@@ -1,4 +1,4 @@
-"""A transformers config for a GGUF file of the llama family, read from its header.
+"""A transformers config for a GGUF file of the llama family (llama, qwen2, qwen3, mistral), read from its header.
 
 A GGUF file's metadata is its model's config under llama.cpp's key names (`qwen2.embedding_length`, ...).
 transformers reads it through gguf-py, which parses the tokenizer's 150K strings on the way (10-12 s for a 1.5B's
@@ -15,7 +15,7 @@ import torch
 from specchat.architectures.rope import rope_of_frequency_factors
 from specchat.gguf_header import header_fields, tensor_table
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "pad_token_id": "padding_token_id",
              "unk_token_id": "unknown_token_id"}  # fmt: skip
 

@@ -94,13 +94,14 @@ def _fields(source: Path, prefix: str) -> tuple[tuple, int]:
 def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = "qwen2", seed: int = 0,
                      layers: int = 2, tied: bool = False, name: str | None = None,
                      frequency_factors: list[float] | None = None) -> Path:  # fmt: skip
-    """A random `architecture` model (hidden 256, 4 heads of 64, 2 KV heads, MLP 512) whose matrices use every
-    block type, with q/k/v biases for qwen2; `name` its `general.name`; `frequency_factors` its `rope_freqs`
-    tensor (32 factors, RoPE base 10000)."""
+    """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3: 128), 2 KV heads, MLP 512) whose matrices
+    use every block type, with q/k/v biases for qwen2 and q/k norms for qwen3; `name` its `general.name`;
+    `frequency_factors` its `rope_freqs` tensor (32 factors, RoPE base 10000)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
-    hidden, intermediate, heads, kv_heads, dim = 256, 512, 4, 2, 64
+    hidden, intermediate, heads, kv_heads = 256, 512, 4, 2
+    dim = 128 if architecture == "qwen3" else 64  # qwen3's heads are wider than hidden / heads, as in Qwen3-0.6B's
     writer = GGUFWriter(str(path), architecture)
     if name is not None:
         writer.add_name(name)
@@ -114,6 +115,8 @@ def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = 
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_dimension_count(dim)
+    if architecture == "qwen3":
+        writer.add_key_length(dim)
 
     def matrix(name: str, kind: Q, rows: int, columns: int) -> None:
         writer.add_tensor(name, random_blocks(kind, rows, columns, rng), raw_dtype=kind)
@@ -126,6 +129,9 @@ def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = 
     for i in range(layers):
         dense(f"blk.{i}.attn_norm.weight", rng.uniform(0.8, 1.2, hidden))
         dense(f"blk.{i}.ffn_norm.weight", rng.uniform(0.8, 1.2, hidden))
+        if architecture == "qwen3":
+            dense(f"blk.{i}.attn_q_norm.weight", rng.uniform(0.8, 1.2, dim))
+            dense(f"blk.{i}.attn_k_norm.weight", rng.uniform(0.8, 1.2, dim))
         for j, (name, rows, columns) in enumerate([("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
                                                   ("attn_v", kv_heads * dim, hidden), ("attn_output", hidden, heads * dim),
                                                   ("ffn_gate", intermediate, hidden), ("ffn_up", intermediate, hidden),

@@ -21,11 +21,12 @@ SHAPES = ("max_position_embeddings", "hidden_size", "intermediate_size", "num_hi
           "bos_token_id", "eos_token_id", "pad_token_id", "model_type")  # fmt: skip
 
 
-@pytest.mark.parametrize("which", ["embedded", "tiny-qwen2"])
+@pytest.mark.parametrize("which", ["embedded", "qwen2", "qwen3"])
 def test_the_config_is_transformers_reading_of_the_file(which, tmp_path):
     from transformers import AutoConfig
 
-    path = embedded_gguf_path() if which == "embedded" else write_tiny_model(tmp_path / "t.gguf", embedded_gguf_path())
+    path = embedded_gguf_path() if which == "embedded" else write_tiny_model(tmp_path / "t.gguf", embedded_gguf_path(),
+                                                                             architecture=which)  # fmt: skip
     ours, theirs = gguf_config(path), AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     assert {name: getattr(ours, name) for name in SHAPES} == {name: getattr(theirs, name) for name in SHAPES}
     assert ours.head_dim == (getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads)
@@ -69,7 +70,7 @@ def test_rope_scaling_is_the_files(tmp_path):
 
 @pytest.mark.parametrize(
     "options, message",
-    [({"architecture": "phi3"}, "is a phi3 model; specchat runs llama, qwen2, mistral GGUF files"),
+    [({"architecture": "phi3"}, "is a phi3 model; specchat runs llama, qwen2, qwen3, mistral GGUF files"),
      ({"scaling": {"type": "yarn", "factor": 4.0}}, "asks for yarn RoPE scaling"),
      ({"factors": [2.0] * 32}, "rope_freqs tensor \\(32 factors\\) is not Llama 3's RoPE scaling"),
      ({"drop": "block_count"}, "has no 'llama.block_count' field")],
@@ -111,7 +112,7 @@ def test_the_tokenizer_is_autotokenizers_conversion_of_the_file(name):
     assert ours.all_special_ids == theirs.all_special_ids and len(ours) == len(theirs)
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "qwen3"])
 def test_the_dequantized_model_is_transformers_loading_of_the_file(architecture, tmp_path):
     """Every weight bitwise what transformers' GGUF loader makes of the file (both dequantize with gguf-py; llama's
     q/k rows restored from llama.cpp's interleaving), on a file with every block type."""

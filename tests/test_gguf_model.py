@@ -112,7 +112,7 @@ def test_speculation_equals_autoregressive(tiny_gguf, dtype, drafter, sampling):
         assert events[-1].stats.accepted > 0
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+@pytest.mark.parametrize("architecture", ["qwen2", "llama", "qwen3"])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_speculation_equals_autoregressive_on_every_cpu_path(tiny_ggufs, architecture, sampling, cpu_isa):
     """Each decoder build this machine runs (its own, and the AVX2 one on an AVX-512 CPU), bf16 and an int8

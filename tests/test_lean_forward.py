@@ -45,7 +45,7 @@ def _dense_mask(batch, prefix: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_prefill_and_tree_verification_match_transformers_in_float32(family, head_dim):
     model = _model(family, torch.float32, head_dim=head_dim)
@@ -107,17 +107,20 @@ def _chain(nodes: int) -> DraftTree:
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize(("dtype", "quantize", "kv_cache"), [
-    (torch.bfloat16, None, "auto"), (torch.bfloat16, "int4", "auto"), (torch.bfloat16, "int8", "auto"),  # bf16 dots
-    (torch.float16, "int4", "auto"), (torch.float32, "int4", "auto"),  # the other cache precisions (fp32 arithmetic;
-    (torch.bfloat16, "int4", "int8"), (torch.float16, "int4", "int8"),  # dense fp32 matmuls are not row-independent)
+# bf16 dots (llama; qwen3 with its q/k norms), then the other cache precisions (fp32 arithmetic: dense fp32 matmuls
+# are not row-independent) and the int8 cache
+@pytest.mark.parametrize(("family", "dtype", "quantize", "kv_cache"), [
+    ("llama", torch.bfloat16, None, "auto"), ("llama", torch.bfloat16, "int4", "auto"),
+    ("llama", torch.bfloat16, "int8", "auto"), ("qwen3", torch.bfloat16, "int4", "auto"),
+    ("llama", torch.float16, "int4", "auto"), ("llama", torch.float32, "int4", "auto"),
+    ("llama", torch.bfloat16, "int4", "int8"), ("llama", torch.float16, "int4", "int8"),
 ])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("prefix", [1, 15, 63, 130])  # key counts on both sides of the 16- and 64-key blocks
-def test_each_verified_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, head_dim, prefix, cpu_isa):
+def test_each_verified_row_is_bitwise_its_decode_step(family, dtype, quantize, kv_cache, head_dim, prefix, cpu_isa):
     if cpu_isa != "native" and prefix in (1, 63):  # the other builds on the prefixes past a block's edge
         pytest.skip("the native build covers every prefix")
-    model = _model("llama", dtype, quantize=quantize, head_dim=head_dim)
+    model = _model(family, dtype, quantize=quantize, head_dim=head_dim)
     use_attention(model, "canonical")
     lean = lean_forward(model)
     assert lean is not None
@@ -169,7 +172,7 @@ def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, 
 
 def test_lean_forward_serves_llama_family_models_it_was_compiled_for():
     assert not canonical(tiny_model("llama", head_dim=64))  # fp32 on CPU: auto runs the torch decoder
-    assert lean_forward(_model("qwen3", torch.bfloat16)) is None  # q/k norms: not a plain Llama layer
+    assert lean_forward(_model("qwen3", torch.bfloat16)) is not None  # q/k norms: in the decoder
     assert lean_forward(_model("llama", torch.bfloat16, head_dim=16)) is None
     assert lean_forward(_model("llama", torch.bfloat16)) is not None
 

@@ -27,10 +27,11 @@ def use_attention(model, choice: str) -> None:
     if sliding_window(model.config):
         raise SpecchatError("this model uses sliding-window attention, which specchat's forwards do not implement")
     if choice == "canonical":
-        from specchat.engine.lean_forward import serves  # torch: not for the CLI's option checks
+        from specchat.engine.lean_forward import FAMILIES, HEAD_DIMS, serves  # torch: not for the CLI's option checks
 
         if not serves(model):
-            raise SpecchatError("canonical attention runs Llama-family models (llama, mistral, qwen2) on a CPU")
+            raise SpecchatError(f"canonical attention runs Llama-family models ({', '.join(FAMILIES)}; head_dim "
+                                f"{' or '.join(map(str, HEAD_DIMS))}) on a CPU")  # fmt: skip
     model.specchat_attention = choice
 
 

@@ -28,7 +28,7 @@ from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Side, fuse_projections
 from specchat.quant.quantized_linear import QuantizedLinear
 
-FAMILIES = ("llama", "mistral", "qwen2")  # qwen3's per-head q/k norms are not in the decoder
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 HEAD_DIMS = (64, 128)  # the CPU decoder is compiled for these
 
 
@@ -97,6 +97,8 @@ def _layer(native, layer: LlamaLayer):
         native_projection(native, layer.down),
         layer.input_norm.weight,
         layer.post_attention_norm.weight,
+        layer.q_norm.weight if layer.q_norm is not None else None,
+        layer.k_norm.weight if layer.k_norm is not None else None,
     )
 
 

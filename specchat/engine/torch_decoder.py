@@ -1,5 +1,5 @@
 """A Llama-family decoder of our own in torch (llama, mistral, qwen2, qwen3): the target's forward wherever the
-compiled CPU decoder does not run it (GPUs, fp32 activations, qwen3 on a CPU).
+compiled CPU decoder does not run it (GPUs, fp32 activations).
 
 transformers' modules cost about 1000 kernel launches per forward and cannot be captured whole (their cache
 and mask code runs on the host). Here a layer is four matmuls over fused weights (q/k/v and gate/up each one

@@ -1,4 +1,4 @@
-"""A transformers model (llama, qwen2, mistral) that runs on a GGUF file's own quantized weights.
+"""A transformers model (llama, qwen2, qwen3, mistral) that runs on a GGUF file's own quantized weights.
 
 Block-quantized matrices become `GGUFLinear`s over the file's memory-mapped blocks (the token embedding a
 `GGUFEmbedding`, and the LM head, when tied to it, a `GGUFLinear` over the same blocks): nothing is
@@ -32,6 +32,8 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # qwen3's per-head norms
+    "attn_k_norm": "self_attn.k_norm",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }

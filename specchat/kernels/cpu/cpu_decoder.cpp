@@ -78,6 +78,7 @@ struct Projection {
 struct Layer {
   Projection qkv, o, gate_up, down;
   at::Tensor attention_norm, mlp_norm;
+  at::Tensor q_norm, k_norm;  // qwen3's RMSNorm of each head's query and key before RoPE [D]; undefined elsewhere
 };
 
 struct Decoder {
@@ -244,18 +245,24 @@ struct Int8Kv {
 };
 
 // The rows' queries rotated into fp32 [rows, heads, D]; their keys rotated and values written to the cache
-// slots [prefix, prefix + rows).
+// slots [prefix, prefix + rows). With `q_norm` / `k_norm` (qwen3), each head's query / key is RMS-normed first.
 template <typename T, typename Kv>
 void rotate_and_cache(const T* qkv, const float* cos, const float* sin, float* queries, const Kv& cache,
-                      int64_t prefix, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim) {
+                      int64_t prefix, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const T* q_norm,
+                      const T* k_norm, float eps) {
   const int64_t half = dim / 2, width = (heads + 2 * kv_heads) * dim;
   std::vector<float> rotated(dim);
+  std::vector<T> normed(dim);
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = qkv + r * width;
     const float* c = cos + r * dim;
     const float* s = sin + r * dim;
     for (int64_t h = 0; h < heads + kv_heads; ++h) {
       const T* in = row + h * dim;
+      if (const T* norm = h < heads ? q_norm : k_norm) {
+        rms_norm<T>(in, norm, normed.data(), 1, dim, eps);
+        in = normed.data();
+      }
       for (int64_t d = 0; d < dim; ++d) {
         const float turned = d < half ? -load(in[d + half]) : load(in[d - half]);
         rotated[d] = load(in[d]) * c[d] + turned * s[d];
@@ -860,13 +867,15 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
 // Rotate the rows' queries and keys, write keys and values to the cache at [written, written + rows), and attend:
 // through `tails` (a tree: one per row), else causally (written = prefix).
 template <typename T, typename Kv>
-void attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const Kv& cache, int64_t prefix,
-               int64_t written, const std::vector<std::vector<int64_t>>* tails, at::Tensor& out,
-               const Decoder& decoder, float* kept_queries) {
+void attention(const Layer& layer, const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+               const Kv& cache, int64_t prefix, int64_t written, const std::vector<std::vector<int64_t>>* tails,
+               at::Tensor& out, const Decoder& decoder, float* kept_queries) {
   const int64_t rows = qkv.size(0), heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
   std::vector<float> queries(rows * heads * dim);
+  const T* q_norm = layer.q_norm.defined() ? layer.q_norm.data_ptr<T>() : nullptr;
+  const T* k_norm = layer.k_norm.defined() ? layer.k_norm.data_ptr<T>() : nullptr;
   rotate_and_cache<T>(qkv.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), queries.data(), cache,
-                      written, rows, heads, kv_heads, dim);
+                      written, rows, heads, kv_heads, dim, q_norm, k_norm, static_cast<float>(decoder.eps));
   if (kept_queries) std::copy(queries.begin(), queries.end(), kept_queries);
   T* out_data = out.data_ptr<T>();
   if (tails) return attend_rows<T>(queries.data(), cache, prefix, tails->data(), rows, out_data, decoder);
@@ -891,10 +900,10 @@ void attention_half(const Layer& layer, const Decoder& decoder, const at::Tensor
   const int64_t slots = keys.size(1);
   if (scales) {
     const Int8Kv cache{keys.data_ptr<uint8_t>(), values.data_ptr<int8_t>(), scales->data_ptr<float>(), slots};
-    attention<T>(qkv, cos, sin, cache, prefix, written, tree, attended, decoder, kept);
+    attention<T>(layer, qkv, cos, sin, cache, prefix, written, tree, attended, decoder, kept);
   } else {
     const PlainKv<T> cache{keys.data_ptr<T>(), values.data_ptr<T>(), slots};
-    attention<T>(qkv, cos, sin, cache, prefix, written, tree, attended, decoder, kept);
+    attention<T>(layer, qkv, cos, sin, cache, prefix, written, tree, attended, decoder, kept);
   }
 }
 
@@ -1150,10 +1159,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Projection>(m, "Projection").def(py::init([](std::vector<Linear> parts) {
     return Projection{parts};
   }));
-  py::class_<Layer>(m, "Layer").def(py::init([](Projection qkv, Projection o, Projection gate_up,
-                                                  Projection down, at::Tensor attention_norm, at::Tensor mlp_norm) {
-    return Layer{qkv, o, gate_up, down, attention_norm.contiguous(), mlp_norm.contiguous()};
-  }));
+  py::class_<Layer>(m, "Layer").def(
+      py::init([](Projection qkv, Projection o, Projection gate_up, Projection down, at::Tensor attention_norm,
+                  at::Tensor mlp_norm, std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm) {
+        return Layer{qkv, o, gate_up, down, attention_norm.contiguous(), mlp_norm.contiguous(),
+                     q_norm ? q_norm->contiguous() : at::Tensor(), k_norm ? k_norm->contiguous() : at::Tensor()};
+      }),
+      py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("attention_norm"),
+      py::arg("mlp_norm"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
   py::class_<Decoder>(m, "Decoder").def(py::init([](std::vector<Layer> layers, at::Tensor final_norm,
                                                       int64_t heads, int64_t kv_heads, int64_t head_dim,
                                                       int64_t intermediate, double eps, double scale) {
