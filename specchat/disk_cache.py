@@ -1,4 +1,5 @@
-"""Small measurements kept on disk between runs (verification cost, the fastest activation dtype)."""
+"""What specchat keeps on disk between runs: GGUF conversions and small measurements (verification cost, the
+fastest activation dtype)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from typing import Any
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specchat"
+    """Where specchat keeps what it converts and measures: $SPECCHAT_CACHE, else `specchat` in the user's cache
+    (~/.cache, or $XDG_CACHE_HOME)."""
+    if own := os.environ.get("SPECCHAT_CACHE"):
+        return Path(own)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specchat"
 
 
 def cached_json(path: Path, key: str, compute: Callable[[], Any]) -> Any:

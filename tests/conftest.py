@@ -10,6 +10,8 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the tests' conversions and measurements of their own temporary models stay out of the user's cache
+os.environ.setdefault("SPECCHAT_CACHE", str(Path(__file__).resolve().parent.parent / ".test-cache"))
 if not torch.cuda.is_available():  # Triton kernels then run in the interpreter; set before triton.jit runs
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

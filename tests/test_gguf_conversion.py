@@ -97,7 +97,7 @@ def test_the_tokenizer_is_autotokenizers_conversion_of_the_file(name):
     path = embedded_gguf_path() if name == "embedded" else (GGUF_DIR / name).expanduser()
     if not path.is_file():
         pytest.skip(f"{name} is not on this machine")
-    ours = AutoTokenizer.from_pretrained(gguf_checkpoint(path))  # as a load converts it: kept, in the user's cache
+    ours = AutoTokenizer.from_pretrained(gguf_checkpoint(path))  # as a load converts it
     theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     for text in TEXTS:
         ids = theirs(text)["input_ids"]

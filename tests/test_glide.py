@@ -79,7 +79,7 @@ def greedy(targets, tokenizer):
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("budget", [8, 20, None])
 def test_random_glide_changes_nothing(family, budget, targets, greedy, tokenizer, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the adaptive budget's calibration goes here
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))  # the adaptive budget's calibration goes here
     engine = Engine(targets[family], tokenizer, max_len=256)
     drafter = GlideDrafter(engine.target, random_draft(targets[family].config, layers=2 if budget == 20 else 1))
     engine.set_drafter(drafter, budget)

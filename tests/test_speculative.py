@@ -262,11 +262,11 @@ def test_adaptive_budget_changes_nothing(tokenizer, tmp_path, monkeypatch):
     """Without a fixed budget the engine calibrates (forwards it never commits) and varies the tree size.
     Whether trees pay depends on the timings measured, so acceptance is checked under a calibration written
     here (verification as cheap as a decode step), not under the timings of a loaded test machine."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the calibration file goes here
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))  # the calibration file goes here
     model, prompt, greedy = model_and_greedy("qwen3", seed=NGRAM_MODELS["qwen3"], vocab=64, n=96, prompt=REPETITIVE)
     engine = Engine(model, tokenizer, max_len=256, drafter=NgramDrafter())
     out, _ = run(engine, prompt, 96)
-    calibration = tmp_path / "specchat" / "verify_cost.json"
+    calibration = tmp_path / "verify_cost.json"
     assert calibration.is_file() and out == greedy
     assert_cache_is_fresh_prefill(engine, prompt + out)
     out2, _ = run(engine, prompt, 96)  # the session again, budget policy warmed up
@@ -282,11 +282,11 @@ def test_adaptive_budget_changes_nothing(tokenizer, tmp_path, monkeypatch):
 def test_trees_are_priced_at_the_context_class_of_each_text(tokenizer, tmp_path, monkeypatch):
     """A calibration stands for a context class (a power of two, at least 1024 tokens): a text that starts in a
     class not timed yet is timed at its own context; one in a class already timed reuses that timing."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
     model = tiny_model("llama", vocab_size=VOCAB)
     model.config.max_position_embeddings = 4096  # default RoPE: the window only bounds the engine's cache
     engine = Engine(model, tokenizer, max_len=1400, drafter=NgramDrafter())
-    calibration = tmp_path / "specchat" / "verify_cost.json"
+    calibration = tmp_path / "verify_cost.json"
 
     def classes() -> list[int]:
         return sorted(int(key.rsplit("|context=", 1)[1]) for key in json.loads(calibration.read_text()))
@@ -377,7 +377,7 @@ def test_a_drafting_engine_times_its_forwards_and_now_and_then_a_plain_step(toke
     """Every verification is timed into the prices of its size class, and while drafting a plain step re-times
     the decode step after `PLAIN_STEP_EVERY` forwards with a tree; the prices outlive a text (one table per
     calibration), so the next text starts from what was learnt."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
     model, prompt, greedy = model_and_greedy("llama", seed=5, n=150)
     drafter = OracleDrafter(prompt + greedy, depth=1, vocab_size=VOCAB, siblings=False)  # trees of one node
     engine = Engine(model, tokenizer, max_len=256, drafter=drafter)
