@@ -91,12 +91,13 @@ def _fields(source: Path, prefix: str) -> tuple[tuple, int]:
     return tuple(fields), size
 
 
-def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = "qwen2", seed: int = 0,
+def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture: str = "qwen2", seed: int = 0,
                      layers: int = 2, tied: bool = False, name: str | None = None,
                      frequency_factors: list[float] | None = None) -> Path:  # fmt: skip
     """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3: 128), 2 KV heads, MLP 512) whose matrices
-    use every block type, with q/k/v biases for qwen2 and q/k norms for qwen3; `name` its `general.name`;
-    `frequency_factors` its `rope_freqs` tensor (32 factors, RoPE base 10000)."""
+    use every block type, with q/k/v biases for qwen2 and q/k norms for qwen3, and the tokenizer of the GGUF file
+    `tokenizer_source` (None: 512 stand-in tokens); `name` its `general.name`; `frequency_factors` its `rope_freqs`
+    tensor (32 factors, RoPE base 10000)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -105,7 +106,14 @@ def write_tiny_model(path: Path, tokenizer_source: Path, *, architecture: str = 
     writer = GGUFWriter(str(path), architecture)
     if name is not None:
         writer.add_name(name)
-    vocab = tokenizer_fields(writer, tokenizer_source)
+    if tokenizer_source is None:  # a stand-in vocabulary: the tokens' count alone (no tokenizer can be built)
+        vocab = 512
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list([f"t{i}" for i in range(vocab)])
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+    else:
+        vocab = tokenizer_fields(writer, tokenizer_source)
     writer.add_context_length(4096)  # room for the 3K-token tests
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)

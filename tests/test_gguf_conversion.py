@@ -5,8 +5,6 @@ naming why; its tokenizer encodes, decodes and templates chats as `AutoTokenizer
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import torch
 import pytest
@@ -14,22 +12,11 @@ from gguf import GGUFWriter
 from gguf_files import llama3_frequency_factors, write_tiny_model
 
 from specchat.gguf_config import gguf_config
-from specchat.loading import GGUF_DIR, embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir
+from specchat.loading import GGUF_DIR, embedded_gguf_path, gguf_checkpoint
 
 SHAPES = ("max_position_embeddings", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "rms_norm_eps", "rope_parameters", "vocab_size", "tie_word_embeddings",
           "bos_token_id", "eos_token_id", "pad_token_id", "model_type")  # fmt: skip
-
-
-@pytest.mark.parametrize("which", ["embedded", "qwen2", "qwen3"])
-def test_the_config_is_transformers_reading_of_the_file(which, tmp_path):
-    from transformers import AutoConfig
-
-    path = embedded_gguf_path() if which == "embedded" else write_tiny_model(tmp_path / "t.gguf", embedded_gguf_path(),
-                                                                             architecture=which)  # fmt: skip
-    ours, theirs = gguf_config(path), AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    assert {name: getattr(ours, name) for name in SHAPES} == {name: getattr(theirs, name) for name in SHAPES}
-    assert ours.head_dim == (getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads)
 
 
 def header(path, architecture="llama", *, scaling: dict | None = None, factors=None, drop: str | None = None):
@@ -113,19 +100,22 @@ def test_the_tokenizer_is_autotokenizers_conversion_of_the_file(name):
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "qwen3"])
-def test_the_dequantized_model_is_transformers_loading_of_the_file(architecture, tmp_path):
-    """Every weight bitwise what transformers' GGUF loader makes of the file (both dequantize with gguf-py; llama's
-    q/k rows restored from llama.cpp's interleaving), on a file with every block type."""
+def test_config_and_weights_are_transformers_reading_of_the_file(architecture, tmp_path):
+    """The config read from the header has transformers' shapes, token ids and RoPE, and every weight of
+    `dequantized_model` is bitwise what transformers' GGUF loader makes of the file (both dequantize with gguf-py;
+    llama's q/k rows restored from llama.cpp's interleaving), on files with every block type."""
     from transformers import AutoModelForCausalLM
 
     from specchat.quant.gguf_model import dequantized_model
 
-    path = write_tiny_model(tmp_path / "t.gguf", embedded_gguf_path(), architecture=architecture, tied=True)
-    try:
-        ours = dequantized_model(path, gguf_checkpoint(path)).state_dict()
-    finally:
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)  # a file of this test's own: leave nothing
-    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).state_dict()
+    path = write_tiny_model(tmp_path / "t.gguf", None, architecture=architecture, tied=True)
+    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    config = gguf_config(path)
+    assert {name: getattr(config, name) for name in SHAPES} == {name: getattr(theirs.config, name) for name in SHAPES}
+    assert config.head_dim == getattr(theirs.config, "head_dim", config.hidden_size // config.num_attention_heads)
+    config.save_pretrained(tmp_path / "converted")
+    ours = dequantized_model(path, str(tmp_path / "converted")).state_dict()
+    theirs = theirs.state_dict()
     assert ours.keys() == theirs.keys()
     for name, weight in ours.items():
         assert torch.equal(weight, theirs[name]), name
