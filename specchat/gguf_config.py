@@ -68,7 +68,7 @@ def _rope(path: Path, fields: dict, architecture: str, head_dim: int, factors_ro
         raise ValueError(f"{path.name} asks for {scaling} RoPE scaling; specchat runs linear and Llama 3's")
     if factors_row is None:
         return rope
-    _, kind, shape, offset, size = factors_row
+    _, kind, _, offset, size = factors_row
     if kind != 0:  # F32, as llama.cpp's converter writes it
         raise ValueError(f"{path.name}: its rope_freqs tensor is not float32")
     with path.open("rb") as file:

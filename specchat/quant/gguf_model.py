@@ -44,45 +44,48 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     """The model of `gguf_path` (config and tokenizer already converted to `config_dir`) on the file's own
     weights: block-quantized matrices as `GGUFLinear`s over the memory-mapped blocks. With `aten_int4`,
     Q4_0 / Q4_1 / Q8_0 matrices run on torch's int4 kernel instead (the embedded model's path)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(config_dir)
-    with init_empty_weights(include_buffers=False):  # parameters on the meta device: nothing is allocated
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    model = _empty_model(config_dir, dtype)
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     check_tensor_types(tensors.values(), gguf_path)
-    for module_name, parts, rows in _modules(tensors, config):
+    for module_name, parts, rows in _modules(tensors, model.config):
         _install(model, module_name, parts, dtype, rows=rows, aten_int4=aten_int4)
     if "output.weight" not in tensors:  # tied LM head: the embedding's blocks, multiplied as a linear layer
         _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, as_linear=True, aten_int4=aten_int4)
-    missing = [name for name, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
-    if missing:
-        raise ValueError(f"the GGUF file has no tensor for {', '.join(missing[:3])}")
-    return model
+    return _complete(model)
 
 
 def dequantized_model(gguf_path: Path, config_dir: str) -> nn.Module:
     """The model of `gguf_path` with every weight dequantized to fp32 by gguf-py: the dense reference its own
     blocks are measured against, and the embedded model's fp32 weights."""
-    from accelerate import init_empty_weights
     from gguf import dequantize
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(config_dir)
+    model = _empty_model(config_dir, torch.float32)
     state = {}
-    for module_name, parts, rows in _modules({tensor.name: tensor for tensor in gguf_tensors(gguf_path)}, config):
+    for module_name, parts, rows in _modules({t.name: t for t in gguf_tensors(gguf_path)}, model.config):
         for field, tensor in parts.items():
             values = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type)).float().reshape(tensor.shape[::-1])
             state[f"{module_name}.{field}"] = values if rows is None else values[rows]
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()  # a tied LM head: the embedding's weights
-    missing = [name for name, p in model.named_parameters() if p.is_meta]
+    return _complete(model).eval()
+
+
+def _empty_model(config_dir: str, dtype: torch.dtype) -> nn.Module:
+    """The transformers model of the config in `config_dir`, its parameters on the meta device (nothing allocated)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=dtype,
+                                                attn_implementation="sdpa")  # fmt: skip
+
+
+def _complete(model: nn.Module) -> nn.Module:
+    """`model`, once no parameter or buffer is left on the meta device (a ValueError naming those left)."""
+    missing = [name for name, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
     if missing:
         raise ValueError(f"the GGUF file has no tensor for {', '.join(missing[:3])}")
-    return model.eval()
+    return model
 
 
 ModuleTensors = tuple[str, dict[str, "GGUFTensor"], torch.Tensor | None]

@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specchat.architectures.rope import inverse_frequencies, rope_parameters
 from specchat.drafters.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
 from specchat.drafters.draft_attention import attend
 from specchat.drafters.draft_layers import MLP, RMSNorm, rotate
-from specchat.architectures.rope import inverse_frequencies, rope_parameters
 from specchat.errors import SpecchatError
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
