@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -140,8 +141,6 @@ def load_model(
     when `quantize` asks for it; else dense in `dtype`, where float32 is the reference that matches
     transformers. `progress` hears each stage as it starts (the chat app shows them while it waits).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from specchat.engine.attention import use_attention
     from specchat.quant.fastest_dtype import fastest_activation_dtype
 
@@ -164,12 +163,17 @@ def load_model(
             torch_dtype = fastest_activation_dtype(weights, shape) if weights else torch.bfloat16
     progress(f"loading {source.name} ({weights + ', ' if weights else ''}{str(torch_dtype).removeprefix('torch.')})")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location)
-        if native:
+        if native:  # the file's tokenizer as converted, and the model in specchat's own modules: no transformers model
+            from transformers import PreTrainedTokenizerFast
+
             from specchat.quant.gguf_model import load_gguf_model
 
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(location)
             model = load_gguf_model(embedded_gguf_path(), location, torch_dtype, aten_int4=True)
         else:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(location)
             model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
@@ -191,7 +195,7 @@ def load_model(
 def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch.dtype | None, attention: str,
                progress: Callable[[str], None]) -> LoadedModel:  # fmt: skip
     """A GGUF file on its own blocks: on a CPU, bf16 activations unless told otherwise."""
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     from specchat.engine.attention import use_attention
     from specchat.quant.gguf_model import check_tensor_types, gguf_tensors, load_gguf_model
@@ -210,7 +214,7 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
     config_dir = gguf_checkpoint(path, progress)
     progress(f"loading {source.name} ({str(dtype).removeprefix('torch.')} activations)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(config_dir)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(config_dir)
         model = load_gguf_model(path, config_dir, dtype)
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
@@ -323,10 +327,13 @@ def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage:
 
 def _matmul_shape(location: str) -> tuple[int, int]:
     """The MLP's up-projection shape [out, in]: the matrix a decode step spends most of its time on."""
-    from transformers import AutoConfig
+    if Path(location).is_dir():
+        fields = json.loads((Path(location) / "config.json").read_text())
+    else:
+        from huggingface_hub import hf_hub_download
 
-    config = AutoConfig.from_pretrained(location)
-    return config.intermediate_size, config.hidden_size
+        fields = json.loads(Path(hf_hub_download(location, "config.json")).read_text())
+    return fields["intermediate_size"], fields["hidden_size"]
 
 
 def embedded_gguf_path() -> Path | None:

@@ -16,8 +16,8 @@ ADAPTERS = {model_type: LlamaParts for model_type in LlamaParts.model_types}
 
 
 def parts(model: nn.Module) -> LlamaParts:
-    """The adapter of `model` (a transformers `*ForCausalLM`), or a one-line error for an architecture specchat
-    cannot reach into."""
+    """The adapter of `model` (a transformers `*ForCausalLM`, or specchat's own `llama_model.CausalLM`), or a
+    one-line error for an architecture specchat cannot reach into."""
     model_type = model.config.model_type
     adapter = ADAPTERS.get(model_type)
     if adapter is None:

@@ -1,6 +1,7 @@
-"""A transformers model (llama, qwen2, qwen3, mistral) that runs on a GGUF file's own quantized weights.
+"""A Llama-family model (llama, qwen2, qwen3, mistral) that runs on a GGUF file's own quantized weights.
 
-Block-quantized matrices become `GGUFLinear`s over the file's memory-mapped blocks (the token embedding a
+The modules are specchat's own (`architectures.llama_model`: transformers' tree, no forward); the dense
+reference the blocks are measured against is transformers' model. Block-quantized matrices become `GGUFLinear`s over the file's memory-mapped blocks (the token embedding a
 `GGUFEmbedding`, and the LM head, when tied to it, a `GGUFLinear` over the same blocks): nothing is
 dequantized to a dense copy. F32 / F16 tensors (norms, biases) are kept dense in the activation dtype. The
 embedded model keeps its older path, torch's int4 kernel on its Q4_1 / Q8_0 codes (`aten_int4`).
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specchat.architectures.llama_model import CausalLM, ModelConfig, Slot
 from specchat.gguf_header import tensor_table
 from specchat.quant.embedding import Int8Embedding
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
@@ -44,40 +46,34 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     """The model of `gguf_path` (config and tokenizer already converted to `config_dir`) on the file's own
     weights: block-quantized matrices as `GGUFLinear`s over the memory-mapped blocks. With `aten_int4`,
     Q4_0 / Q4_1 / Q8_0 matrices run on torch's int4 kernel instead (the embedded model's path)."""
-    model = _empty_model(config_dir, dtype)
+    model = CausalLM(ModelConfig.from_dir(config_dir), dtype, name_or_path=config_dir)
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     check_tensor_types(tensors.values(), gguf_path)
-    for module_name, parts, rows in _modules(tensors, model.config):
-        _install(model, module_name, parts, dtype, rows=rows, aten_int4=aten_int4)
+    for module_name, held, rows in _modules(tensors, model.config):
+        _install(model, module_name, held, dtype, rows=rows, aten_int4=aten_int4)
     if "output.weight" not in tensors:  # tied LM head: the embedding's blocks, multiplied as a linear layer
-        _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, as_linear=True, aten_int4=aten_int4)
+        _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, aten_int4=aten_int4)
     return _complete(model)
 
 
 def dequantized_model(gguf_path: Path, config_dir: str) -> nn.Module:
     """The model of `gguf_path` with every weight dequantized to fp32 by gguf-py: the dense reference its own
     blocks are measured against, and the embedded model's fp32 weights."""
+    from accelerate import init_empty_weights
     from gguf import dequantize
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = _empty_model(config_dir, torch.float32)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=torch.float32,
+                                                 attn_implementation="sdpa")  # fmt: skip
     state = {}
-    for module_name, parts, rows in _modules({t.name: t for t in gguf_tensors(gguf_path)}, model.config):
-        for field, tensor in parts.items():
+    for module_name, held, rows in _modules({t.name: t for t in gguf_tensors(gguf_path)}, model.config):
+        for field, tensor in held.items():
             values = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type)).float().reshape(tensor.shape[::-1])
             state[f"{module_name}.{field}"] = values if rows is None else values[rows]
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()  # a tied LM head: the embedding's weights
     return _complete(model).eval()
-
-
-def _empty_model(config_dir: str, dtype: torch.dtype) -> nn.Module:
-    """The transformers model of the config in `config_dir`, its parameters on the meta device (nothing allocated)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with init_empty_weights(include_buffers=False):
-        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=dtype,
-                                                attn_implementation="sdpa")  # fmt: skip
 
 
 def _complete(model: nn.Module) -> nn.Module:
@@ -162,8 +158,9 @@ def _unpermute_rotary_rows(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).view(heads, -1, 2).transpose(1, 2).reshape(rows)
 
 
-def _install(model, name: str, parts: dict, dtype, *, rows=None, as_linear=False, aten_int4=False) -> None:
-    """Put the module (or norm weight) made from a module's GGUF tensors at `name`, rows reordered by `rows`."""
+def _install(model, name: str, parts: dict, dtype, *, rows=None, aten_int4=False) -> None:
+    """Put the layer made from a module's GGUF tensors in the `Slot` at `name` (or a norm's weight there), rows
+    reordered by `rows`."""
     from gguf import GGMLQuantizationType as Q
 
     tensor, bias = parts["weight"], parts.get("bias")
@@ -175,7 +172,8 @@ def _install(model, name: str, parts: dict, dtype, *, rows=None, as_linear=False
         bias = torch.from_numpy(bias.data).float()
         bias = bias if rows is None else bias[rows]
     current = model.get_submodule(name)
-    embedding = isinstance(current, nn.Embedding) and not as_linear
+    matrix = isinstance(current, Slot)
+    embedding = matrix and current.embedding
     if aten_int4 and kind in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
         module = _aten_int4(raw, kind, dtype, embedding=embedding, bias=bias)
     elif int(kind) in BLOCK_TYPES:
@@ -184,8 +182,10 @@ def _install(model, name: str, parts: dict, dtype, *, rows=None, as_linear=False
             else GGUFLinear(raw, int(kind), columns, dtype=dtype, bias=bias)  # fmt: skip
     else:  # F32 / F16: norms, biases, unquantized matrices
         weight = _dense(tensor, raw).to(dtype)
-        if isinstance(current, nn.Linear | nn.Embedding):
-            module = nn.Embedding(*weight.shape) if embedding else nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+        if embedding:
+            module = nn.Embedding.from_pretrained(weight)
+        elif matrix:
+            module = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
             module.weight = nn.Parameter(weight, requires_grad=False)
             if bias is not None:
                 module.bias = nn.Parameter(bias.to(dtype), requires_grad=False)

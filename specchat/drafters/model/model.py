@@ -1,9 +1,10 @@
 """Standalone draft models (SpecExtend): a small Llama-family causal LM that shares the target's tokenizer.
 
-Two kinds of checkpoint load into the same transformers module, whose layers `drafters/model/drafter.py` runs:
+Three kinds of checkpoint load, each as a model whose layers `drafters/model/drafter.py` runs:
 
 - **A Hugging Face model** (a repo id or a local directory, e.g. `double7/vicuna-68m` for vicuna-7b): its
   own embedding and LM head, loaded by transformers.
+- **A GGUF file** (e.g. Qwen2.5-Coder-0.5B beside the 1.5B) on its own blocks, in specchat's own modules.
 - **A student distilled here** (`specchat train model-drafter`): the target's first layers, retrained. Its
   embedding and LM head are the target's own, shared at run time and never stored (the default model's
   embedding alone is 57 MB in bf16, four times its two layers); the head may be restricted to a draft
@@ -28,8 +29,8 @@ STUDENT = "specchat_student"  # config.json: {"target": the target's name, "laye
 
 @dataclass
 class DraftModel:
-    """The draft's decoder (a transformers `*ForCausalLM`; for a student, its embedding and head are the
-    target's) and, for a student, its draft vocabulary (None: the whole vocabulary)."""
+    """The draft's decoder (a transformers `*ForCausalLM`, or from a GGUF file specchat's `CausalLM`; for a
+    student, its embedding and head are the target's) and, for a student, its draft vocabulary (None: the whole vocabulary)."""
 
     model: nn.Module
     student: bool
@@ -138,7 +139,6 @@ def _load_gguf(path: Path, config_dir: str, target: nn.Module) -> DraftModel:
         model = load_gguf_model(path, config_dir, target.dtype)
     except ValueError as error:
         raise SpecchatError(f"could not load the draft model '{path}': {first_line(error)}") from None
-    model.set_attn_implementation("eager")
     return _checked(model, str(path), target)
 
 

@@ -1,0 +1,150 @@
+"""The Llama family's model as plain torch modules, for the weights specchat places itself (a GGUF file's blocks).
+
+The module tree and names are those of transformers' `*ForCausalLM` (`model.layers[i].self_attn.q_proj`, ...), so
+`LlamaParts` reaches into either, and the norms, the MLP and the rotary embedding compute what transformers'
+compute, op for op. There is no model forward: the engine's forwards (the CPU decoder, the torch decoder) read
+the parts. What this saves is transformers' model and config classes, whose import is about 2.5 s of every
+launch (they pull in its loading, kernel-hub and tensor-parallel machinery); transformers still converts a
+file's tokenizer and config once, and stays the reference the tests compare against.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specchat.architectures.rope import inverse_frequencies, rope_parameters
+
+
+class ModelConfig:
+    """A config.json's fields as attributes (transformers writes every field of a Llama-family config there)."""
+
+    def __init__(self, fields: dict):
+        self.__dict__.update(fields)
+        heads = fields["num_attention_heads"]
+        self.num_key_value_heads = fields.get("num_key_value_heads") or heads
+        self.head_dim = fields.get("head_dim") or fields["hidden_size"] // heads
+
+    @classmethod
+    def from_dir(cls, directory: str) -> ModelConfig:
+        return cls(json.loads((Path(directory) / "config.json").read_text()))
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class GenerationConfig:
+    """What the engine reads of transformers' generation config: a GGUF file names no sampling defaults."""
+
+    eos_token_id: int | list[int] | None = None
+    do_sample: bool = False
+
+
+class Slot(nn.Module):
+    """Where a loader places a weight matrix's layer: its shape, on the meta device (`nn.Linear` and `nn.Embedding`
+    would draw random values first: on the meta device that imports torch's compiler, 1.5 s)."""
+
+    def __init__(self, out_features: int, in_features: int, *, embedding: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device="meta"), requires_grad=False)
+        self.embedding = embedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size, device="meta"), requires_grad=False)  # the loader's to place
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """In fp32, the weight applied in the input's dtype (transformers' rounding)."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """(x, positions [batch, q]) -> cos, sin [batch, q, head_dim] in x's dtype."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        inv_freq = inverse_frequencies(rope_parameters(config), config.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+
+class Attention(nn.Module):
+    """The projections' places (their weights, and biases where a model has them, are the file's)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hidden, dim = config.hidden_size, config.head_dim
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.q_proj = Slot(heads * dim, hidden)
+        self.k_proj = Slot(kv_heads * dim, hidden)
+        self.v_proj = Slot(kv_heads * dim, hidden)
+        self.o_proj = Slot(hidden, heads * dim)
+        if config.model_type == "qwen3":  # a norm over each head's queries and keys, before RoPE
+            self.q_norm = RMSNorm(dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(dim, config.rms_norm_eps)
+        self.head_dim = dim
+        self.scaling = dim**-0.5
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = Slot(config.intermediate_size, config.hidden_size)
+        self.up_proj = Slot(config.intermediate_size, config.hidden_size)
+        self.down_proj = Slot(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = Slot(config.vocab_size, config.hidden_size, embedding=True)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+
+class CausalLM(nn.Module):
+    """The decoder and its LM head, every weight on the meta device until a loader places it. `dtype` is the
+    activations' (the weights may be blocks of bytes); `name_or_path` the directory of its config (calibrations
+    are kept by it)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, name_or_path: str = ""):
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"its MLP's activation is {config.hidden_act}; specchat runs SiLU MLPs")
+        self.config = config
+        self.generation_config = GenerationConfig(eos_token_id=getattr(config, "eos_token_id", None))
+        self.dtype, self.name_or_path = dtype, name_or_path
+        self.model = Decoder(config)
+        self.lm_head = Slot(config.vocab_size, config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.norm.weight.device
