@@ -30,7 +30,8 @@ STUDENT = "specchat_student"  # config.json: {"target": the target's name, "laye
 @dataclass
 class DraftModel:
     """The draft's decoder (a transformers `*ForCausalLM`, or from a GGUF file specchat's `CausalLM`; for a
-    student, its embedding and head are the target's) and, for a student, its draft vocabulary (None: the whole vocabulary)."""
+    student, its embedding and head are the target's) and, for a student, its draft vocabulary (None: the whole
+    vocabulary)."""
 
     model: nn.Module
     student: bool
