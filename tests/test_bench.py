@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import pytest
+import torch
 from conftest import tiny_model
+from gguf_files import write_tiny_model
 
 from specchat.bench.compare import compare
 from specchat.bench.llamacpp import CONTEXT_STEP, LlamaCpp, check_prompt_decodes
 from specchat.bench.prompts import LONG_SETS, PROMPT_SETS, load_prompt_sets, long_document
-from specchat.bench.runs import method_runner
+from specchat.architectures.llama_model import CausalLM
+from specchat.bench.runs import method_runner, transformers_model
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
-from specchat.loading import LoadedModel, ModelSource, embedded_gguf_path
+from specchat.loading import LoadedModel, ModelSource, embedded_gguf_path, gguf_checkpoint_dir, load_model
 
 
 def test_builtin_and_file_prompt_sets(tmp_path):
@@ -70,6 +74,24 @@ def test_compare_rows_cover_every_method_and_check_identity(tokenizer):
         "drafter", "prompt_set", "new_tokens", "tokens_per_second", "speedup_vs_ar",
         "mean_accepted_length", "acceptance_rate", "identical_to_ar",
     }  # fmt: skip
+
+
+def test_the_transformers_baseline_of_a_gguf_file_is_the_file_dequantized(tmp_path):
+    """A GGUF file runs on specchat's own modules, which have no `generate`: `--baseline hf` runs transformers' model
+    of the file, dequantized as transformers loads one, in the same activation dtype and stopping where ours stops."""
+    path = write_tiny_model(tmp_path / "tiny.gguf", embedded_gguf_path(), architecture="llama")
+    try:
+        loaded = load_model(str(path))
+        rows = compare(loaded, {"loop": ["a b c a b c a b c"]}, ["hf"], max_new_tokens=8, repeats=1)
+        dense = transformers_model(loaded)
+    finally:
+        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    assert isinstance(loaded.model, CausalLM) and type(dense).__name__ == "LlamaForCausalLM"
+    assert dense.dtype == torch.bfloat16
+    assert dense.generation_config.eos_token_id == loaded.model.generation_config.eos_token_id
+    by_method = {row.method: row for row in rows}
+    assert by_method["hf"].weights == "bfloat16" and by_method["none"].weights != "bfloat16"
+    assert by_method["hf"].new_tokens > 0 and by_method["hf"].tokens_per_second > 0
 
 
 def test_sampled_rows_write_autoregressive_decodings_text(default_model):

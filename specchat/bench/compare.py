@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass
 
 from specchat.bench.llamacpp import LlamaCpp
 from specchat.bench.progress import NO_PROGRESS
-from specchat.bench.runs import BASELINES, LLAMACPP, Run, method_runner
+from specchat.bench.runs import BASELINES, HF_METHODS, LLAMACPP, Run, method_runner, transformers_model
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.loading import LoadedModel
+from specchat.quant.formats import weight_format
 
 
 @dataclass
@@ -76,8 +77,9 @@ def compare(
     tokenizer = loaded.tokenizer
     encoded = {name: [encode_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
     max_len = max(len(ids) for ids_list in encoded.values() for ids in ids_list) + max_new_tokens
-    runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp, kv_cache, sampling)
-               for m in methods}  # fmt: skip
+    hf_model = transformers_model(loaded) if set(methods) & set(HF_METHODS) else None
+    runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp, kv_cache, sampling,
+                                hf_model) for m in methods}  # fmt: skip
 
     warmup = next(iter(encoded.values()))[0]
     for method, runner in runners.items():
@@ -106,7 +108,8 @@ def compare(
                 BenchRow(
                     method=method,
                     prompt_set=name,
-                    weights="gguf" if method == LLAMACPP else loaded.weights,
+                    weights="gguf" if method == LLAMACPP else weight_format(hf_model) if method in HF_METHODS
+                    else loaded.weights,  # fmt: skip
                     dtype="llama.cpp" if method == LLAMACPP else loaded.dtype,
                     kv_cache="llama.cpp" if method == LLAMACPP else kv_cache,
                     new_tokens=sum(len(r.tokens) for r in repeats_runs[0]),

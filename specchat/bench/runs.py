@@ -11,11 +11,14 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
+from specchat.architectures.llama_model import CausalLM
 from specchat.bench.llamacpp import LlamaCpp
 from specchat.engine.generate import Engine, eos_ids
 from specchat.engine.sampling import SamplingConfig
-from specchat.loading import LoadedModel
+from specchat.loading import LoadedModel, embedded_gguf_path
+from specchat.quant.gguf_model import dequantized_model
 from specchat.session import Session
 
 HF_METHODS = ("hf", "hf-prompt-lookup")  # transformers' own generate: plain greedy, prompt-lookup decoding
@@ -36,10 +39,10 @@ class Run:
 
 
 def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens: int, draft_budget: int | None,
-                  llamacpp: LlamaCpp | None, kv_cache: str = "auto",
-                  sampling: SamplingConfig = SamplingConfig()):  # fmt: skip
+                  llamacpp: LlamaCpp | None, kv_cache: str = "auto", sampling: SamplingConfig = SamplingConfig(),
+                  hf_model: nn.Module | None = None):  # fmt: skip
     """A function that generates from prompt ids with `method`, each method with its own engine; ours decode
-    under `sampling`, the other tools greedily."""
+    under `sampling`, the other tools greedily (transformers' `generate` on `hf_model`, `transformers_model`)."""
     model = loaded.model
     if method == LLAMACPP:
         stop_ids = eos_ids(model, loaded.tokenizer)
@@ -50,8 +53,21 @@ def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens
                               draft_cache=cache or None, kv_cache=kv_cache).engine  # fmt: skip
         return lambda ids: engine_run(engine, ids, max_new_tokens, sampling)
     if method == "hf":
-        return lambda ids: hf_run(model, ids, max_new_tokens, {})
-    return lambda ids: hf_run(model, ids, max_new_tokens, {"prompt_lookup_num_tokens": 10})
+        return lambda ids: hf_run(hf_model, ids, max_new_tokens, {})
+    return lambda ids: hf_run(hf_model, ids, max_new_tokens, {"prompt_lookup_num_tokens": 10})
+
+
+def transformers_model(loaded: LoadedModel) -> nn.Module:
+    """The model transformers' `generate` runs for `loaded`: itself, or where `loaded` is a GGUF file on
+    specchat's own modules, the file as transformers loads one (dequantized), in the same activation dtype and
+    stopping at the same tokens."""
+    model = loaded.model
+    if not isinstance(model, CausalLM):
+        return model
+    path = embedded_gguf_path() if loaded.source.embedded else loaded.source.gguf_path()
+    dense = dequantized_model(path, model.name_or_path).to(model.dtype)
+    dense.generation_config.eos_token_id = model.generation_config.eos_token_id
+    return dense
 
 
 def engine_run(engine: Engine, ids: list[int], max_new_tokens: int,

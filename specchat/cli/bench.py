@@ -60,8 +60,8 @@ def bench(
         str | None,
         typer.Option(
             "--baseline",
-            help="Comma-separated: hf (transformers generate rows), llamacpp (llama.cpp on the same GGUF, "
-            "when llama-cpp-python is installed).",
+            help="Comma-separated: hf (transformers' generate; a GGUF file dequantized, as transformers loads one), "
+            "llamacpp (llama.cpp on the same GGUF, when llama-cpp-python is installed).",
         ),
     ] = None,
     dtype: Annotated[
