@@ -3,8 +3,9 @@
 The modules are specchat's own (`architectures.llama_model`: transformers' tree, no forward); the dense
 reference the blocks are measured against is transformers' model. Block-quantized matrices become `GGUFLinear`s
 over the file's memory-mapped blocks (the token embedding a `GGUFEmbedding`, and the LM head, when tied to it, a
-`GGUFLinear` over the same blocks): nothing is dequantized to a dense copy. F32 / F16 tensors (norms, biases) are kept dense in the activation dtype. The
-embedded model keeps its older path, torch's int4 kernel on its Q4_1 / Q8_0 codes (`aten_int4`).
+`GGUFLinear` over the same blocks): nothing is dequantized to a dense copy. F32 / F16 tensors (norms, biases) are
+kept dense in the activation dtype. The embedded model keeps its older path, torch's int4 kernel on its Q4_1 / Q8_0
+codes (`aten_int4`).
 """
 
 from __future__ import annotations
