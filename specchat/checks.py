@@ -25,6 +25,11 @@ def check_quantize(quantize: str | None, device: str = "cpu") -> None:
         raise SpecchatError("--quantize runs on CPU only (its kernels are torch's CPU int4 kernels)")
 
 
+def check_yarn(factor: float | None) -> None:
+    if factor is not None and not 1 < factor <= 64:
+        raise SpecchatError(f"--yarn takes the window's multiple, above 1 (Qwen2.5: 4), not {factor:g}")
+
+
 def check_kv_cache(kv_cache: str) -> None:
     if kv_cache not in KV_CACHES:
         raise SpecchatError(f"invalid --kv-cache '{kv_cache}'; use {', '.join(KV_CACHES)}")

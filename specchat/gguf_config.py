@@ -3,7 +3,8 @@
 A GGUF file's metadata is its model's config under llama.cpp's key names (`qwen2.embedding_length`, ...).
 transformers reads it through gguf-py, which parses the tokenizer's 150K strings on the way (10-12 s for a 1.5B's
 file, twice per conversion); the header walk here takes a fraction of a second. Its RoPE scaling is the file's
-too: `rope.scaling.*` for linear scaling, a `rope_freqs` tensor for Llama 3.1's (transformers reads neither).
+too: `rope.scaling.*` for linear and YaRN scaling, a `rope_freqs` tensor for Llama 3.1's (transformers reads
+none of them).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "pa
 
 def gguf_config(path: Path):
     """The config of the model in the GGUF file at `path`; a ValueError naming what the file lacks or has that
-    specchat does not run (another architecture, a RoPE scaling other than linear or Llama 3's)."""
+    specchat does not run (another architecture, a RoPE scaling other than linear, YaRN or Llama 3's)."""
     from transformers import AutoConfig
 
     fields = header_fields(path)
@@ -50,22 +51,37 @@ def gguf_config(path: Path):
         "num_key_value_heads": field("attention.head_count_kv", heads),
         "head_dim": head_dim,
         "rms_norm_eps": field("attention.layer_norm_rms_epsilon"),
-        "rope_parameters": _rope(path, fields, architecture, head_dim, tensors.get("rope_freqs.weight")),
+        "rope_parameters": _rope(path, fields, architecture, head_dim, field("context_length"),
+                                 tensors.get("rope_freqs.weight")),
         "vocab_size": tensors["token_embd.weight"][2][1],  # GGUF shapes list the row length first
         "tie_word_embeddings": "output.weight" not in tensors,  # llama.cpp writes no head tied to the embedding
     }
+    rope = config["rope_parameters"]
+    if rope["rope_type"] == "yarn":  # its window is the stretched one (as vLLM reads a YaRN config)
+        stretched = int(rope["original_max_position_embeddings"] * rope["factor"])
+        config["max_position_embeddings"] = max(config["max_position_embeddings"], stretched)
     for name, key in TOKEN_IDS.items():
         config[name] = fields.get(f"tokenizer.ggml.{key}")
     return AutoConfig.for_model(architecture, **config)
 
 
-def _rope(path: Path, fields: dict, architecture: str, head_dim: int, factors_row: list | None) -> dict:
+def _rope(path: Path, fields: dict, architecture: str, head_dim: int, context_length: int,
+          factors_row: list | None) -> dict:  # fmt: skip
     rope = {"rope_type": "default", "rope_theta": fields.get(f"{architecture}.rope.freq_base", 10000.0)}
     scaling = fields.get(f"{architecture}.rope.scaling.type", "none")
-    if scaling == "linear":
-        rope = {**rope, "rope_type": "linear", "factor": fields[f"{architecture}.rope.scaling.factor"]}
+
+    def scaling_field(name: str, default=None):
+        return fields.get(f"{architecture}.rope.scaling.{name}", default)
+
+    if scaling in ("linear", "yarn"):
+        rope = {**rope, "rope_type": scaling, "factor": scaling_field("factor")}
     elif scaling != "none":
-        raise ValueError(f"{path.name} asks for {scaling} RoPE scaling; specchat runs linear and Llama 3's")
+        raise ValueError(f"{path.name} asks for {scaling} RoPE scaling; specchat runs linear, YaRN and Llama 3's")
+    if scaling == "yarn":  # the trained window (llama.cpp's default: the file's context length), the ramp's ends
+        rope["original_max_position_embeddings"] = scaling_field("original_context_length", context_length)
+        for name in ("beta_fast", "beta_slow"):
+            if scaling_field(f"yarn_{name}"):
+                rope[name] = scaling_field(f"yarn_{name}")
     if factors_row is None:
         return rope
     _, kind, _, offset, size = factors_row

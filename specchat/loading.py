@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from specchat.checks import DTYPE_NAMES, check_dtype, check_quantize
+from specchat.architectures.rope import stretch_with_yarn
+from specchat.checks import DTYPE_NAMES, check_dtype, check_quantize, check_yarn
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
@@ -63,6 +64,7 @@ class LoadedModel:
     tokenizer: object
     source: ModelSource
     load_seconds: float
+    yarn: float | None = None  # the window's YaRN stretch asked for at load (`load_model`)
 
     @property
     def weights(self) -> str:
@@ -133,23 +135,26 @@ def load_model(
     quantize: str | None = None,
     device: str = "auto",
     attention: str = "auto",
+    yarn: float | None = None,
     progress: Callable[[str], None] = lambda _stage: None,
 ) -> LoadedModel:
     """Load a target model and its tokenizer, ready for inference with the attention `attention` names.
 
     Weights: the embedded GGUF's own 4-bit weights when `dtype` is auto on a CPU; weight-only int4 / int8
     when `quantize` asks for it; else dense in `dtype`, where float32 is the reference that matches
-    transformers. `progress` hears each stage as it starts (the chat app shows them while it waits).
+    transformers. `yarn`: the model's window stretched that many times by YaRN (`stretch_with_yarn`).
+    `progress` hears each stage as it starts (the chat app shows them while it waits).
     """
     from specchat.engine.attention import use_attention
     from specchat.quant.fastest_dtype import fastest_activation_dtype
 
     source = resolve_model(spec)
     check_quantize(quantize, device)
+    check_yarn(yarn)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     if source.runs_gguf(torch_device):
-        return _load_gguf(source, quantize, torch_device, torch_dtype, attention, progress)
+        return _load_gguf(source, quantize, torch_device, torch_dtype, attention, yarn, progress)
     native = source.embedded and dtype == "auto" and quantize is None and torch_device.type == "cpu"
     start = time.perf_counter()
     if source.embedded:
@@ -169,12 +174,16 @@ def load_model(
             from specchat.quant.gguf_model import load_gguf_model
 
             tokenizer = PreTrainedTokenizerFast.from_pretrained(location)
-            model = load_gguf_model(embedded_gguf_path(), location, torch_dtype, aten_int4=True)
+            model = load_gguf_model(embedded_gguf_path(), location, torch_dtype, aten_int4=True, yarn=yarn)
         else:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(location)
-            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, attn_implementation="sdpa")
+            config = AutoConfig.from_pretrained(location)
+            if yarn:
+                stretch_with_yarn(config, yarn)
+            model = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch_dtype,
+                                                         attn_implementation="sdpa")  # fmt: skip
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
     if quantize:
@@ -189,11 +198,11 @@ def load_model(
         stop_at_end_of_turn(model, tokenizer)
     model.eval().requires_grad_(False)
     use_attention(model, attention)
-    return LoadedModel(model, tokenizer, source, time.perf_counter() - start)
+    return LoadedModel(model, tokenizer, source, time.perf_counter() - start, yarn)
 
 
 def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch.dtype | None, attention: str,
-               progress: Callable[[str], None]) -> LoadedModel:  # fmt: skip
+               yarn: float | None, progress: Callable[[str], None]) -> LoadedModel:  # fmt: skip
     """A GGUF file on its own blocks: on a CPU, bf16 activations unless told otherwise."""
     from transformers import PreTrainedTokenizerFast
 
@@ -215,13 +224,13 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
     progress(f"loading {source.name} ({str(dtype).removeprefix('torch.')} activations)")
     try:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(config_dir)
-        model = load_gguf_model(path, config_dir, dtype)
+        model = load_gguf_model(path, config_dir, dtype, yarn=yarn)
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
     stop_at_end_of_turn(model, tokenizer)
     model.eval().requires_grad_(False)
     use_attention(model, attention)
-    return LoadedModel(model, tokenizer, source, time.perf_counter() - start)
+    return LoadedModel(model, tokenizer, source, time.perf_counter() - start, yarn)
 
 
 # the special tokens llama.cpp ends generation at, by their text, besides a file's EOS

@@ -34,10 +34,11 @@ class Session:
     @classmethod
     def open(cls, model: str | None = None, *, max_len: int, drafter: str | DrafterChoice | None = None,
              dtype: str = "auto", quantize: str | None = None, device: str = "auto", attention: str = "auto",
-             progress: Callable[[str], None] = lambda _stage: None, **engine_options) -> Session:  # fmt: skip
+             yarn: float | None = None, progress: Callable[[str], None] = lambda _stage: None,
+             **engine_options) -> Session:  # fmt: skip
         """Load `model` (a profile alias, repo id, directory or GGUF file; None: the embedded model) and open a
         session over it; `engine_options` are `over`'s."""
-        loaded = load_model(model, dtype=dtype, quantize=quantize, device=device, attention=attention,
+        loaded = load_model(model, dtype=dtype, quantize=quantize, device=device, attention=attention, yarn=yarn,
                             progress=progress)  # fmt: skip
         return cls.over(loaded, max_len=max_len, drafter=drafter, **engine_options)
 

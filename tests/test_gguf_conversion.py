@@ -1,5 +1,5 @@
 """A GGUF file converted once for transformers (`gguf_checkpoint`): its config, read from the header, is
-transformers' own reading of it (gguf-py's) plus the RoPE scaling transformers drops (linear from the
+transformers' own reading of it (gguf-py's) plus the RoPE scaling transformers drops (linear and YaRN from the
 `rope.scaling.*` fields, Llama 3's from a `rope_freqs` tensor), and a file specchat cannot run is a ValueError
 naming why; its tokenizer encodes, decodes and templates chats as `AutoTokenizer`'s conversion of the file does."""
 
@@ -31,7 +31,7 @@ def header(path, architecture="llama", *, scaling: dict | None = None, factors=N
             add = writer.add_float32 if isinstance(value, float) else writer.add_uint32
             add(f"{architecture}.{name}", value)
     for name, value in (scaling or {}).items():
-        add = writer.add_string if isinstance(value, str) else writer.add_float32
+        add = {str: writer.add_string, int: writer.add_uint32, float: writer.add_float32}[type(value)]
         add(f"{architecture}.rope.scaling.{name}", value)
     writer.add_tensor("token_embd.weight", np.zeros((100, 256), dtype=np.float32))
     if factors is not None:
@@ -55,13 +55,28 @@ def test_rope_scaling_is_the_files(tmp_path):
                                       "original_max_position_embeddings": 8192}  # fmt: skip
 
 
+def test_a_yarn_files_window_is_the_stretched_one(tmp_path):
+    """As llama.cpp writes YaRN (Qwen2.5's `--rope-scaling yarn` config converted): type, factor, the trained
+    window (else the context length, llama.cpp's default) and the ramp's ends when set; the window is the trained
+    one times the factor, as vLLM reads a YaRN config."""
+    yarn = gguf_config(header(tmp_path / "yarn.gguf", scaling={"type": "yarn", "factor": 4.0}))
+    assert yarn.rope_parameters == {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                    "original_max_position_embeddings": 4096}  # fmt: skip
+    assert yarn.max_position_embeddings == 16384
+    scaling = {"type": "yarn", "factor": 4.0, "original_context_length": 1024, "yarn_beta_fast": 16.0}
+    stretched = gguf_config(header(tmp_path / "stretched.gguf", scaling=scaling))  # context_length: the stretched
+    assert stretched.rope_parameters == {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                         "original_max_position_embeddings": 1024, "beta_fast": 16.0}  # fmt: skip
+    assert stretched.max_position_embeddings == 4096
+
+
 @pytest.mark.parametrize(
     "options, message",
     [({"architecture": "phi3"}, "is a phi3 model; specchat runs llama, qwen2, qwen3, mistral GGUF files"),
-     ({"scaling": {"type": "yarn", "factor": 4.0}}, "asks for yarn RoPE scaling"),
+     ({"scaling": {"type": "longrope", "factor": 4.0}}, "asks for longrope RoPE scaling"),
      ({"factors": [2.0] * 32}, "rope_freqs tensor \\(32 factors\\) is not Llama 3's RoPE scaling"),
      ({"drop": "block_count"}, "has no 'llama.block_count' field")],
-    ids=["architecture", "yarn", "factors", "field"],
+    ids=["architecture", "longrope", "factors", "field"],
 )  # fmt: skip
 def test_what_specchat_cannot_run_is_named(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):

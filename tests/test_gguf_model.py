@@ -184,6 +184,23 @@ def test_speculation_equals_autoregressive_after_3k_tokens(tiny_gguf, context):
     assert events[-1].stats.accepted > 0
 
 
+def test_speculation_equals_autoregressive_past_the_trained_window_stretched_by_yarn(tiny_ggufs):
+    """`--yarn 2` reads past the file's 4096-token window, and verified trees there are the target's own steps; a
+    file whose RoPE is scaled already (Llama 3.1's) is refused."""
+    loaded = load_model(str(tiny_ggufs("qwen2")), yarn=2)
+    assert loaded.model.config.max_position_embeddings == 8192 and loaded.yarn == 2
+    prompt = torch.randint(3, 2000, (4200,), generator=torch.Generator().manual_seed(5)).tolist()
+    prompt += prompt[:100]
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt) + 64)
+    expected = generate(engine, prompt, 32, GREEDY)
+    engine.set_drafter(RandomTreeDrafter(vocab_size=2000, seed=4, reference=prompt + expected, p_correct=0.8), 16)
+    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=32, reproducible=True))
+    assert [t for event in events for t in event.tokens] == expected
+    assert events[-1].stats.accepted > 0
+    with pytest.raises(SpecchatError, match=r"this model's is scaled already \(llama3\)"):
+        load_model(str(tiny_ggufs("llama")), yarn=2)
+
+
 def test_embedded_llama_file_on_the_block_kernels_matches_torch_int4():
     """The embedded file (llama: q/k rows un-permuted) through GGUFLinear gives the logits of its torch-int4
     load (bf16 activations there, int8 here) to within int8 activation rounding. That rounding flips chaotically

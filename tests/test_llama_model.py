@@ -10,10 +10,13 @@ import sys
 
 import pytest
 import torch
+from transformers import AutoConfig
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 from gguf_files import llama3_frequency_factors, write_tiny_model
 
 from specchat.architectures import parts
 from specchat.architectures.llama_model import CausalLM
+from specchat.architectures.rope import stretch_with_yarn
 from specchat.engine.attention import sliding_window
 from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir
 from specchat.quant.gguf_model import dequantized_model, load_gguf_model
@@ -71,6 +74,23 @@ def test_the_parts_compute_what_transformers_computes(tiny_ggufs, architecture):
         setattr(layer.mlp, name, getattr(dense, name))
     x = torch.randn(5, ours.config.hidden_size)
     assert torch.equal(layer.mlp(x), dense(x))
+
+
+def test_a_window_stretched_by_yarn_rotates_as_transformers_rotates_it(tiny_ggufs):
+    """`--yarn 4` on a file: our rotary tables (YaRN's frequencies and temperature) are transformers' for the same
+    config stretched, past the trained window too."""
+    path, config_dir = tiny_ggufs("qwen2")
+    ours = load_gguf_model(path, config_dir, torch.float32, yarn=4.0)
+    config = AutoConfig.from_pretrained(config_dir)
+    stretch_with_yarn(config, 4.0)
+    assert ours.config.max_position_embeddings == config.max_position_embeddings == 4 * 4096
+    assert ours.config.rope_parameters == config.rope_parameters
+    theirs = Qwen2RotaryEmbedding(config)
+    positions = torch.tensor([[0, 1, 4095, 4096, 9000, 16383]])
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.zeros(1, dtype=dtype)
+        for got, want in zip(parts(ours).rotary(x, positions), theirs(x, positions)):
+            assert got.dtype == dtype and torch.equal(got, want)
 
 
 def test_a_model_left_incomplete_by_its_file_is_refused(tiny_ggufs):

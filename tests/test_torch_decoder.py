@@ -24,8 +24,9 @@ FAMILIES = {
     "llama": {"rope_parameters": LLAMA3_ROPE},  # Llama 3.1's scaling, with a context short enough to matter here
     "mistral": {},
     "qwen2": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},  # q/k/v biases
-    "qwen3": {"head_dim": 32},  # q/k norms
-}
+    "qwen3": {"head_dim": 32, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                  "original_max_position_embeddings": 256}},  # q/k norms; YaRN
+}  # fmt: skip
 
 
 def model_of(family: str, dtype=torch.float32, seed: int = 0):

@@ -120,6 +120,26 @@ def test_a_book_written_on_an_int8_cache_resumes_on_one_only(tmp_path):
     assert not fp32.exists()
 
 
+@pytest.mark.slow
+def test_a_book_stretched_by_yarn_resumes_stretched(tmp_path):
+    """`--yarn` is part of a book's arithmetic: kept with the book, taken again by `--resume`; another stretch is
+    refused and leaves the book as it was."""
+    book = tmp_path / "book.txt"
+    written = specchat("write", "--out", str(book), "--tokens", "16", "--yarn", "2", *COMMON[2:], warm=True)
+    assert written.returncode == 0, written.stderr
+    assert json.loads(state_path(book).read_text())["settings"]["yarn"] == 2.0
+
+    files = [book.read_bytes(), ids_path(book).read_bytes(), state_path(book).read_text()]
+    refused = specchat("write", "--out", str(book), "--resume", "--tokens", "24", "--yarn", "3", warm=True)
+    assert_one_line_error(refused, "would change the book's text", "yarn: was 2.0, now 3.0")
+    assert [book.read_bytes(), ids_path(book).read_bytes(), state_path(book).read_text()] == files
+
+    resumed = specchat("write", "--out", str(book), "--resume", "--tokens", "24", warm=True)
+    assert resumed.returncode == 0, resumed.stderr
+    state = json.loads(state_path(book).read_text())
+    assert state["settings"]["yarn"] == 2.0 and state["progress"]["tokens"] == 24
+
+
 def test_bad_input_is_one_line_and_loses_nothing(tmp_path, monkeypatch, capfd):
     # in this process (`specchat_in_process`): each is refused before any model loads
     write = functools.partial(specchat_in_process, monkeypatch, capfd, "write")

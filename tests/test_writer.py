@@ -50,7 +50,7 @@ def model():
 def settings(engine: Engine, **sampling) -> BookSettings:
     values = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, min_p_keep=1, penalty=1.0, penalty_window=1024, seed=7)
     values.update(sampling)
-    return BookSettings(model="tiny", weights="fp32", dtype="float32", kv_cache="auto",
+    return BookSettings(model="tiny", weights="fp32", dtype="float32", kv_cache="auto", yarn=None,
                         prompt_sha256=prompt_digest(PROMPT), prompt_tokens=len(PROMPT), **values, stop_at_eos=False,
                         context=engine.capacity, refill_chunk=(engine.capacity - len(PROMPT)) // 4)  # fmt: skip
 

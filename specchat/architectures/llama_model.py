@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specchat.architectures.rope import inverse_frequencies, rope_parameters
+from specchat.architectures.rope import attention_scaling, inverse_frequencies, rope_parameters
 
 
 class ModelConfig:
@@ -70,17 +70,19 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """(x, positions [batch, q]) -> cos, sin [batch, q, head_dim] in x's dtype."""
+    """(x, positions [batch, q]) -> cos, sin [batch, q, head_dim] in x's dtype (scaled by YaRN's temperature)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        inv_freq = inverse_frequencies(rope_parameters(config), config.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        rope = rope_parameters(config)
+        self.register_buffer("inv_freq", inverse_frequencies(rope, config.head_dim), persistent=False)
+        self.attention_scaling = attention_scaling(rope)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
         angles = torch.cat((angles, angles), dim=-1)
-        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+        return cos.to(x.dtype), sin.to(x.dtype)
 
 
 class Attention(nn.Module):

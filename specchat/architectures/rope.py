@@ -1,5 +1,5 @@
-"""RoPE's inverse frequencies for the rope types specchat runs, computed as transformers computes them, and the
-rope parameters a GGUF file's `rope_freqs` tensor stands for.
+"""RoPE's inverse frequencies and attention scaling for the rope types specchat runs, computed as transformers
+computes them; the rope parameters a GGUF file's `rope_freqs` tensor stands for; YaRN's stretch of a model's window.
 
 Every forward of a target reads its frequencies from here or from the model's rotary module, which transformers
 builds from the same `config.rope_parameters`: so the config is where a model's RoPE is said, for every decoder.
@@ -24,7 +24,8 @@ def rope_parameters(config) -> dict:
 
 
 def inverse_frequencies(rope: dict, head_dim: int) -> torch.Tensor:
-    """RoPE's inverse frequencies `[head_dim / 2]` (fp32) for rope types default, linear and llama3 (Llama 3.1)."""
+    """RoPE's inverse frequencies `[head_dim / 2]` (fp32) for rope types default, linear, llama3 (Llama 3.1) and
+    yarn."""
     kind = rope.get("rope_type", "default")
     base = rope["rope_theta"]
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -41,7 +42,60 @@ def inverse_frequencies(rope: dict, head_dim: int) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelength < old_context / high) * ~(wavelength > old_context / low)
         return torch.where(medium, smoothed, scaled)
-    raise SpecchatError(f"specchat has no '{kind}' RoPE scaling (default, linear, llama3)")
+    if kind == "yarn":
+        return _yarn_frequencies(rope, head_dim)
+    raise SpecchatError(f"specchat has no '{kind}' RoPE scaling (default, linear, llama3, yarn)")
+
+
+def attention_scaling(rope: dict) -> float:
+    """What RoPE's cos and sin are multiplied by: YaRN's temperature (`0.1 ln(factor) + 1` unless the config says
+    otherwise), which keeps attention's entropy where training left it over the stretched window; else 1."""
+    if rope.get("rope_type", "default") != "yarn":
+        return 1.0
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"])
+    factor, mscale, mscale_all_dim = rope["factor"], rope.get("mscale"), rope.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    return _yarn_mscale(factor)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_frequencies(rope: dict, head_dim: int) -> torch.Tensor:
+    """YaRN: the fast-turning pairs (more than `beta_fast` turns over the trained window) keep their frequency, the
+    slow ones (under `beta_slow` turns) are divided by the factor, those between blend along a linear ramp."""
+    factor, base, window = rope["factor"], rope["rope_theta"], rope["original_max_position_embeddings"]
+
+    def pair_of(turns: float) -> float:  # the rotary pair that turns `turns` times over the trained window
+        return head_dim * math.log(window / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_of(rope.get("beta_fast") or 32), pair_of(rope.get("beta_slow") or 1)
+    if rope.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / ((high - low) or 0.001)).clamp(0, 1)
+    kept = 1 - ramp  # the share of each pair's own frequency
+    divisors = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)  # 1 / plain RoPE's
+    return 1.0 / (factor * divisors) * (1 - kept) + 1.0 / divisors * kept
+
+
+def stretch_with_yarn(config, factor: float) -> None:
+    """Stretch `config`'s window `factor` times with YaRN (static, as Qwen2.5's model cards, vLLM and llama.cpp's
+    `--rope-scaling yarn` run it: every position is scaled, short texts' too). `config`: transformers' or
+    specchat's, before the model is built from it. A model whose RoPE is scaled already is a SpecchatError."""
+    rope = rope_parameters(config)
+    kind = rope.get("rope_type", "default")
+    if kind != "default":
+        raise SpecchatError(f"--yarn stretches plain RoPE; this model's is scaled already ({kind})")
+    if not factor > 1:
+        raise SpecchatError(f"--yarn must be above 1 (the window's multiple), not {factor:g}")
+    window = config.max_position_embeddings
+    config.rope_parameters = {**rope, "rope_type": "yarn", "factor": float(factor),
+                              "original_max_position_embeddings": window}  # fmt: skip
+    config.max_position_embeddings = int(window * factor)
 
 
 def rope_of_frequency_factors(rope: dict, head_dim: int, factors: torch.Tensor) -> dict:

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from specchat.bench.prompts import PROMPT_SET_NAMES
-from specchat.checks import check_dtype, check_kv_cache, check_quantize
+from specchat.checks import check_dtype, check_kv_cache, check_quantize, check_yarn
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
@@ -19,6 +19,7 @@ from specchat.cli.common import (
     KvCacheOption,
     ModelOption,
     QuantizeOption,
+    YarnOption,
     app,
     check_drafters,
     csv_list,
@@ -174,6 +175,7 @@ def bench_context(
     steps: Annotated[int, typer.Option(help="Decode steps timed per context.")] = 32,
     repeats: Annotated[int, typer.Option(help="Timed runs at each length (median).")] = 3,
     dtype: DtypeOption = "auto",
+    yarn: YarnOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
@@ -187,7 +189,8 @@ def bench_context(
         raise SpecchatError(f"--context takes comma-separated integers, not '{contexts}'") from None
     check_attention(attention)
     check_dtype(dtype)
-    loaded = load(model, dtype, device, attention)
+    check_yarn(yarn)
+    loaded = load(model, dtype, device, attention, yarn=yarn)
     window = loaded.model.config.max_position_embeddings
     if not lengths or min(lengths) < 1 or max(lengths) + steps + 1 > window:
         raise SpecchatError(f"each context must be between 1 and {window - steps - 1} tokens")
@@ -244,6 +247,7 @@ def bench_verify_cost(
     kv_cache: Annotated[
         str, typer.Option("--kv-cache", help="With --model, comma-separated KV caches, each timed in turn: auto | int8.")
     ] = "auto",
+    yarn: YarnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Decode vs tree-verification forwards at each context: of --model through the engine's own forward, else
@@ -257,12 +261,15 @@ def bench_verify_cost(
         check_kv_cache(each)
     if model is None and kv_caches != ["auto"]:
         raise SpecchatError("--kv-cache needs --model (the random-weight model's cache holds its dtype)")
+    check_yarn(yarn)
+    if model is None and yarn is not None:
+        raise SpecchatError("--yarn needs --model (the random-weight model has Llama 3.1's window)")
     quiet_transformers()
     if model is not None:
         from specchat.engine.generate import Engine
         from specchat.engine.target_forward import forward_path
 
-        loaded = load(model, dtype, device, attention)
+        loaded = load(model, dtype, device, attention, yarn=yarn)
         rows = []
         for kv in kv_caches:
             engine = Engine(loaded.model, loaded.tokenizer, max_len=max(lengths) + max(sizes) + 1, kv_cache=kv)

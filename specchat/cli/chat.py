@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from specchat.checks import check_quantize
+from specchat.checks import check_quantize, check_yarn
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
@@ -25,6 +25,7 @@ from specchat.cli.common import (
     TemperatureOption,
     TopKOption,
     TopPOption,
+    YarnOption,
     app,
     check_drafters,
     checked_overrides,
@@ -56,6 +57,7 @@ def chat(
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
+    yarn: YarnOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
 ) -> int:
@@ -77,6 +79,7 @@ def chat(
     )  # fmt: skip
     check_settings(settings)
     check_quantize(quantize, device)
+    check_yarn(yarn)
     resolve_model(model)  # fail fast, before the app starts
     resolve_device(device)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -86,7 +89,7 @@ def chat(
 
     def loader(progress):
         loaded = load_model(
-            model, dtype=dtype, quantize=quantize, device=device, attention=attention, progress=progress
+            model, dtype=dtype, quantize=quantize, device=device, attention=attention, yarn=yarn, progress=progress
         )
         return loaded, sampling_config(decoding_defaults(loaded), overrides)
 

@@ -58,6 +58,11 @@ KvCacheOption = Annotated[
 QuantizeOption = Annotated[
     str | None, typer.Option("--quantize", help="int4 | int8: group-wise weight-only quantization on load (CPU).")
 ]
+YarnOption = Annotated[
+    float | None,
+    typer.Option("--yarn", help="Stretch the model's window this many times with YaRN RoPE scaling, for texts longer "
+                 "than it was trained on (Qwen2.5: 4 reads 131072 tokens); llama.cpp's --rope-scaling yarn."),
+]  # fmt: skip
 DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 AttentionOption = Annotated[
     str,
@@ -106,11 +111,12 @@ def check_drafters(names: list[str], draft_budget: int | None) -> list[DrafterCh
     return choices
 
 
-def load(model: str | None, dtype: str, device: str, attention: str = "auto", quantize: str | None = None):
+def load(model: str | None, dtype: str, device: str, attention: str = "auto", quantize: str | None = None,
+         yarn: float | None = None):  # fmt: skip
     quiet_transformers()
     from specchat.loading import load_model
 
-    return load_model(model, dtype=dtype, quantize=quantize, device=device, attention=attention)
+    return load_model(model, dtype=dtype, quantize=quantize, device=device, attention=attention, yarn=yarn)
 
 
 def report(rows: list[dict], as_json: bool, *, title: str, table: list[dict] | None = None) -> None:

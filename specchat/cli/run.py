@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from specchat.checks import check_kv_cache, check_quantize
+from specchat.checks import check_kv_cache, check_quantize, check_yarn
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
@@ -27,6 +27,7 @@ from specchat.cli.common import (
     TemperatureOption,
     TopKOption,
     TopPOption,
+    YarnOption,
     app,
     check_drafters,
     checked_overrides,
@@ -58,6 +59,7 @@ def run(
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
+    yarn: YarnOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
@@ -77,6 +79,7 @@ def run(
         penalty=repetition_penalty, seed=seed,
     )  # fmt: skip
     check_quantize(quantize, device)
+    check_yarn(yarn)
     check_kv_cache(kv_cache)
     quiet_transformers()
     from specchat.drafters import resolve_drafter
@@ -88,9 +91,7 @@ def run(
     source = resolve_model(model)  # fail fast, before the slow imports and loads
     resolve_drafter(choice, source.profile, source.name)
     resolve_device(device)
-    loaded = load_model(
-        model, dtype=dtype, quantize=quantize, device=device, attention=attention
-    )
+    loaded = load_model(model, dtype=dtype, quantize=quantize, device=device, attention=attention, yarn=yarn)
     sampling = sampling_config(decoding_defaults(loaded), overrides)
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
     session = Session.over(loaded, max_len=len(prompt_ids) + max_new_tokens, drafter=choice,

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from specchat.checks import check_kv_cache, check_quantize
+from specchat.checks import check_kv_cache, check_quantize, check_yarn
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
@@ -17,6 +17,7 @@ from specchat.cli.common import (
     KvCacheOption,
     ModelOption,
     QuantizeOption,
+    YarnOption,
     app,
     check_drafters,
     checked_overrides,
@@ -51,6 +52,7 @@ def serve(
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
+    yarn: YarnOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
 ) -> None:
@@ -61,6 +63,7 @@ def serve(
         check_draft_cache(draft_cache, choice)
     checked_overrides(dtype, attention)
     check_quantize(quantize, device)
+    check_yarn(yarn)
     check_kv_cache(kv_cache)
     if not 0 <= port <= 65535:
         raise SpecchatError("--port must be between 0 and 65535")
@@ -83,5 +86,5 @@ def serve(
         model=model, drafter=drafter, draft_budget=draft_budget, draft_cache=draft_cache, host=host, port=port,
         api_key=api_key, context=context, max_queue=max_queue, max_body_bytes=int(max_body_mb * 2**20), dtype=dtype,
         quantize=quantize, device=device, attention=attention, prompt_cache=prompt_cache, kv_cache=kv_cache,
-        prompt_cache_bytes=int(prompt_cache_mb * 2**20),
+        prompt_cache_bytes=int(prompt_cache_mb * 2**20), yarn=yarn,
     ))  # fmt: skip

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from specchat.checks import check_kv_cache, check_output_file
+from specchat.checks import check_kv_cache, check_output_file, check_yarn
 from specchat.cli.common import (
     FLAGS,
     AttentionOption,
@@ -22,6 +22,7 @@ from specchat.cli.common import (
     TemperatureOption,
     TopKOption,
     TopPOption,
+    YarnOption,
     app,
     check_drafters,
     checked_overrides,
@@ -56,6 +57,7 @@ def write(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
+    yarn: YarnOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
@@ -88,12 +90,14 @@ def write(
     sampling = dataclasses.asdict(sampling_config(book_defaults.SAMPLING, given, flags))
     checked_overrides(dtype, attention)
     check_kv_cache(kv_cache)
+    check_yarn(yarn)
 
     from specchat.writer.book import Book
 
     book = Book.open(out) if resume else None  # a bad state file fails before the model loads
     if book is not None:
         model = model or book.settings.model
+        yarn = yarn or book.settings.yarn
         tokens = tokens or max(book.progress.target, book.progress.tokens)
         if book.progress.finished == "eos":
             raise SpecchatError(f"{out} ended where the model ended its text ({book.progress.tokens} tokens)")
@@ -117,7 +121,7 @@ def write(
     if draft_kv_budget is not None and draft_forward is False:
         raise SpecchatError("--draft-kv-budget sizes the draft forward, which --no-draft-forward leaves out")
     resolve_device(device)
-    loaded = load_model(model, dtype=dtype, device=device, attention=attention)
+    loaded = load_model(model, dtype=dtype, device=device, attention=attention, yarn=yarn)
     drafting = {"kv_cache": kv_cache, "drafter": choice, "draft_budget": draft_budget, "kv_budget": draft_kv_budget,
                 "draft_forward": draft_forward}
     if book is None:

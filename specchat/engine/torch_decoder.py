@@ -22,7 +22,7 @@ from torch import nn
 
 from specchat.architectures import parts
 from specchat.architectures.llama import LlamaParts
-from specchat.architectures.rope import inverse_frequencies, rope_parameters
+from specchat.architectures.rope import attention_scaling, inverse_frequencies, rope_parameters
 from specchat.engine import decoder_ops as ops
 from specchat.engine.attention import sliding_window
 from specchat.engine.cache import TreeCache
@@ -62,8 +62,10 @@ class TorchDecoder:
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
         positions = torch.arange(max_positions or config.max_position_embeddings, device=device).float()
-        angles = positions[:, None] * inverse_frequencies(rope_parameters(config), self.head_dim).to(device)[None]
-        self.cos, self.sin = angles.cos(), angles.sin()  # [max_positions, D / 2], fp32
+        rope = rope_parameters(config)
+        angles = positions[:, None] * inverse_frequencies(rope, self.head_dim).to(device)[None]
+        scaling = attention_scaling(rope)  # YaRN's temperature, else 1
+        self.cos, self.sin = angles.cos() * scaling, angles.sin() * scaling  # [max_positions, D / 2], fp32
 
     @classmethod
     def from_model(cls, model: nn.Module, **kwargs) -> TorchDecoder:

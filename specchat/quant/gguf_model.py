@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from specchat.architectures.llama_model import CausalLM, ModelConfig, Slot
+from specchat.architectures.rope import stretch_with_yarn
 from specchat.gguf_header import tensor_table
 from specchat.quant.embedding import Int8Embedding
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
@@ -43,11 +44,16 @@ _LAYER_NAMES = {
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, aten_int4: bool = False) -> nn.Module:
+def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, aten_int4: bool = False,
+                    yarn: float | None = None) -> nn.Module:  # fmt: skip
     """The model of `gguf_path` (config and tokenizer already converted to `config_dir`) on the file's own
     weights: block-quantized matrices as `GGUFLinear`s over the memory-mapped blocks. With `aten_int4`,
-    Q4_0 / Q4_1 / Q8_0 matrices run on torch's int4 kernel instead (the embedded model's path)."""
-    model = CausalLM(ModelConfig.from_dir(config_dir), dtype, name_or_path=config_dir)
+    Q4_0 / Q4_1 / Q8_0 matrices run on torch's int4 kernel instead (the embedded model's path); with `yarn`,
+    the window is stretched that many times (`stretch_with_yarn`)."""
+    config = ModelConfig.from_dir(config_dir)
+    if yarn:
+        stretch_with_yarn(config, yarn)
+    model = CausalLM(config, dtype, name_or_path=config_dir)
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     check_tensor_types(tensors.values(), gguf_path)
     for module_name, held, rows in _modules(tensors, model.config):

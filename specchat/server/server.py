@@ -39,6 +39,7 @@ class ServeSettings:
     prompt_cache: bool | None = None  # reuse the prefix a prompt shares with the last one; None: where exact
     prompt_cache_bytes: int = 2**30  # earlier texts' prefixes kept for their clients' next requests
     kv_cache: str = "auto"  # the target's keys and values: the activations' dtype, or int8 (the CPU decoder)
+    yarn: float | None = None  # the model's window stretched this many times by YaRN
 
 
 class Server:
@@ -108,7 +109,7 @@ def load_served(settings: ServeSettings):
     from specchat.session import Session
 
     loaded = load_model(settings.model, dtype=settings.dtype, quantize=settings.quantize, device=settings.device,
-                        attention=settings.attention)  # fmt: skip
+                        attention=settings.attention, yarn=settings.yarn)  # fmt: skip
     window = loaded.model.config.max_position_embeddings
     kept = settings.prompt_cache_bytes if settings.prompt_cache is not False else 0
     session = Session.over(loaded, max_len=min(settings.context, window), drafter=settings.drafter,

@@ -27,6 +27,7 @@ class BookSettings:
     weights: str  # how the weights run (e.g. Q4_1): part of the arithmetic
     dtype: str  # activations
     kv_cache: str  # auto (the activations' dtype) | int8: part of the arithmetic too
+    yarn: float | None  # the window's YaRN stretch (`--yarn`), None: the model's own RoPE
     prompt_sha256: str  # of the prompt's token ids
     prompt_tokens: int
     temperature: float
@@ -53,10 +54,11 @@ class BookSettings:
 
     @classmethod
     def from_json(cls, data: dict) -> BookSettings:
-        """Exactly a book's fields; a book saved before `--kv-cache` existed has no `kv_cache`: it was auto."""
+        """Exactly a book's fields; a book saved before `--kv-cache` or `--yarn` existed has no `kv_cache` (it was
+        auto) or `yarn` (None)."""
         names = {f.name for f in fields(cls)}
         if isinstance(data, dict):
-            data = {"kv_cache": "auto", **data}
+            data = {"kv_cache": "auto", "yarn": None, **data}
         if not isinstance(data, dict) or set(data) != names:
             raise ValueError("its settings are not a book's")
         return cls(**data)

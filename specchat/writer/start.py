@@ -48,7 +48,7 @@ def new_book(loaded, out: Path, tokens: int, prompt: str, *, raw: bool, sampling
             "so nothing can be written after it"
         )
     settings = BookSettings(
-        model=loaded.source.name, weights=loaded.weights, dtype=loaded.dtype, kv_cache=kv_cache,
+        model=loaded.source.name, weights=loaded.weights, dtype=loaded.dtype, kv_cache=kv_cache, yarn=loaded.yarn,
         prompt_sha256=prompt_digest(prompt_ids), prompt_tokens=len(prompt_ids),
         **{name: sampling[name] for name in SAMPLING_FIELDS if name != "seed"},
         seed=sampling["seed"] if sampling["seed"] is not None else secrets.randbits(62),
@@ -70,7 +70,7 @@ def resumed_book(loaded, book: Book, tokens: int, *, prompt: str | None, raw: bo
     drafting with `drafter` and its options."""
     settings = book.settings
     asked = replace(settings, weights=loaded.weights, dtype=loaded.dtype, kv_cache=kv_cache, model=loaded.source.name,
-                    **{name: value for name, value in given.items() if value is not None})  # fmt: skip
+                    yarn=loaded.yarn, **{name: value for name, value in given.items() if value is not None})  # fmt: skip
     if stop_at_eos is not None:
         asked = replace(asked, stop_at_eos=stop_at_eos)
     if prompt is not None:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specchat.architectures.rope import inverse_frequencies, rope_parameters
+from specchat.architectures.rope import attention_scaling, inverse_frequencies, rope_parameters
 from specchat.drafters.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
 from specchat.drafters.draft_attention import attend
 from specchat.drafters.draft_layers import MLP, RMSNorm, rotate
@@ -185,6 +185,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
         # fp32 whatever the weights' dtype (not a buffer: `.to(bfloat16)` would round the angles at long contexts)
         self.inverse_frequencies = inverse_frequencies(config.rope, config.head_dim)
+        self.attention_scaling = attention_scaling(config.rope)  # YaRN's temperature, else 1
 
     def set_vocab(self, draft_vocab: torch.Tensor) -> None:
         """The draft vocabulary: target ids, ascending, one per lm_head row."""
@@ -200,7 +201,8 @@ class Eagle3Draft(nn.Module):
         """RoPE's cos / sin [q, head_dim] at `positions` [q]."""
         angles = positions.float()[:, None] * self.inverse_frequencies.to(positions.device)[None]
         angles = torch.cat([angles, angles], dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+        return cos.to(dtype), sin.to(dtype)
 
     def project(self, hidden: torch.Tensor, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """The rows' queries [heads, q, D] and keys / values [kv_heads, q, D] (rotated), and the residual the
