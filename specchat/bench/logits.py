@@ -32,13 +32,14 @@ class LogitsRow:
 
 
 def logits_accuracy(loaded, path: Path, ids: list[int], *, llamacpp: bool, kv_cache: str = "auto") -> list[LogitsRow]:
-    """`loaded`: the GGUF at `path` on its own blocks; `ids`: the text's token ids; `kv_cache`: our engine's."""
-    reference = _reference_logits(path, ids)
+    """`loaded`: the GGUF at `path` on its own blocks (its window stretched by `loaded.yarn`, and so the reference's
+    and llama.cpp's); `ids`: the text's token ids; `kv_cache`: our engine's."""
+    reference = _reference_logits(path, ids, loaded.yarn)
     cache = "" if kv_cache == "auto" else f", kv {kv_cache}"
     rows = [_score(f"specchat ({loaded.weights}, {loaded.dtype}{cache}, {way})", _our_logits(loaded, ids, way, kv_cache),
                    reference) for way in ("prefill", "decode")]  # fmt: skip
     if llamacpp:
-        rows.append(_score("llama.cpp", _llamacpp_logits(path, ids), reference))
+        rows.append(_score("llama.cpp", _llamacpp_logits(path, ids, loaded), reference))
     return rows
 
 
@@ -54,11 +55,11 @@ def text_ids(tokenizer, tokens: int) -> list[int]:
 
 
 @torch.inference_mode()
-def _reference_logits(path: Path, ids: list[int]) -> torch.Tensor:
+def _reference_logits(path: Path, ids: list[int], yarn: float | None) -> torch.Tensor:
     from specchat.loading import gguf_checkpoint
     from specchat.quant.gguf_model import dequantized_model
 
-    model = dequantized_model(path, gguf_checkpoint(path))
+    model = dequantized_model(path, gguf_checkpoint(path), yarn=yarn)
     logits = model(torch.tensor([ids])).logits[0].float()
     del model
     return logits
@@ -74,14 +75,19 @@ def _our_logits(loaded, ids: list[int], way: str, kv_cache: str) -> torch.Tensor
     return decoder.head(decoder.norm(hidden)).float()
 
 
-def _llamacpp_logits(path: Path, ids: list[int]) -> torch.Tensor:
+def _llamacpp_logits(path: Path, ids: list[int], loaded) -> torch.Tensor:
     try:
-        from llama_cpp import Llama
+        from llama_cpp import LLAMA_ROPE_SCALING_TYPE_YARN, Llama
     except ImportError:
         raise SpecchatError('--llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]"') from None
     check_amx_build(str(path))
+    stretch = {}
+    if loaded.yarn:  # llama.cpp's `--rope-scaling yarn --rope-scale F --yarn-orig-ctx N`
+        trained = loaded.model.config.rope_parameters["original_max_position_embeddings"]
+        stretch = {"rope_scaling_type": LLAMA_ROPE_SCALING_TYPE_YARN, "rope_freq_scale": 1 / loaded.yarn,
+                   "yarn_orig_ctx": trained}  # fmt: skip
     llm = Llama(str(path), n_ctx=len(ids) + 8, n_batch=512, logits_all=True, n_threads=torch.get_num_threads(),
-                verbose=False)  # fmt: skip
+                verbose=False, **stretch)  # fmt: skip
     llm.eval(ids)
     return torch.from_numpy(llm.scores[: len(ids)].copy()).float()
 

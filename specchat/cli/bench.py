@@ -490,6 +490,7 @@ def bench_logits(
     llamacpp: Annotated[bool, typer.Option("--llamacpp", help="Also score llama.cpp's logits on the same file.")] = False,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
+    yarn: YarnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Logits of a GGUF model on its own blocks against the same file dequantized and run in fp32 (and
@@ -498,6 +499,7 @@ def bench_logits(
         raise SpecchatError("--tokens must be at least 2")
     check_dtype(dtype)
     check_kv_cache(kv_cache)
+    check_yarn(yarn)
     quiet_transformers()
     from specchat.bench.logits import logits_accuracy, text_ids
     from specchat.loading import embedded_gguf_path, resolve_model
@@ -506,7 +508,7 @@ def bench_logits(
     if not source.gguf and not source.embedded:
         raise SpecchatError("bench logits scores GGUF models (the embedded one, a GGUF profile or file)")
     path = embedded_gguf_path() if source.embedded else source.gguf_path()
-    loaded = load(model, dtype, "cpu")
+    loaded = load(model, dtype, "cpu", yarn=yarn)
     rows = logits_accuracy(loaded, path, text_ids(loaded.tokenizer, tokens), llamacpp=llamacpp, kv_cache=kv_cache)
     report([dataclasses.asdict(row) for row in rows], as_json,
            title=f"{source.name}: logits against its weights dequantized by gguf-py in fp32")  # fmt: skip

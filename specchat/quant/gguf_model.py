@@ -63,16 +63,18 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     return _complete(model)
 
 
-def dequantized_model(gguf_path: Path, config_dir: str) -> nn.Module:
+def dequantized_model(gguf_path: Path, config_dir: str, *, yarn: float | None = None) -> nn.Module:
     """The model of `gguf_path` with every weight dequantized to fp32 by gguf-py: the dense reference its own
-    blocks are measured against, and the embedded model's fp32 weights."""
+    blocks are measured against, and the embedded model's fp32 weights; with `yarn`, its window stretched."""
     from accelerate import init_empty_weights
     from gguf import dequantize
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    config = AutoConfig.from_pretrained(config_dir)
+    if yarn:
+        stretch_with_yarn(config, yarn)
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=torch.float32,
-                                                 attn_implementation="sdpa")  # fmt: skip
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     state = {}
     for module_name, held, rows in _modules({t.name: t for t in gguf_tensors(gguf_path)}, model.config):
         for field, tensor in held.items():
