@@ -170,9 +170,9 @@ def test_the_forward_compiles_whole_and_50_steps_of_varying_trees_in_one_bucket_
 
 
 def test_a_config_it_cannot_compute_is_refused_in_one_line():
-    config = AutoConfig.for_model("llama", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
+    config = AutoConfig.for_model("llama", rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4})
     place = {"dtype": torch.float32, "device": torch.device("cpu")}
-    with pytest.raises(SpecchatError, match="yarn"):
+    with pytest.raises(SpecchatError, match="dynamic"):
         TorchDecoder(config, [], torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1), **place)
     with pytest.raises(SpecchatError, match="sliding"):
         TorchDecoder(AutoConfig.for_model("mistral"), [], torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1), **place)
