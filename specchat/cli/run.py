@@ -97,6 +97,10 @@ def run(
     session = Session.over(loaded, max_len=len(prompt_ids) + max_new_tokens, drafter=choice,
                            draft_budget=draft_budget, draft_cache=draft_cache, kv_cache=kv_cache)  # fmt: skip
     engine, choice = session.engine, session.drafter
+    if len(prompt_ids) >= engine.capacity:  # the model's window is what is short
+        stretch = f"stretched {loaded.yarn:g} times by --yarn" if loaded.yarn else "--yarn F reads F times as many"
+        raise SpecchatError(f"the prompt has {len(prompt_ids)} tokens; the context holds {engine.capacity}, the "
+                            f"model's window ({stretch})")  # fmt: skip
 
     tokens, origins, text, stats, finish = [], [], [], None, None
     try:
