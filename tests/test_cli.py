@@ -157,7 +157,7 @@ def test_run_json_report(default_model):
     assert set(report["origins"]) == {"target"}
     assert report["mean_accepted_length"] == 1.0 and report["acceptance_rate"] is None
     assert report["steps"] == report["new_tokens"] - 1
-    assert report["model"] == "smollm2-135m" and report["drafter"] == "none"
+    assert report["model"] == "smollm2-135m" and report["drafter"] == "none" and report["yarn"] is None
     for key in ("prefill_seconds", "decode_seconds", "tokens_per_second"):
         assert report[key] > 0
 

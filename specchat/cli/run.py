@@ -127,6 +127,7 @@ def run(
             "model": loaded.source.name,
             "weights": loaded.weights,
             "dtype": loaded.dtype,
+            "yarn": loaded.yarn,
             "drafter": str(choice),
             "forward": forward_path(loaded.model),
         }

@@ -118,8 +118,9 @@ class ChatApp(App[None]):
         self._clock.stop()
         self.session = session
         loaded = session.loaded
+        stretch = f", window x{loaded.yarn:g} by YaRN" if loaded.yarn else ""
         self._loading.update(
-            f"{session.model_name} ({loaded.weights} weights, {loaded.dtype}) ready on {loaded.model.device} "
+            f"{session.model_name} ({loaded.weights} weights, {loaded.dtype}{stretch}) ready on {loaded.model.device} "
             f"in {time.perf_counter() - STARTED:.1f} s. /help lists the commands."
         )
         self._show_settings()
