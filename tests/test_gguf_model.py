@@ -20,6 +20,7 @@ from specchat.architectures import parts
 from specchat.architectures.rope import rope_of_frequency_factors
 from specchat.bench.bandwidth import weight_bytes
 from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.model.model import load_draft_model
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.engine.generate import Engine
@@ -199,6 +200,16 @@ def test_speculation_equals_autoregressive_past_the_trained_window_stretched_by_
     assert events[-1].stats.accepted > 0
     with pytest.raises(SpecchatError, match=r"this model's is scaled already \(llama3\)"):
         load_model(str(tiny_ggufs("llama")), yarn=2)
+
+
+def test_a_draft_model_reads_positions_as_its_stretched_target_does(tiny_ggufs):
+    """Beside a target stretched by `--yarn`, a plain-RoPE GGUF draft is stretched to the target's window."""
+    path = tiny_ggufs("qwen2")
+    draft = load_draft_model(path, load_model(str(path), yarn=2).model).model
+    assert draft.config.max_position_embeddings == 8192 and draft.config.rope_parameters["factor"] == 2
+    assert parts(draft).rotary.attention_scaling > 1
+    beside_plain = load_draft_model(path, load_model(str(path)).model).model
+    assert beside_plain.config.rope_parameters["rope_type"] == "default"
 
 
 def test_embedded_llama_file_on_the_block_kernels_matches_torch_int4():

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from specchat.architectures import parts
+from specchat.architectures.rope import rope_parameters, stretch_with_yarn
 from specchat.errors import SpecchatError, first_line
 from specchat.drafters.checkpoint import read_checkpoint, write_checkpoint
 
@@ -117,6 +118,8 @@ def _load_student(path: Path, target: nn.Module) -> DraftModel:
     data = {k: v for k, v in data.items() if k != STUDENT}
     config = AutoConfig.for_model(**data)
     _check_shapes(config, target.config, path)
+    if stretch := target_stretch(config, target.config):
+        stretch_with_yarn(config, stretch)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     source, decoder = parts(target), parts(model)
@@ -132,22 +135,28 @@ def _load_student(path: Path, target: nn.Module) -> DraftModel:
 
 
 def _load_gguf(path: Path, config_dir: str, target: nn.Module) -> DraftModel:
+    from specchat.architectures.llama_model import ModelConfig
     from specchat.quant.gguf_model import load_gguf_model
 
     if target.device.type != "cpu":
         raise SpecchatError(f"GGUF draft models run on a CPU; the target is on {target.device}")
     try:
-        model = load_gguf_model(path, config_dir, target.dtype)
+        stretch = target_stretch(ModelConfig.from_dir(config_dir), target.config)
+        model = load_gguf_model(path, config_dir, target.dtype, yarn=stretch)
     except ValueError as error:
         raise SpecchatError(f"could not load the draft model '{path}': {first_line(error)}") from None
     return _checked(model, str(path), target)
 
 
 def _load_pretrained(source: str, target: nn.Module) -> DraftModel:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=target.dtype, attn_implementation="eager")
+        config = AutoConfig.from_pretrained(source)
+        if stretch := target_stretch(config, target.config):
+            stretch_with_yarn(config, stretch)
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=target.dtype,
+                                                     attn_implementation="eager")  # fmt: skip
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load the draft model '{source}': {first_line(error)}") from None
     return _checked(model.to(target.device), source, target)
@@ -163,6 +172,17 @@ def _checked(model: nn.Module, source: str, target: nn.Module) -> DraftModel:
             f"{target.config.vocab_size}"
         )
     return DraftModel(model.eval().requires_grad_(False), student=False)
+
+
+def target_stretch(config, target_config) -> float | None:
+    """The YaRN factor that stretches a plain-RoPE draft's window (`config`) to its target's where the target's is
+    stretched by YaRN (`--yarn`, or its file's), so that past its own trained window the draft reads positions as
+    the target does; None where there is nothing to stretch."""
+    plain = rope_parameters(config).get("rope_type", "default") == "default"
+    if rope_parameters(target_config).get("rope_type") != "yarn" or not plain:
+        return None
+    factor = target_config.max_position_embeddings / config.max_position_embeddings
+    return factor if factor > 1 else None
 
 
 def check_tokenizers(draft, target, name: str) -> None:
