@@ -192,16 +192,18 @@ def test_resume_refuses_other_text_settings(model, tokenizer, tmp_path):
 
 
 def test_a_book_keeps_its_kv_cache_and_one_saved_before_the_field_reads_as_auto(model, tokenizer, tmp_path):
-    """The KV cache is part of the arithmetic: resuming with another is refused. A state file written before
-    `--kv-cache` existed has no `kv_cache`: it was auto, and the book opens and goes on as it was; any other
-    gap is refused."""
+    """The KV cache and the YaRN stretch are part of the arithmetic: resuming with another is refused. A state file
+    written before `--kv-cache` and `--yarn` existed has neither: it was auto and unstretched, and the book opens
+    and goes on as it was; any other gap is refused."""
     stored = settings(Engine(model, tokenizer, max_len=WINDOW))
     with pytest.raises(SpecchatError, match=r"kv_cache: was 'auto', now 'int8'"):
         check_same(stored, replace(stored, kv_cache="int8"))
+    with pytest.raises(SpecchatError, match=r"yarn: was None, now 2.0"):
+        check_same(stored, replace(stored, yarn=2.0))
     path = tmp_path / "book.txt"
     write(model, tokenizer, path, tokens=40)
     state = json.loads(state_path(path).read_text())
-    del state["settings"]["kv_cache"]
+    del state["settings"]["kv_cache"], state["settings"]["yarn"]
     state_path(path).write_text(json.dumps(state))
     book = Book.open(path)
     assert book.settings == stored
@@ -209,7 +211,8 @@ def test_a_book_keeps_its_kv_cache_and_one_saved_before_the_field_reads_as_auto(
     write_book(Engine(model, tokenizer, max_len=WINDOW), book, 60)
     book.close()
     assert book.progress.tokens == 60
-    assert json.loads(state_path(path).read_text())["settings"]["kv_cache"] == "auto"  # saved as books are now
+    saved = json.loads(state_path(path).read_text())["settings"]
+    assert saved["kv_cache"] == "auto" and saved["yarn"] is None  # saved as books are now
     unknown = {**state["settings"], "weather": "fine"}
     missing = {name: value for name, value in state["settings"].items() if name != "dtype"}
     for broken in (unknown, missing):
