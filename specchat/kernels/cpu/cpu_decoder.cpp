@@ -553,9 +553,11 @@ void sum_value_pairs(const Pair& pair, const Prefetch& prefetch, const uint16_t*
   auto add_values = [&](const int64_t* slots, int64_t start, int64_t n, int64_t first_query, int64_t last_query) {
     for (int64_t b = 0; b < n; b += 2 * PAIRS) {
       const int64_t pairs = std::min<int64_t>(PAIRS, (n - b + 1) / 2);
-      if (!slots) prefetch(start + b + kPrefetchTiles * 2 * PAIRS, 2 * PAIRS);
       const auto slot = [&](int64_t i) -> int64_t { return i >= n ? -1 : slots ? slots[i] : start + i; };
-      for (int64_t m = 0; m < pairs; ++m) pair(slot(b + 2 * m), slot(b + 2 * m + 1), pair_tile.data() + m * DIM);
+      for (int64_t m = 0; m < pairs; ++m) {  // a pair at a time: a block's 256 lines at once would fill the
+        if (!slots) prefetch(start + b + 2 * m + kPrefetchTiles * 2 * PAIRS, 2);  // miss buffers and stall
+        pair(slot(b + 2 * m), slot(b + 2 * m + 1), pair_tile.data() + m * DIM);
+      }
       queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
         constexpr int Q = decltype(count)::value;
         const uint32_t* w[Q];
@@ -608,9 +610,8 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
     for (int64_t b = 0; b < n; b += LANES) {
       const int64_t filled = std::min<int64_t>(LANES, n - b);
       const uint16_t* tile = key_tile.data();
-      if (!slots) prefetch_rows(keys + (b + kPrefetchTiles * LANES) * DIM, LANES, DIM * 2);
-      if (!slots && filled == LANES) {
-        tile = keys + b * DIM;  // read in place
+      if (!slots && filled == LANES) {  // the hardware prefetcher keeps up with keys read in order, in place
+        tile = keys + b * DIM;
       } else {
         for (int64_t i = 0; i < LANES; ++i) {
           const uint16_t* row = i < filled ? keys + (slots ? slots[b + i] : b + i) * DIM : zeros.data();
