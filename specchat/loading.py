@@ -180,8 +180,7 @@ def load_model(
 
             tokenizer = AutoTokenizer.from_pretrained(location)
             config = AutoConfig.from_pretrained(location)
-            if yarn:
-                stretch_with_yarn(config, yarn)
+            stretch_with_yarn(config, yarn)
             model = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch_dtype,
                                                          attn_implementation="sdpa")  # fmt: skip
     except (OSError, ValueError) as error:

@@ -81,7 +81,9 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
         angles = torch.cat((angles, angles), dim=-1)
-        cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_scaling != 1.0:  # YaRN's temperature (times 1 is exact: skipped in the decode loop)
+            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
         return cos.to(x.dtype), sin.to(x.dtype)
 
 

@@ -82,10 +82,13 @@ def _yarn_frequencies(rope: dict, head_dim: int) -> torch.Tensor:
     return 1.0 / (factor * divisors) * (1 - kept) + 1.0 / divisors * kept
 
 
-def stretch_with_yarn(config, factor: float) -> None:
+def stretch_with_yarn(config, factor: float | None) -> None:
     """Stretch `config`'s window `factor` times with YaRN (static, as Qwen2.5's model cards, vLLM and llama.cpp's
-    `--rope-scaling yarn` run it: every position is scaled, short texts' too). `config`: transformers' or
-    specchat's, before the model is built from it. A model whose RoPE is scaled already is a SpecchatError."""
+    `--rope-scaling yarn` run it: every position is scaled, short texts' too); None leaves it as it is. `config`:
+    transformers' or specchat's, before the model is built from it. A model whose RoPE is scaled already is a
+    SpecchatError."""
+    if factor is None:
+        return
     rope = rope_parameters(config)
     kind = rope.get("rope_type", "default")
     if kind != "default":

@@ -51,8 +51,7 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     Q4_0 / Q4_1 / Q8_0 matrices run on torch's int4 kernel instead (the embedded model's path); with `yarn`,
     the window is stretched that many times (`stretch_with_yarn`)."""
     config = ModelConfig.from_dir(config_dir)
-    if yarn:
-        stretch_with_yarn(config, yarn)
+    stretch_with_yarn(config, yarn)
     model = CausalLM(config, dtype, name_or_path=config_dir)
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     check_tensor_types(tensors.values(), gguf_path)
@@ -71,8 +70,7 @@ def dequantized_model(gguf_path: Path, config_dir: str, *, yarn: float | None = 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(config_dir)
-    if yarn:
-        stretch_with_yarn(config, yarn)
+    stretch_with_yarn(config, yarn)
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     state = {}

@@ -118,8 +118,7 @@ def _load_student(path: Path, target: nn.Module) -> DraftModel:
     data = {k: v for k, v in data.items() if k != STUDENT}
     config = AutoConfig.for_model(**data)
     _check_shapes(config, target.config, path)
-    if stretch := target_stretch(config, target.config):
-        stretch_with_yarn(config, stretch)
+    stretch_with_yarn(config, target_stretch(config, target.config))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     source, decoder = parts(target), parts(model)
@@ -153,8 +152,7 @@ def _load_pretrained(source: str, target: nn.Module) -> DraftModel:
 
     try:
         config = AutoConfig.from_pretrained(source)
-        if stretch := target_stretch(config, target.config):
-            stretch_with_yarn(config, stretch)
+        stretch_with_yarn(config, target_stretch(config, target.config))
         model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=target.dtype,
                                                      attn_implementation="eager")  # fmt: skip
     except (OSError, ValueError) as error:
