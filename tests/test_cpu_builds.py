@@ -2,7 +2,8 @@
 this machine's own build gives: the GGUF block kernels (every type, both tile kinds, row counts below and past
 a kernel's row blocks) and the decoder's attention (fp32 and bf16 caches, head_dim 64 and 128, a decode step
 and a tree of rows). So results do not depend on the machine that computes them, and the AVX2 paths, which
-an AVX-512 machine's own build never runs, are tested here too. Skipped where the native build is that same
+an AVX-512 machine's own build never runs, are tested here too. A bf16 cache's attention on a CPU with AMX
+tiles rounds as the tiles do (bf16_tiles.h): there the two builds agree within a bf16 rounding of the outputs. Skipped where the native build is that same
 AVX2 build (no AVX-512) or the machine is not x86.
 """
 
@@ -83,5 +84,9 @@ def test_attention_equals_the_avx2_build(avx2, dtype, kv_cache, head_dim, contex
                           scales and [s.clone() for s in scales])[0]
             for rows, x in inputs.items()
         ])  # fmt: skip
+    tiles = "amx" in cpu_decoder().isa() and dtype == torch.bfloat16 and kv_cache == "auto"
     for mine, theirs in zip(*outputs):
-        assert torch.equal(mine, theirs)
+        if tiles:  # outputs of 2-4: a bf16 step there is 1/64
+            torch.testing.assert_close(mine, theirs, atol=2e-2, rtol=0)
+        else:
+            assert torch.equal(mine, theirs)

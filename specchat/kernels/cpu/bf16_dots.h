@@ -79,19 +79,24 @@ inline uint16_t round_bf16(float x) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-inline void round_bf16(const float* x, uint16_t* out, int64_t count) {
+// out[i] = x[i] * factor rounded to bf16 (the product rounded to fp32 first).
+inline void round_bf16(const float* x, uint16_t* out, int64_t count, float factor = 1.0f) {
   int64_t i = 0;
 #ifdef BF16_DOTS_NATIVE
+  const __m512 f = _mm512_set1_ps(factor);
   for (; i + LANES <= count; i += LANES) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+    const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(x + i), f);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)_mm512_cvtneps_pbh(scaled));
   }
 #elif defined(BF16_DOTS_AVX2)
+  const __m256 f = _mm256_set1_ps(factor);
   for (; i + LANES <= count; i += LANES) {  // packed [0-3, 8-11 | 4-7, 12-15], then put in order
-    const __m256i packed = _mm256_packus_epi32(round_bf16_8(_mm256_loadu_ps(x + i)), round_bf16_8(_mm256_loadu_ps(x + i + 8)));
+    const __m256i low = round_bf16_8(_mm256_mul_ps(_mm256_loadu_ps(x + i), f));
+    const __m256i packed = _mm256_packus_epi32(low, round_bf16_8(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), f)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(packed, 0xd8));
   }
 #endif
-  for (; i < count; ++i) out[i] = round_bf16(x[i]);
+  for (; i < count; ++i) out[i] = round_bf16(x[i] * factor);
 }
 
 // The bf16 as fp32, denormals read as zero.

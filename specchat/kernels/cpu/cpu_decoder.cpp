@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 
 #include "bf16_dots.h"
+#include "bf16_tiles.h"
 #include "gguf/matmul.h"
 #include "int8_dots.h"
 #include "lane_pairs.h"
@@ -439,6 +440,11 @@ inline void softmax(float* row, int64_t n) {
   for (int64_t q = 0; q < n; ++q) row[q] *= inverse;
 }
 
+// weights[0, n) = softmax(row[0, n)) rounded to bf16; row keeps the exponentials.
+inline void softmax_bf16(float* row, int64_t n, uint16_t* weights) {
+  bf16_dots::round_bf16(row, weights, n, 1.0f / exponentials(row, n));
+}
+
 // f(i, Q) for the queries [first, last): Q at a time (one pass over a tile serves them all), then the rest by
 // halves; Q a std::integral_constant, so f instantiates its kernels for Q, Q / 2, ..., 1 queries.
 template <int Q, typename F>
@@ -639,8 +645,7 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
     const int64_t n = prefix + static_cast<int64_t>(tails[i / group].size());
     float* row = scores.data() + i * width;
     for (int64_t j = 0; j < n; ++j) row[j] *= scale;
-    softmax(row, n);
-    bf16_dots::round_bf16(row, weights16.data() + i * paired, n);
+    softmax_bf16(row, n, weights16.data() + i * paired);
   }
   const auto pair = [&](int64_t a, int64_t b, uint32_t* out) {
     bf16_dots::interleave<DIM>(a < 0 ? zeros.data() : values + a * DIM, b < 0 ? zeros.data() : values + b * DIM, out);
@@ -652,6 +657,102 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
   }
   store_sums<at::BFloat16, DIM>(accumulator.data(), count, heads, group, out);
 }
+
+#ifdef BF16_TILES
+// `attend` on a bf16 cache in AMX tiles (bf16_tiles.h): the query rounded to bf16 for the scores, the softmax
+// weights rounded to bf16 for the value sums, up to 16 queries a tile. A row's value sums run over its key
+// sequence (the prefix, then its tail) 32 keys a step from the sequence's start: the prefix's whole steps in
+// place for all rows, the rest gathered with each row's tail, the last step padded with zero rows.
+template <int DIM>
+void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, const at::BFloat16* value_cache,
+                       const std::vector<int64_t>* tails, int64_t prefix, int64_t rows, int64_t heads, int64_t group,
+                       float scale, at::BFloat16* out) {
+  using bf16_tiles::ROWS, bf16_tiles::STEP;
+  constexpr int64_t PAIRS = 4 * ROWS;  // value pairs made at a time: four steps
+  const auto* keys = reinterpret_cast<const uint16_t*>(key_cache);
+  const auto* values = reinterpret_cast<const uint16_t*>(value_cache);
+  const int64_t count = rows * group;  // queries; tiles read 16 rows from any query's, so ROWS more are kept
+  const int64_t width = score_width(tails, prefix, rows), paired = (width + STEP - 1) / STEP * STEP;
+  const int64_t whole = prefix / STEP * STEP;  // the prefix's whole steps; the rest joins each row's tail
+  std::vector<float> scores(count * width), accumulator((count + ROWS) * DIM, 0.0f), block(ROWS * ROWS);
+  std::vector<uint16_t> query16(count * DIM), weights16((count + ROWS) * paired, 0);
+  std::vector<uint16_t> key_tile(ROWS * DIM), zeros(DIM, 0);
+  std::vector<uint32_t> query_tiles, pair_tile(PAIRS * DIM);
+  for (int64_t i = 0; i < count; ++i) {
+    bf16_dots::round_bf16(queries + ((i / group) * heads + i % group) * DIM, query16.data() + i * DIM, DIM);
+  }
+  const bf16_tiles::Tiles tiles;
+  // Scores of the queries [first, last), 16 a tile, for keys at sequence indices [offset, offset + n) (cache rows
+  // through `slots` when given, else consecutive from 0): each tile of keys read once for all the queries.
+  auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first, int64_t last, int64_t offset) {
+    const int64_t groups = (last - first + ROWS - 1) / ROWS;
+    query_tiles.resize(groups * DIM / 2 * ROWS);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int in_group = static_cast<int>(std::min<int64_t>(ROWS, last - first - g * ROWS));
+      bf16_tiles::query_pairs<DIM>(query16.data() + (first + g * ROWS) * DIM, in_group, query_tiles.data() + g * DIM / 2 * ROWS);
+    }
+    for (int64_t b = 0; b < n; b += ROWS) {
+      const int64_t filled = std::min<int64_t>(ROWS, n - b);
+      const uint16_t* tile = key_tile.data();
+      if (!slots && filled == ROWS) {
+        tile = keys + b * DIM;
+      } else {
+        for (int64_t i = 0; i < ROWS; ++i) {
+          const uint16_t* row = i < filled ? keys + (slots ? slots[b + i] : b + i) * DIM : zeros.data();
+          std::copy(row, row + DIM, key_tile.begin() + i * DIM);
+        }
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t q = first + g * ROWS;
+        bf16_tiles::score_tile<DIM>(query_tiles.data() + g * DIM / 2 * ROWS, tile, DIM, block.data());
+        bf16_tiles::transpose16(block.data(), static_cast<int>(std::min<int64_t>(ROWS, last - q)),
+                                static_cast<int>(filled), scale, scores.data() + q * width + offset + b, width);
+      }
+    }
+  };
+  score_keys(nullptr, prefix, 0, count, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t n = prefix + static_cast<int64_t>(tails[i / group].size());
+    softmax_bf16(scores.data() + i * width, n, weights16.data() + i * paired);
+  }
+  // The value rows at sequence indices [start, start + n) (through `slots` when given, else consecutive from
+  // `start`; zero rows after the n up to a whole step) into the sums of queries [first, last), 16 a tile: in
+  // place where a tile's rows are those queries' or past the last query, else through a tile of their own.
+  std::vector<float> own(ROWS * DIM);
+  auto add_values = [&](const int64_t* slots, int64_t start, int64_t n, int64_t first, int64_t last) {
+    for (int64_t b = 0; b < n; b += 2 * PAIRS) {
+      const int64_t pairs = std::min<int64_t>(PAIRS, (n - b + 1) / 2), steps = (2 * pairs + STEP - 1) / STEP;
+      const auto slot = [&](int64_t i) -> int64_t { return i >= n ? -1 : slots ? slots[i] : start + i; };
+      for (int64_t m = 0; m < steps * ROWS; ++m) {
+        const int64_t a = slot(b + 2 * m), c = slot(b + 2 * m + 1);
+        if (!slots) prefetch_rows(values + (start + b + 2 * m + 2 * PAIRS) * DIM, 2, DIM * 2);
+        bf16_dots::interleave<DIM>(a < 0 ? zeros.data() : values + a * DIM, c < 0 ? zeros.data() : values + c * DIM,
+                                   pair_tile.data() + m * DIM);
+      }
+      for (int64_t q = first; q < last; q += ROWS) {
+        const int64_t in_group = std::min<int64_t>(ROWS, last - q);
+        const bool in_place = in_group == ROWS || q + in_group == count;
+        float* acc = in_place ? accumulator.data() + q * DIM : own.data();
+        if (!in_place) std::copy(accumulator.begin() + q * DIM, accumulator.begin() + (q + in_group) * DIM, own.begin());
+        bf16_tiles::add_value_tiles<DIM>(weights16.data() + q * paired + start + b, paired, pair_tile.data(),
+                                         static_cast<int>(steps), acc);
+        if (!in_place) std::copy(own.begin(), own.begin() + in_group * DIM, accumulator.begin() + q * DIM);
+      }
+    }
+  };
+  add_values(nullptr, 0, whole, 0, count);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> sequence(prefix - whole);
+    std::iota(sequence.begin(), sequence.end(), whole);
+    sequence.insert(sequence.end(), tails[r].begin(), tails[r].end());
+    add_values(sequence.data(), whole, sequence.size(), r * group, (r + 1) * group);
+  }
+  store_sums<at::BFloat16, DIM>(accumulator.data(), count, heads, group, out);
+}
+#endif
 
 // A tile of an int8 cache's value sums whose largest softmax weight is at least this has its weights quantized
 // to two bytes: one byte's error of up to 1/510 of that weight on each of its keys' weights would otherwise show
@@ -838,6 +939,9 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
   const int64_t chunk = (rows + wanted - 1) / wanted;
   const int64_t chunks = (rows + chunk - 1) / chunk;
   const int64_t cost = (prefix + rows) * group * std::min(rows, chunk);  // key-query pairs in a unit
+#ifdef BF16_TILES
+  const bool tiles = bf16_tiles::ready();
+#endif
   const auto run = [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t g = unit / chunks, first = (unit % chunks) * chunk, n = std::min(chunk, rows - first);
@@ -853,6 +957,13 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
         const T* k = cache.keys + g * slots * dim;
         const T* v = cache.values + g * slots * dim;
         if constexpr (std::is_same_v<T, at::BFloat16>) {
+#ifdef BF16_TILES
+          if (tiles) {
+            if (dim == 64) attend_bf16_tiles<64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+            else attend_bf16_tiles<128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+            continue;
+          }
+#endif
           if (dim == 64) attend_bf16<64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
           else attend_bf16<128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
         } else {
@@ -1093,7 +1204,7 @@ std::vector<at::Tensor> eagle3_forward(const Eagle3Layer& draft, const at::Tenso
 // The code path this build's kernels take, named by the instructions it was compiled for.
 std::string isa() {
 #if defined(GGUF_VNNI) && defined(BF16_DOTS_NATIVE)
-  return "avx512 (vnni, bf16)";
+  return bf16_tiles::ready() ? "avx512 (vnni, bf16, amx)" : "avx512 (vnni, bf16)";
 #elif defined(GGUF_VNNI)
   return "avx512 (vnni)";
 #elif defined(GGUF_DPBUSD)
