@@ -696,6 +696,7 @@ void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, cons
       const uint16_t* tile = key_tile.data();
       if (!slots && filled == ROWS) {
         tile = keys + b * DIM;
+        prefetch_rows(keys + (b + kPrefetchTiles * ROWS) * DIM, ROWS, DIM * 2);
       } else {
         for (int64_t i = 0; i < ROWS; ++i) {
           const uint16_t* row = i < filled ? keys + (slots ? slots[b + i] : b + i) * DIM : zeros.data();
