@@ -431,6 +431,15 @@ async def test_typing_while_loading_stays_in_the_input_and_is_answered_once_read
         assert any(" ready on cpu in " in n for n in note_lines(app))
 
 
+async def test_a_context_past_the_window_is_said_with_the_ready_line(tiny):
+    window = tiny.model.config.max_position_embeddings
+    app = make_app(tiny, context=window * 2)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        assert app.session._engine().capacity <= window
+        assert any(f"--context {window * 2} holds {window} tokens, the model's window (--yarn F" in n for n in note_lines(app))
+
+
 async def test_a_printable_key_after_escape_returns_to_the_input(tiny):
     app = make_app(tiny)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -82,8 +82,8 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": str(RETRY_SECONDS)})
         return JSONResponse({"status": "ready", "model": worker.served.name, "drafter": worker.served.drafter,
                              "generating": worker.busy, "waiting": worker.waiting,
-                             "tokens_generated": worker.tokens_generated,
-                             "prompt_cache": worker.prompt_cache, "kv_cache": worker.served.engine.cache.kv_cache})  # fmt: skip
+                             "tokens_generated": worker.tokens_generated, "prompt_cache": worker.prompt_cache,
+                             "kv_cache": worker.served.engine.cache.kv_cache})  # fmt: skip
 
     async def models(request: Request) -> Response:
         served = _served(request)

@@ -119,9 +119,12 @@ class ChatApp(App[None]):
         self.session = session
         loaded = session.loaded
         stretch = f", window x{loaded.yarn:g} by YaRN" if loaded.yarn else ""
+        window, asked = loaded.model.config.max_position_embeddings, session.settings.context
+        past = (f" --context {asked} holds {window} tokens, the model's window"
+                f"{'' if loaded.yarn else ' (--yarn F stretches it F times)'}." if asked and asked > window else "")
         self._loading.update(
             f"{session.model_name} ({loaded.weights} weights, {loaded.dtype}{stretch}) ready on {loaded.model.device} "
-            f"in {time.perf_counter() - STARTED:.1f} s. /help lists the commands."
+            f"in {time.perf_counter() - STARTED:.1f} s.{past} /help lists the commands."
         )
         self._show_settings()
         if self._waiting is not None:

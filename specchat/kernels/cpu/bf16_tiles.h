@@ -141,8 +141,9 @@ inline void transpose16(const float* in, int n, int filled, float scale, float* 
   // r[k] now holds column `column[k]` of `in`
   static constexpr int column[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
   const __mmask16 mask = static_cast<__mmask16>((1u << filled) - 1);
+  const __m512 factor = _mm512_set1_ps(scale);
   for (int k = 0; k < 16; ++k) {
-    if (column[k] < n) _mm512_mask_storeu_ps(out + column[k] * stride, mask, _mm512_mul_ps(r[k], _mm512_set1_ps(scale)));
+    if (column[k] < n) _mm512_mask_storeu_ps(out + column[k] * stride, mask, _mm512_mul_ps(r[k], factor));
   }
 }
 

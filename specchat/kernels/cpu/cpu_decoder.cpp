@@ -689,7 +689,8 @@ void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, cons
     query_tiles.resize(groups * DIM / 2 * ROWS);
     for (int64_t g = 0; g < groups; ++g) {
       const int in_group = static_cast<int>(std::min<int64_t>(ROWS, last - first - g * ROWS));
-      bf16_tiles::query_pairs<DIM>(query16.data() + (first + g * ROWS) * DIM, in_group, query_tiles.data() + g * DIM / 2 * ROWS);
+      bf16_tiles::query_pairs<DIM>(query16.data() + (first + g * ROWS) * DIM, in_group,
+                                   query_tiles.data() + g * DIM / 2 * ROWS);
     }
     for (int64_t b = 0; b < n; b += ROWS) {
       const int64_t filled = std::min<int64_t>(ROWS, n - b);
@@ -737,10 +738,10 @@ void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, cons
         const int64_t in_group = std::min<int64_t>(ROWS, last - q);
         const bool in_place = in_group == ROWS || q + in_group == count;
         float* acc = in_place ? accumulator.data() + q * DIM : own.data();
-        if (!in_place) std::copy(accumulator.begin() + q * DIM, accumulator.begin() + (q + in_group) * DIM, own.begin());
+        if (!in_place) std::copy_n(accumulator.begin() + q * DIM, in_group * DIM, own.begin());
         bf16_tiles::add_value_tiles<DIM>(weights16.data() + q * paired + start + b, paired, pair_tile.data(),
                                          static_cast<int>(steps), acc);
-        if (!in_place) std::copy(own.begin(), own.begin() + in_group * DIM, accumulator.begin() + q * DIM);
+        if (!in_place) std::copy_n(own.begin(), in_group * DIM, accumulator.begin() + q * DIM);
       }
     }
   };
