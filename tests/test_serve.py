@@ -475,3 +475,19 @@ def test_bench_serve_reports_each_client_count():
     assert all(row["ttft_ms"] > 0 and row["tokens_per_second"] > 0 and row["direct_tokens_per_second"] > 0
                for row in rows)  # fmt: skip
     assert rows[0]["overhead"] is not None and rows[1]["overhead"] is None
+
+
+def test_a_prompt_past_the_models_window_is_told_of_yarn_not_of_context(tokenizer):
+    """At the model's whole window a larger --context holds no more: the 400 names --yarn instead."""
+    from tui_harness import tiny_loaded
+
+    from specchat.engine.generate import Engine
+    from specchat.server.app import Served
+    from specchat.server.requests import RequestError, text_request
+
+    loaded = tiny_loaded(tokenizer)
+    for max_len, remedy in ((None, "the model's window: --yarn F stretches it"), (64, "a larger --context")):
+        served = Served(Engine(loaded.model, loaded.tokenizer, max_len=max_len), loaded.tokenizer, "tiny", frozenset(),
+                        "none", {})  # fmt: skip
+        with pytest.raises(RequestError, match=remedy):
+            served.prompt_ids(text_request({"prompt": [5] * loaded.model.config.max_position_embeddings}))

@@ -57,9 +57,10 @@ class Served:
                                    param="prompt")  # fmt: skip
         capacity = self.engine.capacity
         if len(ids) >= capacity:
+            remedy = ("the model's window: --yarn F stretches it" if self.engine.max_len == self.engine.context_window
+                      else "start the server with a larger --context")  # fmt: skip
             raise RequestError(f"the prompt has {len(ids)} tokens; the context holds {capacity} in all, prompt and "
-                               "answer (start the server with a larger --context)",
-                               param="messages" if request.messages is not None else "prompt")  # fmt: skip
+                               f"answer ({remedy})", param="messages" if request.messages is not None else "prompt")
         return ids
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
