@@ -594,6 +594,29 @@ void store_sums(const float* accumulator, int64_t count, int64_t heads, int64_t 
   }
 }
 
+// The `count` queries of a KV head's group (fp32 [rows][heads][DIM] from the group's first head) as bf16 [count][DIM].
+template <int DIM>
+std::vector<uint16_t> queries_bf16(const float* queries, int64_t count, int64_t heads, int64_t group) {
+  std::vector<uint16_t> rounded(count * DIM);
+  for (int64_t i = 0; i < count; ++i) {
+    bf16_dots::round_bf16(queries + ((i / group) * heads + i % group) * DIM, rounded.data() + i * DIM, DIM);
+  }
+  return rounded;
+}
+
+// Sixteen bf16 keys [16][DIM] from sequence index b of n (cache rows through `slots` when given, else consecutive
+// from 0): in place when they are 16 consecutive rows, else gathered into `tile` with zero rows after the n.
+template <int DIM>
+const uint16_t* key_rows(const uint16_t* keys, const int64_t* slots, int64_t b, int64_t n, uint16_t* tile) {
+  constexpr int64_t KEYS = 16;
+  if (!slots && n - b >= KEYS) return keys + b * DIM;
+  for (int64_t i = 0; i < KEYS; ++i) {
+    if (b + i < n) std::copy_n(keys + (slots ? slots[b + i] : b + i) * DIM, DIM, tile + i * DIM);
+    else std::fill_n(tile + i * DIM, DIM, uint16_t{0});
+  }
+  return tile;
+}
+
 // `attend` on a bf16 cache in bf16 dot-product arithmetic (bf16_dots.h): the query rounded to bf16 for the scores,
 // the softmax weights rounded to bf16 for the value sums (`sum_value_pairs`), keys and values read as the cache
 // holds them.
@@ -606,24 +629,15 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
   const int64_t count = rows * group;  // queries
   const int64_t width = score_width(tails, prefix, rows), paired = (width + 2) & ~int64_t{1};  // whole pairs
   std::vector<float> scores(count * width), accumulator(count * DIM, 0.0f);
-  std::vector<uint16_t> query16(count * DIM), weights16(count * paired, 0), key_tile(LANES * DIM), zeros(DIM, 0);
+  const std::vector<uint16_t> query16 = queries_bf16<DIM>(queries, count, heads, group);
+  std::vector<uint16_t> weights16(count * paired, 0), key_tile(LANES * DIM), zeros(DIM, 0);
   float block[2 * LANES];
-  for (int64_t i = 0; i < count; ++i) {
-    bf16_dots::round_bf16(queries + ((i / group) * heads + i % group) * DIM, query16.data() + i * DIM, DIM);
-  }
   const auto query = [&](int64_t i) { return query16.data() + i * DIM; };
   auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
     for (int64_t b = 0; b < n; b += LANES) {
       const int64_t filled = std::min<int64_t>(LANES, n - b);
-      const uint16_t* tile = key_tile.data();
-      if (!slots && filled == LANES) {  // the hardware prefetcher keeps up with keys read in order, in place
-        tile = keys + b * DIM;
-      } else {
-        for (int64_t i = 0; i < LANES; ++i) {
-          const uint16_t* row = i < filled ? keys + (slots ? slots[b + i] : b + i) * DIM : zeros.data();
-          std::copy(row, row + DIM, key_tile.begin() + i * DIM);
-        }
-      }
+      // in place, the hardware prefetcher keeps up with keys read in order
+      const uint16_t* tile = key_rows<DIM>(keys, slots, b, n, key_tile.data());
       queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
         constexpr int Q = decltype(count)::value;
         const uint16_t* q[Q];
@@ -675,12 +689,9 @@ void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, cons
   const int64_t width = score_width(tails, prefix, rows), paired = (width + STEP - 1) / STEP * STEP;
   const int64_t whole = prefix / STEP * STEP;  // the prefix's whole steps; the rest joins each row's tail
   std::vector<float> scores(count * width), accumulator((count + ROWS) * DIM, 0.0f), block(ROWS * ROWS);
-  std::vector<uint16_t> query16(count * DIM), weights16((count + ROWS) * paired, 0);
-  std::vector<uint16_t> key_tile(ROWS * DIM), zeros(DIM, 0);
+  const std::vector<uint16_t> query16 = queries_bf16<DIM>(queries, count, heads, group);
+  std::vector<uint16_t> weights16((count + ROWS) * paired, 0), key_tile(ROWS * DIM), zeros(DIM, 0);
   std::vector<uint32_t> query_tiles, pair_tile(PAIRS * DIM);
-  for (int64_t i = 0; i < count; ++i) {
-    bf16_dots::round_bf16(queries + ((i / group) * heads + i % group) * DIM, query16.data() + i * DIM, DIM);
-  }
   const bf16_tiles::Tiles tiles;
   // Scores of the queries [first, last), 16 a tile, for keys at sequence indices [offset, offset + n) (cache rows
   // through `slots` when given, else consecutive from 0): each tile of keys read once for all the queries.
@@ -694,16 +705,8 @@ void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, cons
     }
     for (int64_t b = 0; b < n; b += ROWS) {
       const int64_t filled = std::min<int64_t>(ROWS, n - b);
-      const uint16_t* tile = key_tile.data();
-      if (!slots && filled == ROWS) {
-        tile = keys + b * DIM;
-        prefetch_rows(keys + (b + kPrefetchTiles * ROWS) * DIM, ROWS, DIM * 2);
-      } else {
-        for (int64_t i = 0; i < ROWS; ++i) {
-          const uint16_t* row = i < filled ? keys + (slots ? slots[b + i] : b + i) * DIM : zeros.data();
-          std::copy(row, row + DIM, key_tile.begin() + i * DIM);
-        }
-      }
+      const uint16_t* tile = key_rows<DIM>(keys, slots, b, n, key_tile.data());
+      if (!slots) prefetch_rows(keys + (b + kPrefetchTiles * ROWS) * DIM, ROWS, DIM * 2);  // the hardware lags here
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t q = first + g * ROWS;
         bf16_tiles::score_tile<DIM>(query_tiles.data() + g * DIM / 2 * ROWS, tile, DIM, block.data());
