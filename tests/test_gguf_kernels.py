@@ -5,8 +5,8 @@ the kernel computes exactly x_q @ W^T with x_q the quantized activations: checke
 scale in float64 (the kernel's only rounding is its float accumulation), and to 2% of it against the
 unquantized x (int8 activations: llama.cpp's own precision for these types). Each row's result is bitwise
 the same alone, among 1..150 rows (past the 64 a pass over the weights takes), and on every code path
-(the best this machine has, AVX-512 VNNI where it has it; AVX2; every row through its integer form, as a type
-without kernels of its own runs; the portable loops). Every type repacked in tiles of 8 rows or pairs of them
+(the best this machine has: AVX-512 VNNI where it has it, and AMX tiles for a dozen rows or more where it has
+those; AVX2; every row through its integer form, as a type without kernels of its own runs; the portable loops). Every type repacked in tiles of 8 rows or pairs of them
 (held in units of 8 or 16 rows) is held to the same, to each other bitwise, and to the row-at-a-time kernel's
 results within float rounding.
 """
@@ -167,7 +167,8 @@ def test_a_build_tiles_what_it_can(kind):
 @pytest.mark.parametrize("sign", [1, -1])
 def test_the_largest_codes_and_activations_stay_exact_on_every_path(kind, sign):
     """Every code byte 0xff (each type's largest codes, its sub-block scales' extremes) times activations that
-    all quantize to +-127: the integer sums that 8- and 16-bit lanes hold reach their largest here."""
+    all quantize to +-127: the integer sums that 8- and 16-bit lanes hold reach their largest here, and 16 rows
+    take the AMX tiles where the machine has them (codes times scales' parts reach 217 of a byte's 255)."""
     rng = np.random.default_rng(6)
     blocks = random_blocks(kind, 16, 512, rng)
     values, size, halves = LAYOUTS[kind]
@@ -176,7 +177,7 @@ def test_the_largest_codes_and_activations_stay_exact_on_every_path(kind, sign):
     for offset, scale in zip(halves, scales):
         blocks.reshape(16, -1, size)[..., offset : offset + 2] = scale
     weight = torch.from_numpy(dequantize(blocks, kind).copy()).double()
-    x = torch.full((3, 512), float(sign))
+    x = torch.full((16, 512), float(sign))
     want = x.double() @ weight.T
     for held in [(torch.from_numpy(blocks), int(kind), 1), tiled(kind, blocks, 512, 1), tiled(kind, blocks, 512, 2)]:
         for path in ["best", *PATHS]:

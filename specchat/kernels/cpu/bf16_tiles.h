@@ -13,18 +13,16 @@
 // hardware does (bf16 denormals read as zero, fp32 denormals flushed, round to nearest even, its own order
 // within a step): other bits than the vdpbf16ps path's, as accurate.
 //
-// Linux lends a thread the tile registers once the process asks (arch_prctl ARCH_REQ_XCOMP_PERM): `ready()`
-// asks once and says whether they may be used; `Tiles` configures them on a thread around a pass.
+// The tiles are lent and configured as amx_tiles.h says.
 
 #pragma once
+
+#include "amx_tiles.h"
 
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__linux__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#if defined(AMX_TILES) && defined(__AMX_BF16__)
 #define BF16_TILES 1
 #endif
 
@@ -34,27 +32,6 @@ constexpr int ROWS = 16;  // a tile's rows: keys (scores) or queries (value sums
 constexpr int STEP = 32;  // a step's keys (value sums) or dims (scores): one tile row of bf16
 
 #ifdef BF16_TILES
-
-// Whether this process may use the tile registers (asked of the kernel once).
-inline bool ready() {
-  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return granted;
-}
-
-// The eight tile registers as 16 rows of 64 bytes on this thread, for as long as this lives.
-class Tiles {
- public:
-  Tiles() {
-    alignas(64) uint8_t config[64] = {};
-    config[0] = 1;  // palette 1; bytes 16-31: each tile's bytes a row, 48-55: its rows
-    for (int t = 0; t < 8; ++t) config[16 + 2 * t] = 64, config[48 + t] = ROWS;
-    // ldtilecfg by hand: GCC's _tile_loadconfig tells the compiler it reads 8 bytes, so the rest were not stored
-    asm volatile("ldtilecfg %0" : : "m"(config));
-  }
-  ~Tiles() { _tile_release(); }
-  Tiles(const Tiles&) = delete;
-  Tiles& operator=(const Tiles&) = delete;
-};
 
 // The queries (bf16 [n][DIM], n <= 16) as the scores' B tiles, one a step of 32 dims: pairs[p][j] holds query j's
 // dims 2p and 2p + 1 in one dword (zero for j >= n), p = 16 s + r for step s and tile row r.
@@ -146,10 +123,6 @@ inline void transpose16(const float* in, int n, int filled, float scale, float* 
     if (column[k] < n) _mm512_mask_storeu_ps(out + column[k] * stride, mask, _mm512_mul_ps(r[k], factor));
   }
 }
-
-#else
-
-inline bool ready() { return false; }
 
 #endif
 

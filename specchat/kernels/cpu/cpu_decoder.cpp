@@ -692,7 +692,7 @@ void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, cons
   const std::vector<uint16_t> query16 = queries_bf16<DIM>(queries, count, heads, group);
   std::vector<uint16_t> weights16((count + ROWS) * paired, 0), key_tile(ROWS * DIM), zeros(DIM, 0);
   std::vector<uint32_t> query_tiles, pair_tile(PAIRS * DIM);
-  const bf16_tiles::Tiles tiles;
+  const amx::Tiles tiles;
   // Scores of the queries [first, last), 16 a tile, for keys at sequence indices [offset, offset + n) (cache rows
   // through `slots` when given, else consecutive from 0): each tile of keys read once for all the queries.
   auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first, int64_t last, int64_t offset) {
@@ -945,7 +945,7 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
   const int64_t chunks = (rows + chunk - 1) / chunk;
   const int64_t cost = (prefix + rows) * group * std::min(rows, chunk);  // key-query pairs in a unit
 #ifdef BF16_TILES
-  const bool tiles = bf16_tiles::ready();
+  const bool tiles = amx::ready();
 #endif
   const auto run = [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
@@ -1209,7 +1209,7 @@ std::vector<at::Tensor> eagle3_forward(const Eagle3Layer& draft, const at::Tenso
 // The code path this build's kernels take, named by the instructions it was compiled for.
 std::string isa() {
 #if defined(GGUF_VNNI) && defined(BF16_DOTS_NATIVE)
-  return bf16_tiles::ready() ? "avx512 (vnni, bf16, amx)" : "avx512 (vnni, bf16)";
+  return amx::ready() ? "avx512 (vnni, bf16, amx)" : "avx512 (vnni, bf16)";
 #elif defined(GGUF_VNNI)
   return "avx512 (vnni)";
 #elif defined(GGUF_DPBUSD)

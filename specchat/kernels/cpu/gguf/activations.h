@@ -5,19 +5,36 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 namespace gguf {
 
-// Rows of x quantized to int8 per group of `group` values: x = scale * q; sums of q per 16 values.
+constexpr int64_t kRowChunk = 64;  // activation rows per pass over the weights
+
+// Memory on 64-byte lines: a tile row that straddles two lines loads six times slower (AMX, amx.h).
+template <typename T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <typename U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  bool operator==(const LineAligned&) const { return true; }
+  bool operator!=(const LineAligned&) const { return false; }
+};
+
+// Rows of x quantized to int8 per group of `group` values: x = scale * q; sums of q per 16 values. q's rows are
+// padded with zero rows to sixteens, so that AMX reads 16 rows in place from any sixteenth (amx.h).
 struct Quantized {
   int64_t rows = 0, cols = 0, group = 0;
-  std::vector<int8_t> q;
+  std::vector<int8_t, LineAligned<int8_t>> q;
   std::vector<float> scale;
   std::vector<int16_t> sums, sums32;  // sums of q per 16 and per 32 values
 
   Quantized(const float* x, int64_t rows_, int64_t cols_, int64_t group_)
-      : rows(rows_), cols(cols_), group(group_), q(rows_ * cols_), scale(rows_ * cols_ / group_),
+      : rows(rows_), cols(cols_), group(group_), q((rows_ + 15) / 16 * 16 * cols_), scale(rows_ * cols_ / group_),
         sums(rows_ * cols_ / 16), sums32(rows_ * cols_ / 32) {
     for (int64_t g = 0; g < rows * cols / group; ++g) {
       const float* in = x + g * group;

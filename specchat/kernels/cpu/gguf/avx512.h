@@ -19,6 +19,68 @@ inline __m512 pair_halves(const void* a, const void* b) {
                                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
 }
 
+// Each activation row's 16 lanes, acc + offset, stored out: lane i to weight row i's column.
+inline void store_pair_rows(const __m512* acc, const __m512* offset, int64_t n, const Quantized& x, int64_t first,
+                            float* out) {
+  for (int64_t r = 0; r < n; ++r) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, _mm512_add_ps(acc[r], offset[r]));
+    for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
+  }
+}
+
+// A Q4_K pair's group closed for an activation row: the integer sum of its sub-block mins times the row's sums,
+// then both float steps of `tile_dots` (avx2.h), each lane's.
+struct K4PairGroup {
+  __m512 d, neg_min;
+  __m512i mins[4];  // int16 pairs [row][which of the pair], per pair of sub-blocks
+
+  K4PairGroup(const TileQ4K& ta, const TileQ4K& tb)
+      : d(pair_halves(ta.d, tb.d)), neg_min(_mm512_sub_ps(_mm512_setzero_ps(), pair_halves(ta.dmin, tb.dmin))) {
+    for (int pair = 0; pair < 4; ++pair)
+      mins[pair] = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.mins[pair])))),
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.mins[pair]))), 1);
+  }
+
+  // Row `row` of x, group g, its sub-blocks' scaled sums p.
+  void operator()(const Quantized& x, int64_t row, int64_t g, __m512i p, __m512& acc, __m512& offset) const {
+    const int16_t* sums = x.sums32.data() + row * x.cols / 32 + g * 8;
+    __m512i q = _mm512_setzero_si512();
+    for (int pair = 0; pair < 4; ++pair) {
+      int32_t two;
+      std::memcpy(&two, sums + 2 * pair, 4);
+      q = _mm512_add_epi32(q, _mm512_madd_epi16(mins[pair], _mm512_set1_epi32(two)));
+    }
+    const __m512 da = _mm512_set1_ps(x.scale[row * (x.cols / 256) + g]);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(da, d), acc);
+    offset = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(da, neg_min), offset);
+  }
+};
+
+// Vector v of sub-block j of a pair of Q4_K or Q5_K tiles: `low` holds values 8v .. 8v + 3 of each of the 16 rows,
+// `high` values 8v + 4 .. 8v + 7; Q5_K's fifth bits added by a byte mask.
+template <typename Tile>
+inline void k4_pair_codes(const Tile& wa, const Tile& wb, int j, int v, __m512i& low, __m512i& high) {
+  const __m512i m4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+  const __m512i codes = pair_bytes(k4_part(wa).codes[j] + 32 * v, k4_part(wb).codes[j] + 32 * v);
+  low = _mm512_and_si512(codes, m4);
+  high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
+  if constexpr (std::is_same_v<Tile, TileQ5K>) {
+    const auto bits = [&](int h) { return _cvtu64_mask64(wa.fifth[j][v][h] | uint64_t{wb.fifth[j][v][h]} << 32); };
+    low = _mm512_mask_add_epi8(low, bits(0), low, sixteen);
+    high = _mm512_mask_add_epi8(high, bits(1), high, sixteen);
+  }
+}
+
+// Sub-block j's scales of a pair of Q4_K tiles, int32 by row.
+inline __m512i k4_pair_scales(const TileQ4K& ta, const TileQ4K& tb, int j) {
+  uint64_t sa, sb;
+  std::memcpy(&sa, ta.scales[j], 8);
+  std::memcpy(&sb, tb.scales[j], 8);
+  return _mm512_cvtepu8_epi32(_mm_set_epi64x(static_cast<int64_t>(sb), static_cast<int64_t>(sa)));
+}
+
 // A pair's two tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's): half the
 // instructions of two calls of `tile_dots<ROWS, true>`, and every lane's integer and float steps the same as there.
 // Q5_K tiles (`Tile` TileQ5K) add their fifth bits by a byte mask. out[i * x.rows + r] for the 16 weight rows i.
@@ -26,7 +88,6 @@ template <int ROWS, typename Tile = TileQ4K>
 void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
   const auto* tiles = reinterpret_cast<const Tile*>(pair);
-  const __m512i m4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
   __m512 acc[ROWS], offset[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -42,13 +103,8 @@ void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first,
       for (int r = 0; r < ROWS; ++r) dot[r] = _mm512_setzero_si512();
       const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
       for (int v = 0; v < 4; ++v) {
-        const __m512i codes = pair_bytes(ta.codes[j] + 32 * v, tb.codes[j] + 32 * v);
-        __m512i low = _mm512_and_si512(codes, m4), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
-        if constexpr (std::is_same_v<Tile, TileQ5K>) {
-          const auto bits = [&](int h) { return _cvtu64_mask64(wa.fifth[j][v][h] | uint64_t{wb.fifth[j][v][h]} << 32); };
-          low = _mm512_mask_add_epi8(low, bits(0), low, sixteen);
-          high = _mm512_mask_add_epi8(high, bits(1), high, sixteen);
-        }
+        __m512i low, high;
+        k4_pair_codes(wa, wb, j, v, low, high);
         for (int r = 0; r < ROWS; ++r) {
           int32_t front, back;
           std::memcpy(&front, a + r * cols + 8 * v, 4);
@@ -57,37 +113,13 @@ void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first,
           dot[r] = _mm512_dpbusd_epi32(dot[r], high, _mm512_set1_epi32(back));
         }
       }
-      uint64_t sa, sb;
-      std::memcpy(&sa, ta.scales[j], 8);
-      std::memcpy(&sb, tb.scales[j], 8);
-      const __m512i scales = _mm512_cvtepu8_epi32(_mm_set_epi64x(static_cast<int64_t>(sb), static_cast<int64_t>(sa)));
+      const __m512i scales = k4_pair_scales(ta, tb, j);
       for (int r = 0; r < ROWS; ++r) p[r] = _mm512_add_epi32(p[r], _mm512_mullo_epi32(dot[r], scales));
     }
-    const __m512 d = pair_halves(ta.d, tb.d);
-    const __m512 neg_min = _mm512_sub_ps(_mm512_setzero_ps(), pair_halves(ta.dmin, tb.dmin));
-    __m512i mins[4];
-    for (int pair = 0; pair < 4; ++pair)
-      mins[pair] = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.mins[pair])))),
-          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.mins[pair]))), 1);
-    for (int r = 0; r < ROWS; ++r) {
-      const int16_t* sums = x.sums32.data() + (first + r) * cols / 32 + g * 8;
-      __m512i q = _mm512_setzero_si512();
-      for (int pair = 0; pair < 4; ++pair) {
-        int32_t two;
-        std::memcpy(&two, sums + 2 * pair, 4);
-        q = _mm512_add_epi32(q, _mm512_madd_epi16(mins[pair], _mm512_set1_epi32(two)));
-      }
-      const __m512 da = _mm512_set1_ps(x.scale[(first + r) * groups + g]);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(da, d), acc[r]);
-      offset[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(da, neg_min), offset[r]);
-    }
+    const K4PairGroup close(ta, tb);
+    for (int r = 0; r < ROWS; ++r) close(x, first + r, g, p[r], acc[r], offset[r]);
   }
-  for (int r = 0; r < ROWS; ++r) {
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, _mm512_add_ps(acc[r], offset[r]));
-    for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
-  }
+  store_pair_rows(acc, offset, ROWS, x, first, out);
 }
 
 // `quad` in 512 bits. Each quad its own 4-byte load: one 16-byte copy of all four went through general registers

@@ -17,6 +17,11 @@
 #endif
 #endif
 
+#include "../amx_tiles.h"
+#if defined(GGUF_VNNI) && defined(AMX_TILES) && defined(__AMX_INT8__)
+#define GGUF_AMX 1  // AMX-INT8 (Xeon since Sapphire Rapids): a pair's rows times 16 activation rows a tile product
+#endif
+
 #include <cstdint>
 #include <cstring>
 #include <string>

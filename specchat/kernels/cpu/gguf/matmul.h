@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -60,8 +61,17 @@ void row_dots(const uint8_t* row, const Quantized& x, Path path, Unpacked& u, fl
 // against 27.7-29.0; with slow memory the two within 5% (docs/benchmarks.md).
 constexpr int64_t kPairsFromRows = 2;
 
+#ifdef GGUF_AMX
+// From this many activation rows a pair's rows go through AMX tiles (amx.h), where the process may use them.
+// Measured on the 1.5B's Q4_K matrices (a Xeon, 2 threads), against the 512-bit kernels: 1.14x their time at 8
+// rows, 0.92x at 12, 0.82x at 16, 0.71x at 64 (docs/benchmarks.md).
+constexpr int64_t kAmxFromRows = 12;
+inline bool through_amx(int64_t rows, Path path) { return path == Path::Best && rows >= kAmxFromRows && amx::ready(); }
+#endif
+
 // A unit's weight rows i (8, or 16 in a pair) dotted with every activation row r: out[i * x.rows + r]. Where the
-// CPU has vpdpbusd its products take it; on AVX-512 VNNI a pair's tiles go through 512 bits from kPairsFromRows.
+// CPU has vpdpbusd its products take it; on AVX-512 VNNI a pair's tiles go through 512 bits from kPairsFromRows,
+// and through AMX tiles where the pass has them configured (`through_amx`).
 template <int64_t TYPE>
 void unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path path, Unpacked& u, float* out) {
   using T = Traits<TYPE>;
@@ -76,6 +86,10 @@ void unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path p
     }
 #ifdef GGUF_DPBUSD
     if (path == Path::Best) {
+#ifdef GGUF_AMX
+      if constexpr (T::amx)
+        if (per_unit == 2 && through_amx(x.rows, path)) return T::amx_dots(unit, x, out);
+#endif
 #ifdef GGUF_VNNI
       if constexpr (T::pairs)
         if (per_unit == 2 && x.rows >= kPairsFromRows)
@@ -174,8 +188,6 @@ inline Matrix tile(const Matrix& m, int64_t per_unit) {
   return {k.repack(m.blocks, m.cols, per_unit), m.type, per_unit * kTileRows, m.cols};
 }
 
-constexpr int64_t kRowChunk = 64;  // activation rows per pass over the weights
-
 // x [n, cols] (any float dtype) times the matrices stacked along their rows -> [n, total rows] float32. One
 // parallel loop over all their rows per chunk of kRowChunk activation rows, quantized once per group size.
 inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path path) {
@@ -213,6 +225,10 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
     }
     float* out_rows = out_data + chunk * total;
     at::parallel_for(0, units.back(), grain, [&](int64_t begin, int64_t end) {
+#ifdef GGUF_AMX
+      std::optional<amx::Tiles> tiles;  // configured on this thread for the pass
+      if (through_amx(rows, path)) tiles.emplace();
+#endif
       Unpacked u;
       std::vector<float> column(2 * kTileRows * rows);
       size_t part = 0;

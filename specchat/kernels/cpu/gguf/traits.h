@@ -2,11 +2,12 @@
 // integer form (`unpack_row`, then `dots_avx2` or `dots_portable`), which every type has; an entry adds
 //   row_kernel  an AVX2 kernel reading the file's blocks directly (`row_dots<ROWS>`),
 //   tiles       8-row tiles (`Tile`, `repack`, `unpack_tile_row`, `tile_dots_portable`, the 256-bit `tile_dots`),
-//   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`).
+//   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`),
+//   amx         on AMX-INT8, a pair of tiles times all of a pass's activation rows in tiles (`amx_dots`).
 // matmul.h builds its dispatch table from these entries and GGUF_BLOCK_TYPES alone.
 #pragma once
 
-#include "avx512.h"
+#include "amx.h"
 
 namespace gguf {
 
@@ -19,7 +20,7 @@ template <typename TileType>
 struct LegacyTraits {  // Q4_0, Q4_1, Q5_0, Q5_1
   using Tile = TileType;
   static constexpr bool row_kernel = true, tiles = true;
-  static constexpr bool pairs = true;
+  static constexpr bool pairs = true, amx = false;
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return tile_legacy<Tile>(blocks, cols, per_unit);
   }
@@ -56,7 +57,7 @@ template <>
 struct Traits<Q8_0> {
   using Tile = TileQ8_0;
   static constexpr bool row_kernel = true, tiles = true;
-  static constexpr bool pairs = false;  // its 256-bit kernel reads a pair as fast
+  static constexpr bool pairs = false, amx = false;  // its 256-bit kernel reads a pair as fast
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return tile_q8_0(blocks, cols, per_unit);
   }
@@ -83,7 +84,7 @@ struct K4Traits {  // Q4_K, and Q5_K (TileQ5K: the same tiles, fifth bits beside
   using Tile = TileType;
   static constexpr bool five = std::is_same_v<Tile, TileQ5K>;
   static constexpr bool row_kernel = true, tiles = true;
-  static constexpr bool pairs = true;
+  static constexpr bool pairs = true, amx = true;
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return five ? tile_q5_k(blocks, cols, per_unit) : tile_q4_k(blocks, cols, per_unit);
   }
@@ -109,6 +110,9 @@ struct K4Traits {  // Q4_K, and Q5_K (TileQ5K: the same tiles, fifth bits beside
     tile_pair_dots_vnni<ROWS, Tile>(pair, x, first, out);
   }
 #endif
+#ifdef GGUF_AMX
+  static void amx_dots(const uint8_t* pair, const Quantized& x, float* out) { tile_pair_dots_amx<Tile>(pair, x, out); }
+#endif
 };
 
 template <> struct Traits<Q4_K> : K4Traits<TileQ4K> {};
@@ -118,7 +122,7 @@ template <>
 struct Traits<Q6_K> {
   using Tile = TileQ6K;
   static constexpr bool row_kernel = true, tiles = true;
-  static constexpr bool pairs = true;
+  static constexpr bool pairs = true, amx = false;  // amx.h says why
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return tile_q6_k(blocks, cols, per_unit);
   }
