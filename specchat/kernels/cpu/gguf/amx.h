@@ -1,15 +1,16 @@
-// The AMX-INT8 kernel (Intel Xeon since Sapphire Rapids): a pair's 16 Q4_K or Q5_K weight rows times all the
+// The AMX-INT8 kernels (Intel Xeon since Sapphire Rapids): a pair's 16 K-quant weight rows times all the
 // activation rows of a pass, 16 at a time, in tiles. tdpbsud multiplies 16 x 64 int8 by 64 x 16 uint8 into 16 x 16
 // int32 sums, 16 times a 512-bit vpdpbusd's products, so from a dozen rows on the tiles outrun the 512-bit kernels
 // (prefill's 64-row passes and large trees; below, those kernels already keep pace with the memory).
 //
 // A: 16 activation rows' 64 values, read in place (Quantized pads its rows to sixteens, on 64-byte lines). B: the
 // pair's codes of the same values as the 512-bit kernels hold them in a vector (four values of each weight row a
-// tile row), so C is [activation row][weight row]. Each sub-block of 32 values carries a 6-bit scale per weight
-// row; taken into B (`K4GroupTiles`), a group's whole sum builds up in the tiles. The sums are integers, exact in
-// any order, and the float steps are the 512-bit kernels' own (`K4PairGroup`): every result is bitwise theirs, and
-// the one-row kernels'. Q6_K has no tile kernel: its int8 scales times 6-bit codes pass a byte, and each 16-value
-// sub-block's sums leaving the tiles to be scaled ran barely faster than vpdpbusd (0.87x at 16 rows).
+// tile row), so C is [activation row][weight row]. Each sub-block carries a scale per weight row; were its sums
+// scaled outside the tiles, each would leave them through memory (a round trip that cost what the products
+// saved). Instead the scales go into B, split into parts whose products with a code fit a byte
+// (`K4GroupTiles`, `Q6GroupTiles`), and a group's whole sum builds up in a few C tiles. The sums are integers,
+// exact in any order, and the float steps are the 512-bit kernels' own (`K4PairGroup`, `Q6PairGroup`): every
+// result is bitwise theirs, and the one-row kernels'.
 #pragma once
 
 #include "avx512.h"
@@ -84,6 +85,85 @@ void tile_pair_dots_amx(const uint8_t* pair, const Quantized& x, float* out) {
       group.products(x.q.data() + first * cols + g * 256, cols, std::min<int64_t>(kAmxRows, rows - first), p + first);
     const K4PairGroup close(k4_part(wa), k4_part(wb));
     for (int64_t r = 0; r < rows; ++r) close(x, r, g, p[r], acc[r], offset[r]);
+  }
+  store_pair_rows(acc, offset, rows, x, 0, out);
+}
+
+// Q6_K's sub-block scales are int8 and its codes 6 bits, so a code times a scale needs two bytes. The scales go
+// in unsigned, S + 128 = sum_t 4^t s_t in base 4 (a code times a digit: 63 x 3 = 189, a byte), and P = sum_j S_j
+// (u . a)_j = sum_t 4^t C_t - 128 C_u from five C tiles: four of the digits' B tiles and one of the bare codes.
+struct Q6GroupTiles {
+  uint8_t b[5][4][16][64];  // [digit 0-3, the codes][64 values][tile row: 4 values of each of 16 weight rows]
+
+  // A pair's group's codes times the digits of their scales, while the pair's group `ahead` is prefetched.
+  void fill(const TileQ6K& ta, const TileQ6K& tb, const Q6PairGroup& group, const TileQ6K* ahead) {
+    for (int j = 0; j < 16; ++j) {
+      if (j % 2 == 0) prefetch_part(ahead, 2 * sizeof(TileQ6K), j / 2, 8);
+      // each dword a row's digit in both 16-bit halves: one vpmullw multiplies the row's 4 bytes (no carry: < 256)
+      const __m512i biased = _mm512_add_epi32(group.scales(j), _mm512_set1_epi32(128));
+      const __m512i both = _mm512_or_si512(biased, _mm512_slli_epi32(biased, 16)), three = _mm512_set1_epi16(3);
+      const __m512i digits[4] = {_mm512_and_si512(both, three), _mm512_and_si512(_mm512_srli_epi16(both, 2), three),
+                                 _mm512_and_si512(_mm512_srli_epi16(both, 4), three), _mm512_srli_epi16(both, 6)};
+      __m512i codes[4];
+      q6_pair_codes(ta, tb, j, codes);
+      for (int k = 0; k < 4; ++k) {
+        const int row = 4 * (j % 4) + k;
+        for (int t = 0; t < 4; ++t) _mm512_store_si512(b[t][j / 4][row], _mm512_mullo_epi16(codes[k], digits[t]));
+        _mm512_store_si512(b[4][j / 4][row], codes[k]);
+      }
+    }
+  }
+
+  // P for 16 activation rows of a group (their values at `a`, rows `stride` apart): p[r] for r < n.
+  void products(const int8_t* a, int64_t stride, int64_t n, __m512i* p) const {
+    alignas(64) int32_t sums[5][kAmxRows][16];
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int k = 0; k < 4; ++k) {
+      _tile_loadd(0, a + 64 * k, stride);
+      _tile_loadd(1, b[0][k], 64);
+      _tile_dpbsud(3, 0, 1);
+      _tile_loadd(2, b[1][k], 64);
+      _tile_dpbsud(4, 0, 2);
+      _tile_loadd(1, b[2][k], 64);
+      _tile_dpbsud(5, 0, 1);
+      _tile_loadd(2, b[3][k], 64);
+      _tile_dpbsud(6, 0, 2);
+      _tile_loadd(1, b[4][k], 64);
+      _tile_dpbsud(7, 0, 1);
+    }
+    _tile_stored(3, sums[0], 64);
+    _tile_stored(4, sums[1], 64);
+    _tile_stored(5, sums[2], 64);
+    _tile_stored(6, sums[3], 64);
+    _tile_stored(7, sums[4], 64);
+    for (int64_t r = 0; r < n; ++r) {
+      __m512i sum = _mm512_load_si512(sums[3][r]);
+      for (int t = 2; t >= 0; --t) sum = _mm512_add_epi32(_mm512_slli_epi32(sum, 2), _mm512_load_si512(sums[t][r]));
+      p[r] = _mm512_sub_epi32(sum, _mm512_slli_epi32(_mm512_load_si512(sums[4][r]), 7));
+    }
+  }
+};
+
+// A pair of Q6_K tiles times every activation row of x, as `tile_pair_dots_amx`.
+inline void q6_tile_pair_dots_amx(const uint8_t* pair, const Quantized& x, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256, rows = x.rows;
+  TORCH_CHECK(rows <= kRowChunk, "a pass takes at most ", kRowChunk, " activation rows");
+  const auto* tiles = reinterpret_cast<const TileQ6K*>(pair);
+  alignas(64) Q6GroupTiles filled;
+  __m512 acc[kRowChunk], offset[kRowChunk];
+  __m512i p[kRowChunk];
+  for (int64_t r = 0; r < rows; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileQ6K &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
+    const Q6PairGroup group(ta, tb);
+    filled.fill(ta, tb, group, tiles + 2 * (g + kPrefetchGroups / 2));
+    for (int64_t first = 0; first < rows; first += kAmxRows)
+      filled.products(x.q.data() + first * cols + g * 256, cols, std::min<int64_t>(kAmxRows, rows - first), p + first);
+    for (int64_t r = 0; r < rows; ++r) group(x, r, g, p[r], acc[r], offset[r]);
   }
   store_pair_rows(acc, offset, rows, x, 0, out);
 }

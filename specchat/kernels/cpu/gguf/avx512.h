@@ -130,67 +130,85 @@ inline __m512i quad512(const int8_t* a, int k) {
   return _mm512_set1_epi32(four);
 }
 
+// Sub-block j's 6-bit codes of a pair of Q6_K tiles: codes[k] holds values 4k .. 4k + 3 of each of the 16 rows.
+inline void q6_pair_codes(const TileQ6K& ta, const TileQ6K& tb, int j, __m512i (&codes)[4]) {
+  const __m512i m4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+  const __m512i low0 = pair_bytes(ta.low[j], tb.low[j]), low1 = pair_bytes(ta.low[j] + 32, tb.low[j] + 32);
+  const __m512i high = pair_bytes(ta.high[j], tb.high[j]);
+  codes[0] = _mm512_or_si512(_mm512_and_si512(low0, m4), _mm512_and_si512(_mm512_slli_epi16(high, 4), top));
+  codes[1] = _mm512_or_si512(_mm512_and_si512(low1, m4), _mm512_and_si512(_mm512_slli_epi16(high, 2), top));
+  codes[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low0, 4), m4), _mm512_and_si512(high, top));
+  codes[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low1, 4), m4),
+                             _mm512_and_si512(_mm512_srli_epi16(high, 2), top));
+}
+
+// A Q6_K pair's group closed for an activation row: the integer sum of its sub-block scales times the row's sums,
+// then both float steps of `q6_tile_dots` (avx2.h), each lane's.
+struct Q6PairGroup {
+  __m512 d, neg32d;
+  __m512i scales16[8];  // int16 [row][which of the pair], per pair of sub-blocks
+
+  Q6PairGroup(const TileQ6K& ta, const TileQ6K& tb)
+      : d(pair_halves(ta.d, tb.d)), neg32d(_mm512_mul_ps(_mm512_set1_ps(-32.0f), d)) {
+    for (int pair = 0; pair < 8; ++pair)
+      scales16[pair] = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.scales[pair]))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.scales[pair])), 1));
+  }
+
+  // Sub-block j's scales, int32 by row.
+  __m512i scales(int j) const {
+    const __m512i pairs = scales16[j / 2];
+    return j % 2 ? _mm512_srai_epi32(pairs, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16);
+  }
+
+  // Row `row` of x, group g, its sub-blocks' scaled sums p.
+  void operator()(const Quantized& x, int64_t row, int64_t g, __m512i p, __m512& acc, __m512& offset) const {
+    const int16_t* sums = x.sums.data() + row * x.cols / 16 + g * 16;
+    __m512i q = _mm512_setzero_si512();
+    for (int pair = 0; pair < 8; ++pair) {
+      int32_t two;
+      std::memcpy(&two, sums + 2 * pair, 4);
+      q = _mm512_add_epi32(q, _mm512_madd_epi16(scales16[pair], _mm512_set1_epi32(two)));
+    }
+    const __m512 da = _mm512_set1_ps(x.scale[row * (x.cols / 256) + g]);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(da, d), acc);
+    offset = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(da, neg32d), offset);
+  }
+};
+
 // A pair of Q6_K tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's), as
 // `tile_pair_dots_vnni` does for Q4_K: every lane's integer and float steps those of `q6_tile_dots<ROWS, true>`.
 template <int ROWS>
 void q6_tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
   const auto* tiles = reinterpret_cast<const TileQ6K*>(pair);
-  const __m512i m4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
   __m512 acc[ROWS], offset[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const TileQ6K &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
     const TileQ6K* ahead = tiles + 2 * (g + kPrefetchGroups / 2);
-    __m512i p[ROWS], q[ROWS];
-    for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm512_setzero_si512();
+    const Q6PairGroup group(ta, tb);
+    __m512i p[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = _mm512_setzero_si512();
 #pragma GCC unroll 1
-    for (int pair = 0; pair < 8; ++pair) {
-      prefetch_part(ahead, 2 * sizeof(TileQ6K), pair, 8);
-      const __m512i scales16 = _mm512_cvtepi8_epi16(
-          _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.scales[pair]))),
-                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.scales[pair])), 1));
-      const __m512i scales[2] = {_mm512_srai_epi32(_mm512_slli_epi32(scales16, 16), 16), _mm512_srai_epi32(scales16, 16)};
-      for (int h = 0; h < 2; ++h) {
-        const int j = 2 * pair + h;
-        const __m512i low0 = pair_bytes(ta.low[j], tb.low[j]), low1 = pair_bytes(ta.low[j] + 32, tb.low[j] + 32);
-        const __m512i high = pair_bytes(ta.high[j], tb.high[j]);
-        const __m512i codes[4] = {
-            _mm512_or_si512(_mm512_and_si512(low0, m4), _mm512_and_si512(_mm512_slli_epi16(high, 4), top)),
-            _mm512_or_si512(_mm512_and_si512(low1, m4), _mm512_and_si512(_mm512_slli_epi16(high, 2), top)),
-            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low0, 4), m4), _mm512_and_si512(high, top)),
-            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low1, 4), m4),
-                            _mm512_and_si512(_mm512_srli_epi16(high, 2), top))};
-        for (int r = 0; r < ROWS; ++r) {
-          const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * j;
-          __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], quad512(a, 0));
-          dot = _mm512_dpbusd_epi32(dot, codes[1], quad512(a, 1));
-          dot = _mm512_dpbusd_epi32(dot, codes[2], quad512(a, 2));
-          dot = _mm512_dpbusd_epi32(dot, codes[3], quad512(a, 3));
-          p[r] = _mm512_add_epi32(p[r], _mm512_mullo_epi32(dot, scales[h]));
-        }
-      }
+    for (int j = 0; j < 16; ++j) {
+      if (j % 2 == 0) prefetch_part(ahead, 2 * sizeof(TileQ6K), j / 2, 8);
+      __m512i codes[4];
+      q6_pair_codes(ta, tb, j, codes);
+      const __m512i scales = group.scales(j);
       for (int r = 0; r < ROWS; ++r) {
-        int32_t two;
-        std::memcpy(&two, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair, 4);
-        q[r] = _mm512_add_epi32(q[r], _mm512_madd_epi16(scales16, _mm512_set1_epi32(two)));
+        const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * j;
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], quad512(a, 0));
+        dot = _mm512_dpbusd_epi32(dot, codes[1], quad512(a, 1));
+        dot = _mm512_dpbusd_epi32(dot, codes[2], quad512(a, 2));
+        dot = _mm512_dpbusd_epi32(dot, codes[3], quad512(a, 3));
+        p[r] = _mm512_add_epi32(p[r], _mm512_mullo_epi32(dot, scales));
       }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.d))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.d)), 1));
-    const __m512 neg32d = _mm512_mul_ps(_mm512_set1_ps(-32.0f), d);
-    for (int r = 0; r < ROWS; ++r) {
-      const __m512 da = _mm512_set1_ps(x.scale[(first + r) * groups + g]);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(da, d), acc[r]);
-      offset[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q[r]), _mm512_mul_ps(da, neg32d), offset[r]);
-    }
+    for (int r = 0; r < ROWS; ++r) group(x, first + r, g, p[r], acc[r], offset[r]);
   }
-  for (int r = 0; r < ROWS; ++r) {
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, _mm512_add_ps(acc[r], offset[r]));
-    for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
-  }
+  store_pair_rows(acc, offset, ROWS, x, first, out);
 }
 
 // A pair's two legacy tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's),

@@ -63,8 +63,8 @@ constexpr int64_t kPairsFromRows = 2;
 
 #ifdef GGUF_AMX
 // From this many activation rows a pair's rows go through AMX tiles (amx.h), where the process may use them.
-// Measured on the 1.5B's Q4_K matrices (a Xeon, 2 threads), against the 512-bit kernels: 1.14x their time at 8
-// rows, 0.92x at 12, 0.82x at 16, 0.71x at 64 (docs/benchmarks.md).
+// Measured on the 1.5B's matrices (a Xeon, 2 threads), against the 512-bit kernels: Q4_K 1.14x their time at 8
+// rows, 0.92x at 12, 0.82x at 16, 0.71x at 64; Q6_K 0.96x at 12, 0.83x at 16 and 64 (docs/benchmarks.md).
 constexpr int64_t kAmxFromRows = 12;
 inline bool through_amx(int64_t rows, Path path) { return path == Path::Best && rows >= kAmxFromRows && amx::ready(); }
 #endif

@@ -3,7 +3,7 @@
 //   row_kernel  an AVX2 kernel reading the file's blocks directly (`row_dots<ROWS>`),
 //   tiles       8-row tiles (`Tile`, `repack`, `unpack_tile_row`, `tile_dots_portable`, the 256-bit `tile_dots`),
 //   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`),
-//   amx         on AMX-INT8, a pair of tiles times all of a pass's activation rows in tiles (`amx_dots`).
+//   amx         on AMX-INT8, a pair of K-quant tiles times all of a pass's activation rows in tiles (`amx_dots`).
 // matmul.h builds its dispatch table from these entries and GGUF_BLOCK_TYPES alone.
 #pragma once
 
@@ -122,7 +122,7 @@ template <>
 struct Traits<Q6_K> {
   using Tile = TileQ6K;
   static constexpr bool row_kernel = true, tiles = true;
-  static constexpr bool pairs = true, amx = false;  // amx.h says why
+  static constexpr bool pairs = true, amx = true;
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return tile_q6_k(blocks, cols, per_unit);
   }
@@ -147,6 +147,9 @@ struct Traits<Q6_K> {
   static void pair_dots(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
     q6_tile_pair_dots_vnni<ROWS>(pair, x, first, out);
   }
+#endif
+#ifdef GGUF_AMX
+  static void amx_dots(const uint8_t* pair, const Quantized& x, float* out) { q6_tile_pair_dots_amx(pair, x, out); }
 #endif
 };
 
