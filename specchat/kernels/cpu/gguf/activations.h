@@ -26,15 +26,16 @@ struct LineAligned {
 };
 
 // Rows of x quantized to int8 per group of `group` values: x = scale * q; sums of q per 16 values. q's rows are
-// padded with zero rows to sixteens, so that AMX reads 16 rows in place from any sixteenth (amx.h).
+// padded with zero rows to a multiple of `pad` (16 where AMX tiles read 16 rows in place from any sixteenth,
+// amx.h; elsewhere a decode step's one row would zero fifteen more).
 struct Quantized {
   int64_t rows = 0, cols = 0, group = 0;
   std::vector<int8_t, LineAligned<int8_t>> q;
   std::vector<float> scale;
   std::vector<int16_t> sums, sums32;  // sums of q per 16 and per 32 values
 
-  Quantized(const float* x, int64_t rows_, int64_t cols_, int64_t group_)
-      : rows(rows_), cols(cols_), group(group_), q((rows_ + 15) / 16 * 16 * cols_), scale(rows_ * cols_ / group_),
+  Quantized(const float* x, int64_t rows_, int64_t cols_, int64_t group_, int64_t pad = 1)
+      : rows(rows_), cols(cols_), group(group_), q((rows_ + pad - 1) / pad * pad * cols_), scale(rows_ * cols_ / group_),
         sums(rows_ * cols_ / 16), sums32(rows_ * cols_ / 32) {
     for (int64_t g = 0; g < rows * cols / group; ++g) {
       const float* in = x + g * group;

@@ -69,6 +69,15 @@ constexpr int64_t kAmxFromRows = 12;
 inline bool through_amx(int64_t rows, Path path) { return path == Path::Best && rows >= kAmxFromRows && amx::ready(); }
 #endif
 
+// The rows a pass's activations are padded to a multiple of: AMX's tiles read 16.
+inline int64_t amx_rows(int64_t rows, Path path) {
+#ifdef GGUF_AMX
+  if (through_amx(rows, path)) return 16;
+#endif
+  (void)rows, (void)path;
+  return 1;
+}
+
 // A unit's weight rows i (8, or 16 in a pair) dotted with every activation row r: out[i * x.rows + r]. Where the
 // CPU has vpdpbusd its products take it; on AVX-512 VNNI a pair's tiles go through 512 bits from kPairsFromRows,
 // and through AMX tiles where the pass has them configured (`through_amx`).
@@ -219,7 +228,7 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
     for (const auto& m : matrices) {
       const int64_t values = kernels(m.type).layout.values, slot = values == 32 ? 0 : 1;
       if (!by_group[slot]) {
-        held.push_back(std::make_unique<Quantized>(x_rows, rows, cols, values));
+        held.push_back(std::make_unique<Quantized>(x_rows, rows, cols, values, amx_rows(rows, path)));
         by_group[slot] = held.back().get();
       }
     }
