@@ -63,14 +63,14 @@ constexpr int64_t kPairsFromRows = 2;
 
 #ifdef GGUF_AMX
 // From this many activation rows a pair's rows go through AMX tiles (amx.h), where the process may use them.
-// Measured on the 1.5B's matrices (a Xeon, 2 threads), against the 512-bit kernels: Q4_K 1.14x their time at 8
-// rows, 0.92x at 12, 0.82x at 16, 0.71x at 64; Q6_K 0.96x at 12, 0.83x at 16 and 64 (docs/benchmarks.md).
+// Measured on the 1.5B's matrices (a Xeon, 2 threads) against the 512-bit kernels: 0.90x their time at 12 rows,
+// 0.84x at 16, 0.69x at 64; Q4_K's through tiles from 2 rows took 1.14x at 8 (docs/benchmarks.md).
 constexpr int64_t kAmxFromRows = 12;
 inline bool through_amx(int64_t rows, Path path) { return path == Path::Best && rows >= kAmxFromRows && amx::ready(); }
 #endif
 
-// The rows a pass's activations are padded to a multiple of: AMX's tiles read 16.
-inline int64_t amx_rows(int64_t rows, Path path) {
+// What a pass's activation rows are padded to a multiple of (`Quantized`): AMX's tiles read 16.
+inline int64_t activation_padding(int64_t rows, Path path) {
 #ifdef GGUF_AMX
   if (through_amx(rows, path)) return 16;
 #endif
@@ -228,7 +228,7 @@ inline at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrice
     for (const auto& m : matrices) {
       const int64_t values = kernels(m.type).layout.values, slot = values == 32 ? 0 : 1;
       if (!by_group[slot]) {
-        held.push_back(std::make_unique<Quantized>(x_rows, rows, cols, values, amx_rows(rows, path)));
+        held.push_back(std::make_unique<Quantized>(x_rows, rows, cols, values, activation_padding(rows, path)));
         by_group[slot] = held.back().get();
       }
     }
