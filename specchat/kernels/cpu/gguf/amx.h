@@ -6,8 +6,8 @@
 // A: 16 activation rows' 64 values, read in place (Quantized pads its rows to sixteens, on 64-byte lines). B: the
 // pair's codes of the same values as the 512-bit kernels hold them in a vector (four values of each weight row a
 // tile row), so C is [activation row][weight row]. Each sub-block carries a scale per weight row; were its sums
-// scaled outside the tiles, each would leave them through memory (a round trip that cost what the products
-// saved). Instead the scales go into B, split into parts whose products with a code fit a byte
+// scaled outside the tiles, each would leave them through memory (a round trip that costs what the products
+// save). Instead the scales go into B, split into parts whose products with a code fit a byte
 // (`K4GroupTiles`, `Q6GroupTiles`), and a group's whole sum builds up in a few C tiles. The sums are integers,
 // exact in any order, and the float steps are the 512-bit kernels' own (`K4PairGroup`, `Q6PairGroup`): every
 // result is bitwise theirs, and the one-row kernels'.
@@ -24,12 +24,14 @@ constexpr int kAmxRows = 16;  // activation rows a tile holds
 // part fits a byte (31 x 7 = 217): B tiles of codes times hi and codes times lo, for a group's 256 values, give
 // the group's whole sum P = sum_j S_j (u . a)_j = 8 C_hi + C_lo in two C tiles, with no sub-block's sums leaving
 // the tiles. tdpbsud multiplies signed activations by these unsigned products.
+template <typename Tile>  // TileQ4K or TileQ5K
 struct K4GroupTiles {
+  static constexpr int64_t kAheadGroups = kPrefetchGroups * sizeof(TileQ4K) / sizeof(Tile) / 2;  // as 512 bits
   uint8_t b[2][4][16][64];  // [hi, lo][64 values][tile row: 4 values of each of 16 weight rows]
 
-  // A pair's group's codes times their scales' parts, while the pair's group `ahead` is prefetched.
-  template <typename Tile>
-  void fill(const Tile& wa, const Tile& wb, const Tile* ahead) {
+  // A pair's group's codes times their scales' parts, while the pair's group `ahead` is prefetched; the group's
+  // close.
+  K4PairGroup fill(const Tile& wa, const Tile& wb, const Tile* ahead) {
     const TileQ4K &ta = k4_part(wa), &tb = k4_part(wb);
     for (int j = 0; j < 8; ++j) {
       prefetch_part(ahead, 2 * sizeof(Tile), j, 8);
@@ -47,6 +49,7 @@ struct K4GroupTiles {
         _mm512_store_si512(b[1][j / 2][row + 1], _mm512_mullo_epi16(high, lo));
       }
     }
+    return {ta, tb};
   }
 
   // P for 16 activation rows of a group (their values at `a`, rows `stride` apart): p[r] for r < n.
@@ -68,35 +71,17 @@ struct K4GroupTiles {
   }
 };
 
-// A pair of Q4_K or Q5_K tiles times every activation row of x: out[i * x.rows + r] for the 16 weight rows i.
-template <typename Tile>
-void tile_pair_dots_amx(const uint8_t* pair, const Quantized& x, float* out) {
-  const int64_t cols = x.cols, groups = cols / 256, rows = x.rows;
-  TORCH_CHECK(rows <= kRowChunk, "a pass takes at most ", kRowChunk, " activation rows");
-  const auto* tiles = reinterpret_cast<const Tile*>(pair);
-  alignas(64) K4GroupTiles group;
-  __m512 acc[kRowChunk], offset[kRowChunk];
-  __m512i p[kRowChunk];
-  for (int64_t r = 0; r < rows; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    const Tile &wa = tiles[2 * g], &wb = tiles[2 * g + 1];
-    group.fill(wa, wb, tiles + 2 * (g + kPrefetchGroups * sizeof(TileQ4K) / sizeof(Tile) / 2));
-    for (int64_t first = 0; first < rows; first += kAmxRows)
-      group.products(x.q.data() + first * cols + g * 256, cols, std::min<int64_t>(kAmxRows, rows - first), p + first);
-    const K4PairGroup close(k4_part(wa), k4_part(wb));
-    for (int64_t r = 0; r < rows; ++r) close(x, r, g, p[r], acc[r], offset[r]);
-  }
-  store_pair_rows(acc, offset, rows, x, 0, out);
-}
-
 // Q6_K's sub-block scales are int8 and its codes 6 bits, so a code times a scale needs two bytes. The scales go
 // in unsigned, S + 128 = sum_t 4^t s_t in base 4 (a code times a digit: 63 x 3 = 189, a byte), and P = sum_j S_j
 // (u . a)_j = sum_t 4^t C_t - 128 C_u from five C tiles: four of the digits' B tiles and one of the bare codes.
 struct Q6GroupTiles {
+  static constexpr int64_t kAheadGroups = kPrefetchGroups / 2;  // as 512 bits
   uint8_t b[5][4][16][64];  // [digit 0-3, the codes][64 values][tile row: 4 values of each of 16 weight rows]
 
-  // A pair's group's codes times the digits of their scales, while the pair's group `ahead` is prefetched.
-  void fill(const TileQ6K& ta, const TileQ6K& tb, const Q6PairGroup& group, const TileQ6K* ahead) {
+  // A pair's group's codes times the digits of their scales, while the pair's group `ahead` is prefetched; the
+  // group's close.
+  Q6PairGroup fill(const TileQ6K& ta, const TileQ6K& tb, const TileQ6K* ahead) {
+    const Q6PairGroup group(ta, tb);
     for (int j = 0; j < 16; ++j) {
       if (j % 2 == 0) prefetch_part(ahead, 2 * sizeof(TileQ6K), j / 2, 8);
       // each dword a row's digit in both 16-bit halves: one vpmullw multiplies the row's 4 bytes (no carry: < 256)
@@ -112,6 +97,7 @@ struct Q6GroupTiles {
         _mm512_store_si512(b[4][j / 4][row], codes[k]);
       }
     }
+    return group;
   }
 
   // P for 16 activation rows of a group (their values at `a`, rows `stride` apart): p[r] for r < n.
@@ -148,22 +134,22 @@ struct Q6GroupTiles {
   }
 };
 
-// A pair of Q6_K tiles times every activation row of x, as `tile_pair_dots_amx`.
-inline void q6_tile_pair_dots_amx(const uint8_t* pair, const Quantized& x, float* out) {
+// A pair of K-quant tiles times every activation row of x, through the B tiles of `GroupTiles`
+// (K4GroupTiles<Tile> or Q6GroupTiles): out[i * x.rows + r] for the 16 weight rows i.
+template <typename Tile, typename GroupTiles>
+void tile_pair_dots_amx(const uint8_t* pair, const Quantized& x, float* out) {
   const int64_t cols = x.cols, groups = cols / 256, rows = x.rows;
   TORCH_CHECK(rows <= kRowChunk, "a pass takes at most ", kRowChunk, " activation rows");
-  const auto* tiles = reinterpret_cast<const TileQ6K*>(pair);
-  alignas(64) Q6GroupTiles filled;
+  const auto* tiles = reinterpret_cast<const Tile*>(pair);
+  alignas(64) GroupTiles filled;
   __m512 acc[kRowChunk], offset[kRowChunk];
   __m512i p[kRowChunk];
   for (int64_t r = 0; r < rows; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const TileQ6K &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
-    const Q6PairGroup group(ta, tb);
-    filled.fill(ta, tb, group, tiles + 2 * (g + kPrefetchGroups / 2));
+    const auto close = filled.fill(tiles[2 * g], tiles[2 * g + 1], tiles + 2 * (g + GroupTiles::kAheadGroups));
     for (int64_t first = 0; first < rows; first += kAmxRows)
       filled.products(x.q.data() + first * cols + g * 256, cols, std::min<int64_t>(kAmxRows, rows - first), p + first);
-    for (int64_t r = 0; r < rows; ++r) group(x, r, g, p[r], acc[r], offset[r]);
+    for (int64_t r = 0; r < rows; ++r) close(x, r, g, p[r], acc[r], offset[r]);
   }
   store_pair_rows(acc, offset, rows, x, 0, out);
 }

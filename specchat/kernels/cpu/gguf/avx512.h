@@ -29,6 +29,23 @@ inline void store_pair_rows(const __m512* acc, const __m512* offset, int64_t n, 
   }
 }
 
+// A K-quant pair's group closed for activation row `row` of x: Q = the sub-blocks' int16 `weights` (mins or scales,
+// [row][which of a pair], PAIRS pairs) times the row's `sums` of their values, then both float steps, each lane's:
+// acc += float(P) (da d), offset += float(Q) (da neg).
+template <int PAIRS>
+inline void close_pair_group(const Quantized& x, int64_t row, int64_t g, const int16_t* sums, const __m512i* weights,
+                             __m512 d, __m512 neg, __m512i p, __m512& acc, __m512& offset) {
+  __m512i q = _mm512_setzero_si512();
+  for (int pair = 0; pair < PAIRS; ++pair) {
+    int32_t two;
+    std::memcpy(&two, sums + 2 * pair, 4);
+    q = _mm512_add_epi32(q, _mm512_madd_epi16(weights[pair], _mm512_set1_epi32(two)));
+  }
+  const __m512 da = _mm512_set1_ps(x.scale[row * (x.cols / 256) + g]);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(da, d), acc);
+  offset = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(da, neg), offset);
+}
+
 // A Q4_K pair's group closed for an activation row: the integer sum of its sub-block mins times the row's sums,
 // then both float steps of `tile_dots` (avx2.h), each lane's.
 struct K4PairGroup {
@@ -45,16 +62,7 @@ struct K4PairGroup {
 
   // Row `row` of x, group g, its sub-blocks' scaled sums p.
   void operator()(const Quantized& x, int64_t row, int64_t g, __m512i p, __m512& acc, __m512& offset) const {
-    const int16_t* sums = x.sums32.data() + row * x.cols / 32 + g * 8;
-    __m512i q = _mm512_setzero_si512();
-    for (int pair = 0; pair < 4; ++pair) {
-      int32_t two;
-      std::memcpy(&two, sums + 2 * pair, 4);
-      q = _mm512_add_epi32(q, _mm512_madd_epi16(mins[pair], _mm512_set1_epi32(two)));
-    }
-    const __m512 da = _mm512_set1_ps(x.scale[row * (x.cols / 256) + g]);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(da, d), acc);
-    offset = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(da, neg_min), offset);
+    close_pair_group<4>(x, row, g, x.sums32.data() + row * x.cols / 32 + g * 8, mins, d, neg_min, p, acc, offset);
   }
 };
 
@@ -164,16 +172,7 @@ struct Q6PairGroup {
 
   // Row `row` of x, group g, its sub-blocks' scaled sums p.
   void operator()(const Quantized& x, int64_t row, int64_t g, __m512i p, __m512& acc, __m512& offset) const {
-    const int16_t* sums = x.sums.data() + row * x.cols / 16 + g * 16;
-    __m512i q = _mm512_setzero_si512();
-    for (int pair = 0; pair < 8; ++pair) {
-      int32_t two;
-      std::memcpy(&two, sums + 2 * pair, 4);
-      q = _mm512_add_epi32(q, _mm512_madd_epi16(scales16[pair], _mm512_set1_epi32(two)));
-    }
-    const __m512 da = _mm512_set1_ps(x.scale[row * (x.cols / 256) + g]);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(da, d), acc);
-    offset = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(da, neg32d), offset);
+    close_pair_group<8>(x, row, g, x.sums.data() + row * x.cols / 16 + g * 16, scales16, d, neg32d, p, acc, offset);
   }
 };
 

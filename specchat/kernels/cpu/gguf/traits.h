@@ -111,7 +111,9 @@ struct K4Traits {  // Q4_K, and Q5_K (TileQ5K: the same tiles, fifth bits beside
   }
 #endif
 #ifdef GGUF_AMX
-  static void amx_dots(const uint8_t* pair, const Quantized& x, float* out) { tile_pair_dots_amx<Tile>(pair, x, out); }
+  static void amx_dots(const uint8_t* pair, const Quantized& x, float* out) {
+    tile_pair_dots_amx<Tile, K4GroupTiles<Tile>>(pair, x, out);
+  }
 #endif
 };
 
@@ -149,7 +151,9 @@ struct Traits<Q6_K> {
   }
 #endif
 #ifdef GGUF_AMX
-  static void amx_dots(const uint8_t* pair, const Quantized& x, float* out) { q6_tile_pair_dots_amx(pair, x, out); }
+  static void amx_dots(const uint8_t* pair, const Quantized& x, float* out) {
+    tile_pair_dots_amx<TileQ6K, Q6GroupTiles>(pair, x, out);
+  }
 #endif
 };
 
