@@ -27,6 +27,13 @@ def test_fields_map_onto_the_engine_settings():
     assert request.max_tokens == 20 and request.stop == ("END",) and request.stream and request.include_usage
 
 
+def test_response_format_json_object_asks_for_json_mode_on_both_endpoints():
+    assert chat_request({"messages": HI, "response_format": {"type": "json_object"}}).json_object
+    assert text_request({"prompt": "{", "response_format": {"type": "json_object"}}).json_object
+    assert not chat_request({"messages": HI, "response_format": {"type": "text"}}).json_object
+    assert not text_request({"prompt": "x"}).json_object
+
+
 def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
     assert text_request({"prompt": "Once"}).prompt == "Once"
     assert text_request({"prompt": ["Once"]}).max_tokens == 16
@@ -70,7 +77,7 @@ def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
         ({"messages": HI, "frequency_penalty": 0.5}, "frequency_penalty", "repetition_penalty"),
         ({"messages": HI, "presence_penalty": -1}, "presence_penalty", "not supported"),
         ({"messages": HI, "logit_bias": {"5": 10}}, "logit_bias", "logit_bias"),
-        ({"messages": HI, "response_format": {"type": "json_object"}}, "response_format", "only 'text'"),
+        ({"messages": HI, "response_format": {"type": "json_schema"}}, "response_format", "'text' or 'json_object'"),
         ({"messages": HI, "stop": 5}, "stop", "string"),
         ({"messages": HI, "stop": ["a"] * 17}, "stop", "at most"),
         ({"messages": HI, "stream": "yes"}, "stream", "boolean"),
@@ -100,6 +107,8 @@ def test_bad_chat_requests_name_their_field(body, param, words):
         ({"prompt": "a", "suffix": "b"}, "suffix", "suffix"),
         ({"prompt": "a", "best_of": 3}, "best_of", "best_of"),
         ({"prompt": "a", "logprobs": 2}, "logprobs", "logprobs"),
+        ({"prompt": "a", "response_format": "json"}, "response_format", "object"),
+        ({"prompt": "a", "response_format": {"type": "json_schema"}}, "response_format", "'json_object'"),
     ],
 )
 def test_bad_completion_requests_name_their_field(body, param, words):

@@ -56,6 +56,9 @@ def run(
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
     system: SystemOption = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
+    text_format: Annotated[
+        str, typer.Option("--format", help="text | json: json holds the answer to one JSON object (JSON mode).")
+    ] = "text",
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
@@ -70,6 +73,8 @@ def run(
         raise SpecchatError("--max-new-tokens must be at least 1")
     if any(not each for each in stop or ()):
         raise SpecchatError("--stop takes a non-empty string")
+    if text_format not in ("text", "json"):
+        raise SpecchatError(f"--format must be text or json, not {text_format!r}")
     drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
@@ -105,7 +110,8 @@ def run(
     tokens, origins, text, stats, finish = [], [], [], None, None
     try:
         for event in engine.generate(
-            prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ())
+            prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ()),
+            constraint=engine.json_mode if text_format == "json" else None,
         ):
             tokens += event.tokens
             origins += event.origins

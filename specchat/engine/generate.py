@@ -6,6 +6,7 @@ already committed (a chat's next turn) only prefill their new suffix.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 
@@ -15,6 +16,7 @@ from specchat.disk_cache import cache_dir
 from specchat.engine.drafter import Drafter, TargetView
 from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
+from specchat.engine.constraint import ConstrainedText, Constraint
 from specchat.engine.events import KNOWN, TARGET, StepEvent
 from specchat.engine.lean_forward import LeanForward
 from specchat.engine.prefix_store import PrefixStore
@@ -99,6 +101,14 @@ class Engine:
         """Tokens a session may hold: the cache less the slots a verified tree needs."""
         return self.max_len - self.tree_capacity
 
+    @functools.cached_property
+    def json_mode(self) -> Constraint:
+        """JSON mode over this model's vocabulary, for `generate(constraint=...)`: built on first use (sorting a
+        150K-token vocabulary by its bytes takes about half a second), then shared by every request."""
+        from specchat.constraints import JsonObject
+
+        return JsonObject(self.tokenizer, self.model.config.vocab_size, self.eos_ids)
+
     @property
     def exact_reuse(self) -> bool:
         """Whether a prompt that reuses a cached prefix gets bitwise the logits of one prefilled whole: so on the
@@ -118,6 +128,7 @@ class Engine:
         index_offset: int = 0,
         known: list[int] = (),
         fresh: bool = False,
+        constraint: Constraint | None = None,
     ) -> Iterator[StepEvent]:
         """Prefill `prompt_ids` and yield a `StepEvent` per step until EOS, a stop string, `max_new_tokens` or a
         full cache.
@@ -136,6 +147,10 @@ class Engine:
         `fresh` prefills the whole prompt, as a new engine would, instead of reusing the cached prefix it shares
         with the last request: where reuse is not exact (`exact_reuse`), the output is then exactly a new
         engine's (a prompt prefilled in pieces, or after decode steps, is rounded differently there).
+
+        `constraint` holds the output to a syntax (`specchat.constraints.JsonObject`: JSON mode): every row's
+        logits are masked to the ids it allows next before the sampling pipeline, in AR decoding and in every
+        verified row alike (`engine/constraint.py`).
         """
         if not prompt_ids:
             raise SpecchatError("the prompt is empty")
@@ -152,13 +167,14 @@ class Engine:
             seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (), generator=generator))
             noise = PositionNoise(seed, index_offset)
         stream = TextStream(self.tokenizer, stop)
+        constrained = ConstrainedText(constraint) if constraint is not None else None
 
         start = time.perf_counter()
         if fresh:
             self.cache.truncate(0)
         continued = self.cache.length > 0 and self.ids[: self.cache.length].tolist() == prompt_ids[: self.cache.length]
         logits = self._prefill(prompt_ids, stats, reuse=not fresh)
-        processed = self._process(logits, sampling, DraftTree.empty())
+        processed = self._process(logits, sampling, DraftTree.empty(), constrained)
         if noise:
             [token] = noise.choose(processed.softmax(dim=-1), [self.length])
         else:
@@ -168,21 +184,23 @@ class Engine:
             # acceptance belongs to a text: a new one (not a chat's next turn) starts with what it will show,
             # trees priced at its context
             self.policy = AdaptiveBudget(self._verify_cost())
-        event = self._commit([token], [TARGET], self._no_rows, stats, stream, budget, limit)
+        event = self._commit([token], [TARGET], self._no_rows, stats, stream, budget, limit, constrained)
         ahead = _still_known(list(known), event.tokens)
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
-            tokens, origins, hidden, tree, tree_budget, draft_seconds = self._step(sampling, generator, noise, ahead)
+            tokens, origins, hidden, tree, tree_budget, draft_seconds = self._step(sampling, generator, noise, ahead,
+                                                                                   constrained)
             stats.decode_seconds += time.perf_counter() - start
-            event = self._commit(tokens, origins, hidden, stats, stream, budget, limit)
+            event = self._commit(tokens, origins, hidden, stats, stream, budget, limit, constrained)
             stats.decode_tokens += len(event.tokens)
             drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
             stats.record_step(tree.depth, drafted, tree_budget, draft_seconds, nodes=len(tree))
             ahead = _still_known(ahead, event.tokens)
             yield event
 
-    def _step(self, sampling: SamplingConfig, generator, noise: PositionNoise | None, known: list[int]):
+    def _step(self, sampling: SamplingConfig, generator, noise: PositionNoise | None, known: list[int],
+              constrained: ConstrainedText | None):
         """Draft (or take the `known` tokens as a chain), verify the tree (or just the root) in one forward,
         commit the accepted KV.
 
@@ -209,7 +227,7 @@ class Engine:
         mask = batch.tree_mask if len(tree) else None  # the root alone: a decode step
         logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask,
                                        feature_layers=self.state_layers)  # fmt: skip
-        processed = self._process(logits, sampling, tree)
+        processed = self._process(logits, sampling, tree, constrained)
         choices = None
         if noise:
             choices = noise.choose(processed.softmax(dim=-1), [self.length + depth for depth in (0, *tree.depths)])
@@ -253,8 +271,12 @@ class Engine:
             self._verify_costs[key] = cached_verify_cost(cache_dir() / "verify_cost.json", key, measure)
         return self._verify_costs[key]
 
-    def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree) -> torch.Tensor:
-        """Processed logits per verified row, each with its own history when the penalty needs one."""
+    def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree,
+                 constrained: ConstrainedText | None = None) -> torch.Tensor:
+        """Processed logits per verified row, each with its own history when the penalty needs one, masked first
+        to what `constrained` allows in the row's own state."""
+        if constrained is not None:
+            logits = constrained.mask(logits, tree)
         history = None
         if sampling.uses_history:
             window = sampling.penalty_window
@@ -343,7 +365,7 @@ class Engine:
         """The last forward's row `row` is now the newest position in the cache: keep its query (fp32, a copy)."""
         self._last_query = self._queries[row].to(torch.float32, copy=True)
 
-    def _commit(self, tokens, origins, hidden, stats, stream, budget, limit) -> StepEvent:
+    def _commit(self, tokens, origins, hidden, stats, stream, budget, limit, constrained) -> StepEvent:
         """Append a step's tokens to the committed ids, cut exactly where autoregressive decoding would have
         stopped (EOS, a stop string, the token budget, whose end is `limit`), and build the step's event."""
         finish, text = None, ""
@@ -358,6 +380,8 @@ class Engine:
         self.cache.truncate(self.length - 1)  # drop the KV of accepted tokens that were cut
         if self.drafter is not None:
             self.drafter.commit(tokens, hidden[: len(tokens)])
+        if constrained is not None:
+            constrained.commit(tokens)
         stats.new_tokens += len(tokens)
         if finish:
             text += stream.flush()

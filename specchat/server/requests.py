@@ -2,8 +2,8 @@
 
 Every problem is a `RequestError` naming the field, answered as OpenAI answers it (a 4xx and an `error` object),
 before the request is queued. Fields the engine has no equivalent for are refused when they ask for something
-(`n` > 1, tools, logprobs, additive penalties), and accepted at their neutral values, which many clients always
-send. Fields this server does not know are ignored, as vLLM and llama-server do: clients add their own.
+(`n` > 1, tools, logprobs, additive penalties, a JSON schema), and accepted at their neutral values, which many
+clients always send. `response_format: {"type": "json_object"}` runs JSON mode. Fields this server does not know are ignored, as vLLM and llama-server do: clients add their own.
 Omitted sampling fields take the model's own defaults, as `specchat run` does.
 """
 
@@ -45,6 +45,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     speculative: Speculative | None = None  # None: the server's drafter and budget
+    json_object: bool = False  # JSON mode: the answer is one JSON object
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,6 @@ def chat_request(body: object) -> CompletionRequest:
     _refuse_unsupported(body)
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         raise RequestError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
-    if body.get("response_format") is not None:
-        kind = _object(body["response_format"], "response_format").get("type")
-        if kind != "text":
-            raise RequestError(f"response_format {kind!r} is not supported; only 'text'", param="response_format")
     return CompletionRequest(
         model=_model(body),
         messages=_messages(body.get("messages")),
@@ -108,7 +105,19 @@ def _common(body: dict) -> dict:
         if not isinstance(include_usage, bool):
             raise RequestError("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     return {"sampling": _sampling(body), "stop": _stop(body.get("stop")), "stream": stream,
-            "include_usage": include_usage, "speculative": _speculative(body.get("speculative"))}  # fmt: skip
+            "include_usage": include_usage, "speculative": _speculative(body.get("speculative")),
+            "json_object": _json_object(body.get("response_format"))}  # fmt: skip
+
+
+def _json_object(value: object) -> bool:
+    """Whether `response_format` asks for JSON mode (vLLM takes it on completions too)."""
+    if value is None:
+        return False
+    kind = _object(value, "response_format").get("type")
+    if kind not in ("text", "json_object"):
+        raise RequestError(f"response_format {kind!r} is not supported; 'text' or 'json_object'",
+                           param="response_format")  # fmt: skip
+    return kind == "json_object"
 
 
 def _speculative(value: object) -> Speculative | None:

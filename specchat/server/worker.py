@@ -31,6 +31,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     drafting: bool = True  # False: the target alone, whatever drafter the server has
     draft_budget: int | None = None  # a fixed budget for this request; None: the server's
+    json_object: bool = False  # JSON mode
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class EngineWorker:
         try:
             events = self.served.engine.generate(
                 job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
-                fresh=not self.prompt_cache,
+                fresh=not self.prompt_cache, constraint=self.served.engine.json_mode if job.json_object else None,
             )
             for event in events:
                 self.tokens_generated += len(event.tokens)

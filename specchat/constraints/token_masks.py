@@ -1,0 +1,133 @@
+"""Which tokens of a vocabulary may come next under a byte automaton (json_syntax.py): one bool mask a state.
+
+A token may come next when the automaton accepts every byte of it. Checking each of 150K tokens byte by byte
+would take seconds a state, so the vocabulary is sorted by its bytes: the tokens that share a prefix are then a
+range of rows, and a walk feeds each prefix once, leaving a range as soon as its next byte is refused (outside a
+string most ranges end after a byte or two). Inside a string, every byte from 0x20 up but `"` and `\\` leaves the
+state unchanged, so the tokens made only of such bytes from there on are accepted as a block and only the others
+(those holding a quote, a backslash or a control byte) are fed one by one. Masks are cached by state, less its
+count of whitespace bytes in a row: a token fits after k of them if it fits after none and its own leading
+whitespace is at most `MAX_WHITESPACE` - k (whatever follows a non-whitespace byte no longer depends on k). So a
+JSON text meets few distinct states.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from functools import cache
+
+import numpy as np
+import torch
+
+from specchat.constraints import json_syntax
+from specchat.constraints.json_syntax import State
+
+CACHED_MASKS = 512  # states whose masks are kept, least recently used dropped first
+
+
+class TokenMasks:
+    """Masks over a vocabulary of `size` ids (a model's logits, which may outnumber the tokenizer's tokens) whose
+    bytes are `pieces` (None: a special token, never allowed), the `end_ids` allowed exactly where the text is
+    complete."""
+
+    def __init__(self, pieces: list[bytes | None], size: int, end_ids: frozenset[int]):
+        self.size = size
+        self.end_ids = torch.tensor(sorted(end_ids), dtype=torch.long)
+        ids = sorted((i for i, piece in enumerate(pieces) if piece and i < size), key=lambda i: pieces[i])
+        self.ids = np.array(ids, dtype=np.int64)
+        self.pieces = [pieces[i] for i in ids]
+        width = max(map(len, self.pieces))
+        self.bytes = np.full((len(ids), width + 1), -1, dtype=np.int16)  # -1 after a token's end
+        for row, piece in enumerate(self.pieces):
+            self.bytes[row, : len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+        # the index of each token's last byte that a string does not take as it is (-1: none)
+        special = (self.bytes >= 0) & ((self.bytes < 0x20) | (self.bytes == 0x22) | (self.bytes == 0x5C))
+        last = width - np.argmax(special[:, ::-1], axis=1)
+        self.last_special = np.where(special.any(axis=1), last, -1)
+        whitespace = np.isin(self.bytes, list(json_syntax.WHITESPACE))
+        self.leading_whitespace = torch.zeros(size, dtype=torch.int32)  # of each id
+        self.leading_whitespace[self.ids] = torch.from_numpy(np.argmin(whitespace, axis=1).astype(np.int32))
+        self._masks: OrderedDict[State, torch.Tensor] = OrderedDict()
+
+    def allowed(self, state: State) -> torch.Tensor:
+        """[size] bool: the ids that may come next in `state`."""
+        mode, stack, spaces, extra = state
+        key = (mode, stack, 0, extra)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._compute(key)
+            self._masks[key] = mask
+            if len(self._masks) > CACHED_MASKS:
+                self._masks.popitem(last=False)
+        else:
+            self._masks.move_to_end(key)
+        if spaces:
+            mask = mask & (self.leading_whitespace <= json_syntax.MAX_WHITESPACE - spaces)
+        return mask
+
+    def _compute(self, state: State) -> torch.Tensor:
+        if json_syntax.complete(state):
+            mask = torch.zeros(self.size, dtype=torch.bool)
+            mask[self.end_ids] = True
+            return mask
+        out = np.zeros(self.size, dtype=bool)
+        self._walk(state, 0, len(self.ids), 0, out)
+        return torch.from_numpy(out)
+
+    def _walk(self, state: State, lo: int, hi: int, depth: int, out: np.ndarray) -> None:
+        """Mark in `out` the tokens of rows [lo, hi), which share their first `depth` bytes, that the automaton
+        takes whole from `state` (where it is after those bytes)."""
+        column = self.bytes[lo:hi, depth]
+        ended = int(np.searchsorted(column, 0))  # tokens of exactly `depth` bytes sort first
+        out[self.ids[lo : lo + ended]] = True
+        lo, column = lo + ended, column[ended:]
+        if lo == hi:
+            return
+        if json_syntax.in_string(state):
+            plain = self.last_special[lo:hi] < depth
+            out[self.ids[lo:hi][plain]] = True
+            for row in np.flatnonzero(~plain) + lo:
+                if json_syntax.feed_bytes(state, self.pieces[row][depth:]) is not None:
+                    out[self.ids[row]] = True
+            return
+        starts = np.flatnonzero(np.diff(column)) + 1
+        for start, end in zip(np.r_[0, starts], np.r_[starts, len(column)]):
+            after = json_syntax.feed(state, int(column[start]))
+            if after is not None:
+                self._walk(after, lo + int(start), lo + int(end), depth + 1, out)
+
+
+def vocabulary_bytes(tokenizer) -> list[bytes | None]:
+    """Each token id's bytes as the tokenizer writes them (byte-level BPE as GPT-2, Llama 3 and Qwen encode them,
+    or SentencePiece pieces with `▁` spaces and `<0xNN>` bytes); None for added and special tokens, which a
+    constrained text never holds."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    added = set(getattr(tokenizer, "added_tokens_decoder", {})) | set(tokenizer.all_special_ids)
+    decoder = _byte_decoder()
+    byte_level = all(piece is None or all(char in decoder for char in piece) for piece in pieces[:1000])
+    out: list[bytes | None] = []
+    for i, piece in enumerate(pieces):
+        if piece is None or i in added:
+            out.append(None)
+        elif byte_level:
+            out.append(bytes(decoder[char] for char in piece) if all(char in decoder for char in piece) else None)
+        elif piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:
+            out.append(bytes([int(piece[3:5], 16)]))
+        else:
+            out.append(piece.replace("\u2581", " ").encode())
+    return out
+
+
+@cache
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's characters back to bytes: printable bytes stand for themselves, the others for the
+    characters from U+0100 on, in byte order (GPT-2's table)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
