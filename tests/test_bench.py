@@ -144,6 +144,22 @@ def test_bench_logits_scores_the_embedded_model_against_its_dequantized_weights(
         assert row.mean_kl < 0.02 and row.top1_agreement > 0.85 and 0 < row.rms_error < 0.5
 
 
+def test_json_mode_rows_are_json_objects_and_exact(default_model):
+    """`bench --format json`: every answer of ours one JSON object, every drafter's AR's; llama.cpp's under its
+    own JSON grammar an object too."""
+    pytest.importorskip("llama_cpp")
+    tokenizer = default_model.tokenizer
+    prompt = "Give the name, age and city of a fictional person as JSON."
+    llamacpp = LlamaCpp(embedded_gguf_path())
+    rows = compare(default_model, {"json": [prompt]}, ["ngram"], max_new_tokens=64, repeats=1, llamacpp=llamacpp,
+                   json_mode=True)  # fmt: skip
+    assert [row.method for row in rows] == ["none", "ngram", "llamacpp"] and rows[1].identical_to_ar
+    ids = encode_prompt(tokenizer, prompt)
+    for method in ("none", "llamacpp"):
+        run = method_runner(method, default_model, 256, 64, None, llamacpp, json_mode=True)(ids)
+        assert isinstance(json.loads(tokenizer.decode(run.tokens, skip_special_tokens=True)), dict)
+
+
 def test_the_llamacpp_baseline_grows_its_context_to_the_prompt(tokenizer):
     """A prompt longer than llama.cpp's context reloads it larger instead of failing in llama_decode."""
     pytest.importorskip("llama_cpp")

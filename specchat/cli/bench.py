@@ -84,6 +84,9 @@ def bench(
     repeats: Annotated[int, typer.Option(help="Interleaved repetitions after the warm-up.")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw tokens/s and tau to this PNG.")] = None,
+    text_format: Annotated[
+        str, typer.Option("--format", help="text | json: json decodes every answer in JSON mode (one JSON object).")
+    ] = "text",
 ) -> None:
     """Decoding speed of each drafter against autoregressive decoding (and transformers, llama.cpp)."""
     if ctx.invoked_subcommand is not None:
@@ -103,6 +106,10 @@ def bench(
     for name in baselines:
         if name not in ("hf", "llamacpp"):
             raise SpecchatError(f"unknown baseline '{name}'; use hf, llamacpp")
+    if text_format not in ("text", "json"):
+        raise SpecchatError(f"--format must be text or json, not {text_format!r}")
+    if text_format == "json" and "hf" in baselines:
+        raise SpecchatError("--format json has no transformers baseline: use --baseline llamacpp (its JSON grammar)")
     check_quantize(quantize, device)
     kv_caches = csv_list(kv_cache)
     for each in kv_caches:
@@ -137,11 +144,12 @@ def bench(
             for kv in kv_caches:
                 rows += compare(
                     loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
-                    llamacpp=llamacpp, kv_cache=kv, sampling=sampling,
+                    llamacpp=llamacpp, kv_cache=kv, sampling=sampling, json_mode=text_format == "json",
                     step=lambda what, d=f"{each_dtype}, kv {kv}": step(f"{d} · {what}"),
                 )  # fmt: skip
                 llamacpp = None  # measured once, beside the first dtype and cache
-    title = f"{loaded.source.name} ({forward_path(loaded.model)}), {_described(sampling)}, decode tokens/s"
+    mode = ", JSON mode" if text_format == "json" else ""
+    title = f"{loaded.source.name} ({forward_path(loaded.model)}), {_described(sampling)}{mode}, decode tokens/s"
     report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
     if plot is not None:
         plot_rows([row.as_dict() for row in rows], plot, title=title)
