@@ -22,9 +22,9 @@ from conftest import tiny_model
 from drafters_for_tests import RandomTreeDrafter
 from test_cli import assert_one_line_error, specchat, specchat_in_process
 
-from specchat.constraints import JsonObject
+from specchat.constraints import JsonText
 from specchat.constraints import json_syntax as syntax
-from specchat.constraints.token_masks import TokenMasks, vocabulary_bytes
+from specchat.constraints.token_masks import TokenMasks, Vocabulary, vocabulary_bytes
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
@@ -93,7 +93,7 @@ def test_the_vocabulary_bytes_are_what_the_tokenizer_encodes(tokenizer, pieces):
 
 def test_a_state_mask_is_every_token_the_automaton_takes(tokenizer, pieces, default_model):
     size = default_model.model.config.vocab_size
-    masks = TokenMasks(pieces, size, frozenset({2}))
+    masks = TokenMasks(Vocabulary(pieces, size), syntax, frozenset({2}))
     prefixes = [b"", b"{", b'{"na', b'{"name": ', b'{"name": "Al', b'{"a": [1, 2', b'{"a": {"b": tr', b'{"a": 1}',
                 b'{"a": "x\\', b'{"a": "\\u00', b'{"a": -', b'{"a": 12', b'{"a": 1.5e', b'{\n  "a": 1,\n',
                 b"{" + b" " * 40, b"{" + b"\n" * (syntax.MAX_WHITESPACE - 1), b"{" + b" " * syntax.MAX_WHITESPACE,
@@ -113,7 +113,7 @@ VOCAB = 1024
 
 def _decode(engine: Engine, prompt: list[int], n: int, sampling=SamplingConfig(), reproducible=False):
     events = engine.generate(prompt, sampling=sampling, max_new_tokens=n, reproducible=reproducible,
-                             constraint=engine.json_mode)  # fmt: skip
+                             constraint=engine.json_constraint())  # fmt: skip
     return [token for event in events for token in event.tokens]
 
 
@@ -151,7 +151,7 @@ def test_the_embedded_model_answers_one_json_object_with_every_drafter(default_m
     for drafter in ("none", "ngram", "longspec"):
         session = Session.over(default_model, max_len=512, drafter=drafter)
         ids = encode_prompt(default_model.tokenizer, prompt)
-        events = list(session.engine.generate(ids, max_new_tokens=120, constraint=session.engine.json_mode))
+        events = list(session.engine.generate(ids, max_new_tokens=120, constraint=session.engine.json_constraint()))
         assert events[-1].finish_reason == "eos"
         answers[drafter] = [token for event in events for token in event.tokens]
         text = "".join(event.text for event in events)
@@ -173,4 +173,4 @@ def test_run_refuses_an_unknown_format(monkeypatch, capfd):
 
 def test_json_mode_is_one_object_of_the_engine(default_model):
     engine = Engine(default_model.model, default_model.tokenizer, max_len=64)
-    assert isinstance(engine.json_mode, JsonObject) and engine.json_mode is engine.json_mode
+    assert isinstance(engine.json_constraint(), JsonText) and engine.json_constraint() is engine.json_constraint()

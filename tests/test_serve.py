@@ -136,6 +136,13 @@ def test_json_mode_answers_one_json_object(server):
                                                     response_format={"type": "json_object"})  # fmt: skip
     [choice] = reply.choices
     assert choice.finish_reason == "stop" and isinstance(json.loads(choice.message.content), dict)
+    schema = {"type": "object", "required": ["name", "age"],
+              "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}  # fmt: skip
+    reply = server.client().chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=120,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": schema}})
+    value = json.loads(reply.choices[0].message.content)
+    assert list(value) == ["name", "age"] and isinstance(value["age"], int)
 
 
 def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):

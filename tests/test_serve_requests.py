@@ -77,7 +77,8 @@ def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
         ({"messages": HI, "frequency_penalty": 0.5}, "frequency_penalty", "repetition_penalty"),
         ({"messages": HI, "presence_penalty": -1}, "presence_penalty", "not supported"),
         ({"messages": HI, "logit_bias": {"5": 10}}, "logit_bias", "logit_bias"),
-        ({"messages": HI, "response_format": {"type": "json_schema"}}, "response_format", "'text' or 'json_object'"),
+        ({"messages": HI, "response_format": {"type": "grammar"}}, "response_format", "'json_object' or 'json_schema'"),
+        ({"messages": HI, "response_format": {"type": "json_schema"}}, "response_format.json_schema", "JSON object"),
         ({"messages": HI, "stop": 5}, "stop", "string"),
         ({"messages": HI, "stop": ["a"] * 17}, "stop", "at most"),
         ({"messages": HI, "stream": "yes"}, "stream", "boolean"),
@@ -108,7 +109,7 @@ def test_bad_chat_requests_name_their_field(body, param, words):
         ({"prompt": "a", "best_of": 3}, "best_of", "best_of"),
         ({"prompt": "a", "logprobs": 2}, "logprobs", "logprobs"),
         ({"prompt": "a", "response_format": "json"}, "response_format", "object"),
-        ({"prompt": "a", "response_format": {"type": "json_schema"}}, "response_format", "'json_object'"),
+        ({"prompt": "a", "response_format": {"type": "regex"}}, "response_format", "'json_object'"),
     ],
 )
 def test_bad_completion_requests_name_their_field(body, param, words):

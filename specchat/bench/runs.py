@@ -77,7 +77,7 @@ def engine_run(engine: Engine, ids: list[int], max_new_tokens: int, sampling: Sa
     draw keyed noise (`reproducible`), so every drafter writes the text autoregressive decoding does."""
     tokens = []
     events = engine.generate(ids, sampling=sampling, max_new_tokens=max_new_tokens, reproducible=not sampling.greedy,
-                             constraint=engine.json_mode if json_mode else None)  # fmt: skip
+                             constraint=engine.json_constraint() if json_mode else None)  # fmt: skip
     for event in events:
         tokens += event.tokens
     s = event.stats

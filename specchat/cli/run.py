@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -59,6 +60,9 @@ def run(
     text_format: Annotated[
         str, typer.Option("--format", help="text | json: json holds the answer to one JSON object (JSON mode).")
     ] = "text",
+    schema: Annotated[
+        Path | None, typer.Option("--schema", help="A JSON Schema file the answer must follow (JSON mode).")
+    ] = None,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
@@ -75,6 +79,7 @@ def run(
         raise SpecchatError("--stop takes a non-empty string")
     if text_format not in ("text", "json"):
         raise SpecchatError(f"--format must be text or json, not {text_format!r}")
+    json_schema = read_schema(schema) if schema is not None else None
     drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
@@ -111,7 +116,7 @@ def run(
     try:
         for event in engine.generate(
             prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ()),
-            constraint=engine.json_mode if text_format == "json" else None,
+            constraint=engine.json_constraint(json_schema) if text_format == "json" or schema else None,
         ):
             tokens += event.tokens
             origins += event.origins
@@ -161,6 +166,23 @@ def _out(text: str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         os._exit(0)  # no flush of the closed stream at exit
+
+
+def read_schema(path: Path) -> dict:
+    """The JSON Schema in `path`, checked against the subset JSON mode holds a text to."""
+    from specchat.constraints.json_schema import JsonSchema, SchemaError
+
+    try:
+        schema = json.loads(path.read_text())
+    except OSError as error:
+        raise SpecchatError(f"--schema: cannot read {path}: {error.strerror}") from None
+    except ValueError as error:
+        raise SpecchatError(f"--schema: {path} is not JSON: {error}") from None
+    try:
+        JsonSchema(schema)
+    except SchemaError as error:
+        raise SpecchatError(f"--schema {path}: {error}") from None
+    return schema
 
 
 def _read_prompt(prompt: str) -> str:

@@ -1,30 +1,29 @@
-"""JSON mode: the text is one JSON object, then the end (OpenAI's `response_format: {"type": "json_object"}`,
-ollama's `format: "json"`), as a `Constraint` the engine masks its rows with."""
+"""JSON mode as a `Constraint` the engine masks its rows with: the text is one JSON object (OpenAI's
+`response_format: {"type": "json_object"}`, ollama's `format: "json"`), or one a JSON Schema allows
+(`{"type": "json_schema"}`), then the end."""
 
 from __future__ import annotations
 
 import torch
 
-from specchat.constraints import json_syntax
-from specchat.constraints.token_masks import TokenMasks, vocabulary_bytes
+from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes
 
 
-class JsonObject:
-    """JSON syntax over a tokenizer's ids (`vocab_size` of them in the model's logits); `end_ids` (the model's EOS
-    ids) may come only once the object is closed, and then alone."""
+class JsonText:
+    """`syntax` (json_syntax, or a JsonSchema) over `vocabulary`'s ids; `end_ids` (the model's EOS ids) may come
+    only once the text is whole, and then alone."""
 
-    start = json_syntax.START
+    def __init__(self, vocabulary: Vocabulary, syntax, end_ids: frozenset[int]):
+        self.vocabulary, self.syntax, self.end_ids = vocabulary, syntax, end_ids
+        self.start = syntax.start
+        self.masks = TokenMasks(vocabulary, syntax, end_ids)
 
-    def __init__(self, tokenizer, vocab_size: int, end_ids: frozenset[int]):
-        self.pieces = vocabulary_bytes(tokenizer)
-        self.end_ids = end_ids
-        self.masks = TokenMasks(self.pieces, vocab_size, end_ids)
-
-    def allowed(self, state: json_syntax.State) -> torch.Tensor:
+    def allowed(self, state: tuple) -> torch.Tensor:
         return self.masks.allowed(state)
 
-    def advance(self, state: json_syntax.State, token: int) -> json_syntax.State | None:
+    def advance(self, state: tuple, token: int) -> tuple | None:
         if token in self.end_ids:
-            return state if json_syntax.complete(state) else None
-        piece = self.pieces[token] if token < len(self.pieces) else None
-        return json_syntax.feed_bytes(state, piece) if piece else None
+            return state if self.syntax.complete(state) else None
+        pieces = self.vocabulary.pieces
+        piece = pieces[token] if token < len(pieces) else None
+        return feed_bytes(self.syntax, state, piece) if piece else None

@@ -30,6 +30,7 @@ CLOSE = {ord("}"): "{", ord("]"): "["}
 State = tuple[int, str, int, object]
 
 START: State = (TOP, "", 0, None)
+start = START  # this module is a syntax as token_masks.py reads one: start, feed, complete, in_string
 
 
 def complete(state: State) -> bool:

@@ -1,4 +1,5 @@
-"""Which tokens of a vocabulary may come next under a byte automaton (json_syntax.py): one bool mask a state.
+"""Which tokens of a vocabulary may come next under a JSON byte automaton (json_syntax.py, or a JsonSchema's):
+one bool mask a state.
 
 A token may come next when the automaton accepts every byte of it. Checking each of 150K tokens byte by byte
 would take seconds a state, so the vocabulary is sorted by its bytes: the tokens that share a prefix are then a
@@ -19,37 +20,44 @@ from functools import cache
 import numpy as np
 import torch
 
-from specchat.constraints import json_syntax
-from specchat.constraints.json_syntax import State
+from specchat.constraints.json_syntax import MAX_WHITESPACE, WHITESPACE
 
 CACHED_MASKS = 512  # states whose masks are kept, least recently used dropped first
 
 
-class TokenMasks:
-    """Masks over a vocabulary of `size` ids (a model's logits, which may outnumber the tokenizer's tokens) whose
-    bytes are `pieces` (None: a special token, never allowed), the `end_ids` allowed exactly where the text is
-    complete."""
+class Vocabulary:
+    """A model's `size` ids (its logits may outnumber the tokenizer's tokens) whose bytes are `pieces` (None: a
+    special token, never allowed), sorted by their bytes once for every syntax's masks."""
 
-    def __init__(self, pieces: list[bytes | None], size: int, end_ids: frozenset[int]):
-        self.size = size
-        self.end_ids = torch.tensor(sorted(end_ids), dtype=torch.long)
+    def __init__(self, pieces: list[bytes | None], size: int):
+        self.size, self.pieces = size, pieces
         ids = sorted((i for i, piece in enumerate(pieces) if piece and i < size), key=lambda i: pieces[i])
-        self.ids = np.array(ids, dtype=np.int64)
-        self.pieces = [pieces[i] for i in ids]
-        width = max(map(len, self.pieces))
+        self.ids = np.array(ids, dtype=np.int64)  # row -> id
+        self.sorted_pieces = [pieces[i] for i in ids]
+        width = max(map(len, self.sorted_pieces))
         self.bytes = np.full((len(ids), width + 1), -1, dtype=np.int16)  # -1 after a token's end
-        for row, piece in enumerate(self.pieces):
+        for row, piece in enumerate(self.sorted_pieces):
             self.bytes[row, : len(piece)] = np.frombuffer(piece, dtype=np.uint8)
         # the index of each token's last byte that a string does not take as it is (-1: none)
         special = (self.bytes >= 0) & ((self.bytes < 0x20) | (self.bytes == 0x22) | (self.bytes == 0x5C))
         last = width - np.argmax(special[:, ::-1], axis=1)
         self.last_special = np.where(special.any(axis=1), last, -1)
-        whitespace = np.isin(self.bytes, list(json_syntax.WHITESPACE))
+        whitespace = np.isin(self.bytes, list(WHITESPACE))
         self.leading_whitespace = torch.zeros(size, dtype=torch.int32)  # of each id
         self.leading_whitespace[self.ids] = torch.from_numpy(np.argmin(whitespace, axis=1).astype(np.int32))
-        self._masks: OrderedDict[State, torch.Tensor] = OrderedDict()
 
-    def allowed(self, state: State) -> torch.Tensor:
+
+class TokenMasks:
+    """The masks of `syntax` (json_syntax, or a JsonSchema: `feed`, `complete`, `in_string`, states of (mode,
+    containers, whitespace bytes in a row, extra)) over `vocabulary`, the `end_ids` allowed exactly where the text
+    is complete."""
+
+    def __init__(self, vocabulary: Vocabulary, syntax, end_ids: frozenset[int]):
+        self.vocabulary, self.syntax = vocabulary, syntax
+        self.end_ids = torch.tensor(sorted(end_ids), dtype=torch.long)
+        self._masks: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+    def allowed(self, state: tuple) -> torch.Tensor:
         """[size] bool: the ids that may come next in `state`."""
         mode, stack, spaces, extra = state
         key = (mode, stack, 0, extra)
@@ -62,39 +70,49 @@ class TokenMasks:
         else:
             self._masks.move_to_end(key)
         if spaces:
-            mask = mask & (self.leading_whitespace <= json_syntax.MAX_WHITESPACE - spaces)
+            mask = mask & (self.vocabulary.leading_whitespace <= MAX_WHITESPACE - spaces)
         return mask
 
-    def _compute(self, state: State) -> torch.Tensor:
-        if json_syntax.complete(state):
-            mask = torch.zeros(self.size, dtype=torch.bool)
+    def _compute(self, state: tuple) -> torch.Tensor:
+        if self.syntax.complete(state):
+            mask = torch.zeros(self.vocabulary.size, dtype=torch.bool)
             mask[self.end_ids] = True
             return mask
-        out = np.zeros(self.size, dtype=bool)
-        self._walk(state, 0, len(self.ids), 0, out)
+        out = np.zeros(self.vocabulary.size, dtype=bool)
+        self._walk(state, 0, len(self.vocabulary.ids), 0, out)
         return torch.from_numpy(out)
 
-    def _walk(self, state: State, lo: int, hi: int, depth: int, out: np.ndarray) -> None:
+    def _walk(self, state: tuple, lo: int, hi: int, depth: int, out: np.ndarray) -> None:
         """Mark in `out` the tokens of rows [lo, hi), which share their first `depth` bytes, that the automaton
         takes whole from `state` (where it is after those bytes)."""
-        column = self.bytes[lo:hi, depth]
+        vocabulary, syntax = self.vocabulary, self.syntax
+        column = vocabulary.bytes[lo:hi, depth]
         ended = int(np.searchsorted(column, 0))  # tokens of exactly `depth` bytes sort first
-        out[self.ids[lo : lo + ended]] = True
+        out[vocabulary.ids[lo : lo + ended]] = True
         lo, column = lo + ended, column[ended:]
         if lo == hi:
             return
-        if json_syntax.in_string(state):
-            plain = self.last_special[lo:hi] < depth
-            out[self.ids[lo:hi][plain]] = True
+        if syntax.in_string(state):
+            plain = vocabulary.last_special[lo:hi] < depth
+            out[vocabulary.ids[lo:hi][plain]] = True
             for row in np.flatnonzero(~plain) + lo:
-                if json_syntax.feed_bytes(state, self.pieces[row][depth:]) is not None:
-                    out[self.ids[row]] = True
+                if feed_bytes(syntax, state, vocabulary.sorted_pieces[row][depth:]) is not None:
+                    out[vocabulary.ids[row]] = True
             return
         starts = np.flatnonzero(np.diff(column)) + 1
         for start, end in zip(np.r_[0, starts], np.r_[starts, len(column)]):
-            after = json_syntax.feed(state, int(column[start]))
+            after = syntax.feed(state, int(column[start]))
             if after is not None:
                 self._walk(after, lo + int(start), lo + int(end), depth + 1, out)
+
+
+def feed_bytes(syntax, state: tuple | None, data: bytes) -> tuple | None:
+    """The state of `syntax` after every byte of `data`, or None where one cannot follow."""
+    for byte in data:
+        if state is None:
+            return None
+        state = syntax.feed(state, byte)
+    return state
 
 
 def vocabulary_bytes(tokenizer) -> list[bytes | None]:

@@ -7,6 +7,7 @@ already committed (a chat's next turn) only prefill their new suffix.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Iterator
 
@@ -33,6 +34,9 @@ from specchat.errors import SpecchatError
 from specchat.first_use import first_use
 from specchat.kernels.cpu.cpu_decoder import source_version
 from specchat.quant.formats import weight_format
+
+
+KEPT_SCHEMAS = 8  # JSON Schemas whose constraints (and masks) an engine keeps for later requests
 
 
 class Engine:
@@ -73,6 +77,7 @@ class Engine:
         self._queries: torch.Tensor | None = None  # the last forward's last-layer rotated queries [q, heads, D]
         self._last_query: torch.Tensor | None = None  # [heads, D] fp32 of the newest position in the cache
         self._verify_costs: dict[str, VerifyCost] = {}  # calibration key -> its prices, kept up to date
+        self._json_constraints: dict[str | None, Constraint] = {}  # JSON mode (None) and recent schemas' (json_constraint)
         self.target = TargetView.of(model, self.cache, forward=self._draft_forward,
                                     last_query=lambda: self._last_query, tokenizer=tokenizer,
                                     layer_queries=self._layer_queries)  # fmt: skip
@@ -101,13 +106,26 @@ class Engine:
         """Tokens a session may hold: the cache less the slots a verified tree needs."""
         return self.max_len - self.tree_capacity
 
-    @functools.cached_property
-    def json_mode(self) -> Constraint:
-        """JSON mode over this model's vocabulary, for `generate(constraint=...)`: built on first use (sorting a
-        150K-token vocabulary by its bytes takes about half a second), then shared by every request."""
-        from specchat.constraints import JsonObject
+    def json_constraint(self, schema: dict | None = None) -> Constraint:
+        """JSON mode for `generate(constraint=...)`: one JSON object, or with `schema` one that JSON Schema allows
+        (`constraints.SchemaError` where the schema is outside the subset). Kept for later requests with their
+        cached masks, the last few schemas' too."""
+        from specchat.constraints import JsonSchema, JsonText, json_syntax
 
-        return JsonObject(self.tokenizer, self.model.config.vocab_size, self.eos_ids)
+        key = None if schema is None else json.dumps(schema, sort_keys=True)
+        if key not in self._json_constraints:
+            syntax = json_syntax if schema is None else JsonSchema(schema)
+            self._json_constraints[key] = JsonText(self._vocabulary, syntax, self.eos_ids)
+            if len(self._json_constraints) > KEPT_SCHEMAS + 1:
+                del self._json_constraints[next(k for k in self._json_constraints if k is not None)]
+        return self._json_constraints[key]
+
+    @functools.cached_property
+    def _vocabulary(self):
+        """The model's ids by their bytes, for every constraint's masks: sorting 150K tokens takes ~0.5 s, once."""
+        from specchat.constraints import Vocabulary, vocabulary_bytes
+
+        return Vocabulary(vocabulary_bytes(self.tokenizer), self.model.config.vocab_size)
 
     @property
     def exact_reuse(self) -> bool:

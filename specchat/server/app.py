@@ -152,7 +152,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         loop = asyncio.get_running_loop()
         job = Job(ids, served.sampling(wanted), min(wanted.max_tokens or room, room), wanted.stop,
                   deliver=lambda item: loop.call_soon_threadsafe(items.put_nowait, item), drafting=drafting,
-                  draft_budget=draft_budget, json_object=wanted.json_object)  # fmt: skip
+                  draft_budget=draft_budget, json_object=wanted.json_object, json_schema=wanted.json_schema)  # fmt: skip
         try:
             worker.submit(job)
         except QueueFull:

@@ -2,8 +2,9 @@
 
 Every problem is a `RequestError` naming the field, answered as OpenAI answers it (a 4xx and an `error` object),
 before the request is queued. Fields the engine has no equivalent for are refused when they ask for something
-(`n` > 1, tools, logprobs, additive penalties, a JSON schema), and accepted at their neutral values, which many
-clients always send. `response_format: {"type": "json_object"}` runs JSON mode. Fields this server does not know are ignored, as vLLM and llama-server do: clients add their own.
+(`n` > 1, tools, logprobs, additive penalties), and accepted at their neutral values, which many clients always
+send. `response_format` runs JSON mode: `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema":
+{"schema": ...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to. Fields this server does not know are ignored, as vLLM and llama-server do: clients add their own.
 Omitted sampling fields take the model's own defaults, as `specchat run` does.
 """
 
@@ -46,6 +47,7 @@ class CompletionRequest:
     include_usage: bool = False
     speculative: Speculative | None = None  # None: the server's drafter and budget
     json_object: bool = False  # JSON mode: the answer is one JSON object
+    json_schema: dict | None = None  # ... one this JSON Schema allows
 
 
 @dataclass(frozen=True)
@@ -106,18 +108,27 @@ def _common(body: dict) -> dict:
             raise RequestError("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     return {"sampling": _sampling(body), "stop": _stop(body.get("stop")), "stream": stream,
             "include_usage": include_usage, "speculative": _speculative(body.get("speculative")),
-            "json_object": _json_object(body.get("response_format"))}  # fmt: skip
+            **_response_format(body.get("response_format"))}  # fmt: skip
 
 
-def _json_object(value: object) -> bool:
-    """Whether `response_format` asks for JSON mode (vLLM takes it on completions too)."""
-    if value is None:
-        return False
-    kind = _object(value, "response_format").get("type")
-    if kind not in ("text", "json_object"):
-        raise RequestError(f"response_format {kind!r} is not supported; 'text' or 'json_object'",
+def _response_format(value: object) -> dict:
+    """JSON mode as `response_format` asks for it (vLLM takes it on completions too), the schema checked now."""
+    from specchat.constraints.json_schema import JsonSchema, SchemaError
+
+    kind = None if value is None else _object(value, "response_format").get("type")
+    if kind in (None, "text"):
+        return {}
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind != "json_schema":
+        raise RequestError(f"response_format {kind!r} is not supported; 'text', 'json_object' or 'json_schema'",
                            param="response_format")  # fmt: skip
-    return kind == "json_object"
+    schema = _object(value.get("json_schema"), "response_format.json_schema").get("schema")
+    try:
+        JsonSchema(schema)
+    except SchemaError as error:
+        raise RequestError(f"response_format.json_schema: {error}", param="response_format") from None
+    return {"json_object": True, "json_schema": schema}
 
 
 def _speculative(value: object) -> Speculative | None:

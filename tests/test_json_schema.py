@@ -1,0 +1,185 @@
+"""JSON mode under a JSON Schema: the text is one value the schema allows, and speculation keeps it exactly what
+the constrained target decodes.
+
+- the automaton takes every value `json.dumps` writes of instances of a Pydantic-like schema (nested objects
+  through `$ref`, optional properties, `anyOf` with null, enums, type lists) and each proper prefix as incomplete;
+  it refuses each kind of violation (order, a missing required or an unknown property, wrong types, an integer's
+  fraction, a value outside an enum); schemas outside the subset are refused naming the keyword;
+- a state's mask under a schema is exactly the tokens the automaton takes whole (real tokenizer);
+- random trees under a schema give constrained autoregressive decoding's tokens; the embedded model writes a
+  valid instance, the same with a drafter, through `specchat run --schema` and the server's `json_schema`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model
+from drafters_for_tests import RandomTreeDrafter
+from test_cli import assert_one_line_error, specchat, specchat_in_process
+
+from specchat.constraints import JsonSchema, SchemaError
+from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes, vocabulary_bytes
+from specchat.engine.generate import Engine
+from specchat.engine.prompt import encode_prompt
+from specchat.server.requests import RequestError, chat_request
+
+PERSON = {
+    "$defs": {"Pet": {"type": "object", "title": "Pet", "required": ["kind"], "properties": {
+        "kind": {"enum": ["cat", "dog", 7, None]}, "age": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "friend": {"$ref": "#/$defs/Pet"}}}},
+    "type": "object", "title": "Person", "required": ["name", "age", "pets", "nick"],
+    "properties": {"name": {"type": "string", "description": "a name"}, "age": {"type": "integer"},
+                   "pets": {"type": "array", "items": {"$ref": "#/$defs/Pet"}}, "nick": {"type": ["string", "null"]},
+                   "score": {"type": "number"}, "ok": {"type": "boolean"}, "born": {"type": "string", "format": "date"}},
+}  # fmt: skip
+VALID = [
+    {"name": "Ann", "age": 31, "pets": [], "nick": None},
+    {"name": 'q"\\é', "age": -4, "pets": [{"kind": "cat", "age": None}, {"kind": 7, "friend": {"kind": None}}],
+     "nick": "A", "score": 2.5e-3, "ok": True, "born": "2000-01-01"},
+    {"name": "", "age": 0, "pets": [{"kind": "dog", "age": 12}], "nick": "", "ok": False},
+]  # fmt: skip
+INVALID = [
+    {"age": 31, "name": "Ann", "pets": [], "nick": None},  # order
+    {"name": "Ann", "pets": [], "nick": None},  # a required property missing
+    {"name": "Ann", "age": 31, "pets": [], "nick": None, "extra": 1},  # an unknown property
+    {"name": "Ann", "age": 31.5, "pets": [], "nick": None},  # an integer's fraction
+    {"name": "Ann", "age": 31, "pets": [{"kind": "cow"}], "nick": None},  # outside the enum
+    {"name": "Ann", "age": 31, "pets": [{"kind": "cat", "age": "3"}], "nick": None},  # anyOf: neither
+    {"name": 5, "age": 31, "pets": [], "nick": None},
+    {"name": "Ann", "age": 31, "pets": {}, "nick": None},
+    {"name": "Ann", "age": 31, "pets": [], "nick": 3},
+    {"name": "Ann", "age": 31, "pets": [], "nick": None, "ok": "yes"},
+]
+
+
+def _feed(schema: JsonSchema, text: bytes):
+    return feed_bytes(schema, schema.start, text)
+
+
+def test_the_automaton_takes_instances_and_refuses_violations():
+    schema = JsonSchema(PERSON)
+    for value in VALID:
+        for style in ({}, {"indent": 2}, {"separators": (",", ":")}, {"ensure_ascii": False}):
+            text = json.dumps(value, **style).encode()
+            assert schema.complete(_feed(schema, text)), text
+            for cut in range(len(text)):
+                state = _feed(schema, text[:cut])
+                assert state is not None and not schema.complete(state), (text, cut)
+    for value in INVALID:
+        state = _feed(schema, json.dumps(value).encode())
+        assert state is None or not schema.complete(state), value
+
+
+@pytest.mark.parametrize(("schema", "words"), [
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}, "schema.properties.a: 'pattern'"),
+    ({"type": "array", "items": {"type": "integer"}, "maxItems": 3}, "'maxItems'"),
+    ({"allOf": [{"type": "string"}]}, "'allOf' is not supported"),
+    ({"type": "array"}, "an array needs items"),
+    ({"$ref": "#/$defs/Missing"}, "not a definition"),
+    ({"type": "object", "properties": {}, "required": ["a"]}, "required names 'a'"),
+    ({"type": "object", "additionalProperties": True}, "additionalProperties must be false"),
+    ({"anyOf": [{"type": "integer"}, {"type": "number"}]}, "begin alike"),
+    ({"type": "date"}, "type 'date' is not supported"),
+    ([1], "must be a JSON object"),
+])  # fmt: skip
+def test_schemas_outside_the_subset_are_refused_by_name(schema, words):
+    with pytest.raises(SchemaError, match=words.replace("(", r"\(")):
+        JsonSchema(schema)
+
+
+def test_a_schema_state_mask_is_every_token_the_automaton_takes(tokenizer, default_model):
+    pieces = vocabulary_bytes(tokenizer)
+    size = default_model.model.config.vocab_size
+    schema = JsonSchema(PERSON)
+    masks = TokenMasks(Vocabulary(pieces, size), schema, frozenset({2}))
+    for prefix in [b"", b"{", b'{"na', b'{"name": "A', b'{"name": "A", ', b'{"name": "A", "age": 3', b'{"name": "A", '
+                   b'"age": 3, "pets": [', b'{"name": "A", "age": 3, "pets": [{"kind": ', b'{"name": "A", "age": 3, '
+                   b'"pets": [{"kind": 7', b'{"name": "A", "age": 3, "pets": [], "nick": null', b'{"name": "A", "age": '
+                   b'3, "pets": [], "nick": null, "ok": t']:  # fmt: skip
+        state = _feed(schema, prefix)
+        expected = np.array([i < size and piece is not None and feed_bytes(schema, state, piece) is not None
+                             for i, piece in enumerate(pieces)] + [False] * (size - len(pieces)))  # fmt: skip
+        assert (masks.allowed(state).numpy() == expected).all(), prefix
+        assert masks.allowed(state).any()
+
+
+VOCAB = 1024
+SMALL = {"type": "object", "required": ["a", "b"], "properties": {
+    "a": {"type": "array", "items": {"type": "string"}}, "b": {"type": "integer"}, "c": {"enum": [True, "x"]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "seed", "budget"), [("llama", 2, 4), ("qwen2", 3, 16)])
+def test_random_trees_under_a_schema_equal_constrained_decoding(family, seed, budget, tokenizer):
+    model = tiny_model(family, vocab_size=VOCAB, seed=seed)
+    prompt = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+    engine = Engine(model, tokenizer, max_len=256)
+    alone = [t for e in engine.generate(prompt, max_new_tokens=80, constraint=engine.json_constraint(SMALL))
+             for t in e.tokens]  # fmt: skip
+    assert len(set(alone)) > 5
+    drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=seed, reference=prompt + alone, p_correct=0.7)
+    engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)
+    drafted = [t for e in engine.generate(prompt, max_new_tokens=80, constraint=engine.json_constraint(SMALL))
+               for t in e.tokens]  # fmt: skip
+    assert drafted == alone
+
+
+@pytest.mark.slow
+def test_the_embedded_model_writes_an_instance_with_and_without_a_drafter(default_model):
+    from specchat.session import Session
+
+    ids = encode_prompt(default_model.tokenizer, "Describe a person who has two pets.")
+    answers = []
+    for drafter in ("none", "ngram"):
+        engine = Session.over(default_model, max_len=512, drafter=drafter).engine
+        events = list(engine.generate(ids, max_new_tokens=200, constraint=engine.json_constraint(PERSON)))
+        text = "".join(event.text for event in events).encode()
+        if events[-1].finish_reason == "eos":
+            assert JsonSchema(PERSON).complete(_feed(JsonSchema(PERSON), text))
+        assert _feed(JsonSchema(PERSON), text) is not None
+        answers.append([t for event in events for t in event.tokens])
+    assert answers[0] == answers[1]
+
+
+@pytest.mark.slow
+def test_run_schema(tmp_path):
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps({"type": "object", "required": ["colour", "sweet"], "properties": {
+        "colour": {"enum": ["red", "green", "yellow"]}, "sweet": {"type": "boolean"}}}))  # fmt: skip
+    result = specchat("run", "Describe a ripe banana.", "--schema", str(path), "--json", "-n", "40", warm=True)
+    report = json.loads(result.stdout)
+    value = json.loads(report["text"])
+    assert report["finish_reason"] == "eos" and value["colour"] in ("red", "green", "yellow")
+    assert set(value) == {"colour", "sweet"} and isinstance(value["sweet"], bool)
+
+
+def test_run_refuses_a_bad_schema_file_in_one_line(tmp_path, monkeypatch, capfd):
+    (tmp_path / "bad.json").write_text('{"type": "string", "minLength": 2}')
+    (tmp_path / "broken.json").write_text("{")
+    for name, words in [("bad.json", "'minLength'"), ("broken.json", "is not JSON"), ("none.json", "cannot read")]:
+        result = specchat_in_process(monkeypatch, capfd, "run", "hi", "--schema", str(tmp_path / name))
+        assert_one_line_error(result, "--schema", words)
+
+
+def test_the_server_checks_a_json_schema_before_queueing():
+    hi = [{"role": "user", "content": "Hi"}]
+    wanted = chat_request({"messages": hi, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "person", "strict": True, "schema": PERSON}}})  # fmt: skip
+    assert wanted.json_object and wanted.json_schema == PERSON
+    with pytest.raises(RequestError, match="'pattern'") as caught:
+        chat_request({"messages": hi, "response_format": {"type": "json_schema", "json_schema": {
+            "schema": {"type": "string", "pattern": "a+"}}}})  # fmt: skip
+    assert caught.value.param == "response_format"
+    with pytest.raises(RequestError, match="json_schema must be a JSON object"):
+        chat_request({"messages": hi, "response_format": {"type": "json_schema"}})
+
+
+def test_the_engine_keeps_a_schema_constraint_and_its_masks(default_model):
+    engine = Engine(default_model.model, default_model.tokenizer, max_len=64)
+    same = json.loads(json.dumps(SMALL))
+    assert engine.json_constraint(SMALL) is engine.json_constraint(same)
+    assert engine.json_constraint(SMALL) is not engine.json_constraint()
+    assert engine.json_constraint(SMALL).vocabulary is engine.json_constraint().vocabulary
