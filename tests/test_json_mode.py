@@ -63,7 +63,7 @@ def test_the_automaton_takes_json_objects_and_their_prefixes():
 @pytest.mark.parametrize("text", [
     b'[1]', b'"a"', b'1', b'{"a":01}', b'{"a":1.}', b'{"a":-}', b'{"a":.5}', b'{"a":+1}', b'{"a":1e}', b'{"a" 1}',
     b'{"a":1,}', b'{,}', b'{"a":tru}', b'{"a":nul}', b'{"a":"\\x"}', b'{"a":"\\u12g4"}', b'{"a":1]', b'{"a":[1}',
-    b'{} ', b'{}{}', b'{"a":"\n"}', b"{'a':1}", b'{a:1}', b'{"a":NaN}', b'{"a":[1,]}',
+    b'{} ', b'{}{}', b'{"a":"\n"}', b"{'a':1}", b'{a:1}', b'{"a":NaN}', b'{"a":[1,]}', b' {}', b'\n{}',
 ])  # fmt: skip
 def test_the_automaton_refuses_all_but_one_object(text):
     """Invalid JSON, a value other than an object, and anything after the object (the end must come)."""
@@ -73,8 +73,9 @@ def test_the_automaton_refuses_all_but_one_object(text):
 
 def test_whitespace_runs_are_capped():
     limit = syntax.MAX_WHITESPACE
-    assert syntax.feed_bytes(syntax.START, b" " * limit + b"{") is not None
-    assert syntax.feed_bytes(syntax.START, b" " * (limit + 1)) is None
+    assert syntax.feed_bytes(syntax.START, b" {") is None  # the object from the first byte
+    assert syntax.feed_bytes(syntax.START, b"{" + b" " * limit + b"}") is not None
+    assert syntax.feed_bytes(syntax.START, b"{" + b" " * (limit + 1)) is None
     assert syntax.feed_bytes(syntax.START, b'{"a":' + b"\n" * limit + b"1," + b" " * limit + b'"b":2}') is not None
     assert syntax.feed_bytes(syntax.START, b'{"a": "' + b" " * 500 + b'"}') is not None  # inside a string: text
 

@@ -187,8 +187,9 @@ class JsonSchema:
             if after is not None:
                 return (after, frames, 0, extra)
             return self.feed(self._after_value(frames), byte) if mode in NUMBER_ENDS else None
-        if byte in WHITESPACE:
-            return (mode, frames, spaces + 1, extra) if mode != DONE and spaces < MAX_WHITESPACE else None
+        if byte in WHITESPACE:  # between tokens, once the value has begun (as json_syntax)
+            begun = mode != DONE and (frames or mode != VALUE)
+            return (mode, frames, spaces + 1, extra) if begun and spaces < MAX_WHITESPACE else None
         if mode == VALUE:
             return self._value(frames, extra, byte)
         if mode == FIRST_ITEM:

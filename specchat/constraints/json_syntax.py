@@ -2,8 +2,9 @@
 
 A state is a small immutable tuple (hashable: token masks are cached by it), `feed(state, byte)` the state after
 one more byte or None where the byte cannot continue valid JSON (RFC 8259). The text must be one object, as
-OpenAI's JSON mode and ollama's `format: "json"` ask, with at most `MAX_WHITESPACE` whitespace bytes in a row (a
-small model can otherwise pad forever, never closing the object). Strings take any byte from 0x20 up but `"` and
+OpenAI's JSON mode and ollama's `format: "json"` ask, from its first byte (a model that would open a code fence
+first otherwise pads with spaces) and with at most `MAX_WHITESPACE` whitespace bytes in a row (a small model can
+otherwise pad forever, never closing the object). Strings take any byte from 0x20 up but `"` and
 `\\` (UTF-8 sequences are not checked), escapes as the RFC lists them.
 """
 
@@ -74,7 +75,7 @@ def feed(state: State, byte: int) -> State | None:
             return None
         return feed(_after_value(stack), byte)  # the number ended: the byte follows it
     if byte in WHITESPACE:
-        return (mode, stack, spaces + 1, extra) if mode != DONE and spaces < MAX_WHITESPACE else None
+        return (mode, stack, spaces + 1, extra) if mode not in (TOP, DONE) and spaces < MAX_WHITESPACE else None
     if mode == TOP:
         return (FIRST_KEY, "{", 0, None) if byte == ord("{") else None
     if mode in (VALUE, FIRST_ITEM):
