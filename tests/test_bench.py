@@ -155,9 +155,13 @@ def test_json_mode_rows_are_json_objects_and_exact(default_model):
                    json_mode=True)  # fmt: skip
     assert [row.method for row in rows] == ["none", "ngram", "llamacpp"] and rows[1].identical_to_ar
     ids = encode_prompt(tokenizer, prompt)
+    schema = {"type": "object", "required": ["age"], "properties": {"age": {"type": "integer"}}}
     for method in ("none", "llamacpp"):
         run = method_runner(method, default_model, 256, 64, None, llamacpp, json_mode=True)(ids)
         assert isinstance(json.loads(tokenizer.decode(run.tokens, skip_special_tokens=True)), dict)
+        run = method_runner(method, default_model, 256, 64, None, llamacpp, json_mode=True, schema=schema)(ids)
+        value = json.loads(tokenizer.decode(run.tokens, skip_special_tokens=True))
+        assert list(value) == ["age"] and isinstance(value["age"], int)
 
 
 def test_the_llamacpp_baseline_grows_its_context_to_the_prompt(tokenizer):

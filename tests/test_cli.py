@@ -83,6 +83,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("bench", "--prompt-set", "poems"), ("unknown prompt set", "summarize")),
         (("bench", "--format", "yaml"), ("--format must be text or json",)),
         (("bench", "--format", "json", "--baseline", "hf"), ("no transformers baseline",)),
+        (("bench", "--schema", "/no/such/schema.json"), ("--schema: cannot read",)),
         (("bench", "--prompts", "missing.jsonl"), ("no such prompts file",)),
         (("run", "hi", "--drafter", "ngram", "--draft-budget", "0"), ("--draft-budget",)),
         (("run", "hi", "--attention", "flash"), ("unknown attention", "hybrid")),

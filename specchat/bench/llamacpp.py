@@ -8,6 +8,7 @@ for, in steps of CONTEXT_STEP tokens (each growth reloads the model).
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -89,12 +90,15 @@ class LlamaCpp:
         return cls(path)
 
     def generate(self, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int],
-                 json_mode: bool = False) -> tuple[list[int], float]:  # fmt: skip
+                 json_mode: bool = False, schema: dict | None = None) -> tuple[list[int], float]:  # fmt: skip
         """Greedy tokens after `ids` and the seconds spent decoding all but the first; with `json_mode` under
-        llama-cpp-python's JSON grammar (one object, its own whitespace rules)."""
+        llama-cpp-python's JSON grammar (one object, its own whitespace rules), or its grammar of `schema`."""
         from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 
-        grammar = LlamaGrammar.from_string(JSON_GBNF, verbose=False) if json_mode else None
+        grammar = None
+        if json_mode:
+            grammar = (LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False) if schema is not None
+                       else LlamaGrammar.from_string(JSON_GBNF, verbose=False))  # fmt: skip
         if len(ids) + max_new_tokens > self.context:
             self._load(-(-(len(ids) + max_new_tokens) // CONTEXT_STEP) * CONTEXT_STEP)
         tokens, first = [], 0.0

@@ -27,6 +27,7 @@ from specchat.cli.common import (
     ints,
     load,
     quiet_transformers,
+    read_schema,
     report,
     sampling_config,
 )
@@ -54,8 +55,10 @@ def bench(
                      "(rows named like model@streaming)."),
     ] = None,  # fmt: skip
     prompt_set: Annotated[
-        str, typer.Option("--prompt-set", help=f"Comma-separated: {', '.join(PROMPT_SET_NAMES)}.")
-    ] = "chat,code,summarize",
+        str | None,
+        typer.Option("--prompt-set", help=f"Comma-separated: {', '.join(PROMPT_SET_NAMES)} (default: chat,code,"
+                     "summarize, none with --prompts)."),
+    ] = None,
     prompts: Annotated[Path | None, typer.Option("--prompts", help='JSONL file of {"prompt": ...} lines.')] = None,
     baseline: Annotated[
         str | None,
@@ -87,6 +90,9 @@ def bench(
     text_format: Annotated[
         str, typer.Option("--format", help="text | json: json decodes every answer in JSON mode (one JSON object).")
     ] = "text",
+    schema: Annotated[
+        Path | None, typer.Option("--schema", help="A JSON Schema file every answer must follow (JSON mode).")
+    ] = None,
 ) -> None:
     """Decoding speed of each drafter against autoregressive decoding (and transformers, llama.cpp)."""
     if ctx.invoked_subcommand is not None:
@@ -108,7 +114,9 @@ def bench(
             raise SpecchatError(f"unknown baseline '{name}'; use hf, llamacpp")
     if text_format not in ("text", "json"):
         raise SpecchatError(f"--format must be text or json, not {text_format!r}")
-    if text_format == "json" and "hf" in baselines:
+    json_schema = read_schema(schema) if schema is not None else None
+    json_mode = text_format == "json" or schema is not None
+    if json_mode and "hf" in baselines:
         raise SpecchatError("--format json has no transformers baseline: use --baseline llamacpp (its JSON grammar)")
     check_quantize(quantize, device)
     kv_caches = csv_list(kv_cache)
@@ -117,6 +125,8 @@ def bench(
     if max_new_tokens < 1 or repeats < 1:
         raise SpecchatError("--max-new-tokens and --repeats must be at least 1")
     sampling_config({}, {"temperature": temperature})
+    if prompt_set is None:
+        prompt_set = "" if prompts is not None else "chat,code,summarize"
     sets = load_prompt_sets(csv_list(prompt_set), prompts)
     from specchat.bench.compare import compare
     from specchat.bench.runs import HF_METHODS
@@ -144,11 +154,11 @@ def bench(
             for kv in kv_caches:
                 rows += compare(
                     loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
-                    llamacpp=llamacpp, kv_cache=kv, sampling=sampling, json_mode=text_format == "json",
+                    llamacpp=llamacpp, kv_cache=kv, sampling=sampling, json_mode=json_mode, schema=json_schema,
                     step=lambda what, d=f"{each_dtype}, kv {kv}": step(f"{d} · {what}"),
                 )  # fmt: skip
                 llamacpp = None  # measured once, beside the first dtype and cache
-    mode = ", JSON mode" if text_format == "json" else ""
+    mode = (f", JSON mode ({schema.name})" if schema else ", JSON mode") if json_mode else ""
     title = f"{loaded.source.name} ({forward_path(loaded.model)}), {_described(sampling)}{mode}, decode tokens/s"
     report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
     if plot is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -165,3 +166,20 @@ def quiet_transformers() -> None:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+
+
+def read_schema(path: Path) -> dict:
+    """The JSON Schema in `path`, checked against the subset JSON mode holds a text to."""
+    from specchat.constraints.json_schema import JsonSchema, SchemaError
+
+    try:
+        schema = json.loads(path.read_text())
+    except OSError as error:
+        raise SpecchatError(f"--schema: cannot read {path}: {error.strerror}") from None
+    except ValueError as error:
+        raise SpecchatError(f"--schema: {path} is not JSON: {error}") from None
+    try:
+        JsonSchema(schema)
+    except SchemaError as error:
+        raise SpecchatError(f"--schema {path}: {error}") from None
+    return schema

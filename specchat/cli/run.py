@@ -34,6 +34,7 @@ from specchat.cli.common import (
     checked_overrides,
     default_drafter,
     quiet_transformers,
+    read_schema,
     sampling_config,
 )
 from specchat.drafters import check_draft_cache
@@ -166,23 +167,6 @@ def _out(text: str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         os._exit(0)  # no flush of the closed stream at exit
-
-
-def read_schema(path: Path) -> dict:
-    """The JSON Schema in `path`, checked against the subset JSON mode holds a text to."""
-    from specchat.constraints.json_schema import JsonSchema, SchemaError
-
-    try:
-        schema = json.loads(path.read_text())
-    except OSError as error:
-        raise SpecchatError(f"--schema: cannot read {path}: {error.strerror}") from None
-    except ValueError as error:
-        raise SpecchatError(f"--schema: {path} is not JSON: {error}") from None
-    try:
-        JsonSchema(schema)
-    except SchemaError as error:
-        raise SpecchatError(f"--schema {path}: {error}") from None
-    return schema
 
 
 def _read_prompt(prompt: str) -> str:

@@ -8,6 +8,7 @@ and the option checks stay free of torch):
 - `StepEvent`, `TARGET`: what a step committed and where each token came from; `GenerationStats`: running
   totals (tau, acceptance, decode speed);
 - `SamplingConfig`: the target distribution (greedy or temperature / top-k / top-p / min-p / penalty, seed);
+- `Constraint`: a syntax the output is held to (`Engine.json_constraint(schema)`: JSON mode, or a JSON Schema);
 - `encode_prompt`, `encode_chat`: prompt text -> ids through the tokenizer's chat template;
 - `DraftTree`: what a drafter proposes; `TreeCache`: the static cache a drafter may read;
 - `use_attention`, `check_attention`: how trees are verified (`--attention`);
@@ -28,6 +29,7 @@ _MODULES = {
     "TARGET": "events",
     "GenerationStats": "stats",
     "SamplingConfig": "sampling_config",
+    "Constraint": "constraint",
     "encode_prompt": "prompt",
     "encode_chat": "prompt",
     "DraftTree": "tree",
@@ -40,6 +42,7 @@ _MODULES = {
 
 __all__ = [
     "TARGET",
+    "Constraint",
     "DraftTree",
     "Engine",
     "GenerationStats",
@@ -70,6 +73,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from specchat.engine.attention import check_attention, use_attention
     from specchat.engine.cache import TreeCache
+    from specchat.engine.constraint import Constraint
     from specchat.engine.events import TARGET, StepEvent
     from specchat.engine.generate import Engine
     from specchat.engine.prompt import encode_chat, encode_prompt
