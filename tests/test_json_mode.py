@@ -24,12 +24,16 @@ from test_cli import assert_one_line_error, specchat, specchat_in_process
 
 from specchat.constraints import JsonText
 from specchat.constraints import json_syntax as syntax
-from specchat.constraints.token_masks import TokenMasks, Vocabulary, vocabulary_bytes
+from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes, vocabulary_bytes
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
 
 SAMPLES = ["", "a b", 'q"uote', "back\\slash", "tab\t", "é☃", "\u0001", "x/y", "\U0001f600"]
+
+
+def _feed(text: bytes):
+    return feed_bytes(syntax, syntax.START, text)
 
 
 def random_value(rng: random.Random, depth: int = 0):
@@ -53,10 +57,10 @@ def test_the_automaton_takes_json_objects_and_their_prefixes():
         value = {f"k{i}": random_value(rng) for i in range(rng.randrange(4))}
         for style in ({}, {"indent": 2}, {"ensure_ascii": False}, {"separators": (",", ":")}):
             text = json.dumps(value, **style).encode()
-            end = syntax.feed_bytes(syntax.START, text)
+            end = _feed(text)
             assert end is not None and syntax.complete(end), text
             for cut in range(len(text)):
-                state = syntax.feed_bytes(syntax.START, text[:cut])
+                state = _feed(text[:cut])
                 assert state is not None and not syntax.complete(state), (text, cut)
 
 
@@ -67,17 +71,17 @@ def test_the_automaton_takes_json_objects_and_their_prefixes():
 ])  # fmt: skip
 def test_the_automaton_refuses_all_but_one_object(text):
     """Invalid JSON, a value other than an object, and anything after the object (the end must come)."""
-    state = syntax.feed_bytes(syntax.START, text)
+    state = _feed(text)
     assert state is None or not syntax.complete(state)
 
 
 def test_whitespace_runs_are_capped():
     limit = syntax.MAX_WHITESPACE
-    assert syntax.feed_bytes(syntax.START, b" {") is None  # the object from the first byte
-    assert syntax.feed_bytes(syntax.START, b"{" + b" " * limit + b"}") is not None
-    assert syntax.feed_bytes(syntax.START, b"{" + b" " * (limit + 1)) is None
-    assert syntax.feed_bytes(syntax.START, b'{"a":' + b"\n" * limit + b"1," + b" " * limit + b'"b":2}') is not None
-    assert syntax.feed_bytes(syntax.START, b'{"a": "' + b" " * 500 + b'"}') is not None  # inside a string: text
+    assert _feed(b" {") is None  # the object from the first byte
+    assert _feed(b"{" + b" " * limit + b"}") is not None
+    assert _feed(b"{" + b" " * (limit + 1)) is None
+    assert _feed(b'{"a":' + b"\n" * limit + b"1," + b" " * limit + b'"b":2}') is not None
+    assert _feed(b'{"a": "' + b" " * 500 + b'"}') is not None  # inside a string: text
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +104,8 @@ def test_a_state_mask_is_every_token_the_automaton_takes(tokenizer, pieces, defa
                 b"{" + b" " * 40, b"{" + b"\n" * (syntax.MAX_WHITESPACE - 1), b"{" + b" " * syntax.MAX_WHITESPACE,
                 b'{"a": [1, ' + b" " * 60]  # fmt: skip
     for prefix in prefixes:
-        state = syntax.feed_bytes(syntax.START, prefix)
-        expected = np.array([i < size and piece is not None and syntax.feed_bytes(state, piece) is not None
+        state = _feed(prefix)
+        expected = np.array([i < size and piece is not None and feed_bytes(syntax, state, piece) is not None
                              for i, piece in enumerate(pieces)] + [False] * (size - len(pieces)))  # fmt: skip
         if syntax.complete(state):
             expected[2] = True  # the end, and only there
@@ -124,7 +128,7 @@ def test_random_trees_under_json_mode_equal_constrained_decoding(family, seed, b
     prompt = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
     alone = _decode(Engine(model, tokenizer, max_len=256), prompt, 80)
     text = b"".join(pieces[t] for t in alone if pieces[t])
-    assert syntax.feed_bytes(syntax.START, text) is not None and text.lstrip().startswith(b"{")
+    assert _feed(text) is not None and text.lstrip().startswith(b"{")
     assert len(set(alone)) > 5  # the mask left the random model real choices
     drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=seed, reference=prompt + alone, p_correct=0.7)
     engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)

@@ -16,18 +16,20 @@ from specchat.cli.common import (
     BudgetOption,
     DeviceOption,
     DtypeOption,
+    FormatOption,
     KvCacheOption,
     ModelOption,
     QuantizeOption,
+    SchemaOption,
     YarnOption,
     app,
     check_drafters,
     csv_list,
     default_drafter,
     ints,
+    json_format,
     load,
     quiet_transformers,
-    read_schema,
     report,
     sampling_config,
 )
@@ -87,12 +89,8 @@ def bench(
     repeats: Annotated[int, typer.Option(help="Interleaved repetitions after the warm-up.")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw tokens/s and tau to this PNG.")] = None,
-    text_format: Annotated[
-        str, typer.Option("--format", help="text | json: json decodes every answer in JSON mode (one JSON object).")
-    ] = "text",
-    schema: Annotated[
-        Path | None, typer.Option("--schema", help="A JSON Schema file every answer must follow (JSON mode).")
-    ] = None,
+    text_format: FormatOption = "text",
+    schema: SchemaOption = None,
 ) -> None:
     """Decoding speed of each drafter against autoregressive decoding (and transformers, llama.cpp)."""
     if ctx.invoked_subcommand is not None:
@@ -112,10 +110,7 @@ def bench(
     for name in baselines:
         if name not in ("hf", "llamacpp"):
             raise SpecchatError(f"unknown baseline '{name}'; use hf, llamacpp")
-    if text_format not in ("text", "json"):
-        raise SpecchatError(f"--format must be text or json, not {text_format!r}")
-    json_schema = read_schema(schema) if schema is not None else None
-    json_mode = text_format == "json" or schema is not None
+    json_mode, json_schema = json_format(text_format, schema)
     if json_mode and "hf" in baselines:
         raise SpecchatError("--format json has no transformers baseline: use --baseline llamacpp (its JSON grammar)")
     check_quantize(quantize, device)

@@ -79,6 +79,12 @@ PenaltyOption = Annotated[float | None, typer.Option(
     "--repetition-penalty", help="Divide the logits of tokens already in the text by this (> 1 penalises).")]
 SeedOption = Annotated[int | None, typer.Option("--seed", help="Seed of the sampling (the same seed, the same text).")]
 SystemOption = Annotated[str | None, typer.Option("--system", help="System prompt.")]
+FormatOption = Annotated[
+    str, typer.Option("--format", help="text | json: json holds every answer to one JSON object (JSON mode).")
+]
+SchemaOption = Annotated[
+    Path | None, typer.Option("--schema", help="A JSON Schema file every answer must follow (JSON mode).")
+]
 
 
 def csv_list(value: str) -> list[str]:
@@ -166,6 +172,14 @@ def quiet_transformers() -> None:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+
+
+def json_format(text_format: str, schema: Path | None) -> tuple[bool, dict | None]:
+    """`--format` and `--schema` checked: whether answers are in JSON mode, and the schema they follow."""
+    if text_format not in ("text", "json"):
+        raise SpecchatError(f"--format must be text or json, not {text_format!r}")
+    json_schema = read_schema(schema) if schema is not None else None
+    return text_format == "json" or schema is not None, json_schema
 
 
 def read_schema(path: Path) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,11 +17,13 @@ from specchat.cli.common import (
     DraftCacheOption,
     DrafterOption,
     DtypeOption,
+    FormatOption,
     KvCacheOption,
     MinPOption,
     ModelOption,
     PenaltyOption,
     QuantizeOption,
+    SchemaOption,
     SeedOption,
     SystemOption,
     TemperatureOption,
@@ -33,8 +34,8 @@ from specchat.cli.common import (
     check_drafters,
     checked_overrides,
     default_drafter,
+    json_format,
     quiet_transformers,
-    read_schema,
     sampling_config,
 )
 from specchat.drafters import check_draft_cache
@@ -58,12 +59,8 @@ def run(
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
     system: SystemOption = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
-    text_format: Annotated[
-        str, typer.Option("--format", help="text | json: json holds the answer to one JSON object (JSON mode).")
-    ] = "text",
-    schema: Annotated[
-        Path | None, typer.Option("--schema", help="A JSON Schema file the answer must follow (JSON mode).")
-    ] = None,
+    text_format: FormatOption = "text",
+    schema: SchemaOption = None,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
@@ -78,9 +75,7 @@ def run(
         raise SpecchatError("--max-new-tokens must be at least 1")
     if any(not each for each in stop or ()):
         raise SpecchatError("--stop takes a non-empty string")
-    if text_format not in ("text", "json"):
-        raise SpecchatError(f"--format must be text or json, not {text_format!r}")
-    json_schema = read_schema(schema) if schema is not None else None
+    json_mode, json_schema = json_format(text_format, schema)
     drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
@@ -117,7 +112,7 @@ def run(
     try:
         for event in engine.generate(
             prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ()),
-            constraint=engine.json_constraint(json_schema) if text_format == "json" or schema else None,
+            constraint=engine.json_constraint(json_schema) if json_mode else None,
         ):
             tokens += event.tokens
             origins += event.origins

@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from specchat.constraints.json_syntax import DIGITS, HEX, MAX_WHITESPACE, WHITESPACE, ESCAPES
+from specchat.constraints.json_syntax import (
+    AFTER, COLON, DIGITS, DONE, ESCAPE, ESCAPES, FIRST_ITEM, FIRST_KEY, HEX, INTEGER, KEY, LITERAL, MAX_WHITESPACE,
+    MINUS, NUMBER_ENDS, NUMBER_MODES, STRING, UNICODE, VALUE, WHITESPACE, ZERO, number_mode,
+)  # fmt: skip
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "$defs",
                          "definitions", "strict", "deprecated", "readOnly", "writeOnly", "format"})  # fmt: skip
@@ -24,12 +27,8 @@ KEYWORDS = {
     "array": {"type", "items"},
     "string": {"type"}, "integer": {"type"}, "number": {"type"}, "boolean": {"type"}, "null": {"type"},
 }  # fmt: skip
-
-# Modes (between tokens: whitespace may come first)
-VALUE, FIRST_ITEM, FIRST_KEY, KEY, COLON, AFTER = range(6)
-STRING, ESCAPE, UNICODE, LITERAL, DONE = 6, 7, 8, 9, 10
-MINUS, ZERO, INTEGER, POINT, FRACTION, E, E_SIGN, EXPONENT = range(11, 19)  # in a number; `extra`: integers only
-NUMBER_ENDS = frozenset((ZERO, INTEGER, FRACTION, EXPONENT))
+# Modes are json_syntax's (TOP aside: a schema's text begins in VALUE); in a number `extra` says integers only, in
+# UNICODE the hex digits read, in LITERAL the candidates (see `_literal`).
 
 
 class SchemaError(ValueError):
@@ -182,8 +181,8 @@ class JsonSchema:
             return (STRING, frames, 0, None) if extra == 3 else (UNICODE, frames, 0, extra + 1)
         if mode == LITERAL:
             return self._literal(frames, extra, byte)
-        if mode >= MINUS:
-            after = _number(mode, byte, extra)
+        if mode in NUMBER_MODES:
+            after = number_mode(mode, byte, extra)
             if after is not None:
                 return (after, frames, 0, extra)
             return self.feed(self._after_value(frames), byte) if mode in NUMBER_ENDS else None
@@ -272,23 +271,3 @@ class JsonSchema:
 
     def _after_value(self, frames: tuple):
         return (AFTER, frames, 0, None) if frames else (DONE, (), 0, None)
-
-
-def _number(mode: int, byte: int, integers: bool) -> int | None:
-    """The number mode after `byte`, or None where the number cannot go on with it."""
-    digit = byte in DIGITS
-    if mode == MINUS:
-        return (ZERO if byte == ord("0") else INTEGER) if digit else None
-    if mode in (ZERO, INTEGER):
-        if digit:
-            return INTEGER if mode == INTEGER else None
-        if integers:
-            return None
-        return POINT if byte == ord(".") else E if byte in b"eE" else None
-    if mode == POINT:
-        return FRACTION if digit else None
-    if mode == FRACTION:
-        return FRACTION if digit else E if byte in b"eE" else None
-    if mode == E:
-        return EXPONENT if digit else E_SIGN if byte in b"+-" else None
-    return EXPONENT if digit else None

@@ -23,6 +23,7 @@ WHITESPACE = frozenset(b" \t\n\r")
 DIGITS = frozenset(b"0123456789")
 HEX = frozenset(b"0123456789abcdefABCDEF")
 ESCAPES = frozenset(b'"\\/bfnrt')
+NUMBER_MODES = frozenset(range(MINUS, EXPONENT + 1))
 NUMBER_ENDS = frozenset((ZERO, INTEGER, FRACTION, EXPONENT))  # a number may end in these
 LITERALS = {ord("t"): b"rue", ord("f"): b"alse", ord("n"): b"ull"}
 CLOSE = {ord("}"): "{", ord("]"): "["}
@@ -67,8 +68,8 @@ def feed(state: State, byte: int) -> State | None:
         if byte != extra[0]:
             return None
         return (LITERAL, stack, 0, extra[1:]) if len(extra) > 1 else _after_value(stack)
-    if mode >= MINUS and mode != DONE:
-        after = _number(mode, byte)
+    if mode in NUMBER_MODES:
+        after = number_mode(mode, byte)
         if after is not None:
             return (after, stack, 0, None)
         if mode not in NUMBER_ENDS:
@@ -123,14 +124,17 @@ def _after_value(stack: str) -> State:
     return (AFTER, stack, 0, None) if stack else (DONE, "", 0, None)
 
 
-def _number(mode: int, byte: int) -> int | None:
-    """The number mode after `byte`, or None where the number cannot go on with it."""
+def number_mode(mode: int, byte: int, integers: bool = False) -> int | None:
+    """The number mode after `byte`, or None where the number cannot go on with it (with `integers`, neither a
+    fraction nor an exponent may come)."""
     digit = byte in DIGITS
     if mode == MINUS:
         return (ZERO if byte == ord("0") else INTEGER) if digit else None
     if mode in (ZERO, INTEGER):
         if digit:
             return INTEGER if mode == INTEGER else None
+        if integers:
+            return None
         return POINT if byte == ord(".") else E if byte in b"eE" else None
     if mode == POINT:
         return FRACTION if digit else None
@@ -139,12 +143,3 @@ def _number(mode: int, byte: int) -> int | None:
     if mode == E:
         return EXPONENT if digit else E_SIGN if byte in b"+-" else None
     return EXPONENT if digit else None  # E_SIGN, EXPONENT
-
-
-def feed_bytes(state: State | None, data: bytes) -> State | None:
-    """The state after every byte of `data`, or None where one cannot follow."""
-    for byte in data:
-        if state is None:
-            return None
-        state = feed(state, byte)
-    return state
