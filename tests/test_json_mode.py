@@ -166,7 +166,8 @@ def test_the_embedded_model_answers_one_json_object_with_every_drafter(default_m
 
 @pytest.mark.slow
 def test_run_format_json():
-    result = specchat("run", "Describe a red apple in two words.", "--format", "json", "--json", "-n", "80", warm=True)
+    result = specchat("run", "Give the name, age and city of a fictional person as JSON.", "--format", "json", "--json",
+                      "-n", "120", "--temperature", "0", warm=True)  # fmt: skip
     report = json.loads(result.stdout)
     assert report["finish_reason"] == "eos"
     assert isinstance(json.loads(report["text"]), dict)
