@@ -84,6 +84,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("bench", "--format", "yaml"), ("--format must be text or json",)),
         (("bench", "--format", "json", "--baseline", "hf"), ("no transformers baseline",)),
         (("bench", "--schema", "/no/such/schema.json"), ("--schema: cannot read",)),
+        (("run", "hi", "--logprobs", "2"), ("--logprobs takes 0 to 20 alternatives, with --json",)),
+        (("run", "hi", "--json", "--logprobs", "21"), ("--logprobs takes 0 to 20",)),
         (("bench", "--prompts", "missing.jsonl"), ("no such prompts file",)),
         (("run", "hi", "--drafter", "ngram", "--draft-budget", "0"), ("--draft-budget",)),
         (("run", "hi", "--attention", "flash"), ("unknown attention", "hybrid")),

@@ -145,6 +145,33 @@ def test_json_mode_answers_one_json_object(server):
     assert list(value) == ["name", "age"] and isinstance(value["age"], int)
 
 
+def test_logprobs_of_every_token_whole_and_streamed(server):
+    """Chat's `logprobs` / `top_logprobs` and a completion's `logprobs`: one entry a completion token, their texts
+    the answer's, the greedy token the most likely, a stream's chunks the whole answer's entries."""
+    client = server.client()
+    reply = client.chat.completions.create(model=MODEL, messages=COLOURS, temperature=0, max_tokens=16, logprobs=True,
+                                           top_logprobs=3)  # fmt: skip
+    [choice] = reply.choices
+    content = choice.logprobs.content
+    assert len(content) == reply.usage.completion_tokens == 16
+    assert "".join(entry.token for entry in content) == choice.message.content
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token
+        assert entry.logprob == entry.top_logprobs[0].logprob <= 0 and bytes(entry.bytes).decode() == entry.token
+        assert [e.logprob for e in entry.top_logprobs] == sorted((e.logprob for e in entry.top_logprobs), reverse=True)
+    stream = client.chat.completions.create(model=MODEL, messages=COLOURS, temperature=0, max_tokens=16, logprobs=True,
+                                            top_logprobs=3, stream=True)  # fmt: skip
+    streamed = [entry for chunk in stream for c in chunk.choices if c.logprobs for entry in c.logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    text = client.completions.create(model=MODEL, prompt="The colours of the rainbow are", max_tokens=8, temperature=0,
+                                     logprobs=2)  # fmt: skip
+    scored = text.choices[0].logprobs
+    assert len(scored.tokens) == len(scored.token_logprobs) == len(scored.top_logprobs) == 8
+    assert "".join(scored.tokens) == text.choices[0].text
+    assert scored.text_offset == [sum(map(len, scored.tokens[:i])) for i in range(8)]
+    assert all(len(top) == 2 for top in scored.top_logprobs)
+
+
 def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):
     """`serve --kv-cache int8` reaches the engine: /health says so, and a greedy answer is `run --kv-cache int8`'s."""
     run = subprocess.run([sys.executable, "-m", "specchat", "run", COLOURS[0]["content"], "--temperature", "0",
@@ -379,7 +406,7 @@ def bad_inputs() -> list[tuple[str, str, dict]]:
         "n": [2, 0, -1, "1"],
         "frequency_penalty": [1, -0.5],
         "presence_penalty": [0.5, 2],
-        "logprobs": [True],
+        "logprobs": ["yes"],
         "top_logprobs": [3],
         "tools": [[{"type": "function", "function": {"name": "f"}}]],
         "logit_bias": [{"50256": -100}],

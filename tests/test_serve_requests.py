@@ -34,6 +34,15 @@ def test_response_format_json_object_asks_for_json_mode_on_both_endpoints():
     assert not text_request({"prompt": "x"}).json_object
 
 
+def test_logprobs_count_the_alternatives_asked_for():
+    assert chat_request({"messages": HI}).logprobs is None
+    assert chat_request({"messages": HI, "logprobs": True}).logprobs == 0
+    assert chat_request({"messages": HI, "logprobs": True, "top_logprobs": 20}).logprobs == 20
+    assert chat_request({"messages": HI, "logprobs": False, "top_logprobs": 0}).logprobs is None
+    assert text_request({"prompt": "x", "logprobs": 0}).logprobs == 0
+    assert text_request({"prompt": "x", "logprobs": 5}).logprobs == 5
+
+
 def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
     assert text_request({"prompt": "Once"}).prompt == "Once"
     assert text_request({"prompt": ["Once"]}).max_tokens == 16
@@ -72,8 +81,9 @@ def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
         ({"messages": HI, "n": 2}, "n", "n must be 1"),
         ({"messages": HI, "tools": [{"type": "function"}]}, "tools", "tools"),
         ({"messages": HI, "tool_choice": "required"}, "tool_choice", "tool_choice"),
-        ({"messages": HI, "logprobs": True}, "logprobs", "logprobs"),
-        ({"messages": HI, "top_logprobs": 3}, "top_logprobs", "logprobs"),
+        ({"messages": HI, "logprobs": "yes"}, "logprobs", "boolean"),
+        ({"messages": HI, "top_logprobs": 3}, "top_logprobs", "needs logprobs: true"),
+        ({"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
         ({"messages": HI, "frequency_penalty": 0.5}, "frequency_penalty", "repetition_penalty"),
         ({"messages": HI, "presence_penalty": -1}, "presence_penalty", "not supported"),
         ({"messages": HI, "logit_bias": {"5": 10}}, "logit_bias", "logit_bias"),
@@ -107,7 +117,8 @@ def test_bad_chat_requests_name_their_field(body, param, words):
         ({"prompt": "a", "echo": True}, "echo", "echo"),
         ({"prompt": "a", "suffix": "b"}, "suffix", "suffix"),
         ({"prompt": "a", "best_of": 3}, "best_of", "best_of"),
-        ({"prompt": "a", "logprobs": 2}, "logprobs", "logprobs"),
+        ({"prompt": "a", "logprobs": 6}, "logprobs", "between 0 and 5"),
+        ({"prompt": "a", "logprobs": True}, "logprobs", "integer"),
         ({"prompt": "a", "response_format": "json"}, "response_format", "object"),
         ({"prompt": "a", "response_format": {"type": "regex"}}, "response_format", "'json_object'"),
     ],

@@ -41,6 +41,8 @@ from specchat.cli.common import (
 from specchat.drafters import check_draft_cache
 from specchat.errors import SpecchatError
 
+MAX_LOGPROBS = 20  # alternatives a token's log-probability lists, as OpenAI's top_logprobs
+
 
 @app.command()
 def run(
@@ -68,6 +70,10 @@ def run(
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+    logprobs: Annotated[
+        int | None,
+        typer.Option("--logprobs", help="With --json: each token's log-probability and this many alternatives."),
+    ] = None,
 ) -> None:
     """Generate a reply to PROMPT and print it (or a JSON report)."""
     prompt = _read_prompt(prompt)
@@ -76,6 +82,8 @@ def run(
     if any(not each for each in stop or ()):
         raise SpecchatError("--stop takes a non-empty string")
     json_mode, json_schema = json_format(text_format, schema)
+    if logprobs is not None and (not as_json or not 0 <= logprobs <= MAX_LOGPROBS):
+        raise SpecchatError(f"--logprobs takes 0 to {MAX_LOGPROBS} alternatives, with --json")
     drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
@@ -108,14 +116,15 @@ def run(
         raise SpecchatError(f"the prompt has {len(prompt_ids)} tokens; the context holds {engine.capacity}, the "
                             f"model's window ({stretch})")  # fmt: skip
 
-    tokens, origins, text, stats, finish = [], [], [], None, None
+    tokens, origins, scored, text, stats, finish = [], [], [], [], None, None
     try:
         for event in engine.generate(
             prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ()),
-            constraint=engine.json_constraint(json_schema) if json_mode else None,
+            constraint=engine.json_constraint(json_schema) if json_mode else None, logprobs=logprobs,
         ):
             tokens += event.tokens
             origins += event.origins
+            scored += event.logprobs or []
             text.append(event.text)
             stats, finish = event.stats, event.finish_reason
             if not as_json:
@@ -138,6 +147,8 @@ def run(
             "drafter": str(choice),
             "forward": forward_path(loaded.model),
         }
+        if logprobs is not None:
+            report["logprobs"] = _logprob_entries(engine, tokens, scored)
         _out(json.dumps(report, ensure_ascii=False) + "\n")
     else:
         _out("\n")
@@ -152,6 +163,17 @@ def run(
         )
     if finish == "interrupted":
         raise KeyboardInterrupt
+
+
+def _logprob_entries(engine, tokens: list[int], scored: list) -> list[dict]:
+    """The report's `logprobs`, one entry a token, shaped as OpenAI's chat `logprobs.content` (without bytes)."""
+
+    def text(token: int) -> str:
+        return engine.token_bytes(token).decode("utf-8", errors="replace")
+
+    return [{"token": text(token), "logprob": entry.logprob,
+             "top_logprobs": [{"token": text(other), "logprob": value} for other, value in entry.top]}
+            for token, entry in zip(tokens, scored)]  # fmt: skip
 
 
 def _out(text: str) -> None:

@@ -6,6 +6,7 @@ already committed (a chat's next turn) only prefill their new suffix.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -21,7 +22,14 @@ from specchat.engine.constraint import ConstrainedText, Constraint
 from specchat.engine.events import KNOWN, TARGET, StepEvent
 from specchat.engine.lean_forward import LeanForward
 from specchat.engine.prefix_store import PrefixStore
-from specchat.engine.sampling import PositionNoise, SamplingConfig, make_generator, process_logits, sample
+from specchat.engine.sampling import (
+    PositionNoise,
+    SamplingConfig,
+    make_generator,
+    process_logits,
+    sample,
+    token_logprobs,
+)
 from specchat.engine.stats import GenerationStats
 from specchat.engine.target_forward import forward_path, target_forward
 from specchat.engine.text import TextStream
@@ -77,7 +85,7 @@ class Engine:
         self._queries: torch.Tensor | None = None  # the last forward's last-layer rotated queries [q, heads, D]
         self._last_query: torch.Tensor | None = None  # [heads, D] fp32 of the newest position in the cache
         self._verify_costs: dict[str, VerifyCost] = {}  # calibration key -> its prices, kept up to date
-        self._json_constraints: dict[str | None, Constraint] = {}  # JSON mode (None) and recent schemas' (json_constraint)
+        self._json_constraints: dict[str | None, Constraint] = {}  # JSON mode (None), recent schemas (json_constraint)
         self.target = TargetView.of(model, self.cache, forward=self._draft_forward,
                                     last_query=lambda: self._last_query, tokenizer=tokenizer,
                                     layer_queries=self._layer_queries)  # fmt: skip
@@ -120,6 +128,12 @@ class Engine:
                 del self._json_constraints[next(k for k in self._json_constraints if k is not None)]
         return self._json_constraints[key]
 
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes as a text holds them (a special token's name, which a text does not hold as bytes)."""
+        pieces = self._vocabulary.pieces
+        piece = pieces[token] if token < len(pieces) else None
+        return piece if piece is not None else (self.tokenizer.convert_ids_to_tokens(token) or "").encode()
+
     @functools.cached_property
     def _vocabulary(self):
         """The model's ids by their bytes, for every constraint's masks: sorting 150K tokens takes ~0.5 s, once."""
@@ -147,6 +161,7 @@ class Engine:
         known: list[int] = (),
         fresh: bool = False,
         constraint: Constraint | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[StepEvent]:
         """Prefill `prompt_ids` and yield a `StepEvent` per step until EOS, a stop string, `max_new_tokens` or a
         full cache.
@@ -169,6 +184,9 @@ class Engine:
         `constraint` holds the output to a syntax (`specchat.constraints.JsonObject`: JSON mode): every row's
         logits are masked to the ids it allows next before the sampling pipeline, in AR decoding and in every
         verified row alike (`engine/constraint.py`).
+
+        `logprobs` (N >= 0): every event also carries each token's log-probability and the N most likely ids at
+        its row (`StepEvent.logprobs`), read from the rows verification computed anyway.
         """
         if not prompt_ids:
             raise SpecchatError("the prompt is empty")
@@ -197,20 +215,23 @@ class Engine:
             [token] = noise.choose(processed.softmax(dim=-1), [self.length])
         else:
             token = int(sample(processed, sampling, generator)[0])
+        scored = token_logprobs(processed, [0], [token], logprobs) if logprobs is not None else None
         stats.prefill_seconds = time.perf_counter() - start
         if self.drafter is not None and self.fixed_budget is None and (self.policy is None or not continued):
             # acceptance belongs to a text: a new one (not a chat's next turn) starts with what it will show,
             # trees priced at its context
             self.policy = AdaptiveBudget(self._verify_cost())
         event = self._commit([token], [TARGET], self._no_rows, stats, stream, budget, limit, constrained)
+        event = _with_logprobs(event, scored)
         ahead = _still_known(list(known), event.tokens)
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
-            tokens, origins, hidden, tree, tree_budget, draft_seconds = self._step(sampling, generator, noise, ahead,
-                                                                                   constrained)
+            tokens, origins, hidden, tree, tree_budget, draft_seconds, scored = self._step(
+                sampling, generator, noise, ahead, constrained, logprobs)
             stats.decode_seconds += time.perf_counter() - start
             event = self._commit(tokens, origins, hidden, stats, stream, budget, limit, constrained)
+            event = _with_logprobs(event, scored)
             stats.decode_tokens += len(event.tokens)
             drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
             stats.record_step(tree.depth, drafted, tree_budget, draft_seconds, nodes=len(tree))
@@ -218,12 +239,13 @@ class Engine:
             yield event
 
     def _step(self, sampling: SamplingConfig, generator, noise: PositionNoise | None, known: list[int],
-              constrained: ConstrainedText | None):
+              constrained: ConstrainedText | None, logprobs: int | None):
         """Draft (or take the `known` tokens as a chain), verify the tree (or just the root) in one forward,
         commit the accepted KV.
 
         Returns the accepted tokens then the bonus, their origins, the hidden states of the rows kept in the
-        cache (root and accepted nodes), the tree verified, its budget and the seconds the drafter took.
+        cache (root and accepted nodes), the tree verified, its budget, the seconds the drafter took and, with
+        `logprobs`, the tokens' log-probabilities (token i was chosen at kept row i).
         """
         if known:
             tree = DraftTree.from_chains([known[: self.tree_capacity]], KNOWN, self.tree_capacity)
@@ -260,7 +282,8 @@ class Engine:
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[kept] if self.drafter is not None else hidden  # only a drafter reads them
-        return tokens, origins, hidden, tree, budget, draft_seconds
+        scored = token_logprobs(processed, kept, tokens, logprobs) if logprobs is not None else None
+        return tokens, origins, hidden, tree, budget, draft_seconds, scored
 
     def _draft_budget(self, mode: frozenset[str], scored: bool) -> int:
         """The nodes to ask the drafter for: the adaptive budget's (for a scoring drafter a large tree, cut after),
@@ -425,6 +448,11 @@ class Engine:
             times.append(time.perf_counter() - start)
         self.cache.truncate(self.cache.length)  # drop the pending root KV the forwards wrote
         return sorted(times)[len(times) // 2]
+
+
+def _with_logprobs(event: StepEvent, scored: list | None) -> StepEvent:
+    """`event` with the log-probabilities of the tokens it kept (a step's are cut where its tokens are)."""
+    return event if scored is None else dataclasses.replace(event, logprobs=scored[: len(event.tokens)])
 
 
 def _still_known(known: list[int], tokens: list[int]) -> list[int]:

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import torch
 
+from specchat.engine.events import TokenLogprob
 from specchat.engine.sampling_config import SamplingConfig
+
+
+def token_logprobs(processed: torch.Tensor, rows: list[int], tokens: list[int], top: int) -> list[TokenLogprob]:
+    """Each token's log-probability at its row of `processed` logits, with the `top` most likely ids there."""
+    logprobs = processed[rows].float().log_softmax(dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()
+    values, ids = logprobs.topk(top, dim=-1) if top else (logprobs[:, :0], logprobs[:, :0].long())
+    return [TokenLogprob(lp, list(zip(i, v))) for lp, i, v in zip(chosen, ids.tolist(), values.tolist())]
 
 
 def apply_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:

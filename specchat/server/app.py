@@ -152,14 +152,16 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         loop = asyncio.get_running_loop()
         job = Job(ids, served.sampling(wanted), min(wanted.max_tokens or room, room), wanted.stop,
                   deliver=lambda item: loop.call_soon_threadsafe(items.put_nowait, item), drafting=drafting,
-                  draft_budget=draft_budget, json_object=wanted.json_object, json_schema=wanted.json_schema)  # fmt: skip
+                  draft_budget=draft_budget, json_object=wanted.json_object, json_schema=wanted.json_schema,
+                  logprobs=wanted.logprobs)  # fmt: skip
         try:
             worker.submit(job)
         except QueueFull:
             raise RequestError(f"the server is busy: {worker.waiting} requests are waiting; retry later",
                                status=429, kind="rate_limit_error",
                                headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
-        reply = Reply(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None)
+        reply = Reply(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None,
+                      token_bytes=served.engine.token_bytes if wanted.logprobs is not None else None)
         if wanted.stream:
             return StreamingResponse(_stream(job, items, reply, wanted.include_usage, arrived),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -2,10 +2,11 @@
 
 Every problem is a `RequestError` naming the field, answered as OpenAI answers it (a 4xx and an `error` object),
 before the request is queued. Fields the engine has no equivalent for are refused when they ask for something
-(`n` > 1, tools, logprobs, additive penalties), and accepted at their neutral values, which many clients always
-send. `response_format` runs JSON mode: `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema":
-{"schema": ...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to. Fields this server does not know are ignored, as vLLM and llama-server do: clients add their own.
-Omitted sampling fields take the model's own defaults, as `specchat run` does.
+(`n` > 1, tools, additive penalties), and accepted at their neutral values, which many clients always send.
+`response_format` runs JSON mode: `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema": {"schema":
+...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to. Fields this server does not
+know are ignored, as vLLM and llama-server do: clients add their own. Omitted sampling fields take the model's own
+defaults, as `specchat run` does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from specchat.engine.sampling_config import MAX_SEED
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 16
+MAX_CHAT_LOGPROBS, MAX_TEXT_LOGPROBS = 20, 5  # OpenAI's limits on the alternatives a token's log-probability lists
 
 
 class RequestError(Exception):
@@ -48,6 +50,7 @@ class CompletionRequest:
     speculative: Speculative | None = None  # None: the server's drafter and budget
     json_object: bool = False  # JSON mode: the answer is one JSON object
     json_schema: dict | None = None  # ... one this JSON Schema allows
+    logprobs: int | None = None  # each token's log-probability and this many alternatives; None: none
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ def chat_request(body: object) -> CompletionRequest:
         model=_model(body),
         messages=_messages(body.get("messages")),
         max_tokens=_max_tokens(body, "max_completion_tokens") or _max_tokens(body, "max_tokens"),
+        logprobs=_chat_logprobs(body),
         **_common(body),
     )
 
@@ -84,12 +88,29 @@ def text_request(body: object) -> CompletionRequest:
     if body.get("best_of") not in (None, 1):
         raise RequestError("best_of must be 1: one completion per request", param="best_of")
     max_tokens = _max_tokens(body, "max_tokens")
+    logprobs = _integer(body, "logprobs")
+    if logprobs is not None and not 0 <= logprobs <= MAX_TEXT_LOGPROBS:
+        raise RequestError(f"logprobs must be between 0 and {MAX_TEXT_LOGPROBS}", param="logprobs")
     return CompletionRequest(
         model=_model(body),
         prompt=_prompt(body.get("prompt")),
         max_tokens=16 if "max_tokens" not in body else max_tokens,  # OpenAI's default for completions
+        logprobs=logprobs,
         **_common(body),
     )
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat's `logprobs` (a boolean) and `top_logprobs` (the alternatives, up to 20) as one count."""
+    wanted = body.get("logprobs")
+    if wanted not in (None, True, False):
+        raise RequestError("logprobs must be a boolean", param="logprobs")
+    top = _integer(body, "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_CHAT_LOGPROBS:
+        raise RequestError(f"top_logprobs must be between 0 and {MAX_CHAT_LOGPROBS}", param="top_logprobs")
+    if top and not wanted:
+        raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def _common(body: dict) -> dict:
@@ -195,9 +216,6 @@ def _refuse_unsupported(body: dict) -> None:
         raise RequestError("tools are not supported", param="tools" if body.get("tools") else "functions")
     if body.get("tool_choice") not in (None, "none", "auto"):
         raise RequestError("tool_choice is not supported", param="tool_choice")
-    logprobs = body.get("logprobs")
-    if logprobs not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        raise RequestError("logprobs are not supported", param="logprobs" if logprobs else "top_logprobs")
     if body.get("logit_bias"):
         raise RequestError("logit_bias is not supported", param="logit_bias")
 

@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 
+from specchat.engine.events import TokenLogprob
 from specchat.engine.stats import GenerationStats
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}  # the engine's -> OpenAI's
@@ -16,8 +17,11 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"
 class Reply:
     """One request's answer as it is produced; renders it whole (`body`) or as stream chunks."""
 
-    def __init__(self, model: str, drafter: str, *, chat: bool):
+    def __init__(self, model: str, drafter: str, *, chat: bool, token_bytes=None):
         self.model, self.drafter, self.chat = model, drafter, chat
+        self.token_bytes = token_bytes  # id -> bytes, when the request asked for log-probabilities
+        self.logprobs: list[tuple[int, TokenLogprob]] = []
+        self.characters = 0  # of the text whose tokens' log-probabilities went out (a completion's text_offset)
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.text: list[str] = []
@@ -29,6 +33,8 @@ class Reply:
         """Take one engine step (a `StepEvent`)."""
         self.text.append(event.text)
         self.origins += event.origins
+        if self.token_bytes is not None:
+            self.logprobs += list(zip(event.tokens, event.logprobs))
         self.stats = event.stats
         if event.finish_reason is not None:
             self.finish = FINISH[event.finish_reason]
@@ -39,7 +45,7 @@ class Reply:
 
     def body(self) -> dict:
         text = "".join(self.text)
-        choice = {"index": 0, "finish_reason": self.finish, "logprobs": None}
+        choice = {"index": 0, "finish_reason": self.finish, "logprobs": self._logprobs(self.logprobs)}
         choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
         return self._envelope("chat.completion" if self.chat else "text_completion", [choice], usage=self.usage(),
                               timings=self.timings(), specchat=self.summary(self.origins))
@@ -49,11 +55,12 @@ class Reply:
         return self._chunk({"role": "assistant", "content": ""}, None) if self.chat else ""
 
     def chunk(self, event) -> str:
-        """The stream chunk of one step: its text and its tokens' origins."""
+        """The stream chunk of one step: its text, its tokens' origins and, when asked, log-probabilities."""
         self.add(event)
-        if not event.text and event.finish_reason is None:
+        if not event.text and event.finish_reason is None and self.token_bytes is None:
             return ""
-        return self._chunk({"content": event.text}, None, {"origins": event.origins})
+        scored = self._logprobs(self.logprobs[len(self.logprobs) - len(event.tokens) :])
+        return self._chunk({"content": event.text}, None, {"origins": event.origins}, logprobs=scored)
 
     def last_chunks(self, include_usage: bool) -> str:
         """The finish reason with the whole answer's figures, the usage when asked, and the end marker."""
@@ -99,8 +106,29 @@ class Reply:
     def _chunk_object(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def _chunk(self, delta: dict, finish: str | None, specchat: dict | None = None, **extra) -> str:
-        choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+    def _logprobs(self, scored: list[tuple[int, TokenLogprob]]) -> dict | None:
+        """OpenAI's `logprobs` of these tokens: chat's `content` list, or a completion's parallel lists."""
+        if self.token_bytes is None:
+            return None
+        if self.chat:
+            return {"content": [self._entry(token, entry.logprob) | {"top_logprobs": [
+                self._entry(other, logprob) for other, logprob in entry.top]} for token, entry in scored],
+                "refusal": None}  # fmt: skip
+        texts = [self._text(token) for token, _ in scored]
+        offsets = [self.characters + sum(map(len, texts[:i])) for i in range(len(texts))]
+        self.characters += sum(map(len, texts))
+        return {"tokens": texts, "token_logprobs": [entry.logprob for _, entry in scored], "text_offset": offsets,
+                "top_logprobs": [{self._text(other): logprob for other, logprob in entry.top} for _, entry in scored]}
+
+    def _entry(self, token: int, logprob: float) -> dict:
+        return {"token": self._text(token), "logprob": logprob, "bytes": list(self.token_bytes(token))}
+
+    def _text(self, token: int) -> str:
+        return self.token_bytes(token).decode("utf-8", errors="replace")
+
+    def _chunk(self, delta: dict, finish: str | None, specchat: dict | None = None, logprobs: dict | None = None,
+               **extra) -> str:
+        choice = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
         choice |= {"delta": delta} if self.chat else {"text": delta.get("content", "")}
         extra |= {"specchat": specchat} if specchat else {}
         return _sse(self._envelope(self._chunk_object, [choice], **extra))

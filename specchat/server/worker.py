@@ -33,6 +33,7 @@ class Job:
     draft_budget: int | None = None  # a fixed budget for this request; None: the server's
     json_object: bool = False  # JSON mode
     json_schema: dict | None = None  # ... under this schema
+    logprobs: int | None = None  # each token's log-probability and this many alternatives
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ class EngineWorker:
         try:
             events = self.served.engine.generate(
                 job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
-                fresh=not self.prompt_cache, constraint=self.served.engine.json_constraint(job.json_schema) if job.json_object else None,
+                fresh=not self.prompt_cache, logprobs=job.logprobs,
+                constraint=self.served.engine.json_constraint(job.json_schema) if job.json_object else None,
             )
             for event in events:
                 self.tokens_generated += len(event.tokens)
