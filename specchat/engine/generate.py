@@ -181,7 +181,7 @@ class Engine:
         with the last request: where reuse is not exact (`exact_reuse`), the output is then exactly a new
         engine's (a prompt prefilled in pieces, or after decode steps, is rounded differently there).
 
-        `constraint` holds the output to a syntax (`specchat.constraints.JsonObject`: JSON mode): every row's
+        `constraint` holds the output to a syntax (`json_constraint()`: JSON mode, or a JSON Schema): every row's
         logits are masked to the ids it allows next before the sampling pipeline, in AR decoding and in every
         verified row alike (`engine/constraint.py`).
 
