@@ -78,11 +78,11 @@ def test_the_automaton_takes_instances_and_refuses_violations():
     ({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}, "schema.properties.a: 'pattern'"),
     ({"type": "array", "items": {"type": "integer"}, "maxItems": 3}, "'maxItems'"),
     ({"allOf": [{"type": "string"}]}, "'allOf' is not supported"),
-    ({"type": "array"}, "an array needs items"),
+    ({"not": {"type": "string"}}, "'not' is not supported"),
     ({"$ref": "#/$defs/Missing"}, "not a definition"),
     ({"type": "object", "properties": {}, "required": ["a"]}, "required names 'a'"),
-    ({"type": "object", "additionalProperties": True}, "additionalProperties must be false"),
-    ({"anyOf": [{"type": "integer"}, {"type": "number"}]}, "begin alike"),
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "additionalProperties must be false"),
+    (False, "must be a JSON object"),
     ({"type": "date"}, "type 'date' is not supported"),
     ([1], "must be a JSON object"),
 ])  # fmt: skip
@@ -91,18 +91,91 @@ def test_schemas_outside_the_subset_are_refused_by_name(schema, words):
         JsonSchema(schema)
 
 
-def test_a_schema_state_mask_is_every_token_the_automaton_takes(tokenizer, default_model):
+TOOLS = {"anyOf": [  # alternatives told apart only by their names: a union of states until the name's bytes differ
+    {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": {"const": "get"},
+        "arguments": {"type": "object", "required": ["x"], "properties": {"x": {"type": "integer"}}}}},
+    {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": {"const": "get_weather"}, "arguments": {"type": "object", "additionalProperties": {"type": "string"}}}},
+]}  # fmt: skip
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), [
+    (TOOLS, [{"name": "get", "arguments": {"x": 3}}, {"name": "get_weather", "arguments": {"city": "Oslo", "a": ""}},
+             {"name": "get_weather", "arguments": {}}],
+     [{"name": "get", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "arguments": {"x": 3}},
+      {"name": "get_w", "arguments": {}}, {"name": "get", "arguments": {}}]),
+    ({"anyOf": [{"type": "integer"}, {"type": "number"}, {"type": "array", "items": {"type": "integer"}},
+                {"type": "array", "items": {"type": "string"}}]},
+     [3, -2.5e3, [1, 2], ["a"], []], ["3", [1, "a"], [1.5], None]),
+    ({}, [{"a": [1, {"b": None}, "x\u00e9"], "c": True}, [], "s", -0.5, None, False], []),
+    ({"type": "object"}, [{}, {"k": [1, {"b": None}]}, {"a": 1, "a2": "x"}], [[], "x", 3]),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, [{"a": 1, "b\"c": -2}, {}],
+     [{"a": "x"}, {"a": 1.5}]),
+    ({"type": "object", "additionalProperties": False}, [{}], [{"a": 1}]),
+    ({"type": "array"}, [[1, "x", [None]], []], [{}]),
+    ({"type": "integer"}, [0, 12, -7], [1.5, "1"]),
+    ({"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}}, "$ref": "#/$defs/A"}, [None], [0]),
+])  # fmt: skip
+def test_unions_free_values_and_top_level_numbers(schema, valid, invalid):
+    automaton = JsonSchema(schema)
+    for value in valid:
+        for style in ({}, {"indent": 1}, {"separators": (",", ":")}):
+            text = json.dumps(value, **style).encode()
+            assert automaton.complete(_feed(automaton, text)), text
+            for cut in range(len(text)):  # a proper prefix is whole only where it is a number that may go on
+                state = _feed(automaton, text[:cut])
+                assert state is not None, (text, cut)
+                assert not automaton.complete(state) or isinstance(json.loads(text[:cut]), (int, float)), (text, cut)
+    for value in invalid:
+        state = _feed(automaton, json.dumps(value).encode())
+        assert state is None or not automaton.complete(state), value
+
+
+def test_lenient_schemas_ignore_what_they_cannot_hold_and_padding_surrounds_the_value():
+    schema = {"type": "object", "required": ["n"], "properties": {
+        "n": {"type": "integer", "minimum": 1}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+        "odd": {"allOf": [{"type": "string"}]}}}  # fmt: skip
+    with pytest.raises(SchemaError, match="'minimum'"):
+        JsonSchema(schema)
+    lenient = JsonSchema(schema, lenient=True)
+    for value in ({"n": 0}, {"n": 5, "tags": ["a", "b", "c"], "odd": [1, {"x": None}]}):
+        assert lenient.complete(_feed(lenient, json.dumps(value).encode())), value
+    for value in ({"n": "5"}, {"n": 5, "tags": [1]}, {"tags": []}):
+        state = _feed(lenient, json.dumps(value).encode())
+        assert state is None or not lenient.complete(state), value
+    padded = JsonSchema(TOOLS, padded=True)
+    text = b'\n {"name": "get", "arguments": {"x": 3}}\n\n'
+    assert padded.complete(_feed(padded, text))
+    assert _feed(JsonSchema(TOOLS), text) is None
+
+
+PERSON_PREFIXES = [
+    b"", b"{", b'{"na', b'{"name": "A', b'{"name": "A", ', b'{"name": "A", "age": 3',
+    b'{"name": "A", "age": 3, "pets": [',
+    b'{"name": "A", "age": 3, "pets": [{"kind": ', b'{"name": "A", "age": 3, "pets": [{"kind": 7',
+    b'{"name": "A", "age": 3, "pets": [], "nick": null', b'{"name": "A", "age": 3, "pets": [], "nick": null, "ok": t',
+]  # fmt: skip
+TOOL_PREFIXES = [b"", b"\n", b'{"name": "get', b'{"name": "get_w', b'{"name": "get", "arguments": {"x": 1',
+                 b'{"name": "get_weather", "arguments": {"k',
+                 b'{"name": "get_weather", "arguments": {}}\n']  # fmt: skip
+
+
+@pytest.mark.parametrize(("schema", "options", "prefixes"), [
+    (PERSON, {}, PERSON_PREFIXES), (TOOLS, {"padded": True}, TOOL_PREFIXES),
+    ({"type": "integer"}, {}, [b"", b"-", b"12"]),
+])  # fmt: skip
+def test_a_schema_state_mask_is_every_token_the_automaton_takes(schema, options, prefixes, tokenizer, default_model):
     pieces = vocabulary_bytes(tokenizer)
     size = default_model.model.config.vocab_size
-    schema = JsonSchema(PERSON)
-    masks = TokenMasks(Vocabulary(pieces, size), schema, frozenset({2}))
-    for prefix in [b"", b"{", b'{"na', b'{"name": "A', b'{"name": "A", ', b'{"name": "A", "age": 3', b'{"name": "A", '
-                   b'"age": 3, "pets": [', b'{"name": "A", "age": 3, "pets": [{"kind": ', b'{"name": "A", "age": 3, '
-                   b'"pets": [{"kind": 7', b'{"name": "A", "age": 3, "pets": [], "nick": null', b'{"name": "A", "age": '
-                   b'3, "pets": [], "nick": null, "ok": t']:  # fmt: skip
-        state = _feed(schema, prefix)
-        expected = np.array([i < size and piece is not None and feed_bytes(schema, state, piece) is not None
+    automaton = JsonSchema(schema, **options)
+    end = 2
+    masks = TokenMasks(Vocabulary(pieces, size), automaton, frozenset({end}))
+    for prefix in prefixes:
+        state = _feed(automaton, prefix)
+        expected = np.array([i < size and piece is not None and feed_bytes(automaton, state, piece) is not None
                              for i, piece in enumerate(pieces)] + [False] * (size - len(pieces)))  # fmt: skip
+        expected[end] = automaton.complete(state)
         assert (masks.allowed(state).numpy() == expected).all(), prefix
         assert masks.allowed(state).any()
 

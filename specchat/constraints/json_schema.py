@@ -1,13 +1,17 @@
 """A JSON Schema as a byte automaton: JSON's syntax (json_syntax.py) narrowed to the values a schema allows.
 
-The subset structured-output clients send (OpenAI's strict schemas, Pydantic's models): `type` object (its
-`properties` written in their order, each one in `required` present, the others optional, no other property),
-array (`items`), string, integer, number, boolean, null, or a list of them; `enum` and `const`; `anyOf` / `oneOf`
-of schemas whose values begin differently (Pydantic's `Optional[X]`: X or null), so that a value's first byte
-picks its schema; `$ref` into `$defs` / `definitions`. Annotations (`title`, `description`, `default`,
-`format`, ...) are ignored; any other keyword is refused by name (`SchemaError`), since the text could not be
-held to it. A state is a hashable tuple as in
-json_syntax: (mode, frames of open containers, whitespace bytes in a row, extra).
+The subset structured-output clients send (OpenAI's strict schemas, Pydantic's models, tools' parameters):
+`type` object (its `properties` written in their order, each one in `required` present, the others optional, no
+other property; without `properties`, a map: any keys, values under `additionalProperties`), array (`items`;
+without them any values), string, integer, number, boolean, null, or a list of them; `enum` and `const`; `anyOf` /
+`oneOf` (held as anyOf: a value two alternatives allow is allowed); `$ref` into `$defs` / `definitions`; `{}`,
+any JSON value. Annotations (`title`, `description`, `default`, `format`, ...) are ignored; any other keyword is
+refused by name (`SchemaError`), since the text could not be held to it, unless the schema is `lenient` (a tool's
+parameters when the tool is not strict): it is then ignored, and a schema that cannot be compiled allows any value.
+
+A state is a hashable tuple as in json_syntax: (mode, frames of open containers, whitespace bytes in a row, extra).
+Where alternatives of an anyOf begin alike (objects told apart by a later property, an integer or a number), the
+state is their union (`UNION`, the members' states in `extra`) until the bytes leave one.
 """
 
 from __future__ import annotations
@@ -27,8 +31,12 @@ KEYWORDS = {
     "array": {"type", "items"},
     "string": {"type"}, "integer": {"type"}, "number": {"type"}, "boolean": {"type"}, "null": {"type"},
 }  # fmt: skip
-# Modes are json_syntax's (TOP aside: a schema's text begins in VALUE); in a number `extra` says integers only, in
-# UNICODE the hex digits read, in LITERAL the candidates (see `_literal`).
+UNION = 20  # past json_syntax's modes
+FREE_KEYS = frozenset({"map", "json"})  # objects whose keys are any strings
+JSON_LITERALS = ((b"true", -1), (b"false", -1), (b"null", -1))
+# Modes are json_syntax's (TOP aside: a schema's text begins in VALUE); in a string `extra` says it is a map's key, in
+# a number that only integers may be written, in UNICODE the hex digits read (+ 4 in a key), in LITERAL the
+# candidates (see `_literal`).
 
 
 class SchemaError(ValueError):
@@ -37,32 +45,39 @@ class SchemaError(ValueError):
 
 @dataclass(frozen=True)
 class Node:
-    """One schema of the compiled tree: `kind` is a JSON type or "enum" (its `literals` as JSON bytes)."""
+    """One schema of the compiled tree."""
 
-    kind: str
+    kind: str  # a JSON type, "enum", "any" (anyOf), "map" (an object of any keys) or "json" (any value)
     properties: tuple[tuple[bytes, int, bool], ...] = ()  # object: (the name as a JSON string, node, required)
-    items: int = -1  # array: the items' node
+    items: int = -1  # array: the items' node; map: the values'; json: itself
     literals: tuple[bytes, ...] = ()  # enum
     alternatives: tuple[int, ...] = ()  # any: the nodes of anyOf / oneOf / a list of types
 
 
 class JsonSchema:
-    """The automaton of one schema; `feed`, `complete` and `in_string` as json_syntax's."""
+    """The automaton of one schema; `feed`, `complete` and `in_string` as json_syntax's. `padded`: whitespace may
+    come before and after the value (a value between a tool call's tags)."""
 
-    def __init__(self, schema: object):
+    def __init__(self, schema: object, *, lenient: bool = False, padded: bool = False):
         self.nodes: list[Node] = []
         self._refs: dict[str, int] = {}
         self._root = schema
-        root = self._compile(schema, "schema")
-        for node in self.nodes:  # every reference resolved: each value's first byte must pick one alternative
-            starts = [self._first_bytes(alternative, set()) for alternative in node.alternatives]
-            if any(a & b for i, a in enumerate(starts) for b in starts[i + 1 :]):
-                raise SchemaError("anyOf: two alternatives' values can begin alike (a value's first byte must pick one)")
-        self.start = (VALUE, (), 0, root)
+        self.lenient, self.padded = lenient, padded
+        self.start = (VALUE, (), 0, self._compile(schema, "schema"))
 
     # -- compiling ---------------------------------------------------------------------------------------------
 
     def _compile(self, schema: object, where: str) -> int:
+        if schema is True or isinstance(schema, dict) and not set(schema) - ANNOTATIONS:
+            return self._any_value()
+        try:
+            return self._compile_node(schema, where)
+        except SchemaError:
+            if not self.lenient:
+                raise
+            return self._any_value()
+
+    def _compile_node(self, schema: object, where: str) -> int:
         if not isinstance(schema, dict):
             raise SchemaError(f"{where} must be a JSON object")
         if "$ref" in schema:
@@ -98,15 +113,22 @@ class JsonSchema:
         if kind in ("boolean", "null"):
             return self._add(Node("enum", literals=(b"true", b"false") if kind == "boolean" else (b"null",)))
         if kind == "array":
-            if "items" not in schema:
-                raise SchemaError(f"{where}: an array needs items")
             index = self._add(Node("array"))
-            self.nodes[index] = Node("array", items=self._compile(schema["items"], f"{where}.items"))
+            self.nodes[index] = Node("array", items=self._compile(schema.get("items", {}), f"{where}.items"))
             return index
         if kind != "object":
             return self._add(Node(kind))
-        if schema.get("additionalProperties", False) not in (False, None):
-            raise SchemaError(f"{where}: additionalProperties must be false (only the listed properties are written)")
+        extra = schema.get("additionalProperties")
+        if "properties" not in schema and not schema.get("required"):
+            if extra is False:
+                return self._add(Node("object"))  # {} alone
+            index = self._add(Node("map"))
+            values = extra if isinstance(extra, dict) else {}
+            self.nodes[index] = Node("map", items=self._compile(values, f"{where}.additionalProperties"))
+            return index
+        if extra not in (False, None) and not self.lenient:
+            raise SchemaError(f"{where}: additionalProperties must be false where properties are listed (only they "
+                              "are written)")  # fmt: skip
         properties = schema.get("properties", {})
         required = schema.get("required", [])
         if not isinstance(properties, dict) or not isinstance(required, list):
@@ -135,50 +157,49 @@ class JsonSchema:
         self.nodes[self._refs[ref]] = self.nodes[compiled]
         return self._refs[ref]
 
-    def _first_bytes(self, index: int, seen: set[int]) -> set[int]:
-        """The bytes a value of node `index` may begin with."""
-        node = self.nodes[index]
-        if node.kind == "any":
-            seen = seen | {index}
-            return set().union(*(self._first_bytes(each, seen) for each in node.alternatives if each not in seen))
-        if node.kind == "enum":
-            return {literal[0] for literal in node.literals}
-        firsts = {"object": b"{", "array": b"[", "string": b'"', "integer": b"-0123456789", "number": b"-0123456789"}
-        return set(firsts[node.kind])
-
     def _check(self, schema: dict, allowed: set[str], where: str) -> None:
         unknown = sorted(set(schema) - allowed - ANNOTATIONS)
-        if unknown:
+        if unknown and not self.lenient:
             raise SchemaError(f"{where}: {unknown[0]!r} is not supported here")
 
     def _add(self, node: Node) -> int:
         self.nodes.append(node)
         return len(self.nodes) - 1
 
+    def _any_value(self) -> int:
+        return self._add(Node("json", items=len(self.nodes)))  # its arrays' items and its objects' values: any
+
     # -- the automaton -------------------------------------------------------------------------------------------
 
     def complete(self, state) -> bool:
-        return state[0] == DONE
+        """Whether the text is one whole value: closed, or a number at the top (the end of the text ends it)."""
+        mode, frames, _, extra = state
+        if mode == UNION:
+            return any(self.complete(member) for member in extra)
+        return mode == DONE or mode in NUMBER_ENDS and not frames
 
     def in_string(self, state) -> bool:
-        return state[0] == STRING
+        return state[0] == STRING or state[0] == UNION and all(member[0] == STRING for member in state[3])
 
     def feed(self, state, byte: int):
         mode, frames, spaces, extra = state
+        if mode == UNION:
+            return _union(self.feed(member, byte) for member in extra)
         if mode == STRING:
             if byte == 0x22:
-                return self._after_value(frames)
+                return (COLON, frames, 0, self.nodes[frames[-1][1]].items) if extra else self._after_value(frames)
             if byte == 0x5C:
-                return (ESCAPE, frames, 0, None)
+                return (ESCAPE, frames, 0, extra)
             return state if byte >= 0x20 else None
         if mode == ESCAPE:
             if byte == ord("u"):
-                return (UNICODE, frames, 0, 0)
-            return (STRING, frames, 0, None) if byte in ESCAPES else None
+                return (UNICODE, frames, 0, 4 if extra else 0)
+            return (STRING, frames, 0, extra) if byte in ESCAPES else None
         if mode == UNICODE:
             if byte not in HEX:
                 return None
-            return (STRING, frames, 0, None) if extra == 3 else (UNICODE, frames, 0, extra + 1)
+            read, key = extra % 4 + 1, extra >= 4
+            return (STRING, frames, 0, key) if read == 4 else (UNICODE, frames, 0, extra + 1)
         if mode == LITERAL:
             return self._literal(frames, extra, byte)
         if mode in NUMBER_MODES:
@@ -186,8 +207,8 @@ class JsonSchema:
             if after is not None:
                 return (after, frames, 0, extra)
             return self.feed(self._after_value(frames), byte) if mode in NUMBER_ENDS else None
-        if byte in WHITESPACE:  # between tokens, once the value has begun (as json_syntax)
-            begun = mode != DONE and (frames or mode != VALUE)
+        if byte in WHITESPACE:  # between tokens, once the value has begun (as json_syntax), or anywhere padded
+            begun = self.padded or mode != DONE and (frames or mode != VALUE)
             return (mode, frames, spaces + 1, extra) if begun and spaces < MAX_WHITESPACE else None
         if mode == VALUE:
             return self._value(frames, extra, byte)
@@ -199,6 +220,8 @@ class JsonSchema:
             _, node, index = frames[-1]
             if byte == ord("}") and mode == FIRST_KEY and self._may_close(node, index):
                 return self._after_value(frames[:-1])
+            if self.nodes[node].kind in FREE_KEYS:
+                return (STRING, frames, 0, True) if byte == 0x22 else None
             keys = self._next_keys(node, index)
             return self._literal(frames, (keys, 0, True), byte) if keys else None
         if mode == COLON:
@@ -210,23 +233,30 @@ class JsonSchema:
                     return (VALUE, frames, 0, self.nodes[node].items)
                 return self._after_value(frames[:-1]) if byte == ord("]") else None
             if byte == ord(","):
-                return (KEY, frames, 0, None) if self._next_keys(node, index) else None
+                more = self.nodes[node].kind in FREE_KEYS or self._next_keys(node, index)
+                return (KEY, frames, 0, None) if more else None
             return self._after_value(frames[:-1]) if byte == ord("}") and self._may_close(node, index) else None
         return None  # DONE
 
-    def _value(self, frames: tuple, node_index: int, byte: int):
-        """The state after the first byte of a value of node `node_index`."""
+    def _value(self, frames: tuple, node_index: int, byte: int, expanding: frozenset[int] = frozenset()):
+        """The state after the first byte of a value of node `node_index` (`expanding`: the anyOf nodes being
+        expanded, which a recursive definition may reach again before any byte)."""
         node = self.nodes[node_index]
-        if node.kind == "any":  # the alternatives begin differently: at most one takes the byte
-            return next((s for s in (self._value(frames, each, byte) for each in node.alternatives) if s), None)
-        if node.kind == "enum":
-            return self._literal(frames, (tuple((literal, -1) for literal in node.literals), 0, False), byte)
-        if node.kind == "string":
-            return (STRING, frames, 0, None) if byte == 0x22 else None
-        if node.kind == "object":
-            return (FIRST_KEY, (*frames, ("{", node_index, 0)), 0, None) if byte == ord("{") else None
-        if node.kind == "array":
-            return (FIRST_ITEM, (*frames, ("[", node_index, 0)), 0, None) if byte == ord("[") else None
+        if node.kind == "any":
+            expanding = expanding | {node_index}
+            return _union(self._value(frames, each, byte, expanding) for each in node.alternatives
+                          if each not in expanding)  # fmt: skip
+        if node.kind == "enum" or node.kind == "json" and byte in b"tfn":
+            literals = JSON_LITERALS if node.kind == "json" else tuple((literal, -1) for literal in node.literals)
+            return self._literal(frames, (literals, 0, False), byte)
+        if byte == 0x22:
+            return (STRING, frames, 0, False) if node.kind in ("string", "json") else None
+        if byte in b"{[":
+            kind, mode = ("object", FIRST_KEY) if byte == ord("{") else ("array", FIRST_ITEM)
+            opens = node.kind == kind or node.kind == "json" or kind == "object" and node.kind == "map"
+            return (mode, (*frames, (chr(byte), node_index, 0)), 0, None) if opens else None
+        if node.kind not in ("integer", "number", "json"):
+            return None
         integers = node.kind == "integer"
         if byte == ord("-"):
             return (MINUS, frames, 0, integers)
@@ -271,3 +301,15 @@ class JsonSchema:
 
     def _after_value(self, frames: tuple):
         return (AFTER, frames, 0, None) if frames else (DONE, (), 0, None)
+
+
+def _union(states) -> tuple | None:
+    """One state for the states alternatives reached (None dropped, unions flattened, duplicates merged): None
+    when none goes on, the state itself when one does, else their union."""
+    members = set()
+    for state in states:
+        if state is not None:
+            members.update(state[3] if state[0] == UNION else (state,))
+    if len(members) <= 1:
+        return members.pop() if members else None
+    return (UNION, (), 0, frozenset(members))

@@ -74,13 +74,12 @@ class TokenMasks:
         return mask
 
     def _compute(self, state: tuple) -> torch.Tensor:
-        if self.syntax.complete(state):
-            mask = torch.zeros(self.vocabulary.size, dtype=torch.bool)
-            mask[self.end_ids] = True
-            return mask
         out = np.zeros(self.vocabulary.size, dtype=bool)
         self._walk(state, 0, len(self.vocabulary.ids), 0, out)
-        return torch.from_numpy(out)
+        mask = torch.from_numpy(out)
+        if self.syntax.complete(state):  # a closed value takes nothing more (but padding); a number may go on
+            mask[self.end_ids] = True
+        return mask
 
     def _walk(self, state: tuple, lo: int, hi: int, depth: int, out: np.ndarray) -> None:
         """Mark in `out` the tokens of rows [lo, hi), which share their first `depth` bytes, that the automaton
