@@ -32,6 +32,7 @@ KEYWORDS = {
     "string": {"type"}, "integer": {"type"}, "number": {"type"}, "boolean": {"type"}, "null": {"type"},
 }  # fmt: skip
 UNION = 20  # past json_syntax's modes
+PADDING = 2  # whitespace bytes before and after a padded value (a tool call's JSON between its tags: one newline)
 FREE_KEYS = frozenset({"map", "json"})  # objects whose keys are any strings
 JSON_LITERALS = ((b"true", -1), (b"false", -1), (b"null", -1))
 # Modes are json_syntax's (TOP aside: a schema's text begins in VALUE); in a string `extra` says it is a map's key, in
@@ -55,8 +56,8 @@ class Node:
 
 
 class JsonSchema:
-    """The automaton of one schema; `feed`, `complete` and `in_string` as json_syntax's. `padded`: whitespace may
-    come before and after the value (a value between a tool call's tags)."""
+    """The automaton of one schema; `feed`, `complete` and `in_string` as json_syntax's. `padded`: a little
+    whitespace may come before and after the value (PADDING bytes: a value between a tool call's tags)."""
 
     def __init__(self, schema: object, *, lenient: bool = False, padded: bool = False):
         self.nodes: list[Node] = []
@@ -178,6 +179,12 @@ class JsonSchema:
             return any(self.complete(member) for member in extra)
         return mode == DONE or mode in NUMBER_ENDS and not frames
 
+    def whitespace_cap(self, state) -> int:
+        """The whitespace bytes that may come in a row where `state` is: around a padded value PADDING, else as
+        json_syntax (a union's members keep their own counts)."""
+        mode, frames = state[0], state[1]
+        return PADDING if self.padded and not frames and mode in (VALUE, DONE) else MAX_WHITESPACE
+
     def in_string(self, state) -> bool:
         return state[0] == STRING or state[0] == UNION and all(member[0] == STRING for member in state[3])
 
@@ -209,7 +216,7 @@ class JsonSchema:
             return self.feed(self._after_value(frames), byte) if mode in NUMBER_ENDS else None
         if byte in WHITESPACE:  # between tokens, once the value has begun (as json_syntax), or anywhere padded
             begun = self.padded or mode != DONE and (frames or mode != VALUE)
-            return (mode, frames, spaces + 1, extra) if begun and spaces < MAX_WHITESPACE else None
+            return (mode, frames, spaces + 1, extra) if begun and spaces < self.whitespace_cap(state) else None
         if mode == VALUE:
             return self._value(frames, extra, byte)
         if mode == FIRST_ITEM:

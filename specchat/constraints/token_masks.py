@@ -8,8 +8,8 @@ string most ranges end after a byte or two). Inside a string, every byte from 0x
 state unchanged, so the tokens made only of such bytes from there on are accepted as a block and only the others
 (those holding a quote, a backslash or a control byte) are fed one by one. Masks are cached by state, less its
 count of whitespace bytes in a row: a token fits after k of them if it fits after none and its own leading
-whitespace is at most `MAX_WHITESPACE` - k (whatever follows a non-whitespace byte no longer depends on k). So a
-JSON text meets few distinct states.
+whitespace is at most the state's cap (`whitespace_cap`, which does not depend on k) - k: whatever follows a
+non-whitespace byte no longer depends on k. So a JSON text meets few distinct states.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from functools import cache
 import numpy as np
 import torch
 
-from specchat.constraints.json_syntax import MAX_WHITESPACE, WHITESPACE
+from specchat.constraints.json_syntax import WHITESPACE
 
 CACHED_MASKS = 512  # states whose masks are kept, least recently used dropped first
 
@@ -48,9 +48,9 @@ class Vocabulary:
 
 
 class TokenMasks:
-    """The masks of `syntax` (json_syntax, or a JsonSchema: `feed`, `complete`, `in_string`, states of (mode,
-    containers, whitespace bytes in a row, extra)) over `vocabulary`, the `end_ids` allowed exactly where the text
-    is complete."""
+    """The masks of `syntax` (json_syntax, or a JsonSchema: `feed`, `complete`, `in_string`, `whitespace_cap`,
+    states of (mode, containers, whitespace bytes in a row, extra)) over `vocabulary`, the `end_ids` allowed exactly
+    where the text is complete."""
 
     def __init__(self, vocabulary: Vocabulary, syntax, end_ids: frozenset[int]):
         self.vocabulary, self.syntax = vocabulary, syntax
@@ -70,7 +70,7 @@ class TokenMasks:
         else:
             self._masks.move_to_end(key)
         if spaces:
-            mask = mask & (self.vocabulary.leading_whitespace <= MAX_WHITESPACE - spaces)
+            mask = mask & (self.vocabulary.leading_whitespace <= self.syntax.whitespace_cap(state) - spaces)
         return mask
 
     def _compute(self, state: tuple) -> torch.Tensor:

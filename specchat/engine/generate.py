@@ -44,7 +44,8 @@ from specchat.kernels.cpu.cpu_decoder import source_version
 from specchat.quant.formats import weight_format
 
 
-KEPT_SCHEMAS = 8  # JSON Schemas whose constraints (and masks) an engine keeps for later requests
+KEPT_CONSTRAINTS = 8  # schemas and tool sets whose constraints (and masks) an engine keeps for later requests
+JSON_MODE = json.dumps(["json", None])  # the key of JSON mode's constraint, kept always
 
 
 class Engine:
@@ -85,7 +86,7 @@ class Engine:
         self._queries: torch.Tensor | None = None  # the last forward's last-layer rotated queries [q, heads, D]
         self._last_query: torch.Tensor | None = None  # [heads, D] fp32 of the newest position in the cache
         self._verify_costs: dict[str, VerifyCost] = {}  # calibration key -> its prices, kept up to date
-        self._json_constraints: dict[str | None, Constraint] = {}  # JSON mode (None), recent schemas (json_constraint)
+        self._constraints: dict[str, Constraint] = {}  # JSON mode, recent schemas and tools (`_kept`)
         self.target = TargetView.of(model, self.cache, forward=self._draft_forward,
                                     last_query=lambda: self._last_query, tokenizer=tokenizer,
                                     layer_queries=self._layer_queries)  # fmt: skip
@@ -120,13 +121,35 @@ class Engine:
         cached masks, the last few schemas' too."""
         from specchat.constraints import JsonSchema, JsonText, json_syntax
 
-        key = None if schema is None else json.dumps(schema, sort_keys=True)
-        if key not in self._json_constraints:
-            syntax = json_syntax if schema is None else JsonSchema(schema)
-            self._json_constraints[key] = JsonText(self._vocabulary, syntax, self.eos_ids)
-            if len(self._json_constraints) > KEPT_SCHEMAS + 1:
-                del self._json_constraints[next(k for k in self._json_constraints if k is not None)]
-        return self._json_constraints[key]
+        def build():
+            return JsonText(self._vocabulary, json_syntax if schema is None else JsonSchema(schema), self.eos_ids)
+
+        return self._kept(("json", schema), build)
+
+    def tool_call_constraint(self, functions: list[dict], tags, *, choice: str = "auto",
+                             parallel: bool = True) -> Constraint:  # fmt: skip
+        """An answer that may call `functions` (OpenAI's function objects) between `tags` (`tool_calls.tool_tags`),
+        each call held to its function's parameters (leniently: what the subset cannot hold is left free; a strict
+        function's schema must be inside it), under OpenAI's `choice` ("auto", "required" or "none")."""
+        from specchat.constraints import JsonSchema, ToolCallText
+        from specchat.tool_calls import call_schema
+
+        def build():
+            syntax = JsonSchema(call_schema(functions), lenient=True, padded=True)
+            return ToolCallText(self._vocabulary, syntax, tags.open_id, tags.close_id, self.eos_ids, choice=choice,
+                                parallel=parallel)  # fmt: skip
+
+        return self._kept(("tools", functions, tags.open_id, tags.close_id, choice, parallel), build)
+
+    def _kept(self, key: tuple, build) -> Constraint:
+        """The constraint `key` names, built once and kept with its cached masks (JSON mode always, the last
+        KEPT_CONSTRAINTS others)."""
+        name = json.dumps(key, sort_keys=True)
+        if name not in self._constraints:
+            self._constraints[name] = build()
+            if len(self._constraints) > KEPT_CONSTRAINTS + 1:
+                del self._constraints[next(k for k in self._constraints if k != JSON_MODE)]
+        return self._constraints[name]
 
     def token_bytes(self, token: int) -> bytes:
         """A token's bytes as a text holds them (a special token's name, which a text does not hold as bytes)."""

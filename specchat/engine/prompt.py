@@ -17,6 +17,7 @@ def encode_prompt(tokenizer, prompt: str, *, system: str | None = None, raw: boo
     return encode_chat(tokenizer, messages)
 
 
-def encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The conversation's ids, ready for the assistant's answer; `tools` (OpenAI's shape) go to the template."""
+    encoded = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)

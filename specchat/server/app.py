@@ -8,6 +8,7 @@ one changes nothing. Errors are OpenAI's `{"error": {...}}` with a 4xx status. U
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import time
@@ -24,6 +25,7 @@ from specchat.server.metrics import Metrics
 from specchat.server.requests import CompletionRequest, RequestError, chat_request, text_request
 from specchat.server.responses import Reply
 from specchat.server.worker import EngineWorker, Ended, Job, QueueFull
+from specchat.tool_calls import ToolTags, tool_tags
 
 RETRY_SECONDS = 5  # Retry-After while loading, and when the queue is full
 DRAIN_BYTES = 256 * 2**20  # a body over the limit is still read up to this size, so that its client hears the 413
@@ -41,13 +43,20 @@ class Served:
     drafter: str
     defaults: dict  # SamplingConfig fields the model asks for when a request leaves them out
 
+    @functools.cached_property
+    def tool_tags(self) -> ToolTags | None:
+        return tool_tags(self.tokenizer)
+
     def prompt_ids(self, request: CompletionRequest) -> list[int]:
         from specchat.engine.prompt import encode_chat
 
         if request.messages is not None:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise RequestError(f"model '{self.name}' has no chat template; use /v1/completions", param="messages")
-            ids = encode_chat(self.tokenizer, request.messages)
+            if request.tools is not None and self.tool_tags is None:
+                raise RequestError(f"model '{self.name}' cannot call tools: its chat template does not list them with "
+                                   "<tool_call> tags", param="tools")  # fmt: skip
+            ids = encode_chat(self.tokenizer, request.messages, request.tools.template() if request.tools else None)
         elif isinstance(request.prompt, str):
             ids = self.tokenizer(request.prompt)["input_ids"]
         else:
@@ -62,6 +71,16 @@ class Served:
             raise RequestError(f"the prompt has {len(ids)} tokens; the context holds {capacity} in all, prompt and "
                                f"answer ({remedy})", param="messages" if request.messages is not None else "prompt")
         return ids
+
+    def constraint(self, request: CompletionRequest):
+        """How the answer is held (JSON mode, tool calls), as the engine's thread builds it; None: free."""
+        if request.json_object:
+            return lambda engine: engine.json_constraint(request.json_schema)
+        if request.tools is not None:
+            tools, tags = request.tools, self.tool_tags
+            return lambda engine: engine.tool_call_constraint(tools.callable(), tags, choice=tools.choice,
+                                                              parallel=tools.parallel)  # fmt: skip
+        return None
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
         try:
@@ -152,8 +171,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         loop = asyncio.get_running_loop()
         job = Job(ids, served.sampling(wanted), min(wanted.max_tokens or room, room), wanted.stop,
                   deliver=lambda item: loop.call_soon_threadsafe(items.put_nowait, item), drafting=drafting,
-                  draft_budget=draft_budget, json_object=wanted.json_object, json_schema=wanted.json_schema,
-                  logprobs=wanted.logprobs)  # fmt: skip
+                  draft_budget=draft_budget, constraint=served.constraint(wanted), logprobs=wanted.logprobs)  # fmt: skip
         try:
             worker.submit(job)
         except QueueFull:
@@ -161,7 +179,8 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
                                status=429, kind="rate_limit_error",
                                headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
         reply = Reply(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None,
-                      token_bytes=served.engine.token_bytes if wanted.logprobs is not None else None)
+                      token_bytes=served.engine.token_bytes if wanted.logprobs is not None else None,
+                      tools=wanted.tools is not None and wanted.tools.choice != "none")  # fmt: skip
         if wanted.stream:
             return StreamingResponse(_stream(job, items, reply, wanted.include_usage, arrived),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

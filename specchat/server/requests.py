@@ -2,16 +2,20 @@
 
 Every problem is a `RequestError` naming the field, answered as OpenAI answers it (a 4xx and an `error` object),
 before the request is queued. Fields the engine has no equivalent for are refused when they ask for something
-(`n` > 1, tools, additive penalties), and accepted at their neutral values, which many clients always send.
+(`n` > 1, additive penalties), and accepted at their neutral values, which many clients always send.
 `response_format` runs JSON mode: `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema": {"schema":
-...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to. Fields this server does not
+...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to. `tools` (functions), with
+`tool_choice` and `parallel_tool_calls`, and the conversation's `tool` messages and assistant `tool_calls` go to the
+model's chat template (`tool_calls.py`). Fields this server does not
 know are ignored, as vLLM and llama-server do: clients add their own. Omitted sampling fields take the model's own
 defaults, as `specchat run` does.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from specchat.engine.budget import MAX_BUDGET
@@ -20,6 +24,7 @@ from specchat.engine.sampling_config import MAX_SEED
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 16
 MAX_CHAT_LOGPROBS, MAX_TEXT_LOGPROBS = 20, 5  # OpenAI's limits on the alternatives a token's log-probability lists
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 
 
 class RequestError(Exception):
@@ -51,6 +56,25 @@ class CompletionRequest:
     json_object: bool = False  # JSON mode: the answer is one JSON object
     json_schema: dict | None = None  # ... one this JSON Schema allows
     logprobs: int | None = None  # each token's log-probability and this many alternatives; None: none
+    tools: Tools | None = None  # functions the answer may call
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The request's `tools` and how they may be called."""
+
+    functions: list[dict]  # OpenAI's function objects: name, description, parameters, strict
+    choice: str = "auto"  # "auto", "required" (a call first) or "none"
+    parallel: bool = True  # several calls in one answer
+    named: str | None = None  # the function a call must be of (tool_choice naming one)
+
+    def template(self) -> list[dict]:
+        """The tools as chat templates take them (OpenAI's shape)."""
+        return [{"type": "function", "function": function} for function in self.functions]
+
+    def callable(self) -> list[dict]:
+        """The functions a call may be of."""
+        return [function for function in self.functions if self.named in (None, function["name"])]
 
 
 @dataclass(frozen=True)
@@ -68,12 +92,17 @@ def chat_request(body: object) -> CompletionRequest:
     _refuse_unsupported(body)
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         raise RequestError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
+    tools = _tools(body)
+    common = _common(body)
+    if tools is not None and common.get("json_object"):
+        raise RequestError("response_format and tools together are not supported", param="response_format")
     return CompletionRequest(
         model=_model(body),
         messages=_messages(body.get("messages")),
         max_tokens=_max_tokens(body, "max_completion_tokens") or _max_tokens(body, "max_tokens"),
         logprobs=_chat_logprobs(body),
-        **_common(body),
+        tools=tools,
+        **common,
     )
 
 
@@ -81,6 +110,8 @@ def text_request(body: object) -> CompletionRequest:
     """`POST /v1/completions`: the prompt is continued as text, without the chat template."""
     body = _object(body)
     _refuse_unsupported(body)
+    if body.get("tools"):
+        raise RequestError("tools are for /v1/chat/completions", param="tools")
     if body.get("echo") not in (None, False):
         raise RequestError("echo is not supported", param="echo")
     if body.get("suffix") not in (None, ""):
@@ -98,6 +129,56 @@ def text_request(body: object) -> CompletionRequest:
         logprobs=logprobs,
         **_common(body),
     )
+
+
+def _tools(body: dict) -> Tools | None:
+    """`tools`, `tool_choice` and `parallel_tool_calls`; None where no tool may be called. A strict function's
+    parameters must be inside the schema subset (they will be held to it); other functions' are held to what
+    of them is inside it."""
+    from specchat.constraints.json_schema import JsonSchema, SchemaError
+
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise RequestError("tool_choice needs tools", param="tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise RequestError("tools must be a list", param="tools")
+    functions = []
+    for index, tool in enumerate(tools):
+        where = f"tools[{index}]"
+        if _object(tool, where).get("type") != "function":
+            raise RequestError(f"{where}.type must be 'function'", param=f"{where}.type")
+        function = _object(tool.get("function"), f"{where}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+            raise RequestError(f"{where}.function.name must be 1-64 letters, digits, '_' or '-'",
+                               param=f"{where}.function.name")  # fmt: skip
+        if any(name == other["name"] for other in functions):
+            raise RequestError(f"{where}: two tools are named {name!r}", param=f"{where}.function.name")
+        parameters = function.get("parameters")
+        if parameters is not None:
+            _object(parameters, f"{where}.function.parameters")
+        if function.get("strict"):
+            try:
+                JsonSchema(parameters or {"type": "object", "properties": {}})
+            except SchemaError as error:
+                raise RequestError(f"{where}.function.parameters (strict): {error}",
+                                   param=f"{where}.function.parameters") from None  # fmt: skip
+        functions.append({key: function[key] for key in ("name", "description", "parameters", "strict")
+                          if function.get(key) is not None})  # fmt: skip
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise RequestError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    if choice in (None, "auto", "required", "none"):
+        return Tools(functions, choice or "auto", parallel)
+    named = _object(choice, "tool_choice").get("function")
+    name = named.get("name") if isinstance(named, dict) else None
+    chosen = [function for function in functions if function["name"] == name]
+    if choice.get("type") != "function" or not chosen:
+        raise RequestError("tool_choice must be 'auto', 'required', 'none' or {\"type\": \"function\", \"function\": "
+                           "{\"name\": NAME}} naming one of the tools", param="tool_choice")  # fmt: skip
+    return Tools(functions, "required", parallel, chosen[0]["name"])
 
 
 def _chat_logprobs(body: dict) -> int | None:
@@ -212,15 +293,16 @@ def _refuse_unsupported(body: dict) -> None:
         if value:
             raise RequestError(f"{name} is not supported; repetition_penalty is (multiplicative, > 1 penalises)",
                                param=name)  # fmt: skip
-    if body.get("tools") or body.get("functions"):
-        raise RequestError("tools are not supported", param="tools" if body.get("tools") else "functions")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise RequestError("tool_choice is not supported", param="tool_choice")
+    for name in ("functions", "function_call"):
+        if body.get(name):
+            raise RequestError(f"{name} is not supported; tools and tool_choice are", param=name)
     if body.get("logit_bias"):
         raise RequestError("logit_bias is not supported", param="logit_bias")
 
 
-def _messages(messages: object) -> list[dict[str, str]]:
+def _messages(messages: object) -> list[dict]:
+    """The conversation as chat templates take it: roles and text, with the assistant's `tool_calls` (arguments
+    as objects, as templates write them) and each `tool` message's `tool_call_id`."""
     if messages is None:
         raise RequestError("messages is required", param="messages")
     if not isinstance(messages, list) or not messages:
@@ -230,15 +312,41 @@ def _messages(messages: object) -> list[dict[str, str]]:
         where = f"messages[{index}]"
         message = _object(message, where)
         role = message.get("role")
-        if role not in ROLES:
-            if role in ("tool", "function"):
-                raise RequestError(f"{where}.role {role!r} is not supported: no tools", param=f"{where}.role")
-            raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role")
-        checked.append({"role": ROLES[role], "content": _content(message.get("content"), f"{where}.content")})
+        if role not in ROLES and role != "tool":
+            raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, tool", param=f"{where}.role")
+        calls = message.get("tool_calls") if role == "assistant" else None
+        content = message.get("content")
+        if calls and content is None:
+            content = ""
+        checked.append({"role": ROLES.get(role, role), "content": _content(content, f"{where}.content")})
+        if calls:
+            checked[-1]["tool_calls"] = _calls(calls, f"{where}.tool_calls")
+        if role == "tool" and isinstance(message.get("tool_call_id"), str):
+            checked[-1]["tool_call_id"] = message["tool_call_id"]
     if checked[-1]["role"] == "assistant":
-        raise RequestError("the last message must be the user's (or the system's), not the assistant's",
+        raise RequestError("the last message must be the user's, the system's or a tool's, not the assistant's",
                            param=f"messages[{len(checked) - 1}].role")  # fmt: skip
     return checked
+
+
+def _calls(calls: object, where: str) -> list[dict]:
+    """An assistant message's `tool_calls`, each one's arguments (JSON text) parsed."""
+    if not isinstance(calls, list):
+        raise RequestError(f"{where} must be a list", param=where)
+    out = []
+    for index, call in enumerate(calls):
+        function = _object(_object(call, f"{where}[{index}]").get("function"), f"{where}[{index}].function")
+        name, arguments = function.get("name"), function.get("arguments", "{}")
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            raise RequestError(f"{where}[{index}].function.arguments is not JSON",
+                               param=f"{where}[{index}].function.arguments") from None  # fmt: skip
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            raise RequestError(f"{where}[{index}].function needs a name and arguments that are a JSON object",
+                               param=f"{where}[{index}].function")  # fmt: skip
+        out.append({"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}})
+    return out
 
 
 def _content(content: object, where: str) -> str:

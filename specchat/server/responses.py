@@ -10,6 +10,7 @@ import uuid
 
 from specchat.engine.events import TokenLogprob
 from specchat.engine.stats import GenerationStats
+from specchat.tool_calls import CallReader, ToolCall
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}  # the engine's -> OpenAI's
 
@@ -17,9 +18,10 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"
 class Reply:
     """One request's answer as it is produced; renders it whole (`body`) or as stream chunks."""
 
-    def __init__(self, model: str, drafter: str, *, chat: bool, token_bytes=None):
+    def __init__(self, model: str, drafter: str, *, chat: bool, token_bytes=None, tools: bool = False):
         self.model, self.drafter, self.chat = model, drafter, chat
         self.token_bytes = token_bytes  # id -> bytes, when the request asked for log-probabilities
+        self.calls = CallReader() if tools else None  # the answer's tool calls, read as it streams
         self.logprobs: list[tuple[int, TokenLogprob]] = []
         self.characters = 0  # of the text whose tokens' log-probabilities went out (a completion's text_offset)
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -45,8 +47,15 @@ class Reply:
 
     def body(self) -> dict:
         text = "".join(self.text)
-        choice = {"index": 0, "finish_reason": self.finish, "logprobs": self._logprobs(self.logprobs)}
-        choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+        message = {"role": "assistant", "content": text}
+        if self.calls is not None:
+            text, calls = self.calls.feed(text)
+            text = (text + self.calls.finish()).strip() if calls else text + self.calls.finish()
+            message = {"role": "assistant", "content": text or None}
+            if calls:
+                message["tool_calls"] = [_call(call) for call in calls]
+        choice = {"index": 0, "finish_reason": self._finish_reason, "logprobs": self._logprobs(self.logprobs)}
+        choice |= {"message": message} if self.chat else {"text": text}
         return self._envelope("chat.completion" if self.chat else "text_completion", [choice], usage=self.usage(),
                               timings=self.timings(), specchat=self.summary(self.origins))
 
@@ -55,16 +64,26 @@ class Reply:
         return self._chunk({"role": "assistant", "content": ""}, None) if self.chat else ""
 
     def chunk(self, event) -> str:
-        """The stream chunk of one step: its text, its tokens' origins and, when asked, log-probabilities."""
+        """The stream chunk of one step: its text, its tokens' origins, the tool calls that closed and, when asked,
+        log-probabilities."""
         self.add(event)
-        if not event.text and event.finish_reason is None and self.token_bytes is None:
+        delta, calls = {"content": event.text}, []
+        if self.calls is not None:
+            text, calls = self.calls.feed(event.text)
+            text += self.calls.finish() if event.finish_reason is not None else ""
+            delta = {"content": text}
+            if calls:
+                first = len(self.calls.calls) - len(calls)
+                delta = {"content": text or None,
+                         "tool_calls": [{"index": first + i} | _call(call) for i, call in enumerate(calls)]}  # fmt: skip
+        if not delta["content"] and not calls and event.finish_reason is None and self.token_bytes is None:
             return ""
         scored = self._logprobs(self.logprobs[len(self.logprobs) - len(event.tokens) :])
-        return self._chunk({"content": event.text}, None, {"origins": event.origins}, logprobs=scored)
+        return self._chunk(delta, None, {"origins": event.origins}, logprobs=scored)
 
     def last_chunks(self, include_usage: bool) -> str:
         """The finish reason with the whole answer's figures, the usage when asked, and the end marker."""
-        chunks = self._chunk({}, self.finish, self.summary([]), timings=self.timings())
+        chunks = self._chunk({}, self._finish_reason, self.summary([]), timings=self.timings())
         if include_usage:
             chunks += _sse(self._envelope(self._chunk_object, [], usage=self.usage()))
         return chunks + "data: [DONE]\n\n"
@@ -103,6 +122,12 @@ class Reply:
         return figures
 
     @property
+    def _finish_reason(self) -> str | None:
+        """OpenAI's: "tool_calls" where the model ended its answer after calling tools."""
+        called = self.calls is not None and self.calls.calls
+        return "tool_calls" if called and self.finish == "stop" else self.finish
+
+    @property
     def _chunk_object(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
@@ -136,6 +161,10 @@ class Reply:
     def _envelope(self, kind: str, choices: list[dict], **extra) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
                 **extra}  # fmt: skip
+
+
+def _call(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def _sse(payload: dict) -> str:

@@ -31,8 +31,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     drafting: bool = True  # False: the target alone, whatever drafter the server has
     draft_budget: int | None = None  # a fixed budget for this request; None: the server's
-    json_object: bool = False  # JSON mode
-    json_schema: dict | None = None  # ... under this schema
+    constraint: Callable[[object], object] | None = None  # engine -> the answer's Constraint (JSON mode, tools)
     logprobs: int | None = None  # each token's log-probability and this many alternatives
 
 
@@ -145,7 +144,7 @@ class EngineWorker:
             events = self.served.engine.generate(
                 job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
                 fresh=not self.prompt_cache, logprobs=job.logprobs,
-                constraint=self.served.engine.json_constraint(job.json_schema) if job.json_object else None,
+                constraint=job.constraint(self.served.engine) if job.constraint else None,
             )
             for event in events:
                 self.tokens_generated += len(event.tokens)

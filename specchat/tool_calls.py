@@ -1,0 +1,121 @@
+"""Tool calls (OpenAI's `tools`): which chat templates take them, the schema a call is held to, and an answer read
+back into its text and its calls.
+
+specchat reads the convention of Qwen 2.5 / 3's and Hermes' templates: the tools are listed in the prompt, and the
+model writes each call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, each tag one token of its
+vocabulary. While a call is written it is held to the schema of its tool's parameters
+(`constraints/tool_call_text.py`), so a closed call always parses and names a tool.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class ToolTags:
+    open_id: int
+    close_id: int
+
+
+def tool_tags(tokenizer) -> ToolTags | None:
+    """The call tags of the tokenizer's chat template, where it renders tools in that convention and the
+    vocabulary has each tag as one token; else None (the model cannot be asked for calls)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if not isinstance(template, str) or "tools" not in template or OPEN_TAG not in template:
+        return None
+    ids = [tokenizer.convert_tokens_to_ids(tag) for tag in (OPEN_TAG, CLOSE_TAG)]
+    if any(not isinstance(each, int) or each == tokenizer.unk_token_id for each in ids):
+        return None
+    return ToolTags(*ids)
+
+
+def call_schema(functions: list[dict]) -> dict:
+    """The JSON Schema of one call of `functions` (OpenAI's function objects): `name` one of theirs, then
+    `arguments` that function's parameters allow (none given: no arguments). Each function's `$defs` and
+    `definitions` move to the top, under names of their own, with its references."""
+    defs, calls = {}, []
+    for index, function in enumerate(functions):
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        for table in ("$defs", "definitions"):
+            for name, schema in (parameters.get(table) or {}).items():
+                defs[f"{index}.{name}"] = _rebased(schema, index)
+        arguments = _rebased({k: v for k, v in parameters.items() if k not in ("$defs", "definitions")}, index)
+        calls.append({"type": "object", "required": ["name", "arguments"],
+                      "properties": {"name": {"const": function["name"]}, "arguments": arguments}})  # fmt: skip
+    return {"anyOf": calls, "$defs": defs} if defs else {"anyOf": calls}
+
+
+def _rebased(schema: object, index: int) -> object:
+    """`schema` with its references into `$defs` / `definitions` renamed as `call_schema` moves them."""
+    if isinstance(schema, list):
+        return [_rebased(each, index) for each in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _rebased(value, index) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    for prefix in ("#/$defs/", "#/definitions/"):
+        if isinstance(ref, str) and ref.startswith(prefix):
+            out["$ref"] = f"#/$defs/{index}.{ref[len(prefix) :]}"
+    return out
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object's text, as OpenAI sends arguments
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+
+class CallReader:
+    """Splits an answer's text into the text outside calls and its calls, as the text arrives: a call is read when
+    its closing tag arrives; text that may be the start of a tag waits for what follows it."""
+
+    def __init__(self):
+        self.calls: list[ToolCall] = []
+        self._pending = ""  # text not handed out yet
+        self._in_call = False
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        """The text outside calls that is now certain, and the calls that closed."""
+        self._pending += text
+        out, calls = [], []
+        while True:
+            tag = CLOSE_TAG if self._in_call else OPEN_TAG
+            at = self._pending.find(tag)
+            if at < 0:
+                break
+            before, self._pending = self._pending[:at], self._pending[at + len(tag) :]
+            if not self._in_call:
+                out.append(before)
+            elif call := _parsed(before):
+                calls.append(call)
+            else:  # not a call after all (tags written as plain text, outside any constraint): text
+                out.append(OPEN_TAG + before + CLOSE_TAG)
+            self._in_call = not self._in_call
+        if not self._in_call:
+            keep = next((n for n in range(len(OPEN_TAG) - 1, 0, -1) if self._pending.endswith(OPEN_TAG[:n])), 0)
+            keep = max(keep, len(self._pending) - len(self._pending.rstrip()))  # blanks between calls are not text
+            out.append(self._pending[: len(self._pending) - keep])
+            self._pending = self._pending[len(self._pending) - keep :]
+        self.calls += calls
+        return "".join(out), calls
+
+    def finish(self) -> str:
+        """The rest of the text once the answer has ended: a call left open (a length limit cut it) with its tag,
+        or blanks, which are text only where no call was made."""
+        rest, self._pending = (OPEN_TAG if self._in_call else "") + self._pending, ""
+        return "" if self.calls and not rest.strip() else rest
+
+
+def _parsed(text: str) -> ToolCall | None:
+    """The call between two tags (its JSON was held to the calls' schema as it was written), or None."""
+    try:
+        call = json.loads(text)
+        return ToolCall(call["name"], json.dumps(call["arguments"], ensure_ascii=False))
+    except (ValueError, TypeError, KeyError):
+        return None
