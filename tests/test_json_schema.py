@@ -145,9 +145,16 @@ def test_lenient_schemas_ignore_what_they_cannot_hold_and_padding_surrounds_the_
         state = _feed(lenient, json.dumps(value).encode())
         assert state is None or not lenient.complete(state), value
     padded = JsonSchema(TOOLS, padded=True)
-    text = b'\n {"name": "get", "arguments": {"x": 3}}\n\n'
+    text = b'\n{"name": "get",\n "arguments": {"x": 3}}\n'
     assert padded.complete(_feed(padded, text))
-    assert _feed(JsonSchema(TOOLS), text) is None
+    for wrong in (text[1:], text[:-1], b"\n " + text[1:], text + b"\n"):
+        state = _feed(padded, wrong)
+        assert state is None or not padded.complete(state), wrong
+    canonical = JsonSchema(PERSON, canonical=True)
+    for value in VALID:
+        assert canonical.complete(_feed(canonical, json.dumps(value).encode()))
+        for style in ({"indent": 1}, {"separators": (",", ":")}):
+            assert _feed(canonical, json.dumps(value, **style).encode()) is None
 
 
 PERSON_PREFIXES = [
@@ -156,13 +163,14 @@ PERSON_PREFIXES = [
     b'{"name": "A", "age": 3, "pets": [{"kind": ', b'{"name": "A", "age": 3, "pets": [{"kind": 7',
     b'{"name": "A", "age": 3, "pets": [], "nick": null', b'{"name": "A", "age": 3, "pets": [], "nick": null, "ok": t',
 ]  # fmt: skip
-TOOL_PREFIXES = [b"", b"\n", b'{"name": "get', b'{"name": "get_w', b'{"name": "get", "arguments": {"x": 1',
-                 b'{"name": "get_weather", "arguments": {"k',
-                 b'{"name": "get_weather", "arguments": {}}\n']  # fmt: skip
+TOOL_PREFIXES = [b"", b"\n", b'\n{"name": "get', b'\n{"name": "get_w', b'\n{"name": "get", "arguments": {"x": 1',
+                 b'\n{"name": "get_weather", "arguments": {"k', b'\n{"name": "get_weather", "arguments": {}}',
+                 b'\n{"name": "get_weather", "arguments": {}}\n']  # fmt: skip
 
 
 @pytest.mark.parametrize(("schema", "options", "prefixes"), [
     (PERSON, {}, PERSON_PREFIXES), (TOOLS, {"padded": True}, TOOL_PREFIXES),
+    (TOOLS, {"padded": True, "canonical": True}, TOOL_PREFIXES),
     ({"type": "integer"}, {}, [b"", b"-", b"12"]),
 ])  # fmt: skip
 def test_a_schema_state_mask_is_every_token_the_automaton_takes(schema, options, prefixes, tokenizer, default_model):

@@ -135,16 +135,17 @@ def test_the_mask_is_exactly_the_tokens_the_constraint_advances_on(choice, tool_
     constraint = engine.tool_call_constraint(FUNCTIONS, tags, choice=choice, parallel=choice != "none")
     pieces = vocabulary_bytes(tool_tokenizer)
     states = [constraint.start]
-    for text in ([tags.open_id], [tags.open_id, *tool_tokenizer.encode('\n{"name": "get_')], [tags.open_id, *(
-            tool_tokenizer.encode('{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'))],
-            [tags.open_id, *tool_tokenizer.encode('{"name": "get_time", "arguments": {"zone": "x"}}'), tags.close_id,
-             *tool_tokenizer.encode("\n")]):  # fmt: skip
+    calls = ['\n{"name": "get_', '\n{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+             '\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n']  # fmt: skip
+    closed = [tags.open_id, *tool_tokenizer.encode('\n{"name": "get_time", "arguments": {"zone": "x"}}\n'),
+              tags.close_id, *tool_tokenizer.encode("\n")]  # fmt: skip
+    for text in ([tags.open_id], *([tags.open_id, *tool_tokenizer.encode(call)] for call in calls), closed):
         state = constraint.start if choice != "auto" else (0, None, 0)
         for token in text:
             state = state and constraint.advance(state, token)
         if state is not None:
             states.append(state)
-    assert len(states) == (1 if choice == "none" else 5)
+    assert len(states) == (1 if choice == "none" else 6)
     for state in states:
         allowed = constraint.allowed(state).numpy()
         advances = np.array([constraint.advance(state, token) is not None for token in range(VOCAB)])
@@ -181,6 +182,32 @@ def test_a_required_call_is_valid_and_drafting_keeps_it_exact(seed, sampled, too
     drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=seed, reference=ids + alone, p_correct=0.7)
     drafted = _engine(tool_tokenizer, seed, drafter=drafter, draft_budget=12)
     assert _answer(drafted, ids, drafted.tool_call_constraint(SWITCHES, tags, choice="required"), **options) == alone
+
+
+def test_what_a_call_leaves_no_choice_about_is_verified_as_one_draft(tool_tokenizer):
+    """A named call's opening up to its first value, then its closing, are forced: proposed as chains (origin
+    "forced") whatever the drafter, and the tokens are the target's own (a random model spells the text its own
+    way, so here a chain is accepted only as far as its spelling agrees)."""
+    tags = tool_tags(tool_tokenizer)
+    engine = _engine(tool_tokenizer)
+    lights = [SWITCHES[1]]
+    constraint = engine.tool_call_constraint(lights, tags, choice="required", parallel=False)
+    opening = constraint.forced(constraint.start)
+    assert opening[0] == tags.open_id
+    assert tool_tokenizer.decode(opening[1:]) == '\n{"name": "lights", "arguments": {"on": '
+    state = constraint.start
+    for token in [*opening, *tool_tokenizer.encode("true")]:
+        state = constraint.advance(state, token)
+    closing = constraint.forced(state)
+    assert tool_tokenizer.decode(closing[:-1]) == "}}\n" and closing[-1] == tags.close_id
+    ids = _prompt(tool_tokenizer)
+    alone = _answer(engine, ids, constraint)
+    drafted = _engine(tool_tokenizer, drafter=RandomTreeDrafter(vocab_size=VOCAB, seed=0), draft_budget=4)
+    events = list(drafted.generate(ids, max_new_tokens=LONG, constraint=drafted.tool_call_constraint(
+        lights, tags, choice="required", parallel=False)))  # fmt: skip
+    assert [token for event in events for token in event.tokens] == alone
+    origins = [origin for event in events for origin in event.origins]
+    assert "forced" in origins
 
 
 class InProcessServer:

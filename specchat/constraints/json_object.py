@@ -27,3 +27,8 @@ class JsonText:
         pieces = self.vocabulary.pieces
         piece = pieces[token] if token < len(pieces) else None
         return feed_bytes(self.syntax, state, piece) if piece else None
+
+    def forced(self, state: tuple) -> list[int]:
+        """None: JSON's optional whitespace leaves a choice nearly everywhere, and the n-gram drafter already
+        proposes the keys an answer repeats."""
+        return []

@@ -11,7 +11,8 @@ parameters when the tool is not strict): it is then ignored, and a schema that c
 
 A state is a hashable tuple as in json_syntax: (mode, frames of open containers, whitespace bytes in a row, extra).
 Where alternatives of an anyOf begin alike (objects told apart by a later property, an integer or a number), the
-state is their union (`UNION`, the members' states in `extra`) until the bytes leave one.
+state is their union (`UNION`, the members' states in `extra`) until the bytes leave one. Where one byte must come
+(a separator's space in the canonical layout, a padded value's newlines) it is `EXPECT`ed.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ KEYWORDS = {
     "array": {"type", "items"},
     "string": {"type"}, "integer": {"type"}, "number": {"type"}, "boolean": {"type"}, "null": {"type"},
 }  # fmt: skip
-UNION = 20  # past json_syntax's modes
-PADDING = 2  # whitespace bytes before and after a padded value (a tool call's JSON between its tags: one newline)
+UNION, EXPECT = 20, 21  # past json_syntax's modes; EXPECT: one byte must come (`extra`: it, then the state after it)
 FREE_KEYS = frozenset({"map", "json"})  # objects whose keys are any strings
 JSON_LITERALS = ((b"true", -1), (b"false", -1), (b"null", -1))
 # Modes are json_syntax's (TOP aside: a schema's text begins in VALUE); in a string `extra` says it is a map's key, in
@@ -56,15 +56,18 @@ class Node:
 
 
 class JsonSchema:
-    """The automaton of one schema; `feed`, `complete` and `in_string` as json_syntax's. `padded`: a little
-    whitespace may come before and after the value (PADDING bytes: a value between a tool call's tags)."""
+    """The automaton of one schema; `feed`, `complete` and `in_string` as json_syntax's. `canonical`: whitespace
+    exactly as `json.dumps` writes it (one space after each `,` and `:`, none elsewhere), so that the text leaves no
+    choice but the values'; `padded`: one newline before and after the value (a tool call's JSON between its
+    tags)."""
 
-    def __init__(self, schema: object, *, lenient: bool = False, padded: bool = False):
+    def __init__(self, schema: object, *, lenient: bool = False, canonical: bool = False, padded: bool = False):
         self.nodes: list[Node] = []
         self._refs: dict[str, int] = {}
         self._root = schema
-        self.lenient, self.padded = lenient, padded
-        self.start = (VALUE, (), 0, self._compile(schema, "schema"))
+        self.lenient, self.canonical, self.padded = lenient, canonical, padded
+        value = (VALUE, (), 0, self._compile(schema, "schema"))
+        self.start = (EXPECT, (), 0, (0x0A, value)) if padded else value
 
     # -- compiling ---------------------------------------------------------------------------------------------
 
@@ -177,13 +180,7 @@ class JsonSchema:
         mode, frames, _, extra = state
         if mode == UNION:
             return any(self.complete(member) for member in extra)
-        return mode == DONE or mode in NUMBER_ENDS and not frames
-
-    def whitespace_cap(self, state) -> int:
-        """The whitespace bytes that may come in a row where `state` is: around a padded value PADDING, else as
-        json_syntax (a union's members keep their own counts)."""
-        mode, frames = state[0], state[1]
-        return PADDING if self.padded and not frames and mode in (VALUE, DONE) else MAX_WHITESPACE
+        return mode == DONE or mode in NUMBER_ENDS and not frames and not self.padded
 
     def in_string(self, state) -> bool:
         return state[0] == STRING or state[0] == UNION and all(member[0] == STRING for member in state[3])
@@ -192,6 +189,8 @@ class JsonSchema:
         mode, frames, spaces, extra = state
         if mode == UNION:
             return _union(self.feed(member, byte) for member in extra)
+        if mode == EXPECT:
+            return extra[1] if byte == extra[0] else None
         if mode == STRING:
             if byte == 0x22:
                 return (COLON, frames, 0, self.nodes[frames[-1][1]].items) if extra else self._after_value(frames)
@@ -214,9 +213,9 @@ class JsonSchema:
             if after is not None:
                 return (after, frames, 0, extra)
             return self.feed(self._after_value(frames), byte) if mode in NUMBER_ENDS else None
-        if byte in WHITESPACE:  # between tokens, once the value has begun (as json_syntax), or anywhere padded
-            begun = self.padded or mode != DONE and (frames or mode != VALUE)
-            return (mode, frames, spaces + 1, extra) if begun and spaces < self.whitespace_cap(state) else None
+        if byte in WHITESPACE:  # between tokens, once the value has begun (as json_syntax); canonical: only as EXPECTed
+            begun = not self.canonical and mode != DONE and (frames or mode != VALUE)
+            return (mode, frames, spaces + 1, extra) if begun and spaces < MAX_WHITESPACE else None
         if mode == VALUE:
             return self._value(frames, extra, byte)
         if mode == FIRST_ITEM:
@@ -232,16 +231,16 @@ class JsonSchema:
             keys = self._next_keys(node, index)
             return self._literal(frames, (keys, 0, True), byte) if keys else None
         if mode == COLON:
-            return (VALUE, frames, 0, extra) if byte == ord(":") else None
+            return self._separated((VALUE, frames, 0, extra)) if byte == ord(":") else None
         if mode == AFTER:
             kind, node, index = frames[-1]
             if kind == "[":
                 if byte == ord(","):
-                    return (VALUE, frames, 0, self.nodes[node].items)
+                    return self._separated((VALUE, frames, 0, self.nodes[node].items))
                 return self._after_value(frames[:-1]) if byte == ord("]") else None
             if byte == ord(","):
                 more = self.nodes[node].kind in FREE_KEYS or self._next_keys(node, index)
-                return (KEY, frames, 0, None) if more else None
+                return self._separated((KEY, frames, 0, None)) if more else None
             return self._after_value(frames[:-1]) if byte == ord("}") and self._may_close(node, index) else None
         return None  # DONE
 
@@ -307,7 +306,13 @@ class JsonSchema:
         return not any(required for _, _, required in self.nodes[node].properties[index:])
 
     def _after_value(self, frames: tuple):
-        return (AFTER, frames, 0, None) if frames else (DONE, (), 0, None)
+        if frames:
+            return (AFTER, frames, 0, None)
+        return (EXPECT, (), 0, (0x0A, (DONE, (), 0, None))) if self.padded else (DONE, (), 0, None)
+
+    def _separated(self, state: tuple) -> tuple:
+        """`state`, after a `,` or `:`: in the canonical layout behind the one space that follows them."""
+        return (EXPECT, state[1], 0, (0x20, state)) if self.canonical else state
 
 
 def _union(states) -> tuple | None:

@@ -32,18 +32,12 @@ CLOSE = {ord("}"): "{", ord("]"): "["}
 State = tuple[int, str, int, object]
 
 START: State = (TOP, "", 0, None)
-start = START  # this module is a syntax as token_masks.py reads one: start, feed, complete, in_string,
-# whitespace_cap
+start = START  # this module is a syntax as token_masks.py reads one: start, feed, complete, in_string
 
 
 def complete(state: State) -> bool:
     """Whether the text so far is one whole JSON object."""
     return state[0] == DONE
-
-
-def whitespace_cap(state: State) -> int:
-    """The whitespace bytes that may come in a row where `state` is."""
-    return MAX_WHITESPACE
 
 
 def in_string(state: State) -> bool:

@@ -8,8 +8,8 @@ string most ranges end after a byte or two). Inside a string, every byte from 0x
 state unchanged, so the tokens made only of such bytes from there on are accepted as a block and only the others
 (those holding a quote, a backslash or a control byte) are fed one by one. Masks are cached by state, less its
 count of whitespace bytes in a row: a token fits after k of them if it fits after none and its own leading
-whitespace is at most the state's cap (`whitespace_cap`, which does not depend on k) - k: whatever follows a
-non-whitespace byte no longer depends on k. So a JSON text meets few distinct states.
+whitespace is at most `MAX_WHITESPACE` - k (whatever follows a non-whitespace byte no longer depends on k). So a
+JSON text meets few distinct states.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from functools import cache
 import numpy as np
 import torch
 
-from specchat.constraints.json_syntax import WHITESPACE
+from specchat.constraints.json_syntax import MAX_WHITESPACE, WHITESPACE
 
 CACHED_MASKS = 512  # states whose masks are kept, least recently used dropped first
 
@@ -48,9 +48,9 @@ class Vocabulary:
 
 
 class TokenMasks:
-    """The masks of `syntax` (json_syntax, or a JsonSchema: `feed`, `complete`, `in_string`, `whitespace_cap`,
-    states of (mode, containers, whitespace bytes in a row, extra)) over `vocabulary`, the `end_ids` allowed exactly
-    where the text is complete."""
+    """The masks of `syntax` (json_syntax, or a JsonSchema: `feed`, `complete`, `in_string`, states of (mode,
+    containers, whitespace bytes in a row, extra)) over `vocabulary`, the `end_ids` allowed exactly where the text
+    is complete."""
 
     def __init__(self, vocabulary: Vocabulary, syntax, end_ids: frozenset[int]):
         self.vocabulary, self.syntax = vocabulary, syntax
@@ -70,7 +70,7 @@ class TokenMasks:
         else:
             self._masks.move_to_end(key)
         if spaces:
-            mask = mask & (self.vocabulary.leading_whitespace <= self.syntax.whitespace_cap(state) - spaces)
+            mask = mask & (self.vocabulary.leading_whitespace <= MAX_WHITESPACE - spaces)
         return mask
 
     def _compute(self, state: tuple) -> torch.Tensor:
@@ -112,6 +112,19 @@ def feed_bytes(syntax, state: tuple | None, data: bytes) -> tuple | None:
             return None
         state = syntax.feed(state, byte)
     return state
+
+
+def forced_bytes(syntax, state: tuple, limit: int = 256) -> tuple[bytes, tuple]:
+    """The bytes `syntax` leaves no choice about from `state` (at most `limit`: one at a time while exactly one byte
+    may come and the text may not end), and the state after them."""
+    out = bytearray()
+    while len(out) < limit and not syntax.complete(state):
+        taken = [(byte, after) for byte in range(256) if (after := syntax.feed(state, byte)) is not None]
+        if len(taken) != 1:
+            break
+        out.append(taken[0][0])
+        state = taken[0][1]
+    return bytes(out), state
 
 
 def vocabulary_bytes(tokenizer) -> list[bytes | None]:

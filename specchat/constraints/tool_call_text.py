@@ -1,11 +1,16 @@
 """An answer that may call tools, as a `Constraint`: free text, in which every call the model opens with its
-template's tag is one JSON value the calls' schema allows (whitespace around it), closed by the closing tag.
+template's tag is one JSON value the calls' schema allows (laid out as the template writes one: a newline each side,
+`json.dumps`'s separators), closed by the closing tag.
 
 The tags are single tokens (Qwen's and Hermes' `<tool_call>` and `</tool_call>`), so a call begins exactly where
 the model chooses the opening tag, and the text outside calls is never constrained. Once a call has closed only
 whitespace, another call (`parallel`) or the end may follow, so the answer parses into its text and its calls.
 `choice` is OpenAI's `tool_choice`: "auto" (the model decides), "required" (a call first) or "none" (the opening
 tag is never chosen).
+
+What the layout leaves no choice about (a named call's whole opening up to its first free value, a property's
+name, the closing brackets and tag) is `forced`: the engine proposes it as a draft, so a call costs a verification
+for each run of forced text instead of a step for each of its tokens.
 """
 
 from __future__ import annotations
@@ -13,18 +18,21 @@ from __future__ import annotations
 import torch
 
 from specchat.constraints.json_syntax import MAX_WHITESPACE, WHITESPACE
-from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes
+from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes, forced_bytes
 
 TEXT, FIRST, CALL, AFTER = range(4)  # a state: (where, the call's JSON state in CALL, whitespace bytes in AFTER)
 CHOICES = ("auto", "required", "none")
 
 
 class ToolCallText:
+    """`call_syntax`: one call's JSON (a JsonSchema, padded and canonical); `encode`: text -> the model's ids."""
+
     def __init__(self, vocabulary: Vocabulary, call_syntax, open_id: int, close_id: int, end_ids: frozenset[int],
-                 *, choice: str = "auto", parallel: bool = True):  # fmt: skip
+                 encode, *, choice: str = "auto", parallel: bool = True):  # fmt: skip
         if choice not in CHOICES:
             raise ValueError(f"tool choice {choice!r}: one of {', '.join(CHOICES)}")
-        self.vocabulary, self.syntax = vocabulary, call_syntax
+        self.vocabulary, self.syntax, self.encode = vocabulary, call_syntax, encode
+        self._forced: dict[tuple, list[int]] = {}
         self.open_id, self.close_id, self.end_ids, self.parallel = open_id, close_id, end_ids, parallel
         self.start = (FIRST if choice == "required" else TEXT, None, 0)
         self.masks = TokenMasks(vocabulary, call_syntax, frozenset({close_id}))
@@ -65,3 +73,28 @@ class ToolCallText:
         if where == AFTER and token not in self.end_ids:
             return (AFTER, None, spaces + int(self._blank[token]))
         return state
+
+    def forced(self, state: tuple) -> list[int]:
+        """The ids that must come next from `state`, as the tokenizer spells the text they make: a required call's
+        opening tag, then in a call the bytes its syntax leaves no choice about and, once it is whole, the closing
+        tag; none in free text or after a call."""
+        where, call, _ = state
+        if where == FIRST:
+            return [self.open_id, *self._forced_call(self.syntax.start)]
+        return self._forced_call(call) if where == CALL else []
+
+    def _forced_call(self, call: tuple) -> list[int]:
+        if call not in self._forced:
+            data, after = forced_bytes(self.syntax, call)
+            ids, spelled = [], b""
+            for token in self.encode(data.decode("utf-8", errors="ignore")):
+                piece = self.vocabulary.pieces[token] if token < len(self.vocabulary.pieces) else None
+                if not piece or not data.startswith(spelled + piece):
+                    break
+                ids.append(token)
+                spelled += piece
+            whole = spelled == data and self.syntax.complete(after)
+            if whole and all(self.syntax.feed(after, byte) is None for byte in range(256)):
+                ids.append(self.close_id)
+            self._forced[call] = ids
+        return self._forced[call]

@@ -5,6 +5,10 @@ target is one distribution, and verification holds a tree to it exactly as it ho
 each row is masked in the state its own path leads to (the committed text, then the node's ancestors). A node
 whose token the syntax refuses is never accepted (its probability is zero); its row and its descendants' rows
 are left as they are, since no path reaches them.
+
+Where a syntax leaves no choice about what comes next (a tool call's structure), the engine verifies that text as
+a chain instead of the drafter's tree (`forced`), as it verifies text it knows: the target still chooses every
+token, so the output is unchanged, only reached in fewer steps.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ class Constraint(Protocol):
         """The state after `token`, or None where it may not come."""
         ...
 
+    def forced(self, state) -> list[int]:
+        """The ids the syntax leaves no choice about from `state`, as the tokenizer spells them (may be none)."""
+        ...
+
 
 class ConstrainedText:
     """A text being generated under `constraint`: its state after the committed tokens."""
@@ -48,6 +56,9 @@ class ConstrainedText:
             if state is not None:
                 masked[row].masked_fill_(~self.constraint.allowed(state).to(logits.device), float("-inf"))
         return masked
+
+    def forced(self) -> list[int]:
+        return self.constraint.forced(self.state)
 
     def commit(self, tokens: list[int]) -> None:
         for token in tokens:

@@ -13,6 +13,7 @@ TARGET = "target"  # origin of a token produced by the target model itself
 COPY = "copy"  # origin of n-gram lookup's copies of a long passage (specchat/drafters/ngram/drafter.py)
 ANSWERS = "answers"  # origin of its guesses from the target's own answers (specchat/drafters/ngram/answer_store.py)
 KNOWN = "known"  # origin of a token the text was known to go on with (`Engine.generate(known=...)`)
+FORCED = "forced"  # origin of a token a constraint left no choice about (`Constraint.forced`)
 
 
 @dataclass(frozen=True)

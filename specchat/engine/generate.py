@@ -19,7 +19,7 @@ from specchat.engine.drafter import Drafter, TargetView
 from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.constraint import ConstrainedText, Constraint
-from specchat.engine.events import KNOWN, TARGET, StepEvent
+from specchat.engine.events import FORCED, KNOWN, TARGET, StepEvent
 from specchat.engine.lean_forward import LeanForward
 from specchat.engine.prefix_store import PrefixStore
 from specchat.engine.sampling import (
@@ -135,9 +135,10 @@ class Engine:
         from specchat.tool_calls import call_schema
 
         def build():
-            syntax = JsonSchema(call_schema(functions), lenient=True, padded=True)
-            return ToolCallText(self._vocabulary, syntax, tags.open_id, tags.close_id, self.eos_ids, choice=choice,
-                                parallel=parallel)  # fmt: skip
+            syntax = JsonSchema(call_schema(functions), lenient=True, canonical=True, padded=True)
+            encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
+            return ToolCallText(self._vocabulary, syntax, tags.open_id, tags.close_id, self.eos_ids, encode,
+                                choice=choice, parallel=parallel)  # fmt: skip
 
         return self._kept(("tools", functions, tags.open_id, tags.close_id, choice, parallel), build)
 
@@ -206,7 +207,7 @@ class Engine:
 
         `constraint` holds the output to a syntax (`json_constraint()`: JSON mode, or a JSON Schema): every row's
         logits are masked to the ids it allows next before the sampling pipeline, in AR decoding and in every
-        verified row alike (`engine/constraint.py`).
+        verified row alike (`engine/constraint.py`); with a drafter, what the syntax forces is verified as a chain.
 
         `logprobs` (N >= 0): every event also carries each token's log-probability and the N most likely ids at
         its row (`StepEvent.logprobs`), read from the rows verification computed anyway.
@@ -270,8 +271,11 @@ class Engine:
         cache (root and accepted nodes), the tree verified, its budget, the seconds the drafter took and, with
         `logprobs`, the tokens' log-probabilities (token i was chosen at kept row i).
         """
-        if known:
-            tree = DraftTree.from_chains([known[: self.tree_capacity]], KNOWN, self.tree_capacity)
+        drafts = self.drafter is not None and constrained is not None and not known
+        forced = constrained.forced() if drafts else []  # drafting asked for: what the syntax forces is its draft
+        if known or forced:
+            tree = DraftTree.from_chains([(known or forced)[: self.tree_capacity]], KNOWN if known else FORCED,
+                                         self.tree_capacity)  # fmt: skip
             budget, draft_seconds = len(tree), 0.0
         else:
             mode = self.drafter.next_kinds() if self.policy else frozenset()
@@ -299,7 +303,7 @@ class Engine:
         self.cache.commit(kept)
         self._keep_query(kept[-1])
         verify_seconds = time.perf_counter() - start  # the verdict's ints are on the host: the device is done
-        if self.policy and not known:  # known tokens say nothing about the drafter
+        if self.policy and not known and not forced:  # known and forced tokens say nothing about the drafter
             self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds,
                                 verify_seconds=verify_seconds, mode=mode)  # fmt: skip
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
