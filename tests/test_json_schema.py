@@ -4,7 +4,9 @@ the constrained target decodes.
 - the automaton takes every value `json.dumps` writes of instances of a Pydantic-like schema (nested objects
   through `$ref`, optional properties, `anyOf` with null, enums, type lists) and each proper prefix as incomplete;
   it refuses each kind of violation (order, a missing required or an unknown property, wrong types, an integer's
-  fraction, a value outside an enum); schemas outside the subset are refused naming the keyword;
+  fraction, a value outside an enum); schemas outside the subset are refused naming the keyword, or left free in a
+  lenient schema; anyOf alternatives that begin alike (a union of states), maps and free values, top-level numbers;
+  padding and the canonical layout;
 - a state's mask under a schema is exactly the tokens the automaton takes whole (real tokenizer);
 - random trees under a schema give constrained autoregressive decoding's tokens; the embedded model writes a
   valid instance, the same with a drafter, through `specchat run --schema` and the server's `json_schema`.
@@ -132,7 +134,7 @@ def test_unions_free_values_and_top_level_numbers(schema, valid, invalid):
         assert state is None or not automaton.complete(state), value
 
 
-def test_lenient_schemas_ignore_what_they_cannot_hold_and_padding_surrounds_the_value():
+def test_lenient_schemas_padding_and_the_canonical_layout():
     schema = {"type": "object", "required": ["n"], "properties": {
         "n": {"type": "integer", "minimum": 1}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
         "odd": {"allOf": [{"type": "string"}]}}}  # fmt: skip
