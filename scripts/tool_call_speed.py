@@ -22,7 +22,7 @@ from specchat.loading import load_model  # noqa: E402
 from specchat.server.app import Served  # noqa: E402
 from specchat.server.requests import chat_request  # noqa: E402
 from specchat.session import Session  # noqa: E402
-from specchat.tool_calls import CallReader  # noqa: E402
+from specchat.tool_calls import call_reader  # noqa: E402
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
@@ -49,8 +49,9 @@ def ours(loaded, drafter: str, repeats: int) -> list[dict]:
         for event in engine.generate(ids, max_new_tokens=100, constraint=constraint(engine)):
             text += event.text
         seconds = time.perf_counter() - start
-        reader = CallReader()
+        reader = call_reader(served.tool_format)
         reader.feed(text)
+        reader.finish()
         stats = event.stats
         rows.append({"method": drafter, "seconds": round(seconds, 3), "tokens": stats.new_tokens,
                      "decode_tok_s": round((stats.new_tokens - 1) / stats.decode_seconds, 2),

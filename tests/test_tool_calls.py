@@ -1,7 +1,7 @@
 """Tool calls: the answer's calls are held to their tools' schemas while they are written, read back into OpenAI's
 `tool_calls`, and speculation keeps the answer exactly the constrained target's.
 
-- `CallReader` splits any chunking of an answer into the same text and calls; tags that may still be coming wait;
+- the readers split any chunking of an answer into the same text and calls; tags that may still be coming wait;
   a call a length limit cut stays text;
 - `call_schema` keeps each tool's `$defs` apart; the constraint's mask in every state is exactly the tokens it
   advances on (required, none, after a call, in a call's JSON);
@@ -33,7 +33,7 @@ from specchat.engine.prompt import encode_chat
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.server.app import Served, create_app
 from specchat.server.worker import EngineWorker
-from specchat.tool_calls import CLOSE_TAG, OPEN_TAG, CallReader, call_schema, tool_tags
+from specchat.tool_calls import CLOSE_TAG, OPEN_TAG, TaggedCalls, WholeAnswerCall, call_schema, tool_format
 
 # A chat template in the Hermes convention (as Qwen's): tools listed in the prompt, calls between tags.
 TEMPLATE = """{%- if tools %}<|im_start|>system
@@ -50,6 +50,20 @@ Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.<|im_end|>
 <tool_call>
 {"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
 </tool_call>{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+# Llama 3's convention: the tools in the prompt, the call the whole answer with its arguments as "parameters".
+LLAMA_TEMPLATE = """{%- if tools %}<|im_start|>system
+Given the following functions, please respond with a JSON for a function call with its proper arguments.
+Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}<|im_end|>
+{% endif %}{% for message in messages %}{% if message.role == "tool" %}<|im_start|>ipython
+{{ message.content }}<|im_end|>
+{% elif message.tool_calls %}{% set call = message.tool_calls[0].function %}<|im_start|>assistant
+{"name": "{{ call.name }}", "parameters": {{ call.arguments | tojson }}}<|im_end|>
 {% else %}<|im_start|>{{ message.role }}
 {{ message.content }}<|im_end|>
 {% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
@@ -86,20 +100,46 @@ def test_the_reader_splits_any_chunking_into_the_same_text_and_calls():
     answer = f'Let me look.\n{OPEN_TAG}\n{{"name": "get_weather", "arguments": {{"city": "Oslo"}}}}\n{CLOSE_TAG}\n' \
              f'{OPEN_TAG}{{"name": "get_time", "arguments": {{}}}}{CLOSE_TAG}\n'  # fmt: skip
     for size in (1, 2, 3, 7, len(answer)):
-        reader, text = CallReader(), ""
+        reader, text = TaggedCalls(), ""
         for at in range(0, len(answer), size):
             got, _ = reader.feed(answer[at : at + size])
             assert OPEN_TAG[:2] not in got  # a tag never leaks out, whole or in part
             text += got
-        text += reader.finish()
+        text += reader.finish()[0]
         assert text.strip() == "Let me look."
         assert [(call.name, json.loads(call.arguments)) for call in reader.calls] == [
             ("get_weather", {"city": "Oslo"}), ("get_time", {})]  # fmt: skip
-    reader = CallReader()
+    reader = TaggedCalls()
     assert reader.feed(f"a < b {OPEN_TAG}not json{CLOSE_TAG} c") == (f"a < b {OPEN_TAG}not json{CLOSE_TAG} c", [])
-    reader = CallReader()
+    reader = TaggedCalls()
     assert reader.feed(f'x {OPEN_TAG}{{"name": "get') == ("x ", [])
-    assert reader.finish() == f'{OPEN_TAG}{{"name": "get'  # cut by a length limit: the call stays text
+    assert reader.finish() == (f'{OPEN_TAG}{{"name": "get', [])  # cut by a length limit: the call stays text
+    whole = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'  # Llama 3's call: the whole answer
+    for answer, is_call in ((whole, True), (" Sunny, " + whole, False), ('{"a": 1}', False), (whole[:-1], False)):
+        reader, text = WholeAnswerCall(), ""
+        for at in range(0, len(answer), 5):
+            text += reader.feed(answer[at : at + 5])[0]
+        rest, calls = reader.finish()
+        if is_call:
+            assert text + rest == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [
+                ("get_weather", {"city": "Oslo"})]  # fmt: skip
+        else:
+            assert text + rest == answer and calls == []
+
+
+@pytest.fixture(scope="module")
+def llama_tokenizer(tokenizer):
+    """The default model's tokenizer with a template in Llama 3's convention."""
+    llama = copy.deepcopy(tokenizer)
+    llama.chat_template = LLAMA_TEMPLATE
+    return llama
+
+
+def test_the_template_says_how_calls_are_written(tool_tokenizer, llama_tokenizer, tokenizer):
+    tagged, whole = tool_format(tool_tokenizer), tool_format(llama_tokenizer)
+    assert tagged.tagged and tagged.arguments == "arguments" and tool_tokenizer.decode([tagged.open_id]) == OPEN_TAG
+    assert not whole.tagged and whole.arguments == "parameters"
+    assert tool_format(tokenizer) is None  # SmolLM2's template lists no tools
 
 
 def test_each_tool_keeps_its_own_definitions():
@@ -131,7 +171,7 @@ def _prompt(tool_tokenizer, text: str = "What is the weather in Oslo?") -> list[
 @pytest.mark.parametrize("choice", ["auto", "required", "none"])
 def test_the_mask_is_exactly_the_tokens_the_constraint_advances_on(choice, tool_tokenizer):
     engine = _engine(tool_tokenizer)
-    tags = tool_tags(tool_tokenizer)
+    tags = tool_format(tool_tokenizer)
     constraint = engine.tool_call_constraint(FUNCTIONS, tags, choice=choice, parallel=choice != "none")
     pieces = vocabulary_bytes(tool_tokenizer)
     states = [constraint.start]
@@ -168,11 +208,11 @@ def _answer(engine: Engine, ids: list[int], constraint, **options) -> list[int]:
 @pytest.mark.parametrize(("seed", "sampled"), [(0, False), (1, True)])
 def test_a_required_call_is_valid_and_drafting_keeps_it_exact(seed, sampled, tool_tokenizer):
     engine = _engine(tool_tokenizer, seed)
-    tags = tool_tags(tool_tokenizer)
+    tags = tool_format(tool_tokenizer)
     ids = _prompt(tool_tokenizer)
     options = {"sampling": SamplingConfig(temperature=1.0, seed=seed), "reproducible": True} if sampled else {}
     alone = _answer(engine, ids, engine.tool_call_constraint(SWITCHES, tags, choice="required"), **options)
-    reader = CallReader()
+    reader = TaggedCalls()
     reader.feed(tool_tokenizer.decode(alone, skip_special_tokens=True))
     assert alone[0] == tags.open_id and reader.calls, tool_tokenizer.decode(alone)
     for call in reader.calls:
@@ -188,7 +228,7 @@ def test_what_a_call_leaves_no_choice_about_is_verified_as_one_draft(tool_tokeni
     """A named call's opening up to its first value, then its closing, are forced: proposed as chains (origin
     "forced") whatever the drafter, and the tokens are the target's own (a random model spells the text its own
     way, so here a chain is accepted only as far as its spelling agrees)."""
-    tags = tool_tags(tool_tokenizer)
+    tags = tool_format(tool_tokenizer)
     engine = _engine(tool_tokenizer)
     lights = [SWITCHES[1]]
     constraint = engine.tool_call_constraint(lights, tags, choice="required", parallel=False)
@@ -208,6 +248,28 @@ def test_what_a_call_leaves_no_choice_about_is_verified_as_one_draft(tool_tokeni
     assert [token for event in events for token in event.tokens] == alone
     origins = [origin for event in events for origin in event.origins]
     assert "forced" in origins
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_required_whole_answer_call_is_valid_and_exact(seed, llama_tokenizer):
+    """Llama 3's form: the answer is the call, in the canonical layout, then the end; drafted the same."""
+    form = tool_format(llama_tokenizer)
+    engine = _engine(llama_tokenizer, seed)
+    ids = _prompt(llama_tokenizer)
+    alone = _answer(engine, ids, engine.tool_call_constraint(SWITCHES, form, choice="required"))
+    reader = WholeAnswerCall()
+    reader.feed(llama_tokenizer.decode(alone, skip_special_tokens=True))
+    [call] = reader.finish()[1]
+    function = {function["name"]: function for function in SWITCHES}[call.name]
+    assert set(function["parameters"]["required"]) <= set(json.loads(call.arguments))
+    drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=seed, reference=ids + alone, p_correct=0.7)
+    drafted = _engine(llama_tokenizer, seed, drafter=drafter, draft_budget=12)
+    events = list(drafted.generate(ids, max_new_tokens=LONG, constraint=drafted.tool_call_constraint(
+        SWITCHES, form, choice="required")))  # fmt: skip
+    assert [token for event in events for token in event.tokens] == alone
+    assert "forced" in [origin for event in events for origin in event.origins]
+    with pytest.raises(ValueError, match="only where one is required"):
+        engine.tool_call_constraint(SWITCHES, form, choice="auto")
 
 
 class InProcessServer:
@@ -293,6 +355,27 @@ def test_bad_tools_are_refused_in_one_line(fields, param, words, tool_server):
     error = response.json()["error"]
     assert response.status_code == 400 and error["param"] == param and words in error["message"], error
     assert "\n" not in error["message"]
+
+
+def test_the_server_reads_a_whole_answer_call(llama_tokenizer):
+    server = InProcessServer(_engine(llama_tokenizer), llama_tokenizer)
+    try:
+        for stream in (False, True):
+            reply = server.client.chat.completions.create(model="tiny", messages=MESSAGES, tools=SWITCH_TOOLS,
+                                                          tool_choice="required", temperature=0, max_tokens=LONG,
+                                                          stream=stream)  # fmt: skip
+            if stream:
+                chunks = list(reply)
+                calls = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or []]
+                finish = chunks[-1].choices[0].finish_reason
+            else:
+                calls, finish = reply.choices[0].message.tool_calls, reply.choices[0].finish_reason
+            assert finish == "tool_calls" and len(calls) == 1 and calls[0].function.name in ("set_unit", "lights")
+        free = server.client.chat.completions.create(model="tiny", messages=MESSAGES, tools=SWITCH_TOOLS,
+                                                     temperature=0, max_tokens=8)  # fmt: skip
+        assert free.choices[0].message.tool_calls is None and free.choices[0].message.content
+    finally:
+        server.close()
 
 
 def test_a_model_whose_template_lists_no_tools_is_refused(tokenizer):

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import torch
 
+from specchat.constraints.forced_text import ForcedIds
 from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes
 
 
 class JsonText:
     """`syntax` (json_syntax, or a JsonSchema) over `vocabulary`'s ids; `end_ids` (the model's EOS ids) may come
-    only once the text is whole, and then alone."""
+    only once the text is whole, and then alone. With `encode` (text -> ids) what the syntax forces is drafted: worth
+    it in a canonical layout (a Llama 3 tool call), where whitespace is never a choice."""
 
-    def __init__(self, vocabulary: Vocabulary, syntax, end_ids: frozenset[int]):
+    def __init__(self, vocabulary: Vocabulary, syntax, end_ids: frozenset[int], encode=None):
         self.vocabulary, self.syntax, self.end_ids = vocabulary, syntax, end_ids
         self.start = syntax.start
         self.masks = TokenMasks(vocabulary, syntax, end_ids)
+        self._forced = ForcedIds(vocabulary, syntax, encode) if encode is not None else None
 
     def allowed(self, state: tuple) -> torch.Tensor:
         return self.masks.allowed(state)
@@ -29,6 +32,6 @@ class JsonText:
         return feed_bytes(self.syntax, state, piece) if piece else None
 
     def forced(self, state: tuple) -> list[int]:
-        """None: JSON's optional whitespace leaves a choice nearly everywhere, and the n-gram drafter already
-        proposes the keys an answer repeats."""
-        return []
+        """None without `encode`: JSON mode's optional whitespace leaves a choice nearly everywhere, and the n-gram
+        drafter already proposes the keys an answer repeats."""
+        return self._forced(state) if self._forced is not None else []

@@ -114,19 +114,6 @@ def feed_bytes(syntax, state: tuple | None, data: bytes) -> tuple | None:
     return state
 
 
-def forced_bytes(syntax, state: tuple, limit: int = 256) -> tuple[bytes, tuple]:
-    """The bytes `syntax` leaves no choice about from `state` (at most `limit`: one at a time while exactly one byte
-    may come and the text may not end), and the state after them."""
-    out = bytearray()
-    while len(out) < limit and not syntax.complete(state):
-        taken = [(byte, after) for byte in range(256) if (after := syntax.feed(state, byte)) is not None]
-        if len(taken) != 1:
-            break
-        out.append(taken[0][0])
-        state = taken[0][1]
-    return bytes(out), state
-
-
 def vocabulary_bytes(tokenizer) -> list[bytes | None]:
     """Each token id's bytes as the tokenizer writes them (byte-level BPE as GPT-2, Llama 3 and Qwen encode them,
     or SentencePiece pieces with `▁` spaces and `<0xNN>` bytes); None for added and special tokens, which a

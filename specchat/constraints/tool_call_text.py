@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from specchat.constraints.json_syntax import MAX_WHITESPACE, WHITESPACE
-from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes, forced_bytes
+from specchat.constraints.forced_text import ForcedIds
+from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes
 
 TEXT, FIRST, CALL, AFTER = range(4)  # a state: (where, the call's JSON state in CALL, whitespace bytes in AFTER)
 CHOICES = ("auto", "required", "none")
@@ -31,8 +32,8 @@ class ToolCallText:
                  encode, *, choice: str = "auto", parallel: bool = True):  # fmt: skip
         if choice not in CHOICES:
             raise ValueError(f"tool choice {choice!r}: one of {', '.join(CHOICES)}")
-        self.vocabulary, self.syntax, self.encode = vocabulary, call_syntax, encode
-        self._forced: dict[tuple, list[int]] = {}
+        self.vocabulary, self.syntax = vocabulary, call_syntax
+        self._forced = ForcedIds(vocabulary, call_syntax, encode, close_id)
         self.open_id, self.close_id, self.end_ids, self.parallel = open_id, close_id, end_ids, parallel
         self.start = (FIRST if choice == "required" else TEXT, None, 0)
         self.masks = TokenMasks(vocabulary, call_syntax, frozenset({close_id}))
@@ -80,21 +81,5 @@ class ToolCallText:
         tag; none in free text or after a call."""
         where, call, _ = state
         if where == FIRST:
-            return [self.open_id, *self._forced_call(self.syntax.start)]
-        return self._forced_call(call) if where == CALL else []
-
-    def _forced_call(self, call: tuple) -> list[int]:
-        if call not in self._forced:
-            data, after = forced_bytes(self.syntax, call)
-            ids, spelled = [], b""
-            for token in self.encode(data.decode("utf-8", errors="ignore")):
-                piece = self.vocabulary.pieces[token] if token < len(self.vocabulary.pieces) else None
-                if not piece or not data.startswith(spelled + piece):
-                    break
-                ids.append(token)
-                spelled += piece
-            whole = spelled == data and self.syntax.complete(after)
-            if whole and all(self.syntax.feed(after, byte) is None for byte in range(256)):
-                ids.append(self.close_id)
-            self._forced[call] = ids
-        return self._forced[call]
+            return [self.open_id, *self._forced(self.syntax.start)]
+        return self._forced(call) if where == CALL else []

@@ -126,21 +126,29 @@ class Engine:
 
         return self._kept(("json", schema), build)
 
-    def tool_call_constraint(self, functions: list[dict], tags, *, choice: str = "auto",
+    def tool_call_constraint(self, functions: list[dict], form, *, choice: str = "auto",
                              parallel: bool = True) -> Constraint:  # fmt: skip
-        """An answer that may call `functions` (OpenAI's function objects) between `tags` (`tool_calls.tool_tags`),
+        """An answer that may call `functions` (OpenAI's function objects) in `form` (`tool_calls.tool_format`),
         each call held to its function's parameters (leniently: what the subset cannot hold is left free; a strict
-        function's schema must be inside it), under OpenAI's `choice` ("auto", "required" or "none")."""
-        from specchat.constraints import JsonSchema, ToolCallText
+        function's schema must be inside it) and laid out as the template writes one, under OpenAI's `choice`
+        ("auto", "required" or "none"; a form without tags, whose call is the whole answer, only "required")."""
+        from specchat.constraints import JsonSchema, JsonText, ToolCallText
         from specchat.tool_calls import call_schema
 
         def build():
-            syntax = JsonSchema(call_schema(functions), lenient=True, canonical=True, padded=True)
+            schema = call_schema(functions, form.arguments)
             encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
-            return ToolCallText(self._vocabulary, syntax, tags.open_id, tags.close_id, self.eos_ids, encode,
+            if not form.tagged:
+                if choice != "required":
+                    raise ValueError("a call that is the whole answer is held only where one is required")
+                return JsonText(self._vocabulary, JsonSchema(schema, lenient=True, canonical=True), self.eos_ids,
+                                encode)  # fmt: skip
+            syntax = JsonSchema(schema, lenient=True, canonical=True, padded=True)
+            return ToolCallText(self._vocabulary, syntax, form.open_id, form.close_id, self.eos_ids, encode,
                                 choice=choice, parallel=parallel)  # fmt: skip
 
-        return self._kept(("tools", functions, tags.open_id, tags.close_id, choice, parallel), build)
+        key = ("tools", functions, form.arguments, form.open_id, form.close_id, choice, parallel)
+        return self._kept(key, build)
 
     def _kept(self, key: tuple, build) -> Constraint:
         """The constraint `key` names, built once and kept with its cached masks (JSON mode always, the last

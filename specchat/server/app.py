@@ -25,7 +25,7 @@ from specchat.server.metrics import Metrics
 from specchat.server.requests import CompletionRequest, RequestError, chat_request, text_request
 from specchat.server.responses import Reply
 from specchat.server.worker import EngineWorker, Ended, Job, QueueFull
-from specchat.tool_calls import ToolTags, tool_tags
+from specchat.tool_calls import ToolFormat, tool_format
 
 RETRY_SECONDS = 5  # Retry-After while loading, and when the queue is full
 DRAIN_BYTES = 256 * 2**20  # a body over the limit is still read up to this size, so that its client hears the 413
@@ -44,8 +44,8 @@ class Served:
     defaults: dict  # SamplingConfig fields the model asks for when a request leaves them out
 
     @functools.cached_property
-    def tool_tags(self) -> ToolTags | None:
-        return tool_tags(self.tokenizer)
+    def tool_format(self) -> ToolFormat | None:
+        return tool_format(self.tokenizer)
 
     def prompt_ids(self, request: CompletionRequest) -> list[int]:
         from specchat.engine.prompt import encode_chat
@@ -53,9 +53,9 @@ class Served:
         if request.messages is not None:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise RequestError(f"model '{self.name}' has no chat template; use /v1/completions", param="messages")
-            if request.tools is not None and self.tool_tags is None:
-                raise RequestError(f"model '{self.name}' cannot call tools: its chat template does not list them with "
-                                   "<tool_call> tags", param="tools")  # fmt: skip
+            if request.tools is not None and self.tool_format is None:
+                raise RequestError(f"model '{self.name}' cannot call tools: its chat template does not list them as "
+                                   "Qwen's or Llama 3's do", param="tools")  # fmt: skip
             ids = encode_chat(self.tokenizer, request.messages, request.tools.template() if request.tools else None)
         elif isinstance(request.prompt, str):
             ids = self.tokenizer(request.prompt)["input_ids"]
@@ -76,11 +76,11 @@ class Served:
         """How the answer is held (JSON mode, tool calls), as the engine's thread builds it; None: free."""
         if request.json_object:
             return lambda engine: engine.json_constraint(request.json_schema)
-        if request.tools is not None:
-            tools, tags = request.tools, self.tool_tags
-            return lambda engine: engine.tool_call_constraint(tools.callable(), tags, choice=tools.choice,
-                                                              parallel=tools.parallel)  # fmt: skip
-        return None
+        tools, form = request.tools, self.tool_format
+        if tools is None or not form.tagged and tools.choice != "required":
+            return None  # a whole-answer call the model may or may not make is read from its free answer
+        return lambda engine: engine.tool_call_constraint(tools.callable(), form, choice=tools.choice,
+                                                          parallel=tools.parallel)  # fmt: skip
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
         try:
@@ -180,7 +180,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
                                headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
         reply = Reply(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None,
                       token_bytes=served.engine.token_bytes if wanted.logprobs is not None else None,
-                      tools=wanted.tools is not None and wanted.tools.choice != "none")  # fmt: skip
+                      tools=served.tool_format if wanted.tools and wanted.tools.choice != "none" else None)  # fmt: skip
         if wanted.stream:
             return StreamingResponse(_stream(job, items, reply, wanted.include_usage, arrived),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

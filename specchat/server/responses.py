@@ -10,7 +10,7 @@ import uuid
 
 from specchat.engine.events import TokenLogprob
 from specchat.engine.stats import GenerationStats
-from specchat.tool_calls import CallReader, ToolCall
+from specchat.tool_calls import ToolCall, ToolFormat, call_reader
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}  # the engine's -> OpenAI's
 
@@ -18,10 +18,10 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"
 class Reply:
     """One request's answer as it is produced; renders it whole (`body`) or as stream chunks."""
 
-    def __init__(self, model: str, drafter: str, *, chat: bool, token_bytes=None, tools: bool = False):
+    def __init__(self, model: str, drafter: str, *, chat: bool, token_bytes=None, tools: ToolFormat | None = None):
         self.model, self.drafter, self.chat = model, drafter, chat
         self.token_bytes = token_bytes  # id -> bytes, when the request asked for log-probabilities
-        self.calls = CallReader() if tools else None  # the answer's tool calls, read as it streams
+        self.calls = call_reader(tools) if tools else None  # the answer's tool calls, where it may make them
         self.logprobs: list[tuple[int, TokenLogprob]] = []
         self.characters = 0  # of the text whose tokens' log-probabilities went out (a completion's text_offset)
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -50,8 +50,9 @@ class Reply:
         message = {"role": "assistant", "content": text}
         if self.calls is not None:
             text, calls = self.calls.feed(text)
-            text = (text + self.calls.finish()).strip() if calls else text + self.calls.finish()
-            message = {"role": "assistant", "content": text or None}
+            rest, last = self.calls.finish()
+            text, calls = text + rest, calls + last
+            message = {"role": "assistant", "content": (text.strip() if calls else text) or None}
             if calls:
                 message["tool_calls"] = [_call(call) for call in calls]
         choice = {"index": 0, "finish_reason": self._finish_reason, "logprobs": self._logprobs(self.logprobs)}
@@ -70,7 +71,9 @@ class Reply:
         delta, calls = {"content": event.text}, []
         if self.calls is not None:
             text, calls = self.calls.feed(event.text)
-            text += self.calls.finish() if event.finish_reason is not None else ""
+            if event.finish_reason is not None:
+                rest, last = self.calls.finish()
+                text, calls = text + rest, calls + last
             delta = {"content": text}
             if calls:
                 first = len(self.calls.calls) - len(calls)
