@@ -44,7 +44,8 @@ def tool_format(tokenizer) -> ToolFormat | None:
     if OPEN_TAG not in template:
         return None
     ids = [tokenizer.convert_tokens_to_ids(tag) for tag in (OPEN_TAG, CLOSE_TAG)]
-    if any(not isinstance(each, int) or each == tokenizer.unk_token_id for each in ids):
+    special = set(tokenizer.all_special_ids)  # a special tag would be dropped from the answer's text
+    if any(not isinstance(each, int) or each == tokenizer.unk_token_id or each in special for each in ids):
         return None
     return ToolFormat("arguments", *ids)
 

@@ -8,7 +8,8 @@ and the option checks stay free of torch):
 - `StepEvent`, `TARGET`: what a step committed and where each token came from; `GenerationStats`: running
   totals (tau, acceptance, decode speed);
 - `SamplingConfig`: the target distribution (greedy or temperature / top-k / top-p / min-p / penalty, seed);
-- `Constraint`: a syntax the output is held to (`Engine.json_constraint(schema)`: JSON mode, or a JSON Schema);
+- `Constraint`: a syntax the output is held to (`Engine.json_constraint(schema)`: JSON mode, or a JSON Schema;
+  `Engine.tool_call_constraint(functions, form)`: an answer whose tool calls are held to their tools' schemas);
 - `encode_prompt`, `encode_chat`: prompt text -> ids through the tokenizer's chat template;
 - `DraftTree`: what a drafter proposes; `TreeCache`: the static cache a drafter may read;
 - `use_attention`, `check_attention`: how trees are verified (`--attention`);
