@@ -78,3 +78,38 @@ def test_run_reports_them():
     assert len(entries) == len(report["token_ids"]) == 6
     assert "".join(entry["token"] for entry in entries) == report["text"]
     assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["logprob"] == e["logprob"] for e in entries)
+
+
+def _scores_what_decoding_reported(engine: Engine, prompt: list[int], n: int, exact: bool) -> None:
+    tokens, reported = _decode(engine, prompt, n, 4)
+    scored = engine.prompt_logprobs(prompt + tokens, 4)
+    assert len(scored) == len(prompt) + len(tokens) and scored[0] is None
+    assert all(entry.logprob <= 0 and len(entry.top) == 4 for entry in scored[1:])
+    for entry, reference in zip(scored[len(prompt) :], reported):
+        if exact:
+            assert entry == reference
+        else:
+            assert math.isclose(entry.logprob, reference.logprob, abs_tol=1e-4)
+            assert [i for i, _ in entry.top] == [i for i, _ in reference.top]
+    # the prompt stays cached: generating from it next prefills its last token only, and answers as before
+    events = list(engine.generate(prompt + tokens, max_new_tokens=4))
+    assert events[0].stats.reused_tokens == len(prompt) + len(tokens) - 1
+
+
+def test_scoring_a_text_gives_the_log_probabilities_decoding_it_reported(tokenizer, monkeypatch):
+    """`prompt_logprobs` (echo's): the rows of a prefill, in pieces, score each token as the decode step that chose
+    it did (the torch decoder rounds a prefill by its rows: within fp32 rounding)."""
+    import specchat.engine.generate as generate
+
+    monkeypatch.setattr(generate, "PROMPT_CHUNK", 7)  # several pieces
+    model = tiny_model("llama", vocab_size=VOCAB, seed=4)
+    prompt = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(4)).tolist()
+    _scores_what_decoding_reported(Engine(model, tokenizer, max_len=256), prompt, 20, exact=False)
+
+
+@pytest.mark.slow
+def test_on_the_cpu_decoder_a_scored_text_is_bitwise_its_decode_steps(default_model):
+    from specchat.session import Session
+
+    ids = encode_prompt(default_model.tokenizer, "Name three colours.")
+    _scores_what_decoding_reported(Session.open(None, max_len=256, drafter="none").engine, ids, 24, exact=True)

@@ -172,6 +172,36 @@ def test_logprobs_of_every_token_whole_and_streamed(server):
     assert all(len(top) == 2 for top in scored.top_logprobs)
 
 
+def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(server, tokenizer):
+    """`echo` with `logprobs` (lm-eval's loglikelihood: token ids, one token generated; or `max_tokens: 0`, the prompt
+    alone): the text begins with the prompt, one entry a prompt token (the first None), then the completion's; the
+    prompt's entries the same either way and streamed."""
+    client = server.client()
+    prompt = "The colours of the rainbow are red, orange, yellow"
+    alone = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    [choice] = alone.choices
+    scored = choice.logprobs
+    count = alone.usage.prompt_tokens
+    assert choice.text == prompt and choice.finish_reason == "length" and alone.usage.completion_tokens == 0
+    assert len(scored.tokens) == len(scored.token_logprobs) == count > 5 and "".join(scored.tokens) == prompt
+    assert scored.token_logprobs[0] is None and scored.top_logprobs[0] is None
+    assert all(lp <= max(top.values()) <= 0 for lp, top in zip(scored.token_logprobs[1:], scored.top_logprobs[1:]))
+    ids = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0).usage
+    assert ids.prompt_tokens == count
+    tokens = tokenizer(prompt)["input_ids"]  # the embedded model's, as the server's
+    harness = client.completions.create(model=MODEL, prompt=[tokens], max_tokens=1, echo=True, logprobs=1,
+                                        temperature=0)  # fmt: skip
+    [choice] = harness.choices
+    assert choice.text.startswith(prompt) and len(choice.logprobs.token_logprobs) == count + 1
+    assert choice.logprobs.token_logprobs[:count] == scored.token_logprobs
+    streamed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, echo=True, logprobs=1,
+                                         temperature=0, stream=True)  # fmt: skip
+    chunks = [chunk.choices[0] for chunk in streamed if chunk.choices]
+    assert chunks[0].text == prompt and chunks[0].logprobs.token_logprobs == scored.token_logprobs
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, echo=True, temperature=0)
+    assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
+
+
 def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):
     """`serve --kv-cache int8` reaches the engine: /health says so, and a greedy answer is `run --kv-cache int8`'s."""
     run = subprocess.run([sys.executable, "-m", "specchat", "run", COLOURS[0]["content"], "--temperature", "0",
@@ -425,7 +455,7 @@ def bad_inputs() -> list[tuple[str, str, dict]]:
     prompts = [5, [], [-1], [10**9], [1.5], {"a": 1}, [[1, 2], [3]], ["a", "b"], True, "word " * 1100]
     cases += [("POST", "/v1/completions", {"body": {"model": MODEL, "prompt": p}}) for p in prompts]
     cases += [("POST", "/v1/completions", {"body": {**text_body, name: value}})
-              for name, value in [("echo", True), ("suffix", "x"), ("best_of", 2), ("max_tokens", -5)]]  # fmt: skip
+              for name, value in [("echo", "yes"), ("suffix", "x"), ("best_of", 2), ("max_tokens", -5)]]  # fmt: skip
     cases += [("POST", "/v1/chat/completions", {"body": {**chat_body, "max_tokens": 4, "max_completion_tokens": 4}})]
     cases += [("POST", "/v1/chat/completions", {"raw": raw}) for raw in
               [b"", b"{not json", b"[1, 2]", b'"text"', b"null", b"\xff\xfe", b'{"model": "' + b"x" * 10 + b'"', b"123"]]

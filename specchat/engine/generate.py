@@ -19,7 +19,7 @@ from specchat.engine.drafter import Drafter, TargetView
 from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.constraint import ConstrainedText, Constraint
-from specchat.engine.events import FORCED, KNOWN, TARGET, StepEvent
+from specchat.engine.events import FORCED, KNOWN, TARGET, StepEvent, TokenLogprob
 from specchat.engine.lean_forward import LeanForward
 from specchat.engine.prefix_store import PrefixStore
 from specchat.engine.sampling import (
@@ -46,6 +46,7 @@ from specchat.quant.formats import weight_format
 
 KEPT_CONSTRAINTS = 8  # schemas and tool sets whose constraints (and masks) an engine keeps for later requests
 JSON_MODE = json.dumps(["json", None])  # the key of JSON mode's constraint, kept always
+PROMPT_CHUNK = 512  # prompt rows a forward scores at once in `prompt_logprobs` (their logits: rows x vocab floats)
 
 
 class Engine:
@@ -381,6 +382,31 @@ class Engine:
         if self.drafter is not None:
             self.drafter.prefill(prompt_ids, hidden, shared)
         return logits
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, prompt_ids: list[int], top: int = 0) -> list[TokenLogprob | None]:
+        """Each prompt token's log-probability under the model (its own distribution, at the row before the token)
+        and the `top` most likely ids there; None for the first token, which no row predicts (what `echo` with
+        log-probabilities answers, and what evaluation harnesses sum).
+
+        The prompt is prefilled whole, as `generate(fresh=True)` would, in pieces of PROMPT_CHUNK rows whose logits
+        are all kept, and stays in the cache: a `generate` of the same prompt next prefills only its last token
+        (on the CPU decoder every row is the decode step at its position, so that is exact)."""
+        if not prompt_ids:
+            raise SpecchatError("the prompt is empty")
+        if len(prompt_ids) >= self.capacity:
+            raise SpecchatError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.capacity}")
+        ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
+        self.cache.truncate(0)
+        scored: list[TokenLogprob | None] = [None]
+        for start in range(0, len(prompt_ids), PROMPT_CHUNK):
+            logits, _ = self._forward(ids[start : start + PROMPT_CHUNK])
+            self.cache.commit()
+            following = prompt_ids[start + 1 : start + 1 + logits.shape[0]]  # the token each row predicts
+            scored += token_logprobs(logits, list(range(len(following))), following, top) if following else []
+        self.ids[: len(prompt_ids)] = ids
+        self.length = len(prompt_ids)
+        return scored
 
     @torch.inference_mode()
     def target_states(self, ids: list[int], positions: torch.Tensor | None = None,

@@ -24,7 +24,7 @@ from specchat.engine.sampling_config import SamplingConfig
 from specchat.server.metrics import Metrics
 from specchat.server.requests import CompletionRequest, RequestError, chat_request, text_request
 from specchat.server.responses import Reply
-from specchat.server.worker import EngineWorker, Ended, Job, QueueFull
+from specchat.server.worker import EngineWorker, Ended, Job, Prompt, QueueFull
 from specchat.tool_calls import ToolFormat, tool_format
 
 RETRY_SECONDS = 5  # Retry-After while loading, and when the queue is full
@@ -81,6 +81,10 @@ class Served:
             return None  # a whole-answer call the model may or may not make is read from its free answer
         return lambda engine: engine.tool_call_constraint(tools.callable(), form, choice=tools.choice,
                                                           parallel=tools.parallel)  # fmt: skip
+
+    def echo_text(self, request: CompletionRequest, ids: list[int]) -> str:
+        """The prompt as an echo gives it back: as sent, or its ids' text."""
+        return request.prompt if isinstance(request.prompt, str) else self.tokenizer.decode(ids)
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
         try:
@@ -169,9 +173,11 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         room = served.engine.capacity + 1 - len(ids)
         items: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        job = Job(ids, served.sampling(wanted), min(wanted.max_tokens or room, room), wanted.stop,
+        wanted_tokens = room if wanted.max_tokens is None else min(wanted.max_tokens, room)
+        job = Job(ids, served.sampling(wanted), wanted_tokens, wanted.stop,
                   deliver=lambda item: loop.call_soon_threadsafe(items.put_nowait, item), drafting=drafting,
-                  draft_budget=draft_budget, constraint=served.constraint(wanted), logprobs=wanted.logprobs)  # fmt: skip
+                  draft_budget=draft_budget, constraint=served.constraint(wanted), logprobs=wanted.logprobs,
+                  echo=wanted.echo)  # fmt: skip
         try:
             worker.submit(job)
         except QueueFull:
@@ -180,7 +186,8 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
                                headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
         reply = Reply(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None,
                       token_bytes=served.engine.token_bytes if wanted.logprobs is not None else None,
-                      tools=served.tool_format if wanted.tools and wanted.tools.choice != "none" else None)  # fmt: skip
+                      tools=served.tool_format if wanted.tools and wanted.tools.choice != "none" else None,
+                      echo=served.echo_text(wanted, ids) if wanted.echo else None)  # fmt: skip
         if wanted.stream:
             return StreamingResponse(_stream(job, items, reply, wanted.include_usage, arrived),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -190,7 +197,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         """Metrics of one delivery from the engine: the first token's time, a finished run's counts."""
         if isinstance(item, Ended):
             metrics.ran(reply.stats)
-        elif reply.stats is None:
+        elif reply.stats is None and not isinstance(item, Prompt):
             metrics.time_to_first_token.observe(time.perf_counter() - arrived)
 
     async def _whole(request: Request, job: Job, items: asyncio.Queue, reply: Reply, arrived: float) -> Response:

@@ -57,6 +57,7 @@ class CompletionRequest:
     json_schema: dict | None = None  # ... one this JSON Schema allows
     logprobs: int | None = None  # each token's log-probability and this many alternatives; None: none
     tools: Tools | None = None  # functions the answer may call
+    echo: bool = False  # a completion's text begins with its prompt (and its log-probabilities, when asked)
 
 
 @dataclass(frozen=True)
@@ -112,13 +113,14 @@ def text_request(body: object) -> CompletionRequest:
     _refuse_unsupported(body)
     if body.get("tools"):
         raise RequestError("tools are for /v1/chat/completions", param="tools")
-    if body.get("echo") not in (None, False):
-        raise RequestError("echo is not supported", param="echo")
+    echo = body.get("echo", False)
+    if echo not in (True, False, None):
+        raise RequestError("echo must be a boolean", param="echo")
     if body.get("suffix") not in (None, ""):
         raise RequestError("suffix is not supported", param="suffix")
     if body.get("best_of") not in (None, 1):
         raise RequestError("best_of must be 1: one completion per request", param="best_of")
-    max_tokens = _max_tokens(body, "max_tokens")
+    max_tokens = _max_tokens(body, "max_tokens", least=0 if echo else 1)  # with echo, 0 scores the prompt alone
     logprobs = _integer(body, "logprobs")
     if logprobs is not None and not 0 <= logprobs <= MAX_TEXT_LOGPROBS:
         raise RequestError(f"logprobs must be between 0 and {MAX_TEXT_LOGPROBS}", param="logprobs")
@@ -127,6 +129,7 @@ def text_request(body: object) -> CompletionRequest:
         prompt=_prompt(body.get("prompt")),
         max_tokens=16 if "max_tokens" not in body else max_tokens,  # OpenAI's default for completions
         logprobs=logprobs,
+        echo=bool(echo),
         **_common(body),
     )
 
@@ -401,10 +404,10 @@ def _model(body: dict) -> str | None:
     return model
 
 
-def _max_tokens(body: dict, name: str) -> int | None:
+def _max_tokens(body: dict, name: str, least: int = 1) -> int | None:
     value = _integer(body, name)
-    if value is not None and value < 1:
-        raise RequestError(f"{name} must be at least 1, not {value}", param=name)
+    if value is not None and value < least:
+        raise RequestError(f"{name} must be at least {least}, not {value}", param=name)
     return value
 
 

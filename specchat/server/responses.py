@@ -10,6 +10,7 @@ import uuid
 
 from specchat.engine.events import TokenLogprob
 from specchat.engine.stats import GenerationStats
+from specchat.server.worker import Prompt
 from specchat.tool_calls import ToolCall, ToolFormat, call_reader
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}  # the engine's -> OpenAI's
@@ -18,21 +19,30 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"
 class Reply:
     """One request's answer as it is produced; renders it whole (`body`) or as stream chunks."""
 
-    def __init__(self, model: str, drafter: str, *, chat: bool, token_bytes=None, tools: ToolFormat | None = None):
+    def __init__(self, model: str, drafter: str, *, chat: bool, token_bytes=None, tools: ToolFormat | None = None,
+                 echo: str | None = None):  # fmt: skip
         self.model, self.drafter, self.chat = model, drafter, chat
+        self.echo = echo  # the prompt's text, where the completion begins with it
         self.token_bytes = token_bytes  # id -> bytes, when the request asked for log-probabilities
         self.calls = call_reader(tools) if tools else None  # the answer's tool calls, where it may make them
-        self.logprobs: list[tuple[int, TokenLogprob]] = []
+        self.logprobs: list[tuple[int, TokenLogprob | None]] = []
         self.characters = 0  # of the text whose tokens' log-probabilities went out (a completion's text_offset)
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.text: list[str] = []
         self.origins: list[str] = []
         self.stats: GenerationStats | None = None
+        self.prompt_tokens = 0  # an echoed prompt's, until the engine's stats say
         self.finish: str | None = None
 
     def add(self, event) -> None:
-        """Take one engine step (a `StepEvent`)."""
+        """Take one engine step (a `StepEvent`), or the echoed prompt (a `Prompt`: the text begins with it)."""
+        if isinstance(event, Prompt):
+            self.text.append(self.echo)
+            self.prompt_tokens = len(event.ids)
+            if self.token_bytes is not None:
+                self.logprobs += list(zip(event.ids, event.logprobs))
+            return
         self.text.append(event.text)
         self.origins += event.origins
         if self.token_bytes is not None:
@@ -66,8 +76,11 @@ class Reply:
 
     def chunk(self, event) -> str:
         """The stream chunk of one step: its text, its tokens' origins, the tool calls that closed and, when asked,
-        log-probabilities."""
+        log-probabilities (or of the echoed prompt)."""
         self.add(event)
+        if isinstance(event, Prompt):
+            scored = self._logprobs(self.logprobs)
+            return self._chunk({"content": self.echo}, None, logprobs=scored)
         delta, calls = {"content": event.text}, []
         if self.calls is not None:
             text, calls = self.calls.feed(event.text)
@@ -92,7 +105,7 @@ class Reply:
         return chunks + "data: [DONE]\n\n"
 
     def usage(self) -> dict:
-        prompt = self.stats.prompt_tokens if self.stats else 0
+        prompt = self.stats.prompt_tokens if self.stats else self.prompt_tokens
         completion = self.stats.new_tokens if self.stats else 0
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -128,6 +141,8 @@ class Reply:
     def _finish_reason(self) -> str | None:
         """OpenAI's: "tool_calls" where the model ended its answer after calling tools."""
         called = self.calls is not None and self.calls.calls
+        if self.stats is None and self.prompt_tokens:  # an echo of the prompt alone (max_tokens 0)
+            return "length"
         return "tool_calls" if called and self.finish == "stop" else self.finish
 
     @property
@@ -145,8 +160,10 @@ class Reply:
         texts = [self._text(token) for token, _ in scored]
         offsets = [self.characters + sum(map(len, texts[:i])) for i in range(len(texts))]
         self.characters += sum(map(len, texts))
-        return {"tokens": texts, "token_logprobs": [entry.logprob for _, entry in scored], "text_offset": offsets,
-                "top_logprobs": [{self._text(other): logprob for other, logprob in entry.top} for _, entry in scored]}
+        return {"tokens": texts, "token_logprobs": [entry and entry.logprob for _, entry in scored],
+                "text_offset": offsets,
+                "top_logprobs": [entry and {self._text(other): logprob for other, logprob in entry.top}
+                                 for _, entry in scored]}  # fmt: skip
 
     def _entry(self, token: int, logprob: float) -> dict:
         return {"token": self._text(token), "logprob": logprob, "bytes": list(self.token_bytes(token))}

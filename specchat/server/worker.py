@@ -27,12 +27,20 @@ class Job:
     sampling: SamplingConfig
     max_new_tokens: int
     stop: tuple[str, ...]
-    deliver: Callable[[object], None]  # a StepEvent per step, then one `Ended`
+    deliver: Callable[[object], None]  # the `Prompt` (with echo), a StepEvent per step, then one `Ended`
     cancelled: threading.Event = field(default_factory=threading.Event)
     drafting: bool = True  # False: the target alone, whatever drafter the server has
     draft_budget: int | None = None  # a fixed budget for this request; None: the server's
     constraint: Callable[[object], object] | None = None  # engine -> the answer's Constraint (JSON mode, tools)
     logprobs: int | None = None  # each token's log-probability and this many alternatives
+    echo: bool = False  # the prompt is delivered first (`Prompt`), scored when `logprobs` asks
+
+@dataclass(frozen=True)
+class Prompt:
+    """An echoed prompt: its ids, and each token's log-probability (None for the first) when asked."""
+
+    ids: list[int]
+    logprobs: list | None = None
 
 
 @dataclass(frozen=True)
@@ -141,10 +149,17 @@ class EngineWorker:
 
     def _generate(self, job: Job) -> None:
         try:
-            events = self.served.engine.generate(
+            engine = self.served.engine
+            if job.echo:
+                scored = engine.prompt_logprobs(job.prompt_ids, job.logprobs) if job.logprobs is not None else None
+                job.deliver(Prompt(job.prompt_ids, scored))
+                if job.max_new_tokens == 0:
+                    job.deliver(Ended())
+                    return
+            events = engine.generate(
                 job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
                 fresh=not self.prompt_cache, logprobs=job.logprobs,
-                constraint=job.constraint(self.served.engine) if job.constraint else None,
+                constraint=job.constraint(engine) if job.constraint else None,
             )
             for event in events:
                 self.tokens_generated += len(event.tokens)
