@@ -202,6 +202,17 @@ def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(server, tokenizer):
     assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
 
 
+def test_logit_bias_bans_and_favours_tokens(server, tokenizer):
+    client = server.client()
+    first = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=1, temperature=0).choices[0].text
+    [token] = tokenizer.encode(first, add_special_tokens=False)
+    banned = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=1, temperature=0,
+                                       logit_bias={str(token): -100}).choices[0].text  # fmt: skip
+    favoured = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=3, temperature=0,
+                                         logit_bias={str(token): 100}).choices[0].text  # fmt: skip
+    assert banned != first and favoured == first * 3
+
+
 def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):
     """`serve --kv-cache int8` reaches the engine: /health says so, and a greedy answer is `run --kv-cache int8`'s."""
     run = subprocess.run([sys.executable, "-m", "specchat", "run", COLOURS[0]["content"], "--temperature", "0",

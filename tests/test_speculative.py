@@ -12,11 +12,13 @@ Proven here, on tiny random models of every family (and once on the real default
 - after any sequence of speculative steps (cut paths and a second turn included) the static cache holds
   exactly the KV of a fresh forward over the committed tokens;
 - with the repetition penalty, spec decoding equals autoregressive decoding under the same penalty (each
-  tree node is penalised with its own history), and the penalty really changes the output.
+  tree node is penalised with its own history), and the penalty really changes the output; the same under a
+  logit bias, greedy and sampled.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -390,3 +392,28 @@ def test_a_drafting_engine_times_its_forwards_and_now_and_then_a_plain_step(toke
     assert set(cost.factors) == {0, 1} and cost.since_decode < PLAIN_STEP_EVERY
     run(engine, random_prompt(12, seed=6), 8)  # a new text: a new policy, the same prices
     assert engine.policy.cost is cost and list(engine._verify_costs.values()) == [cost]
+
+
+# --- logit bias: part of the target distribution, so every row gets it -----------------------------------
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_logit_bias_spec_equals_biased_autoregressive(sampled, tokenizer):
+    """OpenAI's `logit_bias` changes what the target picks (a banned token never comes, a favoured one comes
+    more), and trees verified under it give biased autoregressive decoding's tokens, greedy and sampled."""
+    model, prompt, plain = model_and_greedy("llama", seed=3)
+    banned, favoured = plain[0], plain[5]
+    sampling = SamplingConfig(temperature=1.0 if sampled else 0.0, seed=7)
+    biased = dataclasses.replace(sampling, logit_bias=((banned, -100.0), (favoured, 4.0)))
+
+    def alone(config: SamplingConfig) -> list[int]:
+        events = Engine(model, tokenizer, max_len=256).generate(prompt, sampling=config, max_new_tokens=60,
+                                                                reproducible=sampled)  # fmt: skip
+        return [t for e in events for t in e.tokens]
+
+    expected, unbiased = alone(biased), alone(sampling)
+    assert banned not in expected and expected.count(favoured) > unbiased.count(favoured)
+    drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=5, reference=prompt + expected, p_correct=0.7)
+    engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=16)
+    drafted = engine.generate(prompt, sampling=biased, max_new_tokens=60, reproducible=sampled)
+    assert [t for e in drafted for t in e.tokens] == expected

@@ -49,12 +49,17 @@ class DraftHead:
     def probs(self, logits: torch.Tensor, sampling: SamplingConfig, history: torch.Tensor | None = None) -> torch.Tensor:
         """Drafting probabilities of the head's `logits` [n, columns] under the target's sampling settings, in the
         draft vocabulary's own columns: a token outside it has probability zero, as it would at -inf over the whole
-        vocabulary, so the suppressed ids and the `history` [n, W] (target ids, -1 padding) are mapped, not the
-        logits widened."""
+        vocabulary, so the suppressed and biased ids and the `history` [n, W] (target ids, -1 padding) are mapped, not
+        the logits widened."""
         if self.columns is not None:
             if sampling.suppress:
                 suppress = self.columns[torch.tensor(sampling.suppress, device=self.columns.device)]
                 sampling = replace(sampling, suppress=tuple(suppress[suppress >= 0].tolist()))
+            if sampling.logit_bias:
+                ids = torch.tensor([token for token, _ in sampling.logit_bias], device=self.columns.device)
+                columns = self.columns[ids].tolist()
+                sampling = replace(sampling, logit_bias=tuple((column, bias) for column, (_, bias) in zip(
+                    columns, sampling.logit_bias) if column >= 0))  # fmt: skip
             if history is not None:
                 history = self.columns[history.clamp(min=0)].masked_fill(history < 0, -1)
         return process_logits(logits, sampling, history).softmax(dim=-1)

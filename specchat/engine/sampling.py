@@ -1,4 +1,4 @@
-"""The logits pipeline that defines the target distribution: penalty, temperature, top-k, top-p, min-p.
+"""The logits pipeline that defines the target distribution: logit bias, penalty, temperature, top-k, top-p, min-p.
 
 Speculative verification draws from exactly this distribution at every tree node, so spec decoding and
 autoregressive decoding share one definition. History-dependent steps (the penalty window) take each row's
@@ -79,6 +79,10 @@ def apply_min_p(logits: torch.Tensor, min_p: float, keep: int = 1) -> torch.Tens
 def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.Tensor | None = None) -> torch.Tensor:
     """Raw logits [n, vocab] -> the processed logits whose softmax (or argmax, when greedy) is the target."""
     logits = logits.float()
+    if config.logit_bias:
+        ids, biases = zip(*config.logit_bias)
+        bias = torch.tensor(biases, dtype=logits.dtype, device=logits.device).expand(logits.shape[0], -1)
+        logits = logits.index_add(1, torch.tensor(ids, device=logits.device), bias)
     if config.suppress:
         logits = logits.index_fill(1, torch.tensor(config.suppress, device=logits.device), float("-inf"))
     if config.uses_history and history is not None:

@@ -20,6 +20,7 @@ class SamplingConfig:
     penalty_window: int = 1024  # the last W tokens of a row's history are penalised
     seed: int | None = None
     suppress: tuple[int, ...] = ()  # token ids never chosen (a book written past the model's end of text)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (id, bias) added to the raw logits (OpenAI's, -100 to 100)
 
     def __post_init__(self):
         checks = {
@@ -32,6 +33,8 @@ class SamplingConfig:
             "penalty_window must be >= 1": self.penalty_window >= 1,
             f"seed must be between 0 and {MAX_SEED}": self.seed is None or 0 <= self.seed <= MAX_SEED,
             "suppressed tokens must be ids >= 0": all(token >= 0 for token in self.suppress),
+            "logit_bias takes token ids >= 0 and biases from -100 to 100": all(
+                token >= 0 and -100 <= bias <= 100 for token, bias in self.logit_bias),
         }
         for message, ok in checks.items():
             if not ok:

@@ -87,6 +87,9 @@ class Served:
         return request.prompt if isinstance(request.prompt, str) else self.tokenizer.decode(ids)
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
+        vocab = self.engine.model.config.vocab_size
+        if any(token >= vocab for token, _ in request.sampling.get("logit_bias", ())):
+            raise RequestError(f"logit_bias: token ids must be below the vocabulary size {vocab}", param="logit_bias")
         try:
             return SamplingConfig(**{**self.defaults, **request.sampling})
         except ValueError as error:

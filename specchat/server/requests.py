@@ -258,7 +258,7 @@ def _speculative(value: object) -> Speculative | None:
 
 
 def _sampling(body: dict) -> dict:
-    """SamplingConfig's fields from OpenAI's (and vLLM's `top_k`, `min_p`, `repetition_penalty`)."""
+    """SamplingConfig's fields from OpenAI's (`logit_bias` too) and vLLM's (`top_k`, `min_p`, `repetition_penalty`)."""
     sampling = {}
     for name, key, low, high, low_open in (
         ("temperature", "temperature", 0.0, 2.0, False),
@@ -278,6 +278,13 @@ def _sampling(body: dict) -> dict:
         if top_k < -1:
             raise RequestError("top_k must be -1 or 0 (off) or a positive number of tokens", param="top_k")
         sampling["top_k"] = max(top_k, 0)
+    bias = body.get("logit_bias")
+    if bias:
+        if not isinstance(bias, dict) or not all(isinstance(key, str) and key.isdigit() and not isinstance(value, bool)
+                                                 and isinstance(value, (int, float)) and -100 <= value <= 100
+                                                 for key, value in bias.items()):  # fmt: skip
+            raise RequestError("logit_bias maps token ids (as strings) to biases from -100 to 100", param="logit_bias")
+        sampling["logit_bias"] = tuple(sorted((int(key), float(value)) for key, value in bias.items()))
     seed = _integer(body, "seed")
     if seed is not None:
         if not 0 <= seed <= MAX_SEED:
@@ -299,8 +306,6 @@ def _refuse_unsupported(body: dict) -> None:
     for name in ("functions", "function_call"):
         if body.get(name):
             raise RequestError(f"{name} is not supported; tools and tool_choice are", param=name)
-    if body.get("logit_bias"):
-        raise RequestError("logit_bias is not supported", param="logit_bias")
 
 
 def _messages(messages: object) -> list[dict]:
