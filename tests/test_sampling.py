@@ -328,7 +328,22 @@ def test_history_is_ignored_without_penalty_and_penalty_needs_history():
     assert torch.equal(process_logits(logits, SamplingConfig(temperature=1.0, penalty=2.0), None), logits)
 
 
+def test_logit_bias_is_added_first_even_when_greedy():
+    logits = random_logits(rows=2)
+    config = SamplingConfig(penalty=2.0, logit_bias=((3, -100.0), (5, 2.5)))
+    history = torch.tensor([[5], [-1]])
+    out = process_logits(logits, config, history)
+    expected = logits.clone()
+    expected[:, 3] -= 100
+    expected[:, 5] += 2.5
+    assert torch.equal(out, apply_penalty(expected, history, 2.0))  # the bias, then the penalty on the biased logit
+
+
 def test_process_logits_returns_fp32_and_leaves_input_alone():
+    logits = random_logits(rows=2)
+    before = logits.clone()
+    process_logits(logits, SamplingConfig(logit_bias=((0, 1.0),)))
+    assert torch.equal(logits, before)
     logits = random_logits(rows=2).bfloat16()
     before = logits.clone()
     config = SamplingConfig(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, penalty=1.2)
@@ -349,6 +364,7 @@ def test_process_logits_returns_fp32_and_leaves_input_alone():
         ("min_p", -0.01), ("min_p", 1.0), ("min_p", 1.5),
         ("penalty", 0.0), ("penalty", -1.0), ("penalty", float("nan")),
         ("penalty_window", 0), ("penalty_window", -5),
+        ("logit_bias", ((1, 101.0),)), ("logit_bias", ((-1, 1.0),)),
     ],
 )  # fmt: skip
 def test_config_rejects_bad_values(field, value):
