@@ -27,7 +27,8 @@ from specchat.tool_calls import call_reader  # noqa: E402
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
      "parameters": {"type": "object", "required": ["city"], "properties": {
-         "city": {"type": "string", "description": "City name"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}},
+         "city": {"type": "string", "description": "City name"},
+         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}},
     {"type": "function", "function": {"name": "search_files", "description": "Search the repository for files whose "
      "content matches a query", "parameters": {"type": "object", "required": ["query"], "properties": {
          "query": {"type": "string"}, "max_results": {"type": "integer"}}}}},

@@ -318,9 +318,9 @@ def test_the_server_answers_calls_whole_and_streamed(tool_server):
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls"
     assert [streamed[i] for i in sorted(streamed)] == [(call.function.name, call.function.arguments) for call in calls]
+    lights = {"type": "function", "function": {"name": "lights"}}
     named = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=SWITCH_TOOLS, temperature=0,
-                                           max_tokens=LONG, parallel_tool_calls=False,
-                                           tool_choice={"type": "function", "function": {"name": "lights"}})  # fmt: skip
+                                           max_tokens=LONG, parallel_tool_calls=False, tool_choice=lights)
     assert {call.function.name for call in named.choices[0].message.tool_calls} == {"lights"}
 
 

@@ -90,8 +90,8 @@ class Reply:
             delta = {"content": text}
             if calls:
                 first = len(self.calls.calls) - len(calls)
-                delta = {"content": text or None,
-                         "tool_calls": [{"index": first + i} | _call(call) for i, call in enumerate(calls)]}  # fmt: skip
+                indexed = [{"index": first + i} | _call(call) for i, call in enumerate(calls)]
+                delta = {"content": text or None, "tool_calls": indexed}
         if not delta["content"] and not calls and event.finish_reason is None and self.token_bytes is None:
             return ""
         scored = self._logprobs(self.logprobs[len(self.logprobs) - len(event.tokens) :])
