@@ -328,6 +328,14 @@ def test_history_is_ignored_without_penalty_and_penalty_needs_history():
     assert torch.equal(process_logits(logits, SamplingConfig(temperature=1.0, penalty=2.0), None), logits)
 
 
+def test_occurrence_penalties_table():
+    logits = torch.zeros(2, 6)
+    history = torch.tensor([[1, 1, 1, 4, -1], [2, -1, -1, -1, -1]])
+    out = process_logits(logits, SamplingConfig(frequency_penalty=0.5, presence_penalty=0.25), history)
+    assert out.tolist() == [[0, -1.75, 0, 0, -0.75, 0], [0, 0, -0.75, 0, 0, 0]]  # 3 * 0.5 + 0.25; 0.5 + 0.25
+    assert torch.equal(process_logits(logits, SamplingConfig(frequency_penalty=-1.0), history)[0, 1], torch.tensor(3.0))
+
+
 def test_logit_bias_is_added_first_even_when_greedy():
     logits = random_logits(rows=2)
     config = SamplingConfig(penalty=2.0, logit_bias=((3, -100.0), (5, 2.5)))
@@ -365,6 +373,7 @@ def test_process_logits_returns_fp32_and_leaves_input_alone():
         ("penalty", 0.0), ("penalty", -1.0), ("penalty", float("nan")),
         ("penalty_window", 0), ("penalty_window", -5),
         ("logit_bias", ((1, 101.0),)), ("logit_bias", ((-1, 1.0),)),
+        ("frequency_penalty", 2.5), ("frequency_penalty", float("nan")), ("presence_penalty", -2.1),
     ],
 )  # fmt: skip
 def test_config_rejects_bad_values(field, value):

@@ -19,11 +19,14 @@ def test_fields_map_onto_the_engine_settings():
                      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
         "temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.05, "seed": 3, "repetition_penalty": 1.1,
         "max_completion_tokens": 20, "stop": "END", "stream": True, "stream_options": {"include_usage": True},
-        "n": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "logprobs": False, "tool_choice": "none",
+        "n": 1, "frequency_penalty": 0.5, "presence_penalty": 0.0, "logprobs": False, "tool_choice": "none",
+        "logit_bias": {"7": -100, "3": 2.5},
         "response_format": {"type": "text"}, "user": "someone", "some_client_extension": {"x": 1},
     })  # fmt: skip
     assert request.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab"}]
-    assert request.sampling == {"temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.05, "seed": 3, "penalty": 1.1}
+    assert request.sampling == {"temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.05, "seed": 3, "penalty": 1.1,
+                                "frequency_penalty": 0.5, "presence_penalty": 0.0,
+                                "logit_bias": ((3, 2.5), (7, -100.0))}  # fmt: skip
     assert request.max_tokens == 20 and request.stop == ("END",) and request.stream and request.include_usage
 
 
@@ -87,8 +90,8 @@ def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
         ({"messages": HI, "logprobs": "yes"}, "logprobs", "boolean"),
         ({"messages": HI, "top_logprobs": 3}, "top_logprobs", "needs logprobs: true"),
         ({"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
-        ({"messages": HI, "frequency_penalty": 0.5}, "frequency_penalty", "repetition_penalty"),
-        ({"messages": HI, "presence_penalty": -1}, "presence_penalty", "not supported"),
+        ({"messages": HI, "frequency_penalty": 2.5}, "frequency_penalty", "[-2, 2]"),
+        ({"messages": HI, "presence_penalty": -3}, "presence_penalty", "[-2, 2]"),
         ({"messages": HI, "logit_bias": {"a": 10}}, "logit_bias", "token ids"),
         ({"messages": HI, "logit_bias": {"5": 101}}, "logit_bias", "-100 to 100"),
         ({"messages": HI, "logit_bias": [5, 1]}, "logit_bias", "token ids"),

@@ -12,8 +12,8 @@ Proven here, on tiny random models of every family (and once on the real default
 - after any sequence of speculative steps (cut paths and a second turn included) the static cache holds
   exactly the KV of a fresh forward over the committed tokens;
 - with the repetition penalty, spec decoding equals autoregressive decoding under the same penalty (each
-  tree node is penalised with its own history), and the penalty really changes the output; the same under a
-  logit bias, greedy and sampled.
+  tree node is penalised with its own history), and the penalty really changes the output; the same under
+  OpenAI's frequency and presence penalties, and under a logit bias, greedy and sampled.
 """
 
 from __future__ import annotations
@@ -329,12 +329,13 @@ def test_cache_equals_fresh_prefill_over_two_turns(family, tokenizer):
 # --- the repetition penalty: every node has its own history ---------------------------------------------
 
 PENALTY = SamplingConfig(penalty=1.3, penalty_window=16)
+ADDITIVE = SamplingConfig(frequency_penalty=0.5, presence_penalty=0.5, penalty_window=16)  # OpenAI's penalties
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_penalty_spec_equals_penalty_autoregressive(family, tokenizer):
+@pytest.mark.parametrize(("family", "penalty"), [("qwen3", PENALTY), ("llama", PENALTY), ("llama", ADDITIVE)])
+def test_penalty_spec_equals_penalty_autoregressive(family, penalty, tokenizer):
     model, prompt, plain = model_and_greedy(family, seed=NGRAM_MODELS[family], vocab=64, n=96, prompt=REPETITIVE)
-    expected, _ = run(Engine(model, tokenizer, max_len=256), prompt, 96, PENALTY)
+    expected, _ = run(Engine(model, tokenizer, max_len=256), prompt, 96, penalty)
     assert len(expected) == 96
     assert expected != plain  # the penalty changes the output, so the histories matter
 
@@ -346,7 +347,7 @@ def test_penalty_spec_equals_penalty_autoregressive(family, tokenizer):
     ]
     for drafter, budget in drafters:
         engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)
-        out, events = run(engine, prompt, 96, PENALTY)
+        out, events = run(engine, prompt, 96, penalty)
         assert out == expected, type(drafter).__name__
         assert events[-1].stats.accepted > 0, type(drafter).__name__
         if drafter is oracle:  # every chain node, at every depth, chose the penalised greedy token

@@ -1,4 +1,4 @@
-"""The logits pipeline that defines the target distribution: logit bias, penalty, temperature, top-k, top-p, min-p.
+"""The logits pipeline that defines the target distribution: logit bias, penalties, temperature, top-k, top-p, min-p.
 
 Speculative verification draws from exactly this distribution at every tree node, so spec decoding and
 autoregressive decoding share one definition. History-dependent steps (the penalty window) take each row's
@@ -37,6 +37,15 @@ def apply_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -
     seen = logits.gather(1, index)
     penalised = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits.scatter(1, index, torch.where(fill >= 0, penalised, seen))
+
+
+def apply_occurrence_penalties(logits: torch.Tensor, history: torch.Tensor, frequency: float,
+                               presence: float) -> torch.Tensor:  # fmt: skip
+    """OpenAI's additive penalties: subtract `frequency` times the count of each token in the row's history and
+    `presence` once from each token in it (history [n, W], -1 padding), as llama.cpp counts them over its window."""
+    seen = history >= 0
+    counts = torch.zeros_like(logits).scatter_add_(1, history.clamp(min=0), seen.to(logits.dtype))
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
 
 
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -86,7 +95,10 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.
     if config.suppress:
         logits = logits.index_fill(1, torch.tensor(config.suppress, device=logits.device), float("-inf"))
     if config.uses_history and history is not None:
-        logits = apply_penalty(logits, history, config.penalty)
+        if config.penalty != 1.0:
+            logits = apply_penalty(logits, history, config.penalty)
+        if config.frequency_penalty or config.presence_penalty:
+            logits = apply_occurrence_penalties(logits, history, config.frequency_penalty, config.presence_penalty)
     if config.greedy:
         return logits
     logits = logits / config.temperature

@@ -18,6 +18,8 @@ class SamplingConfig:
     min_p_keep: int = 1  # min-p keeps at least this many of the most likely tokens
     penalty: float = 1.0  # repetition / contextual penalty theta; 1 = off
     penalty_window: int = 1024  # the last W tokens of a row's history are penalised
+    frequency_penalty: float = 0.0  # subtracted once per time a token is in the window (OpenAI's, -2 to 2)
+    presence_penalty: float = 0.0  # subtracted once from a token in the window (OpenAI's, -2 to 2)
     seed: int | None = None
     suppress: tuple[int, ...] = ()  # token ids never chosen (a book written past the model's end of text)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (id, bias) added to the raw logits (OpenAI's, -100 to 100)
@@ -31,6 +33,8 @@ class SamplingConfig:
             "min_p_keep must be >= 1": self.min_p_keep >= 1,
             "penalty must be a number > 0": 0 < self.penalty < math.inf,
             "penalty_window must be >= 1": self.penalty_window >= 1,
+            "frequency_penalty must be in [-2, 2]": -2 <= self.frequency_penalty <= 2,
+            "presence_penalty must be in [-2, 2]": -2 <= self.presence_penalty <= 2,
             f"seed must be between 0 and {MAX_SEED}": self.seed is None or 0 <= self.seed <= MAX_SEED,
             "suppressed tokens must be ids >= 0": all(token >= 0 for token in self.suppress),
             "logit_bias takes token ids >= 0 and biases from -100 to 100": all(
@@ -46,4 +50,4 @@ class SamplingConfig:
 
     @property
     def uses_history(self) -> bool:
-        return self.penalty != 1.0
+        return self.penalty != 1.0 or bool(self.frequency_penalty or self.presence_penalty)

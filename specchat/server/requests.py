@@ -2,7 +2,7 @@
 
 Every problem is a `RequestError` naming the field, answered as OpenAI answers it (a 4xx and an `error` object),
 before the request is queued. Fields the engine has no equivalent for are refused when they ask for something
-(`n` > 1, additive penalties), and accepted at their neutral values, which many clients always send.
+(`n` > 1), and accepted at their neutral values, which many clients always send.
 `response_format` runs JSON mode: `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema": {"schema":
 ...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to. `tools` (functions), with
 `tool_choice` and `parallel_tool_calls`, and the conversation's `tool` messages and assistant `tool_calls` go to the
@@ -258,13 +258,16 @@ def _speculative(value: object) -> Speculative | None:
 
 
 def _sampling(body: dict) -> dict:
-    """SamplingConfig's fields from OpenAI's (`logit_bias` too) and vLLM's (`top_k`, `min_p`, `repetition_penalty`)."""
+    """SamplingConfig's fields from OpenAI's (the additive penalties and `logit_bias` too) and vLLM's (`top_k`, `min_p`,
+    `repetition_penalty`)."""
     sampling = {}
     for name, key, low, high, low_open in (
         ("temperature", "temperature", 0.0, 2.0, False),
         ("top_p", "top_p", 0.0, 1.0, True),
         ("min_p", "min_p", 0.0, 1.0, False),
         ("penalty", "repetition_penalty", 0.0, 10.0, True),
+        ("frequency_penalty", "frequency_penalty", -2.0, 2.0, False),
+        ("presence_penalty", "presence_penalty", -2.0, 2.0, False),
     ):
         value = _number(body, key)
         if value is None:
@@ -298,11 +301,6 @@ def _refuse_unsupported(body: dict) -> None:
     n = _integer(body, "n")
     if n is not None and n != 1:
         raise RequestError("n must be 1: one completion per request", param="n")
-    for name in ("frequency_penalty", "presence_penalty"):
-        value = _number(body, name)
-        if value:
-            raise RequestError(f"{name} is not supported; repetition_penalty is (multiplicative, > 1 penalises)",
-                               param=name)  # fmt: skip
     for name in ("functions", "function_call"):
         if body.get(name):
             raise RequestError(f"{name} is not supported; tools and tool_choice are", param=name)
