@@ -60,6 +60,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("run", "hi", "--device", "cuda:0"), ("cuda",)),
         (("run", "hi", "--drafter", "psychic"), ("unknown drafter", "none")),
         (("run", "hi", "--top-p", "1.5"), ("--top-p",)),
+        (("run", "hi", "--frequency-penalty", "3"), ("--frequency-penalty must be in [-2, 2]",)),
+        (("chat", "--presence-penalty", "-2.5"), ("--presence-penalty must be in [-2, 2]",)),
         (("run", "hi", "--temperature", "inf"), ("--temperature",)),
         (("run", "hi", "--seed", "99999999999999999999"), ("--seed", "between")),
         (("run", "hi", "--stop", ""), ("--stop",)),

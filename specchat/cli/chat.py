@@ -15,10 +15,12 @@ from specchat.cli.common import (
     DraftCacheOption,
     DrafterOption,
     DtypeOption,
+    FrequencyPenaltyOption,
     KvCacheOption,
     MinPOption,
     ModelOption,
     PenaltyOption,
+    PresencePenaltyOption,
     QuantizeOption,
     SeedOption,
     SystemOption,
@@ -49,6 +51,8 @@ def chat(
     top_p: TopPOption = None,
     min_p: MinPOption = None,
     repetition_penalty: PenaltyOption = None,
+    frequency_penalty: FrequencyPenaltyOption = None,
+    presence_penalty: PresencePenaltyOption = None,
     seed: SeedOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per answer.")] = 1024,
     context: Annotated[
@@ -68,7 +72,7 @@ def chat(
         check_draft_cache(draft_cache, choice)
     overrides = checked_overrides(
         dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        penalty=repetition_penalty, seed=seed,
+        penalty=repetition_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, seed=seed,
     )  # fmt: skip
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
     from specchat.tui.session import ChatSettings, check_settings

@@ -77,6 +77,10 @@ TopPOption = Annotated[float | None, typer.Option("--top-p", help="Sample among 
 MinPOption = Annotated[float | None, typer.Option("--min-p", help="Drop tokens below p times the likeliest's chance.")]
 PenaltyOption = Annotated[float | None, typer.Option(
     "--repetition-penalty", help="Divide the logits of tokens already in the text by this (> 1 penalises).")]
+FrequencyPenaltyOption = Annotated[float | None, typer.Option(
+    "--frequency-penalty", help="Subtract this from a token's logit per time it is in the text (-2 to 2).")]
+PresencePenaltyOption = Annotated[float | None, typer.Option(
+    "--presence-penalty", help="Subtract this from the logit of a token already in the text (-2 to 2).")]
 SeedOption = Annotated[int | None, typer.Option("--seed", help="Seed of the sampling (the same seed, the same text).")]
 SystemOption = Annotated[str | None, typer.Option("--system", help="System prompt.")]
 FormatOption = Annotated[
@@ -151,6 +155,7 @@ def checked_overrides(dtype: str, attention: str, **sampling) -> dict:
 
 
 FLAGS = {"top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "penalty": "--repetition-penalty",
+         "frequency_penalty": "--frequency-penalty", "presence_penalty": "--presence-penalty",
          "temperature": "--temperature", "seed": "--seed"}  # fmt: skip
 
 

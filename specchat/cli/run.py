@@ -18,10 +18,12 @@ from specchat.cli.common import (
     DrafterOption,
     DtypeOption,
     FormatOption,
+    FrequencyPenaltyOption,
     KvCacheOption,
     MinPOption,
     ModelOption,
     PenaltyOption,
+    PresencePenaltyOption,
     QuantizeOption,
     SchemaOption,
     SeedOption,
@@ -57,6 +59,8 @@ def run(
     top_p: TopPOption = None,
     min_p: MinPOption = None,
     repetition_penalty: PenaltyOption = None,
+    frequency_penalty: FrequencyPenaltyOption = None,
+    presence_penalty: PresencePenaltyOption = None,
     seed: SeedOption = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
     system: SystemOption = None,
@@ -90,7 +94,7 @@ def run(
         check_draft_cache(draft_cache, choice)
     overrides = checked_overrides(
         dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        penalty=repetition_penalty, seed=seed,
+        penalty=repetition_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, seed=seed,
     )  # fmt: skip
     check_quantize(quantize, device)
     check_yarn(yarn)
