@@ -60,6 +60,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("run", "hi", "--device", "cuda:0"), ("cuda",)),
         (("run", "hi", "--drafter", "psychic"), ("unknown drafter", "none")),
         (("run", "hi", "--top-p", "1.5"), ("--top-p",)),
+        (("run", "hi", "--chat-template", "/no/such/template.jinja"), ("--chat-template", "No such file")),
+        (("serve", "--chat-template", "/no/such/template.jinja"), ("--chat-template", "No such file")),
         (("run", "hi", "--frequency-penalty", "3"), ("--frequency-penalty must be in [-2, 2]",)),
         (("chat", "--presence-penalty", "-2.5"), ("--presence-penalty must be in [-2, 2]",)),
         (("run", "hi", "--temperature", "inf"), ("--temperature",)),
@@ -151,6 +153,22 @@ def specchat_in_process(monkeypatch, capfd, *args: str) -> subprocess.CompletedP
 def test_prompt_longer_than_the_context(default_model):
     result = specchat("run", "-", "--max-new-tokens", "4", stdin="word " * 9000, warm=True)
     assert_one_line_error(result, "tokens; the context holds", "the model's window (--yarn F reads F times as many)")
+
+
+@pytest.mark.slow
+def test_a_chat_template_file_replaces_the_models_own(tmp_path, default_model):
+    """`--chat-template FILE`: the prompt is rendered by the file (a shorter one: fewer prompt tokens than SmolLM2's
+    own template with its default system prompt); a template that does not render is one line, before anything
+    is generated."""
+    short = tmp_path / "short.jinja"
+    short.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
+    reports = [json.loads(specchat("run", "hi", "-n", "2", "--json", *extra, warm=True).stdout)
+               for extra in ((), ("--chat-template", str(short)))]  # fmt: skip
+    assert reports[1]["prompt_tokens"] < reports[0]["prompt_tokens"]
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% if %}")
+    assert_one_line_error(specchat("run", "hi", "--chat-template", str(broken), warm=True), "does not render")
 
 
 @pytest.mark.slow

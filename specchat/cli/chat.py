@@ -7,10 +7,12 @@ from typing import Annotated
 
 import typer
 
+from specchat.chat_template import read_chat_template, use_chat_template
 from specchat.checks import check_quantize, check_yarn
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
+    ChatTemplateOption,
     DeviceOption,
     DraftCacheOption,
     DrafterOption,
@@ -46,6 +48,7 @@ def chat(
     draft_budget: BudgetOption = None,
     draft_cache: DraftCacheOption = None,
     system: SystemOption = None,
+    chat_template: ChatTemplateOption = None,
     temperature: TemperatureOption = None,
     top_k: TopKOption = None,
     top_p: TopPOption = None,
@@ -70,6 +73,7 @@ def chat(
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
         check_draft_cache(draft_cache, choice)
+    template = read_chat_template(chat_template) if chat_template is not None else None
     overrides = checked_overrides(
         dtype, attention, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         penalty=repetition_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, seed=seed,
@@ -95,6 +99,8 @@ def chat(
         loaded = load_model(
             model, dtype=dtype, quantize=quantize, device=device, attention=attention, yarn=yarn, progress=progress
         )
+        if template is not None:
+            use_chat_template(loaded.tokenizer, template, chat_template)
         return loaded, sampling_config(decoding_defaults(loaded), overrides)
 
     chat_app = ChatApp(loader, settings)

@@ -83,6 +83,9 @@ PresencePenaltyOption = Annotated[float | None, typer.Option(
     "--presence-penalty", help="Subtract this from the logit of a token already in the text (-2 to 2).")]
 SeedOption = Annotated[int | None, typer.Option("--seed", help="Seed of the sampling (the same seed, the same text).")]
 SystemOption = Annotated[str | None, typer.Option("--system", help="System prompt.")]
+ChatTemplateOption = Annotated[Path | None, typer.Option(
+    "--chat-template", help="A Jinja chat template file to use instead of the model's own (llama.cpp's "
+    "--chat-template-file).", show_default=False)]
 FormatOption = Annotated[
     str, typer.Option("--format", help="text | json: json holds every answer to one JSON object (JSON mode).")
 ]

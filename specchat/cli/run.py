@@ -9,10 +9,12 @@ from typing import Annotated
 
 import typer
 
+from specchat.chat_template import read_chat_template, use_chat_template
 from specchat.checks import check_kv_cache, check_quantize, check_yarn
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
+    ChatTemplateOption,
     DeviceOption,
     DraftCacheOption,
     DrafterOption,
@@ -65,6 +67,7 @@ def run(
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
     system: SystemOption = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
+    chat_template: ChatTemplateOption = None,
     text_format: FormatOption = "text",
     schema: SchemaOption = None,
     dtype: DtypeOption = "auto",
@@ -86,6 +89,7 @@ def run(
     if any(not each for each in stop or ()):
         raise SpecchatError("--stop takes a non-empty string")
     json_mode, json_schema = json_format(text_format, schema)
+    template = read_chat_template(chat_template) if chat_template is not None else None
     if logprobs is not None and (not as_json or not 0 <= logprobs <= MAX_LOGPROBS):
         raise SpecchatError(f"--logprobs takes 0 to {MAX_LOGPROBS} alternatives, with --json")
     drafter = drafter or default_drafter(model)
@@ -110,6 +114,8 @@ def run(
     resolve_drafter(choice, source.profile, source.name)
     resolve_device(device)
     loaded = load_model(model, dtype=dtype, quantize=quantize, device=device, attention=attention, yarn=yarn)
+    if template is not None:
+        use_chat_template(loaded.tokenizer, template, chat_template)
     sampling = sampling_config(decoding_defaults(loaded), overrides)
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
     session = Session.over(loaded, max_len=len(prompt_ids) + max_new_tokens, drafter=choice,

@@ -6,10 +6,12 @@ from typing import Annotated
 
 import typer
 
+from specchat.chat_template import read_chat_template
 from specchat.checks import check_kv_cache, check_quantize, check_yarn
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
+    ChatTemplateOption,
     DeviceOption,
     DraftCacheOption,
     DrafterOption,
@@ -53,6 +55,7 @@ def serve(
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
     yarn: YarnOption = None,
+    chat_template: ChatTemplateOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
 ) -> None:
@@ -62,6 +65,7 @@ def serve(
     if draft_cache is not None:
         check_draft_cache(draft_cache, choice)
     checked_overrides(dtype, attention)
+    template = read_chat_template(chat_template) if chat_template is not None else None
     check_quantize(quantize, device)
     check_yarn(yarn)
     check_kv_cache(kv_cache)
@@ -87,4 +91,5 @@ def serve(
         api_key=api_key, context=context, max_queue=max_queue, max_body_bytes=int(max_body_mb * 2**20), dtype=dtype,
         quantize=quantize, device=device, attention=attention, prompt_cache=prompt_cache, kv_cache=kv_cache,
         prompt_cache_bytes=int(prompt_cache_mb * 2**20), yarn=yarn,
+        chat_template=(str(chat_template), template) if template is not None else None,
     ))  # fmt: skip

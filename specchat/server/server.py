@@ -40,6 +40,7 @@ class ServeSettings:
     prompt_cache_bytes: int = 2**30  # earlier texts' prefixes kept for their clients' next requests
     kv_cache: str = "auto"  # the target's keys and values: the activations' dtype, or int8 (the CPU decoder)
     yarn: float | None = None  # the model's window stretched this many times by YaRN
+    chat_template: tuple[str, str] | None = None  # (its file, its text) in place of the model's own
 
 
 class Server:
@@ -104,12 +105,16 @@ def serve(settings: ServeSettings) -> None:
 
 def load_served(settings: ServeSettings):
     """Load the model, build the engine and its drafter, and warm them up (the first request then starts warm)."""
+    from specchat.chat_template import use_chat_template
     from specchat.loading import decoding_defaults, load_model
     from specchat.server.app import Served
     from specchat.session import Session
 
     loaded = load_model(settings.model, dtype=settings.dtype, quantize=settings.quantize, device=settings.device,
                         attention=settings.attention, yarn=settings.yarn)  # fmt: skip
+    if settings.chat_template is not None:
+        name, template = settings.chat_template
+        use_chat_template(loaded.tokenizer, template, name)
     window = loaded.model.config.max_position_embeddings
     kept = settings.prompt_cache_bytes if settings.prompt_cache is not False else 0
     session = Session.over(loaded, max_len=min(settings.context, window), drafter=settings.drafter,
