@@ -5,6 +5,7 @@ and the option checks stay free of torch):
 
 - `Engine`: a session over one target model; `Engine.generate(prompt_ids, sampling=..., max_new_tokens=...)`
   prefills (reusing the cached prefix the prompt shares with the session) and yields a `StepEvent` per step;
+  `Engine.prompt_logprobs(ids, top)` scores a text (each token's log-probability under the model);
 - `StepEvent`, `TARGET`: what a step committed and where each token came from; `GenerationStats`: running
   totals (tau, acceptance, decode speed);
 - `SamplingConfig`: the target distribution (greedy or temperature / top-k / top-p / min-p / penalty, seed);
