@@ -12,7 +12,7 @@ import sys
 import time
 
 import torch
-from torch.utils.cpp_extension import _get_build_directory
+from torch.utils.cpp_extension import get_default_build_root
 
 builds, int8, dt, prefill = {}, set(), torch.float32, False
 for name_hash in sys.argv[3:]:
@@ -26,7 +26,7 @@ for name_hash in sys.argv[3:]:
     if h.endswith("+int8"):
         h = h.removesuffix("+int8")
         int8.add(name)
-    path = glob.glob(f"{_get_build_directory(f'specchat_cpu_decoder_{h}', False)}/*.so")[0]
+    path = glob.glob(f"{get_default_build_root()}/specchat_cpu_decoder_{h}/*.so")[0]
     spec = importlib.util.spec_from_file_location(f"specchat_cpu_decoder_{h}", path)
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); builds[name] = mod
 context, reps = int(sys.argv[1]), int(sys.argv[2])

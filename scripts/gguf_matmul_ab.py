@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.cpp_extension import _get_build_directory
+from torch.utils.cpp_extension import get_default_build_root
 
 from specchat.quant.gguf_model import gguf_tensors
 
@@ -29,7 +29,7 @@ BLOCK_TYPES = {2, 3, 6, 7, 8, 12, 13, 14}  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
 
 
 def load_build(version: str):
-    path = glob.glob(f"{_get_build_directory(f'specchat_cpu_decoder_{version}', False)}/*.so")[0]
+    path = glob.glob(f"{get_default_build_root()}/specchat_cpu_decoder_{version}/*.so")[0]
     spec = importlib.util.spec_from_file_location(f"specchat_cpu_decoder_{version}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -8,11 +8,14 @@ the portable loops (`isa()` of the module names the one built). `SPECCHAT_CPU_IS
 only on CPUs that have AVX-VNNI: Intel's since Alder Lake, AMD's since Zen 5); `noamx` is the machine's own
 without AMX (the AVX-512 path of an Intel Xeon that has the tiles).
 
-`python -m specchat.kernels.cpu.cpu_decoder` builds it ahead of time (`make setup` does).
+`python -m specchat.kernels.cpu.cpu_decoder` builds it ahead of time (`make setup` does). Builds of one target
+take turns under a lock the kernel releases when its holder dies (torch's own lock file outlives a build that was
+killed, and would keep every later start waiting for ever).
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
@@ -51,17 +54,29 @@ def build(isa: str):
     from torch.utils.cpp_extension import load
 
     _put_ninja_on_path()
-    suffix = "" if isa == "native" else f"_{isa}"
+    directory = build_directory(isa)
+    directory.mkdir(parents=True, exist_ok=True)
     try:
-        # -fopenmp compiles at::parallel_for's threads in (serial without it); not linked: the OpenMP calls
-        # resolve to the runtime torch itself loaded, so both share one pool instead of fighting over the cores.
-        # Hidden symbols: two builds loaded in one process (tests, A/B scripts) must not bind to each other's
-        # kernels, which share their names and may use instructions the CPU lacks.
-        return load(name=f"specchat_cpu_decoder{suffix}_{source_version()}", sources=[str(SOURCE)],
-                    extra_cflags=["-O3", *ISA_FLAGS[isa](), "-fopenmp", "-fvisibility=hidden",
-                                  "-fvisibility-inlines-hidden"])
+        with open(directory / "specchat.lock", "w") as turn:
+            fcntl.flock(turn, fcntl.LOCK_EX)  # released by the kernel, even when this process is killed
+            (directory / "lock").unlink(missing_ok=True)  # torch's: held by no one while we hold ours
+            # -fopenmp compiles at::parallel_for's threads in (serial without it); not linked: the OpenMP calls
+            # resolve to the runtime torch itself loaded, so both share one pool instead of fighting over the cores.
+            # Hidden symbols: two builds loaded in one process (tests, A/B scripts) must not bind to each other's
+            # kernels, which share their names and may use instructions the CPU lacks.
+            return load(name=directory.name, sources=[str(SOURCE)], build_directory=str(directory),
+                        extra_cflags=["-O3", *ISA_FLAGS[isa](), "-fopenmp", "-fvisibility=hidden",
+                                      "-fvisibility-inlines-hidden"])  # fmt: skip
     except (OSError, ImportError, RuntimeError) as error:  # a missing compiler is an OSError, a failed build a RuntimeError
         raise RuntimeError(f"the CPU decoder could not be built: {str(error).strip().splitlines()[-1]}") from None
+
+
+def build_directory(isa: str) -> Path:
+    """Where the build for `isa` of this source lives (under torch's extension cache)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    suffix = "" if isa == "native" else f"_{isa}"
+    return Path(get_default_build_root()) / f"specchat_cpu_decoder{suffix}_{source_version()}"
 
 
 @functools.cache
