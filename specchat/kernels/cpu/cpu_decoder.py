@@ -15,7 +15,6 @@ killed, and would keep every later start waiting for ever).
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import os
@@ -57,6 +56,8 @@ def build(isa: str):
     directory = build_directory(isa)
     directory.mkdir(parents=True, exist_ok=True)
     try:
+        import fcntl  # POSIX: elsewhere the decoder is not built (ImportError below), the torch decoder runs
+
         with open(directory / "specchat.lock", "w") as turn:
             fcntl.flock(turn, fcntl.LOCK_EX)  # released by the kernel, even when this process is killed
             (directory / "lock").unlink(missing_ok=True)  # torch's: held by no one while we hold ours
