@@ -21,8 +21,8 @@ import json
 from dataclasses import dataclass
 
 from specchat.constraints.json_syntax import (
-    AFTER, COLON, DIGITS, DONE, ESCAPE, ESCAPES, FIRST_ITEM, FIRST_KEY, HEX, INTEGER, KEY, LITERAL, MAX_WHITESPACE,
-    MINUS, NUMBER_ENDS, NUMBER_MODES, STRING, UNICODE, VALUE, WHITESPACE, ZERO, number_mode,
+    AFTER, COLON, DIGITS, DONE, FIRST_ITEM, FIRST_KEY, INTEGER, KEY, LITERAL, MAX_WHITESPACE, MINUS, NUMBER_ENDS,
+    NUMBER_MODES, STRING, STRING_MODES, VALUE, WHITESPACE, ZERO, number_mode, string_feed,
 )  # fmt: skip
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "$defs",
@@ -191,21 +191,10 @@ class JsonSchema:
             return _union(self.feed(member, byte) for member in extra)
         if mode == EXPECT:
             return extra[1] if byte == extra[0] else None
-        if mode == STRING:
-            if byte == 0x22:
-                return (COLON, frames, 0, self.nodes[frames[-1][1]].items) if extra else self._after_value(frames)
-            if byte == 0x5C:
-                return (ESCAPE, frames, 0, extra)
-            return state if byte >= 0x20 else None
-        if mode == ESCAPE:
-            if byte == ord("u"):
-                return (UNICODE, frames, 0, 4 if extra else 0)
-            return (STRING, frames, 0, extra) if byte in ESCAPES else None
-        if mode == UNICODE:
-            if byte not in HEX:
-                return None
-            read, key = extra % 4 + 1, extra >= 4
-            return (STRING, frames, 0, key) if read == 4 else (UNICODE, frames, 0, extra + 1)
+        if mode == STRING and byte == 0x22:  # a map's key is followed by its value, another string by what follows
+            return (COLON, frames, 0, self.nodes[frames[-1][1]].items) if extra else self._after_value(frames)
+        if mode in STRING_MODES:
+            return string_feed(state, byte)
         if mode == LITERAL:
             return self._literal(frames, extra, byte)
         if mode in NUMBER_MODES:

@@ -23,6 +23,7 @@ WHITESPACE = frozenset(b" \t\n\r")
 DIGITS = frozenset(b"0123456789")
 HEX = frozenset(b"0123456789abcdefABCDEF")
 ESCAPES = frozenset(b'"\\/bfnrt')
+STRING_MODES = frozenset((STRING, ESCAPE, UNICODE))
 NUMBER_MODES = frozenset(range(MINUS, EXPONENT + 1))
 NUMBER_ENDS = frozenset((ZERO, INTEGER, FRACTION, EXPONENT))  # a number may end in these
 LITERALS = {ord("t"): b"rue", ord("f"): b"alse", ord("n"): b"ull"}
@@ -49,21 +50,10 @@ def in_string(state: State) -> bool:
 def feed(state: State, byte: int) -> State | None:
     """The state after `byte`, or None where valid JSON cannot go on with it."""
     mode, stack, spaces, extra = state
-    if mode == STRING:
-        if byte == 0x22:  # the closing quote
-            return (COLON, stack, 0, None) if extra else _after_value(stack)
-        if byte == 0x5C:
-            return (ESCAPE, stack, 0, extra)
-        return state if byte >= 0x20 else None
-    if mode == ESCAPE:
-        if byte == ord("u"):
-            return (UNICODE, stack, 0, 4 if extra else 0)
-        return (STRING, stack, 0, extra) if byte in ESCAPES else None
-    if mode == UNICODE:
-        if byte not in HEX:
-            return None
-        read, key = extra % 4 + 1, extra >= 4
-        return (STRING, stack, 0, key) if read == 4 else (UNICODE, stack, 0, extra + 1)
+    if mode == STRING and byte == 0x22:  # the closing quote
+        return (COLON, stack, 0, None) if extra else _after_value(stack)
+    if mode in STRING_MODES:
+        return string_feed(state, byte)
     if mode == LITERAL:
         if byte != extra[0]:
             return None
@@ -94,6 +84,25 @@ def feed(state: State, byte: int) -> State | None:
             return (KEY if stack[-1] == "{" else VALUE, stack, 0, None)
         return _close(stack, byte)
     return None  # DONE
+
+
+def string_feed(state: tuple, byte: int) -> tuple | None:
+    """The state after `byte` inside a string (STRING, ESCAPE or UNICODE mode), but for its closing quote, whose
+    sequel depends on where the string stands (the caller's); `extra` says whether the string is a key, and its
+    escapes carry that on (UNICODE adds 4 to the hex digits read)."""
+    mode, containers, _, extra = state
+    if mode == STRING:
+        if byte == 0x5C:
+            return (ESCAPE, containers, 0, extra)
+        return state if byte >= 0x20 else None
+    if mode == ESCAPE:
+        if byte == ord("u"):
+            return (UNICODE, containers, 0, 4 if extra else 0)
+        return (STRING, containers, 0, extra) if byte in ESCAPES else None
+    if byte not in HEX:
+        return None
+    read, key = extra % 4 + 1, extra >= 4
+    return (STRING, containers, 0, key) if read == 4 else (UNICODE, containers, 0, extra + 1)
 
 
 def _value(stack: str, byte: int) -> State | None:
