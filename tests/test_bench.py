@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from conftest import tiny_model
 from gguf_files import write_tiny_model
 
+from specchat.answer_format import AnswerFormat
 from specchat.bench.compare import compare
 from specchat.bench.llamacpp import CONTEXT_STEP, LlamaCpp, check_prompt_decodes
 from specchat.bench.prompts import LONG_SETS, PROMPT_SETS, load_prompt_sets, long_document
@@ -144,24 +146,27 @@ def test_bench_logits_scores_the_embedded_model_against_its_dequantized_weights(
         assert row.mean_kl < 0.02 and row.top1_agreement > 0.85 and 0 < row.rms_error < 0.5
 
 
-def test_json_mode_rows_are_json_objects_and_exact(default_model):
+def test_held_rows_follow_their_format_and_are_exact(default_model):
     """`bench --format json`: every answer of ours one JSON object, every drafter's AR's; llama.cpp's under its
-    own JSON grammar an object too."""
+    own JSON grammar an object too; under `--grammar` both answers are the grammar's."""
     pytest.importorskip("llama_cpp")
     tokenizer = default_model.tokenizer
     prompt = "Give the name, age and city of a fictional person as JSON."
     llamacpp = LlamaCpp(embedded_gguf_path())
     rows = compare(default_model, {"json": [prompt]}, ["ngram"], max_new_tokens=64, repeats=1, llamacpp=llamacpp,
-                   json_mode=True)  # fmt: skip
+                   held=AnswerFormat(json=True))  # fmt: skip
     assert [row.method for row in rows] == ["none", "ngram", "llamacpp"] and rows[1].identical_to_ar
     ids = encode_prompt(tokenizer, prompt)
     schema = {"type": "object", "required": ["age"], "properties": {"age": {"type": "integer"}}}
     for method in ("none", "llamacpp"):
-        run = method_runner(method, default_model, 256, 64, None, llamacpp, json_mode=True)(ids)
+        run = method_runner(method, default_model, 256, 64, None, llamacpp, held=AnswerFormat(json=True))(ids)
         assert isinstance(json.loads(tokenizer.decode(run.tokens, skip_special_tokens=True)), dict)
-        run = method_runner(method, default_model, 256, 64, None, llamacpp, json_mode=True, schema=schema)(ids)
+        run = method_runner(method, default_model, 256, 64, None, llamacpp, held=AnswerFormat(schema=schema))(ids)
         value = json.loads(tokenizer.decode(run.tokens, skip_special_tokens=True))
         assert list(value) == ["age"] and isinstance(value["age"], int)
+        grammar = AnswerFormat(grammar='root ::= "Age: " [1-9] [0-9]? "."')
+        run = method_runner(method, default_model, 256, 64, None, llamacpp, held=grammar)(ids)
+        assert re.fullmatch(r"Age: [1-9][0-9]?\.", tokenizer.decode(run.tokens, skip_special_tokens=True))
 
 
 def test_the_llamacpp_baseline_grows_its_context_to_the_prompt(tokenizer):

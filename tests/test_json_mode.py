@@ -22,7 +22,7 @@ from conftest import tiny_model
 from drafters_for_tests import RandomTreeDrafter
 from test_cli import assert_one_line_error, specchat, specchat_in_process
 
-from specchat.constraints import JsonText
+from specchat.constraints import SyntaxText
 from specchat.constraints import json_syntax as syntax
 from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes, vocabulary_bytes
 from specchat.engine.generate import Engine
@@ -179,4 +179,4 @@ def test_run_refuses_an_unknown_format(monkeypatch, capfd):
 
 def test_json_mode_is_one_object_of_the_engine(default_model):
     engine = Engine(default_model.model, default_model.tokenizer, max_len=64)
-    assert isinstance(engine.json_constraint(), JsonText) and engine.json_constraint() is engine.json_constraint()
+    assert isinstance(engine.json_constraint(), SyntaxText) and engine.json_constraint() is engine.json_constraint()

@@ -252,7 +252,7 @@ def test_the_server_checks_a_json_schema_before_queueing():
     hi = [{"role": "user", "content": "Hi"}]
     wanted = chat_request({"messages": hi, "response_format": {"type": "json_schema", "json_schema": {
         "name": "person", "strict": True, "schema": PERSON}}})  # fmt: skip
-    assert wanted.json_object and wanted.json_schema == PERSON
+    assert wanted.format.json and wanted.format.schema == PERSON
     with pytest.raises(RequestError, match="'pattern'") as caught:
         chat_request({"messages": hi, "response_format": {"type": "json_schema", "json_schema": {
             "schema": {"type": "string", "pattern": "a+"}}}})  # fmt: skip

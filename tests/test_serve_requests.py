@@ -2,6 +2,7 @@
 
 import pytest
 
+from specchat.answer_format import AnswerFormat
 from specchat.server.requests import RequestError, chat_request, text_request
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -31,10 +32,10 @@ def test_fields_map_onto_the_engine_settings():
 
 
 def test_response_format_json_object_asks_for_json_mode_on_both_endpoints():
-    assert chat_request({"messages": HI, "response_format": {"type": "json_object"}}).json_object
-    assert text_request({"prompt": "{", "response_format": {"type": "json_object"}}).json_object
-    assert not chat_request({"messages": HI, "response_format": {"type": "text"}}).json_object
-    assert not text_request({"prompt": "x"}).json_object
+    assert chat_request({"messages": HI, "response_format": {"type": "json_object"}}).format == AnswerFormat(json=True)
+    assert text_request({"prompt": "{", "response_format": {"type": "json_object"}}).format.json
+    assert chat_request({"messages": HI, "response_format": {"type": "text"}}).format.free
+    assert text_request({"prompt": "x"}).format.free
 
 
 def test_logprobs_count_the_alternatives_asked_for():

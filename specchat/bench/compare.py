@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from specchat.answer_format import AnswerFormat
 from specchat.bench.llamacpp import LlamaCpp
 from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.runs import BASELINES, HF_METHODS, LLAMACPP, Run, method_runner, transformers_model
@@ -68,22 +69,20 @@ def compare(
     llamacpp: LlamaCpp | None = None,
     kv_cache: str = "auto",
     sampling: SamplingConfig = SamplingConfig(),
-    json_mode: bool = False,
-    schema: dict | None = None,
+    held: AnswerFormat = AnswerFormat(),
     step: Callable[[str], None] = NO_PROGRESS,
 ) -> list[BenchRow]:
     """Generation of every prompt by every method, our engine's over a `kv_cache` cache and under `sampling`
     (the other tools' greedy); "none" (our AR) is always measured, and llama.cpp too when `llamacpp` is given.
-    With `json_mode` every answer is one JSON object, or one `schema` allows (llama.cpp's under its own grammar of
-    it). `step(what)` hears
-    each generation as it starts (`progress.py`)."""
+    Every answer is `held` to a format (llama.cpp's under its own grammar of it). `step(what)` hears each generation
+    as it starts (`progress.py`)."""
     methods = ["none", *[m for m in methods if m != "none"], *([LLAMACPP] if llamacpp else [])]
     tokenizer = loaded.tokenizer
     encoded = {name: [encode_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
     max_len = max(len(ids) for ids_list in encoded.values() for ids in ids_list) + max_new_tokens
     hf_model = transformers_model(loaded) if set(methods) & set(HF_METHODS) else None
     runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp, kv_cache, sampling,
-                                hf_model, json_mode, schema) for m in methods}  # fmt: skip
+                                hf_model, held) for m in methods}  # fmt: skip
 
     warmup = next(iter(encoded.values()))[0]
     for method, runner in runners.items():

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from specchat.answer_format import AnswerFormat
 from specchat.errors import SpecchatError
 
 CONTEXT_STEP = 4096
@@ -90,15 +91,19 @@ class LlamaCpp:
         return cls(path)
 
     def generate(self, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int],
-                 json_mode: bool = False, schema: dict | None = None) -> tuple[list[int], float]:  # fmt: skip
-        """Greedy tokens after `ids` and the seconds spent decoding all but the first; with `json_mode` under
-        llama-cpp-python's JSON grammar (one object, its own whitespace rules), or its grammar of `schema`."""
+                 held: AnswerFormat = AnswerFormat()) -> tuple[list[int], float]:  # fmt: skip
+        """Greedy tokens after `ids` and the seconds spent decoding all but the first, `held` to a format under
+        llama-cpp-python's grammars: the GBNF itself, its JSON grammar (one object, its own whitespace rules), or
+        its grammar of a schema."""
         from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 
         grammar = None
-        if json_mode:
-            grammar = (LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False) if schema is not None
-                       else LlamaGrammar.from_string(JSON_GBNF, verbose=False))  # fmt: skip
+        if held.grammar is not None:
+            grammar = LlamaGrammar.from_string(held.grammar, verbose=False)
+        elif held.schema is not None:
+            grammar = LlamaGrammar.from_json_schema(json.dumps(held.schema), verbose=False)
+        elif held.json:
+            grammar = LlamaGrammar.from_string(JSON_GBNF, verbose=False)
         if len(ids) + max_new_tokens > self.context:
             self._load(-(-(len(ids) + max_new_tokens) // CONTEXT_STEP) * CONTEXT_STEP)
         tokens, first = [], 0.0

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from specchat.architectures.llama_model import CausalLM
+from specchat.answer_format import AnswerFormat
 from specchat.bench.llamacpp import LlamaCpp
 from specchat.engine.generate import Engine, eos_ids
 from specchat.engine.sampling import SamplingConfig
@@ -40,19 +41,19 @@ class Run:
 
 def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens: int, draft_budget: int | None,
                   llamacpp: LlamaCpp | None, kv_cache: str = "auto", sampling: SamplingConfig = SamplingConfig(),
-                  hf_model: nn.Module | None = None, json_mode: bool = False, schema: dict | None = None):  # fmt: skip
+                  hf_model: nn.Module | None = None, held: AnswerFormat = AnswerFormat()):  # fmt: skip
     """A function that generates from prompt ids with `method`, each method with its own engine; ours decode
     under `sampling`, the other tools greedily (transformers' `generate` on `hf_model`, `transformers_model`);
-    with `json_mode`, ours and llama.cpp's in JSON mode (under `schema` when given)."""
+    ours and llama.cpp's answers `held` to a format."""
     model = loaded.model
     if method == LLAMACPP:
         stop_ids = eos_ids(model, loaded.tokenizer)
-        return lambda ids: llamacpp_run(llamacpp, ids, max_new_tokens, stop_ids, json_mode, schema)
+        return lambda ids: llamacpp_run(llamacpp, ids, max_new_tokens, stop_ids, held)
     if method not in HF_METHODS:
         drafter, _, cache = method.partition("@")  # "model@streaming": under that --draft-cache
         engine = Session.over(loaded, max_len=max_len, drafter=drafter, draft_budget=draft_budget,
                               draft_cache=cache or None, kv_cache=kv_cache).engine  # fmt: skip
-        return lambda ids: engine_run(engine, ids, max_new_tokens, sampling, json_mode, schema)
+        return lambda ids: engine_run(engine, ids, max_new_tokens, sampling, held)
     if method == "hf":
         return lambda ids: hf_run(hf_model, ids, max_new_tokens, {})
     return lambda ids: hf_run(hf_model, ids, max_new_tokens, {"prompt_lookup_num_tokens": 10})
@@ -72,12 +73,12 @@ def transformers_model(loaded: LoadedModel) -> nn.Module:
 
 
 def engine_run(engine: Engine, ids: list[int], max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
-               json_mode: bool = False, schema: dict | None = None) -> Run:  # fmt: skip
+               held: AnswerFormat = AnswerFormat()) -> Run:  # fmt: skip
     """Generation by our engine; the stats give the decode time and what was drafted and accepted. Sampled runs
     draw keyed noise (`reproducible`), so every drafter writes the text autoregressive decoding does."""
     tokens = []
     events = engine.generate(ids, sampling=sampling, max_new_tokens=max_new_tokens, reproducible=not sampling.greedy,
-                             constraint=engine.json_constraint(schema) if json_mode else None)  # fmt: skip
+                             constraint=held.constraint(engine))  # fmt: skip
     for event in events:
         tokens += event.tokens
     s = event.stats
@@ -86,8 +87,8 @@ def engine_run(engine: Engine, ids: list[int], max_new_tokens: int, sampling: Sa
 
 
 def llamacpp_run(llamacpp: LlamaCpp, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int],
-                 json_mode: bool = False, schema: dict | None = None) -> Run:  # fmt: skip
-    tokens, seconds = llamacpp.generate(ids, max_new_tokens, stop_ids, json_mode, schema)
+                 held: AnswerFormat = AnswerFormat()) -> Run:  # fmt: skip
+    tokens, seconds = llamacpp.generate(ids, max_new_tokens, stop_ids, held)
     return Run(tokens, len(tokens) - 1, seconds, steps=len(tokens) - 1)
 
 

@@ -17,17 +17,19 @@ from specchat.cli.common import (
     DeviceOption,
     DtypeOption,
     FormatOption,
+    GrammarFileOption,
+    GrammarOption,
     KvCacheOption,
     ModelOption,
     QuantizeOption,
     SchemaOption,
     YarnOption,
+    answer_format,
     app,
     check_drafters,
     csv_list,
     default_drafter,
     ints,
-    json_format,
     load,
     quiet_transformers,
     report,
@@ -91,6 +93,8 @@ def bench(
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw tokens/s and tau to this PNG.")] = None,
     text_format: FormatOption = "text",
     schema: SchemaOption = None,
+    grammar: GrammarOption = None,
+    grammar_file: GrammarFileOption = None,
 ) -> None:
     """Decoding speed of each drafter against autoregressive decoding (and transformers, llama.cpp)."""
     if ctx.invoked_subcommand is not None:
@@ -110,9 +114,9 @@ def bench(
     for name in baselines:
         if name not in ("hf", "llamacpp"):
             raise SpecchatError(f"unknown baseline '{name}'; use hf, llamacpp")
-    json_mode, json_schema = json_format(text_format, schema)
-    if json_mode and "hf" in baselines:
-        raise SpecchatError("--format json has no transformers baseline: use --baseline llamacpp (its JSON grammar)")
+    held = answer_format(text_format, schema, grammar, grammar_file)
+    if not held.free and "hf" in baselines:
+        raise SpecchatError(f"{held.label()} has no transformers baseline: use --baseline llamacpp (its grammars)")
     check_quantize(quantize, device)
     kv_caches = csv_list(kv_cache)
     for each in kv_caches:
@@ -149,11 +153,11 @@ def bench(
             for kv in kv_caches:
                 rows += compare(
                     loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
-                    llamacpp=llamacpp, kv_cache=kv, sampling=sampling, json_mode=json_mode, schema=json_schema,
+                    llamacpp=llamacpp, kv_cache=kv, sampling=sampling, held=held,
                     step=lambda what, d=f"{each_dtype}, kv {kv}": step(f"{d} · {what}"),
                 )  # fmt: skip
                 llamacpp = None  # measured once, beside the first dtype and cache
-    mode = (f", JSON mode ({schema.name})" if schema else ", JSON mode") if json_mode else ""
+    mode = f", {held.label()}" if not held.free else ""
     title = f"{loaded.source.name} ({forward_path(loaded.model)}), {_described(sampling)}{mode}, decode tokens/s"
     report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
     if plot is not None:

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from specchat.answer_format import AnswerFormat
 from specchat.checks import check_dtype
 from specchat.drafters import DEFAULT_DRAFTER, NAMES, DrafterChoice, parse_drafter
 from specchat.engine.attention import CHOICES as ATTENTION_CHOICES
@@ -92,6 +93,10 @@ FormatOption = Annotated[
 SchemaOption = Annotated[
     Path | None, typer.Option("--schema", help="A JSON Schema file every answer must follow (JSON mode).")
 ]
+GrammarOption = Annotated[str | None, typer.Option(
+    "--grammar", help="A GBNF grammar (llama.cpp's format) every answer must follow.", show_default=False)]
+GrammarFileOption = Annotated[Path | None, typer.Option(
+    "--grammar-file", help="A file holding a GBNF grammar every answer must follow.", show_default=False)]
 
 
 def csv_list(value: str) -> list[str]:
@@ -182,12 +187,37 @@ def quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def json_format(text_format: str, schema: Path | None) -> tuple[bool, dict | None]:
-    """`--format` and `--schema` checked: whether answers are in JSON mode, and the schema they follow."""
+def answer_format(text_format: str, schema: Path | None, grammar: str | None = None,
+                  grammar_file: Path | None = None) -> AnswerFormat:  # fmt: skip
+    """`--format`, `--schema`, `--grammar` and `--grammar-file` checked: what every answer is held to."""
     if text_format not in ("text", "json"):
         raise SpecchatError(f"--format must be text or json, not {text_format!r}")
-    json_schema = read_schema(schema) if schema is not None else None
-    return text_format == "json" or schema is not None, json_schema
+    if grammar is not None or grammar_file is not None:
+        if text_format == "json" or schema is not None or grammar is not None and grammar_file is not None:
+            raise SpecchatError("give one of --format json, --schema, --grammar and --grammar-file")
+        return AnswerFormat(grammar=read_grammar(grammar, grammar_file))
+    return AnswerFormat(json=text_format == "json" or schema is not None,
+                        schema=read_schema(schema) if schema is not None else None)  # fmt: skip
+
+
+def read_grammar(text: str | None, path: Path | None) -> str:
+    """The GBNF grammar given as `text` or in the file `path`, checked."""
+    from specchat.constraints import Grammar, GrammarError
+
+    where = "--grammar"
+    if path is not None:
+        where = f"--grammar-file {path}"
+        try:
+            text = path.read_text()
+        except OSError as error:
+            raise SpecchatError(f"--grammar-file: cannot read {path}: {error.strerror}") from None
+        except UnicodeDecodeError:
+            raise SpecchatError(f"--grammar-file: {path} is not UTF-8 text") from None
+    try:
+        Grammar(text)
+    except GrammarError as error:
+        raise SpecchatError(f"{where}: {error}") from None
+    return text
 
 
 def read_schema(path: Path) -> dict:

@@ -21,6 +21,8 @@ from specchat.cli.common import (
     DtypeOption,
     FormatOption,
     FrequencyPenaltyOption,
+    GrammarFileOption,
+    GrammarOption,
     KvCacheOption,
     MinPOption,
     ModelOption,
@@ -34,11 +36,11 @@ from specchat.cli.common import (
     TopKOption,
     TopPOption,
     YarnOption,
+    answer_format,
     app,
     check_drafters,
     checked_overrides,
     default_drafter,
-    json_format,
     quiet_transformers,
     sampling_config,
 )
@@ -70,6 +72,8 @@ def run(
     chat_template: ChatTemplateOption = None,
     text_format: FormatOption = "text",
     schema: SchemaOption = None,
+    grammar: GrammarOption = None,
+    grammar_file: GrammarFileOption = None,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
@@ -88,7 +92,7 @@ def run(
         raise SpecchatError("--max-new-tokens must be at least 1")
     if any(not each for each in stop or ()):
         raise SpecchatError("--stop takes a non-empty string")
-    json_mode, json_schema = json_format(text_format, schema)
+    held = answer_format(text_format, schema, grammar, grammar_file)
     template = read_chat_template(chat_template) if chat_template is not None else None
     if logprobs is not None and (not as_json or not 0 <= logprobs <= MAX_LOGPROBS):
         raise SpecchatError(f"--logprobs takes 0 to {MAX_LOGPROBS} alternatives, with --json")
@@ -130,7 +134,7 @@ def run(
     try:
         for event in engine.generate(
             prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ()),
-            constraint=engine.json_constraint(json_schema) if json_mode else None, logprobs=logprobs,
+            constraint=held.constraint(engine), logprobs=logprobs,
         ):
             tokens += event.tokens
             origins += event.origins

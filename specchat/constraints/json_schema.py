@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from specchat.constraints.json_syntax import (
     AFTER, COLON, DIGITS, DONE, FIRST_ITEM, FIRST_KEY, INTEGER, KEY, LITERAL, MAX_WHITESPACE, MINUS, NUMBER_ENDS,
-    NUMBER_MODES, STRING, STRING_MODES, VALUE, WHITESPACE, ZERO, number_mode, string_feed,
+    NUMBER_MODES, STRING, STRING_MODES, STRING_STEADY, VALUE, WHITESPACE, ZERO, number_mode, split_spaces,
+    string_feed,
 )  # fmt: skip
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "$defs",
@@ -56,7 +57,7 @@ class Node:
 
 
 class JsonSchema:
-    """The automaton of one schema; `feed`, `complete` and `in_string` as json_syntax's. `canonical`: whitespace
+    """The automaton of one schema; `feed`, `complete`, `steady` and `split_spaces` as json_syntax's. `canonical`: whitespace
     exactly as `json.dumps` writes it (one space after each `,` and `:`, none elsewhere), so that the text leaves no
     choice but the values'; `padded`: one newline before and after the value (a tool call's JSON between its
     tags)."""
@@ -182,8 +183,12 @@ class JsonSchema:
             return any(self.complete(member) for member in extra)
         return mode == DONE or mode in NUMBER_ENDS and not frames and not self.padded
 
-    def in_string(self, state) -> bool:
-        return state[0] == STRING or state[0] == UNION and all(member[0] == STRING for member in state[3])
+    def steady(self, state) -> frozenset[int]:
+        if state[0] == STRING or state[0] == UNION and all(member[0] == STRING for member in state[3]):
+            return STRING_STEADY
+        return frozenset()
+
+    split_spaces = staticmethod(split_spaces)
 
     def feed(self, state, byte: int):
         mode, frames, spaces, extra = state

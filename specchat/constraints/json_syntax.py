@@ -33,7 +33,8 @@ CLOSE = {ord("}"): "{", ord("]"): "["}
 State = tuple[int, str, int, object]
 
 START: State = (TOP, "", 0, None)
-start = START  # this module is a syntax as token_masks.py reads one: start, feed, complete, in_string
+start = START  # this module is a syntax as token_masks.py reads one: start, feed, complete, steady, split_spaces
+STRING_STEADY = frozenset(range(0x20, 0x100)) - {0x22, 0x5C}  # the bytes a string takes as they are
 
 
 def complete(state: State) -> bool:
@@ -41,10 +42,16 @@ def complete(state: State) -> bool:
     return state[0] == DONE
 
 
-def in_string(state: State) -> bool:
-    """Whether the next byte falls inside a string, outside any escape: where every byte from 0x20 up but `"` and
-    `\\` leaves the state as it is."""
-    return state[0] == STRING
+def steady(state: State) -> frozenset[int]:
+    """The bytes that leave `state` as it is: inside a string, outside any escape, every byte from 0x20 up but `"`
+    and `\\` (UTF-8 sequences are not checked)."""
+    return STRING_STEADY if state[0] == STRING else frozenset()
+
+
+def split_spaces(state: State) -> tuple[State, int]:
+    """`state` less its run of whitespace bytes, and the run's length (token_masks.py caches masks by the first)."""
+    mode, stack, spaces, extra = state
+    return (mode, stack, 0, extra), spaces
 
 
 def feed(state: State, byte: int) -> State | None:

@@ -1,19 +1,25 @@
-"""Which tokens of a vocabulary may come next under a JSON byte automaton (json_syntax.py, or a JsonSchema's):
-one bool mask a state.
+"""Which tokens of a vocabulary may come next under a byte automaton (a syntax: JSON's, a JSON Schema's, a GBNF
+grammar's): one bool mask a state.
+
+A syntax is `start`, `feed(state, byte)` (the state after one more byte, None where it cannot follow),
+`complete(state)` (the text may end here), `steady(state)` (the bytes that leave the state as it is; one from 0x80
+up stands for the UTF-8 characters it begins or continues) and `split_spaces(state)` (the state less its run of
+whitespace bytes, and the run's length). States are hashable.
 
 A token may come next when the automaton accepts every byte of it. Checking each of 150K tokens byte by byte
 would take seconds a state, so the vocabulary is sorted by its bytes: the tokens that share a prefix are then a
 range of rows, and a walk feeds each prefix once, leaving a range as soon as its next byte is refused (outside a
-string most ranges end after a byte or two). Inside a string, every byte from 0x20 up but `"` and `\\` leaves the
-state unchanged, so the tokens made only of such bytes from there on are accepted as a block and only the others
-(those holding a quote, a backslash or a control byte) are fed one by one. Masks are cached by state, less its
-count of whitespace bytes in a row: a token fits after k of them if it fits after none and its own leading
+string most ranges end after a byte or two). Where the state has steady bytes (inside a JSON string, every byte from
+0x20 up but `"` and `\\`; in a grammar's free text, the characters its repetition takes), the tokens made only of
+such bytes from there on (and well-formed UTF-8) are accepted as a block and only the others are fed one by one. Masks are cached by state,
+less its count of whitespace bytes in a row: a token fits after k of them if it fits after none and its own leading
 whitespace is at most `MAX_WHITESPACE` - k (whatever follows a non-whitespace byte no longer depends on k). So a
 JSON text meets few distinct states.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections import OrderedDict
 from functools import cache
 
@@ -23,6 +29,7 @@ import torch
 from specchat.constraints.json_syntax import MAX_WHITESPACE, WHITESPACE
 
 CACHED_MASKS = 512  # states whose masks are kept, least recently used dropped first
+CACHED_STEADY_SETS = 64  # sets of steady bytes whose per-token tables are kept
 
 
 class Vocabulary:
@@ -38,19 +45,34 @@ class Vocabulary:
         self.bytes = np.full((len(ids), width + 1), -1, dtype=np.int16)  # -1 after a token's end
         for row, piece in enumerate(self.sorted_pieces):
             self.bytes[row, : len(piece)] = np.frombuffer(piece, dtype=np.uint8)
-        # the index of each token's last byte that a string does not take as it is (-1: none)
-        special = (self.bytes >= 0) & ((self.bytes < 0x20) | (self.bytes == 0x22) | (self.bytes == 0x5C))
-        last = width - np.argmax(special[:, ::-1], axis=1)
-        self.last_special = np.where(special.any(axis=1), last, -1)
+        self.whole_utf8 = np.array([well_formed_utf8(piece) for piece in self.sorted_pieces])  # of each row
+        self._unsteady: OrderedDict[frozenset[int], np.ndarray] = OrderedDict()
         whitespace = np.isin(self.bytes, list(WHITESPACE))
         self.leading_whitespace = torch.zeros(size, dtype=torch.int32)  # of each id
         self.leading_whitespace[self.ids] = torch.from_numpy(np.argmin(whitespace, axis=1).astype(np.int32))
 
 
+    def last_unsteady(self, steady: frozenset[int]) -> np.ndarray:
+        """[rows]: the index of each token's last byte outside `steady` (-1: none), kept for the latest sets."""
+        last = self._unsteady.get(steady)
+        if last is None:
+            inside = np.zeros(257, dtype=bool)  # byte -> in `steady`; the last entry, -1's, pads a token's end
+            inside[list(steady)] = True
+            inside[256] = True
+            outside = ~inside[self.bytes]
+            width = self.bytes.shape[1] - 1
+            last = np.where(outside.any(axis=1), width - np.argmax(outside[:, ::-1], axis=1), -1)
+            self._unsteady[steady] = last
+            if len(self._unsteady) > CACHED_STEADY_SETS:
+                self._unsteady.popitem(last=False)
+        else:
+            self._unsteady.move_to_end(steady)
+        return last
+
+
 class TokenMasks:
-    """The masks of `syntax` (json_syntax, or a JsonSchema: `feed`, `complete`, `in_string`, states of (mode,
-    containers, whitespace bytes in a row, extra)) over `vocabulary`, the `end_ids` allowed exactly where the text
-    is complete."""
+    """The masks of `syntax` (as above) over `vocabulary`, the `end_ids` allowed exactly where the text is
+    complete."""
 
     def __init__(self, vocabulary: Vocabulary, syntax, end_ids: frozenset[int]):
         self.vocabulary, self.syntax = vocabulary, syntax
@@ -59,8 +81,7 @@ class TokenMasks:
 
     def allowed(self, state: tuple) -> torch.Tensor:
         """[size] bool: the ids that may come next in `state`."""
-        mode, stack, spaces, extra = state
-        key = (mode, stack, 0, extra)
+        key, spaces = self.syntax.split_spaces(state)
         mask = self._masks.get(key)
         if mask is None:
             mask = self._compute(key)
@@ -91,8 +112,9 @@ class TokenMasks:
         lo, column = lo + ended, column[ended:]
         if lo == hi:
             return
-        if syntax.in_string(state):
-            plain = vocabulary.last_special[lo:hi] < depth
+        steady = syntax.steady(state)
+        if steady:
+            plain = (vocabulary.last_unsteady(steady)[lo:hi] < depth) & vocabulary.whole_utf8[lo:hi]
             out[vocabulary.ids[lo:hi][plain]] = True
             for row in np.flatnonzero(~plain) + lo:
                 if feed_bytes(syntax, state, vocabulary.sorted_pieces[row][depth:]) is not None:
@@ -112,6 +134,17 @@ def feed_bytes(syntax, state: tuple | None, data: bytes) -> tuple | None:
             return None
         state = syntax.feed(state, byte)
     return state
+
+
+def well_formed_utf8(data: bytes) -> bool:
+    """Whether `data` is UTF-8 characters, the last one possibly begun and not finished."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        decoder.decode(data, final=False)
+    except UnicodeDecodeError:
+        return False
+    begun = decoder.getstate()[0]
+    return not (begun[:1] == b"\xed" and begun[1:2] >= b"\xa0")  # a surrogate's, which the decoder takes until whole
 
 
 def vocabulary_bytes(tokenizer) -> list[bytes | None]:

@@ -10,7 +10,8 @@ and the option checks stay free of torch):
   totals (tau, acceptance, decode speed);
 - `SamplingConfig`: the target distribution (greedy or temperature / top-k / top-p / min-p / penalty, seed);
 - `Constraint`: a syntax the output is held to (`Engine.json_constraint(schema)`: JSON mode, or a JSON Schema;
-  `Engine.tool_call_constraint(functions, form)`: an answer whose tool calls are held to their tools' schemas);
+  `Engine.grammar_constraint(gbnf)`: a text a GBNF grammar derives; `Engine.tool_call_constraint(functions, form)`:
+  an answer whose tool calls are held to their tools' schemas);
 - `encode_prompt`, `encode_chat`: prompt text -> ids through the tokenizer's chat template;
 - `DraftTree`: what a drafter proposes; `TreeCache`: the static cache a drafter may read;
 - `use_attention`, `check_attention`: how trees are verified (`--attention`);

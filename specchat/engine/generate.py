@@ -120,12 +120,23 @@ class Engine:
         """JSON mode for `generate(constraint=...)`: one JSON object, or with `schema` one that JSON Schema allows
         (`constraints.SchemaError` where the schema is outside the subset). Kept for later requests with their
         cached masks, the last few schemas' too."""
-        from specchat.constraints import JsonSchema, JsonText, json_syntax
+        from specchat.constraints import JsonSchema, SyntaxText, json_syntax
 
         def build():
-            return JsonText(self._vocabulary, json_syntax if schema is None else JsonSchema(schema), self.eos_ids)
+            return SyntaxText(self._vocabulary, json_syntax if schema is None else JsonSchema(schema), self.eos_ids)
 
         return self._kept(("json", schema), build)
+
+    def grammar_constraint(self, grammar: str) -> Constraint:
+        """A text a GBNF grammar derives (llama.cpp's format; `constraints.GrammarError` where it cannot be read or
+        held), then the end; what the grammar leaves no choice about is drafted. Kept as `json_constraint`'s."""
+        from specchat.constraints import Grammar, SyntaxText
+
+        def build():
+            encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
+            return SyntaxText(self._vocabulary, Grammar(grammar), self.eos_ids, encode)
+
+        return self._kept(("grammar", grammar), build)
 
     def tool_call_constraint(self, functions: list[dict], form, *, choice: str = "auto",
                              parallel: bool = True) -> Constraint:  # fmt: skip
@@ -133,7 +144,7 @@ class Engine:
         each call held to its function's parameters (leniently: what the subset cannot hold is left free; a strict
         function's schema must be inside it) and laid out as the template writes one, under OpenAI's `choice`
         ("auto", "required" or "none"; a form without tags, whose call is the whole answer, only "required")."""
-        from specchat.constraints import JsonSchema, JsonText, ToolCallText
+        from specchat.constraints import JsonSchema, SyntaxText, ToolCallText
         from specchat.tool_calls import call_schema
 
         def build():
@@ -142,7 +153,7 @@ class Engine:
             if not form.tagged:
                 if choice != "required":
                     raise ValueError("a call that is the whole answer is held only where one is required")
-                return JsonText(self._vocabulary, JsonSchema(schema, lenient=True, canonical=True), self.eos_ids,
+                return SyntaxText(self._vocabulary, JsonSchema(schema, lenient=True, canonical=True), self.eos_ids,
                                 encode)  # fmt: skip
             syntax = JsonSchema(schema, lenient=True, canonical=True, padded=True)
             return ToolCallText(self._vocabulary, syntax, form.open_id, form.close_id, self.eos_ids, encode,
@@ -214,9 +225,9 @@ class Engine:
         with the last request: where reuse is not exact (`exact_reuse`), the output is then exactly a new
         engine's (a prompt prefilled in pieces, or after decode steps, is rounded differently there).
 
-        `constraint` holds the output to a syntax (`json_constraint()`: JSON mode, or a JSON Schema): every row's
-        logits are masked to the ids it allows next before the sampling pipeline, in AR decoding and in every
-        verified row alike (`engine/constraint.py`); with a drafter, what the syntax forces is verified as a chain.
+        `constraint` holds the output to a syntax (`json_constraint()`: JSON mode, or a JSON Schema;
+        `grammar_constraint()`: a GBNF grammar): every row's logits are masked to the ids it allows next before
+        the sampling pipeline, in AR decoding and in every verified row alike (`engine/constraint.py`); with a drafter, what the syntax forces is verified as a chain.
 
         `logprobs` (N >= 0): every event also carries each token's log-probability and the N most likely ids at
         its row (`StepEvent.logprobs`), read from the rows verification computed anyway.

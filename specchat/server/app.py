@@ -73,9 +73,9 @@ class Served:
         return ids
 
     def constraint(self, request: CompletionRequest):
-        """How the answer is held (JSON mode, tool calls), as the engine's thread builds it; None: free."""
-        if request.json_object:
-            return lambda engine: engine.json_constraint(request.json_schema)
+        """How the answer is held (JSON mode, a grammar, tool calls), as the engine's thread builds it; None: free."""
+        if not request.format.free:
+            return request.format.constraint
         tools, form = request.tools, self.tool_format
         if tools is None or not form.tagged and tools.choice != "required":
             return None  # a whole-answer call the model may or may not make is read from its free answer

@@ -4,7 +4,8 @@ Every problem is a `RequestError` naming the field, answered as OpenAI answers i
 before the request is queued. Fields the engine has no equivalent for are refused when they ask for something
 (`n` > 1), and accepted at their neutral values, which many clients always send.
 `response_format` runs JSON mode: `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema": {"schema":
-...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to. `tools` (functions), with
+...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to; `grammar` (llama-server's field)
+holds it to a GBNF grammar. `tools` (functions), with
 `tool_choice` and `parallel_tool_calls`, and the conversation's `tool` messages and assistant `tool_calls` go to the
 model's chat template (`tool_calls.py`). Fields this server does not
 know are ignored, as vLLM and llama-server do: clients add their own. Omitted sampling fields take the model's own
@@ -18,6 +19,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from specchat.answer_format import AnswerFormat
 from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.sampling_config import MAX_SEED
 
@@ -53,8 +55,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     speculative: Speculative | None = None  # None: the server's drafter and budget
-    json_object: bool = False  # JSON mode: the answer is one JSON object
-    json_schema: dict | None = None  # ... one this JSON Schema allows
+    format: AnswerFormat = AnswerFormat()  # JSON mode (response_format), a grammar, or free text
     logprobs: int | None = None  # each token's log-probability and this many alternatives; None: none
     tools: Tools | None = None  # functions the answer may call
     echo: bool = False  # a completion's text begins with its prompt (and its log-probabilities, when asked)
@@ -95,8 +96,9 @@ def chat_request(body: object) -> CompletionRequest:
         raise RequestError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
     tools = _tools(body)
     common = _common(body)
-    if tools is not None and common.get("json_object"):
-        raise RequestError("response_format and tools together are not supported", param="response_format")
+    if tools is not None and not common["format"].free:
+        other = "grammar" if common["format"].grammar is not None else "response_format"
+        raise RequestError(f"{other} and tools together are not supported", param=other)
     return CompletionRequest(
         model=_model(body),
         messages=_messages(body.get("messages")),
@@ -213,18 +215,37 @@ def _common(body: dict) -> dict:
             raise RequestError("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     return {"sampling": _sampling(body), "stop": _stop(body.get("stop")), "stream": stream,
             "include_usage": include_usage, "speculative": _speculative(body.get("speculative")),
-            **_response_format(body.get("response_format"))}  # fmt: skip
+            "format": _answer_format(body)}  # fmt: skip
 
 
-def _response_format(value: object) -> dict:
+def _answer_format(body: dict) -> AnswerFormat:
+    """What the answer is held to: `response_format`, or a `grammar`."""
+    held = _response_format(body.get("response_format"))
+    grammar = body.get("grammar")
+    if grammar in (None, ""):
+        return held
+    if not held.free:
+        raise RequestError("give response_format or grammar, not both", param="grammar")
+    if not isinstance(grammar, str):
+        raise RequestError("grammar must be a string (GBNF)", param="grammar")
+    from specchat.constraints import Grammar, GrammarError
+
+    try:
+        Grammar(grammar)
+    except GrammarError as error:
+        raise RequestError(f"grammar: {error}", param="grammar") from None
+    return AnswerFormat(grammar=grammar)
+
+
+def _response_format(value: object) -> AnswerFormat:
     """JSON mode as `response_format` asks for it (vLLM takes it on completions too), the schema checked now."""
     from specchat.constraints.json_schema import JsonSchema, SchemaError
 
     kind = None if value is None else _object(value, "response_format").get("type")
     if kind in (None, "text"):
-        return {}
+        return AnswerFormat()
     if kind == "json_object":
-        return {"json_object": True}
+        return AnswerFormat(json=True)
     if kind != "json_schema":
         raise RequestError(f"response_format {kind!r} is not supported; 'text', 'json_object' or 'json_schema'",
                            param="response_format")  # fmt: skip
@@ -233,7 +254,7 @@ def _response_format(value: object) -> dict:
         JsonSchema(schema)
     except SchemaError as error:
         raise RequestError(f"response_format.json_schema: {error}", param="response_format") from None
-    return {"json_object": True, "json_schema": schema}
+    return AnswerFormat(json=True, schema=schema)
 
 
 def _speculative(value: object) -> Speculative | None:

@@ -1,6 +1,6 @@
-"""JSON mode as a `Constraint` the engine masks its rows with: the text is one JSON object (OpenAI's
-`response_format: {"type": "json_object"}`, ollama's `format: "json"`), or one a JSON Schema allows
-(`{"type": "json_schema"}`), then the end."""
+"""A byte syntax over a model's ids, as a `Constraint` the engine masks its rows with: JSON mode (one JSON object,
+OpenAI's `response_format: {"type": "json_object"}`, ollama's `format: "json"`), one a JSON Schema allows
+(`{"type": "json_schema"}`), or a text a GBNF grammar derives; then the end."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from specchat.constraints.forced_text import ForcedIds
 from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes
 
 
-class JsonText:
-    """`syntax` (json_syntax, or a JsonSchema) over `vocabulary`'s ids; `end_ids` (the model's EOS ids) may come
-    only once the text is whole, and then alone. With `encode` (text -> ids) what the syntax forces is drafted: worth
-    it in a canonical layout (a Llama 3 tool call), where whitespace is never a choice."""
+class SyntaxText:
+    """`syntax` (json_syntax, a JsonSchema or a Grammar) over `vocabulary`'s ids; `end_ids` (the model's EOS ids)
+    may come only once the text is whole. With `encode` (text -> ids) what the syntax forces is drafted: worth it
+    where the syntax leaves no choice about whitespace (a Llama 3 tool call's canonical layout, a grammar's
+    literals)."""
 
     def __init__(self, vocabulary: Vocabulary, syntax, end_ids: frozenset[int], encode=None):
         self.vocabulary, self.syntax, self.end_ids = vocabulary, syntax, end_ids
