@@ -3,6 +3,7 @@
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -129,8 +130,9 @@ def test_a_greedy_answer_is_what_specchat_run_prints(server):
     assert figures["drafted_tokens"] == sum(origin != "target" for origin in figures["origins"])
 
 
-def test_json_mode_answers_one_json_object(server):
-    """`response_format: {"type": "json_object"}` (the OpenAI client's JSON mode) reaches the engine's constraint."""
+def test_json_mode_and_grammars_hold_the_answer(server):
+    """`response_format: {"type": "json_object"}` (the OpenAI client's JSON mode), a schema, and llama-server's
+    `grammar` reach the engine's constraint."""
     messages = [{"role": "user", "content": "Give the name, age and city of a fictional person as JSON."}]
     reply = server.client().chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=120,
                                                     response_format={"type": "json_object"})  # fmt: skip
@@ -143,6 +145,10 @@ def test_json_mode_answers_one_json_object(server):
         response_format={"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": schema}})
     value = json.loads(reply.choices[0].message.content)
     assert list(value) == ["name", "age"] and isinstance(value["age"], int)
+    grammar = r'root ::= "Name: " [A-Z] [a-z]+ "\nAge: " [1-9] [0-9]?'
+    reply = server.client().completions.create(model=MODEL, prompt="A person:\n", temperature=0, max_tokens=30,
+                                               extra_body={"grammar": grammar})  # fmt: skip
+    assert re.fullmatch(r"Name: [A-Z][a-z]+\nAge: [1-9][0-9]?", reply.choices[0].text)
 
 
 def test_logprobs_of_every_token_whole_and_streamed(server):

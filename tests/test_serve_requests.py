@@ -36,6 +36,9 @@ def test_response_format_json_object_asks_for_json_mode_on_both_endpoints():
     assert text_request({"prompt": "{", "response_format": {"type": "json_object"}}).format.json
     assert chat_request({"messages": HI, "response_format": {"type": "text"}}).format.free
     assert text_request({"prompt": "x"}).format.free
+    grammar = 'root ::= "yes" | "no"'
+    assert text_request({"prompt": "x", "grammar": grammar}).format == AnswerFormat(grammar=grammar)
+    assert chat_request({"messages": HI, "grammar": ""}).format.free  # llama-server's default
 
 
 def test_logprobs_count_the_alternatives_asked_for():
@@ -98,6 +101,12 @@ def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
         ({"messages": HI, "logit_bias": [5, 1]}, "logit_bias", "token ids"),
         ({"messages": HI, "response_format": {"type": "grammar"}}, "response_format", "'json_object' or 'json_schema'"),
         ({"messages": HI, "response_format": {"type": "json_schema"}}, "response_format.json_schema", "JSON object"),
+        ({"messages": HI, "grammar": "root ::= x"}, "grammar", "rule 'x' is used but not defined"),
+        ({"messages": HI, "grammar": ["root"]}, "grammar", "a string"),
+        ({"messages": HI, "grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar",
+         "not both"),
+        ({"messages": HI, "grammar": 'root ::= "a"', "tools": [{"type": "function", "function": {"name": "f"}}]},
+         "grammar", "grammar and tools together"),
         ({"messages": HI, "stop": 5}, "stop", "string"),
         ({"messages": HI, "stop": ["a"] * 17}, "stop", "at most"),
         ({"messages": HI, "stream": "yes"}, "stream", "boolean"),

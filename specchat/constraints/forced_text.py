@@ -38,7 +38,7 @@ class ForcedIds:
             data, after = forced_bytes(self.syntax, state)
             ids, spelled = [], b""
             for token in self.encode(data.decode("utf-8", errors="ignore")):
-                piece = self.vocabulary.pieces[token] if token < len(self.vocabulary.pieces) else None
+                piece = self.vocabulary.pieces[token] if token < self.vocabulary.size else None  # a model's own
                 if not piece or not data.startswith(spelled + piece):
                     break
                 ids.append(token)

@@ -232,8 +232,7 @@ class _Parser:
         self.pos += negated
         ranges = []
         while True:
-            if self.pos >= len(self.text) or self.text[self.pos] in "\r\n":
-                self._fail("unterminated character set")
+            self._within_set()
             if self.text[self.pos] == "]":
                 self.pos += 1
                 return Chars(tuple(ranges), negated)
@@ -241,10 +240,15 @@ class _Parser:
             high = low
             if self.text.startswith("-", self.pos) and not self.text.startswith("-]", self.pos):
                 self.pos += 1
+                self._within_set()
                 high = self._char()
                 if high < low:
                     self._fail("a character range runs backwards")
             ranges.append((low, high))
+
+    def _within_set(self) -> None:
+        if self.pos >= len(self.text) or self.text[self.pos] in "\r\n":
+            self._fail("unterminated character set")
 
     def _char(self) -> int:
         """The code point at the cursor, escapes read."""

@@ -57,10 +57,10 @@ class Node:
 
 
 class JsonSchema:
-    """The automaton of one schema; `feed`, `complete`, `steady` and `split_spaces` as json_syntax's. `canonical`: whitespace
-    exactly as `json.dumps` writes it (one space after each `,` and `:`, none elsewhere), so that the text leaves no
-    choice but the values'; `padded`: one newline before and after the value (a tool call's JSON between its
-    tags)."""
+    """The automaton of one schema; `feed`, `complete`, `steady` and `split_spaces` as json_syntax's.
+    `canonical`: whitespace exactly as `json.dumps` writes it (one space after each `,` and `:`, none elsewhere), so
+    that the text leaves no choice but the values'; `padded`: one newline before and after the value (a tool call's
+    JSON between its tags)."""
 
     def __init__(self, schema: object, *, lenient: bool = False, canonical: bool = False, padded: bool = False):
         self.nodes: list[Node] = []

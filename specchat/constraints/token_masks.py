@@ -11,10 +11,10 @@ would take seconds a state, so the vocabulary is sorted by its bytes: the tokens
 range of rows, and a walk feeds each prefix once, leaving a range as soon as its next byte is refused (outside a
 string most ranges end after a byte or two). Where the state has steady bytes (inside a JSON string, every byte from
 0x20 up but `"` and `\\`; in a grammar's free text, the characters its repetition takes), the tokens made only of
-such bytes from there on (and well-formed UTF-8) are accepted as a block and only the others are fed one by one. Masks are cached by state,
-less its count of whitespace bytes in a row: a token fits after k of them if it fits after none and its own leading
-whitespace is at most `MAX_WHITESPACE` - k (whatever follows a non-whitespace byte no longer depends on k). So a
-JSON text meets few distinct states.
+such bytes from there on, in well-formed UTF-8, are accepted as a block and only the others are fed one by one.
+Masks are cached by state, less its count of whitespace bytes in a row: a token fits after k of them if it fits
+after none and its own leading whitespace is at most `MAX_WHITESPACE` - k (whatever follows a non-whitespace byte no
+longer depends on k). So a JSON text meets few distinct states.
 """
 
 from __future__ import annotations
