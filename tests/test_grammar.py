@@ -1,8 +1,9 @@
-"""GBNF grammars: the text is one the grammar derives, and speculation keeps it exactly what constrained decoding gives.
+"""GBNF grammars and regular expressions: the text is one the grammar derives, and speculation keeps it exactly what constrained decoding gives.
 
 - the format reads as llama.cpp reads it (literals, sets, `.`, groups, the repetitions, escapes, comments, rules
   over lines), and a grammar it cannot hold is refused in one line naming the line or rule;
-- the automaton takes exactly the texts a regular grammar's regular expression matches, and every prefix of one;
+- the automaton takes exactly the texts a regular grammar's regular expression matches, and every prefix of one; a
+  regular expression read into rules matches what Python's `re` matches whole (ASCII classes), or is refused by name;
   UTF-8 characters byte by byte, refusing a byte that begins a character the grammar could not take;
 - a state's token mask is exactly the tokens the automaton takes whole, on the real tokenizer (free text with
   non-ASCII characters, a character begun in a token, literals, repetitions);
@@ -64,7 +65,7 @@ castle ::= "O-O" "-O"?
     ('root ::= ("a" |\n  "b"\n  | "c")  # a group over lines\n', ["a", "b", "c"], ["ab", ""]),
 ])  # fmt: skip
 def test_grammars_take_what_they_derive_and_their_prefixes(text, takes, refuses):
-    grammar = Grammar(text)
+    grammar = Grammar.from_gbnf(text)
     for each in takes:
         assert _takes(grammar, each), each
         data = each.encode()
@@ -84,7 +85,7 @@ REGULAR = [  # a grammar and the regular expression of the same texts
 
 @pytest.mark.parametrize("text, pattern", REGULAR)
 def test_regular_grammars_take_what_their_expressions_match(text, pattern):
-    grammar, rng = Grammar(text), random.Random(0)
+    grammar, rng = Grammar.from_gbnf(text), random.Random(0)
     matched = 0
     for _ in range(3000):
         candidate = "".join(rng.choice("abcd-1") for _ in range(rng.randrange(7)))
@@ -93,14 +94,57 @@ def test_regular_grammars_take_what_their_expressions_match(text, pattern):
     assert matched > 20
 
 
+@pytest.mark.parametrize("pattern, example", [
+    (r"^\d{3}-\d{2,4}$", "123-4567"),
+    (r"(ab|c)+d?", "abcabd"),
+    (r"[^a-c\d]x*", "éxx"),
+    (r"\w+@\w+\.com", "alan_t@enigma.com"),
+    (r"(?:a|b)*?c{,2}", "abbcc"),
+    (r"a.b", "a\tb"),
+    (r"[\]a-]+\W", "]a-é"),
+    (r"(?P<x>a+)b{2,}", "aabbb"),
+    (r"[\s\S]b", "\nb"),
+    (r"x\.y\{1\}{1}", "x.y{1}"),
+    (r"colou?r|gr[ae]y", "colour"),
+    (r"(a|bc){1,3}|\x41\u00e9$", "abca"),
+])  # fmt: skip
+def test_regular_expressions_match_what_re_matches_whole(pattern, example):
+    """Against texts one or two edits from a match, and random ones, over the match's characters and a few more."""
+    grammar, rng = Grammar.from_regex(pattern), random.Random(1)
+    alphabet = sorted(set(example) | set("a1 .\né"))
+    assert _takes(grammar, example)
+    matched = 0
+    for trial in range(2000):
+        candidate = list(example) if trial % 2 else [rng.choice(alphabet) for _ in range(rng.randrange(9))]
+        for _ in range(rng.randrange(1, 3)):
+            at = rng.randrange(len(candidate) + 1)
+            candidate[at:at + rng.randrange(2)] = rng.choice(["", rng.choice(alphabet)])
+        candidate = "".join(candidate)
+        expected = bool(re.fullmatch(pattern, candidate, re.ASCII))
+        assert _takes(grammar, candidate) == expected, candidate
+        matched += expected
+    assert matched > 20
+
+
+@pytest.mark.parametrize("pattern, message", [
+    (r"(?=a)b", "lookarounds"), (r"(a)\1", "backreferences"), (r"a\bc", "word boundaries"), (r"(a", "missing ')'"),
+    (r"a)", "unbalanced ')'"), (r"*a", "'*' repeats nothing"), (r"a{3,1}", "below the minimum"), (r"(?i)a", "flags"),
+    (r"a^b", "anchors (^)"), (r"[z-a]", "runs backwards"), (r"(a?)*", "repeats what may be empty"),
+    ("a\\", "cannot end in a backslash"), (r"\q", "unknown escape"),
+])  # fmt: skip
+def test_a_regular_expression_no_grammar_holds_is_refused_by_name(pattern, message):
+    with pytest.raises(GrammarError, match=re.escape(message)):
+        Grammar.from_regex(pattern)
+
+
 def test_utf8_bytes_are_taken_one_at_a_time():
-    grammar = Grammar('root ::= [a-z] [à-ÿ] "☃"')
+    grammar = Grammar.from_gbnf('root ::= [a-z] [à-ÿ] "☃"')
     assert _state(grammar, b"a\xc3") is not None  # a character begun that [à-ÿ] may hold
     assert _state(grammar, b"a\xc4") is None  # U+0100.. cannot be in it
     assert _state(grammar, b"a\xc3\xa9\xe2\x98") is not None and _takes(grammar, "aé☃")
     for refused in (b"a\x80", b"a\xc3A", b"a\xff"):  # a continuation first, a character cut short, no UTF-8
         assert _state(grammar, refused) is None
-    free = Grammar(r'root ::= [^\n]*')
+    free = Grammar.from_gbnf(r'root ::= [^\n]*')
     assert _state(free, "\ud7ff".encode()) is not None and _state(free, b"\xed\xa0") is None  # no surrogates
     assert _state(free, b"\xe0\x80") is None and _state(free, b"\xf4\x90") is None  # overlong, past U+10FFFF
 
@@ -127,7 +171,7 @@ def test_utf8_bytes_are_taken_one_at_a_time():
 ])  # fmt: skip
 def test_a_grammar_outside_the_format_is_refused_naming_its_place(text, message):
     with pytest.raises(GrammarError, match=re.escape(message)):
-        Grammar(text)
+        Grammar.from_gbnf(text)
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +181,13 @@ def vocabulary(tokenizer):
 
 @pytest.mark.parametrize("text, prefixes", [
     (r'root ::= [^\n]* "\n"', ["", "Hello wor", "déjà", b"caf\xc3", "☃ "]),
+    (r"regex:\w+@\w+\.(com|org)", ["", "alan", "alan@", "alan@enigma.", "alan@enigma.co"]),
     (r'root ::= "- " [A-Za-z ]+ ("\n- " [A-Za-z ]+){0,2}', ["", "- ", "- Apple", "- Apple\n", "- A\n- B\n- C"]),
     ('root ::= "The answer is " ("yes" | "no" | "maybe") "."', ["", "The ans", "The answer is ", "The answer is no"]),
     (r'root ::= "{" ws "\"a\":" ws [0-9]+ ws "}"' + "\nws ::= [ \\t\\n]*", ["", "{", '{ "a":', '{"a": 12 ']),
 ])  # fmt: skip
 def test_a_state_mask_is_every_token_the_automaton_takes(text, prefixes, vocabulary):
-    grammar = Grammar(text)
+    grammar = Grammar.from_regex(text.removeprefix("regex:")) if text.startswith("regex:") else Grammar.from_gbnf(text)
     masks = TokenMasks(vocabulary, grammar, frozenset({2}))
     for prefix in prefixes:
         state = _state(grammar, prefix)
@@ -178,7 +223,7 @@ def test_random_trees_under_a_grammar_equal_constrained_decoding(family, seed, b
     reproducible = not sampling.greedy
     alone, _ = _decode(Engine(model, tokenizer, max_len=256), prompt, 60, sampling, reproducible)
     text = tokenizer.decode(alone)
-    assert text.startswith("The:\n") and _state(Grammar(SHOPPING), text) is not None
+    assert text.startswith("The:\n") and _state(Grammar.from_gbnf(SHOPPING), text) is not None
     assert len(set(alone)) > 5  # the mask left the random model real choices
     drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=seed, reference=prompt + alone, p_correct=0.7)
     engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)

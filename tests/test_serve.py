@@ -131,8 +131,8 @@ def test_a_greedy_answer_is_what_specchat_run_prints(server):
 
 
 def test_json_mode_and_grammars_hold_the_answer(server):
-    """`response_format: {"type": "json_object"}` (the OpenAI client's JSON mode), a schema, and llama-server's
-    `grammar` reach the engine's constraint."""
+    """`response_format: {"type": "json_object"}` (the OpenAI client's JSON mode), a schema, llama-server's `grammar`
+    and vLLM's `structured_outputs` reach the engine's constraint."""
     messages = [{"role": "user", "content": "Give the name, age and city of a fictional person as JSON."}]
     reply = server.client().chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=120,
                                                     response_format={"type": "json_object"})  # fmt: skip
@@ -149,6 +149,11 @@ def test_json_mode_and_grammars_hold_the_answer(server):
     reply = server.client().completions.create(model=MODEL, prompt="A person:\n", temperature=0, max_tokens=30,
                                                extra_body={"grammar": grammar})  # fmt: skip
     assert re.fullmatch(r"Name: [A-Z][a-z]+\nAge: [1-9][0-9]?", reply.choices[0].text)
+    review = [{"role": "user", "content": "Is this review positive or negative? 'I loved every minute of it.'"}]
+    reply = server.client().chat.completions.create(model=MODEL, messages=review, temperature=0, max_tokens=10,
+                                                    extra_body={"structured_outputs": {"choice": ["positive",
+                                                                                                  "negative"]}})
+    assert reply.choices[0].message.content in ("positive", "negative")
 
 
 def test_logprobs_of_every_token_whole_and_streamed(server):

@@ -1,5 +1,7 @@
 """Request bodies checked before anything is queued: each bad field is a 4xx naming it (no server, no model)."""
 
+import json
+
 import pytest
 
 from specchat.answer_format import AnswerFormat
@@ -39,6 +41,24 @@ def test_response_format_json_object_asks_for_json_mode_on_both_endpoints():
     grammar = 'root ::= "yes" | "no"'
     assert text_request({"prompt": "x", "grammar": grammar}).format == AnswerFormat(grammar=grammar)
     assert chat_request({"messages": HI, "grammar": ""}).format.free  # llama-server's default
+    assert chat_request({"messages": HI, "grammar": grammar, "response_format": {"type": "text"}}).format.grammar
+
+
+def test_vllm_structured_outputs_hold_the_answer():
+    """`structured_outputs` (vLLM's since 0.12) and the `guided_*` fields before it: a choice is the regular
+    expression of its strings, each escaped."""
+    person = {"type": "object", "properties": {"age": {"type": "integer"}}}
+    for body, held in [
+        ({"structured_outputs": {"choice": ["yes", "no (1+1)"]}}, AnswerFormat(regex=r"yes|no\ \(1\+1\)")),
+        ({"guided_choice": ["a.b"]}, AnswerFormat(regex=r"a\.b")),
+        ({"structured_outputs": {"regex": r"\d+"}}, AnswerFormat(regex=r"\d+")),
+        ({"structured_outputs": {"json": person}}, AnswerFormat(json=True, schema=person)),
+        ({"guided_json": json.dumps(person)}, AnswerFormat(json=True, schema=person)),
+        ({"structured_outputs": {"grammar": 'root ::= "a"'}}, AnswerFormat(grammar='root ::= "a"')),
+        ({"guided_grammar": 'root ::= "a"'}, AnswerFormat(grammar='root ::= "a"')),
+    ]:
+        assert chat_request({"messages": HI, **body}).format == held
+        assert text_request({"prompt": "x", **body}).format == held
 
 
 def test_logprobs_count_the_alternatives_asked_for():
@@ -104,7 +124,13 @@ def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
         ({"messages": HI, "grammar": "root ::= x"}, "grammar", "rule 'x' is used but not defined"),
         ({"messages": HI, "grammar": ["root"]}, "grammar", "a string"),
         ({"messages": HI, "grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar",
-         "not both"),
+         "give one of response_format, grammar"),
+        ({"messages": HI, "structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs",
+         "one of choice, regex, json, grammar"),
+        ({"messages": HI, "structured_outputs": {"regex": "(?=a)"}}, "structured_outputs.regex", "lookarounds"),
+        ({"messages": HI, "structured_outputs": {"choice": []}}, "structured_outputs.choice", "non-empty strings"),
+        ({"messages": HI, "structured_outputs": {"json": "{"}}, "structured_outputs.json", "a JSON Schema"),
+        ({"messages": HI, "guided_regex": r"a\1"}, "guided_regex", "backreferences"),
         ({"messages": HI, "grammar": 'root ::= "a"', "tools": [{"type": "function", "function": {"name": "f"}}]},
          "grammar", "grammar and tools together"),
         ({"messages": HI, "stop": 5}, "stop", "string"),

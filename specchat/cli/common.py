@@ -214,7 +214,7 @@ def read_grammar(text: str | None, path: Path | None) -> str:
         except UnicodeDecodeError:
             raise SpecchatError(f"--grammar-file: {path} is not UTF-8 text") from None
     try:
-        Grammar(text)
+        Grammar.from_gbnf(text)
     except GrammarError as error:
         raise SpecchatError(f"{where}: {error}") from None
     return text

@@ -1,7 +1,7 @@
 """Syntaxes a generated text can be held to (the engine's `Constraint`): JSON mode, plain or under a JSON Schema;
 a GBNF grammar; an answer that may call tools."""
 
-from specchat.constraints.gbnf import GrammarError
+from specchat.constraints.rules import GrammarError
 from specchat.constraints.grammar import Grammar
 from specchat.constraints.json_schema import JsonSchema, SchemaError
 from specchat.constraints.syntax_text import SyntaxText

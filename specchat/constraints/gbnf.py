@@ -4,74 +4,14 @@ of elements (a set of characters, or another rule).
 The format as llama.cpp reads it: `name ::= alternatives`, one rule a line (a group or a `|` may go on over
 lines); literals `"..."`, character sets `[a-z]` / `[^...]`, `.` (any character), rule names, groups `( ... )`,
 the repetitions `*`, `+`, `?`, `{m}`, `{m,}`, `{m,n}`; escapes `\\n \\r \\t \\\\ \\" \\[ \\] \\-`, `\\xHH`,
-`\\uHHHH`, `\\UHHHHHHHH`; `#` comments. The text must derive from `root`. Repetitions become rules of their own (as
-llama.cpp rewrites them): `x*` a rule `x r | (nothing)`, `x{2,4}` two x then `(x (x)?)?`. Characters are Unicode
-code points. A rule that can reach itself before any character (left recursion) is refused, as llama.cpp refuses
-it: the automaton could never tell where such a rule ends.
+`\\uHHHH`, `\\UHHHHHHHH`; `#` comments. The text must derive from `root`. Characters are Unicode code points.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from dataclasses import dataclass, field
-
-MAX_REPEAT = 2000  # llama.cpp's bound on {m,n}'s numbers
+from specchat.constraints.rules import ANY, MAX_REPEAT, Chars, Element, GrammarError, Rules, RuleSet
 ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "/": "/"}
 HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
-
-
-class GrammarError(ValueError):
-    """A grammar that cannot be read or held, with the line or rule at fault."""
-
-
-@dataclass(frozen=True)
-class Chars:
-    """A set of code points: those in `ranges` (inclusive pairs), or when `negated` all others."""
-
-    ranges: tuple[tuple[int, int], ...]
-    negated: bool = False
-    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # the ranges merged, sorted
-    _ends: tuple[int, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        merged: list[list[int]] = []
-        for lo, hi in sorted(self.ranges):
-            if merged and lo <= merged[-1][1] + 1:
-                merged[-1][1] = max(merged[-1][1], hi)
-            else:
-                merged.append([lo, hi])
-        object.__setattr__(self, "_starts", tuple(lo for lo, _ in merged))
-        object.__setattr__(self, "_ends", tuple(hi for _, hi in merged))
-
-    def __contains__(self, code: int) -> bool:
-        at = bisect_right(self._starts, code) - 1
-        return (at >= 0 and code <= self._ends[at]) != self.negated
-
-    def bounds(self) -> tuple[int, ...]:
-        """The code points where membership may change: each range's first and one past its last."""
-        return (*self._starts, *(hi + 1 for hi in self._ends))
-
-    def meets(self, lo: int, hi: int) -> bool:
-        """Whether some code point from `lo` to `hi` is in the set (whether a partial UTF-8 sequence may match)."""
-        at = bisect_right(self._starts, lo) - 1
-        covered = at >= 0 and lo <= self._ends[at]  # lo is in a range (the merged ranges leave gaps between them)
-        if not self.negated:
-            return covered or at + 1 < len(self._starts) and self._starts[at + 1] <= hi
-        return not covered or self._ends[at] < hi
-
-
-ANY = Chars(((0, 0x10FFFF),))
-Element = Chars | int  # an int: the index of a rule
-
-
-@dataclass(frozen=True)
-class Rules:
-    """A grammar: `alternatives[rule]` the sequences that rule derives; `names[rule]` its name (a group's or a
-    repetition's rule: the name of the rule it appears in, "/" and its index)."""
-
-    names: tuple[str, ...]
-    alternatives: tuple[tuple[tuple[Element, ...], ...], ...]
-    root: int
 
 
 def parse_gbnf(text: str) -> Rules:
@@ -83,8 +23,7 @@ class _Parser:
     def __init__(self, text: str):
         self.text, self.pos = text, 0
         self.index: dict[str, int] = {}  # a rule's name -> its index
-        self.rules: list[list[tuple[Element, ...]] | None] = []  # None: referred to, not yet defined
-        self.names: list[str] = []
+        self.rules = RuleSet()
         self.rule = ""  # the rule being read, for the names of the rules its repetitions make
 
     def parse(self) -> Rules:
@@ -97,20 +36,18 @@ class _Parser:
             self.pos += 3
             self._space(newlines=True)
             index = self._rule_index(self.rule)
-            if self.rules[index] is not None:
+            if self.rules.rules[index] is not None:
                 self._fail(f"rule {self.rule!r} is defined twice")
-            self.rules[index] = self._alternatives(nested=False)
+            self.rules.rules[index] = self._alternatives(nested=False)
             if self.pos < len(self.text) and self.text[self.pos] not in "\r\n":
                 self._fail(f"unexpected {self.text[self.pos]!r}")
             self._space(newlines=True)
-        undefined = [name for name, rule in zip(self.names, self.rules) if rule is None]
+        undefined = [name for name, rule in zip(self.rules.names, self.rules.rules) if rule is None]
         if undefined:
             raise GrammarError(f"rule {undefined[0]!r} is used but not defined")
         if "root" not in self.index:
             raise GrammarError("the grammar has no rule named 'root'")
-        rules = Rules(tuple(self.names), tuple(tuple(alternatives) for alternatives in self.rules), self.index["root"])
-        _refuse_left_recursion(rules)
-        return rules
+        return self.rules.finish(self.index["root"])
 
     # -- the text's parts ---------------------------------------------------------------------------------------
 
@@ -143,7 +80,7 @@ class _Parser:
                 if self.pos >= len(self.text) or self.text[self.pos] != ")":
                     self._fail("expected ')'")
                 self.pos += 1
-                item = (self._new_rule(group),)
+                item = (self.rules.add(group, self._made),)
             elif _is_name_char(char):
                 item = (self._rule_index(self._name()),)
             elif char in "*+?{":
@@ -167,26 +104,8 @@ class _Parser:
         """`item` under the repetition at the cursor, as elements (new rules for what it repeats)."""
         char = self.text[self.pos]
         self.pos += 1
-        if char == "*":
-            return (self._star(item),)
-        if char == "+":
-            return (*item, self._star(item))
-        if char == "?":
-            return (self._new_rule([item, ()]),)
-        low, high = self._bounds()
-        out = item * low
-        if high is None:
-            return (*out, self._star(item))
-        optional: tuple[Element, ...] = ()
-        for _ in range(high - low):  # (x (x (x)?)?)?, innermost first
-            optional = (self._new_rule([(*item, *optional), ()]),)
-        return (*out, *optional)
-
-    def _star(self, item: tuple[Element, ...]) -> int:
-        """A rule for `item*`: item then itself, or nothing."""
-        index = self._new_rule([])
-        self.rules[index] = [(*item, index), ()]
-        return index
+        low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(char) or self._bounds()
+        return self.rules.repeated(item, low, high, self._made)
 
     def _bounds(self) -> tuple[int, int | None]:
         """`{m}`, `{m,}` or `{m,n}` after its brace: (m, n), n None where open."""
@@ -299,15 +218,13 @@ class _Parser:
 
     def _rule_index(self, name: str) -> int:
         if name not in self.index:
-            self.index[name] = len(self.rules)
-            self.rules.append(None)
-            self.names.append(name)
+            self.index[name] = self.rules.add(None, name)
         return self.index[name]
 
-    def _new_rule(self, alternatives: list[tuple[Element, ...]]) -> int:
-        self.rules.append(alternatives)
-        self.names.append(f"{self.rule}/{len(self.rules)}")  # no rule's own name holds a "/"
-        return len(self.rules) - 1
+    @property
+    def _made(self) -> str:
+        """The name of a rule a group or a repetition makes: its rule's, "/" (which no name holds) and a number."""
+        return f"{self.rule}/{len(self.rules.rules)}"
 
     def _fail(self, message: str):
         line = self.text.count("\n", 0, self.pos) + 1
@@ -317,45 +234,3 @@ class _Parser:
 
 def _is_name_char(char: str) -> bool:
     return char.isascii() and (char.isalnum() or char in "-_")
-
-
-def _refuse_left_recursion(rules: Rules) -> None:
-    """`GrammarError` where a rule can reach itself before any character."""
-    nullable = [False] * len(rules.names)
-    changed = True
-    while changed:  # a rule is nullable when one of its alternatives is all nullable rules
-        changed = False
-        for rule, alternatives in enumerate(rules.alternatives):
-            if not nullable[rule] and any(all(isinstance(e, int) and nullable[e] for e in alt) for alt in alternatives):
-                nullable[rule] = changed = True
-    leading = []  # the rules each rule may begin with
-    for alternatives in rules.alternatives:
-        firsts = set()
-        for alternative in alternatives:
-            for element in alternative:
-                if isinstance(element, Chars):
-                    break
-                firsts.add(element)
-                if not nullable[element]:
-                    break
-        leading.append(firsts)
-    state = [0] * len(rules.names)  # 0 unseen, 1 on the path, 2 done
-    for root in range(len(rules.names)):  # depth first, with a stack of (rule, its leading rules left)
-        if state[root]:
-            continue
-        state[root] = 1
-        path = [(root, iter(leading[root]))]
-        while path:
-            rule, others = path[-1]
-            other = next(others, None)
-            if other is None:
-                state[rule] = 2
-                path.pop()
-            elif state[other] == 1:
-                name = rules.names[other]
-                if "/" in name:
-                    raise GrammarError(f"rule {name.split('/')[0]!r} repeats what may be empty (left recursion)")
-                raise GrammarError(f"rule {name!r} is left-recursive: it can reach itself before any character")
-            elif state[other] == 0:
-                state[other] = 1
-                path.append((other, iter(leading[other])))

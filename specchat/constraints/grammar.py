@@ -1,5 +1,5 @@
-"""A GBNF grammar as a byte automaton (token_masks.py's syntax): which bytes may come next in a text the grammar
-derives.
+"""A grammar (GBNF's, or a regular expression's) as a byte automaton (token_masks.py's syntax): which bytes may come
+next in a text the grammar derives.
 
 The automaton is a pushdown one over code points, as llama.cpp's: a position in the grammar is a stack of frames
 (rule, alternative, element index), the innermost last; a state is the set of stacks whose next element is a set
@@ -14,7 +14,9 @@ token ends in a character the grammar could never finish.
 
 from __future__ import annotations
 
-from specchat.constraints.gbnf import Chars, parse_gbnf
+from specchat.constraints.gbnf import parse_gbnf
+from specchat.constraints.regex import parse_regex
+from specchat.constraints.rules import Chars, Rules
 
 Stack = tuple[tuple[int, int, int], ...]  # frames (rule, alternative, next element), the innermost last
 State = tuple[frozenset[Stack], bytes]  # the stacks, and a UTF-8 character's bytes read so far
@@ -24,16 +26,26 @@ UTF8_FIRST = {2: 0x80, 3: 0x800, 4: 0x10000}  # the least code point an n-byte s
 
 
 class Grammar:
-    """The automaton of a GBNF text (`gbnf.GrammarError` where it cannot be read or held)."""
+    """The automaton of `rules` (`from_gbnf`, `from_regex`: `rules.GrammarError` where the text cannot be read or
+    held)."""
 
-    def __init__(self, text: str):
-        self.rules = parse_gbnf(text)
+    def __init__(self, rules: Rules):
+        self.rules = rules
         self._expanded: dict[Stack, frozenset[Stack]] = {}
         self._steps: dict[tuple[State, int], State | None] = {}
         self._steady: dict[State, frozenset[int]] = {}
         root = self.rules.root
         stacks = frozenset().union(*(self._expand(((root, a, 0),)) for a in range(len(self.rules.alternatives[root]))))
         self.start: State = (stacks, b"")
+
+    @classmethod
+    def from_gbnf(cls, text: str) -> Grammar:
+        return cls(parse_gbnf(text))
+
+    @classmethod
+    def from_regex(cls, pattern: str) -> Grammar:
+        """The texts `pattern` matches whole."""
+        return cls(parse_regex(pattern))
 
     def complete(self, state: State) -> bool:
         return not state[1] and () in state[0]

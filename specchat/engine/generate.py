@@ -127,16 +127,18 @@ class Engine:
 
         return self._kept(("json", schema), build)
 
-    def grammar_constraint(self, grammar: str) -> Constraint:
-        """A text a GBNF grammar derives (llama.cpp's format; `constraints.GrammarError` where it cannot be read or
-        held), then the end; what the grammar leaves no choice about is drafted. Kept as `json_constraint`'s."""
+    def grammar_constraint(self, grammar: str, *, regex: bool = False) -> Constraint:
+        """A text a GBNF grammar derives (llama.cpp's format), or with `regex` one the regular expression `grammar`
+        matches whole (`constraints.GrammarError` where it cannot be read or held), then the end; what the grammar
+        leaves no choice about is drafted. Kept as `json_constraint`'s."""
         from specchat.constraints import Grammar, SyntaxText
 
         def build():
             encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
-            return SyntaxText(self._vocabulary, Grammar(grammar), self.eos_ids, encode)
+            held = Grammar.from_regex(grammar) if regex else Grammar.from_gbnf(grammar)
+            return SyntaxText(self._vocabulary, held, self.eos_ids, encode)
 
-        return self._kept(("grammar", grammar), build)
+        return self._kept(("regex" if regex else "grammar", grammar), build)
 
     def tool_call_constraint(self, functions: list[dict], form, *, choice: str = "auto",
                              parallel: bool = True) -> Constraint:  # fmt: skip

@@ -5,7 +5,7 @@ before the request is queued. Fields the engine has no equivalent for are refuse
 (`n` > 1), and accepted at their neutral values, which many clients always send.
 `response_format` runs JSON mode: `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema": {"schema":
 ...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to; `grammar` (llama-server's field)
-holds it to a GBNF grammar. `tools` (functions), with
+holds it to a GBNF grammar, `structured_outputs` (vLLM's) to a choice, a regular expression, a schema or a grammar. `tools` (functions), with
 `tool_choice` and `parallel_tool_calls`, and the conversation's `tool` messages and assistant `tool_calls` go to the
 model's chat template (`tool_calls.py`). Fields this server does not
 know are ignored, as vLLM and llama-server do: clients add their own. Omitted sampling fields take the model's own
@@ -27,6 +27,8 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 MAX_STOPS = 16
 MAX_CHAT_LOGPROBS, MAX_TEXT_LOGPROBS = 20, 5  # OpenAI's limits on the alternatives a token's log-probability lists
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+STRUCTURED = ("choice", "regex", "json", "grammar")  # vLLM's structured outputs
+GUIDED = {"guided_choice": "choice", "guided_regex": "regex", "guided_json": "json", "guided_grammar": "grammar"}
 
 
 class RequestError(Exception):
@@ -97,7 +99,7 @@ def chat_request(body: object) -> CompletionRequest:
     tools = _tools(body)
     common = _common(body)
     if tools is not None and not common["format"].free:
-        other = "grammar" if common["format"].grammar is not None else "response_format"
+        other = _format_fields(body)[0]
         raise RequestError(f"{other} and tools together are not supported", param=other)
     return CompletionRequest(
         model=_model(body),
@@ -219,22 +221,62 @@ def _common(body: dict) -> dict:
 
 
 def _answer_format(body: dict) -> AnswerFormat:
-    """What the answer is held to: `response_format`, or a `grammar`."""
-    held = _response_format(body.get("response_format"))
-    grammar = body.get("grammar")
-    if grammar in (None, ""):
-        return held
-    if not held.free:
-        raise RequestError("give response_format or grammar, not both", param="grammar")
-    if not isinstance(grammar, str):
-        raise RequestError("grammar must be a string (GBNF)", param="grammar")
-    from specchat.constraints import Grammar, GrammarError
+    """What the answer is held to: `response_format` (OpenAI's), `grammar` (llama-server's GBNF) or
+    `structured_outputs` (vLLM's: `choice`, `regex`, `json` or `grammar`; its older `guided_*` fields alike), one of
+    them, checked now."""
+    asked = _format_fields(body)
+    if len(asked) > 1:
+        raise RequestError(f"give one of {', '.join(asked)}, not several", param=asked[1])
+    if not asked:
+        return AnswerFormat()
+    name = asked[0]
+    if name == "response_format":
+        return _response_format(body[name])
+    if name == "grammar":
+        return _structured("grammar", body[name], "grammar")
+    if name in GUIDED:
+        return _structured(GUIDED[name], body[name], name)
+    fields = {key: value for key, value in _object(body[name], name).items() if value not in (None, False)}
+    if len(fields) != 1 or next(iter(fields)) not in STRUCTURED:
+        raise RequestError(f"{name} takes one of {', '.join(STRUCTURED)}", param=name)
+    [(kind, value)] = fields.items()
+    return _structured(kind, value, f"{name}.{kind}")
 
+
+def _format_fields(body: dict) -> list[str]:
+    """The fields of `body` that ask for a format (`response_format: {"type": "text"}`, which many clients send,
+    asks for none)."""
+    plain = isinstance(body.get("response_format"), dict) and body["response_format"].get("type") == "text"
+    return [name for name in ("response_format", "grammar", "structured_outputs", *GUIDED)
+            if body.get(name) not in (None, "", {}) and not (name == "response_format" and plain)]  # fmt: skip
+
+
+def _structured(kind: str, value: object, param: str) -> AnswerFormat:
+    """vLLM's structured output `kind` ("choice", "regex", "json" or "grammar") held to `value`, checked."""
+    from specchat.constraints import Grammar, GrammarError, JsonSchema, SchemaError
+
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise RequestError(f"{param} must be a JSON Schema", param=param) from None
+        try:
+            JsonSchema(value)
+        except SchemaError as error:
+            raise RequestError(f"{param}: {error}", param=param) from None
+        return AnswerFormat(json=True, schema=value)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(each, str) and each for each in value):
+            raise RequestError(f"{param} must be a list of non-empty strings", param=param)
+        kind, value = "regex", "|".join(re.escape(each) for each in value)
+    if not isinstance(value, str):
+        raise RequestError(f"{param} must be a string", param=param)
     try:
-        Grammar(grammar)
+        Grammar.from_regex(value) if kind == "regex" else Grammar.from_gbnf(value)
     except GrammarError as error:
-        raise RequestError(f"grammar: {error}", param="grammar") from None
-    return AnswerFormat(grammar=grammar)
+        raise RequestError(f"{param}: {error}", param=param) from None
+    return AnswerFormat(regex=value) if kind == "regex" else AnswerFormat(grammar=value)
 
 
 def _response_format(value: object) -> AnswerFormat:
