@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
@@ -87,13 +88,33 @@ class ToolCall:
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
 
-def call_reader(form: ToolFormat):
-    """A reader of an answer in `form`: `feed(text)` and, once it has ended, `finish()`, each the text outside
-    calls that is now certain and the calls read; `calls`, every call so far."""
+def call_reader(form: ToolFormat) -> CallReader:
+    """A reader of an answer in `form`."""
     return TaggedCalls(form.arguments) if form.tagged else WholeAnswerCall(form.arguments)
 
 
-class TaggedCalls:
+class CallReader(ABC):
+    """Reads an answer as it arrives: `feed(text)` and, once it has ended, `finish()`, each the text outside calls
+    that is now certain and the calls read; `calls`, every call so far."""
+
+    calls: list[ToolCall]
+
+    @abstractmethod
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]: ...
+
+    @abstractmethod
+    def finish(self) -> tuple[str, list[ToolCall]]: ...
+
+    def read(self, text: str, ended: bool) -> tuple[str, list[ToolCall]]:
+        """`feed(text)`, then where the answer `ended`, `finish()`: the text and calls of both."""
+        out, calls = self.feed(text)
+        if ended:
+            rest, last = self.finish()
+            out, calls = out + rest, calls + last
+        return out, calls
+
+
+class TaggedCalls(CallReader):
     """Calls between tags, read as the text arrives: a call when its closing tag arrives; text that may be the
     start of a tag waits for what follows it, and blanks for what follows them (blanks between calls are not
     text)."""
@@ -135,7 +156,7 @@ class TaggedCalls:
         return ("" if self.calls and not rest.strip() else rest), []
 
 
-class WholeAnswerCall:
+class WholeAnswerCall(CallReader):
     """An answer that is one call or text: one that opens with `{` is held back, and is a call if the whole of it
     parses as one; any other is text, handed out as it arrives."""
 

@@ -183,6 +183,11 @@ def test_run_json_report(default_model):
     assert report["mean_accepted_length"] == 1.0 and report["acceptance_rate"] is None
     assert report["steps"] == report["new_tokens"] - 1
     assert report["model"] == "smollm2-135m" and report["drafter"] == "none" and report["yarn"] is None
+    result = specchat("run", "What is the capital of France?", "--temperature", "0", "--json", "-n", "24",
+                      "--drafter", "none", "--ignore-eos", warm=True)  # fmt: skip
+    endless = json.loads(result.stdout)  # the same answer, then on past where it ended
+    assert endless["new_tokens"] == 24 and endless["finish_reason"] == "length"
+    assert endless["token_ids"][: report["new_tokens"] - 1] == report["token_ids"][:-1]
     for key in ("prefill_seconds", "decode_seconds", "tokens_per_second"):
         assert report[key] > 0
 

@@ -168,6 +168,7 @@ def test_utf8_bytes_are_taken_one_at_a_time():
     ('root = "a"', "expected '::='"),
     ('root ::= <think>', "token references"),
     ('root ::= ("a" | "b"', "expected ')'"),
+    ("root ::= r1\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(1, 400)) + 'r400 ::= "x"', "nest more than 300"),
 ])  # fmt: skip
 def test_a_grammar_outside_the_format_is_refused_naming_its_place(text, message):
     with pytest.raises(GrammarError, match=re.escape(message)):
@@ -252,6 +253,7 @@ def test_run_answers_the_grammar_s_text(tmp_path):
     (("--grammar", "root ::= x"), ("--grammar:", "rule 'x' is used but not defined")),
     (("--grammar-file", "/no/such.gbnf"), ("--grammar-file: cannot read /no/such.gbnf",)),
     (("--grammar", 'root ::= "a"', "--format", "json"), ("give one of --format json, --schema, --grammar",)),
+    (("--grammar", 'root ::= "a"', "--ignore-eos"), ("--ignore-eos with a GBNF grammar: a held text must end",)),
 ])  # fmt: skip
 def test_run_refuses_a_bad_grammar_in_one_line(args, needles, monkeypatch, capfd):
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, "run", "hi", *args), *needles)

@@ -222,6 +222,13 @@ def test_logit_bias_bans_and_favours_tokens(server, tokenizer):
     favoured = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=3, temperature=0,
                                          logit_bias={str(token): 100}).choices[0].text  # fmt: skip
     assert banned != first and favoured == first * 3
+    short = [{"role": "user", "content": "Say hi."}]
+    ends = client.chat.completions.create(model=MODEL, messages=short, max_tokens=40, temperature=0)
+    runs_on = client.chat.completions.create(model=MODEL, messages=short, max_tokens=40, temperature=0,
+                                             extra_body={"ignore_eos": True})  # fmt: skip
+    assert ends.choices[0].finish_reason == "stop" and ends.usage.completion_tokens < 40
+    assert runs_on.choices[0].finish_reason == "length" and runs_on.usage.completion_tokens == 40
+    assert runs_on.choices[0].message.content.startswith(ends.choices[0].message.content)
 
 
 def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):

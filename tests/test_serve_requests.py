@@ -42,6 +42,7 @@ def test_response_format_json_object_asks_for_json_mode_on_both_endpoints():
     assert text_request({"prompt": "x", "grammar": grammar}).format == AnswerFormat(grammar=grammar)
     assert chat_request({"messages": HI, "grammar": ""}).format.free  # llama-server's default
     assert chat_request({"messages": HI, "grammar": grammar, "response_format": {"type": "text"}}).format.grammar
+    assert text_request({"prompt": "x", "ignore_eos": True}).ignore_eos and not text_request({"prompt": "x"}).ignore_eos
 
 
 def test_vllm_structured_outputs_hold_the_answer():
@@ -131,6 +132,10 @@ def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
         ({"messages": HI, "structured_outputs": {"choice": []}}, "structured_outputs.choice", "non-empty strings"),
         ({"messages": HI, "structured_outputs": {"json": "{"}}, "structured_outputs.json", "a JSON Schema"),
         ({"messages": HI, "guided_regex": r"a\1"}, "guided_regex", "backreferences"),
+        ({"messages": HI, "ignore_eos": "yes"}, "ignore_eos", "boolean"),
+        ({"messages": HI, "ignore_eos": True, "grammar": 'root ::= "a"'}, "ignore_eos", "a held text must end"),
+        ({"messages": HI, "ignore_eos": True, "tools": [{"type": "function", "function": {"name": "f"}}]},
+         "ignore_eos", "a call must end"),
         ({"messages": HI, "grammar": 'root ::= "a"', "tools": [{"type": "function", "function": {"name": "f"}}]},
          "grammar", "grammar and tools together"),
         ({"messages": HI, "stop": 5}, "stop", "string"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -80,6 +81,8 @@ def run(
     yarn: YarnOption = None,
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
+    ignore_eos: Annotated[bool, typer.Option(
+        "--ignore-eos", help="Never end the text: generate all --max-new-tokens (llama.cpp's --ignore-eos).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
     logprobs: Annotated[
         int | None,
@@ -93,6 +96,8 @@ def run(
     if any(not each for each in stop or ()):
         raise SpecchatError("--stop takes a non-empty string")
     held = answer_format(text_format, schema, grammar, grammar_file)
+    if ignore_eos and not held.free:
+        raise SpecchatError(f"--ignore-eos with {held.label()}: a held text must end")
     template = read_chat_template(chat_template) if chat_template is not None else None
     if logprobs is not None and (not as_json or not 0 <= logprobs <= MAX_LOGPROBS):
         raise SpecchatError(f"--logprobs takes 0 to {MAX_LOGPROBS} alternatives, with --json")
@@ -110,6 +115,7 @@ def run(
     quiet_transformers()
     from specchat.drafters import resolve_drafter
     from specchat.engine.target_forward import forward_path
+    from specchat.engine.generate import eos_ids
     from specchat.engine.prompt import encode_prompt
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
     from specchat.session import Session
@@ -121,6 +127,8 @@ def run(
     if template is not None:
         use_chat_template(loaded.tokenizer, template, chat_template)
     sampling = sampling_config(decoding_defaults(loaded), overrides)
+    if ignore_eos:
+        sampling = dataclasses.replace(sampling, suppress=tuple(sorted(eos_ids(loaded.model, loaded.tokenizer))))
     prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
     session = Session.over(loaded, max_len=len(prompt_ids) + max_new_tokens, drafter=choice,
                            draft_budget=draft_budget, draft_cache=draft_cache, kv_cache=kv_cache)  # fmt: skip

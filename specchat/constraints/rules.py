@@ -12,6 +12,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 MAX_REPEAT = 2000  # llama.cpp's bound on {m,n}'s numbers
+MAX_NESTING = 300  # rules entered one within another before a character (the automaton recurses through them)
 
 
 class GrammarError(ValueError):
@@ -104,7 +105,8 @@ class RuleSet:
 
 
 def refuse_left_recursion(rules: Rules) -> None:
-    """`GrammarError` where a rule can reach itself before any character."""
+    """`GrammarError` where a rule can reach itself before any character, or rules nest more than MAX_NESTING deep
+    before one (the automaton enters them one call within another)."""
     nullable = [False] * len(rules.names)
     changed = True
     while changed:  # a rule is nullable when one of its alternatives is all nullable rules
@@ -124,6 +126,7 @@ def refuse_left_recursion(rules: Rules) -> None:
                     break
         leading.append(firsts)
     state = [0] * len(rules.names)  # 0 unseen, 1 on the path, 2 done
+    depth = [0] * len(rules.names)  # the most rules entered from one before a character
     for root in range(len(rules.names)):  # depth first, with a stack of (rule, its leading rules left)
         if state[root]:
             continue
@@ -134,6 +137,9 @@ def refuse_left_recursion(rules: Rules) -> None:
             other = next(others, None)
             if other is None:
                 state[rule] = 2
+                depth[rule] = 1 + max((depth[each] for each in leading[rule]), default=0)
+                if depth[rule] > MAX_NESTING:
+                    raise GrammarError(f"rules nest more than {MAX_NESTING} deep before a character")
                 path.pop()
             elif state[other] == 1:
                 name = rules.names[other]

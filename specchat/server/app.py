@@ -90,8 +90,9 @@ class Served:
         vocab = self.engine.model.config.vocab_size
         if any(token >= vocab for token, _ in request.sampling.get("logit_bias", ())):
             raise RequestError(f"logit_bias: token ids must be below the vocabulary size {vocab}", param="logit_bias")
+        suppress = {"suppress": tuple(sorted(self.engine.eos_ids))} if request.ignore_eos else {}
         try:
-            return SamplingConfig(**{**self.defaults, **request.sampling})
+            return SamplingConfig(**{**self.defaults, **request.sampling, **suppress})
         except ValueError as error:
             raise RequestError(str(error)) from None
 

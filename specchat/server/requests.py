@@ -61,6 +61,7 @@ class CompletionRequest:
     logprobs: int | None = None  # each token's log-probability and this many alternatives; None: none
     tools: Tools | None = None  # functions the answer may call
     echo: bool = False  # a completion's text begins with its prompt (and its log-probabilities, when asked)
+    ignore_eos: bool = False  # the end of text is never chosen: the answer runs to max_tokens (benchmarks)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,8 @@ def chat_request(body: object) -> CompletionRequest:
     if tools is not None and not common["format"].free:
         other = _format_fields(body)[0]
         raise RequestError(f"{other} and tools together are not supported", param=other)
+    if tools is not None and common["ignore_eos"]:
+        raise RequestError("ignore_eos and tools together are not supported: a call must end", param="ignore_eos")
     return CompletionRequest(
         model=_model(body),
         messages=_messages(body.get("messages")),
@@ -217,7 +220,19 @@ def _common(body: dict) -> dict:
             raise RequestError("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     return {"sampling": _sampling(body), "stop": _stop(body.get("stop")), "stream": stream,
             "include_usage": include_usage, "speculative": _speculative(body.get("speculative")),
-            "format": _answer_format(body)}  # fmt: skip
+            "format": _answer_format(body), "ignore_eos": _ignore_eos(body)}  # fmt: skip
+
+
+def _ignore_eos(body: dict) -> bool:
+    """vLLM's and llama-server's `ignore_eos` (the answer runs to its length limit), refused with a format, whose
+    whole text must end."""
+    value = body.get("ignore_eos", False)
+    if value not in (True, False, None):
+        raise RequestError("ignore_eos must be a boolean", param="ignore_eos")
+    if value and _format_fields(body):
+        raise RequestError(f"ignore_eos and {_format_fields(body)[0]} together are not supported: a held text must "
+                           f"end", param="ignore_eos")  # fmt: skip
+    return bool(value)
 
 
 def _answer_format(body: dict) -> AnswerFormat:

@@ -59,9 +59,7 @@ class Reply:
         text = "".join(self.text)
         message = {"role": "assistant", "content": text}
         if self.calls is not None:
-            text, calls = self.calls.feed(text)
-            rest, last = self.calls.finish()
-            text, calls = text + rest, calls + last
+            text, calls = self.calls.read(text, ended=True)
             message = {"role": "assistant", "content": (text.strip() if calls else text) or None}
             if calls:
                 message["tool_calls"] = [_call(call) for call in calls]
@@ -83,10 +81,7 @@ class Reply:
             return self._chunk({"content": self.echo}, None, logprobs=scored)
         delta, calls = {"content": event.text}, []
         if self.calls is not None:
-            text, calls = self.calls.feed(event.text)
-            if event.finish_reason is not None:
-                rest, last = self.calls.finish()
-                text, calls = text + rest, calls + last
+            text, calls = self.calls.read(event.text, ended=event.finish_reason is not None)
             delta = {"content": text}
             if calls:
                 first = len(self.calls.calls) - len(calls)
