@@ -14,6 +14,8 @@ import httpx
 import openai
 import pytest
 
+from specchat.engine.prompt import encode_chat
+
 KEY = "sk-specchat-test"
 MODEL = "smollm2-135m"
 COLOURS = [{"role": "user", "content": "List three colours."}]
@@ -229,6 +231,30 @@ def test_logit_bias_bans_and_favours_tokens(server, tokenizer):
     assert ends.choices[0].finish_reason == "stop" and ends.usage.completion_tokens < 40
     assert runs_on.choices[0].finish_reason == "length" and runs_on.usage.completion_tokens == 40
     assert runs_on.choices[0].message.content.startswith(ends.choices[0].message.content)
+
+
+def test_tokenize_and_detokenize_in_both_servers_shapes(server, tokenizer):
+    """llama-server's `content` (ids, or ids with pieces) and vLLM's `prompt` / `messages` (count, ids, the
+    context's size); ids back to text under both names."""
+
+    def post(path: str, body: dict) -> httpx.Response:
+        return httpx.post(f"http://127.0.0.1:{server.port}{path}", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                          timeout=60)  # fmt: skip
+
+    text = "Hello, wörld!"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert post("/tokenize", {"content": text}).json() == {"tokens": ids}
+    pieces = post("/tokenize", {"content": text, "with_pieces": True}).json()["tokens"]
+    assert [piece["id"] for piece in pieces] == ids and "".join(piece["piece"] for piece in pieces) == text
+    counted = post("/tokenize", {"model": MODEL, "prompt": text, "return_token_strs": True}).json()
+    assert counted["tokens"] == tokenizer(text)["input_ids"] and counted["count"] == len(counted["tokens"])
+    assert counted["max_model_len"] > 0 and len(counted["token_strs"]) == counted["count"]
+    chat = post("/tokenize", {"messages": [{"role": "user", "content": text}]}).json()
+    assert chat["tokens"] == encode_chat(tokenizer, [{"role": "user", "content": text}])
+    assert post("/detokenize", {"tokens": ids}).json() == {"prompt": text, "content": text}
+    refused = post("/detokenize", {"tokens": [10**9]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"
+    assert post("/tokenize", {"prompt": text, "model": "other"}).status_code == 404
 
 
 def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):

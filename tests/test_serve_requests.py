@@ -5,7 +5,9 @@ import json
 import pytest
 
 from specchat.answer_format import AnswerFormat
-from specchat.server.requests import RequestError, chat_request, text_request
+from specchat.server.requests import (
+    RequestError, chat_request, detokenize_request, text_request, tokenize_request,
+)  # fmt: skip
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -178,3 +180,18 @@ def test_bad_completion_requests_name_their_field(body, param, words):
     with pytest.raises(RequestError) as caught:
         text_request(body)
     assert caught.value.status == 400 and caught.value.param == param and words in caught.value.message
+
+
+@pytest.mark.parametrize("call, body, param", [
+    (tokenize_request, {}, "prompt"),
+    (tokenize_request, {"content": 5}, "content"),
+    (tokenize_request, {"content": "a", "with_pieces": "yes"}, "with_pieces"),
+    (tokenize_request, {"prompt": "a", "add_special_tokens": 1}, "add_special_tokens"),
+    (tokenize_request, {"messages": []}, "messages"),
+    (detokenize_request, {"tokens": "abc"}, "tokens"),
+    (detokenize_request, {"tokens": [1, -2]}, "tokens"),
+])  # fmt: skip
+def test_bad_tokenize_requests_name_their_field(call, body, param):
+    with pytest.raises(RequestError) as caught:
+        call(body)
+    assert caught.value.status == 400 and caught.value.param == param

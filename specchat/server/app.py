@@ -1,4 +1,5 @@
-"""The HTTP routes: OpenAI's chat completions, completions and models, a health check and Prometheus' metrics.
+"""The HTTP routes: OpenAI's chat completions, completions and models, a health check, Prometheus' metrics, and
+`/tokenize` / `/detokenize` (as llama-server and vLLM have them: clients count a prompt's tokens with them).
 
 A request is checked whole (body size, key, JSON, fields, model, prompt length) before it is queued, so a bad
 one changes nothing. Errors are OpenAI's `{"error": {...}}` with a 4xx status. Until the model has loaded,
@@ -22,7 +23,9 @@ from starlette.routing import Route
 
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.server.metrics import Metrics
-from specchat.server.requests import CompletionRequest, RequestError, chat_request, text_request
+from specchat.server.requests import (
+    CompletionRequest, RequestError, chat_request, detokenize_request, text_request, tokenize_request,
+)  # fmt: skip
 from specchat.server.responses import Reply
 from specchat.server.worker import EngineWorker, Ended, Job, Prompt, QueueFull
 from specchat.tool_calls import ToolFormat, tool_format
@@ -127,6 +130,36 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
 
     async def completions(request: Request) -> Response:
         return await _complete(request, text_request(await _json(request)))
+
+    async def tokenize(request: Request) -> Response:
+        """The ids of a text (or a conversation through the chat template), as llama-server or vLLM answers."""
+        wanted = tokenize_request(await _json(request))
+        served = _served(request)
+        if wanted.model is not None:
+            _check_model(served, wanted.model)
+        tokenizer = served.tokenizer
+        if wanted.messages is not None:
+            from specchat.engine.prompt import encode_chat
+
+            ids = encode_chat(tokenizer, wanted.messages)
+        else:
+            ids = tokenizer(wanted.text, add_special_tokens=wanted.special)["input_ids"]
+        if wanted.llama:
+            pieces = [{"id": i, "piece": tokenizer.decode([i])} for i in ids] if wanted.pieces else ids
+            return JSONResponse({"tokens": pieces})
+        return JSONResponse({"count": len(ids), "max_model_len": served.engine.capacity, "tokens": ids,
+                             "token_strs": tokenizer.convert_ids_to_tokens(ids) if wanted.pieces else None})
+
+    async def detokenize(request: Request) -> Response:
+        """The text of ids, under both servers' names for it (vLLM's `prompt`, llama-server's `content`)."""
+        name, ids = detokenize_request(await _json(request))
+        served = _served(request)
+        if name is not None:
+            _check_model(served, name)
+        if any(token >= len(served.tokenizer) for token in ids):
+            raise RequestError(f"token ids must be below the vocabulary size {len(served.tokenizer)}", param="tokens")
+        text = served.tokenizer.decode(ids)
+        return JSONResponse({"prompt": text, "content": text})
 
     def _served(request: Request) -> Served:
         _authorize(request)
@@ -265,6 +298,8 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
     ]
     handlers = {RequestError: on_request_error, HTTPException: on_http_error}
     return Starlette(routes=routes, exception_handlers=handlers)

@@ -141,6 +141,45 @@ def text_request(body: object) -> CompletionRequest:
     )
 
 
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """`POST /tokenize` in llama-server's shape (`content`, `add_special`, `with_pieces`) or vLLM's (`prompt` or
+    `messages`, `add_special_tokens`, `return_token_strs`): the answer comes back in the shape asked in."""
+
+    model: str | None
+    text: str | None  # None: `messages`, through the chat template
+    messages: list[dict] | None
+    special: bool  # the tokenizer's special tokens added around a text (BOS)
+    pieces: bool  # each token's text too
+    llama: bool  # llama-server's shape
+
+
+def tokenize_request(body: object) -> TokenizeRequest:
+    body = _object(body)
+    llama = "content" in body
+    name = "content" if llama else "prompt"
+    messages = None if llama or "messages" not in body else _messages(body["messages"])
+    text = body.get(name)
+    if messages is None and not isinstance(text, str):
+        raise RequestError(f"{name} must be a string" + ("" if llama else " (or give messages)"), param=name)
+    flags = ("add_special", "with_pieces") if llama else ("add_special_tokens", "return_token_strs")
+    special, pieces = (body.get(flag, flag == "add_special_tokens") for flag in flags)  # vLLM adds them by default
+    for flag, value in zip(flags, (special, pieces)):
+        if not isinstance(value, bool):
+            raise RequestError(f"{flag} must be a boolean", param=flag)
+    return TokenizeRequest(_model(body), text if messages is None else None, messages, special, pieces, llama)
+
+
+def detokenize_request(body: object) -> tuple[str | None, list[int]]:
+    """`POST /detokenize`: the model named (or None) and the ids."""
+    body = _object(body)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                               for t in tokens):  # fmt: skip
+        raise RequestError("tokens must be a list of token ids", param="tokens")
+    return _model(body), tokens
+
+
 def _tools(body: dict) -> Tools | None:
     """`tools`, `tool_choice` and `parallel_tool_calls`; None where no tool may be called. A strict function's
     parameters must be inside the schema subset (they will be held to it); other functions' are held to what
