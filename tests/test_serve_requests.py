@@ -48,8 +48,8 @@ def test_response_format_json_object_asks_for_json_mode_on_both_endpoints():
 
 
 def test_vllm_structured_outputs_hold_the_answer():
-    """`structured_outputs` (vLLM's since 0.12) and the `guided_*` fields before it: a choice is the regular
-    expression of its strings, each escaped."""
+    """`structured_outputs` (vLLM's since 0.12), the `guided_*` fields before it and SGLang's `regex` / `ebnf`: a
+    choice is the regular expression of its strings, each escaped."""
     person = {"type": "object", "properties": {"age": {"type": "integer"}}}
     for body, held in [
         ({"structured_outputs": {"choice": ["yes", "no (1+1)"]}}, AnswerFormat(regex=r"yes|no\ \(1\+1\)")),
@@ -59,6 +59,8 @@ def test_vllm_structured_outputs_hold_the_answer():
         ({"guided_json": json.dumps(person)}, AnswerFormat(json=True, schema=person)),
         ({"structured_outputs": {"grammar": 'root ::= "a"'}}, AnswerFormat(grammar='root ::= "a"')),
         ({"guided_grammar": 'root ::= "a"'}, AnswerFormat(grammar='root ::= "a"')),
+        ({"regex": r"\d+"}, AnswerFormat(regex=r"\d+")),  # SGLang's
+        ({"ebnf": 'root ::= "a"'}, AnswerFormat(grammar='root ::= "a"')),
     ]:
         assert chat_request({"messages": HI, **body}).format == held
         assert text_request({"prompt": "x", **body}).format == held

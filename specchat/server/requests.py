@@ -5,7 +5,8 @@ before the request is queued. Fields the engine has no equivalent for are refuse
 (`n` > 1), and accepted at their neutral values, which many clients always send.
 `response_format` runs JSON mode: `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema": {"schema":
 ...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to; `grammar` (llama-server's field)
-holds it to a GBNF grammar, `structured_outputs` (vLLM's) to a choice, a regular expression, a schema or a grammar. `tools` (functions), with
+holds it to a GBNF grammar, `structured_outputs` (vLLM's) to a choice, a regular expression, a schema or a grammar
+(`regex` and `ebnf`: SGLang's). `tools` (functions), with
 `tool_choice` and `parallel_tool_calls`, and the conversation's `tool` messages and assistant `tool_calls` go to the
 model's chat template (`tool_calls.py`). Fields this server does not
 know are ignored, as vLLM and llama-server do: clients add their own. Omitted sampling fields take the model's own
@@ -28,7 +29,10 @@ MAX_STOPS = 16
 MAX_CHAT_LOGPROBS, MAX_TEXT_LOGPROBS = 20, 5  # OpenAI's limits on the alternatives a token's log-probability lists
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 STRUCTURED = ("choice", "regex", "json", "grammar")  # vLLM's structured outputs
-GUIDED = {"guided_choice": "choice", "guided_regex": "regex", "guided_json": "json", "guided_grammar": "grammar"}
+FORMAT_FIELDS = {  # a request's fields that name one structured output: llama-server's, SGLang's, older vLLM's
+    "grammar": "grammar", "regex": "regex", "ebnf": "grammar",
+    "guided_choice": "choice", "guided_regex": "regex", "guided_json": "json", "guided_grammar": "grammar",
+}  # fmt: skip
 
 
 class RequestError(Exception):
@@ -275,9 +279,9 @@ def _ignore_eos(body: dict) -> bool:
 
 
 def _answer_format(body: dict) -> AnswerFormat:
-    """What the answer is held to: `response_format` (OpenAI's), `grammar` (llama-server's GBNF) or
-    `structured_outputs` (vLLM's: `choice`, `regex`, `json` or `grammar`; its older `guided_*` fields alike), one of
-    them, checked now."""
+    """What the answer is held to: `response_format` (OpenAI's), `structured_outputs` (vLLM's: `choice`, `regex`,
+    `json` or `grammar`) or one of FORMAT_FIELDS (`grammar`: llama-server's GBNF; `regex`, `ebnf`: SGLang's), one
+    of them, checked now."""
     asked = _format_fields(body)
     if len(asked) > 1:
         raise RequestError(f"give one of {', '.join(asked)}, not several", param=asked[1])
@@ -286,10 +290,8 @@ def _answer_format(body: dict) -> AnswerFormat:
     name = asked[0]
     if name == "response_format":
         return _response_format(body[name])
-    if name == "grammar":
-        return _structured("grammar", body[name], "grammar")
-    if name in GUIDED:
-        return _structured(GUIDED[name], body[name], name)
+    if name in FORMAT_FIELDS:
+        return _structured(FORMAT_FIELDS[name], body[name], name)
     fields = {key: value for key, value in _object(body[name], name).items() if value not in (None, False)}
     if len(fields) != 1 or next(iter(fields)) not in STRUCTURED:
         raise RequestError(f"{name} takes one of {', '.join(STRUCTURED)}", param=name)
@@ -301,7 +303,7 @@ def _format_fields(body: dict) -> list[str]:
     """The fields of `body` that ask for a format (`response_format: {"type": "text"}`, which many clients send,
     asks for none)."""
     plain = isinstance(body.get("response_format"), dict) and body["response_format"].get("type") == "text"
-    return [name for name in ("response_format", "grammar", "structured_outputs", *GUIDED)
+    return [name for name in ("response_format", "structured_outputs", *FORMAT_FIELDS)
             if body.get(name) not in (None, "", {}) and not (name == "response_format" and plain)]  # fmt: skip
 
 
