@@ -30,6 +30,8 @@ from specchat.constraints.json_syntax import MAX_WHITESPACE, WHITESPACE
 
 CACHED_MASKS = 512  # states whose masks are kept, least recently used dropped first
 CACHED_STEADY_SETS = 64  # sets of steady bytes whose per-token tables are kept
+SHORT_TOKEN = 16  # bytes: 98% of a 150K vocabulary's tokens are no longer
+BLOCK_ROWS = 32  # fewer tokens than this left in a range are walked byte by byte: finding the steady bytes costs more
 
 
 class Vocabulary:
@@ -46,11 +48,11 @@ class Vocabulary:
         for row, piece in enumerate(self.sorted_pieces):
             self.bytes[row, : len(piece)] = np.frombuffer(piece, dtype=np.uint8)
         self.whole_utf8 = np.array([well_formed_utf8(piece) for piece in self.sorted_pieces])  # of each row
+        self._long = np.flatnonzero([len(piece) > SHORT_TOKEN for piece in self.sorted_pieces])
         self._unsteady: OrderedDict[frozenset[int], np.ndarray] = OrderedDict()
         whitespace = np.isin(self.bytes, list(WHITESPACE))
         self.leading_whitespace = torch.zeros(size, dtype=torch.int32)  # of each id
         self.leading_whitespace[self.ids] = torch.from_numpy(np.argmin(whitespace, axis=1).astype(np.int32))
-
 
     def last_unsteady(self, steady: frozenset[int]) -> np.ndarray:
         """[rows]: the index of each token's last byte outside `steady` (-1: none), kept for the latest sets."""
@@ -59,9 +61,8 @@ class Vocabulary:
             inside = np.zeros(257, dtype=bool)  # byte -> in `steady`; the last entry, -1's, pads a token's end
             inside[list(steady)] = True
             inside[256] = True
-            outside = ~inside[self.bytes]
-            width = self.bytes.shape[1] - 1
-            last = np.where(outside.any(axis=1), width - np.argmax(outside[:, ::-1], axis=1), -1)
+            last = _last_true(~inside[self.bytes[:, :SHORT_TOKEN]])  # most tokens are short: their bytes first
+            last[self._long] = _last_true(~inside[self.bytes[self._long]])
             self._unsteady[steady] = last
             if len(self._unsteady) > CACHED_STEADY_SETS:
                 self._unsteady.popitem(last=False)
@@ -112,7 +113,7 @@ class TokenMasks:
         lo, column = lo + ended, column[ended:]
         if lo == hi:
             return
-        steady = syntax.steady(state)
+        steady = syntax.steady(state) if hi - lo >= BLOCK_ROWS else None
         if steady:
             plain = (vocabulary.last_unsteady(steady)[lo:hi] < depth) & vocabulary.whole_utf8[lo:hi]
             out[vocabulary.ids[lo:hi][plain]] = True
@@ -125,6 +126,11 @@ class TokenMasks:
             after = syntax.feed(state, int(column[start]))
             if after is not None:
                 self._walk(after, lo + int(start), lo + int(end), depth + 1, out)
+
+
+def _last_true(matrix: np.ndarray) -> np.ndarray:
+    """Each row's last True column (-1: none)."""
+    return np.where(matrix.any(axis=1), matrix.shape[1] - 1 - np.argmax(matrix[:, ::-1], axis=1), -1)
 
 
 def feed_bytes(syntax, state: tuple | None, data: bytes) -> tuple | None:
