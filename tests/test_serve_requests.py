@@ -45,6 +45,7 @@ def test_response_format_json_object_asks_for_json_mode_on_both_endpoints():
     assert chat_request({"messages": HI, "grammar": ""}).format.free  # llama-server's default
     assert chat_request({"messages": HI, "grammar": grammar, "response_format": {"type": "text"}}).format.grammar
     assert text_request({"prompt": "x", "ignore_eos": True}).ignore_eos and not text_request({"prompt": "x"}).ignore_eos
+    assert text_request({"prompt": "", "suffix": "\n    return x\n"}).suffix == "\n    return x\n"  # at a file's start
 
 
 def test_vllm_structured_outputs_hold_the_answer():
@@ -170,7 +171,9 @@ def test_bad_chat_requests_name_their_field(body, param, words):
         ({"prompt": "a", "echo": "yes"}, "echo", "boolean"),
         ({"prompt": "a", "max_tokens": 0}, "max_tokens", "at least 1"),
         ({"prompt": "a", "max_tokens": -1, "echo": True}, "max_tokens", "at least 0"),
-        ({"prompt": "a", "suffix": "b"}, "suffix", "suffix"),
+        ({"prompt": "a", "suffix": 5}, "suffix", "a string"),
+        ({"prompt": "a", "suffix": "b", "echo": True}, "suffix", "echo and suffix"),
+        ({"prompt": [1, 2], "suffix": "b"}, "prompt", "a string where a suffix is given"),
         ({"prompt": "a", "best_of": 3}, "best_of", "best_of"),
         ({"prompt": "a", "logprobs": 6}, "logprobs", "between 0 and 5"),
         ({"prompt": "a", "logprobs": True}, "logprobs", "integer"),

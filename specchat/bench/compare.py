@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from specchat.answer_format import AnswerFormat
 from specchat.bench.llamacpp import LlamaCpp
 from specchat.bench.progress import NO_PROGRESS
+from specchat.bench.prompts import Prompt, prompt_ids
 from specchat.bench.runs import BASELINES, HF_METHODS, LLAMACPP, Run, method_runner, transformers_model
-from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.loading import LoadedModel
 from specchat.quant.formats import weight_format
@@ -60,7 +60,7 @@ class BenchRow:
 
 def compare(
     loaded: LoadedModel,
-    prompt_sets: dict[str, list[str]],
+    prompt_sets: dict[str, list[Prompt]],
     methods: list[str],
     *,
     max_new_tokens: int,
@@ -78,7 +78,7 @@ def compare(
     as it starts (`progress.py`)."""
     methods = ["none", *[m for m in methods if m != "none"], *([LLAMACPP] if llamacpp else [])]
     tokenizer = loaded.tokenizer
-    encoded = {name: [encode_prompt(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
+    encoded = {name: [prompt_ids(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
     max_len = max(len(ids) for ids_list in encoded.values() for ids in ids_list) + max_new_tokens
     hf_model = transformers_model(loaded) if set(methods) & set(HF_METHODS) else None
     runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp, kv_cache, sampling,

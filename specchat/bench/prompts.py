@@ -1,11 +1,24 @@
-"""Built-in benchmark prompt sets, and user sets from JSONL files ({"prompt": ...} per line)."""
+"""Built-in benchmark prompt sets, and user sets from JSONL files ({"prompt": ...} per line, with "suffix": a
+fill-in-the-middle prompt)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.errors import SpecchatError
+
+
+@dataclass(frozen=True)
+class Infill:
+    """A fill-in-the-middle prompt (a code completion at an editor's cursor): the code before it and after it."""
+
+    prefix: str
+    suffix: str
+
+
+Prompt = str | Infill  # a chat prompt (through the chat template), or code to fill in
 
 _CODE_SNIPPET = """def parse_config(path):
     config = {}
@@ -71,7 +84,42 @@ PROMPT_SETS: dict[str, list[str]] = {
 # Long inputs (SpecExtend's setting): about this many tokens of the Python reference manual, which every
 # CPython installation carries (`pydoc_data.topics`, 465K characters; about 4.2 characters a token here).
 LONG_SETS = {"long1k": 1000, "long4k": 4000, "long7k": 7000, "long16k": 16000, "long30k": 30000}
-PROMPT_SET_NAMES = (*PROMPT_SETS, *LONG_SETS)
+# Code completion at a cursor: holes of HOLE_LINES lines in these standard-library modules' function bodies, with
+# the 60 lines before and the 20 after (about 800 tokens).
+FIM_MODULES = ("json/decoder.py", "textwrap.py", "csv.py", "shlex.py")
+HOLE_LINES = 6
+PROMPT_SET_NAMES = (*PROMPT_SETS, *LONG_SETS, "fim")
+
+
+def infill_prompts() -> list[Infill]:
+    """One hole a module: the first body lines of its largest function, from the middle of its first half."""
+    import ast
+    import sysconfig
+
+    holes = []
+    for module in FIM_MODULES:
+        source = (Path(sysconfig.get_paths()["stdlib"]) / module).read_text()
+        functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
+        largest = max(functions, key=lambda node: node.end_lineno - node.lineno)
+        start = largest.body[0].lineno - 1 + (largest.end_lineno - largest.lineno) // 4  # 0-based: the hole's first
+        lines = source.splitlines(keepends=True)
+        holes.append(Infill("".join(lines[max(0, start - 60) : start]),
+                            "".join(lines[start + HOLE_LINES : start + HOLE_LINES + 20])))  # fmt: skip
+    return holes
+
+
+def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
+    """The ids a run starts from: a chat prompt through the template, an infill through the FIM markers."""
+    from specchat.engine.prompt import encode_prompt
+    from specchat.fill_in_middle import fim_markers
+
+    if isinstance(prompt, str):
+        return encode_prompt(tokenizer, prompt)
+    markers = fim_markers(tokenizer)
+    if markers is None:
+        raise SpecchatError("this model has no fill-in-the-middle tokens: the fim set and prompts with a suffix "
+                            "need a code model's")  # fmt: skip
+    return markers.prompt(tokenizer, prompt.prefix, prompt.suffix)
 
 
 def long_document(tokens: int) -> str:
@@ -94,29 +142,38 @@ def long_prompts(tokens: int) -> list[str]:
     ]
 
 
-def load_prompt_sets(names: list[str], prompts_file: Path | None = None) -> dict[str, list[str]]:
+def load_prompt_sets(names: list[str], prompts_file: Path | None = None) -> dict[str, list[Prompt]]:
     """The requested built-in sets, plus the file's prompts as a set named after the file."""
     sets = {}
     for name in names:
         if name not in PROMPT_SET_NAMES:
             raise SpecchatError(f"unknown prompt set '{name}'; built-in sets: {', '.join(PROMPT_SET_NAMES)}")
-        sets[name] = PROMPT_SETS[name] if name in PROMPT_SETS else long_prompts(LONG_SETS[name])
+        if name == "fim":
+            sets[name] = infill_prompts()
+        else:
+            sets[name] = PROMPT_SETS[name] if name in PROMPT_SETS else long_prompts(LONG_SETS[name])
     if prompts_file is not None:
         sets[prompts_file.stem] = _read_jsonl(prompts_file)
     return sets
 
 
-def _read_jsonl(path: Path) -> list[str]:
+def _read_jsonl(path: Path) -> list[Prompt]:
     if not path.is_file():
         raise SpecchatError(f"no such prompts file: {path}")
-    prompts = []
+    prompts: list[Prompt] = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            prompt = json.loads(line)["prompt"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+            entry = json.loads(line)
+            prompt, suffix = entry["prompt"], entry.get("suffix")
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise SpecchatError(f'{path}:{number}: expected a JSON object with a "prompt" string') from None
+        if suffix is not None:
+            if not isinstance(prompt, str) or not isinstance(suffix, str):
+                raise SpecchatError(f'{path}:{number}: "prompt" and "suffix" must be strings')
+            prompts.append(Infill(prompt, suffix))
+            continue
         if not isinstance(prompt, str) or not prompt.strip():
             raise SpecchatError(f'{path}:{number}: "prompt" must be a non-empty string')
         prompts.append(prompt)

@@ -474,6 +474,8 @@ def bench_serve(
     resolve_drafter(choice, source.profile, source.name)
 
     prompts = [prompt for each in load_prompt_sets(csv_list(prompt_set)).values() for prompt in each]
+    if not all(isinstance(prompt, str) for prompt in prompts):
+        raise SpecchatError("bench serve sends chat prompts: the fim set and prompts with a suffix are for bench")
     quiet_transformers()
     from specchat.bench.progress import bench_progress
     from specchat.bench.serve import serve_bench

@@ -47,6 +47,7 @@ from specchat.cli.common import (
 )
 from specchat.drafters import check_draft_cache
 from specchat.errors import SpecchatError
+from specchat.fill_in_middle import fim_markers
 
 MAX_LOGPROBS = 20  # alternatives a token's log-probability lists, as OpenAI's top_logprobs
 
@@ -70,6 +71,9 @@ def run(
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
     system: SystemOption = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
+    suffix: Annotated[str | None, typer.Option(
+        "--suffix", help="Fill in the middle: PROMPT is the code before the cursor, this the code after it (a code "
+        "model's FIM tokens, no chat template).", show_default=False)] = None,
     chat_template: ChatTemplateOption = None,
     text_format: FormatOption = "text",
     schema: SchemaOption = None,
@@ -95,6 +99,8 @@ def run(
         raise SpecchatError("--max-new-tokens must be at least 1")
     if any(not each for each in stop or ()):
         raise SpecchatError("--stop takes a non-empty string")
+    if suffix is not None and (system is not None or chat_template is not None):
+        raise SpecchatError("--suffix fills in code without a chat template: drop --system and --chat-template")
     held = answer_format(text_format, schema, grammar, grammar_file)
     if ignore_eos and not held.free:
         raise SpecchatError(f"--ignore-eos with {held.label()}: a held text must end")
@@ -129,7 +135,14 @@ def run(
     sampling = sampling_config(decoding_defaults(loaded), overrides)
     if ignore_eos:
         sampling = dataclasses.replace(sampling, suppress=tuple(sorted(eos_ids(loaded.model, loaded.tokenizer))))
-    prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
+    if suffix is not None:
+        markers = fim_markers(loaded.tokenizer)
+        if markers is None:
+            raise SpecchatError(f"{source.name} has no fill-in-the-middle tokens: --suffix needs a code model's "
+                                "(Qwen2.5-Coder, StarCoder, DeepSeek Coder)")  # fmt: skip
+        prompt_ids = markers.prompt(loaded.tokenizer, prompt, suffix)
+    else:
+        prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
     session = Session.over(loaded, max_len=len(prompt_ids) + max_new_tokens, drafter=choice,
                            draft_budget=draft_budget, draft_cache=draft_cache, kv_cache=kv_cache)  # fmt: skip
     engine, choice = session.engine, session.drafter

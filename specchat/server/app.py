@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specchat.engine.sampling_config import SamplingConfig
+from specchat.fill_in_middle import FimMarkers, fim_markers
 from specchat.server.metrics import Metrics
 from specchat.server.requests import (
     CompletionRequest, RequestError, chat_request, detokenize_request, text_request, tokenize_request,
@@ -50,6 +51,10 @@ class Served:
     def tool_format(self) -> ToolFormat | None:
         return tool_format(self.tokenizer)
 
+    @functools.cached_property
+    def fim_markers(self) -> FimMarkers | None:
+        return fim_markers(self.tokenizer)
+
     def prompt_ids(self, request: CompletionRequest) -> list[int]:
         from specchat.engine.prompt import encode_chat
 
@@ -60,6 +65,11 @@ class Served:
                 raise RequestError(f"model '{self.name}' cannot call tools: its chat template does not list them as "
                                    "Qwen's or Llama 3's do", param="tools")  # fmt: skip
             ids = encode_chat(self.tokenizer, request.messages, request.tools.template() if request.tools else None)
+        elif request.suffix is not None:
+            if self.fim_markers is None:
+                raise RequestError(f"model '{self.name}' has no fill-in-the-middle tokens: it cannot take a suffix",
+                                   param="suffix")  # fmt: skip
+            ids = self.fim_markers.prompt(self.tokenizer, request.prompt, request.suffix)
         elif isinstance(request.prompt, str):
             ids = self.tokenizer(request.prompt)["input_ids"]
         else:

@@ -65,6 +65,7 @@ class CompletionRequest:
     logprobs: int | None = None  # each token's log-probability and this many alternatives; None: none
     tools: Tools | None = None  # functions the answer may call
     echo: bool = False  # a completion's text begins with its prompt (and its log-probabilities, when asked)
+    suffix: str | None = None  # the text after the completion: the prompt is the model's fill-in-the-middle one
     ignore_eos: bool = False  # the end of text is never chosen: the answer runs to max_tokens (benchmarks)
 
 
@@ -127,8 +128,11 @@ def text_request(body: object) -> CompletionRequest:
     echo = body.get("echo", False)
     if echo not in (True, False, None):
         raise RequestError("echo must be a boolean", param="echo")
-    if body.get("suffix") not in (None, ""):
-        raise RequestError("suffix is not supported", param="suffix")
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise RequestError("suffix must be a string", param="suffix")
+    if suffix is not None and echo:
+        raise RequestError("echo and suffix together are not supported", param="suffix")
     if body.get("best_of") not in (None, 1):
         raise RequestError("best_of must be 1: one completion per request", param="best_of")
     max_tokens = _max_tokens(body, "max_tokens", least=0 if echo else 1)  # with echo, 0 scores the prompt alone
@@ -137,7 +141,8 @@ def text_request(body: object) -> CompletionRequest:
         raise RequestError(f"logprobs must be between 0 and {MAX_TEXT_LOGPROBS}", param="logprobs")
     return CompletionRequest(
         model=_model(body),
-        prompt=_prompt(body.get("prompt")),
+        prompt=_prompt(body.get("prompt"), text_only=suffix is not None),
+        suffix=suffix,
         max_tokens=16 if "max_tokens" not in body else max_tokens,  # OpenAI's default for completions
         logprobs=logprobs,
         echo=bool(echo),
@@ -489,10 +494,15 @@ def _content(content: object, where: str) -> str:
     raise RequestError(f"{where} must be a string or a list of text parts", param=where)
 
 
-def _prompt(prompt: object) -> str | list[int]:
-    """One prompt: text, or token ids; a list of one of either. Several prompts are refused (one per request)."""
+def _prompt(prompt: object, text_only: bool = False) -> str | list[int]:
+    """One prompt: text, or token ids; a list of one of either. Several prompts are refused (one per request).
+    `text_only`: the text before a suffix, which may be empty (a completion at a file's start)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
+    if text_only:
+        if not isinstance(prompt, str):
+            raise RequestError("prompt must be a string where a suffix is given", param="prompt")
+        return prompt
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("prompt is empty", param="prompt")
