@@ -1,7 +1,9 @@
 """Fill in the middle: a code model's prompt for the text between a prefix and a suffix (an editor's completion at
 its cursor), in the order such models are trained on (prefix, suffix, then the middle they write), each part
 opened by the model's own marker token. The markers are found by name in the tokenizer: Qwen 2.5 Coder's
-`<|fim_prefix|>`, StarCoder's `<fim_prefix>`, DeepSeek Coder's `<｜fim▁begin｜>` and their kin."""
+`<|fim_prefix|>`, StarCoder's `<fim_prefix>`, DeepSeek Coder's `<｜fim▁begin｜>` and their kin. Other files given
+for context go first, each after the model's file separator where it has one (Qwen's and StarCoder's repository
+format), as llama-server lays out its `input_extra`."""
 
 from __future__ import annotations
 
@@ -12,21 +14,48 @@ MARKERS = (  # (before the prefix, before the suffix, before the middle), as eac
     ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
     ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
 )
+REPOSITORY = (("<|repo_name|>", "<|file_sep|>"), ("<repo_name>", "<file_sep>"))  # (before its name, before a file)
+SNIPPET = "\n\n--- snippet ---\n\n"  # before each context file, for a model without a file separator
+
+
+@dataclass(frozen=True)
+class Infill:
+    """Code to fill in at a cursor: the text before it and after it, other files for context (name, text), and the
+    start of the middle already typed."""
+
+    prefix: str
+    suffix: str
+    files: tuple[tuple[str, str], ...] = ()
+    middle: str = ""
 
 
 @dataclass(frozen=True)
 class FimMarkers:
-    """The ids that open a prefix, a suffix and the middle."""
+    """The ids that open a prefix, a suffix and the middle; a repository's name and a file, where the model has
+    them."""
 
     prefix: int
     suffix: int
     middle: int
+    repository: int | None = None
+    file: int | None = None
 
-    def prompt(self, tokenizer, prefix: str, suffix: str) -> list[int]:
-        """The ids of the text between `prefix` and `suffix`, still to be written."""
-        encode = tokenizer.encode
-        return [self.prefix, *encode(prefix, add_special_tokens=False), self.suffix,
-                *encode(suffix, add_special_tokens=False), self.middle]  # fmt: skip
+    def prompt(self, tokenizer, infill: Infill) -> list[int]:
+        """The ids after which the model writes the middle."""
+
+        def encode(text: str) -> list[int]:
+            return tokenizer.encode(text, add_special_tokens=False)
+
+        context = []
+        if infill.files and self.file is not None:
+            context = [self.repository, *encode("project\n")] if self.repository is not None else []
+            for name, text in infill.files:
+                context += [self.file, *encode(f"{name}\n{text}")]
+            context += [self.file, *encode("file\n")]  # the file being edited, unnamed
+        elif infill.files:
+            context = encode("".join(f"{SNIPPET}{text}" for _, text in infill.files))
+        return [*context, self.prefix, *encode(infill.prefix), self.suffix, *encode(infill.suffix), self.middle,
+                *encode(infill.middle)]  # fmt: skip
 
 
 def fim_markers(tokenizer) -> FimMarkers | None:
@@ -34,5 +63,7 @@ def fim_markers(tokenizer) -> FimMarkers | None:
     vocabulary = tokenizer.get_vocab()
     for names in MARKERS:
         if all(name in vocabulary for name in names):
-            return FimMarkers(*(vocabulary[name] for name in names))
+            repository = next(((vocabulary[a], vocabulary[b]) for a, b in REPOSITORY
+                               if a in vocabulary and b in vocabulary), (None, None))  # fmt: skip
+            return FimMarkers(*(vocabulary[name] for name in names), *repository)
     return None

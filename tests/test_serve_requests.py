@@ -5,6 +5,7 @@ import json
 import pytest
 
 from specchat.answer_format import AnswerFormat
+from specchat.fill_in_middle import Infill
 from specchat.server.requests import (
     RequestError, chat_request, detokenize_request, text_request, tokenize_request,
 )  # fmt: skip
@@ -45,7 +46,8 @@ def test_response_format_json_object_asks_for_json_mode_on_both_endpoints():
     assert chat_request({"messages": HI, "grammar": ""}).format.free  # llama-server's default
     assert chat_request({"messages": HI, "grammar": grammar, "response_format": {"type": "text"}}).format.grammar
     assert text_request({"prompt": "x", "ignore_eos": True}).ignore_eos and not text_request({"prompt": "x"}).ignore_eos
-    assert text_request({"prompt": "", "suffix": "\n    return x\n"}).suffix == "\n    return x\n"  # at a file's start
+    at_start = text_request({"prompt": "", "suffix": "\n    return x\n"})  # a completion at a file's start
+    assert at_start.infill == Infill("", "\n    return x\n")
 
 
 def test_vllm_structured_outputs_hold_the_answer():

@@ -4,18 +4,10 @@ fill-in-the-middle prompt)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.errors import SpecchatError
-
-
-@dataclass(frozen=True)
-class Infill:
-    """A fill-in-the-middle prompt (a code completion at an editor's cursor): the code before it and after it."""
-
-    prefix: str
-    suffix: str
+from specchat.fill_in_middle import Infill
 
 
 Prompt = str | Infill  # a chat prompt (through the chat template), or code to fill in
@@ -119,7 +111,7 @@ def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     if markers is None:
         raise SpecchatError("this model has no fill-in-the-middle tokens: the fim set and prompts with a suffix "
                             "need a code model's")  # fmt: skip
-    return markers.prompt(tokenizer, prompt.prefix, prompt.suffix)
+    return markers.prompt(tokenizer, prompt)
 
 
 def long_document(tokens: int) -> str:

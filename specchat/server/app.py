@@ -1,5 +1,6 @@
-"""The HTTP routes: OpenAI's chat completions, completions and models, a health check, Prometheus' metrics, and
-`/tokenize` / `/detokenize` (as llama-server and vLLM have them: clients count a prompt's tokens with them).
+"""The HTTP routes: OpenAI's chat completions, completions and models, a health check, Prometheus' metrics,
+llama-server's own `/completion` and `/infill` (editors' code completion), and `/tokenize` / `/detokenize` (as
+llama-server and vLLM have them: clients count a prompt's tokens with them).
 
 A request is checked whole (body size, key, JSON, fields, model, prompt length) before it is queued, so a bad
 one changes nothing. Errors are OpenAI's `{"error": {...}}` with a 4xx status. Until the model has loaded,
@@ -25,9 +26,10 @@ from specchat.engine.sampling_config import SamplingConfig
 from specchat.fill_in_middle import FimMarkers, fim_markers
 from specchat.server.metrics import Metrics
 from specchat.server.requests import (
-    CompletionRequest, RequestError, chat_request, detokenize_request, text_request, tokenize_request,
+    CompletionRequest, RequestError, chat_request, detokenize_request, native_request, text_request,
+    tokenize_request,
 )  # fmt: skip
-from specchat.server.responses import Reply
+from specchat.server.responses import NativeReply, Reply
 from specchat.server.worker import EngineWorker, Ended, Job, Prompt, QueueFull
 from specchat.tool_calls import ToolFormat, tool_format
 
@@ -65,11 +67,11 @@ class Served:
                 raise RequestError(f"model '{self.name}' cannot call tools: its chat template does not list them as "
                                    "Qwen's or Llama 3's do", param="tools")  # fmt: skip
             ids = encode_chat(self.tokenizer, request.messages, request.tools.template() if request.tools else None)
-        elif request.suffix is not None:
+        elif request.infill is not None:
             if self.fim_markers is None:
-                raise RequestError(f"model '{self.name}' has no fill-in-the-middle tokens: it cannot take a suffix",
+                raise RequestError(f"model '{self.name}' has no fill-in-the-middle tokens: it cannot fill in code",
                                    param="suffix")  # fmt: skip
-            ids = self.fim_markers.prompt(self.tokenizer, request.prompt, request.suffix)
+            ids = self.fim_markers.prompt(self.tokenizer, request.infill)
         elif isinstance(request.prompt, str):
             ids = self.tokenizer(request.prompt)["input_ids"]
         else:
@@ -140,6 +142,12 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
 
     async def completions(request: Request) -> Response:
         return await _complete(request, text_request(await _json(request)))
+
+    async def native_completion(request: Request) -> Response:
+        return await _complete(request, native_request(await _json(request), infill=False))
+
+    async def infill(request: Request) -> Response:
+        return await _complete(request, native_request(await _json(request), infill=True))
 
     async def tokenize(request: Request) -> Response:
         """The ids of a text (or a conversation through the chat template), as llama-server or vLLM answers."""
@@ -231,7 +239,8 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
             raise RequestError(f"the server is busy: {worker.waiting} requests are waiting; retry later",
                                status=429, kind="rate_limit_error",
                                headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
-        reply = Reply(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None,
+        shape = NativeReply if wanted.native else Reply
+        reply = shape(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None,
                       token_bytes=served.engine.token_bytes if wanted.logprobs is not None else None,
                       tools=served.tool_format if wanted.tools and wanted.tools.choice != "none" else None,
                       echo=served.echo_text(wanted, ids) if wanted.echo else None)  # fmt: skip
@@ -308,6 +317,8 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/completion", native_completion, methods=["POST"]),
+        Route("/infill", infill, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
     ]

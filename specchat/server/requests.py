@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from specchat.answer_format import AnswerFormat
 from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.sampling_config import MAX_SEED
+from specchat.fill_in_middle import Infill
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 16
 MAX_CHAT_LOGPROBS, MAX_TEXT_LOGPROBS = 20, 5  # OpenAI's limits on the alternatives a token's log-probability lists
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 STRUCTURED = ("choice", "regex", "json", "grammar")  # vLLM's structured outputs
+NATIVE_NAMES = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "json_schema": "guided_json"}
 FORMAT_FIELDS = {  # a request's fields that name one structured output: llama-server's, SGLang's, older vLLM's
     "grammar": "grammar", "regex": "regex", "ebnf": "grammar",
     "guided_choice": "choice", "guided_regex": "regex", "guided_json": "json", "guided_grammar": "grammar",
@@ -65,7 +67,8 @@ class CompletionRequest:
     logprobs: int | None = None  # each token's log-probability and this many alternatives; None: none
     tools: Tools | None = None  # functions the answer may call
     echo: bool = False  # a completion's text begins with its prompt (and its log-probabilities, when asked)
-    suffix: str | None = None  # the text after the completion: the prompt is the model's fill-in-the-middle one
+    infill: Infill | None = None  # code to fill in at a cursor (`suffix`, /infill): the model's FIM prompt
+    native: bool = False  # answered in llama-server's own shape (/completion, /infill)
     ignore_eos: bool = False  # the end of text is never chosen: the answer runs to max_tokens (benchmarks)
 
 
@@ -136,18 +139,56 @@ def text_request(body: object) -> CompletionRequest:
     if body.get("best_of") not in (None, 1):
         raise RequestError("best_of must be 1: one completion per request", param="best_of")
     max_tokens = _max_tokens(body, "max_tokens", least=0 if echo else 1)  # with echo, 0 scores the prompt alone
+    prompt = _prompt(body.get("prompt"), text_only=suffix is not None)
     logprobs = _integer(body, "logprobs")
     if logprobs is not None and not 0 <= logprobs <= MAX_TEXT_LOGPROBS:
         raise RequestError(f"logprobs must be between 0 and {MAX_TEXT_LOGPROBS}", param="logprobs")
     return CompletionRequest(
         model=_model(body),
-        prompt=_prompt(body.get("prompt"), text_only=suffix is not None),
-        suffix=suffix,
+        prompt=prompt,
+        infill=None if suffix is None else Infill(prompt, suffix),
         max_tokens=16 if "max_tokens" not in body else max_tokens,  # OpenAI's default for completions
         logprobs=logprobs,
         echo=bool(echo),
         **_common(body),
     )
+
+
+def native_request(body: object, *, infill: bool) -> CompletionRequest:
+    """`POST /completion` and `POST /infill`, llama-server's own: its names for OpenAI's fields (`n_predict`, where
+    a negative number means no limit; `repeat_penalty`; a `seed` of -1, a random one; `json_schema`), and for
+    /infill the code around the cursor: `input_prefix`, `input_suffix`, `input_extra` (other files: `filename`,
+    `text`) and `prompt` (the middle's start, already typed). Fields without a meaning here are ignored, as
+    llama-server ignores what it does not know."""
+    body = _object(body)
+    renamed = {NATIVE_NAMES.get(key, key): value for key, value in body.items() if key not in ("prompt", "suffix")}
+    if renamed.get("seed") == -1:
+        del renamed["seed"]
+    if isinstance(renamed.get("max_tokens"), int) and renamed["max_tokens"] < 0:
+        del renamed["max_tokens"]
+    if infill:
+        typed = body.get("prompt", "")
+        for name, value in (("input_prefix", body.get("input_prefix", "")),
+                            ("input_suffix", body.get("input_suffix", "")), ("prompt", typed)):  # fmt: skip
+            if not isinstance(value, str):
+                raise RequestError(f"{name} must be a string", param=name)
+        code = Infill(body.get("input_prefix", ""), body.get("input_suffix", ""), _files(body.get("input_extra")),
+                      typed)  # fmt: skip
+        prompt = code.prefix
+    else:
+        code, prompt = None, _prompt(body.get("prompt"))
+    return CompletionRequest(model=_model(body), prompt=prompt, infill=code, native=True,
+                             max_tokens=_max_tokens(renamed, "max_tokens"), **_common(renamed))  # fmt: skip
+
+
+def _files(value: object) -> tuple[tuple[str, str], ...]:
+    """/infill's `input_extra`: other files, each `{"filename": ..., "text": ...}`."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(each, dict) and isinstance(each.get("text", ""), str)
+                                              and isinstance(each.get("filename", ""), str) for each in value):
+        raise RequestError("input_extra must be a list of {filename, text} objects", param="input_extra")
+    return tuple((each.get("filename", "file"), each.get("text", "")) for each in value)
 
 
 @dataclass(frozen=True)

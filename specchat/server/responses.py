@@ -34,6 +34,7 @@ class Reply:
         self.stats: GenerationStats | None = None
         self.prompt_tokens = 0  # an echoed prompt's, until the engine's stats say
         self.finish: str | None = None
+        self.ended_by: str | None = None  # the engine's finish reason
 
     def add(self, event) -> None:
         """Take one engine step (a `StepEvent`), or the echoed prompt (a `Prompt`: the text begins with it)."""
@@ -49,7 +50,7 @@ class Reply:
             self.logprobs += list(zip(event.tokens, event.logprobs))
         self.stats = event.stats
         if event.finish_reason is not None:
-            self.finish = FINISH[event.finish_reason]
+            self.ended_by, self.finish = event.finish_reason, FINISH[event.finish_reason]
 
     def cut_short(self) -> None:
         """The server stopped this answer before the engine did (shutting down)."""
@@ -184,3 +185,35 @@ def _call(call: ToolCall) -> dict:
 
 def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+STOP_TYPES = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit"}  # the engine's -> llama-server's
+
+
+class NativeReply(Reply):
+    """llama-server's own answer (`/completion`, `/infill`): `content` and `stop`, streamed as bare SSE events
+    (no `[DONE]`), the last one with the counts and `timings`."""
+
+    def body(self) -> dict:
+        return self._native("".join(self.text), stop=True)
+
+    def first_chunk(self) -> str:
+        return ""
+
+    def chunk(self, event) -> str:
+        self.add(event)
+        return _sse(self._native(event.text, stop=False)) if event.text else ""
+
+    def last_chunks(self, include_usage: bool) -> str:
+        return _sse(self._native("", stop=True))
+
+    def _native(self, content: str, stop: bool) -> dict:
+        out = {"index": 0, "content": content, "stop": stop, "model": self.model}
+        if not stop:
+            return out
+        stats = self.stats or GenerationStats()
+        return out | {
+            "stop_type": STOP_TYPES.get(self.ended_by, "limit"), "stopping_word": "", "truncated": False,
+            "tokens_predicted": stats.new_tokens, "tokens_evaluated": stats.prompt_tokens,
+            "tokens_cached": stats.reused_tokens, "timings": self.timings(), "specchat": self.summary([]),
+        }  # fmt: skip
