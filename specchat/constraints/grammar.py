@@ -5,8 +5,8 @@ The automaton is a pushdown one over code points, as llama.cpp's: a position in 
 (rule, alternative, element index), the innermost last; a state is the set of stacks whose next element is a set
 of characters (the empty stack: the text may end), with the bytes of a UTF-8 character begun and not yet whole. A
 rule met at the end of its caller's alternative replaces the caller's frame instead of stacking on it, so `x*`
-(rewritten as a rule that ends by calling itself) runs in constant depth. States are immutable and hashable, and
-every step is kept: the masks walk meets the same few states again and again.
+(rewritten as a rule that ends by calling itself) runs in constant depth, even where x may be empty. States are
+immutable and hashable, and every step is kept: the masks walk meets the same few states again and again.
 
 A byte that begins a UTF-8 character is taken only where some stack may take a character it can begin, so no
 token ends in a character the grammar could never finish.
@@ -126,23 +126,31 @@ class Grammar:
 
     def _expand(self, stack: Stack) -> frozenset[Stack]:
         """The stacks `stack` stands for, each one's next element a set of characters (or the empty stack): ended
-        frames popped, rules entered by each of their alternatives."""
+        frames popped, rules entered by each of their alternatives, until every stack waits for a character. A rule
+        entered at the end of its caller's alternative replaces the caller's frame (a tail call), so a repetition of
+        what may be empty comes back to a stack already met, and stops there."""
         known = self._expanded.get(stack)
         if known is not None:
             return known
-        popped = self._popped(stack)
-        if not popped:
-            out = frozenset({()})
-        else:
-            rule, alternative, index = popped[-1]
+        met: set[Stack] = set()
+        ready: set[Stack] = set()
+        waiting = [stack]
+        while waiting:
+            each = self._popped(waiting.pop())
+            if each in met:
+                continue
+            met.add(each)
+            if not each:
+                ready.add(())
+                continue
+            rule, alternative, index = each[-1]
             element = self.rules.alternatives[rule][alternative][index]
             if isinstance(element, Chars):
-                out = frozenset({popped})
-            else:  # enter the rule; where it ends its caller's alternative, the caller's frame goes (a tail call)
-                rest = self._popped((*popped[:-1], (rule, alternative, index + 1)))
-                alternatives = range(len(self.rules.alternatives[element]))
-                out = frozenset().union(*(self._expand((*rest, (element, a, 0))) for a in alternatives))
-        self._expanded[stack] = out
+                ready.add(each)
+                continue
+            rest = self._popped((*each[:-1], (rule, alternative, index + 1)))
+            waiting += [(*rest, (element, a, 0)) for a in range(len(self.rules.alternatives[element]))]
+        out = self._expanded[stack] = frozenset(ready)
         return out
 
     def _popped(self, stack: Stack) -> Stack:

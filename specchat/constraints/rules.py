@@ -2,8 +2,10 @@
 expression): rules, each a list of alternatives, each a sequence of elements (a set of characters, or another rule).
 
 Repetitions become rules of their own, as llama.cpp rewrites them: `x*` a rule `x r | (nothing)`, `x{2,4}` two x
-then `(x (x)?)?`. A rule that can reach itself before any character (left recursion) is refused, as llama.cpp
-refuses it: the automaton could never tell where such a rule ends.
+then `(x (x)?)?`. A rule that can reach itself before any character with more to match after it (left recursion)
+is refused, as llama.cpp refuses it: the automaton's stacks would grow without end. A repetition of what may be
+empty (`("a"?)*`, a regex's `(a|)*`) reaches itself last, which the automaton follows as a tail call: it is taken,
+where llama.cpp refuses it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 MAX_REPEAT = 2000  # llama.cpp's bound on {m,n}'s numbers
-MAX_NESTING = 300  # rules entered one within another before a character (the automaton recurses through them)
 
 
 class GrammarError(ValueError):
@@ -105,8 +106,9 @@ class RuleSet:
 
 
 def refuse_left_recursion(rules: Rules) -> None:
-    """`GrammarError` where a rule can reach itself before any character, or rules nest more than MAX_NESTING deep
-    before one (the automaton enters them one call within another)."""
+    """`GrammarError` where a rule can reach itself before any character with something left to match after it: the
+    automaton's stacks would grow without end. (Reaching itself last, as a repetition of what may be empty does, is
+    a tail call: the stack comes back to one already met.)"""
     nullable = [False] * len(rules.names)
     changed = True
     while changed:  # a rule is nullable when one of its alternatives is all nullable rules
@@ -114,38 +116,58 @@ def refuse_left_recursion(rules: Rules) -> None:
         for rule, alternatives in enumerate(rules.alternatives):
             if not nullable[rule] and any(all(isinstance(e, int) and nullable[e] for e in alt) for alt in alternatives):
                 nullable[rule] = changed = True
-    leading = []  # the rules each rule may begin with
-    for alternatives in rules.alternatives:
+    leading: list[set[int]] = []  # the rules each rule may enter before a character
+    stacking: list[tuple[int, int]] = []  # those entries that leave the caller something to match: (caller, rule)
+    for caller, alternatives in enumerate(rules.alternatives):
         firsts = set()
         for alternative in alternatives:
-            for element in alternative:
+            for index, element in enumerate(alternative):
                 if isinstance(element, Chars):
                     break
                 firsts.add(element)
+                if index < len(alternative) - 1:
+                    stacking.append((caller, element))
                 if not nullable[element]:
                     break
         leading.append(firsts)
-    state = [0] * len(rules.names)  # 0 unseen, 1 on the path, 2 done
-    depth = [0] * len(rules.names)  # the most rules entered from one before a character
-    for root in range(len(rules.names)):  # depth first, with a stack of (rule, its leading rules left)
-        if state[root]:
+    component = _components(leading)
+    for caller, rule in stacking:
+        if component[caller] == component[rule]:  # the rule leads back to the caller: a cycle that stacks
+            name = next((n for n in (rules.names[rule], rules.names[caller]) if "/" not in n), rules.names[rule])
+            raise GrammarError(f"rule {name.split('/')[0]!r} is left-recursive: it can reach itself before any "
+                               f"character")  # fmt: skip
+
+
+def _components(edges: list[set[int]]) -> list[int]:
+    """Each node's strongly connected component (Kosaraju's two passes, without recursion)."""
+    count = len(edges)
+    order, seen = [], [False] * count
+    for root in range(count):
+        if seen[root]:
             continue
-        state[root] = 1
-        path = [(root, iter(leading[root]))]
+        seen[root] = True
+        path = [(root, iter(edges[root]))]
         while path:
-            rule, others = path[-1]
+            node, others = path[-1]
             other = next(others, None)
             if other is None:
-                state[rule] = 2
-                depth[rule] = 1 + max((depth[each] for each in leading[rule]), default=0)
-                if depth[rule] > MAX_NESTING:
-                    raise GrammarError(f"rules nest more than {MAX_NESTING} deep before a character")
+                order.append(node)
                 path.pop()
-            elif state[other] == 1:
-                name = rules.names[other]
-                if "/" in name:
-                    raise GrammarError(f"rule {name.split('/')[0]!r} repeats what may be empty (left recursion)")
-                raise GrammarError(f"rule {name!r} is left-recursive: it can reach itself before any character")
-            elif state[other] == 0:
-                state[other] = 1
-                path.append((other, iter(leading[other])))
+            elif not seen[other]:
+                seen[other] = True
+                path.append((other, iter(edges[other])))
+    backward: list[list[int]] = [[] for _ in range(count)]
+    for node, others in enumerate(edges):
+        for other in others:
+            backward[other].append(node)
+    component = [-1] * count
+    for root in reversed(order):
+        if component[root] >= 0:
+            continue
+        component[root], waiting = root, [root]
+        while waiting:
+            for other in backward[waiting.pop()]:
+                if component[other] < 0:
+                    component[other] = root
+                    waiting.append(other)
+    return component
