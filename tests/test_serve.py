@@ -233,6 +233,27 @@ def test_logit_bias_bans_and_favours_tokens(server, tokenizer):
     assert runs_on.choices[0].message.content.startswith(ends.choices[0].message.content)
 
 
+def test_n_answers_one_prompt_several_times_whole_and_streamed(server):
+    """OpenAI's `n`: choices indexed 0..n-1 under one id, a seeded request's choices drawn from seeds of their own,
+    the usage counting the prompt once; streamed choice after choice."""
+    client = server.client()
+    sampled = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.0, "seed": 11}
+    three = client.completions.create(n=3, **sampled)
+    assert [choice.index for choice in three.choices] == [0, 1, 2]
+    assert len({choice.text for choice in three.choices}) > 1
+    assert three.usage.completion_tokens == 24 and three.usage.total_tokens == three.usage.prompt_tokens + 24
+    stream = client.chat.completions.create(model=MODEL, messages=COLOURS, max_tokens=6, temperature=0, n=2,
+                                            stream=True, stream_options={"include_usage": True})  # fmt: skip
+    texts, finished, usage = ["", ""], [], None
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished.append(choice.index)
+        usage = chunk.usage or usage
+    assert texts[0] == texts[1] != "" and finished == [0, 1] and usage.completion_tokens == 12  # greedy: the same
+
+
 def test_tokenize_and_detokenize_in_both_servers_shapes(server, tokenizer):
     """llama-server's `content` (ids, or ids with pieces) and vLLM's `prompt` / `messages` (count, ids, the
     context's size); ids back to text under both names."""
@@ -365,7 +386,7 @@ def test_metrics_count_what_the_answers_say(server):
     before = scrape(server)
     replies = [server.client().completions.create(model=MODEL, prompt=COUNTING, max_tokens=n, temperature=0)
                for n in (12, 20)]  # fmt: skip
-    refused = server.request("POST", "/v1/chat/completions", {"model": MODEL, "messages": COLOURS, "n": 2})
+    refused = server.request("POST", "/v1/chat/completions", {"model": MODEL, "messages": COLOURS, "n": 17})
     after = scrape(server)
     grew = {name: after[name] - before.get(name, 0.0) for name in after}
     assert refused[0] == 400 and grew['specchat_requests_total{status="400"}'] == 1
@@ -444,7 +465,7 @@ def test_bad_requests_get_openai_errors_and_change_nothing(server):
         (("POST", "/v1/chat/completions"), {"body": {**good, "max_tokens": -1}}, 400, "max_tokens"),
         (("POST", "/v1/chat/completions"), {"body": {**good, "temperature": 9}}, 400, "temperature"),
         (("POST", "/v1/chat/completions"), {"body": {"model": MODEL}}, 400, "messages"),
-        (("POST", "/v1/chat/completions"), {"body": {**good, "n": 3}}, 400, "n"),
+        (("POST", "/v1/chat/completions"), {"body": {**good, "n": 0}}, 400, "n"),
         (("POST", "/v1/completions"), {"body": {"prompt": ["a", "b"]}}, 400, "prompt"),
         (("POST", "/v1/chat/completions"), {"raw": json.dumps({**good, "pad": "x" * 60_000}).encode()}, 413, None),
         (("POST", "/v1/chat/completions"), {"body": {**good, "messages": [{"role": "user", "content": "word " * 1100}]}},
@@ -488,7 +509,7 @@ def bad_inputs() -> list[tuple[str, str, dict]]:
         "stop": [5, [1], ["a"] * 17, {"a": 1}, [["a"]]],
         "stream": ["yes", 1, [], {}],
         "stream_options": [{"include_usage": True}, "x", 5],
-        "n": [2, 0, -1, "1"],
+        "n": [17, 0, -1, "1"],
         "frequency_penalty": [3, -2.5, "1"],
         "presence_penalty": [2.5, True],
         "logprobs": ["yes"],

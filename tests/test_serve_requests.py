@@ -115,7 +115,7 @@ def test_completions_take_text_or_token_ids_and_default_to_16_tokens():
         ({"messages": HI, "max_tokens": 0}, "max_tokens", "at least 1"),
         ({"messages": HI, "max_tokens": "10"}, "max_tokens", "integer"),
         ({"messages": HI, "max_tokens": 5, "max_completion_tokens": 5}, "max_completion_tokens", "not both"),
-        ({"messages": HI, "n": 2}, "n", "n must be 1"),
+        ({"messages": HI, "n": 17}, "n", "between 1 and 16"),
         ({"messages": HI, "tools": [{"type": "function"}]}, "tools[0].function", "JSON object"),
         ({"messages": HI, "tools": {"f": {}}}, "tools", "a list"),
         ({"messages": HI, "tool_choice": "required"}, "tool_choice", "needs tools"),

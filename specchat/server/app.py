@@ -10,6 +10,7 @@ one changes nothing. Errors are OpenAI's `{"error": {...}}` with a 4xx status. U
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hmac
 import json
@@ -22,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.sampling_config import MAX_SEED, SamplingConfig
 from specchat.fill_in_middle import FimMarkers, fim_markers
 from specchat.server.metrics import Metrics
 from specchat.server.requests import (
@@ -226,28 +227,36 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         ids = served.prompt_ids(wanted)
         drafting, draft_budget = _speculation(served, wanted)
         room = served.engine.capacity + 1 - len(ids)
-        items: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         wanted_tokens = room if wanted.max_tokens is None else min(wanted.max_tokens, room)
-        job = Job(ids, served.sampling(wanted), wanted_tokens, wanted.stop,
-                  deliver=lambda item: loop.call_soon_threadsafe(items.put_nowait, item), drafting=drafting,
-                  draft_budget=draft_budget, constraint=served.constraint(wanted), logprobs=wanted.logprobs,
-                  echo=wanted.echo)  # fmt: skip
-        try:
-            worker.submit(job)
-        except QueueFull:
-            raise RequestError(f"the server is busy: {worker.waiting} requests are waiting; retry later",
-                               status=429, kind="rate_limit_error",
-                               headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
-        shape = NativeReply if wanted.native else Reply
-        reply = shape(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None,
-                      token_bytes=served.engine.token_bytes if wanted.logprobs is not None else None,
-                      tools=served.tool_format if wanted.tools and wanted.tools.choice != "none" else None,
-                      echo=served.echo_text(wanted, ids) if wanted.echo else None)  # fmt: skip
+        sampling, constraint = served.sampling(wanted), served.constraint(wanted)
+        answers = []  # (job, its deliveries, its reply), one a choice
+        for index in range(wanted.choices):
+            items: asyncio.Queue = asyncio.Queue()
+            job = Job(ids, _choice_sampling(sampling, index), wanted_tokens, wanted.stop,
+                      deliver=functools.partial(loop.call_soon_threadsafe, items.put_nowait), drafting=drafting,
+                      draft_budget=draft_budget, constraint=constraint, logprobs=wanted.logprobs,
+                      echo=wanted.echo)  # fmt: skip
+            try:
+                worker.submit(job)
+            except QueueFull:
+                for earlier, _, _ in answers:
+                    earlier.cancelled.set()
+                raise RequestError(f"the server is busy: {worker.waiting} requests are waiting; retry later",
+                                   status=429, kind="rate_limit_error",
+                                   headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
+            shape = NativeReply if wanted.native else Reply
+            reply = shape(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None,
+                          token_bytes=served.engine.token_bytes if wanted.logprobs is not None else None,
+                          tools=served.tool_format if wanted.tools and wanted.tools.choice != "none" else None,
+                          echo=served.echo_text(wanted, ids) if wanted.echo else None, index=index)  # fmt: skip
+            if answers:  # one response: one id
+                reply.id, reply.created = answers[0][2].id, answers[0][2].created
+            answers.append((job, items, reply))
         if wanted.stream:
-            return StreamingResponse(_stream(job, items, reply, wanted.include_usage, arrived),
+            return StreamingResponse(_stream(answers, wanted.include_usage, arrived),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await _whole(request, job, items, reply, arrived)
+        return await _whole(request, answers, arrived)
 
     def _heard(reply: Reply, item, arrived: float) -> None:
         """Metrics of one delivery from the engine: the first token's time, a finished run's counts."""
@@ -256,49 +265,58 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         elif reply.stats is None and not isinstance(item, Prompt):
             metrics.time_to_first_token.observe(time.perf_counter() - arrived)
 
-    async def _whole(request: Request, job: Job, items: asyncio.Queue, reply: Reply, arrived: float) -> Response:
-        while True:
-            try:
-                item = await asyncio.wait_for(items.get(), DISCONNECT_POLL_SECONDS)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    job.cancelled.set()  # nobody is waiting for the answer: free the engine
-                    metrics.answered(499)
-                    return Response(status_code=499)
-                continue
-            _heard(reply, item, arrived)
-            if not isinstance(item, Ended):
-                reply.add(item)
-                continue
-            if item.error is not None:
-                raise RequestError(item.error, status=item.status, kind=_kind(item.status))
-            if item.shutdown:
-                if reply.stats is None:
-                    raise RequestError("the server is shutting down", status=503, kind="server_error")
-                reply.cut_short()
-            metrics.answered(200)
-            return JSONResponse(reply.body())
+    async def _whole(request: Request, answers: list, arrived: float) -> Response:
+        try:
+            for job, items, reply in answers:
+                while True:
+                    try:
+                        item = await asyncio.wait_for(items.get(), DISCONNECT_POLL_SECONDS)
+                    except TimeoutError:
+                        if await request.is_disconnected():  # nobody is waiting for the answer: free the engine
+                            metrics.answered(499)
+                            return Response(status_code=499)
+                        continue
+                    _heard(reply, item, arrived)
+                    if isinstance(item, Ended):
+                        break
+                    reply.add(item)
+                if item.error is not None:
+                    raise RequestError(item.error, status=item.status, kind=_kind(item.status))
+                if item.shutdown:
+                    if reply.stats is None:
+                        raise RequestError("the server is shutting down", status=503, kind="server_error")
+                    reply.cut_short()
+        finally:
+            for job, _, _ in answers:
+                job.cancelled.set()
+        metrics.answered(200)
+        replies = [reply for _, _, reply in answers]
+        return JSONResponse(replies[0].body(replies[1:]))
 
-    async def _stream(job: Job, items: asyncio.Queue, reply: Reply, include_usage: bool, arrived: float):
+    async def _stream(answers: list, include_usage: bool, arrived: float):
         metrics.answered(200)  # the status is sent before the answer
         try:
-            if opening := reply.first_chunk():
-                yield opening
-            while True:
-                _heard(reply, item := await items.get(), arrived)
-                if isinstance(item, Ended):
-                    break
-                if text := reply.chunk(item):
-                    yield text
-            if item.error is not None:
-                error = RequestError(item.error, status=item.status, kind=_kind(item.status))
-                yield f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n"
-                return
-            if item.shutdown:
-                reply.cut_short()
-            yield reply.last_chunks(include_usage)
-        finally:  # the client hung up (the stream is cancelled), or it ended: either way the job is over
-            job.cancelled.set()
+            for job, items, reply in answers:
+                if opening := reply.first_chunk():
+                    yield opening
+                while True:
+                    _heard(reply, item := await items.get(), arrived)
+                    if isinstance(item, Ended):
+                        break
+                    if text := reply.chunk(item):
+                        yield text
+                if item.error is not None:
+                    error = RequestError(item.error, status=item.status, kind=_kind(item.status))
+                    yield f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n"
+                    return
+                if item.shutdown:
+                    reply.cut_short()
+                yield reply.finish_chunk()
+            replies = [reply for _, _, reply in answers]
+            yield replies[0].end_chunks(replies[0].body(replies[1:])["usage"] if include_usage else None)
+        finally:  # the client hung up (the stream is cancelled), or it ended: either way the jobs are over
+            for job, _, _ in answers:
+                job.cancelled.set()
 
     async def on_request_error(request: Request, error: RequestError) -> Response:
         metrics.answered(error.status)
@@ -324,6 +342,14 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
     ]
     handlers = {RequestError: on_request_error, HTTPException: on_http_error}
     return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def _choice_sampling(sampling: SamplingConfig, index: int) -> SamplingConfig:
+    """The sampling of a request's choice `index`: a seeded request's choices each draw from a seed of their own
+    (the seed, plus the index), so that they differ as OpenAI's do."""
+    if index == 0 or sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed + index) % (MAX_SEED + 1))
 
 
 def _speculation(served: Served, wanted: CompletionRequest) -> tuple[bool, int | None]:

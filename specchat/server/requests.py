@@ -2,7 +2,7 @@
 
 Every problem is a `RequestError` naming the field, answered as OpenAI answers it (a 4xx and an `error` object),
 before the request is queued. Fields the engine has no equivalent for are refused when they ask for something
-(`n` > 1), and accepted at their neutral values, which many clients always send.
+(`best_of` > 1), and accepted at their neutral values, which many clients always send.
 `response_format` runs JSON mode: `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema": {"schema":
 ...}}` with a schema inside the subset `constraints/json_schema.py` holds a text to; `grammar` (llama-server's field)
 holds it to a GBNF grammar, `structured_outputs` (vLLM's) to a choice, a regular expression, a schema or a grammar
@@ -27,6 +27,7 @@ from specchat.fill_in_middle import Infill
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 16
+MAX_CHOICES = 16  # a request's `n`: its answers are generated one after the other
 MAX_CHAT_LOGPROBS, MAX_TEXT_LOGPROBS = 20, 5  # OpenAI's limits on the alternatives a token's log-probability lists
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 STRUCTURED = ("choice", "regex", "json", "grammar")  # vLLM's structured outputs
@@ -69,6 +70,7 @@ class CompletionRequest:
     echo: bool = False  # a completion's text begins with its prompt (and its log-probabilities, when asked)
     infill: Infill | None = None  # code to fill in at a cursor (`suffix`, /infill): the model's FIM prompt
     native: bool = False  # answered in llama-server's own shape (/completion, /infill)
+    choices: int = 1  # OpenAI's `n`: answers to the prompt, generated one after the other
     ignore_eos: bool = False  # the end of text is never chosen: the answer runs to max_tokens (benchmarks)
 
 
@@ -118,6 +120,7 @@ def chat_request(body: object) -> CompletionRequest:
         max_tokens=_max_tokens(body, "max_completion_tokens") or _max_tokens(body, "max_tokens"),
         logprobs=_chat_logprobs(body),
         tools=tools,
+        choices=_choices(body),
         **common,
     )
 
@@ -150,6 +153,7 @@ def text_request(body: object) -> CompletionRequest:
         max_tokens=16 if "max_tokens" not in body else max_tokens,  # OpenAI's default for completions
         logprobs=logprobs,
         echo=bool(echo),
+        choices=_choices(body),
         **_common(body),
     )
 
@@ -461,11 +465,16 @@ def _sampling(body: dict) -> dict:
     return sampling
 
 
+def _choices(body: dict) -> int:
+    """OpenAI's `n`."""
+    n = _integer(body, "n")
+    if n is not None and not 1 <= n <= MAX_CHOICES:
+        raise RequestError(f"n must be between 1 and {MAX_CHOICES}", param="n")
+    return n or 1
+
+
 def _refuse_unsupported(body: dict) -> None:
     """Fields that ask for what the engine does not do: a clear 400, unless they ask for nothing."""
-    n = _integer(body, "n")
-    if n is not None and n != 1:
-        raise RequestError("n must be 1: one completion per request", param="n")
     for name in ("functions", "function_call"):
         if body.get(name):
             raise RequestError(f"{name} is not supported; tools and tool_choice are", param=name)

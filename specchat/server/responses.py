@@ -17,10 +17,12 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"
 
 
 class Reply:
-    """One request's answer as it is produced; renders it whole (`body`) or as stream chunks."""
+    """One answer of a request (its choice `index`) as it is produced; renders it whole (`body`, or its `choice`
+    among a request's several) or as stream chunks."""
 
     def __init__(self, model: str, drafter: str, *, chat: bool, token_bytes=None, tools: ToolFormat | None = None,
-                 echo: str | None = None):  # fmt: skip
+                 echo: str | None = None, index: int = 0):  # fmt: skip
+        self.index = index
         self.model, self.drafter, self.chat = model, drafter, chat
         self.echo = echo  # the prompt's text, where the completion begins with it
         self.token_bytes = token_bytes  # id -> bytes, when the request asked for log-probabilities
@@ -56,7 +58,17 @@ class Reply:
         """The server stopped this answer before the engine did (shutting down)."""
         self.finish = self.finish or "length"
 
-    def body(self) -> dict:
+    def body(self, others: list[Reply] = ()) -> dict:
+        """The whole answer, with the `others` choices of the request after this one's."""
+        usage = self.usage()
+        for other in others:  # one prompt, several completions
+            usage["completion_tokens"] += other.usage()["completion_tokens"]
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return self._envelope("chat.completion" if self.chat else "text_completion",
+                              [self.choice(), *(other.choice() for other in others)], usage=usage,
+                              timings=self.timings(), specchat=self.summary(self.origins))  # fmt: skip
+
+    def choice(self) -> dict:
         text = "".join(self.text)
         message = {"role": "assistant", "content": text}
         if self.calls is not None:
@@ -64,10 +76,8 @@ class Reply:
             message = {"role": "assistant", "content": (text.strip() if calls else text) or None}
             if calls:
                 message["tool_calls"] = [_call(call) for call in calls]
-        choice = {"index": 0, "finish_reason": self._finish_reason, "logprobs": self._logprobs(self.logprobs)}
-        choice |= {"message": message} if self.chat else {"text": text}
-        return self._envelope("chat.completion" if self.chat else "text_completion", [choice], usage=self.usage(),
-                              timings=self.timings(), specchat=self.summary(self.origins))
+        choice = {"index": self.index, "finish_reason": self._finish_reason, "logprobs": self._logprobs(self.logprobs)}
+        return choice | ({"message": message} if self.chat else {"text": text})
 
     def first_chunk(self) -> str:
         """A chat stream opens with the assistant's role (completions streams have no roles)."""
@@ -93,12 +103,13 @@ class Reply:
         scored = self._logprobs(self.logprobs[len(self.logprobs) - len(event.tokens) :])
         return self._chunk(delta, None, {"origins": event.origins}, logprobs=scored)
 
-    def last_chunks(self, include_usage: bool) -> str:
-        """The finish reason with the whole answer's figures, the usage when asked, and the end marker."""
-        chunks = self._chunk({}, self._finish_reason, self.summary([]), timings=self.timings())
-        if include_usage:
-            chunks += _sse(self._envelope(self._chunk_object, [], usage=self.usage()))
-        return chunks + "data: [DONE]\n\n"
+    def finish_chunk(self) -> str:
+        """The finish reason with the whole answer's figures."""
+        return self._chunk({}, self._finish_reason, self.summary([]), timings=self.timings())
+
+    def end_chunks(self, usage: dict | None) -> str:
+        """After every choice's chunks: the usage, when asked, and the end marker."""
+        return (_sse(self._envelope(self._chunk_object, [], usage=usage)) if usage else "") + "data: [DONE]\n\n"
 
     def usage(self) -> dict:
         prompt = self.stats.prompt_tokens if self.stats else self.prompt_tokens
@@ -169,7 +180,7 @@ class Reply:
 
     def _chunk(self, delta: dict, finish: str | None, specchat: dict | None = None, logprobs: dict | None = None,
                **extra) -> str:
-        choice = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
+        choice = {"index": self.index, "finish_reason": finish, "logprobs": logprobs}
         choice |= {"delta": delta} if self.chat else {"text": delta.get("content", "")}
         extra |= {"specchat": specchat} if specchat else {}
         return _sse(self._envelope(self._chunk_object, [choice], **extra))
@@ -194,7 +205,7 @@ class NativeReply(Reply):
     """llama-server's own answer (`/completion`, `/infill`): `content` and `stop`, streamed as bare SSE events
     (no `[DONE]`), the last one with the counts and `timings`."""
 
-    def body(self) -> dict:
+    def body(self, others: list[Reply] = ()) -> dict:
         return self._native("".join(self.text), stop=True)
 
     def first_chunk(self) -> str:
@@ -204,8 +215,11 @@ class NativeReply(Reply):
         self.add(event)
         return _sse(self._native(event.text, stop=False)) if event.text else ""
 
-    def last_chunks(self, include_usage: bool) -> str:
+    def finish_chunk(self) -> str:
         return _sse(self._native("", stop=True))
+
+    def end_chunks(self, usage: dict | None) -> str:
+        return ""
 
     def _native(self, content: str, stop: bool) -> dict:
         out = {"index": 0, "content": content, "stop": stop, "model": self.model}
