@@ -234,12 +234,14 @@ def test_logit_bias_bans_and_favours_tokens(server, tokenizer):
 
 
 def test_n_answers_one_prompt_several_times_whole_and_streamed(server):
-    """OpenAI's `n`: choices indexed 0..n-1 under one id, a seeded request's choices drawn from seeds of their own,
-    the usage counting the prompt once; streamed choice after choice."""
+    """OpenAI's `n`: choices indexed 0..n-1 under one id, a seeded request's choices drawn from seeds of their own
+    (the first is the request alone: a seed keys its draws, whatever the drafts), the usage counting the prompt
+    once; streamed choice after choice."""
     client = server.client()
     sampled = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.0, "seed": 11}
     three = client.completions.create(n=3, **sampled)
     assert [choice.index for choice in three.choices] == [0, 1, 2]
+    assert three.choices[0].text == client.completions.create(**sampled).choices[0].text
     assert len({choice.text for choice in three.choices}) > 1
     assert three.usage.completion_tokens == 24 and three.usage.total_tokens == three.usage.prompt_tokens + 24
     stream = client.chat.completions.create(model=MODEL, messages=COLOURS, max_tokens=6, temperature=0, n=2,

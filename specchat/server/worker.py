@@ -156,9 +156,9 @@ class EngineWorker:
                 if job.max_new_tokens == 0:
                     job.deliver(Ended())
                     return
-            events = engine.generate(
+            events = engine.generate(  # a seed keys each draw by position: the same text whatever was drafted
                 job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
-                fresh=not self.prompt_cache, logprobs=job.logprobs,
+                fresh=not self.prompt_cache, logprobs=job.logprobs, reproducible=job.sampling.seed is not None,
                 constraint=job.constraint(engine) if job.constraint else None,
             )
             for event in events:
