@@ -79,7 +79,8 @@ def test_the_server_fills_in_a_suffix_and_refuses_it_without_markers(coder_serve
 
 def test_llama_server_s_infill_and_completion_whole_and_streamed(coder_server, coder_tokenizer):
     """/infill as llama.vscode sends it (other files, the middle's start, n_predict, llama-server's sampling names),
-    answered in llama-server's shape; /completion alike; a stream's events add up to the whole answer."""
+    answered in llama-server's shape; /completion alike; a stream's events add up to the whole answer; past
+    `t_max_predict_ms`, an answer ends once a line has ended."""
     server, engine = coder_server
     body = {"input_prefix": "def area(r):\n    ", "input_suffix": "\n\nprint(area(2))\n", "prompt": "return",
             "input_extra": [{"filename": "consts.py", "text": "PI = 3.14159\n"}], "n_predict": 10, "top_k": 40,
@@ -98,6 +99,10 @@ def test_llama_server_s_infill_and_completion_whole_and_streamed(coder_server, c
     assert text["content"] == _alone(engine, coder_tokenizer("x = ")["input_ids"], 6)
     refused = server.http.post("/infill", json={"input_prefix": 5})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "input_prefix"
+    lines = {"prompt": "x", "n_predict": 30, "grammar": 'root ::= ("y\\n"){40}'}  # no end before 40 lines
+    assert server.http.post("/completion", json=lines).json()["tokens_predicted"] == 30
+    timed = server.http.post("/completion", json=lines | {"t_max_predict_ms": 1}).json()  # llama.vscode's time limit
+    assert timed["tokens_predicted"] < 30 and timed["stop_type"] == "limit" and "\n" in timed["content"]
 
 
 def test_the_fim_set_cuts_holes_in_the_standard_library(coder_tokenizer, tokenizer, tmp_path):

@@ -236,7 +236,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
             job = Job(ids, _choice_sampling(sampling, index), wanted_tokens, wanted.stop,
                       deliver=functools.partial(loop.call_soon_threadsafe, items.put_nowait), drafting=drafting,
                       draft_budget=draft_budget, constraint=constraint, logprobs=wanted.logprobs,
-                      echo=wanted.echo)  # fmt: skip
+                      echo=wanted.echo, time_limit=wanted.time_limit)  # fmt: skip
             try:
                 worker.submit(job)
             except QueueFull:
@@ -282,9 +282,9 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
                     reply.add(item)
                 if item.error is not None:
                     raise RequestError(item.error, status=item.status, kind=_kind(item.status))
-                if item.shutdown:
-                    if reply.stats is None:
-                        raise RequestError("the server is shutting down", status=503, kind="server_error")
+                if item.shutdown and reply.stats is None:
+                    raise RequestError("the server is shutting down", status=503, kind="server_error")
+                if item.shutdown or item.cut:
                     reply.cut_short()
         finally:
             for job, _, _ in answers:
@@ -309,7 +309,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
                     error = RequestError(item.error, status=item.status, kind=_kind(item.status))
                     yield f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n"
                     return
-                if item.shutdown:
+                if item.shutdown or item.cut:
                     reply.cut_short()
                 yield reply.finish_chunk()
             replies = [reply for _, _, reply in answers]

@@ -71,6 +71,7 @@ class CompletionRequest:
     infill: Infill | None = None  # code to fill in at a cursor (`suffix`, /infill): the model's FIM prompt
     native: bool = False  # answered in llama-server's own shape (/completion, /infill)
     choices: int = 1  # OpenAI's `n`: answers to the prompt, generated one after the other
+    time_limit: float | None = None  # llama-server's t_max_predict_ms, in seconds: a line's end past it ends the answer
     ignore_eos: bool = False  # the end of text is never chosen: the answer runs to max_tokens (benchmarks)
 
 
@@ -162,8 +163,9 @@ def native_request(body: object, *, infill: bool) -> CompletionRequest:
     """`POST /completion` and `POST /infill`, llama-server's own: its names for OpenAI's fields (`n_predict`, where
     a negative number means no limit; `repeat_penalty`; a `seed` of -1, a random one; `json_schema`), and for
     /infill the code around the cursor: `input_prefix`, `input_suffix`, `input_extra` (other files: `filename`,
-    `text`) and `prompt` (the middle's start, already typed). Fields without a meaning here are ignored, as
-    llama-server ignores what it does not know."""
+    `text`) and `prompt` (the middle's start, already typed). `t_max_predict_ms`: past this long after the first
+    token, the answer ends as soon as a line of it has ended (an editor's completion arrives in time). Fields without a meaning
+    here are ignored, as llama-server ignores what it does not know."""
     body = _object(body)
     renamed = {NATIVE_NAMES.get(key, key): value for key, value in body.items() if key not in ("prompt", "suffix")}
     if renamed.get("seed") == -1:
@@ -181,8 +183,12 @@ def native_request(body: object, *, infill: bool) -> CompletionRequest:
         prompt = code.prefix
     else:
         code, prompt = None, _prompt(body.get("prompt"))
+    limit = _number(body, "t_max_predict_ms")
+    if limit is not None and limit < 0:
+        raise RequestError("t_max_predict_ms must be >= 0 (0: no limit)", param="t_max_predict_ms")
     return CompletionRequest(model=_model(body), prompt=prompt, infill=code, native=True,
-                             max_tokens=_max_tokens(renamed, "max_tokens"), **_common(renamed))  # fmt: skip
+                             max_tokens=_max_tokens(renamed, "max_tokens"), time_limit=limit / 1e3 if limit else None,
+                             **_common(renamed))  # fmt: skip
 
 
 def _files(value: object) -> tuple[tuple[str, str], ...]:

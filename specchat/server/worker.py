@@ -14,6 +14,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ class Job:
     constraint: Callable[[object], object] | None = None  # engine -> the answer's Constraint (JSON mode, tools)
     logprobs: int | None = None  # each token's log-probability and this many alternatives
     echo: bool = False  # the prompt is delivered first (`Prompt`), scored when `logprobs` asks
+    time_limit: float | None = None  # seconds after the first token past which a line's end ends the answer
 
 @dataclass(frozen=True)
 class Prompt:
@@ -48,6 +50,7 @@ class Ended:
     """A job's last delivery: why it ended early, or None when the engine finished it."""
 
     error: str | None = None  # the engine refused it, or failed
+    cut: bool = False  # its own time limit ended it (`Job.time_limit`)
     status: int = 500  # with an error: 400 when the request was at fault
     shutdown: bool = False  # the server is stopping: cut short, or never started
 
@@ -161,12 +164,18 @@ class EngineWorker:
                 fresh=not self.prompt_cache, logprobs=job.logprobs, reproducible=job.sampling.seed is not None,
                 constraint=job.constraint(engine) if job.constraint else None,
             )
+            first, lines = None, False  # when the first token came; whether a line has ended since
             for event in events:
                 self.tokens_generated += len(event.tokens)
                 job.deliver(event)
                 if job.cancelled.is_set():
                     events.close()
                     job.deliver(Ended(shutdown=self._stopping.is_set()))
+                    return
+                first, lines = first or time.perf_counter(), lines or "\n" in event.text
+                if job.time_limit is not None and lines and time.perf_counter() - first > job.time_limit:
+                    events.close()
+                    job.deliver(Ended(cut=True))
                     return
         except SpecchatError as error:
             job.deliver(Ended(error=str(error), status=400))
