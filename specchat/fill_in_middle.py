@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specchat.errors import SpecchatError
+
 MARKERS = (  # (before the prefix, before the suffix, before the middle), as each family names them
     ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
     ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
@@ -56,6 +58,15 @@ class FimMarkers:
             context = encode("".join(f"{SNIPPET}{text}" for _, text in infill.files))
         return [*context, self.prefix, *encode(infill.prefix), self.suffix, *encode(infill.suffix), self.middle,
                 *encode(infill.middle)]  # fmt: skip
+
+
+def infill_ids(tokenizer, infill: Infill, model: str = "this model") -> list[int]:
+    """The ids after which `model` writes the middle of `infill` (a one-line error where it has no markers)."""
+    markers = fim_markers(tokenizer)
+    if markers is None:
+        raise SpecchatError(f"{model} has no fill-in-the-middle tokens: filling in code needs a code model's "
+                            "(Qwen2.5-Coder, StarCoder, DeepSeek Coder)")  # fmt: skip
+    return markers.prompt(tokenizer, infill)
 
 
 def fim_markers(tokenizer) -> FimMarkers | None:

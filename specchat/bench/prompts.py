@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from specchat.errors import SpecchatError
-from specchat.fill_in_middle import Infill
+from specchat.fill_in_middle import Infill, infill_ids
 
 
 Prompt = str | Infill  # a chat prompt (through the chat template), or code to fill in
@@ -103,15 +103,10 @@ def infill_prompts() -> list[Infill]:
 def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     """The ids a run starts from: a chat prompt through the template, an infill through the FIM markers."""
     from specchat.engine.prompt import encode_prompt
-    from specchat.fill_in_middle import fim_markers
 
     if isinstance(prompt, str):
         return encode_prompt(tokenizer, prompt)
-    markers = fim_markers(tokenizer)
-    if markers is None:
-        raise SpecchatError("this model has no fill-in-the-middle tokens: the fim set and prompts with a suffix "
-                            "need a code model's")  # fmt: skip
-    return markers.prompt(tokenizer, prompt)
+    return infill_ids(tokenizer, prompt)
 
 
 def long_document(tokens: int) -> str:

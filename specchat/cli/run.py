@@ -47,7 +47,7 @@ from specchat.cli.common import (
 )
 from specchat.drafters import check_draft_cache
 from specchat.errors import SpecchatError
-from specchat.fill_in_middle import Infill, fim_markers
+from specchat.fill_in_middle import Infill, infill_ids
 
 MAX_LOGPROBS = 20  # alternatives a token's log-probability lists, as OpenAI's top_logprobs
 
@@ -136,11 +136,7 @@ def run(
     if ignore_eos:
         sampling = dataclasses.replace(sampling, suppress=tuple(sorted(eos_ids(loaded.model, loaded.tokenizer))))
     if suffix is not None:
-        markers = fim_markers(loaded.tokenizer)
-        if markers is None:
-            raise SpecchatError(f"{source.name} has no fill-in-the-middle tokens: --suffix needs a code model's "
-                                "(Qwen2.5-Coder, StarCoder, DeepSeek Coder)")  # fmt: skip
-        prompt_ids = markers.prompt(loaded.tokenizer, Infill(prompt, suffix))
+        prompt_ids = infill_ids(loaded.tokenizer, Infill(prompt, suffix), source.name)
     else:
         prompt_ids = encode_prompt(loaded.tokenizer, prompt, system=system, raw=raw)
     session = Session.over(loaded, max_len=len(prompt_ids) + max_new_tokens, drafter=choice,

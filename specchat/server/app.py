@@ -231,6 +231,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         wanted_tokens = room if wanted.max_tokens is None else min(wanted.max_tokens, room)
         sampling, constraint = served.sampling(wanted), served.constraint(wanted)
         answers = []  # (job, its deliveries, its reply), one a choice
+        shape = NativeReply if wanted.native else Reply
         for index in range(wanted.choices):
             items: asyncio.Queue = asyncio.Queue()
             job = Job(ids, _choice_sampling(sampling, index), wanted_tokens, wanted.stop,
@@ -245,7 +246,6 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
                 raise RequestError(f"the server is busy: {worker.waiting} requests are waiting; retry later",
                                    status=429, kind="rate_limit_error",
                                    headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
-            shape = NativeReply if wanted.native else Reply
             reply = shape(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None,
                           token_bytes=served.engine.token_bytes if wanted.logprobs is not None else None,
                           tools=served.tool_format if wanted.tools and wanted.tools.choice != "none" else None,
