@@ -153,7 +153,7 @@ def test_held_rows_follow_their_format_and_are_exact(default_model):
     tokenizer = default_model.tokenizer
     prompt = "Give the name, age and city of a fictional person as JSON."
     llamacpp = LlamaCpp(embedded_gguf_path())
-    rows = compare(default_model, {"json": [prompt]}, ["ngram"], max_new_tokens=64, repeats=1, llamacpp=llamacpp,
+    rows = compare(default_model, {"json": [prompt]}, ["ngram"], max_new_tokens=64, repeats=1, llamacpp=[llamacpp],
                    held=AnswerFormat(json=True))  # fmt: skip
     assert [row.method for row in rows] == ["none", "ngram", "llamacpp"] and rows[1].identical_to_ar
     ids = encode_prompt(tokenizer, prompt)
@@ -176,6 +176,20 @@ def test_the_llamacpp_baseline_grows_its_context_to_the_prompt(tokenizer):
     ids = tokenizer(" ".join(["The lighthouse keeper wrote in the log every night."] * 12)).input_ids
     tokens, _ = llamacpp.generate(ids, 8, frozenset())
     assert len(ids) > 64 and len(tokens) == 8 and llamacpp.context == CONTEXT_STEP
+
+
+def test_the_lookup_baseline_is_llamacpp_drafting_from_the_prompt(default_model, tokenizer):
+    """`--baseline llamacpp,llamacpp-lookup`: both rows measured in one run; the lookup's llama.cpp drafts by
+    prompt lookup and answers greedily as plain llama.cpp does (its batched rows may round apart later on)."""
+    pytest.importorskip("llama_cpp")
+    plain, lookup = (LlamaCpp.for_model(None, method) for method in ("llamacpp", "llamacpp-lookup"))
+    assert plain.llm.draft_model is None and lookup.llm.draft_model.num_pred_tokens == 2
+    prompt = "Repeat this line three times: the quick brown fox jumps over the lazy dog."
+    rows = compare(default_model, {"copy": [prompt]}, [], max_new_tokens=32, repeats=1, llamacpp=[plain, lookup])
+    assert [row.method for row in rows] == ["none", "llamacpp", "llamacpp-lookup"]
+    ids = encode_prompt(tokenizer, prompt)
+    answers = [method_runner(each.method, default_model, 256, 32, None, each)(ids).tokens for each in (plain, lookup)]
+    assert answers[0][:8] == answers[1][:8]
 
 
 def test_a_crash_in_llamacpps_prefill_is_a_one_line_error():

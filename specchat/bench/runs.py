@@ -15,7 +15,7 @@ from torch import nn
 
 from specchat.architectures.llama_model import CausalLM
 from specchat.answer_format import AnswerFormat
-from specchat.bench.llamacpp import LlamaCpp
+from specchat.bench.llamacpp import METHODS, LlamaCpp
 from specchat.engine.generate import Engine, eos_ids
 from specchat.engine.sampling import SamplingConfig
 from specchat.loading import LoadedModel, embedded_gguf_path
@@ -23,8 +23,8 @@ from specchat.quant.gguf_model import dequantized_model
 from specchat.session import Session
 
 HF_METHODS = ("hf", "hf-prompt-lookup")  # transformers' own generate: plain greedy, prompt-lookup decoding
-LLAMACPP = "llamacpp"  # llama.cpp on the same GGUF (llamacpp.py)
-BASELINES = (*HF_METHODS, LLAMACPP)
+LLAMACPP_METHODS = tuple(METHODS)  # llama.cpp on the same GGUF, plain and speculative (llamacpp.py)
+BASELINES = (*HF_METHODS, *LLAMACPP_METHODS)
 
 
 @dataclass
@@ -43,10 +43,10 @@ def method_runner(method: str, loaded: LoadedModel, max_len: int, max_new_tokens
                   llamacpp: LlamaCpp | None, kv_cache: str = "auto", sampling: SamplingConfig = SamplingConfig(),
                   hf_model: nn.Module | None = None, held: AnswerFormat = AnswerFormat()):  # fmt: skip
     """A function that generates from prompt ids with `method`, each method with its own engine; ours decode
-    under `sampling`, the other tools greedily (transformers' `generate` on `hf_model`, `transformers_model`);
-    ours and llama.cpp's answers `held` to a format."""
+    under `sampling`, the other tools greedily (transformers' `generate` on `hf_model`, `transformers_model`; a
+    llama.cpp method on `llamacpp`); ours and llama.cpp's answers `held` to a format."""
     model = loaded.model
-    if method == LLAMACPP:
+    if method in LLAMACPP_METHODS:
         stop_ids = eos_ids(model, loaded.tokenizer)
         return lambda ids: llamacpp_run(llamacpp, ids, max_new_tokens, stop_ids, held)
     if method not in HF_METHODS:

@@ -69,7 +69,8 @@ def bench(
         typer.Option(
             "--baseline",
             help="Comma-separated: hf (transformers' generate; a GGUF file dequantized, as transformers loads one), "
-            "llamacpp (llama.cpp on the same GGUF, when llama-cpp-python is installed).",
+            "llamacpp (llama.cpp on the same GGUF, when llama-cpp-python is installed), llamacpp-lookup (the same "
+            "with llama-cpp-python's prompt lookup decoding).",
         ),
     ] = None,
     dtype: Annotated[
@@ -110,10 +111,13 @@ def bench(
         if not plot.parent.is_dir() or not os.access(plot.parent, os.W_OK):
             raise SpecchatError(f"--plot: cannot write into {plot.parent}")
         from specchat.bench.plot import plot_rows  # fails now, not after the run, when matplotlib is missing
+    from specchat.bench.llamacpp import METHODS, LlamaCpp
+
     baselines = csv_list(baseline or "")
+    known = ("hf", *METHODS)
     for name in baselines:
-        if name not in ("hf", "llamacpp"):
-            raise SpecchatError(f"unknown baseline '{name}'; use hf, llamacpp")
+        if name not in known:
+            raise SpecchatError(f"unknown baseline '{name}'; use {', '.join(known)}")
     held = answer_format(text_format, schema, grammar, grammar_file)
     if not held.free and "hf" in baselines:
         raise SpecchatError(f"{held.label()} has no transformers baseline: use --baseline llamacpp (its grammars)")
@@ -133,18 +137,14 @@ def bench(
 
     if "hf" in baselines:
         methods += HF_METHODS
-    llamacpp = None
-    if "llamacpp" in baselines:
-        from specchat.bench.llamacpp import LlamaCpp
-
-        llamacpp = LlamaCpp.for_model(model)
+    llamacpp = [LlamaCpp.for_model(model, name) for name in baselines if name in METHODS]
     rows = []
     from specchat.bench.progress import bench_progress
 
     dtypes = csv_list(dtype)
     runs = 1 + repeats * sum(map(len, sets.values()))  # per method and dtype: the warm-up, then every prompt
     measured = len(dtypes) * len(kv_caches)
-    total = measured * len(set(methods) | {"none"}) * runs + len(dtypes) + (runs if llamacpp else 0)  # loads included
+    total = measured * len(set(methods) | {"none"}) * runs + len(dtypes) + runs * len(llamacpp)  # loads included
     with bench_progress(total) as step:
         for each_dtype in dtypes:
             step(f"loading {model or 'the default model'} ({each_dtype})")
@@ -156,7 +156,7 @@ def bench(
                     llamacpp=llamacpp, kv_cache=kv, sampling=sampling, held=held,
                     step=lambda what, d=f"{each_dtype}, kv {kv}": step(f"{d} · {what}"),
                 )  # fmt: skip
-                llamacpp = None  # measured once, beside the first dtype and cache
+                llamacpp = []  # measured once, beside the first dtype and cache
     mode = f", {held.label()}" if not held.free else ""
     title = f"{loaded.source.name} ({forward_path(loaded.model)}), {_described(sampling)}{mode}, decode tokens/s"
     report([row.as_dict() for row in rows], as_json, title=title, table=[row.as_table_row() for row in rows])
