@@ -1,10 +1,10 @@
 """The HTTP routes: OpenAI's chat completions, completions and models, a health check, Prometheus' metrics,
-llama-server's own `/completion` and `/infill` (editors' code completion), and `/tokenize` / `/detokenize` (as
-llama-server and vLLM have them: clients count a prompt's tokens with them).
+llama-server's own `/completion` and `/infill` (editors' code completion), `/tokenize` / `/detokenize` (as
+llama-server and vLLM have them: clients count a prompt's tokens with them), and Ollama's API (`ollama.py`).
 
 A request is checked whole (body size, key, JSON, fields, model, prompt length) before it is queued, so a bad
-one changes nothing. Errors are OpenAI's `{"error": {...}}` with a 4xx status. Until the model has loaded,
-`/health` says "loading" (503) and generation requests get 503 with Retry-After.
+one changes nothing. Errors are OpenAI's `{"error": {...}}` (Ollama's routes: `{"error": "..."}`) with a 4xx status.
+Until the model has loaded, `/health` says "loading" (503) and generation requests get 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import hmac
 import json
 import time
 from dataclasses import dataclass
+from importlib.metadata import version
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -26,14 +27,19 @@ from starlette.routing import Route
 from specchat.engine.sampling_config import MAX_SEED, SamplingConfig
 from specchat.fill_in_middle import FimMarkers, fim_markers
 from specchat.server.metrics import Metrics
+from specchat.server.ollama import (
+    OllamaReply, loaded_answer, model_card, model_entry, nothing_to_generate, ollama_request,
+)  # fmt: skip
 from specchat.server.requests import (
     CompletionRequest, RequestError, chat_request, detokenize_request, native_request, text_request,
     tokenize_request,
 )  # fmt: skip
 from specchat.server.responses import NativeReply, Reply
-from specchat.server.worker import EngineWorker, Ended, Job, Prompt, QueueFull
+from specchat.server.worker import Ended, EngineWorker, Job, Prompt, QueueFull
 from specchat.tool_calls import ToolFormat, tool_format
 
+REPLIES = {"openai": Reply, "llama-server": NativeReply, "ollama-chat": OllamaReply,
+           "ollama-generate": functools.partial(OllamaReply, generate=True)}  # a request's `reply` -> its shape
 RETRY_SECONDS = 5  # Retry-After while loading, and when the queue is full
 DRAIN_BYTES = 256 * 2**20  # a body over the limit is still read up to this size, so that its client hears the 413
 DISCONNECT_POLL_SECONDS = 0.5  # how often a waiting non-streaming request checks that its client is still there
@@ -49,6 +55,7 @@ class Served:
     aliases: frozenset[str]  # other names accepted for it (the --model given, its profile alias)
     drafter: str
     defaults: dict  # SamplingConfig fields the model asks for when a request leaves them out
+    weights: str = ""  # their format ("q4_k", "int4-g32", "bfloat16"): Ollama's quantization level
 
     @functools.cached_property
     def tool_format(self) -> ToolFormat | None:
@@ -150,6 +157,40 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
     async def infill(request: Request) -> Response:
         return await _complete(request, native_request(await _json(request), infill=True))
 
+    async def ollama_chat(request: Request) -> Response:
+        return await _ollama(request, chat=True)
+
+    async def ollama_generate(request: Request) -> Response:
+        return await _ollama(request, chat=False)
+
+    async def _ollama(request: Request, *, chat: bool) -> Response:
+        body = await _json(request)
+        if nothing_to_generate(body, chat=chat):  # how Ollama's clients load a model
+            served = _served(request)
+            _check_model(served, body.get("model") or served.name)
+            return JSONResponse(loaded_answer(served.name, chat=chat))
+        return await _complete(request, ollama_request(body, chat=chat))
+
+    async def ollama_tags(request: Request) -> Response:
+        return JSONResponse({"models": [model_entry(_served(request))]})
+
+    async def ollama_running(request: Request) -> Response:
+        served = _served(request)
+        entry = model_entry(served)
+        return JSONResponse({"models": [entry | {"size_vram": 0, "context_length": served.engine.capacity}]})
+
+    async def ollama_show(request: Request) -> Response:
+        body = await _json(request)
+        served = _served(request)
+        name = body.get("model", body.get("name")) if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            raise RequestError("model is required", param="model")
+        _check_model(served, name)
+        return JSONResponse(model_card(served))
+
+    async def ollama_version(request: Request) -> Response:
+        return JSONResponse({"version": version("specchat")})
+
     async def tokenize(request: Request) -> Response:
         """The ids of a text (or a conversation through the chat template), as llama-server or vLLM answers."""
         wanted = tokenize_request(await _json(request))
@@ -231,7 +272,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         wanted_tokens = room if wanted.max_tokens is None else min(wanted.max_tokens, room)
         sampling, constraint = served.sampling(wanted), served.constraint(wanted)
         answers = []  # (job, its deliveries, its reply), one a choice
-        shape = NativeReply if wanted.native else Reply
+        shape = REPLIES[wanted.reply]
         for index in range(wanted.choices):
             items: asyncio.Queue = asyncio.Queue()
             job = Job(ids, _choice_sampling(sampling, index), wanted_tokens, wanted.stop,
@@ -255,7 +296,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
             answers.append((job, items, reply))
         if wanted.stream:
             return StreamingResponse(_stream(answers, wanted.include_usage, arrived),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                                     media_type=answers[0][2].media_type, headers={"Cache-Control": "no-cache"})
         return await _whole(request, answers, arrived)
 
     def _heard(reply: Reply, item, arrived: float) -> None:
@@ -306,8 +347,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
                     if text := reply.chunk(item):
                         yield text
                 if item.error is not None:
-                    error = RequestError(item.error, status=item.status, kind=_kind(item.status))
-                    yield f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n"
+                    yield reply.error_chunk(RequestError(item.error, status=item.status, kind=_kind(item.status)))
                     return
                 if item.shutdown or item.cut:
                     reply.cut_short()
@@ -320,7 +360,8 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
 
     async def on_request_error(request: Request, error: RequestError) -> Response:
         metrics.answered(error.status)
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+        body = {"error": error.message} if request.url.path.startswith("/api/") else error.body()  # Ollama's
+        return JSONResponse(body, status_code=error.status, headers=error.headers)
 
     async def on_http_error(request: Request, error: HTTPException) -> Response:
         metrics.answered(error.status_code)
@@ -337,6 +378,12 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completion", native_completion, methods=["POST"]),
         Route("/infill", infill, methods=["POST"]),
+        Route("/api/chat", ollama_chat, methods=["POST"]),
+        Route("/api/generate", ollama_generate, methods=["POST"]),
+        Route("/api/tags", ollama_tags, methods=["GET"]),
+        Route("/api/ps", ollama_running, methods=["GET"]),
+        Route("/api/show", ollama_show, methods=["POST"]),
+        Route("/api/version", ollama_version, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
     ]
@@ -367,6 +414,8 @@ def _speculation(served: Served, wanted: CompletionRequest) -> tuple[bool, int |
 
 
 def _check_model(served: Served, name: str) -> None:
+    """The model a request names must be this server's: its name, an alias, or either with Ollama's default tag."""
+    name = name.removesuffix(":latest")
     if name != served.name and name not in served.aliases:
         raise RequestError(f"the model '{name}' is not served here; this server has '{served.name}'",
                            param="model", status=404, kind="not_found_error")  # fmt: skip

@@ -69,7 +69,8 @@ class CompletionRequest:
     tools: Tools | None = None  # functions the answer may call
     echo: bool = False  # a completion's text begins with its prompt (and its log-probabilities, when asked)
     infill: Infill | None = None  # code to fill in at a cursor (`suffix`, /infill): the model's FIM prompt
-    native: bool = False  # answered in llama-server's own shape (/completion, /infill)
+    reply: str = "openai"  # the answer's shape: "openai", "llama-server" (/completion, /infill), "ollama-chat" or
+    # "ollama-generate" (ollama.py)
     choices: int = 1  # OpenAI's `n`: answers to the prompt, generated one after the other
     time_limit: float | None = None  # llama-server's t_max_predict_ms, in seconds: a line's end past it ends the answer
     ignore_eos: bool = False  # the end of text is never chosen: the answer runs to max_tokens (benchmarks)
@@ -186,7 +187,7 @@ def native_request(body: object, *, infill: bool) -> CompletionRequest:
     limit = _number(body, "t_max_predict_ms")
     if limit is not None and limit < 0:
         raise RequestError("t_max_predict_ms must be >= 0 (0: no limit)", param="t_max_predict_ms")
-    return CompletionRequest(model=_model(body), prompt=prompt, infill=code, native=True,
+    return CompletionRequest(model=_model(body), prompt=prompt, infill=code, reply="llama-server",
                              max_tokens=_max_tokens(renamed, "max_tokens"), time_limit=limit / 1e3 if limit else None,
                              **_common(renamed))  # fmt: skip
 

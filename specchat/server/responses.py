@@ -20,6 +20,8 @@ class Reply:
     """One answer of a request (its choice `index`) as it is produced; renders it whole (`body`, or its `choice`
     among a request's several) or as stream chunks."""
 
+    media_type = "text/event-stream"  # of a streamed answer
+
     def __init__(self, model: str, drafter: str, *, chat: bool, token_bytes=None, tools: ToolFormat | None = None,
                  echo: str | None = None, index: int = 0):  # fmt: skip
         self.index = index
@@ -110,6 +112,10 @@ class Reply:
     def end_chunks(self, usage: dict | None) -> str:
         """After every choice's chunks: the usage, when asked, and the end marker."""
         return (_sse(self._envelope(self._chunk_object, [], usage=usage)) if usage else "") + "data: [DONE]\n\n"
+
+    def error_chunk(self, error) -> str:
+        """A stream's end where the engine failed (a `RequestError`)."""
+        return f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n"
 
     def usage(self) -> dict:
         prompt = self.stats.prompt_tokens if self.stats else self.prompt_tokens

@@ -125,7 +125,7 @@ def load_served(settings: ServeSettings):
         pass  # pays the first forward's setup and, on a new machine, the verification-cost timing
     aliases = {settings.model} - {None, loaded.source.name}
     return Served(engine, copy.deepcopy(loaded.tokenizer), loaded.source.name, frozenset(aliases), str(choice),
-                  decoding_defaults(loaded))  # fmt: skip
+                  decoding_defaults(loaded), loaded.weights)  # fmt: skip
 
 
 def _listen(host: str, port: int) -> socket.socket:
