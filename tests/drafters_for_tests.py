@@ -9,7 +9,8 @@ budget. What differs is where their tokens come from:
 - `WrongDrafter` proposes only tokens that are never the greedy choice at their position (plus decoys);
 - `RandomTreeDrafter` proposes random shapes mixing correct and random tokens;
 - `TopTokensDrafter` proposes the target's own most likely tokens, `width` children per node — the most
-  adversarial proposal for a sampling verifier, since it always proposes what the target is likely to draw.
+  adversarial proposal for a sampling verifier, since it always proposes what the target is likely to draw;
+- `EndBesideDrafter` proposes the reference with a given token (the end of text) beside each of its nodes.
 """
 
 from __future__ import annotations
@@ -76,6 +77,26 @@ class OracleDrafter(_TrackingDrafter):
                 wrong = builder.add(parent, (token + 1) % self.vocab_size, self.kind)
                 if d + 1 < len(chain) and len(builder) + left + 1 <= budget:
                     builder.add(wrong, chain[d + 1], self.kind)  # decoy: right token, wrong context
+            parent = builder.add(parent, token, self.kind)
+        return builder.build()
+
+
+class EndBesideDrafter(OracleDrafter):
+    """The reference's chain with `end` beside each node, first: where the target's own pick is the end of text
+    but something holds it back (`min_tokens`), a verifier that ignored the hold would accept it."""
+
+    def __init__(self, reference: list[int], *, depth: int, end: int):
+        super().__init__(reference, depth=depth, vocab_size=0, siblings=False)
+        self.end = end
+
+    def _propose(self, budget: int) -> DraftTree:
+        n = len(self.ids)
+        if self.ids != self.reference[:n]:
+            return DraftTree.empty()
+        builder, parent = TreeBuilder(), ROOT
+        for token in self.reference[n : n + min(self.depth, budget // 2)]:
+            if token != self.end:
+                builder.add(parent, self.end, self.kind)
             parent = builder.add(parent, token, self.kind)
         return builder.build()
 

@@ -11,6 +11,8 @@ Proven here, on tiny random models of every family (and once on the real default
   completed mid-path ends it with "stop" after the same tokens and text — all as autoregressive decoding;
 - after any sequence of speculative steps (cut paths and a second turn included) the static cache holds
   exactly the KV of a fresh forward over the committed tokens;
+- `min_tokens` holds the end of text back at each verified row by its position, as in autoregressive decoding,
+  though the drafter offers it beside every node;
 - with the repetition penalty, spec decoding equals autoregressive decoding under the same penalty (each
   tree node is penalised with its own history), and the penalty really changes the output; the same under
   OpenAI's frequency and presence penalties, and under a logit bias, greedy and sampled.
@@ -25,7 +27,7 @@ import json
 import pytest
 import torch
 from conftest import TINY_FAMILIES, tiny_model
-from drafters_for_tests import OracleDrafter, RandomTreeDrafter, WrongDrafter
+from drafters_for_tests import EndBesideDrafter, OracleDrafter, RandomTreeDrafter, WrongDrafter
 from transformers import DynamicCache
 
 from specchat.drafters.ngram.drafter import NgramDrafter
@@ -207,6 +209,26 @@ def test_eos_inside_accepted_path_stops_there(k, tokenizer):
     out2, events2 = run(engine, second, 20)
     assert out2 == expected2 and events2[-1].stats.accepted > 0
     assert_cache_is_fresh_prefill(engine, second + out2)
+
+
+def test_min_tokens_hold_the_end_back_at_every_verified_row(tokenizer):
+    """vLLM's `min_tokens`: no end of text before that many tokens, in autoregressive decoding and at each tree row
+    by its own position, though the drafter offers the end beside every node; then the end comes as it would."""
+    model = tiny_model("qwen2", vocab_size=VOCAB, seed=4)
+    prompt = random_prompt(10, seed=4)
+    greedy = hf_greedy(model, prompt, 40)
+    model.generation_config.eos_token_id = end = greedy[2]  # the free output ends at its third token
+
+    def held(engine, n):
+        events = list(engine.generate(prompt, max_new_tokens=40, min_tokens=n))
+        return [t for e in events for t in e.tokens], events[-1].finish_reason
+
+    plain = Engine(model, tokenizer, max_len=128)
+    ar, finish = held(plain, 9)
+    assert not set(ar[:9]) & plain.eos_ids and len(ar) > 9 and finish == "eos" and ar[-1] in plain.eos_ids
+    drafter = EndBesideDrafter(prompt + ar, depth=DEPTH, end=end)
+    engine = Engine(model, tokenizer, max_len=128, drafter=drafter, draft_budget=12)
+    assert held(engine, 9) == (ar, finish) and held(plain, 0) == (greedy[:3], "eos")
 
 
 @pytest.mark.parametrize("n, mid_path", [(1, False), (2, True), (3, True), (6, False), (8, True), (11, False)])

@@ -208,6 +208,7 @@ class Engine:
         fresh: bool = False,
         constraint: Constraint | None = None,
         logprobs: int | None = None,
+        min_tokens: int = 0,
     ) -> Iterator[StepEvent]:
         """Prefill `prompt_ids` and yield a `StepEvent` per step until EOS, a stop string, `max_new_tokens` or a
         full cache.
@@ -233,6 +234,9 @@ class Engine:
 
         `logprobs` (N >= 0): every event also carries each token's log-probability and the N most likely ids at
         its row (`StepEvent.logprobs`), read from the rows verification computed anyway.
+
+        `min_tokens` (vLLM's): before this many new tokens the end of text is never chosen, at every verified row
+        by its own position, and stop strings are not looked for.
         """
         if not prompt_ids:
             raise SpecchatError("the prompt is empty")
@@ -248,7 +252,7 @@ class Engine:
         if reproducible and not sampling.greedy:
             seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (), generator=generator))
             noise = PositionNoise(seed, index_offset)
-        stream = TextStream(self.tokenizer, stop)
+        stream = TextStream(self.tokenizer, stop, unmatched=min_tokens)
         constrained = ConstrainedText(constraint) if constraint is not None else None
 
         start = time.perf_counter()
@@ -256,7 +260,7 @@ class Engine:
             self.cache.truncate(0)
         continued = self.cache.length > 0 and self.ids[: self.cache.length].tolist() == prompt_ids[: self.cache.length]
         logits = self._prefill(prompt_ids, stats, reuse=not fresh)
-        processed = self._process(logits, sampling, DraftTree.empty(), constrained)
+        processed = self._process(logits, sampling, DraftTree.empty(), constrained, min_tokens)
         if noise:
             [token] = noise.choose(processed.softmax(dim=-1), [self.length])
         else:
@@ -274,7 +278,7 @@ class Engine:
         while event.finish_reason is None:
             start = time.perf_counter()
             tokens, origins, hidden, tree, tree_budget, draft_seconds, scored = self._step(
-                sampling, generator, noise, ahead, constrained, logprobs)
+                sampling, generator, noise, ahead, constrained, logprobs, max(0, min_tokens - stats.new_tokens))
             stats.decode_seconds += time.perf_counter() - start
             event = self._commit(tokens, origins, hidden, stats, stream, budget, limit, constrained)
             event = _with_logprobs(event, scored)
@@ -285,9 +289,11 @@ class Engine:
             yield event
 
     def _step(self, sampling: SamplingConfig, generator, noise: PositionNoise | None, known: list[int],
-              constrained: ConstrainedText | None, logprobs: int | None):
+              constrained: ConstrainedText | None, logprobs: int | None, held: int):
         """Draft (or take the `known` tokens as a chain), verify the tree (or just the root) in one forward,
         commit the accepted KV.
+
+        `held`: the next tokens that may not end the text (`min_tokens`).
 
         Returns the accepted tokens then the bonus, their origins, the hidden states of the rows kept in the
         cache (root and accepted nodes), the tree verified, its budget, the seconds the drafter took and, with
@@ -316,7 +322,7 @@ class Engine:
         mask = batch.tree_mask if len(tree) else None  # the root alone: a decode step
         logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask,
                                        feature_layers=self.state_layers)  # fmt: skip
-        processed = self._process(logits, sampling, tree, constrained)
+        processed = self._process(logits, sampling, tree, constrained, held)
         choices = None
         if noise:
             choices = noise.choose(processed.softmax(dim=-1), [self.length + depth for depth in (0, *tree.depths)])
@@ -362,11 +368,17 @@ class Engine:
         return self._verify_costs[key]
 
     def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree,
-                 constrained: ConstrainedText | None = None) -> torch.Tensor:
+                 constrained: ConstrainedText | None = None, held: int = 0) -> torch.Tensor:
         """Processed logits per verified row, each with its own history when the penalty needs one, masked first
-        to what `constrained` allows in the row's own state."""
+        to what `constrained` allows in the row's own state, and without the end of text at the rows whose token
+        is one of the next `held`."""
         if constrained is not None:
             logits = constrained.mask(logits, tree)
+        if held:
+            rows = torch.tensor([depth < held for depth in (0, *tree.depths)], device=logits.device)
+            eos = torch.tensor(sorted(self.eos_ids), device=logits.device)
+            logits = logits.clone()
+            logits[rows.nonzero()[:, 0, None], eos] = float("-inf")
         history = None
         if sampling.uses_history:
             window = sampling.penalty_window

@@ -12,9 +12,12 @@ class TextStream:
     next token. Text already handed out is not kept, so a 100K-token book streams in flat time per token.
     """
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = (), *, window: list[int] | None = None, read: int = 0):
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), *, window: list[int] | None = None, read: int = 0,
+                 unmatched: int = 0):  # fmt: skip
+        """`unmatched`: tokens added before stop strings are looked for (vLLM's `min_tokens`)."""
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
+        self.unmatched = unmatched
         self.window: list[int] = list(window or [])  # ids from the prefix offset on
         self.read = read  # window[:read] is text already
         self.pending = ""  # decoded text not handed out yet: a possible start of a stop string
@@ -25,6 +28,7 @@ class TextStream:
         if self.stopped:
             return ""
         self.window.extend(ids)
+        self.unmatched -= len(ids)
         decode = self.tokenizer.decode
         before = decode(self.window[: self.read], skip_special_tokens=True)
         after = decode(self.window, skip_special_tokens=True)
@@ -33,7 +37,7 @@ class TextStream:
         self.pending += after[len(before) :]
         self.window = self.window[self.read :]
         self.read = len(self.window)
-        found = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
+        found = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0] if self.unmatched <= 0 else []
         if found:
             self.pending, self.stopped = self.pending[: min(found)], True
         holdback = 0 if self.stopped else max((len(s) - 1 for s in self.stop), default=0)

@@ -74,6 +74,7 @@ class CompletionRequest:
     choices: int = 1  # OpenAI's `n`: answers to the prompt, generated one after the other
     time_limit: float | None = None  # llama-server's t_max_predict_ms, in seconds: a line's end past it ends the answer
     ignore_eos: bool = False  # the end of text is never chosen: the answer runs to max_tokens (benchmarks)
+    min_tokens: int = 0  # vLLM's: tokens before the end of text or a stop string may end the answer
 
 
 @dataclass(frozen=True)
@@ -320,7 +321,25 @@ def _common(body: dict) -> dict:
             raise RequestError("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     return {"sampling": _sampling(body), "stop": _stop(body.get("stop")), "stream": stream,
             "include_usage": include_usage, "speculative": _speculative(body.get("speculative")),
-            "format": _answer_format(body), "ignore_eos": _ignore_eos(body)}  # fmt: skip
+            "format": _answer_format(body), "ignore_eos": _ignore_eos(body),
+            "min_tokens": _min_tokens(body)}  # fmt: skip
+
+
+def _min_tokens(body: dict) -> int:
+    """vLLM's `min_tokens` (SGLang's `min_new_tokens`), refused with a format or tools, whose text ends where it must,
+    and above the answer's length limit."""
+    name = "min_new_tokens" if "min_new_tokens" in body else "min_tokens"
+    value = _integer(body, name) or 0
+    if value < 0:
+        raise RequestError(f"{name} must be >= 0", param=name)
+    limit = next((body[key] for key in ("max_completion_tokens", "max_tokens") if _is_int(body.get(key))), None)
+    if value and limit is not None and value > limit:
+        raise RequestError(f"{name} ({value}) must be at most the answer's length limit ({limit})", param=name)
+    held = [*_format_fields(body), *(["tools"] if body.get("tools") else [])]
+    if value and held:
+        raise RequestError(f"{name} and {held[0]} together are not supported: a held text ends where it must",
+                           param=name)  # fmt: skip
+    return value
 
 
 def _ignore_eos(body: dict) -> bool:

@@ -36,6 +36,7 @@ class Job:
     logprobs: int | None = None  # each token's log-probability and this many alternatives
     echo: bool = False  # the prompt is delivered first (`Prompt`), scored when `logprobs` asks
     time_limit: float | None = None  # seconds after the first token past which a line's end ends the answer
+    min_tokens: int = 0  # tokens before the end of text or a stop string may end the answer
 
 @dataclass(frozen=True)
 class Prompt:
@@ -162,7 +163,7 @@ class EngineWorker:
             events = engine.generate(  # a seed keys each draw by position: the same text whatever was drafted
                 job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
                 fresh=not self.prompt_cache, logprobs=job.logprobs, reproducible=job.sampling.seed is not None,
-                constraint=job.constraint(engine) if job.constraint else None,
+                constraint=job.constraint(engine) if job.constraint else None, min_tokens=job.min_tokens,
             )
             first, lines = None, False  # when the first token came; whether a line has ended since
             for event in events:
