@@ -1,4 +1,4 @@
-"""`specchat serve`: the OpenAI HTTP API over the engine."""
+"""`specchat serve`: the OpenAI HTTP API (and Ollama's, llama-server's) over the engine."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def serve(
     device: DeviceOption = "auto",
     attention: AttentionOption = "auto",
 ) -> None:
-    """Serve the OpenAI API (chat completions, completions, models) with exact speculative decoding."""
+    """Serve the OpenAI API (chat completions, completions, models), and Ollama's, with exact speculative decoding."""
     drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
