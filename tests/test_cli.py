@@ -67,6 +67,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("run", "hi", "--temperature", "inf"), ("--temperature",)),
         (("run", "hi", "--seed", "99999999999999999999"), ("--seed", "between")),
         (("run", "hi", "--stop", ""), ("--stop",)),
+        (("run", "hi", "-n", "4", "--min-tokens", "9"), ("--min-tokens takes 0 to --max-new-tokens (4), not 9",)),
+        (("run", "hi", "--format", "json", "--min-tokens", "2"), ("--min-tokens with JSON mode",)),
         (("run", "hi", "--drafter", "none", "--draft-budget", "8"), ("--draft-budget needs a drafter",)),
         (("bench", "--plot", "/nonexistent/dir/p.png"), ("--plot", "/nonexistent/dir")),
         (("run", "hi", "--max-new-tokens", "many"), ("Invalid value for '--max-new-tokens'",)),
@@ -188,6 +190,11 @@ def test_run_json_report(default_model):
     endless = json.loads(result.stdout)  # the same answer, then on past where it ended
     assert endless["new_tokens"] == 24 and endless["finish_reason"] == "length"
     assert endless["token_ids"][: report["new_tokens"] - 1] == report["token_ids"][:-1]
+    least = report["new_tokens"] + 2  # past where the free answer ended, drafted (the default drafter)
+    result = specchat("run", "What is the capital of France?", "--temperature", "0", "--json", "-n", "24",
+                      "--min-tokens", str(least), warm=True)  # fmt: skip
+    held = json.loads(result.stdout)
+    assert held["new_tokens"] >= least and held["token_ids"][: least] == endless["token_ids"][: least]
     for key in ("prefill_seconds", "decode_seconds", "tokens_per_second"):
         assert report[key] > 0
 

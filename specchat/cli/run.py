@@ -87,6 +87,9 @@ def run(
     attention: AttentionOption = "auto",
     ignore_eos: Annotated[bool, typer.Option(
         "--ignore-eos", help="Never end the text: generate all --max-new-tokens (llama.cpp's --ignore-eos).")] = False,
+    min_tokens: Annotated[int, typer.Option(
+        "--min-tokens", help="Neither the end of text nor a --stop string ends the answer before this many tokens "
+        "(vLLM's min_tokens).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
     logprobs: Annotated[
         int | None,
@@ -104,6 +107,10 @@ def run(
     held = answer_format(text_format, schema, grammar, grammar_file)
     if ignore_eos and not held.free:
         raise SpecchatError(f"--ignore-eos with {held.label()}: a held text must end")
+    if not 0 <= min_tokens <= max_new_tokens:
+        raise SpecchatError(f"--min-tokens takes 0 to --max-new-tokens ({max_new_tokens}), not {min_tokens}")
+    if min_tokens and not held.free:
+        raise SpecchatError(f"--min-tokens with {held.label()}: a held text ends where it must")
     template = read_chat_template(chat_template) if chat_template is not None else None
     if logprobs is not None and (not as_json or not 0 <= logprobs <= MAX_LOGPROBS):
         raise SpecchatError(f"--logprobs takes 0 to {MAX_LOGPROBS} alternatives, with --json")
@@ -151,7 +158,7 @@ def run(
     try:
         for event in engine.generate(
             prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ()),
-            constraint=held.constraint(engine), logprobs=logprobs,
+            constraint=held.constraint(engine), logprobs=logprobs, min_tokens=min_tokens,
         ):
             tokens += event.tokens
             origins += event.origins
