@@ -1,7 +1,7 @@
 """Fill in the middle: a code model's markers found by name, its prompt in prefix-suffix-middle order (other files
 first, in the repository format where the model has one), the server's `suffix`, llama-server's `/infill` and
-`/completion` (whole and streamed, in its own shape), `run --suffix`, and the bench's `fim` set; a model without
-markers is refused in one line."""
+`/completion` (whole and streamed, in its own shape, cut by time or by indentation as editors ask), `run --suffix`,
+and the bench's `fim` set; a model without markers is refused in one line."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from specchat.bench.prompts import infill_prompts, load_prompt_sets, prompt_ids
 from specchat.engine.generate import Engine
 from specchat.errors import SpecchatError
 from specchat.fill_in_middle import Infill, fim_markers
+from specchat.server.indent_cut import IndentCut
 
 QWEN_MARKERS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
 QWEN_REPOSITORY = ["<|repo_name|>", "<|file_sep|>"]
@@ -103,6 +104,27 @@ def test_llama_server_s_infill_and_completion_whole_and_streamed(coder_server, c
     assert server.http.post("/completion", json=lines).json()["tokens_predicted"] == 30
     timed = server.http.post("/completion", json=lines | {"t_max_predict_ms": 1}).json()  # llama.vscode's time limit
     assert timed["tokens_predicted"] < 30 and timed["stop_type"] == "limit" and "\n" in timed["content"]
+    nested = {"prompt": "x", "n_predict": 30, "temperature": 0, "grammar": 'root ::= "a\\n    b\\n  c\\nd\\n"'}
+    assert server.http.post("/completion", json=nested).json()["content"] == "a\n    b\n  c\nd\n"
+    cut = server.http.post("/completion", json=nested | {"n_indent": 4}).json()  # llama.vscode's cursor column
+    assert cut["content"] == "a\n    b\n  " and cut["stop_type"] == "limit"
+    with server.http.stream("POST", "/completion", json=nested | {"n_indent": 4, "stream": True}) as response:
+        events = [json.loads(line[len("data: ") :]) for line in response.iter_lines() if line.startswith("data: ")]
+    assert "".join(event["content"] for event in events) == cut["content"] and events[-1]["stop_type"] == "limit"
+
+
+def test_an_indentation_cut_ends_at_the_first_later_line_left_of_the_cursor():
+    text = "x = 1\n    if x:\n\n        y()\n  \tz()\nw\n"
+    for indent, kept in ((0, text), (2, text[: -len("w\n")]), (4, "x = 1\n    if x:\n\n        y()\n  \t"),
+                         (5, "x = 1\n    ")):  # fmt: skip
+        for size in (1, 3, len(text)):
+            cut, out, ended = IndentCut(indent), "", False
+            for at in range(0, len(text), size):
+                piece, ended = cut.feed(text[at : at + size])
+                out += piece
+                if ended:
+                    break
+            assert (out, ended) == (kept, kept != text), (indent, size)
 
 
 def test_the_fim_set_cuts_holes_in_the_standard_library(coder_tokenizer, tokenizer, tmp_path):

@@ -278,7 +278,8 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
             job = Job(ids, _choice_sampling(sampling, index), wanted_tokens, wanted.stop,
                       deliver=functools.partial(loop.call_soon_threadsafe, items.put_nowait), drafting=drafting,
                       draft_budget=draft_budget, constraint=constraint, logprobs=wanted.logprobs,
-                      echo=wanted.echo, time_limit=wanted.time_limit, min_tokens=wanted.min_tokens)  # fmt: skip
+                      echo=wanted.echo, time_limit=wanted.time_limit, min_tokens=wanted.min_tokens,
+                      indent=wanted.indent)  # fmt: skip
             try:
                 worker.submit(job)
             except QueueFull:

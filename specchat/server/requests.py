@@ -73,6 +73,7 @@ class CompletionRequest:
     # "ollama-generate" (ollama.py)
     choices: int = 1  # OpenAI's `n`: answers to the prompt, generated one after the other
     time_limit: float | None = None  # llama-server's t_max_predict_ms, in seconds: a line's end past it ends the answer
+    indent: int = 0  # llama-server's n_indent: a later line indented less than this ends the answer; 0: none
     ignore_eos: bool = False  # the end of text is never chosen: the answer runs to max_tokens (benchmarks)
     min_tokens: int = 0  # vLLM's: tokens before the end of text or a stop string may end the answer
 
@@ -166,8 +167,9 @@ def native_request(body: object, *, infill: bool) -> CompletionRequest:
     a negative number means no limit; `repeat_penalty`; a `seed` of -1, a random one; `json_schema`), and for
     /infill the code around the cursor: `input_prefix`, `input_suffix`, `input_extra` (other files: `filename`,
     `text`) and `prompt` (the middle's start, already typed). `t_max_predict_ms`: past this long after the first
-    token, the answer ends as soon as a line of it has ended (an editor's completion arrives in time). Fields without a meaning
-    here are ignored, as llama-server ignores what it does not know."""
+    token, the answer ends as soon as a line of it has ended (an editor's completion arrives in time); `n_indent`: a
+    later line indented less than this ends it (the code after the cursor's block). Fields without a meaning here
+    are ignored, as llama-server ignores what it does not know."""
     body = _object(body)
     renamed = {NATIVE_NAMES.get(key, key): value for key, value in body.items() if key not in ("prompt", "suffix")}
     if renamed.get("seed") == -1:
@@ -188,8 +190,12 @@ def native_request(body: object, *, infill: bool) -> CompletionRequest:
     limit = _number(body, "t_max_predict_ms")
     if limit is not None and limit < 0:
         raise RequestError("t_max_predict_ms must be >= 0 (0: no limit)", param="t_max_predict_ms")
+    indent = _integer(body, "n_indent") or 0
+    if indent < 0:
+        raise RequestError("n_indent must be >= 0 (0: no limit)", param="n_indent")
     return CompletionRequest(model=_model(body), prompt=prompt, infill=code, reply="llama-server",
                              max_tokens=_max_tokens(renamed, "max_tokens"), time_limit=limit / 1e3 if limit else None,
+                             indent=indent,
                              **_common(renamed))  # fmt: skip
 
 

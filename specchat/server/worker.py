@@ -16,10 +16,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError, unexpected
+from specchat.server.indent_cut import IndentCut
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Job:
     echo: bool = False  # the prompt is delivered first (`Prompt`), scored when `logprobs` asks
     time_limit: float | None = None  # seconds after the first token past which a line's end ends the answer
     min_tokens: int = 0  # tokens before the end of text or a stop string may end the answer
+    indent: int = 0  # llama-server's n_indent: a later line indented less ends the answer (`IndentCut`); 0: none
 
 @dataclass(frozen=True)
 class Prompt:
@@ -51,7 +53,7 @@ class Ended:
     """A job's last delivery: why it ended early, or None when the engine finished it."""
 
     error: str | None = None  # the engine refused it, or failed
-    cut: bool = False  # its own time limit ended it (`Job.time_limit`)
+    cut: bool = False  # its own limit ended it (`Job.time_limit`, `Job.indent`)
     status: int = 500  # with an error: 400 when the request was at fault
     shutdown: bool = False  # the server is stopping: cut short, or never started
 
@@ -166,8 +168,15 @@ class EngineWorker:
                 constraint=job.constraint(engine) if job.constraint else None, min_tokens=job.min_tokens,
             )
             first, lines = None, False  # when the first token came; whether a line has ended since
+            cut = IndentCut(job.indent) if job.indent else None
             for event in events:
                 self.tokens_generated += len(event.tokens)
+                kept, ends = cut.feed(event.text) if cut else (event.text, False)
+                if ends:
+                    events.close()
+                    job.deliver(replace(event, text=kept))
+                    job.deliver(Ended(cut=True))
+                    return
                 job.deliver(event)
                 if job.cancelled.is_set():
                     events.close()
