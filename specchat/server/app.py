@@ -21,7 +21,7 @@ from importlib.metadata import version
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specchat.engine.sampling_config import MAX_SEED, SamplingConfig
@@ -170,6 +170,10 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
             _check_model(served, body.get("model") or served.name)
             return JSONResponse(loaded_answer(served.name, chat=chat))
         return await _complete(request, ollama_request(body, chat=chat))
+
+    async def root(request: Request) -> Response:
+        """Ollama's heartbeat: its command line asks `HEAD /` before anything else."""
+        return PlainTextResponse("specchat is running")
 
     async def ollama_tags(request: Request) -> Response:
         return JSONResponse({"models": [model_entry(_served(request))]})
@@ -379,6 +383,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completion", native_completion, methods=["POST"]),
         Route("/infill", infill, methods=["POST"]),
+        Route("/", root, methods=["GET", "HEAD"]),
         Route("/api/chat", ollama_chat, methods=["POST"]),
         Route("/api/generate", ollama_generate, methods=["POST"]),
         Route("/api/tags", ollama_tags, methods=["GET"]),
