@@ -4,7 +4,11 @@ GBNF grammar derives, or one a regular expression matches."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+
+from specchat.errors import SpecchatError
 
 
 @dataclass(frozen=True)
@@ -33,3 +37,48 @@ class AnswerFormat:
         if self.regex is not None:
             return "a regular expression"
         return "" if self.free else "JSON mode" + (" (a JSON Schema)" if self.schema is not None else "")
+
+
+def read_grammar(text: str | None, path: Path | None, option: str = "--grammar-file") -> str:
+    """The GBNF grammar given as `text` or in the file `path` (named by `option` in errors), checked."""
+    from specchat.constraints import Grammar, GrammarError
+
+    where = "--grammar"
+    if path is not None:
+        where = f"{option} {path}"
+        try:
+            text = path.read_text()
+        except OSError as error:
+            raise SpecchatError(f"{option}: cannot read {path}: {error.strerror}") from None
+        except UnicodeDecodeError:
+            raise SpecchatError(f"{option}: {path} is not UTF-8 text") from None
+    try:
+        Grammar.from_gbnf(text)
+    except GrammarError as error:
+        raise SpecchatError(f"{where}: {error}") from None
+    return text
+
+
+def read_schema(path: Path, option: str = "--schema") -> dict:
+    """The JSON Schema in `path` (named by `option` in errors), checked against the subset JSON mode holds a text
+    to."""
+    from specchat.constraints.json_schema import JsonSchema, SchemaError
+
+    try:
+        schema = json.loads(path.read_text())
+    except OSError as error:
+        raise SpecchatError(f"{option}: cannot read {path}: {error.strerror}") from None
+    except ValueError as error:
+        raise SpecchatError(f"{option}: {path} is not JSON: {error}") from None
+    try:
+        JsonSchema(schema)
+    except SchemaError as error:
+        raise SpecchatError(f"{option} {path}: {error}") from None
+    return schema
+
+
+def read_format(path: Path, option: str) -> AnswerFormat:
+    """The format a file holds answers to: a JSON Schema (a `.json` file) or a GBNF grammar (any other)."""
+    if path.suffix == ".json":
+        return AnswerFormat(json=True, schema=read_schema(path, option))
+    return AnswerFormat(grammar=read_grammar(None, path, option))

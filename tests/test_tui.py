@@ -16,6 +16,7 @@ from conftest import tiny_model
 from rich.markdown import Markdown
 from tui_harness import ask, make_app, note_lines, ready, send, tiny_loaded, wait_until
 
+from specchat.answer_format import AnswerFormat
 from specchat.engine.attention import use_attention
 from specchat.engine.cache import Int8KVLayer
 from specchat.engine.events import COPY, TARGET
@@ -28,6 +29,7 @@ from specchat.tui.app import RENDER_HZ
 from specchat.tui.ar_baseline import SAMPLES
 from specchat.tui.chat_input import ChatInput
 from specchat.tui.colours import DRAFT_STYLES, coloured
+from specchat.tui.conversation import Conversation
 from specchat.tui.help_screen import HelpScreen
 from specchat.tui.message_view import MessageView, footer_line
 from specchat.tui.overlay import AcceptanceOverlay
@@ -197,6 +199,28 @@ async def test_save_then_load_round_trips_messages_settings_and_origins(default_
     assert data["format"] == "specchat-chat/1" and data["settings"]["drafter"] == "ngram"
 
 
+async def test_answers_held_to_a_grammar_or_a_schema_and_the_format_saved(default_model, tmp_path):
+    """`/format FILE`: a GBNF grammar, then a JSON Schema, hold the answers (drafted, the default drafter); the
+    format is shown, saved with the chat and loaded back."""
+    grammar, schema = tmp_path / "answer.gbnf", tmp_path / "flag.json"
+    grammar.write_text('root ::= "Yes." | "No."')
+    flag = {"type": "object", "properties": {"blue": {"type": "boolean"}}, "required": ["blue"]}
+    schema.write_text(json.dumps(flag))
+    app = make_app(default_model, drafter="ngram", max_new_tokens=64)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/format {grammar}")
+        assert (await ask(pilot, "Is the sky blue?")).text in ("Yes.", "No.")
+        await send(pilot, f"/format {schema}")
+        assert "JSON mode" in app.query_one(Conversation).border_title
+        assert list(json.loads((await ask(pilot, "Is the sky blue? Answer in JSON.")).text)) == ["blue"]
+        await send(pilot, f"/save {tmp_path / 'chat.json'}")
+        await send(pilot, "/format text")
+        assert app.session.settings.format.free
+        await send(pilot, f"/load {tmp_path / 'chat.json'}")
+        assert app.session.settings.format == AnswerFormat(json=True, schema=flag)
+
+
 async def test_a_chat_on_an_int8_cache_answers_over_it_and_keeps_it_through_a_load(tokenizer, tmp_path):
     """`chat --kv-cache int8`: the engine's cache is int8 and the answers are plain decoding's over it. The KV
     cache is how the loaded model runs, as its dtype is: a saved chat records it, and loading one (here, one
@@ -237,6 +261,8 @@ BAD_COMMANDS = [
     ("/clear now", "/clear takes no argument"),
     ("/load", "/load needs a file"),
     ("/load /no/such/chat.json", "could not read"),
+    ("/format", "/format takes text, json or a file"),
+    ("/format /no/such/list.gbnf", "/format: cannot read /no/such/list.gbnf"),
 ]
 
 

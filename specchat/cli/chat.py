@@ -17,19 +17,24 @@ from specchat.cli.common import (
     DraftCacheOption,
     DrafterOption,
     DtypeOption,
+    FormatOption,
     FrequencyPenaltyOption,
+    GrammarFileOption,
+    GrammarOption,
     KvCacheOption,
     MinPOption,
     ModelOption,
     PenaltyOption,
     PresencePenaltyOption,
     QuantizeOption,
+    SchemaOption,
     SeedOption,
     SystemOption,
     TemperatureOption,
     TopKOption,
     TopPOption,
     YarnOption,
+    answer_format,
     app,
     check_drafters,
     checked_overrides,
@@ -61,6 +66,10 @@ def chat(
     context: Annotated[
         int | None, typer.Option("--context", help="Most tokens the conversation may hold (default 8192).")
     ] = None,
+    text_format: FormatOption = "text",
+    schema: SchemaOption = None,
+    grammar: GrammarOption = None,
+    grammar_file: GrammarFileOption = None,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     quantize: QuantizeOption = None,
@@ -84,6 +93,7 @@ def chat(
     settings = ChatSettings(
         drafter=drafter, draft_budget=draft_budget, draft_cache=draft_cache, system=system,
         max_new_tokens=max_new_tokens, context=context, kv_cache=kv_cache,
+        format=answer_format(text_format, schema, grammar, grammar_file),
     )  # fmt: skip
     check_settings(settings)
     check_quantize(quantize, device)

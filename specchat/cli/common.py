@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from specchat.answer_format import AnswerFormat
+from specchat.answer_format import AnswerFormat, read_grammar, read_schema
 from specchat.checks import check_dtype
 from specchat.drafters import DEFAULT_DRAFTER, NAMES, DrafterChoice, parse_drafter
 from specchat.engine.attention import CHOICES as ATTENTION_CHOICES
@@ -198,40 +198,3 @@ def answer_format(text_format: str, schema: Path | None, grammar: str | None = N
         return AnswerFormat(grammar=read_grammar(grammar, grammar_file))
     return AnswerFormat(json=text_format == "json" or schema is not None,
                         schema=read_schema(schema) if schema is not None else None)  # fmt: skip
-
-
-def read_grammar(text: str | None, path: Path | None) -> str:
-    """The GBNF grammar given as `text` or in the file `path`, checked."""
-    from specchat.constraints import Grammar, GrammarError
-
-    where = "--grammar"
-    if path is not None:
-        where = f"--grammar-file {path}"
-        try:
-            text = path.read_text()
-        except OSError as error:
-            raise SpecchatError(f"--grammar-file: cannot read {path}: {error.strerror}") from None
-        except UnicodeDecodeError:
-            raise SpecchatError(f"--grammar-file: {path} is not UTF-8 text") from None
-    try:
-        Grammar.from_gbnf(text)
-    except GrammarError as error:
-        raise SpecchatError(f"{where}: {error}") from None
-    return text
-
-
-def read_schema(path: Path) -> dict:
-    """The JSON Schema in `path`, checked against the subset JSON mode holds a text to."""
-    from specchat.constraints.json_schema import JsonSchema, SchemaError
-
-    try:
-        schema = json.loads(path.read_text())
-    except OSError as error:
-        raise SpecchatError(f"--schema: cannot read {path}: {error.strerror}") from None
-    except ValueError as error:
-        raise SpecchatError(f"--schema: {path} is not JSON: {error}") from None
-    try:
-        JsonSchema(schema)
-    except SchemaError as error:
-        raise SpecchatError(f"--schema {path}: {error}") from None
-    return schema

@@ -307,6 +307,11 @@ class ChatApp(App[None]):
         self._show_settings()
         self._note(f"draft budget {budget or 'auto'}, from the next answer")
 
+    def _command_format(self, held) -> None:
+        self.session.update_settings(format=held)
+        self._show_settings()
+        self._note(f"answers held to {held.label()}, from the next answer" if not held.free else "answers in free text")
+
     def _command_clear(self, _) -> None:
         self.session.reset()
         self.query_one(Conversation).clear()
@@ -362,4 +367,6 @@ class ChatApp(App[None]):
         settings, sampling = session.settings, session.sampling
         budget = "" if settings.drafter == "none" else f" (budget {settings.draft_budget or 'auto'})"
         temperature = "greedy" if sampling.greedy else f"T {sampling.temperature:g}"
-        self.query_one(Conversation).border_title = f"{session.model_name} · {settings.drafter}{budget} · {temperature}"
+        held = "" if settings.format.free else f" · {settings.format.label()}"
+        self.query_one(Conversation).border_title = (f"{session.model_name} · {settings.drafter}{budget} · "
+                                                     f"{temperature}{held}")  # fmt: skip

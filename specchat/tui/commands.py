@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specchat.answer_format import AnswerFormat, read_format
 from specchat.drafters import NAMES, parse_drafter
 from specchat.engine.budget import MAX_BUDGET
 from specchat.errors import SpecchatError
@@ -66,6 +67,14 @@ def _budget(text: str) -> int | None:
     return int(text)
 
 
+def _format(text: str) -> AnswerFormat:
+    if text in ("text", "json"):
+        return AnswerFormat(json=text == "json")
+    if not text:
+        raise SpecchatError("/format takes text, json or a file: a JSON Schema (.json) or a GBNF grammar")
+    return read_format(Path(text).expanduser(), "/format")
+
+
 def _optional_path(text: str) -> Path | None:
     return Path(text).expanduser() if text else None
 
@@ -81,6 +90,8 @@ COMMANDS = (
     CommandSpec("temp", "/temp X", "sampling temperature (0 = greedy)", _temperature),
     CommandSpec("drafter", "/drafter NAME[:DIR]", f"the drafter: {' | '.join(NAMES)}", _drafter),
     CommandSpec("budget", "/budget N|auto", "most draft-tree nodes per step (auto: chosen per step)", _budget),
+    CommandSpec("format", "/format text|json|FILE", "hold answers to JSON, a JSON Schema (FILE.json) or a GBNF "
+                "grammar (FILE)", _format),
     CommandSpec("clear", "/clear", "start a new conversation", _none("clear"), needs_idle=True),
     CommandSpec(
         "save", "/save [FILE]", "save messages, settings and token origins as JSON", _optional_path, needs_idle=True

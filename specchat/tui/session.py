@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from specchat.answer_format import AnswerFormat
 from specchat.checks import check_kv_cache
 from specchat.drafters import DRAFT_CACHES, attach_drafter, parse_drafter, resolve_drafter
 from specchat.engine.budget import MAX_BUDGET
@@ -43,6 +44,7 @@ class ChatSettings:
     max_new_tokens: int = 1024  # per answer
     context: int | None = None  # most tokens the conversation may hold
     kv_cache: str = "auto"  # --kv-cache; the command line's, whatever a loaded chat says (`apply_settings_json`)
+    format: AnswerFormat = AnswerFormat()  # what every answer is held to (--format, --schema, --grammar-file, /format)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ def check_settings(settings: ChatSettings) -> None:
         raise SpecchatError("the context must hold at least 16 tokens")
     if settings.system is not None and not isinstance(settings.system, str):
         raise SpecchatError("the system prompt must be text")
+    if not isinstance(settings.format, AnswerFormat):
+        raise SpecchatError("the answer format must be text, JSON, a JSON Schema or a grammar")
     check_kv_cache(settings.kv_cache)
 
 
@@ -183,7 +187,8 @@ class ChatSession:
         engine = self._engine()
         stream = TextStream(self.loaded.tokenizer)
         budget = max_new_tokens or self.settings.max_new_tokens
-        events = engine.generate(prompt_ids, sampling=self.sampling, max_new_tokens=budget)
+        events = engine.generate(prompt_ids, sampling=self.sampling, max_new_tokens=budget,
+                                 constraint=self.settings.format.constraint(engine))  # fmt: skip
         for index, event in enumerate(events):
             if index:
                 self.recent_tau.append(len(event.tokens))
@@ -220,14 +225,17 @@ class ChatSession:
             if not (json_is(value, int if whole else float) or name == "seed" and value is None):
                 kind = "a whole number" if whole else "a number"
                 raise SpecchatError(f"bad settings in the saved chat: sampling.{name} must be {kind}")
+        saved = {k: v for k, v in saved.items() if k in known}
+        if "format" in saved:
+            saved["format"] = _saved_format(saved["format"])
         try:
             sampling = SamplingConfig(**sampling)
-            settings = dataclasses.replace(self.settings, **{k: v for k, v in saved.items() if k in known})
+            settings = dataclasses.replace(self.settings, **saved)
         except ValueError as error:
             raise SpecchatError(f"bad settings in the saved chat: sampling.{error}") from None
         check_settings(settings)
         self.sampling = sampling
-        self.update_settings(**dataclasses.asdict(settings))
+        self.update_settings(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)})
 
     def _engine(self) -> Engine:
         if self.engine is None:
@@ -278,3 +286,24 @@ class ChatSession:
             prefill_seconds=stats.prefill_seconds,
         )
         return self.last_figures
+
+
+def _saved_format(saved: object) -> AnswerFormat:
+    """A saved chat's answer format, checked as the command line checks one."""
+    from specchat.constraints import Grammar, GrammarError, JsonSchema, SchemaError
+
+    fields = {f.name for f in dataclasses.fields(AnswerFormat)}
+    if not isinstance(saved, dict) or not set(saved) <= fields:
+        raise SpecchatError(f"bad settings in the saved chat: format must be an object of {', '.join(sorted(fields))}")
+    try:
+        held = AnswerFormat(**saved)
+        if not isinstance(held.json, bool):
+            raise TypeError("json must be true or false")
+        if held.schema is not None:
+            JsonSchema(held.schema)
+        for text, regex in ((held.grammar, False), (held.regex, True)):
+            if text is not None:
+                Grammar.from_regex(text) if regex else Grammar.from_gbnf(text)
+    except (TypeError, GrammarError, SchemaError) as error:
+        raise SpecchatError(f"bad settings in the saved chat: format: {error}") from None
+    return held
