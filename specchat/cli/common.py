@@ -145,13 +145,19 @@ def report(rows: list[dict], as_json: bool, *, title: str, table: list[dict] | N
         return
     from rich import box
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
     shown = table or rows
-    grid = Table(*shown[0].keys(), title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    grid = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for header in shown[0]:
+        grid.add_column(header, overflow="fold")  # a narrow terminal wraps a name rather than cutting it
     for row in shown:
         grid.add_row(*("-" if v is None else str(v) for v in row.values()))
-    Console().print(grid)
+    console = Console()
+    if not console.is_terminal:  # a file or a pipe: the table at its own width, whatever the 80 columns assumed
+        console = Console(width=max(console.width, Measurement.get(console, console.options, grid).maximum))
+    console.print(grid)
 
 
 def checked_overrides(dtype: str, attention: str, **sampling) -> dict:
