@@ -441,7 +441,8 @@ def test_completions_continue_text_and_stop_at_a_stop_string(server):
     assert reply.choices[0].text.startswith(" 7, 8") and reply.choices[0].finish_reason == "length"
     stopped = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=12, temperature=0, stop=[" 9"])
     assert stopped.choices[0].text == " 7, 8," and stopped.choices[0].finish_reason == "stop"
-    assert [model.id for model in client.models.list()] == [MODEL]
+    [card] = client.models.list().data
+    assert card.id == MODEL and card.model_extra["max_model_len"] == 1024  # --context 1024
 
 
 def test_concurrent_clients_get_what_they_get_alone(server):

@@ -428,7 +428,10 @@ def _check_model(served: Served, name: str) -> None:
 
 
 def _model_card(served: Served) -> dict:
-    return {"id": served.name, "object": "model", "created": 0, "owned_by": "specchat"}
+    """The model as `/v1/models` lists it, with vLLM's `max_model_len` (prompt and answer together) that clients
+    size their prompts by."""
+    return {"id": served.name, "object": "model", "created": 0, "owned_by": "specchat",
+            "max_model_len": served.engine.capacity}  # fmt: skip
 
 
 def _kind(status: int) -> str:
