@@ -156,7 +156,8 @@ def report(rows: list[dict], as_json: bool, *, title: str, table: list[dict] | N
         grid.add_row(*("-" if v is None else str(v) for v in row.values()))
     console = Console()
     if not console.is_terminal:  # a file or a pipe: the table at its own width, whatever the 80 columns assumed
-        console = Console(width=max(console.width, Measurement.get(console, console.options, grid).maximum))
+        natural = Measurement.get(console, console.options.update_width(10_000), grid).maximum
+        console = Console(width=max(console.width, natural))
     console.print(grid)
 
 
