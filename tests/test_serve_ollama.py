@@ -104,10 +104,10 @@ def test_the_ollama_client_chats_and_generates_what_the_openai_routes_answer(ser
         raw = await client.generate("tiny", "Once upon", raw=True, options={"temperature": 0, "num_predict": 12})
         scored = await client.chat("tiny", messages=HI, logprobs=True, top_logprobs=2,
                                    options={"temperature": 0, "num_predict": 5})  # fmt: skip
-        loaded = await client.generate("tiny")
-        return whole, parts, made, raw, scored, loaded
+        loaded, stopped = await client.generate("tiny"), await client.chat("tiny", keep_alive=0)
+        return whole, parts, made, raw, scored, loaded, stopped
 
-    whole, parts, made, raw, scored, loaded = asyncio.run(talk())
+    whole, parts, made, raw, scored, loaded, stopped = asyncio.run(talk())
     expected = openai.chat.completions.create(model="tiny", messages=HI, temperature=0, max_tokens=12)
     assert whole.message.content == expected.choices[0].message.content and whole.done_reason == "length"
     assert whole.eval_count == 12 and whole.prompt_eval_count == expected.usage.prompt_tokens
@@ -121,6 +121,7 @@ def test_the_ollama_client_chats_and_generates_what_the_openai_routes_answer(ser
                                                      max_tokens=12).choices[0].text  # fmt: skip
     assert len(scored.logprobs) == 5 and all(len(each.top_logprobs) == 2 for each in scored.logprobs)
     assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
+    assert stopped.done_reason == "unload" and stopped.message.content == ""  # `ollama stop`
 
 
 def test_the_model_is_listed_shown_and_errors_are_ollamas(server):

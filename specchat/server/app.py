@@ -168,7 +168,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         if nothing_to_generate(body, chat=chat):  # how Ollama's clients load a model
             served = _served(request)
             _check_model(served, body.get("model") or served.name)
-            return JSONResponse(loaded_answer(served.name, chat=chat))
+            return JSONResponse(loaded_answer(served.name, body, chat=chat))
         return await _complete(request, ollama_request(body, chat=chat))
 
     async def root(request: Request) -> Response:

@@ -172,12 +172,12 @@ class OllamaReply(Reply):
         return {"token": self._text(token), "logprob": entry.logprob, "top_logprobs": top}
 
 
-def loaded_answer(model: str, *, chat: bool) -> dict:
+def loaded_answer(model: str, body: dict, *, chat: bool) -> dict:
     """What Ollama answers a request with nothing to generate (an empty prompt or conversation): the model is
-    loaded."""
+    loaded, or with `keep_alive` 0 (`ollama stop`) unloaded, which here it stays (it is the server's one model)."""
     out = {"model": model, "created_at": now()}
     out |= {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
-    return out | {"done": True, "done_reason": "load"}
+    return out | {"done": True, "done_reason": "unload" if body.get("keep_alive") in (0, "0", "0s") else "load"}
 
 
 def nothing_to_generate(body: object, *, chat: bool) -> bool:

@@ -95,8 +95,9 @@ def serve(settings: ServeSettings) -> None:
             if worker.load_error is not None:
                 break
             reuse = "reused" if worker.prompt_cache else "prefilled whole"
-            _say(f"specchat serve: ready at {server.url}/v1 (model {worker.served.name}, drafter "
-                 f"{worker.served.drafter}; cached prompt prefixes {reuse}); Ctrl-C stops")  # fmt: skip
+            _say(f"specchat serve: ready at {server.url}/v1 (and {server.url} for Ollama's clients; model "
+                 f"{worker.served.name}, drafter {worker.served.drafter}; cached prompt prefixes {reuse}); Ctrl-C "
+                 f"stops")  # fmt: skip
     server.stop()
     if worker.load_error is not None:
         raise SpecchatError(worker.load_error)
