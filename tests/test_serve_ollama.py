@@ -149,3 +149,5 @@ def test_the_model_is_listed_shown_and_errors_are_ollamas(server):
     assert "'gpt-4' is not served here" in errors[0][1] and "fill-in-the-middle" in errors[1][1]
     assert "top_p" in errors[2][1] and version["version"]
     assert server.http.head("/").status_code == 200 and "running" in server.http.get("/").text  # the CLI's heartbeat
+    unknown = server.http.post("/api/pull", json={"model": "tiny"})
+    assert unknown.status_code == 404 and unknown.json() == {"error": "POST /api/pull: Not Found"}

@@ -369,10 +369,10 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         return JSONResponse(body, status_code=error.status, headers=error.headers)
 
     async def on_http_error(request: Request, error: HTTPException) -> Response:
-        metrics.answered(error.status_code)
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        body = RequestError(f"{request.method} {request.url.path}: {error.detail}", kind=kind).body()
-        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+        refused = RequestError(f"{request.method} {request.url.path}: {error.detail}", status=error.status_code,
+                               kind=kind, headers=error.headers)  # fmt: skip
+        return await on_request_error(request, refused)
 
     routes = [
         Route("/health", health, methods=["GET"]),
