@@ -219,8 +219,8 @@ def test_min_tokens_hold_the_end_back_at_every_verified_row(tokenizer):
     greedy = hf_greedy(model, prompt, 40)
     model.generation_config.eos_token_id = end = greedy[2]  # the free output ends at its third token
 
-    def held(engine, n):
-        events = list(engine.generate(prompt, max_new_tokens=40, min_tokens=n))
+    def held(engine, n, sampling=GREEDY):
+        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=40, min_tokens=n, reproducible=True))
         return [t for e in events for t in e.tokens], events[-1].finish_reason
 
     plain = Engine(model, tokenizer, max_len=128)
@@ -229,6 +229,10 @@ def test_min_tokens_hold_the_end_back_at_every_verified_row(tokenizer):
     drafter = EndBesideDrafter(prompt + ar, depth=DEPTH, end=end)
     engine = Engine(model, tokenizer, max_len=128, drafter=drafter, draft_budget=12)
     assert held(engine, 9) == (ar, finish) and held(plain, 0) == (greedy[:3], "eos")
+    sampled = SamplingConfig(temperature=1.0, seed=5)  # keyed draws: the text is the same however it was drafted
+    text = held(plain, 9, sampled)
+    drafter.reference = prompt + text[0]
+    assert held(engine, 9, sampled) == text and not set(text[0][:9]) & plain.eos_ids
 
 
 @pytest.mark.parametrize("n, mid_path", [(1, False), (2, True), (3, True), (6, False), (8, True), (11, False)])
