@@ -636,7 +636,7 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
   auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
     for (int64_t b = 0; b < n; b += LANES) {
       const int64_t filled = std::min<int64_t>(LANES, n - b);
-      // in place, the hardware prefetcher keeps up with keys read in order
+      if (!slots) prefetch_rows(keys + (b + kPrefetchTiles * LANES) * DIM, LANES, DIM * 2);  // the hardware lags
       const uint16_t* tile = key_rows<DIM>(keys, slots, b, n, key_tile.data());
       queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
         constexpr int Q = decltype(count)::value;
