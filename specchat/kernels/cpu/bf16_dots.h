@@ -36,6 +36,11 @@
 namespace bf16_dots {
 
 constexpr int LANES = 16;
+#ifdef BF16_DOTS_NATIVE
+constexpr int QUERIES = 3;  // queries a pass over a tile serves: their sums and lane pairs fill AVX-512's registers
+#else
+constexpr int QUERIES = 2;  // the AVX2 kernels take one or two
+#endif
 
 // The floating-point environment of the kernels below for as long as it lives: on AVX2, MXCSR with DAZ and FTZ
 // set and rounding to nearest even, which makes an fp32 fma round as a vdpbf16ps step does (the other paths

@@ -446,12 +446,13 @@ inline void softmax_bf16(float* row, int64_t n, uint16_t* weights) {
 }
 
 // f(i, Q) for the queries [first, last): Q at a time (one pass over a tile serves them all), then the rest by
-// halves; Q a std::integral_constant, so f instantiates its kernels for Q, Q / 2, ..., 1 queries.
+// halves, Q = 3 leaving four as two pairs (a lone query's pass is the slowest per query); Q a
+// std::integral_constant, so f instantiates its kernels for Q, Q / 2, ..., 1 queries.
 template <int Q, typename F>
 inline void queries_in(int64_t first, int64_t last, F&& f) {
   int64_t i = first;
-  for (; i + Q <= last; i += Q) f(i, std::integral_constant<int, Q>{});
-  if constexpr (Q > 1) queries_in<Q / 2>(i, last, f);
+  for (; i + Q <= last && !(Q == 3 && last - i == 4); i += Q) f(i, std::integral_constant<int, Q>{});
+  if constexpr (Q > 1) queries_in<Q == 3 ? 2 : Q / 2>(i, last, f);
 }
 
 constexpr int64_t kPrefetchTiles = 4;  // how many tiles ahead a stream of cache rows is prefetched
@@ -564,7 +565,7 @@ void sum_value_pairs(const Pair& pair, const Prefetch& prefetch, const uint16_t*
         if (!slots) prefetch(start + b + 2 * m + kPrefetchTiles * 2 * PAIRS, 2);  // miss buffers and stall
         pair(slot(b + 2 * m), slot(b + 2 * m + 1), pair_tile.data() + m * DIM);
       }
-      queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
+      queries_in<bf16_dots::QUERIES>(first_query, last_query, [&](int64_t i, auto count) {
         constexpr int Q = decltype(count)::value;
         const uint32_t* w[Q];
         float* acc[Q];
@@ -631,19 +632,23 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
   std::vector<float> scores(count * width), accumulator(count * DIM, 0.0f);
   const std::vector<uint16_t> query16 = queries_bf16<DIM>(queries, count, heads, group);
   std::vector<uint16_t> weights16(count * paired, 0), key_tile(LANES * DIM), zeros(DIM, 0);
-  float block[2 * LANES];
+  float block[bf16_dots::QUERIES * LANES];
   const auto query = [&](int64_t i) { return query16.data() + i * DIM; };
   auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
     for (int64_t b = 0; b < n; b += LANES) {
       const int64_t filled = std::min<int64_t>(LANES, n - b);
       if (!slots) prefetch_rows(keys + (b + kPrefetchTiles * LANES) * DIM, LANES, DIM * 2);  // the hardware lags
       const uint16_t* tile = key_rows<DIM>(keys, slots, b, n, key_tile.data());
-      queries_in<2>(first_query, last_query, [&](int64_t i, auto count) {
+      queries_in<bf16_dots::QUERIES>(first_query, last_query, [&](int64_t i, auto count) {
         constexpr int Q = decltype(count)::value;
         const uint16_t* q[Q];
-        float* out[Q];
-        for (int j = 0; j < Q; ++j) q[j] = query(i + j), out[j] = block + j * LANES;
+        float* out[Q];  // a whole tile's scores straight into their rows, a last part tile's through `block`
+        for (int j = 0; j < Q; ++j) {
+          q[j] = query(i + j);
+          out[j] = filled == LANES ? scores.data() + (i + j) * width + offset + b : block + j * LANES;
+        }
         bf16_dots::dots16<DIM, Q>(q, tile, out);
+        if (filled == LANES) return;
         for (int j = 0; j < Q; ++j) std::copy(out[j], out[j] + filled, scores.data() + (i + j) * width + offset + b);
       });
     }
@@ -821,12 +826,14 @@ void attend_int8(const float* queries, const Int8Head& cache, const std::vector<
         const uint32_t* q[Q];
         const int32_t* start[Q];
         const float* query_scale[Q];
-        float* out[Q];
+        float* out[Q];  // a whole tile's scores straight into their rows, a last part tile's through `block`
         for (int j = 0; j < Q; ++j) {
           q[j] = codes.data() + (i + j) * DIM / 4, start[j] = starts.data() + (i + j) * BLOCKS;
-          query_scale[j] = query_scales.data() + (i + j) * BLOCKS, out[j] = block[j];
+          query_scale[j] = query_scales.data() + (i + j) * BLOCKS;
+          out[j] = filled == LANES ? scores.data() + (i + j) * width + offset + b : block[j];
         }
         int8_dots::scores16<DIM, Q>(q, start, query_scale, tile, key_scales, out);
+        if (filled == LANES) return;
         for (int j = 0; j < Q; ++j) std::copy(block[j], block[j] + filled, scores.data() + (i + j) * width + offset + b);
       });
     }

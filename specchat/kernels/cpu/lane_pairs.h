@@ -20,12 +20,13 @@ inline __m256 pairwise_sums8(const __m256* v) {
 
 #if defined(__AVX512F__)
 // Sixteen keys' sums paired down as they come: keys 2i and 2i + 1 as soon as both are summed, then pairs of
-// those. After the sixteenth key, lane k of the last pairing is key k's score.
+// those. After the sixteenth key, lane k of the last pairing is key k's score. The first two levels add even to
+// odd lanes of their two operands within each 128-bit block (block j then holds four keys' sums of lanes
+// 4j .. 4j + 3), the last two even to odd blocks, which leaves the keys in order: shuffles that stay within a
+// block or move whole blocks, cheaper than permuting lanes across the register.
 
 template <int Q>
 struct LanePairs {
-  __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   __m512 pending[Q][4];  // pending[j][level]: query j's sum waiting for its pair at that level
 
   // Key i's sums (i = 0 .. 15, in order) for Q queries; the sixteenth stores each query's 16 scores.
@@ -35,13 +36,14 @@ struct LanePairs {
         for (int j = 0; j < Q; ++j) pending[j][level] = sum[j];
         return;
       }
-      for (int j = 0; j < Q; ++j) sum[j] = pair(pending[j][level], sum[j]);
+      for (int j = 0; j < Q; ++j) sum[j] = pair(level, pending[j][level], sum[j]);
     }
     for (int j = 0; j < Q; ++j) _mm512_storeu_ps(scores[j], sum[j]);
   }
 
-  inline __m512 pair(__m512 a, __m512 b) const {
-    return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+  static inline __m512 pair(int level, __m512 a, __m512 b) {
+    if (level < 2) return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
   }
 };
 #endif
