@@ -483,7 +483,7 @@ def test_bad_requests_get_openai_errors_and_change_nothing(server):
         (("POST", "/v1/chat/completions"), {"body": {**good, "speculative": {"drafter": "none", "draft_budget": 2}}},
          400, "speculative.draft_budget"),
         (("POST", "/v1/chat/completions"), {"body": {**good, "speculative": {"budget": 2}}}, 400, "speculative.budget"),
-        (("GET", "/v1/embeddings"), {}, 404, None),
+        (("POST", "/v1/audio/speech"), {}, 404, None),
         (("GET", "/v1/chat/completions"), {}, 405, None),
     ]  # fmt: skip
     for (method, path), options, status, param in cases:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
+from specchat.architectures.llama import LlamaParts
 from specchat.disk_cache import cache_dir
 from specchat.engine.drafter import Drafter, TargetView
 from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
@@ -447,6 +448,17 @@ class Engine:
         self.ids[: len(ids)] = tokens  # a later request may reuse this KV like any other prefix
         self.length = len(ids)
         return hidden
+
+    @torch.inference_mode()
+    def embedding(self, ids: list[int]) -> torch.Tensor:
+        """The text's embedding as Ollama and llama-server give one of a generative model: the final norm's output
+        at each of its tokens, averaged (mean pooling) [hidden_size], fp32 and not scaled. The text's keys and
+        values stay in the cache, as `target_states` leaves them."""
+        if not ids:
+            raise SpecchatError("the text to embed has no tokens")
+        if len(ids) >= self.capacity:
+            raise SpecchatError(f"the text has {len(ids)} tokens; the context holds {self.capacity}")
+        return LlamaParts(self.model).norm(self.target_states(ids)).float().mean(dim=0)
 
     def decode_states(self, ids: list[int]) -> torch.Tensor:
         """`target_states` computed one decode step at a time, as generated tokens and verified tree rows get

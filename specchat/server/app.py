@@ -1,4 +1,4 @@
-"""The HTTP routes: OpenAI's chat completions, completions and models, a health check, Prometheus' metrics,
+"""The HTTP routes: OpenAI's chat completions, completions, embeddings and models, a health check, Prometheus' metrics,
 llama-server's own `/completion` and `/infill` (editors' code completion), `/tokenize` / `/detokenize` (as
 llama-server and vLLM have them: clients count a prompt's tokens with them), and Ollama's API (`ollama.py`).
 
@@ -26,6 +26,9 @@ from starlette.routing import Route
 
 from specchat.engine.sampling_config import MAX_SEED, SamplingConfig
 from specchat.fill_in_middle import FimMarkers, fim_markers
+from specchat.server.embeddings import (
+    EmbeddingRequest, embedding_body, input_ids, ollama_embedding_request, openai_embedding_request,
+)  # fmt: skip
 from specchat.server.metrics import Metrics
 from specchat.server.ollama import (
     OllamaReply, loaded_answer, model_card, model_entry, nothing_to_generate, ollama_request,
@@ -35,7 +38,7 @@ from specchat.server.requests import (
     tokenize_request,
 )  # fmt: skip
 from specchat.server.responses import NativeReply, Reply
-from specchat.server.worker import Ended, EngineWorker, Job, Prompt, QueueFull
+from specchat.server.worker import EmbeddingJob, Ended, EngineWorker, Job, Prompt, QueueFull
 from specchat.tool_calls import ToolFormat, tool_format
 
 REPLIES = {"openai": Reply, "llama-server": NativeReply, "ollama-chat": OllamaReply,
@@ -156,6 +159,59 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
 
     async def infill(request: Request) -> Response:
         return await _complete(request, native_request(await _json(request), infill=True))
+
+    async def embeddings(request: Request) -> Response:
+        return await _embed(request, openai_embedding_request(await _json(request)))
+
+    async def ollama_embed(request: Request) -> Response:
+        return await _embed(request, ollama_embedding_request(await _json(request), legacy=False))
+
+    async def ollama_embeddings(request: Request) -> Response:
+        return await _embed(request, ollama_embedding_request(await _json(request), legacy=True))
+
+    async def _embed(request: Request, wanted: EmbeddingRequest) -> Response:
+        arrived = time.perf_counter()
+        served = _served(request)
+        if wanted.model is not None:
+            _check_model(served, wanted.model)
+        engine = served.engine
+        texts = input_ids(wanted, served.tokenizer, engine.capacity, engine.model.config.hidden_size)
+        vectors = []
+        if texts:
+            items: asyncio.Queue = asyncio.Queue()
+            job = EmbeddingJob(texts, deliver=functools.partial(asyncio.get_running_loop().call_soon_threadsafe,
+                                                                items.put_nowait))  # fmt: skip
+            _submit(job)
+            item = await _next(request, items, job)
+            if item is None:
+                metrics.answered(499)
+                return Response(status_code=499)
+            if isinstance(item, Ended):
+                if item.error is not None:
+                    raise RequestError(item.error, status=item.status, kind=_kind(item.status))
+                raise RequestError("the server is shutting down", status=503, kind="server_error")
+            vectors = item.vectors
+        body = embedding_body(wanted, served.name, vectors, sum(map(len, texts)), time.perf_counter() - arrived)
+        metrics.answered(200)
+        return JSONResponse(body)
+
+    def _submit(job: Job | EmbeddingJob) -> None:
+        try:
+            worker.submit(job)
+        except QueueFull:
+            raise RequestError(f"the server is busy: {worker.waiting} requests are waiting; retry later",
+                               status=429, kind="rate_limit_error",
+                               headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
+
+    async def _next(request: Request, items: asyncio.Queue, job: Job | EmbeddingJob) -> object | None:
+        """The job's next delivery; None (the job cancelled) once its client has gone: nobody waits for it."""
+        while True:
+            try:
+                return await asyncio.wait_for(items.get(), DISCONNECT_POLL_SECONDS)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    job.cancelled.set()
+                    return None
 
     async def ollama_chat(request: Request) -> Response:
         return await _ollama(request, chat=True)
@@ -285,13 +341,11 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
                       echo=wanted.echo, time_limit=wanted.time_limit, min_tokens=wanted.min_tokens,
                       indent=wanted.indent)  # fmt: skip
             try:
-                worker.submit(job)
-            except QueueFull:
+                _submit(job)
+            except RequestError:
                 for earlier, _, _ in answers:
                     earlier.cancelled.set()
-                raise RequestError(f"the server is busy: {worker.waiting} requests are waiting; retry later",
-                                   status=429, kind="rate_limit_error",
-                                   headers={"Retry-After": str(RETRY_SECONDS)}) from None  # fmt: skip
+                raise
             reply = shape(served.name, served.drafter if drafting else "none", chat=wanted.messages is not None,
                           token_bytes=served.engine.token_bytes if wanted.logprobs is not None else None,
                           tools=served.tool_format if wanted.tools and wanted.tools.choice != "none" else None,
@@ -315,13 +369,10 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         try:
             for job, items, reply in answers:
                 while True:
-                    try:
-                        item = await asyncio.wait_for(items.get(), DISCONNECT_POLL_SECONDS)
-                    except TimeoutError:
-                        if await request.is_disconnected():  # nobody is waiting for the answer: free the engine
-                            metrics.answered(499)
-                            return Response(status_code=499)
-                        continue
+                    item = await _next(request, items, job)
+                    if item is None:  # nobody is waiting for the answer: the engine is freed
+                        metrics.answered(499)
+                        return Response(status_code=499)
                     _heard(reply, item, arrived)
                     if isinstance(item, Ended):
                         break
@@ -381,11 +432,14 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/completion", native_completion, methods=["POST"]),
         Route("/infill", infill, methods=["POST"]),
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/api/chat", ollama_chat, methods=["POST"]),
         Route("/api/generate", ollama_generate, methods=["POST"]),
+        Route("/api/embed", ollama_embed, methods=["POST"]),
+        Route("/api/embeddings", ollama_embeddings, methods=["POST"]),
         Route("/api/tags", ollama_tags, methods=["GET"]),
         Route("/api/ps", ollama_running, methods=["GET"]),
         Route("/api/show", ollama_show, methods=["POST"]),

@@ -1,5 +1,5 @@
-"""Ollama's API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`, `/api/version`), so that the
-clients and apps written for an Ollama server talk to this one.
+"""Ollama's API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`, `/api/version`; its embeddings in
+`embeddings.py`), so that the clients and apps written for an Ollama server talk to this one.
 
 A request is read into OpenAI's names and checked as the OpenAI routes check theirs (`requests.py`): `options`
 (`num_predict`, `temperature`, `top_k`, `top_p`, `min_p`, `seed`, `stop`, `repeat_penalty`, the additive penalties),

@@ -1,12 +1,12 @@
 """The engine's own thread: loads the model, then runs one request at a time, in arrival order.
 
-One engine serves every client, one request after the other. A prompt reuses the cached prefix it shares with
-the last one (a conversation's next turn prefills only what is new) where that is exact (`Engine.exact_reuse`:
-the CPU decoder); elsewhere each prompt is prefilled whole, as `specchat run` does, unless the prompt cache is
-forced on. Either way an answer is then the same alone or under load, whatever was asked before it.
-Requests wait in a bounded queue; a full queue is refused at once (429) rather than left to time out.
-Each request hears its steps through `deliver` (called on this thread) and can be cancelled at any time: a
-cancelled request stops within one step, or is skipped if it has not started.
+One engine serves every client, one request after the other (answers and embeddings alike). A prompt reuses the
+cached prefix it shares with the last one (a conversation's next turn prefills only what is new) where that is exact
+(`Engine.exact_reuse`: the CPU decoder); elsewhere each prompt is prefilled whole, as `specchat run` does, unless
+the prompt cache is forced on. Either way an answer is then the same alone or under load, whatever was asked before
+it. Requests wait in a bounded queue; a full queue is refused at once (429) rather than left to time out. Each
+request hears its steps through `deliver` (called on this thread) and can be cancelled at any time: a cancelled
+request stops within one step, or is skipped if it has not started.
 """
 
 from __future__ import annotations
@@ -40,6 +40,20 @@ class Job:
     min_tokens: int = 0  # tokens before the end of text or a stop string may end the answer
     indent: int = 0  # llama-server's n_indent: a later line indented less ends the answer (`IndentCut`); 0: none
 
+@dataclass
+class EmbeddingJob:
+    """Texts (their token ids) to embed, one after the other (`Engine.embedding`)."""
+
+    texts: list[list[int]]
+    deliver: Callable[[object], None]  # one `Embedded`, or an `Ended` with the error or the shutdown
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class Embedded:
+    vectors: list  # a [hidden_size] fp32 tensor per text
+
+
 @dataclass(frozen=True)
 class Prompt:
     """An echoed prompt: its ids, and each token's log-probability (None for the first) when asked."""
@@ -71,8 +85,8 @@ class EngineWorker:
         self.ready = threading.Event()  # set when loaded, or when loading failed
         self._load = load
         self._prompt_cache = prompt_cache  # None: where reuse is exact
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self._current: Job | None = None
+        self._queue: queue.Queue[Job | EmbeddingJob | None] = queue.Queue(maxsize=max_queue)
+        self._current: Job | EmbeddingJob | None = None
         self.tokens_generated = 0  # since the start, every request's: what /health reports
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="specchat-engine", daemon=True)
@@ -95,7 +109,7 @@ class EngineWorker:
     def busy(self) -> bool:
         return self._current is not None
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job | EmbeddingJob) -> None:
         if self._stopping.is_set():
             job.deliver(Ended(shutdown=True))
             return
@@ -142,7 +156,29 @@ class EngineWorker:
                 self._serve(job)
                 self._current = None
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job | EmbeddingJob) -> None:
+        """Run a job; a failure is its last delivery."""
+        try:
+            if isinstance(job, EmbeddingJob):
+                self._embed(job)
+            else:
+                self._answer(job)
+        except SpecchatError as error:
+            job.deliver(Ended(error=str(error), status=400))
+        except Exception as error:  # reported to its client and on stderr; the server goes on
+            print(f"error in a request: {unexpected(error)}", file=sys.stderr)
+            job.deliver(Ended(error=unexpected(error)))
+
+    def _embed(self, job: EmbeddingJob) -> None:
+        vectors = []
+        for ids in job.texts:
+            if job.cancelled.is_set():
+                job.deliver(Ended(shutdown=self._stopping.is_set()))
+                return
+            vectors.append(self.served.engine.embedding(ids))
+        job.deliver(Embedded(vectors))
+
+    def _answer(self, job: Job) -> None:
         engine = self.served.engine
         drafter, budget = engine.drafter, engine.fixed_budget  # the server's, back after a request that asks otherwise
         if not job.drafting or job.draft_budget is not None:
@@ -154,43 +190,36 @@ class EngineWorker:
                 engine.set_drafter(drafter, budget)
 
     def _generate(self, job: Job) -> None:
-        try:
-            engine = self.served.engine
-            if job.echo:
-                scored = engine.prompt_logprobs(job.prompt_ids, job.logprobs) if job.logprobs is not None else None
-                job.deliver(Prompt(job.prompt_ids, scored))
-                if job.max_new_tokens == 0:
-                    job.deliver(Ended())
-                    return
-            events = engine.generate(  # a seed keys each draw by position: the same text whatever was drafted
-                job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
-                fresh=not self.prompt_cache, logprobs=job.logprobs, reproducible=job.sampling.seed is not None,
-                constraint=job.constraint(engine) if job.constraint else None, min_tokens=job.min_tokens,
-            )
-            first, lines = None, False  # when the first token came; whether a line has ended since
-            cut = IndentCut(job.indent) if job.indent else None
-            for event in events:
-                self.tokens_generated += len(event.tokens)
-                kept, ends = cut.feed(event.text) if cut else (event.text, False)
-                if ends:
-                    events.close()
-                    job.deliver(replace(event, text=kept))
-                    job.deliver(Ended(cut=True))
-                    return
-                job.deliver(event)
-                if job.cancelled.is_set():
-                    events.close()
-                    job.deliver(Ended(shutdown=self._stopping.is_set()))
-                    return
-                first, lines = first or time.perf_counter(), lines or "\n" in event.text
-                if job.time_limit is not None and lines and time.perf_counter() - first > job.time_limit:
-                    events.close()
-                    job.deliver(Ended(cut=True))
-                    return
-        except SpecchatError as error:
-            job.deliver(Ended(error=str(error), status=400))
-        except Exception as error:  # reported to its client and on stderr; the server goes on
-            print(f"error in a request: {unexpected(error)}", file=sys.stderr)
-            job.deliver(Ended(error=unexpected(error)))
-        else:
-            job.deliver(Ended())
+        engine = self.served.engine
+        if job.echo:
+            scored = engine.prompt_logprobs(job.prompt_ids, job.logprobs) if job.logprobs is not None else None
+            job.deliver(Prompt(job.prompt_ids, scored))
+            if job.max_new_tokens == 0:
+                job.deliver(Ended())
+                return
+        events = engine.generate(  # a seed keys each draw by position: the same text whatever was drafted
+            job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
+            fresh=not self.prompt_cache, logprobs=job.logprobs, reproducible=job.sampling.seed is not None,
+            constraint=job.constraint(engine) if job.constraint else None, min_tokens=job.min_tokens,
+        )
+        first, lines = None, False  # when the first token came; whether a line has ended since
+        cut = IndentCut(job.indent) if job.indent else None
+        for event in events:
+            self.tokens_generated += len(event.tokens)
+            kept, ends = cut.feed(event.text) if cut else (event.text, False)
+            if ends:
+                events.close()
+                job.deliver(replace(event, text=kept))
+                job.deliver(Ended(cut=True))
+                return
+            job.deliver(event)
+            if job.cancelled.is_set():
+                events.close()
+                job.deliver(Ended(shutdown=self._stopping.is_set()))
+                return
+            first, lines = first or time.perf_counter(), lines or "\n" in event.text
+            if job.time_limit is not None and lines and time.perf_counter() - first > job.time_limit:
+                events.close()
+                job.deliver(Ended(cut=True))
+                return
+        job.deliver(Ended())
