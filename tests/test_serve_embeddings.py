@@ -128,7 +128,19 @@ def test_a_text_too_long_is_refused_or_cut_and_answers_stay_exact(server):
     assert wide.status_code == 400 and wide.json()["error"]["param"] == "dimensions"
     assert post("/v1/embeddings", json={"model": "gpt-4", "input": "a"}).status_code == 404
     after = post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"]
-    assert after == before  # the embeddings left the engine's cache as a prefill would
+    assert after == before  # the embeddings changed nothing an answer depends on
+
+
+def test_an_embedding_leaves_the_conversations_cache_as_it_was(tokenizer):
+    engine = Engine(tiny_model("llama", seed=5), tokenizer, max_len=256)
+    prompt = tokenizer("Once upon a time")["input_ids"]
+    answer = [token for event in engine.generate(prompt, max_new_tokens=8) for token in event.tokens]
+    length, ids = engine.cache.length, engine.ids[: engine.cache.length].clone()
+    engine.embedding(tokenizer(TEXTS[1])["input_ids"])
+    assert engine.cache.length == length and torch.equal(engine.ids[:length], ids)
+    turn = prompt + answer + tokenizer(" and then")["input_ids"]
+    [*_, last] = engine.generate(turn, max_new_tokens=2)
+    assert last.stats.reused_tokens == length  # the next turn prefills only what is new
 
 
 @pytest.mark.slow

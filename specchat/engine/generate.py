@@ -453,12 +453,15 @@ class Engine:
     def embedding(self, ids: list[int]) -> torch.Tensor:
         """The text's embedding as Ollama and llama-server give one of a generative model: the final norm's output
         at each of its tokens, averaged (mean pooling) [hidden_size], fp32 and not scaled. The text's keys and
-        values stay in the cache, as `target_states` leaves them."""
+        values go to a cache of their own: the session's (a conversation's cached prefix) stays as it was."""
         if not ids:
             raise SpecchatError("the text to embed has no tokens")
         if len(ids) >= self.capacity:
             raise SpecchatError(f"the text has {len(ids)} tokens; the context holds {self.capacity}")
-        return LlamaParts(self.model).norm(self.target_states(ids)).float().mean(dim=0)
+        scratch = TreeCache(self.model.config.num_hidden_layers, len(ids), self.cache.kv_cache)
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
+        hidden = self.forward(tokens, torch.arange(len(ids), device=self.device), None, scratch, last_only=True).hidden
+        return LlamaParts(self.model).norm(hidden).float().mean(dim=0)
 
     def decode_states(self, ids: list[int]) -> torch.Tensor:
         """`target_states` computed one decode step at a time, as generated tokens and verified tree rows get
