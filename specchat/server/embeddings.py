@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat.server.requests import RequestError
+from specchat.server.requests import RequestError, json_object, model_name
 
 MAX_INPUTS = 2048  # texts a request may embed, as OpenAI's limit
 
@@ -36,7 +36,7 @@ class EmbeddingRequest:
 
 def openai_embedding_request(body: object) -> EmbeddingRequest:
     """`POST /v1/embeddings`: `input` a text, token ids, or a list of either."""
-    body = _object(body)
+    body = json_object(body)
     given = body.get("input")
     if isinstance(given, str) or _is_ids(given):
         inputs = [given]
@@ -49,13 +49,14 @@ def openai_embedding_request(body: object) -> EmbeddingRequest:
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise RequestError('encoding_format must be "float" or "base64"', param="encoding_format")
-    return EmbeddingRequest(_model(body), _limited(inputs), "openai", _dimensions(body), base64=encoding == "base64")
+    return EmbeddingRequest(model_name(body), _limited(inputs), "openai", _dimensions(body),
+                            base64=encoding == "base64")  # fmt: skip
 
 
 def ollama_embedding_request(body: object, *, legacy: bool) -> EmbeddingRequest:
     """`POST /api/embed` (`input`: a text or a list of texts; no input only loads the model, as Ollama's clients
     ask) or, `legacy`, `POST /api/embeddings` (`prompt`: one text)."""
-    body = _object(body)
+    body = json_object(body)
     name = "prompt" if legacy else "input"
     given = body.get(name)
     if given is None or given == "":
@@ -70,7 +71,7 @@ def ollama_embedding_request(body: object, *, legacy: bool) -> EmbeddingRequest:
     if not isinstance(truncate, bool):
         raise RequestError("truncate must be a boolean", param="truncate")
     dimensions = None if legacy else _dimensions(body)
-    return EmbeddingRequest(_model(body), _limited(inputs), "ollama-legacy" if legacy else "ollama", dimensions,
+    return EmbeddingRequest(model_name(body), _limited(inputs), "ollama-legacy" if legacy else "ollama", dimensions,
                             truncate=truncate)  # fmt: skip
 
 
@@ -117,19 +118,6 @@ def _encoded(vector: torch.Tensor, as_base64: bool) -> list[float] | str:
     if not as_base64:
         return vector.tolist()
     return base64.b64encode(vector.to(torch.float32).numpy().astype("<f4").tobytes()).decode("ascii")
-
-
-def _object(body: object) -> dict:
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    return body
-
-
-def _model(body: dict) -> str | None:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError("model must be a string", param="model")
-    return model
 
 
 def _is_ids(value: object) -> bool:

@@ -107,7 +107,7 @@ class Speculative:
 
 def chat_request(body: object) -> CompletionRequest:
     """`POST /v1/chat/completions`."""
-    body = _object(body)
+    body = json_object(body)
     _refuse_unsupported(body)
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         raise RequestError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
@@ -119,7 +119,7 @@ def chat_request(body: object) -> CompletionRequest:
     if tools is not None and common["ignore_eos"]:
         raise RequestError("ignore_eos and tools together are not supported: a call must end", param="ignore_eos")
     return CompletionRequest(
-        model=_model(body),
+        model=model_name(body),
         messages=_messages(body.get("messages")),
         max_tokens=_max_tokens(body, "max_completion_tokens") or _max_tokens(body, "max_tokens"),
         logprobs=_chat_logprobs(body),
@@ -131,7 +131,7 @@ def chat_request(body: object) -> CompletionRequest:
 
 def text_request(body: object) -> CompletionRequest:
     """`POST /v1/completions`: the prompt is continued as text, without the chat template."""
-    body = _object(body)
+    body = json_object(body)
     _refuse_unsupported(body)
     if body.get("tools"):
         raise RequestError("tools are for /v1/chat/completions", param="tools")
@@ -151,7 +151,7 @@ def text_request(body: object) -> CompletionRequest:
     if logprobs is not None and not 0 <= logprobs <= MAX_TEXT_LOGPROBS:
         raise RequestError(f"logprobs must be between 0 and {MAX_TEXT_LOGPROBS}", param="logprobs")
     return CompletionRequest(
-        model=_model(body),
+        model=model_name(body),
         prompt=prompt,
         infill=None if suffix is None else Infill(prompt, suffix),
         max_tokens=16 if "max_tokens" not in body else max_tokens,  # OpenAI's default for completions
@@ -170,7 +170,7 @@ def native_request(body: object, *, infill: bool) -> CompletionRequest:
     token, the answer ends as soon as a line of it has ended (an editor's completion arrives in time); `n_indent`: a
     later line indented less than this ends it (the code after the cursor's block). Fields without a meaning here
     are ignored, as llama-server ignores what it does not know."""
-    body = _object(body)
+    body = json_object(body)
     renamed = {NATIVE_NAMES.get(key, key): value for key, value in body.items() if key not in ("prompt", "suffix")}
     if renamed.get("seed") == -1:
         del renamed["seed"]
@@ -193,7 +193,7 @@ def native_request(body: object, *, infill: bool) -> CompletionRequest:
     indent = _integer(body, "n_indent") or 0
     if indent < 0:
         raise RequestError("n_indent must be >= 0 (0: no limit)", param="n_indent")
-    return CompletionRequest(model=_model(body), prompt=prompt, infill=code, reply="llama-server",
+    return CompletionRequest(model=model_name(body), prompt=prompt, infill=code, reply="llama-server",
                              max_tokens=_max_tokens(renamed, "max_tokens"), time_limit=limit / 1e3 if limit else None,
                              indent=indent,
                              **_common(renamed))  # fmt: skip
@@ -223,7 +223,7 @@ class TokenizeRequest:
 
 
 def tokenize_request(body: object) -> TokenizeRequest:
-    body = _object(body)
+    body = json_object(body)
     llama = "content" in body
     name = "content" if llama else "prompt"
     messages = None if llama or "messages" not in body else _messages(body["messages"])
@@ -235,17 +235,17 @@ def tokenize_request(body: object) -> TokenizeRequest:
     for flag, value in zip(flags, (special, pieces)):
         if not isinstance(value, bool):
             raise RequestError(f"{flag} must be a boolean", param=flag)
-    return TokenizeRequest(_model(body), text if messages is None else None, messages, special, pieces, llama)
+    return TokenizeRequest(model_name(body), text if messages is None else None, messages, special, pieces, llama)
 
 
 def detokenize_request(body: object) -> tuple[str | None, list[int]]:
     """`POST /detokenize`: the model named (or None) and the ids."""
-    body = _object(body)
+    body = json_object(body)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                                for t in tokens):  # fmt: skip
         raise RequestError("tokens must be a list of token ids", param="tokens")
-    return _model(body), tokens
+    return model_name(body), tokens
 
 
 def _tools(body: dict) -> Tools | None:
@@ -264,9 +264,9 @@ def _tools(body: dict) -> Tools | None:
     functions = []
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
-        if _object(tool, where).get("type") != "function":
+        if json_object(tool, where).get("type") != "function":
             raise RequestError(f"{where}.type must be 'function'", param=f"{where}.type")
-        function = _object(tool.get("function"), f"{where}.function")
+        function = json_object(tool.get("function"), f"{where}.function")
         name = function.get("name")
         if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
             raise RequestError(f"{where}.function.name must be 1-64 letters, digits, '_' or '-'",
@@ -275,7 +275,7 @@ def _tools(body: dict) -> Tools | None:
             raise RequestError(f"{where}: two tools are named {name!r}", param=f"{where}.function.name")
         parameters = function.get("parameters")
         if parameters is not None:
-            _object(parameters, f"{where}.function.parameters")
+            json_object(parameters, f"{where}.function.parameters")
         if function.get("strict"):
             try:
                 JsonSchema(parameters or {"type": "object", "properties": {}})
@@ -289,7 +289,7 @@ def _tools(body: dict) -> Tools | None:
         raise RequestError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
     if choice in (None, "auto", "required", "none"):
         return Tools(functions, choice or "auto", parallel)
-    named = _object(choice, "tool_choice").get("function")
+    named = json_object(choice, "tool_choice").get("function")
     name = named.get("name") if isinstance(named, dict) else None
     chosen = [function for function in functions if function["name"] == name]
     if choice.get("type") != "function" or not chosen:
@@ -322,7 +322,7 @@ def _common(body: dict) -> dict:
     if options is not None:
         if not stream:
             raise RequestError("stream_options is only allowed when stream is true", param="stream_options")
-        include_usage = _object(options, "stream_options").get("include_usage", False)
+        include_usage = json_object(options, "stream_options").get("include_usage", False)
         if not isinstance(include_usage, bool):
             raise RequestError("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     return {"sampling": _sampling(body), "stop": _stop(body.get("stop")), "stream": stream,
@@ -374,7 +374,7 @@ def _answer_format(body: dict) -> AnswerFormat:
         return _response_format(body[name])
     if name in FORMAT_FIELDS:
         return _structured(FORMAT_FIELDS[name], body[name], name)
-    fields = {key: value for key, value in _object(body[name], name).items() if value not in (None, False)}
+    fields = {key: value for key, value in json_object(body[name], name).items() if value not in (None, False)}
     if len(fields) != 1 or next(iter(fields)) not in STRUCTURED:
         raise RequestError(f"{name} takes one of {', '.join(STRUCTURED)}", param=name)
     [(kind, value)] = fields.items()
@@ -421,7 +421,7 @@ def _response_format(value: object) -> AnswerFormat:
     """JSON mode as `response_format` asks for it (vLLM takes it on completions too), the schema checked now."""
     from specchat.constraints.json_schema import JsonSchema, SchemaError
 
-    kind = None if value is None else _object(value, "response_format").get("type")
+    kind = None if value is None else json_object(value, "response_format").get("type")
     if kind in (None, "text"):
         return AnswerFormat()
     if kind == "json_object":
@@ -429,7 +429,7 @@ def _response_format(value: object) -> AnswerFormat:
     if kind != "json_schema":
         raise RequestError(f"response_format {kind!r} is not supported; 'text', 'json_object' or 'json_schema'",
                            param="response_format")  # fmt: skip
-    schema = _object(value.get("json_schema"), "response_format.json_schema").get("schema")
+    schema = json_object(value.get("json_schema"), "response_format.json_schema").get("schema")
     try:
         JsonSchema(schema)
     except SchemaError as error:
@@ -440,7 +440,7 @@ def _response_format(value: object) -> AnswerFormat:
 def _speculative(value: object) -> Speculative | None:
     if value is None:
         return None
-    fields = _object(value, "speculative")
+    fields = json_object(value, "speculative")
     unknown = sorted(set(fields) - {"drafter", "draft_budget"})
     if unknown:
         raise RequestError(f"speculative has no field {unknown[0]!r} (drafter, draft_budget)",
@@ -522,7 +522,7 @@ def _messages(messages: object) -> list[dict]:
     checked = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
-        message = _object(message, where)
+        message = json_object(message, where)
         role = message.get("role")
         if role not in ROLES and role != "tool":
             raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, tool", param=f"{where}.role")
@@ -547,7 +547,7 @@ def _calls(calls: object, where: str) -> list[dict]:
         raise RequestError(f"{where} must be a list", param=where)
     out = []
     for index, call in enumerate(calls):
-        function = _object(_object(call, f"{where}[{index}]").get("function"), f"{where}[{index}].function")
+        function = json_object(json_object(call, f"{where}[{index}]").get("function"), f"{where}[{index}].function")
         name, arguments = function.get("name"), function.get("arguments", "{}")
         try:
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
@@ -568,7 +568,7 @@ def _content(content: object, where: str) -> str:
     if isinstance(content, list):
         texts = []
         for index, part in enumerate(content):
-            part = _object(part, f"{where}[{index}]")
+            part = json_object(part, f"{where}[{index}]")
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise RequestError(f"{where}[{index}]: only text parts are supported", param=f"{where}[{index}]")
             texts.append(part["text"])
@@ -611,7 +611,8 @@ def _stop(stop: object) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
-def _model(body: dict) -> str | None:
+def model_name(body: dict) -> str | None:
+    """The `model` a request names, or None."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError("model must be a string", param="model")
@@ -625,7 +626,8 @@ def _max_tokens(body: dict, name: str, least: int = 1) -> int | None:
     return value
 
 
-def _object(value: object, where: str = "the request body") -> dict:
+def json_object(value: object, where: str = "the request body") -> dict:
+    """`value`, which must be a JSON object (`where`: what it is, named in the error)."""
     if not isinstance(value, dict):
         raise RequestError(f"{where} must be a JSON object", param=None if where == "the request body" else where)
     return value
