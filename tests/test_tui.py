@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import tiny_model
 from rich.markdown import Markdown
+from textual.events import Paste
 from tui_harness import ask, make_app, note_lines, ready, send, tiny_loaded, wait_until
 
 from specchat.answer_format import AnswerFormat
@@ -363,6 +364,49 @@ async def test_input_history_walks_back_and_forth(tiny):
         await pilot.press("down", "down")
         assert chat_input.value == "half typed"
         assert app.session.settings.drafter == "none" and app.session.settings.draft_budget == 4
+
+
+async def test_pasted_code_keeps_its_lines_and_reaches_the_model_whole(tiny):
+    """Textual's one-line Input kept a paste's first line only: code asked about lost all but its first line."""
+    code = "def add(a, b):\n    return a + b\n\nprint(add(1, 2))"
+    app = make_app(tiny, max_new_tokens=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press(*"Explain:", "shift+enter")
+        app.post_message(Paste(code))  # as the terminal delivers it: to the app, which gives it to the focus
+        await pilot.pause()
+        assert app.query_one(ChatInput).value == "Explain:\n" + code
+        assert app.query_one(ChatInput).size.height == 5  # the box grew to its five lines
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: not app.generating, what="the answer")
+        assert app.session.messages[0].text == "Explain:\n" + code
+        assert "\n    return a + b\n" in tiny.tokenizer.decode(app.session.previous.ids)
+        assert app.query_one(ChatInput).value == ""
+
+
+async def test_a_backslash_before_enter_starts_a_new_line_in_any_terminal(tiny):
+    app = make_app(tiny, max_new_tokens=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press(*"first\\", "enter", *"second", "enter")
+        await wait_until(pilot, lambda: not app.generating, what="the answer")
+        assert app.session.messages[0].text == "first\nsecond"
+
+
+async def test_up_and_down_move_within_a_message_and_walk_the_history_at_its_edges(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, "/system be brief\nand kind")
+        assert app.session.settings.system == "be brief\nand kind"  # a command's argument keeps its lines
+        chat_input = app.query_one(ChatInput)
+        await pilot.press(*"one", "shift+enter", *"two")
+        await pilot.press("up")  # from the second line to the first
+        assert chat_input.value == "one\ntwo" and chat_input.cursor_location[0] == 0
+        await pilot.press("up")  # on the first line: the history
+        assert chat_input.value == "/system be brief\nand kind"
+        await pilot.press("down", "down")  # to its last line, then back to the message being typed
+        assert chat_input.value == "one\ntwo"
 
 
 async def test_overlay_toggles_and_help_explains_the_numbers(tiny):

@@ -156,7 +156,8 @@ class ChatApp(App[None]):
         if line.startswith("/"):
             self._run_command(line)
         elif self.session is None:
-            self._waiting = line, self._note(f"“{line}” is answered as soon as the model is ready")
+            first, *more = line.splitlines()
+            self._waiting = line, self._note(f"“{first}{'…' if more else ''}” is answered as soon as the model is ready")
         else:
             self._ask(line)
 
@@ -166,7 +167,7 @@ class ChatApp(App[None]):
         chat_input = self.query_one(ChatInput)
         if event.is_printable and event.character and self.screen is self.screen_stack[0]:
             chat_input.focus()
-            chat_input.insert_text_at_cursor(event.character)
+            chat_input.insert(event.character)
             event.stop()
 
     def choose_command(self, spec: CommandSpec) -> None:
@@ -174,7 +175,6 @@ class ChatApp(App[None]):
         if spec.takes_argument:
             chat_input = self.query_one(ChatInput)
             chat_input.value = f"/{spec.name} "
-            chat_input.cursor_position = len(chat_input.value)
             chat_input.focus()
         else:
             self._run_command(f"/{spec.name}")
