@@ -189,9 +189,9 @@ def test_cli_verify_cost_with_llama_shapes():
     """One layer of Llama-3.1-8B's shapes still means 4 GB of fp32 embeddings and LM head: ~12 s here."""
     result = specchat(
         "bench", "verify-cost", "--layers", "1", "--context", "8", "--tree", "1", "--repeats", "1",
-        "--dtype", "float32", "--device", "cpu", "--attention", "hybrid", "--json", warm=True,
+        "--dtype", "float32", "--device", "cpu", "--attention", "hybrid", "--threads", "1", "--json", warm=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)
-    assert (row["context"], row["tree"], row["layers"], row["forward"]) == (8, 1, 1, "torch decoder, cpu")
+    assert (row["context"], row["tree"], row["layers"], row["forward"]) == (8, 1, 1, "torch decoder, cpu, 1 thread")
     assert row["decode_ms"] > 0 and row["verify_ms"] > 0

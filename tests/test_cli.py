@@ -267,6 +267,28 @@ def test_input_that_is_not_utf8_is_refused():
         assert result.stderr.decode().strip() == f"error: {needle}"
 
 
+@pytest.mark.slow
+def test_threads_set_the_cpu_threads_and_leave_the_answer_as_it_is(default_model):
+    """llama.cpp's -t: the answer is the same on one thread as on two (each row's sums are fixed by its own keys
+    and weights, not by how the work is split), and the report names the count."""
+    reports = []
+    for threads in ("1", "2"):
+        result = specchat("run", "Name three colours.", "--temperature", "0", "--json", "-n", "12", "--threads",
+                          threads, warm=True)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        reports.append(json.loads(result.stdout))
+    assert reports[0]["forward"].endswith(", 1 thread") and reports[1]["forward"].endswith(", 2 threads")
+    assert reports[0]["token_ids"] == reports[1]["token_ids"]
+
+
+@pytest.mark.parametrize("command", [("run", "hi"), ("chat",), ("write", "--out", "book.txt"), ("serve",), ("bench",),
+                                     ("bench", "verify-cost")])  # fmt: skip
+def test_threads_below_one_are_refused_before_loading(command):
+    result = refused_before_loading(*command, "--threads", "0")
+    assert_one_line_error(result, "--threads must be at least 1, not 0")
+    assert result.stdout.strip() == "False"
+
+
 def test_chat_refuses_to_run_without_a_terminal():
     assert_one_line_error(specchat("chat", stdin="", warm=True), "chat needs a terminal")
 

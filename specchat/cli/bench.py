@@ -23,6 +23,7 @@ from specchat.cli.common import (
     ModelOption,
     QuantizeOption,
     SchemaOption,
+    ThreadsOption,
     YarnOption,
     answer_format,
     app,
@@ -34,6 +35,7 @@ from specchat.cli.common import (
     quiet_transformers,
     report,
     sampling_config,
+    use_threads,
 )
 from specchat.drafters import DrafterChoice, check_draft_cache, parse_drafter, takes_option
 from specchat.engine.attention import check_attention
@@ -82,6 +84,7 @@ def bench(
     ] = "auto",
     quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per answer.")] = 128,
     temperature: Annotated[
@@ -100,6 +103,7 @@ def bench(
     """Decoding speed of each drafter against autoregressive decoding (and transformers, llama.cpp)."""
     if ctx.invoked_subcommand is not None:
         return
+    use_threads(threads)
     from specchat.bench.prompts import load_prompt_sets
 
     methods = csv_list(drafter or default_drafter(model))
@@ -194,10 +198,12 @@ def bench_context(
     dtype: DtypeOption = "auto",
     yarn: YarnOption = None,
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Autoregressive time per token as the context grows (only attention cost should grow)."""
+    use_threads(threads)
     from specchat.bench.context import decode_cost
 
     try:
@@ -230,11 +236,13 @@ def bench_attention(
     head_dim: Annotated[int, typer.Option("--head-dim", help="Dims of an attention head.")] = 128,
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "bfloat16",
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     repeats: Annotated[int, typer.Option(help="Timed calls per method (median).")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """One attention call of a tree verification: hybrid vs SDPA with a dense mask, eager and FlexAttention,
     plus the prefix part's bandwidth. The defaults are GPU sizes: on a CPU pass e.g. --context 1024,4096."""
+    use_threads(threads)
     from specchat.bench.attention import attention_bench
     from specchat.bench.progress import bench_progress
 
@@ -259,6 +267,7 @@ def bench_verify_cost(
     layers: Annotated[int, typer.Option(help="Without --model: decoder layers to build (fewer for CPU runs).")] = 32,
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
     repeats: Annotated[int, typer.Option(help="Timed forwards of each kind (median).")] = 5,
     kv_cache: Annotated[
@@ -269,6 +278,7 @@ def bench_verify_cost(
 ) -> None:
     """Decode vs tree-verification forwards at each context: of --model through the engine's own forward, else
     of a random-weight model with Llama-3.1-8B's shapes (on a CPU pass e.g. --layers 2 --context 1024,4096)."""
+    use_threads(threads)
     from specchat.bench.verify_cost import model_verify_cost, verify_cost
 
     lengths, sizes = ints(contexts, "--context"), ints(trees, "--tree")
@@ -345,12 +355,14 @@ def bench_oracle(
     layers: Annotated[int, typer.Option(help="Without --model: decoder layers to build (fewer for CPU runs).")] = 32,
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """End-to-end speed at known acceptances: an oracle drafter replays plain decoding's output, each node right
     with the given chance, on --model or a random-weight model with Llama-3.1-8B's shapes (tau set by the
     benchmark, not by a trained draft; every run's output checked against plain decoding's)."""
+    use_threads(threads)
     import torch
 
     from specchat.bench.oracle import check_oracle_run, oracle_runs, word_tokenizer
@@ -403,12 +415,14 @@ def bench_draft(
     intermediate: Annotated[int, typer.Option("--intermediate", help="The draft MLP's width (0: the target's).")] = 0,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
     repeats: Annotated[int, typer.Option(help="Timed calls of each kind (median).")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """A random-weight LongSpec draft's cost per proposal (beam) against the target's decode and verify
     forwards, and its memory, by context and draft vocabulary. GPU: --shapes llama3.1-8b --dtype bfloat16."""
+    use_threads(threads)
     lengths, sizes, trees = ints(contexts, "--context"), ints(vocabs, "--vocab"), ints(budgets, "--budget")
     check_attention(attention)
     if shapes not in (None, "llama3.1-8b"):
@@ -454,10 +468,12 @@ def bench_serve(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens each request generates.")] = 64,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """The OpenAI server under several clients at once: time to first token, time between tokens, tokens/s,
     and its overhead per token against the same engine driven directly."""
+    use_threads(threads)
     counts = ints(clients, "--clients")
     if not counts or min(counts) < 1:
         raise SpecchatError("--clients takes numbers of clients, each at least 1")
@@ -508,12 +524,14 @@ def bench_logits(
     tokens: Annotated[int, typer.Option("--tokens", help="Positions of real text scored.")] = 512,
     llamacpp: Annotated[bool, typer.Option("--llamacpp", help="Also score llama.cpp's logits on the same file.")] = False,
     dtype: DtypeOption = "auto",
+    threads: ThreadsOption = None,
     kv_cache: KvCacheOption = "auto",
     yarn: YarnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Logits of a GGUF model on its own blocks against the same file dequantized and run in fp32 (and
     llama.cpp's): mean KL, top-1 agreement, logit errors over a real text."""
+    use_threads(threads)
     if tokens < 2:
         raise SpecchatError("--tokens must be at least 2")
     check_dtype(dtype)

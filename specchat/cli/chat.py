@@ -31,6 +31,7 @@ from specchat.cli.common import (
     SeedOption,
     SystemOption,
     TemperatureOption,
+    ThreadsOption,
     TopKOption,
     TopPOption,
     YarnOption,
@@ -41,6 +42,7 @@ from specchat.cli.common import (
     default_drafter,
     quiet_transformers,
     sampling_config,
+    use_threads,
 )
 from specchat.drafters import check_draft_cache
 from specchat.errors import SpecchatError
@@ -75,9 +77,11 @@ def chat(
     quantize: QuantizeOption = None,
     yarn: YarnOption = None,
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
 ) -> int:
     """Chat in the terminal: accepted draft tokens are coloured as they stream, with live acceptance figures."""
+    use_threads(threads)
     drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:

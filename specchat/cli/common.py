@@ -66,6 +66,11 @@ YarnOption = Annotated[
                  "than it was trained on (Qwen2.5: 4 reads 131072 tokens); llama.cpp's --rope-scaling yarn."),
 ]  # fmt: skip
 DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
+ThreadsOption = Annotated[
+    int | None,
+    typer.Option("--threads", help="CPU threads the model runs on (llama.cpp's -t; default: torch's, one per "
+                 "physical core). Fewer can be faster where some cores are slow (Intel's E-cores).", show_default=False),
+]  # fmt: skip
 AttentionOption = Annotated[
     str,
     typer.Option(help=f"{' | '.join(ATTENTION_CHOICES)}: canonical is the compiled CPU decoder's (Llama-family "
@@ -128,6 +133,17 @@ def check_drafters(names: list[str], draft_budget: int | None) -> list[DrafterCh
     if draft_budget is not None and {choice.name for choice in choices} == {"none"}:
         raise SpecchatError("--draft-budget needs a drafter (--drafter none decodes autoregressively)")
     return choices
+
+
+def use_threads(threads: int | None) -> None:
+    """Run the model's CPU work on `threads` threads: torch's intra-op pool, which the CPU decoder's kernels share."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise SpecchatError(f"--threads must be at least 1, not {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def load(model: str | None, dtype: str, device: str, attention: str = "auto", quantize: str | None = None,

@@ -34,6 +34,7 @@ from specchat.cli.common import (
     SeedOption,
     SystemOption,
     TemperatureOption,
+    ThreadsOption,
     TopKOption,
     TopPOption,
     YarnOption,
@@ -44,6 +45,7 @@ from specchat.cli.common import (
     default_drafter,
     quiet_transformers,
     sampling_config,
+    use_threads,
 )
 from specchat.drafters import check_draft_cache
 from specchat.errors import SpecchatError
@@ -84,6 +86,7 @@ def run(
     quantize: QuantizeOption = None,
     yarn: YarnOption = None,
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
     ignore_eos: Annotated[bool, typer.Option(
         "--ignore-eos", help="Never end the text: generate all --max-new-tokens (llama.cpp's --ignore-eos).")] = False,
@@ -97,6 +100,7 @@ def run(
     ] = None,
 ) -> None:
     """Generate a reply to PROMPT and print it (or a JSON report)."""
+    use_threads(threads)
     prompt = _read_prompt(prompt)
     if max_new_tokens < 1:
         raise SpecchatError("--max-new-tokens must be at least 1")
@@ -127,9 +131,9 @@ def run(
     check_kv_cache(kv_cache)
     quiet_transformers()
     from specchat.drafters import resolve_drafter
-    from specchat.engine.target_forward import forward_path
     from specchat.engine.generate import eos_ids
     from specchat.engine.prompt import encode_prompt
+    from specchat.engine.target_forward import forward_path
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
     from specchat.session import Session
 

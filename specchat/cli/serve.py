@@ -19,12 +19,14 @@ from specchat.cli.common import (
     KvCacheOption,
     ModelOption,
     QuantizeOption,
+    ThreadsOption,
     YarnOption,
     app,
     check_drafters,
     checked_overrides,
     default_drafter,
     quiet_transformers,
+    use_threads,
 )
 from specchat.drafters import check_draft_cache
 from specchat.errors import SpecchatError
@@ -57,9 +59,11 @@ def serve(
     yarn: YarnOption = None,
     chat_template: ChatTemplateOption = None,
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
 ) -> None:
     """Serve the OpenAI API (chat completions, completions, models), and Ollama's, with exact speculative decoding."""
+    use_threads(threads)
     drafter = drafter or default_drafter(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:

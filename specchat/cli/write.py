@@ -20,6 +20,7 @@ from specchat.cli.common import (
     ModelOption,
     SeedOption,
     TemperatureOption,
+    ThreadsOption,
     TopKOption,
     TopPOption,
     YarnOption,
@@ -28,6 +29,7 @@ from specchat.cli.common import (
     checked_overrides,
     quiet_transformers,
     sampling_config,
+    use_threads,
 )
 from specchat.drafters import NAMES, check_option, parse_drafter
 from specchat.errors import SpecchatError
@@ -59,10 +61,12 @@ def write(
     kv_cache: KvCacheOption = "auto",
     yarn: YarnOption = None,
     device: DeviceOption = "auto",
+    threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
     """Write a long text to a file as it is generated (TokenSwift's settings); Ctrl-C stops, --resume goes on."""
+    use_threads(threads)
     from specchat.writer import settings as book_defaults
 
     if tokens is not None and tokens < 1:

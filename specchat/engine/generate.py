@@ -563,11 +563,11 @@ def _still_known(known: list[int], tokens: list[int]) -> list[int]:
 
 def calibration_key(model) -> str:
     """What a verification forward's cost depends on: model and shapes, weights, activations, which forward runs
-    it, machine."""
+    it (on a CPU with how many threads), machine."""
     config = model.config
     shape = f"{config.num_hidden_layers}x{config.hidden_size}x{config.intermediate_size}x{config.vocab_size}"
     return (f"{model.name_or_path}|{shape}|{weight_format(model)}|{model.dtype}|{model.device}|"
-            f"{forward_path(model)}|{source_version()}|threads={torch.get_num_threads()}")  # fmt: skip
+            f"{forward_path(model)}|{source_version()}")  # fmt: skip
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:

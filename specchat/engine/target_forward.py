@@ -76,12 +76,14 @@ def target_forward(model, cache: TreeCache) -> LeanForward | TorchForward:
 
 
 def forward_path(model) -> str:
-    """Which decoder runs `model`, for reports and calibration keys: the CPU decoder and the instruction set its
-    kernels use, or the torch decoder on the model's device (with CUDA graphs on a GPU)."""
+    """Which decoder runs `model`, for reports and calibration keys: the CPU decoder, the instruction set its
+    kernels use and its threads, or the torch decoder on the model's device (with CUDA graphs on a GPU)."""
+    count = torch.get_num_threads()
+    threads = f", {count} thread{'s' if count > 1 else ''}"
     if canonical(model):
         try:
-            return f"CPU decoder, {cpu_decoder().isa()}"
+            return f"CPU decoder, {cpu_decoder().isa()}{threads}"
         except RuntimeError:
             pass
     device = model.device.type
-    return f"torch decoder, {device}{' + CUDA graphs' if device == 'cuda' else ''}"
+    return f"torch decoder, {device}{' + CUDA graphs' if device == 'cuda' else threads}"
