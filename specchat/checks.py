@@ -3,6 +3,7 @@ one-line errors."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from specchat.errors import SpecchatError
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZE = ("int4", "int8")
 KV_CACHES = ("auto", "int8")  # auto: the activations' dtype
+PROMPT_CACHE_KIND = "specchat prompt cache"  # the `kind` in a prompt cache file's metadata (engine/prompt_cache.py)
 
 
 def check_dtype(dtype: str) -> None:
@@ -57,6 +59,33 @@ def check_output_dir(path: Path) -> None:
     if not existing.is_dir():
         raise SpecchatError(f"--out {path}: {existing} is not a directory")
     _check_writable(existing, path)
+
+
+def check_prompt_cache(path: Path) -> None:
+    """A prompt cache to read and rewrite: a file of ours or none yet (never another file, which it would replace),
+    in a directory that can be written."""
+    if path.is_dir():
+        raise SpecchatError(f"--prompt-cache {path} is a directory; name a file")
+    if not path.absolute().parent.is_dir():
+        raise SpecchatError(f"--prompt-cache {path}: the directory {path.parent} does not exist")
+    if path.exists() and safetensors_metadata(path).get("kind") != PROMPT_CACHE_KIND:
+        raise SpecchatError(f"--prompt-cache {path} is not a specchat prompt cache (left as it is); name a new file")
+    _check_writable(path.absolute().parent, path)
+
+
+def safetensors_metadata(path: Path) -> dict[str, str]:
+    """The metadata in a safetensors file's header (its first 8 bytes give the JSON header's length); {} for a
+    file that is not safetensors."""
+    try:
+        with path.open("rb") as file:
+            size = int.from_bytes(file.read(8), "little")
+            if not 0 < size <= 100_000_000:
+                return {}
+            header = json.loads(file.read(size))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return metadata if isinstance(metadata, dict) else {}
 
 
 def _check_writable(directory: Path, path: Path) -> None:

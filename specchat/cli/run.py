@@ -6,12 +6,13 @@ import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from specchat.chat_template import read_chat_template, use_chat_template
-from specchat.checks import check_kv_cache, check_quantize, check_yarn
+from specchat.checks import check_kv_cache, check_prompt_cache, check_quantize, check_yarn
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
@@ -93,6 +94,10 @@ def run(
     min_tokens: Annotated[int, typer.Option(
         "--min-tokens", help="Neither the end of text nor a --stop string ends the answer before this many tokens "
         "(vLLM's min_tokens).")] = 0,
+    prompt_cache: Annotated[Path | None, typer.Option(
+        "--prompt-cache", help="A file for the prompt's keys and values (llama.cpp's --prompt-cache): the prefix a "
+        "prompt shares with the last one is read from it instead of prefilled; then it holds this prompt's (CPU "
+        "decoder).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
     logprobs: Annotated[
         int | None,
@@ -116,6 +121,8 @@ def run(
     if min_tokens and not held.free:
         raise SpecchatError(f"--min-tokens with {held.label()}: a held text ends where it must")
     template = read_chat_template(chat_template) if chat_template is not None else None
+    if prompt_cache is not None:
+        check_prompt_cache(prompt_cache)
     if logprobs is not None and (not as_json or not 0 <= logprobs <= MAX_LOGPROBS):
         raise SpecchatError(f"--logprobs takes 0 to {MAX_LOGPROBS} alternatives, with --json")
     drafter = drafter or default_drafter(model)
@@ -133,6 +140,7 @@ def run(
     from specchat.drafters import resolve_drafter
     from specchat.engine.generate import eos_ids
     from specchat.engine.prompt import encode_prompt
+    from specchat.engine.prompt_cache import read_prompt_cache, write_prompt_cache
     from specchat.engine.target_forward import forward_path
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
     from specchat.session import Session
@@ -158,6 +166,12 @@ def run(
         raise SpecchatError(f"the prompt has {len(prompt_ids)} tokens; the context holds {engine.capacity}, the "
                             f"model's window ({stretch})")  # fmt: skip
 
+    if prompt_cache is not None:
+        if not engine.exact_reuse:
+            raise SpecchatError("--prompt-cache needs the CPU decoder (--attention canonical), where keys and values "
+                                "read back are bitwise a new prefill's")  # fmt: skip
+        cached = read_prompt_cache(engine, prompt_cache, prompt_ids)
+
     tokens, origins, scored, text, stats, finish = [], [], [], [], None, None
     try:
         for event in engine.generate(
@@ -173,6 +187,8 @@ def run(
                 _out(event.text)
     except KeyboardInterrupt:  # report what was produced, then exit 130 (main)
         finish = "interrupted"
+    if prompt_cache is not None and cached < len(prompt_ids) - 1:
+        write_prompt_cache(engine, prompt_cache, prompt_ids)  # after an interrupted prefill: nothing to write
     if stats is None:
         raise KeyboardInterrupt
     if as_json:
@@ -195,10 +211,11 @@ def run(
     else:
         _out("\n")
         budget_note = f" | budget {stats.mean_budget:.1f}" if choice.name != "none" and stats.steps else ""
+        reused = f" ({stats.reused_tokens} cached)" if stats.reused_tokens else ""
         decode = (f"decode {stats.tokens_per_second:.1f} tok/s | tau {stats.mean_accepted_length:.2f}"
                   if stats.steps else "no decode step")  # fmt: skip
         typer.echo(
-            f"[{stats.new_tokens} tokens ({finish}) | prefill {stats.prompt_tokens} tokens "
+            f"[{stats.new_tokens} tokens ({finish}) | prefill {stats.prompt_tokens} tokens{reused} "
             f"{stats.prefill_seconds:.2f} s | {decode}{budget_note} | {loaded.source.name} "
             f"{loaded.weights}/{loaded.dtype}, drafter {choice}]",
             err=True,

@@ -238,6 +238,11 @@ class TreeCache:
     def length(self) -> int:
         return self.layers[0].length
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype its keys and values are read in: the activations'."""
+        return self.layers[0].read(slice(0, 0))[0].dtype
+
     def claim(self, rows: int) -> None:
         """Set the `rows` slots after the prefix pending (a forward writes them) and the device length to the
         committed one; raises when they do not fit."""

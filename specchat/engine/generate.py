@@ -409,6 +409,14 @@ class Engine:
             self.drafter.prefill(prompt_ids, hidden, shared)
         return logits
 
+    def hold_prefix(self, ids: list[int], layers: list[tuple[torch.Tensor, ...]], dtype: torch.dtype) -> None:
+        """Take `layers` (`TreeCache.copy` of the text `ids`, activations in `dtype`, read back from a file) as the
+        cache's text: a prompt that starts with `ids` then prefills only the rest. Exact only where reuse is."""
+        self.cache.allocate(layers[0][0].shape[-3], layers[0][0].shape[-1], dtype, self.device)
+        self.cache.restore(layers, len(ids))
+        self.ids[: len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self.length = len(ids)
+
     @torch.inference_mode()
     def prompt_logprobs(self, prompt_ids: list[int], top: int = 0) -> list[TokenLogprob | None]:
         """Each prompt token's log-probability under the model (its own distribution, at the row before the token)

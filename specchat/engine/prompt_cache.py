@@ -1,0 +1,75 @@
+"""A prompt's keys and values in a file, read back by a later run (llama.cpp's `--prompt-cache`): a long document
+asked about again is read from disk instead of prefilled again, which on a CPU is the difference between seconds and
+minutes.
+
+The file is safetensors: the prompt's ids and every layer's `TreeCache.copy`, with the identity of what computed
+them (`identity`: the model, its weights and config, the activations' dtype, the cache's format, the forward and
+its build). A later prompt takes the longest prefix it shares with the file's, and only where reuse is exact
+(`Engine.exact_reuse`): the keys and values read back are then bitwise what prefilling that prefix again would
+write, so the answer is the one a run without the file gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from specchat.checks import PROMPT_CACHE_KIND, safetensors_metadata
+
+
+def identity(engine) -> str:
+    """What the cached keys and values depend on, bit for bit (threads do not: each row's sums are its own)."""
+    from specchat.kernels.cpu.cpu_decoder import cpu_decoder, source_version
+    from specchat.quant.formats import weight_format
+
+    model = engine.model
+    fields = json.dumps(vars(model.config), sort_keys=True, default=str)
+    config = hashlib.sha256(fields.encode()).hexdigest()[:16]
+    return json.dumps({
+        "model": model.name_or_path, "config": config, "weights": weight_format(model), "dtype": str(model.dtype),
+        "kv_cache": engine.cache.kv_cache, "forward": f"CPU decoder {cpu_decoder().isa()} {source_version()}",
+    }, sort_keys=True)  # fmt: skip
+
+
+def read_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> int:
+    """Hold in `engine` the longest prefix of `prompt_ids` that the file at `path` caches (the last prompt token
+    is always run, for its logits); how many tokens that is. 0 when there is no file, or it is another model's."""
+    if not path.exists() or not engine.exact_reuse or safetensors_metadata(path).get("identity") != identity(engine):
+        return 0
+    with safe_open(path, "pt") as file:
+        cached = file.get_tensor("ids").tolist()
+        shared = next((i for i, (a, b) in enumerate(zip(cached, prompt_ids[:-1])) if a != b),
+                      min(len(cached), len(prompt_ids) - 1))  # fmt: skip
+        if shared == 0:
+            return 0
+        parts = sorted({key for key in file.keys() if key != "ids"}, key=lambda key: tuple(map(int, key.split("."))))
+        layers: list[list[torch.Tensor]] = [[] for _ in range(len(engine.cache.layers))]
+        for key in parts:
+            layers[int(key.split(".")[0])].append(file.get_tensor(key))
+        dtype = getattr(torch, file.metadata()["dtype"].removeprefix("torch."))
+    engine.hold_prefix(cached[:shared], [tuple(parts) for parts in layers], dtype)
+    return shared
+
+
+def write_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> bool:
+    """Write the keys and values of `prompt_ids`, which the engine's cache holds first, to `path` (replacing it in
+    one step: a stop midway leaves the old file whole). False, and nothing written, where reuse is not exact or the
+    cache no longer holds the whole prompt."""
+    held = engine.cache.length >= len(prompt_ids) and engine.ids[: len(prompt_ids)].tolist() == prompt_ids
+    if not (engine.exact_reuse and held):
+        return False
+    tensors = {"ids": torch.tensor(prompt_ids, dtype=torch.int32)}
+    for index, parts in enumerate(engine.cache.copy(len(prompt_ids))):
+        tensors |= {f"{index}.{part}": tensor.contiguous() for part, tensor in enumerate(parts)}
+    partial = path.with_name(f".{path.name}.partial")
+    metadata = {"kind": PROMPT_CACHE_KIND, "identity": identity(engine), "dtype": str(engine.cache.dtype)}
+    save_file(tensors, partial, metadata=metadata)
+    os.replace(partial, path)
+    return True
+

@@ -1,0 +1,116 @@
+"""A prompt's keys and values in a file (`engine/prompt_cache.py`, `run --prompt-cache`) on the default model's CPU
+decoder: a later prompt that shares a prefix with the file's reads it back instead of prefilling it, and answers
+exactly as a new engine does, with a bf16 cache and an int8 one, with and without a drafter; a file of another
+model or cache format is not read; a file that is not a prompt cache is never overwritten."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_cli import assert_one_line_error, refused_before_loading, specchat
+
+from specchat.checks import safetensors_metadata
+from specchat.engine.generate import Engine
+from specchat.engine.prompt_cache import read_prompt_cache, write_prompt_cache
+from specchat.engine.sampling import SamplingConfig
+
+GREEDY = SamplingConfig(temperature=0)
+DOCUMENT = "The lighthouse keeper wrote down every ship that passed, its flag, its cargo and the hour. " * 20
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    """The embedded model as `run` loads it: its own 4-bit weights on the CPU decoder."""
+    from specchat.loading import load_model
+
+    return load_model(None)
+
+
+def ids_of(tokenizer, question: str) -> list[int]:
+    message = [{"role": "user", "content": f"{DOCUMENT}\n\n{question}"}]
+    return list(tokenizer.apply_chat_template(message, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+
+def answer(engine: Engine, ids: list[int]) -> tuple[list[int], int]:
+    tokens, stats = [], None
+    for event in engine.generate(ids, sampling=GREEDY, max_new_tokens=16):
+        tokens += event.tokens
+        stats = event.stats
+    return tokens, stats.reused_tokens
+
+
+def engine_of(loaded, kv_cache: str = "auto", drafter: str = "none") -> Engine:
+    from specchat.drafters import attach_drafter
+
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=1024, kv_cache=kv_cache)
+    attach_drafter(engine, loaded.source, drafter)
+    return engine
+
+
+@pytest.mark.parametrize(("kv_cache", "drafter"), [("auto", "none"), ("int8", "none"), ("auto", "ngram"),
+                                                 ("auto", "longspec")])  # fmt: skip
+def test_a_later_prompt_reads_the_shared_prefix_back_and_answers_as_a_new_engine(default_model, tmp_path, kv_cache,
+                                                                                  drafter):  # fmt: skip
+    first = ids_of(default_model.tokenizer, "Who kept the record?")
+    second = ids_of(default_model.tokenizer, "What did the keeper write down?")
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    path = tmp_path / "document.safetensors"
+    writer = engine_of(default_model, kv_cache, drafter)
+    answer(writer, first)
+    assert write_prompt_cache(writer, path, first)
+    assert safetensors_metadata(path)["kind"] == "specchat prompt cache"
+
+    reader = engine_of(default_model, kv_cache, drafter)  # a new process's engine: nothing cached
+    assert read_prompt_cache(reader, path, second) == shared > len(second) // 2
+    tokens, reused = answer(reader, second)
+    assert reused == shared
+    assert tokens == answer(engine_of(default_model, kv_cache, drafter), second)[0]  # bitwise a whole prefill's
+    assert read_prompt_cache(engine_of(default_model, kv_cache), path, first) == len(first) - 1  # the last runs
+
+
+def test_a_file_of_another_cache_format_is_not_read_and_writing_replaces_it(default_model, tmp_path):
+    ids = ids_of(default_model.tokenizer, "Who kept the record?")
+    path = tmp_path / "document.safetensors"
+    bf16 = engine_of(default_model, "auto")
+    answer(bf16, ids)
+    write_prompt_cache(bf16, path, ids)
+    int8 = engine_of(default_model, "int8")
+    assert read_prompt_cache(int8, path, ids) == 0
+    answer(int8, ids)
+    assert write_prompt_cache(int8, path, ids)
+    assert json.loads(safetensors_metadata(path)["identity"])["kv_cache"] == "int8"
+
+
+@pytest.mark.slow
+def test_run_reads_and_writes_the_file_and_answers_as_without_it(default_model, tmp_path):
+    path = tmp_path / "document.safetensors"
+    reports = []
+    for question, cache in [("Who kept the record?", True), ("What did the keeper write down?", True),
+                            ("What did the keeper write down?", False)]:  # fmt: skip
+        args = ["run", "-", "--temperature", "0", "-n", "12", "--json"] + (["--prompt-cache", str(path)] * cache)
+        result = specchat(*args, stdin=f"{DOCUMENT}\n\n{question}", warm=True)
+        assert result.returncode == 0, result.stderr
+        reports.append(json.loads(result.stdout))
+    assert reports[0]["reused_tokens"] == 0 and reports[2]["reused_tokens"] == 0
+    assert reports[1]["reused_tokens"] > reports[1]["prompt_tokens"] // 2
+    assert reports[1]["token_ids"] == reports[2]["token_ids"]
+    assert path.exists() and not list(tmp_path.glob(".*.partial"))
+
+
+def test_a_file_that_is_not_a_prompt_cache_is_refused_and_left_as_it_is(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    result = refused_before_loading("run", "hi", "--prompt-cache", str(notes))
+    assert_one_line_error(result, "is not a specchat prompt cache (left as it is)")
+    assert result.stdout.strip() == "False" and notes.read_text() == "my notes"  # torch never imported
+    assert_one_line_error(refused_before_loading("run", "hi", "--prompt-cache", str(tmp_path)), "is a directory")
+    assert_one_line_error(refused_before_loading("run", "hi", "--prompt-cache", str(tmp_path / "no" / "file")),
+                          "does not exist")  # fmt: skip
+
+
+def test_a_forward_whose_reuse_is_not_exact_is_refused(tmp_path):
+    path = tmp_path / "document.safetensors"
+    result = specchat("run", "hi", "-n", "1", "--prompt-cache", str(path), "--attention", "hybrid", warm=True)
+    assert_one_line_error(result, "--prompt-cache needs the CPU decoder")
+    assert not path.exists()
