@@ -6,6 +6,7 @@ model or cache format is not read; a file that is not a prompt cache is never ov
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from test_cli import assert_one_line_error, refused_before_loading, specchat
@@ -114,3 +115,25 @@ def test_a_forward_whose_reuse_is_not_exact_is_refused(tmp_path):
     result = specchat("run", "hi", "-n", "1", "--prompt-cache", str(path), "--attention", "hybrid", warm=True)
     assert_one_line_error(result, "--prompt-cache needs the CPU decoder")
     assert not path.exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A directory on a 64 KB filesystem of its own (a tmpfs: root only), which no prompt cache fits."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_cache_that_cannot_be_written_costs_a_warning_not_the_answer(full_disk):
+    path = full_disk / "document.safetensors"
+    result = specchat("run", "-", "--temperature", "0", "-n", "4", "--json", "--prompt-cache", str(path),
+                      stdin=f"{DOCUMENT}\n\nWho kept the record?", warm=True)  # fmt: skip
+    assert result.returncode == 0 and json.loads(result.stdout)["new_tokens"] == 4
+    assert result.stderr.strip().startswith(f"warning: --prompt-cache {path} not written:")
+    assert "No space left on device" in result.stderr and not list(full_disk.iterdir())  # no partial file left

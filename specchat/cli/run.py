@@ -140,7 +140,7 @@ def run(
     from specchat.drafters import resolve_drafter
     from specchat.engine.generate import eos_ids
     from specchat.engine.prompt import encode_prompt
-    from specchat.engine.prompt_cache import read_prompt_cache, write_prompt_cache
+    from specchat.engine.prompt_cache import read_prompt_cache
     from specchat.engine.target_forward import forward_path
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
     from specchat.session import Session
@@ -187,8 +187,6 @@ def run(
                 _out(event.text)
     except KeyboardInterrupt:  # report what was produced, then exit 130 (main)
         finish = "interrupted"
-    if prompt_cache is not None and cached < len(prompt_ids) - 1:
-        write_prompt_cache(engine, prompt_cache, prompt_ids)  # after an interrupted prefill: nothing to write
     if stats is None:
         raise KeyboardInterrupt
     if as_json:
@@ -220,8 +218,23 @@ def run(
             f"{loaded.weights}/{loaded.dtype}, drafter {choice}]",
             err=True,
         )
+    if prompt_cache is not None and cached < len(prompt_ids) - 1:
+        _keep_prompt(engine, prompt_cache, prompt_ids)
     if finish == "interrupted":
         raise KeyboardInterrupt
+
+
+def _keep_prompt(engine, path: Path, prompt_ids: list[int]) -> None:
+    """Write the prompt cache after the answer: a failure (a full disk) costs the next run its reuse, not this
+    run's answer."""
+    from safetensors import SafetensorError
+
+    from specchat.engine.prompt_cache import write_prompt_cache
+
+    try:
+        write_prompt_cache(engine, path, prompt_ids)
+    except (OSError, SafetensorError) as error:  # safetensors reports its I/O errors as its own
+        typer.echo(f"warning: --prompt-cache {path} not written: {getattr(error, 'strerror', None) or error}", err=True)
 
 
 def _logprob_entries(engine, tokens: list[int], scored: list) -> list[dict]:

@@ -69,7 +69,10 @@ def write_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> bool:
         tensors |= {f"{index}.{part}": tensor.contiguous() for part, tensor in enumerate(parts)}
     partial = path.with_name(f".{path.name}.partial")
     metadata = {"kind": PROMPT_CACHE_KIND, "identity": identity(engine), "dtype": str(engine.cache.dtype)}
-    save_file(tensors, partial, metadata=metadata)
-    os.replace(partial, path)
+    try:
+        save_file(tensors, partial, metadata=metadata)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
     return True
 
