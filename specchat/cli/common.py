@@ -69,7 +69,8 @@ DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 ThreadsOption = Annotated[
     int | None,
     typer.Option("--threads", help="CPU threads the model runs on (llama.cpp's -t; default: torch's, one per "
-                 "physical core). Fewer can be faster where some cores are slow (Intel's E-cores).", show_default=False),
+                 "physical core). Fewer can be faster where some cores are slow (Intel's E-cores).",
+                 show_default=False),
 ]  # fmt: skip
 AttentionOption = Annotated[
     str,

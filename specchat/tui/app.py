@@ -157,7 +157,8 @@ class ChatApp(App[None]):
             self._run_command(line)
         elif self.session is None:
             first, *more = line.splitlines()
-            self._waiting = line, self._note(f"“{first}{'…' if more else ''}” is answered as soon as the model is ready")
+            shown = f"{first}{'…' if more else ''}"
+            self._waiting = line, self._note(f"“{shown}” is answered as soon as the model is ready")
         else:
             self._ask(line)
 

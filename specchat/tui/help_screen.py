@@ -17,7 +17,8 @@ from specchat.tui.figures import EXPLANATIONS
 
 KEYS = {
     "Enter": "send the message or command",
-    "Shift+Enter, \\ Enter": "a new line in the message (Shift+Enter where the terminal reports it); pastes keep theirs",
+    "Shift+Enter, \\ Enter": "a new line in the message (Shift+Enter where the terminal reports it); pasted text "
+    "keeps its lines",
     "Esc": "stop the answer (keeps what was written); when idle, leave the input to scroll (typing returns)",
     "Up / Down": "earlier messages (on the input's first / last line)",
     "F1": "this help",
