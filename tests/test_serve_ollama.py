@@ -141,6 +141,10 @@ def test_the_model_is_listed_shown_and_errors_are_ollamas(server):
     listed, running, shown, errors, version = asyncio.run(ask())
     [model] = listed.models
     assert model.model == "tiny" and model.size > 0 and model.details.family == "llama"
+    assert len(model.digest) == 64 and model.digest == running.models[0].digest  # `ollama list` shows its ID
+    dense = server.worker.served.engine.model  # its parameters' own count: the shapes' sum must match it
+    assert model.details.format == "safetensors"
+    assert model.details.parameter_size == f"{sum(p.numel() for p in dense.parameters()) / 1e6:.0f}M"
     capacity = server.worker.served.engine.capacity  # the prompt and answer's room, below max_len by a tree's
     assert running.models[0].context_length == capacity
     assert shown.modelinfo["llama.context_length"] == capacity and "completion" in shown.capabilities

@@ -12,6 +12,7 @@ as Ollama ignores what a model does not use; images and thinking are refused.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -196,12 +197,29 @@ def _line(payload: dict) -> str:
 
 
 def model_entry(served) -> dict:
-    """The served model as `/api/tags` and `/api/ps` list it: its name, the bytes of its matrices and `details`."""
+    """The served model as `/api/tags` and `/api/ps` list it: its name, the bytes of its matrices, a digest that
+    names these weights (`ollama list` shows its first 12 digits as the ID) and `details`."""
     model = served.engine.model
-    size = weight_bytes(model)
     family = getattr(model.config, "model_type", "")
-    details = {"family": family, "families": [family], "quantization_level": served.weights.upper()}
-    return {"name": served.name, "model": served.name, "modified_at": now(), "size": size, "details": details}
+    identity = f"{served.name}|{model.name_or_path}|{served.weights}"  # the weights' path names their file's hash
+    file = "gguf" if served.weights.startswith("q") else "safetensors"  # GGUF's block types are q4_k, q8_0, ...
+    details = {"parent_model": "", "format": file,
+               "family": family, "families": [family], "parameter_size": parameter_size(model.config),
+               "quantization_level": served.weights.upper()}  # fmt: skip
+    return {"name": served.name, "model": served.name, "modified_at": now(), "size": weight_bytes(model),
+            "digest": hashlib.sha256(identity.encode()).hexdigest(), "details": details}
+
+
+def parameter_size(config) -> str:
+    """The model's parameter count as Ollama writes it ("1.5B", "135M"), from its shapes: the embedding, each
+    layer's attention, MLP and norms, the output head where it is not the embedding's."""
+    hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    layer = attention + 3 * hidden * config.intermediate_size + 2 * hidden
+    vocab = config.vocab_size * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    count = vocab + config.num_hidden_layers * layer + hidden
+    return f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
 
 
 def model_card(served) -> dict:
