@@ -59,7 +59,7 @@ def test_a_later_prompt_reads_the_shared_prefix_back_and_answers_as_a_new_engine
     path = tmp_path / "document.safetensors"
     writer = engine_of(default_model, kv_cache, drafter)
     answer(writer, first)
-    assert write_prompt_cache(writer, path, first)
+    assert write_prompt_cache(writer, path)
     assert safetensors_metadata(path)["kind"] == "specchat prompt cache"
 
     reader = engine_of(default_model, kv_cache, drafter)  # a new process's engine: nothing cached
@@ -70,16 +70,33 @@ def test_a_later_prompt_reads_the_shared_prefix_back_and_answers_as_a_new_engine
     assert read_prompt_cache(engine_of(default_model, kv_cache), path, first) == len(first) - 1  # the last runs
 
 
+def test_a_conversation_going_on_reads_its_last_answer_back_too(default_model, tmp_path):
+    """The file holds the prompt and its answer, as the next turn's prompt does (llama.cpp's --prompt-cache-all)."""
+    tokenizer, path = default_model.tokenizer, tmp_path / "conversation.safetensors"
+    messages = [{"role": "user", "content": f"{DOCUMENT}\n\nWho kept the record?"}]
+    first = ids_of(tokenizer, "Who kept the record?")
+    writer = engine_of(default_model)
+    reply, _ = answer(writer, first)
+    write_prompt_cache(writer, path)
+    messages += [{"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)},
+                 {"role": "user", "content": "And when?"}]  # fmt: skip
+    second = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+    assert second[: len(first) + len(reply) - 1] == first + reply[:-1]  # the answer, as the template writes it back
+    reader = engine_of(default_model)
+    assert read_prompt_cache(reader, path, second) >= len(first) + len(reply) - 1
+    assert answer(reader, second)[0] == answer(engine_of(default_model), second)[0]
+
+
 def test_a_file_of_another_cache_format_is_not_read_and_writing_replaces_it(default_model, tmp_path):
     ids = ids_of(default_model.tokenizer, "Who kept the record?")
     path = tmp_path / "document.safetensors"
     bf16 = engine_of(default_model, "auto")
     answer(bf16, ids)
-    write_prompt_cache(bf16, path, ids)
+    write_prompt_cache(bf16, path)
     int8 = engine_of(default_model, "int8")
     assert read_prompt_cache(int8, path, ids) == 0
     answer(int8, ids)
-    assert write_prompt_cache(int8, path, ids)
+    assert write_prompt_cache(int8, path)
     assert json.loads(safetensors_metadata(path)["identity"])["kv_cache"] == "int8"
 
 

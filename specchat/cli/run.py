@@ -95,9 +95,9 @@ def run(
         "--min-tokens", help="Neither the end of text nor a --stop string ends the answer before this many tokens "
         "(vLLM's min_tokens).")] = 0,
     prompt_cache: Annotated[Path | None, typer.Option(
-        "--prompt-cache", help="A file for the prompt's keys and values (llama.cpp's --prompt-cache): the prefix a "
-        "prompt shares with the last one is read from it instead of prefilled; then it holds this prompt's (CPU "
-        "decoder).", show_default=False)] = None,
+        "--prompt-cache", help="A file for the keys and values of the prompt and answer (llama.cpp's --prompt-cache "
+        "with --prompt-cache-all): the prefix a prompt shares with the last text is read from it instead of "
+        "prefilled; then it holds this one's (CPU decoder).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
     logprobs: Annotated[
         int | None,
@@ -170,7 +170,7 @@ def run(
         if not engine.exact_reuse:
             raise SpecchatError("--prompt-cache needs the CPU decoder (--attention canonical), where keys and values "
                                 "read back are bitwise a new prefill's")  # fmt: skip
-        cached = read_prompt_cache(engine, prompt_cache, prompt_ids)
+        read_prompt_cache(engine, prompt_cache, prompt_ids)
 
     tokens, origins, scored, text, stats, finish = [], [], [], [], None, None
     try:
@@ -218,13 +218,13 @@ def run(
             f"{loaded.weights}/{loaded.dtype}, drafter {choice}]",
             err=True,
         )
-    if prompt_cache is not None and cached < len(prompt_ids) - 1:
-        _keep_prompt(engine, prompt_cache, prompt_ids)
+    if prompt_cache is not None:
+        _keep_text(engine, prompt_cache)
     if finish == "interrupted":
         raise KeyboardInterrupt
 
 
-def _keep_prompt(engine, path: Path, prompt_ids: list[int]) -> None:
+def _keep_text(engine, path: Path) -> None:
     """Write the prompt cache after the answer: a failure (a full disk) costs the next run its reuse, not this
     run's answer."""
     from safetensors import SafetensorError
@@ -232,7 +232,7 @@ def _keep_prompt(engine, path: Path, prompt_ids: list[int]) -> None:
     from specchat.engine.prompt_cache import write_prompt_cache
 
     try:
-        write_prompt_cache(engine, path, prompt_ids)
+        write_prompt_cache(engine, path)
     except (OSError, SafetensorError) as error:  # safetensors reports its I/O errors as its own
         typer.echo(f"warning: --prompt-cache {path} not written: {getattr(error, 'strerror', None) or error}", err=True)
 

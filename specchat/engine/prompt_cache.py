@@ -1,12 +1,12 @@
-"""A prompt's keys and values in a file, read back by a later run (llama.cpp's `--prompt-cache`): a long document
-asked about again is read from disk instead of prefilled again, which on a CPU is the difference between seconds and
-minutes.
+"""A text's keys and values in a file, read back by a later run (llama.cpp's `--prompt-cache`): a long document
+asked about again, or a conversation going on, is read from disk instead of prefilled again, which on a CPU is the
+difference between seconds and minutes.
 
-The file is safetensors: the prompt's ids and every layer's `TreeCache.copy`, with the identity of what computed
-them (`identity`: the model, its weights and config, the activations' dtype, the cache's format, the forward and
-its build). A later prompt takes the longest prefix it shares with the file's, and only where reuse is exact
-(`Engine.exact_reuse`): the keys and values read back are then bitwise what prefilling that prefix again would
-write, so the answer is the one a run without the file gives.
+The file is safetensors: the text's ids (the last prompt and its answer) and every layer's `TreeCache.copy`, with
+the identity of what computed them (`identity`: the model, its weights and config, the activations' dtype, the
+cache's format, the forward and its build). A later prompt takes the longest prefix it shares with the file's,
+and only where reuse is exact (`Engine.exact_reuse`): the keys and values read back are then bitwise what
+prefilling that prefix again would write, so the answer is the one a run without the file gives.
 """
 
 from __future__ import annotations
@@ -57,15 +57,15 @@ def read_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> int:
     return shared
 
 
-def write_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> bool:
-    """Write the keys and values of `prompt_ids`, which the engine's cache holds first, to `path` (replacing it in
-    one step: a stop midway leaves the old file whole). False, and nothing written, where reuse is not exact or the
-    cache no longer holds the whole prompt."""
-    held = engine.cache.length >= len(prompt_ids) and engine.ids[: len(prompt_ids)].tolist() == prompt_ids
-    if not (engine.exact_reuse and held):
+def write_prompt_cache(engine, path: Path) -> bool:
+    """Write the text the engine's cache holds (the last prompt and its answer: a next turn's prompt holds both) to
+    `path`, replacing the file in one step: a stop midway leaves the old file whole. False, and nothing written,
+    where reuse is not exact or the cache is empty."""
+    if not (engine.exact_reuse and engine.cache.length):
         return False
-    tensors = {"ids": torch.tensor(prompt_ids, dtype=torch.int32)}
-    for index, parts in enumerate(engine.cache.copy(len(prompt_ids))):
+    ids = engine.ids[: engine.cache.length].tolist()
+    tensors = {"ids": torch.tensor(ids, dtype=torch.int32)}
+    for index, parts in enumerate(engine.cache.copy(len(ids))):
         tensors |= {f"{index}.{part}": tensor.contiguous() for part, tensor in enumerate(parts)}
     partial = path.with_name(f".{path.name}.partial")
     metadata = {"kind": PROMPT_CACHE_KIND, "identity": identity(engine), "dtype": str(engine.cache.dtype)}
