@@ -289,6 +289,15 @@ def test_threads_below_one_are_refused_before_loading(command):
     assert result.stdout.strip() == "False"
 
 
+def test_version_is_printed_without_importing_torch():
+    from importlib.metadata import version
+
+    result = refused_before_loading("--version")
+    printed, imported = result.stdout.splitlines()
+    assert result.returncode == 0 and printed.startswith(f"specchat {version('specchat')} (torch {version('torch')}")
+    assert imported == "False"
+
+
 def test_chat_refuses_to_run_without_a_terminal():
     assert_one_line_error(specchat("chat", stdin="", warm=True), "chat needs a terminal")
 

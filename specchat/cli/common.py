@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +26,23 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(asked: bool) -> None:
+    """`specchat --version`: ours and torch's, read from the installed packages' metadata (no import of torch)."""
+    if asked:
+        from importlib.metadata import version
+
+        typer.echo(f"specchat {version('specchat')} (torch {version('torch')}, Python {platform.python_version()})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    _version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                           help="Print the version and exit.")] = False,  # fmt: skip
+) -> None:
+    """Fast, exact LLM generation with tree speculative decoding."""
 
 ModelOption = Annotated[
     str | None, typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id, local directory or GGUF file.")
