@@ -154,3 +154,19 @@ def test_a_cache_that_cannot_be_written_costs_a_warning_not_the_answer(full_disk
     assert result.returncode == 0 and json.loads(result.stdout)["new_tokens"] == 4
     assert result.stderr.strip().startswith(f"warning: --prompt-cache {path} not written:")
     assert "No space left on device" in result.stderr and not list(full_disk.iterdir())  # no partial file left
+
+
+def test_a_file_cut_short_is_prefilled_past_with_a_warning_and_replaced(default_model, tmp_path):
+    path = tmp_path / "document.safetensors"
+    ids = ids_of(default_model.tokenizer, "Who kept the record?")
+    engine = engine_of(default_model)
+    answer(engine, ids)
+    write_prompt_cache(engine, path)
+    with path.open("r+b") as file:  # a copy that stopped halfway
+        file.truncate(path.stat().st_size // 2)
+    stdin = f"{DOCUMENT}\n\nWho kept the record?"
+    result = specchat("run", "-", "--temperature", "0", "-n", "4", "--json", "--prompt-cache", str(path), stdin=stdin,
+                      warm=True)  # fmt: skip
+    assert result.returncode == 0 and json.loads(result.stdout)["reused_tokens"] == 0
+    assert result.stderr.startswith(f"warning: --prompt-cache {path} cannot be read (")
+    assert read_prompt_cache(engine_of(default_model), path, ids) == len(ids) - 1  # whole again

@@ -140,7 +140,6 @@ def run(
     from specchat.drafters import resolve_drafter
     from specchat.engine.generate import eos_ids
     from specchat.engine.prompt import encode_prompt
-    from specchat.engine.prompt_cache import read_prompt_cache
     from specchat.engine.target_forward import forward_path
     from specchat.loading import decoding_defaults, load_model, resolve_device, resolve_model
     from specchat.session import Session
@@ -170,7 +169,7 @@ def run(
         if not engine.exact_reuse:
             raise SpecchatError("--prompt-cache needs the CPU decoder (--attention canonical), where keys and values "
                                 "read back are bitwise a new prefill's")  # fmt: skip
-        read_prompt_cache(engine, prompt_cache, prompt_ids)
+        _read_text(engine, prompt_cache, prompt_ids)
 
     tokens, origins, scored, text, stats, finish = [], [], [], [], None, None
     try:
@@ -222,6 +221,19 @@ def run(
         _keep_text(engine, prompt_cache)
     if finish == "interrupted":
         raise KeyboardInterrupt
+
+
+def _read_text(engine, path: Path, prompt_ids: list[int]) -> None:
+    """Hold what the prompt cache shares with the prompt; a file that cannot be read (cut short by a copy) costs
+    this run its reuse, and the answer's text replaces it."""
+    from safetensors import SafetensorError
+
+    from specchat.engine.prompt_cache import read_prompt_cache
+
+    try:
+        read_prompt_cache(engine, path, prompt_ids)
+    except (OSError, SafetensorError) as error:
+        typer.echo(f"warning: --prompt-cache {path} cannot be read ({error}); the prompt is prefilled", err=True)
 
 
 def _keep_text(engine, path: Path) -> None:
