@@ -13,6 +13,8 @@ and the option checks stay free of torch):
   `Engine.grammar_constraint(gbnf)`: a text a GBNF grammar derives; `Engine.tool_call_constraint(functions, form)`:
   an answer whose tool calls are held to their tools' schemas);
 - `encode_prompt`, `encode_chat`: prompt text -> ids through the tokenizer's chat template;
+- `read_prompt_cache(engine, path, ids)`, `write_prompt_cache(engine, path)`: a text's keys and values kept in a
+  file and read back where a later prompt shares its prefix (`specchat run --prompt-cache`);
 - `DraftTree`: what a drafter proposes; `TreeCache`: the static cache a drafter may read;
 - `use_attention`, `check_attention`: how trees are verified (`--attention`);
 - `Timer`, `verification_forward`: the timer and the verification forward that calibration and the
@@ -35,6 +37,8 @@ _MODULES = {
     "Constraint": "constraint",
     "encode_prompt": "prompt",
     "encode_chat": "prompt",
+    "read_prompt_cache": "prompt_cache",
+    "write_prompt_cache": "prompt_cache",
     "DraftTree": "tree",
     "TreeCache": "cache",
     "use_attention": "attention",
@@ -56,8 +60,10 @@ __all__ = [
     "check_attention",
     "encode_chat",
     "encode_prompt",
+    "read_prompt_cache",
     "use_attention",
     "verification_forward",
+    "write_prompt_cache",
 ]
 
 
@@ -80,6 +86,7 @@ if TYPE_CHECKING:
     from specchat.engine.events import TARGET, StepEvent
     from specchat.engine.generate import Engine
     from specchat.engine.prompt import encode_chat, encode_prompt
+    from specchat.engine.prompt_cache import read_prompt_cache, write_prompt_cache
     from specchat.engine.sampling_config import SamplingConfig
     from specchat.engine.stats import GenerationStats
     from specchat.engine.timing import Timer
