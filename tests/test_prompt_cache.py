@@ -1,7 +1,8 @@
 """A prompt's keys and values in a file (`engine/prompt_cache.py`, `run --prompt-cache`) on the default model's CPU
 decoder: a later prompt that shares a prefix with the file's reads it back instead of prefilling it, and answers
 exactly as a new engine does, with a bf16 cache and an int8 one, with and without a drafter; a file of another
-model or cache format is not read; a file that is not a prompt cache is never overwritten."""
+model or cache format is not read; a file that is not a prompt cache is never overwritten; a book resumed from the
+cache kept at its stop goes on without a replay, as one unbroken run."""
 
 from __future__ import annotations
 
@@ -170,3 +171,40 @@ def test_a_file_cut_short_is_prefilled_past_with_a_warning_and_replaced(default_
     assert result.returncode == 0 and json.loads(result.stdout)["reused_tokens"] == 0
     assert result.stderr.startswith(f"warning: --prompt-cache {path} cannot be read (")
     assert read_prompt_cache(engine_of(default_model), path, ids) == len(ids) - 1  # whole again
+
+
+def test_a_book_resumed_from_its_cache_file_goes_on_as_one_run_without_a_replay(default_model, tmp_path):
+    """`write --prompt-cache`: the cache kept at the stop, after refills, is read back by the resume, which then
+    replays nothing and writes what an unbroken run writes (sampled, keyed by position, with the penalty)."""
+    from specchat.drafters.ngram.drafter import NgramDrafter
+    from specchat.writer.book import Book
+    from specchat.writer.settings import BookSettings, prompt_digest
+    from specchat.writer.write import write_book
+
+    prompt = ids_of(default_model.tokenizer, "Tell the keeper's story.")
+
+    def book_at(path, engine) -> Book:
+        settings = BookSettings(model="smollm2-135m", weights="q4_1", dtype="bfloat16", kv_cache="auto", yarn=None,
+                                prompt_sha256=prompt_digest(prompt), prompt_tokens=len(prompt), temperature=1.0,
+                                top_k=0, top_p=1.0, min_p=0.1, min_p_keep=20, penalty=1.2, penalty_window=64, seed=3,
+                                stop_at_eos=False, context=engine.capacity, refill_chunk=64)  # fmt: skip
+        return Book.create(path, settings, prompt, force=True)
+
+    def engine() -> Engine:
+        return Engine(default_model.model, default_model.tokenizer, max_len=len(prompt) + 160, drafter=NgramDrafter())
+
+    whole = book_at(tmp_path / "whole.txt", first := engine())
+    write_book(first, whole, 400)
+    whole.close()
+    assert whole.progress.refills >= 2
+
+    cache, stopped = tmp_path / "book.safetensors", book_at(tmp_path / "book.txt", second := engine())
+    write_book(second, stopped, 250, prompt_cache=cache)
+    stopped.close()
+    assert stopped.progress.refills >= 1 and stopped.progress.segment_start < 250
+    replaying = []
+    resumed = Book.open(tmp_path / "book.txt")
+    resumed.progress.finished = None  # as `write --resume --tokens 400` asks
+    write_book(engine(), resumed, 400, prompt_cache=cache, status=lambda status: replaying.append(status.replaying))
+    resumed.close()
+    assert resumed.generated == whole.generated and not any(replaying)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from specchat.checks import check_kv_cache, check_output_file, check_yarn
+from specchat.checks import check_kv_cache, check_output_file, check_prompt_cache, check_yarn
 from specchat.cli.common import (
     FLAGS,
     AttentionOption,
@@ -57,6 +57,7 @@ def write(
     stop_at_eos: Annotated[bool | None, typer.Option("--stop-at-eos/--ignore-eos", help="End the book where the model ends its text (default: write on to --tokens).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Go on with the book in --out, exactly where it stopped.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
+    prompt_cache: Annotated[Path | None, typer.Option("--prompt-cache", help="A file for the cache's keys and values, written at every stop: --resume reads them back instead of replaying the window (CPU decoder).")] = None,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     yarn: YarnOption = None,
@@ -95,6 +96,8 @@ def write(
     checked_overrides(dtype, attention)
     check_kv_cache(kv_cache)
     check_yarn(yarn)
+    if prompt_cache is not None:
+        check_prompt_cache(prompt_cache)
 
     from specchat.writer.book import Book
 
@@ -112,6 +115,7 @@ def write(
     from rich.console import Console
 
     from specchat.drafters import resolve_drafter
+    from specchat.engine.target_forward import canonical
     from specchat.loading import load_model, resolve_device, resolve_model
     from specchat.writer.display import report_json, report_lines, write_progress
     from specchat.writer.start import new_book, resumed_book, writer_drafter
@@ -126,6 +130,9 @@ def write(
         raise SpecchatError("--draft-kv-budget sizes the draft forward, which --no-draft-forward leaves out")
     resolve_device(device)
     loaded = load_model(model, dtype=dtype, device=device, attention=attention, yarn=yarn)
+    if prompt_cache is not None and not canonical(loaded.model):  # before a new book's files are made
+        raise SpecchatError("--prompt-cache needs the CPU decoder (--attention canonical), where keys and values read "
+                            "back are bitwise a new prefill's")  # fmt: skip
     drafting = {"kv_cache": kv_cache, "drafter": choice, "draft_budget": draft_budget, "kv_budget": draft_kv_budget,
                 "draft_forward": draft_forward}
     if book is None:
@@ -142,7 +149,8 @@ def write(
     _stop_on_sigterm()
     try:
         with write_progress(console, book.progress.tokens, tokens) as update:
-            report = write_book(engine, book, tokens, status=update, warn=lambda m: console.print(f"warning: {m}"))
+            report = write_book(engine, book, tokens, status=update, warn=lambda m: console.print(f"warning: {m}"),
+                                prompt_cache=prompt_cache)  # fmt: skip
     except KeyboardInterrupt:
         console.print(f"stopped at {book.progress.tokens} tokens; `specchat write --out {out} --resume` goes on")
         raise

@@ -12,7 +12,10 @@ step, so a book cannot be continued exactly from an arbitrary token. It is repla
 point where it was prefilled anyway (the start or the last refill), the book's tokens verified as known
 chains (`Engine.generate(known=...)`: one forward per 64 tokens, whatever the drafter) and checked against
 the book's, then writing goes on, byte for byte as if it had never stopped. Should a machine compute them
-differently, the book keeps what it has and goes on from its last token, with a warning.
+differently, the book keeps what it has and goes on from its last token, with a warning. With a prompt cache
+(`engine/prompt_cache.py`, where reuse is exact) the cache is kept in a file at every stop, and a resume that finds
+it holding the book's text up to its last token goes on from there, with no replay: a prefilled row is then bitwise
+the decode step, so the file holds what the replay would rebuild.
 
 Nothing here grows with the book: each step appends its tokens and text; the cache, the n-gram tables and
 the detokenizer hold bounded state.
@@ -23,8 +26,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import SafetensorError
 
 from specchat.engine.generate import Engine
+from specchat.engine.prompt_cache import read_prompt_cache, write_prompt_cache
 from specchat.engine.stats import GenerationStats
 from specchat.engine.text import TextStream
 from specchat.writer.book import Book
@@ -82,13 +89,14 @@ class WriteReport:
 
 
 def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str], None] = lambda _m: None,
-               status: Callable[[WriteStatus], None] = lambda _s: None) -> WriteReport:  # fmt: skip
+               status: Callable[[WriteStatus], None] = lambda _s: None,
+               prompt_cache: Path | None = None) -> WriteReport:  # fmt: skip
     """Write `book` on until it holds `target` generated tokens (or to EOS, if its settings stop there).
 
     Only steps that write new tokens count as writing: their time, their figures, their prefills; the replay
     of tokens already in the book (after --resume) verifies them as known chains and counts for nothing. The
     book's state, writing time included, is saved every SAVE_SECONDS and on the way out, a KeyboardInterrupt
-    included."""
+    included; the cache too, to `prompt_cache` where one is given (read back at the start instead of a replay)."""
     settings, progress = book.settings, book.progress
     if target < progress.tokens:
         raise ValueError(f"the book holds {progress.tokens} tokens already, more than {target}")
@@ -97,6 +105,8 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
     sampling = settings.sampling(engine.eos_ids)
     stream = TextStream(engine.tokenizer, **progress.stream)
     position = progress.segment_start  # generated tokens reproduced or written so far
+    if prompt_cache is not None and _holds_book(engine, book, prompt_cache):
+        position = progress.tokens  # the cache as the last run left it: nothing to replay
     run = GenerationStats()  # this run's writing steps
     ar_steps: list[float] = []
     written, seconds, prefill_seconds, since_ar = 0, 0.0, 0.0, AR_EVERY
@@ -148,7 +158,29 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
     finally:
         progress.seconds, progress.stream = book_seconds + seconds, stream.state()
         book.save()
+        if prompt_cache is not None:
+            _keep_cache(engine, prompt_cache, warn)
     return _report(book, current(), ar_steps, prefill_seconds)
+
+
+def _holds_book(engine: Engine, book: Book, path: Path) -> bool:
+    """Whether the file at `path` holds the cache's text for the book's window up to its last token, now held by
+    `engine` (a file of another run, or cut short, holds less and is left to the replay)."""
+    progress = book.progress
+    if progress.segment_start >= progress.tokens:
+        return False
+    text = book.prompt_ids + book.generated[progress.dropped : progress.tokens]
+    try:
+        return read_prompt_cache(engine, path, text) == len(text) - 1
+    except (OSError, SafetensorError):  # cut short: the replay rebuilds it
+        return False
+
+
+def _keep_cache(engine: Engine, path: Path, warn: Callable[[str], None]) -> None:
+    try:
+        write_prompt_cache(engine, path)
+    except (OSError, SafetensorError) as error:  # a full disk costs the next resume its shortcut, not the book
+        warn(f"--prompt-cache {path} not written: {getattr(error, 'strerror', None) or error}")
 
 
 def _add(run: GenerationStats, now: GenerationStats, before: GenerationStats) -> GenerationStats:
