@@ -409,6 +409,23 @@ async def test_up_and_down_move_within_a_message_and_walk_the_history_at_its_edg
         assert chat_input.value == "one\ntwo"
 
 
+async def test_retry_answers_the_last_message_again_from_the_cache(tiny):
+    app = make_app(tiny, max_new_tokens=12)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, "/retry")
+        assert "no answer to retry yet" in note_lines(app, errors=True)[-1]
+        first = await ask(pilot, "hello there")
+        await send(pilot, "/retry")
+        await wait_until(pilot, lambda: not app.generating, what="the answer again")
+        await pilot.pause()
+        user, again = app.session.messages
+        assert (user.text, again.role) == ("hello there", "assistant") and len(app.query(MessageView)) == 2
+        assert again.token_ids == first.token_ids  # greedy: the same answer
+        figures = app.session.last_figures
+        assert figures.reused_tokens == figures.prompt_tokens - 1  # the conversation up to it, from the cache
+
+
 async def test_overlay_toggles_and_help_explains_the_numbers(tiny):
     app = make_app(tiny, drafter="ngram", max_new_tokens=16)
     async with app.run_test(size=(80, 24)) as pilot:

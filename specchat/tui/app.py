@@ -313,6 +313,15 @@ class ChatApp(App[None]):
         self._show_settings()
         self._note(f"answers held to {held.label()}, from the next answer" if not held.free else "answers in free text")
 
+    def _command_retry(self, _) -> None:
+        """The last turn forgotten and its message asked again: the cache holds the conversation up to it, so only
+        the answer is computed anew."""
+        question = self.session.last_question()
+        self.session.abandon_turn()
+        for view in list(self.query(MessageView))[-2:]:
+            view.remove()
+        self._ask(question)
+
     def _command_clear(self, _) -> None:
         self.session.reset()
         self.query_one(Conversation).clear()

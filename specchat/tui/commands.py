@@ -92,6 +92,8 @@ COMMANDS = (
     CommandSpec("budget", "/budget N|auto", "most draft-tree nodes per step (auto: chosen per step)", _budget),
     CommandSpec("format", "/format text|json|FILE", "hold answers to JSON, a JSON Schema (FILE.json) or a GBNF "
                 "grammar (FILE)", _format),
+    CommandSpec("retry", "/retry", "answer the last message again (sampled: another answer)", _none("retry"),
+                needs_idle=True),
     CommandSpec("clear", "/clear", "start a new conversation", _none("clear"), needs_idle=True),
     CommandSpec(
         "save", "/save [FILE]", "save messages, settings and token origins as JSON", _optional_path, needs_idle=True

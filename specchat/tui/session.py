@@ -149,9 +149,16 @@ class ChatSession:
         return user, reply, prompt.ids, dropped
 
     def abandon_turn(self) -> None:
-        """Forget a turn whose answer failed before its first token, so the chat stays well formed."""
+        """Forget the last turn: its answer failed before its first token, or it is to be answered again (/retry);
+        the chat stays well formed."""
         del self.messages[-2:]
         self.previous = None
+
+    def last_question(self) -> str:
+        """The message the last answer answers (what /retry asks again)."""
+        if len(self.messages) < 2 or self.messages[-1].role != "assistant":
+            raise SpecchatError("no answer to retry yet")
+        return self.messages[-2].text
 
     def warm_up(self) -> None:
         """Answer a throwaway "Hi" in two tokens, so the first real answer starts warm.
