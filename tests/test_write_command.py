@@ -120,6 +120,27 @@ def test_a_book_written_on_an_int8_cache_resumes_on_one_only(tmp_path):
     assert not fp32.exists()
 
 
+def test_a_book_remembers_its_prompt_cache_and_a_plain_resume_reads_it(tmp_path):
+    """`--prompt-cache` once: the book keeps the file's path, a plain `--resume` reads the cache kept at the stop
+    (and keeps it again), and the text is an unbroken run's. A remembered file that turned into something else is
+    refused, and left as it is."""
+    seeded = ("--seed", "5", "--drafter", "ngram")
+    whole, book, cache = tmp_path / "whole.txt", tmp_path / "book.txt", tmp_path / "book.kv"
+    assert specchat("write", "--out", str(whole), "--tokens", "48", *seeded, warm=True).returncode == 0
+    written = specchat("write", "--out", str(book), "--tokens", "24", "--prompt-cache", str(cache), *seeded, warm=True)
+    assert written.returncode == 0, written.stderr
+    assert json.loads(state_path(book).read_text())["progress"]["prompt_cache"] == str(cache)
+    kept = cache.stat().st_mtime_ns
+    resumed = specchat("write", "--out", str(book), "--resume", "--tokens", "48", warm=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert book.read_bytes() == whole.read_bytes() and cache.stat().st_mtime_ns > kept  # read, and kept again
+
+    cache.write_text("not a cache")
+    refused = specchat("write", "--out", str(book), "--resume", "--tokens", "60", warm=True)
+    assert_one_line_error(refused, "is not a specchat prompt cache", "the file this book remembers")
+    assert cache.read_text() == "not a cache"
+
+
 @pytest.mark.slow
 def test_a_book_stretched_by_yarn_resumes_stretched(tmp_path):
     """`--yarn` is part of a book's arithmetic: kept with the book, taken again by `--resume`; another stretch is

@@ -57,7 +57,7 @@ def write(
     stop_at_eos: Annotated[bool | None, typer.Option("--stop-at-eos/--ignore-eos", help="End the book where the model ends its text (default: write on to --tokens).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Go on with the book in --out, exactly where it stopped.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
-    prompt_cache: Annotated[Path | None, typer.Option("--prompt-cache", help="A file for the cache's keys and values, written at every stop: --resume reads them back instead of replaying the window (CPU decoder).")] = None,
+    prompt_cache: Annotated[Path | None, typer.Option("--prompt-cache", help="A file for the cache's keys and values, written at every stop: --resume reads them back instead of replaying the window (CPU decoder); the book remembers it.")] = None,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     yarn: YarnOption = None,
@@ -102,6 +102,13 @@ def write(
     from specchat.writer.book import Book
 
     book = Book.open(out) if resume else None  # a bad state file fails before the model loads
+    remembered = None  # the book's own cache file, checked as a given one is; left out where the decoder cannot use it
+    if book is not None and prompt_cache is None and book.progress.prompt_cache:
+        remembered = Path(book.progress.prompt_cache)
+        try:
+            check_prompt_cache(remembered)
+        except SpecchatError as error:
+            raise SpecchatError(f"{error} (the file this book remembers; --prompt-cache FILE names another)") from None
     if book is not None:
         model = model or book.settings.model
         yarn = yarn or book.settings.yarn
@@ -133,6 +140,7 @@ def write(
     if prompt_cache is not None and not canonical(loaded.model):  # before a new book's files are made
         raise SpecchatError("--prompt-cache needs the CPU decoder (--attention canonical), where keys and values read "
                             "back are bitwise a new prefill's")  # fmt: skip
+    prompt_cache = prompt_cache or (remembered if canonical(loaded.model) else None)  # else the resume replays
     drafting = {"kv_cache": kv_cache, "drafter": choice, "draft_budget": draft_budget, "kv_budget": draft_kv_budget,
                 "draft_forward": draft_forward}
     if book is None:
@@ -142,6 +150,8 @@ def write(
         engine = resumed_book(loaded, book, tokens, prompt=prompt, raw=raw, given=given, stop_at_eos=stop_at_eos,
                               **drafting)  # fmt: skip
     book.progress.target, book.progress.finished = tokens, None
+    if prompt_cache is not None:
+        book.progress.prompt_cache = str(prompt_cache.absolute())  # a plain --resume finds it
     book.save()
     console = Console(stderr=True)
     if book.progress.tokens == 0:

@@ -41,6 +41,7 @@ class Progress:
     finished: str | None = None  # why writing ended: "length" | "eos"
     text_crc: int | None = None  # CRC-32 of the counted text and ids (None: a book from before they were kept)
     ids_crc: int | None = None
+    prompt_cache: str | None = None  # the file its cache is kept in at every stop (`write --prompt-cache`), if any
 
 
 class Book:
