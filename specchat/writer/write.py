@@ -105,7 +105,7 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
     sampling = settings.sampling(engine.eos_ids)
     stream = TextStream(engine.tokenizer, **progress.stream)
     position = progress.segment_start  # generated tokens reproduced or written so far
-    if prompt_cache is not None and _holds_book(engine, book, prompt_cache):
+    if prompt_cache is not None and _read_cache(engine, book, prompt_cache):
         position = progress.tokens  # the cache as the last run left it: nothing to replay
     run = GenerationStats()  # this run's writing steps
     ar_steps: list[float] = []
@@ -163,9 +163,9 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
     return _report(book, current(), ar_steps, prefill_seconds)
 
 
-def _holds_book(engine: Engine, book: Book, path: Path) -> bool:
-    """Whether the file at `path` holds the cache's text for the book's window up to its last token, now held by
-    `engine` (a file of another run, or cut short, holds less and is left to the replay)."""
+def _read_cache(engine: Engine, book: Book, path: Path) -> bool:
+    """Hold in `engine` what the file at `path` keeps of the book's window; whether that is all of it up to its last
+    token (a file of another run, or cut short, holds less: the replay rebuilds the rest)."""
     progress = book.progress
     if progress.segment_start >= progress.tokens:
         return False
