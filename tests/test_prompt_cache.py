@@ -208,3 +208,31 @@ def test_a_book_resumed_from_its_cache_file_goes_on_as_one_run_without_a_replay(
     write_book(engine(), resumed, 400, prompt_cache=cache, status=lambda status: replaying.append(status.replaying))
     resumed.close()
     assert resumed.generated == whole.generated and not any(replaying)
+
+
+@pytest.mark.asyncio
+async def test_a_chat_keeps_its_conversation_and_the_next_chat_reads_it(default_model, tmp_path):
+    """`chat --prompt-cache`: kept after each answer (not after the warm-up, which would overwrite the last session's),
+    read by a later chat whose first message is the same document, and by a `/load` of the whole conversation."""
+    from tui_harness import ask, make_app, ready, send
+
+    path, saved, question = tmp_path / "chat.safetensors", tmp_path / "chat.json", f"{DOCUMENT}\n\nWho kept the record?"
+    app = make_app(default_model, SamplingConfig(temperature=0), prompt_cache=path, max_new_tokens=8)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        first = await ask(pilot, question)
+        asked = app.session.last_figures.prompt_tokens
+        assert app.session.last_figures.reused_tokens < asked // 4
+        await send(pilot, f"/save {saved}")
+    app = make_app(default_model, SamplingConfig(temperature=0), prompt_cache=path, max_new_tokens=8)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        again = await ask(pilot, question)
+        figures = app.session.last_figures
+        assert figures.reused_tokens == figures.prompt_tokens - 1 and again.token_ids == first.token_ids
+    app = make_app(default_model, SamplingConfig(temperature=0), prompt_cache=path, max_new_tokens=8)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/load {saved}")
+        await ask(pilot, "And when?")
+        assert app.session.last_figures.reused_tokens >= asked + len(first.token_ids) - 1  # the answer's too

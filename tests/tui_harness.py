@@ -19,12 +19,12 @@ def tiny_loaded(tokenizer, seed: int = 0) -> LoadedModel:
     return LoadedModel(tiny_model("llama", seed=seed), tokenizer, ModelSource("tiny-llama", "tiny-llama"), 0.0)
 
 
-def make_app(loaded: LoadedModel, sampling: SamplingConfig | None = None, **settings) -> ChatApp:
+def make_app(loaded: LoadedModel, sampling: SamplingConfig | None = None, prompt_cache=None, **settings) -> ChatApp:
     def loader(progress):
         progress("loading a test model")
         return loaded, sampling or SamplingConfig()
 
-    return ChatApp(loader, ChatSettings(**settings))
+    return ChatApp(loader, ChatSettings(**settings), prompt_cache)
 
 
 async def wait_until(pilot, condition, timeout: float = 60.0, what: str = "condition") -> None:

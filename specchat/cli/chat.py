@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from specchat.chat_template import read_chat_template, use_chat_template
-from specchat.checks import check_quantize, check_yarn
+from specchat.checks import check_prompt_cache, check_quantize, check_yarn
 from specchat.cli.common import (
     AttentionOption,
     BudgetOption,
@@ -79,6 +80,10 @@ def chat(
     device: DeviceOption = "auto",
     threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
+    prompt_cache: Annotated[Path | None, typer.Option(
+        "--prompt-cache", help="A file the conversation's keys and values are kept in after each answer: a later chat "
+        "(a document pasted first again, a /load of this one) reads the prefix it shares instead of prefilling it (CPU "
+        "decoder).", show_default=False)] = None,
 ) -> int:
     """Chat in the terminal: accepted draft tokens are coloured as they stream, with live acceptance figures."""
     use_threads(threads)
@@ -102,11 +107,14 @@ def chat(
     check_settings(settings)
     check_quantize(quantize, device)
     check_yarn(yarn)
+    if prompt_cache is not None:
+        check_prompt_cache(prompt_cache)
     resolve_model(model)  # fail fast, before the app starts
     resolve_device(device)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise SpecchatError("chat needs a terminal; for scripts use `specchat run`")
     quiet_transformers()
+    from specchat.engine.target_forward import canonical
     from specchat.tui.app import ChatApp
 
     def loader(progress):
@@ -115,9 +123,12 @@ def chat(
         )
         if template is not None:
             use_chat_template(loaded.tokenizer, template, chat_template)
+        if prompt_cache is not None and not canonical(loaded.model):
+            raise SpecchatError("--prompt-cache needs the CPU decoder (--attention canonical), where keys and values "
+                                "read back are bitwise a new prefill's")  # fmt: skip
         return loaded, sampling_config(decoding_defaults(loaded), overrides)
 
-    chat_app = ChatApp(loader, settings)
+    chat_app = ChatApp(loader, settings, prompt_cache)
     chat_app.run()
     if chat_app.error is not None:
         typer.echo(f"error: {chat_app.error}", err=True)

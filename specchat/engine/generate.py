@@ -409,6 +409,7 @@ class Engine:
             self.drafter.prefill(prompt_ids, hidden, shared)
         return logits
 
+    @torch.inference_mode()
     def hold_prefix(self, ids: list[int], layers: list[tuple[torch.Tensor, ...]], dtype: torch.dtype) -> None:
         """Take `layers` (`TreeCache.copy` of the text `ids`, activations in `dtype`, read back from a file) as the
         cache's text: a prompt that starts with `ids` then prefills only the rest. Exact only where reuse is."""

@@ -39,15 +39,16 @@ def identity(engine) -> str:
 
 def read_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> int:
     """Hold in `engine` the longest prefix of `prompt_ids` that the file at `path` caches (the last prompt token
-    is always run, for its logits); how many tokens that is. 0 when there is no file, or it is another model's."""
+    is always run, for its logits), where it is longer than what the engine's own cache shares with the prompt; how
+    many tokens the engine then holds of it. The file is not read when there is none, or it is another model's."""
+    held = _shared(engine.ids[: engine.cache.length].tolist(), prompt_ids)
     if not path.exists() or not engine.exact_reuse or safetensors_metadata(path).get("identity") != identity(engine):
-        return 0
+        return held
     with safe_open(path, "pt") as file:
         cached = file.get_tensor("ids").tolist()
-        shared = next((i for i, (a, b) in enumerate(zip(cached, prompt_ids[:-1])) if a != b),
-                      min(len(cached), len(prompt_ids) - 1))  # fmt: skip
-        if shared == 0:
-            return 0
+        shared = _shared(cached, prompt_ids)
+        if shared <= held:
+            return held
         parts = sorted({key for key in file.keys() if key != "ids"}, key=lambda key: tuple(map(int, key.split("."))))
         layers: list[list[torch.Tensor]] = [[] for _ in range(len(engine.cache.layers))]
         for key in parts:
@@ -55,6 +56,11 @@ def read_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> int:
         dtype = getattr(torch, file.metadata()["dtype"].removeprefix("torch."))
     engine.hold_prefix(cached[:shared], [tuple(parts) for parts in layers], dtype)
     return shared
+
+
+def _shared(ids: list[int], prompt_ids: list[int]) -> int:
+    """How many leading tokens `ids` share with the prompt but its last."""
+    return next((i for i, (a, b) in enumerate(zip(ids, prompt_ids[:-1])) if a != b), min(len(ids), len(prompt_ids) - 1))
 
 
 def write_prompt_cache(engine, path: Path) -> bool:

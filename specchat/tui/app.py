@@ -50,10 +50,11 @@ class ChatApp(App[None]):
         Binding("ctrl+t", "toggle_view", "colours/markdown"),
     ]
 
-    def __init__(self, loader: ModelLoader, settings: ChatSettings):
+    def __init__(self, loader: ModelLoader, settings: ChatSettings, prompt_cache: Path | None = None):
         super().__init__()
         self.loader = loader
         self.initial_settings = settings
+        self.prompt_cache = prompt_cache  # `--prompt-cache`: the conversation's keys and values kept in a file
         self.session: ChatSession | None = None
         self.answer: AnswerStream | None = None  # the answer streaming now
         self.question: MessageView | None = None  # the user's message the streaming answer replies to
@@ -101,7 +102,7 @@ class ChatApp(App[None]):
         first_use.tell(progress)  # a first run's one-time work shows in the loading line, not on a hidden stderr
         try:
             loaded, sampling = self.loader(progress)
-            session = ChatSession(loaded, sampling, self.initial_settings)
+            session = ChatSession(loaded, sampling, self.initial_settings, self.prompt_cache)
             progress("warming up (the first time on this machine also times verification)")
             session.warm_up()
         except SpecchatError as error:

@@ -12,6 +12,9 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import SafetensorError
 
 from specchat.answer_format import AnswerFormat
 from specchat.checks import check_kv_cache
@@ -20,6 +23,7 @@ from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.events import StepEvent
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_chat
+from specchat.engine.prompt_cache import read_prompt_cache, write_prompt_cache
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.text import TextStream
 from specchat.errors import SpecchatError
@@ -86,10 +90,12 @@ def check_settings(settings: ChatSettings) -> None:
 
 
 class ChatSession:
-    def __init__(self, loaded: LoadedModel, sampling: SamplingConfig, settings: ChatSettings):
+    def __init__(self, loaded: LoadedModel, sampling: SamplingConfig, settings: ChatSettings,
+                 prompt_cache: Path | None = None):  # fmt: skip
         if not getattr(loaded.tokenizer, "chat_template", None):
             raise SpecchatError(f"model '{loaded.source.name}' has no chat template; use `specchat run --raw`")
         self.loaded = loaded
+        self.prompt_cache = prompt_cache  # a file the conversation's keys and values are kept in after each answer
         self.sampling = sampling
         self.settings = settings
         self.messages: list[Message] = []
@@ -169,7 +175,7 @@ class ChatSession:
         """
         ids = encode_chat(self.loaded.tokenizer, chat_messages(self.settings.system, [Message("user", "Hi")]))
         with self.lock:
-            for _ in self.run(ids, max_new_tokens=2):
+            for _ in self.run(ids, max_new_tokens=2, keep=False):  # the prompt cache keeps the last session's text
                 pass
         self.recent_tau.clear()
         self.last_figures = None
@@ -188,21 +194,40 @@ class ChatSession:
                            draft_cache=self.settings.draft_cache)  # fmt: skip
             self.drafter_ready = True
 
-    def run(self, prompt_ids: list[int], *, max_new_tokens: int | None = None) -> Iterator[Update]:
-        """Generate one answer (call with `lock` held). Stopping early is just stopping the iteration."""
+    def run(self, prompt_ids: list[int], *, max_new_tokens: int | None = None, keep: bool = True) -> Iterator[Update]:
+        """Generate one answer (call with `lock` held). Stopping early is just stopping the iteration. With a prompt
+        cache (and `keep`), the prefix it shares with the prompt is read from it first and the conversation is
+        kept in it after, however the answer ended."""
         self.use_drafter()
         engine = self._engine()
         stream = TextStream(self.loaded.tokenizer)
         budget = max_new_tokens or self.settings.max_new_tokens
+        cached, trouble = keep and self.prompt_cache is not None, None
+        if cached:
+            try:
+                read_prompt_cache(engine, self.prompt_cache, prompt_ids)
+            except (OSError, SafetensorError) as error:  # cut short: the answer goes on, and the file is replaced
+                trouble = f"--prompt-cache {self.prompt_cache} could not be read ({error}); it is written anew"
         events = engine.generate(prompt_ids, sampling=self.sampling, max_new_tokens=budget,
                                  constraint=self.settings.format.constraint(engine))  # fmt: skip
-        for index, event in enumerate(events):
-            if index:
-                self.recent_tau.append(len(event.tokens))
-            pieces = [stream.add([token]) for token in event.tokens]
-            yield Update(event, pieces, self._figures(engine, event))
-            if engine.drafter is not None and self.ar.wants_sample(index, engine.length):
-                self.ar.add(engine.autoregressive_step_seconds(sampling=self.sampling, repeats=1), engine.length)
+        try:
+            for index, event in enumerate(events):
+                if index:
+                    self.recent_tau.append(len(event.tokens))
+                pieces = [stream.add([token]) for token in event.tokens]
+                yield Update(event, pieces, self._figures(engine, event))
+                if engine.drafter is not None and self.ar.wants_sample(index, engine.length):
+                    self.ar.add(engine.autoregressive_step_seconds(sampling=self.sampling, repeats=1), engine.length)
+        finally:
+            events.close()
+            if cached:
+                try:
+                    write_prompt_cache(engine, self.prompt_cache)
+                except (OSError, SafetensorError) as error:  # a full disk: the answer stays, the chat goes on
+                    reason = getattr(error, "strerror", None) or error
+                    trouble = f"--prompt-cache {self.prompt_cache} not written: {reason}"
+            if trouble is not None:
+                raise SpecchatError(trouble)
 
     def settings_json(self) -> dict:
         return {
