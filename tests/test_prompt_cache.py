@@ -214,25 +214,46 @@ def test_a_book_resumed_from_its_cache_file_goes_on_as_one_run_without_a_replay(
 async def test_a_chat_keeps_its_conversation_and_the_next_chat_reads_it(default_model, tmp_path):
     """`chat --prompt-cache`: kept after each answer (not after the warm-up, which would overwrite the last session's),
     read by a later chat whose first message is the same document, and by a `/load` of the whole conversation."""
-    from tui_harness import ask, make_app, ready, send
+    from tui_harness import ask, ready, send
 
     path, saved, question = tmp_path / "chat.safetensors", tmp_path / "chat.json", f"{DOCUMENT}\n\nWho kept the record?"
-    app = make_app(default_model, SamplingConfig(temperature=0), prompt_cache=path, max_new_tokens=8)
+    app = make_app_of(default_model, path, max_new_tokens=8)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         first = await ask(pilot, question)
         asked = app.session.last_figures.prompt_tokens
         assert app.session.last_figures.reused_tokens < asked // 4
         await send(pilot, f"/save {saved}")
-    app = make_app(default_model, SamplingConfig(temperature=0), prompt_cache=path, max_new_tokens=8)
+    app = make_app_of(default_model, path, max_new_tokens=8)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         again = await ask(pilot, question)
         figures = app.session.last_figures
         assert figures.reused_tokens == figures.prompt_tokens - 1 and again.token_ids == first.token_ids
-    app = make_app(default_model, SamplingConfig(temperature=0), prompt_cache=path, max_new_tokens=8)
+    app = make_app_of(default_model, path, max_new_tokens=8)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await send(pilot, f"/load {saved}")
         await ask(pilot, "And when?")
         assert app.session.last_figures.reused_tokens >= asked + len(first.token_ids) - 1  # the answer's too
+
+
+@pytest.mark.asyncio
+async def test_a_chat_quit_mid_answer_keeps_what_it_had_before_exiting(default_model, tmp_path):
+    from tui_harness import ready, send, wait_until
+
+    path = tmp_path / "chat.safetensors"
+    app = make_app_of(default_model, path, max_new_tokens=3000)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"{DOCUMENT}\n\nTell the keeper's story at length.")
+        await wait_until(pilot, lambda: len(app.session.messages[-1].token_ids) >= 4, what="the first tokens")
+        prompt = app.session.previous.ids
+        app.exit()  # Ctrl+Q: the app waits for the stopped answer's cache to be written
+    assert read_prompt_cache(engine_of(default_model), path, prompt) == len(prompt) - 1
+
+
+def make_app_of(loaded, path, **settings):
+    from tui_harness import make_app
+
+    return make_app(loaded, SamplingConfig(temperature=0), prompt_cache=path, **settings)

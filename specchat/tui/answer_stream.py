@@ -48,6 +48,10 @@ class AnswerStream:
         self._queue.put(AnswerEnd(finish, error))
         self._ended.set()
 
+    def wait(self, seconds: float) -> None:
+        """Block until the `AnswerEnd` is queued, or `seconds` have passed."""
+        self._ended.wait(seconds)
+
     @property
     def ended(self) -> bool:
         """Whether the `AnswerEnd` is queued: the rest of the answer can be shown without waiting."""

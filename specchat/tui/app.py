@@ -37,6 +37,7 @@ from specchat.tui.transcript import default_chat_path, load_chat, save_chat
 
 RENDER_HZ = 15  # most redraws of the streaming answer per second (fewer where frames are slow: RedrawBudget)
 OVERLAY_HZ = 4  # most redraws of the overlay per second while an answer streams: its numbers are read, not watched
+QUIT_WAIT_SECONDS = 30  # at most this long at quit for a stopped answer's prompt cache to be written
 
 
 class ChatApp(App[None]):
@@ -272,9 +273,12 @@ class ChatApp(App[None]):
 
     def on_unmount(self) -> None:
         """However the app ends (Ctrl+Q, /quit, an error), tell a streaming answer to stop: its thread ends
-        after the step in flight instead of generating on to the token limit."""
+        after the step in flight instead of generating on to the token limit. With a prompt cache the app waits
+        for it to end, so that the conversation is written whole before the process exits."""
         if self.generating:
             self.answer.stop()
+            if self.prompt_cache is not None:
+                self.answer.wait(QUIT_WAIT_SECONDS)
 
     # Commands
 
