@@ -226,27 +226,23 @@ def run(
 def _read_text(engine, path: Path, prompt_ids: list[int]) -> None:
     """Hold what the prompt cache shares with the prompt; a file that cannot be read (cut short by a copy) costs
     this run its reuse, and the answer's text replaces it."""
-    from safetensors import SafetensorError
-
     from specchat.engine.prompt_cache import read_prompt_cache
 
     try:
         read_prompt_cache(engine, path, prompt_ids)
-    except (OSError, SafetensorError) as error:
+    except OSError as error:
         typer.echo(f"warning: --prompt-cache {path} cannot be read ({error}); the prompt is prefilled", err=True)
 
 
 def _keep_text(engine, path: Path) -> None:
     """Write the prompt cache after the answer: a failure (a full disk) costs the next run its reuse, not this
     run's answer."""
-    from safetensors import SafetensorError
-
     from specchat.engine.prompt_cache import write_prompt_cache
 
     try:
         write_prompt_cache(engine, path)
-    except (OSError, SafetensorError) as error:  # safetensors reports its I/O errors as its own
-        typer.echo(f"warning: --prompt-cache {path} not written: {getattr(error, 'strerror', None) or error}", err=True)
+    except OSError as error:
+        typer.echo(f"warning: --prompt-cache {path} not written: {error.strerror or error}", err=True)
 
 
 def _logprob_entries(engine, tokens: list[int], scored: list) -> list[dict]:

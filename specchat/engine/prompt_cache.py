@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from specchat.checks import PROMPT_CACHE_KIND, safetensors_metadata
@@ -40,11 +41,12 @@ def identity(engine) -> str:
 def read_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> int:
     """Hold in `engine` the longest prefix of `prompt_ids` that the file at `path` caches (the last prompt token
     is always run, for its logits), where it is longer than what the engine's own cache shares with the prompt; how
-    many tokens the engine then holds of it. The file is not read when there is none, or it is another model's."""
+    many tokens the engine then holds of it. The file is not read when there is none, or it is another model's.
+    Raises OSError for a file that cannot be read (cut short)."""
     held = _shared(engine.ids[: engine.cache.length].tolist(), prompt_ids)
     if not path.exists() or not engine.exact_reuse or safetensors_metadata(path).get("identity") != identity(engine):
         return held
-    with safe_open(path, "pt") as file:
+    with _as_os_error(), safe_open(path, "pt") as file:
         cached = file.get_tensor("ids").tolist()
         shared = _shared(cached, prompt_ids)
         if shared <= held:
@@ -66,7 +68,7 @@ def _shared(ids: list[int], prompt_ids: list[int]) -> int:
 def write_prompt_cache(engine, path: Path) -> bool:
     """Write the text the engine's cache holds (the last prompt and its answer: a next turn's prompt holds both) to
     `path`, replacing the file in one step: a stop midway leaves the old file whole. False, and nothing written,
-    where reuse is not exact or the cache is empty."""
+    where reuse is not exact or the cache is empty. Raises OSError where it cannot be written (a full disk)."""
     if not (engine.exact_reuse and engine.cache.length):
         return False
     ids = engine.ids[: engine.cache.length].tolist()
@@ -76,9 +78,19 @@ def write_prompt_cache(engine, path: Path) -> bool:
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # two runs on one file never share it
     metadata = {"kind": PROMPT_CACHE_KIND, "identity": identity(engine), "dtype": str(engine.cache.dtype)}
     try:
-        save_file(tensors, partial, metadata=metadata)
+        with _as_os_error():
+            save_file(tensors, partial, metadata=metadata)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
     return True
 
+
+
+@contextmanager
+def _as_os_error():
+    """safetensors reports its I/O errors (a file cut short, a full disk) as its own: here they are OSErrors."""
+    try:
+        yield
+    except SafetensorError as error:
+        raise OSError(str(error)) from None

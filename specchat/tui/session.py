@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import SafetensorError
-
 from specchat.answer_format import AnswerFormat
 from specchat.checks import check_kv_cache
 from specchat.drafters import DRAFT_CACHES, attach_drafter, parse_drafter, resolve_drafter
@@ -206,7 +204,7 @@ class ChatSession:
         if cached:
             try:
                 read_prompt_cache(engine, self.prompt_cache, prompt_ids)
-            except (OSError, SafetensorError) as error:  # cut short: the answer goes on, and the file is replaced
+            except OSError as error:  # cut short: the answer goes on, and the file is replaced
                 trouble = f"--prompt-cache {self.prompt_cache} could not be read ({error}); it is written anew"
         events = engine.generate(prompt_ids, sampling=self.sampling, max_new_tokens=budget,
                                  constraint=self.settings.format.constraint(engine))  # fmt: skip
@@ -223,9 +221,8 @@ class ChatSession:
             if cached:
                 try:
                     write_prompt_cache(engine, self.prompt_cache)
-                except (OSError, SafetensorError) as error:  # a full disk: the answer stays, the chat goes on
-                    reason = getattr(error, "strerror", None) or error
-                    trouble = f"--prompt-cache {self.prompt_cache} not written: {reason}"
+                except OSError as error:  # a full disk: the answer stays, the chat goes on
+                    trouble = f"--prompt-cache {self.prompt_cache} not written: {error.strerror or error}"
             if trouble is not None:
                 raise SpecchatError(trouble)
 

@@ -28,8 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import SafetensorError
-
 from specchat.engine.generate import Engine
 from specchat.engine.prompt_cache import read_prompt_cache, write_prompt_cache
 from specchat.engine.stats import GenerationStats
@@ -172,15 +170,15 @@ def _read_cache(engine: Engine, book: Book, path: Path) -> bool:
     text = book.prompt_ids + book.generated[progress.dropped : progress.tokens]
     try:
         return read_prompt_cache(engine, path, text) == len(text) - 1
-    except (OSError, SafetensorError):  # cut short: the replay rebuilds it
+    except OSError:  # cut short: the replay rebuilds it
         return False
 
 
 def _keep_cache(engine: Engine, path: Path, warn: Callable[[str], None]) -> None:
     try:
         write_prompt_cache(engine, path)
-    except (OSError, SafetensorError) as error:  # a full disk costs the next resume its shortcut, not the book
-        warn(f"--prompt-cache {path} not written: {getattr(error, 'strerror', None) or error}")
+    except OSError as error:  # a full disk costs the next resume its shortcut, not the book
+        warn(f"--prompt-cache {path} not written: {error.strerror or error}")
 
 
 def _add(run: GenerationStats, now: GenerationStats, before: GenerationStats) -> GenerationStats:
