@@ -5,7 +5,7 @@ unharmed, or in Q5_K, most of a Q5_K_M file). With --llama-cpp, llama.cpp's own 
 (llama-cpp-python's `llama_model_quantize`, from a Q8_0 or F16 source): its mixture of types, the output layer
 kept at Q6_K, as files of that type ship.
 
-    python scripts/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k] [--llama-cpp]
+    python scripts/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k|q3_k_m|...] [--llama-cpp]
 """
 
 from __future__ import annotations
@@ -30,12 +30,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k"])
+    parser.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k", "q3_k_s",
+                                                           "q3_k_m", "q3_k_l"], help="q3_k_*: --llama-cpp only")
     parser.add_argument("--llama-cpp", action="store_true", help="quantize with llama.cpp, as its files ship")
     args = parser.parse_args()
-    kind = GGMLQuantizationType[args.type.upper()]
     if args.llama_cpp:
         return llama_cpp_quantize(args.source, args.out, args.type)
+    if args.type.startswith("q3_k"):
+        raise SystemExit("Q3_K files are written by llama.cpp's quantizer: add --llama-cpp")
+    kind = GGMLQuantizationType[args.type.upper()]
     source = reader(args.source)
     architecture = bytes(source.fields["general.architecture"].parts[-1]).decode()
     writer = GGUFWriter(str(args.out), architecture)

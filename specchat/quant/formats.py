@@ -10,12 +10,12 @@ from specchat.quant.quantized_linear import QuantizedLinear
 
 
 def weight_format(model: nn.Module) -> str:
-    """The format most of the model's linear layers hold."""
-    formats = Counter(
-        layer_format(module)
-        for module in model.modules()
-        if isinstance(module, nn.Linear | QuantizedLinear)
-    )
+    """The format most of the model's linear weights are in, counted by their values (a Q3_K_M file's few large
+    Q3_K matrices outweigh its many small Q4_K and Q5_K ones)."""
+    formats = Counter()
+    for module in model.modules():
+        if isinstance(module, nn.Linear | QuantizedLinear):
+            formats[layer_format(module)] += module.in_features * module.out_features
     return formats.most_common(1)[0][0]
 
 

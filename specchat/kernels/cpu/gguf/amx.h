@@ -8,8 +8,8 @@
 // tile row), so C is [activation row][weight row]. Each sub-block carries a scale per weight row; were its sums
 // scaled outside the tiles, each would leave them through memory (a round trip that costs what the products
 // save). Instead the scales go into B, split into parts whose products with a code fit a byte
-// (`K4GroupTiles`, `Q6GroupTiles`), and a group's whole sum builds up in a few C tiles. The sums are integers,
-// exact in any order, and the float steps are the 512-bit kernels' own (`K4PairGroup`, `Q6PairGroup`): every
+// (`K4GroupTiles`, `K16GroupTiles`), and a group's whole sum builds up in a few C tiles. The sums are integers,
+// exact in any order, and the float steps are the 512-bit kernels' own (`K4PairGroup`, `K16PairGroup`): every
 // result is bitwise theirs, and the one-row kernels'.
 #pragma once
 
@@ -71,26 +71,28 @@ struct K4GroupTiles {
   }
 };
 
-// Q6_K's sub-block scales are int8 and its codes 6 bits, so a code times a scale needs two bytes. The scales go
-// in unsigned, S + 128 = sum_t 4^t s_t in base 4 (a code times a digit: 63 x 3 = 189, a byte), and P = sum_j S_j
-// (u . a)_j = sum_t 4^t C_t - 128 C_u from five C tiles: four of the digits' B tiles and one of the bare codes.
-struct Q6GroupTiles {
+// Q6_K's and Q3_K's sub-block scales are signed and their codes up to 6 bits, so a code times a scale needs two
+// bytes. The scales go in unsigned, S + 128 = sum_t 4^t s_t in base 4 (a code times a digit: at most 63 x 3 = 189,
+// a byte), and P = sum_j S_j (u . a)_j = sum_t 4^t C_t - 128 C_u from five C tiles: four of the digits' B tiles and
+// one of the bare codes.
+template <typename Tile>
+struct K16GroupTiles {
   static constexpr int64_t kAheadGroups = kPrefetchGroups / 2;  // as 512 bits
   uint8_t b[5][4][16][64];  // [digit 0-3, the codes][64 values][tile row: 4 values of each of 16 weight rows]
 
   // A pair's group's codes times the digits of their scales, while the pair's group `ahead` is prefetched; the
   // group's close.
-  Q6PairGroup fill(const TileQ6K& ta, const TileQ6K& tb, const TileQ6K* ahead) {
-    const Q6PairGroup group(ta, tb);
+  K16PairGroup fill(const Tile& ta, const Tile& tb, const Tile* ahead) {
+    const K16PairGroup group(ta, tb);
     for (int j = 0; j < 16; ++j) {
-      if (j % 2 == 0) prefetch_part(ahead, 2 * sizeof(TileQ6K), j / 2, 8);
+      if (j % 2 == 0) prefetch_part(ahead, 2 * sizeof(Tile), j / 2, 8);
       // each dword a row's digit in both 16-bit halves: one vpmullw multiplies the row's 4 bytes (no carry: < 256)
       const __m512i biased = _mm512_add_epi32(group.scales(j), _mm512_set1_epi32(128));
       const __m512i both = _mm512_or_si512(biased, _mm512_slli_epi32(biased, 16)), three = _mm512_set1_epi16(3);
       const __m512i digits[4] = {_mm512_and_si512(both, three), _mm512_and_si512(_mm512_srli_epi16(both, 2), three),
                                  _mm512_and_si512(_mm512_srli_epi16(both, 4), three), _mm512_srli_epi16(both, 6)};
       __m512i codes[4];
-      q6_pair_codes(ta, tb, j, codes);
+      k16_pair_codes(ta, tb, j, codes);
       for (int k = 0; k < 4; ++k) {
         const int row = 4 * (j % 4) + k;
         for (int t = 0; t < 4; ++t) _mm512_store_si512(b[t][j / 4][row], _mm512_mullo_epi16(codes[k], digits[t]));
@@ -135,7 +137,7 @@ struct Q6GroupTiles {
 };
 
 // A pair of K-quant tiles times every activation row of x, through the B tiles of `GroupTiles`
-// (K4GroupTiles<Tile> or Q6GroupTiles): out[i * x.rows + r] for the 16 weight rows i.
+// (K4GroupTiles<Tile> or K16GroupTiles<Tile>): out[i * x.rows + r] for the 16 weight rows i.
 template <typename Tile, typename GroupTiles>
 void tile_pair_dots_amx(const uint8_t* pair, const Quantized& x, float* out) {
   const int64_t cols = x.cols, groups = cols / 256, rows = x.rows;

@@ -479,7 +479,7 @@ void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* ou
 }
 
 // The four vectors of sub-block j's codes, quarter by quarter: vector k holds values 4k .. 4k + 3 of every row.
-inline void q6_tile_codes(const TileQ6K& t, int j, __m256i (&codes)[4]) {
+inline void k16_tile_codes(const TileQ6K& t, int j, __m256i (&codes)[4]) {
   const __m256i m4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
   const __m256i low0 = load256(t.low[j]), low1 = load256(t.low[j] + 32), high = load256(t.high[j]);
   codes[0] = _mm256_or_si256(_mm256_and_si256(low0, m4), _mm256_and_si256(_mm256_slli_epi16(high, 4), top));
@@ -487,6 +487,17 @@ inline void q6_tile_codes(const TileQ6K& t, int j, __m256i (&codes)[4]) {
   codes[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low0, 4), m4), _mm256_and_si256(high, top));
   codes[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low1, 4), m4),
                              _mm256_and_si256(_mm256_srli_epi16(high, 2), top));
+}
+inline void k16_tile_codes(const TileQ3K& t, int j, __m256i (&codes)[4]) {
+  const __m256i m2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
+  const __m256i low = load256(t.low[j]), both = load256(t.high[j / 2]);
+  const __m256i high = j % 2 ? _mm256_srli_epi16(both, 4) : both;  // quarter k's third bit: bit k of each byte
+  codes[0] = _mm256_or_si256(_mm256_and_si256(low, m2), _mm256_and_si256(_mm256_slli_epi16(high, 2), bit2));
+  codes[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low, 2), m2),
+                             _mm256_and_si256(_mm256_slli_epi16(high, 1), bit2));
+  codes[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low, 4), m2), _mm256_and_si256(high, bit2));
+  codes[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low, 6), m2),
+                             _mm256_and_si256(_mm256_srli_epi16(high, 1), bit2));
 }
 
 // Activation values 4k .. 4k + 3 of a sub-block, broadcast to every lane.
@@ -496,35 +507,37 @@ inline __m256i quad(const int8_t* a, int k) {
   return _mm256_set1_epi32(four);
 }
 
-// The end of a Q6_K tile group for one activation row (P and Q summed, row i's in lane i).
-inline void close_q6_tile_group(const TileQ6K& t, const Quantized& x, int64_t r, int64_t g, __m256i p, __m256i q,
-                                __m256& acc, __m256& offset) {
+// The end of a Q6_K or Q3_K tile group for one activation row (P and Q summed, row i's in lane i).
+template <typename Tile>
+inline void close_k16_tile_group(const Tile& t, const Quantized& x, int64_t r, int64_t g, __m256i p, __m256i q,
+                                 __m256& acc, __m256& offset) {
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
   const __m256 da = _mm256_broadcast_ss(x.scale.data() + r * (x.cols / 256) + g);
   acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(da, d), acc);
-  offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(da, _mm256_mul_ps(_mm256_set1_ps(-32.0f), d)), offset);
+  const __m256 neg_centre = _mm256_set1_ps(-static_cast<float>(Tile::kCentre));
+  offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(da, _mm256_mul_ps(neg_centre, d)), offset);
 }
 
 // Q: a pair of sub-blocks' scales (int16 lanes 2i, 2i + 1: row i's) times the row's two sums.
-inline __m256i q6_pair_offset(__m256i scales16, const int16_t* sums) {
+inline __m256i k16_pair_offset(__m256i scales16, const int16_t* sums) {
   int32_t both;
   std::memcpy(&both, sums, 4);
   return _mm256_madd_epi16(scales16, _mm256_set1_epi32(both));
 }
 
-// ROWS activation rows share each tile's codes. AVX2 sums two quarters' products in int16 (at most
-// 4 * 63 * 127 < 2^15) before the scale's widening multiply-add; VNNI sums a sub-block's four quarters straight
-// into int32 lanes, then multiplies by the scale once. The integers P and Q are the same either way.
-template <int ROWS, bool VNNI, int HALVES>
-void q6_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+// ROWS activation rows share each tile's codes (Q6_K's or Q3_K's tiles: Tile). AVX2 sums two quarters' products
+// in int16 (at most 4 * 63 * 127 < 2^15) before the scale's widening multiply-add; VNNI sums a sub-block's four
+// quarters straight into int32 lanes, then multiplies by the scale once. The integers P and Q are the same either way.
+template <int ROWS, bool VNNI, int HALVES, typename Tile>
+void k16_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols;
-  walk_tile_groups<TileQ6K, ROWS, HALVES>(unit, x, first, out, [&](const TileQ6K& t, int64_t g, __m256 (&acc)[ROWS],
-                                                                    __m256 (&offset)[ROWS], const TileQ6K* ahead) {
+  walk_tile_groups<Tile, ROWS, HALVES>(unit, x, first, out, [&](const Tile& t, int64_t g, __m256 (&acc)[ROWS],
+                                                                __m256 (&offset)[ROWS], const Tile* ahead) {
     __m256i p[ROWS], q[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = q[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
     for (int pair = 0; pair < 8; ++pair) {
-      prefetch_part(ahead, sizeof(TileQ6K), pair, 8);
+      prefetch_part(ahead, sizeof(Tile), pair, 8);
       const __m256i both = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scales[pair])));
       // row i's scale of the pair's first (second) sub-block: VNNI in int32 lane i, AVX2 in int16 lanes 2i, 2i + 1
       const __m256i scales[2] = {
@@ -532,7 +545,7 @@ void q6_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float*
           VNNI ? _mm256_srai_epi32(both, 16) : _mm256_blend_epi16(_mm256_srli_epi32(both, 16), both, 0xAA)};
       for (int h = 0; h < 2; ++h) {
         __m256i codes[4];
-        q6_tile_codes(t, 2 * pair + h, codes);
+        k16_tile_codes(t, 2 * pair + h, codes);
         for (int r = 0; r < ROWS; ++r) {
           const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * (2 * pair + h);
           const __m256i front = products<VNNI>(products<VNNI>(_mm256_setzero_si256(), codes[0], quad(a, 0)), codes[1], quad(a, 1));
@@ -546,9 +559,9 @@ void q6_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float*
         }
       }
       for (int r = 0; r < ROWS; ++r)
-        q[r] = _mm256_add_epi32(q[r], q6_pair_offset(both, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair));
+        q[r] = _mm256_add_epi32(q[r], k16_pair_offset(both, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair));
     }
-    for (int r = 0; r < ROWS; ++r) close_q6_tile_group(t, x, first + r, g, p[r], q[r], acc[r], offset[r]);
+    for (int r = 0; r < ROWS; ++r) close_k16_tile_group(t, x, first + r, g, p[r], q[r], acc[r], offset[r]);
   });
 }
 

@@ -138,8 +138,8 @@ inline __m512i quad512(const int8_t* a, int k) {
   return _mm512_set1_epi32(four);
 }
 
-// Sub-block j's 6-bit codes of a pair of Q6_K tiles: codes[k] holds values 4k .. 4k + 3 of each of the 16 rows.
-inline void q6_pair_codes(const TileQ6K& ta, const TileQ6K& tb, int j, __m512i (&codes)[4]) {
+// Sub-block j's codes of a pair of Q6_K or Q3_K tiles: codes[k] holds values 4k .. 4k + 3 of each of the 16 rows.
+inline void k16_pair_codes(const TileQ6K& ta, const TileQ6K& tb, int j, __m512i (&codes)[4]) {
   const __m512i m4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
   const __m512i low0 = pair_bytes(ta.low[j], tb.low[j]), low1 = pair_bytes(ta.low[j] + 32, tb.low[j] + 32);
   const __m512i high = pair_bytes(ta.high[j], tb.high[j]);
@@ -149,15 +149,27 @@ inline void q6_pair_codes(const TileQ6K& ta, const TileQ6K& tb, int j, __m512i (
   codes[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low1, 4), m4),
                              _mm512_and_si512(_mm512_srli_epi16(high, 2), top));
 }
+inline void k16_pair_codes(const TileQ3K& ta, const TileQ3K& tb, int j, __m512i (&codes)[4]) {
+  const __m512i m2 = _mm512_set1_epi8(3), bit2 = _mm512_set1_epi8(4);
+  const __m512i low = pair_bytes(ta.low[j], tb.low[j]), both = pair_bytes(ta.high[j / 2], tb.high[j / 2]);
+  const __m512i high = j % 2 ? _mm512_srli_epi16(both, 4) : both;  // quarter k's third bit: bit k of each byte
+  codes[0] = _mm512_or_si512(_mm512_and_si512(low, m2), _mm512_and_si512(_mm512_slli_epi16(high, 2), bit2));
+  codes[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 2), m2),
+                             _mm512_and_si512(_mm512_slli_epi16(high, 1), bit2));
+  codes[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), m2), _mm512_and_si512(high, bit2));
+  codes[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 6), m2),
+                             _mm512_and_si512(_mm512_srli_epi16(high, 1), bit2));
+}
 
-// A Q6_K pair's group closed for an activation row: the integer sum of its sub-block scales times the row's sums,
-// then both float steps of `q6_tile_dots` (avx2.h), each lane's.
-struct Q6PairGroup {
-  __m512 d, neg32d;
+// A Q6_K or Q3_K pair's group closed for an activation row: the integer sum of its sub-block scales times the row's
+// sums, then both float steps of `k16_tile_dots` (avx2.h), each lane's.
+struct K16PairGroup {
+  __m512 d, neg_centre_d;
   __m512i scales16[8];  // int16 [row][which of the pair], per pair of sub-blocks
 
-  Q6PairGroup(const TileQ6K& ta, const TileQ6K& tb)
-      : d(pair_halves(ta.d, tb.d)), neg32d(_mm512_mul_ps(_mm512_set1_ps(-32.0f), d)) {
+  template <typename Tile>
+  K16PairGroup(const Tile& ta, const Tile& tb)
+      : d(pair_halves(ta.d, tb.d)), neg_centre_d(_mm512_mul_ps(_mm512_set1_ps(-static_cast<float>(Tile::kCentre)), d)) {
     for (int pair = 0; pair < 8; ++pair)
       scales16[pair] = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
           _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.scales[pair]))),
@@ -172,29 +184,30 @@ struct Q6PairGroup {
 
   // Row `row` of x, group g, its sub-blocks' scaled sums p.
   void operator()(const Quantized& x, int64_t row, int64_t g, __m512i p, __m512& acc, __m512& offset) const {
-    close_pair_group<8>(x, row, g, x.sums.data() + row * x.cols / 16 + g * 16, scales16, d, neg32d, p, acc, offset);
+    close_pair_group<8>(x, row, g, x.sums.data() + row * x.cols / 16 + g * 16, scales16, d, neg_centre_d, p, acc,
+                        offset);
   }
 };
 
-// A pair of Q6_K tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's), as
-// `tile_pair_dots_vnni` does for Q4_K: every lane's integer and float steps those of `q6_tile_dots<ROWS, true>`.
-template <int ROWS>
-void q6_tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
+// A pair of Q6_K or Q3_K tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's),
+// as `tile_pair_dots_vnni` does for Q4_K: every lane's integer and float steps those of `k16_tile_dots<ROWS, true>`.
+template <int ROWS, typename Tile>
+void k16_tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
-  const auto* tiles = reinterpret_cast<const TileQ6K*>(pair);
+  const auto* tiles = reinterpret_cast<const Tile*>(pair);
   __m512 acc[ROWS], offset[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const TileQ6K &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
-    const TileQ6K* ahead = tiles + 2 * (g + kPrefetchGroups / 2);
-    const Q6PairGroup group(ta, tb);
+    const Tile &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
+    const Tile* ahead = tiles + 2 * (g + kPrefetchGroups / 2);
+    const K16PairGroup group(ta, tb);
     __m512i p[ROWS];
     for (int r = 0; r < ROWS; ++r) p[r] = _mm512_setzero_si512();
 #pragma GCC unroll 1
     for (int j = 0; j < 16; ++j) {
-      if (j % 2 == 0) prefetch_part(ahead, 2 * sizeof(TileQ6K), j / 2, 8);
+      if (j % 2 == 0) prefetch_part(ahead, 2 * sizeof(Tile), j / 2, 8);
       __m512i codes[4];
-      q6_pair_codes(ta, tb, j, codes);
+      k16_pair_codes(ta, tb, j, codes);
       const __m512i scales = group.scales(j);
       for (int r = 0; r < ROWS; ++r) {
         const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * j;

@@ -99,29 +99,30 @@ inline void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t 
   }
 }
 
-// Portable: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
-inline void q6_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,
-                                  float* out) {
+// Portable, Q6_K and Q3_K tiles: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
+template <typename Tile>
+void k16_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,
+                            float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
-  const auto* tiles = reinterpret_cast<const TileQ6K*>(tile);
+  const auto* tiles = reinterpret_cast<const Tile*>(tile);
   for (int64_t r = first; r < first + n; ++r) {
     const int8_t* a = x.q.data() + r * cols;
     const int16_t* sums = x.sums.data() + r * cols / 16;
     for (int i = 0; i < 8; ++i) {
       float acc = 0.0f, offset = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
-        const TileQ6K& t = tiles[g * stride];
+        const Tile& t = tiles[g * stride];
         int32_t p = 0, q = 0;
         for (int j = 0; j < 16; ++j) {
           int32_t dot = 0;
-          for (int v = 0; v < 16; ++v) dot += q6_tile_code(t, j, i, v) * a[g * 256 + 16 * j + v];
+          for (int v = 0; v < 16; ++v) dot += k16_tile_code(t, j, i, v) * a[g * 256 + 16 * j + v];
           const int32_t s = t.scales[j / 2][2 * i + j % 2];
           p += s * dot;
           q += s * sums[g * 16 + j];
         }
         const float d = x.scale[r * groups + g], di = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
         acc = std::fma(static_cast<float>(p), d * di, acc);
-        offset = std::fma(static_cast<float>(q), d * (-32.0f * di), offset);
+        offset = std::fma(static_cast<float>(q), d * (-static_cast<float>(Tile::kCentre) * di), offset);
       }
       out[i * x.rows + r] = acc + offset;
     }

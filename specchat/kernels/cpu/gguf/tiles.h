@@ -161,17 +161,20 @@ inline void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_
   }
 }
 
-// ---- Q6_K in tiles of eight rows -----------------------------------------------------------------------------
+// ---- Q6_K and Q3_K in tiles of eight rows -------------------------------------------------------------------
 //
-// The same idea for Q6_K (the 1.5B's output head and half its down projections): per group of 256 values and
-// sub-block j of 16, one 32-byte vector per quarter of the sub-block holds 4 values of each of the 8 rows, so
-// 4 activation values, broadcast, multiply all 8 rows at once. The bytes are the file's, rearranged (210 per row
-// and group): no more to read than row by row. Per weight row i, activation row r and group g:
+// The same idea for the K-quants of 16-value sub-blocks, each with one signed scale, and codes centred on C:
+// w = d S (u - C), Q6_K's codes 6 bits (C = 32: the 1.5B's output head and half its down projections), Q3_K's 3
+// bits (C = 4, and S its 6-bit scale less 32). Per group of 256 values and sub-block j of 16, one 32-byte vector
+// per quarter of the sub-block holds 4 values of each of the 8 rows, so 4 activation values, broadcast, multiply
+// all 8 rows at once. Per weight row i, activation row r and group g:
 //   P = sum_j S[i][j] (u . a)_j,  Q = sum_j S[i][j] sum(a)_j        (integers: exact in any order)
-//   acc = fma(float(P), D[g] * d[i], acc),  offset = fma(float(Q), D[g] * (-32 d[i]), offset)
-// and the result is acc + offset (w = d S (u - 32)), in every path alike.
+//   acc = fma(float(P), D[g] * d[i], acc),  offset = fma(float(Q), D[g] * (-C d[i]), offset)
+// and the result is acc + offset, in every path alike. The kernels of both ("k16") differ only in how a quarter's
+// codes are read (`k16_tile_code` and its vector forms).
 
-struct TileQ6K {  // one group of 256 values of 8 rows
+struct TileQ6K {  // one group of 256 values of 8 rows: the 8 rows' 210 bytes rearranged
+  static constexpr int kCentre = 32;
   // sub-block j: byte 4i + c of low[j][32p .. 32p + 31] holds the low 4 bits of row i's value 4p + c (low
   // nibble) and of its value 8 + 4p + c (high nibble); byte 4i + c of high[j] the top 2 bits of its values
   // c, 4 + c, 8 + c, 12 + c (bits 0-1, 2-3, 4-5, 6-7)
@@ -182,11 +185,27 @@ struct TileQ6K {  // one group of 256 values of 8 rows
 };
 static_assert(sizeof(TileQ6K) == 8 * 210, "a Q6_K tile group is its 8 rows' 210 bytes");
 
-// Row i's 6-bit code of value v (0..15) of sub-block j.
-inline int q6_tile_code(const TileQ6K& t, int j, int i, int v) {
+struct TileQ3K {  // one group of 256 values of 8 rows: their 110 bytes, the scales unpacked to a byte each
+  static constexpr int kCentre = 4;
+  // sub-block j: byte 4i + c of low[j] holds the low 2 bits of row i's values c, 4 + c, 8 + c, 12 + c (bits 0-1,
+  // 2-3, 4-5, 6-7); byte 4i + c of high[j / 2] their third bits (bits 0-3 for an even j, 4-7 for an odd one)
+  uint8_t low[16][32];
+  uint8_t high[8][32];
+  int8_t scales[8][16];  // S - 32: [pair of sub-blocks][row][which of the pair]
+  uint16_t d[8];         // fp16, per row
+};
+static_assert(sizeof(TileQ3K) == 8 * 114, "a Q3_K tile group is its 8 rows' 110 bytes and 4 of unpacked scales");
+
+// Row i's code of value v (0..15) of sub-block j.
+inline int k16_tile_code(const TileQ6K& t, int j, int i, int v) {
   const int quarter = v / 4, c = v % 4;
   const int low = (t.low[j][32 * (quarter % 2) + 4 * i + c] >> (4 * (quarter / 2))) & 15;
   return low | (((t.high[j][4 * i + c] >> (2 * quarter)) & 3) << 4);
+}
+inline int k16_tile_code(const TileQ3K& t, int j, int i, int v) {
+  const int quarter = v / 4, c = v % 4;
+  const int low = (t.low[j][4 * i + c] >> (2 * quarter)) & 3;
+  return low | (((t.high[j / 2][4 * i + c] >> (4 * (j % 2) + quarter)) & 1) << 2);
 }
 
 // Q6_K blocks [rows, groups * 210] -> units of `per_unit` tiles (`repack_tiles`).
@@ -207,20 +226,39 @@ inline at::Tensor tile_q6_k(const at::Tensor& blocks, int64_t cols, int64_t per_
   });
 }
 
-// Row i of a Q6_K tile in the integer form (`dequantize_rows`); its groups `stride` groups apart.
-inline void unpack_q6_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+// Q3_K blocks [rows, groups * 110] -> units of `per_unit` tiles (`repack_tiles`).
+inline at::Tensor tile_q3_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ3K>(blocks, cols, 110, per_unit, [](TileQ3K& t, int i, const uint8_t* b) {
+    alignas(32) uint8_t codes[256], scales[16];
+    three_bits_256(b + 32, b, codes);
+    scales_k3(b + 96, scales);
+    std::memcpy(&t.d[i], b + 108, 2);
+    for (int j = 0; j < 16; ++j) {
+      t.scales[j / 2][2 * i + j % 2] = static_cast<int8_t>(scales[j] - 32);
+      for (int v = 0; v < 16; ++v) {
+        const int code = codes[16 * j + v], quarter = v / 4, c = v % 4;
+        t.low[j][4 * i + c] |= static_cast<uint8_t>((code & 3) << (2 * quarter));
+        t.high[j / 2][4 * i + c] |= static_cast<uint8_t>((code >> 2) << (4 * (j % 2) + quarter));
+      }
+    }
+  });
+}
+
+// Row i of a Q6_K or Q3_K tile in the integer form (`dequantize_rows`); its groups `stride` groups apart.
+template <typename Tile>
+inline void unpack_k16_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
   const int64_t groups = cols / 256;
   u.resize(cols, groups);
   for (int64_t g = 0; g < groups; ++g) {
-    const TileQ6K& t = reinterpret_cast<const TileQ6K*>(tile)[g * stride];
+    const Tile& t = reinterpret_cast<const Tile*>(tile)[g * stride];
     for (int j = 0; j < 16; ++j) {
-      for (int v = 0; v < 16; ++v) u.codes[g * 256 + 16 * j + v] = static_cast<uint8_t>(q6_tile_code(t, j, i, v));
+      for (int v = 0; v < 16; ++v) u.codes[g * 256 + 16 * j + v] = static_cast<uint8_t>(k16_tile_code(t, j, i, v));
       const int s = t.scales[j / 2][2 * i + j % 2];
       set_sub(u, g * 16 + j, s, s);
     }
     const float d = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
     u.a[g] = d;
-    u.b[g] = -32.0f * d;
+    u.b[g] = -static_cast<float>(Tile::kCentre) * d;
   }
 }
 

@@ -120,39 +120,48 @@ struct K4Traits {  // Q4_K, and Q5_K (TileQ5K: the same tiles, fifth bits beside
 template <> struct Traits<Q4_K> : K4Traits<TileQ4K> {};
 template <> struct Traits<Q5_K> : K4Traits<TileQ5K> {};
 
-template <>
-struct Traits<Q6_K> {
-  using Tile = TileQ6K;
-  static constexpr bool row_kernel = true, tiles = true;
+template <typename TileType>
+struct K16Traits {  // Q3_K, and Q6_K (TileQ6K: the same kernels, 6-bit codes)
+  using Tile = TileType;
+  static constexpr bool row_kernel = false, tiles = true;
   static constexpr bool pairs = true, amx = true;
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
-    return tile_q6_k(blocks, cols, per_unit);
+    return std::is_same_v<Tile, TileQ6K> ? tile_q6_k(blocks, cols, per_unit) : tile_q3_k(blocks, cols, per_unit);
   }
   static void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
-    unpack_q6_tile_row(tile, i, cols, stride, u);
+    unpack_k16_tile_row<Tile>(tile, i, cols, stride, u);
   }
   static void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t n, int64_t stride, float* out) {
-    q6_tile_dots_portable(tile, x, 0, n, stride, out);
+    k16_tile_dots_portable<Tile>(tile, x, 0, n, stride, out);
   }
 #ifdef GGUF_AVX2
-  template <int ROWS>
-  static void row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
-    dots_q6_k<ROWS>(row, x, first, out);
-  }
   template <int ROWS, bool VNNI, int HALVES>
   static void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
-    q6_tile_dots<ROWS, VNNI, HALVES>(unit, x, first, out);
+    k16_tile_dots<ROWS, VNNI, HALVES, Tile>(unit, x, first, out);
   }
 #endif
 #ifdef GGUF_VNNI
   template <int ROWS>
   static void pair_dots(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
-    q6_tile_pair_dots_vnni<ROWS>(pair, x, first, out);
+    k16_tile_pair_dots_vnni<ROWS, Tile>(pair, x, first, out);
   }
 #endif
 #ifdef GGUF_AMX
   static void amx_dots(const uint8_t* pair, const Quantized& x, float* out) {
-    tile_pair_dots_amx<TileQ6K, Q6GroupTiles>(pair, x, out);
+    tile_pair_dots_amx<Tile, K16GroupTiles<Tile>>(pair, x, out);
+  }
+#endif
+};
+
+template <> struct Traits<Q3_K> : K16Traits<TileQ3K> {};
+
+template <>
+struct Traits<Q6_K> : K16Traits<TileQ6K> {
+  static constexpr bool row_kernel = true;
+#ifdef GGUF_AVX2
+  template <int ROWS>
+  static void row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+    dots_q6_k<ROWS>(row, x, first, out);
   }
 #endif
 };

@@ -89,6 +89,24 @@ inline void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
   }
 }
 
+// Q3_K: the sixteen 6-bit scales from the 12 packed bytes (low nibbles in bytes 0-7, top two bits in 8-11).
+inline void scales_k3(const uint8_t* q, uint8_t* out) {
+  for (int j = 0; j < 16; ++j) {
+    const int low = (q[j % 8] >> (4 * (j / 8))) & 15, top = (q[8 + j % 4] >> (2 * (j / 4))) & 3;
+    out[j] = static_cast<uint8_t>(low | top << 4);
+  }
+}
+
+// Q3_K: 64 bytes of 2-bit codes and 32 bytes of third bits -> 256 codes in 0..7. Value 128h + 32s + l: bits 2s,
+// 2s + 1 of byte 32h + l of the low codes, bit 4h + s of high byte l.
+inline void three_bits_256(const uint8_t* low, const uint8_t* high, uint8_t* out) {
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 4; ++s)
+      for (int l = 0; l < 32; ++l)
+        out[128 * h + 32 * s + l] = static_cast<uint8_t>(((low[32 * h + l] >> (2 * s)) & 3) |
+                                                         (((high[l] >> (4 * h + s)) & 1) << 2));
+}
+
 // S and M of the 16-value sub-block `j`, both halves of a 32-value sub-block alike where they come in 32s.
 inline void set_sub(Unpacked& u, int64_t j, int s, int m) {
   std::fill_n(u.pair_scales.data() + 8 * j, 8, static_cast<int16_t>(s));
@@ -156,6 +174,16 @@ inline void unpack_row(const uint8_t* row, int64_t type, int64_t cols, Unpacked&
         }
         u.a[k] = half(b);
         u.b[k] = -half(b + 2);
+        break;
+      }
+      case Q3_K: {  // w = d (S - 32) (u - 4)
+        three_bits_256(b + 32, b, codes);
+        uint8_t scales[16];
+        scales_k3(b + 96, scales);
+        for (int j = 0; j < 16; ++j) set_sub(u, sub + j, scales[j] - 32, scales[j] - 32);
+        const float d = half(b + 108);
+        u.a[k] = d;
+        u.b[k] = -4.0f * d;
         break;
       }
       case Q6_K: {
