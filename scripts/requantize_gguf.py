@@ -5,7 +5,8 @@ unharmed, or in Q5_K, most of a Q5_K_M file). With --llama-cpp, llama.cpp's own 
 (llama-cpp-python's `llama_model_quantize`, from a Q8_0 or F16 source): its mixture of types, the output layer
 kept at Q6_K, as files of that type ship.
 
-    python scripts/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k|q3_k_m|...] [--llama-cpp]
+    python scripts/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k] [--llama-cpp]
+    python scripts/requantize_gguf.py Q8_0.gguf OUT.gguf --type q3_k_s|q3_k_m|q3_k_l --llama-cpp
 """
 
 from __future__ import annotations
