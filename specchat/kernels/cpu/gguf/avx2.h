@@ -525,9 +525,10 @@ inline __m256i k16_pair_offset(__m256i scales16, const int16_t* sums) {
   return _mm256_madd_epi16(scales16, _mm256_set1_epi32(both));
 }
 
-// ROWS activation rows share each tile's codes (Q6_K's or Q3_K's tiles: Tile). AVX2 sums two quarters' products
-// in int16 (at most 4 * 63 * 127 < 2^15) before the scale's widening multiply-add; VNNI sums a sub-block's four
-// quarters straight into int32 lanes, then multiplies by the scale once. The integers P and Q are the same either way.
+// ROWS activation rows share each tile's codes (Q6_K's or Q3_K's tiles: Tile). AVX2 sums Q6_K's products two
+// quarters at a time in int16 (at most 4 * 63 * 128 < 2^15), Q3_K's all four, before the scale's widening
+// multiply-add; VNNI sums a sub-block's four quarters straight into int32 lanes, then multiplies by the scale once.
+// The integers P and Q are the same either way.
 template <int ROWS, bool VNNI, int HALVES, typename Tile>
 void k16_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols;
@@ -549,10 +550,10 @@ void k16_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float
         for (int r = 0; r < ROWS; ++r) {
           const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * (2 * pair + h);
           const __m256i front = products<VNNI>(products<VNNI>(_mm256_setzero_si256(), codes[0], quad(a, 0)), codes[1], quad(a, 1));
-          if constexpr (VNNI) {
+          if constexpr (VNNI || 8 * Tile::kLargestCode * 128 < 32768) {  // AVX2: Q3_K's four quarters in int16
             const __m256i sum = products<VNNI>(products<VNNI>(front, codes[2], quad(a, 2)), codes[3], quad(a, 3));
             p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(sum, scales[h]));
-          } else {  // two quarters at a time in int16, each pair widened by the scale's multiply-add
+          } else {  // Q6_K: two quarters at a time in int16, each pair widened by the scale's multiply-add
             const __m256i back = products<VNNI>(products<VNNI>(_mm256_setzero_si256(), codes[2], quad(a, 2)), codes[3], quad(a, 3));
             p[r] = _mm256_add_epi32(p[r], _mm256_add_epi32(scaled<VNNI>(front, scales[h]), scaled<VNNI>(back, scales[h])));
           }

@@ -174,7 +174,7 @@ inline void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_
 // codes are read (`k16_tile_code` and its vector forms).
 
 struct TileQ6K {  // one group of 256 values of 8 rows: the 8 rows' 210 bytes rearranged
-  static constexpr int kCentre = 32;
+  static constexpr int kCentre = 32, kLargestCode = 63;
   // sub-block j: byte 4i + c of low[j][32p .. 32p + 31] holds the low 4 bits of row i's value 4p + c (low
   // nibble) and of its value 8 + 4p + c (high nibble); byte 4i + c of high[j] the top 2 bits of its values
   // c, 4 + c, 8 + c, 12 + c (bits 0-1, 2-3, 4-5, 6-7)
@@ -186,7 +186,7 @@ struct TileQ6K {  // one group of 256 values of 8 rows: the 8 rows' 210 bytes re
 static_assert(sizeof(TileQ6K) == 8 * 210, "a Q6_K tile group is its 8 rows' 210 bytes");
 
 struct TileQ3K {  // one group of 256 values of 8 rows: their 110 bytes, the scales unpacked to a byte each
-  static constexpr int kCentre = 4;
+  static constexpr int kCentre = 4, kLargestCode = 7;
   // sub-block j: byte 4i + c of low[j] holds the low 2 bits of row i's values c, 4 + c, 8 + c, 12 + c (bits 0-1,
   // 2-3, 4-5, 6-7); byte 4i + c of high[j / 2] their third bits (bits 0-3 for an even j, 4-7 for an odd one)
   uint8_t low[16][32];
