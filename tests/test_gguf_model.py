@@ -1,7 +1,7 @@
 """Any GGUF file as `--model`: a tiny random qwen2 model written with gguf-py (every block type among its
 matrices, q/k/v biases, the embedded model's tokenizer) loads on its own blocks, and speculative decoding on
-it equals autoregressive decoding, greedy and seeded sampling, through the CPU decoder (bf16) and through
-transformers' forward (fp32). Files that cannot run are refused in one line."""
+it equals autoregressive decoding, greedy and seeded sampling, through the CPU decoder and through the torch
+decoder (bf16). Files that cannot run are refused in one line."""
 
 from __future__ import annotations
 
