@@ -86,9 +86,8 @@ YarnOption = Annotated[
 DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 ThreadsOption = Annotated[
     int | None,
-    typer.Option("--threads", help="CPU threads the model runs on (llama.cpp's -t; default: torch's, one per "
-                 "physical core). Fewer can be faster where some cores are slow (Intel's E-cores).",
-                 show_default=False),
+    typer.Option("--threads", help="CPU threads the model runs on (llama.cpp's -t; default: one per physical "
+                 "core, on Intel's hybrid CPUs one per performance core).", show_default=False),
 ]  # fmt: skip
 AttentionOption = Annotated[
     str,
@@ -155,11 +154,15 @@ def check_drafters(names: list[str], draft_budget: int | None) -> list[DrafterCh
 
 
 def use_threads(threads: int | None) -> None:
-    """Run the model's CPU work on `threads` threads: torch's intra-op pool, which the CPU decoder's kernels share."""
+    """Run the model's CPU work on `threads` threads (by default one per physical core, performance cores only on a
+    hybrid CPU: `cpu_cores`): torch's intra-op pool, which the CPU decoder's kernels share."""
+    if threads is not None and threads < 1:
+        raise SpecchatError(f"--threads must be at least 1, not {threads}")
+    from specchat.cpu_cores import performance_cores
+
+    threads = threads or performance_cores()
     if threads is None:
         return
-    if threads < 1:
-        raise SpecchatError(f"--threads must be at least 1, not {threads}")
     import torch
 
     torch.set_num_threads(threads)
