@@ -27,6 +27,7 @@ BLOCK_TYPES = {  # ggml type id -> layout (kernels/cpu/gguf/formats.h)
     6: BlockType("q5_0", 32, 22),
     7: BlockType("q5_1", 32, 24),
     8: BlockType("q8_0", 32, 34),
+    10: BlockType("q2_k", 256, 84),
     11: BlockType("q3_k", 256, 110),
     12: BlockType("q4_k", 256, 144),
     13: BlockType("q5_k", 256, 176),

@@ -71,10 +71,10 @@ struct K4GroupTiles {
   }
 };
 
-// Q6_K's and Q3_K's sub-block scales are signed and their codes up to 6 bits, so a code times a scale needs two
-// bytes. The scales go in unsigned, S + 128 = sum_t 4^t s_t in base 4 (a code times a digit: at most 63 x 3 = 189,
-// a byte), and P = sum_j S_j (u . a)_j = sum_t 4^t C_t - 128 C_u from five C tiles: four of the digits' B tiles and
-// one of the bare codes.
+// The k16 tiles' sub-block scales are signed (Q6_K, Q3_K) and their codes up to 6 bits, so a code times a scale
+// needs two bytes. The scales go in unsigned, S + 128 = sum_t 4^t s_t in base 4 (a code times a digit: at most 63 x
+// 3 = 189, a byte), and P = sum_j S_j (u . a)_j = sum_t 4^t C_t - 128 C_u from five C tiles: four of the digits' B
+// tiles and one of the bare codes.
 template <typename Tile>
 struct K16GroupTiles {
   static constexpr int64_t kAheadGroups = kPrefetchGroups / 2;  // as 512 bits

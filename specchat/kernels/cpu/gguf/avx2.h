@@ -500,6 +500,14 @@ inline void k16_tile_codes(const TileQ3K& t, int j, __m256i (&codes)[4]) {
                              _mm256_and_si256(_mm256_srli_epi16(high, 1), bit2));
 }
 
+inline void k16_tile_codes(const TileQ2K& t, int j, __m256i (&codes)[4]) {
+  const __m256i m2 = _mm256_set1_epi8(3), low = load256(t.low[j]);
+  codes[0] = _mm256_and_si256(low, m2);
+  codes[1] = _mm256_and_si256(_mm256_srli_epi16(low, 2), m2);
+  codes[2] = _mm256_and_si256(_mm256_srli_epi16(low, 4), m2);
+  codes[3] = _mm256_and_si256(_mm256_srli_epi16(low, 6), m2);
+}
+
 // Activation values 4k .. 4k + 3 of a sub-block, broadcast to every lane.
 inline __m256i quad(const int8_t* a, int k) {
   int32_t four;
@@ -507,26 +515,48 @@ inline __m256i quad(const int8_t* a, int k) {
   return _mm256_set1_epi32(four);
 }
 
-// The end of a Q6_K or Q3_K tile group for one activation row (P and Q summed, row i's in lane i).
+// A pair of sub-blocks' S and M, int16 [row][which of the pair] (`k16_scale`, `k16_min`).
+template <typename Tile>
+inline void k16_pair_scales(const Tile& t, int pair, __m256i& scales, __m256i& mins) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scales[pair]));
+  if constexpr (Tile::kMins) {
+    const __m256i both = _mm256_cvtepu8_epi16(bytes);
+    scales = _mm256_and_si256(both, _mm256_set1_epi16(15));
+    mins = _mm256_srli_epi16(both, 4);
+  } else {
+    scales = mins = _mm256_cvtepi8_epi16(bytes);
+  }
+}
+
+// Each row's B (`k16_offset_factor`), row i's in lane i.
+template <typename Tile>
+inline __m256 k16_offset_factors(const Tile& t) {
+  if constexpr (Tile::kMins)
+    return _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.dmin))));
+  else
+    return _mm256_mul_ps(_mm256_set1_ps(-static_cast<float>(Tile::kCentre)),
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d))));
+}
+
+// The end of a k16 tile group for one activation row (P and Q summed, row i's in lane i).
 template <typename Tile>
 inline void close_k16_tile_group(const Tile& t, const Quantized& x, int64_t r, int64_t g, __m256i p, __m256i q,
                                  __m256& acc, __m256& offset) {
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
   const __m256 da = _mm256_broadcast_ss(x.scale.data() + r * (x.cols / 256) + g);
   acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(da, d), acc);
-  const __m256 neg_centre = _mm256_set1_ps(-static_cast<float>(Tile::kCentre));
-  offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(da, _mm256_mul_ps(neg_centre, d)), offset);
+  offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(da, k16_offset_factors(t)), offset);
 }
 
-// Q: a pair of sub-blocks' scales (int16 lanes 2i, 2i + 1: row i's) times the row's two sums.
-inline __m256i k16_pair_offset(__m256i scales16, const int16_t* sums) {
+// Q: a pair of sub-blocks' M (int16 lanes 2i, 2i + 1: row i's) times the row's two sums.
+inline __m256i k16_pair_offset(__m256i mins16, const int16_t* sums) {
   int32_t both;
   std::memcpy(&both, sums, 4);
-  return _mm256_madd_epi16(scales16, _mm256_set1_epi32(both));
+  return _mm256_madd_epi16(mins16, _mm256_set1_epi32(both));
 }
 
-// ROWS activation rows share each tile's codes (Q6_K's or Q3_K's tiles: Tile). AVX2 sums Q6_K's products two
-// quarters at a time in int16 (at most 4 * 63 * 128 < 2^15), Q3_K's all four, before the scale's widening
+// ROWS activation rows share each tile's codes (Q6_K's, Q3_K's or Q2_K's tiles: Tile). AVX2 sums Q6_K's products two
+// quarters at a time in int16 (at most 4 * 63 * 128 < 2^15), the others' all four, before the scale's widening
 // multiply-add; VNNI sums a sub-block's four quarters straight into int32 lanes, then multiplies by the scale once.
 // The integers P and Q are the same either way.
 template <int ROWS, bool VNNI, int HALVES, typename Tile>
@@ -539,7 +569,8 @@ void k16_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float
 #pragma GCC unroll 1
     for (int pair = 0; pair < 8; ++pair) {
       prefetch_part(ahead, sizeof(Tile), pair, 8);
-      const __m256i both = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scales[pair])));
+      __m256i both, mins;
+      k16_pair_scales(t, pair, both, mins);
       // row i's scale of the pair's first (second) sub-block: VNNI in int32 lane i, AVX2 in int16 lanes 2i, 2i + 1
       const __m256i scales[2] = {
           VNNI ? _mm256_srai_epi32(_mm256_slli_epi32(both, 16), 16) : _mm256_blend_epi16(both, _mm256_slli_epi32(both, 16), 0xAA),
@@ -550,7 +581,7 @@ void k16_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float
         for (int r = 0; r < ROWS; ++r) {
           const int8_t* a = x.q.data() + (first + r) * cols + g * 256 + 16 * (2 * pair + h);
           const __m256i front = products<VNNI>(products<VNNI>(_mm256_setzero_si256(), codes[0], quad(a, 0)), codes[1], quad(a, 1));
-          if constexpr (VNNI || 8 * Tile::kLargestCode * 128 < 32768) {  // AVX2: Q3_K's four quarters in int16
+          if constexpr (VNNI || 8 * Tile::kLargestCode * 128 < 32768) {  // AVX2: four quarters in int16
             const __m256i sum = products<VNNI>(products<VNNI>(front, codes[2], quad(a, 2)), codes[3], quad(a, 3));
             p[r] = _mm256_add_epi32(p[r], scaled<VNNI>(sum, scales[h]));
           } else {  // Q6_K: two quarters at a time in int16, each pair widened by the scale's multiply-add
@@ -560,7 +591,7 @@ void k16_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float
         }
       }
       for (int r = 0; r < ROWS; ++r)
-        q[r] = _mm256_add_epi32(q[r], k16_pair_offset(both, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair));
+        q[r] = _mm256_add_epi32(q[r], k16_pair_offset(mins, x.sums.data() + (first + r) * cols / 16 + g * 16 + 2 * pair));
     }
     for (int r = 0; r < ROWS; ++r) close_k16_tile_group(t, x, first + r, g, p[r], q[r], acc[r], offset[r]);
   });

@@ -138,7 +138,7 @@ inline __m512i quad512(const int8_t* a, int k) {
   return _mm512_set1_epi32(four);
 }
 
-// Sub-block j's codes of a pair of Q6_K or Q3_K tiles: codes[k] holds values 4k .. 4k + 3 of each of the 16 rows.
+// Sub-block j's codes of a pair of Q6_K, Q3_K or Q2_K tiles: codes[k] holds values 4k .. 4k + 3 of each of the 16 rows.
 inline void k16_pair_codes(const TileQ6K& ta, const TileQ6K& tb, int j, __m512i (&codes)[4]) {
   const __m512i m4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
   const __m512i low0 = pair_bytes(ta.low[j], tb.low[j]), low1 = pair_bytes(ta.low[j] + 32, tb.low[j] + 32);
@@ -161,19 +161,38 @@ inline void k16_pair_codes(const TileQ3K& ta, const TileQ3K& tb, int j, __m512i 
                              _mm512_and_si512(_mm512_srli_epi16(high, 1), bit2));
 }
 
-// A Q6_K or Q3_K pair's group closed for an activation row: the integer sum of its sub-block scales times the row's
-// sums, then both float steps of `k16_tile_dots` (avx2.h), each lane's.
+inline void k16_pair_codes(const TileQ2K& ta, const TileQ2K& tb, int j, __m512i (&codes)[4]) {
+  const __m512i m2 = _mm512_set1_epi8(3), low = pair_bytes(ta.low[j], tb.low[j]);
+  codes[0] = _mm512_and_si512(low, m2);
+  codes[1] = _mm512_and_si512(_mm512_srli_epi16(low, 2), m2);
+  codes[2] = _mm512_and_si512(_mm512_srli_epi16(low, 4), m2);
+  codes[3] = _mm512_and_si512(_mm512_srli_epi16(low, 6), m2);
+}
+
+// A k16 pair's group (Q6_K, Q3_K or Q2_K tiles) closed for an activation row: the integer sum of its sub-blocks' M
+// times the row's sums, then both float steps of `k16_tile_dots` (avx2.h), each lane's.
 struct K16PairGroup {
-  __m512 d, neg_centre_d;
-  __m512i scales16[8];  // int16 [row][which of the pair], per pair of sub-blocks
+  __m512 d, offset_factor;              // d and B by row
+  __m512i scales16[8], mins16[8];       // S and M, int16 [row][which of the pair], per pair of sub-blocks
 
   template <typename Tile>
-  K16PairGroup(const Tile& ta, const Tile& tb)
-      : d(pair_halves(ta.d, tb.d)), neg_centre_d(_mm512_mul_ps(_mm512_set1_ps(-static_cast<float>(Tile::kCentre)), d)) {
-    for (int pair = 0; pair < 8; ++pair)
-      scales16[pair] = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+  K16PairGroup(const Tile& ta, const Tile& tb) : d(pair_halves(ta.d, tb.d)) {
+    if constexpr (Tile::kMins)
+      offset_factor = _mm512_sub_ps(_mm512_setzero_ps(), pair_halves(ta.dmin, tb.dmin));
+    else
+      offset_factor = _mm512_mul_ps(_mm512_set1_ps(-static_cast<float>(Tile::kCentre)), d);
+    for (int pair = 0; pair < 8; ++pair) {
+      const __m256i bytes = _mm256_inserti128_si256(
           _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.scales[pair]))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.scales[pair])), 1));
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.scales[pair])), 1);
+      if constexpr (Tile::kMins) {
+        const __m512i both = _mm512_cvtepu8_epi16(bytes);
+        scales16[pair] = _mm512_and_si512(both, _mm512_set1_epi16(15));
+        mins16[pair] = _mm512_srli_epi16(both, 4);
+      } else {
+        scales16[pair] = mins16[pair] = _mm512_cvtepi8_epi16(bytes);
+      }
+    }
   }
 
   // Sub-block j's scales, int32 by row.
@@ -184,12 +203,12 @@ struct K16PairGroup {
 
   // Row `row` of x, group g, its sub-blocks' scaled sums p.
   void operator()(const Quantized& x, int64_t row, int64_t g, __m512i p, __m512& acc, __m512& offset) const {
-    close_pair_group<8>(x, row, g, x.sums.data() + row * x.cols / 16 + g * 16, scales16, d, neg_centre_d, p, acc,
+    close_pair_group<8>(x, row, g, x.sums.data() + row * x.cols / 16 + g * 16, mins16, d, offset_factor, p, acc,
                         offset);
   }
 };
 
-// A pair of Q6_K or Q3_K tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's),
+// A pair of Q6_K, Q3_K or Q2_K tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's),
 // as `tile_pair_dots_vnni` does for Q4_K: every lane's integer and float steps those of `k16_tile_dots<ROWS, true>`.
 template <int ROWS, typename Tile>
 void k16_tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {

@@ -37,6 +37,7 @@ namespace gguf {
   X(Q5_0, 6, 32, 22, true)       \
   X(Q5_1, 7, 32, 24, false)      \
   X(Q8_0, 8, 32, 34, true)       \
+  X(Q2_K, 10, 256, 84, false)    \
   X(Q3_K, 11, 256, 110, false)   \
   X(Q4_K, 12, 256, 144, false)   \
   X(Q5_K, 13, 256, 176, false)   \

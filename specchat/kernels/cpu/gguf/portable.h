@@ -99,7 +99,7 @@ inline void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t 
   }
 }
 
-// Portable, Q6_K and Q3_K tiles: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
+// Portable, Q6_K, Q3_K and Q2_K tiles: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
 template <typename Tile>
 void k16_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,
                             float* out) {
@@ -116,13 +116,12 @@ void k16_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t fir
         for (int j = 0; j < 16; ++j) {
           int32_t dot = 0;
           for (int v = 0; v < 16; ++v) dot += k16_tile_code(t, j, i, v) * a[g * 256 + 16 * j + v];
-          const int32_t s = t.scales[j / 2][2 * i + j % 2];
-          p += s * dot;
-          q += s * sums[g * 16 + j];
+          p += k16_scale(t, j, i) * dot;
+          q += k16_min(t, j, i) * sums[g * 16 + j];
         }
         const float d = x.scale[r * groups + g], di = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
         acc = std::fma(static_cast<float>(p), d * di, acc);
-        offset = std::fma(static_cast<float>(q), d * (-static_cast<float>(Tile::kCentre) * di), offset);
+        offset = std::fma(static_cast<float>(q), d * k16_offset_factor(t, i), offset);
       }
       out[i * x.rows + r] = acc + offset;
     }

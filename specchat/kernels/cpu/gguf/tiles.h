@@ -161,20 +161,23 @@ inline void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_
   }
 }
 
-// ---- Q6_K and Q3_K in tiles of eight rows -------------------------------------------------------------------
+// ---- Q6_K, Q3_K and Q2_K in tiles of eight rows --------------------------------------------------------------
 //
-// The same idea for the K-quants of 16-value sub-blocks, each with one signed scale, and codes centred on C:
-// w = d S (u - C), Q6_K's codes 6 bits (C = 32: the 1.5B's output head and half its down projections), Q3_K's 3
-// bits (C = 4, and S its 6-bit scale less 32). Per group of 256 values and sub-block j of 16, one 32-byte vector
-// per quarter of the sub-block holds 4 values of each of the 8 rows, so 4 activation values, broadcast, multiply
-// all 8 rows at once. Per weight row i, activation row r and group g:
-//   P = sum_j S[i][j] (u . a)_j,  Q = sum_j S[i][j] sum(a)_j        (integers: exact in any order)
-//   acc = fma(float(P), D[g] * d[i], acc),  offset = fma(float(Q), D[g] * (-C d[i]), offset)
-// and the result is acc + offset, in every path alike. The kernels of both ("k16") differ only in how a quarter's
-// codes are read (`k16_tile_code` and its vector forms).
+// The same idea for the K-quants of 16-value sub-blocks, each with an integer scale S: w = d S u + B M, Q6_K's
+// codes 6 bits and centred on C = 32 (M = S, B = -C d: the 1.5B's output head and half its down projections),
+// Q3_K's 3 bits with C = 4 (S its 6-bit scale less 32), Q2_K's 2 bits with a 4-bit min M of their own and B =
+// -dmin. Per group of 256 values and sub-block j of 16, one 32-byte vector per quarter of the sub-block holds 4
+// values of each of the 8 rows, so 4 activation values, broadcast, multiply all 8 rows at once. Per weight row i,
+// activation row r and group g:
+//   P = sum_j S[i][j] (u . a)_j,  Q = sum_j M[i][j] sum(a)_j        (integers: exact in any order)
+//   acc = fma(float(P), D[g] * d[i], acc),  offset = fma(float(Q), D[g] * B[i], offset)
+// and the result is acc + offset, in every path alike. The kernels of all three ("k16") differ only in how a
+// quarter's codes and a sub-block's S and M are read (`k16_tile_code`, `k16_scale`, `k16_min` and their vector
+// forms) and in B (`k16_offset_factor`).
 
 struct TileQ6K {  // one group of 256 values of 8 rows: the 8 rows' 210 bytes rearranged
   static constexpr int kCentre = 32, kLargestCode = 63;
+  static constexpr bool kMins = false;
   // sub-block j: byte 4i + c of low[j][32p .. 32p + 31] holds the low 4 bits of row i's value 4p + c (low
   // nibble) and of its value 8 + 4p + c (high nibble); byte 4i + c of high[j] the top 2 bits of its values
   // c, 4 + c, 8 + c, 12 + c (bits 0-1, 2-3, 4-5, 6-7)
@@ -187,6 +190,7 @@ static_assert(sizeof(TileQ6K) == 8 * 210, "a Q6_K tile group is its 8 rows' 210 
 
 struct TileQ3K {  // one group of 256 values of 8 rows: their 110 bytes, the scales unpacked to a byte each
   static constexpr int kCentre = 4, kLargestCode = 7;
+  static constexpr bool kMins = false;
   // sub-block j: byte 4i + c of low[j] holds the low 2 bits of row i's values c, 4 + c, 8 + c, 12 + c (bits 0-1,
   // 2-3, 4-5, 6-7); byte 4i + c of high[j / 2] their third bits (bits 0-3 for an even j, 4-7 for an odd one)
   uint8_t low[16][32];
@@ -195,6 +199,15 @@ struct TileQ3K {  // one group of 256 values of 8 rows: their 110 bytes, the sca
   uint16_t d[8];         // fp16, per row
 };
 static_assert(sizeof(TileQ3K) == 8 * 114, "a Q3_K tile group is its 8 rows' 110 bytes and 4 of unpacked scales");
+
+struct TileQ2K {  // one group of 256 values of 8 rows: the 8 rows' 84 bytes rearranged
+  static constexpr int kLargestCode = 3;
+  static constexpr bool kMins = true;
+  uint8_t low[16][32];     // as TileQ3K's
+  uint8_t scales[8][16];   // [pair of sub-blocks][row][which of the pair]: S in the low nibble, M in the high one
+  uint16_t d[8], dmin[8];  // fp16, per row
+};
+static_assert(sizeof(TileQ2K) == 8 * 84, "a Q2_K tile group is its 8 rows' 84 bytes");
 
 // Row i's code of value v (0..15) of sub-block j.
 inline int k16_tile_code(const TileQ6K& t, int j, int i, int v) {
@@ -206,6 +219,23 @@ inline int k16_tile_code(const TileQ3K& t, int j, int i, int v) {
   const int quarter = v / 4, c = v % 4;
   const int low = (t.low[j][4 * i + c] >> (2 * quarter)) & 3;
   return low | (((t.high[j / 2][4 * i + c] >> (4 * (j % 2) + quarter)) & 1) << 2);
+}
+inline int k16_tile_code(const TileQ2K& t, int j, int i, int v) { return (t.low[j][4 * i + v % 4] >> (v / 4 * 2)) & 3; }
+
+// Row i's S and M of sub-block j, and its B.
+template <typename Tile>
+inline int k16_scale(const Tile& t, int j, int i) {
+  const int s = t.scales[j / 2][2 * i + j % 2];
+  return Tile::kMins ? s & 15 : s;
+}
+template <typename Tile>
+inline int k16_min(const Tile& t, int j, int i) {
+  return Tile::kMins ? t.scales[j / 2][2 * i + j % 2] >> 4 : k16_scale(t, j, i);
+}
+template <typename Tile>
+inline float k16_offset_factor(const Tile& t, int i) {
+  if constexpr (Tile::kMins) return -half(reinterpret_cast<const uint8_t*>(&t.dmin[i]));
+  else return -static_cast<float>(Tile::kCentre) * half(reinterpret_cast<const uint8_t*>(&t.d[i]));
 }
 
 // Q6_K blocks [rows, groups * 210] -> units of `per_unit` tiles (`repack_tiles`).
@@ -244,7 +274,21 @@ inline at::Tensor tile_q3_k(const at::Tensor& blocks, int64_t cols, int64_t per_
   });
 }
 
-// Row i of a Q6_K or Q3_K tile in the integer form (`dequantize_rows`); its groups `stride` groups apart.
+// Q2_K blocks [rows, groups * 84] -> units of `per_unit` tiles (`repack_tiles`).
+inline at::Tensor tile_q2_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileQ2K>(blocks, cols, 84, per_unit, [](TileQ2K& t, int i, const uint8_t* b) {
+    alignas(32) uint8_t codes[256];
+    two_bits_256(b + 16, codes);
+    std::memcpy(&t.d[i], b + 80, 2);
+    std::memcpy(&t.dmin[i], b + 82, 2);
+    for (int j = 0; j < 16; ++j) {
+      t.scales[j / 2][2 * i + j % 2] = b[j];
+      for (int v = 0; v < 16; ++v) t.low[j][4 * i + v % 4] |= static_cast<uint8_t>(codes[16 * j + v] << (v / 4 * 2));
+    }
+  });
+}
+
+// Row i of a Q6_K, Q3_K or Q2_K tile in the integer form (`dequantize_rows`); its groups `stride` groups apart.
 template <typename Tile>
 inline void unpack_k16_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
   const int64_t groups = cols / 256;
@@ -253,12 +297,10 @@ inline void unpack_k16_tile_row(const uint8_t* tile, int64_t i, int64_t cols, in
     const Tile& t = reinterpret_cast<const Tile*>(tile)[g * stride];
     for (int j = 0; j < 16; ++j) {
       for (int v = 0; v < 16; ++v) u.codes[g * 256 + 16 * j + v] = static_cast<uint8_t>(k16_tile_code(t, j, i, v));
-      const int s = t.scales[j / 2][2 * i + j % 2];
-      set_sub(u, g * 16 + j, s, s);
+      set_sub(u, g * 16 + j, k16_scale(t, j, i), k16_min(t, j, i));
     }
-    const float d = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
-    u.a[g] = d;
-    u.b[g] = -static_cast<float>(Tile::kCentre) * d;
+    u.a[g] = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+    u.b[g] = k16_offset_factor(t, i);
   }
 }
 

@@ -121,12 +121,14 @@ template <> struct Traits<Q4_K> : K4Traits<TileQ4K> {};
 template <> struct Traits<Q5_K> : K4Traits<TileQ5K> {};
 
 template <typename TileType>
-struct K16Traits {  // Q3_K, and Q6_K (TileQ6K: the same kernels, 6-bit codes)
+struct K16Traits {  // Q2_K, Q3_K and Q6_K: the same kernels over their tiles (tiles.h, "k16")
   using Tile = TileType;
   static constexpr bool row_kernel = false, tiles = true;
   static constexpr bool pairs = true, amx = true;
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
-    return std::is_same_v<Tile, TileQ6K> ? tile_q6_k(blocks, cols, per_unit) : tile_q3_k(blocks, cols, per_unit);
+    if constexpr (std::is_same_v<Tile, TileQ6K>) return tile_q6_k(blocks, cols, per_unit);
+    else if constexpr (std::is_same_v<Tile, TileQ3K>) return tile_q3_k(blocks, cols, per_unit);
+    else return tile_q2_k(blocks, cols, per_unit);
   }
   static void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
     unpack_k16_tile_row<Tile>(tile, i, cols, stride, u);
@@ -153,6 +155,7 @@ struct K16Traits {  // Q3_K, and Q6_K (TileQ6K: the same kernels, 6-bit codes)
 #endif
 };
 
+template <> struct Traits<Q2_K> : K16Traits<TileQ2K> {};
 template <> struct Traits<Q3_K> : K16Traits<TileQ3K> {};
 
 template <>

@@ -97,14 +97,19 @@ inline void scales_k3(const uint8_t* q, uint8_t* out) {
   }
 }
 
-// Q3_K: 64 bytes of 2-bit codes and 32 bytes of third bits -> 256 codes in 0..7. Value 128h + 32s + l: bits 2s,
-// 2s + 1 of byte 32h + l of the low codes, bit 4h + s of high byte l.
-inline void three_bits_256(const uint8_t* low, const uint8_t* high, uint8_t* out) {
+// Q2_K and Q3_K: 64 bytes of 2-bit codes -> 256 codes in 0..3. Value 128h + 32s + l: bits 2s, 2s + 1 of byte
+// 32h + l.
+inline void two_bits_256(const uint8_t* low, uint8_t* out) {
   for (int h = 0; h < 2; ++h)
     for (int s = 0; s < 4; ++s)
-      for (int l = 0; l < 32; ++l)
-        out[128 * h + 32 * s + l] = static_cast<uint8_t>(((low[32 * h + l] >> (2 * s)) & 3) |
-                                                         (((high[l] >> (4 * h + s)) & 1) << 2));
+      for (int l = 0; l < 32; ++l) out[128 * h + 32 * s + l] = static_cast<uint8_t>((low[32 * h + l] >> (2 * s)) & 3);
+}
+
+// Q3_K: `two_bits_256` and 32 bytes of third bits -> 256 codes in 0..7; value 128h + 32s + l's third bit is bit
+// 4h + s of high byte l.
+inline void three_bits_256(const uint8_t* low, const uint8_t* high, uint8_t* out) {
+  two_bits_256(low, out);
+  for (int v = 0; v < 256; ++v) out[v] |= static_cast<uint8_t>(((high[v % 32] >> (v / 32)) & 1) << 2);
 }
 
 // S and M of the 16-value sub-block `j`, both halves of a 32-value sub-block alike where they come in 32s.
@@ -176,6 +181,12 @@ inline void unpack_row(const uint8_t* row, int64_t type, int64_t cols, Unpacked&
         u.b[k] = -half(b + 2);
         break;
       }
+      case Q2_K:  // w = d S u - dmin M, S and M a byte's nibbles
+        two_bits_256(b + 16, codes);
+        for (int j = 0; j < 16; ++j) set_sub(u, sub + j, b[j] & 15, b[j] >> 4);
+        u.a[k] = half(b + 80);
+        u.b[k] = -half(b + 82);
+        break;
       case Q3_K: {  // w = d (S - 32) (u - 4)
         three_bits_256(b + 32, b, codes);
         uint8_t scales[16];
