@@ -23,9 +23,9 @@ import torch
 from torch.utils.cpp_extension import get_default_build_root
 
 from specchat.quant.gguf_model import gguf_tensors
+from specchat.quant.gguf_types import BLOCK_TYPES
 
 FILE = Path.home() / ".cache/specchat/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-BLOCK_TYPES = {2, 3, 6, 7, 8, 12, 13, 14}  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 
 
 def load_build(version: str):
@@ -47,7 +47,7 @@ def held_by(build, blocks: torch.Tensor, kind: int, cols: int, per_unit: int | N
 
 def main() -> None:
     torch.set_num_threads(2)
-    repeats, rows, file, types = int(sys.argv[1]), [1, 2, 3, 4, 8, 16], FILE, BLOCK_TYPES
+    repeats, rows, file, types = int(sys.argv[1]), [1, 2, 3, 4, 8, 16], FILE, set(BLOCK_TYPES)
     builds = {}  # name -> (build, tiles per unit or None, path)
     for arg in sys.argv[2:]:
         name, value = arg.split("=")
