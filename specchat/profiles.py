@@ -28,14 +28,18 @@ class Profile:
 
 
 def profile_of(spec: str | None) -> Profile | None:
-    """The profile `--model` runs with: an alias's, or for a GGUF file the profile of the model it holds (its
-    header read, not the file loaded: options are checked before torch is imported)."""
+    """The profile `--model` runs with: an alias's, or for a GGUF file (or a model ollama has pulled) the profile of
+    the model it holds (its header read, not the file loaded: options are checked before torch is imported)."""
     profiles = load_profiles()
     spec = spec or DEFAULT_PROFILE
     if spec in profiles:
         return profiles[spec]
     path = Path(spec).expanduser()
-    return gguf_profile(general_fields(path), profiles) if path.suffix.lower() == ".gguf" else None
+    if path.suffix.lower() != ".gguf":
+        from specchat.ollama_models import ollama_gguf
+
+        path = None if path.is_dir() else ollama_gguf(spec)
+    return gguf_profile(general_fields(path), profiles) if path is not None else None
 
 
 def gguf_profile(fields: dict[str, str], profiles: dict[str, Profile]) -> Profile | None:

@@ -45,8 +45,10 @@ def _options(
     """Fast, exact LLM generation with tree speculative decoding."""
 
 ModelOption = Annotated[
-    str | None, typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id, local directory or GGUF file.")
-]
+    str | None,
+    typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id, local directory, GGUF file, or a model "
+                 "ollama has pulled (llama3.2:3b)."),
+]  # fmt: skip
 DrafterOption = Annotated[
     str | None,
     typer.Option(

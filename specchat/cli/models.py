@@ -31,6 +31,22 @@ def models() -> None:
         others = [kind for kind in trained if kind not in profile.drafters]
         if others:
             typer.echo(f"      {', '.join(others)}: none published; --drafter NAME:DIR runs a local checkpoint")
+    _ollama_models()
+
+
+def _ollama_models() -> None:
+    """The models ollama has pulled here, which `--model NAME` runs in place."""
+    from specchat.ollama_models import models_dir, ollama_models
+    from specchat.profiles import profile_of
+
+    pulled = ollama_models()
+    if not pulled:
+        return
+    typer.echo(f"\n--model NAME, a model ollama has pulled ({models_dir()}), run from its file in place:\n")
+    for model in pulled:
+        profile = profile_of(model.name)
+        note = f"; {profile.name}'s drafters" if profile else ""
+        typer.echo(f"  {model.name:<24} {model.size / 1e9:.2f} GB{note}")
 
 
 def _cached(repo: str) -> bool:

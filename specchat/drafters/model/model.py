@@ -22,6 +22,7 @@ from torch import nn
 from specchat.architectures import parts
 from specchat.architectures.rope import rope_parameters, stretch_with_yarn
 from specchat.errors import SpecchatError, first_line
+from specchat.ollama_models import ollama_gguf
 from specchat.drafters.checkpoint import read_checkpoint, write_checkpoint
 
 FAMILIES = ("llama", "mistral", "qwen2")  # plain pre-norm decoders whose layers the drafter runs (no q/k norms)
@@ -85,16 +86,18 @@ def save_student(path: Path, student: nn.Module, *, target: str, draft_vocab: to
 
 
 def load_draft_model(source: str | Path, target: nn.Module, tokenizer=None) -> DraftModel:
-    """The draft model at `source` (a checkpoint directory or a Hugging Face repo id) beside `target`, on its
-    device and in its dtype; one-line errors for what cannot be drafted with. A Hugging Face model's tokenizer
-    must equal the target's `tokenizer` (when given); a student shares the target's embedding."""
+    """The draft model at `source` (a checkpoint directory, a GGUF file, a model ollama has pulled or a Hugging Face
+    repo id) beside `target`, on its device and in its dtype; one-line errors for what cannot be drafted with. A
+    Hugging Face model's tokenizer must equal the target's `tokenizer` (when given); a student shares the target's
+    embedding."""
     path = Path(source).expanduser()
     if path.is_dir() and (path / "config.json").is_file() and STUDENT in _read_config(path):
         return _load_student(path, target)
-    if path.suffix.lower() == ".gguf":
+    pulled = None if path.is_dir() or path.suffix.lower() == ".gguf" else ollama_gguf(str(source))
+    if path.suffix.lower() == ".gguf" or pulled is not None:
         from specchat.loading import gguf_checkpoint, gguf_file
 
-        path = gguf_file(path)
+        path = gguf_file(pulled or path)
         source = gguf_checkpoint(path)  # its converted config and tokenizer
         draft = _load_gguf(path, source, target)
     else:
