@@ -81,7 +81,7 @@ def test_loads_on_its_own_blocks(tiny_gguf):
     assert isinstance(attention.q_proj, GGUFLinear) and attention.q_proj.bias is not None
     assert isinstance(model.model.embed_tokens, GGUFEmbedding)
     formats = {module.format for module in model.modules() if isinstance(module, GGUFLinear)}
-    assert formats == {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"}
+    assert formats == {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"}
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("Hello, world")) == "Hello, world"
 
 

@@ -597,6 +597,71 @@ void k16_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float
   });
 }
 
+// IQ4_XS tiles (tiles.h): ROWS activation rows share each load of the codes, whose values vpshufb looks up. AVX2
+// multiplies the values' magnitudes by the activations signed as the values are (|v| <= 127, so a pair of products
+// fits int16) and widens each pair sum by its scale at once; VNNI multiplies v + 128, unsigned, and takes 128
+// times the sub-block's activation sum back before the scale. P is the same integer either way.
+template <int ROWS, bool VNNI, int HALVES>
+void iq4_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  const __m256i values = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+  const __m256i lookup = VNNI ? _mm256_add_epi8(values, _mm256_set1_epi8(-128)) : values;  // VNNI: v + 128, mod 256
+  walk_tile_groups<TileIQ4XS, ROWS, HALVES>(unit, x, first, out, [&](const TileIQ4XS& t, int64_t g,
+                                                                     __m256 (&acc)[ROWS], __m256 (&)[ROWS],
+                                                                     const TileIQ4XS* ahead) {
+    __m256i p[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+      prefetch_part(ahead, sizeof(TileIQ4XS), j, 8);
+      uint64_t packed;
+      std::memcpy(&packed, t.scales[j], 8);
+      const __m128i s8 = _mm_cvtsi64_si128(static_cast<int64_t>(packed));
+      // row i's scale: VNNI in int32 lane i, AVX2 in int16 lanes 2i, 2i + 1
+      const __m256i scales = VNNI ? _mm256_cvtepi8_epi32(s8) : _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s8, s8));
+      __m256i dot[ROWS];  // int32, row i's in lane i: VNNI's sums of (v + 128) a, AVX2's already scaled
+      for (int r = 0; r < ROWS; ++r) dot[r] = _mm256_setzero_si256();
+      const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
+#pragma GCC unroll 1
+      for (int v = 0; v < 4; ++v) {
+        const __m256i codes = load256(t.codes[j] + 32 * v);
+        const __m256i low = _mm256_shuffle_epi8(lookup, _mm256_and_si256(codes, m4));
+        const __m256i high = _mm256_shuffle_epi8(lookup, _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4));
+        const __m256i low_size = _mm256_sign_epi8(low, low), high_size = _mm256_sign_epi8(high, high);
+        for (int r = 0; r < ROWS; ++r) {
+          int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the sub-block
+          std::memcpy(&front, a + r * cols + 8 * v, 4);
+          std::memcpy(&back, a + r * cols + 8 * v + 4, 4);
+#ifdef GGUF_DPBUSD
+          if constexpr (VNNI) {
+            dot[r] = dpbusd(dot[r], low, _mm256_set1_epi32(front));
+            dot[r] = dpbusd(dot[r], high, _mm256_set1_epi32(back));
+            continue;
+          }
+#endif
+          const __m256i signed_front = _mm256_sign_epi8(_mm256_set1_epi32(front), low);
+          const __m256i signed_back = _mm256_sign_epi8(_mm256_set1_epi32(back), high);
+          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(low_size, signed_front), scales));
+          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(high_size, signed_back), scales));
+        }
+      }
+      for (int r = 0; r < ROWS; ++r) {
+        if constexpr (VNNI) {
+          const int32_t sum = x.sums32[(first + r) * cols / 32 + g * 8 + j];
+          dot[r] = scaled<VNNI>(_mm256_sub_epi32(dot[r], _mm256_set1_epi32(128 * sum)), scales);
+        }
+        p[r] = _mm256_add_epi32(p[r], dot[r]);
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256 da = _mm256_broadcast_ss(x.scale.data() + (first + r) * (cols / 256) + g);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(da, d), acc[r]);
+    }
+  });
+}
+
 // ROWS activation rows share each load of a unit's HALVES tiles (2 in a pair), group by group as they lie in memory,
 // prefetched about as far ahead as the K-quant tiles are. out[i * x.rows + r] for tile h's rows 8h + i.
 template <int ROWS, bool VNNI, int HALVES>

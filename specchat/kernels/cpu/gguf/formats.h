@@ -41,7 +41,8 @@ namespace gguf {
   X(Q3_K, 11, 256, 110, false)   \
   X(Q4_K, 12, 256, 144, false)   \
   X(Q5_K, 13, 256, 176, false)   \
-  X(Q6_K, 14, 256, 210, false)
+  X(Q6_K, 14, 256, 210, false)   \
+  X(IQ4_XS, 23, 256, 136, true)
 
 enum Type : int64_t {
 #define GGUF_TYPE_ID(name, id, values, bytes, is_signed) name = id,

@@ -99,6 +99,31 @@ inline void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t 
   }
 }
 
+// Portable, IQ4_XS tiles: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
+inline void iq4_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,
+                                   float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const TileIQ4XS*>(tile);
+  for (int64_t r = first; r < first + n; ++r) {
+    const int8_t* a = x.q.data() + r * cols;
+    for (int i = 0; i < 8; ++i) {
+      float acc = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const TileIQ4XS& t = tiles[g * stride];
+        int32_t p = 0;
+        for (int j = 0; j < 8; ++j) {
+          int32_t dot = 0;
+          for (int v = 0; v < 32; ++v) dot += kIq4Values[iq4_tile_code(t, j, i, v)] * a[g * 256 + 32 * j + v];
+          p += t.scales[j][i] * dot;
+        }
+        const float d = x.scale[r * groups + g], di = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+        acc = std::fma(static_cast<float>(p), d * di, acc);
+      }
+      out[i * x.rows + r] = acc + 0.0f;
+    }
+  }
+}
+
 // Portable, Q6_K, Q3_K and Q2_K tiles: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
 template <typename Tile>
 void k16_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,

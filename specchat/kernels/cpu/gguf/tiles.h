@@ -304,6 +304,60 @@ inline void unpack_k16_tile_row(const uint8_t* tile, int64_t i, int64_t cols, in
   }
 }
 
+// ---- IQ4_XS in tiles of eight rows --------------------------------------------------------------------------
+//
+// Q4_K's tiles for llama.cpp's non-linear 4-bit type: per group of 256 values, eight 32-value sub-blocks with a
+// signed scale S each, and codes that stand for the table's int8 values v(u) (`kIq4Values`); no min. The tile
+// holds the codes as Q4_K's holds its nibbles, the kernels look their values up (vpshufb). Per weight row i,
+// activation row r and group g:
+//   P = sum_j S[i][j] (v(u) . a)_j                                   (integers: exact in any order)
+//   acc = fma(float(P), D[g] * d[i], acc)
+// and the result is acc + 0, in every path alike.
+
+struct TileIQ4XS {  // one group of 256 values of 8 rows: their 136 bytes, the scales unpacked to a byte each
+  uint8_t codes[8][128];  // as TileQ4K's
+  int8_t scales[8][8];    // S: [sub-block][row]
+  uint16_t d[8];          // fp16, per row
+};
+static_assert(sizeof(TileIQ4XS) == 8 * 138, "an IQ4_XS tile group is its 8 rows' 136 bytes and 2 of unpacked scales");
+
+// Row i's code (0..15) of value v (0..31) of sub-block j.
+inline int iq4_tile_code(const TileIQ4XS& t, int j, int i, int v) {
+  return (t.codes[j][32 * (v / 8) + 4 * i + v % 4] >> (4 * (v % 8 / 4))) & 15;
+}
+
+// IQ4_XS blocks [rows, groups * 136] -> units of `per_unit` tiles (`repack_tiles`).
+inline at::Tensor tile_iq4_xs(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileIQ4XS>(blocks, cols, 136, per_unit, [](TileIQ4XS& t, int i, const uint8_t* b) {
+    std::memcpy(&t.d[i], b, 2);
+    for (int j = 0; j < 8; ++j) {
+      t.scales[j][i] = static_cast<int8_t>(scale_iq4_xs(b, j));
+      uint8_t codes[32];
+      nibbles_32(b + 8 + 16 * j, codes);
+      for (int p = 0; p < 4; ++p)
+        for (int c = 0; c < 4; ++c)
+          t.codes[j][32 * p + 4 * i + c] = static_cast<uint8_t>(codes[8 * p + c] | codes[8 * p + 4 + c] << 4);
+    }
+  });
+}
+
+// Row i of an IQ4_XS tile in the integer form (`dequantize_rows`); its groups `stride` groups apart.
+inline void unpack_iq4_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+  const int64_t groups = cols / 256;
+  u.resize(cols, groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileIQ4XS& t = reinterpret_cast<const TileIQ4XS*>(tile)[g * stride];
+    for (int j = 0; j < 8; ++j) {
+      for (int v = 0; v < 32; ++v)
+        u.codes[g * 256 + 32 * j + v] = static_cast<uint8_t>(kIq4Values[iq4_tile_code(t, j, static_cast<int>(i), v)]);
+      set_sub(u, g * 16 + 2 * j, t.scales[j][i], 0);
+      set_sub(u, g * 16 + 2 * j + 1, t.scales[j][i], 0);
+    }
+    u.a[g] = half(reinterpret_cast<const uint8_t*>(&t.d[i]));
+    u.b[g] = 0.0f;
+  }
+}
+
 // ---- Q8_0 in tiles of eight rows ---------------------------------------------------------------------------
 //
 // At load a Q8_0 matrix whose rows come in eights is repacked (`tile_q8_0`) as Q4_K is: per group of 32 values,

@@ -120,6 +120,28 @@ struct K4Traits {  // Q4_K, and Q5_K (TileQ5K: the same tiles, fifth bits beside
 template <> struct Traits<Q4_K> : K4Traits<TileQ4K> {};
 template <> struct Traits<Q5_K> : K4Traits<TileQ5K> {};
 
+template <>
+struct Traits<IQ4_XS> {
+  using Tile = TileIQ4XS;
+  static constexpr bool row_kernel = false, tiles = true;
+  static constexpr bool pairs = false, amx = false;  // its 256-bit kernel at every row count
+  static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+    return tile_iq4_xs(blocks, cols, per_unit);
+  }
+  static void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+    unpack_iq4_tile_row(tile, i, cols, stride, u);
+  }
+  static void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t n, int64_t stride, float* out) {
+    iq4_tile_dots_portable(tile, x, 0, n, stride, out);
+  }
+#ifdef GGUF_AVX2
+  template <int ROWS, bool VNNI, int HALVES>
+  static void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+    iq4_tile_dots<ROWS, VNNI, HALVES>(unit, x, first, out);
+  }
+#endif
+};
+
 template <typename TileType>
 struct K16Traits {  // Q2_K, Q3_K and Q6_K: the same kernels over their tiles (tiles.h, "k16")
   using Tile = TileType;

@@ -112,6 +112,16 @@ inline void three_bits_256(const uint8_t* low, const uint8_t* high, uint8_t* out
   for (int v = 0; v < 256; ++v) out[v] |= static_cast<uint8_t>(((high[v % 32] >> (v / 32)) & 1) << 2);
 }
 
+// IQ4_XS: the int8 value each 4-bit code stands for (llama.cpp's non-linear table).
+alignas(16) inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                      1,    13,   25,  38,  53,  69,  89,  113};
+
+// IQ4_XS: sub-block ib's 6-bit scale (its low 4 bits in scales_l, its top 2 in scales_h), less 32.
+inline int scale_iq4_xs(const uint8_t* block, int ib) {
+  const uint16_t high = static_cast<uint16_t>(block[2] | block[3] << 8);
+  return (((block[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (((high >> (2 * ib)) & 3) << 4)) - 32;
+}
+
 // S and M of the 16-value sub-block `j`, both halves of a 32-value sub-block alike where they come in 32s.
 inline void set_sub(Unpacked& u, int64_t j, int s, int m) {
   std::fill_n(u.pair_scales.data() + 8 * j, 8, static_cast<int16_t>(s));
@@ -197,6 +207,16 @@ inline void unpack_row(const uint8_t* row, int64_t type, int64_t cols, Unpacked&
         u.b[k] = -4.0f * d;
         break;
       }
+      case IQ4_XS:  // w = d S v(u): v the table's signed value, S per 32 values
+        for (int ib = 0; ib < 8; ++ib) {
+          nibbles_32(b + 8 + 16 * ib, codes + 32 * ib);
+          for (int i = 0; i < 32; ++i) codes[32 * ib + i] = static_cast<uint8_t>(kIq4Values[codes[32 * ib + i]]);
+          set_sub(u, sub + 2 * ib, scale_iq4_xs(b, ib), 0);
+          set_sub(u, sub + 2 * ib + 1, scale_iq4_xs(b, ib), 0);
+        }
+        u.a[k] = half(b);
+        u.b[k] = 0.0f;
+        break;
       case Q6_K: {
         const uint8_t* ql = b;
         const uint8_t* qh = b + 128;
