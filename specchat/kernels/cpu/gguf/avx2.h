@@ -628,7 +628,7 @@ void iq4_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float
         const __m256i codes = load256(t.codes[j] + 32 * v);
         const __m256i low = _mm256_shuffle_epi8(lookup, _mm256_and_si256(codes, m4));
         const __m256i high = _mm256_shuffle_epi8(lookup, _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4));
-        const __m256i low_size = _mm256_sign_epi8(low, low), high_size = _mm256_sign_epi8(high, high);
+        const __m256i low_size = _mm256_sign_epi8(low, low), high_size = _mm256_sign_epi8(high, high);  // AVX2's
         for (int r = 0; r < ROWS; ++r) {
           int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the sub-block
           std::memcpy(&front, a + r * cols + 8 * v, 4);

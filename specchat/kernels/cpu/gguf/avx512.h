@@ -130,6 +130,56 @@ void tile_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first,
   store_pair_rows(acc, offset, ROWS, x, first, out);
 }
 
+// A pair of IQ4_XS tiles side by side in 512-bit vectors (lanes 0-7 the first tile's rows, 8-15 the second's), as
+// `tile_pair_dots_vnni` reads Q4_K's: every lane's integer and float steps those of `iq4_tile_dots<ROWS, true>`.
+template <int ROWS>
+void iq4_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const TileIQ4XS*>(pair);
+  const __m512i m4 = _mm512_set1_epi8(15);
+  const __m512i lookup = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values))),
+                                         _mm512_set1_epi8(-128));  // v + 128, mod 256
+  __m512 acc[ROWS], offset[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = offset[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const TileIQ4XS &ta = tiles[2 * g], &tb = tiles[2 * g + 1];
+    const TileIQ4XS* ahead = tiles + 2 * (g + kPrefetchGroups * sizeof(TileQ4K) / sizeof(TileIQ4XS) / 2);
+    __m512i p[ROWS];
+    for (int r = 0; r < ROWS; ++r) p[r] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+      prefetch_part(ahead, 2 * sizeof(TileIQ4XS), j, 8);
+      __m512i dot[ROWS];  // int32: weight row i's sum of (v + 128) a in lane i
+      for (int r = 0; r < ROWS; ++r) dot[r] = _mm512_setzero_si512();
+      const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
+      for (int v = 0; v < 4; ++v) {
+        const __m512i codes = pair_bytes(ta.codes[j] + 32 * v, tb.codes[j] + 32 * v);
+        const __m512i low = _mm512_shuffle_epi8(lookup, _mm512_and_si512(codes, m4));
+        const __m512i high = _mm512_shuffle_epi8(lookup, _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4));
+        for (int r = 0; r < ROWS; ++r) {
+          int32_t front, back;
+          std::memcpy(&front, a + r * cols + 8 * v, 4);
+          std::memcpy(&back, a + r * cols + 8 * v + 4, 4);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], low, _mm512_set1_epi32(front));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], high, _mm512_set1_epi32(back));
+        }
+      }
+      const __m512i scales = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(ta.scales[j])), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(tb.scales[j]))));
+      for (int r = 0; r < ROWS; ++r) {
+        const int32_t sum = x.sums32[(first + r) * cols / 32 + g * 8 + j];
+        p[r] = _mm512_add_epi32(p[r], _mm512_mullo_epi32(_mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * sum)), scales));
+      }
+    }
+    const __m512 d = pair_halves(ta.d, tb.d);
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 da = _mm512_set1_ps(x.scale[(first + r) * groups + g]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(da, d), acc[r]);
+    }
+  }
+  store_pair_rows(acc, offset, ROWS, x, first, out);
+}
+
 // `quad` in 512 bits. Each quad its own 4-byte load: one 16-byte copy of all four went through general registers
 // (a 64-bit load, a shift, a broadcast from a register), and left the Q6_K pair kernel 13% slower.
 inline __m512i quad512(const int8_t* a, int k) {

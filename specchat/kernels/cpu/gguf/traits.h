@@ -124,7 +124,7 @@ template <>
 struct Traits<IQ4_XS> {
   using Tile = TileIQ4XS;
   static constexpr bool row_kernel = false, tiles = true;
-  static constexpr bool pairs = false, amx = false;  // its 256-bit kernel at every row count
+  static constexpr bool pairs = true, amx = false;
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return tile_iq4_xs(blocks, cols, per_unit);
   }
@@ -138,6 +138,12 @@ struct Traits<IQ4_XS> {
   template <int ROWS, bool VNNI, int HALVES>
   static void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
     iq4_tile_dots<ROWS, VNNI, HALVES>(unit, x, first, out);
+  }
+#endif
+#ifdef GGUF_VNNI
+  template <int ROWS>
+  static void pair_dots(const uint8_t* pair, const Quantized& x, int64_t first, float* out) {
+    iq4_pair_dots_vnni<ROWS>(pair, x, first, out);
   }
 #endif
 };
