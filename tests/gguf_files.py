@@ -22,11 +22,13 @@ LAYOUTS = {
     Q.Q4_K: (256, 144, [0, 2]),
     Q.Q5_K: (256, 176, [0, 2]),
     Q.Q6_K: (256, 210, [208]),
+    Q.IQ4_NL: (32, 18, [0]),
     Q.IQ4_XS: (256, 136, [0]),
 }
 # per type: the fp16 scales' magnitude that gives weights of std ~0.1-0.3 (codes and sub-block scales vary)
 SCALE = {Q.Q4_0: 0.05, Q.Q4_1: 0.05, Q.Q5_0: 0.02, Q.Q5_1: 0.02, Q.Q8_0: 0.004, Q.Q2_K: 0.01, Q.Q3_K: 5e-3,
-         Q.Q4_K: 6e-4, Q.Q5_K: 3e-4, Q.Q6_K: 2e-4, Q.IQ4_XS: 2e-4}  # fmt: skip
+         Q.Q4_K: 6e-4, Q.Q5_K: 3e-4, Q.Q6_K: 2e-4, Q.IQ4_NL: 3e-3,
+         Q.IQ4_XS: 2e-4}  # fmt: skip
 
 
 def random_blocks(kind: Q, rows: int, columns: int, rng: np.random.Generator) -> np.ndarray:

@@ -32,6 +32,7 @@ BLOCK_TYPES = {  # ggml type id -> layout (kernels/cpu/gguf/formats.h)
     12: BlockType("q4_k", 256, 144),
     13: BlockType("q5_k", 256, 176),
     14: BlockType("q6_k", 256, 210),
+    20: BlockType("iq4_nl", 32, 18),
     23: BlockType("iq4_xs", 256, 136),
 }
 DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored unquantized

@@ -724,6 +724,8 @@ void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, fl
   const int64_t cols = x.cols, groups = cols / 32;
   const auto* tiles = reinterpret_cast<const Tile*>(unit);
   const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i values = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+  const __m256i table = VNNI ? _mm256_add_epi8(values, _mm256_set1_epi8(-128)) : values;  // IQ4_NL's
   __m256 acc[HALVES][ROWS];
   for (int h = 0; h < HALVES; ++h)
     for (int r = 0; r < ROWS; ++r) acc[h][r] = _mm256_setzero_ps();
@@ -740,6 +742,10 @@ void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, fl
           low = add_fifth_bits(low, t.fifth[v][0]);
           high = add_fifth_bits(high, t.fifth[v][1]);
         }
+        if constexpr (L::table) {  // VNNI: v + 128 (the bias); AVX2: v itself, multiplied by sign below
+          low = _mm256_shuffle_epi8(table, low);
+          high = _mm256_shuffle_epi8(table, high);
+        }
         for (int r = 0; r < ROWS; ++r) {
           int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the group
           std::memcpy(&front, x.q.data() + (first + r) * cols + g * 32 + 8 * v, 4);
@@ -751,6 +757,15 @@ void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, fl
             continue;
           }
 #endif
+          if constexpr (L::table) {  // |v| <= 127: a pair of products fits int16, two of them may not
+            const __m256i low_pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(low, low),
+                                                           _mm256_sign_epi8(_mm256_set1_epi32(front), low));
+            const __m256i high_pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(high, high),
+                                                            _mm256_sign_epi8(_mm256_set1_epi32(back), high));
+            p[r] = _mm256_add_epi32(p[r], _mm256_add_epi32(_mm256_madd_epi16(low_pairs, ones),
+                                                           _mm256_madd_epi16(high_pairs, ones)));
+            continue;
+          }
           const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(front)),
                                                  _mm256_maddubs_epi16(high, _mm256_set1_epi32(back)));
           p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(pairs, ones));
@@ -760,7 +775,8 @@ void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, fl
       for (int r = 0; r < ROWS; ++r) {
         const int32_t s = x.sums32[(first + r) * groups + g];
         if constexpr (VNNI) p[r] = _mm256_add_epi32(p[r], high_p[r]);
-        if constexpr (L::bias != 0) p[r] = _mm256_sub_epi32(p[r], _mm256_set1_epi32(L::bias * s));
+        if constexpr (L::bias != 0 && (VNNI || !L::table))  // AVX2 multiplies IQ4_NL's v, not v + 128
+          p[r] = _mm256_sub_epi32(p[r], _mm256_set1_epi32(L::bias * s));
         const __m256 da = _mm256_broadcast_ss(x.scale.data() + (first + r) * groups + g);
         acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r]), _mm256_mul_ps(da, d), acc[h][r]);
         if constexpr (L::min) {

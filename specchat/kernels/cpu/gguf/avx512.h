@@ -317,6 +317,12 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
         low = _mm512_mask_add_epi8(low, bits(0), low, sixteen);
         high = _mm512_mask_add_epi8(high, bits(1), high, sixteen);
       }
+      if constexpr (L::table) {  // IQ4_NL: v + 128
+        const __m512i table = _mm512_add_epi8(
+            _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values))), _mm512_set1_epi8(-128));
+        low = _mm512_shuffle_epi8(table, low);
+        high = _mm512_shuffle_epi8(table, high);
+      }
       for (int r = 0; r < ROWS; ++r) {
         int32_t front, back;
         std::memcpy(&front, x.q.data() + (first + r) * cols + g * 32 + 8 * v, 4);

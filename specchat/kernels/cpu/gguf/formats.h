@@ -42,6 +42,7 @@ namespace gguf {
   X(Q4_K, 12, 256, 144, false)   \
   X(Q5_K, 13, 256, 176, false)   \
   X(Q6_K, 14, 256, 210, false)   \
+  X(IQ4_NL, 20, 32, 18, true)    \
   X(IQ4_XS, 23, 256, 136, true)
 
 enum Type : int64_t {

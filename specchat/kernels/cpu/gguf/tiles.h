@@ -429,13 +429,16 @@ struct TileQ5_1 {
 };
 static_assert(sizeof(TileQ4_0) == 8 * 18 && sizeof(TileQ4_1) == 8 * 20, "a legacy tile group is its rows' bytes");
 static_assert(sizeof(TileQ5_0) == 8 * 22 && sizeof(TileQ5_1) == 8 * 24, "a legacy tile group is its rows' bytes");
+struct TileIQ4NL : TileQ4_0 {};  // IQ4_NL's blocks are Q4_0's, their codes standing for `kIq4Values`
 
-// What a legacy tile's codes mean: its block type, whether it has fifth bits and a min, the codes' bias.
+// What a legacy tile's codes mean: its block type, whether it has fifth bits and a min, the codes' bias, and whether
+// a code stands for the non-linear table's value (IQ4_NL: u = v + 128, bias 128).
 template <typename Tile> struct Legacy;
-template <> struct Legacy<TileQ4_0> { static constexpr int64_t type = Q4_0, bias = 8; static constexpr bool five = false, min = false; };
-template <> struct Legacy<TileQ4_1> { static constexpr int64_t type = Q4_1, bias = 0; static constexpr bool five = false, min = true; };
-template <> struct Legacy<TileQ5_0> { static constexpr int64_t type = Q5_0, bias = 16; static constexpr bool five = true, min = false; };
-template <> struct Legacy<TileQ5_1> { static constexpr int64_t type = Q5_1, bias = 0; static constexpr bool five = true, min = true; };
+template <> struct Legacy<TileQ4_0> { static constexpr int64_t type = Q4_0, bias = 8; static constexpr bool five = false, min = false, table = false; };
+template <> struct Legacy<TileQ4_1> { static constexpr int64_t type = Q4_1, bias = 0; static constexpr bool five = false, min = true, table = false; };
+template <> struct Legacy<TileQ5_0> { static constexpr int64_t type = Q5_0, bias = 16; static constexpr bool five = true, min = false, table = false; };
+template <> struct Legacy<TileQ5_1> { static constexpr int64_t type = Q5_1, bias = 0; static constexpr bool five = true, min = true, table = false; };
+template <> struct Legacy<TileIQ4NL> { static constexpr int64_t type = IQ4_NL, bias = 128; static constexpr bool five = false, min = false, table = true; };
 
 // Row i's unsigned code of value v of a legacy tile group.
 template <typename Tile>
@@ -443,6 +446,7 @@ inline int legacy_code(const Tile& t, int i, int v) {
   const int p = v / 8, h = v % 8 / 4, c = v % 4;
   int code = (t.codes[p][4 * i + c] >> (4 * h)) & 15;
   if constexpr (Legacy<Tile>::five) code |= ((t.fifth[p][h] >> (4 * i + c)) & 1) << 4;
+  if constexpr (Legacy<Tile>::table) code = kIq4Values[code] + 128;
   return code;
 }
 

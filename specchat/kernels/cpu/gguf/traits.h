@@ -17,7 +17,7 @@ struct Traits {
 };
 
 template <typename TileType>
-struct LegacyTraits {  // Q4_0, Q4_1, Q5_0, Q5_1
+struct LegacyTraits {  // Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
   using Tile = TileType;
   static constexpr bool row_kernel = true, tiles = true;
   static constexpr bool pairs = true, amx = false;
@@ -52,6 +52,9 @@ template <> struct Traits<Q4_0> : LegacyTraits<TileQ4_0> {};
 template <> struct Traits<Q4_1> : LegacyTraits<TileQ4_1> {};
 template <> struct Traits<Q5_0> : LegacyTraits<TileQ5_0> {};
 template <> struct Traits<Q5_1> : LegacyTraits<TileQ5_1> {};
+template <> struct Traits<IQ4_NL> : LegacyTraits<TileIQ4NL> {
+  static constexpr bool row_kernel = false;  // rows that do not come in eights go through the integer form
+};
 
 template <>
 struct Traits<Q8_0> {

@@ -112,7 +112,7 @@ inline void three_bits_256(const uint8_t* low, const uint8_t* high, uint8_t* out
   for (int v = 0; v < 256; ++v) out[v] |= static_cast<uint8_t>(((high[v % 32] >> (v / 32)) & 1) << 2);
 }
 
-// IQ4_XS: the int8 value each 4-bit code stands for (llama.cpp's non-linear table).
+// IQ4_NL and IQ4_XS: the int8 value each 4-bit code stands for (llama.cpp's non-linear table).
 alignas(16) inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                       1,    13,   25,  38,  53,  69,  89,  113};
 
@@ -207,6 +207,14 @@ inline void unpack_row(const uint8_t* row, int64_t type, int64_t cols, Unpacked&
         u.b[k] = -4.0f * d;
         break;
       }
+      case IQ4_NL:  // w = d v(u): v the table's signed value
+        nibbles_32(b + 2, codes);
+        for (int i = 0; i < 32; ++i) codes[i] = static_cast<uint8_t>(kIq4Values[codes[i]]);
+        u.a[k] = half(b);
+        u.b[k] = 0.0f;
+        set_sub(u, sub, 1, 0);
+        set_sub(u, sub + 1, 1, 0);
+        break;
       case IQ4_XS:  // w = d S v(u): v the table's signed value, S per 32 values
         for (int ib = 0; ib < 8; ++ib) {
           nibbles_32(b + 8 + 16 * ib, codes + 32 * ib);
