@@ -45,13 +45,15 @@ def profile_of(spec: str | None) -> Profile | None:
 def gguf_profile(fields: dict[str, str], profiles: dict[str, Profile]) -> Profile | None:
     """The GGUF profile whose target a GGUF file's `general.*` fields name (another quantization of that model:
     its drafters and decoding defaults fit), by `general.name` or basename + size label + finetune, compared
-    without case, spaces, dashes and a "GGUF" suffix; None when none does."""
+    without case, spaces, dashes and a "GGUF" suffix, an organization's name before it allowed ("Meta Llama 3.1 8B
+    Instruct", as files converted from Meta's repositories name it); None when none does."""
     names = {
         _model_key(fields.get("general.name", "")),
         _model_key(" ".join(fields.get(f"general.{part}", "") for part in ("basename", "size_label", "finetune"))),
     }
     for profile in profiles.values():
-        if profile.gguf and _model_key(profile.target.rsplit("/", 1)[-1]) in names - {""}:
+        target = _model_key(profile.target.rsplit("/", 1)[-1])
+        if profile.gguf and any(name.endswith(target) for name in names - {""}):
             return profile
     return None
 

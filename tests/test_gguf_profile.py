@@ -26,7 +26,11 @@ CODER = "qwen2.5-coder-1.5b"
         ({"general.name": "Qwen2.5 Coder 0.5B Instruct"}, None),
         ({"general.name": "Qwen2.5 Coder 1.5B"}, None),  # the base model, not the instruct one
         ({"general.name": "Llama 3.1 8B Instruct"}, "llama3.1-8b"),
+        ({"general.name": "Meta Llama 3.1 8B Instruct"}, "llama3.1-8b"),  # converted from Meta-Llama-3.1-8B-Instruct
+        ({"general.basename": "Meta-Llama-3.1", "general.size_label": "8B", "general.finetune": "Instruct"},
+         "llama3.1-8b"),
         ({"general.name": "Llama 3 8B Instruct"}, None),
+        ({"general.name": "Meta Llama 3 8B Instruct"}, None),
         ({}, None),
     ],
 )
