@@ -338,3 +338,16 @@ def test_the_real_qwen_coder_files_keep_their_output():
         engine.set_drafter(build_drafter(choice, engine.target), 4)
         for sampling, tokens in expected.items():
             assert generate(engine, prompt, 32, sampling) == tokens, (name, sampling)
+
+
+def test_the_weights_are_named_by_the_format_most_values_are_in():
+    """A Q3_K_M file holds more Q4_K and Q5_K matrices than Q3_K ones, but most of its values in Q3_K: its reports
+    say q3_k."""
+    from torch import nn
+
+    from specchat.quant.formats import weight_format
+
+    rng = np.random.default_rng(0)
+    layers = [GGUFLinear(torch.from_numpy(random_blocks(kind, rows, 256, rng)), int(kind), 256, dtype=torch.bfloat16)
+              for kind, rows in [(Q.Q3_K, 64), (Q.Q4_K, 16), (Q.Q4_K, 16), (Q.Q5_K, 8)]]  # fmt: skip
+    assert weight_format(nn.Sequential(*layers)) == "q3_k"
