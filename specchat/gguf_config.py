@@ -1,10 +1,12 @@
-"""A transformers config for a GGUF file of the llama family (llama, qwen2, qwen3, mistral), read from its header.
+"""A transformers config for a GGUF file of the llama family (llama, qwen2, qwen3, mistral) or Gemma 3, read from
+its header.
 
 A GGUF file's metadata is its model's config under llama.cpp's key names (`qwen2.embedding_length`, ...).
 transformers reads it through gguf-py, which parses the tokenizer's 150K strings on the way (10-12 s for a 1.5B's
 file, twice per conversion); the header walk here takes a fraction of a second. Its RoPE scaling is the file's
 too: `rope.scaling.*` for linear and YaRN scaling, a `rope_freqs` tensor for Llama 3.1's (transformers reads
-none of them).
+none of them). Gemma 3's file leaves some of its config to llama.cpp's code (the sliding window's pattern and RoPE
+base, the query scale): they are taken as llama.cpp takes them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import torch
 from specchat.architectures.rope import rope_of_frequency_factors
 from specchat.gguf_header import header_fields, tensor_table
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+GEMMA3_PATTERN = 6  # llama.cpp's default: every sixth layer attends over everything, the others over a window
+GEMMA3_LOCAL_BASE = 10000.0  # the sliding-window layers' RoPE base, where the file names none
+GEMMA3_27B_LAYERS = 62  # whose queries are scaled by (hidden / heads)^-1/2, not head_dim^-1/2 (llama.cpp's rule)
 TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "pad_token_id": "padding_token_id",
              "unk_token_id": "unknown_token_id"}  # fmt: skip
 
@@ -60,9 +65,36 @@ def gguf_config(path: Path):
     if rope["rope_type"] == "yarn":  # its window is the stretched one (as vLLM reads a YaRN config)
         stretched = int(rope["original_max_position_embeddings"] * rope["factor"])
         config["max_position_embeddings"] = max(config["max_position_embeddings"], stretched)
-    for name, key in TOKEN_IDS.items():
-        config[name] = fields.get(f"tokenizer.ggml.{key}")
+    for name, key in TOKEN_IDS.items():  # those the file names (else the config class's defaults, as transformers')
+        if f"tokenizer.ggml.{key}" in fields:
+            config[name] = fields[f"tokenizer.ggml.{key}"]
+    if architecture == "gemma3":
+        return AutoConfig.for_model("gemma3_text", **{**config, **_gemma3(fields, field, rope)})
     return AutoConfig.for_model(architecture, **config)
+
+
+def _gemma3(fields: dict, field, rope: dict) -> dict:
+    """What a Gemma 3 config has besides a Llama one: its windows, their layers and RoPE (`rope` the others'),
+    the query scale."""
+    layers, window = field("block_count"), fields.get("gemma3.attention.sliding_window", 0)
+    pattern = fields.get("gemma3.attention.sliding_window_pattern", GEMMA3_PATTERN)
+    if isinstance(pattern, list):  # a flag per layer
+        sliding = [bool(flag) for flag in pattern]
+    else:
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    if not window:
+        sliding = [False] * layers
+    heads, hidden, head_dim = field("attention.head_count"), field("embedding_length"), field("attention.key_length")
+    if fields.get("gemma3.final_logit_softcapping"):
+        raise ValueError("its logits are soft-capped (final_logit_softcapping), which specchat does not compute")
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": window or None,
+        "layer_types": ["sliding_attention" if flag else "full_attention" for flag in sliding],
+        "query_pre_attn_scalar": hidden // heads if layers == GEMMA3_27B_LAYERS else head_dim,
+        "rope_parameters": {"full_attention": rope, "sliding_attention": {
+            "rope_type": "default", "rope_theta": fields.get("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_BASE)}},
+    }
 
 
 def _rope(path: Path, fields: dict, architecture: str, head_dim: int, context_length: int,

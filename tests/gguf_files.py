@@ -96,18 +96,24 @@ def _fields(source: Path, prefix: str) -> tuple[tuple, int]:
     return tuple(fields), size
 
 
+GEMMA3_WINDOW = 48  # the tiny Gemma 3's sliding window: prompts cross it
+
+
 def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture: str = "qwen2", seed: int = 0,
                      layers: int = 2, tied: bool = False, name: str | None = None,
-                     frequency_factors: list[float] | None = None) -> Path:  # fmt: skip
-    """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3: 128), 2 KV heads, MLP 512) whose matrices
-    use every block type, with q/k/v biases for qwen2 and q/k norms for qwen3, and the tokenizer of the GGUF file
-    `tokenizer_source` (None: 512 stand-in tokens); `name` its `general.name`; `frequency_factors` its `rope_freqs`
-    tensor (32 factors, RoPE base 10000)."""
+                     frequency_factors: list[float] | None = None, unquantized: bool = False) -> Path:  # fmt: skip
+    """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3: 128, gemma3: 256), 2 KV heads, MLP 512)
+    whose matrices use every block type (`unquantized`: F32), with q/k/v biases for qwen2 and q/k norms for qwen3;
+    gemma3 with Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys (llama.cpp's names and
+    layout: norms hold 1 + w); the tokenizer of the GGUF file `tokenizer_source` (None: 512 stand-in tokens);
+    `name` its `general.name`; `frequency_factors` its `rope_freqs` tensor (32 factors, RoPE base 10000)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
     hidden, intermediate, heads, kv_heads = 256, 512, 4, 2
-    dim = 128 if architecture == "qwen3" else 64  # qwen3's heads are wider than hidden / heads, as in Qwen3-0.6B's
+    gemma = architecture == "gemma3"
+    # qwen3's heads are wider than hidden / heads, as in Qwen3-0.6B's; Gemma 3's are 256 wide
+    dim = {"qwen3": 128, "gemma3": 256}.get(architecture, 64)
     writer = GGUFWriter(str(path), architecture)
     if name is not None:
         writer.add_name(name)
@@ -125,14 +131,21 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
     writer.add_feed_forward_length(intermediate)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(1e6 if gemma else 10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_dimension_count(dim)
-    if architecture == "qwen3":
+    if architecture in ("qwen3", "gemma3"):
         writer.add_key_length(dim)
+        writer.add_value_length(dim)
+    if gemma:
+        writer.add_sliding_window(GEMMA3_WINDOW)
+        writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
 
     def matrix(name: str, kind: Q, rows: int, columns: int) -> None:
-        writer.add_tensor(name, random_blocks(kind, rows, columns, rng), raw_dtype=kind)
+        if unquantized:
+            writer.add_tensor(name, rng.normal(0, 0.05, (rows, columns)).astype(np.float32))
+        else:
+            writer.add_tensor(name, random_blocks(kind, rows, columns, rng), raw_dtype=kind)
 
     def dense(name: str, values: np.ndarray) -> None:
         writer.add_tensor(name, values.astype(np.float32))
@@ -142,7 +155,10 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
     for i in range(layers):
         dense(f"blk.{i}.attn_norm.weight", rng.uniform(0.8, 1.2, hidden))
         dense(f"blk.{i}.ffn_norm.weight", rng.uniform(0.8, 1.2, hidden))
-        if architecture == "qwen3":
+        if gemma:
+            dense(f"blk.{i}.post_attention_norm.weight", rng.uniform(0.8, 1.2, hidden))
+            dense(f"blk.{i}.post_ffw_norm.weight", rng.uniform(0.8, 1.2, hidden))
+        if architecture in ("qwen3", "gemma3"):
             dense(f"blk.{i}.attn_q_norm.weight", rng.uniform(0.8, 1.2, dim))
             dense(f"blk.{i}.attn_k_norm.weight", rng.uniform(0.8, 1.2, dim))
         for j, (name, rows, columns) in enumerate([("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),

@@ -73,7 +73,7 @@ def test_attention_choices_and_errors(tokenizer):
     assert attention_of(model) == "auto"
     assert isinstance(Engine(model, tokenizer, max_len=32).forward, TorchForward)  # fp32: the torch decoder
     with pytest.raises(SpecchatError, match=r"canonical attention runs Llama-family models \(llama, mistral, qwen2, "
-                       r"qwen3; head_dim 64 or 128\) on a CPU"):  # fmt: skip
+                       r"qwen3\) and Gemma 3 from a GGUF file, head_dim 64, 128, 256, on a CPU"):  # fmt: skip
         use_attention(tiny_model("qwen3", vocab_size=VOCAB, head_dim=16), "canonical")
     use_attention(model, "canonical")  # chosen: the CPU decoder runs fp32 too
     assert isinstance(Engine(model, tokenizer, max_len=32).forward, LeanForward)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from specchat.architectures.gemma3 import Gemma3Parts
 from specchat.architectures.llama import LlamaParts
 from specchat.errors import SpecchatError
 
-ADAPTERS = {model_type: LlamaParts for model_type in LlamaParts.model_types}
+ADAPTERS = {model_type: adapter for adapter in (LlamaParts, Gemma3Parts) for model_type in adapter.model_types}
 
 
 def parts(model: nn.Module) -> LlamaParts:
@@ -23,3 +24,11 @@ def parts(model: nn.Module) -> LlamaParts:
     if adapter is None:
         raise SpecchatError(f"the model is a {model_type}; specchat runs {', '.join(ADAPTERS)} models")
     return adapter(model)
+
+
+def causal_lm(config, dtype, name_or_path: str = "") -> nn.Module:
+    """specchat's own modules for `config`'s architecture (a GGUF file's weights go into them)."""
+    from specchat.architectures import gemma3_model, llama_model
+
+    module = gemma3_model if config.model_type in Gemma3Parts.model_types else llama_model
+    return module.CausalLM(config, dtype, name_or_path)

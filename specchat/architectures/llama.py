@@ -32,7 +32,10 @@ class LlamaLayer:
     gate_up_names = ("gate_proj", "up_proj")  # on `mlp`
     down = property(lambda self: self.module.mlp.down_proj)
     input_norm = property(lambda self: self.module.input_layernorm)
-    post_attention_norm = property(lambda self: self.module.post_attention_layernorm)
+    mlp_norm = property(lambda self: self.module.post_attention_layernorm)  # what the MLP reads
+    attention_output_norm = mlp_output_norm = None  # a norm of each half's output before the residual (Gemma's)
+    window = 0  # keys a row sees back from its own (a sliding window); 0: all
+    rope = 0  # which of `LlamaParts.rotaries` rotates this layer
 
     @property
     def q_norm(self) -> nn.Module | None:
@@ -70,7 +73,7 @@ class LlamaParts:
 
     @property
     def layers(self) -> list[LlamaLayer]:
-        return [LlamaLayer(module) for module in self.model.model.layers]
+        return [self.Layer(module) for module in self.model.model.layers]
 
     @property
     def norm(self) -> nn.Module:
@@ -85,6 +88,11 @@ class LlamaParts:
     def rotary(self) -> nn.Module:
         """(x, positions [1, q]) -> cos, sin [1, q, head_dim]."""
         return self.model.model.rotary_emb
+
+    @property
+    def rotaries(self) -> list[nn.Module]:
+        """Every RoPE the layers rotate by (`LlamaLayer.rope` indexes it)."""
+        return [self.rotary]
 
     def share_embedding_and_head(self, embed: nn.Module, head: nn.Module) -> None:
         """Use another model's embedding and LM head (a student's are its target's)."""

@@ -48,12 +48,13 @@ class GenerationConfig:
 
 class Slot(nn.Module):
     """Where a loader places a weight matrix's layer: its shape, on the meta device (`nn.Linear` and `nn.Embedding`
-    would draw random values first: on the meta device that imports torch's compiler, 1.5 s)."""
+    would draw random values first: on the meta device that imports torch's compiler, 1.5 s). An embedding's rows
+    may come out times `scale` (Gemma's sqrt(hidden))."""
 
-    def __init__(self, out_features: int, in_features: int, *, embedding: bool = False):
+    def __init__(self, out_features: int, in_features: int, *, embedding: bool = False, scale: float = 1.0):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device="meta"), requires_grad=False)
-        self.embedding = embedding
+        self.embedding, self.scale = embedding, scale
 
 
 class RMSNorm(nn.Module):
@@ -70,11 +71,12 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """(x, positions [batch, q]) -> cos, sin [batch, q, head_dim] in x's dtype (scaled by YaRN's temperature)."""
+    """(x, positions [batch, q]) -> cos, sin [batch, q, head_dim] in x's dtype (scaled by YaRN's temperature), for
+    the layers of `layer_type` where the config says RoPE per kind of layer."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer_type: str = "full_attention"):
         super().__init__()
-        rope = rope_parameters(config)
+        rope = rope_parameters(config, layer_type)
         self.register_buffer("inv_freq", inverse_frequencies(rope, config.head_dim), persistent=False)
         self.attention_scaling = attention_scaling(rope)
 

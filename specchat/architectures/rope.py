@@ -18,9 +18,16 @@ from specchat.errors import SpecchatError
 LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
-def rope_parameters(config) -> dict:
-    """The config's RoPE: its type, base and scaling."""
-    return getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": config.rope_theta}
+def rope_parameters(config, layer_type: str = "full_attention") -> dict:
+    """The config's RoPE: its type, base and scaling; where the config gives each kind of layer its own (Gemma 3's
+    sliding-window layers rotate by another base), the RoPE of the `layer_type` layers."""
+    rope = getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": config.rope_theta}
+    return rope[layer_type] if layer_type in rope else rope
+
+
+def per_layer_type(config) -> bool:
+    """Whether the config's RoPE is given per kind of layer."""
+    return "full_attention" in (getattr(config, "rope_parameters", None) or {})
 
 
 def inverse_frequencies(rope: dict, head_dim: int) -> torch.Tensor:
@@ -89,6 +96,8 @@ def stretch_with_yarn(config, factor: float | None) -> None:
     SpecchatError."""
     if factor is None:
         return
+    if per_layer_type(config):
+        raise SpecchatError("--yarn stretches one RoPE; this model rotates its kinds of layers by their own")
     rope = rope_parameters(config)
     kind = rope.get("rope_type", "default")
     if kind != "default":

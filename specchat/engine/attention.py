@@ -1,10 +1,11 @@
 """Which attention verifies trees: `--attention auto | canonical | hybrid`.
 
 "canonical" is the compiled CPU decoder's (`lean_forward`): every row sums in an order its position alone fixes,
-so a verified tree row is bitwise the decode step at its position; it runs Llama-family models on a CPU. "hybrid"
-is the torch decoder's (`torch_decoder`): the long prefix without a mask and the small tree part masked, merged by
-log-sum-exp, as Triton kernels on a GPU (in torch on a CPU). "auto" is canonical where the CPU decoder runs the
-model in bf16 / fp16 activations, else hybrid. Neither implements sliding windows.
+so a verified tree row is bitwise the decode step at its position; it runs Llama-family models and Gemma 3 on a
+CPU, Gemma's sliding windows included. "hybrid" is the torch decoder's (`torch_decoder`): the long prefix without a
+mask and the small tree part masked, merged by log-sum-exp, as Triton kernels on a GPU (in torch on a CPU); it runs
+the Llama family without sliding windows. "auto" is canonical where the CPU decoder runs the model in bf16 / fp16
+activations, or in any where the torch decoder cannot, else hybrid.
 
 The choice is kept on the model (`use_attention`), whose forward the engine then builds (`target_forward`).
 """
@@ -24,14 +25,14 @@ def check_attention(choice: str) -> None:
 def use_attention(model, choice: str) -> None:
     """Verify `model`'s trees with the attention `choice` names (a one-line error where it cannot run)."""
     check_attention(choice)
-    if sliding_window(model.config):
-        raise SpecchatError("this model uses sliding-window attention, which specchat's forwards do not implement")
-    if choice == "canonical":
-        from specchat.engine.lean_forward import FAMILIES, HEAD_DIMS, serves  # torch: not for the CLI's option checks
+    from specchat.engine.lean_forward import FAMILIES, HEAD_DIMS, serves  # torch: not for the CLI's option checks
+    from specchat.engine.torch_decoder import refusal
 
-        if not serves(model):
-            raise SpecchatError(f"canonical attention runs Llama-family models ({', '.join(FAMILIES)}; head_dim "
-                                f"{' or '.join(map(str, HEAD_DIMS))}) on a CPU")  # fmt: skip
+    if choice == "canonical" and not serves(model):
+        raise SpecchatError(f"canonical attention runs Llama-family models ({', '.join(FAMILIES[:-1])}) and Gemma 3 "
+                            f"from a GGUF file, head_dim {', '.join(map(str, HEAD_DIMS))}, on a CPU")  # fmt: skip
+    if (choice == "hybrid" or not serves(model)) and (reason := refusal(model.config)):
+        raise SpecchatError(reason)
     model.specchat_attention = choice
 
 

@@ -16,6 +16,7 @@ import torch
 
 from specchat.architectures.llama import LlamaParts
 from specchat.disk_cache import cache_dir
+from specchat.engine.attention import sliding_window
 from specchat.engine.drafter import Drafter, TargetView
 from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
@@ -82,6 +83,8 @@ class Engine:
             raise SpecchatError(
                 "--kv-cache int8 needs the compiled CPU decoder: a CPU model in bf16 or fp16 activations"
             )
+        if kv_cache == "int8" and sliding_window(model.config):
+            raise SpecchatError("--kv-cache int8 does not run sliding-window layers (Gemma 3's): use --kv-cache auto")
         self.prefixes = PrefixStore(prefix_bytes) if prefix_bytes else None  # earlier texts' cached prefixes
         self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
         self.length = 0  # committed ids; the cache holds all but the last (the root)

@@ -7,10 +7,11 @@ matmuls cost more than the matmuls. Here every layer runs inside the compiled CP
 `fuse_projections`), everything else in plain loops, tree attention read from the engine's cache in an order
 fixed by each row's position (so a verified node computes bitwise what a decode step computes).
 
-It serves Llama-family models on a CPU (llama, mistral without a sliding window, qwen2); `lean_forward` returns
-None for the rest, and when the decoder cannot be compiled here (with a warning): the torch decoder runs those
-(`target_forward`). It is exact (a verified row bitwise its decode step) in bf16 / fp16 activations, whose CPU
-matmuls are row-independent, and where the weights' own kernel is (int4, int8, GGUF blocks).
+It serves Llama-family models on a CPU (llama, mistral without a sliding window, qwen2, qwen3) and Gemma 3 from
+a GGUF file (its sliding windows included); `lean_forward` returns None for the rest, and when the decoder cannot
+be compiled here (with a warning): the torch decoder runs those (`target_forward`). It is exact (a verified row
+bitwise its decode step) in bf16 / fp16 activations, whose CPU matmuls are row-independent, and where the weights'
+own kernel is (int4, int8, GGUF blocks).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Side, fuse_projections
 from specchat.quant.quantized_linear import QuantizedLinear
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-HEAD_DIMS = (64, 128)  # the CPU decoder is compiled for these
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+HEAD_DIMS = (64, 128, 256)  # the CPU decoder is compiled for these
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 class LeanForward:
@@ -37,7 +39,7 @@ class LeanForward:
         config, decoder = model.config, parts(model)
         layers = decoder.layers
         self.native = native
-        self.embed, self.head, self.rotary = decoder.embed, decoder.head, decoder.rotary
+        self.embed, self.head, self.rotaries = decoder.embed, decoder.head, decoder.rotaries
         self.kv_heads, self.head_dim = config.num_key_value_heads, layers[0].head_dim
         self.decoder = native.Decoder(
             [_layer(native, layer) for layer in layers],
@@ -48,6 +50,7 @@ class LeanForward:
             config.intermediate_size,
             decoder.norm.variance_epsilon,
             layers[0].scaling,
+            _activation(config),
         )
         self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
@@ -60,21 +63,32 @@ class LeanForward:
         `tree_mask` [q, q] makes the forward a tree verification; without one the rows are causal (a single
         token is a decode step, several a prefill)."""
         x = self.embed(tokens)
-        cos, sin = self.rotary(self.angles, positions[None])
+        tables = [rotary(self.angles, positions[None]) for rotary in self.rotaries]
+        cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])  # [ropes, q, D]
         prefix = cache.length
         keys, values, scales = cache.reserve(tokens.shape[0], self.kv_heads, self.head_dim, x.dtype, x.device)
         normed, hidden, queries, features = self.native.forward(
-            self.decoder, x, cos[0], sin[0], keys, values, prefix, tree_mask, last_only, scales, every_layer,
+            self.decoder, x, cos, sin, keys, values, prefix, tree_mask, last_only, scales, every_layer,
             list(feature_layers),
         )
         return ForwardOutput(self.head(normed), hidden, queries, features)
 
 
 def serves(model) -> bool:
-    """Whether the CPU decoder computes `model`'s forward (given that it builds)."""
+    """Whether the CPU decoder computes `model`'s forward (given that it builds): a Llama-family model without a
+    sliding window, or Gemma 3 in specchat's own modules (a GGUF file's)."""
+    from specchat.architectures import gemma3_model
+
     config = model.config
-    return (model.device.type == "cpu" and config.model_type in FAMILIES and config.hidden_act == "silu"
-            and not sliding_window(config) and parts(model).layers[0].head_dim in HEAD_DIMS)  # fmt: skip
+    if model.device.type != "cpu" or config.model_type not in FAMILIES or _activation(config) is None:
+        return False
+    gemma = isinstance(model, gemma3_model.CausalLM)
+    return (gemma or not sliding_window(config)) and parts(model).layers[0].head_dim in HEAD_DIMS
+
+
+def _activation(config) -> str | None:
+    """The CPU decoder's name for the MLP's activation, None for one it has not."""
+    return ACTIVATIONS.get(getattr(config, "hidden_activation", None) or config.hidden_act)
 
 
 def lean_forward(model) -> LeanForward | None:
@@ -96,9 +110,11 @@ def _layer(native, layer: LlamaLayer):
         native_projection(native, fuse_projections(layer.mlp, layer.gate_up_names)),
         native_projection(native, layer.down),
         layer.input_norm.weight,
-        layer.post_attention_norm.weight,
-        layer.q_norm.weight if layer.q_norm is not None else None,
-        layer.k_norm.weight if layer.k_norm is not None else None,
+        layer.mlp_norm.weight,
+        *(None if norm is None else norm.weight
+          for norm in (layer.q_norm, layer.k_norm, layer.attention_output_norm, layer.mlp_output_norm)),
+        layer.window,
+        layer.rope,
     )
 
 

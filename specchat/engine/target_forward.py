@@ -21,7 +21,7 @@ from specchat.engine.cache import TreeCache
 from specchat.engine.cuda_graphs import BUCKETS, GraphedDecoder
 from specchat.engine.forward_output import ForwardOutput
 from specchat.engine.lean_forward import LeanForward, lean_forward, serves
-from specchat.engine.torch_decoder import TorchDecoder
+from specchat.engine.torch_decoder import TorchDecoder, refusal
 from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 
 
@@ -62,9 +62,10 @@ class TorchForward:
 
 def canonical(model) -> bool:
     """Whether the CPU decoder is to run `model`: chosen (canonical), or by auto where it serves the model in
-    bf16 / fp16 activations (in fp32 dense matmuls are row-dependent: nothing to gain over the torch decoder)."""
+    bf16 / fp16 activations (in fp32 dense matmuls are row-dependent: nothing to gain over the torch decoder) or
+    where the torch decoder cannot run it (Gemma 3)."""
     choice = attention_of(model)
-    automatic = choice == "auto" and model.dtype in (torch.bfloat16, torch.float16)
+    automatic = choice == "auto" and (model.dtype in (torch.bfloat16, torch.float16) or refusal(model.config))
     return (choice == "canonical" or automatic) and serves(model)
 
 

@@ -85,7 +85,7 @@ class TorchDecoder:
                     qk_norm=None if norms[0] is None else torch.stack([norm.weight for norm in norms]),
                     o=_projection(layer.o)[0],
                     o_bias=_projection(layer.o)[1],
-                    post_norm=layer.post_attention_norm.weight,
+                    post_norm=layer.mlp_norm.weight,
                     gate_up=gate_up[0],
                     gate_up_bias=gate_up[1],
                     down=_projection(layer.down)[0],
@@ -172,14 +172,21 @@ def _add_projection(residual: torch.Tensor, x: torch.Tensor, projection: Project
     return out if bias is None else out + bias
 
 
-def check_config(config) -> None:
-    """A one-line error for a config this decoder does not compute exactly."""
+def refusal(config) -> str | None:
+    """Why this decoder does not compute `config`'s model exactly, or None where it does."""
     family = config.model_type
     if family not in LlamaParts.model_types:
-        raise SpecchatError(f"the torch decoder runs {', '.join(LlamaParts.model_types)} models, not {family}")
+        return f"the torch decoder runs {', '.join(LlamaParts.model_types)} models, not {family} (GPUs, fp32)"
     if config.hidden_act != "silu":
-        raise SpecchatError(f"the torch decoder runs SiLU MLPs, not {config.hidden_act}")
+        return f"the torch decoder runs SiLU MLPs, not {config.hidden_act}"
     if sliding_window(config):
-        raise SpecchatError("the torch decoder has no sliding-window attention")
+        return "the torch decoder has no sliding-window attention"
     if rope_parameters(config).get("partial_rotary_factor", 1.0) != 1.0:
-        raise SpecchatError("the torch decoder rotates whole heads (partial_rotary_factor 1)")
+        return "the torch decoder rotates whole heads (partial_rotary_factor 1)"
+    return None
+
+
+def check_config(config) -> None:
+    """A one-line error for a config this decoder does not compute exactly."""
+    if reason := refusal(config):
+        raise SpecchatError(reason)

@@ -88,14 +88,19 @@ class GGUFLinear(QuantizedLinear):
 
 
 class GGUFEmbedding(nn.Module):
-    def __init__(self, blocks: torch.Tensor, type_id: int, embedding_dim: int, *, dtype: torch.dtype):
+    """Rows of a GGUF matrix, dequantized in fp32 and times `scale` (Gemma's sqrt(hidden)), then rounded once."""
+
+    def __init__(self, blocks: torch.Tensor, type_id: int, embedding_dim: int, *, dtype: torch.dtype,
+                 scale: float = 1.0):  # fmt: skip
         super().__init__()
         self.type_id, self.embedding_dim, self.num_embeddings = type_id, embedding_dim, blocks.shape[0]
-        self.format, self.dtype = BLOCK_TYPES[type_id].name, dtype
+        self.format, self.dtype, self.scale = BLOCK_TYPES[type_id].name, dtype, scale
         self.register_buffer("blocks", blocks, persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = cpu_decoder().gguf_rows(self.blocks, self.type_id, 1, self.embedding_dim, ids.reshape(-1))
+        if self.scale != 1.0:
+            rows = rows * self.scale
         return rows.to(self.dtype).view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

@@ -1,6 +1,6 @@
-"""A Llama-family model (llama, qwen2, qwen3, mistral) that runs on a GGUF file's own quantized weights.
+"""A Llama-family (llama, qwen2, qwen3, mistral) or Gemma 3 model that runs on a GGUF file's own quantized weights.
 
-The modules are specchat's own (`architectures.llama_model`: transformers' tree, no forward); the dense
+The modules are specchat's own (`architectures.llama_model`, `gemma3_model`: transformers' tree, no forward); the dense
 reference the blocks are measured against is transformers' model. Block-quantized matrices become `GGUFLinear`s
 over the file's memory-mapped blocks (the token embedding a `GGUFEmbedding`, and the LM head, when tied to it, a
 `GGUFLinear` over the same blocks): nothing is dequantized to a dense copy. F32 / F16 tensors (norms, biases) are
@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from specchat.architectures.llama_model import CausalLM, ModelConfig, Slot
+from specchat.architectures import causal_lm
+from specchat.architectures.llama_model import ModelConfig, Slot
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.gguf_header import tensor_table
 from specchat.quant.embedding import Int8Embedding
@@ -41,6 +42,12 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+_GEMMA3_NAMES = {  # Gemma 3's norms: the MLP's input, and each half's output
+    **_LAYER_NAMES,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -52,7 +59,7 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     the window is stretched that many times (`stretch_with_yarn`)."""
     config = ModelConfig.from_dir(config_dir)
     stretch_with_yarn(config, yarn)
-    model = CausalLM(config, dtype, name_or_path=config_dir)
+    model = causal_lm(config, dtype, name_or_path=config_dir)
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     check_tensor_types(tensors.values(), gguf_path)
     for module_name, held, rows in _modules(tensors, model.config):
@@ -77,6 +84,8 @@ def dequantized_model(gguf_path: Path, config_dir: str, *, yarn: float | None = 
     for module_name, held, rows in _modules({t.name: t for t in gguf_tensors(gguf_path)}, model.config):
         for field, tensor in held.items():
             values = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type)).float().reshape(tensor.shape[::-1])
+            if config.model_type == "gemma3_text" and module_name.endswith("norm"):
+                values = values - 1  # the file holds Gemma's 1 + w, transformers w
             state[f"{module_name}.{field}"] = values if rows is None else values[rows]
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()  # a tied LM head: the embedding's weights
@@ -153,8 +162,9 @@ def _module_name(gguf_name: str, architecture: str) -> tuple[str, str]:
     """The module a GGUF tensor belongs to, and which of its tensors it is ("weight" or "bias")."""
     parts = gguf_name.split(".")
     field = parts.pop() if parts[-1] in ("weight", "bias") else "weight"
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}", field
+    names = _GEMMA3_NAMES if architecture == "gemma3_text" else _LAYER_NAMES
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}", field
     if len(parts) == 1 and parts[0] in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[parts[0]], field
     raise ValueError(f"unexpected tensor '{gguf_name}' in a {architecture} GGUF file")
@@ -185,19 +195,19 @@ def _install(model, name: str, parts: dict, dtype, *, rows=None, aten_int4=False
         module = _aten_int4(raw, kind, dtype, embedding=embedding, bias=bias)
     elif int(kind) in BLOCK_TYPES:
         columns = tensor.shape[0]
-        module = GGUFEmbedding(raw, int(kind), columns, dtype=dtype) if embedding \
+        module = GGUFEmbedding(raw, int(kind), columns, dtype=dtype, scale=current.scale) if embedding \
             else GGUFLinear(raw, int(kind), columns, dtype=dtype, bias=bias)  # fmt: skip
     else:  # F32 / F16: norms, biases, unquantized matrices
-        weight = _dense(tensor, raw).to(dtype)
-        if embedding:
-            module = nn.Embedding.from_pretrained(weight)
+        weight = _dense(tensor, raw)
+        if embedding:  # its rows scaled before they are rounded, as a GGUFEmbedding scales them
+            module = nn.Embedding.from_pretrained((weight * current.scale).to(dtype))
         elif matrix:
             module = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-            module.weight = nn.Parameter(weight, requires_grad=False)
+            module.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
             if bias is not None:
                 module.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
-        else:
-            current.weight = nn.Parameter(weight, requires_grad=False)
+        else:  # a norm: in the activations' dtype, or the one it asks for (Gemma's fp32)
+            current.weight = nn.Parameter(weight.to(getattr(current, "weight_dtype", dtype)), requires_grad=False)
             return
     model.set_submodule(name, module)
 

@@ -133,7 +133,7 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
             values = torch.cat([self.cache.values[i, :, :size], *earlier_values, v], dim=1)
             out = attend(q, keys, values, mask)
             x = x + layer.o(out.transpose(0, 1).reshape(rows, -1))
-            x = x + layer.mlp(layer.post_attention_norm(x))
+            x = x + layer.mlp(layer.mlp_norm(x))
             new.append((k, v, rotated))
         x = x[-1:] if last_only else x
         return self.head(self.norm(x)), new

@@ -1,4 +1,5 @@
-// A Llama-family decoder forward for CPUs in one call: every layer, no Python between the operations.
+// A Llama-family decoder forward for CPUs in one call: every layer, no Python between the operations. Gemma 3's
+// layers are the same with more norms (each half's output), GELU and sliding windows (`Layer`, `Decoder`).
 //
 // A decode step of a small model is a few hundred operations of a few microseconds each; run one by one
 // from Python they cost more than the matmuls. Here the matmuls are ATen's (the 4-bit kernel, or a dense
@@ -76,17 +77,24 @@ struct Projection {
   }
 };
 
+// A norm's weight is in the activations' dtype (Llama's RMSNorm: two roundings) or fp32 (Gemma's: one).
 struct Layer {
   Projection qkv, o, gate_up, down;
   at::Tensor attention_norm, mlp_norm;
-  at::Tensor q_norm, k_norm;  // qwen3's RMSNorm of each head's query and key before RoPE [D]; undefined elsewhere
+  at::Tensor q_norm, k_norm;  // the RMSNorm of each head's query and key before RoPE [D] (qwen3, gemma3), or undefined
+  at::Tensor attention_output_norm, mlp_output_norm;  // gemma3's norms of each half's output, or undefined
+  int64_t window = 0;  // a sliding window: a row at position p sees the keys at p - window + 1 .. p; 0: all
+  int64_t rope = 0;    // which of the forward's cos / sin tables rotates this layer
 };
+
+enum class Activation { SiLU, GeluTanh };
 
 struct Decoder {
   std::vector<Layer> layers;
   at::Tensor final_norm;
   int64_t heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   double eps = 1e-5, scale = 1.0;
+  Activation activation = Activation::SiLU;
 };
 
 template <typename T>
@@ -157,9 +165,10 @@ inline __m512 exp16(__m512 x) {
 }
 #endif
 
-// out[r] = round(round(x[r] / rms(x[r])) * weight), Llama's RMSNorm with its two roundings.
-template <typename T>
-void rms_norm(const T* x, const T* weight, T* out, int64_t rows, int64_t width, float eps) {
+// out[r] = round(round(x[r] / rms(x[r])) * weight), Llama's RMSNorm with its two roundings; with an fp32 weight
+// round(x[r] / rms(x[r]) * weight), Gemma's with one.
+template <typename T, typename W>
+void rms_norm(const T* x, const W* weight, T* out, int64_t rows, int64_t width, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = x + r * width;
     float lanes[LANES] = {};
@@ -170,9 +179,21 @@ void rms_norm(const T* x, const T* weight, T* out, int64_t rows, int64_t width, 
     for (int l = 0; c < width; ++c, ++l) lanes[l] += load(row[c]) * load(row[c]);
     const float inverse = 1.0f / std::sqrt(lane_total(lanes) / static_cast<float>(width) + eps);
     for (c = 0; c < width; ++c) {
-      out[r * width + c] = store<T>(load(store<T>(load(row[c]) * inverse)) * load(weight[c]));
+      const float normed = load(row[c]) * inverse;
+      if constexpr (std::is_same_v<W, float>) {
+        out[r * width + c] = store<T>(normed * weight[c]);
+      } else {
+        out[r * width + c] = store<T>(load(store<T>(normed)) * load(weight[c]));
+      }
     }
   }
+}
+
+// `rms_norm` by a weight tensor of either dtype.
+template <typename T>
+void rms_norm(const T* x, const at::Tensor& weight, T* out, int64_t rows, int64_t width, float eps) {
+  if (weight.scalar_type() == at::kFloat) return rms_norm<T, float>(x, weight.data_ptr<float>(), out, rows, width, eps);
+  rms_norm<T, T>(x, weight.data_ptr<T>(), out, rows, width, eps);
 }
 
 // x[r] += y[r], rounded once.
@@ -181,15 +202,18 @@ void add_into(T* x, const T* y, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] = store<T>(load(x[i]) + load(y[i]));
 }
 
-// gate_up [rows, 2 I] -> [rows, I]: silu(gate) * up, rounded once.
+// gate_up [rows, 2 I] -> [rows, I]: act(gate) * up, rounded once. SiLU is g / (1 + exp(-g)); GELU's tanh form
+// 0.5 g (1 + tanh(u)) is the same with 2u for g, u = sqrt(2 / pi) (g + 0.044715 g^3).
 template <typename T>
-void silu_gate(const T* gate_up, T* out, int64_t rows, int64_t intermediate) {
+void gate(const T* gate_up, T* out, int64_t rows, int64_t intermediate, Activation activation) {
+  constexpr float kGeluScale = 2.0f * 0.7978845608028654f;  // 2 sqrt(2 / pi)
   for (int64_t r = 0; r < rows; ++r) {
-    const T* gate = gate_up + r * 2 * intermediate;
-    const T* up = gate + intermediate;
+    const T* gates = gate_up + r * 2 * intermediate;
+    const T* up = gates + intermediate;
     for (int64_t c = 0; c < intermediate; ++c) {
-      const float g = load(gate[c]);
-      out[r * intermediate + c] = store<T>(g / (1.0f + exp_approx(-g)) * load(up[c]));
+      const float g = load(gates[c]);
+      const float z = activation == Activation::SiLU ? g : kGeluScale * (g + 0.044715f * g * g * g);
+      out[r * intermediate + c] = store<T>(g / (1.0f + exp_approx(-z)) * load(up[c]));
     }
   }
 }
@@ -246,11 +270,11 @@ struct Int8Kv {
 };
 
 // The rows' queries rotated into fp32 [rows, heads, D]; their keys rotated and values written to the cache
-// slots [prefix, prefix + rows). With `q_norm` / `k_norm` (qwen3), each head's query / key is RMS-normed first.
+// slots [prefix, prefix + rows). With `q_norm` / `k_norm` (defined), each head's query / key is RMS-normed first.
 template <typename T, typename Kv>
 void rotate_and_cache(const T* qkv, const float* cos, const float* sin, float* queries, const Kv& cache,
-                      int64_t prefix, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const T* q_norm,
-                      const T* k_norm, float eps) {
+                      int64_t prefix, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
+                      const at::Tensor& q_norm, const at::Tensor& k_norm, float eps) {
   const int64_t half = dim / 2, width = (heads + 2 * kv_heads) * dim;
   std::vector<float> rotated(dim);
   std::vector<T> normed(dim);
@@ -260,7 +284,7 @@ void rotate_and_cache(const T* qkv, const float* cos, const float* sin, float* q
     const float* s = sin + r * dim;
     for (int64_t h = 0; h < heads + kv_heads; ++h) {
       const T* in = row + h * dim;
-      if (const T* norm = h < heads ? q_norm : k_norm) {
+      if (const at::Tensor& norm = h < heads ? q_norm : k_norm; norm.defined()) {
         rms_norm<T>(in, norm, normed.data(), 1, dim, eps);
         in = normed.data();
       }
@@ -935,6 +959,17 @@ std::vector<std::vector<int64_t>> tails_of(int64_t rows, int64_t prefix, const s
 
 constexpr int64_t kUnitRows = 8;  // rows a unit takes at most: more, and their scores outgrow the caches
 
+// f(std::integral_constant<int, D>) for the head dimension D = dim: the attention kernels are compiled for these.
+template <typename F>
+inline void with_head_dim(int64_t dim, F&& f) {
+  switch (dim) {
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+    default: TORCH_CHECK(false, "head_dim must be 64, 128 or 256");
+  }
+}
+
 // The rows' attention (queries [rows][heads][D] fp32) over the cache, row r seeing slots [0, prefix) then
 // tails[r]: units of a KV head's query group and a chunk of the rows, spread over the threads. Each unit reads its
 // head's prefix once for all its rows, so the rows are cut into as few chunks of at most kUnitRows as give every
@@ -961,31 +996,64 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
       const auto* rows_tails = tails + first;
       T* o = out + (first * heads + g * group) * dim;
       const float s = static_cast<float>(decoder.scale);
-      if constexpr (std::is_same_v<Kv, Int8Kv>) {
-        const Int8Head head{cache.keys + g * slots * dim, cache.values + g * slots * dim, cache.head_scales(g, dim)};
-        if (dim == 64) attend_int8<T, 64>(q, head, rows_tails, prefix, n, heads, group, s, o);
-        else attend_int8<T, 128>(q, head, rows_tails, prefix, n, heads, group, s, o);
-      } else {
-        const T* k = cache.keys + g * slots * dim;
-        const T* v = cache.values + g * slots * dim;
-        if constexpr (std::is_same_v<T, at::BFloat16>) {
-#ifdef BF16_TILES
-          if (tiles) {
-            if (dim == 64) attend_bf16_tiles<64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-            else attend_bf16_tiles<128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-            continue;
-          }
-#endif
-          if (dim == 64) attend_bf16<64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-          else attend_bf16<128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+      with_head_dim(dim, [&](auto head_dim) {
+        constexpr int DIM = decltype(head_dim)::value;
+        if constexpr (std::is_same_v<Kv, Int8Kv>) {
+          const Int8Head head{cache.keys + g * slots * dim, cache.values + g * slots * dim, cache.head_scales(g, dim)};
+          attend_int8<T, DIM>(q, head, rows_tails, prefix, n, heads, group, s, o);
         } else {
-          if (dim == 64) attend<T, 64>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
-          else attend<T, 128>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+          const T* k = cache.keys + g * slots * dim;
+          const T* v = cache.values + g * slots * dim;
+          if constexpr (std::is_same_v<T, at::BFloat16>) {
+#ifdef BF16_TILES
+            if (tiles) return attend_bf16_tiles<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+#endif
+            attend_bf16<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+          } else {
+            attend<T, DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+          }
         }
-      }
+      });
     }
   };
   at::parallel_for(0, kv_heads * chunks, cost > 4096 ? 1 : kv_heads * chunks, run);
+}
+
+// `cache` seen from slot `first` on: the same heads, their slots numbered from there.
+template <typename T>
+PlainKv<T> from_slot(const PlainKv<T>& cache, int64_t first, int64_t dim) {
+  return {cache.keys + first * dim, cache.values + first * dim, cache.slots};
+}
+
+// `attend_rows` in a sliding window: row r (at position prefix + tails[r].size() - 1; its tail's k-th slot at
+// prefix + k) sees the keys from position p - window + 1 on. Its key sequence starts there, so the cache is read
+// from that slot, as a decode step at p reads it: runs of rows whose windows start together attend in one call.
+template <typename T, typename Kv>
+void attend_window(const float* queries, const Kv& cache, int64_t prefix, const std::vector<int64_t>* tails,
+                   int64_t rows, T* out, const Decoder& decoder, int64_t window) {
+  if constexpr (std::is_same_v<Kv, Int8Kv>) {
+    TORCH_CHECK(false, "an int8 cache does not run sliding-window layers");
+  } else {
+    const int64_t stride = decoder.heads * decoder.head_dim;
+    const auto first_key = [&](int64_t r) {
+      const int64_t position = prefix + static_cast<int64_t>(tails[r].size()) - 1;
+      return std::max<int64_t>(0, position - window + 1);
+    };
+    for (int64_t r = 0; r < rows;) {
+      const int64_t first = first_key(r), shift = std::min(first, prefix);
+      int64_t end = r + 1;
+      while (end < rows && first_key(end) == first) ++end;
+      std::vector<std::vector<int64_t>> seen(end - r);
+      for (int64_t i = r; i < end; ++i) {
+        for (size_t k = 0; k < tails[i].size(); ++k) {
+          if (prefix + static_cast<int64_t>(k) >= first) seen[i - r].push_back(tails[i][k] - shift);
+        }
+      }
+      attend_rows<T>(queries + r * stride, from_slot(cache, shift, decoder.head_dim), prefix - shift, seen.data(),
+                     end - r, out + r * stride, decoder);
+      r = end;
+    }
+  }
 }
 
 // Rotate the rows' queries and keys, write keys and values to the cache at [written, written + rows), and attend:
@@ -996,17 +1064,22 @@ void attention(const Layer& layer, const at::Tensor& qkv, const at::Tensor& cos,
                at::Tensor& out, const Decoder& decoder, float* kept_queries) {
   const int64_t rows = qkv.size(0), heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
   std::vector<float> queries(rows * heads * dim);
-  const T* q_norm = layer.q_norm.defined() ? layer.q_norm.data_ptr<T>() : nullptr;
-  const T* k_norm = layer.k_norm.defined() ? layer.k_norm.data_ptr<T>() : nullptr;
-  rotate_and_cache<T>(qkv.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), queries.data(), cache,
-                      written, rows, heads, kv_heads, dim, q_norm, k_norm, static_cast<float>(decoder.eps));
+  const at::Tensor& c = cos.dim() == 3 ? cos[layer.rope] : cos;
+  const at::Tensor& s = sin.dim() == 3 ? sin[layer.rope] : sin;
+  rotate_and_cache<T>(qkv.data_ptr<T>(), c.data_ptr<float>(), s.data_ptr<float>(), queries.data(), cache, written,
+                      rows, heads, kv_heads, dim, layer.q_norm, layer.k_norm, static_cast<float>(decoder.eps));
   if (kept_queries) std::copy(queries.begin(), queries.end(), kept_queries);
   T* out_data = out.data_ptr<T>();
-  if (tails) return attend_rows<T>(queries.data(), cache, prefix, tails->data(), rows, out_data, decoder);
+  const auto attend = [&](const float* q, int64_t first_prefix, const std::vector<int64_t>* row_tails, int64_t n,
+                          T* o) {
+    if (layer.window) return attend_window<T>(q, cache, first_prefix, row_tails, n, o, decoder, layer.window);
+    attend_rows<T>(q, cache, first_prefix, row_tails, n, o, decoder);
+  };
+  if (tails) return attend(queries.data(), prefix, tails->data(), rows, out_data);
   for (int64_t start = 0; start < rows; start += kCausalChunk) {
     const int64_t n = std::min(kCausalChunk, rows - start), offset = start * heads * dim;
     const auto causal = tails_of(n, prefix + start, std::nullopt);
-    attend_rows<T>(queries.data() + offset, cache, prefix + start, causal.data(), n, out_data + offset, decoder);
+    attend(queries.data() + offset, prefix + start, causal.data(), n, out_data + offset);
   }
 }
 
@@ -1031,19 +1104,28 @@ void attention_half(const Layer& layer, const Decoder& decoder, const at::Tensor
   }
 }
 
-// The rest of a layer after its attention: x += o(attended), then x += down(silu(gate) * up) of x's norm.
+// x += y [rows, hidden], or with `norm` defined x += its RMSNorm of y (y normed in place).
+template <typename T>
+void add_output(T* x, at::Tensor& y, const at::Tensor& norm, float eps) {
+  const int64_t rows = y.size(0), hidden = y.size(1);
+  if (norm.defined()) rms_norm<T>(y.data_ptr<T>(), norm, y.data_ptr<T>(), rows, hidden, eps);
+  add_into<T>(x, y.data_ptr<T>(), rows * hidden);
+}
+
+// The rest of a layer after its attention: x += o(attended), then x += down(act(gate) * up) of x's norm (each
+// half's output normed first where the layer has those norms).
 template <typename T>
 void layer_rest(const Layer& layer, const Decoder& decoder, at::Tensor& x, const at::Tensor& attended,
                 at::Tensor& normed, at::Tensor& gated) {
   const int64_t rows = x.size(0), hidden = x.size(1);
-  const at::Tensor projected = layer.o(attended).contiguous();
-  add_into<T>(x.data_ptr<T>(), projected.data_ptr<T>(), rows * hidden);
-  rms_norm<T>(x.data_ptr<T>(), layer.mlp_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden,
-              static_cast<float>(decoder.eps));
+  const float eps = static_cast<float>(decoder.eps);
+  at::Tensor projected = layer.o(attended).contiguous();
+  add_output<T>(x.data_ptr<T>(), projected, layer.attention_output_norm, eps);
+  rms_norm<T>(x.data_ptr<T>(), layer.mlp_norm, normed.data_ptr<T>(), rows, hidden, eps);
   const at::Tensor gate_up = layer.gate_up(normed).contiguous();
-  silu_gate<T>(gate_up.data_ptr<T>(), gated.data_ptr<T>(), rows, decoder.intermediate);
-  const at::Tensor down = layer.down(gated).contiguous();
-  add_into<T>(x.data_ptr<T>(), down.data_ptr<T>(), rows * hidden);
+  gate<T>(gate_up.data_ptr<T>(), gated.data_ptr<T>(), rows, decoder.intermediate, decoder.activation);
+  at::Tensor down = layer.down(gated).contiguous();
+  add_output<T>(x.data_ptr<T>(), down, layer.mlp_output_norm, eps);
 }
 
 template <typename T>
@@ -1069,7 +1151,7 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
   for (size_t i = 0; i < decoder.layers.size(); ++i) {
     const Layer& layer = decoder.layers[i];
     keep_features(static_cast<int64_t>(i));
-    rms_norm<T>(x.data_ptr<T>(), layer.attention_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, hidden, eps);
+    rms_norm<T>(x.data_ptr<T>(), layer.attention_norm, normed.data_ptr<T>(), rows, hidden, eps);
     float* kept = every_layer ? queries[i].data_ptr<float>()
                   : i + 1 == decoder.layers.size() ? queries[0].data_ptr<float>() : nullptr;
     attention_half<T>(layer, decoder, normed, cos, sin, keys[i], values[i], scales ? &(*scales)[i] : nullptr, prefix,
@@ -1079,7 +1161,7 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
   keep_features(static_cast<int64_t>(decoder.layers.size()));
   at::Tensor last = last_only ? x.slice(0, rows - 1) : x;
   at::Tensor out = at::empty_like(last);
-  rms_norm<T>(last.data_ptr<T>(), decoder.final_norm.data_ptr<T>(), out.data_ptr<T>(), last.size(0), hidden, eps);
+  rms_norm<T>(last.data_ptr<T>(), decoder.final_norm, out.data_ptr<T>(), last.size(0), hidden, eps);
   return {out, x, every_layer ? queries : queries[0], features};
 }
 
@@ -1097,15 +1179,19 @@ void check_mask(const std::optional<at::Tensor>& mask, int64_t rows) {
 // with `scales` (each layer's [kv_heads, slots / 16, D / 32 + 1, 16] fp32) an int8 cache instead: keys uint8,
 // values int8 and scales as int8_dots.h lays them out, slots a multiple of 16. mask [rows, span] bool: a tree
 // (`tails_of`: the rows are the last of `span` slots after the prefix, and see those their row marks, up to their
-// own); none: causal.
+// own); none: causal. cos / sin [rows, D] fp32, or [ropes, rows, D] with a table per `Layer::rope`.
 std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedded, const at::Tensor& cos,
                                 const at::Tensor& sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                                 int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only,
                                 const std::optional<std::vector<at::Tensor>>& scales, bool every_layer,
                                 const std::vector<int64_t>& feature_layers) {
   TORCH_CHECK(embedded.dim() == 2, "x must be [rows, hidden]");
-  TORCH_CHECK(decoder.head_dim == 64 || decoder.head_dim == 128, "head_dim must be 64 or 128");
+  with_head_dim(decoder.head_dim, [](auto) {});
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
+  for (const Layer& layer : decoder.layers) {
+    TORCH_CHECK(cos.dim() == 2 || (layer.rope >= 0 && layer.rope < cos.size(0)), "a layer's rope has no cos / sin");
+    TORCH_CHECK(!layer.window || !scales, "an int8 cache does not run sliding-window layers");
+  }
   TORCH_CHECK(keys.size() == decoder.layers.size() && values.size() == keys.size(), "one cache per layer");
   const int64_t rows = embedded.size(0);
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -1167,8 +1253,8 @@ std::vector<at::Tensor> eagle3_typed(const Eagle3Layer& draft, const at::Tensor&
   const int64_t rows = hidden.size(0), width = hidden.size(1);
   const float eps = static_cast<float>(decoder.eps);
   at::Tensor normed_embeds = at::empty_like(embeds), normed = at::empty_like(hidden);
-  rms_norm<T>(embeds.data_ptr<T>(), draft.embed_norm.data_ptr<T>(), normed_embeds.data_ptr<T>(), rows, width, eps);
-  rms_norm<T>(hidden.data_ptr<T>(), layer.attention_norm.data_ptr<T>(), normed.data_ptr<T>(), rows, width, eps);
+  rms_norm<T>(embeds.data_ptr<T>(), draft.embed_norm, normed_embeds.data_ptr<T>(), rows, width, eps);
+  rms_norm<T>(hidden.data_ptr<T>(), layer.attention_norm, normed.data_ptr<T>(), rows, width, eps);
   const at::Tensor both = at::cat({normed_embeds, normed}, 1);
   at::Tensor x = draft.norm_before_residual ? normed.clone() : hidden.clone();
   at::Tensor attended = at::empty({rows, decoder.heads * decoder.head_dim}, hidden.options());
@@ -1177,8 +1263,7 @@ std::vector<at::Tensor> eagle3_typed(const Eagle3Layer& draft, const at::Tensor&
   attention_half<T>(layer, decoder, both, cos, sin, keys, values, nullptr, prefix, mask, tails, attended, nullptr);
   layer_rest<T>(layer, decoder, x, attended, normed, gated);
   const int64_t first = last_only ? rows - 1 : 0;
-  rms_norm<T>(x.data_ptr<T>() + first * width, decoder.final_norm.data_ptr<T>(), normed.data_ptr<T>(), rows - first,
-              width, eps);
+  rms_norm<T>(x.data_ptr<T>() + first * width, decoder.final_norm, normed.data_ptr<T>(), rows - first, width, eps);
   return {x, draft.head(normed.slice(0, 0, rows - first))};
 }
 
@@ -1193,7 +1278,7 @@ std::vector<at::Tensor> eagle3_forward(const Eagle3Layer& draft, const at::Tenso
   const Decoder& decoder = draft.decoder;
   const int64_t rows = hidden.size(0);
   TORCH_CHECK(decoder.layers.size() == 1, "an EAGLE-3 draft has one layer");
-  TORCH_CHECK(decoder.head_dim == 64 || decoder.head_dim == 128, "head_dim must be 64 or 128");
+  with_head_dim(decoder.head_dim, [](auto) {});
   TORCH_CHECK(hidden.dim() == 2 && embeds.sizes() == hidden.sizes() && embeds.scalar_type() == hidden.scalar_type(),
               "hidden and embeds must be [rows, hidden] of one dtype");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
@@ -1283,19 +1368,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Projection>(m, "Projection").def(py::init([](std::vector<Linear> parts) {
     return Projection{parts};
   }));
+  const auto held = [](const std::optional<at::Tensor>& tensor) { return tensor ? tensor->contiguous() : at::Tensor(); };
   py::class_<Layer>(m, "Layer").def(
-      py::init([](Projection qkv, Projection o, Projection gate_up, Projection down, at::Tensor attention_norm,
-                  at::Tensor mlp_norm, std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm) {
-        return Layer{qkv, o, gate_up, down, attention_norm.contiguous(), mlp_norm.contiguous(),
-                     q_norm ? q_norm->contiguous() : at::Tensor(), k_norm ? k_norm->contiguous() : at::Tensor()};
+      py::init([held](Projection qkv, Projection o, Projection gate_up, Projection down, at::Tensor attention_norm,
+                      at::Tensor mlp_norm, std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm,
+                      std::optional<at::Tensor> attention_output_norm, std::optional<at::Tensor> mlp_output_norm,
+                      int64_t window, int64_t rope) {
+        TORCH_CHECK(window >= 0, "a window is a number of keys");
+        return Layer{qkv, o, gate_up, down, attention_norm.contiguous(), mlp_norm.contiguous(), held(q_norm),
+                     held(k_norm), held(attention_output_norm), held(mlp_output_norm), window, rope};
       }),
       py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("attention_norm"),
-      py::arg("mlp_norm"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
+      py::arg("mlp_norm"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
+      py::arg("attention_output_norm") = py::none(), py::arg("mlp_output_norm") = py::none(), py::arg("window") = 0,
+      py::arg("rope") = 0);
   py::class_<Decoder>(m, "Decoder").def(py::init([](std::vector<Layer> layers, at::Tensor final_norm,
                                                       int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                                      int64_t intermediate, double eps, double scale) {
-    return Decoder{layers, final_norm.contiguous(), heads, kv_heads, head_dim, intermediate, eps, scale};
-  }));
+                                                      int64_t intermediate, double eps, double scale,
+                                                      const std::string& activation) {
+    TORCH_CHECK(activation == "silu" || activation == "gelu_tanh", "the MLP's activation must be silu or gelu_tanh");
+    return Decoder{layers, final_norm.contiguous(), heads, kv_heads, head_dim, intermediate, eps, scale,
+                   activation == "silu" ? Activation::SiLU : Activation::GeluTanh};
+  }), py::arg("layers"), py::arg("final_norm"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+      py::arg("intermediate"), py::arg("eps"), py::arg("scale"), py::arg("activation") = "silu");
   m.def("forward", &forward, "The decoder's layers and final norm over the rows (see the source).",
         py::arg("decoder"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"),
         py::arg("prefix"), py::arg("mask"), py::arg("last_only"), py::arg("scales") = py::none(),

@@ -1,0 +1,38 @@
+"""Gemma 3's layout (`gemma3_model`): Llama's parts, with a norm on each half's output, sliding-window layers
+and a second RoPE for those."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from specchat.architectures.llama import LlamaLayer, LlamaParts
+
+SLIDING = "sliding_attention"  # a kind of layer in `config.layer_types`; the other is "full_attention"
+
+
+class Gemma3Layer(LlamaLayer):
+    mlp_norm = property(lambda self: self.module.pre_feedforward_layernorm)
+    attention_output_norm = property(lambda self: self.module.post_attention_layernorm)
+    mlp_output_norm = property(lambda self: self.module.post_feedforward_layernorm)
+
+    @property
+    def sliding(self) -> bool:
+        return self.module.attention_type == SLIDING
+
+    @property
+    def window(self) -> int:
+        return self.module.self_attn.sliding_window if self.sliding else 0
+
+    @property
+    def rope(self) -> int:
+        return 1 if self.sliding else 0
+
+
+class Gemma3Parts(LlamaParts):
+    model_types = ("gemma3_text",)
+    Layer = Gemma3Layer
+
+    @property
+    def rotaries(self) -> list[nn.Module]:
+        """The full-attention layers' RoPE, then the sliding-window layers'."""
+        return [self.model.model.rotary_emb, self.model.model.rotary_emb_local]

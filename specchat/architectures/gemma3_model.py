@@ -1,0 +1,95 @@
+"""Gemma 3's text model as plain torch modules, for the weights of a GGUF file (`quant.gguf_model`).
+
+Llama's layer with three differences: each half's output is normed before it joins the residual stream
+(`post_attention_layernorm`, `post_feedforward_layernorm`; the MLP reads `pre_feedforward_layernorm`), the MLP
+gates with GELU's tanh form, and five layers in six attend over a sliding window with a RoPE of their own
+(`config.layer_types`, `rope_parameters` per kind of layer). The token embedding is scaled by sqrt(hidden), and
+queries by `query_pre_attn_scalar`^-1/2. The module tree and names are transformers' `Gemma3ForCausalLM`'s, which
+stays the reference; as in `llama_model`, there is no model forward.
+
+A norm's weight is held as llama.cpp's converter writes it, 1 + w (transformers keeps w and adds the 1), in fp32:
+Gemma's RMSNorm rounds once, after the weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specchat.architectures.gemma3 import SLIDING
+from specchat.architectures.llama_model import Attention, GenerationConfig, ModelConfig, RotaryEmbedding, Slot
+
+
+class RMSNorm(nn.Module):
+    weight_dtype = torch.float32  # the loader's: a norm weight kept in fp32, whatever the activations
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size, device="meta"), requires_grad=False)
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * self.weight).to(x.dtype)
+
+
+class GemmaAttention(Attention):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.scaling = config.query_pre_attn_scalar**-0.5
+        self.sliding_window = config.sliding_window
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = Slot(config.intermediate_size, config.hidden_size)
+        self.up_proj = Slot(config.intermediate_size, config.hidden_size)
+        self.down_proj = Slot(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, index: int):
+        super().__init__()
+        self.attention_type = config.layer_types[index]
+        self.self_attn = GemmaAttention(config)
+        self.mlp = MLP(config)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):  # fmt: skip
+            setattr(self, name, RMSNorm(config.hidden_size, config.rms_norm_eps))
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = Slot(config.vocab_size, config.hidden_size, embedding=True, scale=config.hidden_size**0.5)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+        self.rotary_emb_local = RotaryEmbedding(config, SLIDING)
+
+
+class CausalLM(nn.Module):
+    """As `llama_model.CausalLM`: the decoder and its LM head on the meta device until a loader places them."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, name_or_path: str = ""):
+        super().__init__()
+        if config.hidden_activation != "gelu_pytorch_tanh":
+            raise ValueError(f"its MLP's activation is {config.hidden_activation}; specchat runs GELU (tanh) here")
+        if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
+            raise ValueError("it caps its logits (Gemma 2's soft-capping), which specchat does not compute")
+        self.config = config
+        self.generation_config = GenerationConfig(eos_token_id=getattr(config, "eos_token_id", None))
+        self.dtype, self.name_or_path = dtype, name_or_path
+        self.model = Decoder(config)
+        self.lm_head = Slot(config.vocab_size, config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.norm.weight.device
