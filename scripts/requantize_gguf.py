@@ -6,7 +6,7 @@ unharmed, or in Q5_K, most of a Q5_K_M file). With --llama-cpp, llama.cpp's own 
 kept at Q6_K, as files of that type ship.
 
     python scripts/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k] [--llama-cpp]
-    python scripts/requantize_gguf.py Q8_0.gguf OUT.gguf --type q2_k|q3_k_s|q3_k_m|q3_k_l|iq4_xs --llama-cpp
+    python scripts/requantize_gguf.py Q8_0.gguf OUT.gguf --type q2_k|q3_k_s|q3_k_m|q3_k_l|iq4_xs|q4_k_m --llama-cpp
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def main() -> None:
     parser.add_argument("source", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k", "q2_k",
-                                                           "q3_k_s", "q3_k_m", "q3_k_l", "iq4_xs"],
-                        help="q2_k, q3_k_*, iq4_xs: --llama-cpp only")
+                                                           "q3_k_s", "q3_k_m", "q3_k_l", "iq4_xs", "q4_k_m"],
+                        help="q2_k, q3_k_*, iq4_xs, q4_k_m: --llama-cpp only")
     parser.add_argument("--llama-cpp", action="store_true", help="quantize with llama.cpp, as its files ship")
     args = parser.parse_args()
     if args.llama_cpp:

@@ -122,7 +122,7 @@ def _glide_kv():
 
 def _working_cache():
     rotary = tiny_model("llama").model.rotary_emb
-    cache = WorkingCache(2, 2, 16, 16, 16, dtype=torch.float32, device=torch.device("cpu"), rotary=rotary)
+    cache = WorkingCache(2, 2, 16, 16, 16, dtype=torch.float32, device=torch.device("cpu"), rotaries=[rotary])
 
     def write(start: int, count: int) -> None:
         keys = torch.randn(2, 2, count, 16)

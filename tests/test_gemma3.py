@@ -14,6 +14,8 @@ from gguf_files import GEMMA3_WINDOW, write_tiny_model
 from test_gguf_model import GREEDY, SAMPLED, generate
 
 from specchat.architectures import gemma3_model, parts
+from specchat.drafters.model.drafter import ModelDrafter
+from specchat.drafters.model.model import load_draft_model
 from specchat.engine.attention import use_attention
 from specchat.engine.cache import TreeCache
 from specchat.engine.generate import Engine
@@ -112,6 +114,26 @@ def test_speculation_equals_autoregressive(gemma3_files, sampling, cpu_isa):
     events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=60, reproducible=True))
     assert [t for event in events for t in event.tokens] == expected
     assert events[-1].stats.accepted > 0
+
+
+@pytest.mark.parametrize("architecture", ["gemma3", "qwen3"])
+def test_a_file_drafting_for_itself_predicts_the_target(gemma3_files, tmp_path, architecture):
+    """The draft model runs a file's layers in torch (`drafters/model`): its per-head q/k norms, Gemma's output
+    norms, windows and two RoPEs. A file drafting for itself under the full cache proposes what the target
+    then says, past the window too (a wrong norm, window or rotation would show at once), and the output is the
+    target's."""
+    path = gemma3_files["blocks"][0] if architecture == "gemma3" else \
+        write_tiny_model(tmp_path / "tiny-qwen3.gguf", embedded_gguf_path(), architecture="qwen3")  # fmt: skip
+    loaded = load_model(str(path))
+    prompt = torch.randint(3, 2000, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    expected = generate(engine, prompt, 100, GREEDY)
+    draft = load_draft_model(str(path), loaded.model, loaded.tokenizer)
+    engine.set_drafter(ModelDrafter(engine.target, draft, policy="full"), 6)
+    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=100, reproducible=True))
+    assert [t for event in events for t in event.tokens] == expected
+    stats = events[-1].stats
+    assert stats.accepted >= 0.9 * stats.drafted_depth > 0
 
 
 def test_what_gemma3_cannot_run_on_is_refused_in_one_line(gemma3_files):

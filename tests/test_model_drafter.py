@@ -91,7 +91,7 @@ def test_retrieval_ranks_chunks_by_mean_score_and_keeps_the_newest():
 
 def test_working_cache_rotates_stored_keys_at_compact_positions(model):
     rotary = model.model.rotary_emb
-    cache = WorkingCache(2, 2, 16, 64, 64, dtype=torch.float32, device=torch.device("cpu"), rotary=rotary)
+    cache = WorkingCache(2, 2, 16, 64, 64, dtype=torch.float32, device=torch.device("cpu"), rotaries=[rotary])
     keys = torch.randn(2, 2, 10, 16)
     values = torch.randn(2, 2, 10, 16)
     cache.append(keys, values, torch.zeros_like(keys))

@@ -3,7 +3,7 @@ and a second RoPE for those."""
 
 from __future__ import annotations
 
-from torch import nn
+import functools
 
 from specchat.architectures.llama import LlamaLayer, LlamaParts
 
@@ -33,6 +33,10 @@ class Gemma3Parts(LlamaParts):
     Layer = Gemma3Layer
 
     @property
-    def rotaries(self) -> list[nn.Module]:
-        """The full-attention layers' RoPE, then the sliding-window layers'."""
-        return [self.model.model.rotary_emb, self.model.model.rotary_emb_local]
+    def rotaries(self) -> list:
+        """The full-attention layers' RoPE, then the sliding-window layers' (transformers' model has one module
+        that takes the kind of layer)."""
+        decoder = self.model.model
+        if hasattr(decoder, "rotary_emb_local"):
+            return [decoder.rotary_emb, decoder.rotary_emb_local]
+        return [functools.partial(decoder.rotary_emb, layer_type=kind) for kind in ("full_attention", SLIDING)]

@@ -43,7 +43,7 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         decoder = parts(model)
         self.layer_modules = quantized_copy(decoder.layer_modules, weights, dtype=target.dtype)
         self.layers = [decoder.Layer(module) for module in self.layer_modules]
-        self.embed, self.norm, self.rotary = decoder.embed, decoder.norm, decoder.rotary
+        self.embed, self.norm, self.rotaries = decoder.embed, decoder.norm, decoder.rotaries
         self.head = DraftHead(target, draft.draft_vocab, weights, lm_head=None if draft.student else decoder.head)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -58,7 +58,8 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         capacity = self.target.cache.max_len + 1
         self.cache = WorkingCache(len(self.layers), self.kv_heads, self.head_dim, capacity,
                                   self.policy.working_slots(capacity), dtype=self.target.dtype,
-                                  device=self.target.device, rotary=self.rotary)  # fmt: skip
+                                  device=self.target.device, rotaries=self.rotaries,
+                                  ropes=[layer.rope for layer in self.layers])  # fmt: skip
         self.fresh = True  # the next proposal lays the working cache out from scratch
 
     @torch.inference_mode()
@@ -119,21 +120,28 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         [rows, working + tree + rows] says; and per layer the rows' (keys before RoPE, values, rotated keys)
         [kv_heads, rows, D]."""
         x = self.embed(ids)
-        cos, sin = self.cache.tables(compact, x)
+        tables = [self.cache.tables(compact, x, rope) for rope in range(len(self.rotaries))]
         size, rows = self.cache.size, len(ids)
         new = []
         for i, layer in enumerate(self.layers):
+            cos, sin = tables[layer.rope]
             h = layer.input_norm(x)
-            q = rotate(self._split(layer.q(h), self.heads), cos, sin)
+            q = self._split(layer.q(h), self.heads)
             k = self._split(layer.k(h), self.kv_heads)
             v = self._split(layer.v(h), self.kv_heads)
-            rotated = rotate(k, cos, sin)
+            if layer.q_norm is not None:  # qwen3's and Gemma's per-head norms, before RoPE
+                q, k = layer.q_norm(q), layer.k_norm(k)
+            q, rotated = rotate(q, cos, sin), rotate(k, cos, sin)
+            if layer.scaling != self.head_dim**-0.5:  # `attend` scales scores by D^-1/2 (Gemma 3 27B's differ)
+                q = q * (layer.scaling * self.head_dim**0.5)
             earlier_keys, earlier_values = (tree.keys[i], tree.values[i]) if tree is not None else ((), ())
             keys = torch.cat([self.cache.keys[i, :, :size], *earlier_keys, rotated], dim=1)
             values = torch.cat([self.cache.values[i, :, :size], *earlier_values, v], dim=1)
-            out = attend(q, keys, values, mask)
-            x = x + layer.o(out.transpose(0, 1).reshape(rows, -1))
-            x = x + layer.mlp(layer.mlp_norm(x))
+            seen = _in_window(mask, compact, size, layer.window)
+            out = layer.o(attend(q, keys, values, seen).transpose(0, 1).reshape(rows, -1))
+            x = x + (out if layer.attention_output_norm is None else layer.attention_output_norm(out))
+            out = layer.mlp(layer.mlp_norm(x))
+            x = x + (out if layer.mlp_output_norm is None else layer.mlp_output_norm(out))
             new.append((k, v, rotated))
         x = x[-1:] if last_only else x
         return self.head(self.norm(x)), new
@@ -148,6 +156,15 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
     def weight_bytes(self) -> int:
         own = [self.layer_modules] + ([] if self.head.draft_vocab is None else [self.head.lm_head])
         return sum(t.numel() * t.element_size() for m in own for t in (*m.parameters(), *m.buffers()))
+
+
+def _in_window(mask: torch.Tensor, compact: torch.Tensor, size: int, window: int) -> torch.Tensor:
+    """`mask` [rows, size + ...] with the working cache's slots (compact positions 0 .. size - 1) hidden from rows
+    at `compact` positions that a sliding window of `window` keys has left behind (0: all seen)."""
+    if not window:
+        return mask
+    behind = torch.arange(size, device=mask.device)[None, :] <= compact[:, None] - window
+    return torch.cat([mask[:, :size] & ~behind, mask[:, size:]], dim=1)
 
 
 def fetch_checkpoint(repo: str) -> str:

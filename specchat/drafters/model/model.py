@@ -1,4 +1,5 @@
-"""Standalone draft models (SpecExtend): a small Llama-family causal LM that shares the target's tokenizer.
+"""Standalone draft models (SpecExtend): a small Llama-family or Gemma 3 causal LM that shares the target's
+tokenizer.
 
 Three kinds of checkpoint load, each as a model whose layers `drafters/model/drafter.py` runs:
 
@@ -25,7 +26,7 @@ from specchat.errors import SpecchatError, first_line
 from specchat.ollama_models import ollama_gguf
 from specchat.drafters.checkpoint import read_checkpoint, write_checkpoint
 
-FAMILIES = ("llama", "mistral", "qwen2")  # plain pre-norm decoders whose layers the drafter runs (no q/k norms)
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")  # the decoders whose layers the drafter runs
 STUDENT = "specchat_student"  # config.json: {"target": the target's name, "layers": the target layers it began as}
 
 

@@ -17,15 +17,15 @@ from specchat.drafters.draft_layers import rotate
 
 class WorkingCache:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, working: int, *,
-                 dtype: torch.dtype, device: torch.device, rotary):  # fmt: skip
-        """`capacity` positions stored (the target's cache), `working` slots read; `rotary(x, positions [1, q])
-        -> cos, sin` is the draft's."""
+                 dtype: torch.dtype, device: torch.device, rotaries: list, ropes: list[int] | None = None):  # fmt: skip
+        """`capacity` positions stored (the target's cache), `working` slots read; `rotaries[r](x, positions
+        [1, q]) -> cos, sin` are the draft's RoPEs, `ropes[i]` the one layer i rotates by (default: the first)."""
         stored, read = (layers, kv_heads, capacity, head_dim), (layers, kv_heads, working, head_dim)
         self.stored_keys = torch.zeros(stored, dtype=dtype, device=device)  # at true positions, before RoPE
         self.stored_values = torch.zeros(stored, dtype=dtype, device=device)
         self.keys = torch.zeros(read, dtype=dtype, device=device)  # the selection, rotated at 0, 1, ...
         self.values = torch.zeros(read, dtype=dtype, device=device)
-        self.rotary = rotary
+        self.rotaries, self.ropes = rotaries, ropes or [0] * layers
         self.length = 0  # positions stored
         self.positions = torch.zeros(0, dtype=torch.long, device=device)  # true position of each working slot
 
@@ -44,7 +44,10 @@ class WorkingCache:
         positions = positions.to(self.keys.device)
         count = len(positions)
         keys = self.stored_keys[:, :, positions]
-        self.keys[:, :, :count] = rotate(keys, *self.tables(torch.arange(count, device=keys.device), keys))
+        compact = torch.arange(count, device=keys.device)
+        for rope in sorted(set(self.ropes)):
+            layers = [i for i, r in enumerate(self.ropes) if r == rope]
+            self.keys[layers, :, :count] = rotate(keys[layers], *self.tables(compact, keys, rope))
         self.values[:, :, :count] = self.stored_values[:, :, positions]
         self.positions = positions
 
@@ -62,9 +65,9 @@ class WorkingCache:
         self.length += count
         self.positions = torch.cat([self.positions, torch.arange(start, start + count, device=self.positions.device)])
 
-    def tables(self, compact: torch.Tensor, like: torch.Tensor):
-        """cos, sin [q, D] of the compact positions `compact` [q], in `like`'s dtype."""
-        cos, sin = self.rotary(like, compact[None])
+    def tables(self, compact: torch.Tensor, like: torch.Tensor, rope: int = 0):
+        """cos, sin [q, D] of the compact positions `compact` [q] by RoPE `rope`, in `like`'s dtype."""
+        cos, sin = self.rotaries[rope](like, compact[None])
         return cos[0].to(like.dtype), sin[0].to(like.dtype)
 
     def nbytes(self) -> int:
