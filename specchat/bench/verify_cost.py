@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specchat.architectures import parts
 from specchat.bench.bandwidth import copy_bandwidth, weight_bytes
 from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.synthetic import (
@@ -209,7 +210,7 @@ class ModelVerifyCostRow:
     nodes: int  # draft nodes below the root (0: a decode step)
     ms: float  # one forward over the root and the nodes
     over_decode: float  # ms / a decode step's ms at this context
-    gb_s: float | None  # a decode step: the weights and the cache's `context` tokens read / its time
+    gb_s: float | None  # a decode step: the weights and the cache's keys and values it reads / its time
     of_copy: float | None  # gb_s / a large copy's rate (read + written bytes / time) on this device
 
 
@@ -233,7 +234,7 @@ def model_verify_cost(engine, *, contexts: list[int], trees: list[int], repeats:
             fill_cache(cache, context, config, engine.model.dtype, device)
             calls = {nodes: verification_forward(engine._forward, cache, device, tree=nodes) for nodes in sizes}
             seconds = timer.seconds_each(calls)
-            rate = (weights + context * per_token) / seconds[0]
+            rate = (weights + cache_read(engine.model, context, per_token)) / seconds[0]
             for nodes in trees:
                 decode = nodes == 0
                 rows.append(ModelVerifyCostRow(
@@ -242,3 +243,10 @@ def model_verify_cost(engine, *, contexts: list[int], trees: list[int], repeats:
                     significant(rate / copy_rate) if decode else None,
                 ))  # fmt: skip
     return rows
+
+
+def cache_read(model, context: int, per_token: int) -> int:
+    """The cache's bytes a decode step at `context` reads (`per_token` over every layer): each layer's keys and
+    values within its window (Gemma 3's sliding layers read at most that many)."""
+    windows = [layer.window or context for layer in parts(model).layers]
+    return sum(min(context, window) for window in windows) * per_token // len(windows)
