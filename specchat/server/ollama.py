@@ -200,7 +200,7 @@ def model_entry(served) -> dict:
     """The served model as `/api/tags` and `/api/ps` list it: its name, the bytes of its matrices, a digest that
     names these weights (`ollama list` shows its first 12 digits as the ID) and `details`."""
     model = served.engine.model
-    family = getattr(model.config, "model_type", "")
+    family = getattr(model.config, "model_type", "").removesuffix("_text")  # GGUF's name: gemma3, not gemma3_text
     identity = f"{served.name}|{model.name_or_path}|{served.weights}"  # the weights' path names their file's hash
     file = "gguf" if served.weights.startswith("q") else "safetensors"  # GGUF's block types are q4_k, q8_0, ...
     details = {"parent_model": "", "format": file,
