@@ -1,12 +1,12 @@
-"""A transformers config for a GGUF file of the llama family (llama, qwen2, qwen3, mistral) or Gemma 3, read from
-its header.
+"""A transformers config for a GGUF file of the llama family (llama, qwen2, qwen3, mistral, phi3) or Gemma 3, read
+from its header.
 
-A GGUF file's metadata is its model's config under llama.cpp's key names (`qwen2.embedding_length`, ...).
-transformers reads it through gguf-py, which parses the tokenizer's 150K strings on the way (10-12 s for a 1.5B's
-file, twice per conversion); the header walk here takes a fraction of a second. Its RoPE scaling is the file's
-too: `rope.scaling.*` for linear and YaRN scaling, a `rope_freqs` tensor for Llama 3.1's (transformers reads
-none of them). Gemma 3's file leaves some of its config to llama.cpp's code (the sliding window's pattern and RoPE
-base, the query scale): they are taken as llama.cpp takes them.
+A GGUF file's metadata is its model's config under llama.cpp's key names (`qwen2.embedding_length`, ...). transformers
+reads it through gguf-py, which parses the tokenizer's 150K strings on the way (10-12 s for a 1.5B's file, twice per
+conversion); the header walk here takes a fraction of a second. Its RoPE scaling is the file's too: `rope.scaling.*` for
+linear and YaRN scaling, a `rope_freqs` tensor for Llama 3.1's (transformers reads none of them); Phi-3's LongRoPE as
+its `rope_factors_long` / `_short` tensors. Gemma 3's file leaves some of its config to llama.cpp's code (the sliding
+window's pattern and RoPE base, the query scale): they are taken as llama.cpp takes them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from specchat.architectures.rope import rope_of_frequency_factors
 from specchat.gguf_header import header_fields, tensor_table
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3")
 GEMMA3_PATTERN = 6  # llama.cpp's default: every sixth layer attends over everything, the others over a window
 GEMMA3_LOCAL_BASE = 10000.0  # the sliding-window layers' RoPE base, where the file names none
 GEMMA3_27B_LAYERS = 62  # whose queries are scaled by (hidden / heads)^-1/2, not head_dim^-1/2 (llama.cpp's rule)
@@ -70,7 +70,38 @@ def gguf_config(path: Path):
             config[name] = fields[f"tokenizer.ggml.{key}"]
     if architecture == "gemma3":
         return AutoConfig.for_model("gemma3_text", **{**config, **_gemma3(fields, field, rope)})
+    config["sliding_window"] = fields.get(f"{architecture}.attention.sliding_window") or None  # every layer's
+    if architecture == "phi3":
+        config.pop("head_dim")  # Phi3Config derives it from hidden / heads
+        config["rope_parameters"] = _phi3_rope(path, fields, tensors, rope, head_dim, field("context_length"))
+        config["original_max_position_embeddings"] = config["rope_parameters"]["original_max_position_embeddings"]
     return AutoConfig.for_model(architecture, **config)
+
+
+def _phi3_rope(path: Path, fields: dict, tensors: dict, rope: dict, head_dim: int, context_length: int) -> dict:
+    """Phi-3's RoPE: the rotated share of a head (`rope.dimension_count`) and, where the file has the factors
+    tensors, LongRoPE (its attention factor as the converter computed it, else 1)."""
+    rotated = fields.get("phi3.rope.dimension_count", head_dim)
+    original = fields.get("phi3.rope.scaling.original_context_length", context_length)
+    rope = {**rope, "original_max_position_embeddings": original}
+    if rotated != head_dim:
+        rope["partial_rotary_factor"] = rotated / head_dim
+    rows = [tensors.get(f"rope_factors_{kind}.weight") for kind in ("long", "short")]
+    if rows[0] is None or rows[1] is None:
+        return rope
+    long, short = (_f32_tensor(path, row).tolist() for row in rows)
+    attention = fields.get("phi3.rope.scaling.attn_factor", 1.0)
+    return {**rope, "rope_type": "longrope", "long_factor": long, "short_factor": short, "attention_factor": attention}
+
+
+def _f32_tensor(path: Path, row: list) -> torch.Tensor:
+    """A small F32 tensor of the file (its table row), read from disk."""
+    name, kind, _, offset, size = row
+    if kind != 0:
+        raise ValueError(f"{path.name}: its {name} tensor is not float32")
+    with path.open("rb") as file:
+        file.seek(offset)
+        return torch.frombuffer(bytearray(file.read(size)), dtype=torch.float32)
 
 
 def _gemma3(fields: dict, field, rope: dict) -> dict:
@@ -116,12 +147,7 @@ def _rope(path: Path, fields: dict, architecture: str, head_dim: int, context_le
                 rope[name] = scaling_field(f"yarn_{name}")
     if factors_row is None:
         return rope
-    _, kind, _, offset, size = factors_row
-    if kind != 0:  # F32, as llama.cpp's converter writes it
-        raise ValueError(f"{path.name}: its rope_freqs tensor is not float32")
-    with path.open("rb") as file:
-        file.seek(offset)
-        factors = torch.frombuffer(bytearray(file.read(size)), dtype=torch.float32)
+    factors = _f32_tensor(path, factors_row)  # F32, as llama.cpp's converter writes it
     try:
         return rope_of_frequency_factors(rope, head_dim, factors)
     except ValueError as error:

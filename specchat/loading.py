@@ -300,7 +300,7 @@ def find_gguf(spec: str, *, download: bool = True) -> Path | None:
     return Path(hf_hub_download(repo, name))
 
 
-GGUF_CONVERSION = 2  # in the converted directory's name: a conversion that now differs is made again
+GGUF_CONVERSION = 3  # in the converted directory's name: a conversion that now differs is made again
 
 
 def gguf_checkpoint_dir(path: Path) -> Path:

@@ -97,6 +97,7 @@ def _fields(source: Path, prefix: str) -> tuple[tuple, int]:
 
 
 GEMMA3_WINDOW = 48  # the tiny Gemma 3's sliding window: prompts cross it
+PHI3_WINDOW, PHI3_ROTATED, PHI3_TRAINED = 40, 48, 4096  # the tiny Phi-3's window, rotated dims, LongRoPE's window
 
 
 def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture: str = "qwen2", seed: int = 0,
@@ -104,9 +105,11 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
                      frequency_factors: list[float] | None = None, unquantized: bool = False) -> Path:  # fmt: skip
     """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3: 128, gemma3: 256), 2 KV heads, MLP 512)
     whose matrices use every block type (`unquantized`: F32), with q/k/v biases for qwen2 and q/k norms for qwen3;
-    gemma3 with Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys (llama.cpp's names and
-    layout: norms hold 1 + w); the tokenizer of the GGUF file `tokenizer_source` (None: 512 stand-in tokens);
-    `name` its `general.name`; `frequency_factors` its `rope_freqs` tensor (32 factors, RoPE base 10000)."""
+    gemma3 with Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys (llama.cpp's names
+    and layout: norms hold 1 + w); phi3 as Phi-4-mini (fused q/k/v and gate/up, LongRoPE over PHI3_ROTATED of its 64
+    dims) with a window of PHI3_WINDOW keys on every layer; the tokenizer of the GGUF file `tokenizer_source` (None:
+    512 stand-in tokens); `name` its `general.name`; `frequency_factors` its `rope_freqs` tensor (32 factors, RoPE
+    base 10000)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -140,6 +143,12 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
     if gemma:
         writer.add_sliding_window(GEMMA3_WINDOW)
         writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    if architecture == "phi3":  # as llama.cpp's converter writes Phi-3: 2x the trained window, LongRoPE's factor
+        writer.add_context_length(2 * PHI3_TRAINED)
+        writer.add_rope_dimension_count(PHI3_ROTATED)
+        writer.add_rope_scaling_orig_ctx_len(PHI3_TRAINED)
+        writer.add_rope_scaling_attn_factors((1 + np.log(2) / np.log(PHI3_TRAINED)) ** 0.5)
+        writer.add_sliding_window(PHI3_WINDOW)
 
     def matrix(name: str, kind: Q, rows: int, columns: int) -> None:
         if unquantized:
@@ -161,16 +170,22 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
         if architecture in ("qwen3", "gemma3"):
             dense(f"blk.{i}.attn_q_norm.weight", rng.uniform(0.8, 1.2, dim))
             dense(f"blk.{i}.attn_k_norm.weight", rng.uniform(0.8, 1.2, dim))
-        for j, (name, rows, columns) in enumerate([("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
-                                                  ("attn_v", kv_heads * dim, hidden), ("attn_output", hidden, heads * dim),
-                                                  ("ffn_gate", intermediate, hidden), ("ffn_up", intermediate, hidden),
-                                                  ("ffn_down", hidden, intermediate)]):  # fmt: skip
+        shapes = [("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
+                  ("attn_v", kv_heads * dim, hidden), ("attn_output", hidden, heads * dim),
+                  ("ffn_gate", intermediate, hidden), ("ffn_up", intermediate, hidden), ("ffn_down", hidden, intermediate)]
+        if architecture == "phi3":  # q/k/v in one matrix, gate and up in another (gate's rows first)
+            shapes = [("attn_qkv", (heads + 2 * kv_heads) * dim, hidden), ("attn_output", hidden, heads * dim),
+                      ("ffn_up", 2 * intermediate, hidden), ("ffn_down", hidden, intermediate)]
+        for j, (name, rows, columns) in enumerate(shapes):
             matrix(f"blk.{i}.{name}.weight", kinds[(i * 7 + j) % len(kinds)], rows, columns)
             if architecture == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
                 dense(f"blk.{i}.{name}.bias", rng.normal(0, 0.5, rows))
     dense("output_norm.weight", rng.uniform(0.8, 1.2, hidden))
     if frequency_factors is not None:
         dense("rope_freqs.weight", np.array(frequency_factors))
+    if architecture == "phi3":
+        dense("rope_factors_long.weight", rng.uniform(1.0, 8.0, PHI3_ROTATED // 2))
+        dense("rope_factors_short.weight", rng.uniform(1.0, 1.5, PHI3_ROTATED // 2))
     if not tied:
         matrix("output.weight", Q.Q6_K, vocab, hidden)
     writer.write_header_to_file()

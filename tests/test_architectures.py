@@ -12,8 +12,9 @@ from specchat.errors import SpecchatError
 
 @pytest.mark.parametrize("family", sorted(ADAPTERS))
 def test_the_adapter_finds_the_parts_that_compute_the_models_output(family):
-    """The embedding, layers, final norm and head it names, run as a pre-norm decoder, give transformers' own
-    logits: the adapter points at the modules that matter, in the order that matters."""
+    """The embedding, layers, final norm and head it names, run as a pre-norm decoder (each half's output normed
+    where the layer has such norms, each layer rotated by its RoPE), give transformers' own logits: the adapter
+    points at the modules that matter, in the order that matters."""
     model = tiny_model(family)
     for name, weight in model.named_parameters():
         if "norm" in name:  # ones at initialisation: a norm mistaken for another would go unseen
@@ -22,20 +23,22 @@ def test_the_adapter_finds_the_parts_that_compute_the_models_output(family):
     ids = torch.tensor([[1, 5, 9, 14, 3]])
     positions = torch.arange(ids.shape[1])[None]
     x = decoder.embed(ids)
-    cos, sin = decoder.rotary(x, positions)
     mask = torch.full((5, 5), float("-inf")).triu(1)
     for layer in decoder.layers:
+        cos, sin = decoder.rotaries[layer.rope](x, positions)
         h = layer.input_norm(x)
         heads = [part(h).view(1, 5, -1, layer.head_dim).transpose(1, 2) for part in (layer.q, layer.k, layer.v)]
         q, k, v = heads
         if layer.q_norm is not None:
-            q, k = layer.q_norm(q), layer.module.self_attn.k_norm(k)
+            q, k = layer.q_norm(q), layer.k_norm(k)
         q, k = (t * cos[:, None] + _rotated_half(t) * sin[:, None] for t in (q, k))
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
         scores = (q @ k.transpose(-1, -2)) * layer.scaling + mask
         out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, 5, -1)
-        x = x + layer.o(out)
-        x = x + layer.mlp(layer.post_attention_norm(x))
+        out = layer.o(out)
+        x = x + (out if layer.attention_output_norm is None else layer.attention_output_norm(out))
+        out = layer.mlp(layer.mlp_norm(x))
+        x = x + (out if layer.mlp_output_norm is None else layer.mlp_output_norm(out))
     ours = decoder.head(decoder.norm(x))
     torch.testing.assert_close(ours, model(ids).logits, rtol=1e-4, atol=1e-4)
 
@@ -49,5 +52,6 @@ def test_a_model_of_another_architecture_is_refused_in_one_line():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
-    with pytest.raises(SpecchatError, match=r"^the model is a gpt2; specchat runs llama, mistral, qwen2, qwen3 models$"):
+    with pytest.raises(SpecchatError, match=r"^the model is a gpt2; specchat runs llama, mistral, qwen2, qwen3, phi3, "
+                                            r"gemma3_text models$"):
         parts(model)

@@ -11,9 +11,11 @@ from torch import nn
 
 from specchat.architectures.gemma3 import Gemma3Parts
 from specchat.architectures.llama import LlamaParts
+from specchat.architectures.phi3 import Phi3Parts
 from specchat.errors import SpecchatError
 
-ADAPTERS = {model_type: adapter for adapter in (LlamaParts, Gemma3Parts) for model_type in adapter.model_types}
+ADAPTERS = {model_type: adapter for adapter in (LlamaParts, Phi3Parts, Gemma3Parts)
+            for model_type in adapter.model_types}
 
 
 def parts(model: nn.Module) -> LlamaParts:

@@ -17,11 +17,11 @@ class Gemma3Layer(LlamaLayer):
 
     @property
     def sliding(self) -> bool:
-        return self.module.attention_type == SLIDING
+        return self.module.self_attn.layer_type == SLIDING
 
     @property
     def window(self) -> int:
-        return self.module.self_attn.sliding_window if self.sliding else 0
+        return self.module.self_attn.sliding_window or 0
 
     @property
     def rope(self) -> int:
@@ -31,6 +31,11 @@ class Gemma3Layer(LlamaLayer):
 class Gemma3Parts(LlamaParts):
     model_types = ("gemma3_text",)
     Layer = Gemma3Layer
+
+    @property
+    def rotary(self):
+        """The full-attention layers' RoPE."""
+        return self.rotaries[0]
 
     @property
     def rotaries(self) -> list:

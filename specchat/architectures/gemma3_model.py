@@ -35,12 +35,14 @@ class RMSNorm(nn.Module):
 
 
 class GemmaAttention(Attention):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, index: int):
         super().__init__(config)
+        self.layer_type = config.layer_types[index]
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.scaling = config.query_pre_attn_scalar**-0.5
-        self.sliding_window = config.sliding_window
+        self.sliding_window = config.sliding_window if self.layer_type == SLIDING else None
+        self.window = self.sliding_window or 0
 
 
 class MLP(nn.Module):
@@ -57,8 +59,7 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, index: int):
         super().__init__()
-        self.attention_type = config.layer_types[index]
-        self.self_attn = GemmaAttention(config)
+        self.self_attn = GemmaAttention(config, index)
         self.mlp = MLP(config)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):  # fmt: skip

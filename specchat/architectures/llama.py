@@ -34,7 +34,7 @@ class LlamaLayer:
     input_norm = property(lambda self: self.module.input_layernorm)
     mlp_norm = property(lambda self: self.module.post_attention_layernorm)  # what the MLP reads
     attention_output_norm = mlp_output_norm = None  # a norm of each half's output before the residual (Gemma's)
-    window = 0  # keys a row sees back from its own (a sliding window); 0: all
+    window = property(lambda self: getattr(self.module.self_attn, "window", 0))  # keys a row sees back (0: all)
     rope = 0  # which of `LlamaParts.rotaries` rotates this layer
 
     @property

@@ -18,7 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specchat.architectures.rope import attention_scaling, inverse_frequencies, rope_parameters
+from specchat.architectures.rope import (
+    attention_scaling,
+    inverse_frequencies,
+    rope_parameters,
+    rotary_dims,
+    uses_long_factors,
+)
 
 
 class ModelConfig:
@@ -71,14 +77,19 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """(x, positions [batch, q]) -> cos, sin [batch, q, head_dim] in x's dtype (scaled by YaRN's temperature), for
-    the layers of `layer_type` where the config says RoPE per kind of layer."""
+    """(x, positions [batch, q]) -> cos, sin [batch, q, rotated dims] in x's dtype (scaled by YaRN's or LongRoPE's
+    factor), for the layers of `layer_type` where the config says RoPE per kind of layer."""
 
     def __init__(self, config: ModelConfig, layer_type: str = "full_attention"):
         super().__init__()
-        rope = rope_parameters(config, layer_type)
-        self.register_buffer("inv_freq", inverse_frequencies(rope, config.head_dim), persistent=False)
-        self.attention_scaling = attention_scaling(rope)
+        self.rope, self.dims = rope_parameters(config, layer_type), rotary_dims(config)
+        self.register_buffer("inv_freq", inverse_frequencies(self.rope, self.dims), persistent=False)
+        self.attention_scaling = attention_scaling(self.rope)
+
+    def fit(self, capacity: int) -> None:
+        """Rotate as a cache of `capacity` positions is to be rotated (LongRoPE's long or short factors)."""
+        long = uses_long_factors(self.rope, capacity)
+        self.inv_freq = inverse_frequencies(self.rope, self.dims, long=long).to(self.inv_freq.device)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
@@ -105,6 +116,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(dim, config.rms_norm_eps)
         self.head_dim = dim
         self.scaling = dim**-0.5
+        self.window = getattr(config, "sliding_window", None) or 0  # every layer's (Mistral's, Phi-3's), 0: none
 
 
 class MLP(nn.Module):

@@ -25,16 +25,33 @@ def rope_parameters(config, layer_type: str = "full_attention") -> dict:
     return rope[layer_type] if layer_type in rope else rope
 
 
+def rotary_dims(config) -> int:
+    """How many of a head's dims RoPE rotates (the first ones; Phi-4-mini rotates 3/4 of them)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(head_dim * rope_parameters(config).get("partial_rotary_factor", 1.0))
+
+
+def uses_long_factors(rope: dict, capacity: int) -> bool:
+    """Whether LongRoPE takes its long factors for a cache of `capacity` positions: past the trained window, as
+    llama.cpp chooses by its context size (transformers by each forward's length, which would rotate one
+    position two ways)."""
+    return rope.get("rope_type") == "longrope" and capacity > rope["original_max_position_embeddings"]
+
+
 def per_layer_type(config) -> bool:
     """Whether the config's RoPE is given per kind of layer."""
     return "full_attention" in (getattr(config, "rope_parameters", None) or {})
 
 
-def inverse_frequencies(rope: dict, head_dim: int) -> torch.Tensor:
-    """RoPE's inverse frequencies `[head_dim / 2]` (fp32) for rope types default, linear, llama3 (Llama 3.1) and
-    yarn."""
+def inverse_frequencies(rope: dict, head_dim: int, *, long: bool = False) -> torch.Tensor:
+    """RoPE's inverse frequencies `[head_dim / 2]` (fp32; `head_dim` the rotated dims, `rotary_dims`) for rope
+    types default, linear, llama3 (Llama 3.1), yarn and longrope (Phi-3's: each pair's frequency divided by its
+    short factor, or with `long` its long one)."""
     kind = rope.get("rope_type", "default")
     base = rope["rope_theta"]
+    if kind == "longrope":
+        factors = torch.tensor(rope["long_factor" if long else "short_factor"], dtype=torch.float32)
+        return 1.0 / (factors * base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if kind == "default":
         return inv_freq
@@ -51,12 +68,15 @@ def inverse_frequencies(rope: dict, head_dim: int) -> torch.Tensor:
         return torch.where(medium, smoothed, scaled)
     if kind == "yarn":
         return _yarn_frequencies(rope, head_dim)
-    raise SpecchatError(f"specchat has no '{kind}' RoPE scaling (default, linear, llama3, yarn)")
+    raise SpecchatError(f"specchat has no '{kind}' RoPE scaling (default, linear, llama3, yarn, longrope)")
 
 
 def attention_scaling(rope: dict) -> float:
     """What RoPE's cos and sin are multiplied by: YaRN's temperature (`0.1 ln(factor) + 1` unless the config says
-    otherwise), which keeps attention's entropy where training left it over the stretched window; else 1."""
+    otherwise), which keeps attention's entropy where training left it over the stretched window; LongRoPE's
+    (`attention_factor`, which the config carries); else 1."""
+    if rope.get("rope_type", "default") == "longrope":
+        return float(rope["attention_factor"])
     if rope.get("rope_type", "default") != "yarn":
         return 1.0
     if rope.get("attention_factor") is not None:

@@ -42,6 +42,10 @@ class MLP(nn.Module):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [heads, q, D] with the target's tables cos / sin [q, D]."""
+    """Rotary embedding of x [heads, q, D] with the target's tables cos / sin [q, R]: the first R dims turned (R
+    < D where a model rotates part of each head, as Phi-4-mini), the rest passed."""
+    if cos.shape[-1] < x.shape[-1]:
+        turned, passed = x.split([cos.shape[-1], x.shape[-1] - cos.shape[-1]], dim=-1)
+        return torch.cat([rotate(turned, cos, sin), passed], dim=-1)
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-second, first], dim=-1) * sin

@@ -25,12 +25,14 @@ def check_attention(choice: str) -> None:
 def use_attention(model, choice: str) -> None:
     """Verify `model`'s trees with the attention `choice` names (a one-line error where it cannot run)."""
     check_attention(choice)
-    from specchat.engine.lean_forward import FAMILIES, HEAD_DIMS, serves  # torch: not for the CLI's option checks
+    from specchat.engine.lean_forward import FAMILIES, HEAD_DIMS, OWN_MODULES_ONLY, serves  # torch: not for the CLI
     from specchat.engine.torch_decoder import refusal
 
     if choice == "canonical" and not serves(model):
-        raise SpecchatError(f"canonical attention runs Llama-family models ({', '.join(FAMILIES[:-1])}) and Gemma 3 "
-                            f"from a GGUF file, head_dim {', '.join(map(str, HEAD_DIMS))}, on a CPU")  # fmt: skip
+        anywhere = [family for family in FAMILIES if family not in OWN_MODULES_ONLY]
+        raise SpecchatError(f"canonical attention runs {', '.join(anywhere)} models, and "
+                            f"{' and '.join(OWN_MODULES_ONLY)} from a GGUF file, head_dim "
+                            f"{', '.join(map(str, HEAD_DIMS))}, on a CPU")  # fmt: skip
     if (choice == "hybrid" or not serves(model)) and (reason := refusal(model.config)):
         raise SpecchatError(reason)
     model.specchat_attention = choice

@@ -7,11 +7,11 @@ matmuls cost more than the matmuls. Here every layer runs inside the compiled CP
 `fuse_projections`), everything else in plain loops, tree attention read from the engine's cache in an order
 fixed by each row's position (so a verified node computes bitwise what a decode step computes).
 
-It serves Llama-family models on a CPU (llama, mistral without a sliding window, qwen2, qwen3) and Gemma 3 from
-a GGUF file (its sliding windows included); `lean_forward` returns None for the rest, and when the decoder cannot
-be compiled here (with a warning): the torch decoder runs those (`target_forward`). It is exact (a verified row
-bitwise its decode step) in bf16 / fp16 activations, whose CPU matmuls are row-independent, and where the weights'
-own kernel is (int4, int8, GGUF blocks).
+It serves Llama-family models on a CPU (llama, mistral, qwen2, qwen3; Phi-3 from a GGUF file) and Gemma 3 from a GGUF
+file (sliding windows included where the model is in specchat's own modules); `lean_forward` returns None for the rest,
+and when the decoder cannot be compiled here (with a warning): the torch decoder runs those (`target_forward`). It is
+exact (a verified row bitwise its decode step) in bf16 / fp16 activations, whose CPU matmuls are row-independent, and
+where the weights' own kernel is (int4, int8, GGUF blocks).
 """
 
 from __future__ import annotations
@@ -23,14 +23,16 @@ from torch import nn
 
 from specchat.architectures import parts
 from specchat.architectures.llama import LlamaLayer
+from specchat.architectures.rope import rotary_dims
 from specchat.engine.attention import sliding_window
 from specchat.engine.forward_output import ForwardOutput
 from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Side, fuse_projections
 from specchat.quant.quantized_linear import QuantizedLinear
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 HEAD_DIMS = (64, 128, 256)  # the CPU decoder is compiled for these
+OWN_MODULES_ONLY = ("phi3", "gemma3_text")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
@@ -51,6 +53,7 @@ class LeanForward:
             decoder.norm.variance_epsilon,
             layers[0].scaling,
             _activation(config),
+            rotary_dims(config),
         )
         self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
@@ -75,15 +78,18 @@ class LeanForward:
 
 
 def serves(model) -> bool:
-    """Whether the CPU decoder computes `model`'s forward (given that it builds): a Llama-family model without a
-    sliding window, or Gemma 3 in specchat's own modules (a GGUF file's)."""
-    from specchat.architectures import gemma3_model
+    """Whether the CPU decoder computes `model`'s forward (given that it builds): a model of `FAMILIES` in
+    specchat's own modules (a GGUF file's; sliding windows included), or in transformers' without a sliding window
+    (not Phi-3 nor Gemma 3, whose fused projections and norms transformers keeps in its own forms)."""
+    from specchat.architectures import gemma3_model, llama_model
 
     config = model.config
     if model.device.type != "cpu" or config.model_type not in FAMILIES or _activation(config) is None:
         return False
-    gemma = isinstance(model, gemma3_model.CausalLM)
-    return (gemma or not sliding_window(config)) and parts(model).layers[0].head_dim in HEAD_DIMS
+    own = isinstance(model, (llama_model.CausalLM, gemma3_model.CausalLM))
+    if not own and (config.model_type in OWN_MODULES_ONLY or sliding_window(config)):
+        return False
+    return parts(model).layers[0].head_dim in HEAD_DIMS
 
 
 def _activation(config) -> str | None:

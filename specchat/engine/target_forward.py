@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from specchat.architectures import parts
 from specchat.engine.attention import attention_of
 from specchat.engine.cache import TreeCache
 from specchat.engine.cuda_graphs import BUCKETS, GraphedDecoder
@@ -71,7 +72,10 @@ def canonical(model) -> bool:
 
 def target_forward(model, cache: TreeCache) -> LeanForward | TorchForward:
     """The forward of `model` over `cache`: the CPU decoder where it is to run it and builds here, else the torch
-    decoder."""
+    decoder. Its RoPE is fitted to the cache's capacity first (LongRoPE's factors)."""
+    for rotary in parts(model).rotaries:
+        if hasattr(rotary, "fit"):
+            rotary.fit(cache.max_len)
     lean = lean_forward(model) if canonical(model) else None
     return lean if lean is not None else TorchForward(model, cache)
 

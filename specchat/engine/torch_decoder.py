@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from specchat.architectures import parts
-from specchat.architectures.llama import LlamaParts
 from specchat.architectures.rope import attention_scaling, inverse_frequencies, rope_parameters
 from specchat.engine import decoder_ops as ops
 from specchat.engine.attention import sliding_window
@@ -30,6 +29,7 @@ from specchat.engine.forward_output import ForwardOutput
 from specchat.errors import SpecchatError
 from specchat.quant.fused import fuse_projections
 
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 Projection = torch.Tensor | nn.Module  # a dense weight [out, in], or a layer computing x -> x W^T (+ bias)
 
 
@@ -175,8 +175,8 @@ def _add_projection(residual: torch.Tensor, x: torch.Tensor, projection: Project
 def refusal(config) -> str | None:
     """Why this decoder does not compute `config`'s model exactly, or None where it does."""
     family = config.model_type
-    if family not in LlamaParts.model_types:
-        return f"the torch decoder runs {', '.join(LlamaParts.model_types)} models, not {family} (GPUs, fp32)"
+    if family not in FAMILIES:
+        return f"the torch decoder runs {', '.join(FAMILIES)} models, not {family} (GPUs, fp32)"
     if config.hidden_act != "silu":
         return f"the torch decoder runs SiLU MLPs, not {config.hidden_act}"
     if sliding_window(config):

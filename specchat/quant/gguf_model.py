@@ -23,6 +23,7 @@ from specchat.architectures.llama_model import ModelConfig, Slot
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.gguf_header import tensor_table
 from specchat.quant.embedding import Int8Embedding
+from specchat.quant.fused import Rows
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 from specchat.quant.gguf_types import BLOCK_TYPES, check_type
 from specchat.quant.int4_linear import Int4Linear
@@ -42,6 +43,8 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+_PHI3_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}  # fused, as in its repo
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _GEMMA3_NAMES = {  # Gemma 3's norms: the MLP's input, and each half's output
     **_LAYER_NAMES,
     "ffn_norm": "pre_feedforward_layernorm",
@@ -63,7 +66,11 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     check_tensor_types(tensors.values(), gguf_path)
     for module_name, held, rows in _modules(tensors, model.config):
-        _install(model, module_name, held, dtype, rows=rows, aten_int4=aten_int4)
+        parent, _, name = module_name.rpartition(".")
+        if name in _FUSED:  # Phi-3's q/k/v and gate/up in one matrix: one layer, the projections views of its rows
+            _install_fused(model.get_submodule(parent), name, held, dtype)
+        else:
+            _install(model, module_name, held, dtype, rows=rows, aten_int4=aten_int4)
     if "output.weight" not in tensors:  # tied LM head: the embedding's blocks, multiplied as a linear layer
         _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, aten_int4=aten_int4)
     return _complete(model)
@@ -108,7 +115,7 @@ def _modules(tensors: dict[str, GGUFTensor], config) -> Iterator[ModuleTensors]:
     interleaving of llama.cpp's converter for llama and mistral (None elsewhere)."""
     modules: dict[str, dict[str, GGUFTensor]] = {}
     for name, tensor in tensors.items():
-        if name != "rope_freqs.weight":  # Llama 3.1's RoPE scaling: the config's rope parameters (gguf_config)
+        if not name.startswith(("rope_freqs.", "rope_factors_")):  # RoPE scaling: the config's (gguf_config)
             module_name, field = _module_name(name, config.model_type)
             modules.setdefault(module_name, {})[field] = tensor
     for module_name, parts in modules.items():
@@ -162,7 +169,7 @@ def _module_name(gguf_name: str, architecture: str) -> tuple[str, str]:
     """The module a GGUF tensor belongs to, and which of its tensors it is ("weight" or "bias")."""
     parts = gguf_name.split(".")
     field = parts.pop() if parts[-1] in ("weight", "bias") else "weight"
-    names = _GEMMA3_NAMES if architecture == "gemma3_text" else _LAYER_NAMES
+    names = {"gemma3_text": _GEMMA3_NAMES, "phi3": _PHI3_NAMES}.get(architecture, _LAYER_NAMES)
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}", field
     if len(parts) == 1 and parts[0] in _GLOBAL_NAMES:
@@ -210,6 +217,20 @@ def _install(model, name: str, parts: dict, dtype, *, rows=None, aten_int4=False
             current.weight = nn.Parameter(weight.to(getattr(current, "weight_dtype", dtype)), requires_grad=False)
             return
     model.set_submodule(name, module)
+
+
+def _install_fused(parent: nn.Module, name: str, parts: dict, dtype) -> None:
+    """A fused matrix (`_FUSED[name]`, its projections' rows stacked in that order) as one layer, each projection's
+    `Slot` replaced by a `Rows` view of it: what `fuse_projections` makes of separate ones."""
+    holder = nn.Module()
+    rows = sum(getattr(parent, part).weight.shape[0] for part in _FUSED[name])
+    holder.register_module("fused", Slot(rows, getattr(parent, _FUSED[name][0]).weight.shape[1]))
+    _install(holder, "fused", parts, dtype)
+    start = 0
+    for part in _FUSED[name]:
+        end = start + getattr(parent, part).weight.shape[0]
+        setattr(parent, part, Rows(holder.fused, start, end))
+        start = end
 
 
 def _aten_int4(raw: torch.Tensor, kind, dtype, *, embedding: bool, bias) -> nn.Module:

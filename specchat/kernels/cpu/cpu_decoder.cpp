@@ -95,6 +95,7 @@ struct Decoder {
   int64_t heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   double eps = 1e-5, scale = 1.0;
   Activation activation = Activation::SiLU;
+  int64_t rotary_dims = 0;  // RoPE turns a head's first dims, in pairs (d, d + rotary_dims / 2); the rest pass
 };
 
 template <typename T>
@@ -271,27 +272,29 @@ struct Int8Kv {
 
 // The rows' queries rotated into fp32 [rows, heads, D]; their keys rotated and values written to the cache
 // slots [prefix, prefix + rows). With `q_norm` / `k_norm` (defined), each head's query / key is RMS-normed first.
+// cos / sin [rows, rot]: RoPE turns the first `rot` dims of each head.
 template <typename T, typename Kv>
 void rotate_and_cache(const T* qkv, const float* cos, const float* sin, float* queries, const Kv& cache,
-                      int64_t prefix, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
+                      int64_t prefix, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t rot,
                       const at::Tensor& q_norm, const at::Tensor& k_norm, float eps) {
-  const int64_t half = dim / 2, width = (heads + 2 * kv_heads) * dim;
+  const int64_t half = rot / 2, width = (heads + 2 * kv_heads) * dim;
   std::vector<float> rotated(dim);
   std::vector<T> normed(dim);
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = qkv + r * width;
-    const float* c = cos + r * dim;
-    const float* s = sin + r * dim;
+    const float* c = cos + r * rot;
+    const float* s = sin + r * rot;
     for (int64_t h = 0; h < heads + kv_heads; ++h) {
       const T* in = row + h * dim;
       if (const at::Tensor& norm = h < heads ? q_norm : k_norm; norm.defined()) {
         rms_norm<T>(in, norm, normed.data(), 1, dim, eps);
         in = normed.data();
       }
-      for (int64_t d = 0; d < dim; ++d) {
+      for (int64_t d = 0; d < rot; ++d) {
         const float turned = d < half ? -load(in[d + half]) : load(in[d - half]);
         rotated[d] = load(in[d]) * c[d] + turned * s[d];
       }
+      for (int64_t d = rot; d < dim; ++d) rotated[d] = load(in[d]);
       if (h < heads) {
         std::copy(rotated.begin(), rotated.end(), queries + (r * heads + h) * dim);
       } else {
@@ -1067,7 +1070,8 @@ void attention(const Layer& layer, const at::Tensor& qkv, const at::Tensor& cos,
   const at::Tensor& c = cos.dim() == 3 ? cos[layer.rope] : cos;
   const at::Tensor& s = sin.dim() == 3 ? sin[layer.rope] : sin;
   rotate_and_cache<T>(qkv.data_ptr<T>(), c.data_ptr<float>(), s.data_ptr<float>(), queries.data(), cache, written,
-                      rows, heads, kv_heads, dim, layer.q_norm, layer.k_norm, static_cast<float>(decoder.eps));
+                      rows, heads, kv_heads, dim, decoder.rotary_dims, layer.q_norm, layer.k_norm,
+                      static_cast<float>(decoder.eps));
   if (kept_queries) std::copy(queries.begin(), queries.end(), kept_queries);
   T* out_data = out.data_ptr<T>();
   const auto attend = [&](const float* q, int64_t first_prefix, const std::vector<int64_t>* row_tails, int64_t n,
@@ -1188,6 +1192,7 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
   TORCH_CHECK(embedded.dim() == 2, "x must be [rows, hidden]");
   with_head_dim(decoder.head_dim, [](auto) {});
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
+  TORCH_CHECK(cos.size(-1) == decoder.rotary_dims && sin.sizes() == cos.sizes(), "cos/sin must be [..., rotary dims]");
   for (const Layer& layer : decoder.layers) {
     TORCH_CHECK(cos.dim() == 2 || (layer.rope >= 0 && layer.rope < cos.size(0)), "a layer's rope has no cos / sin");
     TORCH_CHECK(!layer.window || !scales, "an int8 cache does not run sliding-window layers");
@@ -1282,6 +1287,7 @@ std::vector<at::Tensor> eagle3_forward(const Eagle3Layer& draft, const at::Tenso
   TORCH_CHECK(hidden.dim() == 2 && embeds.sizes() == hidden.sizes() && embeds.scalar_type() == hidden.scalar_type(),
               "hidden and embeds must be [rows, hidden] of one dtype");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
+  TORCH_CHECK(cos.size(-1) == decoder.rotary_dims && sin.sizes() == cos.sizes(), "cos/sin must be [..., rotary dims]");
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == hidden.scalar_type() &&
                   values.scalar_type() == hidden.scalar_type(),
               "the cache must be contiguous, in the activations' dtype");
@@ -1385,12 +1391,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Decoder>(m, "Decoder").def(py::init([](std::vector<Layer> layers, at::Tensor final_norm,
                                                       int64_t heads, int64_t kv_heads, int64_t head_dim,
                                                       int64_t intermediate, double eps, double scale,
-                                                      const std::string& activation) {
+                                                      const std::string& activation, int64_t rotary_dims) {
     TORCH_CHECK(activation == "silu" || activation == "gelu_tanh", "the MLP's activation must be silu or gelu_tanh");
+    rotary_dims = rotary_dims ? rotary_dims : head_dim;
+    TORCH_CHECK(rotary_dims > 0 && rotary_dims <= head_dim && rotary_dims % 2 == 0, "rotary_dims must be even, <= D");
     return Decoder{layers, final_norm.contiguous(), heads, kv_heads, head_dim, intermediate, eps, scale,
-                   activation == "silu" ? Activation::SiLU : Activation::GeluTanh};
+                   activation == "silu" ? Activation::SiLU : Activation::GeluTanh, rotary_dims};
   }), py::arg("layers"), py::arg("final_norm"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
-      py::arg("intermediate"), py::arg("eps"), py::arg("scale"), py::arg("activation") = "silu");
+      py::arg("intermediate"), py::arg("eps"), py::arg("scale"), py::arg("activation") = "silu",
+      py::arg("rotary_dims") = 0);
   m.def("forward", &forward, "The decoder's layers and final norm over the rows (see the source).",
         py::arg("decoder"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"),
         py::arg("prefix"), py::arg("mask"), py::arg("last_only"), py::arg("scales") = py::none(),

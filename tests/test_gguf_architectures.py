@@ -1,7 +1,8 @@
-"""Gemma 3 from a GGUF file: tiny random models written as llama.cpp's converter writes Gemma 3 (norms holding
-1 + w, a sliding window on one layer in two, its own RoPE base there, heads 256 wide) run through the CPU
-decoder as transformers' Gemma3ForCausalLM runs the same weights, past the window too; every verified tree row
-is bitwise the decode step at its position; speculation equals the target alone."""
+"""Gemma 3 and Phi-3 from a GGUF file: tiny random models written as llama.cpp's converter writes them (Gemma 3:
+norms holding 1 + w, a sliding window on one layer in two, its own RoPE base there, heads 256 wide; Phi-3 as
+Phi-4-mini: fused q/k/v and gate/up, LongRoPE over 3/4 of each head, and a window on every layer, as Phi-3-mini's)
+run through the CPU decoder as transformers runs the same weights, past the window too; every verified tree row is
+bitwise the decode step at its position; speculation equals the target alone."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import shutil
 import pytest
 import torch
 from drafters_for_tests import RandomTreeDrafter
-from gguf_files import GEMMA3_WINDOW, write_tiny_model
+from gguf_files import GEMMA3_WINDOW, PHI3_TRAINED, PHI3_WINDOW, write_tiny_model
 from test_gguf_model import GREEDY, SAMPLED, generate
 
-from specchat.architectures import gemma3_model, parts
+from specchat.architectures import gemma3_model, llama_model, parts
 from specchat.drafters.model.drafter import ModelDrafter
 from specchat.drafters.model.model import load_draft_model
 from specchat.engine.attention import use_attention
@@ -26,18 +27,27 @@ from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoin
 from specchat.quant.gguf_model import dequantized_model, load_gguf_model
 
 CPU = torch.device("cpu")
+ARCHITECTURES = ("gemma3", "phi3")
+WINDOW = {"gemma3": GEMMA3_WINDOW, "phi3": PHI3_WINDOW}
+# what transformers builds, its layers' windows, specchat's modules
+EXPECTED = {"gemma3": ("Gemma3ForCausalLM", [GEMMA3_WINDOW, 0], gemma3_model.CausalLM),
+            "phi3": ("Phi3ForCausalLM", [PHI3_WINDOW, PHI3_WINDOW], llama_model.CausalLM)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def gemma3_files(tmp_path_factory):
-    """The tiny Gemma 3 with F32 matrices and with every block type, each with its converted config."""
-    folder = tmp_path_factory.mktemp("gemma3")
+def tiny_files(tmp_path_factory):
+    """Each architecture's tiny model with F32 matrices and with every block type, with its converted config."""
     made = {}
-    for kind, unquantized in (("f32", True), ("blocks", False)):
-        path = write_tiny_model(folder / f"tiny-gemma3-{kind}.gguf", embedded_gguf_path(), architecture="gemma3",
-                                unquantized=unquantized)  # fmt: skip
-        made[kind] = path, gguf_checkpoint(path)
-    yield made
+
+    def of(architecture: str, kind: str):
+        if (architecture, kind) not in made:
+            folder = tmp_path_factory.mktemp(architecture)
+            path = write_tiny_model(folder / f"tiny-{architecture}-{kind}.gguf", embedded_gguf_path(),
+                                    architecture=architecture, unquantized=kind == "f32")  # fmt: skip
+            made[architecture, kind] = path, gguf_checkpoint(path)
+        return made[architecture, kind]
+
+    yield of
     for path, _ in made.values():
         shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
 
@@ -47,22 +57,23 @@ def _transformers_last_logits(model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def test_the_cpu_decoder_computes_transformers_gemma3_past_the_window(gemma3_files):
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_the_cpu_decoder_computes_transformers_model_past_the_window(tiny_files, architecture):
     """fp32 activations, F32 weights: a prefill of twice the window, then a tree whose rows sit at other depths,
-    against transformers' model of the file dequantized (its norms given back as w)."""
-    path, config_dir = gemma3_files["f32"]
+    against transformers' model of the file dequantized (Gemma's norms given back as w)."""
+    path, config_dir = tiny_files(architecture, "f32")
     ours, theirs = load_gguf_model(path, config_dir, torch.float32), dequantized_model(path, config_dir)
-    assert isinstance(ours, gemma3_model.CausalLM) and type(theirs).__name__ == "Gemma3ForCausalLM"
-    assert ours.config.layer_types == theirs.config.layer_types == ["sliding_attention", "full_attention"]
-    assert [layer.window for layer in parts(ours).layers] == [GEMMA3_WINDOW, 0]
+    kind, windows, own = EXPECTED[architecture]
+    assert isinstance(ours, own) and type(theirs).__name__ == kind
+    assert [layer.window for layer in parts(ours).layers] == windows
     lean = lean_forward(ours)
     assert lean is not None
-    length = 2 * GEMMA3_WINDOW + 5
+    length = 2 * WINDOW[architecture] + 5
     prompt = torch.randint(3, 2000, (length,), generator=torch.Generator().manual_seed(0))
     cache = TreeCache(2, 256)
     prefill = lean(prompt, torch.arange(length), None, cache).logits
     cache.commit()
-    for row in (0, GEMMA3_WINDOW - 1, GEMMA3_WINDOW, length - 1):
+    for row in (0, WINDOW[architecture] - 1, WINDOW[architecture], length - 1):
         want = _transformers_last_logits(theirs, prompt[: row + 1])
         torch.testing.assert_close(prefill[row], want, atol=2e-4, rtol=1e-4)
     tree = DraftTree([5, 6, 7, 8, 9], [-1, 0, 0, 1, 3], ["test"] * 5)
@@ -75,11 +86,13 @@ def test_the_cpu_decoder_computes_transformers_gemma3_past_the_window(gemma3_fil
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("prefix", [GEMMA3_WINDOW - 3, GEMMA3_WINDOW + 17, 3 * GEMMA3_WINDOW])
-def test_each_verified_row_is_bitwise_its_decode_step(gemma3_files, prefix, cpu_isa):
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("prefix", [-3, 17, 96])  # from the window's size: its rows' windows start at 0 or beyond
+def test_each_verified_row_is_bitwise_its_decode_step(tiny_files, architecture, prefix, cpu_isa):
     """bf16 on the file's blocks: trees whose rows' windows start at different keys (and before the cache's
     start, near the window's edge)."""
-    path, config_dir = gemma3_files["blocks"]
+    path, config_dir = tiny_files(architecture, "blocks")
+    prefix += WINDOW[architecture]
     model = load_gguf_model(path, config_dir, torch.bfloat16)
     use_attention(model, "canonical")
     lean = lean_forward(model)
@@ -102,9 +115,10 @@ def test_each_verified_row_is_bitwise_its_decode_step(gemma3_files, prefix, cpu_
     cache.truncate(prefix)
 
 
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_speculation_equals_autoregressive(gemma3_files, sampling, cpu_isa):
-    path, _ = gemma3_files["blocks"]
+def test_speculation_equals_autoregressive(tiny_files, architecture, sampling, cpu_isa):
+    path, _ = tiny_files(architecture, "blocks")
     loaded = load_model(str(path))
     prompt = torch.randint(3, 2000, (70,), generator=torch.Generator().manual_seed(2)).tolist()
     engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
@@ -116,13 +130,13 @@ def test_speculation_equals_autoregressive(gemma3_files, sampling, cpu_isa):
     assert events[-1].stats.accepted > 0
 
 
-@pytest.mark.parametrize("architecture", ["gemma3", "qwen3"])
-def test_a_file_drafting_for_itself_predicts_the_target(gemma3_files, tmp_path, architecture):
+@pytest.mark.parametrize("architecture", ["gemma3", "phi3", "qwen3"])
+def test_a_file_drafting_for_itself_predicts_the_target(tiny_files, tmp_path, architecture):
     """The draft model runs a file's layers in torch (`drafters/model`): its per-head q/k norms, Gemma's output
     norms, windows and two RoPEs. A file drafting for itself under the full cache proposes what the target
     then says, past the window too (a wrong norm, window or rotation would show at once), and the output is the
     target's."""
-    path = gemma3_files["blocks"][0] if architecture == "gemma3" else \
+    path = tiny_files(architecture, "blocks")[0] if architecture in ARCHITECTURES else \
         write_tiny_model(tmp_path / "tiny-qwen3.gguf", embedded_gguf_path(), architecture="qwen3")  # fmt: skip
     loaded = load_model(str(path))
     prompt = torch.randint(3, 2000, (30,), generator=torch.Generator().manual_seed(4)).tolist()
@@ -136,8 +150,24 @@ def test_a_file_drafting_for_itself_predicts_the_target(gemma3_files, tmp_path, 
     assert stats.accepted >= 0.9 * stats.drafted_depth > 0
 
 
-def test_what_gemma3_cannot_run_on_is_refused_in_one_line(gemma3_files):
-    path, _ = gemma3_files["blocks"]
+def test_longrope_takes_its_long_factors_for_a_cache_past_the_trained_window(tiny_files):
+    """As transformers rotates a sequence longer than the trained window (and llama.cpp a context larger than it):
+    fitted to a larger cache, the rotary tables are LongRoPE's long ones, scaled by its attention factor."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    path, config_dir = tiny_files("phi3", "blocks")
+    rotary = parts(load_gguf_model(path, config_dir, torch.float32)).rotary
+    config = AutoConfig.from_pretrained(config_dir)
+    for capacity in (PHI3_TRAINED, PHI3_TRAINED + 1):
+        rotary.fit(capacity)
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS["longrope"](config, seq_len=capacity)
+        assert torch.equal(rotary.inv_freq, inv_freq) and rotary.attention_scaling == pytest.approx(scaling)
+    assert not torch.equal(*(ROPE_INIT_FUNCTIONS["longrope"](config, seq_len=n)[0] for n in (10, PHI3_TRAINED + 1)))
+
+
+def test_what_gemma3_cannot_run_on_is_refused_in_one_line(tiny_files):
+    path, _ = tiny_files("gemma3", "blocks")
     loaded = load_model(str(path))
     with pytest.raises(SpecchatError, match="int8 does not run sliding-window layers"):
         Engine(loaded.model, loaded.tokenizer, max_len=64, kv_cache="int8")
