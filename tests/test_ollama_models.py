@@ -15,16 +15,18 @@ from test_cli import assert_one_line_error
 
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, resolve_model
-from specchat.ollama_models import manifest_path, ollama_gguf, ollama_models
+from specchat.ollama_models import manifest_path, ollama_gguf, ollama_models, ollama_system
 from specchat.profiles import profile_of
 
 
-def pull(root: Path, name: str, blob: Path | None, *, layer: str = "application/vnd.ollama.image.model") -> None:
+def pull(root: Path, name: str, blob: Path | None, *, layer: str = "application/vnd.ollama.image.model",
+         params: dict | None = None, system: str | None = None) -> None:  # fmt: skip
     """What `ollama pull NAME` leaves: the manifest, and the model file as a blob (a link to `blob`); None leaves
-    the manifest alone, naming a blob that is not there."""
+    the manifest alone, naming a blob that is not there. `params` and `system`: its Modelfile's PARAMETER lines (as
+    ollama stores them, JSON) and SYSTEM prompt, each a blob of its own."""
     digest = "sha256:" + (hashlib.sha256(str(blob).encode()).hexdigest() if blob else "0" * 64)
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
     if blob is not None:
-        (root / "blobs").mkdir(parents=True, exist_ok=True)
         link = root / "blobs" / digest.replace(":", "-")
         if not link.exists():  # one blob, however many names hold it
             link.symlink_to(blob)
@@ -32,6 +34,11 @@ def pull(root: Path, name: str, blob: Path | None, *, layer: str = "application/
     manifest.parent.mkdir(parents=True, exist_ok=True)
     layers = [{"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "1" * 64},
               {"mediaType": layer, "digest": digest, "size": 1}]  # fmt: skip
+    for kind, content in (("params", None if params is None else json.dumps(params)), ("system", system)):
+        if content is not None:
+            stored = "sha256:" + hashlib.sha256(content.encode()).hexdigest()
+            (root / "blobs" / stored.replace(":", "-")).write_text(content)
+            layers.append({"mediaType": f"application/vnd.ollama.image.{kind}", "digest": stored})
     manifest.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
 
 
@@ -73,6 +80,20 @@ def test_a_broken_pull_is_one_line(ollama):
         resolve_model("never-pulled:1b")
 
 
+def test_a_pulled_models_parameters_and_system_prompt_are_its_defaults(ollama):
+    """As under `ollama run`: its Modelfile's parameters over ollama's own defaults, its SYSTEM for every prompt."""
+    pull(ollama, "tuned", embedded_gguf_path(), params={"temperature": 0.6, "repeat_last_n": 0, "stop": ["<x>"]},
+         system="Answer in French.")  # fmt: skip
+    pull(ollama, "plain", embedded_gguf_path())
+    assert resolve_model("tuned").decoding == {"temperature": 0.6, "top_k": 40, "top_p": 0.9, "penalty": 1.0,
+                                               "penalty_window": 64}  # repeat_last_n 0: no repetition penalty
+    assert resolve_model("plain").decoding == {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "penalty": 1.1,
+                                               "penalty_window": 64}  # fmt: skip
+    assert resolve_model(str(embedded_gguf_path())).decoding is None  # not ollama's: the profile's defaults
+    assert (ollama_system("tuned"), ollama_system("plain"), ollama_system("smollm2-135m")) == ("Answer in French.",
+                                                                                              None, None)  # fmt: skip
+
+
 def test_models_lists_what_ollama_holds(ollama):
     for name in ["smol:135m", "someone/smol:q4", "hf.co/org/smol-GGUF:Q4_1"]:
         pull(ollama, name, embedded_gguf_path())
@@ -83,12 +104,14 @@ def test_models_lists_what_ollama_holds(ollama):
 
 @pytest.mark.slow
 def test_run_and_models_take_ollamas_names(ollama):
-    pull(ollama, "smol:135m", embedded_gguf_path())
+    """By name, a model ollama holds answers as its file does given its parameters and system prompt."""
+    pull(ollama, "smol:135m", embedded_gguf_path(), params={"temperature": 0.7, "top_k": 20}, system="Be brief.")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OLLAMA_MODELS": str(ollama)}
-    by_name = run_specchat(["run", "Name a colour.", "--model", "smol:135m", "-n", "8", "--temperature", "0", "--json"],
+    by_name = run_specchat(["run", "Name a colour.", "--model", "smol:135m", "-n", "8", "--seed", "3", "--json"],
                            env=env)  # fmt: skip
-    by_path = run_specchat(["run", "Name a colour.", "--model", str(embedded_gguf_path()), "-n", "8", "--temperature",
-                            "0", "--json"], env=env)  # fmt: skip
+    by_path = run_specchat(["run", "Name a colour.", "--model", str(embedded_gguf_path()), "-n", "8", "--seed", "3",
+                            "--temperature", "0.7", "--top-k", "20", "--top-p", "0.9", "--repetition-penalty", "1.1",
+                            "--system", "Be brief.", "--json"], env=env)  # fmt: skip
     assert by_name.returncode == 0, by_name.stderr
     assert json.loads(by_name.stdout)["model"] == "smol:135m"
     assert json.loads(by_name.stdout)["token_ids"] == json.loads(by_path.stdout)["token_ids"]

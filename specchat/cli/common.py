@@ -108,7 +108,8 @@ FrequencyPenaltyOption = Annotated[float | None, typer.Option(
 PresencePenaltyOption = Annotated[float | None, typer.Option(
     "--presence-penalty", help="Subtract this from the logit of a token already in the text (-2 to 2).")]
 SeedOption = Annotated[int | None, typer.Option("--seed", help="Seed of the sampling (the same seed, the same text).")]
-SystemOption = Annotated[str | None, typer.Option("--system", help="System prompt.")]
+SystemOption = Annotated[str | None, typer.Option(
+    "--system", help="System prompt (default: none, or the SYSTEM of a model ollama holds).", show_default=False)]
 ChatTemplateOption = Annotated[Path | None, typer.Option(
     "--chat-template", help="A Jinja chat template file to use instead of the model's own (llama.cpp's "
     "--chat-template-file).", show_default=False)]
@@ -133,6 +134,13 @@ def ints(value: str, flag: str) -> list[int]:
         return [int(item) for item in csv_list(value)]
     except ValueError:
         raise SpecchatError(f"{flag} takes comma-separated integers, not '{value}'") from None
+
+
+def default_system(model: str | None) -> str | None:
+    """The system prompt a model ollama holds gives every conversation (its Modelfile's SYSTEM), else None."""
+    from specchat.ollama_models import ollama_system
+
+    return ollama_system(model) if model else None
 
 
 def default_drafter(model: str | None) -> str:

@@ -44,6 +44,7 @@ from specchat.cli.common import (
     check_drafters,
     checked_overrides,
     default_drafter,
+    default_system,
     quiet_transformers,
     sampling_config,
     use_threads,
@@ -126,6 +127,8 @@ def run(
     if logprobs is not None and (not as_json or not 0 <= logprobs <= MAX_LOGPROBS):
         raise SpecchatError(f"--logprobs takes 0 to {MAX_LOGPROBS} alternatives, with --json")
     drafter = drafter or default_drafter(model)
+    if system is None and suffix is None and not raw:
+        system = default_system(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
         check_draft_cache(draft_cache, choice)

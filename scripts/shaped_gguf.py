@@ -1,0 +1,104 @@
+"""Write a BF16 GGUF file with a real model's shapes and random weights, laid out as llama.cpp's converter lays out
+that architecture: a speed figure's model where its file cannot be fetched. Its tokenizer is the embedded model's,
+padded with unused tokens to the model's vocabulary (the LM head's size is what a step reads). Quantize it as files
+ship with `scripts/requantize_gguf.py OUT.gguf Q4_K_M.gguf --type q4_k_m --llama-cpp`.
+
+    python scripts/shaped_gguf.py gemma3-1b|phi4-mini OUT.gguf
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
+from gguf_files import _fields  # noqa: E402
+
+from specchat.loading import embedded_gguf_path  # noqa: E402
+
+# From each model's config.json: google/gemma-3-1b-it, microsoft/Phi-4-mini-instruct
+SHAPES = {
+    "gemma3-1b": dict(architecture="gemma3", hidden=1152, intermediate=6912, layers=26, heads=4, kv_heads=1,
+                      head_dim=256, vocab=262144, context=32768, window=512),
+    "phi4-mini": dict(architecture="phi3", hidden=3072, intermediate=8192, layers=32, heads=24, kv_heads=8,
+                      head_dim=128, vocab=200064, context=131072, rotated=96, trained=4096),
+}  # fmt: skip
+
+
+def main() -> None:
+    shape, out = SHAPES[sys.argv[1]], Path(sys.argv[2])
+    arch, hidden, layers, dim = shape["architecture"], shape["hidden"], shape["layers"], shape["head_dim"]
+    heads, kv_heads, intermediate, vocab = shape["heads"], shape["kv_heads"], shape["intermediate"], shape["vocab"]
+    rng = np.random.default_rng(0)
+    writer = GGUFWriter(str(out), arch)
+    writer.add_name(f"{sys.argv[1]}-shaped (random weights)")
+    fields, size = _fields(embedded_gguf_path(), "tokenizer.")
+    for name, value, kind, element in fields:
+        if name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+            pad = [f"<unused{i}>" for i in range(vocab - size)] if name.endswith("tokens") else [4] * (vocab - size)
+            writer.add_key_value(name, [*value, *pad], kind, sub_type=element)
+        elif element is None:
+            writer.add_key_value(name, value, kind)
+        else:
+            writer.add_key_value(name, list(value), kind, sub_type=element)
+    writer.add_context_length(shape["context"])
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(intermediate)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-6)
+    if arch == "gemma3":
+        writer.add_key_length(dim)
+        writer.add_value_length(dim)
+        writer.add_rope_freq_base(1e6)
+        writer.add_sliding_window(shape["window"])
+        writer.add_key_value("gemma3.rope.freq_base_swa", 10000.0, GGUFValueType.FLOAT32)
+    else:  # Phi-3's LongRoPE over its rotated dims
+        writer.add_rope_freq_base(10000.0)
+        writer.add_rope_dimension_count(shape["rotated"])
+        writer.add_rope_scaling_orig_ctx_len(shape["trained"])
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(shape["context"] / shape["trained"])
+                                                       / math.log(shape["trained"])))  # fmt: skip
+        writer.add_sliding_window(0)
+
+    def bf16(name: str, rows: int, columns: int, std: float) -> None:
+        values = torch.from_numpy(rng.normal(0, std, (rows, columns)).astype(np.float32)).to(torch.bfloat16)
+        writer.add_tensor(name, values.view(torch.int16).numpy(), raw_dtype=GGMLQuantizationType.BF16)
+
+    def f32(name: str, values: np.ndarray) -> None:
+        writer.add_tensor(name, values.astype(np.float32))
+
+    bf16("token_embd.weight", vocab, hidden, 0.03)
+    for i in range(layers):
+        norms = ("attn_norm", "ffn_norm") + (("post_attention_norm", "post_ffw_norm") if arch == "gemma3" else ())
+        for name in norms:
+            f32(f"blk.{i}.{name}.weight", rng.uniform(0.8, 1.2, hidden))
+        if arch == "gemma3":
+            f32(f"blk.{i}.attn_q_norm.weight", rng.uniform(0.8, 1.2, dim))
+            f32(f"blk.{i}.attn_k_norm.weight", rng.uniform(0.8, 1.2, dim))
+            matrices = [("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
+                        ("attn_v", kv_heads * dim, hidden), ("ffn_gate", intermediate, hidden),
+                        ("ffn_up", intermediate, hidden)]  # fmt: skip
+        else:
+            matrices = [("attn_qkv", (heads + 2 * kv_heads) * dim, hidden), ("ffn_up", 2 * intermediate, hidden)]
+        matrices += [("attn_output", hidden, heads * dim), ("ffn_down", hidden, intermediate)]
+        for name, rows, columns in matrices:
+            bf16(f"blk.{i}.{name}.weight", rows, columns, 0.02)
+    f32("output_norm.weight", rng.uniform(0.8, 1.2, hidden))
+    if arch == "phi3":
+        f32("rope_factors_long.weight", rng.uniform(1.0, 40.0, shape["rotated"] // 2))
+        f32("rope_factors_short.weight", rng.uniform(1.0, 1.5, shape["rotated"] // 2))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+if __name__ == "__main__":
+    main()
