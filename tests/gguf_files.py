@@ -128,7 +128,8 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
         writer.add_eos_token_id(2)
     else:
         vocab = tokenizer_fields(writer, tokenizer_source)
-    writer.add_context_length(4096)  # room for the 3K-token tests
+    phi3 = architecture == "phi3"  # as llama.cpp's converter writes Phi-3: 2x the trained window, LongRoPE's factor
+    writer.add_context_length(2 * PHI3_TRAINED if phi3 else 4096)  # room for the 3K-token tests
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
     writer.add_feed_forward_length(intermediate)
@@ -136,16 +137,14 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(1e6 if gemma else 10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_dimension_count(dim)
+    writer.add_rope_dimension_count(PHI3_ROTATED if phi3 else dim)
     if architecture in ("qwen3", "gemma3"):
         writer.add_key_length(dim)
         writer.add_value_length(dim)
     if gemma:
         writer.add_sliding_window(GEMMA3_WINDOW)
         writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
-    if architecture == "phi3":  # as llama.cpp's converter writes Phi-3: 2x the trained window, LongRoPE's factor
-        writer.add_context_length(2 * PHI3_TRAINED)
-        writer.add_rope_dimension_count(PHI3_ROTATED)
+    if phi3:
         writer.add_rope_scaling_orig_ctx_len(PHI3_TRAINED)
         writer.add_rope_scaling_attn_factors((1 + np.log(2) / np.log(PHI3_TRAINED)) ** 0.5)
         writer.add_sliding_window(PHI3_WINDOW)
@@ -173,7 +172,7 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
         shapes = [("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
                   ("attn_v", kv_heads * dim, hidden), ("attn_output", hidden, heads * dim),
                   ("ffn_gate", intermediate, hidden), ("ffn_up", intermediate, hidden), ("ffn_down", hidden, intermediate)]
-        if architecture == "phi3":  # q/k/v in one matrix, gate and up in another (gate's rows first)
+        if phi3:  # q/k/v in one matrix, gate and up in another (gate's rows first)
             shapes = [("attn_qkv", (heads + 2 * kv_heads) * dim, hidden), ("attn_output", hidden, heads * dim),
                       ("ffn_up", 2 * intermediate, hidden), ("ffn_down", hidden, intermediate)]
         for j, (name, rows, columns) in enumerate(shapes):
@@ -183,7 +182,7 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
     dense("output_norm.weight", rng.uniform(0.8, 1.2, hidden))
     if frequency_factors is not None:
         dense("rope_freqs.weight", np.array(frequency_factors))
-    if architecture == "phi3":
+    if phi3:
         dense("rope_factors_long.weight", rng.uniform(1.0, 8.0, PHI3_ROTATED // 2))
         dense("rope_factors_short.weight", rng.uniform(1.0, 1.5, PHI3_ROTATED // 2))
     if not tied:
