@@ -21,6 +21,7 @@ from specchat.engine.attention import use_attention
 from specchat.engine.cache import TreeCache
 from specchat.engine.generate import Engine
 from specchat.engine.lean_forward import lean_forward
+from specchat.engine.prompt_cache import identity
 from specchat.engine.tree import DraftTree, tree_batch
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir, load_model
@@ -164,6 +165,15 @@ def test_longrope_takes_its_long_factors_for_a_cache_past_the_trained_window(tin
         inv_freq, scaling = ROPE_INIT_FUNCTIONS["longrope"](config, seq_len=capacity)
         assert torch.equal(rotary.inv_freq, inv_freq) and rotary.attention_scaling == pytest.approx(scaling)
     assert not torch.equal(*(ROPE_INIT_FUNCTIONS["longrope"](config, seq_len=n)[0] for n in (10, PHI3_TRAINED + 1)))
+
+
+def test_a_prompt_cache_is_not_read_back_under_other_rope_factors(tiny_files):
+    """Keys rotated by LongRoPE's short factors are not a prefill's under its long ones: the cache file's identity
+    names the tables the engine was fitted to."""
+    loaded = load_model(str(tiny_files("phi3", "blocks")[0]))
+    short, long = (identity(Engine(loaded.model, loaded.tokenizer, max_len=n)) for n in (256, PHI3_TRAINED + 8))
+    assert short != long
+    assert identity(Engine(loaded.model, loaded.tokenizer, max_len=512)) == short
 
 
 def test_what_gemma3_cannot_run_on_is_refused_in_one_line(tiny_files):

@@ -21,6 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from specchat.architectures import parts
 from specchat.checks import PROMPT_CACHE_KIND, safetensors_metadata
 
 
@@ -32,9 +33,12 @@ def identity(engine) -> str:
     model = engine.model
     fields = json.dumps(vars(model.config), sort_keys=True, default=str)
     config = hashlib.sha256(fields.encode()).hexdigest()[:16]
+    frequencies = [rotary.inv_freq for rotary in parts(model).rotaries if hasattr(rotary, "inv_freq")]
+    rope = hashlib.sha256(b"".join(t.cpu().numpy().tobytes() for t in frequencies)).hexdigest()[:16]  # as fitted
     return json.dumps({
         "model": model.name_or_path, "config": config, "weights": weight_format(model), "dtype": str(model.dtype),
         "kv_cache": engine.cache.kv_cache, "forward": f"CPU decoder {cpu_decoder().isa()} {source_version()}",
+        "rope": rope,
     }, sort_keys=True)  # fmt: skip
 
 
