@@ -77,8 +77,8 @@ def write_prompt_cache(engine, path: Path) -> bool:
         return False
     ids = engine.ids[: engine.cache.length].tolist()
     tensors = {"ids": torch.tensor(ids, dtype=torch.int32)}
-    for index, parts in enumerate(engine.cache.copy(len(ids))):
-        tensors |= {f"{index}.{part}": tensor.contiguous() for part, tensor in enumerate(parts)}
+    for index, layer in enumerate(engine.cache.copy(len(ids))):
+        tensors |= {f"{index}.{part}": tensor.contiguous() for part, tensor in enumerate(layer)}
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # two runs on one file never share it
     metadata = {"kind": PROMPT_CACHE_KIND, "identity": identity(engine), "dtype": str(engine.cache.dtype)}
     try:
