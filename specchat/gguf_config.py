@@ -1,5 +1,5 @@
-"""A transformers config for a GGUF file of the llama family (llama, qwen2, qwen3, mistral, phi3) or Gemma 3, read
-from its header.
+"""A transformers config for a GGUF file of the llama family (llama, qwen2, qwen3, mistral, phi3, granite) or Gemma 3,
+read from its header.
 
 A GGUF file's metadata is its model's config under llama.cpp's key names (`qwen2.embedding_length`, ...). transformers
 reads it through gguf-py, which parses the tokenizer's 150K strings on the way (10-12 s for a 1.5B's file, twice per
@@ -18,7 +18,10 @@ import torch
 from specchat.architectures.rope import rope_of_frequency_factors
 from specchat.gguf_header import header_fields, tensor_table
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "granite", "gemma3")
+# Granite's scalars: its config's names for llama.cpp's keys
+GRANITE_SCALES = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
+                  "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}  # fmt: skip
 GEMMA3_PATTERN = 6  # llama.cpp's default: every sixth layer attends over everything, the others over a window
 GEMMA3_LOCAL_BASE = 10000.0  # the sliding-window layers' RoPE base, where the file names none
 GEMMA3_27B_LAYERS = 62  # whose queries are scaled by (hidden / heads)^-1/2, not head_dim^-1/2 (llama.cpp's rule)
@@ -71,6 +74,9 @@ def gguf_config(path: Path):
     if architecture == "gemma3":
         return AutoConfig.for_model("gemma3_text", **{**config, **_gemma3(fields, field, rope)})
     config["sliding_window"] = fields.get(f"{architecture}.attention.sliding_window") or None  # every layer's
+    if architecture == "granite":
+        scales = {name: f"granite.{key}" for name, key in GRANITE_SCALES.items()}
+        config.update({name: fields[key] for name, key in scales.items() if key in fields})
     if architecture == "phi3":
         config.pop("head_dim")  # Phi3Config derives it from hidden / heads
         config["rope_parameters"] = _phi3_rope(path, fields, tensors, rope, head_dim, field("context_length"))

@@ -98,18 +98,20 @@ def _fields(source: Path, prefix: str) -> tuple[tuple, int]:
 
 GEMMA3_WINDOW = 48  # the tiny Gemma 3's sliding window: prompts cross it
 PHI3_WINDOW, PHI3_ROTATED, PHI3_TRAINED = 40, 48, 4096  # the tiny Phi-3's window, rotated dims, LongRoPE's window
+# the tiny Granite's multipliers (Granite 3.x's, but for the attention's: 1 / 64 with its heads of 64)
+GRANITE_SCALES = {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.015625, "logit_scale": 8.0}
 
 
 def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture: str = "qwen2", seed: int = 0,
                      layers: int = 2, tied: bool = False, name: str | None = None,
                      frequency_factors: list[float] | None = None, unquantized: bool = False) -> Path:  # fmt: skip
-    """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3: 128, gemma3: 256), 2 KV heads, MLP 512)
-    whose matrices use every block type (`unquantized`: F32), with q/k/v biases for qwen2 and q/k norms for qwen3;
-    gemma3 with Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys (llama.cpp's names
-    and layout: norms hold 1 + w); phi3 as Phi-4-mini (fused q/k/v and gate/up, LongRoPE over PHI3_ROTATED of its 64
-    dims) with a window of PHI3_WINDOW keys on every layer; the tokenizer of the GGUF file `tokenizer_source` (None:
-    512 stand-in tokens); `name` its `general.name`; `frequency_factors` its `rope_freqs` tensor (32 factors, RoPE
-    base 10000)."""
+    """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3: 128, gemma3: 256), 2 KV heads, MLP 512) whose
+    matrices use every block type (`unquantized`: F32), with q/k/v biases for qwen2 and q/k norms for qwen3; gemma3 with
+    Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys (llama.cpp's names and layout:
+    norms hold 1 + w); phi3 as Phi-4-mini (fused q/k/v and gate/up, LongRoPE over PHI3_ROTATED of its 64 dims) with a
+    window of PHI3_WINDOW keys on every layer; granite with GRANITE_SCALES; the tokenizer of the GGUF file
+    `tokenizer_source` (None: 512 stand-in tokens); `name` its `general.name`; `frequency_factors` its `rope_freqs`
+    tensor (32 factors, RoPE base 10000)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -144,6 +146,9 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
     if gemma:
         writer.add_sliding_window(GEMMA3_WINDOW)
         writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    if architecture == "granite":
+        for key, value in GRANITE_SCALES.items():
+            writer.add_float32(f"granite.{key}", value)
     if phi3:
         writer.add_rope_scaling_orig_ctx_len(PHI3_TRAINED)
         writer.add_rope_scaling_attn_factors((1 + np.log(2) / np.log(PHI3_TRAINED)) ** 0.5)

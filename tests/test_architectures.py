@@ -35,11 +35,10 @@ def test_the_adapter_finds_the_parts_that_compute_the_models_output(family):
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
         scores = (q @ k.transpose(-1, -2)) * layer.scaling + mask
         out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, 5, -1)
-        out = layer.o(out)
-        x = x + (out if layer.attention_output_norm is None else layer.attention_output_norm(out))
-        out = layer.mlp(layer.mlp_norm(x))
-        x = x + (out if layer.mlp_output_norm is None else layer.mlp_output_norm(out))
-    ours = decoder.head(decoder.norm(x))
+        for out, norm in ((layer.o(out), layer.attention_output_norm), (None, layer.mlp_output_norm)):
+            out = layer.mlp(layer.mlp_norm(x)) if out is None else out
+            x = x + (out if norm is None else norm(out)) * decoder.residual_scale
+    ours = decoder.head(decoder.norm(x)) / decoder.logit_scale
     torch.testing.assert_close(ours, model(ids).logits, rtol=1e-4, atol=1e-4)
 
 
@@ -52,6 +51,6 @@ def test_a_model_of_another_architecture_is_refused_in_one_line():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
-    with pytest.raises(SpecchatError, match=r"^the model is a gpt2; specchat runs llama, mistral, qwen2, qwen3, phi3, "
-                                            r"gemma3_text models$"):
+    with pytest.raises(SpecchatError, match=r"^the model is a gpt2; specchat runs llama, mistral, qwen2, qwen3, "
+                                            r"granite, phi3, gemma3_text models$"):
         parts(model)

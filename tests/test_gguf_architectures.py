@@ -1,6 +1,7 @@
-"""Gemma 3 and Phi-3 from a GGUF file: tiny random models written as llama.cpp's converter writes them (Gemma 3:
-norms holding 1 + w, a sliding window on one layer in two, its own RoPE base there, heads 256 wide; Phi-3 as
-Phi-4-mini: fused q/k/v and gate/up, LongRoPE over 3/4 of each head, and a window on every layer, as Phi-3-mini's)
+"""Gemma 3, Phi-3 and Granite from a GGUF file: tiny random models written as llama.cpp's converter writes them (Gemma
+3: norms holding 1 + w, a sliding window on one layer in two, its own RoPE base there, heads 256 wide; Phi-3 as
+Phi-4-mini: fused q/k/v and gate/up, LongRoPE over 3/4 of each head, and a window on every layer, as Phi-3-mini's;
+Granite: its embedding, residual, attention and logit multipliers)
 run through the CPU decoder as transformers runs the same weights, past the window too; every verified tree row is
 bitwise the decode step at its position; speculation equals the target alone."""
 
@@ -28,11 +29,12 @@ from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoin
 from specchat.quant.gguf_model import dequantized_model, load_gguf_model
 
 CPU = torch.device("cpu")
-ARCHITECTURES = ("gemma3", "phi3")
-WINDOW = {"gemma3": GEMMA3_WINDOW, "phi3": PHI3_WINDOW}
+ARCHITECTURES = ("gemma3", "phi3", "granite")
+WINDOW = {"gemma3": GEMMA3_WINDOW, "phi3": PHI3_WINDOW, "granite": 24}  # granite has none: prompts of the same size
 # what transformers builds, its layers' windows, specchat's modules
 EXPECTED = {"gemma3": ("Gemma3ForCausalLM", [GEMMA3_WINDOW, 0], gemma3_model.CausalLM),
-            "phi3": ("Phi3ForCausalLM", [PHI3_WINDOW, PHI3_WINDOW], llama_model.CausalLM)}  # fmt: skip
+            "phi3": ("Phi3ForCausalLM", [PHI3_WINDOW, PHI3_WINDOW], llama_model.CausalLM),
+            "granite": ("GraniteForCausalLM", [0, 0], llama_model.CausalLM)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +133,7 @@ def test_speculation_equals_autoregressive(tiny_files, architecture, sampling, c
     assert events[-1].stats.accepted > 0
 
 
-@pytest.mark.parametrize("architecture", ["gemma3", "phi3", "qwen3"])
+@pytest.mark.parametrize("architecture", ["gemma3", "phi3", "granite", "qwen3"])
 def test_a_file_drafting_for_itself_predicts_the_target(tiny_files, tmp_path, architecture):
     """The draft model runs a file's layers in torch (`drafters/model`): its per-head q/k norms, Gemma's output
     norms, windows and two RoPEs. A file drafting for itself under the full cache proposes what the target

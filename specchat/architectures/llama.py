@@ -57,7 +57,7 @@ class LlamaLayer:
 
 
 class LlamaParts:
-    model_types = ("llama", "mistral", "qwen2", "qwen3")
+    model_types = ("llama", "mistral", "qwen2", "qwen3", "granite")
     Layer = LlamaLayer
 
     def __init__(self, model: nn.Module):
@@ -88,6 +88,16 @@ class LlamaParts:
     def rotary(self) -> nn.Module:
         """(x, positions [1, q]) -> cos, sin [1, q, head_dim]."""
         return self.model.model.rotary_emb
+
+    @property
+    def residual_scale(self) -> float:
+        """What each layer's halves are multiplied by as they join the residual stream (Granite's multiplier)."""
+        return getattr(self.model.config, "residual_multiplier", 1.0)
+
+    @property
+    def logit_scale(self) -> float:
+        """What the LM head's logits are divided by (Granite's `logits_scaling`)."""
+        return getattr(self.model.config, "logits_scaling", 1.0)
 
     @property
     def rotaries(self) -> list[nn.Module]:

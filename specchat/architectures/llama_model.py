@@ -115,7 +115,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(dim, config.rms_norm_eps)
         self.head_dim = dim
-        self.scaling = dim**-0.5
+        self.scaling = getattr(config, "attention_multiplier", None) or dim**-0.5  # Granite's, else D^-1/2
         self.window = getattr(config, "sliding_window", None) or 0  # every layer's (Mistral's, Phi-3's), 0: none
 
 
@@ -142,7 +142,8 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = Slot(config.vocab_size, config.hidden_size, embedding=True)
+        self.embed_tokens = Slot(config.vocab_size, config.hidden_size, embedding=True,
+                                 scale=getattr(config, "embedding_multiplier", 1.0))  # Granite's
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)

@@ -30,9 +30,9 @@ def use_attention(model, choice: str) -> None:
 
     if choice == "canonical" and not serves(model):
         anywhere = [family for family in FAMILIES if family not in OWN_MODULES_ONLY]
-        raise SpecchatError(f"canonical attention runs {', '.join(anywhere)} models, and "
-                            f"{' and '.join(OWN_MODULES_ONLY)} from a GGUF file, head_dim "
-                            f"{', '.join(map(str, HEAD_DIMS))}, on a CPU")  # fmt: skip
+        own = f"{', '.join(OWN_MODULES_ONLY[:-1])} and {OWN_MODULES_ONLY[-1]}"
+        raise SpecchatError(f"canonical attention runs {', '.join(anywhere)} models, and {own} from a GGUF file, "
+                            f"head_dim {', '.join(map(str, HEAD_DIMS))}, on a CPU")  # fmt: skip
     if (choice == "hybrid" or not serves(model)) and (reason := refusal(model.config)):
         raise SpecchatError(reason)
     model.specchat_attention = choice

@@ -7,11 +7,11 @@ matmuls cost more than the matmuls. Here every layer runs inside the compiled CP
 `fuse_projections`), everything else in plain loops, tree attention read from the engine's cache in an order
 fixed by each row's position (so a verified node computes bitwise what a decode step computes).
 
-It serves Llama-family models on a CPU (llama, mistral, qwen2, qwen3; Phi-3 from a GGUF file) and Gemma 3 from a GGUF
-file (sliding windows included where the model is in specchat's own modules); `lean_forward` returns None for the rest,
-and when the decoder cannot be compiled here (with a warning): the torch decoder runs those (`target_forward`). It is
-exact (a verified row bitwise its decode step) in bf16 / fp16 activations, whose CPU matmuls are row-independent, and
-where the weights' own kernel is (int4, int8, GGUF blocks).
+It serves Llama-family models on a CPU (llama, mistral, qwen2, qwen3; Phi-3 and Granite from a GGUF file) and Gemma 3
+from a GGUF file (sliding windows included where the model is in specchat's own modules); `lean_forward` returns None
+for the rest, and when the decoder cannot be compiled here (with a warning): the torch decoder runs those
+(`target_forward`). It is exact (a verified row bitwise its decode step) in bf16 / fp16 activations, whose CPU matmuls
+are row-independent, and where the weights' own kernel is (int4, int8, GGUF blocks).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Side, fuse_projections
 from specchat.quant.quantized_linear import QuantizedLinear
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma3_text")
 HEAD_DIMS = (64, 128, 256)  # the CPU decoder is compiled for these
-OWN_MODULES_ONLY = ("phi3", "gemma3_text")
+OWN_MODULES_ONLY = ("phi3", "granite", "gemma3_text")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
@@ -54,7 +54,9 @@ class LeanForward:
             layers[0].scaling,
             _activation(config),
             rotary_dims(config),
+            decoder.residual_scale,
         )
+        self.logit_scale = decoder.logit_scale
         self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None, cache,
@@ -74,7 +76,9 @@ class LeanForward:
             self.decoder, x, cos, sin, keys, values, prefix, tree_mask, last_only, scales, every_layer,
             list(feature_layers),
         )
-        return ForwardOutput(self.head(normed), hidden, queries, features)
+        logits = self.head(normed)
+        logits = logits if self.logit_scale == 1.0 else logits / self.logit_scale  # Granite's
+        return ForwardOutput(logits, hidden, queries, features)
 
 
 def serves(model) -> bool:

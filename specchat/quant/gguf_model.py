@@ -120,7 +120,7 @@ def _modules(tensors: dict[str, GGUFTensor], config) -> Iterator[ModuleTensors]:
             modules.setdefault(module_name, {})[field] = tensor
     for module_name, parts in modules.items():
         rows = None
-        if config.model_type in ("llama", "mistral") and module_name.endswith(("q_proj", "k_proj")):
+        if config.model_type in ("llama", "mistral", "granite") and module_name.endswith(("q_proj", "k_proj")):
             heads = config.num_attention_heads if module_name.endswith("q_proj") else config.num_key_value_heads
             rows = _unpermute_rotary_rows(parts["weight"].shape[-1], heads)
         yield module_name, parts, rows

@@ -44,6 +44,7 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         self.layer_modules = quantized_copy(decoder.layer_modules, weights, dtype=target.dtype)
         self.layers = [decoder.Layer(module) for module in self.layer_modules]
         self.embed, self.norm, self.rotaries = decoder.embed, decoder.norm, decoder.rotaries
+        self.residual_scale = decoder.residual_scale  # Granite's multiplier on each half's output
         self.head = DraftHead(target, draft.draft_vocab, weights, lm_head=None if draft.student else decoder.head)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -139,12 +140,16 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
             values = torch.cat([self.cache.values[i, :, :size], *earlier_values, v], dim=1)
             seen = _in_window(mask, compact, size, layer.window)
             out = layer.o(attend(q, keys, values, seen).transpose(0, 1).reshape(rows, -1))
-            x = x + (out if layer.attention_output_norm is None else layer.attention_output_norm(out))
-            out = layer.mlp(layer.mlp_norm(x))
-            x = x + (out if layer.mlp_output_norm is None else layer.mlp_output_norm(out))
+            x = x + self._residual(out, layer.attention_output_norm)
+            x = x + self._residual(layer.mlp(layer.mlp_norm(x)), layer.mlp_output_norm)
             new.append((k, v, rotated))
         x = x[-1:] if last_only else x
         return self.head(self.norm(x)), new
+
+    def _residual(self, out: torch.Tensor, norm) -> torch.Tensor:
+        """A half's output as it joins the residual stream: normed (Gemma's), scaled (Granite's)."""
+        out = out if norm is None else norm(out)
+        return out if self.residual_scale == 1.0 else out * self.residual_scale
 
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         return x.view(x.shape[0], heads, self.head_dim).transpose(0, 1)  # [heads, rows, D]

@@ -26,7 +26,8 @@ from specchat.errors import SpecchatError, first_line
 from specchat.ollama_models import ollama_gguf
 from specchat.drafters.checkpoint import read_checkpoint, write_checkpoint
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")  # the decoders whose layers the drafter runs
+# the decoders whose layers the drafter runs
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma3_text")
 STUDENT = "specchat_student"  # config.json: {"target": the target's name, "layers": the target layers it began as}
 
 

@@ -96,6 +96,7 @@ struct Decoder {
   double eps = 1e-5, scale = 1.0;
   Activation activation = Activation::SiLU;
   int64_t rotary_dims = 0;  // RoPE turns a head's first dims, in pairs (d, d + rotary_dims / 2); the rest pass
+  float residual_scale = 1.0f;  // each half's output times this as it joins the residual stream (Granite's)
 };
 
 template <typename T>
@@ -1108,12 +1109,15 @@ void attention_half(const Layer& layer, const Decoder& decoder, const at::Tensor
   }
 }
 
-// x += y [rows, hidden], or with `norm` defined x += its RMSNorm of y (y normed in place).
+// x += y [rows, hidden], or with `norm` defined x += its RMSNorm of y (y normed in place); y times `scale` first
+// where it is not 1, rounded once with the sum.
 template <typename T>
-void add_output(T* x, at::Tensor& y, const at::Tensor& norm, float eps) {
+void add_output(T* x, at::Tensor& y, const at::Tensor& norm, float eps, float scale) {
   const int64_t rows = y.size(0), hidden = y.size(1);
   if (norm.defined()) rms_norm<T>(y.data_ptr<T>(), norm, y.data_ptr<T>(), rows, hidden, eps);
-  add_into<T>(x, y.data_ptr<T>(), rows * hidden);
+  const T* added = y.data_ptr<T>();
+  if (scale == 1.0f) return add_into<T>(x, added, rows * hidden);
+  for (int64_t i = 0; i < rows * hidden; ++i) x[i] = store<T>(load(x[i]) + load(added[i]) * scale);
 }
 
 // The rest of a layer after its attention: x += o(attended), then x += down(act(gate) * up) of x's norm (each
@@ -1124,12 +1128,12 @@ void layer_rest(const Layer& layer, const Decoder& decoder, at::Tensor& x, const
   const int64_t rows = x.size(0), hidden = x.size(1);
   const float eps = static_cast<float>(decoder.eps);
   at::Tensor projected = layer.o(attended).contiguous();
-  add_output<T>(x.data_ptr<T>(), projected, layer.attention_output_norm, eps);
+  add_output<T>(x.data_ptr<T>(), projected, layer.attention_output_norm, eps, decoder.residual_scale);
   rms_norm<T>(x.data_ptr<T>(), layer.mlp_norm, normed.data_ptr<T>(), rows, hidden, eps);
   const at::Tensor gate_up = layer.gate_up(normed).contiguous();
   gate<T>(gate_up.data_ptr<T>(), gated.data_ptr<T>(), rows, decoder.intermediate, decoder.activation);
   at::Tensor down = layer.down(gated).contiguous();
-  add_output<T>(x.data_ptr<T>(), down, layer.mlp_output_norm, eps);
+  add_output<T>(x.data_ptr<T>(), down, layer.mlp_output_norm, eps, decoder.residual_scale);
 }
 
 template <typename T>
@@ -1391,15 +1395,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Decoder>(m, "Decoder").def(py::init([](std::vector<Layer> layers, at::Tensor final_norm,
                                                       int64_t heads, int64_t kv_heads, int64_t head_dim,
                                                       int64_t intermediate, double eps, double scale,
-                                                      const std::string& activation, int64_t rotary_dims) {
+                                                      const std::string& activation, int64_t rotary_dims,
+                                                      double residual_scale) {
     TORCH_CHECK(activation == "silu" || activation == "gelu_tanh", "the MLP's activation must be silu or gelu_tanh");
     rotary_dims = rotary_dims ? rotary_dims : head_dim;
     TORCH_CHECK(rotary_dims > 0 && rotary_dims <= head_dim && rotary_dims % 2 == 0, "rotary_dims must be even, <= D");
     return Decoder{layers, final_norm.contiguous(), heads, kv_heads, head_dim, intermediate, eps, scale,
-                   activation == "silu" ? Activation::SiLU : Activation::GeluTanh, rotary_dims};
+                   activation == "silu" ? Activation::SiLU : Activation::GeluTanh, rotary_dims,
+                   static_cast<float>(residual_scale)};
   }), py::arg("layers"), py::arg("final_norm"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
       py::arg("intermediate"), py::arg("eps"), py::arg("scale"), py::arg("activation") = "silu",
-      py::arg("rotary_dims") = 0);
+      py::arg("rotary_dims") = 0, py::arg("residual_scale") = 1.0);
   m.def("forward", &forward, "The decoder's layers and final norm over the rows (see the source).",
         py::arg("decoder"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"),
         py::arg("prefix"), py::arg("mask"), py::arg("last_only"), py::arg("scales") = py::none(),
