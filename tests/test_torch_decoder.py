@@ -1,7 +1,7 @@
 """The torch decoder (`specchat.engine.torch_decoder`) against transformers' forward, and its tree verification
-against decode steps, on tiny random llama / mistral / qwen2 / qwen3 models (rope scaling included). On a CPU its
-ops run their torch bodies; on CUDA the Triton kernels, and the CUDA graphs (`specchat.engine.cuda_graphs`) are
-checked against the uncaptured forward."""
+against decode steps, on tiny random llama / mistral / qwen2 / qwen3 / phi3 / granite models (rope scaling
+included). On a CPU its ops run their torch bodies; on CUDA the Triton kernels, and the CUDA graphs
+(`specchat.engine.cuda_graphs`) are checked against the uncaptured forward."""
 
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ FAMILIES = {
     "qwen2": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},  # q/k/v biases
     "qwen3": {"head_dim": 32, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                                   "original_max_position_embeddings": 256}},  # q/k norms; YaRN
+    "phi3": {"original_max_position_embeddings": 256, "pad_token_id": 0,  # fused q/k/v and gate/up; LongRoPE
+             "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
+                                 "short_factor": [1.0, 1.1, 1.3, 1.2] * 2, "long_factor": [1.0, 2.0, 4.0, 8.0] * 2}},
+    "granite": {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.05,
+                "logits_scaling": 8.0},  # its multipliers
 }  # fmt: skip
 
 

@@ -90,6 +90,12 @@ class LlamaParts:
         return self.model.model.rotary_emb
 
     @property
+    def embedding_scale(self) -> float:
+        """What the forward multiplies the embedding's rows by (Granite's multiplier: transformers' embedding module
+        does not apply it, the model's forward does)."""
+        return getattr(self.model.config, "embedding_multiplier", 1.0)
+
+    @property
     def residual_scale(self) -> float:
         """What each layer's halves are multiplied by as they join the residual stream (Granite's multiplier)."""
         return getattr(self.model.config, "residual_multiplier", 1.0)

@@ -84,7 +84,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.rope, self.dims = rope_parameters(config, layer_type), rotary_dims(config)
         self.register_buffer("inv_freq", inverse_frequencies(self.rope, self.dims), persistent=False)
-        self.attention_scaling = attention_scaling(self.rope)
+        self.attention_scaling = attention_scaling(self.rope, config.max_position_embeddings)
 
     def fit(self, capacity: int) -> None:
         """Rotate as a cache of `capacity` positions is to be rotated (LongRoPE's long or short factors)."""
@@ -142,8 +142,7 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = Slot(config.vocab_size, config.hidden_size, embedding=True,
-                                 scale=getattr(config, "embedding_multiplier", 1.0))  # Granite's
+        self.embed_tokens = Slot(config.vocab_size, config.hidden_size, embedding=True)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)

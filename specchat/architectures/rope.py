@@ -71,12 +71,17 @@ def inverse_frequencies(rope: dict, head_dim: int, *, long: bool = False) -> tor
     raise SpecchatError(f"specchat has no '{kind}' RoPE scaling (default, linear, llama3, yarn, longrope)")
 
 
-def attention_scaling(rope: dict) -> float:
+def attention_scaling(rope: dict, max_positions: int | None = None) -> float:
     """What RoPE's cos and sin are multiplied by: YaRN's temperature (`0.1 ln(factor) + 1` unless the config says
     otherwise), which keeps attention's entropy where training left it over the stretched window; LongRoPE's
-    (`attention_factor`, which the config carries); else 1."""
+    (the config's `attention_factor`, else `sqrt(1 + ln f / ln n)` for a window f times its trained n, as
+    transformers computes it from `max_positions`); else 1."""
     if rope.get("rope_type", "default") == "longrope":
-        return float(rope["attention_factor"])
+        if rope.get("attention_factor") is not None:
+            return float(rope["attention_factor"])
+        trained = rope["original_max_position_embeddings"]
+        factor = rope.get("factor") or (max_positions or trained) / trained
+        return math.sqrt(1 + math.log(factor) / math.log(trained)) if factor > 1 else 1.0
     if rope.get("rope_type", "default") != "yarn":
         return 1.0
     if rope.get("attention_factor") is not None:

@@ -56,7 +56,7 @@ class LeanForward:
             rotary_dims(config),
             decoder.residual_scale,
         )
-        self.logit_scale = decoder.logit_scale
+        self.embedding_scale, self.logit_scale = decoder.embedding_scale, decoder.logit_scale
         self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None, cache,
@@ -68,6 +68,7 @@ class LeanForward:
         `tree_mask` [q, q] makes the forward a tree verification; without one the rows are causal (a single
         token is a decode step, several a prefill)."""
         x = self.embed(tokens)
+        x = x if self.embedding_scale == 1.0 else x * self.embedding_scale  # Granite's
         tables = [rotary(self.angles, positions[None]) for rotary in self.rotaries]
         cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])  # [ropes, q, D]
         prefix = cache.length

@@ -38,7 +38,8 @@ class TorchForward:
     first one; their outputs are copied out of the graphs' buffers, which the next replay overwrites."""
 
     def __init__(self, model, cache: TreeCache):
-        self.decoder = TorchDecoder.from_model(model)  # rotary tables for every position (training shifts them)
+        # rotary tables for every position (training shifts them), LongRoPE's factors for this cache's capacity
+        self.decoder = TorchDecoder.from_model(model, capacity=cache.max_len)
         self.cache = cache
         self.graphed = model.device.type == "cuda"
         self.graphs: dict[tuple[int, ...], GraphedDecoder] = {}  # per set of feature layers read

@@ -1,5 +1,5 @@
-"""A Llama-family decoder of our own in torch (llama, mistral, qwen2, qwen3): the target's forward wherever the
-compiled CPU decoder does not run it (GPUs, fp32 activations).
+"""A Llama-family decoder of our own in torch (llama, mistral, qwen2, qwen3, phi3, granite): the target's forward
+wherever the compiled CPU decoder does not run it (GPUs, fp32 activations).
 
 transformers' modules cost about 1000 kernel launches per forward and cannot be captured whole (their cache
 and mask code runs on the host). Here a layer is four matmuls over fused weights (q/k/v and gate/up each one
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specchat.architectures import parts
-from specchat.architectures.rope import attention_scaling, inverse_frequencies, rope_parameters
+from specchat.architectures.rope import attention_scaling, inverse_frequencies, rope_parameters, uses_long_factors
 from specchat.engine import decoder_ops as ops
 from specchat.engine.attention import sliding_window
 from specchat.engine.cache import TreeCache
@@ -29,7 +29,7 @@ from specchat.engine.forward_output import ForwardOutput
 from specchat.errors import SpecchatError
 from specchat.quant.fused import fuse_projections
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite")
 Projection = torch.Tensor | nn.Module  # a dense weight [out, in], or a layer computing x -> x W^T (+ bias)
 
 
@@ -50,7 +50,8 @@ class Layer:
 
 class TorchDecoder:
     def __init__(self, config, layers: list[Layer], embed: Projection, norm: torch.Tensor, head: Projection,
-                 *, dtype: torch.dtype, device: torch.device, max_positions: int | None = None):  # fmt: skip
+                 *, dtype: torch.dtype, device: torch.device, max_positions: int | None = None,
+                 capacity: int | None = None, scale: float | None = None):  # fmt: skip
         check_config(config)
         self.config = config
         self.layers = layers
@@ -60,11 +61,16 @@ class TorchDecoder:
         self.kv_heads = config.num_key_value_heads or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
-        self.scale = self.head_dim**-0.5
+        self.scale = scale or self.head_dim**-0.5
+        # Granite's multipliers (1 elsewhere): the embedding's rows, each half's output, the logits (divided)
+        self.embedding_scale = getattr(config, "embedding_multiplier", 1.0)
+        self.residual_scale = getattr(config, "residual_multiplier", 1.0)
+        self.logit_scale = getattr(config, "logits_scaling", 1.0)
         positions = torch.arange(max_positions or config.max_position_embeddings, device=device).float()
         rope = rope_parameters(config)
-        angles = positions[:, None] * inverse_frequencies(rope, self.head_dim).to(device)[None]
-        scaling = attention_scaling(rope)  # YaRN's temperature, else 1
+        long = capacity is not None and uses_long_factors(rope, capacity)  # LongRoPE's, for a cache this large
+        angles = positions[:, None] * inverse_frequencies(rope, self.head_dim, long=long).to(device)[None]
+        scaling = attention_scaling(rope, config.max_position_embeddings)  # YaRN's temperature, LongRoPE's, else 1
         self.cos, self.sin = angles.cos() * scaling, angles.sin() * scaling  # [max_positions, D / 2], fp32
 
     @classmethod
@@ -95,7 +101,7 @@ class TorchDecoder:
         embed = decoder.embed.weight if type(decoder.embed) is nn.Embedding else decoder.embed
         head, _ = _projection(decoder.head)
         return cls(model.config, layers, embed, decoder.norm.weight, head, dtype=model.dtype, device=model.device,
-                   **kwargs)  # fmt: skip
+                   scale=decoder.layers[0].scaling, **kwargs)  # fmt: skip
 
     def new_cache(self, capacity: int) -> TreeCache:
         """An allocated cache of `capacity` slots for this decoder."""
@@ -117,6 +123,7 @@ class TorchDecoder:
             tree_mask = torch.ones(rows, rows, dtype=torch.bool, device=tokens.device).tril_()
         length = cache.length_tensor
         x = F.embedding(tokens, self.embed) if isinstance(self.embed, torch.Tensor) else self.embed(tokens)
+        x = x if self.embedding_scale == 1.0 else x * self.embedding_scale
         queries, features = [], {}
         for i, layer in enumerate(self.layers):
             if i in feature_layers:
@@ -128,14 +135,16 @@ class TorchDecoder:
             if every_layer:
                 queries.append(q)
             attended = ops.tree_attention(q, cache.keys, cache.values, i, length, tree_mask, self.scale)
-            x = _add_projection(x, attended.view(rows, -1), layer.o, layer.o_bias)
+            x = _add_projection(x, attended.view(rows, -1), layer.o, layer.o_bias, self.residual_scale)
             h = ops.rms_norm(x, layer.post_norm, self.eps)
             gated = ops.silu_mul(_linear(h, layer.gate_up, layer.gate_up_bias))
-            x = _add_projection(x, gated, layer.down, layer.down_bias)
+            x = _add_projection(x, gated, layer.down, layer.down_bias, self.residual_scale)
         features[len(self.layers)] = x
         normed = ops.rms_norm(x[-1:] if last_only else x, self.norm, self.eps)
         kept = torch.cat([features[i] for i in feature_layers], dim=-1) if feature_layers else x[:, :0]
-        return ForwardOutput(_linear(normed, self.head), x, torch.stack(queries) if every_layer else q, kept)
+        logits = _linear(normed, self.head)
+        logits = logits if self.logit_scale == 1.0 else logits / self.logit_scale
+        return ForwardOutput(logits, x, torch.stack(queries) if every_layer else q, kept)
 
 
 def _projection(module: nn.Module) -> tuple[Projection, torch.Tensor | None]:
@@ -164,11 +173,13 @@ def _linear(x: torch.Tensor, projection: Projection, bias: torch.Tensor | None =
     return F.linear(x, projection, bias)
 
 
-def _add_projection(residual: torch.Tensor, x: torch.Tensor, projection: Projection, bias: torch.Tensor | None):
-    """`residual + x W^T (+ bias)`; a dense product adds the residual in the matmul itself (one kernel)."""
-    if not isinstance(projection, torch.Tensor) or _streams_weight(x):
-        return residual + _linear(x, projection, bias)
-    out = torch.addmm(residual, x, projection.t())
+def _add_projection(residual: torch.Tensor, x: torch.Tensor, projection: Projection, bias: torch.Tensor | None,
+                    scale: float = 1.0) -> torch.Tensor:  # fmt: skip
+    """`residual + scale (x W^T (+ bias))`; a dense product adds the residual in the matmul itself (one kernel)."""
+    if not isinstance(projection, torch.Tensor) or _streams_weight(x) or (bias is not None and scale != 1.0):
+        out = _linear(x, projection, bias)
+        return residual + (out if scale == 1.0 else out * scale)
+    out = torch.addmm(residual, x, projection.t(), alpha=scale)
     return out if bias is None else out + bias
 
 

@@ -44,7 +44,7 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         self.layer_modules = quantized_copy(decoder.layer_modules, weights, dtype=target.dtype)
         self.layers = [decoder.Layer(module) for module in self.layer_modules]
         self.embed, self.norm, self.rotaries = decoder.embed, decoder.norm, decoder.rotaries
-        self.residual_scale = decoder.residual_scale  # Granite's multiplier on each half's output
+        self.embedding_scale, self.residual_scale = decoder.embedding_scale, decoder.residual_scale  # Granite's
         self.head = DraftHead(target, draft.draft_vocab, weights, lm_head=None if draft.student else decoder.head)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -121,6 +121,7 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         [rows, working + tree + rows] says; and per layer the rows' (keys before RoPE, values, rotated keys)
         [kv_heads, rows, D]."""
         x = self.embed(ids)
+        x = x if self.embedding_scale == 1.0 else x * self.embedding_scale
         tables = [self.cache.tables(compact, x, rope) for rope in range(len(self.rotaries))]
         size, rows = self.cache.size, len(ids)
         new = []
