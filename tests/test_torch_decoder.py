@@ -27,8 +27,9 @@ FAMILIES = {
     "qwen3": {"head_dim": 32, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                                   "original_max_position_embeddings": 256}},  # q/k norms; YaRN
     "phi3": {"original_max_position_embeddings": 256, "pad_token_id": 0,  # fused q/k/v and gate/up; LongRoPE
-             "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
-                                 "short_factor": [1.0, 1.1, 1.3, 1.2] * 2, "long_factor": [1.0, 2.0, 4.0, 8.0] * 2}},
+             "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                 "original_max_position_embeddings": 256, "short_factor": [1.0, 1.1, 1.3, 1.2] * 2,
+                                 "long_factor": [1.0, 2.0, 4.0, 8.0] * 2}},
     "granite": {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.05,
                 "logits_scaling": 8.0},  # its multipliers
 }  # fmt: skip
