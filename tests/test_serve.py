@@ -629,6 +629,25 @@ def test_bench_serve_reports_each_client_count():
     assert rows[0]["overhead"] is not None and rows[1]["overhead"] is None
 
 
+def test_a_conversation_without_a_system_message_takes_the_models_own(tokenizer):
+    """An ollama model's SYSTEM goes before a conversation that brings none, as ollama's /api/chat puts it."""
+    from tui_harness import tiny_loaded
+
+    from specchat.engine.generate import Engine
+    from specchat.engine.prompt import encode_chat
+    from specchat.server.app import Served
+    from specchat.server.requests import chat_request
+
+    loaded = tiny_loaded(tokenizer)
+    served = Served(Engine(loaded.model, loaded.tokenizer, max_len=256), loaded.tokenizer, "tiny", frozenset(), "none",
+                    {}, system="Answer in French.")  # fmt: skip
+    user = {"role": "user", "content": "Hi"}
+    own = {"role": "system", "content": "Be brief."}
+    assert served.prompt_ids(chat_request({"messages": [user]})) == encode_chat(
+        tokenizer, [{"role": "system", "content": "Answer in French."}, user])
+    assert served.prompt_ids(chat_request({"messages": [own, user]})) == encode_chat(tokenizer, [own, user])
+
+
 def test_a_prompt_past_the_models_window_is_told_of_yarn_not_of_context(tokenizer):
     """At the model's whole window a larger --context holds no more: the 400 names --yarn instead."""
     from tui_harness import tiny_loaded

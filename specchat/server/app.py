@@ -59,6 +59,7 @@ class Served:
     drafter: str
     defaults: dict  # SamplingConfig fields the model asks for when a request leaves them out
     weights: str = ""  # their format ("q4_k", "int4-g32", "bfloat16"): Ollama's quantization level
+    system: str | None = None  # the system prompt of a conversation that brings none (an ollama model's SYSTEM)
 
     @functools.cached_property
     def tool_format(self) -> ToolFormat | None:
@@ -77,7 +78,10 @@ class Served:
             if request.tools is not None and self.tool_format is None:
                 raise RequestError(f"model '{self.name}' cannot call tools: its chat template does not list them as "
                                    "Qwen's or Llama 3's do", param="tools")  # fmt: skip
-            ids = encode_chat(self.tokenizer, request.messages, request.tools.template() if request.tools else None)
+            messages = request.messages
+            if self.system and not any(message["role"] == "system" for message in messages):
+                messages = [{"role": "system", "content": self.system}, *messages]
+            ids = encode_chat(self.tokenizer, messages, request.tools.template() if request.tools else None)
         elif request.infill is not None:
             if self.fim_markers is None:
                 raise RequestError(f"model '{self.name}' has no fill-in-the-middle tokens: it cannot fill in code",

@@ -108,6 +108,7 @@ def load_served(settings: ServeSettings):
     """Load the model, build the engine and its drafter, and warm them up (the first request then starts warm)."""
     from specchat.chat_template import use_chat_template
     from specchat.loading import decoding_defaults, load_model
+    from specchat.ollama_models import ollama_system
     from specchat.server.app import Served
     from specchat.session import Session
 
@@ -126,7 +127,7 @@ def load_served(settings: ServeSettings):
         pass  # pays the first forward's setup and, on a new machine, the verification-cost timing
     aliases = {settings.model} - {None, loaded.source.name}
     return Served(engine, copy.deepcopy(loaded.tokenizer), loaded.source.name, frozenset(aliases), str(choice),
-                  decoding_defaults(loaded), loaded.weights)  # fmt: skip
+                  decoding_defaults(loaded), loaded.weights, settings.model and ollama_system(settings.model))  # fmt: skip
 
 
 def _listen(host: str, port: int) -> socket.socket:
