@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specchat.architectures import llama_model
 from specchat.architectures.gemma3 import SLIDING
-from specchat.architectures.llama_model import Attention, GenerationConfig, ModelConfig, RotaryEmbedding, Slot
+from specchat.architectures.llama_model import Attention, ModelConfig, RotaryEmbedding, Slot
 
 
 class RMSNorm(nn.Module):
@@ -76,21 +77,15 @@ class Decoder(nn.Module):
         self.rotary_emb_local = RotaryEmbedding(config, SLIDING)
 
 
-class CausalLM(nn.Module):
-    """As `llama_model.CausalLM`: the decoder and its LM head on the meta device until a loader places them."""
+class CausalLM(llama_model.CausalLM):
+    """Llama's `CausalLM` (the decoder and its LM head on the meta device until a loader places them) with Gemma's
+    decoder."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, name_or_path: str = ""):
-        super().__init__()
+    Decoder = Decoder
+
+    @staticmethod
+    def check(config: ModelConfig) -> None:
         if config.hidden_activation != "gelu_pytorch_tanh":
             raise ValueError(f"its MLP's activation is {config.hidden_activation}; specchat runs GELU (tanh) here")
         if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
             raise ValueError("it caps its logits (Gemma 2's soft-capping), which specchat does not compute")
-        self.config = config
-        self.generation_config = GenerationConfig(eos_token_id=getattr(config, "eos_token_id", None))
-        self.dtype, self.name_or_path = dtype, name_or_path
-        self.model = Decoder(config)
-        self.lm_head = Slot(config.vocab_size, config.hidden_size)
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.norm.weight.device

@@ -151,17 +151,24 @@ class Decoder(nn.Module):
 class CausalLM(nn.Module):
     """The decoder and its LM head, every weight on the meta device until a loader places it. `dtype` is the
     activations' (the weights may be blocks of bytes); `name_or_path` the directory of its config (calibrations
-    are kept by it)."""
+    are kept by it). Another architecture's model is this one with its own `Decoder` and `check`."""
+
+    Decoder = Decoder
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, name_or_path: str = ""):
         super().__init__()
-        if config.hidden_act != "silu":
-            raise ValueError(f"its MLP's activation is {config.hidden_act}; specchat runs SiLU MLPs")
+        self.check(config)
         self.config = config
         self.generation_config = GenerationConfig(eos_token_id=getattr(config, "eos_token_id", None))
         self.dtype, self.name_or_path = dtype, name_or_path
-        self.model = Decoder(config)
+        self.model = self.Decoder(config)
         self.lm_head = Slot(config.vocab_size, config.hidden_size)
+
+    @staticmethod
+    def check(config: ModelConfig) -> None:
+        """A ValueError for a config these modules do not compute."""
+        if config.hidden_act != "silu":
+            raise ValueError(f"its MLP's activation is {config.hidden_act}; specchat runs SiLU MLPs")
 
     @property
     def device(self) -> torch.device:

@@ -86,12 +86,12 @@ def serves(model) -> bool:
     """Whether the CPU decoder computes `model`'s forward (given that it builds): a model of `FAMILIES` in
     specchat's own modules (a GGUF file's; sliding windows included), or in transformers' without a sliding window
     (not Phi-3 nor Gemma 3, whose fused projections and norms transformers keeps in its own forms)."""
-    from specchat.architectures import gemma3_model, llama_model
+    from specchat.architectures import llama_model
 
     config = model.config
     if model.device.type != "cpu" or config.model_type not in FAMILIES or _activation(config) is None:
         return False
-    own = isinstance(model, (llama_model.CausalLM, gemma3_model.CausalLM))
+    own = isinstance(model, llama_model.CausalLM)  # Gemma's too
     if not own and (config.model_type in OWN_MODULES_ONLY or sliding_window(config)):
         return False
     return parts(model).layers[0].head_dim in HEAD_DIMS
