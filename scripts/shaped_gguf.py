@@ -3,7 +3,7 @@ that architecture: a speed figure's model where its file cannot be fetched. Its 
 padded with unused tokens to the model's vocabulary (the LM head's size is what a step reads). Quantize it as files
 ship with `scripts/requantize_gguf.py OUT.gguf Q4_K_M.gguf --type q4_k_m --llama-cpp`.
 
-    python scripts/shaped_gguf.py gemma3-1b|phi4-mini OUT.gguf
+    python scripts/shaped_gguf.py gemma3-1b|gemma3-4b|phi4-mini OUT.gguf
 """
 
 from __future__ import annotations
@@ -14,17 +14,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, RopeScalingType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
 from gguf_files import _fields  # noqa: E402
 
 from specchat.loading import embedded_gguf_path  # noqa: E402
 
-# From each model's config.json: google/gemma-3-1b-it, microsoft/Phi-4-mini-instruct
+# From each model's config.json: google/gemma-3-1b-it, google/gemma-3-4b-it (text), microsoft/Phi-4-mini-instruct
 SHAPES = {
     "gemma3-1b": dict(architecture="gemma3", hidden=1152, intermediate=6912, layers=26, heads=4, kv_heads=1,
                       head_dim=256, vocab=262144, context=32768, window=512),
+    "gemma3-4b": dict(architecture="gemma3", hidden=2560, intermediate=10240, layers=34, heads=8, kv_heads=4,
+                      head_dim=256, vocab=262208, context=131072, window=1024, linear_scaling=8.0),
     "phi4-mini": dict(architecture="phi3", hidden=3072, intermediate=8192, layers=32, heads=24, kv_heads=8,
                       head_dim=128, vocab=200064, context=131072, rotated=96, trained=4096),
 }  # fmt: skip
@@ -59,6 +61,9 @@ def main() -> None:
         writer.add_rope_freq_base(1e6)
         writer.add_sliding_window(shape["window"])
         writer.add_key_value("gemma3.rope.freq_base_swa", 10000.0, GGUFValueType.FLOAT32)
+        if "linear_scaling" in shape:  # the full-attention layers' positions stretched
+            writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(shape["linear_scaling"])
     else:  # Phi-3's LongRoPE over its rotated dims
         writer.add_rope_freq_base(10000.0)
         writer.add_rope_dimension_count(shape["rotated"])

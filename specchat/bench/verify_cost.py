@@ -189,14 +189,14 @@ def verify_cost(
 
 
 def fill_cache(cache, length: int, config, dtype: torch.dtype, device: torch.device) -> None:
-    """Bring the cache to `length` committed slots, appending random keys/values through the layers' own
-    update + commit (truncating when it holds more)."""
-    cache.truncate(length)
+    """Bring the cache to `length` committed positions, appending random keys/values through the layers' own
+    update + commit (going back when it holds more, from the start where a sliding window cannot)."""
+    cache.truncate(cache.reach(length))
     kv_heads = config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     cache.allocate(kv_heads, head_dim, dtype, device)
     while cache.length < length:
-        chunk = min(FILL_CHUNK, length - cache.length)
+        chunk = min(FILL_CHUNK, cache.rows_per_forward, length - cache.length)
         for layer in cache.layers:
             keys, values = torch.randn(2, 1, kv_heads, chunk, head_dim, dtype=dtype, device=device)
             layer.update(keys, values)

@@ -1,9 +1,12 @@
 """A static, preallocated KV cache that speculative verification can append to and compact.
 
-Slots `[0, length)` of every layer hold the committed prefix. A forward writes its tokens' keys and
+Positions `[0, length)` of every layer hold the committed prefix. A forward writes its tokens' keys and
 values right after them (the "pending" block) and attends over `[0, length + pending)` — a view, never a
 copy of the past. `commit(kept)` then keeps a subset of the pending block, in order, moving it down to
 `length ...` in every layer; dropping the rest is a pointer move. Memory is allocated once per session.
+
+A sliding-window layer (Gemma 3's five in six, Phi-3-mini's) holds only the positions its rows still see: its
+window and a forward's rows (`WindowKVLayer`), so a long context costs its full-attention layers' keys alone.
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ class TreeKVLayer:
     """One layer's keys/values, `[1, kv_heads, max_len, head_dim]`: views of the cache's, once it allocates them."""
 
     def __init__(self, max_len: int):
-        self.max_len = max_len
-        self.length = 0  # committed slots
-        self.pending = 0  # slots written by the last forward, not yet committed
+        self.max_len = max_len  # positions it can hold
+        self.slots = max_len  # slots it allocates: one per position
+        self.first = 0  # the position slot 0 holds
+        self.length = 0  # committed positions
+        self.pending = 0  # positions written by the last forward, not yet committed
         self.is_initialized = False
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Hold `keys` and `values` [1, kv_heads, max_len, D] (the cache's for this layer)."""
+        """Hold `keys` and `values` [1, kv_heads, slots, D] (the cache's for this layer)."""
         self.keys, self.values, self.is_initialized = keys, values, True
 
     def reserve(self, rows: int) -> tuple[torch.Tensor, ...]:
@@ -50,7 +55,7 @@ class TreeKVLayer:
         return self._held()
 
     def _held(self) -> tuple[torch.Tensor, ...]:
-        """What the CPU decoder's forward takes of this layer: keys and values [heads, max_len, D]."""
+        """What the CPU decoder's forward takes of this layer: keys and values [heads, slots, D]."""
         return self.keys[0], self.values[0]
 
     def _stored(self, length: int) -> tuple[torch.Tensor, ...]:
@@ -66,6 +71,24 @@ class TreeKVLayer:
         for held, saved in zip(self._stored(length), parts):
             held.copy_(saved[tuple(slice(0, n) for n in held.shape)])
         self.length, self.pending = length, 0
+
+    def holds(self, length: int) -> bool:
+        """Whether it still holds what a row at position `length` sees (all committed positions: yes)."""
+        return True
+
+    def truncate(self, length: int) -> None:
+        """Forget the positions from `length` on (`holds(length)` first)."""
+        self.length = min(self.length, length)
+        self.pending = 0
+
+    @property
+    def rows_per_forward(self) -> int:
+        """The most rows one forward may write (the slots left past the prefix bound them too)."""
+        return self.slots
+
+    def restorable(self, parts: tuple[torch.Tensor, ...], length: int) -> bool:
+        """Whether `restore(parts, length)` can be done: `parts` hold what a row at `length` sees."""
+        return True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Write keys and values [1, kv_heads, n, D] after the prefix, pending (a benchmark's random context)."""
@@ -89,7 +112,7 @@ class TreeKVLayer:
     def commit(self, kept: torch.Tensor | None, count: int) -> None:
         """Keep `count` pending slots: the first `count` when `kept` is None, else those at offsets `kept`."""
         if kept is not None:
-            start = self.length
+            start = self.length - self.first
             self.keys[:, :, start : start + count] = self.keys[:, :, start + kept]
             self.values[:, :, start : start + count] = self.values[:, :, start + kept]
         self.length += count
@@ -98,6 +121,95 @@ class TreeKVLayer:
     @property
     def device(self) -> torch.device:
         return self.keys.device
+
+
+WINDOW_HEADROOM = 512  # slots a sliding-window layer keeps past its window: the most rows one forward writes there
+
+
+class WindowKVLayer(TreeKVLayer):
+    """A sliding-window layer's keys and values: a row at position p sees only p - window + 1 .. p, so the layer
+    holds `window + WINDOW_HEADROOM` slots, slot 0 holding position `first`. When a forward's rows would pass the
+    last slot, what its first row sees moves down to slot 0 (a window's copy every few hundred positions) and
+    `first` moves up. Positions before `first` are gone: `read` refuses them, and the cache cannot go back before
+    `first + window - 1` (`holds`); a forward writes at most WINDOW_HEADROOM + 1 rows."""
+
+    def __init__(self, max_len: int, window: int):
+        super().__init__(max_len)
+        self.window = window
+        self.slots = window + WINDOW_HEADROOM
+
+    def seen_from(self, position: int) -> int:
+        """The first position a row at `position` sees."""
+        return max(0, position - self.window + 1)
+
+    def holds(self, length: int) -> bool:
+        return length == 0 or self.first <= self.seen_from(length)
+
+    def truncate(self, length: int) -> None:
+        if length == 0:
+            self.first = 0
+        super().truncate(length)
+
+    @property
+    def rows_per_forward(self) -> int:
+        return self.slots - self.window + 1
+
+    def restorable(self, parts: tuple[torch.Tensor, ...], length: int) -> bool:
+        return _held_from(parts) <= self.seen_from(length)
+
+    def _claim(self, rows: int) -> int:
+        end = super()._claim(rows)
+        if end - self.first > self.slots:
+            self._move_down(end)
+        return end
+
+    def _move_down(self, end: int) -> None:
+        """Move what the next rows see (from `seen_from(length)`) down to slot 0, so positions up to `end` fit."""
+        first = self.seen_from(self.length)
+        if end - first > self.slots:
+            raise RuntimeError(f"a forward of {end - self.length} rows does not fit a window's {self.slots} slots")
+        kept = slice(first - self.first, self.length - self.first)
+        for part in (self.keys, self.values):
+            part[:, :, : self.length - first] = part[:, :, kept].clone()
+        self.first = first
+
+    def _stored(self, length: int) -> tuple[torch.Tensor, ...]:
+        return self.keys[:, :, : length - self.first], self.values[:, :, : length - self.first]
+
+    def copy(self, length: int) -> tuple[torch.Tensor, ...]:
+        """What it holds of the first `length` positions, and the position that starts at: for `restore` later."""
+        return (*super().copy(length), torch.tensor([self.first]))
+
+    def restore(self, parts: tuple[torch.Tensor, ...], length: int) -> None:
+        """Hold what a row at `length` sees, from `parts` (this layer's `copy`, or a whole layer's)."""
+        if not self.restorable(parts, length):
+            raise RuntimeError(f"the copy no longer holds what position {length} sees")
+        keys, values, *_ = parts
+        start, first = _held_from(parts), self.seen_from(length)
+        for held, saved in zip((self.keys, self.values), (keys, values)):
+            held[:, :, : length - first] = saved[:, :, first - start : length - start]
+        self.first, self.length, self.pending = first, length, 0
+
+    def read(self, slots: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values [heads, n, D] at positions `slots`: the held ones only."""
+        if isinstance(slots, slice):
+            start, stop, _ = slots.indices(self.length + self.pending)
+            gone = start < min(stop, self.first)
+            slots = slice(max(0, start - self.first), max(0, stop - self.first))
+        else:
+            gone = slots.numel() > 0 and int(slots.min()) < self.first
+            slots = slots - self.first
+        if gone:
+            raise SpecchatError(
+                f"the target's sliding-window layers keep only their last {self.window} keys: a drafter that reads "
+                "the target's whole cache cannot draft for it"
+            )
+        return super().read(slots)
+
+
+def _held_from(parts: tuple[torch.Tensor, ...]) -> int:
+    """The position a layer's `copy` starts at: a window layer's names it last, a whole layer's starts at 0."""
+    return int(parts[2]) if len(parts) == 3 else 0
 
 
 TILE = 16  # slots in an int8 cache's tile
@@ -199,18 +311,22 @@ def _quantized(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class TreeCache:
     """The target's KV cache for one session: a `TreeKVLayer` per decoder layer (an `Int8KVLayer` with
-    `kv_cache="int8"`).
+    `kv_cache="int8"`, a `WindowKVLayer` where `windows` gives the layer a sliding window shorter than the cache).
 
-    `allocate` lays every layer's keys and values out in two tensors `[layers, 1, kv_heads, max_len, D]` (`keys`,
-    `values`; each layer's are views of them), and `length_tensor` holds the committed length on the device: what
-    the torch decoder's kernels read, so a CUDA graph of its forward replays at any length."""
+    `allocate` lays the layers' keys and values out in a pair of tensors `[layers, 1, kv_heads, slots, D]` per
+    size of layer (`stacks`; each layer's are views of them). Where every layer holds every position, `keys` and
+    `values` are that pair, and `length_tensor` holds the committed length on the device: what the torch
+    decoder's kernels read, so a CUDA graph of its forward replays at any length."""
 
-    def __init__(self, num_layers: int, max_len: int, kv_cache: str = "auto"):
+    def __init__(self, num_layers: int, max_len: int, kv_cache: str = "auto", windows: Sequence[int] = ()):
         layer = {"auto": TreeKVLayer, "int8": Int8KVLayer}[kv_cache]
-        self.layers = [layer(max_len) for _ in range(num_layers)]
+        windows = list(windows) or [0] * num_layers
+        self.layers = [WindowKVLayer(max_len, window) if kv_cache == "auto" and 0 < window < max_len - WINDOW_HEADROOM
+                       else layer(max_len) for window in windows]  # fmt: skip
         self.max_len = max_len
         self.kv_cache = kv_cache
-        self.keys: torch.Tensor | None = None  # [layers, 1, kv_heads, max_len, D] once allocated (not int8)
+        self.stacks: list[tuple[list[TreeKVLayer], torch.Tensor, torch.Tensor]] = []  # once allocated (not int8)
+        self.keys: torch.Tensor | None = None  # [layers, 1, kv_heads, max_len, D] where every layer holds all
         self.values: torch.Tensor | None = None
         self.length_tensor: torch.Tensor | None = None  # [1] int32 on the cache's device
 
@@ -222,11 +338,15 @@ class TreeCache:
             for layer in self.layers:
                 layer.allocate(heads, head_dim, dtype, device)
         else:
-            shape = (len(self.layers), 1, heads, self.max_len, head_dim)
-            self.keys = torch.zeros(shape, dtype=dtype, device=device)
-            self.values = torch.zeros(shape, dtype=dtype, device=device)
-            for layer, keys, values in zip(self.layers, self.keys, self.values):
-                layer.adopt(keys, values)
+            for slots in sorted({layer.slots for layer in self.layers}, reverse=True):
+                members = [layer for layer in self.layers if layer.slots == slots]
+                shape = (len(members), 1, heads, slots, head_dim)
+                keys, values = (torch.zeros(shape, dtype=dtype, device=device) for _ in range(2))
+                for layer, layer_keys, layer_values in zip(members, keys, values):
+                    layer.adopt(layer_keys, layer_values)
+                self.stacks.append((members, keys, values))
+            if len(self.stacks) == 1:
+                _, self.keys, self.values = self.stacks[0]
         self.length_tensor = torch.zeros(1, dtype=torch.int32, device=device)
 
     def allocate_like(self, other: TreeCache) -> None:
@@ -257,36 +377,57 @@ class TreeCache:
             index, count = None, pending if kept is None else len(kept)
         else:
             index, count = torch.as_tensor(kept, device=self.layers[0].device), len(kept)
-        if index is not None and self.keys is not None:  # one move for every layer
-            start = self.length
-            self.keys[:, :, :, start : start + count] = self.keys[:, :, :, start + index]
-            self.values[:, :, :, start : start + count] = self.values[:, :, :, start + index]
+        if index is not None and self.stacks:  # one move for each stack of layers
+            for members, keys, values in self.stacks:
+                start = members[0].length - members[0].first  # a stack's layers move down together
+                keys[:, :, :, start : start + count] = keys[:, :, :, start + index]
+                values[:, :, :, start : start + count] = values[:, :, :, start + index]
             index = None
         for layer in self.layers:
             layer.commit(index, count)
 
-    def reserve(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype, device) -> tuple[list, list, list | None]:
-        """Every layer's keys and values [heads, max_len, D] and, in int8, their scales (else None), `rows` slots
-        after the prefix set pending: what the compiled CPU decoder's forward takes."""
+    def reserve(self, rows: int, heads: int, head_dim: int, dtype: torch.dtype,
+                device) -> tuple[list, list, list | None, list[int]]:  # fmt: skip
+        """Every layer's keys and values [heads, slots, D] and, in int8, their scales (else None), `rows` positions
+        after the prefix set pending, and the position each layer's slot 0 holds: what the compiled CPU decoder's
+        forward takes."""
         self.allocate(heads, head_dim, dtype, device)
         reserved = [layer.reserve(rows) for layer in self.layers]
         keys, values, *scales = zip(*reserved)
-        return list(keys), list(values), list(scales[0]) if scales else None
+        return list(keys), list(values), list(scales[0]) if scales else None, [layer.first for layer in self.layers]
+
+    @property
+    def rows_per_forward(self) -> int:
+        """The most rows one forward may write: a longer prompt is fed in pieces (sliding-window layers hold only
+        their window and this many more)."""
+        return min(layer.rows_per_forward for layer in self.layers)
+
+    def reach(self, length: int) -> int:
+        """How far back the cache can go towards `length` committed positions: `length` where every layer still
+        holds what a row at `length` sees, else 0 (a sliding window moved past it; as llama.cpp, start again)."""
+        length = min(length, self.length)
+        return length if all(layer.holds(length) for layer in self.layers) else 0
 
     def truncate(self, length: int) -> None:
-        """Forget everything after the first `length` committed slots (a pointer move)."""
+        """Forget everything after the first `length` committed positions (a pointer move); `reach` says how far
+        back it can go."""
+        if not all(layer.holds(min(length, layer.length)) for layer in self.layers):
+            raise RuntimeError(f"the cache no longer holds what position {length} sees (ask `reach` first)")
         for layer in self.layers:
-            layer.length = min(layer.length, length)
-            layer.pending = 0
+            layer.truncate(length)
 
     def copy(self, length: int) -> list[tuple[torch.Tensor, ...]]:
         """Every layer's first `length` committed slots, copied (`PrefixStore` keeps them)."""
         return [layer.copy(length) for layer in self.layers]
 
     def restore(self, layers: list[tuple[torch.Tensor, ...]], length: int) -> None:
-        """The first `length` slots of every layer back as `copy(length)` took them."""
+        """The first `length` positions of every layer back as `copy(length)` (of `length` or more) took them."""
         for layer, parts in zip(self.layers, layers):
             layer.restore(parts, length)
+
+    def restorable(self, layers: list[tuple[torch.Tensor, ...]], length: int) -> bool:
+        """Whether `restore(layers, length)` can be done (a sliding window's copy holds its last positions only)."""
+        return all(layer.restorable(parts, length) for layer, parts in zip(self.layers, layers))
 
 
 def token_bytes(model, kv_cache: str = "auto") -> int:
@@ -300,10 +441,11 @@ def token_bytes(model, kv_cache: str = "auto") -> int:
     return config.num_hidden_layers * config.num_key_value_heads * slot_bytes
 
 
-def check_cache_fits(model, max_len: int, kv_cache: str = "auto") -> None:
-    """Refuse, in one line, a cache that cannot be allocated: it is allocated once, for the whole session,
+def check_cache_fits(model, cache: TreeCache) -> None:
+    """Refuse, in one line, a cache (not yet allocated) that cannot be: it is allocated once, for the whole session,
     so this is known before the first token (not 90K tokens into a book)."""
-    need = max_len * token_bytes(model, kv_cache)
+    slots = sum(layer.slots for layer in cache.layers)  # sliding windows' layers hold fewer
+    need = token_bytes(model, cache.kv_cache) * slots // len(cache.layers)
     if model.device.type == "cuda":
         free = torch.cuda.mem_get_info(model.device)[0]
     elif model.device.type == "cpu":
@@ -312,6 +454,6 @@ def check_cache_fits(model, max_len: int, kv_cache: str = "auto") -> None:
         return
     if need > free:
         raise SpecchatError(
-            f"the KV cache for {max_len} tokens needs {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB is free; "
+            f"the KV cache for {cache.max_len} tokens needs {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB is free; "
             "ask for fewer tokens of context"
         )

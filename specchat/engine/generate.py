@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
+from specchat.architectures import parts
 from specchat.architectures.llama import LlamaParts
 from specchat.disk_cache import cache_dir
 from specchat.engine.attention import sliding_window
@@ -74,8 +75,9 @@ class Engine:
         self.max_len = min((max_len or self.context_window) + self.tree_capacity, self.context_window)
         self.device = model.device
         self.eos_ids = eos_ids(model, tokenizer)
-        check_cache_fits(model, self.max_len, kv_cache)
-        self.cache = TreeCache(model.config.num_hidden_layers, self.max_len, kv_cache)
+        windows = [layer.window for layer in parts(model).layers]  # a sliding window's layers hold it alone
+        self.cache = TreeCache(model.config.num_hidden_layers, self.max_len, kv_cache, windows)
+        check_cache_fits(model, self.cache)
         with first_use("preparing the CPU decoder (compiled once per machine, a minute or more)"):
             self.forward = target_forward(model, self.cache)
         self.canonical = isinstance(self.forward, LeanForward)  # the compiled CPU decoder runs it
@@ -401,12 +403,12 @@ class Engine:
             shared = int(same.cumprod(0).sum()) if limit else 0
         if reuse and self.prefixes is not None:
             shared = self.prefixes.reuse(prompt_ids, self.ids[: self.cache.length].tolist(), shared, self.cache)
+        shared = self.cache.reach(shared)
         self.cache.truncate(shared)
         stats.reused_tokens = shared
         self.ids[: len(prompt_ids)] = prompt
         self.length = len(prompt_ids)
-        logits, hidden = self._forward(prompt[shared:], last_only=True, feature_layers=self.state_layers)
-        self.cache.commit()
+        logits, hidden = self._feed(prompt[shared:], feature_layers=self.state_layers)
         self._keep_query(-1)
         if self.drafter is not None:
             self.drafter.prefill(prompt_ids, hidden, shared)
@@ -437,8 +439,9 @@ class Engine:
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
         self.cache.truncate(0)
         scored: list[TokenLogprob | None] = [None]
-        for start in range(0, len(prompt_ids), PROMPT_CHUNK):
-            logits, _ = self._forward(ids[start : start + PROMPT_CHUNK])
+        chunk = min(PROMPT_CHUNK, self.cache.rows_per_forward)
+        for start in range(0, len(prompt_ids), chunk):
+            logits, _ = self._forward(ids[start : start + chunk])
             self.cache.commit()
             following = prompt_ids[start + 1 : start + 1 + logits.shape[0]]  # the token each row predicts
             scored += token_logprobs(logits, list(range(len(following))), following, top) if following else []
@@ -455,8 +458,7 @@ class Engine:
         `self.cache` until the next request. `positions` default to 0, 1, ..."""
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         self.cache.truncate(0)
-        _, hidden = self._forward(tokens, positions=positions, last_only=True, feature_layers=feature_layers)
-        self.cache.commit()
+        _, hidden = self._feed(tokens, positions=positions, feature_layers=feature_layers)
         self.ids[: len(ids)] = tokens  # a later request may reuse this KV like any other prefix
         self.length = len(ids)
         return hidden
@@ -514,6 +516,19 @@ class Engine:
         out = self.forward(tokens, positions, tree_mask, cache, last_only=last_only, feature_layers=feature_layers)
         self._queries = out.queries
         return out.logits, (out.features if feature_layers else out.hidden)
+
+    def _feed(self, tokens: torch.Tensor, *, positions=None, feature_layers: tuple[int, ...] = ()):
+        """`_forward` over `tokens` after the cached prefix, committed, in pieces of at most the rows one forward may
+        write (a sliding window's layers hold only a few hundred past their window; else one piece) -> the last
+        row's logits [1, vocab] and every row's output (or features) as `_forward` gives them."""
+        step, outputs = self.cache.rows_per_forward, []
+        for start in range(0, tokens.shape[0], step):
+            piece = None if positions is None else positions[start : start + step]
+            logits, rows = self._forward(tokens[start : start + step], positions=piece, last_only=True,
+                                         feature_layers=feature_layers)  # fmt: skip
+            self.cache.commit()
+            outputs.append(rows)
+        return logits, torch.cat(outputs)
 
     def _keep_query(self, row: int) -> None:
         """The last forward's row `row` is now the newest position in the cache: keep its query (fp32, a copy)."""

@@ -72,10 +72,10 @@ class LeanForward:
         tables = [rotary(self.angles, positions[None]) for rotary in self.rotaries]
         cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])  # [ropes, q, D]
         prefix = cache.length
-        keys, values, scales = cache.reserve(tokens.shape[0], self.kv_heads, self.head_dim, x.dtype, x.device)
+        keys, values, scales, firsts = cache.reserve(tokens.shape[0], self.kv_heads, self.head_dim, x.dtype, x.device)
         normed, hidden, queries, features = self.native.forward(
             self.decoder, x, cos, sin, keys, values, prefix, tree_mask, last_only, scales, every_layer,
-            list(feature_layers),
+            list(feature_layers), firsts,
         )
         logits = self.head(normed)
         logits = logits if self.logit_scale == 1.0 else logits / self.logit_scale  # Granite's

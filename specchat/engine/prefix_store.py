@@ -41,7 +41,7 @@ class PrefixStore:
         best, longer = self._longest(prompt)
         if shared < len(current):
             self._keep(current, cache, spare=best if longer > shared else None)
-        if longer <= shared:
+        if longer <= shared or not cache.restorable(best.layers, longer):  # a window's copy holds its end only
             return shared
         cache.restore(best.layers, longer)
         self.kept.remove(best)

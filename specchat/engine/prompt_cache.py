@@ -47,7 +47,7 @@ def read_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> int:
     is always run, for its logits), where it is longer than what the engine's own cache shares with the prompt; how
     many tokens the engine then holds of it. The file is not read when there is none, or it is another model's.
     Raises OSError for a file that cannot be read (cut short)."""
-    held = _shared(engine.ids[: engine.cache.length].tolist(), prompt_ids)
+    held = engine.cache.reach(_shared(engine.ids[: engine.cache.length].tolist(), prompt_ids))
     if not path.exists() or not engine.exact_reuse or safetensors_metadata(path).get("identity") != identity(engine):
         return held
     with _as_os_error(), safe_open(path, "pt") as file:
@@ -60,6 +60,8 @@ def read_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> int:
         for key in parts:
             layers[int(key.split(".")[0])].append(file.get_tensor(key))
         dtype = getattr(torch, file.metadata()["dtype"].removeprefix("torch."))
+    if not engine.cache.restorable(layers, shared):  # a sliding window's layers hold the file's last positions only
+        return held
     engine.hold_prefix(cached[:shared], [tuple(parts) for parts in layers], dtype)
     return shared
 

@@ -1029,12 +1029,13 @@ PlainKv<T> from_slot(const PlainKv<T>& cache, int64_t first, int64_t dim) {
   return {cache.keys + first * dim, cache.values + first * dim, cache.slots};
 }
 
-// `attend_rows` in a sliding window: row r (at position prefix + tails[r].size() - 1; its tail's k-th slot at
-// prefix + k) sees the keys from position p - window + 1 on. Its key sequence starts there, so the cache is read
-// from that slot, as a decode step at p reads it: runs of rows whose windows start together attend in one call.
+// `attend_rows` in a sliding window: row r (at position prefix + tails[r].size() - 1; its tail's k-th key at
+// position prefix + k) sees the keys from position p - window + 1 on. Its key sequence starts there, so the cache
+// is read from that key's slot, as a decode step at p reads it: runs of rows whose windows start together attend
+// in one call. The cache's slot 0 holds position `first` (a window's cache keeps only the last positions).
 template <typename T, typename Kv>
 void attend_window(const float* queries, const Kv& cache, int64_t prefix, const std::vector<int64_t>* tails,
-                   int64_t rows, T* out, const Decoder& decoder, int64_t window) {
+                   int64_t rows, T* out, const Decoder& decoder, int64_t window, int64_t first) {
   if constexpr (std::is_same_v<Kv, Int8Kv>) {
     TORCH_CHECK(false, "an int8 cache does not run sliding-window layers");
   } else {
@@ -1044,40 +1045,43 @@ void attend_window(const float* queries, const Kv& cache, int64_t prefix, const 
       return std::max<int64_t>(0, position - window + 1);
     };
     for (int64_t r = 0; r < rows;) {
-      const int64_t first = first_key(r), shift = std::min(first, prefix);
+      const int64_t seen_from = first_key(r), shift = std::min(seen_from, prefix);
+      TORCH_CHECK(shift >= first, "a window's cache no longer holds the keys a row sees");
       int64_t end = r + 1;
-      while (end < rows && first_key(end) == first) ++end;
+      while (end < rows && first_key(end) == seen_from) ++end;
       std::vector<std::vector<int64_t>> seen(end - r);
       for (int64_t i = r; i < end; ++i) {
         for (size_t k = 0; k < tails[i].size(); ++k) {
-          if (prefix + static_cast<int64_t>(k) >= first) seen[i - r].push_back(tails[i][k] - shift);
+          if (prefix + static_cast<int64_t>(k) >= seen_from) seen[i - r].push_back(tails[i][k] - shift);
         }
       }
-      attend_rows<T>(queries + r * stride, from_slot(cache, shift, decoder.head_dim), prefix - shift, seen.data(),
-                     end - r, out + r * stride, decoder);
+      attend_rows<T>(queries + r * stride, from_slot(cache, shift - first, decoder.head_dim), prefix - shift,
+                     seen.data(), end - r, out + r * stride, decoder);
       r = end;
     }
   }
 }
 
-// Rotate the rows' queries and keys, write keys and values to the cache at [written, written + rows), and attend:
-// through `tails` (a tree: one per row), else causally (written = prefix).
+// Rotate the rows' queries and keys, write keys and values to the cache at positions [written, written + rows),
+// and attend: through `tails` (a tree: one per row), else causally (written = prefix). The cache's slot 0 holds
+// position `first` (0 but in a sliding window's cache).
 template <typename T, typename Kv>
 void attention(const Layer& layer, const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
-               const Kv& cache, int64_t prefix, int64_t written, const std::vector<std::vector<int64_t>>* tails,
-               at::Tensor& out, const Decoder& decoder, float* kept_queries) {
+               const Kv& cache, int64_t first, int64_t prefix, int64_t written,
+               const std::vector<std::vector<int64_t>>* tails, at::Tensor& out, const Decoder& decoder,
+               float* kept_queries) {
   const int64_t rows = qkv.size(0), heads = decoder.heads, kv_heads = decoder.kv_heads, dim = decoder.head_dim;
   std::vector<float> queries(rows * heads * dim);
   const at::Tensor& c = cos.dim() == 3 ? cos[layer.rope] : cos;
   const at::Tensor& s = sin.dim() == 3 ? sin[layer.rope] : sin;
-  rotate_and_cache<T>(qkv.data_ptr<T>(), c.data_ptr<float>(), s.data_ptr<float>(), queries.data(), cache, written,
-                      rows, heads, kv_heads, dim, decoder.rotary_dims, layer.q_norm, layer.k_norm,
+  rotate_and_cache<T>(qkv.data_ptr<T>(), c.data_ptr<float>(), s.data_ptr<float>(), queries.data(), cache,
+                      written - first, rows, heads, kv_heads, dim, decoder.rotary_dims, layer.q_norm, layer.k_norm,
                       static_cast<float>(decoder.eps));
   if (kept_queries) std::copy(queries.begin(), queries.end(), kept_queries);
   T* out_data = out.data_ptr<T>();
   const auto attend = [&](const float* q, int64_t first_prefix, const std::vector<int64_t>* row_tails, int64_t n,
                           T* o) {
-    if (layer.window) return attend_window<T>(q, cache, first_prefix, row_tails, n, o, decoder, layer.window);
+    if (layer.window) return attend_window<T>(q, cache, first_prefix, row_tails, n, o, decoder, layer.window, first);
     attend_rows<T>(q, cache, first_prefix, row_tails, n, o, decoder);
   };
   if (tails) return attend(queries.data(), prefix, tails->data(), rows, out_data);
@@ -1088,13 +1092,13 @@ void attention(const Layer& layer, const at::Tensor& qkv, const at::Tensor& cos,
   }
 }
 
-// A layer's attention half over its cache: queries, keys and values projected from `normed`, the rows written at
-// [prefix + span - rows, prefix + span) and attending as `mask` [rows, span] says (none: causally, span = rows);
-// the heads' outputs in `attended`.
+// A layer's attention half over its cache (slot 0 at position `first`): queries, keys and values projected from
+// `normed`, the rows written at positions [prefix + span - rows, prefix + span) and attending as `mask` [rows, span]
+// says (none: causally, span = rows); the heads' outputs in `attended`.
 template <typename T>
 void attention_half(const Layer& layer, const Decoder& decoder, const at::Tensor& normed, const at::Tensor& cos,
                     const at::Tensor& sin, at::Tensor& keys, at::Tensor& values, const at::Tensor* scales,
-                    int64_t prefix, const std::optional<at::Tensor>& mask,
+                    int64_t first, int64_t prefix, const std::optional<at::Tensor>& mask,
                     const std::vector<std::vector<int64_t>>& tails, at::Tensor& attended, float* kept) {
   const at::Tensor qkv = layer.qkv(normed).contiguous();
   const int64_t written = prefix + (mask ? mask->size(1) : qkv.size(0)) - qkv.size(0);
@@ -1102,10 +1106,10 @@ void attention_half(const Layer& layer, const Decoder& decoder, const at::Tensor
   const int64_t slots = keys.size(1);
   if (scales) {
     const Int8Kv cache{keys.data_ptr<uint8_t>(), values.data_ptr<int8_t>(), scales->data_ptr<float>(), slots};
-    attention<T>(layer, qkv, cos, sin, cache, prefix, written, tree, attended, decoder, kept);
+    attention<T>(layer, qkv, cos, sin, cache, first, prefix, written, tree, attended, decoder, kept);
   } else {
     const PlainKv<T> cache{keys.data_ptr<T>(), values.data_ptr<T>(), slots};
-    attention<T>(layer, qkv, cos, sin, cache, prefix, written, tree, attended, decoder, kept);
+    attention<T>(layer, qkv, cos, sin, cache, first, prefix, written, tree, attended, decoder, kept);
   }
 }
 
@@ -1140,8 +1144,9 @@ template <typename T>
 std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, const at::Tensor& cos,
                                       const at::Tensor& sin, std::vector<at::Tensor>& keys,
                                       std::vector<at::Tensor>& values, const std::vector<at::Tensor>* scales,
-                                      int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only,
-                                      bool every_layer, const std::vector<int64_t>& feature_layers) {
+                                      const std::vector<int64_t>& firsts, int64_t prefix,
+                                      const std::optional<at::Tensor>& mask, bool last_only, bool every_layer,
+                                      const std::vector<int64_t>& feature_layers) {
   const int64_t rows = x.size(0), hidden = x.size(1);
   const float eps = static_cast<float>(decoder.eps);
   const auto tails = mask ? tails_of(rows, prefix, mask) : std::vector<std::vector<int64_t>>{};
@@ -1162,8 +1167,8 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
     rms_norm<T>(x.data_ptr<T>(), layer.attention_norm, normed.data_ptr<T>(), rows, hidden, eps);
     float* kept = every_layer ? queries[i].data_ptr<float>()
                   : i + 1 == decoder.layers.size() ? queries[0].data_ptr<float>() : nullptr;
-    attention_half<T>(layer, decoder, normed, cos, sin, keys[i], values[i], scales ? &(*scales)[i] : nullptr, prefix,
-                      mask, tails, attended, kept);
+    attention_half<T>(layer, decoder, normed, cos, sin, keys[i], values[i], scales ? &(*scales)[i] : nullptr,
+                      firsts[i], prefix, mask, tails, attended, kept);
     layer_rest<T>(layer, decoder, x, attended, normed, gated);
   }
   keep_features(static_cast<int64_t>(decoder.layers.size()));
@@ -1187,12 +1192,14 @@ void check_mask(const std::optional<at::Tensor>& mask, int64_t rows) {
 // with `scales` (each layer's [kv_heads, slots / 16, D / 32 + 1, 16] fp32) an int8 cache instead: keys uint8,
 // values int8 and scales as int8_dots.h lays them out, slots a multiple of 16. mask [rows, span] bool: a tree
 // (`tails_of`: the rows are the last of `span` slots after the prefix, and see those their row marks, up to their
-// own); none: causal. cos / sin [rows, D] fp32, or [ropes, rows, D] with a table per `Layer::rope`.
+// own); none: causal. cos / sin [rows, D] fp32, or [ropes, rows, D] with a table per `Layer::rope`. `firsts`: the
+// position each layer's slot 0 holds (none: 0 for all): a sliding-window layer's cache may keep only the last
+// positions, down to the first its earliest row sees.
 std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedded, const at::Tensor& cos,
                                 const at::Tensor& sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                                 int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only,
                                 const std::optional<std::vector<at::Tensor>>& scales, bool every_layer,
-                                const std::vector<int64_t>& feature_layers) {
+                                const std::vector<int64_t>& feature_layers, const std::vector<int64_t>& firsts) {
   TORCH_CHECK(embedded.dim() == 2, "x must be [rows, hidden]");
   with_head_dim(decoder.head_dim, [](auto) {});
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
@@ -1202,10 +1209,15 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
     TORCH_CHECK(!layer.window || !scales, "an int8 cache does not run sliding-window layers");
   }
   TORCH_CHECK(keys.size() == decoder.layers.size() && values.size() == keys.size(), "one cache per layer");
+  TORCH_CHECK(firsts.empty() || firsts.size() == keys.size(), "one first position per layer");
+  const std::vector<int64_t> held_from = firsts.empty() ? std::vector<int64_t>(keys.size()) : firsts;
   const int64_t rows = embedded.size(0);
   for (size_t i = 0; i < keys.size(); ++i) {
+    const int64_t first = held_from[i], window = decoder.layers[i].window;
+    TORCH_CHECK(first == 0 || (window && first >= 0 && first <= std::max<int64_t>(0, prefix - window + 1)),
+                "only a sliding window's cache may start past position 0, and not past its first row's window");
     TORCH_CHECK(keys[i].is_contiguous() && values[i].is_contiguous(), "caches must be contiguous");
-    TORCH_CHECK(prefix + (mask ? mask->size(1) : rows) <= keys[i].size(1), "the cache has no room for the rows");
+    TORCH_CHECK(prefix + (mask ? mask->size(1) : rows) - first <= keys[i].size(1), "the cache has no room for the rows");
     if (!scales) {
       TORCH_CHECK(keys[i].scalar_type() == embedded.scalar_type() && values[i].scalar_type() == embedded.scalar_type(),
                   "caches must have the activations' dtype");
@@ -1230,13 +1242,13 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
   const std::vector<at::Tensor>* int8_scales = scales ? &*scales : nullptr;
   switch (x.scalar_type()) {
     case at::kFloat:
-      return forward_typed<float>(decoder, x, c, s, keys, values, int8_scales, prefix, mask, last_only,
+      return forward_typed<float>(decoder, x, c, s, keys, values, int8_scales, held_from, prefix, mask, last_only,
                                      every_layer, feature_layers);
     case at::kBFloat16:
-      return forward_typed<at::BFloat16>(decoder, x, c, s, keys, values, int8_scales, prefix, mask, last_only,
+      return forward_typed<at::BFloat16>(decoder, x, c, s, keys, values, int8_scales, held_from, prefix, mask, last_only,
                                             every_layer, feature_layers);
     case at::kHalf:
-      return forward_typed<at::Half>(decoder, x, c, s, keys, values, int8_scales, prefix, mask, last_only,
+      return forward_typed<at::Half>(decoder, x, c, s, keys, values, int8_scales, held_from, prefix, mask, last_only,
                                      every_layer, feature_layers);
     default: TORCH_CHECK(false, "activations must be float32, bfloat16 or float16");
   }
@@ -1269,7 +1281,7 @@ std::vector<at::Tensor> eagle3_typed(const Eagle3Layer& draft, const at::Tensor&
   at::Tensor attended = at::empty({rows, decoder.heads * decoder.head_dim}, hidden.options());
   at::Tensor gated = at::empty({rows, decoder.intermediate}, hidden.options());
   const auto tails = mask ? tails_of(rows, prefix, mask) : std::vector<std::vector<int64_t>>{};
-  attention_half<T>(layer, decoder, both, cos, sin, keys, values, nullptr, prefix, mask, tails, attended, nullptr);
+  attention_half<T>(layer, decoder, both, cos, sin, keys, values, nullptr, 0, prefix, mask, tails, attended, nullptr);
   layer_rest<T>(layer, decoder, x, attended, normed, gated);
   const int64_t first = last_only ? rows - 1 : 0;
   rms_norm<T>(x.data_ptr<T>() + first * width, decoder.final_norm, normed.data_ptr<T>(), rows - first, width, eps);
@@ -1409,7 +1421,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "The decoder's layers and final norm over the rows (see the source).",
         py::arg("decoder"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"),
         py::arg("prefix"), py::arg("mask"), py::arg("last_only"), py::arg("scales") = py::none(),
-        py::arg("every_layer") = false, py::arg("feature_layers") = std::vector<int64_t>{});
+        py::arg("every_layer") = false, py::arg("feature_layers") = std::vector<int64_t>{},
+        py::arg("firsts") = std::vector<int64_t>{});
   py::class_<Eagle3Layer>(m, "Eagle3Layer").def(py::init([](Decoder decoder, at::Tensor embed_norm, Projection head,
                                                               bool norm_before_residual) {
     return Eagle3Layer{decoder, embed_norm.contiguous(), head, norm_before_residual};
