@@ -11,10 +11,12 @@ from transformers import DynamicCache
 
 from specchat.engine.attention import use_attention
 from specchat.engine.cache import TreeCache
+from specchat.engine.generate import CPU_PREFILL_ROWS, Engine
 from specchat.engine.lean_forward import LeanForward, lean_forward
 from specchat.engine.target_forward import canonical
 from specchat.engine.tree import DraftTree, tree_batch
 from specchat.kernels.cpu.cpu_decoder import cpu_decoder
+from specchat.loading import load_model
 from specchat.quant.fused import Rows, Side, fuse_projections
 from specchat.quant.gguf_linear import GGUFLinear
 from specchat.quant.int4_linear import Int4Linear
@@ -260,3 +262,18 @@ def test_every_layers_queries_are_the_torch_decoders_and_the_last_is_the_default
     cache.claim(12)
     theirs = decoder(tokens, torch.arange(12), cache, every_layer=True).queries
     torch.testing.assert_close(every, theirs, atol=1e-4, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_an_engine_prefills_a_long_prompt_in_pieces_bitwise_as_in_one_forward():
+    """The engine feeds the CPU decoder CPU_PREFILL_ROWS prompt rows a forward: 1100 rows of the embedded model in
+    three pieces give the hidden states and the cache one forward over all of them gives."""
+    loaded = load_model(None)
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=1200)
+    assert engine.canonical and CPU_PREFILL_ROWS < 1100
+    ids = torch.randint(3, 40000, (1100,), generator=torch.Generator().manual_seed(0))
+    pieces = engine.target_states(ids.tolist())
+    whole_cache = TreeCache(loaded.model.config.num_hidden_layers, engine.max_len)
+    whole = engine.forward(ids, torch.arange(len(ids)), None, whole_cache).hidden
+    assert torch.equal(pieces, whole)
+    assert torch.equal(engine.cache.layers[-1].read(slice(0, 1100))[0], whole_cache.layers[-1].read(slice(0, 1100))[0])

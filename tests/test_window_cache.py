@@ -173,3 +173,19 @@ def test_a_long_context_allocates_its_full_layers_alone(tiny_file):
     assert (window.slots, full.slots) == (GEMMA3_WINDOW + cache_module.WINDOW_HEADROOM, engine.max_len)
     generate(engine, _ids(40, 11), 4, GREEDY)
     assert [stack[1].shape[-2] for stack in engine.cache.stacks] == [engine.max_len, window.slots]
+
+
+def test_verify_cost_fills_a_window_cache_past_its_slots_and_back(tiny_file, few_slots):
+    """`bench verify-cost` writes a random context through the layers (in pieces a window holds), going back to a
+    shorter one from the start where the window has moved past it."""
+    from specchat.bench.verify_cost import fill_cache, model_verify_cost
+
+    loaded = load_model(str(tiny_file("gemma3")[0]))
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=512)
+    rows = model_verify_cost(engine, contexts=[300, 100, 200], trees=[0, 7], repeats=1)
+    assert [(row.context, row.nodes) for row in rows] == [(c, n) for c in (300, 100, 200) for n in (0, 7)]
+    window = engine.cache.layers[0]
+    assert window.first > 0 and engine.cache.length == 200
+    with torch.inference_mode():
+        fill_cache(engine.cache, 190, engine.model.config, engine.model.dtype, CPU)
+    assert engine.cache.length == 190 and window.first > 0  # near its end: held, no refill

@@ -92,7 +92,8 @@ class TreeKVLayer:
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Write keys and values [1, kv_heads, n, D] after the prefix, pending (a benchmark's random context)."""
-        start, end = self.length, self._claim(key_states.shape[-2])
+        end = self._claim(key_states.shape[-2]) - self.first  # claimed first: a window's slots may move down
+        start = self.length - self.first
         self.keys[:, :, start:end].copy_(key_states)
         self.values[:, :, start:end].copy_(value_states)
 

@@ -50,6 +50,9 @@ from specchat.quant.formats import weight_format
 KEPT_CONSTRAINTS = 8  # schemas and tool sets whose constraints (and masks) an engine keeps for later requests
 JSON_MODE = json.dumps(["json", None])  # the key of JSON mode's constraint, kept always
 PROMPT_CHUNK = 512  # prompt rows a forward scores at once in `prompt_logprobs` (their logits: rows x vocab floats)
+# Prompt rows one forward of the CPU decoder prefills: past this, a forward's [rows, intermediate] activations outgrow
+# the caches, and an 8K-token prompt prefills 1.27x faster in pieces of 512 (llama.cpp's batches are 512 too)
+CPU_PREFILL_ROWS = 512
 
 
 class Engine:
@@ -518,10 +521,11 @@ class Engine:
         return out.logits, (out.features if feature_layers else out.hidden)
 
     def _feed(self, tokens: torch.Tensor, *, positions=None, feature_layers: tuple[int, ...] = ()):
-        """`_forward` over `tokens` after the cached prefix, committed, in pieces of at most the rows one forward may
-        write (a sliding window's layers hold only a few hundred past their window; else one piece) -> the last
-        row's logits [1, vocab] and every row's output (or features) as `_forward` gives them."""
-        step, outputs = self.cache.rows_per_forward, []
+        """`_forward` over `tokens` after the cached prefix, committed, in pieces (on the CPU decoder of
+        CPU_PREFILL_ROWS, and of at most the rows a sliding window's layers hold past it) -> the last row's logits
+        [1, vocab] and every row's output (or features) as `_forward` gives them. The CPU decoder computes each row
+        bitwise as a decode step would, so the pieces change nothing but the time."""
+        step, outputs = min(self.cache.rows_per_forward, CPU_PREFILL_ROWS if self.canonical else self.max_len), []
         for start in range(0, tokens.shape[0], step):
             piece = None if positions is None else positions[start : start + step]
             logits, rows = self._forward(tokens[start : start + step], positions=piece, last_only=True,
