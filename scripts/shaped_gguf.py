@@ -17,7 +17,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, RopeScalingType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
-from gguf_files import _fields  # noqa: E402
+from gguf_files import _fields, tokenizer_fields  # noqa: E402
 
 from specchat.loading import embedded_gguf_path  # noqa: E402
 
@@ -39,15 +39,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     writer = GGUFWriter(str(out), arch)
     writer.add_name(f"{sys.argv[1]}-shaped (random weights)")
-    fields, size = _fields(embedded_gguf_path(), "tokenizer.")
-    for name, value, kind, element in fields:
-        if name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
-            pad = [f"<unused{i}>" for i in range(vocab - size)] if name.endswith("tokens") else [4] * (vocab - size)
-            writer.add_key_value(name, [*value, *pad], kind, sub_type=element)
-        elif element is None:
-            writer.add_key_value(name, value, kind)
-        else:
-            writer.add_key_value(name, list(value), kind, sub_type=element)
+    size = _fields(embedded_gguf_path(), "tokenizer.")[1]
+    tokenizer_fields(writer, embedded_gguf_path(), pad=vocab - size)
     writer.add_context_length(shape["context"])
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)

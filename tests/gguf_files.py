@@ -50,9 +50,20 @@ def reader(path: Path):
     return GGUFReader(path)
 
 
-def tokenizer_fields(writer, source: Path) -> int:
-    """Copy a GGUF file's tokenizer (its `tokenizer.*` fields) into `writer`; returns the vocabulary size."""
-    return copy_fields(writer, source, "tokenizer.")
+def tokenizer_fields(writer, source: Path, pad: int = 0) -> int:
+    """Copy a GGUF file's tokenizer (its `tokenizer.*` fields) into `writer`, with `pad` unused tokens listed after its
+    own (as a larger model's vocabulary pads its tokenizer's); returns the vocabulary size."""
+    if not pad:
+        return copy_fields(writer, source, "tokenizer.")
+    fields, size = _fields(source, "tokenizer.")
+    padding = {"tokenizer.ggml.tokens": [f"<unused{i}>" for i in range(pad)], "tokenizer.ggml.token_type": [4] * pad,
+               "tokenizer.ggml.scores": [0.0] * pad}  # fmt: skip
+    for name, value, kind, element in fields:
+        if element is None:
+            writer.add_key_value(name, value, kind)
+        else:
+            writer.add_key_value(name, [*value, *padding.get(name, [])], kind, sub_type=element)
+    return size + pad
 
 
 def copy_fields(writer, source: Path, prefix: str = "") -> int:
@@ -104,14 +115,16 @@ GRANITE_SCALES = {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.sc
 
 def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture: str = "qwen2", seed: int = 0,
                      layers: int = 2, tied: bool = False, name: str | None = None,
-                     frequency_factors: list[float] | None = None, unquantized: bool = False) -> Path:  # fmt: skip
+                     frequency_factors: list[float] | None = None, unquantized: bool = False,
+                     padded_vocab: int = 0) -> Path:  # fmt: skip
     """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3: 128, gemma3: 256), 2 KV heads, MLP 512) whose
     matrices use every block type (`unquantized`: F32), with q/k/v biases for qwen2 and q/k norms for qwen3; gemma3 with
     Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys (llama.cpp's names and layout:
     norms hold 1 + w); phi3 as Phi-4-mini (fused q/k/v and gate/up, LongRoPE over PHI3_ROTATED of its 64 dims) with a
     window of PHI3_WINDOW keys on every layer; granite with GRANITE_SCALES; the tokenizer of the GGUF file
     `tokenizer_source` (None: 512 stand-in tokens); `name` its `general.name`; `frequency_factors` its `rope_freqs`
-    tensor (32 factors, RoPE base 10000)."""
+    tensor (32 factors, RoPE base 10000); `padded_vocab` unused tokens listed after the tokenizer's (and rows of the
+    embedding and head for them)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -129,7 +142,7 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
         writer.add_bos_token_id(1)
         writer.add_eos_token_id(2)
     else:
-        vocab = tokenizer_fields(writer, tokenizer_source)
+        vocab = tokenizer_fields(writer, tokenizer_source, padded_vocab)
     phi3 = architecture == "phi3"  # as llama.cpp's converter writes Phi-3: 2x the trained window, LongRoPE's factor
     writer.add_context_length(2 * PHI3_TRAINED if phi3 else 4096)  # room for the 3K-token tests
     writer.add_embedding_length(hidden)
@@ -154,11 +167,17 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
         writer.add_rope_scaling_attn_factors((1 + np.log(2) / np.log(PHI3_TRAINED)) ** 0.5)
         writer.add_sliding_window(PHI3_WINDOW)
 
+    padding = np.random.default_rng(seed + 1)  # the padded tokens' rows: a padded file is its unpadded one plus them
+
     def matrix(name: str, kind: Q, rows: int, columns: int) -> None:
+        padded = rows == vocab and padded_vocab
+        parts = [(rows - padded_vocab, rng), (padded_vocab, padding)] if padded else [(rows, rng)]
         if unquantized:
-            writer.add_tensor(name, rng.normal(0, 0.05, (rows, columns)).astype(np.float32))
+            values = np.concatenate([draw.normal(0, 0.05, (n, columns)) for n, draw in parts])
+            writer.add_tensor(name, values.astype(np.float32))
         else:
-            writer.add_tensor(name, random_blocks(kind, rows, columns, rng), raw_dtype=kind)
+            blocks = np.concatenate([random_blocks(kind, n, columns, draw) for n, draw in parts])
+            writer.add_tensor(name, blocks, raw_dtype=kind)
 
     def dense(name: str, values: np.ndarray) -> None:
         writer.add_tensor(name, values.astype(np.float32))

@@ -9,6 +9,8 @@ the target's.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_model
@@ -159,23 +161,38 @@ def test_last_query_is_the_targets_last_layer_query_of_the_newest_cached_positio
 
 
 def test_a_draft_model_must_speak_the_targets_vocabulary(model, tmp_path):
-    other = tiny_model("llama", vocab_size=VOCAB + 4, seed=1)
-    other.save_pretrained(tmp_path / "other")
-    with pytest.raises(SpecchatError, match=f"vocabulary of {VOCAB + 4} tokens; the target's has {VOCAB}"):
-        load_draft_model(tmp_path / "other", model)
-    same = tiny_model("llama", vocab_size=VOCAB, seed=1)
-    same.save_pretrained(tmp_path / "same")
-    draft = load_draft_model(tmp_path / "same", model)
-    assert not draft.student and draft.model.config.vocab_size == VOCAB
+    """Up to 128 ids more or fewer (a family's padding, a larger sibling's added tokens): it drafts over the ids both
+    have; more, and it is refused in one line."""
+    far = tiny_model("llama", vocab_size=VOCAB + 129, seed=1)
+    far.save_pretrained(tmp_path / "far")
+    with pytest.raises(SpecchatError, match=f"vocabulary of {VOCAB + 129} tokens; the target's has {VOCAB}"):
+        load_draft_model(tmp_path / "far", model)
+    for size in (VOCAB, VOCAB + 4, VOCAB - 4):
+        tiny_model("llama", vocab_size=size, seed=1).save_pretrained(tmp_path / str(size))
+        draft = load_draft_model(tmp_path / str(size), model)
+        assert not draft.student and draft.model.config.vocab_size == size
+        shared = None if draft.draft_vocab is None else draft.draft_vocab.tolist()
+        assert shared == (None if size == VOCAB else list(range(min(size, VOCAB))))
 
 
 def test_a_draft_models_tokenizer_must_be_the_targets(tokenizer, tmp_path):
+    """The ids both tokenizers have must mean the same; one may list up to 128 more."""
     check_tokenizers(tokenizer, tokenizer, "same")
     tokenizer.save_pretrained(tmp_path / "grown")
     grown = AutoTokenizer.from_pretrained(tmp_path / "grown")
     grown.add_tokens(["<extra-token>"])
-    with pytest.raises(SpecchatError, match=f"'grown' has {len(tokenizer) + 1} tokens; the target's tokenizer has {len(tokenizer)}"):
+    check_tokenizers(grown, tokenizer, "grown")
+    check_tokenizers(tokenizer, grown, "shrunk")
+    grown.add_tokens([f"<extra-{i}>" for i in range(128)])
+    with pytest.raises(SpecchatError, match=f"'grown' has {len(tokenizer) + 129} tokens; the target's tokenizer has {len(tokenizer)}"):
         check_tokenizers(grown, tokenizer, "grown")
+    saved = json.loads((tmp_path / "grown" / "tokenizer.json").read_text())
+    vocab = saved["model"]["vocab"]
+    vocab["hello"], vocab["world"] = vocab["world"], vocab["hello"]  # two ids swapped
+    (tmp_path / "grown" / "tokenizer.json").write_text(json.dumps(saved))
+    swapped = AutoTokenizer.from_pretrained(tmp_path / "grown")
+    with pytest.raises(SpecchatError, match="maps '(hello|world)' to another id than the target"):
+        check_tokenizers(swapped, tokenizer, "swapped")
 
 
 # The policies' sizes in the needle test: 6 chunks of 32 and the newest (224 positions) where the CLI's read 33
@@ -242,3 +259,31 @@ def test_a_profile_alias_drafts_with_that_profiles_model(default_model):
     events = list(engine.generate(prompt, max_new_tokens=16))
     assert [t for e in events for t in e.tokens] == expected
     assert events[-1].stats.accepted >= 8  # the target drafting for itself
+
+
+@pytest.mark.parametrize("padded", ["target", "draft"])
+def test_a_draft_listing_fewer_or_more_tokens_than_its_target_keeps_the_output_exact(tmp_path, padded):
+    """A target listing 64 tokens more than its draft (Gemma 3 4B's and 1B's files), or fewer: the draft proposes
+    only ids both have, embeds a target id it lacks as its last, and speculation gives the target's own tokens,
+    greedy and sampled. The files are the same weights but for the padded rows, so most drafts are accepted."""
+    from gguf_files import write_tiny_model
+
+    from specchat.loading import embedded_gguf_path, load_model
+
+    paths = {role: write_tiny_model(tmp_path / f"{role}.gguf", embedded_gguf_path(),
+                                    padded_vocab=64 if role == padded else 0) for role in ("target", "draft")}  # fmt: skip
+    loaded = load_model(str(paths["target"]))
+    draft = load_draft_model(str(paths["draft"]), loaded.model, loaded.tokenizer)
+    sizes = sorted((loaded.model.config.vocab_size, draft.model.config.vocab_size))
+    assert sizes[1] - sizes[0] == 64 and draft.draft_vocab.tolist() == list(range(sizes[0]))
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    prompt = torch.randint(3, 2000, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    for sampling in (SamplingConfig(suppress=(2,)), SamplingConfig(temperature=1.0, seed=4, suppress=(2,))):
+        engine.set_drafter(None)
+        expected = [t for e in engine.generate(prompt, sampling=sampling, max_new_tokens=50, reproducible=True)
+                    for t in e.tokens]  # fmt: skip
+        engine.set_drafter(ModelDrafter(engine.target, draft, policy="full"), 6)
+        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=50, reproducible=True))
+        assert [t for event in events for t in event.tokens] == expected
+        stats = events[-1].stats
+        assert stats.accepted >= 0.5 * stats.drafted_depth > 0

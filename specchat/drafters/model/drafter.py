@@ -46,6 +46,7 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         self.embed, self.norm, self.rotaries = decoder.embed, decoder.norm, decoder.rotaries
         self.embedding_scale, self.residual_scale = decoder.embedding_scale, decoder.residual_scale  # Granite's
         self.head = DraftHead(target, draft.draft_vocab, weights, lm_head=None if draft.student else decoder.head)
+        self.vocab_size = config.vocab_size  # the draft's own: the target's may be longer
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.draft = draft
@@ -120,7 +121,7 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         attending to the working cache, then to earlier rows of `tree`, then to themselves, as `mask`
         [rows, working + tree + rows] says; and per layer the rows' (keys before RoPE, values, rotated keys)
         [kv_heads, rows, D]."""
-        x = self.embed(ids)
+        x = self.embed(ids.clamp(max=self.vocab_size - 1))  # an id past the draft's vocabulary reads as its last
         x = x if self.embedding_scale == 1.0 else x * self.embedding_scale
         tables = [self.cache.tables(compact, x, rope) for rope in range(len(self.rotaries))]
         size, rows = self.cache.size, len(ids)

@@ -29,6 +29,9 @@ from specchat.drafters.checkpoint import read_checkpoint, write_checkpoint
 # the decoders whose layers the drafter runs
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma3_text")
 STUDENT = "specchat_student"  # config.json: {"target": the target's name, "layers": the target layers it began as}
+# ids a draft's vocabulary may have more or fewer than the target's, as llama.cpp bounds it: a family's sizes differ by
+# padding or a few added tokens (Qwen2.5 0.5B's 151,936 against 7B's 152,064; Gemma 3 1B's 262,144 against 4B's 262,208)
+MAX_VOCAB_DIFFERENCE = 128
 
 
 @dataclass
@@ -166,15 +169,16 @@ def _load_pretrained(source: str, target: nn.Module) -> DraftModel:
 
 
 def _checked(model: nn.Module, source: str, target: nn.Module) -> DraftModel:
-    """A pretrained draft model, refused in one line where its family or vocabulary cannot draft."""
+    """A pretrained draft model, refused in one line where its family or vocabulary cannot draft. A vocabulary up to
+    MAX_VOCAB_DIFFERENCE ids longer or shorter than the target's drafts over the ids both have (`check_tokenizers`
+    makes sure they mean the same)."""
     if model.config.model_type not in FAMILIES:
         raise SpecchatError(f"the draft model '{source}' is a {model.config.model_type}; specchat drafts with {', '.join(FAMILIES)} models")
-    if model.config.vocab_size != target.config.vocab_size:
-        raise SpecchatError(
-            f"the draft model '{source}' has a vocabulary of {model.config.vocab_size} tokens; the target's has "
-            f"{target.config.vocab_size}"
-        )
-    return DraftModel(model.eval().requires_grad_(False), student=False)
+    mine, theirs = model.config.vocab_size, target.config.vocab_size
+    if abs(mine - theirs) > MAX_VOCAB_DIFFERENCE:
+        raise SpecchatError(f"the draft model '{source}' has a vocabulary of {mine} tokens; the target's has {theirs}")
+    shared = None if mine == theirs else torch.arange(min(mine, theirs), device=target.device)
+    return DraftModel(model.eval().requires_grad_(False), student=False, draft_vocab=shared)
 
 
 def target_stretch(config, target_config) -> float | None:
@@ -189,16 +193,19 @@ def target_stretch(config, target_config) -> float | None:
 
 
 def check_tokenizers(draft, target, name: str) -> None:
-    """Refuse, in one line, a draft whose tokenizer differs from the target's: their ids must mean the same."""
-    if len(draft) != len(target):
+    """Refuse, in one line, a draft whose tokenizer differs from the target's: the ids both have must mean the same
+    (one may list up to MAX_VOCAB_DIFFERENCE more, as a larger sibling's padding or added tokens)."""
+    if abs(len(draft) - len(target)) > MAX_VOCAB_DIFFERENCE:
         raise SpecchatError(f"the draft model '{name}' has {len(draft)} tokens; the target's tokenizer has {len(target)}")
     for role in ("bos_token_id", "eos_token_id", "unk_token_id"):
         if getattr(draft, role) != getattr(target, role):
             raise SpecchatError(
                 f"the draft model '{name}' has {role.removesuffix('_id')} {getattr(draft, role)}; the target's is {getattr(target, role)}"
             )
-    if draft.get_vocab() != target.get_vocab():
-        word = next(w for w, i in draft.get_vocab().items() if target.get_vocab().get(w) != i)
+    shared = min(len(draft), len(target))
+    mine, theirs = ({w: i for w, i in t.get_vocab().items() if i < shared} for t in (draft, target))
+    if mine != theirs:
+        word = next(w for w in {**mine, **theirs} if mine.get(w) != theirs.get(w))
         raise SpecchatError(f"the draft model '{name}' maps {word!r} to another id than the target")
 
 
