@@ -1,8 +1,8 @@
 """Models ollama has pulled, by the names ollama gives them (`llama3.2`, `qwen2.5-coder:1.5b`,
 `hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M`): each is a GGUF file among ollama's blobs, named by its
 manifest, so `--model` runs it in place, nothing downloaded or copied. ollama keeps them in `$OLLAMA_MODELS`, else
-`~/.ollama/models`. Beside the file a manifest may name the model's sampling parameters and system prompt (its
-Modelfile's PARAMETER and SYSTEM lines): they are its defaults here too, as under `ollama run`."""
+`~/.ollama/models`. Beside the file a manifest may name the model's sampling parameters, stop strings and system
+prompt (its Modelfile's PARAMETER and SYSTEM lines): they are its defaults here too, as under `ollama run`."""
 
 from __future__ import annotations
 
@@ -63,21 +63,42 @@ def ollama_gguf(name: str) -> Path | None:
 def ollama_decoding(name: str) -> dict[str, float] | None:
     """The sampling defaults of the model ollama holds as `name` (SamplingConfig's fields): its parameters over
     ollama's own defaults; None where ollama holds no such model."""
-    layers = _layers(name)
-    if layers is None:
+    given = _parameters(name)
+    if given is None:
         return None
-    given = {}
-    if PARAMS_LAYER in layers:
-        try:
-            given = json.loads(layers[PARAMS_LAYER].read_text())
-        except (OSError, ValueError):
-            raise SpecchatError(f"ollama's parameters of '{name}' ({layers[PARAMS_LAYER]}) cannot be read") from None
     settings = {**OLLAMA_DEFAULTS, **{key: value for key, value in given.items() if key in PARAMETERS}}
     if settings["repeat_last_n"] == 0:  # ollama's "no repetition penalty"
         settings["repeat_penalty"], settings["repeat_last_n"] = 1.0, OLLAMA_DEFAULTS["repeat_last_n"]
     elif settings["repeat_last_n"] < 0:  # the whole context
         settings["repeat_last_n"] = 1 << 20
     return {PARAMETERS[key]: value for key, value in settings.items()}
+
+
+def ollama_stop(name: str) -> tuple[str, ...]:
+    """The stop strings of the model ollama holds as `name` (its Modelfile's `PARAMETER stop` lines): what ends an
+    answer there when a request names none."""
+    stop = (_parameters(name) or {}).get("stop", [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(each, str) and each for each in stop):
+        raise SpecchatError(f"ollama's parameters of '{name}' give a stop that is not a list of strings")
+    return tuple(stop)
+
+
+def _parameters(name: str) -> dict | None:
+    """The Modelfile parameters of the model ollama holds as `name` ({} where it gives none); None where ollama
+    holds no such model."""
+    layers = _layers(name)
+    if layers is None:
+        return None
+    if PARAMS_LAYER not in layers:
+        return {}
+    try:
+        given = json.loads(layers[PARAMS_LAYER].read_text())
+    except (OSError, ValueError):
+        given = None
+    if not isinstance(given, dict):
+        raise SpecchatError(f"ollama's parameters of '{name}' ({layers[PARAMS_LAYER]}) cannot be read")
+    return given
 
 
 def ollama_system(name: str) -> str | None:

@@ -15,7 +15,7 @@ from test_cli import assert_one_line_error
 
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, resolve_model
-from specchat.ollama_models import manifest_path, ollama_gguf, ollama_models, ollama_system
+from specchat.ollama_models import manifest_path, ollama_gguf, ollama_models, ollama_stop, ollama_system
 from specchat.profiles import profile_of
 
 
@@ -105,16 +105,65 @@ def test_models_lists_what_ollama_holds(ollama):
 @pytest.mark.slow
 def test_run_and_models_take_ollamas_names(ollama):
     """By name, a model ollama holds answers as its file does given its parameters and system prompt."""
-    pull(ollama, "smol:135m", embedded_gguf_path(), params={"temperature": 0.7, "top_k": 20}, system="Be brief.")
+    pull(ollama, "smol:135m", embedded_gguf_path(), params={"temperature": 0.7, "top_k": 20, "stop": ["."]},
+         system="Be brief.")  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OLLAMA_MODELS": str(ollama)}
     by_name = run_specchat(["run", "Name a colour.", "--model", "smol:135m", "-n", "8", "--seed", "3", "--json"],
                            env=env)  # fmt: skip
     by_path = run_specchat(["run", "Name a colour.", "--model", str(embedded_gguf_path()), "-n", "8", "--seed", "3",
                             "--temperature", "0.7", "--top-k", "20", "--top-p", "0.9", "--repetition-penalty", "1.1",
-                            "--system", "Be brief.", "--json"], env=env)  # fmt: skip
+                            "--system", "Be brief.", "--stop", ".", "--json"], env=env)  # fmt: skip
     assert by_name.returncode == 0, by_name.stderr
     assert json.loads(by_name.stdout)["model"] == "smol:135m"
     assert json.loads(by_name.stdout)["token_ids"] == json.loads(by_path.stdout)["token_ids"]
     listed = run_specchat(["models"], env=env)
     assert "smol:135m" in listed.stdout and str(ollama) in listed.stdout
     assert_one_line_error(run_specchat(["run", "hi", "--model", "smol:7b"], env=env), "unknown model 'smol:7b'")
+
+
+def test_a_pulled_models_stop_strings_end_its_answers_where_a_request_names_none(ollama, tokenizer):
+    """`PARAMETER stop` lines: read as ollama keeps them, a one-line error where they are not strings; a chat answer
+    and a served completion end before one (a request's own stop strings replace them), as under ollama."""
+    from starlette.testclient import TestClient
+    from tui_harness import tiny_loaded
+
+    from specchat.engine.generate import Engine
+    from specchat.engine.prompt import encode_chat
+    from specchat.engine.sampling_config import SamplingConfig
+    from specchat.server.app import Served, create_app
+    from specchat.server.worker import EngineWorker
+    from specchat.tui.session import ChatSession, ChatSettings
+
+    pull(ollama, "stops", embedded_gguf_path(), params={"stop": ["<|im_end|>", "User:"]})
+    pull(ollama, "one", embedded_gguf_path(), params={"stop": "User:"})
+    pull(ollama, "odd", embedded_gguf_path(), params={"stop": [3]})
+    assert ollama_stop("stops") == ("<|im_end|>", "User:") and ollama_stop("one") == ("User:",)
+    assert ollama_stop("plain:1b") == ()  # none pulled by that name
+    with pytest.raises(SpecchatError, match="'odd' give a stop that is not a list of strings"):
+        ollama_stop("odd")
+
+    loaded = tiny_loaded(tokenizer)
+    ids = encode_chat(tokenizer, [{"role": "user", "content": "Hi"}])
+
+    def chat(stop: tuple[str, ...]) -> str:
+        session = ChatSession(loaded, SamplingConfig(), ChatSettings(drafter="none", stop=stop))
+        return "".join(piece for update in session.run(ids, max_new_tokens=16, keep=False) for piece in update.pieces)
+
+    whole = chat(())
+    stop = whole[6:9]
+    assert stop.strip() and chat((stop,)) == whole[: whole.index(stop)]
+
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    served = Served(engine, tokenizer, "tiny", frozenset(), "none", {}, stop=(stop,))
+    worker = EngineWorker(lambda: served, max_queue=4)
+    worker.start()
+    worker.ready.wait()
+    try:
+        http = TestClient(create_app(worker, api_key=None, max_body_bytes=1 << 20))
+        body = {"model": "tiny", "prompt": ids, "max_tokens": 16, "temperature": 0}
+        texts = [http.post("/v1/completions", json=body | extra).json()["choices"][0]["text"]
+                 for extra in ({}, {"stop": ["never said"]})]  # fmt: skip
+    finally:
+        worker.stop()
+        worker.join(10)
+    assert texts == [whole[: whole.index(stop)], whole]

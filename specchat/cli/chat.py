@@ -41,6 +41,7 @@ from specchat.cli.common import (
     check_drafters,
     checked_overrides,
     default_drafter,
+    default_stop,
     default_system,
     quiet_transformers,
     sampling_config,
@@ -102,7 +103,7 @@ def chat(
 
     settings = ChatSettings(
         drafter=drafter, draft_budget=draft_budget, draft_cache=draft_cache,
-        system=system if system is not None else default_system(model),
+        system=system if system is not None else default_system(model), stop=default_stop(model),
         max_new_tokens=max_new_tokens, context=context, kv_cache=kv_cache,
         format=answer_format(text_format, schema, grammar, grammar_file),
     )  # fmt: skip

@@ -143,6 +143,13 @@ def default_system(model: str | None) -> str | None:
     return ollama_system(model) if model else None
 
 
+def default_stop(model: str | None) -> tuple[str, ...]:
+    """The stop strings a model ollama holds ends its answers at (its Modelfile's `PARAMETER stop`), else none."""
+    from specchat.ollama_models import ollama_stop
+
+    return ollama_stop(model) if model else ()
+
+
 def default_drafter(model: str | None) -> str:
     """The drafter a model's profile names as measured fastest on it (`drafter` in its toml), else n-gram
     (read without torch: options are checked before it loads)."""

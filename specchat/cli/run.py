@@ -44,6 +44,7 @@ from specchat.cli.common import (
     check_drafters,
     checked_overrides,
     default_drafter,
+    default_stop,
     default_system,
     quiet_transformers,
     sampling_config,
@@ -72,7 +73,9 @@ def run(
     frequency_penalty: FrequencyPenaltyOption = None,
     presence_penalty: PresencePenaltyOption = None,
     seed: SeedOption = None,
-    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="Stop string (repeatable; default: an ollama model's own).")
+    ] = None,
     system: SystemOption = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
     suffix: Annotated[str | None, typer.Option(
@@ -129,6 +132,7 @@ def run(
     drafter = drafter or default_drafter(model)
     if system is None and suffix is None and not raw:
         system = default_system(model)
+    stop = tuple(stop) if stop else default_stop(model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
         check_draft_cache(draft_cache, choice)
@@ -177,7 +181,7 @@ def run(
     tokens, origins, scored, text, stats, finish = [], [], [], [], None, None
     try:
         for event in engine.generate(
-            prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=tuple(stop or ()),
+            prompt_ids, sampling=sampling, max_new_tokens=max_new_tokens, stop=stop,
             constraint=held.constraint(engine), logprobs=logprobs, min_tokens=min_tokens,
         ):
             tokens += event.tokens

@@ -60,6 +60,7 @@ class Served:
     defaults: dict  # SamplingConfig fields the model asks for when a request leaves them out
     weights: str = ""  # their format ("q4_k", "int4-g32", "bfloat16"): Ollama's quantization level
     system: str | None = None  # the system prompt of a conversation that brings none (an ollama model's SYSTEM)
+    stop: tuple[str, ...] = ()  # the stop strings of a request that names none (an ollama model's)
 
     @functools.cached_property
     def tool_format(self) -> ToolFormat | None:
@@ -339,7 +340,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
         shape = REPLIES[wanted.reply]
         for index in range(wanted.choices):
             items: asyncio.Queue = asyncio.Queue()
-            job = Job(ids, _choice_sampling(sampling, index), wanted_tokens, wanted.stop,
+            job = Job(ids, _choice_sampling(sampling, index), wanted_tokens, wanted.stop or served.stop,
                       deliver=functools.partial(loop.call_soon_threadsafe, items.put_nowait), drafting=drafting,
                       draft_budget=draft_budget, constraint=constraint, logprobs=wanted.logprobs,
                       echo=wanted.echo, time_limit=wanted.time_limit, min_tokens=wanted.min_tokens,

@@ -108,7 +108,7 @@ def load_served(settings: ServeSettings):
     """Load the model, build the engine and its drafter, and warm them up (the first request then starts warm)."""
     from specchat.chat_template import use_chat_template
     from specchat.loading import decoding_defaults, load_model
-    from specchat.ollama_models import ollama_system
+    from specchat.ollama_models import ollama_stop, ollama_system
     from specchat.server.app import Served
     from specchat.session import Session
 
@@ -126,8 +126,10 @@ def load_served(settings: ServeSettings):
     for _ in engine.generate(loaded.tokenizer("Hello")["input_ids"], max_new_tokens=2):
         pass  # pays the first forward's setup and, on a new machine, the verification-cost timing
     aliases = {settings.model} - {None, loaded.source.name}
+    model = settings.model  # a model ollama holds by this name: its Modelfile's system prompt and stop strings
     return Served(engine, copy.deepcopy(loaded.tokenizer), loaded.source.name, frozenset(aliases), str(choice),
-                  decoding_defaults(loaded), loaded.weights, settings.model and ollama_system(settings.model))  # fmt: skip
+                  decoding_defaults(loaded), loaded.weights, model and ollama_system(model),
+                  ollama_stop(model) if model else ())  # fmt: skip
 
 
 def _listen(host: str, port: int) -> socket.socket:

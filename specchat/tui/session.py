@@ -47,6 +47,7 @@ class ChatSettings:
     context: int | None = None  # most tokens the conversation may hold
     kv_cache: str = "auto"  # --kv-cache; the command line's, whatever a loaded chat says (`apply_settings_json`)
     format: AnswerFormat = AnswerFormat()  # what every answer is held to (--format, --schema, --grammar-file, /format)
+    stop: tuple[str, ...] = ()  # strings that end an answer (an ollama model's Modelfile stops)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ def check_settings(settings: ChatSettings) -> None:
         raise SpecchatError("the context must hold at least 16 tokens")
     if settings.system is not None and not isinstance(settings.system, str):
         raise SpecchatError("the system prompt must be text")
+    if not (isinstance(settings.stop, tuple) and all(isinstance(each, str) and each for each in settings.stop)):
+        raise SpecchatError("the stop strings must be a list of non-empty texts")
     if not isinstance(settings.format, AnswerFormat):
         raise SpecchatError("the answer format must be text, JSON, a JSON Schema or a grammar")
     check_kv_cache(settings.kv_cache)
@@ -198,7 +201,7 @@ class ChatSession:
         kept in it after, however the answer ended."""
         self.use_drafter()
         engine = self._engine()
-        stream = TextStream(self.loaded.tokenizer)
+        stream = TextStream(self.loaded.tokenizer, self.settings.stop)  # a stop string is not shown
         budget = max_new_tokens or self.settings.max_new_tokens
         cached, trouble = keep and self.prompt_cache is not None, None
         if cached:
@@ -206,13 +209,15 @@ class ChatSession:
                 read_prompt_cache(engine, self.prompt_cache, prompt_ids)
             except OSError as error:  # cut short: the answer goes on, and the file is replaced
                 trouble = f"--prompt-cache {self.prompt_cache} could not be read ({error}); it is written anew"
-        events = engine.generate(prompt_ids, sampling=self.sampling, max_new_tokens=budget,
+        events = engine.generate(prompt_ids, sampling=self.sampling, max_new_tokens=budget, stop=self.settings.stop,
                                  constraint=self.settings.format.constraint(engine))  # fmt: skip
         try:
             for index, event in enumerate(events):
                 if index:
                     self.recent_tau.append(len(event.tokens))
                 pieces = [stream.add([token]) for token in event.tokens]
+                if event.finish_reason is not None and pieces:  # what waited to be told from a stop string
+                    pieces[-1] += stream.flush()
                 yield Update(event, pieces, self._figures(engine, event))
                 if engine.drafter is not None and self.ar.wants_sample(index, engine.length):
                     self.ar.add(engine.autoregressive_step_seconds(sampling=self.sampling, repeats=1), engine.length)
@@ -257,6 +262,8 @@ class ChatSession:
         saved = {k: v for k, v in saved.items() if k in known}
         if "format" in saved:
             saved["format"] = _saved_format(saved["format"])
+        if isinstance(saved.get("stop"), list):  # JSON's form of the tuple
+            saved["stop"] = tuple(saved["stop"])
         try:
             sampling = SamplingConfig(**sampling)
             settings = dataclasses.replace(self.settings, **saved)
