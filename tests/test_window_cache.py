@@ -189,3 +189,36 @@ def test_verify_cost_fills_a_window_cache_past_its_slots_and_back(tiny_file, few
     with torch.inference_mode():
         fill_cache(engine.cache, 190, engine.model.config, engine.model.dtype, CPU)
     assert engine.cache.length == 190 and window.first > 0  # near its end: held, no refill
+
+
+@pytest.mark.parametrize("architecture", ["gemma3", "phi3"])
+def test_a_draft_model_retrieves_chunks_by_the_last_layer_that_sees_every_position(tiny_file, architecture,
+                                                                                   few_slots):  # fmt: skip
+    """SpecExtend's retrieval ranks the context by the target's attention: Gemma's last layer has a window, so the
+    query and keys are its last full-attention layer's (the forward gives back that layer's queries); where every
+    layer has a window (Phi-3-mini's), the newest chunks stand in once the window has moved. Either way the output
+    is the target's."""
+    from specchat.drafters.cache_policy import target_attention
+    from specchat.drafters.model.drafter import ModelDrafter
+    from specchat.drafters.model.model import load_draft_model
+
+    path = tiny_file(architecture)[0]
+    loaded = load_model(str(path))
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=1024)
+    assert engine.target.query_layer == 1  # Gemma's second layer has no window; Phi-3's both do: the last
+    tokens = torch.tensor(_ids(5, 12))
+    with torch.inference_mode():
+        out = engine.forward(tokens, torch.arange(5), None, TreeCache(2, 64), every_layer=True)
+        assert torch.equal(engine.forward(tokens, torch.arange(5), None, TreeCache(2, 64)).queries,
+                           out.queries[engine.target.query_layer])  # fmt: skip
+    prompt = _ids(300, 13)
+    expected = generate(engine, prompt, 40, GREEDY)
+    draft = load_draft_model(str(path), loaded.model, loaded.tokenizer)
+    engine.set_drafter(ModelDrafter(engine.target, draft, policy="retrieval"), 6)
+    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=40, reproducible=True))
+    assert [t for event in events for t in event.tokens] == expected
+    scores = target_attention(engine.target)
+    if architecture == "gemma3":
+        assert scores.shape == (engine.cache.length,) and float(scores.sum()) == pytest.approx(1, abs=1e-3)
+    else:
+        assert scores is None and engine.cache.layers[-1].first > 0

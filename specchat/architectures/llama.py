@@ -76,6 +76,13 @@ class LlamaParts:
         return [self.Layer(module) for module in self.model.model.layers]
 
     @property
+    def query_layer(self) -> int:
+        """The last layer that attends to every position (a sliding window's does not; the last where all have one):
+        its query and keys rank a long context as the target reads it (SpecExtend's retrieval)."""
+        windows = [layer.window for layer in self.layers]
+        return max((i for i, window in enumerate(windows) if not window), default=len(windows) - 1)
+
+    @property
     def norm(self) -> nn.Module:
         """The final norm, before the LM head."""
         return self.model.model.norm

@@ -105,14 +105,16 @@ def rank_chunks(scores: torch.Tensor, length: int, chunk: int = CHUNK, top: int 
 
 
 def target_attention(target) -> torch.Tensor | None:
-    """The target's last-layer attention row of the newest position in its cache, averaged over heads
-    [cache length] (fp32): one q.K row over the keys it cached. None for a view without an engine."""
-    if target.last_query is None:
+    """The target's attention row of the newest position in its cache, averaged over heads [cache length] (fp32):
+    one q.K row of its last layer that attends to every position (`TargetView.query_layer`) over the keys it cached.
+    None for a view without an engine, or where that layer's cache keeps only a window (every layer has one)."""
+    layer = target.cache.layers[target.query_layer]
+    if target.last_query is None or layer.first:
         return None
     query = target.last_query()  # [heads, D]
-    keys = target.cache.layers[-1].read(slice(0, target.cache.length))[0].float()  # [kv_heads, L, D]
+    keys = layer.read(slice(0, target.cache.length))[0].float()  # [kv_heads, L, D]
     grouped = query.reshape(keys.shape[0], -1, query.shape[-1])  # [kv_heads, group, D]
-    scale = parts(target.model).layers[-1].scaling
+    scale = parts(target.model).layers[target.query_layer].scaling
     logits = torch.einsum("kgd,kld->kgl", grouped, keys) * scale
     return logits.softmax(dim=-1).mean(dim=(0, 1))
 

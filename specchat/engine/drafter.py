@@ -36,8 +36,9 @@ class TargetView:
     the final norm [q, hidden_size]. A drafter that drafts with the target (TokenSwift) passes a cache of its
     own, or the engine's, whose pending rows the next verification overwrites.
 
-    `last_query()` is the target's last-layer query [heads, head_dim] (fp32, rotated) of the newest position
-    in the cache: with the cached keys, how the target itself attends to the context (SpecExtend's retrieval).
+    `last_query()` is the query [heads, head_dim] (fp32, rotated) of layer `query_layer` (the last that attends to
+    every position: the last layer but in sliding-window models) at the newest position in the cache: with that
+    layer's cached keys, how the target itself attends to the context (SpecExtend's retrieval).
     `layer_queries(token, position)` runs the target over `token` at `position` after the engine's cache (the
     row not kept) for every layer's query [layers, heads, head_dim] (fp32, rotated): how each layer would attend
     (TokenSwift's partial cache ranks each layer's keys by it).
@@ -56,6 +57,7 @@ class TargetView:
     last_query: Callable[[], torch.Tensor] | None = None
     tokenizer: Any = None  # a standalone draft model's must be the same
     layer_queries: Callable[[int, int], torch.Tensor] | None = None
+    query_layer: int = -1  # the layer `last_query` is of
 
     @classmethod
     def of(cls, model, cache: TreeCache, forward=None, last_query=None, tokenizer=None,
@@ -65,7 +67,8 @@ class TargetView:
 
         decoder = parts(model)
         return cls(model.config, decoder.embed, decoder.norm, decoder.head, decoder.rotary, cache,
-                   model.device, model.dtype, model, forward, last_query, tokenizer, layer_queries)  # fmt: skip
+                   model.device, model.dtype, model, forward, last_query, tokenizer, layer_queries,
+                   decoder.query_layer)  # fmt: skip
 
 
 class Drafter(Protocol):

@@ -57,13 +57,15 @@ class LeanForward:
             decoder.residual_scale,
         )
         self.embedding_scale, self.logit_scale = decoder.embedding_scale, decoder.logit_scale
+        self.query_layer = decoder.query_layer  # whose queries a forward gives back
         self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None, cache,
                  *, last_only: bool = False, every_layer: bool = False,
                  feature_layers: tuple[int, ...] = ()) -> ForwardOutput:  # fmt: skip
-        """`tokens` [q] at `positions` [q], written after the cache's prefix (pending); queries in fp32 (with
-        `every_layer` every layer's); with `feature_layers` the residual stream entering those layers (`ForwardOutput`).
+        """`tokens` [q] at `positions` [q], written after the cache's prefix (pending); queries in fp32 (the
+        `query_layer`'s, with `every_layer` every layer's); with `feature_layers` the residual stream entering those
+        layers (`ForwardOutput`).
 
         `tree_mask` [q, q] makes the forward a tree verification; without one the rows are causal (a single
         token is a decode step, several a prefill)."""
@@ -75,7 +77,7 @@ class LeanForward:
         keys, values, scales, firsts = cache.reserve(tokens.shape[0], self.kv_heads, self.head_dim, x.dtype, x.device)
         normed, hidden, queries, features = self.native.forward(
             self.decoder, x, cos, sin, keys, values, prefix, tree_mask, last_only, scales, every_layer,
-            list(feature_layers), firsts,
+            list(feature_layers), firsts, self.query_layer,
         )
         logits = self.head(normed)
         logits = logits if self.logit_scale == 1.0 else logits / self.logit_scale  # Granite's

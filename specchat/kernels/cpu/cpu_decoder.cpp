@@ -1146,7 +1146,7 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
                                       std::vector<at::Tensor>& values, const std::vector<at::Tensor>* scales,
                                       const std::vector<int64_t>& firsts, int64_t prefix,
                                       const std::optional<at::Tensor>& mask, bool last_only, bool every_layer,
-                                      const std::vector<int64_t>& feature_layers) {
+                                      const std::vector<int64_t>& feature_layers, size_t query_layer) {
   const int64_t rows = x.size(0), hidden = x.size(1);
   const float eps = static_cast<float>(decoder.eps);
   const auto tails = mask ? tails_of(rows, prefix, mask) : std::vector<std::vector<int64_t>>{};
@@ -1166,7 +1166,7 @@ std::vector<at::Tensor> forward_typed(const Decoder& decoder, at::Tensor x, cons
     keep_features(static_cast<int64_t>(i));
     rms_norm<T>(x.data_ptr<T>(), layer.attention_norm, normed.data_ptr<T>(), rows, hidden, eps);
     float* kept = every_layer ? queries[i].data_ptr<float>()
-                  : i + 1 == decoder.layers.size() ? queries[0].data_ptr<float>() : nullptr;
+                  : i == query_layer ? queries[0].data_ptr<float>() : nullptr;
     attention_half<T>(layer, decoder, normed, cos, sin, keys[i], values[i], scales ? &(*scales)[i] : nullptr,
                       firsts[i], prefix, mask, tails, attended, kept);
     layer_rest<T>(layer, decoder, x, attended, normed, gated);
@@ -1185,8 +1185,8 @@ void check_mask(const std::optional<at::Tensor>& mask, int64_t rows) {
 }
 
 // x [rows, hidden] (the embedded tokens) -> [final-normed rows (the last only with `last_only`), the last
-// layer's output before the final norm, the last layer's rotated queries [rows, heads, D] fp32 (with
-// `every_layer` every layer's, [layers, rows, heads, D]), the residual stream entering each of `feature_layers`
+// layer's output before the final norm, layer `query_layer`'s rotated queries [rows, heads, D] fp32 (-1: the last
+// layer's; with `every_layer` every layer's, [layers, rows, heads, D]), the residual stream entering each of `feature_layers`
 // side by side [rows, len(feature_layers) * hidden] (layer count: the last layer's output)]. keys /
 // values: each layer's cache [kv_heads, slots, D] in the activations' dtype, written at [prefix, prefix + rows);
 // with `scales` (each layer's [kv_heads, slots / 16, D / 32 + 1, 16] fp32) an int8 cache instead: keys uint8,
@@ -1199,7 +1199,8 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
                                 const at::Tensor& sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                                 int64_t prefix, const std::optional<at::Tensor>& mask, bool last_only,
                                 const std::optional<std::vector<at::Tensor>>& scales, bool every_layer,
-                                const std::vector<int64_t>& feature_layers, const std::vector<int64_t>& firsts) {
+                                const std::vector<int64_t>& feature_layers, const std::vector<int64_t>& firsts,
+                                int64_t query_layer) {
   TORCH_CHECK(embedded.dim() == 2, "x must be [rows, hidden]");
   with_head_dim(decoder.head_dim, [](auto) {});
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos/sin must be float32");
@@ -1210,6 +1211,9 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
   }
   TORCH_CHECK(keys.size() == decoder.layers.size() && values.size() == keys.size(), "one cache per layer");
   TORCH_CHECK(firsts.empty() || firsts.size() == keys.size(), "one first position per layer");
+  const int64_t layers = static_cast<int64_t>(keys.size());
+  TORCH_CHECK(-1 <= query_layer && query_layer < layers, "the query layer is out of range");
+  const size_t kept_layer = query_layer < 0 ? keys.size() - 1 : static_cast<size_t>(query_layer);
   const std::vector<int64_t> held_from = firsts.empty() ? std::vector<int64_t>(keys.size()) : firsts;
   const int64_t rows = embedded.size(0);
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -1243,13 +1247,13 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
   switch (x.scalar_type()) {
     case at::kFloat:
       return forward_typed<float>(decoder, x, c, s, keys, values, int8_scales, held_from, prefix, mask, last_only,
-                                     every_layer, feature_layers);
+                                     every_layer, feature_layers, kept_layer);
     case at::kBFloat16:
       return forward_typed<at::BFloat16>(decoder, x, c, s, keys, values, int8_scales, held_from, prefix, mask, last_only,
-                                            every_layer, feature_layers);
+                                            every_layer, feature_layers, kept_layer);
     case at::kHalf:
       return forward_typed<at::Half>(decoder, x, c, s, keys, values, int8_scales, held_from, prefix, mask, last_only,
-                                     every_layer, feature_layers);
+                                     every_layer, feature_layers, kept_layer);
     default: TORCH_CHECK(false, "activations must be float32, bfloat16 or float16");
   }
 }
@@ -1422,7 +1426,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("decoder"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"),
         py::arg("prefix"), py::arg("mask"), py::arg("last_only"), py::arg("scales") = py::none(),
         py::arg("every_layer") = false, py::arg("feature_layers") = std::vector<int64_t>{},
-        py::arg("firsts") = std::vector<int64_t>{});
+        py::arg("firsts") = std::vector<int64_t>{}, py::arg("query_layer") = -1);
   py::class_<Eagle3Layer>(m, "Eagle3Layer").def(py::init([](Decoder decoder, at::Tensor embed_norm, Projection head,
                                                               bool norm_before_residual) {
     return Eagle3Layer{decoder, embed_norm.contiguous(), head, norm_before_residual};
