@@ -222,3 +222,24 @@ def test_a_draft_model_retrieves_chunks_by_the_last_layer_that_sees_every_positi
         assert scores.shape == (engine.cache.length,) and float(scores.sum()) == pytest.approx(1, abs=1e-3)
     else:
         assert scores is None and engine.cache.layers[-1].first > 0
+
+
+def test_the_prefix_store_keeps_a_text_a_longer_ones_window_cannot_restore(tiny_file, few_slots):
+    """A kept text and a longer one that begins with it: with every position held the longer copy restores both, so
+    the shorter is dropped; a window's copy holds its end only, so both stay, and a prompt that leaves the longer
+    text where the shorter ends is restored from the shorter, as a fresh engine answers it."""
+    loaded = load_model(str(tiny_file("gemma3")[0]))
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=1024, prefix_bytes=2**26)
+    fresh = Engine(loaded.model, loaded.tokenizer, max_len=1024)
+    first = _ids(100, 20)
+    text = first + generate(engine, first, 10, GREEDY)
+    generate(engine, _ids(120, 21), 4, GREEDY)  # keeps `text`
+    longer = text + _ids(80, 22)
+    generate(engine, longer, 10, GREEDY)  # reuses `text`, then runs past its end by far more than a window
+    generate(engine, _ids(120, 23), 4, GREEDY)  # keeps `longer` and its answer
+    # the cache holds a text but its last token (the next step's root)
+    assert sorted(len(prefix.ids) for prefix in engine.prefixes.kept) == sorted([123, len(text) - 1, len(longer) + 9])
+    follow_up = text + _ids(8, 24)
+    events = list(engine.generate(follow_up, sampling=GREEDY, max_new_tokens=12, reproducible=True))
+    assert events[-1].stats.reused_tokens == len(text) - 1
+    assert [t for event in events for t in event.tokens] == generate(fresh, follow_up, 12, GREEDY)

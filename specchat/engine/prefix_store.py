@@ -38,10 +38,10 @@ class PrefixStore:
         """How much of `prompt` the cache holds once this returns: the `shared` positions its text `current`
         shares with it, or more, restored from a kept text. `current` is kept first if it is about to be
         overwritten."""
-        best, longer = self._longest(prompt)
+        best, longer = self._longest(prompt, cache)
         if shared < len(current):
             self._keep(current, cache, spare=best if longer > shared else None)
-        if longer <= shared or not cache.restorable(best.layers, longer):  # a window's copy holds its end only
+        if longer <= shared:
             return shared
         cache.restore(best.layers, longer)
         self.kept.remove(best)
@@ -49,25 +49,30 @@ class PrefixStore:
         return longer
 
     def _keep(self, ids: list[int], cache: TreeCache, spare: KeptPrefix | None) -> None:
-        """Copy the cache's text `ids` (its committed slots), unless it is short or already kept whole; then drop
-        the least recently used beyond the budget, but `spare`."""
-        if len(ids) < MIN_TOKENS or any(prefix.ids[: len(ids)] == ids for prefix in self.kept):
+        """Copy the cache's text `ids` (its committed slots), unless it is short or a kept copy restores it already;
+        drop the kept texts the copy restores (those it begins with: all of them, but where a sliding window's layers
+        hold only their last positions); then drop the least recently used beyond the budget, but `spare`."""
+        if len(ids) < MIN_TOKENS or any(prefix.ids[: len(ids)] == ids and cache.restorable(prefix.layers, len(ids))
+                                        for prefix in self.kept):  # fmt: skip
             return
-        self.kept = [prefix for prefix in self.kept if ids[: len(prefix.ids)] != prefix.ids or prefix is spare]
-        self.kept.append(KeptPrefix(ids, cache.copy(len(ids))))
+        kept = KeptPrefix(ids, cache.copy(len(ids)))
+        self.kept = [prefix for prefix in self.kept if prefix is spare or ids[: len(prefix.ids)] != prefix.ids
+                     or not cache.restorable(kept.layers, len(prefix.ids))]  # fmt: skip
+        self.kept.append(kept)
         while sum(prefix.bytes for prefix in self.kept) > self.budget:
             oldest = next((prefix for prefix in self.kept if prefix is not spare), None)
             if oldest is None:
                 break
             self.kept.remove(oldest)
 
-    def _longest(self, prompt: list[int]) -> tuple[KeptPrefix | None, int]:
-        """The kept text sharing the longest prefix with `prompt`, and that prefix's length (the prompt's last
-        token excluded: its logits are what the prefill is for)."""
+    def _longest(self, prompt: list[int], cache: TreeCache) -> tuple[KeptPrefix | None, int]:
+        """The kept text sharing the longest prefix with `prompt` that its copy restores (a sliding window's layers
+        hold only their last positions), and that prefix's length (the prompt's last token excluded: its logits are
+        what the prefill is for)."""
         best, shared = None, 0
         for prefix in self.kept:
             n = _common(prefix.ids, prompt[:-1])
-            if n > shared:
+            if n > shared and cache.restorable(prefix.layers, n):
                 best, shared = prefix, n
         return best, shared
 
