@@ -13,6 +13,8 @@ Gemma's RMSNorm rounds once, after the weight.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,15 +48,8 @@ class GemmaAttention(Attention):
         self.window = self.sliding_window or 0
 
 
-class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.gate_proj = Slot(config.intermediate_size, config.hidden_size)
-        self.up_proj = Slot(config.intermediate_size, config.hidden_size)
-        self.down_proj = Slot(config.hidden_size, config.intermediate_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+class MLP(llama_model.MLP):
+    activation = staticmethod(functools.partial(F.gelu, approximate="tanh"))
 
 
 class DecoderLayer(nn.Module):

@@ -120,6 +120,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    activation = staticmethod(F.silu)  # of the gate
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.gate_proj = Slot(config.intermediate_size, config.hidden_size)
@@ -127,7 +129,7 @@ class MLP(nn.Module):
         self.down_proj = Slot(config.hidden_size, config.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
