@@ -185,11 +185,17 @@ def load_model(
         else:
             from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+            from specchat.architectures.hf_checkpoint import load_checkpoint_model, text_config
+            from specchat.engine.lean_forward import needs_own_modules
+
             tokenizer = AutoTokenizer.from_pretrained(location)
             config = AutoConfig.from_pretrained(location)
-            stretch_with_yarn(config, yarn)
-            model = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch_dtype,
-                                                         attn_implementation="sdpa")  # fmt: skip
+            if torch_device.type == "cpu" and needs_own_modules(text_config(config)):  # the CPU decoder runs it so
+                model = load_checkpoint_model(location, torch_dtype, yarn=yarn)
+            else:
+                stretch_with_yarn(config, yarn)
+                model = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch_dtype,
+                                                             attn_implementation="sdpa")  # fmt: skip
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
     if quantize:

@@ -26,6 +26,7 @@ from specchat.architectures.llama_model import Attention, ModelConfig, RotaryEmb
 
 class RMSNorm(nn.Module):
     weight_dtype = torch.float32  # the loader's: a norm weight kept in fp32, whatever the activations
+    checkpoint_offset = 1.0  # what the loader adds to a transformers checkpoint's w (a GGUF file holds 1 + w)
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -39,7 +40,7 @@ class RMSNorm(nn.Module):
 
 class GemmaAttention(Attention):
     def __init__(self, config: ModelConfig, index: int):
-        super().__init__(config)
+        super().__init__(config, index)
         self.layer_type = config.layer_types[index]
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)

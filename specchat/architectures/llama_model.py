@@ -103,7 +103,7 @@ class RotaryEmbedding(nn.Module):
 class Attention(nn.Module):
     """The projections' places (their weights, and biases where a model has them, are the file's)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, index: int):
         super().__init__()
         hidden, dim = config.hidden_size, config.head_dim
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -116,7 +116,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(dim, config.rms_norm_eps)
         self.head_dim = dim
         self.scaling = getattr(config, "attention_multiplier", None) or dim**-0.5  # Granite's, else D^-1/2
-        self.window = getattr(config, "sliding_window", None) or 0  # every layer's (Mistral's, Phi-3's), 0: none
+        self.window = (getattr(config, "sliding_window", None) or 0) if _sliding(config, index) else 0  # 0: none
 
 
 class MLP(nn.Module):
@@ -132,10 +132,17 @@ class MLP(nn.Module):
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 
 
+def _sliding(config: ModelConfig, index: int) -> bool:
+    """Whether layer `index` has the config's sliding window: as `layer_types` says (Qwen2's from `max_window_layers`
+    on), else every layer (Mistral's, Phi-3's) unless `use_sliding_window` is false."""
+    kinds = getattr(config, "layer_types", None)
+    return kinds[index] == "sliding_attention" if kinds else getattr(config, "use_sliding_window", True) is not False
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, index: int):
         super().__init__()
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, index)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -145,7 +152,7 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = Slot(config.vocab_size, config.hidden_size, embedding=True)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 

@@ -9,6 +9,9 @@ from torch import nn
 from specchat.architectures.llama import LlamaLayer, LlamaParts
 from specchat.quant.fused import Rows
 
+# a fused matrix's name -> the projections whose rows it stacks, in order
+FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
 
 class Phi3Layer(LlamaLayer):
     @property

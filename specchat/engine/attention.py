@@ -2,10 +2,11 @@
 
 "canonical" is the compiled CPU decoder's (`lean_forward`): every row sums in an order its position alone fixes,
 so a verified tree row is bitwise the decode step at its position; it runs Llama-family models and Gemma 3 on a
-CPU, Gemma's sliding windows included. "hybrid" is the torch decoder's (`torch_decoder`): the long prefix without a
-mask and the small tree part masked, merged by log-sum-exp, as Triton kernels on a GPU (in torch on a CPU); it runs
-the Llama family without sliding windows. "auto" is canonical where the CPU decoder runs the model in bf16 / fp16
-activations, or in any where the torch decoder cannot, else hybrid.
+CPU (Gemma's sliding windows included), in specchat's own modules where transformers' do not fit it. "hybrid" is
+the torch decoder's (`torch_decoder`): the long prefix without a mask and the small tree part masked, merged by
+log-sum-exp, as Triton kernels on a GPU (in torch on a CPU); it runs the Llama family without sliding windows.
+"auto" is canonical where the CPU decoder runs the model in bf16 / fp16 activations, or in any where the torch
+decoder cannot, else hybrid.
 
 The choice is kept on the model (`use_attention`), whose forward the engine then builds (`target_forward`).
 """
@@ -25,14 +26,12 @@ def check_attention(choice: str) -> None:
 def use_attention(model, choice: str) -> None:
     """Verify `model`'s trees with the attention `choice` names (a one-line error where it cannot run)."""
     check_attention(choice)
-    from specchat.engine.lean_forward import FAMILIES, HEAD_DIMS, OWN_MODULES_ONLY, serves  # torch: not for the CLI
+    from specchat.engine.lean_forward import FAMILIES, HEAD_DIMS, serves  # torch: not for the CLI
     from specchat.engine.torch_decoder import refusal
 
     if choice == "canonical" and not serves(model):
-        anywhere = [family for family in FAMILIES if family not in OWN_MODULES_ONLY]
-        own = f"{', '.join(OWN_MODULES_ONLY[:-1])} and {OWN_MODULES_ONLY[-1]}"
-        raise SpecchatError(f"canonical attention runs {', '.join(anywhere)} models, and {own} from a GGUF file, "
-                            f"head_dim {', '.join(map(str, HEAD_DIMS))}, on a CPU")  # fmt: skip
+        raise SpecchatError(f"canonical attention runs {', '.join(FAMILIES)} models of head_dim "
+                            f"{', '.join(map(str, HEAD_DIMS))} on a CPU")  # fmt: skip
     if (choice == "hybrid" or not serves(model)) and (reason := refusal(model.config)):
         raise SpecchatError(reason)
     model.specchat_attention = choice

@@ -85,18 +85,24 @@ class LeanForward:
 
 
 def serves(model) -> bool:
-    """Whether the CPU decoder computes `model`'s forward (given that it builds): a model of `FAMILIES` in
-    specchat's own modules (a GGUF file's; sliding windows included), or in transformers' without a sliding window
-    (not Phi-3 nor Gemma 3, whose fused projections and norms transformers keeps in its own forms)."""
+    """Whether the CPU decoder computes `model`'s forward (given that it builds): a model of `FAMILIES` on a CPU, in
+    specchat's own modules or, where it does not need them (`needs_own_modules`), in transformers'."""
     from specchat.architectures import llama_model
 
     config = model.config
     if model.device.type != "cpu" or config.model_type not in FAMILIES or _activation(config) is None:
         return False
-    own = isinstance(model, llama_model.CausalLM)  # Gemma's too
-    if not own and (config.model_type in OWN_MODULES_ONLY or sliding_window(config)):
+    if not isinstance(model, llama_model.CausalLM) and needs_own_modules(config):  # Gemma's is one too
         return False
     return parts(model).layers[0].head_dim in HEAD_DIMS
+
+
+def needs_own_modules(config) -> bool:
+    """Whether the CPU decoder reads `config`'s model only in specchat's own modules (a GGUF file's, or a checkpoint's
+    placed there by `hf_checkpoint`): transformers keeps Phi-3's projections fused and Gemma 3's norm weights as w
+    (the decoder reads 1 + w), and its attention modules do not name a window where `LlamaLayer.window` reads it;
+    Granite's are run through its modules by the torch decoder only."""
+    return config.model_type in OWN_MODULES_ONLY or sliding_window(config)
 
 
 def _activation(config) -> str | None:

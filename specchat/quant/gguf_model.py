@@ -20,6 +20,7 @@ from torch import nn
 
 from specchat.architectures import causal_lm
 from specchat.architectures.llama_model import ModelConfig, Slot
+from specchat.architectures.phi3 import FUSED_PROJECTIONS
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.gguf_header import tensor_table
 from specchat.quant.embedding import Int8Embedding
@@ -44,7 +45,6 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 _PHI3_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}  # fused, as in its repo
-_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _GEMMA3_NAMES = {  # Gemma 3's norms: the MLP's input, and each half's output
     **_LAYER_NAMES,
     "ffn_norm": "pre_feedforward_layernorm",
@@ -67,7 +67,7 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     check_tensor_types(tensors.values(), gguf_path)
     for module_name, held, rows in _modules(tensors, model.config):
         parent, _, name = module_name.rpartition(".")
-        if name in _FUSED:  # Phi-3's q/k/v and gate/up in one matrix: one layer, the projections views of its rows
+        if name in FUSED_PROJECTIONS:  # Phi-3's q/k/v and gate/up in one matrix: one layer, each projection a view
             _install_fused(model.get_submodule(parent), name, held, dtype)
         else:
             _install(model, module_name, held, dtype, rows=rows, aten_int4=aten_int4)
@@ -220,14 +220,14 @@ def _install(model, name: str, parts: dict, dtype, *, rows=None, aten_int4=False
 
 
 def _install_fused(parent: nn.Module, name: str, parts: dict, dtype) -> None:
-    """A fused matrix (`_FUSED[name]`, its projections' rows stacked in that order) as one layer, each projection's
-    `Slot` replaced by a `Rows` view of it: what `fuse_projections` makes of separate ones."""
+    """A fused matrix (`FUSED_PROJECTIONS[name]`, its projections' rows stacked in that order) as one layer, each
+    projection's `Slot` replaced by a `Rows` view of it: what `fuse_projections` makes of separate ones."""
     holder = nn.Module()
-    rows = sum(getattr(parent, part).weight.shape[0] for part in _FUSED[name])
-    holder.register_module("fused", Slot(rows, getattr(parent, _FUSED[name][0]).weight.shape[1]))
+    rows = sum(getattr(parent, part).weight.shape[0] for part in FUSED_PROJECTIONS[name])
+    holder.register_module("fused", Slot(rows, getattr(parent, FUSED_PROJECTIONS[name][0]).weight.shape[1]))
     _install(holder, "fused", parts, dtype)
     start = 0
-    for part in _FUSED[name]:
+    for part in FUSED_PROJECTIONS[name]:
         end = start + getattr(parent, part).weight.shape[0]
         setattr(parent, part, Rows(holder.fused, start, end))
         start = end

@@ -23,7 +23,9 @@ ROW_MULTIPLE = 16  # torch's int4 packing takes output rows in multiples of this
 
 def quantize_model(model: nn.Module, scheme: str, *, dtype: torch.dtype) -> None:
     """Replace the linear layers of `model` in place; `dtype` is the activation dtype."""
-    quantize_linears(model, scheme, dtype=dtype, head=model.get_output_embeddings())
+    from specchat.architectures import parts
+
+    quantize_linears(model, scheme, dtype=dtype, head=parts(model).head)
 
 
 def quantize_linears(module: nn.Module, scheme: str, *, dtype: torch.dtype, head: nn.Module | None = None) -> None:

@@ -1,0 +1,183 @@
+"""Gemma 3, Phi-3 and Granite from a Hugging Face checkpoint (config.json and safetensors, as `save_pretrained` writes
+them): on a CPU they load into specchat's own modules (`hf_checkpoint`) and run on the CPU decoder, computing what
+transformers' model computes, past the window too; speculation equals the target alone. The checkpoints are the tiny
+GGUF models of test_gguf_architectures, dequantized by transformers' model and saved."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import tiny_model
+from drafters_for_tests import RandomTreeDrafter
+from gguf_files import write_tiny_model
+from safetensors.torch import load_file, save_file
+from test_gguf_architectures import WINDOW
+from test_gguf_model import GREEDY, SAMPLED, generate
+from test_speculative import VOCAB
+from transformers import PreTrainedTokenizerFast
+
+from specchat.architectures import gemma3_model, llama_model, parts
+from specchat.engine.cache import TreeCache
+from specchat.engine.generate import Engine
+from specchat.engine.lean_forward import lean_forward
+from specchat.engine.tree import DraftTree, tree_batch
+from specchat.errors import SpecchatError
+from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir, load_model
+from specchat.quant.gguf_model import dequantized_model
+
+CPU = torch.device("cpu")
+OWN = {"gemma3": gemma3_model.CausalLM, "phi3": llama_model.CausalLM, "granite": llama_model.CausalLM}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Each architecture's tiny model as a checkpoint directory in bf16, and transformers' model of it in fp32."""
+    made, files = {}, []
+
+    def of(architecture: str):
+        if architecture not in made:
+            folder = tmp_path_factory.mktemp(architecture)
+            path = write_tiny_model(folder / f"tiny-{architecture}.gguf", embedded_gguf_path(),
+                                    architecture=architecture, unquantized=True)  # fmt: skip
+            config_dir = gguf_checkpoint(path)
+            files.append(path)
+            reference = dequantized_model(path, config_dir)
+            for weight in reference.parameters():  # as saved in bf16 (its buffers, the rotary tables, stay fp32)
+                weight.data = weight.data.to(torch.bfloat16).float()
+            copy.deepcopy(reference).to(torch.bfloat16).save_pretrained(folder / "checkpoint")
+            PreTrainedTokenizerFast.from_pretrained(config_dir).save_pretrained(folder / "checkpoint")
+            made[architecture] = folder / "checkpoint", reference
+        return made[architecture]
+
+    yield of
+    for path in files:
+        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+
+
+def _last_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=tokens[None]).logits[0, -1]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("architecture", OWN)
+def test_a_checkpoint_runs_on_the_cpu_decoder_as_transformers_runs_it(checkpoints, architecture):
+    """fp32 activations: a prefill of twice the window, then a tree whose rows sit at other depths, against
+    transformers' model of the same weights."""
+    directory, theirs = checkpoints(architecture)
+    ours = load_model(str(directory), dtype="float32").model
+    assert type(ours) is OWN[architecture]
+    lean = lean_forward(ours)
+    assert lean is not None
+    length = 2 * WINDOW[architecture] + 5
+    prompt = torch.randint(3, 2000, (length,), generator=torch.Generator().manual_seed(0))
+    cache = TreeCache(2, 256, windows=[layer.window for layer in parts(ours).layers])
+    prefill = lean(prompt, torch.arange(length), None, cache).logits
+    cache.commit()
+    for row in (0, WINDOW[architecture] - 1, WINDOW[architecture], length - 1):
+        torch.testing.assert_close(prefill[row], _last_logits(theirs, prompt[: row + 1]), atol=2e-4, rtol=1e-4)
+    tree = DraftTree([5, 6, 7, 8, 9], [-1, 0, 0, 1, 3], ["test"] * 5)
+    batch = tree_batch(tree, 11, length, CPU)
+    verified = lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache).logits
+    for row in range(len(tree) + 1):
+        path = [11] + [tree.tokens[node] for node in tree.path_to(row - 1)]
+        want = _last_logits(theirs, torch.cat([prompt, torch.tensor(path)]))
+        torch.testing.assert_close(verified[row], want, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_speculation_on_a_checkpoint_equals_autoregressive(checkpoints, sampling, cpu_isa):
+    loaded = load_model(str(checkpoints("gemma3")[0]))
+    assert loaded.dtype == "bfloat16"
+    prompt = torch.randint(3, 2000, (70,), generator=torch.Generator().manual_seed(2)).tolist()
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    assert engine.canonical
+    expected = generate(engine, prompt, 60, sampling)
+    engine.set_drafter(RandomTreeDrafter(vocab_size=2000, seed=3, reference=prompt + expected, p_correct=0.8), 16)
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=60, reproducible=True))
+    assert [t for event in events for t in event.tokens] == expected
+    assert events[-1].stats.accepted > 0
+
+
+@torch.inference_mode()
+def test_a_multimodal_gemma3_checkpoint_loads_its_text_model(checkpoints, tmp_path):
+    """Gemma 3 4B and larger are published with a vision tower: their text model's tensors under
+    `language_model.model.` (or `model.language_model.`), the config's under `text_config`."""
+    directory, _ = checkpoints("gemma3")
+    text = load_model(str(directory)).model
+    prompt = torch.randint(3, 2000, (30,), generator=torch.Generator().manual_seed(1))
+    want = lean_forward(text)(prompt, torch.arange(30), None, TreeCache(2, 64, windows=[0, 0])).logits
+    for prefix, head in (("language_model.model.", "language_model.lm_head."), ("model.language_model.", "lm_head.")):
+        multimodal = tmp_path / prefix.replace(".", "_")
+        shutil.copytree(directory, multimodal)
+        tensors = {_renamed(name, prefix, head): t for name, t in load_file(multimodal / "model.safetensors").items()}
+        tensors["vision_tower.vision_model.post_layernorm.weight"] = torch.ones(4)
+        save_file(tensors, multimodal / "model.safetensors", metadata={"format": "pt"})
+        config = json.loads((directory / "config.json").read_text())
+        (multimodal / "config.json").write_text(json.dumps({"model_type": "gemma3", "architectures":
+            ["Gemma3ForConditionalGeneration"], "text_config": config}))  # fmt: skip
+        model = load_model(str(multimodal)).model
+        assert model.config.model_type == "gemma3_text"
+        got = lean_forward(model)(prompt, torch.arange(30), None, TreeCache(2, 64, windows=[0, 0])).logits
+        assert torch.equal(got, want)
+
+
+def _renamed(name: str, prefix: str, head: str) -> str:
+    """A text model's tensor as a multimodal checkpoint names it."""
+    return prefix + name.removeprefix("model.") if name.startswith("model.") else head + name.removeprefix("lm_head.")
+
+
+def test_a_checkpoint_quantized_on_load_runs_on_the_cpu_decoder(checkpoints):
+    loaded = load_model(str(checkpoints("phi3")[0]), quantize="int8")
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=128)
+    assert engine.canonical and parts(loaded.model).layers[0].q.format.startswith("int8")
+    assert len(generate(engine, [5, 6, 7, 8], 8, GREEDY)) == 8
+
+
+def test_a_checkpoint_without_safetensors_is_refused_in_one_line(checkpoints, tmp_path):
+    directory = tmp_path / "bin-only"
+    shutil.copytree(checkpoints("granite")[0], directory)
+    (directory / "model.safetensors").rename(directory / "pytorch_model.bin")
+    with pytest.raises(SpecchatError, match="has no model.safetensors"):
+        load_model(str(directory))
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_a_checkpoint_with_sliding_windows_runs_on_the_cpu_decoder(family, tokenizer, tmp_path):
+    """Mistral's window on every layer, Qwen2's from `max_window_layers` on (its `layer_types`): transformers'
+    attention modules do not say which layers have one as the CPU decoder reads it, specchat's own do."""
+    from transformers import AutoModelForCausalLM
+
+    plain = tiny_model(family, vocab_size=VOCAB, head_dim=64)
+    fields = {k: v for k, v in plain.config.to_dict().items() if k != "layer_types"}  # built again from these
+    fields["sliding_window"] = 24
+    if family == "qwen2":
+        fields |= {"use_sliding_window": True, "max_window_layers": 1}
+    theirs = AutoModelForCausalLM.from_config(plain.config.__class__.from_dict(fields), attn_implementation="sdpa")
+    theirs.load_state_dict(plain.state_dict())
+    theirs.eval().save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    ours = load_model(str(tmp_path), dtype="float32").model
+    windows = [layer.window for layer in parts(ours).layers]
+    assert windows == ([24, 24] if family == "mistral" else [0, 24])
+    prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(0))
+    logits = lean_forward(ours)(prompt, torch.arange(60), None, TreeCache(2, 128, windows=windows)).logits
+    torch.testing.assert_close(logits, theirs(input_ids=prompt[None]).logits[0], atol=2e-4, rtol=1e-4)
+
+
+def test_a_checkpoint_is_found_by_its_repo_id_in_the_hub_cache(checkpoints, tmp_path, monkeypatch):
+    """Offline, as `hf download google/gemma-3-1b-it` leaves it: its snapshot in the Hugging Face cache."""
+    from huggingface_hub import constants
+
+    repo = tmp_path / "models--google--gemma-3-tiny"
+    shutil.copytree(checkpoints("gemma3")[0], repo / "snapshots" / "0123abcd")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    loaded = load_model("google/gemma-3-tiny")
+    assert type(loaded.model) is gemma3_model.CausalLM
+    assert loaded.model.name_or_path == str(repo / "snapshots" / "0123abcd")
