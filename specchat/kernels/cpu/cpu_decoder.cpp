@@ -2,9 +2,9 @@
 // layers are the same with more norms (each half's output), GELU and sliding windows (`Layer`, `Decoder`).
 //
 // A decode step of a small model is a few hundred operations of a few microseconds each; run one by one
-// from Python they cost more than the matmuls. Here the matmuls are ATen's (the 4-bit kernel, or a dense
-// product), and what lies between them (RMSNorm, rotary, the cache write, tree attention, SiLU-gating,
-// residuals) is plain loops over the rows.
+// from Python they cost more than the matmuls. Here the matmuls are our own (GGUF blocks: gguf/matmul.h; dense
+// bf16: bf16_matmul.h) or ATen's (the 4-bit kernel, other dense products), and what lies between them (RMSNorm,
+// rotary, the cache write, tree attention, SiLU-gating, residuals) is plain loops over the rows.
 //
 // Exactness: every row's attention sums over its keys in position order (the committed prefix, then its
 // ancestors by depth, itself last) with a fixed lane layout, so a verified tree node gets bitwise what a
@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include "bf16_dots.h"
+#include "bf16_matmul.h"
 #include "bf16_tiles.h"
 #include "gguf/matmul.h"
 #include "int8_dots.h"
@@ -51,7 +52,8 @@ struct Linear {
   at::Tensor operator()(const at::Tensor& x) const {
     at::Tensor out;
     if (dense.defined()) {
-      out = at::linear(x, dense);
+      out = x.dim() == 2 && bf16_matmul::takes(x, dense) ? bf16_matmul::matmul(x, dense).to(x.scalar_type())
+                                                          : at::linear(x, dense);
     } else if (!blocks.empty()) {
       out = gguf::matmul(x, blocks, gguf::Path::Best).to(x.scalar_type());
     } else {
@@ -1379,6 +1381,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     linear.bias = bias;
     return linear;
   });
+  m.def("bf16_matmul", [](at::Tensor x, at::Tensor weight) {
+    TORCH_CHECK(bf16_matmul::takes(x, weight), "bf16_matmul takes bf16 operands, inputs in 32s, on an x86 build");
+    return bf16_matmul::matmul(x, weight);
+  }, "x [rows, in] . weight [out, in]^T in fp32, bf16 operands (bf16_matmul.h).");
   m.def("gguf_matmul", [matrices](at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types,
                                   std::vector<int64_t> unit_rows, int64_t cols, const std::string& path) {
     return gguf::matmul(x, matrices(blocks, types, unit_rows, cols), gguf::path_named(path));
