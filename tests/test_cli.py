@@ -67,6 +67,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("run", "hi", "--temperature", "inf"), ("--temperature",)),
         (("run", "hi", "--seed", "99999999999999999999"), ("--seed", "between")),
         (("run", "hi", "--stop", ""), ("--stop",)),
+        (("chat", "--stop", ""), ("--stop",)),
         (("run", "hi", "-n", "4", "--min-tokens", "9"), ("--min-tokens takes 0 to --max-new-tokens (4), not 9",)),
         (("run", "hi", "--format", "json", "--min-tokens", "2"), ("--min-tokens with JSON mode",)),
         (("run", "hi", "--drafter", "none", "--draft-budget", "8"), ("--draft-budget needs a drafter",)),

@@ -426,6 +426,29 @@ async def test_retry_answers_the_last_message_again_from_the_cache(tiny):
         assert figures.reused_tokens == figures.prompt_tokens - 1  # the conversation up to it, from the cache
 
 
+async def test_stop_strings_end_the_next_answers_before_them_unshown(tiny):
+    """`/stop` as ollama's `/set parameter stop`: quoted strings may hold spaces; alone, it ends answers at the end of
+    the turn only again. The answer is the greedy one cut before the first stop string."""
+    app = make_app(tiny, max_new_tokens=16)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        whole = (await ask(pilot, "hello there")).text
+        stop = whole[6:9]
+        assert stop.strip() and stop not in whole[:6]
+        await send(pilot, f'/stop "{stop}" "never said"')
+        assert app.session.settings.stop == (stop, "never said")
+        await send(pilot, "/retry")
+        await wait_until(pilot, lambda: not app.generating, what="the answer again")
+        await pilot.pause()
+        cut = app.session.messages[-1]
+        assert cut.text == whole[: whole.index(stop)] and cut.finish == "stop"
+        assert app.query(MessageView).last().body.plain == cut.text  # the stop string is not shown
+        await send(pilot, "/stop")
+        assert app.session.settings.stop == () and note_lines(app)[-1] == "no stop strings"
+        await send(pilot, '/stop "unclosed')
+        assert "quote a stop string that holds spaces" in note_lines(app, errors=True)[-1]
+
+
 async def test_overlay_toggles_and_help_explains_the_numbers(tiny):
     app = make_app(tiny, drafter="ngram", max_new_tokens=16)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -30,6 +30,7 @@ from specchat.cli.common import (
     QuantizeOption,
     SchemaOption,
     SeedOption,
+    StopOption,
     SystemOption,
     TemperatureOption,
     ThreadsOption,
@@ -41,10 +42,10 @@ from specchat.cli.common import (
     check_drafters,
     checked_overrides,
     default_drafter,
-    default_stop,
     default_system,
     quiet_transformers,
     sampling_config,
+    stop_strings,
     use_threads,
 )
 from specchat.drafters import check_draft_cache
@@ -67,6 +68,7 @@ def chat(
     frequency_penalty: FrequencyPenaltyOption = None,
     presence_penalty: PresencePenaltyOption = None,
     seed: SeedOption = None,
+    stop: StopOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens per answer.")] = 1024,
     context: Annotated[
         int | None, typer.Option("--context", help="Most tokens the conversation may hold (default 8192).")
@@ -103,7 +105,7 @@ def chat(
 
     settings = ChatSettings(
         drafter=drafter, draft_budget=draft_budget, draft_cache=draft_cache,
-        system=system if system is not None else default_system(model), stop=default_stop(model),
+        system=system if system is not None else default_system(model), stop=stop_strings(stop, model),
         max_new_tokens=max_new_tokens, context=context, kv_cache=kv_cache,
         format=answer_format(text_format, schema, grammar, grammar_file),
     )  # fmt: skip

@@ -108,6 +108,8 @@ FrequencyPenaltyOption = Annotated[float | None, typer.Option(
 PresencePenaltyOption = Annotated[float | None, typer.Option(
     "--presence-penalty", help="Subtract this from the logit of a token already in the text (-2 to 2).")]
 SeedOption = Annotated[int | None, typer.Option("--seed", help="Seed of the sampling (the same seed, the same text).")]
+StopOption = Annotated[list[str] | None, typer.Option(
+    "--stop", help="Stop string (repeatable; default: an ollama model's own).", show_default=False)]
 SystemOption = Annotated[str | None, typer.Option(
     "--system", help="System prompt (default: none, or the SYSTEM of a model ollama holds).", show_default=False)]
 ChatTemplateOption = Annotated[Path | None, typer.Option(
@@ -143,8 +145,12 @@ def default_system(model: str | None) -> str | None:
     return ollama_system(model) if model else None
 
 
-def default_stop(model: str | None) -> tuple[str, ...]:
-    """The stop strings a model ollama holds ends its answers at (its Modelfile's `PARAMETER stop`), else none."""
+def stop_strings(stop: list[str] | None, model: str | None) -> tuple[str, ...]:
+    """--stop's strings, else those a model ollama holds ends its answers at (its Modelfile's `PARAMETER stop`)."""
+    if any(not each for each in stop or ()):
+        raise SpecchatError("--stop takes a non-empty string")
+    if stop:
+        return tuple(stop)
     from specchat.ollama_models import ollama_stop
 
     return ollama_stop(model) if model else ()

@@ -33,6 +33,7 @@ from specchat.cli.common import (
     QuantizeOption,
     SchemaOption,
     SeedOption,
+    StopOption,
     SystemOption,
     TemperatureOption,
     ThreadsOption,
@@ -44,10 +45,10 @@ from specchat.cli.common import (
     check_drafters,
     checked_overrides,
     default_drafter,
-    default_stop,
     default_system,
     quiet_transformers,
     sampling_config,
+    stop_strings,
     use_threads,
 )
 from specchat.drafters import check_draft_cache
@@ -73,9 +74,7 @@ def run(
     frequency_penalty: FrequencyPenaltyOption = None,
     presence_penalty: PresencePenaltyOption = None,
     seed: SeedOption = None,
-    stop: Annotated[
-        list[str] | None, typer.Option("--stop", help="Stop string (repeatable; default: an ollama model's own).")
-    ] = None,
+    stop: StopOption = None,
     system: SystemOption = None,
     raw: Annotated[bool, typer.Option("--raw", help="Skip the chat template.")] = False,
     suffix: Annotated[str | None, typer.Option(
@@ -113,8 +112,6 @@ def run(
     prompt = _read_prompt(prompt)
     if max_new_tokens < 1:
         raise SpecchatError("--max-new-tokens must be at least 1")
-    if any(not each for each in stop or ()):
-        raise SpecchatError("--stop takes a non-empty string")
     if suffix is not None and (system is not None or chat_template is not None):
         raise SpecchatError("--suffix fills in code without a chat template: drop --system and --chat-template")
     held = answer_format(text_format, schema, grammar, grammar_file)
@@ -132,7 +129,7 @@ def run(
     drafter = drafter or default_drafter(model)
     if system is None and suffix is None and not raw:
         system = default_system(model)
-    stop = tuple(stop) if stop else default_stop(model)
+    stop = stop_strings(stop, model)
     [choice] = check_drafters([drafter], draft_budget)
     if draft_cache is not None:
         check_draft_cache(draft_cache, choice)

@@ -318,6 +318,11 @@ class ChatApp(App[None]):
         self._show_settings()
         self._note(f"answers held to {held.label()}, from the next answer" if not held.free else "answers in free text")
 
+    def _command_stop(self, strings: tuple[str, ...]) -> None:
+        self.session.update_settings(stop=strings)
+        listed = ", ".join(repr(each) for each in strings)
+        self._note(f"answers end before {listed}, from the next answer" if strings else "no stop strings")
+
     def _command_retry(self, _) -> None:
         """The last turn forgotten and its message asked again: the cache holds the conversation up to it, so only
         the answer is computed anew."""

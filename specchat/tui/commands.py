@@ -7,6 +7,7 @@ inline, so a typo never reaches the engine.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,16 @@ def _format(text: str) -> AnswerFormat:
     return read_format(Path(text).expanduser(), "/format")
 
 
+def _stop(text: str) -> tuple[str, ...]:
+    try:
+        strings = tuple(shlex.split(text))
+    except ValueError as error:
+        raise SpecchatError(f"/stop: {error} (quote a stop string that holds spaces)") from None
+    if any(not each for each in strings):
+        raise SpecchatError("/stop takes non-empty strings")
+    return strings
+
+
 def _optional_path(text: str) -> Path | None:
     return Path(text).expanduser() if text else None
 
@@ -92,6 +103,8 @@ COMMANDS = (
     CommandSpec("budget", "/budget N|auto", "most draft-tree nodes per step (auto: chosen per step)", _budget),
     CommandSpec("format", "/format text|json|FILE", "hold answers to JSON, a JSON Schema (FILE.json) or a GBNF "
                 "grammar (FILE)", _format),
+    CommandSpec("stop", '/stop [TEXT "TEXT 2" ...]', "end answers before these strings (none: at the end of the turn only)",
+                _stop),
     CommandSpec("retry", "/retry", "answer the last message again (sampled: another answer)", _none("retry"),
                 needs_idle=True),
     CommandSpec("clear", "/clear", "start a new conversation", _none("clear"), needs_idle=True),
