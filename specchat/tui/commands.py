@@ -103,8 +103,8 @@ COMMANDS = (
     CommandSpec("budget", "/budget N|auto", "most draft-tree nodes per step (auto: chosen per step)", _budget),
     CommandSpec("format", "/format text|json|FILE", "hold answers to JSON, a JSON Schema (FILE.json) or a GBNF "
                 "grammar (FILE)", _format),
-    CommandSpec("stop", '/stop [TEXT "TEXT 2" ...]', "end answers before these strings (none: at the end of the turn only)",
-                _stop),
+    CommandSpec("stop", '/stop [TEXT "TEXT 2" ...]', "end answers before these strings (none: at the end of the "
+                "turn only)", _stop),
     CommandSpec("retry", "/retry", "answer the last message again (sampled: another answer)", _none("retry"),
                 needs_idle=True),
     CommandSpec("clear", "/clear", "start a new conversation", _none("clear"), needs_idle=True),
