@@ -115,16 +115,16 @@ GRANITE_SCALES = {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.sc
 
 def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture: str = "qwen2", seed: int = 0,
                      layers: int = 2, tied: bool = False, name: str | None = None,
-                     frequency_factors: list[float] | None = None, unquantized: bool = False,
+                     frequency_factors: list[float] | None = None, unquantized: bool | str = False,
                      padded_vocab: int = 0) -> Path:  # fmt: skip
     """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3: 128, gemma3: 256), 2 KV heads, MLP 512) whose
-    matrices use every block type (`unquantized`: F32), with q/k/v biases for qwen2 and q/k norms for qwen3; gemma3 with
-    Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys (llama.cpp's names and layout:
-    norms hold 1 + w); phi3 as Phi-4-mini (fused q/k/v and gate/up, LongRoPE over PHI3_ROTATED of its 64 dims) with a
-    window of PHI3_WINDOW keys on every layer; granite with GRANITE_SCALES; the tokenizer of the GGUF file
-    `tokenizer_source` (None: 512 stand-in tokens); `name` its `general.name`; `frequency_factors` its `rope_freqs`
-    tensor (32 factors, RoPE base 10000); `padded_vocab` unused tokens listed after the tokenizer's (and rows of the
-    embedding and head for them)."""
+    matrices use every block type (`unquantized`: F32, or "F16" / "BF16"), with q/k/v biases for qwen2 and q/k norms
+    for qwen3; gemma3 with Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys
+    (llama.cpp's names and layout: norms hold 1 + w); phi3 as Phi-4-mini (fused q/k/v and gate/up, LongRoPE over
+    PHI3_ROTATED of its 64 dims) with a window of PHI3_WINDOW keys on every layer; granite with GRANITE_SCALES; the
+    tokenizer of the GGUF file `tokenizer_source` (None: 512 stand-in tokens); `name` its `general.name`;
+    `frequency_factors` its `rope_freqs` tensor (32 factors, RoPE base 10000); `padded_vocab` unused tokens listed
+    after the tokenizer's (and rows of the embedding and head for them)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -173,8 +173,12 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
         padded = rows == vocab and padded_vocab
         parts = [(rows - padded_vocab, rng), (padded_vocab, padding)] if padded else [(rows, rng)]
         if unquantized:
-            values = np.concatenate([draw.normal(0, 0.05, (n, columns)) for n, draw in parts])
-            writer.add_tensor(name, values.astype(np.float32))
+            values = np.concatenate([draw.normal(0, 0.05, (n, columns)) for n, draw in parts]).astype(np.float32)
+            if unquantized == "BF16":  # each value's top 16 bits
+                bits = (values.view(np.uint32) >> 16).astype(np.uint16)
+                writer.add_tensor(name, bits.view(np.uint8).reshape(rows, 2 * columns), raw_dtype=Q.BF16)
+            else:
+                writer.add_tensor(name, values.astype(np.float16 if unquantized == "F16" else np.float32))
         else:
             blocks = np.concatenate([random_blocks(kind, n, columns, draw) for n, draw in parts])
             writer.add_tensor(name, blocks, raw_dtype=kind)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from specchat.architectures import causal_lm
-from specchat.architectures.llama_model import ModelConfig, Slot
+from specchat.architectures.llama_model import ModelConfig, ScaledEmbedding, Slot, dense_linear
 from specchat.architectures.phi3 import FUSED_PROJECTIONS
 from specchat.architectures.rope import stretch_with_yarn
 
@@ -27,18 +27,6 @@ TEXT_MODEL = {"language_model.model.": "model.", "language_model.lm_head.": "lm_
               "model.language_model.": "model."}  # fmt: skip
 MULTIMODAL_ONLY = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 WEIGHTS = ("model.safetensors.index.json", "model*.safetensors", "*.json")  # what a repo id's snapshot needs
-
-
-class ScaledEmbedding(nn.Embedding):
-    """Rows times `scale` in the weight's dtype, as transformers' Gemma embedding scales them: the weight stays
-    unscaled, shared with a tied LM head."""
-
-    def __init__(self, weight: torch.Tensor, scale: float):
-        super().__init__(*weight.shape, _weight=weight, _freeze=True)
-        self.register_buffer("scale", torch.tensor(scale, dtype=weight.dtype), persistent=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return super().forward(ids) * self.scale
 
 
 def text_config(config):
@@ -66,7 +54,7 @@ def load_checkpoint_model(location: str, dtype: torch.dtype, *, yarn: float | No
         else:
             _place(model, module, fields, dtype)
     if isinstance(model.lm_head, Slot):  # tied: the embedding's weight, unscaled
-        model.lm_head = _linear(model.model.embed_tokens.weight, None, dtype)
+        model.lm_head = dense_linear(model.model.embed_tokens.weight, None, dtype)
     if (directory / "generation_config.json").is_file():  # its EOS ids and sampling defaults, read as transformers does
         model.generation_config = GenerationConfig.from_pretrained(directory)
     missing = [name for name, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]
@@ -128,9 +116,9 @@ def _place(model: nn.Module, module: str, fields: dict[str, torch.Tensor], dtype
     elif current.embedding:
         weight = weight.to(dtype)
         model.set_submodule(module, nn.Embedding.from_pretrained(weight) if current.scale == 1.0
-                            else ScaledEmbedding(weight, current.scale))  # fmt: skip
+                            else ScaledEmbedding(weight, current.scale, dtype, as_weight=True))  # fmt: skip
     else:
-        model.set_submodule(module, _linear(weight, fields.get("bias"), dtype))
+        model.set_submodule(module, dense_linear(weight, fields.get("bias"), dtype))
 
 
 def _split(parent: nn.Module, name: str, weight: torch.Tensor, dtype: torch.dtype) -> None:
@@ -138,16 +126,5 @@ def _split(parent: nn.Module, name: str, weight: torch.Tensor, dtype: torch.dtyp
     start = 0
     for part in FUSED_PROJECTIONS[name]:
         end = start + getattr(parent, part).weight.shape[0]
-        setattr(parent, part, _linear(weight[start:end], None, dtype))
+        setattr(parent, part, dense_linear(weight[start:end], None, dtype))
         start = end
-
-
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
-    """An `nn.Linear` over `weight` and `bias` in `dtype`, built without the random values its constructor draws (a
-    billion of them take seconds)."""
-    layer = nn.Linear.__new__(nn.Linear)
-    nn.Module.__init__(layer)
-    layer.out_features, layer.in_features = weight.shape
-    layer.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
-    layer.register_parameter("bias", None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False))
-    return layer

@@ -63,6 +63,33 @@ class Slot(nn.Module):
         self.embedding, self.scale = embedding, scale
 
 
+def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
+    """An `nn.Linear` over `weight` and `bias` in `dtype` (no copy where they are in it already: a file's mapped
+    memory stays the weight), built without the random values its constructor draws (a billion take seconds)."""
+    layer = nn.Linear.__new__(nn.Linear)
+    nn.Module.__init__(layer)
+    layer.out_features, layer.in_features = weight.shape
+    layer.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+    layer.register_parameter("bias", None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False))
+    return layer
+
+
+class ScaledEmbedding(nn.Embedding):
+    """Rows times `scale` (Gemma's sqrt(hidden)) as they are looked up, the table left unscaled (a tied LM head shares
+    it): multiplied in fp32 and rounded once to `dtype`, as llama.cpp scales a GGUF file's rows, or with `as_weight`
+    in the weight's dtype by the scale rounded to it, as transformers' Gemma does."""
+
+    def __init__(self, weight: torch.Tensor, scale: float, dtype: torch.dtype, *, as_weight: bool = False):
+        super().__init__(*weight.shape, _weight=weight, _freeze=True)
+        self.scale, self.out_dtype, self.as_weight = scale, dtype, as_weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = super().forward(ids)
+        if self.as_weight:
+            return rows * torch.tensor(self.scale, dtype=rows.dtype)
+        return (rows.float() * self.scale).to(self.out_dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()

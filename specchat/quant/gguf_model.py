@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specchat.architectures import causal_lm
-from specchat.architectures.llama_model import ModelConfig, Slot
+from specchat.architectures.llama_model import ModelConfig, ScaledEmbedding, Slot, dense_linear
 from specchat.architectures.phi3 import FUSED_PROJECTIONS
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.gguf_header import tensor_table
@@ -204,15 +204,13 @@ def _install(model, name: str, parts: dict, dtype, *, rows=None, aten_int4=False
         columns = tensor.shape[0]
         module = GGUFEmbedding(raw, int(kind), columns, dtype=dtype, scale=current.scale) if embedding \
             else GGUFLinear(raw, int(kind), columns, dtype=dtype, bias=bias)  # fmt: skip
-    else:  # F32 / F16: norms, biases, unquantized matrices
+    else:  # F32 / F16 / BF16: norms, biases, unquantized matrices, mapped from the file where already in `dtype`
         weight = _dense(tensor, raw)
-        if embedding:  # its rows scaled before they are rounded, as a GGUFEmbedding scales them
-            module = nn.Embedding.from_pretrained((weight * current.scale).to(dtype))
+        if embedding:  # its rows scaled as they are looked up, in fp32 and rounded once, as a GGUFEmbedding's
+            module = nn.Embedding.from_pretrained(weight.to(dtype)) if current.scale == 1.0 \
+                else ScaledEmbedding(weight, current.scale, dtype)  # fmt: skip
         elif matrix:
-            module = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-            module.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
-            if bias is not None:
-                module.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
+            module = dense_linear(weight, bias, dtype)
         else:  # a norm: in the activations' dtype, or the one it asks for (Gemma's fp32)
             current.weight = nn.Parameter(weight.to(getattr(current, "weight_dtype", dtype)), requires_grad=False)
             return
@@ -271,6 +269,7 @@ def _q8_0(raw: torch.Tensor):
 
 
 def _dense(tensor, raw: torch.Tensor) -> torch.Tensor:
+    """An unquantized tensor as the file holds it (F32, F16 or BF16), its mapped memory: converted once, by its user."""
     from gguf import GGMLQuantizationType as Q
 
-    return raw.view(torch.bfloat16).float() if tensor.tensor_type == Q.BF16 else raw.float()
+    return raw.view(torch.bfloat16) if tensor.tensor_type == Q.BF16 else raw
