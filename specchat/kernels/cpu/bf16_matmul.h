@@ -7,10 +7,10 @@
 //
 // Weight rows go in blocks of 16 (the lanes of 16 outputs pair down together) and units of four blocks (a thread's
 // share), inputs in slices of 2048 and activation rows in groups of 64, so that what a pass reads again stays in L2.
-// Against ATen's bf16 product (oneDNN) on a Zen 5 (AVX-512 BF16), a Gemma 3 1B layer's MLP matrices take 0.65x its time at one
-// row (they read the memory at 44 GB/s against 28), 0.77x at 8, 1.1x at 64 and 1.25x at 512 (oneDNN's packed panels
-// reach the dot-product units' peak on a prompt; these row-major passes 0.6 of it); the AVX2 build against ATen's
-// AVX2 product 1.1x at one row and 0.4-0.5x from four on.
+// Against ATen's bf16 product (oneDNN) on a Zen 5 (AVX-512 BF16; `scripts/dense_matmul_rows.py`), a Gemma 3 1B
+// layer's MLP matrices take 0.65x its time at one row (they read the memory at 44 GB/s against 28), 0.77x at 8, 1.1x
+// at 64 and 1.25x at 512 (oneDNN's packed panels reach the dot-product units' peak on a prompt; these row-major
+// passes 0.6 of it); the AVX2 build against ATen's AVX2 product 1.1x at one row and 0.4-0.5x from four on.
 #pragma once
 
 #include "bf16_dots.h"
