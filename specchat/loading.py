@@ -191,7 +191,7 @@ def load_model(
             tokenizer = AutoTokenizer.from_pretrained(location)
             config = AutoConfig.from_pretrained(location)
             if torch_device.type == "cpu" and needs_own_modules(text_config(config)):  # the CPU decoder runs it so
-                model = load_checkpoint_model(location, torch_dtype, yarn=yarn)
+                model = load_checkpoint_model(location, config, torch_dtype, yarn=yarn)
             else:
                 stretch_with_yarn(config, yarn)
                 model = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch_dtype,

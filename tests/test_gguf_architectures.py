@@ -59,24 +59,17 @@ def _transformers_last_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     return model(input_ids=tokens[None]).logits[0, -1]
 
 
-@torch.inference_mode()
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
-def test_the_cpu_decoder_computes_transformers_model_past_the_window(tiny_files, architecture):
-    """fp32 activations, F32 weights: a prefill of twice the window, then a tree whose rows sit at other depths,
-    against transformers' model of the file dequantized (Gemma's norms given back as w)."""
-    path, config_dir = tiny_files(architecture, "f32")
-    ours, theirs = load_gguf_model(path, config_dir, torch.float32), dequantized_model(path, config_dir)
-    kind, windows, own = EXPECTED[architecture]
-    assert isinstance(ours, own) and type(theirs).__name__ == kind
-    assert [layer.window for layer in parts(ours).layers] == windows
+def assert_computes_transformers_forward(ours, theirs, window: int) -> None:
+    """The CPU decoder's forward of `ours` (fp32 activations) against transformers' `theirs`: a prefill of twice the
+    window, then a tree whose rows sit at other depths."""
     lean = lean_forward(ours)
     assert lean is not None
-    length = 2 * WINDOW[architecture] + 5
+    length = 2 * window + 5
     prompt = torch.randint(3, 2000, (length,), generator=torch.Generator().manual_seed(0))
     cache = TreeCache(2, 256)
     prefill = lean(prompt, torch.arange(length), None, cache).logits
     cache.commit()
-    for row in (0, WINDOW[architecture] - 1, WINDOW[architecture], length - 1):
+    for row in (0, window - 1, window, length - 1):
         want = _transformers_last_logits(theirs, prompt[: row + 1])
         torch.testing.assert_close(prefill[row], want, atol=2e-4, rtol=1e-4)
     tree = DraftTree([5, 6, 7, 8, 9], [-1, 0, 0, 1, 3], ["test"] * 5)
@@ -86,6 +79,19 @@ def test_the_cpu_decoder_computes_transformers_model_past_the_window(tiny_files,
         path = [11] + [tree.tokens[node] for node in tree.path_to(row - 1)] if row else [11]
         want = _transformers_last_logits(theirs, torch.cat([prompt, torch.tensor(path)]))
         torch.testing.assert_close(verified[row], want, atol=2e-4, rtol=1e-4)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_the_cpu_decoder_computes_transformers_model_past_the_window(tiny_files, architecture):
+    """fp32 activations, F32 weights, against transformers' model of the file dequantized (Gemma's norms given back
+    as w)."""
+    path, config_dir = tiny_files(architecture, "f32")
+    ours, theirs = load_gguf_model(path, config_dir, torch.float32), dequantized_model(path, config_dir)
+    kind, windows, own = EXPECTED[architecture]
+    assert isinstance(ours, own) and type(theirs).__name__ == kind
+    assert [layer.window for layer in parts(ours).layers] == windows
+    assert_computes_transformers_forward(ours, theirs, WINDOW[architecture])
 
 
 @torch.inference_mode()
@@ -121,8 +127,11 @@ def test_each_verified_row_is_bitwise_its_decode_step(tiny_files, architecture, 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_speculation_equals_autoregressive(tiny_files, architecture, sampling, cpu_isa):
-    path, _ = tiny_files(architecture, "blocks")
-    loaded = load_model(str(path))
+    assert_speculation_equals_autoregressive(load_model(str(tiny_files(architecture, "blocks")[0])), sampling)
+
+
+def assert_speculation_equals_autoregressive(loaded, sampling) -> None:
+    """A random tree drafter, most nodes right, over 60 tokens: the target alone's output, on the CPU decoder."""
     prompt = torch.randint(3, 2000, (70,), generator=torch.Generator().manual_seed(2)).tolist()
     engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
     assert engine.canonical

@@ -12,10 +12,13 @@ import shutil
 import pytest
 import torch
 from conftest import tiny_model
-from drafters_for_tests import RandomTreeDrafter
 from gguf_files import write_tiny_model
 from safetensors.torch import load_file, save_file
-from test_gguf_architectures import WINDOW
+from test_gguf_architectures import (
+    WINDOW,
+    assert_computes_transformers_forward,
+    assert_speculation_equals_autoregressive,
+)
 from test_gguf_model import GREEDY, SAMPLED, generate
 from test_speculative import VOCAB
 from transformers import PreTrainedTokenizerFast
@@ -24,12 +27,10 @@ from specchat.architectures import gemma3_model, llama_model, parts
 from specchat.engine.cache import TreeCache
 from specchat.engine.generate import Engine
 from specchat.engine.lean_forward import lean_forward
-from specchat.engine.tree import DraftTree, tree_batch
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir, load_model
 from specchat.quant.gguf_model import dequantized_model
 
-CPU = torch.device("cpu")
 OWN = {"gemma3": gemma3_model.CausalLM, "phi3": llama_model.CausalLM, "granite": llama_model.CausalLM}
 
 
@@ -58,48 +59,21 @@ def checkpoints(tmp_path_factory):
         shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
 
 
-def _last_logits(model, tokens: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=tokens[None]).logits[0, -1]
-
-
 @torch.inference_mode()
 @pytest.mark.parametrize("architecture", OWN)
 def test_a_checkpoint_runs_on_the_cpu_decoder_as_transformers_runs_it(checkpoints, architecture):
-    """fp32 activations: a prefill of twice the window, then a tree whose rows sit at other depths, against
-    transformers' model of the same weights."""
+    """fp32 activations, past the window and on tree rows, against transformers' model of the same weights."""
     directory, theirs = checkpoints(architecture)
     ours = load_model(str(directory), dtype="float32").model
     assert type(ours) is OWN[architecture]
-    lean = lean_forward(ours)
-    assert lean is not None
-    length = 2 * WINDOW[architecture] + 5
-    prompt = torch.randint(3, 2000, (length,), generator=torch.Generator().manual_seed(0))
-    cache = TreeCache(2, 256, windows=[layer.window for layer in parts(ours).layers])
-    prefill = lean(prompt, torch.arange(length), None, cache).logits
-    cache.commit()
-    for row in (0, WINDOW[architecture] - 1, WINDOW[architecture], length - 1):
-        torch.testing.assert_close(prefill[row], _last_logits(theirs, prompt[: row + 1]), atol=2e-4, rtol=1e-4)
-    tree = DraftTree([5, 6, 7, 8, 9], [-1, 0, 0, 1, 3], ["test"] * 5)
-    batch = tree_batch(tree, 11, length, CPU)
-    verified = lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache).logits
-    for row in range(len(tree) + 1):
-        path = [11] + [tree.tokens[node] for node in tree.path_to(row - 1)]
-        want = _last_logits(theirs, torch.cat([prompt, torch.tensor(path)]))
-        torch.testing.assert_close(verified[row], want, atol=2e-4, rtol=1e-4)
+    assert_computes_transformers_forward(ours, theirs, WINDOW[architecture])
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_speculation_on_a_checkpoint_equals_autoregressive(checkpoints, sampling, cpu_isa):
     loaded = load_model(str(checkpoints("gemma3")[0]))
     assert loaded.dtype == "bfloat16"
-    prompt = torch.randint(3, 2000, (70,), generator=torch.Generator().manual_seed(2)).tolist()
-    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
-    assert engine.canonical
-    expected = generate(engine, prompt, 60, sampling)
-    engine.set_drafter(RandomTreeDrafter(vocab_size=2000, seed=3, reference=prompt + expected, p_correct=0.8), 16)
-    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=60, reproducible=True))
-    assert [t for event in events for t in event.tokens] == expected
-    assert events[-1].stats.accepted > 0
+    assert_speculation_equals_autoregressive(loaded, sampling)
 
 
 @torch.inference_mode()

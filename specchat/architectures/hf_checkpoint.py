@@ -34,13 +34,14 @@ def text_config(config):
     return config.text_config if config.model_type == "gemma3" else config
 
 
-def load_checkpoint_model(location: str, dtype: torch.dtype, *, yarn: float | None = None) -> nn.Module:
-    """The model at `location` (a directory, or a repo id in the Hugging Face cache) in specchat's own modules, its
-    matrices dense in `dtype`; with `yarn`, its window stretched that many times. A ValueError names what is missing."""
-    from transformers import AutoConfig, GenerationConfig
+def load_checkpoint_model(location: str, config, dtype: torch.dtype, *, yarn: float | None = None) -> nn.Module:
+    """The model at `location` (a directory, or a repo id in the Hugging Face cache; `config` its transformers config)
+    in specchat's own modules, its matrices dense in `dtype`; with `yarn`, its window stretched that many times. A
+    ValueError names what is missing."""
+    from transformers import GenerationConfig
 
     directory = _directory(location)
-    config = ModelConfig(text_config(AutoConfig.from_pretrained(directory)).to_dict())
+    config = ModelConfig(text_config(config).to_dict())
     stretch_with_yarn(config, yarn)
     model = causal_lm(config, dtype, name_or_path=str(directory))
     modules: dict[str, dict[str, torch.Tensor]] = {}

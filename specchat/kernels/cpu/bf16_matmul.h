@@ -49,7 +49,7 @@ inline bool takes(const at::Tensor& x, const at::Tensor& weight) {
 constexpr int QUERIES = 8;  // a prompt's rows eight at a time by two weight rows: 16 sums in registers
 
 template <int Q, bool FETCH>
-[[gnu::noinline]] void add_lanes(const uint16_t* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
+inline void add_lanes(const uint16_t* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
                       float (*const (&lanes)[Q])[16]) {
   constexpr int KEYS = Q > 4 ? 2 : 4;  // weight rows a pass: a few rows' passes take more, each its own chain
   for (int i = 0; i < kBlock; i += KEYS) {
@@ -79,7 +79,7 @@ constexpr int QUERIES = 2;  // 16 ymm registers: eight sums, the weights widened
 // sums[4h + KEYS j + i] holds row j's lanes 8h .. 8h + 7 of weight row i (a chunk is two vectors of eight dwords,
 // h = 0 then 1), each lane the odd product, then the even one, into the sum.
 template <int Q, bool FETCH>
-[[gnu::noinline]] void add_lanes(const float* const (&odd)[Q], const float* const (&even)[Q], const uint16_t* w, int64_t in,
+inline void add_lanes(const float* const (&odd)[Q], const float* const (&even)[Q], const uint16_t* w, int64_t in,
                       int64_t from, int64_t to, float (*const (&lanes)[Q])[16]) {
   constexpr int KEYS = 4 / Q;
   for (int first = 0; first < kBlock; first += KEYS) {
