@@ -10,7 +10,8 @@ from pathlib import Path
 from specchat.errors import SpecchatError
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-QUANTIZE = ("int4", "int8")
+GGUF_QUANTIZE = ("q4_k_m", "q8_0")  # written as GGUF blocks (quant/gguf_quantize.py)
+QUANTIZE = (*GGUF_QUANTIZE, "int4", "int8")
 KV_CACHES = ("auto", "int8")  # auto: the activations' dtype
 PROMPT_CACHE_KIND = "specchat prompt cache"  # the `kind` in a prompt cache file's metadata (engine/prompt_cache.py)
 
@@ -24,7 +25,7 @@ def check_quantize(quantize: str | None, device: str = "cpu") -> None:
     if quantize is not None and quantize not in QUANTIZE:
         raise SpecchatError(f"invalid --quantize '{quantize}'; use {', '.join(QUANTIZE)}")
     if quantize is not None and device not in ("auto", "cpu"):
-        raise SpecchatError("--quantize runs on CPU only (its kernels are torch's CPU int4 kernels)")
+        raise SpecchatError("--quantize runs on CPU only (its kernels are CPU kernels)")
 
 
 def check_yarn(factor: float | None) -> None:

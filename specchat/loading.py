@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from specchat.architectures.rope import stretch_with_yarn
-from specchat.checks import DTYPE_NAMES, check_dtype, check_quantize, check_yarn
+from specchat.checks import DTYPE_NAMES, GGUF_QUANTIZE, check_dtype, check_quantize, check_yarn
 from specchat.disk_cache import cache_dir
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
@@ -147,8 +147,8 @@ def load_model(
 ) -> LoadedModel:
     """Load a target model and its tokenizer, ready for inference with the attention `attention` names.
 
-    Weights: the embedded GGUF's own 4-bit weights when `dtype` is auto on a CPU; weight-only int4 / int8
-    when `quantize` asks for it; else dense in `dtype`, where float32 is the reference that matches
+    Weights: the embedded GGUF's own 4-bit weights when `dtype` is auto on a CPU; GGUF blocks (q4_k_m, q8_0) or
+    torch's int4 / int8 when `quantize` asks for it; else dense in `dtype`, where float32 is the reference that matches
     transformers. `yarn`: the model's window stretched that many times by YaRN (`stretch_with_yarn`).
     `progress` hears each stage as it starts (the chat app shows them while it waits).
     """
@@ -169,10 +169,12 @@ def load_model(
     else:
         location = _local_or_cached(source, torch_device)
     weights = "q4_1" if native else quantize
-    if torch_dtype is None:  # auto on a CPU: bf16 is the exact dense format (fp32 matmuls are row-dependent)
-        shape = _matmul_shape(location) if weights else None
+    if torch_dtype is None and weights in (None, *GGUF_QUANTIZE):  # auto on a CPU: bf16, as a GGUF file runs
+        torch_dtype = torch.bfloat16  # (the exact dense format too: fp32 matmuls are row-dependent)
+    if torch_dtype is None:  # torch's int4 / int8 kernels: whichever activations run them faster here
+        shape = _matmul_shape(location)
         with first_use("timing this CPU's float32 and bfloat16 matmuls (once per machine)"):
-            torch_dtype = fastest_activation_dtype(weights, shape) if weights else torch.bfloat16
+            torch_dtype = fastest_activation_dtype(weights, shape)
     progress(f"loading {source.name} ({weights + ', ' if weights else ''}{str(torch_dtype).removeprefix('torch.')})")
     try:
         if native:  # the file's tokenizer as converted, and the model in specchat's own modules: no transformers model

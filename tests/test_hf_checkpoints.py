@@ -29,6 +29,7 @@ from specchat.engine.generate import Engine
 from specchat.engine.lean_forward import lean_forward
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir, load_model
+from specchat.quant.gguf_linear import GGUFEmbedding
 from specchat.quant.gguf_model import dequantized_model
 
 OWN = {"gemma3": gemma3_model.CausalLM, "phi3": llama_model.CausalLM, "granite": llama_model.CausalLM}
@@ -109,6 +110,16 @@ def test_a_checkpoint_quantized_on_load_runs_on_the_cpu_decoder(checkpoints):
     engine = Engine(loaded.model, loaded.tokenizer, max_len=128)
     assert engine.canonical and parts(loaded.model).layers[0].q.format.startswith("int8")
     assert len(generate(engine, [5, 6, 7, 8], 8, GREEDY)) == 8
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_speculation_on_a_checkpoint_quantized_to_gguf_blocks_equals_autoregressive(checkpoints, sampling):
+    """`--quantize q4_k_m` on Gemma 3 (a tied head, its embedding scaled on lookup): the GGUF kernels' model."""
+    loaded = load_model(str(checkpoints("gemma3")[0]), quantize="q4_k_m")
+    decoder = parts(loaded.model)
+    assert isinstance(decoder.embed, GGUFEmbedding) and decoder.embed.scale == decoder.model.config.hidden_size**0.5
+    assert decoder.head.format == "q6_k" and loaded.dtype == "bfloat16"
+    assert_speculation_equals_autoregressive(loaded, sampling)
 
 
 def test_a_checkpoint_without_safetensors_is_refused_in_one_line(checkpoints, tmp_path):

@@ -78,7 +78,10 @@ KvCacheOption = Annotated[
                  "when written, half bf16's bytes (the CPU decoder)."),
 ]  # fmt: skip
 QuantizeOption = Annotated[
-    str | None, typer.Option("--quantize", help="int4 | int8: group-wise weight-only quantization on load (CPU).")
+    str | None,
+    typer.Option("--quantize", callback=lambda value: value and value.lower(),
+                 help="q4_k_m | q8_0 | int4 | int8: weight-only quantization on load (CPU). q4_k_m / q8_0: GGUF blocks "
+                 "as llama-quantize writes them, run on the GGUF kernels; int4 / int8: torch's kernels."),
 ]
 YarnOption = Annotated[
     float | None,

@@ -36,7 +36,7 @@ BLOCK_TYPES = {  # ggml type id -> layout (kernels/cpu/gguf/formats.h)
     23: BlockType("iq4_xs", 256, 136),
 }
 DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored unquantized
-Q4_K, Q6_K = 12, 14
+Q5_0, Q8_0, Q4_K, Q6_K = 6, 8, 12, 14
 
 # A matrix is held in units of rows: the file's blocks a row at a time (1), or repacked in tiles of 8 rows or pairs
 # of them (16) where the build reads pairs (kernels/cpu/gguf/matmul.h, `tile`): each tile's codes are read once for all

@@ -1,6 +1,6 @@
-"""`--quantize int4|int8`: weight-only, group-wise quantization of a transformers model's linear layers.
+"""`--quantize`: weight-only, group-wise quantization of a checkpoint's linear layers when it loads.
 
-int4 stores a scale and a minimum per group of 32 inputs (as GGUF's Q4_1), int8 one scale per group of 32 (as
+q4_k_m and q8_0 write GGUF blocks as llama-quantize does (`gguf_quantize.py`). int4 stores a scale and a minimum per group of 32 inputs (as GGUF's Q4_1), int8 one scale per group of 32 (as
 Q8_0). The LM head is int8 under both, as llama.cpp's 4-bit files keep their output layer at 6-8 bits: it
 decides every token. Embeddings, norms and linear layers of shapes torch's int4 kernel does not take (inputs not
 in whole groups, outputs not a multiple of 16) stay dense in the activation dtype.
@@ -24,7 +24,10 @@ ROW_MULTIPLE = 16  # torch's int4 packing takes output rows in multiples of this
 def quantize_model(model: nn.Module, scheme: str, *, dtype: torch.dtype) -> None:
     """Replace the linear layers of `model` in place; `dtype` is the activation dtype."""
     from specchat.architectures import parts
+    from specchat.quant.gguf_quantize import SCHEMES, quantize_to_gguf
 
+    if scheme in SCHEMES:
+        return quantize_to_gguf(model, scheme, dtype=dtype)
     quantize_linears(model, scheme, dtype=dtype, head=parts(model).head)
 
 

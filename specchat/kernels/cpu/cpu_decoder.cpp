@@ -20,6 +20,7 @@
 #include "bf16_matmul.h"
 #include "bf16_tiles.h"
 #include "gguf/matmul.h"
+#include "gguf/quantize.h"
 #include "int8_dots.h"
 #include "lane_pairs.h"
 
@@ -1394,6 +1395,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::make_tuple(tiled.blocks, tiled.unit_rows);
   }, py::arg("blocks"), py::arg("type"), py::arg("cols"), py::arg("per_unit") = 0,
      "A matrix's blocks [rows, bytes] -> (its units, their rows: 1, or 8 / 16 where this build tiles it).");
+  m.def("gguf_quantize", &gguf::quantize::rows, py::arg("weight"), py::arg("type"),
+        "Dense rows [rows, cols] written as GGUF blocks of `type` (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0; gguf/quantize.h).");
   m.def("gguf_rows", [](at::Tensor blocks, int64_t type, int64_t unit_rows, int64_t cols, at::Tensor ids) {
     return gguf::dequantize_rows(gguf::blocks_matrix(blocks, type, unit_rows, cols), ids);
   }, "Rows `ids` of a GGUF matrix dequantized to float32.");
