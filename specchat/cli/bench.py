@@ -274,6 +274,7 @@ def bench_verify_cost(
         str, typer.Option("--kv-cache", help="With --model, comma-separated KV caches, each timed in turn: auto | int8.")
     ] = "auto",
     yarn: YarnOption = None,
+    quantize: QuantizeOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Decode vs tree-verification forwards at each context: of --model through the engine's own forward, else
@@ -289,14 +290,15 @@ def bench_verify_cost(
     if model is None and kv_caches != ["auto"]:
         raise SpecchatError("--kv-cache needs --model (the random-weight model's cache holds its dtype)")
     check_yarn(yarn)
-    if model is None and yarn is not None:
-        raise SpecchatError("--yarn needs --model (the random-weight model has Llama 3.1's window)")
+    check_quantize(quantize, device)
+    if model is None and (yarn is not None or quantize is not None):
+        raise SpecchatError("--yarn and --quantize need --model (the random-weight model is Llama 3.1's, dense)")
     quiet_transformers()
     if model is not None:
         from specchat.engine.generate import Engine
         from specchat.engine.target_forward import forward_path
 
-        loaded = load(model, dtype, device, attention, yarn=yarn)
+        loaded = load(model, dtype, device, attention, quantize, yarn=yarn)
         rows = []
         for kv in kv_caches:
             engine = Engine(loaded.model, loaded.tokenizer, max_len=max(lengths) + max(sizes) + 1, kv_cache=kv)
@@ -357,6 +359,7 @@ def bench_oracle(
     device: DeviceOption = "auto",
     threads: ThreadsOption = None,
     attention: AttentionOption = "auto",
+    quantize: QuantizeOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """End-to-end speed at known acceptances: an oracle drafter replays plain decoding's output, each node right
@@ -379,9 +382,12 @@ def bench_oracle(
     check_oracle_run(rates, budget, tokens)
     check_attention(attention)
     check_range("--context", context, 1)
+    check_quantize(quantize, device)
+    if model is None and quantize is not None:
+        raise SpecchatError("--quantize needs --model (the random-weight model is dense)")
     quiet_transformers()
     if model is not None:
-        loaded = load(model, dtype, device, attention)
+        loaded = load(model, dtype, device, attention, quantize)
         target, tokenizer, name = loaded.model, loaded.tokenizer, f"{loaded.source.name} ({loaded.weights}, {loaded.dtype}"
     else:
         config = with_layers(llama31_8b_config(), layers)

@@ -1,7 +1,8 @@
 """`--quantize`: weight-only, group-wise quantization of a checkpoint's linear layers when it loads.
 
-q4_k_m and q8_0 write GGUF blocks as llama-quantize does (`gguf_quantize.py`). int4 stores a scale and a minimum per group of 32 inputs (as GGUF's Q4_1), int8 one scale per group of 32 (as
-Q8_0). The LM head is int8 under both, as llama.cpp's 4-bit files keep their output layer at 6-8 bits: it
+q4_k_m and q8_0 write GGUF blocks as llama-quantize does (`gguf_quantize.py`). int4 and int8 run on torch's
+kernels: int4 stores a scale and a minimum per group of 32 inputs (as GGUF's Q4_1), int8 one scale per group of 32
+(as Q8_0). The LM head is int8 under both, as llama.cpp's 4-bit files keep their output layer at 6-8 bits: it
 decides every token. Embeddings, norms and linear layers of shapes torch's int4 kernel does not take (inputs not
 in whole groups, outputs not a multiple of 16) stay dense in the activation dtype.
 """
