@@ -217,23 +217,26 @@ def load_model(
 
 def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch.dtype | None, attention: str,
                yarn: float | None, progress: Callable[[str], None]) -> LoadedModel:  # fmt: skip
-    """A GGUF file on its own blocks: on a CPU, bf16 activations unless told otherwise."""
+    """A GGUF file on its own blocks (an unquantized one quantized as it loads where `quantize` asks): on a CPU, bf16
+    activations unless told otherwise."""
     from transformers import PreTrainedTokenizerFast
 
     from specchat.engine.attention import use_attention
     from specchat.quant.gguf_model import check_tensor_types, gguf_tensors, load_gguf_model
+    from specchat.quant.gguf_types import BLOCK_TYPES
 
     if device.type != "cpu":
         raise SpecchatError(f"GGUF files run on a CPU here; '{source.name}' cannot be loaded on {device}")
-    if quantize:
-        raise SpecchatError(f"'{source.name}' is already quantized (a GGUF file): drop --quantize")
     start = time.perf_counter()
     path = source.gguf_path()
     dtype = dtype or torch.bfloat16
+    tensors = list(gguf_tensors(path))
     try:  # before the tokenizer's conversion, which takes seconds
-        check_tensor_types(gguf_tensors(path), path)
+        check_tensor_types(tensors, path)
     except ValueError as error:
         raise SpecchatError(first_line(error)) from None
+    if quantize and any(int(tensor.tensor_type) in BLOCK_TYPES for tensor in tensors):
+        raise SpecchatError(f"'{source.name}' is already quantized (a GGUF file of blocks): drop --quantize")
     config_dir = gguf_checkpoint(path, progress)
     progress(f"loading {source.name} ({str(dtype).removeprefix('torch.')} activations)")
     try:
@@ -241,6 +244,11 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
         model = load_gguf_model(path, config_dir, dtype, yarn=yarn)
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
+    if quantize:  # an F32 / F16 / BF16 file, as a checkpoint is
+        from specchat.quant.quantize import quantize_model
+
+        progress(f"quantizing to {quantize}")
+        quantize_model(model, quantize, dtype=dtype)
     stop_at_end_of_turn(model, tokenizer)
     model.eval().requires_grad_(False)
     use_attention(model, attention)

@@ -213,6 +213,22 @@ def test_an_unquantized_file_runs_on_its_values_mapped_not_copied(tmp_path, kind
         shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_an_unquantized_file_quantized_as_it_loads_speculates_exactly(tmp_path, sampling):
+    """`--quantize q4_k_m` on a BF16 file: hidden size 256 takes Q4_K and Q6_K; one Q6_K table for the tied head and
+    embedding. A file of blocks is refused."""
+    path = write_tiny_model(tmp_path / "tiny-gemma3-BF16.gguf", embedded_gguf_path(), architecture="gemma3",
+                            unquantized="BF16", tied=True)  # fmt: skip
+    try:
+        loaded = load_model(str(path), quantize="q4_k_m")
+        decoder = parts(loaded.model)
+        assert decoder.layers[0].v.format == "q4_k" and decoder.layers[1].v.format == "q6_k"  # the last eighth
+        assert decoder.embed.format == decoder.head.format == "q6_k"
+        assert_speculation_equals_autoregressive(loaded, sampling)
+    finally:
+        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+
+
 def test_what_gemma3_cannot_run_on_is_refused_in_one_line(tiny_files):
     path, _ = tiny_files("gemma3", "blocks")
     loaded = load_model(str(path))

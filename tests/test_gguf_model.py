@@ -247,7 +247,7 @@ def test_refusals_are_one_line(tmp_path, tiny_gguf):
     with pytest.raises(SpecchatError, match="not a GGUF file"):
         load_model(str(text))
     with pytest.raises(SpecchatError, match="GGUF files run on a CPU|already quantized"):
-        load_model(str(tiny_gguf), quantize="int4")
+        load_model(str(tiny_gguf), quantize="q4_k_m")
 
 
 @pytest.mark.parametrize("kept", [0.9999, 0.5, 0.01])

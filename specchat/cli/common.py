@@ -80,8 +80,9 @@ KvCacheOption = Annotated[
 QuantizeOption = Annotated[
     str | None,
     typer.Option("--quantize", callback=lambda value: value and value.lower(),
-                 help="q4_k_m | q8_0 | int4 | int8: weight-only quantization on load (CPU). q4_k_m / q8_0: GGUF blocks "
-                 "as llama-quantize writes them, run on the GGUF kernels; int4 / int8: torch's kernels."),
+                 help="q4_k_m | q8_0 | int4 | int8: a checkpoint's (or an F32 / F16 / BF16 GGUF file's) weights "
+                 "quantized as it loads (CPU). q4_k_m / q8_0: GGUF blocks as llama-quantize writes them, run on the "
+                 "GGUF kernels; int4 / int8: torch's kernels."),
 ]
 YarnOption = Annotated[
     float | None,
