@@ -192,7 +192,9 @@ def load_model(
 
             tokenizer = AutoTokenizer.from_pretrained(location)
             config = AutoConfig.from_pretrained(location)
-            if torch_device.type == "cpu" and needs_own_modules(text_config(config)):  # the CPU decoder runs it so
+            # specchat's own modules where the CPU decoder needs them, and for --quantize: their matrices stay the
+            # file's mapped memory until each is quantized (transformers' copy would hold the dense model whole)
+            if torch_device.type == "cpu" and (quantize or needs_own_modules(text_config(config))):
                 model = load_checkpoint_model(location, config, torch_dtype, yarn=yarn)
             else:
                 stretch_with_yarn(config, yarn)
@@ -230,8 +232,8 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
     start = time.perf_counter()
     path = source.gguf_path()
     dtype = dtype or torch.bfloat16
-    tensors = list(gguf_tensors(path))
     try:  # before the tokenizer's conversion, which takes seconds
+        tensors = gguf_tensors(path)
         check_tensor_types(tensors, path)
     except ValueError as error:
         raise SpecchatError(first_line(error)) from None
