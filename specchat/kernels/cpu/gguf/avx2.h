@@ -58,6 +58,15 @@ inline __m256i add_fifth_bits(__m256i nibbles, uint32_t bits) {
 #endif
 }
 
+// `nibbles` with 16 added in byte l where bit k of byte l of `fifth` is set (a legacy tile's fifth bits: one shift
+// brings bit k to bit 4 of every byte, no bit of the next byte reaching it). Spread from a 32-bit word a vector at a
+// time (a broadcast, a shuffle, a compare), they cost AVX2 Q5_0 half its time at 4 rows.
+inline __m256i with_fifth_bits(__m256i nibbles, __m256i fifth, int k) {
+  const __m128i count = _mm_cvtsi32_si128(k < 4 ? 4 - k : k - 4);
+  const __m256i at_four = k < 4 ? _mm256_sll_epi16(fifth, count) : _mm256_srl_epi16(fifth, count);
+  return _mm256_or_si256(nibbles, _mm256_and_si256(at_four, _mm256_set1_epi8(16)));
+}
+
 // 16 in byte l where bit `shift` of byte l of `high` is set, else 0 (Q5_K's fifth bits).
 inline __m256i fifth_bits_k_vector(__m256i high, int shift) {
   const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << shift));
@@ -733,14 +742,21 @@ void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, fl
     for (int h = 0; h < HALVES; ++h) {  // unrolled: each tile's accumulators stay in registers
       prefetch(tiles + HALVES * g + h + ahead, sizeof(Tile));
       const Tile& t = tiles[HALVES * g + h];
-      __m256i p[ROWS], high_p[ROWS];
-      for (int r = 0; r < ROWS; ++r) p[r] = high_p[r] = _mm256_setzero_si256();
+      // second: VNNI's second chain a row (one of 8 dependent products left 4 rows latency-bound); AVX2's pair sums
+      // in int16 not yet widened: a vector's are at most 2 * 2 * 31 * 128, so two of Q5_0 / Q5_1's fit, four of
+      // Q4_0 / Q4_1's (codes to 15)
+      constexpr int widen_every = L::five ? 2 : 4;
+      __m256i p[ROWS], second[ROWS];
+      for (int r = 0; r < ROWS; ++r) p[r] = second[r] = _mm256_setzero_si256();
+      __m256i fifth = _mm256_setzero_si256();
+      if constexpr (L::five) fifth = load256(t.fifth);
+#pragma GCC unroll 4
       for (int v = 0; v < 4; ++v) {
         const __m256i codes = load256(t.codes[v]);
         __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
         if constexpr (L::five) {
-          low = add_fifth_bits(low, t.fifth[v][0]);
-          high = add_fifth_bits(high, t.fifth[v][1]);
+          low = with_fifth_bits(low, fifth, 2 * v);
+          high = with_fifth_bits(high, fifth, 2 * v + 1);
         }
         if constexpr (L::table) {  // VNNI: v + 128 (the bias); AVX2: v itself, multiplied by sign below
           low = _mm256_shuffle_epi8(table, low);
@@ -751,9 +767,9 @@ void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, fl
           std::memcpy(&front, x.q.data() + (first + r) * cols + g * 32 + 8 * v, 4);
           std::memcpy(&back, x.q.data() + (first + r) * cols + g * 32 + 8 * v + 4, 4);
 #ifdef GGUF_DPBUSD
-          if constexpr (VNNI) {  // two chains a row: one of 8 dependent products left 4 rows latency-bound
+          if constexpr (VNNI) {
             p[r] = dpbusd(p[r], low, _mm256_set1_epi32(front));
-            high_p[r] = dpbusd(high_p[r], high, _mm256_set1_epi32(back));
+            second[r] = dpbusd(second[r], high, _mm256_set1_epi32(back));
             continue;
           }
 #endif
@@ -768,13 +784,17 @@ void legacy_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, fl
           }
           const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(front)),
                                                  _mm256_maddubs_epi16(high, _mm256_set1_epi32(back)));
-          p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(pairs, ones));
+          second[r] = _mm256_add_epi16(second[r], pairs);
+          if ((v + 1) % widen_every == 0) {
+            p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(second[r], ones));
+            second[r] = _mm256_setzero_si256();
+          }
         }
       }
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.d)));
       for (int r = 0; r < ROWS; ++r) {
         const int32_t s = x.sums32[(first + r) * groups + g];
-        if constexpr (VNNI) p[r] = _mm256_add_epi32(p[r], high_p[r]);
+        if constexpr (VNNI) p[r] = _mm256_add_epi32(p[r], second[r]);
         if constexpr (L::bias != 0 && (VNNI || !L::table))  // AVX2 multiplies IQ4_NL's v, not v + 128
           p[r] = _mm256_sub_epi32(p[r], _mm256_set1_epi32(L::bias * s));
         const __m256 da = _mm256_broadcast_ss(x.scale.data() + (first + r) * groups + g);

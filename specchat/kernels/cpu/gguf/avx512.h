@@ -309,13 +309,19 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
     prefetch(tiles + 2 * g + ahead, 2 * sizeof(Tile));
     __m512i p[ROWS], high_p[ROWS];  // two chains a row, as in `legacy_tile_dots`
     for (int r = 0; r < ROWS; ++r) p[r] = high_p[r] = _mm512_setzero_si512();
+    __m512i fifth = _mm512_setzero_si512();
+    if constexpr (L::five) fifth = pair_bytes(ta.fifth, tb.fifth);
+#pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       const __m512i codes = pair_bytes(ta.codes[v], tb.codes[v]);
       __m512i low = _mm512_and_si512(codes, m4), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
-      if constexpr (L::five) {
-        const auto bits = [&](int h) { return _cvtu64_mask64(ta.fifth[v][h] | uint64_t{tb.fifth[v][h]} << 32); };
-        low = _mm512_mask_add_epi8(low, bits(0), low, sixteen);
-        high = _mm512_mask_add_epi8(high, bits(1), high, sixteen);
+      if constexpr (L::five) {  // bit 2v + h of each byte of `fifth` to bit 4 (as `with_fifth_bits`), or'd in
+        const auto at_four = [&](int k) {
+          const __m128i count = _mm_cvtsi32_si128(k < 4 ? 4 - k : k - 4);
+          return k < 4 ? _mm512_sll_epi16(fifth, count) : _mm512_srl_epi16(fifth, count);
+        };
+        low = _mm512_ternarylogic_epi32(low, at_four(2 * v), sixteen, 0xF8);  // low | (at_four & 16)
+        high = _mm512_ternarylogic_epi32(high, at_four(2 * v + 1), sixteen, 0xF8);
       }
       if constexpr (L::table) {  // IQ4_NL: v + 128
         const __m512i table = _mm512_add_epi8(

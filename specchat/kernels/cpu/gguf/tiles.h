@@ -403,7 +403,8 @@ inline void unpack_q8_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int
 // At load these legacy matrices are repacked as a Q4_K sub-block is (`tile_legacy`), in the file's bytes: per group
 // of 32 values, byte 4i + c of vector p holds row i's codes of values 8p + c (low nibble) and 8p + 4 + c (high),
 // so that one 32-byte vector, its nibbles apart, times four activation values broadcast multiplies all 8 rows;
-// Q5_0 / Q5_1's fifth bits lie beside them as Q5_K's do. Per weight row i, activation row r and group g, with u
+// Q5_0 / Q5_1's fifth bits lie beside them in 32 bytes, byte 4i + c's bit 2p + h the fifth bit of byte 4i + c's
+// low (h 0) or high (h 1) nibble in vector p: one shift brings vector p's to where a code's 16 is. Per weight row i, activation row r and group g, with u
 // the unsigned code and S the group's sum of activation values:
 //   P = sum_v u[i][v] a[v] - bias S   (bias 8 for Q4_0, 16 for Q5_0, 0 with a min: an integer),
 //   acc = fma(float(P), D[g] * d[i], acc),   then with Q4_1 / Q5_1's min   acc = fma(float(S), D[g] * m[i], acc)
@@ -419,12 +420,12 @@ struct TileQ4_1 {
 };
 struct TileQ5_0 {
   uint8_t codes[4][32];
-  uint32_t fifth[4][2];  // bit 4i + c of fifth[p][h]: row i's fifth bit of value 8p + 4h + c
+  uint8_t fifth[32];  // bit 2p + h of byte 4i + c: row i's fifth bit of value 8p + 4h + c
   uint16_t d[8];
 };
 struct TileQ5_1 {
   uint8_t codes[4][32];
-  uint32_t fifth[4][2];
+  uint8_t fifth[32];
   uint16_t d[8], m[8];
 };
 static_assert(sizeof(TileQ4_0) == 8 * 18 && sizeof(TileQ4_1) == 8 * 20, "a legacy tile group is its rows' bytes");
@@ -445,7 +446,7 @@ template <typename Tile>
 inline int legacy_code(const Tile& t, int i, int v) {
   const int p = v / 8, h = v % 8 / 4, c = v % 4;
   int code = (t.codes[p][4 * i + c] >> (4 * h)) & 15;
-  if constexpr (Legacy<Tile>::five) code |= ((t.fifth[p][h] >> (4 * i + c)) & 1) << 4;
+  if constexpr (Legacy<Tile>::five) code |= ((t.fifth[4 * i + c] >> (2 * p + h)) & 1) << 4;
   if constexpr (Legacy<Tile>::table) code = kIq4Values[code] + 128;
   return code;
 }
@@ -465,7 +466,7 @@ inline at::Tensor tile_legacy(const at::Tensor& blocks, int64_t cols, int64_t pe
     for (int v = 0; v < 32; ++v) {
       const int code = v < 16 ? rest[v] & 15 : rest[v - 16] >> 4, p = v / 8, h = v % 8 / 4, c = v % 4;
       t.codes[p][4 * i + c] |= static_cast<uint8_t>(code << (4 * h));
-      if constexpr (L::five) t.fifth[p][h] |= ((bits >> v) & 1) << (4 * i + c);
+      if constexpr (L::five) t.fifth[4 * i + c] |= static_cast<uint8_t>(((bits >> v) & 1) << (2 * p + h));
     }
   });
 }
