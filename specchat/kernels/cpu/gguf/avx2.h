@@ -38,7 +38,7 @@ inline __m256i dpbusd(__m256i sum, __m256i u, __m256i s) {
 }
 #endif
 
-// 16 in byte l where bit l of `bits` is set, else 0 (Q5_0 / Q5_1's fifth bits).
+// 16 in byte l where bit l of `bits` is set, else 0 (a Q5_0 / Q5_1 block's fifth bits, as its file holds them).
 inline __m256i fifth_bits_vector(uint32_t bits) {
   // byte l of `spread` is byte l / 8 of `bits`; then bit l % 8 of it, as a byte mask
   const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
@@ -49,22 +49,19 @@ inline __m256i fifth_bits_vector(uint32_t bits) {
   return _mm256_and_si256(set, _mm256_set1_epi8(16));
 }
 
-// Nibbles (codes < 16) with 16 added where bit l of `bits` is set: by a byte mask on AVX-512, else an or.
-inline __m256i add_fifth_bits(__m256i nibbles, uint32_t bits) {
-#ifdef GGUF_VNNI
-  return _mm256_mask_add_epi8(nibbles, _cvtu32_mask32(bits), nibbles, _mm256_set1_epi8(16));
-#else
-  return _mm256_or_si256(nibbles, fifth_bits_vector(bits));
-#endif
-}
-
-// `nibbles` with 16 added in byte l where bit k of byte l of `fifth` is set (a legacy tile's fifth bits: one shift
-// brings bit k to bit 4 of every byte, no bit of the next byte reaching it). Spread from a 32-bit word a vector at a
-// time (a broadcast, a shuffle, a compare), they cost AVX2 Q5_0 half its time at 4 rows.
+// `nibbles` with 16 added in byte l where bit k of byte l of `fifth` is set (a tile's fifth bits, Q5_0 / Q5_1 /
+// Q5_K): AVX-512 tests the bit into a byte mask; AVX2 shifts bit k to bit 4 of every byte (no bit of the next byte
+// reaches it) and ors it in. Spread from a 32-bit word a vector at a time (a broadcast, a shuffle, a compare), they
+// cost AVX2 Q5_0 a quarter of its time at 4 rows.
 inline __m256i with_fifth_bits(__m256i nibbles, __m256i fifth, int k) {
+#ifdef GGUF_VNNI
+  const __mmask32 set = _mm256_test_epi8_mask(fifth, _mm256_set1_epi8(static_cast<char>(1 << k)));
+  return _mm256_mask_add_epi8(nibbles, set, nibbles, _mm256_set1_epi8(16));
+#else
   const __m128i count = _mm_cvtsi32_si128(k < 4 ? 4 - k : k - 4);
   const __m256i at_four = k < 4 ? _mm256_sll_epi16(fifth, count) : _mm256_srl_epi16(fifth, count);
   return _mm256_or_si256(nibbles, _mm256_and_si256(at_four, _mm256_set1_epi8(16)));
+#endif
 }
 
 // 16 in byte l where bit `shift` of byte l of `high` is set, else 0 (Q5_K's fifth bits).
@@ -456,6 +453,8 @@ void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* ou
       __m256i dot[ROWS];  // AVX2: int16, row i's two pair sums in lanes 2i, 2i + 1; VNNI: int32, row i's in lane i
       for (int r = 0; r < ROWS; ++r) dot[r] = _mm256_setzero_si256();
       const int8_t* a = x.q.data() + first * cols + g * 256 + 32 * j;
+      __m256i fifth = _mm256_setzero_si256();
+      if constexpr (five) fifth = load256(whole.fifth[j]);
       // rolled: unrolled, GCC computes every row's 8 products of the sub-block first and spills them (AVX2, 4 rows:
       // the step's matmuls 15% slower)
 #pragma GCC unroll 1
@@ -463,8 +462,8 @@ void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* ou
         const __m256i codes = load256(t.codes[j] + 32 * v);
         __m256i low = _mm256_and_si256(codes, m4), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), m4);
         if constexpr (five) {
-          low = add_fifth_bits(low, whole.fifth[j][v][0]);
-          high = add_fifth_bits(high, whole.fifth[j][v][1]);
+          low = with_fifth_bits(low, fifth, 2 * v);
+          high = with_fifth_bits(high, fifth, 2 * v + 1);
         }
         for (int r = 0; r < ROWS; ++r) {
           int32_t front, back;  // activation values 8v .. 8v + 3 and 8v + 4 .. 8v + 7 of the sub-block

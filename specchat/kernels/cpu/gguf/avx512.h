@@ -74,10 +74,11 @@ inline void k4_pair_codes(const Tile& wa, const Tile& wb, int j, int v, __m512i&
   const __m512i codes = pair_bytes(k4_part(wa).codes[j] + 32 * v, k4_part(wb).codes[j] + 32 * v);
   low = _mm512_and_si512(codes, m4);
   high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
-  if constexpr (std::is_same_v<Tile, TileQ5K>) {
-    const auto bits = [&](int h) { return _cvtu64_mask64(wa.fifth[j][v][h] | uint64_t{wb.fifth[j][v][h]} << 32); };
-    low = _mm512_mask_add_epi8(low, bits(0), low, sixteen);
-    high = _mm512_mask_add_epi8(high, bits(1), high, sixteen);
+  if constexpr (std::is_same_v<Tile, TileQ5K>) {  // bits 2v and 2v + 1 of each code lane's byte
+    const __m512i fifth = pair_bytes(wa.fifth[j], wb.fifth[j]);
+    const auto bits = [&](int k) { return _mm512_test_epi8_mask(fifth, _mm512_set1_epi8(static_cast<char>(1 << k))); };
+    low = _mm512_mask_add_epi8(low, bits(2 * v), low, sixteen);
+    high = _mm512_mask_add_epi8(high, bits(2 * v + 1), high, sixteen);
   }
 }
 
@@ -315,13 +316,10 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
     for (int v = 0; v < 4; ++v) {
       const __m512i codes = pair_bytes(ta.codes[v], tb.codes[v]);
       __m512i low = _mm512_and_si512(codes, m4), high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
-      if constexpr (L::five) {  // bit 2v + h of each byte of `fifth` to bit 4 (as `with_fifth_bits`), or'd in
-        const auto at_four = [&](int k) {
-          const __m128i count = _mm_cvtsi32_si128(k < 4 ? 4 - k : k - 4);
-          return k < 4 ? _mm512_sll_epi16(fifth, count) : _mm512_srl_epi16(fifth, count);
-        };
-        low = _mm512_ternarylogic_epi32(low, at_four(2 * v), sixteen, 0xF8);  // low | (at_four & 16)
-        high = _mm512_ternarylogic_epi32(high, at_four(2 * v + 1), sixteen, 0xF8);
+      if constexpr (L::five) {  // bits 2v and 2v + 1 of each code lane's byte
+        const auto bits = [&](int k) { return _mm512_test_epi8_mask(fifth, _mm512_set1_epi8(static_cast<char>(1 << k))); };
+        low = _mm512_mask_add_epi8(low, bits(2 * v), low, sixteen);
+        high = _mm512_mask_add_epi8(high, bits(2 * v + 1), high, sixteen);
       }
       if constexpr (L::table) {  // IQ4_NL: v + 128
         const __m512i table = _mm512_add_epi8(

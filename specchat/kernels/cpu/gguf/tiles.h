@@ -83,11 +83,12 @@ struct TileQ4K {  // one group of 256 values of 8 rows
 };
 static_assert(sizeof(TileQ4K) == 8 * 148, "a tile group is its 8 rows' 148 bytes");
 
-// Q5_K in the same tiles, its fifth bits beside them: bit 4i + c of fifth[j][p][0] is row i's for value 8p + c of
-// sub-block j, of fifth[j][p][1] for value 8p + 4 + c (the codes of the low and high nibbles of vector p).
+// Q5_K in the same tiles, its fifth bits beside them a byte per code lane, as a legacy Q5_0 tile's: bit 2p + h of
+// fifth[j][4i + c] is row i's for value 8p + 4h + c of sub-block j (the code of byte 4i + c's low (h 0) or high
+// (h 1) nibble in vector p).
 struct TileQ5K {
   TileQ4K k4;
-  uint32_t fifth[8][4][2];
+  uint8_t fifth[8][32];
 };
 static_assert(sizeof(TileQ5K) == 8 * 180, "a Q5_K tile group is its 8 rows' 176 bytes and their scales unpacked");
 
@@ -128,14 +129,14 @@ inline at::Tensor tile_q5_k(const at::Tensor& blocks, int64_t cols, int64_t per_
       for (int p = 0; p < 4; ++p)
         for (int c = 0; c < 4; ++c)
           for (int half_ = 0; half_ < 2; ++half_)
-            t.fifth[j][p][half_] |= static_cast<uint32_t>((high[8 * p + 4 * half_ + c] >> j) & 1) << (4 * i + c);
+            t.fifth[j][4 * i + c] |= static_cast<uint8_t>(((high[8 * p + 4 * half_ + c] >> j) & 1) << (2 * p + half_));
   });
 }
 
 
 // Row i's fifth bit (0 or 16) for value 8p + 4h + c of sub-block j: none in a Q4_K tile.
 inline int fifth_of(const TileQ4K&, int, int, int, int, int) { return 0; }
-inline int fifth_of(const TileQ5K& t, int j, int p, int h, int i, int c) { return ((t.fifth[j][p][h] >> (4 * i + c)) & 1) << 4; }
+inline int fifth_of(const TileQ5K& t, int j, int p, int h, int i, int c) { return ((t.fifth[j][4 * i + c] >> (2 * p + h)) & 1) << 4; }
 
 // Row i of a Q4_K or Q5_K tile in the integer form (`dequantize_rows`); its groups `stride` groups apart (2 in a
 // pair).
