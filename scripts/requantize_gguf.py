@@ -1,6 +1,6 @@
 """Write a GGUF file's block-quantized matrices in another block type (dequantized by gguf-py, quantized again by
-it, or for Q5_K by `quant/q4_k.py`), everything else copied: a real model in a type no file here ships, for
-benchmarks of that type's kernels (say the 1.5B in Q8_0, the type people pick when they want a small model
+specchat's quantizer, ggml's own searches, where it has the type, else by gguf-py), everything else copied: a real
+model in a type no file here ships, for benchmarks of that type's kernels (say the 1.5B in Q8_0, the type people pick when they want a small model
 unharmed, or in Q5_K, most of a Q5_K_M file). With --llama-cpp, llama.cpp's own quantizer writes it
 (llama-cpp-python's `llama_model_quantize`, from a Q8_0 or F16 source): its mixture of types, the output layer
 kept at Q6_K, as files of that type ship.
@@ -22,7 +22,7 @@ from gguf.quants import dequantize, quantize
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
 from gguf_files import copy_fields, reader  # noqa: E402
 
-from specchat.quant.q4_k import k_quant_blocks
+from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 
 DENSE = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
@@ -50,8 +50,8 @@ def main() -> None:
             writer.add_tensor(tensor.name, np.array(tensor.data))
             continue
         values = dequantize(tensor.data, tensor.tensor_type)  # [rows, columns] float32
-        if kind == GGMLQuantizationType.Q5_K:
-            blocks = k_quant_blocks(torch.from_numpy(values), bits=5).numpy()
+        if kind in (GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0):
+            blocks = cpu_decoder().gguf_quantize(torch.from_numpy(values), int(kind)).numpy()
         else:
             blocks = quantize(values, kind)
         writer.add_tensor(tensor.name, blocks, raw_dtype=kind)
