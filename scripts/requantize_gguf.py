@@ -1,9 +1,9 @@
 """Write a GGUF file's block-quantized matrices in another block type (dequantized by gguf-py, quantized again by
 specchat's quantizer, ggml's own searches, where it has the type, else by gguf-py), everything else copied: a real
-model in a type no file here ships, for benchmarks of that type's kernels (say the 1.5B in Q8_0, the type people pick when they want a small model
-unharmed, or in Q5_K, most of a Q5_K_M file). With --llama-cpp, llama.cpp's own quantizer writes it
-(llama-cpp-python's `llama_model_quantize`, from a Q8_0 or F16 source): its mixture of types, the output layer
-kept at Q6_K, as files of that type ship.
+model in a type no file here ships, for benchmarks of that type's kernels (say the 1.5B in Q8_0, the type people
+pick when they want a small model unharmed, or in Q5_K, most of a Q5_K_M file). With --llama-cpp, llama.cpp's own
+quantizer writes it (llama-cpp-python's `llama_model_quantize`, from a Q8_0 or F16 source): its mixture of types,
+the output layer kept at Q6_K, as files of that type ship.
 
     python scripts/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k] [--llama-cpp]
     python scripts/requantize_gguf.py Q8_0.gguf OUT.gguf --type q2_k|q3_k_s|q3_k_m|q3_k_l|iq4_xs|q4_k_m --llama-cpp
