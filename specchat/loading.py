@@ -203,10 +203,11 @@ def load_model(
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None
     if quantize:
+        from specchat.architectures.hf_checkpoint import weight_files
         from specchat.quant.quantize import quantize_model
 
         progress(f"quantizing to {quantize}")
-        quantize_model(model, quantize, dtype=torch_dtype)
+        quantize_model(model, quantize, dtype=torch_dtype, source=weight_files(location))
     if torch_device.type != "cpu":
         progress(f"moving it to {torch_device}")
         model.to(torch_device)
@@ -250,7 +251,7 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
         from specchat.quant.quantize import quantize_model
 
         progress(f"quantizing to {quantize}")
-        quantize_model(model, quantize, dtype=dtype)
+        quantize_model(model, quantize, dtype=dtype, source=[path])
     stop_at_end_of_turn(model, tokenizer)
     model.eval().requires_grad_(False)
     use_attention(model, attention)

@@ -214,9 +214,10 @@ def test_an_unquantized_file_runs_on_its_values_mapped_not_copied(tmp_path, kind
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_an_unquantized_file_quantized_as_it_loads_speculates_exactly(tmp_path, sampling):
+def test_an_unquantized_file_quantized_as_it_loads_speculates_exactly(tmp_path, sampling, monkeypatch):
     """`--quantize q4_k_m` on a BF16 file: hidden size 256 takes Q4_K and Q6_K; one Q6_K table for the tied head and
-    embedding. A file of blocks is refused."""
+    embedding."""
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))  # its conversion and kept blocks
     path = write_tiny_model(tmp_path / "tiny-gemma3-BF16.gguf", embedded_gguf_path(), architecture="gemma3",
                             unquantized="BF16", tied=True)  # fmt: skip
     try:

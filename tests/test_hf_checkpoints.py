@@ -113,13 +113,37 @@ def test_a_checkpoint_quantized_on_load_runs_on_the_cpu_decoder(checkpoints):
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_speculation_on_a_checkpoint_quantized_to_gguf_blocks_equals_autoregressive(checkpoints, sampling):
+def test_speculation_on_a_checkpoint_quantized_to_gguf_blocks_equals_autoregressive(checkpoints, sampling, tmp_path,
+                                                                                     monkeypatch):  # fmt: skip
     """`--quantize q4_k_m` on Gemma 3 (a tied head, its embedding scaled on lookup): the GGUF kernels' model."""
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))  # its kept blocks
     loaded = load_model(str(checkpoints("gemma3")[0]), quantize="q4_k_m")
     decoder = parts(loaded.model)
     assert isinstance(decoder.embed, GGUFEmbedding) and decoder.embed.scale == decoder.model.config.hidden_size**0.5
     assert decoder.head.format == "q6_k" and loaded.dtype == "bfloat16"
     assert_speculation_equals_autoregressive(loaded, sampling)
+
+
+def test_the_blocks_of_a_quantized_checkpoint_are_kept_for_its_next_load(checkpoints, tmp_path, monkeypatch):
+    """The second load reads the blocks the first wrote, quantizing nothing (the same model, bit for bit); a weights
+    file changed since is quantized anew, beside the first's."""
+    from specchat.quant import gguf_quantize
+
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    directory = tmp_path / "checkpoint"
+    shutil.copytree(checkpoints("phi3")[0], directory)
+    first = load_model(str(directory), quantize="q4_k_m").model
+    kept = list((tmp_path / "cache" / "quantized").iterdir())
+    assert len(kept) == 1 and kept[0].suffix == ".safetensors"
+    with monkeypatch.context() as refusing:
+        refusing.setattr(gguf_quantize, "cpu_decoder", None)  # any quantizing would fail
+        again = load_model(str(directory), quantize="q4_k_m").model
+    for (name, ours), theirs in zip([*first.named_parameters(), *first.named_buffers()],
+                                    [*again.parameters(), *again.buffers()]):  # fmt: skip
+        assert torch.equal(ours, theirs), name
+    (directory / "model.safetensors").touch()
+    load_model(str(directory), quantize="q4_k_m")
+    assert len(list((tmp_path / "cache" / "quantized").iterdir())) == 2
 
 
 def test_a_checkpoint_without_safetensors_is_refused_in_one_line(checkpoints, tmp_path):

@@ -72,20 +72,25 @@ def _directory(location: str) -> Path:
     return Path(snapshot_download(location, allow_patterns=list(WEIGHTS)))
 
 
-def _tensors(directory: Path):
-    """(name, tensor) of the text model's tensors, by transformers' names, from every safetensors file of the
-    checkpoint (its index's, or model.safetensors)."""
-    from safetensors import safe_open
-
+def weight_files(location: str) -> list[Path]:
+    """The safetensors files of the checkpoint at `location` (a directory, or a repo id in the Hugging Face cache):
+    its index's, or model.safetensors."""
+    directory = _directory(location)
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (directory / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise ValueError(f"{directory} has no model.safetensors (specchat reads safetensors weights)")
-    for file in files:
-        with safe_open(directory / file, framework="pt") as weights:
+        return [directory / file for file in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if (directory / "model.safetensors").is_file():
+        return [directory / "model.safetensors"]
+    raise ValueError(f"{directory} has no model.safetensors (specchat reads safetensors weights)")
+
+
+def _tensors(directory: Path):
+    """(name, tensor) of the text model's tensors, by transformers' names, from every safetensors file of the
+    checkpoint."""
+    from safetensors import safe_open
+
+    for file in weight_files(str(directory)):
+        with safe_open(file, framework="pt") as weights:
             for name in weights.keys():
                 own = _text_name(name)
                 if own is not None:

@@ -10,6 +10,7 @@ in whole groups, outputs not a multiple of 16) stay dense in the activation dtyp
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -22,13 +23,14 @@ GROUP = 32
 ROW_MULTIPLE = 16  # torch's int4 packing takes output rows in multiples of this
 
 
-def quantize_model(model: nn.Module, scheme: str, *, dtype: torch.dtype) -> None:
-    """Replace the linear layers of `model` in place; `dtype` is the activation dtype."""
+def quantize_model(model: nn.Module, scheme: str, *, dtype: torch.dtype, source: list[Path] | None = None) -> None:
+    """Replace the linear layers of `model` in place; `dtype` is the activation dtype; `source`, the files the
+    weights were read from, keys the GGUF blocks kept on disk (`gguf_quantize.py`)."""
     from specchat.architectures import parts
     from specchat.quant.gguf_quantize import SCHEMES, quantize_to_gguf
 
     if scheme in SCHEMES:
-        return quantize_to_gguf(model, scheme, dtype=dtype)
+        return quantize_to_gguf(model, scheme, dtype=dtype, source=source)
     quantize_linears(model, scheme, dtype=dtype, head=parts(model).head)
 
 
