@@ -108,10 +108,15 @@ class KeptBlocks:
         return self.made[name], kind
 
     def save(self) -> None:
+        """Write what was quantized, beside what was read; where the cache cannot be written (full, read-only), the
+        next load quantizes again."""
         if self.path is None or not self.made:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(f"{self.path.name}.{os.getpid()}.partial")
         stored = {} if self.stored is None else {name: self.stored.get_tensor(name) for name in self.stored.keys()}
-        save_file({**stored, **self.made}, partial)
-        partial.replace(self.path)  # atomic: a concurrent reader sees no file or the whole file
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            save_file({**stored, **self.made}, partial)
+            partial.replace(self.path)  # atomic: a concurrent reader sees no file or the whole file
+        except OSError:
+            partial.unlink(missing_ok=True)
