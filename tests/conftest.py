@@ -57,8 +57,9 @@ def pytest_unconfigure(config):
         os._exit(config.stash[EXIT_STATUS])
 
 
-def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim: int | None = None):
-    """A 2-layer random model of `family` (GQA 4:2, head_dim 16 unless given), fp32, eval mode."""
+def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim: int | None = None, kv_heads: int = 2):
+    """A 2-layer random model of `family` (4 query heads, `kv_heads` KV heads, head_dim 16 unless given), fp32, eval
+    mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
@@ -68,8 +69,8 @@ def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim:
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=2048,
         initializer_range=0.3,  # peaked logits: greedy ties are then practically impossible
         bos_token_id=1,
         eos_token_id=2,

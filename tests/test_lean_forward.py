@@ -146,6 +146,32 @@ def test_each_verified_row_is_bitwise_its_decode_step(family, dtype, quantize, k
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, cpu_isa):
+    """One KV head, two threads: a decode step's attention over a long prefix goes over both (the scores by keys, the
+    value sums by halves of the head dims), and gives bitwise what one thread computes alone, and what a tree's root
+    row (two units, not spread) computes."""
+    model = tiny_model("llama", head_dim=head_dim, kv_heads=1).to(torch.bfloat16)
+    use_attention(model, "canonical")
+    lean = lean_forward(model)
+    prefix = 1100  # past the 1024 keys a step spreads from
+    cache = TreeCache(2, prefix + 32)
+    lean(torch.randint(3, 1000, (prefix,), generator=torch.Generator().manual_seed(5)), torch.arange(prefix), None, cache)
+    cache.commit()
+    threads = torch.get_num_threads()
+    try:
+        steps = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            steps.append(lean(torch.tensor([7]), torch.tensor([prefix]), None, cache).logits[0])
+        assert torch.equal(steps[0], steps[1])
+        batch = tree_batch(_chain(5), 7, prefix, CPU)
+        assert torch.equal(lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache).logits[0], steps[1])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@torch.inference_mode()
 @pytest.mark.parametrize(("dtype", "quantize", "kv_cache"), [
     (torch.bfloat16, "int4", "auto"), (torch.bfloat16, "int8", "auto"), (torch.float16, "int4", "auto"),
     (torch.float32, "int4", "auto"), (torch.bfloat16, "int4", "int8"),

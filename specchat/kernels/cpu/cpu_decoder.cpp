@@ -651,22 +651,29 @@ const uint16_t* key_rows(const uint16_t* keys, const int64_t* slots, int64_t b, 
 
 // `attend` on a bf16 cache in bf16 dot-product arithmetic (bf16_dots.h): the query rounded to bf16 for the scores,
 // the softmax weights rounded to bf16 for the value sums (`sum_value_pairs`), keys and values read as the cache
-// holds them.
+// holds them. With `spread`, the unit's work goes over the threads (a decode step of fewer KV heads than threads:
+// one thread would read the whole cache while the others wait): the prefix's scores by blocks of keys, the softmax by
+// query, the value sums by parts of the head dimension. Every score and every output element is computed by the same
+// operations in the same order either way, so the result is bitwise the same.
 template <int DIM>
 void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::BFloat16* value_cache,
                  const std::vector<int64_t>* tails, int64_t prefix, int64_t rows, int64_t heads, int64_t group,
-                 float scale, at::BFloat16* out) {
+                 float scale, at::BFloat16* out, bool spread = false) {
   const auto* keys = reinterpret_cast<const uint16_t*>(key_cache);
   const auto* values = reinterpret_cast<const uint16_t*>(value_cache);
   const int64_t count = rows * group;  // queries
   const int64_t width = score_width(tails, prefix, rows), paired = (width + 2) & ~int64_t{1};  // whole pairs
   std::vector<float> scores(count * width), accumulator(count * DIM, 0.0f);
   const std::vector<uint16_t> query16 = queries_bf16<DIM>(queries, count, heads, group);
-  std::vector<uint16_t> weights16(count * paired, 0), key_tile(LANES * DIM), zeros(DIM, 0);
-  float block[bf16_dots::QUERIES * LANES];
+  std::vector<uint16_t> weights16(count * paired, 0), zeros(DIM, 0);
   const auto query = [&](int64_t i) { return query16.data() + i * DIM; };
-  auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset) {
-    for (int64_t b = 0; b < n; b += LANES) {
+  // keys [begin, end) of a sequence of n (cache rows through `slots` when given, else consecutive from 0)
+  auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset,
+                        int64_t begin, int64_t end) {
+    std::vector<uint16_t> key_tile(LANES * DIM);
+    float block[bf16_dots::QUERIES * LANES];
+    const bf16_dots::Arithmetic arithmetic;  // the dot products alone in their arithmetic, on this thread
+    for (int64_t b = begin; b < end; b += LANES) {
       const int64_t filled = std::min<int64_t>(LANES, n - b);
       if (!slots) prefetch_rows(keys + (b + kPrefetchTiles * LANES) * DIM, LANES, DIM * 2);  // the hardware lags
       const uint16_t* tile = key_rows<DIM>(keys, slots, b, n, key_tile.data());
@@ -684,26 +691,47 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
       });
     }
   };
-  {  // the dot products alone in their arithmetic; the scale, softmax and rounding in the usual environment
-    const bf16_dots::Arithmetic arithmetic;
-    score_keys(nullptr, prefix, 0, count, 0);
-    for (int64_t r = 0; r < rows; ++r) {
-      score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
-    }
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t n = prefix + static_cast<int64_t>(tails[i / group].size());
-    float* row = scores.data() + i * width;
-    for (int64_t j = 0; j < n; ++j) row[j] *= scale;
-    softmax_bf16(row, n, weights16.data() + i * paired);
-  }
-  const auto pair = [&](int64_t a, int64_t b, uint32_t* out) {
-    bf16_dots::interleave<DIM>(a < 0 ? zeros.data() : values + a * DIM, b < 0 ? zeros.data() : values + b * DIM, out);
+  const auto score_prefix = [&](int64_t begin, int64_t end) {  // blocks of LANES keys
+    score_keys(nullptr, prefix, 0, count, 0, begin * LANES, std::min(prefix, end * LANES));
   };
-  const auto prefetch = [&](int64_t first, int64_t n) { prefetch_rows(values + first * DIM, n, DIM * 2); };
-  {
+  const int64_t key_blocks = (prefix + LANES - 1) / LANES;
+  spread ? at::parallel_for(0, key_blocks, 1, score_prefix) : score_prefix(0, key_blocks);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = tails[r].size();
+    score_keys(tails[r].data(), n, r * group, (r + 1) * group, prefix, 0, n);
+  }
+  const auto normalize = [&](int64_t begin, int64_t end) {  // scale and softmax, in the usual environment
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t n = prefix + static_cast<int64_t>(tails[i / group].size());
+      float* row = scores.data() + i * width;
+      for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+      softmax_bf16(row, n, weights16.data() + i * paired);
+    }
+  };
+  spread ? at::parallel_for(0, count, 1, normalize) : normalize(0, count);
+  // the value sums of head dims [first, first + PART): their own accumulator [count][PART], then in place
+  const auto sum_values = [&](auto part, int64_t first) {
+    constexpr int PART = decltype(part)::value;
+    const auto pair = [&](int64_t a, int64_t b, uint32_t* pairs) {
+      bf16_dots::interleave<PART>(a < 0 ? zeros.data() : values + a * DIM + first,
+                                  b < 0 ? zeros.data() : values + b * DIM + first, pairs);
+    };
+    const auto prefetch = [&](int64_t row, int64_t n) { prefetch_rows(values + row * DIM + first, n, DIM * 2); };
     const bf16_dots::Arithmetic arithmetic;
-    sum_value_pairs<DIM>(pair, prefetch, weights16.data(), paired, tails, prefix, rows, group, accumulator.data());
+    if (PART == DIM) {
+      return sum_value_pairs<PART>(pair, prefetch, weights16.data(), paired, tails, prefix, rows, group,
+                                   accumulator.data());  // fmt: skip
+    }
+    std::vector<float> sums(count * PART, 0.0f);
+    sum_value_pairs<PART>(pair, prefetch, weights16.data(), paired, tails, prefix, rows, group, sums.data());
+    for (int64_t i = 0; i < count; ++i) std::copy_n(sums.data() + i * PART, PART, accumulator.data() + i * DIM + first);
+  };
+  if (spread && DIM >= 64) {  // halves of at least 32 dims (the AVX2 sums' width)
+    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t half = begin; half < end; ++half) sum_values(std::integral_constant<int, DIM / 2>{}, half * (DIM / 2));
+    });
+  } else {
+    sum_values(std::integral_constant<int, DIM>{}, 0);
   }
   store_sums<at::BFloat16, DIM>(accumulator.data(), count, heads, group, out);
 }
@@ -982,6 +1010,8 @@ inline void with_head_dim(int64_t dim, F&& f) {
 // head's prefix once for all its rows, so the rows are cut into as few chunks of at most kUnitRows as give every
 // thread the same number of units (up to 8 rows: one chunk with 2 KV heads on 2 threads, two with 3 heads).
 
+constexpr int64_t kSpreadFromKeys = 1024;  // below, a unit's work is too small to share out
+
 template <typename T, typename Kv>
 void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const std::vector<int64_t>* tails,
                  int64_t rows, T* out, const Decoder& decoder) {
@@ -995,7 +1025,13 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
   const int64_t cost = (prefix + rows) * group * std::min(rows, chunk);  // key-query pairs in a unit
 #ifdef BF16_TILES
   const bool tiles = amx::ready();
+#else
+  constexpr bool tiles = false;
 #endif
+  // fewer units than threads (a decode step of a model with few KV heads) over a long prefix: each unit's work spread
+  // over the threads (`attend_bf16`), the units one after another
+  const bool spread = std::is_same_v<Kv, PlainKv<at::BFloat16>> && !tiles && kv_heads * chunks < threads &&
+                      prefix >= kSpreadFromKeys;
   const auto run = [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t g = unit / chunks, first = (unit % chunks) * chunk, n = std::min(chunk, rows - first);
@@ -1015,7 +1051,7 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
 #ifdef BF16_TILES
             if (tiles) return attend_bf16_tiles<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
 #endif
-            attend_bf16<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+            attend_bf16<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o, spread);
           } else {
             attend<T, DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
           }
@@ -1023,6 +1059,7 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
       });
     }
   };
+  if (spread) return run(0, kv_heads * chunks);
   at::parallel_for(0, kv_heads * chunks, cost > 4096 ? 1 : kv_heads * chunks, run);
 }
 
