@@ -156,7 +156,8 @@ def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, 
     lean = lean_forward(model)
     prefix = 1100  # past the 1024 keys a step spreads from
     cache = TreeCache(2, prefix + 32)
-    lean(torch.randint(3, 1000, (prefix,), generator=torch.Generator().manual_seed(5)), torch.arange(prefix), None, cache)
+    prompt = torch.randint(3, 1000, (prefix,), generator=torch.Generator().manual_seed(5))
+    lean(prompt, torch.arange(prefix), None, cache)
     cache.commit()
     threads = torch.get_num_threads()
     try:
