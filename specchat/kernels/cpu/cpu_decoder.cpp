@@ -726,13 +726,20 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
     sum_value_pairs<PART>(pair, prefetch, weights16.data(), paired, tails, prefix, rows, group, sums.data());
     for (int64_t i = 0; i < count; ++i) std::copy_n(sums.data() + i * PART, PART, accumulator.data() + i * DIM + first);
   };
-  if (spread && DIM >= 64) {  // halves of at least 32 dims (the AVX2 sums' width)
-    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t half = begin; half < end; ++half) sum_values(std::integral_constant<int, DIM / 2>{}, half * (DIM / 2));
-    });
-  } else {
-    sum_values(std::integral_constant<int, DIM>{}, 0);
-  }
+  // spread: as many parts as threads, in powers of two, of at least 32 dims (the AVX2 sums' width)
+  const auto in_parts = [&](auto parts) {
+    constexpr int PART = DIM / decltype(parts)::value;
+    if constexpr (PART >= 32) {
+      at::parallel_for(0, decltype(parts)::value, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t part = begin; part < end; ++part) sum_values(std::integral_constant<int, PART>{}, part * PART);
+      });
+    }
+  };
+  const int64_t threads = spread ? at::get_num_threads() : 1;
+  if (DIM >= 256 && threads >= 8) in_parts(std::integral_constant<int, 8>{});
+  else if (DIM >= 128 && threads >= 4) in_parts(std::integral_constant<int, 4>{});
+  else if (DIM >= 64 && threads >= 2) in_parts(std::integral_constant<int, 2>{});
+  else sum_values(std::integral_constant<int, DIM>{}, 0);
   store_sums<at::BFloat16, DIM>(accumulator.data(), count, heads, group, out);
 }
 
