@@ -51,8 +51,8 @@ inline __m256i fifth_bits_vector(uint32_t bits) {
 
 // `nibbles` with 16 added in byte l where bit k of byte l of `fifth` is set (a tile's fifth bits, Q5_0 / Q5_1 /
 // Q5_K): AVX-512 tests the bit into a byte mask; AVX2 shifts bit k to bit 4 of every byte (no bit of the next byte
-// reaches it) and ors it in. Spread from a 32-bit word a vector at a time (a broadcast, a shuffle, a compare), they
-// cost AVX2 Q5_0 a quarter of its time at 4 rows.
+// reaches it) and ors it in: three operations where spreading a 32-bit word takes a broadcast, a shuffle, a compare
+// and two more.
 inline __m256i with_fifth_bits(__m256i nibbles, __m256i fifth, int k) {
 #ifdef GGUF_VNNI
   const __mmask32 set = _mm256_test_epi8_mask(fifth, _mm256_set1_epi8(static_cast<char>(1 << k)));
