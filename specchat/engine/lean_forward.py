@@ -41,7 +41,8 @@ class LeanForward:
         config, decoder = model.config, parts(model)
         layers = decoder.layers
         self.native = native
-        self.embed, self.head, self.rotaries = decoder.embed, decoder.head, decoder.rotaries
+        self.embed, self.rotaries = decoder.embed, decoder.rotaries
+        self.head = native_projection(native, decoder.head)  # a dense bf16 head through the decoder's own product
         self.kv_heads, self.head_dim = config.num_key_value_heads, layers[0].head_dim
         self.decoder = native.Decoder(
             [_layer(native, layer) for layer in layers],

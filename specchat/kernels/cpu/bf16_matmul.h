@@ -31,7 +31,6 @@ constexpr bool kBuilt = false;  // portable builds (ARM) keep ATen's product: th
 constexpr int64_t kBlock = 16;    // weight rows whose outputs pair down together
 constexpr int64_t kChunk = 32;    // inputs a lane sum steps over at once
 constexpr int64_t kSlice = 2048;  // inputs a pass over a block takes: its 64 KB stay in L2 while every row passes
-constexpr int64_t kAhead = 2048;  // inputs ahead that a row's first pass asks the memory for
 constexpr int64_t kUnit = 4;      // blocks a thread takes at once: 64 weight rows, every activation row read once for them
 constexpr int64_t kRows = 64;     // activation rows whose lane sums a unit keeps at once (256 KB, in L2)
 
@@ -44,14 +43,15 @@ inline bool takes(const at::Tensor& x, const at::Tensor& weight) {
 
 // lanes[j][i][l] += lane l's products of activation row j and weight row i of a block (row stride `in`) over
 // inputs [from, to), in order (from 0: lanes[j][i][l] = those). FETCH: the weights come from memory (a slice's first
-// rows), prefetched ahead.
+// rows): each row's inputs are prefetched KEYS rows down, the next pass's (then the next block's, which lies there).
 #ifdef BF16_DOTS_NATIVE
 constexpr int QUERIES = 8;  // a prompt's rows eight at a time by two weight rows: 16 sums in registers
 
 template <int Q, bool FETCH>
 inline void add_lanes(const uint16_t* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
                       float (*const (&lanes)[Q])[16]) {
-  constexpr int KEYS = Q > 4 ? 2 : 4;  // weight rows a pass: a few rows' passes take more, each its own chain
+  // weight rows a pass: a row or a few rows stream fastest alone (one stream of memory); a prompt's eight take two
+  constexpr int KEYS = Q > 4 ? 2 : 1;
   for (int i = 0; i < kBlock; i += KEYS) {
     __m512 sums[KEYS][Q];
     for (int k = 0; k < KEYS; ++k)
@@ -60,7 +60,7 @@ inline void add_lanes(const uint16_t* const (&x)[Q], const uint16_t* w, int64_t 
       __m512bh keys[KEYS];
       for (int k = 0; k < KEYS; ++k) {
         keys[k] = (__m512bh)_mm512_loadu_si512(w + (i + k) * in + c);
-        if (FETCH) _mm_prefetch(reinterpret_cast<const char*>(w + (i + k) * in + c + kAhead), _MM_HINT_T0);
+        if (FETCH) _mm_prefetch(reinterpret_cast<const char*>(w + (i + k + KEYS) * in + c), _MM_HINT_T0);
       }
       for (int j = 0; j < Q; ++j) {
         const __m512bh q = (__m512bh)_mm512_loadu_si512(x[j] + c);
@@ -81,7 +81,7 @@ constexpr int QUERIES = 2;  // 16 ymm registers: eight sums, the weights widened
 template <int Q, bool FETCH>
 inline void add_lanes(const float* const (&odd)[Q], const float* const (&even)[Q], const uint16_t* w, int64_t in,
                       int64_t from, int64_t to, float (*const (&lanes)[Q])[16]) {
-  constexpr int KEYS = 4 / Q;
+  constexpr int KEYS = Q == 1 ? 1 : 4 / Q;  // weight rows a pass: one row streams fastest alone
   for (int first = 0; first < kBlock; first += KEYS) {
     __m256 sums[8];
     for (int h = 0; h < 2; ++h)
@@ -92,7 +92,7 @@ inline void add_lanes(const float* const (&odd)[Q], const float* const (&even)[Q
       for (int h = 0; h < 2; ++h) {
         for (int i = 0; i < KEYS; ++i) {
           const uint16_t* at = w + (first + i) * in + 16 * (c + h);
-          if (FETCH && h == 0) _mm_prefetch(reinterpret_cast<const char*>(at + kAhead), _MM_HINT_T0);
+          if (FETCH && h == 0) _mm_prefetch(reinterpret_cast<const char*>(at + KEYS * in), _MM_HINT_T0);
           const __m256i key = bf16_dots::load256(at);
           const __m256 key_odd = bf16_dots::odd_halves(key), key_even = bf16_dots::even_halves(key);
           for (int j = 0; j < Q; ++j) {

@@ -1444,9 +1444,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_rows", [](at::Tensor blocks, int64_t type, int64_t unit_rows, int64_t cols, at::Tensor ids) {
     return gguf::dequantize_rows(gguf::blocks_matrix(blocks, type, unit_rows, cols), ids);
   }, "Rows `ids` of a GGUF matrix dequantized to float32.");
-  py::class_<Projection>(m, "Projection").def(py::init([](std::vector<Linear> parts) {
-    return Projection{parts};
-  }));
+  py::class_<Projection>(m, "Projection")
+      .def(py::init([](std::vector<Linear> parts) { return Projection{parts}; }))
+      .def("__call__", &Projection::operator(), "x [rows, in] -> [rows, out] in x's dtype (an output head's logits).");
   const auto held = [](const std::optional<at::Tensor>& tensor) { return tensor ? tensor->contiguous() : at::Tensor(); };
   py::class_<Layer>(m, "Layer").def(
       py::init([held](Projection qkv, Projection o, Projection gate_up, Projection down, at::Tensor attention_norm,

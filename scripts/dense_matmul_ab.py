@@ -1,0 +1,94 @@
+"""Interleaved A/B of CPU decoder builds on every bf16 matrix a decode step of a BF16 GGUF model reads (the output
+head included; the embedding as the head where they are tied): ms per forward's matrices by activation rows, the
+weights' GB/s, median of `repeats` rounds, each round every row count and build in turn (the builds' order turning
+from round to round), and a check that every build's products are bitwise the same. A build is named by its source
+version (`source_version()` of that checkout, built once by `cpu_decoder()`, `avx2_` before it for the AVX2 build):
+
+    python scripts/dense_matmul_ab.py 7 before=<version> after=<version> gguf=BF16.gguf [rows=1,2,4,8]
+"""
+
+import glob
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.cpp_extension import get_default_build_root
+
+from specchat.quant.gguf_model import gguf_tensors
+
+BF16 = 30  # GGML's type id
+
+
+def load_build(version: str):
+    path = glob.glob(f"{get_default_build_root()}/specchat_cpu_decoder_{version}/*.so")[0]
+    spec = importlib.util.spec_from_file_location(f"specchat_cpu_decoder_{version}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def step_matrices(file: Path) -> list[torch.Tensor]:
+    """The file's 2-D bf16 matrices a decode step multiplies by, as they lie in the mapped file."""
+    tensors = {t.name: t for t in gguf_tensors(file)}
+    names = [n for n, t in tensors.items() if len(t.shape) == 2 and int(t.tensor_type) == BF16]
+    if "output.weight" in names:
+        names.remove("token_embd.weight")
+    matrices = []
+    for name in names:
+        t = tensors[name]
+        data = torch.from_numpy(t.data).view(torch.bfloat16)
+        matrices.append(data.reshape(int(t.shape[1]), int(t.shape[0])))
+    return matrices
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    repeats, rows, file = int(sys.argv[1]), [1, 2, 4, 8], None
+    builds = {}
+    for arg in sys.argv[2:]:
+        name, value = arg.split("=")
+        if name == "rows":
+            rows = [int(n) for n in value.split(",")]
+        elif name == "gguf":
+            file = Path(value)
+        else:
+            builds[name] = load_build(value)
+    if file is None:
+        sys.exit("gguf=FILE (a BF16 GGUF file) is needed")
+    matrices = step_matrices(file)
+    size = sum(m.numel() * m.element_size() for m in matrices)
+    inputs = {(n, c): torch.randn(n, c).to(torch.bfloat16) for n in rows for c in {m.shape[1] for m in matrices}}
+
+    def forward(name: str, n: int) -> list[torch.Tensor]:
+        return [builds[name].bf16_matmul(inputs[n, m.shape[1]], m) for m in matrices]
+
+    first = next(iter(builds))
+    for n in rows:
+        want = forward(first, n)
+        for name in builds:
+            assert all(torch.equal(a, b) for a, b in zip(want, forward(name, n))), f"{name} differs at {n} rows"
+    times: dict[tuple[str, int], list[float]] = {}
+    names = list(builds)
+    for round_index in range(repeats):
+        turn = names[round_index % len(names):] + names[: round_index % len(names)]
+        for n in rows:
+            for name in turn:
+                start = time.perf_counter()
+                forward(name, n)
+                times.setdefault((name, n), []).append(time.perf_counter() - start)
+    print(f"every build's products bitwise equal; {len(matrices)} matrices, {size / 1e9:.2f} GB")
+    print("| build | " + " | ".join(f"{n} rows" for n in rows) + " |")
+    print("|---|" + "---|" * len(rows))
+    for name in builds:
+        cells = []
+        for n in rows:
+            t = statistics.median(times[name, n])
+            cells.append(f"{t * 1e3:.1f} ms ({size / t / 1e9:.0f} GB/s)")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
