@@ -7,10 +7,12 @@
 //
 // Weight rows go in blocks of 16 (the lanes of 16 outputs pair down together) and units of four blocks (a thread's
 // share), inputs in slices of 2048 and activation rows in groups of 64, so that what a pass reads again stays in L2.
-// Against ATen's bf16 product (oneDNN) on a Zen 5 (AVX-512 BF16; `scripts/dense_matmul_rows.py`), a Gemma 3 1B
-// layer's MLP matrices take 0.65x its time at one row (they read the memory at 44 GB/s against 28), 0.77x at 8, 1.1x
-// at 64 and 1.25x at 512 (oneDNN's packed panels reach the dot-product units' peak on a prompt; these row-major
-// passes 0.6 of it); the AVX2 build against ATen's AVX2 product 1.1x at one row and 0.4-0.5x from four on.
+// A decode step's pass takes one weight row at a time: one stream of memory, which a Zen 5 reads ~12% faster than
+// four rows side by side. Against ATen's bf16 product (oneDNN) on that Zen 5 (AVX-512 BF16;
+// `scripts/dense_matmul_rows.py`), a Gemma 3 1B layer's MLP matrices take 0.57x its time at one row (they read the
+// memory at 53 GB/s against 31), 0.66x at 8, 1.05x at 64 and 1.2x at 512 (oneDNN's packed panels reach the
+// dot-product units' peak on a prompt; these row-major passes 0.6 of it); the AVX2 build against ATen's AVX2 product
+// 1.0x at one row and 0.44x at four.
 #pragma once
 
 #include "bf16_dots.h"
