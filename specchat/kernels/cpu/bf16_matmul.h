@@ -52,8 +52,10 @@ constexpr int QUERIES = 8;  // a prompt's rows eight at a time by two weight row
 template <int Q, bool FETCH>
 inline void add_lanes(const uint16_t* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
                       float (*const (&lanes)[Q])[16]) {
-  // weight rows a pass: a row or a few rows stream fastest alone (one stream of memory); a prompt's eight take two
-  constexpr int KEYS = Q > 4 ? 2 : 1;
+  // Weight rows a pass: for one or two activation rows one (a single stream of memory reads fastest), for three or
+  // four, four (each activation load serves four sums, and the sums' chains keep the units busy), for eight two (16
+  // sums in registers); measured with scripts/dense_matmul_ab.py.
+  constexpr int KEYS = Q > 4 ? 2 : Q > 2 ? 4 : 1;
   for (int i = 0; i < kBlock; i += KEYS) {
     __m512 sums[KEYS][Q];
     for (int k = 0; k < KEYS; ++k)
