@@ -1067,7 +1067,7 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
     }
   };
   if (spread) return run(0, kv_heads * chunks);
-  at::parallel_for(0, kv_heads * chunks, cost > 4096 ? 1 : kv_heads * chunks, run);
+  at::parallel_for(0, kv_heads * chunks, cost > 1024 ? 1 : kv_heads * chunks, run);
 }
 
 // `cache` seen from slot `first` on: the same heads, their slots numbered from there.
