@@ -2,7 +2,8 @@
 head included; the embedding as the head where they are tied): ms per forward's matrices by activation rows, the
 weights' GB/s, median of `repeats` rounds, each round every row count and build in turn (the builds' order turning
 from round to round), and a check that every build's products are bitwise the same. A build is named by its source
-version (`source_version()` of that checkout, built once by `cpu_decoder()`, `avx2_` before it for the AVX2 build):
+version (`source_version()` of that checkout, built once by `cpu_decoder()`, `avx2_` before it for the AVX2 build;
+builds before the fp16 weights named their product `bf16_matmul`):
 
     python scripts/dense_matmul_ab.py 7 before=<version> after=<version> gguf=BF16.gguf [rows=1,2,4,8]
 """
@@ -58,12 +59,14 @@ def main() -> None:
             builds[name] = load_build(value)
     if file is None:
         sys.exit("gguf=FILE (a BF16 GGUF file) is needed")
+    products = {name: getattr(build, "dense_matmul", None) or build.bf16_matmul for name, build in builds.items()}
     matrices = step_matrices(file)
     size = sum(m.numel() * m.element_size() for m in matrices)
     inputs = {(n, c): torch.randn(n, c).to(torch.bfloat16) for n in rows for c in {m.shape[1] for m in matrices}}
 
     def forward(name: str, n: int) -> list[torch.Tensor]:
-        return [builds[name].bf16_matmul(inputs[n, m.shape[1]], m) for m in matrices]
+        product = products[name]
+        return [product(inputs[n, m.shape[1]], m) for m in matrices]
 
     first = next(iter(builds))
     for n in rows:

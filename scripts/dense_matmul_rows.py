@@ -1,4 +1,4 @@
-"""The CPU decoder's dense bf16 product (kernels/cpu/bf16_matmul.h) against ATen's, by activation rows: one layer's
+"""The CPU decoder's dense bf16 product (kernels/cpu/dense_matmul.h) against ATen's, by activation rows: one layer's
 MLP matrices of Gemma 3 1B's shapes (four 6912 x 1152 and two 1152 x 6912, 96 MB of bf16), each row count's two
 products alternating, medians of `repeats` rounds; ms and the weights' GB/s. `SPECCHAT_CPU_ISA=avx2` times the AVX2
 build; set ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 too to hold ATen to AVX2 as well.
@@ -23,7 +23,7 @@ def main() -> None:
     weights = [torch.randn(6912, 1152).to(torch.bfloat16) for _ in range(4)]
     weights += [torch.randn(1152, 6912).to(torch.bfloat16) for _ in range(2)]
     size = sum(w.numel() * w.element_size() for w in weights)
-    products = {"ours": decoder.bf16_matmul, "aten": torch.nn.functional.linear}
+    products = {"ours": decoder.dense_matmul, "aten": torch.nn.functional.linear}
     print(f"CPU decoder {decoder.isa()}; {size / 1e6:.0f} MB of weights")
     for count in rows:
         inputs = {w.shape[1]: torch.randn(count, w.shape[1]).to(torch.bfloat16) for w in weights}

@@ -7,6 +7,7 @@ the output layer kept at Q6_K, as files of that type ship.
 
     python scripts/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k] [--llama-cpp]
     python scripts/requantize_gguf.py Q8_0.gguf OUT.gguf --type q2_k|q3_k_s|q3_k_m|q3_k_l|iq4_xs|q4_k_m --llama-cpp
+    python scripts/requantize_gguf.py BF16.gguf OUT.gguf --type f16 --llama-cpp
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ def main() -> None:
     parser.add_argument("source", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k", "q2_k",
-                                                           "q3_k_s", "q3_k_m", "q3_k_l", "iq4_xs", "q4_k_m"],
-                        help="q2_k, q3_k_*, iq4_xs, q4_k_m: --llama-cpp only")
+                                                           "q3_k_s", "q3_k_m", "q3_k_l", "iq4_xs", "q4_k_m", "f16"],
+                        help="q2_k, q3_k_*, iq4_xs, q4_k_m, f16: --llama-cpp only")
     parser.add_argument("--llama-cpp", action="store_true", help="quantize with llama.cpp, as its files ship")
     args = parser.parse_args()
     if args.llama_cpp:
         return llama_cpp_quantize(args.source, args.out, args.type)
-    if args.type.startswith(("q2_k", "q3_k", "iq4")):
+    if args.type.startswith(("q2_k", "q3_k", "iq4", "f16")):
         raise SystemExit(f"{args.type.upper()} files are written by llama.cpp's quantizer: add --llama-cpp")
     kind = GGMLQuantizationType[args.type.upper()]
     source = reader(args.source)

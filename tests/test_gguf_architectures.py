@@ -189,26 +189,28 @@ def test_a_prompt_cache_is_not_read_back_under_other_rope_factors(tiny_files):
 
 @pytest.mark.parametrize("kind", ["BF16", "F16"])
 def test_an_unquantized_file_runs_on_its_values_mapped_not_copied(tmp_path, kind):
-    """A BF16 file's matrices are its mapped memory (an F16 one's converted once, straight to bf16, no fp32 copy of
-    the model in between); Gemma's embedding scales rows as they are looked up (in fp32, rounded once), its table the
-    tied head's, unscaled. The model then answers as the file's values dequantized say."""
+    """A BF16 or F16 file's matrices are its mapped memory (fp16 kept beside bf16 activations: each weight exact in
+    the product); Gemma's embedding scales rows as they are looked up (in fp32, rounded once), its table the tied
+    head's, unscaled. It speculates exactly."""
     from gguf import GGUFReader
 
     path = write_tiny_model(tmp_path / f"tiny-gemma3-{kind}.gguf", embedded_gguf_path(), architecture="gemma3",
                             unquantized=kind, tied=True)  # fmt: skip
     try:
-        model = load_model(str(path)).model
+        loaded = load_model(str(path))
+        model = loaded.model
         tensors = {t.name: t for t in GGUFReader(path).tensors}
         o = parts(model).layers[0].o.weight
         table = torch.tensor(tensors["token_embd.weight"].data)
         table = table.view(torch.bfloat16) if kind == "BF16" else table
-        assert torch.equal(o, torch.tensor(tensors["blk.0.attn_output.weight"].data).view(table.dtype).to(o.dtype))
-        if kind == "BF16":  # the file's mapped memory: the same bytes, not a copy
-            assert o.untyped_storage().data_ptr() != 0 and not o.untyped_storage().resizable()
+        assert o.dtype == table.dtype
+        assert torch.equal(o, torch.tensor(tensors["blk.0.attn_output.weight"].data).view(table.dtype))
+        assert o.untyped_storage().data_ptr() != 0 and not o.untyped_storage().resizable()  # mapped, not a copy
         ids = torch.tensor([5, 77, 1999])
         scale = model.config.hidden_size**0.5
         assert torch.equal(parts(model).embed(ids), (table[ids].float() * scale).to(torch.bfloat16))
-        assert torch.equal(parts(model).head.weight, table.to(torch.bfloat16))
+        assert torch.equal(parts(model).head.weight, table)
+        assert_speculation_equals_autoregressive(loaded, SAMPLED)
     finally:
         shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
 

@@ -11,6 +11,7 @@ file's tokenizer and config once, and stays the reference the tests compare agai
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,13 +66,34 @@ class Slot(nn.Module):
 
 def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
     """An `nn.Linear` over `weight` and `bias` in `dtype` (no copy where they are in it already: a file's mapped
-    memory stays the weight), built without the random values its constructor draws (a billion take seconds)."""
-    layer = nn.Linear.__new__(nn.Linear)
+    memory stays the weight), built without the random values its constructor draws (a billion take seconds); an
+    fp16 weight beside bf16 activations on a CPU stays fp16 (`HalfLinear`)."""
+    half = weight.dtype == torch.float16 and dtype == torch.bfloat16 and weight.device.type == "cpu"
+    kind = HalfLinear if half else nn.Linear
+    layer = kind.__new__(kind)
     nn.Module.__init__(layer)
     layer.out_features, layer.in_features = weight.shape
-    layer.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+    layer.weight = nn.Parameter(weight if half else weight.to(dtype), requires_grad=False)
     layer.register_parameter("bias", None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False))
     return layer
+
+
+class HalfLinear(nn.Linear):
+    """A matrix in fp16 as an F16 file or checkpoint holds it, beside bf16 activations: the CPU decoder's product
+    converts each weight exactly (rounded to bf16 it would lose three of its eleven bits, and be a copy); elsewhere
+    the weight is converted to the activations' dtype for the product."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16 or not _DENSE_PRODUCT or self.in_features % 32:
+            return F.linear(x, self.weight.to(x.dtype), self.bias)
+        from specchat.kernels.cpu.cpu_decoder import cpu_decoder
+
+        out = cpu_decoder().dense_matmul(x.reshape(-1, self.in_features), self.weight).to(x.dtype)
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
+_DENSE_PRODUCT = platform.machine() in ("x86_64", "AMD64")  # where the CPU decoder has its dense product
 
 
 class ScaledEmbedding(nn.Embedding):

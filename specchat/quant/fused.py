@@ -55,7 +55,8 @@ def fuse_projections(parent: nn.Module, names: tuple[str, ...]) -> nn.Module:
     layers = [getattr(parent, name) for name in names]
     if isinstance(layers[0], Rows):
         return layers[0].fused
-    if all(type(layer) is nn.Linear for layer in layers):
+    kinds = {type(layer) for layer in layers}
+    if len(kinds) == 1 and issubclass(kinds.pop(), nn.Linear):  # nn.Linear, or HalfLinear's fp16
         return _dense_stacked(layers)
     fused = _stacked(layers)
     if fused is None:
@@ -68,13 +69,13 @@ def fuse_projections(parent: nn.Module, names: tuple[str, ...]) -> nn.Module:
 
 
 def _dense_stacked(layers: list[nn.Linear]) -> nn.Module:
-    """An `nn.Linear` over the layers' stacked weights (and biases), each layer's now a view of its rows; found
+    """A layer of their kind over the layers' stacked weights (and biases), each layer's now a view of its rows; found
     again from the views when they already are (stacked weights are one storage, the first layer's at its
     start)."""
     if len({layer.in_features for layer in layers}) != 1 or len({layer.bias is None for layer in layers}) != 1:
         return Side(layers)
     rows, first = sum(layer.out_features for layer in layers), layers[0]
-    fused = nn.Linear(first.in_features, rows, bias=first.bias is not None, device="meta")
+    fused = type(first)(first.in_features, rows, bias=first.bias is not None, device="meta")
     for name in ("weight", "bias") if first.bias is not None else ("weight",):
         parts = [getattr(layer, name) for layer in layers]
         held = _whole(parts)
@@ -107,7 +108,7 @@ def _stacked(layers: list[nn.Module]) -> nn.Module | None:
     kinds = {type(layer) for layer in layers}
     if len(kinds) != 1 or len({layer.in_features for layer in layers}) != 1:
         return None
-    kind, first = kinds.pop(), layers[0]
+    kind = kinds.pop()
     biases = [layer.bias for layer in layers]
     if any(bias is None for bias in biases) and any(bias is not None for bias in biases):
         return None

@@ -59,14 +59,14 @@ def quantize_to_gguf(model: nn.Module, scheme: str, *, dtype: torch.dtype, sourc
     for index, layer in enumerate(layers):
         precise = {id(layer.v), id(layer.down)} if more_bits(index, len(layers)) else set()
         for name, linear in list(layer.module.named_modules()):
-            if type(linear) is nn.Linear:
+            if isinstance(linear, nn.Linear):
                 held = kept.blocks(names[id(linear)], linear.weight, more if id(linear) in precise else base)
                 if held is not None:
                     bias = None if linear.bias is None else linear.bias.detach()
                     layer.module.set_submodule(name, GGUFLinear(*held, linear.in_features, dtype=dtype, bias=bias))
     embed, head = decoder.embed, decoder.head
-    tied = type(head) is nn.Linear and head.weight.data_ptr() == embed.weight.data_ptr()
-    head_blocks = kept.blocks(names[id(head)], head.weight, more) if type(head) is nn.Linear else None
+    tied = isinstance(head, nn.Linear) and head.weight.data_ptr() == embed.weight.data_ptr()
+    head_blocks = kept.blocks(names[id(head)], head.weight, more) if isinstance(head, nn.Linear) else None
     if tied and head_blocks is not None:
         embed_blocks, embed_type = head_blocks
     else:

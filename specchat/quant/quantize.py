@@ -37,7 +37,7 @@ def quantize_model(model: nn.Module, scheme: str, *, dtype: torch.dtype, source:
 def quantize_linears(module: nn.Module, scheme: str, *, dtype: torch.dtype, head: nn.Module | None = None) -> None:
     """Replace `module`'s linear layers in place (`head`, the LM head, gets int8 whatever the scheme)."""
     for name, linear in list(module.named_modules()):
-        if type(linear) is nn.Linear and quantizable(linear):
+        if isinstance(linear, nn.Linear) and quantizable(linear):
             layer_scheme = "int8" if linear is head else scheme
             module.set_submodule(name, quantize_linear(linear, layer_scheme, dtype=dtype))
 

@@ -3,7 +3,7 @@
 //
 // A decode step of a small model is a few hundred operations of a few microseconds each; run one by one
 // from Python they cost more than the matmuls. Here the matmuls are our own (GGUF blocks: gguf/matmul.h; dense
-// bf16: bf16_matmul.h) or ATen's (the 4-bit kernel, other dense products), and what lies between them (RMSNorm,
+// bf16 and fp16: dense_matmul.h) or ATen's (the 4-bit kernel, other dense products), and what lies between them (RMSNorm,
 // rotary, the cache write, tree attention, SiLU-gating, residuals) is plain loops over the rows.
 //
 // Exactness: every row's attention sums over its keys in position order (the committed prefix, then its
@@ -17,7 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include "bf16_dots.h"
-#include "bf16_matmul.h"
+#include "dense_matmul.h"
 #include "bf16_tiles.h"
 #include "gguf/matmul.h"
 #include "gguf/quantize.h"
@@ -53,8 +53,8 @@ struct Linear {
   at::Tensor operator()(const at::Tensor& x) const {
     at::Tensor out;
     if (dense.defined()) {
-      out = x.dim() == 2 && bf16_matmul::takes(x, dense) ? bf16_matmul::matmul(x, dense).to(x.scalar_type())
-                                                          : at::linear(x, dense);
+      out = x.dim() == 2 && dense_matmul::takes(x, dense) ? dense_matmul::matmul(x, dense).to(x.scalar_type())
+                                                           : at::linear(x, dense.to(x.scalar_type()));
     } else if (!blocks.empty()) {
       out = gguf::matmul(x, blocks, gguf::Path::Best).to(x.scalar_type());
     } else {
@@ -1426,10 +1426,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     linear.bias = bias;
     return linear;
   });
-  m.def("bf16_matmul", [](at::Tensor x, at::Tensor weight) {
-    TORCH_CHECK(bf16_matmul::takes(x, weight), "bf16_matmul takes bf16 operands, inputs in 32s, on an x86 build");
-    return bf16_matmul::matmul(x, weight);
-  }, "x [rows, in] . weight [out, in]^T in fp32, bf16 operands (bf16_matmul.h).");
+  m.def("dense_matmul", [](at::Tensor x, at::Tensor weight) {
+    TORCH_CHECK(dense_matmul::takes(x, weight),
+                "dense_matmul takes bf16 activations and a bf16 or fp16 weight, inputs in 32s, on an x86 build");
+    return dense_matmul::matmul(x, weight);
+  }, "x [rows, in] . weight [out, in]^T in fp32: bf16 activations, a bf16 or fp16 weight (dense_matmul.h).");
   m.def("gguf_matmul", [matrices](at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types,
                                   std::vector<int64_t> unit_rows, int64_t cols, const std::string& path) {
     return gguf::matmul(x, matrices(blocks, types, unit_rows, cols), gguf::path_named(path));

@@ -1,9 +1,12 @@
-// Dense bf16 matrices times bf16 activation rows in bf16 dot-product arithmetic (bf16_dots.h): vdpbf16ps on
-// AVX-512 BF16, the same bits through fp32 fmas on AVX2. Output j of activation row r sums x[r] . W[j] in 16 lanes,
-// lane l adding the products of inputs 32c + 2l + 1, then 32c + 2l, for c = 0, 1, ... in order; the lanes are then
-// paired down as a key's are in attention. So an output depends on its own row alone, bit for bit, whatever rows
-// share the call (a verified tree row is its decode step), on either path. The matrix is read as it lies, row-major:
-// a dense checkpoint's weights are multiplied in place.
+// Dense weights times bf16 activation rows, the matrix read as it lies (row-major: a checkpoint's or an unquantized
+// GGUF file's weights multiplied in place), each output's sum an order fixed by its own row alone, so a verified
+// tree row is its decode step bit for bit, whatever rows share the call, on either path:
+// - bf16 weights in bf16 dot-product arithmetic (bf16_dots.h): vdpbf16ps on AVX-512 BF16, the same bits through
+//   fp32 fmas on AVX2. Output j of activation row r sums x[r] . W[j] in 16 lanes, lane l adding the products of
+//   inputs 32c + 2l + 1, then 32c + 2l, for c = 0, 1, ... in order;
+// - fp16 weights (an F16 file's) in fp32: each weight converted exactly (vcvtph2ps), lane l of an output adding
+//   the products of inputs 16c + l in order by fmas, on AVX-512 and on AVX2 alike.
+// The 16 lanes are then paired down as a key's are in attention.
 //
 // Weight rows go in blocks of 16 (the lanes of 16 outputs pair down together) and units of four blocks (a thread's
 // share), inputs in slices of 2048 and activation rows in groups of 64, so that what a pass reads again stays in L2.
@@ -23,7 +26,7 @@
 #include <memory>
 #include <vector>
 
-namespace bf16_matmul {
+namespace dense_matmul {
 
 #if defined(BF16_DOTS_NATIVE) || defined(BF16_DOTS_AVX2)
 constexpr bool kBuilt = true;
@@ -36,11 +39,11 @@ constexpr int64_t kSlice = 2048;  // inputs a pass over a block takes: its 64 KB
 constexpr int64_t kUnit = 4;      // blocks a thread takes at once: 64 weight rows, every activation row read once for them
 constexpr int64_t kRows = 64;     // activation rows whose lane sums a unit keeps at once (256 KB, in L2)
 
-// Whether `matmul` takes these operands: a bf16 weight and activations, inputs in whole chunks, on a build with
-// the kernels.
+// Whether `matmul` takes these operands: bf16 activations, a bf16 or fp16 weight, inputs in whole chunks, on a build
+// with the kernels.
 inline bool takes(const at::Tensor& x, const at::Tensor& weight) {
-  return kBuilt && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 &&
-         weight.size(1) % kChunk == 0;
+  return kBuilt && x.scalar_type() == at::kBFloat16 &&
+         (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf) && weight.size(1) % kChunk == 0;
 }
 
 // lanes[j][i][l] += lane l's products of activation row j and weight row i of a block (row stride `in`) over
@@ -49,13 +52,15 @@ inline bool takes(const at::Tensor& x, const at::Tensor& weight) {
 #ifdef BF16_DOTS_NATIVE
 constexpr int QUERIES = 8;  // a prompt's rows eight at a time by two weight rows: 16 sums in registers
 
+// Weight rows a pass for Q activation rows: for one or two, one (a single stream of memory reads fastest), for three
+// or four, four (each activation load serves four sums, and the sums' chains keep the units busy), for eight two (16
+// sums in registers); measured with scripts/dense_matmul_ab.py.
+constexpr int keys_per_pass(int q) { return q > 4 ? 2 : q > 2 ? 4 : 1; }
+
 template <int Q, bool FETCH>
 inline void add_lanes(const uint16_t* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
                       float (*const (&lanes)[Q])[16]) {
-  // Weight rows a pass: for one or two activation rows one (a single stream of memory reads fastest), for three or
-  // four, four (each activation load serves four sums, and the sums' chains keep the units busy), for eight two (16
-  // sums in registers); measured with scripts/dense_matmul_ab.py.
-  constexpr int KEYS = Q > 4 ? 2 : Q > 2 ? 4 : 1;
+  constexpr int KEYS = keys_per_pass(Q);
   for (int i = 0; i < kBlock; i += KEYS) {
     __m512 sums[KEYS][Q];
     for (int k = 0; k < KEYS; ++k)
@@ -123,6 +128,61 @@ inline void widen(const uint16_t* x, int64_t in, float* odd, float* even) {
 }
 #endif
 
+// The same for fp16 weights, each activation row given in fp32 (x[j]): lane l adds the products of inputs 16c + l.
+#ifdef BF16_DOTS_NATIVE
+template <int Q, bool FETCH>
+inline void add_f16_lanes(const float* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
+                          float (*const (&lanes)[Q])[16]) {
+  constexpr int KEYS = keys_per_pass(Q);
+  for (int i = 0; i < kBlock; i += KEYS) {
+    __m512 sums[KEYS][Q];
+    for (int k = 0; k < KEYS; ++k)
+      for (int j = 0; j < Q; ++j) sums[k][j] = from == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(lanes[j][i + k]);
+    for (int64_t c = from; c < to; c += 16) {
+      __m512 keys[KEYS];
+      for (int k = 0; k < KEYS; ++k) {
+        const uint16_t* at = w + (i + k) * in + c;
+        if (FETCH && c % 32 == 0) _mm_prefetch(reinterpret_cast<const char*>(at + KEYS * in), _MM_HINT_T0);
+        keys[k] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+      }
+      for (int j = 0; j < Q; ++j) {
+        const __m512 q = _mm512_loadu_ps(x[j] + c);
+        for (int k = 0; k < KEYS; ++k) sums[k][j] = _mm512_fmadd_ps(q, keys[k], sums[k][j]);
+      }
+    }
+    for (int k = 0; k < KEYS; ++k)
+      for (int j = 0; j < Q; ++j) _mm512_storeu_ps(lanes[j][i + k], sums[k][j]);
+  }
+}
+#elif defined(BF16_DOTS_AVX2)
+// Lanes 0-7 in one vector, 8-15 in another (h = 0, 1).
+template <int Q, bool FETCH>
+inline void add_f16_lanes(const float* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
+                          float (*const (&lanes)[Q])[16]) {
+  constexpr int KEYS = Q == 1 ? 1 : 4 / Q;
+  for (int i = 0; i < kBlock; i += KEYS) {
+    __m256 sums[2][KEYS][Q];
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < KEYS; ++k)
+        for (int j = 0; j < Q; ++j)
+          sums[h][k][j] = from == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(lanes[j][i + k] + 8 * h);
+    for (int64_t c = from; c < to; c += 16) {
+      for (int k = 0; k < KEYS; ++k) {
+        const uint16_t* at = w + (i + k) * in + c;
+        if (FETCH && c % 32 == 0) _mm_prefetch(reinterpret_cast<const char*>(at + KEYS * in), _MM_HINT_T0);
+        for (int h = 0; h < 2; ++h) {
+          const __m256 key = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 8 * h)));
+          for (int j = 0; j < Q; ++j) sums[h][k][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x[j] + c + 8 * h), key, sums[h][k][j]);
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < KEYS; ++k)
+        for (int j = 0; j < Q; ++j) _mm256_storeu_ps(lanes[j][i + k] + 8 * h, sums[h][k][j]);
+  }
+}
+#endif
+
 #if defined(BF16_DOTS_NATIVE) || defined(BF16_DOTS_AVX2)
 // out[i] = weight row i's 16 lane sums paired down (adjacent lanes, then pairs of those), for the 16 of a block.
 inline void pair_down(const float (*lanes)[16], float* out) {
@@ -143,27 +203,37 @@ inline void rest(int64_t n, Run& run) {
   }
 }
 
-// y [rows, out] fp32 = x [rows, in] . weight [out, in]^T, both bf16 (`takes`). Threads split the weight's rows in
-// units of kUnit blocks; a unit goes over the inputs a slice at a time, every activation row passing over the
-// slice's blocks (from L2) before the next: each row is read once a unit, not once a block (a prompt's 512 rows
-// are megabytes). A last block of fewer than 16 rows is multiplied as 16 with zero rows after it.
+// y [rows, out] fp32 = x [rows, in] . weight [out, in]^T (`takes`). Threads split the weight's rows in units of
+// kUnit blocks; a unit goes over the inputs a slice at a time, every activation row passing over the slice's blocks
+// (from L2) before the next: each row is read once a unit, not once a block (a prompt's 512 rows are megabytes). A
+// last block of fewer than 16 rows is multiplied as 16 with zero rows after it.
 inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
 #if !(defined(BF16_DOTS_NATIVE) || defined(BF16_DOTS_AVX2))
-  TORCH_CHECK(false, "bf16_matmul: not in this build");
+  TORCH_CHECK(false, "dense_matmul: not in this build");
 #else
   const at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   const int64_t rows = x.size(0), out = weight.size(0), in = weight.size(1);
-  TORCH_CHECK(takes(x, weight) && x.size(1) == in, "bf16_matmul takes bf16 [rows, in] x bf16 [out, in], in % 32 == 0");
+  TORCH_CHECK(takes(x, weight) && x.size(1) == in,
+              "dense_matmul takes bf16 [rows, in] x bf16 or fp16 [out, in], in % 32 == 0");
+  const bool f16 = weight.scalar_type() == at::kHalf;
   at::Tensor y = at::empty({rows, out}, x.options().dtype(at::kFloat));
   if (rows == 0 || out == 0) return y;
-  const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  const auto* ws = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
+  const auto* xs = static_cast<const uint16_t*>(x.data_ptr());
+  const auto* ws = static_cast<const uint16_t*>(weight.data_ptr());
   float* ys = y.data_ptr<float>();
   const int64_t blocks = (out + kBlock - 1) / kBlock, units = (blocks + kUnit - 1) / kUnit;
+  // fp16 weights: the rows in fp32; bf16 weights on AVX2: each row's odd inputs in fp32, then its even ones
+  std::vector<float> widened;
 #ifdef BF16_DOTS_AVX2
-  std::vector<float> widened(rows * in);  // each row's odd inputs, then its even ones
-  for (int64_t r = 0; r < rows; ++r) widen(xs + r * in, in, &widened[r * in], &widened[r * in + in / 2]);
+  if (!f16) {
+    widened.resize(rows * in);
+    for (int64_t r = 0; r < rows; ++r) widen(xs + r * in, in, &widened[r * in], &widened[r * in + in / 2]);
+  }
 #endif
+  if (f16) {
+    widened.resize(rows * in);
+    at::from_blob(widened.data(), {rows, in}, at::TensorOptions().dtype(at::kFloat)).copy_(x);
+  }
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     [[maybe_unused]] bf16_dots::Arithmetic arithmetic;  // AVX2: DAZ and FTZ, per thread
     std::vector<uint16_t> padded;  // the last block's rows and zero rows
@@ -190,23 +260,29 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
           int64_t r = top;
           const auto run = [&](auto queries) {
             constexpr int Q = decltype(queries)::value;
+            const float* xf[Q];
+            for (int j = 0; j < Q; ++j) xf[j] = widened.empty() ? nullptr : widened.data() + (r + j) * in;
 #ifdef BF16_DOTS_NATIVE
             const uint16_t* xj[Q];
             for (int j = 0; j < Q; ++j) xj[j] = xs + (r + j) * in;
 #else
             const float *odd[Q], *even[Q];
-            for (int j = 0; j < Q; ++j) odd[j] = &widened[(r + j) * in], even[j] = odd[j] + in / 2;
+            for (int j = 0; j < Q; ++j) odd[j] = xf[j], even[j] = odd[j] + in / 2;
 #endif
             for (int64_t k = 0; k < count; ++k) {
               float(*outs[Q])[16];
               for (int j = 0; j < Q; ++j) outs[j] = lanes(r + j - top, k);
-              const bool fetch = r == 0;  // the weights' first pass: from memory
+              const auto add = [&](auto fetch) {
+                constexpr bool FETCH = decltype(fetch)::value;
+                if (f16) return add_f16_lanes<Q, FETCH>(xf, w[k], in, from, to, outs);
 #ifdef BF16_DOTS_NATIVE
-              fetch ? add_lanes<Q, true>(xj, w[k], in, from, to, outs) : add_lanes<Q, false>(xj, w[k], in, from, to, outs);
+                add_lanes<Q, FETCH>(xj, w[k], in, from, to, outs);
 #else
-              fetch ? add_lanes<Q, true>(odd, even, w[k], in, from, to, outs)
-                    : add_lanes<Q, false>(odd, even, w[k], in, from, to, outs);
+                add_lanes<Q, FETCH>(odd, even, w[k], in, from, to, outs);
 #endif
+              };
+              // the weights' first pass comes from memory
+              r == 0 ? add(std::true_type{}) : add(std::false_type{});
             }
             r += Q;
           };
@@ -231,4 +307,4 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
 #endif
 }
 
-}  // namespace bf16_matmul
+}  // namespace dense_matmul
