@@ -84,7 +84,7 @@ class HalfLinear(nn.Linear):
     the weight is converted to the activations' dtype for the product."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.bfloat16 or not _DENSE_PRODUCT or self.in_features % 32:
+        if x.dtype != torch.bfloat16 or x.device.type != "cpu" or not _DENSE_PRODUCT or self.in_features % 32:
             return F.linear(x, self.weight.to(x.dtype), self.bias)
         from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 
