@@ -157,3 +157,21 @@ def test_shapes_the_int4_kernel_cannot_take_stay_dense():
     x = torch.randn(3, 64)
     torch.testing.assert_close(module["fits"](x), x @ module["fits"].dequantize().float().T + module["fits"].bias,
                                rtol=1e-4, atol=1e-4)  # fmt: skip
+
+
+def test_the_activation_dtype_is_chosen_once_whatever_the_threads(tmp_path, monkeypatch):
+    """float32 and bfloat16 activations answer differently: the choice, timed once, holds for every `--threads`."""
+    from specchat.quant import fastest_dtype
+
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
+    choices = iter(["float32", "bfloat16"])  # what two timings under different loads might say
+    monkeypatch.setattr(fastest_dtype, "_measure", lambda weights, shape: next(choices))
+    threads = torch.get_num_threads()
+    try:
+        picked = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            picked.append(fastest_dtype.fastest_activation_dtype("q4_1", (1536, 576)))
+    finally:
+        torch.set_num_threads(threads)
+    assert picked == [torch.float32, torch.float32]

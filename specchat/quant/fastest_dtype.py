@@ -2,7 +2,8 @@
 
 The int4 kernel is row-independent in both (what exact speculative decoding needs), but which is faster
 depends on the CPU (bf16 units or not), so it is timed once per machine, weight format and matrix shape, on
-the rows a decode step and a small verification tree multiply, and kept on disk.
+the rows a decode step and a small verification tree multiply, and kept on disk. Not per thread count: the two
+dtypes answer differently, and the answer must not change with `--threads`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ ROWS = (1, 4)  # a decode step, a small verification tree
 
 def fastest_activation_dtype(weights: str, shape: tuple[int, int]) -> torch.dtype:
     """`weights`: "q4_1" | "int4" | "int8"; `shape`: [out, in] of a representative matrix."""
-    key = f"{weights}|{shape[0]}x{shape[1]}|{platform.processor() or platform.machine()}|" \
-          f"threads={torch.get_num_threads()}|torch={torch.__version__}"  # fmt: skip
+    key = f"{weights}|{shape[0]}x{shape[1]}|{platform.processor() or platform.machine()}|torch={torch.__version__}"
     name = cached_json(cache_dir() / "activation_dtype.json", key, lambda: _measure(weights, shape))
     return CANDIDATES[name]
 
