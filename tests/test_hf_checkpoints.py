@@ -77,6 +77,18 @@ def test_speculation_on_a_checkpoint_equals_autoregressive(checkpoints, sampling
     assert_speculation_equals_autoregressive(loaded, sampling)
 
 
+def test_an_fp16_checkpoint_keeps_its_weights_and_speculates_exactly(checkpoints, tmp_path):
+    """Saved in fp16, its matrices stay fp16 beside bf16 activations (HalfLinear: each weight exact in the product)."""
+    directory, reference = checkpoints("gemma3")
+    copy.deepcopy(reference).half().save_pretrained(tmp_path)
+    PreTrainedTokenizerFast.from_pretrained(directory).save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert loaded.dtype == "bfloat16"
+    layer = parts(loaded.model).layers[0]
+    assert isinstance(layer.down, llama_model.HalfLinear) and layer.down.weight.dtype == torch.float16
+    assert_speculation_equals_autoregressive(loaded, SAMPLED)
+
+
 @torch.inference_mode()
 def test_a_multimodal_gemma3_checkpoint_loads_its_text_model(checkpoints, tmp_path):
     """Gemma 3 4B and larger are published with a vision tower: their text model's tensors under

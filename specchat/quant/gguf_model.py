@@ -206,8 +206,9 @@ def _install(model, name: str, parts: dict, dtype, *, rows=None, aten_int4=False
             else GGUFLinear(raw, int(kind), columns, dtype=dtype, bias=bias)  # fmt: skip
     else:  # F32 / F16 / BF16: norms, biases, unquantized matrices, mapped from the file where already in `dtype`
         weight = _dense(tensor, raw)
-        if embedding:  # its rows scaled as they are looked up, in fp32 and rounded once, as a GGUFEmbedding's
-            module = nn.Embedding.from_pretrained(weight.to(dtype)) if current.scale == 1.0 \
+        if embedding:  # its rows scaled (and converted) as they are looked up, in fp32 and rounded once, as a
+            # GGUFEmbedding's: the table stays the file's mapped memory
+            module = nn.Embedding.from_pretrained(weight) if current.scale == 1.0 and weight.dtype == dtype \
                 else ScaledEmbedding(weight, current.scale, dtype)  # fmt: skip
         elif matrix:
             module = dense_linear(weight, bias, dtype)
