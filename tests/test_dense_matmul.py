@@ -20,14 +20,15 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), r
 
 
 def lane_arithmetic(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [rows, in] . w [out, in]^T as the kernel sums it, in torch: a bf16 by bf16 or fp16 product is exact in fp32,
-    so each step `sum + a * b` rounds once, as an fma and a vdpbf16ps step do (no denormals in these inputs)."""
+    """x [rows, in] . w [out, in]^T as the kernel sums it, in torch: each step `sum + a * b` rounded once, as an fma
+    and a vdpbf16ps step do (no denormals in these inputs): a bf16 by bf16 or fp16 product is exact in fp32, an fp32
+    by fp16 one in fp64."""
     rows, inputs = x.shape
     lanes = torch.zeros(rows, w.shape[0], 16)
     if w.dtype == torch.float16:
-        xs, ws = x.float().view(rows, inputs // 16, 16), w.float().view(w.shape[0], inputs // 16, 16)
+        xs, ws = x.double().view(rows, inputs // 16, 16), w.double().view(w.shape[0], inputs // 16, 16)
         for c in range(inputs // 16):
-            lanes = lanes + xs[:, None, c] * ws[None, :, c]
+            lanes = (lanes.double() + xs[:, None, c] * ws[None, :, c]).float()
     else:
         xs, ws = x.float().view(rows, inputs // 32, 16, 2), w.float().view(w.shape[0], inputs // 32, 16, 2)
         for c in range(inputs // 32):
@@ -38,12 +39,13 @@ def lane_arithmetic(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return lanes[..., 0]
 
 
-@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("x_dtype", "weight_dtype"), [(torch.bfloat16, torch.bfloat16),
+                                                      (torch.bfloat16, torch.float16), (torch.float32, torch.float16)])
 @pytest.mark.parametrize(("out", "inputs"), [(16, 96), (149, 2112), (37, 64)])
-def test_the_product_is_its_lane_arithmetic_whatever_rows_share_it(out, inputs, weight_dtype, cpu_isa):
+def test_the_product_is_its_lane_arithmetic_whatever_rows_share_it(out, inputs, x_dtype, weight_dtype, cpu_isa):
     generator = torch.Generator().manual_seed(out)
     w = torch.randn(out, inputs, generator=generator).to(weight_dtype)
-    x = torch.randn(131, inputs, generator=generator).to(torch.bfloat16)
+    x = torch.randn(131, inputs, generator=generator).to(x_dtype)
     want = lane_arithmetic(x, w)
     for rows in (1, 2, 3, 7, 9, 64, 65, 131):
         assert torch.equal(cpu_decoder().dense_matmul(x[:rows], w), want[:rows]), rows
@@ -55,7 +57,7 @@ def test_what_the_product_does_not_take_is_refused():
     with pytest.raises(RuntimeError, match="inputs in 32s"):
         cpu_decoder().dense_matmul(torch.randn(1, 40).to(torch.bfloat16), w)
     with pytest.raises(RuntimeError, match="bf16 activations"):
-        cpu_decoder().dense_matmul(torch.randn(1, 64), torch.randn(16, 64).half())
+        cpu_decoder().dense_matmul(torch.randn(1, 64), torch.randn(16, 64).to(torch.bfloat16))
     with pytest.raises(RuntimeError, match="bf16 or fp16 weight"):
         cpu_decoder().dense_matmul(torch.randn(1, 64).to(torch.bfloat16), torch.randn(16, 64))
 

@@ -67,8 +67,8 @@ class Slot(nn.Module):
 def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
     """An `nn.Linear` over `weight` and `bias` in `dtype` (no copy where they are in it already: a file's mapped
     memory stays the weight), built without the random values its constructor draws (a billion take seconds); an
-    fp16 weight beside bf16 activations on a CPU stays fp16 (`HalfLinear`)."""
-    half = weight.dtype == torch.float16 and dtype == torch.bfloat16 and weight.device.type == "cpu"
+    fp16 weight beside bf16 or fp32 activations on a CPU stays fp16 (`HalfLinear`)."""
+    half = weight.dtype == torch.float16 and dtype in (torch.bfloat16, torch.float32) and weight.device.type == "cpu"
     kind = HalfLinear if half else nn.Linear
     layer = kind.__new__(kind)
     nn.Module.__init__(layer)
@@ -79,12 +79,13 @@ def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.d
 
 
 class HalfLinear(nn.Linear):
-    """A matrix in fp16 as an F16 file or checkpoint holds it, beside bf16 activations: the CPU decoder's product
-    converts each weight exactly (rounded to bf16 it would lose three of its eleven bits, and be a copy); elsewhere
-    the weight is converted to the activations' dtype for the product."""
+    """A matrix in fp16 as an F16 file or checkpoint holds it, beside bf16 or fp32 activations: the CPU decoder's
+    product converts each weight exactly (rounded to bf16 it would lose three of its eleven bits, and be a copy);
+    elsewhere the weight is converted to the activations' dtype for the product."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.bfloat16 or x.device.type != "cpu" or not _DENSE_PRODUCT or self.in_features % 32:
+        if x.dtype not in (torch.bfloat16, torch.float32) or x.device.type != "cpu" or not _DENSE_PRODUCT \
+                or self.in_features % 32:  # fmt: skip
             return F.linear(x, self.weight.to(x.dtype), self.bias)
         from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 

@@ -1428,9 +1428,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("dense_matmul", [](at::Tensor x, at::Tensor weight) {
     TORCH_CHECK(dense_matmul::takes(x, weight),
-                "dense_matmul takes bf16 activations and a bf16 or fp16 weight, inputs in 32s, on an x86 build");
+                "dense_matmul takes bf16 activations and a bf16 or fp16 weight, or fp32 activations and an fp16 "
+                "weight, inputs in 32s, on an x86 build");
     return dense_matmul::matmul(x, weight);
-  }, "x [rows, in] . weight [out, in]^T in fp32: bf16 activations, a bf16 or fp16 weight (dense_matmul.h).");
+  }, "x [rows, in] . weight [out, in]^T in fp32: bf16 x bf16 or fp16, fp32 x fp16 (dense_matmul.h).");
   m.def("gguf_matmul", [matrices](at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types,
                                   std::vector<int64_t> unit_rows, int64_t cols, const std::string& path) {
     return gguf::matmul(x, matrices(blocks, types, unit_rows, cols), gguf::path_named(path));

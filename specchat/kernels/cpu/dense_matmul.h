@@ -4,8 +4,8 @@
 // - bf16 weights in bf16 dot-product arithmetic (bf16_dots.h): vdpbf16ps on AVX-512 BF16, the same bits through
 //   fp32 fmas on AVX2. Output j of activation row r sums x[r] . W[j] in 16 lanes, lane l adding the products of
 //   inputs 32c + 2l + 1, then 32c + 2l, for c = 0, 1, ... in order;
-// - fp16 weights (an F16 file's) in fp32: each weight converted exactly (vcvtph2ps), lane l of an output adding
-//   the products of inputs 16c + l in order by fmas, on AVX-512 and on AVX2 alike.
+// - fp16 weights (an F16 file's) in fp32: each weight converted exactly (vcvtph2ps), bf16 activations too, fp32 ones
+//   as they are, lane l of an output adding the products of inputs 16c + l in order by fmas, on AVX-512 and AVX2.
 // The 16 lanes are then paired down as a key's are in attention.
 //
 // Weight rows go in blocks of 16 (the lanes of 16 outputs pair down together) and units of four blocks (a thread's
@@ -39,11 +39,12 @@ constexpr int64_t kSlice = 2048;  // inputs a pass over a block takes: its 64 KB
 constexpr int64_t kUnit = 4;      // blocks a thread takes at once: 64 weight rows, every activation row read once for them
 constexpr int64_t kRows = 64;     // activation rows whose lane sums a unit keeps at once (256 KB, in L2)
 
-// Whether `matmul` takes these operands: bf16 activations, a bf16 or fp16 weight, inputs in whole chunks, on a build
-// with the kernels.
+// Whether `matmul` takes these operands: bf16 activations and a bf16 or fp16 weight, or fp32 activations and an fp16
+// weight; inputs in whole chunks, on a build with the kernels.
 inline bool takes(const at::Tensor& x, const at::Tensor& weight) {
-  return kBuilt && x.scalar_type() == at::kBFloat16 &&
-         (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf) && weight.size(1) % kChunk == 0;
+  const auto a = x.scalar_type(), w = weight.scalar_type();
+  return kBuilt && weight.size(1) % kChunk == 0 &&
+         ((a == at::kBFloat16 && (w == at::kBFloat16 || w == at::kHalf)) || (a == at::kFloat && w == at::kHalf));
 }
 
 // lanes[j][i][l] += lane l's products of activation row j and weight row i of a block (row stride `in`) over
@@ -214,7 +215,7 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
   const at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   const int64_t rows = x.size(0), out = weight.size(0), in = weight.size(1);
   TORCH_CHECK(takes(x, weight) && x.size(1) == in,
-              "dense_matmul takes bf16 [rows, in] x bf16 or fp16 [out, in], in % 32 == 0");
+              "dense_matmul takes bf16 [rows, in] x bf16 or fp16 [out, in], or fp32 x fp16, in % 32 == 0");
   const bool f16 = weight.scalar_type() == at::kHalf;
   at::Tensor y = at::empty({rows, out}, x.options().dtype(at::kFloat));
   if (rows == 0 || out == 0) return y;
