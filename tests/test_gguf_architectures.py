@@ -23,6 +23,7 @@ from specchat.engine.cache import TreeCache
 from specchat.engine.generate import Engine
 from specchat.engine.lean_forward import lean_forward
 from specchat.engine.prompt_cache import identity
+from specchat.engine.target_forward import forward_path
 from specchat.engine.tree import DraftTree, tree_batch
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir, load_model
@@ -191,7 +192,7 @@ def test_a_prompt_cache_is_not_read_back_under_other_rope_factors(tiny_files):
 def test_an_unquantized_file_runs_on_its_values_mapped_not_copied(tmp_path, kind):
     """A BF16 or F16 file's matrices are its mapped memory (fp16 kept beside bf16 activations: each weight exact in
     the product); Gemma's embedding scales rows as they are looked up (in fp32, rounded once), its table the tied
-    head's, unscaled. It speculates exactly."""
+    head's, unscaled. It speculates exactly (an F16 file in fp32 activations too, on the CPU decoder)."""
     from gguf import GGUFReader
 
     path = write_tiny_model(tmp_path / f"tiny-gemma3-{kind}.gguf", embedded_gguf_path(), architecture="gemma3",
@@ -211,6 +212,10 @@ def test_an_unquantized_file_runs_on_its_values_mapped_not_copied(tmp_path, kind
         assert torch.equal(parts(model).embed(ids), (table[ids].float() * scale).to(torch.bfloat16))
         assert torch.equal(parts(model).head.weight, table)
         assert_speculation_equals_autoregressive(loaded, SAMPLED)
+        if kind == "F16":  # fp32 activations: every matrix still multiplies each row on its own, on the CPU decoder
+            loaded = load_model(str(path), dtype="float32")
+            assert forward_path(loaded.model).startswith("CPU decoder")
+            assert_speculation_equals_autoregressive(loaded, GREEDY)
     finally:
         shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
 

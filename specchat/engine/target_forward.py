@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from specchat.architectures import parts
 from specchat.engine.attention import attention_of
@@ -64,10 +65,13 @@ class TorchForward:
 
 def canonical(model) -> bool:
     """Whether the CPU decoder is to run `model`: chosen (canonical), or by auto where it serves the model in
-    bf16 / fp16 activations (in fp32 dense matmuls are row-dependent: nothing to gain over the torch decoder) or
-    where the torch decoder cannot run it (Gemma 3)."""
+    bf16 / fp16 activations, in fp32 where no matrix is a plain dense one (ATen's fp32 products are row-dependent:
+    nothing to gain over the torch decoder; quantized and fp16 matrices are not), or where the torch decoder cannot
+    run it (Gemma 3)."""
     choice = attention_of(model)
-    automatic = choice == "auto" and (model.dtype in (torch.bfloat16, torch.float16) or refusal(model.config))
+    rows_apart = model.dtype in (torch.bfloat16, torch.float16) or not any(
+        type(module) is nn.Linear for module in model.modules())
+    automatic = choice == "auto" and (rows_apart or refusal(model.config))
     return (choice == "canonical" or automatic) and serves(model)
 
 
