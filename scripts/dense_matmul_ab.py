@@ -8,27 +8,17 @@ builds before the fp16 weights named their product `bf16_matmul`):
     python scripts/dense_matmul_ab.py 7 before=<version> after=<version> gguf=BF16.gguf [rows=1,2,4,8]
 """
 
-import glob
-import importlib.util
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-from torch.utils.cpp_extension import get_default_build_root
+from gguf_matmul_ab import load_build  # scripts/ is on the path when run from there
 
 from specchat.quant.gguf_model import gguf_tensors
 
 BF16 = 30  # GGML's type id
-
-
-def load_build(version: str):
-    path = glob.glob(f"{get_default_build_root()}/specchat_cpu_decoder_{version}/*.so")[0]
-    spec = importlib.util.spec_from_file_location(f"specchat_cpu_decoder_{version}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def step_matrices(file: Path) -> list[torch.Tensor]:
