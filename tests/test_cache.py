@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psutil
 import pytest
 import torch
 from conftest import TINY_FAMILIES, tiny_model
@@ -52,6 +53,22 @@ def test_memory_is_allocated_once(tokenizer):
     assert all(layer.keys.shape[2] == 200 + MAX_BUDGET for layer in engine.cache.layers)  # room for a tree
     out += run(engine, prompt + out + [300, 301], 40)  # a second turn reuses the same session cache
     assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in engine.cache.layers] == pointers
+
+
+def test_a_cpu_cache_takes_memory_as_its_slots_are_written():
+    """Capacity is address space: a 1 GiB cache commits the pages its written slots lie in, and reads as zeros
+    where nothing was written, int8 codes and scales alike."""
+    process = psutil.Process()
+    cache = TreeCache(num_layers=8, max_len=65536)
+    before = process.memory_info().rss
+    cache.allocate(4, 128, torch.bfloat16, torch.device("cpu"))  # 8 layers x 4 heads x 64K slots x 256 B x 2
+    assert cache.keys.numel() * 2 * 2 == 2**30
+    cache.layers[0].update(torch.ones(1, 4, 10, 128), torch.ones(1, 4, 10, 128))
+    assert process.memory_info().rss - before < 16 * 2**20
+    assert cache.keys[0, 0, :, :10].eq(1).all() and cache.keys[0, 0, :, 10:].eq(0).all() and not cache.values[1].any()
+    int8 = TreeCache(num_layers=2, max_len=4096, kv_cache="int8")
+    int8.allocate(2, 64, torch.bfloat16, torch.device("cpu"))
+    assert all(not part.any() for layer in int8.layers for part in layer._held())
 
 
 def _allocated(layers: int, max_len: int, *, heads: int = 1, dim: int = 1) -> TreeCache:

@@ -3,7 +3,8 @@
 Positions `[0, length)` of every layer hold the committed prefix. A forward writes its tokens' keys and
 values right after them (the "pending" block) and attends over `[0, length + pending)` — a view, never a
 copy of the past. `commit(kept)` then keeps a subset of the pending block, in order, moving it down to
-`length ...` in every layer; dropping the rest is a pointer move. Memory is allocated once per session.
+`length ...` in every layer; dropping the rest is a pointer move. Memory is allocated once per session (on a CPU,
+committed page by page as slots are written).
 
 A sliding-window layer (Gemma 3's five in six, Phi-3-mini's) holds only the positions its rows still see: its
 window and a forward's rows (`WindowKVLayer`), so a long context costs its full-attention layers' keys alone.
@@ -11,6 +12,8 @@ window and a forward's rows (`WindowKVLayer`), so a long context costs its full-
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -231,9 +234,9 @@ class Int8KVLayer(TreeKVLayer):
     def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device) -> None:
         """Codes and scales for `max_len` slots; `dtype` is what `read` dequantizes to."""
         slots = -(-self.max_len // TILE) * TILE
-        self.key_codes = torch.zeros(heads, slots, head_dim, dtype=torch.uint8, device=device)
-        self.value_codes = torch.zeros(heads, slots, head_dim, dtype=torch.int8, device=device)
-        self.scales = torch.zeros(heads, slots // TILE, head_dim // BLOCK + 1, TILE, device=device)
+        self.key_codes = cache_zeros((heads, slots, head_dim), torch.uint8, device)
+        self.value_codes = cache_zeros((heads, slots, head_dim), torch.int8, device)
+        self.scales = cache_zeros((heads, slots // TILE, head_dim // BLOCK + 1, TILE), torch.float32, device)
         self.dtype = dtype
         self.is_initialized = True
 
@@ -342,7 +345,7 @@ class TreeCache:
             for slots in sorted({layer.slots for layer in self.layers}, reverse=True):
                 members = [layer for layer in self.layers if layer.slots == slots]
                 shape = (len(members), 1, heads, slots, head_dim)
-                keys, values = (torch.zeros(shape, dtype=dtype, device=device) for _ in range(2))
+                keys, values = (cache_zeros(shape, dtype, device) for _ in range(2))
                 for layer, layer_keys, layer_values in zip(members, keys, values):
                     layer.adopt(layer_keys, layer_values)
                 self.stacks.append((members, keys, values))
@@ -429,6 +432,18 @@ class TreeCache:
     def restorable(self, layers: list[tuple[torch.Tensor, ...]], length: int) -> bool:
         """Whether `restore(layers, length)` can be done (a sliding window's copy holds its last positions only)."""
         return all(layer.restorable(parts, length) for layer, parts in zip(self.layers, layers))
+
+
+def cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """Zeros for a cache's slots. On a CPU they are anonymous memory that the kernel zero-fills a page at a time as
+    slots are first written, so a chat's 32K-token cache costs what its context uses, not its capacity. 4 KB pages:
+    2 MB ones would commit 2 MB for every layer's every head at the first token (1 GB at Llama 3.1 8B's shapes) for
+    a few percent at most over long contexts."""
+    count = math.prod(shape)
+    if torch.device(device).type != "cpu" or count == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    memory = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(memory, dtype=dtype, count=count).view(shape)  # the tensor keeps `memory` mapped
 
 
 def token_bytes(model, kv_cache: str = "auto") -> int:
