@@ -24,20 +24,32 @@ LAYOUTS = {
     Q.Q6_K: (256, 210, [208]),
     Q.IQ4_NL: (32, 18, [0]),
     Q.IQ4_XS: (256, 136, [0]),
+    Q.IQ2_XXS: (256, 66, [0]),
+    Q.IQ2_XS: (256, 74, [0]),
+    Q.IQ2_S: (256, 82, [0]),
+    Q.IQ3_XXS: (256, 98, [0]),
+    Q.IQ3_S: (256, 110, [0]),
+    Q.IQ1_S: (256, 50, [0]),
+    Q.IQ1_M: (256, 56, []),  # its fp16 scale is the top nibbles of its last four 16-bit words (`random_blocks`)
 }
+UNTILED = {Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M}  # through their rows' integer form
 # per type: the fp16 scales' magnitude that gives weights of std ~0.1-0.3 (codes and sub-block scales vary)
 SCALE = {Q.Q4_0: 0.05, Q.Q4_1: 0.05, Q.Q5_0: 0.02, Q.Q5_1: 0.02, Q.Q8_0: 0.004, Q.Q2_K: 0.01, Q.Q3_K: 5e-3,
-         Q.Q4_K: 6e-4, Q.Q5_K: 3e-4, Q.Q6_K: 2e-4, Q.IQ4_NL: 3e-3,
-         Q.IQ4_XS: 2e-4}  # fmt: skip
+         Q.Q4_K: 6e-4, Q.Q5_K: 3e-4, Q.Q6_K: 2e-4, Q.IQ4_NL: 3e-3, Q.IQ4_XS: 2e-4, Q.IQ2_XXS: 4e-3,
+         Q.IQ2_XS: 4e-3, Q.IQ2_S: 4e-3, Q.IQ3_XXS: 3e-3, Q.IQ3_S: 1e-2, Q.IQ1_S: 1e-2, Q.IQ1_M: 1e-2}  # fmt: skip
 
 
 def random_blocks(kind: Q, rows: int, columns: int, rng: np.random.Generator) -> np.ndarray:
     """[rows, bytes per row] uint8: random codes and sub-block scales, random finite fp16 block scales."""
     values, size, halves = LAYOUTS[kind]
     raw = rng.integers(0, 256, (rows, columns // values, size), dtype=np.uint8)
+    scale = rng.uniform(0.5, 1.5, raw.shape[:2]) * SCALE[kind] * rng.choice([-1, 1], raw.shape[:2])
     for offset in halves:
-        scale = rng.uniform(0.5, 1.5, raw.shape[:2]) * SCALE[kind] * rng.choice([-1, 1], raw.shape[:2])
         raw[..., offset : offset + 2] = scale.astype(np.float16)[..., None].view(np.uint8)
+    if kind == Q.IQ1_M:  # nibble m of the fp16 scale is the top nibble of word m of the last four
+        bits = scale.astype(np.float16).view(np.uint16)
+        for m in range(4):
+            raw[..., 49 + 2 * m] = (raw[..., 49 + 2 * m] & 0x0F) | (((bits >> 4 * m) & 0x0F) << 4).astype(np.uint8)
     return raw.reshape(rows, -1)
 
 

@@ -32,8 +32,15 @@ BLOCK_TYPES = {  # ggml type id -> layout (kernels/cpu/gguf/formats.h)
     12: BlockType("q4_k", 256, 144),
     13: BlockType("q5_k", 256, 176),
     14: BlockType("q6_k", 256, 210),
+    16: BlockType("iq2_xxs", 256, 66),
+    17: BlockType("iq2_xs", 256, 74),
+    18: BlockType("iq3_xxs", 256, 98),
+    19: BlockType("iq1_s", 256, 50),
     20: BlockType("iq4_nl", 32, 18),
+    21: BlockType("iq3_s", 256, 110),
+    22: BlockType("iq2_s", 256, 82),
     23: BlockType("iq4_xs", 256, 136),
+    29: BlockType("iq1_m", 256, 56),
 }
 DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored unquantized
 Q5_0, Q8_0, Q4_K, Q6_K = 6, 8, 12, 14

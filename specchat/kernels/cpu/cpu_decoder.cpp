@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <type_traits>
@@ -1443,6 +1444,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      "A matrix's blocks [rows, bytes] -> (its units, their rows: 1, or 8 / 16 where this build tiles it).");
   m.def("gguf_quantize", &gguf::quantize::rows, py::arg("weight"), py::arg("type"),
         "Dense rows [rows, cols] written as GGUF blocks of `type` (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0; gguf/quantize.h).");
+  m.def("iq_grids", [](std::map<std::string, at::Tensor> grids) {
+    gguf::IqGrids& held = gguf::iq_grids();
+    const std::pair<const char*, std::vector<int8_t>*> names[] = {{"iq2_xxs", &held.iq2xxs}, {"iq2_xs", &held.iq2xs},
+        {"iq2_s", &held.iq2s}, {"iq3_xxs", &held.iq3xxs}, {"iq3_s", &held.iq3s}, {"iq1_s", &held.iq1s}};  // fmt: skip
+    for (const auto& [name, grid] : names) {
+      const at::Tensor values = grids.at(name).to(at::kChar).contiguous();
+      grid->assign(values.data_ptr<int8_t>(), values.data_ptr<int8_t>() + values.numel());
+    }
+  }, "The IQ types' codebooks, {name: int8 [entries, values]} (gguf-py's grids), for the unpacking of their blocks.");
   m.def("gguf_rows", [](at::Tensor blocks, int64_t type, int64_t unit_rows, int64_t cols, at::Tensor ids) {
     return gguf::dequantize_rows(gguf::blocks_matrix(blocks, type, unit_rows, cols), ids);
   }, "Rows `ids` of a GGUF matrix dequantized to float32.");

@@ -30,7 +30,7 @@
 namespace gguf {
 
 // name, ggml's type id (as GGUF files store it), values and bytes per block, whether the integer form's codes are
-// signed (Q8_0, and Q4_0 / Q5_0 once centred) or unsigned.
+// signed (Q8_0, the IQ types, and Q4_0 / Q5_0 once centred) or unsigned.
 #define GGUF_BLOCK_TYPES(X)      \
   X(Q4_0, 2, 32, 18, true)       \
   X(Q4_1, 3, 32, 20, false)      \
@@ -42,8 +42,15 @@ namespace gguf {
   X(Q4_K, 12, 256, 144, false)   \
   X(Q5_K, 13, 256, 176, false)   \
   X(Q6_K, 14, 256, 210, false)   \
+  X(IQ2_XXS, 16, 256, 66, true)  \
+  X(IQ2_XS, 17, 256, 74, true)   \
+  X(IQ3_XXS, 18, 256, 98, true)  \
+  X(IQ1_S, 19, 256, 50, true)    \
   X(IQ4_NL, 20, 32, 18, true)    \
-  X(IQ4_XS, 23, 256, 136, true)
+  X(IQ3_S, 21, 256, 110, true)   \
+  X(IQ2_S, 22, 256, 82, true)    \
+  X(IQ4_XS, 23, 256, 136, true)  \
+  X(IQ1_M, 29, 256, 56, true)
 
 enum Type : int64_t {
 #define GGUF_TYPE_ID(name, id, values, bytes, is_signed) name = id,

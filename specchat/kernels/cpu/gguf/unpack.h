@@ -122,6 +122,68 @@ inline int scale_iq4_xs(const uint8_t* block, int ib) {
   return (((block[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (((high >> (2 * ib)) & 3) << 4)) - 32;
 }
 
+// The IQ types' codebooks, ggml's lattice grids: entry k of a grid is 8 (IQ1, IQ2) or 4 (IQ3) small integers. They are
+// handed over once from gguf-py's tables (the module's `iq_grids`), the same that dequantize these types there.
+struct IqGrids {
+  std::vector<int8_t> iq2xxs, iq2xs, iq2s, iq3xxs, iq3s, iq1s;  // [entries * width]
+};
+inline IqGrids& iq_grids() {
+  static IqGrids grids;
+  return grids;
+}
+
+// A grid's values, refused in one line where the module was not handed them.
+inline const int8_t* grid_values(const std::vector<int8_t>& grid) {
+  TORCH_CHECK(!grid.empty(), "the IQ types' codebooks were not handed to the CPU decoder (iq_grids)");
+  return grid.data();
+}
+
+// Byte i all ones where bit i of `signs` is set, for the eight bits of a byte.
+struct SignMasks {
+  uint64_t masks[256];
+  constexpr SignMasks() : masks() {
+    for (int s = 0; s < 256; ++s)
+      for (int i = 0; i < 8; ++i)
+        if ((s >> i) & 1) masks[s] |= uint64_t{0xFF} << 8 * i;
+  }
+};
+inline constexpr SignMasks kSignMasks{};
+
+// `width` (8 or 4) grid values as signed codes, value i negated where bit i of `signs` is set: a byte's
+// (v ^ 0xFF) + 1 is -v, and no byte carries into the next (the IQ2 / IQ3 grids hold no zero).
+template <int WIDTH>
+inline void signed_entry(const int8_t* entry, uint32_t signs, uint8_t* codes) {
+  constexpr uint64_t ones = 0x0101010101010101ull;
+  uint64_t values = 0;
+  std::memcpy(&values, entry, WIDTH);
+  const uint64_t mask = kSignMasks.masks[signs & (WIDTH == 8 ? 255 : 15)];
+  const uint64_t negated = (values ^ mask) + (mask & ones);
+  std::memcpy(codes, &negated, WIDTH);
+}
+
+// IQ1's 8 grid values g (-1, 0 or 1) as the codes 8 g + delta (delta 1 or -1).
+inline void iq1_entry(const int8_t* entry, int delta, uint8_t* codes) {
+  for (int i = 0; i < 8; ++i) codes[i] = static_cast<uint8_t>(8 * entry[i] + delta);
+}
+
+// The eight signs IQ2_XXS, IQ2_XS and IQ3_XXS keep in 7 bits: the eighth makes the count of minus signs even.
+inline uint32_t even_signs(uint32_t seven) {
+  seven &= 127;
+  return seven | static_cast<uint32_t>(__builtin_popcount(seven) & 1) << 7;
+}
+
+inline uint32_t word32(const uint8_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+}
+
+inline uint16_t word16(const uint8_t* p) {
+  uint16_t w;
+  std::memcpy(&w, p, 2);
+  return w;
+}
+
 // S and M of the 16-value sub-block `j`, both halves of a 32-value sub-block alike where they come in 32s.
 inline void set_sub(Unpacked& u, int64_t j, int s, int m) {
   std::fill_n(u.pair_scales.data() + 8 * j, 8, static_cast<int16_t>(s));
@@ -225,6 +287,107 @@ inline void unpack_row(const uint8_t* row, int64_t type, int64_t cols, Unpacked&
         u.a[k] = half(b);
         u.b[k] = 0.0f;
         break;
+      // The IQ types: w = A S v, v a codebook entry's value signed (IQ1: 8 g + 1 or 8 g - 1 for g + 1/8 or g - 1/8),
+      // S = 2 s + 1 from a 4-bit (IQ1: 3-bit) s, A the block's d over 8 (IQ3_XXS over 4, IQ3_S d): the products
+      // gguf-py forms in floats, exact in both.
+      case IQ2_XXS: {  // per 32 values: four 8-value entries, then their signs' 7 bits each and s
+        const int8_t* grid = grid_values(iq_grids().iq2xxs);
+        for (int ib = 0; ib < 8; ++ib) {
+          const uint32_t entries = word32(b + 2 + 8 * ib), signs = word32(b + 6 + 8 * ib);
+          for (int l = 0; l < 4; ++l)
+            signed_entry<8>(grid + 8 * ((entries >> 8 * l) & 255), even_signs(signs >> 7 * l), codes + 32 * ib + 8 * l);
+          set_sub(u, sub + 2 * ib, 2 * (signs >> 28) + 1, 0);
+          set_sub(u, sub + 2 * ib + 1, 2 * (signs >> 28) + 1, 0);
+        }
+        u.a[k] = half(b) / 8;
+        u.b[k] = 0.0f;
+        break;
+      }
+      case IQ2_XS: {  // 32 words of a 9-bit entry and 7 sign bits; s per 16 values
+        const int8_t* grid = grid_values(iq_grids().iq2xs);
+        for (int e = 0; e < 32; ++e) {
+          const uint16_t word = word16(b + 2 + 2 * e);
+          signed_entry<8>(grid + 8 * (word & 511), even_signs(word >> 9), codes + 8 * e);
+        }
+        for (int j = 0; j < 16; ++j) set_sub(u, sub + j, 2 * ((b[66 + j / 2] >> 4 * (j % 2)) & 15) + 1, 0);
+        u.a[k] = half(b) / 8;
+        u.b[k] = 0.0f;
+        break;
+      }
+      case IQ2_S: {  // 10-bit entries (8 bits, then 2 more), a sign byte each; s per 16 values
+        const int8_t* grid = grid_values(iq_grids().iq2s);
+        for (int e = 0; e < 32; ++e) {
+          const int64_t index = b[2 + e] | ((b[66 + e / 4] >> 2 * (e % 4)) & 3) << 8;
+          signed_entry<8>(grid + 8 * index, b[34 + e], codes + 8 * e);
+        }
+        for (int j = 0; j < 16; ++j) set_sub(u, sub + j, 2 * ((b[74 + j / 2] >> 4 * (j % 2)) & 15) + 1, 0);
+        u.a[k] = half(b) / 8;
+        u.b[k] = 0.0f;
+        break;
+      }
+      case IQ3_XXS: {  // 64 4-value entries; per 32 values a word of four signs' 7 bits and s
+        const int8_t* grid = grid_values(iq_grids().iq3xxs);
+        for (int ib = 0; ib < 8; ++ib) {
+          const uint32_t signs = word32(b + 66 + 4 * ib);
+          for (int l = 0; l < 4; ++l) {
+            const uint32_t eight = even_signs(signs >> 7 * l);
+            signed_entry<4>(grid + 4 * b[2 + 8 * ib + 2 * l], eight, codes + 32 * ib + 8 * l);
+            signed_entry<4>(grid + 4 * b[3 + 8 * ib + 2 * l], eight >> 4, codes + 32 * ib + 8 * l + 4);
+          }
+          set_sub(u, sub + 2 * ib, 2 * (signs >> 28) + 1, 0);
+          set_sub(u, sub + 2 * ib + 1, 2 * (signs >> 28) + 1, 0);
+        }
+        u.a[k] = half(b) / 4;
+        u.b[k] = 0.0f;
+        break;
+      }
+      case IQ3_S: {  // 9-bit 4-value entries (8 bits, then one more), a sign byte per 8 values; s per 32
+        const int8_t* grid = grid_values(iq_grids().iq3s);
+        for (int e = 0; e < 64; ++e) {
+          const int64_t index = b[2 + e] | ((b[66 + e / 8] >> (e % 8)) & 1) << 8;
+          signed_entry<4>(grid + 4 * index, b[74 + e / 2] >> 4 * (e % 2), codes + 4 * e);
+        }
+        for (int ib = 0; ib < 8; ++ib) {
+          const int s = (b[106 + ib / 2] >> 4 * (ib % 2)) & 15;
+          set_sub(u, sub + 2 * ib, 2 * s + 1, 0);
+          set_sub(u, sub + 2 * ib + 1, 2 * s + 1, 0);
+        }
+        u.a[k] = half(b);
+        u.b[k] = 0.0f;
+        break;
+      }
+      case IQ1_S: {  // 11-bit entries of -1, 0, 1 (8 bits, then 3 more); per 32 values s and the delta's sign
+        const int8_t* grid = grid_values(iq_grids().iq1s);
+        for (int ib = 0; ib < 8; ++ib) {
+          const uint16_t high = word16(b + 34 + 2 * ib);
+          const int delta = high & 0x8000 ? -1 : 1;
+          for (int l = 0; l < 4; ++l)
+            iq1_entry(grid + 8 * (b[2 + 4 * ib + l] | ((high >> 3 * l) & 7) << 8), delta, codes + 32 * ib + 8 * l);
+          set_sub(u, sub + 2 * ib, 2 * ((high >> 12) & 7) + 1, 0);
+          set_sub(u, sub + 2 * ib + 1, 2 * ((high >> 12) & 7) + 1, 0);
+        }
+        u.a[k] = half(b) / 8;
+        u.b[k] = 0.0f;
+        break;
+      }
+      case IQ1_M: {  // as IQ1_S, a nibble per entry (3 index bits, the delta's sign), s per 16 values, d in four nibbles
+        const int8_t* grid = grid_values(iq_grids().iq1s);
+        for (int e = 0; e < 32; ++e) {
+          const int nibble = (b[32 + e / 2] >> 4 * (e % 2)) & 15;
+          iq1_entry(grid + 8 * (b[e] | (nibble & 7) << 8), nibble & 8 ? -1 : 1, codes + 8 * e);
+        }
+        uint16_t scales[4], d = 0;
+        for (int m = 0; m < 4; ++m) {
+          scales[m] = word16(b + 48 + 2 * m);
+          d |= static_cast<uint16_t>((scales[m] & 0xF000) >> (12 - 4 * m));
+        }
+        for (int j = 0; j < 16; ++j) set_sub(u, sub + j, 2 * ((scales[j / 4] >> 3 * (j % 4)) & 7) + 1, 0);
+        uint8_t d_bytes[2];
+        std::memcpy(d_bytes, &d, 2);
+        u.a[k] = half(d_bytes) / 8;
+        u.b[k] = 0.0f;
+        break;
+      }
       case Q6_K: {
         const uint8_t* ql = b;
         const uint8_t* qh = b + 128;
