@@ -8,6 +8,11 @@ the output layer kept at Q6_K, as files of that type ship.
     python scripts/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k] [--llama-cpp]
     python scripts/requantize_gguf.py Q8_0.gguf OUT.gguf --type q2_k|q3_k_s|q3_k_m|q3_k_l|iq4_xs|q4_k_m --llama-cpp
     python scripts/requantize_gguf.py BF16.gguf OUT.gguf --type f16 --llama-cpp
+    python scripts/requantize_gguf.py Q8_0.gguf OUT.gguf --type iq3_xxs --random
+
+With --random (the IQ1-IQ3 types, which llama.cpp writes only from an importance matrix) every layer's matrix gets
+random codes of that type in its shape, the embedding and output layer kept: a file for speed figures only, its
+text noise.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
-from gguf_files import copy_fields, reader  # noqa: E402
+from gguf_files import copy_fields, random_blocks, reader  # noqa: E402
 
 from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 
 DENSE = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+IQ_RANDOM = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
 
 
 def main() -> None:
@@ -33,12 +39,18 @@ def main() -> None:
     parser.add_argument("source", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k", "q2_k",
-                                                           "q3_k_s", "q3_k_m", "q3_k_l", "iq4_xs", "q4_k_m", "f16"],
-                        help="q2_k, q3_k_*, iq4_xs, q4_k_m, f16: --llama-cpp only")
+                                                           "q3_k_s", "q3_k_m", "q3_k_l", "iq4_xs", "q4_k_m", "f16",
+                                                           *(kind.lower() for kind in IQ_RANDOM)],
+                        help="q2_k, q3_k_*, iq4_xs, q4_k_m, f16: --llama-cpp only; iq1_* - iq3_*: --random only")
     parser.add_argument("--llama-cpp", action="store_true", help="quantize with llama.cpp, as its files ship")
+    parser.add_argument("--random", action="store_true", help="random codes of an IQ1-IQ3 type (speed figures)")
     args = parser.parse_args()
     if args.llama_cpp:
         return llama_cpp_quantize(args.source, args.out, args.type)
+    if args.type.upper() in IQ_RANDOM:
+        if not args.random:
+            raise SystemExit(f"{args.type.upper()} needs an importance matrix to be quantized: add --random")
+        return random_codes(args.source, args.out, GGMLQuantizationType[args.type.upper()])
     if args.type.startswith(("q2_k", "q3_k", "iq4", "f16")):
         raise SystemExit(f"{args.type.upper()} files are written by llama.cpp's quantizer: add --llama-cpp")
     kind = GGMLQuantizationType[args.type.upper()]
@@ -57,6 +69,27 @@ def main() -> None:
             blocks = quantize(values, kind)
         writer.add_tensor(tensor.name, blocks, raw_dtype=kind)
         print(f"{tensor.name}: {tensor.tensor_type.name} -> {kind.name}", flush=True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def random_codes(source_path: Path, out: Path, kind: GGMLQuantizationType) -> None:
+    """`source_path` with every layer's block-quantized matrix random codes of `kind` (where its rows are whole
+    blocks), the embedding and output layer as they are."""
+    source = reader(source_path)
+    writer = GGUFWriter(str(out), bytes(source.fields["general.architecture"].parts[-1]).decode())
+    copy_fields(writer, source_path)
+    rng = np.random.default_rng(0)
+    for tensor in source.tensors:
+        rows, columns = (int(n) for n in reversed(tensor.shape)) if len(tensor.shape) == 2 else (0, 0)
+        if tensor.tensor_type in DENSE or not tensor.name.startswith("blk.") or columns % 256:
+            writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=None if tensor.tensor_type in DENSE
+                              else tensor.tensor_type)  # fmt: skip
+            continue
+        writer.add_tensor(tensor.name, random_blocks(kind, rows, columns, rng), raw_dtype=kind)
+        print(f"{tensor.name}: {tensor.tensor_type.name} -> {kind.name} (random codes)", flush=True)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

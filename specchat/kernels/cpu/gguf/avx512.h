@@ -353,5 +353,136 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
   }
 }
 
+// ---- IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S read from their blocks -------------------------------------------
+// A block's values are codebook entries (unpack.h) of 8 or 4 positive bytes, gathered 64 values a vector: vpdpbusd
+// takes them as its unsigned operand and the activations, negated where a value's sign is set, as its signed one.
+// Dword lane j of a vector holds values 4j .. 4j + 3 of its 64, as lane j % 8 of the integer form's 32-value
+// chunks does: the same integer P lanes as `dots_avx2`, then the same float steps, so the same bits.
+
+// One block: its values' magnitudes, their signs (bit v of signs[k] for value 64 k + v), the 16-value sub-blocks'
+// scales S (lane j for sub-block j) and A.
+struct IqBlock {
+  __m512i magnitudes[4];
+  uint64_t signs[4];
+  __m512i scales;
+  float a;
+};
+
+// 8-value entries: the entries whose indices are the bytes of `indices` (8 bytes of `grid` an entry), plus `high`.
+inline __m512i gather8(uint64_t indices, const int8_t* grid, __m512i high = _mm512_setzero_si512()) {
+  const __m512i index = _mm512_add_epi64(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(indices))), high);
+  return _mm512_i64gather_epi64(index, grid, 8);
+}
+
+// The four sign bytes of 32 values, each the 7 bits at 7 l of `word` made even.
+inline uint32_t four_even_signs(uint32_t word) {
+  return even_signs(word) | even_signs(word >> 7) << 8 | even_signs(word >> 14) << 16 | even_signs(word >> 21) << 24;
+}
+
+// S from 4-bit s per 16 values, the nibbles of `bytes` (IQ2_XS, IQ2_S).
+inline __m512i nibble_scales16(const uint8_t* bytes) {
+  const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));  // 8 bytes used
+  const __m512i pair = _mm512_permutexvar_epi32(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0), s);
+  const __m512i shift = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+  const __m512i nibble = _mm512_and_si512(_mm512_srlv_epi32(pair, shift), _mm512_set1_epi32(15));
+  return _mm512_add_epi32(_mm512_slli_epi32(nibble, 1), _mm512_set1_epi32(1));
+}
+
+template <int64_t TYPE>
+inline void iq_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
+  alignas(64) int32_t scales[16];
+  if constexpr (TYPE == IQ3_XXS || TYPE == IQ3_S) {  // 4-byte entries, 16 a vector
+    for (int k = 0; k < 4; ++k) {
+      __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * k)));
+      if constexpr (TYPE == IQ3_S)  // the ninth bits of entries 16 k .. 16 k + 15
+        index = _mm512_mask_add_epi32(index, static_cast<__mmask16>(word16(b + 66 + 2 * k)), index, _mm512_set1_epi32(256));
+      out.magnitudes[k] = _mm512_i32gather_epi32(index, grid, 4);
+    }
+    if constexpr (TYPE == IQ3_XXS) {
+      for (int ib = 0; ib < 8; ++ib) {
+        const uint32_t word = word32(b + 66 + 4 * ib);
+        const uint64_t signs = four_even_signs(word);
+        out.signs[ib / 2] = ib % 2 ? out.signs[ib / 2] | signs << 32 : signs;
+        scales[2 * ib] = scales[2 * ib + 1] = static_cast<int32_t>(2 * (word >> 28) + 1);
+      }
+      out.a = half(b) / 4;
+    } else {
+      for (int k = 0; k < 4; ++k) std::memcpy(&out.signs[k], b + 74 + 8 * k, 8);
+      for (int ib = 0; ib < 8; ++ib) scales[2 * ib] = scales[2 * ib + 1] = 2 * ((b[106 + ib / 2] >> 4 * (ib % 2)) & 15) + 1;
+      out.a = half(b);
+    }
+    out.scales = _mm512_load_si512(scales);
+  } else {  // IQ2: 8-byte entries, 8 a vector
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (TYPE == IQ2_XXS) {  // entries 8 k .. 8 k + 7: the index bytes of two 32-value sub-blocks
+        out.magnitudes[k] = gather8(word32(b + 2 + 16 * k) | uint64_t{word32(b + 10 + 16 * k)} << 32, grid);
+        const uint32_t first = word32(b + 6 + 16 * k), second = word32(b + 14 + 16 * k);
+        out.signs[k] = four_even_signs(first) | uint64_t{four_even_signs(second)} << 32;
+        scales[4 * k] = scales[4 * k + 1] = static_cast<int32_t>(2 * (first >> 28) + 1);
+        scales[4 * k + 2] = scales[4 * k + 3] = static_cast<int32_t>(2 * (second >> 28) + 1);
+      } else if constexpr (TYPE == IQ2_XS) {  // 9-bit indices and 7 sign bits in 16-bit words
+        const __m512i words = _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * k)));
+        out.magnitudes[k] = _mm512_i64gather_epi64(_mm512_and_si512(words, _mm512_set1_epi64(511)), grid, 8);
+        uint64_t signs = 0;
+        for (int j = 0; j < 8; ++j) signs |= uint64_t{even_signs(b[3 + 16 * k + 2 * j] >> 1)} << 8 * j;
+        out.signs[k] = signs;
+      } else {  // IQ2_S: 8-bit indices, their two high bits four to a byte, a sign byte an entry
+        uint64_t indices, high = 0;
+        std::memcpy(&indices, b + 2 + 8 * k, 8);
+        const uint16_t bits = word16(b + 66 + 2 * k);
+        for (int j = 0; j < 8; ++j) high |= uint64_t{(bits >> 2 * j) & 3u} << 8 * j;
+        out.magnitudes[k] = gather8(indices, grid, _mm512_slli_epi64(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(high))), 8));
+        std::memcpy(&out.signs[k], b + 34 + 8 * k, 8);
+      }
+    }
+    if constexpr (TYPE == IQ2_XXS) out.scales = _mm512_load_si512(scales);
+    else out.scales = nibble_scales16(b + (TYPE == IQ2_XS ? 66 : 74));
+    out.a = half(b) / 8;
+  }
+}
+
+// The grid an IQ type's entries index.
+template <int64_t TYPE>
+inline const int8_t* iq_grid() {
+  const IqGrids& grids = iq_grids();
+  if constexpr (TYPE == IQ2_XXS) return grid_values(grids.iq2xxs);
+  if constexpr (TYPE == IQ2_XS) return grid_values(grids.iq2xs);
+  if constexpr (TYPE == IQ2_S) return grid_values(grids.iq2s);
+  if constexpr (TYPE == IQ3_XXS) return grid_values(grids.iq3xxs);
+  return grid_values(grids.iq3s);
+}
+
+// ROWS activation rows from `first` times a weight row of IQ blocks: out[first + r]. A block's codebook lookups
+// serve all ROWS rows, so a tree's rows cost little more than one.
+template <int64_t TYPE, int ROWS>
+void iq_row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const int8_t* grid = iq_grid<TYPE>();
+  const __m512i quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m256 acc[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    IqBlock block;
+    iq_block<TYPE>(row + g * kLayout<TYPE>.bytes, grid, block);
+    __m512i scales[4];  // lane j of vector k: the scale of sub-block 4 k + j / 4
+    for (int k = 0; k < 4; ++k)
+      scales[k] = _mm512_permutexvar_epi32(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * k)), block.scales);
+    for (int r = 0; r < ROWS; ++r) {
+      const int8_t* a = x.q.data() + (first + r) * cols + g * 256;
+      __m512i p = _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k) {
+        __m512i values = _mm512_loadu_si512(a + 64 * k);
+        values = _mm512_mask_sub_epi8(values, block.signs[k], _mm512_setzero_si512(), values);
+        const __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), block.magnitudes[k], values);
+        p = _mm512_add_epi32(p, _mm512_mullo_epi32(dots, scales[k]));
+      }
+      const __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));
+      const __m256 da = _mm256_set1_ps(x.scale[(first + r) * groups + g] * block.a);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), da, acc[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(_mm256_setzero_ps());
+}
+
 }  // namespace gguf
 #endif  // GGUF_VNNI

@@ -1,6 +1,7 @@
 // One entry per block type: the kernels it has of its own. A type without an entry runs through its rows'
 // integer form (`unpack_row`, then `dots_avx2` or `dots_portable`), which every type has; an entry adds
-//   row_kernel  an AVX2 kernel reading the file's blocks directly (`row_dots<ROWS>`),
+//   row_kernel  an AVX2 kernel reading the file's blocks directly (`row_dots<ROWS>`, four rows a pass; or
+//               `every_row_dots`, the IQ types' 512-bit one, eight rows a pass for each codebook lookup),
 //   tiles       8-row tiles (`Tile`, `repack`, `unpack_tile_row`, `tile_dots_portable`, the 256-bit `tile_dots`),
 //   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`),
 //   amx         on AMX-INT8, a pair of K-quant tiles times all of a pass's activation rows in tiles (`amx_dots`).
@@ -185,6 +186,22 @@ struct K16Traits {  // Q2_K, Q3_K and Q6_K: the same kernels over their tiles (t
   }
 #endif
 };
+
+#ifdef GGUF_VNNI
+template <int64_t TYPE>
+struct IqTraits {  // IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: a 512-bit kernel reading their blocks (avx512.h)
+  static constexpr bool row_kernel = true, tiles = false;
+  static void every_row_dots(const uint8_t* row, const Quantized& x, float* out) {  // eight rows a pass
+    by_eights(x.rows, [&](auto rows, int64_t r) { iq_row_dots<TYPE, rows()>(row, x, r, out); });
+  }
+};
+
+template <> struct Traits<IQ2_XXS> : IqTraits<IQ2_XXS> {};
+template <> struct Traits<IQ2_XS> : IqTraits<IQ2_XS> {};
+template <> struct Traits<IQ2_S> : IqTraits<IQ2_S> {};
+template <> struct Traits<IQ3_XXS> : IqTraits<IQ3_XXS> {};
+template <> struct Traits<IQ3_S> : IqTraits<IQ3_S> {};
+#endif
 
 template <> struct Traits<Q2_K> : K16Traits<TileQ2K> {};
 template <> struct Traits<Q3_K> : K16Traits<TileQ3K> {};

@@ -167,10 +167,18 @@ inline void iq1_entry(const int8_t* entry, int delta, uint8_t* codes) {
 }
 
 // The eight signs IQ2_XXS, IQ2_XS and IQ3_XXS keep in 7 bits: the eighth makes the count of minus signs even.
-inline uint32_t even_signs(uint32_t seven) {
-  seven &= 127;
-  return seven | static_cast<uint32_t>(__builtin_popcount(seven) & 1) << 7;
-}
+struct EvenSigns {
+  uint8_t bytes[128];
+  constexpr EvenSigns() : bytes() {
+    for (int seven = 0; seven < 128; ++seven) {
+      int count = 0;
+      for (int i = 0; i < 7; ++i) count += (seven >> i) & 1;
+      bytes[seven] = static_cast<uint8_t>(seven | (count & 1) << 7);
+    }
+  }
+};
+inline constexpr EvenSigns kEvenSigns{};
+inline uint32_t even_signs(uint32_t seven) { return kEvenSigns.bytes[seven & 127]; }
 
 inline uint32_t word32(const uint8_t* p) {
   uint32_t w;
