@@ -374,9 +374,26 @@ inline __m512i gather8(uint64_t indices, const int8_t* grid, __m512i high = _mm5
   return _mm512_i64gather_epi64(index, grid, 8);
 }
 
-// The four sign bytes of 32 values, each the 7 bits at 7 l of `word` made even.
-inline uint32_t four_even_signs(uint32_t word) {
-  return even_signs(word) | even_signs(word >> 7) << 8 | even_signs(word >> 14) << 16 | even_signs(word >> 21) << 24;
+// Eight words' sign bytes, four a word (byte l of word i: its bits 7 l .. 7 l + 6 with an eighth that makes their
+// count even), as IQ2_XXS and IQ3_XXS keep them for 32 values a word: signs[k] for values 64 k .. 64 k + 63.
+inline void even_sign_bytes(__m256i words, uint64_t (&signs)[4]) {
+  const __m256i seven = _mm256_set1_epi32(127);
+  __m256i bytes = _mm256_and_si256(words, seven);
+  for (int l = 1; l < 4; ++l)  // the field at 7 l moved to byte l
+    bytes = _mm256_or_si256(bytes, _mm256_and_si256(_mm256_slli_epi32(words, l), _mm256_slli_epi32(seven, 8 * l)));
+  const __m256i parity = _mm256_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0,
+                                          0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0);  // of a nibble
+  const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi8(15));
+  const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(15));
+  const __m256i odd = _mm256_xor_si256(_mm256_shuffle_epi8(parity, low), _mm256_shuffle_epi8(parity, high));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(signs), _mm256_or_si256(bytes, _mm256_slli_epi16(odd, 7)));
+}
+
+// S = 2 s + 1 of 32-value sub-blocks from the top nibbles of eight words, as 16-value sub-blocks' (lane j: j / 2's).
+inline __m512i top_nibble_scales(__m256i words) {
+  const __m512i s = _mm512_castsi256_si512(_mm256_srli_epi32(words, 28));
+  const __m512i pair = _mm512_permutexvar_epi32(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0), s);
+  return _mm512_add_epi32(_mm512_slli_epi32(pair, 1), _mm512_set1_epi32(1));
 }
 
 // S from 4-bit s per 16 values, the nibbles of `bytes` (IQ2_XS, IQ2_S).
@@ -390,7 +407,6 @@ inline __m512i nibble_scales16(const uint8_t* bytes) {
 
 template <int64_t TYPE>
 inline void iq_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
-  alignas(64) int32_t scales[16];
   if constexpr (TYPE == IQ3_XXS || TYPE == IQ3_S) {  // 4-byte entries, 16 a vector
     for (int k = 0; k < 4; ++k) {
       __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * k)));
@@ -398,28 +414,29 @@ inline void iq_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
         index = _mm512_mask_add_epi32(index, static_cast<__mmask16>(word16(b + 66 + 2 * k)), index, _mm512_set1_epi32(256));
       out.magnitudes[k] = _mm512_i32gather_epi32(index, grid, 4);
     }
-    if constexpr (TYPE == IQ3_XXS) {
-      for (int ib = 0; ib < 8; ++ib) {
-        const uint32_t word = word32(b + 66 + 4 * ib);
-        const uint64_t signs = four_even_signs(word);
-        out.signs[ib / 2] = ib % 2 ? out.signs[ib / 2] | signs << 32 : signs;
-        scales[2 * ib] = scales[2 * ib + 1] = static_cast<int32_t>(2 * (word >> 28) + 1);
-      }
+    if constexpr (TYPE == IQ3_XXS) {  // a word per 32 values: four signs' 7 bits and s
+      const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 66));
+      even_sign_bytes(words, out.signs);
+      out.scales = top_nibble_scales(words);
       out.a = half(b) / 4;
     } else {
       for (int k = 0; k < 4; ++k) std::memcpy(&out.signs[k], b + 74 + 8 * k, 8);
+      alignas(64) int32_t scales[16];
       for (int ib = 0; ib < 8; ++ib) scales[2 * ib] = scales[2 * ib + 1] = 2 * ((b[106 + ib / 2] >> 4 * (ib % 2)) & 15) + 1;
+      out.scales = _mm512_load_si512(scales);
       out.a = half(b);
     }
-    out.scales = _mm512_load_si512(scales);
   } else {  // IQ2: 8-byte entries, 8 a vector
+    if constexpr (TYPE == IQ2_XXS) {  // per 32 values a word of four index bytes, then a word of signs and s
+      const __m512i words = _mm512_loadu_si512(b + 2);
+      const __m256i second = _mm512_castsi512_si256(
+          _mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1), words));
+      even_sign_bytes(second, out.signs);
+      out.scales = top_nibble_scales(second);
+    }
     for (int k = 0; k < 4; ++k) {
       if constexpr (TYPE == IQ2_XXS) {  // entries 8 k .. 8 k + 7: the index bytes of two 32-value sub-blocks
         out.magnitudes[k] = gather8(word32(b + 2 + 16 * k) | uint64_t{word32(b + 10 + 16 * k)} << 32, grid);
-        const uint32_t first = word32(b + 6 + 16 * k), second = word32(b + 14 + 16 * k);
-        out.signs[k] = four_even_signs(first) | uint64_t{four_even_signs(second)} << 32;
-        scales[4 * k] = scales[4 * k + 1] = static_cast<int32_t>(2 * (first >> 28) + 1);
-        scales[4 * k + 2] = scales[4 * k + 3] = static_cast<int32_t>(2 * (second >> 28) + 1);
       } else if constexpr (TYPE == IQ2_XS) {  // 9-bit indices and 7 sign bits in 16-bit words
         const __m512i words = _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * k)));
         out.magnitudes[k] = _mm512_i64gather_epi64(_mm512_and_si512(words, _mm512_set1_epi64(511)), grid, 8);
@@ -435,8 +452,7 @@ inline void iq_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
         std::memcpy(&out.signs[k], b + 34 + 8 * k, 8);
       }
     }
-    if constexpr (TYPE == IQ2_XXS) out.scales = _mm512_load_si512(scales);
-    else out.scales = nibble_scales16(b + (TYPE == IQ2_XS ? 66 : 74));
+    if constexpr (TYPE != IQ2_XXS) out.scales = nibble_scales16(b + (TYPE == IQ2_XS ? 66 : 74));
     out.a = half(b) / 8;
   }
 }
