@@ -820,5 +820,144 @@ inline void by_halves(int64_t per_unit, Kernel kernel) {
   kernel(std::integral_constant<int, 1>{});
 }
 
+// The grid an IQ type's entries index.
+template <int64_t TYPE>
+inline const int8_t* iq_grid() {
+  const IqGrids& grids = iq_grids();
+  if constexpr (TYPE == IQ2_XXS) return grid_values(grids.iq2xxs);
+  if constexpr (TYPE == IQ2_XS) return grid_values(grids.iq2xs);
+  if constexpr (TYPE == IQ2_S) return grid_values(grids.iq2s);
+  if constexpr (TYPE == IQ3_XXS) return grid_values(grids.iq3xxs);
+  return grid_values(grids.iq3s);
+}
+
+// Eight words' sign bytes, four a word (byte l of word i: its bits 7 l .. 7 l + 6 with an eighth that makes their
+// count even), as IQ2_XXS and IQ3_XXS keep them for 32 values a word: signs[k] for values 64 k .. 64 k + 63.
+inline void even_sign_bytes(__m256i words, uint64_t (&signs)[4]) {
+  const __m256i seven = _mm256_set1_epi32(127);
+  __m256i bytes = _mm256_and_si256(words, seven);
+  for (int l = 1; l < 4; ++l)  // the field at 7 l moved to byte l
+    bytes = _mm256_or_si256(bytes, _mm256_and_si256(_mm256_slli_epi32(words, l), _mm256_slli_epi32(seven, 8 * l)));
+  const __m256i parity = _mm256_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0,
+                                          0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0);  // of a nibble
+  const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi8(15));
+  const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(15));
+  const __m256i odd = _mm256_xor_si256(_mm256_shuffle_epi8(parity, low), _mm256_shuffle_epi8(parity, high));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(signs), _mm256_or_si256(bytes, _mm256_slli_epi16(odd, 7)));
+}
+
+// ---- IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S read from their blocks, 256 bits at a time -----------------------
+// Where the build has no AVX-512 VNNI: each 32 values' codebook entries gathered into a vector (positive bytes:
+// vpmaddubsw's unsigned operand), the activations' signs flipped where the values' are, then vpmaddwd with the
+// sub-blocks' scales: the integer form's P lanes (lane l: values 4 l .. 4 l + 3 of each 32) and float steps, as
+// `dots_avx2` computes them through the unpacked row, so the same bits.
+
+// One block's 32-value chunks: the magnitudes, their 32 sign bits, and the two 16-value sub-blocks' S.
+struct IqChunks {
+  __m256i magnitudes[8];
+  uint32_t signs[8];
+  int16_t scales[16];
+  float a;
+};
+
+// 4-byte entries (IQ3): the eight whose indices are the bytes of `indices`, plus 256 where bit j of `ninth` is set.
+inline __m256i gather4x8(uint64_t indices, const int8_t* grid, uint32_t ninth = 0) {
+  __m256i index = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(indices)));
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(ninth)), bit), bit);
+  index = _mm256_add_epi32(index, _mm256_and_si256(set, _mm256_set1_epi32(256)));
+  return _mm256_i32gather_epi32(reinterpret_cast<const int*>(grid), index, 4);
+}
+
+// 8-byte entries (IQ2): the four whose indices are `index`'s 64-bit lanes.
+inline __m256i gather8x4(__m256i index, const int8_t* grid) {
+  return _mm256_i64gather_epi64(reinterpret_cast<const long long*>(grid), index, 8);
+}
+
+template <int64_t TYPE>
+inline void iq_chunks(const uint8_t* b, const int8_t* grid, IqChunks& out) {
+  if constexpr (TYPE == IQ3_XXS || TYPE == IQ2_XXS) {  // a word per 32 values: four signs' 7 bits and s
+    alignas(32) uint32_t words[8];
+    for (int c = 0; c < 8; ++c) words[c] = word32(b + (TYPE == IQ3_XXS ? 66 + 4 * c : 6 + 8 * c));
+    const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(words));
+    uint64_t signs[4];
+    even_sign_bytes(packed, signs);
+    std::memcpy(out.signs, signs, 32);
+    for (int c = 0; c < 8; ++c) out.scales[2 * c] = out.scales[2 * c + 1] = static_cast<int16_t>(2 * (words[c] >> 28) + 1);
+  } else if constexpr (TYPE == IQ3_S) {
+    std::memcpy(out.signs, b + 74, 32);
+    for (int c = 0; c < 8; ++c) out.scales[2 * c] = out.scales[2 * c + 1] = static_cast<int16_t>(2 * ((b[106 + c / 2] >> 4 * (c % 2)) & 15) + 1);
+  } else {  // IQ2_XS, IQ2_S: S per 16 values, the nibbles of 8 bytes
+    const uint8_t* nibbles = b + (TYPE == IQ2_XS ? 66 : 74);
+    for (int j = 0; j < 16; ++j) out.scales[j] = static_cast<int16_t>(2 * ((nibbles[j / 2] >> 4 * (j % 2)) & 15) + 1);
+    if constexpr (TYPE == IQ2_S) std::memcpy(out.signs, b + 34, 32);
+  }
+  for (int c = 0; c < 8; ++c) {
+    if constexpr (TYPE == IQ3_XXS) {
+      uint64_t indices;
+      std::memcpy(&indices, b + 2 + 8 * c, 8);
+      out.magnitudes[c] = gather4x8(indices, grid);
+    } else if constexpr (TYPE == IQ3_S) {
+      uint64_t indices;
+      std::memcpy(&indices, b + 2 + 8 * c, 8);
+      out.magnitudes[c] = gather4x8(indices, grid, b[66 + c]);
+    } else if constexpr (TYPE == IQ2_XXS) {
+      out.magnitudes[c] = gather8x4(_mm256_cvtepu8_epi64(_mm_cvtsi32_si128(static_cast<int>(word32(b + 2 + 8 * c)))), grid);
+    } else if constexpr (TYPE == IQ2_XS) {
+      uint64_t words;
+      std::memcpy(&words, b + 2 + 8 * c, 8);
+      const __m256i index = _mm256_and_si256(_mm256_cvtepu16_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(words))), _mm256_set1_epi64x(511));
+      out.magnitudes[c] = gather8x4(index, grid);
+      uint32_t signs = 0;
+      for (int j = 0; j < 4; ++j) signs |= even_signs(static_cast<uint32_t>(words >> (16 * j + 9))) << 8 * j;
+      out.signs[c] = signs;
+    } else {  // IQ2_S: 10-bit indices, the two high bits four to a byte
+      const uint32_t low = word32(b + 2 + 4 * c), high = b[66 + c];
+      alignas(32) int64_t index[4];
+      for (int j = 0; j < 4; ++j) index[j] = ((low >> 8 * j) & 255) | ((high >> 2 * j) & 3) << 8;
+      out.magnitudes[c] = gather8x4(_mm256_load_si256(reinterpret_cast<const __m256i*>(index)), grid);
+    }
+  }
+  out.a = half(b) / (TYPE == IQ3_XXS ? 4 : TYPE == IQ3_S ? 1 : 8);
+}
+
+// 32 bytes: -1 where bit i of `bits` is set, else 1 (vpsignb's operand).
+inline __m256i sign_bytes(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_or_si256(set, _mm256_set1_epi8(1));
+}
+
+// ROWS activation rows from `first` times a weight row of IQ blocks: out[first + r].
+template <int64_t TYPE, int ROWS>
+void iq_row_dots_avx2(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const int8_t* grid = iq_grid<TYPE>();
+  __m256 acc[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    IqChunks chunks;
+    iq_chunks<TYPE>(row + g * kLayout<TYPE>.bytes, grid, chunks);
+    __m256i lanes[ROWS];
+    for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      const __m256i signs = sign_bytes(chunks.signs[c]);
+      const __m256i scales = _mm256_setr_m128i(_mm_set1_epi16(chunks.scales[2 * c]), _mm_set1_epi16(chunks.scales[2 * c + 1]));
+      for (int r = 0; r < ROWS; ++r) {
+        const __m256i a = _mm256_sign_epi8(load256(x.q.data() + (first + r) * cols + g * 256 + 32 * c), signs);
+        lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(_mm256_maddubs_epi16(chunks.magnitudes[c], a), scales));
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256 da = _mm256_set1_ps(x.scale[(first + r) * groups + g] * chunks.a);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[r]), da, acc[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(_mm256_setzero_ps());
+}
+
 }  // namespace gguf
 #endif  // GGUF_AVX2

@@ -374,21 +374,6 @@ inline __m512i gather8(uint64_t indices, const int8_t* grid, __m512i high = _mm5
   return _mm512_i64gather_epi64(index, grid, 8);
 }
 
-// Eight words' sign bytes, four a word (byte l of word i: its bits 7 l .. 7 l + 6 with an eighth that makes their
-// count even), as IQ2_XXS and IQ3_XXS keep them for 32 values a word: signs[k] for values 64 k .. 64 k + 63.
-inline void even_sign_bytes(__m256i words, uint64_t (&signs)[4]) {
-  const __m256i seven = _mm256_set1_epi32(127);
-  __m256i bytes = _mm256_and_si256(words, seven);
-  for (int l = 1; l < 4; ++l)  // the field at 7 l moved to byte l
-    bytes = _mm256_or_si256(bytes, _mm256_and_si256(_mm256_slli_epi32(words, l), _mm256_slli_epi32(seven, 8 * l)));
-  const __m256i parity = _mm256_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0,
-                                          0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0);  // of a nibble
-  const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi8(15));
-  const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(15));
-  const __m256i odd = _mm256_xor_si256(_mm256_shuffle_epi8(parity, low), _mm256_shuffle_epi8(parity, high));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(signs), _mm256_or_si256(bytes, _mm256_slli_epi16(odd, 7)));
-}
-
 // S = 2 s + 1 of 32-value sub-blocks from the top nibbles of eight words, as 16-value sub-blocks' (lane j: j / 2's).
 inline __m512i top_nibble_scales(__m256i words) {
   const __m512i s = _mm512_castsi256_si512(_mm256_srli_epi32(words, 28));
@@ -455,17 +440,6 @@ inline void iq_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
     if constexpr (TYPE != IQ2_XXS) out.scales = nibble_scales16(b + (TYPE == IQ2_XS ? 66 : 74));
     out.a = half(b) / 8;
   }
-}
-
-// The grid an IQ type's entries index.
-template <int64_t TYPE>
-inline const int8_t* iq_grid() {
-  const IqGrids& grids = iq_grids();
-  if constexpr (TYPE == IQ2_XXS) return grid_values(grids.iq2xxs);
-  if constexpr (TYPE == IQ2_XS) return grid_values(grids.iq2xs);
-  if constexpr (TYPE == IQ2_S) return grid_values(grids.iq2s);
-  if constexpr (TYPE == IQ3_XXS) return grid_values(grids.iq3xxs);
-  return grid_values(grids.iq3s);
 }
 
 // ROWS activation rows from `first` times a weight row of IQ blocks: out[first + r]. A block's codebook lookups

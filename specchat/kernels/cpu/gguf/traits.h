@@ -187,12 +187,16 @@ struct K16Traits {  // Q2_K, Q3_K and Q6_K: the same kernels over their tiles (t
 #endif
 };
 
-#ifdef GGUF_VNNI
+#ifdef GGUF_AVX2
 template <int64_t TYPE>
-struct IqTraits {  // IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: a 512-bit kernel reading their blocks (avx512.h)
+struct IqTraits {  // IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: kernels reading their blocks (avx512.h, avx2.h)
   static constexpr bool row_kernel = true, tiles = false;
-  static void every_row_dots(const uint8_t* row, const Quantized& x, float* out) {  // eight rows a pass
+  static void every_row_dots(const uint8_t* row, const Quantized& x, float* out) {  // eight rows a lookup
+#ifdef GGUF_VNNI
     by_eights(x.rows, [&](auto rows, int64_t r) { iq_row_dots<TYPE, rows()>(row, x, r, out); });
+#else
+    by_eights(x.rows, [&](auto rows, int64_t r) { iq_row_dots_avx2<TYPE, rows()>(row, x, r, out); });
+#endif
   }
 };
 
