@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch.utils.cpp_extension import get_default_build_root
 
+from specchat.kernels.cpu.cpu_decoder import iq_grids
 from specchat.quant.gguf_model import gguf_tensors
 from specchat.quant.gguf_types import BLOCK_TYPES
 
@@ -33,6 +34,8 @@ def load_build(version: str):
     spec = importlib.util.spec_from_file_location(f"specchat_cpu_decoder_{version}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if hasattr(module, "iq_grids"):  # builds since the IQ1-IQ3 types read their codebooks from gguf-py's tables
+        module.iq_grids(iq_grids())
     return module
 
 
