@@ -828,7 +828,8 @@ inline const int8_t* iq_grid() {
   if constexpr (TYPE == IQ2_XS) return grid_values(grids.iq2xs);
   if constexpr (TYPE == IQ2_S) return grid_values(grids.iq2s);
   if constexpr (TYPE == IQ3_XXS) return grid_values(grids.iq3xxs);
-  return grid_values(grids.iq3s);
+  if constexpr (TYPE == IQ3_S) return grid_values(grids.iq3s);
+  return grid_values(grids.iq1s);
 }
 
 // Eight words' sign bytes, four a word (byte l of word i: its bits 7 l .. 7 l + 6 with an eighth that makes their

@@ -390,9 +390,57 @@ inline __m512i nibble_scales16(const uint8_t* bytes) {
   return _mm512_add_epi32(_mm512_slli_epi32(nibble, 1), _mm512_set1_epi32(1));
 }
 
+// IQ1_S and IQ1_M: entries of -1, 0, 1 (11-bit indices), each value's code 8 g + delta (delta +-1, per 32 values in
+// IQ1_S, per entry in IQ1_M) split into magnitude and sign.
+template <int64_t TYPE>
+inline void iq1_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
+  alignas(64) int32_t scales[16];
+  for (int k = 0; k < 4; ++k) {
+    uint64_t indices, high = 0, minus = 0;  // minus: the bytes whose delta is -1
+    if constexpr (TYPE == IQ1_S) {
+      std::memcpy(&indices, b + 2 + 8 * k, 8);
+      for (int half_k = 0; half_k < 2; ++half_k) {
+        const uint16_t word = word16(b + 34 + 2 * (2 * k + half_k));
+        for (int l = 0; l < 4; ++l) high |= uint64_t{(word >> 3 * l) & 7u} << 8 * (4 * half_k + l);
+        minus |= (uint64_t{0} - (word >> 15)) & uint64_t{0xFFFFFFFF} << 32 * half_k;
+      }
+    } else {
+      std::memcpy(&indices, b + 8 * k, 8);
+      const uint32_t nibbles = word32(b + 32 + 4 * k);
+      for (int j = 0; j < 8; ++j) {
+        high |= uint64_t{(nibbles >> 4 * j) & 7u} << 8 * j;
+        minus |= (uint64_t{0} - ((nibbles >> (4 * j + 3)) & 1)) & uint64_t{0xFF} << 8 * j;
+      }
+    }
+    const __m512i g = gather8(indices, grid, _mm512_slli_epi64(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(high))), 8));
+    const __m512i g2 = _mm512_add_epi8(g, g), g4 = _mm512_add_epi8(g2, g2);
+    const __m512i deltas = _mm512_mask_blend_epi8(minus, _mm512_set1_epi8(1), _mm512_set1_epi8(-1));
+    const __m512i codes = _mm512_add_epi8(_mm512_add_epi8(g4, g4), deltas);
+    out.signs[k] = _mm512_movepi8_mask(codes);
+    out.magnitudes[k] = _mm512_abs_epi8(codes);
+  }
+  if constexpr (TYPE == IQ1_S) {
+    for (int ib = 0; ib < 8; ++ib) scales[2 * ib] = scales[2 * ib + 1] = 2 * ((word16(b + 34 + 2 * ib) >> 12) & 7) + 1;
+    out.a = half(b) / 8;
+  } else {
+    uint16_t d = 0;
+    for (int m = 0; m < 4; ++m) {
+      const uint16_t word = word16(b + 48 + 2 * m);
+      d |= static_cast<uint16_t>((word & 0xF000) >> (12 - 4 * m));
+      for (int t = 0; t < 4; ++t) scales[4 * m + t] = 2 * ((word >> 3 * t) & 7) + 1;
+    }
+    uint8_t d_bytes[2];
+    std::memcpy(d_bytes, &d, 2);
+    out.a = half(d_bytes) / 8;
+  }
+  out.scales = _mm512_load_si512(scales);
+}
+
 template <int64_t TYPE>
 inline void iq_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
-  if constexpr (TYPE == IQ3_XXS || TYPE == IQ3_S) {  // 4-byte entries, 16 a vector
+  if constexpr (TYPE == IQ1_S || TYPE == IQ1_M) {
+    iq1_block<TYPE>(b, grid, out);
+  } else if constexpr (TYPE == IQ3_XXS || TYPE == IQ3_S) {  // 4-byte entries, 16 a vector
     for (int k = 0; k < 4; ++k) {
       __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * k)));
       if constexpr (TYPE == IQ3_S)  // the ninth bits of entries 16 k .. 16 k + 15

@@ -206,6 +206,10 @@ template <> struct Traits<IQ2_S> : IqTraits<IQ2_S> {};
 template <> struct Traits<IQ3_XXS> : IqTraits<IQ3_XXS> {};
 template <> struct Traits<IQ3_S> : IqTraits<IQ3_S> {};
 #endif
+#ifdef GGUF_VNNI
+template <> struct Traits<IQ1_S> : IqTraits<IQ1_S> {};
+template <> struct Traits<IQ1_M> : IqTraits<IQ1_M> {};
+#endif
 
 template <> struct Traits<Q2_K> : K16Traits<TileQ2K> {};
 template <> struct Traits<Q3_K> : K16Traits<TileQ3K> {};
