@@ -436,9 +436,9 @@ class TreeCache:
 
 def cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     """Zeros for a cache's slots. On a CPU they are anonymous memory that the kernel zero-fills a page at a time as
-    slots are first written, so a cache sized for long texts (`--context 32768`) costs what its text uses. 4 KB pages:
-    2 MB ones would commit 2 MB for every layer's every head at the first token (1 GB at Llama 3.1 8B's shapes) for
-    a few percent at most over long contexts."""
+    slots are first written, so a cache sized for long texts (`--context 32768`) costs what its text uses. In 4 KB
+    pages: a 2 MB page would be committed for every layer's every head at the first token (1 GB at Llama 3.1 8B's
+    shapes)."""
     count = math.prod(shape)
     if torch.device(device).type != "cpu" or count == 0:
         return torch.zeros(shape, dtype=dtype, device=device)

@@ -38,16 +38,18 @@ inline __m256i dpbusd(__m256i sum, __m256i u, __m256i s) {
 }
 #endif
 
-// 16 in byte l where bit l of `bits` is set, else 0 (a Q5_0 / Q5_1 block's fifth bits, as its file holds them).
-inline __m256i fifth_bits_vector(uint32_t bits) {
+// 0xff in byte l where bit l of `bits` is set, else 0.
+inline __m256i bit_bytes(uint32_t bits) {
   // byte l of `spread` is byte l / 8 of `bits`; then bit l % 8 of it, as a byte mask
   const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
                                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-  return _mm256_and_si256(set, _mm256_set1_epi8(16));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
 }
+
+// 16 in byte l where bit l of `bits` is set, else 0 (a Q5_0 / Q5_1 block's fifth bits, as its file holds them).
+inline __m256i fifth_bits_vector(uint32_t bits) { return _mm256_and_si256(bit_bytes(bits), _mm256_set1_epi8(16)); }
 
 // `nibbles` with 16 added in byte l where bit k of byte l of `fifth` is set (a tile's fifth bits, Q5_0 / Q5_1 /
 // Q5_K): AVX-512 tests the bit into a byte mask; AVX2 shifts bit k to bit 4 of every byte (no bit of the next byte
@@ -923,14 +925,7 @@ inline void iq_chunks(const uint8_t* b, const int8_t* grid, IqChunks& out) {
 }
 
 // 32 bytes: -1 where bit i of `bits` is set, else 1 (vpsignb's operand).
-inline __m256i sign_bytes(uint32_t bits) {
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-  return _mm256_or_si256(set, _mm256_set1_epi8(1));
-}
+inline __m256i sign_bytes(uint32_t bits) { return _mm256_or_si256(bit_bytes(bits), _mm256_set1_epi8(1)); }
 
 // ROWS activation rows from `first` times a weight row of IQ blocks: out[first + r].
 template <int64_t TYPE, int ROWS>

@@ -423,15 +423,8 @@ inline void iq1_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
     for (int ib = 0; ib < 8; ++ib) scales[2 * ib] = scales[2 * ib + 1] = 2 * ((word16(b + 34 + 2 * ib) >> 12) & 7) + 1;
     out.a = half(b) / 8;
   } else {
-    uint16_t d = 0;
-    for (int m = 0; m < 4; ++m) {
-      const uint16_t word = word16(b + 48 + 2 * m);
-      d |= static_cast<uint16_t>((word & 0xF000) >> (12 - 4 * m));
-      for (int t = 0; t < 4; ++t) scales[4 * m + t] = 2 * ((word >> 3 * t) & 7) + 1;
-    }
-    uint8_t d_bytes[2];
-    std::memcpy(d_bytes, &d, 2);
-    out.a = half(d_bytes) / 8;
+    for (int j = 0; j < 16; ++j) scales[j] = 2 * ((word16(b + 48 + 2 * (j / 4)) >> 3 * (j % 4)) & 7) + 1;
+    out.a = iq1_m_scale(b) / 8;
   }
   out.scales = _mm512_load_si512(scales);
 }

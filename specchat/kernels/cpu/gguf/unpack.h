@@ -192,6 +192,15 @@ inline uint16_t word16(const uint8_t* p) {
   return w;
 }
 
+// IQ1_M's fp16 scale d: nibble m of it is the top nibble of the block's 16-bit word 24 + m.
+inline float iq1_m_scale(const uint8_t* b) {
+  uint16_t d = 0;
+  for (int m = 0; m < 4; ++m) d |= static_cast<uint16_t>((word16(b + 48 + 2 * m) & 0xF000) >> (12 - 4 * m));
+  uint8_t bytes[2];
+  std::memcpy(bytes, &d, 2);
+  return half(bytes);
+}
+
 // S and M of the 16-value sub-block `j`, both halves of a 32-value sub-block alike where they come in 32s.
 inline void set_sub(Unpacked& u, int64_t j, int s, int m) {
   std::fill_n(u.pair_scales.data() + 8 * j, 8, static_cast<int16_t>(s));
@@ -384,15 +393,8 @@ inline void unpack_row(const uint8_t* row, int64_t type, int64_t cols, Unpacked&
           const int nibble = (b[32 + e / 2] >> 4 * (e % 2)) & 15;
           iq1_entry(grid + 8 * (b[e] | (nibble & 7) << 8), nibble & 8 ? -1 : 1, codes + 8 * e);
         }
-        uint16_t scales[4], d = 0;
-        for (int m = 0; m < 4; ++m) {
-          scales[m] = word16(b + 48 + 2 * m);
-          d |= static_cast<uint16_t>((scales[m] & 0xF000) >> (12 - 4 * m));
-        }
-        for (int j = 0; j < 16; ++j) set_sub(u, sub + j, 2 * ((scales[j / 4] >> 3 * (j % 4)) & 7) + 1, 0);
-        uint8_t d_bytes[2];
-        std::memcpy(d_bytes, &d, 2);
-        u.a[k] = half(d_bytes) / 8;
+        for (int j = 0; j < 16; ++j) set_sub(u, sub + j, 2 * ((word16(b + 48 + 2 * (j / 4)) >> 3 * (j % 4)) & 7) + 1, 0);
+        u.a[k] = iq1_m_scale(b) / 8;
         u.b[k] = 0.0f;
         break;
       }
