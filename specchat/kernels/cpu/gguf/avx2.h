@@ -849,7 +849,7 @@ inline void even_sign_bytes(__m256i words, uint64_t (&signs)[4]) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(signs), _mm256_or_si256(bytes, _mm256_slli_epi16(odd, 7)));
 }
 
-// ---- IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S read from their blocks, 256 bits at a time -----------------------
+// ---- The IQ types (IQ1_S ... IQ3_S) read from their blocks, 256 bits at a time ------------------------------------
 // Where the build has no AVX-512 VNNI: each 32 values' codebook entries gathered into a vector (positive bytes:
 // vpmaddubsw's unsigned operand), the activations' signs flipped where the values' are, then vpmaddwd with the
 // sub-blocks' scales: the integer form's P lanes (lane l: values 4 l .. 4 l + 3 of each 32) and float steps, as
@@ -875,6 +875,35 @@ inline __m256i gather4x8(uint64_t indices, const int8_t* grid, uint32_t ninth = 
 // 8-byte entries (IQ2): the four whose indices are `index`'s 64-bit lanes.
 inline __m256i gather8x4(__m256i index, const int8_t* grid) {
   return _mm256_i64gather_epi64(reinterpret_cast<const long long*>(grid), index, 8);
+}
+
+// IQ1_S and IQ1_M: a chunk's four entries of -1, 0, 1 (11-bit indices), each value's code 8 g + delta (delta +-1, per
+// 32 values in IQ1_S, per entry in IQ1_M) split into magnitude and sign.
+template <int64_t TYPE>
+inline void iq1_chunks(const uint8_t* b, const int8_t* grid, IqChunks& out) {
+  for (int c = 0; c < 8; ++c) {
+    const __m256i low = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(static_cast<int>(word32(b + (TYPE == IQ1_S ? 2 : 0) + 4 * c))));
+    __m256i high, deltas;
+    if constexpr (TYPE == IQ1_S) {  // a word: 3 index bits an entry, s at 12, the delta's sign at 15
+      const uint16_t word = word16(b + 34 + 2 * c);
+      high = _mm256_srlv_epi64(_mm256_set1_epi64x(word), _mm256_setr_epi64x(0, 3, 6, 9));
+      deltas = _mm256_set1_epi8(word & 0x8000 ? -1 : 1);
+      out.scales[2 * c] = out.scales[2 * c + 1] = static_cast<int16_t>(2 * ((word >> 12) & 7) + 1);
+    } else {  // a nibble an entry: 3 index bits, the delta's sign
+      high = _mm256_srlv_epi64(_mm256_set1_epi64x(word16(b + 32 + 2 * c)), _mm256_setr_epi64x(0, 4, 8, 12));
+      const __m256i eight = _mm256_set1_epi64x(8);
+      deltas = _mm256_or_si256(_mm256_cmpeq_epi64(_mm256_and_si256(high, eight), eight), _mm256_set1_epi8(1));
+      for (int j = 2 * c; j < 2 * c + 2; ++j)
+        out.scales[j] = static_cast<int16_t>(2 * ((word16(b + 48 + 2 * (j / 4)) >> 3 * (j % 4)) & 7) + 1);
+    }
+    const __m256i index = _mm256_or_si256(low, _mm256_slli_epi64(_mm256_and_si256(high, _mm256_set1_epi64x(7)), 8));
+    const __m256i g = gather8x4(index, grid);
+    const __m256i g2 = _mm256_add_epi8(g, g), g4 = _mm256_add_epi8(g2, g2);
+    const __m256i codes = _mm256_add_epi8(_mm256_add_epi8(g4, g4), deltas);
+    out.signs[c] = static_cast<uint32_t>(_mm256_movemask_epi8(codes));
+    out.magnitudes[c] = _mm256_abs_epi8(codes);
+  }
+  out.a = (TYPE == IQ1_S ? half(b) : iq1_m_scale(b)) / 8;
 }
 
 template <int64_t TYPE>
@@ -936,7 +965,8 @@ void iq_row_dots_avx2(const uint8_t* row, const Quantized& x, int64_t first, flo
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     IqChunks chunks;
-    iq_chunks<TYPE>(row + g * kLayout<TYPE>.bytes, grid, chunks);
+    if constexpr (TYPE == IQ1_S || TYPE == IQ1_M) iq1_chunks<TYPE>(row + g * kLayout<TYPE>.bytes, grid, chunks);
+    else iq_chunks<TYPE>(row + g * kLayout<TYPE>.bytes, grid, chunks);
     __m256i lanes[ROWS];
     for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
     for (int c = 0; c < 8; ++c) {

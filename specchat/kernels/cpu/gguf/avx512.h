@@ -352,7 +352,7 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
     for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
   }
 }
-
+// ---- The IQ types (IQ1_S ... IQ3_S) read from their blocks -----------------------------------------------------------
 // ---- IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S read from their blocks -------------------------------------------
 // A block's values are codebook entries (unpack.h) of 8 or 4 positive bytes, gathered 64 values a vector: vpdpbusd
 // takes them as its unsigned operand and the activations, negated where a value's sign is set, as its signed one.
@@ -391,42 +391,49 @@ inline __m512i nibble_scales16(const uint8_t* bytes) {
 }
 
 // IQ1_S and IQ1_M: entries of -1, 0, 1 (11-bit indices), each value's code 8 g + delta (delta +-1, per 32 values in
-// IQ1_S, per entry in IQ1_M) split into magnitude and sign.
+// IQ1_S, per entry in IQ1_M) split into magnitude and sign. The block's 32 indices are put together in one vector
+// (word e: entry e's), the deltas' signs in a mask (bit e: entry e's is -1), its S in another: no scalar loop.
 template <int64_t TYPE>
 inline void iq1_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
-  alignas(64) int32_t scales[16];
-  for (int k = 0; k < 4; ++k) {
-    uint64_t indices, high = 0, minus = 0;  // minus: the bytes whose delta is -1
-    if constexpr (TYPE == IQ1_S) {
-      std::memcpy(&indices, b + 2 + 8 * k, 8);
-      for (int half_k = 0; half_k < 2; ++half_k) {
-        const uint16_t word = word16(b + 34 + 2 * (2 * k + half_k));
-        for (int l = 0; l < 4; ++l) high |= uint64_t{(word >> 3 * l) & 7u} << 8 * (4 * half_k + l);
-        minus |= (uint64_t{0} - (word >> 15)) & uint64_t{0xFFFFFFFF} << 32 * half_k;
-      }
-    } else {
-      std::memcpy(&indices, b + 8 * k, 8);
-      const uint32_t nibbles = word32(b + 32 + 4 * k);
-      for (int j = 0; j < 8; ++j) {
-        high |= uint64_t{(nibbles >> 4 * j) & 7u} << 8 * j;
-        minus |= (uint64_t{0} - ((nibbles >> (4 * j + 3)) & 1)) & uint64_t{0xFF} << 8 * j;
-      }
-    }
-    const __m512i g = gather8(indices, grid, _mm512_slli_epi64(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(high))), 8));
+  const __m512i low = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (TYPE == IQ1_S ? 2 : 0))));
+  __m512i high;     // word e: entry e's three high index bits
+  uint32_t minus;   // bit e: entry e's delta is -1
+  __m512i s;        // dword j: the 3-bit s of sub-block j, among other bits
+  if constexpr (TYPE == IQ1_S) {  // a word per 32 values: 3 index bits an entry, s at 12, the delta's sign at 15
+    const __m512i words = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 34)));
+    const __m512i quarter = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
+                                             3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i own = _mm512_permutexvar_epi16(quarter, words);  // word e: word e / 4
+    const __m512i shift = _mm512_set1_epi64(0x0009000600030000);  // word e: 3 (e % 4)
+    high = _mm512_and_si512(_mm512_srlv_epi16(own, shift), _mm512_set1_epi16(7));
+    minus = _mm512_movepi16_mask(own);
+    s = _mm512_srli_epi32(own, 12);  // dword j: words 2 j and 2 j + 1, both word j / 2
+    out.a = half(b) / 8;
+  } else {  // a nibble per entry (3 index bits, the delta's sign); s per 16 values, 3 bits each in four words
+    const __m128i nibbles = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32));
+    const __m128i mask = _mm_set1_epi8(15);
+    const __m128i even = _mm_and_si128(nibbles, mask), odd = _mm_and_si128(_mm_srli_epi16(nibbles, 4), mask);
+    const __m256i own = _mm256_set_m128i(_mm_unpackhi_epi8(even, odd), _mm_unpacklo_epi8(even, odd));  // byte e: entry e
+    high = _mm512_cvtepu8_epi16(_mm256_and_si256(own, _mm256_set1_epi8(7)));
+    minus = _mm256_movepi8_mask(_mm256_slli_epi16(own, 4));
+    const __m512i words = _mm512_cvtepu16_epi32(_mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 48))));
+    const __m512i quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    s = _mm512_srlv_epi32(_mm512_permutexvar_epi32(quarter, words), _mm512_set4_epi32(9, 6, 3, 0));
+    out.a = iq1_m_scale(b) / 8;
+  }
+  out.scales = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(s, _mm512_set1_epi32(7)), 1), _mm512_set1_epi32(1));
+  const __m512i index = _mm512_or_si512(low, _mm512_slli_epi16(high, 8));
+  const __m512i eighth = _mm512_set_epi16(0, 0, 0, 7, 0, 0, 0, 6, 0, 0, 0, 5, 0, 0, 0, 4,
+                                          0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0);
+  for (int k = 0; k < 4; ++k) {  // entries 8 k .. 8 k + 7, their indices zero-extended to 64 bits
+    const __m512i entries = _mm512_maskz_permutexvar_epi16(0x11111111, _mm512_add_epi16(eighth, _mm512_set1_epi16(static_cast<int16_t>(8 * k))), index);
+    const __m512i g = _mm512_i64gather_epi64(entries, grid, 8);
     const __m512i g2 = _mm512_add_epi8(g, g), g4 = _mm512_add_epi8(g2, g2);
-    const __m512i deltas = _mm512_mask_blend_epi8(minus, _mm512_set1_epi8(1), _mm512_set1_epi8(-1));
+    const __m512i deltas = _mm512_mask_blend_epi64(static_cast<__mmask8>(minus >> 8 * k), _mm512_set1_epi8(1), _mm512_set1_epi8(-1));
     const __m512i codes = _mm512_add_epi8(_mm512_add_epi8(g4, g4), deltas);
     out.signs[k] = _mm512_movepi8_mask(codes);
     out.magnitudes[k] = _mm512_abs_epi8(codes);
   }
-  if constexpr (TYPE == IQ1_S) {
-    for (int ib = 0; ib < 8; ++ib) scales[2 * ib] = scales[2 * ib + 1] = 2 * ((word16(b + 34 + 2 * ib) >> 12) & 7) + 1;
-    out.a = half(b) / 8;
-  } else {
-    for (int j = 0; j < 16; ++j) scales[j] = 2 * ((word16(b + 48 + 2 * (j / 4)) >> 3 * (j % 4)) & 7) + 1;
-    out.a = iq1_m_scale(b) / 8;
-  }
-  out.scales = _mm512_load_si512(scales);
 }
 
 template <int64_t TYPE>
@@ -483,6 +490,10 @@ inline void iq_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
   }
 }
 
+// Whether a type's magnitudes times its S fit a byte (IQ1: 9 * 15): each byte scaled in place, no carry to the next.
+template <int64_t TYPE>
+inline constexpr bool kScaledMagnitudes = TYPE == IQ1_S || TYPE == IQ1_M;
+
 // ROWS activation rows from `first` times a weight row of IQ blocks: out[first + r]. A block's codebook lookups
 // serve all ROWS rows, so a tree's rows cost little more than one.
 template <int64_t TYPE, int ROWS>
@@ -496,16 +507,23 @@ void iq_row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* o
     IqBlock block;
     iq_block<TYPE>(row + g * kLayout<TYPE>.bytes, grid, block);
     __m512i scales[4];  // lane j of vector k: the scale of sub-block 4 k + j / 4
-    for (int k = 0; k < 4; ++k)
+    for (int k = 0; k < 4; ++k) {
       scales[k] = _mm512_permutexvar_epi32(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * k)), block.scales);
+      // IQ1's magnitudes (at most 9) times S (at most 15) fit a byte: scaled once here, not in every row's sums
+      if constexpr (kScaledMagnitudes<TYPE>) block.magnitudes[k] = _mm512_mullo_epi32(block.magnitudes[k], scales[k]);
+    }
     for (int r = 0; r < ROWS; ++r) {
       const int8_t* a = x.q.data() + (first + r) * cols + g * 256;
       __m512i p = _mm512_setzero_si512();
       for (int k = 0; k < 4; ++k) {
         __m512i values = _mm512_loadu_si512(a + 64 * k);
         values = _mm512_mask_sub_epi8(values, block.signs[k], _mm512_setzero_si512(), values);
-        const __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), block.magnitudes[k], values);
-        p = _mm512_add_epi32(p, _mm512_mullo_epi32(dots, scales[k]));
+        if constexpr (kScaledMagnitudes<TYPE>) {
+          p = _mm512_dpbusd_epi32(p, block.magnitudes[k], values);
+        } else {
+          const __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), block.magnitudes[k], values);
+          p = _mm512_add_epi32(p, _mm512_mullo_epi32(dots, scales[k]));
+        }
       }
       const __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));
       const __m256 da = _mm256_set1_ps(x.scale[(first + r) * groups + g] * block.a);

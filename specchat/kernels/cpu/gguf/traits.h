@@ -189,7 +189,7 @@ struct K16Traits {  // Q2_K, Q3_K and Q6_K: the same kernels over their tiles (t
 
 #ifdef GGUF_AVX2
 template <int64_t TYPE>
-struct IqTraits {  // IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: kernels reading their blocks (avx512.h, avx2.h)
+struct IqTraits {  // IQ1_S ... IQ3_S: kernels reading their blocks (avx512.h, avx2.h)
   static constexpr bool row_kernel = true, tiles = false;
   static void every_row_dots(const uint8_t* row, const Quantized& x, float* out) {  // eight rows a lookup
 #ifdef GGUF_VNNI
@@ -205,8 +205,6 @@ template <> struct Traits<IQ2_XS> : IqTraits<IQ2_XS> {};
 template <> struct Traits<IQ2_S> : IqTraits<IQ2_S> {};
 template <> struct Traits<IQ3_XXS> : IqTraits<IQ3_XXS> {};
 template <> struct Traits<IQ3_S> : IqTraits<IQ3_S> {};
-#endif
-#ifdef GGUF_VNNI
 template <> struct Traits<IQ1_S> : IqTraits<IQ1_S> {};
 template <> struct Traits<IQ1_M> : IqTraits<IQ1_M> {};
 #endif
