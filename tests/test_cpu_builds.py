@@ -1,6 +1,6 @@
 """The CPU decoder built for AVX2 only (x86-64-v3, what a machine without AVX-512 compiles) gives bitwise what
 this machine's own build gives: the GGUF block kernels (every type, both tile kinds, row counts below and past
-a kernel's row blocks) and the decoder's attention (fp32 and bf16 caches, head_dim 64 and 128, a decode step
+a kernel's row blocks; the AVX-512 VNNI build's too) and the decoder's attention (fp32 and bf16 caches, head_dim 64 and 128, a decode step
 and a tree of rows). So results do not depend on the machine that computes them, and the AVX2 paths, which
 an AVX-512 machine's own build never runs, are tested here too. A bf16 cache's attention on a CPU with AMX
 tiles rounds as the tiles do (bf16_tiles.h): there the two builds agree within a bf16 rounding of the outputs.
@@ -19,9 +19,9 @@ from gguf_files import LAYOUTS, random_blocks
 
 from specchat.kernels.cpu.cpu_decoder import build, cpu_decoder
 
+CPU_FLAGS = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
 pytestmark = pytest.mark.skipif(
-    platform.machine() not in ("x86_64", "AMD64")
-    or "avx512f" not in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""),
+    platform.machine() not in ("x86_64", "AMD64") or "avx512f" not in CPU_FLAGS,
     reason="the native build is the AVX2 one here (no AVX-512) or this is not an x86 machine",
 )
 
@@ -32,16 +32,21 @@ def avx2():
     return build("avx2")
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512vnni"])
 @pytest.mark.parametrize("kind", list(LAYOUTS), ids=[t.name for t in LAYOUTS])
-def test_gguf_kernels_equal_the_avx2_build(avx2, kind):
-    native, rng = cpu_decoder(), np.random.default_rng(int(kind))
+def test_gguf_kernels_equal_the_avx2_and_avx512_vnni_builds(isa, kind):
+    """The AVX-512 VNNI build (no VBMI, BF16 or AMX) gathers the IQ types' codebook entries where this machine's own
+    build may look them up in registers."""
+    if isa == "avx512vnni" and "avx512_vnni" not in CPU_FLAGS.split():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    native, other, rng = cpu_decoder(), build(isa), np.random.default_rng(int(kind))
     blocks = torch.from_numpy(random_blocks(kind, 48, 512, rng))
     held = [(blocks, 1)] + [native.gguf_tile(blocks, int(kind), 512, per_unit) for per_unit in (1, 2)]
     x = torch.from_numpy(rng.standard_normal((21, 512)).astype(np.float32))
     for matrix, unit_rows in held:  # the file's rows, 8-row tiles and pairs of them
         for rows in (1, 3, 8, 21):
             mine = native.gguf_matmul(x[:rows], [matrix], [int(kind)], [unit_rows], 512, "best")
-            theirs = avx2.gguf_matmul(x[:rows], [matrix], [int(kind)], [unit_rows], 512, "best")
+            theirs = other.gguf_matmul(x[:rows], [matrix], [int(kind)], [unit_rows], 512, "best")
             assert torch.equal(mine, theirs), (unit_rows, rows)
 
 

@@ -1452,6 +1452,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       const at::Tensor values = grids.at(name).to(at::kChar).contiguous();
       grid->assign(values.data_ptr<int8_t>(), values.data_ptr<int8_t>() + values.numel());
     }
+    held.iq2xxs_packed = gguf::pack_grid(held.iq2xxs, 8);
+    held.iq2xs_packed = gguf::pack_grid(held.iq2xs, 8);
+    held.iq3xxs_packed = gguf::pack_grid(held.iq3xxs, 4);
+    held.iq3s_packed = gguf::pack_grid(held.iq3s, 4);
   }, "The IQ types' codebooks, {name: int8 [entries, values]} (gguf-py's grids), for the unpacking of their blocks.");
   m.def("gguf_rows", [](at::Tensor blocks, int64_t type, int64_t unit_rows, int64_t cols, at::Tensor ids) {
     return gguf::dequantize_rows(gguf::blocks_matrix(blocks, type, unit_rows, cols), ids);

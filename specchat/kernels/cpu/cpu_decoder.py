@@ -5,8 +5,9 @@ It is compiled for the machine it runs on (`-march=native`), so the kernels' cod
 features: AVX-512 VNNI / BF16 with or without AMX tiles, AVX2 (with FMA and F16C) with or without AVX-VNNI, or
 the portable loops (`isa()` of the module names the one built). `SPECCHAT_CPU_ISA=avx2` builds the AVX2 path
 (x86-64-v3) on any x86 machine, for measuring it where the CPU has more; `avxvnni` adds AVX-VNNI to it (it runs
-only on CPUs that have AVX-VNNI: Intel's since Alder Lake, AMD's since Zen 5); `noamx` is the machine's own
-without AMX (the AVX-512 path of an Intel Xeon that has the tiles).
+only on CPUs that have AVX-VNNI: Intel's since Alder Lake, AMD's since Zen 5); `avx512vnni` is AVX-512 with VNNI
+alone, no BF16 or VBMI (Intel's Cascade Lake Xeons); `noamx` is the machine's own without AMX (the AVX-512 path of
+an Intel Xeon that has the tiles).
 
 `python -m specchat.kernels.cpu.cpu_decoder` builds it ahead of time (`make setup` does). Builds of one target
 take turns under a lock the kernel releases when its holder dies (torch's own lock file outlives a build that was
@@ -22,12 +23,14 @@ import platform
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu_decoder.cpp")
-# Compiler targets by SPECCHAT_CPU_ISA: the machine's own, without AMX, or the AVX2 path alone (tuned for this CPU).
+# Compiler targets by SPECCHAT_CPU_ISA: the machine's own, without AMX, the AVX2 path alone, or AVX-512 VNNI alone
+# (tuned for this CPU).
 ISA_FLAGS = {
     "native": lambda: ["-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"],
     "noamx": lambda: ["-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"],
     "avx2": lambda: ["-march=x86-64-v3", "-mtune=native"],
     "avxvnni": lambda: ["-march=x86-64-v3", "-mavxvnni", "-mtune=native"],
+    "avx512vnni": lambda: ["-march=x86-64-v4", "-mavx512vnni", "-mtune=native"],
 }
 HEADERS = sorted(SOURCE.parent.glob("*.h")) + sorted(SOURCE.parent.glob("gguf/*.h"))
 

@@ -352,12 +352,15 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
     for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
   }
 }
+
 // ---- The IQ types (IQ1_S ... IQ3_S) read from their blocks -----------------------------------------------------------
-// ---- IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S read from their blocks -------------------------------------------
-// A block's values are codebook entries (unpack.h) of 8 or 4 positive bytes, gathered 64 values a vector: vpdpbusd
-// takes them as its unsigned operand and the activations, negated where a value's sign is set, as its signed one.
-// Dword lane j of a vector holds values 4j .. 4j + 3 of its 64, as lane j % 8 of the integer form's 32-value
-// chunks does: the same integer P lanes as `dots_avx2`, then the same float steps, so the same bits.
+// A block's values are codebook entries (unpack.h) of 8 or 4 positive bytes, 64 values a vector: vpdpbusd takes them
+// as its unsigned operand and the activations, negated where a value's sign is set, as its signed one. A block's
+// entry indices are put together in vectors of 16-bit words (entry e in word e % 32 of vector e / 32), and a grid
+// turns them into entries: gathered from memory (`GatheredGrid`) or, where the build has vpermb and the grid fits 16
+// registers (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S), looked up by permutes (`RegisterGrid`). Dword lane j of a vector holds
+// values 4j .. 4j + 3 of its 64, as lane j % 8 of the integer form's 32-value chunks does: the same integer P lanes as
+// `dots_avx2`, then the same float steps, so the same bits.
 
 // One block: its values' magnitudes, their signs (bit v of signs[k] for value 64 k + v), the 16-value sub-blocks'
 // scales S (lane j for sub-block j) and A.
@@ -368,10 +371,82 @@ struct IqBlock {
   float a;
 };
 
-// 8-value entries: the entries whose indices are the bytes of `indices` (8 bytes of `grid` an entry), plus `high`.
-inline __m512i gather8(uint64_t indices, const int8_t* grid, __m512i high = _mm512_setzero_si512()) {
-  const __m512i index = _mm512_add_epi64(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(indices))), high);
-  return _mm512_i64gather_epi64(index, grid, 8);
+// The words of `index` (32 entries) that vector m of their values takes, zero-extended to its lanes: entry 8 m + j
+// in qword j (WIDTH 8, m < 4), entry 16 m + j in dword j (WIDTH 4, m < 2).
+template <int WIDTH>
+inline __m512i entry_lanes(__m512i index, int m) {
+  const __m512i word = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i from = _mm512_add_epi16(_mm512_srli_epi16(word, WIDTH == 8 ? 2 : 1), _mm512_set1_epi16(static_cast<int16_t>(64 / WIDTH * m)));
+  return _mm512_maskz_permutexvar_epi16(WIDTH == 8 ? 0x11111111 : 0x55555555, from, index);
+}
+
+// A grid of WIDTH-value entries read from memory by gathers: a load an entry.
+template <int WIDTH>
+struct GatheredGrid {
+  const int8_t* values;  // [entries * WIDTH]
+
+  // A block's four vectors of values from its entries' indices (8 / WIDTH vectors of 32).
+  void entries(const __m512i* index, __m512i (&out)[4]) const {
+    for (int v = 0; v < 8 / WIDTH; ++v)
+      for (int m = 0; m < WIDTH / 2; ++m) {
+        const __m512i lanes = entry_lanes<WIDTH>(index[v], m);
+        if constexpr (WIDTH == 8) out[WIDTH / 2 * v + m] = _mm512_i64gather_epi64(lanes, values, 8);
+        else out[WIDTH / 2 * v + m] = _mm512_i32gather_epi32(lanes, values, 4);
+      }
+  }
+};
+
+#ifdef __AVX512VBMI__
+// A grid of 32 VECTORS entries held in registers for a row's blocks (`PackedGrid`, 16 bits an entry): 32 entries'
+// codes looked up by VECTORS / 2 two-table permutes and a tree of blends on the indices' high bits, then each
+// entry's WIDTH values from its code's fields by vpmultishiftqb and vpermb.
+template <int VECTORS, int WIDTH>
+struct RegisterGrid {
+  __m512i codes[VECTORS];
+  __m512i values;  // byte j: value j mod 2^bits (vpermb reads six bits of a byte: a field and its neighbour's)
+
+  explicit RegisterGrid(const PackedGrid& grid) {
+    TORCH_CHECK(grid.codes.size() == 32 * VECTORS, "the IQ types' codebooks were not handed to the CPU decoder (iq_grids)");
+    for (int t = 0; t < VECTORS; ++t) codes[t] = _mm512_loadu_si512(grid.codes.data() + 32 * t);
+    alignas(64) int8_t bytes[64];
+    for (int j = 0; j < 64; ++j) bytes[j] = grid.values[j % (1 << 16 / WIDTH)];
+    values = _mm512_load_si512(bytes);
+  }
+
+  // The codes of the 32 entries whose indices are `index`'s words.
+  __m512i lookup(__m512i index) const {
+    __m512i found[VECTORS / 2];
+    for (int t = 0; t < VECTORS / 2; ++t) found[t] = _mm512_permutex2var_epi16(codes[2 * t], index, codes[2 * t + 1]);
+    for (int n = VECTORS / 2, bit = 6; n > 1; n /= 2, ++bit) {
+      const __mmask32 upper = _mm512_test_epi16_mask(index, _mm512_set1_epi16(static_cast<int16_t>(1 << bit)));
+      for (int t = 0; t < n / 2; ++t) found[t] = _mm512_mask_blend_epi16(upper, found[2 * t], found[2 * t + 1]);
+    }
+    return found[0];
+  }
+
+  void entries(const __m512i* index, __m512i (&out)[4]) const {
+    const __m512i fields = _mm512_set1_epi64(WIDTH == 8 ? 0x0E0C0A0806040200 : 0x2C2824200C080400);  // their first bits
+    for (int v = 0; v < 8 / WIDTH; ++v) {
+      const __m512i found = lookup(index[v]);
+      for (int m = 0; m < WIDTH / 2; ++m)
+        out[WIDTH / 2 * v + m] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(fields, entry_lanes<WIDTH>(found, m)), values);
+    }
+  }
+};
+#endif
+
+// The grid an IQ type's blocks are read with, for a row's blocks.
+template <int64_t TYPE>
+inline auto block_grid() {
+#ifdef __AVX512VBMI__
+  if constexpr (TYPE == IQ2_XXS) return RegisterGrid<8, 8>(iq_grids().iq2xxs_packed);
+  else if constexpr (TYPE == IQ2_XS) return RegisterGrid<16, 8>(iq_grids().iq2xs_packed);
+  else if constexpr (TYPE == IQ3_XXS) return RegisterGrid<8, 4>(iq_grids().iq3xxs_packed);
+  else if constexpr (TYPE == IQ3_S) return RegisterGrid<16, 4>(iq_grids().iq3s_packed);
+  else
+#endif
+    return GatheredGrid<kIqWidth<TYPE>>{iq_grid<TYPE>()};
 }
 
 // S = 2 s + 1 of 32-value sub-blocks from the top nibbles of eight words, as 16-value sub-blocks' (lane j: j / 2's).
@@ -390,11 +465,18 @@ inline __m512i nibble_scales16(const uint8_t* bytes) {
   return _mm512_add_epi32(_mm512_slli_epi32(nibble, 1), _mm512_set1_epi32(1));
 }
 
+// Words of 7 sign bits with an eighth that makes their count even, as bytes (IQ2_XS: bits 9-15 of an entry's word).
+inline __m256i even_sign_words(__m512i seven) {
+  __m512i parity = _mm512_xor_si512(seven, _mm512_srli_epi16(seven, 4));
+  parity = _mm512_xor_si512(parity, _mm512_srli_epi16(parity, 2));
+  parity = _mm512_xor_si512(parity, _mm512_srli_epi16(parity, 1));
+  return _mm512_cvtepi16_epi8(_mm512_or_si512(seven, _mm512_slli_epi16(_mm512_and_si512(parity, _mm512_set1_epi16(1)), 7)));
+}
+
 // IQ1_S and IQ1_M: entries of -1, 0, 1 (11-bit indices), each value's code 8 g + delta (delta +-1, per 32 values in
-// IQ1_S, per entry in IQ1_M) split into magnitude and sign. The block's 32 indices are put together in one vector
-// (word e: entry e's), the deltas' signs in a mask (bit e: entry e's is -1), its S in another: no scalar loop.
-template <int64_t TYPE>
-inline void iq1_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
+// IQ1_S, per entry in IQ1_M) split into magnitude and sign; the deltas' signs in a mask (bit e: entry e's is -1).
+template <int64_t TYPE, typename Grid>
+inline void iq1_block(const uint8_t* b, const Grid& grid, IqBlock& out) {
   const __m512i low = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (TYPE == IQ1_S ? 2 : 0))));
   __m512i high;     // word e: entry e's three high index bits
   uint32_t minus;   // bit e: entry e's delta is -1
@@ -423,12 +505,10 @@ inline void iq1_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
   }
   out.scales = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(s, _mm512_set1_epi32(7)), 1), _mm512_set1_epi32(1));
   const __m512i index = _mm512_or_si512(low, _mm512_slli_epi16(high, 8));
-  const __m512i eighth = _mm512_set_epi16(0, 0, 0, 7, 0, 0, 0, 6, 0, 0, 0, 5, 0, 0, 0, 4,
-                                          0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0);
-  for (int k = 0; k < 4; ++k) {  // entries 8 k .. 8 k + 7, their indices zero-extended to 64 bits
-    const __m512i entries = _mm512_maskz_permutexvar_epi16(0x11111111, _mm512_add_epi16(eighth, _mm512_set1_epi16(static_cast<int16_t>(8 * k))), index);
-    const __m512i g = _mm512_i64gather_epi64(entries, grid, 8);
-    const __m512i g2 = _mm512_add_epi8(g, g), g4 = _mm512_add_epi8(g2, g2);
+  __m512i g[4];
+  grid.entries(&index, g);
+  for (int k = 0; k < 4; ++k) {  // entries 8 k .. 8 k + 7
+    const __m512i g2 = _mm512_add_epi8(g[k], g[k]), g4 = _mm512_add_epi8(g2, g2);
     const __m512i deltas = _mm512_mask_blend_epi64(static_cast<__mmask8>(minus >> 8 * k), _mm512_set1_epi8(1), _mm512_set1_epi8(-1));
     const __m512i codes = _mm512_add_epi8(_mm512_add_epi8(g4, g4), deltas);
     out.signs[k] = _mm512_movepi8_mask(codes);
@@ -436,16 +516,15 @@ inline void iq1_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
   }
 }
 
-template <int64_t TYPE>
-inline void iq_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
-  if constexpr (TYPE == IQ1_S || TYPE == IQ1_M) {
-    iq1_block<TYPE>(b, grid, out);
-  } else if constexpr (TYPE == IQ3_XXS || TYPE == IQ3_S) {  // 4-byte entries, 16 a vector
-    for (int k = 0; k < 4; ++k) {
-      __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * k)));
-      if constexpr (TYPE == IQ3_S)  // the ninth bits of entries 16 k .. 16 k + 15
-        index = _mm512_mask_add_epi32(index, static_cast<__mmask16>(word16(b + 66 + 2 * k)), index, _mm512_set1_epi32(256));
-      out.magnitudes[k] = _mm512_i32gather_epi32(index, grid, 4);
+// The other types: indices in bytes (IQ3 with a ninth bit, IQ2_S a ninth and tenth), or in words with the signs.
+template <int64_t TYPE, typename Grid>
+inline void iq_block(const uint8_t* b, const Grid& grid, IqBlock& out) {
+  __m512i index[2];  // entry e's index in word e % 32 of index[e / 32]
+  if constexpr (TYPE == IQ3_XXS || TYPE == IQ3_S) {  // 64 entries of 4 values, their indices bytes
+    for (int h = 0; h < 2; ++h) {
+      index[h] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2 + 32 * h)));
+      if constexpr (TYPE == IQ3_S)  // their ninth bits
+        index[h] = _mm512_mask_add_epi16(index[h], word32(b + 66 + 4 * h), index[h], _mm512_set1_epi16(256));
     }
     if constexpr (TYPE == IQ3_XXS) {  // a word per 32 values: four signs' 7 bits and s
       const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 66));
@@ -453,41 +532,40 @@ inline void iq_block(const uint8_t* b, const int8_t* grid, IqBlock& out) {
       out.scales = top_nibble_scales(words);
       out.a = half(b) / 4;
     } else {
-      for (int k = 0; k < 4; ++k) std::memcpy(&out.signs[k], b + 74 + 8 * k, 8);
+      std::memcpy(out.signs, b + 74, 32);
       alignas(64) int32_t scales[16];
       for (int ib = 0; ib < 8; ++ib) scales[2 * ib] = scales[2 * ib + 1] = 2 * ((b[106 + ib / 2] >> 4 * (ib % 2)) & 15) + 1;
       out.scales = _mm512_load_si512(scales);
       out.a = half(b);
     }
-  } else {  // IQ2: 8-byte entries, 8 a vector
+  } else {  // IQ2: 32 entries of 8 values
     if constexpr (TYPE == IQ2_XXS) {  // per 32 values a word of four index bytes, then a word of signs and s
-      const __m512i words = _mm512_loadu_si512(b + 2);
-      const __m256i second = _mm512_castsi512_si256(
-          _mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1), words));
+      const __m512i halves = _mm512_permutexvar_epi32(  // the index words, then the others
+          _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0), _mm512_loadu_si512(b + 2));
+      index[0] = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(halves));
+      const __m256i second = _mm512_extracti64x4_epi64(halves, 1);
       even_sign_bytes(second, out.signs);
       out.scales = top_nibble_scales(second);
+    } else if constexpr (TYPE == IQ2_XS) {  // a word an entry: a 9-bit index, 7 sign bits
+      const __m512i words = _mm512_loadu_si512(b + 2);
+      index[0] = _mm512_and_si512(words, _mm512_set1_epi16(511));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.signs), even_sign_words(_mm512_srli_epi16(words, 9)));
+      out.scales = nibble_scales16(b + 66);
+    } else {  // IQ2_S: 8-bit indices, their two high bits four to a byte (eight to a word), a sign byte an entry
+      const __m512i words = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 66)));
+      const __m512i eighth = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                                                15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
+      const __m512i shift = _mm512_set_epi16(14, 12, 10, 8, 6, 4, 2, 0, 14, 12, 10, 8, 6, 4, 2, 0,
+                                             14, 12, 10, 8, 6, 4, 2, 0, 14, 12, 10, 8, 6, 4, 2, 0);
+      const __m512i high = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi16(eighth, words), shift), _mm512_set1_epi16(3));
+      index[0] = _mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2))),
+                                 _mm512_slli_epi16(high, 8));
+      std::memcpy(out.signs, b + 34, 32);
+      out.scales = nibble_scales16(b + 74);
     }
-    for (int k = 0; k < 4; ++k) {
-      if constexpr (TYPE == IQ2_XXS) {  // entries 8 k .. 8 k + 7: the index bytes of two 32-value sub-blocks
-        out.magnitudes[k] = gather8(word32(b + 2 + 16 * k) | uint64_t{word32(b + 10 + 16 * k)} << 32, grid);
-      } else if constexpr (TYPE == IQ2_XS) {  // 9-bit indices and 7 sign bits in 16-bit words
-        const __m512i words = _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * k)));
-        out.magnitudes[k] = _mm512_i64gather_epi64(_mm512_and_si512(words, _mm512_set1_epi64(511)), grid, 8);
-        uint64_t signs = 0;
-        for (int j = 0; j < 8; ++j) signs |= uint64_t{even_signs(b[3 + 16 * k + 2 * j] >> 1)} << 8 * j;
-        out.signs[k] = signs;
-      } else {  // IQ2_S: 8-bit indices, their two high bits four to a byte, a sign byte an entry
-        uint64_t indices, high = 0;
-        std::memcpy(&indices, b + 2 + 8 * k, 8);
-        const uint16_t bits = word16(b + 66 + 2 * k);
-        for (int j = 0; j < 8; ++j) high |= uint64_t{(bits >> 2 * j) & 3u} << 8 * j;
-        out.magnitudes[k] = gather8(indices, grid, _mm512_slli_epi64(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(high))), 8));
-        std::memcpy(&out.signs[k], b + 34 + 8 * k, 8);
-      }
-    }
-    if constexpr (TYPE != IQ2_XXS) out.scales = nibble_scales16(b + (TYPE == IQ2_XS ? 66 : 74));
     out.a = half(b) / 8;
   }
+  grid.entries(index, out.magnitudes);
 }
 
 // Whether a type's magnitudes times its S fit a byte (IQ1: 9 * 15): each byte scaled in place, no carry to the next.
@@ -499,13 +577,14 @@ inline constexpr bool kScaledMagnitudes = TYPE == IQ1_S || TYPE == IQ1_M;
 template <int64_t TYPE, int ROWS>
 void iq_row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
   const int64_t cols = x.cols, groups = cols / 256;
-  const int8_t* grid = iq_grid<TYPE>();
+  const auto grid = block_grid<TYPE>();
   const __m512i quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   __m256 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     IqBlock block;
-    iq_block<TYPE>(row + g * kLayout<TYPE>.bytes, grid, block);
+    if constexpr (TYPE == IQ1_S || TYPE == IQ1_M) iq1_block<TYPE>(row + g * kLayout<TYPE>.bytes, grid, block);
+    else iq_block<TYPE>(row + g * kLayout<TYPE>.bytes, grid, block);
     __m512i scales[4];  // lane j of vector k: the scale of sub-block 4 k + j / 4
     for (int k = 0; k < 4; ++k) {
       scales[k] = _mm512_permutexvar_epi32(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * k)), block.scales);

@@ -8,6 +8,7 @@
 
 #include "formats.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace gguf {
@@ -124,9 +125,38 @@ inline int scale_iq4_xs(const uint8_t* block, int ib) {
 
 // The IQ types' codebooks, ggml's lattice grids: entry k of a grid is 8 (IQ1, IQ2) or 4 (IQ3) small integers. They are
 // handed over once from gguf-py's tables (the module's `iq_grids`), the same that dequantize these types there.
+// A grid's entries as 16-bit codes: field i (16 / width bits) the position of value i among the grid's distinct
+// values, ascending, in `values` (IQ3's eight in nibbles, IQ2's three in 2-bit fields): 512 entries fit 16 vectors,
+// looked up by permutes where gathers load every entry (avx512.h).
+struct PackedGrid {
+  std::vector<uint16_t> codes;  // [entries]
+  int8_t values[16] = {};
+};
+
+inline PackedGrid pack_grid(const std::vector<int8_t>& grid, int width) {
+  const int bits = 16 / width;
+  std::vector<int8_t> distinct(grid);
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  TORCH_CHECK(distinct.size() <= (1u << bits), "a grid of ", width, "-value entries holds ", distinct.size(), " distinct values");
+  PackedGrid packed;
+  std::copy(distinct.begin(), distinct.end(), packed.values);
+  packed.codes.assign(grid.size() / width, 0);
+  for (size_t v = 0; v < grid.size(); ++v) {
+    const auto position = std::lower_bound(distinct.begin(), distinct.end(), grid[v]) - distinct.begin();
+    packed.codes[v / width] |= static_cast<uint16_t>(position << bits * (v % width));
+  }
+  return packed;
+}
+
 struct IqGrids {
   std::vector<int8_t> iq2xxs, iq2xs, iq2s, iq3xxs, iq3s, iq1s;  // [entries * width]
+  PackedGrid iq2xxs_packed, iq2xs_packed, iq3xxs_packed, iq3s_packed;
 };
+
+// The values an IQ type's codebook entry holds.
+template <int64_t TYPE>
+inline constexpr int kIqWidth = TYPE == IQ3_XXS || TYPE == IQ3_S ? 4 : 8;
 inline IqGrids& iq_grids() {
   static IqGrids grids;
   return grids;
