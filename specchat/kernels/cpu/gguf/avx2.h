@@ -855,10 +855,14 @@ inline void even_sign_bytes(__m256i words, uint64_t (&signs)[4]) {
 // sub-blocks' scales: the integer form's P lanes (lane l: values 4 l .. 4 l + 3 of each 32) and float steps, as
 // `dots_avx2` computes them through the unpacked row, so the same bits.
 
-// One block's 32-value chunks: the magnitudes, their 32 sign bits, and the two 16-value sub-blocks' S.
+// 32 bytes: -1 where bit i of `bits` is set, else 1 (vpsignb's operand).
+inline __m256i sign_bytes(uint32_t bits) { return _mm256_or_si256(bit_bytes(bits), _mm256_set1_epi8(1)); }
+
+// One block's 32-value chunks: the magnitudes, their signs (vpsignb's operand: negative where a value is, positive
+// elsewhere), and the two 16-value sub-blocks' S.
 struct IqChunks {
   __m256i magnitudes[8];
-  uint32_t signs[8];
+  __m256i signs[8];
   int16_t scales[16];
   float a;
 };
@@ -893,36 +897,43 @@ inline void iq1_chunks(const uint8_t* b, const int8_t* grid, IqChunks& out) {
       high = _mm256_srlv_epi64(_mm256_set1_epi64x(word16(b + 32 + 2 * c)), _mm256_setr_epi64x(0, 4, 8, 12));
       const __m256i eight = _mm256_set1_epi64x(8);
       deltas = _mm256_or_si256(_mm256_cmpeq_epi64(_mm256_and_si256(high, eight), eight), _mm256_set1_epi8(1));
-      for (int j = 2 * c; j < 2 * c + 2; ++j)
-        out.scales[j] = static_cast<int16_t>(2 * ((word16(b + 48 + 2 * (j / 4)) >> 3 * (j % 4)) & 7) + 1);
     }
     const __m256i index = _mm256_or_si256(low, _mm256_slli_epi64(_mm256_and_si256(high, _mm256_set1_epi64x(7)), 8));
     const __m256i g = gather8x4(index, grid);
     const __m256i g2 = _mm256_add_epi8(g, g), g4 = _mm256_add_epi8(g2, g2);
     const __m256i codes = _mm256_add_epi8(_mm256_add_epi8(g4, g4), deltas);
-    out.signs[c] = static_cast<uint32_t>(_mm256_movemask_epi8(codes));
+    out.signs[c] = codes;
     out.magnitudes[c] = _mm256_abs_epi8(codes);
+  }
+  if constexpr (TYPE == IQ1_M) {  // S per 16 values: s at 3 (j % 4) of word j / 4, moved to bits 13-15 by a product
+    const __m256i words = _mm256_broadcastq_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 48)));
+    const __m256i own = _mm256_shuffle_epi8(words, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
+                                                                     4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7));
+    const __m256i up = _mm256_mullo_epi16(own, _mm256_set1_epi64x(0x0010008004002000));  // 2^13, 2^10, 2^7, 2^4
+    const __m256i s = _mm256_srli_epi16(up, 13);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.scales), _mm256_or_si256(_mm256_slli_epi16(s, 1), _mm256_set1_epi16(1)));
   }
   out.a = (TYPE == IQ1_S ? half(b) : iq1_m_scale(b)) / 8;
 }
 
 template <int64_t TYPE>
 inline void iq_chunks(const uint8_t* b, const int8_t* grid, IqChunks& out) {
+  uint32_t signs[8];  // bit v: value 32 c + v's
   if constexpr (TYPE == IQ3_XXS || TYPE == IQ2_XXS) {  // a word per 32 values: four signs' 7 bits and s
     alignas(32) uint32_t words[8];
     for (int c = 0; c < 8; ++c) words[c] = word32(b + (TYPE == IQ3_XXS ? 66 + 4 * c : 6 + 8 * c));
     const __m256i packed = _mm256_load_si256(reinterpret_cast<const __m256i*>(words));
-    uint64_t signs[4];
-    even_sign_bytes(packed, signs);
-    std::memcpy(out.signs, signs, 32);
+    uint64_t bytes[4];
+    even_sign_bytes(packed, bytes);
+    std::memcpy(signs, bytes, 32);
     for (int c = 0; c < 8; ++c) out.scales[2 * c] = out.scales[2 * c + 1] = static_cast<int16_t>(2 * (words[c] >> 28) + 1);
   } else if constexpr (TYPE == IQ3_S) {
-    std::memcpy(out.signs, b + 74, 32);
+    std::memcpy(signs, b + 74, 32);
     for (int c = 0; c < 8; ++c) out.scales[2 * c] = out.scales[2 * c + 1] = static_cast<int16_t>(2 * ((b[106 + c / 2] >> 4 * (c % 2)) & 15) + 1);
   } else {  // IQ2_XS, IQ2_S: S per 16 values, the nibbles of 8 bytes
     const uint8_t* nibbles = b + (TYPE == IQ2_XS ? 66 : 74);
     for (int j = 0; j < 16; ++j) out.scales[j] = static_cast<int16_t>(2 * ((nibbles[j / 2] >> 4 * (j % 2)) & 15) + 1);
-    if constexpr (TYPE == IQ2_S) std::memcpy(out.signs, b + 34, 32);
+    if constexpr (TYPE == IQ2_S) std::memcpy(signs, b + 34, 32);
   }
   for (int c = 0; c < 8; ++c) {
     if constexpr (TYPE == IQ3_XXS) {
@@ -940,21 +951,18 @@ inline void iq_chunks(const uint8_t* b, const int8_t* grid, IqChunks& out) {
       std::memcpy(&words, b + 2 + 8 * c, 8);
       const __m256i index = _mm256_and_si256(_mm256_cvtepu16_epi64(_mm_cvtsi64_si128(static_cast<int64_t>(words))), _mm256_set1_epi64x(511));
       out.magnitudes[c] = gather8x4(index, grid);
-      uint32_t signs = 0;
-      for (int j = 0; j < 4; ++j) signs |= even_signs(static_cast<uint32_t>(words >> (16 * j + 9))) << 8 * j;
-      out.signs[c] = signs;
+      signs[c] = 0;
+      for (int j = 0; j < 4; ++j) signs[c] |= even_signs(static_cast<uint32_t>(words >> (16 * j + 9))) << 8 * j;
     } else {  // IQ2_S: 10-bit indices, the two high bits four to a byte
       const uint32_t low = word32(b + 2 + 4 * c), high = b[66 + c];
       alignas(32) int64_t index[4];
       for (int j = 0; j < 4; ++j) index[j] = ((low >> 8 * j) & 255) | ((high >> 2 * j) & 3) << 8;
       out.magnitudes[c] = gather8x4(_mm256_load_si256(reinterpret_cast<const __m256i*>(index)), grid);
     }
+    out.signs[c] = sign_bytes(signs[c]);
   }
   out.a = half(b) / (TYPE == IQ3_XXS ? 4 : TYPE == IQ3_S ? 1 : 8);
 }
-
-// 32 bytes: -1 where bit i of `bits` is set, else 1 (vpsignb's operand).
-inline __m256i sign_bytes(uint32_t bits) { return _mm256_or_si256(bit_bytes(bits), _mm256_set1_epi8(1)); }
 
 // ROWS activation rows from `first` times a weight row of IQ blocks: out[first + r].
 template <int64_t TYPE, int ROWS>
@@ -970,7 +978,7 @@ void iq_row_dots_avx2(const uint8_t* row, const Quantized& x, int64_t first, flo
     __m256i lanes[ROWS];
     for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
     for (int c = 0; c < 8; ++c) {
-      const __m256i signs = sign_bytes(chunks.signs[c]);
+      const __m256i signs = chunks.signs[c];
       const __m256i scales = _mm256_setr_m128i(_mm_set1_epi16(chunks.scales[2 * c]), _mm_set1_epi16(chunks.scales[2 * c + 1]));
       for (int r = 0; r < ROWS; ++r) {
         const __m256i a = _mm256_sign_epi8(load256(x.q.data() + (first + r) * cols + g * 256 + 32 * c), signs);
