@@ -6,7 +6,7 @@ quantizer writes it (llama-cpp-python's `llama_model_quantize`, from a Q8_0 or F
 the output layer kept at Q6_K, as files of that type ship.
 
     python scripts/requantize_gguf.py SOURCE.gguf OUT.gguf [--type q8_0|q4_0|q4_1|q5_0|q5_1|q5_k] [--llama-cpp]
-    python scripts/requantize_gguf.py Q8_0.gguf OUT.gguf --type q2_k|q3_k_s|q3_k_m|q3_k_l|iq3_m|iq4_xs|q4_k_m --llama-cpp
+    python scripts/requantize_gguf.py Q8_0.gguf OUT.gguf --type q2_k|q3_k_*|iq3_m|iq4_xs|q4_k_m --llama-cpp
     python scripts/requantize_gguf.py BF16.gguf OUT.gguf --type f16 --llama-cpp
     python scripts/requantize_gguf.py Q8_0.gguf OUT.gguf --type iq3_xxs --random
 
@@ -39,8 +39,8 @@ def main() -> None:
     parser.add_argument("source", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--type", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q5_k", "q2_k",
-                                                           "q3_k_s", "q3_k_m", "q3_k_l", "iq3_m", "iq4_xs", "q4_k_m", "f16",
-                                                           *(kind.lower() for kind in IQ_RANDOM)],
+                                                           "q3_k_s", "q3_k_m", "q3_k_l", "iq3_m", "iq4_xs", "q4_k_m",
+                                                           "f16", *(kind.lower() for kind in IQ_RANDOM)],
                         help="q2_k, q3_k_*, iq3_m, iq4_xs, q4_k_m, f16: --llama-cpp only; iq1_* - iq3_*: --random only")
     parser.add_argument("--llama-cpp", action="store_true", help="quantize with llama.cpp, as its files ship")
     parser.add_argument("--random", action="store_true", help="random codes of an IQ1-IQ3 type (speed figures)")
