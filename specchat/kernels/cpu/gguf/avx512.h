@@ -591,19 +591,27 @@ void iq_row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* o
       // IQ1's magnitudes (at most 9) times S (at most 15) fit a byte: scaled once here, not in every row's sums
       if constexpr (kScaledMagnitudes<TYPE>) block.magnitudes[k] = _mm512_mullo_epi32(block.magnitudes[k], scales[k]);
     }
+    __m512i paired[2];  // S of vectors 2 m and 2 m + 1 in each dword's words
+    if constexpr (!kScaledMagnitudes<TYPE>)
+      for (int m = 0; m < 2; ++m) paired[m] = _mm512_or_si512(scales[2 * m], _mm512_slli_epi32(scales[2 * m + 1], 16));
     for (int r = 0; r < ROWS; ++r) {
       const int8_t* a = x.q.data() + (first + r) * cols + g * 256;
-      __m512i p = _mm512_setzero_si512();
+      __m512i p = _mm512_setzero_si512(), dots[4];
       for (int k = 0; k < 4; ++k) {
         __m512i values = _mm512_loadu_si512(a + 64 * k);
         values = _mm512_mask_sub_epi8(values, block.signs[k], _mm512_setzero_si512(), values);
         if constexpr (kScaledMagnitudes<TYPE>) {
           p = _mm512_dpbusd_epi32(p, block.magnitudes[k], values);
         } else {
-          const __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), block.magnitudes[k], values);
-          p = _mm512_add_epi32(p, _mm512_mullo_epi32(dots, scales[k]));
+          dots[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), block.magnitudes[k], values);
         }
       }
+      if constexpr (!kScaledMagnitudes<TYPE>)
+        for (int k = 0; k < 4; k += 2) {  // two vectors' sums (at most 4 * 62 * 127) as the words of one, times
+          // their S in one vpdpwssd: not two vpmulld and adds (0-5% faster at 1 to 64 rows on a Zen 5)
+          const __m512i both = _mm512_mask_blend_epi16(0xAAAAAAAA, dots[k], _mm512_slli_epi32(dots[k + 1], 16));
+          p = _mm512_dpwssd_epi32(p, both, paired[k / 2]);
+        }
       const __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));
       const __m256 da = _mm256_set1_ps(x.scale[(first + r) * groups + g] * block.a);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), da, acc[r]);
