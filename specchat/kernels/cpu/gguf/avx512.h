@@ -371,13 +371,17 @@ struct IqBlock {
   float a;
 };
 
+// Word e: e (a block's 32 entries, one a word).
+inline __m512i word_numbers() {
+  return _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                          15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+}
+
 // The words of `index` (32 entries) that vector m of their values takes, zero-extended to its lanes: entry 8 m + j
 // in qword j (WIDTH 8, m < 4), entry 16 m + j in dword j (WIDTH 4, m < 2).
 template <int WIDTH>
 inline __m512i entry_lanes(__m512i index, int m) {
-  const __m512i word = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
-                                        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i from = _mm512_add_epi16(_mm512_srli_epi16(word, WIDTH == 8 ? 2 : 1), _mm512_set1_epi16(static_cast<int16_t>(64 / WIDTH * m)));
+  const __m512i from = _mm512_add_epi16(_mm512_srli_epi16(word_numbers(), WIDTH == 8 ? 2 : 1), _mm512_set1_epi16(static_cast<int16_t>(64 / WIDTH * m)));
   return _mm512_maskz_permutexvar_epi16(WIDTH == 8 ? 0x11111111 : 0x55555555, from, index);
 }
 
@@ -483,8 +487,7 @@ inline void iq1_block(const uint8_t* b, const Grid& grid, IqBlock& out) {
   __m512i s;        // dword j: the 3-bit s of sub-block j, among other bits
   if constexpr (TYPE == IQ1_S) {  // a word per 32 values: 3 index bits an entry, s at 12, the delta's sign at 15
     const __m512i words = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 34)));
-    const __m512i quarter = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
-                                             3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i quarter = _mm512_srli_epi16(word_numbers(), 2);
     const __m512i own = _mm512_permutexvar_epi16(quarter, words);  // word e: word e / 4
     const __m512i shift = _mm512_set1_epi64(0x0009000600030000);  // word e: 3 (e % 4)
     high = _mm512_and_si512(_mm512_srlv_epi16(own, shift), _mm512_set1_epi16(7));
@@ -553,8 +556,7 @@ inline void iq_block(const uint8_t* b, const Grid& grid, IqBlock& out) {
       out.scales = nibble_scales16(b + 66);
     } else {  // IQ2_S: 8-bit indices, their two high bits four to a byte (eight to a word), a sign byte an entry
       const __m512i words = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 66)));
-      const __m512i eighth = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
-                                                                15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
+      const __m512i eighth = _mm512_srli_epi16(word_numbers(), 3);
       const __m512i shift = _mm512_set_epi16(14, 12, 10, 8, 6, 4, 2, 0, 14, 12, 10, 8, 6, 4, 2, 0,
                                              14, 12, 10, 8, 6, 4, 2, 0, 14, 12, 10, 8, 6, 4, 2, 0);
       const __m512i high = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi16(eighth, words), shift), _mm512_set1_epi16(3));
