@@ -32,7 +32,6 @@ LAYOUTS = {
     Q.IQ1_S: (256, 50, [0]),
     Q.IQ1_M: (256, 56, []),  # its fp16 scale is the top nibbles of its last four 16-bit words (`random_blocks`)
 }
-UNTILED = {Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M}  # through their rows' integer form
 # per type: the fp16 scales' magnitude that gives weights of std ~0.1-0.3 (codes and sub-block scales vary)
 SCALE = {Q.Q4_0: 0.05, Q.Q4_1: 0.05, Q.Q5_0: 0.02, Q.Q5_1: 0.02, Q.Q8_0: 0.004, Q.Q2_K: 0.01, Q.Q3_K: 5e-3,
          Q.Q4_K: 6e-4, Q.Q5_K: 3e-4, Q.Q6_K: 2e-4, Q.IQ4_NL: 3e-3, Q.IQ4_XS: 2e-4, Q.IQ2_XXS: 4e-3,

@@ -19,7 +19,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
-from gguf_files import LAYOUTS, UNTILED, random_blocks
+from gguf_files import LAYOUTS, random_blocks
 
 from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 
@@ -89,7 +89,6 @@ def test_rows_dequantize_like_gguf_py(kind):
 
 # --- every type in tiles of 8 rows and pairs of them: the same products ------------------------------------
 
-KINDS = [kind for kind in TYPES if kind not in UNTILED]
 UNITS = {1: "tiles", 2: "pairs"}  # 8-row tiles a unit holds
 
 
@@ -106,7 +105,7 @@ def tile_matmul(x, held, *, path="best"):
 
 
 @pytest.mark.parametrize("per_unit", list(UNITS), ids=list(UNITS.values()))
-@pytest.mark.parametrize("kind", KINDS, ids=[t.name for t in KINDS])
+@pytest.mark.parametrize("kind", TYPES, ids=[t.name for t in TYPES])
 @pytest.mark.parametrize("rows, columns, n", [(16, 512, 1), (64, 768, 5), (48, 256, 17)])
 def test_tiles_equal_gguf_dequantize_then_matmul(kind, per_unit, rows, columns, n):
     rng = np.random.default_rng(rows + n)
@@ -119,7 +118,7 @@ def test_tiles_equal_gguf_dequantize_then_matmul(kind, per_unit, rows, columns, 
     torch.testing.assert_close(got, matmul(x, blocks, kind).double(), atol=1e-5 * scale.item(), rtol=0)
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=[t.name for t in KINDS])
+@pytest.mark.parametrize("kind", TYPES, ids=[t.name for t in TYPES])
 def test_tile_rows_are_bitwise_independent_and_paths_and_units_agree(kind):
     rng = np.random.default_rng(1)
     blocks = random_blocks(kind, 48, 512, rng)
@@ -137,7 +136,7 @@ def test_tile_rows_are_bitwise_independent_and_paths_and_units_agree(kind):
 
 
 @pytest.mark.parametrize("per_unit", list(UNITS), ids=list(UNITS.values()))
-@pytest.mark.parametrize("kind", KINDS, ids=[t.name for t in KINDS])
+@pytest.mark.parametrize("kind", TYPES, ids=[t.name for t in TYPES])
 def test_tiles_dequantize_like_their_blocks_and_stack_with_other_types(kind, per_unit):
     rng = np.random.default_rng(4)
     blocks = random_blocks(kind, 32, 512, rng)
@@ -157,7 +156,7 @@ def test_a_build_tiles_what_it_can(kind):
     for rows, columns in [(32, 512), (24, 256), (20, 256)]:
         blocks = torch.from_numpy(random_blocks(kind, rows, columns, rng))
         tiles, unit_rows = cpu_decoder().gguf_tile(blocks, int(kind), columns)
-        if rows % 8 or kind in UNTILED:
+        if rows % 8:
             assert unit_rows == 1 and torch.equal(tiles, blocks)
         else:  # pairs where this build reads them (AVX-512 VNNI) and rows come in sixteens, else 8-row tiles
             assert unit_rows in (8, 16) and (unit_rows == 8 or rows % 16 == 0)
@@ -184,9 +183,7 @@ def test_the_largest_codes_and_activations_stay_exact_on_every_path(kind, sign):
     weight = torch.from_numpy(dequantize(blocks, kind).copy()).double()
     x = torch.full((16, 512), float(sign))
     want = x.double() @ weight.T
-    held_as = [(torch.from_numpy(blocks), int(kind), 1)]
-    if kind not in UNTILED:
-        held_as += [tiled(kind, blocks, 512, 1), tiled(kind, blocks, 512, 2)]
+    held_as = [(torch.from_numpy(blocks), int(kind), 1), tiled(kind, blocks, 512, 1), tiled(kind, blocks, 512, 2)]
     for held in held_as:
         for path in ["best", *PATHS]:
             got = cpu_decoder().gguf_matmul(x, [held[0]], [held[1]], [held[2]], 512, path).double()

@@ -1000,33 +1000,85 @@ inline void iq_chunks(const uint8_t* b, const int8_t* grid, IqChunks& out) {
   out.a = half(b) / (TYPE == IQ3_XXS ? 4 : TYPE == IQ3_S ? 1 : 8);
 }
 
+// Group g of a weight row's IQ blocks decoded, at `block`.
+template <int64_t TYPE>
+inline void iq_decode_chunks(const uint8_t* block, const int8_t* grid, IqChunks& chunks) {
+  if constexpr (TYPE == IQ1_S || TYPE == IQ1_M) iq1_chunks<TYPE>(block, grid, chunks);
+  else iq_chunks<TYPE>(block, grid, chunks);
+}
+
+// The P lanes of a decoded block and ROWS activation rows from `first` over group g.
+template <int ROWS>
+inline void iq_chunk_sums(const IqChunks& chunks, const Quantized& x, int64_t first, int64_t g, __m256i (&lanes)[ROWS]) {
+  for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
+  for (int c = 0; c < 8; ++c) {
+    const __m256i signs = chunks.signs[c];
+    const __m256i scales = _mm256_setr_m128i(_mm_set1_epi16(chunks.scales[2 * c]), _mm_set1_epi16(chunks.scales[2 * c + 1]));
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256i a = _mm256_sign_epi8(load256(x.q.data() + (first + r) * x.cols + g * 256 + 32 * c), signs);
+      lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(_mm256_maddubs_epi16(chunks.magnitudes[c], a), scales));
+    }
+  }
+}
+
 // ROWS activation rows from `first` times a weight row of IQ blocks: out[first + r].
 template <int64_t TYPE, int ROWS>
 void iq_row_dots_avx2(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
-  const int64_t cols = x.cols, groups = cols / 256;
+  const int64_t groups = x.cols / 256;
   const int8_t* grid = iq_grid<TYPE>();
   __m256 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     IqChunks chunks;
-    if constexpr (TYPE == IQ1_S || TYPE == IQ1_M) iq1_chunks<TYPE>(row + g * kLayout<TYPE>.bytes, grid, chunks);
-    else iq_chunks<TYPE>(row + g * kLayout<TYPE>.bytes, grid, chunks);
+    iq_decode_chunks<TYPE>(row + g * kLayout<TYPE>.bytes, grid, chunks);
     __m256i lanes[ROWS];
-    for (int r = 0; r < ROWS; ++r) lanes[r] = _mm256_setzero_si256();
-    for (int c = 0; c < 8; ++c) {
-      const __m256i signs = chunks.signs[c];
-      const __m256i scales = _mm256_setr_m128i(_mm_set1_epi16(chunks.scales[2 * c]), _mm_set1_epi16(chunks.scales[2 * c + 1]));
-      for (int r = 0; r < ROWS; ++r) {
-        const __m256i a = _mm256_sign_epi8(load256(x.q.data() + (first + r) * cols + g * 256 + 32 * c), signs);
-        lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(_mm256_maddubs_epi16(chunks.magnitudes[c], a), scales));
-      }
-    }
+    iq_chunk_sums<ROWS>(chunks, x, first, g, lanes);
     for (int r = 0; r < ROWS; ++r) {
       const __m256 da = _mm256_set1_ps(x.scale[(first + r) * groups + g] * chunks.a);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[r]), da, acc[r]);
     }
   }
   for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(_mm256_setzero_ps());
+}
+
+// Lane i: the sum of v[i]'s eight lanes.
+inline __m256i lane_sums8(const __m256i (&v)[8]) {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// One group of an IQ tile's eight rows closed for ROWS activation rows: each row's P (`lanes[r][i]`, lanes of
+// P) summed, then the float step of each row, acc[r] lane i for weight row i.
+template <int ROWS>
+inline void close_iq_tile_group(const __m256i (&lanes)[ROWS][8], const float* a, const Quantized& x, int64_t first,
+                                int64_t g, __m256* acc) {
+  const __m256 weight_scales = _mm256_loadu_ps(a);
+  for (int r = 0; r < ROWS; ++r) {
+    const __m256 da = _mm256_mul_ps(_mm256_set1_ps(x.scale[(first + r) * (x.cols / 256) + g]), weight_scales);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_sums8(lanes[r])), da, acc[r]);
+  }
+}
+
+// ROWS activation rows from `first` times a unit of HALVES IQ tiles (tiles.h): out[i * x.rows + r].
+template <int64_t TYPE, int ROWS, int HALVES>
+void iq_tile_dots_avx2(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  const int8_t* grid = iq_grid<TYPE>();
+  walk_tile_groups<TileIQ<TYPE>, ROWS, HALVES>(unit, x, first, out, [&](const TileIQ<TYPE>& t, int64_t g,
+                                                   __m256 (&acc)[ROWS], __m256 (&)[ROWS], const TileIQ<TYPE>* ahead) {
+    __m256i lanes[ROWS][8];
+    alignas(32) float a[8];
+    for (int i = 0; i < 8; ++i) {
+      prefetch_part(ahead, sizeof(TileIQ<TYPE>), i, 8);
+      IqChunks chunks;
+      iq_decode_chunks<TYPE>(t.blocks[i], grid, chunks);
+      __m256i sums[ROWS];
+      iq_chunk_sums<ROWS>(chunks, x, first, g, sums);
+      for (int r = 0; r < ROWS; ++r) lanes[r][i] = sums[r];
+      a[i] = chunks.a;
+    }
+    close_iq_tile_group<ROWS>(lanes, a, x, first, g, acc);
+  });
 }
 
 }  // namespace gguf

@@ -348,7 +348,7 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
   }
   for (int r = 0; r < ROWS; ++r) {
     alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, acc[r]);
+    _mm512_store_ps(lanes, _mm512_add_ps(acc[r], _mm512_setzero_ps()));
     for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
   }
 }
@@ -574,52 +574,232 @@ inline void iq_block(const uint8_t* b, const Grid& grid, IqBlock& out) {
 template <int64_t TYPE>
 inline constexpr bool kScaledMagnitudes = TYPE == IQ1_S || TYPE == IQ1_M;
 
+// Group g of a weight row's IQ blocks decoded, at `block`.
+template <int64_t TYPE, typename Grid>
+inline void iq_decode_block(const uint8_t* block, const Grid& grid, IqBlock& out) {
+  if constexpr (TYPE == IQ1_S || TYPE == IQ1_M) iq1_block<TYPE>(block, grid, out);
+  else iq_block<TYPE>(block, grid, out);
+}
+
+// The P lanes of a decoded block and ROWS activation rows from `first` over group g (its magnitudes scaled in place
+// where `kScaledMagnitudes`).
+template <int64_t TYPE, int ROWS>
+inline void iq_block_sums(IqBlock& block, const Quantized& x, int64_t first, int64_t g, __m512i (&p)[ROWS]) {
+  const __m512i quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512i scales[4];  // lane j of vector k: the scale of sub-block 4 k + j / 4
+  for (int k = 0; k < 4; ++k) {
+    scales[k] = _mm512_permutexvar_epi32(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * k)), block.scales);
+    // IQ1's magnitudes (at most 9) times S (at most 15) fit a byte: scaled once here, not in every row's sums
+    if constexpr (kScaledMagnitudes<TYPE>) block.magnitudes[k] = _mm512_mullo_epi32(block.magnitudes[k], scales[k]);
+  }
+  __m512i paired[2];  // S of vectors 2 m and 2 m + 1 in each dword's words
+  if constexpr (!kScaledMagnitudes<TYPE>)
+    for (int m = 0; m < 2; ++m) paired[m] = _mm512_or_si512(scales[2 * m], _mm512_slli_epi32(scales[2 * m + 1], 16));
+  for (int r = 0; r < ROWS; ++r) {
+    const int8_t* a = x.q.data() + (first + r) * x.cols + g * 256;
+    __m512i dots[4];
+    p[r] = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      __m512i values = _mm512_loadu_si512(a + 64 * k);
+      values = _mm512_mask_sub_epi8(values, block.signs[k], _mm512_setzero_si512(), values);
+      if constexpr (kScaledMagnitudes<TYPE>) {
+        p[r] = _mm512_dpbusd_epi32(p[r], block.magnitudes[k], values);
+      } else {
+        dots[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), block.magnitudes[k], values);
+      }
+    }
+    if constexpr (!kScaledMagnitudes<TYPE>)
+      for (int k = 0; k < 4; k += 2) {  // two vectors' sums (at most 4 * 62 * 127) as the words of one, times
+        // their S in one vpdpwssd: not two vpmulld and adds (0-5% faster at 1 to 64 rows on a Zen 5)
+        const __m512i both = _mm512_mask_blend_epi16(0xAAAAAAAA, dots[k], _mm512_slli_epi32(dots[k + 1], 16));
+        p[r] = _mm512_dpwssd_epi32(p[r], both, paired[k / 2]);
+      }
+  }
+}
+
+// The 16 lanes of P folded to the integer form's 8 (lane j % 8 of each 32-value chunk).
+inline __m256i fold_lanes(__m512i p) { return _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1)); }
+
 // ROWS activation rows from `first` times a weight row of IQ blocks: out[first + r]. A block's codebook lookups
 // serve all ROWS rows, so a tree's rows cost little more than one.
 template <int64_t TYPE, int ROWS>
 void iq_row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
-  const int64_t cols = x.cols, groups = cols / 256;
+  const int64_t groups = x.cols / 256;
   const auto grid = block_grid<TYPE>();
-  const __m512i quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   __m256 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     IqBlock block;
-    if constexpr (TYPE == IQ1_S || TYPE == IQ1_M) iq1_block<TYPE>(row + g * kLayout<TYPE>.bytes, grid, block);
-    else iq_block<TYPE>(row + g * kLayout<TYPE>.bytes, grid, block);
-    __m512i scales[4];  // lane j of vector k: the scale of sub-block 4 k + j / 4
-    for (int k = 0; k < 4; ++k) {
-      scales[k] = _mm512_permutexvar_epi32(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * k)), block.scales);
-      // IQ1's magnitudes (at most 9) times S (at most 15) fit a byte: scaled once here, not in every row's sums
-      if constexpr (kScaledMagnitudes<TYPE>) block.magnitudes[k] = _mm512_mullo_epi32(block.magnitudes[k], scales[k]);
-    }
-    __m512i paired[2];  // S of vectors 2 m and 2 m + 1 in each dword's words
-    if constexpr (!kScaledMagnitudes<TYPE>)
-      for (int m = 0; m < 2; ++m) paired[m] = _mm512_or_si512(scales[2 * m], _mm512_slli_epi32(scales[2 * m + 1], 16));
+    iq_decode_block<TYPE>(row + g * kLayout<TYPE>.bytes, grid, block);
+    __m512i p[ROWS];
+    iq_block_sums<TYPE, ROWS>(block, x, first, g, p);
     for (int r = 0; r < ROWS; ++r) {
-      const int8_t* a = x.q.data() + (first + r) * cols + g * 256;
-      __m512i p = _mm512_setzero_si512(), dots[4];
-      for (int k = 0; k < 4; ++k) {
-        __m512i values = _mm512_loadu_si512(a + 64 * k);
-        values = _mm512_mask_sub_epi8(values, block.signs[k], _mm512_setzero_si512(), values);
-        if constexpr (kScaledMagnitudes<TYPE>) {
-          p = _mm512_dpbusd_epi32(p, block.magnitudes[k], values);
-        } else {
-          dots[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), block.magnitudes[k], values);
-        }
-      }
-      if constexpr (!kScaledMagnitudes<TYPE>)
-        for (int k = 0; k < 4; k += 2) {  // two vectors' sums (at most 4 * 62 * 127) as the words of one, times
-          // their S in one vpdpwssd: not two vpmulld and adds (0-5% faster at 1 to 64 rows on a Zen 5)
-          const __m512i both = _mm512_mask_blend_epi16(0xAAAAAAAA, dots[k], _mm512_slli_epi32(dots[k + 1], 16));
-          p = _mm512_dpwssd_epi32(p, both, paired[k / 2]);
-        }
-      const __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));
       const __m256 da = _mm256_set1_ps(x.scale[(first + r) * groups + g] * block.a);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), da, acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_lanes(p[r])), da, acc[r]);
     }
   }
   for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(_mm256_setzero_ps());
+}
+
+// ROWS activation rows from `first` times a unit of HALVES IQ tiles, each block decoded for them as in
+// `iq_row_dots`, then each weight row's P summed and its float step taken (tiles.h): out[i * x.rows + r].
+template <int64_t TYPE, int ROWS, int HALVES>
+void iq_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  const auto grid = block_grid<TYPE>();
+  walk_tile_groups<TileIQ<TYPE>, ROWS, HALVES>(unit, x, first, out, [&](const TileIQ<TYPE>& t, int64_t g,
+                                                   __m256 (&acc)[ROWS], __m256 (&)[ROWS], const TileIQ<TYPE>* ahead) {
+    __m256i lanes[ROWS][8];
+    alignas(32) float a[8];
+    for (int i = 0; i < 8; ++i) {
+      prefetch_part(ahead, sizeof(TileIQ<TYPE>), i, 8);
+      IqBlock block;
+      iq_decode_block<TYPE>(t.blocks[i], grid, block);
+      __m512i p[ROWS];
+      iq_block_sums<TYPE, ROWS>(block, x, first, g, p);
+      for (int r = 0; r < ROWS; ++r) lanes[r][i] = fold_lanes(p[r]);
+      a[i] = block.a;
+    }
+    close_iq_tile_group<ROWS>(lanes, a, x, first, g, acc);
+  });
+}
+
+// ---- A pair of IQ tiles times many activation rows: decoded once, then a GEMM ------------------------------------
+// Decoding a block costs about as much as its products with eight activation rows, so a pass over many rows (a
+// prompt) decodes a pair's 16 rows once into int8 codes laid out as a Q8_0 pair's (`TileQ8_0`: vector n holds
+// values 4 n .. 4 n + 3 of the 16 rows, plus 128), with their S and A: an activation row's four values, broadcast,
+// multiply all 16 rows in one vpdpbusd. The 128 sum(a) those products carry is taken back once a group, S times the
+// sub-blocks' sums of a in vpdpwssd. Each row's integer P and float step are those of `iq_tile_dots`, so the same
+// bits.
+
+// Where a pass decodes a pair once: a Zen 5 ran the 1.5B's matrices (all IQ3_S) at 8 / 16 rows in 78.7 / 160.8 ms
+// block by block and 93.0 / 124.8 decoded once.
+constexpr int64_t kIqGemmFromRows = 12;
+
+// The values an IQ type's S covers.
+template <int64_t TYPE>
+inline constexpr int kIqScaleValues = TYPE == IQ2_XS || TYPE == IQ2_S || TYPE == IQ1_M ? 16 : 32;
+
+// A group of a decoded pair: its codes, S per sub-block (lane i: row i's), S of pairs of sub-blocks as the words
+// of each lane (vpdpwssd's operand, with a pair of the activations' int16 sums), A.
+struct IqPairGroup {
+  __m512i codes[64];
+  __m512i scales[16];  // per sub-block of the type's (the first 256 / kIqScaleValues)
+  __m512i paired[8];   // the first 128 / kIqScaleValues
+  __m512 a;
+};
+
+// 16 vectors of 16 dwords transposed: dword j of v[i] to dword i of v[j].
+inline void transpose16(__m512i (&v)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // v[i + k], 128-bit block b: dword 4 b + k of rows i .. i + 3
+    v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i u0 = _mm512_shuffle_i32x4(v[k], v[4 + k], 0x44), u1 = _mm512_shuffle_i32x4(v[k], v[4 + k], 0xEE);
+    const __m512i u2 = _mm512_shuffle_i32x4(v[8 + k], v[12 + k], 0x44), u3 = _mm512_shuffle_i32x4(v[8 + k], v[12 + k], 0xEE);
+    t[k] = _mm512_shuffle_i32x4(u0, u2, 0x88);
+    t[4 + k] = _mm512_shuffle_i32x4(u0, u2, 0xDD);
+    t[8 + k] = _mm512_shuffle_i32x4(u1, u3, 0x88);
+    t[12 + k] = _mm512_shuffle_i32x4(u1, u3, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) v[i] = t[i];
+}
+
+// A pair of IQ tiles decoded, a group at a time.
+template <int64_t TYPE>
+void decode_iq_pair(const uint8_t* pair, int64_t groups, IqPairGroup* out) {
+  constexpr int width = kIqScaleValues<TYPE> / 16;  // 16-value sub-blocks a sub-block
+  const auto grid = block_grid<TYPE>();
+  const auto* tiles = reinterpret_cast<const TileIQ<TYPE>*>(pair);
+  for (int64_t g = 0; g < groups; ++g) {
+    prefetch(tiles + 2 * (g + 2), 2 * sizeof(TileIQ<TYPE>));
+    __m512i codes[4][16], scales[16];
+    alignas(64) float a[16];
+    for (int i = 0; i < 16; ++i) {
+      IqBlock block;
+      iq_decode_block<TYPE>(tiles[2 * g + i / 8].blocks[i % 8], grid, block);
+      for (int k = 0; k < 4; ++k) {
+        const __m512i m = block.magnitudes[k];
+        codes[k][i] = _mm512_xor_si512(_mm512_mask_sub_epi8(m, block.signs[k], _mm512_setzero_si512(), m), _mm512_set1_epi8(-128));
+      }
+      scales[i] = block.scales;
+      a[i] = block.a;
+    }
+    IqPairGroup& group = out[g];
+    for (int k = 0; k < 4; ++k) {
+      transpose16(codes[k]);
+      for (int n = 0; n < 16; ++n) group.codes[16 * k + n] = codes[k][n];
+    }
+    transpose16(scales);
+    for (int j = 0; j < 16 / width; ++j) group.scales[j] = scales[width * j];
+    for (int j = 0; j < 8 / width; ++j)
+      group.paired[j] = _mm512_or_si512(scales[2 * width * j], _mm512_slli_epi32(scales[2 * width * j + width], 16));
+    group.a = _mm512_load_ps(a);
+  }
+}
+
+// ROWS activation rows from `first` times a decoded pair: out[i * x.rows + r]. Each weight vector serves the ROWS
+// rows' chains of vpdpbusd side by side.
+template <int64_t TYPE, int ROWS>
+void iq_decoded_pair_dots(const IqPairGroup* decoded, const Quantized& x, int64_t first, float* out) {
+  constexpr int width = kIqScaleValues<TYPE>, vectors = width / 4;
+  const int64_t cols = x.cols, groups = cols / 256;
+  const int16_t* sums = width == 16 ? x.sums.data() : x.sums32.data();
+  __m512 acc[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const IqPairGroup& group = decoded[g];
+    __m512i p[ROWS], taken[ROWS];  // taken: S times the sub-blocks' sums of a
+    for (int r = 0; r < ROWS; ++r) p[r] = taken[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 256 / width; ++j) {
+      __m512i dot[ROWS];
+      for (int r = 0; r < ROWS; ++r) dot[r] = _mm512_setzero_si512();
+      for (int k = 0; k < vectors; ++k) {
+        const __m512i w = group.codes[vectors * j + k];
+        for (int r = 0; r < ROWS; ++r) {
+          int32_t four;
+          std::memcpy(&four, x.q.data() + (first + r) * cols + g * 256 + width * j + 4 * k, 4);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], w, _mm512_set1_epi32(four));
+        }
+      }
+      for (int r = 0; r < ROWS; ++r) p[r] = _mm512_add_epi32(p[r], _mm512_mullo_epi32(dot[r], group.scales[j]));
+    }
+    for (int j = 0; j < 128 / width; ++j)
+      for (int r = 0; r < ROWS; ++r) {
+        int32_t two;  // the sums of sub-blocks 2 j and 2 j + 1
+        std::memcpy(&two, sums + ((first + r) * cols + g * 256) / width + 2 * j, 4);
+        taken[r] = _mm512_dpwssd_epi32(taken[r], group.paired[j], _mm512_set1_epi32(two));
+      }
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512i integer = _mm512_sub_epi32(p[r], _mm512_slli_epi32(taken[r], 7));
+      const __m512 da = _mm512_mul_ps(_mm512_set1_ps(x.scale[(first + r) * groups + g]), group.a);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(integer), da, acc[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, _mm512_add_ps(acc[r], _mm512_setzero_ps()));
+    for (int i = 0; i < 16; ++i) out[i * x.rows + first + r] = lanes[i];
+  }
+}
+
+// Every activation row times a pair of IQ tiles: decoded once from kIqGemmFromRows rows, else block by block.
+template <int64_t TYPE>
+void iq_pair_dots(const uint8_t* pair, const Quantized& x, float* out) {
+  if (x.rows < kIqGemmFromRows)
+    return by_eights(x.rows, [&](auto rows, int64_t r) { iq_tile_dots<TYPE, rows(), 2>(pair, x, r, out); });
+  thread_local std::vector<IqPairGroup> decoded;
+  const int64_t groups = x.cols / 256;
+  decoded.resize(groups);
+  decode_iq_pair<TYPE>(pair, groups, decoded.data());
+  by_eights(x.rows, [&](auto rows, int64_t r) { iq_decoded_pair_dots<TYPE, rows()>(decoded.data(), x, r, out); });
 }
 
 }  // namespace gguf

@@ -43,11 +43,16 @@ inline void unpacked_dots(const Unpacked& u, const Quantized& x, Layout l, Path 
               : dots_portable<false>(u, x, 0, x.rows, l.values, out);
 }
 
-// Whether a type's row kernel takes every activation row in one call (`every_row_dots`).
+// Whether a type's row kernel takes every activation row in one call (`every_row_dots`), and its pair kernel
+// (`every_row_pair_dots`).
 template <typename T, typename = void>
 struct TakesEveryRow : std::false_type {};
 template <typename T>
 struct TakesEveryRow<T, std::void_t<decltype(&T::every_row_dots)>> : std::true_type {};
+template <typename T, typename = void>
+struct PairTakesEveryRow : std::false_type {};
+template <typename T>
+struct PairTakesEveryRow<T, std::void_t<decltype(&T::every_row_pair_dots)>> : std::true_type {};
 
 // A weight row (the file's blocks) dotted with every activation row: out[r].
 template <int64_t TYPE>
@@ -109,6 +114,8 @@ void unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path p
         if (per_unit == 2 && through_amx(x.rows, path)) return T::amx_dots(unit, x, out);
 #endif
 #ifdef GGUF_VNNI
+      if constexpr (PairTakesEveryRow<T>::value)
+        if (per_unit == 2) return T::every_row_pair_dots(unit, x, out);
       if constexpr (T::pairs)
         if (per_unit == 2 && x.rows >= kPairsFromRows)
           return by_eights(x.rows, [&](auto rows, int64_t r) { T::template pair_dots<rows()>(unit, x, r, out); });

@@ -124,6 +124,29 @@ inline void iq4_tile_dots_portable(const uint8_t* tile, const Quantized& x, int6
   }
 }
 
+// Portable, IQ1_S ... IQ3_S tiles: out[i * x.rows + r] for the tile's rows i and activation rows r in [first,
+// first + n).
+template <int64_t TYPE>
+void iq_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,
+                           float* out) {
+  const int64_t cols = x.cols, groups = cols / 256;
+  const auto* tiles = reinterpret_cast<const TileIQ<TYPE>*>(tile);
+  Unpacked u;
+  for (int i = 0; i < 8; ++i) {
+    for (int64_t r = first; r < first + n; ++r) {
+      const int8_t* a = x.q.data() + r * cols;
+      float acc = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        unpack_row(tiles[g * stride].blocks[i], TYPE, 256, u);
+        int32_t p = 0;
+        for (int v = 0; v < 256; ++v) p += u.pair_scales[v / 2] * static_cast<int8_t>(u.codes[v]) * a[g * 256 + v];
+        acc = std::fma(static_cast<float>(p), x.scale[r * groups + g] * u.a[0], acc);
+      }
+      out[i * x.rows + r] = acc + 0.0f;
+    }
+  }
+}
+
 // Portable, Q6_K, Q3_K and Q2_K tiles: out[i * x.rows + r] for the tile's rows i and activation rows r in [first, first + n).
 template <typename Tile>
 void k16_tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t first, int64_t n, int64_t stride,

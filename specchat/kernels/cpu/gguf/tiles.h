@@ -359,6 +359,39 @@ inline void unpack_iq4_tile_row(const uint8_t* tile, int64_t i, int64_t cols, in
   }
 }
 
+// ---- IQ1_S ... IQ3_S in tiles of eight rows ---------------------------------------------------------------
+//
+// The codebook types' blocks stay as the file has them, the eight rows' blocks of a group side by side, so that
+// a pass over many activation rows can decode a tile's blocks once into int8 codes and multiply them as a GEMM
+// (avx512.h) and a decode step still reads the file's bytes. Per weight row i, activation row r and group g, with
+// u, S and A the integer form's (unpack.h):
+//   P = sum_j S[i][j] (u . a)_j                                      (integers: exact in any order)
+//   acc = fma(float(P), D[g] * A[i][g], acc)
+// and the result is acc + 0, in every path alike.
+
+template <int64_t TYPE>
+struct TileIQ {  // one group of 256 values of 8 rows: their blocks
+  uint8_t blocks[8][kLayout<TYPE>.bytes];
+};
+
+// IQ blocks [rows, groups * bytes] -> units of `per_unit` tiles (`repack_tiles`).
+template <int64_t TYPE>
+inline at::Tensor tile_iq(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+  return repack_tiles<TileIQ<TYPE>>(blocks, cols, kLayout<TYPE>.bytes, per_unit, [](TileIQ<TYPE>& t, int i, const uint8_t* b) {
+    std::memcpy(t.blocks[i], b, kLayout<TYPE>.bytes);
+  });
+}
+
+// Row i of an IQ tile in the integer form (`dequantize_rows`); its groups `stride` groups apart.
+template <int64_t TYPE>
+inline void unpack_iq_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+  const int64_t groups = cols / 256, bytes = kLayout<TYPE>.bytes;
+  std::vector<uint8_t> row(groups * bytes);
+  for (int64_t g = 0; g < groups; ++g)
+    std::memcpy(row.data() + g * bytes, reinterpret_cast<const TileIQ<TYPE>*>(tile)[g * stride].blocks[i], bytes);
+  unpack_row(row.data(), TYPE, cols, u);
+}
+
 // ---- Q8_0 in tiles of eight rows ---------------------------------------------------------------------------
 //
 // At load a Q8_0 matrix whose rows come in eights is repacked (`tile_q8_0`) as Q4_K is: per group of 32 values,

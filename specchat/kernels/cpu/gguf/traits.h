@@ -3,7 +3,8 @@
 //   row_kernel  an AVX2 kernel reading the file's blocks directly (`row_dots<ROWS>`, four rows a pass; or
 //               `every_row_dots`, the IQ types' 512-bit one, eight rows a pass for each codebook lookup),
 //   tiles       8-row tiles (`Tile`, `repack`, `unpack_tile_row`, `tile_dots_portable`, the 256-bit `tile_dots`),
-//   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`),
+//   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`), or one taking
+//               every activation row (`every_row_pair_dots`, the IQ types': a pair decoded once for many rows),
 //   amx         on AMX-INT8, a pair of K-quant tiles times all of a pass's activation rows in tiles (`amx_dots`).
 // matmul.h builds its dispatch table from these entries and GGUF_BLOCK_TYPES alone.
 #pragma once
@@ -187,10 +188,21 @@ struct K16Traits {  // Q2_K, Q3_K and Q6_K: the same kernels over their tiles (t
 #endif
 };
 
-#ifdef GGUF_AVX2
 template <int64_t TYPE>
-struct IqTraits {  // IQ1_S ... IQ3_S: kernels reading their blocks (avx512.h, avx2.h)
-  static constexpr bool row_kernel = true, tiles = false;
+struct IqTraits {  // IQ1_S ... IQ3_S: their blocks decoded by codebook lookups (avx512.h, avx2.h)
+  using Tile = TileIQ<TYPE>;
+  static constexpr bool row_kernel = true, tiles = true;
+  static constexpr bool pairs = false, amx = false;  // a pair's rows: `every_row_pair_dots`
+  static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
+    return tile_iq<TYPE>(blocks, cols, per_unit);
+  }
+  static void unpack_tile_row(const uint8_t* tile, int64_t i, int64_t cols, int64_t stride, Unpacked& u) {
+    unpack_iq_tile_row<TYPE>(tile, i, cols, stride, u);
+  }
+  static void tile_dots_portable(const uint8_t* tile, const Quantized& x, int64_t n, int64_t stride, float* out) {
+    iq_tile_dots_portable<TYPE>(tile, x, 0, n, stride, out);
+  }
+#ifdef GGUF_AVX2
   static void every_row_dots(const uint8_t* row, const Quantized& x, float* out) {  // eight rows a lookup
 #ifdef GGUF_VNNI
     by_eights(x.rows, [&](auto rows, int64_t r) { iq_row_dots<TYPE, rows()>(row, x, r, out); });
@@ -198,6 +210,17 @@ struct IqTraits {  // IQ1_S ... IQ3_S: kernels reading their blocks (avx512.h, a
     by_eights(x.rows, [&](auto rows, int64_t r) { iq_row_dots_avx2<TYPE, rows()>(row, x, r, out); });
 #endif
   }
+  template <int ROWS, bool VNNI, int HALVES>
+  static void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+#ifdef GGUF_VNNI
+    if constexpr (VNNI) return iq_tile_dots<TYPE, ROWS, HALVES>(unit, x, first, out);
+#endif
+    iq_tile_dots_avx2<TYPE, ROWS, HALVES>(unit, x, first, out);
+  }
+#endif
+#ifdef GGUF_VNNI
+  static void every_row_pair_dots(const uint8_t* pair, const Quantized& x, float* out) { iq_pair_dots<TYPE>(pair, x, out); }
+#endif
 };
 
 template <> struct Traits<IQ2_XXS> : IqTraits<IQ2_XXS> {};
@@ -207,7 +230,6 @@ template <> struct Traits<IQ3_XXS> : IqTraits<IQ3_XXS> {};
 template <> struct Traits<IQ3_S> : IqTraits<IQ3_S> {};
 template <> struct Traits<IQ1_S> : IqTraits<IQ1_S> {};
 template <> struct Traits<IQ1_M> : IqTraits<IQ1_M> {};
-#endif
 
 template <> struct Traits<Q2_K> : K16Traits<TileQ2K> {};
 template <> struct Traits<Q3_K> : K16Traits<TileQ3K> {};
