@@ -43,16 +43,16 @@ inline void unpacked_dots(const Unpacked& u, const Quantized& x, Layout l, Path 
               : dots_portable<false>(u, x, 0, x.rows, l.values, out);
 }
 
-// Whether a type's row kernel takes every activation row in one call (`every_row_dots`), and its pair kernel
-// (`every_row_pair_dots`).
+// Whether a type's row kernel takes every activation row in one call (`every_row_dots`), and its unit kernel
+// (`every_row_unit_dots`).
 template <typename T, typename = void>
 struct TakesEveryRow : std::false_type {};
 template <typename T>
 struct TakesEveryRow<T, std::void_t<decltype(&T::every_row_dots)>> : std::true_type {};
 template <typename T, typename = void>
-struct PairTakesEveryRow : std::false_type {};
+struct UnitTakesEveryRow : std::false_type {};
 template <typename T>
-struct PairTakesEveryRow<T, std::void_t<decltype(&T::every_row_pair_dots)>> : std::true_type {};
+struct UnitTakesEveryRow<T, std::void_t<decltype(&T::every_row_unit_dots)>> : std::true_type {};
 
 // A weight row (the file's blocks) dotted with every activation row: out[r].
 template <int64_t TYPE>
@@ -92,9 +92,39 @@ inline int64_t activation_padding(int64_t rows, Path path) {
   return 1;
 }
 
-// A unit's weight rows i (8, or 16 in a pair) dotted with every activation row r: out[i * x.rows + r]. Where the
+#ifdef GGUF_AVX2
+// A unit's weight rows through a type's `tile_dots` (and `pair_dots`, `amx_dots`) on the Best or Avx2 path: where the
 // CPU has vpdpbusd its products take it; on AVX-512 VNNI a pair's tiles go through 512 bits from kPairsFromRows,
 // and through AMX tiles where the pass has them configured (`through_amx`).
+template <int64_t TYPE>
+void tile_kernel_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path path, float* out) {
+  using T = Traits<TYPE>;
+#ifdef GGUF_DPBUSD
+  if (path == Path::Best) {
+#ifdef GGUF_AMX
+    if constexpr (T::amx)
+      if (per_unit == 2 && through_amx(x.rows, path)) return T::amx_dots(unit, x, out);
+#endif
+#ifdef GGUF_VNNI
+    if constexpr (T::pairs)
+      if (per_unit == 2 && x.rows >= kPairsFromRows)
+        return by_eights(x.rows, [&](auto rows, int64_t r) { T::template pair_dots<rows()>(unit, x, r, out); });
+#endif
+    return by_halves(per_unit, [&](auto halves) {
+      by_eights(x.rows, [&](auto rows, int64_t r) { T::template tile_dots<rows(), true, halves()>(unit, x, r, out); });
+    });
+  }
+#endif
+  (void)path;
+  by_halves(per_unit, [&](auto halves) {
+    by_fours(x.rows, [&](auto rows, int64_t r) { T::template tile_dots<rows(), false, halves()>(unit, x, r, out); });
+  });
+}
+#endif
+
+// A unit's weight rows i (8, or 16 in a pair) dotted with every activation row r: out[i * x.rows + r], through the
+// type's kernels (`tile_kernel_dots`, or its own `every_row_unit_dots`) unless the path asks for the integer form or
+// the portable loops.
 template <int64_t TYPE>
 void unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path path, Unpacked& u, float* out) {
   using T = Traits<TYPE>;
@@ -107,29 +137,11 @@ void unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path p
       }
       return;
     }
-#ifdef GGUF_DPBUSD
-    if (path == Path::Best) {
-#ifdef GGUF_AMX
-      if constexpr (T::amx)
-        if (per_unit == 2 && through_amx(x.rows, path)) return T::amx_dots(unit, x, out);
-#endif
-#ifdef GGUF_VNNI
-      if constexpr (PairTakesEveryRow<T>::value)
-        if (per_unit == 2) return T::every_row_pair_dots(unit, x, out);
-      if constexpr (T::pairs)
-        if (per_unit == 2 && x.rows >= kPairsFromRows)
-          return by_eights(x.rows, [&](auto rows, int64_t r) { T::template pair_dots<rows()>(unit, x, r, out); });
-#endif
-      return by_halves(per_unit, [&](auto halves) {
-        by_eights(x.rows, [&](auto rows, int64_t r) { T::template tile_dots<rows(), true, halves()>(unit, x, r, out); });
-      });
-    }
-#endif
 #ifdef GGUF_AVX2
-    if (path != Path::Portable)
-      return by_halves(per_unit, [&](auto halves) {
-        by_fours(x.rows, [&](auto rows, int64_t r) { T::template tile_dots<rows(), false, halves()>(unit, x, r, out); });
-      });
+    if (path != Path::Portable) {
+      if constexpr (UnitTakesEveryRow<T>::value) return T::every_row_unit_dots(unit, x, per_unit, path, out);
+      else return tile_kernel_dots<TYPE>(unit, x, per_unit, path, out);
+    }
 #endif
     for (int64_t h = 0; h < per_unit; ++h)
       T::tile_dots_portable(unit + h * sizeof(Tile), x, x.rows, per_unit, out + h * kTileRows * x.rows);

@@ -2,9 +2,9 @@
 // integer form (`unpack_row`, then `dots_avx2` or `dots_portable`), which every type has; an entry adds
 //   row_kernel  an AVX2 kernel reading the file's blocks directly (`row_dots<ROWS>`, four rows a pass; or
 //               `every_row_dots`, the IQ types' 512-bit one, eight rows a pass for each codebook lookup),
-//   tiles       8-row tiles (`Tile`, `repack`, `unpack_tile_row`, `tile_dots_portable`, the 256-bit `tile_dots`),
-//   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`), or one taking
-//               every activation row (`every_row_pair_dots`, the IQ types': a pair decoded once for many rows),
+//   tiles       8-row tiles (`Tile`, `repack`, `unpack_tile_row`, `tile_dots_portable`, the 256-bit `tile_dots`,
+//               or `every_row_unit_dots` taking every activation row: the IQ types', a pair decoded once for many),
+//   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`),
 //   amx         on AMX-INT8, a pair of K-quant tiles times all of a pass's activation rows in tiles (`amx_dots`).
 // matmul.h builds its dispatch table from these entries and GGUF_BLOCK_TYPES alone.
 #pragma once
@@ -192,7 +192,7 @@ template <int64_t TYPE>
 struct IqTraits {  // IQ1_S ... IQ3_S: their blocks decoded by codebook lookups (avx512.h, avx2.h)
   using Tile = TileIQ<TYPE>;
   static constexpr bool row_kernel = true, tiles = true;
-  static constexpr bool pairs = false, amx = false;  // a pair's rows: `every_row_pair_dots`
+  static constexpr bool pairs = false, amx = false;  // every unit's rows: `every_row_unit_dots`
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return tile_iq<TYPE>(blocks, cols, per_unit);
   }
@@ -210,16 +210,19 @@ struct IqTraits {  // IQ1_S ... IQ3_S: their blocks decoded by codebook lookups 
     by_eights(x.rows, [&](auto rows, int64_t r) { iq_row_dots_avx2<TYPE, rows()>(row, x, r, out); });
 #endif
   }
-  template <int ROWS, bool VNNI, int HALVES>
-  static void tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
+  // Eight rows a lookup; on AVX-512 VNNI a pair decoded once for many rows (`iq_pair_dots`).
+  static void every_row_unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path path, float* out) {
 #ifdef GGUF_VNNI
-    if constexpr (VNNI) return iq_tile_dots<TYPE, ROWS, HALVES>(unit, x, first, out);
+    if (path == Path::Best) {
+      if (per_unit == 2) return iq_pair_dots<TYPE>(unit, x, out);
+      return by_eights(x.rows, [&](auto rows, int64_t r) { iq_tile_dots<TYPE, rows(), 1>(unit, x, r, out); });
+    }
 #endif
-    iq_tile_dots_avx2<TYPE, ROWS, HALVES>(unit, x, first, out);
+    (void)path;
+    by_halves(per_unit, [&](auto halves) {
+      by_eights(x.rows, [&](auto rows, int64_t r) { iq_tile_dots_avx2<TYPE, rows(), halves()>(unit, x, r, out); });
+    });
   }
-#endif
-#ifdef GGUF_VNNI
-  static void every_row_pair_dots(const uint8_t* pair, const Quantized& x, float* out) { iq_pair_dots<TYPE>(pair, x, out); }
 #endif
 };
 
