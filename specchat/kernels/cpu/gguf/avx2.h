@@ -853,7 +853,8 @@ inline void even_sign_bytes(__m256i words, uint64_t (&signs)[4]) {
 // Where the build has no AVX-512 VNNI: each 32 values' codebook entries put together in a vector (positive bytes:
 // vpmaddubsw's unsigned operand), the activations' signs flipped where the values' are, then vpmaddwd with the
 // sub-blocks' scales: the integer form's P lanes (lane l: values 4 l .. 4 l + 3 of each 32) and float steps, as
-// `dots_avx2` computes them through the unpacked row, so the same bits.
+// `dots_avx2` computes them through the unpacked row, so the same bits; in tiles (tiles.h) each weight row's lanes
+// summed, then its float step, a tile's eight rows at once.
 
 // 32 bytes: -1 where bit i of `bits` is set, else 1 (vpsignb's operand).
 inline __m256i sign_bytes(uint32_t bits) { return _mm256_or_si256(bit_bytes(bits), _mm256_set1_epi8(1)); }

@@ -360,7 +360,8 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
 // turns them into entries: gathered from memory (`GatheredGrid`) or, where the build has vpermb and the grid fits 16
 // registers (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S), looked up by permutes (`RegisterGrid`). Dword lane j of a vector holds
 // values 4j .. 4j + 3 of its 64, as lane j % 8 of the integer form's 32-value chunks does: the same integer P lanes as
-// `dots_avx2`, then the same float steps, so the same bits.
+// `dots_avx2`, then the same float steps, so the same bits (a matrix's rows; in tiles, each row's P summed and the
+// float step of tiles.h taken, as `iq_tile_dots` does).
 
 // One block: its values' magnitudes, their signs (bit v of signs[k] for value 64 k + v), the 16-value sub-blocks'
 // scales S (lane j for sub-block j) and A.
