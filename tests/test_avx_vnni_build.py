@@ -31,7 +31,7 @@ def test_avx_vnni_kernels_equal_the_avx2_build(kind):
     vnni, avx2, rng = build("avxvnni"), build("avx2"), np.random.default_rng(int(kind))
     blocks = torch.from_numpy(random_blocks(kind, 48, 512, rng))
     x = torch.from_numpy(rng.standard_normal((21, 512)).astype(np.float32))
-    for per_unit in (0, 1):  # the file's rows, 8-row tiles
+    for per_unit in (0, 1, 2):  # the file's rows, 8-row tiles, pairs of them
         matrix, unit_rows = (blocks, 1) if per_unit == 0 else vnni.gguf_tile(blocks, int(kind), 512, per_unit)
         for rows in (1, 3, 8, 21):
             mine = vnni.gguf_matmul(x[:rows], [matrix], [int(kind)], [unit_rows], 512, "best")

@@ -359,9 +359,7 @@ void legacy_pair_dots_vnni(const uint8_t* pair, const Quantized& x, int64_t firs
 // entry indices are put together in vectors of 16-bit words (entry e in word e % 32 of vector e / 32), and a grid
 // turns them into entries: gathered from memory (`GatheredGrid`) or, where the build has vpermb and the grid fits 16
 // registers (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S), looked up by permutes (`RegisterGrid`). Dword lane j of a vector holds
-// values 4j .. 4j + 3 of its 64, as lane j % 8 of the integer form's 32-value chunks does: the same integer P lanes as
-// `dots_avx2`, then the same float steps, so the same bits (a matrix's rows; in tiles, each row's P summed and the
-// float step of tiles.h taken, as `iq_tile_dots` does).
+// values 4j .. 4j + 3 of its 64; each weight row's lanes are summed into its P and the float step of tiles.h taken.
 
 // One block: its values' magnitudes, their signs (bit v of signs[k] for value 64 k + v), the 16-value sub-blocks'
 // scales S (lane j for sub-block j) and A.
@@ -618,32 +616,12 @@ inline void iq_block_sums(IqBlock& block, const Quantized& x, int64_t first, int
   }
 }
 
-// The 16 lanes of P folded to the integer form's 8 (lane j % 8 of each 32-value chunk).
+// The 16 lanes of P folded to 8.
 inline __m256i fold_lanes(__m512i p) { return _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1)); }
 
-// ROWS activation rows from `first` times a weight row of IQ blocks: out[first + r]. A block's codebook lookups
-// serve all ROWS rows, so a tree's rows cost little more than one.
-template <int64_t TYPE, int ROWS>
-void iq_row_dots(const uint8_t* row, const Quantized& x, int64_t first, float* out) {
-  const int64_t groups = x.cols / 256;
-  const auto grid = block_grid<TYPE>();
-  __m256 acc[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    IqBlock block;
-    iq_decode_block<TYPE>(row + g * kLayout<TYPE>.bytes, grid, block);
-    __m512i p[ROWS];
-    iq_block_sums<TYPE, ROWS>(block, x, first, g, p);
-    for (int r = 0; r < ROWS; ++r) {
-      const __m256 da = _mm256_set1_ps(x.scale[(first + r) * groups + g] * block.a);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_lanes(p[r])), da, acc[r]);
-    }
-  }
-  for (int r = 0; r < ROWS; ++r) out[first + r] = lane_sum(acc[r]) + lane_sum(_mm256_setzero_ps());
-}
-
-// ROWS activation rows from `first` times a unit of HALVES IQ tiles, each block decoded for them as in
-// `iq_row_dots`, then each weight row's P summed and its float step taken (tiles.h): out[i * x.rows + r].
+// ROWS activation rows from `first` times a unit of HALVES IQ tiles: each block decoded once for them, each weight
+// row's P summed, then its float step taken (tiles.h): out[i * x.rows + r]. A block's codebook lookups serve all ROWS
+// rows, so a tree's rows cost little more than one.
 template <int64_t TYPE, int ROWS, int HALVES>
 void iq_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float* out) {
   const auto grid = block_grid<TYPE>();
@@ -671,14 +649,6 @@ void iq_tile_dots(const uint8_t* unit, const Quantized& x, int64_t first, float*
 // multiply all 16 rows in one vpdpbusd. The 128 sum(a) those products carry is taken back once a group, S times the
 // sub-blocks' sums of a in vpdpwssd. Each row's integer P and float step are those of `iq_tile_dots`, so the same
 // bits.
-
-// Where a pass decodes a pair once: a Zen 5 ran the 1.5B's matrices (all IQ3_S) at 8 / 16 rows in 78.7 / 160.8 ms
-// block by block and 93.0 / 124.8 decoded once.
-constexpr int64_t kIqGemmFromRows = 12;
-
-// The values an IQ type's S covers.
-template <int64_t TYPE>
-inline constexpr int kIqScaleValues = TYPE == IQ2_XS || TYPE == IQ2_S || TYPE == IQ1_M ? 16 : 32;
 
 // A group of a decoded pair: its codes, S per sub-block (lane i: row i's), S of pairs of sub-blocks as the words
 // of each lane (vpdpwssd's operand, with a pair of the activations' int16 sums), A.

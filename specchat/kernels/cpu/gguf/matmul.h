@@ -43,12 +43,7 @@ inline void unpacked_dots(const Unpacked& u, const Quantized& x, Layout l, Path 
               : dots_portable<false>(u, x, 0, x.rows, l.values, out);
 }
 
-// Whether a type's row kernel takes every activation row in one call (`every_row_dots`), and its unit kernel
-// (`every_row_unit_dots`).
-template <typename T, typename = void>
-struct TakesEveryRow : std::false_type {};
-template <typename T>
-struct TakesEveryRow<T, std::void_t<decltype(&T::every_row_dots)>> : std::true_type {};
+// Whether a type's unit kernel takes every activation row in one call (`every_row_unit_dots`).
 template <typename T, typename = void>
 struct UnitTakesEveryRow : std::false_type {};
 template <typename T>
@@ -60,8 +55,7 @@ void row_dots(const uint8_t* row, const Quantized& x, Path path, Unpacked& u, fl
 #ifdef GGUF_AVX2
   if constexpr (Traits<TYPE>::row_kernel) {
     if (path == Path::Best || path == Path::Avx2) {
-      if constexpr (TakesEveryRow<Traits<TYPE>>::value) return Traits<TYPE>::every_row_dots(row, x, out);
-      else return by_fours(x.rows, [&](auto rows, int64_t r) { Traits<TYPE>::template row_dots<rows()>(row, x, r, out); });
+      return by_fours(x.rows, [&](auto rows, int64_t r) { Traits<TYPE>::template row_dots<rows()>(row, x, r, out); });
     }
   }
 #endif

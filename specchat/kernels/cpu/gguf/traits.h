@@ -1,7 +1,6 @@
 // One entry per block type: the kernels it has of its own. A type without an entry runs through its rows'
 // integer form (`unpack_row`, then `dots_avx2` or `dots_portable`), which every type has; an entry adds
-//   row_kernel  an AVX2 kernel reading the file's blocks directly (`row_dots<ROWS>`, four rows a pass; or
-//               `every_row_dots`, the IQ types' 512-bit one, eight rows a pass for each codebook lookup),
+//   row_kernel  an AVX2 kernel reading the file's blocks directly (`row_dots<ROWS>`, four rows a pass),
 //   tiles       8-row tiles (`Tile`, `repack`, `unpack_tile_row`, `tile_dots_portable`, the 256-bit `tile_dots`,
 //               or `every_row_unit_dots` taking every activation row: the IQ types', a pair decoded once for many),
 //   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`),
@@ -191,8 +190,8 @@ struct K16Traits {  // Q2_K, Q3_K and Q6_K: the same kernels over their tiles (t
 template <int64_t TYPE>
 struct IqTraits {  // IQ1_S ... IQ3_S: their blocks decoded by codebook lookups (avx512.h, avx2.h)
   using Tile = TileIQ<TYPE>;
-  static constexpr bool row_kernel = true, tiles = true;
-  static constexpr bool pairs = false, amx = false;  // every unit's rows: `every_row_unit_dots`
+  static constexpr bool row_kernel = false, tiles = true;  // rows that do not come in eights: the integer form
+  static constexpr bool pairs = false, amx = false;        // every unit's rows: `every_row_unit_dots`
   static at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
     return tile_iq<TYPE>(blocks, cols, per_unit);
   }
@@ -203,14 +202,7 @@ struct IqTraits {  // IQ1_S ... IQ3_S: their blocks decoded by codebook lookups 
     iq_tile_dots_portable<TYPE>(tile, x, 0, n, stride, out);
   }
 #ifdef GGUF_AVX2
-  static void every_row_dots(const uint8_t* row, const Quantized& x, float* out) {  // eight rows a lookup
-#ifdef GGUF_VNNI
-    by_eights(x.rows, [&](auto rows, int64_t r) { iq_row_dots<TYPE, rows()>(row, x, r, out); });
-#else
-    by_eights(x.rows, [&](auto rows, int64_t r) { iq_row_dots_avx2<TYPE, rows()>(row, x, r, out); });
-#endif
-  }
-  // Eight rows a lookup; on AVX-512 VNNI a pair decoded once for many rows (`iq_pair_dots`).
+  // Eight rows a lookup; where vpdpbusd is, a tile (a pair on AVX-512 VNNI) decoded once for many rows.
   static void every_row_unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path path, float* out) {
 #ifdef GGUF_VNNI
     if (path == Path::Best) {
@@ -218,10 +210,13 @@ struct IqTraits {  // IQ1_S ... IQ3_S: their blocks decoded by codebook lookups 
       return by_eights(x.rows, [&](auto rows, int64_t r) { iq_tile_dots<TYPE, rows(), 1>(unit, x, r, out); });
     }
 #endif
-    (void)path;
     by_halves(per_unit, [&](auto halves) {
+#ifdef GGUF_DPBUSD
+      if (path == Path::Best && x.rows >= kIqGemmFromRows) return iq_decoded_unit_dots<TYPE, halves()>(unit, x, out);
+#endif
       by_eights(x.rows, [&](auto rows, int64_t r) { iq_tile_dots_avx2<TYPE, rows(), halves()>(unit, x, r, out); });
     });
+    (void)path;
   }
 #endif
 };
