@@ -22,13 +22,13 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), r
 
 
 def test_the_avx_vnni_build_compiles_and_names_its_path():
-    assert build("avxvnni").isa() == "avx2 (avx-vnni)"
+    assert build("avxvnni", "gguf_kernels").isa() == "avx2 (avx-vnni)"
 
 
 @pytest.mark.skipif("avx_vnni" not in CPU_FLAGS.split(), reason="this CPU has no AVX-VNNI")
 @pytest.mark.parametrize("kind", list(LAYOUTS), ids=[t.name for t in LAYOUTS])
 def test_avx_vnni_kernels_equal_the_avx2_build(kind):
-    vnni, avx2, rng = build("avxvnni"), build("avx2"), np.random.default_rng(int(kind))
+    vnni, avx2, rng = build("avxvnni", "gguf_kernels"), build("avx2"), np.random.default_rng(int(kind))
     blocks = torch.from_numpy(random_blocks(kind, 48, 512, rng))
     x = torch.from_numpy(rng.standard_normal((21, 512)).astype(np.float32))
     for per_unit in (0, 1, 2):  # the file's rows, 8-row tiles, pairs of them

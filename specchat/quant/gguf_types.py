@@ -1,9 +1,9 @@
 """GGUF tensor types: which ones specchat multiplies in their own blocks, and which it keeps dense.
 
 One table: a block type's kernels live in kernels/cpu/gguf/ under the same ggml type id. Adding a type is one
-entry here, its line in GGUF_BLOCK_TYPES (kernels/cpu/gguf/formats.h) and its case in `unpack_row`
-(kernels/cpu/gguf/unpack.h): it then runs on every path through its rows' integer form. Tiles and kernels of its
-own are an entry in kernels/cpu/gguf/traits.h.
+entry here, its line in GGUF_BLOCK_TYPES (kernels/cpu/gguf/formats.h), its case in `unpack_row`
+(kernels/cpu/gguf/unpack.h) and its table entry's line in one of kernels/cpu/gguf/kernels_*.cpp: it then runs on
+every path through its rows' integer form. Tiles and kernels of its own are an entry in kernels/cpu/gguf/traits.h.
 """
 
 from __future__ import annotations

@@ -13,15 +13,16 @@
 // bf16 dot-product arithmetic (bf16_dots.h), its value rows summed in pairs by their index in that order.
 
 #include <ATen/ATen.h>
-#include <torch/python.h>
+#include <torch/csrc/utils/pybind.h>
 #include <ATen/Parallel.h>
 
 #include "bf16_dots.h"
 #include "dense_matmul.h"
 #include "bf16_tiles.h"
 #include "gguf/matmul.h"
-#include "gguf/quantize.h"
+#include "gguf/python.h"
 #include "int8_dots.h"
+#include "isa.h"
 #include "lane_pairs.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -32,7 +33,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <numeric>
 #include <optional>
 #include <type_traits>
@@ -1372,21 +1372,6 @@ std::vector<at::Tensor> eagle3_forward(const Eagle3Layer& draft, const at::Tenso
 
 }  // namespace
 
-// The code path this build's kernels take, named by the instructions it was compiled for.
-std::string isa() {
-#if defined(GGUF_VNNI) && defined(BF16_DOTS_NATIVE)
-  return amx::ready() ? "avx512 (vnni, bf16, amx)" : "avx512 (vnni, bf16)";
-#elif defined(GGUF_VNNI)
-  return "avx512 (vnni)";
-#elif defined(GGUF_DPBUSD)
-  return "avx2 (avx-vnni)";
-#elif defined(GGUF_AVX2)
-  return "avx2";
-#else
-  return "portable";
-#endif
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.def("isa", &isa, "The instruction set this build's kernels use.");
@@ -1411,19 +1396,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         linear.bias = bias;
         return linear;
       });
-  // A GGUF matrix crosses as (blocks, type, unit_rows): its tensor, ggml's type id, and 1 for the file's blocks or
-  // 8 / 16 for tiles (gguf/matmul.h, `Matrix`).
-  const auto matrices = [](const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
-                           const std::vector<int64_t>& unit_rows, int64_t cols) {
-    TORCH_CHECK(blocks.size() == types.size() && blocks.size() == unit_rows.size(), "one type and unit per matrix");
-    std::vector<gguf::Matrix> held;
-    for (size_t i = 0; i < blocks.size(); ++i) held.push_back(gguf::blocks_matrix(blocks[i], types[i], unit_rows[i], cols));
-    return held;
-  };
-  m.def("gguf_linear", [matrices](std::vector<at::Tensor> blocks, std::vector<int64_t> types,
-                                  std::vector<int64_t> unit_rows, int64_t cols, std::optional<at::Tensor> bias) {
+  m.def("gguf_linear", [](std::vector<at::Tensor> blocks, std::vector<int64_t> types, std::vector<int64_t> unit_rows,
+                          int64_t cols, std::optional<at::Tensor> bias) {
     Linear linear;
-    linear.blocks = matrices(blocks, types, unit_rows, cols);
+    linear.blocks = gguf::matrices(blocks, types, unit_rows, cols);
     linear.bias = bias;
     return linear;
   });
@@ -1433,33 +1409,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                 "weight, inputs in 32s, on an x86 build");
     return dense_matmul::matmul(x, weight);
   }, "x [rows, in] . weight [out, in]^T in fp32: bf16 x bf16 or fp16, fp32 x fp16 (dense_matmul.h).");
-  m.def("gguf_matmul", [matrices](at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types,
-                                  std::vector<int64_t> unit_rows, int64_t cols, const std::string& path) {
-    return gguf::matmul(x, matrices(blocks, types, unit_rows, cols), gguf::path_named(path));
-  }, "x [n, cols] times GGUF matrices stacked along their rows -> [n, rows] float32 (gguf/matmul.h).");
-  m.def("gguf_tile", [](at::Tensor blocks, int64_t type, int64_t cols, int64_t per_unit) {
-    const gguf::Matrix tiled = gguf::tile(gguf::blocks_matrix(blocks, type, 1, cols), per_unit);
-    return std::make_tuple(tiled.blocks, tiled.unit_rows);
-  }, py::arg("blocks"), py::arg("type"), py::arg("cols"), py::arg("per_unit") = 0,
-     "A matrix's blocks [rows, bytes] -> (its units, their rows: 1, or 8 / 16 where this build tiles it).");
-  m.def("gguf_quantize", &gguf::quantize::rows, py::arg("weight"), py::arg("type"),
-        "Dense rows [rows, cols] written as GGUF blocks of `type` (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0; gguf/quantize.h).");
-  m.def("iq_grids", [](std::map<std::string, at::Tensor> grids) {
-    gguf::IqGrids& held = gguf::iq_grids();
-    const std::pair<const char*, std::vector<int8_t>*> names[] = {{"iq2_xxs", &held.iq2xxs}, {"iq2_xs", &held.iq2xs},
-        {"iq2_s", &held.iq2s}, {"iq3_xxs", &held.iq3xxs}, {"iq3_s", &held.iq3s}, {"iq1_s", &held.iq1s}};  // fmt: skip
-    for (const auto& [name, grid] : names) {
-      const at::Tensor values = grids.at(name).to(at::kChar).contiguous();
-      grid->assign(values.data_ptr<int8_t>(), values.data_ptr<int8_t>() + values.numel());
-    }
-    held.iq2xxs_packed = gguf::pack_grid(held.iq2xxs, 8);
-    held.iq2xs_packed = gguf::pack_grid(held.iq2xs, 8);
-    held.iq3xxs_packed = gguf::pack_grid(held.iq3xxs, 4);
-    held.iq3s_packed = gguf::pack_grid(held.iq3s, 4);
-  }, "The IQ types' codebooks, {name: int8 [entries, values]} (gguf-py's grids), for the unpacking of their blocks.");
-  m.def("gguf_rows", [](at::Tensor blocks, int64_t type, int64_t unit_rows, int64_t cols, at::Tensor ids) {
-    return gguf::dequantize_rows(gguf::blocks_matrix(blocks, type, unit_rows, cols), ids);
-  }, "Rows `ids` of a GGUF matrix dequantized to float32.");
+  gguf::define_functions(m);
   py::class_<Projection>(m, "Projection")
       .def(py::init([](std::vector<Linear> parts) { return Projection{parts}; }))
       .def("__call__", &Projection::operator(), "x [rows, in] -> [rows, out] in x's dtype (an output head's logits).");

@@ -1,5 +1,7 @@
-"""The CPU decoder extension (`cpu_decoder.cpp`): compiled on first use with the machine's C++ compiler, then
-loaded from torch's extension cache (rebuilt only when the source changes).
+"""The CPU decoder extension (`cpu_decoder.cpp`, and the GGUF kernels in `gguf/`): compiled on first use with the
+machine's C++ compiler, its files side by side on the machine's cores, then loaded from torch's extension cache
+(rebuilt only when the source changes). `build(isa, "gguf_kernels")` compiles the GGUF kernels alone (a module
+that tests hold to the decoder's kernels: a third of the time of a decoder's build).
 
 It is compiled for the machine it runs on (`-march=native`), so the kernels' code path follows the CPU's
 features: AVX-512 VNNI / BF16 with or without AMX tiles, AVX2 (with FMA and F16C) with or without AVX-VNNI, or
@@ -22,7 +24,10 @@ import os
 import platform
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("cpu_decoder.cpp")
+HERE = Path(__file__).parent
+KERNELS = sorted(HERE.glob("gguf/*.cpp"))  # the GGUF kernels, a few block types a file: compiled side by side
+# The modules: the decoder, and the GGUF kernels alone (what the tests hold other targets' kernels to this one's with).
+MODULES = {"cpu_decoder": [HERE / "cpu_decoder.cpp", *KERNELS], "gguf_kernels": [HERE / "gguf_kernels.cpp", *KERNELS]}
 # Compiler targets by SPECCHAT_CPU_ISA: the machine's own, without AMX, the AVX2 path alone, or AVX-512 VNNI alone
 # (tuned for this CPU).
 ISA_FLAGS = {
@@ -32,7 +37,7 @@ ISA_FLAGS = {
     "avxvnni": lambda: ["-march=x86-64-v3", "-mavxvnni", "-mtune=native"],
     "avx512vnni": lambda: ["-march=x86-64-v4", "-mavx512vnni", "-mtune=native"],
 }
-HEADERS = sorted(SOURCE.parent.glob("*.h")) + sorted(SOURCE.parent.glob("gguf/*.h"))
+HEADERS = sorted(HERE.glob("*.h")) + sorted(HERE.glob("gguf/*.h"))
 
 
 def cpu_decoder():
@@ -50,13 +55,13 @@ def selected_isa() -> str:
 
 
 @functools.cache
-def build(isa: str):
-    """The module compiled for `isa` (a key of ISA_FLAGS), named by its code and target: two checkouts of
-    different versions, or two targets, each keep their own build."""
+def build(isa: str, module: str = "cpu_decoder"):
+    """`module` (a key of MODULES) compiled for `isa` (a key of ISA_FLAGS), named by its code and target: two
+    checkouts of different versions, or two targets, each keep their own build."""
     from torch.utils.cpp_extension import load
 
     _put_ninja_on_path()
-    directory = build_directory(isa)
+    directory = build_directory(isa, module)
     directory.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl  # POSIX: elsewhere the decoder is not built (ImportError below), the torch decoder runs
@@ -68,13 +73,13 @@ def build(isa: str):
             # resolve to the runtime torch itself loaded, so both share one pool instead of fighting over the cores.
             # Hidden symbols: two builds loaded in one process (tests, A/B scripts) must not bind to each other's
             # kernels, which share their names and may use instructions the CPU lacks.
-            module = load(name=directory.name, sources=[str(SOURCE)], build_directory=str(directory),
-                          extra_cflags=["-O3", *ISA_FLAGS[isa](), "-fopenmp", "-fvisibility=hidden",
-                                        "-fvisibility-inlines-hidden"])  # fmt: skip
-    except (OSError, ImportError, RuntimeError) as error:  # a missing compiler is an OSError, a failed build a RuntimeError
+            flags = ["-O3", *ISA_FLAGS[isa](), "-fopenmp", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+            built = load(name=directory.name, sources=[str(path) for path in MODULES[module]],
+                         build_directory=str(directory), extra_cflags=flags)  # fmt: skip
+    except (OSError, ImportError, RuntimeError) as error:  # no compiler: an OSError; a failed build: a RuntimeError
         raise RuntimeError(f"the CPU decoder could not be built: {str(error).strip().splitlines()[-1]}") from None
-    module.iq_grids(iq_grids())
-    return module
+    built.iq_grids(iq_grids())
+    return built
 
 
 def iq_grids() -> dict:
@@ -91,18 +96,19 @@ def iq_grids() -> dict:
     return grids
 
 
-def build_directory(isa: str) -> Path:
-    """Where the build for `isa` of this source lives (under torch's extension cache)."""
+def build_directory(isa: str, module: str = "cpu_decoder") -> Path:
+    """Where the build of `module` for `isa` of this source lives (under torch's extension cache)."""
     from torch.utils.cpp_extension import get_default_build_root
 
     suffix = "" if isa == "native" else f"_{isa}"
-    return Path(get_default_build_root()) / f"specchat_cpu_decoder{suffix}_{source_version()}"
+    return Path(get_default_build_root()) / f"specchat_{module}{suffix}_{source_version()}"
 
 
 @functools.cache
 def source_version() -> str:
-    """A hash of the decoder's C++ code: names its build, and keys what was measured with it."""
-    return hashlib.sha256(b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))).hexdigest()[:12]
+    """A hash of the decoder's C++ code: names its builds, and keys what was measured with them."""
+    sources = sorted(HERE.glob("*.cpp")) + KERNELS + HEADERS
+    return hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:12]
 
 
 def _put_ninja_on_path() -> None:
@@ -116,4 +122,4 @@ def _put_ninja_on_path() -> None:
 
 
 if __name__ == "__main__":
-    print(f"CPU decoder ready ({SOURCE.name}, {cpu_decoder().isa()})")
+    print(f"CPU decoder ready ({cpu_decoder().isa()})")

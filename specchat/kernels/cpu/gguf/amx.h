@@ -20,6 +20,12 @@ namespace gguf {
 
 constexpr int kAmxRows = 16;  // activation rows a tile holds
 
+// From this many activation rows a pair's rows go through AMX tiles, where the process may use them. Measured on
+// the 1.5B's matrices (a Xeon, 2 threads) against the 512-bit kernels: 0.90x their time at 12 rows, 0.84x at 16,
+// 0.69x at 64; Q4_K's through tiles from 2 rows took 1.14x at 8 (docs/benchmarks.md).
+constexpr int64_t kAmxFromRows = 12;
+inline bool through_amx(int64_t rows, Path path) { return path == Path::Best && rows >= kAmxFromRows && amx::ready(); }
+
 // Q4_K's and Q5_K's sub-block scales S (6 bits) split S = 8 hi + lo (3 bits each), so that a code times either
 // part fits a byte (31 x 7 = 217): B tiles of codes times hi and codes times lo, for a group's 256 values, give
 // the group's whole sum P = sum_j S_j (u . a)_j = 8 C_hi + C_lo in two C tiles, with no sub-block's sums leaving

@@ -1,6 +1,7 @@
 // The GGUF block types these kernels multiply, listed once: every table and switch over types is built from
-// GGUF_BLOCK_TYPES, so a type is added by its line here, its case in `unpack_row` (unpack.h) and, for kernels of
-// its own, its entry in traits.h. How the kernels compute, and why their results are exact per row: matmul.h.
+// GGUF_BLOCK_TYPES, so a type is added by its line here, its case in `unpack_row` (unpack.h), its table entry's
+// line in a kernels_*.cpp file and, for kernels of its own, its entry in traits.h. How the kernels compute, and why
+// their results are exact per row: matmul.h.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -5,7 +5,7 @@
 //               or `every_row_unit_dots` taking every activation row: the IQ types', a pair decoded once for many),
 //   pairs       on AVX-512 VNNI, a 512-bit kernel for a pair of tiles side by side (`pair_dots`),
 //   amx         on AMX-INT8, a pair of K-quant tiles times all of a pass's activation rows in tiles (`amx_dots`).
-// matmul.h builds its dispatch table from these entries and GGUF_BLOCK_TYPES alone.
+// type_kernels.h builds the dispatch table's entries from these alone.
 #pragma once
 
 #include "amx.h"
