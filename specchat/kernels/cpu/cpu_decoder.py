@@ -1,7 +1,7 @@
 """The CPU decoder extension (`cpu_decoder.cpp`, and the GGUF kernels in `gguf/`): compiled on first use with the
 machine's C++ compiler, its files side by side on the machine's cores, then loaded from torch's extension cache
-(rebuilt only when the source changes). `build(isa, "gguf_kernels")` compiles the GGUF kernels alone (a module
-that tests hold to the decoder's kernels: a third of the time of a decoder's build).
+(rebuilt only when the source changes). `build(isa, "gguf_kernels")` compiles the GGUF kernels alone, without the
+decoder's own file, the longest to compile: a module the tests hold to the decoder's kernels.
 
 It is compiled for the machine it runs on (`-march=native`), so the kernels' code path follows the CPU's
 features: AVX-512 VNNI / BF16 with or without AMX tiles, AVX2 (with FMA and F16C) with or without AVX-VNNI, or

@@ -4,7 +4,8 @@
 // their results are exact per row: matmul.h.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

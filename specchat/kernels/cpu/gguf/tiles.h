@@ -9,6 +9,7 @@
 #include "unpack.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/from_blob.h>
 
 #include <cstdlib>
 

@@ -202,18 +202,17 @@ struct IqTraits {  // IQ1_S ... IQ3_S: their blocks decoded by codebook lookups 
     iq_tile_dots_portable<TYPE>(tile, x, 0, n, stride, out);
   }
 #ifdef GGUF_AVX2
-  // Eight rows a lookup; where vpdpbusd is, a tile (a pair on AVX-512 VNNI) decoded once for many rows.
+  // Eight rows a lookup. On AVX-512 VNNI a pair through 512 bits, decoded once from kIqGemmFromRows rows (a lone
+  // tile, which a matrix has there only when its rows are 8 past a multiple of 16, through the AVX2 kernel); with
+  // AVX-VNNI alone a tile decoded once from kIqGemmFromRows rows.
   static void every_row_unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path path, float* out) {
 #ifdef GGUF_VNNI
-    if (path == Path::Best) {
-      if (per_unit == 2) return iq_pair_dots<TYPE>(unit, x, out);
-      return by_eights(x.rows, [&](auto rows, int64_t r) { iq_tile_dots<TYPE, rows(), 1>(unit, x, r, out); });
-    }
+    if (path == Path::Best && per_unit == 2) return iq_pair_dots<TYPE>(unit, x, out);
+#elif defined(GGUF_DPBUSD)
+    if (path == Path::Best && x.rows >= kIqGemmFromRows)
+      return by_halves(per_unit, [&](auto halves) { iq_decoded_unit_dots<TYPE, halves()>(unit, x, out); });
 #endif
     by_halves(per_unit, [&](auto halves) {
-#ifdef GGUF_DPBUSD
-      if (path == Path::Best && x.rows >= kIqGemmFromRows) return iq_decoded_unit_dots<TYPE, halves()>(unit, x, out);
-#endif
       by_eights(x.rows, [&](auto rows, int64_t r) { iq_tile_dots_avx2<TYPE, rows(), halves()>(unit, x, r, out); });
     });
     (void)path;

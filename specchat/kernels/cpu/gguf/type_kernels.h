@@ -49,25 +49,35 @@ constexpr int64_t kPairsFromRows = 2;
 
 #ifdef GGUF_AVX2
 // A unit's weight rows through a type's `tile_dots` (and `pair_dots`, `amx_dots`) on the Best or Avx2 path: where the
-// CPU has vpdpbusd its products take it; on AVX-512 VNNI a pair's tiles go through 512 bits from kPairsFromRows,
-// and through AMX tiles where the pass has them configured (`through_amx`).
+// CPU has vpdpbusd its products take it. On AVX-512 VNNI a pair's tiles go through 512 bits from kPairsFromRows (one
+// row through 256 bits), and through AMX tiles where the pass has them configured (`through_amx`); a lone tile of a
+// type with pairs, which a matrix has there only when its rows are 8 past a multiple of 16 (no model's), through the
+// AVX2 kernel.
 template <int64_t TYPE>
 void tile_kernel_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path path, float* out) {
   using T = Traits<TYPE>;
 #ifdef GGUF_DPBUSD
   if (path == Path::Best) {
-#ifdef GGUF_AMX
-    if constexpr (T::amx)
-      if (per_unit == 2 && through_amx(x.rows, path)) return T::amx_dots(unit, x, out);
-#endif
 #ifdef GGUF_VNNI
-    if constexpr (T::pairs)
-      if (per_unit == 2 && x.rows >= kPairsFromRows)
-        return by_eights(x.rows, [&](auto rows, int64_t r) { T::template pair_dots<rows()>(unit, x, r, out); });
+    if constexpr (T::pairs) {
+      if (per_unit == 2) {
+#ifdef GGUF_AMX
+        if constexpr (T::amx)
+          if (through_amx(x.rows, path)) return T::amx_dots(unit, x, out);
 #endif
-    return by_halves(per_unit, [&](auto halves) {
-      by_eights(x.rows, [&](auto rows, int64_t r) { T::template tile_dots<rows(), true, halves()>(unit, x, r, out); });
-    });
+        static_assert(kPairsFromRows == 2, "below it one row");
+        if (x.rows == 1) return T::template tile_dots<1, true, 2>(unit, x, 0, out);
+        return by_eights(x.rows, [&](auto rows, int64_t r) { T::template pair_dots<rows()>(unit, x, r, out); });
+      }
+    } else
+#endif
+    {
+      return by_halves(per_unit, [&](auto halves) {
+        by_eights(x.rows, [&](auto rows, int64_t r) {
+          T::template tile_dots<rows(), true, halves()>(unit, x, r, out);
+        });
+      });
+    }
   }
 #endif
   (void)path;
@@ -130,8 +140,8 @@ at::Tensor repack(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
 
 template <int64_t TYPE>
 const TypeKernels& type_kernels() {
-  static constexpr TypeKernels entry{kLayout<TYPE>, Traits<TYPE>::tiles, tile_bytes<TYPE>(), repack<TYPE>, row_dots<TYPE>,
-                                     unit_dots<TYPE>, unpack_unit_row<TYPE>};
+  static constexpr TypeKernels entry{kLayout<TYPE>, Traits<TYPE>::tiles, tile_bytes<TYPE>(), repack<TYPE>,
+                                     row_dots<TYPE>, unit_dots<TYPE>, unpack_unit_row<TYPE>};
   return entry;
 }
 
