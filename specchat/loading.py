@@ -170,7 +170,7 @@ def load_model(
         location = _local_or_cached(source, torch_device)
     weights = "q4_1" if native else quantize
     if torch_dtype is None and weights in (None, *GGUF_QUANTIZE):  # auto on a CPU: bf16, as a GGUF file runs
-        torch_dtype = torch.bfloat16  # (the exact dense format too: fp32 matmuls are row-dependent)
+        torch_dtype = torch.bfloat16
     if torch_dtype is None:  # torch's int4 / int8 kernels: whichever activations run them faster here
         shape = _matmul_shape(location)
         with first_use("timing this CPU's float32 and bfloat16 matmuls (once per machine)"):

@@ -16,6 +16,7 @@ from specchat.engine.lean_forward import LeanForward
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.target_forward import TorchForward
 from specchat.errors import SpecchatError
+from specchat.kernels.cpu.cpu_decoder import DENSE_PRODUCT
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
@@ -39,8 +40,9 @@ def test_greedy_with_hybrid_attention_equals_autoregressive(family, budget, toke
 
 
 @pytest.mark.slow
-def test_default_model_speculative_equals_autoregressive_on_the_torch_decoder(default_model):
-    model, tokenizer = default_model.model, default_model.tokenizer  # fp32: the torch decoder runs it
+def test_default_model_speculative_equals_autoregressive_on_the_torch_decoder(default_model, monkeypatch):
+    model, tokenizer = default_model.model, default_model.tokenizer
+    monkeypatch.setattr(model, "specchat_attention", "hybrid", raising=False)  # the shared model's choice, for now
     ids = encode_prompt(tokenizer, "Repeat this list twice: apple, pear, plum, fig, kiwi, lime, date.")
     outputs = []
     for drafter in (None, NgramDrafter()):
@@ -71,14 +73,16 @@ def test_bf16_tree_rows_of_the_torch_decoder_are_its_decode_steps(tokenizer):
 def test_attention_choices_and_errors(tokenizer):
     model = tiny_model("llama", vocab_size=VOCAB, head_dim=64)
     assert attention_of(model) == "auto"
-    assert isinstance(Engine(model, tokenizer, max_len=32).forward, TorchForward)  # fp32: the torch decoder
+    # fp32: the CPU decoder where its own dense product takes the matrices (x86), else the torch decoder
+    assert isinstance(Engine(model, tokenizer, max_len=32).forward, LeanForward if DENSE_PRODUCT else TorchForward)
     with pytest.raises(SpecchatError, match=r"canonical attention runs llama, mistral, qwen2, qwen3, phi3, granite, "
                        r"gemma3_text models of head_dim 64, 128, 256 on a CPU"):  # fmt: skip
         use_attention(tiny_model("qwen3", vocab_size=VOCAB, head_dim=16), "canonical")
-    use_attention(model, "canonical")  # chosen: the CPU decoder runs fp32 too
+    use_attention(model, "canonical")  # chosen: the CPU decoder runs fp32 anywhere
     assert isinstance(Engine(model, tokenizer, max_len=32).forward, LeanForward)
     use_attention(model, "hybrid")
     assert attention_of(model) == "hybrid"
+    assert isinstance(Engine(model, tokenizer, max_len=32).forward, TorchForward)
     with pytest.raises(SpecchatError, match="unknown attention 'sdpa'"):
         use_attention(model, "sdpa")
     bf16 = tiny_model("llama", vocab_size=VOCAB, head_dim=64).to(torch.bfloat16)  # auto: the CPU decoder

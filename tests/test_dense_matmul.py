@@ -1,7 +1,7 @@
 """The CPU decoder's dense product (kernels/cpu/dense_matmul.h) is the arithmetic it documents, bit for bit, on every
 build this machine runs: each output summed in 16 lanes, for bf16 weights a lane adding the odd input's product, then
-the even one's, chunk after chunk (vdpbf16ps), for fp16 weights the products of inputs 16c + l one by one (fmas), the
-lanes paired down. So an output depends on its own activation row alone:
+the even one's, chunk after chunk (vdpbf16ps), for fp16 and fp32 weights the products of inputs 16c + l one by one
+(fmas), the lanes paired down. So an output depends on its own activation row alone:
 a verified tree row gets what its decode step gets, whatever rows share the product. Shapes reach every edge of the
 kernel's loops: a last block of fewer than 16 weight rows, several units of 64, inputs past one slice of 2048, rows
 past one group of 64 and not a multiple of the rows a pass takes."""
@@ -22,10 +22,10 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), r
 def lane_arithmetic(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [rows, in] . w [out, in]^T as the kernel sums it, in torch: each step `sum + a * b` rounded once, as an fma
     and a vdpbf16ps step do (no denormals in these inputs): a bf16 by bf16 or fp16 product is exact in fp32, an fp32
-    by fp16 one in fp64."""
+    by fp16 or fp32 one in fp64."""
     rows, inputs = x.shape
     lanes = torch.zeros(rows, w.shape[0], 16)
-    if w.dtype == torch.float16:
+    if w.dtype in (torch.float16, torch.float32):
         xs, ws = x.double().view(rows, inputs // 16, 16), w.double().view(w.shape[0], inputs // 16, 16)
         for c in range(inputs // 16):
             lanes = (lanes.double() + xs[:, None, c] * ws[None, :, c]).float()
@@ -39,8 +39,8 @@ def lane_arithmetic(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return lanes[..., 0]
 
 
-@pytest.mark.parametrize(("x_dtype", "weight_dtype"), [(torch.bfloat16, torch.bfloat16),
-                                                      (torch.bfloat16, torch.float16), (torch.float32, torch.float16)])
+@pytest.mark.parametrize(("x_dtype", "weight_dtype"), [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16),
+                                                      (torch.float32, torch.float16), (torch.float32, torch.float32)])
 @pytest.mark.parametrize(("out", "inputs"), [(16, 96), (149, 2112), (37, 64)])
 def test_the_product_is_its_lane_arithmetic_whatever_rows_share_it(out, inputs, x_dtype, weight_dtype, cpu_isa):
     generator = torch.Generator().manual_seed(out)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_model
 
 from specchat.bench.prompts import long_document
 from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
+from specchat.engine.attention import use_attention
 from specchat.engine.cache import TreeCache
 from specchat.engine.generate import Engine
 from specchat.engine.lean_forward import lean_forward
@@ -126,7 +128,9 @@ def test_speculation_over_an_int8_cache_decodes_what_plain_decoding_over_it_does
     assert speculative == plain and accepted > 0
 
 
-def test_an_int8_cache_needs_the_compiled_decoder(default_model):
-    """fp32 runs transformers' forward, which reads no int8 cache: a one-line refusal."""
+def test_an_int8_cache_needs_the_compiled_decoder(tokenizer):
+    """The torch decoder reads no int8 cache: a one-line refusal."""
+    model = tiny_model("llama", head_dim=64)
+    use_attention(model, "hybrid")
     with pytest.raises(SpecchatError, match="needs the compiled CPU decoder"):
-        Engine(default_model.model, default_model.tokenizer, max_len=64, kv_cache="int8")
+        Engine(model, tokenizer, max_len=64, kv_cache="int8")

@@ -15,7 +15,7 @@ from specchat.engine.generate import CPU_PREFILL_ROWS, Engine
 from specchat.engine.lean_forward import LeanForward, lean_forward
 from specchat.engine.target_forward import canonical
 from specchat.engine.tree import DraftTree, tree_batch
-from specchat.kernels.cpu.cpu_decoder import cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import DENSE_PRODUCT, cpu_decoder
 from specchat.loading import load_model
 from specchat.quant.fused import Rows, Side, fuse_projections
 from specchat.quant.gguf_linear import GGUFLinear
@@ -109,13 +109,14 @@ def _chain(nodes: int) -> DraftTree:
 
 
 @torch.inference_mode()
-# bf16 dots (llama; qwen3 with its q/k norms), then the other cache precisions (fp32 arithmetic: dense fp32 matmuls
-# are not row-independent) and the int8 cache
+# bf16 dots (llama; qwen3 with its q/k norms), then the other cache precisions (fp32 on dense and int4 matrices) and
+# the int8 cache
 @pytest.mark.parametrize(("family", "dtype", "quantize", "kv_cache"), [
     ("llama", torch.bfloat16, None, "auto"), ("llama", torch.bfloat16, "int4", "auto"),
     ("llama", torch.bfloat16, "int8", "auto"), ("qwen3", torch.bfloat16, "int4", "auto"),
-    ("llama", torch.float16, "int4", "auto"), ("llama", torch.float32, "int4", "auto"),
-    ("llama", torch.bfloat16, "int4", "int8"), ("llama", torch.float16, "int4", "int8"),
+    ("llama", torch.float16, "int4", "auto"), ("llama", torch.float32, None, "auto"),
+    ("llama", torch.float32, "int4", "auto"), ("llama", torch.bfloat16, "int4", "int8"),
+    ("llama", torch.float16, "int4", "int8"),
 ])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("prefix", [1, 15, 63, 130])  # key counts on both sides of the 16- and 64-key blocks
@@ -175,7 +176,7 @@ def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, 
 @torch.inference_mode()
 @pytest.mark.parametrize(("dtype", "quantize", "kv_cache"), [
     (torch.bfloat16, "int4", "auto"), (torch.bfloat16, "int8", "auto"), (torch.float16, "int4", "auto"),
-    (torch.float32, "int4", "auto"), (torch.bfloat16, "int4", "int8"),
+    (torch.float32, None, "auto"), (torch.bfloat16, "int4", "int8"),
 ])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, head_dim, cpu_isa):
@@ -200,7 +201,7 @@ def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, 
 
 
 def test_lean_forward_serves_llama_family_models_it_was_compiled_for():
-    assert not canonical(tiny_model("llama", head_dim=64))  # fp32 on CPU: auto runs the torch decoder
+    assert canonical(tiny_model("llama", head_dim=64)) == DENSE_PRODUCT  # fp32: the decoder's own dense product
     assert lean_forward(_model("qwen3", torch.bfloat16)) is not None  # q/k norms: in the decoder
     assert lean_forward(_model("llama", torch.bfloat16, head_dim=16)) is None
     assert lean_forward(_model("llama", torch.bfloat16)) is not None

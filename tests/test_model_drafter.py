@@ -140,8 +140,7 @@ def test_last_query_is_the_targets_last_layer_query_of_the_newest_cached_positio
     from specchat.engine.attention import use_attention
 
     target = tiny_model("llama", vocab_size=VOCAB, seed=7, head_dim=64).to(dtype)
-    if dtype == torch.bfloat16:
-        use_attention(target, "canonical")
+    use_attention(target, "canonical" if dtype == torch.bfloat16 else "hybrid")
     engine = Engine(target, tokenizer, max_len=200)
     assert engine.canonical == (dtype == torch.bfloat16)
     prompt = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(0)).tolist()

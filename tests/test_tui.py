@@ -115,7 +115,7 @@ async def test_accepted_drafts_are_coloured_by_origin_and_keep_colours(default_m
             by_style.setdefault(str(span.style), []).append(view.body.plain[span.start : span.end])
         for origin in lookups:
             drafted = "".join(p for p, o in zip(answer.pieces, answer.origins) if o == origin)
-            assert "".join(by_style.pop(DRAFT_STYLES[origin])) == drafted
+            assert "".join(by_style.pop(DRAFT_STYLES[origin], [])) == drafted  # pieces may all be empty
         assert not by_style  # target tokens carry no style at all
         await pilot.press("ctrl+t")  # plain Markdown, from the input
         assert isinstance(view.content.renderables[1], Markdown)

@@ -96,7 +96,7 @@ def test_a_prompt_longer_than_the_window_is_refused(default_model, tmp_path):
 @pytest.mark.slow
 def test_a_book_written_on_an_int8_cache_resumes_on_one_only(tmp_path):
     """The KV cache is part of the book's arithmetic, as the dtype is: extended on int8, the book is an unbroken
-    int8 run's; resumed on auto, it is refused and left as it was. int8 on fp32 activations (no compiled decoder)
+    int8 run's; resumed on auto, it is refused and left as it was. int8 on the torch decoder (no compiled decoder)
     is refused before a book is made."""
     int8 = ("--kv-cache", "int8", "--seed", "11", "--drafter", "ngram")
     whole, book = tmp_path / "whole.txt", tmp_path / "book.txt"
@@ -114,10 +114,10 @@ def test_a_book_written_on_an_int8_cache_resumes_on_one_only(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert book.read_bytes() == whole.read_bytes() and ids_path(book).read_bytes() == ids_path(whole).read_bytes()
 
-    fp32 = tmp_path / "fp32.txt"
-    refused = specchat("write", "--out", str(fp32), "--tokens", "8", "--dtype", "float32", *int8, warm=True)
+    hybrid = tmp_path / "hybrid.txt"
+    refused = specchat("write", "--out", str(hybrid), "--tokens", "8", "--attention", "hybrid", *int8, warm=True)
     assert_one_line_error(refused, "--kv-cache int8 needs the compiled CPU decoder")
-    assert not fp32.exists()
+    assert not hybrid.exists()
 
 
 def test_a_book_remembers_its_prompt_cache_and_a_plain_resume_reads_it(tmp_path):

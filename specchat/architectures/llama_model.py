@@ -11,7 +11,6 @@ file's tokenizer and config once, and stays the reference the tests compare agai
 from __future__ import annotations
 
 import json
-import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from specchat.architectures.rope import (
     rotary_dims,
     uses_long_factors,
 )
+from specchat.kernels.cpu.cpu_decoder import DENSE_PRODUCT, cpu_decoder
 
 
 class ModelConfig:
@@ -84,17 +84,12 @@ class HalfLinear(nn.Linear):
     elsewhere the weight is converted to the activations' dtype for the product."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype not in (torch.bfloat16, torch.float32) or x.device.type != "cpu" or not _DENSE_PRODUCT \
+        if x.dtype not in (torch.bfloat16, torch.float32) or x.device.type != "cpu" or not DENSE_PRODUCT \
                 or self.in_features % 32:  # fmt: skip
             return F.linear(x, self.weight.to(x.dtype), self.bias)
-        from specchat.kernels.cpu.cpu_decoder import cpu_decoder
-
         out = cpu_decoder().dense_matmul(x.reshape(-1, self.in_features), self.weight).to(x.dtype)
         out = out.view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
-
-
-_DENSE_PRODUCT = platform.machine() in ("x86_64", "AMD64")  # where the CPU decoder has its dense product
 
 
 class ScaledEmbedding(nn.Embedding):

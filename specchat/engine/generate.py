@@ -86,7 +86,8 @@ class Engine:
         self.canonical = isinstance(self.forward, LeanForward)  # the compiled CPU decoder runs it
         if kv_cache == "int8" and not self.canonical:
             raise SpecchatError(
-                "--kv-cache int8 needs the compiled CPU decoder: a CPU model in bf16 or fp16 activations"
+                "--kv-cache int8 needs the compiled CPU decoder: a Llama-family model on a CPU, --attention auto or "
+                "canonical"
             )
         if kv_cache == "int8" and sliding_window(model.config):
             raise SpecchatError("--kv-cache int8 does not run sliding-window layers (Gemma 3's): use --kv-cache auto")
@@ -482,7 +483,7 @@ class Engine:
 
     def decode_states(self, ids: list[int]) -> torch.Tensor:
         """`target_states` computed one decode step at a time, as generated tokens and verified tree rows get
-        them (a prefill may round otherwise: under the torch decoder, or dense matmuls over many rows):
+        them (a prefill may round otherwise: under the torch decoder, whose matmuls over many rows may sum otherwise):
         [len(ids), hidden_size]."""
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         self.cache.truncate(0)

@@ -3,15 +3,17 @@
 A decode step of the default model on 2 cores is about 4.5 ms of 4-bit matmuls; run as transformers' modules
 it took 14 ms, and as a loop of torch calls from Python 11 ms: the hundreds of small operations between the
 matmuls cost more than the matmuls. Here every layer runs inside the compiled CPU decoder
-(`specchat.kernels.cpu.cpu_decoder`): ATen's matmuls on the model's own weights (q/k/v and gate/up fused by
-`fuse_projections`), everything else in plain loops, tree attention read from the engine's cache in an order
-fixed by each row's position (so a verified node computes bitwise what a decode step computes).
+(`specchat.kernels.cpu.cpu_decoder`): the model's own weights multiplied by its own products (dense matrices, GGUF
+blocks) or torch's int4 kernel (int8 is two 4-bit planes), q/k/v and gate/up fused by `fuse_projections`;
+everything else in plain loops, tree attention read from the engine's cache in an order fixed by each row's position
+(so a verified node computes bitwise what a decode step computes).
 
 It serves Llama-family models on a CPU (llama, mistral, qwen2, qwen3; Phi-3 and Granite from a GGUF file) and Gemma 3
 from a GGUF file (sliding windows included where the model is in specchat's own modules); `lean_forward` returns None
 for the rest, and when the decoder cannot be compiled here (with a warning): the torch decoder runs those
-(`target_forward`). It is exact (a verified row bitwise its decode step) in bf16 / fp16 activations, whose CPU matmuls
-are row-independent, and where the weights' own kernel is (int4, int8, GGUF blocks).
+(`target_forward`). It is exact (a verified row bitwise its decode step) where its products compute each row on its
+own: in bf16 / fp16 activations, on the weights' own kernels (int4, int8, GGUF blocks), and on dense matrices through
+its own dense product (x86: bf16, fp16 and fp32 weights).
 """
 
 from __future__ import annotations

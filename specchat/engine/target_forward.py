@@ -24,7 +24,7 @@ from specchat.engine.cuda_graphs import BUCKETS, GraphedDecoder
 from specchat.engine.forward_output import ForwardOutput
 from specchat.engine.lean_forward import LeanForward, lean_forward, serves
 from specchat.engine.torch_decoder import TorchDecoder, refusal
-from specchat.kernels.cpu.cpu_decoder import cpu_decoder
+from specchat.kernels.cpu.cpu_decoder import DENSE_PRODUCT, cpu_decoder
 
 
 class TargetForward(Protocol):
@@ -64,15 +64,21 @@ class TorchForward:
 
 
 def canonical(model) -> bool:
-    """Whether the CPU decoder is to run `model`: chosen (canonical), or by auto where it serves the model in
-    bf16 / fp16 activations, in fp32 where no matrix is a plain dense one (ATen's fp32 products are row-dependent:
-    nothing to gain over the torch decoder; quantized and fp16 matrices are not), or where the torch decoder cannot
-    run it (Gemma 3)."""
+    """Whether the CPU decoder is to run `model`: chosen (canonical), or by auto where it serves the model and each
+    of its products computes a row on its own (`rows_apart`), or where the torch decoder cannot run it (Gemma 3)."""
     choice = attention_of(model)
-    rows_apart = model.dtype in (torch.bfloat16, torch.float16) or not any(
-        type(module) is nn.Linear for module in model.modules())
-    automatic = choice == "auto" and (rows_apart or refusal(model.config))
+    automatic = choice == "auto" and (rows_apart(model) or refusal(model.config))
     return (choice == "canonical" or automatic) and serves(model)
+
+
+def rows_apart(model) -> bool:
+    """Whether the CPU decoder's products compute each row of `model`'s on its own, as exact speculation needs: in
+    bf16 / fp16 activations, on quantized and fp16 matrices, and on fp32 ones where its own dense product takes them
+    (`DENSE_PRODUCT`); ATen's fp32 products sum in an order that depends on the rows sharing the call."""
+    if model.dtype in (torch.bfloat16, torch.float16):
+        return True
+    dense = [module for module in model.modules() if type(module) is nn.Linear]
+    return not dense or DENSE_PRODUCT and all(module.in_features % 32 == 0 for module in dense)
 
 
 def target_forward(model, cache: TreeCache) -> LeanForward | TorchForward:

@@ -1406,9 +1406,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dense_matmul", [](at::Tensor x, at::Tensor weight) {
     TORCH_CHECK(dense_matmul::takes(x, weight),
                 "dense_matmul takes bf16 activations and a bf16 or fp16 weight, or fp32 activations and an fp16 "
-                "weight, inputs in 32s, on an x86 build");
+                "or fp32 weight, inputs in 32s, on an x86 build");
     return dense_matmul::matmul(x, weight);
-  }, "x [rows, in] . weight [out, in]^T in fp32: bf16 x bf16 or fp16, fp32 x fp16 (dense_matmul.h).");
+  }, "x [rows, in] . weight [out, in]^T in fp32: bf16 x bf16 or fp16, fp32 x fp16 or fp32 (dense_matmul.h).");
   gguf::define_functions(m);
   py::class_<Projection>(m, "Projection")
       .def(py::init([](std::vector<Linear> parts) { return Projection{parts}; }))

@@ -38,6 +38,9 @@ ISA_FLAGS = {
     "avx512vnni": lambda: ["-march=x86-64-v4", "-mavx512vnni", "-mtune=native"],
 }
 HEADERS = sorted(HERE.glob("*.h")) + sorted(HERE.glob("gguf/*.h"))
+# Where the decoder has a dense product of its own (dense_matmul.h, x86 builds): each output row summed on its own, in
+# fp32 too, where ATen's sums depend on the rows sharing the call. It takes matrices whose inputs are in 32s.
+DENSE_PRODUCT = platform.machine() in ("x86_64", "AMD64")
 
 
 def cpu_decoder():

@@ -5,7 +5,9 @@
 //   fp32 fmas on AVX2. Output j of activation row r sums x[r] . W[j] in 16 lanes, lane l adding the products of
 //   inputs 32c + 2l + 1, then 32c + 2l, for c = 0, 1, ... in order;
 // - fp16 weights (an F16 file's) in fp32: each weight converted exactly (vcvtph2ps), bf16 activations too, fp32 ones
-//   as they are, lane l of an output adding the products of inputs 16c + l in order by fmas, on AVX-512 and AVX2.
+//   as they are, lane l of an output adding the products of inputs 16c + l in order by fmas, on AVX-512 and AVX2;
+// - fp32 weights (a model in fp32) times fp32 activations the same way: the fp32 product whose rows are independent,
+//   where ATen's (oneDNN's) sums in an order that depends on the rows sharing the call.
 // The 16 lanes are then paired down as a key's are in attention.
 //
 // Weight rows go in blocks of 16 (the lanes of 16 outputs pair down together) and units of four blocks (a thread's
@@ -40,11 +42,12 @@ constexpr int64_t kUnit = 4;      // blocks a thread takes at once: 64 weight ro
 constexpr int64_t kRows = 64;     // activation rows whose lane sums a unit keeps at once (256 KB, in L2)
 
 // Whether `matmul` takes these operands: bf16 activations and a bf16 or fp16 weight, or fp32 activations and an fp16
-// weight; inputs in whole chunks, on a build with the kernels.
+// or fp32 weight; inputs in whole chunks, on a build with the kernels.
 inline bool takes(const at::Tensor& x, const at::Tensor& weight) {
   const auto a = x.scalar_type(), w = weight.scalar_type();
   return kBuilt && weight.size(1) % kChunk == 0 &&
-         ((a == at::kBFloat16 && (w == at::kBFloat16 || w == at::kHalf)) || (a == at::kFloat && w == at::kHalf));
+         ((a == at::kBFloat16 && (w == at::kBFloat16 || w == at::kHalf)) ||
+          (a == at::kFloat && (w == at::kHalf || w == at::kFloat)));
 }
 
 // lanes[j][i][l] += lane l's products of activation row j and weight row i of a block (row stride `in`) over
@@ -129,12 +132,17 @@ inline void widen(const uint16_t* x, int64_t in, float* odd, float* even) {
 }
 #endif
 
-// The same for fp16 weights, each activation row given in fp32 (x[j]): lane l adds the products of inputs 16c + l.
+// The same for fp16 weights (W = uint16_t) or fp32 ones (W = float), each activation row given in fp32 (x[j]): lane
+// l adds the products of inputs 16c + l.
 #ifdef BF16_DOTS_NATIVE
-template <int Q, bool FETCH>
-inline void add_f16_lanes(const float* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
-                          float (*const (&lanes)[Q])[16]) {
+inline __m512 load_weights(const uint16_t* w) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))); }
+inline __m512 load_weights(const float* w) { return _mm512_loadu_ps(w); }
+
+template <int Q, bool FETCH, typename W>
+inline void add_fp32_lanes(const float* const (&x)[Q], const W* w, int64_t in, int64_t from, int64_t to,
+                           float (*const (&lanes)[Q])[16]) {
   constexpr int KEYS = keys_per_pass(Q);
+  constexpr int64_t kLine = 64 / sizeof(W);  // inputs a cache line of weights holds
   for (int i = 0; i < kBlock; i += KEYS) {
     __m512 sums[KEYS][Q];
     for (int k = 0; k < KEYS; ++k)
@@ -142,9 +150,9 @@ inline void add_f16_lanes(const float* const (&x)[Q], const uint16_t* w, int64_t
     for (int64_t c = from; c < to; c += 16) {
       __m512 keys[KEYS];
       for (int k = 0; k < KEYS; ++k) {
-        const uint16_t* at = w + (i + k) * in + c;
-        if (FETCH && c % 32 == 0) _mm_prefetch(reinterpret_cast<const char*>(at + KEYS * in), _MM_HINT_T0);
-        keys[k] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+        const W* at = w + (i + k) * in + c;
+        if (FETCH && c % kLine == 0) _mm_prefetch(reinterpret_cast<const char*>(at + KEYS * in), _MM_HINT_T0);
+        keys[k] = load_weights(at);
       }
       for (int j = 0; j < Q; ++j) {
         const __m512 q = _mm512_loadu_ps(x[j] + c);
@@ -156,11 +164,15 @@ inline void add_f16_lanes(const float* const (&x)[Q], const uint16_t* w, int64_t
   }
 }
 #elif defined(BF16_DOTS_AVX2)
+inline __m256 load_weights(const uint16_t* w) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))); }
+inline __m256 load_weights(const float* w) { return _mm256_loadu_ps(w); }
+
 // Lanes 0-7 in one vector, 8-15 in another (h = 0, 1).
-template <int Q, bool FETCH>
-inline void add_f16_lanes(const float* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
-                          float (*const (&lanes)[Q])[16]) {
+template <int Q, bool FETCH, typename W>
+inline void add_fp32_lanes(const float* const (&x)[Q], const W* w, int64_t in, int64_t from, int64_t to,
+                           float (*const (&lanes)[Q])[16]) {
   constexpr int KEYS = Q == 1 ? 1 : 4 / Q;
+  constexpr int64_t kLine = 64 / sizeof(W);
   for (int i = 0; i < kBlock; i += KEYS) {
     __m256 sums[2][KEYS][Q];
     for (int h = 0; h < 2; ++h)
@@ -169,10 +181,10 @@ inline void add_f16_lanes(const float* const (&x)[Q], const uint16_t* w, int64_t
           sums[h][k][j] = from == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(lanes[j][i + k] + 8 * h);
     for (int64_t c = from; c < to; c += 16) {
       for (int k = 0; k < KEYS; ++k) {
-        const uint16_t* at = w + (i + k) * in + c;
-        if (FETCH && c % 32 == 0) _mm_prefetch(reinterpret_cast<const char*>(at + KEYS * in), _MM_HINT_T0);
+        const W* at = w + (i + k) * in + c;
+        if (FETCH && c % kLine == 0) _mm_prefetch(reinterpret_cast<const char*>(at + KEYS * in), _MM_HINT_T0);
         for (int h = 0; h < 2; ++h) {
-          const __m256 key = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 8 * h)));
+          const __m256 key = load_weights(at + 8 * h);
           for (int j = 0; j < Q; ++j) sums[h][k][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x[j] + c + 8 * h), key, sums[h][k][j]);
         }
       }
@@ -215,29 +227,32 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
   const at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   const int64_t rows = x.size(0), out = weight.size(0), in = weight.size(1);
   TORCH_CHECK(takes(x, weight) && x.size(1) == in,
-              "dense_matmul takes bf16 [rows, in] x bf16 or fp16 [out, in], or fp32 x fp16, in % 32 == 0");
-  const bool f16 = weight.scalar_type() == at::kHalf;
+              "dense_matmul takes bf16 [rows, in] x bf16 or fp16 [out, in], or fp32 x fp16 or fp32, in % 32 == 0");
+  const bool f16 = weight.scalar_type() == at::kHalf, f32 = weight.scalar_type() == at::kFloat;
+  const int64_t size = weight.element_size();
   at::Tensor y = at::empty({rows, out}, x.options().dtype(at::kFloat));
   if (rows == 0 || out == 0) return y;
-  const auto* xs = static_cast<const uint16_t*>(x.data_ptr());
-  const auto* ws = static_cast<const uint16_t*>(weight.data_ptr());
+  const auto* xs = static_cast<const uint16_t*>(x.data_ptr());  // as bf16 activations
+  const auto* ws = static_cast<const char*>(weight.data_ptr());
   float* ys = y.data_ptr<float>();
   const int64_t blocks = (out + kBlock - 1) / kBlock, units = (blocks + kUnit - 1) / kUnit;
-  // fp16 weights: the rows in fp32; bf16 weights on AVX2: each row's odd inputs in fp32, then its even ones
+  // The rows in fp32 for fp16 or fp32 weights (bf16 ones widened); for bf16 weights on AVX2, each row's odd inputs
+  // in fp32, then its even ones
   std::vector<float> widened;
 #ifdef BF16_DOTS_AVX2
-  if (!f16) {
+  if (!f16 && !f32) {
     widened.resize(rows * in);
     for (int64_t r = 0; r < rows; ++r) widen(xs + r * in, in, &widened[r * in], &widened[r * in + in / 2]);
   }
 #endif
-  if (f16) {
+  if (f16 && x.scalar_type() == at::kBFloat16) {
     widened.resize(rows * in);
     at::from_blob(widened.data(), {rows, in}, at::TensorOptions().dtype(at::kFloat)).copy_(x);
   }
+  const float* fp32_rows = x.scalar_type() == at::kFloat ? x.data_ptr<float>() : widened.data();
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     [[maybe_unused]] bf16_dots::Arithmetic arithmetic;  // AVX2: DAZ and FTZ, per thread
-    std::vector<uint16_t> padded;  // the last block's rows and zero rows
+    std::vector<char> padded;  // the last block's rows and zero rows
     // row r's lane sums of the unit's block k (r within the rows at hand), written before they are read
     const std::unique_ptr<float[]> sums(new float[std::min(rows, kRows) * kUnit * kBlock * 16]);
     const auto lanes = [&](int64_t r, int64_t k) {
@@ -246,12 +261,12 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
     alignas(32) float part[kBlock];
     for (int64_t u = begin; u < end; ++u) {
       const int64_t first = u * kUnit, count = std::min(kUnit, blocks - first);
-      const uint16_t* w[kUnit];
-      for (int64_t k = 0; k < count; ++k) w[k] = ws + (first + k) * kBlock * in;
+      const char* w[kUnit];
+      for (int64_t k = 0; k < count; ++k) w[k] = ws + (first + k) * kBlock * in * size;
       const int64_t last = out - (first + count - 1) * kBlock;  // rows in the unit's last block
       if (last < kBlock) {
-        padded.assign(kBlock * in, 0);
-        std::memcpy(padded.data(), w[count - 1], last * in * sizeof(uint16_t));
+        padded.assign(kBlock * in * size, 0);
+        std::memcpy(padded.data(), w[count - 1], last * in * size);
         w[count - 1] = padded.data();
       }
       for (int64_t top = 0; top < rows; top += kRows) {
@@ -262,7 +277,7 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
           const auto run = [&](auto queries) {
             constexpr int Q = decltype(queries)::value;
             const float* xf[Q];
-            for (int j = 0; j < Q; ++j) xf[j] = widened.empty() ? nullptr : widened.data() + (r + j) * in;
+            for (int j = 0; j < Q; ++j) xf[j] = fp32_rows + (r + j) * in;
 #ifdef BF16_DOTS_NATIVE
             const uint16_t* xj[Q];
             for (int j = 0; j < Q; ++j) xj[j] = xs + (r + j) * in;
@@ -275,11 +290,13 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
               for (int j = 0; j < Q; ++j) outs[j] = lanes(r + j - top, k);
               const auto add = [&](auto fetch) {
                 constexpr bool FETCH = decltype(fetch)::value;
-                if (f16) return add_f16_lanes<Q, FETCH>(xf, w[k], in, from, to, outs);
+                const auto* w16 = reinterpret_cast<const uint16_t*>(w[k]);
+                if (f32) return add_fp32_lanes<Q, FETCH>(xf, reinterpret_cast<const float*>(w[k]), in, from, to, outs);
+                if (f16) return add_fp32_lanes<Q, FETCH>(xf, w16, in, from, to, outs);
 #ifdef BF16_DOTS_NATIVE
-                add_lanes<Q, FETCH>(xj, w[k], in, from, to, outs);
+                add_lanes<Q, FETCH>(xj, w16, in, from, to, outs);
 #else
-                add_lanes<Q, FETCH>(odd, even, w[k], in, from, to, outs);
+                add_lanes<Q, FETCH>(odd, even, w16, in, from, to, outs);
 #endif
               };
               // the weights' first pass comes from memory
