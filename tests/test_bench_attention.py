@@ -186,10 +186,10 @@ def test_cli_bad_input_is_one_line(monkeypatch, capsys, args, needles):
 
 @pytest.mark.slow
 def test_cli_verify_cost_with_llama_shapes():
-    """One layer of Llama-3.1-8B's shapes still means 4 GB of fp32 embeddings and LM head: ~12 s here."""
+    """One layer of Llama-3.1-8B's shapes still means 2 GB of bf16 embeddings and LM head: ~6 s here."""
     result = specchat(
         "bench", "verify-cost", "--layers", "1", "--context", "8", "--tree", "1", "--repeats", "1",
-        "--dtype", "float32", "--device", "cpu", "--attention", "hybrid", "--threads", "1", "--json", warm=True,
+        "--dtype", "bfloat16", "--device", "cpu", "--attention", "hybrid", "--threads", "1", "--json", warm=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)
