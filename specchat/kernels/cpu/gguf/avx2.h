@@ -1192,6 +1192,84 @@ void iq_decoded_unit_dots(const uint8_t* unit, const Quantized& x, float* out) {
     by_eights(x.rows, [&](auto n, int64_t r) { iq_decoded_tile_dots<TYPE, n()>(decoded.data(), x, r, rows); });
   }
 }
+#else
+// Without vpdpbusd a pass over many rows decodes a tile's 8 rows once into signed codes w (|w| <= 62), each
+// chunk's S as vpmaddwd's words and the rows' T = sum S * (the sum of w over S's values). An activation row's bytes,
+// flipped to unsigned (a + 128: a pair's products stay within int16, 2 * 255 * 62 < 2^15), then meet every code
+// row through one vpmaddubsw: the flip shared by the eight rows, where the block-by-block kernel flips the
+// activations' signs for each. P = sum S (a + 128) w - 128 T is that kernel's integer and its float step the same,
+// so the same bits.
+struct IqSignedGroup {
+  __m256i codes[8][8];   // [weight row][32-value chunk]
+  __m256i scales[8][8];  // the chunk's two 16-value sub-blocks' S, as words
+  __m256i offset;        // 128 T, lane i: weight row i's
+  __m256 a;
+};
+
+// Tile h of a unit of HALVES decoded, a group at a time.
+template <int64_t TYPE, int HALVES>
+void decode_iq_tile_signed(const uint8_t* unit, int h, int64_t groups, IqSignedGroup* out) {
+  const int8_t* grid = iq_grid<TYPE>();
+  const auto* tiles = reinterpret_cast<const TileIQ<TYPE>*>(unit);
+  const __m256i ones = _mm256_set1_epi8(1);
+  for (int64_t g = 0; g < groups; ++g) {
+    prefetch(tiles + HALVES * (g + 2) + h, sizeof(TileIQ<TYPE>));
+    IqSignedGroup& group = out[g];
+    __m256i totals[8];
+    alignas(32) float a[8];
+    for (int i = 0; i < 8; ++i) {
+      IqChunks chunks;
+      iq_decode_chunks<TYPE>(tiles[HALVES * g + h].blocks[i], grid, chunks);
+      totals[i] = _mm256_setzero_si256();
+      for (int c = 0; c < 8; ++c) {
+        const __m256i w = _mm256_sign_epi8(chunks.magnitudes[c], chunks.signs[c]);
+        const __m256i s = _mm256_setr_m128i(_mm_set1_epi16(chunks.scales[2 * c]), _mm_set1_epi16(chunks.scales[2 * c + 1]));
+        group.codes[i][c] = w;
+        group.scales[i][c] = s;
+        totals[i] = _mm256_add_epi32(totals[i], _mm256_madd_epi16(_mm256_maddubs_epi16(ones, w), s));
+      }
+      a[i] = chunks.a;
+    }
+    group.offset = _mm256_slli_epi32(lane_sums8(totals), 7);
+    group.a = _mm256_load_ps(a);
+  }
+}
+
+// Every activation row times a unit of HALVES IQ tiles, each tile decoded once: group by group, each row's
+// accumulators (lane i: weight row i) carried from one group to the next.
+template <int64_t TYPE, int HALVES>
+void iq_signed_unit_dots(const uint8_t* unit, const Quantized& x, float* out) {
+  thread_local std::vector<IqSignedGroup> decoded;
+  thread_local std::vector<__m256> acc;
+  const int64_t groups = x.cols / 256;
+  const __m256i flip = _mm256_set1_epi8(-128);
+  decoded.resize(groups);
+  for (int h = 0; h < HALVES; ++h) {
+    decode_iq_tile_signed<TYPE, HALVES>(unit, h, groups, decoded.data());
+    acc.assign(x.rows, _mm256_setzero_ps());
+    for (int64_t g = 0; g < groups; ++g) {
+      const IqSignedGroup& group = decoded[g];
+      for (int64_t r = 0; r < x.rows; ++r) {
+        const int8_t* a = x.q.data() + r * x.cols + g * 256;
+        __m256i lanes[8];
+        for (int i = 0; i < 8; ++i) lanes[i] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; ++c) {
+          const __m256i u = _mm256_xor_si256(load256(a + 32 * c), flip);
+          for (int i = 0; i < 8; ++i)
+            lanes[i] = _mm256_add_epi32(lanes[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, group.codes[i][c]), group.scales[i][c]));
+        }
+        const __m256i p = _mm256_sub_epi32(lane_sums8(lanes), group.offset);
+        const __m256 da = _mm256_mul_ps(_mm256_set1_ps(x.scale[r * groups + g]), group.a);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), da, acc[r]);
+      }
+    }
+    const __m256 none[1] = {_mm256_setzero_ps()};
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const __m256 row[1] = {acc[r]};
+      store_tile_rows<1>(row, none, x, r, out + h * kTileRows * x.rows);
+    }
+  }
+}
 #endif
 
 }  // namespace gguf

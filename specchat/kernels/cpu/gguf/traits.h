@@ -211,6 +211,9 @@ struct IqTraits {  // IQ1_S ... IQ3_S: their blocks decoded by codebook lookups 
 #elif defined(GGUF_DPBUSD)
     if (path == Path::Best && x.rows >= kIqGemmFromRows)
       return by_halves(per_unit, [&](auto halves) { iq_decoded_unit_dots<TYPE, halves()>(unit, x, out); });
+#else
+    if (path == Path::Best && x.rows >= kIqGemmFromRows)
+      return by_halves(per_unit, [&](auto halves) { iq_signed_unit_dots<TYPE, halves()>(unit, x, out); });
 #endif
     by_halves(per_unit, [&](auto halves) {
       by_eights(x.rows, [&](auto rows, int64_t r) { iq_tile_dots_avx2<TYPE, rows(), halves()>(unit, x, r, out); });
