@@ -1066,8 +1066,8 @@ void iq_tile_dots_avx2(const uint8_t* unit, const Quantized& x, int64_t first, f
 // vector n holds values 4 n .. 4 n + 3 of the 8 rows, plus 128), with their S and A: an activation row's four
 // values, broadcast, multiply all 8 rows in one vpdpbusd. The 128 sum(a) those products carry is taken back once a
 // group, S times the sub-blocks' sums of a. Each row's integer P and float step are those of `iq_tile_dots_avx2`,
-// so the same bits. (Through vpmaddubsw the products and the signs' flips cost about what the block-by-block
-// kernel's do: plain AVX2 keeps that one.) AVX-512 VNNI decodes a pair of tiles so (`iq_pair_dots`).
+// so the same bits. AVX-512 VNNI decodes a pair of tiles so (`iq_pair_dots`); plain AVX2 decodes a tile into signed
+// codes instead (`iq_signed_unit_dots`, below).
 
 // Where a pass decodes its tiles once: a Zen 5 ran the 1.5B's matrices (all IQ3_S, pairs through 512 bits) at 8 / 16
 // rows in 78.7 / 160.8 ms block by block and 93.0 / 124.8 decoded once.
