@@ -1072,6 +1072,9 @@ void iq_tile_dots_avx2(const uint8_t* unit, const Quantized& x, int64_t first, f
 // Where a pass decodes its tiles once: a Zen 5 ran the 1.5B's matrices (all IQ3_S, pairs through 512 bits) at 8 / 16
 // rows in 78.7 / 160.8 ms block by block and 93.0 / 124.8 decoded once.
 constexpr int64_t kIqGemmFromRows = 12;
+// Plain AVX2's signed codes from the ninth row, where block by block takes a second pass: the 1.5B's IQ3_S matrices
+// at 9 / 10 / 11 rows in 139 / 161 / 188 ms against 216 / 298 / 234 (a Zen 5); at 5-8 rows the two were within noise.
+constexpr int64_t kIqSignedGemmFromRows = 9;
 
 // The values an IQ type's S covers.
 template <int64_t TYPE>

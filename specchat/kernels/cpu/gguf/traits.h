@@ -204,7 +204,8 @@ struct IqTraits {  // IQ1_S ... IQ3_S: their blocks decoded by codebook lookups 
 #ifdef GGUF_AVX2
   // Eight rows a lookup. On AVX-512 VNNI a pair through 512 bits, decoded once from kIqGemmFromRows rows (a lone
   // tile, which a matrix has there only when its rows are 8 past a multiple of 16, through the AVX2 kernel); with
-  // AVX-VNNI alone a tile decoded once from kIqGemmFromRows rows.
+  // AVX-VNNI alone a tile decoded once from kIqGemmFromRows rows; on plain AVX2 into signed codes from
+  // kIqSignedGemmFromRows.
   static void every_row_unit_dots(const uint8_t* unit, const Quantized& x, int64_t per_unit, Path path, float* out) {
 #ifdef GGUF_VNNI
     if (path == Path::Best && per_unit == 2) return iq_pair_dots<TYPE>(unit, x, out);
@@ -212,7 +213,7 @@ struct IqTraits {  // IQ1_S ... IQ3_S: their blocks decoded by codebook lookups 
     if (path == Path::Best && x.rows >= kIqGemmFromRows)
       return by_halves(per_unit, [&](auto halves) { iq_decoded_unit_dots<TYPE, halves()>(unit, x, out); });
 #else
-    if (path == Path::Best && x.rows >= kIqGemmFromRows)
+    if (path == Path::Best && x.rows >= kIqSignedGemmFromRows)
       return by_halves(per_unit, [&](auto halves) { iq_signed_unit_dots<TYPE, halves()>(unit, x, out); });
 #endif
     by_halves(per_unit, [&](auto halves) {
