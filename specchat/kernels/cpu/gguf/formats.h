@@ -5,7 +5,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

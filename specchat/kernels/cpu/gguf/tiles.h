@@ -24,13 +24,13 @@ namespace gguf {
 // its own. A matrix under 2 MB takes ordinary pages: rounded up to whole 2 MB pages, the 1.5B's small matrices
 // held 142 MB more.
 inline at::Tensor huge_page_bytes(int64_t rows, int64_t cols) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t bytes = static_cast<size_t>(rows * cols), size = (bytes + kHuge - 1) / kHuge * kHuge;
-  if (bytes < kHuge) return at::empty({rows, cols}, at::TensorOptions().dtype(at::kByte));
-  void* memory = std::aligned_alloc(kHuge, size);
+  constexpr size_t kHuge = size_t{2} << 20, kLine = 64;
+  const size_t bytes = static_cast<size_t>(rows * cols), align = bytes < kHuge ? kLine : kHuge;
+  const size_t size = std::max((bytes + align - 1) / align * align, align);
+  void* memory = std::aligned_alloc(align, size);
   TORCH_CHECK(memory, "out of memory for ", bytes, " bytes of tiles");
 #ifdef __linux__
-  madvise(memory, size, MADV_HUGEPAGE);
+  if (align == kHuge) madvise(memory, size, MADV_HUGEPAGE);
 #endif
   return at::from_blob(memory, {rows, cols}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kByte));
 }
