@@ -40,7 +40,7 @@ def _attention_outputs(dtype, head_dim, context, rows, seed):
     return out.float() - x.float()
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("context", [300, 301])
 @pytest.mark.parametrize("rows", [1, 9])
 def test_bf16_dot_product_attention_is_fp32_attention_within_bf16_rounding(head_dim, context, rows):

@@ -1,9 +1,10 @@
 """The CPU decoder built for AVX2 only (x86-64-v3, what a machine without AVX-512 compiles) gives bitwise what
 this machine's own build gives: the GGUF block kernels (every type, both tile kinds, row counts below and past
 a kernel's row blocks; the AVX-512 VNNI build's too) and the decoder's attention (fp32 and bf16 caches, head_dim
-64 and 128, a decode step and a tree of rows). So results do not depend on the machine that computes them, and the AVX2 paths, which
-an AVX-512 machine's own build never runs, are tested here too. A bf16 cache's attention on a CPU with AMX
-tiles rounds as the tiles do (bf16_tiles.h): there the two builds agree within a bf16 rounding of the outputs.
+64, 96 and 128, a decode step and a tree of rows). So results do not depend on the machine that computes them, and
+the AVX2 paths, which an AVX-512 machine's own build never runs, are tested here too. A bf16 cache's attention on
+a CPU with AMX tiles rounds as the tiles do (bf16_tiles.h): there the two builds agree within a bf16 rounding of the
+outputs.
 Skipped where the native build is that same AVX2 build (no AVX-512) or the machine is not x86.
 """
 
@@ -53,7 +54,7 @@ def test_gguf_kernels_equal_the_avx2_and_avx512_vnni_builds(isa, kind):
 
 @pytest.mark.parametrize(("dtype", "kv_cache"), [(torch.float32, "auto"), (torch.bfloat16, "auto"), (torch.bfloat16, "int8")],
                          ids=["fp32", "bf16", "int8"])  # fmt: skip
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("context", [300, 301])  # bf16 value rows go in pairs: an odd prefix pairs with the tree
 def test_attention_equals_the_avx2_build(avx2, dtype, kv_cache, head_dim, context):
     """An int8 cache's scores run through vpdpbusd here and through the portable loops there (no VNNI)."""

@@ -158,6 +158,33 @@ def test_the_blocks_of_a_quantized_checkpoint_are_kept_for_its_next_load(checkpo
     assert len(list((tmp_path / "cache" / "quantized").iterdir())) == 2
 
 
+@torch.inference_mode()
+def test_phi3_minis_96_wide_heads_run_on_the_cpu_decoder(checkpoints, tmp_path):
+    """Phi-3-mini's shape (heads of 96, as many KV heads as query heads, RoPE over every dim, LongRoPE's factors, a
+    window on every layer): the CPU decoder computes transformers' forward, and speculation in bf16 equals
+    autoregression."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    directory, _ = checkpoints("phi3")
+    fields = json.loads((directory / "config.json").read_text())
+    rope = fields["rope_parameters"]
+    del rope["partial_rotary_factor"]
+    generator = torch.Generator().manual_seed(3)
+    for name in ("long_factor", "short_factor"):  # one per rotated pair: 48
+        rope[name] = (1 + torch.rand(48, generator=generator) * (4 if name == "long_factor" else 0.5)).tolist()
+    fields |= {"hidden_size": 384, "num_key_value_heads": 4}
+    torch.manual_seed(0)
+    theirs = Phi3ForCausalLM(Phi3Config.from_dict(fields)).eval()
+    for weight in theirs.parameters():  # as saved in bf16
+        weight.data = weight.data.to(torch.bfloat16).float()
+    copy.deepcopy(theirs).to(torch.bfloat16).save_pretrained(tmp_path)
+    PreTrainedTokenizerFast.from_pretrained(directory).save_pretrained(tmp_path)
+    ours = load_model(str(tmp_path), dtype="float32").model
+    assert parts(ours).layers[0].head_dim == 96
+    assert_computes_transformers_forward(ours, theirs, WINDOW["phi3"])
+    assert_speculation_equals_autoregressive(load_model(str(tmp_path)), GREEDY)
+
+
 def test_a_checkpoint_without_safetensors_is_refused_in_one_line(checkpoints, tmp_path):
     directory = tmp_path / "bin-only"
     shutil.copytree(checkpoints("granite")[0], directory)

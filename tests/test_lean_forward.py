@@ -50,7 +50,7 @@ def _dense_mask(batch, prefix: int) -> torch.Tensor:
 
 @torch.inference_mode()
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_prefill_and_tree_verification_match_transformers_in_float32(family, head_dim):
     model = _model(family, torch.float32, head_dim=head_dim)
     lean = LeanForward(model, cpu_decoder())  # fuses q/k/v and gate/up in place: transformers runs them too
@@ -120,7 +120,7 @@ def _chain(nodes: int) -> DraftTree:
     ("llama", torch.float32, "int4", "auto"), ("llama", torch.bfloat16, "int4", "int8"),
     ("llama", torch.float16, "int4", "int8"),
 ])  # fmt: skip
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("prefix", [1, 15, 63, 130])  # key counts on both sides of the 16- and 64-key blocks
 def test_each_verified_row_is_bitwise_its_decode_step(family, dtype, quantize, kv_cache, head_dim, prefix, cpu_isa):
     if cpu_isa != "native" and prefix in (1, 63):  # the other builds on the prefixes past a block's edge
@@ -149,7 +149,7 @@ def test_each_verified_row_is_bitwise_its_decode_step(family, dtype, quantize, k
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, cpu_isa):
     """One KV head, two threads (and four, more than this machine may have): a decode step's attention over a long
     prefix goes over them (the scores by keys, the value sums by parts of the head dims), and gives bitwise what one
@@ -180,7 +180,7 @@ def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, 
     (torch.bfloat16, "int4", "auto"), (torch.bfloat16, "int8", "auto"), (torch.float16, "int4", "auto"),
     (torch.float32, None, "auto"), (torch.bfloat16, "int4", "int8"),
 ])  # fmt: skip
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, head_dim, cpu_isa):
     """Causal rows attend in chunks of 64 (`kCausalChunk`): 150 rows after 15 cached ones cross three chunk
     boundaries, and every row still gets what decoding it alone gets (matmuls that are row-independent)."""

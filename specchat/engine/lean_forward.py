@@ -33,7 +33,7 @@ from specchat.quant.fused import Side, fuse_projections
 from specchat.quant.quantized_linear import QuantizedLinear
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma3_text")
-HEAD_DIMS = (64, 128, 256)  # the CPU decoder is compiled for these
+HEAD_DIMS = (64, 96, 128, 256)  # the CPU decoder is compiled for these
 OWN_MODULES_ONLY = ("phi3", "granite", "gemma3_text")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 

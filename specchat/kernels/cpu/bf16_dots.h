@@ -244,9 +244,10 @@ inline void add_pairs(const uint32_t* const (&weights)[Q], const uint32_t* pairs
       for (int j = 0; j < kVectors; ++j) _mm512_storeu_ps(acc[q] + h + 16 * j, sums[q][j]);
   }
 #elif defined(BF16_DOTS_AVX2)
-  // 64 / Q columns of each query's `acc` in registers while the pairs stream by, each pair widened once for all
+  // 64 / Q columns (32 / Q where DIM is not in 64s) of each query's `acc` in registers while the pairs stream by,
+  // each pair widened once for all
   static_assert(Q == 1 || Q == 2, "one or two queries a call");
-  constexpr int kVectors = 8 / Q;
+  constexpr int kVectors = (DIM % 64 == 0 ? 8 : 4) / Q;
   for (int h = 0; h < DIM; h += 8 * kVectors) {
     __m256 sums[Q][kVectors];
     for (int q = 0; q < Q; ++q)

@@ -368,7 +368,7 @@ inline void dots16(const float* const (&q)[Q], const float* tile, float* const (
 
 // acc[q][d] += weights[q][p] * rows[p][d] for each of Q queries and the `count` rows [count][DIM] in order, one
 // fma each, whatever the path: AVX-512 keeps 128 columns of every query's `acc` in registers while the rows
-// stream by (each row loaded once for the Q queries), AVX2 64 columns of one query.
+// stream by (each row loaded once for the Q queries), AVX2 64 columns of one query (32 where DIM is not in 64s).
 template <int DIM, int Q>
 inline void add_weighted(const float* const (&weights)[Q], const float* rows, int64_t count, float* const (&acc)[Q]) {
 #if defined(__AVX512F__)
@@ -390,16 +390,17 @@ inline void add_weighted(const float* const (&weights)[Q], const float* rows, in
       for (int j = 0; j < kVectors; ++j) _mm512_storeu_ps(acc[q] + h + 16 * j, sums[q][j]);
   }
 #elif defined(__AVX2__) && defined(__FMA__)
+  constexpr int kVectors = DIM % 64 == 0 ? 8 : 4;
   for (int q = 0; q < Q; ++q) {
-    for (int h = 0; h < DIM; h += 64) {
-      __m256 sums[8];
-      for (int j = 0; j < 8; ++j) sums[j] = _mm256_loadu_ps(acc[q] + h + 8 * j);
+    for (int h = 0; h < DIM; h += 8 * kVectors) {
+      __m256 sums[kVectors];
+      for (int j = 0; j < kVectors; ++j) sums[j] = _mm256_loadu_ps(acc[q] + h + 8 * j);
       for (int64_t p = 0; p < count; ++p) {
         const __m256 weight = _mm256_broadcast_ss(weights[q] + p);
         const float* row = rows + p * DIM + h;
-        for (int j = 0; j < 8; ++j) sums[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * j), sums[j]);
+        for (int j = 0; j < kVectors; ++j) sums[j] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * j), sums[j]);
       }
-      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc[q] + h + 8 * j, sums[j]);
+      for (int j = 0; j < kVectors; ++j) _mm256_storeu_ps(acc[q] + h + 8 * j, sums[j]);
     }
   }
 #else
@@ -727,19 +728,19 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
     sum_value_pairs<PART>(pair, prefetch, weights16.data(), paired, tails, prefix, rows, group, sums.data());
     for (int64_t i = 0; i < count; ++i) std::copy_n(sums.data() + i * PART, PART, accumulator.data() + i * DIM + first);
   };
-  // spread: as many parts as threads, in powers of two, of at least 32 dims (the AVX2 sums' width)
+  // spread: as many parts as threads, in powers of two, each whole 32s of dims (the AVX2 sums' width)
   const auto in_parts = [&](auto parts) {
     constexpr int PART = DIM / decltype(parts)::value;
-    if constexpr (PART >= 32) {
+    if constexpr (PART % 32 == 0) {
       at::parallel_for(0, decltype(parts)::value, 1, [&](int64_t begin, int64_t end) {
         for (int64_t part = begin; part < end; ++part) sum_values(std::integral_constant<int, PART>{}, part * PART);
       });
     }
   };
   const int64_t threads = spread ? at::get_num_threads() : 1;
-  if (DIM >= 256 && threads >= 8) in_parts(std::integral_constant<int, 8>{});
-  else if (DIM >= 128 && threads >= 4) in_parts(std::integral_constant<int, 4>{});
-  else if (DIM >= 64 && threads >= 2) in_parts(std::integral_constant<int, 2>{});
+  if (DIM % 256 == 0 && threads >= 8) in_parts(std::integral_constant<int, 8>{});
+  else if (DIM % 128 == 0 && threads >= 4) in_parts(std::integral_constant<int, 4>{});
+  else if (DIM % 64 == 0 && threads >= 2) in_parts(std::integral_constant<int, 2>{});
   else sum_values(std::integral_constant<int, DIM>{}, 0);
   store_sums<at::BFloat16, DIM>(accumulator.data(), count, heads, group, out);
 }
@@ -1007,9 +1008,10 @@ template <typename F>
 inline void with_head_dim(int64_t dim, F&& f) {
   switch (dim) {
     case 64: return f(std::integral_constant<int, 64>{});
+    case 96: return f(std::integral_constant<int, 96>{});
     case 128: return f(std::integral_constant<int, 128>{});
     case 256: return f(std::integral_constant<int, 256>{});
-    default: TORCH_CHECK(false, "head_dim must be 64, 128 or 256");
+    default: TORCH_CHECK(false, "head_dim must be 64, 96, 128 or 256");
   }
 }
 
@@ -1057,7 +1059,9 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
           const T* v = cache.values + g * slots * dim;
           if constexpr (std::is_same_v<T, at::BFloat16>) {
 #ifdef BF16_TILES
-            if (tiles) return attend_bf16_tiles<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+            if constexpr (DIM % 64 == 0) {  // the tiles' passes take 64 dims
+              if (tiles) return attend_bf16_tiles<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+            }
 #endif
             attend_bf16<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o, spread);
           } else {

@@ -208,7 +208,7 @@ inline void add_value_tiles(const uint32_t* const (&weights)[Q], const float* co
                             const uint32_t* const (&fine)[Q], const float* const (&fine_scales)[Q],
                             const int8_t* tiles, int64_t count, float* const (&acc)[Q]) {
 #ifdef INT8_DOTS_NATIVE
-  constexpr int kWidth = DIM < 64 ? DIM : 64, kVectors = kWidth / LANES;  // dims kept in registers at a time
+  constexpr int kWidth = DIM % 64 == 0 ? 64 : 32, kVectors = kWidth / LANES;  // dims kept in registers at a time
   for (int h = 0; h < DIM; h += kWidth) {
     __m512 total[Q][kVectors];
     for (int j = 0; j < Q; ++j)
