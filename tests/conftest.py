@@ -57,18 +57,19 @@ def pytest_unconfigure(config):
         os._exit(config.stash[EXIT_STATUS])
 
 
-def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim: int | None = None, kv_heads: int = 2):
-    """A 2-layer random model of `family` (4 query heads, `kv_heads` KV heads, head_dim 16 unless given), fp32, eval
-    mode."""
+def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim: int | None = None, kv_heads: int = 2,
+               heads: int = 4):  # fmt: skip
+    """A 2-layer random model of `family` (`heads` query heads, `kv_heads` KV heads, head_dim 16 unless given, hidden
+    size 16 a head), fp32, eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
         family,
         vocab_size=vocab_size,
-        hidden_size=64,
+        hidden_size=16 * heads,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         initializer_range=0.3,  # peaked logits: greedy ties are then practically impossible

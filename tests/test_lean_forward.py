@@ -150,11 +150,13 @@ def test_each_verified_row_is_bitwise_its_decode_step(family, dtype, quantize, k
 
 @torch.inference_mode()
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
-def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, cpu_isa):
+@pytest.mark.parametrize("heads", [4, 3])  # the value sums take queries in pairs: an odd group ends on a single one
+def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, heads, cpu_isa):
     """One KV head, two threads (and four, more than this machine may have): a decode step's attention over a long
     prefix goes over them (the scores by keys, the value sums by parts of the head dims), and gives bitwise what one
-    thread computes alone, and what a tree's root row (two units, not spread) computes."""
-    model = tiny_model("llama", head_dim=head_dim, kv_heads=1).to(torch.bfloat16)
+    thread computes alone, and what a tree's root row computes; a tree's rows spread over four threads (three units
+    of two rows) are one thread's."""
+    model = tiny_model("llama", head_dim=head_dim, kv_heads=1, heads=heads).to(torch.bfloat16)
     use_attention(model, "canonical")
     lean = lean_forward(model)
     prefix = 1100  # past the 1024 keys a step spreads from
@@ -170,7 +172,11 @@ def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, 
             steps.append(lean(torch.tensor([7]), torch.tensor([prefix]), None, cache).logits[0])
         assert torch.equal(steps[0], steps[1]) and torch.equal(steps[0], steps[2])
         batch = tree_batch(_chain(5), 7, prefix, CPU)
-        assert torch.equal(lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache).logits[0], steps[0])
+        verified = []
+        for count in (1, 4):
+            torch.set_num_threads(count)
+            verified.append(lean(batch.input_ids, batch.position_ids, batch.tree_mask, cache).logits)
+        assert torch.equal(verified[0][0], steps[0]) and torch.equal(verified[0], verified[1])
     finally:
         torch.set_num_threads(threads)
 
