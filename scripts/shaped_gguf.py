@@ -3,7 +3,7 @@ that architecture: a speed figure's model where its file cannot be fetched. Its 
 padded with unused tokens to the model's vocabulary (the LM head's size is what a step reads). Quantize it as files
 ship with `scripts/requantize_gguf.py OUT.gguf Q4_K_M.gguf --type q4_k_m --llama-cpp`.
 
-    python scripts/shaped_gguf.py gemma3-1b|gemma3-4b|phi4-mini OUT.gguf
+    python scripts/shaped_gguf.py gemma3-1b|gemma3-4b|phi4-mini|phi3.5-mini OUT.gguf
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from gguf_files import _fields, tokenizer_fields  # noqa: E402
 
 from specchat.loading import embedded_gguf_path  # noqa: E402
 
-# From each model's config.json: google/gemma-3-1b-it, google/gemma-3-4b-it (text), microsoft/Phi-4-mini-instruct
+# From each model's config.json: google/gemma-3-1b-it, google/gemma-3-4b-it (text), microsoft/Phi-4-mini-instruct,
+# microsoft/Phi-3.5-mini-instruct
 SHAPES = {
     "gemma3-1b": dict(architecture="gemma3", hidden=1152, intermediate=6912, layers=26, heads=4, kv_heads=1,
                       head_dim=256, vocab=262144, context=32768, window=512),
@@ -29,6 +30,11 @@ SHAPES = {
                       head_dim=256, vocab=262208, context=131072, window=1024, linear_scaling=8.0),
     "phi4-mini": dict(architecture="phi3", hidden=3072, intermediate=8192, layers=32, heads=24, kv_heads=8,
                       head_dim=128, vocab=200064, context=131072, rotated=96, trained=4096),
+    # its vocabulary is 32,064, under the embedded tokenizer's 49,152: the head is written that size (~2% more bytes a
+    # step); its name has no "phi3" or "phi-3", which would make llama.cpp look up Phi-3's special tokens
+    "phi3.5-mini": dict(architecture="phi3", hidden=3072, intermediate=8192, layers=32, heads=32, kv_heads=32,
+                        head_dim=96, vocab=49152, context=131072, rotated=96, trained=4096, head=True,
+                        name="phi 3.5 mini-shaped (random weights)"),
 }  # fmt: skip
 
 
@@ -38,7 +44,7 @@ def main() -> None:
     heads, kv_heads, intermediate, vocab = shape["heads"], shape["kv_heads"], shape["intermediate"], shape["vocab"]
     rng = np.random.default_rng(0)
     writer = GGUFWriter(str(out), arch)
-    writer.add_name(f"{sys.argv[1]}-shaped (random weights)")
+    writer.add_name(shape.get("name", f"{sys.argv[1]}-shaped (random weights)"))
     size = _fields(embedded_gguf_path(), "tokenizer.")[1]
     tokenizer_fields(writer, embedded_gguf_path(), pad=vocab - size)
     writer.add_context_length(shape["context"])
@@ -89,6 +95,8 @@ def main() -> None:
         for name, rows, columns in matrices:
             bf16(f"blk.{i}.{name}.weight", rows, columns, 0.02)
     f32("output_norm.weight", rng.uniform(0.8, 1.2, hidden))
+    if shape.get("head"):  # an output head of its own (the others tie it to the embedding)
+        bf16("output.weight", vocab, hidden, 0.02)
     if arch == "phi3":
         f32("rope_factors_long.weight", rng.uniform(1.0, 40.0, shape["rotated"] // 2))
         f32("rope_factors_short.weight", rng.uniform(1.0, 1.5, shape["rotated"] // 2))
