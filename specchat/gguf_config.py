@@ -18,13 +18,14 @@ import torch
 from specchat.architectures.rope import rope_of_frequency_factors
 from specchat.gguf_header import header_fields, tensor_table
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "granite", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "granite", "gemma3", "gemma2")
 # Granite's scalars: its config's names for llama.cpp's keys
 GRANITE_SCALES = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
                   "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}  # fmt: skip
 GEMMA3_PATTERN = 6  # llama.cpp's default: every sixth layer attends over everything, the others over a window
 GEMMA3_LOCAL_BASE = 10000.0  # the sliding-window layers' RoPE base, where the file names none
 GEMMA3_27B_LAYERS = 62  # whose queries are scaled by (hidden / heads)^-1/2, not head_dim^-1/2 (llama.cpp's rule)
+GEMMA2_27B_LAYERS = 46  # the same for Gemma 2
 TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "pad_token_id": "padding_token_id",
              "unk_token_id": "unknown_token_id"}  # fmt: skip
 
@@ -73,6 +74,8 @@ def gguf_config(path: Path):
             config[name] = fields[f"tokenizer.ggml.{key}"]
     if architecture == "gemma3":
         return AutoConfig.for_model("gemma3_text", **{**config, **_gemma3(fields, field, rope)})
+    if architecture == "gemma2":
+        return AutoConfig.for_model("gemma2", **{**config, **_gemma2(fields, field)})
     config["sliding_window"] = fields.get(f"{architecture}.attention.sliding_window") or None  # every layer's
     if architecture == "granite":
         scales = {name: f"granite.{key}" for name, key in GRANITE_SCALES.items()}
@@ -131,6 +134,21 @@ def _gemma3(fields: dict, field, rope: dict) -> dict:
         "query_pre_attn_scalar": hidden // heads if layers == GEMMA3_27B_LAYERS else head_dim,
         "rope_parameters": {"full_attention": rope, "sliding_attention": {
             "rope_type": "default", "rope_theta": fields.get("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_BASE)}},
+    }
+
+
+def _gemma2(fields: dict, field) -> dict:
+    """What a Gemma 2 config has besides a Llama one: a window on every other layer (the first's), the query scale,
+    the scores' and logits' soft caps."""
+    layers, window = field("block_count"), fields.get("gemma2.attention.sliding_window", 0)
+    heads, hidden, head_dim = field("attention.head_count"), field("embedding_length"), field("attention.key_length")
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": window or None,
+        "layer_types": ["sliding_attention" if window and i % 2 == 0 else "full_attention" for i in range(layers)],
+        "query_pre_attn_scalar": hidden // heads if layers == GEMMA2_27B_LAYERS else head_dim,
+        "attn_logit_softcapping": fields.get("gemma2.attn_logit_softcapping"),
+        "final_logit_softcapping": fields.get("gemma2.final_logit_softcapping"),
     }
 
 

@@ -119,6 +119,7 @@ def _fields(source: Path, prefix: str) -> tuple[tuple, int]:
 
 
 GEMMA3_WINDOW = 48  # the tiny Gemma 3's sliding window: prompts cross it
+GEMMA2_WINDOW, GEMMA2_CAPS = 32, (1.5, 2.0)  # the tiny Gemma 2's window; its caps, low enough to bite on its scores
 PHI3_WINDOW, PHI3_ROTATED, PHI3_TRAINED = 40, 48, 4096  # the tiny Phi-3's window, rotated dims, LongRoPE's window
 # the tiny Granite's multipliers (Granite 3.x's, but for the attention's: 1 / 64 with its heads of 64)
 GRANITE_SCALES = {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.015625, "logit_scale": 8.0}
@@ -128,21 +129,22 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
                      layers: int = 2, tied: bool = False, name: str | None = None,
                      frequency_factors: list[float] | None = None, unquantized: bool | str = False,
                      padded_vocab: int = 0) -> Path:  # fmt: skip
-    """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3: 128, gemma3: 256), 2 KV heads, MLP 512) whose
-    matrices use every block type (`unquantized`: F32, or "F16" / "BF16"), with q/k/v biases for qwen2 and q/k norms
-    for qwen3; gemma3 with Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys
-    (llama.cpp's names and layout: norms hold 1 + w); phi3 as Phi-4-mini (fused q/k/v and gate/up, LongRoPE over
-    PHI3_ROTATED of its 64 dims) with a window of PHI3_WINDOW keys on every layer; granite with GRANITE_SCALES; the
-    tokenizer of the GGUF file `tokenizer_source` (None: 512 stand-in tokens); `name` its `general.name`;
-    `frequency_factors` its `rope_freqs` tensor (32 factors, RoPE base 10000); `padded_vocab` unused tokens listed
-    after the tokenizer's (and rows of the embedding and head for them)."""
+    """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3, gemma2: 128, gemma3: 256), 2 KV heads, MLP
+    512) whose matrices use every block type (`unquantized`: F32, or "F16" / "BF16"), with q/k/v biases for qwen2 and
+    q/k norms for qwen3; gemma3 with Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys
+    (llama.cpp's names and layout: norms hold 1 + w); gemma2 with the same norms but q/k's, a window of GEMMA2_WINDOW
+    keys on its first layer and its scores and logits soft-capped (GEMMA2_CAPS); phi3 as Phi-4-mini (fused q/k/v and
+    gate/up, LongRoPE over PHI3_ROTATED of its 64 dims) with a window of PHI3_WINDOW keys on every layer; granite with
+    GRANITE_SCALES; the tokenizer of the GGUF file `tokenizer_source` (None: 512 stand-in tokens); `name` its
+    `general.name`; `frequency_factors` its `rope_freqs` tensor (32 factors, RoPE base 10000); `padded_vocab` unused
+    tokens listed after the tokenizer's (and rows of the embedding and head for them)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
     hidden, intermediate, heads, kv_heads = 256, 512, 4, 2
-    gemma = architecture == "gemma3"
+    gemma = architecture in ("gemma3", "gemma2")
     # qwen3's heads are wider than hidden / heads, as in Qwen3-0.6B's; Gemma 3's are 256 wide
-    dim = {"qwen3": 128, "gemma3": 256}.get(architecture, 64)
+    dim = {"qwen3": 128, "gemma2": 128, "gemma3": 256}.get(architecture, 64)
     writer = GGUFWriter(str(path), architecture)
     if name is not None:
         writer.add_name(name)
@@ -161,15 +163,19 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
     writer.add_feed_forward_length(intermediate)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(1e6 if gemma else 10000.0)
+    writer.add_rope_freq_base(1e6 if architecture == "gemma3" else 10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_dimension_count(PHI3_ROTATED if phi3 else dim)
-    if architecture in ("qwen3", "gemma3"):
+    if architecture in ("qwen3", "gemma3", "gemma2"):
         writer.add_key_length(dim)
         writer.add_value_length(dim)
-    if gemma:
+    if architecture == "gemma3":
         writer.add_sliding_window(GEMMA3_WINDOW)
         writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    if architecture == "gemma2":
+        writer.add_sliding_window(GEMMA2_WINDOW)
+        writer.add_float32("gemma2.attn_logit_softcapping", GEMMA2_CAPS[0])
+        writer.add_float32("gemma2.final_logit_softcapping", GEMMA2_CAPS[1])
     if architecture == "granite":
         for key, value in GRANITE_SCALES.items():
             writer.add_float32(f"granite.{key}", value)

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 from drafters_for_tests import RandomTreeDrafter
-from gguf_files import GEMMA3_WINDOW, PHI3_TRAINED, PHI3_WINDOW, write_tiny_model
+from gguf_files import GEMMA2_WINDOW, GEMMA3_WINDOW, PHI3_TRAINED, PHI3_WINDOW, write_tiny_model
 from test_gguf_model import GREEDY, SAMPLED, generate
 
 from specchat.architectures import gemma3_model, llama_model, parts
@@ -30,10 +30,12 @@ from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoin
 from specchat.quant.gguf_model import dequantized_model, load_gguf_model
 
 CPU = torch.device("cpu")
-ARCHITECTURES = ("gemma3", "phi3", "granite")
-WINDOW = {"gemma3": GEMMA3_WINDOW, "phi3": PHI3_WINDOW, "granite": 24}  # granite has none: prompts of the same size
+ARCHITECTURES = ("gemma3", "gemma2", "phi3", "granite")
+# granite has none: prompts of the same size
+WINDOW = {"gemma3": GEMMA3_WINDOW, "gemma2": GEMMA2_WINDOW, "phi3": PHI3_WINDOW, "granite": 24}
 # what transformers builds, its layers' windows, specchat's modules
 EXPECTED = {"gemma3": ("Gemma3ForCausalLM", [GEMMA3_WINDOW, 0], gemma3_model.CausalLM),
+            "gemma2": ("Gemma2ForCausalLM", [GEMMA2_WINDOW, 0], gemma3_model.CausalLM),
             "phi3": ("Phi3ForCausalLM", [PHI3_WINDOW, PHI3_WINDOW], llama_model.CausalLM),
             "granite": ("GraniteForCausalLM", [0, 0], llama_model.CausalLM)}  # fmt: skip
 
@@ -143,10 +145,10 @@ def assert_speculation_equals_autoregressive(loaded, sampling) -> None:
     assert events[-1].stats.accepted > 0
 
 
-@pytest.mark.parametrize("architecture", ["gemma3", "phi3", "granite", "qwen3"])
+@pytest.mark.parametrize("architecture", ["gemma3", "gemma2", "phi3", "granite", "qwen3"])
 def test_a_file_drafting_for_itself_predicts_the_target(tiny_files, tmp_path, architecture):
     """The draft model runs a file's layers in torch (`drafters/model`): its per-head q/k norms, Gemma's output
-    norms, windows and two RoPEs. A file drafting for itself under the full cache proposes what the target
+    norms, windows, two RoPEs and soft caps. A file drafting for itself under the full cache proposes what the target
     then says, past the window too (a wrong norm, window or rotation would show at once), and the output is the
     target's."""
     path = tiny_files(architecture, "blocks")[0] if architecture in ARCHITECTURES else \

@@ -73,7 +73,7 @@ def test_a_yarn_files_window_is_the_stretched_one(tmp_path):
 @pytest.mark.parametrize(
     "options, message",
     [({"architecture": "falcon"}, "is a falcon model; specchat runs llama, qwen2, qwen3, mistral, phi3, granite, "
-                                  "gemma3 GGUF files"),
+                                  "gemma3, gemma2 GGUF files"),
      ({"scaling": {"type": "longrope", "factor": 4.0}}, "asks for longrope RoPE scaling"),
      ({"factors": [2.0] * 32}, "rope_freqs tensor \\(32 factors\\) is not Llama 3's RoPE scaling"),
      ({"drop": "block_count"}, "has no 'llama.block_count' field")],
@@ -115,7 +115,7 @@ def test_the_tokenizer_is_autotokenizers_conversion_of_the_file(name):
     assert ours.all_special_ids == theirs.all_special_ids and len(ours) == len(theirs)
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "qwen3", "gemma3", "gemma2"])
 def test_config_and_weights_are_transformers_reading_of_the_file(architecture, tmp_path):
     """The config read from the header has transformers' shapes, token ids and RoPE, and every weight of
     `dequantized_model` is bitwise what transformers' GGUF loader makes of the file (both dequantize with gguf-py;

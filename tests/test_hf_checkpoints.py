@@ -1,7 +1,7 @@
-"""Gemma 3, Phi-3 and Granite from a Hugging Face checkpoint (config.json and safetensors, as `save_pretrained` writes
-them): on a CPU they load into specchat's own modules (`hf_checkpoint`) and run on the CPU decoder, computing what
-transformers' model computes, past the window too; speculation equals the target alone. The checkpoints are the tiny
-GGUF models of test_gguf_architectures, dequantized by transformers' model and saved."""
+"""Gemma 3 and 2, Phi-3 and Granite from a Hugging Face checkpoint (config.json and safetensors, as `save_pretrained`
+writes them): on a CPU they load into specchat's own modules (`hf_checkpoint`) and run on the CPU decoder, computing
+what transformers' model computes, past the window too; speculation equals the target alone. The checkpoints are the
+tiny GGUF models of test_gguf_architectures, dequantized by transformers' model and saved."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoin
 from specchat.quant.gguf_linear import GGUFEmbedding
 from specchat.quant.gguf_model import dequantized_model
 
-OWN = {"gemma3": gemma3_model.CausalLM, "phi3": llama_model.CausalLM, "granite": llama_model.CausalLM}
+OWN = {"gemma3": gemma3_model.CausalLM, "gemma2": gemma3_model.CausalLM, "phi3": llama_model.CausalLM,
+       "granite": llama_model.CausalLM}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from torch import nn
 
+from specchat.architectures.gemma2 import Gemma2Parts
 from specchat.architectures.gemma3 import Gemma3Parts
 from specchat.architectures.llama import LlamaParts
 from specchat.architectures.phi3 import Phi3Parts
 from specchat.errors import SpecchatError
 
-ADAPTERS = {model_type: adapter for adapter in (LlamaParts, Phi3Parts, Gemma3Parts)
+ADAPTERS = {model_type: adapter for adapter in (LlamaParts, Phi3Parts, Gemma3Parts, Gemma2Parts)
             for model_type in adapter.model_types}
 
 
@@ -32,5 +33,6 @@ def causal_lm(config, dtype, name_or_path: str = "") -> nn.Module:
     """specchat's own modules for `config`'s architecture (a GGUF file's weights go into them)."""
     from specchat.architectures import gemma3_model, llama_model
 
-    module = gemma3_model if config.model_type in Gemma3Parts.model_types else llama_model
+    gemma = Gemma3Parts.model_types + Gemma2Parts.model_types
+    module = gemma3_model if config.model_type in gemma else llama_model
     return module.CausalLM(config, dtype, name_or_path)

@@ -8,6 +8,7 @@ import functools
 from specchat.architectures.llama import LlamaLayer, LlamaParts
 
 SLIDING = "sliding_attention"  # a kind of layer in `config.layer_types`; the other is "full_attention"
+GEMMA3 = "gemma3_text"  # its model type; Gemma 2's is "gemma2"
 
 
 class Gemma3Layer(LlamaLayer):

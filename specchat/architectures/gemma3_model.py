@@ -1,11 +1,13 @@
-"""Gemma 3's text model as plain torch modules, for the weights of a GGUF file (`quant.gguf_model`).
+"""Gemma 3's and Gemma 2's text models as plain torch modules, for the weights of a GGUF file (`quant.gguf_model`).
 
 Llama's layer with three differences: each half's output is normed before it joins the residual stream
 (`post_attention_layernorm`, `post_feedforward_layernorm`; the MLP reads `pre_feedforward_layernorm`), the MLP
-gates with GELU's tanh form, and five layers in six attend over a sliding window with a RoPE of their own
-(`config.layer_types`, `rope_parameters` per kind of layer). The token embedding is scaled by sqrt(hidden), and
-queries by `query_pre_attn_scalar`^-1/2. The module tree and names are transformers' `Gemma3ForCausalLM`'s, which
-stays the reference; as in `llama_model`, there is no model forward.
+gates with GELU's tanh form, and some layers attend over a sliding window (`config.layer_types`): Gemma 3's five in
+six, with a RoPE of their own (`rope_parameters` per kind of layer) and a norm over each head's query and key;
+Gemma 2's one in two, whose attention scores and logits are soft-capped (`attn_logit_softcapping`,
+`final_logit_softcapping`: cap * tanh(x / cap)). The token embedding is scaled by sqrt(hidden), and queries by
+`query_pre_attn_scalar`^-1/2. The module tree and names are transformers' `Gemma3ForCausalLM`'s and
+`Gemma2ForCausalLM`'s, which stay the reference; as in `llama_model`, there is no model forward.
 
 A norm's weight is held as llama.cpp's converter writes it, 1 + w (transformers keeps w and adds the 1), in fp32:
 Gemma's RMSNorm rounds once, after the weight.
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specchat.architectures import llama_model
-from specchat.architectures.gemma3 import SLIDING
+from specchat.architectures.gemma3 import GEMMA3, SLIDING
 from specchat.architectures.llama_model import Attention, ModelConfig, RotaryEmbedding, Slot
 
 
@@ -42,8 +44,9 @@ class GemmaAttention(Attention):
     def __init__(self, config: ModelConfig, index: int):
         super().__init__(config, index)
         self.layer_type = config.layer_types[index]
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        if config.model_type == GEMMA3:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.scaling = config.query_pre_attn_scalar**-0.5
         self.sliding_window = config.sliding_window if self.layer_type == SLIDING else None
         self.window = self.sliding_window or 0
@@ -70,7 +73,8 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
-        self.rotary_emb_local = RotaryEmbedding(config, SLIDING)
+        if config.model_type == GEMMA3:
+            self.rotary_emb_local = RotaryEmbedding(config, SLIDING)
 
 
 class CausalLM(llama_model.CausalLM):
@@ -83,5 +87,6 @@ class CausalLM(llama_model.CausalLM):
     def check(config: ModelConfig) -> None:
         if config.hidden_activation != "gelu_pytorch_tanh":
             raise ValueError(f"its MLP's activation is {config.hidden_activation}; specchat runs GELU (tanh) here")
-        if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
-            raise ValueError("it caps its logits (Gemma 2's soft-capping), which specchat does not compute")
+        if config.model_type == GEMMA3 and (getattr(config, "final_logit_softcapping", None) or
+                                            getattr(config, "attn_logit_softcapping", None)):  # fmt: skip
+            raise ValueError("it soft-caps its logits as Gemma 2 does, which specchat computes only for Gemma 2")

@@ -113,6 +113,16 @@ class LlamaParts:
         return getattr(self.model.config, "logits_scaling", 1.0)
 
     @property
+    def attention_cap(self) -> float:
+        """Attention scores soft-capped to (-cap, cap) before the softmax (Gemma 2's), or 0."""
+        return getattr(self.model.config, "attn_logit_softcapping", None) or 0.0
+
+    @property
+    def logit_cap(self) -> float:
+        """The LM head's logits soft-capped to (-cap, cap) (Gemma 2's), or 0."""
+        return getattr(self.model.config, "final_logit_softcapping", None) or 0.0
+
+    @property
     def rotaries(self) -> list[nn.Module]:
         """Every RoPE the layers rotate by (`LlamaLayer.rope` indexes it)."""
         return [self.rotary]

@@ -98,8 +98,8 @@ ThreadsOption = Annotated[
 AttentionOption = Annotated[
     str,
     typer.Option(help=f"{' | '.join(ATTENTION_CHOICES)}: canonical is the compiled CPU decoder's (Llama-family "
-                 "models and Gemma 3 on a CPU), hybrid the torch decoder's (Triton kernels on a GPU); auto: canonical "
-                 "on a CPU where it runs (fp32 on x86 too; Gemma 3: always), else hybrid."),
+                 "models and Gemma 3 and 2 on a CPU), hybrid the torch decoder's (Triton kernels on a GPU); auto: "
+                 "canonical on a CPU where it runs (fp32 on x86 too; Gemma: always), else hybrid."),
 ]
 TemperatureOption = Annotated[float | None, typer.Option("--temperature", "-t", help="0 = greedy.")]
 TopKOption = Annotated[int | None, typer.Option("--top-k", help="Sample among the k likeliest tokens (0: all).")]

@@ -10,9 +10,10 @@ import torch.nn.functional as F
 FEW_ROWS = 32  # attention over at most this many rows is plain matmuls
 
 
-def attend(q, keys, values, mask) -> torch.Tensor:
+def attend(q, keys, values, mask, cap: float = 0.0) -> torch.Tensor:
     """q [H, q, D] over keys / values [Hkv, k, D] (grouped heads), mask [q, k] (True = visible) or None ->
-    [H, q, D]; a row that sees no key gets zeros.
+    [H, q, D]; a row that sees no key gets zeros. With `cap`, scores are soft-capped (cap * tanh(s / cap), Gemma 2's),
+    which SDPA does not do: rows go through the matmuls FEW_ROWS at a time.
 
     A few rows (a draft step) are two batched matmuls: SDPA's CPU kernel costs 15x more at one row over 7K
     keys (3.0 vs 0.2 ms), about the same at 32 to 64 rows. The scores are K q^T: q K^T copied a view of the
@@ -23,11 +24,17 @@ def attend(q, keys, values, mask) -> torch.Tensor:
     kv, count = keys.shape[:2]
     if count == 0:
         return torch.zeros_like(q)
+    if rows > FEW_ROWS and cap:
+        pieces = [attend(q[:, i : i + FEW_ROWS], keys, values, None if mask is None else mask[i : i + FEW_ROWS], cap)
+                  for i in range(0, rows, FEW_ROWS)]  # fmt: skip
+        return torch.cat(pieces, dim=1)
     if rows > FEW_ROWS:
         out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
         return out if mask is None else out.masked_fill(~mask.any(dim=-1)[None, :, None], 0)
     scores = torch.bmm(keys, q.reshape(kv, -1, dim).transpose(1, 2)).transpose(1, 2)  # [kv, group * q, k]
     scores = scores.float() * dim**-0.5
+    if cap:
+        scores = torch.tanh(scores / cap) * cap
     if mask is not None:
         scores = scores.view(kv, -1, rows, count).masked_fill(~mask, -math.inf).view(kv, -1, count)
     probs = scores.softmax(dim=-1)

@@ -9,8 +9,8 @@ everything else in plain loops, tree attention read from the engine's cache in a
 (so a verified node computes bitwise what a decode step computes).
 
 It serves Llama-family models on a CPU (llama, mistral, qwen2, qwen3; Phi-3 and Granite from a GGUF file) and Gemma 3
-from a GGUF file (sliding windows included where the model is in specchat's own modules); `lean_forward` returns None
-for the rest, and when the decoder cannot be compiled here (with a warning): the torch decoder runs those
+and 2 from a GGUF file (sliding windows included where the model is in specchat's own modules); `lean_forward` returns
+None for the rest, and when the decoder cannot be compiled here (with a warning): the torch decoder runs those
 (`target_forward`). It is exact (a verified row bitwise its decode step) where its products compute each row on its
 own: in bf16 / fp16 activations, on the weights' own kernels (int4, int8, GGUF blocks), and on dense matrices through
 its own dense product (x86: bf16, fp16 and fp32 weights).
@@ -32,9 +32,9 @@ from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Side, fuse_projections
 from specchat.quant.quantized_linear import QuantizedLinear
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma3_text")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma3_text", "gemma2")
 HEAD_DIMS = (64, 96, 128, 256)  # the CPU decoder is compiled for these
-OWN_MODULES_ONLY = ("phi3", "granite", "gemma3_text")
+OWN_MODULES_ONLY = ("phi3", "granite", "gemma3_text", "gemma2")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
@@ -58,8 +58,10 @@ class LeanForward:
             _activation(config),
             rotary_dims(config),
             decoder.residual_scale,
+            decoder.attention_cap,
         )
         self.embedding_scale, self.logit_scale = decoder.embedding_scale, decoder.logit_scale
+        self.logit_cap = decoder.logit_cap
         self.query_layer = decoder.query_layer  # whose queries a forward gives back
         self.angles = torch.empty(0, device=model.device)  # fp32: the rotary's cos / sin come out in fp32
 
@@ -84,6 +86,7 @@ class LeanForward:
         )
         logits = self.head(normed)
         logits = logits if self.logit_scale == 1.0 else logits / self.logit_scale  # Granite's
+        logits = logits if not self.logit_cap else self.native.soft_cap(logits, self.logit_cap)  # Gemma 2's
         return ForwardOutput(logits, hidden, queries, features)
 
 

@@ -45,7 +45,7 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 _PHI3_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}  # fused, as in its repo
-_GEMMA3_NAMES = {  # Gemma 3's norms: the MLP's input, and each half's output
+_GEMMA3_NAMES = {  # Gemma 3's (and 2's) norms: the MLP's input, and each half's output
     **_LAYER_NAMES,
     "ffn_norm": "pre_feedforward_layernorm",
     "post_attention_norm": "post_attention_layernorm",
@@ -86,12 +86,14 @@ def dequantized_model(gguf_path: Path, config_dir: str, *, yarn: float | None = 
     config = AutoConfig.from_pretrained(config_dir)
     stretch_with_yarn(config, yarn)
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+        eager = config.model_type == "gemma2"  # its soft-capped scores: transformers' eager attention only
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                 attn_implementation="eager" if eager else "sdpa")  # fmt: skip
     state = {}
     for module_name, held, rows in _modules({t.name: t for t in gguf_tensors(gguf_path)}, model.config):
         for field, tensor in held.items():
             values = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type)).float().reshape(tensor.shape[::-1])
-            if config.model_type == "gemma3_text" and module_name.endswith("norm"):
+            if config.model_type in ("gemma3_text", "gemma2") and module_name.endswith("norm"):
                 values = values - 1  # the file holds Gemma's 1 + w, transformers w
             state[f"{module_name}.{field}"] = values if rows is None else values[rows]
     model.load_state_dict(state, strict=False, assign=True)
@@ -169,7 +171,7 @@ def _module_name(gguf_name: str, architecture: str) -> tuple[str, str]:
     """The module a GGUF tensor belongs to, and which of its tensors it is ("weight" or "bias")."""
     parts = gguf_name.split(".")
     field = parts.pop() if parts[-1] in ("weight", "bias") else "weight"
-    names = {"gemma3_text": _GEMMA3_NAMES, "phi3": _PHI3_NAMES}.get(architecture, _LAYER_NAMES)
+    names = {"gemma3_text": _GEMMA3_NAMES, "gemma2": _GEMMA3_NAMES, "phi3": _PHI3_NAMES}.get(architecture, _LAYER_NAMES)
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}", field
     if len(parts) == 1 and parts[0] in _GLOBAL_NAMES:

@@ -101,6 +101,7 @@ struct Decoder {
   Activation activation = Activation::SiLU;
   int64_t rotary_dims = 0;  // RoPE turns a head's first dims, in pairs (d, d + rotary_dims / 2); the rest pass
   float residual_scale = 1.0f;  // each half's output times this as it joins the residual stream (Granite's)
+  float attention_cap = 0.0f;  // scores soft-capped to (-cap, cap) before the softmax (Gemma 2's); 0: none
 };
 
 template <typename T>
@@ -116,9 +117,10 @@ inline float lane_total(float* lanes) {
   return lanes[0];
 }
 
-// exp(x) for x in [-87, 88]: Cephes' range reduction and polynomial, each step an explicit fma or a single
-// rounding, so that the vector forms below (exp8, exp16) give the same bits lane by lane.
-inline float exp_approx(float x) {
+// exp(x) for x in [-87, 88], as x = n ln 2 + r: returns exp(r) - 1 and sets two_n = 2^n. Cephes' range reduction
+// and polynomial, each step an explicit fma or a single rounding, so that the vector forms below (exp8_reduced,
+// exp16_reduced) give the same bits lane by lane.
+inline float exp_reduced(float x, float& two_n) {
   x = std::min(std::max(x, -87.0f), 88.0f);
   const float n = std::nearbyint(x * 1.44269504088896341f);
   const float r = std::fma(n, 2.12194440e-4f, std::fma(-n, 0.693359375f, x));
@@ -128,15 +130,26 @@ inline float exp_approx(float x) {
   p = std::fma(p, r, 4.1665795894e-2f);
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
-  const float y = std::fma(p * r, r, r) + 1.0f;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
-  return y * two_n;
+  return std::fma(p * r, r, r);
+}
+
+inline float exp_approx(float x) {
+  float two_n;
+  const float q = exp_reduced(x, two_n);
+  return (q + 1.0f) * two_n;
+}
+
+// exp(x) - 1, exact where exp(x) is near 1 (n = 0: the polynomial's own value)
+inline float expm1_approx(float x) {
+  float two_n;
+  const float q = exp_reduced(x, two_n);
+  return std::fma(q, two_n, two_n - 1.0f);
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-inline __m256 exp8(__m256 x) {
+inline __m256 exp8_reduced(__m256 x, __m256& two_n) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -147,14 +160,26 @@ inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  two_n = _mm256_castsi256_ps(bits);
+  return _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r);
+}
+
+inline __m256 exp8(__m256 x) {
+  __m256 two_n;
+  const __m256 q = exp8_reduced(x, two_n);
+  return _mm256_mul_ps(_mm256_add_ps(q, _mm256_set1_ps(1.0f)), two_n);
+}
+
+inline __m256 expm1_8(__m256 x) {
+  __m256 two_n;
+  const __m256 q = exp8_reduced(x, two_n);
+  return _mm256_fmadd_ps(q, two_n, _mm256_sub_ps(two_n, _mm256_set1_ps(1.0f)));
 }
 #endif
 
 #if defined(__AVX512F__)
-inline __m512 exp16(__m512 x) {
+inline __m512 exp16_reduced(__m512 x, __m512& two_n) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -165,9 +190,21 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+  two_n = _mm512_castsi512_ps(bits);
+  return _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r);
+}
+
+inline __m512 exp16(__m512 x) {
+  __m512 two_n;
+  const __m512 q = exp16_reduced(x, two_n);
+  return _mm512_mul_ps(_mm512_add_ps(q, _mm512_set1_ps(1.0f)), two_n);
+}
+
+inline __m512 expm1_16(__m512 x) {
+  __m512 two_n;
+  const __m512 q = exp16_reduced(x, two_n);
+  return _mm512_fmadd_ps(q, two_n, _mm512_sub_ps(two_n, _mm512_set1_ps(1.0f)));
 }
 #endif
 
@@ -410,9 +447,43 @@ inline void add_weighted(const float* const (&weights)[Q], const float* rows, in
 #endif
 }
 
-// row[0, n) = exp(row[0, n) - their maximum); returns the sum of those, kept in lanes by key index. The maximum
-// is exact in any order; the exponentials go 16 keys at a time (exp16, or two exp8), the same bits as one by one.
-inline float exponentials(float* row, int64_t n) {
+// row[0, n) = cap * tanh(row[0, n) / cap), Gemma 2's soft cap: tanh(a) = (0 - m) / (2 + m) with m = exp(-2|a|) - 1
+// (expm1_approx: accurate near 0, where 1 - exp would cancel), the sign put back. Every value goes through the same
+// vector code, the last ones padded to 16, so a value's bits do not depend on where it lies in the row; AVX-512, AVX2
+// and the portable loops agree.
+inline void soft_cap(float* row, int64_t n, float cap) {
+  const float k = -2.0f / cap;
+  for (int64_t p = 0; p < n; p += LANES) {
+    float chunk[LANES] = {};
+    const int64_t filled = std::min<int64_t>(LANES, n - p);
+    std::copy_n(row + p, filled, chunk);
+#if defined(__AVX512F__)
+    const __m512 x = _mm512_loadu_ps(chunk), sign = _mm512_set1_ps(-0.0f);
+    const __m512 m = expm1_16(_mm512_mul_ps(_mm512_andnot_ps(sign, x), _mm512_set1_ps(k)));
+    const __m512 t = _mm512_div_ps(_mm512_sub_ps(_mm512_setzero_ps(), m), _mm512_add_ps(_mm512_set1_ps(2.0f), m));
+    _mm512_storeu_ps(chunk, _mm512_or_ps(_mm512_mul_ps(t, _mm512_set1_ps(cap)), _mm512_and_ps(sign, x)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (int h = 0; h < LANES; h += 8) {
+      const __m256 x = _mm256_loadu_ps(chunk + h), sign = _mm256_set1_ps(-0.0f);
+      const __m256 m = expm1_8(_mm256_mul_ps(_mm256_andnot_ps(sign, x), _mm256_set1_ps(k)));
+      const __m256 t = _mm256_div_ps(_mm256_sub_ps(_mm256_setzero_ps(), m), _mm256_add_ps(_mm256_set1_ps(2.0f), m));
+      _mm256_storeu_ps(chunk + h, _mm256_or_ps(_mm256_mul_ps(t, _mm256_set1_ps(cap)), _mm256_and_ps(sign, x)));
+    }
+#else
+    for (int l = 0; l < LANES; ++l) {
+      const float m = expm1_approx(std::fabs(chunk[l]) * k);
+      chunk[l] = std::copysign((0.0f - m) / (2.0f + m) * cap, chunk[l]);
+    }
+#endif
+    std::copy_n(chunk, filled, row + p);
+  }
+}
+
+// row[0, n) = exp(row[0, n) - their maximum), soft-capped first where `cap` is not 0; returns the sum of those, kept
+// in lanes by key index. The maximum is exact in any order; the exponentials go 16 keys at a time (exp16, or two
+// exp8), the same bits as one by one.
+inline float exponentials(float* row, int64_t n, float cap = 0.0f) {
+  if (cap != 0.0f) soft_cap(row, n, cap);
   float lanes[LANES];
   int64_t p = 0;
 #if defined(__AVX512F__)
@@ -468,14 +539,14 @@ inline float exponentials(float* row, int64_t n) {
 }
 
 // row[0, n) = softmax(row[0, n)).
-inline void softmax(float* row, int64_t n) {
-  const float inverse = 1.0f / exponentials(row, n);
+inline void softmax(float* row, int64_t n, float cap) {
+  const float inverse = 1.0f / exponentials(row, n, cap);
   for (int64_t q = 0; q < n; ++q) row[q] *= inverse;
 }
 
 // weights[0, n) = softmax(row[0, n)) rounded to bf16; row keeps the exponentials.
-inline void softmax_bf16(float* row, int64_t n, uint16_t* weights) {
-  bf16_dots::round_bf16(row, weights, n, 1.0f / exponentials(row, n));
+inline void softmax_bf16(float* row, int64_t n, float cap, uint16_t* weights) {
+  bf16_dots::round_bf16(row, weights, n, 1.0f / exponentials(row, n, cap));
 }
 
 // f(i, Q) for the queries [first, last): Q at a time (one pass over a tile serves them all), then the rest by
@@ -509,7 +580,7 @@ inline int64_t score_width(const std::vector<int64_t>* tails, int64_t prefix, in
 // index, and the value sum runs over the keys in order: all fixed by the row's own keys.
 template <typename T, int DIM>
 void attend(const float* queries, const T* keys, const T* values, const std::vector<int64_t>* tails, int64_t prefix,
-            int64_t rows, int64_t heads, int64_t group, float scale, T* out) {
+            int64_t rows, int64_t heads, int64_t group, float scale, float cap, T* out) {
   constexpr int64_t BLOCK = 4 * LANES;  // value rows converted at a time
   const int64_t count = rows * group;  // queries
   const int64_t width = score_width(tails, prefix, rows);
@@ -566,7 +637,7 @@ void attend(const float* queries, const T* keys, const T* values, const std::vec
   for (int64_t r = 0; r < rows; ++r) {
     score_keys(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
   }
-  for (int64_t i = 0; i < count; ++i) softmax(scores.data() + i * width, prefix + tails[i / group].size());
+  for (int64_t i = 0; i < count; ++i) softmax(scores.data() + i * width, prefix + tails[i / group].size(), cap);
   add_values(nullptr, prefix, 0, count, 0);
   for (int64_t r = 0; r < rows; ++r) {
     add_values(tails[r].data(), tails[r].size(), r * group, (r + 1) * group, prefix);
@@ -660,7 +731,7 @@ const uint16_t* key_rows(const uint16_t* keys, const int64_t* slots, int64_t b, 
 template <int DIM>
 void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::BFloat16* value_cache,
                  const std::vector<int64_t>* tails, int64_t prefix, int64_t rows, int64_t heads, int64_t group,
-                 float scale, at::BFloat16* out, bool spread = false) {
+                 float scale, float cap, at::BFloat16* out, bool spread = false) {
   const auto* keys = reinterpret_cast<const uint16_t*>(key_cache);
   const auto* values = reinterpret_cast<const uint16_t*>(value_cache);
   const int64_t count = rows * group;  // queries
@@ -707,7 +778,7 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
       const int64_t n = prefix + static_cast<int64_t>(tails[i / group].size());
       float* row = scores.data() + i * width;
       for (int64_t j = 0; j < n; ++j) row[j] *= scale;
-      softmax_bf16(row, n, weights16.data() + i * paired);
+      softmax_bf16(row, n, cap, weights16.data() + i * paired);
     }
   };
   spread ? at::parallel_for(0, count, 1, normalize) : normalize(0, count);
@@ -753,7 +824,7 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
 template <int DIM>
 void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, const at::BFloat16* value_cache,
                        const std::vector<int64_t>* tails, int64_t prefix, int64_t rows, int64_t heads, int64_t group,
-                       float scale, at::BFloat16* out) {
+                       float scale, float cap, at::BFloat16* out) {
   using bf16_tiles::ROWS, bf16_tiles::STEP;
   constexpr int64_t PAIRS = 4 * ROWS;  // value pairs made at a time: four steps
   const auto* keys = reinterpret_cast<const uint16_t*>(key_cache);
@@ -794,7 +865,7 @@ void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, cons
   }
   for (int64_t i = 0; i < count; ++i) {
     const int64_t n = prefix + static_cast<int64_t>(tails[i / group].size());
-    softmax_bf16(scores.data() + i * width, n, weights16.data() + i * paired);
+    softmax_bf16(scores.data() + i * width, n, cap, weights16.data() + i * paired);
   }
   // The value rows at sequence indices [start, start + n) (through `slots` when given, else consecutive from
   // `start`; zero rows after the n up to a whole step) into the sums of queries [first, last), 16 a tile: in
@@ -851,7 +922,7 @@ struct Int8Head {
 // order, then divided by the exponentials' total (one pass over the weights fewer than normalizing them first).
 template <typename T, int DIM>
 void attend_int8(const float* queries, const Int8Head& cache, const std::vector<int64_t>* tails, int64_t prefix,
-                 int64_t rows, int64_t heads, int64_t group, float scale, T* out) {
+                 int64_t rows, int64_t heads, int64_t group, float scale, float cap, T* out) {
   constexpr int QUERIES = 4;  // queries scored in one pass over a key tile
   constexpr int BLOCKS = DIM / int8_dots::BLOCK, ROWS = BLOCKS + 1;  // a tile's scale rows: the keys', the values'
   const int64_t count = rows * group;  // queries
@@ -920,7 +991,7 @@ void attend_int8(const float* queries, const Int8Head& cache, const std::vector<
     const auto& tail = tails[i / group];
     const int64_t n = prefix + static_cast<int64_t>(tail.size());
     float* p = scores.data() + i * width;  // exponentials; each query's sums are divided by their total at the end
-    totals[i] = exponentials(p, n);
+    totals[i] = exponentials(p, n, cap);
     for (int64_t t = 0; t * LANES < n; ++t) {
       float w[LANES];
       const int64_t first = t * LANES, at = i * tiles + t;
@@ -1048,24 +1119,24 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
       const float* q = queries + (first * heads + g * group) * dim;
       const auto* rows_tails = tails + first;
       T* o = out + (first * heads + g * group) * dim;
-      const float s = static_cast<float>(decoder.scale);
+      const float s = static_cast<float>(decoder.scale), cap = decoder.attention_cap;
       with_head_dim(dim, [&](auto head_dim) {
         constexpr int DIM = decltype(head_dim)::value;
         if constexpr (std::is_same_v<Kv, Int8Kv>) {
           const Int8Head head{cache.keys + g * slots * dim, cache.values + g * slots * dim, cache.head_scales(g, dim)};
-          attend_int8<T, DIM>(q, head, rows_tails, prefix, n, heads, group, s, o);
+          attend_int8<T, DIM>(q, head, rows_tails, prefix, n, heads, group, s, cap, o);
         } else {
           const T* k = cache.keys + g * slots * dim;
           const T* v = cache.values + g * slots * dim;
           if constexpr (std::is_same_v<T, at::BFloat16>) {
 #ifdef BF16_TILES
             if constexpr (DIM % 64 == 0) {  // the tiles' passes take 64 dims
-              if (tiles) return attend_bf16_tiles<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+              if (tiles) return attend_bf16_tiles<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, cap, o);
             }
 #endif
-            attend_bf16<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o, spread);
+            attend_bf16<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, cap, o, spread);
           } else {
-            attend<T, DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, o);
+            attend<T, DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, cap, o);
           }
         }
       });
@@ -1384,6 +1455,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const float total = exponentials(out.data_ptr<float>(), out.numel());
     return std::make_tuple(out, total);
   }, "exp(row - max(row)) and its total, as attention's softmax computes them (for tests).");
+  m.def("soft_cap", [](at::Tensor x, double cap) {
+    TORCH_CHECK(cap > 0, "a soft cap is positive");
+    at::Tensor out = x.to(at::kFloat).contiguous().clone();
+    soft_cap(out.data_ptr<float>(), out.numel(), static_cast<float>(cap));
+    return out.to(x.scalar_type());
+  }, "cap * tanh(x / cap), as attention's scores are capped (Gemma 2's logits too), in x's dtype.");
   py::class_<Linear>(m, "Linear")
       .def_static("dense", [](at::Tensor weight, std::optional<at::Tensor> bias) {
         Linear linear;
@@ -1435,16 +1512,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                       int64_t heads, int64_t kv_heads, int64_t head_dim,
                                                       int64_t intermediate, double eps, double scale,
                                                       const std::string& activation, int64_t rotary_dims,
-                                                      double residual_scale) {
+                                                      double residual_scale, double attention_cap) {
     TORCH_CHECK(activation == "silu" || activation == "gelu_tanh", "the MLP's activation must be silu or gelu_tanh");
     rotary_dims = rotary_dims ? rotary_dims : head_dim;
     TORCH_CHECK(rotary_dims > 0 && rotary_dims <= head_dim && rotary_dims % 2 == 0, "rotary_dims must be even, <= D");
     return Decoder{layers, final_norm.contiguous(), heads, kv_heads, head_dim, intermediate, eps, scale,
                    activation == "silu" ? Activation::SiLU : Activation::GeluTanh, rotary_dims,
-                   static_cast<float>(residual_scale)};
+                   static_cast<float>(residual_scale), static_cast<float>(attention_cap)};
   }), py::arg("layers"), py::arg("final_norm"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
       py::arg("intermediate"), py::arg("eps"), py::arg("scale"), py::arg("activation") = "silu",
-      py::arg("rotary_dims") = 0, py::arg("residual_scale") = 1.0);
+      py::arg("rotary_dims") = 0, py::arg("residual_scale") = 1.0, py::arg("attention_cap") = 0.0);
   m.def("forward", &forward, "The decoder's layers and final norm over the rows (see the source).",
         py::arg("decoder"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"),
         py::arg("prefix"), py::arg("mask"), py::arg("last_only"), py::arg("scales") = py::none(),
