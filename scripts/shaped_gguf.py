@@ -3,7 +3,7 @@ that architecture: a speed figure's model where its file cannot be fetched. Its 
 padded with unused tokens to the model's vocabulary (the LM head's size is what a step reads). Quantize it as files
 ship with `scripts/requantize_gguf.py OUT.gguf Q4_K_M.gguf --type q4_k_m --llama-cpp`.
 
-    python scripts/shaped_gguf.py gemma3-1b|gemma3-4b|phi4-mini|phi3.5-mini OUT.gguf
+    python scripts/shaped_gguf.py gemma3-1b|gemma3-4b|gemma2-2b|phi4-mini|phi3.5-mini OUT.gguf
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ from gguf_files import _fields, tokenizer_fields  # noqa: E402
 
 from specchat.loading import embedded_gguf_path  # noqa: E402
 
-# From each model's config.json: google/gemma-3-1b-it, google/gemma-3-4b-it (text), microsoft/Phi-4-mini-instruct,
-# microsoft/Phi-3.5-mini-instruct
+# From each model's config.json: google/gemma-3-1b-it, google/gemma-3-4b-it (text), google/gemma-2-2b-it,
+# microsoft/Phi-4-mini-instruct, microsoft/Phi-3.5-mini-instruct
 SHAPES = {
     "gemma3-1b": dict(architecture="gemma3", hidden=1152, intermediate=6912, layers=26, heads=4, kv_heads=1,
                       head_dim=256, vocab=262144, context=32768, window=512),
     "gemma3-4b": dict(architecture="gemma3", hidden=2560, intermediate=10240, layers=34, heads=8, kv_heads=4,
                       head_dim=256, vocab=262208, context=131072, window=1024, linear_scaling=8.0),
+    "gemma2-2b": dict(architecture="gemma2", hidden=2304, intermediate=9216, layers=26, heads=8, kv_heads=4,
+                      head_dim=256, vocab=256000, context=8192, window=4096, caps=(50.0, 30.0)),
     "phi4-mini": dict(architecture="phi3", hidden=3072, intermediate=8192, layers=32, heads=24, kv_heads=8,
                       head_dim=128, vocab=200064, context=131072, rotated=96, trained=4096),
     # its vocabulary is 32,064, under the embedded tokenizer's 49,152: the head is written that size (~2% more bytes a
@@ -63,6 +65,12 @@ def main() -> None:
         if "linear_scaling" in shape:  # the full-attention layers' positions stretched
             writer.add_rope_scaling_type(RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(shape["linear_scaling"])
+    elif arch == "gemma2":  # a window on every other layer, soft caps
+        writer.add_key_length(dim)
+        writer.add_value_length(dim)
+        writer.add_sliding_window(shape["window"])
+        writer.add_float32("gemma2.attn_logit_softcapping", shape["caps"][0])
+        writer.add_float32("gemma2.final_logit_softcapping", shape["caps"][1])
     else:  # Phi-3's LongRoPE over its rotated dims
         writer.add_rope_freq_base(10000.0)
         writer.add_rope_dimension_count(shape["rotated"])
@@ -80,12 +88,14 @@ def main() -> None:
 
     bf16("token_embd.weight", vocab, hidden, 0.03)
     for i in range(layers):
-        norms = ("attn_norm", "ffn_norm") + (("post_attention_norm", "post_ffw_norm") if arch == "gemma3" else ())
+        gemma = arch in ("gemma3", "gemma2")
+        norms = ("attn_norm", "ffn_norm") + (("post_attention_norm", "post_ffw_norm") if gemma else ())
         for name in norms:
             f32(f"blk.{i}.{name}.weight", rng.uniform(0.8, 1.2, hidden))
         if arch == "gemma3":
             f32(f"blk.{i}.attn_q_norm.weight", rng.uniform(0.8, 1.2, dim))
             f32(f"blk.{i}.attn_k_norm.weight", rng.uniform(0.8, 1.2, dim))
+        if gemma:
             matrices = [("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
                         ("attn_v", kv_heads * dim, hidden), ("ffn_gate", intermediate, hidden),
                         ("ffn_up", intermediate, hidden)]  # fmt: skip
