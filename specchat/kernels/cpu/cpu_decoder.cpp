@@ -1458,7 +1458,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("soft_cap", [](at::Tensor x, double cap) {
     TORCH_CHECK(cap > 0, "a soft cap is positive");
     at::Tensor out = x.to(at::kFloat).contiguous().clone();
-    soft_cap(out.data_ptr<float>(), out.numel(), static_cast<float>(cap));
+    float* data = out.data_ptr<float>();
+    const int64_t n = out.numel();
+    at::parallel_for(0, (n + LANES - 1) / LANES, 1024, [&](int64_t begin, int64_t end) {  // 16 values a chunk
+      soft_cap(data + begin * LANES, std::min(end * LANES, n) - begin * LANES, static_cast<float>(cap));
+    });
     return out.to(x.scalar_type());
   }, "cap * tanh(x / cap), as attention's scores are capped (Gemma 2's logits too), in x's dtype.");
   py::class_<Linear>(m, "Linear")
