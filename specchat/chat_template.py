@@ -22,10 +22,11 @@ def read_chat_template(path: Path) -> str:
 
 def use_chat_template(tokenizer, template: str, name: str) -> None:
     """Make `template` the tokenizer's chat template once it renders a short conversation (`name`: its file)."""
+    from specchat.engine.prompt import render_chat
+
     conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     try:
-        tokenizer.apply_chat_template(conversation, chat_template=template, add_generation_prompt=True,
-                                      tokenize=False)  # fmt: skip
+        render_chat(tokenizer, conversation, chat_template=template)
     except Exception as error:  # Jinja's syntax and runtime errors, the template's own raise_exception
         reason = " ".join(str(error).split()) or type(error).__name__
         raise SpecchatError(f"--chat-template {name} does not render a conversation: {reason}") from None

@@ -19,5 +19,25 @@ def encode_prompt(tokenizer, prompt: str, *, system: str | None = None, raw: boo
 
 def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     """The conversation's ids, ready for the assistant's answer; `tools` (OpenAI's shape) go to the template."""
-    encoded = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+    encoded = render_chat(tokenizer, messages, tools=tools, tokenize=True)
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def render_chat(tokenizer, messages: list[dict], *, tools: list[dict] | None = None, tokenize: bool = False,
+                chat_template: str | None = None):  # fmt: skip
+    """The chat template applied to `messages`, ready for the assistant's answer (its text, or with `tokenize` its
+    ids). A template that refuses a system message (Gemma 2's raises an error) gets it at the head of the first user
+    turn, as llama.cpp and ollama give it to such models."""
+    from jinja2.exceptions import TemplateError
+
+    def apply(conversation: list[dict]):
+        return tokenizer.apply_chat_template(conversation, tools=tools, chat_template=chat_template,
+                                             add_generation_prompt=True, tokenize=tokenize)  # fmt: skip
+
+    try:
+        return apply(messages)
+    except TemplateError:
+        if len(messages) < 2 or messages[0]["role"] != "system" or messages[1]["role"] != "user":
+            raise
+        first = {**messages[1], "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}
+        return apply([first, *messages[2:]])

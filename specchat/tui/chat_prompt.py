@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specchat.engine.prompt import encode_chat
+from specchat.engine.prompt import encode_chat, render_chat
 from specchat.tui.transcript import Message
 
 
@@ -38,7 +38,7 @@ def next_prompt(tokenizer, turns: list[dict[str, str]], answer: Message | None, 
         previous: the prompt the last answer continued, if the conversation has not changed since.
         eos_ids: ids that end an answer; one closing `answer` stands for the template's end-of-turn text.
     """
-    text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    text = render_chat(tokenizer, turns)
     if previous is not None and answer is not None and len(turns) == previous.messages + 2:
         head = previous.text + answer.text
         if text.startswith(head):
