@@ -79,7 +79,9 @@ def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim:
         **({} if head_dim is None else {"head_dim": head_dim}),
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    eager = family == "gemma2"  # soft-capped scores: transformers' eager attention only
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                             attn_implementation="eager" if eager else "sdpa")  # fmt: skip
     return model.eval().requires_grad_(False)
 
 

@@ -13,8 +13,8 @@ from specchat.errors import SpecchatError
 @pytest.mark.parametrize("family", sorted(ADAPTERS))
 def test_the_adapter_finds_the_parts_that_compute_the_models_output(family):
     """The embedding, layers, final norm and head it names, run as a pre-norm decoder (each half's output normed
-    where the layer has such norms, each layer rotated by its RoPE), give transformers' own logits: the adapter
-    points at the modules that matter, in the order that matters."""
+    where the layer has such norms, each layer rotated by its RoPE, scores and logits capped where it caps them), give
+    transformers' own logits: the adapter points at the modules that matter, in the order that matters."""
     model = tiny_model(family)
     for name, weight in model.named_parameters():
         if "norm" in name:  # ones at initialisation: a norm mistaken for another would go unseen
@@ -33,13 +33,19 @@ def test_the_adapter_finds_the_parts_that_compute_the_models_output(family):
             q, k = layer.q_norm(q), layer.k_norm(k)
         q, k = (t * cos[:, None] + _rotated_half(t) * sin[:, None] for t in (q, k))
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-        scores = (q @ k.transpose(-1, -2)) * layer.scaling + mask
+        scores = (q @ k.transpose(-1, -2)) * layer.scaling
+        scores = _capped(scores, decoder.attention_cap) + mask
         out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, 5, -1)
         for out, norm in ((layer.o(out), layer.attention_output_norm), (None, layer.mlp_output_norm)):
             out = layer.mlp(layer.mlp_norm(x)) if out is None else out
             x = x + (out if norm is None else norm(out)) * decoder.residual_scale
-    ours = decoder.head(decoder.norm(x)) / decoder.logit_scale
+    ours = _capped(decoder.head(decoder.norm(x)) / decoder.logit_scale, decoder.logit_cap)
     torch.testing.assert_close(ours, model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def _capped(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma 2's soft cap (none where `cap` is 0)."""
+    return torch.tanh(x / cap) * cap if cap else x
 
 
 def _rotated_half(x: torch.Tensor) -> torch.Tensor:
@@ -52,5 +58,5 @@ def test_a_model_of_another_architecture_is_refused_in_one_line():
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(SpecchatError, match=r"^the model is a gpt2; specchat runs llama, mistral, qwen2, qwen3, "
-                                            r"granite, phi3, gemma3_text models$"):
+                                            r"granite, phi3, gemma3_text, gemma2 models$"):
         parts(model)
