@@ -146,6 +146,22 @@ def test_bench_logits_scores_the_embedded_model_against_its_dequantized_weights(
         assert row.mean_kl < 0.02 and row.top1_agreement > 0.85 and 0 < row.rms_error < 0.5
 
 
+@pytest.mark.parametrize("architecture", ["granite", "gemma2"])
+def test_bench_logits_divides_and_caps_as_the_model_does(architecture, tmp_path):
+    """An F32 file in fp32 gives its reference's logits: Granite's divided by its logit scale, Gemma 2's soft-capped,
+    as the engine's forward gives them."""
+    from specchat.bench.logits import logits_accuracy, text_ids
+
+    path = write_tiny_model(tmp_path / f"{architecture}.gguf", embedded_gguf_path(), architecture=architecture,
+                            unquantized=True)  # fmt: skip
+    try:
+        loaded = load_model(str(path), dtype="float32")
+        for row in logits_accuracy(loaded, path, text_ids(loaded.tokenizer, 40), llamacpp=False):
+            assert row.mean_kl < 1e-6 and row.max_abs_error < 1e-3, row
+    finally:
+        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+
+
 def test_held_rows_follow_their_format_and_are_exact(default_model):
     """`bench --format json`: every answer of ours one JSON object, every drafter's AR's; llama.cpp's under its
     own JSON grammar an object too; under `--grammar` both answers are the grammar's."""

@@ -72,7 +72,8 @@ def _our_logits(loaded, ids: list[int], way: str, kv_cache: str) -> torch.Tensor
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(ids) + 1, kv_cache=kv_cache)
     hidden = engine.target_states(ids) if way == "prefill" else engine.decode_states(ids)
     decoder = parts(loaded.model)
-    return decoder.head(decoder.norm(hidden)).float()
+    logits = decoder.head(decoder.norm(hidden)).float() / decoder.logit_scale  # Granite's
+    return logits if not decoder.logit_cap else torch.tanh(logits / decoder.logit_cap) * decoder.logit_cap  # Gemma 2's
 
 
 def _llamacpp_logits(path: Path, ids: list[int], loaded) -> torch.Tensor:
