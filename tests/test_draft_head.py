@@ -2,7 +2,8 @@
 
 Its drafting probabilities must be those of the same logits placed in the whole vocabulary (every other token
 at -inf) and run through the target's pipeline: suppressed ids and the penalty's history are target ids, and
-only those inside the draft vocabulary touch its columns.
+only those inside the draft vocabulary touch its columns. Over the whole vocabulary its logits are the target's own,
+divided and capped as the target's forward does.
 """
 
 from __future__ import annotations
@@ -56,3 +57,28 @@ def test_the_whole_vocabulary_is_scored_as_the_target_scores_it(target):
     history = torch.tensor([[1, 2, 3], [-1, 9, 9]])
     expected = process_logits(logits, sampling, history).softmax(dim=-1)
     assert torch.equal(DraftHead(target, None).probs(logits, sampling, history), expected)
+
+
+@pytest.mark.parametrize("architecture", ["granite", "gemma2"])
+def test_the_targets_head_gives_the_targets_logits(architecture, tmp_path):
+    """A draft scoring the target's last hidden state through the target's head gets the target's logits: divided by
+    Granite's logit scale, soft-capped as Gemma 2's (drafting probabilities at the target's temperature)."""
+    import shutil
+
+    from gguf_files import write_tiny_model
+
+    from specchat.engine.cache import TreeCache
+    from specchat.engine.target_forward import target_forward
+    from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, load_model
+
+    path = write_tiny_model(tmp_path / f"{architecture}.gguf", embedded_gguf_path(), architecture=architecture,
+                            unquantized=True)  # fmt: skip
+    try:
+        loaded = load_model(str(path), dtype="float32")
+        engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
+        cache = TreeCache(2, 64)
+        out = target_forward(loaded.model, cache)(torch.arange(3, 23), torch.arange(20), None, cache)
+        logits = DraftHead(engine.target, None)(engine.target.norm(out.hidden))
+        torch.testing.assert_close(logits, out.logits, atol=1e-4, rtol=1e-4)
+    finally:
+        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)

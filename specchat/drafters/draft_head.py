@@ -24,8 +24,13 @@ class DraftHead:
     of the head, copied once, quantized as the draft runs: the full head is most of a draft step on a CPU)."""
 
     def __init__(self, target: TargetView, draft_vocab: torch.Tensor | None, weights: str | None = None,
-                 lm_head: torch.nn.Module | None = None):  # fmt: skip
-        """`lm_head`: a draft model's own head over the target's vocabulary, instead of the target's."""
+                 lm_head: torch.nn.Module | None = None, config=None):  # fmt: skip
+        """`lm_head`: a draft model's own head over the target's vocabulary, instead of the target's; `config`: that
+        model's, whose logits are divided (Granite's `logits_scaling`) and soft-capped (Gemma 2's
+        `final_logit_softcapping`) as its forward does (None: the target's)."""
+        config = config if config is not None else target.config
+        self.logit_scale = getattr(config, "logits_scaling", 1.0)
+        self.logit_cap = getattr(config, "final_logit_softcapping", None) or 0.0
         self.vocab_size = target.config.vocab_size
         self.draft_vocab = None if draft_vocab is None else draft_vocab.to(target.device)
         self.columns = None  # [vocab]: each target id's column in the draft vocabulary, -1 where it has none
@@ -44,7 +49,9 @@ class DraftHead:
                 self.lm_head = quantize_linear(self.lm_head, weights, dtype=target.dtype)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h)
+        logits = self.lm_head(h)
+        logits = logits if self.logit_scale == 1.0 else logits / self.logit_scale
+        return logits if not self.logit_cap else torch.tanh(logits / self.logit_cap) * self.logit_cap
 
     def probs(self, logits: torch.Tensor, sampling: SamplingConfig, history: torch.Tensor | None = None) -> torch.Tensor:
         """Drafting probabilities of the head's `logits` [n, columns] under the target's sampling settings, in the

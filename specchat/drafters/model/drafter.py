@@ -45,8 +45,9 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         self.layers = [decoder.Layer(module) for module in self.layer_modules]
         self.embed, self.norm, self.rotaries = decoder.embed, decoder.norm, decoder.rotaries
         self.embedding_scale, self.residual_scale = decoder.embedding_scale, decoder.residual_scale  # Granite's
-        self.attention_cap, self.logit_cap = decoder.attention_cap, decoder.logit_cap  # Gemma 2's
-        self.head = DraftHead(target, draft.draft_vocab, weights, lm_head=None if draft.student else decoder.head)
+        self.attention_cap = decoder.attention_cap  # Gemma 2's
+        self.head = DraftHead(target, draft.draft_vocab, weights, lm_head=None if draft.student else decoder.head,
+                              config=None if draft.student else config)  # fmt: skip
         self.vocab_size = config.vocab_size  # the draft's own: the target's may be longer
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -147,8 +148,7 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
             x = x + self._residual(layer.mlp(layer.mlp_norm(x)), layer.mlp_output_norm)
             new.append((k, v, rotated))
         x = x[-1:] if last_only else x
-        logits = self.head(self.norm(x))
-        return logits if not self.logit_cap else torch.tanh(logits / self.logit_cap) * self.logit_cap, new
+        return self.head(self.norm(x)), new
 
     def _residual(self, out: torch.Tensor, norm) -> torch.Tensor:
         """A half's output as it joins the residual stream: normed (Gemma's), scaled (Granite's)."""
