@@ -105,7 +105,7 @@ def serves(model) -> bool:
 
 def needs_own_modules(config) -> bool:
     """Whether the CPU decoder reads `config`'s model only in specchat's own modules (a GGUF file's, or a checkpoint's
-    placed there by `hf_checkpoint`): transformers keeps Phi-3's projections fused and Gemma 3's norm weights as w
+    placed there by `hf_checkpoint`): transformers keeps Phi-3's projections fused and Gemma's norm weights as w
     (the decoder reads 1 + w), and its attention modules do not name a window where `LlamaLayer.window` reads it;
     Granite's are run through its modules by the torch decoder only."""
     return config.model_type in OWN_MODULES_ONLY or sliding_window(config)
