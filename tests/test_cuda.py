@@ -7,6 +7,8 @@ on a GPU machine that has only torch, triton and transformers."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -26,13 +28,13 @@ from specchat.drafters.composite import CompositeDrafter
 from specchat.drafters.glide.drafter import GlideDrafter
 from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.drafters.model.drafter import ModelDrafter
+from specchat.drafters.model.model import DraftModel, student_from_target
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.target_forward import TorchForward
 from specchat.kernels.attention.configs import prefix_config, tree_config
-from specchat.drafters.model.model import DraftModel, student_from_target
 
 VOCAB = 1024
 CUDA = torch.device("cuda")
@@ -117,3 +119,39 @@ def test_seeded_sampling_on_cuda_equals_autoregressive(drafter):
     engine = Engine(model, TOKENIZER, max_len=256)
     engine.set_drafter(DRAFTERS[drafter](engine, model, prompt + expected), 16)
     assert generate(engine, prompt, 80, SAMPLED) == expected
+
+
+@pytest.mark.parametrize("drafter", ["longspec", "longspec-draft-vocab", "glide", "tokenswift", None])
+def test_a_step_synchronises_with_the_gpu_at_the_tree_and_at_the_acceptance(drafter):
+    """What `test_device_waits.py` models on a CPU, counted by CUDA itself (`set_sync_debug_mode`): once its
+    graphs are captured, a greedy step synchronises where the host reads the drafter's tree and the target's
+    choices, and a proposal only at its end."""
+    prompt = random_prompt(40, seed=2, vocab=VOCAB)
+    model = cuda_model("llama")
+    engine = Engine(model, TOKENIZER, max_len=256)
+    if drafter is not None:
+        engine.set_drafter(DRAFTERS[drafter](engine, model, None), 16)
+    steps, proposals = [], []  # synchronisations of each step, of each proposal
+
+    def counting(call, counts):
+        def counted(*args, **kwargs):
+            before = len(caught)  # the warnings recorded below
+            out = call(*args, **kwargs)
+            counts.append(sum("synchroniz" in str(warning.message) for warning in caught[before:]))
+            return out
+
+        return counted
+
+    engine._step = counting(engine._step, steps)
+    if drafter is not None:
+        engine.drafter.propose = counting(engine.drafter.propose, proposals)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=24))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert len(steps) > 4
+    assert steps[3:] == [1 if drafter is None else 2] * len(steps[3:]), [str(w.message) for w in caught][-8:]
+    assert proposals[3:] == [1] * len(proposals[3:])

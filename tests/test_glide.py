@@ -221,7 +221,7 @@ def test_catch_up_equals_a_fresh_drafter(family, targets, tokenizer):
     engine.set_drafter(drafter, 12)
     for prompt, n in ((PROMPT, 30), (PROMPT + [9, 8, 7], 10), (PROMPT[:20] + [4], 7)):  # extend, then diverge
         run(engine, prompt, n)
-        ids = engine.ids[: engine.length].tolist()
+        ids = list(engine.ids)
         assert drafter.ids == ids
         fresh = GlideDrafter(engine.target, draft)
         fresh.prefill(ids, engine._no_rows, 0)
@@ -244,7 +244,7 @@ def test_catch_up_in_chunks(targets, tokenizer, monkeypatch):
     draft = random_draft(target.config, layers=2)
     engine.set_drafter(GlideDrafter(engine.target, draft), 4)
     run(engine, PROMPT * 3, 2)
-    ids = engine.ids[: engine.length].tolist()
+    ids = list(engine.ids)
     whole = GlideDrafter(engine.target, draft)
     whole.prefill(ids, engine._no_rows, 0)
     monkeypatch.setattr(glide, "CHUNK", 7)

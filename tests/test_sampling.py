@@ -31,6 +31,7 @@ from specchat.engine.sampling import (
     apply_top_p,
     make_generator,
     process_logits,
+    race,
     sample,
 )
 
@@ -281,6 +282,9 @@ def test_process_logits_keeps_ties_with_the_kth_value():
     assert kept(process_logits(row, SamplingConfig(temperature=1.0, top_k=1))) == [[0, 2, 3]]
     assert kept(process_logits(row, SamplingConfig(temperature=1.0, top_k=1, top_p=0.5))) == [[0, 2, 3]]  # ties: all
     assert kept(process_logits(row, SamplingConfig(temperature=1.0, top_k=2))) == [[0, 2, 3]]  # within the 4 largest
+    drafted = process_logits(row, SamplingConfig(temperature=1.0, top_k=1), drafting=True)
+    [tokens] = kept(drafted)  # a draft's distribution keeps the 2k largest: no read for the ties past them
+    assert len(tokens) == 2 and set(tokens) < {0, 2, 3}
 
 
 def test_sampling_chain_order():
@@ -453,6 +457,19 @@ def test_sample_matches_softmax_of_processed_logits():
     statistic, df = chi_square(draws, probs)
     assert df == 5
     assert statistic < CHI2_CRITICAL_P001[df], f"chi2 = {statistic:.1f} with {df} dof"
+
+
+def test_the_race_over_every_token_matches_the_softmax_too(monkeypatch):
+    """A GPU's race draws noise for every token (no read of which are nonzero): the same distribution, and a token
+    of probability 0 never wins, even where its noise is 0."""
+    processed = process_logits(RAW, CONFIG)
+    probs = processed.softmax(dim=-1)
+    draws = race(probs.expand(DRAWS, -1), make_generator(CONFIG, CPU), sparse=False)
+    statistic, df = chi_square(draws, probs[0])
+    assert df == 5 and statistic < CHI2_CRITICAL_P001[df], f"chi2 = {statistic:.1f} with {df} dof"
+    monkeypatch.setattr(torch.Tensor, "exponential_", lambda self, *args, **kwargs: self.zero_())  # every E is 0
+    [token] = race(probs, None, sparse=False).tolist()
+    assert probs[0, token] > 0
 
 
 def test_chi_square_rejects_a_biased_sampler():

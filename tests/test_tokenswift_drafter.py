@@ -76,7 +76,7 @@ def test_partial_cache_selects_the_most_important_positions(model, tokenizer):
     ids = torch.randint(3, VOCAB, (200,), generator=torch.Generator().manual_seed(1)).tolist()
     engine = Engine(model, tokenizer, max_len=400)
     list(engine.generate(ids, max_new_tokens=1))  # prefill: the cache holds ids[:-1]... and the first token
-    committed = engine.ids[: engine.length].tolist()
+    committed = list(engine.ids)
     root, prefix = committed[-1], committed[:-1]
     budget = 48
     partial = PartialKV(engine.target, budget)
@@ -92,7 +92,7 @@ def test_partial_cache_selects_the_most_important_positions(model, tokenizer):
     # one new position overwrites the least important slot; the rest stay
     before = cache.layers[0].keys[0, :, : budget - 1].clone()
     list(engine.generate(committed + [5], max_new_tokens=1))  # the engine's cache grows by two positions
-    partial.prepare(engine.ids[engine.length - 1].item())
+    partial.prepare(engine.ids[-1])
     assert partial.selections == 1
     assert torch.equal(cache.layers[0].keys[0, :, : budget - 2], before[:, : budget - 2])
     new = engine.cache.length - 1
@@ -238,10 +238,14 @@ def test_heads_with_root_input_draft_from_the_token_the_target_chose(model, toke
     drafter._embed = lambda tokens: heard.append(tokens) or embed(tokens)
     tree = drafter.propose(40, SamplingConfig())
     first = [t for t, d in zip(tree.tokens, tree.depths) if d == 1]
-    assert heard == [[first[0] if forward else drafter.ids[-1]]]  # root-input heads read one token: the start
+    assert [t.tolist() for t in heard] == [[first[0] if forward else drafter.ids[-1]]]  # one token: the start
     root = drafter.ids[-1]
-    paths = drafter._product_paths(drafter.state, root, 3, SamplingConfig(), (), 1.0)
-    assert paths != drafter._product_paths(drafter.state, (root + 1) % VOCAB, 3, SamplingConfig(), (), 1.0)
+
+    def guesses(token: int):
+        return drafter._product_guesses(drafter.heads.start(drafter.state, drafter._embed(torch.tensor([token]))), 3,
+                                        SamplingConfig(), None)  # fmt: skip
+
+    assert guesses(root) != guesses((root + 1) % VOCAB)
 
 
 def test_chained_heads_draft_each_node_s_children_from_its_own_token(model, tokenizer):
@@ -251,16 +255,16 @@ def test_chained_heads_draft_each_node_s_children_from_its_own_token(model, toke
     greedy = SamplingConfig()
     tree = drafter.propose(40, greedy)
     heads, root = drafter.heads, drafter.ids[-1]
-    first_state, _ = heads.step(0, heads.start(drafter.state, drafter._embed([root])))
+    first_state, _ = heads.step(0, heads.start(drafter.state, drafter._embed(torch.tensor([root]))))
     children = {}
     for i, (parent, origin) in enumerate(zip(tree.parents, tree.origins)):
         if origin == "tokenswift" and tree.depths[i] == 2:
             children.setdefault(parent, set()).add(tree.tokens[i])
     assert len(children) == 3
     for parent, tokens in children.items():
-        _, out = heads.step(1, first_state, drafter._embed([tree.tokens[parent]]))
-        _, [top] = drafter._top(out, greedy)
-        assert tokens == set(top)
+        _, out = heads.step(1, first_state, drafter._embed(torch.tensor([tree.tokens[parent]])))
+        _, [top] = drafter._top(out, greedy, None)
+        assert tokens == set(top.tolist())
     assert len({frozenset(tokens) for tokens in children.values()}) > 1
 
 

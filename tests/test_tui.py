@@ -143,7 +143,7 @@ async def test_escape_stops_at_once_keeps_the_answer_and_the_next_turn_reuses_th
         assert first.finish == "stopped" and 1 <= len(first.token_ids) < 3000
         assert "stopped (Esc)" in footer_line(first)
         engine = app.session.engine
-        committed = engine.ids[: engine.length].tolist()
+        committed = list(engine.ids)
         assert committed[-len(first.token_ids) :] == first.token_ids  # every committed token reached the UI
         held = engine.length
 

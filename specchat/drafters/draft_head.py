@@ -34,9 +34,11 @@ class DraftHead:
         self.vocab_size = target.config.vocab_size
         self.draft_vocab = None if draft_vocab is None else draft_vocab.to(target.device)
         self.columns = None  # [vocab]: each target id's column in the draft vocabulary, -1 where it has none
-        if self.draft_vocab is not None:
+        self.column_of: dict[int, int] = {}  # the same on the host, for the sampling settings' ids
+        if draft_vocab is not None:
             self.columns = torch.full((self.vocab_size,), -1, dtype=torch.long, device=target.device)
             self.columns[self.draft_vocab] = torch.arange(len(self.draft_vocab), device=target.device)
+            self.column_of = {token: column for column, token in enumerate(draft_vocab.tolist())}
         head = lm_head if lm_head is not None else target.lm_head
         if draft_vocab is None:
             self.lm_head = head
@@ -59,17 +61,13 @@ class DraftHead:
         vocabulary, so the suppressed and biased ids and the `history` [n, W] (target ids, -1 padding) are mapped, not
         the logits widened."""
         if self.columns is not None:
-            if sampling.suppress:
-                suppress = self.columns[torch.tensor(sampling.suppress, device=self.columns.device)]
-                sampling = replace(sampling, suppress=tuple(suppress[suppress >= 0].tolist()))
-            if sampling.logit_bias:
-                ids = torch.tensor([token for token, _ in sampling.logit_bias], device=self.columns.device)
-                columns = self.columns[ids].tolist()
-                sampling = replace(sampling, logit_bias=tuple((column, bias) for column, (_, bias) in zip(
-                    columns, sampling.logit_bias) if column >= 0))  # fmt: skip
+            columns = self.column_of
+            suppress = tuple(columns[token] for token in sampling.suppress if token in columns)
+            bias = tuple((columns[token], value) for token, value in sampling.logit_bias if token in columns)
+            sampling = replace(sampling, suppress=suppress, logit_bias=bias)
             if history is not None:
                 history = self.columns[history.clamp(min=0)].masked_fill(history < 0, -1)
-        return process_logits(logits, sampling, history).softmax(dim=-1)
+        return process_logits(logits, sampling, history, drafting=True).softmax(dim=-1)
 
     def target_ids(self, columns: torch.Tensor) -> torch.Tensor:
         return columns if self.draft_vocab is None else self.draft_vocab[columns]

@@ -36,6 +36,7 @@ from specchat.engine.sampling import (
 from specchat.engine.stats import GenerationStats
 from specchat.engine.target_forward import forward_path, target_forward
 from specchat.engine.text import TextStream
+from specchat.engine.host_data import to_device
 from specchat.engine.tree import DraftTree, node_histories, tree_batch
 from specchat.engine.verify import verify
 from specchat.engine.verify_cost import VerifyCost, cached_verify_cost, measure_verify_cost, priced_context
@@ -92,8 +93,7 @@ class Engine:
         if kv_cache == "int8" and sliding_window(model.config):
             raise SpecchatError("--kv-cache int8 does not run sliding-window layers (Gemma 3's): use --kv-cache auto")
         self.prefixes = PrefixStore(prefix_bytes) if prefix_bytes else None  # earlier texts' cached prefixes
-        self.ids = torch.zeros(self.max_len + 1, dtype=torch.long, device=self.device)  # committed ids
-        self.length = 0  # committed ids; the cache holds all but the last (the root)
+        self.ids: list[int] = []  # committed ids, on the host; the cache holds all but the last (the root)
         self._queries: torch.Tensor | None = None  # the last forward's last-layer rotated queries [q, heads, D]
         self._last_query: torch.Tensor | None = None  # [heads, D] fp32 of the newest position in the cache
         self._verify_costs: dict[str, VerifyCost] = {}  # calibration key -> its prices, kept up to date
@@ -102,6 +102,11 @@ class Engine:
                                     last_query=lambda: self._last_query, tokenizer=tokenizer,
                                     layer_queries=self._layer_queries)  # fmt: skip
         self.set_drafter(drafter, draft_budget)
+
+    @property
+    def length(self) -> int:
+        """Committed ids, prompt included."""
+        return len(self.ids)
 
     def set_drafter(self, drafter: Drafter | None, draft_budget: int | None = None) -> None:
         """Draft with `drafter` (None: autoregressive) from the next request on, at a fixed budget or adaptive."""
@@ -268,7 +273,7 @@ class Engine:
         start = time.perf_counter()
         if fresh:
             self.cache.truncate(0)
-        continued = self.cache.length > 0 and self.ids[: self.cache.length].tolist() == prompt_ids[: self.cache.length]
+        continued = self.cache.length > 0 and self.ids[: self.cache.length] == prompt_ids[: self.cache.length]
         logits = self._prefill(prompt_ids, stats, reuse=not fresh)
         processed = self._process(logits, sampling, DraftTree.empty(), constrained, min_tokens)
         if noise:
@@ -328,7 +333,7 @@ class Engine:
                 budget = len(tree)
         start = time.perf_counter()
         prefix = self.cache.length
-        batch = tree_batch(tree, int(self.ids[self.length - 1]), prefix, self.device)
+        batch = tree_batch(tree, self.ids[-1], prefix, self.device)
         mask = batch.tree_mask if len(tree) else None  # the root alone: a decode step
         logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask,
                                        feature_layers=self.state_layers)  # fmt: skip
@@ -338,7 +343,9 @@ class Engine:
             choices = noise.choose(processed.softmax(dim=-1), [self.length + depth for depth in (0, *tree.depths)])
         verdict = verify(tree, processed, sampling, generator, choices)
         kept = [0] + [node + 1 for node in verdict.path]
-        self.cache.commit(kept)
+        leading = kept == list(range(len(kept)))  # a path down the first rows: a slice
+        rows = slice(0, len(kept)) if leading else to_device(kept, self.device)
+        self.cache.commit(kept if leading else rows)
         self._keep_query(kept[-1])
         verify_seconds = time.perf_counter() - start  # the verdict's ints are on the host: the device is done
         if self.policy and not known and not forced:  # known and forced tokens say nothing about the drafter
@@ -346,7 +353,7 @@ class Engine:
                                 verify_seconds=verify_seconds, mode=mode)  # fmt: skip
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
-        hidden = hidden[kept] if self.drafter is not None else hidden  # only a drafter reads them
+        hidden = hidden[rows] if self.drafter is not None else hidden  # only a drafter reads them
         scored = token_logprobs(processed, kept, tokens, logprobs) if logprobs is not None else None
         return tokens, origins, hidden, tree, budget, draft_seconds, scored
 
@@ -385,15 +392,15 @@ class Engine:
         if constrained is not None:
             logits = constrained.mask(logits, tree)
         if held:
-            rows = torch.tensor([depth < held for depth in (0, *tree.depths)], device=logits.device)
-            eos = torch.tensor(sorted(self.eos_ids), device=logits.device)
+            rows = [row for row, depth in enumerate((0, *tree.depths)) if depth < held]
+            rows, eos = (to_device(ids, logits.device) for ids in (rows, sorted(self.eos_ids)))
             logits = logits.clone()
-            logits[rows.nonzero()[:, 0, None], eos] = float("-inf")
+            logits[rows[:, None], eos] = float("-inf")
         history = None
         if sampling.uses_history:
             window = sampling.penalty_window
-            committed = self.ids[max(0, self.length - window) : self.length].cpu()
-            history = node_histories(tree, committed, window)
+            committed = self.ids[max(0, self.length - window) :]
+            history = to_device(node_histories(tree, committed, window), logits.device)
         return process_logits(logits, sampling, history)
 
     def _prefill(self, prompt_ids: list[int], stats: GenerationStats, *, reuse: bool) -> torch.Tensor:
@@ -403,15 +410,13 @@ class Engine:
         shared = 0
         if self.cache.length:
             limit = min(self.cache.length, len(prompt_ids) - 1)
-            same = (self.ids[:limit] == prompt[:limit]).int()
-            shared = int(same.cumprod(0).sum()) if limit else 0
+            shared = next((i for i in range(limit) if self.ids[i] != prompt_ids[i]), limit)
         if reuse and self.prefixes is not None:
-            shared = self.prefixes.reuse(prompt_ids, self.ids[: self.cache.length].tolist(), shared, self.cache)
+            shared = self.prefixes.reuse(prompt_ids, self.ids[: self.cache.length], shared, self.cache)
         shared = self.cache.reach(shared)
         self.cache.truncate(shared)
         stats.reused_tokens = shared
-        self.ids[: len(prompt_ids)] = prompt
-        self.length = len(prompt_ids)
+        self.ids = list(prompt_ids)
         logits, hidden = self._feed(prompt[shared:], feature_layers=self.state_layers)
         self._keep_query(-1)
         if self.drafter is not None:
@@ -424,8 +429,7 @@ class Engine:
         cache's text: a prompt that starts with `ids` then prefills only the rest. Exact only where reuse is."""
         self.cache.allocate(layers[0][0].shape[-3], layers[0][0].shape[-1], dtype, self.device)
         self.cache.restore(layers, len(ids))
-        self.ids[: len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
-        self.length = len(ids)
+        self.ids = list(ids)
 
     @torch.inference_mode()
     def prompt_logprobs(self, prompt_ids: list[int], top: int = 0) -> list[TokenLogprob | None]:
@@ -449,8 +453,7 @@ class Engine:
             self.cache.commit()
             following = prompt_ids[start + 1 : start + 1 + logits.shape[0]]  # the token each row predicts
             scored += token_logprobs(logits, list(range(len(following))), following, top) if following else []
-        self.ids[: len(prompt_ids)] = ids
-        self.length = len(prompt_ids)
+        self.ids = list(prompt_ids)
         return scored
 
     @torch.inference_mode()
@@ -463,8 +466,7 @@ class Engine:
         tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
         self.cache.truncate(0)
         _, hidden = self._feed(tokens, positions=positions, feature_layers=feature_layers)
-        self.ids[: len(ids)] = tokens  # a later request may reuse this KV like any other prefix
-        self.length = len(ids)
+        self.ids = list(ids)  # a later request may reuse this KV like any other prefix
         return hidden
 
     @torch.inference_mode()
@@ -491,8 +493,7 @@ class Engine:
         for token in tokens:
             hidden.append(self._forward(token[None])[1])
             self.cache.commit()
-        self.ids[: len(ids)] = tokens
-        self.length = len(ids)
+        self.ids = list(ids)
         return torch.cat(hidden)
 
     def _draft_forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: TreeCache):
@@ -549,8 +550,7 @@ class Engine:
                 finish = "eos" if token in self.eos_ids else "stop" if stream.stopped else limit
                 tokens, origins = tokens[: i + 1], origins[: i + 1]
                 break
-        self.ids[self.length : self.length + len(tokens)] = torch.tensor(tokens, device=self.device)
-        self.length += len(tokens)
+        self.ids += tokens
         self.cache.truncate(self.length - 1)  # drop the KV of accepted tokens that were cut
         if self.drafter is not None:
             self.drafter.commit(tokens, hidden[: len(tokens)])
@@ -575,7 +575,7 @@ class Engine:
         tree, generator, times = DraftTree.empty(), make_generator(sampling, self.device), []
         for _ in range(repeats):
             start = time.perf_counter()
-            batch = tree_batch(tree, int(self.ids[self.length - 1]), self.cache.length, self.device)
+            batch = tree_batch(tree, self.ids[-1], self.cache.length, self.device)
             logits, _ = self._forward(batch.input_ids, positions=batch.position_ids)
             verify(tree, self._process(logits, sampling, tree), sampling, generator)  # ints out: device synced
             times.append(time.perf_counter() - start)

@@ -47,7 +47,7 @@ def read_prompt_cache(engine, path: Path, prompt_ids: list[int]) -> int:
     is always run, for its logits), where it is longer than what the engine's own cache shares with the prompt; how
     many tokens the engine then holds of it. The file is not read when there is none, or it is another model's.
     Raises OSError for a file that cannot be read (cut short)."""
-    held = engine.cache.reach(_shared(engine.ids[: engine.cache.length].tolist(), prompt_ids))
+    held = engine.cache.reach(_shared(engine.ids[: engine.cache.length], prompt_ids))
     if not path.exists() or not engine.exact_reuse or safetensors_metadata(path).get("identity") != identity(engine):
         return held
     with _as_os_error(), safe_open(path, "pt") as file:
@@ -77,7 +77,7 @@ def write_prompt_cache(engine, path: Path) -> bool:
     where reuse is not exact or the cache is empty. Raises OSError where it cannot be written (a full disk)."""
     if not (engine.exact_reuse and engine.cache.length):
         return False
-    ids = engine.ids[: engine.cache.length].tolist()
+    ids = engine.ids[: engine.cache.length]
     tensors = {"ids": torch.tensor(ids, dtype=torch.int32)}
     for index, layer in enumerate(engine.cache.copy(len(ids))):
         tensors |= {f"{index}.{part}": tensor.contiguous() for part, tensor in enumerate(layer)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from specchat.engine.events import TokenLogprob
+from specchat.engine.host_data import to_device
 from specchat.engine.sampling_config import SamplingConfig
 
 
@@ -85,15 +86,20 @@ def apply_min_p(logits: torch.Tensor, min_p: float, keep: int = 1) -> torch.Tens
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.Tensor | None = None) -> torch.Tensor:
-    """Raw logits [n, vocab] -> the processed logits whose softmax (or argmax, when greedy) is the target."""
+def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.Tensor | None = None, *,
+                   drafting: bool = False) -> torch.Tensor:  # fmt: skip
+    """Raw logits [n, vocab] -> the processed logits whose softmax (or argmax, when greedy) is the target.
+
+    `drafting`: a draft's distribution, which need only be the one drafted from (verification weighs each token by
+    the target's own): top-k keeps its 2k largest without looking further for ties with the k-th, a look that
+    would make the host wait for the device."""
     logits = logits.float()
     if config.logit_bias:
         ids, biases = zip(*config.logit_bias)
-        bias = torch.tensor(biases, dtype=logits.dtype, device=logits.device).expand(logits.shape[0], -1)
-        logits = logits.index_add(1, torch.tensor(ids, device=logits.device), bias)
+        bias = to_device(biases, logits.device, logits.dtype).expand(logits.shape[0], -1)
+        logits = logits.index_add(1, to_device(ids, logits.device), bias)
     if config.suppress:
-        logits = logits.index_fill(1, torch.tensor(config.suppress, device=logits.device), float("-inf"))
+        logits = logits.index_fill(1, to_device(config.suppress, logits.device), float("-inf"))
     if config.uses_history and history is not None:
         if config.penalty != 1.0:
             logits = apply_penalty(logits, history, config.penalty)
@@ -103,7 +109,7 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.
         return logits
     logits = logits / config.temperature
     if 0 < config.top_k < logits.shape[-1]:
-        survivors = _top_k_survivors(logits, config.top_k)
+        survivors = _top_k_survivors(logits, config.top_k, checked=not drafting)
         if survivors is not None:
             values, indices = survivors
             return torch.full_like(logits, float("-inf")).scatter_(1, indices, _top_p_then_min_p(values, config))
@@ -115,9 +121,9 @@ def _top_p_then_min_p(logits: torch.Tensor, config: SamplingConfig) -> torch.Ten
     return apply_min_p(apply_top_p(logits, config.top_p), config.min_p, config.min_p_keep)
 
 
-def _top_k_survivors(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _top_k_survivors(logits: torch.Tensor, k: int, checked: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The logits top-k keeps, -inf among them where a larger set was searched, and their token ids; None when
-    ties with the k-th reach past the 2k largest.
+    ties with the k-th reach past the 2k largest (unless not `checked`: then those past it are dropped).
 
     Top-p and min-p then run over these alone: the tokens top-k drops have probability 0 in every later step,
     so the survivors are the whole distribution, and sorting them instead of the vocabulary saves ~3 ms a row
@@ -125,24 +131,30 @@ def _top_k_survivors(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     room = min(2 * k, logits.shape[-1])
     values, indices = torch.topk(logits, room, dim=-1)  # sorted, most likely first
     kth = values[:, k - 1 : k]
-    if room < logits.shape[-1] and bool((values[:, -1:] == kth).any()):
+    if checked and room < logits.shape[-1] and bool((values[:, -1:] == kth).any()):
         return None
     return values.masked_fill(values < kth, float("-inf")), indices
 
 
 def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of processed logits [n, vocab] -> [n]; greedy takes the argmax.
-
-    Sampling is an exponential race, argmax(p / E) with E ~ Exp(1): exact. Tokens of probability 0 cannot win
-    it, so it draws noise for the others alone (top-k, top-p or min-p leave a few dozen of 152K tokens; noise for
-    all of them cost ~3 ms a row).
-    """
+    """One token per row of processed logits [n, vocab] -> [n]; greedy takes the argmax, else `race`."""
     if config.greedy:
         return logits.argmax(dim=-1)
-    probs = logits.softmax(dim=-1)
+    return race(logits.softmax(dim=-1), generator, sparse=logits.device.type == "cpu")
+
+
+def race(probs: torch.Tensor, generator: torch.Generator | None, *, sparse: bool) -> torch.Tensor:
+    """One draw per row of `probs` [n, vocab] -> [n]: the exponential race argmax(p / E), E ~ Exp(1), exact.
+
+    Tokens of probability 0 cannot win it, so a CPU (`sparse`) draws noise for the others alone: top-k, top-p or
+    min-p leave a few dozen of 152K tokens, and noise for all of them costs ~3 ms a row there. Finding them is a
+    read of the device, which a GPU, drawing noise for every token in microseconds, does without."""
+    if not sparse:  # a zero draw of E must not let a token of probability 0 in (0 / 0)
+        noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+        return torch.where(probs > 0, probs / noise, 0).argmax(dim=-1)
     rows, tokens = probs.nonzero(as_tuple=True)
-    race = torch.empty(tokens.shape, dtype=probs.dtype, device=probs.device).exponential_(1.0, generator=generator)
-    return torch.zeros_like(probs).index_put_((rows, tokens), probs[rows, tokens] / race).argmax(dim=-1)
+    noise = torch.empty(tokens.shape, dtype=probs.dtype, device=probs.device).exponential_(1.0, generator=generator)
+    return torch.zeros_like(probs).index_put_((rows, tokens), probs[rows, tokens] / noise).argmax(dim=-1)
 
 
 class PositionNoise:

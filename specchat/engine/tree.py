@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from specchat.engine.host_data import to_device
+
 ROOT = -1
 
 
@@ -157,15 +159,15 @@ class TreeBatch:
 
 
 def tree_batch(tree: DraftTree, root_token: int, prefix_len: int, device: torch.device) -> TreeBatch:
+    """The batch built on the host, then copied to the device without waiting for it (`host_data`)."""
     rows = len(tree) + 1
     mask = torch.eye(rows, dtype=torch.bool)
-    mask[:, 0] = True  # everything descends from the root
+    mask[:, 0].fill_(True)  # everything descends from the root
     for i, parent in enumerate(tree.parents):
         if parent != ROOT:
             mask[i + 1] |= mask[parent + 1]
-    positions = torch.tensor([0, *tree.depths]) + prefix_len
-    ids = torch.tensor([root_token, *tree.tokens])
-    return TreeBatch(ids.to(device), positions.to(device), mask.to(device))
+    ids, positions = [root_token, *tree.tokens], [prefix_len + depth for depth in (0, *tree.depths)]
+    return TreeBatch(to_device(ids, device), to_device(positions, device), to_device(mask, device))
 
 
 def node_histories(tree: DraftTree, committed: list[int] | torch.Tensor, window: int) -> torch.Tensor:
@@ -185,7 +187,6 @@ def node_histories(tree: DraftTree, committed: list[int] | torch.Tensor, window:
     lengths = torch.tensor([len(path) for path in paths]) + len(committed)
     drop = (lengths - window).clamp(min=0)  # the oldest committed ids a deep row no longer sees
     kept = lengths - drop
-    width = int(kept.max())
-    columns = torch.arange(width)
+    columns = torch.arange(min(window, len(committed) + depth))  # the longest row kept
     shifted = rows.gather(1, (columns + drop[:, None]).clamp(max=rows.shape[1] - 1))
     return torch.where(columns < kept[:, None], shifted, -1)

@@ -136,7 +136,8 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
         if newest is None or budget < 1:
             return DraftTree.empty()
         root = len(self.ids) - 1  # the root's position: rows of positions < root are in the draft's cache
-        tree = TreeRows()  # which rows each sees; their keys and values follow the committed ones in `kv`
+        # which rows each sees; their keys and values follow the committed ones in `kv`
+        tree = TreeRows(device=self.target.device)
         self.kv.tree_rows = 0
         device = self.target.device
         paths: dict[tuple[int, ...], tuple[float, str]] = {}

@@ -21,6 +21,7 @@ import torch
 from specchat.drafters import GLIDE
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.drafters.draft_head import DraftHead, draft_weights
+from specchat.engine.host_data import to_device
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
@@ -66,24 +67,29 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
                 least_chance: float = 0.0) -> DraftTree:  # fmt: skip
+        """Each chain step's forward reads the last one's top token as the device tensor it is; the ranked tokens
+        and confidences come to the host once, at the end, to lay out the chain and its siblings."""
         builder = TreeBuilder()
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
         if budget <= 0:
             return builder.build()
         logits = self.root_logits()
-        steps, parent = [], ROOT
+        ranked, confidences = [], []  # per chain step: [most] target ids, best first; the top-1 probability
         length = min(self.chain, budget)
         most = min(1 + max(count for _, count in self.bins), logits.shape[-1])
         for depth in range(1, length + 1):
             logits = logits.float()
             top = logits.topk(most)
-            confidence = float((top.values[0] - logits.logsumexp(dim=-1)).exp())
-            ranked = self.head.target_ids(top.indices).tolist()
-            parent_of_step, parent = parent, builder.add(parent, ranked[0], self.kind)
-            steps.append((parent_of_step, ranked[1 : 1 + self.siblings(confidence)]))
+            confidences.append((top.values[0] - logits.logsumexp(dim=-1)).exp())
+            ranked.append(self.head.target_ids(top.indices))
             if depth == length:
                 break
-            logits = self._logits(ranked[0], root + depth)
+            logits = self.head(self._forward(ranked[-1][:1], root + depth)[0])  # a chain node's state: a scratch slot
+        ranked, confidences = torch.stack(ranked), torch.stack(confidences)
+        steps, parent = [], ROOT
+        for tokens, confidence in zip(ranked.tolist(), confidences.tolist()):
+            parent_of_step, parent = parent, builder.add(parent, tokens[0], self.kind)
+            steps.append((parent_of_step, tokens[1 : 1 + self.siblings(confidence)]))
         for parent, tokens in steps:
             for token in tokens:
                 if len(builder) >= budget:
@@ -98,28 +104,24 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
     def root_logits(self) -> torch.Tensor:
         """Draft logits [vocab] below the root, after catching up every committed position before it."""
         root = len(self.ids) - 1
-        self._target_kv = self.model.target_kv(self._target_layers(root))
         self.kv.truncate(root)  # the root's own state is (re)computed
-        start = self.kv.length
+        first = start = self.kv.length
+        ids = to_device(self.ids[first:], self.target.device)
+        self._target_kv = self.model.target_kv(self._target_layers(root))
         while True:
             end = min(start + CHUNK, root + 1)
-            states = self._forward(self.ids[start:end], start)
+            states = self._forward(ids[start - first : end - first], start)
             if end == root + 1:
                 break
             start = end
         self.kv.commit(root + 1)
         return self.head(states[-1])
 
-    def _logits(self, token: int, position: int) -> torch.Tensor:
-        """Draft logits [vocab] below a chain node at `position` (its state goes to a scratch slot)."""
-        return self.head(self._forward([token], position)[0])
-
-    def _forward(self, tokens: list[int], start: int) -> torch.Tensor:
-        device = self.target.device
-        positions = torch.arange(start, start + len(tokens), device=device)
+    def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """The draft's last states of `ids` [q] at positions start, start + 1, ... (their keys and values kept)."""
+        positions = torch.arange(start, start + len(ids), device=self.target.device)
         cos, sin = self.target.rotary(self.kv.keys, positions[None])
         rotary = cos[0].to(self.target.dtype), sin[0].to(self.target.dtype)
-        ids = torch.tensor(tokens, dtype=torch.long, device=device)
         return self.model(self.embed(ids), start, self.kv, self._target_kv, rotary)
 
     def _target_layers(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -19,8 +19,9 @@ from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.drafters.cache_policy import CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.tree_rows import TreeRows
+from specchat.engine.host_data import to_device
 from specchat.engine.sampling import SamplingConfig
-from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
+from specchat.engine.tree import ROOT, DraftTree
 from specchat.drafters.longspec.model import LongSpecLayer, RingKV, load_longspec
 from specchat.quant.quantize import quantized_copy
 
@@ -53,6 +54,7 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         all): from the next proposal on."""
         self.policy = make_policy(policy, self.target) if isinstance(policy, str) else policy
         self.read = torch.zeros(0, dtype=torch.long, device=self.target.device)  # target positions read
+        self.read_until = 0  # positions from here on are not in `read` yet
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         same = self.new_request(ids, reused)
@@ -62,56 +64,59 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
                 least_chance: float = 0.0) -> DraftTree:  # fmt: skip
+        """Every depth's forward is queued from the last one's tensors, never read back: the tree's tokens and
+        parents come to the host once, at the end."""
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
         self._catch_up()
         self.target_kv = self._target_kv(root)
-        tree = TreeRows()  # row 0 is the root: the draft layer runs it too
-        logits = self._forward(torch.tensor([self.ids[-1]], device=self.target.device), torch.tensor([root]), tree,
-                               tree.add([ROOT]))  # fmt: skip
+        tree = TreeRows(device=self.target.device)  # row 0 is the root: the draft layer runs it too
+        logits = self._forward(torch.full((1,), self.ids[-1], device=self.target.device), root, tree, tree.add([ROOT]))
         if self.chain:
             return self._chain(tree, logits[0], root, budget, sampling, generator)
         return self._beam(tree, logits, root, budget)
 
     def _beam(self, tree: TreeRows, logits: torch.Tensor, root: int, budget: int) -> DraftTree:
-        builder = TreeBuilder()
-        row_of = {ROOT: 0}  # tree node -> its row
+        """Each depth keeps the global top `width` of the frontier's children by cumulative log-probability. The
+        sizes are known ahead (the widths, cut by the budget); which frontier row each child hangs from is not."""
+        tokens, parents = [], []  # per depth [width]: target ids; parent nodes (ROOT below the root)
         scores = logits.float().log_softmax(dim=-1)  # [frontier, draft vocab], cumulative log-probabilities
-        frontier = [ROOT]
+        nodes, frontier = 0, ROOT  # nodes so far; the frontier's first node (its first row is its node + 1)
         for depth, width in enumerate(self.widths, start=1):
-            width = min(width, budget - len(builder), scores.numel())
+            width = min(width, budget - nodes, scores.numel())
             if width <= 0:
                 break
             best = scores.flatten().topk(width)
             rows, columns = best.indices // scores.shape[1], best.indices % scores.shape[1]
-            tokens = self.head.target_ids(columns).tolist()
-            frontier = [builder.add(frontier[row], token, self.kind) for row, token in zip(rows.tolist(), tokens)]
-            if depth == len(self.widths) or len(builder) >= budget:
+            tokens.append(self.head.target_ids(columns))
+            parents.append(rows + frontier if depth > 1 else torch.full_like(rows, ROOT))
+            frontier, nodes = nodes, nodes + width
+            if depth == len(self.widths) or nodes >= budget:
                 break
-            rows = tree.add([row_of[builder.parents[node]] for node in frontier])
-            row_of.update(zip(frontier, rows))
-            logits = self._forward(torch.tensor(tokens, device=self.target.device),
-                                   torch.full((len(tokens),), root + depth), tree, rows)  # fmt: skip
+            logits = self._forward(tokens[-1], root + depth, tree, tree.add(parents[-1] + 1))
             scores = best.values[:, None] + logits.float().log_softmax(dim=-1)
-        return builder.build()
+        if not tokens:
+            return DraftTree.empty()
+        ids, above = torch.stack([torch.cat(tokens), torch.cat(parents)]).tolist()
+        return DraftTree(ids, above, [self.kind] * len(ids))
 
     def _chain(self, tree, logits, root, budget, sampling, generator) -> DraftTree:
-        tokens, parents, rows = [], [], []
+        """One token a depth: the draft's argmax, or under sampling a draw from its distribution (recorded for
+        rejection sampling), each fed to the next depth as the device tensor it is."""
+        tokens, rows = [], []
         for depth in range(1, budget + 1):
             if sampling.greedy:
-                token = int(self.head.target_ids(logits.argmax()))
+                token = self.head.target_ids(logits.argmax()[None])
             else:
                 q = self.head.full_vocab(self.head.probs(logits[None], sampling)[0])
-                token = int(torch.multinomial(q, 1, generator=generator))
+                token = torch.multinomial(q, 1, generator=generator)
                 rows.append(q)
             tokens.append(token)
-            parents.append(depth - 2)
             if depth == budget:
                 break
-            new = tree.add([depth - 1])  # node depth - 1 below node depth - 2, whose row is depth - 1
-            logits = self._forward(torch.tensor([token], device=self.target.device), torch.tensor([root + depth]), tree,
-                                   new)[0]  # fmt: skip
+            logits = self._forward(token, root + depth, tree, tree.add([depth - 1]))[0]  # below the last row
+        ids = torch.cat(tokens).tolist()
         draft_probs = torch.stack(rows) if rows else None
-        return DraftTree(tokens, parents, [self.kind] * len(tokens), draft_probs)
+        return DraftTree(ids, list(range(-1, len(ids) - 1)), [self.kind] * len(ids), draft_probs)
 
     def _target_kv(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's last-layer keys and values that cross-attention reads: the policy's selection of the
@@ -121,8 +126,8 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         if selection is not None:
             self.read = selection.to(self.read.device)
         else:
-            start = int(self.read[-1]) + 1
-            self.read = torch.cat([self.read, torch.arange(start, length, device=self.read.device)])
+            self.read = torch.cat([self.read, torch.arange(self.read_until, length, device=self.read.device)])
+        self.read_until = length
         layer = self.target.cache.layers[-1]
         if len(self.read) == length:  # all of it: a view, no copy (in the activations' dtype)
             return layer.read(slice(0, length))
@@ -135,22 +140,22 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         start = max(self.ring.length, end - self.ring.window)
         if start >= end:
             return
-        positions = torch.arange(start, end, device=self.target.device)
-        cos, sin = self._rotary(positions)
-        keys, values = self.layer.own_kv(self.target.embed_tokens(positions.new_tensor(self.ids[start:end])), cos, sin)
+        ids = to_device(self.ids[start:end], self.target.device)
+        cos, sin = self._rotary(torch.arange(start, end, device=self.target.device))
+        keys, values = self.layer.own_kv(self.target.embed_tokens(ids), cos, sin)
         self.ring.write(start, keys, values)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree: TreeRows, rows: list[int]) -> torch.Tensor:
-        """Draft logits [rows, draft vocab] of the tree's newest `rows` (the root's, or nodes'): their own keys and
-        values join the ring's committed window and their ancestors'."""
-        positions = positions.to(self.target.device)
+    def _forward(self, tokens: torch.Tensor, position: int, tree: TreeRows, rows: range) -> torch.Tensor:
+        """Draft logits [rows, draft vocab] of the tree's newest `rows` (the root's, or a depth's nodes), all at
+        `position`: their own keys and values join the ring's committed window and their ancestors'."""
+        positions = torch.full((len(rows),), position, device=self.target.device)
         cos, sin = self._rotary(positions)
         x = self.target.embed_tokens(tokens)
         keys, values = self.layer.own_kv(x, cos, sin)
         tree.write([keys], [values])
         own_keys = torch.cat([self.ring.keys, *tree.keys[0]], dim=1)
         own_values = torch.cat([self.ring.values, *tree.values[0]], dim=1)
-        mask = torch.cat([self.ring.visible(positions), tree.seen(rows).to(positions.device)], dim=1)
+        mask = torch.cat([self.ring.visible(positions), tree.seen(rows)], dim=1)
         out = self.layer(x, cos, sin, own_keys, own_values, mask, *self.target_kv)
         return self.head(out)
 

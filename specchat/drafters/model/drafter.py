@@ -11,6 +11,8 @@ any model that speaks the target's vocabulary.
 
 from __future__ import annotations
 
+import itertools
+
 from pathlib import Path
 
 import torch
@@ -80,14 +82,15 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
                 least_chance: float = 0.0) -> DraftTree:  # fmt: skip
         root_logits = self._catch_up()
         root, working = self.cache.size - 1, self.cache.size  # the root's compact position: in the working cache
-        tree = TreeRows(len(self.layers))
+        tree, depths = TreeRows(len(self.layers), self.target.device), itertools.count(1)
 
-        def expand(columns: list[int], parents: list[int]) -> torch.Tensor:
+        def expand(columns: list[int], parents: list[int]) -> torch.Tensor:  # the nodes of the next depth
             rows = tree.add(parents)
             ids = self.head.target_ids(torch.tensor(columns, device=self.target.device))
-            compact = torch.tensor([root + tree.depth(row) for row in rows], device=self.target.device)
-            mask = torch.cat([torch.ones(len(rows), working, dtype=torch.bool), tree.seen(rows)], dim=1)
-            logits, new = self._forward(ids, compact, mask.to(self.target.device), tree)
+            compact = torch.full((len(rows),), root + next(depths), device=self.target.device)
+            mask = torch.cat([torch.ones(len(rows), working, dtype=torch.bool, device=self.target.device),
+                              tree.seen(rows)], dim=1)  # fmt: skip
+            logits, new = self._forward(ids, compact, mask, tree)
             tree.write([rotated for _, _, rotated in new], [v for _, v, _ in new])
             return logits.float().softmax(dim=-1)
 

@@ -33,6 +33,7 @@ from specchat.engine.drafter import TargetView
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import PartialKV
+from specchat.engine.host_data import to_device
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import DraftTree
 from specchat.drafters.tokenswift.model import TokenSwiftHeads, download_heads, load_heads
@@ -91,53 +92,59 @@ class TokenSwiftDrafter:
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator=None, least_chance: float = 0.0) -> DraftTree:
+        """The draft forward's token feeds the heads as the device tensor it is; the host reads the first token and
+        the heads' guesses once, at the end (heads that read their chain's tokens choose on the host at each depth)."""
         if budget < 1:
             return DraftTree.empty()
-        root = self.ids[-1]
-        first = None
+        root, device = self.ids[-1], self.target.device
+        history = self._history(sampling)
+        first = None  # (token, probability) of the draft forward's token, on the device
         if self.forward:  # the LM head at the root drafts the first token; the heads continue it
             position = self.target.cache.length
             cache = self.partial.prepare(root) if self.partial is not None else self.target.cache
-            logits, hidden = self.target.forward(torch.tensor([root], device=self.target.device),
-                                                 torch.tensor([position], device=self.target.device), cache)  # fmt: skip
-            p, token = self._probs(logits[-1:], sampling)[0].max(dim=0)
-            first = (int(token), float(p))
-            state, start, depth = hidden[-1:], first[0], budget - 1
+            logits, hidden = self.target.forward(torch.full((1,), root, device=device),
+                                                 torch.full((1,), position, device=device), cache)  # fmt: skip
+            p, token = self._probs(logits[-1:], sampling, history)[0].max(dim=0)
+            first, state, start, depth = (token, p), hidden[-1:], token[None], budget - 1
         elif self.state is None:
             return DraftTree.empty()
         else:
-            state, start, depth = self.state, root, budget
-        below, below_p = ((first[0],), first[1]) if first else ((), 1.0)
-        if self.heads.config.chain_input:
-            paths = self._chained_paths(state, start, depth, budget, sampling, below, below_p, least_chance)
+            state, start, depth = self.state, torch.full((1,), root, device=device), budget
+        states = self.heads.start(state.to(self.target.dtype), self._embed(start))
+        chained = self.heads.config.chain_input
+        guesses = None if chained else self._product_guesses(states, depth, sampling, history)
+        below, below_p = ((int(first[0]),), float(first[1])) if first else ((), 1.0)
+        if chained:
+            paths = self._chained_paths(states, depth, budget, sampling, history, below, below_p, least_chance)
         else:
-            paths = self._product_paths(state, start, depth, sampling, below, below_p)
-        return _tree(paths, self.table, budget, self.kind, start=start, below=below, below_p=below_p)
+            paths = _product(*guesses, below, below_p) if guesses else {}
+        return _tree(paths, self.table, budget, self.kind, start=below[0] if below else root, below=below,
+                     below_p=below_p)  # fmt: skip
 
-    def _product_paths(self, state: torch.Tensor, start: int, depth: int, sampling: SamplingConfig,
-                       below: tuple[int, ...], below_p: float) -> dict[tuple[int, ...], float]:  # fmt: skip
-        """Heads that guess from the state alone ([3, 3, 3]): every path of their levels' top 3 below `below`,
-        scored by the product of its drafting probabilities."""
-        states = self.heads.start(state.to(self.target.dtype), self._embed([start]))
+    def _product_guesses(self, states: torch.Tensor, depth: int, sampling: SamplingConfig,
+                         history: torch.Tensor | None) -> tuple[list[list[float]], list[list[int]]] | None:
+        """Heads that guess from the state alone ([3, 3, 3]): each level's top 3 drafting probabilities and target
+        ids, read by the host in one go (None: no level fits the depth)."""
         guesses = []
         for i in range(min(depth, self.heads.config.gamma)):
             states, out = self.heads.step(i, states)
             guesses.append(out)
         if not guesses:
-            return {}
-        return _product(*self._top(torch.cat(guesses), sampling), below, below_p)
+            return None
+        values, ids = self._top(torch.cat(guesses), sampling, history)
+        return values.tolist(), ids.tolist()
 
-    def _chained_paths(self, state: torch.Tensor, start: int, depth: int, budget: int, sampling: SamplingConfig,
-                       below: tuple[int, ...], below_p: float,
+    def _chained_paths(self, states: torch.Tensor, depth: int, budget: int, sampling: SamplingConfig,
+                       history: torch.Tensor | None, below: tuple[int, ...], below_p: float,
                        least_chance: float) -> dict[tuple[int, ...], float]:  # fmt: skip
         """Heads that read their chain's tokens, a depth at a time: head i runs over the paths of depth i that
         rank among the `budget` best found so far and are at least `least_chance` likely (a child is no likelier
         than its parent), each reading its own last token, and adds their top 3."""
-        states = self.heads.start(state.to(self.target.dtype), self._embed([start]))
         paths, level = {}, [(below, below_p)]
         for i in range(min(depth, self.heads.config.gamma)):
-            states, out = self.heads.step(i, states, self._embed([path[-1] for path, _ in level]) if i else None)
-            values, tokens = self._top(out, sampling)
+            reads = self._embed(torch.tensor([path[-1] for path, _ in level], device=self.target.device)) if i else None
+            states, out = self.heads.step(i, states, reads)
+            values, tokens = (top.tolist() for top in self._top(out, sampling, history))
             children = [(path + (t,), score * v, row) for row, (path, score) in enumerate(level)
                         for v, t in zip(values[row], tokens[row]) if v > 0]  # fmt: skip
             paths.update((path, score) for path, score, _ in children)
@@ -149,27 +156,30 @@ class TokenSwiftDrafter:
             states = states[[row for _, _, row in kept]]
         return paths
 
-    def _embed(self, tokens: list[int]) -> torch.Tensor | None:
-        """The target's embeddings of `tokens`, for heads that read tokens (cast by the heads)."""
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The target's embeddings of `tokens` [n] (on the device), for heads that read tokens (cast by the heads)."""
         if not self.heads.config.root_input:
             return None
-        return self.target.embed_tokens(torch.tensor(tokens, device=self.target.device))
+        return self.target.embed_tokens(tokens)
 
-    def _top(self, guesses: torch.Tensor, sampling: SamplingConfig) -> tuple[list[list[float]], list[list[int]]]:
-        """The top 3 drafting probabilities and target ids of each head output in `guesses` [n, hidden], ranked
-        inside the heads' draft vocabulary."""
-        top = self.head.probs(self.head(guesses), sampling, self._history(len(guesses), sampling)).topk(WIDTH, dim=-1)
-        return top.values.tolist(), self.head.target_ids(top.indices).tolist()
+    def _top(self, guesses: torch.Tensor, sampling: SamplingConfig,
+             history: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The top 3 drafting probabilities and target ids [n, 3] of each head output in `guesses` [n, hidden],
+        ranked inside the heads' draft vocabulary."""
+        rows = None if history is None else history.expand(len(guesses), -1)
+        top = self.head.probs(self.head(guesses), sampling, rows).topk(WIDTH, dim=-1)
+        return top.values, self.head.target_ids(top.indices)
 
-    def _probs(self, rows: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    def _probs(self, rows: torch.Tensor, sampling: SamplingConfig, history: torch.Tensor | None) -> torch.Tensor:
         """Drafting probabilities of the target's logits `rows` [n, vocab] under its sampling settings."""
-        return process_logits(rows, sampling, self._history(len(rows), sampling)).softmax(dim=-1)
+        history = None if history is None else history.expand(len(rows), -1)
+        return process_logits(rows, sampling, history, drafting=True).softmax(dim=-1)
 
-    def _history(self, rows: int, sampling: SamplingConfig) -> torch.Tensor | None:
-        """The committed text's last tokens that the penalty reads, for each of `rows` drafted rows."""
+    def _history(self, sampling: SamplingConfig) -> torch.Tensor | None:
+        """The committed text's last tokens that the penalty reads [1, window] (each drafted row's history)."""
         if not sampling.uses_history:
             return None
-        return torch.tensor(self.ids[-sampling.penalty_window :], device=self.target.device)[None].expand(rows, -1)
+        return to_device(self.ids[-sampling.penalty_window :], self.target.device)[None]
 
 
 def _product(values: list[list[float]], tokens: list[list[int]], below: tuple[int, ...],

@@ -1,0 +1,20 @@
+"""Host data onto the device without waiting for the device.
+
+On a CUDA device a tensor made from host data (`torch.tensor(values, device="cuda")`) is a blocking copy from
+pageable memory: the host waits for every kernel queued before it, and the device then idles while the host
+prepares the next launches. A copy from pinned memory is asynchronous: it runs in stream order, and the caching
+host allocator keeps the pinned block until it has. The engine's per-step inputs (a tree's tokens, positions and
+mask, the rows it keeps, a drafter's newly committed ids) go this way, so a step waits for the device only where
+the host must read what it computed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_device(values, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`values` (a list, or a tensor on the host) as a tensor on `device`, copied asynchronously to a CUDA device."""
+    if torch.device(device).type != "cuda":
+        return torch.as_tensor(values, dtype=dtype, device=device)
+    return torch.as_tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)

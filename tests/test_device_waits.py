@@ -1,0 +1,125 @@
+"""Drafting and verification wait for the device once each: a step drains a GPU's queue where the host must read
+what the device computed (the tree a drafter chose, the target's choices), never between a drafter's depths.
+
+Counted on a CPU with `QueueDrains`, the model of CUDA's synchronous copies: every draft depth used to read its
+choices back (LongSpec 5 reads and 5 mask copies a beam, GLIDE 2 reads a chain step); `test_cuda.py` counts the
+real synchronisations on a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+from queue_drains import QueueDrains
+from test_glide import random_draft
+from test_longspec import random_layer
+from test_tokenswift_drafter import random_heads
+
+from specchat.drafters.glide.drafter import GlideDrafter
+from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.ngram.drafter import NgramDrafter
+from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
+from specchat.drafters.tree_rows import TreeRows
+from specchat.engine.attention import use_attention
+from specchat.engine.generate import Engine
+from specchat.engine.host_data import to_device
+from specchat.engine.sampling import SamplingConfig
+from specchat.engine.tree import ROOT
+
+PROMPT = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7] * 3
+GREEDY = SamplingConfig()
+SAMPLED = SamplingConfig(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=3)
+
+
+def longspec(chain: bool):
+    return lambda engine, model: LongSpecDrafter(engine.target, random_layer(model), chain=chain)
+
+
+def tokenswift(forward: bool):
+    return lambda engine, model: TokenSwiftDrafter(engine.target, random_heads(model), forward=forward)
+
+
+DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' least depth)
+    "longspec": (longspec(chain=False), GREEDY, 5),
+    "longspec-chain": (longspec(chain=True), GREEDY, 64),
+    "longspec-chain-sampled": (longspec(chain=True), SAMPLED, 64),
+    "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config)), GREEDY, 4),
+    "tokenswift": (tokenswift(forward=True), GREEDY, 4),
+    "tokenswift-sampled": (tokenswift(forward=True), SAMPLED, 4),
+    "tokenswift-verified-state": (tokenswift(forward=False), GREEDY, 3),
+}
+
+
+def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12):
+    """Per decode step after the first: (drains in the drafter's proposal, drains in the whole step, the tree)."""
+    proposals, steps = [], []
+    propose, step = engine.drafter.propose, engine._step
+
+    def counted_propose(*args, **kwargs):
+        with QueueDrains() as drains:
+            tree = propose(*args, **kwargs)
+        proposals.append((drains, tree))
+        return tree
+
+    def counted_step(*args, **kwargs):
+        with QueueDrains() as drains:
+            out = step(*args, **kwargs)
+        steps.append(drains)
+        return out
+
+    engine.drafter.propose, engine._step = counted_propose, counted_step
+    list(engine.generate(PROMPT, sampling=sampling, max_new_tokens=tokens))
+    return [(drafted.drains, whole.drains, tree, drafted.causes + whole.causes)
+            for (drafted, tree), whole in zip(proposals[1:], steps[1:])]  # fmt: skip
+
+
+@pytest.mark.parametrize("attention", ["auto", "hybrid"], ids=["cpu-decoder", "torch-decoder"])
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_a_step_waits_for_the_device_at_the_tree_and_at_the_acceptance(name, attention, tokenizer):
+    model = tiny_model("llama", vocab_size=64)
+    use_attention(model, attention)
+    make, sampling, depth = DRAFTERS[name]
+    engine = Engine(model, tokenizer, max_len=400)
+    engine.set_drafter(make(engine, model), 64)
+    steps = counted_steps(engine, sampling)
+    assert steps and all(tree.depth >= depth for _, _, tree, _ in steps)  # deep trees: a wait a depth would show
+    for drafting, step, _, causes in steps:
+        assert drafting == 1, causes  # reading the tree
+        if sampling.greedy:  # and reading the target's choices (sampling reads more: top-k's ties, a sampled walk)
+            assert step == 2, causes
+
+
+def test_without_a_drafter_a_step_waits_once(tokenizer):
+    model = tiny_model("llama", vocab_size=64)
+    engine = Engine(model, tokenizer, max_len=400)
+    engine.set_drafter(NgramDrafter(), 24)  # the lookup runs on the host: no tensor at all
+    for drafting, step, _, causes in counted_steps(engine, GREEDY):
+        assert (drafting, step) == (0, 1), causes
+
+
+def test_tree_rows_grow_from_device_rows_and_host_lists():
+    """Parents given as a tensor of rows (a beam's choice, left on the device) or as a list (ROOT: below a root that
+    is no row) give each row its ancestors and itself."""
+    tree = TreeRows()
+    assert tree.add([ROOT, ROOT]) == range(0, 2)
+    assert tree.add(torch.tensor([1, 0, 1])) == range(2, 5)
+    assert tree.add([4, ROOT]) == range(5, 7)
+    seen = [row.nonzero()[:, 0].tolist() for row in tree.seen(range(0, 7))]
+    assert seen == [[0], [1], [1, 2], [0, 3], [1, 4], [1, 4, 5], [6]]
+
+
+def test_the_model_of_device_waits_counts_what_it_should():
+    """A read after queued work drains the queue, a second read right after it does not, and neither does a
+    pinned (asynchronous) copy of host data; a blocking copy of host data after work does."""
+    x = torch.arange(8.0)
+    with QueueDrains() as drains:
+        y = x * 2
+        y.tolist()
+        int(y[3])
+        to_device([1, 2, 3], "cpu")
+        z = y + 1
+        torch.tensor([1, 2])
+        bool(z[1] > 0)
+    assert drains.drains == 3 and [cause.split()[0] for cause in drains.causes] == [
+        "tolist", "aten.lift_fresh.default", "aten._local_scalar_dense.default"]  # fmt: skip
