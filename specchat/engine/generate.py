@@ -504,7 +504,7 @@ class Engine:
     def _layer_queries(self, token: int, position: int) -> torch.Tensor:
         """`TargetView.layer_queries`: every layer's rotated query [layers, heads, D] (fp32) of `token` at
         `position` after this cache, whose pending row is then dropped."""
-        tokens, positions = (torch.tensor([value], device=self.device) for value in (token, position))
+        tokens, positions = (torch.full((1,), value, device=self.device) for value in (token, position))
         out = self.forward(tokens, positions, None, self.cache, every_layer=True)
         self.cache.truncate(self.cache.length)
         return out.queries[:, 0].float()

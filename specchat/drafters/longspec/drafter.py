@@ -124,7 +124,7 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         positions, as the draft's queries do, so a selection needs no re-rotation."""
         selection = self.policy.select(length, force=not len(self.read))
         if selection is not None:
-            self.read = selection.to(self.read.device)
+            self.read = to_device(selection, self.read.device)
         else:
             self.read = torch.cat([self.read, torch.arange(self.read_until, length, device=self.read.device)])
         self.read_until = length

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from specchat.engine.cache import TreeCache
+from specchat.engine.host_data import to_device
 
 SINKS = 16
 
@@ -46,14 +47,14 @@ class PartialKV:
 
     def prepare(self, root: int) -> TreeCache:
         """The cache to draft from, brought up to the engine's committed prefix (`root` is the token after it)."""
-        full = self.target.cache
+        full, device = self.target.cache, self.target.device
         self.truncate(full.length)  # the engine went back (a new prompt sharing less): start again
         new = range(self.synced, full.length)
         if self.cache.length + len(new) <= self.budget and not self.overwrite:
-            self._copy(torch.arange(self.synced, full.length), self.cache.length)  # the context fits: all of it
+            self._copy(torch.arange(self.synced, full.length, device=device), self.cache.length)  # all of it fits
         elif len(new) <= len(self.overwrite):
             slots, self.overwrite = self.overwrite[: len(new)], self.overwrite[len(new) :]
-            self._write(torch.tensor(list(new)), torch.tensor(slots))
+            self._write(to_device(list(new), device), to_device(slots, device))
         else:
             self._select(root)
         self.synced = full.length
@@ -62,13 +63,12 @@ class PartialKV:
     def _copy(self, positions: torch.Tensor, start: int) -> None:
         """Positions (the same for every head) into slots start.. of every layer, and commit them."""
         count = len(positions)
-        self._write(positions, torch.arange(start, start + count))
+        self._write(positions, torch.arange(start, start + count, device=positions.device))
         for layer in self.cache.layers:
             layer.length, layer.pending = start + count, 0
 
     def _write(self, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        device = self.target.device
-        positions, slots = positions.to(device), slots.to(device)
+        """The engine's keys and values at `positions` into `slots` of every layer (both on the device)."""
         self.cache.allocate_like(self.target.cache)
         for mine, theirs in zip(self.cache.layers, self.target.cache.layers):
             mine.keys[0, :, slots], mine.values[0, :, slots] = theirs.read(positions)
