@@ -155,3 +155,21 @@ def test_a_step_synchronises_with_the_gpu_at_the_tree_and_at_the_acceptance(draf
     assert len(steps) > 4
     assert steps[3:] == [1 if drafter is None else 2] * len(steps[3:]), [str(w.message) for w in caught][-8:]
     assert proposals[3:] == [1] * len(proposals[3:])
+
+
+def test_tokenswifts_draft_forward_replays_a_graph_over_its_partial_cache():
+    """TokenSwift's one-row draft forward over its partial cache (here smaller than the context: selected, then
+    overwritten) replays a CUDA graph of that cache, with the logits of the forward as called."""
+    prompt = random_prompt(120, seed=5, vocab=VOCAB)
+    model = cuda_model("llama")
+    engine = Engine(model, TOKENIZER, max_len=256)
+    drafter = TokenSwiftDrafter(engine.target, random_heads(model), kv_budget=48, lag=16)
+    engine.set_drafter(drafter, 16)
+    list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=24))
+    graphs = engine.forward.draft_graph
+    assert graphs is not None and graphs.cache is drafter.partial.cache and list(graphs.buckets) == [1]
+    cache = drafter.partial.prepare(engine.ids[-1])
+    token, position = (torch.full((1,), value, device=CUDA) for value in (engine.ids[-1], engine.cache.length))
+    replayed = engine.forward(token, position, None, cache).logits
+    called = engine.forward.decoder(token, position, cache, None).logits
+    torch.testing.assert_close(replayed, called)

@@ -36,7 +36,8 @@ class TargetForward(Protocol):
 class TorchForward:
     """The torch decoder over the engine's cache (`cache`) or another one with the same shapes (a drafter's
     copy). On a GPU, forwards over the engine's cache that fit a row bucket replay CUDA graphs, captured on the
-    first one; their outputs are copied out of the graphs' buffers, which the next replay overwrites."""
+    first one, and so does a drafter's one-row forward over its own cache (TokenSwift's over its partial cache);
+    their outputs are copied out of the graphs' buffers, which the next replay overwrites."""
 
     def __init__(self, model, cache: TreeCache):
         # rotary tables for every position (training shifts them), LongRoPE's factors for this cache's capacity
@@ -44,6 +45,7 @@ class TorchForward:
         self.cache = cache
         self.graphed = model.device.type == "cuda"
         self.graphs: dict[tuple[int, ...], GraphedDecoder] = {}  # per set of feature layers read
+        self.draft_graph: GraphedDecoder | None = None  # over the last drafter's cache seen (one holds it alive)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None,
                  cache: TreeCache, *, last_only: bool = False, every_layer: bool = False,
@@ -51,16 +53,31 @@ class TorchForward:
         decoder = self.decoder
         cache.allocate(decoder.kv_heads, decoder.head_dim, decoder.dtype, decoder.device)
         cache.claim(tokens.shape[0])
-        graphs = self.graphs.get(feature_layers)
-        capturable = graphs is not None or cache.length + BUCKETS[-1] <= cache.max_len
-        if not (self.graphed and cache is self.cache and tokens.shape[0] <= BUCKETS[-1] and capturable) or every_layer:
+        graphs = self._graphs(cache, tokens.shape[0], feature_layers) if self.graphed and not every_layer else None
+        if graphs is None:
             return decoder(tokens, positions, cache, tree_mask, last_only=last_only, every_layer=every_layer,
                            feature_layers=feature_layers)  # fmt: skip
-        if graphs is None:
-            graphs = self.graphs[feature_layers] = GraphedDecoder(decoder, cache, feature_layers=feature_layers)
         out = graphs(tokens, positions, tree_mask)
         logits = out.logits[-1:] if last_only else out.logits
         return ForwardOutput(logits.clone(), out.hidden.clone(), out.queries.clone(), out.features.clone())
+
+    def _graphs(self, cache: TreeCache, rows: int, feature_layers: tuple[int, ...]) -> GraphedDecoder | None:
+        """The graphs a forward of `rows` rows over `cache` replays, captured on first use: the engine's cache's,
+        one per row bucket (while a bucket's pad rows fit after its length), or a drafter's cache's one-row graph;
+        None where none serves (the forward then runs as called: a prefill, a text embedded over a cache of its own)."""
+        if cache is self.cache:
+            graphs = self.graphs.get(feature_layers)
+            if rows > BUCKETS[-1] or (graphs is None and cache.length + BUCKETS[-1] > cache.max_len):
+                return None
+            if graphs is None:
+                graphs = GraphedDecoder(self.decoder, cache, feature_layers=feature_layers)
+                self.graphs[feature_layers] = graphs
+            return graphs
+        if rows > 1 or feature_layers or not 0 < cache.length < cache.max_len:  # a draft forward after a context
+            return None
+        if self.draft_graph is None or self.draft_graph.cache is not cache:
+            self.draft_graph = GraphedDecoder(self.decoder, cache, buckets=(1,))
+        return self.draft_graph
 
 
 def canonical(model) -> bool:
