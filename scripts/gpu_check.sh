@@ -3,9 +3,10 @@
 #   OUT=/some/dir bash scripts/gpu_check.sh
 # Installs the project (no network: --no-deps), runs the CUDA tests (the Triton kernels, every drafter lossless
 # through the engine's torch decoder and its CUDA graphs), then at Llama-3.1-8B shapes with random bf16 weights
-# `specchat bench gpu-forward` (decode and verification, graphs against calls) and `specchat bench oracle` (end to
-# end at tau 1 and 4 against our own graph AR); everything lands in $OUT (env.txt, pytest.txt, gpu_forward.json,
-# oracle.json, *.err). About 6 minutes on an H200.
+# `specchat bench gpu-forward` (decode and verification, graphs against calls), `specchat bench oracle` (end to
+# end at tau 1 and 4 against our own graph AR) and `specchat bench draft` (a random LongSpec draft's proposal
+# against the decode step); everything lands in $OUT (env.txt, pytest.txt, gpu_forward.json, oracle.json,
+# draft.json, *.err). About 7 minutes on an H200.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -34,3 +35,9 @@ timeout 120 python3 -m specchat bench oracle --context 4096 --tokens 384 --accep
 echo "oracle rc $? in ${SECONDS}s"
 tail -5 "$OUT/oracle.err"
 cat "$OUT/oracle.json"
+SECONDS=0
+timeout 120 python3 -m specchat bench draft --shapes llama3.1-8b --dtype bfloat16 --context 4096,32768 \
+    --vocab 0,32768 --budget 15,63 --json >"$OUT/draft.json" 2>"$OUT/draft.err"
+echo "draft rc $? in ${SECONDS}s"
+tail -5 "$OUT/draft.err"
+cat "$OUT/draft.json"
