@@ -11,6 +11,8 @@ budget. What differs is where their tokens come from:
 - `TopTokensDrafter` proposes the target's own most likely tokens, `width` children per node — the most
   adversarial proposal for a sampling verifier, since it always proposes what the target is likely to draw;
 - `EndBesideDrafter` proposes the reference with a given token (the end of text) beside each of its nodes.
+
+`random_eagle3` is a real EAGLE-3 draft layer with random weights, for the real drafter.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import torch
+
+from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft
+from specchat.drafters.eagle3.train import initial_draft
 from specchat.engine.drafter import DraftsAlone, TracksCommittedIds
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 
@@ -266,3 +272,14 @@ class SampledTreeDrafter(_TrackingDrafter):
         if self.record is None or not rows:
             return tree
         return DraftTree(tree.tokens, tree.parents, tree.origins, torch.stack(rows))
+
+
+def random_eagle3(model, vocab: int = 512, seed: int = 0) -> Eagle3Draft:
+    """An EAGLE-3 draft over target ids 3 .. vocab + 2, its weights moved off their start so that its guesses vary."""
+    torch.manual_seed(seed)
+    config = Eagle3Config.for_target(model.config, intermediate=96, draft_vocab_size=vocab)
+    draft = initial_draft(config, model, torch.arange(3, 3 + vocab))
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return draft

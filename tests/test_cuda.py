@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from conftest import tiny_model
-from drafters_for_tests import RandomTreeDrafter
+from drafters_for_tests import RandomTreeDrafter, random_eagle3
 from test_glide import random_draft
 from test_longspec import random_layer
 from test_speculative import random_prompt
@@ -25,6 +25,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specchat.drafters.composite import CompositeDrafter
+from specchat.drafters.eagle3.drafter import Eagle3Drafter
 from specchat.drafters.glide.drafter import GlideDrafter
 from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.drafters.model.drafter import ModelDrafter
@@ -69,6 +70,7 @@ DRAFTERS = {
     "longspec+ngram": lambda engine, model, reference: CompositeDrafter(
         LongSpecDrafter(engine.target, random_layer(model)), NgramDrafter()
     ),
+    "eagle3": lambda engine, model, reference: Eagle3Drafter(engine.target, random_eagle3(model)),
 }
 
 
@@ -121,7 +123,7 @@ def test_seeded_sampling_on_cuda_equals_autoregressive(drafter):
     assert generate(engine, prompt, 80, SAMPLED) == expected
 
 
-@pytest.mark.parametrize("drafter", ["longspec", "longspec-draft-vocab", "glide", "tokenswift", None])
+@pytest.mark.parametrize("drafter", ["longspec", "longspec-draft-vocab", "glide", "tokenswift", "eagle3", None])
 def test_a_step_synchronises_with_the_gpu_at_the_tree_and_at_the_acceptance(drafter):
     """What `test_device_waits.py` models on a CPU, counted by CUDA itself (`set_sync_debug_mode`): once its
     graphs are captured, a greedy step synchronises where the host reads the drafter's tree and the target's

@@ -11,11 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
+from drafters_for_tests import random_eagle3
 from queue_drains import QueueDrains
 from test_glide import random_draft
 from test_longspec import random_layer
 from test_tokenswift_drafter import random_heads
 
+from specchat.drafters.eagle3.drafter import Eagle3Drafter
 from specchat.drafters.glide.drafter import GlideDrafter
 from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.drafters.ngram.drafter import NgramDrafter
@@ -36,6 +38,13 @@ def longspec(chain: bool):
     return lambda engine, model: LongSpecDrafter(engine.target, random_layer(model), chain=chain)
 
 
+def eagle3_unpruned(engine, model):
+    """EAGLE-3 as it drafts on a GPU: every depth expands its best nodes, read only at the end."""
+    drafter = Eagle3Drafter(engine.target, random_eagle3(model, vocab=61))
+    drafter.prunes = False
+    return drafter
+
+
 def tokenswift(forward: bool):
     return lambda engine, model: TokenSwiftDrafter(engine.target, random_heads(model), forward=forward)
 
@@ -48,6 +57,7 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
     "tokenswift": (tokenswift(forward=True), GREEDY, 4),
     "tokenswift-sampled": (tokenswift(forward=True), SAMPLED, 4),
     "tokenswift-verified-state": (tokenswift(forward=False), GREEDY, 3),
+    "eagle3": (eagle3_unpruned, GREEDY, 4),
 }
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from conftest import tiny_model
+from drafters_for_tests import random_eagle3 as random_draft
 from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _data_dir
 from tui_harness import tiny_loaded
@@ -20,9 +21,9 @@ from specchat.drafters.glide.drafter import GlideDrafter
 from specchat.drafters.glide.model import GlideConfig, GlideModel
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.eagle3.drafter import DraftKV, Eagle3Drafter
-from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft, load_eagle3, save_eagle3
+from specchat.drafters.eagle3.model import Eagle3Draft, load_eagle3, save_eagle3
 from specchat.drafters.eagle3.objective import Eagle3Objective
-from specchat.drafters.eagle3.train import initial_draft, train_eagle3
+from specchat.drafters.eagle3.train import train_eagle3
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
@@ -36,17 +37,6 @@ from specchat.training.trainer import TrainRecipe
 @pytest.fixture(scope="module")
 def loaded(tokenizer):
     return tiny_loaded(tokenizer)
-
-
-def random_draft(model, vocab: int = 512, seed: int = 0) -> Eagle3Draft:
-    """A draft over target ids 3 .. vocab + 2, its weights moved off their start so that its guesses vary."""
-    torch.manual_seed(seed)
-    config = Eagle3Config.for_target(model.config, intermediate=96, draft_vocab_size=vocab)
-    draft = initial_draft(config, model, torch.arange(3, 3 + vocab))
-    with torch.no_grad():
-        for parameter in draft.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.05)
-    return draft
 
 
 def released_layout(draft: Eagle3Draft, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -102,12 +92,15 @@ def _decode(engine, prompt, sampling, **options):
     return [t for event in engine.generate(prompt, sampling=sampling, max_new_tokens=40, **options) for t in event.tokens]
 
 
+@pytest.mark.parametrize("prunes", [True, False], ids=["pruned", "as-on-a-gpu"])
 @pytest.mark.parametrize("budget", [1, 4, 12, None])
-def test_eagle3_decodes_token_for_token_as_the_target_alone(loaded, budget):
+def test_eagle3_decodes_token_for_token_as_the_target_alone(loaded, budget, prunes):
     engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
     prompts = [list(range(30, 60)), list(range(100, 180, 3))]
     alone = [_decode(engine, prompt, SamplingConfig()) for prompt in prompts]
-    engine.set_drafter(Eagle3Drafter(engine.target, random_draft(loaded.model)), budget)
+    drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
+    drafter.prunes = prunes  # a GPU expands each depth's best nodes without reading them
+    engine.set_drafter(drafter, budget)
     assert [_decode(engine, prompt, SamplingConfig()) for prompt in prompts] == alone
     assert engine.drafter.kv.positions == list(range(len(engine.drafter.kv.positions)))  # a row per position
 
@@ -243,7 +236,7 @@ def test_training_time_test_computes_what_drafting_computes(loaded):
     tree, rows, root = TreeRows(), [ROOT], anchor + 1
     for depth in (1, 2):
         rows = tree.add(rows)
-        h, logits = drafter._rows(h, [ids[anchor + 1 + depth]], torch.tensor([root + depth - 1]), tree.seen(rows))
+        h, logits = drafter._rows(h, torch.tensor([ids[anchor + 1 + depth]]), root + depth - 1, tree.seen(rows))
         torch.testing.assert_close(logits[0], unrolled[depth][anchor], atol=1e-4, rtol=1e-4)
 
 

@@ -30,6 +30,7 @@ from specchat.drafters.eagle3.model import Eagle3Draft, load_eagle3
 from specchat.drafters.eagle3.native import native_eagle3
 from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
+from specchat.engine.host_data import to_device
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 from specchat.quant.quantize import quantized_copy
@@ -107,6 +108,8 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
         self.draft = quantized_copy(draft.fused(), draft_weights(target, weights), dtype=target.dtype)
         self.draft_vocab = draft.draft_vocab
         self.top_k, self.depth = top_k, depth
+        # Read each depth's best nodes to expand only those that can pay: free on a CPU, a wait on a GPU.
+        self.prunes = target.device.type == "cpu"
         self.native = native_eagle3(self.draft, target.device)  # None: the layer runs as torch operations
         self.kv = DraftKV(config.num_key_value_heads, config.head_dim, dtype=target.dtype, device=target.device)
         self.ids: list[int] = []
@@ -132,46 +135,49 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
                 least_chance: float = 0.0) -> DraftTree:  # fmt: skip
+        """Each depth is queued from the last one's tensors and the candidates come to the host once, at the end;
+        where the drafter `prunes` (a CPU), each depth also reads its best nodes to expand only those that can pay,
+        while a GPU expands them whatever they hold, which costs it less than waiting for them."""
         newest = self._catch_up()
         if newest is None or budget < 1:
             return DraftTree.empty()
         root = len(self.ids) - 1  # the root's position: rows of positions < root are in the draft's cache
-        # which rows each sees; their keys and values follow the committed ones in `kv`
-        tree = TreeRows(device=self.target.device)
-        self.kv.tree_rows = 0
         device = self.target.device
-        paths: dict[tuple[int, ...], tuple[float, str]] = {}
-        # (token path, log-probability, its row, the output its children read and their logits)
-        frontier = [((), 0.0, ROOT, *newest)]
-        for depth in range(1, min(self.depth, budget) + 1):
-            logprobs = torch.cat([node[4] for node in frontier]).float().log_softmax(dim=-1)
-            best = logprobs.topk(min(self.top_k, logprobs.shape[1]), dim=-1)
-            tokens = self.draft_vocab[best.indices].tolist()
-            scores = (best.values + torch.tensor([node[1] for node in frontier], device=best.values.device)[:, None])
-            candidates = []  # every child of the frontier: (path, log-probability, parent row)
-            for (path, _, row, _, _), children, child_scores in zip(frontier, tokens, scores.tolist()):
-                for token, score in zip(children, child_scores):
-                    candidates.append((path + (token,), score, row))
-                    paths[path + (token,)] = (math.exp(score), self.kind)
-            if depth == min(self.depth, budget):
+        tree = TreeRows(device=device)  # which rows each sees; their keys and values follow the committed ones
+        self.kv.tree_rows = 0
+        outputs, logits = newest  # the frontier's outputs [F, H], which its children read, and their logits
+        scores = torch.zeros(1, device=device)  # the frontier's log-probabilities [F]
+        frontier = torch.full((1,), ROOT, device=device)  # the frontier's candidates (ROOT: the root)
+        rows: range | None = None  # the frontier's tree rows (None: the root, no row)
+        tokens, logprobs, parents = [], [], []  # per depth [F * top_k]: every child of the frontier
+        deepest = min(self.depth, budget)
+        for depth in range(1, deepest + 1):
+            best = logits.float().log_softmax(dim=-1).topk(min(self.top_k, logits.shape[1]), dim=-1)
+            first, width = sum(len(t) for t in tokens), best.indices.shape[1]
+            tokens.append(self.draft_vocab[best.indices].flatten())
+            logprobs.append((best.values + scores[:, None]).flatten())
+            parents.append(frontier[:, None].expand(-1, width).flatten())
+            if depth == deepest:
                 break
             # A node ranked below budget - depth at its depth has no child in the tree kept: the nodes ranked above
-            # it, its ancestors, itself and its child would be more than the budget. Nor has a node less likely
-            # than `least_chance` a child worth verifying. Expanding fewer rows is a cheaper forward.
-            ranked = sorted(candidates, key=lambda c: -c[1])[: min(self.top_k, budget - depth)]
-            expanded = [candidate for candidate in ranked if math.exp(candidate[1]) >= least_chance]
-            if not expanded or sum(math.exp(score) for _, score, _ in expanded) < MIN_DEPTH_CHANCE:
-                break  # a depth below nodes this unlikely adds less than its forward costs
-            parents = {node[2]: node[3] for node in frontier}
-            rows = tree.add([row for _, _, row in expanded])
-            outputs, logits = self._rows(
-                torch.cat([parents[row] for _, _, row in expanded]),
-                [path[-1] for path, _, _ in expanded],
-                torch.full((len(rows),), root + depth - 1, device=device),
-                tree_mask=tree.seen(rows).to(device),  # ancestors and themselves, the new rows last
-            )
-            frontier = [(path, score, new_row, outputs[i : i + 1], logits[i : i + 1])
-                        for i, ((path, score, _), new_row) in enumerate(zip(expanded, rows))]  # fmt: skip
+            # it, its ancestors, itself and its child would be more than the budget.
+            chosen = logprobs[-1].topk(min(self.top_k, budget - depth, len(logprobs[-1]))).indices
+            if self.prunes:  # nor has a node less likely than `least_chance` a child worth verifying
+                chances = logprobs[-1][chosen].exp()
+                kept = int((chances >= least_chance).sum())
+                if not kept or float(chances[:kept].sum()) < MIN_DEPTH_CHANCE:
+                    break  # a depth below nodes this unlikely adds less than its forward costs
+                chosen = chosen[:kept]
+            parent = chosen // width  # each chosen node's parent in the frontier
+            rows = tree.add([ROOT] * len(chosen) if rows is None else parent + rows.start)
+            outputs, logits = self._rows(outputs[parent], tokens[-1][chosen], root + depth - 1, tree.seen(rows))
+            scores, frontier = logprobs[-1][chosen], chosen + first
+        candidates, logprobs = torch.stack([torch.cat(tokens), torch.cat(parents)]), torch.cat(logprobs)
+        (ids, above), logprobs = candidates.tolist(), logprobs.tolist()
+        paths, keys = {}, []  # each candidate's token path below the root
+        for token, parent, logprob in zip(ids, above, logprobs):
+            keys.append((keys[parent] if parent != ROOT else ()) + (token,))
+            paths[keys[-1]] = (math.exp(logprob), self.kind)
         return DraftTree.best(paths, budget)
 
     @torch.inference_mode()
@@ -181,25 +187,27 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
         values; the newest row's output [1, H], which its children read, and its logits, which guess the root's
         children (None before any row)."""
         runnable = min(len(self.features), len(self.ids) - 1 - self.first_pending)
-        for block in self.features[:runnable].split(CATCH_UP) if runnable > 0 else ():
-            count, start = len(block), self.first_pending
-            positions = torch.arange(start, start + count, device=self.target.device)
-            self.last = self._rows(self.draft.fc(block), self.ids[start + 1 : start + count + 1], positions)
-            self.first_pending += count
+        start = self.first_pending
+        tokens = to_device(self.ids[start + 1 : start + runnable + 1], self.target.device)
+        for block, ids in zip(self.features[:runnable].split(CATCH_UP), tokens.split(CATCH_UP)) if runnable > 0 else ():
+            self.last = self._rows(self.draft.fc(block), ids, self.first_pending)
+            self.first_pending += len(block)
         self.features = self.features[runnable:]
         return self.last
 
-    def _rows(self, hidden: torch.Tensor, tokens: list[int], positions: torch.Tensor,
+    def _rows(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int,
               tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """Run rows reading `hidden` [q, H] and `tokens` at `positions`, their keys and values kept: committed
-        rows (no `tree_mask`: each sees the committed rows and those before it; the last row's output and logits
-        returned) or a depth of tree rows (`tree_mask` [q, tree rows so far + q]: each sees the committed rows
-        and the tree rows it marks; every row's outputs [q, H] and logits)."""
+        """Run rows reading `hidden` [q, H] and `tokens` [q], their keys and values kept: committed rows at
+        `position`, `position` + 1, ... (no `tree_mask`: each sees the committed rows and those before it; the last
+        row's output and logits returned) or a depth of tree rows, all at `position` (`tree_mask` [q, tree rows so
+        far + q]: each sees the committed rows and the tree rows it marks; every row's outputs [q, H] and logits)."""
         committed = tree_mask is None
         if committed:
             self.kv.tree_rows = 0
-        embeds = self.target.embed_tokens(torch.tensor(tokens, device=self.target.device))
-        prefix, count = len(self.kv), len(tokens)
+        embeds = self.target.embed_tokens(tokens)
+        prefix, count, device = len(self.kv), len(tokens), self.target.device
+        positions = torch.arange(position, position + count, device=device) if committed else torch.full(
+            (count,), position, device=device)  # fmt: skip
         if self.native is not None:
             keys, values = self.kv.reserve(count)
             outputs, logits = self.native(hidden, embeds, positions, keys, values, prefix, tree_mask, committed)
@@ -211,7 +219,7 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
                 mask[:, prefix:] = tree_mask
             outputs = self.draft(hidden, embeds, positions, self.kv.write, mask)
             logits = self.draft.logits(outputs[-1:] if committed else outputs)
-        self.kv.added(count, positions.tolist() if committed else None)
+        self.kv.added(count, list(range(position, position + count)) if committed else None)
         return (outputs[-1:], logits) if committed else (outputs, logits)
 
     def _no_features(self) -> torch.Tensor:
