@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from specchat.engine.host_data import to_device
 from specchat.engine.tree import DraftTree
 
 
@@ -51,10 +52,14 @@ class ConstrainedText:
         for parent, token in zip(tree.parents, tree.tokens):
             before = states[parent + 1]  # the root's state for ROOT
             states.append(None if before is None else self.constraint.advance(before, token))
+        rows = [row for row, state in enumerate(states[: logits.shape[0]]) if state is not None]
+        if not rows:
+            return logits
+        # every row's mask built on the host, then one copy to the device that the host does not wait for
+        refused = to_device(~torch.stack([self.constraint.allowed(states[row]) for row in rows]), logits.device)
+        index = to_device(rows, logits.device)
         masked = logits.clone()
-        for row, state in enumerate(states[: logits.shape[0]]):
-            if state is not None:
-                masked[row].masked_fill_(~self.constraint.allowed(state).to(logits.device), float("-inf"))
+        masked[index] = masked[index].masked_fill(refused, float("-inf"))
         return masked
 
     def forced(self) -> list[int]:

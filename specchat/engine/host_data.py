@@ -15,6 +15,7 @@ import torch
 
 def to_device(values, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
     """`values` (a list, or a tensor on the host) as a tensor on `device`, copied asynchronously to a CUDA device."""
-    if torch.device(device).type != "cuda":
-        return torch.as_tensor(values, dtype=dtype, device=device)
-    return torch.as_tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+    tensor = torch.as_tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
