@@ -33,6 +33,7 @@ from specchat.drafters.model.model import DraftModel, student_from_target
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.engine.generate import Engine
+from specchat.engine.host_data import to_device
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.target_forward import TorchForward
 from specchat.kernels.attention.configs import prefix_config, tree_config
@@ -175,3 +176,11 @@ def test_tokenswifts_draft_forward_replays_a_graph_over_its_partial_cache():
     replayed = engine.forward(token, position, None, cache).logits
     called = engine.forward.decoder(token, position, cache, None).logits
     torch.testing.assert_close(replayed, called)
+
+
+def test_asynchronous_copies_of_host_data_arrive_whole():
+    """`to_device`'s pinned blocks are freed as soon as the host drops them; the caching host allocator must not hand
+    one out again before its copy has run."""
+    copies = [to_device(list(range(i, i + 4096)), CUDA) for i in range(64)]
+    torch.cuda.synchronize()
+    assert all(copy.tolist() == list(range(i, i + 4096)) for i, copy in enumerate(copies))
