@@ -1,9 +1,8 @@
 """Drafting and verification wait for the device once each: a step drains a GPU's queue where the host must read
 what the device computed (the tree a drafter chose, the target's choices), never between a drafter's depths.
 
-Counted on a CPU with `QueueDrains`, the model of CUDA's synchronous copies: every draft depth used to read its
-choices back (LongSpec 5 reads and 5 mask copies a beam, GLIDE 2 reads a chain step); `test_cuda.py` counts the
-real synchronisations on a GPU.
+Counted on a CPU with `QueueDrains`, the model of CUDA's synchronous copies, over trees deep enough that a wait a
+depth would show; `test_cuda.py` counts the real synchronisations on a GPU.
 """
 
 from __future__ import annotations
@@ -62,7 +61,8 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
 
 
 def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12):
-    """Per decode step after the first: (drains in the drafter's proposal, drains in the whole step, the tree)."""
+    """Per decode step after the first: (drains in the drafter's proposal, drains in the whole step, the tree, what
+    caused them)."""
     proposals, steps = [], []
     propose, step = engine.drafter.propose, engine._step
 
