@@ -199,7 +199,9 @@ class Eagle3Draft(nn.Module):
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's cos / sin [q, head_dim] at `positions` [q]."""
-        angles = positions.float()[:, None] * self.inverse_frequencies.to(positions.device)[None]
+        if self.inverse_frequencies.device != positions.device:  # moved once, not copied from the host every depth
+            self.inverse_frequencies = self.inverse_frequencies.to(positions.device)
+        angles = positions.float()[:, None] * self.inverse_frequencies[None]
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
         return cos.to(dtype), sin.to(dtype)
