@@ -508,7 +508,7 @@ class KeepsEveryDraftRow(OneEach):
         first = self.first.last  # the merged tree's first nodes
         probs = tree.draft_probs.clone()
         probs[: len(first)] = first.draft_probs
-        return replace(tree, draft_probs=probs)
+        return DraftTree(tree.tokens, tree.parents, tree.origins, probs, tree.leaders, tree.scores)
 
 
 # The sound merges are checked at test_sampling_verification's 1000 samples. The unsound one takes more: it biases

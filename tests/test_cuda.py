@@ -35,6 +35,7 @@ from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.host_data import to_device
 from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.step_clock import StepClock
 from specchat.engine.target_forward import TorchForward
 from specchat.kernels.attention.configs import prefix_config, tree_config
 
@@ -124,11 +125,15 @@ def test_seeded_sampling_on_cuda_equals_autoregressive(drafter):
     assert generate(engine, prompt, 80, SAMPLED) == expected
 
 
-@pytest.mark.parametrize("drafter", ["longspec", "longspec-draft-vocab", "glide", "tokenswift", "eagle3", None])
-def test_a_step_synchronises_with_the_gpu_at_the_tree_and_at_the_acceptance(drafter):
+@pytest.mark.parametrize(("drafter", "sampling", "drafted"), [
+    ("longspec", NO_EOS, 0), ("longspec", SAMPLED, 0), ("longspec-draft-vocab", NO_EOS, 0), ("glide", NO_EOS, 1),
+    ("tokenswift", NO_EOS, 1), ("eagle3", NO_EOS, 1), (None, NO_EOS, 0)],
+    ids=["longspec", "longspec-sampled", "longspec-draft-vocab", "glide", "tokenswift", "eagle3", "none"])  # fmt: skip
+def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, drafted):
     """What `test_device_waits.py` models on a CPU, counted by CUDA itself (`set_sync_debug_mode`): once its
-    graphs are captured, a greedy step synchronises where the host reads the drafter's tree and the target's
-    choices, and a proposal only at its end."""
+    graphs are captured, a greedy step, or one sampled with top-p from a deterministic tree, synchronises where the
+    host reads the target's choices (with a tree its drafter left on the device), and a proposal only at its end
+    where its tree is sized by its values."""
     prompt = random_prompt(40, seed=2, vocab=VOCAB)
     model = cuda_model("llama")
     engine = Engine(model, TOKENIZER, max_len=256)
@@ -152,12 +157,23 @@ def test_a_step_synchronises_with_the_gpu_at_the_tree_and_at_the_acceptance(draf
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=24))
+            list(engine.generate(prompt, sampling=sampling, max_new_tokens=24))
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert len(steps) > 4
-    assert steps[3:] == [1 if drafter is None else 2] * len(steps[3:]), [str(w.message) for w in caught][-8:]
-    assert proposals[3:] == [1] * len(proposals[3:])
+    assert steps[3:] == [1 + drafted] * len(steps[3:]), [str(w.message) for w in caught][-8:]
+    assert proposals[3:] == [drafted] * len(proposals[3:])
+
+
+def test_the_step_clock_times_what_the_device_ran():
+    """The host's clock sees queued work end when it is queued; the step clock, when the device has run it."""
+    clock = StepClock(CUDA)
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of the device's cycles, queued at once
+    clock.mark()
+    queued = clock.host_seconds()
+    torch.zeros(1, device=CUDA).item()  # a read queued after the mark: the device has passed it
+    [ran] = clock.seconds()
+    assert ran > 0.02 and ran > 10 * queued
 
 
 def test_tokenswifts_draft_forward_replays_a_graph_over_its_partial_cache():

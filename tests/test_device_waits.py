@@ -1,5 +1,7 @@
-"""Drafting and verification wait for the device once each: a step drains a GPU's queue where the host must read
-what the device computed (the tree a drafter chose, the target's choices), never between a drafter's depths.
+"""A step waits for the device once, at the acceptance: the host reads the target's choices, and with them a tree its
+drafter left on the device (LongSpec's). A drafter whose tree's size depends on its values reads it once more, at
+the end of its proposal: GLIDE's siblings by its confidence, TokenSwift's and EAGLE-3's nodes by their scores (the
+adaptive budget keeps those worth verifying). None waits between its depths.
 
 Counted on a CPU with `QueueDrains`, the model of CUDA's synchronous copies, over trees deep enough that a wait a
 depth would show; `test_cuda.py` counts the real synchronisations on a GPU.
@@ -22,6 +24,7 @@ from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.drafters.tree_rows import TreeRows
+from specchat.engine import sampling as sampling_module
 from specchat.engine.attention import use_attention
 from specchat.engine.generate import Engine
 from specchat.engine.host_data import to_device
@@ -48,15 +51,15 @@ def tokenswift(forward: bool):
     return lambda engine, model: TokenSwiftDrafter(engine.target, random_heads(model), forward=forward)
 
 
-DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' least depth)
-    "longspec": (longspec(chain=False), GREEDY, 5),
-    "longspec-chain": (longspec(chain=True), GREEDY, 64),
-    "longspec-chain-sampled": (longspec(chain=True), SAMPLED, 64),
-    "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config)), GREEDY, 4),
-    "tokenswift": (tokenswift(forward=True), GREEDY, 4),
-    "tokenswift-sampled": (tokenswift(forward=True), SAMPLED, 4),
-    "tokenswift-verified-state": (tokenswift(forward=False), GREEDY, 3),
-    "eagle3": (eagle3_unpruned, GREEDY, 4),
+DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' least depth, waits in its proposal)
+    "longspec": (longspec(chain=False), GREEDY, 5, 0),
+    "longspec-chain": (longspec(chain=True), GREEDY, 64, 0),
+    "longspec-chain-sampled": (longspec(chain=True), SAMPLED, 64, 0),
+    "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config)), GREEDY, 4, 1),
+    "tokenswift": (tokenswift(forward=True), GREEDY, 4, 1),
+    "tokenswift-sampled": (tokenswift(forward=True), SAMPLED, 4, 1),
+    "tokenswift-verified-state": (tokenswift(forward=False), GREEDY, 3, 1),
+    "eagle3": (eagle3_unpruned, GREEDY, 4, 1),
 }
 
 
@@ -86,18 +89,34 @@ def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12):
 
 @pytest.mark.parametrize("attention", ["auto", "hybrid"], ids=["cpu-decoder", "torch-decoder"])
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_a_step_waits_for_the_device_at_the_tree_and_at_the_acceptance(name, attention, tokenizer):
+def test_a_step_waits_for_the_device_at_the_acceptance_and_where_a_tree_is_sized_by_its_values(name, attention,
+                                                                                              tokenizer):  # fmt: skip
     model = tiny_model("llama", vocab_size=64)
     use_attention(model, attention)
-    make, sampling, depth = DRAFTERS[name]
+    make, sampling, depth, drafted = DRAFTERS[name]
     engine = Engine(model, tokenizer, max_len=400)
     engine.set_drafter(make(engine, model), 64)
     steps = counted_steps(engine, sampling)
     assert steps and all(tree.depth >= depth for _, _, tree, _ in steps)  # deep trees: a wait a depth would show
     for drafting, step, _, causes in steps:
-        assert drafting == 1, causes  # reading the tree
+        assert drafting == drafted, causes
         if sampling.greedy:  # and reading the target's choices (sampling reads more: top-k's ties, a sampled walk)
-            assert step == 2, causes
+            assert step == drafted + 1, causes
+
+
+def test_a_sampled_step_over_a_beam_waits_once_as_on_a_gpu(monkeypatch, tokenizer):
+    """`specchat chat --model llama3.1-8b --drafter longspec` samples at temperature 0.6 and top-p 0.9 (the model's
+    own defaults) from LongSpec's beam, a deterministic tree: with the race drawn over every token, as a GPU draws
+    it (a CPU's finds the nonzero tokens first), such a step waits once too."""
+    dense = sampling_module.race
+    monkeypatch.setattr(sampling_module, "race", lambda probs, generator, sparse: dense(probs, generator, sparse=False))
+    model = tiny_model("llama", vocab_size=64)
+    engine = Engine(model, tokenizer, max_len=400)
+    engine.set_drafter(longspec(chain=False)(engine, model), 64)
+    steps = counted_steps(engine, SamplingConfig(temperature=0.6, top_p=0.9, seed=5))
+    assert steps and all(tree.depth >= 5 for _, _, tree, _ in steps)
+    for drafting, step, _, causes in steps:
+        assert (drafting, step) == (0, 1), causes
 
 
 def test_without_a_drafter_a_step_waits_once(tokenizer):

@@ -4,7 +4,8 @@ Proven here: `DraftTree` computes depths and root paths and rejects any node who
 it; `from_chains` / `TreeBuilder` merge shared prefixes once, keep siblings distinct, never exceed the budget
 and keep every chain's prefix that fits as a root path; `tree_batch` lets each row attend to exactly its
 ancestors and itself (a literal table, and the definition on random trees), places each node at
-prefix_len + depth; a tree forward through the engine's forward and `TreeCache` gives every node the logits of
+prefix_len + depth, and builds a queued tree's batch on the device unread (the tree read once, with the
+choices); a tree forward through the engine's forward and `TreeCache` gives every node the logits of
 transformers' plain forward over the prefix plus its root path, on
 all four model families; `node_histories` rows are the committed tail plus the row's own ancestors, cut to the
 window and padded with -1; `accept` walks the deepest matching path and takes the bonus at its last row
@@ -18,6 +19,7 @@ import random
 import pytest
 import torch
 from conftest import TINY_FAMILIES, tiny_model
+from queue_drains import QueueDrains
 
 from specchat.engine.cache import TreeCache
 from specchat.engine.target_forward import target_forward
@@ -172,6 +174,34 @@ def test_tree_mask_is_ancestors_and_self_on_random_trees():
         assert torch.equal(batch.tree_mask, expected)
         assert batch.position_ids.tolist() == [11] + [11 + d for d in tree.depths]
         assert batch.input_ids.tolist() == [0, *tree.tokens]
+
+
+def test_a_queued_trees_batch_is_built_on_the_device_and_read_once_with_the_choices():
+    """A tree its drafter left on the device gets the host tree's batch without a read; the host then reads its
+    nodes with the target's choices in one wait, and has its lists from then on."""
+    rng = random.Random(2)
+    for size in [0, 1, 9, 64]:
+        host = random_tree(rng, size)
+        queued = DraftTree.queued(torch.tensor(host.tokens), torch.tensor(host.parents), "x")
+        with QueueDrains() as drains:
+            batch = tree_batch(queued, root_token=3, prefix_len=20, device=CPU)
+            choices = batch.input_ids * 2  # work queued after the batch
+        assert drains.drains == 0, drains.causes
+        expected = tree_batch(host, root_token=3, prefix_len=20, device=CPU)
+        for got, want in zip(vars(batch).values(), vars(expected).values(), strict=True):
+            assert torch.equal(got, want)
+        with QueueDrains() as drains:
+            assert queued.read_with(choices) == [3 * 2, *(2 * t for t in host.tokens)]
+            assert (queued.tokens, queued.parents, queued.depths) == (host.tokens, host.parents, host.depths)
+        assert drains.drains == 1, drains.causes
+
+
+def test_a_queued_tree_is_read_where_its_lists_are_first_needed():
+    queued = DraftTree.queued(torch.tensor([4, 5, 6]), torch.tensor([ROOT, 0, 0]), "x")
+    assert len(queued) == 3 and queued.origins == ["x"] * 3
+    assert queued.path_to(2) == [0, 2] and queued.tokens == [4, 5, 6]
+    with pytest.raises(ValueError, match="parents must precede children"):
+        DraftTree.queued(torch.tensor([4, 5]), torch.tensor([1, ROOT]), "x").read_with(torch.tensor([0]))
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)

@@ -92,7 +92,8 @@ class Drafter(Protocol):
 
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
                 least_chance: float = 0.0) -> DraftTree:  # fmt: skip
-        """A tree of at most `budget` nodes below the last committed id (possibly empty). A drafter that
+        """A tree of at most `budget` nodes below the last committed id (possibly empty), left on the device
+        (`DraftTree.queued`) where the drafter knows its size without reading its values. A drafter that
         samples uses `generator` (seeded per request) and records what it sampled from in `draft_probs`. A
         drafter that scores its nodes may leave out those scored below `least_chance`: worth less than their
         verification costs."""

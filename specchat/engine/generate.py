@@ -34,6 +34,7 @@ from specchat.engine.sampling import (
     token_logprobs,
 )
 from specchat.engine.stats import GenerationStats
+from specchat.engine.step_clock import StepClock
 from specchat.engine.target_forward import forward_path, target_forward
 from specchat.engine.text import TextStream
 from specchat.engine.host_data import to_device
@@ -316,38 +317,39 @@ class Engine:
         """
         drafts = self.drafter is not None and constrained is not None and not known
         forced = constrained.forced() if drafts else []  # drafting asked for: what the syntax forces is its draft
+        clock = StepClock(self.device)
         if known or forced:
             tree = DraftTree.from_chains([(known or forced)[: self.tree_capacity]], KNOWN if known else FORCED,
                                          self.tree_capacity)  # fmt: skip
-            budget, draft_seconds = len(tree), 0.0
+            budget, scored = len(tree), False
         else:
             mode = self.drafter.next_kinds() if self.policy else frozenset()
             scored = self.policy is not None and self.drafter.scores_nodes
             budget = self._draft_budget(mode, scored)
             least_chance = self.policy.least_chance() if scored else 0.0
-            start = time.perf_counter()
             tree = self.drafter.propose(budget, sampling, generator, least_chance) if budget else DraftTree.empty()
-            draft_seconds = time.perf_counter() - start
-            if scored:  # the nodes worth verifying
-                tree = tree.cut(self.policy.size(tree, draft_seconds))
-                budget = len(tree)
-        start = time.perf_counter()
+        clock.mark()
+        if scored:  # the nodes worth verifying, by the scores the drafter read
+            tree = tree.cut(self.policy.size(tree, clock.host_seconds()))
+            budget = len(tree)
+        clock.mark()
         prefix = self.cache.length
         batch = tree_batch(tree, self.ids[-1], prefix, self.device)
         mask = batch.tree_mask if len(tree) else None  # the root alone: a decode step
         logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask,
                                        feature_layers=self.state_layers)  # fmt: skip
         processed = self._process(logits, sampling, tree, constrained, held)
+        clock.mark()
         choices = None
         if noise:
             choices = noise.choose(processed.softmax(dim=-1), [self.length + depth for depth in (0, *tree.depths)])
-        verdict = verify(tree, processed, sampling, generator, choices)
+        verdict = verify(tree, processed, sampling, generator, choices)  # the step's wait for the device
+        draft_seconds, _, verify_seconds = clock.seconds()  # drafting, sizing, verification
         kept = [0] + [node + 1 for node in verdict.path]
         leading = kept == list(range(len(kept)))  # a path down the first rows: a slice
         rows = slice(0, len(kept)) if leading else to_device(kept, self.device)
         self.cache.commit(kept if leading else rows)
         self._keep_query(kept[-1])
-        verify_seconds = time.perf_counter() - start  # the verdict's ints are on the host: the device is done
         if self.policy and not known and not forced:  # known and forced tokens say nothing about the drafter
             self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds,
                                 verify_seconds=verify_seconds, mode=mode)  # fmt: skip

@@ -7,7 +7,8 @@ whose token equals the target's choice" unique during verification.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import dataclass
 
 import torch
 
@@ -16,32 +17,98 @@ from specchat.engine.host_data import to_device
 ROOT = -1
 
 
-@dataclass(frozen=True)
 class DraftTree:
-    tokens: list[int]  # [n] proposed token ids
-    parents: list[int]  # [n] parent node index, ROOT for children of the root
-    origins: list[str]  # [n] the drafter kind that proposed each node
-    # [n, vocab] the distribution each node was sampled from (siblings in sampling order); all-zero rows
-    # mark deterministic nodes; None when the drafter sampled nothing.
-    draft_probs: torch.Tensor | None = None
-    # The origins that drafted with the whole budget and were kept whole (None: every origin). A composite's
-    # other part drafts in what is left, so its tree says how deep its trees of that budget reach only when it led.
-    leaders: frozenset[str] | None = None
-    # [n] the drafter's estimate of each node's chance to be accepted (its path's), never above its parent's;
-    # None where the drafter has none. Such trees are merged and sized by them (`best`, `cut`).
-    scores: list[float] | None = None
-    depths: list[int] = field(init=False)  # [n] 1 for children of the root
+    """A tree's nodes, on the host or still on the device where a drafter built it (`queued`).
 
-    def __post_init__(self):
+    A queued tree is read to the host once: with the target's choices at verification (`read_with`), or where a
+    caller first needs its lists. Until then its verification batch is built on the device (`tree_batch`), so a
+    step whose drafter queued its tree waits for the device once, at the acceptance.
+    """
+
+    def __init__(self, tokens: list[int], parents: list[int], origins: list[str],
+                 draft_probs: torch.Tensor | None = None, leaders: frozenset[str] | None = None,
+                 scores: list[float] | None = None):  # fmt: skip
+        self.origins = list(origins)  # [n] the drafter kind that proposed each node
+        # [n, vocab] the distribution each node was sampled from (siblings in sampling order); all-zero rows
+        # mark deterministic nodes; None when the drafter sampled nothing.
+        self.draft_probs = draft_probs
+        # The origins that drafted with the whole budget and were kept whole (None: every origin). A composite's
+        # other part drafts in what is left, so its tree says how deep its trees of that budget reach only when it led.
+        self.leaders = leaders
+        # [n] the drafter's estimate of each node's chance to be accepted (its path's), never above its parent's;
+        # None where the drafter has none. Such trees are merged and sized by them (`best`, `cut`).
+        self.scores = scores
+        self._queued: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._settle(list(tokens), list(parents))
+
+    @classmethod
+    def queued(cls, tokens: torch.Tensor, parents: torch.Tensor, origin: str,
+               draft_probs: torch.Tensor | None = None) -> DraftTree:  # fmt: skip
+        """A tree whose tokens [n] and parents [n] (long) are still on the device, unread."""
+        tree = cls([], [], [origin] * tokens.shape[0], draft_probs)
+        tree._queued = (tokens, parents)
+        return tree
+
+    def _settle(self, tokens: list[int], parents: list[int]) -> None:
         depths = []
-        for i, parent in enumerate(self.parents):
+        for i, parent in enumerate(parents):
             if not ROOT <= parent < i:
                 raise ValueError(f"node {i} has parent {parent}: parents must precede children")
             depths.append(1 if parent == ROOT else depths[parent] + 1)
-        object.__setattr__(self, "depths", depths)
+        self._tokens, self._parents, self._depths = tokens, parents, depths  # [n] each, depth 1 below the root
+        self._queued = None
+
+    def read_with(self, values: torch.Tensor) -> list[int]:
+        """`values` (ints) as a list, read in the same wait for the device as a queued tree's nodes."""
+        if self._queued is None:
+            return values.tolist()
+        tokens, parents = self._queued
+        n = tokens.shape[0]
+        read = torch.cat([tokens, parents, values.to(tokens.dtype)]).tolist()
+        self._settle(read[:n], read[n : 2 * n])
+        return read[2 * n :]
+
+    def rows(self, root_token: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The verified rows' tokens [n + 1] (the root's first) and the nodes' parents [n] on `device` (a queued
+        tree's own, else copied without waiting), and a bound on the tree's depth."""
+        if self._queued is not None:
+            tokens, parents = self._queued
+            return torch.cat([to_device([root_token], device, torch.long), tokens]), parents, len(self)
+        ids, parents = ([root_token, *self._tokens], self._parents)
+        return to_device(ids, device, torch.long), to_device(parents, device, torch.long), self.depth
+
+    def _read(self) -> None:
+        if self._queued is not None:
+            self.read_with(self._queued[0][:0])
+
+    @property
+    def tokens(self) -> list[int]:  # [n] proposed token ids
+        self._read()
+        return self._tokens
+
+    @property
+    def parents(self) -> list[int]:  # [n] parent node index, ROOT for children of the root
+        self._read()
+        return self._parents
+
+    @property
+    def depths(self) -> list[int]:  # [n] 1 for children of the root
+        self._read()
+        return self._depths
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DraftTree):
+            return NotImplemented
+        mine, theirs = self.draft_probs, other.draft_probs
+        same_probs = mine is theirs or (mine is not None and theirs is not None and torch.equal(mine, theirs))
+        fields = (self.tokens, self.parents, self.origins, self.leaders, self.scores)
+        return same_probs and fields == (other.tokens, other.parents, other.origins, other.leaders, other.scores)
+
+    def __repr__(self) -> str:
+        return f"DraftTree(tokens={self.tokens}, parents={self.parents}, origins={self.origins})"
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.origins)
 
     @property
     def depth(self) -> int:
@@ -74,7 +141,7 @@ class DraftTree:
                 continue
             nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], paths[path][1])
             scores.append(paths[path][0])
-        return replace(builder.build(), scores=scores)
+        return builder.build(scores)
 
     def paths(self) -> dict[tuple[int, ...], tuple[float, str]]:
         """Each node's token path below the root -> its score and origin: what `best` builds a tree from."""
@@ -108,7 +175,7 @@ class TreeBuilder:
         self._children: dict[tuple[int, int], int] = {}
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.origins)
 
     def add(self, parent: int, token: int, origin: str) -> int:
         key = (parent, token)
@@ -125,8 +192,8 @@ class TreeBuilder:
                 return
             parent = self.add(parent, token, origin)
 
-    def build(self) -> DraftTree:
-        return DraftTree(list(self.tokens), list(self.parents), list(self.origins))
+    def build(self, scores: list[float] | None = None) -> DraftTree:
+        return DraftTree(self.tokens, self.parents, self.origins, scores=scores)
 
 
 def siblings_bounded(paths: dict[tuple[int, ...], tuple[float, str]]) -> dict[tuple[int, ...], tuple[float, str]]:
@@ -159,15 +226,22 @@ class TreeBatch:
 
 
 def tree_batch(tree: DraftTree, root_token: int, prefix_len: int, device: torch.device) -> TreeBatch:
-    """The batch built on the host, then copied to the device without waiting for it (`host_data`)."""
-    rows = len(tree) + 1
-    mask = torch.eye(rows, dtype=torch.bool)
-    mask[:, 0].fill_(True)  # everything descends from the root
-    for i, parent in enumerate(tree.parents):
-        if parent != ROOT:
-            mask[i + 1] |= mask[parent + 1]
-    ids, positions = [root_token, *tree.tokens], [prefix_len + depth for depth in (0, *tree.depths)]
-    return TreeBatch(to_device(ids, device), to_device(positions, device), to_device(mask, device))
+    """The batch built on the device from the tree's parents (`ancestry`), a queued tree's unread."""
+    ids, parents, depth = tree.rows(root_token, device)
+    mask = ancestry(parents, depth)
+    return TreeBatch(ids, mask.sum(dim=1).add_(prefix_len - 1), mask)
+
+
+def ancestry(parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """[n + 1, n + 1] bool: which rows each row sees (the root is row 0, node i row i + 1), its ancestors and
+    itself, for a tree at most `depth` deep. The closure of the parent relation by squaring, ceil(log2 depth) small
+    matmuls, so nothing waits on the parents' values; each row's count is its depth + 1."""
+    rows = parents.shape[0] + 1
+    reach = torch.eye(rows, device=parents.device)
+    reach[1:].scatter_(1, parents[:, None] + 1, 1.0)  # a row and its parent's
+    for _ in range(math.ceil(math.log2(depth)) if depth > 1 else 0):  # paths up to 2, 4, ... edges long
+        reach = (reach @ reach).clamp_(max=1.0)
+    return reach > 0
 
 
 def node_histories(tree: DraftTree, committed: list[int] | torch.Tensor, window: int) -> torch.Tensor:

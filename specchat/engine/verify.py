@@ -43,8 +43,8 @@ def verify(tree: DraftTree, processed: torch.Tensor, sampling: SamplingConfig, g
     are then verified by those draws too, so the output is the same whatever the tree."""
     if choices is not None:
         return accept(tree, choices)
-    if sampling.greedy or tree.draft_probs is None:
-        return accept(tree, sample(processed, sampling, generator).tolist())
+    if sampling.greedy or tree.draft_probs is None:  # a queued tree comes to the host with the choices
+        return accept(tree, tree.read_with(sample(processed, sampling, generator)))
     return accept_sampled(tree, processed.softmax(dim=-1), generator)
 
 

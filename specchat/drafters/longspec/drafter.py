@@ -64,8 +64,8 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
                 least_chance: float = 0.0) -> DraftTree:  # fmt: skip
-        """Every depth's forward is queued from the last one's tensors, never read back: the tree's tokens and
-        parents come to the host once, at the end."""
+        """Every depth's forward is queued from the last one's tensors, never read back: the tree stays on the
+        device (`DraftTree.queued`), read with the target's choices at verification."""
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
         self._catch_up()
         self.target_kv = self._target_kv(root)
@@ -96,8 +96,7 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
             scores = best.values[:, None] + logits.float().log_softmax(dim=-1)
         if not tokens:
             return DraftTree.empty()
-        ids, above = torch.stack([torch.cat(tokens), torch.cat(parents)]).tolist()
-        return DraftTree(ids, above, [self.kind] * len(ids))
+        return DraftTree.queued(torch.cat(tokens), torch.cat(parents), self.kind)
 
     def _chain(self, tree, logits, root, budget, sampling, generator) -> DraftTree:
         """One token a depth: the draft's argmax, or under sampling a draw from its distribution (recorded for
@@ -114,9 +113,8 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
             if depth == budget:
                 break
             logits = self._forward(token, root + depth, tree, tree.add([depth - 1]))[0]  # below the last row
-        ids = torch.cat(tokens).tolist()
-        draft_probs = torch.stack(rows) if rows else None
-        return DraftTree(ids, list(range(-1, len(ids) - 1)), [self.kind] * len(ids), draft_probs)
+        parents = torch.arange(-1, len(tokens) - 1, device=self.target.device)
+        return DraftTree.queued(torch.cat(tokens), parents, self.kind, torch.stack(rows) if rows else None)
 
     def _target_kv(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's last-layer keys and values that cross-attention reads: the policy's selection of the
