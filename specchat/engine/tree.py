@@ -74,8 +74,8 @@ class DraftTree:
         if self._queued is not None:
             tokens, parents = self._queued
             return torch.cat([to_device([root_token], device, torch.long), tokens]), parents, len(self)
-        ids, parents = ([root_token, *self._tokens], self._parents)
-        return to_device(ids, device, torch.long), to_device(parents, device, torch.long), self.depth
+        ids = to_device([root_token, *self._tokens], device, torch.long)
+        return ids, to_device(self._parents, device, torch.long), self.depth
 
     def _read(self) -> None:
         if self._queued is not None:
