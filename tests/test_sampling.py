@@ -4,8 +4,10 @@ from softmax(processed logits).
 Proven here: penalty, temperature, top-k, top-p and min-p mask the same tokens as transformers' processors
 and leave the same finite values on random logits; constructed logits pin each rule to a literal table
 (boundaries included); `process_logits` applies penalty -> temperature -> top-k -> top-p -> min-p, and only
-the penalty when greedy; `SamplingConfig` rejects every out-of-range field; `sample` is the argmax when
-greedy, reproducible per seed, and passes a chi-square goodness-of-fit test that a biased sampler fails.
+the penalty when greedy, and runs top-p and min-p over top-k's survivors (or top-p alone over the largest logits)
+with the same tokens and logits as over the vocabulary; `SamplingConfig` rejects every out-of-range field; `sample` is
+the argmax when greedy, reproducible per seed, and passes a chi-square goodness-of-fit test that a biased sampler
+fails, drawing noise for the tokens not at -inf (a CPU) or for every token (a GPU).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from transformers.generation.logits_process import (
 
 from specchat.engine.sampling import (
     SamplingConfig,
+    _nucleus_survivors,
     apply_min_p,
     apply_penalty,
     apply_top_k,
@@ -269,6 +272,23 @@ def test_top_p_and_min_p_over_the_top_k_alone_equal_them_over_the_vocabulary(top
     assert torch.equal(process_logits(logits, config), full)
 
 
+@pytest.mark.parametrize("temperature, top_p, min_p", [(0.6, 0.9, 0.0), (1.0, 0.8, 0.05), (0.3, 0.5, 0.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_p_alone_over_the_largest_logits_equals_it_over_the_vocabulary(temperature, top_p, min_p, dtype):
+    """Without a top-k, a CPU looks for the nucleus among the NUCLEUS_ROOM largest logits (their probabilities over
+    the whole vocabulary) and sorts the vocabulary only where a row's nucleus may reach past them: the same tokens
+    and logits either way, bf16's ties included."""
+    logits = random_logits(rows=6, vocab=50_000, seed=9).to(dtype)
+    logits[:, :3] += 30.0  # peaked rows: the nucleus is a few tokens
+    flat = random_logits(rows=2, vocab=50_000, seed=10, scale=0.5).to(dtype)  # a nucleus of thousands
+    config = SamplingConfig(temperature=temperature, top_p=top_p, min_p=min_p)
+    for rows, looked_among_the_largest in ((logits, True), (flat, False)):
+        scaled = rows.float() / temperature
+        assert (_nucleus_survivors(scaled, top_p) is not None) == looked_among_the_largest
+        full = apply_min_p(apply_top_p(scaled, top_p), min_p)
+        assert torch.equal(process_logits(rows, config), full)
+
+
 def test_top_p_keeps_or_drops_tied_tokens_together():
     """Each of three tied tokens holds 0.3: the mass strictly above each is 0, so p = 0.5 keeps all three, not
     the two a sort happened to put first; the token below them has 0.9 above it and goes."""
@@ -464,12 +484,13 @@ def test_the_race_over_every_token_matches_the_softmax_too(monkeypatch):
     of probability 0 never wins, even where its noise is 0."""
     processed = process_logits(RAW, CONFIG)
     probs = processed.softmax(dim=-1)
-    draws = race(probs.expand(DRAWS, -1), make_generator(CONFIG, CPU), sparse=False)
+    draws = race(processed.expand(DRAWS, -1), make_generator(CONFIG, CPU), sparse=False)
     statistic, df = chi_square(draws, probs[0])
     assert df == 5 and statistic < CHI2_CRITICAL_P001[df], f"chi2 = {statistic:.1f} with {df} dof"
     monkeypatch.setattr(torch.Tensor, "exponential_", lambda self, *args, **kwargs: self.zero_())  # every E is 0
-    [token] = race(probs, None, sparse=False).tolist()
-    assert probs[0, token] > 0
+    for sparse in (False, True):
+        [token] = race(processed, None, sparse=sparse).tolist()
+        assert probs[0, token] > 0
 
 
 def test_chi_square_rejects_a_biased_sampler():

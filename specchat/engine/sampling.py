@@ -13,6 +13,8 @@ from specchat.engine.events import TokenLogprob
 from specchat.engine.host_data import to_device
 from specchat.engine.sampling_config import SamplingConfig
 
+NUCLEUS_ROOM = 256  # the largest logits top-p alone looks among on a CPU before sorting the vocabulary
+
 
 def token_logprobs(processed: torch.Tensor, rows: list[int], tokens: list[int], top: int) -> list[TokenLogprob]:
     """Each token's log-probability at its row of `processed` logits, with the `top` most likely ids there."""
@@ -63,15 +65,20 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     if p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = sorted_logits.softmax(dim=-1)
-    positions = torch.arange(logits.shape[-1], device=logits.device).expand_as(sorted_logits)
+    drop_sorted = _outside_nucleus(sorted_logits, sorted_logits.softmax(dim=-1), p)
+    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def _outside_nucleus(sorted_logits: torch.Tensor, probs: torch.Tensor, p: float) -> torch.Tensor:
+    """Which of the logits sorted descending [n, m], of probabilities `probs`, top-p drops: those whose tie group
+    has a mass of at least p above it."""
+    positions = torch.arange(sorted_logits.shape[-1], device=sorted_logits.device).expand_as(sorted_logits)
     starts = torch.ones_like(sorted_logits, dtype=torch.bool)
     starts[:, 1:] = sorted_logits[:, 1:] != sorted_logits[:, :-1]
     first_of_tie = torch.where(starts, positions, 0).cummax(dim=-1).values
     mass_above = (probs.cumsum(dim=-1) - probs).gather(1, first_of_tie)
-    drop_sorted = mass_above >= p
-    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    return mass_above >= p
 
 
 def apply_min_p(logits: torch.Tensor, min_p: float, keep: int = 1) -> torch.Tensor:
@@ -114,6 +121,12 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.
             values, indices = survivors
             return torch.full_like(logits, float("-inf")).scatter_(1, indices, _top_p_then_min_p(values, config))
         logits = apply_top_k(logits, config.top_k)
+    elif config.top_p < 1.0 and logits.device.type == "cpu" and NUCLEUS_ROOM < logits.shape[-1]:
+        survivors = _nucleus_survivors(logits, config.top_p)
+        if survivors is not None:
+            values, indices = survivors
+            kept = apply_min_p(values, config.min_p, config.min_p_keep)
+            return torch.full_like(logits, float("-inf")).scatter_(1, indices, kept)
     return _top_p_then_min_p(logits, config)
 
 
@@ -136,25 +149,45 @@ def _top_k_survivors(logits: torch.Tensor, k: int, checked: bool = True) -> tupl
     return values.masked_fill(values < kth, float("-inf")), indices
 
 
+def _nucleus_survivors(logits: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Top-p without a top-k, from the NUCLEUS_ROOM largest logits: those it keeps, -inf among them where it drops,
+    and their token ids; None where some row's nucleus may reach past them. A CPU sorts 152K logits in ~3 ms a row,
+    and a nucleus is rarely more than a few dozen tokens; their probabilities are taken over the whole vocabulary.
+
+    Past the room every token has at least the room's tokens above the last one's value above it: where their mass
+    reaches p, top-p drops all the rest (and the last value's ties)."""
+    values, indices = torch.topk(logits, NUCLEUS_ROOM, dim=-1)  # sorted, most likely first
+    probs = (values - logits.logsumexp(dim=-1, keepdim=True)).exp()
+    above_last = torch.where(values > values[:, -1:], probs, 0).sum(dim=-1)
+    if bool((above_last < p).any()):  # a read: on a CPU, free
+        return None
+    return values.masked_fill(_outside_nucleus(values, probs, p), float("-inf")), indices
+
+
 def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of processed logits [n, vocab] -> [n]; greedy takes the argmax, else `race`."""
     if config.greedy:
         return logits.argmax(dim=-1)
-    return race(logits.softmax(dim=-1), generator, sparse=logits.device.type == "cpu")
+    return race(logits, generator, sparse=logits.device.type == "cpu")
 
 
-def race(probs: torch.Tensor, generator: torch.Generator | None, *, sparse: bool) -> torch.Tensor:
-    """One draw per row of `probs` [n, vocab] -> [n]: the exponential race argmax(p / E), E ~ Exp(1), exact.
+def race(logits: torch.Tensor, generator: torch.Generator | None, *, sparse: bool) -> torch.Tensor:
+    """One draw per row of softmax(`logits`) [n, vocab] -> [n]: the race argmax(logit - log E), E ~ Exp(1) (the
+    Gumbel-max trick, exact; no softmax is computed).
 
-    Tokens of probability 0 cannot win it, so a CPU (`sparse`) draws noise for the others alone: top-k, top-p or
-    min-p leave a few dozen of 152K tokens, and noise for all of them costs ~3 ms a row there. Finding them is a
-    read of the device, which a GPU, drawing noise for every token in microseconds, does without."""
-    if not sparse:  # a zero draw of E must not let a token of probability 0 in (0 / 0)
-        noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
-        return torch.where(probs > 0, probs / noise, 0).argmax(dim=-1)
-    rows, tokens = probs.nonzero(as_tuple=True)
-    noise = torch.empty(tokens.shape, dtype=probs.dtype, device=probs.device).exponential_(1.0, generator=generator)
-    return torch.zeros_like(probs).index_put_((rows, tokens), probs[rows, tokens] / noise).argmax(dim=-1)
+    Tokens at -inf cannot win it, so a CPU (`sparse`) draws noise for the others alone: top-k, top-p or min-p leave a
+    few dozen of 152K tokens, and noise for all of them costs ~3 ms a row there. Finding them is a read of the device,
+    which a GPU, drawing noise for every token in microseconds, does without."""
+    if not sparse:  # a zero draw of E must not let a token at -inf in (-inf + inf)
+        noise = torch.empty_like(logits).exponential_(1.0, generator=generator)
+        return torch.where(logits > float("-inf"), logits - noise.log(), float("-inf")).argmax(dim=-1)
+    rows, tokens = (logits > float("-inf")).nonzero(as_tuple=True)  # row by row, tokens ascending
+    noise = torch.empty(tokens.shape, dtype=logits.dtype, device=logits.device).exponential_(1.0, generator=generator)
+    scores = logits[rows, tokens] - noise.log()
+    best = scores.new_full((logits.shape[0],), float("-inf")).scatter_reduce_(0, rows, scores, "amax")
+    candidates = torch.arange(tokens.shape[0], device=tokens.device)
+    at_best = torch.where(scores == best[rows], candidates, tokens.shape[0])  # a row's first best: its argmax
+    return tokens[candidates.new_full(best.shape, tokens.shape[0]).scatter_reduce_(0, rows, at_best, "amin")]
 
 
 class PositionNoise:
