@@ -1,6 +1,7 @@
 """Times the sampling pipeline a decode step runs on a 152K-token vocabulary (Qwen2.5's) per number of rows
 (not a test: prints a table): `process_logits` (penalty, temperature, top-k, top-p, min-p) and `sample` (the
-exponential race), under the settings a chat uses by default and under the writer's.
+race), under the settings a chat uses by default (Qwen's; Llama 3.1's, top-p without a top-k) and the writer's.
+Another commit's pipeline: the same script with that commit's tree first on PYTHONPATH (`git worktree add`).
 
     .venv/bin/python scripts/sampling_speed.py [rows=1,4,8]
 """
@@ -20,6 +21,7 @@ from specchat.writer.settings import SAMPLING
 VOCAB = 151_936
 SETTINGS = {
     "chat (Qwen's defaults)": SamplingConfig(temperature=0.7, top_k=20, top_p=0.8, penalty=1.05),
+    "chat (Llama 3.1's defaults)": SamplingConfig(temperature=0.6, top_p=0.9),
     "writer (TokenSwift's)": SamplingConfig(**SAMPLING),
 }
 
