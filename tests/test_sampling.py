@@ -525,3 +525,27 @@ def test_position_noise_draws_are_distributed_as_p():
     assert other != draws[:200]
     shifted = PositionNoise(seed=12345, offset=100)
     assert [shifted.choose(p[None], [i])[0] for i in range(100)] == draws[100:200]
+
+
+def test_position_noise_draws_each_index_over_its_own_support_or_all_rows_alike():
+    """Keyed draws over the tokens any row may take equal those over each index's own support, token for token: a
+    token no row at an index may take scores 0 there. What was written keyed stays the text when resumed."""
+    from specchat.engine.sampling import PositionNoise
+
+    def per_index(noise, probs, indices):  # each index's own support, scanned apart
+        choices = [0] * len(indices)
+        for index in sorted(set(indices)):
+            rows = [i for i, each in enumerate(indices) if each == index]
+            support = probs[rows].amax(dim=0).nonzero()[:, 0]
+            scores = probs[rows][:, support] / noise.exponential(noise.offset + index, support)
+            for row, token in zip(rows, support[scores.argmax(dim=1)].tolist()):
+                choices[row] = token
+        return choices
+
+    noise = PositionNoise(seed=7, offset=30)
+    for seed in range(20):
+        logits = random_logits(rows=9, vocab=2000, seed=seed)
+        config = SamplingConfig(temperature=0.8, top_k=[5, 40, 0][seed % 3], top_p=0.9, min_p=0.02)
+        probs = process_logits(logits, config).softmax(dim=-1)
+        indices = [0, 1, 1, 2, 3, 3, 3, 4, 5][: 9 - seed % 4] + [9] * (seed % 4)
+        assert noise.choose(probs, indices) == per_index(noise, probs, indices)

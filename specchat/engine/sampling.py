@@ -214,13 +214,13 @@ class PositionNoise:
     def choose(self, probs: torch.Tensor, indices: list[int]) -> list[int]:
         """One token per row of `probs` [n, vocab], row i being the token at text index `indices[i]` (+ offset):
         argmax over the row's support of p / E, E ~ Exp(1) keyed by (seed, index, token)."""
+        support = probs.amax(dim=0).nonzero()[:, 0]  # tokens some row may take, ascending: one scan of the rows
+        candidates = probs[:, support]  # a token no row at an index may take scores 0 there, and never wins
         choices = [0] * len(indices)
         for index in sorted(set(indices)):
             rows = [i for i, each in enumerate(indices) if each == index]
-            block = probs[rows]
-            support = block.amax(dim=0).nonzero()[:, 0]  # tokens some row at this index may take
             noise = self.exponential(self.offset + index, support)
-            winners = support[(block[:, support] / noise).argmax(dim=1)]
+            winners = support[(candidates[rows] / noise).argmax(dim=1)]
             for row, token in zip(rows, winners.tolist()):
                 choices[row] = token
         return choices
