@@ -356,8 +356,8 @@ class Engine:
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[rows] if self.drafter is not None else hidden  # only a drafter reads them
-        scored = token_logprobs(processed, kept, tokens, logprobs) if logprobs is not None else None
-        return tokens, origins, hidden, tree, budget, draft_seconds, scored
+        token_scores = token_logprobs(processed, kept, tokens, logprobs) if logprobs is not None else None
+        return tokens, origins, hidden, tree, budget, draft_seconds, token_scores
 
     def _draft_budget(self, mode: frozenset[str], scored: bool) -> int:
         """The nodes to ask the drafter for: the adaptive budget's (for a scoring drafter a large tree, cut after),

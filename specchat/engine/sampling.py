@@ -118,16 +118,20 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.
         survivors = _top_k_survivors(logits, config.top_k, config.temperature, checked=not drafting)
         if survivors is not None:
             values, indices = survivors
-            return torch.full_like(logits, float("-inf")).scatter_(1, indices, _top_p_then_min_p(values, config))
+            return _widened(logits, indices, _top_p_then_min_p(values, config))
         return _top_p_then_min_p(apply_top_k(logits / config.temperature, config.top_k), config)
     logits = logits / config.temperature
     if config.top_p < 1.0 and logits.device.type == "cpu" and NUCLEUS_ROOM < logits.shape[-1]:
         survivors = _nucleus_survivors(logits, config.top_p)
         if survivors is not None:
             values, indices = survivors
-            kept = apply_min_p(values, config.min_p, config.min_p_keep)
-            return torch.full_like(logits, float("-inf")).scatter_(1, indices, kept)
+            return _widened(logits, indices, apply_min_p(values, config.min_p, config.min_p_keep))
     return _top_p_then_min_p(logits, config)
+
+
+def _widened(logits: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The survivors' processed `values` at their token `indices` in rows shaped as `logits`, -inf elsewhere."""
+    return torch.full_like(logits, float("-inf")).scatter_(1, indices, values)
 
 
 def _top_p_then_min_p(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
