@@ -32,10 +32,13 @@ for name_hash in sys.argv[3:]:
 context, reps = int(sys.argv[1]), int(sys.argv[2])
 H, KV, D, HID, INTER, L = 12, 2, 128, 256, 64, 28
 torch.manual_seed(0)
-weights = [tuple(w.to(dt) for w in (torch.randn((H + 2 * KV) * D, HID) * 0.05, torch.randn(HID, H * D) * 0.05, torch.randn(2 * INTER, HID) * 0.05, torch.randn(HID, INTER) * 0.05)) for _ in range(L)]
+weights = [tuple(w.to(dt) for w in (torch.randn((H + 2 * KV) * D, HID) * 0.05, torch.randn(HID, H * D) * 0.05,
+                                    torch.randn(2 * INTER, HID) * 0.05, torch.randn(HID, INTER) * 0.05))
+           for _ in range(L)]
 def decoder(native):
     d = lambda w: native.Projection([native.Linear.dense(w, None)])
-    layers = [native.Layer(d(a), d(b), d(c), d(e), torch.ones(HID, dtype=dt), torch.ones(HID, dtype=dt)) for a, b, c, e in weights]
+    layers = [native.Layer(d(a), d(b), d(c), d(e), torch.ones(HID, dtype=dt), torch.ones(HID, dtype=dt))
+              for a, b, c, e in weights]
     return native.Decoder(layers, torch.ones(HID, dtype=dt), H, KV, D, INTER, 1e-6, D ** -0.5)
 decoders = {name: decoder(native) for name, native in builds.items()}
 keys = [torch.randn(KV, context + 16, D, dtype=dt) for _ in range(L)]
@@ -47,15 +50,20 @@ caches = {name: (int8_keys, int8_values, int8_scales) if name in int8 else (keys
 ROWS = (context,) if prefill else (1, 4, 8, 16)
 prefix = 0 if prefill else context
 times = {(name, rows): [] for name in builds for rows in ROWS}
-inputs = {rows: (torch.randn(rows, HID, dtype=dt), torch.ones(rows, D), torch.zeros(rows, D), None if rows == 1 or prefill else torch.tril(torch.ones(rows, rows, dtype=torch.bool))) for rows in ROWS}
+inputs = {rows: (torch.randn(rows, HID, dtype=dt), torch.ones(rows, D), torch.zeros(rows, D),
+                 None if rows == 1 or prefill else torch.tril(torch.ones(rows, rows, dtype=torch.bool)))
+          for rows in ROWS}
 outs = {}
 for _ in range(reps):
     for name, native in builds.items():
         for rows, (x, cos, sin, mask) in inputs.items():
-            t = time.perf_counter(); out = native.forward(decoders[name], x, cos, sin, *caches[name][:2], prefix, mask, True, *(caches[name][2:] if name in int8 else ()))
+            t = time.perf_counter(); out = native.forward(decoders[name], x, cos, sin, *caches[name][:2], prefix, mask,
+                                                          True, *(caches[name][2:] if name in int8 else ()))
             times[(name, rows)].append(time.perf_counter() - t); outs[(name, rows)] = out[0]
 for rows in ROWS:
-    print(f"context {prefix}, {rows} rows: " + ", ".join(f"{name} {statistics.median(times[(name, rows)]) * 1e3:.1f} ms" for name in builds))
+    print(f"context {prefix}, {rows} rows: "
+          + ", ".join(f"{name} {statistics.median(times[(name, rows)]) * 1e3:.1f} ms" for name in builds))
 ref = next(iter(builds))
 for name in builds:
-    print(name, "max diff vs", ref, max((outs[(name, r)].float() - outs[(ref, r)].float()).abs().max().item() for r in ROWS))
+    print(name, "max diff vs", ref,
+          max((outs[(name, r)].float() - outs[(ref, r)].float()).abs().max().item() for r in ROWS))

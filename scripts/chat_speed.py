@@ -50,7 +50,8 @@ def chat_answer(terminal: Terminal, prompt: str) -> tuple[int, float]:
 def run_answer(prompt: str, args) -> tuple[int, float]:
     command = [sys.executable, "-m", "specchat", "run", prompt, "-t", "0", "-n", str(args.n), "--drafter",
                args.drafter, "--json"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
     answer = json.loads(result.stdout)
     return answer["new_tokens"], answer["tokens_per_second"]
 
@@ -70,7 +71,8 @@ def measure(args) -> list[dict]:
             chat_tokens, chat = chat_answer(terminal, prompt)
             run_tokens, run = run_answer(prompt, args)
             rows.append({"prompt": prompt[:40], "chat_tokens": chat_tokens, "chat_tok_s": chat,
-                         "run_tokens": run_tokens, "run_tok_s": round(run, 1), "ratio": round(chat / run, 3)})  # fmt: skip
+                         "run_tokens": run_tokens, "run_tok_s": round(run, 1),
+                         "ratio": round(chat / run, 3)})  # fmt: skip
         terminal.send("C-q")
     finally:
         terminal.close()

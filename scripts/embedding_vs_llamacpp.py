@@ -37,7 +37,8 @@ def main(count: int, tokens: int) -> None:
                   n_batch=2 * tokens + 64, n_ubatch=2 * tokens + 64, n_threads=2, verbose=False)  # fmt: skip
     counted = sum(len(tokenizer(text)["input_ids"]) for text in texts)
     start = time.perf_counter()
-    ours = torch.stack([torch.nn.functional.normalize(engine.embedding(tokenizer(t)["input_ids"]), dim=0) for t in texts])
+    ours = torch.stack([torch.nn.functional.normalize(engine.embedding(tokenizer(t)["input_ids"]), dim=0)
+                        for t in texts])
     our_seconds = time.perf_counter() - start
     start = time.perf_counter()
     theirs = torch.stack([torch.nn.functional.normalize(torch.tensor(llama.embed(text)).mean(dim=0), dim=0)

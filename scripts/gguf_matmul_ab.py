@@ -94,7 +94,8 @@ def main() -> None:
     print("| build | " + " | ".join(f"{n} rows" for n in rows) + " |")
     for name in builds:
         one = statistics.median(times[name, rows[0]])
-        cells = (f"{statistics.median(times[name, n]):.1f} ({statistics.median(times[name, n]) / one:.2f}x)" for n in rows)
+        cells = (f"{statistics.median(times[name, n]):.1f} ({statistics.median(times[name, n]) / one:.2f}x)"
+                 for n in rows)
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
 from gguf_files import random_blocks  # noqa: E402
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
 from gguf_files import copy_fields, random_blocks, reader  # noqa: E402
 

@@ -8,7 +8,8 @@ engine in the same run) and the speedup over the autoregressive book written her
     .venv/bin/python scripts/writer_speed.py --tokens 20000 --drafter none,ngram,tokenswift
     .venv/bin/python scripts/writer_speed.py --tokens 5000 --drafter none --penalty 1.0,1.2
     .venv/bin/python scripts/writer_speed.py --model qwen2.5-coder-1.5b --tokens 20000 --drafter none,tokenswift
-    .venv/bin/python scripts/writer_speed.py --model qwen2.5-coder-1.5b --tokens 20000 --drafter none --kv-cache auto,int8
+    .venv/bin/python scripts/writer_speed.py --model qwen2.5-coder-1.5b --tokens 20000 --drafter none \
+        --kv-cache auto,int8
 """
 
 from __future__ import annotations
@@ -51,15 +52,16 @@ def measure(loaded, drafter: str, tokens: int, penalty: float, seed: int, kv_cac
     first, last = marks[0], marks[-1]
     before_last = max((m for m in marks if m[0] <= last[0] - MARK), key=lambda m: m[0], default=(0, 0.0, 0))
     return {
-        "drafter": drafter, "penalty": penalty, "kv_cache": kv_cache, "tokens": report.tokens, "tokens_per_second": round(report.tokens_per_second, 1),
-        "tau": round(report.mean_accepted_length or 1.0, 3),
+        "drafter": drafter, "penalty": penalty, "kv_cache": kv_cache, "tokens": report.tokens,
+        "tokens_per_second": round(report.tokens_per_second, 1), "tau": round(report.mean_accepted_length or 1.0, 3),
         "acceptance": None if report.acceptance_rate is None else round(report.acceptance_rate, 3),
         "ms_per_token_first_1k": round(1000 * first[1] / first[0], 3),
         "ms_per_token_last_1k": round(1000 * (last[1] - before_last[1]) / (last[0] - before_last[0]), 3),
         "rss_mib_at_1k": round(first[2] / 2**20), "rss_mib_at_end": round(last[2] / 2**20),
         "distinct": [round(d, 4) for d in (report.distinct_1, report.distinct_2, report.distinct_3, report.distinct_4)],
         "refills": report.refills, "prefill_seconds": round(report.prefill_seconds, 1),
-        "ar_tokens_per_second_timed": None if report.ar_tokens_per_second is None else round(report.ar_tokens_per_second, 1),
+        "ar_tokens_per_second_timed":
+            None if report.ar_tokens_per_second is None else round(report.ar_tokens_per_second, 1),
         "speedup_vs_timed_ar": None if report.speedup_vs_ar is None else round(report.speedup_vs_ar, 3),
     }  # fmt: skip
 
@@ -85,8 +87,8 @@ def main() -> None:
             if ar is not None:
                 rows[-1]["speedup_vs_ar_book"] = round(rows[-1]["tokens_per_second"] / ar["tokens_per_second"], 3)
             print(json.dumps(rows[-1]), flush=True)
-    columns = ["drafter", "penalty", "kv_cache", "tokens_per_second", "speedup_vs_ar_book", "speedup_vs_timed_ar", "tau",
-               "acceptance", "ms_per_token_first_1k", "ms_per_token_last_1k", "rss_mib_at_1k", "rss_mib_at_end",
+    columns = ["drafter", "penalty", "kv_cache", "tokens_per_second", "speedup_vs_ar_book", "speedup_vs_timed_ar",
+               "tau", "acceptance", "ms_per_token_first_1k", "ms_per_token_last_1k", "rss_mib_at_1k", "rss_mib_at_end",
                "distinct", "refills", "prefill_seconds"]  # fmt: skip
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))

@@ -31,7 +31,8 @@ def _cpu_flags() -> set[str]:
 
 # The CPU decoder builds this machine runs (SPECCHAT_CPU_ISA): its own, and on an x86 CPU with more than AVX2 the
 # AVX2 build as well, so every kernel path the machine can run is tested on it.
-CPU_ISAS = ("native", "avx2") if {"avx2", "fma", "f16c"} <= _cpu_flags() and _cpu_flags() & {"avx512f", "avx_vnni"} else ("native",)
+CPU_ISAS = (("native", "avx2") if {"avx2", "fma", "f16c"} <= _cpu_flags() and _cpu_flags() & {"avx512f", "avx_vnni"}
+            else ("native",))
 
 
 @pytest.fixture(params=CPU_ISAS)

@@ -13,10 +13,10 @@ import time
 import torch
 
 from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
 from specchat.loading import load_model
-from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
 
 
 def median_ms(call, repeats: int = 5) -> float:
@@ -46,7 +46,8 @@ def main() -> None:
             engine.set_drafter(drafter)
             list(engine.generate(ids[:context], max_new_tokens=1))  # the drafter sees the request
             row = {"context": context, "draft_vocab": vocab or 49152, "decode_ms": round(decode, 2),
-                   "draft_memory_mib": round((drafter.memory_bytes() + weight_bytes + (0 if vocab is None else vocab * 576 * 2)) / 2**20, 2)}
+                   "draft_memory_mib": round((drafter.memory_bytes() + weight_bytes
+                                              + (0 if vocab is None else vocab * 576 * 2)) / 2**20, 2)}
             for budget in (7, 15, 63):
                 with torch.inference_mode():
                     row[f"draft_ms_{budget}"] = median_ms(lambda: drafter.propose(budget, SamplingConfig(), None))

@@ -216,7 +216,8 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
             dense(f"blk.{i}.attn_k_norm.weight", rng.uniform(0.8, 1.2, dim))
         shapes = [("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
                   ("attn_v", kv_heads * dim, hidden), ("attn_output", hidden, heads * dim),
-                  ("ffn_gate", intermediate, hidden), ("ffn_up", intermediate, hidden), ("ffn_down", hidden, intermediate)]
+                  ("ffn_gate", intermediate, hidden), ("ffn_up", intermediate, hidden),
+                  ("ffn_down", hidden, intermediate)]
         if phi3:  # q/k/v in one matrix, gate and up in another (gate's rows first)
             shapes = [("attn_qkv", (heads + 2 * kv_heads) * dim, hidden), ("attn_output", hidden, heads * dim),
                       ("ffn_up", 2 * intermediate, hidden), ("ffn_down", hidden, intermediate)]

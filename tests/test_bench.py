@@ -13,10 +13,10 @@ from conftest import tiny_model
 from gguf_files import write_tiny_model
 
 from specchat.answer_format import AnswerFormat
+from specchat.architectures.llama_model import CausalLM
 from specchat.bench.compare import compare
 from specchat.bench.llamacpp import CONTEXT_STEP, LlamaCpp, check_prompt_decodes
 from specchat.bench.prompts import LONG_SETS, PROMPT_SETS, load_prompt_sets, long_document
-from specchat.architectures.llama_model import CausalLM
 from specchat.bench.runs import method_runner, transformers_model
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling_config import SamplingConfig
@@ -33,7 +33,8 @@ def test_builtin_and_file_prompt_sets(tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("not json\n", "mine.jsonl:1"), ('{"text": "x"}\n', "mine.jsonl:1"), ('{"prompt": ""}\n', "non-empty"), ("\n", "no prompts")],
+    [("not json\n", "mine.jsonl:1"), ('{"text": "x"}\n', "mine.jsonl:1"), ('{"prompt": ""}\n', "non-empty"),
+     ("\n", "no prompts")],
 )
 def test_bad_prompt_files_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "mine.jsonl"
@@ -116,9 +117,11 @@ def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
 
     rows = [
         BenchRow("none", "summarize", "q4_1", "bfloat16", "auto", 384, 75.479, 1.0, 1.0, None, True, None),
-        BenchRow("ngram", "summarize", "int4-g32", "bfloat16", "auto", 384, 110.321, 1.462, 1.568, 0.412, True, 1.55, 0.42),
+        BenchRow("ngram", "summarize", "int4-g32", "bfloat16", "auto", 384, 110.321, 1.462, 1.568, 0.412, True, 1.55,
+                 0.42),
         BenchRow("ngram", "summarize", "q4_k", "bfloat16", "int8", 384, 112.5, 1.49, 1.568, 0.412, True, 1.55, 0.4),
-        BenchRow("llamacpp", "summarize", "gguf", "llama.cpp", "llama.cpp", 384, 136.479, 1.808, 1.0, None, False, None),
+        BenchRow("llamacpp", "summarize", "gguf", "llama.cpp", "llama.cpp", 384, 136.479, 1.808, 1.0, None, False,
+                 None),
     ]
     monkeypatch.setenv("COLUMNS", "80")
     _report([row.as_dict() for row in rows], False, title="t", table=[row.as_table_row() for row in rows])
@@ -228,7 +231,8 @@ def test_bench_draft_times_a_draft_of_the_width_asked_for(tokenizer):
     model = tiny_loaded(tokenizer).model
     wide, narrow = (draft_cost(model, contexts=[64], vocabs=[0], budgets=[3], intermediate=width, repeats=1)
                     for width in (0, 16))  # fmt: skip
-    assert [(row.context, row.budget, row.nodes) for row in wide] == [(64, 3, 3)] == [(r.context, r.budget, r.nodes) for r in narrow]
+    assert ([(row.context, row.budget, row.nodes) for row in wide] == [(64, 3, 3)]
+            == [(r.context, r.budget, r.nodes) for r in narrow])
     assert narrow[0].mib < wide[0].mib and all(row.draft_ms > 0 and row.decode_ms > 0 for row in wide + narrow)
     with pytest.raises(SpecchatError, match="--intermediate must be at least 0"):
         draft_cost(model, contexts=[64], vocabs=[0], budgets=[3], intermediate=-1)

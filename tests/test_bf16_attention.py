@@ -34,7 +34,8 @@ def _attention_outputs(dtype, head_dim, context, rows, seed):
     keys = random(KV_HEADS, context + rows, head_dim, scale=3.0)  # scores of a few units: a peaked softmax
     values = random(KV_HEADS, context + rows, head_dim)
     x = random(rows, hidden, scale=1e-3)  # the norm scales it up; the residual it adds back is below bf16's rounding
-    mask = None if rows == 1 else torch.rand(rows, rows, generator=generator).lt(0.6).tril() | torch.eye(rows, dtype=torch.bool)
+    mask = (None if rows == 1
+            else torch.rand(rows, rows, generator=generator).lt(0.6).tril() | torch.eye(rows, dtype=torch.bool))
     cos, sin = torch.ones(rows, head_dim), torch.zeros(rows, head_dim)
     out = native.forward(decoder, x, cos, sin, [keys], [values], context, mask, False)[1]
     return out.float() - x.float()

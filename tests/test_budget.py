@@ -8,6 +8,7 @@ import random
 import pytest
 
 from specchat.engine.budget import PROBE_SHARE, AdaptiveBudget, proposers
+from specchat.engine.tree import ROOT, DraftTree, siblings_bounded
 from specchat.engine.verify_cost import (
     LIVE_TIMINGS,
     PLAIN_STEP_EVERY,
@@ -17,7 +18,6 @@ from specchat.engine.verify_cost import (
     measure_verify_cost,
     priced_context,
 )
-from specchat.engine.tree import ROOT, DraftTree, siblings_bounded
 
 CPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.7, 1.8, 1.85, 1.9, 2.0, 2.6, 3.8))
 GPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.0, 1.0, 1.0, 1.01, 1.02, 1.04, 1.1))
@@ -25,7 +25,8 @@ GPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.0, 1.0, 1.0, 1.01, 1.
 
 def observe_chain(policy, depth, accepted, origin="model", **kwargs):
     """A chain of `depth` nodes from one drafter, its first `accepted` nodes accepted."""
-    policy.observe(DraftTree(list(range(depth)), list(range(-1, depth - 1)), [origin] * depth), list(range(accepted)), **kwargs)
+    policy.observe(DraftTree(list(range(depth)), list(range(-1, depth - 1)), [origin] * depth), list(range(accepted)),
+                   **kwargs)
 
 
 def test_relative_cost_interpolates_between_measured_sizes():

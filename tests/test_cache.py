@@ -8,13 +8,13 @@ import torch
 from conftest import TINY_FAMILIES, tiny_model
 from transformers import DynamicCache
 
+from specchat.drafters.glide.model import GlideConfig, GlideKV
+from specchat.drafters.longspec.model import RingKV
 from specchat.drafters.model.working_cache import WorkingCache
 from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.cache import Rollback, TreeCache
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
-from specchat.drafters.glide.model import GlideConfig, GlideKV
-from specchat.drafters.longspec.model import RingKV
 
 
 def fresh_kv(model, ids: list[int]):
@@ -133,7 +133,8 @@ def _ring():
 
 
 def _glide_kv():
-    kv = GlideKV(GlideConfig.for_target(tiny_model("llama").config), 16, dtype=torch.float32, device=torch.device("cpu"))
+    kv = GlideKV(GlideConfig.for_target(tiny_model("llama").config), 16, dtype=torch.float32,
+                 device=torch.device("cpu"))
     return kv, lambda start, count: kv.commit(start + count)  # the draft's forward writes the slots itself
 
 

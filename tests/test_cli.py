@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,10 +106,12 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("run", "hi", "--drafter", "none:./draft"), ("none drafter takes no checkpoint",)),
         (("run", "hi", "--drafter", "ngram:/no/such/answers"), ("/no/such/answers", "no such checkpoint directory")),
         (("run", "hi", "--drafter", "longspec:"), ("checkpoint directory after the colon",)),
-        (("run", "hi", "--drafter", "glide"), ("no published glide drafter", "it has: none, ngram, longspec", "glide:PATH")),
+        (("run", "hi", "--drafter", "glide"),
+         ("no published glide drafter", "it has: none, ngram, longspec", "glide:PATH")),
         (("run", "hi", "--drafter", "glide:/no/such/draft"), ("/no/such/draft", "no such checkpoint directory")),
         (("bench", "--drafter", "none,glide"), ("no published glide drafter",)),
-        (("run", "hi", "--drafter", "ngram", "--draft-cache", "streaming"), ("--draft-cache is for the longspec and model drafters, not ngram",)),
+        (("run", "hi", "--drafter", "ngram", "--draft-cache", "streaming"),
+         ("--draft-cache is for the longspec and model drafters, not ngram",)),
         (("run", "hi", "--drafter", "longspec", "--draft-cache", "lru"), ("unknown --draft-cache 'lru'", "retrieval")),
         (("bench", "--drafter", "ngram", "--draft-cache", "full"), ("--draft-cache is for",)),
         (("chat", "--drafter", "ngram", "--draft-cache", "full"), ("--draft-cache is for",)),
@@ -321,7 +323,8 @@ def test_train_refuses_bad_output_and_options_before_loading(monkeypatch, capfd)
     assert_one_line_error(result, "--out /dev/null exists and is not a directory")
     assert result.stdout.strip() == "False"
     for args, needle in [
-        (("train", "longspec", "--data", "/no/data", "--out", "/dev/null"), "--out /dev/null exists and is not a directory"),
+        (("train", "longspec", "--data", "/no/data", "--out", "/dev/null"),
+         "--out /dev/null exists and is not a directory"),
         (("train", "glide", "--data", "/no/data", "--out", "o", "--lr", "nan"), "--lr"),
         (("train", "model-drafter", "--data", "/no/data", "--out", "o", "--epochs", "inf"), "--epochs"),
     ]:
@@ -446,4 +449,5 @@ def test_slow_first_use_work_says_what_it_is_and_quick_work_says_nothing(monkeyp
             pass
     finally:
         first_use.tell(first_use._stderr)
-    assert lines == ["compiling the thing (once per machine) ...", "compiling the thing (once per machine): done in 0 s"]
+    assert lines == ["compiling the thing (once per machine) ...",
+                     "compiling the thing (once per machine): done in 0 s"]

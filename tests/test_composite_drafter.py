@@ -38,17 +38,17 @@ from test_longspec import generate, random_layer
 from test_sampling_verification import PROMPT, TOKENS, Target, exact_joint
 
 from specchat.drafters import DrafterChoice, build_drafter, parse_drafter, resolve_drafter
-from specchat.engine.drafter import DraftsAlone
 from specchat.drafters.composite import CompositeDrafter, matched_run, merge_trees
-from specchat.drafters.mode_choice import BOTH, FIRST_STEPS, SECOND, ModeChoice
 from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer, save_longspec
+from specchat.drafters.mode_choice import BOTH, FIRST_STEPS, SECOND, ModeChoice
 from specchat.drafters.ngram.drafter import NgramDrafter
+from specchat.engine.drafter import DraftsAlone
 from specchat.engine.events import COPY, TARGET
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
-from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer, save_longspec
 from specchat.profiles import load_profiles
 
 REPETITIVE = [5, 9, 12, 7, 5, 9, 12, 7, 5, 9, 12, 7, 5, 9]
@@ -584,7 +584,8 @@ def test_composites_parse_in_the_registry(tmp_path):
 
 
 def test_the_registry_imports_no_torch():
-    code = "import sys; from specchat.drafters import parse_drafter as p; p('longspec+ngram'); print('torch' in sys.modules)"
+    code = ("import sys; from specchat.drafters import parse_drafter as p; p('longspec+ngram'); "
+            "print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert result.stdout.strip() == "False"
 

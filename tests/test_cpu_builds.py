@@ -52,7 +52,8 @@ def test_gguf_kernels_equal_the_avx2_and_avx512_vnni_builds(isa, kind):
             assert torch.equal(mine, theirs), (unit_rows, rows)
 
 
-@pytest.mark.parametrize(("dtype", "kv_cache"), [(torch.float32, "auto"), (torch.bfloat16, "auto"), (torch.bfloat16, "int8")],
+@pytest.mark.parametrize(("dtype", "kv_cache"),
+                         [(torch.float32, "auto"), (torch.bfloat16, "auto"), (torch.bfloat16, "int8")],
                          ids=["fp32", "bf16", "int8"])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("context", [300, 301])  # bf16 value rows go in pairs: an odd prefix pairs with the tree
@@ -64,31 +65,34 @@ def test_attention_equals_the_avx2_build(avx2, dtype, kv_cache, head_dim, contex
     def random(*shape, scale=1.0):
         return (torch.randn(*shape, generator=generator) * scale).to(dtype)
 
-    weights = [(random((heads + 2 * kv_heads) * head_dim, hidden, scale=0.05), random(hidden, heads * head_dim, scale=0.05),
+    weights = [(random((heads + 2 * kv_heads) * head_dim, hidden, scale=0.05),
+                random(hidden, heads * head_dim, scale=0.05),
                 random(2 * intermediate, hidden, scale=0.05), random(hidden, intermediate, scale=0.05))
                for _ in range(layers)]  # fmt: skip
     keys = [random(kv_heads, context + 19, head_dim) for _ in range(layers)]
     values = [random(kv_heads, context + 19, head_dim) for _ in range(layers)]
     scales = None
     if kv_cache == "int8":  # random codes (keys -127..127 stored plus 128, as written) and scales over 320 slots
-        keys = [torch.randint(1, 256, (kv_heads, 320, head_dim), generator=generator, dtype=torch.uint8) for _ in range(layers)]
+        keys = [torch.randint(1, 256, (kv_heads, 320, head_dim), generator=generator, dtype=torch.uint8)
+                for _ in range(layers)]
         values = [torch.randint(-127, 128, (kv_heads, 320, head_dim), generator=generator, dtype=torch.int8)
                   for _ in range(layers)]  # fmt: skip
         scales = [torch.rand(kv_heads, 20, head_dim // 32 + 1, 16, generator=generator) * 0.02 for _ in range(layers)]
     inputs = {rows: random(rows, hidden) for rows in (1, 9)}
     outputs = []
-    for build in (cpu_decoder(), avx2):
-        def dense(w, build=build):
-            return build.Projection([build.Linear.dense(w, None)])
+    for native in (cpu_decoder(), avx2):
+        def dense(w, native=native):
+            return native.Projection([native.Linear.dense(w, None)])
 
         ones = torch.ones(hidden, dtype=dtype)
-        decoder = build.Decoder([build.Layer(dense(a), dense(b), dense(c), dense(d), ones, ones) for a, b, c, d in weights],
-                                ones, heads, kv_heads, head_dim, intermediate, 1e-6, head_dim**-0.5)  # fmt: skip
+        decoder = native.Decoder([native.Layer(dense(a), dense(b), dense(c), dense(d), ones, ones)
+                                  for a, b, c, d in weights],
+                                 ones, heads, kv_heads, head_dim, intermediate, 1e-6, head_dim**-0.5)  # fmt: skip
         outputs.append([
-            build.forward(decoder, x, torch.ones(rows, head_dim), torch.zeros(rows, head_dim), [k.clone() for k in keys],
-                          [v.clone() for v in values], context,
-                          None if rows == 1 else torch.tril(torch.ones(rows, rows, dtype=torch.bool)), False,
-                          scales and [s.clone() for s in scales])[0]
+            native.forward(decoder, x, torch.ones(rows, head_dim), torch.zeros(rows, head_dim),
+                           [k.clone() for k in keys], [v.clone() for v in values], context,
+                           None if rows == 1 else torch.tril(torch.ones(rows, rows, dtype=torch.bool)), False,
+                           scales and [s.clone() for s in scales])[0]
             for rows, x in inputs.items()
         ])  # fmt: skip
     tiles = "amx" in cpu_decoder().isa() and dtype == torch.bfloat16 and kv_cache == "auto"

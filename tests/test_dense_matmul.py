@@ -39,8 +39,9 @@ def lane_arithmetic(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return lanes[..., 0]
 
 
-@pytest.mark.parametrize(("x_dtype", "weight_dtype"), [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16),
-                                                      (torch.float32, torch.float16), (torch.float32, torch.float32)])
+@pytest.mark.parametrize(("x_dtype", "weight_dtype"),
+                         [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16),
+                          (torch.float32, torch.float16), (torch.float32, torch.float32)])
 @pytest.mark.parametrize(("out", "inputs"), [(16, 96), (149, 2112), (37, 64)])
 def test_the_product_is_its_lane_arithmetic_whatever_rows_share_it(out, inputs, x_dtype, weight_dtype, cpu_isa):
     generator = torch.Generator().manual_seed(out)

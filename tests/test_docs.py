@@ -21,7 +21,8 @@ def test_every_cited_benchmarks_section_exists():
     headings = {line.lstrip("#").strip() for line in BENCHMARKS.read_text().splitlines() if line.startswith("#")}
     cited = []
     for path in [*ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md"), *(ROOT / "profiles").glob("*.toml")]:
-        for match in re.finditer(r'benchmarks\.md`?,? "([^"]+)"', path.read_text().replace("\n# ", " ").replace("\n", " ")):
+        for match in re.finditer(r'benchmarks\.md`?,? "([^"]+)"',
+                                 path.read_text().replace("\n# ", " ").replace("\n", " ")):
             cited.append((path.name, match.group(1)))
     assert cited, "the pattern finds the citations"
     for name, title in cited:

@@ -30,7 +30,8 @@ def test_names_and_checkpoints_parse_in_one_place():
     assert NAMES == ("none", "ngram", "longspec", "glide", "tokenswift", "model", "eagle3")
     assert parse_drafter("ngram") == DrafterChoice("ngram")
     assert parse_drafter("longspec:~/draft") == DrafterChoice("longspec", Path("~/draft").expanduser())
-    with pytest.raises(SpecchatError, match="unknown drafter 'eagle'; available: none, ngram, longspec, glide, tokenswift, model, eagle3"):
+    with pytest.raises(SpecchatError, match="unknown drafter 'eagle'; available: none, ngram, longspec, glide, "
+                                            "tokenswift, model, eagle3"):
         parse_drafter("eagle")
     assert parse_drafter("ngram:x") == DrafterChoice("ngram", Path("x"))  # a table of answers (answer_store.py)
     with pytest.raises(SpecchatError, match="takes no checkpoint"):

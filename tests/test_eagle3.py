@@ -8,26 +8,26 @@ import random
 
 import pytest
 import torch
-from safetensors.torch import save_file
 from conftest import tiny_model
 from drafters_for_tests import random_eagle3 as random_draft
+from safetensors.torch import save_file
 from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _data_dir
 from tui_harness import tiny_loaded
 
 from specchat.drafters import build_drafter, parse_drafter
 from specchat.drafters.composite import CompositeDrafter
-from specchat.drafters.glide.drafter import GlideDrafter
-from specchat.drafters.glide.model import GlideConfig, GlideModel
-from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.eagle3.drafter import DraftKV, Eagle3Drafter
 from specchat.drafters.eagle3.model import Eagle3Draft, load_eagle3, save_eagle3
 from specchat.drafters.eagle3.objective import Eagle3Objective
 from specchat.drafters.eagle3.train import train_eagle3
+from specchat.drafters.glide.drafter import GlideDrafter
+from specchat.drafters.glide.model import GlideConfig, GlideModel
+from specchat.drafters.ngram.drafter import NgramDrafter
+from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
-from specchat.drafters.tree_rows import TreeRows
 from specchat.errors import SpecchatError
 from specchat.training.features import LayerFeatures, SampleLayers, target_layer_states
 from specchat.training.samples import Sample
@@ -89,7 +89,8 @@ def test_our_checkpoint_is_the_released_layout_and_loads_back(loaded, tmp_path):
 
 
 def _decode(engine, prompt, sampling, **options):
-    return [t for event in engine.generate(prompt, sampling=sampling, max_new_tokens=40, **options) for t in event.tokens]
+    return [t for event in engine.generate(prompt, sampling=sampling, max_new_tokens=40, **options)
+            for t in event.tokens]
 
 
 @pytest.mark.parametrize("prunes", [True, False], ids=["pruned", "as-on-a-gpu"])

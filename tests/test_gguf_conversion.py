@@ -6,8 +6,8 @@ naming why; its tokenizer encodes, decodes and templates chats as `AutoTokenizer
 from __future__ import annotations
 
 import numpy as np
-import torch
 import pytest
+import torch
 from gguf import GGUFWriter
 from gguf_files import llama3_frequency_factors, write_tiny_model
 

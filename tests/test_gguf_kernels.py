@@ -7,9 +7,9 @@ scale in float64 (the kernel's only rounding is its float accumulation), and to 
 unquantized x (int8 activations: llama.cpp's own precision for these types). Each row's result is bitwise
 the same alone, among 1..150 rows (past the 64 a pass over the weights takes), and on every code path
 (the best this machine has: AVX-512 VNNI where it has it, and AMX tiles for a dozen rows or more where it has
-those; AVX2; every row through its integer form, as a type without kernels of its own runs; the portable loops). Every type repacked in tiles of 8 rows or pairs of them
-(held in units of 8 or 16 rows) is held to the same, to each other bitwise, and to the row-at-a-time kernel's
-results within float rounding.
+those; AVX2; every row through its integer form, as a type without kernels of its own runs; the portable loops). Every
+type repacked in tiles of 8 rows or pairs of them (held in units of 8 or 16 rows) is held to the same, to each other
+bitwise, and to the row-at-a-time kernel's results within float rounding.
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def test_tile_rows_are_bitwise_independent_and_paths_and_units_agree(kind):
             assert torch.equal(together, tile_matmul(x, held, path=path)), (per_unit, path)
         # through the integer form a tile's rows are its blocks' rows: the file's form, bit for bit
         assert torch.equal(tile_matmul(x, held, path="unpacked"), rows_form), per_unit
-        spans = [(0, 1), (5, 1), (90, 3), (3, 4), (7, 5), (40, 6), (100, 7), (60, 4), (0, 9), (62, 5), (127, 23), (16, 15)]
+        spans = [(0, 1), (5, 1), (90, 3), (3, 4), (7, 5), (40, 6), (100, 7), (60, 4), (0, 9), (62, 5), (127, 23),
+                 (16, 15)]
         for first, count in spans:
             assert torch.equal(tile_matmul(x[first : first + count], held), together[first : first + count])
 

@@ -20,16 +20,16 @@ from specchat.architectures import parts
 from specchat.architectures.rope import rope_of_frequency_factors
 from specchat.bench.bandwidth import weight_bytes
 from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
 from specchat.drafters.model.model import load_draft_model
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
+from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads
 from specchat.engine.generate import Engine
-from specchat.engine.torch_decoder import TorchDecoder
 from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.torch_decoder import TorchDecoder
 from specchat.errors import SpecchatError
 from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, load_model
-from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
-from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 
 GREEDY = SamplingConfig(suppress=(2,))
@@ -317,8 +317,8 @@ def test_verify_cost_of_a_real_model_through_the_engine(tiny_gguf):
 def test_the_real_qwen_coder_files_keep_their_output():
     """Qwen2.5-Coder-1.5B Q4_K_M (Q4_K, Q6_K) as target, its 0.5B (mostly Q5_0, a Q8_0 head) as draft, and the
     TokenSwift heads, LongSpec and GLIDE drafts shipped for it: output with each drafter equals autoregressive
-    decoding, greedy and seeded sampling at the model card's settings. Needs the real files (`specchat models` says where they go); CI has
-    none."""
+    decoding, greedy and seeded sampling at the model card's settings. Needs the real files (`specchat models` says
+    where they go); CI has none."""
     from specchat.drafters import build_drafter, parse_drafter, resolve_drafter
     from specchat.engine.prompt import encode_prompt
     from specchat.loading import profile_gguf
@@ -333,7 +333,8 @@ def test_the_real_qwen_coder_files_keep_their_output():
     assert engine.eos_ids == {151643, 151645}  # <|endoftext|> and <|im_end|>, as the model's own repo lists them
     sampled = SamplingConfig(temperature=0.7, top_p=0.8, top_k=20, seed=3)
     expected = {sampling: generate(engine, prompt, 32, sampling) for sampling in (GREEDY, sampled)}
-    for name in ("ngram", "model", "tokenswift", "tokenswift+ngram", "longspec", "longspec+ngram", "glide", "glide+ngram"):
+    for name in ("ngram", "model", "tokenswift", "tokenswift+ngram", "longspec", "longspec+ngram", "glide",
+                 "glide+ngram"):
         choice = resolve_drafter(parse_drafter(name), loaded.source.profile, loaded.source.name)
         engine.set_drafter(build_drafter(choice, engine.target), 4)
         for sampling, tokens in expected.items():

@@ -48,7 +48,8 @@ def named_gguf(tmp_path_factory):
 
 
 def test_the_header_is_read_up_to_its_general_fields(named_gguf, tmp_path):
-    assert general_fields(named_gguf) == {"general.architecture": "qwen2", "general.name": "Qwen2.5 Coder 1.5B Instruct"}
+    assert general_fields(named_gguf) == {"general.architecture": "qwen2",
+                                          "general.name": "Qwen2.5 Coder 1.5B Instruct"}
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(named_gguf.read_bytes()[:40])  # a header cut short: no fields, no profile, no error
     assert general_fields(cut) == {} and resolve_model(str(cut)).profile is None

@@ -23,13 +23,13 @@ from conftest import tiny_model
 from safetensors import safe_open
 from torch import nn
 
+from specchat.drafters.checkpoint import write_checkpoint
 from specchat.drafters.glide.drafter import CAPE_BINS, GlideDrafter, build
+from specchat.drafters.glide.model import GlideConfig, GlideKV, GlideModel, load_glide, save_glide
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT
 from specchat.errors import SpecchatError
-from specchat.drafters.checkpoint import write_checkpoint
-from specchat.drafters.glide.model import GlideConfig, GlideKV, GlideModel, load_glide, save_glide
 
 GREEDY = SamplingConfig()
 VOCAB = 1024

@@ -1,4 +1,5 @@
-"""GBNF grammars and regular expressions: the text is one the grammar derives, and speculation keeps it exactly what constrained decoding gives.
+"""GBNF grammars and regular expressions: the text is one the grammar derives, and speculation keeps it exactly what
+constrained decoding gives.
 
 - the format reads as llama.cpp reads it (literals, sets, `.`, groups, the repetitions, escapes, comments, rules
   over lines), and a grammar it cannot hold is refused in one line naming the line or rule;

@@ -36,7 +36,8 @@ PERSON = {
     "type": "object", "title": "Person", "required": ["name", "age", "pets", "nick"],
     "properties": {"name": {"type": "string", "description": "a name"}, "age": {"type": "integer"},
                    "pets": {"type": "array", "items": {"$ref": "#/$defs/Pet"}}, "nick": {"type": ["string", "null"]},
-                   "score": {"type": "number"}, "ok": {"type": "boolean"}, "born": {"type": "string", "format": "date"}},
+                   "score": {"type": "number"}, "ok": {"type": "boolean"},
+                   "born": {"type": "string", "format": "date"}},
 }  # fmt: skip
 VALID = [
     {"name": "Ann", "age": 31, "pets": [], "nick": None},
@@ -192,7 +193,8 @@ def test_a_schema_state_mask_is_every_token_the_automaton_takes(schema, options,
 
 VOCAB = 1024
 SMALL = {"type": "object", "required": ["a", "b"], "properties": {
-    "a": {"type": "array", "items": {"type": "string"}}, "b": {"type": "integer"}, "c": {"enum": [True, "x"]}}}  # fmt: skip
+    "a": {"type": "array", "items": {"type": "string"}}, "b": {"type": "integer"},
+    "c": {"enum": [True, "x"]}}}  # fmt: skip
 
 
 @pytest.mark.parametrize(("family", "seed", "budget"), [("llama", 2, 4), ("qwen2", 3, 16)])
@@ -232,8 +234,8 @@ def test_run_schema(tmp_path):
     path = tmp_path / "schema.json"
     path.write_text(json.dumps({"type": "object", "required": ["colour", "sweet"], "properties": {
         "colour": {"enum": ["red", "green", "yellow"]}, "sweet": {"type": "boolean"}}}))  # fmt: skip
-    result = specchat("run", "Describe a ripe banana.", "--schema", str(path), "--json", "-n", "40", "--temperature", "0",
-                      warm=True)  # fmt: skip
+    result = specchat("run", "Describe a ripe banana.", "--schema", str(path), "--json", "-n", "40", "--temperature",
+                      "0", warm=True)  # fmt: skip
     report = json.loads(result.stdout)
     value = json.loads(report["text"])
     assert report["finish_reason"] == "eos" and value["colour"] in ("red", "green", "yellow")

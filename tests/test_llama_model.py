@@ -10,9 +10,9 @@ import sys
 
 import pytest
 import torch
+from gguf_files import llama3_frequency_factors, write_tiny_model
 from transformers import AutoConfig
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
-from gguf_files import llama3_frequency_factors, write_tiny_model
 
 from specchat.architectures import parts
 from specchat.architectures.llama_model import CausalLM

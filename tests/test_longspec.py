@@ -21,14 +21,14 @@ from conftest import tiny_model
 from test_model_drafter import small_policy
 from test_sampling_verification import CONFIGS, PROMPT, SAMPLES, TOKENS, Target, exact_joint
 
+from specchat.drafters.checkpoint import write_checkpoint
+from specchat.drafters.draft_layers import rotate
 from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer, load_longspec, save_longspec
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_chat
 from specchat.engine.sampling import SamplingConfig
 from specchat.errors import SpecchatError
-from specchat.drafters.checkpoint import write_checkpoint
-from specchat.drafters.draft_layers import rotate
-from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer, load_longspec, save_longspec
 
 
 def random_layer(model, *, seed: int = 0, **changes) -> LongSpecLayer:
@@ -153,7 +153,8 @@ def _dense_root_output(engine, layer, ids, window):
     keys, values = layer.own_kv(x, cos, sin)
     h = layer.input_layernorm(x[-1:])
     q = rotate(layer._heads(layer.self_attn.q_proj(h), layer.config.num_attention_heads), cos[-1:], sin[-1:])
-    attended = F.scaled_dot_product_attention(q[None], keys[None, :, -window:], values[None, :, -window:], enable_gqa=True)[0]
+    attended = F.scaled_dot_product_attention(q[None], keys[None, :, -window:], values[None, :, -window:],
+                                              enable_gqa=True)[0]
     x_root = x[-1:] + layer.self_attn.o_proj(layer._merge(attended))
     target_layer = engine.cache.layers[-1]
     h = layer.post_self_attention_layernorm(x_root)

@@ -25,16 +25,16 @@ from specchat.drafters.cache_policy import (
     recent_chunks,
     target_attention,
 )
-from specchat.drafters.model.dynamic_tree import CHILDREN, grow_tree
+from specchat.drafters.draft_layers import rotate
 from specchat.drafters.model.drafter import ModelDrafter
+from specchat.drafters.model.dynamic_tree import CHILDREN, grow_tree
+from specchat.drafters.model.model import DraftModel, check_tokenizers, load_draft_model, student_from_target
 from specchat.drafters.model.working_cache import WorkingCache
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT
 from specchat.errors import SpecchatError
-from specchat.drafters.model.model import DraftModel, check_tokenizers, load_draft_model, student_from_target
-from specchat.drafters.draft_layers import rotate
 
 VOCAB = 96
 
@@ -62,7 +62,8 @@ def small_policy(name: str, engine: Engine):
 def test_each_cache_policy_is_lossless(model, tokenizer, policy, sampling):
     prompt = torch.randint(3, VOCAB, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     expected = [t for e in Engine(model, tokenizer, max_len=400).generate(prompt, sampling=sampling, max_new_tokens=80,
-                                                                        reproducible=True) for t in e.tokens]  # fmt: skip
+                                                                        reproducible=True)
+                for t in e.tokens]  # fmt: skip
     engine = Engine(model, tokenizer, max_len=400)
     drafter = ModelDrafter(engine.target, DraftModel(student_from_target(model, 2), student=True))
     drafter.use_cache_policy(small_policy(policy, engine))
@@ -183,7 +184,8 @@ def test_a_draft_models_tokenizer_must_be_the_targets(tokenizer, tmp_path):
     check_tokenizers(grown, tokenizer, "grown")
     check_tokenizers(tokenizer, grown, "shrunk")
     grown.add_tokens([f"<extra-{i}>" for i in range(128)])
-    with pytest.raises(SpecchatError, match=f"'grown' has {len(tokenizer) + 129} tokens; the target's tokenizer has {len(tokenizer)}"):
+    with pytest.raises(SpecchatError, match=f"'grown' has {len(tokenizer) + 129} tokens; "
+                                            f"the target's tokenizer has {len(tokenizer)}"):
         check_tokenizers(grown, tokenizer, "grown")
     saved = json.loads((tmp_path / "grown" / "tokenizer.json").read_text())
     vocab = saved["model"]["vocab"]
@@ -209,7 +211,8 @@ def needle_prompt(tokenizer) -> tuple[list[int], list[int]]:
 
     document = "\n\n".join(topics[name] for name in sorted(topics))[:9000]
     fact = "\n\nThe password of the archive server is TULIP-4471-ORBIT.\n\n"
-    text = f"{document[2600:3000]}{fact}{document[3000:4100]}\n\nWhat is the password of the archive server? Answer with the password only."
+    text = (f"{document[2600:3000]}{fact}{document[3000:4100]}\n\n"
+            "What is the password of the archive server? Answer with the password only.")
     return encode_prompt(tokenizer, text), tokenizer(" TULIP-4471-ORBIT", add_special_tokens=False).input_ids
 
 
@@ -270,7 +273,8 @@ def test_a_draft_listing_fewer_or_more_tokens_than_its_target_keeps_the_output_e
     from specchat.loading import embedded_gguf_path, load_model
 
     paths = {role: write_tiny_model(tmp_path / f"{role}.gguf", embedded_gguf_path(),
-                                    padded_vocab=64 if role == padded else 0) for role in ("target", "draft")}  # fmt: skip
+                                    padded_vocab=64 if role == padded else 0)
+             for role in ("target", "draft")}  # fmt: skip
     loaded = load_model(str(paths["target"]))
     draft = load_draft_model(str(paths["draft"]), loaded.model, loaded.tokenizer)
     sizes = sorted((loaded.model.config.vocab_size, draft.model.config.vocab_size))

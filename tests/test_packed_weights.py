@@ -21,14 +21,14 @@ from test_longspec import generate, random_layer
 from test_tokenswift_drafter import random_heads
 from torch import nn
 
-from specchat.drafters.glide.drafter import GlideDrafter
-from specchat.drafters.longspec.drafter import LongSpecDrafter
-from specchat.engine.generate import Engine
 from specchat.drafters.checkpoint import WEIGHTS, pack_checkpoint
+from specchat.drafters.glide.drafter import GlideDrafter
 from specchat.drafters.glide.model import load_glide, save_glide
+from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.drafters.longspec.model import load_longspec, save_longspec
 from specchat.drafters.packed_weights import pack, unpack
 from specchat.drafters.tokenswift.model import load_heads, save_heads
+from specchat.engine.generate import Engine
 from specchat.quant.quantize import quantize_linear
 
 PROMPT = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7]
@@ -98,7 +98,8 @@ def test_packed_tokenswift_heads_load_as_their_unpacked_weights(tmp_path):
     heads = random_heads(model)
     save_heads(tmp_path / "heads", heads)
     stored = unpack(pack(load_heads(tmp_path / "heads").state_dict()))
-    assert _packed(tmp_path / "heads", "heads.safetensors") < 0.5  # the tiny heads' norms weigh as much as their linears
+    # the tiny heads' norms weigh as much as their linears
+    assert _packed(tmp_path / "heads", "heads.safetensors") < 0.5
     for name, tensor in load_heads(tmp_path / "heads").state_dict().items():
         assert torch.equal(tensor, stored[name]), name
 

@@ -113,7 +113,8 @@ def test_speculative_equals_autoregressive_on_the_quantized_model(prompt, quanti
     ids = encode_prompt(quantized_model.tokenizer, prompt)
     reference = _greedy(quantized_model, ids)
     assert _greedy(quantized_model, ids, NgramDrafter(), 8) == reference
-    assert _greedy(quantized_model, ids, RandomTreeDrafter(vocab_size=49152, seed=5, reference=ids + reference, p_correct=0.7), 16) == reference
+    assert _greedy(quantized_model, ids, RandomTreeDrafter(vocab_size=49152, seed=5, reference=ids + reference,
+                                                           p_correct=0.7), 16) == reference
 
 
 @pytest.mark.slow
@@ -122,7 +123,8 @@ def test_speculative_equals_autoregressive_past_the_canonical_split(quantized_mo
     ids = encode_prompt(quantized_model.tokenizer, " ".join(["The keeper climbed the stairs at dusk."] * 30))
     assert len(ids) > 256
     reference = _greedy(quantized_model, ids, n=48)
-    assert _greedy(quantized_model, ids, RandomTreeDrafter(vocab_size=49152, seed=2, reference=ids + reference, p_correct=0.7), 32, n=48) == reference
+    assert _greedy(quantized_model, ids, RandomTreeDrafter(vocab_size=49152, seed=2, reference=ids + reference,
+                                                           p_correct=0.7), 32, n=48) == reference
 
 
 def test_quantize_a_tiny_llama(tokenizer):

@@ -118,7 +118,8 @@ def engine_eos(model, tokenizer) -> set[int]:
     return set(Engine(model, tokenizer, max_len=64).eos_ids)
 
 
-def engine_counts(model, tokenizer, drafter, sampling: SamplingConfig, reproducible: bool = False) -> tuple[Counter, int]:
+def engine_counts(model, tokenizer, drafter, sampling: SamplingConfig,
+                  reproducible: bool = False) -> tuple[Counter, int]:
     """Outputs of SAMPLES generations with seeds 0, 1, ... on one engine, and how many drafted tokens
     they contain."""
     engine = Engine(model, tokenizer, max_len=64, drafter=drafter, draft_budget=BUDGET)

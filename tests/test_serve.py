@@ -27,7 +27,8 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 class Server:
     def __init__(self, *args: str):
         self.process = subprocess.Popen([sys.executable, "-m", "specchat", "serve", "--port", "0", *args],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                        env=ENV)  # fmt: skip
         self.lines = []
         while "listening on" not in (line := self._line()):
             assert line, f"the server ended before listening: {self.lines}"
@@ -261,8 +262,8 @@ def test_tokenize_and_detokenize_in_both_servers_shapes(server, tokenizer):
     context's size); ids back to text under both names."""
 
     def post(path: str, body: dict) -> httpx.Response:
-        return httpx.post(f"http://127.0.0.1:{server.port}{path}", json=body, headers={"Authorization": f"Bearer {KEY}"},
-                          timeout=60)  # fmt: skip
+        return httpx.post(f"http://127.0.0.1:{server.port}{path}", json=body,
+                          headers={"Authorization": f"Bearer {KEY}"}, timeout=60)  # fmt: skip
 
     text = "Hello, wörld!"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -305,6 +306,7 @@ def test_conversations_reusing_their_cached_prefixes_answer_as_prompts_prefilled
         whole.wait_ready()
         assert server.health()["prompt_cache"] is True and whole.health()["prompt_cache"] is False
         conversation = list(COLOURS)
+        previous_prompt = 0
         for turn, question in enumerate(["And three more?", "Which of them is the darkest?", None]):
             reply = server.client().chat.completions.create(model=MODEL, messages=conversation, temperature=0,
                                                             max_tokens=24)  # fmt: skip
@@ -471,8 +473,8 @@ def test_bad_requests_get_openai_errors_and_change_nothing(server):
         (("POST", "/v1/chat/completions"), {"body": {**good, "n": 0}}, 400, "n"),
         (("POST", "/v1/completions"), {"body": {"prompt": ["a", "b"]}}, 400, "prompt"),
         (("POST", "/v1/chat/completions"), {"raw": json.dumps({**good, "pad": "x" * 60_000}).encode()}, 413, None),
-        (("POST", "/v1/chat/completions"), {"body": {**good, "messages": [{"role": "user", "content": "word " * 1100}]}},
-         400, "messages"),
+        (("POST", "/v1/chat/completions"),
+         {"body": {**good, "messages": [{"role": "user", "content": "word " * 1100}]}}, 400, "messages"),
         (("POST", "/v1/chat/completions"), {"body": {**good, "speculative": 5}}, 400, "speculative"),
         (("POST", "/v1/chat/completions"), {"body": {**good, "speculative": {"drafter": "eagle3"}}}, 400,
          "speculative.drafter"),
@@ -537,7 +539,8 @@ def bad_inputs() -> list[tuple[str, str, dict]]:
               for name, value in [("echo", "yes"), ("suffix", "x"), ("best_of", 2), ("max_tokens", -5)]]  # fmt: skip
     cases += [("POST", "/v1/chat/completions", {"body": {**chat_body, "max_tokens": 4, "max_completion_tokens": 4}})]
     cases += [("POST", "/v1/chat/completions", {"raw": raw}) for raw in
-              [b"", b"{not json", b"[1, 2]", b'"text"', b"null", b"\xff\xfe", b'{"model": "' + b"x" * 10 + b'"', b"123"]]
+              [b"", b"{not json", b"[1, 2]", b'"text"', b"null", b"\xff\xfe", b'{"model": "' + b"x" * 10 + b'"',
+               b"123"]]
     cases += [("POST", "/v1/chat/completions", {"body": {**chat_body, "model": "gpt-4o"}}),
               ("POST", "/v1/chat/completions", {"body": chat_body, "key": None}),
               ("POST", "/v1/chat/completions", {"body": chat_body, "key": "sk-wrong"}),
@@ -546,7 +549,8 @@ def bad_inputs() -> list[tuple[str, str, dict]]:
               ("GET", "/v1/models/gpt-4o", {}),
               ("GET", "/v1/embeddings", {}), ("POST", "/v1/embeddings", {"body": {}}),
               ("GET", "/v1/chat/completions", {}), ("DELETE", "/v1/models", {}), ("PUT", "/v1/completions", {}),
-              ("POST", "/v1/chat/completions", {"raw": json.dumps({**chat_body, "pad": "x" * 60_000}).encode()})]  # fmt: skip
+              ("POST", "/v1/chat/completions",
+               {"raw": json.dumps({**chat_body, "pad": "x" * 60_000}).encode()})]  # fmt: skip
     return cases
 
 

@@ -7,7 +7,11 @@ import pytest
 from specchat.answer_format import AnswerFormat
 from specchat.fill_in_middle import Infill
 from specchat.server.requests import (
-    RequestError, chat_request, detokenize_request, text_request, tokenize_request,
+    RequestError,
+    chat_request,
+    detokenize_request,
+    text_request,
+    tokenize_request,
 )  # fmt: skip
 
 HI = [{"role": "user", "content": "Hi"}]

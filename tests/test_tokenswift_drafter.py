@@ -19,15 +19,14 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
-from test_speculative import run
 
+from specchat.drafters.tokenswift.drafter import KV_BUDGET, TokenSwiftDrafter, _product, _tree, build
+from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, save_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import SINKS, PartialKV
-from specchat.drafters.tokenswift.drafter import KV_BUDGET, TokenSwiftDrafter, _product, _tree, build
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import DraftTree
-from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, save_heads
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.quantize import quantize_model
 
@@ -138,7 +137,8 @@ def test_tree_is_1_3_3_3_with_ngram_chains():
 def test_tree_without_the_draft_forward_is_3_3_3_below_the_root():
     table = NgramTable(lag=0)
     table.add([10, 50, 51, 52, 7, 10, 50, 51, 52, 7, 10])
-    tree = _tree(_product(HEADS_VALUES, HEADS_TOKENS, (), 1.0), table, 64, "tokenswift", start=10, below=(), below_p=1.0)
+    tree = _tree(_product(HEADS_VALUES, HEADS_TOKENS, (), 1.0), table, 64, "tokenswift", start=10, below=(),
+                 below_p=1.0)
     paths = {tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))}
     assert sum(o == "tokenswift" for o in tree.origins) == 3 + 9 + 27
     assert {p for p in paths if len(p) == 1} == {(21,), (31,), (41,), (50,)}
@@ -198,7 +198,8 @@ def chain_heads(model) -> TokenSwiftHeads:
 def test_tokenswift_output_equals_autoregressive(model, tokenizer, forward, kv_budget, heads, sampling):
     prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
     expected = [t for e in Engine(model, tokenizer, max_len=400).generate(prompt, sampling=sampling, max_new_tokens=160,
-                                                                        reproducible=True) for t in e.tokens]  # fmt: skip
+                                                                        reproducible=True)
+                for t in e.tokens]  # fmt: skip
     engine = Engine(model, tokenizer, max_len=400)
     drafter = TokenSwiftDrafter(engine.target, heads(model), kv_budget=kv_budget, forward=forward, lag=16)
     engine.set_drafter(drafter, 24)
@@ -224,7 +225,8 @@ def drafter_after_a_prompt(model, tokenizer, heads: TokenSwiftHeads, forward: bo
 def test_heads_draft_only_inside_their_vocabulary(model, tokenizer, forward):
     drafter = drafter_after_a_prompt(model, tokenizer, vocab_heads(model), forward)
     tree = drafter.propose(40, SamplingConfig())
-    heads_tokens = [t for t, o, d in zip(tree.tokens, tree.origins, tree.depths) if o == "tokenswift" and (d > 1 or not forward)]
+    heads_tokens = [t for t, o, d in zip(tree.tokens, tree.origins, tree.depths)
+                    if o == "tokenswift" and (d > 1 or not forward)]
     assert len(heads_tokens) >= 27 and all(t % 2 == 0 for t in heads_tokens)
 
 

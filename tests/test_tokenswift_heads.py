@@ -17,9 +17,6 @@ from test_train_longspec import _data_dir
 from tui_harness import tiny_loaded
 
 import specchat.drafters.tokenswift.model as tokenswift
-from specchat.engine.generate import Engine
-from specchat.engine.sampling_config import SamplingConfig
-from specchat.errors import SpecchatError
 from specchat.drafters.tokenswift.model import (
     TokenSwiftConfig,
     TokenSwiftHeads,
@@ -28,10 +25,13 @@ from specchat.drafters.tokenswift.model import (
     read_published_heads,
     save_heads,
 )
-from specchat.training.features import HiddenFeatures, target_features, target_hidden
-from specchat.training.samples import Sample
 from specchat.drafters.tokenswift.objective import TokenSwiftObjective, head_labels
 from specchat.drafters.tokenswift.train import BETAS, train_tokenswift
+from specchat.engine.generate import Engine
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.errors import SpecchatError
+from specchat.training.features import HiddenFeatures, target_features, target_hidden
+from specchat.training.samples import Sample
 from specchat.training.trainer import STATE, TrainRecipe, learning_rate, train
 
 
@@ -89,7 +89,8 @@ def test_chained_heads_read_the_token_the_head_before_guessed_as_written_by_hand
     x, root, chain = torch.randn(5, 16), torch.randn(5, 16), torch.randn(2, 5, 16)
 
     def mixed(block, state, token):
-        both = torch.cat([rms_norm(state, block.state_norm.weight, 1e-5), rms_norm(token, block.token_norm.weight, 1e-5)], -1)
+        both = torch.cat([rms_norm(state, block.state_norm.weight, 1e-5),
+                          rms_norm(token, block.token_norm.weight, 1e-5)], -1)
         return state + F.silu(both @ block.up.weight.T) @ block.down.weight.T
 
     h, expected = mixed(heads.root_input, x, root), []
@@ -271,7 +272,8 @@ def test_our_checkpoint_round_trips_in_bf16(tmp_path, loaded):
     rooted = random_heads(hidden=64, root_input=True)
     save_heads(tmp_path / "rooted", rooted)
     back = load_heads(tmp_path / "rooted", dtype=torch.float32)
-    assert back.config.root_input and torch.equal(back.root_input.up.weight, rooted.root_input.up.weight.bfloat16().float())
+    assert back.config.root_input and torch.equal(back.root_input.up.weight,
+                                                  rooted.root_input.up.weight.bfloat16().float())
 
 
 def test_checkpoint_errors_are_one_line(tmp_path, loaded):
@@ -378,7 +380,8 @@ def test_heads_with_root_input_learn_what_only_the_root_tells():
     def text(g: torch.Generator) -> list[int]:
         ids = [int(torch.randint(vocab, (1,), generator=g))]
         while len(ids) < length:
-            ids.append(int(follow[ids[-1]]) if torch.rand(1, generator=g) < 0.9 else int(torch.randint(vocab, (1,), generator=g)))
+            ids.append(int(follow[ids[-1]]) if torch.rand(1, generator=g) < 0.9
+                       else int(torch.randint(vocab, (1,), generator=g)))
         return ids
 
     configs = {root_input: TokenSwiftConfig(hidden, 1e-5, root_input=root_input) for root_input in (False, True)}
@@ -454,7 +457,8 @@ def test_heads_trained_from_a_checkpoint_keep_its_vocabulary_and_start_as_it_was
                                init=tmp_path / "first")  # fmt: skip
     assert summary["chain_input"] and summary["loss_vocab"] == 8192  # the first run's vocabulary, not --vocab's
     chained = load_heads(tmp_path / "chained")
-    assert chained.config.chain_input and chained.config.root_input and torch.equal(chained.draft_vocab, first.draft_vocab)
+    assert (chained.config.chain_input and chained.config.root_input
+            and torch.equal(chained.draft_vocab, first.draft_vocab))
     assert all(block.down.weight.abs().sum() > 0 for block in chained.chain_inputs)
     fresh = TokenSwiftHeads(chained.config, draft_vocab=first.draft_vocab)
     fresh.load_state_dict(first.state_dict(), strict=False)
@@ -500,5 +504,6 @@ def test_a_published_model_is_fetched_only_as_far_as_it_holds_heads(tmp_path):
     def offline(repo, filename):
         raise LocalEntryNotFoundError(filename)
 
-    with pytest.raises(SpecchatError, match="^the TokenSwift heads of TokenSwift/x are not cached and this machine is offline$"):
+    with pytest.raises(SpecchatError,
+                       match="^the TokenSwift heads of TokenSwift/x are not cached and this machine is offline$"):
         download_heads("TokenSwift/x", offline)

@@ -20,12 +20,11 @@ import json
 import numpy as np
 import openai
 import pytest
-import torch
 from conftest import tiny_model
 from drafters_for_tests import RandomTreeDrafter
 from starlette.testclient import TestClient
 
-from specchat.constraints import JsonSchema, Vocabulary, vocabulary_bytes
+from specchat.constraints import JsonSchema, vocabulary_bytes
 from specchat.constraints.token_masks import feed_bytes
 from specchat.constraints.tool_call_text import CALL
 from specchat.engine.generate import Engine

@@ -9,20 +9,20 @@ import textwrap
 import pytest
 import torch
 from safetensors import safe_open
-from test_train_longspec import _objective as longspec_objective
 from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _data_dir
+from test_train_longspec import _objective as longspec_objective
 from tui_harness import tiny_loaded
 
 from specchat.drafters.glide.drafter import build
+from specchat.drafters.glide.model import GlideConfig, GlideModel
+from specchat.drafters.glide.objective import BLOCK, GlideObjective
+from specchat.drafters.glide.train import train_glide
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
-from specchat.drafters.glide.model import GlideConfig, GlideModel
 from specchat.training.features import SampleFeatures, target_features
-from specchat.drafters.glide.objective import BLOCK, GlideObjective
 from specchat.training.indices import block_lag_visibility
 from specchat.training.samples import Sample
-from specchat.drafters.glide.train import train_glide
 from specchat.training.trainer import TrainRecipe, train
 
 

@@ -11,19 +11,19 @@ import torch
 from test_cli import assert_one_line_error, specchat_in_process
 from tui_harness import tiny_loaded
 
+from specchat.drafters.draft_layers import rotate
 from specchat.drafters.longspec.drafter import build
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
+from specchat.drafters.longspec.objective import LongSpecObjective
+from specchat.drafters.longspec.train import train_longspec
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.errors import SpecchatError
-from specchat.drafters.draft_layers import rotate
-from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
 from specchat.training.data import read_records
 from specchat.training.features import SampleFeatures, target_features
 from specchat.training.lag_evaluation import chain_accepted
-from specchat.drafters.longspec.objective import LongSpecObjective
 from specchat.training.pipeline import quiet_stage
 from specchat.training.samples import Sample, fingerprint, sample_of, samples_of
-from specchat.drafters.longspec.train import train_longspec
 from specchat.training.trainer import STATE, TrainRecipe, learning_rate, train
 from specchat.training.training_set import TrainingSet
 
@@ -110,7 +110,8 @@ def test_a_row_never_sees_target_kv_inside_its_lag(loaded):
         torch.testing.assert_close(objective._forward(sample, SampleFeatures(keys, later, labels), positions, pad), out)
         seen = values.clone()
         seen[:, 15 - pad] += 5.0  # seen by the last row only
-        changed = (objective._forward(sample, SampleFeatures(keys, seen, labels), positions, pad) - out).abs().sum(-1) > 0
+        changed = ((objective._forward(sample, SampleFeatures(keys, seen, labels), positions, pad) - out)
+                   .abs().sum(-1) > 0)
         assert changed.nonzero().flatten().tolist() == [15]
 
 

@@ -19,15 +19,15 @@ from test_train_glide import real_text_samples
 from test_train_longspec import _record
 from tui_harness import tiny_loaded
 
+from specchat.drafters.model.model import load_draft_model, save_student
+from specchat.drafters.model.objective import ModelDrafterObjective
+from specchat.drafters.model.train import train_model_drafter, trainable_student
 from specchat.engine.generate import Engine
 from specchat.errors import SpecchatError
-from specchat.drafters.model.model import load_draft_model, save_student
 from specchat.quant.quantize import quantize_model
 from specchat.training.features import target_features
 from specchat.training.lag_evaluation import CHAIN_DEPTH, answer_rows
-from specchat.drafters.model.objective import ModelDrafterObjective
 from specchat.training.samples import Sample
-from specchat.drafters.model.train import train_model_drafter, trainable_student
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet
 

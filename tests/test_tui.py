@@ -547,7 +547,8 @@ async def test_a_context_past_the_window_is_said_with_the_ready_line(tiny):
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         assert app.session._engine().capacity <= window
-        assert any(f"--context {window * 2} holds {window} tokens, the model's window (--yarn F" in n for n in note_lines(app))
+        assert any(f"--context {window * 2} holds {window} tokens, the model's window (--yarn F" in n
+                   for n in note_lines(app))
 
 
 async def test_a_printable_key_after_escape_returns_to_the_input(tiny):

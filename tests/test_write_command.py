@@ -184,7 +184,8 @@ def test_bad_input_is_one_line_and_loses_nothing(tmp_path, monkeypatch, capfd):
         (("--kv-cache", "q4"), "invalid --kv-cache 'q4'; use auto, int8"),
         (("--drafter", "psychic"), "unknown drafter"),
         (("--drafter", "ngram", "--no-draft-forward"), "--draft-forward is for the tokenswift drafter, not ngram"),
-        (("--drafter", "tokenswift", "--draft-kv-budget", "64", "--no-draft-forward"), "which --no-draft-forward leaves out"),
+        (("--drafter", "tokenswift", "--draft-kv-budget", "64", "--no-draft-forward"),
+         "which --no-draft-forward leaves out"),
     ]:
         assert_one_line_error(write("--out", str(tmp_path / "new.txt"), *args), needle)
     assert not (tmp_path / "new.txt").exists()
@@ -197,7 +198,8 @@ def test_a_path_that_cannot_take_a_book_is_refused_before_loading(tmp_path):
     for args, needle in [
         (("--out", str(existing)), "exists; --resume continues it, --force overwrites it"),
         (("--out", "/dev/full", "--force"), "/dev/full is not a regular file"),
-        (("--out", str(tmp_path / "missing" / "dir" / "book.txt")), f"the directory {tmp_path}/missing/dir does not exist"),
+        (("--out", str(tmp_path / "missing" / "dir" / "book.txt")),
+         f"the directory {tmp_path}/missing/dir does not exist"),
         (("--out", str(tmp_path)), "is a directory"),
     ]:
         result = refused_before_loading("write", *args)

@@ -30,8 +30,8 @@ from specchat.engine.tree import ROOT, TreeBuilder
 from specchat.errors import SpecchatError
 from specchat.writer import write as write_module
 from specchat.writer.book import Book, ids_path, state_path
-from specchat.writer.start import fit_window
 from specchat.writer.settings import BookSettings, check_same, prompt_digest
+from specchat.writer.start import fit_window
 from specchat.writer.write import write_book
 
 VOCAB = 64
@@ -48,7 +48,8 @@ def model():
 
 
 def settings(engine: Engine, **sampling) -> BookSettings:
-    values = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, min_p_keep=1, penalty=1.0, penalty_window=1024, seed=7)
+    values = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, min_p_keep=1, penalty=1.0, penalty_window=1024,
+                  seed=7)
     values.update(sampling)
     return BookSettings(model="tiny", weights="fp32", dtype="float32", kv_cache="auto", yarn=None,
                         prompt_sha256=prompt_digest(PROMPT), prompt_tokens=len(PROMPT), **values, stop_at_eos=False,

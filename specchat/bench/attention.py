@@ -39,7 +39,6 @@ from specchat.engine.timing import Timer
 from specchat.engine.tree import tree_batch
 from specchat.errors import SpecchatError, first_line
 
-
 # Spec-sheet HBM bandwidth (bytes/s) by a substring of torch.cuda.get_device_name; the first match wins.
 PEAK_BANDWIDTH = (
     ("GH200", 4.0e12),

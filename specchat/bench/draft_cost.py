@@ -17,15 +17,15 @@ import torch
 from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.synthetic import WARMUP, check_contexts, check_range, significant
 from specchat.bench.verify_cost import fill_cache
-from specchat.engine.drafter import TargetView
 from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
 from specchat.engine.cache import TreeCache
+from specchat.engine.drafter import TargetView
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.target_forward import target_forward
 from specchat.engine.timing import Timer
 from specchat.engine.verify_forward import verification_forward
 from specchat.errors import SpecchatError
-from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer
 
 
 @dataclass
@@ -42,7 +42,8 @@ class DraftCostRow:
 
 
 def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[int], intermediate: int = 0,
-               repeats: int = 5, seed: int = 0, step: Callable[[str], None] = NO_PROGRESS) -> list[DraftCostRow]:  # fmt: skip
+               repeats: int = 5, seed: int = 0,
+               step: Callable[[str], None] = NO_PROGRESS) -> list[DraftCostRow]:  # fmt: skip
     """`intermediate`: the draft MLP's width (0: the target's, as LongSpec's layer has)."""
     check_contexts(contexts)
     check_range("--intermediate", intermediate, 0)

@@ -36,8 +36,8 @@ def logits_accuracy(loaded, path: Path, ids: list[int], *, llamacpp: bool, kv_ca
     and llama.cpp's); `ids`: the text's token ids; `kv_cache`: our engine's."""
     reference = _reference_logits(path, ids, loaded.yarn)
     cache = "" if kv_cache == "auto" else f", kv {kv_cache}"
-    rows = [_score(f"specchat ({loaded.weights}, {loaded.dtype}{cache}, {way})", _our_logits(loaded, ids, way, kv_cache),
-                   reference) for way in ("prefill", "decode")]  # fmt: skip
+    rows = [_score(f"specchat ({loaded.weights}, {loaded.dtype}{cache}, {way})",
+                   _our_logits(loaded, ids, way, kv_cache), reference) for way in ("prefill", "decode")]  # fmt: skip
     if llamacpp:
         rows.append(_score("llama.cpp", _llamacpp_logits(path, ids, loaded), reference))
     return rows

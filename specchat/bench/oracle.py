@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.runs import engine_run
 from specchat.bench.synthetic import check_range, significant
-from specchat.engine.drafter import DraftsAlone, TracksCommittedIds
 from specchat.engine.budget import MAX_BUDGET
+from specchat.engine.drafter import DraftsAlone, TracksCommittedIds
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import DraftTree
 from specchat.errors import SpecchatError

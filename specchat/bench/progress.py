@@ -14,7 +14,14 @@ def bench_progress(total: int) -> Iterator[Callable[[str], None]]:
     """Yields `step(what)`, to call as each of `total` steps starts (the one before it is then done). The bar
     shows on a terminal only and leaves the screen when the benchmark ends."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())  # fmt: skip

@@ -9,7 +9,6 @@ from pathlib import Path
 from specchat.errors import SpecchatError
 from specchat.fill_in_middle import Infill, infill_ids
 
-
 Prompt = str | Infill  # a chat prompt (through the chat template), or code to fill in
 
 _CODE_SNIPPET = """def parse_config(path):

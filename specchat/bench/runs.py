@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specchat.architectures.llama_model import CausalLM
 from specchat.answer_format import AnswerFormat
+from specchat.architectures.llama_model import CausalLM
 from specchat.bench.llamacpp import METHODS, LlamaCpp
 from specchat.engine.generate import Engine, eos_ids
 from specchat.engine.sampling import SamplingConfig

@@ -271,7 +271,8 @@ def bench_verify_cost(
     attention: AttentionOption = "auto",
     repeats: Annotated[int, typer.Option(help="Timed forwards of each kind (median).")] = 5,
     kv_cache: Annotated[
-        str, typer.Option("--kv-cache", help="With --model, comma-separated KV caches, each timed in turn: auto | int8.")
+        str, typer.Option("--kv-cache", help="With --model, comma-separated KV caches, each timed in turn: "
+                          "auto | int8.")
     ] = "auto",
     yarn: YarnOption = None,
     quantize: QuantizeOption = None,
@@ -388,7 +389,8 @@ def bench_oracle(
     quiet_transformers()
     if model is not None:
         loaded = load(model, dtype, device, attention, quantize)
-        target, tokenizer, name = loaded.model, loaded.tokenizer, f"{loaded.source.name} ({loaded.weights}, {loaded.dtype}"
+        target, tokenizer, name = (loaded.model, loaded.tokenizer,
+                                   f"{loaded.source.name} ({loaded.weights}, {loaded.dtype}")
     else:
         config = with_layers(llama31_8b_config(), layers)
         float_type = torch_dtype("bfloat16" if dtype == "auto" else dtype)
@@ -528,7 +530,8 @@ def bench_serve(
 def bench_logits(
     model: ModelOption = None,
     tokens: Annotated[int, typer.Option("--tokens", help="Positions of real text scored.")] = 512,
-    llamacpp: Annotated[bool, typer.Option("--llamacpp", help="Also score llama.cpp's logits on the same file.")] = False,
+    llamacpp: Annotated[bool, typer.Option(
+        "--llamacpp", help="Also score llama.cpp's logits on the same file.")] = False,
     dtype: DtypeOption = "auto",
     threads: ThreadsOption = None,
     kv_cache: KvCacheOption = "auto",

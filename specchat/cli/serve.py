@@ -42,7 +42,8 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on (0: a free one, printed).")] = 8000,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="SPECCHAT_API_KEY",
                                                 help="Require `Authorization: Bearer KEY`.")] = None,  # fmt: skip
-    context: Annotated[int, typer.Option("--context", help="Most tokens a request may hold, prompt and answer.")] = 8192,
+    context: Annotated[int, typer.Option(
+        "--context", help="Most tokens a request may hold, prompt and answer.")] = 8192,
     max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait; more get 429.")] = 32,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest request body; larger get 413.")] = 4.0,
     prompt_cache: Annotated[bool | None, typer.Option(

@@ -34,8 +34,8 @@ def train_data(
                                                           "settings; the rest greedy.")] = 0.5,  # fmt: skip
     text: Annotated[bool, typer.Option("--text", help="Teacher labels instead: the standard library's sources "
                                                       "shown as answers, labelled by the target's prefill when a "
-                                                      "drafter trains (no generation: several times the tokens an hour). "
-                                                      "--tokens counts text tokens.")] = False,
+                                                      "drafter trains (no generation: several times the tokens an "
+                                                      "hour). --tokens counts text tokens.")] = False,
     books: Annotated[int, typer.Option("--books", help="The target's own sampled books instead, of this many "
                                                       "tokens each, at the writer's settings (nine story prompts, "
                                                       "a seed a book). --tokens counts book tokens.")] = 0,
@@ -61,7 +61,8 @@ def train_data(
 
     loaded = load(model, dtype, device)
     if text:
-        recipe = DataRecipe(loaded.source.name, loaded.weights, loaded.dtype, seed or 0, TEXT_TOKENS, heldout, 0.0, "text")
+        recipe = DataRecipe(loaded.source.name, loaded.weights, loaded.dtype, seed or 0, TEXT_TOKENS, heldout, 0.0,
+                            "text")
         done = build_text_data(loaded, out, recipe, tokens=tokens, chunks=stdlib_chunks(recipe.seed))
         print(f"{out}: {done.records} text records, {done.answer_tokens} text tokens")
         return
@@ -85,7 +86,8 @@ def _with_bar(tokens: int, unit: str, build):
     from specchat.logged_progress import LoggedProgress
 
     columns = (TextColumn("[bold]data"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} tokens"),
-               TextColumn(f"{{task.fields[records]}} {unit} · {{task.fields[rate]:.0f}} tok/s"), TimeRemainingColumn())  # fmt: skip
+               TextColumn(f"{{task.fields[records]}} {unit} · {{task.fields[rate]:.0f}} tok/s"),
+               TimeRemainingColumn())  # fmt: skip
     with LoggedProgress(*columns, transient=False) as bar:
         task = bar.add_task("data", total=tokens, records=0, rate=0.0)
 
@@ -95,7 +97,8 @@ def _with_bar(tokens: int, unit: str, build):
         return build(show)
 
 
-DataOption = Annotated[list[Path], typer.Option("--data", help="Directory of `specchat train data` (repeat it to train on several: answers and text).")]
+DataOption = Annotated[list[Path], typer.Option(
+    "--data", help="Directory of `specchat train data` (repeat it to train on several: answers and text).")]
 DraftOutOption = Annotated[Path, typer.Option("--out", help="Checkpoint directory (created; --resume goes on).")]
 TargetOption = Annotated[str | None, typer.Option("--target", "--model", "-m", help="The target model.")]
 VocabOption = Annotated[
@@ -106,7 +109,8 @@ BatchOption = Annotated[int, typer.Option("--batch", help="Samples per optimizer
 LrOption = Annotated[float, typer.Option("--lr", help="Peak learning rate (cosine, 10% warm-up).")]
 CheckpointOption = Annotated[float, typer.Option("--checkpoint-minutes", help="Minutes between checkpoints.")]
 ResumeOption = Annotated[bool, typer.Option("--resume", help="Go on with the run in --out.")]
-PrecisionOption = Annotated[str, typer.Option("--precision", help="bf16 (autocast), fp32, or auto: bf16 on a GPU or a CPU with bf16 instructions.")]
+PrecisionOption = Annotated[str, typer.Option(
+    "--precision", help="bf16 (autocast), fp32, or auto: bf16 on a GPU or a CPU with bf16 instructions.")]
 IntermediateOption = Annotated[int, typer.Option("--intermediate", help="The draft MLP's width (0: the target's).")]
 
 
@@ -118,8 +122,9 @@ def train_longspec(
     epochs: EpochsOption = 3.0,
     batch: BatchOption = 16,
     lr: LrOption = 5e-4,
-    vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary trained over, most frequent first (0: all); "
-                                                       "the shipped one is chosen by measured speed.")] = 0,  # fmt: skip
+    vocab: Annotated[int, typer.Option(
+        "--vocab", help="Vocabulary trained over, most frequent first (0: all); the shipped one is chosen by "
+        "measured speed.")] = 0,
     intermediate: IntermediateOption = 0,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
@@ -136,9 +141,11 @@ def train_longspec(
     from specchat.drafters.longspec.train import train_longspec as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, eval_prompts=eval_prompts, intermediate=intermediate)  # fmt: skip
+                             precision, seed, dtype, device, eval_prompts=eval_prompts,
+                             intermediate=intermediate)  # fmt: skip
     for row in summary["vocab_measurements"]:
-        print(f"  vocab {row['vocab']}: tau {row['tau']:.2f}, {row['tokens_per_second']:.1f} tok/s, {row['speedup']:.2f}x AR")
+        print(f"  vocab {row['vocab']}: tau {row['tau']:.2f}, {row['tokens_per_second']:.1f} tok/s, "
+              f"{row['speedup']:.2f}x AR")
     print(f"{out}: LongSpec drafter, draft vocabulary {summary['draft_vocab']}; use --drafter longspec:{out}")
 
 
@@ -287,7 +294,8 @@ def train_ngram(
 
     check_output_dir(out)
     config = build_answer_store(data, out)
-    print(f"{out}: {config['records']} answers of {config['model']}, {config['answer_tokens']} tokens; use --drafter ngram:{out}")
+    print(f"{out}: {config['records']} answers of {config['model']}, {config['answer_tokens']} tokens; "
+          f"use --drafter ngram:{out}")
 
 
 @train_app.command("pack")
@@ -326,12 +334,14 @@ def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, ch
         precision = "bf16" if bf16_autocast_pays(loaded.model.device) else "fp32"
     recipe = TrainRecipe(epochs=epochs, batch=batch, lr=lr, seed=seed or 0, autocast=precision == "bf16",
                          **(recipe_options or {}))  # fmt: skip
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+               TimeRemainingColumn())
     with LoggedProgress(*columns, transient=False) as bar:
 
         def stage(name: str, total: int):
             task = bar.add_task(name, total=total or None, info="")
-            return lambda count: bar.update(task, advance=count, info=f"{bar.tasks[task].completed:,.0f}/{total:,} tokens")
+            return lambda count: bar.update(task, advance=count,
+                                            info=f"{bar.tasks[task].completed:,.0f}/{total:,} tokens")
 
         train_task = None
 
@@ -342,7 +352,8 @@ def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, ch
             last = now.log[-1] if now.log else {}
             heldout = f" · held-out tau {last['heldout_chain_tau']:.2f}" if last else ""
             bar.update(train_task, completed=now.step,
-                       info=f"step {now.step}/{now.steps} · loss {now.loss:.3f} · {now.tokens_per_second:.0f} tok/s{heldout}")  # fmt: skip
+                       info=f"step {now.step}/{now.steps} · loss {now.loss:.3f} · "
+                            f"{now.tokens_per_second:.0f} tok/s{heldout}")  # fmt: skip
 
-        return run_training(loaded, data, out, recipe, vocab=vocab, resume=resume, checkpoint_minutes=checkpoint_minutes,
-                            stage=stage, progress=show, **options)  # fmt: skip
+        return run_training(loaded, data, out, recipe, vocab=vocab, resume=resume,
+                            checkpoint_minutes=checkpoint_minutes, stage=stage, progress=show, **options)  # fmt: skip

@@ -38,26 +38,40 @@ from specchat.errors import SpecchatError
 @app.command("write")
 def write(
     out: Annotated[Path, typer.Option("--out", "-o", help="The book's text file (ids and state are kept beside it).")],
-    tokens: Annotated[int | None, typer.Option("--tokens", help="Tokens to write (default 100000; --resume: the book's).")] = None,
+    tokens: Annotated[int | None, typer.Option(
+        "--tokens", help="Tokens to write (default 100000; --resume: the book's).")] = None,
     prompt: Annotated[str | None, typer.Option("--prompt", help="What to write (default: a long novel).")] = None,
     prompt_file: Annotated[Path | None, typer.Option("--prompt-file", help="Read the prompt from this file.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Continue the prompt as text, without the chat template.")] = False,
     model: ModelOption = None,
-    drafter: Annotated[str | None, typer.Option("--drafter", "-d", help=f"{' | '.join(NAMES)}; A+B merges two (default: the model's best).")] = None,
+    drafter: Annotated[str | None, typer.Option(
+        "--drafter", "-d", help=f"{' | '.join(NAMES)}; A+B merges two (default: the model's best).")] = None,
     draft_budget: BudgetOption = None,
-    draft_kv_budget: Annotated[int | None, typer.Option("--draft-kv-budget", help="tokenswift: KV slots its draft forward reads (default 4096; 0 = the whole cache).")] = None,
-    draft_forward: Annotated[bool | None, typer.Option("--draft-forward/--no-draft-forward", help="tokenswift: draft the root's next token with a target forward (default on a GPU or with --draft-kv-budget), or the heads alone from the last verified state (default on a CPU).")] = None,
-    penalty: Annotated[float | None, typer.Option("--penalty", help="Contextual penalty theta (default 1.2; 1 = off).")] = None,
-    penalty_window: Annotated[int | None, typer.Option("--penalty-window", help="Tokens the penalty looks back (default 1024).")] = None,
+    draft_kv_budget: Annotated[int | None, typer.Option(
+        "--draft-kv-budget", help="tokenswift: KV slots its draft forward reads (default 4096; 0 = the whole "
+        "cache).")] = None,
+    draft_forward: Annotated[bool | None, typer.Option(
+        "--draft-forward/--no-draft-forward", help="tokenswift: draft the root's next token with a target forward "
+        "(default on a GPU or with --draft-kv-budget), or the heads alone from the last verified state (default on "
+        "a CPU).")] = None,
+    penalty: Annotated[float | None, typer.Option(
+        "--penalty", help="Contextual penalty theta (default 1.2; 1 = off).")] = None,
+    penalty_window: Annotated[int | None, typer.Option(
+        "--penalty-window", help="Tokens the penalty looks back (default 1024).")] = None,
     temperature: TemperatureOption = None,
     top_k: TopKOption = None,
     top_p: TopPOption = None,
     min_p: Annotated[float | None, typer.Option("--min-p", help="Default 0.1, keeping at least 20 tokens.")] = None,
     seed: SeedOption = None,
-    stop_at_eos: Annotated[bool | None, typer.Option("--stop-at-eos/--ignore-eos", help="End the book where the model ends its text (default: write on to --tokens).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Go on with the book in --out, exactly where it stopped.")] = False,
+    stop_at_eos: Annotated[bool | None, typer.Option(
+        "--stop-at-eos/--ignore-eos", help="End the book where the model ends its text (default: write on to "
+        "--tokens).")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Go on with the book in --out, exactly where it stopped.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
-    prompt_cache: Annotated[Path | None, typer.Option("--prompt-cache", help="A file for the cache's keys and values, written at every stop: --resume reads them back instead of replaying the window (CPU decoder); the book remembers it.")] = None,
+    prompt_cache: Annotated[Path | None, typer.Option(
+        "--prompt-cache", help="A file for the cache's keys and values, written at every stop: --resume reads them "
+        "back instead of replaying the window (CPU decoder); the book remembers it.")] = None,
     dtype: DtypeOption = "auto",
     kv_cache: KvCacheOption = "auto",
     yarn: YarnOption = None,
@@ -82,7 +96,9 @@ def write(
         try:
             prompt = prompt_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
-            raise SpecchatError(f"cannot read the prompt file {prompt_file}: {getattr(error, 'strerror', None) or error}") from None
+            raise SpecchatError(
+                f"cannot read the prompt file {prompt_file}: {getattr(error, 'strerror', None) or error}"
+            ) from None
     if prompt is not None and not prompt.strip():
         raise SpecchatError("the prompt is empty")
     if drafter is not None:

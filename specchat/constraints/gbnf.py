@@ -10,6 +10,7 @@ the repetitions `*`, `+`, `?`, `{m}`, `{m,}`, `{m,n}`; escapes `\\n \\r \\t \\\\
 from __future__ import annotations
 
 from specchat.constraints.rules import ANY, MAX_REPEAT, Chars, Element, GrammarError, Rules, RuleSet
+
 ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "/": "/"}
 HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 

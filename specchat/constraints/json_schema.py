@@ -21,8 +21,27 @@ import json
 from dataclasses import dataclass
 
 from specchat.constraints.json_syntax import (
-    AFTER, COLON, DIGITS, DONE, FIRST_ITEM, FIRST_KEY, INTEGER, KEY, LITERAL, MAX_WHITESPACE, MINUS, NUMBER_ENDS,
-    NUMBER_MODES, STRING, STRING_MODES, STRING_STEADY, VALUE, WHITESPACE, ZERO, number_mode, split_spaces,
+    AFTER,
+    COLON,
+    DIGITS,
+    DONE,
+    FIRST_ITEM,
+    FIRST_KEY,
+    INTEGER,
+    KEY,
+    LITERAL,
+    MAX_WHITESPACE,
+    MINUS,
+    NUMBER_ENDS,
+    NUMBER_MODES,
+    STRING,
+    STRING_MODES,
+    STRING_STEADY,
+    VALUE,
+    WHITESPACE,
+    ZERO,
+    number_mode,
+    split_spaces,
     string_feed,
 )  # fmt: skip
 

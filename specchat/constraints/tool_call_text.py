@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from specchat.constraints.json_syntax import MAX_WHITESPACE, WHITESPACE
 from specchat.constraints.forced_text import ForcedIds
+from specchat.constraints.json_syntax import MAX_WHITESPACE, WHITESPACE
 from specchat.constraints.token_masks import TokenMasks, Vocabulary, feed_bytes
 
 TEXT, FIRST, CALL, AFTER = range(4)  # a state: (where, the call's JSON state in CALL, whitespace bytes in AFTER)

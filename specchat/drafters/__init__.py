@@ -2,10 +2,10 @@
 (`specchat.engine.drafter`).
 
 This module is their registry, as data (`KINDS`: each kind's `build` and, where it fetches only part of a
-published repo, its `fetch`, named as "module:function"): every place that names drafters (the CLI's checks and help, the chat's
-`/drafter`, `bench`, `models`) reads it. `--drafter NAME` uses the model profile's checkpoint for NAME,
-`--drafter NAME:PATH` a local checkpoint directory, `--drafter A+B` two drafters merged into one tree
-(`composite.py`; `longspec:PATH+ngram`). It imports no torch: option checks stay fast.
+published repo, its `fetch`, named as "module:function"): every place that names drafters (the CLI's checks and help,
+the chat's `/drafter`, `bench`, `models`) reads it. `--drafter NAME` uses the model profile's checkpoint for NAME,
+`--drafter NAME:PATH` a local checkpoint directory, `--drafter A+B` two drafters merged into one tree (`composite.py`;
+`longspec:PATH+ngram`). It imports no torch: option checks stay fast.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ KINDS = {
     kind.name: kind
     for kind in (
         DrafterKind(NONE, "no drafting: autoregressive decoding", ""),
-        DrafterKind(NGRAM, "prompt lookup: continuations of earlier n-grams, and of the target's own answers where its profile ships them",
-                    "specchat.drafters.ngram.drafter:build", True, optional=True),
+        DrafterKind(NGRAM, "prompt lookup: continuations of earlier n-grams, and of the target's own answers where its "
+                    "profile ships them", "specchat.drafters.ngram.drafter:build", True, optional=True),
         DrafterKind(LONGSPEC, "LongSpec: one draft layer reading the target's KV cache",
                     "specchat.drafters.longspec.drafter:build", True, ("cache",)),
         DrafterKind(GLIDE, "GLIDE + CAPE: draft layers attending to the target's KV cache",
@@ -156,9 +156,9 @@ def check_draft_cache(name: str, choice: DrafterChoice) -> None:
     check_option(choice, "cache")
 
 
-def attach_drafter(engine: Engine, source: ModelSource, drafter: str | DrafterChoice, *, draft_budget: int | None = None,
-                   draft_cache: str | None = None, kv_budget: int | None = None, draft_forward: bool | None = None,
-                   flag: str = "--drafter") -> DrafterChoice:  # fmt: skip
+def attach_drafter(engine: Engine, source: ModelSource, drafter: str | DrafterChoice, *,
+                   draft_budget: int | None = None, draft_cache: str | None = None, kv_budget: int | None = None,
+                   draft_forward: bool | None = None, flag: str = "--drafter") -> DrafterChoice:  # fmt: skip
     """Make `engine` draft with what `drafter` names for the model `source` (a trained kind: its profile's
     checkpoint unless a path is given), with its options; returns the resolved choice. What every command runs."""
     choice = parse_drafter(drafter, flag) if isinstance(drafter, str) else drafter
@@ -175,7 +175,8 @@ def usable_drafters(profile: Profile | None) -> list[str]:
     return [name for name, kind in KINDS.items() if not kind.trained or kind.optional or name in published]
 
 
-def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: str, flag: str = "--drafter") -> DrafterChoice:
+def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: str,
+                    flag: str = "--drafter") -> DrafterChoice:
     """Fill in the profile's checkpoint for a trained kind given without a path, or say what the model has; a
     path given that does not exist is a one-line error."""
     if choice.parts:
@@ -189,7 +190,8 @@ def resolve_drafter(choice: DrafterChoice, profile: Profile | None, model_name: 
         return choice
     if repo is None:
         raise SpecchatError(
-            f"model '{model_name}' has no published {choice.name} drafter (it has: {', '.join(usable_drafters(profile))}); "
+            f"model '{model_name}' has no published {choice.name} drafter "
+            f"(it has: {', '.join(usable_drafters(profile))}); "
             f"pass a checkpoint directory with {flag} {choice.name}:PATH"
         )
     return DrafterChoice(choice.name, repo=repo)

@@ -82,7 +82,8 @@ class RetrievalCache:
         if self.steps % self.every:
             return None
         scores = self.attention()
-        return recent_chunks(length, self.chunk, self.top) if scores is None else rank_chunks(scores, length, self.chunk, self.top)
+        return (recent_chunks(length, self.chunk, self.top) if scores is None
+                else rank_chunks(scores, length, self.chunk, self.top))
 
 
 def recent_chunks(length: int, chunk: int, top: int) -> torch.Tensor:

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specchat.errors import SpecchatError
 from specchat.drafters.packed_weights import is_packed, pack, unpack
+from specchat.errors import SpecchatError
 
 WEIGHTS = "model.safetensors"
 HEADS = "heads.safetensors"  # TokenSwift's heads

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from specchat.engine.drafter import Drafter
 from specchat.drafters.mode_choice import BOTH, ModeChoice
-from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.drafter import Drafter
 from specchat.engine.events import COPY
+from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 from specchat.errors import SpecchatError
 
@@ -43,7 +43,9 @@ class CompositeDrafter:
     def __init__(self, first: Drafter, second: Drafter):
         read = {part.feature_layers for part in (first, second) if part.feature_layers is not None}
         if len(read) > 1:  # one forward hands over one kind of state
-            raise SpecchatError(f"{first.kind} and {second.kind} read different target states: they cannot draft together")
+            raise SpecchatError(
+                f"{first.kind} and {second.kind} read different target states: they cannot draft together"
+            )
         self.first = first
         self.second = second
         self.feature_layers = read.pop() if read else None

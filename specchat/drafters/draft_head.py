@@ -55,7 +55,8 @@ class DraftHead:
         logits = logits if self.logit_scale == 1.0 else logits / self.logit_scale
         return logits if not self.logit_cap else torch.tanh(logits / self.logit_cap) * self.logit_cap
 
-    def probs(self, logits: torch.Tensor, sampling: SamplingConfig, history: torch.Tensor | None = None) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, sampling: SamplingConfig,
+              history: torch.Tensor | None = None) -> torch.Tensor:
         """Drafting probabilities of the head's `logits` [n, columns] under the target's sampling settings, in the
         draft vocabulary's own columns: a token outside it has probability zero, as it would at -inf over the whole
         vocabulary, so the suppressed and biased ids and the `history` [n, W] (target ids, -1 padding) are mapped, not

@@ -61,4 +61,5 @@ def is_packed(tensors: dict[str, torch.Tensor]) -> bool:
 
 def packable(name: str, tensor: torch.Tensor) -> bool:
     """A float matrix of whole groups (norms, biases and vocabulary lists stay as they are)."""
-    return tensor.is_floating_point() and tensor.dim() == 2 and tensor.shape[1] % GROUP == 0 and not name.endswith((STEP, LOW))
+    return (tensor.is_floating_point() and tensor.dim() == 2 and tensor.shape[1] % GROUP == 0
+            and not name.endswith((STEP, LOW)))

@@ -279,7 +279,8 @@ class Int8KVLayer(TreeKVLayer):
         heads, _, head_dim = self.key_codes.shape
         codes = self._key_tiles()[:, index // TILE, :, index % TILE].transpose(0, 1).contiguous()  # [heads, n, D / 4]
         scales = self.scales[:, index // TILE, :, index % TILE].transpose(0, 1)  # [heads, n, D / 32 + 1]
-        keys = (codes.view(torch.uint8).view(heads, -1, head_dim // BLOCK, BLOCK).float() - 128) * scales[..., :-1, None]
+        keys = ((codes.view(torch.uint8).view(heads, -1, head_dim // BLOCK, BLOCK).float() - 128)
+                * scales[..., :-1, None])
         values = self._value_groups()[_value_columns(index)].transpose(0, 1).float() * scales[..., -1:]
         return keys.reshape(heads, -1, head_dim).to(self.dtype), values.to(self.dtype)
 

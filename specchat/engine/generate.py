@@ -16,13 +16,15 @@ import torch
 
 from specchat.architectures import parts
 from specchat.architectures.llama import LlamaParts
+from specchat.checks import check_kv_cache
 from specchat.disk_cache import cache_dir
 from specchat.engine.attention import sliding_window
-from specchat.engine.drafter import Drafter, TargetView
 from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.constraint import ConstrainedText, Constraint
+from specchat.engine.drafter import Drafter, TargetView
 from specchat.engine.events import FORCED, KNOWN, TARGET, StepEvent, TokenLogprob
+from specchat.engine.host_data import to_device
 from specchat.engine.lean_forward import LeanForward
 from specchat.engine.prefix_store import PrefixStore
 from specchat.engine.sampling import (
@@ -37,17 +39,14 @@ from specchat.engine.stats import GenerationStats
 from specchat.engine.step_clock import StepClock
 from specchat.engine.target_forward import forward_path, target_forward
 from specchat.engine.text import TextStream
-from specchat.engine.host_data import to_device
 from specchat.engine.tree import DraftTree, node_histories, tree_batch
 from specchat.engine.verify import verify
 from specchat.engine.verify_cost import VerifyCost, cached_verify_cost, measure_verify_cost, priced_context
 from specchat.engine.verify_forward import verification_forward
-from specchat.checks import check_kv_cache
 from specchat.errors import SpecchatError
 from specchat.first_use import first_use
 from specchat.kernels.cpu.cpu_decoder import source_version
 from specchat.quant.formats import weight_format
-
 
 KEPT_CONSTRAINTS = 8  # schemas and tool sets whose constraints (and masks) an engine keeps for later requests
 JSON_MODE = json.dumps(["json", None])  # the key of JSON mode's constraint, kept always
@@ -246,7 +245,8 @@ class Engine:
 
         `constraint` holds the output to a syntax (`json_constraint()`: JSON mode, or a JSON Schema;
         `grammar_constraint()`: a GBNF grammar): every row's logits are masked to the ids it allows next before
-        the sampling pipeline, in AR decoding and in every verified row alike (`engine/constraint.py`); with a drafter, what the syntax forces is verified as a chain.
+        the sampling pipeline, in AR decoding and in every verified row alike (`engine/constraint.py`); with a drafter,
+        what the syntax forces is verified as a chain.
 
         `logprobs` (N >= 0): every event also carries each token's log-probability and the N most likely ids at
         its row (`StepEvent.logprobs`), read from the rows verification computed anyway.

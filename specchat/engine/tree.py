@@ -256,7 +256,8 @@ def node_histories(tree: DraftTree, committed: list[int] | torch.Tensor, window:
     for token, parent in zip(tree.tokens, tree.parents):
         paths.append(paths[parent + 1] + [token])
     depth = max(len(path) for path in paths)
-    own = torch.tensor([path + [-1] * (depth - len(path)) for path in paths], dtype=torch.long).reshape(len(paths), depth)
+    own = torch.tensor([path + [-1] * (depth - len(path)) for path in paths],
+                       dtype=torch.long).reshape(len(paths), depth)
     rows = torch.cat([committed.expand(len(paths), -1), own], dim=1)  # [n + 1, m + depth]
     lengths = torch.tensor([len(path) for path in paths]) + len(committed)
     drop = (lengths - window).clamp(min=0)  # the oldest committed ids a deep row no longer sees

@@ -2,8 +2,9 @@
 
 What the rest of specchat may ask of a quantized layer, and nothing more: its sizes and `format` (for
 reports), `forward`, `dequantize()` (the exact matrix it multiplies by: for tests and training), `dequantize_rows`
-(some rows of it: a draft head built from a 152K-row head's draft vocabulary), `native(decoder)` (the same product inside the compiled CPU decoder) and `stacked(layers, bias)`
-(one layer computing several side by side, or None when its kind does not stack). A new kind is one subclass.
+(some rows of it: a draft head built from a 152K-row head's draft vocabulary), `native(decoder)` (the same product
+inside the compiled CPU decoder) and `stacked(layers, bias)` (one layer computing several side by side, or None when its
+kind does not stack). A new kind is one subclass.
 """
 
 from __future__ import annotations

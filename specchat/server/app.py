@@ -27,14 +27,28 @@ from starlette.routing import Route
 from specchat.engine.sampling_config import MAX_SEED, SamplingConfig
 from specchat.fill_in_middle import FimMarkers, fim_markers
 from specchat.server.embeddings import (
-    EmbeddingRequest, embedding_body, input_ids, ollama_embedding_request, openai_embedding_request,
+    EmbeddingRequest,
+    embedding_body,
+    input_ids,
+    ollama_embedding_request,
+    openai_embedding_request,
 )  # fmt: skip
 from specchat.server.metrics import Metrics
 from specchat.server.ollama import (
-    OllamaReply, loaded_answer, model_card, model_entry, nothing_to_generate, ollama_request,
+    OllamaReply,
+    loaded_answer,
+    model_card,
+    model_entry,
+    nothing_to_generate,
+    ollama_request,
 )  # fmt: skip
 from specchat.server.requests import (
-    CompletionRequest, RequestError, chat_request, detokenize_request, native_request, text_request,
+    CompletionRequest,
+    RequestError,
+    chat_request,
+    detokenize_request,
+    native_request,
+    text_request,
     tokenize_request,
 )  # fmt: skip
 from specchat.server.responses import NativeReply, Reply

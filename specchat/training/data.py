@@ -55,9 +55,9 @@ def build_data(loaded, out: Path, prompts: list[Prompt], recipe: DataRecipe, *, 
                progress: Callable[[DataProgress], None] = lambda _progress: None) -> DataProgress:  # fmt: skip
     """Answer `prompts` in order, skipping those already in `out`, until `out` holds `tokens` answer tokens."""
     from specchat.engine.prompt import encode_chat
-    from specchat.session import Session
     from specchat.engine.sampling_config import SamplingConfig
     from specchat.loading import decoding_defaults
+    from specchat.session import Session
 
     done, total, writers = open_data(out, recipe)
     progress(total)

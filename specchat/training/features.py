@@ -20,9 +20,9 @@ keeps it, with the same labels, in a file set of its own, `<data>/features/hidde
 kind writes both files, so training LongSpec and TokenSwift on the same data costs one pass over it (for the
 1.5B, ~30 minutes per 400K tokens here) and disk for both (the hidden states are 3 KB a token, its keys and
 values 1 KB). EAGLE-3 reads three layers' input states (`target_layer_states`): 9 KB a token for the 1.5B, so
-they are computed only for it, in files of their own (`layers-<split>-NNNNN.safetensors`). Caching pays for the same reason: the target's prefill with its labels (about 720 tokens/s for
-the default model on 2 cores) is as slow as a heads' training step over the full vocabulary (about 800) and
-ten times slower than one over 8K tokens.
+they are computed only for it, in files of their own (`layers-<split>-NNNNN.safetensors`). Caching pays for the same
+reason: the target's prefill with its labels (about 720 tokens/s for the default model on 2 cores) is as slow as a
+heads' training step over the full vocabulary (about 800) and ten times slower than one over 8K tokens.
 """
 
 from __future__ import annotations

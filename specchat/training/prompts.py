@@ -34,7 +34,8 @@ class Prompt:
         return hashlib.sha1("\x1e".join(self.turns).encode()).hexdigest()[:16]
 
 
-def all_prompts(seed: int = 0, *, stdlib: Path | None = None, docs: Path | None = Path("/usr/share/doc")) -> list[Prompt]:
+def all_prompts(seed: int = 0, *, stdlib: Path | None = None,
+                docs: Path | None = Path("/usr/share/doc")) -> list[Prompt]:
     """Every source's prompts, deduplicated, bench prompts removed, in one seeded order that takes the
     families (stdlib, docs, chat) in turn: a partial run covers all of them about equally."""
     stdlib = stdlib or Path(sysconfig.get_paths()["stdlib"])
@@ -99,9 +100,11 @@ def doc_prompts(root: Path | None) -> list[Prompt]:
         if text is None or len(text) < 400:
             continue
         package = path.parent.name
-        prompts.append(Prompt("docs-summarize", (f"Summarize this README of the `{package}` package:\n\n{_cut(text)}",)))
+        prompts.append(Prompt("docs-summarize", (
+            f"Summarize this README of the `{package}` package:\n\n{_cut(text)}",)))
         prompts.append(Prompt("docs-explain", (
-            f"Here is the README of `{package}`:\n\n{_cut(text)}\n\nWhat is this software for, and who would use it?",)))
+            f"Here is the README of `{package}`:\n\n{_cut(text)}\n\n"
+            "What is this software for, and who would use it?",)))
     return prompts
 
 

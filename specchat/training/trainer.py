@@ -104,7 +104,8 @@ def train(objective, samples, features, heldout, heldout_features, recipe: Train
         done.tokens += sum(len(samples[i]) for i in batch)
         done.seconds = time.perf_counter() - start
         if done.step % evaluate_every == 0 or done.step == steps:
-            done.log.append({"step": done.step, "train_loss": done.loss, "lr": learning_rate(done.step - 1, steps, recipe),
+            done.log.append({"step": done.step, "train_loss": done.loss,
+                             "lr": learning_rate(done.step - 1, steps, recipe),
                              **_evaluate(objective, heldout, heldout_features, recipe)})  # fmt: skip
         if done.step == steps or time.perf_counter() - last_save >= checkpoint_minutes * 60:
             state.save(done.step, done.log)

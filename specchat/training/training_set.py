@@ -5,11 +5,11 @@ frozen target tensors a draft borrows."""
 from __future__ import annotations
 
 import itertools
-from functools import partial
 import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -19,8 +19,15 @@ from specchat.engine.generate import Engine
 from specchat.errors import SpecchatError
 from specchat.quant.quantized_linear import dense_weight
 from specchat.training.data import SPLITS, read_records
-from specchat.training.features import (Features, HiddenFeatures, LayerFeatures, concat, target_features,
-                                        target_hidden, target_layer_states)  # fmt: skip
+from specchat.training.features import (
+    Features,
+    HiddenFeatures,
+    LayerFeatures,
+    concat,
+    target_features,
+    target_hidden,
+    target_layer_states,
+)  # fmt: skip
 from specchat.training.samples import MAX_SAMPLE_TOKENS, Sample, samples_of
 
 
@@ -43,7 +50,8 @@ class TrainingSet:
         those target layers), each directory's kept in
         it; `stage(name, total)` announces the features stages and returns their progress callbacks."""
         dirs = [data] if isinstance(data, Path) else list(data)
-        records = {folder: dict(zip(SPLITS, read_split_records(folder, loaded.source.name), strict=True)) for folder in dirs}
+        records = {folder: dict(zip(SPLITS, read_split_records(folder, loaded.source.name), strict=True))
+                   for folder in dirs}
         for split in SPLITS:
             if not any(samples_of(held[split]) for held in records.values()):
                 raise SpecchatError(f"{', '.join(map(str, dirs))}: no {split} records yet")

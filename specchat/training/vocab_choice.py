@@ -15,21 +15,23 @@ import torch
 
 from specchat.bench.runs import engine_run
 from specchat.drafters.longspec.drafter import LongSpecDrafter
-from specchat.engine.generate import Engine
 from specchat.drafters.longspec.model import LongSpecLayer
+from specchat.engine.generate import Engine
 
 VOCAB_SIZES = (8192, 16384, 32768, 0)  # 0: the target's whole vocabulary
 
 
 def measure_vocabs(loaded, layer: LongSpecLayer, vocabs: dict[int, torch.Tensor], prompts: list[list[int]], *,
-                   max_new_tokens: int = 128, progress: Callable[[str], None] = lambda _what: None) -> list[dict]:  # fmt: skip
+                   max_new_tokens: int = 128,
+                   progress: Callable[[str], None] = lambda _what: None) -> list[dict]:  # fmt: skip
     """One row per draft vocabulary (`vocabs`: size -> sorted ids, 0 the full one), and AR's first: decode
     tokens/s over `prompts`, tau, and the speedup over AR measured in this run."""
     engine = Engine(loaded.model, loaded.tokenizer, max_len=max(map(len, prompts)) + max_new_tokens)
     rows = []
     for size, vocab in [(None, None), *vocabs.items()]:
         progress("autoregressive" if size is None else f"draft vocabulary {size or 'full'}")
-        drafter = None if size is None else LongSpecDrafter(engine.target, layer, draft_vocab=None if size == 0 else vocab)
+        drafter = (None if size is None
+                   else LongSpecDrafter(engine.target, layer, draft_vocab=None if size == 0 else vocab))
         engine.set_drafter(drafter)
         runs = [engine_run(engine, ids, max_new_tokens) for ids in prompts]
         tokens, seconds = sum(r.decode_tokens for r in runs), sum(r.decode_seconds for r in runs)

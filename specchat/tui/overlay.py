@@ -65,6 +65,7 @@ def resources_text(f: Figures | None) -> Text:
         return Text()
     text = Text()
     for label, value in (("context", f"{f.context_used}/{f.context_max}"), ("drafter", f.drafter),
-                         ("budget", f.budget_text), ("memory", f"{f.memory_bytes / 2**20:.0f} MiB {f.memory_kind}")):  # fmt: skip
+                         ("budget", f.budget_text),
+                         ("memory", f"{f.memory_bytes / 2**20:.0f} MiB {f.memory_kind}")):  # fmt: skip
         text.append(f"{label:<9}", "dim").append(f"{value}\n")
     return text

@@ -45,7 +45,8 @@ class Progress:
 
 
 class Book:
-    def __init__(self, path: Path, settings: BookSettings, prompt_ids: list[int], generated: list[int], progress: Progress):
+    def __init__(self, path: Path, settings: BookSettings, prompt_ids: list[int], generated: list[int],
+                 progress: Progress):
         self.path, self.settings, self.prompt_ids = path, settings, prompt_ids
         self.generated = generated  # every generated id: the window policy and the n-gram reuse read them
         self.progress = progress

@@ -35,7 +35,8 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "min_p_keep", "pena
 
 
 def new_book(loaded, out: Path, tokens: int, prompt: str, *, raw: bool, sampling: dict, stop_at_eos: bool,
-             force: bool, kv_cache: str = "auto", drafter: str | DrafterChoice = "none", **drafting) -> tuple[Book, Engine]:  # fmt: skip
+             force: bool, kv_cache: str = "auto", drafter: str | DrafterChoice = "none",
+             **drafting) -> tuple[Book, Engine]:  # fmt: skip
     """A book for `tokens` new tokens after `prompt`, and the engine sized for it (the prompt and the tokens when
     the model's window holds both: never a refill; else the window), drafting with `drafter` and its options
     (`Session.over`)."""
@@ -70,7 +71,8 @@ def resumed_book(loaded, book: Book, tokens: int, *, prompt: str | None, raw: bo
     drafting with `drafter` and its options."""
     settings = book.settings
     asked = replace(settings, weights=loaded.weights, dtype=loaded.dtype, kv_cache=kv_cache, model=loaded.source.name,
-                    yarn=loaded.yarn, **{name: value for name, value in given.items() if value is not None})  # fmt: skip
+                    yarn=loaded.yarn,
+                    **{name: value for name, value in given.items() if value is not None})  # fmt: skip
     if stop_at_eos is not None:
         asked = replace(asked, stop_at_eos=stop_at_eos)
     if prompt is not None:

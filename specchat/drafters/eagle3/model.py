@@ -123,7 +123,8 @@ class Attention(nn.Module):
 
     def __init__(self, config: Eagle3Config):
         super().__init__()
-        heads, kv, dim, width = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.hidden_size
+        heads, kv, dim, width = (config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+                                 config.hidden_size)
         self.q_proj = nn.Linear(2 * width, heads * dim, bias=False)
         self.k_proj = nn.Linear(2 * width, kv * dim, bias=False)
         self.v_proj = nn.Linear(2 * width, kv * dim, bias=False)

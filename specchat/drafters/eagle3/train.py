@@ -39,7 +39,8 @@ def train_eagle3(loaded, data: Path | list[Path], out: Path, recipe: TrainRecipe
         draft_vocab = frequent_tokens(data_set.answers, vocab, config.vocab_size, always=always)
         torch.manual_seed(recipe.seed)
         draft = initial_draft(Eagle3Config.for_target(config, intermediate=intermediate,
-                                                      draft_vocab_size=len(draft_vocab)), model, draft_vocab)  # fmt: skip
+                                                      draft_vocab_size=len(draft_vocab)),
+                              model, draft_vocab)  # fmt: skip
         return Trainee(
             objective=Eagle3Objective(draft, parts(model).embed, steps),
             save=lambda: save_eagle3(out, draft, dtype=torch.bfloat16),

@@ -19,13 +19,13 @@ from pathlib import Path
 import torch
 
 from specchat.drafters import GLIDE
-from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.drafters.draft_head import DraftHead, draft_weights
+from specchat.drafters.glide.model import GlideKV, GlideModel, check_target, load_glide
+from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
-from specchat.drafters.glide.model import GlideKV, GlideModel, check_target, load_glide
 from specchat.quant.quantize import quantized_copy
 
 CAPE_BINS = ((0.3, 8), (0.6, 6), (0.8, 4), (math.inf, 2))  # (bound, siblings): the first bound above c applies

@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specchat.errors import SpecchatError
-from specchat.drafters.draft_attention import attend
 from specchat.drafters.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
+from specchat.drafters.draft_attention import attend
 from specchat.drafters.draft_layers import MLP, RMSNorm, SelfAttention, rotate
+from specchat.errors import SpecchatError
 
 PREFIXES = ("draft_model.", "small_model.", "module.")  # training wrappers' names, stripped when present
 
@@ -184,7 +184,8 @@ class GlideModel(nn.Module):
         self.lm_head = None if config.shared_vocab else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor, start: int, kv: GlideKV, target_kv: list[tuple[torch.Tensor, torch.Tensor]],
-                cross_rotary: tuple[torch.Tensor, torch.Tensor], cross_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                cross_rotary: tuple[torch.Tensor, torch.Tensor],
+                cross_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Final-normed states [q, hidden] of token embeddings `x` [q, hidden] at positions start, start + 1, ...
         (their own keys and values are written to those slots of `kv`).
 
@@ -211,7 +212,8 @@ class GlideModel(nn.Module):
             keys, values = target_kv[index]
             if cross_mask is None:
                 keys, values = keys[:, : end - 1], values[:, : end - 1]  # the last row sees positions < end - 1
-                mask = None if start >= keys.shape[1] else torch.arange(keys.shape[1], device=rows.device) < rows[:, None]
+                mask = (None if start >= keys.shape[1]
+                        else torch.arange(keys.shape[1], device=rows.device) < rows[:, None])
             else:
                 mask = cross_mask
             q = rotate(_heads(cross.q_proj(x), config.cross_heads), cross_cos, cross_sin)

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 from specchat.architectures import parts
-from specchat.engine.generate import eos_ids
 from specchat.drafters.glide.model import GlideConfig, GlideModel, save_glide
 from specchat.drafters.glide.objective import GlideObjective
+from specchat.engine.generate import eos_ids
 from specchat.training.pipeline import Trainee, train_drafter
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet, target_embeddings, target_head

@@ -15,14 +15,14 @@ from pathlib import Path
 import torch
 
 from specchat.drafters import LONGSPEC
-from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.drafters.cache_policy import CachePolicy, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
+from specchat.drafters.longspec.model import LongSpecLayer, RingKV, load_longspec
 from specchat.drafters.tree_rows import TreeRows
+from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
-from specchat.drafters.longspec.model import LongSpecLayer, RingKV, load_longspec
 from specchat.quant.quantize import quantized_copy
 
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
@@ -166,7 +166,8 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         return self.ring.nbytes()
 
     def weight_bytes(self) -> int:
-        """The draft's own weights: its layer, and the reduced LM head when it has one (the full one is the target's)."""
+        """The draft's own weights: its layer, and the reduced LM head when it has one (the full one is the
+        target's)."""
         own = [self.layer] + ([] if self.head.draft_vocab is None else [self.head.lm_head])
         return sum(t.numel() * t.element_size() for module in own for t in (*module.parameters(), *module.buffers()))
 

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specchat.errors import SpecchatError
-from specchat.drafters.draft_attention import attend
 from specchat.drafters.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
+from specchat.drafters.draft_attention import attend
 from specchat.drafters.draft_layers import MLP, RMSNorm, SelfAttention, rotate
+from specchat.errors import SpecchatError
 
 WINDOW = 512  # the reference's sliding window over the draft's own states
 
@@ -176,7 +176,8 @@ def load_longspec(path: Path, target_config) -> tuple[LongSpecLayer, torch.Tenso
     except KeyError as missing:
         raise SpecchatError(f"{path}: config.json lacks {missing}") from None
     target = LongSpecConfig.for_target(target_config)
-    shape = lambda c: f"hidden {c.hidden_size}, {c.num_attention_heads} heads, {c.num_key_value_heads} KV heads of {c.head_dim}"  # noqa: E731
+    shape = lambda c: (f"hidden {c.hidden_size}, {c.num_attention_heads} heads, "  # noqa: E731
+                       f"{c.num_key_value_heads} KV heads of {c.head_dim}")
     if shape(config) != shape(target):
         raise SpecchatError(f"{path}: the longspec draft has {shape(config)}; the target has {shape(target)}")
     layer = LongSpecLayer(config)

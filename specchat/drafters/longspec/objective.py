@@ -75,7 +75,8 @@ class LongSpecObjective:
         keys, values = (part.to(self.device, torch.float32) for part in (features.keys, features.values))
         keys = rotate(keys, shift_cos, shift_sin)
         own_keys, own_values = self.module.own_kv(x, cos, sin)
-        own_mask = (positions[None, :] <= positions[:, None]) & (positions[None, :] > positions[:, None] - self.module.config.window)
+        own_mask = ((positions[None, :] <= positions[:, None])
+                    & (positions[None, :] > positions[:, None] - self.module.config.window))
         target_mask = lag_visibility(length, pad).to(self.device)
         target_mask[:pad, 0] = True  # rows that see no target KV yet: never scored, kept finite
         return self.module(x, cos, sin, own_keys, own_values, own_mask, keys, values, target_mask)

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from specchat.architectures import parts
-from specchat.engine.generate import eos_ids
 from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer, save_longspec
 from specchat.drafters.longspec.objective import LongSpecObjective
+from specchat.engine.generate import eos_ids
 from specchat.training.pipeline import Trainee, quiet_stage, train_drafter
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet, target_embeddings, target_head

@@ -12,31 +12,31 @@ any model that speaks the target's vocabulary.
 from __future__ import annotations
 
 import itertools
-
 from pathlib import Path
 
 import torch
 
-from specchat.drafters import MODEL
 from specchat.architectures import parts
-from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
+from specchat.drafters import MODEL
 from specchat.drafters.cache_policy import BLOCK, CachePolicy, make_policy
+from specchat.drafters.draft_attention import attend
 from specchat.drafters.draft_head import DraftHead, draft_weights
+from specchat.drafters.draft_layers import rotate
 from specchat.drafters.model.dynamic_tree import grow_tree
-from specchat.drafters.tree_rows import TreeRows
+from specchat.drafters.model.model import DraftModel, load_draft_model
 from specchat.drafters.model.working_cache import WorkingCache
+from specchat.drafters.tree_rows import TreeRows
+from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import DraftTree
-from specchat.drafters.draft_attention import attend
-from specchat.drafters.model.model import DraftModel, load_draft_model
-from specchat.drafters.draft_layers import rotate
 from specchat.quant.quantize import quantized_copy
 
 
 class ModelDrafter(DraftsAlone, TracksCommittedIds):
     kind = MODEL
 
-    def __init__(self, target: TargetView, draft: DraftModel, *, policy: str = "retrieval", weights: str | None = "auto"):
+    def __init__(self, target: TargetView, draft: DraftModel, *, policy: str = "retrieval",
+                 weights: str | None = "auto"):
         """`weights`: "int8" / "int4" / "q4_k" run the draft's layers (and a reduced head) quantized, None dense,
         "auto" as the target runs (quantized on a CPU whose target is)."""
         model, config = draft.model, draft.config

@@ -22,9 +22,9 @@ from torch import nn
 
 from specchat.architectures import parts
 from specchat.architectures.rope import rope_parameters, stretch_with_yarn
+from specchat.drafters.checkpoint import read_checkpoint, write_checkpoint
 from specchat.errors import SpecchatError, first_line
 from specchat.ollama_models import ollama_gguf
-from specchat.drafters.checkpoint import read_checkpoint, write_checkpoint
 
 # the decoders whose layers the drafter runs
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma3_text", "gemma2")
@@ -173,7 +173,8 @@ def _checked(model: nn.Module, source: str, target: nn.Module) -> DraftModel:
     MAX_VOCAB_DIFFERENCE ids longer or shorter than the target's drafts over the ids both have (`check_tokenizers`
     makes sure they mean the same)."""
     if model.config.model_type not in FAMILIES:
-        raise SpecchatError(f"the draft model '{source}' is a {model.config.model_type}; specchat drafts with {', '.join(FAMILIES)} models")
+        raise SpecchatError(f"the draft model '{source}' is a {model.config.model_type}; "
+                            f"specchat drafts with {', '.join(FAMILIES)} models")
     mine, theirs = model.config.vocab_size, target.config.vocab_size
     if abs(mine - theirs) > MAX_VOCAB_DIFFERENCE:
         raise SpecchatError(f"the draft model '{source}' has a vocabulary of {mine} tokens; the target's has {theirs}")
@@ -196,11 +197,14 @@ def check_tokenizers(draft, target, name: str) -> None:
     """Refuse, in one line, a draft whose tokenizer differs from the target's: the ids both have must mean the same
     (one may list up to MAX_VOCAB_DIFFERENCE more, as a larger sibling's padding or added tokens)."""
     if abs(len(draft) - len(target)) > MAX_VOCAB_DIFFERENCE:
-        raise SpecchatError(f"the draft model '{name}' has {len(draft)} tokens; the target's tokenizer has {len(target)}")
+        raise SpecchatError(
+            f"the draft model '{name}' has {len(draft)} tokens; the target's tokenizer has {len(target)}"
+        )
     for role in ("bos_token_id", "eos_token_id", "unk_token_id"):
         if getattr(draft, role) != getattr(target, role):
             raise SpecchatError(
-                f"the draft model '{name}' has {role.removesuffix('_id')} {getattr(draft, role)}; the target's is {getattr(target, role)}"
+                f"the draft model '{name}' has {role.removesuffix('_id')} {getattr(draft, role)}; "
+                f"the target's is {getattr(target, role)}"
             )
     shared = min(len(draft), len(target))
     mine, theirs = ({w: i for w, i in t.get_vocab().items() if i < shared} for t in (draft, target))

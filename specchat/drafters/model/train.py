@@ -16,11 +16,11 @@ from pathlib import Path
 from torch import nn
 
 from specchat.architectures import parts
-from specchat.engine.generate import eos_ids
-from specchat.errors import SpecchatError
 from specchat.drafters.checkpoint import WEIGHTS
 from specchat.drafters.model.model import save_student, student_from_target
 from specchat.drafters.model.objective import ModelDrafterObjective
+from specchat.engine.generate import eos_ids
+from specchat.errors import SpecchatError
 from specchat.training.pipeline import Trainee, train_drafter
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet

@@ -123,7 +123,9 @@ class AnswerStore:
     @classmethod
     def load(cls, folder: Path) -> AnswerStore:
         if not (folder / FILE).is_file():
-            raise SpecchatError(f"{folder} holds no answers for n-gram lookup ({FILE}; `specchat train ngram` writes it)")
+            raise SpecchatError(
+                f"{folder} holds no answers for n-gram lookup ({FILE}; `specchat train ngram` writes it)"
+            )
         arrays = load_file(str(folder / FILE))
         return cls(arrays["tokens"], arrays["starts"], arrays["answer_starts"])
 

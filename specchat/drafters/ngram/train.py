@@ -20,7 +20,8 @@ def build_answer_store(data: Path, out: Path) -> dict:
     recipe = data / "recipe.json"
     if not recipe.is_file():
         raise SpecchatError(f"{data} holds no training data; make it with `specchat train data --out {data}`")
-    answers = [(r["prompt_ids"], r["answer_ids"]) for r in read_records(data, "train") if r["answer_ids"] and r["sampling"] != "text"]
+    answers = [(r["prompt_ids"], r["answer_ids"]) for r in read_records(data, "train")
+               if r["answer_ids"] and r["sampling"] != "text"]
     if not answers:
         raise SpecchatError(f"{data}: no training answers yet")
     out.mkdir(parents=True, exist_ok=True)

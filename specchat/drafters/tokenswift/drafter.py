@@ -29,14 +29,14 @@ from pathlib import Path
 import torch
 
 from specchat.drafters import TOKENSWIFT
-from specchat.engine.drafter import TargetView
 from specchat.drafters.draft_head import DraftHead, draft_weights
+from specchat.drafters.tokenswift.model import TokenSwiftHeads, download_heads, load_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import PartialKV
+from specchat.engine.drafter import TargetView
 from specchat.engine.host_data import to_device
 from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import DraftTree
-from specchat.drafters.tokenswift.model import TokenSwiftHeads, download_heads, load_heads
 from specchat.quant.quantize import quantized_copy
 
 KV_BUDGET = 4096  # TokenSwift's partial cache B; 0 drafts over the full cache

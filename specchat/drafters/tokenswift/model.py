@@ -41,10 +41,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from specchat.errors import SpecchatError
 from specchat.drafters.checkpoint import HEADS, PICKLES, load_into
-from specchat.drafters.packed_weights import unpack
 from specchat.drafters.draft_layers import RMSNorm
+from specchat.drafters.packed_weights import unpack
+from specchat.errors import SpecchatError
 
 GAMMA = 3  # TokenSwift's heads: tokens t + 2 .. t + 4 from the state at t
 PUBLISHED_PREFIX = "model."  # published heads sit in the target's own checkpoint, under its `model.`
@@ -66,7 +66,8 @@ class TokenSwiftConfig:
             raise SpecchatError("TokenSwift heads that read their chain's tokens read the root token too")
 
     @classmethod
-    def for_target(cls, config, gamma: int = GAMMA, root_input: bool = False, chain_input: bool = False) -> TokenSwiftConfig:
+    def for_target(cls, config, gamma: int = GAMMA, root_input: bool = False,
+                   chain_input: bool = False) -> TokenSwiftConfig:
         """The heads for a target's transformers config (its hidden size and RMS norm epsilon)."""
         return cls(config.hidden_size, getattr(config, "rms_norm_eps", 1e-6), gamma, root_input, chain_input)
 
@@ -127,7 +128,8 @@ class TokenSwiftHeads(nn.Module):
         self.draft_vocab = draft_vocab
         self.medusa_layers = nn.ModuleList(Head(config) for _ in range(config.gamma))
         self.root_input = TokenInput(config) if config.root_input else None
-        self.chain_inputs = nn.ModuleList(TokenInput(config) for _ in range(config.gamma - 1)) if config.chain_input else None
+        self.chain_inputs = (nn.ModuleList(TokenInput(config) for _ in range(config.gamma - 1)) if config.chain_input
+                             else None)
         with torch.no_grad():
             for head in self.medusa_layers:
                 head.linear.weight.zero_()

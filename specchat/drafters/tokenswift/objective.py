@@ -10,8 +10,9 @@ the target's frozen LM head against the token it must guess.
 
 Held-out evaluation ranks what the drafter ranks, the draft vocabulary (a token outside it is a miss): per
 head, top-1 and top-3 accuracy on the rows whose guessed token is an answer token; the loss on those of them
-inside the draft vocabulary; and the greedy chain tau teacher-forced: from a root row t of a greedy answer, the target's own token t + 1 (the bonus) plus the run
-of heads 0, 1, ... whose argmax at t is right, as a chain drafted by the heads would be accepted.
+inside the draft vocabulary; and the greedy chain tau teacher-forced: from a root row t of a greedy answer, the target's
+own token t + 1 (the bonus) plus the run of heads 0, 1, ... whose argmax at t is right, as a chain drafted by the heads
+would be accepted.
 """
 
 from __future__ import annotations

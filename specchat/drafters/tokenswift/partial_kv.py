@@ -8,9 +8,10 @@ runs over it unchanged. Positions stay where RoPE put them: a key keeps its rota
 its true position, so attention over the copy is attention over those positions.
 
 Importance (TokenSwift, section 3.3): the last query's q.k, summed over the query heads of each KV head's
-group, per layer (every layer's query from one target forward of the root, `TargetView.layer_queries`). Selected slots are ordered by importance, and each newly committed position overwrites
-the least important slot left; once new positions have taken every non-sink slot, the next draft selects
-again (about every B - SINKS tokens), with the queries of one target forward over the full cache.
+group, per layer (every layer's query from one target forward of the root, `TargetView.layer_queries`). Selected slots
+are ordered by importance, and each newly committed position overwrites the least important slot left; once new
+positions have taken every non-sink slot, the next draft selects again (about every B - SINKS tokens), with the queries
+of one target forward over the full cache.
 """
 
 from __future__ import annotations

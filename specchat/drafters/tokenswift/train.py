@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 
 from specchat.architectures import parts
+from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, load_heads, save_heads
+from specchat.drafters.tokenswift.objective import TokenSwiftObjective
 from specchat.engine.generate import eos_ids
 from specchat.errors import SpecchatError
-from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, load_heads, save_heads
 from specchat.training.pipeline import Trainee, train_drafter
-from specchat.drafters.tokenswift.objective import TokenSwiftObjective
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet, target_head
 from specchat.training.vocab import frequent_tokens
@@ -38,7 +38,8 @@ def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, voca
 
     def trainee(data_set: TrainingSet) -> Trainee:
         torch.manual_seed(recipe.seed)
-        config = TokenSwiftConfig.for_target(model.config, root_input=root_input or chain_input, chain_input=chain_input)
+        config = TokenSwiftConfig.for_target(model.config, root_input=root_input or chain_input,
+                                             chain_input=chain_input)
         if start is None:
             always = sorted(eos_ids(model, loaded.tokenizer))
             loss_vocab = frequent_tokens(data_set.answers, vocab, model.config.vocab_size, always=always)

@@ -166,7 +166,8 @@ def _block_d(dim: int) -> int:
 
 
 def _split_len(device: torch.device, prefix_len: int, programs_per_split: int, block_n: int) -> int:
-    """Keys per split: enough splits to give every SM eight programs (measured on an H100), each split a whole number of blocks."""
+    """Keys per split: enough splits to give every SM eight programs (measured on an H100), each split a whole number of
+    blocks."""
     target = 4 if interpreting() else 8 * _sm_count(device)
     splits = max(1, min(MAX_SPLITS, triton.cdiv(target, programs_per_split), triton.cdiv(prefix_len, block_n)))
     return triton.cdiv(triton.cdiv(prefix_len, splits), block_n) * block_n
