@@ -40,7 +40,7 @@ class _TrackingDrafter(DraftsAlone, TracksCommittedIds):
     def prefill(self, ids: list[int], hidden=None, reused: int = 0) -> None:
         self.new_request(ids, reused)
 
-    def propose(self, budget: int, sampling=None, generator=None, least_chance: float = 0.0) -> DraftTree:
+    def propose(self, budget: int, sampling=None, generator=None, least_chance: float = 0.0, noise=None) -> DraftTree:
         tree = self._propose(budget)
         assert len(tree) <= budget, "a test drafter broke its own budget"
         self.proposals.append(tree)

@@ -145,8 +145,8 @@ class RecordingComposite(CompositeDrafter):
         self.modes = AlwaysBoth()
         self.trees: list[tuple[int, DraftTree]] = []
 
-    def propose(self, budget, sampling, generator, least_chance=0.0):
-        tree = super().propose(budget, sampling, generator, least_chance)
+    def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
+        tree = super().propose(budget, sampling, generator, least_chance, noise)
         self.trees.append((budget, tree))
         return tree
 
@@ -265,7 +265,7 @@ class Always(DraftsAlone):
     def commit(self, tokens, hidden):
         pass
 
-    def propose(self, budget, sampling, generator, least_chance=0.0):
+    def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
         return DraftTree([self.token], [ROOT], [self.kind]) if budget else DraftTree.empty()
 
 
@@ -300,7 +300,7 @@ class Copy(DraftsAlone):
     def commit(self, tokens, hidden):
         self.step += 1
 
-    def propose(self, budget, sampling, generator, least_chance=0.0):
+    def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
         tokens = [5, 6, 7, 8] if self.step % 3 == 0 else [9, 9, 9, 9]
         return DraftTree(tokens[:budget], [ROOT, 0, 1, 2][:budget], [self.kind] * min(budget, 4))
 
@@ -331,7 +331,7 @@ class Scored(Always):
         super().__init__("tokenswift", 0)
         self.paths, self.calls = paths, 0
 
-    def propose(self, budget, sampling, generator, least_chance=0.0):
+    def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
         self.calls += 1
         return DraftTree.best(self.paths, budget)
 
@@ -398,7 +398,7 @@ class Slow(DraftsAlone):
     def commit(self, tokens, hidden):
         pass
 
-    def propose(self, budget, sampling, generator, least_chance=0.0):
+    def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
         self.calls += 1
         time.sleep(0.05)  # far above a tiny-model step, even on a loaded machine
         return DraftTree([63], [ROOT], [self.kind])
@@ -419,7 +419,7 @@ class Oracle(DraftsAlone):
     def commit(self, tokens, hidden):
         self.done += len(tokens)
 
-    def propose(self, budget, sampling, generator, least_chance=0.0):
+    def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
         self.calls += 1
         chain = self.answer[self.done + 1 : self.done + 1 + budget]
         return DraftTree.from_chains([chain], self.kind, budget) if chain else DraftTree.empty()
@@ -433,8 +433,8 @@ class RoomLeft(NgramDrafter):
         self.budget = budget
         self.room = 0
 
-    def propose(self, budget, sampling=None, generator=None, least_chance=0.0):
-        tree = super().propose(budget, sampling, generator, least_chance)
+    def propose(self, budget, sampling=None, generator=None, least_chance=0.0, noise=None):
+        tree = super().propose(budget, sampling, generator, least_chance, noise)
         self.room += len(tree) < self.budget
         return tree
 
@@ -484,8 +484,8 @@ class RecordedDrafter(DraftsAlone):
     def commit(self, tokens, hidden):
         self.drafter.commit(tokens, hidden)
 
-    def propose(self, budget, sampling, generator, least_chance=0.0):
-        self.last = self.drafter.propose(budget, sampling, generator, least_chance)
+    def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
+        self.last = self.drafter.propose(budget, sampling, generator, least_chance, noise)
         return self.last
 
 
@@ -493,7 +493,7 @@ class OneEach(CompositeDrafter):
     """Each drafter proposes one child of the root and both are merged: the model's sample and the n-gram's
     token then often meet, where the merge's draft rows decide exactness."""
 
-    def propose(self, budget, sampling, generator, least_chance=0.0):
+    def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
         second = self.second.propose(1, sampling, generator)
         return merge_trees(self.first.propose(1, sampling, generator), second, 2)
 
@@ -503,8 +503,8 @@ class KeepsEveryDraftRow(OneEach):
     proposed below the same node — when its token equals the sample, that sample is verified by rejection
     only because of the coincidence."""
 
-    def propose(self, budget, sampling, generator, least_chance=0.0):
-        tree = super().propose(budget, sampling, generator, least_chance)
+    def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
+        tree = super().propose(budget, sampling, generator, least_chance, noise)
         first = self.first.last  # the merged tree's first nodes
         probs = tree.draft_probs.clone()
         probs[: len(first)] = first.draft_probs

@@ -160,10 +160,10 @@ def test_the_engine_tells_a_scored_drafter_the_least_chance_worth_a_node(loaded)
     engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
 
     class Recorded(Eagle3Drafter):
-        def propose(self, budget, sampling, generator, least_chance=0.0):
+        def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
             asked.append(least_chance)
             priced.append(engine.policy.least_chance())
-            return super().propose(budget, sampling, generator, least_chance)
+            return super().propose(budget, sampling, generator, least_chance, noise)
 
     engine.set_drafter(Recorded(engine.target, random_draft(loaded.model)), None)  # the adaptive budget
     _decode(engine, list(range(30, 60)), SamplingConfig())
@@ -194,8 +194,8 @@ def test_eagle3_drafts_that_are_right_get_accepted(loaded):
     drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
     real = drafter.propose
 
-    def knowing(budget, sampling, generator, least_chance=0.0):  # the draft's tree, its best path the truth
-        real(budget, sampling, generator, least_chance)
+    def knowing(budget, sampling, generator, least_chance=0.0, noise=None):  # the draft's tree, its best path the truth
+        real(budget, sampling, generator, least_chance, noise)
         return DraftTree.from_chains([alone[len(drafter.ids) - len(prompt) :][:3]], drafter.kind, budget)
 
     drafter.propose = knowing

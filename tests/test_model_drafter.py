@@ -267,7 +267,8 @@ def test_a_profile_alias_drafts_with_that_profiles_model(default_model):
 def test_a_draft_listing_fewer_or_more_tokens_than_its_target_keeps_the_output_exact(tmp_path, padded):
     """A target listing 64 tokens more than its draft (Gemma 3 4B's and 1B's files), or fewer: the draft proposes
     only ids both have, embeds a target id it lacks as its last, and speculation gives the target's own tokens,
-    greedy and sampled. The files are the same weights but for the padded rows, so most drafts are accepted."""
+    greedy and sampled. The files are the same weights but for the padded rows, so most drafts are accepted, sampled
+    as greedy: the draft races its own distribution under the target's keyed noise."""
     from gguf_files import write_tiny_model
 
     from specchat.loading import embedded_gguf_path, load_model
@@ -289,4 +290,4 @@ def test_a_draft_listing_fewer_or_more_tokens_than_its_target_keeps_the_output_e
         events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=50, reproducible=True))
         assert [t for event in events for t in event.tokens] == expected
         stats = events[-1].stats
-        assert stats.accepted >= 0.5 * stats.drafted_depth > 0
+        assert stats.accepted >= 0.8 * stats.drafted_depth > 0  # sampled: it guesses the keyed draws (0.5 if not)

@@ -549,3 +549,25 @@ def test_position_noise_draws_each_index_over_its_own_support_or_all_rows_alike(
         probs = process_logits(logits, config).softmax(dim=-1)
         indices = [0, 1, 1, 2, 3, 3, 3, 4, 5][: 9 - seed % 4] + [9] * (seed % 4)
         assert noise.choose(probs, indices) == per_index(noise, probs, indices)
+
+
+def test_a_drafter_racing_the_target_s_own_distribution_guesses_every_keyed_draw():
+    """`guess` runs the race `choose` runs: given the target's distributions, its first guess at each row is the
+    target's draw there (rows at their own indices, a draft vocabulary's columns mapped to the target's ids), where
+    the row's support is within the GUESS_POOL likeliest; the others follow by race, and a token of probability 0
+    comes after every other."""
+    from specchat.engine.sampling import GUESS_POOL, PositionNoise
+
+    noise = PositionNoise(seed=11, offset=40)
+    columns = torch.randperm(2000, generator=torch.Generator().manual_seed(0))[:600]  # a draft vocabulary's ids
+    for seed in range(20):
+        config = SamplingConfig(temperature=1.0, top_k=[GUESS_POOL, 20, 2][seed % 3], top_p=0.95, min_p=0.01)
+        probs = process_logits(random_logits(rows=6, vocab=600, seed=seed), config).softmax(dim=-1)
+        assert int((probs > 0).sum(dim=1).max()) <= GUESS_POOL
+        indices = [seed, seed + 1, seed + 1, seed + 2, seed + 5, seed + 9]
+        full = torch.zeros(6, 2000).index_copy_(1, columns, probs)  # the same rows over the target's vocabulary
+        chances, guessed = noise.guess(probs, indices, 3, lambda c: columns[c])
+        assert columns[guessed[:, 0]].tolist() == noise.choose(full, indices)
+        assert bool((chances[:, :-1] >= chances[:, 1:]).all()) and bool((chances <= 1).all())
+        assert bool((chances[:, 0] > 0).all())
+        assert bool(((probs.gather(1, guessed) == 0) <= (chances == 0)).all())  # no chance at p = 0

@@ -156,8 +156,8 @@ class CountsCopies(NgramDrafter):
 
     copies = 0
 
-    def propose(self, budget, sampling=None, generator=None, least_chance=0.0):
-        tree = super().propose(budget, sampling, generator, least_chance)
+    def propose(self, budget, sampling=None, generator=None, least_chance=0.0, noise=None):
+        tree = super().propose(budget, sampling, generator, least_chance, noise)
         self.copies += COPY in tree.origins
         return tree
 

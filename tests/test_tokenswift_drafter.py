@@ -211,6 +211,21 @@ def test_tokenswift_output_equals_autoregressive(model, tokenizer, forward, kv_b
         assert drafter.partial.selections >= 3
 
 
+def test_under_keyed_draws_the_draft_forward_guesses_the_target_s_own_draw(model, tokenizer):
+    """Over the full cache the draft forward's distribution is the target's own at the root, so where the target's
+    draws are keyed, the token the drafter guesses by racing it under the same noise is the one the target draws:
+    the first depth is accepted at (almost) every step, where its likeliest token would be at a fraction."""
+    prompt = torch.randint(3, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    sampling = SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.3, penalty_window=32, seed=5, suppress=(2,))
+    rates = {}
+    for keyed in (True, False):
+        engine = Engine(model, tokenizer, max_len=300)
+        engine.set_drafter(TokenSwiftDrafter(engine.target, random_heads(model), kv_budget=0, lag=16), 4)
+        stats = list(engine.generate(prompt, sampling=sampling, max_new_tokens=120, reproducible=keyed))[-1].stats
+        rates[keyed] = stats.accepted_at_depth[0] / stats.proposed_at_depth[0]
+    assert rates[True] >= 0.95 and rates[False] < 0.8, rates
+
+
 def drafter_after_a_prompt(model, tokenizer, heads: TokenSwiftHeads, forward: bool) -> TokenSwiftDrafter:
     """A drafter with `heads` that has followed a 30-token random prompt and 4 generated tokens."""
     engine = Engine(model, tokenizer, max_len=200)

@@ -82,7 +82,7 @@ class BookOracle:
         assert tokens == self.book[self.position : self.position + len(tokens)]
         self.position += len(tokens)
 
-    def propose(self, budget, sampling=None, generator=None, least_chance=0.0):
+    def propose(self, budget, sampling=None, generator=None, least_chance=0.0, noise=None):
         builder, parent = TreeBuilder(), ROOT
         for token in self.book[self.position : self.position + min(self.depth, budget // 2)]:
             builder.add(parent, (token + 1) % VOCAB, self.kind)

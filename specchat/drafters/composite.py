@@ -13,6 +13,7 @@ import torch
 from specchat.drafters.mode_choice import BOTH, ModeChoice
 from specchat.engine.drafter import Drafter
 from specchat.engine.events import COPY
+from specchat.engine.sampling import PositionNoise
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 from specchat.errors import SpecchatError
@@ -80,17 +81,17 @@ class CompositeDrafter:
         return self.first.scores_nodes and self.second.scores_nodes
 
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0) -> DraftTree:  # fmt: skip
+                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """Parts whose nodes carry scores: the `budget` most likely nodes of both trees, except where the lookup
         found a copy, which drafts alone (82-97% of its tokens right, more than the heads' best guess: merged, a
         sure guess of theirs halved the copy's chances, and summaries ran below the lookup alone). Otherwise the
         leading part's tree whole, and the other part's nodes in the room it left."""
-        second = self.second.propose(budget, sampling, generator, least_chance)
+        second = self.second.propose(budget, sampling, generator, least_chance, noise)
         first_leads = self.runs.first_leads()
         room = budget if first_leads or self.scores_nodes else budget - len(second)
         copying = self.scores_nodes and len(second) > 0 and set(second.origins) == {COPY}
         both = room > 0 and self.modes.mode == BOTH and not copying
-        first = self.first.propose(room, sampling, generator, least_chance) if both else DraftTree.empty()
+        first = self.first.propose(room, sampling, generator, least_chance, noise) if both else DraftTree.empty()
         self.runs.proposed(first, second)
         self._second_tree = second
         if self.scores_nodes:

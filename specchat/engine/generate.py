@@ -230,9 +230,10 @@ class Engine:
 
         `reproducible` keys every sampled choice by its token's index in the text (`PositionNoise`; the
         prompt's first token is index `index_offset`, for a text whose beginning the cache no longer holds):
-        the output is then the same for every drafter and tree, and continues the same after a restart. Its
-        price: a drafter's sampled trees are checked by those draws instead of by rejection sampling, which
-        accepts a little less.
+        the output is then the same for every drafter and tree, and continues the same after a restart. A
+        drafter is handed the noise, and guesses the draws by racing its own distributions under it: where the
+        target samples a broad distribution (a book), more of its guesses are accepted than of its likeliest
+        tokens. A drafter's sampled trees are checked by those draws instead of by rejection sampling.
 
         `known`: tokens the text is known to go on with (a book being resumed, `writer/write.py`). While the
         output follows them, each step verifies the next ones as a chain, whatever the drafter: re-deriving a
@@ -327,7 +328,8 @@ class Engine:
             scored = self.policy is not None and self.drafter.scores_nodes
             budget = self._draft_budget(mode, scored)
             least_chance = self.policy.least_chance() if scored else 0.0
-            tree = self.drafter.propose(budget, sampling, generator, least_chance) if budget else DraftTree.empty()
+            tree = (self.drafter.propose(budget, sampling, generator, least_chance, noise) if budget
+                    else DraftTree.empty())
         clock.mark()
         if scored:  # the nodes worth verifying, by the scores the drafter read
             tree = tree.cut(self.policy.size(tree, clock.host_seconds()))

@@ -7,6 +7,8 @@ own history, which for a tree node is the committed text plus the node's ancesto
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specchat.engine.events import TokenLogprob
@@ -14,6 +16,7 @@ from specchat.engine.host_data import to_device
 from specchat.engine.sampling_config import SamplingConfig
 
 NUCLEUS_ROOM = 256  # the largest logits top-p alone looks among on a CPU before sorting the vocabulary
+GUESS_POOL = 32  # the likeliest tokens of a draft distribution its guesses at keyed draws are chosen among
 
 
 def token_logprobs(processed: torch.Tensor, rows: list[int], tokens: list[int], top: int) -> list[TokenLogprob]:
@@ -208,7 +211,8 @@ class PositionNoise:
     process, after its KV cache was rebuilt, as if it had never stopped. The noise is a counter-based hash
     (splitmix64), independent across indices and tokens, so the output is distributed exactly as the
     target's sampling; it is computed only where a row's distribution is not zero (min-p or top-p leave a
-    few dozen tokens of 49K).
+    few dozen tokens of 49K). A drafter that knows the noise guesses the draws by racing its own distribution
+    under it (`guess`).
     """
 
     def __init__(self, seed: int, offset: int = 0):
@@ -229,10 +233,30 @@ class PositionNoise:
                 choices[row] = token
         return choices
 
-    def exponential(self, index: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Exp(1) noise of `tokens` at text `index` (float64 uniforms in (0, 1), then -log)."""
-        key = torch.tensor(_signed(_splitmix(self.seed ^ index)), dtype=torch.long, device=tokens.device)
-        bits = _mix_tensor(key + tokens.long() * _GOLDEN)
+    def guess(self, probs: torch.Tensor, indices: list[int], width: int,
+              target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A drafter's best guesses at the keyed draws: the `width` tokens of each row of drafting probabilities
+        `probs` [n, m] that win the race p / E at row i's text index `indices[i]` (among its GUESS_POOL likeliest),
+        each with its chance of winning if the target's log-probabilities were the draft's plus Gumbel noise (its
+        race value over the pool's sum), as `topk` gives them: (chances, columns) [n, width]. `target_ids` maps
+        columns of a draft vocabulary to the target's ids, by which the noise is keyed.
+
+        Where the target samples a broad distribution, its choice is the draft's likeliest token only as often as
+        that token's probability; the token that wins the race under the same noise is its choice wherever the two
+        distributions agree."""
+        pool = probs.topk(min(GUESS_POOL, probs.shape[-1]), dim=-1)
+        ids = pool.indices if target_ids is None else target_ids(pool.indices)
+        races = pool.values.double() / self.exponential([self.offset + index for index in indices], ids)
+        best = races.topk(min(width, races.shape[-1]), dim=-1)
+        chances = best.values / races.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(races.dtype).tiny)
+        return chances.to(probs.dtype), pool.indices.gather(1, best.indices)
+
+    def exponential(self, index: int | list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """Exp(1) noise of `tokens` at text `index`, or of row i of `tokens` [n, m] at `index[i]` (float64 uniforms in
+        (0, 1), then -log)."""
+        keys = [_signed(_splitmix(self.seed ^ each)) for each in (index if isinstance(index, list) else [index])]
+        key = torch.tensor(keys, dtype=torch.long, device=tokens.device)
+        bits = _mix_tensor((key[:, None] if isinstance(index, list) else key) + tokens.long() * _GOLDEN)
         uniform = ((bits >> 11) & ((1 << 53) - 1)).double() * 2.0**-53 + 2.0**-54
         return -torch.log(uniform)
 

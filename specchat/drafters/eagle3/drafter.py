@@ -31,7 +31,7 @@ from specchat.drafters.eagle3.native import native_eagle3
 from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device
-from specchat.engine.sampling import SamplingConfig
+from specchat.engine.sampling import PositionNoise, SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 from specchat.quant.quantize import quantized_copy
 
@@ -134,7 +134,7 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0) -> DraftTree:  # fmt: skip
+                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """Each depth is queued from the last one's tensors and the candidates come to the host once, at the end;
         where the drafter `prunes` (a CPU), each depth also reads its best nodes to expand only those that can pay,
         while a GPU expands them whatever they hold, which costs it less than waiting for them."""

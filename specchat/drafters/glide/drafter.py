@@ -23,7 +23,7 @@ from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.glide.model import GlideKV, GlideModel, check_target, load_glide
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device
-from specchat.engine.sampling import SamplingConfig
+from specchat.engine.sampling import PositionNoise, SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
 from specchat.quant.quantize import quantized_copy
@@ -66,7 +66,7 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0) -> DraftTree:  # fmt: skip
+                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """Each chain step's forward reads the last one's top token as the device tensor it is; the ranked tokens
         and confidences come to the host once, at the end, to lay out the chain and its siblings."""
         builder = TreeBuilder()

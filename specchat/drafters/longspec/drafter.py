@@ -21,7 +21,7 @@ from specchat.drafters.longspec.model import LongSpecLayer, RingKV, load_longspe
 from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device
-from specchat.engine.sampling import SamplingConfig
+from specchat.engine.sampling import PositionNoise, SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 from specchat.quant.quantize import quantized_copy
 
@@ -63,7 +63,7 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0) -> DraftTree:  # fmt: skip
+                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """Every depth's forward is queued from the last one's tensors, never read back: the tree stays on the
         device (`DraftTree.queued`), read with the target's choices at verification."""
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)

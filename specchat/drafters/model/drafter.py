@@ -22,11 +22,12 @@ from specchat.drafters.cache_policy import BLOCK, CachePolicy, make_policy
 from specchat.drafters.draft_attention import attend
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.draft_layers import rotate
-from specchat.drafters.model.dynamic_tree import grow_tree
+from specchat.drafters.model.dynamic_tree import Children, grow_tree
 from specchat.drafters.model.model import DraftModel, load_draft_model
 from specchat.drafters.model.working_cache import WorkingCache
 from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
+from specchat.engine.sampling import PositionNoise
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import DraftTree
 from specchat.quant.quantize import quantized_copy
@@ -79,7 +80,7 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
 
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0) -> DraftTree:  # fmt: skip
+                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         root_logits = self._catch_up()
         root, working = self.cache.size - 1, self.cache.size  # the root's compact position: in the working cache
         tree, depths = TreeRows(len(self.layers), self.target.device), itertools.count(1)
@@ -94,9 +95,21 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
             tree.write([rotated for _, _, rotated in new], [v for _, v, _ in new])
             return logits.float().softmax(dim=-1)
 
-        columns = grow_tree(root_logits.float().softmax(dim=-1), expand, budget, self.kind)
+        columns = grow_tree(root_logits.float().softmax(dim=-1), expand, budget, self.kind,
+                            children=None if noise is None else self._guesses(sampling, noise))  # fmt: skip
         return DraftTree(self.head.target_ids(torch.tensor(columns.tokens, dtype=torch.long)).tolist(),
                          columns.parents, columns.origins)  # fmt: skip
+
+    def _guesses(self, sampling: SamplingConfig, noise: PositionNoise) -> Children:
+        """A node's children where the target's draws are keyed: the winners of the race its draft distribution,
+        processed as the target's is, runs under the noise the target's draw at their index will use."""
+        first = len(self.ids)  # the text index of the root's children
+
+        def guesses(probs: torch.Tensor, depth: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+            q = self.head.probs(probs.log(), sampling)  # log-probabilities are logits to the sampling pipeline
+            return noise.guess(q, [first + depth - 1] * len(probs), k, self.head.target_ids)
+
+        return guesses
 
     def _catch_up(self) -> torch.Tensor:
         """Run the draft over the committed tokens it has not seen (at least the newest: the engine reuses at

@@ -21,14 +21,18 @@ MAX_NODES = 50
 MAX_DEPTH = 10
 THRESHOLD = 0.7
 CHILDREN = 8  # candidates per expanded node: the draft's top tokens there
+Children = Callable[[torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]] | None
 
 
 def grow_tree(root_probs: torch.Tensor, expand: Callable[[list[int], list[int]], torch.Tensor], budget: int,
-              origin: str, *, max_depth: int = MAX_DEPTH, threshold: float = THRESHOLD) -> DraftTree:  # fmt: skip
+              origin: str, *, children: Children = None, max_depth: int = MAX_DEPTH,
+              threshold: float = THRESHOLD) -> DraftTree:  # fmt: skip
     """The tree of at most min(budget, MAX_NODES) nodes below the root, whose draft distribution over the
     target's vocabulary is `root_probs` [vocab]. `expand(tokens, parents)` runs the draft over new nodes
     (their tokens; their parents as indices into the list of nodes expanded before, ROOT for the root) and
-    returns their distributions [len(tokens), vocab]."""
+    returns their distributions [len(tokens), vocab]. `children(probs [n, vocab], depth, k)` gives the k
+    candidates below each of n nodes whose children are at `depth`, as (values, tokens) [n, k]: by default the
+    likeliest, valued at their probabilities."""
     size = min(budget, MAX_NODES)
     tokens: list[int] = []
     parents: list[int] = []  # candidate index, ROOT
@@ -36,16 +40,20 @@ def grow_tree(root_probs: torch.Tensor, expand: Callable[[list[int], list[int]],
     depths: list[int] = []
     expanded: dict[int, int] = {ROOT: ROOT}  # candidate -> index among expanded nodes
 
-    def add_children(candidate: int, probs: torch.Tensor) -> None:
-        best = probs.float().topk(min(CHILDREN, size, probs.shape[-1]))
-        base, depth = (1.0, 1) if candidate == ROOT else (values[candidate], depths[candidate] + 1)
-        for p, token in zip(best.values.tolist(), best.indices.tolist()):
-            tokens.append(token)
-            parents.append(candidate)
-            values.append(base * p)
-            depths.append(depth)
+    children = children or _likeliest
 
-    add_children(ROOT, root_probs)
+    def add_children(candidates: list[int], probs: torch.Tensor, depth: int) -> None:
+        """The best children of `candidates` (ROOT, or nodes at depth - 1) by their draft distributions `probs`."""
+        best_values, best_tokens = children(probs.float(), depth, min(CHILDREN, size, probs.shape[-1]))
+        for candidate, row_values, row_tokens in zip(candidates, best_values.tolist(), best_tokens.tolist()):
+            base = 1.0 if candidate == ROOT else values[candidate]
+            for p, token in ((p, token) for p, token in zip(row_values, row_tokens) if p > 0):
+                tokens.append(token)
+                parents.append(candidate)
+                values.append(base * p)
+                depths.append(depth)
+
+    add_children([ROOT], root_probs[None], 1)
     chosen = _best(values, depths, size)
     expected = gain = sum(values[c] for c in chosen)
     for depth in range(1, max_depth):
@@ -55,14 +63,17 @@ def grow_tree(root_probs: torch.Tensor, expand: Callable[[list[int], list[int]],
         for candidate in frontier:
             expanded[candidate] = len(expanded) - 1
         probs = expand([tokens[c] for c in frontier], [expanded[parents[c]] for c in frontier])
-        for candidate, row in zip(frontier, probs):
-            add_children(candidate, row)
+        add_children(frontier, probs, depth + 1)
         chosen = _best(values, depths, size)
         total = sum(values[c] for c in chosen)
         gain, expected = total - expected, total
     index = {candidate: i for i, candidate in enumerate(chosen)}
     return DraftTree([tokens[c] for c in chosen], [ROOT if parents[c] == ROOT else index[parents[c]] for c in chosen],
                      [origin] * len(chosen))  # fmt: skip
+
+
+def _likeliest(probs: torch.Tensor, depth: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return probs.topk(k, dim=-1)
 
 
 def _best(values: list[float], depths: list[int], size: int) -> list[int]:

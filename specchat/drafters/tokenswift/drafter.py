@@ -35,7 +35,7 @@ from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import PartialKV
 from specchat.engine.drafter import TargetView
 from specchat.engine.host_data import to_device
-from specchat.engine.sampling import SamplingConfig, process_logits
+from specchat.engine.sampling import PositionNoise, SamplingConfig, process_logits
 from specchat.engine.tree import DraftTree
 from specchat.quant.quantize import quantized_copy
 
@@ -91,7 +91,8 @@ class TokenSwiftDrafter:
         return frozenset({self.kind, NGRAM})  # its trees carry its n-gram reuse's chains as n-gram nodes
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator=None, least_chance: float = 0.0) -> DraftTree:
+    def propose(self, budget: int, sampling: SamplingConfig, generator=None, least_chance: float = 0.0,
+                noise: PositionNoise | None = None) -> DraftTree:
         """The draft forward's token feeds the heads as the device tensor it is; the host reads the first token and
         the heads' guesses once, at the end (heads that read their chain's tokens choose on the host at each depth)."""
         if budget < 1:
@@ -104,7 +105,11 @@ class TokenSwiftDrafter:
             cache = self.partial.prepare(root) if self.partial is not None else self.target.cache
             logits, hidden = self.target.forward(torch.full((1,), root, device=device),
                                                  torch.full((1,), position, device=device), cache)  # fmt: skip
-            p, token = self._probs(logits[-1:], sampling, history)[0].max(dim=0)
+            probs = self._probs(logits[-1:], sampling, history)
+            if noise is None:
+                p, token = probs[0].max(dim=0)
+            else:
+                [[p]], [[token]] = noise.guess(probs, [len(self.ids)], 1)
             first, state, start, depth = (token, p), hidden[-1:], token[None], budget - 1
         elif self.state is None:
             return DraftTree.empty()
@@ -112,17 +117,20 @@ class TokenSwiftDrafter:
             state, start, depth = self.state, torch.full((1,), root, device=device), budget
         states = self.heads.start(state.to(self.target.dtype), self._embed(start))
         chained = self.heads.config.chain_input
-        guesses = None if chained else self._product_guesses(states, depth, sampling, history)
+        index = len(self.ids) + (first is not None)  # the text index of the heads' first level's tokens
+        guesses = None if chained else self._product_guesses(states, depth, sampling, history, noise, index)
         below, below_p = ((int(first[0]),), float(first[1])) if first else ((), 1.0)
         if chained:
-            paths = self._chained_paths(states, depth, budget, sampling, history, below, below_p, least_chance)
+            paths = self._chained_paths(states, depth, budget, sampling, history, below, below_p, least_chance,
+                                        noise, index)
         else:
             paths = _product(*guesses, below, below_p) if guesses else {}
         return _tree(paths, self.table, budget, self.kind, start=below[0] if below else root, below=below,
                      below_p=below_p)  # fmt: skip
 
     def _product_guesses(self, states: torch.Tensor, depth: int, sampling: SamplingConfig,
-                         history: torch.Tensor | None) -> tuple[list[list[float]], list[list[int]]] | None:
+                         history: torch.Tensor | None, noise: PositionNoise | None = None,
+                         index: int = 0) -> tuple[list[list[float]], list[list[int]]] | None:
         """Heads that guess from the state alone ([3, 3, 3]): each level's top 3 drafting probabilities and target
         ids, read by the host in one go (None: no level fits the depth)."""
         guesses = []
@@ -131,12 +139,13 @@ class TokenSwiftDrafter:
             guesses.append(out)
         if not guesses:
             return None
-        values, ids = self._top(torch.cat(guesses), sampling, history)
+        values, ids = self._top(torch.cat(guesses), sampling, history, noise, [index + i for i in range(len(guesses))])
         return values.tolist(), ids.tolist()
 
     def _chained_paths(self, states: torch.Tensor, depth: int, budget: int, sampling: SamplingConfig,
                        history: torch.Tensor | None, below: tuple[int, ...], below_p: float,
-                       least_chance: float) -> dict[tuple[int, ...], float]:  # fmt: skip
+                       least_chance: float, noise: PositionNoise | None = None,
+                       index: int = 0) -> dict[tuple[int, ...], float]:  # fmt: skip
         """Heads that read their chain's tokens, a depth at a time: head i runs over the paths of depth i that
         rank among the `budget` best found so far and are at least `least_chance` likely (a child is no likelier
         than its parent), each reading its own last token, and adds their top 3."""
@@ -144,7 +153,7 @@ class TokenSwiftDrafter:
         for i in range(min(depth, self.heads.config.gamma)):
             reads = self._embed(torch.tensor([path[-1] for path, _ in level], device=self.target.device)) if i else None
             states, out = self.heads.step(i, states, reads)
-            values, tokens = (top.tolist() for top in self._top(out, sampling, history))
+            values, tokens = (top.tolist() for top in self._top(out, sampling, history, noise, [index + i] * len(out)))
             children = [(path + (t,), score * v, row) for row, (path, score) in enumerate(level)
                         for v, t in zip(values[row], tokens[row]) if v > 0]  # fmt: skip
             paths.update((path, score) for path, score, _ in children)
@@ -162,13 +171,18 @@ class TokenSwiftDrafter:
             return None
         return self.target.embed_tokens(tokens)
 
-    def _top(self, guesses: torch.Tensor, sampling: SamplingConfig,
-             history: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """The top 3 drafting probabilities and target ids [n, 3] of each head output in `guesses` [n, hidden],
-        ranked inside the heads' draft vocabulary."""
+    def _top(self, guesses: torch.Tensor, sampling: SamplingConfig, history: torch.Tensor | None,
+             noise: PositionNoise | None = None, indices: list[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 3 guesses of each head output in `guesses` [n, hidden] at text `indices` [n], with their chances [n, 3]
+        and target ids [n, 3]: the likeliest in the heads' draft vocabulary, or where the target's draws are keyed
+        (`noise`), those likeliest to win them."""
         rows = None if history is None else history.expand(len(guesses), -1)
-        top = self.head.probs(self.head(guesses), sampling, rows).topk(WIDTH, dim=-1)
-        return top.values, self.head.target_ids(top.indices)
+        probs = self.head.probs(self.head(guesses), sampling, rows)
+        if noise is None:
+            top = probs.topk(WIDTH, dim=-1)
+            return top.values, self.head.target_ids(top.indices)
+        chances, columns = noise.guess(probs, indices, WIDTH, self.head.target_ids)
+        return chances, self.head.target_ids(columns)
 
     def _probs(self, rows: torch.Tensor, sampling: SamplingConfig, history: torch.Tensor | None) -> torch.Tensor:
         """Drafting probabilities of the target's logits `rows` [n, vocab] under its sampling settings."""
