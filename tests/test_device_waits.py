@@ -63,7 +63,7 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
 }
 
 
-def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12):
+def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12, reproducible: bool = False):
     """Per decode step after the first: (drains in the drafter's proposal, drains in the whole step, the tree, what
     caused them)."""
     proposals, steps = [], []
@@ -82,7 +82,7 @@ def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12):
         return out
 
     engine.drafter.propose, engine._step = counted_propose, counted_step
-    list(engine.generate(PROMPT, sampling=sampling, max_new_tokens=tokens))
+    list(engine.generate(PROMPT, sampling=sampling, max_new_tokens=tokens, reproducible=reproducible))
     return [(drafted.drains, whole.drains, tree, drafted.causes + whole.causes)
             for (drafted, tree), whole in zip(proposals[1:], steps[1:])]  # fmt: skip
 
@@ -117,6 +117,19 @@ def test_a_sampled_step_over_a_beam_waits_once_as_on_a_gpu(monkeypatch, tokenize
     assert steps and all(tree.depth >= 5 for _, _, tree, _ in steps)
     for drafting, step, _, causes in steps:
         assert (drafting, step) == (0, 1), causes
+
+
+def test_guessing_keyed_draws_adds_no_wait(tokenizer):
+    """Where the target's draws are keyed (`reproducible`), TokenSwift guesses them from its draft forward's
+    distribution and its heads', racing them under the same noise: the noise's keys go to the device without a
+    wait, so its proposal still reads once, at the end."""
+    model = tiny_model("llama", vocab_size=64)
+    engine = Engine(model, tokenizer, max_len=400)
+    engine.set_drafter(tokenswift(forward=True)(engine, model), 64)
+    steps = counted_steps(engine, SAMPLED, reproducible=True)
+    assert steps and all(tree.depth >= 4 for _, _, tree, _ in steps)
+    for drafting, _, _, causes in steps:
+        assert drafting == 1, causes
 
 
 def test_without_a_drafter_a_step_waits_once(tokenizer):

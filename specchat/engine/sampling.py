@@ -255,7 +255,7 @@ class PositionNoise:
         """Exp(1) noise of `tokens` at text `index`, or of row i of `tokens` [n, m] at `index[i]` (float64 uniforms in
         (0, 1), then -log)."""
         keys = [_signed(_splitmix(self.seed ^ each)) for each in (index if isinstance(index, list) else [index])]
-        key = torch.tensor(keys, dtype=torch.long, device=tokens.device)
+        key = to_device(keys, tokens.device, torch.long)  # a drafter's guesses queue behind its forwards
         bits = _mix_tensor((key[:, None] if isinstance(index, list) else key) + tokens.long() * _GOLDEN)
         uniform = ((bits >> 11) & ((1 << 53) - 1)).double() * 2.0**-53 + 2.0**-54
         return -torch.log(uniform)
