@@ -120,9 +120,9 @@ def test_a_sampled_step_over_a_beam_waits_once_as_on_a_gpu(monkeypatch, tokenize
 
 
 def test_guessing_keyed_draws_adds_no_wait(tokenizer):
-    """Where the target's draws are keyed (`reproducible`), TokenSwift guesses them from its draft forward's
-    distribution and its heads', racing them under the same noise: the noise's keys go to the device without a
-    wait, so its proposal still reads once, at the end."""
+    """Where the target's draws are keyed (`reproducible`), TokenSwift's draft forward guesses the first, racing its
+    distribution under the same noise: the noise's keys go to the device without a wait, so the proposal still
+    reads once, at the end."""
     model = tiny_model("llama", vocab_size=64)
     engine = Engine(model, tokenizer, max_len=400)
     engine.set_drafter(tokenswift(forward=True)(engine, model), 64)

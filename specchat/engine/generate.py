@@ -231,9 +231,9 @@ class Engine:
         `reproducible` keys every sampled choice by its token's index in the text (`PositionNoise`; the
         prompt's first token is index `index_offset`, for a text whose beginning the cache no longer holds):
         the output is then the same for every drafter and tree, and continues the same after a restart. A
-        drafter is handed the noise, and guesses the draws by racing its own distributions under it: where the
-        target samples a broad distribution (a book), more of its guesses are accepted than of its likeliest
-        tokens. A drafter's sampled trees are checked by those draws instead of by rejection sampling.
+        drafter is handed the noise: one whose distribution is close to the target's guesses the draws by racing
+        it under the same noise, which beats its likeliest tokens wherever the target samples a broad
+        distribution. A drafter's sampled trees are checked by those draws instead of by rejection sampling.
 
         `known`: tokens the text is known to go on with (a book being resumed, `writer/write.py`). While the
         output follows them, each step verifies the next ones as a chain, whatever the drafter: re-deriving a
