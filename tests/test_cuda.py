@@ -125,15 +125,17 @@ def test_seeded_sampling_on_cuda_equals_autoregressive(drafter):
     assert generate(engine, prompt, 80, SAMPLED) == expected
 
 
-@pytest.mark.parametrize(("drafter", "sampling", "drafted"), [
-    ("longspec", NO_EOS, 0), ("longspec", SAMPLED, 0), ("longspec-draft-vocab", NO_EOS, 0), ("glide", NO_EOS, 1),
-    ("tokenswift", NO_EOS, 1), ("eagle3", NO_EOS, 1), (None, NO_EOS, 0)],
-    ids=["longspec", "longspec-sampled", "longspec-draft-vocab", "glide", "tokenswift", "eagle3", "none"])  # fmt: skip
-def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, drafted):
+@pytest.mark.parametrize(("drafter", "sampling", "drafted", "keyed"), [
+    ("longspec", NO_EOS, 0, False), ("longspec", SAMPLED, 0, False), ("longspec", SAMPLED, 0, True),
+    ("longspec-draft-vocab", NO_EOS, 0, False), ("glide", NO_EOS, 1, False), ("tokenswift", NO_EOS, 1, False),
+    ("tokenswift", SAMPLED, 1, True), ("eagle3", NO_EOS, 1, False), (None, NO_EOS, 0, False)],
+    ids=["longspec", "longspec-sampled", "longspec-keyed", "longspec-draft-vocab", "glide", "tokenswift",
+         "tokenswift-keyed", "eagle3", "none"])  # fmt: skip
+def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, drafted, keyed):
     """What `test_device_waits.py` models on a CPU, counted by CUDA itself (`set_sync_debug_mode`): once its
-    graphs are captured, a greedy step, or one sampled with top-p from a deterministic tree, synchronises where the
-    host reads the target's choices (with a tree its drafter left on the device), and a proposal only at its end
-    where its tree is sized by its values."""
+    graphs are captured, a greedy step, or one sampled with top-p from a deterministic tree (keyed draws too, the
+    draft forward guessing them), synchronises where the host reads the target's choices (with a tree its drafter
+    left on the device), and a proposal only at its end where its tree is sized by its values."""
     prompt = random_prompt(40, seed=2, vocab=VOCAB)
     model = cuda_model("llama")
     engine = Engine(model, TOKENIZER, max_len=256)
@@ -157,7 +159,7 @@ def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, d
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            list(engine.generate(prompt, sampling=sampling, max_new_tokens=24))
+            list(engine.generate(prompt, sampling=sampling, max_new_tokens=24, reproducible=keyed))
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert len(steps) > 4

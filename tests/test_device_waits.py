@@ -28,7 +28,7 @@ from specchat.engine import sampling as sampling_module
 from specchat.engine.attention import use_attention
 from specchat.engine.generate import Engine
 from specchat.engine.host_data import to_device
-from specchat.engine.sampling import SamplingConfig
+from specchat.engine.sampling import PositionNoise, SamplingConfig
 from specchat.engine.tree import ROOT
 
 PROMPT = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7] * 3
@@ -114,6 +114,21 @@ def test_a_sampled_step_over_a_beam_waits_once_as_on_a_gpu(monkeypatch, tokenize
     engine = Engine(model, tokenizer, max_len=400)
     engine.set_drafter(longspec(chain=False)(engine, model), 64)
     steps = counted_steps(engine, SamplingConfig(temperature=0.6, top_p=0.9, seed=5))
+    assert steps and all(tree.depth >= 5 for _, _, tree, _ in steps)
+    for drafting, step, _, causes in steps:
+        assert (drafting, step) == (0, 1), causes
+
+
+def test_a_keyed_step_over_a_beam_waits_once_as_on_a_gpu(monkeypatch, tokenizer):
+    """Keyed draws (`specchat write`, `bench`, a seeded server request) as a GPU draws them, every token of every row
+    raced at once at the text indices the verified rows' positions give on the device: a step over LongSpec's beam,
+    which stays on the device, waits once too."""
+    choose = PositionNoise.choose
+    monkeypatch.setattr(PositionNoise, "choose", lambda noise, probs, rows: choose(noise, probs, rows, dense=True))
+    model = tiny_model("llama", vocab_size=64)
+    engine = Engine(model, tokenizer, max_len=400)
+    engine.set_drafter(longspec(chain=False)(engine, model), 64)
+    steps = counted_steps(engine, SamplingConfig(temperature=0.6, top_p=0.9, seed=5), reproducible=True)
     assert steps and all(tree.depth >= 5 for _, _, tree, _ in steps)
     for drafting, step, _, causes in steps:
         assert (drafting, step) == (0, 1), causes

@@ -512,7 +512,7 @@ def test_position_noise_draws_are_distributed_as_p():
 
     p = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02, 0.0])
     noise = PositionNoise(seed=12345)
-    draws = [noise.choose(p[None], [index])[0] for index in range(6000)]
+    draws = [int(noise.choose(p[None], [index])[0]) for index in range(6000)]
     counts = Counter(draws)
     assert counts[7] == 0  # a token of probability 0 is never drawn
     exact = {token: float(prob) for token, prob in enumerate(p) if prob > 0}
@@ -520,16 +520,17 @@ def test_position_noise_draws_are_distributed_as_p():
     assert_rejected(counts, {t: q for t, q in zip(exact, [0.34, 0.28, 0.17, 0.11, 0.05, 0.03, 0.02])}, "a near p")
     # the same (seed, index) draws the same token, in any company; another seed draws others
     again = PositionNoise(seed=12345)
-    assert [again.choose(torch.stack([p, p.flip(0)]), [i, i])[0] for i in range(200)] == draws[:200]
-    other = [PositionNoise(seed=1).choose(p[None], [i])[0] for i in range(200)]
+    assert [int(again.choose(torch.stack([p, p.flip(0)]), [i, i])[0]) for i in range(200)] == draws[:200]
+    other = [int(PositionNoise(seed=1).choose(p[None], [i])[0]) for i in range(200)]
     assert other != draws[:200]
     shifted = PositionNoise(seed=12345, offset=100)
-    assert [shifted.choose(p[None], [i])[0] for i in range(100)] == draws[100:200]
+    assert [int(shifted.choose(p[None], [i])[0]) for i in range(100)] == draws[100:200]
 
 
 def test_position_noise_draws_each_index_over_its_own_support_or_all_rows_alike():
     """Keyed draws over the tokens any row may take equal those over each index's own support, token for token: a
-    token no row at an index may take scores 0 there. What was written keyed stays the text when resumed."""
+    token no row at an index may take scores 0 there; so do a GPU's, over every token of every row at once. What was
+    written keyed stays the text when resumed."""
     from specchat.engine.sampling import PositionNoise
 
     def per_index(noise, probs, indices):  # each index's own support, scanned apart
@@ -537,7 +538,7 @@ def test_position_noise_draws_each_index_over_its_own_support_or_all_rows_alike(
         for index in sorted(set(indices)):
             rows = [i for i, each in enumerate(indices) if each == index]
             support = probs[rows].amax(dim=0).nonzero()[:, 0]
-            scores = probs[rows][:, support] / noise.exponential(noise.offset + index, support)
+            scores = probs[rows][:, support] / noise.exponential(index, support)
             for row, token in zip(rows, support[scores.argmax(dim=1)].tolist()):
                 choices[row] = token
         return choices
@@ -548,7 +549,8 @@ def test_position_noise_draws_each_index_over_its_own_support_or_all_rows_alike(
         config = SamplingConfig(temperature=0.8, top_k=[5, 40, 0][seed % 3], top_p=0.9, min_p=0.02)
         probs = process_logits(logits, config).softmax(dim=-1)
         indices = [0, 1, 1, 2, 3, 3, 3, 4, 5][: 9 - seed % 4] + [9] * (seed % 4)
-        assert noise.choose(probs, indices) == per_index(noise, probs, indices)
+        assert noise.choose(probs, indices).tolist() == per_index(noise, probs, indices)
+        assert noise.choose(probs, indices, dense=True).tolist() == per_index(noise, probs, indices)  # a GPU's
 
 
 def test_a_drafter_racing_the_target_s_own_distribution_guesses_every_keyed_draw():
@@ -567,7 +569,27 @@ def test_a_drafter_racing_the_target_s_own_distribution_guesses_every_keyed_draw
         indices = [seed, seed + 1, seed + 1, seed + 2, seed + 5, seed + 9]
         full = torch.zeros(6, 2000).index_copy_(1, columns, probs)  # the same rows over the target's vocabulary
         chances, guessed = noise.guess(probs, indices, 3, lambda c: columns[c])
-        assert columns[guessed[:, 0]].tolist() == noise.choose(full, indices)
+        assert columns[guessed[:, 0]].tolist() == noise.choose(full, indices).tolist()
         assert bool((chances[:, :-1] >= chances[:, 1:]).all()) and bool((chances <= 1).all())
         assert bool((chances[:, 0] > 0).all())
         assert bool(((probs.gather(1, guessed) == 0) <= (chances == 0)).all())  # no chance at p = 0
+
+
+def test_position_noise_keys_are_splitmix64_of_the_seed_and_index_as_written_before():
+    """The noise's keys, computed on the device from a tensor of indices, are bit for bit splitmix64(seed ^ index) as
+    the host computed them: books written before resume with the same draws."""
+    from specchat.engine.sampling import _GOLDEN, PositionNoise, _mix_tensor, _signed, _splitmix
+
+    def reference(noise: PositionNoise, index: int, tokens: torch.Tensor) -> torch.Tensor:
+        key = torch.tensor(_signed(_splitmix(noise.seed ^ (noise.offset + index))), dtype=torch.long)
+        bits = _mix_tensor(key + tokens.long() * _GOLDEN)
+        return -torch.log(((bits >> 11) & ((1 << 53) - 1)).double() * 2.0**-53 + 2.0**-54)
+
+    tokens = torch.arange(0, 152_000, 997)
+    for seed, offset in [(0, 0), (12345, 100), (2**62 + 7, 3), (-5, 10**9)]:
+        noise = PositionNoise(seed, offset)
+        for index in [0, 1, 77, 2**31 + 5, 10**12]:
+            expected = reference(noise, index, tokens)
+            assert torch.equal(noise.exponential(index, tokens), expected)
+            assert torch.equal(noise.exponential([index, index + 1], torch.stack([tokens, tokens]))[0], expected)
+            assert torch.equal(noise.exponential(torch.tensor([[index]]), tokens[None])[0], expected)

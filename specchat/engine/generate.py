@@ -279,7 +279,7 @@ class Engine:
         logits = self._prefill(prompt_ids, stats, reuse=not fresh)
         processed = self._process(logits, sampling, DraftTree.empty(), constrained, min_tokens)
         if noise:
-            [token] = noise.choose(processed.softmax(dim=-1), [self.length])
+            token = int(noise.choose(processed.softmax(dim=-1), [self.length])[0])
         else:
             token = int(sample(processed, sampling, generator)[0])
         scored = token_logprobs(processed, [0], [token], logprobs) if logprobs is not None else None
@@ -344,7 +344,7 @@ class Engine:
         clock.mark()
         choices = None
         if noise:
-            choices = noise.choose(processed.softmax(dim=-1), [self.length + depth for depth in (0, *tree.depths)])
+            choices = noise.choose(processed.softmax(dim=-1), batch.position_ids + 1)  # a row chooses the next token
         verdict = verify(tree, processed, sampling, generator, choices)  # the step's wait for the device
         draft_seconds, _, verify_seconds = clock.seconds()  # drafting, sizing, verification
         kept = [0] + [node + 1 for node in verdict.path]

@@ -219,18 +219,26 @@ class PositionNoise:
         self.seed = _signed(_splitmix(seed))
         self.offset = offset
 
-    def choose(self, probs: torch.Tensor, indices: list[int]) -> list[int]:
+    def choose(self, probs: torch.Tensor, indices: list[int] | torch.Tensor, *,
+               dense: bool | None = None) -> torch.Tensor:  # fmt: skip
         """One token per row of `probs` [n, vocab], row i being the token at text index `indices[i]` (+ offset):
-        argmax over the row's support of p / E, E ~ Exp(1) keyed by (seed, index, token)."""
+        argmax over the row's support of p / E, E ~ Exp(1) keyed by (seed, index, token); [n] on `probs`' device.
+
+        A CPU scans for the tokens any row may take and computes their noise alone; a GPU (`dense`) races every token
+        at once without reading anything back, so the step's one wait stays its acceptance. The same tokens either
+        way: a token of probability 0 scores 0 and never wins."""
+        if dense if dense is not None else probs.device.type != "cpu":
+            indices = indices if isinstance(indices, torch.Tensor) else to_device(indices, probs.device, torch.long)
+            vocab = torch.arange(probs.shape[-1], device=probs.device)
+            return (probs.double() / self.exponential(indices[:, None], vocab[None])).argmax(dim=-1)
+        indices = indices.tolist() if isinstance(indices, torch.Tensor) else indices
         support = probs.amax(dim=0).nonzero()[:, 0]  # tokens some row may take, ascending: one scan of the rows
         candidates = probs[:, support]  # a token no row at an index may take scores 0 there, and never wins
-        choices = [0] * len(indices)
+        choices = torch.empty(len(indices), dtype=torch.long)
         for index in sorted(set(indices)):
             rows = [i for i, each in enumerate(indices) if each == index]
-            noise = self.exponential(self.offset + index, support)
-            winners = support[(candidates[rows] / noise).argmax(dim=1)]
-            for row, token in zip(rows, winners.tolist()):
-                choices[row] = token
+            noise = self.exponential(index, support)
+            choices[rows] = support[(candidates[rows] / noise).argmax(dim=1)]
         return choices
 
     def guess(self, probs: torch.Tensor, indices: list[int], width: int,
@@ -246,17 +254,19 @@ class PositionNoise:
         distributions agree."""
         pool = probs.topk(min(GUESS_POOL, probs.shape[-1]), dim=-1)
         ids = pool.indices if target_ids is None else target_ids(pool.indices)
-        races = pool.values.double() / self.exponential([self.offset + index for index in indices], ids)
+        races = pool.values.double() / self.exponential(indices, ids)
         best = races.topk(min(width, races.shape[-1]), dim=-1)
         chances = best.values / races.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(races.dtype).tiny)
         return chances.to(probs.dtype), pool.indices.gather(1, best.indices)
 
-    def exponential(self, index: int | list[int], tokens: torch.Tensor) -> torch.Tensor:
-        """Exp(1) noise of `tokens` at text `index`, or of row i of `tokens` [n, m] at `index[i]` (float64 uniforms in
-        (0, 1), then -log)."""
-        keys = [_signed(_splitmix(self.seed ^ each)) for each in (index if isinstance(index, list) else [index])]
-        key = to_device(keys, tokens.device, torch.long)  # a drafter's guesses queue behind its forwards
-        bits = _mix_tensor((key[:, None] if isinstance(index, list) else key) + tokens.long() * _GOLDEN)
+    def exponential(self, index: int | list[int] | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Exp(1) noise of `tokens` at text `index` (+ offset): one index, one a row of `tokens` [n, m] (a list), or
+        any indices broadcast against `tokens` (a tensor, on its device). Float64 uniforms in (0, 1), then -log."""
+        if not isinstance(index, torch.Tensor):  # copied without a wait: a drafter's guesses queue behind its work
+            index = to_device(index, tokens.device, torch.long)
+            index = index[:, None] if index.dim() else index
+        keys = _mix_tensor((self.seed ^ (index + self.offset)) + _GOLDEN)  # splitmix64 of seed ^ index
+        bits = _mix_tensor(keys + tokens.long() * _GOLDEN)
         uniform = ((bits >> 11) & ((1 << 53) - 1)).double() * 2.0**-53 + 2.0**-54
         return -torch.log(uniform)
 

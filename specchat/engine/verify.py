@@ -36,13 +36,13 @@ class Verdict:
 
 
 def verify(tree: DraftTree, processed: torch.Tensor, sampling: SamplingConfig, generator,
-           choices: list[int] | None = None) -> Verdict:  # fmt: skip
+           choices: torch.Tensor | None = None) -> Verdict:  # fmt: skip
     """Accepted path and bonus for a tree, from the processed target logits of its rows [n + 1, vocab].
 
     `choices` are the rows' choices when the caller drew them (`PositionNoise`: keyed draws); sampled trees
     are then verified by those draws too, so the output is the same whatever the tree."""
     if choices is not None:
-        return accept(tree, choices)
+        return accept(tree, tree.read_with(choices))
     if sampling.greedy or tree.draft_probs is None:  # a queued tree comes to the host with the choices
         return accept(tree, tree.read_with(sample(processed, sampling, generator)))
     return accept_sampled(tree, processed.softmax(dim=-1), generator)
