@@ -210,7 +210,7 @@ class PositionNoise:
     decoding makes at that index, whatever the tree around it), and a text can be continued in another
     process, after its KV cache was rebuilt, as if it had never stopped. The noise is a counter-based hash
     (splitmix64), independent across indices and tokens, so the output is distributed exactly as the
-    target's sampling; it is computed only where a row's distribution is not zero (min-p or top-p leave a
+    target's sampling; a CPU computes it only where a row's distribution is not zero (min-p or top-p leave a
     few dozen tokens of 49K). A drafter that knows the noise guesses the draws by racing its own distribution
     under it (`guess`).
     """
@@ -227,7 +227,9 @@ class PositionNoise:
         A CPU scans for the tokens any row may take and computes their noise alone; a GPU (`dense`) races every token
         at once without reading anything back, so the step's one wait stays its acceptance. The same tokens either
         way: a token of probability 0 scores 0 and never wins."""
-        if dense if dense is not None else probs.device.type != "cpu":
+        if dense is None:
+            dense = probs.device.type != "cpu"
+        if dense:
             indices = indices if isinstance(indices, torch.Tensor) else to_device(indices, probs.device, torch.long)
             vocab = torch.arange(probs.shape[-1], device=probs.device)
             return (probs.double() / self.exponential(indices[:, None], vocab[None])).argmax(dim=-1)
