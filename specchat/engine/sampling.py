@@ -236,12 +236,13 @@ class PositionNoise:
         indices = indices.tolist() if isinstance(indices, torch.Tensor) else indices
         support = probs.amax(dim=0).nonzero()[:, 0]  # tokens some row may take, ascending: one scan of the rows
         candidates = probs[:, support]  # a token no row at an index may take scores 0 there, and never wins
-        choices = torch.empty(len(indices), dtype=torch.long)
+        choices = [0] * len(indices)
         for index in sorted(set(indices)):
             rows = [i for i, each in enumerate(indices) if each == index]
             noise = self.exponential(index, support)
-            choices[rows] = support[(candidates[rows] / noise).argmax(dim=1)]
-        return choices
+            for row, token in zip(rows, support[(candidates[rows] / noise).argmax(dim=1)].tolist()):
+                choices[row] = token
+        return torch.tensor(choices)
 
     def guess(self, probs: torch.Tensor, indices: list[int], width: int,
               target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,10 +265,12 @@ class PositionNoise:
     def exponential(self, index: int | list[int] | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Exp(1) noise of `tokens` at text `index` (+ offset): one index, one a row of `tokens` [n, m] (a list), or
         any indices broadcast against `tokens` (a tensor, on its device). Float64 uniforms in (0, 1), then -log."""
-        if not isinstance(index, torch.Tensor):  # copied without a wait: a drafter's guesses queue behind its work
-            index = to_device(index, tokens.device, torch.long)
-            index = index[:, None] if index.dim() else index
-        keys = _mix_tensor((self.seed ^ (index + self.offset)) + _GOLDEN)  # splitmix64 of seed ^ index
+        if isinstance(index, int):  # one key: the host hashes it faster than a tensor's operations would
+            keys = torch.tensor(_signed(_splitmix(self.seed ^ (index + self.offset))), device=tokens.device)
+        else:
+            if not isinstance(index, torch.Tensor):  # copied without a wait: a drafter's guesses queue behind its work
+                index = to_device(index, tokens.device, torch.long)[:, None]
+            keys = _mix_tensor((self.seed ^ (index + self.offset)) + _GOLDEN)  # splitmix64 of seed ^ index
         bits = _mix_tensor(keys + tokens.long() * _GOLDEN)
         uniform = ((bits >> 11) & ((1 << 53) - 1)).double() * 2.0**-53 + 2.0**-54
         return -torch.log(uniform)
