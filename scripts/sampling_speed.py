@@ -1,7 +1,7 @@
 """Times the sampling pipeline a decode step runs on a 152K-token vocabulary (Qwen2.5's) per number of rows
-(not a test: prints a table): `process_logits` (penalty, temperature, top-k, top-p, min-p) and `sample` (the
-race), under the settings a chat uses by default (Qwen's; Llama 3.1's, top-p without a top-k) and the writer's.
-Another commit's pipeline: the same script with that commit's tree first on PYTHONPATH (`git worktree add`).
+(not a test: prints a table): `process_rows` (penalty, temperature, top-k, top-p, min-p), `sample` (the race) and
+`PositionNoise.choose` (the keyed race of `write`, `bench` and a seeded server), under the settings a chat uses by
+default (Qwen's; Llama 3.1's, top-p without a top-k; SmolLM2's, a low temperature) and the writer's.
 
     .venv/bin/python scripts/sampling_speed.py [rows=1,4,8]
 """
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specchat.engine.sampling import process_logits, sample
+from specchat.engine.sampling import PositionNoise, process_rows, sample
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.writer.settings import SAMPLING
 
@@ -22,6 +22,7 @@ VOCAB = 151_936
 SETTINGS = {
     "chat (Qwen's defaults)": SamplingConfig(temperature=0.7, top_k=20, top_p=0.8, penalty=1.05),
     "chat (Llama 3.1's defaults)": SamplingConfig(temperature=0.6, top_p=0.9),
+    "chat (SmolLM2's defaults)": SamplingConfig(temperature=0.2, top_p=0.9),
     "writer (TokenSwift's)": SamplingConfig(**SAMPLING),
 }
 
@@ -40,17 +41,20 @@ def milliseconds(work, rounds: int = 30) -> float:
 def main() -> None:
     torch.set_num_threads(2)
     rows = [int(n) for n in sys.argv[1].split("=")[1].split(",")] if len(sys.argv) > 1 else [1, 4, 8]
-    print("| settings | rows | process_logits ms | sample ms |")
-    print("|---|---|---|---|")
+    noise = PositionNoise(5)
+    print("| settings | rows | process_rows ms | sample ms | keyed choose ms |")
+    print("|---|---|---|---|---|")
     for name, config in SETTINGS.items():
         for n in rows:
             logits = torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(n)) * 3
             history = torch.randint(0, VOCAB, (n, 256), generator=torch.Generator().manual_seed(n + 1))
-            processed = process_logits(logits, config, history)
+            processed = process_rows(logits, config, history)
             generator = torch.Generator().manual_seed(0)
-            process = milliseconds(lambda: process_logits(logits, config, history))
+            indices = list(range(100, 100 + n))
+            process = milliseconds(lambda: process_rows(logits, config, history))
             draw = milliseconds(lambda: sample(processed, config, generator))
-            print(f"| {name} | {n} | {process:.2f} | {draw:.2f} |")
+            keyed = milliseconds(lambda: noise.choose(processed, indices))
+            print(f"| {name} | {n} | {process:.2f} | {draw:.2f} | {keyed:.2f} |")
 
 
 if __name__ == "__main__":

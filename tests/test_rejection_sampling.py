@@ -37,7 +37,7 @@ from drafters_for_tests import SampledTreeDrafter, sample_children
 from test_sampling_verification import CONFIGS, PROMPT, Target, exact_joint
 
 from specchat.engine.generate import Engine
-from specchat.engine.sampling import SamplingConfig, process_logits
+from specchat.engine.sampling import Processed, SamplingConfig, process_rows
 from specchat.engine.tree import ROOT, DraftTree
 from specchat.engine.verify import Verdict, accept_sampled, verify
 
@@ -217,13 +217,13 @@ def test_verify_routes_sampled_trees():
     verification ignores draft_probs."""
     logits = torch.log(tensor(P))[None].expand(2, V)
     tree = DraftTree([5], [ROOT], ["sampled"], tensor(P[::-1])[None])
-    greedy = verify(tree, logits, SamplingConfig(), torch.Generator().manual_seed(0))
+    greedy = verify(tree, Processed(logits), SamplingConfig(), torch.Generator().manual_seed(0))
     assert greedy == Verdict([], 0)  # the argmax, 5 rejected
     sampling = SamplingConfig(temperature=1.0)
     # token 5 has q = 0.35 and p = 0.05: recursive rejection accepts it with probability 1/7, whereas
     # one target draw matches it with probability 0.05
     hits = sum(
-        verify(tree, process_logits(logits, sampling), sampling, torch.Generator().manual_seed(s)).path == [0]
+        verify(tree, process_rows(logits, sampling), sampling, torch.Generator().manual_seed(s)).path == [0]
         for s in range(2000)
     )
     assert abs(hits / 2000 - 0.05 / 0.35) < 5 * sigma(1 / 7, 2000), hits

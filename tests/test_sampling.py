@@ -26,7 +26,10 @@ from transformers.generation.logits_process import (
 )
 
 from specchat.engine.sampling import (
+    NUCLEUS_ROOM,
+    Processed,
     SamplingConfig,
+    _min_p_survivors,
     _nucleus_survivors,
     apply_min_p,
     apply_penalty,
@@ -34,6 +37,7 @@ from specchat.engine.sampling import (
     apply_top_p,
     make_generator,
     process_logits,
+    process_rows,
     race,
     sample,
 )
@@ -256,8 +260,8 @@ def test_greedy_returns_penalised_logits_only():
     config = SamplingConfig(temperature=0.0, top_k=1, top_p=0.1, min_p=0.9, penalty=2.0)
     out = process_logits(logits, config, history)
     torch.testing.assert_close(out, torch.tensor([[2.5, 4.0, -1.0, 3.0], [1.5, 1.2, 0.5, -6.0]]))  # no masking
-    assert sample(logits, config, None).tolist() == [0, 1]
-    assert sample(out, config, None).tolist() == [1, 0]  # the penalty moved both rows' greedy token
+    assert sample(Processed(logits), config, None).tolist() == [0, 1]
+    assert sample(Processed(out), config, None).tolist() == [1, 0]  # the penalty moved both rows' greedy token
     assert process_logits(logits, SamplingConfig(), history).tolist() == logits.tolist()  # penalty 1 = off
 
 
@@ -287,6 +291,24 @@ def test_top_p_alone_over_the_largest_logits_equals_it_over_the_vocabulary(tempe
         assert (_nucleus_survivors(scaled, top_p) is not None) == looked_among_the_largest
         full = apply_min_p(apply_top_p(scaled, top_p), min_p)
         assert torch.equal(process_logits(rows, config), full)
+
+
+@pytest.mark.parametrize("temperature, min_p, keep", [(1.0, 0.1, 20), (0.7, 0.05, 1), (1.3, 0.2, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_min_p_alone_over_the_largest_logits_equals_it_over_the_vocabulary(temperature, min_p, keep, dtype):
+    """Min-p without top-k or top-p (a book's sampling) looks for its survivors among the NUCLEUS_ROOM largest
+    logits, and over the whole rows where some row's may reach past them (a flat row; a `keep` past the room): the
+    same tokens and logits either way."""
+    logits = random_logits(rows=6, vocab=50_000, seed=11).to(dtype)
+    logits[:, :3] += 30.0
+    flat = random_logits(rows=2, vocab=50_000, seed=12, scale=0.5).to(dtype)
+    config = SamplingConfig(temperature=temperature, min_p=min_p, min_p_keep=keep)
+    for rows, looked_among_the_largest in ((logits, keep <= NUCLEUS_ROOM), (flat, False)):
+        scaled = rows.float() / temperature
+        assert (_min_p_survivors(scaled, min_p, keep) is not None) == looked_among_the_largest
+        processed = process_rows(rows, config)
+        assert (processed.tokens is not None) == looked_among_the_largest
+        assert torch.equal(processed.logits, apply_min_p(scaled, min_p, keep))
 
 
 def test_top_p_keeps_or_drops_tied_tokens_together():
@@ -420,17 +442,17 @@ def test_greedy_sample_is_argmax():
     logits[0, 7] = 10.0
     logits[1, 2] = 10.0
     logits[2, 9] = 10.0
-    out = sample(logits, SamplingConfig(), None)
+    out = sample(Processed(logits), SamplingConfig(), None)
     assert out.dtype == torch.long and out.tolist() == [7, 2, 9]
     random = random_logits()
-    assert torch.equal(sample(random, SamplingConfig(), None), random.argmax(dim=1))
+    assert torch.equal(sample(Processed(random), SamplingConfig(), None), random.argmax(dim=1))
 
 
 def test_sample_never_draws_a_masked_token():
     config = SamplingConfig(temperature=1.0)
     logits = torch.full((5000, 20), NEG_INF)
     logits[:, [4, 11, 17]] = 0.0
-    draws = sample(logits, config, make_generator(SamplingConfig(seed=5), CPU))
+    draws = sample(Processed(logits), config, make_generator(SamplingConfig(seed=5), CPU))
     assert set(draws.tolist()) == {4, 11, 17}
 
 
@@ -440,13 +462,14 @@ def test_sample_is_reproducible_per_seed():
 
     def draws(seed, times=1):
         generator = make_generator(SamplingConfig(temperature=1.0, seed=seed), CPU)
-        return [sample(logits, config, generator) for _ in range(times)]
+        return [sample(Processed(logits), config, generator) for _ in range(times)]
 
     first, second = draws(123, 2)
     assert torch.equal(first, draws(123)[0])
     assert not torch.equal(first, second)  # the generator advances
     assert not torch.equal(first, draws(124)[0])
-    unseeded = [sample(logits, config, make_generator(SamplingConfig(temperature=1.0), CPU)) for _ in range(2)]
+    fresh = [make_generator(SamplingConfig(temperature=1.0), CPU) for _ in range(2)]
+    unseeded = [sample(Processed(logits), config, generator) for generator in fresh]
     assert not torch.equal(*unseeded)
 
 
@@ -469,11 +492,16 @@ RAW = torch.tensor([[1.5, 1.0, 0.6, 0.2, -0.3, -0.8, 2.5]])
 CONFIG = SamplingConfig(temperature=0.9, top_k=6, seed=2024)  # top-k masks token 5: 6 tokens remain
 
 
-def test_sample_matches_softmax_of_processed_logits():
+@pytest.mark.parametrize("survivors", [True, False], ids=["among-the-survivors", "over-the-rows"])
+def test_sample_matches_softmax_of_processed_logits(survivors):
+    """Drawn among the survivors the pipeline kept, or over the whole processed rows (a CPU's scan for their
+    support): the processed distribution either way."""
     processed = process_logits(RAW, CONFIG)
     probs = processed.softmax(dim=-1)[0]
     assert kept(processed) == [[0, 1, 2, 3, 4, 6]]
-    draws = sample(processed.expand(DRAWS, -1), CONFIG, make_generator(CONFIG, CPU))
+    rows = process_rows(RAW.expand(DRAWS, -1), CONFIG)
+    assert rows.tokens is not None and torch.equal(rows.logits, processed.expand(DRAWS, -1))
+    draws = sample(rows if survivors else Processed(rows.logits), CONFIG, make_generator(CONFIG, CPU))
     statistic, df = chi_square(draws, probs)
     assert df == 5
     assert statistic < CHI2_CRITICAL_P001[df], f"chi2 = {statistic:.1f} with {df} dof"
@@ -497,7 +525,7 @@ def test_chi_square_rejects_a_biased_sampler():
     """The same test has power: sampling from softmax(1.3 * logits) is caught."""
     processed = process_logits(RAW, CONFIG)
     probs = processed.softmax(dim=-1)[0]
-    biased = sample(processed.expand(DRAWS, -1) * 1.3, CONFIG, make_generator(CONFIG, CPU))
+    biased = sample(Processed(processed.expand(DRAWS, -1) * 1.3), CONFIG, make_generator(CONFIG, CPU))
     statistic, df = chi_square(biased, probs)
     assert statistic > CHI2_CRITICAL_P001[df], f"chi2 = {statistic:.1f} with {df} dof"
 
@@ -512,7 +540,8 @@ def test_position_noise_draws_are_distributed_as_p():
 
     p = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02, 0.0])
     noise = PositionNoise(seed=12345)
-    draws = [int(noise.choose(p[None], [index])[0]) for index in range(6000)]
+    logits = Processed(p.log()[None])  # processed logits whose softmax is p
+    draws = [int(noise.choose(logits, [index])[0]) for index in range(6000)]
     counts = Counter(draws)
     assert counts[7] == 0  # a token of probability 0 is never drawn
     exact = {token: float(prob) for token, prob in enumerate(p) if prob > 0}
@@ -520,25 +549,26 @@ def test_position_noise_draws_are_distributed_as_p():
     assert_rejected(counts, {t: q for t, q in zip(exact, [0.34, 0.28, 0.17, 0.11, 0.05, 0.03, 0.02])}, "a near p")
     # the same (seed, index) draws the same token, in any company; another seed draws others
     again = PositionNoise(seed=12345)
-    assert [int(again.choose(torch.stack([p, p.flip(0)]), [i, i])[0]) for i in range(200)] == draws[:200]
-    other = [int(PositionNoise(seed=1).choose(p[None], [i])[0]) for i in range(200)]
+    both = Processed(torch.stack([p, p.flip(0)]).log())
+    assert [int(again.choose(both, [i, i])[0]) for i in range(200)] == draws[:200]
+    other = [int(PositionNoise(seed=1).choose(logits, [i])[0]) for i in range(200)]
     assert other != draws[:200]
     shifted = PositionNoise(seed=12345, offset=100)
-    assert [int(shifted.choose(p[None], [i])[0]) for i in range(100)] == draws[100:200]
+    assert [int(shifted.choose(logits, [i])[0]) for i in range(100)] == draws[100:200]
 
 
 def test_position_noise_draws_each_index_over_its_own_support_or_all_rows_alike():
-    """Keyed draws over the tokens any row may take equal those over each index's own support, token for token: a
-    token no row at an index may take scores 0 there; so do a GPU's, over every token of every row at once. What was
-    written keyed stays the text when resumed."""
+    """Keyed draws among the survivors the pipeline kept, over the tokens any row may take (a CPU's scan), and over
+    every token of every row at once (a GPU's) equal those over each index's own support, token for token: a token
+    no row at an index may take is at -inf there. What was written keyed stays the text when resumed."""
     from specchat.engine.sampling import PositionNoise
 
-    def per_index(noise, probs, indices):  # each index's own support, scanned apart
+    def per_index(noise, logits, indices):  # each index's own support, scanned apart
         choices = [0] * len(indices)
         for index in sorted(set(indices)):
             rows = [i for i, each in enumerate(indices) if each == index]
-            support = probs[rows].amax(dim=0).nonzero()[:, 0]
-            scores = probs[rows][:, support] / noise.exponential(index, support)
+            support = (logits[rows].amax(dim=0) > NEG_INF).nonzero()[:, 0]
+            scores = logits[rows][:, support].double() - noise.exponential(index, support).log()
             for row, token in zip(rows, support[scores.argmax(dim=1)].tolist()):
                 choices[row] = token
         return choices
@@ -547,10 +577,13 @@ def test_position_noise_draws_each_index_over_its_own_support_or_all_rows_alike(
     for seed in range(20):
         logits = random_logits(rows=9, vocab=2000, seed=seed)
         config = SamplingConfig(temperature=0.8, top_k=[5, 40, 0][seed % 3], top_p=0.9, min_p=0.02)
-        probs = process_logits(logits, config).softmax(dim=-1)
+        processed = process_rows(logits, config)
+        assert processed.tokens is not None  # top-k's survivors or the nucleus
         indices = [0, 1, 1, 2, 3, 3, 3, 4, 5][: 9 - seed % 4] + [9] * (seed % 4)
-        assert noise.choose(probs, indices).tolist() == per_index(noise, probs, indices)
-        assert noise.choose(probs, indices, dense=True).tolist() == per_index(noise, probs, indices)  # a GPU's
+        expected = per_index(noise, processed.logits, indices)
+        assert noise.choose(processed, indices).tolist() == expected
+        assert noise.choose(Processed(processed.logits), indices).tolist() == expected
+        assert noise.choose(Processed(processed.logits), indices, dense=True).tolist() == expected  # a GPU's
 
 
 def test_a_drafter_racing_the_target_s_own_distribution_guesses_every_keyed_draw():
@@ -569,7 +602,7 @@ def test_a_drafter_racing_the_target_s_own_distribution_guesses_every_keyed_draw
         indices = [seed, seed + 1, seed + 1, seed + 2, seed + 5, seed + 9]
         full = torch.zeros(6, 2000).index_copy_(1, columns, probs)  # the same rows over the target's vocabulary
         chances, guessed = noise.guess(probs, indices, 3, lambda c: columns[c])
-        assert columns[guessed[:, 0]].tolist() == noise.choose(full, indices).tolist()
+        assert columns[guessed[:, 0]].tolist() == noise.choose(Processed(full.log()), indices).tolist()
         assert bool((chances[:, :-1] >= chances[:, 1:]).all()) and bool((chances <= 1).all())
         assert bool((chances[:, 0] > 0).all())
         assert bool(((probs.gather(1, guessed) == 0) <= (chances == 0)).all())  # no chance at p = 0

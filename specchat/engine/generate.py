@@ -29,9 +29,10 @@ from specchat.engine.lean_forward import LeanForward
 from specchat.engine.prefix_store import PrefixStore
 from specchat.engine.sampling import (
     PositionNoise,
+    Processed,
     SamplingConfig,
     make_generator,
-    process_logits,
+    process_rows,
     sample,
     token_logprobs,
 )
@@ -279,10 +280,10 @@ class Engine:
         logits = self._prefill(prompt_ids, stats, reuse=not fresh)
         processed = self._process(logits, sampling, DraftTree.empty(), constrained, min_tokens)
         if noise:
-            token = int(noise.choose(processed.softmax(dim=-1), [self.length])[0])
+            token = int(noise.choose(processed, [self.length])[0])
         else:
             token = int(sample(processed, sampling, generator)[0])
-        scored = token_logprobs(processed, [0], [token], logprobs) if logprobs is not None else None
+        scored = token_logprobs(processed.logits, [0], [token], logprobs) if logprobs is not None else None
         stats.prefill_seconds = time.perf_counter() - start
         if self.drafter is not None and self.fixed_budget is None and (self.policy is None or not continued):
             # acceptance belongs to a text: a new one (not a chat's next turn) starts with what it will show,
@@ -344,7 +345,7 @@ class Engine:
         clock.mark()
         choices = None
         if noise:
-            choices = noise.choose(processed.softmax(dim=-1), batch.position_ids + 1)  # a row chooses the next token
+            choices = noise.choose(processed, batch.position_ids + 1)  # a row chooses the next token
         verdict = verify(tree, processed, sampling, generator, choices)  # the step's wait for the device
         draft_seconds, _, verify_seconds = clock.seconds()  # drafting, sizing, verification
         kept = [0] + [node + 1 for node in verdict.path]
@@ -358,7 +359,7 @@ class Engine:
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[rows] if self.drafter is not None else hidden  # only a drafter reads them
-        token_scores = token_logprobs(processed, kept, tokens, logprobs) if logprobs is not None else None
+        token_scores = token_logprobs(processed.logits, kept, tokens, logprobs) if logprobs is not None else None
         return tokens, origins, hidden, tree, budget, draft_seconds, token_scores
 
     def _draft_budget(self, mode: frozenset[str], scored: bool) -> int:
@@ -389,7 +390,7 @@ class Engine:
         return self._verify_costs[key]
 
     def _process(self, logits: torch.Tensor, sampling: SamplingConfig, tree: DraftTree,
-                 constrained: ConstrainedText | None = None, held: int = 0) -> torch.Tensor:
+                 constrained: ConstrainedText | None = None, held: int = 0) -> Processed:
         """Processed logits per verified row, each with its own history when the penalty needs one, masked first
         to what `constrained` allows in the row's own state, and without the end of text at the rows whose token
         is one of the next `held`."""
@@ -405,7 +406,7 @@ class Engine:
             window = sampling.penalty_window
             committed = self.ids[max(0, self.length - window) :]
             history = to_device(node_histories(tree, committed, window), logits.device)
-        return process_logits(logits, sampling, history)
+        return process_rows(logits, sampling, history)
 
     def _prefill(self, prompt_ids: list[int], stats: GenerationStats, *, reuse: bool) -> torch.Tensor:
         """Feed the prompt, reusing the cached KV of the longest prefix it shares with the session or, with

@@ -96,6 +96,29 @@ def apply_min_p(logits: torch.Tensor, min_p: float, keep: int = 1) -> torch.Tens
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+class Processed:
+    """Processed rows of target logits: their softmax (or argmax, when greedy) is the target distribution.
+
+    Where the pipeline found every row's support among a few of its largest logits (top-k's survivors, the nucleus),
+    it keeps those alone, `values` [n, m] (-inf where dropped) at token ids `tokens` [n, m], and writes the whole
+    rows (`logits`, -inf past the survivors) only when asked: a draw reads the survivors, and on a CPU, writing 16
+    rows of 152K logits and scanning them for the few dozen a draw may take costs ~5 ms."""
+
+    def __init__(self, logits: torch.Tensor | None = None, *,
+                 survivors: tuple[torch.Tensor, torch.Tensor] | None = None, vocab: int = 0):  # fmt: skip
+        self._logits = logits
+        self.values, self.tokens = survivors if survivors is not None else (None, None)
+        self.vocab = logits.shape[-1] if logits is not None else vocab
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """The whole processed rows [n, vocab]."""
+        if self._logits is None:
+            rows = torch.full((self.values.shape[0], self.vocab), float("-inf"), device=self.values.device)
+            self._logits = rows.scatter_(1, self.tokens, self.values)
+        return self._logits
+
+
 def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.Tensor | None = None, *,
                    drafting: bool = False) -> torch.Tensor:  # fmt: skip
     """Raw logits [n, vocab] -> the processed logits whose softmax (or argmax, when greedy) is the target.
@@ -103,6 +126,12 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.
     `drafting`: a draft's distribution, which need only be the one drafted from (verification weighs each token by
     the target's own): top-k keeps its 2k largest without looking further for ties with the k-th, a look that
     would make the host wait for the device."""
+    return process_rows(logits, config, history, drafting=drafting).logits
+
+
+def process_rows(logits: torch.Tensor, config: SamplingConfig, history: torch.Tensor | None = None, *,
+                 drafting: bool = False) -> Processed:  # fmt: skip
+    """`process_logits`, with the survivors the draw may take where the pipeline found them (`Processed`)."""
     logits = logits.float()
     if config.logit_bias:
         ids, biases = zip(*config.logit_bias)
@@ -116,25 +145,27 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.
         if config.frequency_penalty or config.presence_penalty:
             logits = apply_occurrence_penalties(logits, history, config.frequency_penalty, config.presence_penalty)
     if config.greedy:
-        return logits
+        return Processed(logits)
     if 0 < config.top_k < logits.shape[-1]:
         survivors = _top_k_survivors(logits, config.top_k, config.temperature, checked=not drafting)
         if survivors is not None:
             values, indices = survivors
-            return _widened(logits, indices, _top_p_then_min_p(values, config))
-        return _top_p_then_min_p(apply_top_k(logits / config.temperature, config.top_k), config)
-    logits = logits / config.temperature
-    if config.top_p < 1.0 and logits.device.type == "cpu" and NUCLEUS_ROOM < logits.shape[-1]:
-        survivors = _nucleus_survivors(logits, config.top_p)
+            return Processed(survivors=(_top_p_then_min_p(values, config), indices), vocab=logits.shape[-1])
+        return Processed(_top_p_then_min_p(apply_top_k(logits / config.temperature, config.top_k), config))
+    if config.temperature != 1.0:  # a division by 1 changes no bit: the rows are not copied for it
+        logits = logits / config.temperature
+    if logits.device.type == "cpu" and NUCLEUS_ROOM < logits.shape[-1]:
+        survivors = None
+        if config.top_p < 1.0:
+            survivors = _nucleus_survivors(logits, config.top_p)
+            if survivors is not None:
+                values, indices = survivors
+                survivors = apply_min_p(values, config.min_p, config.min_p_keep), indices
+        elif config.min_p > 0:
+            survivors = _min_p_survivors(logits, config.min_p, config.min_p_keep)
         if survivors is not None:
-            values, indices = survivors
-            return _widened(logits, indices, apply_min_p(values, config.min_p, config.min_p_keep))
-    return _top_p_then_min_p(logits, config)
-
-
-def _widened(logits: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """The survivors' processed `values` at their token `indices` in rows shaped as `logits`, -inf elsewhere."""
-    return torch.full_like(logits, float("-inf")).scatter_(1, indices, values)
+            return Processed(survivors=survivors, vocab=logits.shape[-1])
+    return Processed(_top_p_then_min_p(logits, config))
 
 
 def _top_p_then_min_p(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
@@ -164,23 +195,43 @@ def _nucleus_survivors(logits: torch.Tensor, p: float) -> tuple[torch.Tensor, to
     """Top-p without a top-k, from the NUCLEUS_ROOM largest logits: those it keeps, -inf among them where it drops,
     and their token ids; None where some row's nucleus may reach past them. Two CPU cores sort a row of 128K logits in
     ~10 ms, a top-256 in 0.2; a nucleus is rarely more than a few dozen tokens. Their probabilities are taken over
-    the whole vocabulary.
+    the whole vocabulary, by a softmax: `logsumexp`'s exp runs ~5x slower on a CPU, and ~50x where a low temperature
+    sends the tail's exponentials below float32's normal range (T 0.2: 3 ms a row of 152K).
 
     A token past the room has above it every token of the room whose value is above the room's last: where their
     mass reaches p, top-p drops it, and the last value's ties."""
     values, indices = torch.topk(logits, NUCLEUS_ROOM, dim=-1)  # sorted, most likely first
-    probs = (values - logits.logsumexp(dim=-1, keepdim=True)).exp()
+    probs = logits.softmax(dim=-1).gather(1, indices)
     above_last = torch.where(values > values[:, -1:], probs, 0).sum(dim=-1)
     if bool((above_last < p).any()):  # a read: on a CPU, free
         return None
     return values.masked_fill(_outside_nucleus(values, probs, p), float("-inf")), indices
 
 
-def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of processed logits [n, vocab] -> [n]; greedy takes the argmax, else `race`."""
+def _min_p_survivors(logits: torch.Tensor, min_p: float, keep: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Min-p alone (TokenSwift's writing), from the NUCLEUS_ROOM largest logits: those it keeps, -inf among them where
+    it drops, and their token ids; None where some row's survivors may reach past them. Their probabilities are the
+    whole row's softmax, as `apply_min_p` takes them, so the same tokens survive; a token past the room is no likelier
+    than the room's last, which it drops."""
+    values, indices = torch.topk(logits, NUCLEUS_ROOM, dim=-1)  # sorted, most likely first
+    probs = logits.softmax(dim=-1).gather(1, indices)
+    threshold = min_p * probs[:, :1]
+    if keep > 1:
+        threshold = torch.minimum(threshold, probs[:, min(keep, NUCLEUS_ROOM) - 1 :][:, :1])
+    dropped = probs < threshold
+    if not bool(dropped[:, -1].all()):  # a read: on a CPU, free
+        return None
+    return values.masked_fill(dropped, float("-inf")), indices
+
+
+def sample(processed: Processed, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per processed row -> [n]; greedy takes the argmax, else `race`, among the survivors alone where the
+    pipeline kept them."""
     if config.greedy:
-        return logits.argmax(dim=-1)
-    return race(logits, generator, sparse=logits.device.type == "cpu")
+        return processed.logits.argmax(dim=-1)
+    if processed.tokens is not None:
+        return processed.tokens.gather(1, race(processed.values, generator, sparse=False)[:, None])[:, 0]
+    return race(processed.logits, generator, sparse=processed.logits.device.type == "cpu")
 
 
 def race(logits: torch.Tensor, generator: torch.Generator | None, *, sparse: bool) -> torch.Tensor:
@@ -219,28 +270,35 @@ class PositionNoise:
         self.seed = _signed(_splitmix(seed))
         self.offset = offset
 
-    def choose(self, probs: torch.Tensor, indices: list[int] | torch.Tensor, *,
+    def choose(self, processed: Processed, indices: list[int] | torch.Tensor, *,
                dense: bool | None = None) -> torch.Tensor:  # fmt: skip
-        """One token per row of `probs` [n, vocab], row i being the token at text index `indices[i]` (+ offset):
-        argmax over the row's support of p / E, E ~ Exp(1) keyed by (seed, index, token); [n] on `probs`' device.
+        """One token per processed row [n, vocab], row i being the token at text index `indices[i]` (+ offset): the
+        race argmax p / E, E ~ Exp(1) keyed by (seed, index, token), run in logs (argmax logit - log E: a row's
+        normaliser changes no winner); [n] on the logits' device.
 
-        A CPU scans for the tokens any row may take and computes their noise alone; a GPU (`dense`) races every token
-        at once without reading anything back, so the step's one wait stays its acceptance. The same tokens either
-        way: a token of probability 0 scores 0 and never wins."""
+        Where the pipeline kept a few survivors, they alone race. Else a CPU scans for the tokens any row may take
+        and computes their noise alone, and a GPU (`dense`) races every token at once without reading anything back,
+        so the step's one wait stays its acceptance. A token's score is the same whichever way (its logit in float64
+        less its noise's log), and a token at -inf never wins."""
+        if processed.tokens is not None:
+            rows = indices[:, None] if isinstance(indices, torch.Tensor) else indices
+            scores = processed.values.double() - self.exponential(rows, processed.tokens).log()
+            return processed.tokens.gather(1, scores.argmax(dim=-1, keepdim=True))[:, 0]
+        logits = processed.logits
         if dense is None:
-            dense = probs.device.type != "cpu"
+            dense = logits.device.type != "cpu"
         if dense:
-            indices = indices if isinstance(indices, torch.Tensor) else to_device(indices, probs.device, torch.long)
-            vocab = torch.arange(probs.shape[-1], device=probs.device)
-            return (probs.double() / self.exponential(indices[:, None], vocab[None])).argmax(dim=-1)
+            indices = indices if isinstance(indices, torch.Tensor) else to_device(indices, logits.device, torch.long)
+            vocab = torch.arange(logits.shape[-1], device=logits.device)
+            return (logits.double() - self.exponential(indices[:, None], vocab[None]).log()).argmax(dim=-1)
         indices = indices.tolist() if isinstance(indices, torch.Tensor) else indices
-        support = probs.amax(dim=0).nonzero()[:, 0]  # tokens some row may take, ascending: one scan of the rows
-        candidates = probs[:, support]  # a token no row at an index may take scores 0 there, and never wins
+        support = (logits.amax(dim=0) > float("-inf")).nonzero()[:, 0]  # tokens some row may take: one scan
+        candidates = logits[:, support].double()  # a token no row at an index may take is at -inf there
         choices = [0] * len(indices)
         for index in sorted(set(indices)):
             rows = [i for i, each in enumerate(indices) if each == index]
             noise = self.exponential(index, support)
-            for row, token in zip(rows, support[(candidates[rows] / noise).argmax(dim=1)].tolist()):
+            for row, token in zip(rows, support[(candidates[rows] - noise.log()).argmax(dim=1)].tolist()):
                 choices[row] = token
         return torch.tensor(choices)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat.engine.sampling import SamplingConfig, sample
+from specchat.engine.sampling import Processed, SamplingConfig, sample
 from specchat.engine.tree import ROOT, DraftTree
 
 
@@ -35,7 +35,7 @@ class Verdict:
     bonus: int  # the target's token after the path
 
 
-def verify(tree: DraftTree, processed: torch.Tensor, sampling: SamplingConfig, generator,
+def verify(tree: DraftTree, processed: Processed, sampling: SamplingConfig, generator,
            choices: torch.Tensor | None = None) -> Verdict:  # fmt: skip
     """Accepted path and bonus for a tree, from the processed target logits of its rows [n + 1, vocab].
 
@@ -45,7 +45,7 @@ def verify(tree: DraftTree, processed: torch.Tensor, sampling: SamplingConfig, g
         return accept(tree, tree.read_with(choices))
     if sampling.greedy or tree.draft_probs is None:  # a queued tree comes to the host with the choices
         return accept(tree, tree.read_with(sample(processed, sampling, generator)))
-    return accept_sampled(tree, processed.softmax(dim=-1), generator)
+    return accept_sampled(tree, processed.logits.softmax(dim=-1), generator)
 
 
 def accept(tree: DraftTree, choices: list[int]) -> Verdict:
