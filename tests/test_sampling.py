@@ -32,7 +32,7 @@ from specchat.engine.sampling import (
     _min_p_survivors,
     _nucleus_survivors,
     apply_min_p,
-    apply_penalty,
+    apply_penalty_,
     apply_top_k,
     apply_top_p,
     make_generator,
@@ -130,7 +130,7 @@ def test_temperature_matches_transformers(temperature):
 def test_penalty_matches_transformers(penalty):
     logits = random_logits()
     history = random_history()
-    ours = apply_penalty(logits, history, penalty)
+    ours = apply_penalty_(logits.clone(), history, penalty)
     assert_same(ours, hf(RepetitionPenaltyLogitsProcessor(penalty), logits, history))
     # tokens absent from a row's history are untouched
     seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, history, True)
@@ -229,25 +229,25 @@ def test_off_values_are_identity():
 def test_penalty_table():
     logits = torch.tensor([[2.0, -2.0, 0.0, 3.0, -1.0, 4.0]])
     history = torch.tensor([[0, 1, 2, 1, -1, -1]])  # repeats penalise once; -1 is padding
-    out = apply_penalty(logits, history, 2.0)
+    out = apply_penalty_(logits.clone(), history, 2.0)
     assert out.tolist() == [[1.0, -4.0, 0.0, 3.0, -1.0, 4.0]]
-    boosted = apply_penalty(logits, history, 0.5)  # theta < 1 rewards repetition
+    boosted = apply_penalty_(logits.clone(), history, 0.5)  # theta < 1 rewards repetition
     assert boosted.tolist() == [[4.0, -1.0, 0.0, 3.0, -1.0, 4.0]]
 
 
 def test_penalty_padding_is_ignored():
     logits = torch.tensor([[2.0, 2.0, 2.0, 2.0]])
     all_padding = torch.full((1, 5), -1)
-    assert torch.equal(apply_penalty(logits, all_padding, 3.0), logits)
+    assert torch.equal(apply_penalty_(logits.clone(), all_padding, 3.0), logits)
     # the last vocab id is not hit by padding's column shift
-    out = apply_penalty(logits, torch.tensor([[-1, 3, -1]]), 2.0)
+    out = apply_penalty_(logits.clone(), torch.tensor([[-1, 3, -1]]), 2.0)
     assert out.tolist() == [[2.0, 2.0, 2.0, 1.0]]
 
 
 def test_penalty_uses_each_rows_own_history():
     logits = torch.tensor([[4.0, -4.0, 2.0, 0.0, 1.0, 6.0]] * 2)
     history = torch.tensor([[5, -1, -1], [0, 1, 1]])  # row 0 penalises token 5, row 1 does not
-    out = apply_penalty(logits, history, 2.0)
+    out = apply_penalty_(logits.clone(), history, 2.0)
     assert out.tolist() == [[4.0, -4.0, 2.0, 0.0, 1.0, 3.0], [2.0, -8.0, 2.0, 0.0, 1.0, 6.0]]
 
 
@@ -334,7 +334,7 @@ def test_sampling_chain_order():
     logits = torch.tensor([[6.0, 5.0, 4.8, 3.0, 1.0, -2.0], [0.0, 3.0, 2.0, 2.5, -1.0, 1.0]])
     history = torch.tensor([[0, -1], [3, 5]])
     config = SamplingConfig(temperature=0.5, top_k=4, top_p=0.95, min_p=0.1, penalty=1.5)
-    step = apply_penalty(logits, history, 1.5)
+    step = apply_penalty_(logits.clone(), history, 1.5)
     # row 0: token 0 6 -> 4; row 1: token 3 2.5 -> 1.667, token 5 1 -> .667
     torch.testing.assert_close(step, torch.tensor([[4, 5, 4.8, 3, 1, -2], [0, 3, 2, 5 / 3, -1, 2 / 3]]))
     step = step / 0.5
@@ -382,6 +382,17 @@ def test_occurrence_penalties_table():
     assert torch.equal(process_logits(logits, SamplingConfig(frequency_penalty=-1.0), history)[0, 1], torch.tensor(3.0))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_pipeline_edits_a_copy_of_the_rows(dtype):
+    """Bias, suppressed ids and the penalty are written in place, on one copy: the caller's logits stay as given."""
+    logits = random_logits(rows=3).to(dtype)
+    given = logits.clone()
+    config = SamplingConfig(temperature=0.8, penalty=1.3, suppress=(2,), logit_bias=((4, 1.5),))
+    out = process_logits(logits, config, torch.tensor([[1, 5], [0, -1], [7, 7]]))
+    assert torch.equal(logits, given) and out.data_ptr() != logits.data_ptr()
+    assert bool((out[:, 2] == NEG_INF).all())
+
+
 def test_logit_bias_is_added_first_even_when_greedy():
     logits = random_logits(rows=2)
     config = SamplingConfig(penalty=2.0, logit_bias=((3, -100.0), (5, 2.5)))
@@ -390,7 +401,7 @@ def test_logit_bias_is_added_first_even_when_greedy():
     expected = logits.clone()
     expected[:, 3] -= 100
     expected[:, 5] += 2.5
-    assert torch.equal(out, apply_penalty(expected, history, 2.0))  # the bias, then the penalty on the biased logit
+    assert torch.equal(out, apply_penalty_(expected, history, 2.0))  # the bias, then the penalty on the biased logit
 
 
 def test_process_logits_returns_fp32_and_leaves_input_alone():
