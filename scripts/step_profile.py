@@ -1,8 +1,9 @@
 """Where a decode step's time goes on Qwen2.5-Coder-1.5B: the chat prompts decoded once to warm up (and
 calibrate the budget), then again under cProfile, one process; the time per step in the decoder's forward,
-its output head, the drafter's proposal and the rest (Python).
+its output head, the drafter's proposal and the rest (Python). `--temperature` samples as `specchat bench` does (the
+model's other defaults, keyed noise).
 
-    python scripts/step_profile.py [--drafter tokenswift] [--prompt-set chat] [-n 64]
+    python scripts/step_profile.py [--drafter tokenswift] [--prompt-set chat] [-n 64] [--temperature 0.7]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 
 from specchat.bench.prompts import load_prompt_sets
 from specchat.bench.runs import engine_run
+from specchat.cli.bench import bench_sampling
 from specchat.cli.common import load
 from specchat.drafters import attach_drafter
 from specchat.engine.generate import Engine
@@ -25,19 +27,21 @@ def main() -> None:
     parser.add_argument("--drafter", default="tokenswift")
     parser.add_argument("--prompt-set", default="chat")
     parser.add_argument("-n", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args()
     loaded = load("qwen2.5-coder-1.5b", "auto", "cpu")
+    sampling = bench_sampling(loaded, args.temperature)
     prompts = [encode_prompt(loaded.tokenizer, p) for p in load_prompt_sets([args.prompt_set])[args.prompt_set]]
     engine = Engine(loaded.model, loaded.tokenizer, max_len=4096)
     if args.drafter != "none":
         attach_drafter(engine, loaded.source, args.drafter, draft_budget=None, draft_cache=None)
     for ids in prompts:
-        engine_run(engine, ids, args.n)
+        engine_run(engine, ids, args.n, sampling)
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()
     for ids in prompts:
-        engine_run(engine, ids, args.n)
+        engine_run(engine, ids, args.n, sampling)
     profile.disable()
     wall = time.perf_counter() - start
     stats = pstats.Stats(profile).stats  # {(file, line, name): (calls, _, own, cumulative, {caller: ...})}
@@ -51,8 +55,8 @@ def main() -> None:
     # the lean forward's own time: its output head (a call into the CPU decoder that cProfile does not see) and the
     # Python around the decoder's call
     head_calls, _, head_time, _, _ = stats[find("__call__", "engine/lean_forward.py")]
-    proposals = [v for (f, _, n), v in stats.items() if n == "propose" and "/drafters/" in f]  # in steps only
-    draft = sum(v[3] for v in proposals)
+    # the proposals a step asks for (a composite drafter's parts are inside its own)
+    draft = sum(v[4][step][3] for (f, _, n), v in stats.items() if n == "propose" and step in v[4])
     print(f"{steps} steps, {wall:.2f} s in all, {step_time / steps * 1e3:.2f} ms a step:")
     print(f"  the target's forward: {forward / steps * 1e3:.2f} ms, of which its output head "
           f"{head_time / head_calls * 1e3:.2f} ms (a call's mean, prefill's included, and the Python around it)")

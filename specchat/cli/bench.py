@@ -153,7 +153,7 @@ def bench(
         for each_dtype in dtypes:
             step(f"loading {model or 'the default model'} ({each_dtype})")
             loaded = load(model, each_dtype, device, attention, quantize)
-            sampling = _bench_sampling(loaded, temperature)
+            sampling = bench_sampling(loaded, temperature)
             for kv in kv_caches:
                 rows += compare(
                     loaded, sets, methods, max_new_tokens=max_new_tokens, repeats=repeats, draft_budget=draft_budget,
@@ -168,7 +168,7 @@ def bench(
         plot_rows([row.as_dict() for row in rows], plot, title=title)
 
 
-def _bench_sampling(loaded, temperature: float):
+def bench_sampling(loaded, temperature: float):
     """Greedy, or the model's sampling defaults at `temperature` with a fixed seed."""
     from specchat.engine.sampling_config import SamplingConfig
     from specchat.loading import decoding_defaults
