@@ -597,6 +597,35 @@ def test_position_noise_draws_each_index_over_its_own_support_or_all_rows_alike(
         assert noise.choose(Processed(processed.logits), indices, dense=True).tolist() == expected  # a GPU's
 
 
+SURVIVOR_PATHS = {  # Qwen's defaults, Llama 3.1's, a book's
+    "top-k": SamplingConfig(temperature=0.7, top_p=0.8, top_k=20),
+    "top-p": SamplingConfig(temperature=0.6, top_p=0.9),
+    "min-p": SamplingConfig(temperature=1.0, min_p=0.1, min_p_keep=20),
+}
+
+
+@pytest.mark.parametrize("config", SURVIVOR_PATHS.values(), ids=SURVIVOR_PATHS.keys())
+def test_a_row_s_keyed_draw_is_the_same_alone_and_beside_rows_that_need_the_whole_vocabulary(config):
+    """A row of a tree is processed with the others: where one of them (a flat row) has survivors past the largest
+    logits, every row takes the whole-vocabulary path, while decoding processes the row alone among its survivors.
+    Its keyed draw is the same either way, bit for bit the scores (logit less the noise's log) being the same."""
+    from specchat.engine.sampling import PositionNoise
+
+    noise = PositionNoise(seed=4)
+    peaked = random_logits(rows=5, vocab=50_000, seed=13)
+    peaked[:, :4] += 25.0
+    flat = random_logits(rows=1, vocab=50_000, seed=14, scale=0.3)
+    if config.top_k:  # top-k's ties with the k-th past its 2k largest: a row of equal logits
+        flat = torch.zeros(1, 50_000)
+    together = process_rows(torch.cat([peaked, flat]), config)
+    assert together.tokens is None  # the flat row sent every row down the whole-vocabulary path
+    for index in range(40):
+        alone = [process_rows(row[None], config) for row in peaked]
+        assert all(each.tokens is not None for each in alone)
+        drawn = [int(noise.choose(each, [index + row])[0]) for row, each in enumerate(alone)]
+        assert noise.choose(together, [index + row for row in range(6)]).tolist()[:5] == drawn
+
+
 def test_a_drafter_racing_the_target_s_own_distribution_guesses_every_keyed_draw():
     """`guess` runs the race `choose` runs: given the target's distributions, its first guess at each row is the
     target's draw there (rows at their own indices, a draft vocabulary's columns mapped to the target's ids), where
