@@ -59,6 +59,30 @@ def test_the_whole_vocabulary_is_scored_as_the_target_scores_it(target):
     assert torch.equal(DraftHead(target, None).probs(logits, sampling, history), expected)
 
 
+@pytest.mark.parametrize("sampling", [
+    SamplingConfig(),
+    SamplingConfig(temperature=0.7, top_k=20, top_p=0.8, penalty=1.1),
+    SamplingConfig(temperature=0.6, top_p=0.9),
+    SamplingConfig(temperature=1.0, min_p=0.1, min_p_keep=20, penalty=1.2, suppress=(3,)),
+], ids=["greedy", "top-k", "top-p", "min-p"])  # fmt: skip
+@pytest.mark.parametrize("columns", [None, 700], ids=["whole-vocabulary", "draft-vocabulary"])
+def test_the_likeliest_drafts_are_those_of_the_whole_rows(tokenizer, sampling, columns):
+    """`top` ranks the survivors the pipeline kept (top-k's, a nucleus, min-p's among the largest 256 of 1000
+    tokens) where `probs` writes and ranks whole rows: the same tokens, probabilities within a softmax's rounding."""
+    wide = Engine(tiny_model("llama", vocab_size=1000, seed=3), tokenizer, max_len=64).target
+    generator = torch.Generator().manual_seed(5)
+    vocab = None if columns is None else torch.randperm(1000, generator=generator)[:columns].sort().values
+    head = DraftHead(wide, vocab)
+    logits = torch.randn(3, columns or 1000, generator=generator) * 3
+    logits[:, :4] += 8.0  # peaked rows, as a head's are: the survivors are few
+    history = torch.randint(0, 1000, (3, 16), generator=generator)
+    values, ids = head.top(logits, sampling, 3, history)
+    expected = head.probs(logits, sampling, history).topk(3, dim=-1)
+    torch.testing.assert_close(values, expected.values)
+    likely = expected.values > 0  # past a row's survivors, tokens of probability 0 in any order
+    assert torch.equal(ids[likely], head.target_ids(expected.indices)[likely])
+
+
 @pytest.mark.parametrize("architecture", ["granite", "gemma2"])
 def test_the_targets_head_gives_the_targets_logits(architecture, tmp_path):
     """A draft scoring the target's last hidden state through the target's head gets the target's logits: divided by

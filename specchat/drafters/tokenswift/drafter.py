@@ -174,8 +174,7 @@ class TokenSwiftDrafter:
         """The top 3 drafting probabilities and target ids [n, 3] of each head output in `guesses` [n, hidden],
         ranked inside the heads' draft vocabulary."""
         rows = None if history is None else history.expand(len(guesses), -1)
-        top = self.head.probs(self.head(guesses), sampling, rows).topk(WIDTH, dim=-1)
-        return top.values, self.head.target_ids(top.indices)
+        return self.head.top(self.head(guesses), sampling, WIDTH, rows)
 
     def _probs(self, rows: torch.Tensor, sampling: SamplingConfig, history: torch.Tensor | None) -> torch.Tensor:
         """Drafting probabilities of the target's logits `rows` [n, vocab] under its sampling settings."""
