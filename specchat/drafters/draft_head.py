@@ -67,7 +67,7 @@ class DraftHead:
             history: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """The `width` likeliest drafting probabilities of each row of `logits` [n, columns] and their target ids
         [n, width], as `probs` ranks them; from the survivors alone where the sampling pipeline kept them (top-k's, a
-        nucleus): a softmax and a top-k over whole rows of 152K cost ~2 ms a step at three rows on a CPU."""
+        nucleus), not from whole rows of the vocabulary written, normalised and ranked for a few dozen tokens."""
         processed = process_rows(logits, *self._in_columns(sampling, history), drafting=True)
         if processed.tokens is None or processed.tokens.shape[-1] < width:
             top = processed.logits.softmax(dim=-1).topk(width, dim=-1)
