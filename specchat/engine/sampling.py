@@ -101,8 +101,8 @@ class Processed:
 
     Where the pipeline found every row's support among a few of its largest logits (top-k's survivors, the nucleus),
     it keeps those alone, `values` [n, m] (-inf where dropped) at token ids `tokens` [n, m], and writes the whole
-    rows (`logits`, -inf past the survivors) only when asked: a draw reads the survivors, and on a CPU, writing 16
-    rows of 152K logits and scanning them for the few dozen a draw may take costs ~5 ms."""
+    rows (`logits`, -inf past the survivors) only when asked: a draw reads the survivors, where writing rows of 152K
+    logits and scanning them again for the few dozen it may take cost a CPU milliseconds a step."""
 
     def __init__(self, logits: torch.Tensor | None = None, *,
                  survivors: tuple[torch.Tensor, torch.Tensor] | None = None, vocab: int = 0):  # fmt: skip
