@@ -202,12 +202,18 @@ def _nucleus_survivors(logits: torch.Tensor, p: float) -> tuple[torch.Tensor, to
 
     A token past the room has above it every token of the room whose value is above the room's last: where their
     mass reaches p, top-p drops it, and the last value's ties."""
-    values, indices = torch.topk(logits, NUCLEUS_ROOM, dim=-1)  # sorted, most likely first
-    probs = logits.softmax(dim=-1).gather(1, indices)
+    values, indices, probs = _room(logits)
     above_last = torch.where(values > values[:, -1:], probs, 0).sum(dim=-1)
     if bool((above_last < p).any()):  # a read: on a CPU, free
         return None
     return values.masked_fill(_outside_nucleus(values, probs, p), float("-inf")), indices
+
+
+def _room(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The NUCLEUS_ROOM largest logits of each row, most likely first, their token ids and their probabilities over
+    the whole row."""
+    values, indices = torch.topk(logits, NUCLEUS_ROOM, dim=-1)
+    return values, indices, logits.softmax(dim=-1).gather(1, indices)
 
 
 def _min_p_survivors(logits: torch.Tensor, min_p: float, keep: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -215,8 +221,7 @@ def _min_p_survivors(logits: torch.Tensor, min_p: float, keep: int) -> tuple[tor
     it drops, and their token ids; None where some row's survivors may reach past them. Their probabilities are the
     whole row's softmax, as `apply_min_p` takes them, so the same tokens survive; a token past the room is no likelier
     than the room's last, which it drops."""
-    values, indices = torch.topk(logits, NUCLEUS_ROOM, dim=-1)  # sorted, most likely first
-    probs = logits.softmax(dim=-1).gather(1, indices)
+    values, indices, probs = _room(logits)
     threshold = min_p * probs[:, :1]
     if keep > 1:
         threshold = torch.minimum(threshold, probs[:, min(keep, NUCLEUS_ROOM) - 1 :][:, :1])
