@@ -5,6 +5,9 @@ naming why; its tokenizer encodes, decodes and templates chats as `AutoTokenizer
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -113,6 +116,10 @@ def test_the_tokenizer_is_autotokenizers_conversion_of_the_file(name):
     assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (theirs.bos_token_id, theirs.eos_token_id,
                                                                          theirs.pad_token_id)  # fmt: skip
     assert ours.all_special_ids == theirs.all_special_ids and len(ours) == len(theirs)
+    # listed in tokenizer_config.json, where a load reads them without parsing the whole tokenizer.json
+    listed = json.loads((Path(gguf_checkpoint(path)) / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    added = {index: token.__getstate__() for index, token in theirs.added_tokens_decoder.items()}
+    assert {int(index): token for index, token in listed.items()} == added
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "qwen3", "gemma3", "gemma2"])

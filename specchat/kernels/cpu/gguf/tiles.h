@@ -35,6 +35,26 @@ inline at::Tensor huge_page_bytes(int64_t rows, int64_t cols) {
   return at::from_blob(memory, {rows, cols}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kByte));
 }
 
+// The fills below move codes four bytes at a time, as 32-bit words: masks and shifts that stay within each byte
+// (a nibble, a 2-bit pair) rearrange four values in one operation, in either byte order.
+inline uint32_t load_word(const uint8_t* p) {
+  uint32_t word;
+  std::memcpy(&word, p, 4);
+  return word;
+}
+inline void store_word(uint8_t* p, uint32_t word) { std::memcpy(p, &word, 4); }
+constexpr uint32_t kLowNibbles = 0x0F0F0F0Fu;
+
+// 16 bytes of nibbles (values 0-15 low, 16-31 high: legacy and IQ4_XS blocks) into the four 32-byte vectors of a
+// tile group's row, `out` its first: byte c of vector p holds values 8p + c (low nibble) and 8p + 4 + c (high).
+inline void interleave_nibbles_32(const uint8_t* q, uint8_t* out) {
+  for (int p = 0; p < 2; ++p) {
+    const uint32_t first = load_word(q + 8 * p), second = load_word(q + 8 * p + 4);
+    store_word(out + 32 * p, (first & kLowNibbles) | (second & kLowNibbles) << 4);
+    store_word(out + 32 * (p + 2), (first >> 4 & kLowNibbles) | (second & ~kLowNibbles));
+  }
+}
+
 // Blocks [rows, groups * block_bytes] (groups of VALUES values) -> units of `per_unit` 8-row tiles [rows / (8
 // per_unit), groups * per_unit * sizeof(Tile)], each tile group zeroed, then `fill(tile_group, i, block)` for each
 // of its 8 rows i: the repacking every tile shares. The threads that fill the memory are the first to touch it (a serial pass zeroing 1 GB
@@ -106,12 +126,13 @@ inline void fill_k4_tile(TileQ4K& t, int i, const uint8_t* b, const uint8_t* qs)
       t.scales[j][i] = scales[j];
       t.mins[j / 2][2 * i + j % 2] = scales[8 + j];
     }
-    uint8_t codes[256];
-    for (int c = 0; c < 4; ++c) nibbles_64(qs + 32 * c, codes + 64 * c);
-    for (int j = 0; j < 8; ++j)
-      for (int p = 0; p < 4; ++p)
-        for (int c = 0; c < 4; ++c)
-          t.codes[j][32 * p + 4 * i + c] = codes[32 * j + 8 * p + c] | (codes[32 * j + 8 * p + 4 + c] << 4);
+    // sub-blocks 2k and 2k + 1 are the low and the high nibbles of bytes 32k .. 32k + 31
+    for (int k = 0; k < 4; ++k)
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t first = load_word(qs + 32 * k + 8 * p), second = load_word(qs + 32 * k + 8 * p + 4);
+        store_word(t.codes[2 * k] + 32 * p + 4 * i, (first & kLowNibbles) | (second & kLowNibbles) << 4);
+        store_word(t.codes[2 * k + 1] + 32 * p + 4 * i, (first >> 4 & kLowNibbles) | (second & ~kLowNibbles));
+      }
 }
 
 // Q4_K blocks [rows, groups * 144] -> units of `per_unit` tiles (`repack_tiles`).
@@ -243,17 +264,22 @@ inline float k16_offset_factor(const Tile& t, int i) {
 // Q6_K blocks [rows, groups * 210] -> units of `per_unit` tiles (`repack_tiles`).
 inline at::Tensor tile_q6_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
   return repack_tiles<TileQ6K>(blocks, cols, 210, per_unit, [](TileQ6K& t, int i, const uint8_t* b) {
-    alignas(32) uint8_t codes[256];
-    six_bits_128(b, b + 128, codes);
-    six_bits_128(b + 64, b + 160, codes + 128);
     std::memcpy(&t.d[i], b + 208, 2);
     for (int j = 0; j < 16; ++j) {
       t.scales[j / 2][2 * i + j % 2] = static_cast<int8_t>(b[192 + j]);
-      for (int v = 0; v < 16; ++v) {
-        const int code = codes[16 * j + v], quarter = v / 4, c = v % 4;
-        t.low[j][32 * (quarter % 2) + 4 * i + c] |= static_cast<uint8_t>((code & 15) << (4 * (quarter / 2)));
-        t.high[j][4 * i + c] |= static_cast<uint8_t>((code >> 4) << (2 * quarter));
+      // sub-block j: values 16 (j % 2) .. + 15 of the 32 in part (j % 8) / 2 of half j / 8 (`six_bits_128`), their
+      // low 4 bits a nibble of `low`'s bytes, their top 2 bits a pair of `high`'s
+      const int half = j / 8, part = j % 8 / 2, first = 16 * (j % 2);
+      const uint8_t* low = b + 64 * half + 32 * (part % 2) + first;
+      const uint8_t* high = b + 128 + 32 * half + first;
+      uint32_t lows[4], highs = 0;
+      for (int quarter = 0; quarter < 4; ++quarter) {  // values 4 quarter .. 4 quarter + 3 of the sub-block
+        lows[quarter] = load_word(low + 4 * quarter) >> (4 * (part / 2)) & kLowNibbles;
+        highs |= (load_word(high + 4 * quarter) >> (2 * part) & 0x03030303u) << (2 * quarter);
       }
+      store_word(t.low[j] + 4 * i, lows[0] | lows[2] << 4);
+      store_word(t.low[j] + 32 + 4 * i, lows[1] | lows[3] << 4);
+      store_word(t.high[j] + 4 * i, highs);
     }
   });
 }
@@ -334,11 +360,7 @@ inline at::Tensor tile_iq4_xs(const at::Tensor& blocks, int64_t cols, int64_t pe
     std::memcpy(&t.d[i], b, 2);
     for (int j = 0; j < 8; ++j) {
       t.scales[j][i] = static_cast<int8_t>(scale_iq4_xs(b, j));
-      uint8_t codes[32];
-      nibbles_32(b + 8 + 16 * j, codes);
-      for (int p = 0; p < 4; ++p)
-        for (int c = 0; c < 4; ++c)
-          t.codes[j][32 * p + 4 * i + c] = static_cast<uint8_t>(codes[8 * p + c] | codes[8 * p + 4 + c] << 4);
+      interleave_nibbles_32(b + 8 + 16 * j, t.codes[j] + 4 * i);
     }
   });
 }
@@ -414,7 +436,7 @@ static_assert(sizeof(TileQ8_0) == 8 * 34, "a Q8_0 tile group is its 8 rows' 34 b
 inline at::Tensor tile_q8_0(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
   return repack_tiles<TileQ8_0, 32>(blocks, cols, 34, per_unit, [](TileQ8_0& t, int i, const uint8_t* b) {
     std::memcpy(&t.d[i], b, 2);
-    for (int v = 0; v < 32; ++v) t.codes[v / 4][4 * i + v % 4] = static_cast<uint8_t>(b[2 + v] ^ 0x80);
+    for (int k = 0; k < 8; ++k) store_word(t.codes[k] + 4 * i, load_word(b + 2 + 4 * k) ^ 0x80808080u);
   });
 }
 
@@ -498,11 +520,9 @@ inline at::Tensor tile_legacy(const at::Tensor& blocks, int64_t cols, int64_t pe
     if constexpr (L::min) std::memcpy(&t.m[i], b + 2, 2), rest += 2;
     uint32_t bits = 0;
     if constexpr (L::five) std::memcpy(&bits, rest, 4), rest += 4;
-    for (int v = 0; v < 32; ++v) {
-      const int code = v < 16 ? rest[v] & 15 : rest[v - 16] >> 4, p = v / 8, h = v % 8 / 4, c = v % 4;
-      t.codes[p][4 * i + c] |= static_cast<uint8_t>(code << (4 * h));
-      if constexpr (L::five) t.fifth[4 * i + c] |= static_cast<uint8_t>(((bits >> v) & 1) << (2 * p + h));
-    }
+    interleave_nibbles_32(rest, reinterpret_cast<uint8_t*>(t.codes) + 4 * i);
+    if constexpr (L::five)
+      for (int v = 0; v < 32; ++v) t.fifth[4 * i + v % 4] |= static_cast<uint8_t>(((bits >> v) & 1) << (v / 4));
   });
 }
 
