@@ -146,12 +146,14 @@ inline at::Tensor tile_q4_k(const at::Tensor& blocks, int64_t cols, int64_t per_
 inline at::Tensor tile_q5_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
   return repack_tiles<TileQ5K>(blocks, cols, 176, per_unit, [](TileQ5K& t, int i, const uint8_t* b) {
     fill_k4_tile(t.k4, i, b, b + 48);
-    const uint8_t* high = b + 16;
-    for (int j = 0; j < 8; ++j)
-      for (int p = 0; p < 4; ++p)
-        for (int c = 0; c < 4; ++c)
-          for (int half_ = 0; half_ < 2; ++half_)
-            t.fifth[j][4 * i + c] |= static_cast<uint8_t>(((high[8 * p + 4 * half_ + c] >> j) & 1) << (2 * p + half_));
+    // word 2p + h: the bytes whose bit j is sub-block j's fifth bit of byte 4i + c's nibble h in vector p
+    uint32_t high[8];
+    for (int w = 0; w < 8; ++w) high[w] = load_word(b + 16 + 4 * w);
+    for (int j = 0; j < 8; ++j) {
+      uint32_t fifth = 0;
+      for (int w = 0; w < 8; ++w) fifth |= (high[w] >> j & 0x01010101u) << w;
+      store_word(t.fifth[j] + 4 * i, fifth);
+    }
   });
 }
 
@@ -261,6 +263,17 @@ inline float k16_offset_factor(const Tile& t, int i) {
   else return -static_cast<float>(Tile::kCentre) * half(reinterpret_cast<const uint8_t*>(&t.d[i]));
 }
 
+// Sub-block j's 2-bit codes (Q2_K's, Q3_K's low bits) from the block's 64 bytes of pairs `q` (`two_bits_256`) as the
+// word a tile row holds: byte c the values c, 4 + c, 8 + c, 12 + c (bits 0-1, 2-3, 4-5, 6-7).
+inline uint32_t pairs_word(const uint8_t* q, int j) {
+  const uint8_t* bytes = q + 32 * (j / 8) + 16 * (j % 2);
+  const int shift = 2 * (j % 8 / 2);
+  uint32_t word = 0;
+  for (int quarter = 0; quarter < 4; ++quarter)
+    word |= (load_word(bytes + 4 * quarter) >> shift & 0x03030303u) << (2 * quarter);
+  return word;
+}
+
 // Q6_K blocks [rows, groups * 210] -> units of `per_unit` tiles (`repack_tiles`).
 inline at::Tensor tile_q6_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
   return repack_tiles<TileQ6K>(blocks, cols, 210, per_unit, [](TileQ6K& t, int i, const uint8_t* b) {
@@ -287,17 +300,18 @@ inline at::Tensor tile_q6_k(const at::Tensor& blocks, int64_t cols, int64_t per_
 // Q3_K blocks [rows, groups * 110] -> units of `per_unit` tiles (`repack_tiles`).
 inline at::Tensor tile_q3_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
   return repack_tiles<TileQ3K>(blocks, cols, 110, per_unit, [](TileQ3K& t, int i, const uint8_t* b) {
-    alignas(32) uint8_t codes[256], scales[16];
-    three_bits_256(b + 32, b, codes);
+    alignas(32) uint8_t scales[16];
     scales_k3(b + 96, scales);
     std::memcpy(&t.d[i], b + 108, 2);
     for (int j = 0; j < 16; ++j) {
       t.scales[j / 2][2 * i + j % 2] = static_cast<int8_t>(scales[j] - 32);
-      for (int v = 0; v < 16; ++v) {
-        const int code = codes[16 * j + v], quarter = v / 4, c = v % 4;
-        t.low[j][4 * i + c] |= static_cast<uint8_t>((code & 3) << (2 * quarter));
-        t.high[j / 2][4 * i + c] |= static_cast<uint8_t>((code >> 2) << (4 * (j % 2) + quarter));
-      }
+      store_word(t.low[j] + 4 * i, pairs_word(b + 32, j));
+      // third bits (`three_bits_256`): bit 4 (j / 8) + j % 8 / 2 of the mask's bytes 16 (j % 2) .. + 15
+      const uint8_t* mask = b + 16 * (j % 2);
+      uint32_t third = 0;
+      for (int quarter = 0; quarter < 4; ++quarter)
+        third |= (load_word(mask + 4 * quarter) >> (4 * (j / 8) + j % 8 / 2) & 0x01010101u) << (4 * (j % 2) + quarter);
+      store_word(t.high[j / 2] + 4 * i, load_word(t.high[j / 2] + 4 * i) | third);
     }
   });
 }
@@ -305,13 +319,11 @@ inline at::Tensor tile_q3_k(const at::Tensor& blocks, int64_t cols, int64_t per_
 // Q2_K blocks [rows, groups * 84] -> units of `per_unit` tiles (`repack_tiles`).
 inline at::Tensor tile_q2_k(const at::Tensor& blocks, int64_t cols, int64_t per_unit) {
   return repack_tiles<TileQ2K>(blocks, cols, 84, per_unit, [](TileQ2K& t, int i, const uint8_t* b) {
-    alignas(32) uint8_t codes[256];
-    two_bits_256(b + 16, codes);
     std::memcpy(&t.d[i], b + 80, 2);
     std::memcpy(&t.dmin[i], b + 82, 2);
     for (int j = 0; j < 16; ++j) {
       t.scales[j / 2][2 * i + j % 2] = b[j];
-      for (int v = 0; v < 16; ++v) t.low[j][4 * i + v % 4] |= static_cast<uint8_t>(codes[16 * j + v] << (v / 4 * 2));
+      store_word(t.low[j] + 4 * i, pairs_word(b + 16, j));
     }
   });
 }
