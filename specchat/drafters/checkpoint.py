@@ -80,7 +80,9 @@ def strip_prefix(tensors: dict[str, torch.Tensor], prefixes: tuple[str, ...]) ->
 
 
 def load_into(module: torch.nn.Module, tensors: dict[str, torch.Tensor], source: Path) -> None:
-    """Copy `tensors` into `module`'s parameters by name; one-line errors for missing, unknown or misshapen keys."""
+    """Copy `tensors` into `module`'s parameters by name; one-line errors for missing, unknown or misshapen keys. A
+    module built on the meta device (no random start for weights about to be replaced) takes them in its own
+    dtypes instead."""
     own = module.state_dict()
     missing = sorted(set(own) - set(tensors))
     unknown = sorted(set(tensors) - set(own))
@@ -93,7 +95,10 @@ def load_into(module: torch.nn.Module, tensors: dict[str, torch.Tensor], source:
             raise SpecchatError(
                 f"{source}: {name} is {list(tensor.shape)} in the checkpoint, {list(own[name].shape)} for this target"
             )
-    module.load_state_dict(tensors)
+    if any(tensor.is_meta for tensor in own.values()):
+        module.load_state_dict({name: tensor.to(own[name].dtype) for name, tensor in tensors.items()}, assign=True)
+    else:
+        module.load_state_dict(tensors)
 
 
 def _pickles(path: Path) -> bool:

@@ -43,10 +43,9 @@ class DraftHead:
         if draft_vocab is None:
             self.lm_head = head
         else:
-            rows = dense_rows(head, self.draft_vocab)
-            self.lm_head = nn.Linear(rows.shape[1], len(draft_vocab), bias=False, device=target.device,
-                                     dtype=target.dtype).requires_grad_(False)  # fmt: skip
-            self.lm_head.weight.copy_(rows)
+            rows = dense_rows(head, self.draft_vocab).to(device=target.device, dtype=target.dtype)
+            self.lm_head = nn.Linear(rows.shape[1], len(draft_vocab), bias=False, device="meta")  # no random start
+            self.lm_head.weight = nn.Parameter(rows, requires_grad=False)
             if weights and quantizable(self.lm_head):  # a vocabulary of odd size stays dense
                 self.lm_head = quantize_linear(self.lm_head, weights, dtype=target.dtype)
 

@@ -318,7 +318,9 @@ def _read_own(directory: Path) -> TokenSwiftHeads:
                                  config.get("root_input", False), config.get("chain_input", False))
     except KeyError as missing:
         raise SpecchatError(f"{directory}: config.json lacks {missing}") from None
-    heads = TokenSwiftHeads(shape, draft_vocab=tensors.pop("draft_vocab", None))
+    draft_vocab = tensors.pop("draft_vocab", None)
+    with torch.device("meta"):  # every weight comes from the file
+        heads = TokenSwiftHeads(shape, draft_vocab=draft_vocab)
     load_into(heads, tensors, directory)
     return heads
 
