@@ -269,7 +269,8 @@ def load_glide(path: Path, target_config) -> tuple[GlideModel, torch.Tensor | No
     except KeyError as missing:
         raise SpecchatError(f"{path}: config.json lacks {missing}") from None
     check_target(config, target_config, f"{path}: the glide draft", _checkpoint_cross(data, tensors, config))
-    model = GlideModel(config, remap_bias="model.layers.0.cross_attn.remap_k.bias" in tensors)
+    with torch.device("meta"):  # every weight comes from the file
+        model = GlideModel(config, remap_bias="model.layers.0.cross_attn.remap_k.bias" in tensors)
     load_into(model, tensors, path)
     return model, draft_vocab
 

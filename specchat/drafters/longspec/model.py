@@ -180,7 +180,8 @@ def load_longspec(path: Path, target_config) -> tuple[LongSpecLayer, torch.Tenso
                        f"{c.num_key_value_heads} KV heads of {c.head_dim}")
     if shape(config) != shape(target):
         raise SpecchatError(f"{path}: the longspec draft has {shape(config)}; the target has {shape(target)}")
-    layer = LongSpecLayer(config)
+    with torch.device("meta"):  # every weight comes from the file
+        layer = LongSpecLayer(config)
     load_into(layer, tensors, path)
     return layer, draft_vocab
 
