@@ -45,13 +45,18 @@ inline uint32_t load_word(const uint8_t* p) {
 inline void store_word(uint8_t* p, uint32_t word) { std::memcpy(p, &word, 4); }
 constexpr uint32_t kLowNibbles = 0x0F0F0F0Fu;
 
+// Four bytes of a tile row from two words of nibbles: byte c holds `first`'s byte c's low (or high) nibble in its low
+// nibble and `second`'s in its high one.
+inline uint32_t low_nibbles(uint32_t first, uint32_t second) { return (first & kLowNibbles) | (second & kLowNibbles) << 4; }
+inline uint32_t high_nibbles(uint32_t first, uint32_t second) { return (first >> 4 & kLowNibbles) | (second & ~kLowNibbles); }
+
 // 16 bytes of nibbles (values 0-15 low, 16-31 high: legacy and IQ4_XS blocks) into the four 32-byte vectors of a
 // tile group's row, `out` its first: byte c of vector p holds values 8p + c (low nibble) and 8p + 4 + c (high).
 inline void interleave_nibbles_32(const uint8_t* q, uint8_t* out) {
   for (int p = 0; p < 2; ++p) {
     const uint32_t first = load_word(q + 8 * p), second = load_word(q + 8 * p + 4);
-    store_word(out + 32 * p, (first & kLowNibbles) | (second & kLowNibbles) << 4);
-    store_word(out + 32 * (p + 2), (first >> 4 & kLowNibbles) | (second & ~kLowNibbles));
+    store_word(out + 32 * p, low_nibbles(first, second));
+    store_word(out + 32 * (p + 2), high_nibbles(first, second));
   }
 }
 
@@ -130,8 +135,8 @@ inline void fill_k4_tile(TileQ4K& t, int i, const uint8_t* b, const uint8_t* qs)
     for (int k = 0; k < 4; ++k)
       for (int p = 0; p < 4; ++p) {
         const uint32_t first = load_word(qs + 32 * k + 8 * p), second = load_word(qs + 32 * k + 8 * p + 4);
-        store_word(t.codes[2 * k] + 32 * p + 4 * i, (first & kLowNibbles) | (second & kLowNibbles) << 4);
-        store_word(t.codes[2 * k + 1] + 32 * p + 4 * i, (first >> 4 & kLowNibbles) | (second & ~kLowNibbles));
+        store_word(t.codes[2 * k] + 32 * p + 4 * i, low_nibbles(first, second));
+        store_word(t.codes[2 * k + 1] + 32 * p + 4 * i, high_nibbles(first, second));
       }
 }
 
