@@ -12,6 +12,7 @@ import platform
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from specchat.architectures.llama_model import HalfLinear, dense_linear
 from specchat.kernels.cpu.cpu_decoder import cpu_decoder
@@ -51,6 +52,21 @@ def test_the_product_is_its_lane_arithmetic_whatever_rows_share_it(out, inputs, 
     for rows in (1, 2, 3, 7, 9, 64, 65, 131):
         assert torch.equal(cpu_decoder().dense_matmul(x[:rows], w), want[:rows]), rows
     assert torch.equal(cpu_decoder().dense_matmul(x[100:101], w), want[100:101])  # a row alone: its bits in the batch
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_decoder_layer_of_any_width_computes_its_rows_apart(dtype, cpu_isa):
+    """A layer whose inputs are not in 32s (a hidden size of 48) runs the product with its inputs padded by zeros:
+    each row is what it is alone, as a verified tree row must be its decode step (ATen's products, oneDNN's AMX ones
+    among them, depend on the rows sharing the call)."""
+    generator = torch.Generator().manual_seed(1)
+    w = torch.randn(40, 48, generator=generator).to(dtype)
+    x = torch.randn(9, 48, generator=generator).to(dtype)
+    layer = cpu_decoder().Projection([cpu_decoder().Linear.dense(w, None)])
+    want = lane_arithmetic(F.pad(x, (0, 16)), F.pad(w, (0, 16))).to(dtype)
+    for rows in (1, 5, 9):
+        assert torch.equal(layer(x[:rows]), want[:rows]), rows
+    assert torch.equal(layer(x[4:5]), want[4:5])
 
 
 def test_what_the_product_does_not_take_is_refused():

@@ -90,12 +90,11 @@ def canonical(model) -> bool:
 
 def rows_apart(model) -> bool:
     """Whether the CPU decoder's products compute each row of `model`'s on its own, as exact speculation needs: in
-    bf16 / fp16 activations, on quantized and fp16 matrices, and on fp32 ones where its own dense product takes them
-    (`DENSE_PRODUCT`); ATen's fp32 products sum in an order that depends on the rows sharing the call."""
+    bf16 / fp16 activations, on quantized and fp16 matrices, and on fp32 ones where it has a dense product of its own
+    (`DENSE_PRODUCT`, any width); ATen's fp32 products sum in an order that depends on the rows sharing the call."""
     if model.dtype in (torch.bfloat16, torch.float16):
         return True
-    dense = [module for module in model.modules() if type(module) is nn.Linear]
-    return not dense or DENSE_PRODUCT and all(module.in_features % 32 == 0 for module in dense)
+    return DENSE_PRODUCT or not any(type(module) is nn.Linear for module in model.modules())
 
 
 def target_forward(model, cache: TreeCache) -> LeanForward | TorchForward:

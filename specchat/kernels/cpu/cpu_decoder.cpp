@@ -53,9 +53,10 @@ struct Linear {
 
   at::Tensor operator()(const at::Tensor& x) const {
     at::Tensor out;
-    if (dense.defined()) {
-      out = x.dim() == 2 && dense_matmul::takes(x, dense) ? dense_matmul::matmul(x, dense).to(x.scalar_type())
-                                                           : at::linear(x, dense.to(x.scalar_type()));
+    if (dense.defined()) {  // its inputs in whole chunks (`Linear.dense`): x's padded to match
+      const at::Tensor xs = dense_matmul::in_whole_chunks(x);
+      out = xs.dim() == 2 && dense_matmul::takes(xs, dense) ? dense_matmul::matmul(xs, dense).to(x.scalar_type())
+                                                             : at::linear(xs, dense.to(x.scalar_type()));
     } else if (!blocks.empty()) {
       out = gguf::matmul(x, blocks, gguf::Path::Best).to(x.scalar_type());
     } else {
@@ -1468,7 +1469,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Linear>(m, "Linear")
       .def_static("dense", [](at::Tensor weight, std::optional<at::Tensor> bias) {
         Linear linear;
-        linear.dense = weight;
+        linear.dense = dense_matmul::in_whole_chunks(weight);
         linear.bias = bias;
         return linear;
       })

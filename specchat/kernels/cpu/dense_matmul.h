@@ -41,6 +41,14 @@ constexpr int64_t kSlice = 2048;  // inputs a pass over a block takes: its 64 KB
 constexpr int64_t kUnit = 4;      // blocks a thread takes at once: 64 weight rows, every activation row read once for them
 constexpr int64_t kRows = 64;     // activation rows whose lane sums a unit keeps at once (256 KB, in L2)
 
+// `t` with its last dim (inputs) padded with zeros to whole chunks, on a build with the kernels: a weight stored so
+// and its activations padded as they come run every width through `matmul` (each padded product adds an exact zero
+// to its lane), so a model of any width computes its rows apart.
+inline at::Tensor in_whole_chunks(const at::Tensor& t) {
+  const int64_t pad = kBuilt ? (kChunk - t.size(-1) % kChunk) % kChunk : 0;
+  return pad ? at::constant_pad_nd(t, {0, pad}) : t;
+}
+
 // Whether `matmul` takes these operands: bf16 activations and a bf16 or fp16 weight, or fp32 activations and an fp16
 // or fp32 weight; inputs in whole chunks, on a build with the kernels.
 inline bool takes(const at::Tensor& x, const at::Tensor& weight) {
