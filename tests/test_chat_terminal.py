@@ -52,7 +52,7 @@ def test_a_message_typed_before_ready_is_kept_and_answered(tmp_path):
     into a line feed then): the text is kept, `?` stays text (no help screen), Enter queues the message."""
     terminal = chat_in_terminal(tmp_path, "--temperature", "0", "--max-new-tokens", "24")
     try:
-        time.sleep(0.2)
+        terminal.wait_for_quiet(timeout=60)  # the process has started: seconds before the app draws
         terminal.send("What is the capital of France? Answer in one sentence.", "Enter")
         screen = terminal.wait_for("Paris", "ready on cpu in", timeout=180)
         assert "The overlay" not in screen  # the help screen never opened

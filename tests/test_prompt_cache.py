@@ -247,7 +247,7 @@ async def test_a_chat_quit_mid_answer_keeps_what_it_had_before_exiting(default_m
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await send(pilot, f"{DOCUMENT}\n\nTell the keeper's story at length.")
-        await wait_until(pilot, lambda: len(app.session.messages[-1].token_ids) >= 4, what="the first tokens")
+        await wait_until(pilot, lambda: len(app.session.messages[-1].token_ids) >= 4, 180, "the first tokens")
         prompt = app.session.previous.ids
         app.exit()  # Ctrl+Q: the app waits for the stopped answer's cache to be written
     assert read_prompt_cache(engine_of(default_model), path, prompt) == len(prompt) - 1

@@ -41,6 +41,22 @@ class Terminal:
             time.sleep(0.2)
         raise AssertionError(f"never saw {needles} on the screen:\n{self.screen()}")
 
+    def wait_for_quiet(self, timeout: float) -> None:
+        """Until the program in the pane has turned the terminal's echo off (keys typed before that are echoed by
+        the terminal itself, before any program could hold them)."""
+        import termios
+
+        tty = self._tmux("display-message", "-p", "-t", "chat", "#{pane_tty}").stdout.strip()
+        fd = os.open(tty, os.O_RDONLY | os.O_NOCTTY)
+        try:
+            deadline = time.monotonic() + timeout
+            while termios.tcgetattr(fd)[3] & termios.ECHO:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the terminal's echo was never turned off:\n{self.screen()}")
+                time.sleep(0.01)
+        finally:
+            os.close(fd)
+
     def alive(self) -> bool:
         return self._tmux("has-session", "-t", "chat").returncode == 0
 
