@@ -40,7 +40,7 @@ ISA_FLAGS = {
 }
 HEADERS = sorted(HERE.glob("*.h")) + sorted(HERE.glob("gguf/*.h"))
 # Where the decoder has a dense product of its own (dense_matmul.h, x86 builds): each output row summed on its own, in
-# fp32 too, where ATen's sums depend on the rows sharing the call. It takes matrices whose inputs are in 32s.
+# fp32 too, where ATen's sums depend on the rows sharing the call. The decoder's layers pad their inputs to 32s for it.
 DENSE_PRODUCT = platform.machine() in ("x86_64", "AMD64")
 
 
