@@ -22,8 +22,8 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), r
 
 def lane_arithmetic(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [rows, in] . w [out, in]^T as the kernel sums it, in torch: each step `sum + a * b` rounded once, as an fma
-    and a vdpbf16ps step do (no denormals in these inputs): a bf16 by bf16 or fp16 product is exact in fp32, an fp32
-    by fp16 or fp32 one in fp64."""
+    and a vdpbf16ps step do (no denormals in these inputs): a bf16 by bf16 or fp16 product is exact in fp32, an fp16 by
+    fp16 one too, an fp32 or fp16 by fp16 or fp32 one in fp64."""
     rows, inputs = x.shape
     lanes = torch.zeros(rows, w.shape[0], 16)
     if w.dtype in (torch.float16, torch.float32):
@@ -42,7 +42,8 @@ def lane_arithmetic(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(("x_dtype", "weight_dtype"),
                          [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16),
-                          (torch.float32, torch.float16), (torch.float32, torch.float32)])
+                          (torch.float32, torch.float16), (torch.float32, torch.float32),
+                          (torch.float16, torch.float16), (torch.float16, torch.float32)])
 @pytest.mark.parametrize(("out", "inputs"), [(16, 96), (149, 2112), (37, 64)])
 def test_the_product_is_its_lane_arithmetic_whatever_rows_share_it(out, inputs, x_dtype, weight_dtype, cpu_isa):
     generator = torch.Generator().manual_seed(out)
@@ -54,7 +55,7 @@ def test_the_product_is_its_lane_arithmetic_whatever_rows_share_it(out, inputs, 
     assert torch.equal(cpu_decoder().dense_matmul(x[100:101], w), want[100:101])  # a row alone: its bits in the batch
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_a_decoder_layer_of_any_width_computes_its_rows_apart(dtype, cpu_isa):
     """A layer whose inputs are not in 32s (a hidden size of 48) runs the product with its inputs padded by zeros:
     each row is what it is alone, as a verified tree row must be its decode step (ATen's products, oneDNN's AMX ones

@@ -89,11 +89,9 @@ def canonical(model) -> bool:
 
 
 def rows_apart(model) -> bool:
-    """Whether the CPU decoder's products compute each row of `model`'s on its own, as exact speculation needs: in
-    bf16 / fp16 activations, on quantized and fp16 matrices, and on fp32 ones where it has a dense product of its own
-    (`DENSE_PRODUCT`, any width); ATen's fp32 products sum in an order that depends on the rows sharing the call."""
-    if model.dtype in (torch.bfloat16, torch.float16):
-        return True
+    """Whether the CPU decoder's products compute each row of `model`'s on its own, as exact speculation needs: on
+    quantized matrices, and on dense ones where it has a dense product of its own (`DENSE_PRODUCT`, any width; bf16,
+    fp16 and fp32 activations); ATen's products sum in an order that depends on the rows sharing the call."""
     return DENSE_PRODUCT or not any(type(module) is nn.Linear for module in model.modules())
 
 

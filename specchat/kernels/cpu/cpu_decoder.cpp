@@ -2,9 +2,9 @@
 // layers are the same with more norms (each half's output), GELU and sliding windows (`Layer`, `Decoder`).
 //
 // A decode step of a small model is a few hundred operations of a few microseconds each; run one by one
-// from Python they cost more than the matmuls. Here the matmuls are our own (GGUF blocks: gguf/matmul.h; dense
-// bf16 and fp16: dense_matmul.h) or ATen's (the 4-bit kernel, other dense products), and what lies between them (RMSNorm,
-// rotary, the cache write, tree attention, SiLU-gating, residuals) is plain loops over the rows.
+// from Python they cost more than the matmuls. Here the matmuls are our own (GGUF blocks: gguf/matmul.h; dense ones
+// on x86: dense_matmul.h) or ATen's (the 4-bit kernel, dense products on other CPUs), and what lies between them
+// (RMSNorm, rotary, the cache write, tree attention, SiLU-gating, residuals) is plain loops over the rows.
 //
 // Exactness: every row's attention sums over its keys in position order (the committed prefix, then its
 // ancestors by depth, itself last) with a fixed lane layout, so a verified tree node gets bitwise what a
@@ -1491,10 +1491,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("dense_matmul", [](at::Tensor x, at::Tensor weight) {
     TORCH_CHECK(dense_matmul::takes(x, weight),
-                "dense_matmul takes bf16 activations and a bf16 or fp16 weight, or fp32 activations and an fp16 "
-                "or fp32 weight, inputs in 32s, on an x86 build");
+                "dense_matmul takes bf16 activations and a bf16 or fp16 weight, or fp32 or fp16 activations and an "
+                "fp16 or fp32 weight, inputs in 32s, on an x86 build");
     return dense_matmul::matmul(x, weight);
-  }, "x [rows, in] . weight [out, in]^T in fp32: bf16 x bf16 or fp16, fp32 x fp16 or fp32 (dense_matmul.h).");
+  }, "x [rows, in] . weight [out, in]^T in fp32: bf16 x bf16 or fp16, fp32 or fp16 x fp16 or fp32 (dense_matmul.h).");
   gguf::define_functions(m);
   py::class_<Projection>(m, "Projection")
       .def(py::init([](std::vector<Linear> parts) { return Projection{parts}; }))

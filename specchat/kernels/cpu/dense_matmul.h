@@ -4,10 +4,11 @@
 // - bf16 weights in bf16 dot-product arithmetic (bf16_dots.h): vdpbf16ps on AVX-512 BF16, the same bits through
 //   fp32 fmas on AVX2. Output j of activation row r sums x[r] . W[j] in 16 lanes, lane l adding the products of
 //   inputs 32c + 2l + 1, then 32c + 2l, for c = 0, 1, ... in order;
-// - fp16 weights (an F16 file's) in fp32: each weight converted exactly (vcvtph2ps), bf16 activations too, fp32 ones
-//   as they are, lane l of an output adding the products of inputs 16c + l in order by fmas, on AVX-512 and AVX2;
-// - fp32 weights (a model in fp32) times fp32 activations the same way: the fp32 product whose rows are independent,
-//   where ATen's (oneDNN's) sums in an order that depends on the rows sharing the call.
+// - fp16 weights (an F16 file's, or a model's run in fp16) in fp32: each weight converted exactly (vcvtph2ps), bf16
+//   and fp16 activations too, fp32 ones as they are, lane l of an output adding the products of inputs 16c + l in
+//   order by fmas, on AVX-512 and AVX2;
+// - fp32 weights (a model in fp32) times fp32 or fp16 activations the same way: the fp32 product whose rows are
+//   independent, where ATen's (oneDNN's) sums in an order that depends on the rows sharing the call.
 // The 16 lanes are then paired down as a key's are in attention.
 //
 // Weight rows go in blocks of 16 (the lanes of 16 outputs pair down together) and units of four blocks (a thread's
@@ -49,13 +50,13 @@ inline at::Tensor in_whole_chunks(const at::Tensor& t) {
   return pad ? at::constant_pad_nd(t, {0, pad}) : t;
 }
 
-// Whether `matmul` takes these operands: bf16 activations and a bf16 or fp16 weight, or fp32 activations and an fp16
-// or fp32 weight; inputs in whole chunks, on a build with the kernels.
+// Whether `matmul` takes these operands: bf16 activations and a bf16 or fp16 weight, or fp32 or fp16 activations and
+// an fp16 or fp32 weight; inputs in whole chunks, on a build with the kernels.
 inline bool takes(const at::Tensor& x, const at::Tensor& weight) {
   const auto a = x.scalar_type(), w = weight.scalar_type();
   return kBuilt && weight.size(1) % kChunk == 0 &&
          ((a == at::kBFloat16 && (w == at::kBFloat16 || w == at::kHalf)) ||
-          (a == at::kFloat && (w == at::kHalf || w == at::kFloat)));
+          ((a == at::kFloat || a == at::kHalf) && (w == at::kHalf || w == at::kFloat)));
 }
 
 // lanes[j][i][l] += lane l's products of activation row j and weight row i of a block (row stride `in`) over
@@ -235,7 +236,7 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
   const at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   const int64_t rows = x.size(0), out = weight.size(0), in = weight.size(1);
   TORCH_CHECK(takes(x, weight) && x.size(1) == in,
-              "dense_matmul takes bf16 [rows, in] x bf16 or fp16 [out, in], or fp32 x fp16 or fp32, in % 32 == 0");
+              "dense_matmul takes bf16 [rows, in] x bf16 or fp16 [out, in], or fp32 or fp16 x fp16 or fp32, in % 32 == 0");
   const bool f16 = weight.scalar_type() == at::kHalf, f32 = weight.scalar_type() == at::kFloat;
   const int64_t size = weight.element_size();
   at::Tensor y = at::empty({rows, out}, x.options().dtype(at::kFloat));
@@ -253,7 +254,7 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
     for (int64_t r = 0; r < rows; ++r) widen(xs + r * in, in, &widened[r * in], &widened[r * in + in / 2]);
   }
 #endif
-  if (f16 && x.scalar_type() == at::kBFloat16) {
+  if ((f16 || f32) && x.scalar_type() != at::kFloat) {  // bf16 or fp16 activations, each converted exactly
     widened.resize(rows * in);
     at::from_blob(widened.data(), {rows, in}, at::TensorOptions().dtype(at::kFloat)).copy_(x);
   }
