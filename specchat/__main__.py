@@ -1,3 +1,3 @@
-from specchat.cli import main
+from specchat.launch import main
 
 main()

@@ -307,6 +307,32 @@ def test_chat_refuses_to_run_without_a_terminal():
     assert_one_line_error(specchat("chat", stdin="", warm=True), "chat needs a terminal")
 
 
+@pytest.mark.parametrize(("command", "echo"), [("chat", False), ("run", True)])
+def test_chat_stops_the_terminals_echo_before_importing_the_command_line(command, echo):
+    """Keys typed as `specchat chat` starts are the app's to read: the terminal stops echoing them before the command
+    line's imports (~0.2 s), not after. Other commands leave the terminal as it is."""
+    import pty
+
+    code = ("import sys, termios\n"
+            f"sys.argv = ['specchat', '{command}']\n"
+            "class Imports:  # reports the echo as the command line is imported\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'specchat.cli':\n"
+            "            print(bool(termios.tcgetattr(0)[3] & termios.ECHO), file=sys.stderr)\n"
+            "            sys.exit(0)\n"
+            "sys.meta_path.insert(0, Imports())\n"
+            "from specchat.launch import main\n"
+            "main()\n")  # fmt: skip
+    terminal, side = pty.openpty()
+    try:
+        result = subprocess.run([sys.executable, "-c", code], stdin=side, capture_output=True, text=True, env=ENV,
+                                timeout=60)  # fmt: skip
+    finally:
+        os.close(terminal)
+        os.close(side)
+    assert result.returncode == 0 and result.stderr.strip() == str(echo), result.stderr
+
+
 def refused_before_loading(*args: str) -> subprocess.CompletedProcess:
     """`specchat ARGS` run in a fresh interpreter whose stdout says whether torch was imported before the exit:
     a refusal that comes before any model load imports none of it."""

@@ -21,11 +21,8 @@ from specchat.errors import SpecchatError
 
 
 def main() -> None:
-    """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
-    if sys.argv[1:2] == ["chat"]:
-        from specchat.tui.typeahead import hold_typed_keys
-
-        hold_typed_keys()
+    """The command line (entered through `specchat.launch`): user errors become one line on stderr and a non-zero
+    exit, never a traceback."""
     _leave(command_status())
 
 
