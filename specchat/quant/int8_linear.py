@@ -20,11 +20,11 @@ class Int8Linear(QuantizedLinear):
         """`codes` [out, in] int8; `scale` [out, in // group_size]."""
         super().__init__()
         self.out_features, self.in_features = codes.shape
-        high = torch.div(codes, 16, rounding_mode="floor")  # -8..7
+        high = codes >> 4  # -8..7: the arithmetic shift floors
         scale = scale.float()
         self._hold(
             pack(high + 8),  # (code - 8) * 16 d + 0 = 16 d hi
-            pack(codes - 16 * high),  # (code - 8) * d + 8 d = d lo
+            pack(codes & 15),  # lo = code - 16 hi: (code - 8) * d + 8 d = d lo
             scales_and_zeros(16 * scale, torch.zeros_like(scale), dtype),
             scales_and_zeros(scale, 8 * scale, dtype),
             group_size, format, bias, dtype,
