@@ -191,21 +191,21 @@ def test_a_book_resumed_from_its_cache_file_goes_on_as_one_run_without_a_replay(
         return Book.create(path, settings, prompt, force=True)
 
     def engine() -> Engine:
-        return Engine(default_model.model, default_model.tokenizer, max_len=len(prompt) + 160, drafter=NgramDrafter())
+        return Engine(default_model.model, default_model.tokenizer, max_len=len(prompt) + 96, drafter=NgramDrafter())
 
     whole = book_at(tmp_path / "whole.txt", first := engine())
-    write_book(first, whole, 400)
+    write_book(first, whole, 240)
     whole.close()
     assert whole.progress.refills >= 2
 
     cache, stopped = tmp_path / "book.safetensors", book_at(tmp_path / "book.txt", second := engine())
-    write_book(second, stopped, 250, prompt_cache=cache)
+    write_book(second, stopped, 150, prompt_cache=cache)
     stopped.close()
-    assert stopped.progress.refills >= 1 and stopped.progress.segment_start < 250
+    assert stopped.progress.refills >= 1 and stopped.progress.segment_start < 150
     replaying = []
     resumed = Book.open(tmp_path / "book.txt")
-    resumed.progress.finished = None  # as `write --resume --tokens 400` asks
-    write_book(engine(), resumed, 400, prompt_cache=cache, status=lambda status: replaying.append(status.replaying))
+    resumed.progress.finished = None  # as `write --resume --tokens 240` asks
+    write_book(engine(), resumed, 240, prompt_cache=cache, status=lambda status: replaying.append(status.replaying))
     resumed.close()
     assert resumed.generated == whole.generated and not any(replaying)
 

@@ -21,7 +21,7 @@ from test_cli import ENV, assert_one_line_error, refused_before_loading, speccha
 
 from specchat.writer.book import ids_path, state_path
 
-TOKENS = "600"  # no refill (the window holds 8K); ~5 s even at 130 tok/s, so the kill lands mid-book
+TOKENS = "300"  # no refill (the window holds 8K); ~2 s even at 130 tok/s, so the kill after 50 lands mid-book
 COMMON = ("--tokens", TOKENS, "--seed", "11", "--drafter", "ngram")
 
 
