@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: chat test setup clean
+.PHONY: chat test test-isas setup clean
 
 chat: $(STAMP)
 	$(VENV)/bin/specchat chat $(ARGS)
@@ -15,6 +15,11 @@ chat: $(STAMP)
 # Two workers share the cores (tests/conftest.py splits the threads); PYTEST_ARGS="-n 0" runs them in one process.
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
+
+# The GGUF kernels compiled for AVX-VNNI and for AVX-512 VNNI without VBMI, held bitwise to this machine's builds
+# (tests marked other_isas; a few minutes of compiling): after a change to the kernels.
+test-isas: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -n 2 -m other_isas $(PYTEST_ARGS)
 
 setup: $(STAMP)
 

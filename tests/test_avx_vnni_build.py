@@ -2,7 +2,7 @@
 Zen 5). It compiles on any x86 machine and names itself; where the CPU has AVX-VNNI, its GGUF kernels give
 bitwise what the AVX2 build gives (the same integers, four products an instruction). Its tile kernels are the
 ones an AVX-512 VNNI build runs through the EVEX form of the same instruction for 8-row tiles, held to the
-portable loops by test_gguf_kernels.py on such machines.
+portable loops by test_gguf_kernels.py on such machines. Run by `make test-isas` (marked other_isas).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from gguf_files import LAYOUTS, random_blocks
 from specchat.kernels.cpu.cpu_decoder import build
 
 CPU_FLAGS = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="an x86 path")
+pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="an x86 path"),
+              pytest.mark.other_isas]
 
 
 def test_the_avx_vnni_build_compiles_and_names_its_path():
