@@ -79,7 +79,8 @@ def test_speculation_on_a_checkpoint_equals_autoregressive(checkpoints, sampling
 
 
 def test_an_fp16_checkpoint_keeps_its_weights_and_speculates_exactly(checkpoints, tmp_path):
-    """Saved in fp16, its matrices stay fp16 beside bf16 activations (HalfLinear: each weight exact in the product)."""
+    """Saved in fp16, its matrices stay fp16 beside bf16 activations (HalfLinear: each weight exact in the product);
+    run in fp16 activations (`--dtype float16`), its fp16 products are the CPU decoder's own too, rows apart."""
     directory, reference = checkpoints("gemma3")
     copy.deepcopy(reference).half().save_pretrained(tmp_path)
     PreTrainedTokenizerFast.from_pretrained(directory).save_pretrained(tmp_path)
@@ -88,6 +89,9 @@ def test_an_fp16_checkpoint_keeps_its_weights_and_speculates_exactly(checkpoints
     layer = parts(loaded.model).layers[0]
     assert isinstance(layer.down, llama_model.HalfLinear) and layer.down.weight.dtype == torch.float16
     assert_speculation_equals_autoregressive(loaded, SAMPLED)
+    half = load_model(str(tmp_path), dtype="float16")
+    assert type(parts(half.model).layers[0].down) is torch.nn.Linear and half.model.dtype == torch.float16
+    assert_speculation_equals_autoregressive(half, SAMPLED)
 
 
 @torch.inference_mode()
