@@ -18,7 +18,7 @@ from tui_harness import tiny_loaded
 from specchat.drafters import build_drafter, parse_drafter
 from specchat.drafters.composite import CompositeDrafter
 from specchat.drafters.eagle3.drafter import DraftKV, Eagle3Drafter
-from specchat.drafters.eagle3.model import Eagle3Draft, load_eagle3, save_eagle3
+from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft, load_eagle3, save_eagle3
 from specchat.drafters.eagle3.objective import Eagle3Objective
 from specchat.drafters.eagle3.train import train_eagle3
 from specchat.drafters.glide.drafter import GlideDrafter
@@ -63,6 +63,24 @@ def test_a_released_checkpoint_loads_with_its_config_and_prefixes(loaded, tmp_pa
         assert torch.equal(back.state_dict()[name], tensor), name
     drafter = Eagle3Drafter(Engine(model, loaded.tokenizer, max_len=64).target, back)
     assert drafter.feature_layers == (2, 1, 0)  # EAGLE-3's (2, L/2, L - 3), clamped into 2 layers
+
+
+def test_a_draft_over_the_whole_vocabulary_loads_without_a_mapping(loaded, tmp_path):
+    """Released without d2t or t2d where its vocabulary is the target's: every draft id is its target id. The weights
+    are the file's, built on no random start (the loader's meta device), the rotary table on the host."""
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "intermediate_size": 96,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 49152,
+              "draft_vocab_size": 49152, "rope_theta": 10000.0, "num_hidden_layers": 1}  # fmt: skip
+    (tmp_path / "release").mkdir()
+    (tmp_path / "release" / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(0)
+    tensors = {name: tensor for name, tensor in Eagle3Draft(Eagle3Config.from_dict(config)).state_dict().items()
+               if name not in ("d2t", "t2d")}  # fmt: skip
+    save_file(tensors, tmp_path / "release" / "model.safetensors")
+    back = load_eagle3(tmp_path / "release", loaded.model.config)
+    assert torch.equal(back.draft_vocab, torch.arange(49152)) and bool(back.t2d.all())
+    assert all(torch.equal(back.state_dict()[name], tensor) for name, tensor in tensors.items())
+    assert back.inverse_frequencies.device.type == "cpu"
 
 
 def test_released_checkpoints_for_another_target_and_pickles_are_one_line_errors(loaded, tmp_path):

@@ -184,8 +184,10 @@ class Eagle3Draft(nn.Module):
         # draft id i is target id i + d2t[i]; t2d marks the target ids the draft vocabulary holds
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
-        # fp32 whatever the weights' dtype (not a buffer: `.to(bfloat16)` would round the angles at long contexts)
-        self.inverse_frequencies = inverse_frequencies(config.rope, config.head_dim)
+        # fp32 whatever the weights' dtype (not a buffer: `.to(bfloat16)` would round the angles at long contexts), on
+        # the host whatever device the weights are built on (the loader's meta device)
+        with torch.device("cpu"):
+            self.inverse_frequencies = inverse_frequencies(config.rope, config.head_dim)
         self.attention_scaling = attention_scaling(config.rope)  # YaRN's temperature, else 1
 
     def set_vocab(self, draft_vocab: torch.Tensor) -> None:
@@ -272,9 +274,10 @@ def load_eagle3(path: Path, target_config) -> Eagle3Draft:
     layers = config.layers_for(target_config.num_hidden_layers)
     if len(layers) != 3 or not all(0 <= layer <= target_config.num_hidden_layers for layer in layers):
         raise SpecchatError(f"{path}: the draft reads target layers {list(layers)}, not three of this target's")
-    draft = Eagle3Draft(config)
+    with torch.device("meta"):  # every weight comes from the file
+        draft = Eagle3Draft(config)
     if config.draft_vocab_size == config.vocab_size:  # the whole vocabulary: no mapping needed
-        tensors.setdefault("d2t", draft.d2t)
+        tensors.setdefault("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
     if "d2t" in tensors and "t2d" not in tensors:  # t2d says what d2t says
         draft_vocab = torch.arange(len(tensors["d2t"])) + tensors["d2t"]
         tensors["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool).index_fill_(0, draft_vocab, True)
