@@ -1,5 +1,5 @@
-"""The `specchat` executable's entry point: what must happen before the command line's imports (~0.2 s) happens
-first. `specchat chat` stops the terminal's echo here, so keys typed at once are held for the app, not echoed."""
+"""The `specchat` executable's entry point, run before the command line's imports (~0.2 s): `specchat chat` stops the
+terminal's echo here, so keys typed at once are held for the app, not echoed."""
 
 from __future__ import annotations
 

@@ -46,18 +46,25 @@ def released_layout(draft: Eagle3Draft, prefix: str = "") -> dict[str, torch.Ten
     return tensors
 
 
+# A release's config.json for the tiny target's draft (the 512-token draft vocabulary `random_draft` draws).
+RELEASED_CONFIG = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "intermediate_size": 96,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 49152,
+                   "draft_vocab_size": 512, "rope_theta": 10000.0, "num_hidden_layers": 1}  # fmt: skip
+
+
+def write_release(directory, config: dict, tensors: dict[str, torch.Tensor]):
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file(tensors, directory / "model.safetensors")
+    return directory
+
+
 def test_a_released_checkpoint_loads_with_its_config_and_prefixes(loaded, tmp_path):
     model = loaded.model
     draft = random_draft(model)
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "intermediate_size": 96,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 49152,
-              "draft_vocab_size": 512, "rope_theta": 10000.0, "num_hidden_layers": 1}  # fmt: skip
     tensors = released_layout(draft, "model.")
     del tensors["model.t2d"]  # some releases carry only d2t
-    (tmp_path / "release").mkdir()
-    (tmp_path / "release" / "config.json").write_text(json.dumps(config))
-    save_file(tensors, tmp_path / "release" / "model.safetensors")
-    back = load_eagle3(tmp_path / "release", model.config)
+    back = load_eagle3(write_release(tmp_path / "release", RELEASED_CONFIG, tensors), model.config)
     assert back.config.feature_layers is None and back.config.head_dim == 16
     for name, tensor in draft.state_dict().items():
         assert torch.equal(back.state_dict()[name], tensor), name
@@ -68,16 +75,11 @@ def test_a_released_checkpoint_loads_with_its_config_and_prefixes(loaded, tmp_pa
 def test_a_draft_over_the_whole_vocabulary_loads_without_a_mapping(loaded, tmp_path):
     """Released without d2t or t2d where its vocabulary is the target's: every draft id is its target id. The weights
     are the file's, built on no random start (the loader's meta device), the rotary table on the host."""
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "intermediate_size": 96,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 49152,
-              "draft_vocab_size": 49152, "rope_theta": 10000.0, "num_hidden_layers": 1}  # fmt: skip
-    (tmp_path / "release").mkdir()
-    (tmp_path / "release" / "config.json").write_text(json.dumps(config))
+    config = {**RELEASED_CONFIG, "draft_vocab_size": 49152}
     torch.manual_seed(0)
     tensors = {name: tensor for name, tensor in Eagle3Draft(Eagle3Config.from_dict(config)).state_dict().items()
                if name not in ("d2t", "t2d")}  # fmt: skip
-    save_file(tensors, tmp_path / "release" / "model.safetensors")
-    back = load_eagle3(tmp_path / "release", loaded.model.config)
+    back = load_eagle3(write_release(tmp_path / "release", config, tensors), loaded.model.config)
     assert torch.equal(back.draft_vocab, torch.arange(49152)) and bool(back.t2d.all())
     assert all(torch.equal(back.state_dict()[name], tensor) for name, tensor in tensors.items())
     assert back.inverse_frequencies.device.type == "cpu"
