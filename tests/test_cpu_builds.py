@@ -1,11 +1,12 @@
 """The CPU decoder built for AVX2 only (x86-64-v3, what a machine without AVX-512 compiles) gives bitwise what
 this machine's own build gives: the GGUF block kernels (every type, both tile kinds, row counts below and past
-a kernel's row blocks; the AVX-512 VNNI build's too, under `make test-isas`) and the decoder's attention (fp32 and
-bf16 caches, head_dim 64, 96 and 128, a decode step and a tree of rows). So results do not depend on the machine
+a kernel's row blocks; the AVX-512 VNNI build's too) and the decoder's attention (fp32 and bf16 caches, head_dim
+64, 96 and 128, a decode step and a tree of rows). So results do not depend on the machine
 that computes them, and the AVX2 paths, which an AVX-512 machine's own build never runs, are tested here too. A bf16
 cache's attention on a CPU with AMX tiles rounds as the tiles do (bf16_tiles.h): there the two builds agree within a
 bf16 rounding of the outputs.
-Skipped where the native build is that same AVX2 build (no AVX-512) or the machine is not x86.
+Skipped where the native build is that same AVX2 build (no AVX-512) or the machine is not x86; run by
+`make test-isas` (marked other_isas).
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from gguf_files import LAYOUTS, random_blocks
 from specchat.kernels.cpu.cpu_decoder import build, cpu_decoder
 
 CPU_FLAGS = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-pytestmark = pytest.mark.skipif(
-    platform.machine() not in ("x86_64", "AMD64") or "avx512f" not in CPU_FLAGS,
-    reason="the native build is the AVX2 one here (no AVX-512) or this is not an x86 machine",
-)
+pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or "avx512f" not in CPU_FLAGS,
+                                 reason="the native build is the AVX2 one here (no AVX-512) or this is not x86"),
+              pytest.mark.other_isas]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def avx2():
     return build("avx2")
 
 
-@pytest.mark.parametrize("isa", ["avx2", pytest.param("avx512vnni", marks=pytest.mark.other_isas)])
+@pytest.mark.parametrize("isa", ["avx2", "avx512vnni"])
 @pytest.mark.parametrize("kind", list(LAYOUTS), ids=[t.name for t in LAYOUTS])
 def test_gguf_kernels_equal_the_avx2_and_avx512_vnni_builds(isa, kind):
     """The AVX-512 VNNI build (no VBMI, BF16 or AMX) gathers the IQ types' codebook entries where this machine's own
