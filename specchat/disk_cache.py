@@ -19,12 +19,19 @@ def cache_dir() -> Path:
 
 
 def cached_json(path: Path, key: str, compute: Callable[[], Any]) -> Any:
-    """The JSON value stored under `key` in the file at `path`, computed and stored when missing."""
-    store = json.loads(path.read_text()) if path.is_file() else {}
-    if key not in store:
-        store[key] = compute()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(store, indent=1))
-        partial.replace(path)  # atomic: a concurrent reader never sees half a file
-    return store[key]
+    """The JSON value stored under `key` in the file at `path`, computed and stored when missing. The file is read
+    again once `compute` returns: what other processes stored while it ran (seconds of measuring) is kept."""
+    if key in (store := _read(path)):
+        return store[key]
+    value = compute()
+    store = _read(path)
+    store[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(store, indent=1))
+    partial.replace(path)  # atomic: a concurrent reader never sees half a file
+    return value
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}

@@ -1,0 +1,33 @@
+"""Measurements kept on disk: computed once, read back after, none lost to another process storing its own."""
+
+from __future__ import annotations
+
+import json
+
+from specchat.disk_cache import cached_json
+
+
+def test_a_value_is_computed_once_then_read_from_the_file(tmp_path):
+    path, calls = tmp_path / "costs.json", []
+
+    def compute():
+        calls.append(1)
+        return {"seconds": [0.5, 0.7]}
+
+    assert cached_json(path, "a", compute) == {"seconds": [0.5, 0.7]}
+    assert cached_json(path, "a", compute) == {"seconds": [0.5, 0.7]}
+    assert len(calls) == 1 and json.loads(path.read_text()) == {"a": {"seconds": [0.5, 0.7]}}
+
+
+def test_a_key_stored_while_another_is_measured_is_kept(tmp_path):
+    """Two processes measuring at once (a chat and a server starting together): the one that finishes last
+    writes the file, and what the other stored meanwhile stays in it."""
+    path = tmp_path / "costs.json"
+
+    def measured_while_another_process_stores_b():
+        assert cached_json(path, "b", lambda: 2) == 2
+        return 1
+
+    assert cached_json(path, "a", measured_while_another_process_stores_b) == 1
+    assert json.loads(path.read_text()) == {"a": 1, "b": 2}
+    assert not list(tmp_path.glob("*.partial"))
