@@ -37,8 +37,7 @@ $(STAMP): pyproject.toml Makefile
 			$(PYTHON) -m venv $(VENV); \
 		fi; \
 	fi
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --no-compile torch==2.13.0
-	$(PIP) install --no-compile ninja "gguf>=0.10"
+	$(PIP) install --no-compile ninja "gguf>=0.10" $$($(PY) -c "import torch" 2>/dev/null || echo torch==2.13.0)
 	@# The CPU decoder compiles (minutes of a fresh machine's cores) while the rest downloads and installs: its
 	@# build needs only torch, ninja and gguf, and the file runs without the package. pip byte-compiles what it
 	@# installs on one core (35 of torch's 48 s here): the packages are compiled afterwards on every core instead
