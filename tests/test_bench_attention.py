@@ -63,7 +63,8 @@ def test_prefix_bandwidth_counts_the_kv_bytes_read():
     prefix = rows[-1]
     kv_bytes = 2 * 2 * 1000 * 16 * 4  # K and V, 2 KV heads, 1000 keys, head_dim 16, fp32
     assert prefix.gb_s == pytest.approx(kv_bytes / (prefix.us * 1e-6) / 1e9, rel=1e-3)
-    assert prefix.of_copy == pytest.approx(prefix.gb_s / rows[0].gb_s, rel=1e-3)
+    # of_copy, gb_s and the copy's rate are each rounded to 4 significant digits: up to 5e-4 off apiece.
+    assert prefix.of_copy == pytest.approx(prefix.gb_s / rows[0].gb_s, rel=2e-3)
 
 
 @pytest.mark.parametrize(
