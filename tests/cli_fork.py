@@ -5,10 +5,11 @@ reads its first option; the CLI tests start dozens of them. Here one helper inte
 imports those third-party libraries once (and nothing of specchat), then forks a child per command. The
 child is the command as `python -m specchat` runs it (`runpy._run_module_as_main`, what `-m` calls): its
 own pid (signals and kills reach it alone), stdin, stdout and stderr (files, read back as a pipe would be
-read), environment and working directory; it imports specchat itself, leaves through the interpreter's
-usual exit (atexit handlers, flushing, finalization: ~2 s with torch loaded) and its exit status is its own,
-a traceback included. What it skips is only the import of torch and transformers, and a word they would
-print on import is not lost: the helper refuses to serve if importing them printed anything.
+read), environment and working directory; it imports specchat itself and leaves as the command does (its
+exit handlers run, its output is flushed, then `os._exit`; a traceback, should one escape, through the
+interpreter's own exit), and its exit status is its own. What it skips is only the import of torch and
+transformers, and a word they would print on import is not lost: the helper refuses to serve if importing them
+printed anything.
 
 A command that exits before importing torch is quicker cold (~0.3 s); tests about the process start itself
 (`refused_before_loading`: what a fresh interpreter imported) or about a real pipe or device as stdout (a
@@ -49,7 +50,7 @@ outbox.write(json.dumps({"ready": True}) + "\n")
 for line in inbox:
     request = json.loads(line)
     pid = os.fork()
-    if pid == 0:  # the command: leaves by SystemExit (or an exception) through the interpreter's own exit
+    if pid == 0:  # the command: leaves by os._exit as specchat's main does (or an exception, through the exit)
         inbox.close()
         outbox.close()
         os.chdir(request["cwd"])
