@@ -1,5 +1,6 @@
-"""Quantized weights: the embedded GGUF's codes load exactly, every quantized matmul and canonical attention is
-row-independent, and speculative output on the quantized default model equals its autoregressive output."""
+"""Quantized weights: the embedded GGUF's codes load exactly (packed once per machine), every quantized matmul and
+canonical attention is row-independent, and speculative output on the quantized default model equals its
+autoregressive output."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.target_forward import forward_path
-from specchat.loading import embedded_gguf_path, load_model
+from specchat.loading import embedded_checkpoint, embedded_gguf_path, load_model
+from specchat.quant.gguf_model import load_gguf_model
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
 from specchat.quant.quantize import quantize_model
@@ -92,6 +94,32 @@ def test_default_cpu_load_runs_the_gguf_codes(quantized_model):
     assert forward_path(quantized_model.model).startswith("CPU decoder")
     assert quantized_model.dtype in ("bfloat16", "float32")
     assert not any(p.dtype == torch.float32 and p.numel() > 1_000_000 for p in quantized_model.model.parameters())
+
+
+def test_the_embedded_models_codes_are_packed_at_its_first_load_and_read_back_after(tmp_path, monkeypatch):
+    """A second load reads the packed codes the first kept, packing nothing: the same model, bit for bit. A kept file
+    that cannot be read is packed anew, and replaced."""
+    config = embedded_checkpoint(dense=False)  # the converted config and tokenizer, from the tests' cache
+
+    def load():
+        model = load_gguf_model(embedded_gguf_path(), config, torch.bfloat16, aten_int4=True)
+        return [*model.named_parameters(), *model.named_buffers()]
+
+    def same(one, other):
+        return len(one) == len(other) and all(a == b and torch.equal(x, y) for (a, x), (b, y) in zip(one, other))
+
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
+    first = load()
+    kept = list((tmp_path / "packed").iterdir())
+    assert len(kept) == 1 and kept[0].suffix == ".safetensors"
+    with monkeypatch.context() as refusing:
+        for layer in (Int4Linear, Int8Linear):
+            refusing.setattr(layer, "planes", staticmethod(lambda *_: pytest.fail("packed again")))
+        assert same(load(), first)
+    kept[0].write_bytes(b"not a safetensors file")
+    assert same(load(), first)
+    assert kept[0].stat().st_size > 50_000_000  # written whole again
+    assert list((tmp_path / "packed").iterdir()) == kept  # no partial file left
 
 
 PROMPTS = (

@@ -5,7 +5,8 @@ reference the blocks are measured against is transformers' model. Block-quantize
 over the file's memory-mapped blocks (the token embedding a `GGUFEmbedding`, and the LM head, when tied to it, a
 `GGUFLinear` over the same blocks): nothing is dequantized to a dense copy. F32 / F16 tensors (norms, biases) are
 kept dense in the activation dtype. The embedded model keeps its older path, torch's int4 kernel on its Q4_1 / Q8_0
-codes (`aten_int4`).
+codes (`aten_int4`), packed for the kernel at its first load on a machine and kept in specchat's cache (`packed/`,
+about the file's size): a later load maps them.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from specchat.architectures.llama_model import ModelConfig, ScaledEmbedding, Slo
 from specchat.architectures.phi3 import FUSED_PROJECTIONS
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.gguf_header import tensor_table
+from specchat.quant import int4_linear, int8_linear
 from specchat.quant.embedding import Int8Embedding
 from specchat.quant.fused import Rows
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 from specchat.quant.gguf_types import BLOCK_TYPES, check_type
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
+from specchat.quant.kept_tensors import KeptTensors, kept_path
 
 BLOCK = 32  # values per block of the Q4_0, Q4_1 and Q8_0 types
 _LAYER_NAMES = {
@@ -65,15 +68,26 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     model = causal_lm(config, dtype, name_or_path=config_dir)
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     check_tensor_types(tensors.values(), gguf_path)
+    packed = KeptTensors(_packed_path(gguf_path, dtype)) if aten_int4 else None
     for module_name, held, rows in _modules(tensors, model.config):
         parent, _, name = module_name.rpartition(".")
         if name in FUSED_PROJECTIONS:  # Phi-3's q/k/v and gate/up in one matrix: one layer, each projection a view
             _install_fused(model.get_submodule(parent), name, held, dtype)
         else:
-            _install(model, module_name, held, dtype, rows=rows, aten_int4=aten_int4)
+            _install(model, module_name, held, dtype, rows=rows, packed=packed)
     if "output.weight" not in tensors:  # tied LM head: the embedding's blocks, multiplied as a linear layer
-        _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, aten_int4=aten_int4)
+        _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, packed=packed)
+    if packed is not None:
+        packed.save()
     return _complete(model)
+
+
+def _packed_path(gguf_path: Path, dtype: torch.dtype) -> Path:
+    """Where the file's codes are kept packed for torch's int4 kernel: its layout is the torch build's and the CPU
+    capability's it runs on, its scales are in `dtype`."""
+    code = [Path(__file__), *(Path(module.__file__) for module in (int4_linear, int8_linear))]
+    facts = str(dtype), torch.__version__, torch.backends.cpu.get_cpu_capability()
+    return kept_path("packed", gguf_path.stem, [gguf_path], code, *facts)
 
 
 def dequantized_model(gguf_path: Path, config_dir: str, *, yarn: float | None = None) -> nn.Module:
@@ -184,9 +198,9 @@ def _unpermute_rotary_rows(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).view(heads, -1, 2).transpose(1, 2).reshape(rows)
 
 
-def _install(model, name: str, parts: dict, dtype, *, rows=None, aten_int4=False) -> None:
+def _install(model, name: str, parts: dict, dtype, *, rows=None, packed: KeptTensors | None = None) -> None:
     """Put the layer made from a module's GGUF tensors in the `Slot` at `name` (or a norm's weight there), rows
-    reordered by `rows`."""
+    reordered by `rows`; given `packed`, Q4_0 / Q4_1 / Q8_0 matrices on torch's int4 kernel, packed once per machine."""
     from gguf import GGMLQuantizationType as Q
 
     tensor, bias = parts["weight"], parts.get("bias")
@@ -200,8 +214,8 @@ def _install(model, name: str, parts: dict, dtype, *, rows=None, aten_int4=False
     current = model.get_submodule(name)
     matrix = isinstance(current, Slot)
     embedding = matrix and current.embedding
-    if aten_int4 and kind in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
-        module = _aten_int4(raw, kind, dtype, embedding=embedding, bias=bias)
+    if packed is not None and kind in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
+        module = _aten_int4(raw, kind, dtype, embedding=embedding, bias=bias, packed=packed, name=name)
     elif int(kind) in BLOCK_TYPES:
         columns = tensor.shape[0]
         module = GGUFEmbedding(raw, int(kind), columns, dtype=dtype, scale=current.scale) if embedding \
@@ -234,18 +248,19 @@ def _install_fused(parent: nn.Module, name: str, parts: dict, dtype) -> None:
         start = end
 
 
-def _aten_int4(raw: torch.Tensor, kind, dtype, *, embedding: bool, bias) -> nn.Module:
-    """Q4_0 / Q4_1 as `Int4Linear`s and Q8_0 as `Int8Linear`s (or an `Int8Embedding`), code for code."""
+def _aten_int4(raw: torch.Tensor, kind, dtype, *, embedding: bool, bias, packed: KeptTensors, name: str) -> nn.Module:
+    """Q4_0 / Q4_1 as `Int4Linear`s and Q8_0 as `Int8Linear`s (or an `Int8Embedding`), code for code; a matrix's
+    codes packed as they were at an earlier load of the file (`packed`), else now."""
     from gguf import GGMLQuantizationType as Q
 
     fmt = kind.name.lower()
+    if kind == Q.Q8_0 and embedding:
+        return Int8Embedding(*_q8_0(raw), dtype=dtype, format=fmt)
     if kind == Q.Q8_0:
-        codes, scale = _q8_0(raw)
-        if embedding:
-            return Int8Embedding(codes, scale, dtype=dtype, format=fmt)
-        return Int8Linear(codes, scale, group_size=BLOCK, dtype=dtype, format=fmt, bias=bias)
-    codes, scale, zero = _q4(raw, with_min=kind == Q.Q4_1)
-    return Int4Linear(codes, scale, zero, group_size=BLOCK, dtype=dtype, format=fmt, bias=bias)
+        planes = packed.tensors(name, lambda: Int8Linear.planes(*_q8_0(raw), dtype))
+        return Int8Linear.held(planes, group_size=BLOCK, format=fmt, dtype=dtype, bias=bias)
+    planes = packed.tensors(name, lambda: Int4Linear.planes(*_q4(raw, with_min=kind == Q.Q4_1), dtype))
+    return Int4Linear.held(planes, group_size=BLOCK, format=fmt, dtype=dtype, bias=bias)
 
 
 def _q4(raw: torch.Tensor, *, with_min: bool):

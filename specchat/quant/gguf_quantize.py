@@ -14,21 +14,16 @@ from: a second load of the same checkpoint reads them, mapped, in the time a GGU
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from specchat.architectures import parts
-from specchat.disk_cache import cache_dir
 from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 from specchat.quant.gguf_types import BLOCK_TYPES, Q4_K, Q5_0, Q6_K, Q8_0
+from specchat.quant.kept_tensors import KeptTensors, kept_path
 
 SCHEMES = {"q4_k_m": (Q4_K, Q6_K), "q8_0": (Q8_0, Q8_0)}  # (most matrices, those given more bits)
 FALLBACK = {Q4_K: Q5_0, Q6_K: Q8_0}  # where rows are no whole number of 256-value groups
@@ -50,9 +45,10 @@ def block_type(type_id: int, columns: int) -> int | None:
 def quantize_to_gguf(model: nn.Module, scheme: str, *, dtype: torch.dtype, source: list[Path] | None = None) -> None:
     """Replace `model`'s linear layers, embedding and LM head in place by GGUF blocks of `scheme`'s types; `dtype`
     is the activation dtype. Given the files the weights were read from (`source`), the blocks are kept on disk and
-    read back, mapped, when the same files are quantized again (`kept_blocks_path`)."""
+    read back, mapped, when the same files are quantized again (`kept_tensors.py`)."""
     base, more = SCHEMES[scheme]
-    kept = KeptBlocks(kept_blocks_path(source, scheme) if source else None)
+    # kept under the files the weights came from, the scheme and the quantizer's code
+    kept = KeptTensors(kept_path("quantized", scheme, source, [Path(__file__), QUANTIZER], scheme) if source else None)
     names = {id(module): name for name, module in model.named_modules()}
     decoder = parts(model)
     layers = decoder.layers
@@ -60,17 +56,17 @@ def quantize_to_gguf(model: nn.Module, scheme: str, *, dtype: torch.dtype, sourc
         precise = {id(layer.v), id(layer.down)} if more_bits(index, len(layers)) else set()
         for name, linear in list(layer.module.named_modules()):
             if isinstance(linear, nn.Linear):
-                held = kept.blocks(names[id(linear)], linear.weight, more if id(linear) in precise else base)
+                held = _blocks(kept, names[id(linear)], linear.weight, more if id(linear) in precise else base)
                 if held is not None:
                     bias = None if linear.bias is None else linear.bias.detach()
                     layer.module.set_submodule(name, GGUFLinear(*held, linear.in_features, dtype=dtype, bias=bias))
     embed, head = decoder.embed, decoder.head
     tied = isinstance(head, nn.Linear) and head.weight.data_ptr() == embed.weight.data_ptr()
-    head_blocks = kept.blocks(names[id(head)], head.weight, more) if isinstance(head, nn.Linear) else None
+    head_blocks = _blocks(kept, names[id(head)], head.weight, more) if isinstance(head, nn.Linear) else None
     if tied and head_blocks is not None:
         embed_blocks, embed_type = head_blocks
     else:
-        embed_blocks, embed_type = kept.blocks(names[id(embed)], embed.weight, base) or (None, None)
+        embed_blocks, embed_type = _blocks(kept, names[id(embed)], embed.weight, base) or (None, None)
     if embed_blocks is not None:
         embed = GGUFEmbedding(embed_blocks, embed_type, embed.embedding_dim, dtype=dtype,
                               scale=getattr(embed, "scale", 1.0))  # fmt: skip
@@ -80,43 +76,9 @@ def quantize_to_gguf(model: nn.Module, scheme: str, *, dtype: torch.dtype, sourc
     kept.save()
 
 
-def kept_blocks_path(source: list[Path], scheme: str) -> Path:
-    """Where the blocks of `source`'s weights in `scheme` are kept: named by the files (path, size, time), the scheme
-    and the quantizer's code, so that a changed file or quantizer is quantized anew."""
-    files = [(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for path in sorted(source)]
-    code = b"".join(path.read_bytes() for path in (Path(__file__), QUANTIZER))
-    key = hashlib.sha256(json.dumps([files, scheme]).encode() + code).hexdigest()[:16]
-    return cache_dir() / "quantized" / f"{scheme}-{key}.safetensors"
-
-
-class KeptBlocks:
-    """Each matrix's blocks by module name: read from the file a previous load wrote at `path`, or quantized now
-    and written there by `save` (one file a model; a partial one never read)."""
-
-    def __init__(self, path: Path | None):
-        self.path, self.made = path, {}
-        self.stored = safe_open(path, framework="pt") if path is not None and path.is_file() else None
-
-    def blocks(self, name: str, weight: torch.Tensor, type_id: int) -> tuple[torch.Tensor, int] | None:
-        """`weight` [rows, columns] as blocks of `type_id` (or its fallback) and that type; None where none fits."""
-        kind = block_type(type_id, weight.shape[1])
-        if kind is None:
-            return None
-        if self.stored is not None and name in self.stored.keys():
-            return self.stored.get_tensor(name), kind
-        self.made[name] = cpu_decoder().gguf_quantize(weight.detach(), kind)
-        return self.made[name], kind
-
-    def save(self) -> None:
-        """Write what was quantized, beside what was read; where the cache cannot be written (full, read-only), the
-        next load quantizes again."""
-        if self.path is None or not self.made:
-            return
-        partial = self.path.with_name(f"{self.path.name}.{os.getpid()}.partial")
-        stored = {} if self.stored is None else {name: self.stored.get_tensor(name) for name in self.stored.keys()}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            save_file({**stored, **self.made}, partial)
-            partial.replace(self.path)  # atomic: a concurrent reader sees no file or the whole file
-        except OSError:
-            partial.unlink(missing_ok=True)
+def _blocks(kept: KeptTensors, name: str, weight: torch.Tensor, type_id: int) -> tuple[torch.Tensor, int] | None:
+    """`weight` [rows, columns] as blocks of `type_id` (or its fallback) and that type; None where none fits."""
+    kind = block_type(type_id, weight.shape[1])
+    if kind is None:
+        return None
+    return kept.tensors(name, lambda: {"blocks": cpu_decoder().gguf_quantize(weight.detach(), kind)})["blocks"], kind

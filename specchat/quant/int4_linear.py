@@ -34,18 +34,11 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_z
     return out.view(*x.shape[:-1], -1)
 
 
-def empty_stack(cls, layers: list[nn.Module]) -> nn.Module | None:
-    """A `cls` layer without weights yet, sized to hold `layers`' packed rows side by side; None where they
-    cannot stack (another input size, group or format; packed rows stack at multiples of PACK_BLOCK)."""
-    if len({(each.in_features, each.group_size, each.format) for each in layers}) != 1:
-        return None
-    if any(each.out_features % PACK_BLOCK for each in layers[:-1]):
-        return None
-    layer = cls.__new__(cls)
-    nn.Module.__init__(layer)
-    layer.in_features = layers[0].in_features
-    layer.out_features = sum(each.out_features for each in layers)
-    return layer
+def stackable(layers: list[nn.Module]) -> bool:
+    """Whether `layers`' packed rows can stack side by side in one layer: the same input size, group and format, and
+    all but the last a multiple of PACK_BLOCK rows (where packed rows stack)."""
+    same = len({(each.in_features, each.group_size, each.format) for each in layers}) == 1
+    return same and all(each.out_features % PACK_BLOCK == 0 for each in layers[:-1])
 
 
 class Int4Linear(QuantizedLinear):
@@ -53,31 +46,45 @@ class Int4Linear(QuantizedLinear):
                  dtype: torch.dtype, bias: torch.Tensor | None = None, format: str = "int4"):  # fmt: skip
         """`codes` [out, in] integers in 0..15; `scale`, `zero` [out, in // group_size]."""
         super().__init__()
-        self.out_features, self.in_features = codes.shape
-        if self.in_features % group_size or scale.shape != (self.out_features, self.in_features // group_size):
+        out_features, in_features = codes.shape
+        if in_features % group_size or scale.shape != (out_features, in_features // group_size):
             raise ValueError(
                 f"codes {tuple(codes.shape)} and scales {tuple(scale.shape)} mismatch groups of {group_size}"
             )
-        self._hold(pack(codes), scales_and_zeros(scale, zero, dtype), group_size, format, bias, dtype)
+        self._hold(self.planes(codes, scale, zero, dtype), group_size, format, bias, dtype)
+
+    @staticmethod
+    def planes(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype) -> dict:
+        """What the layer holds of `codes`, `scale` and `zero`, as the kernel reads them: packed codes, and scales
+        and zeros in the activation dtype."""
+        return {"packed": pack(codes), "scales_zeros": scales_and_zeros(scale, zero, dtype)}
+
+    @classmethod
+    def held(cls, planes: dict, *, group_size: int, format: str, dtype: torch.dtype, bias=None) -> Int4Linear:
+        """The layer over `planes`, what `planes` made (packing nothing)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._hold(planes, group_size, format, bias, dtype)
+        return layer
 
     @classmethod
     def stacked(cls, layers: list[Int4Linear], bias: torch.Tensor | None) -> Int4Linear | None:
         """One layer whose outputs are those of `layers` side by side; None unless they share input size,
         groups and format and all but the last are a multiple of PACK_BLOCK rows."""
-        layer = empty_stack(cls, layers)
-        if layer is None:
+        if not stackable(layers):
             return None
         first = layers[0]
         scales_zeros = torch.cat([each.scales_zeros for each in layers], dim=1).contiguous()
-        packed = torch.cat([each.packed for each in layers])
-        layer._hold(packed, scales_zeros, first.group_size, first.format, bias, scales_zeros.dtype)
-        return layer
+        planes = {"packed": torch.cat([each.packed for each in layers]), "scales_zeros": scales_zeros}
+        return cls.held(planes, group_size=first.group_size, format=first.format, dtype=scales_zeros.dtype, bias=bias)
 
-    def _hold(self, packed, scales_zeros, group_size: int, format: str, bias, dtype) -> None:
+    def _hold(self, planes: dict, group_size: int, format: str, bias, dtype) -> None:
+        self.out_features, half = planes["packed"].shape  # two codes a byte
+        self.in_features = 2 * half
         self.group_size = group_size
         self.format = format  # what the weights are, for reports: "q4_1", "int4-g32", ...
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales_zeros", scales_zeros)
+        self.register_buffer("packed", planes["packed"])
+        self.register_buffer("scales_zeros", planes["scales_zeros"])
         self.register_buffer("bias", None if bias is None else bias.to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

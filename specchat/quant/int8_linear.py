@@ -9,8 +9,9 @@ sees are exactly d * q; the bytes read are those of int8 weights.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from specchat.quant.int4_linear import empty_stack, int4_matmul, pack, scales_and_zeros
+from specchat.quant.int4_linear import int4_matmul, pack, scales_and_zeros, stackable
 from specchat.quant.quantized_linear import QuantizedLinear
 
 
@@ -19,38 +20,49 @@ class Int8Linear(QuantizedLinear):
                  bias: torch.Tensor | None = None, format: str = "int8"):  # fmt: skip
         """`codes` [out, in] int8; `scale` [out, in // group_size]."""
         super().__init__()
-        self.out_features, self.in_features = codes.shape
+        self._hold(self.planes(codes, scale, dtype), group_size, format, bias, dtype)
+
+    @staticmethod
+    def planes(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> dict:
+        """What the layer holds of `codes` and `scale`, as the kernel reads them: both planes packed, with their
+        scales and zeros in the activation dtype."""
         high = codes >> 4  # -8..7: the arithmetic shift floors
         scale = scale.float()
-        self._hold(
-            pack(high + 8),  # (code - 8) * 16 d + 0 = 16 d hi
-            pack(codes & 15),  # lo = code - 16 hi: (code - 8) * d + 8 d = d lo
-            scales_and_zeros(16 * scale, torch.zeros_like(scale), dtype),
-            scales_and_zeros(scale, 8 * scale, dtype),
-            group_size, format, bias, dtype,
-        )  # fmt: skip
+        return {
+            "high": pack(high + 8),  # (code - 8) * 16 d + 0 = 16 d hi
+            "low": pack(codes & 15),  # lo = code - 16 hi: (code - 8) * d + 8 d = d lo
+            "high_scales": scales_and_zeros(16 * scale, torch.zeros_like(scale), dtype),
+            "low_scales": scales_and_zeros(scale, 8 * scale, dtype),
+        }
+
+    @classmethod
+    def held(cls, planes: dict, *, group_size: int, format: str, dtype: torch.dtype, bias=None) -> Int8Linear:
+        """The layer over `planes`, what `planes` made (packing nothing)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._hold(planes, group_size, format, bias, dtype)
+        return layer
 
     @classmethod
     def stacked(cls, layers: list[Int8Linear], bias: torch.Tensor | None) -> Int8Linear | None:
         """One layer whose outputs are those of `layers` side by side; None unless they share input size,
         groups and format and all but the last are a multiple of PACK_BLOCK rows."""
-        layer = empty_stack(cls, layers)
-        if layer is None:
+        if not stackable(layers):
             return None
         first = layers[0]
-        planes = [torch.cat([getattr(each, name) for each in layers]) for name in ("high", "low")]
-        scales = [torch.cat([getattr(each, name) for each in layers], dim=1).contiguous()
-                  for name in ("high_scales", "low_scales")]  # fmt: skip
-        layer._hold(*planes, *scales, first.group_size, first.format, bias, scales[0].dtype)
-        return layer
+        planes = {name: torch.cat([getattr(each, name) for each in layers]) for name in ("high", "low")}
+        for name in ("high_scales", "low_scales"):
+            planes[name] = torch.cat([getattr(each, name) for each in layers], dim=1).contiguous()
+        dtype = planes["high_scales"].dtype
+        return cls.held(planes, group_size=first.group_size, format=first.format, dtype=dtype, bias=bias)
 
-    def _hold(self, high, low, high_scales, low_scales, group_size: int, format: str, bias, dtype) -> None:
+    def _hold(self, planes: dict, group_size: int, format: str, bias, dtype) -> None:
+        self.out_features, half = planes["high"].shape  # two codes a byte
+        self.in_features = 2 * half
         self.group_size = group_size
         self.format = format
-        self.register_buffer("high", high)
-        self.register_buffer("low", low)
-        self.register_buffer("high_scales", high_scales)
-        self.register_buffer("low_scales", low_scales)
+        for name in ("high", "low", "high_scales", "low_scales"):
+            self.register_buffer(name, planes[name])
         self.register_buffer("bias", None if bias is None else bias.to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
