@@ -33,7 +33,7 @@ WARM = (
     "numpy", "torch", "safetensors.torch", "tokenizers", "huggingface_hub", "gguf", "typer", "transformers",
     "transformers.activations", "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
     "transformers.models.auto.tokenization_auto", "transformers.models.llama.modeling_llama",
-    "transformers.models.qwen2.modeling_qwen2",
+    "transformers.models.qwen2.modeling_qwen2", "torch.utils.cpp_extension", "typer._adapters",
 )  # fmt: skip
 
 _HELPER = r"""
