@@ -66,5 +66,5 @@ class KeptTensors:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             save_file({**stored, **self.made}, partial)
             partial.replace(self.path)  # atomic: a concurrent reader sees no file or the whole file
-        except OSError:
+        except (OSError, SafetensorError):  # safetensors reports its own failed writes as its error
             partial.unlink(missing_ok=True)
