@@ -1,5 +1,5 @@
-"""Tensors kept for the next load: read back as made, and a cache that cannot be written costs a load nothing but
-the making."""
+"""Tensors kept for the next load: read back as made, one version a source, and a cache that cannot be written costs
+a load nothing but the making."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specchat.quant.kept_tensors import KeptTensors
+from specchat.quant.kept_tensors import KeptTensors, kept_path
 
 
 def _made():
@@ -30,3 +30,27 @@ def test_a_cache_that_cannot_be_written_keeps_nothing_and_says_nothing():
     assert torch.equal(kept.tensors("head", _made)["codes"], _made()["codes"])
     kept.save()
     assert not Path("/proc/specchat-kept.safetensors").exists()
+
+
+def test_a_new_version_replaces_the_old_and_leaves_other_sources_and_variants(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    model, other, code = tmp_path / "model.gguf", tmp_path / "elsewhere" / "model.gguf", tmp_path / "code.py"
+    other.parent.mkdir()
+    for path in (model, other, code):
+        path.write_text("v1")
+
+    def keep(source: Path, *facts: str) -> Path:
+        kept = KeptTensors(kept_path("packed", "model", [source], [code], *facts))
+        kept.tensors("head", _made)
+        kept.save()
+        return kept.path
+
+    first, elsewhere, variant = keep(model, "bf16"), keep(other, "bf16"), keep(model, "fp32")
+    assert len({first, elsewhere, variant}) == 3 and all(path.is_file() for path in (first, elsewhere, variant))
+    code.write_text("v2")  # new code: the same source's next load makes its tensors again
+    second = keep(model, "bf16")
+    assert second != first and not first.exists()
+    model.write_text("edited")  # an edited file too
+    third = keep(model, "bf16")
+    assert third != second and not second.exists()
+    assert sorted((tmp_path / "cache" / "packed").iterdir()) == sorted([third, elsewhere, variant])

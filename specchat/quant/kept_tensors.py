@@ -3,7 +3,8 @@ them instead of making them again: the GGUF blocks a checkpoint is quantized to 
 model's codes packed for torch's int4 kernel (`gguf_model.py`).
 
 One safetensors file per model, named by what its tensors depend on (`kept_path`); read back memory-mapped, so a
-second load costs what mapping a file of them does.
+second load costs what mapping a file of them does. Writing a new version of a model's file removes the old one: the
+cache holds one file per model and variant, not one per release of specchat or edit of the model's file.
 """
 
 from __future__ import annotations
@@ -22,12 +23,29 @@ from specchat.disk_cache import cache_dir
 
 
 def kept_path(folder: str, stem: str, files: list[Path], code: list[Path], *facts: str) -> Path:
-    """Where tensors made from `files` by `code` are kept: named by the files (path, size, time), the code's bytes
-    and `facts` (whatever else the tensors depend on), so that a change to any of them is made anew."""
-    stats = [(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for path in sorted(files)]
-    source = b"".join(path.read_bytes() for path in code)
-    key = hashlib.sha256(json.dumps([stats, facts]).encode() + source).hexdigest()[:16]
-    return cache_dir() / folder / f"{stem}-{key}.safetensors"
+    """Where tensors made from `files` by `code` are kept: `{stem}-{source}-{version}.safetensors`, the source named
+    by the files' paths and `facts` (whatever else the tensors depend on: such variants are kept side by side), the
+    version by the files' sizes and times and the code's bytes, so that an edited file or new code makes them anew and
+    `save` removes the version it replaces."""
+    paths = sorted(files)
+    source = _digest(json.dumps([[str(path.resolve()) for path in paths], facts]).encode())
+    stats = json.dumps([(path.stat().st_size, path.stat().st_mtime_ns) for path in paths]).encode()
+    version = _digest(stats + b"".join(path.read_bytes() for path in code))
+    return cache_dir() / folder / f"{stem}-{source}-{version}.safetensors"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def _other_versions(path: Path) -> list[Path]:
+    """The files `kept_path` named for the same source as `path`, at other versions."""
+    source = path.name.rsplit("-", 1)[0] + "-"
+    return [
+        kept
+        for kept in path.parent.iterdir()
+        if kept.name.startswith(source) and kept.suffix == ".safetensors" and kept != path
+    ]
 
 
 class KeptTensors:
@@ -68,3 +86,6 @@ class KeptTensors:
             partial.replace(self.path)  # atomic: a concurrent reader sees no file or the whole file
         except (OSError, SafetensorError):  # safetensors reports its own failed writes as its error
             partial.unlink(missing_ok=True)
+            return
+        for replaced in _other_versions(self.path):  # a process still mapping one reads on: unlinking keeps its pages
+            replaced.unlink(missing_ok=True)
