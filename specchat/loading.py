@@ -460,6 +460,7 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
         with first_use("reading the embedded model's tokenizer and config (once per machine)"):
             shutil.copytree(gguf_checkpoint(gguf), partial)
         _publish(partial, target)
+        _remove_other_versions(target)
     if dense and not weights.is_file():
         progress("dequantizing the embedded GGUF to fp32 safetensors (first run only)")
         with first_use("dequantizing the embedded model to fp32 safetensors (once per machine)"):
@@ -467,6 +468,14 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
         (partial / "model.safetensors").replace(weights)  # atomic: a reader sees no file or the whole file
         shutil.rmtree(partial, ignore_errors=True)
     return str(target)
+
+
+def _remove_other_versions(target: Path) -> None:
+    """The embedded model's conversions for another package release or conversion version: each holds 540 MB of
+    fp32 weights that no load of this one reads (a process still reading one keeps the files it opened)."""
+    for other in target.parent.glob(f"{target.name.rsplit('-', 1)[0]}-*"):
+        if other != target and not other.name.endswith(".partial"):
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _publish(partial: Path, target: Path) -> None:

@@ -4,6 +4,9 @@ autoregressive output."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +19,7 @@ from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling import SamplingConfig
 from specchat.engine.target_forward import forward_path
-from specchat.loading import embedded_checkpoint, embedded_gguf_path, load_model
+from specchat.loading import embedded_checkpoint, embedded_gguf_path, gguf_checkpoint, load_model
 from specchat.quant.gguf_model import load_gguf_model
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
@@ -121,6 +124,21 @@ def test_the_embedded_models_codes_are_packed_at_its_first_load_and_read_back_af
     assert kept[0].stat().st_size > 50_000_000  # written whole again
     assert list((tmp_path / "packed").iterdir()) == kept  # no partial file left
 
+
+def test_the_embedded_models_conversion_replaces_those_of_other_versions(tmp_path, monkeypatch):
+    """A new release's conversion of the embedded model removes the older ones (540 MB of fp32 weights each); a
+    conversion still being written and other models' stay."""
+    read = Path(gguf_checkpoint(embedded_gguf_path()))  # the file's tokenizer and config, from the tests' cache
+    shutil.copytree(read, tmp_path / read.name)
+    older, writing, other = (tmp_path / name for name in ("smollm2-135m-0123456789ab", "smollm2-135m-0a.7.partial",
+                                                           "gguf-qwen2.5-coder-1.5b-0123456789ab"))  # fmt: skip
+    for folder in (older, writing, other):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"weights")
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
+    converted = Path(embedded_checkpoint(dense=False))
+    assert (converted / "config.json").is_file()
+    assert sorted(tmp_path.iterdir()) == sorted([converted, writing, other, tmp_path / read.name])
 
 PROMPTS = (
     "Summarize: the lighthouse keeper wrote in the log every night. The lighthouse keeper wrote in the log "
