@@ -143,7 +143,7 @@ def test_speculation_on_a_checkpoint_quantized_to_gguf_blocks_equals_autoregress
 
 def test_the_blocks_of_a_quantized_checkpoint_are_kept_for_its_next_load(checkpoints, tmp_path, monkeypatch):
     """The second load reads the blocks the first wrote, quantizing nothing (the same model, bit for bit); a weights
-    file changed since is quantized anew, beside the first's."""
+    file changed since is quantized anew, its blocks replacing the first's."""
     from specchat.quant import gguf_quantize
 
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
@@ -160,7 +160,8 @@ def test_the_blocks_of_a_quantized_checkpoint_are_kept_for_its_next_load(checkpo
         assert torch.equal(ours, theirs), name
     (directory / "model.safetensors").touch()
     load_model(str(directory), quantize="q4_k_m")
-    assert len(list((tmp_path / "cache" / "quantized").iterdir())) == 2
+    replacing = list((tmp_path / "cache" / "quantized").iterdir())
+    assert len(replacing) == 1 and replacing != kept
 
 
 @torch.inference_mode()
