@@ -35,3 +35,14 @@ def cached_json(path: Path, key: str, compute: Callable[[], Any]) -> Any:
 
 def _read(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def other_versions(path: Path) -> list[Path]:
+    """What the cache holds beside `path` for the same thing at other versions: entries named as `path` is up to its
+    last '-' (`{what}-{version}`), a partial one still being written (`*.partial`) left out."""
+    what = path.name.rsplit("-", 1)[0] + "-"
+    return [
+        entry
+        for entry in path.parent.iterdir()
+        if entry.name.startswith(what) and entry != path and not entry.name.endswith(".partial")
+    ]

@@ -19,7 +19,7 @@ import torch
 
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.checks import DTYPE_NAMES, GGUF_QUANTIZE, check_dtype, check_quantize, check_yarn
-from specchat.disk_cache import cache_dir
+from specchat.disk_cache import cache_dir, other_versions
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
 from specchat.ollama_models import ollama_decoding, ollama_gguf
@@ -460,7 +460,8 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
         with first_use("reading the embedded model's tokenizer and config (once per machine)"):
             shutil.copytree(gguf_checkpoint(gguf), partial)
         _publish(partial, target)
-        _remove_other_versions(target)
+        for older in other_versions(target):  # another release's conversion: 540 MB of fp32 weights no load reads
+            shutil.rmtree(older, ignore_errors=True)
     if dense and not weights.is_file():
         progress("dequantizing the embedded GGUF to fp32 safetensors (first run only)")
         with first_use("dequantizing the embedded model to fp32 safetensors (once per machine)"):
@@ -468,14 +469,6 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
         (partial / "model.safetensors").replace(weights)  # atomic: a reader sees no file or the whole file
         shutil.rmtree(partial, ignore_errors=True)
     return str(target)
-
-
-def _remove_other_versions(target: Path) -> None:
-    """The embedded model's conversions for another package release or conversion version: each holds 540 MB of
-    fp32 weights that no load of this one reads (a process still reading one keeps the files it opened)."""
-    for other in target.parent.glob(f"{target.name.rsplit('-', 1)[0]}-*"):
-        if other != target and not other.name.endswith(".partial"):
-            shutil.rmtree(other, ignore_errors=True)
 
 
 def _publish(partial: Path, target: Path) -> None:

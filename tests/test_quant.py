@@ -140,6 +140,7 @@ def test_the_embedded_models_conversion_replaces_those_of_other_versions(tmp_pat
     assert (converted / "config.json").is_file()
     assert sorted(tmp_path.iterdir()) == sorted([converted, writing, other, tmp_path / read.name])
 
+
 PROMPTS = (
     "Summarize: the lighthouse keeper wrote in the log every night. The lighthouse keeper wrote in the log "
     "every night. Then one night the log was gone.",

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from specchat.disk_cache import cache_dir
+from specchat.disk_cache import cache_dir, other_versions
 
 
 def kept_path(folder: str, stem: str, files: list[Path], code: list[Path], *facts: str) -> Path:
@@ -36,16 +36,6 @@ def kept_path(folder: str, stem: str, files: list[Path], code: list[Path], *fact
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
-
-
-def _other_versions(path: Path) -> list[Path]:
-    """The files `kept_path` named for the same source as `path`, at other versions."""
-    source = path.name.rsplit("-", 1)[0] + "-"
-    return [
-        kept
-        for kept in path.parent.iterdir()
-        if kept.name.startswith(source) and kept.suffix == ".safetensors" and kept != path
-    ]
 
 
 class KeptTensors:
@@ -87,5 +77,5 @@ class KeptTensors:
         except (OSError, SafetensorError):  # safetensors reports its own failed writes as its error
             partial.unlink(missing_ok=True)
             return
-        for replaced in _other_versions(self.path):  # a process still mapping one reads on: unlinking keeps its pages
+        for replaced in other_versions(self.path):  # a process still mapping one reads on: unlinking keeps its pages
             replaced.unlink(missing_ok=True)
