@@ -1,7 +1,8 @@
 """The CPU decoder extension (`cpu_decoder.cpp`, and the GGUF kernels in `gguf/`): compiled on first use with the
-machine's C++ compiler, its files side by side on the machine's cores, then loaded from torch's extension cache
-(rebuilt only when the source changes). `build(isa, "gguf_kernels")` compiles the GGUF kernels alone, without the
-decoder's own file, the longest to compile: a module the tests hold to the decoder's kernels.
+machine's C++ compiler, its files side by side on the machine's cores, then imported from torch's extension cache
+as it is (built again when its code, torch, Python or its flags change). `build(isa, "gguf_kernels")` compiles the
+GGUF kernels alone, without the decoder's own file, the longest to compile: a module the tests hold to the
+decoder's kernels.
 
 It is compiled for the machine it runs on (`-march=native`), so the kernels' code path follows the CPU's
 features: AVX-512 VNNI / BF16 with or without AMX tiles, AVX2 (with FMA and F16C) with or without AVX-VNNI, or
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import platform
 from pathlib import Path
@@ -38,6 +40,7 @@ ISA_FLAGS = {
     "avxvnni": lambda: ["-march=x86-64-v3", "-mavxvnni", "-mtune=native"],
     "avx512vnni": lambda: ["-march=x86-64-v4", "-mavx512vnni", "-mtune=native"],
 }
+BUILD_STAMP = "specchat-build.json"  # written once a build has loaded: what `_import_built` checks before importing it
 HEADERS = sorted(HERE.glob("*.h")) + sorted(HERE.glob("gguf/*.h"))
 # Where the decoder has a dense product of its own (dense_matmul.h, x86 builds): each output row summed on its own, in
 # fp32 too, where ATen's sums depend on the rows sharing the call. The decoder's layers pad their inputs to 32s for it.
@@ -62,10 +65,39 @@ def selected_isa() -> str:
 def build(isa: str, module: str = "cpu_decoder"):
     """`module` (a key of MODULES) compiled for `isa` (a key of ISA_FLAGS), named by its code and target: two
     checkouts of different versions, or two targets, each keep their own build."""
+    directory = build_directory(isa, module)
+    flags = ["-O3", *ISA_FLAGS[isa](), "-fopenmp", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+    built = _import_built(directory, flags) or _compile(directory, flags, module)
+    built.iq_grids(iq_grids())
+    return built
+
+
+def _import_built(directory: Path, flags: list[str]):
+    """The module a finished build left, imported as it is: torch's `load` would import setuptools and run ninja to
+    find it up to date, 0.15-0.3 s of every launch. Only a build whose stamp names this torch, this
+    Python and these flags is taken (its code is in the directory's name); None sends the caller to `_compile`."""
+    import importlib.util
+
+    try:
+        stamp = json.loads((directory / BUILD_STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    if stamp != _build_facts(flags):
+        return None
+    spec = importlib.util.spec_from_file_location(directory.name, directory / f"{directory.name}.so")
+    built = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(built)
+    except ImportError:  # the library went missing or will not link: build it again
+        return None
+    return built
+
+
+def _compile(directory: Path, flags: list[str], module: str):
+    """Builds (or finds up to date) and imports `module` through torch's extension builder, then stamps the build."""
     from torch.utils.cpp_extension import load
 
     _put_ninja_on_path()
-    directory = build_directory(isa, module)
     directory.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl  # POSIX: elsewhere the decoder is not built (ImportError below), the torch decoder runs
@@ -73,17 +105,26 @@ def build(isa: str, module: str = "cpu_decoder"):
         with open(directory / "specchat.lock", "w") as turn:
             fcntl.flock(turn, fcntl.LOCK_EX)  # released by the kernel, even when this process is killed
             (directory / "lock").unlink(missing_ok=True)  # torch's: held by no one while we hold ours
+            (directory / BUILD_STAMP).unlink(missing_ok=True)  # while the library may be rebuilt, no one imports it
             # -fopenmp compiles at::parallel_for's threads in (serial without it); not linked: the OpenMP calls
             # resolve to the runtime torch itself loaded, so both share one pool instead of fighting over the cores.
             # Hidden symbols: two builds loaded in one process (tests, A/B scripts) must not bind to each other's
             # kernels, which share their names and may use instructions the CPU lacks.
-            flags = ["-O3", *ISA_FLAGS[isa](), "-fopenmp", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
             built = load(name=directory.name, sources=[str(path) for path in MODULES[module]],
                          build_directory=str(directory), extra_cflags=flags)  # fmt: skip
+            partial = directory / f"{BUILD_STAMP}.partial"
+            partial.write_text(json.dumps(_build_facts(flags)))
+            partial.replace(directory / BUILD_STAMP)
     except (OSError, ImportError, RuntimeError) as error:  # no compiler: an OSError; a failed build: a RuntimeError
         raise RuntimeError(f"the CPU decoder could not be built: {str(error).strip().splitlines()[-1]}") from None
-    built.iq_grids(iq_grids())
     return built
+
+
+def _build_facts(flags: list[str]) -> dict:
+    """What a build depends on beyond its code: the torch it links against, the Python it extends, its flags."""
+    import torch
+
+    return {"torch": torch.__version__, "python": platform.python_version(), "flags": flags}
 
 
 def iq_grids() -> dict:
@@ -102,10 +143,10 @@ def iq_grids() -> dict:
 
 def build_directory(isa: str, module: str = "cpu_decoder") -> Path:
     """Where the build of `module` for `isa` of this source lives (under torch's extension cache)."""
-    from torch.utils.cpp_extension import get_default_build_root
+    from torch._appdirs import user_cache_dir  # torch's `get_default_build_root`, without importing its builder
 
     suffix = "" if isa == "native" else f"_{isa}"
-    return Path(get_default_build_root()) / f"specchat_{module}{suffix}_{source_version()}"
+    return Path(user_cache_dir(appname="torch_extensions")).resolve() / f"specchat_{module}{suffix}_{source_version()}"
 
 
 @functools.cache
