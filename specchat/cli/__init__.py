@@ -15,7 +15,7 @@ try:  # typer >= 0.24 carries its own copy of click
 except ImportError:
     from click import exceptions as click_errors
 
-from specchat.cli import bench, chat, models, run, serve, train, write  # noqa: F401  (each registers its commands)
+from specchat.cli import bench, cache, chat, models, run, serve, train, write  # noqa: F401  (each registers its commands)
 from specchat.cli.common import app
 from specchat.errors import SpecchatError
 

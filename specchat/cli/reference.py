@@ -25,7 +25,7 @@ def markdown() -> str:
 
 def _describe(lines: list[str], path: str, command) -> None:
     group = hasattr(command, "commands")
-    if not group or _options(command):  # a group with options of its own runs by itself too (`specchat bench`)
+    if not group or command.invoke_without_command:  # a group that runs by itself too (`specchat bench`)
         _command(lines, path, command)
     for name, sub in command.commands.items() if group else ():
         _describe(lines, f"{path} {name}", sub)

@@ -31,7 +31,7 @@ from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 from specchat.quant.gguf_types import BLOCK_TYPES, check_type
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
-from specchat.quant.kept_tensors import KeptTensors, kept_path
+from specchat.quant.kept_tensors import KeptTensors, kept_tensors
 
 BLOCK = 32  # values per block of the Q4_0, Q4_1 and Q8_0 types
 _LAYER_NAMES = {
@@ -68,7 +68,7 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     model = causal_lm(config, dtype, name_or_path=config_dir)
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     check_tensor_types(tensors.values(), gguf_path)
-    packed = KeptTensors(_packed_path(gguf_path, dtype)) if aten_int4 else None
+    packed = _packed(gguf_path, dtype) if aten_int4 else None
     for module_name, held, rows in _modules(tensors, model.config):
         parent, _, name = module_name.rpartition(".")
         if name in FUSED_PROJECTIONS:  # Phi-3's q/k/v and gate/up in one matrix: one layer, each projection a view
@@ -82,12 +82,12 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
     return _complete(model)
 
 
-def _packed_path(gguf_path: Path, dtype: torch.dtype) -> Path:
-    """Where the file's codes are kept packed for torch's int4 kernel: its layout is the torch build's and the CPU
-    capability's it runs on, its scales are in `dtype`."""
+def _packed(gguf_path: Path, dtype: torch.dtype) -> KeptTensors:
+    """The file's codes kept packed for torch's int4 kernel: its layout is the torch build's and the CPU capability's
+    it runs on, its scales are in `dtype`."""
     code = [Path(__file__), *(Path(module.__file__) for module in (int4_linear, int8_linear))]
     facts = str(dtype), torch.__version__, torch.backends.cpu.get_cpu_capability()
-    return kept_path("packed", gguf_path.stem, [gguf_path], code, *facts)
+    return kept_tensors("packed", gguf_path.stem, [gguf_path], code, *facts)
 
 
 def dequantized_model(gguf_path: Path, config_dir: str, *, yarn: float | None = None) -> nn.Module:

@@ -23,7 +23,7 @@ from specchat.architectures import parts
 from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 from specchat.quant.gguf_types import BLOCK_TYPES, Q4_K, Q5_0, Q6_K, Q8_0
-from specchat.quant.kept_tensors import KeptTensors, kept_path
+from specchat.quant.kept_tensors import KeptTensors, kept_tensors
 
 SCHEMES = {"q4_k_m": (Q4_K, Q6_K), "q8_0": (Q8_0, Q8_0)}  # (most matrices, those given more bits)
 FALLBACK = {Q4_K: Q5_0, Q6_K: Q8_0}  # where rows are no whole number of 256-value groups
@@ -48,7 +48,8 @@ def quantize_to_gguf(model: nn.Module, scheme: str, *, dtype: torch.dtype, sourc
     read back, mapped, when the same files are quantized again (`kept_tensors.py`)."""
     base, more = SCHEMES[scheme]
     # kept under the files the weights came from, the scheme and the quantizer's code
-    kept = KeptTensors(kept_path("quantized", scheme, source, [Path(__file__), QUANTIZER], scheme) if source else None)
+    code = [Path(__file__), QUANTIZER]
+    kept = kept_tensors("quantized", scheme, source, code, scheme) if source else KeptTensors(None)
     names = {id(module): name for name, module in model.named_modules()}
     decoder = parts(model)
     layers = decoder.layers

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from specchat.disk_cache import cache_dir, other_versions
+from specchat.disk_cache import cache_dir, other_versions, sources_json
 
 
 def kept_path(folder: str, stem: str, files: list[Path], code: list[Path], *facts: str) -> Path:
@@ -34,16 +34,21 @@ def kept_path(folder: str, stem: str, files: list[Path], code: list[Path], *fact
     return cache_dir() / folder / f"{stem}-{source}-{version}.safetensors"
 
 
+def kept_tensors(folder: str, stem: str, files: list[Path], code: list[Path], *facts: str) -> KeptTensors:
+    """The tensors kept at `kept_path` for `files`, which their file names as what they were made from."""
+    return KeptTensors(kept_path(folder, stem, files, code, *facts), sources=files)
+
+
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 
 
 class KeptTensors:
     """Tensors by name: read from the file a previous load wrote at `path`, or made now and written there by `save`
-    (one file a model; a partial or unreadable one is never read)."""
+    (one file a model; a partial or unreadable one is never read), its metadata naming the `sources` they came from."""
 
-    def __init__(self, path: Path | None):
-        self.path, self.made = path, {}
+    def __init__(self, path: Path | None, sources: list[Path] = ()):
+        self.path, self.sources, self.made = path, list(sources), {}
         self.stored = None
         if path is not None and path.is_file():
             try:
@@ -72,7 +77,7 @@ class KeptTensors:
         stored = {key: self.stored.get_tensor(key) for key in self.stored.keys()} if self.stored is not None else {}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            save_file({**stored, **self.made}, partial)
+            save_file({**stored, **self.made}, partial, metadata={"sources": sources_json(self.sources)})
             partial.replace(self.path)  # atomic: a concurrent reader sees no file or the whole file
         except (OSError, SafetensorError):  # safetensors reports its own failed writes as its error
             partial.unlink(missing_ok=True)
