@@ -85,8 +85,8 @@ def _import_built(directory: Path, flags: list[str]):
     if stamp != _build_facts(flags):
         return None
     spec = importlib.util.spec_from_file_location(directory.name, directory / f"{directory.name}.so")
-    built = importlib.util.module_from_spec(spec)
     try:
+        built = importlib.util.module_from_spec(spec)  # opens the library
         spec.loader.exec_module(built)
     except ImportError:  # the library went missing or will not link: build it again
         return None
