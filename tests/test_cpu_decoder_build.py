@@ -5,7 +5,7 @@ start's minute of compiling) leaves torch's lock file behind, which the next sta
 own lock (the kernel releases it when its holder dies), removes instead of waiting for it for ever.
 
 The test starts processes on a copy of the suite's build in a cache of its own: the other tests' processes go on
-reading the real one meanwhile (changed under them, they raced it in CI)."""
+reading the real one, which this test would otherwise change under them."""
 
 from __future__ import annotations
 
