@@ -2,9 +2,9 @@
 and why no load reads it any more where none does.
 
 The entries live in specchat's cache (`disk_cache.cache_dir`) and, for the compiled CPU decoder, in torch's
-extension cache. Everything there but model files is made again when a load needs it: `clear` leaves only those,
-`prune` removes what is stale (made from a file that is gone, built from other code of specchat, or left half
-written by a process that died).
+extension cache; the profiles' model files (`loading.GGUF_DIR`) are listed too. Everything but those is made again
+when a load needs it: `clear` leaves only the model files, `prune` removes what is stale (made from a file that is
+gone, built from other code of specchat, or left half written by a process that died).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 
 from specchat.disk_cache import SOURCES_FILE, cache_dir
 
-MODEL_FILES = "gguf"  # the folder of model files fetched for profiles (loading.GGUF_DIR): never removed
 KINDS = {  # by the entry's folder or name: what it is
     "packed": "4-bit codes packed for torch's int4 kernel",
     "quantized": "GGUF blocks of a checkpoint loaded with --quantize",
@@ -45,12 +44,14 @@ class CacheEntry:
 
 def cache_entries() -> list[CacheEntry]:
     """Every entry of specchat's cache and every build of its CPU decoder, model files first."""
-    root = cache_dir()
-    entries = [_model_file(path) for path in sorted((root / MODEL_FILES).glob("*"))]
+    from specchat.loading import GGUF_DIR  # profiles' model files: never removed
+
+    root, models = cache_dir(), GGUF_DIR.expanduser()
+    entries = [_model_file(path) for path in sorted(models.glob("*"))]
     for path in sorted(root.glob("*")) if root.is_dir() else ():
         if path.name in ("packed", "quantized"):
             entries += [_entry(item, KINDS[path.name]) for item in sorted(path.iterdir())]
-        elif path.name != MODEL_FILES:
+        elif path != models:
             entries.append(_entry(path, next((kind for key, kind in KINDS.items() if key in path.name), "unknown")))
     return entries + _decoder_builds()
 

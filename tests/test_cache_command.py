@@ -23,8 +23,9 @@ from specchat.quant.kept_tensors import kept_tensors
 def cache(tmp_path, monkeypatch) -> dict[str, Path]:
     """A cache with an entry of each kind, stale ones among them; the paths by name."""
     monkeypatch.delenv("SPECCHAT_CACHE")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # specchat's cache and torch's extension cache in it
-    root, builds = tmp_path / "specchat", tmp_path / "torch_extensions"
+    monkeypatch.setenv("HOME", str(tmp_path))  # the profiles' model files, in ~/.cache/specchat/gguf
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))  # specchat's cache and torch's extension cache
+    root, builds = tmp_path / ".cache" / "specchat", tmp_path / ".cache" / "torch_extensions"
     paths = {"model file": root / "gguf" / "model.gguf"}
     paths["model file"].parent.mkdir(parents=True)
     paths["model file"].write_bytes(b"GGUF" + bytes(60))
@@ -51,7 +52,7 @@ def cache(tmp_path, monkeypatch) -> dict[str, Path]:
 
 def test_the_listing_says_what_each_entry_is_and_why_it_is_stale(cache, monkeypatch, capfd):
     stale = {entry.path: entry.stale for entry in cache_entries()}
-    gone = cache["kept"].parents[2] / "kept from a file now gone.bin"
+    gone = cache["kept"].parents[3] / "kept from a file now gone.bin"
     assert stale == {
         cache["model file"]: None,
         cache["kept"]: None,
@@ -64,7 +65,7 @@ def test_the_listing_says_what_each_entry_is_and_why_it_is_stale(cache, monkeypa
     listed = specchat_in_process(monkeypatch, capfd, "cache")
     assert listed.returncode == 0, listed.stderr
     assert "gguf/model.gguf\n" in listed.stdout and "model file" in listed.stdout
-    copied = cache["conversion"].parents[1] / embedded_gguf_path().name
+    copied = cache["conversion"].parents[2] / embedded_gguf_path().name
     assert f"tokenizer and config read from a GGUF file, from {copied}\n" in listed.stdout
     assert listed.stdout.count("stale: ") == 3
 
