@@ -35,9 +35,9 @@ def main(count: int, tokens: int) -> None:
     engine = Engine(loaded.model, tokenizer, max_len=2 * tokens + 64)
     llama = Llama(str(FILE), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE, n_ctx=2 * tokens + 64,
                   n_batch=2 * tokens + 64, n_ubatch=2 * tokens + 64, n_threads=2, verbose=False)  # fmt: skip
-    counted = sum(len(tokenizer(text)["input_ids"]) for text in texts)
+    counted = sum(len(tokenizer.encode(text)) for text in texts)
     start = time.perf_counter()
-    ours = torch.stack([torch.nn.functional.normalize(engine.embedding(tokenizer(t)["input_ids"]), dim=0)
+    ours = torch.stack([torch.nn.functional.normalize(engine.embedding(tokenizer.encode(t)), dim=0)
                         for t in texts])
     our_seconds = time.perf_counter() - start
     start = time.perf_counter()

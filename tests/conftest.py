@@ -99,3 +99,14 @@ def default_model():
 @pytest.fixture(scope="session")
 def tokenizer(default_model):
     return default_model.tokenizer
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer():
+    """transformers' tokenizer of the embedded model, for tests that add tokens to one or save it (specchat's own
+    does neither) and for comparing with it."""
+    from transformers import AutoTokenizer
+
+    from specchat.loading import embedded_checkpoint
+
+    return AutoTokenizer.from_pretrained(embedded_checkpoint(dense=False))

@@ -255,3 +255,41 @@ def llama3_frequency_factors(factor: float, *, base: float = 10000.0, dim: int =
             smooth = (old_context / wavelength - low) / (high - low)
             factors.append(1 / ((1 - smooth) / factor + smooth))
     return factors
+
+
+SENTENCEPIECE_WORDS = ("the", "hello", "world", "a", "tool", "call", "weather", "city", "is", "what", "in", "paris")
+SENTENCEPIECE_TEMPLATE = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}"
+                          "{% endfor %}{% if tools %}[tools] {{ tools | tojson }}{% endif %}"
+                          "{% if add_generation_prompt %}[assistant] {% endif %}")  # fmt: skip
+
+
+def write_sentencepiece_vocabulary(path: Path) -> Path:
+    """A GGUF file holding only a tokenizer (`tokenizer.*` fields) of a sentencepiece vocabulary, as llama.cpp writes
+    Llama 2's, Phi-3's and Gemma's: <unk>, <s>, </s> and an end-of-turn control token, the 256 byte tokens, the letters
+    and SENTENCEPIECE_WORDS with their pieces (scores preferring longer ones), BOS added, a chat template."""
+    from gguf import GGUFWriter
+
+    pieces = {"\u2581": 0.0}
+    for word in SENTENCEPIECE_WORDS:
+        spelled = "\u2581" + word
+        for end in range(2, len(spelled) + 1):  # every prefix, so each piece is a merge of two pieces listed
+            pieces.setdefault(spelled[:end], -float(len(pieces)))
+        for letter in word:
+            pieces.setdefault(letter, -100.0 - ord(letter))
+    tokens = ["<unk>", "<s>", "</s>", "<|end|>", *(f"<0x{byte:02X}>" for byte in range(256)), *pieces]
+    types = [2, 3, 3, 3, *[6] * 256, *[1] * len(pieces)]  # unknown, control, byte, normal
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 260 + list(pieces.values()))
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_chat_template(SENTENCEPIECE_TEMPLATE)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

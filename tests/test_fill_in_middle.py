@@ -26,9 +26,9 @@ QWEN_REPOSITORY = ["<|repo_name|>", "<|file_sep|>"]
 
 
 @pytest.fixture(scope="module")
-def coder_tokenizer(tokenizer):
+def coder_tokenizer(hf_tokenizer):
     """The default model's tokenizer with Qwen 2.5 Coder's markers as special tokens."""
-    coder = copy.deepcopy(tokenizer)
+    coder = copy.deepcopy(hf_tokenizer)
     coder.add_special_tokens({"additional_special_tokens": QWEN_MARKERS + QWEN_REPOSITORY})
     return coder
 
@@ -97,7 +97,7 @@ def test_llama_server_s_infill_and_completion_whole_and_streamed(coder_server, c
     assert "".join(event["content"] for event in events) == whole["content"]
     assert [event["stop"] for event in events] == [False] * (len(events) - 1) + [True] and "timings" in events[-1]
     text = server.http.post("/completion", json={"prompt": "x = ", "n_predict": 6, "temperature": 0}).json()
-    assert text["content"] == _alone(engine, coder_tokenizer("x = ")["input_ids"], 6)
+    assert text["content"] == _alone(engine, coder_tokenizer.encode("x = "), 6)
     refused = server.http.post("/infill", json={"input_prefix": 5})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "input_prefix"
     lines = {"prompt": "x", "n_predict": 30, "grammar": 'root ::= ("y\\n"){40}'}  # no end before 40 lines

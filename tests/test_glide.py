@@ -103,7 +103,7 @@ def test_a_copy_of_the_target_gets_its_chains_accepted(targets, greedy, tokenize
 
 @pytest.mark.slow
 def test_default_model(default_model, tokenizer):
-    prompt = tokenizer("The three primary colours are", add_special_tokens=False)["input_ids"]
+    prompt = tokenizer.encode("The three primary colours are", add_special_tokens=False)
     model = default_model.model
     expected, _ = run(Engine(model, tokenizer, max_len=128), prompt, 32)
     engine = Engine(model, tokenizer, max_len=128)

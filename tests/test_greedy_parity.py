@@ -51,11 +51,11 @@ def test_default_model_matches_generate(prompt, default_model):
     assert ours(model, tokenizer, ids, 32) == expected
 
 
-def test_chat_template_is_applied_exactly(tokenizer):
+def test_chat_template_is_applied_exactly(tokenizer, hf_tokenizer):
     prompt = "What is the capital of France?"
-    expected = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    expected = hf_tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
     assert encode_prompt(tokenizer, prompt) == list(expected["input_ids"])
-    assert encode_prompt(tokenizer, prompt, raw=True) == tokenizer(prompt)["input_ids"]
+    assert encode_prompt(tokenizer, prompt, raw=True) == tokenizer.encode(prompt)
     with_system = encode_prompt(tokenizer, prompt, system="Answer in French.")
     assert tokenizer.decode(with_system).count("Answer in French.") == 1
 

@@ -201,7 +201,7 @@ def test_a_checkpoint_without_safetensors_is_refused_in_one_line(checkpoints, tm
 
 @torch.inference_mode()
 @pytest.mark.parametrize("family", ["mistral", "qwen2"])
-def test_a_checkpoint_with_sliding_windows_runs_on_the_cpu_decoder(family, tokenizer, tmp_path):
+def test_a_checkpoint_with_sliding_windows_runs_on_the_cpu_decoder(family, hf_tokenizer, tmp_path):
     """Mistral's window on every layer, Qwen2's from `max_window_layers` on (its `layer_types`): transformers'
     attention modules do not say which layers have one as the CPU decoder reads it, specchat's own do."""
     from transformers import AutoModelForCausalLM
@@ -214,7 +214,7 @@ def test_a_checkpoint_with_sliding_windows_runs_on_the_cpu_decoder(family, token
     theirs = AutoModelForCausalLM.from_config(plain.config.__class__.from_dict(fields), attn_implementation="sdpa")
     theirs.load_state_dict(plain.state_dict())
     theirs.eval().save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
+    hf_tokenizer.save_pretrained(tmp_path)
     ours = load_model(str(tmp_path), dtype="float32").model
     windows = [layer.window for layer in parts(ours).layers]
     assert windows == ([24, 24] if family == "mistral" else [0, 24])

@@ -96,7 +96,7 @@ def test_attention_over_an_int8_cache_stays_close_to_attention_over_bf16(embedde
     (99% here); a scale lost anywhere breaks both."""
     model = embedded_bf16.model
     lean = lean_forward(model)
-    tokens = torch.tensor(embedded_bf16.tokenizer(long_document(300))["input_ids"][:200])
+    tokens = torch.tensor(embedded_bf16.tokenizer.encode(long_document(300))[:200])
     layers = model.config.num_hidden_layers
     int8, bf16 = (lean(tokens, torch.arange(200), None, TreeCache(layers, 208, kv)).logits.float()
                   for kv in ("int8", "auto"))  # fmt: skip

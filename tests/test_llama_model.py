@@ -102,12 +102,14 @@ def test_a_model_left_incomplete_by_its_file_is_refused(tiny_ggufs):
     assert not [name for name, b in model.named_buffers() if b.is_meta]  # the rotary tables are made
 
 
-def test_a_gguf_load_imports_no_model_class_of_transformers(tiny_ggufs):
-    """The launch path (load, engine, session) imports transformers' tokenizer only: no model or config class,
-    and not torch's compiler (which meta-device initialisation pulls in)."""
+def test_a_gguf_load_imports_neither_transformers_nor_the_compiler(tiny_ggufs):
+    """The launch path (load, engine, session, a chat template rendered) imports nothing of transformers (its import
+    alone takes about a second) and not torch's compiler (which meta-device initialisation pulls in)."""
     path, _ = tiny_ggufs("llama")
     code = ("import sys; import specchat.session, specchat.engine.generate; from specchat.loading import load_model; "
-            f"load_model({str(path)!r}); heavy = ('transformers.models', 'torch._dynamo', 'accelerate'); "
+            "from specchat.engine.prompt import encode_prompt; "
+            f"loaded = load_model({str(path)!r}); encode_prompt(loaded.tokenizer, 'Hi'); "
+            "heavy = ('transformers', 'torch._dynamo', 'accelerate'); "
             "print(sorted(m for m in sys.modules if m.startswith(heavy)))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

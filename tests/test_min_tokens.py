@@ -16,7 +16,7 @@ HI = [{"role": "user", "content": "Hi"}]
 
 
 def test_a_stop_string_is_looked_for_once_the_tokens_held_are_out(tokenizer):
-    ids = tokenizer("one two one two").input_ids
+    ids = tokenizer.encode("one two one two")
     for unmatched, shown in ((0, "one"), (len(ids) - 1, "one two one")):
         stream = TextStream(tokenizer, (" two",), unmatched=unmatched)
         text = "".join(stream.add([token]) for token in ids if not stream.stopped)
@@ -49,5 +49,5 @@ def test_the_server_holds_the_end_back(tokenizer):
         server.close()
     assert held.usage.completion_tokens >= 6 and held.choices[0].text.startswith(free.choices[0].text[:1])
     events = Engine(tiny_model("llama", seed=3), tokenizer, max_len=512).generate(
-        tokenizer("Once upon").input_ids, max_new_tokens=12, stop=(stop,), min_tokens=6)  # fmt: skip
+        tokenizer.encode("Once upon"), max_new_tokens=12, stop=(stop,), min_tokens=6)  # fmt: skip
     assert held.choices[0].text == "".join(event.text for event in events)

@@ -175,10 +175,10 @@ def test_a_draft_model_must_speak_the_targets_vocabulary(model, tmp_path):
         assert shared == (None if size == VOCAB else list(range(min(size, VOCAB))))
 
 
-def test_a_draft_models_tokenizer_must_be_the_targets(tokenizer, tmp_path):
+def test_a_draft_models_tokenizer_must_be_the_targets(tokenizer, hf_tokenizer, tmp_path):
     """The ids both tokenizers have must mean the same; one may list up to 128 more."""
     check_tokenizers(tokenizer, tokenizer, "same")
-    tokenizer.save_pretrained(tmp_path / "grown")
+    hf_tokenizer.save_pretrained(tmp_path / "grown")
     grown = AutoTokenizer.from_pretrained(tmp_path / "grown")
     grown.add_tokens(["<extra-token>"])
     check_tokenizers(grown, tokenizer, "grown")
@@ -213,7 +213,7 @@ def needle_prompt(tokenizer) -> tuple[list[int], list[int]]:
     fact = "\n\nThe password of the archive server is TULIP-4471-ORBIT.\n\n"
     text = (f"{document[2600:3000]}{fact}{document[3000:4100]}\n\n"
             "What is the password of the archive server? Answer with the password only.")
-    return encode_prompt(tokenizer, text), tokenizer(" TULIP-4471-ORBIT", add_special_tokens=False).input_ids
+    return encode_prompt(tokenizer, text), tokenizer.encode(" TULIP-4471-ORBIT", add_special_tokens=False)
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import pytest
 
 from specchat.engine.generate import Engine
 from specchat.engine.prefix_store import MIN_TOKENS
+from specchat.engine.prompt import encode_chat
 from specchat.engine.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0)
@@ -28,7 +29,7 @@ def prompt(tokenizer, topic: str, turn: int) -> list[int]:
     for k in range(turn):
         messages += [{"role": "assistant", "content": f"Here is part {k + 1}."},
                      {"role": "user", "content": f"Go on with part {k + 2}."}]  # fmt: skip
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+    return encode_chat(tokenizer, messages)
 
 
 def answer(engine: Engine, ids: list[int], *, fresh: bool = False) -> tuple[list[int], int]:

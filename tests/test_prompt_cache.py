@@ -14,6 +14,7 @@ from test_cli import assert_one_line_error, refused_before_loading, specchat
 
 from specchat.checks import safetensors_metadata
 from specchat.engine.generate import Engine
+from specchat.engine.prompt import encode_chat
 from specchat.engine.prompt_cache import read_prompt_cache, write_prompt_cache
 from specchat.engine.sampling import SamplingConfig
 
@@ -31,7 +32,7 @@ def default_model():
 
 def ids_of(tokenizer, question: str) -> list[int]:
     message = [{"role": "user", "content": f"{DOCUMENT}\n\n{question}"}]
-    return list(tokenizer.apply_chat_template(message, add_generation_prompt=True, return_dict=True)["input_ids"])
+    return encode_chat(tokenizer, message)
 
 
 def answer(engine: Engine, ids: list[int]) -> tuple[list[int], int]:
@@ -81,7 +82,7 @@ def test_a_conversation_going_on_reads_its_last_answer_back_too(default_model, t
     write_prompt_cache(writer, path)
     messages += [{"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)},
                  {"role": "user", "content": "And when?"}]  # fmt: skip
-    second = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+    second = encode_chat(tokenizer, messages)
     assert second[: len(first) + len(reply) - 1] == first + reply[:-1]  # the answer, as the template writes it back
     reader = engine_of(default_model)
     assert read_prompt_cache(reader, path, second) >= len(first) + len(reply) - 1

@@ -202,7 +202,7 @@ def test_echo_scores_the_prompt_as_evaluation_harnesses_ask(server, tokenizer):
     assert all(lp <= max(top.values()) <= 0 for lp, top in zip(scored.token_logprobs[1:], scored.top_logprobs[1:]))
     ids = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0).usage
     assert ids.prompt_tokens == count
-    tokens = tokenizer(prompt)["input_ids"]  # the embedded model's, as the server's
+    tokens = tokenizer.encode(prompt)  # the embedded model's, as the server's
     harness = client.completions.create(model=MODEL, prompt=[tokens], max_tokens=1, echo=True, logprobs=1,
                                         temperature=0)  # fmt: skip
     [choice] = harness.choices
@@ -266,12 +266,12 @@ def test_tokenize_and_detokenize_in_both_servers_shapes(server, tokenizer):
                           headers={"Authorization": f"Bearer {KEY}"}, timeout=60)  # fmt: skip
 
     text = "Hello, wörld!"
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = tokenizer.encode(text, add_special_tokens=False)
     assert post("/tokenize", {"content": text}).json() == {"tokens": ids}
     pieces = post("/tokenize", {"content": text, "with_pieces": True}).json()["tokens"]
     assert [piece["id"] for piece in pieces] == ids and "".join(piece["piece"] for piece in pieces) == text
     counted = post("/tokenize", {"model": MODEL, "prompt": text, "return_token_strs": True}).json()
-    assert counted["tokens"] == tokenizer(text)["input_ids"] and counted["count"] == len(counted["tokens"])
+    assert counted["tokens"] == tokenizer.encode(text) and counted["count"] == len(counted["tokens"])
     assert counted["max_model_len"] > 0 and len(counted["token_strs"]) == counted["count"]
     chat = post("/tokenize", {"messages": [{"role": "user", "content": text}]}).json()
     assert chat["tokens"] == encode_chat(tokenizer, [{"role": "user", "content": text}])

@@ -71,7 +71,7 @@ def server(tokenizer):
 def _pooled(server, text: str) -> torch.Tensor:
     """The engine's embedding of `text`, from an engine of its own over the server's model (the server idle)."""
     served = server.worker.served
-    return Engine(served.engine.model, served.tokenizer, max_len=256).embedding(served.tokenizer(text)["input_ids"])
+    return Engine(served.engine.model, served.tokenizer, max_len=256).embedding(served.tokenizer.encode(text))
 
 
 def test_the_openai_client_gets_unit_vectors_of_the_pooled_states(server):
@@ -79,12 +79,12 @@ def test_the_openai_client_gets_unit_vectors_of_the_pooled_states(server):
     as_base64 = client.embeddings.create(model="tiny", input=TEXTS)  # the client's default encoding
     as_floats = client.embeddings.create(model="tiny", input=TEXTS, encoding_format="float")
     alone = [client.embeddings.create(model="tiny", input=text, encoding_format="float") for text in TEXTS]
-    ids = server.worker.served.tokenizer(TEXTS[0])["input_ids"]
+    ids = server.worker.served.tokenizer.encode(TEXTS[0])
     by_ids = client.embeddings.create(model="tiny", input=ids, encoding_format="float")
     short = client.embeddings.create(model="tiny", input=TEXTS[0], dimensions=8, encoding_format="float")
     vectors = [torch.tensor(each.embedding) for each in as_floats.data]
     assert [each.index for each in as_floats.data] == [0, 1]
-    assert as_floats.usage.prompt_tokens == sum(len(server.worker.served.tokenizer(t)["input_ids"]) for t in TEXTS)
+    assert as_floats.usage.prompt_tokens == sum(len(server.worker.served.tokenizer.encode(t)) for t in TEXTS)
     assert [each.embedding for each in as_base64.data] == [each.embedding for each in as_floats.data]
     assert [each.data[0].embedding for each in alone] == [each.embedding for each in as_floats.data]  # batch or not
     assert by_ids.data[0].embedding == as_floats.data[0].embedding
@@ -133,12 +133,12 @@ def test_a_text_too_long_is_refused_or_cut_and_answers_stay_exact(server):
 
 def test_an_embedding_leaves_the_conversations_cache_as_it_was(tokenizer):
     engine = Engine(tiny_model("llama", seed=5), tokenizer, max_len=256)
-    prompt = tokenizer("Once upon a time")["input_ids"]
+    prompt = tokenizer.encode("Once upon a time")
     answer = [token for event in engine.generate(prompt, max_new_tokens=8) for token in event.tokens]
     length, ids = engine.cache.length, engine.ids[: engine.cache.length]
-    engine.embedding(tokenizer(TEXTS[1])["input_ids"])
+    engine.embedding(tokenizer.encode(TEXTS[1]))
     assert engine.cache.length == length and engine.ids[:length] == ids
-    turn = prompt + answer + tokenizer(" and then")["input_ids"]
+    turn = prompt + answer + tokenizer.encode(" and then")
     [*_, last] = engine.generate(turn, max_new_tokens=2)
     assert last.stats.reused_tokens == length  # the next turn prefills only what is new
 
@@ -147,6 +147,6 @@ def test_an_embedding_leaves_the_conversations_cache_as_it_was(tokenizer):
 def test_the_default_model_places_texts_by_meaning(default_model):
     engine = Engine(default_model.model, default_model.tokenizer, max_len=512)
     texts = ["The cat sat on the mat.", "A kitten rests on a carpet.", "Quarterly revenue rose by five percent."]
-    cat, kitten, revenue = (torch.nn.functional.normalize(engine.embedding(default_model.tokenizer(t)["input_ids"]),
+    cat, kitten, revenue = (torch.nn.functional.normalize(engine.embedding(default_model.tokenizer.encode(t)),
                                                           dim=0) for t in texts)  # fmt: skip
     assert cat @ kitten > max(cat @ revenue, kitten @ revenue) + 0.1

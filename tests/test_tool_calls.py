@@ -87,9 +87,9 @@ VOCAB = 49160  # the default tokenizer's 49152, the two tags, room
 
 
 @pytest.fixture(scope="module")
-def tool_tokenizer(tokenizer):
+def tool_tokenizer(hf_tokenizer):
     """The default model's tokenizer with the tags as tokens of their own and a template that lists tools."""
-    tools = copy.deepcopy(tokenizer)
+    tools = copy.deepcopy(hf_tokenizer)
     tools.add_tokens([OPEN_TAG, CLOSE_TAG])
     tools.chat_template = TEMPLATE
     return tools

@@ -41,7 +41,7 @@ def glide_objective(loaded) -> GlideObjective:
 
 def real_text_samples(tokenizer, count: int, length: int = 48) -> list[Sample]:
     """Consecutive pieces of this repository's own source, half prompt and half answer."""
-    ids = tokenizer(open(json.__file__).read() + open(textwrap.__file__).read())["input_ids"]
+    ids = tokenizer.encode(open(json.__file__).read() + open(textwrap.__file__).read())
     return [Sample(tuple(ids[i * length : (i + 1) * length]), length // 2, True) for i in range(count)]
 
 

@@ -46,7 +46,7 @@ def _data(tmp_path: Path, tokenizer, count: int) -> Path:
     data = tmp_path / "data"
     data.mkdir()
     (data / "recipe.json").write_text(json.dumps({"model": "tiny-llama"}))
-    ids = tokenizer(open(json.__file__).read() + open(textwrap.__file__).read())["input_ids"]
+    ids = tokenizer.encode(open(json.__file__).read() + open(textwrap.__file__).read())
     samples = [Sample(tuple(ids[i * 12 : i * 12 + 48]), 24, True) for i in range(count)]
     for split, part in (("train", [s for i, s in enumerate(samples) if i % 10]), ("heldout", samples[::10])):
         records = [_record(list(s.ids[: s.answer_start]), list(s.ids[s.answer_start :])) for s in part]

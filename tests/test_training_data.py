@@ -202,7 +202,7 @@ def test_text_records_show_the_text_as_an_answer_in_resumable_shards(tokenizer, 
     by_id = {record["id"]: record for record in records}
     for chunk in chunks:
         record = by_id[chunk.id]
-        fenced = loaded.tokenizer(f"```python\n{chunk.text}\n```", add_special_tokens=False)["input_ids"]
+        fenced = loaded.tokenizer.encode(f"```python\n{chunk.text}\n```", add_special_tokens=False)
         assert record["answer_ids"] == fenced[:TEXT_TOKENS] and record["sampling"] == "text"
         assert loaded.tokenizer.decode(record["prompt_ids"]).count(chunk.module) == 1
     assert not any(sample.greedy for sample in samples_of(records))  # never in greedy chain tau

@@ -18,7 +18,7 @@ from specchat.loading import LoadedModel
 def decode_cost(loaded: LoadedModel, contexts: list[int], *, steps: int, repeats: int,
                 step: Callable[[str], None] = NO_PROGRESS) -> list[dict]:  # fmt: skip
     """Milliseconds per decoded token with `context` tokens already in the cache; `step` hears each run."""
-    filler = loaded.tokenizer(" ".join(["The lighthouse keeper wrote in the log every night."] * 4))["input_ids"]
+    filler = loaded.tokenizer.encode(" ".join(["The lighthouse keeper wrote in the log every night."] * 4))
     engine = Engine(loaded.model, loaded.tokenizer, max_len=max(contexts) + steps + 1)
     rows = []
     for context in contexts:

@@ -48,7 +48,7 @@ def text_ids(tokenizer, tokens: int) -> list[int]:
     import argparse
     import inspect
 
-    ids = tokenizer(inspect.getsource(argparse))["input_ids"][:tokens]
+    ids = tokenizer.encode(inspect.getsource(argparse))[:tokens]
     if len(ids) < tokens:
         raise SpecchatError(f"the text has only {len(ids)} tokens")
     return ids

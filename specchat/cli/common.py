@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import platform
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -252,7 +253,13 @@ def sampling_config(defaults: dict, overrides: dict, flags: dict[str, str] = FLA
 
 
 def quiet_transformers() -> None:
+    """transformers' warnings and progress bars off, without importing it (a GGUF model's launch never does): through
+    the environment it reads when imported, or its own switches once it is."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "transformers" not in sys.modules:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        return
     from transformers.utils import logging
 
     logging.set_verbosity_error()

@@ -10,7 +10,7 @@ def encode_prompt(tokenizer, prompt: str, *, system: str | None = None, raw: boo
     add_generation_prompt=True)`; `raw` (or a tokenizer without a chat template) tokenizes the text as is.
     """
     if raw or not getattr(tokenizer, "chat_template", None):
-        return tokenizer(prompt)["input_ids"]
+        return tokenizer.encode(prompt)
     messages = [{"role": "user", "content": prompt}]
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})

@@ -103,7 +103,7 @@ class Served:
                                    param="suffix")  # fmt: skip
             ids = self.fim_markers.prompt(self.tokenizer, request.infill)
         elif isinstance(request.prompt, str):
-            ids = self.tokenizer(request.prompt)["input_ids"]
+            ids = self.tokenizer.encode(request.prompt)
         else:
             ids = request.prompt
             if max(ids) >= len(self.tokenizer):
@@ -282,7 +282,7 @@ def create_app(worker: EngineWorker, *, api_key: str | None, max_body_bytes: int
 
             ids = encode_chat(tokenizer, wanted.messages)
         else:
-            ids = tokenizer(wanted.text, add_special_tokens=wanted.special)["input_ids"]
+            ids = tokenizer.encode(wanted.text, add_special_tokens=wanted.special)
         if wanted.llama:
             pieces = [{"id": i, "piece": tokenizer.decode([i])} for i in ids] if wanted.pieces else ids
             return JSONResponse({"tokens": pieces})

@@ -82,7 +82,7 @@ def input_ids(wanted: EmbeddingRequest, tokenizer, capacity: int, width: int) ->
         raise RequestError(f"dimensions must be at most the model's {width}", param="dimensions")
     texts = []
     for index, given in enumerate(wanted.inputs):
-        ids = tokenizer(given)["input_ids"] if isinstance(given, str) else given
+        ids = tokenizer.encode(given) if isinstance(given, str) else given
         if max(ids, default=0) >= len(tokenizer):
             raise RequestError(f"token ids must be below the vocabulary size {len(tokenizer)}", param="input")
         if len(ids) >= capacity:

@@ -123,7 +123,7 @@ def load_served(settings: ServeSettings):
                            draft_budget=settings.draft_budget, draft_cache=settings.draft_cache,
                            kv_cache=settings.kv_cache, prefix_bytes=kept)  # fmt: skip
     engine, choice = session.engine, session.drafter
-    for _ in engine.generate(loaded.tokenizer("Hello")["input_ids"], max_new_tokens=2):
+    for _ in engine.generate(loaded.tokenizer.encode("Hello"), max_new_tokens=2):
         pass  # pays the first forward's setup and, on a new machine, the verification-cost timing
     aliases = {settings.model} - {None, loaded.source.name}
     model = settings.model  # a model ollama holds by this name: its Modelfile's system prompt and stop strings

@@ -78,7 +78,7 @@ def build_text_data(loaded, out: Path, recipe: DataRecipe, *, tokens: int, chunk
         if chunk.id in done:
             continue
         answer = f"```python\n{chunk.text}\n```"
-        answer_ids = loaded.tokenizer(answer, add_special_tokens=False)["input_ids"][:TEXT_TOKENS]
+        answer_ids = loaded.tokenizer.encode(answer, add_special_tokens=False)[:TEXT_TOKENS]
         messages = [{"role": "user", "content": chunk.request}]
         prompt_ids = encode_chat(loaded.tokenizer, messages)
         messages.append({"role": "assistant", "content": loaded.tokenizer.decode(answer_ids)})

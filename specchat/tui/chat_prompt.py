@@ -49,5 +49,5 @@ def next_prompt(tokenizer, turns: list[dict[str, str]], answer: Message | None, 
                     tail = tail[len(eos_text) :]
                 else:  # the template closes turns with other text: it follows the answer instead of EOS
                     ids = ids[:-1]
-            return ChatPrompt(ids + tokenizer(tail, add_special_tokens=False)["input_ids"], text, len(turns))
+            return ChatPrompt(ids + tokenizer.encode(tail, add_special_tokens=False), text, len(turns))
     return ChatPrompt(encode_chat(tokenizer, turns), text, len(turns))
