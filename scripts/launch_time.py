@@ -18,7 +18,7 @@ import sys
 
 PHASES = ("imports", "tokenizer", "weights", "load")
 CHILD = """
-import importlib.util, json, sys, time
+import json, pathlib, sys, time
 start = time.perf_counter()
 import specchat.session, specchat.engine.generate
 import specchat.quant.gguf_model as gguf_model
@@ -33,7 +33,7 @@ def timed(function, phase):
         finally:
             spent[phase] += time.perf_counter() - begin
     return call
-if importlib.util.find_spec("specchat.tokenizer"):  # specchat's own tokenizer
+if (pathlib.Path(specchat.__file__).parent / "tokenizer.py").is_file():  # specchat's own tokenizer
     from specchat.tokenizer import Tokenizer as owner
     method = "from_dir"
 else:  # transformers', its import counted in the tokenizer's phase and the load

@@ -4,8 +4,9 @@ gone, goes back through the builder; and a build that was killed midway (a close
 start's minute of compiling) leaves torch's lock file behind, which the next start, taking its turn under specchat's
 own lock (the kernel releases it when its holder dies), removes instead of waiting for it for ever.
 
-The test starts processes on a copy of the suite's build in a cache of its own: the other tests' processes go on
-reading the real one, which this test would otherwise change under them."""
+The test starts processes on a copy of the suite's build in a cache of its own (TORCH_EXTENSIONS_DIR, which specchat's
+builds follow as torch's do): the other tests' processes go on reading the real one, which this test would otherwise
+change under them."""
 
 from __future__ import annotations
 
@@ -30,16 +31,16 @@ print(cpu_decoder().isa(), "torch.utils.cpp_extension" in sys.modules)
 
 @pytest.fixture
 def build(tmp_path) -> Path:
-    """The build directory of a copy of the suite's build (objects, library, stamp), under `tmp_path`'s caches."""
+    """The build directory of a copy of the suite's build (objects, library, stamp), under `tmp_path`."""
     cpu_decoder()  # built, as every run of the suite builds it
     built = build_directory(selected_isa())
-    copy = tmp_path / "torch_extensions" / built.name
+    copy = tmp_path / built.name
     shutil.copytree(built, copy, ignore=shutil.ignore_patterns("*lock"))  # times kept: ninja finds it up to date
     return copy
 
 
 def start(build: Path) -> tuple[str, bool]:
-    environment = {**os.environ, "XDG_CACHE_HOME": str(build.parents[1])}  # where torch's extension cache is
+    environment = {**os.environ, "TORCH_EXTENSIONS_DIR": str(build.parent)}
     result = subprocess.run([sys.executable, "-c", START], capture_output=True, text=True, timeout=600, env=environment)
     assert result.returncode == 0, result.stderr
     isa, built = result.stdout.rsplit(maxsplit=1)

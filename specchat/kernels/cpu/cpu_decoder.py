@@ -142,11 +142,13 @@ def iq_grids() -> dict:
 
 
 def build_directory(isa: str, module: str = "cpu_decoder") -> Path:
-    """Where the build of `module` for `isa` of this source lives (under torch's extension cache)."""
+    """Where the build of `module` for `isa` of this source lives: under torch's extension cache, TORCH_EXTENSIONS_DIR
+    where it is set (as torch's builder reads it)."""
     from torch._appdirs import user_cache_dir  # torch's `get_default_build_root`, without importing its builder
 
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or user_cache_dir(appname="torch_extensions")
     suffix = "" if isa == "native" else f"_{isa}"
-    return Path(user_cache_dir(appname="torch_extensions")).resolve() / f"specchat_{module}{suffix}_{source_version()}"
+    return Path(root).resolve() / f"specchat_{module}{suffix}_{source_version()}"
 
 
 @functools.cache
