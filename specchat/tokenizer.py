@@ -32,7 +32,8 @@ class Tokenizer:
         directory = Path(directory)
         config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
         backend = Backend.from_file(str(directory / "tokenizer.json"))
-        backend.no_truncation()
+        backend.no_truncation()  # as transformers encodes one text unless told otherwise
+        backend.no_padding()
         special = {role: _content(config[role]) for role in SPECIAL_ROLES if config.get(role) is not None}
         extra = config.get("extra_special_tokens", config.get("additional_special_tokens")) or []
         if "add_bos_token" in config or "add_eos_token" in config:
