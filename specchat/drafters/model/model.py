@@ -25,6 +25,7 @@ from specchat.architectures.rope import rope_parameters, stretch_with_yarn
 from specchat.drafters.checkpoint import read_checkpoint, write_checkpoint
 from specchat.errors import SpecchatError, first_line
 from specchat.ollama_models import ollama_gguf
+from specchat.tokenizer import Tokenizer
 
 # the decoders whose layers the drafter runs
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma3_text", "gemma2")
@@ -99,7 +100,8 @@ def load_draft_model(source: str | Path, target: nn.Module, tokenizer=None) -> D
     if path.is_dir() and (path / "config.json").is_file() and STUDENT in _read_config(path):
         return _load_student(path, target)
     pulled = None if path.is_dir() or path.suffix.lower() == ".gguf" else ollama_gguf(str(source))
-    if path.suffix.lower() == ".gguf" or pulled is not None:
+    gguf = path.suffix.lower() == ".gguf" or pulled is not None
+    if gguf:
         from specchat.loading import gguf_checkpoint, gguf_file
 
         path = gguf_file(pulled or path)
@@ -108,14 +110,20 @@ def load_draft_model(source: str | Path, target: nn.Module, tokenizer=None) -> D
     else:
         draft = _load_pretrained(str(source), target)
     if tokenizer is not None:
+        check_tokenizers(_own_tokenizer(str(source), gguf), tokenizer, str(source))
+    return draft
+
+
+def _own_tokenizer(source: str, gguf: bool):
+    """The draft model's tokenizer: a GGUF file's as converted (specchat's, as its target's), else transformers'."""
+    try:
+        if gguf:
+            return Tokenizer.from_dir(source)
         from transformers import AutoTokenizer
 
-        try:
-            own = AutoTokenizer.from_pretrained(str(source))
-        except (OSError, ValueError) as error:
-            raise SpecchatError(f"could not load the draft model's tokenizer '{source}': {first_line(error)}") from None
-        check_tokenizers(own, tokenizer, str(source))
-    return draft
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise SpecchatError(f"could not load the draft model's tokenizer '{source}': {first_line(error)}") from None
 
 
 def _load_student(path: Path, target: nn.Module) -> DraftModel:
