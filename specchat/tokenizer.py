@@ -81,21 +81,10 @@ class Tokenizer:
     def _id(self, role: str) -> int | None:
         return self.backend.token_to_id(self.special[role]) if role in self.special else None
 
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._id("bos_token")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._id("eos_token")
-
-    @property
-    def unk_token_id(self) -> int | None:
-        return self._id("unk_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._id("pad_token")
+    bos_token_id = property(lambda self: self._id("bos_token"))
+    eos_token_id = property(lambda self: self._id("eos_token"))
+    unk_token_id = property(lambda self: self._id("unk_token"))
+    pad_token_id = property(lambda self: self._id("pad_token"))
 
     def apply_chat_template(self, conversation: list[dict], *, tools: list[dict] | None = None,
                             chat_template: str | None = None, add_generation_prompt: bool = False,
