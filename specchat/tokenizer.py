@@ -31,7 +31,10 @@ class Tokenizer:
 
         directory = Path(directory)
         config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
-        backend = Backend.from_file(str(directory / "tokenizer.json"))
+        try:
+            backend = Backend.from_file(str(directory / "tokenizer.json"))
+        except Exception as error:  # the library's parse errors are bare Exceptions
+            raise ValueError(f"cannot read {directory / 'tokenizer.json'}: {error}") from None
         backend.no_truncation()  # as transformers encodes one text unless told otherwise
         backend.no_padding()
         special = {role: _content(config[role]) for role in SPECIAL_ROLES if config.get(role) is not None}

@@ -14,7 +14,15 @@ from gguf_files import SENTENCEPIECE_WORDS, write_sentencepiece_vocabulary, writ
 from jinja2.exceptions import TemplateError
 from transformers import PreTrainedTokenizerFast
 
-from specchat.loading import embedded_checkpoint, gguf_checkpoint, gguf_checkpoint_dir
+from specchat.errors import SpecchatError
+from specchat.loading import (
+    embedded_checkpoint,
+    embedded_checkpoint_dir,
+    embedded_gguf_path,
+    gguf_checkpoint,
+    gguf_checkpoint_dir,
+    load_model,
+)
 from specchat.tokenizer import Tokenizer
 
 TEXTS = ["Hello, world!", "  leading spaces\n\ttabs  ", "<|im_start|>user\nhi<|im_end|>", "<s>the</s><|end|>",
@@ -107,3 +115,13 @@ def test_a_template_raises_as_it_does_under_transformers(tokenizer_dirs):
         ours.apply_chat_template([{"role": "narrator", "content": "x"}], chat_template=EXERCISING_TEMPLATE)
     with pytest.raises(TemplateError):  # the sandbox's SecurityError is one
         ours.apply_chat_template(CONVERSATIONS[0], chat_template="{% set ns = namespace() %}{% set ns._x = 1 %}")
+
+
+def test_a_broken_tokenizer_file_is_one_line_naming_it(tokenizer_dirs, tmp_path, monkeypatch):
+    """A converted tokenizer.json cut short (a disk that filled up, a hand edit) stops the load in one line."""
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
+    broken = embedded_checkpoint_dir(embedded_gguf_path())
+    shutil.copytree(tokenizer_dirs["embedded"], broken)
+    (broken / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    with pytest.raises(SpecchatError, match="could not load model 'smollm2-135m': cannot read .*tokenizer.json: EOF"):
+        load_model(None)
