@@ -22,7 +22,9 @@ from specchat.loading import (
     gguf_checkpoint,
     gguf_checkpoint_dir,
     load_model,
+    profile_gguf,
 )
+from specchat.profiles import load_profiles
 from specchat.tokenizer import Tokenizer
 
 TEXTS = ["Hello, world!", "  leading spaces\n\ttabs  ", "<|im_start|>user\nhi<|im_end|>", "<s>the</s><|end|>",
@@ -62,15 +64,24 @@ def tokenizer_dirs(tmp_path_factory):
     source = write_sentencepiece_vocabulary(folder / "vocabulary.gguf")
     models = [write_tiny_model(folder / f"tiny-{name}.gguf", source, architecture=name)
               for name in ("llama", "phi3", "gemma2")]  # fmt: skip
-    yield {"embedded": embedded_checkpoint(dense=False), **{path.stem: gguf_checkpoint(path) for path in models}}
+    dirs = {"embedded": embedded_checkpoint(dense=False), **{path.stem: gguf_checkpoint(path) for path in models}}
+    coder = profile_gguf(load_profiles()["qwen2.5-coder-1.5b"], download=False)  # 151K tokens, a template with tools
+    yield dirs | ({"qwen2.5-coder-1.5b": gguf_checkpoint(coder)} if coder is not None else {})
     for path in models:
         shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
 
 
-@pytest.mark.parametrize("name", ["embedded", "tiny-llama", "tiny-phi3", "tiny-gemma2"])
+def directory_of(name: str, dirs: dict[str, str]) -> str:
+    """The directory of `name`; the real 1.5B's only where its file is on this machine (CI has none)."""
+    if name not in dirs:
+        pytest.skip(f"the {name} GGUF is not on this machine")
+    return dirs[name]
+
+
+@pytest.mark.parametrize("name", ["embedded", "tiny-llama", "tiny-phi3", "tiny-gemma2", "qwen2.5-coder-1.5b"])
 def test_the_tokenizer_answers_as_transformers_does(tokenizer_dirs, name):
-    theirs = PreTrainedTokenizerFast.from_pretrained(tokenizer_dirs[name])
-    ours = Tokenizer.from_dir(tokenizer_dirs[name])
+    directory = directory_of(name, tokenizer_dirs)
+    theirs, ours = PreTrainedTokenizerFast.from_pretrained(directory), Tokenizer.from_dir(directory)
     for text in TEXTS:
         for special in (True, False):
             ids = theirs.encode(text, add_special_tokens=special)
@@ -94,11 +105,11 @@ def test_the_tokenizer_answers_as_transformers_does(tokenizer_dirs, name):
         assert ours.encode("the")[0] == ours.bos_token_id
 
 
-@pytest.mark.parametrize("name", ["embedded", "tiny-llama"])
+@pytest.mark.parametrize("name", ["embedded", "tiny-llama", "qwen2.5-coder-1.5b"])
 @pytest.mark.parametrize("template", [None, EXERCISING_TEMPLATE], ids=["own", "exercising"])
 def test_chat_templates_render_as_transformers_renders_them(tokenizer_dirs, name, template):
-    theirs = PreTrainedTokenizerFast.from_pretrained(tokenizer_dirs[name])
-    ours = Tokenizer.from_dir(tokenizer_dirs[name])
+    directory = directory_of(name, tokenizer_dirs)
+    theirs, ours = PreTrainedTokenizerFast.from_pretrained(directory), Tokenizer.from_dir(directory)
     for conversation in CONVERSATIONS:
         for tools in (None, [WEATHER]):
             for prompt in (True, False):
