@@ -1,8 +1,9 @@
-"""specchat's tokenizer (the `tokenizers` library alone) answers as transformers' does on the same files: ids with
-and without special tokens, decoded text, the vocabulary and special tokens, and chat templates rendered and
-tokenized, for the embedded model and for tiny GGUF models of a sentencepiece vocabulary (BOS added; Llama's,
-Phi-3's and Gemma's conversions). Chat templates using every part of the template language transformers gives them
-(namespaces, `tojson`, `raise_exception`, loop controls, `{% generation %}`, reasoning fields) render the same."""
+"""specchat's tokenizer (the `tokenizers` library alone) answers as transformers' does on the same files: ids with and
+without special tokens, decoded text, the vocabulary and special tokens, and chat templates rendered and tokenized,
+for the embedded model, tiny GGUF models of a sentencepiece vocabulary (BOS added; Llama's, Phi-3's and Gemma's
+conversions) and, where its file is on the machine, Qwen2.5-Coder-1.5B (151K tokens, tools in its template). Chat
+templates using every part of the template language transformers gives them (namespaces, `tojson`, `raise_exception`,
+loop controls, `{% generation %}`, reasoning fields) render the same."""
 
 from __future__ import annotations
 
