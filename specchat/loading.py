@@ -325,7 +325,7 @@ def find_gguf(spec: str, *, download: bool = True) -> Path | None:
     local = GGUF_DIR.expanduser() / name
     if local.is_file():
         return local
-    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(repo, name)
     if isinstance(cached, str):
@@ -336,7 +336,29 @@ def find_gguf(spec: str, *, download: bool = True) -> Path | None:
         raise SpecchatError(
             f"{name} is not on this machine: put it in {GGUF_DIR} or run `hf download {repo} {name}` online"
         )
-    return Path(hf_hub_download(repo, name))
+    return _download(repo, name)
+
+
+def _download(repo: str, name: str) -> Path:
+    """`name` of the Hugging Face repo `repo` downloaded into the hub's cache, its progress shown (a bar of tqdm's
+    own: the hub's bars are off with transformers', `quiet_transformers`); what stops it, in one line."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from tqdm import tqdm
+
+    elsewhere = f"or put {name} in {GGUF_DIR}"
+    try:
+        return Path(hf_hub_download(repo, name, tqdm_class=tqdm))
+    except GatedRepoError:
+        raise SpecchatError(f"{repo} is gated: accept its terms on huggingface.co and log in (`hf auth login`), "
+                            f"{elsewhere}") from None  # fmt: skip
+    except RepositoryNotFoundError:
+        raise SpecchatError(f"no repo {repo} on the Hugging Face hub (a private one needs `hf auth login`)") from None
+    except LocalEntryNotFoundError:  # what the hub raises for a file it does not list too
+        raise SpecchatError(f"cannot download {name} from {repo}: no connection, or no such file there; "
+                            f"{elsewhere}") from None  # fmt: skip
+    except OSError as error:  # the hub's other HTTP errors, a full disk
+        raise SpecchatError(f"cannot download {name} from {repo}: {first_line(error)}") from None
 
 
 GGUF_CONVERSION = 4  # in the converted directory's name: a conversion that now differs is made again
