@@ -73,7 +73,7 @@ def hub():
 
 def find(hub: str, home, *specs: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, "HF_ENDPOINT": hub, "HOME": str(home), "HF_HOME": str(home / "hf"),
-                   "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip
+                   "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_PROXY": "127.0.0.1"}  # fmt: skip
     environment.pop("XDG_CACHE_HOME", None)
     return subprocess.run([sys.executable, "-c", FIND, *specs], capture_output=True, text=True, env=environment,
                           timeout=120)  # fmt: skip
