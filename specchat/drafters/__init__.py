@@ -242,10 +242,6 @@ def fetch_published(repo: str, download=None) -> Path:
         return bundled
     if download is not None:
         return download(repo)
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from specchat.hub_download import download_snapshot
 
-    try:
-        return Path(snapshot_download(repo, allow_patterns=["config.json", "*.safetensors"]))
-    except LocalEntryNotFoundError:
-        raise SpecchatError(f"the drafter checkpoint {repo} is not cached and this machine is offline") from None
+    return download_snapshot(repo, ("config.json", "*.safetensors"))

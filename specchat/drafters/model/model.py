@@ -108,6 +108,13 @@ def load_draft_model(source: str | Path, target: nn.Module, tokenizer=None) -> D
         source = gguf_checkpoint(path)  # its converted config and tokenizer
         draft = _load_gguf(path, source, target)
     else:
+        if not path.is_dir():
+            from specchat.hub_download import REPO_ID, download_checkpoint
+
+            if not REPO_ID.match(str(source)):
+                raise SpecchatError(f"could not load the draft model '{source}': no such directory, GGUF file, "
+                                    "Hugging Face repo or model ollama has pulled")  # fmt: skip
+            source = download_checkpoint(str(source))
         draft = _load_pretrained(str(source), target)
     if tokenizer is not None:
         check_tokenizers(_own_tokenizer(str(source), gguf), tokenizer, str(source))

@@ -33,6 +33,7 @@ import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -231,11 +232,14 @@ def download_heads(repo: str, download: Callable[[str, str], str] | None = None)
     """The local directory of Hugging Face repo `repo`'s TokenSwift heads, fetching only what holds them: our
     own checkpoint's files, or a published model's config, shard index and the shards with
     `model.medusa_layers.*` (an 8B model's other shards are 16 GB of the target, which is loaded from its
-    own repo). `download(repo, filename) -> local path` is `huggingface_hub.hf_hub_download` by default."""
+    own repo). `download(repo, filename) -> local path` is `huggingface_hub.hf_hub_download` by default, its
+    progress shown."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
-    download = download or hf_hub_download
+    from specchat.hub_download import DownloadBar
+
+    download = download or partial(hf_hub_download, tqdm_class=DownloadBar)
     offline = f"the TokenSwift heads of {repo} are not cached and this machine is offline"
     uncached = False
     for name in (HEADS, PUBLISHED_INDEX, PUBLISHED_SINGLE):

@@ -1,0 +1,212 @@
+"""What specchat downloads from the Hugging Face hub shows its progress (the hub's own bars are off with transformers'),
+and what stops a download (a gated repo, no such repo, no answer for a file) is one line saying what to do. A profile's
+GGUF file comes down alone; a model repo comes down as its configs, tokenizer and the weights its index names, not the
+other formats beside them; once complete in the cache it loads without the hub, online or not.
+
+The hub is a local HTTP server answering as huggingface.co does (HF_ENDPOINT), reached from a fresh process (the hub
+reads its endpoint when imported) with a home and caches of its own."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from specchat.first_use import tell
+from specchat.hub_download import SHOW_AFTER, DownloadBar
+from specchat.loading import load_model
+
+GGUF = b"GGUF" + bytes(range(256)) * 2048  # half a megabyte
+SLOW_PAST = 1 << 18  # bytes
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+DECOYS = {"original/consolidated.00.pth": b"0" * 4096, "consolidated.safetensors": b"1" * 4096,
+          "pytorch_model.bin": b"2" * 4096, "README.md": b"# a model\n"}  # fmt: skip
+FIND = """
+import hashlib, sys
+from specchat.errors import SpecchatError
+from specchat.loading import find_gguf
+for spec in sys.argv[1:]:
+    try:
+        path = find_gguf(spec)
+        print("found", path.name, hashlib.sha256(path.read_bytes()).hexdigest())
+    except SpecchatError as error:
+        print("error", error)
+"""
+LOAD = """
+import sys, torch
+from specchat.errors import SpecchatError
+from specchat.loading import load_model
+try:
+    loaded = load_model(sys.argv[1], dtype="float32", device="cpu")
+except SpecchatError as error:
+    sys.exit(f"error {error}")
+print(loaded.model.name_or_path)
+torch.save(loaded.model(torch.arange(3, 40)[None]).logits, sys.argv[2])
+"""
+
+
+def blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+class Hub(http.server.BaseHTTPRequestHandler):
+    """The repos of `server.repos` (name -> {path: bytes}); me/gated is gated; no other repo exists; a file a repo
+    lacks gets a bare 404. `server.fetched` lists the files sent (GET); a large one is sent slowly."""
+
+    def route(self) -> tuple[str, int, dict[str, str], bytes]:
+        """(what, status, headers, body) of this request."""
+        path = unquote(urlparse(self.path).path)
+        if path.startswith("/api/models/"):
+            repo, _, rest = path.removeprefix("/api/models/").partition("/revision/")
+            if not rest:
+                repo, _, rest = path.removeprefix("/api/models/").partition("/tree/")
+                return self.repo(repo, listing=True)
+            return self.repo(repo, listing=False)
+        repo, _, rest = path.strip("/").partition("/resolve/")
+        status, headers, body = self.repo(repo, listing=None)[1:]
+        if status != 200:
+            return "", status, headers, body
+        name = rest.partition("/")[2]
+        data = self.server.repos[repo].get(name)
+        if data is None:
+            return "", 404, {}, b""
+        return name, 200, {"X-Repo-Commit": COMMIT, "ETag": f'"{blob_id(data)}"',
+                           "Content-Disposition": f'inline; filename="{name.rpartition("/")[2]}";'}, data
+
+    def repo(self, repo: str, listing: bool | None) -> tuple[str, int, dict[str, str], bytes]:
+        if repo == "me/gated":
+            return "", 403, {"X-Error-Code": "GatedRepo"}, b""
+        if repo not in self.server.repos:
+            return "", 404, {"X-Error-Code": "RepoNotFound"}, b""
+        files = self.server.repos[repo]
+        if listing is None:
+            return "", 200, {}, b""
+        if listing:
+            body = [{"type": "file", "oid": blob_id(data), "size": len(data), "path": name}
+                    for name, data in files.items()]  # fmt: skip
+        else:
+            body = {"id": repo, "sha": COMMIT, "siblings": [{"rfilename": name} for name in files]}
+        return "", 200, {"Content-Type": "application/json"}, json.dumps(body).encode()
+
+    def answer(self, send_body: bool) -> None:
+        name, status, headers, body = self.route()
+        self.send_response(status)
+        for key, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if send_body:
+            parts = 10 if len(body) > SLOW_PAST else 1  # a large file takes as long as a bar waits to show
+            for part in range(parts):
+                time.sleep(SHOW_AFTER * 1.3 / parts if parts > 1 else 0)
+                self.wfile.write(body[part * len(body) // parts: (part + 1) * len(body) // parts])
+            if name:
+                self.server.fetched.append(name)
+
+    def do_HEAD(self):
+        self.answer(send_body=False)
+
+    def do_GET(self):
+        self.answer(send_body=True)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, hf_tokenizer) -> Path:
+    """A tiny Llama checkpoint in bf16, its weights in shards an index names."""
+    directory = tmp_path_factory.mktemp("llama")
+    tiny_model("llama").to(torch.bfloat16).save_pretrained(directory, max_shard_size="5MB")
+    hf_tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def hub(checkpoint):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    server.fetched = []
+    files = {path.name: path.read_bytes() for path in checkpoint.iterdir()}
+    server.repos = {"me/coder": {"tiny.gguf": GGUF}, "me/llama": {**files, **DECOYS}}
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+def run(hub, home: Path, code: str, *args: str, offline: bool = False) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_address[1]}", "HOME": str(home),
+                   "HF_HOME": str(home / "hf"), "HF_HUB_OFFLINE": "1" if offline else "0",
+                   "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_PROXY": "127.0.0.1"}  # fmt: skip
+    environment.pop("XDG_CACHE_HOME", None)
+    environment.pop("HF_HUB_CACHE", None)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=environment,
+                          timeout=300)  # fmt: skip
+
+
+def test_a_gguf_file_is_downloaded_with_its_progress_shown(hub, tmp_path):
+    result = run(hub, tmp_path, FIND, "me/coder/tiny.gguf")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["found", "tiny.gguf", hashlib.sha256(GGUF).hexdigest()]
+    assert "100%" in result.stderr and "Traceback" not in result.stderr  # the bar, though the hub's are off
+
+
+def test_what_stops_a_download_is_one_line(hub, tmp_path):
+    result = run(hub, tmp_path, FIND, "me/gated/model.gguf", "me/none/model.gguf", "me/coder/other.gguf")
+    assert result.returncode == 0, result.stderr
+    gated, missing, no_file = result.stdout.splitlines()
+    assert gated.startswith("error me/gated is gated: accept its terms") and "hf auth login" in gated
+    assert missing == "error no repo me/none on the Hugging Face hub (a private one needs `hf auth login`)"
+    assert no_file.startswith("error cannot download other.gguf from me/coder: no connection, or no such file there")
+    for repo, start in (("me/gated", "me/gated is gated: accept its terms"), ("me/none", "no repo me/none")):
+        loaded = run(hub, tmp_path, LOAD, repo, str(tmp_path / "logits.pt"))
+        assert loaded.returncode == 1 and loaded.stderr.startswith(f"error {start}"), loaded.stderr
+
+
+def test_a_model_repo_comes_down_as_what_loads_it_then_loads_from_the_cache(hub, checkpoint, tmp_path):
+    """Its configs, tokenizer and sharded weights, shown as they come; none of the other formats beside them. Loaded,
+    it computes what the checkpoint does; loaded again, online or offline, nothing is fetched and nothing shown."""
+    logits = tmp_path / "logits.pt"
+    hub.fetched.clear()
+    first = run(hub, tmp_path, LOAD, "me/llama", str(logits))
+    assert first.returncode == 0, first.stderr
+    snapshot = Path(first.stdout.strip())
+    assert snapshot.parts[-2:] == ("snapshots", COMMIT)
+    assert sorted(hub.fetched) == sorted(path.name for path in checkpoint.iterdir())
+    assert sorted(path.name for path in snapshot.iterdir()) == sorted(hub.fetched)
+    shards = set(json.loads((checkpoint / "model.safetensors.index.json").read_text())["weight_map"].values())
+    slow = [path.name for path in checkpoint.iterdir() if path.stat().st_size > SLOW_PAST]
+    assert len(shards) > 1 and len(shards & set(slow)) > 1
+    for name in slow:  # each bar ran to its end
+        assert f"\n{name}: 100%" in first.stderr, first.stderr
+    expected = load_model(str(checkpoint), dtype="float32", device="cpu").model(torch.arange(3, 40)[None]).logits
+    assert torch.equal(torch.load(logits), expected)
+
+    hub.fetched.clear()
+    for offline in (False, True):
+        again = run(hub, tmp_path, LOAD, "me/llama", str(logits), offline=offline)
+        assert again.returncode == 0 and again.stdout.strip() == str(snapshot), again.stderr
+        assert "%" not in again.stderr and torch.equal(torch.load(logits), expected)
+    assert hub.fetched == []
+
+
+def test_a_bar_draws_on_the_chat_loading_line_while_told(tmp_path):
+    lines = []
+    tell(lines.append)
+    try:
+        with DownloadBar(total=2**20, desc="model.safetensors", unit="B", unit_scale=True, delay=0,
+                         mininterval=0) as bar:  # fmt: skip
+            bar.update(2**19)
+    finally:
+        tell(None)
+    assert any(line.startswith("model.safetensors:  50%|") and "524k/1.05M" in line for line in lines), lines
+    assert all("\r" not in line and "\n" not in line for line in lines)
