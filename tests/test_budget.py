@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 
@@ -136,15 +137,20 @@ def test_empty_trees_say_nothing_about_acceptance():
     assert policy.expected_tokens(8) == before
 
 
-def test_calibration_is_monotone_and_cached(tmp_path):
+def test_calibration_is_monotone_times_trees_up_to_three_steps_and_is_cached(tmp_path):
     calls = []
 
     def verify_forward(n):
-        return lambda: calls.append(n)
+        def forward():
+            calls.append(n)
+            time.sleep(0.002 * (1 + n))  # the root's 2 ms, then 2 ms a node
 
-    cost = measure_verify_cost(verify_forward, sizes=(0, 1, 4), repeats=3)
-    assert cost.sizes == (0, 1, 4) and list(cost.seconds) == sorted(cost.seconds)
-    assert calls.count(4) == 4  # one warm-up, then the repeats
+        return forward
+
+    cost = measure_verify_cost(verify_forward, sizes=(0, 1, 4, 9), repeats=3)
+    assert cost.sizes == (0, 1, 4, 9) and list(cost.seconds) == sorted(cost.seconds)
+    assert calls.count(0) == 5 and calls.count(4) == 4 and 9 not in calls  # warm-ups, then the repeats
+    assert cost.seconds[3] == pytest.approx(cost.seconds[2] * 9 / 4)  # 4 nodes cost five steps: 9 in proportion
 
     path = tmp_path / "verify_cost.json"
     first = cached_verify_cost(path, "model|fp32|cpu", lambda: cost)

@@ -1,8 +1,9 @@
 """What a verification forward over the root and n draft nodes costs: timed once per machine, then kept up to
 date from the forwards decoding runs.
 
-The calibration times forwards of 0, 1, 3, 7, ... nodes at the current context, once per model, dtype, device
-and context class, and keeps them on disk. Its prices are ratios to a decode step, and on a machine that shares
+The calibration times forwards of 0, 1, 3, 7, ... nodes at the current context (up to the first that costs three
+decode steps: larger trees cost in proportion to their rows), once per model, dtype, device and context class, and
+keeps them on disk. Its prices are ratios to a decode step, and on a machine that shares
 its memory those ratios move with the minute: a decode step reads the weights at whatever bandwidth the
 neighbours leave, while a forward of a few rows, nearer compute-bound, does not; a calibration timed while
 another process loaded the CPU would misprice trees for good.
@@ -34,6 +35,7 @@ MIN_PRICED_CONTEXT = 1024  # contexts up to this share one calibration
 PLAIN_STEP_EVERY = 64  # timed forwards with a tree before a plain step re-times the decode step
 LIVE_TIMINGS = 9  # a size class's latest timings, whose median is its factor
 STALE_AFTER = 4 * PLAIN_STEP_EVERY  # timed forwards after which a class's timing no longer counts
+PRICED_IN_PROPORTION = 3.0  # decode steps a tree costs from which larger ones are priced in proportion, not timed
 
 
 @dataclass
@@ -105,7 +107,9 @@ def priced_context(length: int) -> int:
 def measure_verify_cost(
     verify_forward: Callable[[int], Callable[[], object]], *, sizes: tuple[int, ...], repeats: int = 5, device=None
 ) -> VerifyCost:
-    """Median seconds of a verification forward over 1 + n tokens for each size n, after a warm-up.
+    """Median seconds of a verification forward over 1 + n tokens for each size n up to the first that costs
+    `PRICED_IN_PROPORTION` decode steps, after a warm-up that finds it; larger sizes priced in proportion to it
+    (each stays a size class of its own, corrected as decoding times it).
 
     `verify_forward(n)` builds the call to time (`specchat.engine.verify_forward.verification_forward`);
     `device` is where it runs (a CUDA device is synchronised around each call). The sizes run interleaved, round
@@ -113,13 +117,32 @@ def measure_verify_cost(
     machine's decode step moves between 16 and 24 ms) priced a one-node tree at 1.17x a decode step in one
     calibration and 1.01x in the next, and the budget followed.
     """
-    timer = Timer(device, repeats=repeats, warmup=1)
-    times = timer.seconds_each({str(n): verify_forward(n) for n in sizes})
-    seconds = [times[str(n)] for n in sizes]
+    calls = _worth_timing(verify_forward, sizes, device)
+    times = Timer(device, repeats=repeats, warmup=0).seconds_each(calls)
+    seconds = [times[str(n)] for n in sizes[: len(calls)]]
     # Larger trees never cost less than smaller ones; measured noise otherwise makes the curve non-monotone.
     for i in range(1, len(seconds)):
         seconds[i] = max(seconds[i], seconds[i - 1])
+    timed = sizes[len(calls) - 1]
+    seconds += [seconds[-1] * n / timed for n in sizes[len(calls):]]
     return VerifyCost(tuple(sizes), tuple(seconds))
+
+
+def _worth_timing(verify_forward: Callable[[int], Callable[[], object]], sizes: tuple[int, ...],
+                  device) -> dict[str, Callable[[], object]]:  # fmt: skip
+    """The calls of the sizes to time, by size, each run once as its warm-up (the root's twice): from the root alone
+    (`sizes[0]` is 0) up to the first size whose warm-up costs `PRICED_IN_PROPORTION` times the root's. Past that, a forward's
+    rows are its work (on a CPU, 31 and 63 nodes were the calibration's longest timings)."""
+    once = Timer(device, repeats=1, warmup=0)
+    calls, decode = {}, None
+    for n in sizes:
+        calls[str(n)] = call = verify_forward(n)
+        seconds = once.seconds(call)
+        if decode is None:  # the first forward is slower: it also warms what every size shares
+            decode = once.seconds(call)
+        elif seconds >= PRICED_IN_PROPORTION * decode:
+            break
+    return calls
 
 
 def cached_verify_cost(path: Path, key: str, measure: Callable[[], VerifyCost]) -> VerifyCost:
