@@ -131,8 +131,8 @@ def measure_verify_cost(
 def _worth_timing(verify_forward: Callable[[int], Callable[[], object]], sizes: tuple[int, ...],
                   device) -> dict[str, Callable[[], object]]:  # fmt: skip
     """The calls of the sizes to time, by size, each run once as its warm-up (the root's twice): from the root alone
-    (`sizes[0]` is 0) up to the first size whose warm-up costs `PRICED_IN_PROPORTION` times the root's. Past that, a forward's
-    rows are its work (on a CPU, 31 and 63 nodes were the calibration's longest timings)."""
+    (`sizes[0]` is 0) up to the first size whose warm-up costs `PRICED_IN_PROPORTION` times the root's. Past that,
+    a forward's rows are its work (on a CPU, 31 and 63 nodes would be most of the calibration's time)."""
     once = Timer(device, repeats=1, warmup=0)
     calls, decode = {}, None
     for n in sizes:
