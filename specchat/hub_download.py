@@ -6,7 +6,8 @@ downloading a checkpoint itself shows nothing: a first `--model meta-llama/Llama
 through 16 GB. So specchat downloads before anything loads, one file at a time, each with tqdm's bar
 (`DownloadBar`), and hands the loaders a directory. A model repo often holds its weights twice (Llama 3.1's
 `original/consolidated.00.pth`, Mistral's `consolidated.safetensors` beside the shards): a checkpoint's download
-takes the files transformers reads, at the repo's top level, and of the weights those its index names.
+takes the files transformers reads, at the repo's top level, and its weights in one format (safetensors, else
+PyTorch's), those its index names.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -26,7 +27,8 @@ from specchat.first_use import progress_file
 
 SHOW_AFTER = 1.0  # seconds before a bar shows: a file found in the cache at once draws nothing
 CHECKPOINT_FILES = ("*.json", "*.jinja", "*.model", "merges.txt")  # configs and tokenizers
-INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
+WEIGHTS = (("model.safetensors.index.json", "model.safetensors"),
+           ("pytorch_model.bin.index.json", "pytorch_model.bin"))  # (index, single file), as transformers prefers them
 SUBFOLDERS = ("*/*",)  # other formats of the weights, other runtimes' files
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -61,37 +63,38 @@ def download_file(repo: str, name: str, *, elsewhere: str = "") -> Path:
 
 def download_checkpoint(repo: str) -> Path:
     """The snapshot directory of the model repo `repo` (an owner/name id) holding what a load reads: configs,
-    tokenizer files and the safetensors weights (those its index names). A complete one in the cache is used as it
-    is, online or not."""
+    tokenizer files and the weights in the format transformers prefers (`WEIGHTS`; an index's shards). A complete
+    one in the cache is used as it is, online or not."""
     cached = cached_checkpoint(repo)
     if cached is not None:
         return cached
     if offline():
         raise SpecchatError(f"model '{repo}' is not available offline; download it with `hf download {repo}` on a "
                             "connected machine (or unset HF_HUB_OFFLINE)")  # fmt: skip
-    small = download_snapshot(repo, CHECKPOINT_FILES)
-    index = small / INDEX
-    weights = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [SINGLE]
-    return download_snapshot(repo, (*CHECKPOINT_FILES, *weights))
+    listed = {file.filename: file for file in _listed(repo, (*CHECKPOINT_FILES, "*.safetensors", "*.bin"))}
+    if "config.json" not in listed:
+        raise SpecchatError(f"{repo} has no config.json: not a model transformers loads")
+    small = [file for name, file in listed.items() if not name.endswith((".safetensors", ".bin"))]
+    directory = _fetched(repo, small)
+    weights = _weight_files(directory, lambda name: name in listed)
+    if weights is None or not set(weights) <= set(listed):
+        raise SpecchatError(f"{repo} holds no weights transformers reads (model.safetensors, pytorch_model.bin or "
+                            "the shards their index names)")  # fmt: skip
+    return _fetched(repo, [listed[name] for name in weights])
 
 
 def download_snapshot(repo: str, patterns: tuple[str, ...]) -> Path:
     """The snapshot directory of `repo` with its top-level files matching `patterns`, those missing downloaded;
     offline, the cached snapshot as it is."""
-    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub import snapshot_download
 
-    quiet = partial(tqdm, disable=True)  # the listing's own bars
-    with _one_line(repo, "its files"):
-        if offline():
+    if offline():
+        with _one_line(repo, "its files"):
             return Path(snapshot_download(repo, allow_patterns=list(patterns), ignore_patterns=list(SUBFOLDERS)))
-        listed = snapshot_download(repo, allow_patterns=list(patterns), ignore_patterns=list(SUBFOLDERS),
-                                   dry_run=True, tqdm_class=quiet)  # fmt: skip
-        for file in listed:
-            if file.will_download:
-                hf_hub_download(repo, file.filename, revision=file.commit_hash, tqdm_class=DownloadBar)
+    listed = _listed(repo, patterns)
     if not listed:
         raise SpecchatError(f"{repo} has no file matching {', '.join(patterns)}")
-    return Path(listed[0].local_path).parent  # top-level files: the snapshot's directory
+    return _fetched(repo, listed)
 
 
 def cached_checkpoint(repo: str) -> Path | None:
@@ -102,11 +105,47 @@ def cached_checkpoint(repo: str) -> Path | None:
     if not isinstance(config, str):
         return None
     directory = Path(config).parent
-    index = directory / INDEX
-    if index.is_file():
-        shards = set(json.loads(index.read_text())["weight_map"].values())
-        return directory if all((directory / shard).is_file() for shard in shards) else None
-    return directory if (directory / SINGLE).is_file() else None
+    weights = _weight_files(directory, lambda name: (directory / name).is_file())
+    return directory if weights and all((directory / name).is_file() for name in weights) else None
+
+
+def _weight_files(directory: Path, exists: Callable[[str], bool]) -> list[str] | None:
+    """The files of a checkpoint's weights in the first format of `WEIGHTS` it has, its index in `directory` or its
+    single file where `exists`; None for none."""
+    for index, single in WEIGHTS:
+        if (directory / index).is_file():
+            return sorted(set(json.loads((directory / index).read_text())["weight_map"].values()))
+        if exists(single):
+            return [single]
+    return None
+
+
+def _listed(repo: str, patterns: tuple[str, ...]) -> list:
+    """The top-level files of `repo` matching `patterns`, as the hub lists them (with what the cache lacks)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import logging
+
+    quiet = partial(tqdm, disable=True)  # the listing's own bars
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # not its warning for no match: the caller says what that means
+    try:
+        with _one_line(repo, "its files"):
+            return snapshot_download(repo, allow_patterns=list(patterns), ignore_patterns=list(SUBFOLDERS),
+                                     dry_run=True, tqdm_class=quiet)  # fmt: skip
+    finally:
+        logging.set_verbosity(verbosity)
+
+
+def _fetched(repo: str, files: list) -> Path:
+    """The snapshot directory holding `files` (listed by `_listed`), those the cache lacks downloaded, one after
+    another, each with its bar."""
+    from huggingface_hub import hf_hub_download
+
+    for file in files:
+        if file.will_download:
+            with _one_line(repo, file.filename):
+                hf_hub_download(repo, file.filename, revision=file.commit_hash, tqdm_class=DownloadBar)
+    return Path(files[0].local_path).parent  # top-level files: the snapshot's directory
 
 
 @contextmanager

@@ -133,11 +133,25 @@ def checkpoint(tmp_path_factory, hf_tokenizer) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hub(checkpoint):
+def pytorch_checkpoint(tmp_path_factory, hf_tokenizer) -> Path:
+    """A tiny Llama checkpoint as repos of 2023 hold one: its weights in PyTorch's pytorch_model.bin."""
+    directory = tmp_path_factory.mktemp("pytorch")
+    model = tiny_model("llama", seed=1)
+    model.config.save_pretrained(directory)
+    torch.save({name: tensor.to(torch.bfloat16) for name, tensor in model.state_dict().items()},
+               directory / "pytorch_model.bin")  # fmt: skip
+    hf_tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def hub(checkpoint, pytorch_checkpoint):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     server.fetched = []
     files = {path.name: path.read_bytes() for path in checkpoint.iterdir()}
-    server.repos = {"me/coder": {"tiny.gguf": GGUF}, "me/llama": {**files, **DECOYS}}
+    old = {path.name: path.read_bytes() for path in pytorch_checkpoint.iterdir()}
+    server.repos = {"me/coder": {"tiny.gguf": GGUF}, "me/llama": {**files, **DECOYS}, "me/old": old,
+                    "me/empty": {"README.md": b"# nothing yet\n"}}  # fmt: skip
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -197,6 +211,17 @@ def test_a_model_repo_comes_down_as_what_loads_it_then_loads_from_the_cache(hub,
         assert again.returncode == 0 and again.stdout.strip() == str(snapshot), again.stderr
         assert "%" not in again.stderr and torch.equal(torch.load(logits), expected)
     assert hub.fetched == []
+
+
+def test_a_repo_of_pytorch_weights_loads_and_one_without_weights_is_refused(hub, pytorch_checkpoint, tmp_path):
+    logits = tmp_path / "logits.pt"
+    loaded = run(hub, tmp_path, LOAD, "me/old", str(logits))
+    assert loaded.returncode == 0, loaded.stderr
+    expected = load_model(str(pytorch_checkpoint), dtype="float32", device="cpu").model(torch.arange(3, 40)[None])
+    assert torch.equal(torch.load(logits), expected.logits)
+    empty = run(hub, tmp_path, LOAD, "me/empty", str(logits))
+    assert empty.returncode == 1
+    assert empty.stderr == "error me/empty has no config.json: not a model transformers loads\n"
 
 
 def test_a_bar_draws_on_the_chat_loading_line_while_told(tmp_path):
