@@ -165,7 +165,9 @@ def _one_line(repo: str, what: str, elsewhere: str = "") -> Iterator[None]:
             message = f"no repo {repo} on the Hugging Face hub (a private one needs `hf auth login`)"
         elif isinstance(error, LocalEntryNotFoundError) and offline():
             message = f"{repo}: {what} not in the Hugging Face cache, and HF_HUB_OFFLINE is set{instead}"
-        elif isinstance(error, (LocalEntryNotFoundError, DryRunError)):  # the hub says so of a file it lacks too
+        elif isinstance(error, DryRunError):  # the repo could not be listed, found or not
+            message = f"cannot reach {repo} on the Hugging Face hub: no connection, or the hub is down{instead}"
+        elif isinstance(error, LocalEntryNotFoundError):  # the hub says so of a file it lacks too
             message = f"cannot download {what} from {repo}: no connection, or no such file there{instead}"
         else:  # the hub's other HTTP errors, a full disk
             message = f"cannot download {what} from {repo}: {first_line(error)}"

@@ -12,6 +12,7 @@ import hashlib
 import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -53,6 +54,16 @@ except SpecchatError as error:
     sys.exit(f"error {error}")
 print(loaded.model.name_or_path)
 torch.save(loaded.model(torch.arange(3, 40)[None]).logits, sys.argv[2])
+"""
+
+FETCH_DRAFTER = """
+import sys
+from specchat.drafters import fetch_published
+from specchat.errors import SpecchatError
+try:
+    print("found", fetch_published(sys.argv[1]))
+except SpecchatError as error:
+    print("error", error)
 """
 
 
@@ -157,8 +168,10 @@ def hub(checkpoint, pytorch_checkpoint):
     server.shutdown()
 
 
-def run(hub, home: Path, code: str, *args: str, offline: bool = False) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_address[1]}", "HOME": str(home),
+def run(hub, home: Path, code: str, *args: str, offline: bool = False, port: int | None = None):
+    """`code` run with `args` in a fresh process whose hub is `hub` (or whatever listens on `port`)."""
+    port = port or hub.server_address[1]
+    environment = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HOME": str(home),
                    "HF_HOME": str(home / "hf"), "HF_HUB_OFFLINE": "1" if offline else "0",
                    "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_PROXY": "127.0.0.1"}  # fmt: skip
     environment.pop("XDG_CACHE_HOME", None)
@@ -184,6 +197,15 @@ def test_what_stops_a_download_is_one_line(hub, tmp_path):
     for repo, start in (("me/gated", "me/gated is gated: accept its terms"), ("me/none", "no repo me/none")):
         loaded = run(hub, tmp_path, LOAD, repo, str(tmp_path / "logits.pt"))
         assert loaded.returncode == 1 and loaded.stderr.startswith(f"error {start}"), loaded.stderr
+    with socket.socket() as closed:  # a port nothing listens on once closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    unreachable = run(hub, tmp_path, LOAD, "me/llama", str(tmp_path / "logits.pt"), port=port)
+    assert unreachable.returncode == 1, unreachable.stderr
+    assert unreachable.stderr == ("error cannot reach me/llama on the Hugging Face hub: no connection, or the hub is "
+                                  "down\n")  # fmt: skip
+    drafter = run(hub, tmp_path, FETCH_DRAFTER, "me/llama", offline=True)
+    assert drafter.stdout == "error me/llama: its files not in the Hugging Face cache, and HF_HUB_OFFLINE is set\n"
 
 
 def test_a_model_repo_comes_down_as_what_loads_it_then_loads_from_the_cache(hub, checkpoint, tmp_path):
