@@ -137,12 +137,12 @@ def _listed(repo: str, patterns: tuple[str, ...]) -> list:
 
 
 def _fetched(repo: str, files: list) -> Path:
-    """The snapshot directory holding `files` (listed by `_listed`), those the cache lacks downloaded, one after
-    another, each with its bar."""
+    """The snapshot directory holding `files` (listed by `_listed`), those it lacks downloaded, one after another,
+    each with its bar."""
     from huggingface_hub import hf_hub_download
 
     for file in files:
-        if file.will_download:
+        if not Path(file.local_path).exists():  # not in the snapshot (its blob may be cached: then it is linked)
             with _one_line(repo, file.filename):
                 hf_hub_download(repo, file.filename, revision=file.commit_hash, tqdm_class=DownloadBar)
     return Path(files[0].local_path).parent  # top-level files: the snapshot's directory

@@ -210,7 +210,8 @@ def test_what_stops_a_download_is_one_line(hub, tmp_path):
 
 def test_a_model_repo_comes_down_as_what_loads_it_then_loads_from_the_cache(hub, checkpoint, tmp_path):
     """Its configs, tokenizer and sharded weights, shown as they come; none of the other formats beside them. Loaded,
-    it computes what the checkpoint does; loaded again, online or offline, nothing is fetched and nothing shown."""
+    it computes what the checkpoint does; loaded again, online or offline, nothing is fetched and nothing shown; a
+    file missing (a download cut short) is fetched alone."""
     logits = tmp_path / "logits.pt"
     hub.fetched.clear()
     first = run(hub, tmp_path, LOAD, "me/llama", str(logits))
@@ -233,6 +234,18 @@ def test_a_model_repo_comes_down_as_what_loads_it_then_loads_from_the_cache(hub,
         assert again.returncode == 0 and again.stdout.strip() == str(snapshot), again.stderr
         assert "%" not in again.stderr and torch.equal(torch.load(logits), expected)
     assert hub.fetched == []
+
+    shard = sorted(shards)[0]
+    for cut_short in (False, True):  # the file missing from the snapshot, its data kept or a download cut short
+        blob = (snapshot / shard).resolve()
+        (snapshot / shard).unlink()
+        if cut_short:
+            blob.unlink()
+        offline = run(hub, tmp_path, LOAD, "me/llama", str(logits), offline=True)
+        assert offline.returncode == 1 and "is not available offline" in offline.stderr
+        resumed = run(hub, tmp_path, LOAD, "me/llama", str(logits))
+        assert resumed.returncode == 0 and hub.fetched == ([shard] if cut_short else []), resumed.stderr
+        assert torch.equal(torch.load(logits), expected)
 
 
 def test_a_repo_of_pytorch_weights_loads_and_one_without_weights_is_refused(hub, pytorch_checkpoint, tmp_path):
