@@ -13,7 +13,8 @@ from specchat.cli.common import (
 def models() -> None:
     """List model profiles: whether each is on this machine, and the drafters it runs with."""
     from specchat.drafters import KINDS, usable_drafters
-    from specchat.loading import is_available, offline, resolve_model
+    from specchat.hub_download import offline
+    from specchat.loading import is_available, resolve_model
     from specchat.profiles import DEFAULT_PROFILE, load_profiles
 
     missing = "not cached (offline)" if offline() else "downloads on first use"
