@@ -24,6 +24,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from specchat.disk_cache import cache_dir
 from specchat.first_use import tell
 from specchat.hub_download import SHOW_AFTER, DownloadBar
 from specchat.loading import load_model
@@ -64,6 +65,20 @@ try:
     print("found", fetch_published(sys.argv[1]))
 except SpecchatError as error:
     print("error", error)
+"""
+
+CHAT_ANSWER = """
+import sys
+from specchat.engine.sampling_config import SamplingConfig
+from specchat.loading import load_model
+from specchat.tui.answer_stream import AnswerStream
+from specchat.tui.session import ChatSession, ChatSettings
+session = ChatSession(load_model(None, device="cpu"), SamplingConfig(), ChatSettings(max_new_tokens=8))
+session.choose_drafter("model:" + sys.argv[1])
+answer = AnswerStream()
+answer.produce(session, session.begin_turn("Hello")[2])
+for item in answer.drain():
+    print(type(item).__name__, getattr(item, "line", ""))
 """
 
 
@@ -169,9 +184,12 @@ def hub(checkpoint, pytorch_checkpoint):
 
 
 def run(hub, home: Path, code: str, *args: str, offline: bool = False, port: int | None = None):
-    """`code` run with `args` in a fresh process whose hub is `hub` (or whatever listens on `port`)."""
+    """`code` run with `args` in a fresh process whose hub is `hub` (or whatever listens on `port`), its home and
+    hub cache its own, specchat's cache and the decoder's builds this process's."""
     port = port or hub.server_address[1]
-    environment = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HOME": str(home),
+    builds = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
+    environment = {**os.environ, "SPECCHAT_CACHE": str(cache_dir()), "TORCH_EXTENSIONS_DIR": builds,
+                   "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HOME": str(home),
                    "HF_HOME": str(home / "hf"), "HF_HUB_OFFLINE": "1" if offline else "0",
                    "HF_HUB_DISABLE_PROGRESS_BARS": "1", "NO_PROXY": "127.0.0.1"}  # fmt: skip
     environment.pop("XDG_CACHE_HOME", None)
@@ -257,6 +275,18 @@ def test_a_repo_of_pytorch_weights_loads_and_one_without_weights_is_refused(hub,
     empty = run(hub, tmp_path, LOAD, "me/empty", str(logits))
     assert empty.returncode == 1
     assert empty.stderr == "error me/empty has no config.json: not a model transformers loads\n"
+
+
+def test_a_drafter_chosen_in_the_chat_shows_its_download_while_the_answer_waits(hub, tmp_path):
+    """`/drafter model:REPO` loads at the next answer, in the generation worker: the download's bars reach the chat as
+    the answer's status lines, not a hidden stderr, and the answer follows."""
+    result = run(hub, tmp_path, CHAT_ANSWER, "me/llama")
+    assert result.returncode == 0, result.stderr
+    kinds = [line.split()[0] for line in result.stdout.splitlines()]
+    assert kinds[-1] == "AnswerEnd" and "Update" in kinds, result.stdout
+    statuses = [line for line in result.stdout.splitlines() if line.startswith("Status ")]
+    assert any("model-00001-of-00003.safetensors: 100%" in line for line in statuses), result.stdout
+    assert kinds.index("Status") < kinds.index("Update") and "%" not in result.stderr
 
 
 def test_a_bar_draws_on_the_chat_loading_line_while_told(tmp_path):

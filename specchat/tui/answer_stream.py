@@ -12,8 +12,16 @@ from contextlib import closing
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 
+from specchat import first_use
 from specchat.errors import SpecchatError, unexpected
 from specchat.tui.session import ChatSession, Update
+
+
+@dataclass(frozen=True)
+class Status:
+    """A line of one-time work said while the answer waits on it (a drafter's download, a calibration)."""
+
+    line: str
 
 
 @dataclass(frozen=True)
@@ -24,7 +32,7 @@ class AnswerEnd:
 
 class AnswerStream:
     def __init__(self):
-        self._queue: SimpleQueue[Update | AnswerEnd] = SimpleQueue()
+        self._queue: SimpleQueue[Update | Status | AnswerEnd] = SimpleQueue()
         self._stop = threading.Event()
         self._ended = threading.Event()
 
@@ -32,8 +40,10 @@ class AnswerStream:
         self._stop.set()
 
     def produce(self, session: ChatSession, prompt_ids: list[int]) -> None:
-        """Generate the answer to `prompt_ids`, queueing every step, then an `AnswerEnd` (worker thread)."""
+        """Generate the answer to `prompt_ids`, queueing every step, then an `AnswerEnd` (worker thread); what
+        one-time work says meanwhile (`first_use`) is queued as a `Status`."""
         finish, error = "stopped", None
+        first_use.tell(lambda line: self._queue.put(Status(line)))
         try:
             with session.lock, closing(session.run(prompt_ids)) as updates:
                 for update in updates:
@@ -45,6 +55,8 @@ class AnswerStream:
             finish, error = "error", str(exc)
         except Exception as exc:  # noqa: BLE001 - an engine bug must not kill the app: show it, keep the chat
             finish, error = "error", unexpected(exc)
+        finally:
+            first_use.tell(None)
         self._queue.put(AnswerEnd(finish, error))
         self._ended.set()
 
@@ -57,7 +69,7 @@ class AnswerStream:
         """Whether the `AnswerEnd` is queued: the rest of the answer can be shown without waiting."""
         return self._ended.is_set()
 
-    def drain(self) -> list[Update | AnswerEnd]:
+    def drain(self) -> list[Update | Status | AnswerEnd]:
         """Everything queued since the last call, oldest first."""
         items = []
         while True:

@@ -22,7 +22,7 @@ from textual.widgets import Footer
 
 from specchat import STARTED, first_use
 from specchat.errors import SpecchatError, unexpected
-from specchat.tui.answer_stream import AnswerEnd, AnswerStream
+from specchat.tui.answer_stream import AnswerEnd, AnswerStream, Status
 from specchat.tui.chat_input import ChatInput
 from specchat.tui.colours import legend
 from specchat.tui.commands import BY_NAME, CommandSpec, parse_command
@@ -67,6 +67,7 @@ class ChatApp(App[None]):
         self._clock: Timer | None = None  # ticks the loading line
         self._waiting: tuple[str, Note] | None = None  # a message sent while loading, and the note saying so
         self._pump: Timer | None = None
+        self._status: Note | None = None  # what one-time work the streaming answer waits on says (a download)
         self._redraws: RedrawBudget | None = None  # paces the streaming answer's redraws
         self._overlay_drawn = 0.0  # when the overlay last showed a streaming answer's figures
 
@@ -218,6 +219,10 @@ class ChatApp(App[None]):
             return
         figures = None
         for item in self.answer.drain():
+            if isinstance(item, Status):  # the answer waits on one-time work: one note says how it goes
+                self._status = self._status or self._note("")
+                self._status.update(item.line)
+                continue
             if isinstance(item, AnswerEnd):
                 self._finish_answer(item)
                 return
@@ -231,6 +236,7 @@ class ChatApp(App[None]):
 
     def _finish_answer(self, end: AnswerEnd) -> None:
         self._pump.stop()
+        self._status = None  # its last line stays
         question, reply, session = self.question, self.reply, self.session
         self.answer = self.question = self.reply = None
         if end.error is not None and not reply.message.token_ids:
