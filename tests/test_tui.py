@@ -157,6 +157,23 @@ async def test_escape_stops_at_once_keeps_the_answer_and_the_next_turn_reuses_th
         assert second.token_ids == greedy_reference(default_model, app.session.previous.ids, len(second.token_ids))
 
 
+async def test_what_an_answer_waits_on_shows_in_one_note(default_model):
+    """One-time work said during an answer (a drafter's download after /drafter, through `first_use`) redraws one
+    note under the reply, its last line kept."""
+    app = make_app(default_model, drafter="ngram", max_new_tokens=3000)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, "Tell me a very long story about the sea.")
+        await wait_until(pilot, lambda: len(app.session.messages[-1].token_ids) >= 1, what="the first tokens")
+        before = len(note_lines(app))
+        for line in ("model.safetensors:  50%|#####     | 1.0M/2.0M", "model.safetensors: 100%|##########| 2.0M/2.0M"):
+            app.answer.say(line)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not app.generating, timeout=5, what="the stop")
+        notes = note_lines(app)
+        assert len(notes) == before + 1 and notes[-1].startswith("model.safetensors: 100%")
+
+
 async def test_quitting_mid_answer_stops_the_answer(default_model):
     """Ctrl+Q while the real model streams a 3000-token answer: its thread stops after the step in flight
     instead of generating on to the limit (minutes here) while the app waits to end."""

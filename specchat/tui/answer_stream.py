@@ -43,7 +43,7 @@ class AnswerStream:
         """Generate the answer to `prompt_ids`, queueing every step, then an `AnswerEnd` (worker thread); what
         one-time work says meanwhile (`first_use`) is queued as a `Status`."""
         finish, error = "stopped", None
-        first_use.tell(lambda line: self._queue.put(Status(line)))
+        first_use.tell(self.say)
         try:
             with session.lock, closing(session.run(prompt_ids)) as updates:
                 for update in updates:
@@ -59,6 +59,10 @@ class AnswerStream:
             first_use.tell(None)
         self._queue.put(AnswerEnd(finish, error))
         self._ended.set()
+
+    def say(self, line: str) -> None:
+        """Queue what one-time work says while the answer waits on it, as a `Status`."""
+        self._queue.put(Status(line))
 
     def wait(self, seconds: float) -> None:
         """Block until the `AnswerEnd` is queued, or `seconds` have passed."""
