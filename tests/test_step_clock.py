@@ -12,11 +12,11 @@ from specchat.engine.step_clock import StepClock
 
 def test_each_phase_is_the_time_between_its_marks():
     clock = StepClock(torch.device("cpu"))
-    time.sleep(0.02)
+    time.sleep(0.2)
     clock.mark()
     clock.mark()
-    time.sleep(0.01)
+    time.sleep(0.1)
     clock.mark()
     first, second, third = clock.seconds()
-    assert first >= 0.02 and 0 <= second < 0.01 and third >= 0.01
+    assert first >= 0.2 and 0 <= second < 0.1 and third >= 0.1  # wide of a loaded machine's jitter
     assert abs(clock.host_seconds() - (first + second + third)) < 1e-9
