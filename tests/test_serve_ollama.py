@@ -114,6 +114,8 @@ def test_the_ollama_client_chats_and_generates_what_the_openai_routes_answer(ser
     assert whole.total_duration >= whole.eval_duration > 0 and whole.load_duration == 0
     assert "".join(part.message.content for part in parts) == whole.message.content
     assert [part.done for part in parts] == [False] * (len(parts) - 1) + [True] and parts[-1].eval_count == 12
+    stamps = [part.created_at for part in parts]  # each object's own time, as Ollama's
+    assert stamps == sorted(stamps) and stamps[0] < stamps[-1]
     system = [{"role": "system", "content": "Be brief."}, *HI]
     assert made.response == openai.chat.completions.create(model="tiny", messages=system, temperature=0,
                                                            max_tokens=12).choices[0].message.content  # fmt: skip

@@ -115,7 +115,6 @@ class OllamaReply(Reply):
     def __init__(self, *args, generate: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.generate = generate
-        self.created_at = now()
 
     def body(self, others: list[Reply] = ()) -> dict:
         text, calls = "".join(self.text), []
@@ -146,7 +145,7 @@ class OllamaReply(Reply):
         return _line({"error": error.message})
 
     def _object(self, text: str, calls: list, scored: list, *, done: bool) -> dict:
-        out = {"model": self.model, "created_at": self.created_at}
+        out = {"model": self.model, "created_at": now()}  # each object's own time, as Ollama's
         if self.generate:
             out["response"] = text
         else:
@@ -236,4 +235,4 @@ def model_card(served) -> dict:
 
 def now() -> str:
     """The time as Ollama writes it (RFC 3339, UTC)."""
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
