@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -86,6 +87,23 @@ def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
                                              attn_implementation="eager" if eager else "sdpa")  # fmt: skip
     return model.eval().requires_grad_(False)
+
+
+def transformers_forward(model, cache, **inputs):
+    """transformers' own forward over `inputs`, its keys and values kept in `cache` (a `DynamicCache`), passed by the
+    name the installed transformers takes (`cache` from 5.24; `past_key_values`, which 5.40 drops, before)."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return model(**inputs, **{name: cache}, use_cache=True)
+
+
+def fresh_kv(model, ids: list[int]):
+    """Per-layer (keys, values) of transformers' one forward over `ids`."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        transformers_forward(model, cache, input_ids=torch.tensor([ids]))
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 @pytest.fixture(scope="session")

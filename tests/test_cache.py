@@ -5,8 +5,7 @@ from __future__ import annotations
 import psutil
 import pytest
 import torch
-from conftest import TINY_FAMILIES, tiny_model
-from transformers import DynamicCache
+from conftest import TINY_FAMILIES, fresh_kv, tiny_model
 
 from specchat.drafters.glide.model import GlideConfig, GlideKV
 from specchat.drafters.longspec.model import RingKV
@@ -15,14 +14,6 @@ from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.cache import Rollback, TreeCache
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
-
-
-def fresh_kv(model, ids: list[int]):
-    """Per-layer (keys, values) of one forward over `ids` with transformers' own DynamicCache."""
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
-    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def run(engine: Engine, prompt: list[int], n: int, **sampling) -> list[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_model, transformers_forward
 from transformers import DynamicCache
 
 from specchat.engine.attention import use_attention
@@ -37,8 +37,7 @@ def _model(family: str, dtype: torch.dtype, *, quantize: str | None = None, head
 
 def _transformers_logits(model, tokens, positions, mask, cache):
     """transformers' forward over `cache` (its own `DynamicCache`), `mask` dense [1, 1, rows, prefix + rows]."""
-    out = model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask, past_key_values=cache,
-                use_cache=True)  # fmt: skip
+    out = transformers_forward(model, cache, input_ids=tokens[None], position_ids=positions[None], attention_mask=mask)
     return out.logits[0]
 
 

@@ -26,9 +26,8 @@ import json
 
 import pytest
 import torch
-from conftest import TINY_FAMILIES, tiny_model
+from conftest import TINY_FAMILIES, fresh_kv, tiny_model
 from drafters_for_tests import EndBesideDrafter, OracleDrafter, RandomTreeDrafter, WrongDrafter
-from transformers import DynamicCache
 
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.engine.events import COPY, TARGET
@@ -64,13 +63,6 @@ def model_and_greedy(family: str, seed: int, vocab: int = VOCAB, n: int = 160, p
     model = tiny_model(family, vocab_size=vocab, seed=seed)
     prompt = list(prompt) or random_prompt(12, seed, vocab)
     return model, prompt, hf_greedy(model, prompt, n)
-
-
-def fresh_kv(model, ids: list[int]):
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
-    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def assert_cache_is_fresh_prefill(engine: Engine, committed: list[int]) -> None:
