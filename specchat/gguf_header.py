@@ -19,6 +19,12 @@ _LENGTH = struct.Struct("<Q")  # a string's byte count
 DEFAULT_ALIGNMENT = 32  # of the tensor data, unless `general.alignment` says otherwise
 
 
+def names_gguf_file(path: Path) -> bool:
+    """Whether `--model` or a draft model's `path` is taken as a GGUF file: by its extension, or any file (an ollama
+    blob is named sha256-...; its first bytes are checked when it loads)."""
+    return path.suffix.lower() == ".gguf" or path.is_file()
+
+
 class Cursor:
     """Reads little-endian values from `data` at a moving offset; past the end is a ValueError ("truncated")."""
 

@@ -21,6 +21,7 @@ from specchat.checks import DTYPE_NAMES, GGUF_QUANTIZE, check_dtype, check_quant
 from specchat.disk_cache import SOURCES_FILE, cache_dir, other_versions, sources_json
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
+from specchat.gguf_header import names_gguf_file
 from specchat.hub_download import REPO_ID, cached_checkpoint, download_checkpoint, download_file, offline
 from specchat.ollama_models import ollama_decoding, ollama_gguf
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles, profile_of
@@ -91,7 +92,7 @@ def resolve_model(spec: str | None) -> ModelSource:
         profile = profiles[spec]
         return ModelSource(name=spec, location=profile.target, profile=profile, gguf=bool(profile.gguf))
     path = Path(spec).expanduser()
-    if path.suffix.lower() == ".gguf":  # another quantization of a profile's model takes its drafters
+    if names_gguf_file(path):  # another quantization of a profile's model takes its drafters
         return ModelSource(name=spec, location=str(gguf_file(path)), profile=profile_of(spec), gguf=True)
     if path.is_dir():
         if not (path / "config.json").is_file():

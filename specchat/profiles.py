@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from specchat.gguf_header import general_fields
+from specchat.gguf_header import general_fields, names_gguf_file
 
 DEFAULT_PROFILE = "smollm2-135m"
 
@@ -35,7 +35,7 @@ def profile_of(spec: str | None) -> Profile | None:
     if spec in profiles:
         return profiles[spec]
     path = Path(spec).expanduser()
-    if path.suffix.lower() != ".gguf":
+    if not names_gguf_file(path):
         from specchat.ollama_models import ollama_gguf
 
         path = None if path.is_dir() else ollama_gguf(spec)

@@ -86,6 +86,20 @@ def test_loads_on_its_own_blocks(tiny_gguf):
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("Hello, world")) == "Hello, world"
 
 
+def test_a_gguf_file_loads_by_any_name(tmp_path, tiny_gguf):
+    """An ollama blob is named sha256-...: a file is read as a GGUF whatever its name, its first bytes checked."""
+    blob = tmp_path / "sha256-6a0746a1ec1a"
+    blob.symlink_to(tiny_gguf)
+    try:
+        named, blobbed = load_model(str(tiny_gguf)), load_model(str(blob))
+        ids = torch.tensor(named.tokenizer.encode("Hello, world"))
+        with torch.inference_mode():
+            assert torch.equal(prefill_logits(named.model, ids), prefill_logits(blobbed.model, ids))
+        assert blobbed.source.gguf and blobbed.tokenizer.encode("Hello, world") == ids.tolist()
+    finally:
+        shutil.rmtree(gguf_checkpoint_dir(blob), ignore_errors=True)
+
+
 @pytest.mark.parametrize(
     "attention, drafter, sampling",
     [("auto", "ngram", GREEDY), ("auto", "random", GREEDY), ("auto", "random", SAMPLED),
@@ -246,6 +260,9 @@ def test_refusals_are_one_line(tmp_path, tiny_gguf):
     text.write_text("not a model")
     with pytest.raises(SpecchatError, match="not a GGUF file"):
         load_model(str(text))
+    text.rename(tmp_path / "notes")  # by any name
+    with pytest.raises(SpecchatError, match="not a GGUF file"):
+        load_model(str(tmp_path / "notes"))
     with pytest.raises(SpecchatError, match="GGUF files run on a CPU|already quantized"):
         load_model(str(tiny_gguf), quantize="q4_k_m")
 

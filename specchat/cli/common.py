@@ -47,8 +47,8 @@ def _options(
 
 ModelOption = Annotated[
     str | None,
-    typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id, local directory, GGUF file, or a model "
-                 "ollama has pulled (llama3.2:3b)."),
+    typer.Option("--model", "-m", help="Profile alias, Hugging Face repo id, local directory, GGUF file (by any "
+                 "name), or a model ollama has pulled (llama3.2:3b)."),
 ]  # fmt: skip
 DrafterOption = Annotated[
     str | None,

@@ -24,6 +24,7 @@ from specchat.architectures import parts
 from specchat.architectures.rope import rope_parameters, stretch_with_yarn
 from specchat.drafters.checkpoint import read_checkpoint, write_checkpoint
 from specchat.errors import SpecchatError, first_line
+from specchat.gguf_header import names_gguf_file
 from specchat.ollama_models import ollama_gguf
 from specchat.tokenizer import Tokenizer
 
@@ -99,8 +100,8 @@ def load_draft_model(source: str | Path, target: nn.Module, tokenizer=None) -> D
     path = Path(source).expanduser()
     if path.is_dir() and (path / "config.json").is_file() and STUDENT in _read_config(path):
         return _load_student(path, target)
-    pulled = None if path.is_dir() or path.suffix.lower() == ".gguf" else ollama_gguf(str(source))
-    gguf = path.suffix.lower() == ".gguf" or pulled is not None
+    pulled = None if path.is_dir() or names_gguf_file(path) else ollama_gguf(str(source))
+    gguf = names_gguf_file(path) or pulled is not None
     if gguf:
         from specchat.loading import gguf_checkpoint, gguf_file
 
