@@ -263,7 +263,8 @@ def bench_attention(
 def bench_verify_cost(
     model: ModelOption = None,
     contexts: Annotated[str, typer.Option("--context", help="Comma-separated context lengths.")] = "4096,32768",
-    trees: Annotated[str, typer.Option("--tree", help="Comma-separated draft-tree sizes (0: a decode step).")] = "64",
+    trees: Annotated[str, typer.Option("--tree", help="Comma-separated draft-tree sizes (with --model, 0: a decode "
+                                       "step; without, each is timed beside one).")] = "64",
     layers: Annotated[int, typer.Option(help="Without --model: decoder layers to build (fewer for CPU runs).")] = 32,
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
     device: DeviceOption = "auto",
