@@ -55,6 +55,23 @@ def test_the_product_is_its_lane_arithmetic_whatever_rows_share_it(out, inputs, 
     assert torch.equal(cpu_decoder().dense_matmul(x[100:101], w), want[100:101])  # a row alone: its bits in the batch
 
 
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("out", "inputs"), [(16, 96), (149, 2112), (37, 64)])
+def test_int8_codes_multiply_as_their_dequantized_matrix_whatever_rows_share_it(out, inputs, x_dtype, cpu_isa):
+    """Q8_0's codes times an fp16 scale per 32 inputs: each weight d * q is exact in fp32, so the product is the fp32
+    one of the dequantized matrix, lane for lane (a tied LM head, `Int8Linear`)."""
+    generator = torch.Generator().manual_seed(out)
+    codes = torch.randint(-128, 128, (out, inputs), generator=generator, dtype=torch.int8)
+    scales = (torch.rand(out, inputs // 32, generator=generator) / 64).half().float()
+    x = torch.randn(131, inputs, generator=generator).to(x_dtype)
+    want = lane_arithmetic(x.float(), codes.float() * scales.repeat_interleave(32, dim=1))
+    for rows in (1, 2, 3, 7, 9, 64, 65, 131):
+        assert torch.equal(cpu_decoder().dense_matmul(x[:rows], codes, scales), want[:rows]), rows
+    assert torch.equal(cpu_decoder().dense_matmul(x[100:101], codes, scales), want[100:101])
+    with pytest.raises(RuntimeError, match="come with their scales"):
+        cpu_decoder().dense_matmul(x, codes)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_a_decoder_layer_of_any_width_computes_its_rows_apart(dtype, cpu_isa):
     """A layer whose inputs are not in 32s (a hidden size of 48) runs the product with its inputs padded by zeros:

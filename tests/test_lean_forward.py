@@ -227,7 +227,7 @@ def _projections(kind: str, dims=(128, 64, 32), in_features=64):
                                dtype=torch.bfloat16)  # fmt: skip
         else:
             layer = Int8Linear(weight.clamp(-127, 127).to(torch.int8), torch.rand(out, in_features // 32) * 0.01,
-                               group_size=32, dtype=torch.bfloat16)  # fmt: skip
+                               dtype=torch.bfloat16)  # fmt: skip
         setattr(parent, name, layer)
     return parent
 

@@ -38,15 +38,14 @@ def _layers(seed=0, out_features=192, in_features=576):
     torch.manual_seed(seed)
     groups = torch.rand(out_features, in_features // 32) * 0.01
     for dtype in (torch.bfloat16, torch.float32):
-        yield Int4Linear(torch.randint(0, 16, (out_features, in_features)), groups, -8 * groups, group_size=32,
-                         dtype=dtype)  # fmt: skip
-        yield Int8Linear(torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8), groups,
-                         group_size=32, dtype=dtype)  # fmt: skip
+        int4 = Int4Linear(torch.randint(0, 16, (out_features, in_features)), groups, -8 * groups, group_size=32,
+                          dtype=dtype)  # fmt: skip
+        int8 = Int8Linear(torch.randint(-128, 128, (out_features, in_features), dtype=torch.int8), groups, dtype=dtype)
+        yield from (pytest.param(layer, dtype, id=f"{type(layer).__name__}-{dtype}") for layer in (int4, int8))
 
 
-@pytest.mark.parametrize("layer", list(_layers()), ids=lambda layer: f"{type(layer).__name__}")
-def test_quantized_matmuls_are_row_independent(layer):
-    dtype = layer.low_scales.dtype if isinstance(layer, Int8Linear) else layer.scales_zeros.dtype
+@pytest.mark.parametrize(("layer", "dtype"), list(_layers()))
+def test_quantized_matmuls_are_row_independent(layer, dtype):
     for rows in VERIFY_ROWS:
         x = torch.randn(rows, layer.in_features, dtype=dtype)
         together = layer(x)
@@ -116,8 +115,7 @@ def test_the_embedded_models_codes_are_packed_at_its_first_load_and_read_back_af
     kept = list((tmp_path / "packed").iterdir())
     assert len(kept) == 1 and kept[0].suffix == ".safetensors"
     with monkeypatch.context() as refusing:
-        for layer in (Int4Linear, Int8Linear):
-            refusing.setattr(layer, "planes", staticmethod(lambda *_: pytest.fail("packed again")))
+        refusing.setattr(Int4Linear, "planes", staticmethod(lambda *_: pytest.fail("packed again")))
         assert same(load(), first)
     kept[0].write_bytes(b"not a safetensors file")
     assert same(load(), first)

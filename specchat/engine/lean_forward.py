@@ -3,8 +3,8 @@
 A decode step of the default model on 2 cores is about 4.5 ms of 4-bit matmuls; run as transformers' modules
 it took 14 ms, and as a loop of torch calls from Python 11 ms: the hundreds of small operations between the
 matmuls cost more than the matmuls. Here every layer runs inside the compiled CPU decoder
-(`specchat.kernels.cpu.cpu_decoder`): the model's own weights multiplied by its own products (dense matrices, GGUF
-blocks) or torch's int4 kernel (int8 is two 4-bit planes), q/k/v and gate/up fused by `fuse_projections`;
+(`specchat.kernels.cpu.cpu_decoder`): the model's own weights multiplied by its own products (dense matrices, int8
+codes, GGUF blocks) or torch's int4 kernel, q/k/v and gate/up fused by `fuse_projections`;
 everything else in plain loops, tree attention read from the engine's cache in an order fixed by each row's position
 (so a verified node computes bitwise what a decode step computes).
 
@@ -44,7 +44,7 @@ class LeanForward:
         layers = decoder.layers
         self.native = native
         self.embed, self.rotaries = decoder.embed, decoder.rotaries
-        self.head = native_projection(native, decoder.head)  # a dense bf16 head through the decoder's own product
+        self.head = native_projection(native, decoder.head)
         self.kv_heads, self.head_dim = config.num_key_value_heads, layers[0].head_dim
         self.decoder = native.Decoder(
             [_layer(native, layer) for layer in layers],

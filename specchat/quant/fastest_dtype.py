@@ -39,7 +39,7 @@ def _layer(weights: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.nn
     groups = torch.rand(out_features, in_features // 32) * 0.01
     if weights == "int8":
         codes = torch.randint(-128, 128, shape, dtype=torch.int8)
-        return Int8Linear(codes, groups, group_size=32, dtype=dtype)
+        return Int8Linear(codes, groups, dtype=dtype)
     return Int4Linear(torch.randint(0, 16, shape), groups, groups, group_size=32, dtype=dtype)
 
 

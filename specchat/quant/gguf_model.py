@@ -24,7 +24,7 @@ from specchat.architectures.llama_model import ModelConfig, ScaledEmbedding, Slo
 from specchat.architectures.phi3 import FUSED_PROJECTIONS
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.gguf_header import tensor_table
-from specchat.quant import int4_linear, int8_linear
+from specchat.quant import int4_linear
 from specchat.quant.embedding import Int8Embedding
 from specchat.quant.fused import Rows
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
@@ -76,7 +76,11 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
         else:
             _install(model, module_name, held, dtype, rows=rows, packed=packed)
     if "output.weight" not in tensors:  # tied LM head: the embedding's blocks, multiplied as a linear layer
-        _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, packed=packed)
+        embedding = model.model.embed_tokens
+        if isinstance(embedding, Int8Embedding):  # its codes and scales themselves
+            model.lm_head = Int8Linear(embedding.codes, embedding.scale, dtype=dtype, format=embedding.format)
+        else:
+            _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, packed=packed)
     if packed is not None:
         packed.save()
     return _complete(model)
@@ -85,7 +89,7 @@ def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, ate
 def _packed(gguf_path: Path, dtype: torch.dtype) -> KeptTensors:
     """The file's codes kept packed for torch's int4 kernel: its layout is the torch build's and the CPU capability's
     it runs on, its scales are in `dtype`."""
-    code = [Path(__file__), *(Path(module.__file__) for module in (int4_linear, int8_linear))]
+    code = [Path(__file__), Path(int4_linear.__file__)]
     facts = str(dtype), torch.__version__, torch.backends.cpu.get_cpu_capability()
     return kept_tensors("packed", gguf_path.stem, [gguf_path], code, *facts)
 
@@ -249,16 +253,15 @@ def _install_fused(parent: nn.Module, name: str, parts: dict, dtype) -> None:
 
 
 def _aten_int4(raw: torch.Tensor, kind, dtype, *, embedding: bool, bias, packed: KeptTensors, name: str) -> nn.Module:
-    """Q4_0 / Q4_1 as `Int4Linear`s and Q8_0 as `Int8Linear`s (or an `Int8Embedding`), code for code; a matrix's
-    codes packed as they were at an earlier load of the file (`packed`), else now."""
+    """Q4_0 / Q4_1 as `Int4Linear`s and Q8_0 as `Int8Linear`s (or an `Int8Embedding`), code for code; a 4-bit
+    matrix's codes packed as they were at an earlier load of the file (`packed`), else now."""
     from gguf import GGMLQuantizationType as Q
 
     fmt = kind.name.lower()
     if kind == Q.Q8_0 and embedding:
         return Int8Embedding(*_q8_0(raw), dtype=dtype, format=fmt)
     if kind == Q.Q8_0:
-        planes = packed.tensors(name, lambda: Int8Linear.planes(*_q8_0(raw), dtype))
-        return Int8Linear.held(planes, group_size=BLOCK, format=fmt, dtype=dtype, bias=bias)
+        return Int8Linear(*_q8_0(raw), dtype=dtype, bias=bias, format=fmt)
     planes = packed.tensors(name, lambda: Int4Linear.planes(*_q4(raw, with_min=kind == Q.Q4_1), dtype))
     return Int4Linear.held(planes, group_size=BLOCK, format=fmt, dtype=dtype, bias=bias)
 

@@ -1,84 +1,77 @@
-"""A linear layer whose weights are 8-bit codes with one scale per group: w = d * q, q in -128..127 (GGUF Q8_0).
+"""A linear layer whose weights are 8-bit codes with one scale per group of 32 inputs: w = d * q, q in -128..127
+(GGUF Q8_0; `--quantize int8`, and the LM head under `--quantize int4`).
 
-torch's CPU int8 kernel takes one scale per output row only, so group-wise int8 runs on the int4 kernel
-instead: q = 16 * hi + lo splits into two 4-bit planes, hi in -8..7 with scale 16 d and lo in 0..15 with
-scale d, and x W^T = x W_hi^T + x W_lo^T. Both planes hold exact multiples of d, so the weights the kernel
-sees are exactly d * q; the bytes read are those of int8 weights.
+The codes stay as they are, a byte a weight in rows, with fp32 scales (a Q8_0 file's fp16 ones exactly): the CPU
+decoder's dense product (`kernels/cpu/dense_matmul.h`) multiplies each weight d * q, exact in fp32, by the
+activations in fp32, every output from its own activation row alone. A tied LM head holds its Q8_0 embedding's own
+tensors (`Int8Embedding`), so the matrix is in memory once. Off the CPU, or where the decoder cannot be built, the
+matrix is dequantized for torch's product.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+import functools
 
-from specchat.quant.int4_linear import int4_matmul, pack, scales_and_zeros, stackable
+import torch
+import torch.nn.functional as F
+
 from specchat.quant.quantized_linear import QuantizedLinear
+
+GROUP = 32  # inputs a scale covers: Q8_0's block, the decoder's product's
 
 
 class Int8Linear(QuantizedLinear):
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, *, group_size: int, dtype: torch.dtype,
+    group_size = GROUP
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, *, dtype: torch.dtype,
                  bias: torch.Tensor | None = None, format: str = "int8"):  # fmt: skip
-        """`codes` [out, in] int8; `scale` [out, in // group_size]."""
+        """`codes` [out, in] int8; `scale` [out, in // 32]. Tensors already int8 and fp32 are held as they are."""
         super().__init__()
-        self._hold(self.planes(codes, scale, dtype), group_size, format, bias, dtype)
-
-    @staticmethod
-    def planes(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> dict:
-        """What the layer holds of `codes` and `scale`, as the kernel reads them: both planes packed, with their
-        scales and zeros in the activation dtype."""
-        high = codes >> 4  # -8..7: the arithmetic shift floors
-        scale = scale.float()
-        return {
-            "high": pack(high + 8),  # (code - 8) * 16 d + 0 = 16 d hi
-            "low": pack(codes & 15),  # lo = code - 16 hi: (code - 8) * d + 8 d = d lo
-            "high_scales": scales_and_zeros(16 * scale, torch.zeros_like(scale), dtype),
-            "low_scales": scales_and_zeros(scale, 8 * scale, dtype),
-        }
-
-    @classmethod
-    def held(cls, planes: dict, *, group_size: int, format: str, dtype: torch.dtype, bias=None) -> Int8Linear:
-        """The layer over `planes`, what `planes` made (packing nothing)."""
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer._hold(planes, group_size, format, bias, dtype)
-        return layer
+        self.out_features, self.in_features = codes.shape
+        if self.in_features % GROUP or tuple(scale.shape) != (self.out_features, self.in_features // GROUP):
+            raise ValueError(f"codes {tuple(codes.shape)} and scales {tuple(scale.shape)} mismatch groups of {GROUP}")
+        self.format = format
+        self.register_buffer("codes", codes.to(torch.int8).contiguous())
+        self.register_buffer("scale", scale.float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.to(dtype))
 
     @classmethod
     def stacked(cls, layers: list[Int8Linear], bias: torch.Tensor | None) -> Int8Linear | None:
-        """One layer whose outputs are those of `layers` side by side; None unless they share input size,
-        groups and format and all but the last are a multiple of PACK_BLOCK rows."""
-        if not stackable(layers):
+        """One layer whose outputs are those of `layers` side by side; None unless they share input size and format."""
+        if len({(each.in_features, each.format) for each in layers}) != 1:
             return None
-        first = layers[0]
-        planes = {name: torch.cat([getattr(each, name) for each in layers]) for name in ("high", "low")}
-        for name in ("high_scales", "low_scales"):
-            planes[name] = torch.cat([getattr(each, name) for each in layers], dim=1).contiguous()
-        dtype = planes["high_scales"].dtype
-        return cls.held(planes, group_size=first.group_size, format=first.format, dtype=dtype, bias=bias)
-
-    def _hold(self, planes: dict, group_size: int, format: str, bias, dtype) -> None:
-        self.out_features, half = planes["high"].shape  # two codes a byte
-        self.in_features = 2 * half
-        self.group_size = group_size
-        self.format = format
-        for name in ("high", "low", "high_scales", "low_scales"):
-            self.register_buffer(name, planes[name])
-        self.register_buffer("bias", None if bias is None else bias.to(dtype))
+        codes, scale = (torch.cat([getattr(each, name) for each in layers]) for name in ("codes", "scale"))
+        dtype = bias.dtype if bias is not None else torch.float32
+        return cls(codes, scale, dtype=dtype, bias=bias, format=layers[0].format)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = int4_matmul(x, self.high, self.group_size, self.high_scales)
-        out += int4_matmul(x, self.low, self.group_size, self.low_scales)
+        decoder = _decoder() if x.device.type == "cpu" else None
+        if decoder is not None:
+            return decoder.Projection([self.native(decoder)])(x)
+        out = F.linear(x, self.dequantize().to(x.dtype))
         return out if self.bias is None else out + self.bias
 
     def dequantize(self) -> torch.Tensor:
-        """The weight matrix [out, in] the kernel multiplies by (computed by the kernel itself)."""
-        eye = torch.eye(self.in_features, dtype=self.low_scales.dtype)
-        high = int4_matmul(eye, self.high, self.group_size, self.high_scales)
-        return (high + int4_matmul(eye, self.low, self.group_size, self.low_scales)).T.contiguous()
+        """The weight matrix [out, in], d * q in fp32."""
+        return self.dequantize_rows(slice(None))
+
+    def dequantize_rows(self, rows) -> torch.Tensor:
+        codes, scale = self.codes[rows], self.scale[rows]
+        return (codes.float().view(*scale.shape, GROUP) * scale[..., None]).flatten(-2)
 
     def native(self, decoder):
-        planes, scales = [self.high, self.low], [self.high_scales, self.low_scales]
-        return decoder.Linear.int4(planes, scales, self.group_size, self.bias)  # x W^T = x W_hi^T + x W_lo^T
+        return decoder.Linear.int8(self.codes, self.scale, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, {self.format}, group={self.group_size}"
+        return f"in={self.in_features}, out={self.out_features}, {self.format}, group={GROUP}"
+
+
+@functools.cache
+def _decoder():
+    """The compiled CPU decoder, or None where it cannot be built (asked once)."""
+    from specchat.kernels.cpu.cpu_decoder import cpu_decoder
+
+    try:
+        return cpu_decoder()
+    except RuntimeError:
+        return None

@@ -75,7 +75,7 @@ def quantize_linear(linear: nn.Linear, scheme: str, *, dtype: torch.dtype) -> nn
     if scheme == "int8":
         scale = weight.abs().amax(-1) / 127
         codes = torch.round(weight / _nonzero(scale)[..., None]).clamp(-127, 127).to(torch.int8)
-        return Int8Linear(codes.flatten(1), scale, group_size=GROUP, dtype=dtype, bias=bias, format=f"int8-g{GROUP}")
+        return Int8Linear(codes.flatten(1), scale, dtype=dtype, bias=bias, format=f"int8-g{GROUP}")
     raise ValueError(f"unknown quantization scheme '{scheme}'")
 
 

@@ -43,9 +43,9 @@ namespace {
 constexpr int LANES = 16;  // partial sums kept side by side; a sum's order depends on the indices alone
 
 struct Linear {
-  // y = x W^T + bias, with W dense, the sum of 4-bit planes (packed codes + scales/zeros per group), or GGUF
-  // block-quantized matrices stacked along their rows (gguf/matmul.h).
-  at::Tensor dense;
+  // y = x W^T + bias, with W dense (int8 codes times `dense_scales`, one per 32 inputs), the sum of 4-bit planes
+  // (packed codes + scales/zeros per group), or GGUF block-quantized matrices stacked along their rows (gguf/matmul.h).
+  at::Tensor dense, dense_scales;
   std::vector<at::Tensor> packed, scales;
   int64_t group = 0;
   std::vector<gguf::Matrix> blocks;
@@ -55,8 +55,9 @@ struct Linear {
     at::Tensor out;
     if (dense.defined()) {  // its inputs in whole chunks (`Linear.dense`): x's padded to match
       const at::Tensor xs = dense_matmul::in_whole_chunks(x);
-      out = xs.dim() == 2 && dense_matmul::takes(xs, dense) ? dense_matmul::matmul(xs, dense).to(x.scalar_type())
-                                                             : at::linear(xs, dense.to(x.scalar_type()));
+      out = xs.dim() == 2 && dense_matmul::takes(xs, dense)
+                ? dense_matmul::matmul(xs, dense, dense_scales).to(x.scalar_type())
+                : at::linear(xs, dense_values().to(x.scalar_type()));
     } else if (!blocks.empty()) {
       out = gguf::matmul(x, blocks, gguf::Path::Best).to(x.scalar_type());
     } else {
@@ -67,6 +68,13 @@ struct Linear {
     }
     if (bias) out.add_(*bias);
     return out;
+  }
+
+  // The dense weight's values: int8 codes times their scales (for ATen's product, on builds without the kernels).
+  at::Tensor dense_values() const {
+    if (!dense_scales.defined()) return dense;
+    const at::Tensor codes = dense.to(at::kFloat).view({dense.size(0), dense_scales.size(1), -1});
+    return (codes * dense_scales.unsqueeze(-1)).view({dense.size(0), -1});
   }
 };
 
@@ -1473,6 +1481,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         linear.bias = bias;
         return linear;
       })
+      .def_static("int8", [](at::Tensor codes, at::Tensor scales, std::optional<at::Tensor> bias) {
+        TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.size(1) % dense_matmul::kScaled == 0,
+                    "int8 codes [out, in], in in 32s");
+        TORCH_CHECK(scales.dim() == 2 && scales.size(0) == codes.size(0) &&
+                    scales.size(1) == codes.size(1) / dense_matmul::kScaled, "an int8 weight's scales are [out, in / 32]");
+        Linear linear;
+        linear.dense = codes.contiguous();
+        linear.dense_scales = scales.to(at::kFloat).contiguous();
+        linear.bias = bias;
+        return linear;
+      })
       .def_static("int4", [](std::vector<at::Tensor> packed, std::vector<at::Tensor> scales, int64_t group,
                              std::optional<at::Tensor> bias) {
         Linear linear;
@@ -1489,12 +1508,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     linear.bias = bias;
     return linear;
   });
-  m.def("dense_matmul", [](at::Tensor x, at::Tensor weight) {
+  m.def("dense_matmul", [](at::Tensor x, at::Tensor weight, std::optional<at::Tensor> scales) {
     TORCH_CHECK(dense_matmul::takes(x, weight),
                 "dense_matmul takes bf16 activations and a bf16 or fp16 weight, or fp32 or fp16 activations and an "
-                "fp16 or fp32 weight, inputs in 32s, on an x86 build");
-    return dense_matmul::matmul(x, weight);
-  }, "x [rows, in] . weight [out, in]^T in fp32: bf16 x bf16 or fp16, fp32 or fp16 x fp16 or fp32 (dense_matmul.h).");
+                "fp16 or fp32 weight, or any of them and int8 codes, inputs in 32s, on an x86 build");
+    return dense_matmul::matmul(x, weight, scales.value_or(at::Tensor()));
+  }, "x [rows, in] . weight [out, in]^T in fp32: bf16 x bf16 or fp16, fp32 or fp16 x fp16 or fp32, any x int8 codes "
+     "times their `scales` [out, in / 32] (dense_matmul.h).", py::arg("x"), py::arg("weight"),
+     py::arg("scales") = py::none());
   gguf::define_functions(m);
   py::class_<Projection>(m, "Projection")
       .def(py::init([](std::vector<Linear> parts) { return Projection{parts}; }))

@@ -8,7 +8,10 @@
 //   and fp16 activations too, fp32 ones as they are, lane l of an output adding the products of inputs 16c + l in
 //   order by fmas, on AVX-512 and AVX2;
 // - fp32 weights (a model in fp32) times fp32 or fp16 activations the same way: the fp32 product whose rows are
-//   independent, where ATen's (oneDNN's) sums in an order that depends on the rows sharing the call.
+//   independent, where ATen's (oneDNN's) sums in an order that depends on the rows sharing the call;
+// - int8 codes with an fp32 scale per 32 inputs (GGUF Q8_0: a tied LM head reading its embedding's codes) the same
+//   way, each weight d * q exactly in fp32 (an fp16 d times 8 bits), times any activations converted exactly: the
+//   bytes of 8 bits, the products of the dequantized matrix.
 // The 16 lanes are then paired down as a key's are in attention.
 //
 // Weight rows go in blocks of 16 (the lanes of 16 outputs pair down together) and units of four blocks (a thread's
@@ -27,6 +30,7 @@
 #include <ATen/Parallel.h>
 
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 namespace dense_matmul {
@@ -51,12 +55,22 @@ inline at::Tensor in_whole_chunks(const at::Tensor& t) {
 }
 
 // Whether `matmul` takes these operands: bf16 activations and a bf16 or fp16 weight, or fp32 or fp16 activations and
-// an fp16 or fp32 weight; inputs in whole chunks, on a build with the kernels.
+// an fp16 or fp32 weight, or any of them and int8 codes; inputs in whole chunks, on a build with the kernels.
 inline bool takes(const at::Tensor& x, const at::Tensor& weight) {
   const auto a = x.scalar_type(), w = weight.scalar_type();
   return kBuilt && weight.size(1) % kChunk == 0 &&
          ((a == at::kBFloat16 && (w == at::kBFloat16 || w == at::kHalf)) ||
-          ((a == at::kFloat || a == at::kHalf) && (w == at::kHalf || w == at::kFloat)));
+          ((a == at::kFloat || a == at::kHalf) && (w == at::kHalf || w == at::kFloat)) ||
+          ((a == at::kBFloat16 || a == at::kFloat || a == at::kHalf) && w == at::kChar));
+}
+
+constexpr int64_t kScaled = 32;  // inputs an int8 weight's scale covers
+
+// The scale of an int8 weight's row `row` at input c (`scales` [rows][in / kScaled]); null for the other weights.
+template <typename W>
+inline const float* scale_at(const float* scales, int64_t row, int64_t in, int64_t c) {
+  if constexpr (std::is_same_v<W, int8_t>) return scales + row * (in / kScaled) + c / kScaled;
+  return nullptr;
 }
 
 // lanes[j][i][l] += lane l's products of activation row j and weight row i of a block (row stride `in`) over
@@ -69,6 +83,9 @@ constexpr int QUERIES = 8;  // a prompt's rows eight at a time by two weight row
 // or four, four (each activation load serves four sums, and the sums' chains keep the units busy), for eight two (16
 // sums in registers); measured with scripts/dense_matmul_ab.py.
 constexpr int keys_per_pass(int q) { return q > 4 ? 2 : q > 2 ? 4 : 1; }
+// int8 weights, a byte each, are read faster than one weight row's chain of fmas (4 cycles a step) takes them: four
+// rows a pass from one activation row on.
+constexpr int int8_keys_per_pass(int q) { return q > 4 ? 2 : 4; }
 
 template <int Q, bool FETCH>
 inline void add_lanes(const uint16_t* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
@@ -144,13 +161,20 @@ inline void widen(const uint16_t* x, int64_t in, float* odd, float* even) {
 // The same for fp16 weights (W = uint16_t) or fp32 ones (W = float), each activation row given in fp32 (x[j]): lane
 // l adds the products of inputs 16c + l.
 #ifdef BF16_DOTS_NATIVE
-inline __m512 load_weights(const uint16_t* w) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))); }
-inline __m512 load_weights(const float* w) { return _mm512_loadu_ps(w); }
+inline __m512 load_weights(const uint16_t* w, const float*) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+}
+inline __m512 load_weights(const float* w, const float*) { return _mm512_loadu_ps(w); }
+inline __m512 load_weights(const int8_t* w, const float* scale) {  // d * q, exact
+  const __m512 codes = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+  return _mm512_mul_ps(codes, _mm512_set1_ps(*scale));
+}
 
+// `scales`: an int8 weight's, [16 rows][in / kScaled] (null for the others).
 template <int Q, bool FETCH, typename W>
-inline void add_fp32_lanes(const float* const (&x)[Q], const W* w, int64_t in, int64_t from, int64_t to,
-                           float (*const (&lanes)[Q])[16]) {
-  constexpr int KEYS = keys_per_pass(Q);
+inline void add_fp32_lanes(const float* const (&x)[Q], const W* w, const float* scales, int64_t in, int64_t from,
+                           int64_t to, float (*const (&lanes)[Q])[16]) {
+  constexpr int KEYS = std::is_same_v<W, int8_t> ? int8_keys_per_pass(Q) : keys_per_pass(Q);
   constexpr int64_t kLine = 64 / sizeof(W);  // inputs a cache line of weights holds
   for (int i = 0; i < kBlock; i += KEYS) {
     __m512 sums[KEYS][Q];
@@ -161,7 +185,7 @@ inline void add_fp32_lanes(const float* const (&x)[Q], const W* w, int64_t in, i
       for (int k = 0; k < KEYS; ++k) {
         const W* at = w + (i + k) * in + c;
         if (FETCH && c % kLine == 0) _mm_prefetch(reinterpret_cast<const char*>(at + KEYS * in), _MM_HINT_T0);
-        keys[k] = load_weights(at);
+        keys[k] = load_weights(at, scale_at<W>(scales, i + k, in, c));
       }
       for (int j = 0; j < Q; ++j) {
         const __m512 q = _mm512_loadu_ps(x[j] + c);
@@ -173,14 +197,20 @@ inline void add_fp32_lanes(const float* const (&x)[Q], const W* w, int64_t in, i
   }
 }
 #elif defined(BF16_DOTS_AVX2)
-inline __m256 load_weights(const uint16_t* w) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))); }
-inline __m256 load_weights(const float* w) { return _mm256_loadu_ps(w); }
+inline __m256 load_weights(const uint16_t* w, const float*) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+}
+inline __m256 load_weights(const float* w, const float*) { return _mm256_loadu_ps(w); }
+inline __m256 load_weights(const int8_t* w, const float* scale) {  // d * q, exact
+  const __m256 codes = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
+  return _mm256_mul_ps(codes, _mm256_set1_ps(*scale));
+}
 
 // Lanes 0-7 in one vector, 8-15 in another (h = 0, 1).
 template <int Q, bool FETCH, typename W>
-inline void add_fp32_lanes(const float* const (&x)[Q], const W* w, int64_t in, int64_t from, int64_t to,
-                           float (*const (&lanes)[Q])[16]) {
-  constexpr int KEYS = Q == 1 ? 1 : 4 / Q;
+inline void add_fp32_lanes(const float* const (&x)[Q], const W* w, const float* scales, int64_t in, int64_t from,
+                           int64_t to, float (*const (&lanes)[Q])[16]) {
+  constexpr int KEYS = std::is_same_v<W, int8_t> ? 4 / Q : Q == 1 ? 1 : 4 / Q;  // int8: four chains of fmas
   constexpr int64_t kLine = 64 / sizeof(W);
   for (int i = 0; i < kBlock; i += KEYS) {
     __m256 sums[2][KEYS][Q];
@@ -192,8 +222,9 @@ inline void add_fp32_lanes(const float* const (&x)[Q], const W* w, int64_t in, i
       for (int k = 0; k < KEYS; ++k) {
         const W* at = w + (i + k) * in + c;
         if (FETCH && c % kLine == 0) _mm_prefetch(reinterpret_cast<const char*>(at + KEYS * in), _MM_HINT_T0);
+        const float* scale = scale_at<W>(scales, i + k, in, c);  // both halves' (c is in 16s)
         for (int h = 0; h < 2; ++h) {
-          const __m256 key = load_weights(at + 8 * h);
+          const __m256 key = load_weights(at + 8 * h, scale);
           for (int j = 0; j < Q; ++j) sums[h][k][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x[j] + c + 8 * h), key, sums[h][k][j]);
         }
       }
@@ -225,36 +256,43 @@ inline void rest(int64_t n, Run& run) {
   }
 }
 
-// y [rows, out] fp32 = x [rows, in] . weight [out, in]^T (`takes`). Threads split the weight's rows in units of
-// kUnit blocks; a unit goes over the inputs a slice at a time, every activation row passing over the slice's blocks
-// (from L2) before the next: each row is read once a unit, not once a block (a prompt's 512 rows are megabytes). A
-// last block of fewer than 16 rows is multiplied as 16 with zero rows after it.
-inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
+// y [rows, out] fp32 = x [rows, in] . weight [out, in]^T (`takes`; int8 codes times their `scales` [out, in / 32]).
+// Threads split the weight's rows in units of kUnit blocks; a unit goes over the inputs a slice at a time, every
+// activation row passing over the slice's blocks (from L2) before the next: each row is read once a unit, not once a
+// block (a prompt's 512 rows are megabytes). A last block of fewer than 16 rows is multiplied as 16 with zero rows
+// after it.
+inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in, const at::Tensor& scales_in = {}) {
 #if !(defined(BF16_DOTS_NATIVE) || defined(BF16_DOTS_AVX2))
   TORCH_CHECK(false, "dense_matmul: not in this build");
 #else
   const at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   const int64_t rows = x.size(0), out = weight.size(0), in = weight.size(1);
   TORCH_CHECK(takes(x, weight) && x.size(1) == in,
-              "dense_matmul takes bf16 [rows, in] x bf16 or fp16 [out, in], or fp32 or fp16 x fp16 or fp32, in % 32 == 0");
+              "dense_matmul takes bf16 [rows, in] x bf16 or fp16 [out, in], or fp32 or fp16 x fp16 or fp32, or any of "
+              "them x int8, in % 32 == 0");
   const bool f16 = weight.scalar_type() == at::kHalf, f32 = weight.scalar_type() == at::kFloat;
-  const int64_t size = weight.element_size();
+  const bool q8 = weight.scalar_type() == at::kChar;
+  TORCH_CHECK(q8 == scales_in.defined(), "int8 codes, and they alone, come with their scales");
+  const at::Tensor scales = q8 ? scales_in.to(at::kFloat).contiguous() : scales_in;
+  TORCH_CHECK(!q8 || (scales.dim() == 2 && scales.size(0) == out && scales.size(1) == in / kScaled),
+              "an int8 weight's scales are [out, in / 32]");
+  const int64_t size = weight.element_size(), per_row = in / kScaled;  // scales a row
   at::Tensor y = at::empty({rows, out}, x.options().dtype(at::kFloat));
   if (rows == 0 || out == 0) return y;
   const auto* xs = static_cast<const uint16_t*>(x.data_ptr());  // as bf16 activations
   const auto* ws = static_cast<const char*>(weight.data_ptr());
   float* ys = y.data_ptr<float>();
   const int64_t blocks = (out + kBlock - 1) / kBlock, units = (blocks + kUnit - 1) / kUnit;
-  // The rows in fp32 for fp16 or fp32 weights (bf16 ones widened); for bf16 weights on AVX2, each row's odd inputs
-  // in fp32, then its even ones
+  // The rows in fp32 for fp16, fp32 or int8 weights (bf16 ones widened); for bf16 weights on AVX2, each row's odd
+  // inputs in fp32, then its even ones
   std::vector<float> widened;
 #ifdef BF16_DOTS_AVX2
-  if (!f16 && !f32) {
+  if (!f16 && !f32 && !q8) {
     widened.resize(rows * in);
     for (int64_t r = 0; r < rows; ++r) widen(xs + r * in, in, &widened[r * in], &widened[r * in + in / 2]);
   }
 #endif
-  if ((f16 || f32) && x.scalar_type() != at::kFloat) {  // bf16 or fp16 activations, each converted exactly
+  if ((f16 || f32 || q8) && x.scalar_type() != at::kFloat) {  // bf16 or fp16 activations, each converted exactly
     widened.resize(rows * in);
     at::from_blob(widened.data(), {rows, in}, at::TensorOptions().dtype(at::kFloat)).copy_(x);
   }
@@ -262,6 +300,7 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     [[maybe_unused]] bf16_dots::Arithmetic arithmetic;  // AVX2: DAZ and FTZ, per thread
     std::vector<char> padded;  // the last block's rows and zero rows
+    std::vector<float> padded_scales;  // an int8 weight's, likewise
     // row r's lane sums of the unit's block k (r within the rows at hand), written before they are read
     const std::unique_ptr<float[]> sums(new float[std::min(rows, kRows) * kUnit * kBlock * 16]);
     const auto lanes = [&](int64_t r, int64_t k) {
@@ -271,12 +310,20 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
     for (int64_t u = begin; u < end; ++u) {
       const int64_t first = u * kUnit, count = std::min(kUnit, blocks - first);
       const char* w[kUnit];
+      const float* s[kUnit] = {};
       for (int64_t k = 0; k < count; ++k) w[k] = ws + (first + k) * kBlock * in * size;
+      if (q8)
+        for (int64_t k = 0; k < count; ++k) s[k] = scales.data_ptr<float>() + (first + k) * kBlock * per_row;
       const int64_t last = out - (first + count - 1) * kBlock;  // rows in the unit's last block
       if (last < kBlock) {
         padded.assign(kBlock * in * size, 0);
         std::memcpy(padded.data(), w[count - 1], last * in * size);
         w[count - 1] = padded.data();
+        if (q8) {
+          padded_scales.assign(kBlock * per_row, 0.0f);
+          std::memcpy(padded_scales.data(), s[count - 1], last * per_row * sizeof(float));
+          s[count - 1] = padded_scales.data();
+        }
       }
       for (int64_t top = 0; top < rows; top += kRows) {
         const int64_t bottom = std::min(rows, top + kRows);
@@ -300,8 +347,9 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in) {
               const auto add = [&](auto fetch) {
                 constexpr bool FETCH = decltype(fetch)::value;
                 const auto* w16 = reinterpret_cast<const uint16_t*>(w[k]);
-                if (f32) return add_fp32_lanes<Q, FETCH>(xf, reinterpret_cast<const float*>(w[k]), in, from, to, outs);
-                if (f16) return add_fp32_lanes<Q, FETCH>(xf, w16, in, from, to, outs);
+                if (f32) return add_fp32_lanes<Q, FETCH>(xf, reinterpret_cast<const float*>(w[k]), s[k], in, from, to, outs);
+                if (f16) return add_fp32_lanes<Q, FETCH>(xf, w16, s[k], in, from, to, outs);
+                if (q8) return add_fp32_lanes<Q, FETCH>(xf, reinterpret_cast<const int8_t*>(w[k]), s[k], in, from, to, outs);
 #ifdef BF16_DOTS_NATIVE
                 add_lanes<Q, FETCH>(xj, w16, in, from, to, outs);
 #else
