@@ -1,9 +1,9 @@
 """On a CPU, run quantized weights with float32 or bfloat16 activations: whichever is faster on this machine.
 
-The int4 kernel is row-independent in both (what exact speculative decoding needs), but which is faster
-depends on the CPU (bf16 units or not), so it is timed once per machine, weight format and matrix shape, on
-the rows a decode step and a small verification tree multiply, and kept on disk. Not per thread count: the two
-dtypes answer differently, and the answer must not change with `--threads`.
+torch's int4 kernel and the decoder's int8 product are row-independent in both (what exact speculative decoding
+needs), but which is faster depends on the CPU (bf16 units or not), so it is timed once per machine, weight format,
+kernel and matrix shape, on the rows a decode step and a small verification tree multiply, and kept on disk. Not per
+thread count: the two dtypes answer differently, and the answer must not change with `--threads`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ ROWS = (1, 4)  # a decode step, a small verification tree
 
 def fastest_activation_dtype(weights: str, shape: tuple[int, int]) -> torch.dtype:
     """`weights`: "q4_1" | "int4" | "int8"; `shape`: [out, in] of a representative matrix."""
-    key = f"{weights}|{shape[0]}x{shape[1]}|{platform.processor() or platform.machine()}|torch={torch.__version__}"
+    product = "dense" if weights == "int8" else "int4pack"  # the kernel timed: a new one is measured anew
+    machine = platform.processor() or platform.machine()
+    key = f"{weights}|{product}|{shape[0]}x{shape[1]}|{machine}|torch={torch.__version__}"
     name = cached_json(cache_dir() / "activation_dtype.json", key, lambda: _measure(weights, shape))
     return CANDIDATES[name]
 
