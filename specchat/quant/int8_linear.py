@@ -46,8 +46,9 @@ class Int8Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         decoder = _decoder() if x.device.type == "cpu" else None
-        if decoder is not None:
-            return decoder.Projection([self.native(decoder)])(x)
+        if decoder is not None:  # rows in two dimensions, as the decoder's product takes them
+            out = decoder.Projection([self.native(decoder)])(x.reshape(-1, self.in_features))
+            return out.view(*x.shape[:-1], self.out_features)
         out = F.linear(x, self.dequantize().to(x.dtype))
         return out if self.bias is None else out + self.bias
 
