@@ -51,6 +51,7 @@ def test_quantized_matmuls_are_row_independent(layer, dtype):
         together = layer(x)
         alone = torch.cat([layer(x[i : i + 1]) for i in range(rows)])
         assert torch.equal(together, alone), f"{rows} rows"
+        assert torch.equal(layer(x[None])[0], together)  # a batch of one sequence: the same rows
 
 
 @pytest.mark.slow
