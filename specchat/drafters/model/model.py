@@ -100,8 +100,9 @@ def load_draft_model(source: str | Path, target: nn.Module, tokenizer=None) -> D
     path = Path(source).expanduser()
     if path.is_dir() and (path / "config.json").is_file() and STUDENT in _read_config(path):
         return _load_student(path, target)
-    pulled = None if path.is_dir() or names_gguf_file(path) else ollama_gguf(str(source))
-    gguf = names_gguf_file(path) or pulled is not None
+    named = names_gguf_file(path)
+    pulled = None if path.is_dir() or named else ollama_gguf(str(source))
+    gguf = named or pulled is not None
     if gguf:
         from specchat.loading import gguf_checkpoint, gguf_file
 
