@@ -5,8 +5,9 @@
 # through the engine's torch decoder and its CUDA graphs), then at Llama-3.1-8B shapes with random bf16 weights
 # `specchat bench gpu-forward` (decode and verification, graphs against calls), `specchat bench oracle` (end to
 # end at tau 1 and 4 against our own graph AR) and `specchat bench draft` (a random LongSpec draft's proposal
-# against the decode step); everything lands in $OUT (env.txt, pytest.txt, gpu_forward.json, oracle.json,
-# draft.json, *.err). About 7 minutes on an H200.
+# against the decode step), and `scripts/gpu_row_invariance.py` (is a verified row bitwise the decode step: cuBLAS
+# products by row count, tree attention); everything lands in $OUT, eight files at most (env.txt, install.log,
+# pytest.txt, gpu_forward.json, oracle.json, draft.json, rows.json, bench.err). About 4 minutes on an H200.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -25,19 +26,21 @@ echo "pytest rc $? in ${SECONDS}s"
 tail -25 "$OUT/pytest.txt"
 SECONDS=0
 timeout 150 python3 -m specchat bench gpu-forward --context 4096,32768 --tree 1,15,63,64 --json \
-    >"$OUT/gpu_forward.json" 2>"$OUT/gpu_forward.err"
+    >"$OUT/gpu_forward.json" 2>>"$OUT/bench.err"
 echo "gpu-forward rc $? in ${SECONDS}s"
-tail -5 "$OUT/gpu_forward.err"
 cat "$OUT/gpu_forward.json"
 SECONDS=0
 timeout 120 python3 -m specchat bench oracle --context 4096 --tokens 384 --acceptance 0,0.8,1 --budget 3 --json \
-    >"$OUT/oracle.json" 2>"$OUT/oracle.err"
+    >"$OUT/oracle.json" 2>>"$OUT/bench.err"
 echo "oracle rc $? in ${SECONDS}s"
-tail -5 "$OUT/oracle.err"
 cat "$OUT/oracle.json"
 SECONDS=0
 timeout 120 python3 -m specchat bench draft --shapes llama3.1-8b --dtype bfloat16 --context 4096,32768 \
-    --vocab 0,32768 --budget 15,63 --json >"$OUT/draft.json" 2>"$OUT/draft.err"
+    --vocab 0,32768 --budget 15,63 --json >"$OUT/draft.json" 2>>"$OUT/bench.err"
 echo "draft rc $? in ${SECONDS}s"
-tail -5 "$OUT/draft.err"
 cat "$OUT/draft.json"
+SECONDS=0
+timeout 120 python3 scripts/gpu_row_invariance.py >"$OUT/rows.json" 2>>"$OUT/bench.err"
+echo "rows rc $? in ${SECONDS}s"
+cat "$OUT/rows.json"
+tail -20 "$OUT/bench.err"

@@ -142,12 +142,16 @@ def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, d
     if drafter is not None:
         engine.set_drafter(DRAFTERS[drafter](engine, model, None), 16)
     steps, proposals = [], []  # synchronisations of each step, of each proposal
+    where = []  # the Python lines that synchronised, a list a step
 
     def counting(call, counts):
         def counted(*args, **kwargs):
             before = len(caught)  # the warnings recorded below
             out = call(*args, **kwargs)
-            counts.append(sum("synchroniz" in str(warning.message) for warning in caught[before:]))
+            syncs = [w for w in caught[before:] if "synchroniz" in str(w.message)]
+            counts.append(len(syncs))
+            if counts is steps:
+                where.append([f"{w.filename.rsplit('/', 2)[-1]}:{w.lineno}" for w in syncs])
             return out
 
         return counted
@@ -163,19 +167,21 @@ def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, d
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert len(steps) > 4
-    assert steps[3:] == [1 + drafted] * len(steps[3:]), [str(w.message) for w in caught][-8:]
+    assert steps[3:] == [1 + drafted] * len(steps[3:]), where[3:5]
     assert proposals[3:] == [drafted] * len(proposals[3:])
 
 
 def test_the_step_clock_times_what_the_device_ran():
     """The host's clock sees queued work end when it is queued; the step clock, when the device has run it."""
+    torch.cuda._sleep(1)  # the first launch's setup, outside the clock
+    torch.cuda.synchronize()
     clock = StepClock(CUDA)
-    torch.cuda._sleep(200_000_000)  # ~0.1 s of the device's cycles, queued at once
+    torch.cuda._sleep(400_000_000)  # ~0.2 s of the device's cycles, queued at once
     clock.mark()
     queued = clock.host_seconds()
     torch.zeros(1, device=CUDA).item()  # a read queued after the mark: the device has passed it
     [ran] = clock.seconds()
-    assert ran > 0.02 and ran > 10 * queued
+    assert ran > 0.1 and ran > 4 * queued
 
 
 def test_tokenswifts_draft_forward_replays_a_graph_over_its_partial_cache():
@@ -189,10 +195,11 @@ def test_tokenswifts_draft_forward_replays_a_graph_over_its_partial_cache():
     list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=24))
     graphs = engine.forward.draft_graph
     assert graphs is not None and graphs.cache is drafter.partial.cache and list(graphs.buckets) == [1]
-    cache = drafter.partial.prepare(engine.ids[-1])
-    token, position = (torch.full((1,), value, device=CUDA) for value in (engine.ids[-1], engine.cache.length))
-    replayed = engine.forward(token, position, None, cache).logits
-    called = engine.forward.decoder(token, position, cache, None).logits
+    with torch.inference_mode():  # as the engine runs: the partial cache's tensors are inference tensors
+        cache = drafter.partial.prepare(engine.ids[-1])
+        token, position = (torch.full((1,), value, device=CUDA) for value in (engine.ids[-1], engine.cache.length))
+        replayed = engine.forward(token, position, None, cache).logits
+        called = engine.forward.decoder(token, position, cache, None).logits
     torch.testing.assert_close(replayed, called)
 
 

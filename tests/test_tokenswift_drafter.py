@@ -259,8 +259,8 @@ def test_heads_with_root_input_draft_from_the_token_the_target_chose(model, toke
     root = drafter.ids[-1]
 
     def guesses(token: int):
-        return drafter._product_guesses(drafter.heads.start(drafter.state, drafter._embed(torch.tensor([token]))), 3,
-                                        SamplingConfig(), None)  # fmt: skip
+        return [top.tolist() for top in drafter._product_guesses(
+            drafter.heads.start(drafter.state, drafter._embed(torch.tensor([token]))), 3, SamplingConfig(), None)]
 
     assert guesses(root) != guesses((root + 1) % VOCAB)
 

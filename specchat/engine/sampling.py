@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from specchat.engine.events import TokenLogprob
-from specchat.engine.host_data import to_device
+from specchat.engine.host_data import to_device, to_host
 from specchat.engine.sampling_config import SamplingConfig
 
 NUCLEUS_ROOM = 256  # the largest logits top-p alone looks among on a CPU before sorting the vocabulary
@@ -22,9 +22,9 @@ GUESS_POOL = 32  # the likeliest tokens of a draft distribution its guesses at k
 def token_logprobs(processed: torch.Tensor, rows: list[int], tokens: list[int], top: int) -> list[TokenLogprob]:
     """Each token's log-probability at its row of `processed` logits, with the `top` most likely ids there."""
     logprobs = processed[rows].float().log_softmax(dim=-1)
-    chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()
+    chosen = logprobs.gather(1, to_device(tokens, logprobs.device)[:, None])[:, 0]
     values, ids = logprobs.topk(top, dim=-1) if top else (logprobs[:, :0], logprobs[:, :0].long())
-    return [TokenLogprob(lp, list(zip(i, v))) for lp, i, v in zip(chosen, ids.tolist(), values.tolist())]
+    return [TokenLogprob(lp, list(zip(i, v))) for lp, i, v in zip(*to_host(chosen, ids, values))]
 
 
 def apply_penalty_(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -30,7 +30,7 @@ from specchat.drafters.eagle3.model import Eagle3Draft, load_eagle3
 from specchat.drafters.eagle3.native import native_eagle3
 from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
-from specchat.engine.host_data import to_device
+from specchat.engine.host_data import to_device, to_host
 from specchat.engine.sampling import PositionNoise, SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 from specchat.quant.quantize import quantized_copy
@@ -173,7 +173,7 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
             outputs, logits = self._rows(outputs[parent], tokens[-1][chosen], root + depth - 1, tree.seen(rows))
             scores, frontier = logprobs[-1][chosen], chosen + first
         candidates, logprobs = torch.stack([torch.cat(tokens), torch.cat(parents)]), torch.cat(logprobs)
-        (ids, above), logprobs = candidates.tolist(), logprobs.tolist()
+        (ids, above), logprobs = to_host(candidates, logprobs)
         paths, keys = {}, []  # each candidate's token path below the root
         for token, parent, logprob in zip(ids, above, logprobs):
             keys.append((keys[parent] if parent != ROOT else ()) + (token,))

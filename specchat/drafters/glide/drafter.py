@@ -22,7 +22,7 @@ from specchat.drafters import GLIDE
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.glide.model import GlideKV, GlideModel, check_target, load_glide
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
-from specchat.engine.host_data import to_device
+from specchat.engine.host_data import to_device, to_host
 from specchat.engine.sampling import PositionNoise, SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 from specchat.errors import SpecchatError
@@ -87,7 +87,7 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
             logits = self.head(self._forward(ranked[-1][:1], root + depth)[0])  # a chain node's state: a scratch slot
         ranked, confidences = torch.stack(ranked), torch.stack(confidences)
         steps, parent = [], ROOT
-        for tokens, confidence in zip(ranked.tolist(), confidences.tolist()):
+        for tokens, confidence in zip(*to_host(ranked, confidences)):
             parent_of_step, parent = parent, builder.add(parent, tokens[0], self.kind)
             steps.append((parent_of_step, tokens[1 : 1 + self.siblings(confidence)]))
         for parent, tokens in steps:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from specchat.engine.host_data import to_host
 from specchat.engine.tree import ROOT, DraftTree
 
 MAX_NODES = 50
@@ -45,7 +46,7 @@ def grow_tree(root_probs: torch.Tensor, expand: Callable[[list[int], list[int]],
     def add_children(candidates: list[int], probs: torch.Tensor, depth: int) -> None:
         """The best children of `candidates` (ROOT, or nodes at depth - 1) by their draft distributions `probs`."""
         best_values, best_tokens = children(probs.float(), depth, min(CHILDREN, size, probs.shape[-1]))
-        for candidate, row_values, row_tokens in zip(candidates, best_values.tolist(), best_tokens.tolist()):
+        for candidate, row_values, row_tokens in zip(candidates, *to_host(best_values, best_tokens)):
             base = 1.0 if candidate == ROOT else values[candidate]
             for p, token in ((p, token) for p, token in zip(row_values, row_tokens) if p > 0):
                 tokens.append(token)

@@ -34,7 +34,7 @@ from specchat.drafters.tokenswift.model import TokenSwiftHeads, download_heads, 
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import PartialKV
 from specchat.engine.drafter import TargetView
-from specchat.engine.host_data import to_device
+from specchat.engine.host_data import to_device, to_host
 from specchat.engine.sampling import PositionNoise, SamplingConfig, process_logits
 from specchat.engine.tree import DraftTree
 from specchat.quant.quantize import quantized_copy
@@ -120,7 +120,9 @@ class TokenSwiftDrafter:
         states = self.heads.start(state.to(self.target.dtype), self._embed(start))
         chained = self.heads.config.chain_input
         guesses = None if chained else self._product_guesses(states, depth, sampling, history)
-        below, below_p = ((int(first[0]),), float(first[1])) if first else ((), 1.0)
+        read = to_host(*(first or ()), *(guesses or ()))  # the first token and the guesses in one wait
+        (token, p), guesses = (read[:2], read[2:]) if first else ((None, 1.0), read)
+        below, below_p = ((token,), p) if first else ((), 1.0)
         if chained:
             paths = self._chained_paths(states, depth, budget, sampling, history, below, below_p, least_chance)
         else:
@@ -129,17 +131,16 @@ class TokenSwiftDrafter:
                      below_p=below_p)  # fmt: skip
 
     def _product_guesses(self, states: torch.Tensor, depth: int, sampling: SamplingConfig,
-                         history: torch.Tensor | None) -> tuple[list[list[float]], list[list[int]]] | None:
+                         history: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Heads that guess from the state alone ([3, 3, 3]): each level's top 3 drafting probabilities and target
-        ids, read by the host in one go (None: no level fits the depth)."""
+        ids [levels, 3], on the device (None: no level fits the depth)."""
         guesses = []
         for i in range(min(depth, self.heads.config.gamma)):
             states, out = self.heads.step(i, states)
             guesses.append(out)
         if not guesses:
             return None
-        values, ids = self._top(torch.cat(guesses), sampling, history)
-        return values.tolist(), ids.tolist()
+        return self._top(torch.cat(guesses), sampling, history)
 
     def _chained_paths(self, states: torch.Tensor, depth: int, budget: int, sampling: SamplingConfig,
                        history: torch.Tensor | None, below: tuple[int, ...], below_p: float,
@@ -151,7 +152,7 @@ class TokenSwiftDrafter:
         for i in range(min(depth, self.heads.config.gamma)):
             reads = self._embed(torch.tensor([path[-1] for path, _ in level], device=self.target.device)) if i else None
             states, out = self.heads.step(i, states, reads)
-            values, tokens = (top.tolist() for top in self._top(out, sampling, history))
+            values, tokens = to_host(*self._top(out, sampling, history))
             children = [(path + (t,), score * v, row) for row, (path, score) in enumerate(level)
                         for v, t in zip(values[row], tokens[row]) if v > 0]  # fmt: skip
             paths.update((path, score) for path, score, _ in children)
