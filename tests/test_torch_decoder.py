@@ -145,6 +145,30 @@ def test_tree_rows_equal_the_decode_steps_at_their_positions(family):
                                    atol=1e-4, rtol=1e-4)  # fmt: skip
 
 
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="not yet on a GPU: cuBLAS sums a row by the call's row count, the "
+                    "graph attention splits the prefix by it and merges a row's ancestors apart from it "
+                    "(scripts/gpu_row_invariance.py measures both)")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_bf16_tree_rows_are_bitwise_the_decode_steps_at_their_positions(family):
+    """Exactness itself: in bf16, whose roundings flip near-ties, each verified node's logits are bitwise those of
+    decoding its path after the prefix (on a CPU: row-independent bf16 products and canonical attention)."""
+    decoder = TorchDecoder.from_model(model_of(family, torch.bfloat16))
+    ids = prompt(30)
+    tree = random_tree(12, seed=2, vocab=VOCAB)
+    cache = decoder.new_cache(64)
+    with torch.inference_mode():
+        forward(decoder, cache, ids[:-1], torch.arange(29, device=DEVICE))
+        cache.commit()
+        batch = tree_batch(tree, int(ids[-1]), 29, DEVICE)
+        verified = forward(decoder, cache, batch.input_ids, batch.position_ids, batch.tree_mask).logits.clone()
+        paths = [[]]
+        for token, parent in zip(tree.tokens, tree.parents):
+            paths.append(paths[parent + 1] + [token])
+        for row, path in enumerate(paths):
+            cache.truncate(29)
+            assert torch.equal(verified[row], decode(decoder, cache, [int(ids[-1]), *path])), f"row {row}"
+
 def padded(batch, rows: int):
     """A tree's batch padded to `rows` rows as the CUDA graphs pad it: pad rows see only themselves."""
     real = batch.input_ids.shape[0]
