@@ -10,7 +10,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from specchat.bench.synthetic import random_tree
-from specchat.engine.torch_decoder import TorchDecoder
+from specchat.engine import torch_decoder
+from specchat.engine.torch_decoder import PIECE, TorchDecoder
 from specchat.engine.tree import tree_batch
 from specchat.errors import SpecchatError
 
@@ -146,13 +147,11 @@ def test_tree_rows_equal_the_decode_steps_at_their_positions(family):
 
 
 
-@pytest.mark.skipif(DEVICE.type == "cuda", reason="not yet on a GPU: cuBLAS sums a row by the call's row count, the "
-                    "graph attention splits the prefix by it and merges a row's ancestors apart from it "
-                    "(scripts/gpu_row_invariance.py measures both)")
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_bf16_tree_rows_are_bitwise_the_decode_steps_at_their_positions(family):
     """Exactness itself: in bf16, whose roundings flip near-ties, each verified node's logits are bitwise those of
-    decoding its path after the prefix (on a CPU: row-independent bf16 products and canonical attention)."""
+    decoding its path after the prefix (on a CPU: row-independent bf16 products and canonical attention; on CUDA:
+    products at one row count and attention in the order a row's position fixes)."""
     decoder = TorchDecoder.from_model(model_of(family, torch.bfloat16))
     ids = prompt(30)
     tree = random_tree(12, seed=2, vocab=VOCAB)
@@ -168,6 +167,30 @@ def test_bf16_tree_rows_are_bitwise_the_decode_steps_at_their_positions(family):
         for row, path in enumerate(paths):
             cache.truncate(29)
             assert torch.equal(verified[row], decode(decoder, cache, [int(ids[-1]), *path])), f"row {row}"
+
+
+def test_products_padded_to_whole_pieces_compute_what_the_rows_alone_do(monkeypatch):
+    """On CUDA a forward of up to 2 * PIECE rows multiplies them zero-padded to whole pieces of PIECE rows: forced
+    here on a CPU, whose products keep rows apart, every output and every key written is bitwise the unpadded
+    forward's, at one piece (1, 13 rows), two (65), and none past them (130: a prefill's rows as they are)."""
+    decoder = TorchDecoder.from_model(model_of("qwen2", torch.bfloat16))  # biases too
+    ids = prompt(200)
+
+    def run(rows: int):
+        cache = decoder.new_cache(256)
+        with torch.inference_mode():
+            forward(decoder, cache, ids[:50], torch.arange(50, device=DEVICE))
+            cache.commit()
+            out = forward(decoder, cache, ids[50 : 50 + rows], torch.arange(50, 50 + rows, device=DEVICE),
+                          every_layer=True, feature_layers=(0, 1))  # fmt: skip
+        return [out.logits, out.hidden, out.queries, out.features, cache.keys, cache.values]
+
+    unpadded = {rows: run(rows) for rows in (1, 13, 65, 130)}
+    widths = {rows: rows if rows > 2 * PIECE else -(-rows // PIECE) * PIECE for rows in (1, 13, 65, 130)}
+    monkeypatch.setattr(torch_decoder, "_width", lambda rows, device: widths.get(rows, rows))
+    monkeypatch.setattr(torch_decoder, "_pieces", lambda x: x.shape[0] == 2 * PIECE)
+    for rows, want in unpadded.items():
+        assert all(torch.equal(a, b) for a, b in zip(run(rows), want)), rows
 
 def padded(batch, rows: int):
     """A tree's batch padded to `rows` rows as the CUDA graphs pad it: pad rows see only themselves."""

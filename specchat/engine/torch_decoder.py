@@ -4,9 +4,13 @@ wherever the compiled CPU decoder does not run it (GPUs, fp32 activations).
 transformers' modules cost about 1000 kernel launches per forward and cannot be captured whole (their cache
 and mask code runs on the host). Here a layer is four matmuls over fused weights (q/k/v and gate/up each one
 matrix; the residual added inside the output projections' matmuls) and four custom ops (`decoder_ops`): RMSNorm,
-RoPE with the KV write, hybrid tree attention, SiLU-and-multiply. Everything a forward reads (tokens, positions,
+RoPE with the KV write, tree attention, SiLU-and-multiply. Everything a forward reads (tokens, positions,
 tree mask, the cache's length) is a tensor, so a CUDA graph of it replays at any context length
 (`specchat.engine.cuda_graphs`), and `torch.compile(fullgraph=True)` traces it without a break.
+
+On CUDA a forward of up to 2 * PIECE rows (a decode step, a verification) multiplies its rows zero-padded to PIECE
+rows a product, one or two: cuBLAS picks its kernel, and with it the order a row's sums run in, by the row count, so
+a verified row gets the decode step's bits only at one count (at a fixed count a row's bits depend on nothing else).
 
 transformers supplies the config and the weights (`from_model`); a quantized projection or embedding is called
 as the module it is (its own kernel), a dense one is multiplied here.
@@ -30,6 +34,7 @@ from specchat.errors import SpecchatError
 from specchat.quant.fused import fuse_projections
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite")
+PIECE = 64  # rows of every product of a decode step or a verification on CUDA
 Projection = torch.Tensor | nn.Module  # a dense weight [out, in], or a layer computing x -> x W^T (+ bias)
 
 
@@ -119,30 +124,36 @@ class TorchDecoder:
         last layer's, or with `every_layer` every layer's. Features: the residual stream entering each of
         `feature_layers` (the layer count: the last layer's output), side by side."""
         rows = tokens.shape[0]
-        if tree_mask is None:
+        causal = tree_mask is None
+        if causal:
             tree_mask = torch.ones(rows, rows, dtype=torch.bool, device=tokens.device).tril_()
         length = cache.length_tensor
         x = F.embedding(tokens, self.embed) if isinstance(self.embed, torch.Tensor) else self.embed(tokens)
         x = x if self.embedding_scale == 1.0 else x * self.embedding_scale
+        width = _width(rows, x.device)
+        x = _padded(x, width)
         queries, features = [], {}
         for i, layer in enumerate(self.layers):
             if i in feature_layers:
-                features[i] = x
+                features[i] = x[:rows]
             h = ops.rms_norm(x, layer.input_norm, self.eps)
-            qkv = _linear(h, layer.qkv, layer.qkv_bias)
+            qkv = _linear(h, layer.qkv, layer.qkv_bias)[:rows]
             q = ops.rope_write(qkv, positions, self.cos, self.sin, length, cache.keys, cache.values, i, layer.qk_norm,
                                self.eps)  # fmt: skip
             if every_layer:
                 queries.append(q)
-            attended = ops.tree_attention(q, cache.keys, cache.values, i, length, tree_mask, self.scale)
-            x = _add_projection(x, attended.view(rows, -1), layer.o, layer.o_bias, self.residual_scale)
+            attended = ops.tree_attention(q, cache.keys, cache.values, i, length, tree_mask, self.scale, causal)
+            attended = _padded(attended.view(rows, -1), width)
+            x = _add_projection(x, attended, layer.o, layer.o_bias, self.residual_scale)
             h = ops.rms_norm(x, layer.post_norm, self.eps)
             gated = ops.silu_mul(_linear(h, layer.gate_up, layer.gate_up_bias))
             x = _add_projection(x, gated, layer.down, layer.down_bias, self.residual_scale)
+        x = x[:rows]
         features[len(self.layers)] = x
-        normed = ops.rms_norm(x[-1:] if last_only else x, self.norm, self.eps)
+        last = x[-1:] if last_only else x
+        normed = ops.rms_norm(_padded(last, _width(len(last), x.device)), self.norm, self.eps)
         kept = torch.cat([features[i] for i in feature_layers], dim=-1) if feature_layers else x[:, :0]
-        logits = _linear(normed, self.head)
+        logits = _linear(normed, self.head)[: len(last)]
         logits = logits if self.logit_scale == 1.0 else logits / self.logit_scale
         return ForwardOutput(logits, x, torch.stack(queries) if every_layer else q, kept)
 
@@ -163,6 +174,24 @@ def _streams_weight(x: torch.Tensor) -> bool:
     return x.shape[0] in FEW_ROWS and x.device.type == "cpu" and x.dtype == torch.float32
 
 
+def _width(rows: int, device: torch.device) -> int:
+    """Rows a forward of `rows` multiplies: on CUDA up to 2 * PIECE of them padded to whole pieces (a prefill's
+    more as they are), elsewhere as they are (a CPU's products keep rows apart)."""
+    if device.type != "cuda" or rows > 2 * PIECE:
+        return rows
+    return -(-rows // PIECE) * PIECE
+
+
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """`x` [r, width] with zero rows after its own up to `rows`."""
+    return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
+
+
+def _pieces(x: torch.Tensor) -> bool:
+    """Whether `x`'s product runs PIECE rows at a time: two pieces of a padded forward on CUDA."""
+    return x.device.type == "cuda" and x.shape[0] == 2 * PIECE
+
+
 def _linear(x: torch.Tensor, projection: Projection, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x W^T (+ bias)` of `x` [rows, in]."""
     if not isinstance(projection, torch.Tensor):
@@ -170,6 +199,8 @@ def _linear(x: torch.Tensor, projection: Projection, bias: torch.Tensor | None =
     if _streams_weight(x):
         out = (projection @ x.T).T.contiguous()
         return out if bias is None else out + bias
+    if _pieces(x):
+        return torch.cat([F.linear(piece, projection, bias) for piece in x.split(PIECE)])
     return F.linear(x, projection, bias)
 
 
@@ -179,7 +210,11 @@ def _add_projection(residual: torch.Tensor, x: torch.Tensor, projection: Project
     if not isinstance(projection, torch.Tensor) or _streams_weight(x) or (bias is not None and scale != 1.0):
         out = _linear(x, projection, bias)
         return residual + (out if scale == 1.0 else out * scale)
-    out = torch.addmm(residual, x, projection.t(), alpha=scale)
+    if _pieces(x):
+        out = torch.cat([torch.addmm(r, piece, projection.t(), alpha=scale)
+                         for r, piece in zip(residual.split(PIECE), x.split(PIECE))])  # fmt: skip
+    else:
+        out = torch.addmm(residual, x, projection.t(), alpha=scale)
     return out if bias is None else out + bias
 
 

@@ -1,12 +1,20 @@
-"""Hybrid tree attention that a CUDA graph can replay at any context length.
+"""Tree attention that a CUDA graph replays at any context length, each row's sums in an order its position fixes.
 
-`hybrid.py`'s kernels take the committed length as a host integer and size their split-KV grid from it, so a
-captured launch would be frozen at one length. Here the length is read on the device (an int32 tensor the
-cache owns) and the grid depends only on shapes: `splits` programs per row block and KV head share the prefix
-`[0, length)` in whole key blocks (a split past the length exits with an empty partial), and one more program
-per row block takes the tree slots `[length, length + n)` under the tree mask. Pass 2 reduces the `splits + 1`
-partials by LSE into `[n, Hq, D]`, the layout the output projection reads. Two launches per layer, one graph for
-every length up to the cache's capacity.
+A CUDA graph freezes its launches, so the committed length is read on the device (an int32 tensor the cache owns)
+and the grid depends only on shapes. Exact speculative decoding needs more: a verified row must be bitwise the
+decode step at its position, whatever rows share the call. So a row at position t (the committed length plus its
+depth in the tree) sums its keys in an order t alone fixes, as canonical attention does on a CPU:
+
+- the body, positions [0, s) with s = max(0, (t - TAIL) // CHUNK * CHUNK), read in place in key blocks laid from
+  position 0, in splits whose bounds the cache's capacity fixes (`graph_splits`), one block configuration for
+  every row count (a row's dot products are then the same instructions alone or among 64 rows);
+- the tail, positions [s, t]: the rest of the prefix, then its ancestors in depth order (the tree is topologically
+  ordered: a row's ancestors in index order), itself last, gathered row by row and summed in fp32 in chunks of
+  TAIL_KEYS keys, TAIL + CHUNK of them at most;
+
+then the parts merged by log-sum-exp in a fixed order, a part a row does not reach exactly nothing. A decode step
+is the one-row case. Three launches a layer: body partials, tail partials, the merge into `[n, Hq, D]`, the layout
+the output projection reads. A causal forward (a prefill, no tree mask) reads its own keys in place.
 """
 
 from __future__ import annotations
@@ -16,10 +24,14 @@ import triton
 import triton.language as tl
 
 from specchat.kernels.attention.configs import dot_dtype, interpreting, prefix_config
-from specchat.kernels.attention.decode_attention import MAX_SPLITS, _sm_count
+from specchat.kernels.attention.decode_attention import MAX_SPLITS
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
+TAIL = 64  # the deepest tree a row may sit in: every row's body ends inside the committed prefix
+CHUNK = 64  # a body's end moves in steps of CHUNK positions
+SPLIT_KEYS = 512  # the least keys a body split holds
+BODY_ROWS = 64  # query rows a body program takes, at every row count
 
 
 @triton.jit
@@ -35,7 +47,30 @@ def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr):
 
 
 @triton.jit
-def _partials_kernel(
+def _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL: tl.constexpr, TREE: tl.constexpr):
+    """Each row's depth below the forward's first position: its ancestors in the tree mask, itself not counted."""
+    if CAUSAL:
+        depth = i
+    else:
+        cols = tl.arange(0, TREE)
+        seen = tl.load(Mask + i[:, None] * s_mm + cols[None, :] * s_mn, mask=row_ok[:, None] & (cols[None, :] < n),
+                       other=0)  # fmt: skip
+        depth = tl.sum((seen != 0).to(tl.int32), 1) - 1
+    return depth
+
+
+@triton.jit
+def _store_part(OP, LP, m_i, l_i, acc, h, i, part, row_ok, dims, dim_ok, s_oh, s_os, s_om, s_lh, s_ls):
+    empty = l_i == 0.0  # a part the row does not reach, or a padding row
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    base = h * s_oh + part * s_os + i * s_om
+    tl.store(OP + base[:, None] + dims[None, :], out, mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(LP + h * s_lh + part * s_ls + i, lse, mask=row_ok)
+
+
+@triton.jit
+def _body_kernel(
     Q, K, V, Mask, Length, OP, LP,
     s_qm, s_qh, s_qd,
     s_kh, s_kn, s_kd,
@@ -43,23 +78,24 @@ def _partials_kernel(
     s_mm, s_mn,
     s_oh, s_os, s_om,
     s_lh, s_ls,
-    n, group, head_dim, splits, scale_log2,
+    n, group, head_dim, split_len, scale_log2,
+    CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0)
-    split = tl.program_id(1)  # splits: the tree part
+    split = tl.program_id(1)
     kv_h = tl.program_id(2)
-    length = tl.load(Length)
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)  # row r = (query head within the group, query)
     row_ok = rows < group * n
     h = kv_h * group + rows // n
     i = rows % n
+    position = tl.load(Length) + _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL, TREE)
+    body_end = tl.where(row_ok, tl.maximum(position - TAIL, 0) // CHUNK * CHUNK, 0)
     cols = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
     k_base = K + kv_h * s_kh + dims[:, None] * s_kd
     v_base = V + kv_h * s_vh + dims[None, :] * s_vd
-
     q = tl.load(
         Q + i[:, None] * s_qm + h[:, None] * s_qh + dims[None, :] * s_qd,
         mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
@@ -67,36 +103,77 @@ def _partials_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if split < splits:  # the prefix: no mask, the lean loop of a compute-bound kernel at many rows
-        split_len = tl.cdiv(tl.cdiv(length, splits), BLOCK_N) * BLOCK_N
-        start = split * split_len
-        end = tl.minimum(start + split_len, length)
-        for key_start in range(start, end, BLOCK_N):
-            keys = key_start + cols
-            key_ok = keys < end
-            k = tl.load(k_base + keys[None, :] * s_kn, mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
-            v = tl.load(v_base + keys[:, None] * s_vn, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
-            s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
-            m_i, l_i, acc = _online_step(m_i, l_i, acc, tl.where(key_ok[None, :], s, float("-inf")), v, DOT)
-    else:  # the tree slots after the prefix, under the tree mask
-        for key_start in tl.range(0, n, BLOCK_N, num_stages=1):  # short: no pipeline buffers beside the prefix loop's
-            cols_in = key_start + cols
-            key_ok = cols_in < n
-            keys = length + cols_in
-            k = tl.load(k_base + keys[None, :] * s_kn, mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
-            v = tl.load(v_base + keys[:, None] * s_vn, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
-            seen = tl.load(
-                Mask + i[:, None] * s_mm + cols_in[None, :] * s_mn, mask=row_ok[:, None] & key_ok[None, :], other=0
-            )
-            s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
-            m_i, l_i, acc = _online_step(m_i, l_i, acc, tl.where(seen != 0, s, float("-inf")), v, DOT)
+    start = split * split_len
+    end = tl.minimum(start + split_len, tl.max(body_end, 0))
+    for key_start in range(start, end, BLOCK_N):
+        keys = key_start + cols
+        key_ok = keys < end
+        k = tl.load(k_base + keys[None, :] * s_kn, mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
+        v = tl.load(v_base + keys[:, None] * s_vn, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+        s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
+        seen = keys[None, :] < body_end[:, None]
+        m_i, l_i, acc = _online_step(m_i, l_i, acc, tl.where(seen, s, float("-inf")), v, DOT)
+    _store_part(OP, LP, m_i, l_i, acc, h, i, split, row_ok, dims, dim_ok, s_oh, s_os, s_om, s_lh, s_ls)
 
-    empty = l_i == 0.0  # a split past the length, or a padding row
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    base = h * s_oh + split * s_os + i * s_om
-    tl.store(OP + base[:, None] + dims[None, :], out, mask=row_ok[:, None] & dim_ok[None, :])
-    tl.store(LP + h * s_lh + split * s_ls + i, lse, mask=row_ok)
+
+@triton.jit
+def _tail_kernel(
+    Q, K, V, Mask, Length, OP, LP,
+    s_qm, s_qh, s_qd,
+    s_kh, s_kn, s_kd,
+    s_vh, s_vn, s_vd,
+    s_mm, s_mn,
+    s_oh, s_os, s_om,
+    s_lh, s_ls,
+    n, group, head_dim, part, scale_log2,
+    CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK_M: tl.constexpr, TAIL_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    block = tl.program_id(0)
+    kv_h = tl.program_id(1)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < group * n
+    h = kv_h * group + rows // n
+    i = rows % n
+    length = tl.load(Length)
+    position = length + _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL, TREE)
+    start = tl.maximum(position - TAIL, 0) // CHUNK * CHUNK
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < head_dim
+    q = tl.load(
+        Q + i[:, None] * s_qm + h[:, None] * s_qh + dims[None, :] * s_qd,
+        mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
+    ).to(tl.float32)  # fmt: skip
+    if not CAUSAL:  # each tree column's rank among the row's ancestors: the depth it sits at
+        tree_cols = tl.arange(0, TREE)
+        seen = tl.load(Mask + i[:, None] * s_mm + tree_cols[None, :] * s_mn,
+                       mask=row_ok[:, None] & (tree_cols[None, :] < n), other=0).to(tl.int32)  # fmt: skip
+        rank = tl.where(seen != 0, tl.cumsum(seen, 1) - 1, -1)
+    offsets = tl.arange(0, TAIL_KEYS)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for chunk in range(0, TAIL + CHUNK, TAIL_KEYS):
+        positions = start[:, None] + chunk + offsets[None, :]  # [rows, keys]
+        key_ok = row_ok[:, None] & (positions <= position[:, None])
+        slots = positions
+        if not CAUSAL:  # a position past the committed prefix: the ancestor at that depth
+            depth = positions - length
+            column = tl.sum(tl.where(rank[:, None, :] == depth[:, :, None], tree_cols[None, None, :], 0), 2)
+            slots = tl.where(depth >= 0, length + column, positions)
+        gathered = key_ok[:, :, None] & dim_ok[None, None, :]
+        k = tl.load(K + kv_h * s_kh + slots[:, :, None] * s_kn + dims[None, None, :] * s_kd, mask=gathered, other=0.0)
+        v = tl.load(V + kv_h * s_vh + slots[:, :, None] * s_vn + dims[None, None, :] * s_vd, mask=gathered, other=0.0)
+        s = tl.sum(q[:, None, :] * k.to(tl.float32), 2) * scale_log2
+        s = tl.where(key_ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32), 1)
+        m_i = m_new
+    _store_part(OP, LP, m_i, l_i, acc, h, i, part, row_ok, dims, dim_ok, s_oh, s_os, s_om, s_lh, s_ls)
 
 
 @triton.jit
@@ -116,7 +193,7 @@ def _reduce_kernel(
     dim_ok = dims < head_dim
     lse = tl.load(LP + h * s_lh + part * s_ls + i, mask=part_ok, other=float("-inf"))
     top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # the tree part holds the row's own key: never all empty
+    top = tl.where(top == float("-inf"), 0.0, top)  # the tail holds the row's own key: never all empty
     weights = tl.exp(lse - top)
     o = tl.load(
         OP + h * s_oh + part[:, None] * s_os + i * s_om + dims[None, :],
@@ -126,14 +203,12 @@ def _reduce_kernel(
     tl.store(Out + i * s_xm + h * s_xh + dims * s_xd, out.to(Out.dtype.element_ty), mask=dim_ok)
 
 
-def graph_splits(device: torch.device, rows: int, kv_heads: int, head_dim: int, capacity: int) -> int:
-    """Prefix splits for `rows` = group * n query rows: eight programs per SM at any length (as `prefix_partials`
-    picks them), never more splits than key blocks in the capacity, and with the tree part at most 64 partials
-    for pass 2 to hold. A function of shapes only."""
-    config = prefix_config(device, head_dim, rows)
-    programs_per_split = triton.cdiv(rows, config.block_m) * kv_heads
-    target = 4 if interpreting() else 8 * _sm_count(device)
-    return max(1, min(MAX_SPLITS - 1, triton.cdiv(target, programs_per_split), triton.cdiv(capacity, config.block_n)))
+def graph_splits(capacity: int) -> int:
+    """Body splits of a cache of `capacity` slots: at least SPLIT_KEYS keys each (128 in the interpreter, so that
+    tests cross split bounds), at most 63, so that with the tail pass 2 holds at most 64 partials. A function of the
+    capacity alone: a row's split bounds do not move with the rows beside it or with the committed length."""
+    split_keys = 128 if interpreting() else SPLIT_KEYS
+    return max(1, min(MAX_SPLITS - 1, triton.cdiv(capacity, split_keys)))
 
 
 def graph_tree_attention(
@@ -143,26 +218,39 @@ def graph_tree_attention(
     length: torch.Tensor,
     tree_mask: torch.Tensor,
     scale: float,
+    causal: bool = False,
 ) -> torch.Tensor:
     """q `[n, Hq, D]` (rotated); k/v caches `[Hkv, capacity, D]` whose slots `[length, length + n)` hold this
     forward's keys/values; `length` an int32 tensor `[1]` on q's device; tree_mask bool `[n, n]`, True on its
-    diagonal -> `[n, Hq, D]` in q's dtype."""
+    diagonal, the tree topologically ordered (a parent before its children) and at most TAIL deep; `causal`: the
+    rows are consecutive positions (tree_mask lower-triangular, not read: a prefill of any length) -> `[n, Hq, D]` in
+    q's dtype."""
     n, heads, dim = q.shape
     kv_heads, capacity = k_cache.shape[0], k_cache.shape[1]
     group = heads // kv_heads
     rows = group * n
-    config = prefix_config(q.device, dim, rows)
-    splits = graph_splits(q.device, rows, kv_heads, dim, capacity)
+    config = prefix_config(q.device, dim, BODY_ROWS)
+    splits = graph_splits(capacity)
+    split_len = triton.cdiv(triton.cdiv(capacity, splits), config.block_n) * config.block_n
+    tree = 1 if causal else max(16, triton.next_power_of_2(n))
     block_d = triton.next_power_of_2(max(dim, 16))
     o_part = torch.empty(heads, splits + 1, n, dim, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(heads, splits + 1, n, dtype=torch.float32, device=q.device)
-    _partials_kernel[(triton.cdiv(rows, config.block_m), splits + 1, kv_heads)](
-        q, k_cache, v_cache, tree_mask, length, o_part, lse_part,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *tree_mask.stride(),
-        *o_part.stride()[:3], *lse_part.stride()[:2],
-        n, group, dim, splits, scale * LOG2E,
+    strides = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *tree_mask.stride(), *o_part.stride()[:3],
+               *lse_part.stride()[:2])  # fmt: skip
+    _body_kernel[(triton.cdiv(rows, config.block_m), splits, kv_heads)](
+        q, k_cache, v_cache, tree_mask, length, o_part, lse_part, *strides,
+        n, group, dim, split_len, scale * LOG2E,
+        CAUSAL=causal, TREE=tree, TAIL=TAIL, CHUNK=CHUNK,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d, DOT=dot_dtype(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    tail_rows = 16
+    _tail_kernel[(triton.cdiv(rows, tail_rows), kv_heads)](
+        q, k_cache, v_cache, tree_mask, length, o_part, lse_part, *strides,
+        n, group, dim, splits, scale * LOG2E,
+        CAUSAL=causal, TREE=tree, TAIL=TAIL, CHUNK=CHUNK,
+        BLOCK_M=tail_rows, TAIL_KEYS=32 if interpreting() else 8, BLOCK_D=block_d, num_warps=4,
     )  # fmt: skip
     out = torch.empty_like(q)
     _reduce_kernel[(n, heads)](
