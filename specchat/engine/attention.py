@@ -4,7 +4,8 @@
 so a verified tree row is bitwise the decode step at its position; it runs Llama-family models and Gemma 3 on a
 CPU (Gemma's sliding windows included), in specchat's own modules where transformers' do not fit it. "hybrid" is
 the torch decoder's (`torch_decoder`): the long prefix without a mask and the small tree part masked, merged by
-log-sum-exp, as Triton kernels on a GPU (in torch on a CPU); it runs the Llama family without sliding windows.
+log-sum-exp, as Triton kernels on a GPU that sum each row in the order its position fixes (in torch on a CPU); it
+runs the Llama family without sliding windows.
 "auto" is canonical where the CPU decoder runs the model with products that compute each row on its own (bf16 /
 fp16 activations, quantized matrices, and fp32 on x86, where its own dense product runs them), or in any where the
 torch decoder cannot, else hybrid.
