@@ -5,12 +5,12 @@ and the grid depends only on shapes. Exact speculative decoding needs more: a ve
 decode step at its position, whatever rows share the call. So a row at position t (the committed length plus its
 depth in the tree) sums its keys in an order t alone fixes, as canonical attention does on a CPU:
 
-- the body, positions [0, s) with s = max(0, (t - TAIL) // CHUNK * CHUNK), read in place in key blocks laid from
-  position 0, in splits whose bounds the cache's capacity fixes (`graph_splits`), one block configuration for
-  every row count (a row's dot products are then the same instructions alone or among 64 rows);
+- the body, positions [0, s) with s = max(0, t - TAIL), read in place in key blocks laid from position 0, in
+  splits whose bounds the cache's capacity fixes (`graph_splits`), with one block configuration for every row
+  count (a row's dot products are then the same instructions alone or among 64 rows; keys past its own s masked);
 - the tail, positions [s, t]: the rest of the prefix, then its ancestors in depth order (the tree is topologically
   ordered: a row's ancestors in index order), itself last, gathered row by row and summed in fp32 in chunks of
-  TAIL_KEYS keys, TAIL + CHUNK of them at most;
+  TAIL_KEYS keys, TAIL + 1 of them at most;
 
 then the parts merged by log-sum-exp in a fixed order, a part a row does not reach exactly nothing. A decode step
 is the one-row case. Three launches a layer: body partials, tail partials, the merge into `[n, Hq, D]`, the layout
@@ -28,8 +28,7 @@ from specchat.kernels.attention.decode_attention import MAX_SPLITS
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
-TAIL = 64  # the deepest tree a row may sit in: every row's body ends inside the committed prefix
-CHUNK = 64  # a body's end moves in steps of CHUNK positions
+TAIL = 64  # keys before a row in its tail, the deepest tree's: every row's body ends inside the committed prefix
 SPLIT_KEYS = 512  # the least keys a body split holds
 BODY_ROWS = 64  # query rows a body program takes, at every row count
 
@@ -79,7 +78,7 @@ def _body_kernel(
     s_oh, s_os, s_om,
     s_lh, s_ls,
     n, group, head_dim, split_len, scale_log2,
-    CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr, CHUNK: tl.constexpr,
+    CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0)
@@ -90,7 +89,7 @@ def _body_kernel(
     h = kv_h * group + rows // n
     i = rows % n
     position = tl.load(Length) + _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL, TREE)
-    body_end = tl.where(row_ok, tl.maximum(position - TAIL, 0) // CHUNK * CHUNK, 0)
+    body_end = tl.where(row_ok, tl.maximum(position - TAIL, 0), 0)
     cols = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
@@ -126,7 +125,7 @@ def _tail_kernel(
     s_oh, s_os, s_om,
     s_lh, s_ls,
     n, group, head_dim, part, scale_log2,
-    CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr, CHUNK: tl.constexpr,
+    CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_M: tl.constexpr, TAIL_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0)
@@ -137,7 +136,7 @@ def _tail_kernel(
     i = rows % n
     length = tl.load(Length)
     position = length + _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL, TREE)
-    start = tl.maximum(position - TAIL, 0) // CHUNK * CHUNK
+    start = tl.maximum(position - TAIL, 0)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
     q = tl.load(
@@ -153,7 +152,7 @@ def _tail_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for chunk in range(0, TAIL + CHUNK, TAIL_KEYS):
+    for chunk in range(0, TAIL + 1, TAIL_KEYS):
         positions = start[:, None] + chunk + offsets[None, :]  # [rows, keys]
         key_ok = row_ok[:, None] & (positions <= position[:, None])
         slots = positions
@@ -241,7 +240,7 @@ def graph_tree_attention(
     _body_kernel[(triton.cdiv(rows, config.block_m), splits, kv_heads)](
         q, k_cache, v_cache, tree_mask, length, o_part, lse_part, *strides,
         n, group, dim, split_len, scale * LOG2E,
-        CAUSAL=causal, TREE=tree, TAIL=TAIL, CHUNK=CHUNK,
+        CAUSAL=causal, TREE=tree, TAIL=TAIL,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d, DOT=dot_dtype(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
@@ -249,7 +248,7 @@ def graph_tree_attention(
     _tail_kernel[(triton.cdiv(rows, tail_rows), kv_heads)](
         q, k_cache, v_cache, tree_mask, length, o_part, lse_part, *strides,
         n, group, dim, splits, scale * LOG2E,
-        CAUSAL=causal, TREE=tree, TAIL=TAIL, CHUNK=CHUNK,
+        CAUSAL=causal, TREE=tree, TAIL=TAIL,
         BLOCK_M=tail_rows, TAIL_KEYS=32 if interpreting() else 8, BLOCK_D=block_d, num_warps=4,
     )  # fmt: skip
     out = torch.empty_like(q)
