@@ -4,8 +4,9 @@ Llama-3.1-8B's shapes and random weights, against the card's measured copy bandw
 Rows per context: a decode step (0 nodes) and verification forwards over random trees, each timed as a graph
 call (inputs copied into the bucket's static buffers, then one replay: wall time, device synced), with the
 host's share of it (the call returning before the GPU finishes: the step is GPU-bound when host < graph), and
-as called (every kernel launched from Python). A `weights` row times the forward's matmuls alone as a graph for
-one row: what reading the weights costs at this card's rate for those shapes; an `attention` row after each
+as called (every kernel launched from Python). Two `weights` rows time the forward's matmuls alone as a graph for
+one row (what reading the weights costs at this card's rate for those shapes) and for the 64 rows a decode step
+multiplies on CUDA (zero-padded: every product at one row count); an `attention` row after each
 forward row times its attention calls alone (all layers, unpadded rows) as a graph. The copy row is a 1 GiB
 device-to-device copy, bytes read + written per second: the achievable bandwidth the decode is put against.
 """
@@ -25,7 +26,7 @@ from specchat.bench.verify_cost import llama31_8b_config, random_model, with_lay
 from specchat.engine import decoder_ops as ops
 from specchat.engine.cuda_graphs import BUCKETS, GraphedDecoder, capture
 from specchat.engine.timing import Timer
-from specchat.engine.torch_decoder import TorchDecoder
+from specchat.engine.torch_decoder import PIECE, TorchDecoder
 from specchat.engine.tree import tree_batch
 from specchat.errors import SpecchatError
 
@@ -95,10 +96,11 @@ def gpu_forward(
     rows = [GpuForwardRow("copy", None, None, None, None, significant(2 * COPY_BYTES / copy_rate * 1e3), None, None,
                           significant(copy_rate / 1e9), 1.0)]  # fmt: skip
     weight_bytes = sum(t.numel() * t.element_size() for t in _weights_read(decoder))
-    weights_s = timer.seconds(_matmuls_graph(decoder))
-    weight_rate = weight_bytes / weights_s
-    rows.append(GpuForwardRow("weights", None, None, 1, None, significant(weights_s * 1e3), None, None,
-                              significant(weight_rate / 1e9), significant(weight_rate / copy_rate)))  # fmt: skip
+    for matmul_rows in (1, PIECE):  # one row: the floor; PIECE: what a decode step multiplies on CUDA
+        weights_s = timer.seconds(_matmuls_graph(decoder, matmul_rows))
+        weight_rate = weight_bytes / weights_s
+        rows.append(GpuForwardRow("weights", None, None, matmul_rows, None, significant(weights_s * 1e3), None, None,
+                                  significant(weight_rate / 1e9), significant(weight_rate / copy_rate)))  # fmt: skip
     with torch.inference_mode():
         graphs = GraphedDecoder(decoder, cache, tuple(buckets))
         for context in contexts:
@@ -146,11 +148,11 @@ def _weights_read(decoder: TorchDecoder) -> list[torch.Tensor]:
     return tensors
 
 
-def _matmuls_graph(decoder: TorchDecoder):
-    """A graph of the forward's matmuls alone for one row (weights read once each): the weight-reading floor."""
-    x = torch.zeros(1, decoder.config.hidden_size, dtype=decoder.embed.dtype, device=decoder.device)
-    attended = torch.zeros(1, decoder.heads * decoder.head_dim, dtype=x.dtype, device=x.device)
-    gated = torch.zeros(1, decoder.layers[0].down.shape[1], dtype=x.dtype, device=x.device)
+def _matmuls_graph(decoder: TorchDecoder, rows: int):
+    """A graph of the forward's matmuls alone for `rows` rows (weights read once each): the weight-reading floor."""
+    x = torch.zeros(rows, decoder.config.hidden_size, dtype=decoder.embed.dtype, device=decoder.device)
+    attended = torch.zeros(rows, decoder.heads * decoder.head_dim, dtype=x.dtype, device=x.device)
+    gated = torch.zeros(rows, decoder.layers[0].down.shape[1], dtype=x.dtype, device=x.device)
 
     def matmuls():
         for layer in decoder.layers:
