@@ -34,15 +34,22 @@ BODY_ROWS = 64  # query rows a body program takes, at every row count
 
 
 @triton.jit
-def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr):
-    """Fold one key block's scores `s` (log2 units, -inf where not seen) and values into the running softmax."""
+def _softmax_step(m_i, l_i, s):
+    """One key block's scores `s` (log2 units, -inf where not seen) into the running max and sum: (the new max, the
+    block's weights, the factor the running sums scale by, the new sum)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    return m_new, p, alpha, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr):
+    """Fold one key block's scores and values `v` [keys, D], shared by the rows, into the running softmax."""
+    m_i, p, alpha, l_i = _softmax_step(m_i, l_i, s)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision="ieee")
-    return m_new, l_i, acc
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -164,14 +171,8 @@ def _tail_kernel(
         k = tl.load(K + kv_h * s_kh + slots[:, :, None] * s_kn + dims[None, None, :] * s_kd, mask=gathered, other=0.0)
         v = tl.load(V + kv_h * s_vh + slots[:, :, None] * s_vn + dims[None, None, :] * s_vd, mask=gathered, other=0.0)
         s = tl.sum(q[:, None, :] * k.to(tl.float32), 2) * scale_log2
-        s = tl.where(key_ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32), 1)
-        m_i = m_new
+        m_i, p, alpha, l_i = _softmax_step(m_i, l_i, tl.where(key_ok, s, float("-inf")))
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32), 1)  # each row's own values
     _store_part(OP, LP, m_i, l_i, acc, h, i, part, row_ok, dims, dim_ok, s_oh, s_os, s_om, s_lh, s_ls)
 
 
