@@ -53,6 +53,20 @@ def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr):
 
 
 @triton.jit
+def _query_rows(block, kv_h, n, group, BLOCK_M: tl.constexpr):
+    """A program's query rows, row r = (query head within the group, query): (in range, query head, query)."""
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    return rows < group * n, kv_h * group + rows // n, rows % n
+
+
+@triton.jit
+def _queries(Q, s_qm, s_qh, s_qd, h, i, row_ok, dims, dim_ok):
+    """The rows' queries [rows, BLOCK_D], zero past the head size and the rows."""
+    return tl.load(Q + i[:, None] * s_qm + h[:, None] * s_qh + dims[None, :] * s_qd,
+                   mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # fmt: skip
+
+
+@triton.jit
 def _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL: tl.constexpr, TREE: tl.constexpr):
     """Each row's depth below the forward's first position: its ancestors in the tree mask, itself not counted."""
     if CAUSAL:
@@ -88,13 +102,9 @@ def _body_kernel(
     CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    block = tl.program_id(0)
     split = tl.program_id(1)
     kv_h = tl.program_id(2)
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)  # row r = (query head within the group, query)
-    row_ok = rows < group * n
-    h = kv_h * group + rows // n
-    i = rows % n
+    row_ok, h, i = _query_rows(tl.program_id(0), kv_h, n, group, BLOCK_M)
     position = tl.load(Length) + _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL, TREE)
     body_end = tl.where(row_ok, tl.maximum(position - TAIL, 0), 0)
     cols = tl.arange(0, BLOCK_N)
@@ -102,10 +112,7 @@ def _body_kernel(
     dim_ok = dims < head_dim
     k_base = K + kv_h * s_kh + dims[:, None] * s_kd
     v_base = V + kv_h * s_vh + dims[None, :] * s_vd
-    q = tl.load(
-        Q + i[:, None] * s_qm + h[:, None] * s_qh + dims[None, :] * s_qd,
-        mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
-    )  # fmt: skip
+    q = _queries(Q, s_qm, s_qh, s_qd, h, i, row_ok, dims, dim_ok)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -135,21 +142,14 @@ def _tail_kernel(
     CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_M: tl.constexpr, TAIL_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    block = tl.program_id(0)
     kv_h = tl.program_id(1)
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < group * n
-    h = kv_h * group + rows // n
-    i = rows % n
+    row_ok, h, i = _query_rows(tl.program_id(0), kv_h, n, group, BLOCK_M)
     length = tl.load(Length)
     position = length + _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL, TREE)
     start = tl.maximum(position - TAIL, 0)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
-    q = tl.load(
-        Q + i[:, None] * s_qm + h[:, None] * s_qh + dims[None, :] * s_qd,
-        mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
-    ).to(tl.float32)  # fmt: skip
+    q = _queries(Q, s_qm, s_qh, s_qd, h, i, row_ok, dims, dim_ok).to(tl.float32)
     if not CAUSAL:  # each tree column's rank among the row's ancestors: the depth it sits at
         tree_cols = tl.arange(0, TREE)
         seen = tl.load(Mask + i[:, None] * s_mm + tree_cols[None, :] * s_mn,
