@@ -220,6 +220,29 @@ def test_tokenswifts_draft_forward_replays_a_graph_over_its_partial_cache():
     torch.testing.assert_close(replayed, called)
 
 
+@pytest.mark.parametrize("chain", [False, True])
+def test_longspecs_depths_replay_a_graph_and_draft_as_called(chain, monkeypatch):
+    """A LongSpec beam (or greedy chain) replays one CUDA graph of its depths per shape, reading the target's cache to
+    the root's length on the device: every proposal equals the one drafted as called, the output the target's."""
+    prompt = random_prompt(60, seed=7, vocab=VOCAB)
+    model = cuda_model("llama")
+    engine = Engine(model, TOKENIZER, max_len=256)
+    expected = generate(engine, prompt, 40, NO_EOS)
+    proposals = {}
+    for graphed in (False, True):
+        drafter = LongSpecDrafter(engine.target, random_layer(model), chain=chain)
+        assert drafter._graphed(NO_EOS)
+        if not graphed:
+            monkeypatch.setattr(drafter, "_graphed", lambda sampling: False)
+        seen = proposals[graphed] = []
+        propose = drafter.propose
+        drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]
+        engine.set_drafter(drafter, 15)
+        assert generate(engine, prompt, 40, NO_EOS) == expected
+    assert [(t.tokens, t.parents) for t in proposals[True]] == [(t.tokens, t.parents) for t in proposals[False]]
+    assert list(drafter.graphs) == [(1,) * 15 if chain else (4, 11)]
+
+
 def test_asynchronous_copies_of_host_data_arrive_whole():
     """`to_device`'s pinned blocks are freed as soon as the host drops them; the caching host allocator must not hand
     one out again before its copy has run."""

@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 from specchat.engine import decoder_ops as ops
 from specchat.kernels.attention import reference
-from specchat.kernels.attention.graph_attention import graph_splits, graph_tree_attention
+from specchat.kernels.attention.graph_attention import graph_prefix_attention, graph_splits, graph_tree_attention
 from specchat.kernels.layer_kernels import rms_norm, rope_write, silu_mul
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -47,6 +47,29 @@ def test_one_launch_serves_every_length(lengths, n, heads, kv_heads, dim, dtype)
         want = reference.hybrid_tree_attention(q.transpose(0, 1)[None], k[None], v[None], prefix, mask, dim**-0.5)
         assert got.dtype == dtype and got.shape == (n, heads, dim)
         _close(got, want[0].transpose(0, 1), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n, heads, kv_heads, dim", [(1, 4, 2, 64), (16, 8, 2, 128), (5, 3, 1, 80)])
+def test_a_prefix_read_serves_every_length(n, heads, kv_heads, dim, dtype):
+    """Every row over the first `length` slots (a draft layer's cross-attention to the target's cache), the length
+    changed on the device between calls; a cache of length 0 reads zeros."""
+    capacity = 400
+    k = _randn(kv_heads, capacity, dim, seed=1).to(DEVICE, dtype)
+    v = _randn(kv_heads, capacity, dim, seed=2).to(DEVICE, dtype)
+    q = _randn(n, heads, dim, seed=3).to(DEVICE, dtype)
+    length = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    for prefix in (0, 1, 127, 128, 300, capacity):
+        length.fill_(prefix)
+        got = graph_prefix_attention(q, k, v, length, dim**-0.5)
+        assert got.dtype == dtype and got.shape == (n, heads, dim)
+        if prefix == 0:
+            assert not got.any()
+            continue
+        group = heads // kv_heads
+        keys, values = k[:, :prefix].repeat_interleave(group, 0), v[:, :prefix].repeat_interleave(group, 0)
+        want = torch.softmax(q.transpose(0, 1).float() @ keys.float().transpose(1, 2) * dim**-0.5, -1) @ values.float()
+        _close(got, want.transpose(0, 1), dtype)
 
 
 def test_the_split_count_depends_on_the_capacity_only():

@@ -68,10 +68,45 @@ def test_cross_attention_reads_the_policys_part_of_the_target_cache_and_stays_lo
     drafter.use_cache_policy(small_policy(policy, engine))
     engine.set_drafter(drafter, 8)
     assert generate(engine, prompt, 60) == expected
-    keys, values = drafter.target_kv
+    keys, values, length = drafter.target_kv
+    assert length is None  # a selection, read as called
     assert keys.shape[1] == len(drafter.read) < int(drafter.read[-1]) - 40  # well under the context it covers
     layer = engine.cache.layers[-1]
     assert torch.equal(keys, layer.keys[0, :, drafter.read]) and torch.equal(values, layer.values[0, :, drafter.read])
+
+
+class Rerun:
+    """A CUDA graph's stand-in on a CPU: `replay` runs the captured call again into the outputs of its capture."""
+
+    def __init__(self, call):
+        self.call, self.out = call, call()
+
+    def replay(self):
+        for held, fresh in zip(self.out, self.call(), strict=True):
+            held.copy_(fresh)
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_a_graphed_proposal_reads_the_whole_cache_to_its_length_and_drafts_as_called(chain, tokenizer, monkeypatch):
+    """What a GPU captures: the depths over the target's whole last layer, read to the root's length on the device
+    (the graph kernel, here in Triton's interpreter), from the root's buffers; every proposal of a generation equals
+    the one drafted as called, and the graphs are one per shape, captured once."""
+    model = tiny_model("llama", vocab_size=64)
+    prompt = torch.randint(3, 64, (90,), generator=torch.Generator().manual_seed(5)).tolist()
+    engine = Engine(model, tokenizer, max_len=200)
+    expected = generate(engine, prompt, 30)
+    proposals = {}
+    for graphed in (False, True):
+        drafter = LongSpecDrafter(engine.target, random_layer(model), chain=chain)
+        monkeypatch.setattr(drafter, "_graphed", lambda sampling, graphed=graphed: graphed)
+        monkeypatch.setattr("specchat.drafters.longspec.drafter.capture", lambda call, pool: (r := Rerun(call), r.out))
+        seen = proposals[graphed] = []
+        propose = drafter.propose
+        drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]
+        engine.set_drafter(drafter, 7)
+        assert generate(engine, prompt, 30) == expected
+    assert [(t.tokens, t.parents) for t in proposals[True]] == [(t.tokens, t.parents) for t in proposals[False]]
+    assert len(proposals[True]) > 3 and list(drafter.graphs) == [(1,) * 7 if chain else (4, 3)]
 
 
 def test_the_beam_follows_the_reference_widths_within_the_budget(tokenizer):
@@ -136,7 +171,7 @@ def test_window_attention_equals_dense_attention_over_the_last_window(tokenizer)
     generate(engine, prompt, 1)
     captured = {}
     forward = layer.forward
-    layer.forward = lambda *args: captured.setdefault("out", forward(*args))
+    layer.forward = lambda *args, **kwargs: captured.setdefault("out", forward(*args, **kwargs))
     drafter.propose(1, SamplingConfig(), None)
     with torch.inference_mode():
         expected = _dense_root_output(engine, layer, drafter.ids, window)

@@ -41,3 +41,13 @@ def attend(q, keys, values, mask, cap: float = 0.0) -> torch.Tensor:
     if mask is not None:
         probs = probs.nan_to_num(0.0)  # rows that see nothing
     return torch.bmm(probs.to(values.dtype), values).view(heads, rows, dim)
+
+
+def attend_prefix(q, cache_keys, cache_values, length: torch.Tensor) -> torch.Tensor:
+    """q [H, q, D] over the first `length` (an int32 tensor [1] on q's device) of whole caches [Hkv, capacity, D] ->
+    [H, q, D], zeros where `length` is 0: the target's cache read by a CUDA graph replayed at any length (its
+    programs past the length exit, so a short context reads no more than it holds)."""
+    from specchat.kernels.attention.graph_attention import graph_prefix_attention  # Triton, where a graph runs
+
+    read = graph_prefix_attention(q.transpose(0, 1), cache_keys, cache_values, length, q.shape[-1] ** -0.5)
+    return read.transpose(0, 1)

@@ -15,10 +15,12 @@ from pathlib import Path
 import torch
 
 from specchat.drafters import LONGSPEC
-from specchat.drafters.cache_policy import CachePolicy, make_policy
+from specchat.drafters.cache_policy import CachePolicy, FullCache, make_policy
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.longspec.model import LongSpecLayer, RingKV, load_longspec
 from specchat.drafters.tree_rows import TreeRows
+from specchat.engine.cache import TreeKVLayer
+from specchat.engine.cuda_graphs import capture
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device
 from specchat.engine.sampling import PositionNoise, SamplingConfig
@@ -26,6 +28,8 @@ from specchat.engine.tree import ROOT, DraftTree
 from specchat.quant.quantize import quantized_copy
 
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
+DYNAMIC_ROPE = ("dynamic", "longrope")  # RoPE types whose tables transformers updates from the positions' values
+GREEDY = SamplingConfig()
 
 
 class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
@@ -48,6 +52,13 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
                            device=target.device)  # fmt: skip
         self.ids: list[int] = []
         self.use_cache_policy(policy)
+        self.root_token = torch.zeros(1, dtype=torch.long, device=target.device)  # the newest committed id
+        self.root = torch.zeros(1, dtype=torch.long, device=target.device)  # its position
+        self.root_length = torch.zeros(1, dtype=torch.int32, device=target.device)  # the same, as a kernel reads it
+        self.target_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] = ()  # what cross-attention reads
+        self.graphs: dict[tuple[int, ...], tuple] = {}  # per proposal shape: (CUDA graph, its tokens and parents)
+        self.graph_keys: torch.Tensor | None = None  # the target cache's keys the graphs read
+        self.graph_pool = torch.cuda.graph_pool_handle() if target.device.type == "cuda" else None
 
     def use_cache_policy(self, policy: str | CachePolicy) -> None:
         """Which of the target's cached positions cross-attention reads (`cache_policy.py`; LongSpec reads them
@@ -65,40 +76,88 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
                 least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """Every depth's forward is queued from the last one's tensors, never read back: the tree stays on the
-        device (`DraftTree.queued`), read with the target's choices at verification."""
+        device (`DraftTree.queued`), read with the target's choices at verification. On a GPU a beam, or a greedy
+        chain, replays a CUDA graph of its depths, one per shape (`_shape`)."""
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
         self._catch_up()
-        self.target_kv = self._target_kv(root)
-        tree = TreeRows(device=self.target.device)  # row 0 is the root: the draft layer runs it too
-        logits = self._forward(torch.full((1,), self.ids[-1], device=self.target.device), root, tree, tree.add([ROOT]))
-        if self.chain:
-            return self._chain(tree, logits[0], root, budget, sampling, generator)
-        return self._beam(tree, logits, root, budget)
+        shape = self._shape(budget)
+        if not shape:
+            return DraftTree.empty()
+        self.root_token.fill_(self.ids[-1])  # the buffers a graph reads (queued fills: no wait for the device)
+        self.root.fill_(root)
+        self.root_length.fill_(root)
+        if self._graphed(sampling):
+            tokens, parents = (part.clone() for part in self._replay(shape))
+            return DraftTree.queued(tokens, parents, self.kind)
+        self.target_kv = (*self._target_kv(root), None)
+        tokens, parents, draft_probs = self._grow(shape, sampling, generator)
+        return DraftTree.queued(tokens, parents, self.kind, draft_probs)
 
-    def _beam(self, tree: TreeRows, logits: torch.Tensor, root: int, budget: int) -> DraftTree:
+    def _shape(self, budget: int) -> tuple[int, ...]:
+        """The nodes each depth proposes: a chain's one a depth, a beam's widths cut by the budget (and by how
+        many children the frontier has)."""
+        if self.chain:
+            return (1,) * budget
+        head = self.head
+        columns = head.vocab_size if head.draft_vocab is None else len(head.draft_vocab)
+        widths: list[int] = []
+        for width in self.widths:
+            width = min(width, budget - sum(widths), columns * (widths[-1] if widths else 1))
+            if width <= 0:
+                break
+            widths.append(width)
+        return tuple(widths)
+
+    def _graphed(self, sampling: SamplingConfig) -> bool:
+        """Whether this proposal replays a graph: on a GPU, a beam or a greedy chain (a sampled one draws with the
+        request's generator), reading the target's whole last layer in place (its sliding window, an int8 cache, a
+        cache policy's selection: as called), positions rotated without a host-side update (dynamic RoPE)."""
+        return (self.target.device.type == "cuda" and (not self.chain or sampling.greedy)
+                and isinstance(self.policy, FullCache) and type(self.target.cache.layers[-1]) is TreeKVLayer
+                and getattr(self.target.rotary, "rope_type", "default") not in DYNAMIC_ROPE)  # fmt: skip
+
+    def _replay(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The proposal's tokens and parents from the graph of `shape` (views of its buffers), captured on first use
+        over the target's whole last layer and the draft's ring: both stay where they are, and the root's token and
+        position are read from their buffers."""
+        layer = self.target.cache.layers[-1]
+        if self.graph_keys is not layer.keys:  # the target's cache allocated anew
+            self.graphs, self.graph_keys = {}, layer.keys
+        if shape not in self.graphs:
+            self.target_kv = (layer.keys[0], layer.values[0], self.root_length)
+            self.graphs[shape] = capture(lambda: self._grow(shape, GREEDY, None)[:2], self.graph_pool)
+        graph, out = self.graphs[shape]
+        graph.replay()
+        return out
+
+    def _grow(self, shape: tuple[int, ...], sampling: SamplingConfig, generator: torch.Generator | None):
+        """(tokens, parents, the draws' distributions of a sampled chain or None) of the tree of `shape` below the
+        root in `root_token` at position `root`: its first forward runs the root, as a row of the tree."""
+        tree = TreeRows(device=self.target.device)
+        logits = self._forward(self.root_token, 0, tree, tree.add([ROOT]))
+        if self.chain:
+            return self._chain(tree, logits[0], len(shape), sampling, generator)
+        return self._beam(tree, logits, shape)
+
+    def _beam(self, tree: TreeRows, logits: torch.Tensor, widths: tuple[int, ...]):
         """Each depth keeps the global top `width` of the frontier's children by cumulative log-probability. The
-        sizes are known ahead (the widths, cut by the budget); which frontier row each child hangs from is not."""
+        sizes are known ahead; which frontier row each child hangs from is not."""
         tokens, parents = [], []  # per depth [width]: target ids; parent nodes (ROOT below the root)
         scores = logits.float().log_softmax(dim=-1)  # [frontier, draft vocab], cumulative log-probabilities
         nodes, frontier = 0, ROOT  # nodes so far; the frontier's first node (its first row is its node + 1)
-        for depth, width in enumerate(self.widths, start=1):
-            width = min(width, budget - nodes, scores.numel())
-            if width <= 0:
-                break
+        for depth, width in enumerate(widths, start=1):
             best = scores.flatten().topk(width)
             rows, columns = best.indices // scores.shape[1], best.indices % scores.shape[1]
             tokens.append(self.head.target_ids(columns))
             parents.append(rows + frontier if depth > 1 else torch.full_like(rows, ROOT))
             frontier, nodes = nodes, nodes + width
-            if depth == len(self.widths) or nodes >= budget:
+            if depth == len(widths):
                 break
-            logits = self._forward(tokens[-1], root + depth, tree, tree.add(parents[-1] + 1))
+            logits = self._forward(tokens[-1], depth, tree, tree.add(parents[-1] + 1))
             scores = best.values[:, None] + logits.float().log_softmax(dim=-1)
-        if not tokens:
-            return DraftTree.empty()
-        return DraftTree.queued(torch.cat(tokens), torch.cat(parents), self.kind)
+        return torch.cat(tokens), torch.cat(parents), None
 
-    def _chain(self, tree, logits, root, budget, sampling, generator) -> DraftTree:
+    def _chain(self, tree, logits, budget, sampling, generator):
         """One token a depth: the draft's argmax, or under sampling a draw from its distribution (recorded for
         rejection sampling), each fed to the next depth as the device tensor it is."""
         tokens, rows = [], []
@@ -112,9 +171,9 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
             tokens.append(token)
             if depth == budget:
                 break
-            logits = self._forward(token, root + depth, tree, tree.add([depth - 1]))[0]  # below the last row
+            logits = self._forward(token, depth, tree, tree.add([depth - 1]))[0]  # below the last row
         parents = torch.arange(-1, len(tokens) - 1, device=self.target.device)
-        return DraftTree.queued(torch.cat(tokens), parents, self.kind, torch.stack(rows) if rows else None)
+        return torch.cat(tokens), parents, torch.stack(rows) if rows else None
 
     def _target_kv(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's last-layer keys and values that cross-attention reads: the policy's selection of the
@@ -143,10 +202,10 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         keys, values = self.layer.own_kv(self.target.embed_tokens(ids), cos, sin)
         self.ring.write(start, keys, values)
 
-    def _forward(self, tokens: torch.Tensor, position: int, tree: TreeRows, rows: range) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, depth: int, tree: TreeRows, rows: range) -> torch.Tensor:
         """Draft logits [rows, draft vocab] of the tree's newest `rows` (the root's, or a depth's nodes), all at
-        `position`: their own keys and values join the ring's committed window and their ancestors'."""
-        positions = torch.full((len(rows),), position, device=self.target.device)
+        `depth` below the root: their own keys and values join the ring's committed window and their ancestors'."""
+        positions = self.root.expand(len(rows)) + depth
         cos, sin = self._rotary(positions)
         x = self.target.embed_tokens(tokens)
         keys, values = self.layer.own_kv(x, cos, sin)
@@ -154,7 +213,9 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         own_keys = torch.cat([self.ring.keys, *tree.keys[0]], dim=1)
         own_values = torch.cat([self.ring.values, *tree.values[0]], dim=1)
         mask = torch.cat([self.ring.visible(positions), tree.seen(rows)], dim=1)
-        out = self.layer(x, cos, sin, own_keys, own_values, mask, *self.target_kv)
+        target_keys, target_values, target_length = self.target_kv
+        out = self.layer(x, cos, sin, own_keys, own_values, mask, target_keys, target_values,
+                         target_length=target_length)  # fmt: skip
         return self.head(out)
 
     def _rotary(self, positions: torch.Tensor):

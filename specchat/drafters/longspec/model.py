@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from specchat.drafters.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
-from specchat.drafters.draft_attention import attend
+from specchat.drafters.draft_attention import attend, attend_prefix
 from specchat.drafters.draft_layers import MLP, RMSNorm, SelfAttention, rotate
 from specchat.errors import SpecchatError
 
@@ -98,14 +98,15 @@ class LongSpecLayer(nn.Module):
         return rotate(k, cos, sin), v
 
     def forward(self, x, cos, sin, own_keys, own_values, own_mask, target_keys, target_values,
-                target_mask=None) -> torch.Tensor:  # fmt: skip
+                target_mask=None, target_length=None) -> torch.Tensor:  # fmt: skip
         """Outputs [q, hidden] of embeddings x [q, hidden] at the positions whose rotary tables are cos / sin
         [q, head_dim].
 
         own_keys / own_values [kv_heads, k, head_dim] are the draft's own states the rows may see, x's own
         included, with own_mask [q, k] (True = visible); target_keys / target_values [kv_heads, n, head_dim]
         are the target's last layer, which every row sees whole at inference (target_mask [q, n] in training,
-        where the target's cache lags each row).
+        where the target's cache lags each row). With `target_length` (an int32 tensor [1]) they are the
+        target's whole cache, of which every row sees the first `target_length` slots (a CUDA graph's read).
         """
         config = self.config
         h = self.input_layernorm(x)
@@ -113,7 +114,11 @@ class LongSpecLayer(nn.Module):
         x = x + self.self_attn.o_proj(self._merge(attend(q, own_keys, own_values, own_mask)))
         h = self.post_self_attention_layernorm(x)
         q = rotate(self._heads(self.cross_attn.q_proj(h), config.num_attention_heads), cos, sin)
-        x = x + self.cross_attn.o_proj(self._merge(attend(q, target_keys, target_values, target_mask)))
+        if target_length is None:
+            read = attend(q, target_keys, target_values, target_mask)
+        else:
+            read = attend_prefix(q, target_keys, target_values, target_length)
+        x = x + self.cross_attn.o_proj(self._merge(read))
         return x + self.mlp(self.post_cross_attention_layernorm(x))
 
     def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -193,13 +193,14 @@ def _reduce_kernel(
     dim_ok = dims < head_dim
     lse = tl.load(LP + h * s_lh + part * s_ls + i, mask=part_ok, other=float("-inf"))
     top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # the tail holds the row's own key: never all empty
+    top = tl.where(top == float("-inf"), 0.0, top)
     weights = tl.exp(lse - top)
     o = tl.load(
         OP + h * s_oh + part[:, None] * s_os + i * s_om + dims[None, :],
         mask=part_ok[:, None] & dim_ok[None, :], other=0.0,
     )  # fmt: skip
-    out = tl.sum(weights[:, None] * o, 0) / tl.sum(weights, 0)
+    total = tl.sum(weights, 0)
+    out = tl.sum(weights[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)  # a row that sees no key: zeros
     tl.store(Out + i * s_xm + h * s_xh + dims * s_xd, out.to(Out.dtype.element_ty), mask=dim_ok)
 
 
@@ -226,37 +227,69 @@ def graph_tree_attention(
     rows are consecutive positions (tree_mask lower-triangular, not read: a prefill of any length) -> `[n, Hq, D]` in
     q's dtype."""
     n, heads, dim = q.shape
+    kv_heads = k_cache.shape[0]
+    tree = 1 if causal else max(16, triton.next_power_of_2(n))
+    o_part, lse_part, splits = _body(q, k_cache, v_cache, tree_mask, length, scale, causal, tree, TAIL, parts_after=1)
+    tail_rows = 8  # with 8 keys a chunk, 4 warps hold a [8, 8, 128] gather without spilling (sm_90)
+    strides = _strides(q, k_cache, v_cache, tree_mask, o_part, lse_part)
+    _tail_kernel[(triton.cdiv(heads // kv_heads * n, tail_rows), kv_heads)](
+        q, k_cache, v_cache, tree_mask, length, o_part, lse_part, *strides,
+        n, heads // kv_heads, dim, splits, scale * LOG2E,
+        CAUSAL=causal, TREE=tree, TAIL=TAIL,
+        BLOCK_M=tail_rows, TAIL_KEYS=32 if interpreting() else 8, BLOCK_D=_block_d(dim), num_warps=4,
+    )  # fmt: skip
+    return _reduce(o_part, lse_part, splits + 1, q)
+
+
+def graph_prefix_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           length: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+    """q `[n, Hq, D]` (rotated), every row over the first `length` slots (an int32 tensor `[1]` on q's device) of
+    k/v caches `[Hkv, capacity, D]` -> `[n, Hq, D]` in q's dtype, zeros where `length` is 0: a draft layer's
+    cross-attention to the target's cache, in a CUDA graph replayed at any length. The body pass alone, each row at
+    depth 0 (an identity mask) with no tail, so its body ends at `length`."""
+    n = q.shape[0]
+    rows_alone = torch.eye(n, dtype=torch.bool, device=q.device)
+    tree = max(16, triton.next_power_of_2(n))
+    o_part, lse_part, splits = _body(q, k_cache, v_cache, rows_alone, length, scale, False, tree, 0, parts_after=0)
+    return _reduce(o_part, lse_part, splits, q)
+
+
+def _block_d(dim: int) -> int:
+    return triton.next_power_of_2(max(dim, 16))
+
+
+def _strides(q, k_cache, v_cache, mask, o_part, lse_part) -> tuple[int, ...]:
+    return (*q.stride(), *k_cache.stride(), *v_cache.stride(), *mask.stride(), *o_part.stride()[:3],
+            *lse_part.stride()[:2])  # fmt: skip
+
+
+def _body(q, k_cache, v_cache, mask, length, scale, causal, tree, tail, parts_after):
+    """The body pass into fresh partials with room for `parts_after` more: (outputs, LSEs, body splits)."""
+    n, heads, dim = q.shape
     kv_heads, capacity = k_cache.shape[0], k_cache.shape[1]
-    group = heads // kv_heads
-    rows = group * n
     config = prefix_config(q.device, dim, BODY_ROWS)
     splits = graph_splits(capacity)
     split_len = triton.cdiv(triton.cdiv(capacity, splits), config.block_n) * config.block_n
-    tree = 1 if causal else max(16, triton.next_power_of_2(n))
-    block_d = triton.next_power_of_2(max(dim, 16))
-    o_part = torch.empty(heads, splits + 1, n, dim, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(heads, splits + 1, n, dtype=torch.float32, device=q.device)
-    strides = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *tree_mask.stride(), *o_part.stride()[:3],
-               *lse_part.stride()[:2])  # fmt: skip
-    _body_kernel[(triton.cdiv(rows, config.block_m), splits, kv_heads)](
-        q, k_cache, v_cache, tree_mask, length, o_part, lse_part, *strides,
-        n, group, dim, split_len, scale * LOG2E,
-        CAUSAL=causal, TREE=tree, TAIL=TAIL,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d, DOT=dot_dtype(q.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+    o_part = torch.empty(heads, splits + parts_after, n, dim, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(heads, splits + parts_after, n, dtype=torch.float32, device=q.device)
+    _body_kernel[(triton.cdiv(heads // kv_heads * n, config.block_m), splits, kv_heads)](
+        q, k_cache, v_cache, mask, length, o_part, lse_part, *_strides(q, k_cache, v_cache, mask, o_part, lse_part),
+        n, heads // kv_heads, dim, split_len, scale * LOG2E,
+        CAUSAL=causal, TREE=tree, TAIL=tail,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=_block_d(dim),
+        DOT=dot_dtype(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    tail_rows = 8  # with 8 keys a chunk, 4 warps hold a [8, 8, 128] gather without spilling (sm_90)
-    _tail_kernel[(triton.cdiv(rows, tail_rows), kv_heads)](
-        q, k_cache, v_cache, tree_mask, length, o_part, lse_part, *strides,
-        n, group, dim, splits, scale * LOG2E,
-        CAUSAL=causal, TREE=tree, TAIL=TAIL,
-        BLOCK_M=tail_rows, TAIL_KEYS=32 if interpreting() else 8, BLOCK_D=block_d, num_warps=4,
-    )  # fmt: skip
+    return o_part, lse_part, splits
+
+
+def _reduce(o_part, lse_part, parts, q) -> torch.Tensor:
+    """The first `parts` partials of each row and head merged by LSE into `[n, Hq, D]` in q's dtype."""
+    n, heads, dim = q.shape
     out = torch.empty_like(q)
     _reduce_kernel[(n, heads)](
         o_part, lse_part, out,
         *o_part.stride()[:3], *lse_part.stride()[:2], *out.stride(),
-        splits + 1, dim,
-        PARTS=triton.next_power_of_2(splits + 1), BLOCK_D=block_d,
+        parts, dim,
+        PARTS=triton.next_power_of_2(parts), BLOCK_D=_block_d(dim),
     )  # fmt: skip
     return out
