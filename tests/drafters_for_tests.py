@@ -12,7 +12,8 @@ budget. What differs is where their tokens come from:
   adversarial proposal for a sampling verifier, since it always proposes what the target is likely to draw;
 - `EndBesideDrafter` proposes the reference with a given token (the end of text) beside each of its nodes.
 
-`random_eagle3` is a real EAGLE-3 draft layer with random weights, for the real drafter.
+`random_eagle3` is a real EAGLE-3 draft layer with random weights, for the real drafter. `rerun` stands in for
+a CUDA graph's capture on a CPU: what a drafter would capture runs again at each replay, into the same outputs.
 """
 
 from __future__ import annotations
@@ -283,3 +284,20 @@ def random_eagle3(model, vocab: int = 512, seed: int = 0) -> Eagle3Draft:
         for parameter in draft.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.05)
     return draft
+
+
+class Rerun:
+    """A CUDA graph's stand-in on a CPU: `replay` runs the captured call again into the outputs of its capture."""
+
+    def __init__(self, call):
+        self.call, self.out = call, call()
+
+    def replay(self):
+        for held, fresh in zip(self.out, self.call(), strict=True):
+            held.copy_(fresh)
+
+
+def rerun(call, pool=None):
+    """`cuda_graphs.capture`'s stand-in on a CPU: (the stand-in graph, its outputs)."""
+    graph = Rerun(call)
+    return graph, graph.out

@@ -220,27 +220,36 @@ def test_tokenswifts_draft_forward_replays_a_graph_over_its_partial_cache():
     torch.testing.assert_close(replayed, called)
 
 
-@pytest.mark.parametrize("chain", [False, True])
-def test_longspecs_depths_replay_a_graph_and_draft_as_called(chain, monkeypatch):
-    """A LongSpec beam (or greedy chain) replays one CUDA graph of its depths per shape, reading the target's cache to
-    the root's length on the device: every proposal equals the one drafted as called, the output the target's."""
+GRAPHED_DRAFTERS = {  # a drafter whose depths replay CUDA graphs, and the shapes a budget of 15 captures
+    "longspec-beam": (lambda engine, model: LongSpecDrafter(engine.target, random_layer(model)), [(4, 11)]),
+    "longspec-chain": (lambda engine, model: LongSpecDrafter(engine.target, random_layer(model), chain=True),
+                       [(1,) * 15]),
+    "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config, layers=2)), [4]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("drafter", list(GRAPHED_DRAFTERS))
+def test_draft_depths_replay_a_graph_and_draft_as_called(drafter, monkeypatch):
+    """LongSpec's beam or greedy chain and GLIDE's chain replay one CUDA graph of their depths per shape, reading
+    the target's cache to the root's length on the device: every proposal equals the one drafted as called, the
+    output the target's."""
     prompt = random_prompt(60, seed=7, vocab=VOCAB)
     model = cuda_model("llama")
     engine = Engine(model, TOKENIZER, max_len=256)
     expected = generate(engine, prompt, 40, NO_EOS)
+    make, shapes = GRAPHED_DRAFTERS[drafter]
     proposals = {}
     for graphed in (False, True):
-        drafter = LongSpecDrafter(engine.target, random_layer(model), chain=chain)
-        assert drafter._graphed(NO_EOS)
+        draft = make(engine, model)
         if not graphed:
-            monkeypatch.setattr(drafter, "_graphed", lambda sampling: False)
+            monkeypatch.setattr(draft, "_graphed", lambda *sampling: False)  # LongSpec's asks for the sampling
         seen = proposals[graphed] = []
-        propose = drafter.propose
-        drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]
-        engine.set_drafter(drafter, 15)
+        propose = draft.propose
+        draft.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]
+        engine.set_drafter(draft, 15)
         assert generate(engine, prompt, 40, NO_EOS) == expected
     assert [(t.tokens, t.parents) for t in proposals[True]] == [(t.tokens, t.parents) for t in proposals[False]]
-    assert list(drafter.graphs) == [(1,) * 15 if chain else (4, 11)]
+    assert list(draft.graphs) == shapes
 
 
 def test_asynchronous_copies_of_host_data_arrive_whole():

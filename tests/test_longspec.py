@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from chi_square import assert_fits
 from conftest import tiny_model
+from drafters_for_tests import rerun
 from test_model_drafter import small_policy
 from test_sampling_verification import CONFIGS, PROMPT, SAMPLES, TOKENS, Target, exact_joint
 
@@ -75,17 +76,6 @@ def test_cross_attention_reads_the_policys_part_of_the_target_cache_and_stays_lo
     assert torch.equal(keys, layer.keys[0, :, drafter.read]) and torch.equal(values, layer.values[0, :, drafter.read])
 
 
-class Rerun:
-    """A CUDA graph's stand-in on a CPU: `replay` runs the captured call again into the outputs of its capture."""
-
-    def __init__(self, call):
-        self.call, self.out = call, call()
-
-    def replay(self):
-        for held, fresh in zip(self.out, self.call(), strict=True):
-            held.copy_(fresh)
-
-
 @pytest.mark.parametrize("chain", [False, True])
 def test_a_graphed_proposal_reads_the_whole_cache_to_its_length_and_drafts_as_called(chain, tokenizer, monkeypatch):
     """What a GPU captures: the depths over the target's whole last layer, read to the root's length on the device
@@ -99,7 +89,7 @@ def test_a_graphed_proposal_reads_the_whole_cache_to_its_length_and_drafts_as_ca
     for graphed in (False, True):
         drafter = LongSpecDrafter(engine.target, random_layer(model), chain=chain)
         monkeypatch.setattr(drafter, "_graphed", lambda sampling, graphed=graphed: graphed)
-        monkeypatch.setattr("specchat.drafters.longspec.drafter.capture", lambda call, pool: (r := Rerun(call), r.out))
+        monkeypatch.setattr("specchat.drafters.longspec.drafter.capture", rerun)
         seen = proposals[graphed] = []
         propose = drafter.propose
         drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]

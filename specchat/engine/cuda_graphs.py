@@ -2,11 +2,11 @@
 
 A decode step of an 8B model is ~350 kernels whose launches from Python take longer than the GPU takes to run
 them; a replayed graph launches them all at once. Each bucket (1, 2, 4, ..., 64 rows, and 65: a tree of the
-largest budget with its root) is captured once on a cache: a forward of r rows runs in the smallest bucket that holds it, its inputs copied into the bucket's
-static buffers and the rows past r padded (no real row sees a pad row and every pad row sees itself, so real
-rows compute what an unpadded forward computes and pad rows stay finite). The committed length is read on the
-device, so one graph serves every context length; the pad rows' keys and values land in slots after the real
-rows', which the cache never commits.
+largest budget with its root) is captured once on a cache: a forward of r rows runs in the smallest bucket that
+holds it, its inputs copied into the bucket's static buffers and the rows past r padded (no real row sees a pad
+row and every pad row sees itself, so real rows compute what an unpadded forward computes and pad rows stay
+finite). The committed length is read on the device, so one graph serves every context length; the pad rows'
+keys and values land in slots after the real rows', which the cache never commits.
 """
 
 from __future__ import annotations
@@ -19,6 +19,12 @@ from specchat.engine.forward_output import ForwardOutput
 from specchat.engine.torch_decoder import TorchDecoder
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, MAX_BUDGET + 1)  # the last: a tree of the largest budget and its root
+
+
+def replayable_rotary(rotary) -> bool:
+    """Whether a transformers rotary module computes its tables from the positions alone: dynamic RoPE (and
+    LongRoPE) updates them from the positions' values on the host, which a graph cannot replay."""
+    return getattr(rotary, "rope_type", "default") not in ("dynamic", "longrope")
 
 
 def capture(call, pool=None):

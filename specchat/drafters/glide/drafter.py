@@ -21,6 +21,8 @@ import torch
 from specchat.drafters import GLIDE
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.glide.model import GlideKV, GlideModel, check_target, load_glide
+from specchat.engine.cache import TreeKVLayer
+from specchat.engine.cuda_graphs import capture, replayable_rotary
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device, to_host
 from specchat.engine.sampling import PositionNoise, SamplingConfig
@@ -59,6 +61,12 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
         # every committed position, and the chain's scratch slots past the newest
         self.kv = GlideKV(config, target.cache.max_len + chain + 1, dtype=target.dtype, device=target.device)
         self.ids: list[int] = []
+        self.root = torch.zeros(1, dtype=torch.long, device=target.device)  # the root's position, as a graph reads it
+        self.root_length = torch.zeros(1, dtype=torch.int32, device=target.device)  # the same, as a kernel reads it
+        self.below_root: torch.Tensor | None = None  # the draft's logits below the root, as a graph reads them
+        self.graphs: dict[int, tuple] = {}  # per chain length: (CUDA graph, its ranked ids and confidences)
+        self.graph_keys: torch.Tensor | None = None  # the target cache's keys the graphs read
+        self.graph_pool = torch.cuda.graph_pool_handle() if target.device.type == "cuda" else None
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         same = self.new_request(ids, reused)
@@ -74,18 +82,11 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
         if budget <= 0:
             return builder.build()
         logits = self.root_logits()
-        ranked, confidences = [], []  # per chain step: [most] target ids, best first; the top-1 probability
         length = min(self.chain, budget)
-        most = min(1 + max(count for _, count in self.bins), logits.shape[-1])
-        for depth in range(1, length + 1):
-            logits = logits.float()
-            top = logits.topk(most)
-            confidences.append((top.values[0] - logits.logsumexp(dim=-1)).exp())
-            ranked.append(self.head.target_ids(top.indices))
-            if depth == length:
-                break
-            logits = self.head(self._forward(ranked[-1][:1], root + depth)[0])  # a chain node's state: a scratch slot
-        ranked, confidences = torch.stack(ranked), torch.stack(confidences)
+        if self._graphed():
+            ranked, confidences = self._replay(logits, length)
+        else:
+            ranked, confidences = self._chain(logits, length, lambda token, depth: self._forward(token, root + depth))
         steps, parent = [], ROOT
         for tokens, confidence in zip(*to_host(ranked, confidences)):
             parent_of_step, parent = parent, builder.add(parent, tokens[0], self.kind)
@@ -96,6 +97,48 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
                     return builder.build()
                 builder.add(parent, token, self.kind)
         return builder.build()
+
+    def _chain(self, logits: torch.Tensor, length: int, forward) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per chain step, [most] target ids (best first) and the top-1 probability, from the root's `logits`; each
+        step's states from `forward(token [1], depth)` (a chain node's state: a scratch slot)."""
+        ranked, confidences = [], []
+        most = min(1 + max(count for _, count in self.bins), logits.shape[-1])
+        for depth in range(1, length + 1):
+            logits = logits.float()
+            top = logits.topk(most)
+            confidences.append((top.values[0] - logits.logsumexp(dim=-1)).exp())
+            ranked.append(self.head.target_ids(top.indices))
+            if depth == length:
+                break
+            logits = self.head(forward(ranked[-1][:1], depth)[0])
+        return torch.stack(ranked), torch.stack(confidences)
+
+    def _graphed(self) -> bool:
+        """Whether the chain replays a graph: on a GPU, with the target's layers read in place (not remapped, not an
+        int8 or sliding-window cache) and positions rotated without a host-side update (dynamic RoPE)."""
+        layers = self.target.cache.layers[self.first_layer :]
+        return (self.target.device.type == "cuda" and not self.model.config.remap
+                and all(type(layer) is TreeKVLayer for layer in layers)
+                and replayable_rotary(self.target.rotary))  # fmt: skip
+
+    def _replay(self, logits: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chain of `length` from the graph that drafts it (captured on first use): the root's logits copied into
+        its buffer, its steps at positions after the root's, held on the device, over the target's whole layers."""
+        layers = self.target.cache.layers[self.first_layer :]
+        if self.graph_keys is not layers[0].keys:  # the target's cache allocated anew
+            self.graphs, self.graph_keys = {}, layers[0].keys
+        if self.below_root is None:
+            self.below_root = torch.empty_like(logits)
+        self.below_root.copy_(logits)
+        self.root.fill_(len(self.ids) - 1)  # queued fills: no wait for the device
+        self.root_length.fill_(len(self.ids) - 1)
+        if length not in self.graphs:
+            self._target_kv = [(layer.keys[0], layer.values[0]) for layer in layers]
+            step = lambda token, depth: self._forward(token, self.root + depth)  # noqa: E731
+            self.graphs[length] = capture(lambda: self._chain(self.below_root, length, step), self.graph_pool)
+        graph, out = self.graphs[length]
+        graph.replay()
+        return out
 
     def siblings(self, confidence: float) -> int:
         return next(count for bound, count in self.bins if confidence < bound)
@@ -117,12 +160,16 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
         self.kv.commit(root + 1)
         return self.head(states[-1])
 
-    def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
-        """The draft's last states of `ids` [q] at positions start, start + 1, ... (their keys and values kept)."""
-        positions = torch.arange(start, start + len(ids), device=self.target.device)
+    def _forward(self, ids: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
+        """The draft's last states of `ids` [q] at positions start, start + 1, ... (their keys and values kept); a
+        `start` held on the device (a tensor [1]: a graph's chain step) reads the target's layers to the root."""
+        if isinstance(start, torch.Tensor):
+            positions, target_length = start, self.root_length
+        else:
+            positions, target_length = torch.arange(start, start + len(ids), device=self.target.device), None
         cos, sin = self.target.rotary(self.kv.keys, positions[None])
         rotary = cos[0].to(self.target.dtype), sin[0].to(self.target.dtype)
-        return self.model(self.embed(ids), start, self.kv, self._target_kv, rotary)
+        return self.model(self.embed(ids), start, self.kv, self._target_kv, rotary, target_length=target_length)
 
     def _target_layers(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         layers = self.target.cache.layers[self.first_layer :]

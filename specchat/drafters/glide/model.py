@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from specchat.drafters.checkpoint import load_into, read_checkpoint, strip_prefix, write_checkpoint
-from specchat.drafters.draft_attention import attend
+from specchat.drafters.draft_attention import attend, attend_prefix
 from specchat.drafters.draft_layers import MLP, RMSNorm, SelfAttention, rotate
 from specchat.errors import SpecchatError
 
@@ -183,9 +183,9 @@ class GlideModel(nn.Module):
         self.model = GlideBody(config, remap_bias)
         self.lm_head = None if config.shared_vocab else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    def forward(self, x: torch.Tensor, start: int, kv: GlideKV, target_kv: list[tuple[torch.Tensor, torch.Tensor]],
-                cross_rotary: tuple[torch.Tensor, torch.Tensor],
-                cross_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(self, x: torch.Tensor, start: int | torch.Tensor, kv: GlideKV,
+                target_kv: list[tuple[torch.Tensor, torch.Tensor]], cross_rotary: tuple[torch.Tensor, torch.Tensor],
+                cross_mask: torch.Tensor | None = None, target_length: torch.Tensor | None = None) -> torch.Tensor:
         """Final-normed states [q, hidden] of token embeddings `x` [q, hidden] at positions start, start + 1, ...
         (their own keys and values are written to those slots of `kv`).
 
@@ -193,10 +193,15 @@ class GlideModel(nn.Module):
         remapped when the draft remaps); row p sees those of positions < p, or those `cross_mask` [q, n]
         shows it (training's block-wise lag). cross_rotary: the target's rotary tables [q, cross_head_dim]
         at the rows' positions.
+
+        A CUDA graph's chain step: `start` a tensor [1] (one row at a position held on the device), target_kv the
+        target's whole caches, of which it sees the first `target_length` slots (an int32 tensor [1]).
         """
         config, count = self.config, x.shape[0]
-        end = start + count
-        rows = torch.arange(start, end, device=x.device)
+        stepped = isinstance(start, torch.Tensor)
+        rows = start if stepped else torch.arange(start, start + count, device=x.device)
+        end = None if stepped else start + count
+        own_length = (start + 1).to(torch.int32) if stepped else None
         own_cos, own_sin = self.own_rotary(rows)
         cross_cos, cross_sin = cross_rotary
         own_mask = None if count == 1 else torch.arange(end, device=rows.device) <= rows[:, None]
@@ -204,20 +209,30 @@ class GlideModel(nn.Module):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = rotate(_heads(attn.q_proj(h), config.num_attention_heads), own_cos, own_sin)
-            kv.keys[index, :, start:end] = rotate(_heads(attn.k_proj(h), config.num_key_value_heads), own_cos, own_sin)
-            kv.values[index, :, start:end] = _heads(attn.v_proj(h), config.num_key_value_heads)
-            out = attend(q, kv.keys[index, :, :end], kv.values[index, :, :end], own_mask)
+            k = rotate(_heads(attn.k_proj(h), config.num_key_value_heads), own_cos, own_sin)
+            v = _heads(attn.v_proj(h), config.num_key_value_heads)
+            if stepped:
+                kv.keys[index].index_copy_(1, rows, k)
+                kv.values[index].index_copy_(1, rows, v)
+                out = attend_prefix(q, kv.keys[index], kv.values[index], own_length)
+            else:
+                kv.keys[index, :, start:end], kv.values[index, :, start:end] = k, v
+                out = attend(q, kv.keys[index, :, :end], kv.values[index, :, :end], own_mask)
             x = x + attn.o_proj(_merge(out))
             cross = layer.cross_attn
             keys, values = target_kv[index]
-            if cross_mask is None:
-                keys, values = keys[:, : end - 1], values[:, : end - 1]  # the last row sees positions < end - 1
-                mask = (None if start >= keys.shape[1]
-                        else torch.arange(keys.shape[1], device=rows.device) < rows[:, None])
-            else:
-                mask = cross_mask
             q = rotate(_heads(cross.q_proj(x), config.cross_heads), cross_cos, cross_sin)
-            x = x + cross.o_proj(_merge(attend(q, keys, values, mask)))
+            if stepped:
+                read = attend_prefix(q, keys, values, target_length)
+            else:
+                if cross_mask is None:
+                    keys, values = keys[:, : end - 1], values[:, : end - 1]  # the last row sees positions < end - 1
+                    mask = (None if start >= keys.shape[1]
+                            else torch.arange(keys.shape[1], device=rows.device) < rows[:, None])  # fmt: skip
+                else:
+                    mask = cross_mask
+                read = attend(q, keys, values, mask)
+            x = x + cross.o_proj(_merge(read))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 

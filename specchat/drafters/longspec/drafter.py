@@ -20,7 +20,7 @@ from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.longspec.model import LongSpecLayer, RingKV, load_longspec
 from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.cache import TreeKVLayer
-from specchat.engine.cuda_graphs import capture
+from specchat.engine.cuda_graphs import capture, replayable_rotary
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device
 from specchat.engine.sampling import PositionNoise, SamplingConfig
@@ -28,7 +28,6 @@ from specchat.engine.tree import ROOT, DraftTree
 from specchat.quant.quantize import quantized_copy
 
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
-DYNAMIC_ROPE = ("dynamic", "longrope")  # RoPE types whose tables transformers updates from the positions' values
 GREEDY = SamplingConfig()
 
 
@@ -114,7 +113,7 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         cache policy's selection: as called), positions rotated without a host-side update (dynamic RoPE)."""
         return (self.target.device.type == "cuda" and (not self.chain or sampling.greedy)
                 and isinstance(self.policy, FullCache) and type(self.target.cache.layers[-1]) is TreeKVLayer
-                and getattr(self.target.rotary, "rope_type", "default") not in DYNAMIC_ROPE)  # fmt: skip
+                and replayable_rotary(self.target.rotary))  # fmt: skip
 
     def _replay(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """The proposal's tokens and parents from the graph of `shape` (views of its buffers), captured on first use
