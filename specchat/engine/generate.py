@@ -99,6 +99,11 @@ class Engine:
         self._last_query: torch.Tensor | None = None  # [heads, D] fp32 of the newest position in the cache
         self._verify_costs: dict[str, VerifyCost] = {}  # calibration key -> its prices, kept up to date
         self._constraints: dict[str, Constraint] = {}  # JSON mode, recent schemas and tools (`_kept`)
+        # On a GPU the next decode step's forward is queued before the caller handles this step's event: the device
+        # runs it while the host streams text and the caller consumes the event (`_queue_decode_step`). A CPU
+        # computes as it queues, so there it would only hold the event back.
+        self.decode_ahead = self.device.type == "cuda"
+        self._queued: tuple | None = None  # (batch, logits, hidden) of the next decode step's forward, pending
         self.target = TargetView.of(model, self.cache, forward=self._draft_forward,
                                     last_query=lambda: self._last_query, tokenizer=tokenizer,
                                     layer_queries=self._layer_queries)  # fmt: skip
@@ -292,6 +297,7 @@ class Engine:
         event = self._commit([token], [TARGET], self._no_rows, stats, stream, budget, limit, constrained)
         event = _with_logprobs(event, scored)
         ahead = _still_known(list(known), event.tokens)
+        self._queue_decode_step(event, ahead, stats)
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
@@ -304,6 +310,7 @@ class Engine:
             drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
             stats.record_step(tree.depth, drafted, tree_budget, draft_seconds, nodes=len(tree))
             ahead = _still_known(ahead, event.tokens)
+            self._queue_decode_step(event, ahead, stats)
             yield event
 
     def _step(self, sampling: SamplingConfig, generator, noise: PositionNoise | None, known: list[int],
@@ -336,11 +343,8 @@ class Engine:
             tree = tree.cut(self.policy.size(tree, clock.host_seconds()))
             budget = len(tree)
         clock.mark()
-        prefix = self.cache.length
-        batch = tree_batch(tree, self.ids[-1], prefix, self.device)
-        mask = batch.tree_mask if len(tree) else None  # the root alone: a decode step
-        logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask,
-                                       feature_layers=self.state_layers)  # fmt: skip
+        queued, self._queued = self._queued, None
+        batch, logits, hidden = queued if queued is not None and not len(tree) else self._tree_forward(tree)
         processed = self._process(logits, sampling, tree, constrained, held)
         clock.mark()
         choices = None
@@ -361,6 +365,22 @@ class Engine:
         hidden = hidden[rows] if self.drafter is not None else hidden  # only a drafter reads them
         token_scores = token_logprobs(processed.logits, kept, tokens, logprobs) if logprobs is not None else None
         return tokens, origins, hidden, tree, budget, draft_seconds, token_scores
+
+    def _tree_forward(self, tree: DraftTree):
+        """The target's forward of the root and `tree` after the cache (pending): (its batch, logits, hidden)."""
+        batch = tree_batch(tree, self.ids[-1], self.cache.length, self.device)
+        mask = batch.tree_mask if len(tree) else None  # the root alone: a decode step
+        logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask,
+                                       feature_layers=self.state_layers)  # fmt: skip
+        return batch, logits, hidden
+
+    def _queue_decode_step(self, event: StepEvent, known: list[int], stats: GenerationStats) -> None:
+        """Where `decode_ahead` holds and the text goes on with a decode step (no drafter, no known tokens to
+        verify), queue that step's forward now (decoding time); `_step` then takes it instead of running its own."""
+        if self.decode_ahead and event.finish_reason is None and self.drafter is None and not known:
+            start = time.perf_counter()
+            self._queued = self._tree_forward(DraftTree.empty())
+            stats.decode_seconds += time.perf_counter() - start
 
     def _draft_budget(self, mode: frozenset[str], scored: bool) -> int:
         """The nodes to ask the drafter for: the adaptive budget's (for a scoring drafter a large tree, cut after),
@@ -510,6 +530,7 @@ class Engine:
         """`TargetView.layer_queries`: every layer's rotated query [layers, heads, D] (fp32) of `token` at
         `position` after this cache, whose pending row is then dropped."""
         tokens, positions = (torch.full((1,), value, device=self.device) for value in (token, position))
+        self._queued = None  # its pending row is overwritten
         out = self.forward(tokens, positions, None, self.cache, every_layer=True)
         self.cache.truncate(self.cache.length)
         return out.queries[:, 0].float()
@@ -520,6 +541,7 @@ class Engine:
         the last decoder layer's output (before the final norm) [q, hidden_size], or the residual stream entering
         each of `feature_layers` side by side [q, len(feature_layers) * hidden_size]."""
         cache = cache if cache is not None else self.cache
+        self._queued = None  # its pending row is overwritten (a queued step is only taken by the step after it)
         if positions is None:
             start = cache.length
             positions = torch.arange(start, start + tokens.shape[0], device=self.device)
@@ -580,8 +602,7 @@ class Engine:
         tree, generator, times = DraftTree.empty(), make_generator(sampling, self.device), []
         for _ in range(repeats):
             start = time.perf_counter()
-            batch = tree_batch(tree, self.ids[-1], self.cache.length, self.device)
-            logits, _ = self._forward(batch.input_ids, positions=batch.position_ids)
+            _, logits, _ = self._tree_forward(tree)
             verify(tree, self._process(logits, sampling, tree), sampling, generator)  # ints out: device synced
             times.append(time.perf_counter() - start)
         self.cache.truncate(self.cache.length)  # drop the pending root KV the forwards wrote
