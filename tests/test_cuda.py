@@ -158,8 +158,8 @@ def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, d
     engine = Engine(model, TOKENIZER, max_len=256)
     if drafter is not None:
         engine.set_drafter(DRAFTERS[drafter](engine, model, None), 16)
-    steps, proposals = [], []  # synchronisations of each step, of each proposal
-    where = []  # the Python lines that synchronised, a list a step
+    launches, steps, proposals = [], [], []  # synchronisations of each step's launch, its verification, proposal
+    where = []  # the Python lines that synchronised, a list a launch and a verification
 
     def counting(call, counts):
         def counted(*args, **kwargs):
@@ -167,13 +167,13 @@ def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, d
             out = call(*args, **kwargs)
             syncs = [w for w in caught[before:] if "synchroniz" in str(w.message)]
             counts.append(len(syncs))
-            if counts is steps:
+            if counts is not proposals:
                 where.append([f"{w.filename.rsplit('/', 2)[-1]}:{w.lineno}" for w in syncs])
             return out
 
         return counted
 
-    engine._step = counting(engine._step, steps)
+    engine._launch, engine._step = counting(engine._launch, launches), counting(engine._step, steps)
     if drafter is not None:
         engine.drafter.propose = counting(engine.drafter.propose, proposals)
     with warnings.catch_warnings(record=True) as caught:
@@ -183,8 +183,9 @@ def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, d
             list(engine.generate(prompt, sampling=sampling, max_new_tokens=24, reproducible=keyed))
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    assert len(steps) > 4
-    assert steps[3:] == [1 + drafted] * len(steps[3:]), where[3:5]
+    assert len(steps) > 4 and len(launches) == len(steps)  # on a GPU each launched ahead, none after the last
+    whole = [launched + verified for launched, verified in zip(launches, steps)]
+    assert whole[3:] == [1 + drafted] * len(whole[3:]), where[6:10]
     assert proposals[3:] == [drafted] * len(proposals[3:])
 
 

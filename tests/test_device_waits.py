@@ -64,27 +64,25 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
 
 
 def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12, reproducible: bool = False):
-    """Per decode step after the first: (drains in the drafter's proposal, drains in the whole step, the tree, what
-    caused them)."""
-    proposals, steps = [], []
-    propose, step = engine.drafter.propose, engine._step
+    """Per decode step after the first: (drains in the drafter's proposal, drains in the whole step: its launch and
+    its verification, the tree, what caused them)."""
+    proposals, launches, steps = [], [], []
+    propose, launch, step = engine.drafter.propose, engine._launch, engine._step
 
-    def counted_propose(*args, **kwargs):
-        with QueueDrains() as drains:
-            tree = propose(*args, **kwargs)
-        proposals.append((drains, tree))
-        return tree
+    def counted(call, into):
+        def counted_call(*args, **kwargs):
+            with QueueDrains() as drains:
+                out = call(*args, **kwargs)
+            into.append((drains, out))
+            return out
 
-    def counted_step(*args, **kwargs):
-        with QueueDrains() as drains:
-            out = step(*args, **kwargs)
-        steps.append(drains)
-        return out
+        return counted_call
 
-    engine.drafter.propose, engine._step = counted_propose, counted_step
+    engine.drafter.propose = counted(propose, proposals)
+    engine._launch, engine._step = counted(launch, launches), counted(step, steps)
     list(engine.generate(PROMPT, sampling=sampling, max_new_tokens=tokens, reproducible=reproducible))
-    return [(drafted.drains, whole.drains, tree, drafted.causes + whole.causes)
-            for (drafted, tree), whole in zip(proposals[1:], steps[1:])]  # fmt: skip
+    return [(drafted.drains, launched.drains + verified.drains, tree, launched.causes + verified.causes)
+            for (drafted, tree), (launched, _), (verified, _) in zip(proposals[1:], launches[1:], steps[1:])]
 
 
 @pytest.mark.parametrize("attention", ["auto", "hybrid"], ids=["cpu-decoder", "torch-decoder"])

@@ -40,7 +40,7 @@ from specchat.engine.stats import GenerationStats
 from specchat.engine.step_clock import StepClock
 from specchat.engine.target_forward import forward_path, target_forward
 from specchat.engine.text import TextStream
-from specchat.engine.tree import DraftTree, node_histories, tree_batch
+from specchat.engine.tree import DraftTree, TreeBatch, node_histories, tree_batch
 from specchat.engine.verify import verify
 from specchat.engine.verify_cost import VerifyCost, cached_verify_cost, measure_verify_cost, priced_context
 from specchat.engine.verify_forward import verification_forward
@@ -99,11 +99,11 @@ class Engine:
         self._last_query: torch.Tensor | None = None  # [heads, D] fp32 of the newest position in the cache
         self._verify_costs: dict[str, VerifyCost] = {}  # calibration key -> its prices, kept up to date
         self._constraints: dict[str, Constraint] = {}  # JSON mode, recent schemas and tools (`_kept`)
-        # On a GPU the next decode step's forward is queued before the caller handles this step's event: the device
-        # runs it while the host streams text and the caller consumes the event (`_queue_decode_step`). A CPU
-        # computes as it queues, so there it would only hold the event back.
-        self.decode_ahead = self.device.type == "cuda"
-        self._queued: tuple | None = None  # (batch, logits, hidden) of the next decode step's forward, pending
+        # On a GPU the next step's drafting and verification forward are queued before the caller handles this
+        # step's event: the device runs them while the host streams text and the caller consumes the event
+        # (`_queue_step`). A CPU computes as it queues, so there it would only hold the event back.
+        self.launch_ahead = self.device.type == "cuda"
+        self._queued: StepLaunch | None = None  # the next step's, its rows pending in the cache
         self.target = TargetView.of(model, self.cache, forward=self._draft_forward,
                                     last_query=lambda: self._last_query, tokenizer=tokenizer,
                                     layer_queries=self._layer_queries)  # fmt: skip
@@ -297,12 +297,14 @@ class Engine:
         event = self._commit([token], [TARGET], self._no_rows, stats, stream, budget, limit, constrained)
         event = _with_logprobs(event, scored)
         ahead = _still_known(list(known), event.tokens)
-        self._queue_decode_step(event, ahead, stats)
+        self._queue_step(event, stats, sampling, generator, noise, ahead, constrained)
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
+            launch, self._queued = self._queued, None
+            launch = launch or self._launch(sampling, generator, noise, ahead, constrained)
             tokens, origins, hidden, tree, tree_budget, draft_seconds, scored = self._step(
-                sampling, generator, noise, ahead, constrained, logprobs, max(0, min_tokens - stats.new_tokens))
+                launch, sampling, generator, noise, constrained, logprobs, max(0, min_tokens - stats.new_tokens))
             stats.decode_seconds += time.perf_counter() - start
             event = self._commit(tokens, origins, hidden, stats, stream, budget, limit, constrained)
             event = _with_logprobs(event, scored)
@@ -310,23 +312,18 @@ class Engine:
             drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
             stats.record_step(tree.depth, drafted, tree_budget, draft_seconds, nodes=len(tree))
             ahead = _still_known(ahead, event.tokens)
-            self._queue_decode_step(event, ahead, stats)
+            self._queue_step(event, stats, sampling, generator, noise, ahead, constrained)
             yield event
 
-    def _step(self, sampling: SamplingConfig, generator, noise: PositionNoise | None, known: list[int],
-              constrained: ConstrainedText | None, logprobs: int | None, held: int):
-        """Draft (or take the `known` tokens as a chain), verify the tree (or just the root) in one forward,
-        commit the accepted KV.
-
-        `held`: the next tokens that may not end the text (`min_tokens`).
-
-        Returns the accepted tokens then the bonus, their origins, the hidden states of the rows kept in the
-        cache (root and accepted nodes), the tree verified, its budget, the seconds the drafter took and, with
-        `logprobs`, the tokens' log-probabilities (token i was chosen at kept row i).
-        """
+    def _launch(self, sampling: SamplingConfig, generator, noise: PositionNoise | None, known: list[int],
+                constrained: ConstrainedText | None) -> StepLaunch:
+        """A step's first half, queued without reading the device where the drafter needs no read: draft (or take
+        the `known` tokens, or what the syntax forces, as a chain), then the target's forward of the root and the
+        tree (pending)."""
         drafts = self.drafter is not None and constrained is not None and not known
         forced = constrained.forced() if drafts else []  # drafting asked for: what the syntax forces is its draft
         clock = StepClock(self.device)
+        mode = None
         if known or forced:
             tree = DraftTree.from_chains([(known or forced)[: self.tree_capacity]], KNOWN if known else FORCED,
                                          self.tree_capacity)  # fmt: skip
@@ -343,9 +340,29 @@ class Engine:
             tree = tree.cut(self.policy.size(tree, clock.host_seconds()))
             budget = len(tree)
         clock.mark()
-        queued, self._queued = self._queued, None
-        batch, logits, hidden = queued if queued is not None and not len(tree) else self._tree_forward(tree)
-        processed = self._process(logits, sampling, tree, constrained, held)
+        batch, logits, hidden = self._tree_forward(tree)
+        return StepLaunch(tree, budget, mode, clock, batch, logits, hidden)
+
+    def _queue_step(self, event: StepEvent, stats: GenerationStats, *launch) -> None:
+        """Where `launch_ahead` holds and the text goes on, launch the next step now (decoding time): the loop takes
+        it instead of launching its own, unless a forward over the cache came between (`_forward` drops it)."""
+        if self.launch_ahead and event.finish_reason is None:
+            start = time.perf_counter()
+            self._queued = self._launch(*launch)
+            stats.decode_seconds += time.perf_counter() - start
+
+    def _step(self, launch: StepLaunch, sampling: SamplingConfig, generator, noise: PositionNoise | None,
+              constrained: ConstrainedText | None, logprobs: int | None, held: int):
+        """A step's second half: verify the launched tree (or just the root), commit the accepted KV.
+
+        `held`: the next tokens that may not end the text (`min_tokens`).
+
+        Returns the accepted tokens then the bonus, their origins, the hidden states of the rows kept in the
+        cache (root and accepted nodes), the tree verified, its budget, the seconds the drafter took and, with
+        `logprobs`, the tokens' log-probabilities (token i was chosen at kept row i).
+        """
+        tree, clock, batch, hidden = launch.tree, launch.clock, launch.batch, launch.hidden
+        processed = self._process(launch.logits, sampling, tree, constrained, held)
         clock.mark()
         choices = None
         if noise:
@@ -357,14 +374,14 @@ class Engine:
         rows = slice(0, len(kept)) if leading else to_device(kept, self.device)
         self.cache.commit(kept if leading else rows)
         self._keep_query(kept[-1])
-        if self.policy and not known and not forced:  # known and forced tokens say nothing about the drafter
-            self.policy.observe(tree, verdict.path, budget=budget, draft_seconds=draft_seconds,
-                                verify_seconds=verify_seconds, mode=mode)  # fmt: skip
+        if self.policy and launch.mode is not None:  # known and forced tokens say nothing about the drafter
+            self.policy.observe(tree, verdict.path, budget=launch.budget, draft_seconds=draft_seconds,
+                                verify_seconds=verify_seconds, mode=launch.mode)  # fmt: skip
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
         hidden = hidden[rows] if self.drafter is not None else hidden  # only a drafter reads them
         token_scores = token_logprobs(processed.logits, kept, tokens, logprobs) if logprobs is not None else None
-        return tokens, origins, hidden, tree, budget, draft_seconds, token_scores
+        return tokens, origins, hidden, tree, launch.budget, draft_seconds, token_scores
 
     def _tree_forward(self, tree: DraftTree):
         """The target's forward of the root and `tree` after the cache (pending): (its batch, logits, hidden)."""
@@ -373,14 +390,6 @@ class Engine:
         logits, hidden = self._forward(batch.input_ids, positions=batch.position_ids, tree_mask=mask,
                                        feature_layers=self.state_layers)  # fmt: skip
         return batch, logits, hidden
-
-    def _queue_decode_step(self, event: StepEvent, known: list[int], stats: GenerationStats) -> None:
-        """Where `decode_ahead` holds and the text goes on with a decode step (no drafter, no known tokens to
-        verify), queue that step's forward now (decoding time); `_step` then takes it instead of running its own."""
-        if self.decode_ahead and event.finish_reason is None and self.drafter is None and not known:
-            start = time.perf_counter()
-            self._queued = self._tree_forward(DraftTree.empty())
-            stats.decode_seconds += time.perf_counter() - start
 
     def _draft_budget(self, mode: frozenset[str], scored: bool) -> int:
         """The nodes to ask the drafter for: the adaptive budget's (for a scoring drafter a large tree, cut after),
@@ -530,7 +539,7 @@ class Engine:
         """`TargetView.layer_queries`: every layer's rotated query [layers, heads, D] (fp32) of `token` at
         `position` after this cache, whose pending row is then dropped."""
         tokens, positions = (torch.full((1,), value, device=self.device) for value in (token, position))
-        self._queued = None  # its pending row is overwritten
+        self._queued = None  # a launched step's pending rows are overwritten
         out = self.forward(tokens, positions, None, self.cache, every_layer=True)
         self.cache.truncate(self.cache.length)
         return out.queries[:, 0].float()
@@ -541,7 +550,7 @@ class Engine:
         the last decoder layer's output (before the final norm) [q, hidden_size], or the residual stream entering
         each of `feature_layers` side by side [q, len(feature_layers) * hidden_size]."""
         cache = cache if cache is not None else self.cache
-        self._queued = None  # its pending row is overwritten (a queued step is only taken by the step after it)
+        self._queued = None  # a launched step's pending rows are overwritten: the loop launches it again
         if positions is None:
             start = cache.length
             positions = torch.arange(start, start + tokens.shape[0], device=self.device)
@@ -607,6 +616,19 @@ class Engine:
             times.append(time.perf_counter() - start)
         self.cache.truncate(self.cache.length)  # drop the pending root KV the forwards wrote
         return sorted(times)[len(times) // 2]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLaunch:
+    """A step's drafting and verification forward, queued on the device, for `Engine._step` to verify."""
+
+    tree: DraftTree
+    budget: int
+    mode: frozenset[str] | None  # the kinds that drafted the tree; None: known or forced tokens
+    clock: StepClock
+    batch: TreeBatch
+    logits: torch.Tensor
+    hidden: torch.Tensor
 
 
 def _with_logprobs(event: StepEvent, scored: list | None) -> StepEvent:
