@@ -13,7 +13,8 @@ budget. What differs is where their tokens come from:
 - `EndBesideDrafter` proposes the reference with a given token (the end of text) beside each of its nodes.
 
 `random_eagle3` is a real EAGLE-3 draft layer with random weights, for the real drafter. `rerun` stands in for
-a CUDA graph's capture on a CPU: what a drafter would capture runs again at each replay, into the same outputs.
+a CUDA graph's capture on a CPU: what a drafter would capture runs again at each replay, into the same outputs, and
+must dispatch the same ops with the same host values (a graph replays them frozen).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import random
 from collections.abc import Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft
 from specchat.drafters.eagle3.train import initial_draft
@@ -287,17 +289,50 @@ def random_eagle3(model, vocab: int = 512, seed: int = 0) -> Eagle3Draft:
 
 
 class Rerun:
-    """A CUDA graph's stand-in on a CPU: `replay` runs the captured call again into the outputs of its capture."""
+    """A CUDA graph's stand-in on a CPU: `replay` runs the captured call again into the outputs of its capture, and
+    fails where the call dispatched other ops, shapes or host values than at its capture (a graph would replay the
+    captured ones: a value the host computed each time, a position or a token, is frozen in it)."""
 
     def __init__(self, call):
-        self.call, self.out = call, call()
+        self.call = call
+        with DispatchedOps() as ops:
+            self.out = call()
+        self.ops = ops.seen
 
     def replay(self):
-        for held, fresh in zip(self.out, self.call(), strict=True):
-            held.copy_(fresh)
+        with DispatchedOps() as ops:
+            fresh = self.call()
+        changed = next(((now, then) for now, then in zip(ops.seen, self.ops) if now != then), "another op count")
+        assert ops.seen == self.ops, f"the captured call dispatched other ops or host values (now, then): {changed}"
+        for held, new in zip(self.out, fresh, strict=True):
+            held.copy_(new)
 
 
 def rerun(call, pool=None):
     """`cuda_graphs.capture`'s stand-in on a CPU: (the stand-in graph, its outputs)."""
     graph = Rerun(call)
     return graph, graph.out
+
+
+class DispatchedOps(TorchDispatchMode):
+    """The ops dispatched while active, each with its arguments' shapes and dtypes, and its host values as given."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        described = tuple(_described(value) for value in (*args, *kwargs.values()))
+        self.seen.append((str(func), described))
+        return func(*args, **kwargs)
+
+
+def _described(value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return tuple(_described(item) for item in value)
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return value
+    return type(value).__name__  # a storage the interpreter wraps a kernel's output in, a layout

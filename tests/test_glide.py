@@ -93,8 +93,7 @@ def test_random_glide_changes_nothing(family, budget, targets, greedy, tokenizer
     assert run(engine, second, 24)[0] == expected
 
 
-@pytest.mark.parametrize("layers", [1, 2])
-def test_a_graphed_chain_reads_the_caches_to_their_lengths_and_drafts_as_called(layers, targets, greedy, tokenizer,
+def test_a_graphed_chain_reads_the_caches_to_their_lengths_and_drafts_as_called(targets, greedy, tokenizer,
                                                                                 monkeypatch):  # fmt: skip
     """What a GPU captures: the chain's steps at positions held on the device, writing and reading the draft's own
     cache and reading the target's whole layers to the root's length (the graph kernel, here in Triton's
@@ -102,14 +101,14 @@ def test_a_graphed_chain_reads_the_caches_to_their_lengths_and_drafts_as_called(
     engine = Engine(targets["llama"], tokenizer, max_len=256)
     proposals = {}
     for graphed in (False, True):
-        drafter = GlideDrafter(engine.target, random_draft(targets["llama"].config, layers=layers))
+        drafter = GlideDrafter(engine.target, random_draft(targets["llama"].config, layers=2))
         monkeypatch.setattr(drafter, "_graphed", lambda graphed=graphed: graphed)
         monkeypatch.setattr("specchat.drafters.glide.drafter.capture", rerun)
         seen = proposals[graphed] = []
         propose = drafter.propose
         drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]
         engine.set_drafter(drafter, 20)
-        assert run(engine, PROMPT, 48)[0] == greedy["llama"]
+        assert run(engine, PROMPT, 24)[0] == greedy["llama"][:24]
     assert [(t.tokens, t.parents) for t in proposals[True]] == [(t.tokens, t.parents) for t in proposals[False]]
     assert len(proposals[True]) > 3 and list(drafter.graphs) == [4]
 

@@ -133,8 +133,8 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
         self.root.fill_(len(self.ids) - 1)  # queued fills: no wait for the device
         self.root_length.fill_(len(self.ids) - 1)
         if length not in self.graphs:
-            self._target_kv = [(layer.keys[0], layer.values[0]) for layer in layers]
-            step = lambda token, depth: self._forward(token, self.root + depth)  # noqa: E731
+            whole = [(layer.keys[0], layer.values[0]) for layer in layers]
+            step = lambda token, depth: self._forward(token, self.root + depth, whole)  # noqa: E731
             self.graphs[length] = capture(lambda: self._chain(self.below_root, length, step), self.graph_pool)
         graph, out = self.graphs[length]
         graph.replay()
@@ -160,16 +160,18 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
         self.kv.commit(root + 1)
         return self.head(states[-1])
 
-    def _forward(self, ids: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
-        """The draft's last states of `ids` [q] at positions start, start + 1, ... (their keys and values kept); a
-        `start` held on the device (a tensor [1]: a graph's chain step) reads the target's layers to the root."""
+    def _forward(self, ids: torch.Tensor, start: int | torch.Tensor, target_kv: list | None = None) -> torch.Tensor:
+        """The draft's last states of `ids` [q] at positions start, start + 1, ... (their keys and values kept),
+        reading the target's layers as `root_logits` took them, or `target_kv`; a `start` held on the device (a
+        tensor [1]: a graph's chain step) reads the target's whole layers to the root."""
         if isinstance(start, torch.Tensor):
             positions, target_length = start, self.root_length
         else:
             positions, target_length = torch.arange(start, start + len(ids), device=self.target.device), None
         cos, sin = self.target.rotary(self.kv.keys, positions[None])
         rotary = cos[0].to(self.target.dtype), sin[0].to(self.target.dtype)
-        return self.model(self.embed(ids), start, self.kv, self._target_kv, rotary, target_length=target_length)
+        return self.model(self.embed(ids), start, self.kv, self._target_kv if target_kv is None else target_kv, rotary,
+                          target_length=target_length)  # fmt: skip
 
     def _target_layers(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         layers = self.target.cache.layers[self.first_layer :]

@@ -88,8 +88,7 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         if self._graphed(sampling):
             tokens, parents = (part.clone() for part in self._replay(shape))
             return DraftTree.queued(tokens, parents, self.kind)
-        self.target_kv = (*self._target_kv(root), None)
-        tokens, parents, draft_probs = self._grow(shape, sampling, generator)
+        tokens, parents, draft_probs = self._grow(shape, sampling, generator, (*self._target_kv(root), None))
         return DraftTree.queued(tokens, parents, self.kind, draft_probs)
 
     def _shape(self, budget: int) -> tuple[int, ...]:
@@ -123,15 +122,18 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         if self.graph_keys is not layer.keys:  # the target's cache allocated anew
             self.graphs, self.graph_keys = {}, layer.keys
         if shape not in self.graphs:
-            self.target_kv = (layer.keys[0], layer.values[0], self.root_length)
-            self.graphs[shape] = capture(lambda: self._grow(shape, GREEDY, None)[:2], self.graph_pool)
+            whole = (layer.keys[0], layer.values[0], self.root_length)
+            self.graphs[shape] = capture(lambda: self._grow(shape, GREEDY, None, whole)[:2], self.graph_pool)
         graph, out = self.graphs[shape]
         graph.replay()
         return out
 
-    def _grow(self, shape: tuple[int, ...], sampling: SamplingConfig, generator: torch.Generator | None):
+    def _grow(self, shape: tuple[int, ...], sampling: SamplingConfig, generator: torch.Generator | None,
+              target_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]):  # fmt: skip
         """(tokens, parents, the draws' distributions of a sampled chain or None) of the tree of `shape` below the
-        root in `root_token` at position `root`: its first forward runs the root, as a row of the tree."""
+        root in `root_token` at position `root`, cross-attention reading `target_kv` (keys, values and, for the
+        target's whole cache, the length read): its first forward runs the root, as a row of the tree."""
+        self.target_kv = target_kv
         tree = TreeRows(device=self.target.device)
         logits = self._forward(self.root_token, 0, tree, tree.add([ROOT]))
         if self.chain:
