@@ -19,6 +19,7 @@ must dispatch the same ops with the same host values (a graph replays them froze
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -304,8 +305,15 @@ class Rerun:
             fresh = self.call()
         changed = next(((now, then) for now, then in zip(ops.seen, self.ops) if now != then), "another op count")
         assert ops.seen == self.ops, f"the captured call dispatched other ops or host values (now, then): {changed}"
-        for held, new in zip(self.out, fresh, strict=True):
+        for held, new in zip(_tensors(self.out), _tensors(fresh), strict=True):
             held.copy_(new)
+
+
+def _tensors(out) -> tuple[torch.Tensor, ...]:
+    """A captured call's outputs: a tuple of tensors, or a dataclass of them (the torch decoder's `ForwardOutput`)."""
+    if not dataclasses.is_dataclass(out):
+        return out
+    return tuple(getattr(out, field.name) for field in dataclasses.fields(out))
 
 
 def rerun(call, pool=None):
