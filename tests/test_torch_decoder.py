@@ -263,3 +263,46 @@ def test_cuda_graphs_replay_the_forward_at_every_length_and_tree_size(family, mo
         decode_step = graphs(torch.tensor([3], device=DEVICE), torch.tensor([cache.length], device=DEVICE))
         want = forward(decoder, cache, torch.tensor([3], device=DEVICE), torch.tensor([cache.length], device=DEVICE))
         torch.testing.assert_close(decode_step.logits, want.logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("drafter", ["none", "random tree", "longspec"])
+def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, tokenizer, monkeypatch):
+    """The engine's GPU path on a CPU: the torch decoder's forwards over its cache replayed from their bucket graphs
+    (capture's stand-in checks each replay against its capture), steps launched ahead, a LongSpec draft's depths
+    graphed too; the text equals the uncaptured engine's, turn after turn."""
+    from drafters_for_tests import RandomTreeDrafter
+    from test_longspec import random_layer
+
+    from specchat.drafters.longspec import drafter as longspec
+    from specchat.engine import cuda_graphs
+    from specchat.engine.attention import use_attention
+    from specchat.engine.generate import Engine
+    from specchat.engine.sampling import SamplingConfig
+
+    if DEVICE.type != "cuda":
+        monkeypatch.setattr(cuda_graphs, "capture", rerun)
+        monkeypatch.setattr(longspec, "capture", rerun)
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    model = model_of("llama")
+    use_attention(model, "hybrid")
+    drafters = {"none": lambda engine: None, "random tree": lambda engine: RandomTreeDrafter(vocab_size=VOCAB, seed=1),
+                "longspec": lambda engine: longspec.LongSpecDrafter(engine.target, random_layer(model))}  # fmt: skip
+    texts = []
+    for graphed in (False, True):
+        engine = Engine(model, tokenizer, max_len=300)
+        engine.forward.graphed = engine.launch_ahead = graphed
+        draft = drafters[drafter](engine)
+        if drafter == "longspec" and graphed:
+            monkeypatch.setattr(draft, "_graphed", lambda sampling: True)
+        engine.set_drafter(draft, 9)
+        first = prompt(30).tolist()
+        turns = [first, None]
+        out = []
+        for turn in turns:
+            ids = turn if turn is not None else first + out[0][:10] + [5, 6]
+            events = engine.generate(ids, sampling=SamplingConfig(suppress=(2,)), max_new_tokens=30)
+            out.append([t for event in events for t in event.tokens])
+        texts.append(out)
+        if graphed:
+            assert engine.forward.graphs and sorted(engine.forward.graphs[()].buckets)[-1] == 65
+    assert texts[0] == texts[1]
