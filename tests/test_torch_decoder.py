@@ -265,28 +265,33 @@ def test_cuda_graphs_replay_the_forward_at_every_length_and_tree_size(family, mo
         torch.testing.assert_close(decode_step.logits, want.logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("drafter", ["none", "random tree", "longspec"])
+@pytest.mark.parametrize("drafter", ["none", "random tree", "longspec", "tokenswift"])
 def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, tokenizer, monkeypatch):
     """The engine's GPU path on a CPU: the torch decoder's forwards over its cache replayed from their bucket graphs
-    (capture's stand-in checks each replay against its capture), steps launched ahead, a LongSpec draft's depths
-    graphed too; the text equals the uncaptured engine's, turn after turn."""
+    (capture's stand-in checks each replay against its capture), steps launched ahead, LongSpec's depths and
+    TokenSwift's draft forward over its partial cache graphed too (GLIDE's graphed chain: `test_glide.py`); the text
+    equals the uncaptured engine's, turn after turn."""
     from drafters_for_tests import RandomTreeDrafter
     from test_longspec import random_layer
+    from test_tokenswift_drafter import random_heads
 
     from specchat.drafters.longspec import drafter as longspec
+    from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
     from specchat.engine import cuda_graphs
     from specchat.engine.attention import use_attention
     from specchat.engine.generate import Engine
     from specchat.engine.sampling import SamplingConfig
 
     if DEVICE.type != "cuda":
-        monkeypatch.setattr(cuda_graphs, "capture", rerun)
-        monkeypatch.setattr(longspec, "capture", rerun)
+        for module in (cuda_graphs, longspec):
+            monkeypatch.setattr(module, "capture", rerun)
         monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     model = model_of("llama")
     use_attention(model, "hybrid")
     drafters = {"none": lambda engine: None, "random tree": lambda engine: RandomTreeDrafter(vocab_size=VOCAB, seed=1),
-                "longspec": lambda engine: longspec.LongSpecDrafter(engine.target, random_layer(model))}  # fmt: skip
+                "longspec": lambda engine: longspec.LongSpecDrafter(engine.target, random_layer(model)),
+                "tokenswift": lambda engine: TokenSwiftDrafter(engine.target, random_heads(model), kv_budget=48,
+                                                               lag=16)}  # fmt: skip
     texts = []
     for graphed in (False, True):
         engine = Engine(model, tokenizer, max_len=300)
@@ -305,4 +310,6 @@ def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, toke
         texts.append(out)
         if graphed:
             assert engine.forward.graphs and sorted(engine.forward.graphs[()].buckets)[-1] == 65
+            assert drafter != "longspec" or draft.graphs
+            assert drafter != "tokenswift" or engine.forward.draft_graph is not None
     assert texts[0] == texts[1]
