@@ -224,13 +224,12 @@ class GlideModel(nn.Module):
             q = rotate(_heads(cross.q_proj(x), config.cross_heads), cross_cos, cross_sin)
             if stepped:
                 read = attend_prefix(q, keys, values, target_length)
+            elif cross_mask is not None:
+                read = attend(q, keys, values, cross_mask)
             else:
-                if cross_mask is None:
-                    keys, values = keys[:, : end - 1], values[:, : end - 1]  # the last row sees positions < end - 1
-                    mask = (None if start >= keys.shape[1]
-                            else torch.arange(keys.shape[1], device=rows.device) < rows[:, None])  # fmt: skip
-                else:
-                    mask = cross_mask
+                keys, values = keys[:, : end - 1], values[:, : end - 1]  # the last row sees positions < end - 1
+                mask = (None if start >= keys.shape[1]
+                        else torch.arange(keys.shape[1], device=rows.device) < rows[:, None])  # fmt: skip
                 read = attend(q, keys, values, mask)
             x = x + cross.o_proj(_merge(read))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
