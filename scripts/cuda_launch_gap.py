@@ -1,14 +1,21 @@
 """How much of a GPU attention call is Python launch overhead: the hybrid attention call (at 4K/32K/128K keys, 2
 and 65 query rows) timed as called from Python and as a replayed CUDA graph of the same kernels (the whole
 forward's: `specchat bench gpu-forward`). `python scripts/cuda_launch_gap.py` on a CUDA machine; figures in
-docs/benchmarks.md ("GPU")."""
+docs/benchmarks.md ("GPU").
+
+`python scripts/cuda_launch_gap.py reads`: the engine's graph tree attention with K and V read through pointers and
+through Hopper's tensor descriptors, called and as graphs, and whether the two give the same bits.
+"""
+
 import functools
+import sys
 
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
 from specchat.engine.cuda_graphs import capture
+from specchat.kernels.attention import graph_attention
 from specchat.kernels.attention.decode_attention import prefix_attention
 from specchat.kernels.attention.hybrid import triton_hybrid_tree_attention
 
@@ -47,5 +54,26 @@ def attention_calls(heads=32, kv_heads=8, dim=128, dtype=torch.bfloat16):
                       f"{kv_bytes / replay / 1e6:>8.0f}", flush=True)  # fmt: skip
 
 
+def kv_reads(heads=32, kv_heads=8, dim=128, dtype=torch.bfloat16):
+    print(f"{'keys':>7} {'rows':>4} {'reads':>11} {'called us':>9} {'graph us':>9} {'same bits':>9}")
+    copy_engine = graph_attention.copy_engine
+    for context in (4096, 32768):
+        k, v = torch.randn(2, kv_heads, context + 128, dim, device=CUDA, dtype=dtype)
+        length = torch.tensor([context], dtype=torch.int32, device=CUDA)
+        for n in (1, 16, 64, 65):
+            q = torch.randn(n, heads, dim, device=CUDA, dtype=dtype)
+            mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=CUDA))
+            call = functools.partial(graph_attention.graph_tree_attention, q, k, v, length, mask, dim**-0.5)
+            outs = {}
+            for reads, descriptors in (("pointers", False), ("descriptors", True)):
+                graph_attention.copy_engine = lambda device, on=descriptors: on and copy_engine(device)
+                graph, outs[reads] = capture(call)
+                graph.replay()
+                same = "" if reads == "pointers" else str(torch.equal(outs["pointers"], outs[reads]))
+                print(f"{context:>7} {n:>4} {reads:>11} {ms(call) * 1e3:>9.1f} {ms(graph.replay) * 1e3:>9.1f} "
+                      f"{same:>9}", flush=True)  # fmt: skip
+    graph_attention.copy_engine = copy_engine
+
+
 if __name__ == "__main__":
-    attention_calls()
+    kv_reads() if sys.argv[1:] == ["reads"] else attention_calls()

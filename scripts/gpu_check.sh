@@ -6,8 +6,10 @@
 # `specchat bench gpu-forward` (decode and verification, graphs against calls), `specchat bench oracle` (end to
 # end at tau 1 and 4 against our own graph AR) and `specchat bench draft` (a random LongSpec draft's proposal
 # against the decode step), and `scripts/gpu_row_invariance.py` (is a verified row bitwise the decode step: cuBLAS
-# products by row count, tree attention); everything lands in $OUT, eight files at most (env.txt, install.log,
-# pytest.txt, gpu_forward.json, oracle.json, draft.json, rows.json, bench.err). About 4 minutes on an H200.
+# products by row count, tree attention); before the benches, the tree attention's K/V reads, pointers against
+# tensor descriptors (`scripts/cuda_launch_gap.py reads`); everything lands in $OUT, nine files at most (env.txt,
+# install.log, pytest.txt, reads.txt, gpu_forward.json, oracle.json, draft.json, rows.json, bench.err). About 5
+# minutes on an H200.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -30,6 +32,10 @@ if [ "$status" -ne 0 ]; then  # the failures once more, one at a time: flaky or 
     echo "rerun of the failures rc $?"
 fi
 tail -25 "$OUT/pytest.txt"
+SECONDS=0
+timeout 90 python3 scripts/cuda_launch_gap.py reads >"$OUT/reads.txt" 2>>"$OUT/bench.err"
+echo "reads rc $? in ${SECONDS}s"
+cat "$OUT/reads.txt"
 SECONDS=0
 timeout 150 python3 -m specchat bench gpu-forward --context 4096,32768 --tree 1,15,63,64 --json \
     >"$OUT/gpu_forward.json" 2>>"$OUT/bench.err"

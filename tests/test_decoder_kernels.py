@@ -10,13 +10,26 @@ from attention_oracle import random_tree_mask
 pytest.importorskip("triton")
 
 from specchat.engine import decoder_ops as ops
-from specchat.kernels.attention import reference
+from specchat.kernels.attention import graph_attention, reference
 from specchat.kernels.attention.graph_attention import graph_prefix_attention, graph_splits, graph_tree_attention
 from specchat.kernels.layer_kernels import rms_norm, rope_write, silu_mul
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # the interpreter truncates fp32 -> bf16
 DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(params=["pointers", "descriptors"])
+def kv_reads(request, monkeypatch):
+    """The body pass's two ways to read K and V: pointer loads, and Hopper's tensor descriptors (forced on in the
+    interpreter, which models their loads: whole blocks, zeros past the tensor's end)."""
+    if request.param == "descriptors" and DEVICE.type == "cpu":
+        monkeypatch.setattr(graph_attention, "copy_engine", lambda device: True)
+    elif request.param == "descriptors" and not graph_attention.copy_engine(DEVICE):
+        pytest.skip("tensor descriptors: Hopper or later")
+    elif request.param == "pointers" and DEVICE.type == "cuda":
+        monkeypatch.setattr(graph_attention, "copy_engine", lambda device: False)
+    return request.param
 
 
 def _close(got, want, dtype):
@@ -33,7 +46,7 @@ def _randn(*shape, seed=0):
     "lengths, n, heads, kv_heads, dim",
     [((0, 5, 300), 1, 4, 2, 64), ((7, 130), 9, 8, 2, 128), ((0, 64, 200), 13, 3, 1, 80)],
 )
-def test_one_launch_serves_every_length(lengths, n, heads, kv_heads, dim, dtype):
+def test_one_launch_serves_every_length(lengths, n, heads, kv_heads, dim, dtype, kv_reads):
     """The same tensors, the length changed on the device between calls (as between graph replays)."""
     capacity = max(lengths) + n + 3
     k = _randn(kv_heads, capacity, dim, seed=1).to(DEVICE, dtype)
@@ -51,7 +64,7 @@ def test_one_launch_serves_every_length(lengths, n, heads, kv_heads, dim, dtype)
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n, heads, kv_heads, dim", [(1, 4, 2, 64), (16, 8, 2, 128), (5, 3, 1, 80)])
-def test_a_prefix_read_serves_every_length(n, heads, kv_heads, dim, dtype):
+def test_a_prefix_read_serves_every_length(n, heads, kv_heads, dim, dtype, kv_reads):
     """Every row over the first `length` slots (a draft layer's cross-attention to the target's cache), the length
     changed on the device between calls; a cache of length 0 reads zeros."""
     capacity = 400
@@ -90,7 +103,7 @@ def _decoded(q, k, v, prefix: int, ancestors: list[int], scale: float) -> torch.
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("prefix, n", [(0, 5), (30, 9), (300, 13), (130, 40)])
-def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype):
+def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype, kv_reads):
     """Exactness on CUDA: each row of a random tree, whatever rows share its call and however its prefix's split
     bounds fall, gets the bits of the decode step of its token after its ancestors (prefixes that cross split
     bounds: 128 keys a split in the interpreter)."""
@@ -107,7 +120,7 @@ def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(dtype):
+def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(dtype, kv_reads):
     """A causal forward of any length (here 150 rows, past the deepest tree) reads its own keys in place."""
     heads, kv_heads, dim, prefix, n = 4, 2, 64, 70, 150
     k = _randn(kv_heads, prefix + n + 10, dim, seed=4).to(DEVICE, dtype)
