@@ -3,6 +3,8 @@ the attention reference: on a GPU for real, on a CPU in the interpreter (conftes
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from attention_oracle import random_tree_mask
@@ -83,6 +85,25 @@ def test_a_prefix_read_serves_every_length(n, heads, kv_heads, dim, dtype, kv_re
         keys, values = k[:, :prefix].repeat_interleave(group, 0), v[:, :prefix].repeat_interleave(group, 0)
         want = torch.softmax(q.transpose(0, 1).float() @ keys.float().transpose(1, 2) * dim**-0.5, -1) @ values.float()
         _close(got, want.transpose(0, 1), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_output_padded_for_the_products_after_it(dtype, kv_reads):
+    """Asked for more rows than it has queries (a forward's rows padded to its products' count), the attention
+    writes its rows' own bits and zeros past them; so does the op's CPU body."""
+    heads, kv_heads, dim, prefix, n, width = 4, 2, 64, 150, 5, 64
+    k = _randn(1, 1, kv_heads, prefix + width, dim, seed=1).to(DEVICE, dtype)
+    v = _randn(1, 1, kv_heads, prefix + width, dim, seed=2).to(DEVICE, dtype)
+    q = _randn(n, heads, dim, seed=3).to(DEVICE, dtype)
+    mask = random_tree_mask(n, torch.Generator().manual_seed(n)).to(DEVICE)
+    length = torch.tensor([prefix], dtype=torch.int32, device=DEVICE)
+    for attention in (graph_tree_attention, ops.tree_attention):
+        call = functools.partial(graph_tree_attention, q, k[0, 0], v[0, 0], length, mask, dim**-0.5, False)
+        if attention is ops.tree_attention:
+            call = functools.partial(ops.tree_attention, q, k, v, 0, length, mask, dim**-0.5, False)
+        rows, padded = call(n), call(width)
+        assert padded.shape == (width, heads, dim) and padded.dtype == dtype
+        assert torch.equal(padded[:n], rows) and not padded[n:].any()
 
 
 def test_the_split_count_depends_on_the_capacity_only():

@@ -173,7 +173,8 @@ def _attention_graph(decoder: TorchDecoder, cache, tree_mask: torch.Tensor):
 
     def attention():
         for layer in range(len(decoder.layers)):
-            ops.tree_attention(q, cache.keys, cache.values, layer, cache.length_tensor, tree_mask, decoder.scale, False)
+            ops.tree_attention(q, cache.keys, cache.values, layer, cache.length_tensor, tree_mask, decoder.scale, False,
+                               rows)  # fmt: skip
 
     graph, _ = capture(attention)
     return graph.replay

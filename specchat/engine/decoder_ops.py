@@ -123,25 +123,29 @@ def tree_attention(
     tree_mask: torch.Tensor,
     scale: float,
     causal: bool,
+    width: int,
 ) -> torch.Tensor:
     """Tree attention of the rotated queries `[n, Hq, D]`: the committed prefix `[0, length)` without a mask,
-    this forward's slots after it under `tree_mask` `[n, n]` (`causal`: lower-triangular, a prefill's) -> `[n, Hq,
-    D]`. On CUDA every row sums in the order its position fixes (`graph_tree_attention`), and so does a CPU in bf16 /
-    fp16 for a forward of up to TAIL rows (`canonical_tree_attention`): a verified tree row is then bitwise the
-    decode step at its position."""
+    this forward's slots after it under `tree_mask` `[n, n]` (`causal`: lower-triangular, a prefill's) -> `[width,
+    Hq, D]`, the rows past n zeros (the padding of the products that follow, written with the rows, not copied
+    after). On CUDA every row sums in the order its position fixes (`graph_tree_attention`), and so does a CPU in
+    bf16 / fp16 for a forward of up to TAIL rows (`canonical_tree_attention`): a verified tree row is then bitwise
+    the decode step at its position."""
     canonical = q.dtype in (torch.bfloat16, torch.float16) and q.shape[0] <= TAIL
     attention = canonical_tree_attention if canonical else reference.hybrid_tree_attention
     out = attention(q.transpose(0, 1)[None], k_cache[layer], v_cache[layer], int(length), tree_mask, scale)
-    return out[0].transpose(0, 1).contiguous()
+    rows = q.new_zeros(width, *q.shape[1:])
+    rows[: q.shape[0]] = out[0].transpose(0, 1)
+    return rows
 
 
 @tree_attention.register_kernel("cuda")
-def _(q, k_cache, v_cache, layer, length, tree_mask, scale, causal):
+def _(q, k_cache, v_cache, layer, length, tree_mask, scale, causal, width):
     from specchat.kernels.attention.graph_attention import graph_tree_attention
 
-    return graph_tree_attention(q, k_cache[layer, 0], v_cache[layer, 0], length, tree_mask, scale, causal)
+    return graph_tree_attention(q, k_cache[layer, 0], v_cache[layer, 0], length, tree_mask, scale, causal, width)
 
 
 @tree_attention.register_fake
-def _(q, k_cache, v_cache, layer, length, tree_mask, scale, causal):
-    return torch.empty_like(q)
+def _(q, k_cache, v_cache, layer, length, tree_mask, scale, causal, width):
+    return q.new_empty(width, *q.shape[1:])

@@ -142,9 +142,8 @@ class TorchDecoder:
                                self.eps)  # fmt: skip
             if every_layer:
                 queries.append(q)
-            attended = ops.tree_attention(q, cache.keys, cache.values, i, length, tree_mask, self.scale, causal)
-            attended = _padded(attended.view(rows, -1), width)
-            x = _add_projection(x, attended, layer.o, layer.o_bias, self.residual_scale)
+            attended = ops.tree_attention(q, cache.keys, cache.values, i, length, tree_mask, self.scale, causal, width)
+            x = _add_projection(x, attended.view(width, -1), layer.o, layer.o_bias, self.residual_scale)
             h = ops.rms_norm(x, layer.post_norm, self.eps)
             gated = ops.silu_mul(_linear(h, layer.gate_up, layer.gate_up_bias))
             x = _add_projection(x, gated, layer.down, layer.down_bias, self.residual_scale)

@@ -188,14 +188,14 @@ def _reduce_kernel(
     s_oh, s_os, s_om,
     s_lh, s_ls,
     s_xm, s_xh, s_xd,
-    parts, head_dim,
+    n, parts, head_dim,
     PARTS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0)
     h = tl.program_id(1)
     part = tl.arange(0, PARTS)
     dims = tl.arange(0, BLOCK_D)
-    part_ok = part < parts
+    part_ok = part < tl.where(i < n, parts, 0)  # an output row past the queries' reads nothing: zeros
     dim_ok = dims < head_dim
     lse = tl.load(LP + h * s_lh + part * s_ls + i, mask=part_ok, other=float("-inf"))
     top = tl.max(lse, 0)
@@ -226,12 +226,13 @@ def graph_tree_attention(
     tree_mask: torch.Tensor,
     scale: float,
     causal: bool = False,
+    width: int | None = None,
 ) -> torch.Tensor:
     """q `[n, Hq, D]` (rotated); k/v caches `[Hkv, capacity, D]` whose slots `[length, length + n)` hold this
     forward's keys/values; `length` an int32 tensor `[1]` on q's device; tree_mask bool `[n, n]`, True on its
     diagonal, the tree topologically ordered (a parent before its children) and at most TAIL deep; `causal`: the
-    rows are consecutive positions (tree_mask lower-triangular, not read: a prefill of any length) -> `[n, Hq, D]` in
-    q's dtype."""
+    rows are consecutive positions (tree_mask lower-triangular, not read: a prefill of any length) -> `[width, Hq,
+    D]` in q's dtype (`width` >= n, default n; rows past n zeros: a product's padding, written by the merge)."""
     n, heads, dim = q.shape
     kv_heads = k_cache.shape[0]
     tree = 1 if causal else max(16, triton.next_power_of_2(n))
@@ -244,7 +245,7 @@ def graph_tree_attention(
         CAUSAL=causal, TREE=tree, TAIL=TAIL,
         BLOCK_M=tail_rows, TAIL_KEYS=32 if interpreting() else 8, BLOCK_D=_block_d(dim), num_warps=4,
     )  # fmt: skip
-    return _reduce(o_part, lse_part, splits + 1, q)
+    return _reduce(o_part, lse_part, splits + 1, q, width or n)
 
 
 def graph_prefix_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -257,7 +258,7 @@ def graph_prefix_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     rows_alone = torch.eye(n, dtype=torch.bool, device=q.device)
     tree = max(16, triton.next_power_of_2(n))
     o_part, lse_part, splits = _body(q, k_cache, v_cache, rows_alone, length, scale, False, tree, 0, parts_after=0)
-    return _reduce(o_part, lse_part, splits, q)
+    return _reduce(o_part, lse_part, splits, q, n)
 
 
 def _block_d(dim: int) -> int:
@@ -309,14 +310,15 @@ def _descriptor_layout(cache: torch.Tensor) -> bool:
             and all(stride * size % 16 == 0 for stride in cache.stride()[:-1]))  # fmt: skip
 
 
-def _reduce(o_part, lse_part, parts, q) -> torch.Tensor:
-    """The first `parts` partials of each row and head merged by LSE into `[n, Hq, D]` in q's dtype."""
+def _reduce(o_part, lse_part, parts, q, width) -> torch.Tensor:
+    """The first `parts` partials of each row and head merged by LSE into `[width, Hq, D]` in q's dtype, zeros
+    past q's n rows."""
     n, heads, dim = q.shape
-    out = torch.empty_like(q)
-    _reduce_kernel[(n, heads)](
+    out = q.new_empty(width, heads, dim)
+    _reduce_kernel[(width, heads)](
         o_part, lse_part, out,
         *o_part.stride()[:3], *lse_part.stride()[:2], *out.stride(),
-        parts, dim,
+        n, parts, dim,
         PARTS=triton.next_power_of_2(parts), BLOCK_D=_block_d(dim),
     )  # fmt: skip
     return out
