@@ -134,9 +134,7 @@ def tree_attention(
     canonical = q.dtype in (torch.bfloat16, torch.float16) and q.shape[0] <= TAIL
     attention = canonical_tree_attention if canonical else reference.hybrid_tree_attention
     out = attention(q.transpose(0, 1)[None], k_cache[layer], v_cache[layer], int(length), tree_mask, scale)
-    rows = q.new_zeros(width, *q.shape[1:])
-    rows[: q.shape[0]] = out[0].transpose(0, 1)
-    return rows
+    return torch.cat([out[0].transpose(0, 1), q.new_zeros(width - q.shape[0], *q.shape[1:])])
 
 
 @tree_attention.register_kernel("cuda")
