@@ -4,12 +4,13 @@
 # Installs the project (no network: --no-deps), runs the CUDA tests (the Triton kernels, every drafter lossless
 # through the engine's torch decoder and its CUDA graphs), then at Llama-3.1-8B shapes with random bf16 weights
 # `specchat bench gpu-forward` (decode and verification, graphs against calls), `specchat bench oracle` (end to
-# end at tau 1 and 4 against our own graph AR) and `specchat bench draft` (a random LongSpec draft's proposal
+# end at tau 1 and 4 against our own graph AR; then at the adaptive budget, calibrated on the GPU as a user's run
+# is) and `specchat bench draft` (a random LongSpec draft's proposal
 # against the decode step), and `scripts/gpu_row_invariance.py` (is a verified row bitwise the decode step: cuBLAS
 # products by row count, tree attention); before the benches, the tree attention's K/V reads, pointers against
-# tensor descriptors (`scripts/cuda_launch_gap.py reads`); everything lands in $OUT, nine files at most (env.txt,
-# install.log, pytest.txt, reads.txt, gpu_forward.json, oracle.json, draft.json, rows.json, bench.err). About 5
-# minutes on an H200.
+# tensor descriptors (`scripts/cuda_launch_gap.py reads`); everything lands in $OUT, ten files at most (env.txt,
+# install.log, pytest.txt, reads.txt, gpu_forward.json, oracle.json, oracle_auto.json, draft.json, rows.json,
+# bench.err). About 6 minutes on an H200.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -46,6 +47,11 @@ timeout 120 python3 -m specchat bench oracle --context 4096 --tokens 384 --accep
     >"$OUT/oracle.json" 2>>"$OUT/bench.err"
 echo "oracle rc $? in ${SECONDS}s"
 cat "$OUT/oracle.json"
+SECONDS=0
+timeout 150 python3 -m specchat bench oracle --context 4096 --tokens 384 --acceptance 0,0.8 --budget auto --json \
+    >"$OUT/oracle_auto.json" 2>>"$OUT/bench.err"
+echo "oracle at the adaptive budget rc $? in ${SECONDS}s"
+cat "$OUT/oracle_auto.json"
 SECONDS=0
 timeout 120 python3 -m specchat bench draft --shapes llama3.1-8b --dtype bfloat16 --context 4096,32768 \
     --vocab 0,32768 --budget 15,63 --json >"$OUT/draft.json" 2>>"$OUT/bench.err"

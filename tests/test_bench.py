@@ -253,6 +253,21 @@ def test_the_oracle_sets_tau_and_every_run_writes_plain_decodings_text(tokenizer
     assert engine.drafter is None
 
 
+def test_the_oracle_at_the_adaptive_budget_drafts_what_pays_and_writes_plain_decodings_text(tokenizer):
+    """`--budget auto`: the engine sizes the oracle's chains itself, as for a user's drafter; it drafts long chains
+    when every node is right and drafts less when none is."""
+    from specchat.bench.oracle import oracle_runs
+    from specchat.engine.generate import Engine
+
+    engine = Engine(tiny_model("llama", vocab_size=512, seed=4), tokenizer, max_len=200)
+    prompt = list(range(40, 72))
+    plain, never, always = oracle_runs(engine, prompt, acceptances=[0, 1], budget=None, tokens=120)
+    assert never.expected_tau is None and always.expected_tau is None
+    assert never.exact and always.exact and never.tau == 1.0
+    assert always.tau > 2.0 and always.budget > never.budget
+    assert plain.budget == 0 and engine.drafter is None
+
+
 def test_a_random_weight_model_writes_with_a_word_tokenizer():
     from specchat.bench.oracle import word_tokenizer
 

@@ -101,6 +101,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("bench", "--attention", "flex"), ("unknown attention", "canonical")),
         (("bench", "context", "--attention", "flex"), ("unknown attention",)),
         (("bench", "oracle", "--acceptance", "often"), ("--acceptance takes comma-separated numbers",)),
+        (("bench", "oracle", "--budget", "many"), ("--budget takes a number of nodes or auto, not 'many'",)),
         (("bench", "oracle", "--acceptance", "0.5,1.5"), ("an acceptance is a chance between 0 and 1, not 1.5",)),
         (("bench", "oracle", "--budget", "0"), ("--budget must be between 1 and 64",)),
         (("run", "hi", "--drafter", "none:./draft"), ("none drafter takes no checkpoint",)),

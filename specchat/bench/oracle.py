@@ -1,11 +1,12 @@
 """`specchat bench oracle`: end-to-end speed at a known acceptance, on any target, random weights included.
 
 The oracle drafter knows the text the target writes (a plain run's output, read beforehand) and proposes a chain
-of `budget` tokens, each the target's own with probability `acceptance`, else one it does not pick (nodes below
-a wrong one are never accepted). So tau is set by the benchmark instead of by a trained draft: a model with random
-weights, for which no draft can be trained, shows what speculation at a given tau gives on its shapes, and
-acceptance 0 what verifying trees that are all rejected costs. A benchmark's tool, not a user drafter: it reads
-the answer. Every run's output is checked against plain decoding's.
+of `budget` tokens (a fixed one, or what the engine's adaptive budget asks for), each the target's own with
+probability `acceptance`, else one it does not pick (nodes below a wrong one are never accepted). So tau is set by
+the benchmark instead of by a trained draft: a model with random weights, for which no draft can be trained, shows
+what speculation at a given tau gives on its shapes, and acceptance 0 what verifying trees that are all rejected
+costs (at a fixed budget; the adaptive one learns to stop drafting). A benchmark's tool, not a user drafter: it
+reads the answer. Every run's output is checked against plain decoding's.
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ def check_acceptance(acceptance: float) -> None:
         raise SpecchatError(f"an acceptance is a chance between 0 and 1, not {acceptance}")
 
 
-def check_oracle_run(acceptances: list[float], budget: int, tokens: int) -> None:
+def check_oracle_run(acceptances: list[float], budget: int | None, tokens: int) -> None:
     """One line for what `oracle_runs` refuses, before a model is built."""
     for acceptance in acceptances:
         check_acceptance(acceptance)
-    check_range("--budget", budget, 1, MAX_BUDGET)
+    if budget is not None:
+        check_range("--budget", budget, 1, MAX_BUDGET)
     check_range("--tokens", tokens, 2)
 
 
@@ -65,19 +67,19 @@ def expected_tau(acceptance: float, budget: int) -> float:
 @dataclass
 class OracleRow:
     acceptance: float | None  # None: plain decoding
-    budget: int  # nodes of every proposed chain
-    expected_tau: float
+    budget: float  # nodes a step asked for: the fixed budget, or the adaptive budget's mean
+    expected_tau: float | None  # None at the adaptive budget
     tau: float  # tokens committed per step, measured
     tokens_per_s: float  # decoded tokens per second (prefill excluded)
     vs_plain: float  # tokens_per_s / plain decoding's
     exact: bool  # the output is plain decoding's, token for token
 
 
-def oracle_runs(engine, prompt: list[int], *, acceptances: list[float], budget: int, tokens: int, seed: int = 0,
-                step: Callable[[str], None] = NO_PROGRESS) -> list[OracleRow]:  # fmt: skip
+def oracle_runs(engine, prompt: list[int], *, acceptances: list[float], budget: int | None, tokens: int,
+                seed: int = 0, step: Callable[[str], None] = NO_PROGRESS) -> list[OracleRow]:  # fmt: skip
     """Plain decoding of `tokens` tokens after `prompt`, then the same with the oracle at each acceptance (greedy,
     EOS never chosen: every run decodes all its tokens); a short warm-up run first (on a GPU it captures the CUDA
-    graphs)."""
+    graphs). `budget` None: the engine's adaptive budget, calibrated on this target as a user's run is."""
     check_oracle_run(acceptances, budget, tokens)
     greedy = SamplingConfig(suppress=tuple(sorted(engine.eos_ids)))
     engine.set_drafter(None)
@@ -93,7 +95,9 @@ def oracle_runs(engine, prompt: list[int], *, acceptances: list[float], budget: 
         engine.set_drafter(OracleDrafter(prompt + plain.tokens, acceptance, vocab_size=vocab, seed=seed), budget)
         run = engine_run(engine, prompt, tokens, greedy)
         rate = run.decode_tokens / run.decode_seconds
-        rows.append(OracleRow(acceptance, budget, significant(expected_tau(acceptance, budget)),
+        asked = budget if budget is not None else significant(run.budget_total / max(run.steps, 1))
+        expected = None if budget is None else significant(expected_tau(acceptance, budget))
+        rows.append(OracleRow(acceptance, asked, expected,
                               significant(run.decode_tokens / max(run.steps, 1)), significant(rate),
                               significant(rate / plain_rate), run.tokens == plain.tokens))  # fmt: skip
     engine.set_drafter(None)

@@ -355,7 +355,9 @@ def bench_oracle(
     acceptances: Annotated[
         str, typer.Option("--acceptance", help="Comma-separated chances that each drafted node is the target's own.")
     ] = "0,0.5,0.8,1",
-    budget: Annotated[int, typer.Option(help="Nodes of every drafted chain.")] = 3,
+    budget: Annotated[
+        str, typer.Option(help="Nodes of every drafted chain, or auto: the engine's adaptive budget.")
+    ] = "3",
     layers: Annotated[int, typer.Option(help="Without --model: decoder layers to build (fewer for CPU runs).")] = 32,
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
     device: DeviceOption = "auto",
@@ -381,7 +383,10 @@ def bench_oracle(
         rates = [float(item) for item in csv_list(acceptances)]
     except ValueError:
         raise SpecchatError(f"--acceptance takes comma-separated numbers, not '{acceptances}'") from None
-    check_oracle_run(rates, budget, tokens)
+    if budget != "auto" and not budget.isdigit():
+        raise SpecchatError(f"--budget takes a number of nodes or auto, not '{budget}'")
+    nodes = None if budget == "auto" else int(budget)
+    check_oracle_run(rates, nodes, tokens)
     check_attention(attention)
     check_range("--context", context, 1)
     check_quantize(quantize, device)
@@ -403,9 +408,10 @@ def bench_oracle(
     engine = Engine(target, tokenizer, max_len=context + tokens + 1)
     prompt = torch.randint(0, target.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
     with bench_progress(len(rates) + 2) as step:
-        rows = oracle_runs(engine, prompt.tolist(), acceptances=rates, budget=budget, tokens=tokens, step=step)
-    title = (f"{name}, {forward_path(target)}): {tokens} tokens after {context}, the oracle's chains of {budget} "
-             "nodes against plain decoding")  # fmt: skip
+        rows = oracle_runs(engine, prompt.tolist(), acceptances=rates, budget=nodes, tokens=tokens, step=step)
+    chains = "at the adaptive budget" if nodes is None else f"of {nodes} nodes"
+    title = (f"{name}, {forward_path(target)}): {tokens} tokens after {context}, the oracle's chains {chains} "
+             "against plain decoding")  # fmt: skip
     report([dataclasses.asdict(row) for row in rows], as_json, title=title)
 
 
