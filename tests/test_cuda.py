@@ -114,6 +114,20 @@ def test_greedy_speculation_on_cuda_equals_autoregressive(family, drafter):
     assert generate(engine, follow_up, 40, NO_EOS) == want
 
 
+@pytest.mark.parametrize("drafter", ["random", "longspec", "tokenswift"])
+def test_greedy_speculation_at_the_adaptive_budget_on_cuda_equals_autoregressive(drafter):
+    """As a user runs it: trees sized by the adaptive budget from verification costs timed on this GPU, through the
+    bucket graphs (the calibration's forwards among them)."""
+    prompt = random_prompt(40, seed=2, vocab=VOCAB)
+    model = cuda_model("llama")
+    expected = generate(Engine(model, TOKENIZER, max_len=256), prompt, 100, NO_EOS)
+    engine = Engine(model, TOKENIZER, max_len=256)
+    engine.set_drafter(DRAFTERS[drafter](engine, model, prompt + expected))
+    events = list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=100, reproducible=True))
+    assert [t for e in events for t in e.tokens] == expected
+    assert engine.policy is not None and events[-1].stats.budget_total > 0
+
+
 @pytest.mark.parametrize("drafter", ["random", "longspec"])
 def test_greedy_speculation_in_bf16_with_near_ties_equals_autoregressive(drafter):
     """Exactness to the bit: a bf16 model whose head is scaled down has logits that nearly tie everywhere, so a
