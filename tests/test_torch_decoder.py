@@ -265,12 +265,15 @@ def test_cuda_graphs_replay_the_forward_at_every_length_and_tree_size(family, mo
         torch.testing.assert_close(decode_step.logits, want.logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("drafter", ["none", "random tree", "longspec", "tokenswift"])
-def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, tokenizer, monkeypatch):
+@pytest.mark.parametrize("drafter, budget", [("none", 9), ("random tree", 9), ("longspec", 9), ("tokenswift", 9),
+                                             ("random tree", None), ("tokenswift", None)])  # fmt: skip
+def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, budget, tokenizer, monkeypatch,
+                                                                   tmp_path):  # fmt: skip
     """The engine's GPU path on a CPU: the torch decoder's forwards over its cache replayed from their bucket graphs
     (capture's stand-in checks each replay against its capture), steps launched ahead, LongSpec's depths and
     TokenSwift's draft forward over its partial cache graphed too (GLIDE's graphed chain: `test_glide.py`); the text
-    equals the uncaptured engine's, turn after turn."""
+    equals the uncaptured engine's, turn after turn, at a fixed budget and at the adaptive one (its calibration's
+    forwards replayed too)."""
     from drafters_for_tests import RandomTreeDrafter
     from test_longspec import random_layer
     from test_tokenswift_drafter import random_heads
@@ -294,12 +297,13 @@ def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, toke
                                                                lag=16)}  # fmt: skip
     texts = []
     for graphed in (False, True):
+        monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / str(graphed)))  # each engine times its own forwards
         engine = Engine(model, tokenizer, max_len=300)
         engine.forward.graphed = engine.launch_ahead = graphed
         draft = drafters[drafter](engine)
         if drafter == "longspec" and graphed:
             monkeypatch.setattr(draft, "_graphed", lambda sampling: True)
-        engine.set_drafter(draft, 9)
+        engine.set_drafter(draft, budget)
         first = prompt(30).tolist()
         turns = [first, None]
         out = []
@@ -312,4 +316,5 @@ def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, toke
             assert engine.forward.graphs and sorted(engine.forward.graphs[()].buckets)[-1] == 65
             assert drafter != "longspec" or draft.graphs
             assert drafter != "tokenswift" or engine.forward.draft_graph is not None
+            assert budget or (tmp_path / "True" / "verify_cost.json").exists()
     assert texts[0] == texts[1]
