@@ -24,6 +24,7 @@ import random
 from collections.abc import Callable
 
 import torch
+from queue_drains import READS, WRITES, _boolean, _caller
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft
@@ -292,17 +293,21 @@ def random_eagle3(model, vocab: int = 512, seed: int = 0) -> Eagle3Draft:
 class Rerun:
     """A CUDA graph's stand-in on a CPU: `replay` runs the captured call again into the outputs of its capture, and
     fails where the call dispatched other ops, shapes or host values than at its capture (a graph would replay the
-    captured ones: a value the host computed each time, a position or a token, is frozen in it)."""
+    captured ones: a value the host computed each time, a position or a token, is frozen in it), or where it moved
+    data between host and device (capture refuses a read of the device's values; a copy of host data would replay
+    from memory the host has since reused)."""
 
     def __init__(self, call):
         self.call = call
         with DispatchedOps() as ops:
             self.out = call()
+        assert not ops.transfers, f"a captured call moved data between host and device: {ops.transfers}"
         self.ops = ops.seen
 
     def replay(self):
         with DispatchedOps() as ops:
             fresh = self.call()
+        assert not ops.transfers, f"a captured call moved data between host and device: {ops.transfers}"
         changed = next(((now, then) for now, then in zip(ops.seen, self.ops) if now != then), "another op count")
         assert ops.seen == self.ops, f"the captured call dispatched other ops or host values (now, then): {changed}"
         for held, new in zip(_tensors(self.out), _tensors(fresh), strict=True):
@@ -323,17 +328,35 @@ def rerun(call, pool=None):
 
 
 class DispatchedOps(TorchDispatchMode):
-    """The ops dispatched while active, each with its arguments' shapes and dtypes, and its host values as given."""
+    """The ops dispatched while active, each with its arguments' shapes and dtypes, and its host values as given;
+    and among them the transfers (`queue_drains`' reads of values and tensors of host data, `tolist` included)."""
 
     def __init__(self):
         super().__init__()
         self.seen: list[tuple] = []
+        self.transfers: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         described = tuple(_described(value) for value in (*args, *kwargs.values()))
         self.seen.append((str(func), described))
+        if func in READS or func in WRITES or (func is torch.ops.aten.index.Tensor and _boolean(args[1])):
+            self.transfers.append(f"{func} at {_caller()}")
         return func(*args, **kwargs)
+
+    def __enter__(self):
+        self._tolist = torch.Tensor.tolist
+
+        def counted(tensor):
+            self.transfers.append(f"tolist at {_caller()}")
+            return self._tolist(tensor)
+
+        torch.Tensor.tolist = counted
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
 
 
 def _described(value):
