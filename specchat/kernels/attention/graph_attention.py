@@ -112,6 +112,9 @@ def _body_kernel(
     cols = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
+    if not DESCRIPTORS:
+        k_base = K + kv_h * s_kh + dims[:, None] * s_kd
+        v_base = V + kv_h * s_vh + dims[None, :] * s_vd
     q = _queries(Q, s_qm, s_qh, s_qd, h, i, row_ok, dims, dim_ok)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -125,10 +128,8 @@ def _body_kernel(
             v = V.load([kv_h, key_start, 0]).reshape(BLOCK_N, BLOCK_D)
         else:
             key_ok = keys < end
-            k = tl.load(K + kv_h * s_kh + keys[None, :] * s_kn + dims[:, None] * s_kd,
-                        mask=key_ok[None, :] & dim_ok[:, None], other=0.0)  # fmt: skip
-            v = tl.load(V + kv_h * s_vh + keys[:, None] * s_vn + dims[None, :] * s_vd,
-                        mask=key_ok[:, None] & dim_ok[None, :], other=0.0)  # fmt: skip
+            k = tl.load(k_base + keys[None, :] * s_kn, mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
+            v = tl.load(v_base + keys[:, None] * s_vn, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
         s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
         seen = keys[None, :] < body_end[:, None]
         m_i, l_i, acc = _online_step(m_i, l_i, acc, tl.where(seen, s, float("-inf")), v, DOT)
