@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable
 
 import torch
-from queue_drains import READS, WRITES, _boolean, _caller
+from queue_drains import READS, WRITES, _boolean, _caller, on_tolist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft
@@ -345,17 +345,11 @@ class DispatchedOps(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def __enter__(self):
-        self._tolist = torch.Tensor.tolist
-
-        def counted(tensor):
-            self.transfers.append(f"tolist at {_caller()}")
-            return self._tolist(tensor)
-
-        torch.Tensor.tolist = counted
+        self._restore = on_tolist(lambda: self.transfers.append(f"tolist at {_caller()}"))
         return super().__enter__()
 
     def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
+        self._restore()
         return super().__exit__(*exc)
 
 

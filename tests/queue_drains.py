@@ -11,6 +11,7 @@ Host data copied through `specchat.engine.host_data.to_device` is pinned and cop
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -54,19 +55,25 @@ class QueueDrains(TorchDispatchMode):
         self._queued = False
 
     def __enter__(self):
-        tolist = torch.Tensor.tolist
-
-        def counted(tensor):
-            self._transfer("tolist")
-            return tolist(tensor)
-
-        self._tolist = tolist
-        torch.Tensor.tolist = counted
+        self._restore = on_tolist(lambda: self._transfer("tolist"))
         return super().__enter__()
 
     def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
+        self._restore()
         return super().__exit__(*exc)
+
+
+def on_tolist(seen) -> Callable[[], None]:
+    """Calls `seen()` at every `Tensor.tolist` (a read that dispatches nothing on a CPU) until the returned function
+    restores it."""
+    tolist = torch.Tensor.tolist
+
+    def counted(tensor):
+        seen()
+        return tolist(tensor)
+
+    torch.Tensor.tolist = counted
+    return lambda: setattr(torch.Tensor, "tolist", tolist)
 
 
 def _caller() -> str:
