@@ -268,6 +268,24 @@ def test_the_oracle_at_the_adaptive_budget_drafts_what_pays_and_writes_plain_dec
     assert plain.budget == 0 and engine.drafter is None
 
 
+def test_the_oracle_interleaves_its_repeats_and_sums_them(tokenizer):
+    """`--repeats`: every round runs plain decoding and each acceptance in turn, so a machine's drift moves them
+    alike; the rows count every round's steps."""
+    from specchat.bench.oracle import oracle_runs
+    from specchat.engine.generate import Engine
+
+    engine = Engine(tiny_model("llama", vocab_size=512, seed=4), tokenizer, max_len=128)
+    steps: list[str] = []
+    plain, never, always = oracle_runs(engine, list(range(40, 72)), acceptances=[0, 1], budget=3, tokens=41,
+                                       repeats=2, step=steps.append)  # fmt: skip
+    assert steps == ["warm-up", "plain decoding", "acceptance 0, repeat 1/2", "acceptance 1, repeat 1/2",
+                     "plain decoding, repeat 2/2", "acceptance 0, repeat 2/2", "acceptance 1, repeat 2/2"]
+    assert plain.exact and never.exact and always.exact
+    assert (never.tau, always.tau) == (1.0, 4.0)
+    with pytest.raises(SpecchatError, match="--repeats must be at least 1"):
+        oracle_runs(engine, [40], acceptances=[1], budget=3, tokens=8, repeats=0)
+
+
 def test_a_random_weight_model_writes_with_a_word_tokenizer():
     from specchat.bench.oracle import word_tokenizer
 

@@ -104,6 +104,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
         (("bench", "oracle", "--budget", "many"), ("--budget takes a number of nodes or auto, not 'many'",)),
         (("bench", "oracle", "--acceptance", "0.5,1.5"), ("an acceptance is a chance between 0 and 1, not 1.5",)),
         (("bench", "oracle", "--budget", "0"), ("--budget must be between 1 and 64",)),
+        (("bench", "oracle", "--repeats", "0"), ("--repeats must be at least 1, not 0",)),
         (("run", "hi", "--drafter", "none:./draft"), ("none drafter takes no checkpoint",)),
         (("run", "hi", "--drafter", "ngram:/no/such/answers"), ("/no/such/answers", "no such checkpoint directory")),
         (("run", "hi", "--drafter", "longspec:"), ("checkpoint directory after the colon",)),

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specchat.bench.progress import NO_PROGRESS
-from specchat.bench.runs import engine_run
+from specchat.bench.runs import Run, engine_run
 from specchat.bench.synthetic import check_range, significant
 from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.drafter import DraftsAlone, TracksCommittedIds
@@ -50,13 +50,14 @@ def check_acceptance(acceptance: float) -> None:
         raise SpecchatError(f"an acceptance is a chance between 0 and 1, not {acceptance}")
 
 
-def check_oracle_run(acceptances: list[float], budget: int | None, tokens: int) -> None:
+def check_oracle_run(acceptances: list[float], budget: int | None, tokens: int, repeats: int = 1) -> None:
     """One line for what `oracle_runs` refuses, before a model is built."""
     for acceptance in acceptances:
         check_acceptance(acceptance)
     if budget is not None:
         check_range("--budget", budget, 1, MAX_BUDGET)
     check_range("--tokens", tokens, 2)
+    check_range("--repeats", repeats, 1)
 
 
 def expected_tau(acceptance: float, budget: int) -> float:
@@ -76,32 +77,52 @@ class OracleRow:
 
 
 def oracle_runs(engine, prompt: list[int], *, acceptances: list[float], budget: int | None, tokens: int,
-                seed: int = 0, step: Callable[[str], None] = NO_PROGRESS) -> list[OracleRow]:  # fmt: skip
+                repeats: int = 1, seed: int = 0, step: Callable[[str], None] = NO_PROGRESS,
+                ) -> list[OracleRow]:  # fmt: skip
     """Plain decoding of `tokens` tokens after `prompt`, then the same with the oracle at each acceptance (greedy,
     EOS never chosen: every run decodes all its tokens); a short warm-up run first (on a GPU it captures the CUDA
-    graphs). `budget` None: the engine's adaptive budget, calibrated on this target as a user's run is."""
-    check_oracle_run(acceptances, budget, tokens)
+    graphs). `budget` None: the engine's adaptive budget, calibrated on this target as a user's run is. `repeats`
+    rounds of every run, interleaved, their times summed: a machine whose memory speeds up or slows down during the
+    benchmark moves every run alike instead of whichever ran first."""
+    check_oracle_run(acceptances, budget, tokens, repeats)
     greedy = SamplingConfig(suppress=tuple(sorted(engine.eos_ids)))
     engine.set_drafter(None)
     step("warm-up")
     engine_run(engine, prompt, 3, greedy)
     step("plain decoding")
-    plain = engine_run(engine, prompt, tokens, greedy)
-    plain_rate = plain.decode_tokens / plain.decode_seconds
-    rows = [OracleRow(None, 0, 1.0, 1.0, significant(plain_rate), 1.0, True)]
-    vocab = engine.model.config.vocab_size
-    for acceptance in acceptances:
-        step(f"acceptance {acceptance}")
-        engine.set_drafter(OracleDrafter(prompt + plain.tokens, acceptance, vocab_size=vocab, seed=seed), budget)
-        run = engine_run(engine, prompt, tokens, greedy)
-        rate = run.decode_tokens / run.decode_seconds
-        asked = budget if budget is not None else significant(run.budget_total / max(run.steps, 1))
-        expected = None if budget is None else significant(expected_tau(acceptance, budget))
-        rows.append(OracleRow(acceptance, asked, expected,
-                              significant(run.decode_tokens / max(run.steps, 1)), significant(rate),
-                              significant(rate / plain_rate), run.tokens == plain.tokens))  # fmt: skip
+    plain = [engine_run(engine, prompt, tokens, greedy)]
+    text, vocab = prompt + plain[0].tokens, engine.model.config.vocab_size
+    runs: list[list[Run]] = [[] for _ in acceptances]
+    for repeat in range(repeats):
+        if repeat:
+            step(f"plain decoding, repeat {repeat + 1}/{repeats}")
+            engine.set_drafter(None)
+            plain.append(engine_run(engine, prompt, tokens, greedy))
+        for acceptance, done in zip(acceptances, runs):
+            step(f"acceptance {acceptance}" + (f", repeat {repeat + 1}/{repeats}" if repeats > 1 else ""))
+            engine.set_drafter(OracleDrafter(text, acceptance, vocab_size=vocab, seed=seed), budget)
+            done.append(engine_run(engine, prompt, tokens, greedy))
     engine.set_drafter(None)
+    plain_rate = _rate(plain)
+    rows = [OracleRow(None, 0, 1.0, 1.0, significant(plain_rate), 1.0, _writes(plain, plain[0].tokens))]
+    for acceptance, done in zip(acceptances, runs):
+        steps = max(sum(run.steps for run in done), 1)
+        asked = budget if budget is not None else significant(sum(run.budget_total for run in done) / steps)
+        expected = None if budget is None else significant(expected_tau(acceptance, budget))
+        tau = significant(sum(run.decode_tokens for run in done) / steps)
+        rate = _rate(done)
+        rows.append(OracleRow(acceptance, asked, expected, tau, significant(rate), significant(rate / plain_rate),
+                              _writes(done, plain[0].tokens)))  # fmt: skip
     return rows
+
+
+def _writes(runs: list[Run], text: list[int]) -> bool:
+    return all(run.tokens == text for run in runs)
+
+
+def _rate(runs: list[Run]) -> float:
+    """Decoded tokens per second over `runs` together."""
+    return sum(run.decode_tokens for run in runs) / sum(run.decode_seconds for run in runs)
 
 
 def word_tokenizer(vocab_size: int, eos: int | None = None):

@@ -358,6 +358,7 @@ def bench_oracle(
     budget: Annotated[
         str, typer.Option(help="Nodes of every drafted chain, or auto: the engine's adaptive budget.")
     ] = "3",
+    repeats: Annotated[int, typer.Option(help="Interleaved rounds of every run after the warm-up (times summed).")] = 2,
     layers: Annotated[int, typer.Option(help="Without --model: decoder layers to build (fewer for CPU runs).")] = 32,
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
     device: DeviceOption = "auto",
@@ -386,7 +387,7 @@ def bench_oracle(
     if budget != "auto" and not budget.isdigit():
         raise SpecchatError(f"--budget takes a number of nodes or auto, not '{budget}'")
     nodes = None if budget == "auto" else int(budget)
-    check_oracle_run(rates, nodes, tokens)
+    check_oracle_run(rates, nodes, tokens, repeats)
     check_attention(attention)
     check_range("--context", context, 1)
     check_quantize(quantize, device)
@@ -407,8 +408,9 @@ def bench_oracle(
         name = f"{shape}, random weights ({str(float_type).removeprefix('torch.')}"
     engine = Engine(target, tokenizer, max_len=context + tokens + 1)
     prompt = torch.randint(0, target.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
-    with bench_progress(len(rates) + 2) as step:
-        rows = oracle_runs(engine, prompt.tolist(), acceptances=rates, budget=nodes, tokens=tokens, step=step)
+    with bench_progress(1 + repeats * (len(rates) + 1)) as step:
+        rows = oracle_runs(engine, prompt.tolist(), acceptances=rates, budget=nodes, tokens=tokens, repeats=repeats,
+                           step=step)  # fmt: skip
     chains = "at the adaptive budget" if nodes is None else f"of {nodes} nodes"
     title = (f"{name}, {forward_path(target)}): {tokens} tokens after {context}, the oracle's chains {chains} "
              "against plain decoding")  # fmt: skip
