@@ -1,7 +1,7 @@
 """A step waits for the device once, at the acceptance: the host reads the target's choices, and with them a tree its
-drafter left on the device (LongSpec's). A drafter whose tree's size depends on its values reads it once more, at
-the end of its proposal: GLIDE's siblings by its confidence, TokenSwift's and EAGLE-3's nodes by their scores (the
-adaptive budget keeps those worth verifying). None waits between its depths.
+drafter left on the device (LongSpec's, GLIDE's). A drafter whose tree's size depends on its values reads it once
+more, at the end of its proposal: TokenSwift's and EAGLE-3's nodes by their scores (the adaptive budget keeps those
+worth verifying). None waits between its depths.
 
 Counted on a CPU with `QueueDrains`, the model of CUDA's synchronous copies, over trees deep enough that a wait a
 depth would show; `test_cuda.py` counts the real synchronisations on a GPU.
@@ -55,7 +55,7 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
     "longspec": (longspec(chain=False), GREEDY, 5, 0),
     "longspec-chain": (longspec(chain=True), GREEDY, 64, 0),
     "longspec-chain-sampled": (longspec(chain=True), SAMPLED, 64, 0),
-    "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config)), GREEDY, 4, 1),
+    "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config)), GREEDY, 4, 0),
     "tokenswift": (tokenswift(forward=True), GREEDY, 4, 1),
     "tokenswift-sampled": (tokenswift(forward=True), SAMPLED, 4, 1),
     "tokenswift-verified-state": (tokenswift(forward=False), GREEDY, 3, 1),

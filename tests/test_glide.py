@@ -6,7 +6,8 @@ Proven here:
   the real default model); a draft that copies a tiny llama target (its self-attention is the target's, its
   cross-attention silent) gets whole chains accepted;
 - CAPE's tree: a chain of `chain` top-1 tokens, each step with as many next-ranked siblings as its top-1
-  probability's bin asks, chain first and siblings step by step while the budget lasts, no draft_probs;
+  probability's bin asks, chain first and siblings step by step while the budget lasts, then each step's other
+  ranked tokens, no draft_probs; laid out on the device, node for node the tree built on the host;
 - the draft's own cache caught up step by step (and across turns) equals a fresh drafter's over the same ids;
 - the loader: save -> load gives the same outputs, the remap variant (with a training prefix and unused
   cross-attention k / v projections) loads, a wrong head count or vocabulary is one line naming both, and
@@ -196,14 +197,46 @@ def test_cape_siblings_follow_the_bins(confidence, siblings, targets, tokenizer)
     draft = random_draft(targets["llama"].config)
     ranked = fixed_head(draft, confidence)
     drafter = drafter_after_a_turn(targets["llama"], tokenizer, draft)
-    tree = drafter.propose(64, GREEDY, torch.Generator())
-    assert tree.draft_probs is None and set(tree.origins) == {"glide"}
-    assert tree.tokens[:4] == [ranked[0]] * 4 and tree.parents[:4] == [ROOT, 0, 1, 2]  # the chain first
-    assert len(tree) == 4 + 4 * siblings
-    for step, parent in enumerate([ROOT, 0, 1, 2]):  # then each step's runners-up, in rank order
-        nodes = range(4 + step * siblings, 4 + (step + 1) * siblings)
-        assert [tree.parents[i] for i in nodes] == [parent] * siblings
-        assert [tree.tokens[i] for i in nodes] == ranked[1 : 1 + siblings]
+    for budget in (4 + 4 * siblings, 64):  # CAPE's tree, then the budget filled with the next-ranked tokens
+        tree = drafter.propose(budget, GREEDY, torch.Generator())
+        assert tree.draft_probs is None and set(tree.origins) == {"glide"}
+        assert tree.tokens[:4] == [ranked[0]] * 4 and tree.parents[:4] == [ROOT, 0, 1, 2]  # the chain first
+        assert len(tree) == min(budget, 36)
+        for step, parent in enumerate([ROOT, 0, 1, 2]):  # then each step's runners-up, in rank order
+            nodes = range(4 + step * siblings, 4 + (step + 1) * siblings)
+            assert [tree.parents[i] for i in nodes] == [parent] * siblings
+            assert [tree.tokens[i] for i in nodes] == ranked[1 : 1 + siblings]
+        extra = 8 - siblings
+        for step, parent in enumerate([ROOT, 0, 1, 2] if budget == 64 else []):
+            nodes = range(4 + 4 * siblings + step * extra, 4 + 4 * siblings + (step + 1) * extra)
+            assert [tree.parents[i] for i in nodes] == [parent] * extra
+            assert [tree.tokens[i] for i in nodes] == ranked[1 + siblings : 9]
+
+
+def cape_reference(ranked: list[list[int]], siblings: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """CAPE's tree node by node: the chain, each step's runners-up its bin asks, then the others, while the budget
+    lasts."""
+    tokens, parents = [step[0] for step in ranked][:budget], [ROOT, 0, 1, 2][:budget]
+    for first, last in [(lambda count: 1, lambda count: 1 + count), (lambda count: 1 + count, lambda count: 9)]:
+        for step, count in enumerate(siblings):
+            for token in ranked[step][first(count) : last(count)]:
+                if len(tokens) < budget:
+                    tokens.append(token)
+                    parents.append(step - 1)
+    return tokens, parents
+
+
+@pytest.mark.parametrize("budget", [1, 3, 4, 10, 24, 30, 36, 64])
+def test_the_layout_puts_each_steps_bin_first_and_fills_the_budget_after(budget, targets, tokenizer):
+    """Steps of different confidences: the tree laid out on the device is CAPE's, node for node."""
+    engine = Engine(targets["llama"], tokenizer, max_len=64)
+    drafter = GlideDrafter(engine.target, random_draft(targets["llama"].config))
+    ranked = torch.arange(36).reshape(4, 9) * 7 + 100
+    confidences = torch.tensor([0.2, 0.9, 0.5, 0.7])  # bins of 8, 2, 6 and 4 runners-up
+    length = min(4, budget)
+    tokens, parents = drafter._layout(ranked[:length], confidences[:length], budget)
+    assert (tokens.tolist(), parents.tolist()) == cape_reference(ranked[:length].tolist(), [8, 2, 6, 4][:length],
+                                                                 budget)  # fmt: skip
 
 
 @pytest.mark.parametrize("budget, chain_length, per_step", [(1, 1, []), (3, 3, []), (4, 4, []), (10, 4, [6]),
@@ -223,8 +256,9 @@ def test_chain_length_and_bins_are_parameters(targets, tokenizer):
     fixed_head(draft, 0.5)
     bins = ((0.55, 1), (math.inf, 3))
     drafter = drafter_after_a_turn(targets["llama"], tokenizer, draft, chain=6, bins=bins)
-    tree = drafter.propose(64, GREEDY, torch.Generator())
-    assert tree.depth == 6 and len(tree) == 6 + 6 * 1
+    tree = drafter.propose(12, GREEDY, torch.Generator())
+    assert tree.depth == 6 and len(tree) == 6 + 6 * 1 and tree.parents[6:] == [ROOT, 0, 1, 2, 3, 4]
+    assert len(drafter.propose(64, GREEDY, torch.Generator())) == 6 + 6 * 3  # each step's 3 ranked after the top
     assert CAPE_BINS == ((0.3, 8), (0.6, 6), (0.8, 4), (math.inf, 2))
 
 

@@ -178,11 +178,13 @@ def test_tree_mask_is_ancestors_and_self_on_random_trees():
 
 def test_a_queued_trees_batch_is_built_on_the_device_and_read_once_with_the_choices():
     """A tree its drafter left on the device gets the host tree's batch without a read; the host then reads its
-    nodes with the target's choices in one wait, and has its lists from then on."""
+    nodes with the target's choices in one wait, and has its lists from then on. The drafter may bound its depth
+    (fewer squarings of the ancestry) or not."""
     rng = random.Random(2)
-    for size in [0, 1, 9, 64]:
+    for size, bounded in [(0, False), (1, True), (9, False), (9, True), (64, False), (64, True)]:
         host = random_tree(rng, size)
-        queued = DraftTree.queued(torch.tensor(host.tokens), torch.tensor(host.parents), "x")
+        queued = DraftTree.queued(torch.tensor(host.tokens), torch.tensor(host.parents), "x",
+                                  depth=host.depth if bounded else None)  # fmt: skip
         with QueueDrains() as drains:
             batch = tree_batch(queued, root_token=3, prefix_len=20, device=CPU)
             choices = batch.input_ids * 2  # work queued after the batch

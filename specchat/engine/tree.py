@@ -38,15 +38,16 @@ class DraftTree:
         # [n] the drafter's estimate of each node's chance to be accepted (its path's), never above its parent's;
         # None where the drafter has none. Such trees are merged and sized by them (`best`, `cut`).
         self.scores = scores
-        self._queued: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._queued: tuple[torch.Tensor, torch.Tensor, int] | None = None  # tokens, parents, a depth bound
         self._settle(list(tokens), list(parents))
 
     @classmethod
-    def queued(cls, tokens: torch.Tensor, parents: torch.Tensor, origin: str,
-               draft_probs: torch.Tensor | None = None) -> DraftTree:  # fmt: skip
-        """A tree whose tokens [n] and parents [n] (long) are still on the device, unread."""
+    def queued(cls, tokens: torch.Tensor, parents: torch.Tensor, origin: str, draft_probs: torch.Tensor | None = None,
+               *, depth: int | None = None) -> DraftTree:  # fmt: skip
+        """A tree whose tokens [n] and parents [n] (long) are still on the device, unread; `depth`: a bound on its
+        depth the drafter knows (else n)."""
         tree = cls([], [], [origin] * tokens.shape[0], draft_probs)
-        tree._queued = (tokens, parents)
+        tree._queued = (tokens, parents, tokens.shape[0] if depth is None else depth)
         return tree
 
     def _settle(self, tokens: list[int], parents: list[int]) -> None:
@@ -62,7 +63,7 @@ class DraftTree:
         """`values` (ints) as a list, read in the same wait for the device as a queued tree's nodes."""
         if self._queued is None:
             return values.tolist()
-        tokens, parents = self._queued
+        tokens, parents, _ = self._queued
         n = tokens.shape[0]
         read = torch.cat([tokens, parents, values.to(tokens.dtype)]).tolist()
         self._settle(read[:n], read[n : 2 * n])
@@ -72,8 +73,8 @@ class DraftTree:
         """The verified rows' tokens [n + 1] (the root's first) and the nodes' parents [n] on `device` (a queued
         tree's own, else copied without waiting), and a bound on the tree's depth."""
         if self._queued is not None:
-            tokens, parents = self._queued
-            return torch.cat([to_device([root_token], device, torch.long), tokens]), parents, len(self)
+            tokens, parents, depth = self._queued
+            return torch.cat([to_device([root_token], device, torch.long), tokens]), parents, depth
         ids = to_device([root_token, *self._tokens], device, torch.long)
         return ids, to_device(self._parents, device, torch.long), self.depth
 

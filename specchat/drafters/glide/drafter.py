@@ -7,8 +7,11 @@ caught up lazily at the next `propose` (in chunks), the root last; its logits st
 CAPE (confidence-aware proposal expansion): a greedy chain of `chain` tokens, one draft forward per chain
 step on the newest chain node; at each step the top-1 draft probability c picks how many next-ranked tokens
 join as sibling leaves (`bins`: c < 0.3 -> 8, < 0.6 -> 6, < 0.8 -> 4, else 2). The chain comes first, then
-the siblings step by step while the budget lasts. The tree is deterministic (`draft_probs` None), so
-verification draws once per node and stays lossless under sampling.
+the siblings step by step while the budget lasts; a budget that outlasts them (on a GPU a verification's rows
+are padded to their bucket anyway) takes each step's next-ranked tokens after, step by step, so a tree has
+min(budget, chain x (1 + the most siblings)) nodes whatever its confidences: its size is known without reading
+them, and the tree stays on the device until the acceptance reads it. The tree is deterministic (`draft_probs`
+None), so verification draws once per node and stays lossless under sampling.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from specchat.drafters.glide.model import GlideKV, GlideModel, check_target, loa
 from specchat.engine.cache import TreeKVLayer
 from specchat.engine.cuda_graphs import capture, replayable_rotary
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
-from specchat.engine.host_data import to_device, to_host
+from specchat.engine.host_data import to_device
 from specchat.engine.sampling import PositionNoise, SamplingConfig
-from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
+from specchat.engine.tree import DraftTree
 from specchat.errors import SpecchatError
 from specchat.quant.quantize import quantized_copy
 
@@ -56,7 +59,10 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
         self.embed = target.embed_tokens if own_embedding is None else own_embedding
         self.head = DraftHead(target, draft_vocab, weights, lm_head=self.model.lm_head)
         self.chain = chain
-        self.bins = bins
+        # a confidence's bin (the first bound above it), and the runners-up it asks for
+        self.bin_bounds = torch.tensor([bound for bound, _ in bins], device=target.device)
+        self.bin_counts = torch.tensor([count for _, count in bins], device=target.device)
+        self.most_siblings = max(count for _, count in bins)
         self.first_layer = target.config.num_hidden_layers - config.num_hidden_layers  # draft layer m reads this + m
         # every committed position, and the chain's scratch slots past the newest
         self.kv = GlideKV(config, target.cache.max_len + chain + 1, dtype=target.dtype, device=target.device)
@@ -75,34 +81,39 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
                 least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
-        """Each chain step's forward reads the last one's top token as the device tensor it is; the ranked tokens
-        and confidences come to the host once, at the end, to lay out the chain and its siblings."""
-        builder = TreeBuilder()
+        """Each chain step's forward reads the last one's top token as the device tensor it is, and the chain and
+        its siblings are laid out on the device (`_layout`): the tree is read with the target's choices."""
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
         if budget <= 0:
-            return builder.build()
+            return DraftTree.empty()
         logits = self.root_logits()
         length = min(self.chain, budget)
         if self._graphed():
             ranked, confidences = self._replay(logits, length)
         else:
             ranked, confidences = self._chain(logits, length, lambda token, depth: self._forward(token, root + depth))
-        steps, parent = [], ROOT
-        for tokens, confidence in zip(*to_host(ranked, confidences)):
-            parent_of_step, parent = parent, builder.add(parent, tokens[0], self.kind)
-            steps.append((parent_of_step, tokens[1 : 1 + self.siblings(confidence)]))
-        for parent, tokens in steps:
-            for token in tokens:
-                if len(builder) >= budget:
-                    return builder.build()
-                builder.add(parent, token, self.kind)
-        return builder.build()
+        return DraftTree.queued(*self._layout(ranked, confidences, budget), self.kind, depth=length)
+
+    def _layout(self, ranked: torch.Tensor, confidences: torch.Tensor, budget: int):
+        """The tree's tokens and parents [n] from each chain step's ranked ids [length, 1 + r] and confidence: the
+        chain (each step's first), then the runners-up of every step, CAPE's first (those its bin asks, step by
+        step in rank order), the others after (the same order), n = min(budget, length x (1 + r))."""
+        length, ranks = ranked.shape[0], ranked.shape[1] - 1
+        device = ranked.device
+        asked = self.bin_counts[torch.bucketize(confidences, self.bin_bounds, right=True)]
+        rank = torch.arange(ranks, device=device)  # a runner-up's rank among its step's, 0 after the top token
+        step = torch.arange(length, device=device)[:, None]
+        order = (rank >= asked[:, None]) * (length * ranks) + step * ranks + rank  # [length, ranks], distinct keys
+        kept = order.flatten().argsort()[: min(budget, length * (1 + ranks)) - length]  # step * ranks + rank
+        tokens = torch.cat([ranked[:, 0], ranked[:, 1:].flatten()[kept]])
+        parents = torch.cat([torch.arange(-1, length - 1, device=device), kept // ranks - 1])  # ROOT below step 0
+        return tokens, parents
 
     def _chain(self, logits: torch.Tensor, length: int, forward) -> tuple[torch.Tensor, torch.Tensor]:
         """Per chain step, [most] target ids (best first) and the top-1 probability, from the root's `logits`; each
         step's states from `forward(token [1], depth)` (a chain node's state: a scratch slot)."""
         ranked, confidences = [], []
-        most = min(1 + max(count for _, count in self.bins), logits.shape[-1])
+        most = min(1 + self.most_siblings, logits.shape[-1])
         for depth in range(1, length + 1):
             logits = logits.float()
             top = logits.topk(most)
@@ -139,9 +150,6 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
         graph, out = self.graphs[length]
         graph.replay()
         return out
-
-    def siblings(self, confidence: float) -> int:
-        return next(count for bound, count in self.bins if confidence < bound)
 
     @torch.inference_mode()
     def root_logits(self) -> torch.Tensor:

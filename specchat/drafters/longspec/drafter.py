@@ -87,9 +87,9 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         self.root_length.fill_(root)
         if self._graphed(sampling):
             tokens, parents = (part.clone() for part in self._replay(shape))
-            return DraftTree.queued(tokens, parents, self.kind)
+            return DraftTree.queued(tokens, parents, self.kind, depth=len(shape))
         tokens, parents, draft_probs = self._grow(shape, sampling, generator, (*self._target_kv(root), None))
-        return DraftTree.queued(tokens, parents, self.kind, draft_probs)
+        return DraftTree.queued(tokens, parents, self.kind, draft_probs, depth=len(shape))
 
     def _shape(self, budget: int) -> tuple[int, ...]:
         """The nodes each depth proposes: a chain's one a depth, a beam's widths cut by the budget (and by how
