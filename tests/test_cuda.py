@@ -8,6 +8,7 @@ on a GPU machine that has only torch, triton and transformers."""
 
 from __future__ import annotations
 
+import gc
 import warnings
 
 import pytest
@@ -33,6 +34,7 @@ from specchat.drafters.model.drafter import ModelDrafter
 from specchat.drafters.model.model import DraftModel, student_from_target
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
+from specchat.engine.cuda_graphs import capture
 from specchat.engine.generate import Engine
 from specchat.engine.host_data import to_device
 from specchat.engine.sampling_config import SamplingConfig
@@ -273,3 +275,12 @@ def test_asynchronous_copies_of_host_data_arrive_whole():
     copies = [to_device(list(range(i, i + 4096)), CUDA) for i in range(64)]
     torch.cuda.synchronize()
     assert all(copy.tolist() == list(range(i, i + 4096)) for i, copy in enumerate(copies))
+
+
+def test_no_collection_runs_inside_a_capture():
+    """The warm-ups run with the collector as it is; the captured call without it; after, it is back."""
+    enabled = []
+    x = torch.zeros(4, device="cuda")
+    graph, out = capture(lambda: enabled.append(gc.isenabled()) or x + 1)
+    graph.replay()
+    assert enabled == [True, True, False] and gc.isenabled() and out.tolist() == [1.0] * 4

@@ -5,6 +5,8 @@ included). On a CPU its ops run their torch bodies; on CUDA the Triton kernels, 
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from drafters_for_tests import rerun
@@ -12,6 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from specchat.bench.synthetic import random_tree
 from specchat.engine import torch_decoder
+from specchat.engine.cuda_graphs import _collector_held
 from specchat.engine.torch_decoder import PIECE, TorchDecoder
 from specchat.engine.tree import tree_batch
 from specchat.errors import SpecchatError
@@ -318,3 +321,18 @@ def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, budg
             assert drafter != "tokenswift" or engine.forward.draft_graph is not None
             assert budget or (tmp_path / "True" / "verify_cost.json").exists()
     assert texts[0] == texts[1]
+
+
+def test_the_collector_is_held_while_capturing_and_left_as_it_was():
+    """`capture` holds Python's collector off around a capture (`test_cuda.py` captures with it), and leaves it off
+    where it was off."""
+    with _collector_held():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _collector_held():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -11,6 +11,9 @@ keys and values land in slots after the real rows', which the cache never commit
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
+
 import torch
 
 from specchat.engine.budget import MAX_BUDGET
@@ -29,7 +32,11 @@ def replayable_rotary(rotary) -> bool:
 
 def capture(call, pool=None):
     """(graph, what `call` returned while captured): `call` warmed up twice on a side stream (Triton compiles its
-    kernels, cuBLAS settles its workspace), then captured into `pool` (shared by graphs replayed one at a time)."""
+    kernels, cuBLAS settles its workspace), then captured into `pool` (shared by graphs replayed one at a time).
+
+    Python's cyclic collector is held off while capturing: a collection there would run the finalizers of whatever
+    died in a cycle (an earlier engine's pinned buffers, events, tensors other streams used), and a CUDA call they
+    make can invalidate the capture; torch no longer collects before a capture (`force_cudagraph_gc`)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -37,9 +44,21 @@ def capture(call, pool=None):
             call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with _collector_held(), torch.cuda.graph(graph, pool=pool):
         out = call()
     return graph, out
+
+
+@contextmanager
+def _collector_held():
+    """Python's cyclic garbage collector off inside, as it was after (it collects at its next chance)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Bucket:
