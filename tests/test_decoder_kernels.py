@@ -106,6 +106,31 @@ def test_the_output_padded_for_the_products_after_it(dtype, kv_reads):
         assert torch.equal(padded[:n], rows) and not padded[n:].any()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_split_no_row_reaches_is_neither_written_nor_read(dtype, kv_reads, monkeypatch):
+    """A short context in a large cache leaves most body splits empty: their outputs are not written and the merge
+    does not read them (partials start as NaN here, where a read would show), and every row keeps its bits."""
+    heads, kv_heads, dim, n, capacity = 4, 2, 64, 5, 2048  # 16 splits of 128 keys in the interpreter
+    k = _randn(kv_heads, capacity, dim, seed=1).to(DEVICE, dtype)
+    v = _randn(kv_heads, capacity, dim, seed=2).to(DEVICE, dtype)
+    q = _randn(n, heads, dim, seed=3).to(DEVICE, dtype)
+    mask = random_tree_mask(n, torch.Generator().manual_seed(n)).to(DEVICE)
+    length = torch.tensor([300], dtype=torch.int32, device=DEVICE)
+    calls = [functools.partial(graph_tree_attention, q, k, v, length, mask, dim**-0.5),
+             functools.partial(graph_prefix_attention, q, k, v, length, dim**-0.5)]  # fmt: skip
+    plain = [call() for call in calls]
+    empty = torch.empty
+
+    def poisoned(*shape, **options):
+        out = empty(*shape, **options)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "empty", poisoned)
+        for call, want in zip(calls, plain):
+            assert torch.equal(call(), want)
+
+
 def test_the_split_count_depends_on_the_capacity_only():
     assert graph_splits(64) == 1
     assert 1 < graph_splits(4096) <= graph_splits(1 << 20) == 63  # with the tail, at most 64 partials

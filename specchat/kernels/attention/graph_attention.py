@@ -83,11 +83,13 @@ def _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL: tl.constexpr, TREE: tl.const
 
 @triton.jit
 def _store_part(OP, LP, m_i, l_i, acc, h, i, part, row_ok, dims, dim_ok, s_oh, s_os, s_om, s_lh, s_ls):
+    """A part's LSE for every row, -inf where the row reached no key; its output only where it did (a short context
+    in a large cache leaves most splits empty: the merge skips their outputs)."""
     empty = l_i == 0.0  # a part the row does not reach, or a padding row
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
     base = h * s_oh + part * s_os + i * s_om
-    tl.store(OP + base[:, None] + dims[None, :], out, mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(OP + base[:, None] + dims[None, :], out, mask=(row_ok & ~empty)[:, None] & dim_ok[None, :])
     tl.store(LP + h * s_lh + part * s_ls + i, lse, mask=row_ok)
 
 
@@ -202,9 +204,9 @@ def _reduce_kernel(
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)
     weights = tl.exp(lse - top)
-    o = tl.load(
+    o = tl.load(  # an empty part's output, never written, is not read: it weighs 0
         OP + h * s_oh + part[:, None] * s_os + i * s_om + dims[None, :],
-        mask=part_ok[:, None] & dim_ok[None, :], other=0.0,
+        mask=(part_ok & (lse > float("-inf")))[:, None] & dim_ok[None, :], other=0.0,
     )  # fmt: skip
     total = tl.sum(weights, 0)
     out = tl.sum(weights[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)  # a row that sees no key: zeros
