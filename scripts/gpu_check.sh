@@ -43,13 +43,13 @@ timeout 150 python3 -m specchat bench gpu-forward --context 4096,32768 --tree 1,
 echo "gpu-forward rc $? in ${SECONDS}s"
 cat "$OUT/gpu_forward.json"
 SECONDS=0
-timeout 120 python3 -m specchat bench oracle --context 4096 --tokens 384 --acceptance 0,0.8,1 --budget 3 --repeats 1 --json \
-    >"$OUT/oracle.json" 2>>"$OUT/bench.err"
+timeout 120 python3 -m specchat bench oracle --context 4096 --tokens 384 --acceptance 0,0.8,1 --budget 3 --repeats 1 \
+    --json >"$OUT/oracle.json" 2>>"$OUT/bench.err"
 echo "oracle rc $? in ${SECONDS}s"
 cat "$OUT/oracle.json"
 SECONDS=0
-timeout 150 python3 -m specchat bench oracle --context 4096 --tokens 384 --acceptance 0,0.8 --budget auto --repeats 1 --json \
-    >"$OUT/oracle_auto.json" 2>>"$OUT/bench.err"
+timeout 150 python3 -m specchat bench oracle --context 4096 --tokens 384 --acceptance 0,0.8 --budget auto --repeats 1 \
+    --json >"$OUT/oracle_auto.json" 2>>"$OUT/bench.err"
 echo "oracle at the adaptive budget rc $? in ${SECONDS}s"
 cat "$OUT/oracle_auto.json"
 SECONDS=0
