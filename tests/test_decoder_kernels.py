@@ -10,10 +10,12 @@ import torch
 from attention_oracle import random_tree_mask
 
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from specchat.engine import decoder_ops as ops
 from specchat.kernels.attention import graph_attention, reference
-from specchat.kernels.attention.graph_attention import graph_prefix_attention, graph_splits, graph_tree_attention
+from specchat.kernels.attention.graph_attention import body_splits, graph_prefix_attention, graph_tree_attention
 from specchat.kernels.layer_kernels import rms_norm, rope_write, silu_mul
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -131,16 +133,34 @@ def test_a_split_no_row_reaches_is_neither_written_nor_read(dtype, kv_reads, mon
             assert torch.equal(call(), want)
 
 
-def test_the_split_count_depends_on_the_capacity_only():
-    assert graph_splits(64) == 1
-    assert 1 < graph_splits(4096) <= graph_splits(1 << 20) == 63  # with the tail, at most 64 partials
+@triton.jit
+def _split_blocks_of(Ends, Out, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, LEAST: tl.constexpr):
+    ends = tl.load(Ends + tl.arange(0, 64))
+    tl.store(Out + tl.arange(0, 64), graph_attention._split_blocks(ends, SPLITS, BLOCK_N, LEAST))
+
+
+@pytest.mark.parametrize("splits, block_n, least", [(32, 64, 8), (32, 128, 4), (4, 64, 1)])
+def test_a_rows_splits_hold_the_fewest_blocks_that_cover_its_body(splits, block_n, least):
+    """The split length a row's body gives: the least power of two of key blocks, `least` at the fewest, with which
+    the splits cover the body (the GPU's shapes and the interpreter's)."""
+    ends = torch.tensor([0, 1, 63, 64, 511, 512, 513, 2047, 2048, 2049, 4032, 32704, 32768, 32769, 131008, 1 << 20]
+                        + list(range(250, 298)), dtype=torch.int32)  # fmt: skip
+    blocks = torch.empty_like(ends, device=DEVICE)
+    _split_blocks_of[(1,)](ends.to(DEVICE), blocks, splits, block_n, least)
+    for end, count in zip(ends.tolist(), blocks.tolist()):
+        assert count >= least and count & (count - 1) == 0, (end, count)  # a power of two
+        assert splits * count * block_n >= end, (end, count)  # they cover the body
+        assert count == least or splits * count // 2 * block_n < end, (end, count)  # and half as many would not
+    assert body_splits(64) == ((4, 1) if DEVICE.type == "cpu" else (32, 8))
 
 
 def _decoded(q, k, v, prefix: int, ancestors: list[int], scale: float) -> torch.Tensor:
-    """The decode step of the row whose ancestors in the tree slots after `prefix` are `ancestors`: a cache
-    holding them at the positions after the prefix, the row's own key last."""
+    """The decode step of the row whose ancestors in the tree slots after `prefix` are `ancestors`: a cache (of
+    another capacity: the split bounds are the position's alone) holding them at the positions after the prefix,
+    the row's own key last."""
     slots = torch.tensor([prefix + a for a in ancestors], device=k.device)
-    k, v = k.clone(), v.clone()
+    spare = torch.zeros(k.shape[0], 700, k.shape[2], dtype=k.dtype, device=k.device)
+    k, v = torch.cat([k, spare], dim=1), torch.cat([v, spare], dim=1)
     k[:, prefix : prefix + len(ancestors)], v[:, prefix : prefix + len(ancestors)] = k[:, slots], v[:, slots]
     length = torch.tensor([prefix + len(ancestors) - 1], dtype=torch.int32, device=k.device)
     one = torch.ones(1, 1, dtype=torch.bool, device=k.device)
@@ -148,11 +168,11 @@ def _decoded(q, k, v, prefix: int, ancestors: list[int], scale: float) -> torch.
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("prefix, n", [(0, 5), (30, 9), (300, 13), (130, 40)])
+@pytest.mark.parametrize("prefix, n", [(0, 5), (30, 9), (300, 13), (130, 40), (320, 20), (576, 13)])
 def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype, kv_reads):
     """Exactness on CUDA: each row of a random tree, whatever rows share its call and however its prefix's split
     bounds fall, gets the bits of the decode step of its token after its ancestors (prefixes that cross split
-    bounds: 128 keys a split in the interpreter)."""
+    bounds, and rows whose bodies straddle a split length: 4 x 64 and 4 x 128 keys in the interpreter)."""
     heads, kv_heads, dim = 4, 2, 64
     capacity = prefix + n + 70
     k = _randn(kv_heads, capacity, dim, seed=1).to(DEVICE, dtype)
@@ -166,9 +186,11 @@ def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(dtype, kv_reads):
-    """A causal forward of any length (here 150 rows, past the deepest tree) reads its own keys in place."""
-    heads, kv_heads, dim, prefix, n = 4, 2, 64, 70, 150
+@pytest.mark.parametrize("prefix", [70, 200])
+def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(prefix, dtype, kv_reads):
+    """A causal forward of any length (here 150 rows, past the deepest tree) reads its own keys in place; after 200
+    its rows' bodies straddle a split length (and a program's rows, two heads' ends, lie far apart)."""
+    heads, kv_heads, dim, n = 4, 2, 64, 150
     k = _randn(kv_heads, prefix + n + 10, dim, seed=4).to(DEVICE, dtype)
     v = _randn(kv_heads, prefix + n + 10, dim, seed=5).to(DEVICE, dtype)
     q = _randn(n, heads, dim, seed=6).to(DEVICE, dtype)

@@ -6,8 +6,11 @@ decode step at its position, whatever rows share the call. So a row at position 
 depth in the tree) sums its keys in an order t alone fixes, as canonical attention does on a CPU:
 
 - the body, positions [0, s) with s = max(0, t - TAIL), read in place in key blocks laid from position 0, in
-  splits whose bounds the cache's capacity fixes (`graph_splits`), with one block configuration for every row
-  count (a row's dot products are then the same instructions alone or among 64 rows; keys past its own s masked),
+  BODY_SPLITS splits of the least power-of-two count of blocks (SPLIT_KEYS at the least) that covers s
+  (`_split_blocks`: bounds that s alone fixes, whatever the cache's capacity, so a short context in a large cache
+  spreads over as many splits as in a small one, and a long one over BODY_SPLITS partials, not more),
+  with one block configuration for every row count (a row's dot products are then the same instructions alone or
+  among 64 rows; keys past its own s masked, and a split length other rows of the call have is a pass it sits out),
   K and V read the same way in every forward on one GPU (`copy_engine`);
 - the tail, positions [s, t]: the rest of the prefix, then its ancestors in depth order (the tree is topologically
   ordered: a row's ancestors in index order), itself last, gathered row by row and summed in fp32 in chunks of
@@ -26,12 +29,12 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from specchat.kernels.attention.configs import dot_dtype, interpreting, prefix_config
-from specchat.kernels.attention.decode_attention import MAX_SPLITS
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 TAIL = 64  # keys before a row in its tail, the deepest tree's: every row's body ends inside the committed prefix
-SPLIT_KEYS = 512  # the least keys a body split holds
+BODY_SPLITS = 32  # a row's body splits: a decode step's programs per KV head; with the tail, a row's partials
+SPLIT_KEYS = 512  # the fewest keys a split holds: a short body spreads over fewer splits, fewer partials to merge
 BODY_ROWS = 64  # query rows a body program takes, at every row count
 
 
@@ -82,6 +85,25 @@ def _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL: tl.constexpr, TREE: tl.const
 
 
 @triton.jit
+def _split_blocks(body_end, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, LEAST: tl.constexpr):
+    """Key blocks in each of a row's SPLITS body splits: the least power of two, LEAST (one) at the least, with which
+    they cover its body. A function of the row's position alone."""
+    need = tl.maximum((body_end + SPLITS * BLOCK_N - 1) // (SPLITS * BLOCK_N), LEAST) - 1
+    need |= need >> 1
+    need |= need >> 2
+    need |= need >> 4
+    need |= need >> 8
+    need |= need >> 16
+    return need + 1
+
+
+@triton.jit
+def _log2(power):
+    """The exponent of a power of two (a scalar): the one bits below it."""
+    return tl.sum((power - 1) >> tl.arange(0, 32) & 1, 0)
+
+
+@triton.jit
 def _store_part(OP, LP, m_i, l_i, acc, h, i, part, row_ok, dims, dim_ok, s_oh, s_os, s_om, s_lh, s_ls):
     """A part's LSE for every row, -inf where the row reached no key; its output only where it did (a short context
     in a large cache leaves most splits empty: the merge skips their outputs)."""
@@ -102,8 +124,8 @@ def _body_kernel(
     s_mm, s_mn,
     s_oh, s_os, s_om,
     s_lh, s_ls,
-    n, group, head_dim, split_len, scale_log2,
-    CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr,
+    n, group, head_dim, scale_log2,
+    CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr, SPLITS: tl.constexpr, LEAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr, DESCRIPTORS: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(1)
@@ -121,20 +143,27 @@ def _body_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    start = split * split_len
-    end = tl.minimum(start + split_len, tl.max(body_end, 0))
-    for key_start in range(start, end, BLOCK_N):
-        keys = key_start + cols
-        if DESCRIPTORS:  # whole blocks, zeros past the capacity; keys past `end` weigh 0 and their values are finite
-            k = tl.trans(K.load([kv_h, key_start, 0]).reshape(BLOCK_N, BLOCK_D))
-            v = V.load([kv_h, key_start, 0]).reshape(BLOCK_N, BLOCK_D)
-        else:
-            key_ok = keys < end
-            k = tl.load(k_base + keys[None, :] * s_kn, mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
-            v = tl.load(v_base + keys[:, None] * s_vn, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
-        s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
-        seen = keys[None, :] < body_end[:, None]
-        m_i, l_i, acc = _online_step(m_i, l_i, acc, tl.where(seen, s, float("-inf")), v, DOT)
+    blocks = _split_blocks(body_end, SPLITS, BLOCK_N, LEAST)
+    last = tl.max(body_end, 0)
+    fewest = tl.min(tl.where(row_ok, blocks, 1 << 30), 0)
+    most = tl.max(tl.where(row_ok, blocks, 1), 0)
+    for level in range(_log2(fewest), _log2(most) + 1):  # one pass, unless the rows' bodies straddle a power of two
+        span = BLOCK_N << level
+        start = split * span
+        end = tl.minimum(start + span, last)
+        ends = tl.where(blocks == 1 << level, body_end, 0)  # rows whose splits are this long; the others see none
+        for key_start in range(start, end, BLOCK_N):
+            keys = key_start + cols
+            if DESCRIPTORS:  # whole blocks, zeros past the capacity; keys past `end` weigh 0, their values finite
+                k = tl.trans(K.load([kv_h, key_start, 0]).reshape(BLOCK_N, BLOCK_D))
+                v = V.load([kv_h, key_start, 0]).reshape(BLOCK_N, BLOCK_D)
+            else:
+                key_ok = keys < end
+                k = tl.load(k_base + keys[None, :] * s_kn, mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
+                v = tl.load(v_base + keys[:, None] * s_vn, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+            s = tl.dot(q.to(DOT), k.to(DOT), input_precision="ieee") * scale_log2
+            seen = keys[None, :] < ends[:, None]
+            m_i, l_i, acc = _online_step(m_i, l_i, acc, tl.where(seen, s, float("-inf")), v, DOT)
     _store_part(OP, LP, m_i, l_i, acc, h, i, split, row_ok, dims, dim_ok, s_oh, s_os, s_om, s_lh, s_ls)
 
 
@@ -213,12 +242,12 @@ def _reduce_kernel(
     tl.store(Out + i * s_xm + h * s_xh + dims * s_xd, out.to(Out.dtype.element_ty), mask=dim_ok)
 
 
-def graph_splits(capacity: int) -> int:
-    """Body splits of a cache of `capacity` slots: at least SPLIT_KEYS keys each (128 in the interpreter, so that
-    tests cross split bounds), at most 63, so that with the tail pass 2 holds at most 64 partials. A function of the
-    capacity alone: a row's split bounds do not move with the rows beside it or with the committed length."""
-    split_keys = 128 if interpreting() else SPLIT_KEYS
-    return max(1, min(MAX_SPLITS - 1, triton.cdiv(capacity, split_keys)))
+def body_splits(block_n: int) -> tuple[int, int]:
+    """(a row's body splits, the fewest key blocks of `block_n` keys a split holds): BODY_SPLITS, SPLIT_KEYS' worth;
+    4 and one in the interpreter, so that tests' short contexts cross split bounds and lengths."""
+    if interpreting():
+        return 4, 1
+    return BODY_SPLITS, max(1, SPLIT_KEYS // block_n)
 
 
 def graph_tree_attention(
@@ -276,10 +305,9 @@ def _strides(q, k_cache, v_cache, mask, o_part, lse_part) -> tuple[int, ...]:
 def _body(q, k_cache, v_cache, mask, length, scale, causal, tree, tail, parts_after):
     """The body pass into fresh partials with room for `parts_after` more: (outputs, LSEs, body splits)."""
     n, heads, dim = q.shape
-    kv_heads, capacity = k_cache.shape[0], k_cache.shape[1]
+    kv_heads = k_cache.shape[0]
     config = prefix_config(q.device, dim, BODY_ROWS)
-    splits = graph_splits(capacity)
-    split_len = triton.cdiv(triton.cdiv(capacity, splits), config.block_n) * config.block_n
+    splits, least = body_splits(config.block_n)
     o_part = torch.empty(heads, splits + parts_after, n, dim, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(heads, splits + parts_after, n, dtype=torch.float32, device=q.device)
     descriptors = copy_engine(q.device) and all(_descriptor_layout(cache) for cache in (k_cache, v_cache))
@@ -289,8 +317,8 @@ def _body(q, k_cache, v_cache, mask, length, scale, causal, tree, tail, parts_af
         keys, values = TensorDescriptor.from_tensor(k_cache, block), TensorDescriptor.from_tensor(v_cache, block)
     _body_kernel[(triton.cdiv(heads // kv_heads * n, config.block_m), splits, kv_heads)](
         q, keys, values, mask, length, o_part, lse_part, *_strides(q, k_cache, v_cache, mask, o_part, lse_part),
-        n, heads // kv_heads, dim, split_len, scale * LOG2E,
-        CAUSAL=causal, TREE=tree, TAIL=tail,
+        n, heads // kv_heads, dim, scale * LOG2E,
+        CAUSAL=causal, TREE=tree, TAIL=tail, SPLITS=splits, LEAST=least,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=_block_d(dim),
         DOT=dot_dtype(q.dtype), DESCRIPTORS=descriptors, num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
