@@ -5,6 +5,11 @@ docs/benchmarks.md ("GPU").
 
 `python scripts/cuda_launch_gap.py reads`: the engine's graph tree attention with K and V read through pointers and
 through Hopper's tensor descriptors, called and as graphs, and whether the two give the same bits.
+
+`python scripts/cuda_launch_gap.py splits`: the graph tree attention with 16, 32 (the engine's) and 64 body splits a
+row (64: as many partials as splits sized by a 32K cache's capacity gave), as graphs, at 4K and 32K keys of one 32K
+cache, a decode step's row and a 64-node tree's: more splits, more programs for a decode step's row, more partials
+for a tree's rows to write and merge.
 """
 
 import functools
@@ -75,5 +80,23 @@ def kv_reads(heads=32, kv_heads=8, dim=128, dtype=torch.bfloat16):
     graph_attention.copy_engine = copy_engine
 
 
+def body_splits(heads=32, kv_heads=8, dim=128, dtype=torch.bfloat16):
+    print(f"{'keys':>7} {'rows':>4} {'splits':>6} {'graph us':>9}")
+    splits = graph_attention.BODY_SPLITS
+    k, v = torch.randn(2, kv_heads, 32768 + 128, dim, device=CUDA, dtype=dtype)
+    for context in (4096, 32768):
+        length = torch.tensor([context], dtype=torch.int32, device=CUDA)
+        for n in (1, 65):
+            q = torch.randn(n, heads, dim, device=CUDA, dtype=dtype)
+            mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=CUDA))
+            for count in (16, 32, 64):
+                graph_attention.BODY_SPLITS = count
+                graph, _ = capture(functools.partial(graph_attention.graph_tree_attention, q, k, v, length, mask,
+                                                     dim**-0.5))  # fmt: skip
+                print(f"{context:>7} {n:>4} {count:>6} {ms(graph.replay) * 1e3:>9.1f}", flush=True)
+    graph_attention.BODY_SPLITS = splits
+
+
 if __name__ == "__main__":
-    kv_reads() if sys.argv[1:] == ["reads"] else attention_calls()
+    modes = {"reads": kv_reads, "splits": body_splits}
+    modes.get(sys.argv[1] if sys.argv[1:] else "", attention_calls)()

@@ -5,12 +5,12 @@
 # through the engine's torch decoder and its CUDA graphs), then at Llama-3.1-8B shapes with random bf16 weights
 # `specchat bench gpu-forward` (decode and verification, graphs against calls), `specchat bench oracle` (end to
 # end at tau 1 and 4 against our own graph AR; then at the adaptive budget, calibrated on the GPU as a user's run
-# is) and `specchat bench draft` (a random LongSpec draft's proposal
-# against the decode step), and `scripts/gpu_row_invariance.py` (is a verified row bitwise the decode step: cuBLAS
-# products by row count, tree attention); before the benches, the tree attention's K/V reads, pointers against
-# tensor descriptors (`scripts/cuda_launch_gap.py reads`); everything lands in $OUT, ten files at most (env.txt,
-# install.log, pytest.txt, reads.txt, gpu_forward.json, oracle.json, oracle_auto.json, draft.json, rows.json,
-# bench.err). About 6 minutes on an H200.
+# is) and `specchat bench draft` (a random LongSpec draft's proposal against the decode step), and
+# `scripts/gpu_row_invariance.py` (is a verified row bitwise the decode step: cuBLAS products by row count, tree
+# attention); before the benches, the tree attention's K/V reads, pointers against tensor descriptors, and its body
+# splits a row, 16 / 32 / 64 (`scripts/cuda_launch_gap.py reads`, `splits`); everything lands in $OUT, ten files at
+# most (env.txt, install.log, pytest.txt, reads.txt, gpu_forward.json, oracle.json, oracle_auto.json, draft.json,
+# rows.json, bench.err). About 6 minutes on an H200.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -36,6 +36,9 @@ tail -25 "$OUT/pytest.txt"
 SECONDS=0
 timeout 90 python3 scripts/cuda_launch_gap.py reads >"$OUT/reads.txt" 2>>"$OUT/bench.err"
 echo "reads rc $? in ${SECONDS}s"
+SECONDS=0
+timeout 60 python3 scripts/cuda_launch_gap.py splits >>"$OUT/reads.txt" 2>>"$OUT/bench.err"
+echo "splits rc $? in ${SECONDS}s"
 cat "$OUT/reads.txt"
 SECONDS=0
 timeout 150 python3 -m specchat bench gpu-forward --context 4096,32768 --tree 1,15,63,64 --json \
