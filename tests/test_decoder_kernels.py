@@ -186,11 +186,10 @@ def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("prefix", [70, 200])
-def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(prefix, dtype, kv_reads):
-    """A causal forward of any length (here 150 rows, past the deepest tree) reads its own keys in place; after 200
-    its rows' bodies straddle a split length (and a program's rows, two heads' ends, lie far apart)."""
-    heads, kv_heads, dim, n = 4, 2, 64, 150
+def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(dtype, kv_reads):
+    """A causal forward of any length (here 150 rows, past the deepest tree) reads its own keys in place; its rows'
+    bodies straddle a split length (and a body program's rows, two heads' ends, lie far apart)."""
+    heads, kv_heads, dim, n, prefix = 4, 2, 64, 150, 200
     k = _randn(kv_heads, prefix + n + 10, dim, seed=4).to(DEVICE, dtype)
     v = _randn(kv_heads, prefix + n + 10, dim, seed=5).to(DEVICE, dtype)
     q = _randn(n, heads, dim, seed=6).to(DEVICE, dtype)

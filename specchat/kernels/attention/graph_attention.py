@@ -17,8 +17,9 @@ depth in the tree) sums its keys in an order t alone fixes, as canonical attenti
   TAIL_KEYS keys, TAIL + 1 of them at most;
 
 then the parts merged by log-sum-exp in a fixed order, a part a row does not reach exactly nothing. A decode step
-is the one-row case. Three launches a layer: body partials, tail partials, the merge into `[n, Hq, D]`, the layout
-the output projection reads. A causal forward (a prefill, no tree mask) reads its own keys in place.
+is the one-row case. Two launches a layer: the body's partials, then a program a row and head that sums its tail
+and merges it with them into `[n, Hq, D]`, the layout the output projection reads. A causal forward (a prefill, no
+tree mask) reads its own keys in place.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from specchat.kernels.attention.configs import dot_dtype, interpreting, prefix_c
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 TAIL = 64  # keys before a row in its tail, the deepest tree's: every row's body ends inside the committed prefix
+TAIL_KEYS = 16  # a row's tail keys gathered at a time (168 registers on sm_90; 64 in the interpreter: fewer steps)
 BODY_SPLITS = 32  # a row's body splits: a decode step's programs per KV head; with the tail, a row's partials
 SPLIT_KEYS = 512  # the fewest keys a split holds: a short body spreads over fewer splits, fewer partials to merge
 BODY_ROWS = 64  # query rows a body program takes, at every row count
@@ -168,21 +170,12 @@ def _body_kernel(
 
 
 @triton.jit
-def _tail_kernel(
-    Q, K, V, Mask, Length, OP, LP,
-    s_qm, s_qh, s_qd,
-    s_kh, s_kn, s_kd,
-    s_vh, s_vn, s_vd,
-    s_mm, s_mn,
-    s_oh, s_os, s_om,
-    s_lh, s_ls,
-    n, group, head_dim, part, scale_log2,
-    CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr,
-    BLOCK_M: tl.constexpr, TAIL_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    kv_h = tl.program_id(1)
-    row_ok, h, i = _query_rows(tl.program_id(0), kv_h, n, group, BLOCK_M)
-    length = tl.load(Length)
+def _tail(Q, K, V, Mask, length, s_qm, s_qh, s_qd, s_kh, s_kn, s_kd, s_vh, s_vn, s_vd, s_mm, s_mn,
+          i, h, kv_h, row_ok, n, head_dim, scale_log2,
+          CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr, TAIL_KEYS: tl.constexpr,
+          BLOCK_D: tl.constexpr):  # fmt: skip
+    """One row's tail part (m, l, acc; rows `[1]`): its positions [t - TAIL, t], the committed ones read in place,
+    those past the prefix its ancestors at their depths, itself last; in fp32, TAIL_KEYS keys at a time."""
     position = length + _depths(Mask, s_mm, s_mn, i, row_ok, n, CAUSAL, TREE)
     start = tl.maximum(position - TAIL, 0)
     dims = tl.arange(0, BLOCK_D)
@@ -194,11 +187,11 @@ def _tail_kernel(
                        mask=row_ok[:, None] & (tree_cols[None, :] < n), other=0).to(tl.int32)  # fmt: skip
         rank = tl.where(seen != 0, tl.cumsum(seen, 1) - 1, -1)
     offsets = tl.arange(0, TAIL_KEYS)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m_i = tl.full([1], float("-inf"), tl.float32)
+    l_i = tl.zeros([1], tl.float32)
+    acc = tl.zeros([1, BLOCK_D], tl.float32)
     for chunk in range(0, TAIL + 1, TAIL_KEYS):
-        positions = start[:, None] + chunk + offsets[None, :]  # [rows, keys]
+        positions = start[:, None] + chunk + offsets[None, :]  # [1, keys]
         key_ok = row_ok[:, None] & (positions <= position[:, None])
         slots = positions
         if not CAUSAL:  # a position past the committed prefix: the ancestor at that depth
@@ -210,35 +203,57 @@ def _tail_kernel(
         v = tl.load(V + kv_h * s_vh + slots[:, :, None] * s_vn + dims[None, None, :] * s_vd, mask=gathered, other=0.0)
         s = tl.sum(q[:, None, :] * k.to(tl.float32), 2) * scale_log2
         m_i, p, alpha, l_i = _softmax_step(m_i, l_i, tl.where(key_ok, s, float("-inf")))
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32), 1)  # each row's own values
-    _store_part(OP, LP, m_i, l_i, acc, h, i, part, row_ok, dims, dim_ok, s_oh, s_os, s_om, s_lh, s_ls)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32), 1)
+    return m_i, l_i, acc
 
 
 @triton.jit
-def _reduce_kernel(
-    OP, LP, Out,
+def _merge_kernel(
+    Q, K, V, Mask, Length, OP, LP, Out,
+    s_qm, s_qh, s_qd,
+    s_kh, s_kn, s_kd,
+    s_vh, s_vn, s_vd,
+    s_mm, s_mn,
     s_oh, s_os, s_om,
     s_lh, s_ls,
     s_xm, s_xh, s_xd,
-    n, parts, head_dim,
-    PARTS: tl.constexpr, BLOCK_D: tl.constexpr,
+    n, group, head_dim, parts, scale_log2,
+    CAUSAL: tl.constexpr, TREE: tl.constexpr, TAIL: tl.constexpr, WITH_TAIL: tl.constexpr,
+    TAIL_KEYS: tl.constexpr, PARTS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
+    """One row and head: its body partials and (`WITH_TAIL`) its tail, computed here, merged by LSE in a fixed
+    order; a row past the queries (a product's padding) writes zeros."""
     i = tl.program_id(0)
     h = tl.program_id(1)
     part = tl.arange(0, PARTS)
     dims = tl.arange(0, BLOCK_D)
-    part_ok = part < tl.where(i < n, parts, 0)  # an output row past the queries' reads nothing: zeros
+    part_ok = part < tl.where(i < n, parts, 0)  # an output row past the queries reads nothing
     dim_ok = dims < head_dim
     lse = tl.load(LP + h * s_lh + part * s_ls + i, mask=part_ok, other=float("-inf"))
-    top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    weights = tl.exp(lse - top)
     o = tl.load(  # an empty part's output, never written, is not read: it weighs 0
         OP + h * s_oh + part[:, None] * s_os + i * s_om + dims[None, :],
         mask=(part_ok & (lse > float("-inf")))[:, None] & dim_ok[None, :], other=0.0,
     )  # fmt: skip
+    top = tl.max(lse, 0)
+    if WITH_TAIL:
+        row_ok = tl.full([1], i, tl.int32) < n
+        rows = tl.full([1], i, tl.int32)
+        heads = tl.full([1], h, tl.int32)
+        m_t, l_t, acc_t = _tail(Q, K, V, Mask, tl.load(Length), s_qm, s_qh, s_qd, s_kh, s_kn, s_kd, s_vh, s_vn, s_vd,
+                                s_mm, s_mn, rows, heads, h // group, row_ok, n, head_dim, scale_log2,
+                                CAUSAL, TREE, TAIL, TAIL_KEYS, BLOCK_D)  # fmt: skip
+        empty = l_t == 0.0  # a padding row
+        lse_t = tl.where(empty, float("-inf"), (m_t + tl.log2(tl.where(empty, 1.0, l_t))) * LN2)  # [1]
+        top = tl.maximum(top, tl.max(lse_t, 0))
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weights = tl.exp(lse - top)
     total = tl.sum(weights, 0)
-    out = tl.sum(weights[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)  # a row that sees no key: zeros
+    summed = tl.sum(weights[:, None] * o, 0)
+    if WITH_TAIL:
+        weight_t = tl.exp(lse_t - top)  # [1]
+        total += tl.sum(weight_t, 0)
+        summed += tl.sum(weight_t[:, None] * (acc_t / tl.where(empty, 1.0, l_t)[:, None]), 0)
+    out = summed / tl.where(total == 0.0, 1.0, total)  # a row that sees no key: zeros
     tl.store(Out + i * s_xm + h * s_xh + dims * s_xd, out.to(Out.dtype.element_ty), mask=dim_ok)
 
 
@@ -265,19 +280,10 @@ def graph_tree_attention(
     diagonal, the tree topologically ordered (a parent before its children) and at most TAIL deep; `causal`: the
     rows are consecutive positions (tree_mask lower-triangular, not read: a prefill of any length) -> `[width, Hq,
     D]` in q's dtype (`width` >= n, default n; rows past n zeros: a product's padding, written by the merge)."""
-    n, heads, dim = q.shape
-    kv_heads = k_cache.shape[0]
-    tree = 1 if causal else max(16, triton.next_power_of_2(n))
-    o_part, lse_part, splits = _body(q, k_cache, v_cache, tree_mask, length, scale, causal, tree, TAIL, parts_after=1)
-    tail_rows = 8  # with 8 keys a chunk, 4 warps hold a [8, 8, 128] gather without spilling (sm_90)
-    strides = _strides(q, k_cache, v_cache, tree_mask, o_part, lse_part)
-    _tail_kernel[(triton.cdiv(heads // kv_heads * n, tail_rows), kv_heads)](
-        q, k_cache, v_cache, tree_mask, length, o_part, lse_part, *strides,
-        n, heads // kv_heads, dim, splits, scale * LOG2E,
-        CAUSAL=causal, TREE=tree, TAIL=TAIL,
-        BLOCK_M=tail_rows, TAIL_KEYS=32 if interpreting() else 8, BLOCK_D=_block_d(dim), num_warps=4,
-    )  # fmt: skip
-    return _reduce(o_part, lse_part, splits + 1, q, width or n)
+    tree = 1 if causal else max(16, triton.next_power_of_2(q.shape[0]))
+    o_part, lse_part, splits = _body(q, k_cache, v_cache, tree_mask, length, scale, causal, tree, TAIL)
+    return _merge(q, k_cache, v_cache, tree_mask, length, o_part, lse_part, splits, scale, causal, tree, True,
+                  width or q.shape[0])  # fmt: skip
 
 
 def graph_prefix_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -289,8 +295,8 @@ def graph_prefix_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     n = q.shape[0]
     rows_alone = torch.eye(n, dtype=torch.bool, device=q.device)
     tree = max(16, triton.next_power_of_2(n))
-    o_part, lse_part, splits = _body(q, k_cache, v_cache, rows_alone, length, scale, False, tree, 0, parts_after=0)
-    return _reduce(o_part, lse_part, splits, q, n)
+    o_part, lse_part, splits = _body(q, k_cache, v_cache, rows_alone, length, scale, False, tree, 0)
+    return _merge(q, k_cache, v_cache, rows_alone, length, o_part, lse_part, splits, scale, False, tree, False, n)
 
 
 def _block_d(dim: int) -> int:
@@ -302,14 +308,14 @@ def _strides(q, k_cache, v_cache, mask, o_part, lse_part) -> tuple[int, ...]:
             *lse_part.stride()[:2])  # fmt: skip
 
 
-def _body(q, k_cache, v_cache, mask, length, scale, causal, tree, tail, parts_after):
-    """The body pass into fresh partials with room for `parts_after` more: (outputs, LSEs, body splits)."""
+def _body(q, k_cache, v_cache, mask, length, scale, causal, tree, tail):
+    """The body pass into fresh partials: (outputs, LSEs, body splits)."""
     n, heads, dim = q.shape
     kv_heads = k_cache.shape[0]
     config = prefix_config(q.device, dim, BODY_ROWS)
     splits, least = body_splits(config.block_n)
-    o_part = torch.empty(heads, splits + parts_after, n, dim, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(heads, splits + parts_after, n, dtype=torch.float32, device=q.device)
+    o_part = torch.empty(heads, splits, n, dim, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(heads, splits, n, dtype=torch.float32, device=q.device)
     descriptors = copy_engine(q.device) and all(_descriptor_layout(cache) for cache in (k_cache, v_cache))
     keys, values = k_cache, v_cache
     if descriptors:
@@ -341,15 +347,17 @@ def _descriptor_layout(cache: torch.Tensor) -> bool:
             and all(stride * size % 16 == 0 for stride in cache.stride()[:-1]))  # fmt: skip
 
 
-def _reduce(o_part, lse_part, parts, q, width) -> torch.Tensor:
-    """The first `parts` partials of each row and head merged by LSE into `[width, Hq, D]` in q's dtype, zeros
+def _merge(q, k_cache, v_cache, mask, length, o_part, lse_part, parts, scale, causal, tree, with_tail,
+           width) -> torch.Tensor:  # fmt: skip
+    """Each row's `parts` body partials and (`with_tail`) its tail merged into `[width, Hq, D]` in q's dtype, zeros
     past q's n rows."""
     n, heads, dim = q.shape
     out = q.new_empty(width, heads, dim)
-    _reduce_kernel[(width, heads)](
-        o_part, lse_part, out,
-        *o_part.stride()[:3], *lse_part.stride()[:2], *out.stride(),
-        n, parts, dim,
+    _merge_kernel[(width, heads)](
+        q, k_cache, v_cache, mask, length, o_part, lse_part, out,
+        *_strides(q, k_cache, v_cache, mask, o_part, lse_part), *out.stride(),
+        n, heads // k_cache.shape[0], dim, parts, scale * LOG2E,
+        CAUSAL=causal, TREE=tree, TAIL=TAIL, WITH_TAIL=with_tail, TAIL_KEYS=64 if interpreting() else TAIL_KEYS,
         PARTS=triton.next_power_of_2(parts), BLOCK_D=_block_d(dim),
     )  # fmt: skip
     return out
