@@ -35,7 +35,7 @@ LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 TAIL = 64  # keys before a row in its tail, the deepest tree's: every row's body ends inside the committed prefix
 TAIL_KEYS = 16  # a row's tail keys gathered at a time (168 registers on sm_90; 64 in the interpreter: fewer steps)
-BODY_SPLITS = 32  # a row's body splits: a decode step's programs per KV head; with the tail, a row's partials
+BODY_SPLITS = 32  # a row's body splits: a decode step's programs per KV head, and a row's partials
 SPLIT_KEYS = 512  # the fewest keys a split holds: a short body spreads over fewer splits, fewer partials to merge
 BODY_ROWS = 64  # query rows a body program takes, at every row count
 
