@@ -168,7 +168,7 @@ def _decoded(q, k, v, prefix: int, ancestors: list[int], scale: float) -> torch.
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("prefix, n", [(0, 5), (30, 9), (300, 13), (130, 40), (320, 20), (576, 13)])
+@pytest.mark.parametrize("prefix, n", [(0, 5), (30, 9), (130, 24), (320, 20), (576, 13)])
 def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype, kv_reads):
     """Exactness on CUDA: each row of a random tree, whatever rows share its call and however its prefix's split
     bounds fall, gets the bits of the decode step of its token after its ancestors (prefixes that cross split
@@ -187,9 +187,9 @@ def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(dtype, kv_reads):
-    """A causal forward of any length (here 150 rows, past the deepest tree) reads its own keys in place; its rows'
+    """A causal forward of any length (here 100 rows, past the deepest tree) reads its own keys in place; its rows'
     bodies straddle a split length (and a body program's rows, two heads' ends, lie far apart)."""
-    heads, kv_heads, dim, n, prefix = 4, 2, 64, 150, 200
+    heads, kv_heads, dim, n, prefix = 4, 2, 64, 100, 230
     k = _randn(kv_heads, prefix + n + 10, dim, seed=4).to(DEVICE, dtype)
     v = _randn(kv_heads, prefix + n + 10, dim, seed=5).to(DEVICE, dtype)
     q = _randn(n, heads, dim, seed=6).to(DEVICE, dtype)
@@ -198,7 +198,7 @@ def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(dtype, kv_read
                                 causal=True)  # fmt: skip
     want = reference.hybrid_tree_attention(q.transpose(0, 1)[None], k[None], v[None], prefix, causal, dim**-0.5)
     _close(rows, want[0].transpose(0, 1), dtype)
-    for row in (0, 63, 64, 149):
+    for row in (0, 63, 64, 99):
         assert torch.equal(rows[row], _decoded(q[row], k, v, prefix + row, [0], dim**-0.5))
 
 
