@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import importlib.util
 import json
@@ -10,7 +9,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import torch
 
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.checks import DTYPE_NAMES, GGUF_QUANTIZE, check_dtype, check_quantize, check_yarn
+from specchat.collector import collector_paused
 from specchat.disk_cache import SOURCES_FILE, cache_dir, other_versions, sources_json
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
@@ -155,22 +154,10 @@ def load_model(
     transformers. `yarn`: the model's window stretched that many times by YaRN (`stretch_with_yarn`).
     `progress` hears each stage as it starts (the chat app shows them while it waits).
     """
-    with _collections_paused():
+    # a model is hundreds of thousands of objects as long-lived as it: each full collection during a load walks them
+    # all (0.15-0.3 s of a load in all)
+    with collector_paused():
         return _load_model(spec, dtype, quantize, device, attention, yarn, progress)
-
-
-@contextmanager
-def _collections_paused():
-    """No cyclic garbage collection while a model loads: its tokenizer, modules and tensors are hundreds of
-    thousands of objects that live as long as it does, and each full collection walks them all (0.15-0.3 s of a
-    load in all)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _load_model(spec, dtype, quantize, device, attention, yarn, progress) -> LoadedModel:

@@ -13,8 +13,8 @@ from drafters_for_tests import rerun
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from specchat.bench.synthetic import random_tree
+from specchat.collector import collector_paused
 from specchat.engine import torch_decoder
-from specchat.engine.cuda_graphs import _collector_held
 from specchat.engine.torch_decoder import PIECE, TorchDecoder
 from specchat.engine.tree import tree_batch
 from specchat.errors import SpecchatError
@@ -326,12 +326,12 @@ def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, budg
 def test_the_collector_is_held_while_capturing_and_left_as_it_was():
     """`capture` holds Python's collector off around a capture (`test_cuda.py` captures with it), and leaves it off
     where it was off."""
-    with _collector_held():
+    with collector_paused():
         assert not gc.isenabled()
     assert gc.isenabled()
     gc.disable()
     try:
-        with _collector_held():
+        with collector_paused():
             pass
         assert not gc.isenabled()
     finally:

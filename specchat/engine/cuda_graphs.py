@@ -11,11 +11,9 @@ keys and values land in slots after the real rows', which the cache never commit
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
-
 import torch
 
+from specchat.collector import collector_paused
 from specchat.engine.budget import MAX_BUDGET
 from specchat.engine.cache import TreeCache
 from specchat.engine.forward_output import ForwardOutput
@@ -44,21 +42,9 @@ def capture(call, pool=None):
             call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with _collector_held(), torch.cuda.graph(graph, pool=pool):
+    with collector_paused(), torch.cuda.graph(graph, pool=pool):
         out = call()
     return graph, out
-
-
-@contextmanager
-def _collector_held():
-    """Python's cyclic garbage collector off inside, as it was after (it collects at its next chance)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class _Bucket:

@@ -236,8 +236,8 @@ def _merge_kernel(
     )  # fmt: skip
     top = tl.max(lse, 0)
     if WITH_TAIL:
-        row_ok = tl.full([1], i, tl.int32) < n
         rows = tl.full([1], i, tl.int32)
+        row_ok = rows < n
         heads = tl.full([1], h, tl.int32)
         m_t, l_t, acc_t = _tail(Q, K, V, Mask, tl.load(Length), s_qm, s_qh, s_qd, s_kh, s_kn, s_kd, s_vh, s_vn, s_vd,
                                 s_mm, s_mn, rows, heads, h // group, row_ok, n, head_dim, scale_log2,
