@@ -1,7 +1,6 @@
 """A step waits for the device once, at the acceptance: the host reads the target's choices, and with them a tree its
-drafter left on the device (LongSpec's, GLIDE's). A drafter whose tree's size depends on its values reads it once
-more, at the end of its proposal: TokenSwift's and EAGLE-3's nodes by their scores (the adaptive budget keeps those
-worth verifying). None waits between its depths.
+drafter left on the device (LongSpec's, GLIDE's, TokenSwift's). A drafter whose tree's size depends on its values
+reads it once more, at the end of its proposal: EAGLE-3's nodes by their scores. None waits between its depths.
 
 Counted on a CPU with `QueueDrains`, the model of CUDA's synchronous copies, over trees deep enough that a wait a
 depth would show; `test_cuda.py` counts the real synchronisations on a GPU.
@@ -56,9 +55,9 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
     "longspec-chain": (longspec(chain=True), GREEDY, 64, 0),
     "longspec-chain-sampled": (longspec(chain=True), SAMPLED, 64, 0),
     "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config)), GREEDY, 4, 0),
-    "tokenswift": (tokenswift(forward=True), GREEDY, 4, 1),
-    "tokenswift-sampled": (tokenswift(forward=True), SAMPLED, 4, 1),
-    "tokenswift-verified-state": (tokenswift(forward=False), GREEDY, 3, 1),
+    "tokenswift": (tokenswift(forward=True), GREEDY, 4, 0),
+    "tokenswift-sampled": (tokenswift(forward=True), SAMPLED, 4, 0),
+    "tokenswift-verified-state": (tokenswift(forward=False), GREEDY, 3, 0),
     "eagle3": (eagle3_unpruned, GREEDY, 4, 1),
 }
 
@@ -135,14 +134,14 @@ def test_a_keyed_step_over_a_beam_waits_once_as_on_a_gpu(monkeypatch, tokenizer)
 def test_guessing_keyed_draws_adds_no_wait(tokenizer):
     """Where the target's draws are keyed (`reproducible`), TokenSwift's draft forward guesses the first, racing its
     distribution under the same noise: the noise's keys go to the device without a wait, so the proposal still
-    reads once, at the end."""
+    waits for nothing."""
     model = tiny_model("llama", vocab_size=64)
     engine = Engine(model, tokenizer, max_len=400)
     engine.set_drafter(tokenswift(forward=True)(engine, model), 64)
     steps = counted_steps(engine, SAMPLED, reproducible=True)
     assert steps and all(tree.depth >= 4 for _, _, tree, _ in steps)
     for drafting, _, _, causes in steps:
-        assert drafting == 1, causes
+        assert drafting == 0, causes
 
 
 def test_without_a_drafter_a_step_waits_once(tokenizer):

@@ -3,7 +3,7 @@
 Proven here: after any number of appends, in any chunking, the continuations of every token are exactly the
 brute force's most frequent 4-grams of the text old enough (ending `lag` or more tokens before its end), in
 descending count (ties in either order), at most `top`; nothing newer than the lag is counted; the table
-holds bounded state per token added.
+holds bounded state per token added; its copy on the device looks up the same.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ import random
 from collections import Counter
 
 import pytest
+import torch
+from queue_drains import QueueDrains
 
+from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 
 
@@ -50,3 +53,24 @@ def test_nothing_newer_than_the_lag_is_reused():
     table.add([9] * 8)  # now the first 12 are old: 1 2 3 4 twice, 1 2 3 9 once
     assert table.continuations(1) == [(2, 3, 4), (2, 3, 9)] and table.continuations(2) == [(3, 4, 1)]
     assert len(table.recent) <= 8 + 4
+
+
+def test_the_device_copy_looks_up_what_the_table_holds():
+    """Looked up by a token on the device after any run of appends (rows added, rows changed, room grown past a
+    token id or a row count seen before): each token's continuations and counts, most frequent first, zeros past
+    the last; a token never seen first, or beyond every id seen, has none. Copies go without a wait."""
+    rng = random.Random(5)
+    table = NgramTable(lag=3, top=4)
+    table.add([rng.randrange(6) for _ in range(20)])
+    device = DeviceNgrams(table, torch.device("cpu"))
+    for vocab in (6, 6, 40, 40, 300):
+        table.add([rng.randrange(vocab) for _ in range(rng.randint(1, 60))])
+        for first in range(vocab + 2):
+            token = torch.tensor([first])
+            with QueueDrains() as drains:
+                grams, counts = device.continuations(token)
+            assert drains.drains == 0, drains.causes
+            best = table.best.get(first, [])
+            assert grams.shape == (4, 3) and counts.shape == (4,)
+            assert grams[: len(best)].tolist() == [list(gram[1:]) for gram in best]
+            assert counts.tolist() == [table.counts[gram] for gram in best] + [0] * (4 - len(best))

@@ -20,13 +20,15 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from specchat.drafters.tokenswift.drafter import KV_BUDGET, TokenSwiftDrafter, _product, _tree, build
+from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
+from specchat.drafters.tokenswift.drafter import KV_BUDGET, TokenSwiftDrafter, build
+from specchat.drafters.tokenswift.heads_tree import Level, heads_tree
 from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, save_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import SINKS, PartialKV
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
-from specchat.engine.tree import DraftTree
+from specchat.engine.tree import ROOT, DraftTree, TreeBuilder, siblings_bounded
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.quantize import quantize_model
 
@@ -108,10 +110,50 @@ HEADS_VALUES = [[0.5, 0.3, 0.1]] * 3
 HEADS_TOKENS = [[20 + row, 30 + row, 40 + row] for row in range(1, 4)]  # depth d's head: 2d, 3d, 4d (d from 1)
 
 
+def reference_tree(values: list[list[float]], tokens: list[list[int]], table: NgramTable, budget: int, *,
+                   start: int, below: tuple[int, ...], below_p: float) -> DraftTree:  # fmt: skip
+    """The tree by the definition, on the host: every path of the levels' candidates (row d: depth d's tokens and
+    probabilities, the same under every node) below `below`, scored by the product of its probabilities along it
+    (from `below_p`); the 4-gram chains that continue `start`, a prefix scored by its share of the counts; a path
+    both give keeps the higher score; scores bounded (`siblings_bounded`); the `budget` best, at most as many as
+    the levels hold, ranked by score, then depth, then the order found, best first."""
+    paths, level = {}, [(below, below_p)]
+    for row_values, row_tokens in zip(values, tokens):
+        level = [(path + (t,), score * v) for path, score in level for v, t in zip(row_values, row_tokens)]
+        paths.update(level)
+    candidates = {below: (below_p, "tokenswift")} if below else {}
+    candidates.update({path: (score, "tokenswift") for path, score in paths.items()})
+    heads = len(candidates)
+    grams = table.continuations(start)
+    counts = [table.counts[(start, *rest)] for rest in grams]
+    for rest in grams:
+        for depth in range(1, len(rest) + 1):
+            path = (*below, *rest[:depth])
+            share = sum(c for r, c in zip(grams, counts) if r[:depth] == rest[:depth]) / sum(counts)
+            if candidates.get(path, (-1.0,))[0] < below_p * share:
+                candidates[path] = (below_p * share, candidates[path][1] if path in candidates else "ngram")
+    place = {path: i for i, path in enumerate(candidates)}
+    bounded = siblings_bounded(candidates)
+    chosen = sorted(bounded, key=lambda path: (-bounded[path][0], len(path), place[path]))[: min(budget, heads)]
+    builder, nodes = TreeBuilder(), {}
+    for path in chosen:
+        nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], bounded[path][1])
+    return builder.build([bounded[path][0] for path in chosen])
+
+
+def device_tree(values: list[list[float]], tokens: list[list[int]], table: NgramTable, budget: int, *,
+                start: int, below: tuple[int, ...], below_p: float) -> DraftTree:  # fmt: skip
+    """The same tree laid out by `heads_tree`, the levels as the drafter gives a product's."""
+    levels = [Level(torch.tensor(v, dtype=torch.float64).expand(3**d, 3), torch.tensor(t).expand(3**d, 3),
+                    torch.arange(3**d) if d else None) for d, (v, t) in enumerate(zip(values, tokens))]  # fmt: skip
+    grams, counts = DeviceNgrams(table, torch.device("cpu")).continuations(torch.tensor([start]))
+    first = (torch.tensor(below), torch.tensor([below_p], dtype=torch.float64)) if below else None
+    return heads_tree(levels, grams, counts, budget, ("tokenswift", "ngram"), first)
+
+
 def below_first(table: NgramTable, budget: int) -> DraftTree:
     """The heads' levels and the chains below the LM head's first token 10 (probability 0.9)."""
-    paths = _product(HEADS_VALUES, HEADS_TOKENS, (10,), 0.9)
-    return _tree(paths, table, budget, "tokenswift", start=10, below=(10,), below_p=0.9)
+    return device_tree(HEADS_VALUES, HEADS_TOKENS, table, budget, start=10, below=(10,), below_p=0.9)
 
 
 def test_tree_is_1_3_3_3_with_ngram_chains():
@@ -119,11 +161,10 @@ def test_tree_is_1_3_3_3_with_ngram_chains():
     table.add([10, 21, 50, 51, 7, 10, 21, 50, 51, 7, 10, 60, 61, 62, 8])
     tree = below_first(table, 64)
     assert tree.tokens[0] == 10 and tree.depths[0] == 1
-    heads_nodes = [i for i, o in enumerate(tree.origins) if o == "tokenswift"]
-    assert len(heads_nodes) == 40
+    assert len(tree) == 40  # as many as the heads' levels hold, the chains' nodes among them by their scores
     paths = {tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))}
     assert (10, 21, 50, 51) in paths and (10, 60, 61, 62) in paths
-    assert tree.origins[tree.tokens.index(50)] == "ngram"
+    assert tree.origins[tree.tokens.index(50)] == "ngram" and tree.origins[tree.tokens.index(21)] == "tokenswift"
     siblings = {}
     for parent, token in zip(tree.parents, tree.tokens):
         assert token not in siblings.setdefault(parent, set())
@@ -131,20 +172,43 @@ def test_tree_is_1_3_3_3_with_ngram_chains():
     small = below_first(table, 7)
     assert len(small) == 7
     assert all(parent < i for i, parent in enumerate(small.parents))
+    assert small.scores == sorted(small.scores, reverse=True)  # best first: a cut is a prefix
     assert below_first(table, 0).tokens == []
 
 
 def test_tree_without_the_draft_forward_is_3_3_3_below_the_root():
     table = NgramTable(lag=0)
     table.add([10, 50, 51, 52, 7, 10, 50, 51, 52, 7, 10])
-    tree = _tree(_product(HEADS_VALUES, HEADS_TOKENS, (), 1.0), table, 64, "tokenswift", start=10, below=(),
-                 below_p=1.0)
+    tree = device_tree(HEADS_VALUES, HEADS_TOKENS, table, 64, start=10, below=(), below_p=1.0)
     paths = {tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))}
-    assert sum(o == "tokenswift" for o in tree.origins) == 3 + 9 + 27
+    assert len(tree) == 3 + 9 + 27
     assert {p for p in paths if len(p) == 1} == {(21,), (31,), (41,), (50,)}
     assert (21, 22, 23) in paths and (50, 51, 52) in paths  # the chain continues the root
     assert tree.origins[tree.tokens.index(50)] == "ngram"
     assert [tree.tokens[i] for i in range(len(tree)) if tree.depths[i] == 1][:2] == [50, 21]  # share 1.0, then 0.5
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_device_tree_is_the_reference_tree(seed):
+    """Random levels over a small vocabulary, random texts whose 4-grams repeat the levels' paths and each other's
+    prefixes (merged nodes, higher scores kept, siblings bounded), every budget: the same paths, scores and
+    origins as the definition on the host, read in one wait."""
+    rng = torch.Generator().manual_seed(seed)
+    vocab = 6
+    for forward in (True, False):
+        depth = int(torch.randint(0, 4, (1,), generator=rng))
+        tokens = [torch.randperm(vocab, generator=rng)[:3].tolist() for _ in range(depth)]
+        values = [sorted(torch.rand(3, generator=rng).tolist(), reverse=True) for _ in range(depth)]
+        table = NgramTable(lag=0, top=int(torch.randint(1, 8, (1,), generator=rng)))
+        table.add(torch.randint(0, vocab, (int(torch.randint(0, 80, (1,), generator=rng)),), generator=rng).tolist())
+        start = int(torch.randint(0, vocab, (1,), generator=rng))
+        below, below_p = ((start,), 0.7) if forward else ((), 1.0)
+        for budget in range(0, 42):
+            want = reference_tree(values, tokens, table, budget, start=start, below=below, below_p=below_p)
+            got = device_tree(values, tokens, table, budget, start=start, below=below, below_p=below_p)
+            assert len(got) == len(want)
+            assert (got.tokens, got.parents, got.origins) == (want.tokens, want.parents, want.origins)
+            assert (got.scores or []) == pytest.approx(want.scores, rel=1e-12)
 
 
 def vocab_heads(model) -> TokenSwiftHeads:
@@ -259,8 +323,9 @@ def test_heads_with_root_input_draft_from_the_token_the_target_chose(model, toke
     root = drafter.ids[-1]
 
     def guesses(token: int):
-        return [top.tolist() for top in drafter._product_guesses(
-            drafter.heads.start(drafter.state, drafter._embed(torch.tensor([token]))), 3, SamplingConfig(), None)]
+        levels = drafter._levels(drafter.heads.start(drafter.state, drafter._embed(torch.tensor([token]))), 3, 39,
+                                 SamplingConfig(), None)  # fmt: skip
+        return [level.tokens.tolist() for level in levels]
 
     assert guesses(root) != guesses((root + 1) % VOCAB)
 
@@ -298,23 +363,6 @@ def test_chained_heads_expand_only_the_nodes_the_budget_can_keep(model, tokenize
     rows.clear()
     drafter.propose(1, SamplingConfig())
     assert rows == []  # one node: head 1 alone
-
-
-def test_chained_heads_expand_no_node_below_the_least_chance(model, tokenizer):
-    drafter = drafter_after_a_prompt(model, tokenizer, chain_heads(model), forward=False)
-    rows = []
-    for i, block in enumerate(drafter.heads.chain_inputs):
-        block.up.register_forward_hook(lambda _m, args, _o, i=i: rows.append((i + 2, len(args[0]))))
-    full = drafter.propose(40, SamplingConfig())
-    heads = [node for node, origin in enumerate(full.origins) if origin == "tokenswift"]
-    first = sorted((full.scores[node] for node in heads if full.depths[node] == 1), reverse=True)
-    rows.clear()
-    tree = drafter.propose(40, SamplingConfig(), least_chance=first[1])  # the two likeliest depth-1 nodes
-    assert rows[0] == (2, 2)
-    assert all(tree.scores[parent] >= first[1] for parent in tree.parents if parent >= 0)
-    rows.clear()
-    tree = drafter.propose(40, SamplingConfig(), least_chance=first[0] * 1.01)  # above every node
-    assert rows == [] and set(tree.depths) == {1}
 
 
 @pytest.mark.parametrize("forward", [True, False], ids=["forward", "verified-state"])

@@ -198,6 +198,23 @@ def test_a_queued_trees_batch_is_built_on_the_device_and_read_once_with_the_choi
         assert drains.drains == 1, drains.causes
 
 
+def test_a_queued_trees_scores_and_origins_are_read_in_the_same_wait():
+    """A drafter that scores its nodes and names several origins leaves both on the device too: the tree's length is
+    known unread, and its scores and origins come with its nodes in the acceptance's wait (or where first asked)."""
+    tokens, parents = torch.tensor([4, 5, 6]), torch.tensor([ROOT, 0, ROOT])
+    scores, kinds = torch.tensor([0.75, 0.5, 0.25], dtype=torch.float64), torch.tensor([0, 1, 0])
+    queued = DraftTree.queued(tokens * 1, parents, ("heads", "lookup"), depth=2, scores=scores, kinds=kinds)
+    with QueueDrains() as drains:
+        assert len(queued) == 3
+        choices = tokens + 1  # work queued after the tree
+        assert queued.read_with(choices) == [5, 6, 7]
+        assert queued.origins == ["heads", "lookup", "heads"] and queued.scores == [0.75, 0.5, 0.25]
+        assert queued.depths == [1, 2, 1]
+    assert drains.drains == 1, drains.causes
+    unread = DraftTree.queued(tokens, parents, ("heads", "lookup"), scores=scores, kinds=kinds)
+    assert unread.scores == [0.75, 0.5, 0.25] and unread.tokens == [4, 5, 6]
+
+
 def test_a_queued_tree_is_read_where_its_lists_are_first_needed():
     queued = DraftTree.queued(torch.tensor([4, 5, 6]), torch.tensor([ROOT, 0, 0]), "x")
     assert len(queued) == 3 and queued.origins == ["x"] * 3

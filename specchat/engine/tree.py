@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from specchat.engine.host_data import to_device
 
 ROOT = -1
+
+
+class Unread(NamedTuple):
+    """A queued tree's tensors, on the device until read."""
+
+    tokens: torch.Tensor  # [n] long
+    parents: torch.Tensor  # [n] long
+    depth: int  # a bound on the tree's depth
+    scores: torch.Tensor | None  # [n]
+    kinds: torch.Tensor | None  # [n] long: each node's index into `names`
+    names: tuple[str, ...]  # the origins the tree's nodes may have
 
 
 class DraftTree:
@@ -28,7 +40,7 @@ class DraftTree:
     def __init__(self, tokens: list[int], parents: list[int], origins: list[str],
                  draft_probs: torch.Tensor | None = None, leaders: frozenset[str] | None = None,
                  scores: list[float] | None = None):  # fmt: skip
-        self.origins = list(origins)  # [n] the drafter kind that proposed each node
+        self._origins = list(origins)  # [n] the drafter kind that proposed each node
         # [n, vocab] the distribution each node was sampled from (siblings in sampling order); all-zero rows
         # mark deterministic nodes; None when the drafter sampled nothing.
         self.draft_probs = draft_probs
@@ -37,17 +49,21 @@ class DraftTree:
         self.leaders = leaders
         # [n] the drafter's estimate of each node's chance to be accepted (its path's), never above its parent's;
         # None where the drafter has none. Such trees are merged and sized by them (`best`, `cut`).
-        self.scores = scores
-        self._queued: tuple[torch.Tensor, torch.Tensor, int] | None = None  # tokens, parents, a depth bound
+        self._scores = scores
+        self._queued: Unread | None = None
         self._settle(list(tokens), list(parents))
 
     @classmethod
-    def queued(cls, tokens: torch.Tensor, parents: torch.Tensor, origin: str, draft_probs: torch.Tensor | None = None,
-               *, depth: int | None = None) -> DraftTree:  # fmt: skip
+    def queued(cls, tokens: torch.Tensor, parents: torch.Tensor, origin: str | tuple[str, ...],
+               draft_probs: torch.Tensor | None = None, *, depth: int | None = None,
+               scores: torch.Tensor | None = None, kinds: torch.Tensor | None = None) -> DraftTree:  # fmt: skip
         """A tree whose tokens [n] and parents [n] (long) are still on the device, unread; `depth`: a bound on its
-        depth the drafter knows (else n)."""
-        tree = cls([], [], [origin] * tokens.shape[0], draft_probs)
-        tree._queued = (tokens, parents, tokens.shape[0] if depth is None else depth)
+        depth the drafter knows (else n); `scores` [n]: its nodes' scores, on the device too. Every node has the
+        `origin`, or where that names several, the one `kinds` [n] (long, on the device) picks."""
+        n = tokens.shape[0]
+        tree = cls([], [], [origin] * n if isinstance(origin, str) else [None] * n, draft_probs)
+        names = (origin,) if isinstance(origin, str) else origin
+        tree._queued = Unread(tokens, parents, n if depth is None else depth, scores, kinds, names)
         return tree
 
     def _settle(self, tokens: list[int], parents: list[int]) -> None:
@@ -61,26 +77,43 @@ class DraftTree:
 
     def read_with(self, values: torch.Tensor) -> list[int]:
         """`values` (ints) as a list, read in the same wait for the device as a queued tree's nodes."""
-        if self._queued is None:
+        unread = self._queued
+        if unread is None:
             return values.tolist()
-        tokens, parents, _ = self._queued
-        n = tokens.shape[0]
-        read = torch.cat([tokens, parents, values.to(tokens.dtype)]).tolist()
+        n = unread.tokens.shape[0]
+        kinds = () if unread.kinds is None else (unread.kinds,)
+        read = torch.cat([unread.tokens, unread.parents, *kinds, values.to(unread.tokens.dtype)]).tolist()
+        if unread.kinds is not None:
+            self._origins = [unread.names[kind] for kind in read[2 * n : 3 * n]]
+        if unread.scores is not None:
+            self._scores = unread.scores.tolist()  # the queue is empty by now: no second wait
         self._settle(read[:n], read[n : 2 * n])
-        return read[2 * n :]
+        return read[(2 + len(kinds)) * n :]
 
     def rows(self, root_token: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The verified rows' tokens [n + 1] (the root's first) and the nodes' parents [n] on `device` (a queued
         tree's own, else copied without waiting), and a bound on the tree's depth."""
         if self._queued is not None:
-            tokens, parents, depth = self._queued
+            tokens, parents, depth = self._queued[:3]
             return torch.cat([to_device([root_token], device, torch.long), tokens]), parents, depth
         ids = to_device([root_token, *self._tokens], device, torch.long)
         return ids, to_device(self._parents, device, torch.long), self.depth
 
     def _read(self) -> None:
         if self._queued is not None:
-            self.read_with(self._queued[0][:0])
+            self.read_with(self._queued.tokens[:0])
+
+    @property
+    def origins(self) -> list[str]:  # [n] the drafter kind that proposed each node
+        if self._queued is not None and self._queued.kinds is not None:
+            self._read()
+        return self._origins
+
+    @property
+    def scores(self) -> list[float] | None:
+        if self._queued is not None and self._queued.scores is not None:
+            self._read()
+        return self._scores
 
     @property
     def tokens(self) -> list[int]:  # [n] proposed token ids
@@ -109,7 +142,7 @@ class DraftTree:
         return f"DraftTree(tokens={self.tokens}, parents={self.parents}, origins={self.origins})"
 
     def __len__(self) -> int:
-        return len(self.origins)
+        return len(self._origins)
 
     @property
     def depth(self) -> int:

@@ -1,7 +1,7 @@
 """TokenSwift: the target drafts for itself. One target forward of the root over a partial KV cache gives
 the LM head's next-token distribution and, through gamma = 3 heads (`drafters/tokenswift/model.py`), guesses for
 the three tokens after it; the most frequent 4-grams of the text that start with the drafted token
-(`ngram_table.py`) are added as branches.
+(`ngram_table.py`, looked up on the device by `device_ngrams.py`) are added as branches.
 
 The tree is TokenSwift's [1, 3, 3, 3]: the LM head's top token, then the top 3 of each head under every
 node of the level above (40 nodes), merged with the n-gram chains (siblings distinct). Where the engine's
@@ -9,11 +9,13 @@ budget is smaller, the nodes kept are the most probable: a node's score is the p
 probabilities along its path (an n-gram chain's share of its first token's 4-gram counts stands for the
 heads' probabilities), so a parent always outranks its children. Drafting probabilities are the target's
 processed ones (penalty, temperature, min-p ...) with the committed text as history, as TokenSwift drafts.
-Verification reads the full cache, so none of this can change the output, only its speed.
+Verification reads the full cache, so none of this can change the output, only its speed. The tree is laid out
+on the device (`heads_tree.py`): a proposal waits for nothing, and its tree is read with the target's choices.
 
 Heads that read their chain's tokens (`chain_input`) guess a node's children from that node's own token, so
-their levels are not one product: they run a depth at a time, head i + 1 over the depth-i nodes that still rank
-among the budget's most probable (each reading its own token), and each such node gets its own top 3.
+their levels are not one product: they run a depth at a time, head i + 1 over the depth-i nodes likeliest by
+their scores (as many as the budget could keep with a child), each reading its own token, and each such node
+gets its own top 3.
 
 Without the draft forward (`forward=False`, the default on a CPU) the heads draft from the state the last
 verification already computed, the one that predicted the root, as Medusa's heads do: the tree is [3, 3, 3]
@@ -30,11 +32,13 @@ import torch
 
 from specchat.drafters import TOKENSWIFT
 from specchat.drafters.draft_head import DraftHead, draft_weights
+from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
+from specchat.drafters.tokenswift.heads_tree import Level, heads_tree
 from specchat.drafters.tokenswift.model import TokenSwiftHeads, download_heads, load_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import PartialKV
 from specchat.engine.drafter import TargetView
-from specchat.engine.host_data import to_device, to_host
+from specchat.engine.host_data import to_device
 from specchat.engine.sampling import PositionNoise, SamplingConfig, process_logits
 from specchat.engine.tree import DraftTree
 from specchat.quant.quantize import quantized_copy
@@ -62,6 +66,7 @@ class TokenSwiftDrafter:
         self.forward = forward
         self.partial = PartialKV(target, kv_budget) if forward and kv_budget else None
         self.table = NgramTable(lag=lag)
+        self.ngrams = DeviceNgrams(self.table, target.device)
         self.ids: list[int] = []  # the committed ids of the request (the table reads them)
         self.state: torch.Tensor | None = None  # the target's last state of the committed text: it predicted the root
 
@@ -73,6 +78,7 @@ class TokenSwiftDrafter:
         if not continues:
             self.table = NgramTable(lag=self.table.lag)
             self.table.add(ids)
+            self.ngrams = DeviceNgrams(self.table, self.target.device)
         self.ids = list(ids)
         self._keep_state(hidden)
         if self.partial is not None:
@@ -93,8 +99,9 @@ class TokenSwiftDrafter:
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator=None, least_chance: float = 0.0,
                 noise: PositionNoise | None = None) -> DraftTree:
-        """The draft forward's token feeds the heads as the device tensor it is; the host reads the first token and
-        the heads' guesses once, at the end (heads that read their chain's tokens choose on the host at each depth).
+        """The tree laid out on the device (`heads_tree.py`) and left there: its first token, the heads' guesses and
+        the 4-grams that continue it are read with the target's choices. The heads run rows of known counts, so
+        `least_chance` prunes nothing here: the engine cuts the tree by its scores after.
 
         Where the target's draws are keyed (`noise`), the draft forward's token is its guess at the target's draw
         (the target's own distribution, over a partial cache), while the heads keep their likeliest tokens: a head
@@ -104,65 +111,57 @@ class TokenSwiftDrafter:
             return DraftTree.empty()
         root, device = self.ids[-1], self.target.device
         history = self._history(sampling)
-        first = None  # (token, probability) of the draft forward's token, on the device
+        below = None  # the draft forward's token and its probability, [1] each on the device
         if self.forward:  # the LM head at the root drafts the first token; the heads continue it
             position = self.target.cache.length
             cache = self.partial.prepare(root) if self.partial is not None else self.target.cache
             logits, hidden = self.target.forward(torch.full((1,), root, device=device),
                                                  torch.full((1,), position, device=device), cache)  # fmt: skip
             probs = self._probs(logits[-1:], sampling, history)
-            [[p]], [[token]] = probs.topk(1, dim=-1) if noise is None else noise.guess(probs, [len(self.ids)], 1)
-            first, state, start, depth = (token, p), hidden[-1:], token[None], budget - 1
+            [p], [token] = probs.topk(1, dim=-1) if noise is None else noise.guess(probs, [len(self.ids)], 1)
+            below, state, start, depth = (token, p), hidden[-1:], token, budget - 1
         elif self.state is None:
             return DraftTree.empty()
         else:
             state, start, depth = self.state, torch.full((1,), root, device=device), budget
         states = self.heads.start(state.to(self.target.dtype), self._embed(start))
-        chained = self.heads.config.chain_input
-        guesses = None if chained else self._product_guesses(states, depth, sampling, history)
-        read = to_host(*(first or ()), *(guesses or ()))  # the first token and the guesses in one wait
-        (token, p), guesses = (read[:2], read[2:]) if first else ((None, 1.0), read)
-        below, below_p = ((token,), p) if first else ((), 1.0)
-        if chained:
-            paths = self._chained_paths(states, depth, budget, sampling, history, below, below_p, least_chance)
-        else:
-            paths = _product(*guesses, below, below_p) if guesses else {}
-        return _tree(paths, self.table, budget, self.kind, start=below[0] if below else root, below=below,
-                     below_p=below_p)  # fmt: skip
+        levels = self._levels(states, min(depth, self.heads.config.gamma), budget - (below is not None), sampling,
+                              history)  # fmt: skip
+        grams, counts = self.ngrams.continuations(start)
+        return heads_tree(levels, grams, counts, budget, (self.kind, NGRAM), below)
 
-    def _product_guesses(self, states: torch.Tensor, depth: int, sampling: SamplingConfig,
-                         history: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Heads that guess from the state alone ([3, 3, 3]): each level's top 3 drafting probabilities and target
-        ids [levels, 3], on the device (None: no level fits the depth)."""
-        guesses = []
-        for i in range(min(depth, self.heads.config.gamma)):
-            states, out = self.heads.step(i, states)
-            guesses.append(out)
-        if not guesses:
-            return None
-        return self._top(torch.cat(guesses), sampling, history)
-
-    def _chained_paths(self, states: torch.Tensor, depth: int, budget: int, sampling: SamplingConfig,
-                       history: torch.Tensor | None, below: tuple[int, ...], below_p: float,
-                       least_chance: float) -> dict[tuple[int, ...], float]:  # fmt: skip
-        """Heads that read their chain's tokens, a depth at a time: head i runs over the paths of depth i that
-        rank among the `budget` best found so far and are at least `least_chance` likely (a child is no likelier
-        than its parent), each reading its own last token, and adds their top 3."""
-        paths, level = {}, [(below, below_p)]
-        for i in range(min(depth, self.heads.config.gamma)):
-            reads = self._embed(torch.tensor([path[-1] for path, _ in level], device=self.target.device)) if i else None
+    def _levels(self, states: torch.Tensor, levels: int, budget: int, sampling: SamplingConfig,
+                history: torch.Tensor | None) -> list[Level]:  # fmt: skip
+        """The heads' guesses, a level each, under the start's `states` [1, hidden], for a tree of `budget` nodes
+        below the start. Heads that guess from the state alone guess once per level, for every node of the level
+        above (TokenSwift's product); heads that read their chain's tokens (`chain_input`) run head i + 1 over the
+        depth-i nodes likeliest by their heads' scores, each reading its own token, as many as can still have a
+        child among the `budget` best nodes: a node at depth i with a child there ranks among the best
+        `budget` - i of its depth."""
+        if not self.heads.config.chain_input:
+            outs = []
+            for i in range(levels):
+                states, out = self.heads.step(i, states)
+                outs.append(out)
+            if not outs:
+                return []
+            values, tokens = self._top(torch.cat(outs), sampling, history)
+            device = states.device
+            return [Level(values[i].expand(3**i, WIDTH), tokens[i].expand(3**i, WIDTH),
+                          torch.arange(3**i, device=device) if i else None) for i in range(levels)]  # fmt: skip
+        found, rows, reads, scores = [], None, None, None
+        for i in range(levels):
             states, out = self.heads.step(i, states, reads)
-            values, tokens = to_host(*self._top(out, sampling, history))
-            children = [(path + (t,), score * v, row) for row, (path, score) in enumerate(level)
-                        for v, t in zip(values[row], tokens[row]) if v > 0]  # fmt: skip
-            paths.update((path, score) for path, score, _ in children)
-            cutoff = sorted(paths.values(), reverse=True)[: budget][-1] if paths else 1.0
-            kept = [child for child in children if child[1] >= max(cutoff, least_chance)]
-            if not kept:
+            values, tokens = self._top(out, sampling, history)
+            found.append(Level(values, tokens, rows))
+            scores = values.double() if scores is None else scores[rows][:, None] * values.double()
+            keep = min(scores.numel(), budget - i - 1)
+            if i + 1 == levels or keep < 1:
                 break
-            level = [(path, score) for path, score, _ in kept]
-            states = states[[row for _, _, row in kept]]
-        return paths
+            rows = scores.reshape(-1).topk(keep).indices  # sorted: the likeliest first
+            states, reads = states[rows // WIDTH], self._embed(tokens.reshape(-1)[rows])
+            scores = scores.reshape(-1)
+        return found
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """The target's embeddings of `tokens` [n] (on the device), for heads that read tokens (cast by the heads)."""
@@ -187,39 +186,6 @@ class TokenSwiftDrafter:
         if not sampling.uses_history:
             return None
         return to_device(self.ids[-sampling.penalty_window :], self.target.device)[None]
-
-
-def _product(values: list[list[float]], tokens: list[list[int]], below: tuple[int, ...],
-             below_p: float) -> dict[tuple[int, ...], float]:  # fmt: skip
-    """Every path of the levels' candidates (row d: depth d's tokens and probabilities) below `below`, scored by
-    the product of its probabilities along it (from `below_p`)."""
-    paths, level = {}, [(below, below_p)]
-    for row_values, row_tokens in zip(values, tokens):
-        level = [(path + (t,), score * v) for path, score in level for v, t in zip(row_values, row_tokens) if v > 0]
-        paths.update(level)
-    return paths
-
-
-def _tree(paths: dict[tuple[int, ...], float], table: NgramTable, budget: int, kind: str, *, start: int,
-          below: tuple[int, ...], below_p: float) -> DraftTree:  # fmt: skip
-    """The heads' `paths` (token tuples below the root, with their scores) merged with the 4-gram chains that
-    continue `start`, cut to the `budget` most probable nodes. `below`: the LM head's token at the root when it
-    drafted one (probability `below_p`), which the heads' paths and the chains hang from; else empty."""
-    if budget < 1:
-        return DraftTree.empty()
-    candidates: dict[tuple[int, ...], tuple[float, str]] = {below: (below_p, kind)} if below else {}
-    candidates.update({path: (score, kind) for path, score in paths.items()})
-    grams = table.continuations(start)
-    counts = [table.counts[(start, *rest)] for rest in grams]
-    total = sum(counts)
-    for rest, count in zip(grams, counts):
-        for depth in range(1, len(rest) + 1):
-            path = (*below, *rest[:depth])
-            share = sum(c for r, c in zip(grams, counts) if r[:depth] == rest[:depth]) / total
-            score = below_p * share
-            if candidates.get(path, (-1.0,))[0] < score:
-                candidates[path] = (score, candidates[path][1] if path in candidates else NGRAM)
-    return DraftTree.best(candidates, budget)
 
 
 fetch_checkpoint = download_heads  # the registry's download of a profile's published heads
