@@ -1,6 +1,7 @@
 """A step waits for the device once, at the acceptance: the host reads the target's choices, and with them a tree its
 drafter left on the device (LongSpec's, GLIDE's, TokenSwift's). A drafter whose tree's size depends on its values
-reads it once more, at the end of its proposal: EAGLE-3's nodes by their scores. None waits between its depths.
+reads it once more, at the end of its proposal: EAGLE-3's nodes by their scores; so does TokenSwift's where the host
+lays its tree out (a CPU's default). None waits between its depths.
 
 Counted on a CPU with `QueueDrains`, the model of CUDA's synchronous copies, over trees deep enough that a wait a
 depth would show; `test_cuda.py` counts the real synchronisations on a GPU.
@@ -46,8 +47,10 @@ def eagle3_unpruned(engine, model):
     return drafter
 
 
-def tokenswift(forward: bool):
-    return lambda engine, model: TokenSwiftDrafter(engine.target, random_heads(model), forward=forward)
+def tokenswift(forward: bool, device_layout: bool = True):
+    """TokenSwift as it drafts on a GPU: its tree laid out on the device; or on the host, as on a CPU."""
+    return lambda engine, model: TokenSwiftDrafter(engine.target, random_heads(model), forward=forward,
+                                                   device_layout=device_layout)  # fmt: skip
 
 
 DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' least depth, waits in its proposal)
@@ -58,6 +61,7 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
     "tokenswift": (tokenswift(forward=True), GREEDY, 4, 0),
     "tokenswift-sampled": (tokenswift(forward=True), SAMPLED, 4, 0),
     "tokenswift-verified-state": (tokenswift(forward=False), GREEDY, 3, 0),
+    "tokenswift-host-layout": (tokenswift(forward=True, device_layout=False), GREEDY, 4, 1),
     "eagle3": (eagle3_unpruned, GREEDY, 4, 1),
 }
 

@@ -22,13 +22,13 @@ from conftest import tiny_model
 
 from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
 from specchat.drafters.tokenswift.drafter import KV_BUDGET, TokenSwiftDrafter, build
-from specchat.drafters.tokenswift.heads_tree import Level, heads_tree
+from specchat.drafters.tokenswift.heads_tree import Level, heads_tree, host_tree
 from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, save_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import SINKS, PartialKV
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
-from specchat.engine.tree import ROOT, DraftTree, TreeBuilder, siblings_bounded
+from specchat.engine.tree import DraftTree
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.quantize import quantize_model
 
@@ -110,50 +110,30 @@ HEADS_VALUES = [[0.5, 0.3, 0.1]] * 3
 HEADS_TOKENS = [[20 + row, 30 + row, 40 + row] for row in range(1, 4)]  # depth d's head: 2d, 3d, 4d (d from 1)
 
 
-def reference_tree(values: list[list[float]], tokens: list[list[int]], table: NgramTable, budget: int, *,
-                   start: int, below: tuple[int, ...], below_p: float) -> DraftTree:  # fmt: skip
-    """The tree by the definition, on the host: every path of the levels' candidates (row d: depth d's tokens and
-    probabilities, the same under every node) below `below`, scored by the product of its probabilities along it
-    (from `below_p`); the 4-gram chains that continue `start`, a prefix scored by its share of the counts; a path
-    both give keeps the higher score; scores bounded (`siblings_bounded`); the `budget` best, at most as many as
-    the levels hold, ranked by score, then depth, then the order found, best first."""
-    paths, level = {}, [(below, below_p)]
-    for row_values, row_tokens in zip(values, tokens):
-        level = [(path + (t,), score * v) for path, score in level for v, t in zip(row_values, row_tokens)]
-        paths.update(level)
-    candidates = {below: (below_p, "tokenswift")} if below else {}
-    candidates.update({path: (score, "tokenswift") for path, score in paths.items()})
-    heads = len(candidates)
-    grams = table.continuations(start)
-    counts = [table.counts[(start, *rest)] for rest in grams]
-    for rest in grams:
-        for depth in range(1, len(rest) + 1):
-            path = (*below, *rest[:depth])
-            share = sum(c for r, c in zip(grams, counts) if r[:depth] == rest[:depth]) / sum(counts)
-            if candidates.get(path, (-1.0,))[0] < below_p * share:
-                candidates[path] = (below_p * share, candidates[path][1] if path in candidates else "ngram")
-    place = {path: i for i, path in enumerate(candidates)}
-    bounded = siblings_bounded(candidates)
-    chosen = sorted(bounded, key=lambda path: (-bounded[path][0], len(path), place[path]))[: min(budget, heads)]
-    builder, nodes = TreeBuilder(), {}
-    for path in chosen:
-        nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], bounded[path][1])
-    return builder.build([bounded[path][0] for path in chosen])
+def product(values: list[list[float]], tokens: list[list[int]]) -> list[Level]:
+    """The levels of heads that guess from the state alone (row d: depth d's tokens and probabilities, the same
+    under every node), as the drafter gives them."""
+    return [Level(torch.tensor(v, dtype=torch.float64).expand(3**d, 3), torch.tensor(t).expand(3**d, 3),
+                  torch.arange(3**d) if d else None) for d, (v, t) in enumerate(zip(values, tokens))]  # fmt: skip
 
 
-def device_tree(values: list[list[float]], tokens: list[list[int]], table: NgramTable, budget: int, *,
-                start: int, below: tuple[int, ...], below_p: float) -> DraftTree:  # fmt: skip
-    """The same tree laid out by `heads_tree`, the levels as the drafter gives a product's."""
-    levels = [Level(torch.tensor(v, dtype=torch.float64).expand(3**d, 3), torch.tensor(t).expand(3**d, 3),
-                    torch.arange(3**d) if d else None) for d, (v, t) in enumerate(zip(values, tokens))]  # fmt: skip
+def device_tree(levels: list[Level], table: NgramTable, budget: int, *, start: int, below: tuple[int, ...],
+                below_p: float) -> DraftTree:  # fmt: skip
+    """The tree laid out on the device, below the LM head's token `below` (probability `below_p`) or the root."""
     grams, counts = DeviceNgrams(table, torch.device("cpu")).continuations(torch.tensor([start]))
     first = (torch.tensor(below), torch.tensor([below_p], dtype=torch.float64)) if below else None
     return heads_tree(levels, grams, counts, budget, ("tokenswift", "ngram"), first)
 
 
+def host_layout(levels: list[Level], table: NgramTable, budget: int, *, start: int, below: tuple[int, ...],
+                below_p: float) -> DraftTree:  # fmt: skip
+    first = (torch.tensor(below), torch.tensor([below_p], dtype=torch.float64)) if below else None
+    return host_tree(levels, table, budget, ("tokenswift", "ngram"), first, start)
+
+
 def below_first(table: NgramTable, budget: int) -> DraftTree:
     """The heads' levels and the chains below the LM head's first token 10 (probability 0.9)."""
-    return device_tree(HEADS_VALUES, HEADS_TOKENS, table, budget, start=10, below=(10,), below_p=0.9)
+    return device_tree(product(HEADS_VALUES, HEADS_TOKENS), table, budget, start=10, below=(10,), below_p=0.9)
 
 
 def test_tree_is_1_3_3_3_with_ngram_chains():
@@ -179,7 +159,7 @@ def test_tree_is_1_3_3_3_with_ngram_chains():
 def test_tree_without_the_draft_forward_is_3_3_3_below_the_root():
     table = NgramTable(lag=0)
     table.add([10, 50, 51, 52, 7, 10, 50, 51, 52, 7, 10])
-    tree = device_tree(HEADS_VALUES, HEADS_TOKENS, table, 64, start=10, below=(), below_p=1.0)
+    tree = device_tree(product(HEADS_VALUES, HEADS_TOKENS), table, 64, start=10, below=(), below_p=1.0)
     paths = {tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))}
     assert len(tree) == 3 + 9 + 27
     assert {p for p in paths if len(p) == 1} == {(21,), (31,), (41,), (50,)}
@@ -189,26 +169,36 @@ def test_tree_without_the_draft_forward_is_3_3_3_below_the_root():
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_the_device_tree_is_the_reference_tree(seed):
-    """Random levels over a small vocabulary, random texts whose 4-grams repeat the levels' paths and each other's
-    prefixes (merged nodes, higher scores kept, siblings bounded), every budget: the same paths, scores and
-    origins as the definition on the host, read in one wait."""
+def test_the_device_and_the_host_lay_out_the_same_tree(seed):
+    """Random levels over a small vocabulary (a product's, or chained heads' that expand some of the level above's
+    nodes), random texts whose 4-grams repeat the levels' paths and each other's prefixes (merged nodes, higher
+    scores kept, siblings bounded), every budget: the same nodes in the same order, origins and scores."""
     rng = torch.Generator().manual_seed(seed)
     vocab = 6
-    for forward in (True, False):
+    for forward, chained in [(True, False), (False, False), (True, True), (False, True)]:
         depth = int(torch.randint(0, 4, (1,), generator=rng))
-        tokens = [torch.randperm(vocab, generator=rng)[:3].tolist() for _ in range(depth)]
-        values = [sorted(torch.rand(3, generator=rng).tolist(), reverse=True) for _ in range(depth)]
+        if chained:  # each level under some of the level above's nodes, a row each
+            levels, count = [], 1
+            for d in range(depth):
+                rows = torch.randperm(count, generator=rng)[: int(torch.randint(1, count + 1, (1,), generator=rng))]
+                values = torch.rand(len(rows), 3, generator=rng, dtype=torch.float64).sort(descending=True)[0]
+                tokens = torch.stack([torch.randperm(vocab, generator=rng)[:3] for _ in rows])
+                levels.append(Level(values, tokens, rows if d else None))
+                count = 3 * len(rows)
+        else:
+            levels = product([sorted(torch.rand(3, generator=rng).tolist(), reverse=True) for _ in range(depth)],
+                             [torch.randperm(vocab, generator=rng)[:3].tolist() for _ in range(depth)])  # fmt: skip
         table = NgramTable(lag=0, top=int(torch.randint(1, 8, (1,), generator=rng)))
         table.add(torch.randint(0, vocab, (int(torch.randint(0, 80, (1,), generator=rng)),), generator=rng).tolist())
         start = int(torch.randint(0, vocab, (1,), generator=rng))
         below, below_p = ((start,), 0.7) if forward else ((), 1.0)
         for budget in range(0, 42):
-            want = reference_tree(values, tokens, table, budget, start=start, below=below, below_p=below_p)
-            got = device_tree(values, tokens, table, budget, start=start, below=below, below_p=below_p)
+            want = host_layout(levels, table, budget, start=start, below=below, below_p=below_p)
+            got = device_tree(levels, table, budget, start=start, below=below, below_p=below_p)
             assert len(got) == len(want)
             assert (got.tokens, got.parents, got.origins) == (want.tokens, want.parents, want.origins)
-            assert (got.scores or []) == pytest.approx(want.scores, rel=1e-12)
+            assert (got.scores or []) == pytest.approx(want.scores or [], rel=1e-12)
+            assert (got.scores or []) == sorted(got.scores or [], reverse=True)  # best first: a cut is a prefix
 
 
 def vocab_heads(model) -> TokenSwiftHeads:
@@ -259,13 +249,15 @@ def chain_heads(model) -> TokenSwiftHeads:
      SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.3, penalty_window=32, seed=4, suppress=(2,))],
     ids=["greedy", "sampled-penalised"],
 )
-def test_tokenswift_output_equals_autoregressive(model, tokenizer, forward, kv_budget, heads, sampling):
+@pytest.mark.parametrize("device_layout", [False, True], ids=["host-layout", "device-layout"])
+def test_tokenswift_output_equals_autoregressive(model, tokenizer, forward, kv_budget, heads, sampling, device_layout):
     prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
     expected = [t for e in Engine(model, tokenizer, max_len=400).generate(prompt, sampling=sampling, max_new_tokens=160,
                                                                         reproducible=True)
                 for t in e.tokens]  # fmt: skip
     engine = Engine(model, tokenizer, max_len=400)
-    drafter = TokenSwiftDrafter(engine.target, heads(model), kv_budget=kv_budget, forward=forward, lag=16)
+    drafter = TokenSwiftDrafter(engine.target, heads(model), kv_budget=kv_budget, forward=forward, lag=16,
+                                device_layout=device_layout)  # fmt: skip
     engine.set_drafter(drafter, 24)
     events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=160, reproducible=True))
     assert len(expected) == 160

@@ -9,8 +9,9 @@ budget is smaller, the nodes kept are the most probable: a node's score is the p
 probabilities along its path (an n-gram chain's share of its first token's 4-gram counts stands for the
 heads' probabilities), so a parent always outranks its children. Drafting probabilities are the target's
 processed ones (penalty, temperature, min-p ...) with the committed text as history, as TokenSwift drafts.
-Verification reads the full cache, so none of this can change the output, only its speed. The tree is laid out
-on the device (`heads_tree.py`): a proposal waits for nothing, and its tree is read with the target's choices.
+Verification reads the full cache, so none of this can change the output, only its speed. On a GPU the tree is
+laid out on the device (`heads_tree.py`): a proposal waits for nothing, and its tree is read with the target's
+choices; on a CPU, where a read costs nothing, the host lays out the same tree in less time.
 
 Heads that read their chain's tokens (`chain_input`) guess a node's children from that node's own token, so
 their levels are not one product: they run a depth at a time, head i + 1 over the depth-i nodes likeliest by
@@ -33,7 +34,7 @@ import torch
 from specchat.drafters import TOKENSWIFT
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
-from specchat.drafters.tokenswift.heads_tree import Level, heads_tree
+from specchat.drafters.tokenswift.heads_tree import Level, heads_tree, host_tree
 from specchat.drafters.tokenswift.model import TokenSwiftHeads, download_heads, load_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import PartialKV
@@ -54,19 +55,23 @@ class TokenSwiftDrafter:
     feature_layers = ()  # the target's last state
 
     def __init__(self, target: TargetView, heads: TokenSwiftHeads, *, kv_budget: int = KV_BUDGET,
-                 forward: bool = True, lag: int = 1024, weights: str | None = "auto"):  # fmt: skip
+                 forward: bool = True, lag: int = 1024, weights: str | None = "auto",
+                 device_layout: bool | None = None):  # fmt: skip
         """`forward`: draft the root's own token with a target forward over `kv_budget` slots of its cache
         (0: the engine's full cache); else the heads alone, from the last verified state. `weights`: "int8" /
         "int4" / "q4_k" run the heads and the reduced head quantized (on a CPU each draft reads them anew after the
-        target's step evicted them), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
+        target's step evicted them), None dense, "auto" as the target runs (quantized on a CPU whose target is).
+        `device_layout`: lay the tree out on the device (`heads_tree`), left there unread, or on the host
+        (`host_tree`, the same tree); None: on the device unless it is a CPU, where a read costs nothing."""
         weights = draft_weights(target, weights)
         self.target = target
         self.heads = quantized_copy(heads.to(target.device, target.dtype), weights, dtype=target.dtype)
         self.head = DraftHead(target, heads.draft_vocab, weights)
         self.forward = forward
         self.partial = PartialKV(target, kv_budget) if forward and kv_budget else None
+        self.device_layout = target.device.type != "cpu" if device_layout is None else device_layout
         self.table = NgramTable(lag=lag)
-        self.ngrams = DeviceNgrams(self.table, target.device)
+        self.ngrams = DeviceNgrams(self.table, target.device) if self.device_layout else None
         self.ids: list[int] = []  # the committed ids of the request (the table reads them)
         self.state: torch.Tensor | None = None  # the target's last state of the committed text: it predicted the root
 
@@ -78,7 +83,7 @@ class TokenSwiftDrafter:
         if not continues:
             self.table = NgramTable(lag=self.table.lag)
             self.table.add(ids)
-            self.ngrams = DeviceNgrams(self.table, self.target.device)
+            self.ngrams = DeviceNgrams(self.table, self.target.device) if self.device_layout else None
         self.ids = list(ids)
         self._keep_state(hidden)
         if self.partial is not None:
@@ -99,9 +104,9 @@ class TokenSwiftDrafter:
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator=None, least_chance: float = 0.0,
                 noise: PositionNoise | None = None) -> DraftTree:
-        """The tree laid out on the device (`heads_tree.py`) and left there: its first token, the heads' guesses and
-        the 4-grams that continue it are read with the target's choices. The heads run rows of known counts, so
-        `least_chance` prunes nothing here: the engine cuts the tree by its scores after.
+        """The tree laid out on the device (`heads_tree.py`) and left there (on a GPU): its first token, the heads'
+        guesses and the 4-grams that continue it are read with the target's choices. The heads run rows of known
+        counts, so `least_chance` prunes nothing here: the engine cuts the tree by its scores after.
 
         Where the target's draws are keyed (`noise`), the draft forward's token is its guess at the target's draw
         (the target's own distribution, over a partial cache), while the heads keep their likeliest tokens: a head
@@ -127,6 +132,8 @@ class TokenSwiftDrafter:
         states = self.heads.start(state.to(self.target.dtype), self._embed(start))
         levels = self._levels(states, min(depth, self.heads.config.gamma), budget - (below is not None), sampling,
                               history)  # fmt: skip
+        if not self.device_layout:
+            return host_tree(levels, self.table, budget, (self.kind, NGRAM), below, root)
         grams, counts = self.ngrams.continuations(start)
         return heads_tree(levels, grams, counts, budget, (self.kind, NGRAM), below)
 

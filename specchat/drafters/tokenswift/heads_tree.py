@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat.engine.host_data import to_device
-from specchat.engine.tree import ROOT, DraftTree
+from specchat.drafters.tokenswift.ngram_table import NgramTable
+from specchat.engine.host_data import to_device, to_host
+from specchat.engine.tree import ROOT, DraftTree, TreeBuilder, siblings_bounded
 
 
 @dataclass
@@ -37,89 +38,117 @@ def heads_tree(levels: list[Level], grams: torch.Tensor, counts: torch.Tensor, b
     `grams` [top, 3] (their `counts` [top], 0 for none). `below`: the LM head's token and probability ([1] each)
     that the rest hangs from, else the rest hangs from the root. `kinds`: the heads' origin and the grams'."""
     device = grams.device
+    top, n = grams.shape
+    deep = max(len(levels), n)  # the longest path below the start
     start_p = torch.ones(1, dtype=torch.float64, device=device) if below is None else below[1].double()
-    tokens, raws, parents, depths = [], [], [], []  # blocks of candidates: [c] each, the depths on the host
+    # blocks of candidates: tokens, paths below the start [c, deep] (-1 past their ends), scores by the heads, the
+    # places of their parents [c] (ROOT: the root); depths on the host
+    tokens, paths, raws, parents, depths = [], [], [], [], []
     if below is not None:
         tokens.append(below[0].long())
+        paths.append(torch.full((1, deep), -1, device=device))
         raws.append(start_p)
         parents.append(torch.full((1,), ROOT, device=device))
         depths.append(1)
     under = len(depths)  # the start's depth: the root's 0, the LM head's token's 1
-    start = torch.full((1,), ROOT if below is None else 0, device=device)  # the start's candidate index
-    above = start  # the level above's candidate indices
-    above_raw, above_paths = start_p, torch.zeros(1, 0, dtype=torch.long, device=device)
-    level_paths = []  # per level: its first candidate's index and its nodes' token paths below the start [c, depth]
-    for level in levels:
+    start = torch.full((1,), ROOT if below is None else 0, device=device)  # the start's place
+    above, above_raw, above_paths = start, start_p, torch.zeros(1, 0, dtype=torch.long, device=device)
+    for depth, level in enumerate(levels, 1):
         rows = torch.zeros(1, dtype=torch.long, device=device) if level.rows is None else level.rows
         width, offset = level.tokens.shape[1], len(depths)
         above_raw = (above_raw[rows][:, None] * level.values.double()).reshape(-1)
         above_paths = torch.cat([above_paths[rows].repeat_interleave(width, 0), level.tokens.reshape(-1, 1)], dim=1)
         tokens.append(level.tokens.reshape(-1))
+        paths.append(torch.nn.functional.pad(above_paths, (0, deep - depth), value=-1))
         raws.append(above_raw)
         parents.append(above[rows].repeat_interleave(width))
-        depths += [under + len(level_paths) + 1] * above_raw.shape[0]
-        level_paths.append((offset, above_paths))
+        depths += [under + depth] * above_raw.shape[0]
         above = offset + torch.arange(above_raw.shape[0], device=device)
     heads = len(depths)
     size = min(budget, heads)
     if size < 1:
         return DraftTree.empty()
 
-    top, n = grams.shape
-    valid = counts > 0
-    total = counts.sum().clamp(min=1.0)
-    earlier = torch.ones(top, top, dtype=torch.bool, device=device).tril(-1)  # [g, g']: g' comes before g
-    gram_raw, gram_parents, gram_kept, gram_nodes = [], [], [], []  # per prefix length k: [top] each
-    for k in range(1, n + 1):
-        same = (grams[:, None, :k] == grams[None, :, :k]).all(-1) & valid[None, :]  # [g, g']: the same k tokens
-        repeated = (same & earlier).any(1)
-        node = torch.where(repeated, heads + same.long().argmax(1) * n + k - 1,  # the first gram with them
-                           heads + torch.arange(top, device=device) * n + k - 1)
-        in_heads = torch.zeros(top, dtype=torch.bool, device=device)
-        if k <= len(level_paths):
-            offset, paths = level_paths[k - 1]
-            equal = (paths[None, :, :] == grams[:, None, :k]).all(-1)  # [g, c]: a level's path (at most one)
-            in_heads = equal.any(1) & valid
-            node = torch.where(in_heads, offset + equal.long().argmax(1), node)
-        gram_raw.append(start_p * (same.double() @ counts) / total)
-        gram_parents.append(start.expand(top) if k == 1 else gram_nodes[-1])
-        gram_kept.append(valid & ~in_heads & ~repeated)
-        gram_nodes.append(node)
-    gram_raw, gram_parents, gram_kept, gram_nodes = (torch.stack(x, 1).reshape(-1)
-                                                     for x in (gram_raw, gram_parents, gram_kept, gram_nodes))
+    # each gram's first k tokens, gram-major: place heads + g n + k - 1, its parent the prefix one shorter
+    ends = torch.arange(1, n + 1, device=device)[:, None] > torch.arange(deep, device=device)  # [k, deep]
+    padded = torch.nn.functional.pad(grams, (0, deep - n), value=-1)
+    tokens.append(grams.reshape(-1))
+    paths.append(torch.where(ends, padded[:, None, :], -1).reshape(top * n, deep))
+    raws.append(torch.zeros(top * n, dtype=torch.float64, device=device))
+    parents.append(torch.cat([start.expand(top)[:, None], heads + torch.arange(top, device=device)[:, None] * n
+                              + torch.arange(n - 1, device=device)], dim=1).reshape(-1))  # fmt: skip
     depths += [under + k for _ in range(top) for k in range(1, n + 1)]
 
-    in_levels = gram_nodes < heads  # a prefix a level holds: its node keeps the higher score
-    raw = torch.cat(raws).scatter_reduce(0, gram_nodes.clamp(max=heads - 1), torch.where(in_levels, gram_raw, 0.0),
-                                        "amax")  # fmt: skip
-    raw = torch.cat([raw, gram_raw])
-    kept = torch.cat([torch.ones(heads, dtype=torch.bool, device=device), gram_kept])
-    parents = torch.cat([*parents, gram_parents])
+    path = torch.cat(paths)
+    grams_counts = counts.double().repeat_interleave(n)
+    counted = torch.cat([torch.zeros(heads, dtype=torch.float64, device=device), grams_counts])
+    valid = torch.cat([torch.ones(heads, dtype=torch.bool, device=device), grams_counts > 0])
+    same = valid[None, :].expand(path.shape[0], -1)  # [c, c']: c' a valid candidate of c's path
+    for column in path.T:  # a column at a time: a reduction over a third axis costs more on a CPU
+        same = same & (column[:, None] == column[None, :])
+    node = same.long().argmax(1)  # the first candidate of each path is its node
+    kept = valid & (node == torch.arange(node.shape[0], device=device))
+    share = (same.double() @ counted) / counts.sum().clamp(min=1.0)  # of the grams' counts, the path's
+    raw = torch.maximum(torch.cat(raws), start_p * share)  # a path both give keeps the higher score
+    parent = torch.cat(parents)
+    parent = torch.where(parent < 0, ROOT, node[parent.clamp(min=0)])
     depth = to_device(depths, device)
-    chance = _siblings_bounded(raw, parents, kept, depth, max(depths))
+    chance = _siblings_bounded(raw, parent, kept, max(depths))
     order = torch.sort(depth, stable=True).indices  # best first: by chance, then depth, then place
     order = order[torch.sort(torch.where(kept, -chance, torch.inf)[order], stable=True).indices][:size]
-    place = torch.full_like(parents, ROOT)
+    place = torch.full_like(parent, ROOT)
     place[order] = torch.arange(size, device=device)
-    chosen = parents[order]
-    kind = torch.cat([torch.zeros(heads, dtype=torch.long, device=device),
-                      torch.ones(top * n, dtype=torch.long, device=device)])
-    return DraftTree.queued(torch.cat([*tokens, grams.reshape(-1)])[order],
-                            torch.where(chosen < 0, ROOT, place[chosen.clamp(min=0)]), kinds, depth=max(depths),
-                            scores=chance[order], kinds=kind[order])  # fmt: skip
+    chosen = parent[order]
+    kind = (torch.arange(parent.shape[0], device=device) >= heads).long()
+    return DraftTree.queued(torch.cat(tokens)[order], torch.where(chosen < 0, ROOT, place[chosen.clamp(min=0)]),
+                            kinds, depth=max(depths), scores=chance[order], kinds=kind[order])  # fmt: skip
 
 
-def _siblings_bounded(raw: torch.Tensor, parents: torch.Tensor, kept: torch.Tensor, depths: torch.Tensor,
-                      deepest: int) -> torch.Tensor:  # fmt: skip
+def _siblings_bounded(raw: torch.Tensor, parents: torch.Tensor, kept: torch.Tensor, deepest: int) -> torch.Tensor:
     """Each candidate's chance: its parent's times its own given its parent's, its `kept` siblings' scaled to sum
-    to at most 1 (`siblings_bounded`, on the device), a depth at a time."""
-    given = torch.where(parents < 0, 1.0, raw[parents.clamp(min=0)])
+    to at most 1 (`siblings_bounded`, on the device); settled from the root down in `deepest` passes."""
+    one = torch.ones(1, dtype=raw.dtype, device=raw.device)
+    given = torch.cat([one, raw])[parents + 1]  # the root's is 1
     sums = torch.zeros(raw.shape[0] + 1, dtype=raw.dtype, device=raw.device)
     sums.index_add_(0, parents + 1, torch.where(kept, raw, 0.0))
-    total = torch.where(given > 0, (sums[parents + 1] / given).clamp(min=1.0), 1.0)
-    conditional = torch.where(given > 0, raw / given / total, 0.0)
-    chance = torch.ones_like(raw)
-    for depth in range(1, deepest + 1):
-        above = torch.where(parents < 0, 1.0, chance[parents.clamp(min=0)])
-        chance = torch.where(depths == depth, above * conditional, chance)
+    conditional = (raw / given / (sums[parents + 1] / given).clamp(min=1.0)).nan_to_num(0.0)  # 0 under a parent of 0
+    chance = conditional
+    for _ in range(deepest - 1):
+        chance = conditional * torch.cat([one, chance])[parents + 1]
     return chance
+
+
+def host_tree(levels: list[Level], table: NgramTable, budget: int, kinds: tuple[str, str],
+              below: tuple[torch.Tensor, torch.Tensor] | None, root: int) -> DraftTree:  # fmt: skip
+    """`heads_tree`'s tree built on the host from its inputs read in one wait (the 4-grams from the table itself),
+    where reading costs nothing: on a CPU, Python's dicts lay it out in half the time of its tensor ops. Below the
+    `root` when `below` is None."""
+    read = to_host(*(below or ()), *(t for level in levels for t in (level.values, level.tokens)),
+                   *(level.rows for level in levels if level.rows is not None))  # fmt: skip
+    (token, p), read = (((read[0][0], read[1][0]), read[2:]) if below is not None else ((None, 1.0), read))
+    start, above = (token if below is not None else root), [((token,) if below is not None else (), p)]
+    candidates = {above[0][0]: (p, kinds[0])} if below is not None else {}
+    guesses, rows = read[: 2 * len(levels)], iter(read[2 * len(levels) :])
+    for values, tokens, level in zip(guesses[0::2], guesses[1::2], levels):
+        parents = [0] if level.rows is None else next(rows)
+        above = [(above[r][0] + (t,), above[r][1] * v) for r, row_values, row_tokens in zip(parents, values, tokens)
+                 for v, t in zip(row_values, row_tokens)]  # fmt: skip
+        candidates.update((path, (score, kinds[0])) for path, score in above)
+    heads = len(candidates)
+    if min(budget, heads) < 1:
+        return DraftTree.empty()
+    grams = table.continuations(start)
+    counts = [table.counts[(start, *rest)] for rest in grams]
+    for rest in grams:
+        for depth in range(1, len(rest) + 1):
+            path = (token,) * (below is not None) + rest[:depth]
+            score = p * sum(c for r, c in zip(grams, counts) if r[:depth] == rest[:depth]) / sum(counts)
+            if candidates.get(path, (-1.0,))[0] < score:
+                candidates[path] = (score, candidates[path][1] if path in candidates else kinds[1])
+    place = {path: i for i, path in enumerate(candidates)}
+    bounded = siblings_bounded(candidates)
+    chosen = sorted(bounded, key=lambda path: (-bounded[path][0], len(path), place[path]))[: min(budget, heads)]
+    builder, nodes = TreeBuilder(), {}
+    for path in chosen:
+        nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], bounded[path][1])
+    return builder.build([bounded[path][0] for path in chosen])
