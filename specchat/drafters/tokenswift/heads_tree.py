@@ -1,14 +1,15 @@
 """TokenSwift's tree laid out on the device: the heads' levels and the reused 4-grams merged, scored and ranked by
-tensor ops, so that a proposal queues its tree without the host reading a token of it.
+tensor ops, so that a proposal queues its tree without the host reading a token of it (`heads_tree`); and the same
+tree laid out on the host (`host_tree`), where a read costs nothing and Python's dicts take half the time.
 
 Every candidate's place is known before its values: the LM head's token (with the draft forward), then each
-level's nodes, 3 under each expanded node of the level above (index 3 r + j: row r's j-th guess), then the
-4-grams' prefixes, gram-major (index 3 g + k - 1: gram g's first k tokens). A prefix that a level already holds,
-or an earlier gram, is not a node of its own: the node it equals keeps the higher of their scores. Scores are
-bounded as `siblings_bounded` bounds them, a depth at a time, and the tree keeps the `budget` best candidates,
-ranked by score, then depth (as `DraftTree.best` ranks paths), then place. The tree lists its
-nodes best first (a parent outranks its children), and has at most as many nodes as the heads' levels hold,
-which are never empty: its size needs no read.
+level's nodes, 3 under each expanded node of the level above (place 3 r + j past the level's first: row r's j-th
+guess), then the 4-grams' prefixes, gram-major (3 g + k - 1 past the first: gram g's first k tokens). A path that
+a candidate placed earlier already has is not a node of its own: a level's node that a gram's prefix equals keeps
+the higher of their scores. Scores are bounded as `siblings_bounded` bounds them, and the tree keeps the `budget`
+best candidates, ranked by score, then depth (as `DraftTree.best` ranks paths), then place. It lists its nodes
+best first (a parent outranks its children) and has at most as many as the heads' levels hold, which are never
+empty: its size needs no read.
 """
 
 from __future__ import annotations
