@@ -161,7 +161,7 @@ def test_seeded_sampling_on_cuda_equals_autoregressive(drafter):
 @pytest.mark.parametrize(("drafter", "sampling", "drafted", "keyed"), [
     ("longspec", NO_EOS, 0, False), ("longspec", SAMPLED, 0, False), ("longspec", SAMPLED, 0, True),
     ("longspec-draft-vocab", NO_EOS, 0, False), ("glide", NO_EOS, 0, False), ("tokenswift", NO_EOS, 0, False),
-    ("tokenswift", SAMPLED, 0, True), ("eagle3", NO_EOS, 1, False), (None, NO_EOS, 0, False)],
+    ("tokenswift", SAMPLED, 0, True), ("eagle3", NO_EOS, 0, False), (None, NO_EOS, 0, False)],
     ids=["longspec", "longspec-sampled", "longspec-keyed", "longspec-draft-vocab", "glide", "tokenswift",
          "tokenswift-keyed", "eagle3", "none"])  # fmt: skip
 def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, drafted, keyed):

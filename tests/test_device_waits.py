@@ -1,7 +1,7 @@
 """A step waits for the device once, at the acceptance: the host reads the target's choices, and with them a tree its
-drafter left on the device (LongSpec's, GLIDE's, TokenSwift's). A drafter whose tree's size depends on its values
-reads it once more, at the end of its proposal: EAGLE-3's nodes by their scores; so does TokenSwift's where the host
-lays its tree out (a CPU's default). None waits between its depths.
+drafter left on the device (LongSpec's, GLIDE's, TokenSwift's, EAGLE-3's), as each drafts on a GPU. Where the host
+lays a tree out (TokenSwift on a CPU, where reads cost nothing), its proposal reads once, at its end. None waits
+between its depths.
 
 Counted on a CPU with `QueueDrains`, the model of CUDA's synchronous copies, over trees deep enough that a wait a
 depth would show; `test_cuda.py` counts the real synchronisations on a GPU.
@@ -62,7 +62,7 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
     "tokenswift-sampled": (tokenswift(forward=True), SAMPLED, 4, 0),
     "tokenswift-verified-state": (tokenswift(forward=False), GREEDY, 3, 0),
     "tokenswift-host-layout": (tokenswift(forward=True, device_layout=False), GREEDY, 4, 1),
-    "eagle3": (eagle3_unpruned, GREEDY, 4, 1),
+    "eagle3": (eagle3_unpruned, GREEDY, 4, 0),
 }
 
 

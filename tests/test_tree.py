@@ -215,6 +215,34 @@ def test_a_queued_trees_scores_and_origins_are_read_in_the_same_wait():
     assert unread.scores == [0.75, 0.5, 0.25] and unread.tokens == [4, 5, 6]
 
 
+def test_the_best_of_candidates_on_the_device_are_ranked_as_paths_are():
+    """Candidates scored as a drafter scores them (a child no likelier than its parent, ties of score and of depth
+    included), ranked on the device as `best` ranks paths (by score, then depth), then by place: the best `size`,
+    node for node, listed best first, laid out without a wait."""
+    rng = random.Random(4)
+    for _ in range(40):
+        tokens, parents, scores, depths, paths = [], [], [], [], {}
+        for i in range(rng.randint(1, 30)):
+            parent = rng.choice([ROOT, *range(i)])
+            path = (paths[parent] if parent != ROOT else ()) + (i,)  # distinct tokens: distinct paths
+            above = scores[parent] if parent != ROOT else 1.0
+            score = rng.choice([above, above * rng.choice([0.5, 0.25]), above * rng.random()])
+            tokens.append(i)
+            parents.append(parent)
+            scores.append(score)
+            depths.append(len(path))
+            paths[i] = path
+        for size in range(len(tokens) + 1):
+            tensors = torch.tensor(tokens), torch.tensor(parents), torch.tensor(scores, dtype=torch.float64)
+            with QueueDrains() as drains:
+                queued = DraftTree.best_queued(*tensors, depths, size, "x")
+            assert drains.drains == 0, drains.causes
+            ranked = sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i], i))[:size]
+            assert [paths[i] for i in ranked] == [tuple(queued.tokens[j] for j in queued.path_to(node))
+                                                   for node in range(size)]  # fmt: skip
+            assert queued.scores == [scores[i] for i in ranked]
+
+
 def test_a_queued_tree_is_read_where_its_lists_are_first_needed():
     queued = DraftTree.queued(torch.tensor([4, 5, 6]), torch.tensor([ROOT, 0, 0]), "x")
     assert len(queued) == 3 and queued.origins == ["x"] * 3

@@ -177,6 +177,25 @@ class DraftTree:
             scores.append(paths[path][0])
         return builder.build(scores)
 
+    @classmethod
+    def best_queued(cls, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depths: list[int],
+                    size: int, origin: str | tuple[str, ...], *, kinds: torch.Tensor | None = None,
+                    kept: torch.Tensor | None = None) -> DraftTree:  # fmt: skip
+        """The `size` best of candidates still on the device, their tokens, parents' places (ROOT: the root) and
+        scores [c] (`kept` [c]: those that may be nodes; default all), their depths on the host; ranked as `best`
+        ranks paths (by score, then depth), then by place. A queued tree listed best first: a parent outranks its
+        children, so it precedes them, and the tree's first n nodes are its n best."""
+        device = tokens.device
+        order = torch.sort(to_device(depths, device), stable=True).indices
+        ranked = -scores if kept is None else torch.where(kept, -scores, torch.inf)
+        order = order[torch.sort(ranked[order], stable=True).indices][:size]
+        place = torch.full_like(parents, ROOT)
+        place[order] = torch.arange(size, device=device)
+        chosen = parents[order]
+        return cls.queued(tokens[order], torch.where(chosen < 0, ROOT, place[chosen.clamp(min=0)]), origin,
+                          depth=max(depths, default=0), scores=scores[order],
+                          kinds=None if kinds is None else kinds[order])  # fmt: skip
+
     def paths(self) -> dict[tuple[int, ...], tuple[float, str]]:
         """Each node's token path below the root -> its score and origin: what `best` builds a tree from."""
         keys: list[tuple[int, ...]] = []

@@ -135,9 +135,10 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
                 least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
-        """Each depth is queued from the last one's tensors and the candidates come to the host once, at the end;
-        where the drafter `prunes` (a CPU), each depth also reads its best nodes to expand only those that can pay,
-        while a GPU expands them whatever they hold, which costs it less than waiting for them."""
+        """Each depth is queued from the last one's tensors. Where the drafter `prunes` (a CPU, where reading costs
+        nothing), each depth reads its best nodes to expand only those that can pay, and the host ranks the
+        candidates; a GPU expands them whatever they hold, which costs it less than waiting for them, and ranks them
+        on the device, where the tree stays until the target's choices are read (`DraftTree.best_queued`)."""
         newest = self._catch_up()
         if newest is None or budget < 1:
             return DraftTree.empty()
@@ -150,6 +151,7 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
         frontier = torch.full((1,), ROOT, device=device)  # the frontier's candidates (ROOT: the root)
         rows: range | None = None  # the frontier's tree rows (None: the root, no row)
         tokens, logprobs, parents = [], [], []  # per depth [F * top_k]: every child of the frontier
+        counts = []  # per depth: how many
         deepest = min(self.depth, budget)
         for depth in range(1, deepest + 1):
             best = logits.float().log_softmax(dim=-1).topk(min(self.top_k, logits.shape[1]), dim=-1)
@@ -157,6 +159,7 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
             tokens.append(self.draft_vocab[best.indices].flatten())
             logprobs.append((best.values + scores[:, None]).flatten())
             parents.append(frontier[:, None].expand(-1, width).flatten())
+            counts.append(tokens[-1].shape[0])
             if depth == deepest:
                 break
             # A node ranked below budget - depth at its depth has no child in the tree kept: the nodes ranked above
@@ -172,8 +175,12 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
             rows = tree.add([ROOT] * len(chosen) if rows is None else parent + rows.start)
             outputs, logits = self._rows(outputs[parent], tokens[-1][chosen], root + depth - 1, tree.seen(rows))
             scores, frontier = logprobs[-1][chosen], chosen + first
-        candidates, logprobs = torch.stack([torch.cat(tokens), torch.cat(parents)]), torch.cat(logprobs)
-        (ids, above), logprobs = to_host(candidates, logprobs)
+        tokens, parents, logprobs = torch.cat(tokens), torch.cat(parents), torch.cat(logprobs)
+        if not self.prunes:  # the budget's most probable, laid out on the device and read with the target's choices
+            depths = [depth for depth, count in enumerate(counts, 1) for _ in range(count)]
+            return DraftTree.best_queued(tokens, parents, logprobs.double().exp(), depths, min(budget, len(depths)),
+                                         self.kind)  # fmt: skip
+        (ids, above), logprobs = to_host(torch.stack([tokens, parents]), logprobs)
         paths, keys = {}, []  # each candidate's token path below the root
         for token, parent, logprob in zip(ids, above, logprobs):
             keys.append((keys[parent] if parent != ROOT else ()) + (token,))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from specchat.drafters.tokenswift.ngram_table import NgramTable
-from specchat.engine.host_data import to_device, to_host
+from specchat.engine.host_data import to_host
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder, siblings_bounded
 
 
@@ -93,16 +93,9 @@ def heads_tree(levels: list[Level], grams: torch.Tensor, counts: torch.Tensor, b
     raw = torch.maximum(torch.cat(raws), start_p * share)  # a path both give keeps the higher score
     parent = torch.cat(parents)
     parent = torch.where(parent < 0, ROOT, node[parent.clamp(min=0)])
-    depth = to_device(depths, device)
     chance = _siblings_bounded(raw, parent, kept, max(depths))
-    order = torch.sort(depth, stable=True).indices  # best first: by chance, then depth, then place
-    order = order[torch.sort(torch.where(kept, -chance, torch.inf)[order], stable=True).indices][:size]
-    place = torch.full_like(parent, ROOT)
-    place[order] = torch.arange(size, device=device)
-    chosen = parent[order]
     kind = (torch.arange(parent.shape[0], device=device) >= heads).long()
-    return DraftTree.queued(torch.cat(tokens)[order], torch.where(chosen < 0, ROOT, place[chosen.clamp(min=0)]),
-                            kinds, depth=max(depths), scores=chance[order], kinds=kind[order])  # fmt: skip
+    return DraftTree.best_queued(torch.cat(tokens), parent, chance, depths, size, kinds, kinds=kind, kept=kept)
 
 
 def _siblings_bounded(raw: torch.Tensor, parents: torch.Tensor, kept: torch.Tensor, deepest: int) -> torch.Tensor:
