@@ -1,8 +1,8 @@
 """A step's drafting and verification forward launched before the caller handles the last step's event
 (`Engine.launch_ahead`: on by default on a GPU, where the device runs them while the host streams text; forced here
 on a CPU): the same text and cache as without it, with or without a drafter, one forward a step, none launched past
-the end, and any other forward over the cache (a measured autoregressive step, a drafter's rows, a new request)
-drops a launched step, which the next one launches again."""
+the end; any other forward over the cache (a measured autoregressive step, a drafter's rows) overwrites a launched
+step's rows, which the step then computes again for the tree it drafted once, and a new request drops it."""
 
 from __future__ import annotations
 
@@ -74,14 +74,21 @@ def test_queued_steps_give_the_same_text_and_cache_turn_after_turn(sampling, tok
 
 @pytest.mark.parametrize("drafter", [False, True], ids=["plain", "ngram"])
 @pytest.mark.parametrize("between", ["measured step", "other rows"])
-def test_a_text_left_before_its_end_and_a_forward_between_steps_drop_the_launched_step(between, drafter, tokenizer):
+def test_a_forward_between_steps_has_the_launched_step_verified_again_and_a_new_text_drops_it(between, drafter,
+                                                                                               tokenizer):  # fmt: skip
     """Between steps the chat's overlay and the writer measure a decode step, and the target may run over other rows
-    left pending in the engine's cache (`TargetView.forward`): the launched step's rows are overwritten."""
+    left pending in the engine's cache (`TargetView.forward`): the launched step's rows are overwritten, and the
+    step verifies its tree again, drafted once. A text left before its end leaves a step launched, which the next
+    text drops."""
     plain, ahead = engines(tokenizer)
     prompt = random_prompt(30, seed=2)
+    proposals = {}
     if drafter:
         for engine in (plain, ahead):
             engine.set_drafter(NgramDrafter(), 6)
+            propose = engine.drafter.propose
+            seen = proposals[engine.launch_ahead] = []
+            engine.drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]
 
     def forward(engine):
         if between == "measured step":
@@ -92,6 +99,9 @@ def test_a_text_left_before_its_end_and_a_forward_between_steps_drop_the_launche
 
     want = text(plain, prompt, 30, GREEDY, between=forward)
     assert text(ahead, prompt, 30, GREEDY, between=forward) == want
+    if drafter:
+        assert len(proposals[True]) == len(proposals[False]) > 0
+        assert [tree.tokens for tree in proposals[True]] == [tree.tokens for tree in proposals[False]]
     for engine in (plain, ahead):
         events = engine.generate(prompt + want[:5], sampling=GREEDY, max_new_tokens=20)
         next(events), next(events)  # left after two steps, a step queued

@@ -279,6 +279,7 @@ class Engine:
         constrained = ConstrainedText(constraint) if constraint is not None else None
 
         start = time.perf_counter()
+        self._queued = None  # an earlier text's launched step is never verified
         if fresh:
             self.cache.truncate(0)
         continued = self.cache.length > 0 and self.ids[: self.cache.length] == prompt_ids[: self.cache.length]
@@ -302,6 +303,8 @@ class Engine:
         while event.finish_reason is None:
             start = time.perf_counter()
             launch, self._queued = self._queued, None
+            if launch is not None and launch.overwritten:
+                launch = self._verify_again(launch)
             launch = launch or self._launch(sampling, generator, noise, ahead, constrained)
             tokens, origins, hidden, tree, tree_budget, draft_seconds, scored = self._step(
                 launch, sampling, generator, noise, constrained, logprobs, max(0, min_tokens - stats.new_tokens))
@@ -382,6 +385,19 @@ class Engine:
         hidden = hidden[rows] if self.drafter is not None else hidden  # only a drafter reads them
         token_scores = token_logprobs(processed.logits, kept, tokens, logprobs) if logprobs is not None else None
         return tokens, origins, hidden, tree, launch.budget, draft_seconds, token_scores
+
+    def _overwrite_launch(self) -> None:
+        """A forward over the cache overwrites a launched step's pending rows: the step verifies its tree again when
+        it comes (`_verify_again`)."""
+        if self._queued is not None:
+            self._queued = dataclasses.replace(self._queued, overwritten=True)
+
+    def _verify_again(self, launch: StepLaunch) -> StepLaunch:
+        """A launched step whose rows a forward overwrote, its tree verified again: drafted once, since what came
+        between (a measured decode step, rows left pending) committed nothing."""
+        launch.clock.restart()
+        batch, logits, hidden = self._tree_forward(launch.tree)
+        return dataclasses.replace(launch, batch=batch, logits=logits, hidden=hidden, overwritten=False)
 
     def _tree_forward(self, tree: DraftTree):
         """The target's forward of the root and `tree` after the cache (pending): (its batch, logits, hidden)."""
@@ -539,7 +555,7 @@ class Engine:
         """`TargetView.layer_queries`: every layer's rotated query [layers, heads, D] (fp32) of `token` at
         `position` after this cache, whose pending row is then dropped."""
         tokens, positions = (torch.full((1,), value, device=self.device) for value in (token, position))
-        self._queued = None  # a launched step's pending rows are overwritten
+        self._overwrite_launch()
         out = self.forward(tokens, positions, None, self.cache, every_layer=True)
         self.cache.truncate(self.cache.length)
         return out.queries[:, 0].float()
@@ -550,7 +566,7 @@ class Engine:
         the last decoder layer's output (before the final norm) [q, hidden_size], or the residual stream entering
         each of `feature_layers` side by side [q, len(feature_layers) * hidden_size]."""
         cache = cache if cache is not None else self.cache
-        self._queued = None  # a launched step's pending rows are overwritten: the loop launches it again
+        self._overwrite_launch()
         if positions is None:
             start = cache.length
             positions = torch.arange(start, start + tokens.shape[0], device=self.device)
@@ -629,6 +645,7 @@ class StepLaunch:
     batch: TreeBatch
     logits: torch.Tensor
     hidden: torch.Tensor
+    overwritten: bool = False  # a forward over the cache came between: its rows must be computed again
 
 
 def _with_logprobs(event: StepEvent, scored: list | None) -> StepEvent:

@@ -29,6 +29,13 @@ class StepClock:
             event.record()
             self.events.append(event)
 
+    def restart(self) -> None:
+        """The phase under way starts again now: its work was dropped and is queued anew."""
+        self.host.pop()
+        if self.cuda:
+            self.events.pop()
+        self.mark()
+
     def host_seconds(self) -> float:
         """Seconds from the first mark to the last on the host's clock: the device's, where the host has waited
         for the work in between (a drafter that read its tree)."""
