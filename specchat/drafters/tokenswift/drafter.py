@@ -104,9 +104,10 @@ class TokenSwiftDrafter:
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator=None, least_chance: float = 0.0,
                 noise: PositionNoise | None = None) -> DraftTree:
-        """The tree laid out on the device (`heads_tree.py`) and left there (on a GPU): its first token, the heads'
-        guesses and the 4-grams that continue it are read with the target's choices. The heads run rows of known
-        counts, so `least_chance` prunes nothing here: the engine cuts the tree by its scores after.
+        """The tree laid out on the device (`heads_tree.py`) and left there (a GPU's): its first token, the heads'
+        guesses and the 4-grams that continue it are read with the target's choices; or laid out by the host from
+        them, read in one wait (a CPU's). The heads run rows of known counts, so `least_chance` prunes nothing
+        here: the engine cuts the tree by its scores after.
 
         Where the target's draws are keyed (`noise`), the draft forward's token is its guess at the target's draw
         (the target's own distribution, over a partial cache), while the heads keep their likeliest tokens: a head
