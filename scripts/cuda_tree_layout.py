@@ -12,7 +12,7 @@ import time
 import torch
 
 from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
-from specchat.drafters.tokenswift.heads_tree import Level, heads_tree, host_tree
+from specchat.drafters.tokenswift.heads_tree import heads_tree, host_tree, product_levels
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 
 KINDS = ("tokenswift", "ngram")
@@ -25,8 +25,7 @@ def layouts(device: torch.device) -> dict:
     mirror = DeviceNgrams(table, device)
     values = torch.rand(3, 3, device=device).sort(descending=True).values
     tokens = torch.randint(0, 50, (3, 3), device=device)
-    levels = [Level(values[i].expand(3**i, 3), tokens[i].expand(3**i, 3),
-                    torch.arange(3**i, device=device) if i else None) for i in range(3)]  # fmt: skip
+    levels = product_levels(values, tokens)
     start = torch.tensor([7], device=device)
     below = (start, torch.tensor([0.9], device=device))
 

@@ -22,7 +22,7 @@ from conftest import tiny_model
 
 from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
 from specchat.drafters.tokenswift.drafter import KV_BUDGET, TokenSwiftDrafter, build
-from specchat.drafters.tokenswift.heads_tree import Level, heads_tree, host_tree
+from specchat.drafters.tokenswift.heads_tree import Level, heads_tree, host_tree, product_levels
 from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, save_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import SINKS, PartialKV
@@ -111,10 +111,9 @@ HEADS_TOKENS = [[20 + row, 30 + row, 40 + row] for row in range(1, 4)]  # depth 
 
 
 def product(values: list[list[float]], tokens: list[list[int]]) -> list[Level]:
-    """The levels of heads that guess from the state alone (row d: depth d's tokens and probabilities, the same
-    under every node), as the drafter gives them."""
-    return [Level(torch.tensor(v, dtype=torch.float64).expand(3**d, 3), torch.tensor(t).expand(3**d, 3),
-                  torch.arange(3**d) if d else None) for d, (v, t) in enumerate(zip(values, tokens))]  # fmt: skip
+    """The levels of heads that guess from the state alone (row d: depth d's tokens and probabilities)."""
+    return product_levels(torch.tensor(values, dtype=torch.float64).reshape(-1, 3),
+                          torch.tensor(tokens, dtype=torch.long).reshape(-1, 3))  # fmt: skip
 
 
 def device_tree(levels: list[Level], table: NgramTable, budget: int, *, start: int, below: tuple[int, ...],

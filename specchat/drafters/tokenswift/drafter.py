@@ -34,7 +34,7 @@ import torch
 from specchat.drafters import TOKENSWIFT
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
-from specchat.drafters.tokenswift.heads_tree import Level, heads_tree, host_tree
+from specchat.drafters.tokenswift.heads_tree import Level, heads_tree, host_tree, product_levels
 from specchat.drafters.tokenswift.model import TokenSwiftHeads, download_heads, load_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import PartialKV
@@ -153,10 +153,7 @@ class TokenSwiftDrafter:
                 outs.append(out)
             if not outs:
                 return []
-            values, tokens = self._top(torch.cat(outs), sampling, history)
-            device = states.device
-            return [Level(values[i].expand(3**i, WIDTH), tokens[i].expand(3**i, WIDTH),
-                          torch.arange(3**i, device=device) if i else None) for i in range(levels)]  # fmt: skip
+            return product_levels(*self._top(torch.cat(outs), sampling, history))
         found, rows, reads, scores = [], None, None, None
         for i in range(levels):
             states, out = self.heads.step(i, states, reads)

@@ -33,6 +33,14 @@ class Level:
     rows: torch.Tensor | None
 
 
+def product_levels(values: torch.Tensor, tokens: torch.Tensor) -> list[Level]:
+    """The levels of heads that guess from the state alone: level d's guesses `values[d]` and `tokens[d]` ([levels,
+    width] each) under every node of the level above (TokenSwift's product)."""
+    width, device = tokens.shape[1], tokens.device
+    return [Level(values[d].expand(width**d, width), tokens[d].expand(width**d, width),
+                  torch.arange(width**d, device=device) if d else None) for d in range(tokens.shape[0])]  # fmt: skip
+
+
 def heads_tree(levels: list[Level], grams: torch.Tensor, counts: torch.Tensor, budget: int, kinds: tuple[str, str],
                below: tuple[torch.Tensor, torch.Tensor] | None) -> DraftTree:  # fmt: skip
     """The queued tree of the `budget` best nodes among `levels`' and the prefixes of the 4-grams' continuations

@@ -24,7 +24,8 @@ class NgramTable:
         self.best: dict[int, list[tuple[int, ...]]] = {}  # first token -> its most frequent 4-grams, by count
         self.recent: deque[int] = deque(maxlen=lag + n)  # the tokens not yet old enough, and the n - 1 before
         self.length = 0  # tokens added
-        self.changed: set[int] = set()  # first tokens whose continuations changed since a reader last took them
+        # first tokens whose continuations changed since a reader (`DeviceNgrams`) last took them; None: no reader
+        self.changed: set[int] | None = None
 
     def add(self, tokens: list[int]) -> None:
         """Append tokens to the text; the 4-grams that became `lag` tokens old enter the table."""
@@ -50,7 +51,8 @@ class NgramTable:
             if self.counts[best[-1]] >= count:
                 return
             best.pop()
-        self.changed.add(gram[0])
+        if self.changed is not None:
+            self.changed.add(gram[0])
         at = len(best)
         while at and self.counts[best[at - 1]] < count:
             at -= 1
