@@ -10,7 +10,9 @@ budget. What differs is where their tokens come from:
 - `RandomTreeDrafter` proposes random shapes mixing correct and random tokens;
 - `TopTokensDrafter` proposes the target's own most likely tokens, `width` children per node — the most
   adversarial proposal for a sampling verifier, since it always proposes what the target is likely to draw;
-- `EndBesideDrafter` proposes the reference with a given token (the end of text) beside each of its nodes.
+- `EndBesideDrafter` proposes the reference with a given token (the end of text) beside each of its nodes;
+- `ScoredChainDrafter` proposes the reference's chain with a wrong sibling at each depth, scored and left on the
+  device best first, as TokenSwift's and EAGLE-3's trees are on a GPU.
 
 `random_eagle3` is a real EAGLE-3 draft layer with random weights, for the real drafter. `rerun` stands in for
 a CUDA graph's capture on a CPU: what a drafter would capture runs again at each replay, into the same outputs, and
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections.abc import Callable
 
 import torch
@@ -30,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft
 from specchat.drafters.eagle3.train import initial_draft
 from specchat.engine.drafter import DraftsAlone, TracksCommittedIds
+from specchat.engine.host_data import to_device
 from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
 
 
@@ -110,6 +114,42 @@ class EndBesideDrafter(OracleDrafter):
                 builder.add(parent, self.end, self.kind)
             parent = builder.add(parent, token, self.kind)
         return builder.build()
+
+
+class ScoredChainDrafter(_TrackingDrafter):
+    """The reference's next `depth` tokens as a chain, each with a wrong sibling; the chain's d-th node scored
+    `chance` ** d, a sibling a tenth of its node (`chance` 0: every chain token wrong too). The tree is ranked and
+    left on the device (`DraftTree.best_queued`), unread."""
+
+    kind = "scored"
+    scores_nodes = True
+
+    def __init__(self, reference: list[int], *, vocab_size: int, chance: float = 0.9, depth: int = 8,
+                 sleep: float = 0.0, device: torch.device | str = "cpu"):  # fmt: skip
+        """`sleep`: seconds each proposal takes besides (drafting that costs more than its nodes gain)."""
+        super().__init__()
+        self.reference, self.vocab_size, self.chance = list(reference), vocab_size, chance
+        self.depth, self.sleep, self.device = depth, sleep, device
+
+    def _propose(self, budget: int) -> DraftTree:
+        time.sleep(self.sleep)
+        n = len(self.ids)
+        chain = self.reference[n : n + self.depth]
+        if self.ids != self.reference[:n] or not chain:
+            return DraftTree.empty()
+        if not self.chance:
+            chain = [(token + 2) % self.vocab_size for token in chain]
+        tokens, parents, scores = [], [], []
+        for d, token in enumerate(chain):  # chain node d at place 2 d, its sibling at 2 d + 1
+            parent = 2 * d - 2 if d else ROOT
+            tokens += [token, (token + 1) % self.vocab_size]
+            parents += [parent, parent]
+            score = max(self.chance, 0.05) ** (d + 1)
+            scores += [score, score / 10]
+        depths = [place // 2 + 1 for place in range(len(tokens))]
+        tokens, parents = to_device(tokens, self.device, torch.long), to_device(parents, self.device, torch.long)
+        scores = to_device(scores, self.device, torch.float64)
+        return DraftTree.best_queued(tokens, parents, scores, depths, min(budget, len(depths)), self.kind)
 
 
 class WrongDrafter(_TrackingDrafter):

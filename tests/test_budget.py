@@ -389,12 +389,12 @@ def test_a_scored_tree_keeps_the_nodes_whose_chances_pay_for_their_rows():
     policy = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.1, 1.3, 1.8, 2.8)))
     tree = DraftTree.best({(1,): (0.9, "a"), (1, 2): (0.8, "a"), (3,): (0.05, "b"), (1, 2, 4): (0.7, "a")}, 4)
     assert tree.tokens == [1, 3, 2, 4] and tree.scores == [0.9, 0.05, 0.8, 0.7]
-    assert policy.size(tree, 0.0) == 3  # the fourth node adds 0.05 tokens for 1.3 -> 1.43x a step: not worth it
+    assert policy.size(tree.scores, 0.0) == 3  # the fourth node adds 0.05 tokens for 1.3 -> 1.43x a step: not worth it
     assert tree.cut(3).tokens == [1, 2, 4] and tree.cut(3).parents == [ROOT, 0, 1]
-    assert policy.size(tree, 0.0) == policy.size(tree, 0.02)  # drafting done is paid whatever is kept
+    assert policy.size(tree.scores, 0.0) == policy.size(tree.scores, 0.02)  # drafting done is paid whatever is kept
     for step in range(40):  # a tenth of what its scores promise is accepted: no node pays for its row
         policy.observe(tree.cut(3), [0] if step % 4 == 0 else [], budget=3)
-    assert policy.size(tree, 0.0) == 0
+    assert policy.size(tree.scores, 0.0) == 0
     assert policy.scored_budget() == 15
 
 
@@ -421,7 +421,7 @@ def test_scored_drafting_that_does_not_pay_stops_but_for_probes():
         asked.append(budget := policy.scored_budget())
         if budget:
             tree = strong if step == 20 else weak
-            kept = tree.cut(policy.size(tree, 0.1))
+            kept = tree.cut(policy.size(tree.scores, 0.1))
             policy.observe(kept, list(range(len(kept))) if tree is strong else [], budget=len(kept))
     probe_after = round(0.1 / PROBE_SHARE)  # steps whose time a probe's drafting may take PROBE_SHARE of
     assert asked[:20] == [15, *[0] * (probe_after - 1)] * (20 // probe_after)  # weak trees cut to nothing

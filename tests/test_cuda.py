@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from conftest import tiny_model
-from drafters_for_tests import RandomTreeDrafter, random_eagle3
+from drafters_for_tests import RandomTreeDrafter, ScoredChainDrafter, random_eagle3
 from test_glide import random_draft
 from test_longspec import random_layer
 from test_speculative import random_prompt
@@ -174,8 +174,31 @@ def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, d
     engine = Engine(model, TOKENIZER, max_len=256)
     if drafter is not None:
         engine.set_drafter(DRAFTERS[drafter](engine, model, None), 16)
-    launches, steps, proposals = [], [], []  # synchronisations of each step's launch, its verification, proposal
-    where = []  # the Python lines that synchronised, a list a launch and a verification
+    steps, proposals, where = synchronisations(engine, prompt, sampling, 24, keyed)
+    assert len(steps) > 4  # on a GPU each launched ahead, none after the last
+    assert steps[3:] == [1 + drafted] * len(steps[3:]), where[3:5]
+    assert proposals[3:] == [drafted] * len(proposals[3:])
+
+
+def test_a_scored_tree_left_on_the_gpu_is_cut_without_a_synchronisation():
+    """At the adaptive budget a scored tree left on the device, best first (TokenSwift's and EAGLE-3's), is cut to
+    the size the last tree's scores chose, and sized once the acceptance has read it: its step synchronises once."""
+    prompt = random_prompt(40, seed=2, vocab=VOCAB)
+    model = cuda_model("llama")
+    engine = Engine(model, TOKENIZER, max_len=256)
+    reference = prompt + generate(engine, prompt, 80, NO_EOS)
+    engine.set_drafter(ScoredChainDrafter(reference, vocab_size=VOCAB, depth=8, device=CUDA))  # trees that pay
+    steps, proposals, where = synchronisations(engine, prompt, NO_EOS, 80)
+    assert engine.drafter.ids == reference and len(steps) > 6
+    assert steps[3:] == [1] * len(steps[3:]), where[3:5]
+    assert proposals[2:] == [0] * len(proposals[2:])
+
+
+def synchronisations(engine: Engine, prompt: list[int], sampling: SamplingConfig, tokens: int, keyed: bool = False):
+    """Per decode step of `engine.generate`: the synchronisations of its launch and verification together; of each
+    proposal; and the Python lines that synchronised, a list a step."""
+    launches, verified, proposals = [], [], []
+    where = []
 
     def counting(call, counts):
         def counted(*args, **kwargs):
@@ -189,20 +212,19 @@ def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, d
 
         return counted
 
-    engine._launch, engine._step = counting(engine._launch, launches), counting(engine._step, steps)
-    if drafter is not None:
+    engine._launch, engine._step = counting(engine._launch, launches), counting(engine._step, verified)
+    if engine.drafter is not None:
         engine.drafter.propose = counting(engine.drafter.propose, proposals)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            list(engine.generate(prompt, sampling=sampling, max_new_tokens=24, reproducible=keyed))
+            list(engine.generate(prompt, sampling=sampling, max_new_tokens=tokens, reproducible=keyed))
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    assert len(steps) > 4 and len(launches) == len(steps)  # on a GPU each launched ahead, none after the last
-    whole = [launched + verified for launched, verified in zip(launches, steps)]
-    assert whole[3:] == [1 + drafted] * len(whole[3:]), where[6:10]
-    assert proposals[3:] == [drafted] * len(proposals[3:])
+    assert len(launches) == len(verified)  # on a GPU each step launched ahead, none after the last
+    return ([launched + step for launched, step in zip(launches, verified)], proposals,
+            [launched + step for launched, step in zip(where[0::2], where[1::2])])  # fmt: skip
 
 
 def test_the_step_clock_times_what_the_device_ran():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
-from drafters_for_tests import random_eagle3
+from drafters_for_tests import ScoredChainDrafter, random_eagle3
 from queue_drains import QueueDrains
 from test_glide import random_draft
 from test_longspec import random_layer
@@ -26,10 +26,11 @@ from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.drafters.tree_rows import TreeRows
 from specchat.engine import sampling as sampling_module
 from specchat.engine.attention import use_attention
+from specchat.engine.budget import AdaptiveBudget
 from specchat.engine.generate import Engine
 from specchat.engine.host_data import to_device
 from specchat.engine.sampling import PositionNoise, SamplingConfig
-from specchat.engine.tree import ROOT
+from specchat.engine.tree import ROOT, DraftTree
 
 PROMPT = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7] * 3
 GREEDY = SamplingConfig()
@@ -146,6 +147,44 @@ def test_guessing_keyed_draws_adds_no_wait(tokenizer):
     assert steps and all(tree.depth >= 4 for _, _, tree, _ in steps)
     for drafting, _, _, causes in steps:
         assert drafting == 0, causes
+
+
+def test_a_scored_tree_left_on_the_device_is_cut_without_a_wait(tokenizer, tmp_path, monkeypatch):
+    """At the adaptive budget a scored tree keeps the nodes whose scores pay for their rows. One left on the device,
+    best first (TokenSwift's and EAGLE-3's on a GPU), is cut to the size the last tree's scores chose and sized
+    itself once the acceptance has read it: its step waits once, as at a fixed budget, and the output is the
+    target's."""
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
+    model = tiny_model("llama", vocab_size=64)
+    engine = Engine(model, tokenizer, max_len=400)
+    reference = PROMPT + [t for event in engine.generate(PROMPT, sampling=GREEDY, max_new_tokens=80)
+                          for t in event.tokens]  # fmt: skip
+    sized, cuts = [], {}  # each tree's size; id(a tree proposed) -> (the last tree's size, its cut, read later)
+    size, first = AdaptiveBudget.size, DraftTree.first
+
+    def recorded_size(policy, scores, seconds):
+        n = size(policy, scores, seconds)
+        if scores:  # a tree's, not a step's without one
+            sized.append(n)
+        return n
+
+    def recorded_first(tree, n):
+        cuts[id(tree)] = (sized[-1], cut := first(tree, n))
+        return cut
+
+    monkeypatch.setattr(AdaptiveBudget, "size", recorded_size)
+    monkeypatch.setattr(DraftTree, "first", recorded_first)
+    drafter = ScoredChainDrafter(reference, vocab_size=64, depth=8)  # trees that pay: drafting goes on
+    engine.set_drafter(drafter, None)
+    steps = counted_steps(engine, GREEDY, tokens=80)
+    assert drafter.ids == reference[: len(drafter.ids)] and len(drafter.ids) >= len(reference)
+    cut_steps = [step for step in steps if id(step[2]) in cuts]
+    assert len(cut_steps) >= len(steps) // 2  # the first tree read, and any after a tree that kept nothing
+    for drafting, step, proposed, causes in cut_steps:
+        last, tree = cuts[id(proposed)]
+        assert len(tree) == min(last, len(proposed)) and tree.tokens == proposed.tokens[: len(tree)]
+        assert tree.scores == proposed.scores[: len(tree)]
+        assert (drafting, step) == (0, 1), causes
 
 
 def test_without_a_drafter_a_step_waits_once(tokenizer):

@@ -221,17 +221,7 @@ def test_the_best_of_candidates_on_the_device_are_ranked_as_paths_are():
     node for node, listed best first, laid out without a wait."""
     rng = random.Random(4)
     for _ in range(40):
-        tokens, parents, scores, depths, paths = [], [], [], [], {}
-        for i in range(rng.randint(1, 30)):
-            parent = rng.choice([ROOT, *range(i)])
-            path = (paths[parent] if parent != ROOT else ()) + (i,)  # distinct tokens: distinct paths
-            above = scores[parent] if parent != ROOT else 1.0
-            score = rng.choice([above, above * rng.choice([0.5, 0.25]), above * rng.random()])
-            tokens.append(i)
-            parents.append(parent)
-            scores.append(score)
-            depths.append(len(path))
-            paths[i] = path
+        tokens, parents, scores, depths, paths = scored_candidates(rng)
         for size in range(len(tokens) + 1):
             tensors = torch.tensor(tokens), torch.tensor(parents), torch.tensor(scores, dtype=torch.float64)
             with QueueDrains() as drains:
@@ -241,6 +231,41 @@ def test_the_best_of_candidates_on_the_device_are_ranked_as_paths_are():
             assert [paths[i] for i in ranked] == [tuple(queued.tokens[j] for j in queued.path_to(node))
                                                    for node in range(size)]  # fmt: skip
             assert queued.scores == [scores[i] for i in ranked]
+
+
+def test_the_first_nodes_of_a_tree_ranked_on_the_device_are_its_best():
+    """Cut to its first n nodes, unread, a tree ranked on the device is the tree of its n best: how the engine cuts a
+    scored tree it has not read."""
+    rng = random.Random(5)
+    for _ in range(20):
+        tokens, parents, scores, depths, _ = scored_candidates(rng)
+        tensors = torch.tensor(tokens), torch.tensor(parents), torch.tensor(scores, dtype=torch.float64)
+        ranked = DraftTree.best_queued(*tensors, depths, len(tokens), "x")
+        for n in range(len(tokens) + 2):
+            with QueueDrains() as drains:
+                cut = ranked.first(n)
+            assert drains.drains == 0, drains.causes
+            best = DraftTree.best_queued(*tensors, depths, min(n, len(tokens)), "x")
+            assert (cut.tokens, cut.parents, cut.scores) == (best.tokens, best.parents, best.scores)
+    with pytest.raises(ValueError, match="best first"):
+        DraftTree.queued(torch.tensor([4, 5]), torch.tensor([ROOT, 0]), "x").first(1)  # unscored: no ranking
+
+
+def scored_candidates(rng: random.Random):
+    """Up to 30 candidates (tokens, parents, scores, depths, paths) scored as a drafter scores them: a child no
+    likelier than its parent, ties of score and of depth included."""
+    tokens, parents, scores, depths, paths = [], [], [], [], {}
+    for i in range(rng.randint(1, 30)):
+        parent = rng.choice([ROOT, *range(i)])
+        path = (paths[parent] if parent != ROOT else ()) + (i,)  # distinct tokens: distinct paths
+        above = scores[parent] if parent != ROOT else 1.0
+        score = rng.choice([above, above * rng.choice([0.5, 0.25]), above * rng.random()])
+        tokens.append(i)
+        parents.append(parent)
+        scores.append(score)
+        depths.append(len(path))
+        paths[i] = path
+    return tokens, parents, scores, depths, paths
 
 
 def test_a_queued_tree_is_read_where_its_lists_are_first_needed():

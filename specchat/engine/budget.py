@@ -30,7 +30,9 @@ times, `verify_cost.py`) and weighs that cost against the acceptance it observes
   the estimates by what was accepted (decayed sums, a prior of one each). The drafting is paid whatever is
   kept, so while its steps are expected to run slower than plain ones it drafts only now and then, as often as
   keeps that drafting under PROBE_SHARE of the time: cheap drafting is probed every few steps (a text that turns
-  predictable is drafted again within a few tokens), costly drafting rarely.
+  predictable is drafted again within a few tokens), costly drafting rarely. A tree left on the device (TokenSwift's
+  and EAGLE-3's on a GPU, listed best first) is cut to the size the last scored tree's scores chose and sized
+  itself once the acceptance has read it: reading its scores first would cost the step a second wait.
   Merged best-first by these scores, the heads' guesses and the lookup's chains share one tree. The drafter is
   told the least score worth a verified node (`least_chance`), so that a tree grown a depth at a time (EAGLE-3,
   chained heads) does not run rows for children the cut would drop.
@@ -116,6 +118,7 @@ class AdaptiveBudget:
         self.scored = (1.0, 1.0)  # scored trees: decayed sums of their scores and of their accepted nodes (a prior)
         self.scored_speed = 1.0  # moving average of a scored step's expected speed over a plain step's, drafting paid
         self.scored_drafting = 0.0  # the last scored tree's drafting, in decode steps
+        self.scored_size = 0  # the nodes the last scored tree's scores chose to verify
         self.budget = self._best()
 
     def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float = 0.0,
@@ -199,19 +202,22 @@ class AdaptiveBudget:
         per_node = max(self.cost.relative(nodes) - 1.0, 0.0) / nodes
         return self.scored_speed * per_node * self.scored[0] / self.scored[1]
 
-    def size(self, tree: DraftTree, draft_seconds: float) -> int:
-        """How many of a scored tree's most likely nodes to verify: as many as maximise tokens per second, a
-        node adding its score, times the ratio of nodes accepted to scores summed over the scored trees so far,
-        to the tokens a step expects (the drafting done is paid whatever is kept)."""
+    def size(self, scores: list[float] | None, draft_seconds: float) -> int:
+        """How many of a scored tree's most likely nodes to verify, given its nodes' `scores`: as many as maximise
+        tokens per second, a node adding its score, times the ratio of nodes accepted to scores summed over the
+        scored trees so far, to the tokens a step expects (the drafting done is paid whatever is kept). A tree's
+        size is kept in `scored_size`: where reading a tree costs a wait, the next tree is cut to it."""
         calibration = self.scored[1] / self.scored[0]
         drafting = draft_seconds / self.cost.now(0)
         self.scored_drafting = drafting
         best, best_speed, expected = 0, 1 / (1 + drafting), 1.0
-        for n, score in enumerate(sorted(tree.scores or [], reverse=True), 1):
+        for n, score in enumerate(sorted(scores or [], reverse=True), 1):
             expected += score * calibration
             if (speed := expected / (self.cost.relative(n) + drafting)) > best_speed:
                 best, best_speed = n, speed
         self.scored_speed = SCORED_SPEED_DECAY * self.scored_speed + (1 - SCORED_SPEED_DECAY) * best_speed
+        if scores:
+            self.scored_size = best
         return best
 
     def expected_tokens(self, n: int, mode: frozenset[str] = frozenset()) -> float:

@@ -339,12 +339,15 @@ class Engine:
             tree = (self.drafter.propose(budget, sampling, generator, least_chance, noise) if budget
                     else DraftTree.empty())
         clock.mark()
-        if scored:  # the nodes worth verifying, by the scores the drafter read
-            tree = tree.cut(self.policy.size(tree, clock.host_seconds()))
-            budget = len(tree)
+        proposed = None  # the scores of a tree cut on the device, which size the next once the acceptance read them
+        if scored and self.policy.scored_size and (proposed := tree.queued_scores) is not None:
+            tree = tree.first(self.policy.scored_size)  # the last tree's size: this one's scores are not read yet
+        elif scored:  # the nodes worth verifying, by the scores the drafter read
+            tree = tree.cut(self.policy.size(tree.scores, clock.host_seconds()))
+        budget = len(tree) if scored else budget
         clock.mark()
         batch, logits, hidden = self._tree_forward(tree)
-        return StepLaunch(tree, budget, mode, clock, batch, logits, hidden)
+        return StepLaunch(tree, budget, mode, clock, batch, logits, hidden, proposed)
 
     def _queue_step(self, event: StepEvent, stats: GenerationStats, *launch) -> None:
         """Where `launch_ahead` holds and the text goes on, launch the next step now (decoding time): the loop takes
@@ -372,6 +375,8 @@ class Engine:
             choices = noise.choose(processed, batch.position_ids + 1)  # a row chooses the next token
         verdict = verify(tree, processed, sampling, generator, choices)  # the step's wait for the device
         draft_seconds, _, verify_seconds = clock.seconds()  # drafting, sizing, verification
+        if launch.proposed is not None:  # read after the wait, before more is queued: no wait of its own
+            self.policy.size(launch.proposed.tolist(), draft_seconds)
         kept = [0] + [node + 1 for node in verdict.path]
         leading = kept == list(range(len(kept)))  # a path down the first rows: a slice
         rows = slice(0, len(kept)) if leading else to_device(kept, self.device)
@@ -645,6 +650,7 @@ class StepLaunch:
     batch: TreeBatch
     logits: torch.Tensor
     hidden: torch.Tensor
+    proposed: torch.Tensor | None = None  # a tree cut on the device: the scores of all it proposed
     overwritten: bool = False  # a forward over the cache came between: its rows must be computed again
 
 

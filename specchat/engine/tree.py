@@ -58,13 +58,31 @@ class DraftTree:
                draft_probs: torch.Tensor | None = None, *, depth: int | None = None,
                scores: torch.Tensor | None = None, kinds: torch.Tensor | None = None) -> DraftTree:  # fmt: skip
         """A tree whose tokens [n] and parents [n] (long) are still on the device, unread; `depth`: a bound on its
-        depth the drafter knows (else n); `scores` [n]: its nodes' scores, on the device too. Every node has the
-        `origin`, or where that names several, the one `kinds` [n] (long, on the device) picks."""
+        depth the drafter knows (else n); `scores` [n]: its nodes' scores, on the device too, listed best first
+        (`best_queued`: its first nodes are its best, `first`). Every node has the `origin`, or where that names
+        several, the one `kinds` [n] (long, on the device) picks."""
         n = tokens.shape[0]
         tree = cls([], [], [origin] * n if isinstance(origin, str) else [None] * n, draft_probs)
         names = (origin,) if isinstance(origin, str) else origin
         tree._queued = Unread(tokens, parents, n if depth is None else depth, scores, kinds, names)
         return tree
+
+    @property
+    def queued_scores(self) -> torch.Tensor | None:
+        """A queued scored tree's scores [n], still on the device; None once read, or where it has none."""
+        return None if self._queued is None else self._queued.scores
+
+    def first(self, n: int) -> DraftTree:
+        """A queued scored tree's first n nodes, still on the device: its n best, a tree since a parent outranks
+        its children."""
+        unread = self._queued
+        if unread is None or unread.scores is None:
+            raise ValueError("only a queued scored tree lists its nodes best first")
+        probs = None if self.draft_probs is None else self.draft_probs[:n]
+        return DraftTree.queued(unread.tokens[:n], unread.parents[:n],
+                                unread.names[0] if unread.kinds is None else unread.names, probs,
+                                depth=min(unread.depth, n), scores=unread.scores[:n],
+                                kinds=None if unread.kinds is None else unread.kinds[:n])  # fmt: skip
 
     def _settle(self, tokens: list[int], parents: list[int]) -> None:
         depths = []
