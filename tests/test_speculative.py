@@ -27,7 +27,7 @@ import json
 import pytest
 import torch
 from conftest import TINY_FAMILIES, fresh_kv, tiny_model
-from drafters_for_tests import EndBesideDrafter, OracleDrafter, RandomTreeDrafter, WrongDrafter
+from drafters_for_tests import EndBesideDrafter, OracleDrafter, RandomTreeDrafter, ScoredChainDrafter, WrongDrafter
 
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.engine.events import COPY, TARGET
@@ -411,6 +411,18 @@ def test_a_drafting_engine_times_its_forwards_and_now_and_then_a_plain_step(toke
     assert set(cost.factors) == {0, 1} and cost.since_decode < PLAIN_STEP_EVERY
     run(engine, random_prompt(12, seed=6), 8)  # a new text: a new policy, the same prices
     assert engine.policy.cost is cost and list(engine._verify_costs.values()) == [cost]
+
+
+def test_scored_drafting_that_does_not_pay_is_probed_at_its_share_of_the_time(tokenizer, tmp_path, monkeypatch):
+    """Wrong guesses that take 20 ms to draft, dozens of a tiny model's decode steps: the second tree stops drafting
+    (the first's drafting is not priced), and a step without a tree drafts nothing, so no probe comes before the
+    steps since make its drafting PROBE_SHARE of their time."""
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
+    model, prompt, greedy = model_and_greedy("llama", seed=5, n=60)
+    drafter = ScoredChainDrafter(prompt + greedy, vocab_size=VOCAB, chance=0.0, sleep=0.02)
+    engine = Engine(model, tokenizer, max_len=256, drafter=drafter)
+    out, _ = run(engine, prompt, 60)
+    assert out == greedy and len(drafter.proposals) == 2
 
 
 # --- logit bias: part of the target distribution, so every row gets it -----------------------------------

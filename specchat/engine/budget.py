@@ -118,6 +118,7 @@ class AdaptiveBudget:
         self.scored = (1.0, 1.0)  # scored trees: decayed sums of their scores and of their accepted nodes (a prior)
         self.scored_speed = 1.0  # moving average of a scored step's expected speed over a plain step's, drafting paid
         self.scored_drafting = 0.0  # the last scored tree's drafting, in decode steps
+        self.scored_trees = 0  # sized so far
         self.scored_size = 0  # the nodes the last scored tree's scores chose to verify
         self.budget = self._best()
 
@@ -202,22 +203,23 @@ class AdaptiveBudget:
         per_node = max(self.cost.relative(nodes) - 1.0, 0.0) / nodes
         return self.scored_speed * per_node * self.scored[0] / self.scored[1]
 
-    def size(self, scores: list[float] | None, draft_seconds: float) -> int:
+    def size(self, scores: list[float], draft_seconds: float) -> int:
         """How many of a scored tree's most likely nodes to verify, given its nodes' `scores`: as many as maximise
         tokens per second, a node adding its score, times the ratio of nodes accepted to scores summed over the
-        scored trees so far, to the tokens a step expects (the drafting done is paid whatever is kept). A tree's
-        size is kept in `scored_size`: where reading a tree costs a wait, the next tree is cut to it."""
+        scored trees so far, to the tokens a step expects (the drafting done is paid whatever is kept). The first
+        tree's drafting is not priced: it pays what a drafter does once (its kernels compiled, its graphs
+        captured), which would stop drafting for as long as probing it takes. The size is kept in `scored_size`:
+        where reading a tree costs a wait, the next tree is cut to it."""
         calibration = self.scored[1] / self.scored[0]
-        drafting = draft_seconds / self.cost.now(0)
-        self.scored_drafting = drafting
+        drafting = draft_seconds / self.cost.now(0) if self.scored_trees else 0.0
+        self.scored_drafting, self.scored_trees = drafting, self.scored_trees + 1
         best, best_speed, expected = 0, 1 / (1 + drafting), 1.0
-        for n, score in enumerate(sorted(scores or [], reverse=True), 1):
+        for n, score in enumerate(sorted(scores, reverse=True), 1):
             expected += score * calibration
             if (speed := expected / (self.cost.relative(n) + drafting)) > best_speed:
                 best, best_speed = n, speed
         self.scored_speed = SCORED_SPEED_DECAY * self.scored_speed + (1 - SCORED_SPEED_DECAY) * best_speed
-        if scores:
-            self.scored_size = best
+        self.scored_size = best
         return best
 
     def expected_tokens(self, n: int, mode: frozenset[str] = frozenset()) -> float:

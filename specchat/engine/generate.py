@@ -342,7 +342,7 @@ class Engine:
         proposed = None  # the scores of a tree cut on the device, which size the next once the acceptance read them
         if scored and self.policy.scored_size and (proposed := tree.queued_scores) is not None:
             tree = tree.first(self.policy.scored_size)  # the last tree's size: this one's scores are not read yet
-        elif scored:  # the nodes worth verifying, by the scores the drafter read
+        elif scored and len(tree):  # the nodes worth verifying, by the scores the drafter read
             tree = tree.cut(self.policy.size(tree.scores, clock.host_seconds()))
         budget = len(tree) if scored else budget
         clock.mark()
