@@ -1,9 +1,10 @@
-"""TokenSwift's tree laid out on the device (`heads_tree`: about a hundred small kernels queued, no wait) against on
-the host (`host_tree`: one read, then Python), a proposal of 15 nodes below the draft forward's token from 3
-levels of guesses and 20 4-grams. Per proposal: the host's time to queue it (the host layout's includes its read),
-the time until the device has run it, and with its nodes read as the acceptance reads them. The device layout's
-queueing overlaps the draft forward's weight read on a GPU; its run time is what it adds to a step there.
-`python scripts/cuda_tree_layout.py` on a CUDA machine (a CPU runs it too).
+"""TokenSwift's tree laid out on the device (`heads_tree`: about a hundred small kernels queued, no wait; on a GPU
+also replayed as one CUDA graph, as the drafter replays it) against on the host (`host_tree`: one read, then
+Python), a proposal of 15 nodes below the draft forward's token from 3 levels of guesses and 20 4-grams. Per
+proposal: the host's time to queue it (the host layout's includes its read), the time until the device has run it,
+and with its nodes read as the acceptance reads them. The device layout's queueing overlaps the draft forward's
+weight read on a GPU; its run time is what it adds to a step there.
+`python scripts/cuda_tree_layout.py` on a CUDA machine (a CPU runs it too, without the graph).
 """
 
 import random
@@ -14,8 +15,11 @@ import torch
 from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
 from specchat.drafters.tokenswift.heads_tree import heads_tree, host_tree, product_levels
 from specchat.drafters.tokenswift.ngram_table import NgramTable
+from specchat.engine.cuda_graphs import capture
+from specchat.engine.tree import Ranked
 
 KINDS = ("tokenswift", "ngram")
+DEPTH = 4  # below the draft forward's token, 3 levels or 3 tokens of a gram
 
 
 def layouts(device: torch.device) -> dict:
@@ -30,10 +34,19 @@ def layouts(device: torch.device) -> dict:
     below = (start, torch.tensor([0.9], device=device))
 
     def on_device():
-        grams, counts = mirror.continuations(start)
-        return heads_tree(levels, grams, counts, 15, KINDS, below)
+        mirror.update()
+        return heads_tree(levels, *mirror.lookup(start), 15, below).tree(KINDS, DEPTH)
 
-    return {"device": on_device, "host": lambda: host_tree(levels, table, 15, KINDS, below, 7)}
+    timed = {"device": on_device, "host": lambda: host_tree(levels, table, 15, KINDS, below, 7)}
+    if device.type == "cuda":
+        graph, out = capture(lambda: heads_tree(levels, *mirror.lookup(start), 15, below))
+
+        def replayed():
+            graph.replay()
+            return Ranked(*(part.clone() for part in out)).tree(KINDS, DEPTH)
+
+        timed["graph"] = replayed
+    return timed
 
 
 def main(proposals: int = 300) -> None:

@@ -264,14 +264,16 @@ GRAPHED_DRAFTERS = {  # a drafter whose depths replay CUDA graphs, and the shape
     "longspec-chain": (lambda engine, model: LongSpecDrafter(engine.target, random_layer(model), chain=True),
                        [(1,) * 15]),
     "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config, layers=2)), [4]),
+    "tokenswift": (lambda engine, model: TokenSwiftDrafter(engine.target, random_heads(model), lag=16),
+                   [(15, NO_EOS, False)]),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("drafter", list(GRAPHED_DRAFTERS))
 def test_draft_depths_replay_a_graph_and_draft_as_called(drafter, monkeypatch):
     """LongSpec's beam or greedy chain and GLIDE's chain replay one CUDA graph of their depths per shape, reading
-    the target's cache to the root's length on the device: every proposal equals the one drafted as called, the
-    output the target's."""
+    the target's cache to the root's length on the device, and TokenSwift's heads and layout one per budget and
+    sampling: every proposal equals the one drafted as called, the output the target's."""
     prompt = random_prompt(60, seed=7, vocab=VOCAB)
     model = cuda_model("llama")
     engine = Engine(model, TOKENIZER, max_len=256)

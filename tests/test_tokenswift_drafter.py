@@ -16,13 +16,16 @@ Proven here, on tiny random models:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import tiny_model
+from drafters_for_tests import rerun
 
 from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
 from specchat.drafters.tokenswift.drafter import KV_BUDGET, TokenSwiftDrafter, build
-from specchat.drafters.tokenswift.heads_tree import Level, heads_tree, host_tree, product_levels
+from specchat.drafters.tokenswift.heads_tree import Level, deepest, heads_tree, host_tree, product_levels
 from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, save_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import SINKS, PartialKV
@@ -119,9 +122,13 @@ def product(values: list[list[float]], tokens: list[list[int]]) -> list[Level]:
 def device_tree(levels: list[Level], table: NgramTable, budget: int, *, start: int, below: tuple[int, ...],
                 below_p: float) -> DraftTree:  # fmt: skip
     """The tree laid out on the device, below the LM head's token `below` (probability `below_p`) or the root."""
-    grams, counts = DeviceNgrams(table, torch.device("cpu")).continuations(torch.tensor([start]))
+    if budget < 1:
+        return DraftTree.empty()
+    ngrams = DeviceNgrams(table, torch.device("cpu"))
+    ngrams.update()
     first = (torch.tensor(below), torch.tensor([below_p], dtype=torch.float64)) if below else None
-    return heads_tree(levels, grams, counts, budget, ("tokenswift", "ngram"), first)
+    ranked = heads_tree(levels, *ngrams.lookup(torch.tensor([start])), budget, first)
+    return ranked.tree(("tokenswift", "ngram"), deepest(len(levels), table.n - 1, bool(below)))
 
 
 def host_layout(levels: list[Level], table: NgramTable, budget: int, *, start: int, below: tuple[int, ...],
@@ -264,6 +271,45 @@ def test_tokenswift_output_equals_autoregressive(model, tokenizer, forward, kv_b
     assert events[-1].stats.accepted > 0
     if kv_budget:
         assert drafter.partial.selections >= 3
+
+
+@pytest.mark.parametrize(
+    ("forward", "kv_budget", "heads"),
+    [(True, 40, random_heads), (False, 0, random_heads), (True, 0, chain_heads), (False, 0, root_heads)],
+    ids=["forward-partial-cache", "verified-state", "forward-chain-input", "verified-state-root-input"],
+)
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingConfig(suppress=(2,)),
+     SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.3, penalty_window=32, seed=4, suppress=(2,))],
+    ids=["greedy", "sampled-penalised"],
+)
+def test_a_graphed_proposal_drafts_as_called(model, tokenizer, monkeypatch, forward, kv_budget, heads, sampling):
+    """What a GPU captures: the heads and the layout, from buffers each proposal's inputs are copied into, a graph
+    per budget and sampling, captured anew when the n-gram lookup's tensors grow. Capture's stand-in (`rerun`) fails
+    where the call moved data between host and device or dispatched other ops or host values than at its capture.
+    Every proposal equals the one drafted as called, and the output is the target's."""
+    prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
+    captures = []
+    monkeypatch.setattr("specchat.drafters.tokenswift.drafter.capture",
+                        lambda call, pool: captures.append(call) or rerun(call, pool))  # fmt: skip
+    monkeypatch.setattr("specchat.drafters.tokenswift.drafter.NGRAM_ROWS", 4)  # its tensors grow as the text goes
+    proposals, outputs = {}, {}
+    for graphed in (False, True):
+        engine = Engine(model, tokenizer, max_len=400)
+        drafter = TokenSwiftDrafter(engine.target, heads(model), kv_budget=kv_budget, forward=forward, lag=16,
+                                    device_layout=True)  # fmt: skip
+        drafter.uses_graphs = graphed
+        seen = proposals[graphed] = []
+        propose = drafter.propose
+        drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]
+        engine.set_drafter(drafter, 24)
+        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=100))
+        outputs[graphed] = [t for e in events for t in e.tokens]
+    assert outputs[True] == outputs[False] and len(proposals[True]) > 10
+    assert [(t.tokens, t.parents, t.origins, t.scores) for t in proposals[True]] == [
+        (t.tokens, t.parents, t.origins, t.scores) for t in proposals[False]]  # fmt: skip
+    assert list(drafter.graphs) == [(24, replace(sampling, seed=None), sampling.uses_history)] and len(captures) > 1
 
 
 def test_under_keyed_draws_the_draft_forward_guesses_the_target_s_own_draw(model, tokenizer):

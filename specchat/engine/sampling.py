@@ -7,6 +7,7 @@ own history, which for a tree node is the committed text plus the node's ancesto
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -119,6 +120,13 @@ class Processed:
         return self._logits
 
 
+@functools.lru_cache(maxsize=64)
+def setting_on(values: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A sampling setting's ids or values on `device`, copied there once (a request's steps read the same tensor,
+    and so can a CUDA graph captured after its warm-up). Read only."""
+    return to_device(values, device, dtype)
+
+
 def process_logits(logits: torch.Tensor, config: SamplingConfig, history: torch.Tensor | None = None, *,
                    drafting: bool = False) -> torch.Tensor:  # fmt: skip
     """Raw logits [n, vocab] -> the processed logits whose softmax (or argmax, when greedy) is the target.
@@ -137,10 +145,10 @@ def process_rows(logits: torch.Tensor, config: SamplingConfig, history: torch.Te
     logits = logits.to(torch.float32, copy=edited)  # the edits write in place, on one copy of the rows
     if config.logit_bias:
         ids, biases = zip(*config.logit_bias)
-        bias = to_device(biases, logits.device, logits.dtype).expand(logits.shape[0], -1)
-        logits.index_add_(1, to_device(ids, logits.device), bias)
+        bias = setting_on(biases, logits.device, logits.dtype).expand(logits.shape[0], -1)
+        logits.index_add_(1, setting_on(ids, logits.device, torch.long), bias)
     if config.suppress:
-        logits.index_fill_(1, to_device(config.suppress, logits.device), float("-inf"))
+        logits.index_fill_(1, setting_on(config.suppress, logits.device, torch.long), float("-inf"))
     if penalised:
         if config.penalty != 1.0:
             apply_penalty_(logits, history, config.penalty)

@@ -29,6 +29,35 @@ class Unread(NamedTuple):
     names: tuple[str, ...]  # the origins the tree's nodes may have
 
 
+class Ranked(NamedTuple):
+    """A tree's nodes on the device, best first (`best_first`)."""
+
+    tokens: torch.Tensor  # [n] long
+    parents: torch.Tensor  # [n] long: places in this list, ROOT below the root
+    scores: torch.Tensor  # [n]
+    kinds: torch.Tensor | None  # [n] long: each node's index into the origins its tree names
+
+    def tree(self, origin: str | tuple[str, ...], depth: int) -> DraftTree:
+        """The queued tree of these nodes, whose depth is at most `depth`."""
+        return DraftTree.queued(self.tokens, self.parents, origin, depth=depth, scores=self.scores, kinds=self.kinds)
+
+
+def best_first(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depths: torch.Tensor, size: int, *,
+               kinds: torch.Tensor | None = None, kept: torch.Tensor | None = None) -> Ranked:  # fmt: skip
+    """The `size` best of candidates, their tokens, parents' places (ROOT: the root), scores and depths [c] (`kept`
+    [c]: those that may be nodes; default all), all on the device; ranked as `DraftTree.best` ranks paths (by score,
+    then depth), then by place, best first: a parent outranks its children, so it precedes them, and the first n
+    nodes are the n best. Tensor ops alone: nothing is read, nor copied from the host."""
+    order = torch.sort(depths, stable=True).indices
+    ranked = -scores if kept is None else torch.where(kept, -scores, torch.inf)
+    order = order[torch.sort(ranked[order], stable=True).indices][:size]
+    place = torch.full_like(parents, ROOT)
+    place[order] = torch.arange(size, device=tokens.device)
+    chosen = parents[order]
+    return Ranked(tokens[order], torch.where(chosen < 0, ROOT, place[chosen.clamp(min=0)]), scores[order],
+                  None if kinds is None else kinds[order])  # fmt: skip
+
+
 class DraftTree:
     """A tree's nodes, on the host or still on the device where a drafter built it (`queued`).
 
@@ -199,20 +228,10 @@ class DraftTree:
     def best_queued(cls, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depths: list[int],
                     size: int, origin: str | tuple[str, ...], *, kinds: torch.Tensor | None = None,
                     kept: torch.Tensor | None = None) -> DraftTree:  # fmt: skip
-        """The `size` best of candidates still on the device, their tokens, parents' places (ROOT: the root) and
-        scores [c] (`kept` [c]: those that may be nodes; default all), their depths on the host; ranked as `best`
-        ranks paths (by score, then depth), then by place. A queued tree listed best first: a parent outranks its
-        children, so it precedes them, and the tree's first n nodes are its n best."""
-        device = tokens.device
-        order = torch.sort(to_device(depths, device), stable=True).indices
-        ranked = -scores if kept is None else torch.where(kept, -scores, torch.inf)
-        order = order[torch.sort(ranked[order], stable=True).indices][:size]
-        place = torch.full_like(parents, ROOT)
-        place[order] = torch.arange(size, device=device)
-        chosen = parents[order]
-        return cls.queued(tokens[order], torch.where(chosen < 0, ROOT, place[chosen.clamp(min=0)]), origin,
-                          depth=max(depths, default=0), scores=scores[order],
-                          kinds=None if kinds is None else kinds[order])  # fmt: skip
+        """The `size` best of candidates still on the device (`best_first`), their depths on the host: a queued
+        tree listed best first."""
+        ranked = best_first(tokens, parents, scores, to_device(depths, tokens.device), size, kinds=kinds, kept=kept)
+        return ranked.tree(origin, max(depths, default=0))
 
     def paths(self) -> dict[tuple[int, ...], tuple[float, str]]:
         """Each node's token path below the root -> its score and origin: what `best` builds a tree from."""

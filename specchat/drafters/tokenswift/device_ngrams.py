@@ -2,8 +2,9 @@
 
 The draft forward's token is the first of the 4-grams TokenSwift reuses, and it stays on the device until the
 target verifies the tree: the lookup must run there too. The host table (`ngram_table.py`) stays the record; its
-changed first tokens are copied here before each lookup (a few rows a step, asynchronously), into one row of
-`top` continuations and counts per first token, found through a slot per token id.
+changed first tokens are copied here before each lookup (`update`: a few rows a step, asynchronously), into one
+row of `top` continuations and counts per first token, found through a slot per token id. The lookup itself is
+the same few tensor ops whatever the table holds, so a CUDA graph can replay it.
 """
 
 from __future__ import annotations
@@ -15,27 +16,34 @@ from specchat.engine.host_data import to_device
 
 
 class DeviceNgrams:
-    def __init__(self, table: NgramTable, device: torch.device):
+    def __init__(self, table: NgramTable, device: torch.device, *, tokens: int = 1, rows: int = 1):
+        """Room from the start for token ids below `tokens` (a vocabulary) and `rows` first tokens: the tensors grow
+        (doubling) past them, and a graph that read them is captured again."""
         self.table = table
         self.slot_of: dict[int, int] = {}  # first token -> its row
-        self.slots = torch.empty(0, dtype=torch.long, device=device)  # [tokens seen] each token's row, -1 none
-        self.grams = torch.empty(0, table.top, table.n - 1, dtype=torch.long, device=device)  # [rows, top, n - 1]
-        self.counts = torch.empty(0, table.top, dtype=torch.float64, device=device)  # [rows, top], 0 past the last
+        # [token ids] each token's row, -1 none; [rows, top, n - 1] the continuations, [rows, top] their counts, 0
+        # past the last; reallocated only to grow (`storage`)
+        self.slots = torch.full((max(tokens, 1),), -1, dtype=torch.long, device=device)
+        self.grams = torch.zeros(max(rows, 1), table.top, table.n - 1, dtype=torch.long, device=device)
+        self.counts = torch.zeros(max(rows, 1), table.top, dtype=torch.float64, device=device)
         table.changed = set(table.best)
 
-    def continuations(self, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def storage(self) -> tuple[torch.Tensor, ...]:
+        """The tensors a lookup reads: a graph that captured one replays it while they stay the same tensors."""
+        return self.slots, self.grams, self.counts
+
+    def lookup(self, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The continuations [top, n - 1] of the token `first` ([1] long, on the device) and their counts [top]
-        (0: none), most frequent first."""
-        self._update()
+        (0: none), most frequent first, as of the last `update`. Tensor ops alone, the same whatever the table
+        holds."""
         known = first < self.slots.shape[0]
-        slot = torch.where(known, self.slots[first.clamp(max=self.slots.shape[0] - 1)], -1) if self.slot_of else None
-        if slot is None:
-            return self.grams.new_zeros(self.table.top, self.table.n - 1), self.counts.new_zeros(self.table.top)
+        slot = torch.where(known, self.slots[first.clamp(max=self.slots.shape[0] - 1)], -1)
         row = slot.clamp(min=0)
         return self.grams[row][0], self.counts[row][0] * (slot >= 0)
 
-    def _update(self) -> None:
-        """Copy the rows of the first tokens whose continuations changed since the last lookup."""
+    def update(self) -> None:
+        """Copy the rows of the first tokens whose continuations changed since the last update."""
         changed = sorted(self.table.changed)
         self.table.changed = set()
         if not changed:

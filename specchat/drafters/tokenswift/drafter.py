@@ -10,8 +10,9 @@ probabilities along its path (an n-gram chain's share of its first token's 4-gra
 heads' probabilities), so a parent always outranks its children. Drafting probabilities are the target's
 processed ones (penalty, temperature, min-p ...) with the committed text as history, as TokenSwift drafts.
 Verification reads the full cache, so none of this can change the output, only its speed. On a GPU the tree is
-laid out on the device (`heads_tree.py`): a proposal waits for nothing, and its tree is read with the target's
-choices; on a CPU, where a read costs nothing, the host lays out the same tree in less time.
+laid out on the device (`heads_tree.py`), the heads and the layout replayed as one CUDA graph: a proposal waits
+for nothing, and its tree is read with the target's choices; on a CPU, where a read costs nothing, the host lays
+out the same tree in less time.
 
 Heads that read their chain's tokens (`chain_input`) guess a node's children from that node's own token, so
 their levels are not one product: they run a depth at a time, head i + 1 over the depth-i nodes likeliest by
@@ -27,26 +28,31 @@ attention is most of a step, and the partial cache skips most of it (a GPU at 10
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from specchat.drafters import TOKENSWIFT
 from specchat.drafters.draft_head import DraftHead, draft_weights
 from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
-from specchat.drafters.tokenswift.heads_tree import Level, heads_tree, host_tree, product_levels
+from specchat.drafters.tokenswift.heads_tree import Level, deepest, heads_tree, host_tree, product_levels
 from specchat.drafters.tokenswift.model import TokenSwiftHeads, download_heads, load_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import PartialKV
+from specchat.engine.cuda_graphs import capture
 from specchat.engine.drafter import TargetView
 from specchat.engine.host_data import to_device
 from specchat.engine.sampling import PositionNoise, SamplingConfig, process_logits
-from specchat.engine.tree import DraftTree
+from specchat.engine.tree import DraftTree, Ranked
 from specchat.quant.quantize import quantized_copy
 
 KV_BUDGET = 4096  # TokenSwift's partial cache B; 0 drafts over the full cache
 WIDTH = 3  # candidates per head (the [1, 3, 3, 3] tree)
 NGRAM = "ngram"  # the origin of the nodes its n-gram reuse adds
+NGRAM_ROWS = 1024  # first tokens the device's n-gram copy has room for before it grows (0.65 MB)
+Below = tuple[torch.Tensor, torch.Tensor]  # the draft forward's token and its probability, [1] each
 
 
 class TokenSwiftDrafter:
@@ -71,9 +77,13 @@ class TokenSwiftDrafter:
         self.partial = PartialKV(target, kv_budget) if forward and kv_budget else None
         self.device_layout = target.device.type != "cpu" if device_layout is None else device_layout
         self.table = NgramTable(lag=lag)
-        self.ngrams = DeviceNgrams(self.table, target.device) if self.device_layout else None
+        self.ngrams = self._device_ngrams()
         self.ids: list[int] = []  # the committed ids of the request (the table reads them)
         self.state: torch.Tensor | None = None  # the target's last state of the committed text: it predicted the root
+        self.uses_graphs = target.device.type == "cuda"  # the heads and the layout replay CUDA graphs (`_graphed`)
+        self.graphs: dict[tuple, tuple] = {}  # (budget, sampling but its seed, penalised) -> graph, outputs, inputs
+        self.graphs_read: tuple[torch.Tensor, ...] = ()  # the n-gram lookup's tensors the graphs read
+        self.graph_pool = torch.cuda.graph_pool_handle() if target.device.type == "cuda" else None
 
     def prefill(self, ids: list[int], hidden=None, reused: int = 0) -> None:
         """Keep the n-gram table when `ids` go on from the text it has read (a book's refill drops its oldest
@@ -83,11 +93,18 @@ class TokenSwiftDrafter:
         if not continues:
             self.table = NgramTable(lag=self.table.lag)
             self.table.add(ids)
-            self.ngrams = DeviceNgrams(self.table, self.target.device) if self.device_layout else None
+            self.ngrams = self._device_ngrams()
         self.ids = list(ids)
         self._keep_state(hidden)
         if self.partial is not None:
             self.partial.truncate(0)
+
+    def _device_ngrams(self) -> DeviceNgrams | None:
+        """The table's copy on the device, where the tree is laid out: room for the vocabulary's ids and NGRAM_ROWS
+        first tokens (past them it grows, and the graphs that read it are captured again)."""
+        if not self.device_layout:
+            return None
+        return DeviceNgrams(self.table, self.target.device, tokens=self.target.config.vocab_size, rows=NGRAM_ROWS)
 
     def commit(self, tokens: list[int], hidden=None) -> None:
         self.ids += tokens
@@ -104,39 +121,95 @@ class TokenSwiftDrafter:
     @torch.inference_mode()
     def propose(self, budget: int, sampling: SamplingConfig, generator=None, least_chance: float = 0.0,
                 noise: PositionNoise | None = None) -> DraftTree:
-        """The tree laid out on the device (`heads_tree.py`) and left there (a GPU's): its first token, the heads'
-        guesses and the 4-grams that continue it are read with the target's choices; or laid out by the host from
-        them, read in one wait (a CPU's). The heads run rows of known counts, so `least_chance` prunes nothing
-        here: the engine cuts the tree by its scores after.
+        """The tree laid out on the device (`heads_tree.py`) and left there (a GPU's, the heads and the layout
+        replayed as a CUDA graph where `_graphed`): its first token, the heads' guesses and the 4-grams that continue
+        it are read with the target's choices; or laid out by the host from them, read in one wait (a CPU's). The
+        heads run rows of known counts, so `least_chance` prunes nothing here: the engine cuts the tree by its
+        scores after.
 
         Where the target's draws are keyed (`noise`), the draft forward's token is its guess at the target's draw
         (the target's own distribution, over a partial cache), while the heads keep their likeliest tokens: a head
         guesses a token a few places on from a state that has not seen those before it, a distribution flatter
         than the target's, whose race's winner is the target's draw less often than its likeliest token."""
-        if budget < 1:
+        if budget < 1 or (not self.forward and self.state is None):
             return DraftTree.empty()
         root, device = self.ids[-1], self.target.device
         history = self._history(sampling)
-        below = None  # the draft forward's token and its probability, [1] each on the device
+        logits, state = None, self.state  # the draft forward's logits [1, vocab] (None: without it); the heads' start
         if self.forward:  # the LM head at the root drafts the first token; the heads continue it
             position = self.target.cache.length
             cache = self.partial.prepare(root) if self.partial is not None else self.target.cache
             logits, hidden = self.target.forward(torch.full((1,), root, device=device),
                                                  torch.full((1,), position, device=device), cache)  # fmt: skip
-            probs = self._probs(logits[-1:], sampling, history)
-            [p], [token] = probs.topk(1, dim=-1) if noise is None else noise.guess(probs, [len(self.ids)], 1)
-            below, state, start, depth = (token, p), hidden[-1:], token, budget - 1
-        elif self.state is None:
-            return DraftTree.empty()
+            logits, state = logits[-1:], hidden[-1:]
+        if not self.device_layout:
+            levels, below = self._drafted(budget, sampling, history, logits, state, self._root(root), noise)
+            return host_tree(levels, self.table, budget, (self.kind, NGRAM), below, root)
+        self.ngrams.update()
+        if self._graphed(sampling, history, noise):
+            ranked = self._replay(budget, sampling, history, logits, state, root)
         else:
-            state, start, depth = self.state, torch.full((1,), root, device=device), budget
+            ranked = self._laid_out(budget, sampling, history, logits, state, self._root(root), noise)
+        return ranked.tree((self.kind, NGRAM), self._deepest(budget))
+
+    def _laid_out(self, budget: int, sampling: SamplingConfig, history: torch.Tensor | None,
+                  logits: torch.Tensor | None, state: torch.Tensor, root: torch.Tensor,
+                  noise: PositionNoise | None = None) -> Ranked:  # fmt: skip
+        """The tree's nodes, ranked on the device: drafted (`_drafted`), the 4-grams that continue its first token
+        looked up, the two merged (`heads_tree`)."""
+        levels, below = self._drafted(budget, sampling, history, logits, state, root, noise)
+        grams, counts = self.ngrams.lookup(root if below is None else below[0])
+        return heads_tree(levels, grams, counts, budget, below)
+
+    def _drafted(self, budget: int, sampling: SamplingConfig, history: torch.Tensor | None,
+                 logits: torch.Tensor | None, state: torch.Tensor, root: torch.Tensor,
+                 noise: PositionNoise | None) -> tuple[list[Level], Below | None]:  # fmt: skip
+        """The heads' levels and the first token below the `root` [1] with its probability ([1] each; None without
+        the draft forward's `logits`), for a tree of `budget` nodes; the heads start from `state` [1, hidden] and
+        the first token, or the root."""
+        below, start, depth = None, root, budget
+        if logits is not None:
+            probs = self._probs(logits, sampling, history)
+            [p], [token] = probs.topk(1, dim=-1) if noise is None else noise.guess(probs, [len(self.ids)], 1)
+            below, start, depth = (token, p), token, budget - 1
         states = self.heads.start(state.to(self.target.dtype), self._embed(start))
         levels = self._levels(states, min(depth, self.heads.config.gamma), budget - (below is not None), sampling,
                               history)  # fmt: skip
-        if not self.device_layout:
-            return host_tree(levels, self.table, budget, (self.kind, NGRAM), below, root)
-        grams, counts = self.ngrams.continuations(start)
-        return heads_tree(levels, grams, counts, budget, (self.kind, NGRAM), below)
+        return levels, below
+
+    def _graphed(self, sampling: SamplingConfig, history: torch.Tensor | None, noise: PositionNoise | None) -> bool:
+        """Whether the heads and the layout replay a CUDA graph: on a GPU, with the tree on the device, unless the
+        draws are keyed (the guess reads the text's length) or the penalty's window is not yet full (its history
+        would change shape from step to step)."""
+        return (self.uses_graphs and noise is None
+                and (history is None or history.shape[1] == sampling.penalty_window))  # fmt: skip
+
+    def _replay(self, budget: int, sampling: SamplingConfig, history: torch.Tensor | None,
+                logits: torch.Tensor | None, state: torch.Tensor, root: int) -> Ranked:  # fmt: skip
+        """`_laid_out`'s nodes from its graph for this budget and sampling, captured on first use from input buffers
+        that each replay copies the proposal's into; graphs are dropped when the n-gram lookup's tensors grow."""
+        if list(map(id, self.ngrams.storage)) != list(map(id, self.graphs_read)):  # held: no id is reused
+            self.graphs, self.graphs_read = {}, self.ngrams.storage
+        key = (budget, replace(sampling, seed=None), history is not None)  # the seed draws nothing here
+        if key not in self.graphs:
+            copied = (None if value is None else value.clone() for value in (history, logits, state))
+            inputs = GraphInputs(*copied, self._root(root))
+            self.graphs[key] = (*capture(lambda: self._laid_out(budget, sampling, *inputs), self.graph_pool), inputs)
+        graph, out, inputs = self.graphs[key]
+        for buffer, value in zip(inputs, (history, logits, state)):
+            if buffer is not None:
+                buffer.copy_(value)
+        inputs.root.fill_(root)
+        graph.replay()
+        return Ranked(*(None if part is None else part.clone() for part in out))
+
+    def _root(self, root: int) -> torch.Tensor:
+        return torch.full((1,), root, device=self.target.device)
+
+    def _deepest(self, budget: int) -> int:
+        """The depth of a tree of `budget` nodes at most."""
+        levels = min(budget - self.forward, self.heads.config.gamma)
+        return deepest(levels, self.table.n - 1, self.forward)
 
     def _levels(self, states: torch.Tensor, levels: int, budget: int, sampling: SamplingConfig,
                 history: torch.Tensor | None) -> list[Level]:  # fmt: skip
@@ -191,6 +264,15 @@ class TokenSwiftDrafter:
         if not sampling.uses_history:
             return None
         return to_device(self.ids[-sampling.penalty_window :], self.target.device)[None]
+
+
+class GraphInputs(NamedTuple):
+    """The buffers a captured proposal reads, in `_laid_out`'s order: what each replay copies its proposal's into."""
+
+    history: torch.Tensor | None  # [1, window]
+    logits: torch.Tensor | None  # [1, vocab]
+    state: torch.Tensor  # [1, hidden]
+    root: torch.Tensor  # [1]
 
 
 fetch_checkpoint = download_heads  # the registry's download of a profile's published heads

@@ -20,7 +20,7 @@ import torch
 
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.engine.host_data import to_host
-from specchat.engine.tree import ROOT, DraftTree, TreeBuilder, siblings_bounded
+from specchat.engine.tree import ROOT, DraftTree, Ranked, TreeBuilder, best_first, siblings_bounded
 
 
 @dataclass
@@ -41,42 +41,41 @@ def product_levels(values: torch.Tensor, tokens: torch.Tensor) -> list[Level]:
                   torch.arange(width**d, device=device) if d else None) for d in range(tokens.shape[0])]  # fmt: skip
 
 
-def heads_tree(levels: list[Level], grams: torch.Tensor, counts: torch.Tensor, budget: int, kinds: tuple[str, str],
-               below: tuple[torch.Tensor, torch.Tensor] | None) -> DraftTree:  # fmt: skip
-    """The queued tree of the `budget` best nodes among `levels`' and the prefixes of the 4-grams' continuations
-    `grams` [top, 3] (their `counts` [top], 0 for none). `below`: the LM head's token and probability ([1] each)
-    that the rest hangs from, else the rest hangs from the root. `kinds`: the heads' origin and the grams'."""
+def heads_tree(levels: list[Level], grams: torch.Tensor, counts: torch.Tensor, budget: int,
+               below: tuple[torch.Tensor, torch.Tensor] | None) -> Ranked:  # fmt: skip
+    """The nodes, ranked on the device, of the tree of the `budget` (at least 1) best among `levels`' and the
+    prefixes of the 4-grams' continuations `grams` [top, 3] (their `counts` [top], 0 for none); their kinds 0 for
+    the heads' guesses, 1 for the grams'. `below`: the LM head's token and probability ([1] each) that the rest
+    hangs from, else the rest hangs from the root. Tensor ops alone (a graph can replay them)."""
     device = grams.device
     top, n = grams.shape
     deep = max(len(levels), n)  # the longest path below the start
     start_p = torch.ones(1, dtype=torch.float64, device=device) if below is None else below[1].double()
     # blocks of candidates: tokens, paths below the start [c, deep] (-1 past their ends), scores by the heads, the
-    # places of their parents [c] (ROOT: the root); depths on the host
+    # places of their parents [c] (ROOT: the root), depths
     tokens, paths, raws, parents, depths = [], [], [], [], []
     if below is not None:
         tokens.append(below[0].long())
         paths.append(torch.full((1, deep), -1, device=device))
         raws.append(start_p)
         parents.append(torch.full((1,), ROOT, device=device))
-        depths.append(1)
+        depths.append(torch.ones(1, dtype=torch.long, device=device))
     under = len(depths)  # the start's depth: the root's 0, the LM head's token's 1
     start = torch.full((1,), ROOT if below is None else 0, device=device)  # the start's place
     above, above_raw, above_paths = start, start_p, torch.zeros(1, 0, dtype=torch.long, device=device)
+    heads = under
     for depth, level in enumerate(levels, 1):
         rows = torch.zeros(1, dtype=torch.long, device=device) if level.rows is None else level.rows
-        width, offset = level.tokens.shape[1], len(depths)
+        width = level.tokens.shape[1]
         above_raw = (above_raw[rows][:, None] * level.values.double()).reshape(-1)
         above_paths = torch.cat([above_paths[rows].repeat_interleave(width, 0), level.tokens.reshape(-1, 1)], dim=1)
         tokens.append(level.tokens.reshape(-1))
         paths.append(torch.nn.functional.pad(above_paths, (0, deep - depth), value=-1))
         raws.append(above_raw)
         parents.append(above[rows].repeat_interleave(width))
-        depths += [under + depth] * above_raw.shape[0]
-        above = offset + torch.arange(above_raw.shape[0], device=device)
-    heads = len(depths)
-    size = min(budget, heads)
-    if size < 1:
-        return DraftTree.empty()
+        depths.append(torch.full_like(above_raw, under + depth, dtype=torch.long))
+        above = heads + torch.arange(above_raw.shape[0], device=device)
+        heads += above_raw.shape[0]
 
     # each gram's first k tokens, gram-major: place heads + g n + k - 1, its parent the prefix one shorter
     ends = torch.arange(1, n + 1, device=device)[:, None] > torch.arange(deep, device=device)  # [k, deep]
@@ -86,7 +85,7 @@ def heads_tree(levels: list[Level], grams: torch.Tensor, counts: torch.Tensor, b
     raws.append(torch.zeros(top * n, dtype=torch.float64, device=device))
     parents.append(torch.cat([start.expand(top)[:, None], heads + torch.arange(top, device=device)[:, None] * n
                               + torch.arange(n - 1, device=device)], dim=1).reshape(-1))  # fmt: skip
-    depths += [under + k for _ in range(top) for k in range(1, n + 1)]
+    depths.append((under + torch.arange(1, n + 1, device=device)).repeat(top))
 
     path = torch.cat(paths)
     grams_counts = counts.double().repeat_interleave(n)
@@ -101,9 +100,15 @@ def heads_tree(levels: list[Level], grams: torch.Tensor, counts: torch.Tensor, b
     raw = torch.maximum(torch.cat(raws), start_p * share)  # a path both give keeps the higher score
     parent = torch.cat(parents)
     parent = torch.where(parent < 0, ROOT, node[parent.clamp(min=0)])
-    chance = _siblings_bounded(raw, parent, kept, max(depths))
+    chance = _siblings_bounded(raw, parent, kept, under + deep)
     kind = (torch.arange(parent.shape[0], device=device) >= heads).long()
-    return DraftTree.best_queued(torch.cat(tokens), parent, chance, depths, size, kinds, kinds=kind, kept=kept)
+    return best_first(torch.cat(tokens), parent, chance, torch.cat(depths), min(budget, heads), kinds=kind, kept=kept)
+
+
+def deepest(levels: int, grams: int, below: bool) -> int:
+    """The depth of a tree of `heads_tree`'s at most: `levels` levels and grams of `grams` tokens below the start,
+    the LM head's token (`below`) or the root."""
+    return below + max(levels, grams)
 
 
 def _siblings_bounded(raw: torch.Tensor, parents: torch.Tensor, kept: torch.Tensor, deepest: int) -> torch.Tensor:
