@@ -411,19 +411,18 @@ def test_the_least_chance_worth_a_node_pays_for_its_mean_verification_cost_at_th
 
 def test_scored_drafting_that_does_not_pay_stops_but_for_probes():
     """Guesses whose chances never pay for a row, drafted in a tenth of a decode step: the drafting alone makes a
-    step slower than a plain one, so from the second tree on (the first's drafting is not priced) the budget asks
-    for nothing but a probe whenever the steps since the last make its drafting PROBE_SHARE of their time, and a
-    probe whose nodes pay turns drafting back on."""
+    step slower than a plain one, so the budget asks for nothing but a probe whenever the steps since the last
+    make its drafting PROBE_SHARE of their time, and a probe whose nodes pay turns drafting back on."""
     policy = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.3, 1.6, 2.2, 3.4)))
     weak = DraftTree.best({(1,): (0.1, "a"), (1, 2): (0.05, "a")}, 2)
     strong = DraftTree.best({(1,): (0.9, "a"), (1, 2): (0.8, "a")}, 2)
     asked = []
-    probe_after = round(0.1 / PROBE_SHARE)  # steps whose time a probe's drafting may take PROBE_SHARE of
-    for step in range(1 + 4 * probe_after + 4):
+    for step in range(24):
         asked.append(budget := policy.scored_budget())
         if budget:
-            tree = strong if step == 1 + 4 * probe_after else weak
+            tree = strong if step == 20 else weak
             kept = tree.cut(policy.size(tree.scores, 0.1))
             policy.observe(kept, list(range(len(kept))) if tree is strong else [], budget=len(kept))
-    assert asked[: 1 + 4 * probe_after] == [15] + [15, *[0] * (probe_after - 1)] * 4  # weak trees cut to nothing
-    assert asked[1 + 4 * probe_after :] == [15, 15, 15, 15]  # the strong probe's two nodes paid: drafting is back on
+    probe_after = round(0.1 / PROBE_SHARE)  # steps whose time a probe's drafting may take PROBE_SHARE of
+    assert asked[:20] == [15, *[0] * (probe_after - 1)] * (20 // probe_after)  # weak trees cut to nothing
+    assert asked[20:] == [15, 15, 15, 15]  # the strong probe's two nodes paid: drafting is back on

@@ -75,3 +75,22 @@ def test_the_device_copy_looks_up_what_the_table_holds():
             assert grams.shape == (4, 3) and counts.shape == (4,)
             assert grams[: len(best)].tolist() == [list(gram[1:]) for gram in best]
             assert counts.tolist() == [table.counts[gram] for gram in best] + [0] * (4 - len(best))
+
+
+def test_the_device_copy_follows_a_new_table_in_the_same_tensors():
+    """A new text's table, mirrored in the tensors the last one was (a graph that read them stays valid): its
+    continuations, and none of the old table's."""
+    old, new = NgramTable(lag=2, top=4), NgramTable(lag=2, top=4)
+    old.add([5, 6, 7, 8, 5, 6, 7, 9, 1, 1])
+    new.add([6, 5, 4, 3, 6, 5, 4, 2, 1, 1])
+    device = DeviceNgrams(old, torch.device("cpu"), tokens=16, rows=8)
+    device.update()
+    storage = device.storage
+    device.follow(new)
+    device.update()
+    assert all(now is then for now, then in zip(device.storage, storage))
+    for first in range(16):
+        grams, counts = device.lookup(torch.tensor([first]))
+        best = new.best.get(first, [])
+        assert grams[: len(best)].tolist() == [list(gram[1:]) for gram in best]
+        assert counts.tolist() == [new.counts[gram] for gram in best] + [0] * (4 - len(best))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
 
 import pytest
 import torch
@@ -423,6 +424,31 @@ def test_scored_drafting_that_does_not_pay_is_probed_at_its_share_of_the_time(to
     engine = Engine(model, tokenizer, max_len=256, drafter=drafter)
     out, _ = run(engine, prompt, 60)
     assert out == greedy and len(drafter.proposals) == 2
+
+
+@pytest.mark.parametrize("scored", [False, True], ids=["chain", "scored"])
+def test_a_drafters_first_proposal_at_a_budget_is_not_priced(scored, tokenizer, tmp_path, monkeypatch):
+    """A drafter whose first proposal at its budget takes 50 ms (dozens of a tiny model's decode steps: kernels
+    compiled, a graph captured) and whose others are quick and right: priced, that one proposal would make drafting
+    look too dear to try again for the rest of the text; unpriced, the drafter drafts on."""
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
+    model, prompt, greedy = model_and_greedy("llama", seed=5, n=60)
+    if scored:
+        drafter = ScoredChainDrafter(prompt + greedy, vocab_size=VOCAB)
+    else:
+        drafter = OracleDrafter(prompt + greedy, depth=8, vocab_size=VOCAB, siblings=False)
+    propose, first = drafter.propose, {}
+
+    def slow_at_first(budget, *args):
+        if budget not in first:
+            first[budget] = time.sleep(0.05)
+        return propose(budget, *args)
+
+    drafter.propose = slow_at_first
+    engine = Engine(model, tokenizer, max_len=256, drafter=drafter)
+    out, events = run(engine, prompt, 60)
+    stats = events[-1].stats
+    assert out == greedy and stats.steps - stats.undrafted_steps >= 0.6 * stats.steps, stats
 
 
 # --- logit bias: part of the target distribution, so every row gets it -----------------------------------

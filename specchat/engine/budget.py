@@ -15,6 +15,9 @@ times, `verify_cost.py`) and weighs that cost against the acceptance it observes
   pseudo-step at 0.5: a tree's depths are one event (a copy is right or wrong), not independent evidence.
 - depth(n) is how deep this drafter's trees of n nodes reach (a moving average: a beam of 7 nodes reaches depth
   2, a chain depth 7) and draft cost(n) the time it took to propose them, both measured as the engine runs.
+  A drafter's first proposal at a budget is not priced (the engine tells the budget it took no time): it pays
+  what the drafter does once (kernels compiled, a graph captured), which priced would keep that budget, or
+  drafting at all, off for the rest of the text.
 - When drafting does not pay (budget 0) the engine still probes with a small tree now and then, so that a return
   of copyable text is noticed; each probe that did not pay doubles the wait for the next, and after
   MAX_FAILED_PROBES in a row drafting stays off: a probe costs a verification of several rows.
@@ -118,7 +121,6 @@ class AdaptiveBudget:
         self.scored = (1.0, 1.0)  # scored trees: decayed sums of their scores and of their accepted nodes (a prior)
         self.scored_speed = 1.0  # moving average of a scored step's expected speed over a plain step's, drafting paid
         self.scored_drafting = 0.0  # the last scored tree's drafting, in decode steps
-        self.scored_trees = 0  # sized so far
         self.scored_size = 0  # the nodes the last scored tree's scores chose to verify
         self.budget = self._best()
 
@@ -206,13 +208,11 @@ class AdaptiveBudget:
     def size(self, scores: list[float], draft_seconds: float) -> int:
         """How many of a scored tree's most likely nodes to verify, given its nodes' `scores`: as many as maximise
         tokens per second, a node adding its score, times the ratio of nodes accepted to scores summed over the
-        scored trees so far, to the tokens a step expects (the drafting done is paid whatever is kept). The first
-        tree's drafting is not priced: it pays what a drafter does once (its kernels compiled, its graphs
-        captured), which would stop drafting for as long as probing it takes. The size is kept in `scored_size`:
-        where reading a tree costs a wait, the next tree is cut to it."""
+        scored trees so far, to the tokens a step expects (the drafting done is paid whatever is kept). The size
+        is kept in `scored_size`: where reading a tree costs a wait, the next tree is cut to it."""
         calibration = self.scored[1] / self.scored[0]
-        drafting = draft_seconds / self.cost.now(0) if self.scored_trees else 0.0
-        self.scored_drafting, self.scored_trees = drafting, self.scored_trees + 1
+        drafting = draft_seconds / self.cost.now(0)
+        self.scored_drafting = drafting
         best, best_speed, expected = 0, 1 / (1 + drafting), 1.0
         for n, score in enumerate(sorted(scores, reverse=True), 1):
             expected += score * calibration

@@ -121,6 +121,9 @@ class Engine:
         self.drafter = drafter
         self.fixed_budget = draft_budget
         self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
+        # the budgets the drafter has proposed at: its first proposal at each pays what it does once (its kernels
+        # compiled, its graphs captured, its buffers allocated), a price the budget is not told
+        self._drafted_at: set[int] = set()
 
     @property
     def state_layers(self) -> tuple[int, ...]:
@@ -326,7 +329,7 @@ class Engine:
         drafts = self.drafter is not None and constrained is not None and not known
         forced = constrained.forced() if drafts else []  # drafting asked for: what the syntax forces is its draft
         clock = StepClock(self.device)
-        mode = None
+        mode, priced = None, True
         if known or forced:
             tree = DraftTree.from_chains([(known or forced)[: self.tree_capacity]], KNOWN if known else FORCED,
                                          self.tree_capacity)  # fmt: skip
@@ -338,16 +341,19 @@ class Engine:
             least_chance = self.policy.least_chance() if scored else 0.0
             tree = (self.drafter.propose(budget, sampling, generator, least_chance, noise) if budget
                     else DraftTree.empty())
+            if budget:
+                priced = budget in self._drafted_at
+                self._drafted_at.add(budget)
         clock.mark()
         proposed = None  # the scores of a tree cut on the device, which size the next once the acceptance read them
         if scored and self.policy.scored_size and (proposed := tree.queued_scores) is not None:
             tree = tree.first(self.policy.scored_size)  # the last tree's size: this one's scores are not read yet
         elif scored and len(tree):  # the nodes worth verifying, by the scores the drafter read
-            tree = tree.cut(self.policy.size(tree.scores, clock.host_seconds()))
+            tree = tree.cut(self.policy.size(tree.scores, clock.host_seconds() if priced else 0.0))
         budget = len(tree) if scored else budget
         clock.mark()
         batch, logits, hidden = self._tree_forward(tree)
-        return StepLaunch(tree, budget, mode, clock, batch, logits, hidden, proposed)
+        return StepLaunch(tree, budget, mode, clock, batch, logits, hidden, priced, proposed)
 
     def _queue_step(self, event: StepEvent, stats: GenerationStats, *launch) -> None:
         """Where `launch_ahead` holds and the text goes on, launch the next step now (decoding time): the loop takes
@@ -375,15 +381,16 @@ class Engine:
             choices = noise.choose(processed, batch.position_ids + 1)  # a row chooses the next token
         verdict = verify(tree, processed, sampling, generator, choices)  # the step's wait for the device
         draft_seconds, _, verify_seconds = clock.seconds()  # drafting, sizing, verification
+        priced_seconds = draft_seconds if launch.priced else 0.0
         if launch.proposed is not None:  # read after the wait, before more is queued: no wait of its own
-            self.policy.size(launch.proposed.tolist(), draft_seconds)
+            self.policy.size(launch.proposed.tolist(), priced_seconds)
         kept = [0] + [node + 1 for node in verdict.path]
         leading = kept == list(range(len(kept)))  # a path down the first rows: a slice
         rows = slice(0, len(kept)) if leading else to_device(kept, self.device)
         self.cache.commit(kept if leading else rows)
         self._keep_query(kept[-1])
         if self.policy and launch.mode is not None:  # known and forced tokens say nothing about the drafter
-            self.policy.observe(tree, verdict.path, budget=launch.budget, draft_seconds=draft_seconds,
+            self.policy.observe(tree, verdict.path, budget=launch.budget, draft_seconds=priced_seconds,
                                 verify_seconds=verify_seconds, mode=launch.mode)  # fmt: skip
         tokens = [tree.tokens[node] for node in verdict.path] + [verdict.bonus]
         origins = [tree.origins[node] for node in verdict.path] + [TARGET]
@@ -650,6 +657,7 @@ class StepLaunch:
     batch: TreeBatch
     logits: torch.Tensor
     hidden: torch.Tensor
+    priced: bool = True  # its drafting's time is priced (not the drafter's first proposal at its budget)
     proposed: torch.Tensor | None = None  # a tree cut on the device: the scores of all it proposed
     overwritten: bool = False  # a forward over the cache came between: its rows must be computed again
 

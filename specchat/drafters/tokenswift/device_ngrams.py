@@ -42,6 +42,12 @@ class DeviceNgrams:
         row = slot.clamp(min=0)
         return self.grams[row][0], self.counts[row][0] * (slot >= 0)
 
+    def follow(self, table: NgramTable) -> None:
+        """Mirror `table` from now on (a new text's) in the same tensors: a graph that read them stays valid."""
+        self.table, self.slot_of = table, {}
+        self.slots.fill_(-1)
+        table.changed = set(table.best)
+
     def update(self) -> None:
         """Copy the rows of the first tokens whose continuations changed since the last update."""
         changed = sorted(self.table.changed)

@@ -51,7 +51,7 @@ from specchat.quant.quantize import quantized_copy
 KV_BUDGET = 4096  # TokenSwift's partial cache B; 0 drafts over the full cache
 WIDTH = 3  # candidates per head (the [1, 3, 3, 3] tree)
 NGRAM = "ngram"  # the origin of the nodes its n-gram reuse adds
-NGRAM_ROWS = 1024  # first tokens the device's n-gram copy has room for before it grows (0.65 MB)
+NGRAM_ROWS = 1024  # first tokens the device's n-gram copy has room for before it grows (0.65 MB; graphs recaptured)
 Below = tuple[torch.Tensor, torch.Tensor]  # the draft forward's token and its probability, [1] each
 
 
@@ -77,7 +77,9 @@ class TokenSwiftDrafter:
         self.partial = PartialKV(target, kv_budget) if forward and kv_budget else None
         self.device_layout = target.device.type != "cpu" if device_layout is None else device_layout
         self.table = NgramTable(lag=lag)
-        self.ngrams = self._device_ngrams()
+        # the table's copy on the device where the tree is laid out there, kept from text to text
+        self.ngrams = (DeviceNgrams(self.table, target.device, tokens=target.config.vocab_size, rows=NGRAM_ROWS)
+                       if self.device_layout else None)  # fmt: skip
         self.ids: list[int] = []  # the committed ids of the request (the table reads them)
         self.state: torch.Tensor | None = None  # the target's last state of the committed text: it predicted the root
         self.uses_graphs = target.device.type == "cuda"  # the heads and the layout replay CUDA graphs (`_graphed`)
@@ -93,18 +95,12 @@ class TokenSwiftDrafter:
         if not continues:
             self.table = NgramTable(lag=self.table.lag)
             self.table.add(ids)
-            self.ngrams = self._device_ngrams()
+            if self.ngrams is not None:  # its tensors kept: the graphs that read them too
+                self.ngrams.follow(self.table)
         self.ids = list(ids)
         self._keep_state(hidden)
         if self.partial is not None:
             self.partial.truncate(0)
-
-    def _device_ngrams(self) -> DeviceNgrams | None:
-        """The table's copy on the device, where the tree is laid out: room for the vocabulary's ids and NGRAM_ROWS
-        first tokens (past them it grows, and the graphs that read it are captured again)."""
-        if not self.device_layout:
-            return None
-        return DeviceNgrams(self.table, self.target.device, tokens=self.target.config.vocab_size, rows=NGRAM_ROWS)
 
     def commit(self, tokens: list[int], hidden=None) -> None:
         self.ids += tokens
