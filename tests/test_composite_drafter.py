@@ -33,6 +33,7 @@ import pytest
 import torch
 from chi_square import assert_fits, assert_rejected
 from conftest import tiny_model
+from queue_drains import QueueDrains
 from test_cli import assert_one_line_error, specchat
 from test_longspec import generate, random_layer
 from test_sampling_verification import PROMPT, TOKENS, Target, exact_joint
@@ -348,6 +349,35 @@ def test_scored_parts_merge_by_their_chances_and_a_copy_is_drafted_alone():
     composite.prefill([*passage, 0, *passage[:8]], None, 0)  # the last 8 tokens occurred: a copy
     tree = composite.propose(3, SamplingConfig(), None)
     assert tree.tokens == [18, 19, 0] and set(tree.origins) == {COPY} and heads.calls == 1
+
+
+class QueuedScored(Scored):
+    """`Scored`'s paths as TokenSwift drafts them on a GPU: ranked on the device, left there."""
+
+    def __init__(self, paths):
+        super().__init__(paths)
+        tree = DraftTree.best(paths, len(paths))
+        self.candidates = (torch.tensor(tree.tokens), torch.tensor(tree.parents),
+                           torch.tensor(tree.scores, dtype=torch.float64), tree.depths)  # fmt: skip
+
+    def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
+        self.calls += 1
+        return DraftTree.best_queued(*self.candidates, min(budget, len(self.paths)), self.kind)
+
+
+def test_where_the_lookup_finds_nothing_the_first_parts_tree_is_the_tree_unread():
+    """A tree the heads left on the device (a GPU's) is not read to be merged with nothing: the step waits for the
+    device once, at the acceptance. Where the lookup found something, the two merge by their chances."""
+    heads = QueuedScored({(9,): (0.9, "tokenswift"), (9, 8): (0.5, "tokenswift")})
+    composite = CompositeDrafter(heads, NgramDrafter())
+    composite.modes = AlwaysBoth()
+    composite.prefill([5, 6, 7, 8], None, 0)  # no token occurred twice: nothing to look up
+    with QueueDrains() as drains:
+        tree = composite.propose(3, SamplingConfig(), None)
+    assert drains.drains == 0, drains.causes
+    assert tree.queued_scores is not None and (tree.tokens, tree.scores) == ([9, 8], [0.9, 0.5])
+    composite.prefill([5, 6, 7, 5], None, 0)
+    assert composite.propose(3, SamplingConfig(), None).tokens == [9, 6, 8]
 
 
 def test_the_kinds_that_draft_next_follow_the_mode_chosen_at_the_last_commit():

@@ -85,7 +85,8 @@ class CompositeDrafter:
         """Parts whose nodes carry scores: the `budget` most likely nodes of both trees, except where the lookup
         found a copy, which drafts alone (82-97% of its tokens right, more than the heads' best guess: merged, a
         sure guess of theirs halved the copy's chances, and summaries ran below the lookup alone). Otherwise the
-        leading part's tree whole, and the other part's nodes in the room it left."""
+        leading part's tree whole, and the other part's nodes in the room it left. Where the lookup found nothing,
+        the first part's tree is the tree, unread (a GPU's stays on the device: no wait)."""
         second = self.second.propose(budget, sampling, generator, least_chance, noise)
         first_leads = self.runs.first_leads()
         room = budget if first_leads or self.scores_nodes else budget - len(second)
@@ -94,10 +95,14 @@ class CompositeDrafter:
         first = self.first.propose(room, sampling, generator, least_chance, noise) if both else DraftTree.empty()
         self.runs.proposed(first, second)
         self._second_tree = second
+        leader = self.first if first_leads and len(first) else self.second
+        leaders = None if self.scores_nodes else leader.next_kinds()
+        if not len(second):  # nothing to merge: the first's tree as it is, left on the device where it drafts there
+            first.leaders = leaders
+            return first
         if self.scores_nodes:
             return DraftTree.best({**second.paths(), **_higher(first.paths(), second.paths())}, budget)
-        leader = self.first if first_leads and len(first) else self.second
-        return merge_trees(first, second, budget, leaders=leader.next_kinds())
+        return merge_trees(first, second, budget, leaders=leaders)
 
 
 class MatchedRuns:
