@@ -88,7 +88,7 @@ class DraftTree:
                scores: torch.Tensor | None = None, kinds: torch.Tensor | None = None) -> DraftTree:  # fmt: skip
         """A tree whose tokens [n] and parents [n] (long) are still on the device, unread; `depth`: a bound on its
         depth the drafter knows (else n); `scores` [n]: its nodes' scores, on the device too, listed best first
-        (`best_queued`: its first nodes are its best, `first`). Every node has the `origin`, or where that names
+        (`best_first`: its first nodes are its best, `first`). Every node has the `origin`, or where that names
         several, the one `kinds` [n] (long, on the device) picks."""
         n = tokens.shape[0]
         tree = cls([], [], [origin] * n if isinstance(origin, str) else [None] * n, draft_probs)
