@@ -428,9 +428,10 @@ def test_scored_drafting_that_does_not_pay_is_probed_at_its_share_of_the_time(to
 
 @pytest.mark.parametrize("scored", [False, True], ids=["chain", "scored"])
 def test_a_drafters_first_proposal_at_a_budget_is_not_priced(scored, tokenizer, tmp_path, monkeypatch):
-    """A drafter whose first proposal at its budget takes 50 ms (dozens of a tiny model's decode steps: kernels
-    compiled, a graph captured) and whose others are quick and right: priced, that one proposal would make drafting
-    look too dear to try again for the rest of the text; unpriced, the drafter drafts on."""
+    """A drafter whose first proposal at a budget and sampling setting takes 50 ms (dozens of a tiny model's decode
+    steps: kernels compiled, a graph captured) and whose others are quick and right: priced, that one proposal
+    would make drafting look too dear to try again for the rest of the text; unpriced, the drafter drafts on, and
+    again under a new sampling setting (top-k, still greedy)."""
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
     model, prompt, greedy = model_and_greedy("llama", seed=5, n=60)
     if scored:
@@ -439,16 +440,17 @@ def test_a_drafters_first_proposal_at_a_budget_is_not_priced(scored, tokenizer, 
         drafter = OracleDrafter(prompt + greedy, depth=8, vocab_size=VOCAB, siblings=False)
     propose, first = drafter.propose, {}
 
-    def slow_at_first(budget, *args):
-        if budget not in first:
-            first[budget] = time.sleep(0.05)
-        return propose(budget, *args)
+    def slow_at_first(budget, sampling, *args):
+        if (budget, sampling) not in first:
+            first[budget, sampling] = time.sleep(0.05)
+        return propose(budget, sampling, *args)
 
     drafter.propose = slow_at_first
     engine = Engine(model, tokenizer, max_len=256, drafter=drafter)
-    out, events = run(engine, prompt, 60)
-    stats = events[-1].stats
-    assert out == greedy and stats.steps - stats.undrafted_steps >= 0.6 * stats.steps, stats
+    for sampling in (GREEDY, SamplingConfig(top_k=5)):
+        out, events = run(engine, prompt, 60, sampling)
+        stats = events[-1].stats
+        assert out == greedy and stats.steps - stats.undrafted_steps >= 0.6 * stats.steps, stats
 
 
 # --- logit bias: part of the target distribution, so every row gets it -----------------------------------

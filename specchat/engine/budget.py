@@ -15,9 +15,9 @@ times, `verify_cost.py`) and weighs that cost against the acceptance it observes
   pseudo-step at 0.5: a tree's depths are one event (a copy is right or wrong), not independent evidence.
 - depth(n) is how deep this drafter's trees of n nodes reach (a moving average: a beam of 7 nodes reaches depth
   2, a chain depth 7) and draft cost(n) the time it took to propose them, both measured as the engine runs.
-  A drafter's first proposal at a budget is not priced (the engine tells the budget it took no time): it pays
-  what the drafter does once (kernels compiled, a graph captured), which priced would keep that budget, or
-  drafting at all, off for the rest of the text.
+  A drafter's first proposal at a budget and sampling setting is not priced (the engine tells the budget it took
+  no time): it pays what the drafter does once (kernels compiled, a graph captured), which priced would keep that
+  budget, or drafting at all, off for the rest of the text.
 - When drafting does not pay (budget 0) the engine still probes with a small tree now and then, so that a return
   of copyable text is noticed; each probe that did not pay doubles the wait for the next, and after
   MAX_FAILED_PROBES in a row drafting stays off: a probe costs a verification of several rows.

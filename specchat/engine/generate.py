@@ -121,9 +121,10 @@ class Engine:
         self.drafter = drafter
         self.fixed_budget = draft_budget
         self.policy: AdaptiveBudget | None = None  # created on first use (calibration runs a few forwards)
-        # the budgets the drafter has proposed at: its first proposal at each pays what it does once (its kernels
-        # compiled, its graphs captured, its buffers allocated), a price the budget is not told
-        self._drafted_at: set[int] = set()
+        # the budgets and sampling settings (but the seed) the drafter has proposed at: its first proposal at each
+        # pays what it does once (its kernels compiled, its graphs captured, its buffers allocated), a price the
+        # budget is not told
+        self._drafted_at: set[tuple[int, SamplingConfig]] = set()
 
     @property
     def state_layers(self) -> tuple[int, ...]:
@@ -342,8 +343,9 @@ class Engine:
             tree = (self.drafter.propose(budget, sampling, generator, least_chance, noise) if budget
                     else DraftTree.empty())
             if budget:
-                priced = budget in self._drafted_at
-                self._drafted_at.add(budget)
+                setting = (budget, dataclasses.replace(sampling, seed=None))
+                priced = setting in self._drafted_at
+                self._drafted_at.add(setting)
         clock.mark()
         proposed = None  # the scores of a tree cut on the device, which size the next once the acceptance read them
         if scored and self.policy.scored_size and (proposed := tree.queued_scores) is not None:
@@ -657,7 +659,7 @@ class StepLaunch:
     batch: TreeBatch
     logits: torch.Tensor
     hidden: torch.Tensor
-    priced: bool = True  # its drafting's time is priced (not the drafter's first proposal at its budget)
+    priced: bool = True  # its drafting's time is priced (not the drafter's first at its budget and sampling)
     proposed: torch.Tensor | None = None  # a tree cut on the device: the scores of all it proposed
     overwritten: bool = False  # a forward over the cache came between: its rows must be computed again
 
