@@ -9,14 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
-from drafters_for_tests import RandomTreeDrafter
+from drafters_for_tests import RandomTreeDrafter, ScoredChainDrafter
 from test_longspec import random_layer
 from test_speculative import VOCAB, random_prompt
+from test_tokenswift_drafter import random_heads
 
 from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.drafters.ngram.drafter import NgramDrafter
+from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
+from specchat.engine.tree import DraftTree
 
 SAMPLED = SamplingConfig(temperature=1.0, top_p=0.9, seed=3, suppress=(2,))
 GREEDY = SamplingConfig(suppress=(2,))
@@ -114,6 +117,8 @@ DRAFTERS = {
     "ngram": lambda engine: NgramDrafter(),
     "random tree": lambda engine: RandomTreeDrafter(vocab_size=VOCAB, seed=1),
     "longspec": lambda engine: LongSpecDrafter(engine.target, random_layer(engine.model)),
+    "tokenswift": lambda engine: TokenSwiftDrafter(engine.target, random_heads(engine.model), lag=16,
+                                                   device_layout=True),  # scored, left on the device: cut unread
 }
 
 
@@ -138,6 +143,22 @@ def test_launched_drafts_give_the_same_text_and_cache(drafter, budget, tokenizer
     if budget is not None:  # the adaptive budget follows the steps' timings: its trees differ from run to run
         assert [(t.tokens, t.parents) for t in steps[True]] == [(t.tokens, t.parents) for t in steps[False]]
         assert plain.forward.calls == ahead.forward.calls
+
+
+def test_a_scored_tree_cut_unread_is_launched_ahead_and_verified_again(tokenizer, tmp_path, monkeypatch):
+    """At the adaptive budget a scored tree left on the device is cut unread to the size the last one chose, launched
+    ahead, and verified again where a measured step comes between: the text is the target's."""
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
+    plain, ahead = engines(tokenizer)
+    prompt = random_prompt(30, seed=5)
+    want = text(plain, prompt, 40, GREEDY)
+    cuts, first = [], DraftTree.first
+    monkeypatch.setattr(DraftTree, "first", lambda tree, n: cuts.append(n) or first(tree, n))
+    ahead.set_drafter(ScoredChainDrafter(prompt + want, vocab_size=VOCAB), None)
+    def measured_step(engine):
+        engine.autoregressive_step_seconds(repeats=1)
+
+    assert text(ahead, prompt, 40, GREEDY, between=measured_step) == want and cuts
 
 
 def test_known_tokens_are_launched_as_a_chain(tokenizer):
