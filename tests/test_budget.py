@@ -398,6 +398,21 @@ def test_a_scored_tree_keeps_the_nodes_whose_chances_pay_for_their_rows():
     assert policy.scored_budget() == 15
 
 
+def test_one_slow_scored_tree_does_not_put_the_probes_off():
+    """Weak guesses drafted in a tenth of a decode step, one probe's in three steps (a graph captured anew): the
+    probes come as often as the usual drafting allows, not after the 150 steps that one tree's time would ask."""
+    policy = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.3, 1.6, 2.2, 3.4)))
+    weak = DraftTree.best({(1,): (0.1, "a"), (1, 2): (0.05, "a")}, 2)
+    probe_after = round(0.1 / PROBE_SHARE)  # steps whose time a probe's drafting may take PROBE_SHARE of
+    asked = []
+    for step in range(6 * probe_after):
+        asked.append(budget := policy.scored_budget())
+        if budget:
+            kept = weak.cut(policy.size(weak.scores, 3.0 if step == probe_after else 0.1))
+            policy.observe(kept, [], budget=len(kept))
+    assert asked == [15, *[0] * (probe_after - 1)] * 6
+
+
 def test_the_least_chance_worth_a_node_pays_for_its_mean_verification_cost_at_the_expected_speed():
     cpu = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.1, 1.3, 1.8, 2.8)))
     assert cpu.least_chance() == pytest.approx(1.8 / 15)  # speed and calibration at their priors, 1

@@ -15,9 +15,9 @@ times, `verify_cost.py`) and weighs that cost against the acceptance it observes
   pseudo-step at 0.5: a tree's depths are one event (a copy is right or wrong), not independent evidence.
 - depth(n) is how deep this drafter's trees of n nodes reach (a moving average: a beam of 7 nodes reaches depth
   2, a chain depth 7) and draft cost(n) the time it took to propose them, both measured as the engine runs.
-  A drafter's first proposal at a budget and sampling setting is not priced (the engine tells the budget it took
-  no time): it pays what the drafter does once (kernels compiled, a graph captured), which priced would keep that
-  budget, or drafting at all, off for the rest of the text.
+  A drafter's first proposal at a budget and sampling setting is not priced (the engine passes no time for it):
+  it pays what the drafter does once (kernels compiled, a graph captured), which priced would keep that budget,
+  or drafting at all, off for the rest of the text.
 - When drafting does not pay (budget 0) the engine still probes with a small tree now and then, so that a return
   of copyable text is noticed; each probe that did not pay doubles the wait for the next, and after
   MAX_FAILED_PROBES in a row drafting stays off: a probe costs a verification of several rows.
@@ -44,6 +44,8 @@ times, `verify_cost.py`) and weighs that cost against the acceptance it observes
 from __future__ import annotations
 
 import math
+from collections import deque
+from statistics import median_low
 from typing import TYPE_CHECKING
 
 from specchat.engine.verify_cost import VerifyCost
@@ -120,24 +122,24 @@ class AdaptiveBudget:
         self.sized: dict[frozenset[str], int] = {}  # each timed mode's own best budget (`_best` fills it)
         self.scored = (1.0, 1.0)  # scored trees: decayed sums of their scores and of their accepted nodes (a prior)
         self.scored_speed = 1.0  # moving average of a scored step's expected speed over a plain step's, drafting paid
-        self.scored_drafting = 0.0  # the last scored tree's drafting, in decode steps
+        self.scored_draftings: deque[float] = deque(maxlen=3)  # the last scored trees' drafting, in decode steps
         self.scored_size = 0  # the nodes the last scored tree's scores chose to verify
         self.budget = self._best()
 
-    def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float = 0.0,
+    def observe(self, tree: DraftTree, path: list[int], *, budget: int | None = None, draft_seconds: float | None = 0.0,
                 verify_seconds: float | None = None, mode: frozenset[str] | None = None) -> None:  # fmt: skip
-        """Record one verified tree, proposed with `budget` in `draft_seconds` by the kinds `mode` (by default
-        the tree's origins) and verified in `verify_seconds` (None: not timed), of which the nodes `path` were
-        accepted. Each origin in the tree is counted on the nodes it proposed: its own and their ancestors (a
-        composite's second part joins the first part's nodes where it proposed the same tokens). Empty trees
-        (the drafter had nothing) say nothing about acceptance, depth or drafting time; their forward still
-        times a decode step."""
+        """Record one verified tree, proposed with `budget` in `draft_seconds` (None: not priced) by the kinds
+        `mode` (by default the tree's origins) and verified in `verify_seconds` (None: not timed), of which the
+        nodes `path` were accepted. Each origin in the tree is counted on the nodes it proposed: its own and their
+        ancestors (a composite's second part joins the first part's nodes where it proposed the same tokens).
+        Empty trees (the drafter had nothing) say nothing about acceptance, depth or drafting time; their forward
+        still times a decode step."""
         if verify_seconds is not None:
             self.cost.observe(len(tree), verify_seconds)
         if tree.scores is not None:  # a scored tree
             self.scored = (self.scored[0] * self.decay + sum(tree.scores), self.scored[1] * self.decay + len(path))
         mode = frozenset(tree.origins) if mode is None else mode
-        if budget and len(tree):
+        if budget and len(tree) and draft_seconds is not None:
             seconds = self.draft_seconds.setdefault(mode, {})
             seconds[budget] = 0.8 * seconds.get(budget, draft_seconds) + 0.2 * draft_seconds
         for origin, nodes in proposers(tree).items():
@@ -184,12 +186,14 @@ class AdaptiveBudget:
         nodes worth verifying would gain: guesses at sampled prose at 20K tokens), but for a probe once the steps
         since the last one make its drafting PROBE_SHARE of their time. A probe costs a draft and no verification
         unless its nodes pay, and it is how drafting comes back: drafting at a twentieth of a step is probed every
-        third step, so two unlucky trees at an answer's start cost it a few undrafted steps, not dozens."""
+        third step, so two unlucky trees at an answer's start cost it a few undrafted steps, not dozens. A probe's
+        drafting is taken as the median of the last three trees', so that one slow tree (a graph captured anew)
+        does not put the probes off by its own time."""
         if self.cost.decode_stale:
             return 0
         if self.scored_speed < 1.0:
             self.idle_steps += 1
-            if self.idle_steps * PROBE_SHARE < self.scored_drafting:
+            if self.idle_steps * PROBE_SHARE < median_low(self.scored_draftings or [0.0]):
                 return 0
             self.idle_steps = 0
         return min(SCORED_TREE, self.candidates[-1])
@@ -205,14 +209,16 @@ class AdaptiveBudget:
         per_node = max(self.cost.relative(nodes) - 1.0, 0.0) / nodes
         return self.scored_speed * per_node * self.scored[0] / self.scored[1]
 
-    def size(self, scores: list[float], draft_seconds: float) -> int:
+    def size(self, scores: list[float], draft_seconds: float | None) -> int:
         """How many of a scored tree's most likely nodes to verify, given its nodes' `scores`: as many as maximise
         tokens per second, a node adding its score, times the ratio of nodes accepted to scores summed over the
-        scored trees so far, to the tokens a step expects (the drafting done is paid whatever is kept). The size
-        is kept in `scored_size`: where reading a tree costs a wait, the next tree is cut to it."""
+        scored trees so far, to the tokens a step expects (the drafting done, `draft_seconds`, is paid whatever is
+        kept; None: not priced). The size is kept in `scored_size`: where reading a tree costs a wait, the next tree
+        is cut to it."""
         calibration = self.scored[1] / self.scored[0]
-        drafting = draft_seconds / self.cost.now(0)
-        self.scored_drafting = drafting
+        drafting = 0.0 if draft_seconds is None else draft_seconds / self.cost.now(0)
+        if draft_seconds is not None:
+            self.scored_draftings.append(drafting)
         best, best_speed, expected = 0, 1 / (1 + drafting), 1.0
         for n, score in enumerate(sorted(scores, reverse=True), 1):
             expected += score * calibration

@@ -351,7 +351,7 @@ class Engine:
         if scored and self.policy.scored_size and (proposed := tree.queued_scores) is not None:
             tree = tree.first(self.policy.scored_size)  # the last tree's size: this one's scores are not read yet
         elif scored and len(tree):  # the nodes worth verifying, by the scores the drafter read
-            tree = tree.cut(self.policy.size(tree.scores, clock.host_seconds() if priced else 0.0))
+            tree = tree.cut(self.policy.size(tree.scores, clock.host_seconds() if priced else None))
         budget = len(tree) if scored else budget
         clock.mark()
         batch, logits, hidden = self._tree_forward(tree)
@@ -383,7 +383,7 @@ class Engine:
             choices = noise.choose(processed, batch.position_ids + 1)  # a row chooses the next token
         verdict = verify(tree, processed, sampling, generator, choices)  # the step's wait for the device
         draft_seconds, _, verify_seconds = clock.seconds()  # drafting, sizing, verification
-        priced_seconds = draft_seconds if launch.priced else 0.0
+        priced_seconds = draft_seconds if launch.priced else None
         if launch.proposed is not None:  # read after the wait, before more is queued: no wait of its own
             self.policy.size(launch.proposed.tolist(), priced_seconds)
         kept = [0] + [node + 1 for node in verdict.path]
