@@ -353,7 +353,8 @@ class Rerun:
         changed = next(((now, then) for now, then in zip(ops.seen, self.ops) if now != then), "another op count")
         assert ops.seen == self.ops, f"the captured call dispatched other ops or host values (now, then): {changed}"
         for held, new in zip(_tensors(self.out), _tensors(fresh), strict=True):
-            held.copy_(new)
+            if held is not None:  # an output a call leaves out (a ranked tree without kinds)
+                held.copy_(new)
 
 
 def _tensors(out) -> tuple[torch.Tensor, ...]:

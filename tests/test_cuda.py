@@ -266,14 +266,16 @@ GRAPHED_DRAFTERS = {  # a drafter whose depths replay CUDA graphs, and the shape
     "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config, layers=2)), [4]),
     "tokenswift": (lambda engine, model: TokenSwiftDrafter(engine.target, random_heads(model), lag=16),
                    [(15, NO_EOS, False)]),
+    "eagle3": (lambda engine, model: Eagle3Drafter(engine.target, random_eagle3(model)), [15]),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("drafter", list(GRAPHED_DRAFTERS))
 def test_draft_depths_replay_a_graph_and_draft_as_called(drafter, monkeypatch):
     """LongSpec's beam or greedy chain and GLIDE's chain replay one CUDA graph of their depths per shape, reading
-    the target's cache to the root's length on the device, and TokenSwift's heads and layout one per budget and
-    sampling: every proposal equals the one drafted as called, the output the target's."""
+    the target's cache to the root's length on the device, TokenSwift's heads and layout one per budget and
+    sampling, EAGLE-3's depths one per budget: every proposal equals the one drafted as called, the output the
+    target's."""
     prompt = random_prompt(60, seed=7, vocab=VOCAB)
     model = cuda_model("llama")
     engine = Engine(model, TOKENIZER, max_len=256)
@@ -282,7 +284,9 @@ def test_draft_depths_replay_a_graph_and_draft_as_called(drafter, monkeypatch):
     proposals = {}
     for graphed in (False, True):
         draft = make(engine, model)
-        if not graphed:
+        if not graphed and hasattr(draft, "uses_graphs"):
+            draft.uses_graphs = False
+        elif not graphed:
             monkeypatch.setattr(draft, "_graphed", lambda *sampling: False)  # LongSpec's asks for the sampling
         seen = proposals[graphed] = []
         propose = draft.propose

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import tiny_model
 from drafters_for_tests import random_eagle3 as random_draft
+from drafters_for_tests import rerun
 from safetensors.torch import save_file
 from test_cli import assert_one_line_error, specchat_in_process
 from test_train_longspec import _data_dir
@@ -135,6 +136,51 @@ def test_eagle3_is_lossless_through_the_cpu_decoder_in_bf16(tokenizer):
     alone = _decode(engine, prompt, SamplingConfig())
     engine.set_drafter(Eagle3Drafter(engine.target, random_draft(model)), 6)
     assert _decode(engine, prompt, SamplingConfig(), fresh=True) == alone
+
+
+def test_the_tree_drafted_from_tensors_alone_is_the_one_grown_on_the_hosts_terms(loaded, monkeypatch):
+    """A GPU's depths read the root's position and the draft cache's length on the device and attend over its whole
+    buffer, masked: every node expanded, the tree is the one the host grows when nothing is pruned."""
+    monkeypatch.setattr("specchat.drafters.eagle3.drafter.MIN_DEPTH_CHANCE", 0.0)  # every depth runs
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=128)
+    ids = list(range(200, 240))
+    drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
+    drafter.prefill(ids, engine.target_states(ids, feature_layers=(2, 1, 0)), 0)
+    for budget in (1, 3, 8, 40):
+        drafter.prunes = True
+        host = drafter.propose(budget, SamplingConfig(), torch.Generator()).paths()
+        drafter.prunes = False
+        device = drafter.propose(budget, SamplingConfig(), torch.Generator()).paths()
+        assert device.keys() == host.keys() and len(host) == min(budget, 52)
+        assert [device[path][0] for path in host] == pytest.approx([score for score, _ in host.values()], rel=1e-5)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, top_p=0.9, seed=3)],
+                         ids=["greedy", "sampled"])  # fmt: skip
+def test_a_graphed_proposal_drafts_as_called(loaded, monkeypatch, sampling):
+    """What a GPU captures: the depths of a budget from buffers each proposal's newest row is copied into, captured
+    anew when the draft's cache grows (a long prompt takes it past its first 256 slots). Capture's stand-in
+    (`rerun`) fails where the call moved data between host and device or dispatched other ops or host values than
+    at its capture. Every proposal equals the one drafted as called, and the output is the target's."""
+    prompt = list(range(30, 270))
+    captures = []
+    monkeypatch.setattr("specchat.drafters.eagle3.drafter.capture",
+                        lambda call, pool: captures.append(call) or rerun(call, pool))  # fmt: skip
+    proposals, outputs = {}, {}
+    for graphed in (False, True):
+        engine = Engine(loaded.model, loaded.tokenizer, max_len=400)
+        drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
+        drafter.prunes, drafter.uses_graphs = False, graphed  # as on a GPU
+        seen = proposals[graphed] = []
+        propose = drafter.propose
+        drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]
+        engine.set_drafter(drafter, 12)
+        outputs[graphed] = _decode(engine, prompt, sampling, reproducible=True)
+    alone = _decode(Engine(loaded.model, loaded.tokenizer, max_len=400), prompt, sampling, reproducible=True)
+    assert outputs[True] == outputs[False] == alone and len(proposals[True]) > 10
+    assert [(t.tokens, t.parents, t.scores) for t in proposals[True]] == [
+        (t.tokens, t.parents, t.scores) for t in proposals[False]]  # fmt: skip
+    assert list(drafter.graphs) == [12] and len(captures) == 2
 
 
 def test_a_small_budget_expands_only_the_nodes_whose_children_it_can_keep(loaded, monkeypatch):

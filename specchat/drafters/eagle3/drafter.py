@@ -14,7 +14,9 @@ children, one draft forward of those rows a depth, while they hold a chance wort
 the most probable nodes, at most the engine's budget, so a parent always outranks its children. Scores go to the
 engine's adaptive budget (`scores_nodes`), which cuts the tree to what pays. The draft proposes deterministic
 nodes under sampling too: verification then draws from the target itself wherever the children are not the
-drafter's samples, which is exact for any tree.
+drafter's samples, which is exact for any tree. On a GPU the depths expand whatever their nodes hold, read from
+tensors alone (the root's position and the draft cache's length on the device), and replay one CUDA graph per
+budget.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from specchat.drafters.draft_head import draft_weights
 from specchat.drafters.eagle3.model import Eagle3Draft, load_eagle3
 from specchat.drafters.eagle3.native import native_eagle3
 from specchat.drafters.tree_rows import TreeRows
+from specchat.engine.cuda_graphs import capture
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device, to_host
 from specchat.engine.sampling import PositionNoise, SamplingConfig
-from specchat.engine.tree import ROOT, DraftTree
+from specchat.engine.tree import ROOT, DraftTree, Ranked, best_first
 from specchat.quant.quantize import quantized_copy
 
 TOP_K = 4  # children per expanded node and nodes expanded per depth
@@ -50,6 +53,7 @@ class DraftKV:
         self.keys = torch.zeros(kv_heads, 256, head_dim, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
         self.positions: list[int] = []  # of the committed rows
+        self.length = torch.zeros(1, dtype=torch.long, device=device)  # how many, as a CUDA graph reads it
         self.tree_rows = 0  # rows of the tree being drafted, after the committed ones
 
     def __len__(self) -> int:
@@ -81,12 +85,14 @@ class DraftKV:
         else:
             self.positions += committed
             self.tree_rows = 0
+            self.length.fill_(len(self.positions))  # a queued fill: no wait for the device
 
     def truncate(self, position: int) -> None:
         """Forget rows of positions >= `position`, and any tree's."""
         self.tree_rows = 0
         while self.positions and self.positions[-1] >= position:
             self.positions.pop()
+        self.length.fill_(len(self.positions))
 
     def nbytes(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size()
@@ -116,6 +122,11 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
         self.features = self._no_features()  # committed positions' target features not yet run as rows
         self.first_pending = 0  # the position of features[0]
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # the newest committed row's output, logits
+        self.root = torch.zeros(1, dtype=torch.long, device=target.device)  # the root's position, as a graph reads it
+        self.uses_graphs = target.device.type == "cuda"  # the depths replay CUDA graphs (`_replay`)
+        self.graphs: dict[int, tuple] = {}  # per budget: (CUDA graph, its ranked nodes, its input buffers)
+        self.graph_keys: torch.Tensor | None = None  # the draft cache's keys the graphs read
+        self.graph_pool = torch.cuda.graph_pool_handle() if target.device.type == "cuda" else None
 
     def prefill(self, ids: list[int], hidden: torch.Tensor, reused: int) -> None:
         before, pending, start = self.ids, self.features, self.first_pending
@@ -137,16 +148,67 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
                 least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """Each depth is queued from the last one's tensors. Where the drafter `prunes` (a CPU, where reading costs
         nothing), each depth reads its best nodes to expand only those that can pay, and the host ranks the
-        candidates; a GPU expands them whatever they hold, which costs it less than waiting for them, and ranks them
-        on the device, where the tree stays until the target's choices are read (`DraftTree.best_queued`)."""
+        candidates; a GPU expands them whatever they hold, which costs it less than waiting for them, ranks them
+        on the device, where the tree stays until the target's choices are read, and replays its depths as a
+        CUDA graph per budget (`_replay`)."""
         newest = self._catch_up()
         if newest is None or budget < 1:
             return DraftTree.empty()
+        if self.prunes:
+            return self._pruned(budget, newest, least_chance)
+        self.root.fill_(len(self.ids) - 1)  # the buffers the depths read (queued fills: no wait for the device)
+        self.kv.reserve(self.depth * self.top_k)  # room for the tree's rows after the committed ones
+        if self.uses_graphs:
+            ranked = self._replay(budget, *newest)
+        else:
+            ranked = self._ranked(budget, *newest)
+        return ranked.tree(self.kind, min(self.depth, budget))
+
+    def _pruned(self, budget: int, newest: tuple[torch.Tensor, torch.Tensor], least_chance: float) -> DraftTree:
+        """The tree grown on the host's terms: each depth's rows at host positions, its nodes read to expand only
+        those worth a row, the candidates ranked by the host."""
         root = len(self.ids) - 1  # the root's position: rows of positions < root are in the draft's cache
-        device = self.target.device
-        tree = TreeRows(device=device)  # which rows each sees; their keys and values follow the committed ones
         self.kv.tree_rows = 0
-        outputs, logits = newest  # the frontier's outputs [F, H], which its children read, and their logits
+
+        def run(hidden: torch.Tensor, tokens: torch.Tensor, depth: int, seen: torch.Tensor):
+            return self._rows(hidden, tokens, root + depth - 1, seen)
+
+        tokens, parents, logprobs, _ = self._grow(budget, *newest, run, least_chance)
+        (ids, above), logprobs = to_host(torch.stack([tokens, parents]), logprobs)
+        paths, keys = {}, []  # each candidate's token path below the root
+        for token, parent, logprob in zip(ids, above, logprobs):
+            keys.append((keys[parent] if parent != ROOT else ()) + (token,))
+            paths[keys[-1]] = (math.exp(logprob), self.kind)
+        return DraftTree.best(paths, budget)
+
+    def _ranked(self, budget: int, outputs: torch.Tensor, logits: torch.Tensor) -> Ranked:
+        """The `budget` most probable candidates, ranked on the device from tensors alone (the root's position and
+        the committed rows' count read there): what a graph captures."""
+        tokens, parents, logprobs, counts = self._grow(budget, outputs, logits, self._tree_depth)
+        depths = torch.cat([torch.full((count,), depth, device=tokens.device) for depth, count in enumerate(counts, 1)])
+        return best_first(tokens, parents, logprobs.double().exp(), depths, min(budget, len(depths)))
+
+    def _replay(self, budget: int, outputs: torch.Tensor, logits: torch.Tensor) -> Ranked:
+        """`_ranked`'s nodes from its graph for this budget, captured on first use from buffers each replay copies
+        the newest row's output and logits into; graphs are dropped when the draft's cache grows."""
+        if self.graph_keys is not self.kv.keys:  # its buffers allocated anew
+            self.graphs, self.graph_keys = {}, self.kv.keys
+        if budget not in self.graphs:
+            inputs = (outputs.clone(), logits.clone())
+            self.graphs[budget] = (*capture(lambda: self._ranked(budget, *inputs), self.graph_pool), inputs)
+        graph, out, inputs = self.graphs[budget]
+        for buffer, value in zip(inputs, (outputs, logits)):
+            buffer.copy_(value)
+        graph.replay()
+        return Ranked(*(None if part is None else part.clone() for part in out))
+
+    def _grow(self, budget: int, outputs: torch.Tensor, logits: torch.Tensor, run, least_chance: float | None = None):
+        """The candidates of a tree of `budget` nodes below the newest row's `outputs` [1, H] and `logits`: their
+        tokens, parents and log-probabilities [c], and how many each depth has. `run(hidden, tokens, depth, seen)`
+        runs a depth's rows; with a `least_chance`, each depth reads its best nodes to expand only those that can
+        pay."""
+        device = self.target.device
+        tree = TreeRows(device=device)  # which rows each sees
         scores = torch.zeros(1, device=device)  # the frontier's log-probabilities [F]
         frontier = torch.full((1,), ROOT, device=device)  # the frontier's candidates (ROOT: the root)
         rows: range | None = None  # the frontier's tree rows (None: the root, no row)
@@ -165,7 +227,7 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
             # A node ranked below budget - depth at its depth has no child in the tree kept: the nodes ranked above
             # it, its ancestors, itself and its child would be more than the budget.
             chosen = logprobs[-1].topk(min(self.top_k, budget - depth, len(logprobs[-1]))).indices
-            if self.prunes:  # nor has a node less likely than `least_chance` a child worth verifying
+            if least_chance is not None:  # nor has a node less likely than `least_chance` a child worth verifying
                 chances = logprobs[-1][chosen].exp()
                 kept = int((chances >= least_chance).sum())
                 if not kept or float(chances[:kept].sum()) < MIN_DEPTH_CHANCE:
@@ -173,19 +235,30 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
                 chosen = chosen[:kept]
             parent = chosen // width  # each chosen node's parent in the frontier
             rows = tree.add([ROOT] * len(chosen) if rows is None else parent + rows.start)
-            outputs, logits = self._rows(outputs[parent], tokens[-1][chosen], root + depth - 1, tree.seen(rows))
+            outputs, logits = run(outputs[parent], tokens[-1][chosen], depth, tree.seen(rows))
             scores, frontier = logprobs[-1][chosen], chosen + first
-        tokens, parents, logprobs = torch.cat(tokens), torch.cat(parents), torch.cat(logprobs)
-        if not self.prunes:  # the budget's most probable, laid out on the device and read with the target's choices
-            depths = [depth for depth, count in enumerate(counts, 1) for _ in range(count)]
-            return DraftTree.best_queued(tokens, parents, logprobs.double().exp(), depths, min(budget, len(depths)),
-                                         self.kind)  # fmt: skip
-        (ids, above), logprobs = to_host(torch.stack([tokens, parents]), logprobs)
-        paths, keys = {}, []  # each candidate's token path below the root
-        for token, parent, logprob in zip(ids, above, logprobs):
-            keys.append((keys[parent] if parent != ROOT else ()) + (token,))
-            paths[keys[-1]] = (math.exp(logprob), self.kind)
-        return DraftTree.best(paths, budget)
+        return torch.cat(tokens), torch.cat(parents), torch.cat(logprobs), counts
+
+    def _tree_depth(self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,
+                    seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """A depth of tree rows (`_rows`' tree rows) from tensors alone: at the root's position + depth - 1
+        (`root`), their keys and values written after the committed rows (`DraftKV.length`) and the tree's rows
+        before them, each attending over the whole buffer, masked to the committed rows and the tree rows `seen`
+        [q, tree rows so far] marks."""
+        kv, count = self.kv, len(tokens)
+        tree_rows = seen.shape[1]
+        slots = torch.arange(kv.keys.shape[1], device=tokens.device) - kv.length  # each slot's tree row, if any
+        mask = (slots < 0) | (seen[:, slots.clamp(0, tree_rows - 1)] & (slots < tree_rows))
+        written = kv.length + torch.arange(tree_rows - count, tree_rows, device=tokens.device)
+
+        def write(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            kv.keys.index_copy_(1, written, keys)
+            kv.values.index_copy_(1, written, values)
+            return kv.keys, kv.values
+
+        positions = (self.root + depth - 1).expand(count)
+        outputs = self.draft(hidden, self.target.embed_tokens(tokens), positions, write, mask)
+        return outputs, self.draft.logits(outputs)
 
     @torch.inference_mode()
     def _catch_up(self) -> tuple[torch.Tensor, torch.Tensor] | None:
