@@ -9,7 +9,8 @@
 # `scripts/gpu_row_invariance.py` (is a verified row bitwise the decode step: cuBLAS products by row count, tree
 # attention); before the benches, the tree attention's K/V reads, pointers against tensor descriptors, and its body
 # splits a row, 16 / 32 / 64 (`scripts/cuda_launch_gap.py reads`, `splits`), TokenSwift's tree laid out on the
-# device against on the host (`scripts/cuda_tree_layout.py`); everything lands in $OUT, ten files at
+# device against on the host (`scripts/cuda_tree_layout.py`), EAGLE-3's proposal at 8B shapes as called against its
+# graph (`scripts/cuda_eagle3_draft.py`); everything lands in $OUT, ten files at
 # most (env.txt, install.log, pytest.txt, reads.txt, gpu_forward.json, oracle.json, oracle_auto.json, draft.json,
 # rows.json, bench.err). About 6 minutes on an H200.
 set -u
@@ -43,6 +44,9 @@ echo "splits rc $? in ${SECONDS}s"
 SECONDS=0
 timeout 60 python3 scripts/cuda_tree_layout.py >>"$OUT/reads.txt" 2>>"$OUT/bench.err"
 echo "tree layout rc $? in ${SECONDS}s"
+SECONDS=0
+timeout 60 python3 scripts/cuda_eagle3_draft.py >>"$OUT/reads.txt" 2>>"$OUT/bench.err"
+echo "eagle3 draft rc $? in ${SECONDS}s"
 cat "$OUT/reads.txt"
 SECONDS=0
 timeout 150 python3 -m specchat bench gpu-forward --context 4096,32768 --tree 1,15,63,64 --json \
