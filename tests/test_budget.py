@@ -388,7 +388,7 @@ def test_siblings_chances_given_their_parent_sum_to_at_most_one():
 def test_a_scored_tree_keeps_the_nodes_whose_chances_pay_for_their_rows():
     policy = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.1, 1.3, 1.8, 2.8)))
     tree = DraftTree.best({(1,): (0.9, "a"), (1, 2): (0.8, "a"), (3,): (0.05, "b"), (1, 2, 4): (0.7, "a")}, 4)
-    assert tree.tokens == [1, 3, 2, 4] and tree.scores == [0.9, 0.05, 0.8, 0.7]
+    assert tree.tokens == [1, 2, 4, 3] and tree.scores == [0.9, 0.8, 0.7, 0.05]
     assert policy.size(tree.scores, 0.0) == 3  # the fourth node adds 0.05 tokens for 1.3 -> 1.43x a step: not worth it
     assert tree.cut(3).tokens == [1, 2, 4] and tree.cut(3).parents == [ROOT, 0, 1]
     assert policy.size(tree.scores, 0.0) == policy.size(tree.scores, 0.02)  # drafting done is paid whatever is kept

@@ -343,8 +343,8 @@ def test_scored_parts_merge_by_their_chances_and_a_copy_is_drafted_alone():
     composite.modes = AlwaysBoth()
     composite.prefill([5, 6, 7, 5], None, 0)  # "5" occurred: 6 next, at a one-token match's 0.21
     tree = composite.propose(3, SamplingConfig(), None)
-    assert tree.tokens == [9, 6, 8] and tree.origins == ["tokenswift", "ngram", "tokenswift"]
-    assert tree.scores == pytest.approx([0.9 / 1.11, 0.21 / 1.11, 0.9 / 1.11 * 0.5 / 0.9])  # siblings sum to 1
+    assert tree.tokens == [9, 8, 6] and tree.origins == ["tokenswift", "tokenswift", "ngram"]  # best first
+    assert tree.scores == pytest.approx([0.9 / 1.11, 0.9 / 1.11 * 0.5 / 0.9, 0.21 / 1.11])  # siblings sum to 1
     passage = list(range(10, 20))
     composite.prefill([*passage, 0, *passage[:8]], None, 0)  # the last 8 tokens occurred: a copy
     tree = composite.propose(3, SamplingConfig(), None)
@@ -377,7 +377,7 @@ def test_where_the_lookup_finds_nothing_the_first_parts_tree_is_the_tree_unread(
     assert drains.drains == 0, drains.causes
     assert tree.queued_scores is not None and (tree.tokens, tree.scores) == ([9, 8], [0.9, 0.5])
     composite.prefill([5, 6, 7, 5], None, 0)
-    assert composite.propose(3, SamplingConfig(), None).tokens == [9, 6, 8]
+    assert composite.propose(3, SamplingConfig(), None).tokens == [9, 8, 6]
 
 
 def test_the_kinds_that_draft_next_follow_the_mode_chosen_at_the_last_commit():

@@ -41,7 +41,7 @@ def test_a_long_match_is_copied_from_the_occurrence_that_matches_furthest_back()
     assert tree.tokens[:4] == [1, 2, 3, 4] and tree.parents[:4] == [ROOT, 0, 1, 2]
     assert set(tree.origins) == {COPY} and len(tree) == 4  # the budget holds the second source's branch out
     eight = drafter.propose(8)  # the newer source's 6, scored at a match of 8, comes in beside the older's chain
-    assert eight.tokens == [1, 6, 2, 3, 4, 5, 0, 0] and eight.parents[:3] == [ROOT, ROOT, 0]
+    assert eight.tokens == [1, 2, 3, 4, 5, 0, 6, 0] and eight.parents[5:7] == [4, ROOT]  # best first
     assert drafter.copy_sources()[0] == 30  # the older occurrence: 31 tokens matched, against COPY_MATCH
     assert [drafter._match_length(end) for end in drafter.copy_sources()] == [31, COPY_MATCH]
 

@@ -46,8 +46,8 @@ def best_first(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor
                kinds: torch.Tensor | None = None, kept: torch.Tensor | None = None) -> Ranked:  # fmt: skip
     """The `size` best of candidates, their tokens, parents' places (ROOT: the root), scores and depths [c] (`kept`
     [c]: those that may be nodes; default all), all on the device; ranked as `DraftTree.best` ranks paths (by score,
-    then depth), then by place, best first: a parent outranks its children, so it precedes them, and the first n
-    nodes are the n best. Tensor ops alone: nothing is read, nor copied from the host."""
+    then depth, then place), best first: a parent outranks its children, so it precedes them, and the first n nodes
+    are the n best. Tensor ops alone: nothing is read, nor copied from the host."""
     order = torch.sort(depths, stable=True).indices
     ranked = -scores if kept is None else torch.where(kept, -scores, torch.inf)
     order = order[torch.sort(ranked[order], stable=True).indices][:size]
@@ -209,20 +209,18 @@ class DraftTree:
 
     @classmethod
     def best(cls, paths: dict[tuple[int, ...], tuple[float, str]], budget: int) -> DraftTree:
-        """The `budget` most likely of `paths` (token paths below the root -> their chance and origin), as a tree
-        that keeps their scores, `siblings_bounded`; a path whose parent was cut (equal scores ranked a child
-        first) is left out."""
-        paths = siblings_bounded(paths)
-        chosen = sorted(paths, key=lambda path: (-paths[path][0], len(path)))[: max(budget, 0)]
+        """The `budget` most likely of `paths` (token paths below the root -> their chance and origin; one below a
+        path not given is left out), as a tree that keeps their scores, `siblings_bounded`, listed best first as
+        `best_first` lists them (by score, then depth, then the order `paths` gives them): a parent outranks its
+        children, so it precedes them, and the first n nodes are the n best."""
+        place = {path: i for i, path in enumerate(paths)}
+        bounded = siblings_bounded(paths)
+        chosen = sorted(bounded, key=lambda path: (-bounded[path][0], len(path), place[path]))[: max(budget, 0)]
         builder = TreeBuilder()
         nodes: dict[tuple[int, ...], int] = {}
-        scores = []
-        for path in sorted(chosen, key=len):
-            if path[:-1] and path[:-1] not in nodes:
-                continue
-            nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], paths[path][1])
-            scores.append(paths[path][0])
-        return builder.build(scores)
+        for path in chosen:
+            nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], bounded[path][1])
+        return builder.build([bounded[path][0] for path in chosen])
 
     @classmethod
     def best_queued(cls, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depths: list[int],

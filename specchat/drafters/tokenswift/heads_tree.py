@@ -20,7 +20,7 @@ import torch
 
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.engine.host_data import to_host
-from specchat.engine.tree import ROOT, DraftTree, Ranked, TreeBuilder, best_first, siblings_bounded
+from specchat.engine.tree import ROOT, DraftTree, Ranked, best_first
 
 
 @dataclass
@@ -152,10 +152,4 @@ def host_tree(levels: list[Level], table: NgramTable, budget: int, kinds: tuple[
             score = p * sum(c for r, c in zip(grams, counts) if r[:depth] == rest[:depth]) / sum(counts)
             if candidates.get(path, (-1.0,))[0] < score:
                 candidates[path] = (score, candidates[path][1] if path in candidates else kinds[1])
-    place = {path: i for i, path in enumerate(candidates)}
-    bounded = siblings_bounded(candidates)
-    chosen = sorted(bounded, key=lambda path: (-bounded[path][0], len(path), place[path]))[: min(budget, heads)]
-    builder, nodes = TreeBuilder(), {}
-    for path in chosen:
-        nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], bounded[path][1])
-    return builder.build([bounded[path][0] for path in chosen])
+    return DraftTree.best(candidates, min(budget, heads))
