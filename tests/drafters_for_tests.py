@@ -34,7 +34,7 @@ from specchat.drafters.eagle3.model import Eagle3Config, Eagle3Draft
 from specchat.drafters.eagle3.train import initial_draft
 from specchat.engine.drafter import DraftsAlone, TracksCommittedIds
 from specchat.engine.host_data import to_device
-from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
+from specchat.engine.tree import ROOT, DraftTree, TreeBuilder, best_first
 
 
 class _TrackingDrafter(DraftsAlone, TracksCommittedIds):
@@ -119,7 +119,7 @@ class EndBesideDrafter(OracleDrafter):
 class ScoredChainDrafter(_TrackingDrafter):
     """The reference's next `depth` tokens as a chain, each with a wrong sibling; the chain's d-th node scored
     `chance` ** d, a sibling a tenth of its node (`chance` 0: every chain token wrong too). The tree is ranked and
-    left on the device (`DraftTree.best_queued`), unread."""
+    left on the device (`best_first`), unread."""
 
     kind = "scored"
     scores_nodes = True
@@ -149,7 +149,8 @@ class ScoredChainDrafter(_TrackingDrafter):
         depths = [place // 2 + 1 for place in range(len(tokens))]
         tokens, parents = to_device(tokens, self.device, torch.long), to_device(parents, self.device, torch.long)
         scores = to_device(scores, self.device, torch.float64)
-        return DraftTree.best_queued(tokens, parents, scores, depths, min(budget, len(depths)), self.kind)
+        ranked = best_first(tokens, parents, scores, to_device(depths, self.device), min(budget, len(depths)))
+        return ranked.tree(self.kind, max(depths))
 
 
 class WrongDrafter(_TrackingDrafter):

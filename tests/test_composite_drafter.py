@@ -48,7 +48,7 @@ from specchat.engine.drafter import DraftsAlone
 from specchat.engine.events import COPY, TARGET
 from specchat.engine.generate import Engine
 from specchat.engine.sampling import SamplingConfig
-from specchat.engine.tree import ROOT, DraftTree, TreeBuilder
+from specchat.engine.tree import ROOT, DraftTree, TreeBuilder, best_first
 from specchat.errors import SpecchatError
 from specchat.profiles import load_profiles
 
@@ -358,11 +358,11 @@ class QueuedScored(Scored):
         super().__init__(paths)
         tree = DraftTree.best(paths, len(paths))
         self.candidates = (torch.tensor(tree.tokens), torch.tensor(tree.parents),
-                           torch.tensor(tree.scores, dtype=torch.float64), tree.depths)  # fmt: skip
+                           torch.tensor(tree.scores, dtype=torch.float64), torch.tensor(tree.depths))  # fmt: skip
 
     def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
         self.calls += 1
-        return DraftTree.best_queued(*self.candidates, min(budget, len(self.paths)), self.kind)
+        return best_first(*self.candidates, min(budget, len(self.paths))).tree(self.kind, len(self.paths))
 
 
 def test_where_the_lookup_finds_nothing_the_first_parts_tree_is_the_tree_unread():

@@ -22,8 +22,9 @@ from conftest import TINY_FAMILIES, tiny_model
 from queue_drains import QueueDrains
 
 from specchat.engine.cache import TreeCache
+from specchat.engine.host_data import to_device
 from specchat.engine.target_forward import target_forward
-from specchat.engine.tree import ROOT, DraftTree, TreeBuilder, node_histories, tree_batch
+from specchat.engine.tree import ROOT, DraftTree, TreeBuilder, best_first, node_histories, tree_batch
 from specchat.engine.verify import Verdict, accept
 
 CPU = torch.device("cpu")
@@ -225,7 +226,7 @@ def test_the_best_of_candidates_on_the_device_are_ranked_as_paths_are():
         for size in range(len(tokens) + 1):
             tensors = torch.tensor(tokens), torch.tensor(parents), torch.tensor(scores, dtype=torch.float64)
             with QueueDrains() as drains:
-                queued = DraftTree.best_queued(*tensors, depths, size, "x")
+                queued = ranked_tree(*tensors, depths, size)
             assert drains.drains == 0, drains.causes
             ranked = sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i], i))[:size]
             assert [paths[i] for i in ranked] == [tuple(queued.tokens[j] for j in queued.path_to(node))
@@ -240,15 +241,21 @@ def test_the_first_nodes_of_a_tree_ranked_on_the_device_are_its_best():
     for _ in range(20):
         tokens, parents, scores, depths, _ = scored_candidates(rng)
         tensors = torch.tensor(tokens), torch.tensor(parents), torch.tensor(scores, dtype=torch.float64)
-        ranked = DraftTree.best_queued(*tensors, depths, len(tokens), "x")
+        ranked = ranked_tree(*tensors, depths, len(tokens))
         for n in range(len(tokens) + 2):
             with QueueDrains() as drains:
                 cut = ranked.first(n)
             assert drains.drains == 0, drains.causes
-            best = DraftTree.best_queued(*tensors, depths, min(n, len(tokens)), "x")
+            best = ranked_tree(*tensors, depths, min(n, len(tokens)))
             assert (cut.tokens, cut.parents, cut.scores) == (best.tokens, best.parents, best.scores)
     with pytest.raises(ValueError, match="best first"):
         DraftTree.queued(torch.tensor([4, 5]), torch.tensor([ROOT, 0]), "x").first(1)  # unscored: no ranking
+
+
+def ranked_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depths: list[int], size: int):
+    """The queued tree of the `size` best candidates, ranked on the device."""
+    ranked = best_first(tokens, parents, scores, to_device(depths, tokens.device), size)  # an asynchronous copy
+    return ranked.tree("x", max(depths, default=0))
 
 
 def scored_candidates(rng: random.Random):

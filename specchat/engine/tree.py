@@ -222,15 +222,6 @@ class DraftTree:
             nodes[path] = builder.add(nodes[path[:-1]] if path[:-1] else ROOT, path[-1], bounded[path][1])
         return builder.build([bounded[path][0] for path in chosen])
 
-    @classmethod
-    def best_queued(cls, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depths: list[int],
-                    size: int, origin: str | tuple[str, ...], *, kinds: torch.Tensor | None = None,
-                    kept: torch.Tensor | None = None) -> DraftTree:  # fmt: skip
-        """The `size` best of candidates still on the device (`best_first`), their depths on the host: a queued
-        tree listed best first."""
-        ranked = best_first(tokens, parents, scores, to_device(depths, tokens.device), size, kinds=kinds, kept=kept)
-        return ranked.tree(origin, max(depths, default=0))
-
     def paths(self) -> dict[tuple[int, ...], tuple[float, str]]:
         """Each node's token path below the root -> its score and origin: what `best` builds a tree from."""
         keys: list[tuple[int, ...]] = []
