@@ -39,7 +39,7 @@ from test_longspec import generate, random_layer
 from test_sampling_verification import PROMPT, TOKENS, Target, exact_joint
 
 from specchat.drafters import DrafterChoice, build_drafter, parse_drafter, resolve_drafter
-from specchat.drafters.composite import CompositeDrafter, matched_run, merge_trees
+from specchat.drafters.composite import CompositeDrafter, matched_run, merge_trees, merged_on_device
 from specchat.drafters.longspec.drafter import LongSpecDrafter
 from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer, save_longspec
 from specchat.drafters.mode_choice import BOTH, FIRST_STEPS, SECOND, ModeChoice
@@ -365,19 +365,53 @@ class QueuedScored(Scored):
         return best_first(*self.candidates, min(budget, len(self.paths))).tree(self.kind, len(self.paths))
 
 
-def test_where_the_lookup_finds_nothing_the_first_parts_tree_is_the_tree_unread():
-    """A tree the heads left on the device (a GPU's) is not read to be merged with nothing: the step waits for the
-    device once, at the acceptance. Where the lookup found something, the two merge by their chances."""
+def test_a_scored_tree_left_on_the_device_is_merged_there_unread():
+    """A tree the heads left on the device (a GPU's) is not read to be merged, with nothing or with the lookup's
+    nodes: the step waits for the device once, at the acceptance."""
     heads = QueuedScored({(9,): (0.9, "tokenswift"), (9, 8): (0.5, "tokenswift")})
     composite = CompositeDrafter(heads, NgramDrafter())
     composite.modes = AlwaysBoth()
-    composite.prefill([5, 6, 7, 8], None, 0)  # no token occurred twice: nothing to look up
-    with QueueDrains() as drains:
-        tree = composite.propose(3, SamplingConfig(), None)
-    assert drains.drains == 0, drains.causes
-    assert tree.queued_scores is not None and (tree.tokens, tree.scores) == ([9, 8], [0.9, 0.5])
-    composite.prefill([5, 6, 7, 5], None, 0)
-    assert composite.propose(3, SamplingConfig(), None).tokens == [9, 8, 6]
+    for text, tokens, scores in (([5, 6, 7, 8], [9, 8], [0.9, 0.5]),  # no token occurred twice: nothing looked up
+                                 ([5, 6, 7, 5], [9, 8, 6], [0.9 / 1.11, 0.5 / 1.11, 0.21 / 1.11])):  # 6 after 5
+        composite.prefill(text, None, 0)
+        with QueueDrains() as drains:
+            tree = composite.propose(3, SamplingConfig(), None)
+        assert drains.drains == 0, drains.causes
+        assert tree.queued_scores is not None and tree.tokens == tokens and tree.scores == pytest.approx(scores)
+
+
+def test_a_tree_merged_on_the_device_is_the_one_merged_on_the_host():
+    """Trees that share paths (a small vocabulary), scores tied and not: the merge on the device keeps the tree
+    `DraftTree.best` keeps of both trees' paths, node for node, with the same origins and scores."""
+    rng = random.Random(6)
+    names = ("tokenswift", "ngram")
+    for _ in range(60):
+        first, second = (DraftTree.best(random_paths(rng, names), 64) for _ in range(2))
+        kinds = torch.tensor([names.index(origin) for origin in first.origins])
+        queued = DraftTree.queued(torch.tensor(first.tokens), torch.tensor(first.parents), names, depth=first.depth,
+                                  scores=torch.tensor(first.scores, dtype=torch.float64), kinds=kinds)  # fmt: skip
+        union = {**second.paths(), **{path: value for path, value in first.paths().items()
+                                      if value[0] > second.paths().get(path, (-1.0,))[0]}}  # fmt: skip
+        for budget in range(1, max(len(first), len(second)) + 1):
+            with QueueDrains() as drains:
+                merged = merged_on_device(queued, second, budget)
+            assert drains.drains == 0, drains.causes
+            host = DraftTree.best(union, budget)
+            assert (merged.tokens, merged.parents, merged.origins) == (host.tokens, host.parents, host.origins)
+            assert merged.scores == pytest.approx(host.scores, rel=1e-12)
+
+
+def random_paths(rng: random.Random, origins: tuple[str, ...]) -> dict:
+    """Up to 12 token paths over 3 tokens, each below a path given, scored no likelier than their parents (ties
+    too), each of a random origin."""
+    paths: dict[tuple[int, ...], tuple[float, str]] = {}
+    for _ in range(rng.randint(1, 12)):
+        above = rng.choice([(), *paths])
+        path = (*above, rng.randrange(3))
+        if path not in paths and len(path) <= 4:
+            chance = paths[above][0] if above else 1.0
+            paths[path] = (rng.choice([chance, chance / 2, chance * rng.random()]), rng.choice(origins))
+    return paths
 
 
 def test_the_kinds_that_draft_next_follow_the_mode_chosen_at_the_last_commit():

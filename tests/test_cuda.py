@@ -76,6 +76,9 @@ DRAFTERS = {
         LongSpecDrafter(engine.target, random_layer(model)), NgramDrafter()
     ),
     "eagle3": lambda engine, model, reference: Eagle3Drafter(engine.target, random_eagle3(model)),
+    "tokenswift+ngram": lambda engine, model, reference: CompositeDrafter(  # merged on the device
+        TokenSwiftDrafter(engine.target, random_heads(model), lag=16), NgramDrafter()
+    ),
 }
 
 
@@ -116,7 +119,7 @@ def test_greedy_speculation_on_cuda_equals_autoregressive(family, drafter):
     assert generate(engine, follow_up, 40, NO_EOS) == want
 
 
-@pytest.mark.parametrize("drafter", ["random", "longspec", "tokenswift"])
+@pytest.mark.parametrize("drafter", ["random", "longspec", "tokenswift", "tokenswift+ngram"])
 def test_greedy_speculation_at_the_adaptive_budget_on_cuda_equals_autoregressive(drafter):
     """As a user runs it: trees sized by the adaptive budget from verification costs timed on this GPU, through the
     bucket graphs (the calibration's forwards among them)."""

@@ -9,15 +9,20 @@ depth would show; `test_cuda.py` counts the real synchronisations on a GPU.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from conftest import tiny_model
 from drafters_for_tests import ScoredChainDrafter, random_eagle3
 from queue_drains import QueueDrains
+from test_composite_drafter import AlwaysBoth
 from test_glide import random_draft
 from test_longspec import random_layer
 from test_tokenswift_drafter import random_heads
 
+from specchat.drafters import composite as composite_module
+from specchat.drafters.composite import CompositeDrafter
 from specchat.drafters.eagle3.drafter import Eagle3Drafter
 from specchat.drafters.glide.drafter import GlideDrafter
 from specchat.drafters.longspec.drafter import LongSpecDrafter
@@ -67,7 +72,8 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
 }
 
 
-def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12, reproducible: bool = False):
+def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12, reproducible: bool = False,
+                  prompt: list[int] = PROMPT):  # fmt: skip
     """Per decode step after the first: (drains in the drafter's proposal, drains in the whole step: its launch and
     its verification, the tree, what caused them)."""
     proposals, launches, steps = [], [], []
@@ -84,7 +90,7 @@ def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12, re
 
     engine.drafter.propose = counted(propose, proposals)
     engine._launch, engine._step = counted(launch, launches), counted(step, steps)
-    list(engine.generate(PROMPT, sampling=sampling, max_new_tokens=tokens, reproducible=reproducible))
+    list(engine.generate(prompt, sampling=sampling, max_new_tokens=tokens, reproducible=reproducible))
     return [(drafted.drains, launched.drains + verified.drains, tree, launched.causes + verified.causes)
             for (drafted, tree), (launched, _), (verified, _) in zip(proposals[1:], launches[1:], steps[1:])]
 
@@ -134,6 +140,25 @@ def test_a_keyed_step_over_a_beam_waits_once_as_on_a_gpu(monkeypatch, tokenizer)
     assert steps and all(tree.depth >= 5 for _, _, tree, _ in steps)
     for drafting, step, _, causes in steps:
         assert (drafting, step) == (0, 1), causes
+
+
+def test_heads_merged_with_the_lookup_wait_once_a_step(tokenizer, monkeypatch):
+    """TokenSwift's tree left on the device and the lookup's short matches (a text of few tokens, none copied):
+    merged on the device, each greedy step waits once, at the acceptance."""
+    merges = []
+    merge = composite_module.merged_on_device
+    monkeypatch.setattr(composite_module, "merged_on_device", lambda *args: merges.append(1) or merge(*args))
+    model = tiny_model("llama", vocab_size=64)
+    use_attention(model, "hybrid")
+    engine = Engine(model, tokenizer, max_len=400)
+    drafter = CompositeDrafter(tokenswift(forward=True)(engine, model), NgramDrafter())
+    drafter.modes = AlwaysBoth()
+    engine.set_drafter(drafter, 24)
+    rng = random.Random(3)
+    prompt = [rng.randrange(64) for _ in range(80)]  # every token of the vocabulary follows some other
+    steps = counted_steps(engine, GREEDY, 40, prompt=prompt)
+    assert len(merges) >= len(steps) // 2 and len(steps) > 4
+    assert [(drafting, step) for drafting, step, _, _ in steps] == [(0, 1)] * len(steps), [c for *_, c in steps]
 
 
 def test_guessing_keyed_draws_adds_no_wait(tokenizer):

@@ -13,9 +13,10 @@ import torch
 from specchat.drafters.mode_choice import BOTH, ModeChoice
 from specchat.engine.drafter import Drafter
 from specchat.engine.events import COPY
+from specchat.engine.host_data import to_device
 from specchat.engine.sampling import PositionNoise
 from specchat.engine.sampling_config import SamplingConfig
-from specchat.engine.tree import ROOT, DraftTree
+from specchat.engine.tree import ROOT, DraftTree, best_first
 from specchat.errors import SpecchatError
 
 
@@ -86,7 +87,8 @@ class CompositeDrafter:
         found a copy, which drafts alone (82-97% of its tokens right, more than the heads' best guess: merged, a
         sure guess of theirs halved the copy's chances, and summaries ran below the lookup alone). Otherwise the
         leading part's tree whole, and the other part's nodes in the room it left. Where the lookup found nothing,
-        the first part's tree is the tree, unread (a GPU's stays on the device: no wait)."""
+        the first part's tree is the tree, unread; a scored tree left on the device is merged there
+        (`merged_on_device`): a GPU's proposal waits for neither."""
         second = self.second.propose(budget, sampling, generator, least_chance, noise)
         first_leads = self.runs.first_leads()
         room = budget if first_leads or self.scores_nodes else budget - len(second)
@@ -100,6 +102,8 @@ class CompositeDrafter:
         if not len(second):  # nothing to merge: the first's tree as it is, left on the device where it drafts there
             first.leaders = leaders
             return first
+        if self.scores_nodes and first.queued_scores is not None:  # left on the device: merged there
+            return merged_on_device(first, second, budget)
         if self.scores_nodes:
             return DraftTree.best({**second.paths(), **_higher(first.paths(), second.paths())}, budget)
         return merge_trees(first, second, budget, leaders=leaders)
@@ -151,6 +155,61 @@ def matched_run(tree: DraftTree, tokens: list[int]) -> int:
 def _higher(paths: dict, others: dict) -> dict:
     """The `paths` that `others` do not hold at a score as high (a token both proposed keeps the higher)."""
     return {path: value for path, value in paths.items() if value[0] > others.get(path, (-1.0,))[0]}
+
+
+def merged_on_device(first: DraftTree, second: DraftTree, budget: int) -> DraftTree:
+    """The tree `DraftTree.best` makes of both trees' paths (a path both hold kept at the higher score, the second's
+    on a tie), for a scored `first` tree left on the device and a `second` on the host: matched, bounded and ranked
+    by tensor ops, and left on the device too (no wait in the proposal). Its size needs no read: the budget, or the
+    larger tree's size where that is less (their union holds at least as many nodes)."""
+    unread, device = first.unread, first.unread.tokens.device
+    names = tuple(dict.fromkeys((*unread.names, *second.origins)))  # a first tree without kinds: all names[0]
+    tokens, parents, scores = unread.tokens, unread.parents, unread.scores.double()
+    kinds = torch.zeros_like(tokens) if unread.kinds is None else unread.kinds
+    own_tokens, own_parents, own_kinds, own_depths = (to_device(values, device, torch.long) for values in (
+        second.tokens, second.parents, [names.index(origin) for origin in second.origins], second.depths))
+    own_scores = to_device(second.scores, device, torch.float64)
+    # second's node -> first's node of the same path (-2: none), a depth more each round
+    match = torch.full_like(own_tokens, -2)
+    for _ in range(second.depth):
+        above = torch.where(own_parents == ROOT, ROOT, match[own_parents.clamp(min=0)])
+        same = (own_tokens[:, None] == tokens[None]) & (above[:, None] == parents[None])
+        match = torch.where(same.any(dim=1), same.int().argmax(dim=1), -2)
+    n, matched = len(second), match >= 0
+    # first's node -> the candidate that holds its path: second's node where one matched it, else its own
+    holder = torch.cat([torch.arange(n, n + len(tokens), device=device), own_tokens.new_zeros(1)])
+    holder[torch.where(matched, match, len(tokens))] = torch.arange(n, device=device)
+    covered = holder[:-1] < n
+    theirs = scores[match.clamp(min=0)]
+    higher = matched & (theirs > own_scores)
+    depths = torch.ones_like(tokens)
+    for _ in range(unread.depth - 1):
+        depths = torch.where(parents == ROOT, 1, depths[parents.clamp(min=0)] + 1)
+    merged = (torch.cat([own_tokens, tokens]),
+              torch.cat([own_parents, torch.where(parents == ROOT, ROOT, holder[parents.clamp(min=0)])]),
+              torch.cat([torch.where(higher, theirs, own_scores), scores]),
+              torch.cat([torch.where(higher, kinds[match.clamp(min=0)], own_kinds), kinds]))
+    kept = torch.cat([torch.ones_like(own_tokens, dtype=torch.bool), ~covered])
+    bounded = _siblings_bounded(merged[1], merged[2], kept, max(second.depth, unread.depth))
+    size = min(budget, max(n, len(tokens)))
+    ranked = best_first(merged[0], merged[1], bounded, torch.cat([own_depths, depths]), size, kinds=merged[3],
+                        kept=kept)  # fmt: skip
+    return ranked.tree(names, max(second.depth, unread.depth))
+
+
+def _siblings_bounded(parents: torch.Tensor, scores: torch.Tensor, kept: torch.Tensor, depth: int) -> torch.Tensor:
+    """`siblings_bounded`'s chances of candidates [c] (their parents' places, ROOT below the root) on the device,
+    those not `kept` left out of their siblings' sums, for a tree at most `depth` deep."""
+    count = len(parents)
+    above = torch.where(parents == ROOT, count, parents)  # the root's place: past the candidates
+    given = torch.cat([scores, scores.new_ones(1)])  # each place's own chance, the root's 1
+    sums = scores.new_zeros(count + 1).index_add_(0, above, torch.where(kept, scores, 0.0))
+    total = torch.where(given > 0, torch.clamp(sums / given, min=1.0), 1.0)
+    conditional = torch.where(given[above] > 0, scores / given[above] / total[above], 0.0)
+    chance = conditional
+    for _ in range(depth - 1):  # each round settles a depth more
+        chance = conditional * torch.cat([chance, chance.new_ones(1)])[above]
+    return chance
 
 
 def merge_trees(first: DraftTree, second: DraftTree, budget: int, leaders: frozenset[str] | None = None) -> DraftTree:

@@ -97,6 +97,11 @@ class DraftTree:
         return tree
 
     @property
+    def unread(self) -> Unread | None:
+        """A queued tree's tensors, still on the device; None once read."""
+        return self._queued
+
+    @property
     def queued_scores(self) -> torch.Tensor | None:
         """A queued scored tree's scores [n], still on the device; None once read, or where it has none."""
         return None if self._queued is None else self._queued.scores
