@@ -43,11 +43,11 @@ def test_the_drafter_keeps_the_most_likely_nodes_of_the_contexts_chains_and_the_
     drafter.prefill([7, 12, 40, 41, 10, 11, 12])  # "12" occurred in the context; "10 11 12" in the answers
     assert drafter.next_kinds() == {"ngram", ANSWERS}
     tree = drafter.propose(4)  # the answers' 13, 14, 15 at 1/2, 1/4, 1/8; the context's 40 after one token: 0.21
-    assert tree.tokens == [13, 40, 14, 15] and tree.origins == [ANSWERS, "ngram", ANSWERS, ANSWERS]
-    assert tree.scores == [0.5, match_rate(1), 0.25, 0.125]
+    assert tree.tokens == [13, 14, 40, 15] and tree.origins == [ANSWERS, ANSWERS, "ngram", ANSWERS]  # best first
+    assert tree.scores == [0.5, 0.25, match_rate(1), 0.125]
     drafter.prefill([5, 10, 11, 12, 40, 5, 10, 11, 12])  # now the context matches four tokens: 0.72, then 0.52 ...
     tree = drafter.propose(7)
-    assert tree.tokens == [40, 13, 5, 14, 10, 11, 12] and tree.origins.count(ANSWERS) == 2
+    assert tree.tokens == [40, 5, 13, 10, 11, 14, 12] and tree.origins.count(ANSWERS) == 2
 
 
 @pytest.mark.parametrize("budget", [4, None])  # None: the adaptive budget, which cuts scored trees to size

@@ -164,9 +164,10 @@ def test_seeded_sampling_on_cuda_equals_autoregressive(drafter):
 @pytest.mark.parametrize(("drafter", "sampling", "drafted", "keyed"), [
     ("longspec", NO_EOS, 0, False), ("longspec", SAMPLED, 0, False), ("longspec", SAMPLED, 0, True),
     ("longspec-draft-vocab", NO_EOS, 0, False), ("glide", NO_EOS, 0, False), ("tokenswift", NO_EOS, 0, False),
-    ("tokenswift", SAMPLED, 0, True), ("eagle3", NO_EOS, 0, False), (None, NO_EOS, 0, False)],
+    ("tokenswift", SAMPLED, 0, True), ("eagle3", NO_EOS, 0, False), ("tokenswift+ngram", NO_EOS, 0, False),
+    (None, NO_EOS, 0, False)],
     ids=["longspec", "longspec-sampled", "longspec-keyed", "longspec-draft-vocab", "glide", "tokenswift",
-         "tokenswift-keyed", "eagle3", "none"])  # fmt: skip
+         "tokenswift-keyed", "eagle3", "tokenswift+ngram", "none"])  # fmt: skip
 def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, drafted, keyed):
     """What `test_device_waits.py` models on a CPU, counted by CUDA itself (`set_sync_debug_mode`): once its
     graphs are captured, a greedy step, or one sampled with top-p from a deterministic tree (keyed draws too, the
