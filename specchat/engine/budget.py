@@ -147,7 +147,7 @@ class AdaptiveBudget:
             accepted = sum(node in nodes for node in path)  # its nodes are closed under ancestors: a prefix
             led = tree.leaders is None or origin in tree.leaders  # else its depth is not its trees' at this budget
             self.origins.setdefault(origin, Acceptance(self.decay)).observe(depth, accepted, budget if led else 0)
-        if len(tree):
+        if len(tree) and tree.scores is None:  # a scored tree is sized by its scores (`size`), not by the budget
             self.budget = self._best()
             if self.probing:  # a probe fails when its tokens did not pay for its step (drafting and verifying)
                 self.probing = False
