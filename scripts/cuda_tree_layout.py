@@ -16,7 +16,6 @@ from specchat.drafters.tokenswift.device_ngrams import DeviceNgrams
 from specchat.drafters.tokenswift.heads_tree import heads_tree, host_tree, product_levels
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.engine.cuda_graphs import capture
-from specchat.engine.tree import Ranked
 
 KINDS = ("tokenswift", "ngram")
 DEPTH = 4  # below the draft forward's token, 3 levels or 3 tokens of a gram
@@ -43,7 +42,7 @@ def layouts(device: torch.device) -> dict:
 
         def replayed():
             graph.replay()
-            return Ranked(*(part.clone() for part in out)).tree(KINDS, DEPTH)
+            return out.copy().tree(KINDS, DEPTH)
 
         timed["graph"] = replayed
     return timed

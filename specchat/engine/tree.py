@@ -37,6 +37,10 @@ class Ranked(NamedTuple):
     scores: torch.Tensor  # [n]
     kinds: torch.Tensor | None  # [n] long: each node's index into the origins its tree names
 
+    def copy(self) -> Ranked:
+        """These nodes in tensors of their own (a graph's outputs are overwritten by its next replay)."""
+        return Ranked(*(None if part is None else part.clone() for part in self))
+
     def tree(self, origin: str | tuple[str, ...], depth: int) -> DraftTree:
         """The queued tree of these nodes, whose depth is at most `depth`."""
         return DraftTree.queued(self.tokens, self.parents, origin, depth=depth, scores=self.scores, kinds=self.kinds)

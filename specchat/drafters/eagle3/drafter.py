@@ -200,7 +200,7 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
         for buffer, value in zip(inputs, (outputs, logits)):
             buffer.copy_(value)
         graph.replay()
-        return Ranked(*(None if part is None else part.clone() for part in out))
+        return out.copy()
 
     def _grow(self, budget: int, outputs: torch.Tensor, logits: torch.Tensor, run, least_chance: float | None = None):
         """The candidates of a tree of `budget` nodes below the newest row's `outputs` [1, H] and `logits`: their

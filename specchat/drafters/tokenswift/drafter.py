@@ -197,7 +197,7 @@ class TokenSwiftDrafter:
                 buffer.copy_(value)
         inputs.root.fill_(root)
         graph.replay()
-        return Ranked(*(None if part is None else part.clone() for part in out))
+        return out.copy()
 
     def _root(self, root: int) -> torch.Tensor:
         return torch.full((1,), root, device=self.target.device)
