@@ -199,26 +199,24 @@ def test_a_scored_tree_left_on_the_gpu_is_cut_without_a_synchronisation():
 
 
 def synchronisations(engine: Engine, prompt: list[int], sampling: SamplingConfig, tokens: int, keyed: bool = False):
-    """Per decode step of `engine.generate`: the synchronisations of its launch and verification together; of each
-    proposal; and the Python lines that synchronised, a list a step."""
-    launches, verified, proposals = [], [], []
-    where = []
+    """Per decode step of `engine.generate`: the synchronisations of its launch, its verification and the drafter's
+    commit together; of each proposal; and the Python lines that synchronised, a list a step."""
+    calls = {"launch": [], "step": [], "commit": [], "propose": []}  # name -> (synchronisations, lines) a call
 
-    def counting(call, counts):
+    def counting(call, name):
         def counted(*args, **kwargs):
             before = len(caught)  # the warnings recorded below
             out = call(*args, **kwargs)
             syncs = [w for w in caught[before:] if "synchroniz" in str(w.message)]
-            counts.append(len(syncs))
-            if counts is not proposals:
-                where.append([f"{w.filename.rsplit('/', 2)[-1]}:{w.lineno}" for w in syncs])
+            calls[name].append((len(syncs), [f"{w.filename.rsplit('/', 2)[-1]}:{w.lineno}" for w in syncs]))
             return out
 
         return counted
 
-    engine._launch, engine._step = counting(engine._launch, launches), counting(engine._step, verified)
+    engine._launch, engine._step = counting(engine._launch, "launch"), counting(engine._step, "step")
     if engine.drafter is not None:
-        engine.drafter.propose = counting(engine.drafter.propose, proposals)
+        engine.drafter.propose = counting(engine.drafter.propose, "propose")
+        engine.drafter.commit = counting(engine.drafter.commit, "commit")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -226,9 +224,12 @@ def synchronisations(engine: Engine, prompt: list[int], sampling: SamplingConfig
             list(engine.generate(prompt, sampling=sampling, max_new_tokens=tokens, reproducible=keyed))
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    assert len(launches) == len(verified)  # on a GPU each step launched ahead, none after the last
-    return ([launched + step for launched, step in zip(launches, verified)], proposals,
-            [launched + step for launched, step in zip(where[0::2], where[1::2])])  # fmt: skip
+    assert len(calls["launch"]) == len(calls["step"])  # on a GPU each step launched ahead, none after the last
+    commits = calls["commit"][1:] or [(0, [])] * len(calls["step"])  # the first: the prefill's token
+    steps = [[launched, verified, committed] for launched, verified, committed
+             in zip(calls["launch"], calls["step"], commits)]  # fmt: skip
+    return ([sum(count for count, _ in step) for step in steps], [count for count, _ in calls["propose"]],
+            [[line for _, lines in step for line in lines] for step in steps])
 
 
 def test_the_step_clock_times_what_the_device_ran():

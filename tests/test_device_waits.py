@@ -74,10 +74,10 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
 
 def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12, reproducible: bool = False,
                   prompt: list[int] = PROMPT):  # fmt: skip
-    """Per decode step after the first: (drains in the drafter's proposal, drains in the whole step: its launch and
-    its verification, the tree, what caused them)."""
-    proposals, launches, steps = [], [], []
-    propose, launch, step = engine.drafter.propose, engine._launch, engine._step
+    """Per decode step after the first: (drains in the drafter's proposal, drains in the whole step: its launch, its
+    verification and the drafter's commit, the tree, what caused them)."""
+    proposals, launches, steps, commits = [], [], [], []
+    drafter, propose, launch, step = engine.drafter, engine.drafter.propose, engine._launch, engine._step
 
     def counted(call, into):
         def counted_call(*args, **kwargs):
@@ -88,11 +88,13 @@ def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12, re
 
         return counted_call
 
-    engine.drafter.propose = counted(propose, proposals)
+    drafter.propose, drafter.commit = counted(propose, proposals), counted(drafter.commit, commits)
     engine._launch, engine._step = counted(launch, launches), counted(step, steps)
     list(engine.generate(prompt, sampling=sampling, max_new_tokens=tokens, reproducible=reproducible))
-    return [(drafted.drains, launched.drains + verified.drains, tree, launched.causes + verified.causes)
-            for (drafted, tree), (launched, _), (verified, _) in zip(proposals[1:], launches[1:], steps[1:])]
+    return [(drafted.drains, launched.drains + verified.drains + committed.drains, tree,
+             launched.causes + verified.causes + committed.causes)
+            for (drafted, tree), (launched, _), (verified, _), (committed, _)
+            in zip(proposals[1:], launches[1:], steps[1:], commits[2:])]  # commits[0]: the prefill's token
 
 
 @pytest.mark.parametrize("attention", ["auto", "hybrid"], ids=["cpu-decoder", "torch-decoder"])

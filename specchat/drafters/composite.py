@@ -90,12 +90,13 @@ class CompositeDrafter:
         the first part's tree is the tree, unread; a scored tree left on the device is merged there
         (`merged_on_device`): a GPU's proposal waits for neither."""
         second = self.second.propose(budget, sampling, generator, least_chance, noise)
-        first_leads = self.runs.first_leads()
+        first_leads = not self.scores_nodes and self.runs.first_leads()  # scored trees merge by their scores
         room = budget if first_leads or self.scores_nodes else budget - len(second)
         copying = self.scores_nodes and len(second) > 0 and set(second.origins) == {COPY}
         both = room > 0 and self.modes.mode == BOTH and not copying
         first = self.first.propose(room, sampling, generator, least_chance, noise) if both else DraftTree.empty()
-        self.runs.proposed(first, second)
+        if not self.scores_nodes:  # a scored first tree may be on the device: matching it at the commit would wait
+            self.runs.proposed(first, second)
         self._second_tree = second
         leader = self.first if first_leads and len(first) else self.second
         leaders = None if self.scores_nodes else leader.next_kinds()
@@ -112,7 +113,7 @@ class CompositeDrafter:
 class MatchedRuns:
     """How many tokens each part's own tree matched of what the target committed next (its longest path from the
     root along the committed tokens), averaged with decay (a part that proposed nothing on a step is not
-    counted on it)."""
+    counted on it). Kept for parts whose nodes carry no scores, which merge by which part leads."""
 
     def __init__(self, decay: float = 0.95):
         self.decay = decay
