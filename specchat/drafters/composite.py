@@ -23,16 +23,16 @@ from specchat.errors import SpecchatError
 class CompositeDrafter:
     """Drafts with `first` and `second` at once; both follow every prefill and commit.
 
-    Budget: the second drafter (the cheap one: n-gram lookup) always proposes within the whole budget. The
-    part whose own tree has matched more of what the target then committed leads: its tree is kept whole and
-    the other's nodes fill what is left. Matched tokens, not top guesses: a copy the lookup found is often
-    several tokens right where a model's guesses stop at one or two, and a top guess counts both alike. The
-    first drafter proposes when it leads or something is left, and when drafting with both parts has
-    committed more tokens per second than the second alone (`ModeChoice`): a copy the lookup found costs no
-    draft forward and is mostly right, and a long one fills the budget by itself, so a model part that always
-    drafts first only slows copy-heavy text; where the lookup's matches are mostly wrong (chat answers), the
-    model part's guesses lead. The mode is chosen before the engine sizes the budget (`next_kinds`), so each
-    tree is sized for the parts that draft it.
+    Budget: the second drafter (the cheap one: n-gram lookup) always proposes within the whole budget. Of parts
+    without scores (scored ones merge by them: `propose`), the part whose own tree has matched more of what the
+    target then committed leads: its tree is kept whole and the other's nodes fill what is left. Matched tokens, not
+    top guesses: a copy the lookup found is often several tokens right where a model's guesses stop at one or two,
+    and a top guess counts both alike. The first drafter proposes when it leads or something is left, and when
+    drafting with both parts has committed more tokens per second than the second alone (`ModeChoice`): a copy the
+    lookup found costs no draft forward and is mostly right, and a long one fills the budget by itself, so a model
+    part that always drafts first only slows copy-heavy text; where the lookup's matches are mostly wrong (chat
+    answers), the model part's guesses lead. The mode is chosen before the engine sizes the budget (`next_kinds`),
+    so each tree is sized for the parts that draft it.
 
     Sampling: verification draws once from the target wherever a node's children are not all drafter
     samples (`specchat.engine.verify`), which is exact for any tree; rejection sampling against `draft_probs`
