@@ -366,7 +366,7 @@ def _tensors(out) -> tuple[torch.Tensor, ...]:
 
 
 def rerun(call, pool=None):
-    """`cuda_graphs.capture`'s stand-in on a CPU: (the stand-in graph, its outputs)."""
+    """`cuda_graphs.graph_of`'s stand-in on a CPU: (the stand-in graph, its outputs)."""
     graph = Rerun(call)
     return graph, graph.out
 

@@ -164,7 +164,7 @@ def test_a_graphed_proposal_drafts_as_called(loaded, monkeypatch, sampling):
     at its capture. Every proposal equals the one drafted as called, and the output is the target's."""
     prompt = list(range(30, 270))
     captures = []
-    monkeypatch.setattr("specchat.drafters.eagle3.drafter.capture",
+    monkeypatch.setattr("specchat.engine.cuda_graphs.graph_of",
                         lambda call, pool: captures.append(call) or rerun(call, pool))  # fmt: skip
     proposals, outputs = {}, {}
     for graphed in (False, True):

@@ -104,7 +104,7 @@ def test_a_graphed_chain_reads_the_caches_to_their_lengths_and_drafts_as_called(
     for graphed in (False, True):
         drafter = GlideDrafter(engine.target, random_draft(targets["llama"].config, layers=2))
         monkeypatch.setattr(drafter, "_graphed", lambda graphed=graphed: graphed)
-        monkeypatch.setattr("specchat.drafters.glide.drafter.capture", rerun)
+        monkeypatch.setattr("specchat.engine.cuda_graphs.graph_of", rerun)
         seen = proposals[graphed] = []
         propose = drafter.propose
         drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]

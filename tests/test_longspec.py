@@ -89,7 +89,7 @@ def test_a_graphed_proposal_reads_the_whole_cache_to_its_length_and_drafts_as_ca
     for graphed in (False, True):
         drafter = LongSpecDrafter(engine.target, random_layer(model), chain=chain)
         monkeypatch.setattr(drafter, "_graphed", lambda sampling, graphed=graphed: graphed)
-        monkeypatch.setattr("specchat.drafters.longspec.drafter.capture", rerun)
+        monkeypatch.setattr("specchat.engine.cuda_graphs.graph_of", rerun)
         seen = proposals[graphed] = []
         propose = drafter.propose
         drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]

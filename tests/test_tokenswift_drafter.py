@@ -29,6 +29,7 @@ from specchat.drafters.tokenswift.heads_tree import Level, deepest, heads_tree, 
 from specchat.drafters.tokenswift.model import TokenSwiftConfig, TokenSwiftHeads, save_heads
 from specchat.drafters.tokenswift.ngram_table import NgramTable
 from specchat.drafters.tokenswift.partial_kv import SINKS, PartialKV
+from specchat.engine import cuda_graphs
 from specchat.engine.generate import Engine
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import DraftTree
@@ -291,7 +292,7 @@ def test_a_graphed_proposal_drafts_as_called(model, tokenizer, monkeypatch, forw
     Every proposal equals the one drafted as called, and the output is the target's."""
     prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
     captures = []
-    monkeypatch.setattr("specchat.drafters.tokenswift.drafter.capture",
+    monkeypatch.setattr("specchat.engine.cuda_graphs.graph_of",
                         lambda call, pool: captures.append(call) or rerun(call, pool))  # fmt: skip
     monkeypatch.setattr("specchat.drafters.tokenswift.drafter.NGRAM_ROWS", 4)  # its tensors grow as the text goes
     proposals, outputs = {}, {}
@@ -453,3 +454,31 @@ def test_its_trees_carry_only_the_kinds_it_names(model, tokenizer):
     drafter.propose = lambda *args, **kwargs: (tree := propose(*args, **kwargs), origins.update(tree.origins))[0]
     list(engine.generate(list(range(3, 23)) * 4, max_new_tokens=48))
     assert origins == drafter.next_kinds() == {"tokenswift", "ngram"}
+
+
+def test_a_proposal_that_captured_a_graph_is_not_priced(model, tokenizer, monkeypatch, tmp_path):
+    """A graph captured anew (the n-gram lookup's tensors grown) costs its proposal a capture's one-off time, which
+    priced would make drafting at that budget look slow for steps after: like a drafter's first proposal at a
+    setting, the engine gives the adaptive budget no time for it; the proposals after it are priced again."""
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
+    monkeypatch.setattr("specchat.engine.cuda_graphs.graph_of", rerun)
+    monkeypatch.setattr("specchat.drafters.tokenswift.drafter.NGRAM_ROWS", 4)  # its tensors grow as the text goes
+    engine = Engine(model, tokenizer, max_len=400)
+    drafter = TokenSwiftDrafter(engine.target, random_heads(model), forward=True, lag=16, device_layout=True)
+    drafter.uses_graphs = True  # as on a GPU
+    engine.set_drafter(drafter)  # the adaptive budget
+    launches = []  # (graphs captured during the launch, whether its drafting was priced)
+    launch = engine._launch
+
+    def counted(*args):
+        before = cuda_graphs.captures()
+        out = launch(*args)
+        launches.append((cuda_graphs.captures() - before, out.priced))
+        return out
+
+    engine._launch = counted
+    prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
+    list(engine.generate(prompt, sampling=SamplingConfig(suppress=(2,)), max_new_tokens=100))
+    captured = [priced for count, priced in launches if count]
+    assert len(captured) > 1 and not any(captured)  # the first at the budget (15 nodes, always) and those anew
+    assert sum(priced for count, priced in launches if not count) > 10

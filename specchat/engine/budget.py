@@ -15,9 +15,10 @@ times, `verify_cost.py`) and weighs that cost against the acceptance it observes
   pseudo-step at 0.5: a tree's depths are one event (a copy is right or wrong), not independent evidence.
 - depth(n) is how deep this drafter's trees of n nodes reach (a moving average: a beam of 7 nodes reaches depth
   2, a chain depth 7) and draft cost(n) the time it took to propose them, both measured as the engine runs.
-  A drafter's first proposal at a budget and sampling setting is not priced (the engine passes no time for it):
-  it pays what the drafter does once (kernels compiled, a graph captured), which priced would keep that budget,
-  or drafting at all, off for the rest of the text.
+  A drafter's first proposal at a budget and sampling setting is not priced (the engine passes no time for it),
+  nor one that captured a CUDA graph (anew, its buffers grown): it pays what the drafter does once (kernels
+  compiled, a graph captured), which priced would keep that budget, or drafting at all, off for the rest of the
+  text.
 - When drafting does not pay (budget 0) the engine still probes with a small tree now and then, so that a return
   of copyable text is noticed; each probe that did not pay doubles the wait for the next, and after
   MAX_FAILED_PROBES in a row drafting stays off: a probe costs a verification of several rows.
@@ -187,8 +188,8 @@ class AdaptiveBudget:
         since the last one make its drafting PROBE_SHARE of their time. A probe costs a draft and no verification
         unless its nodes pay, and it is how drafting comes back: drafting at a twentieth of a step is probed every
         third step, so two unlucky trees at an answer's start cost it a few undrafted steps, not dozens. A probe's
-        drafting is taken as the median of the last three trees', so that one slow tree (a graph captured anew)
-        does not put the probes off by its own time."""
+        drafting is taken as the median of the last three trees', so that one slow tree does not put the probes off
+        by its own time."""
         if self.cost.decode_stale:
             return 0
         if self.scored_speed < 1.0:

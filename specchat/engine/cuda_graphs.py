@@ -28,7 +28,23 @@ def replayable_rotary(rotary) -> bool:
     return getattr(rotary, "rope_type", "default") not in ("dynamic", "longrope")
 
 
+_captures = 0  # graphs captured in this process
+
+
+def captures() -> int:
+    """How many graphs `capture` has captured in this process: a call during which the count grew paid a capture's
+    one-off cost (the engine does not price a proposal that did, as it does not its drafter's first)."""
+    return _captures
+
+
 def capture(call, pool=None):
+    """(graph, what `call` returned while captured), counted in `captures`: `call` captured by `graph_of`."""
+    global _captures
+    _captures += 1
+    return graph_of(call, pool)
+
+
+def graph_of(call, pool=None):
     """(graph, what `call` returned while captured): `call` warmed up twice on a side stream (Triton compiles its
     kernels, cuBLAS settles its workspace), then captured into `pool` (shared by graphs replayed one at a time).
 

@@ -22,6 +22,7 @@ from specchat.engine.attention import sliding_window
 from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.constraint import ConstrainedText, Constraint
+from specchat.engine.cuda_graphs import captures
 from specchat.engine.drafter import Drafter, TargetView
 from specchat.engine.events import FORCED, KNOWN, TARGET, StepEvent, TokenLogprob
 from specchat.engine.host_data import to_device
@@ -340,11 +341,12 @@ class Engine:
             scored = self.policy is not None and self.drafter.scores_nodes
             budget = self._draft_budget(mode, scored)
             least_chance = self.policy.least_chance() if scored else 0.0
+            captured = captures()
             tree = (self.drafter.propose(budget, sampling, generator, least_chance, noise) if budget
                     else DraftTree.empty())
-            if budget:
+            if budget:  # the drafter's first proposal at a setting, and one that captured a graph, paid a one-off
                 setting = (budget, dataclasses.replace(sampling, seed=None))
-                priced = setting in self._drafted_at
+                priced = setting in self._drafted_at and captures() == captured
                 self._drafted_at.add(setting)
         clock.mark()
         proposed = None  # the scores of a tree cut on the device, which size the next once the acceptance read them
