@@ -20,6 +20,7 @@ from specchat.bench.prompts import LONG_SETS, PROMPT_SETS, load_prompt_sets, lon
 from specchat.bench.runs import method_runner, transformers_model
 from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.target_forward import forward_path
 from specchat.errors import SpecchatError
 from specchat.loading import LoadedModel, ModelSource, embedded_gguf_path, gguf_checkpoint_dir, load_model
 
@@ -75,8 +76,11 @@ def test_compare_rows_cover_every_method_and_check_identity(tokenizer):
     assert all(row.tokens_per_second > 0 and row.new_tokens > 0 for row in rows)
     assert set(rows[0].as_dict()) >= {
         "drafter", "prompt_set", "new_tokens", "tokens_per_second", "speedup_vs_ar",
-        "mean_accepted_length", "acceptance_rate", "identical_to_ar",
+        "mean_accepted_length", "acceptance_rate", "identical_to_ar", "decoder",
     }  # fmt: skip
+    # each row says what computed it: ours the decoder and its code path, the baselines theirs
+    assert by_method["ngram"].decoder == by_method["none"].decoder == forward_path(loaded.model)
+    assert by_method["hf"].decoder == by_method["hf-prompt-lookup"].decoder == "transformers, cpu"
 
 
 def test_the_transformers_baseline_of_a_gguf_file_is_the_file_dequantized(tmp_path):
@@ -206,6 +210,7 @@ def test_the_lookup_baseline_is_llamacpp_drafting_from_the_prompt(default_model,
     prompt = "Repeat this line three times: the quick brown fox jumps over the lazy dog."
     rows = compare(default_model, {"copy": [prompt]}, [], max_new_tokens=32, repeats=1, llamacpp=[plain, lookup])
     assert [row.method for row in rows] == ["none", "llamacpp", "llamacpp-lookup"]
+    assert rows[1].decoder == rows[2].decoder and rows[1].decoder.startswith("llama.cpp (llama-cpp-python 0.")
     ids = encode_prompt(tokenizer, prompt)
     answers = [method_runner(each.method, default_model, 256, 32, None, each)(ids).tokens for each in (plain, lookup)]
     assert answers[0][:8] == answers[1][:8]

@@ -17,6 +17,7 @@ from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.prompts import Prompt, prompt_ids
 from specchat.bench.runs import BASELINES, HF_METHODS, LLAMACPP_METHODS, Run, method_runner, transformers_model
 from specchat.engine.sampling_config import SamplingConfig
+from specchat.engine.target_forward import forward_path
 from specchat.loading import LoadedModel
 from specchat.quant.formats import weight_format
 
@@ -36,6 +37,7 @@ class BenchRow:
     identical_to_ar: bool  # greedy ids equal our AR run's on every prompt
     mean_budget: float | None  # tree budget in force per step (fixed, or chosen by the engine)
     draft_ms_per_step: float | None = None  # the drafter's time per decode step, all steps counted (--json only)
+    decoder: str = ""  # what computed it: our decoder and its code path (`forward_path`), transformers, llama.cpp's
 
     def as_dict(self) -> dict:
         return {"drafter": self.method, **{k: v for k, v in asdict(self).items() if k != "method"}}
@@ -84,6 +86,8 @@ def compare(
     hf_model = transformers_model(loaded) if set(methods) & set(HF_METHODS) else None
     runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, by_method.get(m), kv_cache, sampling,
                                 hf_model, held) for m in methods}  # fmt: skip
+    decoders = {m: by_method[m].build if m in by_method else f"transformers, {hf_model.device.type}"
+                if m in HF_METHODS else forward_path(loaded.model) for m in methods}  # fmt: skip
 
     warmup = next(iter(encoded.values()))[0]
     for method, runner in runners.items():
@@ -130,6 +134,7 @@ def compare(
                     draft_ms_per_step=round(1e3 * sum(r.draft_seconds for r in flat) / steps, 2)
                     if method not in ("none", *BASELINES) and steps
                     else None,
+                    decoder=decoders[method],
                 )
             )
     return rows

@@ -25,6 +25,7 @@ from specchat.errors import SpecchatError
 CONTEXT_STEP = 4096
 LOOKUP_TOKENS = 2  # tokens a lookup drafts: what llama-cpp-python's docs advise on a CPU (10 on a GPU)
 METHODS = {"llamacpp": 0, "llamacpp-lookup": LOOKUP_TOKENS}  # a baseline's name -> the tokens it drafts
+ISAS = ("AVX2", "AVX_VNNI", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8")  # as its system info names them
 
 # A child's prefill of eight tokens of the file (argv[1]), for `check_prompt_decodes`.
 PROMPT_DECODE = (
@@ -81,6 +82,15 @@ class LlamaCpp:
         lookup = LlamaPromptLookupDecoding(num_pred_tokens=self.lookup) if self.lookup else None
         self.llm = Llama(self.path, n_ctx=context, n_threads=torch.get_num_threads(), draft_model=lookup,
                          verbose=False)  # fmt: skip
+
+    @property
+    def build(self) -> str:
+        """Which llama.cpp runs, and the instruction sets its build uses (its own report of them)."""
+        import llama_cpp
+
+        flags = llama_cpp.llama_print_system_info().decode().replace(" ", "").split("|")
+        used = [isa for isa in ISAS if f"{isa}=1" in flags]
+        return f"llama.cpp (llama-cpp-python {llama_cpp.__version__}{', ' if used else ''}{', '.join(used)})"
 
     @classmethod
     def for_model(cls, spec: str | None, method: str = "llamacpp") -> LlamaCpp:
