@@ -86,8 +86,7 @@ def compare(
     hf_model = transformers_model(loaded) if set(methods) & set(HF_METHODS) else None
     runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, by_method.get(m), kv_cache, sampling,
                                 hf_model, held) for m in methods}  # fmt: skip
-    decoders = {m: by_method[m].build if m in by_method else f"transformers, {hf_model.device.type}"
-                if m in HF_METHODS else forward_path(loaded.model) for m in methods}  # fmt: skip
+    decoders = {m: _decoder(m, loaded, hf_model, by_method.get(m)) for m in methods}
 
     warmup = next(iter(encoded.values()))[0]
     for method, runner in runners.items():
@@ -138,6 +137,15 @@ def compare(
                 )
             )
     return rows
+
+
+def _decoder(method: str, loaded: LoadedModel, hf_model, llamacpp: LlamaCpp | None) -> str:
+    """What computes `method`'s rows: llama.cpp's build, transformers on its device, or our decoder and its path."""
+    if llamacpp is not None:
+        return llamacpp.build
+    if method in HF_METHODS:
+        return f"transformers, {hf_model.device.type}"
+    return forward_path(loaded.model)
 
 
 def _speed(repeats_runs: list[list[Run]]) -> float:
