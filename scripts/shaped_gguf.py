@@ -3,7 +3,9 @@ that architecture: a speed figure's model where its file cannot be fetched. Its 
 padded with unused tokens to the model's vocabulary (the LM head's size is what a step reads). Quantize it as files
 ship with `scripts/requantize_gguf.py OUT.gguf Q4_K_M.gguf --type q4_k_m --llama-cpp`.
 
-    python scripts/shaped_gguf.py gemma3-1b|gemma3-4b|gemma2-2b|phi4-mini|phi3.5-mini OUT.gguf
+    python scripts/shaped_gguf.py gemma3-1b|gemma3-4b|gemma2-2b|phi4-mini|phi3.5-mini|llama3.1-8b OUT.gguf
+
+The tensors are spooled to a temporary file as they are drawn: an 8B's 16 GB of bf16 never sit in memory at once.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import torch
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, RopeScalingType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' helpers
-from gguf_files import _fields, tokenizer_fields  # noqa: E402
+from gguf_files import _fields, llama3_frequency_factors, tokenizer_fields  # noqa: E402
 
 from specchat.loading import embedded_gguf_path  # noqa: E402
 
 # From each model's config.json: google/gemma-3-1b-it, google/gemma-3-4b-it (text), google/gemma-2-2b-it,
-# microsoft/Phi-4-mini-instruct, microsoft/Phi-3.5-mini-instruct
+# microsoft/Phi-4-mini-instruct, microsoft/Phi-3.5-mini-instruct, meta-llama/Llama-3.1-8B-Instruct
 SHAPES = {
     "gemma3-1b": dict(architecture="gemma3", hidden=1152, intermediate=6912, layers=26, heads=4, kv_heads=1,
                       head_dim=256, vocab=262144, context=32768, window=512),
@@ -37,6 +39,8 @@ SHAPES = {
     "phi3.5-mini": dict(architecture="phi3", hidden=3072, intermediate=8192, layers=32, heads=32, kv_heads=32,
                         head_dim=96, vocab=49152, context=131072, rotated=96, trained=4096, head=True,
                         name="phi 3.5 mini-shaped (random weights)"),
+    "llama3.1-8b": dict(architecture="llama", hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8,
+                        head_dim=128, vocab=128256, context=131072, head=True, rope_base=500000.0, llama3_factor=8.0),
 }  # fmt: skip
 
 
@@ -45,7 +49,7 @@ def main() -> None:
     arch, hidden, layers, dim = shape["architecture"], shape["hidden"], shape["layers"], shape["head_dim"]
     heads, kv_heads, intermediate, vocab = shape["heads"], shape["kv_heads"], shape["intermediate"], shape["vocab"]
     rng = np.random.default_rng(0)
-    writer = GGUFWriter(str(out), arch)
+    writer = GGUFWriter(str(out), arch, use_temp_file=True)
     writer.add_name(shape.get("name", f"{sys.argv[1]}-shaped (random weights)"))
     size = _fields(embedded_gguf_path(), "tokenizer.")[1]
     tokenizer_fields(writer, embedded_gguf_path(), pad=vocab - size)
@@ -71,6 +75,9 @@ def main() -> None:
         writer.add_sliding_window(shape["window"])
         writer.add_float32("gemma2.attn_logit_softcapping", shape["caps"][0])
         writer.add_float32("gemma2.final_logit_softcapping", shape["caps"][1])
+    elif arch == "llama":  # Llama 3.1's RoPE scaling, as its converter writes it: a factor per rotary pair
+        writer.add_rope_freq_base(shape["rope_base"])
+        writer.add_rope_dimension_count(dim)
     else:  # Phi-3's LongRoPE over its rotated dims
         writer.add_rope_freq_base(10000.0)
         writer.add_rope_dimension_count(shape["rotated"])
@@ -80,7 +87,7 @@ def main() -> None:
         writer.add_sliding_window(0)
 
     def bf16(name: str, rows: int, columns: int, std: float) -> None:
-        values = torch.from_numpy(rng.normal(0, std, (rows, columns)).astype(np.float32)).to(torch.bfloat16)
+        values = torch.from_numpy(rng.standard_normal((rows, columns), dtype=np.float32) * std).to(torch.bfloat16)
         writer.add_tensor(name, values.view(torch.int16).numpy(), raw_dtype=GGMLQuantizationType.BF16)
 
     def f32(name: str, values: np.ndarray) -> None:
@@ -88,14 +95,14 @@ def main() -> None:
 
     bf16("token_embd.weight", vocab, hidden, 0.03)
     for i in range(layers):
-        gemma = arch in ("gemma3", "gemma2")
+        gemma, separate = arch in ("gemma3", "gemma2"), arch in ("gemma3", "gemma2", "llama")
         norms = ("attn_norm", "ffn_norm") + (("post_attention_norm", "post_ffw_norm") if gemma else ())
         for name in norms:
             f32(f"blk.{i}.{name}.weight", rng.uniform(0.8, 1.2, hidden))
         if arch == "gemma3":
             f32(f"blk.{i}.attn_q_norm.weight", rng.uniform(0.8, 1.2, dim))
             f32(f"blk.{i}.attn_k_norm.weight", rng.uniform(0.8, 1.2, dim))
-        if gemma:
+        if separate:
             matrices = [("attn_q", heads * dim, hidden), ("attn_k", kv_heads * dim, hidden),
                         ("attn_v", kv_heads * dim, hidden), ("ffn_gate", intermediate, hidden),
                         ("ffn_up", intermediate, hidden)]  # fmt: skip
@@ -107,6 +114,9 @@ def main() -> None:
     f32("output_norm.weight", rng.uniform(0.8, 1.2, hidden))
     if shape.get("head"):  # an output head of its own (the others tie it to the embedding)
         bf16("output.weight", vocab, hidden, 0.02)
+    if arch == "llama":
+        f32("rope_freqs.weight", np.array(llama3_frequency_factors(shape["llama3_factor"], base=shape["rope_base"],
+                                                                   dim=dim)))
     if arch == "phi3":
         f32("rope_factors_long.weight", rng.uniform(1.0, 40.0, shape["rotated"] // 2))
         f32("rope_factors_short.weight", rng.uniform(1.0, 1.5, shape["rotated"] // 2))
