@@ -15,6 +15,7 @@ from drafters_for_tests import RandomTreeDrafter
 from gguf import GGMLQuantizationType as Q
 from gguf_files import LAYOUTS, llama3_frequency_factors, random_blocks, write_tiny_model
 from test_cli import specchat
+from test_mapped_pages import PAGE, resident_bytes
 
 from specchat.architectures import parts
 from specchat.architectures.rope import rope_of_frequency_factors
@@ -84,6 +85,18 @@ def test_loads_on_its_own_blocks(tiny_gguf):
     formats = {module.format for module in model.modules() if isinstance(module, GGUFLinear)}
     assert formats == {kind.name.lower() for kind in LAYOUTS}  # its three layers hold every block type
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("Hello, world")) == "Hello, world"
+
+
+def test_the_file_pages_under_tiled_matrices_are_not_resident(tiny_gguf):
+    """A matrix repacked in tiles is read from its copy: the file's pages under it leave the process (else an 8B
+    Q4_K_M counted its 4.9 GB twice). What is read after (the embedding's rows) reads the file's bytes: every test
+    of a GGUF model's output runs on a model loaded so."""
+    model = load_model(str(tiny_gguf)).model
+    mapping = model.model.embed_tokens.blocks.data_ptr()  # the embedding reads its rows from the mapped file
+    tiled = sum(matrix.numel() for module in model.modules() if isinstance(module, GGUFLinear)
+                for matrix, units in zip(module.matrices, module.unit_rows) if units > 1)  # fmt: skip
+    assert tiled > 1000 * PAGE
+    assert resident_bytes(mapping) < tiled / 10  # tensors' edge pages, norms and biases (all of it kept: 1.0x)
 
 
 def test_a_gguf_file_loads_by_any_name(tmp_path, tiny_gguf):

@@ -32,6 +32,7 @@ from specchat.quant.gguf_types import BLOCK_TYPES, check_type
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
 from specchat.quant.kept_tensors import KeptTensors, kept_tensors
+from specchat.quant.mapped_pages import give_back
 
 BLOCK = 32  # values per block of the Q4_0, Q4_1 and Q8_0 types
 _LAYER_NAMES = {
@@ -224,6 +225,8 @@ def _install(model, name: str, parts: dict, dtype, *, rows=None, packed: KeptTen
         columns = tensor.shape[0]
         module = GGUFEmbedding(raw, int(kind), columns, dtype=dtype, scale=current.scale) if embedding \
             else GGUFLinear(raw, int(kind), columns, dtype=dtype, bias=bias)  # fmt: skip
+        if not embedding and module.unit_rows[0] > 1:  # repacked in tiles: read from its copy from now on
+            give_back(tensor.data)
     else:  # F32 / F16 / BF16: norms, biases, unquantized matrices, mapped from the file where already in `dtype`
         weight = _dense(tensor, raw)
         if embedding:  # its rows scaled (and converted) as they are looked up, in fp32 and rounded once, as a
