@@ -10,6 +10,7 @@ then they are read from the file as they were, since the mapping is copy-on-writ
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 
 import numpy as np
@@ -25,9 +26,13 @@ def give_back(data: np.ndarray) -> None:
     start = -(-data.ctypes.data // page) * page
     end = (data.ctypes.data + data.nbytes) // page * page
     if end > start:
-        _madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), advice)
+        _madvise()(ctypes.c_void_p(start), ctypes.c_size_t(end - start), advice)
 
 
-_madvise = ctypes.CDLL(None, use_errno=True).madvise
-_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_madvise.restype = ctypes.c_int
+@functools.cache
+def _madvise():
+    """The C library's madvise (a system with `mmap.MADV_DONTNEED` has one)."""
+    function = ctypes.CDLL(None, use_errno=True).madvise
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
