@@ -1,7 +1,7 @@
 """Pages of a memory-mapped file given back once a copy replaced what they held.
 
-A GGUF matrix repacked in tiles (`GGUFLinear`) is read from its copy from then on, yet the file's pages read to make
-the copy stayed resident in the process beside it: a file's bytes counted twice (the 1.5B's 1.1 GB file: 2.3 GB
+A GGUF matrix repacked in tiles (`GGUFLinear`) is read from its copy from then on, but the file's pages read to make
+the copy would stay resident in the process beside it: a file's bytes counted twice (the 1.5B's 1.1 GB file: 2.3 GB
 resident; an 8B Q4_K_M's 4.9 GB: 9.9 GB). Given back with `madvise(MADV_DONTNEED)` they leave the process and stay
 in the kernel's page cache, reclaimable, until anything touches them again (the tied embedding's looked-up rows):
 then they are read from the file as they were, since the mapping is copy-on-write and never written.
