@@ -24,3 +24,12 @@ def test_a_log_gets_a_line_at_each_interval_and_the_last_at_the_end():
 
 def test_lines_wait_for_the_interval():
     assert _lines(every=3600.0, steps=3) == ["training 3/3"]
+
+
+def test_a_logged_line_is_not_cut_to_a_terminal_width():
+    log = io.StringIO()
+    with LoggedProgress(TextColumn("{task.description}"), TextColumn("{task.fields[left]}"), every=0.0,
+                        console=Console(file=log)) as progress:  # fmt: skip
+        task = progress.add_task("x" * 100, left="")
+        progress.update(task, left="0:25:19")
+    assert log.getvalue().splitlines()[0] == "x" * 100 + " 0:25:19"
