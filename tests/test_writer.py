@@ -31,7 +31,7 @@ from specchat.errors import SpecchatError
 from specchat.writer import write as write_module
 from specchat.writer.book import Book, ids_path, state_path
 from specchat.writer.settings import BookSettings, check_same, prompt_digest
-from specchat.writer.start import fit_window
+from specchat.writer.start import fit_window, window_policy
 from specchat.writer.write import write_book
 
 VOCAB = 64
@@ -53,7 +53,7 @@ def settings(engine: Engine, **sampling) -> BookSettings:
     values.update(sampling)
     return BookSettings(model="tiny", weights="fp32", dtype="float32", kv_cache="auto", yarn=None,
                         prompt_sha256=prompt_digest(PROMPT), prompt_tokens=len(PROMPT), **values, stop_at_eos=False,
-                        context=engine.capacity, refill_chunk=(engine.capacity - len(PROMPT)) // 4)  # fmt: skip
+                        **window_policy(engine.capacity, len(PROMPT)))  # fmt: skip
 
 
 def write(model, tokenizer, path, drafter=None, budget=None, tokens=TOKENS, **sampling):

@@ -60,8 +60,10 @@ def new_book(loaded, out: Path, tokens: int, prompt: str, *, raw: bool, sampling
 
 def window_policy(capacity: int, prompt_tokens: int) -> dict:
     """The book's window policy when the cache holds `capacity` tokens: the whole book when the model's window
-    allows (no refill ever), else the window, a quarter of whose generated tokens each refill drops."""
-    return {"context": capacity, "refill_chunk": max(1, (capacity - prompt_tokens) // 4)}
+    allows (no refill ever), else the window, half of whose generated tokens each refill drops (as llama.cpp's
+    context shift discards half): a refill prefills what stays, so dropping a quarter paid for a prefill of three
+    quarters of the window every quarter, 29% of a 100K-token book's time on the default model."""
+    return {"context": capacity, "refill_chunk": max(1, (capacity - prompt_tokens) // 2)}
 
 
 def resumed_book(loaded, book: Book, tokens: int, *, prompt: str | None, raw: bool, given: dict,
