@@ -1,7 +1,7 @@
 """A rich progress display that also reports into a log. Rich draws a live bar on a terminal only; written to a
 file (a training run or a long write under `nohup`) it renders once, at the end. Long runs need the lines as they
 go, so where the console is not a terminal this one prints its tasks' line every `every` seconds, as wide as it is: a
-file has no columns to fit, and rich's 80 cut the line's last figures (the time left) to an ellipsis."""
+file has no columns to fit, and at rich's 80 the line's last figures (the time left) would end in an ellipsis."""
 
 from __future__ import annotations
 
