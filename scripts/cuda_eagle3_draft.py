@@ -49,7 +49,7 @@ def main() -> None:
         if graphed and device.type != "cuda":
             continue
         drafting.uses_graphs = graphed
-        propose = lambda: drafting.propose(BUDGET, SamplingConfig(), None)  # noqa: E731
+        propose = lambda: drafting.propose(BUDGET, SamplingConfig())  # noqa: E731
         with torch.inference_mode():
             for _ in range(10):
                 propose().tokens

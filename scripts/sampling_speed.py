@@ -1,7 +1,7 @@
 """Times the sampling pipeline a decode step runs on a 152K-token vocabulary (Qwen2.5's) per number of rows
-(not a test: prints a table): `process_rows` (penalty, temperature, top-k, top-p, min-p), `sample` (the race) and
-`PositionNoise.choose` (the keyed race of `write`, `bench` and a seeded server), under the settings a chat uses by
-default (Qwen's; Llama 3.1's, top-p without a top-k; SmolLM2's, a low temperature) and the writer's.
+(not a test: prints a table): `process_rows` (penalty, temperature, top-k, top-p, min-p) and `PositionNoise.choose`
+(the keyed race every sampled draw runs), under the settings a chat uses by default (Qwen's; Llama 3.1's, top-p
+without a top-k; SmolLM2's, a low temperature) and the writer's.
 
     .venv/bin/python scripts/sampling_speed.py [rows=1,4,8]
 """
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specchat.engine.sampling import PositionNoise, process_rows, sample
+from specchat.engine.sampling import PositionNoise, process_rows
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.writer.settings import SAMPLING
 
@@ -42,19 +42,17 @@ def main() -> None:
     torch.set_num_threads(2)
     rows = [int(n) for n in sys.argv[1].split("=")[1].split(",")] if len(sys.argv) > 1 else [1, 4, 8]
     noise = PositionNoise(5)
-    print("| settings | rows | process_rows ms | sample ms | keyed choose ms |")
-    print("|---|---|---|---|---|")
+    print("| settings | rows | process_rows ms | keyed choose ms |")
+    print("|---|---|---|---|")
     for name, config in SETTINGS.items():
         for n in rows:
             logits = torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(n)) * 3
             history = torch.randint(0, VOCAB, (n, 256), generator=torch.Generator().manual_seed(n + 1))
             processed = process_rows(logits, config, history)
-            generator = torch.Generator().manual_seed(0)
             indices = list(range(100, 100 + n))
             process = milliseconds(lambda: process_rows(logits, config, history))
-            draw = milliseconds(lambda: sample(processed, config, generator))
             keyed = milliseconds(lambda: noise.choose(processed, indices))
-            print(f"| {name} | {n} | {process:.2f} | {draw:.2f} | {keyed:.2f} |")
+            print(f"| {name} | {n} | {process:.2f} | {keyed:.2f} |")
 
 
 if __name__ == "__main__":

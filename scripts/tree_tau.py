@@ -54,7 +54,7 @@ def accepted_by_size(engine: Engine, prompt: list[int], reply: list[int]) -> lis
     for m in range(len(prompt) + 1, len(ids)):  # ids[:m] committed, the root ids[m - 1]
         if isinstance(drafter, CompositeDrafter):
             drafter.modes.mode = BOTH  # a composite's timed choice of parts is not what is measured here
-        tree = drafter.propose(SCORED_TREE, SamplingConfig(), None)
+        tree = drafter.propose(SCORED_TREE, SamplingConfig())
         steps.append([matched_run(tree.cut(n), ids[m:]) for n in SIZES])
         drafter.commit([ids[m]], states[m - 1 : m])
     return steps

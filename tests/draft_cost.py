@@ -50,7 +50,7 @@ def main() -> None:
                                               + (0 if vocab is None else vocab * 576 * 2)) / 2**20, 2)}
             for budget in (7, 15, 63):
                 with torch.inference_mode():
-                    row[f"draft_ms_{budget}"] = median_ms(lambda: drafter.propose(budget, SamplingConfig(), None))
+                    row[f"draft_ms_{budget}"] = median_ms(lambda: drafter.propose(budget, SamplingConfig()))
             rows.append(row)
             print(json.dumps(row), flush=True)
 

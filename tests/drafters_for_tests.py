@@ -49,7 +49,7 @@ class _TrackingDrafter(DraftsAlone, TracksCommittedIds):
     def prefill(self, ids: list[int], hidden=None, reused: int = 0) -> None:
         self.new_request(ids, reused)
 
-    def propose(self, budget: int, sampling=None, generator=None, least_chance: float = 0.0, noise=None) -> DraftTree:
+    def propose(self, budget: int, sampling=None, least_chance: float = 0.0, noise=None) -> DraftTree:
         tree = self._propose(budget)
         assert len(tree) <= budget, "a test drafter broke its own budget"
         self.proposals.append(tree)
@@ -240,84 +240,6 @@ class TopTokensDrafter(_TrackingDrafter):
                     below.append((builder.add(parent, token, self.kind), context + (token,)))
             frontier = below
         return builder.build()
-
-
-# --- drafters that sample their trees (recursive rejection sampling) -------------------------------------
-
-
-def sample_children(q, k: int, generator) -> tuple[list[int], list]:
-    """Up to `k` distinct tokens drawn from the distribution `q` [vocab] *without replacement*, one at a time:
-    child i is drawn from q with the earlier children removed and renormalised (fewer than k when q's support
-    runs out). Returns the tokens and, per child, the distribution it was drawn from — its `draft_probs` row.
-    """
-    import torch
-
-    tokens, dists, rest = [], [], q.detach().float().clone()
-    while len(tokens) < k and rest.sum() > 0:
-        dist = rest / rest.sum()
-        token = int(torch.multinomial(dist, 1, generator=generator))
-        tokens.append(token)
-        dists.append(dist)
-        rest = dist.clone()
-        rest[token] = 0
-    return tokens, dists
-
-
-class SampledTreeDrafter(_TrackingDrafter):
-    """Samples its tree from its own distribution q = `next_probs(context)` (a [vocab] tensor): `widths[d]`
-    distinct children under every node of depth d (the root has depth 0), drawn without replacement by
-    `sample_children`, breadth first, while the budget lasts.
-
-    `record` says what the tree carries as `draft_probs`:
-    - "drawn": each node's own sampling distribution (the truth: recursive rejection sampling applies);
-    - "first": for every sibling the undivided q (a buggy drafter: it forgets that sibling i + 1 was drawn
-      with the earlier ones removed);
-    - None: nothing (the same trees then go to per-node verification).
-    Every request (`prefill`) restarts the drafter's generator at `seed` + the request's index, so two engines
-    fed the same requests with the same engine seeds see the very same first tree of each request.
-    """
-
-    kind = "sampled"
-
-    def __init__(self, next_probs, *, widths: tuple[int, ...], seed: int, record: str | None = "drawn"):
-        import torch
-
-        super().__init__()
-        if record not in ("drawn", "first", None):
-            raise ValueError(record)
-        self.next_probs = next_probs
-        self.widths = tuple(widths)
-        self.seed = seed
-        self.record = record
-        self.requests = 0
-        self.generator = torch.Generator()
-
-    def prefill(self, ids: list[int], hidden=None, reused: int = 0) -> None:
-        super().prefill(ids)
-        self.generator.manual_seed(self.seed + self.requests)
-        self.requests += 1
-
-    def _propose(self, budget: int) -> DraftTree:
-        import torch
-
-        builder, rows = TreeBuilder(), []
-        frontier = [(ROOT, tuple(self.ids))]
-        for width in self.widths:
-            below = []
-            for parent, context in frontier:
-                q = self.next_probs(context)
-                tokens, dists = sample_children(q, width, self.generator)
-                for token, dist in zip(tokens, dists):
-                    if len(builder) >= budget:
-                        break
-                    below.append((builder.add(parent, token, self.kind), context + (token,)))
-                    rows.append(dist if self.record == "drawn" else q.detach().float() / q.sum())
-            frontier = below
-        tree = builder.build()
-        assert len(tree) == len(rows), "siblings drawn without replacement are distinct"
-        if self.record is None or not rows:
-            return tree
-        return DraftTree(tree.tokens, tree.parents, tree.origins, torch.stack(rows))
 
 
 def random_eagle3(model, vocab: int = 512, seed: int = 0) -> Eagle3Draft:

@@ -214,6 +214,22 @@ def test_run_streams_text_and_a_stats_line(default_model):
     assert "tok/s" in result.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow
+def test_a_seed_gives_the_same_sampled_text_whatever_drafts_it(default_model):
+    """`--seed`'s promise (the same seed, the same text): every draw is keyed by its place in the text, so neither the
+    drafter nor the trees the adaptive budget sized (timed, so run to run they differ) change what is drawn."""
+
+    def sampled(seed: str, drafter: str) -> list[int]:
+        result = specchat("run", "Write a short story about a lighthouse keeper.", "--temperature", "0.8", "--seed",
+                          seed, "-n", "48", "--json", "--drafter", drafter, warm=True)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["token_ids"]
+
+    text = sampled("1", "none")
+    assert sampled("1", "ngram") == sampled("1", "ngram") == text
+    assert sampled("2", "ngram") != text
+
+
 def test_models_lists_profiles_and_availability():
     result = specchat("models", warm=True)
     assert result.returncode == 0, result.stderr

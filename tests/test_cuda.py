@@ -83,7 +83,7 @@ DRAFTERS = {
 
 
 def generate(engine: Engine, prompt: list[int], n: int, sampling: SamplingConfig) -> list[int]:
-    events = engine.generate(prompt, sampling=sampling, max_new_tokens=n, reproducible=True)
+    events = engine.generate(prompt, sampling=sampling, max_new_tokens=n)
     return [t for event in events for t in event.tokens]
 
 
@@ -110,7 +110,7 @@ def test_greedy_speculation_on_cuda_equals_autoregressive(family, drafter):
     engine = Engine(model, TOKENIZER, max_len=256)
     assert isinstance(engine.forward, TorchForward) and engine.forward.graphed
     engine.set_drafter(DRAFTERS[drafter](engine, model, prompt + expected), 16)
-    events = list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=100, reproducible=True))
+    events = list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=100))
     assert [t for e in events for t in e.tokens] == expected
     if drafter == "random":
         assert events[-1].stats.accepted > 0
@@ -128,7 +128,7 @@ def test_greedy_speculation_at_the_adaptive_budget_on_cuda_equals_autoregressive
     expected = generate(Engine(model, TOKENIZER, max_len=256), prompt, 100, NO_EOS)
     engine = Engine(model, TOKENIZER, max_len=256)
     engine.set_drafter(DRAFTERS[drafter](engine, model, prompt + expected))
-    events = list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=100, reproducible=True))
+    events = list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=100))
     assert [t for e in events for t in e.tokens] == expected
     assert engine.policy is not None and events[-1].stats.budget_total > 0
 
@@ -143,7 +143,7 @@ def test_greedy_speculation_in_bf16_with_near_ties_equals_autoregressive(drafter
     expected = generate(Engine(model, TOKENIZER, max_len=256), prompt, 100, NO_EOS)
     engine = Engine(model, TOKENIZER, max_len=256)
     engine.set_drafter(DRAFTERS[drafter](engine, model, prompt + expected), 16)
-    events = list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=100, reproducible=True))
+    events = list(engine.generate(prompt, sampling=NO_EOS, max_new_tokens=100))
     assert [t for e in events for t in e.tokens] == expected
     if drafter == "random":  # drafts from the expected text: deep rows verified (a random LongSpec layer's: roots)
         assert events[-1].stats.accepted > 0
@@ -151,7 +151,7 @@ def test_greedy_speculation_in_bf16_with_near_ties_equals_autoregressive(drafter
 
 @pytest.mark.parametrize("drafter", ["random", "longspec", "glide-shared-vocab", "model"])
 def test_seeded_sampling_on_cuda_equals_autoregressive(drafter):
-    """`reproducible=True` draws each token from its own seeded stream, so a sampled run is comparable
+    """Keyed draws (`PositionNoise`) draw each token from its own seeded stream, so a sampled run is comparable
     token for token (the chi-square tests of the distributions run on CPU)."""
     prompt = random_prompt(40, seed=4, vocab=VOCAB)
     model = cuda_model("llama")
@@ -161,24 +161,23 @@ def test_seeded_sampling_on_cuda_equals_autoregressive(drafter):
     assert generate(engine, prompt, 80, SAMPLED) == expected
 
 
-@pytest.mark.parametrize(("drafter", "sampling", "drafted", "keyed"), [
-    ("longspec", NO_EOS, 0, False), ("longspec", SAMPLED, 0, False), ("longspec", SAMPLED, 0, True),
-    ("longspec-draft-vocab", NO_EOS, 0, False), ("glide", NO_EOS, 0, False), ("tokenswift", NO_EOS, 0, False),
-    ("tokenswift", SAMPLED, 0, True), ("eagle3", NO_EOS, 0, False), ("tokenswift+ngram", NO_EOS, 0, False),
-    (None, NO_EOS, 0, False)],
-    ids=["longspec", "longspec-sampled", "longspec-keyed", "longspec-draft-vocab", "glide", "tokenswift",
-         "tokenswift-keyed", "eagle3", "tokenswift+ngram", "none"])  # fmt: skip
-def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, drafted, keyed):
+@pytest.mark.parametrize(("drafter", "sampling", "drafted"), [
+    ("longspec", NO_EOS, 0), ("longspec", SAMPLED, 0), ("longspec-draft-vocab", NO_EOS, 0), ("glide", NO_EOS, 0),
+    ("tokenswift", NO_EOS, 0), ("tokenswift", SAMPLED, 0), ("eagle3", NO_EOS, 0), ("tokenswift+ngram", NO_EOS, 0),
+    (None, NO_EOS, 0)],
+    ids=["longspec", "longspec-sampled", "longspec-draft-vocab", "glide", "tokenswift", "tokenswift-sampled",
+         "eagle3", "tokenswift+ngram", "none"])  # fmt: skip
+def test_a_step_synchronises_with_the_gpu_at_the_acceptance(drafter, sampling, drafted):
     """What `test_device_waits.py` models on a CPU, counted by CUDA itself (`set_sync_debug_mode`): once its
-    graphs are captured, a greedy step, or one sampled with top-p from a deterministic tree (keyed draws too, the
-    draft forward guessing them), synchronises where the host reads the target's choices (with a tree its drafter
+    graphs are captured, a greedy step, or one sampled with top-p (keyed draws, the draft forward guessing them),
+    synchronises where the host reads the target's choices (with a tree its drafter
     left on the device), and a proposal only at its end where its tree is sized by its values."""
     prompt = random_prompt(40, seed=2, vocab=VOCAB)
     model = cuda_model("llama")
     engine = Engine(model, TOKENIZER, max_len=256)
     if drafter is not None:
         engine.set_drafter(DRAFTERS[drafter](engine, model, None), 16)
-    steps, proposals, where = synchronisations(engine, prompt, sampling, 24, keyed)
+    steps, proposals, where = synchronisations(engine, prompt, sampling, 24)
     assert len(steps) > 4  # on a GPU each launched ahead, none after the last
     assert steps[3:] == [1 + drafted] * len(steps[3:]), where[3:5]
     assert proposals[3:] == [drafted] * len(proposals[3:])
@@ -198,7 +197,7 @@ def test_a_scored_tree_left_on_the_gpu_is_cut_without_a_synchronisation():
     assert proposals[2:] == [0] * len(proposals[2:])
 
 
-def synchronisations(engine: Engine, prompt: list[int], sampling: SamplingConfig, tokens: int, keyed: bool = False):
+def synchronisations(engine: Engine, prompt: list[int], sampling: SamplingConfig, tokens: int):
     """Per decode step of `engine.generate`: the synchronisations of its launch, its verification and the drafter's
     commit together; of each proposal; and the Python lines that synchronised, a list a step."""
     calls = {"launch": [], "step": [], "commit": [], "propose": []}  # name -> (synchronisations, lines) a call
@@ -221,7 +220,7 @@ def synchronisations(engine: Engine, prompt: list[int], sampling: SamplingConfig
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            list(engine.generate(prompt, sampling=sampling, max_new_tokens=tokens, reproducible=keyed))
+            list(engine.generate(prompt, sampling=sampling, max_new_tokens=tokens))
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert len(calls["launch"]) == len(calls["step"])  # on a GPU each step launched ahead, none after the last
@@ -266,7 +265,7 @@ def test_tokenswifts_draft_forward_replays_a_graph_over_its_partial_cache():
 
 GRAPHED_DRAFTERS = {  # a drafter whose depths replay CUDA graphs, and the shapes a budget of 15 captures
     "longspec-beam": (lambda engine, model: LongSpecDrafter(engine.target, random_layer(model)), [(4, 11)]),
-    "longspec-chain": (lambda engine, model: LongSpecDrafter(engine.target, random_layer(model), chain=True),
+    "longspec-chain": (lambda engine, model: LongSpecDrafter(engine.target, random_layer(model), widths=(1,) * 15),
                        [(1,) * 15]),
     "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config, layers=2)), [4]),
     "tokenswift": (lambda engine, model: TokenSwiftDrafter(engine.target, random_heads(model), lag=16),
@@ -292,7 +291,7 @@ def test_draft_depths_replay_a_graph_and_draft_as_called(drafter, monkeypatch):
         if not graphed and hasattr(draft, "uses_graphs"):
             draft.uses_graphs = False
         elif not graphed:
-            monkeypatch.setattr(draft, "_graphed", lambda *sampling: False)  # LongSpec's asks for the sampling
+            monkeypatch.setattr(draft, "_graphed", lambda: False)
         seen = proposals[graphed] = []
         propose = draft.propose
         draft.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]

@@ -25,11 +25,10 @@ from specchat.drafters import composite as composite_module
 from specchat.drafters.composite import CompositeDrafter
 from specchat.drafters.eagle3.drafter import Eagle3Drafter
 from specchat.drafters.glide.drafter import GlideDrafter
-from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.longspec.drafter import BEAM_WIDTHS, LongSpecDrafter
 from specchat.drafters.ngram.drafter import NgramDrafter
 from specchat.drafters.tokenswift.drafter import TokenSwiftDrafter
 from specchat.drafters.tree_rows import TreeRows
-from specchat.engine import sampling as sampling_module
 from specchat.engine.attention import use_attention
 from specchat.engine.budget import AdaptiveBudget
 from specchat.engine.generate import Engine
@@ -42,8 +41,8 @@ GREEDY = SamplingConfig()
 SAMPLED = SamplingConfig(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=3)
 
 
-def longspec(chain: bool):
-    return lambda engine, model: LongSpecDrafter(engine.target, random_layer(model), chain=chain)
+def longspec(widths: tuple[int, ...] = BEAM_WIDTHS):
+    return lambda engine, model: LongSpecDrafter(engine.target, random_layer(model), widths=widths)
 
 
 def eagle3_unpruned(engine, model):
@@ -60,9 +59,9 @@ def tokenswift(forward: bool, device_layout: bool = True):
 
 
 DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' least depth, waits in its proposal)
-    "longspec": (longspec(chain=False), GREEDY, 5, 0),
-    "longspec-chain": (longspec(chain=True), GREEDY, 64, 0),
-    "longspec-chain-sampled": (longspec(chain=True), SAMPLED, 64, 0),
+    "longspec": (longspec(), GREEDY, 5, 0),
+    "longspec-sampled": (longspec(), SAMPLED, 5, 0),
+    "longspec-chain": (longspec(widths=(1,) * 64), GREEDY, 64, 0),
     "glide": (lambda engine, model: GlideDrafter(engine.target, random_draft(model.config)), GREEDY, 4, 0),
     "tokenswift": (tokenswift(forward=True), GREEDY, 4, 0),
     "tokenswift-sampled": (tokenswift(forward=True), SAMPLED, 4, 0),
@@ -72,8 +71,7 @@ DRAFTERS = {  # name -> (drafter over the engine's target, sampling, the trees' 
 }
 
 
-def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12, reproducible: bool = False,
-                  prompt: list[int] = PROMPT):  # fmt: skip
+def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12, prompt: list[int] = PROMPT):
     """Per decode step after the first: (drains in the drafter's proposal, drains in the whole step: its launch, its
     verification and the drafter's commit, the tree, what caused them)."""
     proposals, launches, steps, commits = [], [], [], []
@@ -90,7 +88,7 @@ def counted_steps(engine: Engine, sampling: SamplingConfig, tokens: int = 12, re
 
     drafter.propose, drafter.commit = counted(propose, proposals), counted(drafter.commit, commits)
     engine._launch, engine._step = counted(launch, launches), counted(step, steps)
-    list(engine.generate(prompt, sampling=sampling, max_new_tokens=tokens, reproducible=reproducible))
+    list(engine.generate(prompt, sampling=sampling, max_new_tokens=tokens))
     return [(drafted.drains, launched.drains + verified.drains + committed.drains, tree,
              launched.causes + verified.causes + committed.causes)
             for (drafted, tree), (launched, _), (verified, _), (committed, _)
@@ -110,35 +108,21 @@ def test_a_step_waits_for_the_device_at_the_acceptance_and_where_a_tree_is_sized
     assert steps and all(tree.depth >= depth for _, _, tree, _ in steps)  # deep trees: a wait a depth would show
     for drafting, step, _, causes in steps:
         assert drafting == drafted, causes
-        if sampling.greedy:  # and reading the target's choices (sampling reads more: top-k's ties, a sampled walk)
+        if sampling.greedy:  # and reading the target's choices (sampling reads more: top-k's ties)
             assert step == drafted + 1, causes
 
 
-def test_a_sampled_step_over_a_beam_waits_once_as_on_a_gpu(monkeypatch, tokenizer):
-    """`specchat chat --model llama3.1-8b --drafter longspec` samples at temperature 0.6 and top-p 0.9 (the model's
-    own defaults) from LongSpec's beam, a deterministic tree: with the race drawn over every token, as a GPU draws
-    it (a CPU's finds the nonzero tokens first), such a step waits once too."""
-    dense = sampling_module.race
-    monkeypatch.setattr(sampling_module, "race", lambda probs, generator, sparse: dense(probs, generator, sparse=False))
-    model = tiny_model("llama", vocab_size=64)
-    engine = Engine(model, tokenizer, max_len=400)
-    engine.set_drafter(longspec(chain=False)(engine, model), 64)
-    steps = counted_steps(engine, SamplingConfig(temperature=0.6, top_p=0.9, seed=5))
-    assert steps and all(tree.depth >= 5 for _, _, tree, _ in steps)
-    for drafting, step, _, causes in steps:
-        assert (drafting, step) == (0, 1), causes
-
-
 def test_a_keyed_step_over_a_beam_waits_once_as_on_a_gpu(monkeypatch, tokenizer):
-    """Keyed draws (`specchat write`, `bench`, a seeded server request) as a GPU draws them, every token of every row
-    raced at once at the text indices the verified rows' positions give on the device: a step over LongSpec's beam,
-    which stays on the device, waits once too."""
+    """`specchat chat --model llama3.1-8b --drafter longspec` samples at temperature 0.6 and top-p 0.9 (the model's
+    own defaults) from LongSpec's beam. With its keyed draws as a GPU draws them, every token of every row raced at
+    once at the text indices the verified rows' positions give on the device, a step over the beam, which stays on
+    the device, waits once too."""
     choose = PositionNoise.choose
     monkeypatch.setattr(PositionNoise, "choose", lambda noise, probs, rows: choose(noise, probs, rows, dense=True))
     model = tiny_model("llama", vocab_size=64)
     engine = Engine(model, tokenizer, max_len=400)
-    engine.set_drafter(longspec(chain=False)(engine, model), 64)
-    steps = counted_steps(engine, SamplingConfig(temperature=0.6, top_p=0.9, seed=5), reproducible=True)
+    engine.set_drafter(longspec()(engine, model), 64)
+    steps = counted_steps(engine, SamplingConfig(temperature=0.6, top_p=0.9, seed=5))
     assert steps and all(tree.depth >= 5 for _, _, tree, _ in steps)
     for drafting, step, _, causes in steps:
         assert (drafting, step) == (0, 1), causes
@@ -164,13 +148,13 @@ def test_heads_merged_with_the_lookup_wait_once_a_step(tokenizer, monkeypatch):
 
 
 def test_guessing_keyed_draws_adds_no_wait(tokenizer):
-    """Where the target's draws are keyed (`reproducible`), TokenSwift's draft forward guesses the first, racing its
+    """Where the target samples, TokenSwift's draft forward guesses its first keyed draw, racing its
     distribution under the same noise: the noise's keys go to the device without a wait, so the proposal still
     waits for nothing."""
     model = tiny_model("llama", vocab_size=64)
     engine = Engine(model, tokenizer, max_len=400)
     engine.set_drafter(tokenswift(forward=True)(engine, model), 64)
-    steps = counted_steps(engine, SAMPLED, reproducible=True)
+    steps = counted_steps(engine, SAMPLED)
     assert steps and all(tree.depth >= 4 for _, _, tree, _ in steps)
     for drafting, _, _, causes in steps:
         assert drafting == 0, causes

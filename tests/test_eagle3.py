@@ -148,9 +148,9 @@ def test_the_tree_drafted_from_tensors_alone_is_the_one_grown_on_the_hosts_terms
     drafter.prefill(ids, engine.target_states(ids, feature_layers=(2, 1, 0)), 0)
     for budget in (1, 3, 8, 40):
         drafter.prunes = True
-        host = drafter.propose(budget, SamplingConfig(), torch.Generator()).paths()
+        host = drafter.propose(budget, SamplingConfig()).paths()
         drafter.prunes = False
-        device = drafter.propose(budget, SamplingConfig(), torch.Generator()).paths()
+        device = drafter.propose(budget, SamplingConfig()).paths()
         assert device.keys() == host.keys() and len(host) == min(budget, 52)
         assert [device[path][0] for path in host] == pytest.approx([score for score, _ in host.values()], rel=1e-5)
 
@@ -175,8 +175,8 @@ def test_a_graphed_proposal_drafts_as_called(loaded, monkeypatch, sampling):
         propose = drafter.propose
         drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]
         engine.set_drafter(drafter, 12)
-        outputs[graphed] = _decode(engine, prompt, sampling, reproducible=True)
-    alone = _decode(Engine(loaded.model, loaded.tokenizer, max_len=400), prompt, sampling, reproducible=True)
+        outputs[graphed] = _decode(engine, prompt, sampling)
+    alone = _decode(Engine(loaded.model, loaded.tokenizer, max_len=400), prompt, sampling)
     assert outputs[True] == outputs[False] == alone and len(proposals[True]) > 10
     assert [(t.tokens, t.parents, t.scores) for t in proposals[True]] == [
         (t.tokens, t.parents, t.scores) for t in proposals[False]]  # fmt: skip
@@ -192,10 +192,10 @@ def test_a_small_budget_expands_only_the_nodes_whose_children_it_can_keep(loaded
     features = engine.target_states(ids, feature_layers=(2, 1, 0))
     drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
     drafter.prefill(ids, features, 0)
-    full = drafter.propose(64, SamplingConfig(), torch.Generator()).paths()
+    full = drafter.propose(64, SamplingConfig()).paths()
     assert drafter.kv.tree_rows == 12  # depths 1-3, four rows each
     for budget, rows in ((2, 1), (3, 3), (4, 6), (6, 11), (8, 12)):
-        tree = drafter.propose(budget, SamplingConfig(), torch.Generator())
+        tree = drafter.propose(budget, SamplingConfig())
         assert drafter.kv.tree_rows == rows
         assert tree.paths() == DraftTree.best(full, budget).paths()
 
@@ -208,9 +208,9 @@ def test_nodes_less_likely_than_the_least_chance_are_not_expanded(loaded, monkey
     ids = list(range(200, 240))
     drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
     drafter.prefill(ids, engine.target_states(ids, feature_layers=(2, 1, 0)), 0)
-    full = drafter.propose(64, SamplingConfig(), torch.Generator()).paths()
+    full = drafter.propose(64, SamplingConfig()).paths()
     least = sorted((chance for path, (chance, _) in full.items() if len(path) == 1), reverse=True)[1]
-    tree = drafter.propose(64, SamplingConfig(), torch.Generator(), least_chance=least)
+    tree = drafter.propose(64, SamplingConfig(), least_chance=least)
     assert drafter.kv.tree_rows == 2  # the two likeliest of the root's children; their children are less likely
     kept = {path: node for path, node in full.items() if all(full[path[:d]][0] >= least for d in range(1, len(path)))}
     assert tree.paths().keys() == kept.keys() and {len(path) for path in kept} == {1, 2}
@@ -226,10 +226,10 @@ def test_the_engine_tells_a_scored_drafter_the_least_chance_worth_a_node(loaded)
     engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
 
     class Recorded(Eagle3Drafter):
-        def propose(self, budget, sampling, generator, least_chance=0.0, noise=None):
+        def propose(self, budget, sampling, least_chance=0.0, noise=None):
             asked.append(least_chance)
             priced.append(engine.policy.least_chance())
-            return super().propose(budget, sampling, generator, least_chance, noise)
+            return super().propose(budget, sampling, least_chance, noise)
 
     engine.set_drafter(Recorded(engine.target, random_draft(loaded.model)), None)  # the adaptive budget
     _decode(engine, list(range(30, 60)), SamplingConfig())
@@ -260,8 +260,8 @@ def test_eagle3_drafts_that_are_right_get_accepted(loaded):
     drafter = Eagle3Drafter(engine.target, random_draft(loaded.model))
     real = drafter.propose
 
-    def knowing(budget, sampling, generator, least_chance=0.0, noise=None):  # the draft's tree, its best path the truth
-        real(budget, sampling, generator, least_chance, noise)
+    def knowing(budget, sampling, least_chance=0.0, noise=None):  # the draft's tree, its best path the truth
+        real(budget, sampling, least_chance, noise)
         return DraftTree.from_chains([alone[len(drafter.ids) - len(prompt) :][:3]], drafter.kind, budget)
 
     drafter.propose = knowing
@@ -271,14 +271,14 @@ def test_eagle3_drafts_that_are_right_get_accepted(loaded):
 
 
 def test_eagle3_sampled_output_is_the_targets_draw_for_draw(loaded):
-    """Reproducible sampling keys every draw by its token's position: the output is the target's own whatever
+    """Sampling keys every draw by its token's position: the output is the target's own whatever
     the drafter proposes, so any difference would be a verification that is not exact."""
     engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
     sampling = SamplingConfig(temperature=1.0, top_p=0.95, seed=7)
     prompt = list(range(30, 60))
-    alone = _decode(engine, prompt, sampling, reproducible=True)
+    alone = _decode(engine, prompt, sampling)
     engine.set_drafter(Eagle3Drafter(engine.target, random_draft(loaded.model)), 6)
-    assert _decode(engine, prompt, sampling, reproducible=True) == alone
+    assert _decode(engine, prompt, sampling) == alone
 
 
 @torch.inference_mode()
@@ -325,7 +325,7 @@ def test_the_compiled_draft_layer_computes_what_the_torch_layer_computes(tokeniz
     for drafter in drafters:
         drafter.prefill(ids[:30], features[:30], 0)
         drafter.commit(ids[30:33], features[30:33])
-        trees.append([drafter.propose(12, SamplingConfig(), torch.Generator()).paths() for _ in range(2)])
+        trees.append([drafter.propose(12, SamplingConfig()).paths() for _ in range(2)])
         assert trees[-1][0] == trees[-1][1]  # drafting twice from the same text drafts the same tree
     compiled, plain = drafters
     assert compiled.kv.positions == plain.kv.positions == list(range(32))

@@ -140,7 +140,7 @@ def assert_speculation_equals_autoregressive(loaded, sampling) -> None:
     assert engine.canonical
     expected = generate(engine, prompt, 60, sampling)
     engine.set_drafter(RandomTreeDrafter(vocab_size=2000, seed=3, reference=prompt + expected, p_correct=0.8), 16)
-    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=60, reproducible=True))
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=60))
     assert [t for event in events for t in event.tokens] == expected
     assert events[-1].stats.accepted > 0
 
@@ -159,7 +159,7 @@ def test_a_file_drafting_for_itself_predicts_the_target(tiny_files, tmp_path, ar
     expected = generate(engine, prompt, 100, GREEDY)
     draft = load_draft_model(str(path), loaded.model, loaded.tokenizer)
     engine.set_drafter(ModelDrafter(engine.target, draft, policy="full"), 6)
-    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=100, reproducible=True))
+    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=100))
     assert [t for event in events for t in event.tokens] == expected
     stats = events[-1].stats
     assert stats.accepted >= 0.9 * stats.drafted_depth > 0

@@ -71,7 +71,7 @@ def prefill_logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def generate(engine, prompt, n, sampling):
-    events = engine.generate(prompt, sampling=sampling, max_new_tokens=n, reproducible=True)
+    events = engine.generate(prompt, sampling=sampling, max_new_tokens=n)
     return [t for event in events for t in event.tokens]
 
 
@@ -146,7 +146,7 @@ def test_speculation_equals_autoregressive(tiny_gguf, attention, drafter, sampli
         made = NgramDrafter() if drafter == "ngram" else RandomTreeDrafter(
             vocab_size=2000, seed=3, reference=prompt + expected, p_correct=0.8)  # fmt: skip
     engine.set_drafter(made, 16)
-    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=80, reproducible=True))
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=80))
     assert [t for event in events for t in event.tokens] == expected
     if drafter == "random":
         assert events[-1].stats.accepted > 0
@@ -163,7 +163,7 @@ def test_speculation_equals_autoregressive_on_every_cpu_path(tiny_ggufs, archite
         engine = Engine(loaded.model, loaded.tokenizer, max_len=512, kv_cache=kv_cache)
         expected = generate(engine, prompt, 40, sampling)
         engine.set_drafter(RandomTreeDrafter(vocab_size=2000, seed=4, reference=prompt + expected, p_correct=0.8), 16)
-        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=40, reproducible=True))
+        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=40))
         assert [t for event in events for t in event.tokens] == expected, kv_cache
         assert events[-1].stats.accepted > 0
 
@@ -211,7 +211,7 @@ def test_speculation_equals_autoregressive_after_3k_tokens(tiny_gguf, context):
     engine = Engine(loaded.model, loaded.tokenizer, max_len=context + 64)
     expected = generate(engine, prompt, 48, GREEDY)
     engine.set_drafter(RandomTreeDrafter(vocab_size=2000, seed=4, reference=prompt + expected, p_correct=0.8), 16)
-    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=48, reproducible=True))
+    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=48))
     assert [t for event in events for t in event.tokens] == expected
     assert events[-1].stats.accepted > 0
 
@@ -226,7 +226,7 @@ def test_speculation_equals_autoregressive_past_the_trained_window_stretched_by_
     engine = Engine(loaded.model, loaded.tokenizer, max_len=len(prompt) + 64)
     expected = generate(engine, prompt, 32, GREEDY)
     engine.set_drafter(RandomTreeDrafter(vocab_size=2000, seed=4, reference=prompt + expected, p_correct=0.8), 16)
-    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=32, reproducible=True))
+    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=32))
     assert [t for event in events for t in event.tokens] == expected
     assert events[-1].stats.accepted > 0
     with pytest.raises(SpecchatError, match=r"this model's is scaled already \(llama3\)"):

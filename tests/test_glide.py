@@ -7,7 +7,7 @@ Proven here:
   cross-attention silent) gets whole chains accepted;
 - CAPE's tree: a chain of `chain` top-1 tokens, each step with as many next-ranked siblings as its top-1
   probability's bin asks, chain first and siblings step by step while the budget lasts, then each step's other
-  ranked tokens, no draft_probs; laid out on the device, node for node the tree built on the host;
+  ranked tokens; laid out on the device, node for node the tree built on the host;
 - the draft's own cache caught up step by step (and across turns) equals a fresh drafter's over the same ids;
 - the loader: save -> load gives the same outputs, the remap variant (with a training prefix and unused
   cross-attention k / v projections) loads, a wrong head count or vocabulary is one line naming both, and
@@ -149,7 +149,7 @@ def test_a_shared_vocabulary_draft_changes_nothing(weights, targets, greedy, tok
     assert len(quantized) == (0 if weights is None else 9)  # q / k / v / o, cross q / o, gate / up / down
     engine.set_drafter(drafter, 12)
     assert run(engine, PROMPT, 48)[0] == greedy["qwen2"]
-    tree = drafter.propose(12, GREEDY, torch.Generator())
+    tree = drafter.propose(12, GREEDY)
     assert len(tree) == 12 and set(tree.tokens) <= set(draft_vocab.tolist())
 
 
@@ -198,8 +198,8 @@ def test_cape_siblings_follow_the_bins(confidence, siblings, targets, tokenizer)
     ranked = fixed_head(draft, confidence)
     drafter = drafter_after_a_turn(targets["llama"], tokenizer, draft)
     for budget in (4 + 4 * siblings, 64):  # CAPE's tree, then the budget filled with the next-ranked tokens
-        tree = drafter.propose(budget, GREEDY, torch.Generator())
-        assert tree.draft_probs is None and set(tree.origins) == {"glide"}
+        tree = drafter.propose(budget, GREEDY)
+        assert set(tree.origins) == {"glide"}
         assert tree.tokens[:4] == [ranked[0]] * 4 and tree.parents[:4] == [ROOT, 0, 1, 2]  # the chain first
         assert len(tree) == min(budget, 36)
         for step, parent in enumerate([ROOT, 0, 1, 2]):  # then each step's runners-up, in rank order
@@ -244,7 +244,7 @@ def test_the_layout_puts_each_steps_bin_first_and_fills_the_budget_after(budget,
 def test_budget_caps_the_tree(budget, chain_length, per_step, targets, tokenizer):
     draft = random_draft(targets["llama"].config)
     fixed_head(draft, 0.1)
-    tree = drafter_after_a_turn(targets["llama"], tokenizer, draft).propose(budget, GREEDY, torch.Generator())
+    tree = drafter_after_a_turn(targets["llama"], tokenizer, draft).propose(budget, GREEDY)
     assert len(tree) == min(budget, 36)
     assert tree.parents[:chain_length] == [ROOT, *range(chain_length - 1)] and tree.depth == chain_length
     counts = [tree.parents[chain_length:].count(parent) for parent in [ROOT, 0, 1, 2]]
@@ -256,9 +256,9 @@ def test_chain_length_and_bins_are_parameters(targets, tokenizer):
     fixed_head(draft, 0.5)
     bins = ((0.55, 1), (math.inf, 3))
     drafter = drafter_after_a_turn(targets["llama"], tokenizer, draft, chain=6, bins=bins)
-    tree = drafter.propose(12, GREEDY, torch.Generator())
+    tree = drafter.propose(12, GREEDY)
     assert tree.depth == 6 and len(tree) == 6 + 6 * 1 and tree.parents[6:] == [ROOT, 0, 1, 2, 3, 4]
-    assert len(drafter.propose(64, GREEDY, torch.Generator())) == 6 + 6 * 3  # each step's 3 ranked after the top
+    assert len(drafter.propose(64, GREEDY)) == 6 + 6 * 3  # each step's 3 ranked after the top
     assert CAPE_BINS == ((0.3, 8), (0.6, 6), (0.8, 4), (math.inf, 2))
 
 

@@ -210,8 +210,8 @@ item ::= [a-z]+ | [0-9]{1,3} " " [a-z]+
 '''
 
 
-def _decode(engine: Engine, prompt: list[int], n: int, sampling=SamplingConfig(), reproducible=False):
-    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=n, reproducible=reproducible,
+def _decode(engine: Engine, prompt: list[int], n: int, sampling=SamplingConfig()):
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=n,
                                   constraint=engine.grammar_constraint(SHOPPING)))  # fmt: skip
     return [token for event in events for token in event.tokens], [o for event in events for o in event.origins]
 
@@ -223,14 +223,13 @@ def _decode(engine: Engine, prompt: list[int], n: int, sampling=SamplingConfig()
 def test_random_trees_under_a_grammar_equal_constrained_decoding(family, seed, budget, sampling, tokenizer):
     model = tiny_model(family, vocab_size=VOCAB, seed=seed)
     prompt = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
-    reproducible = not sampling.greedy
-    alone, _ = _decode(Engine(model, tokenizer, max_len=256), prompt, 60, sampling, reproducible)
+    alone, _ = _decode(Engine(model, tokenizer, max_len=256), prompt, 60, sampling)
     text = tokenizer.decode(alone)
     assert text.startswith("The:\n") and _state(Grammar.from_gbnf(SHOPPING), text) is not None
     assert len(set(alone)) > 5  # the mask left the random model real choices
     drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=seed, reference=prompt + alone, p_correct=0.7)
     engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=budget)
-    drafted, origins = _decode(engine, prompt, 60, sampling, reproducible)
+    drafted, origins = _decode(engine, prompt, 60, sampling)
     assert drafted == alone
     assert "forced" in origins  # ":\n" is the grammar's, proposed as one chain
 

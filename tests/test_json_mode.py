@@ -116,9 +116,8 @@ def test_a_state_mask_is_every_token_the_automaton_takes(tokenizer, pieces, defa
 VOCAB = 1024
 
 
-def _decode(engine: Engine, prompt: list[int], n: int, sampling=SamplingConfig(), reproducible=False):
-    events = engine.generate(prompt, sampling=sampling, max_new_tokens=n, reproducible=reproducible,
-                             constraint=engine.json_constraint())  # fmt: skip
+def _decode(engine: Engine, prompt: list[int], n: int, sampling=SamplingConfig()):
+    events = engine.generate(prompt, sampling=sampling, max_new_tokens=n, constraint=engine.json_constraint())
     return [token for event in events for token in event.tokens]
 
 
@@ -140,10 +139,10 @@ def test_sampled_json_mode_draws_the_same_tokens_with_a_drafter(tokenizer):
     model = tiny_model("qwen3", vocab_size=VOCAB, seed=4)
     prompt = list(range(40, 52))
     sampling = SamplingConfig(temperature=1.0, top_k=50, seed=7)
-    alone = _decode(Engine(model, tokenizer, max_len=256), prompt, 60, sampling, reproducible=True)
+    alone = _decode(Engine(model, tokenizer, max_len=256), prompt, 60, sampling)
     drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=3, reference=prompt + alone, p_correct=0.8)
     engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=8)
-    assert _decode(engine, prompt, 60, sampling, reproducible=True) == alone
+    assert _decode(engine, prompt, 60, sampling) == alone
     assert alone != _decode(Engine(model, tokenizer, max_len=256), prompt, 60)  # sampling really drew
 
 

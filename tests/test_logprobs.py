@@ -28,8 +28,7 @@ VOCAB = 1024
 
 
 def _decode(engine: Engine, prompt: list[int], n: int, top: int, sampling=SamplingConfig()):
-    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=n, logprobs=top,
-                                  reproducible=not sampling.greedy))  # fmt: skip
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=n, logprobs=top))
     assert all(len(event.logprobs) == len(event.tokens) for event in events)
     return [t for e in events for t in e.tokens], [entry for e in events for entry in e.logprobs]
 

@@ -1,8 +1,8 @@
 """LongSpec drafting is lossless and reads the target as the paper's draft does.
 
-- greedy output equals target-only greedy decoding (beam and chain trees, fixed and adaptive budgets) on tiny
-  random targets with random drafts, and on the real default model with a random-weight draft;
-- a sampled chain records its distributions and passes the chi-square test of target-only sampling;
+- greedy output equals target-only greedy decoding (beam trees and chains: widths of 1, fixed and adaptive
+  budgets) on tiny random targets with random drafts, and on the real default model with a random-weight draft;
+- sampled output over its chains passes the chi-square test of target-only sampling;
 - the ring buffer's window attention equals dense attention restricted to the last `window` positions,
   and the draft's memory is the same at 1K and 6K tokens of context;
 - checkpoints load in both published layouts; pickles and misshapen drafts are refused in one line.
@@ -24,7 +24,7 @@ from test_sampling_verification import CONFIGS, PROMPT, SAMPLES, TOKENS, Target,
 
 from specchat.drafters.checkpoint import write_checkpoint
 from specchat.drafters.draft_layers import rotate
-from specchat.drafters.longspec.drafter import LongSpecDrafter
+from specchat.drafters.longspec.drafter import BEAM_WIDTHS, LongSpecDrafter
 from specchat.drafters.longspec.model import LongSpecConfig, LongSpecLayer, load_longspec, save_longspec
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_chat
@@ -40,6 +40,11 @@ def random_layer(model, *, seed: int = 0, **changes) -> LongSpecLayer:
     return layer
 
 
+def widths(chain: bool) -> tuple[int, ...]:
+    """A greedy chain's widths (one token a depth, as deep as any budget here), or the beam's."""
+    return (1,) * 64 if chain else BEAM_WIDTHS
+
+
 def generate(engine: Engine, prompt: list[int], n: int, sampling=SamplingConfig()) -> list[int]:
     return [t for event in engine.generate(prompt, sampling=sampling, max_new_tokens=n) for t in event.tokens]
 
@@ -52,7 +57,7 @@ def test_greedy_output_equals_the_target_alone(family, chain, budget, tokenizer)
     prompt = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7]
     engine = Engine(model, tokenizer, max_len=160)
     expected = generate(engine, prompt, 60)
-    engine.set_drafter(LongSpecDrafter(engine.target, random_layer(model), chain=chain), budget)
+    engine.set_drafter(LongSpecDrafter(engine.target, random_layer(model), widths=widths(chain)), budget)
     assert generate(engine, prompt, 60) == expected
     assert generate(engine, prompt + expected[:20], 30) == expected[20:50]  # the next turn reuses the cache
 
@@ -87,8 +92,8 @@ def test_a_graphed_proposal_reads_the_whole_cache_to_its_length_and_drafts_as_ca
     expected = generate(engine, prompt, 10)
     proposals = {}
     for graphed in (False, True):
-        drafter = LongSpecDrafter(engine.target, random_layer(model), chain=chain)
-        monkeypatch.setattr(drafter, "_graphed", lambda sampling, graphed=graphed: graphed)
+        drafter = LongSpecDrafter(engine.target, random_layer(model), widths=widths(chain))
+        monkeypatch.setattr(drafter, "_graphed", lambda graphed=graphed: graphed)
         monkeypatch.setattr("specchat.engine.cuda_graphs.graph_of", rerun)
         seen = proposals[graphed] = []
         propose = drafter.propose
@@ -113,41 +118,38 @@ def test_the_beam_follows_the_reference_widths_within_the_budget(tokenizer):
     assert len(set(zip(tree.parents, tree.tokens))) == len(tree)  # siblings distinct
 
 
-def test_a_sampled_chain_is_distributed_as_target_sampling(tokenizer):
+def test_sampling_over_its_chains_is_distributed_as_target_sampling(tokenizer):
     model = tiny_model("qwen2", vocab_size=8, seed=1)
     for name in ("processed",):  # temperature, top-k, top-p and the penalty at once
         sampling = CONFIGS[name]
         exact = exact_joint(Target(model, sampling), PROMPT, TOKENS)
         engine = Engine(model, tokenizer, max_len=64)
-        drafter = LongSpecDrafter(engine.target, random_layer(model, seed=3), chain=True)
+        drafter = LongSpecDrafter(engine.target, random_layer(model, seed=3), widths=(1, 1))
         engine.set_drafter(drafter, 2)  # the first step's two tokens are the 2nd and 3rd tested
         counts, drafted = Counter(), 0
         # SAMPLES (1000) as in test_sampling_verification, whose per-path verifier is caught at that size with
-        # chi2 >= 167 against <= 60; a chain whose recorded distributions were wrong is caught at 600 samples
-        # (test_rejection_sampling: chi2 157 against 54)
+        # chi2 >= 167 against <= 60
         for seed in range(SAMPLES):
             events = list(engine.generate(PROMPT, sampling=replace(sampling, seed=seed), max_new_tokens=TOKENS))
             counts[tuple(t for event in events for t in event.tokens)] += 1
             drafted += sum(origin == "longspec" for event in events for origin in event.origins)
-        assert drafted > SAMPLES // 4, drafted  # the draft's samples were really accepted
-        assert_fits(counts, exact, f"LongSpec sampled chain under {name}")
+        assert drafted > SAMPLES // 4, drafted  # the draft's guesses were really accepted
+        assert_fits(counts, exact, f"LongSpec's chains under {name}")
 
 
-def test_a_sampled_chain_over_a_draft_vocabulary_keeps_suppressed_tokens_out(tokenizer):
-    """Suppressed ids are target ids: mapped into the draft vocabulary's columns (41 is outside it), never used
-    as columns themselves (the chain drafts none of them, and its other tokens are accepted)."""
+def test_a_draft_vocabulary_s_chains_under_sampling_write_autoregressive_decoding_s_text(tokenizer):
+    """Chains drafted in a draft vocabulary's columns, mapped to target ids, verified under sampling that suppresses
+    ids inside it (10) and outside it (41): the output is plain decoding's, drafted tokens accepted."""
     model = tiny_model("llama", vocab_size=64)
-    engine = Engine(model, tokenizer, max_len=400)
-    drafter = LongSpecDrafter(engine.target, random_layer(model), draft_vocab=torch.arange(0, 64, 2), chain=True)
-    engine.set_drafter(drafter, 4)
-    proposed = []
-    propose = drafter.propose
-    drafter.propose = lambda *args: proposed.append(propose(*args)) or proposed[-1]
+    prompt = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7]
     sampling = SamplingConfig(temperature=1.5, seed=1, suppress=(10, 41))
-    events = list(engine.generate([5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7], sampling=sampling, max_new_tokens=200))
-    drafted = [token for tree in proposed for token in tree.tokens]
-    assert len(drafted) > 50 and not {10, 41} & set(drafted)
-    assert not {10, 41} & {t for event in events for t in event.tokens}
+    alone = [t for event in Engine(model, tokenizer, max_len=400).generate(prompt, sampling=sampling,
+                                                                            max_new_tokens=200) for t in event.tokens]
+    engine = Engine(model, tokenizer, max_len=400)
+    engine.set_drafter(LongSpecDrafter(engine.target, random_layer(model), draft_vocab=torch.arange(0, 64, 2),
+                                       widths=(1,) * 4), 4)  # fmt: skip
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=200))
+    assert [t for event in events for t in event.tokens] == alone and not {10, 41} & set(alone)
     assert any(origin == "longspec" for event in events for origin in event.origins)
 
 
@@ -156,13 +158,13 @@ def test_window_attention_equals_dense_attention_over_the_last_window(tokenizer)
     window, prompt = 16, [int(t) for t in torch.randint(3, 64, (70,), generator=torch.Generator().manual_seed(0))]
     engine = Engine(model, tokenizer, max_len=120)
     layer = random_layer(model, window=window)
-    drafter = LongSpecDrafter(engine.target, layer, chain=True)
+    drafter = LongSpecDrafter(engine.target, layer, widths=(1,))
     engine.set_drafter(drafter, 1)
     generate(engine, prompt, 1)
     captured = {}
     forward = layer.forward
     layer.forward = lambda *args, **kwargs: captured.setdefault("out", forward(*args, **kwargs))
-    drafter.propose(1, SamplingConfig(), None)
+    drafter.propose(1, SamplingConfig())
     with torch.inference_mode():
         expected = _dense_root_output(engine, layer, drafter.ids, window)
     torch.testing.assert_close(captured["out"], expected)

@@ -61,14 +61,13 @@ def small_policy(name: str, engine: Engine):
 )
 def test_each_cache_policy_is_lossless(model, tokenizer, policy, sampling):
     prompt = torch.randint(3, VOCAB, (150,), generator=torch.Generator().manual_seed(1)).tolist()
-    expected = [t for e in Engine(model, tokenizer, max_len=400).generate(prompt, sampling=sampling, max_new_tokens=80,
-                                                                        reproducible=True)
+    expected = [t for e in Engine(model, tokenizer, max_len=400).generate(prompt, sampling=sampling, max_new_tokens=80)
                 for t in e.tokens]  # fmt: skip
     engine = Engine(model, tokenizer, max_len=400)
     drafter = ModelDrafter(engine.target, DraftModel(student_from_target(model, 2), student=True))
     drafter.use_cache_policy(small_policy(policy, engine))
     engine.set_drafter(drafter, 8)
-    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=80, reproducible=True))
+    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=80))
     assert [t for e in events for t in e.tokens] == expected
     stats = events[-1].stats
     assert stats.accepted > 0
@@ -284,10 +283,10 @@ def test_a_draft_listing_fewer_or_more_tokens_than_its_target_keeps_the_output_e
     prompt = torch.randint(3, 2000, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     for sampling in (SamplingConfig(suppress=(2,)), SamplingConfig(temperature=1.0, seed=4, suppress=(2,))):
         engine.set_drafter(None)
-        expected = [t for e in engine.generate(prompt, sampling=sampling, max_new_tokens=50, reproducible=True)
+        expected = [t for e in engine.generate(prompt, sampling=sampling, max_new_tokens=50)
                     for t in e.tokens]  # fmt: skip
         engine.set_drafter(ModelDrafter(engine.target, draft, policy="full"), 6)
-        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=50, reproducible=True))
+        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=50))
         assert [t for event in events for t in event.tokens] == expected
         stats = events[-1].stats
         assert stats.accepted >= 0.8 * stats.drafted_depth > 0  # sampled: it guesses the keyed draws (0.5 if not)

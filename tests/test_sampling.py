@@ -1,13 +1,13 @@
-"""The logits pipeline is exactly its definition and exactly transformers' own processors, and `sample` draws
+"""The logits pipeline is exactly its definition and exactly transformers' own processors, and `choose` draws
 from softmax(processed logits).
 
 Proven here: penalty, temperature, top-k, top-p and min-p mask the same tokens as transformers' processors
 and leave the same finite values on random logits; constructed logits pin each rule to a literal table
 (boundaries included); `process_logits` applies penalty -> temperature -> top-k -> top-p -> min-p, and only
 the penalty when greedy, and runs top-p and min-p over top-k's survivors (or top-p alone over the largest logits)
-with the same tokens and logits as over the vocabulary; `SamplingConfig` rejects every out-of-range field; `sample` is
-the argmax when greedy, reproducible per seed, and passes a chi-square goodness-of-fit test that a biased sampler
-fails, drawing noise for the tokens not at -inf (a CPU) or for every token (a GPU).
+with the same tokens and logits as over the vocabulary; `SamplingConfig` rejects every out-of-range field; `choose` is
+the argmax when greedy, else a keyed draw that passes a chi-square goodness-of-fit test that a biased sampler fails,
+drawing noise among the survivors, for the tokens not at -inf (a CPU) or for every token (a GPU).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from transformers.generation.logits_process import (
 
 from specchat.engine.sampling import (
     NUCLEUS_ROOM,
+    PositionNoise,
     Processed,
     SamplingConfig,
     _min_p_survivors,
@@ -35,14 +36,11 @@ from specchat.engine.sampling import (
     apply_penalty_,
     apply_top_k,
     apply_top_p,
-    make_generator,
+    choose,
     process_logits,
     process_rows,
-    race,
-    sample,
 )
 
-CPU = torch.device("cpu")
 NEG_INF = float("-inf")
 
 
@@ -260,8 +258,8 @@ def test_greedy_returns_penalised_logits_only():
     config = SamplingConfig(temperature=0.0, top_k=1, top_p=0.1, min_p=0.9, penalty=2.0)
     out = process_logits(logits, config, history)
     torch.testing.assert_close(out, torch.tensor([[2.5, 4.0, -1.0, 3.0], [1.5, 1.2, 0.5, -6.0]]))  # no masking
-    assert sample(Processed(logits), config, None).tolist() == [0, 1]
-    assert sample(Processed(out), config, None).tolist() == [1, 0]  # the penalty moved both rows' greedy token
+    assert choose(Processed(logits), None, [0, 1]).tolist() == [0, 1]
+    assert choose(Processed(out), None, [0, 1]).tolist() == [1, 0]  # the penalty moved both rows' greedy token
     assert process_logits(logits, SamplingConfig(), history).tolist() == logits.tolist()  # penalty 1 = off
 
 
@@ -445,43 +443,26 @@ def test_config_accepts_edge_values():
     assert SamplingConfig(penalty=1.1).uses_history and not SamplingConfig().uses_history
 
 
-# --- sample ---------------------------------------------------------------------------------------------
+# --- choose ---------------------------------------------------------------------------------------------
 
 
-def test_greedy_sample_is_argmax():
+def test_the_greedy_choice_is_the_argmax():
     logits = torch.full((3, 10), -1.0)
     logits[0, 7] = 10.0
     logits[1, 2] = 10.0
     logits[2, 9] = 10.0
-    out = sample(Processed(logits), SamplingConfig(), None)
+    out = choose(Processed(logits), None, [0, 1, 2])
     assert out.dtype == torch.long and out.tolist() == [7, 2, 9]
     random = random_logits()
-    assert torch.equal(sample(Processed(random), SamplingConfig(), None), random.argmax(dim=1))
+    assert torch.equal(choose(Processed(random), None, list(range(8))), random.argmax(dim=1))
 
 
-def test_sample_never_draws_a_masked_token():
-    config = SamplingConfig(temperature=1.0)
+@pytest.mark.parametrize("dense", [False, True], ids=["cpu", "gpu"])
+def test_a_keyed_draw_never_takes_a_masked_token(dense):
     logits = torch.full((5000, 20), NEG_INF)
     logits[:, [4, 11, 17]] = 0.0
-    draws = sample(Processed(logits), config, make_generator(SamplingConfig(seed=5), CPU))
+    draws = PositionNoise(5).choose(Processed(logits), list(range(5000)), dense=dense)
     assert set(draws.tolist()) == {4, 11, 17}
-
-
-def test_sample_is_reproducible_per_seed():
-    logits = torch.zeros(2000, 50)  # uniform: every draw carries information
-    config = SamplingConfig(temperature=1.0, seed=123)
-
-    def draws(seed, times=1):
-        generator = make_generator(SamplingConfig(temperature=1.0, seed=seed), CPU)
-        return [sample(Processed(logits), config, generator) for _ in range(times)]
-
-    first, second = draws(123, 2)
-    assert torch.equal(first, draws(123)[0])
-    assert not torch.equal(first, second)  # the generator advances
-    assert not torch.equal(first, draws(124)[0])
-    fresh = [make_generator(SamplingConfig(temperature=1.0), CPU) for _ in range(2)]
-    unseeded = [sample(Processed(logits), config, generator) for generator in fresh]
-    assert not torch.equal(*unseeded)
 
 
 # chi-square critical values at p = 0.001 (upper tail), from the standard table
@@ -503,40 +484,32 @@ RAW = torch.tensor([[1.5, 1.0, 0.6, 0.2, -0.3, -0.8, 2.5]])
 CONFIG = SamplingConfig(temperature=0.9, top_k=6, seed=2024)  # top-k masks token 5: 6 tokens remain
 
 
-@pytest.mark.parametrize("survivors", [True, False], ids=["among-the-survivors", "over-the-rows"])
-def test_sample_matches_softmax_of_processed_logits(survivors):
-    """Drawn among the survivors the pipeline kept, or over the whole processed rows (a CPU's scan for their
-    support): the processed distribution either way."""
+def keyed_draws(processed: Processed, **kwargs) -> torch.Tensor:
+    """One keyed draw per row, row i at text index i: DRAWS independent draws."""
+    return PositionNoise(CONFIG.seed).choose(processed, torch.arange(DRAWS), **kwargs)
+
+
+@pytest.mark.parametrize("where", ["survivors", "rows", "every-token"])
+def test_keyed_draws_match_softmax_of_processed_logits(where):
+    """Drawn among the survivors the pipeline kept, over the whole processed rows (a CPU's scan for their support), or
+    over every token at once (a GPU's race, no read of which are nonzero): the processed distribution each way."""
     processed = process_logits(RAW, CONFIG)
     probs = processed.softmax(dim=-1)[0]
     assert kept(processed) == [[0, 1, 2, 3, 4, 6]]
     rows = process_rows(RAW.expand(DRAWS, -1), CONFIG)
     assert rows.tokens is not None and torch.equal(rows.logits, processed.expand(DRAWS, -1))
-    draws = sample(rows if survivors else Processed(rows.logits), CONFIG, make_generator(CONFIG, CPU))
+    draws = keyed_draws(rows) if where == "survivors" else keyed_draws(Processed(rows.logits),
+                                                                      dense=where == "every-token")  # fmt: skip
     statistic, df = chi_square(draws, probs)
     assert df == 5
     assert statistic < CHI2_CRITICAL_P001[df], f"chi2 = {statistic:.1f} with {df} dof"
-
-
-def test_the_race_over_every_token_matches_the_softmax_too(monkeypatch):
-    """A GPU's race draws noise for every token (no read of which are nonzero): the same distribution, and a token
-    of probability 0 never wins, even where its noise is 0."""
-    processed = process_logits(RAW, CONFIG)
-    probs = processed.softmax(dim=-1)
-    draws = race(processed.expand(DRAWS, -1), make_generator(CONFIG, CPU), sparse=False)
-    statistic, df = chi_square(draws, probs[0])
-    assert df == 5 and statistic < CHI2_CRITICAL_P001[df], f"chi2 = {statistic:.1f} with {df} dof"
-    monkeypatch.setattr(torch.Tensor, "exponential_", lambda self, *args, **kwargs: self.zero_())  # every E is 0
-    for sparse in (False, True):
-        [token] = race(processed, None, sparse=sparse).tolist()
-        assert probs[0, token] > 0
 
 
 def test_chi_square_rejects_a_biased_sampler():
     """The same test has power: sampling from softmax(1.3 * logits) is caught."""
     processed = process_logits(RAW, CONFIG)
     probs = processed.softmax(dim=-1)[0]
-    biased = sample(Processed(processed.expand(DRAWS, -1) * 1.3), CONFIG, make_generator(CONFIG, CPU))
+    biased = keyed_draws(Processed(processed.expand(DRAWS, -1) * 1.3))
     statistic, df = chi_square(biased, probs)
     assert statistic > CHI2_CRITICAL_P001[df], f"chi2 = {statistic:.1f} with {df} dof"
 
@@ -547,7 +520,6 @@ def test_chi_square_rejects_a_biased_sampler():
 def test_position_noise_draws_are_distributed_as_p():
     from chi_square import assert_fits, assert_rejected
 
-    from specchat.engine.sampling import PositionNoise
 
     p = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02, 0.0])
     noise = PositionNoise(seed=12345)
@@ -572,7 +544,6 @@ def test_position_noise_draws_each_index_over_its_own_support_or_all_rows_alike(
     """Keyed draws among the survivors the pipeline kept, over the tokens any row may take (a CPU's scan), and over
     every token of every row at once (a GPU's) equal those over each index's own support, token for token: a token
     no row at an index may take is at -inf there. What was written keyed stays the text when resumed."""
-    from specchat.engine.sampling import PositionNoise
 
     def per_index(noise, logits, indices):  # each index's own support, scanned apart
         choices = [0] * len(indices)
@@ -609,7 +580,6 @@ def test_a_row_s_keyed_draw_is_the_same_alone_and_beside_rows_that_need_the_whol
     """A row of a tree is processed with the others: where one of them (a flat row) has survivors past the largest
     logits, every row takes the whole-vocabulary path, while decoding processes the row alone among its survivors.
     Its keyed draw is the same either way, bit for bit the scores (logit less the noise's log) being the same."""
-    from specchat.engine.sampling import PositionNoise
 
     noise = PositionNoise(seed=4)
     peaked = random_logits(rows=5, vocab=50_000, seed=13)
@@ -631,7 +601,7 @@ def test_a_drafter_racing_the_target_s_own_distribution_guesses_every_keyed_draw
     target's draw there (rows at their own indices, a draft vocabulary's columns mapped to the target's ids), where
     the row's support is within the GUESS_POOL likeliest; the others follow by race, and a token of probability 0
     comes after every other."""
-    from specchat.engine.sampling import GUESS_POOL, PositionNoise
+    from specchat.engine.sampling import GUESS_POOL
 
     noise = PositionNoise(seed=11, offset=40)
     columns = torch.randperm(2000, generator=torch.Generator().manual_seed(0))[:600]  # a draft vocabulary's ids

@@ -149,8 +149,8 @@ class CountsCopies(NgramDrafter):
 
     copies = 0
 
-    def propose(self, budget, sampling=None, generator=None, least_chance=0.0, noise=None):
-        tree = super().propose(budget, sampling, generator, least_chance, noise)
+    def propose(self, budget, sampling=None, least_chance=0.0, noise=None):
+        tree = super().propose(budget, sampling, least_chance, noise)
         self.copies += COPY in tree.origins
         return tree
 
@@ -213,7 +213,7 @@ def test_min_tokens_hold_the_end_back_at_every_verified_row(tokenizer):
     model.generation_config.eos_token_id = end = greedy[2]  # the free output ends at its third token
 
     def held(engine, n, sampling=GREEDY):
-        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=40, min_tokens=n, reproducible=True))
+        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=40, min_tokens=n))
         return [t for e in events for t in e.tokens], events[-1].finish_reason
 
     plain = Engine(model, tokenizer, max_len=128)
@@ -466,13 +466,12 @@ def test_logit_bias_spec_equals_biased_autoregressive(sampled, tokenizer):
     biased = dataclasses.replace(sampling, logit_bias=((banned, -100.0), (favoured, 4.0)))
 
     def alone(config: SamplingConfig) -> list[int]:
-        events = Engine(model, tokenizer, max_len=256).generate(prompt, sampling=config, max_new_tokens=60,
-                                                                reproducible=sampled)  # fmt: skip
+        events = Engine(model, tokenizer, max_len=256).generate(prompt, sampling=config, max_new_tokens=60)
         return [t for e in events for t in e.tokens]
 
     expected, unbiased = alone(biased), alone(sampling)
     assert banned not in expected and expected.count(favoured) > unbiased.count(favoured)
     drafter = RandomTreeDrafter(vocab_size=VOCAB, seed=5, reference=prompt + expected, p_correct=0.7)
     engine = Engine(model, tokenizer, max_len=256, drafter=drafter, draft_budget=16)
-    drafted = engine.generate(prompt, sampling=biased, max_new_tokens=60, reproducible=sampled)
+    drafted = engine.generate(prompt, sampling=biased, max_new_tokens=60)
     assert [t for e in drafted for t in e.tokens] == expected

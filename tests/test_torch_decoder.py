@@ -304,7 +304,7 @@ def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, budg
         engine.forward.graphed = engine.launch_ahead = graphed
         draft = drafters[drafter](engine)
         if drafter == "longspec" and graphed:
-            monkeypatch.setattr(draft, "_graphed", lambda sampling: True)
+            monkeypatch.setattr(draft, "_graphed", lambda: True)
         engine.set_drafter(draft, budget)
         first = prompt(30).tolist()
         turns = [first, None]

@@ -122,7 +122,7 @@ def test_speculation_over_a_window_cache_equals_the_target_alone(tiny_file, arch
         if drafted:
             reference = prompt + outputs[0]
             engine.set_drafter(RandomTreeDrafter(vocab_size=2000, seed=3, reference=reference, p_correct=0.8), 16)
-        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=80, reproducible=True))
+        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=80))
         outputs.append([t for event in events for t in event.tokens])
         assert not drafted or events[-1].stats.accepted > 0
     assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
@@ -137,7 +137,7 @@ def test_a_prompt_sharing_a_prefix_the_window_left_behind_is_prefilled_again(tin
     first = _ids(200, 5)
     answer = generate(engine, first, 20, GREEDY)
     for prompt, reused in ((first + answer + _ids(10, 6), len(first) + len(answer) - 1), (first[:100] + _ids(5, 7), 0)):
-        events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=20, reproducible=True))
+        events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=20))
         assert events[-1].stats.reused_tokens == reused
         assert [t for event in events for t in event.tokens] == generate(fresh, prompt, 20, GREEDY)
 
@@ -153,7 +153,7 @@ def test_kept_prefixes_and_prompt_cache_files_restore_a_window(tiny_file, few_sl
     assert write_prompt_cache(engine, tmp_path / "text.kv")
     generate(engine, _ids(120, 9), 10, GREEDY)  # another text takes the cache: the first is kept
     follow_up = text + answer + _ids(6, 10)
-    events = list(engine.generate(follow_up, sampling=GREEDY, max_new_tokens=20, reproducible=True))
+    events = list(engine.generate(follow_up, sampling=GREEDY, max_new_tokens=20))
     assert events[-1].stats.reused_tokens == len(text) + len(answer) - 1
     assert [t for event in events for t in event.tokens] == generate(fresh, follow_up, 20, GREEDY)
 
@@ -215,7 +215,7 @@ def test_a_draft_model_retrieves_chunks_by_the_last_layer_that_sees_every_positi
     expected = generate(engine, prompt, 40, GREEDY)
     draft = load_draft_model(str(path), loaded.model, loaded.tokenizer)
     engine.set_drafter(ModelDrafter(engine.target, draft, policy="retrieval"), 6)
-    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=40, reproducible=True))
+    events = list(engine.generate(prompt, sampling=GREEDY, max_new_tokens=40))
     assert [t for event in events for t in event.tokens] == expected
     scores = target_attention(engine.target)
     if architecture == "gemma3":
@@ -240,6 +240,6 @@ def test_the_prefix_store_keeps_a_text_a_longer_ones_window_cannot_restore(tiny_
     # the cache holds a text but its last token (the next step's root)
     assert sorted(len(prefix.ids) for prefix in engine.prefixes.kept) == sorted([123, len(text) - 1, len(longer) + 9])
     follow_up = text + _ids(8, 24)
-    events = list(engine.generate(follow_up, sampling=GREEDY, max_new_tokens=12, reproducible=True))
+    events = list(engine.generate(follow_up, sampling=GREEDY, max_new_tokens=12))
     assert events[-1].stats.reused_tokens == len(text) - 1
     assert [t for event in events for t in event.tokens] == generate(fresh, follow_up, 12, GREEDY)

@@ -78,7 +78,7 @@ def draft_cost(model, *, contexts: list[int], vocabs: list[int], budgets: list[i
                 drafter.prefill(ids[: context + 1].tolist(), torch.empty(0), 0)
                 for budget in budgets:
                     step(f"context {context}, vocab {vocab or config.vocab_size}, budget {budget}")
-                    propose = lambda: drafter.propose(budget, SamplingConfig(), None)  # noqa: E731
+                    propose = lambda: drafter.propose(budget, SamplingConfig())  # noqa: E731
                     drafted = timer.seconds(propose)
                     tree = propose()
                     verify = timer.seconds(verification_forward(forward, cache, device, tree=tree))

@@ -38,7 +38,7 @@ class OracleDrafter(DraftsAlone, TracksCommittedIds):
     def prefill(self, ids: list[int], hidden, reused: int) -> None:
         self.new_request(ids, reused)
 
-    def propose(self, budget: int, sampling, generator, least_chance: float = 0.0, noise=None) -> DraftTree:
+    def propose(self, budget: int, sampling, least_chance: float = 0.0, noise=None) -> DraftTree:
         start = len(self.ids)
         chain = [token if self.rng.random() < self.acceptance else (token + 1) % self.vocab_size
                  for token in self.text[start : start + budget]]  # fmt: skip

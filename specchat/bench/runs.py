@@ -75,10 +75,9 @@ def transformers_model(loaded: LoadedModel) -> nn.Module:
 def engine_run(engine: Engine, ids: list[int], max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
                held: AnswerFormat = AnswerFormat()) -> Run:  # fmt: skip
     """Generation by our engine; the stats give the decode time and what was drafted and accepted. Sampled runs
-    draw keyed noise (`reproducible`), so every drafter writes the text autoregressive decoding does."""
+    draw keyed noise seeded by `sampling.seed`, so every drafter writes the text autoregressive decoding does."""
     tokens = []
-    events = engine.generate(ids, sampling=sampling, max_new_tokens=max_new_tokens, reproducible=not sampling.greedy,
-                             constraint=held.constraint(engine))  # fmt: skip
+    events = engine.generate(ids, sampling=sampling, max_new_tokens=max_new_tokens, constraint=held.constraint(engine))
     for event in events:
         tokens += event.tokens
     s = event.stats

@@ -33,13 +33,6 @@ class CompositeDrafter:
     part that always drafts first only slows copy-heavy text; where the lookup's matches are mostly wrong (chat
     answers), the model part's guesses lead. The mode is chosen before the engine sizes the budget (`next_kinds`),
     so each tree is sized for the parts that draft it.
-
-    Sampling: verification draws once from the target wherever a node's children are not all drafter
-    samples (`specchat.engine.verify`), which is exact for any tree; rejection sampling against `draft_probs`
-    is exact only where the children really are the drafter's draws and nothing chose them by their value.
-    So the merged tree keeps the first drafter's `draft_probs` for the children of nodes where the second
-    proposed nothing, and marks every other node deterministic: where the second's token equals a sample of
-    the first, keeping the sample's row would verify a draw selected by that coincidence.
     """
 
     def __init__(self, first: Drafter, second: Drafter):
@@ -81,20 +74,20 @@ class CompositeDrafter:
     def scores_nodes(self) -> bool:
         return self.first.scores_nodes and self.second.scores_nodes
 
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
+    def propose(self, budget: int, sampling: SamplingConfig, least_chance: float = 0.0,
+                noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """Parts whose nodes carry scores: the `budget` most likely nodes of both trees, except where the lookup
         found a copy, which drafts alone (82-97% of its tokens right, more than the heads' best guess: merged, a
         sure guess of theirs halved the copy's chances, and summaries ran below the lookup alone). Otherwise the
         leading part's tree whole, and the other part's nodes in the room it left. Where the lookup found nothing,
         the first part's tree is the tree, unread; a scored tree left on the device is merged there
         (`merged_on_device`): a GPU's proposal waits for neither."""
-        second = self.second.propose(budget, sampling, generator, least_chance, noise)
+        second = self.second.propose(budget, sampling, least_chance, noise)
         first_leads = not self.scores_nodes and self.runs.first_leads()  # scored trees merge by their scores
         room = budget if first_leads or self.scores_nodes else budget - len(second)
         copying = self.scores_nodes and len(second) > 0 and set(second.origins) == {COPY}
         both = room > 0 and self.modes.mode == BOTH and not copying
-        first = self.first.propose(room, sampling, generator, least_chance, noise) if both else DraftTree.empty()
+        first = self.first.propose(room, sampling, least_chance, noise) if both else DraftTree.empty()
         if not self.scores_nodes:  # a scored first tree may be on the device: matching it at the commit would wait
             self.runs.proposed(first, second)
         self._second_tree = second
@@ -215,12 +208,11 @@ def _siblings_bounded(parents: torch.Tensor, scores: torch.Tensor, kept: torch.T
 
 def merge_trees(first: DraftTree, second: DraftTree, budget: int, leaders: frozenset[str] | None = None) -> DraftTree:
     """`first`'s nodes, then `second`'s that are new, in order, up to `budget` nodes (a node whose parent did not
-    fit is left out with it); `draft_probs` as `CompositeDrafter` says; `leaders` as `DraftTree` says."""
+    fit is left out with it); `leaders` as `DraftTree` says."""
     tokens: list[int] = []
     parents: list[int] = []
     origins: list[str] = []
     child: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
-    merged_of: list[list[int | None]] = []  # per tree: its node -> merged node, None where it did not fit
     for tree in (first, second):
         placed: list[int | None] = []
         for parent, token, origin in zip(tree.parents, tree.tokens, tree.origins):
@@ -231,17 +223,5 @@ def merge_trees(first: DraftTree, second: DraftTree, budget: int, leaders: froze
                 parents.append(key[0])
                 origins.append(origin)
             placed.append(child.get(key))
-        merged_of.append(placed)
-    return DraftTree(tokens, parents, origins, _first_draft_probs(first, second, merged_of, parents), leaders)
+    return DraftTree(tokens, parents, origins, leaders=leaders)
 
-
-def _first_draft_probs(first: DraftTree, second: DraftTree, merged_of: list[list[int | None]], parents: list[int]):
-    """[merged nodes, vocab]: `first`'s rows of children of merged nodes where `second` proposed nothing, else 0."""
-    if first.draft_probs is None:
-        return None
-    touched = {ROOT if parent == ROOT else merged_of[1][parent] for parent in second.parents}
-    # merged node -> `first`'s node, for the rows kept
-    kept = {m: node for node, m in enumerate(merged_of[0]) if m is not None and parents[m] not in touched}
-    probs = first.draft_probs.new_zeros(len(parents), first.draft_probs.shape[-1])
-    probs[list(kept)] = first.draft_probs[list(kept.values())]
-    return probs

@@ -89,13 +89,6 @@ class DraftHead:
     def target_ids(self, columns: torch.Tensor) -> torch.Tensor:
         return columns if self.draft_vocab is None else self.draft_vocab[columns]
 
-    def full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
-        """A distribution over the draft vocabulary as one over the target's (zero elsewhere)."""
-        if self.draft_vocab is None:
-            return probs
-        full = probs.new_zeros(self.vocab_size)
-        return full.index_copy_(0, self.draft_vocab, probs)
-
 
 def draft_weights(target: TargetView, weights: str | None = "auto") -> str | None:
     """How the draft's weights run: as asked, or for "auto" on a CPU whose target runs quantized weights in 4

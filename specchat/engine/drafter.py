@@ -91,15 +91,14 @@ class Drafter(Protocol):
         """The kinds that will draft the next proposal: this drafter's own, or those of the parts a composite
         will run. The adaptive budget sizes the next tree for them and prices the proposal's time as theirs."""
 
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
+    def propose(self, budget: int, sampling: SamplingConfig, least_chance: float = 0.0,
+                noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """A tree of at most `budget` nodes below the last committed id (possibly empty), left on the device
-        (`DraftTree.queued`) where the drafter knows its size without reading its values. A drafter that
-        samples uses `generator` (seeded per request) and records what it sampled from in `draft_probs`. A
-        drafter that scores its nodes may leave out those scored below `least_chance`: worth less than their
-        verification costs. `noise`, where the target's draws are keyed (`reproducible`): the target will choose
-        a depth-d node's token as the race at text index len(ids) + d - 1 (ids: the committed ones, prompt
-        included), which a drafter may guess with `noise.guess` (none of this can change the output)."""
+        (`DraftTree.queued`) where the drafter knows its size without reading its values. A drafter that scores
+        its nodes may leave out those scored below `least_chance`: worth less than their verification costs.
+        `noise`, where the target samples: it will choose a depth-d node's token as the race at text index
+        len(ids) + d - 1 (ids: the committed ones, prompt included), which a drafter may guess with `noise.guess`
+        (none of this can change the output)."""
 
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         """Tokens the engine committed since the last call (accepted drafts, then the target's own), and the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import secrets
 import time
 from collections.abc import Iterator
 
@@ -28,15 +29,7 @@ from specchat.engine.events import FORCED, KNOWN, TARGET, StepEvent, TokenLogpro
 from specchat.engine.host_data import to_device
 from specchat.engine.lean_forward import LeanForward
 from specchat.engine.prefix_store import PrefixStore
-from specchat.engine.sampling import (
-    PositionNoise,
-    Processed,
-    SamplingConfig,
-    make_generator,
-    process_rows,
-    sample,
-    token_logprobs,
-)
+from specchat.engine.sampling import PositionNoise, Processed, SamplingConfig, choose, process_rows, token_logprobs
 from specchat.engine.stats import GenerationStats
 from specchat.engine.step_clock import StepClock
 from specchat.engine.target_forward import forward_path, target_forward
@@ -228,7 +221,6 @@ class Engine:
         sampling: SamplingConfig = SamplingConfig(),
         max_new_tokens: int = 512,
         stop: tuple[str, ...] = (),
-        reproducible: bool = False,
         index_offset: int = 0,
         known: list[int] = (),
         fresh: bool = False,
@@ -239,12 +231,12 @@ class Engine:
         """Prefill `prompt_ids` and yield a `StepEvent` per step until EOS, a stop string, `max_new_tokens` or a
         full cache.
 
-        `reproducible` keys every sampled choice by its token's index in the text (`PositionNoise`; the
-        prompt's first token is index `index_offset`, for a text whose beginning the cache no longer holds):
-        the output is then the same for every drafter and tree, and continues the same after a restart. A
-        drafter is handed the noise: one whose distribution is close to the target's guesses the draws by racing
-        it under the same noise, which beats its likeliest tokens wherever the target samples a broad
-        distribution. A drafter's sampled trees are checked by those draws instead of by rejection sampling.
+        A sampled choice is keyed by its token's index in the text (`PositionNoise`: seeded by `sampling.seed`, or a
+        fresh seed; the prompt's first token is index `index_offset`, for a text whose beginning the cache no longer
+        holds): the output is then distributed exactly as target-only sampling and, for one seed, the same whatever
+        drafted it, whatever the trees' sizes, and after a restart. A drafter is handed the noise: one whose
+        distribution is close to the target's guesses the draws by racing it under the same noise, which beats its
+        likeliest tokens wherever the target samples a broad distribution.
 
         `known`: tokens the text is known to go on with (a book being resumed, `writer/write.py`). While the
         output follows them, each step verifies the next ones as a chain, whatever the drafter: re-deriving a
@@ -275,11 +267,9 @@ class Engine:
         room = self.capacity + 1 - len(prompt_ids)  # the last token needs no cache slot
         budget, limit = (max_new_tokens, "length") if max_new_tokens <= room else (room, "context")
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        generator = make_generator(sampling, self.device)
         noise = None
-        if reproducible and not sampling.greedy:
-            seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (), generator=generator))
-            noise = PositionNoise(seed, index_offset)
+        if not sampling.greedy:
+            noise = PositionNoise(secrets.randbits(62) if sampling.seed is None else sampling.seed, index_offset)
         stream = TextStream(self.tokenizer, stop, unmatched=min_tokens)
         constrained = ConstrainedText(constraint) if constraint is not None else None
 
@@ -290,10 +280,7 @@ class Engine:
         continued = self.cache.length > 0 and self.ids[: self.cache.length] == prompt_ids[: self.cache.length]
         logits = self._prefill(prompt_ids, stats, reuse=not fresh)
         processed = self._process(logits, sampling, DraftTree.empty(), constrained, min_tokens)
-        if noise:
-            token = int(noise.choose(processed, [self.length])[0])
-        else:
-            token = int(sample(processed, sampling, generator)[0])
+        token = int(choose(processed, noise, [self.length])[0])
         scored = token_logprobs(processed.logits, [0], [token], logprobs) if logprobs is not None else None
         stats.prefill_seconds = time.perf_counter() - start
         if self.drafter is not None and self.fixed_budget is None and (self.policy is None or not continued):
@@ -303,16 +290,16 @@ class Engine:
         event = self._commit([token], [TARGET], self._no_rows, stats, stream, budget, limit, constrained)
         event = _with_logprobs(event, scored)
         ahead = _still_known(list(known), event.tokens)
-        self._queue_step(event, stats, sampling, generator, noise, ahead, constrained)
+        self._queue_step(event, stats, sampling, noise, ahead, constrained)
         yield event
         while event.finish_reason is None:
             start = time.perf_counter()
             launch, self._queued = self._queued, None
             if launch is not None and launch.overwritten:
                 launch = self._verify_again(launch)
-            launch = launch or self._launch(sampling, generator, noise, ahead, constrained)
+            launch = launch or self._launch(sampling, noise, ahead, constrained)
             tokens, origins, hidden, tree, tree_budget, draft_seconds, scored = self._step(
-                launch, sampling, generator, noise, constrained, logprobs, max(0, min_tokens - stats.new_tokens))
+                launch, sampling, noise, constrained, logprobs, max(0, min_tokens - stats.new_tokens))
             stats.decode_seconds += time.perf_counter() - start
             event = self._commit(tokens, origins, hidden, stats, stream, budget, limit, constrained)
             event = _with_logprobs(event, scored)
@@ -320,10 +307,10 @@ class Engine:
             drafted = sum(origin != TARGET for origin in event.origins)  # what was output, not cut at a stop
             stats.record_step(tree.depth, drafted, tree_budget, draft_seconds, nodes=len(tree))
             ahead = _still_known(ahead, event.tokens)
-            self._queue_step(event, stats, sampling, generator, noise, ahead, constrained)
+            self._queue_step(event, stats, sampling, noise, ahead, constrained)
             yield event
 
-    def _launch(self, sampling: SamplingConfig, generator, noise: PositionNoise | None, known: list[int],
+    def _launch(self, sampling: SamplingConfig, noise: PositionNoise | None, known: list[int],
                 constrained: ConstrainedText | None) -> StepLaunch:
         """A step's first half, queued without reading the device where the drafter needs no read: draft (or take
         the `known` tokens, or what the syntax forces, as a chain), then the target's forward of the root and the
@@ -342,7 +329,7 @@ class Engine:
             budget = self._draft_budget(mode, scored)
             least_chance = self.policy.least_chance() if scored else 0.0
             captured = captures()
-            tree = (self.drafter.propose(budget, sampling, generator, least_chance, noise) if budget
+            tree = (self.drafter.propose(budget, sampling, least_chance, noise) if budget
                     else DraftTree.empty())
             if budget:  # the drafter's first proposal at a setting, and one that captured a graph, paid a one-off
                 setting = (budget, dataclasses.replace(sampling, seed=None))
@@ -367,7 +354,7 @@ class Engine:
             self._queued = self._launch(*launch)
             stats.decode_seconds += time.perf_counter() - start
 
-    def _step(self, launch: StepLaunch, sampling: SamplingConfig, generator, noise: PositionNoise | None,
+    def _step(self, launch: StepLaunch, sampling: SamplingConfig, noise: PositionNoise | None,
               constrained: ConstrainedText | None, logprobs: int | None, held: int):
         """A step's second half: verify the launched tree (or just the root), commit the accepted KV.
 
@@ -380,10 +367,8 @@ class Engine:
         tree, clock, batch, hidden = launch.tree, launch.clock, launch.batch, launch.hidden
         processed = self._process(launch.logits, sampling, tree, constrained, held)
         clock.mark()
-        choices = None
-        if noise:
-            choices = noise.choose(processed, batch.position_ids + 1)  # a row chooses the next token
-        verdict = verify(tree, processed, sampling, generator, choices)  # the step's wait for the device
+        choices = choose(processed, noise, batch.position_ids + 1)  # a row chooses the next token
+        verdict = verify(tree, choices)  # the step's wait for the device
         draft_seconds, _, verify_seconds = clock.seconds()  # drafting, sizing, verification
         priced_seconds = draft_seconds if launch.priced else None
         if launch.proposed is not None:  # read after the wait, before more is queued: no wait of its own
@@ -640,11 +625,11 @@ class Engine:
         """
         if self.length == 0:
             raise SpecchatError("nothing is committed yet: there is no context to decode from")
-        tree, generator, times = DraftTree.empty(), make_generator(sampling, self.device), []
+        tree, noise, times = DraftTree.empty(), None if sampling.greedy else PositionNoise(0), []
         for _ in range(repeats):
             start = time.perf_counter()
             _, logits, _ = self._tree_forward(tree)
-            verify(tree, self._process(logits, sampling, tree), sampling, generator)  # ints out: device synced
+            verify(tree, choose(self._process(logits, sampling, tree), noise, [self.length]))  # ints out: synced
             times.append(time.perf_counter() - start)
         self.cache.truncate(self.cache.length)  # drop the pending root KV the forwards wrote
         return sorted(times)[len(times) // 2]

@@ -1,8 +1,9 @@
 """The logits pipeline that defines the target distribution: logit bias, penalties, temperature, top-k, top-p, min-p.
 
-Speculative verification draws from exactly this distribution at every tree node, so spec decoding and
-autoregressive decoding share one definition. History-dependent steps (the penalty window) take each row's
-own history, which for a tree node is the committed text plus the node's ancestors.
+Speculative verification draws from exactly this distribution at every tree node, keyed by the node's place in the
+text (`PositionNoise`), so spec decoding and autoregressive decoding share one definition. History-dependent steps
+(the penalty window) take each row's own history, which for a tree node is the committed text plus the node's
+ancestors.
 """
 
 from __future__ import annotations
@@ -239,33 +240,12 @@ def _min_p_survivors(logits: torch.Tensor, min_p: float, keep: int) -> tuple[tor
     return values.masked_fill(dropped, float("-inf")), indices
 
 
-def sample(processed: Processed, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per processed row -> [n]; greedy takes the argmax, else `race`, among the survivors alone where the
-    pipeline kept them."""
-    if config.greedy:
+def choose(processed: Processed, noise: PositionNoise | None, indices: list[int] | torch.Tensor) -> torch.Tensor:
+    """The target's choice at each processed row [n]: its argmax when greedy (no `noise`), else its keyed draw as the
+    token at text index `indices[i]` (`PositionNoise.choose`)."""
+    if noise is None:
         return processed.logits.argmax(dim=-1)
-    if processed.tokens is not None:
-        return processed.tokens.gather(1, race(processed.values, generator, sparse=False)[:, None])[:, 0]
-    return race(processed.logits, generator, sparse=processed.logits.device.type == "cpu")
-
-
-def race(logits: torch.Tensor, generator: torch.Generator | None, *, sparse: bool) -> torch.Tensor:
-    """One draw per row of softmax(`logits`) [n, vocab] -> [n]: the race argmax(logit - log E), E ~ Exp(1) (the
-    Gumbel-max trick, exact; no softmax is computed).
-
-    Tokens at -inf cannot win it, so a CPU (`sparse`) draws noise for the others alone: top-k, top-p or min-p leave a
-    few dozen of 152K tokens, and noise for all of them costs ~3 ms a row there. Finding them is a read of the device,
-    which a GPU, drawing noise for every token in microseconds, does without."""
-    if not sparse:  # a zero draw of E must not let a token at -inf in (-inf + inf)
-        noise = torch.empty_like(logits).exponential_(1.0, generator=generator)
-        return torch.where(logits > float("-inf"), logits - noise.log(), float("-inf")).argmax(dim=-1)
-    rows, tokens = (logits > float("-inf")).nonzero(as_tuple=True)  # row by row, tokens ascending
-    noise = torch.empty(tokens.shape, dtype=logits.dtype, device=logits.device).exponential_(1.0, generator=generator)
-    scores = logits[rows, tokens] - noise.log()
-    best = scores.new_full((logits.shape[0],), float("-inf")).scatter_reduce_(0, rows, scores, "amax")
-    candidates = torch.arange(tokens.shape[0], device=tokens.device)
-    at_best = torch.where(scores == best[rows], candidates, tokens.shape[0])  # a row's first best: its argmax
-    return tokens[candidates.new_full(best.shape, tokens.shape[0]).scatter_reduce_(0, rows, at_best, "amin")]
+    return noise.choose(processed, indices)
 
 
 class PositionNoise:
@@ -369,12 +349,3 @@ def _mix_tensor(z: torch.Tensor) -> torch.Tensor:
     z = (z ^ ((z >> 30) & ((1 << 34) - 1))) * _signed(0xBF58476D1CE4E5B9)
     z = (z ^ ((z >> 27) & ((1 << 37) - 1))) * _signed(0x94D049BB133111EB)
     return z ^ ((z >> 31) & ((1 << 33) - 1))
-
-
-def make_generator(config: SamplingConfig, device: torch.device) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    if config.seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(config.seed)
-    return generator

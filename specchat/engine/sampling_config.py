@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds
+MAX_SEED = 2**63 - 1  # a seed is a signed 64-bit integer, as OpenAI's and llama.cpp's are
 
 
 @dataclass(frozen=True)

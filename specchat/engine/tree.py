@@ -71,12 +71,8 @@ class DraftTree:
     """
 
     def __init__(self, tokens: list[int], parents: list[int], origins: list[str],
-                 draft_probs: torch.Tensor | None = None, leaders: frozenset[str] | None = None,
-                 scores: list[float] | None = None):  # fmt: skip
+                 leaders: frozenset[str] | None = None, scores: list[float] | None = None):  # fmt: skip
         self._origins = list(origins)  # [n] the drafter kind that proposed each node
-        # [n, vocab] the distribution each node was sampled from (siblings in sampling order); all-zero rows
-        # mark deterministic nodes; None when the drafter sampled nothing.
-        self.draft_probs = draft_probs
         # The origins that drafted with the whole budget and were kept whole (None: every origin). A composite's
         # other part drafts in what is left, so its tree says how deep its trees of that budget reach only when it led.
         self.leaders = leaders
@@ -87,15 +83,15 @@ class DraftTree:
         self._settle(list(tokens), list(parents))
 
     @classmethod
-    def queued(cls, tokens: torch.Tensor, parents: torch.Tensor, origin: str | tuple[str, ...],
-               draft_probs: torch.Tensor | None = None, *, depth: int | None = None,
-               scores: torch.Tensor | None = None, kinds: torch.Tensor | None = None) -> DraftTree:  # fmt: skip
+    def queued(cls, tokens: torch.Tensor, parents: torch.Tensor, origin: str | tuple[str, ...], *,
+               depth: int | None = None, scores: torch.Tensor | None = None,
+               kinds: torch.Tensor | None = None) -> DraftTree:  # fmt: skip
         """A tree whose tokens [n] and parents [n] (long) are still on the device, unread; `depth`: a bound on its
         depth the drafter knows (else n); `scores` [n]: its nodes' scores, on the device too, listed best first
         (`best_first`: its first nodes are its best, `first`). Every node has the `origin`, or where that names
         several, the one `kinds` [n] (long, on the device) picks."""
         n = tokens.shape[0]
-        tree = cls([], [], [origin] * n if isinstance(origin, str) else [None] * n, draft_probs)
+        tree = cls([], [], [origin] * n if isinstance(origin, str) else [None] * n)
         names = (origin,) if isinstance(origin, str) else origin
         tree._queued = Unread(tokens, parents, n if depth is None else depth, scores, kinds, names)
         return tree
@@ -116,9 +112,8 @@ class DraftTree:
         unread = self._queued
         if unread is None or unread.scores is None:
             raise ValueError("only a queued scored tree lists its nodes best first")
-        probs = None if self.draft_probs is None else self.draft_probs[:n]
         return DraftTree.queued(unread.tokens[:n], unread.parents[:n],
-                                unread.names[0] if unread.kinds is None else unread.names, probs,
+                                unread.names[0] if unread.kinds is None else unread.names,
                                 depth=min(unread.depth, n), scores=unread.scores[:n],
                                 kinds=None if unread.kinds is None else unread.kinds[:n])  # fmt: skip
 
@@ -189,10 +184,8 @@ class DraftTree:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DraftTree):
             return NotImplemented
-        mine, theirs = self.draft_probs, other.draft_probs
-        same_probs = mine is theirs or (mine is not None and theirs is not None and torch.equal(mine, theirs))
         fields = (self.tokens, self.parents, self.origins, self.leaders, self.scores)
-        return same_probs and fields == (other.tokens, other.parents, other.origins, other.leaders, other.scores)
+        return fields == (other.tokens, other.parents, other.origins, other.leaders, other.scores)
 
     def __repr__(self) -> str:
         return f"DraftTree(tokens={self.tokens}, parents={self.parents}, origins={self.origins})"

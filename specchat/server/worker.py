@@ -199,7 +199,7 @@ class EngineWorker:
                 return
         events = engine.generate(  # a seed keys each draw by position: the same text whatever was drafted
             job.prompt_ids, sampling=job.sampling, max_new_tokens=job.max_new_tokens, stop=job.stop,
-            fresh=not self.prompt_cache, logprobs=job.logprobs, reproducible=job.sampling.seed is not None,
+            fresh=not self.prompt_cache, logprobs=job.logprobs,
             constraint=job.constraint(engine) if job.constraint else None, min_tokens=job.min_tokens,
         )
         first, lines = None, False  # when the first token came; whether a line has ended since

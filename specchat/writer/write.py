@@ -5,7 +5,7 @@ saved every few seconds, autoregressive decoding timed along the way.
 oldest `refill_chunk` generated tokens leave it, and the prompt plus the rest are prefilled again at
 positions from 0, so positions stay inside the model's trained range. Autoregressive decoding under the same
 policy writes the same text: every sampled choice is keyed by its token's index in the book
-(`Engine.generate(reproducible=True)`), not by how the cache got there.
+(`Engine.generate(index_offset=...)`), not by how the cache got there.
 
 **Resume.** A prefill computes a cache that differs in its last bits from the one decoding builds step by
 step, so a book cannot be continued exactly from an arbitrary token. It is replayed instead from the last
@@ -123,8 +123,7 @@ def write_book(engine: Engine, book: Book, target: int, *, warn: Callable[[str],
             context = book.prompt_ids + book.generated[progress.dropped : position]
             before, mark = GenerationStats(), time.perf_counter()
             for event in engine.generate(context, sampling=sampling, max_new_tokens=target - position,
-                                         reproducible=True, index_offset=progress.dropped,
-                                         known=book.generated[position:]):  # fmt: skip
+                                         index_offset=progress.dropped, known=book.generated[position:]):  # fmt: skip
                 tokens, stats = event.tokens, event.stats
                 known = book.generated[position : position + len(tokens)]
                 if tokens[: len(known)] != known:

@@ -144,8 +144,8 @@ class Eagle3Drafter(DraftsAlone, TracksCommittedIds):
         self.features = torch.cat([self.features, hidden])
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
+    def propose(self, budget: int, sampling: SamplingConfig, least_chance: float = 0.0,
+                noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """Each depth is queued from the last one's tensors. Where the drafter `prunes` (a CPU, where reading costs
         nothing), each depth reads its best nodes to expand only those that can pay, and the host ranks the
         candidates; a GPU expands them whatever they hold, which costs it less than waiting for them, ranks them

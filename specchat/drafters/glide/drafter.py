@@ -10,8 +10,7 @@ join as sibling leaves (`bins`: c < 0.3 -> 8, < 0.6 -> 6, < 0.8 -> 4, else 2). T
 the siblings step by step while the budget lasts; a budget that outlasts them (on a GPU a verification's rows
 are padded to their bucket anyway) takes each step's next-ranked tokens after, step by step, so a tree has
 min(budget, chain x (1 + the most siblings)) nodes whatever its confidences: its size is known without reading
-them, and the tree stays on the device until the acceptance reads it. The tree is deterministic (`draft_probs`
-None), so verification draws once per node and stays lossless under sampling.
+them, and the tree stays on the device until the acceptance reads it.
 """
 
 from __future__ import annotations
@@ -79,8 +78,8 @@ class GlideDrafter(DraftsAlone, TracksCommittedIds):
         self.kv.truncate(same)
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
+    def propose(self, budget: int, sampling: SamplingConfig, least_chance: float = 0.0,
+                noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """Each chain step's forward reads the last one's top token as the device tensor it is, and the chain and
         its siblings are laid out on the device (`_layout`): the tree is read with the target's choices."""
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)

@@ -1,11 +1,10 @@
-"""LongSpec drafting: one draft layer over the target's cache, growing a tree by beam search or a chain.
+"""LongSpec drafting: one draft layer over the target's cache, growing a tree by beam search.
 
 Beam search (the reference's default, widths [4, 16, 16, 16, 16]): the root's draft distribution gives the
 first 4 children; then each depth keeps the global top-`width` of cumulative log-probability over every
 frontier node's children, so weak branches simply stop. One draft forward per depth, all frontier nodes
-as rows, each seeing the draft's recent window, its own ancestors and the target's whole last layer.
-Chain mode proposes one token per depth; under sampling it draws from the draft's distribution and records
-it, so verification can use rejection sampling.
+as rows, each seeing the draft's recent window, its own ancestors and the target's whole last layer. Widths of 1
+make it a greedy chain.
 """
 
 from __future__ import annotations
@@ -28,14 +27,13 @@ from specchat.engine.tree import ROOT, DraftTree
 from specchat.quant.quantize import quantized_copy
 
 BEAM_WIDTHS = (4, 16, 16, 16, 16)
-GREEDY = SamplingConfig()
 
 
 class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
     kind = LONGSPEC
 
     def __init__(self, target: TargetView, layer: LongSpecLayer, *, draft_vocab: torch.Tensor | None = None,
-                 widths: tuple[int, ...] = BEAM_WIDTHS, chain: bool = False, weights: str | None = "auto",
+                 widths: tuple[int, ...] = BEAM_WIDTHS, weights: str | None = "auto",
                  policy: str = "full"):  # fmt: skip
         """`weights`: "int8" / "int4" / "q4_k" run the draft's linears and reduced head quantized (a copy; `layer`
         stays as it is), None dense, "auto" as the target runs (quantized on a CPU whose target is)."""
@@ -45,7 +43,6 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         layer = layer.to(device=target.device, dtype=target.dtype).eval()
         self.layer = quantized_copy(layer, weights, dtype=target.dtype)
         self.widths = widths
-        self.chain = chain
         self.head = DraftHead(target, draft_vocab, weights)
         self.ring = RingKV(config.window, config.num_key_value_heads, config.head_dim, dtype=target.dtype,
                            device=target.device)  # fmt: skip
@@ -72,11 +69,12 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         self.read = self.read[:0]
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
+    def propose(self, budget: int, sampling: SamplingConfig, least_chance: float = 0.0,
+                noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         """Every depth's forward is queued from the last one's tensors, never read back: the tree stays on the
-        device (`DraftTree.queued`), read with the target's choices at verification. On a GPU a beam, or a greedy
-        chain, replays a CUDA graph of its depths, one per shape (`_shape`)."""
+        device (`DraftTree.queued`), read with the target's choices at verification. On a GPU the beam replays a
+        CUDA graph of its depths, one per shape (`_shape`). The beam ranks the draft's own distribution: its
+        likeliest tokens are its guesses at the target's draws too."""
         root = len(self.ids) - 1  # the root's position; the target's cache holds positions [0, root)
         self._catch_up()
         shape = self._shape(budget)
@@ -85,17 +83,15 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
         self.root_token.fill_(self.ids[-1])  # the buffers a graph reads (queued fills: no wait for the device)
         self.root.fill_(root)
         self.root_length.fill_(root)
-        if self._graphed(sampling):
+        if self._graphed():
             tokens, parents = (part.clone() for part in self._replay(shape))
-            return DraftTree.queued(tokens, parents, self.kind, depth=len(shape))
-        tokens, parents, draft_probs = self._grow(shape, sampling, generator, (*self._target_kv(root), None))
-        return DraftTree.queued(tokens, parents, self.kind, draft_probs, depth=len(shape))
+        else:
+            tokens, parents = self._grow(shape, (*self._target_kv(root), None))
+        return DraftTree.queued(tokens, parents, self.kind, depth=len(shape))
 
     def _shape(self, budget: int) -> tuple[int, ...]:
-        """The nodes each depth proposes: a chain's one a depth, a beam's widths cut by the budget (and by how
-        many children the frontier has)."""
-        if self.chain:
-            return (1,) * budget
+        """The nodes each depth proposes: the beam's widths cut by the budget (and by how many children the
+        frontier has)."""
         head = self.head
         columns = head.vocab_size if head.draft_vocab is None else len(head.draft_vocab)
         widths: list[int] = []
@@ -106,12 +102,12 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
             widths.append(width)
         return tuple(widths)
 
-    def _graphed(self, sampling: SamplingConfig) -> bool:
-        """Whether this proposal replays a graph: on a GPU, a beam or a greedy chain (a sampled one draws with the
-        request's generator), reading the target's whole last layer in place (its sliding window, an int8 cache, a
-        cache policy's selection: as called), positions rotated without a host-side update (dynamic RoPE)."""
-        return (self.target.device.type == "cuda" and (not self.chain or sampling.greedy)
-                and isinstance(self.policy, FullCache) and type(self.target.cache.layers[-1]) is TreeKVLayer
+    def _graphed(self) -> bool:
+        """Whether this proposal replays a graph: on a GPU, reading the target's whole last layer in place (its
+        sliding window, an int8 cache, a cache policy's selection: as called), positions rotated without a host-side
+        update (dynamic RoPE)."""
+        return (self.target.device.type == "cuda" and isinstance(self.policy, FullCache)
+                and type(self.target.cache.layers[-1]) is TreeKVLayer
                 and replayable_rotary(self.target.rotary))  # fmt: skip
 
     def _replay(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,58 +119,33 @@ class LongSpecDrafter(DraftsAlone, TracksCommittedIds):
             self.graphs, self.graph_keys = {}, layer.keys
         if shape not in self.graphs:
             whole = (layer.keys[0], layer.values[0], self.root_length)
-            self.graphs[shape] = capture(lambda: self._grow(shape, GREEDY, None, whole)[:2], self.graph_pool)
+            self.graphs[shape] = capture(lambda: self._grow(shape, whole), self.graph_pool)
         graph, out = self.graphs[shape]
         graph.replay()
         return out
 
-    def _grow(self, shape: tuple[int, ...], sampling: SamplingConfig, generator: torch.Generator | None,
-              target_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]):  # fmt: skip
-        """(tokens, parents, the draws' distributions of a sampled chain or None) of the tree of `shape` below the
-        root in `root_token` at position `root`, cross-attention reading `target_kv` (keys, values and, for the
-        target's whole cache, the length read): its first forward runs the root, as a row of the tree."""
+    def _grow(self, shape: tuple[int, ...], target_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]):
+        """(tokens, parents) of the tree of `shape` below the root in `root_token` at position `root`, cross-attention
+        reading `target_kv` (keys, values and, for the target's whole cache, the length read): its first forward runs
+        the root, as a row of the tree. Each depth keeps the global top `width` of the frontier's children by
+        cumulative log-probability; the sizes are known ahead, which frontier row each child hangs from is not."""
         self.target_kv = target_kv
         tree = TreeRows(device=self.target.device)
         logits = self._forward(self.root_token, 0, tree, tree.add([ROOT]))
-        if self.chain:
-            return self._chain(tree, logits[0], len(shape), sampling, generator)
-        return self._beam(tree, logits, shape)
-
-    def _beam(self, tree: TreeRows, logits: torch.Tensor, widths: tuple[int, ...]):
-        """Each depth keeps the global top `width` of the frontier's children by cumulative log-probability. The
-        sizes are known ahead; which frontier row each child hangs from is not."""
         tokens, parents = [], []  # per depth [width]: target ids; parent nodes (ROOT below the root)
         scores = logits.float().log_softmax(dim=-1)  # [frontier, draft vocab], cumulative log-probabilities
         nodes, frontier = 0, ROOT  # nodes so far; the frontier's first node (its first row is its node + 1)
-        for depth, width in enumerate(widths, start=1):
+        for depth, width in enumerate(shape, start=1):
             best = scores.flatten().topk(width)
             rows, columns = best.indices // scores.shape[1], best.indices % scores.shape[1]
             tokens.append(self.head.target_ids(columns))
             parents.append(rows + frontier if depth > 1 else torch.full_like(rows, ROOT))
             frontier, nodes = nodes, nodes + width
-            if depth == len(widths):
+            if depth == len(shape):
                 break
             logits = self._forward(tokens[-1], depth, tree, tree.add(parents[-1] + 1))
             scores = best.values[:, None] + logits.float().log_softmax(dim=-1)
-        return torch.cat(tokens), torch.cat(parents), None
-
-    def _chain(self, tree, logits, budget, sampling, generator):
-        """One token a depth: the draft's argmax, or under sampling a draw from its distribution (recorded for
-        rejection sampling), each fed to the next depth as the device tensor it is."""
-        tokens, rows = [], []
-        for depth in range(1, budget + 1):
-            if sampling.greedy:
-                token = self.head.target_ids(logits.argmax()[None])
-            else:
-                q = self.head.full_vocab(self.head.probs(logits[None], sampling)[0])
-                token = torch.multinomial(q, 1, generator=generator)
-                rows.append(q)
-            tokens.append(token)
-            if depth == budget:
-                break
-            logits = self._forward(token, depth, tree, tree.add([depth - 1]))[0]  # below the last row
-        parents = torch.arange(-1, len(tokens) - 1, device=self.target.device)
-        return torch.cat(tokens), parents, torch.stack(rows) if rows else None
+        return torch.cat(tokens), torch.cat(parents)
 
     def _target_kv(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's last-layer keys and values that cross-attention reads: the policy's selection of the

@@ -79,8 +79,8 @@ class ModelDrafter(DraftsAlone, TracksCommittedIds):
         self._catch_up()
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator: torch.Generator,
-                least_chance: float = 0.0, noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
+    def propose(self, budget: int, sampling: SamplingConfig, least_chance: float = 0.0,
+                noise: PositionNoise | None = None) -> DraftTree:  # fmt: skip
         root_logits = self._catch_up()
         root, working = self.cache.size - 1, self.cache.size  # the root's compact position: in the working cache
         tree, depths = TreeRows(len(self.layers), self.target.device), itertools.count(1)

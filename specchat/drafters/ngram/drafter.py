@@ -84,7 +84,7 @@ class NgramDrafter:
             self._guess = (n, self.store.guess(self.ids) if self.store is not None else None)
         return self._guess[1]
 
-    def propose(self, budget: int, sampling=None, generator=None, least_chance: float = 0.0, noise=None) -> DraftTree:
+    def propose(self, budget: int, sampling=None, least_chance: float = 0.0, noise=None) -> DraftTree:
         """The `budget` most likely nodes of a copy's continuations, or else of those of the k-grams (k = 3..1)
         that end the context, most recent occurrences first, and of the answer store's chain; each node scored
         by its chance to be accepted: a context chain's tokens by MATCH_RATES, the store's by its counts."""

@@ -115,7 +115,7 @@ class TokenSwiftDrafter:
         return frozenset({self.kind, NGRAM})  # its trees carry its n-gram reuse's chains as n-gram nodes
 
     @torch.inference_mode()
-    def propose(self, budget: int, sampling: SamplingConfig, generator=None, least_chance: float = 0.0,
+    def propose(self, budget: int, sampling: SamplingConfig, least_chance: float = 0.0,
                 noise: PositionNoise | None = None) -> DraftTree:
         """The tree laid out on the device (`heads_tree.py`) and left there (a GPU's, the heads and the layout
         replayed as a CUDA graph where `_graphed`): its first token, the heads' guesses and the 4-grams that continue
@@ -175,9 +175,9 @@ class TokenSwiftDrafter:
 
     def _graphed(self, sampling: SamplingConfig, history: torch.Tensor | None, noise: PositionNoise | None) -> bool:
         """Whether the heads and the layout replay a CUDA graph: on a GPU, with the tree on the device, unless the
-        draws are keyed (the guess reads the text's length) or the penalty's window is not yet full (its history
-        would change shape from step to step)."""
-        return (self.uses_graphs and noise is None
+        draft forward guesses the target's draws (the guess reads the text's length and the request's seed) or the
+        penalty's window is not yet full (its history would change shape from step to step)."""
+        return (self.uses_graphs and (noise is None or not self.forward)
                 and (history is None or history.shape[1] == sampling.penalty_window))  # fmt: skip
 
     def _replay(self, budget: int, sampling: SamplingConfig, history: torch.Tensor | None,
