@@ -308,25 +308,46 @@ class PositionNoise:
         Where the target samples a broad distribution, its choice is the draft's likeliest token only as often as
         that token's probability; the token that wins the race under the same noise is its choice wherever the two
         distributions agree."""
-        pool = probs.topk(min(GUESS_POOL, probs.shape[-1]), dim=-1)
-        ids = pool.indices if target_ids is None else target_ids(pool.indices)
-        races = pool.values.double() / self.exponential(indices, ids)
-        best = races.topk(min(width, races.shape[-1]), dim=-1)
-        chances = best.values / races.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(races.dtype).tiny)
-        return chances.to(probs.dtype), pool.indices.gather(1, best.indices)
+        return guess_keyed(probs, self.keys(indices, probs.device), width, target_ids)
+
+    def key(self, index: int) -> int:
+        """The key of text index `index` (+ offset): the draws there race under `keyed_exponential(key, tokens)`."""
+        return _signed(_splitmix(self.seed ^ (index + self.offset)))
+
+    def keys(self, indices: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The keys of `indices` as a column [n, 1] on `device` (a tensor of indices: on its own device)."""
+        if not isinstance(indices, torch.Tensor):  # copied without a wait: a drafter's guesses queue behind its work
+            indices = to_device(indices, device, torch.long)[:, None]
+        return _mix_tensor((self.seed ^ (indices + self.offset)) + _GOLDEN)  # splitmix64 of seed ^ index
 
     def exponential(self, index: int | list[int] | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Exp(1) noise of `tokens` at text `index` (+ offset): one index, one a row of `tokens` [n, m] (a list), or
-        any indices broadcast against `tokens` (a tensor, on its device). Float64 uniforms in (0, 1), then -log."""
+        any indices broadcast against `tokens` (a tensor, on its device)."""
         if isinstance(index, int):  # one key: the host hashes it faster than a tensor's operations would
-            keys = torch.tensor(_signed(_splitmix(self.seed ^ (index + self.offset))), device=tokens.device)
+            keys = torch.tensor(self.key(index), device=tokens.device)
         else:
-            if not isinstance(index, torch.Tensor):  # copied without a wait: a drafter's guesses queue behind its work
-                index = to_device(index, tokens.device, torch.long)[:, None]
-            keys = _mix_tensor((self.seed ^ (index + self.offset)) + _GOLDEN)  # splitmix64 of seed ^ index
-        bits = _mix_tensor(keys + tokens.long() * _GOLDEN)
-        uniform = ((bits >> 11) & ((1 << 53) - 1)).double() * 2.0**-53 + 2.0**-54
-        return -torch.log(uniform)
+            keys = self.keys(index, tokens.device)
+        return keyed_exponential(keys, tokens)
+
+
+def keyed_exponential(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise of `tokens` under `keys` (`PositionNoise.key`, broadcast against `tokens`): float64 uniforms in
+    (0, 1), then -log."""
+    bits = _mix_tensor(keys + tokens.long() * _GOLDEN)
+    uniform = ((bits >> 11) & ((1 << 53) - 1)).double() * 2.0**-53 + 2.0**-54
+    return -torch.log(uniform)
+
+
+def guess_keyed(probs: torch.Tensor, keys: torch.Tensor, width: int,
+                target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`PositionNoise.guess` with row i's draws keyed by `keys[i]` [n, 1]: keys a device buffer holds, so that a CUDA
+    graph replays the guess for any text index and seed."""
+    pool = probs.topk(min(GUESS_POOL, probs.shape[-1]), dim=-1)
+    ids = pool.indices if target_ids is None else target_ids(pool.indices)
+    races = pool.values.double() / keyed_exponential(keys, ids)
+    best = races.topk(min(width, races.shape[-1]), dim=-1)
+    chances = best.values / races.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(races.dtype).tiny)
+    return chances.to(probs.dtype), pool.indices.gather(1, best.indices)
 
 
 _GOLDEN = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as a signed 64-bit integer

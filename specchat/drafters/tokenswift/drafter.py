@@ -44,7 +44,7 @@ from specchat.drafters.tokenswift.partial_kv import PartialKV
 from specchat.engine.cuda_graphs import capture
 from specchat.engine.drafter import TargetView
 from specchat.engine.host_data import to_device
-from specchat.engine.sampling import PositionNoise, SamplingConfig, process_logits
+from specchat.engine.sampling import PositionNoise, SamplingConfig, guess_keyed, process_logits
 from specchat.engine.tree import DraftTree, Ranked
 from specchat.quant.quantize import quantized_copy
 
@@ -82,8 +82,10 @@ class TokenSwiftDrafter:
                        if self.device_layout else None)  # fmt: skip
         self.ids: list[int] = []  # the committed ids of the request (the table reads them)
         self.state: torch.Tensor | None = None  # the target's last state of the committed text: it predicted the root
+        # the key of the target's draw of the draft forward's token (`PositionNoise.key`), filled each proposal
+        self.noise_key = torch.zeros(1, 1, dtype=torch.long, device=target.device)
         self.uses_graphs = target.device.type == "cuda"  # the heads and the layout replay CUDA graphs (`_graphed`)
-        self.graphs: dict[tuple, tuple] = {}  # (budget, sampling but its seed, penalised) -> graph, outputs, inputs
+        self.graphs: dict[tuple, tuple] = {}  # (budget, sampling but its seed, penalised, guesses) -> graph, ...
         self.graphs_read: tuple[torch.Tensor, ...] = ()  # the n-gram lookup's tensors the graphs read
         self.graph_pool = torch.cuda.graph_pool_handle() if target.device.type == "cuda" else None
 
@@ -123,14 +125,17 @@ class TokenSwiftDrafter:
         heads run rows of known counts, so `least_chance` prunes nothing here: the engine cuts the tree by its
         scores after.
 
-        Where the target's draws are keyed (`noise`), the draft forward's token is its guess at the target's draw
-        (the target's own distribution, over a partial cache), while the heads keep their likeliest tokens: a head
+        Where the target samples (`noise`), the draft forward's token is its guess at the target's keyed draw (the
+        target's own distribution, over a partial cache), while the heads keep their likeliest tokens: a head
         guesses a token a few places on from a state that has not seen those before it, a distribution flatter
         than the target's, whose race's winner is the target's draw less often than its likeliest token."""
         if budget < 1 or (not self.forward and self.state is None):
             return DraftTree.empty()
         root, device = self.ids[-1], self.target.device
         history = self._history(sampling)
+        guesses = noise is not None and self.forward
+        if guesses:  # a queued fill: no wait for the device
+            self.noise_key.fill_(noise.key(len(self.ids)))
         logits, state = None, self.state  # the draft forward's logits [1, vocab] (None: without it); the heads' start
         if self.forward:  # the LM head at the root drafts the first token; the heads continue it
             position = self.target.cache.length
@@ -139,58 +144,59 @@ class TokenSwiftDrafter:
                                                  torch.full((1,), position, device=device), cache)  # fmt: skip
             logits, state = logits[-1:], hidden[-1:]
         if not self.device_layout:
-            levels, below = self._drafted(budget, sampling, history, logits, state, self._root(root), noise)
+            levels, below = self._drafted(budget, sampling, history, logits, state, self._root(root), guesses)
             return host_tree(levels, self.table, budget, (self.kind, NGRAM), below, root)
         self.ngrams.update()
-        if self._graphed(sampling, history, noise):
-            ranked = self._replay(budget, sampling, history, logits, state, root)
+        if self._graphed(sampling, history):
+            ranked = self._replay(budget, sampling, history, logits, state, root, guesses)
         else:
-            ranked = self._laid_out(budget, sampling, history, logits, state, self._root(root), noise)
+            ranked = self._laid_out(budget, sampling, history, logits, state, self._root(root), guesses)
         return ranked.tree((self.kind, NGRAM), self._deepest(budget))
 
     def _laid_out(self, budget: int, sampling: SamplingConfig, history: torch.Tensor | None,
                   logits: torch.Tensor | None, state: torch.Tensor, root: torch.Tensor,
-                  noise: PositionNoise | None = None) -> Ranked:  # fmt: skip
+                  guesses: bool = False) -> Ranked:  # fmt: skip
         """The tree's nodes, ranked on the device: drafted (`_drafted`), the 4-grams that continue its first token
         looked up, the two merged (`heads_tree`)."""
-        levels, below = self._drafted(budget, sampling, history, logits, state, root, noise)
+        levels, below = self._drafted(budget, sampling, history, logits, state, root, guesses)
         grams, counts = self.ngrams.lookup(root if below is None else below[0])
         return heads_tree(levels, grams, counts, budget, below)
 
     def _drafted(self, budget: int, sampling: SamplingConfig, history: torch.Tensor | None,
                  logits: torch.Tensor | None, state: torch.Tensor, root: torch.Tensor,
-                 noise: PositionNoise | None) -> tuple[list[Level], Below | None]:  # fmt: skip
+                 guesses: bool) -> tuple[list[Level], Below | None]:  # fmt: skip
         """The heads' levels and the first token below the `root` [1] with its probability ([1] each; None without
         the draft forward's `logits`), for a tree of `budget` nodes; the heads start from `state` [1, hidden] and
-        the first token, or the root."""
+        the first token, or the root. `guesses`: the first token is the guess at the target's draw keyed by
+        `noise_key`, else the likeliest."""
         below, start, depth = None, root, budget
         if logits is not None:
             probs = self._probs(logits, sampling, history)
-            [p], [token] = probs.topk(1, dim=-1) if noise is None else noise.guess(probs, [len(self.ids)], 1)
+            [p], [token] = guess_keyed(probs, self.noise_key, 1) if guesses else probs.topk(1, dim=-1)
             below, start, depth = (token, p), token, budget - 1
         states = self.heads.start(state.to(self.target.dtype), self._embed(start))
         levels = self._levels(states, min(depth, self.heads.config.gamma), budget - (below is not None), sampling,
                               history)  # fmt: skip
         return levels, below
 
-    def _graphed(self, sampling: SamplingConfig, history: torch.Tensor | None, noise: PositionNoise | None) -> bool:
+    def _graphed(self, sampling: SamplingConfig, history: torch.Tensor | None) -> bool:
         """Whether the heads and the layout replay a CUDA graph: on a GPU, with the tree on the device, unless the
-        draft forward guesses the target's draws (the guess reads the text's length and the request's seed) or the
         penalty's window is not yet full (its history would change shape from step to step)."""
-        return (self.uses_graphs and (noise is None or not self.forward)
-                and (history is None or history.shape[1] == sampling.penalty_window))  # fmt: skip
+        return self.uses_graphs and (history is None or history.shape[1] == sampling.penalty_window)
 
     def _replay(self, budget: int, sampling: SamplingConfig, history: torch.Tensor | None,
-                logits: torch.Tensor | None, state: torch.Tensor, root: int) -> Ranked:  # fmt: skip
-        """`_laid_out`'s nodes from its graph for this budget and sampling, captured on first use from input buffers
-        that each replay copies the proposal's into; graphs are dropped when the n-gram lookup's tensors grow."""
+                logits: torch.Tensor | None, state: torch.Tensor, root: int, guesses: bool) -> Ranked:  # fmt: skip
+        """`_laid_out`'s nodes from its graph for this budget, sampling and guessing, captured on first use from input
+        buffers that each replay copies the proposal's into (a guess reads `noise_key`, filled for it); graphs are
+        dropped when the n-gram lookup's tensors grow."""
         if list(map(id, self.ngrams.storage)) != list(map(id, self.graphs_read)):  # held: no id is reused
             self.graphs, self.graphs_read = {}, self.ngrams.storage
-        key = (budget, replace(sampling, seed=None), history is not None)  # the seed draws nothing here
+        key = (budget, replace(sampling, seed=None), history is not None, guesses)  # the seed is in `noise_key`
         if key not in self.graphs:
             copied = (None if value is None else value.clone() for value in (history, logits, state))
             inputs = GraphInputs(*copied, self._root(root))
-            self.graphs[key] = (*capture(lambda: self._laid_out(budget, sampling, *inputs), self.graph_pool), inputs)
+            drafted = capture(lambda: self._laid_out(budget, sampling, *inputs, guesses), self.graph_pool)
+            self.graphs[key] = (*drafted, inputs)
         graph, out, inputs = self.graphs[key]
         for buffer, value in zip(inputs, (history, logits, state)):
             if buffer is not None:
