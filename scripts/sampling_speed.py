@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from specchat.engine.sampling import PositionNoise, process_rows
+from specchat.engine.keyed_draws import PositionNoise
+from specchat.engine.sampling import process_rows
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.writer.settings import SAMPLING
 

@@ -33,7 +33,8 @@ from specchat.engine.attention import use_attention
 from specchat.engine.budget import AdaptiveBudget
 from specchat.engine.generate import Engine
 from specchat.engine.host_data import to_device
-from specchat.engine.sampling import PositionNoise, SamplingConfig
+from specchat.engine.keyed_draws import PositionNoise
+from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 
 PROMPT = [5, 9, 14, 3, 22, 9, 14, 3, 40, 41, 7] * 3

@@ -14,7 +14,7 @@ from specchat.drafters.mode_choice import BOTH, ModeChoice
 from specchat.engine.drafter import Drafter
 from specchat.engine.events import COPY
 from specchat.engine.host_data import to_device
-from specchat.engine.sampling import PositionNoise
+from specchat.engine.keyed_draws import PositionNoise
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, best_first
 from specchat.errors import SpecchatError

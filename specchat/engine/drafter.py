@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # no torch for option checks that only need the drafters' nam
     import torch
 
     from specchat.engine.cache import TreeCache
-    from specchat.engine.sampling import PositionNoise
+    from specchat.engine.keyed_draws import PositionNoise
     from specchat.engine.sampling_config import SamplingConfig
     from specchat.engine.tree import DraftTree
 

@@ -27,9 +27,10 @@ from specchat.engine.cuda_graphs import captures
 from specchat.engine.drafter import Drafter, TargetView
 from specchat.engine.events import FORCED, KNOWN, TARGET, StepEvent, TokenLogprob
 from specchat.engine.host_data import to_device
+from specchat.engine.keyed_draws import PositionNoise, choose
 from specchat.engine.lean_forward import LeanForward
 from specchat.engine.prefix_store import PrefixStore
-from specchat.engine.sampling import PositionNoise, Processed, SamplingConfig, choose, process_rows, token_logprobs
+from specchat.engine.sampling import Processed, SamplingConfig, process_rows, token_logprobs
 from specchat.engine.stats import GenerationStats
 from specchat.engine.step_clock import StepClock
 from specchat.engine.target_forward import forward_path, target_forward

@@ -34,7 +34,8 @@ from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.cuda_graphs import capture
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device, to_host
-from specchat.engine.sampling import PositionNoise, SamplingConfig
+from specchat.engine.keyed_draws import PositionNoise
+from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree, Ranked, best_first
 from specchat.quant.quantize import quantized_copy
 

@@ -22,7 +22,8 @@ from specchat.engine.cache import TreeKVLayer
 from specchat.engine.cuda_graphs import capture, replayable_rotary
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
 from specchat.engine.host_data import to_device
-from specchat.engine.sampling import PositionNoise, SamplingConfig
+from specchat.engine.keyed_draws import PositionNoise
+from specchat.engine.sampling import SamplingConfig
 from specchat.engine.tree import ROOT, DraftTree
 from specchat.quant.quantize import quantized_copy
 

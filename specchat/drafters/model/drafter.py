@@ -27,7 +27,7 @@ from specchat.drafters.model.model import DraftModel, load_draft_model
 from specchat.drafters.model.working_cache import WorkingCache
 from specchat.drafters.tree_rows import TreeRows
 from specchat.engine.drafter import DraftsAlone, TargetView, TracksCommittedIds
-from specchat.engine.sampling import PositionNoise
+from specchat.engine.keyed_draws import PositionNoise
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.tree import DraftTree
 from specchat.quant.quantize import quantized_copy

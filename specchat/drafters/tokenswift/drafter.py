@@ -44,7 +44,8 @@ from specchat.drafters.tokenswift.partial_kv import PartialKV
 from specchat.engine.cuda_graphs import capture
 from specchat.engine.drafter import TargetView
 from specchat.engine.host_data import to_device
-from specchat.engine.sampling import PositionNoise, SamplingConfig, guess_keyed, process_logits
+from specchat.engine.keyed_draws import PositionNoise, guess_keyed
+from specchat.engine.sampling import SamplingConfig, process_logits
 from specchat.engine.tree import DraftTree, Ranked
 from specchat.quant.quantize import quantized_copy
 
