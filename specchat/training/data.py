@@ -5,8 +5,8 @@ A record is one turn: `prompt_ids` (the conversation so far, chat template appli
 included), `answer_ids` (the target's tokens, EOS included when it stopped there), the messages as text,
 its source, split (train / heldout, fixed by the prompt's id) and sampling (greedy, or the profile's
 settings seeded by the prompt's id). Generation runs through the engine with the model's default drafter (the
-one its profile measured fastest, n-gram without a profile): lossless, so greedy answers are the target's own
-whoever drafts them, and sampled ones are drawn from its distribution; only the hours differ.
+one its profile measured fastest, n-gram without a profile): lossless, and every draw keyed by its place in the text,
+so an answer is the target's own token for token whoever drafts it; only the hours differ.
 """
 
 from __future__ import annotations
