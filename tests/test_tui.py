@@ -443,6 +443,24 @@ async def test_retry_answers_the_last_message_again_from_the_cache(tiny):
         assert figures.reused_tokens == figures.prompt_tokens - 1  # the conversation up to it, from the cache
 
 
+async def test_a_seeded_chat_s_retry_is_another_answer_and_the_same_chat_the_same_text(tiny):
+    """Every draw is keyed by the seed and the token's place, so the same question asked again with the same seed
+    would be the same answer: a retry draws with the seed plus the retries so far."""
+    seeded = SamplingConfig(temperature=1.0, seed=3)
+
+    async def answers(retry: bool) -> list[list[int]]:
+        app = make_app(tiny, seeded, max_new_tokens=12)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            said = [(await ask(pilot, "hello there")).token_ids]
+            if retry:
+                said.append((await ask(pilot, "/retry")).token_ids)
+            return said
+
+    first, again = await answers(retry=True)
+    assert again != first and await answers(retry=False) == [first]
+
+
 async def test_stop_strings_end_the_next_answers_before_them_unshown(tiny):
     """`/stop` as ollama's `/set parameter stop`: quoted strings may hold spaces; alone, it ends answers at the end of
     the turn only again. The answer is the greedy one cut before the first stop string."""

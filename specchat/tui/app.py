@@ -332,8 +332,7 @@ class ChatApp(App[None]):
     def _command_retry(self, _) -> None:
         """The last turn forgotten and its message asked again: the cache holds the conversation up to it, so only
         the answer is computed anew."""
-        question = self.session.last_question()
-        self.session.abandon_turn()
+        question = self.session.retry()
         for view in list(self.query(MessageView))[-2:]:
             view.remove()
         self._ask(question)

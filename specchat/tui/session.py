@@ -23,6 +23,7 @@ from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_chat
 from specchat.engine.prompt_cache import read_prompt_cache, write_prompt_cache
 from specchat.engine.sampling import SamplingConfig
+from specchat.engine.sampling_config import MAX_SEED
 from specchat.engine.text import TextStream
 from specchat.errors import SpecchatError
 from specchat.loading import LoadedModel
@@ -104,6 +105,7 @@ class ChatSession:
         self.engine: Engine | None = None  # built (again) on the next answer when None
         self.drafter_ready = False  # whether the engine drafts as the settings say
         self.previous: ChatPrompt | None = None  # the prompt the last answer continued
+        self.retries = 0  # answers asked again (/retry): a seeded chat's draws go on from its seed plus these
         self.ar = ArBaseline()  # what an autoregressive step costs here, for the speedup
         self.recent_tau: deque[int] = deque(maxlen=60)
         self.last_figures: Figures | None = None
@@ -161,11 +163,22 @@ class ChatSession:
         del self.messages[-2:]
         self.previous = None
 
-    def last_question(self) -> str:
-        """The message the last answer answers (what /retry asks again)."""
+    def retry(self) -> str:
+        """The message the last answer answers, its turn forgotten to be asked again (/retry). A seeded chat draws from
+        then on with its seed plus the retries so far: the answer asked again is another, and the same chat with the
+        same seed, messages and retries is the same text."""
         if len(self.messages) < 2 or self.messages[-1].role != "assistant":
             raise SpecchatError("no answer to retry yet")
-        return self.messages[-2].text
+        question = self.messages[-2].text
+        self.abandon_turn()
+        self.retries += 1
+        return question
+
+    def _sampling(self) -> SamplingConfig:
+        """The sampling of the next answer: the chat's, its seed moved on by the retries."""
+        if self.sampling.seed is None or not self.retries:
+            return self.sampling
+        return dataclasses.replace(self.sampling, seed=(self.sampling.seed + self.retries) % (MAX_SEED + 1))
 
     def warm_up(self) -> None:
         """Answer a throwaway "Hi" in two tokens, so the first real answer starts warm.
@@ -209,7 +222,7 @@ class ChatSession:
                 read_prompt_cache(engine, self.prompt_cache, prompt_ids)
             except OSError as error:  # cut short: the answer goes on, and the file is replaced
                 trouble = f"--prompt-cache {self.prompt_cache} could not be read ({error}); it is written anew"
-        events = engine.generate(prompt_ids, sampling=self.sampling, max_new_tokens=budget, stop=self.settings.stop,
+        events = engine.generate(prompt_ids, sampling=self._sampling(), max_new_tokens=budget, stop=self.settings.stop,
                                  constraint=self.settings.format.constraint(engine))  # fmt: skip
         try:
             for index, event in enumerate(events):
