@@ -217,17 +217,21 @@ def test_run_streams_text_and_a_stats_line(default_model):
 @pytest.mark.slow
 def test_a_seed_gives_the_same_sampled_text_whatever_drafts_it(default_model):
     """`--seed`'s promise (the same seed, the same text): every draw is keyed by its place in the text, so neither the
-    drafter nor the trees the adaptive budget sized (timed, so run to run they differ) change what is drawn."""
+    drafter nor the trees the adaptive budget sized (timed, so run to run they differ) change what is drawn; an
+    unseeded run reports the seed it drew."""
 
-    def sampled(seed: str, drafter: str) -> list[int]:
-        result = specchat("run", "Write a short story about a lighthouse keeper.", "--temperature", "0.8", "--seed",
-                          seed, "-n", "48", "--json", "--drafter", drafter, warm=True)  # fmt: skip
+    def sampled(*seed: str, drafter: str = "ngram") -> dict:
+        result = specchat("run", "Write a short story about a lighthouse keeper.", "--temperature", "0.8", *seed,
+                          "-n", "48", "--json", "--drafter", drafter, warm=True)  # fmt: skip
         assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)["token_ids"]
+        return json.loads(result.stdout)
 
-    text = sampled("1", "none")
-    assert sampled("1", "ngram") == sampled("1", "ngram") == text
-    assert sampled("2", "ngram") != text
+    text = sampled("--seed", "1", drafter="none")["token_ids"]
+    assert sampled("--seed", "1")["token_ids"] == sampled("--seed", "1")["token_ids"] == text
+    assert sampled("--seed", "2")["token_ids"] != text
+    unseeded = sampled()  # a seed of its own, reported: given back, it writes the same text
+    assert unseeded["seed"] is not None
+    assert sampled("--seed", str(unseeded["seed"]))["token_ids"] == unseeded["token_ids"]
 
 
 def test_models_lists_profiles_and_availability():

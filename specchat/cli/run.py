@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -155,6 +156,8 @@ def run(
     if template is not None:
         use_chat_template(loaded.tokenizer, template, chat_template)
     sampling = sampling_config(decoding_defaults(loaded), overrides)
+    if not sampling.greedy and sampling.seed is None:  # drawn here to be reported: `--seed N` writes the text again
+        sampling = dataclasses.replace(sampling, seed=secrets.randbits(62))
     if ignore_eos:
         sampling = dataclasses.replace(sampling, suppress=tuple(sorted(eos_ids(loaded.model, loaded.tokenizer))))
     if suffix is not None:
@@ -205,6 +208,7 @@ def run(
             "yarn": loaded.yarn,
             "drafter": str(choice),
             "forward": forward_path(loaded.model),
+            "seed": sampling.seed,
         }
         if logprobs is not None:
             report["logprobs"] = _logprob_entries(engine, tokens, scored)
@@ -213,12 +217,13 @@ def run(
         _out("\n")
         budget_note = f" | budget {stats.mean_budget:.1f}" if choice.name != "none" and stats.steps else ""
         reused = f" ({stats.reused_tokens} cached)" if stats.reused_tokens else ""
+        seed_note = "" if sampling.greedy else f" | seed {sampling.seed}"
         decode = (f"decode {stats.tokens_per_second:.1f} tok/s | tau {stats.mean_accepted_length:.2f}"
                   if stats.steps else "no decode step")  # fmt: skip
         typer.echo(
             f"[{stats.new_tokens} tokens ({finish}) | prefill {stats.prompt_tokens} tokens{reused} "
             f"{stats.prefill_seconds:.2f} s | {decode}{budget_note} | {loaded.source.name} "
-            f"{loaded.weights}/{loaded.dtype}, drafter {choice}]",
+            f"{loaded.weights}/{loaded.dtype}, drafter {choice}{seed_note}]",
             err=True,
         )
     if prompt_cache is not None:
