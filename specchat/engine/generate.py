@@ -368,7 +368,8 @@ class Engine:
         tree, clock, batch, hidden = launch.tree, launch.clock, launch.batch, launch.hidden
         processed = self._process(launch.logits, sampling, tree, constrained, held)
         clock.mark()
-        choices = choose(processed, noise, batch.position_ids + 1)  # a row chooses the next token
+        indices = batch.position_ids + 1 if noise else None  # a row chooses the token after it
+        choices = choose(processed, noise, indices)
         verdict = verify(tree, choices)  # the step's wait for the device
         draft_seconds, _, verify_seconds = clock.seconds()  # drafting, sizing, verification
         priced_seconds = draft_seconds if launch.priced else None

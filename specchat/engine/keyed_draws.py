@@ -18,9 +18,10 @@ from specchat.engine.sampling import Processed
 GUESS_POOL = 32  # the likeliest tokens of a draft distribution its guesses at keyed draws are chosen among
 
 
-def choose(processed: Processed, noise: PositionNoise | None, indices: list[int] | torch.Tensor) -> torch.Tensor:
-    """The target's choice at each processed row [n]: its argmax when greedy (no `noise`), else its keyed draw as the
-    token at text index `indices[i]` (`PositionNoise.choose`)."""
+def choose(processed: Processed, noise: PositionNoise | None,
+           indices: list[int] | torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """The target's choice at each processed row [n]: its argmax when greedy (no `noise`; `indices` unread), else its
+    keyed draw as the token at text index `indices[i]` (`PositionNoise.choose`)."""
     if noise is None:
         return processed.logits.argmax(dim=-1)
     return noise.choose(processed, indices)
