@@ -12,7 +12,7 @@ from specchat.errors import SpecchatError
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 GGUF_QUANTIZE = ("q4_k_m", "q8_0")  # written as GGUF blocks (quant/gguf_quantize.py)
 QUANTIZE = (*GGUF_QUANTIZE, "int4", "int8")
-KV_CACHES = ("auto", "int8")  # auto: the activations' dtype
+KV_CACHES = ("auto", "bf16", "int8")  # auto: the activations' dtype, or bf16 beside fp32 on quantized weights
 PROMPT_CACHE_KIND = "specchat prompt cache"  # the `kind` in a prompt cache file's metadata (engine/prompt_cache.py)
 
 

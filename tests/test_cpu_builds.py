@@ -1,10 +1,10 @@
 """The CPU decoder built for AVX2 only (x86-64-v3, what a machine without AVX-512 compiles) gives bitwise what
 this machine's own build gives: the GGUF block kernels (every type, both tile kinds, row counts below and past
-a kernel's row blocks; the AVX-512 VNNI build's too) and the decoder's attention (fp32 and bf16 caches, head_dim
-64, 96 and 128, a decode step and a tree of rows). So results do not depend on the machine
-that computes them, and the AVX2 paths, which an AVX-512 machine's own build never runs, are tested here too. A bf16
-cache's attention on a CPU with AMX tiles rounds as the tiles do (bf16_tiles.h): there the two builds agree within a
-bf16 rounding of the outputs.
+a kernel's row blocks; the AVX-512 VNNI build's too) and the decoder's attention (fp32 and bf16 caches, a bf16 one
+beside fp32 activations, head_dim 64, 96 and 128, a decode step and a tree of rows). So results do not depend on the
+machine that computes them, and the AVX2 paths, which an AVX-512 machine's own build never runs, are tested here too.
+A bf16 cache's attention on a CPU with AMX tiles rounds as the tiles do (bf16_tiles.h): there the two builds agree
+within a bf16 rounding of the outputs.
 Skipped where the native build is that same AVX2 build (no AVX-512) or the machine is not x86; run by
 `make test-isas` (marked other_isas).
 """
@@ -53,8 +53,9 @@ def test_gguf_kernels_equal_the_avx2_and_avx512_vnni_builds(isa, kind):
 
 
 @pytest.mark.parametrize(("dtype", "kv_cache"),
-                         [(torch.float32, "auto"), (torch.bfloat16, "auto"), (torch.bfloat16, "int8")],
-                         ids=["fp32", "bf16", "int8"])  # fmt: skip
+                         [(torch.float32, "auto"), (torch.bfloat16, "auto"), (torch.float32, "bf16"),
+                          (torch.bfloat16, "int8")],
+                         ids=["fp32", "bf16", "fp32-bf16", "int8"])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("context", [300, 301])  # bf16 value rows go in pairs: an odd prefix pairs with the tree
 def test_attention_equals_the_avx2_build(avx2, dtype, kv_cache, head_dim, context):
@@ -69,8 +70,9 @@ def test_attention_equals_the_avx2_build(avx2, dtype, kv_cache, head_dim, contex
                 random(hidden, heads * head_dim, scale=0.05),
                 random(2 * intermediate, hidden, scale=0.05), random(hidden, intermediate, scale=0.05))
                for _ in range(layers)]  # fmt: skip
-    keys = [random(kv_heads, context + 19, head_dim) for _ in range(layers)]
-    values = [random(kv_heads, context + 19, head_dim) for _ in range(layers)]
+    held = torch.bfloat16 if kv_cache == "bf16" else dtype  # a bf16 cache beside fp32 activations
+    keys = [random(kv_heads, context + 19, head_dim).to(held) for _ in range(layers)]
+    values = [random(kv_heads, context + 19, head_dim).to(held) for _ in range(layers)]
     scales = None
     if kv_cache == "int8":  # random codes (keys -127..127 stored plus 128, as written) and scales over 320 slots
         keys = [torch.randint(1, 256, (kv_heads, 320, head_dim), generator=generator, dtype=torch.uint8)
@@ -95,7 +97,7 @@ def test_attention_equals_the_avx2_build(avx2, dtype, kv_cache, head_dim, contex
                            scales and [s.clone() for s in scales])[0]
             for rows, x in inputs.items()
         ])  # fmt: skip
-    tiles = "amx" in cpu_decoder().isa() and dtype == torch.bfloat16 and kv_cache == "auto"
+    tiles = "amx" in cpu_decoder().isa() and held == torch.bfloat16 and kv_cache != "int8"
     for mine, theirs in zip(*outputs):
         if tiles:  # outputs of 2-4: a bf16 step there is 1/64
             torch.testing.assert_close(mine, theirs, atol=2e-2, rtol=0)

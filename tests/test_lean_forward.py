@@ -13,7 +13,7 @@ from specchat.engine.attention import use_attention
 from specchat.engine.cache import TreeCache
 from specchat.engine.generate import CPU_PREFILL_ROWS, Engine
 from specchat.engine.lean_forward import LeanForward, lean_forward
-from specchat.engine.target_forward import canonical
+from specchat.engine.target_forward import canonical, held_kv_cache
 from specchat.engine.tree import DraftTree, tree_batch
 from specchat.kernels.cpu.cpu_decoder import DENSE_PRODUCT, cpu_decoder
 from specchat.loading import load_model
@@ -111,12 +111,13 @@ def _chain(nodes: int) -> DraftTree:
 
 @torch.inference_mode()
 # bf16 dots (llama; qwen3 with its q/k norms), then the other cache precisions (fp16 and fp32 on dense and int4
-# matrices) and the int8 cache
+# matrices), a bf16 cache beside fp32 activations and the int8 cache
 @pytest.mark.parametrize(("family", "dtype", "quantize", "kv_cache"), [
     ("llama", torch.bfloat16, None, "auto"), ("llama", torch.bfloat16, "int4", "auto"),
     ("llama", torch.bfloat16, "int8", "auto"), ("qwen3", torch.bfloat16, "int4", "auto"),
     ("llama", torch.float16, None, "auto"), ("llama", torch.float16, "int4", "auto"),
     ("llama", torch.float32, None, "auto"), ("llama", torch.float32, "int4", "auto"),
+    ("llama", torch.float32, "int4", "bf16"), ("qwen3", torch.float32, None, "bf16"),
     ("llama", torch.bfloat16, "int4", "int8"), ("llama", torch.float16, "int4", "int8"),
 ])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
@@ -150,16 +151,18 @@ def test_each_verified_row_is_bitwise_its_decode_step(family, dtype, quantize, k
 @torch.inference_mode()
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("heads", [4, 3])  # the value sums take queries in pairs: an odd group ends on a single one
-def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, heads, cpu_isa):
+@pytest.mark.parametrize(("dtype", "kv_cache"), [(torch.bfloat16, "auto"), (torch.float32, "bf16")],
+                         ids=["bf16", "fp32"])  # fmt: skip
+def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, heads, dtype, kv_cache, cpu_isa):
     """One KV head, two threads (and four, more than this machine may have): a decode step's attention over a long
     prefix goes over them (the scores by keys, the value sums by parts of the head dims), and gives bitwise what one
     thread computes alone, and what a tree's root row computes; a tree's rows spread over four threads (three units
     of two rows) are one thread's."""
-    model = tiny_model("llama", head_dim=head_dim, kv_heads=1, heads=heads).to(torch.bfloat16)
+    model = tiny_model("llama", head_dim=head_dim, kv_heads=1, heads=heads).to(dtype)
     use_attention(model, "canonical")
     lean = lean_forward(model)
     prefix = 1100  # past the 1024 keys a step spreads from
-    cache = TreeCache(2, prefix + 32)
+    cache = TreeCache(2, prefix + 32, kv_cache)
     prompt = torch.randint(3, 1000, (prefix,), generator=torch.Generator().manual_seed(5))
     lean(prompt, torch.arange(prefix), None, cache)
     cache.commit()
@@ -183,7 +186,7 @@ def test_a_decode_step_spread_over_the_threads_is_bitwise_one_threads(head_dim, 
 @torch.inference_mode()
 @pytest.mark.parametrize(("dtype", "quantize", "kv_cache"), [
     (torch.bfloat16, "int4", "auto"), (torch.bfloat16, "int8", "auto"), (torch.float16, "int4", "auto"),
-    (torch.float32, None, "auto"), (torch.bfloat16, "int4", "int8"),
+    (torch.float32, None, "auto"), (torch.float32, "int4", "bf16"), (torch.bfloat16, "int4", "int8"),
 ])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, head_dim, cpu_isa):
@@ -205,6 +208,25 @@ def test_each_prefill_row_is_bitwise_its_decode_step(dtype, quantize, kv_cache, 
         cache.commit()
         assert torch.equal(one.logits[0], logits[row]), f"row {row}"
         assert torch.equal(one.hidden[0], hidden[row])
+
+
+@torch.inference_mode()
+def test_a_bf16_cache_beside_fp32_activations_holds_bf16_and_reads_as_the_activations():
+    """What a drafter reads of the target's cache (`read`) comes in the activations' dtype; auto picks the bf16 cache
+    for quantized weights under fp32 activations alone, as llama.cpp keeps an f16 cache beside f32 ones."""
+    model = _model("llama", torch.float32, quantize="int4")
+    use_attention(model, "canonical")
+    assert held_kv_cache(model, "auto") == "bf16" and held_kv_cache(model, "int8") == "int8"
+    assert held_kv_cache(_model("llama", torch.bfloat16, quantize="int4"), "auto") == "auto"
+    if DENSE_PRODUCT:  # fp32 on dense weights is the reference: its cache stays fp32
+        assert held_kv_cache(_model("llama", torch.float32), "auto") == "auto"
+    cache = TreeCache(2, 64, "bf16")
+    lean_forward(model)(torch.arange(3, 23), torch.arange(20), None, cache)
+    cache.commit()
+    keys, values = cache.layers[1].read(slice(0, 20))
+    assert keys.dtype == values.dtype == torch.float32 and cache.dtype == torch.float32
+    assert cache.layers[1].keys.dtype == torch.bfloat16
+    assert torch.equal(keys, cache.layers[1].keys[0, :, :20].float())
 
 
 def test_lean_forward_serves_llama_family_models_it_was_compiled_for():

@@ -243,7 +243,7 @@ async def test_a_chat_on_an_int8_cache_answers_over_it_and_keeps_it_through_a_lo
     """`chat --kv-cache int8`: the engine's cache is int8 and the answers are plain decoding's over it. The KV
     cache is how the loaded model runs, as its dtype is: a saved chat records it, and loading one (here, one
     saved before the setting existed) keeps the command line's."""
-    with pytest.raises(SpecchatError, match="invalid --kv-cache 'q4'; use auto, int8"):
+    with pytest.raises(SpecchatError, match="invalid --kv-cache 'q4'; use auto, bf16, int8"):
         check_settings(ChatSettings(kv_cache="q4"))
     model = tiny_model("llama", head_dim=64).to(torch.bfloat16)  # the compiled CPU decoder runs it (int8 cache:
     quantize_model(model, "int4", dtype=torch.bfloat16)  # weights whose rows it computes independently)

@@ -181,7 +181,7 @@ def test_bad_input_is_one_line_and_loses_nothing(tmp_path, monkeypatch, capfd):
         (("--prompt", "   "), "the prompt is empty"),
         (("--prompt-file", str(tmp_path / "missing.txt")), "cannot read the prompt file"),
         (("--penalty", "0"), "--penalty must be"),
-        (("--kv-cache", "q4"), "invalid --kv-cache 'q4'; use auto, int8"),
+        (("--kv-cache", "q4"), "invalid --kv-cache 'q4'; use auto, bf16, int8"),
         (("--drafter", "psychic"), "unknown drafter"),
         (("--drafter", "ngram", "--no-draft-forward"), "--draft-forward is for the tokenswift drafter, not ngram"),
         (("--drafter", "tokenswift", "--draft-kv-budget", "64", "--no-draft-forward"),

@@ -28,7 +28,7 @@ class BenchRow:
     prompt_set: str
     weights: str  # "q4_1", "int4-g32", "float32", ...
     dtype: str  # activations
-    kv_cache: str  # the target's KV cache: "auto" (the activations' dtype) or "int8"
+    kv_cache: str  # the target's KV cache as asked: "auto", "bf16" or "int8"
     new_tokens: int  # per repeat, summed over the set's prompts
     tokens_per_second: float  # decode only
     speedup_vs_ar: float  # over our autoregressive decoding, same set and dtype, same run
@@ -46,7 +46,7 @@ class BenchRow:
         """The row as the table shows it: human headers and units, narrow enough for 80 columns."""
         figure = lambda value, digits: "-" if value is None else f"{value:.{digits}f}"  # noqa: E731
         activations = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(self.dtype, self.dtype)
-        kv = "·kv8" if self.kv_cache == "int8" else ""  # an int8 KV cache
+        kv = {"int8": "·kv8", "bf16": "·kv16"}.get(self.kv_cache, "")  # a KV cache asked for
         return {
             "method": "AR" if self.method == "none" else self.method,
             "set": self.prompt_set,

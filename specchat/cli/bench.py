@@ -79,8 +79,8 @@ def bench(
         str, typer.Option(help="Comma-separated dtypes, each measured in turn (auto: the CPU's quantized default).")
     ] = "auto,float32",
     kv_cache: Annotated[
-        str, typer.Option("--kv-cache", help="Comma-separated KV caches, each measured in turn: auto (the "
-                          "activations' dtype) | int8.")
+        str, typer.Option("--kv-cache", help="Comma-separated KV caches, each measured in turn: auto | "
+                          "bf16 | int8 (as run's --kv-cache).")
     ] = "auto",
     quantize: QuantizeOption = None,
     device: DeviceOption = "auto",
@@ -273,7 +273,7 @@ def bench_verify_cost(
     repeats: Annotated[int, typer.Option(help="Timed forwards of each kind (median).")] = 5,
     kv_cache: Annotated[
         str, typer.Option("--kv-cache", help="With --model, comma-separated KV caches, each timed in turn: "
-                          "auto | int8.")
+                          "auto | bf16 | int8.")
     ] = "auto",
     yarn: YarnOption = None,
     quantize: QuantizeOption = None,

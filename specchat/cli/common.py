@@ -75,8 +75,9 @@ DtypeOption = Annotated[
 ]
 KvCacheOption = Annotated[
     str,
-    typer.Option("--kv-cache", help="auto | int8. auto: the activations' dtype; int8: each key and value quantized "
-                 "when written, half bf16's bytes (the CPU decoder)."),
+    typer.Option("--kv-cache", help="auto | bf16 | int8. auto: bf16 beside fp32 activations on quantized weights "
+                 "(a GGUF file's, as llama.cpp's f16 cache), else the activations' dtype; int8: each key and value "
+                 "quantized when written, half bf16's bytes (bf16 and int8: the CPU decoder)."),
 ]  # fmt: skip
 QuantizeOption = Annotated[
     str | None,

@@ -37,7 +37,8 @@ class Rollback(Protocol):
 
 
 class TreeKVLayer:
-    """One layer's keys/values, `[1, kv_heads, max_len, head_dim]`: views of the cache's, once it allocates them."""
+    """One layer's keys/values, `[1, kv_heads, max_len, head_dim]`: views of the cache's, once it allocates them,
+    held in the activations' dtype or narrower (bf16 beside fp32 activations), read in the activations'."""
 
     def __init__(self, max_len: int):
         self.max_len = max_len  # positions it can hold
@@ -47,9 +48,9 @@ class TreeKVLayer:
         self.pending = 0  # positions written by the last forward, not yet committed
         self.is_initialized = False
 
-    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Hold `keys` and `values` [1, kv_heads, slots, D] (the cache's for this layer)."""
-        self.keys, self.values, self.is_initialized = keys, values, True
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype) -> None:
+        """Hold `keys` and `values` [1, kv_heads, slots, D] (the cache's for this layer), read in `dtype`."""
+        self.keys, self.values, self.dtype, self.is_initialized = keys, values, dtype, True
 
     def reserve(self, rows: int) -> tuple[torch.Tensor, ...]:
         """The whole cache (batch 1) for a forward that writes `rows` slots after the prefix itself (the compiled
@@ -110,8 +111,9 @@ class TreeKVLayer:
 
     def read(self, slots: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values [heads, n, D] of `slots` (a slice or index tensor of written slots), as the
-        target's attention reads them: what a drafter that reads the target's cache takes."""
-        return self.keys[0, :, slots], self.values[0, :, slots]
+        target's attention reads them, in the activations' dtype: what a drafter that reads the target's cache
+        takes."""
+        return self.keys[0, :, slots].to(self.dtype), self.values[0, :, slots].to(self.dtype)
 
     def commit(self, kept: torch.Tensor | None, count: int) -> None:
         """Keep `count` pending slots: the first `count` when `kept` is None, else those at offsets `kept`."""
@@ -316,7 +318,8 @@ def _quantized(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class TreeCache:
     """The target's KV cache for one session: a `TreeKVLayer` per decoder layer (an `Int8KVLayer` with
-    `kv_cache="int8"`, a `WindowKVLayer` where `windows` gives the layer a sliding window shorter than the cache).
+    `kv_cache="int8"`, a `WindowKVLayer` where `windows` gives the layer a sliding window shorter than the cache),
+    its keys and values in the activations' dtype (`kv_cache="auto"`) or in bf16 (`"bf16"`).
 
     `allocate` lays the layers' keys and values out in a pair of tensors `[layers, 1, kv_heads, slots, D]` per
     size of layer (`stacks`; each layer's are views of them). Where every layer holds every position, `keys` and
@@ -324,9 +327,9 @@ class TreeCache:
     decoder's kernels read, so a CUDA graph of its forward replays at any length."""
 
     def __init__(self, num_layers: int, max_len: int, kv_cache: str = "auto", windows: Sequence[int] = ()):
-        layer = {"auto": TreeKVLayer, "int8": Int8KVLayer}[kv_cache]
+        layer = Int8KVLayer if kv_cache == "int8" else TreeKVLayer
         windows = list(windows) or [0] * num_layers
-        self.layers = [WindowKVLayer(max_len, window) if kv_cache == "auto" and 0 < window < max_len - WINDOW_HEADROOM
+        self.layers = [WindowKVLayer(max_len, window) if layer is TreeKVLayer and 0 < window < max_len - WINDOW_HEADROOM
                        else layer(max_len) for window in windows]  # fmt: skip
         self.max_len = max_len
         self.kv_cache = kv_cache
@@ -336,7 +339,8 @@ class TreeCache:
         self.length_tensor: torch.Tensor | None = None  # [1] int32 on the cache's device
 
     def allocate(self, heads: int, head_dim: int, dtype: torch.dtype, device) -> None:
-        """Allocate every layer (once): keys and values in `dtype` on `device`, or int8 codes and scales."""
+        """Allocate every layer (once) on `device`: keys and values in `dtype` (the activations') or bf16, or int8
+        codes and scales."""
         if self.layers[0].is_initialized:
             return
         if self.kv_cache == "int8":
@@ -346,9 +350,10 @@ class TreeCache:
             for slots in sorted({layer.slots for layer in self.layers}, reverse=True):
                 members = [layer for layer in self.layers if layer.slots == slots]
                 shape = (len(members), 1, heads, slots, head_dim)
-                keys, values = (cache_zeros(shape, dtype, device) for _ in range(2))
+                held = torch.bfloat16 if self.kv_cache == "bf16" else dtype
+                keys, values = (cache_zeros(shape, held, device) for _ in range(2))
                 for layer, layer_keys, layer_values in zip(members, keys, values):
-                    layer.adopt(layer_keys, layer_values)
+                    layer.adopt(layer_keys, layer_values, dtype)
                 self.stacks.append((members, keys, values))
             if len(self.stacks) == 1:
                 _, self.keys, self.values = self.stacks[0]
@@ -454,7 +459,7 @@ def token_bytes(model, kv_cache: str = "auto") -> int:
     if kv_cache == "int8":  # a key's and a value's codes, and their scales
         slot_bytes = 2 * head_dim + 4 * (head_dim // BLOCK + 1)
     else:
-        slot_bytes = 2 * head_dim * model.dtype.itemsize
+        slot_bytes = 2 * head_dim * (torch.bfloat16 if kv_cache == "bf16" else model.dtype).itemsize
     return config.num_hidden_layers * config.num_key_value_heads * slot_bytes
 
 

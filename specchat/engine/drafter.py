@@ -29,8 +29,9 @@ class TargetView:
     """What a drafter may read of the target: its modules (shared, never copied) and the engine's cache.
 
     `cache.layers[i].read(slice(0, cache.length))` gives the committed prefix of layer i, post-RoPE, as keys and
-    values `[kv_heads, length, head_dim]` (dequantized from an int8 cache): valid whenever the engine calls the
-    drafter. The newest committed token (the root of the next tree) is not in the cache yet.
+    values `[kv_heads, length, head_dim]` in the activations' dtype (widened from a bf16 cache, dequantized from an
+    int8 one): valid whenever the engine calls the drafter. The newest committed token (the root of the next tree)
+    is not in the cache yet.
 
     `forward(tokens [q], positions [q], cache)` runs the target itself, as the engine does, over `tokens` written
     after `cache`'s prefix (pending, never committed): logits [q, vocab] and the last layer's output before

@@ -33,7 +33,7 @@ from specchat.engine.prefix_store import PrefixStore
 from specchat.engine.sampling import Processed, SamplingConfig, process_rows, token_logprobs
 from specchat.engine.stats import GenerationStats
 from specchat.engine.step_clock import StepClock
-from specchat.engine.target_forward import forward_path, target_forward
+from specchat.engine.target_forward import forward_path, held_kv_cache, target_forward
 from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, TreeBatch, node_histories, tree_batch
 from specchat.engine.verify import verify
@@ -60,9 +60,9 @@ class Engine:
     chosen step by step by an `AdaptiveBudget` calibrated for this model on this machine. `set_drafter`
     changes drafter and budget between requests and keeps the cache: a chat's next answer reuses its KV.
     A drafter that reads the target is built from `engine.target`. `kv_cache="int8"` holds the target's keys and
-    values in int8 (the compiled CPU decoder only), else they have the activations' dtype. With `prefix_bytes`,
-    texts the cache held before are kept up to that many bytes, and a prompt that shares a prefix with one reuses
-    it (`PrefixStore`).
+    values in int8, `"bf16"` in bf16 (both the compiled CPU decoder only), `"auto"` as `held_kv_cache` says. With
+    `prefix_bytes`, texts the cache held before are kept up to that many bytes, and a prompt that shares a prefix
+    with one reuses it (`PrefixStore`).
     """
 
     def __init__(self, model, tokenizer, *, max_len: int | None = None, drafter: Drafter | None = None,
@@ -76,15 +76,16 @@ class Engine:
         self.device = model.device
         self.eos_ids = eos_ids(model, tokenizer)
         windows = [layer.window for layer in parts(model).layers]  # a sliding window's layers hold it alone
+        kv_cache = held_kv_cache(model, kv_cache)
         self.cache = TreeCache(model.config.num_hidden_layers, self.max_len, kv_cache, windows)
         check_cache_fits(model, self.cache)
         with first_use("preparing the CPU decoder (compiled once per machine, a minute or more)"):
             self.forward = target_forward(model, self.cache)
         self.canonical = isinstance(self.forward, LeanForward)  # the compiled CPU decoder runs it
-        if kv_cache == "int8" and not self.canonical:
+        if kv_cache != "auto" and not self.canonical:
             raise SpecchatError(
-                "--kv-cache int8 needs the compiled CPU decoder: a Llama-family model on a CPU, --attention auto or "
-                "canonical"
+                f"--kv-cache {kv_cache} needs the compiled CPU decoder: a Llama-family model on a CPU, --attention "
+                "auto or canonical"
             )
         if kv_cache == "int8" and sliding_window(model.config):
             raise SpecchatError("--kv-cache int8 does not run sliding-window layers (Gemma 3's): use --kv-cache auto")

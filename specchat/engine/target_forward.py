@@ -25,6 +25,7 @@ from specchat.engine.forward_output import ForwardOutput
 from specchat.engine.lean_forward import LeanForward, lean_forward, serves
 from specchat.engine.torch_decoder import TorchDecoder, refusal
 from specchat.kernels.cpu.cpu_decoder import DENSE_PRODUCT, cpu_decoder
+from specchat.quant.quantized_linear import QuantizedLinear
 
 
 class TargetForward(Protocol):
@@ -93,6 +94,15 @@ def rows_apart(model) -> bool:
     quantized matrices, and on dense ones where it has a dense product of its own (`DENSE_PRODUCT`, any width; bf16,
     fp16 and fp32 activations); ATen's products sum in an order that depends on the rows sharing the call."""
     return DENSE_PRODUCT or not any(type(module) is nn.Linear for module in model.modules())
+
+
+def held_kv_cache(model, kv_cache: str) -> str:
+    """`kv_cache` made concrete: auto holds the keys and values in bf16 beside fp32 activations where the CPU
+    decoder runs quantized weights (as llama.cpp keeps an f16 cache beside f32 activations: half the bytes a long
+    context reads, and a rounding the weights' own error dwarfs), else in the activations' dtype."""
+    if kv_cache != "auto" or model.dtype != torch.float32 or not canonical(model):
+        return kv_cache
+    return "bf16" if any(isinstance(module, QuantizedLinear) for module in model.modules()) else kv_cache
 
 
 def target_forward(model, cache: TreeCache) -> LeanForward | TorchForward:

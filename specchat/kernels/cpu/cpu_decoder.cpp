@@ -270,19 +270,22 @@ void gate(const T* gate_up, T* out, int64_t rows, int64_t intermediate, Activati
   }
 }
 
-// A cache in the activations' dtype T: each KV head's keys and values [slots][D].
-template <typename T>
+// A cache of elements C, the activations' dtype or bf16 beside fp32 activations (as llama.cpp keeps an f16 cache
+// beside f32 activations): each KV head's keys and values [slots][D].
+template <typename C>
 struct PlainKv {
-  T* keys;
-  T* values;
+  C* keys;
+  C* values;
   int64_t slots;
 
   void write_key(int64_t head, int64_t slot, const float* rotated, int64_t dim) const {
-    T* out = keys + (head * slots + slot) * dim;
-    for (int64_t d = 0; d < dim; ++d) out[d] = store<T>(rotated[d]);
+    C* out = keys + (head * slots + slot) * dim;
+    for (int64_t d = 0; d < dim; ++d) out[d] = store<C>(rotated[d]);
   }
+  template <typename T>
   void write_value(int64_t head, int64_t slot, const T* value, int64_t dim) const {
-    std::copy(value, value + dim, values + (head * slots + slot) * dim);
+    C* out = values + (head * slots + slot) * dim;
+    for (int64_t d = 0; d < dim; ++d) out[d] = store<C>(load(value[d]));
   }
 };
 
@@ -737,10 +740,10 @@ const uint16_t* key_rows(const uint16_t* keys, const int64_t* slots, int64_t b, 
 // one thread would read the whole cache while the others wait): the prefix's scores by blocks of keys, the softmax by
 // query, the value sums by parts of the head dimension. Every score and every output element is computed by the same
 // operations in the same order either way, so the result is bitwise the same.
-template <int DIM>
+template <int DIM, typename T>
 void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::BFloat16* value_cache,
                  const std::vector<int64_t>* tails, int64_t prefix, int64_t rows, int64_t heads, int64_t group,
-                 float scale, float cap, at::BFloat16* out, bool spread = false) {
+                 float scale, float cap, T* out, bool spread = false) {
   const auto* keys = reinterpret_cast<const uint16_t*>(key_cache);
   const auto* values = reinterpret_cast<const uint16_t*>(value_cache);
   const int64_t count = rows * group;  // queries
@@ -822,7 +825,7 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
   else if (DIM % 128 == 0 && threads >= 4) in_parts(std::integral_constant<int, 4>{});
   else if (DIM % 64 == 0 && threads >= 2) in_parts(std::integral_constant<int, 2>{});
   else sum_values(std::integral_constant<int, DIM>{}, 0);
-  store_sums<at::BFloat16, DIM>(accumulator.data(), count, heads, group, out);
+  store_sums<T, DIM>(accumulator.data(), count, heads, group, out);
 }
 
 #ifdef BF16_TILES
@@ -830,10 +833,10 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
 // weights rounded to bf16 for the value sums, up to 16 queries a tile. A row's value sums run over its key
 // sequence (the prefix, then its tail) 32 keys a step from the sequence's start: the prefix's whole steps in
 // place for all rows, the rest gathered with each row's tail, the last step padded with zero rows.
-template <int DIM>
+template <int DIM, typename T>
 void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, const at::BFloat16* value_cache,
                        const std::vector<int64_t>* tails, int64_t prefix, int64_t rows, int64_t heads, int64_t group,
-                       float scale, float cap, at::BFloat16* out) {
+                       float scale, float cap, T* out) {
   using bf16_tiles::ROWS, bf16_tiles::STEP;
   constexpr int64_t PAIRS = 4 * ROWS;  // value pairs made at a time: four steps
   const auto* keys = reinterpret_cast<const uint16_t*>(key_cache);
@@ -908,7 +911,7 @@ void attend_bf16_tiles(const float* queries, const at::BFloat16* key_cache, cons
     sequence.insert(sequence.end(), tails[r].begin(), tails[r].end());
     add_values(sequence.data(), whole, sequence.size(), r * group, (r + 1) * group);
   }
-  store_sums<at::BFloat16, DIM>(accumulator.data(), count, heads, group, out);
+  store_sums<T, DIM>(accumulator.data(), count, heads, group, out);
 }
 #endif
 
@@ -1135,9 +1138,9 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
           const Int8Head head{cache.keys + g * slots * dim, cache.values + g * slots * dim, cache.head_scales(g, dim)};
           attend_int8<T, DIM>(q, head, rows_tails, prefix, n, heads, group, s, cap, o);
         } else {
-          const T* k = cache.keys + g * slots * dim;
-          const T* v = cache.values + g * slots * dim;
-          if constexpr (std::is_same_v<T, at::BFloat16>) {
+          const auto* k = cache.keys + g * slots * dim;
+          const auto* v = cache.values + g * slots * dim;
+          if constexpr (std::is_same_v<Kv, PlainKv<at::BFloat16>>) {
 #ifdef BF16_TILES
             if constexpr (DIM % 64 == 0) {  // the tiles' passes take 64 dims
               if (tiles) return attend_bf16_tiles<DIM>(q, k, v, rows_tails, prefix, n, heads, group, s, cap, o);
@@ -1156,8 +1159,8 @@ void attend_rows(const float* queries, const Kv& cache, int64_t prefix, const st
 }
 
 // `cache` seen from slot `first` on: the same heads, their slots numbered from there.
-template <typename T>
-PlainKv<T> from_slot(const PlainKv<T>& cache, int64_t first, int64_t dim) {
+template <typename C>
+PlainKv<C> from_slot(const PlainKv<C>& cache, int64_t first, int64_t dim) {
   return {cache.keys + first * dim, cache.values + first * dim, cache.slots};
 }
 
@@ -1238,6 +1241,9 @@ void attention_half(const Layer& layer, const Decoder& decoder, const at::Tensor
   const int64_t slots = keys.size(1);
   if (scales) {
     const Int8Kv cache{keys.data_ptr<uint8_t>(), values.data_ptr<int8_t>(), scales->data_ptr<float>(), slots};
+    attention<T>(layer, qkv, cos, sin, cache, first, prefix, written, tree, attended, decoder, kept);
+  } else if (keys.scalar_type() == at::kBFloat16) {  // the activations' dtype, or bf16 beside fp32 (`forward`)
+    const PlainKv<at::BFloat16> cache{keys.data_ptr<at::BFloat16>(), values.data_ptr<at::BFloat16>(), slots};
     attention<T>(layer, qkv, cos, sin, cache, first, prefix, written, tree, attended, decoder, kept);
   } else {
     const PlainKv<T> cache{keys.data_ptr<T>(), values.data_ptr<T>(), slots};
@@ -1320,9 +1326,9 @@ void check_mask(const std::optional<at::Tensor>& mask, int64_t rows) {
 // layer's output before the final norm, layer `query_layer`'s rotated queries [rows, heads, D] fp32 (-1: the last
 // layer's; with `every_layer` every layer's, [layers, rows, heads, D]), the residual stream entering each of `feature_layers`
 // side by side [rows, len(feature_layers) * hidden] (layer count: the last layer's output)]. keys /
-// values: each layer's cache [kv_heads, slots, D] in the activations' dtype, written at [prefix, prefix + rows);
-// with `scales` (each layer's [kv_heads, slots / 16, D / 32 + 1, 16] fp32) an int8 cache instead: keys uint8,
-// values int8 and scales as int8_dots.h lays them out, slots a multiple of 16. mask [rows, span] bool: a tree
+// values: each layer's cache [kv_heads, slots, D] in the activations' dtype (or bf16 beside fp32 ones), written at
+// [prefix, prefix + rows); with `scales` (each layer's [kv_heads, slots / 16, D / 32 + 1, 16] fp32) an int8 cache
+// instead: keys uint8, values int8 and scales as int8_dots.h lays them out, slots a multiple of 16. mask [rows, span] bool: a tree
 // (`tails_of`: the rows are the last of `span` slots after the prefix, and see those their row marks, up to their
 // own); none: causal. cos / sin [rows, D] fp32, or [ropes, rows, D] with a table per `Layer::rope`. `firsts`: the
 // position each layer's slot 0 holds (none: 0 for all): a sliding-window layer's cache may keep only the last
@@ -1355,8 +1361,10 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
     TORCH_CHECK(keys[i].is_contiguous() && values[i].is_contiguous(), "caches must be contiguous");
     TORCH_CHECK(prefix + (mask ? mask->size(1) : rows) - first <= keys[i].size(1), "the cache has no room for the rows");
     if (!scales) {
-      TORCH_CHECK(keys[i].scalar_type() == embedded.scalar_type() && values[i].scalar_type() == embedded.scalar_type(),
-                  "caches must have the activations' dtype");
+      const at::ScalarType held = keys[i].scalar_type();
+      TORCH_CHECK(values[i].scalar_type() == held &&
+                      (held == embedded.scalar_type() || (held == at::kBFloat16 && embedded.scalar_type() == at::kFloat)),
+                  "caches must have the activations' dtype, or bf16 beside fp32 activations");
       continue;
     }
     const at::Tensor& scale = (*scales)[i];
