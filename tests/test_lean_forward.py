@@ -15,6 +15,7 @@ from specchat.engine.generate import CPU_PREFILL_ROWS, Engine
 from specchat.engine.lean_forward import LeanForward, lean_forward
 from specchat.engine.target_forward import canonical, held_kv_cache
 from specchat.engine.tree import DraftTree, tree_batch
+from specchat.errors import SpecchatError
 from specchat.kernels.cpu.cpu_decoder import DENSE_PRODUCT, cpu_decoder
 from specchat.loading import load_model
 from specchat.quant.fused import Rows, Side, fuse_projections
@@ -227,6 +228,13 @@ def test_a_bf16_cache_beside_fp32_activations_holds_bf16_and_reads_as_the_activa
     assert keys.dtype == values.dtype == torch.float32 and cache.dtype == torch.float32
     assert cache.layers[1].keys.dtype == torch.bfloat16
     assert torch.equal(keys, cache.layers[1].keys[0, :, :20].float())
+
+
+def test_a_bf16_cache_refuses_fp16_activations_in_one_line(tokenizer):
+    model = _model("llama", torch.float16, quantize="int4")
+    use_attention(model, "canonical")
+    with pytest.raises(SpecchatError, match="--kv-cache bf16 holds keys beside fp32 or bf16 activations"):
+        Engine(model, tokenizer, max_len=64, kv_cache="bf16")
 
 
 def test_lean_forward_serves_llama_family_models_it_was_compiled_for():

@@ -87,6 +87,9 @@ class Engine:
                 f"--kv-cache {kv_cache} needs the compiled CPU decoder: a Llama-family model on a CPU, --attention "
                 "auto or canonical"
             )
+        if kv_cache == "bf16" and model.dtype == torch.float16:
+            raise SpecchatError("--kv-cache bf16 holds keys beside fp32 or bf16 activations: use --kv-cache auto with "
+                                "--dtype float16")
         if kv_cache == "int8" and sliding_window(model.config):
             raise SpecchatError("--kv-cache int8 does not run sliding-window layers (Gemma 3's): use --kv-cache auto")
         self.prefixes = PrefixStore(prefix_bytes) if prefix_bytes else None  # earlier texts' cached prefixes
