@@ -124,6 +124,7 @@ def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
         BenchRow("ngram", "summarize", "int4-g32", "bfloat16", "auto", 384, 110.321, 1.462, 1.568, 0.412, True, 1.55,
                  0.42),
         BenchRow("ngram", "summarize", "q4_k", "bfloat16", "int8", 384, 112.5, 1.49, 1.568, 0.412, True, 1.55, 0.4),
+        BenchRow("ngram", "summarize", "q4_1", "float32", "bf16", 384, 120.5, 1.6, 1.568, 0.412, True, 1.55, 0.4),
         BenchRow("llamacpp", "summarize", "gguf", "llama.cpp", "llama.cpp", 384, 136.479, 1.808, 1.0, None, False,
                  None),
     ]
@@ -134,6 +135,7 @@ def test_the_table_fits_80_columns_with_human_headers(monkeypatch, capsys):
     for header in ("method", "tok/s", "vs AR", "tau", "exact"):
         assert header in out
     assert "int4-g32·bf16" in out and "110.3" in out and "1.46x" in out and "q4_k·bf16·kv8" in out
+    assert "q4_1·fp32·kv16" in out
     _report([row.as_dict() for row in rows], True, title="t")
     assert json.loads(capsys.readouterr().out)[1]["draft_ms_per_step"] == 0.42  # JSON keeps every field
 

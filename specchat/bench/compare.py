@@ -17,7 +17,7 @@ from specchat.bench.progress import NO_PROGRESS
 from specchat.bench.prompts import Prompt, prompt_ids
 from specchat.bench.runs import BASELINES, HF_METHODS, LLAMACPP_METHODS, Run, method_runner, transformers_model
 from specchat.engine.sampling_config import SamplingConfig
-from specchat.engine.target_forward import forward_path
+from specchat.engine.target_forward import forward_path, held_kv_cache
 from specchat.loading import LoadedModel
 from specchat.quant.formats import weight_format
 
@@ -28,7 +28,7 @@ class BenchRow:
     prompt_set: str
     weights: str  # "q4_1", "int4-g32", "float32", ...
     dtype: str  # activations
-    kv_cache: str  # the target's KV cache as asked: "auto", "bf16" or "int8"
+    kv_cache: str  # the target's KV cache as our engine held it: "auto" (the activations' dtype), "bf16" or "int8"
     new_tokens: int  # per repeat, summed over the set's prompts
     tokens_per_second: float  # decode only
     speedup_vs_ar: float  # over our autoregressive decoding, same set and dtype, same run
@@ -46,7 +46,7 @@ class BenchRow:
         """The row as the table shows it: human headers and units, narrow enough for 80 columns."""
         figure = lambda value, digits: "-" if value is None else f"{value:.{digits}f}"  # noqa: E731
         activations = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(self.dtype, self.dtype)
-        kv = {"int8": "·kv8", "bf16": "·kv16"}.get(self.kv_cache, "")  # a KV cache asked for
+        kv = {"int8": "·kv8", "bf16": "·kv16"}.get(self.kv_cache, "")  # a KV cache other than the activations' dtype
         return {
             "method": "AR" if self.method == "none" else self.method,
             "set": self.prompt_set,
@@ -87,6 +87,7 @@ def compare(
     runners = {m: method_runner(m, loaded, max_len, max_new_tokens, draft_budget, by_method.get(m), kv_cache, sampling,
                                 hf_model, held) for m in methods}  # fmt: skip
     decoders = {m: _decoder(m, loaded, hf_model, by_method.get(m)) for m in methods}
+    held_kv = held_kv_cache(loaded.model, kv_cache)  # what our engine holds: auto may mean bf16
 
     warmup = next(iter(encoded.values()))[0]
     for method, runner in runners.items():
@@ -118,7 +119,8 @@ def compare(
                     weights="gguf" if method in LLAMACPP_METHODS else weight_format(hf_model) if method in HF_METHODS
                     else loaded.weights,  # fmt: skip
                     dtype="llama.cpp" if method in LLAMACPP_METHODS else loaded.dtype,
-                    kv_cache="llama.cpp" if method in LLAMACPP_METHODS else kv_cache,
+                    kv_cache="llama.cpp" if method in LLAMACPP_METHODS else kv_cache if method in HF_METHODS
+                    else held_kv,  # fmt: skip
                     new_tokens=sum(len(r.tokens) for r in repeats_runs[0]),
                     tokens_per_second=round(_speed(repeats_runs), 3),
                     speedup_vs_ar=round(_speed(repeats_runs) / ar_speed, 3),
