@@ -35,7 +35,10 @@ def logits_accuracy(loaded, path: Path, ids: list[int], *, llamacpp: bool, kv_ca
     """`loaded`: the GGUF at `path` on its own blocks (its window stretched by `loaded.yarn`, and so the reference's
     and llama.cpp's); `ids`: the text's token ids; `kv_cache`: our engine's."""
     reference = _reference_logits(path, ids, loaded.yarn)
-    cache = "" if kv_cache == "auto" else f", kv {kv_cache}"
+    from specchat.engine.target_forward import held_kv_cache
+
+    held = held_kv_cache(loaded.model, kv_cache)  # auto may mean bf16
+    cache = "" if held == "auto" else f", kv {held}"
     rows = [_score(f"specchat ({loaded.weights}, {loaded.dtype}{cache}, {way})",
                    _our_logits(loaded, ids, way, kv_cache), reference) for way in ("prefill", "decode")]  # fmt: skip
     if llamacpp:
