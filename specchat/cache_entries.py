@@ -19,7 +19,7 @@ from pathlib import Path
 from specchat.disk_cache import SOURCES_FILE, cache_dir
 
 KINDS = {  # by the entry's folder or name: what it is
-    "packed": "4-bit codes packed for torch's int4 kernel",
+    "packed": "4-bit codes packed for torch's int4 kernel (older versions' embedded model: no load reads them)",
     "quantized": "GGUF blocks of a checkpoint loaded with --quantize",
     "gguf-": "tokenizer and config read from a GGUF file",
     "smollm2-135m-": "the embedded model's tokenizer and config, and its fp32 weights once loaded in float32",

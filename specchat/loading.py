@@ -149,10 +149,10 @@ def load_model(
 ) -> LoadedModel:
     """Load a target model and its tokenizer, ready for inference with the attention `attention` names.
 
-    Weights: the embedded GGUF's own 4-bit weights when `dtype` is auto on a CPU; GGUF blocks (q4_k_m, q8_0) or
-    torch's int4 / int8 when `quantize` asks for it; else dense in `dtype`, where float32 is the reference that matches
-    transformers. `yarn`: the model's window stretched that many times by YaRN (`stretch_with_yarn`).
-    `progress` hears each stage as it starts (the chat app shows them while it waits).
+    Weights: the embedded GGUF's own 4-bit blocks (fp32 activations) when `dtype` is auto on a CPU; GGUF blocks
+    (q4_k_m, q8_0) or torch's int4 / int8 when `quantize` asks for it; else dense in `dtype`, where float32 is the
+    reference that matches transformers. `yarn`: the model's window stretched that many times by YaRN
+    (`stretch_with_yarn`). `progress` hears each stage as it starts (the chat app shows them while it waits).
     """
     # a model is hundreds of thousands of objects as long-lived as it: each full collection during a load walks them
     # all (0.15-0.3 s of a load in all)
@@ -178,7 +178,9 @@ def _load_model(spec, dtype, quantize, device, attention, yarn, progress) -> Loa
     else:
         location = source.location if Path(source.location).is_dir() else str(download_checkpoint(source.location))
     weights = "q4_1" if native else quantize
-    if torch_dtype is None and weights in (None, *GGUF_QUANTIZE):  # auto on a CPU: bf16, as a GGUF file runs
+    if native:  # its blocks beside fp32 activations (two int8 terms, a bf16 cache): bf16 ones flip its near-ties
+        torch_dtype = torch.float32
+    elif torch_dtype is None and weights in (None, *GGUF_QUANTIZE):  # auto on a CPU: bf16, as a GGUF file runs
         torch_dtype = torch.bfloat16
     if torch_dtype is None:  # torch's int4 / int8 kernels: whichever activations run them faster here
         shape = _matmul_shape(location)
@@ -190,7 +192,7 @@ def _load_model(spec, dtype, quantize, device, attention, yarn, progress) -> Loa
             from specchat.quant.gguf_model import load_gguf_model
 
             tokenizer = Tokenizer.from_dir(location)
-            model = load_gguf_model(embedded_gguf_path(), location, torch_dtype, aten_int4=True, yarn=yarn)
+            model = load_gguf_model(embedded_gguf_path(), location, torch_dtype, yarn=yarn)
         else:
             from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -46,10 +46,10 @@ def test_gguf_kernels_equal_the_avx2_and_avx512_vnni_builds(isa, kind):
     held = [(blocks, 1)] + [native.gguf_tile(blocks, int(kind), 512, per_unit) for per_unit in (1, 2)]
     x = torch.from_numpy(rng.standard_normal((21, 512)).astype(np.float32))
     for matrix, unit_rows in held:  # the file's rows, 8-row tiles and pairs of them
-        for rows in (1, 3, 8, 21):
-            mine = native.gguf_matmul(x[:rows], [matrix], [int(kind)], [unit_rows], 512, "best")
-            theirs = other.gguf_matmul(x[:rows], [matrix], [int(kind)], [unit_rows], 512, "best")
-            assert torch.equal(mine, theirs), (unit_rows, rows)
+        for rows, terms in ((1, 1), (3, 1), (8, 1), (21, 1), (1, 2), (21, 2)):  # fp32 activations: two int8 terms
+            mine = native.gguf_matmul(x[:rows], [matrix], [int(kind)], [unit_rows], 512, "best", terms)
+            theirs = other.gguf_matmul(x[:rows], [matrix], [int(kind)], [unit_rows], 512, "best", terms)
+            assert torch.equal(mine, theirs), (unit_rows, rows, terms)
 
 
 @pytest.mark.parametrize(("dtype", "kv_cache"),

@@ -56,6 +56,30 @@ def test_kernel_equals_gguf_dequantize_then_matmul(kind, rows, columns, n):
 
 
 @pytest.mark.parametrize("kind", TYPES, ids=[t.name for t in TYPES])
+def test_two_terms_carry_what_the_first_rounds_off(kind):
+    """fp32 activations in two int8 terms (the rows, then what their codes miss): the product is the dequantized
+    weights' within 2e-4 where one term errs 50 times more, with an outlier in a group as a small model's activations
+    have; rows bitwise independent over the 32-row chunks two terms take, on every path."""
+    rng = np.random.default_rng(int(kind))
+    blocks = random_blocks(kind, 40, 512, rng)
+    weight = torch.from_numpy(dequantize(blocks, kind).copy()).double()
+    x = torch.from_numpy(rng.standard_normal((70, 512)).astype(np.float32))
+    x[:, 7] *= 60
+    exact = x.double() @ weight.T
+
+    def product(rows, terms, path="best"):
+        return cpu_decoder().gguf_matmul(rows, [torch.from_numpy(blocks)], [int(kind)], [1], 512, path, terms)
+
+    one, two = (product(x, terms).double() for terms in (1, 2))
+    assert (two - exact).norm() <= 2e-4 * exact.norm() and (two - exact).norm() * 50 <= (one - exact).norm()
+    together = product(x, 2)
+    for path in PATHS:
+        assert torch.equal(together, product(x, 2, path)), path
+    for first, count in [(0, 1), (31, 2), (30, 5), (64, 6)]:
+        assert torch.equal(product(x[first : first + count], 2), together[first : first + count])
+
+
+@pytest.mark.parametrize("kind", TYPES, ids=[t.name for t in TYPES])
 def test_rows_are_bitwise_independent_and_paths_agree(kind):
     rng = np.random.default_rng(1)
     blocks = random_blocks(kind, 40, 512, rng)

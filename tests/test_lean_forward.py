@@ -338,7 +338,7 @@ def test_an_engine_prefills_a_long_prompt_in_pieces_bitwise_as_in_one_forward():
     assert engine.canonical and CPU_PREFILL_ROWS < 600
     ids = torch.randint(3, 40000, (600,), generator=torch.Generator().manual_seed(0))
     pieces = engine.target_states(ids.tolist())
-    whole_cache = TreeCache(loaded.model.config.num_hidden_layers, engine.max_len)
+    whole_cache = TreeCache(loaded.model.config.num_hidden_layers, engine.max_len, engine.cache.kv_cache)
     whole = engine.forward(ids, torch.arange(len(ids)), None, whole_cache).hidden
     assert torch.equal(pieces, whole)
     assert torch.equal(engine.cache.layers[-1].read(slice(0, 600))[0], whole_cache.layers[-1].read(slice(0, 600))[0])

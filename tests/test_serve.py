@@ -291,7 +291,8 @@ def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):
     try:
         int8.wait_ready()
         answer = chat(int8, COLOURS, max_tokens=24)
-        assert (int8.health()["kv_cache"], server.health()["kv_cache"]) == ("int8", "auto")
+        # the cache held: the default model's auto is bf16 beside its fp32 activations
+        assert (int8.health()["kv_cache"], server.health()["kv_cache"]) == ("int8", "bf16")
     finally:
         assert int8.stop() == 0
     assert answer == expected

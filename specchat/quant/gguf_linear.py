@@ -59,7 +59,9 @@ class GGUFLinear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        out = cpu_decoder().gguf_matmul(flat, self.matrices, self.type_ids, self.unit_rows, self.in_features, "best")
+        terms = 2 if x.dtype == torch.float32 else 1  # fp32 activations in two int8 terms, as the CPU decoder's
+        out = cpu_decoder().gguf_matmul(flat, self.matrices, self.type_ids, self.unit_rows, self.in_features, "best",
+                                        terms)
         out = out.to(x.dtype)
         if self.bias is not None:
             out += self.bias

@@ -4,9 +4,7 @@ The modules are specchat's own (`architectures.llama_model`, `gemma3_model`: tra
 reference the blocks are measured against is transformers' model. Block-quantized matrices become `GGUFLinear`s
 over the file's memory-mapped blocks (the token embedding a `GGUFEmbedding`, and the LM head, when tied to it, a
 `GGUFLinear` over the same blocks): nothing is dequantized to a dense copy. F32 / F16 tensors (norms, biases) are
-kept dense in the activation dtype. The embedded model keeps its older path, torch's int4 kernel on its Q4_1 / Q8_0
-codes (`aten_int4`), packed for the kernel at its first load on a machine and kept in specchat's cache (`packed/`,
-about the file's size): a later load maps them.
+kept dense in the activation dtype.
 """
 
 from __future__ import annotations
@@ -24,17 +22,11 @@ from specchat.architectures.llama_model import ModelConfig, ScaledEmbedding, Slo
 from specchat.architectures.phi3 import FUSED_PROJECTIONS
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.gguf_header import tensor_table
-from specchat.quant import int4_linear
-from specchat.quant.embedding import Int8Embedding
 from specchat.quant.fused import Rows
 from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
 from specchat.quant.gguf_types import BLOCK_TYPES, check_type
-from specchat.quant.int4_linear import Int4Linear
-from specchat.quant.int8_linear import Int8Linear
-from specchat.quant.kept_tensors import KeptTensors, kept_tensors
 from specchat.quant.mapped_pages import give_back
 
-BLOCK = 32  # values per block of the Q4_0, Q4_1 and Q8_0 types
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -58,41 +50,24 @@ _GEMMA3_NAMES = {  # Gemma 3's (and 2's) norms: the MLP's input, and each half's
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, aten_int4: bool = False,
-                    yarn: float | None = None) -> nn.Module:  # fmt: skip
+def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, yarn: float | None = None) -> nn.Module:
     """The model of `gguf_path` (config and tokenizer already converted to `config_dir`) on the file's own
-    weights: block-quantized matrices as `GGUFLinear`s over the memory-mapped blocks. With `aten_int4`,
-    Q4_0 / Q4_1 / Q8_0 matrices run on torch's int4 kernel instead (the embedded model's path); with `yarn`,
-    the window is stretched that many times (`stretch_with_yarn`)."""
+    weights: block-quantized matrices as `GGUFLinear`s over the memory-mapped blocks; with `yarn`, the window is
+    stretched that many times (`stretch_with_yarn`)."""
     config = ModelConfig.from_dir(config_dir)
     stretch_with_yarn(config, yarn)
     model = causal_lm(config, dtype, name_or_path=config_dir)
     tensors = {tensor.name: tensor for tensor in gguf_tensors(gguf_path)}
     check_tensor_types(tensors.values(), gguf_path)
-    packed = _packed(gguf_path, dtype) if aten_int4 else None
     for module_name, held, rows in _modules(tensors, model.config):
         parent, _, name = module_name.rpartition(".")
         if name in FUSED_PROJECTIONS:  # Phi-3's q/k/v and gate/up in one matrix: one layer, each projection a view
             _install_fused(model.get_submodule(parent), name, held, dtype)
         else:
-            _install(model, module_name, held, dtype, rows=rows, packed=packed)
+            _install(model, module_name, held, dtype, rows=rows)
     if "output.weight" not in tensors:  # tied LM head: the embedding's blocks, multiplied as a linear layer
-        embedding = model.model.embed_tokens
-        if isinstance(embedding, Int8Embedding):  # its codes and scales themselves
-            model.lm_head = Int8Linear(embedding.codes, embedding.scale, dtype=dtype, format=embedding.format)
-        else:
-            _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype, packed=packed)
-    if packed is not None:
-        packed.save()
+        _install(model, "lm_head", {"weight": tensors["token_embd.weight"]}, dtype)
     return _complete(model)
-
-
-def _packed(gguf_path: Path, dtype: torch.dtype) -> KeptTensors:
-    """The file's codes kept packed for torch's int4 kernel: its layout is the torch build's and the CPU capability's
-    it runs on, its scales are in `dtype`."""
-    code = [Path(__file__), Path(int4_linear.__file__)]
-    facts = str(dtype), torch.__version__, torch.backends.cpu.get_cpu_capability()
-    return kept_tensors("packed", gguf_path.stem, [gguf_path], code, *facts)
 
 
 def dequantized_model(gguf_path: Path, config_dir: str, *, yarn: float | None = None) -> nn.Module:
@@ -203,11 +178,9 @@ def _unpermute_rotary_rows(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).view(heads, -1, 2).transpose(1, 2).reshape(rows)
 
 
-def _install(model, name: str, parts: dict, dtype, *, rows=None, packed: KeptTensors | None = None) -> None:
+def _install(model, name: str, parts: dict, dtype, *, rows=None) -> None:
     """Put the layer made from a module's GGUF tensors in the `Slot` at `name` (or a norm's weight there), rows
-    reordered by `rows`; given `packed`, Q4_0 / Q4_1 / Q8_0 matrices on torch's int4 kernel, packed once per machine."""
-    from gguf import GGMLQuantizationType as Q
-
+    reordered by `rows`."""
     tensor, bias = parts["weight"], parts.get("bias")
     kind = tensor.tensor_type
     raw = torch.from_numpy(tensor.data)  # [rows, bytes or values per row], mapped from the file
@@ -219,9 +192,7 @@ def _install(model, name: str, parts: dict, dtype, *, rows=None, packed: KeptTen
     current = model.get_submodule(name)
     matrix = isinstance(current, Slot)
     embedding = matrix and current.embedding
-    if packed is not None and kind in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
-        module = _aten_int4(raw, kind, dtype, embedding=embedding, bias=bias, packed=packed, name=name)
-    elif int(kind) in BLOCK_TYPES:
+    if int(kind) in BLOCK_TYPES:
         columns = tensor.shape[0]
         module = GGUFEmbedding(raw, int(kind), columns, dtype=dtype, scale=current.scale) if embedding \
             else GGUFLinear(raw, int(kind), columns, dtype=dtype, bias=bias)  # fmt: skip
@@ -253,43 +224,6 @@ def _install_fused(parent: nn.Module, name: str, parts: dict, dtype) -> None:
         end = start + getattr(parent, part).weight.shape[0]
         setattr(parent, part, Rows(holder.fused, start, end))
         start = end
-
-
-def _aten_int4(raw: torch.Tensor, kind, dtype, *, embedding: bool, bias, packed: KeptTensors, name: str) -> nn.Module:
-    """Q4_0 / Q4_1 as `Int4Linear`s and Q8_0 as `Int8Linear`s (or an `Int8Embedding`), code for code; a 4-bit
-    matrix's codes packed as they were at an earlier load of the file (`packed`), else now."""
-    from gguf import GGMLQuantizationType as Q
-
-    fmt = kind.name.lower()
-    if kind == Q.Q8_0 and embedding:
-        return Int8Embedding(*_q8_0(raw), dtype=dtype, format=fmt)
-    if kind == Q.Q8_0:
-        return Int8Linear(*_q8_0(raw), dtype=dtype, bias=bias, format=fmt)
-    planes = packed.tensors(name, lambda: Int4Linear.planes(*_q4(raw, with_min=kind == Q.Q4_1), dtype))
-    return Int4Linear.held(planes, group_size=BLOCK, format=fmt, dtype=dtype, bias=bias)
-
-
-def _q4(raw: torch.Tensor, *, with_min: bool):
-    """Q4_1 blocks (fp16 d, fp16 m, 16 bytes of nibbles) or Q4_0 blocks (fp16 d, nibbles) -> codes, scale, zero.
-
-    The first 16 values of a block sit in the low nibbles, the last 16 in the high ones."""
-    head = 4 if with_min else 2
-    blocks = raw.view(raw.shape[0], -1, head + BLOCK // 2)
-    d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
-    nibbles = blocks[..., head:]
-    codes = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).reshape(raw.shape[0], -1)
-    if not with_min:  # Q4_0: w = d * (q - 8)
-        return codes, d, torch.zeros_like(d)
-    m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
-    return codes, d, m + 8 * d  # w = d * q + m = (q - 8) * d + (m + 8 d)
-
-
-def _q8_0(raw: torch.Tensor):
-    """Q8_0 blocks (fp16 d, 32 int8 values) -> codes [rows, values], scale [rows, blocks]."""
-    blocks = raw.view(raw.shape[0], -1, 2 + BLOCK)
-    d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
-    codes = blocks[..., 2:].contiguous().view(torch.int8).reshape(raw.shape[0], -1)
-    return codes, d
 
 
 def _dense(tensor, raw: torch.Tensor) -> torch.Tensor:

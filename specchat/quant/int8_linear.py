@@ -1,11 +1,10 @@
 """A linear layer whose weights are 8-bit codes with one scale per group of 32 inputs: w = d * q, q in -128..127
-(GGUF Q8_0; `--quantize int8`, and the LM head under `--quantize int4`).
+(`--quantize int8`, and the LM head under `--quantize int4`).
 
-The codes stay as they are, a byte a weight in rows, with fp32 scales (a Q8_0 file's fp16 ones exactly): the CPU
-decoder's dense product (`kernels/cpu/dense_matmul.h`) multiplies each weight d * q, exact in fp32, by the
-activations in fp32, every output from its own activation row alone. A tied LM head holds its Q8_0 embedding's own
-tensors (`Int8Embedding`), so the matrix is in memory once. Off the CPU, or where the decoder cannot be built, the
-matrix is dequantized for torch's product.
+The codes stay as they are, a byte a weight in rows, with fp32 scales: the CPU decoder's dense product
+(`kernels/cpu/dense_matmul.h`) multiplies each weight d * q, exact in fp32, by the activations in fp32, every output
+from its own activation row alone. Off the CPU, or where the decoder cannot be built, the matrix is dequantized for
+torch's product.
 """
 
 from __future__ import annotations

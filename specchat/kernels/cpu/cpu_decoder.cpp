@@ -59,7 +59,8 @@ struct Linear {
                 ? dense_matmul::matmul(xs, dense, dense_scales).to(x.scalar_type())
                 : at::linear(xs, dense_values().to(x.scalar_type()));
     } else if (!blocks.empty()) {
-      out = gguf::matmul(x, blocks, gguf::Path::Best).to(x.scalar_type());
+      const int64_t terms = x.scalar_type() == at::kFloat ? 2 : 1;  // fp32 activations: 16 bits of each value
+      out = gguf::matmul(x, blocks, gguf::Path::Best, terms).to(x.scalar_type());
     } else {
       out = at::_weight_int4pack_mm_for_cpu(x, packed[0], group, scales[0]);
       for (size_t i = 1; i < packed.size(); ++i) {

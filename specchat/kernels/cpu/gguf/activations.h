@@ -1,5 +1,7 @@
 // Activation rows quantized to int8 per group, as llama.cpp quantizes them for these block types: every kernel's
-// inner sums are then integers, exact in any order.
+// inner sums are then integers, exact in any order. fp32 activations go in two terms (`matmul`): the rows, then what
+// their codes miss (`Quantized::rest`), each quantized so, the two products summed: 16 bits of each value, where one
+// int8 term flips a small model's near-ties (the embedded model's mean KL against fp32: 0.0030 in one, 0.0009 in two).
 #pragma once
 
 #include <algorithm>
@@ -54,6 +56,11 @@ struct Quantized {
       sums[j] = static_cast<int16_t>(sum);
     }
     for (int64_t j = 0; j < rows * cols / 32; ++j) sums32[j] = static_cast<int16_t>(sums[2 * j] + sums[2 * j + 1]);
+  }
+
+  // x minus what the codes hold of it (scale times code, rounded once): the second term of two-term activations.
+  void rest(const float* x, float* out) const {
+    for (int64_t i = 0; i < rows * cols; ++i) out[i] = std::fma(-scale[i / group], static_cast<float>(q[i]), x[i]);
   }
 };
 

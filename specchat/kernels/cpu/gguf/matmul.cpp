@@ -65,9 +65,11 @@ Matrix tile(const Matrix& m, int64_t per_unit) {
   return {k.repack(m.blocks, m.cols, per_unit), m.type, per_unit * kTileRows, m.cols};
 }
 
-// One parallel loop over all the matrices' rows per chunk of kRowChunk activation rows, quantized once per group size.
-at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path path) {
+// One parallel loop over all the matrices' rows per chunk of kRowChunk activation rows, quantized once per group size
+// (in two terms: a chunk's rows, then their rests, as one pass's rows, each row's two products summed).
+at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path path, int64_t terms) {
   TORCH_CHECK(x.dim() == 2, "x must be [rows, cols]");
+  TORCH_CHECK(terms == 1 || terms == 2, "activations go in one int8 term or two");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t n = xf.size(0), cols = xf.size(1);
   std::vector<int64_t> starts{0}, units{0};  // per matrix: its first output row, its first unit (`unit_rows`)
@@ -87,26 +89,32 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
   // Activation rows a chunk at a time, so that their int8 values stay in cache while every weight row passes
   // by (a 512-row prefill re-read 0.8 MB of them per weight row). Each row is quantized and dotted on its own,
   // so chunking changes no result.
-  for (int64_t chunk = 0; chunk < n; chunk += kRowChunk) {
-    const int64_t rows = std::min(kRowChunk, n - chunk);
+  for (int64_t chunk = 0; chunk < n; chunk += kRowChunk / terms) {
+    const int64_t rows = std::min(kRowChunk / terms, n - chunk), passed = terms * rows;  // a pass's activation rows
     const float* x_rows = xf.data_ptr<float>() + chunk * cols;
     const Quantized* by_group[2] = {nullptr, nullptr};  // groups of 32, 256
     std::vector<std::unique_ptr<Quantized>> held;
     for (const auto& m : matrices) {
       const int64_t values = kernels(m.type).layout.values, slot = values == 32 ? 0 : 1;
-      if (!by_group[slot]) {
+      if (by_group[slot]) continue;
+      if (terms == 1) {
         held.push_back(std::make_unique<Quantized>(x_rows, rows, cols, values, activation_padding(rows, path)));
-        by_group[slot] = held.back().get();
+      } else {
+        std::vector<float> both(passed * cols);  // the rows, then their rests
+        std::copy_n(x_rows, rows * cols, both.data());
+        Quantized(x_rows, rows, cols, values).rest(x_rows, both.data() + rows * cols);
+        held.push_back(std::make_unique<Quantized>(both.data(), passed, cols, values, activation_padding(passed, path)));
       }
+      by_group[slot] = held.back().get();
     }
     float* out_rows = out_data + chunk * total;
     at::parallel_for(0, units.back(), grain, [&](int64_t begin, int64_t end) {
 #ifdef GGUF_AMX
       std::optional<amx::Tiles> tiles;  // configured on this thread for the pass
-      if (through_amx(rows, path)) tiles.emplace();
+      if (through_amx(passed, path)) tiles.emplace();
 #endif
       Unpacked u;
-      std::vector<float> column(2 * kTileRows * rows);
+      std::vector<float> column(2 * kTileRows * passed);
       size_t part = 0;
       for (int64_t unit = begin; unit < end; ++unit) {
         while (unit >= units[part + 1]) ++part;
@@ -117,8 +125,11 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
         const int64_t done = m.unit_rows, first = starts[part] + (unit - units[part]) * done;
         if (done == 1) k.row_dots(blocks, x, path, u, column.data());
         else k.unit_dots(blocks, x, done / kTileRows, path, u, column.data());
-        for (int64_t r = 0; r < rows; ++r)  // weight rows: a run of outputs per row r
-          for (int64_t i = 0; i < done; ++i) out_rows[r * total + first + i] = column[i * rows + r];
+        for (int64_t r = 0; r < rows; ++r)  // weight rows: a run of outputs per row r (and its rest's, added)
+          for (int64_t i = 0; i < done; ++i) {
+            const float* outputs = column.data() + i * passed;
+            out_rows[r * total + first + i] = terms == 1 ? outputs[r] : outputs[r] + outputs[rows + r];
+          }
       }
     });
   }

@@ -18,9 +18,12 @@ namespace gguf {
 inline void define_functions(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("gguf_matmul", [](at::Tensor x, std::vector<at::Tensor> blocks, std::vector<int64_t> types,
-                          std::vector<int64_t> unit_rows, int64_t cols, const std::string& path) {
-    return matmul(x, matrices(blocks, types, unit_rows, cols), path_named(path));
-  }, "x [n, cols] times GGUF matrices stacked along their rows -> [n, rows] float32 (gguf/matmul.h).");
+                          std::vector<int64_t> unit_rows, int64_t cols, const std::string& path, int64_t terms) {
+    return matmul(x, matrices(blocks, types, unit_rows, cols), path_named(path), terms);
+  }, py::arg("x"), py::arg("blocks"), py::arg("types"), py::arg("unit_rows"), py::arg("cols"), py::arg("path"),
+     py::arg("terms") = 1,
+     "x [n, cols] times GGUF matrices stacked along their rows -> [n, rows] float32, x in `terms` int8 terms "
+     "(gguf/matmul.h).");
   m.def("gguf_tile", [](at::Tensor blocks, int64_t type, int64_t cols, int64_t per_unit) {
     const Matrix tiled = tile(blocks_matrix(blocks, type, 1, cols), per_unit);
     return std::make_tuple(tiled.blocks, tiled.unit_rows);
