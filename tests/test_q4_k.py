@@ -9,8 +9,7 @@ from gguf.quants import dequantize
 from torch import nn
 
 from specchat.quant.gguf_linear import GGUFLinear
-from specchat.quant.int4_linear import Int4Linear
-from specchat.quant.q4_k import k_quant_blocks, q4_k_blocks, q4_k_linear
+from specchat.quant.q4_k import k_quant_blocks, q4_1_blocks, q4_k_blocks, q4_k_linear
 from specchat.quant.quantize import quantize_linear
 
 
@@ -48,9 +47,19 @@ def test_a_q4_k_layer_is_the_dense_product_to_4_bit_rounding():
     assert isinstance(layer, GGUFLinear) and 0 < error < 0.12  # 16 levels a sub-block: ~8% of a Gaussian matrix
 
 
-def test_rows_that_do_not_split_into_q4_k_blocks_run_in_int4():
-    linear = nn.Linear(96, 32, bias=False)
-    assert isinstance(quantize_linear(linear, "q4_k", dtype=torch.float32), Int4Linear)
+def test_rows_that_do_not_split_into_q4_k_blocks_run_in_q4_1():
+    """The embedded model's 576 columns: Q4_1 blocks, 32 values a block, as gguf-py reads them; the dense product
+    to 4-bit rounding."""
+    torch.manual_seed(1)
+    linear = nn.Linear(576, 48, bias=False)
+    nn.init.normal_(linear.weight, std=0.02)
+    layer = quantize_linear(linear, "q4_k", dtype=torch.float32)
+    assert isinstance(layer, GGUFLinear) and layer.format == "q4_1"
+    blocks = q4_1_blocks(linear.weight.detach())
+    assert torch.equal(layer.dequantize(), torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType.Q4_1)))
+    x = torch.randn(3, 576)
+    exact = linear(x)
+    assert 0 < (layer(x) - exact).norm() / exact.norm() < 0.12
     assert isinstance(quantize_linear(nn.Linear(256, 32), "q4_k", dtype=torch.float32), GGUFLinear)
 
 

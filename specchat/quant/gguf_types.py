@@ -43,7 +43,7 @@ BLOCK_TYPES = {  # ggml type id -> layout (kernels/cpu/gguf/formats.h)
     29: BlockType("iq1_m", 256, 56),
 }
 DENSE_TYPES = {0: "f32", 1: "f16", 30: "bf16"}  # norms, biases; matrices stored unquantized
-Q5_0, Q8_0, Q4_K, Q6_K = 6, 8, 12, 14
+Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 3, 6, 8, 12, 14
 
 # A matrix is held in units of rows: the file's blocks a row at a time (1), or repacked in tiles of 8 rows or pairs
 # of them (16) where the build reads pairs (kernels/cpu/gguf/matmul.h, `tile`): each tile's codes are read once for all

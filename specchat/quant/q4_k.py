@@ -5,7 +5,8 @@ draft vocabulary's head again at every depth of its tree. Torch's int4 kernel ta
 matrix as our Q4_K tiles do, and twice as long over a warm one (8192 x 1536 at 1-3 rows: 0.19-0.27 ms against
 0.10-0.16), and its calls cost more around them: a chained TokenSwift draft of budget 3, caches evicted first,
 took 2.31 ms in int4 and 1.38 ms in Q4_K. Q4_K is what the tiled kernels read, so a draft beside a GGUF target
-is quantized to it.
+is quantized to it; a layer whose rows are not whole Q4_K blocks (the embedded model's 576 columns) to Q4_1, 32 values
+a block (torch's int4 kernel, the other choice, runs fp32 activations 50 times slower than bf16 ones).
 
 Q4_K, per group of 256 values of a row: 8 sub-blocks of 32, each value w = d * sc * q - dmin * m, with q in
 0..15, sc and m 6-bit integers per sub-block and d, dmin fp16 per group (ggml's `block_q4_K`: d, dmin, 12 bytes
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from specchat.quant.gguf_linear import GGUFLinear
-from specchat.quant.gguf_types import Q4_K
+from specchat.quant.gguf_types import Q4_1, Q4_K
 
 GROUP = 256  # values per Q4_K block
 SUB = 32  # values per sub-block
@@ -34,9 +35,27 @@ def takes_q4_k(linear: nn.Linear) -> bool:
 
 
 def q4_k_linear(linear: nn.Linear, *, dtype: torch.dtype) -> GGUFLinear:
-    """`linear` as a layer on Q4_K blocks (its bias kept); `dtype` is the activation dtype."""
+    """`linear` as a layer on Q4_K blocks, or Q4_1 where its rows are not whole Q4_K blocks (its bias kept); `dtype`
+    is the activation dtype."""
     bias = None if linear.bias is None else linear.bias.detach()
-    return GGUFLinear(q4_k_blocks(linear.weight.detach()), Q4_K, linear.in_features, dtype=dtype, bias=bias)
+    weight = linear.weight.detach()
+    if takes_q4_k(linear):
+        return GGUFLinear(q4_k_blocks(weight), Q4_K, linear.in_features, dtype=dtype, bias=bias)
+    return GGUFLinear(q4_1_blocks(weight), Q4_1, linear.in_features, dtype=dtype, bias=bias)
+
+
+def q4_1_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """[rows, cols] float -> Q4_1 blocks [rows, cols / 32 * 20] uint8: per 32 values d and m (fp16), then the codes
+    q in 0..15 (w = d * q + m), values 0-15 in the low nibbles and 16-31 in the high ones."""
+    rows, cols = weight.shape
+    x = weight.float().reshape(rows, cols // SUB, SUB)
+    low = x.amin(-1)
+    d = ((x.amax(-1) - low) / 15).half().float()
+    m = low.half().float()
+    codes = torch.round((x - m[..., None]) / _nonzero(d)[..., None]).clamp(0, 15).to(torch.uint8)
+    nibbles = codes[..., :16] | codes[..., 16:] << 4
+    halves = torch.stack([d, m], dim=-1).half().view(torch.uint8)
+    return torch.cat([halves, nibbles], dim=-1).reshape(rows, -1).contiguous()
 
 
 def q4_k_blocks(weight: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from torch import nn
 
 from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.int8_linear import Int8Linear
-from specchat.quant.q4_k import q4_k_linear, takes_q4_k
+from specchat.quant.q4_k import q4_k_linear
 
 GROUP = 32
 ROW_MULTIPLE = 16  # torch's int4 packing takes output rows in multiples of this
@@ -59,11 +59,9 @@ def quantizable(linear: nn.Linear) -> bool:
 
 def quantize_linear(linear: nn.Linear, scheme: str, *, dtype: torch.dtype) -> nn.Module:
     """A group-wise `scheme` ("int4" | "int8" | "q4_k") copy of `linear`. "q4_k" (GGUF's blocks, through the
-    CPU decoder's kernels: `q4_k.py`) takes rows of whole 256-value blocks; a layer of other rows gets int4."""
+    CPU decoder's kernels: `q4_k.py`): Q4_K where rows are whole 256-value blocks, else Q4_1."""
     if scheme == "q4_k":
-        if takes_q4_k(linear):
-            return q4_k_linear(linear, dtype=dtype)
-        scheme = "int4"
+        return q4_k_linear(linear, dtype=dtype)
     weight = linear.weight.detach().float().view(linear.out_features, -1, GROUP)
     bias = None if linear.bias is None else linear.bias.detach()
     if scheme == "int4":
