@@ -23,7 +23,7 @@ ROWS = (1, 4)  # a decode step, a small verification tree
 
 
 def fastest_activation_dtype(weights: str, shape: tuple[int, int]) -> torch.dtype:
-    """`weights`: "q4_1" | "int4" | "int8"; `shape`: [out, in] of a representative matrix."""
+    """`weights`: "int4" | "int8"; `shape`: [out, in] of a representative matrix."""
     product = "dense" if weights == "int8" else "int4pack"  # the kernel timed: a new one is measured anew
     machine = platform.processor() or platform.machine()
     key = f"{weights}|{product}|{shape[0]}x{shape[1]}|{machine}|torch={torch.__version__}"
