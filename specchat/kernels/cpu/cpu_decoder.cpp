@@ -1329,10 +1329,10 @@ void check_mask(const std::optional<at::Tensor>& mask, int64_t rows) {
 // side by side [rows, len(feature_layers) * hidden] (layer count: the last layer's output)]. keys /
 // values: each layer's cache [kv_heads, slots, D] in the activations' dtype (or bf16 beside fp32 ones), written at
 // [prefix, prefix + rows); with `scales` (each layer's [kv_heads, slots / 16, D / 32 + 1, 16] fp32) an int8 cache
-// instead: keys uint8, values int8 and scales as int8_dots.h lays them out, slots a multiple of 16. mask [rows, span] bool: a tree
-// (`tails_of`: the rows are the last of `span` slots after the prefix, and see those their row marks, up to their
-// own); none: causal. cos / sin [rows, D] fp32, or [ropes, rows, D] with a table per `Layer::rope`. `firsts`: the
-// position each layer's slot 0 holds (none: 0 for all): a sliding-window layer's cache may keep only the last
+// instead: keys uint8, values int8 and scales as int8_dots.h lays them out, slots a multiple of 16. mask [rows, span]
+// bool: a tree (`tails_of`: the rows are the last of `span` slots after the prefix, and see those their row marks, up
+// to their own); none: causal. cos / sin [rows, D] fp32, or [ropes, rows, D] with a table per `Layer::rope`. `firsts`:
+// the position each layer's slot 0 holds (none: 0 for all): a sliding-window layer's cache may keep only the last
 // positions, down to the first its earliest row sees.
 std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedded, const at::Tensor& cos,
                                 const at::Tensor& sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
@@ -1363,8 +1363,8 @@ std::vector<at::Tensor> forward(const Decoder& decoder, const at::Tensor& embedd
     TORCH_CHECK(prefix + (mask ? mask->size(1) : rows) - first <= keys[i].size(1), "the cache has no room for the rows");
     if (!scales) {
       const at::ScalarType held = keys[i].scalar_type();
-      TORCH_CHECK(values[i].scalar_type() == held &&
-                      (held == embedded.scalar_type() || (held == at::kBFloat16 && embedded.scalar_type() == at::kFloat)),
+      const bool beside_fp32 = held == at::kBFloat16 && embedded.scalar_type() == at::kFloat;
+      TORCH_CHECK(values[i].scalar_type() == held && (held == embedded.scalar_type() || beside_fp32),
                   "caches must have the activations' dtype, or bf16 beside fp32 activations");
       continue;
     }

@@ -103,7 +103,8 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
         std::vector<float> both(passed * cols);  // the rows, then their rests
         std::copy_n(x_rows, rows * cols, both.data());
         Quantized(x_rows, rows, cols, values).rest(x_rows, both.data() + rows * cols);
-        held.push_back(std::make_unique<Quantized>(both.data(), passed, cols, values, activation_padding(passed, path)));
+        const int64_t pad = activation_padding(passed, path);
+        held.push_back(std::make_unique<Quantized>(both.data(), passed, cols, values, pad));
       }
       by_group[slot] = held.back().get();
     }
