@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 IGNORE_INDEX = -100  # the cross-entropy ignore index: a target the draft vocabulary cannot produce
 
@@ -42,15 +41,3 @@ def draft_vocab_targets(targets: torch.Tensor, draft_vocab: torch.Tensor) -> tor
     """Target token ids to their index in the (sorted) `draft_vocab`, IGNORE_INDEX for ids not in it."""
     index = torch.searchsorted(draft_vocab, targets).clamp(max=len(draft_vocab) - 1)
     return torch.where(draft_vocab[index] == targets, index, IGNORE_INDEX)
-
-
-def draft_vocab_loss(hidden: torch.Tensor, head_weight: torch.Tensor, draft_vocab: torch.Tensor,
-                     targets: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """Cross-entropy over the draft vocabulary only, mean over the targets it contains.
-
-    hidden [..., d], head_weight [vocab, d] (the target's LM head), targets [...] of target ids (IGNORE_INDEX
-    allowed). Only the draft vocabulary's rows of the head are multiplied, which is where the saving is.
-    """
-    logits = hidden @ head_weight[draft_vocab].T
-    labels = draft_vocab_targets(targets, draft_vocab)
-    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
