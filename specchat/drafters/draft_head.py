@@ -92,9 +92,9 @@ class DraftHead:
 
 def draft_weights(target: TargetView, weights: str | None = "auto") -> str | None:
     """How the draft's weights run: as asked, or for "auto" on a CPU whose target runs quantized weights in 4
-    bits (a draft there is mostly reading weights, and 4 bits cost a few thousandths of tau): GGUF's Q4_K beside
-    a GGUF target, through the kernels its matrices run on (`quant/q4_k.py`), else int4; dense in the target's
-    dtype elsewhere."""
+    bits (a draft there is mostly reading weights, and 4 bits cost a few thousandths of tau): GGUF's Q4_K (Q4_1 for
+    rows that are not whole Q4_K blocks) beside a GGUF target, through the kernels its matrices run on
+    (`quant/q4_k.py`), else int4; dense in the target's dtype elsewhere."""
     if weights != "auto":
         return weights
     if target.device.type != "cpu" or not isinstance(target.lm_head, QuantizedLinear):
