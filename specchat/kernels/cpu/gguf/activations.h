@@ -1,6 +1,6 @@
 // Activation rows quantized to int8 per group, as llama.cpp quantizes them for these block types: every kernel's
 // inner sums are then integers, exact in any order. fp32 activations go in two terms (`matmul`): the rows, then what
-// their codes miss (`Quantized::rest`), each quantized so, the two products summed: 16 bits of each value, where one
+// their codes miss (`Quantized` with two terms), each quantized so, the two products summed: 16 bits of each value, where one
 // int8 term flips a small model's near-ties (the embedded model's mean KL against fp32: 0.0030 in one, 0.00007 in two).
 #pragma once
 
@@ -27,28 +27,28 @@ struct LineAligned {
   bool operator!=(const LineAligned&) const { return false; }
 };
 
-// Rows of x quantized to int8 per group of `group` values: x = scale * q; sums of q per 16 values. q's rows are
-// padded with zero rows to a multiple of `pad` (16 where AMX tiles read 16 rows in place from any sixteenth,
-// amx.h; elsewhere a decode step's one row would zero fifteen more).
+// Rows of x quantized to int8 per group of `group` values: x = scale * q; sums of q per 16 and 32 values. With
+// `terms` 2 the rows are followed by their rests (x minus scale times code, rounded once), quantized so as rows
+// [rows, 2 rows): a row's two products summed hold 16 bits of each value. q's rows are padded with zero rows to a
+// multiple of `pad` (16 where AMX tiles read 16 rows in place from any sixteenth, amx.h; elsewhere a decode step's
+// one row would zero fifteen more).
 struct Quantized {
   int64_t rows = 0, cols = 0, group = 0;
   std::vector<int8_t, LineAligned<int8_t>> q;
   std::vector<float> scale;
   std::vector<int16_t> sums, sums32;  // sums of q per 16 and per 32 values
 
-  Quantized(const float* x, int64_t rows_, int64_t cols_, int64_t group_, int64_t pad = 1)
-      : rows(rows_), cols(cols_), group(group_), q((rows_ + pad - 1) / pad * pad * cols_), scale(rows_ * cols_ / group_),
-        sums(rows_ * cols_ / 16), sums32(rows_ * cols_ / 32) {
-    for (int64_t g = 0; g < rows * cols / group; ++g) {
+  Quantized(const float* x, int64_t rows_, int64_t cols_, int64_t group_, int64_t terms = 1, int64_t pad = 1)
+      : rows(terms * rows_), cols(cols_), group(group_), q((rows + pad - 1) / pad * pad * cols_),
+        scale(rows * cols_ / group_), sums(rows * cols_ / 16), sums32(rows * cols_ / 32) {
+    const int64_t groups = rows_ * cols / group;  // a term's
+    std::vector<float> rest(terms == 2 ? group : 0);
+    for (int64_t g = 0; g < groups; ++g) {
       const float* in = x + g * group;
-      float lanes[16] = {};  // the maximum is exact in any order: kept by lanes, so the compiler vectorizes it
-      for (int64_t i = 0; i < group; i += 16)
-        for (int l = 0; l < 16; ++l) lanes[l] = std::max(lanes[l], std::fabs(in[i + l]));
-      const float amax = *std::max_element(lanes, lanes + 16);
-      const float d = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-      scale[g] = d;
-      int8_t* out = q.data() + g * group;
-      for (int64_t i = 0; i < group; ++i) out[i] = static_cast<int8_t>(std::nearbyint(in[i] * inverse));
+      quantize_group(in, g);
+      if (terms == 1) continue;
+      for (int64_t i = 0; i < group; ++i) rest[i] = std::fma(-scale[g], static_cast<float>(q[g * group + i]), in[i]);
+      quantize_group(rest.data(), groups + g);
     }
     for (int64_t j = 0; j < rows * cols / 16; ++j) {
       int sum = 0;
@@ -58,9 +58,17 @@ struct Quantized {
     for (int64_t j = 0; j < rows * cols / 32; ++j) sums32[j] = static_cast<int16_t>(sums[2 * j] + sums[2 * j + 1]);
   }
 
-  // x minus what the codes hold of it (scale times code, rounded once): the second term of two-term activations.
-  void rest(const float* x, float* out) const {
-    for (int64_t i = 0; i < rows * cols; ++i) out[i] = std::fma(-scale[i / group], static_cast<float>(q[i]), x[i]);
+ private:
+  // Group g's `group` values: its scale and codes.
+  void quantize_group(const float* in, int64_t g) {
+    float lanes[16] = {};  // the maximum is exact in any order: kept by lanes, so the compiler vectorizes it
+    for (int64_t i = 0; i < group; i += 16)
+      for (int l = 0; l < 16; ++l) lanes[l] = std::max(lanes[l], std::fabs(in[i + l]));
+    const float amax = *std::max_element(lanes, lanes + 16);
+    const float d = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    scale[g] = d;
+    int8_t* out = q.data() + g * group;
+    for (int64_t i = 0; i < group; ++i) out[i] = static_cast<int8_t>(std::nearbyint(in[i] * inverse));
   }
 };
 

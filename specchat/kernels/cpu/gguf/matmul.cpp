@@ -97,15 +97,7 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
     for (const auto& m : matrices) {
       const int64_t values = kernels(m.type).layout.values, slot = values == 32 ? 0 : 1;
       if (by_group[slot]) continue;
-      if (terms == 1) {
-        held.push_back(std::make_unique<Quantized>(x_rows, rows, cols, values, activation_padding(rows, path)));
-      } else {
-        std::vector<float> both(passed * cols);  // the rows, then their rests
-        std::copy_n(x_rows, rows * cols, both.data());
-        Quantized(x_rows, rows, cols, values).rest(x_rows, both.data() + rows * cols);
-        const int64_t pad = activation_padding(passed, path);
-        held.push_back(std::make_unique<Quantized>(both.data(), passed, cols, values, pad));
-      }
+      held.push_back(std::make_unique<Quantized>(x_rows, rows, cols, values, terms, activation_padding(passed, path)));
       by_group[slot] = held.back().get();
     }
     float* out_rows = out_data + chunk * total;
@@ -115,7 +107,7 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
       if (through_amx(passed, path)) tiles.emplace();
 #endif
       Unpacked u;
-      std::vector<float> column(2 * kTileRows * passed);
+      alignas(64) float column[2 * kTileRows * kRowChunk];  // a unit's outputs for the pass's rows
       size_t part = 0;
       for (int64_t unit = begin; unit < end; ++unit) {
         while (unit >= units[part + 1]) ++part;
@@ -124,11 +116,11 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
         const TypeKernels& k = *kinds[part];
         const Quantized& x = *by_group[k.layout.values == 32 ? 0 : 1];
         const int64_t done = m.unit_rows, first = starts[part] + (unit - units[part]) * done;
-        if (done == 1) k.row_dots(blocks, x, path, u, column.data());
-        else k.unit_dots(blocks, x, done / kTileRows, path, u, column.data());
+        if (done == 1) k.row_dots(blocks, x, path, u, column);
+        else k.unit_dots(blocks, x, done / kTileRows, path, u, column);
         for (int64_t r = 0; r < rows; ++r)  // weight rows: a run of outputs per row r (and its rest's, added)
           for (int64_t i = 0; i < done; ++i) {
-            const float* outputs = column.data() + i * passed;
+            const float* outputs = column + i * passed;
             out_rows[r * total + first + i] = terms == 1 ? outputs[r] : outputs[r] + outputs[rows + r];
           }
       }
