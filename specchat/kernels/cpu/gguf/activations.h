@@ -1,6 +1,6 @@
 // Activation rows quantized to int8 per group, as llama.cpp quantizes them for these block types: every kernel's
-// inner sums are then integers, exact in any order. fp32 activations go in two terms (`matmul`): the rows, then what
-// their codes miss (`Quantized` with two terms), each quantized so, the two products summed: 16 bits of each value, where one
+// inner sums are then integers, exact in any order. fp32 activations go in two terms (`matmul`, `Quantized`): the
+// rows, then what their codes miss, each quantized so, the two products summed: 16 bits of each value, where one
 // int8 term flips a small model's near-ties (the embedded model's mean KL against fp32: 0.0030 in one, 0.00007 in two).
 #pragma once
 
