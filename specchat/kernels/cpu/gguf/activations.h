@@ -42,13 +42,13 @@ struct Quantized {
       : rows(terms * rows_), cols(cols_), group(group_), q((rows + pad - 1) / pad * pad * cols_),
         scale(rows * cols_ / group_), sums(rows * cols_ / 16), sums32(rows * cols_ / 32) {
     const int64_t groups = rows_ * cols / group;  // a term's
-    std::vector<float> rest(terms == 2 ? group : 0);
+    float rest[256];  // a group's rests: groups hold 32 or 256 values
     for (int64_t g = 0; g < groups; ++g) {
       const float* in = x + g * group;
       quantize_group(in, g);
       if (terms == 1) continue;
       for (int64_t i = 0; i < group; ++i) rest[i] = std::fma(-scale[g], static_cast<float>(q[g * group + i]), in[i]);
-      quantize_group(rest.data(), groups + g);
+      quantize_group(rest, groups + g);
     }
     for (int64_t j = 0; j < rows * cols / 16; ++j) {
       int sum = 0;
