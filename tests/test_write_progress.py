@@ -17,12 +17,12 @@ def _last_line(status: WriteStatus) -> str:
 
 def test_the_time_left_is_the_tokens_left_at_this_runs_rate():
     line = _last_line(WriteStatus(24046, 100000, 24046, 480.92, 24046, 24046, 0, 0, 8, replaying=False))
-    assert "50.0 tok/s" in line and line.endswith(" 0:25:19")  # 75954 tokens at 50 a second
+    assert "50.0 tok/s" in line and line.endswith(" 0:25:19 left")  # 75954 tokens at 50 a second
 
 
 def test_a_replay_shows_no_time_left():
     line = _last_line(WriteStatus(24046, 100000, 0, 0.0, 0, 0, 0, 0, 8, replaying=True))
-    assert line.startswith("replaying") and line.endswith(" -:--:--")
+    assert line.startswith("replaying") and line.endswith(" -:--:-- left")
 
 
 def test_times_read_as_hours_minutes_and_seconds():

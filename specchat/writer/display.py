@@ -24,7 +24,7 @@ def write_progress(console: Console, book_tokens: int, target: int):
         BarColumn(),
         TextColumn("{task.completed}/{task.total} tokens"),
         TextColumn("{task.fields[figures]}"),
-        TextColumn("{task.fields[left]}"),
+        TextColumn("{task.fields[left]} left"),
     )
     with LoggedProgress(*columns, console=console, transient=False, refresh_per_second=4) as progress:
         task = progress.add_task("writing", total=target, completed=book_tokens, figures="", left=time_left(None))
