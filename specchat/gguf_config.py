@@ -18,7 +18,7 @@ import torch
 from specchat.architectures.rope import rope_of_frequency_factors
 from specchat.gguf_header import header_fields, tensor_table
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "granite", "gemma3", "gemma2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "granite", "smollm3", "gemma3", "gemma2")
 # Granite's scalars: its config's names for llama.cpp's keys
 GRANITE_SCALES = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
                   "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}  # fmt: skip

@@ -129,15 +129,16 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
                      layers: int = 2, tied: bool = False, name: str | None = None,
                      frequency_factors: list[float] | None = None, unquantized: bool | str = False,
                      padded_vocab: int = 0) -> Path:  # fmt: skip
-    """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3, gemma2: 128, gemma3: 256), 2 KV heads, MLP
-    512) whose matrices use every block type (`unquantized`: F32, or "F16" / "BF16"), with q/k/v biases for qwen2 and
-    q/k norms for qwen3; gemma3 with Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys
+    """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3, gemma2: 128, gemma3: 256), 2 KV heads, MLP 512)
+    whose matrices use every block type (`unquantized`: F32, or "F16" / "BF16"), with q/k/v biases for qwen2 and q/k
+    norms for qwen3; gemma3 with Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys
     (llama.cpp's names and layout: norms hold 1 + w); gemma2 with the same norms but q/k's, a window of GEMMA2_WINDOW
     keys on its first layer and its scores and logits soft-capped (GEMMA2_CAPS); phi3 as Phi-4-mini (fused q/k/v and
     gate/up, LongRoPE over PHI3_ROTATED of its 64 dims) with a window of PHI3_WINDOW keys on every layer; granite with
-    GRANITE_SCALES; the tokenizer of the GGUF file `tokenizer_source` (None: 512 stand-in tokens); `name` its
-    `general.name`; `frequency_factors` its `rope_freqs` tensor (32 factors, RoPE base 10000); `padded_vocab` unused
-    tokens listed after the tokenizer's (and rows of the embedding and head for them)."""
+    GRANITE_SCALES; smollm3 as llama (llama.cpp leaves RoPE out of every fourth layer); the tokenizer of the GGUF file
+    `tokenizer_source` (None: 512 stand-in tokens); `name` its `general.name`; `frequency_factors` its `rope_freqs`
+    tensor (32 factors, RoPE base 10000); `padded_vocab` unused tokens listed after the tokenizer's (and rows of the
+    embedding and head for them)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)

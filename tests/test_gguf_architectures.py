@@ -1,7 +1,7 @@
-"""Gemma 3, Phi-3 and Granite from a GGUF file: tiny random models written as llama.cpp's converter writes them (Gemma
-3: norms holding 1 + w, a sliding window on one layer in two, its own RoPE base there, heads 256 wide; Phi-3 as
+"""Gemma 3, Phi-3, Granite and SmolLM3 from a GGUF file: tiny random models written as llama.cpp's converter writes them
+(Gemma 3: norms holding 1 + w, a sliding window on one layer in two, its own RoPE base there, heads 256 wide; Phi-3 as
 Phi-4-mini: fused q/k/v and gate/up, LongRoPE over 3/4 of each head, and a window on every layer, as Phi-3-mini's;
-Granite: its embedding, residual, attention and logit multipliers)
+Granite: its embedding, residual, attention and logit multipliers; SmolLM3: no RoPE in every fourth layer)
 run through the CPU decoder as transformers runs the same weights, past the window too; every verified tree row is
 bitwise the decode step at its position; speculation equals the target alone."""
 
@@ -30,14 +30,16 @@ from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoin
 from specchat.quant.gguf_model import dequantized_model, load_gguf_model
 
 CPU = torch.device("cpu")
-ARCHITECTURES = ("gemma3", "gemma2", "phi3", "granite")
-# granite has none: prompts of the same size
-WINDOW = {"gemma3": GEMMA3_WINDOW, "gemma2": GEMMA2_WINDOW, "phi3": PHI3_WINDOW, "granite": 24}
+ARCHITECTURES = ("gemma3", "gemma2", "phi3", "granite", "smollm3")
+# granite and smollm3 have none: prompts of the same size
+WINDOW = {"gemma3": GEMMA3_WINDOW, "gemma2": GEMMA2_WINDOW, "phi3": PHI3_WINDOW, "granite": 24, "smollm3": 24}
+LAYERS = {"smollm3": 4}  # its fourth is a NoPE layer; the others' files have 2
 # what transformers builds, its layers' windows, specchat's modules
 EXPECTED = {"gemma3": ("Gemma3ForCausalLM", [GEMMA3_WINDOW, 0], gemma3_model.CausalLM),
             "gemma2": ("Gemma2ForCausalLM", [GEMMA2_WINDOW, 0], gemma3_model.CausalLM),
             "phi3": ("Phi3ForCausalLM", [PHI3_WINDOW, PHI3_WINDOW], llama_model.CausalLM),
-            "granite": ("GraniteForCausalLM", [0, 0], llama_model.CausalLM)}  # fmt: skip
+            "granite": ("GraniteForCausalLM", [0, 0], llama_model.CausalLM),
+            "smollm3": ("SmolLM3ForCausalLM", [0, 0, 0, 0], llama_model.CausalLM)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,8 @@ def tiny_files(tmp_path_factory):
         if (architecture, kind) not in made:
             folder = tmp_path_factory.mktemp(architecture)
             path = write_tiny_model(folder / f"tiny-{architecture}-{kind}.gguf", embedded_gguf_path(),
-                                    architecture=architecture, unquantized=kind == "f32")  # fmt: skip
+                                    architecture=architecture, unquantized=kind == "f32",
+                                    layers=LAYERS.get(architecture, 2))  # fmt: skip
             made[architecture, kind] = path, gguf_checkpoint(path)
         return made[architecture, kind]
 
@@ -69,7 +72,7 @@ def assert_computes_transformers_forward(ours, theirs, window: int) -> None:
     assert lean is not None
     length = 2 * window + 5
     prompt = torch.randint(3, 2000, (length,), generator=torch.Generator().manual_seed(0))
-    cache = TreeCache(2, 256)
+    cache = TreeCache(ours.config.num_hidden_layers, 256)
     prefill = lean(prompt, torch.arange(length), None, cache).logits
     cache.commit()
     for row in (0, window - 1, window, length - 1):
@@ -94,6 +97,8 @@ def test_the_cpu_decoder_computes_transformers_model_past_the_window(tiny_files,
     kind, windows, own = EXPECTED[architecture]
     assert isinstance(ours, own) and type(theirs).__name__ == kind
     assert [layer.window for layer in parts(ours).layers] == windows
+    rotating = [layer.rotates for layer in parts(ours).layers]
+    assert rotating == [layer.rotates for layer in parts(theirs).layers] == [i % 4 < 3 for i in range(len(windows))]
     assert_computes_transformers_forward(ours, theirs, WINDOW[architecture])
 
 
@@ -109,7 +114,7 @@ def test_each_verified_row_is_bitwise_its_decode_step(tiny_files, architecture, 
     use_attention(model, "canonical")
     lean = lean_forward(model)
     prompt = torch.randint(3, 2000, (prefix,), generator=torch.Generator().manual_seed(prefix))
-    cache = TreeCache(2, 256)
+    cache = TreeCache(model.config.num_hidden_layers, 256)
     lean(prompt, torch.arange(prefix), None, cache)
     cache.commit()
     generator = torch.Generator().manual_seed(prefix)
@@ -163,6 +168,21 @@ def test_a_file_drafting_for_itself_predicts_the_target(tiny_files, tmp_path, ar
     assert [t for event in events for t in event.tokens] == expected
     stats = events[-1].stats
     assert stats.accepted >= 0.9 * stats.drafted_depth > 0
+
+
+@torch.inference_mode()
+def test_a_smollm3_file_drafts_through_its_nope_layers(tiny_files):
+    """The draft model runs a file's layers in torch, a NoPE layer rotated by the identity: a SmolLM3 file's draft
+    logits over a prompt are transformers' (its fourth layer rotated moves them by tenths; random weights leave its
+    argmax mostly where it was, so drafting for itself would not tell)."""
+    path, config_dir = tiny_files("smollm3", "f32")
+    loaded = load_model(str(path), dtype="float32")
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=256)
+    drafter = ModelDrafter(engine.target, load_draft_model(str(path), loaded.model, loaded.tokenizer), policy="full")
+    prompt = torch.randint(3, 2000, (40,), generator=torch.Generator().manual_seed(5))
+    drafter.new_request(prompt.tolist(), 0)
+    want = _transformers_last_logits(dequantized_model(path, config_dir), prompt)
+    torch.testing.assert_close(drafter._catch_up().float(), want, atol=2e-4, rtol=1e-4)
 
 
 def test_longrope_takes_its_long_factors_for_a_cache_past_the_trained_window(tiny_files):

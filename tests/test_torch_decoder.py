@@ -1,6 +1,6 @@
 """The torch decoder (`specchat.engine.torch_decoder`) against transformers' forward, and its tree verification
-against decode steps, on tiny random llama / mistral / qwen2 / qwen3 / phi3 / granite models (rope scaling
-included). On a CPU its ops run their torch bodies; on CUDA the Triton kernels, and the CUDA graphs
+against decode steps, on tiny random llama / mistral / qwen2 / qwen3 / phi3 / granite / smollm3 models (rope
+scaling included). On a CPU its ops run their torch bodies; on CUDA the Triton kernels, and the CUDA graphs
 (`specchat.engine.cuda_graphs`) are checked against the uncaptured forward."""
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ FAMILIES = {
                                  "long_factor": [1.0, 2.0, 4.0, 8.0] * 2}},
     "granite": {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.05,
                 "logits_scaling": 8.0},  # its multipliers
+    "smollm3": {"no_rope_layers": [1, 0], "pad_token_id": 0},  # its second layer without RoPE (NoPE)
 }  # fmt: skip
 
 

@@ -13,9 +13,10 @@ from specchat.architectures.gemma2 import Gemma2Parts
 from specchat.architectures.gemma3 import Gemma3Parts
 from specchat.architectures.llama import LlamaParts
 from specchat.architectures.phi3 import Phi3Parts
+from specchat.architectures.smollm3 import SmolLM3Parts
 from specchat.errors import SpecchatError
 
-ADAPTERS = {model_type: adapter for adapter in (LlamaParts, Phi3Parts, Gemma3Parts, Gemma2Parts)
+ADAPTERS = {model_type: adapter for adapter in (LlamaParts, Phi3Parts, Gemma3Parts, Gemma2Parts, SmolLM3Parts)
             for model_type in adapter.model_types}
 
 

@@ -36,6 +36,7 @@ class LlamaLayer:
     attention_output_norm = mlp_output_norm = None  # a norm of each half's output before the residual (Gemma's)
     window = property(lambda self: getattr(self.module.self_attn, "window", 0))  # keys a row sees back (0: all)
     rope = 0  # which of `LlamaParts.rotaries` rotates this layer
+    rotates = True  # whether RoPE rotates its queries and keys at all (SmolLM3's NoPE layers: no)
 
     @property
     def q_norm(self) -> nn.Module | None:

@@ -161,6 +161,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(dim, config.rms_norm_eps)
         self.head_dim = dim
         self.scaling = getattr(config, "attention_multiplier", None) or dim**-0.5  # Granite's, else D^-1/2
+        flags = getattr(config, "no_rope_layers", None)  # SmolLM3's: 0 for a layer without RoPE (NoPE)
+        self.use_rope = bool(flags[index]) if flags else True
         self.window = (getattr(config, "sliding_window", None) or 0) if _sliding(config, index) else 0  # 0: none
 
 

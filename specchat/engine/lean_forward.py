@@ -32,7 +32,7 @@ from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.fused import Side, fuse_projections
 from specchat.quant.quantized_linear import QuantizedLinear
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma3_text", "gemma2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma3_text", "gemma2")
 HEAD_DIMS = (64, 96, 128, 256)  # the CPU decoder is compiled for these
 OWN_MODULES_ONLY = ("phi3", "granite", "gemma3_text", "gemma2")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}

@@ -1,5 +1,5 @@
-"""A Llama-family decoder of our own in torch (llama, mistral, qwen2, qwen3, phi3, granite): the target's forward
-wherever the compiled CPU decoder does not run it (GPUs, fp32 activations).
+"""A Llama-family decoder of our own in torch (llama, mistral, qwen2, qwen3, phi3, granite, smollm3): the target's
+forward wherever the compiled CPU decoder does not run it (GPUs, fp32 activations).
 
 transformers' modules cost about 1000 kernel launches per forward and cannot be captured whole (their cache
 and mask code runs on the host). Here a layer is four matmuls over fused weights (q/k/v and gate/up each one
@@ -33,7 +33,7 @@ from specchat.engine.forward_output import ForwardOutput
 from specchat.errors import SpecchatError
 from specchat.quant.fused import fuse_projections
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3")
 PIECE = 64  # rows of every product of a decode step or a verification on CUDA
 Projection = torch.Tensor | nn.Module  # a dense weight [out, in], or a layer computing x -> x W^T (+ bias)
 
@@ -51,6 +51,7 @@ class Layer:
     gate_up_bias: torch.Tensor | None
     down: Projection
     down_bias: torch.Tensor | None
+    rotates: bool = True  # False: a NoPE layer (SmolLM3's), rotated by the identity
 
 
 class TorchDecoder:
@@ -77,6 +78,9 @@ class TorchDecoder:
         angles = positions[:, None] * inverse_frequencies(rope, self.head_dim, long=long).to(device)[None]
         scaling = attention_scaling(rope, config.max_position_embeddings)  # YaRN's temperature, LongRoPE's, else 1
         self.cos, self.sin = angles.cos() * scaling, angles.sin() * scaling  # [max_positions, D / 2], fp32
+        # a NoPE layer's tables: cos 1 and sin 0 give its queries and keys back bit for bit
+        self.identity = (torch.ones_like(self.cos), torch.zeros_like(self.sin)) if not all(
+            layer.rotates for layer in layers) else None  # fmt: skip
 
     @classmethod
     def from_model(cls, model: nn.Module, **kwargs) -> TorchDecoder:
@@ -101,6 +105,7 @@ class TorchDecoder:
                     gate_up_bias=gate_up[1],
                     down=_projection(layer.down)[0],
                     down_bias=_projection(layer.down)[1],
+                    rotates=layer.rotates,
                 )
             )
         embed = decoder.embed.weight if type(decoder.embed) is nn.Embedding else decoder.embed
@@ -138,8 +143,8 @@ class TorchDecoder:
                 features[i] = x[:rows]
             h = ops.rms_norm(x, layer.input_norm, self.eps)
             qkv = _linear(h, layer.qkv, layer.qkv_bias)[:rows]
-            q = ops.rope_write(qkv, positions, self.cos, self.sin, length, cache.keys, cache.values, i, layer.qk_norm,
-                               self.eps)  # fmt: skip
+            cos, sin = (self.cos, self.sin) if layer.rotates else self.identity
+            q = ops.rope_write(qkv, positions, cos, sin, length, cache.keys, cache.values, i, layer.qk_norm, self.eps)
             if every_layer:
                 queries.append(q)
             attended = ops.tree_attention(q, cache.keys, cache.values, i, length, tree_mask, self.scale, causal, width)

@@ -1,4 +1,5 @@
-"""A Llama-family (llama, qwen2, qwen3, mistral) or Gemma 3 model that runs on a GGUF file's own quantized weights.
+"""A Llama-family (llama, qwen2, qwen3, mistral, smollm3, ...) or Gemma model that runs on a GGUF file's own quantized
+weights.
 
 The modules are specchat's own (`architectures.llama_model`, `gemma3_model`: transformers' tree, no forward); the dense
 reference the blocks are measured against is transformers' model. Block-quantized matrices become `GGUFLinear`s
@@ -48,6 +49,8 @@ _GEMMA3_NAMES = {  # Gemma 3's (and 2's) norms: the MLP's input, and each half's
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# whose q/k rows llama.cpp's converter interleaves for its RoPE (LlamaModel's permute), undone as they load
+PERMUTED_QK = ("llama", "mistral", "granite", "smollm3")
 
 
 def load_gguf_model(gguf_path: Path, config_dir: str, dtype: torch.dtype, *, yarn: float | None = None) -> nn.Module:
@@ -116,7 +119,7 @@ def _modules(tensors: dict[str, GGUFTensor], config) -> Iterator[ModuleTensors]:
             modules.setdefault(module_name, {})[field] = tensor
     for module_name, parts in modules.items():
         rows = None
-        if config.model_type in ("llama", "mistral", "granite") and module_name.endswith(("q_proj", "k_proj")):
+        if config.model_type in PERMUTED_QK and module_name.endswith(("q_proj", "k_proj")):
             heads = config.num_attention_heads if module_name.endswith("q_proj") else config.num_key_value_heads
             rows = _unpermute_rotary_rows(parts["weight"].shape[-1], heads)
         yield module_name, parts, rows

@@ -29,7 +29,7 @@ from specchat.ollama_models import ollama_gguf
 from specchat.tokenizer import Tokenizer
 
 # the decoders whose layers the drafter runs
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma3_text", "gemma2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma3_text", "gemma2")
 STUDENT = "specchat_student"  # config.json: {"target": the target's name, "layers": the target layers it began as}
 # ids a draft's vocabulary may have more or fewer than the target's, as llama.cpp bounds it: a family's sizes differ by
 # padding or a few added tokens (Qwen2.5 0.5B's 151,936 against 7B's 152,064; Gemma 3 1B's 262,144 against 4B's 262,208)
