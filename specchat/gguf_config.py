@@ -1,5 +1,5 @@
-"""A transformers config for a GGUF file of the llama family (llama, qwen2, qwen3, mistral, phi3, granite) or Gemma 3,
-read from its header.
+"""A transformers config for a GGUF file of the llama family (llama, qwen2, qwen3, mistral, phi3, granite, smollm3) or
+Gemma 3 and 2, read from its header.
 
 A GGUF file's metadata is its model's config under llama.cpp's key names (`qwen2.embedding_length`, ...). transformers
 reads it through gguf-py, which parses the tokenizer's 150K strings on the way (10-12 s for a 1.5B's file, twice per

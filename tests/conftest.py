@@ -64,7 +64,7 @@ def pytest_unconfigure(config):
 def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim: int | None = None, kv_heads: int = 2,
                heads: int = 4):  # fmt: skip
     """A 2-layer random model of `family` (`heads` query heads, `kv_heads` KV heads, head_dim 16 unless given, hidden
-    size 16 a head), fp32, eval mode."""
+    size 16 a head; smollm3's second layer without RoPE), fp32, eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
@@ -81,6 +81,7 @@ def tiny_model(family: str, *, vocab_size: int = 49152, seed: int = 0, head_dim:
         eos_token_id=2,
         pad_token_id=2,
         **({} if head_dim is None else {"head_dim": head_dim}),
+        **({"no_rope_layers": [1, 0]} if family == "smollm3" else {}),
     )
     torch.manual_seed(seed)
     eager = family == "gemma2"  # soft-capped scores: transformers' eager attention only

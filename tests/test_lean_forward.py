@@ -49,7 +49,7 @@ def _dense_mask(batch, prefix: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "smollm3"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_prefill_and_tree_verification_match_transformers_in_float32(family, head_dim):
     model = _model(family, torch.float32, head_dim=head_dim)

@@ -8,12 +8,12 @@ codes, GGUF blocks) or torch's int4 kernel, q/k/v and gate/up fused by `fuse_pro
 everything else in plain loops, tree attention read from the engine's cache in an order fixed by each row's position
 (so a verified node computes bitwise what a decode step computes).
 
-It serves Llama-family models on a CPU (llama, mistral, qwen2, qwen3; Phi-3 and Granite from a GGUF file) and Gemma 3
-and 2 from a GGUF file (sliding windows included where the model is in specchat's own modules); `lean_forward` returns
-None for the rest, and when the decoder cannot be compiled here (with a warning): the torch decoder runs those
-(`target_forward`). It is exact (a verified row bitwise its decode step) where its products compute each row on its
-own: in bf16 / fp16 activations, on the weights' own kernels (int4, int8, GGUF blocks), and on dense matrices through
-its own dense product (x86: bf16, fp16 and fp32 weights).
+It serves Llama-family models on a CPU (llama, mistral, qwen2, qwen3, smollm3; Phi-3 and Granite from a GGUF file) and
+Gemma 3 and 2 from a GGUF file (sliding windows included where the model is in specchat's own modules); `lean_forward`
+returns None for the rest, and when the decoder cannot be compiled here (with a warning): the torch decoder runs those
+(`target_forward`). It is exact (a verified row bitwise its decode step) where its products compute each row on its own:
+in bf16 / fp16 activations, on the weights' own kernels (int4, int8, GGUF blocks), and on dense matrices through its own
+dense product (x86: bf16, fp16 and fp32 weights).
 """
 
 from __future__ import annotations
