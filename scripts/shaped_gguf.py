@@ -3,7 +3,7 @@ that architecture: a speed figure's model where its file cannot be fetched. Its 
 padded with unused tokens to the model's vocabulary (the LM head's size is what a step reads). Quantize it as files
 ship with `scripts/requantize_gguf.py OUT.gguf Q4_K_M.gguf --type q4_k_m --llama-cpp`.
 
-    python scripts/shaped_gguf.py gemma3-1b|gemma3-4b|gemma2-2b|phi4-mini|phi3.5-mini|llama3.1-8b OUT.gguf
+    python scripts/shaped_gguf.py gemma3-1b|gemma3-4b|gemma2-2b|phi4-mini|phi3.5-mini|llama3.1-8b|smollm3-3b OUT.gguf
 
 The tensors are spooled to a temporary file as they are drawn: an 8B's 16 GB of bf16 never sit in memory at once.
 """
@@ -24,7 +24,8 @@ from gguf_files import _fields, llama3_frequency_factors, tokenizer_fields  # no
 from specchat.loading import embedded_gguf_path  # noqa: E402
 
 # From each model's config.json: google/gemma-3-1b-it, google/gemma-3-4b-it (text), google/gemma-2-2b-it,
-# microsoft/Phi-4-mini-instruct, microsoft/Phi-3.5-mini-instruct, meta-llama/Llama-3.1-8B-Instruct
+# microsoft/Phi-4-mini-instruct, microsoft/Phi-3.5-mini-instruct, meta-llama/Llama-3.1-8B-Instruct,
+# HuggingFaceTB/SmolLM3-3B
 SHAPES = {
     "gemma3-1b": dict(architecture="gemma3", hidden=1152, intermediate=6912, layers=26, heads=4, kv_heads=1,
                       head_dim=256, vocab=262144, context=32768, window=512),
@@ -41,6 +42,8 @@ SHAPES = {
                         name="phi 3.5 mini-shaped (random weights)"),
     "llama3.1-8b": dict(architecture="llama", hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8,
                         head_dim=128, vocab=128256, context=131072, head=True, rope_base=500000.0, llama3_factor=8.0),
+    "smollm3-3b": dict(architecture="smollm3", hidden=2048, intermediate=11008, layers=36, heads=16, kv_heads=4,
+                       head_dim=128, vocab=128256, context=65536, rope_base=5000000.0),
 }  # fmt: skip
 
 
@@ -75,7 +78,7 @@ def main() -> None:
         writer.add_sliding_window(shape["window"])
         writer.add_float32("gemma2.attn_logit_softcapping", shape["caps"][0])
         writer.add_float32("gemma2.final_logit_softcapping", shape["caps"][1])
-    elif arch == "llama":  # Llama 3.1's RoPE scaling, as its converter writes it: a factor per rotary pair
+    elif arch in ("llama", "smollm3"):
         writer.add_rope_freq_base(shape["rope_base"])
         writer.add_rope_dimension_count(dim)
     else:  # Phi-3's LongRoPE over its rotated dims
@@ -95,7 +98,7 @@ def main() -> None:
 
     bf16("token_embd.weight", vocab, hidden, 0.03)
     for i in range(layers):
-        gemma, separate = arch in ("gemma3", "gemma2"), arch in ("gemma3", "gemma2", "llama")
+        gemma, separate = arch in ("gemma3", "gemma2"), arch != "phi3"
         norms = ("attn_norm", "ffn_norm") + (("post_attention_norm", "post_ffw_norm") if gemma else ())
         for name in norms:
             f32(f"blk.{i}.{name}.weight", rng.uniform(0.8, 1.2, hidden))
@@ -114,7 +117,7 @@ def main() -> None:
     f32("output_norm.weight", rng.uniform(0.8, 1.2, hidden))
     if shape.get("head"):  # an output head of its own (the others tie it to the embedding)
         bf16("output.weight", vocab, hidden, 0.02)
-    if arch == "llama":
+    if "llama3_factor" in shape:  # Llama 3.1's RoPE scaling, as its converter writes it: a factor per rotary pair
         f32("rope_freqs.weight", np.array(llama3_frequency_factors(shape["llama3_factor"], base=shape["rope_base"],
                                                                    dim=dim)))
     if arch == "phi3":
