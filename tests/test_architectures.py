@@ -58,5 +58,5 @@ def test_a_model_of_another_architecture_is_refused_in_one_line():
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(SpecchatError, match=r"^the model is a gpt2; specchat runs llama, mistral, qwen2, qwen3, "
-                                            r"granite, phi3, gemma3_text, gemma2 models$"):
+                                            r"granite, phi3, smollm3, gemma3_text, gemma2 models$"):
         parts(model)

@@ -76,7 +76,7 @@ def test_attention_choices_and_errors(tokenizer):
     # fp32: the CPU decoder where its own dense product takes the matrices (x86), else the torch decoder
     assert isinstance(Engine(model, tokenizer, max_len=32).forward, LeanForward if DENSE_PRODUCT else TorchForward)
     with pytest.raises(SpecchatError, match=r"canonical attention runs llama, mistral, qwen2, qwen3, phi3, granite, "
-                       r"gemma3_text, gemma2 models of head_dim 64, 96, 128, 256 on a CPU"):  # fmt: skip
+                       r"smollm3, gemma3_text, gemma2 models of head_dim 64, 96, 128, 256 on a CPU"):  # fmt: skip
         use_attention(tiny_model("qwen3", vocab_size=VOCAB, head_dim=16), "canonical")
     use_attention(model, "canonical")  # chosen: the CPU decoder runs fp32 anywhere
     assert isinstance(Engine(model, tokenizer, max_len=32).forward, LeanForward)

@@ -76,7 +76,7 @@ def test_a_yarn_files_window_is_the_stretched_one(tmp_path):
 @pytest.mark.parametrize(
     "options, message",
     [({"architecture": "falcon"}, "is a falcon model; specchat runs llama, qwen2, qwen3, mistral, phi3, granite, "
-                                  "gemma3, gemma2 GGUF files"),
+                                  "smollm3, gemma3, gemma2 GGUF files"),
      ({"scaling": {"type": "longrope", "factor": 4.0}}, "asks for longrope RoPE scaling"),
      ({"factors": [2.0] * 32}, "rope_freqs tensor \\(32 factors\\) is not Llama 3's RoPE scaling"),
      ({"drop": "block_count"}, "has no 'llama.block_count' field")],

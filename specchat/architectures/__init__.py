@@ -16,7 +16,7 @@ from specchat.architectures.phi3 import Phi3Parts
 from specchat.architectures.smollm3 import SmolLM3Parts
 from specchat.errors import SpecchatError
 
-ADAPTERS = {model_type: adapter for adapter in (LlamaParts, Phi3Parts, Gemma3Parts, Gemma2Parts, SmolLM3Parts)
+ADAPTERS = {model_type: adapter for adapter in (LlamaParts, Phi3Parts, SmolLM3Parts, Gemma3Parts, Gemma2Parts)
             for model_type in adapter.model_types}
 
 
