@@ -60,3 +60,17 @@ def test_a_model_of_another_architecture_is_refused_in_one_line():
     with pytest.raises(SpecchatError, match=r"^the model is a gpt2; specchat runs llama, mistral, qwen2, qwen3, "
                                             r"granite, phi3, smollm3, gemma3_text, gemma2 models$"):
         parts(model)
+
+
+def test_a_draft_reading_the_last_layer_rotates_as_that_layer_does():
+    """LongSpec's and GLIDE's drafts attend to the target's last-layer keys with queries of their own, rotated by
+    `TargetView.rotary`: that layer's RoPE, so a NoPE last layer (SmolLM3's) rotates them by the identity."""
+    from specchat.engine.cache import TreeCache
+    from specchat.engine.drafter import TargetView
+
+    x, positions = torch.zeros(1, 3, 16), torch.arange(7)[None]
+    smollm3 = tiny_model("smollm3")  # its last layer without RoPE
+    cos, sin = TargetView.of(smollm3, TreeCache(2, 16)).rotary(x, positions)
+    assert torch.equal(cos, torch.ones_like(cos)) and torch.equal(sin, torch.zeros_like(sin)) and cos.shape[1] == 7
+    llama = tiny_model("llama")
+    assert TargetView.of(llama, TreeCache(2, 16)).rotary is parts(llama).rotary

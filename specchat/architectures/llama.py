@@ -128,6 +128,12 @@ class LlamaParts:
         """Every RoPE the layers rotate by (`LlamaLayer.rope` indexes it)."""
         return [self.rotary]
 
+    @property
+    def last_rotary(self) -> nn.Module:
+        """The RoPE of the last layer, whose keys LongSpec's and GLIDE's drafts attend to with their own queries: the
+        model's (a NoPE layer's identity, a sliding-window layer's own)."""
+        return self.rotaries[self.layers[-1].rope]
+
     def share_embedding_and_head(self, embed: nn.Module, head: nn.Module) -> None:
         """Use another model's embedding and LM head (a student's are its target's)."""
         self.model.model.embed_tokens = embed

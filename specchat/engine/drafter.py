@@ -50,7 +50,7 @@ class TargetView:
     embed_tokens: torch.nn.Module
     norm: torch.nn.Module  # the final norm
     lm_head: torch.nn.Module
-    rotary: torch.nn.Module  # the target's rotary embedding: (x, positions [1, q]) -> cos, sin
+    rotary: torch.nn.Module  # its last layer's RoPE (`last_rotary`): (x, positions [1, q]) -> cos, sin
     cache: TreeCache
     device: torch.device
     dtype: torch.dtype
@@ -68,7 +68,7 @@ class TargetView:
         from specchat.architectures import parts
 
         decoder = parts(model)
-        return cls(model.config, decoder.embed, decoder.norm, decoder.head, decoder.rotary, cache,
+        return cls(model.config, decoder.embed, decoder.norm, decoder.head, decoder.last_rotary, cache,
                    model.device, model.dtype, model, forward, last_query, tokenizer, layer_queries,
                    decoder.query_layer)  # fmt: skip
 

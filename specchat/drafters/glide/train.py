@@ -40,7 +40,7 @@ def train_glide(loaded, data: Path | list[Path], out: Path, recipe: TrainRecipe,
         reduced = None if len(draft_vocab) == vocab_size else draft_vocab
         return Trainee(
             objective=GlideObjective(draft, target_embeddings(model), target_head(model), draft_vocab,
-                                     parts(model).rotary),  # fmt: skip
+                                     parts(model).last_rotary),  # fmt: skip
             save=lambda: save_glide(out, draft, dtype=torch.bfloat16, draft_vocab=reduced),
             title=f"GLIDE drafter for {loaded.source.name}",
             summary={"draft_vocab": len(draft_vocab), "layers": 1, "intermediate_size": config.intermediate_size},

@@ -43,7 +43,7 @@ def train_longspec(loaded, data: Path | list[Path], out: Path, recipe: TrainReci
         layer = LongSpecLayer(LongSpecConfig.for_target(model.config, intermediate=intermediate)).to(model.device)
         reduced = None if len(trained_vocab) == vocab_size else trained_vocab
         objective = LongSpecObjective(layer, target_embeddings(model), target_head(model), trained_vocab,
-                                      parts(model).rotary, model.config.max_position_embeddings)  # fmt: skip
+                                      parts(model).last_rotary, model.config.max_position_embeddings)  # fmt: skip
 
         def choose_vocab() -> dict:
             sizes = [size for size in VOCAB_SIZES if 0 < size < len(trained_vocab)] + [len(trained_vocab)]
