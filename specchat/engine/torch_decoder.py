@@ -78,9 +78,9 @@ class TorchDecoder:
         angles = positions[:, None] * inverse_frequencies(rope, self.head_dim, long=long).to(device)[None]
         scaling = attention_scaling(rope, config.max_position_embeddings)  # YaRN's temperature, LongRoPE's, else 1
         self.cos, self.sin = angles.cos() * scaling, angles.sin() * scaling  # [max_positions, D / 2], fp32
-        # a NoPE layer's tables: cos 1 and sin 0 give its queries and keys back bit for bit
-        self.identity = (torch.ones_like(self.cos), torch.zeros_like(self.sin)) if not all(
-            layer.rotates for layer in layers) else None  # fmt: skip
+        # a NoPE layer's tables (SmolLM3's): cos 1 and sin 0 give its queries and keys back bit for bit
+        nope = not all(layer.rotates for layer in layers)
+        self.identity = (torch.ones_like(self.cos), torch.zeros_like(self.sin)) if nope else None
 
     @classmethod
     def from_model(cls, model: nn.Module, **kwargs) -> TorchDecoder:
