@@ -20,7 +20,7 @@ from specchat.errors import SpecchatError
 from specchat.training import book_data
 from specchat.training import prompts as prompt_sources
 from specchat.training.data import DataRecipe, build_data, read_records
-from specchat.training.prompts import Prompt, all_prompts, doc_prompts, stdlib_prompts
+from specchat.training.prompts import Prompt, all_prompts, doc_prompts, file_prompts, stdlib_prompts
 from specchat.training.samples import samples_of
 from specchat.training.text_data import CHARS_PER_TOKEN, TEXT_TOKENS, build_text_data, stdlib_chunks
 
@@ -213,6 +213,38 @@ def test_text_records_show_the_text_as_an_answer_in_resumable_shards(tokenizer, 
 def test_train_data_rejects_bad_options_in_one_line(tmp_path):
     assert_one_line_error(specchat("train", "data", "--out", str(tmp_path), "--heldout", "1.5"), "--heldout")
     assert_one_line_error(specchat("train", "data", "--out", str(tmp_path), "--tokens", "0"), "--tokens")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "Hello"}\n{"turns": ["Hi", ""]}\n')
+    assert_one_line_error(specchat("train", "data", "--out", str(tmp_path / "d"), "--prompts", str(bad)), "bad.jsonl:2")
+    assert_one_line_error(specchat("train", "data", "--out", str(tmp_path / "d"), "--prompts", str(tmp_path / "no")),
+                          "no such prompts file")
+    assert_one_line_error(specchat("train", "data", "--out", str(tmp_path / "d"), "--prompts", str(bad), "--text"),
+                          "--prompts")
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_prompts_file_is_answered_in_its_order_without_duplicates_or_bench_prompts(tokenizer, tmp_path):
+    path = tmp_path / "mine.jsonl"
+    lines = [{"prompt": "Name a fruit."}, {"turns": ["Name a city.", "Another one."]}, {"prompt": "Name a fruit."},
+             {"prompt": PROMPT_SETS["chat"][1]}, {"prompt": "Name a river."}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    prompts = file_prompts(path)
+    assert [p.turns for p in prompts] == [("Name a fruit.",), ("Name a city.", "Another one."), ("Name a river.",)]
+    for text, error in [("[1]", "mine.jsonl:1: expected"), ('{"turns": []}', "non-empty"), ('{"prompt": 3}', ":1:"),
+                        ("{not json", "expected"), (json.dumps({"prompt": PROMPT_SETS["code"][0]}), "no prompts")]:
+        path.write_text(text + "\n")
+        with pytest.raises(SpecchatError, match=error):
+            file_prompts(path)
+
+    loaded, out = tiny_loaded(tokenizer), tmp_path / "data"
+    build_data(loaded, out, prompts, _recipe(heldout=0.0, prompts="mine.jsonl"), tokens=10_000)
+    records = list(read_records(out))
+    assert [(r["id"], r["turn"]) for r in records] == [(prompts[0].id, 0), (prompts[1].id, 0), (prompts[1].id, 1),
+                                                        (prompts[2].id, 0)]  # fmt: skip
+    assert records[2]["messages"][2] == {"role": "user", "content": "Another one."}
+    assert {r["source"] for r in records} == {"file"}
+    with pytest.raises(SpecchatError, match="another recipe .*prompts mine.jsonl -> None"):
+        build_data(loaded, out, PROMPTS, _recipe(heldout=0.0), tokens=10)
 
 
 def test_the_targets_own_books_cut_into_records_held_out_whole_and_resumed(tokenizer, tmp_path, monkeypatch):

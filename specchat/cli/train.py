@@ -39,26 +39,32 @@ def train_data(
     books: Annotated[int, typer.Option("--books", help="The target's own sampled books instead, of this many "
                                                       "tokens each, at the writer's settings (nine story prompts, "
                                                       "a seed a book). --tokens counts book tokens.")] = 0,
+    prompts: Annotated[Path | None, typer.Option("--prompts", help="Answer the prompts of this JSONL file instead "
+                                                 "of the built-in ones: {\"prompt\": ...} or {\"turns\": [...]} "
+                                                 "a line.")] = None,  # fmt: skip
     seed: SeedOption = None,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
 ) -> None:
     """Self-distillation data: prompts from the Python standard library, the system's package documentation
     and open-chat prompts, answered by the target itself (the bench's prompts left out); with --text, existing
-    text the target labels; with --books N, books the target writes."""
+    text the target labels; with --books N, books the target writes; with --prompts FILE, your own prompts."""
     if tokens < 1 or max_new_tokens < 1:
         raise SpecchatError("--tokens and --max-new-tokens must be at least 1")
     if not (0 <= heldout < 1 and 0 <= sampled <= 1):
         raise SpecchatError("--heldout must be in [0, 1) and --sampled in [0, 1]")
     if books < 0 or (books and text):
         raise SpecchatError("--books takes a number of tokens a book, and not with --text")
+    if prompts is not None and (books or text):
+        raise SpecchatError("--prompts is answered by the target: not with --text or --books")
     check_dtype(dtype)
     check_output_dir(out)
     from specchat.training.book_data import build_book_data
     from specchat.training.data import DataRecipe, build_data
-    from specchat.training.prompts import all_prompts
+    from specchat.training.prompts import all_prompts, file_prompts
     from specchat.training.text_data import TEXT_TOKENS, build_text_data, stdlib_chunks
 
+    asked = file_prompts(prompts) if prompts is not None else None  # a bad file refused before the model loads
     loaded = load(model, dtype, device)
     if text:
         recipe = DataRecipe(loaded.source.name, loaded.weights, loaded.dtype, seed or 0, TEXT_TOKENS, heldout, 0.0,
@@ -72,11 +78,12 @@ def train_data(
                          lambda show: build_book_data(loaded, out, recipe, tokens=tokens, progress=show))  # fmt: skip
         print(f"{out}: {done.answer_tokens} book tokens in {done.records} records (books in {out / 'books'})")
         return
-    recipe = DataRecipe(loaded.source.name, loaded.weights, loaded.dtype, seed or 0, max_new_tokens, heldout, sampled)
-    prompts = all_prompts(recipe.seed)
+    recipe = DataRecipe(loaded.source.name, loaded.weights, loaded.dtype, seed or 0, max_new_tokens, heldout, sampled,
+                        prompts=prompts.name if prompts is not None else None)  # fmt: skip
+    asked = asked if asked is not None else all_prompts(recipe.seed)
     done = _with_bar(tokens, "prompts",
-                     lambda show: build_data(loaded, out, prompts, recipe, tokens=tokens, progress=show))  # fmt: skip
-    print(f"{out}: {done.records} prompts, {done.answer_tokens} answer tokens ({len(prompts)} prompts available)")
+                     lambda show: build_data(loaded, out, asked, recipe, tokens=tokens, progress=show))  # fmt: skip
+    print(f"{out}: {done.records} prompts, {done.answer_tokens} answer tokens ({len(asked)} prompts available)")
 
 
 def _with_bar(tokens: int, unit: str, build):

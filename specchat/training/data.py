@@ -38,6 +38,7 @@ class DataRecipe:
     heldout: float  # fraction of prompts held out
     sampled: float  # fraction of prompts answered with the profile's sampling settings (the rest greedy)
     kind: str = "answers"  # the target's own answers, "text" labelled by its prefill (`text_data.py`), "books"
+    prompts: str | None = None  # the name of the --prompts file answered, else the built-in prompts
 
 
 @dataclass
@@ -181,7 +182,7 @@ def _check_recipe(out: Path, recipe: DataRecipe) -> None:
     path = out / "recipe.json"
     wanted = dataclasses.asdict(recipe)
     if path.exists():
-        held = {"kind": "answers", **json.loads(path.read_text())}  # written before text data existed
+        held = {"kind": "answers", "prompts": None, **json.loads(path.read_text())}  # older recipes lack these
         if held != wanted:
             changed = ", ".join(f"{key} {held.get(key)} -> {value}" for key, value in wanted.items()
                                 if held.get(key) != value)  # fmt: skip

@@ -1,6 +1,7 @@
 """Prompts for self-distillation data, from text every installation has: the Python standard library's
 source and docstrings (explain, summarise, write code), the system's package documentation
-(/usr/share/doc: summarise, explain), and open-chat prompts built from topics and forms written here.
+(/usr/share/doc: summarise, explain), and open-chat prompts built from topics and forms written here; or a
+user's own prompts from a JSONL file (`file_prompts`).
 
 Every prompt has a stable id (a hash of its turns), so a data run can resume and split held-out prompts by
 id. Prompts equal to a `specchat bench` prompt are dropped: the benchmarks measure drafters on text they
@@ -13,12 +14,14 @@ import ast
 import gzip
 import hashlib
 import itertools
+import json
 import random
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.bench.prompts import PROMPT_SETS
+from specchat.errors import SpecchatError
 
 SNIPPET_CHARS = 2400  # source and documents longer than this are cut: prompts stay short to answer quickly
 SNIPPET_LINES = 60
@@ -39,9 +42,7 @@ def all_prompts(seed: int = 0, *, stdlib: Path | None = None,
     """Every source's prompts, deduplicated, bench prompts removed, in one seeded order that takes the
     families (stdlib, docs, chat) in turn: a partial run covers all of them about equally."""
     stdlib = stdlib or Path(sysconfig.get_paths()["stdlib"])
-    prompts = stdlib_prompts(stdlib) + doc_prompts(docs) + chat_prompts()
-    banned = {_normal(text) for texts in PROMPT_SETS.values() for text in texts}
-    unique = {prompt.id: prompt for prompt in prompts if _normal(prompt.turns[0]) not in banned}
+    unique = _unique(stdlib_prompts(stdlib) + doc_prompts(docs) + chat_prompts())
     families: dict[str, list[Prompt]] = {}  # stdlib, docs, chat: taken in turn, each in a seeded order
     for prompt in sorted(unique.values(), key=lambda prompt: prompt.id):
         families.setdefault(prompt.source.split("-")[0], []).append(prompt)
@@ -50,6 +51,38 @@ def all_prompts(seed: int = 0, *, stdlib: Path | None = None,
         rng.shuffle(family)
     rounds = itertools.zip_longest(*(families[name] for name in sorted(families)))
     return [prompt for round_ in rounds for prompt in round_ if prompt is not None]
+
+
+def file_prompts(path: Path) -> list[Prompt]:
+    """A JSONL file's prompts in its order, a line each: {"prompt": "..."} for one turn, or {"turns": ["...",
+    "..."]} for a conversation whose later turns follow the model's answers. Duplicates and bench prompts are
+    dropped, as from the built-in ones."""
+    if not path.is_file():
+        raise SpecchatError(f"no such prompts file: {path}")
+    prompts = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            turns = entry["turns"] if "turns" in entry else [entry["prompt"]]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise SpecchatError(f'{path}:{number}: expected a JSON object with a "prompt" string or a "turns" '
+                                "list") from None  # fmt: skip
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise SpecchatError(f"{path}:{number}: a prompt and every turn must be a non-empty string")
+        prompts.append(Prompt("file", tuple(turns)))
+    unique = _unique(prompts)
+    if not unique:
+        raise SpecchatError(f"{path} holds no prompts (besides the benchmarks' own)")
+    return list(unique.values())
+
+
+def _unique(prompts: list[Prompt]) -> dict[str, Prompt]:
+    """The prompts by id, each once, those opening with a bench prompt left out (the benchmarks measure drafters
+    on text they were not trained on)."""
+    banned = {_normal(text) for texts in PROMPT_SETS.values() for text in texts}
+    return {prompt.id: prompt for prompt in prompts if _normal(prompt.turns[0]) not in banned}
 
 
 def stdlib_prompts(root: Path) -> list[Prompt]:
