@@ -235,6 +235,9 @@ def test_a_prompts_file_is_answered_in_its_order_without_duplicates_or_bench_pro
         path.write_text(text + "\n")
         with pytest.raises(SpecchatError, match=error):
             file_prompts(path)
+    path.write_bytes(b'{"prompt": "\xff"}\n')
+    with pytest.raises(SpecchatError, match="not UTF-8"):
+        file_prompts(path)
 
     loaded, out = tiny_loaded(tokenizer), tmp_path / "data"
     build_data(loaded, out, prompts, _recipe(heldout=0.0, prompts="mine.jsonl"), tokens=10_000)

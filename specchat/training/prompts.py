@@ -59,8 +59,12 @@ def file_prompts(path: Path) -> list[Prompt]:
     dropped, as from the built-in ones."""
     if not path.is_file():
         raise SpecchatError(f"no such prompts file: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecchatError(f"{path} is not UTF-8 text") from None
     prompts = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
