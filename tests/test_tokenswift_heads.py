@@ -454,8 +454,9 @@ def test_heads_trained_from_a_checkpoint_keep_its_vocabulary_and_start_as_it_was
     train_tokenswift(loaded, data, tmp_path / "first", recipe, vocab=8192, root_input=True)
     first = load_heads(tmp_path / "first")
     summary = train_tokenswift(loaded, data, tmp_path / "chained", recipe, vocab=64, chain_input=True,
-                               init=tmp_path / "first")  # fmt: skip
+                               init=tmp_path / "first", limits={"train": 4})  # fmt: skip
     assert summary["chain_input"] and summary["loss_vocab"] == 8192  # the first run's vocabulary, not --vocab's
+    assert summary["steps"] == 1 and summary["data"]["train_samples"] == 4 and summary["data"]["limits"] == {"train": 4}
     chained = load_heads(tmp_path / "chained")
     assert (chained.config.chain_input and chained.config.root_input
             and torch.equal(chained.draft_vocab, first.draft_vocab))

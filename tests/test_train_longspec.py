@@ -198,6 +198,24 @@ def test_a_training_set_joins_data_dirs_each_keeping_its_own_features(loaded, tm
         TrainingSet.load(loaded, [text], quiet_stage)
 
 
+def test_limits_read_each_directorys_first_samples_whose_features_a_whole_run_reuses(loaded, tmp_path):
+    answers = _data_dir(tmp_path / "answers", counts=(("train", 40), ("heldout", 4)))
+    records = list(read_records(answers, "train"))
+    records[1] = {**records[1], "answer_ids": []}  # a record with no answer makes no sample
+    (answers / "train-00000.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    first = TrainingSet.load(loaded, answers, quiet_stage, limits={"train": 17, "heldout": 3})
+    assert first.samples == samples_of(records)[:17] and first.train_records == records[:18]
+    assert first.heldout == samples_of(read_records(answers, "heldout"))[:3]
+    chunks = sorted((answers / "features").glob("train-*"))
+    assert len(chunks) == 2  # 16 samples, then 1
+    whole = TrainingSet.load(loaded, answers, quiet_stage)
+    assert len(whole.samples) == 39 and whole.feature_seconds > 0
+    assert chunks[0].stat().st_mtime_ns == (answers / "features" / "train-00000.safetensors").stat().st_mtime_ns
+    for index in range(17):
+        assert all(torch.equal(a, b) for a, b in zip(first.features.of(index), whole.features.of(index), strict=True))
+    assert TrainingSet.load(loaded, answers, quiet_stage, limits={"train": 100}).samples == whole.samples
+
+
 def test_train_longspec_writes_a_checkpoint_that_decodes_losslessly(loaded, tmp_path):
     data = _data_dir(tmp_path / "data")
     out = tmp_path / "draft"
@@ -234,3 +252,5 @@ def test_train_longspec_rejects_bad_options_in_one_line(tmp_path, monkeypatch, c
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *two), f"{tmp_path / 'none'} holds no training data")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--epochs", "0"), "--epochs")
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--precision", "fp8"), "--precision")
+    for flag in ("--max-train-samples", "--max-heldout-samples"):
+        assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, flag, "-1"), "must be at least 0")

@@ -106,6 +106,11 @@ def _with_bar(tokens: int, unit: str, build):
 
 DataOption = Annotated[list[Path], typer.Option(
     "--data", help="Directory of `specchat train data` (repeat it to train on several: answers and text).")]
+MaxTrainOption = Annotated[int, typer.Option(
+    "--max-train-samples", help="Train on the first N samples of each --data directory (0: all): a quicker run, whose "
+    "features a longer one reuses.")]
+MaxHeldoutOption = Annotated[int, typer.Option(
+    "--max-heldout-samples", help="Evaluate on the first N held-out samples of each --data directory (0: all).")]
 DraftOutOption = Annotated[Path, typer.Option("--out", help="Checkpoint directory (created; --resume goes on).")]
 TargetOption = Annotated[str | None, typer.Option("--target", "--model", "-m", help="The target model.")]
 VocabOption = Annotated[
@@ -125,6 +130,8 @@ IntermediateOption = Annotated[int, typer.Option("--intermediate", help="The dra
 def train_longspec(
     data: DataOption,
     out: DraftOutOption,
+    max_train_samples: MaxTrainOption = 0,
+    max_heldout_samples: MaxHeldoutOption = 0,
     target: TargetOption = None,
     epochs: EpochsOption = 3.0,
     batch: BatchOption = 16,
@@ -148,8 +155,8 @@ def train_longspec(
     from specchat.drafters.longspec.train import train_longspec as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, eval_prompts=eval_prompts,
-                             intermediate=intermediate)  # fmt: skip
+                             precision, seed, dtype, device, limits=_limits(max_train_samples, max_heldout_samples),
+                             eval_prompts=eval_prompts, intermediate=intermediate)  # fmt: skip
     for row in summary["vocab_measurements"]:
         print(f"  vocab {row['vocab']}: tau {row['tau']:.2f}, {row['tokens_per_second']:.1f} tok/s, "
               f"{row['speedup']:.2f}x AR")
@@ -160,6 +167,8 @@ def train_longspec(
 def train_glide(
     data: DataOption,
     out: DraftOutOption,
+    max_train_samples: MaxTrainOption = 0,
+    max_heldout_samples: MaxHeldoutOption = 0,
     target: TargetOption = None,
     epochs: EpochsOption = 3.0,
     batch: BatchOption = 16,
@@ -181,7 +190,8 @@ def train_glide(
     from specchat.drafters.glide.train import train_glide as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, intermediate=intermediate)  # fmt: skip
+                             precision, seed, dtype, device, limits=_limits(max_train_samples, max_heldout_samples),
+                             intermediate=intermediate)  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     print(f"{out}: GLIDE drafter, held-out chain tau {last.get('heldout_chain_tau', float('nan')):.2f}; "
           f"use --drafter glide:{out}")  # fmt: skip
@@ -191,6 +201,8 @@ def train_glide(
 def train_tokenswift(
     data: DataOption,
     out: DraftOutOption,
+    max_train_samples: MaxTrainOption = 0,
+    max_heldout_samples: MaxHeldoutOption = 0,
     target: TargetOption = None,
     epochs: EpochsOption = 3.0,
     batch: BatchOption = 16,
@@ -221,7 +233,8 @@ def train_tokenswift(
     from specchat.drafters.tokenswift.train import train_tokenswift as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, root_input=root_input, chain_input=chain_input, init=init,
+                             precision, seed, dtype, device, limits=_limits(max_train_samples, max_heldout_samples),
+                             root_input=root_input, chain_input=chain_input, init=init,
                              recipe_options={"betas": BETAS, "warmup_steps": warmup_steps})  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     accuracy = ", ".join(f"{last.get(f'heldout_head{i + 1}_top1', float('nan')):.2f}" for i in range(summary["gamma"]))
@@ -233,6 +246,8 @@ def train_tokenswift(
 def train_eagle3(
     data: DataOption,
     out: DraftOutOption,
+    max_train_samples: MaxTrainOption = 0,
+    max_heldout_samples: MaxHeldoutOption = 0,
     target: TargetOption = None,
     epochs: EpochsOption = 1.0,
     batch: BatchOption = 4,
@@ -255,7 +270,8 @@ def train_eagle3(
     from specchat.drafters.eagle3.train import train_eagle3 as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, intermediate=intermediate, steps=steps)  # fmt: skip
+                             precision, seed, dtype, device, limits=_limits(max_train_samples, max_heldout_samples),
+                             intermediate=intermediate, steps=steps)  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     print(f"{out}: EAGLE-3 drafter, held-out chain tau {last.get('heldout_chain_tau', float('nan')):.2f}; "
           f"use --drafter eagle3:{out}")  # fmt: skip
@@ -265,6 +281,8 @@ def train_eagle3(
 def train_model_drafter(
     data: DataOption,
     out: DraftOutOption,
+    max_train_samples: MaxTrainOption = 0,
+    max_heldout_samples: MaxHeldoutOption = 0,
     target: TargetOption = None,
     layers: Annotated[int, typer.Option("--layers", help="The target's first layers the student starts as.")] = 2,
     epochs: EpochsOption = 3.0,
@@ -284,7 +302,8 @@ def train_model_drafter(
     from specchat.drafters.model.train import train_model_drafter as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, layers=layers)  # fmt: skip
+                             precision, seed, dtype, device, limits=_limits(max_train_samples, max_heldout_samples),
+                             layers=layers)  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     print(f"{out}: {summary['layers']}-layer draft model ({summary['checkpoint_bytes'] / 1e6:.1f} MB), held-out chain "
           f"tau {last.get('heldout_chain_tau', float('nan')):.2f}; use --drafter model:{out}")  # fmt: skip
@@ -315,6 +334,13 @@ def train_pack(
 
     before, after = pack_checkpoint(checkpoint)
     print(f"{checkpoint}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+
+
+def _limits(train: int, heldout: int) -> dict[str, int]:
+    """The samples of each split to read, where fewer than all (`TrainingSet.load`'s `limits`)."""
+    if train < 0 or heldout < 0:
+        raise SpecchatError("--max-train-samples and --max-heldout-samples must be at least 0 (0: all)")
+    return {split: count for split, count in (("train", train), ("heldout", heldout)) if count}
 
 
 def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume, precision,

@@ -39,14 +39,15 @@ def quiet_stage(_name: str, _total: int) -> Callable[[int], None]:
 
 def train_drafter(loaded, data: Path | list[Path], out: Path, recipe: TrainRecipe,
                   trainee: Callable[[TrainingSet], Trainee], *, hidden: bool = False, layers: tuple[int, ...] = (),
-                  resume: bool = False, checkpoint_minutes: float = 5.0,
+                  limits: dict[str, int] | None = None, resume: bool = False, checkpoint_minutes: float = 5.0,
                   stage: Callable[[str, int], Callable[[int], None]] = quiet_stage,
                   progress: Callable[[TrainProgress], None] = lambda _p: None) -> dict:  # fmt: skip
     """Train the drafter `trainee(training_set)` describes on `data`, write it and its summary to `out`; returns
     the summary. `hidden`: the features are the target's last hidden states (TokenSwift's heads), not its
-    greedy labels and layer states; `layers`: the states entering those target layers (EAGLE-3). `stage(name, total)`
-    announces a stage and returns its progress callback."""
-    data_set = TrainingSet.load(loaded, data, stage, hidden=hidden, layers=layers)
+    greedy labels and layer states; `layers`: the states entering those target layers (EAGLE-3); `limits`: the most
+    samples of each split read from each directory. `stage(name, total)` announces a stage and returns its progress
+    callback."""
+    data_set = TrainingSet.load(loaded, data, stage, hidden=hidden, layers=layers, limits=limits)
     kind = trainee(data_set)
     start = time.perf_counter()
     done = train(kind.objective, data_set.samples, data_set.features, data_set.heldout, data_set.heldout_features,
@@ -56,7 +57,8 @@ def train_drafter(loaded, data: Path | list[Path], out: Path, recipe: TrainRecip
                "training_this_run": round(time.perf_counter() - start, 1)}
     summary = {
         "target": loaded.source.name, "weights": loaded.weights, "dtype": loaded.dtype, "recipe": asdict(recipe),
-        **kind.summary, "data": data_set.summary(), "seconds": seconds, "steps": done.step, "log": done.log,
+        **kind.summary, "data": data_set.summary() | ({"limits": limits} if limits else {}), "seconds": seconds,
+        "steps": done.step, "log": done.log,
         **kind.finish(),
     }  # fmt: skip
     (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")

@@ -44,14 +44,16 @@ class TrainingSet:
 
     @classmethod
     def load(cls, loaded, data: Path | Sequence[Path], stage: Callable[[str, int], Callable[[int], None]], *,
-             hidden: bool = False, layers: tuple[int, ...] = ()) -> TrainingSet:  # fmt: skip
+             hidden: bool = False, layers: tuple[int, ...] = (), limits: dict[str, int] | None = None) -> TrainingSet:
         """The records of the data directories `data`, each checked to hold answers or labels of `loaded`'s
         model, and their features (`hidden`: the target's last hidden states instead; `layers`: the states entering
-        those target layers), each directory's kept in
-        it; `stage(name, total)` announces the features stages and returns their progress callbacks."""
+        those target layers), each directory's kept in it; `limits`: at most this many samples of a split from each
+        directory, its first (a quicker run, whose features a longer one reuses); `stage(name, total)` announces the
+        features stages and returns their progress callbacks."""
         dirs = [data] if isinstance(data, Path) else list(data)
-        records = {folder: dict(zip(SPLITS, read_split_records(folder, loaded.source.name), strict=True))
-                   for folder in dirs}
+        records = {folder: {split: _first_samples(held, (limits or {}).get(split, 0))
+                            for split, held in zip(SPLITS, read_split_records(folder, loaded.source.name), strict=True)}
+                   for folder in dirs}  # fmt: skip
         for split in SPLITS:
             if not any(samples_of(held[split]) for held in records.values()):
                 raise SpecchatError(f"{', '.join(map(str, dirs))}: no {split} records yet")
@@ -81,6 +83,14 @@ class TrainingSet:
         return {"dirs": [str(folder) for folder in self.dirs], "train_samples": len(self.samples),
                 "train_tokens": sample_tokens(self.samples), "answer_tokens": sum(map(len, self.answers)) - text,
                 "text_tokens": text, "heldout_samples": len(self.heldout)}  # fmt: skip
+
+
+def _first_samples(records: list[dict], count: int) -> list[dict]:
+    """`records` up to the one that makes `count` samples (0: all of them)."""
+    if count <= 0:
+        return records
+    with_answers = [i for i, record in enumerate(records) if record["answer_ids"]]
+    return records if len(with_answers) <= count else records[: with_answers[count - 1] + 1]
 
 
 def read_split_records(data: Path, model_name: str) -> tuple[list[dict], list[dict]]:
