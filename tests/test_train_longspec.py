@@ -164,6 +164,9 @@ def test_a_resumed_run_ends_with_the_same_weights_as_an_unbroken_one(loaded, tmp
     with pytest.raises(SpecchatError, match="another recipe"):
         train(_objective(loaded), samples, features, heldout, heldout_features, TrainRecipe(epochs=1, batch=3),
               tmp_path / "broken", resume=True)  # fmt: skip
+    with pytest.raises(SpecchatError, match="other samples"):
+        train(_objective(loaded), samples[:5], features, heldout, heldout_features, recipe, tmp_path / "broken",
+              resume=True)  # fmt: skip
     assert (tmp_path / "whole" / STATE).is_file()
 
 

@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specchat.errors import SpecchatError
+from specchat.training.samples import fingerprint
 
 STATE = "train-state.safetensors"
 
@@ -83,7 +84,7 @@ def train(objective, samples, features, heldout, heldout_features, recipe: Train
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, betas=recipe.betas, weight_decay=recipe.weight_decay)
     per_epoch = math.ceil(len(samples) / recipe.batch)
     steps = math.ceil(per_epoch * recipe.epochs)
-    state = _State(out / STATE, module, optimizer, recipe)
+    state = _State(out / STATE, module, optimizer, recipe, fingerprint(samples))
     done = TrainProgress(0, steps, float("nan"), 0, 0.0)
     if state.exists():
         if not resume:
@@ -154,10 +155,12 @@ def _autocast(objective, recipe: TrainRecipe):
 
 class _State:
     """`<out>/train-state.safetensors`: weights, Adam moments, and the step and log as metadata, replaced whole
-    at every checkpoint (a stop while writing leaves the previous one)."""
+    at every checkpoint (a stop while writing leaves the previous one). A run resumes only under its recipe and on
+    its samples (`samples`: their fingerprint), whose order and count its steps follow."""
 
-    def __init__(self, path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, recipe: TrainRecipe):
-        self.path, self.module, self.optimizer, self.recipe = path, module, optimizer, recipe
+    def __init__(self, path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, recipe: TrainRecipe,
+                 samples: str):  # fmt: skip
+        self.path, self.module, self.optimizer, self.recipe, self.samples = path, module, optimizer, recipe, samples
         self.names = {id(p): name for name, p in module.named_parameters()}
 
     def exists(self) -> bool:
@@ -168,7 +171,7 @@ class _State:
         for p, moments in self.optimizer.state.items():
             for key, value in moments.items():
                 tensors[f"adam.{self.names[id(p)]}.{key}"] = torch.as_tensor(value).detach()
-        info = {"step": step, "recipe": asdict(self.recipe), "log": log}
+        info = {"step": step, "recipe": asdict(self.recipe), "samples": self.samples, "log": log}
         partial = self.path.with_suffix(".partial")
         save_file({k: v.contiguous() for k, v in tensors.items()}, partial, metadata={"state": json.dumps(info)})
         partial.replace(self.path)
@@ -181,6 +184,9 @@ class _State:
         if held != asdict(self.recipe):
             changed = ", ".join(f"{k} {held.get(k)} -> {v}" for k, v in asdict(self.recipe).items() if held.get(k) != v)
             raise SpecchatError(f"{self.path.parent} was trained with another recipe ({changed}); use another --out")
+        if info.get("samples", self.samples) != self.samples:  # a state written before it kept them: not checked
+            raise SpecchatError(f"{self.path.parent} was trained on other samples (other data, or another "
+                                "--max-train-samples); use another --out")  # fmt: skip
         tensors = load_file(self.path)
         with torch.no_grad():
             for name, p in self.module.named_parameters():
