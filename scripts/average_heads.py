@@ -1,7 +1,8 @@
 """Weight-space average of two TokenSwift heads of one target and draft vocabulary: `TUNED` (fine-tuned from
 `BASE` with `train tokenswift --init BASE`) times WEIGHT plus `BASE` times 1 - WEIGHT, written in bf16 to OUT with
 TUNED's training.json (the average recorded in it) and curves. Fine-tuned on one kind of text, heads gain on it and
-lose some elsewhere; the average keeps most of the gain and little of the loss (docs/training.md, the 1.5B's heads).
+lose some elsewhere; the average trades the gain against the loss (docs/training.md, the 1.5B's heads, compares it
+with training on both kinds together).
 
     python scripts/average_heads.py BASE TUNED WEIGHT OUT
 """
