@@ -217,6 +217,10 @@ def test_limits_read_each_directorys_first_samples_whose_features_a_whole_run_re
     for index in range(17):
         assert all(torch.equal(a, b) for a, b in zip(first.features.of(index), whole.features.of(index), strict=True))
     assert TrainingSet.load(loaded, answers, quiet_stage, limits={"train": 100}).samples == whole.samples
+    other = _data_dir(tmp_path / "other", seed=1)  # 8 training samples, 2 held out
+    each = TrainingSet.load(loaded, [answers, other], quiet_stage, limits={"train": [0, 3], "heldout": 1})
+    assert each.samples == whole.samples + samples_of(read_records(other, "train"))[:3]  # all, then the first 3
+    assert each.heldout == whole.heldout[:1] + samples_of(read_records(other, "heldout"))[:1]
 
 
 def test_train_longspec_writes_a_checkpoint_that_decodes_losslessly(loaded, tmp_path):
@@ -257,3 +261,5 @@ def test_train_longspec_rejects_bad_options_in_one_line(tmp_path, monkeypatch, c
     assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, "--precision", "fp8"), "--precision")
     for flag in ("--max-train-samples", "--max-heldout-samples"):
         assert_one_line_error(specchat_in_process(monkeypatch, capfd, *command, flag, "-1"), "must be at least 0")
+        twice = (*two, flag, "1", flag, "2", flag, "3")  # once, or once for each of the two directories
+        assert_one_line_error(specchat_in_process(monkeypatch, capfd, *twice), f"{flag} is given 3 times")

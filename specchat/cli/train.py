@@ -106,11 +106,12 @@ def _with_bar(tokens: int, unit: str, build):
 
 DataOption = Annotated[list[Path], typer.Option(
     "--data", help="Directory of `specchat train data` (repeat it to train on several: answers and text).")]
-MaxTrainOption = Annotated[int, typer.Option(
-    "--max-train-samples", help="Train on the first N samples of each --data directory (0: all): a quicker run, whose "
-    "features a longer one reuses.")]
-MaxHeldoutOption = Annotated[int, typer.Option(
-    "--max-heldout-samples", help="Evaluate on the first N held-out samples of each --data directory (0: all).")]
+MaxTrainOption = Annotated[list[int] | None, typer.Option(
+    "--max-train-samples", help="Train on the first N samples of each --data directory (0: all), or repeated, of "
+    "each in turn: a quicker run, whose features a longer one reuses.")]
+MaxHeldoutOption = Annotated[list[int] | None, typer.Option(
+    "--max-heldout-samples", help="Evaluate on the first N held-out samples of each --data directory (0: all), or "
+    "repeated, of each in turn.")]
 DraftOutOption = Annotated[Path, typer.Option("--out", help="Checkpoint directory (created; --resume goes on).")]
 TargetOption = Annotated[str | None, typer.Option("--target", "--model", "-m", help="The target model.")]
 VocabOption = Annotated[
@@ -130,8 +131,8 @@ IntermediateOption = Annotated[int, typer.Option("--intermediate", help="The dra
 def train_longspec(
     data: DataOption,
     out: DraftOutOption,
-    max_train_samples: MaxTrainOption = 0,
-    max_heldout_samples: MaxHeldoutOption = 0,
+    max_train_samples: MaxTrainOption = None,
+    max_heldout_samples: MaxHeldoutOption = None,
     target: TargetOption = None,
     epochs: EpochsOption = 3.0,
     batch: BatchOption = 16,
@@ -155,7 +156,7 @@ def train_longspec(
     from specchat.drafters.longspec.train import train_longspec as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, limits=_limits(max_train_samples, max_heldout_samples),
+                             precision, seed, dtype, device, samples=(max_train_samples, max_heldout_samples),
                              eval_prompts=eval_prompts, intermediate=intermediate)  # fmt: skip
     for row in summary["vocab_measurements"]:
         print(f"  vocab {row['vocab']}: tau {row['tau']:.2f}, {row['tokens_per_second']:.1f} tok/s, "
@@ -167,8 +168,8 @@ def train_longspec(
 def train_glide(
     data: DataOption,
     out: DraftOutOption,
-    max_train_samples: MaxTrainOption = 0,
-    max_heldout_samples: MaxHeldoutOption = 0,
+    max_train_samples: MaxTrainOption = None,
+    max_heldout_samples: MaxHeldoutOption = None,
     target: TargetOption = None,
     epochs: EpochsOption = 3.0,
     batch: BatchOption = 16,
@@ -190,7 +191,7 @@ def train_glide(
     from specchat.drafters.glide.train import train_glide as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, limits=_limits(max_train_samples, max_heldout_samples),
+                             precision, seed, dtype, device, samples=(max_train_samples, max_heldout_samples),
                              intermediate=intermediate)  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     print(f"{out}: GLIDE drafter, held-out chain tau {last.get('heldout_chain_tau', float('nan')):.2f}; "
@@ -201,8 +202,8 @@ def train_glide(
 def train_tokenswift(
     data: DataOption,
     out: DraftOutOption,
-    max_train_samples: MaxTrainOption = 0,
-    max_heldout_samples: MaxHeldoutOption = 0,
+    max_train_samples: MaxTrainOption = None,
+    max_heldout_samples: MaxHeldoutOption = None,
     target: TargetOption = None,
     epochs: EpochsOption = 3.0,
     batch: BatchOption = 16,
@@ -233,7 +234,7 @@ def train_tokenswift(
     from specchat.drafters.tokenswift.train import train_tokenswift as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, limits=_limits(max_train_samples, max_heldout_samples),
+                             precision, seed, dtype, device, samples=(max_train_samples, max_heldout_samples),
                              root_input=root_input, chain_input=chain_input, init=init,
                              recipe_options={"betas": BETAS, "warmup_steps": warmup_steps})  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
@@ -246,8 +247,8 @@ def train_tokenswift(
 def train_eagle3(
     data: DataOption,
     out: DraftOutOption,
-    max_train_samples: MaxTrainOption = 0,
-    max_heldout_samples: MaxHeldoutOption = 0,
+    max_train_samples: MaxTrainOption = None,
+    max_heldout_samples: MaxHeldoutOption = None,
     target: TargetOption = None,
     epochs: EpochsOption = 1.0,
     batch: BatchOption = 4,
@@ -270,7 +271,7 @@ def train_eagle3(
     from specchat.drafters.eagle3.train import train_eagle3 as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, limits=_limits(max_train_samples, max_heldout_samples),
+                             precision, seed, dtype, device, samples=(max_train_samples, max_heldout_samples),
                              intermediate=intermediate, steps=steps)  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     print(f"{out}: EAGLE-3 drafter, held-out chain tau {last.get('heldout_chain_tau', float('nan')):.2f}; "
@@ -281,8 +282,8 @@ def train_eagle3(
 def train_model_drafter(
     data: DataOption,
     out: DraftOutOption,
-    max_train_samples: MaxTrainOption = 0,
-    max_heldout_samples: MaxHeldoutOption = 0,
+    max_train_samples: MaxTrainOption = None,
+    max_heldout_samples: MaxHeldoutOption = None,
     target: TargetOption = None,
     layers: Annotated[int, typer.Option("--layers", help="The target's first layers the student starts as.")] = 2,
     epochs: EpochsOption = 3.0,
@@ -302,7 +303,7 @@ def train_model_drafter(
     from specchat.drafters.model.train import train_model_drafter as run_training
 
     summary = _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume,
-                             precision, seed, dtype, device, limits=_limits(max_train_samples, max_heldout_samples),
+                             precision, seed, dtype, device, samples=(max_train_samples, max_heldout_samples),
                              layers=layers)  # fmt: skip
     last = summary["log"][-1] if summary["log"] else {}
     print(f"{out}: {summary['layers']}-layer draft model ({summary['checkpoint_bytes'] / 1e6:.1f} MB), held-out chain "
@@ -336,17 +337,29 @@ def train_pack(
     print(f"{checkpoint}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
 
 
-def _limits(train: int, heldout: int) -> dict[str, int]:
-    """The samples of each split to read, where fewer than all (`TrainingSet.load`'s `limits`)."""
-    if train < 0 or heldout < 0:
-        raise SpecchatError("--max-train-samples and --max-heldout-samples must be at least 0 (0: all)")
-    return {split: count for split, count in (("train", train), ("heldout", heldout)) if count}
+def _limits(train: list[int] | None, heldout: list[int] | None, data: list[Path]) -> dict[str, int | list[int]]:
+    """The samples of each split to read, where fewer than all (`TrainingSet.load`'s `limits`): one count for every
+    directory, or one for each."""
+    limits = {}
+    for split, counts, flag in (("train", train, "--max-train-samples"), ("heldout", heldout, "--max-heldout-samples")):
+        counts = counts or []
+        if any(count < 0 for count in counts):
+            raise SpecchatError(f"{flag} must be at least 0 (0: all)")
+        if len(counts) not in (0, 1, len(data)):
+            raise SpecchatError(f"{flag} is given {len(counts)} times: give it once, or once for each of the "
+                                f"{len(data)} --data directories")  # fmt: skip
+        if any(counts):
+            limits[split] = counts[0] if len(counts) == 1 else counts
+    return limits
 
 
 def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, checkpoint_minutes, resume, precision,
-                   seed, dtype, device, recipe_options: dict | None = None, **options) -> dict:  # fmt: skip
-    """Check the shared options, load the target and run `run_training` under a progress display;
-    `recipe_options` set recipe fields the shared options do not."""
+                   seed, dtype, device, samples: tuple, recipe_options: dict | None = None,
+                   **options) -> dict:  # fmt: skip
+    """Check the shared options, load the target and run `run_training` under a progress display; `samples`: the
+    --max-train-samples and --max-heldout-samples given; `recipe_options` set recipe fields the shared options do
+    not."""
+    limits = _limits(*samples, data)
     if not all(0 < value < math.inf for value in (epochs, lr, checkpoint_minutes)) or batch < 1 or vocab < 0:
         raise SpecchatError("--epochs, --lr, --checkpoint-minutes must be positive numbers, --batch at least 1, "
                             "--vocab >= 0")  # fmt: skip
@@ -389,4 +402,5 @@ def _train_drafter(run_training, data, out, target, epochs, batch, lr, vocab, ch
                             f"{now.tokens_per_second:.0f} tok/s{heldout}")  # fmt: skip
 
         return run_training(loaded, data, out, recipe, vocab=vocab, resume=resume,
-                            checkpoint_minutes=checkpoint_minutes, stage=stage, progress=show, **options)  # fmt: skip
+                            checkpoint_minutes=checkpoint_minutes, stage=stage, progress=show, limits=limits,
+                            **options)  # fmt: skip

@@ -44,16 +44,17 @@ class TrainingSet:
 
     @classmethod
     def load(cls, loaded, data: Path | Sequence[Path], stage: Callable[[str, int], Callable[[int], None]], *,
-             hidden: bool = False, layers: tuple[int, ...] = (), limits: dict[str, int] | None = None) -> TrainingSet:
+             hidden: bool = False, layers: tuple[int, ...] = (),
+             limits: dict[str, int | Sequence[int]] | None = None) -> TrainingSet:  # fmt: skip
         """The records of the data directories `data`, each checked to hold answers or labels of `loaded`'s
         model, and their features (`hidden`: the target's last hidden states instead; `layers`: the states entering
         those target layers), each directory's kept in it; `limits`: at most this many samples of a split from each
-        directory, its first (a quicker run, whose features a longer one reuses); `stage(name, total)` announces the
-        features stages and returns their progress callbacks."""
+        directory, or from each in turn (a sequence), its first (a quicker run, whose features a longer one
+        reuses); `stage(name, total)` announces the features stages and returns their progress callbacks."""
         dirs = [data] if isinstance(data, Path) else list(data)
-        records = {folder: {split: _first_samples(held, (limits or {}).get(split, 0))
+        records = {folder: {split: _first_samples(held, _limit(limits, split, index))
                             for split, held in zip(SPLITS, read_split_records(folder, loaded.source.name), strict=True)}
-                   for folder in dirs}  # fmt: skip
+                   for index, folder in enumerate(dirs)}  # fmt: skip
         for split in SPLITS:
             if not any(samples_of(held[split]) for held in records.values()):
                 raise SpecchatError(f"{', '.join(map(str, dirs))}: no {split} records yet")
@@ -83,6 +84,12 @@ class TrainingSet:
         return {"dirs": [str(folder) for folder in self.dirs], "train_samples": len(self.samples),
                 "train_tokens": sample_tokens(self.samples), "answer_tokens": sum(map(len, self.answers)) - text,
                 "text_tokens": text, "heldout_samples": len(self.heldout)}  # fmt: skip
+
+
+def _limit(limits: dict[str, int | Sequence[int]] | None, split: str, index: int) -> int:
+    """The most samples of `split` to read from the `index`-th directory (0: all)."""
+    count = (limits or {}).get(split, 0)
+    return count if isinstance(count, int) else count[index]
 
 
 def _first_samples(records: list[dict], count: int) -> list[dict]:
