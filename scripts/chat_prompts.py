@@ -89,8 +89,8 @@ ANIMAL_FORMS = ("Tell me five interesting facts about {x}.", "Where do {x} live 
 SUBJECTS = (
     "a lighthouse keeper", "a lost umbrella", "the first day of school", "a robot that learns to cook",
     "a rainy Sunday", "an old bookshop", "a dragon who is afraid of fire", "a train journey", "a garden at night",
-    "a forgotten letter",
-    "the last day of summer", "a cat who runs a cafe", "a snowstorm", "moving to a new town", "a broken clock",
+    "a forgotten letter", "the last day of summer", "a cat who runs a cafe", "a snowstorm", "moving to a new town",
+    "a broken clock",
     "a picnic that goes wrong", "the sea", "an inventor's workshop", "a friendship between a fox and a crow",
     "a city waking up", "a message in a bottle", "a kite", "an astronaut's first night in space", "a village market",
     "a quiet library", "a grandmother's recipe", "the moon", "a marathon", "a violin", "a mountain cabin",
@@ -116,8 +116,8 @@ FEELING_FORMS = ("I feel {x}. What can I do?",)
 EMAILS = (
     "my landlord asking to fix a leaking tap", "a colleague thanking them for their help",
     "my manager asking for a day off", "a neighbour about a parcel I took in for them",
-    "a teacher asking about my child's progress",
-    "a shop asking for a refund", "a friend I have not seen for years", "a client apologising for a delay",
+    "a teacher asking about my child's progress", "a shop asking for a refund", "a friend I have not seen for years",
+    "a client apologising for a delay",
     "a hotel asking for a late check-out", "my team announcing a new meeting time", "a plumber asking for a quote",
     "a club cancelling this week's session", "a new colleague welcoming them to the team",
     "my bank asking about an unknown charge", "a friend congratulating them on a new job",
@@ -134,12 +134,10 @@ def main() -> None:
     prompts += [form.format(x=x) for x in PHENOMENA for form in PHENOMENON_FORMS]
     prompts += [form.format(a=a, b=b) for a, b in PAIRS for form in PAIR_FORMS]
     random.Random(0).shuffle(prompts)
-    second = [form.format(x=x) for x in ACTIVITIES for form in TIP_FORMS]
-    second += [form.format(x=x) for x in PHENOMENA for form in SIMPLE_FORMS]
-    for topics, forms in ((DEVICES, DEVICE_FORMS), (DISHES, DISH_FORMS), (ANIMALS, ANIMAL_FORMS),
-                          (SUBJECTS, SUBJECT_FORMS), (DEBATES, DEBATE_FORMS), (FEELINGS, FEELING_FORMS),
-                          (EMAILS, EMAIL_FORMS)):  # fmt: skip
-        second += [form.format(x=x) for x in topics for form in forms]
+    batches = ((ACTIVITIES, TIP_FORMS), (PHENOMENA, SIMPLE_FORMS), (DEVICES, DEVICE_FORMS), (DISHES, DISH_FORMS),
+               (ANIMALS, ANIMAL_FORMS), (SUBJECTS, SUBJECT_FORMS), (DEBATES, DEBATE_FORMS), (FEELINGS, FEELING_FORMS),
+               (EMAILS, EMAIL_FORMS))  # fmt: skip
+    second = [form.format(x=x) for topics, forms in batches for x in topics for form in forms]
     random.Random(1).shuffle(second)
     lines = [{"turns": [p, FOLLOW_UPS[i % len(FOLLOW_UPS)]]} if i % 4 == 0 else {"prompt": p}
              for batch in (prompts, second) for i, p in enumerate(batch)]
