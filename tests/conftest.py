@@ -15,6 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("SPECCHAT_CACHE", str(Path(__file__).resolve().parent.parent / ".test-cache"))
 if not torch.cuda.is_available():  # Triton kernels then run in the interpreter; set before triton.jit runs
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    try:
+        from triton_interpreter import patch_once
+    except ImportError:  # no triton: its tests skip
+        pass
+    else:
+        patch_once()
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `make test` runs workers side by side: share the cores out
     _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))

@@ -99,7 +99,7 @@ def test_a_graphed_chain_reads_the_caches_to_their_lengths_and_drafts_as_called(
     """What a GPU captures: the chain's steps at positions held on the device, writing and reading the draft's own
     cache and reading the target's whole layers to the root's length (the graph kernel, here in Triton's
     interpreter); every proposal of a generation equals the one drafted as called, one graph per chain length."""
-    engine = Engine(targets["llama"], tokenizer, max_len=256)
+    engine = Engine(targets["llama"], tokenizer, max_len=64)
     proposals = {}
     for graphed in (False, True):
         drafter = GlideDrafter(engine.target, random_draft(targets["llama"].config, layers=2))

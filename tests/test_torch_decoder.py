@@ -301,7 +301,7 @@ def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, budg
     texts = []
     for graphed in (False, True):
         monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / str(graphed)))  # each engine times its own forwards
-        engine = Engine(model, tokenizer, max_len=300)
+        engine = Engine(model, tokenizer, max_len=128)
         engine.forward.graphed = engine.launch_ahead = graphed
         draft = drafters[drafter](engine)
         if drafter == "longspec" and graphed:
