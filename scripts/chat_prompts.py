@@ -90,10 +90,10 @@ SUBJECTS = (
     "a lighthouse keeper", "a lost umbrella", "the first day of school", "a robot that learns to cook",
     "a rainy Sunday", "an old bookshop", "a dragon who is afraid of fire", "a train journey", "a garden at night",
     "a forgotten letter", "the last day of summer", "a cat who runs a cafe", "a snowstorm", "moving to a new town",
-    "a broken clock",
-    "a picnic that goes wrong", "the sea", "an inventor's workshop", "a friendship between a fox and a crow",
-    "a city waking up", "a message in a bottle", "a kite", "an astronaut's first night in space", "a village market",
-    "a quiet library", "a grandmother's recipe", "the moon", "a marathon", "a violin", "a mountain cabin",
+    "a broken clock", "a picnic that goes wrong", "the sea", "an inventor's workshop",
+    "a friendship between a fox and a crow", "a city waking up", "a message in a bottle", "a kite",
+    "an astronaut's first night in space", "a village market", "a quiet library", "a grandmother's recipe", "the moon",
+    "a marathon", "a violin", "a mountain cabin",
 )
 SUBJECT_FORMS = ("Write a short story about {x}.", "Write a short poem about {x}.")
 DEBATES = (
@@ -117,12 +117,12 @@ EMAILS = (
     "my landlord asking to fix a leaking tap", "a colleague thanking them for their help",
     "my manager asking for a day off", "a neighbour about a parcel I took in for them",
     "a teacher asking about my child's progress", "a shop asking for a refund", "a friend I have not seen for years",
-    "a client apologising for a delay",
-    "a hotel asking for a late check-out", "my team announcing a new meeting time", "a plumber asking for a quote",
-    "a club cancelling this week's session", "a new colleague welcoming them to the team",
-    "my bank asking about an unknown charge", "a friend congratulating them on a new job",
-    "a library asking to renew a book", "a gym cancelling my membership", "a local council about a broken streetlight",
-    "my doctor's surgery asking to move an appointment", "a volunteer group offering to help",
+    "a client apologising for a delay", "a hotel asking for a late check-out", "my team announcing a new meeting time",
+    "a plumber asking for a quote", "a club cancelling this week's session",
+    "a new colleague welcoming them to the team", "my bank asking about an unknown charge",
+    "a friend congratulating them on a new job", "a library asking to renew a book", "a gym cancelling my membership",
+    "a local council about a broken streetlight", "my doctor's surgery asking to move an appointment",
+    "a volunteer group offering to help",
 )
 EMAIL_FORMS = ("Write a short email to {x}.",)
 FOLLOW_UPS = ("Can you say that in fewer words?", "Give me a concrete example.", "What would you do first?",
