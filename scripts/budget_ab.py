@@ -1,14 +1,20 @@
 """The adaptive tree budget against fixed budgets, interleaved prompt by prompt in one process (one process per
 budget, as `specchat bench --draft-budget N` runs them, compares minutes of a drifting memory, not budgets): our AR,
-the drafter under the adaptive budget and under each fixed one, each prompt's runs in turn.
+the drafter under the adaptive budget and under each fixed one, each prompt's runs in turn (the order reversed every
+other prompt), and each method's speed over the adaptive budget's, prompt by prompt: their mean and its standard error.
 
     python scripts/budget_ab.py [--model qwen2.5-coder-1.5b] [--drafter tokenswift+ngram] [--prompt-set chat]
-        [--budgets 2,3] [--rounds 2] [-n 128]
+        [--prompts docs/examples/chat-prompts.jsonl --first 1100 --count 64] [--budgets 2,3] [--rounds 1] [-n 128]
+
+`--prompts`: a JSON-lines file whose lines carry a "prompt" (or "turns", the first taken), lines `--first` on.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+from pathlib import Path
 
 from specchat.bench.prompts import load_prompt_sets
 from specchat.bench.runs import engine_run
@@ -23,12 +29,20 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--drafter", default="tokenswift+ngram")
     parser.add_argument("--prompt-set", default="chat")
+    parser.add_argument("--prompts", type=Path, help="a JSON-lines file of prompts, instead of --prompt-set")
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--count", type=int, default=64)
     parser.add_argument("--budgets", default="2,3")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("-n", type=int, default=128)
     args = parser.parse_args()
     loaded = load(args.model, "auto", "cpu")
-    prompts = [encode_prompt(loaded.tokenizer, p) for p in load_prompt_sets([args.prompt_set])[args.prompt_set]]
+    if args.prompts:
+        lines = args.prompts.read_text().splitlines()[args.first : args.first + args.count]
+        texts = [entry.get("prompt") or entry["turns"][0] for entry in map(json.loads, lines)]
+    else:
+        texts = load_prompt_sets([args.prompt_set])[args.prompt_set]
+    prompts = [encode_prompt(loaded.tokenizer, text) for text in texts]
     budgets = {"our AR": None, "adaptive": None} | {f"fixed {b}": int(b) for b in args.budgets.split(",")}
     engines = {}
     for name, budget in budgets.items():
@@ -38,16 +52,18 @@ def main() -> None:
     for engine in engines.values():  # warm-up, and the adaptive budget's calibration
         engine_run(engine, prompts[0], 32)
     runs = {name: [] for name in engines}
-    for _ in range(args.rounds):
-        for ids in prompts:
-            for name, engine in engines.items():
-                runs[name].append(engine_run(engine, ids, args.n))
+    for turn, ids in enumerate(prompts * args.rounds):
+        for name in list(engines)[:: 1 if turn % 2 == 0 else -1]:
+            runs[name].append(engine_run(engines[name], ids, args.n))
     ar_speed = sum(r.decode_tokens for r in runs["our AR"]) / sum(r.decode_seconds for r in runs["our AR"])
     for name, done in runs.items():
         speed = sum(r.decode_tokens for r in done) / sum(r.decode_seconds for r in done)
         steps = sum(r.steps for r in done)
         tau, nodes = sum(r.decode_tokens for r in done) / steps, sum(r.budget_total for r in done) / steps
-        print(f"{name:10s} {speed:6.2f} tok/s  {speed / ar_speed:.3f}x our AR  tau {tau:.2f}  nodes a step {nodes:.2f}")
+        ratios = [r.decode_seconds and a.decode_seconds * r.decode_tokens / (r.decode_seconds * a.decode_tokens)
+                  for r, a in zip(done, runs["adaptive"])]  # fmt: skip
+        print(f"{name:10s} {speed:6.2f} tok/s  {speed / ar_speed:.3f}x our AR  tau {tau:.2f}  nodes a step {nodes:.2f}"
+              f"  x adaptive {statistics.mean(ratios):.3f} (se {statistics.stdev(ratios) / len(ratios) ** 0.5:.3f})")
 
 
 if __name__ == "__main__":
