@@ -20,10 +20,7 @@ from specchat.engine.verify_cost import (
     priced_context,
 )
 
-# The 1.5B Q4_K_M on the Zen 4 at 16K tokens (each row's attention is compute) and on a GPU (rows nearly free).
-CPU_LIKE = VerifyCost((0, 1, 3, 7, 15, 31, 63), (1.0, 1.2, 1.54, 2.65, 5.12, 10.2, 20.4))
-# The 1.5B at 1K tokens timed while the memory was slow (seconds): trees of up to 3 nodes hide under the read.
-SLOW_READ = VerifyCost((0, 1, 3, 7, 15, 31, 63), (0.0335, 0.0346, 0.035, 0.0532, 0.1003, 0.2032, 0.413))
+CPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.7, 1.8, 1.85, 1.9, 2.0, 2.6, 3.8))
 GPU_LIKE = VerifyCost((0, 1, 2, 4, 8, 16, 32, 64), (1.0, 1.0, 1.0, 1.0, 1.01, 1.02, 1.04, 1.1))
 
 
@@ -33,29 +30,10 @@ def observe_chain(policy, depth, accepted, origin="model", **kwargs):
                    **kwargs)
 
 
-def test_a_forward_costs_its_weight_read_or_its_rows_compute_whichever_is_more():
-    """Fitted to the calibration: the decode step as timed, trees near their timings, larger ones in proportion to
-    their rows."""
-    assert SLOW_READ.now(0) == pytest.approx(0.0335)
-    for n, seconds in zip(SLOW_READ.sizes[1:5], SLOW_READ.seconds[1:5]):
-        assert SLOW_READ.now(n) == pytest.approx(seconds, rel=0.07)
-    assert SLOW_READ.now(1) < SLOW_READ.now(2) < SLOW_READ.now(3)  # below the knee, rows still cost a little
-    assert SLOW_READ.now(63) / SLOW_READ.now(31) == pytest.approx(63 / 31, rel=0.03)
-
-
-def test_a_faster_read_moves_the_knee_to_smaller_trees():
-    """The machine of `SLOW_READ` a minute later, its memory fast: decode steps of 24.6 ms, 3 nodes measured at 1.40x
-    one. The weight read gets cheaper, the rows' compute does not: scaled as a whole, the calibration kept 3 nodes at
-    1.04x a step and the budget drafted trees too large."""
-    cost = VerifyCost(SLOW_READ.sizes, SLOW_READ.seconds)
-    for _ in range(LIVE_TIMINGS):
-        cost.observe(0, 0.0246)
-    assert cost.now(0) == pytest.approx(0.0246)
-    assert cost.now(15) == pytest.approx(SLOW_READ.now(15), rel=0.01)  # compute-bound: as it was
-    assert cost.relative(3) > 1.2 > SLOW_READ.relative(3) + 0.1 and cost.relative(1) < 1.1
-    for _ in range(2):  # the compute of small trees runs above the line through the large ones: timing corrects it
-        cost.observe(3, 0.0345)
-    assert cost.relative(3) == pytest.approx(1.40, rel=0.01)
+def test_relative_cost_interpolates_between_measured_sizes():
+    assert CPU_LIKE.relative(0) == 1.0
+    assert CPU_LIKE.relative(12) == (1.9 + 2.0) / 2
+    assert CPU_LIKE.relative(128) == 3.8 * 2
 
 
 def test_rejected_drafts_turn_drafting_off_probes_back_off_then_stop():
@@ -219,10 +197,10 @@ def test_copies_keep_their_price_beside_a_model_part_that_is_mostly_wrong():
     for step in range(90):
         model = DraftTree([1, 2, 3], [ROOT, 0, 1], ["model"] * 3)
         if step % 3:
-            mixed.observe(model, [], budget=3)
+            mixed.observe(model, [], budget=mixed.budget or 7)
         else:  # the copy's chain beside the model's
             tree = DraftTree([1, 2, 3, 9, 9, 9, 9], [ROOT, 0, 1, ROOT, 3, 4, 5], ["model"] * 3 + ["ngram"] * 4)
-            mixed.observe(tree, [3, 4, 5, 6], budget=7)
+            mixed.observe(tree, [3, 4, 5, 6], budget=mixed.budget or 7)
     assert mixed.budget >= 3
     assert mixed.origins["model"].expected_tokens(3) < 1.1 < 4 < mixed.origins["ngram"].expected_tokens(7)
 
@@ -239,16 +217,15 @@ def test_drafting_time_is_priced_per_mode():
     for step in range(90):
         tree, seconds = (with_model, 10 * base) if step % 3 == 0 else (copy, 0.0)
         budgets.append(policy.budget)
-        policy.observe(tree, [0, 1, 2, 3], budget=7, draft_seconds=seconds)
+        policy.observe(tree, [0, 1, 2, 3], budget=policy.budget or 7, draft_seconds=seconds)
     assert min(budgets[30:]) >= 7
     ngram, both = frozenset({"ngram"}), frozenset({"ngram", "model"})
-    assert policy.relative_cost(7, ngram) < 3 < 10 < policy.relative_cost(7, both)
+    assert policy.relative_cost(7, ngram) < 2 < 10 < policy.relative_cost(7, both)
 
 
 def test_a_probe_whose_drafting_costs_more_than_its_tokens_fails():
-    """TokenSwift-like drafting on a small CPU model (its rows cost nearly what its weight read does): a draft forward
-    per step, some tokens accepted, not enough."""
-    policy = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.3, 1.9, 3.1, 5.5)), probe_every=4)
+    """TokenSwift-like drafting on a small CPU model: a draft forward per step, some tokens accepted, not enough."""
+    policy = AdaptiveBudget(CPU_LIKE, probe_every=4)
     for _ in range(30):
         observe_chain(policy, 4, accepted=0)
     for _ in range(3):
@@ -307,48 +284,45 @@ def test_a_calibration_stands_for_contexts_up_to_the_next_power_of_two():
     ]
 
 
-def test_decode_steps_time_the_read_and_trees_the_compute_of_their_rows():
-    """A timing sets its term's factor so that the roofline meets it: the median over the term's latest timings,
-    starting from the factor it was priced at. A tree that ran within the read says nothing of its rows."""
-    cost = VerifyCost(SLOW_READ.sizes, SLOW_READ.seconds)
-    cost.observe(1, 0.03)
-    assert cost.factors == {"read": 1.0, "compute": 1.0} and cost.forwards == 1
-    cost.observe(15, 0.2)  # the rows' compute got slower (another process took a core); the read did not
-    assert cost.factors == {"read": 1.0, "compute": 1.0}  # the median of 1.0 (its price) and the slower one
-    cost.observe(15, 0.2)
-    assert cost.now(15) == pytest.approx(0.2) and cost.now(0) == pytest.approx(0.0335, rel=0.02)
+def test_timed_forwards_move_the_prices_of_their_size_class():
+    """A class's factor is the median ratio of its latest timings to the calibration, starting from the factor it
+    was priced at; a class not timed takes the factor of the nearest one timed, ties to the smaller."""
+    cost = VerifyCost((0, 1, 3, 7), (1.0, 1.05, 1.2, 1.6))
+    cost.observe(2, 1.125)  # class 3, as calibrated (2 nodes interpolate to 1.125)
+    assert cost.factors == {3: 1.0} and cost.relative(7) == 1.6
     for _ in range(2):
-        cost.observe(0, 0.025)  # the decode step got faster
-    assert cost.now(0) == pytest.approx(0.025) and cost.now(15) == pytest.approx(0.2, rel=0.01)
-    for seconds in (0.0335, 0.0335, 0.0335):
+        cost.observe(0, 0.8)  # the decode step got faster; the trees did not
+    assert cost.relative(3) == 1.2 / 0.8 and cost.relative(7) == 1.6 / 0.8  # 7 takes 3's factor
+    assert cost.relative(1) == 1.05  # 1 is as near 0 as 3: it takes the smaller's factor
+    for seconds in (1.0, 1.0, 1.0):
         cost.observe(0, seconds)
-    assert cost.now(0) == pytest.approx(0.0335)  # the median of its first price, 0.025 twice and 0.0335 thrice
+    assert cost.factors[0] == 1.0  # the median of 1.0 (its first price), 0.8, 0.8, 1.0, 1.0, 1.0
     for _ in range(LIVE_TIMINGS):
-        cost.observe(0, 0.03)
-    assert cost.now(0) == pytest.approx(0.03)  # only the latest timings count
+        cost.observe(0, 0.9)
+    assert cost.factors[0] == 0.9  # only the latest timings count
 
 
 def test_one_slow_forward_does_not_move_a_price():
     """A forward slowed by something else (6x its cost, as one after a prompt's prefill was) is outvoted, even
-    when it is its term's first timing."""
-    cost = VerifyCost(SLOW_READ.sizes, SLOW_READ.seconds)
-    before = cost.now(15)
-    cost.observe(15, 0.6)
-    assert cost.now(15) == before
-    for seconds in (0.1, 0.11, 0.6, 0.1):
-        cost.observe(15, seconds)
-    assert cost.now(15) == pytest.approx(0.1, rel=0.01)
+    when it is its class's first timing."""
+    cost = VerifyCost((0, 1, 3, 7), (1.0, 1.05, 1.2, 1.6))
+    cost.observe(0, 1.0)
+    cost.observe(3, 7.2)
+    assert cost.relative(3) == 1.2
+    for seconds in (1.2, 1.3, 7.2, 1.2):
+        cost.observe(3, seconds)
+    assert cost.relative(3) == 1.2
 
 
-def test_a_term_not_timed_lately_starts_afresh_from_its_factor():
-    cost = VerifyCost(SLOW_READ.sizes, SLOW_READ.seconds)
+def test_a_class_not_timed_lately_takes_its_neighbours_factor():
+    cost = VerifyCost((0, 1, 3, 7), (1.0, 1.05, 1.2, 1.6))
+    cost.observe(0, 1.0)
     for _ in range(3):
-        cost.observe(15, 0.2)  # large trees were slow for a while
-    assert cost.now(15) == pytest.approx(0.2)
+        cost.observe(3, 2.4)  # 3 nodes were slow for a while
+    assert cost.relative(3) == 2.4
     for _ in range(STALE_AFTER):
-        cost.observe(0, 0.0335)  # then only plain steps ran
-    cost.observe(15, 0.1)  # and 15 nodes at their calibrated cost: the old timings are forgotten, not outvoting it
-    assert cost.now(15) == pytest.approx(0.1)
+        cost.observe(7, 1.6)  # then only 7-node trees ran, at their calibrated cost
+    assert set(cost.factors) == {7} and cost.relative(3) == 1.2
 
 
 def test_a_slow_forward_does_not_lock_the_budget_out_of_the_best_tree():
@@ -395,7 +369,8 @@ def test_a_calibration_timed_under_load_is_corrected_by_the_forwards_decoding_ti
             accepted = next((d for d in range(budget) if rng.random() >= 0.6), budget)
             observe_chain(policy, budget, accepted, budget=budget, verify_seconds=true_ms[budget] if timed else None)
         if timed:
-            assert loaded.relative(3) < 1.25 < 1.6 < loaded.relative(7)  # really 1.21 and 1.94; calibrated 1.02, 1.05
+            assert [round(loaded.relative(n), 2) for n in (1, 3)] == [1.0, 1.21]
+            assert abs(loaded.relative(7) - 64 / 33) < 0.05  # not timed lately: priced by 3's factor
         return budgets[-100:]
 
     assert last_budgets(timed=False) == [7] * 100
@@ -411,10 +386,10 @@ def test_siblings_chances_given_their_parent_sum_to_at_most_one():
 
 
 def test_a_scored_tree_keeps_the_nodes_whose_chances_pay_for_their_rows():
-    policy = AdaptiveBudget(CPU_LIKE)
+    policy = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.1, 1.3, 1.8, 2.8)))
     tree = DraftTree.best({(1,): (0.9, "a"), (1, 2): (0.8, "a"), (3,): (0.05, "b"), (1, 2, 4): (0.7, "a")}, 4)
     assert tree.tokens == [1, 2, 4, 3] and tree.scores == [0.9, 0.8, 0.7, 0.05]
-    assert policy.size(tree.scores, 0.0) == 3  # the fourth node adds 0.05 tokens for 1.51 -> 1.72x a step: not worth it
+    assert policy.size(tree.scores, 0.0) == 3  # the fourth node adds 0.05 tokens for 1.3 -> 1.43x a step: not worth it
     assert tree.cut(3).tokens == [1, 2, 4] and tree.cut(3).parents == [ROOT, 0, 1]
     assert policy.size(tree.scores, 0.0) == policy.size(tree.scores, 0.02)  # drafting done is paid whatever is kept
     for step in range(40):  # a tenth of what its scores promise is accepted: no node pays for its row
@@ -439,15 +414,14 @@ def test_one_slow_scored_tree_does_not_put_the_probes_off():
 
 
 def test_the_least_chance_worth_a_node_pays_for_its_mean_verification_cost_at_the_expected_speed():
-    cpu = AdaptiveBudget(CPU_LIKE)
-    per_node = (CPU_LIKE.relative(15) - 1) / 15
-    assert cpu.least_chance() == pytest.approx(per_node)  # speed and calibration at their priors, 1
+    cpu = AdaptiveBudget(VerifyCost((0, 1, 3, 7, 15), (1.0, 1.1, 1.3, 1.8, 2.8)))
+    assert cpu.least_chance() == pytest.approx(1.8 / 15)  # speed and calibration at their priors, 1
     assert AdaptiveBudget(GPU_LIKE).least_chance() < 0.002  # rows nearly free: every node is worth one
     tree = DraftTree.best({(1,): (0.9, "a"), (1, 2): (0.8, "a")}, 2)
     for _ in range(40):  # half of what the scores promise is accepted: a score is worth half a token
         cpu.observe(tree, [0], budget=2)
-    assert cpu.least_chance() == pytest.approx(per_node * cpu.scored[0] / cpu.scored[1])
-    assert cpu.least_chance() > 1.5 * per_node
+    assert cpu.least_chance() == pytest.approx(1.8 / 15 * cpu.scored[0] / cpu.scored[1])
+    assert cpu.least_chance() > 1.5 * 1.8 / 15
 
 
 def test_scored_drafting_that_does_not_pay_stops_but_for_probes():
