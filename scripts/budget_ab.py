@@ -55,15 +55,19 @@ def main() -> None:
     for turn, ids in enumerate(prompts * args.rounds):
         for name in list(engines)[:: 1 if turn % 2 == 0 else -1]:
             runs[name].append(engine_run(engines[name], ids, args.n))
-    ar_speed = sum(r.decode_tokens for r in runs["our AR"]) / sum(r.decode_seconds for r in runs["our AR"])
+    ar_speed = speed(runs["our AR"])
     for name, done in runs.items():
-        speed = sum(r.decode_tokens for r in done) / sum(r.decode_seconds for r in done)
         steps = sum(r.steps for r in done)
         tau, nodes = sum(r.decode_tokens for r in done) / steps, sum(r.budget_total for r in done) / steps
-        ratios = [r.decode_seconds and a.decode_seconds * r.decode_tokens / (r.decode_seconds * a.decode_tokens)
-                  for r, a in zip(done, runs["adaptive"])]  # fmt: skip
-        print(f"{name:10s} {speed:6.2f} tok/s  {speed / ar_speed:.3f}x our AR  tau {tau:.2f}  nodes a step {nodes:.2f}"
-              f"  x adaptive {statistics.mean(ratios):.3f} (se {statistics.stdev(ratios) / len(ratios) ** 0.5:.3f})")
+        ratios = [speed([run]) / speed([adaptive]) for run, adaptive in zip(done, runs["adaptive"])]
+        error = statistics.stdev(ratios) / len(ratios) ** 0.5
+        print(f"{name:10s} {speed(done):6.2f} tok/s  {speed(done) / ar_speed:.3f}x our AR  tau {tau:.2f}  nodes a step"
+              f" {nodes:.2f}  x adaptive {statistics.mean(ratios):.3f} (se {error:.3f})")
+
+
+def speed(runs: list) -> float:
+    """Decoded tokens a second over `runs`."""
+    return sum(r.decode_tokens for r in runs) / sum(r.decode_seconds for r in runs)
 
 
 if __name__ == "__main__":
