@@ -410,6 +410,7 @@ def test_a_drafting_engine_times_its_forwards_and_now_and_then_a_plain_step(toke
     assert 1 in steps[: PLAIN_STEP_EVERY + 1]
     cost = engine.policy.cost
     assert set(cost.factors) == {0, 1} and cost.since_decode < PLAIN_STEP_EVERY
+    assert cost.sizes[:5] == (0, 1, 2, 3, 4)  # each size a scored tree's cut mostly keeps is priced by its own class
     run(engine, random_prompt(12, seed=6), 8)  # a new text: a new policy, the same prices
     assert engine.policy.cost is cost and list(engine._verify_costs.values()) == [cost]
 

@@ -20,7 +20,7 @@ from specchat.architectures.llama import LlamaParts
 from specchat.checks import check_kv_cache
 from specchat.disk_cache import cache_dir
 from specchat.engine.attention import sliding_window
-from specchat.engine.budget import MAX_BUDGET, SIZES, AdaptiveBudget
+from specchat.engine.budget import MAX_BUDGET, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.constraint import ConstrainedText, Constraint
 from specchat.engine.cuda_graphs import captures
@@ -37,7 +37,13 @@ from specchat.engine.target_forward import forward_path, held_kv_cache, target_f
 from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, TreeBatch, node_histories, tree_batch
 from specchat.engine.verify import verify
-from specchat.engine.verify_cost import VerifyCost, cached_verify_cost, measure_verify_cost, priced_context
+from specchat.engine.verify_cost import (
+    CALIBRATED_SIZES,
+    VerifyCost,
+    cached_verify_cost,
+    measure_verify_cost,
+    priced_context,
+)
 from specchat.engine.verify_forward import verification_forward
 from specchat.errors import SpecchatError
 from specchat.first_use import first_use
@@ -429,7 +435,7 @@ class Engine:
         def verify_forward(n: int):  # a chain of n nodes at the current context, never committed
             return verification_forward(self._forward, self.cache, self.device, tree=n)
 
-        sizes = [n for n in SIZES if n <= self.tree_capacity]
+        sizes = [n for n in CALIBRATED_SIZES if n <= self.tree_capacity]
 
         def measure() -> VerifyCost:
             with first_use("timing verification forwards of this model at this context (once per machine)"):

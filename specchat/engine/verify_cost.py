@@ -1,9 +1,9 @@
 """What a verification forward over the root and n draft nodes costs: timed once per machine, then kept up to
 date from the forwards decoding runs.
 
-The calibration times forwards of 0, 1, 3, 7, ... nodes at the current context (up to the first that costs three
-decode steps: larger trees cost in proportion to their rows), once per model, dtype, device and context class, and
-keeps them on disk. Its prices are ratios to a decode step, and on a machine that shares
+The calibration times forwards of 0, 1, 2, 3, 4, 7, 15, ... nodes at the current context (up to the first that costs
+three decode steps: larger trees cost in proportion to their rows), once per model, dtype, device and context class,
+and keeps them on disk. Its prices are ratios to a decode step, and on a machine that shares
 its memory those ratios move with the minute: a decode step reads the weights at whatever bandwidth the
 neighbours leave, while a forward of a few rows, nearer compute-bound, does not; a calibration timed while
 another process loaded the CPU would misprice trees for good.
@@ -31,6 +31,10 @@ from statistics import median_low
 from specchat.disk_cache import cached_json
 from specchat.engine.timing import Timer
 
+# The sizes a calibration times: each of the first four, among which a scored tree's cut mostly chooses and where a
+# CPU's forward turns from reading the weights to computing its rows, each a size class of its own (2 nodes priced
+# by the class of 3 cost about 3's, and the cut never keeps them), then the budget's sizes (`budget.SIZES`).
+CALIBRATED_SIZES = (0, 1, 2, 3, 4, 7, 15, 31, 63)
 MIN_PRICED_CONTEXT = 1024  # contexts up to this share one calibration
 PLAIN_STEP_EVERY = 64  # timed forwards with a tree before a plain step re-times the decode step
 LIVE_TIMINGS = 9  # a size class's latest timings, whose median is its factor
