@@ -2,6 +2,7 @@
 budget, as `specchat bench --draft-budget N` runs them, compares minutes of a drifting memory, not budgets): our AR,
 the drafter under the adaptive budget and under each fixed one, each prompt's runs in turn (the order reversed every
 other prompt), and each method's speed over the adaptive budget's, prompt by prompt: their mean and its standard error.
+Every run's text must be our AR's.
 
     python scripts/budget_ab.py [--model qwen2.5-coder-1.5b] [--drafter tokenswift+ngram] [--prompt-set chat]
         [--prompts docs/examples/chat-prompts.jsonl --first 1100 --count 64] [--budgets 2,3] [--rounds 1] [-n 128]
@@ -55,6 +56,8 @@ def main() -> None:
     for turn, ids in enumerate(prompts * args.rounds):
         for name in list(engines)[:: 1 if turn % 2 == 0 else -1]:
             runs[name].append(engine_run(engines[name], ids, args.n))
+        if differ := [name for name in engines if runs[name][-1].tokens != runs["our AR"][-1].tokens]:
+            raise SystemExit(f"prompt {turn % len(prompts)}: {', '.join(differ)} did not write our AR's text")
     ar_speed = speed(runs["our AR"])
     for name, done in runs.items():
         steps = sum(r.steps for r in done)
