@@ -3,7 +3,9 @@
 The target answers each prompt of the bench's sets greedily; then, at every position of each answer, the drafter
 (following the answer as the engine would feed it, the target's own states included) proposes the tree the
 engine asks a scoring drafter for, and the tree is cut to n nodes as the adaptive budget cuts it. Printed per
-set and n: tokens a step (tau: the cut tree's path along the answer, plus the target's bonus token), the cost
+set and n: tokens a step (tau: the cut tree's path along the answer, plus the target's bonus token, over the steps
+the engine would take, each from where the last one's tokens end: averaged over every position instead, a step
+would count as often inside a run of easy tokens as at its start, where the engine's steps start), the cost
 of verifying n nodes against a decode step (the engine's calibration on this machine, at this context class),
 and their ratio: the speedup over plain decoding were drafting free and every step n nodes. It bounds what
 sizing trees can gain, and says whether a target needs better drafts or cheaper rows.
@@ -60,6 +62,16 @@ def accepted_by_size(engine: Engine, prompt: list[int], reply: list[int]) -> lis
     return steps
 
 
+def walked_steps(accepted: list[int]) -> int:
+    """The steps the engine takes through an answer whose drafts at each position would have `accepted` so many
+    tokens: each commits those and the bonus, and the next drafts where they end."""
+    position, steps = 0, 0
+    while position < len(accepted):
+        position += accepted[position] + 1
+        steps += 1
+    return steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--drafter", default="tokenswift+ngram")
@@ -74,16 +86,19 @@ def main() -> None:
     sets = load_prompt_sets(args.prompt_set.split(","))
     cost = None
     print(f"{args.drafter}, {args.n} tokens an answer; tau / verification cost (x a decode step) / ratio")
-    print("set        steps " + " ".join(f"{f'n={n}':>17}" for n in SIZES))
+    print("set       tokens " + " ".join(f"{f'n={n}':>17}" for n in SIZES))
     for name, texts in sets.items():
-        steps = []
+        tokens, steps = 0, [0] * len(SIZES)
         for text in texts:
             prompt = encode_prompt(loaded.tokenizer, text)
-            steps += accepted_by_size(engine, prompt, answer(engine, prompt, args.n))
+            accepted = accepted_by_size(engine, prompt, answer(engine, prompt, args.n))
             cost = cost or engine._verify_cost()  # priced at the first answer's context class
-        taus = [1 + sum(step[i] for step in steps) / len(steps) for i in range(len(SIZES))]
+            tokens += len(accepted)
+            for i in range(len(SIZES)):
+                steps[i] += walked_steps([step[i] for step in accepted])
+        taus = [tokens / taken for taken in steps]
         cells = [f"{tau:5.2f} /{cost.relative(n):5.2f} /{tau / cost.relative(n):5.2f}" for n, tau in zip(SIZES, taus)]
-        print(f"{name:10s} {len(steps):5d} " + " ".join(f"{cell:>17}" for cell in cells), flush=True)
+        print(f"{name:10s} {tokens:5d} " + " ".join(f"{cell:>17}" for cell in cells), flush=True)
 
 
 if __name__ == "__main__":
