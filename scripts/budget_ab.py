@@ -13,7 +13,6 @@ Every run's text must be our AR's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from specchat.cli.common import load
 from specchat.drafters import attach_drafter
 from specchat.engine.generate import Engine
 from specchat.engine.prompt import encode_prompt
+from specchat.training.prompts import file_prompts
 
 
 def main() -> None:
@@ -39,8 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     loaded = load(args.model, "auto", "cpu")
     if args.prompts:
-        lines = args.prompts.read_text().splitlines()[args.first : args.first + args.count]
-        texts = [entry.get("prompt") or entry["turns"][0] for entry in map(json.loads, lines)]
+        texts = [prompt.turns[0] for prompt in file_prompts(args.prompts)[args.first : args.first + args.count]]
     else:
         texts = load_prompt_sets([args.prompt_set])[args.prompt_set]
     prompts = [encode_prompt(loaded.tokenizer, text) for text in texts]

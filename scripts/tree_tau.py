@@ -11,12 +11,16 @@ and their ratio: the speedup over plain decoding were drafting free and every st
 sizing trees can gain, and says whether a target needs better drafts or cheaper rows.
 
     python scripts/tree_tau.py [--drafter tokenswift+ngram] [--prompt-set chat,code,summarize] [-n 128]
+        [--prompts docs/examples/chat-prompts.jsonl --first 1100 --count 48]
+
+`--prompts`: a JSON-lines file of prompts (each line's first turn), lines `--first` on, instead of the bench's sets.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 import torch
 
@@ -31,6 +35,7 @@ from specchat.engine.budget import SCORED_TREE  # noqa: E402
 from specchat.engine.generate import Engine  # noqa: E402
 from specchat.engine.prompt import encode_prompt  # noqa: E402
 from specchat.engine.sampling_config import SamplingConfig  # noqa: E402
+from specchat.training.prompts import file_prompts  # noqa: E402
 
 SIZES = (1, 2, 3, 4, 5, 7, 15)
 
@@ -76,6 +81,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--drafter", default="tokenswift+ngram")
     parser.add_argument("--prompt-set", default="chat,code,summarize")
+    parser.add_argument("--prompts", type=Path, help="a JSON-lines file of prompts, instead of --prompt-set")
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--count", type=int, default=48)
     parser.add_argument("-n", type=int, default=128)
     args = parser.parse_args()
     loaded = load("qwen2.5-coder-1.5b", "auto", "cpu")
@@ -83,7 +91,11 @@ def main() -> None:
     attach_drafter(engine, loaded.source, args.drafter, draft_budget=None, draft_cache=None)
     if not engine.drafter.scores_nodes:
         raise SystemExit(f"{args.drafter} does not score its nodes: its trees are not cut by size")
-    sets = load_prompt_sets(args.prompt_set.split(","))
+    if args.prompts:
+        chats = file_prompts(args.prompts)[args.first : args.first + args.count]
+        sets = {args.prompts.stem: [chat.turns[0] for chat in chats]}
+    else:
+        sets = load_prompt_sets(args.prompt_set.split(","))
     cost = None
     print(f"{args.drafter}, {args.n} tokens an answer; tau / verification cost (x a decode step) / ratio")
     print("set       tokens " + " ".join(f"{f'n={n}':>17}" for n in SIZES))
