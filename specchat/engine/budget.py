@@ -57,6 +57,10 @@ if TYPE_CHECKING:  # torch-free: the CLI checks --draft-budget against MAX_BUDGE
 # Tree sizes the budget chooses from: with the root, 1, 2, 4, ... 64 rows, the row blocks kernels compute in
 # (torch's CPU int4 kernel takes rows four at a time: 5 rows cost about twice 4).
 SIZES = (0, 1, 3, 7, 15, 31, 63)
+# The sizes a calibration times: the budget's, and each one up to 4, among which a scored tree's cut mostly chooses
+# and where a CPU's forward turns from reading the weights to computing its rows. Each is a size class of its own:
+# priced by the class of 3, 2 nodes would cost about 3's, and the cut would never keep them.
+CALIBRATED_SIZES = tuple(sorted({*SIZES, 2, 4}))
 SCORED_TREE = 15  # the nodes a drafter that scores them proposes; `AdaptiveBudget.size` keeps those that pay
 SCORED_SPEED_DECAY = 0.8  # of the past, in the moving average of what scored drafting is expected to gain
 MAX_BUDGET = 64  # the most nodes a fixed budget may ask for: canonical attention's deepest tree

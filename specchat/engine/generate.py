@@ -20,7 +20,7 @@ from specchat.architectures.llama import LlamaParts
 from specchat.checks import check_kv_cache
 from specchat.disk_cache import cache_dir
 from specchat.engine.attention import sliding_window
-from specchat.engine.budget import MAX_BUDGET, AdaptiveBudget
+from specchat.engine.budget import CALIBRATED_SIZES, MAX_BUDGET, AdaptiveBudget
 from specchat.engine.cache import TreeCache, check_cache_fits
 from specchat.engine.constraint import ConstrainedText, Constraint
 from specchat.engine.cuda_graphs import captures
@@ -37,13 +37,7 @@ from specchat.engine.target_forward import forward_path, held_kv_cache, target_f
 from specchat.engine.text import TextStream
 from specchat.engine.tree import DraftTree, TreeBatch, node_histories, tree_batch
 from specchat.engine.verify import verify
-from specchat.engine.verify_cost import (
-    CALIBRATED_SIZES,
-    VerifyCost,
-    cached_verify_cost,
-    measure_verify_cost,
-    priced_context,
-)
+from specchat.engine.verify_cost import VerifyCost, cached_verify_cost, measure_verify_cost, priced_context
 from specchat.engine.verify_forward import verification_forward
 from specchat.errors import SpecchatError
 from specchat.first_use import first_use

@@ -31,10 +31,6 @@ from statistics import median_low
 from specchat.disk_cache import cached_json
 from specchat.engine.timing import Timer
 
-# The sizes a calibration times: each of the first four, among which a scored tree's cut mostly chooses and where a
-# CPU's forward turns from reading the weights to computing its rows, each a size class of its own (2 nodes priced
-# by the class of 3 cost about 3's, and the cut never keeps them), then the budget's sizes (`budget.SIZES`).
-CALIBRATED_SIZES = (0, 1, 2, 3, 4, 7, 15, 31, 63)
 MIN_PRICED_CONTEXT = 1024  # contexts up to this share one calibration
 PLAIN_STEP_EVERY = 64  # timed forwards with a tree before a plain step re-times the decode step
 LIVE_TIMINGS = 9  # a size class's latest timings, whose median is its factor
