@@ -448,14 +448,20 @@ def test_train_tokenswift_writes_heads_that_load(loaded, tmp_path, root_input):
 
 def test_heads_trained_from_a_checkpoint_keep_its_vocabulary_and_start_as_it_was(loaded, tmp_path):
     """`--init` with `--chain-input`: the root-input heads of a first run, given chain blocks that start as no-ops
-    (the same outputs before any step), train on with the first run's draft vocabulary."""
+    (the same outputs before any step), train on with the first run's draft vocabulary; given `--vocab`, with one
+    picked afresh from the data."""
     data = _data_dir(tmp_path / "data")
     recipe = TrainRecipe(epochs=1, batch=4, warmup_steps=1)
     train_tokenswift(loaded, data, tmp_path / "first", recipe, vocab=8192, root_input=True)
     first = load_heads(tmp_path / "first")
-    summary = train_tokenswift(loaded, data, tmp_path / "chained", recipe, vocab=64, chain_input=True,
+    summary = train_tokenswift(loaded, data, tmp_path / "chained", recipe, chain_input=True,
                                init=tmp_path / "first", limits={"train": 4})  # fmt: skip
-    assert summary["chain_input"] and summary["loss_vocab"] == 8192  # the first run's vocabulary, not --vocab's
+    assert summary["chain_input"] and summary["loss_vocab"] == 8192  # the first run's vocabulary
+    repicked = train_tokenswift(loaded, data, tmp_path / "repicked", recipe, vocab=64, init=tmp_path / "first",
+                                limits={"train": 4})  # fmt: skip
+    narrow = load_heads(tmp_path / "repicked").draft_vocab
+    assert repicked["loss_vocab"] == 64 and len(narrow) == 64  # the 64 most frequent: among the first's 8192
+    assert set(narrow.tolist()) < set(first.draft_vocab.tolist())
     assert summary["steps"] == 1 and summary["data"]["train_samples"] == 4 and summary["data"]["limits"] == {"train": 4}
     chained = load_heads(tmp_path / "chained")
     assert (chained.config.chain_input and chained.config.root_input

@@ -26,6 +26,7 @@ from specchat.training.pipeline import quiet_stage
 from specchat.training.samples import Sample, fingerprint, sample_of, samples_of
 from specchat.training.trainer import STATE, TrainRecipe, learning_rate, train
 from specchat.training.training_set import TrainingSet
+from specchat.training.vocab import frequent_tokens
 
 
 def _record(prompt, answer, sampling="greedy", turn=0):
@@ -217,6 +218,11 @@ def test_limits_read_each_directorys_first_samples_whose_features_a_whole_run_re
     for index in range(17):
         assert all(torch.equal(a, b) for a, b in zip(first.features.of(index), whole.features.of(index), strict=True))
     assert TrainingSet.load(loaded, answers, quiet_stage, limits={"train": 100}).samples == whole.samples
+    vocab_size = loaded.model.config.vocab_size  # the draft vocabulary counts every answer, whatever the limits
+    assert torch.equal(first.draft_vocab(32, vocab_size), whole.draft_vocab(32, vocab_size))
+    assert torch.equal(first.draft_vocab(32, vocab_size), frequent_tokens([r["answer_ids"] for r in records], 32,
+                                                                           vocab_size))  # fmt: skip
+    assert not torch.equal(first.draft_vocab(32, vocab_size), frequent_tokens(first.answers, 32, vocab_size))
     other = _data_dir(tmp_path / "other", seed=1)  # 8 training samples, 2 held out
     each = TrainingSet.load(loaded, [answers, other], quiet_stage, limits={"train": [0, 3], "heldout": 1})
     assert each.samples == whole.samples + samples_of(read_records(other, "train"))[:3]  # all, then the first 3

@@ -216,7 +216,8 @@ def train_tokenswift(
                                               help="Each later head also reads the token the head before it guessed "
                                                    "(implies --root-input).")] = False,
     init: Annotated[Path | None, typer.Option("--init", help="Start from these trained heads (their draft "
-                                              "vocabulary kept; blocks they lack start as no-ops).")] = None,
+                                              "vocabulary kept unless --vocab is given; blocks they lack start as "
+                                              "no-ops).")] = None,
     checkpoint_minutes: CheckpointOption = 5.0,
     resume: ResumeOption = False,
     precision: PrecisionOption = "auto",

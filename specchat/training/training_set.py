@@ -29,6 +29,7 @@ from specchat.training.features import (
     target_layer_states,
 )  # fmt: skip
 from specchat.training.samples import MAX_SAMPLE_TOKENS, Sample, samples_of
+from specchat.training.vocab import frequent_tokens
 
 
 @dataclass
@@ -41,6 +42,13 @@ class TrainingSet:
     heldout_features: Features | HiddenFeatures | LayerFeatures
     feature_seconds: float  # computing the features that were not on disk
     dirs: list[Path]  # the data directories, in the order their samples are
+    every_answer: list[list[int]]  # of every training record of `dirs`, whatever `limits` read
+
+    def draft_vocab(self, size: int, vocab_size: int, always: Sequence[int] = ()) -> torch.Tensor:
+        """The `size` most frequent tokens (`always` among them) of every training answer of the directories, not
+        only of the samples `limits` let train: counting is cheap, the estimate better, and a quick run drafts in
+        the vocabulary of the longer run on the same data. 0: the whole vocabulary."""
+        return frequent_tokens(self.every_answer, size, vocab_size, always=always)
 
     @classmethod
     def load(cls, loaded, data: Path | Sequence[Path], stage: Callable[[str, int], Callable[[int], None]], *,
@@ -52,8 +60,9 @@ class TrainingSet:
         directory, or from each in turn (a sequence), its first (a quicker run, whose features a longer one
         reuses); `stage(name, total)` announces the features stages and returns their progress callbacks."""
         dirs = [data] if isinstance(data, Path) else list(data)
+        every = {folder: read_split_records(folder, loaded.source.name) for folder in dirs}
         records = {folder: {split: _first_samples(held, _limit(limits, split, index))
-                            for split, held in zip(SPLITS, read_split_records(folder, loaded.source.name), strict=True)}
+                            for split, held in zip(SPLITS, every[folder], strict=True)}
                    for index, folder in enumerate(dirs)}  # fmt: skip
         for split in SPLITS:
             if not any(samples_of(held[split]) for held in records.values()):
@@ -72,7 +81,7 @@ class TrainingSet:
                 held.extend(part)
         (train_records, samples, train_features), (heldout_records, heldout, heldout_features) = parts.values()
         return cls(train_records, samples, concat(train_features), heldout_records, heldout, concat(heldout_features),
-                   time.perf_counter() - start, dirs)  # fmt: skip
+                   time.perf_counter() - start, dirs, [r["answer_ids"] for train, _ in every.values() for r in train])
 
     @property
     def answers(self) -> list[list[int]]:

@@ -23,7 +23,6 @@ from specchat.engine.generate import eos_ids
 from specchat.training.pipeline import Trainee, train_drafter
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet, target_head
-from specchat.training.vocab import frequent_tokens
 
 
 def train_eagle3(loaded, data: Path | list[Path], out: Path, recipe: TrainRecipe, *, vocab: int = 8192,
@@ -36,7 +35,7 @@ def train_eagle3(loaded, data: Path | list[Path], out: Path, recipe: TrainRecipe
 
     def trainee(data_set: TrainingSet) -> Trainee:
         always = sorted(eos_ids(model, loaded.tokenizer))
-        draft_vocab = frequent_tokens(data_set.answers, vocab, config.vocab_size, always=always)
+        draft_vocab = data_set.draft_vocab(vocab, config.vocab_size, always=always)
         torch.manual_seed(recipe.seed)
         draft = initial_draft(Eagle3Config.for_target(config, intermediate=intermediate,
                                                       draft_vocab_size=len(draft_vocab)),

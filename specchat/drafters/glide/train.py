@@ -19,7 +19,6 @@ from specchat.engine.generate import eos_ids
 from specchat.training.pipeline import Trainee, train_drafter
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet, target_embeddings, target_head
-from specchat.training.vocab import frequent_tokens
 
 
 def train_glide(loaded, data: Path | list[Path], out: Path, recipe: TrainRecipe, *, vocab: int = 0,
@@ -32,7 +31,7 @@ def train_glide(loaded, data: Path | list[Path], out: Path, recipe: TrainRecipe,
 
     def trainee(data_set: TrainingSet) -> Trainee:
         always = sorted(eos_ids(model, loaded.tokenizer))
-        draft_vocab = frequent_tokens(data_set.answers, vocab, vocab_size, always=always)
+        draft_vocab = data_set.draft_vocab(vocab, vocab_size, always=always)
         torch.manual_seed(recipe.seed)
         width = {"intermediate_size": intermediate} if intermediate else {}
         config = GlideConfig.for_target(model.config, num_hidden_layers=1, shared_vocab=True, **width)

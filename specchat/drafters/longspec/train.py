@@ -18,7 +18,6 @@ from specchat.engine.generate import eos_ids
 from specchat.training.pipeline import Trainee, quiet_stage, train_drafter
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet, target_embeddings, target_head
-from specchat.training.vocab import frequent_tokens
 from specchat.training.vocab_choice import VOCAB_SIZES, best_vocab, measure_vocabs
 
 
@@ -38,7 +37,7 @@ def train_longspec(loaded, data: Path | list[Path], out: Path, recipe: TrainReci
     eos = sorted(eos_ids(model, loaded.tokenizer))
 
     def trainee(data_set: TrainingSet) -> Trainee:
-        trained_vocab = frequent_tokens(data_set.answers, vocab, vocab_size, always=eos)
+        trained_vocab = data_set.draft_vocab(vocab, vocab_size, always=eos)
         torch.manual_seed(recipe.seed)
         layer = LongSpecLayer(LongSpecConfig.for_target(model.config, intermediate=intermediate)).to(model.device)
         reduced = None if len(trained_vocab) == vocab_size else trained_vocab
@@ -47,7 +46,7 @@ def train_longspec(loaded, data: Path | list[Path], out: Path, recipe: TrainReci
 
         def choose_vocab() -> dict:
             sizes = [size for size in VOCAB_SIZES if 0 < size < len(trained_vocab)] + [len(trained_vocab)]
-            vocabs = {size: frequent_tokens(data_set.answers, size, vocab_size, always=eos) for size in sizes}
+            vocabs = {size: data_set.draft_vocab(size, vocab_size, always=eos) for size in sizes}
             prompts = [r["prompt_ids"] for r in data_set.heldout_records
                        if r["turn"] == 0 and r["sampling"] == "greedy"][:eval_prompts]  # fmt: skip
             layer.eval()

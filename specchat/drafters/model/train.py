@@ -24,7 +24,6 @@ from specchat.errors import SpecchatError
 from specchat.training.pipeline import Trainee, train_drafter
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet
-from specchat.training.vocab import frequent_tokens
 
 DENSE = ("float32", "bfloat16", "float16")  # weight formats a student can start from
 
@@ -44,7 +43,7 @@ def train_model_drafter(loaded, data: Path, out: Path, recipe: TrainRecipe, *, l
     def trainee(data_set: TrainingSet) -> Trainee:
         vocab_size = model.config.vocab_size
         always = sorted(eos_ids(model, loaded.tokenizer))
-        draft_vocab = frequent_tokens(data_set.answers, vocab, vocab_size, always=always)
+        draft_vocab = data_set.draft_vocab(vocab, vocab_size, always=always)
         reduced = None if len(draft_vocab) == vocab_size else draft_vocab
         return Trainee(
             objective=ModelDrafterObjective(student, draft_vocab),

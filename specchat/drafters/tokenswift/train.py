@@ -21,7 +21,6 @@ from specchat.errors import SpecchatError
 from specchat.training.pipeline import Trainee, train_drafter
 from specchat.training.trainer import TrainRecipe
 from specchat.training.training_set import TrainingSet, target_head
-from specchat.training.vocab import frequent_tokens
 
 BETAS = (0.9, 0.999)  # the reference trains with the Hugging Face Trainer's AdamW defaults
 
@@ -31,7 +30,9 @@ def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, voca
     """Train, write the heads and their summary to `out`; returns the summary. `vocab`: the most frequent
     answer tokens the loss is taken over and the heads draft from (0: all). `root_input`: the heads also read
     the root token; `chain_input`: each later head the token the one before it guessed. `init`: start from
-    these trained heads (their draft vocabulary, and root input, kept; blocks they lack start as no-ops).
+    these trained heads (their root input kept, and their draft vocabulary unless `vocab` picks one afresh from
+    this data: the heads output hidden states for the target's LM head, so any of its rows can be drafted; blocks
+    they lack start as no-ops).
     `pipeline`: `train_drafter`'s options."""
     model = loaded.model
     start = load_heads(init, device=model.device, dtype=torch.float32, target_config=model.config) if init else None
@@ -40,15 +41,16 @@ def train_tokenswift(loaded, data: Path, out: Path, recipe: TrainRecipe, *, voca
         torch.manual_seed(recipe.seed)
         config = TokenSwiftConfig.for_target(model.config, root_input=root_input or chain_input,
                                              chain_input=chain_input)
-        if start is None:
+        if start is None or vocab:
             always = sorted(eos_ids(model, loaded.tokenizer))
-            loss_vocab = frequent_tokens(data_set.answers, vocab, model.config.vocab_size, always=always)
-            reduced = loss_vocab if len(loss_vocab) < model.config.vocab_size else None  # the heads draft inside it
+            loss_vocab = data_set.draft_vocab(vocab, model.config.vocab_size, always=always)
+        else:
+            loss_vocab = start.draft_vocab if start.draft_vocab is not None else torch.arange(model.config.vocab_size)
+        reduced = loss_vocab if len(loss_vocab) < model.config.vocab_size else None  # the heads draft inside it
+        if start is None:
             heads = TokenSwiftHeads(config, parts(model).norm.weight.detach().float(), draft_vocab=reduced)
         else:
             config = replace(config, root_input=config.root_input or start.config.root_input)
-            reduced = start.draft_vocab
-            loss_vocab = reduced if reduced is not None else torch.arange(model.config.vocab_size)
             heads = TokenSwiftHeads(config, draft_vocab=reduced)
             missing, unexpected = heads.load_state_dict(start.state_dict(), strict=False)
             if unexpected or any(not name.startswith(("chain_inputs.", "root_input.")) for name in missing):
