@@ -8,17 +8,26 @@ through 16 GB. So specchat downloads before anything loads, one file at a time, 
 `original/consolidated.00.pth`, Mistral's `consolidated.safetensors` beside the shards): a checkpoint's download
 takes the files transformers reads, at the repo's top level, and its weights in one format (safetensors, else
 PyTorch's), those its index names.
+
+A machine with no connection need not say so (HF_HUB_OFFLINE): the hub's client retries a refused or unresolved
+connection five times over 23 s before it gives up, and it cannot list a snapshot it has cached. So before it asks
+the hub anything, specchat tries to open a connection to it (`reachable`, once a process): a cached drafter then loads
+as it would offline, and a file that must come down is refused at once.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import socket
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from urllib.parse import urlparse
 
 from tqdm import tqdm
 
@@ -31,6 +40,7 @@ WEIGHTS = (("model.safetensors.index.json", "model.safetensors"),
            ("pytorch_model.bin.index.json", "pytorch_model.bin"))  # (index, single file), as transformers prefers them
 SUBFOLDERS = ("*/*",)  # other formats of the weights, other runtimes' files
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+CONNECT_SECONDS = 3.0  # how long `reachable` waits for the hub to accept a connection
 
 
 class DownloadBar(tqdm):
@@ -52,11 +62,41 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
+@functools.cache
+def reachable() -> bool:
+    """Whether the hub's endpoint (HF_ENDPOINT, else huggingface.co) accepts a connection within CONNECT_SECONDS.
+    Behind a proxy the proxy is what connects, so the hub counts as reachable and its client finds out."""
+    from huggingface_hub import constants
+
+    return endpoint_accepts(constants.ENDPOINT)
+
+
+def endpoint_accepts(endpoint: str) -> bool:
+    """Whether `endpoint` (a URL) accepts a TCP connection, or is reached through a proxy (assumed to)."""
+    url = urlparse(endpoint)
+    if url.hostname is None:
+        return False
+    if url.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(url.hostname):
+        return True
+    try:
+        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                      timeout=CONNECT_SECONDS):  # fmt: skip
+            return True
+    except OSError:  # no such host, refused, no route, no answer in time
+        return False
+
+
+def unreachable_message(repo: str, instead: str = "") -> str:
+    return f"cannot reach {repo} on the Hugging Face hub: no connection, or the hub is down{instead}"
+
+
 def download_file(repo: str, name: str, *, elsewhere: str = "") -> Path:
     """`name` of the repo `repo`, from the hub's cache or downloaded into it. `elsewhere`: where else the user could
     put the file, told when it cannot be downloaded."""
     from huggingface_hub import hf_hub_download
 
+    if not reachable():
+        raise SpecchatError(unreachable_message(repo, f", or {elsewhere}" if elsewhere else ""))
     with _one_line(repo, name, elsewhere):
         return Path(hf_hub_download(repo, name, tqdm_class=DownloadBar))
 
@@ -71,6 +111,8 @@ def download_checkpoint(repo: str) -> Path:
     if offline():
         raise SpecchatError(f"model '{repo}' is not available offline; download it with `hf download {repo}` on a "
                             "connected machine (or unset HF_HUB_OFFLINE)")  # fmt: skip
+    if not reachable():
+        raise SpecchatError(unreachable_message(repo))
     listed = {file.filename: file for file in _listed(repo, (*CHECKPOINT_FILES, "*.safetensors", "*.bin"))}
     if "config.json" not in listed:
         raise SpecchatError(f"{repo} has no config.json: not a model transformers loads")
@@ -85,12 +127,13 @@ def download_checkpoint(repo: str) -> Path:
 
 def download_snapshot(repo: str, patterns: tuple[str, ...]) -> Path:
     """The snapshot directory of `repo` with its top-level files matching `patterns`, those missing downloaded;
-    offline, the cached snapshot as it is."""
+    offline or with the hub out of reach, the cached snapshot as it is."""
     from huggingface_hub import snapshot_download
 
-    if offline():
+    if offline() or not reachable():
         with _one_line(repo, "its files"):
-            return Path(snapshot_download(repo, allow_patterns=list(patterns), ignore_patterns=list(SUBFOLDERS)))
+            return Path(snapshot_download(repo, allow_patterns=list(patterns), ignore_patterns=list(SUBFOLDERS),
+                                          local_files_only=True))  # fmt: skip
     listed = _listed(repo, patterns)
     if not listed:
         raise SpecchatError(f"{repo} has no file matching {', '.join(patterns)}")
@@ -165,8 +208,10 @@ def _one_line(repo: str, what: str, elsewhere: str = "") -> Iterator[None]:
             message = f"no repo {repo} on the Hugging Face hub (a private one needs `hf auth login`)"
         elif isinstance(error, LocalEntryNotFoundError) and offline():
             message = f"{repo}: {what} not in the Hugging Face cache, and HF_HUB_OFFLINE is set{instead}"
+        elif isinstance(error, LocalEntryNotFoundError) and not reachable():
+            message = f"{repo}: {what} not in the Hugging Face cache, and the hub is out of reach{instead}"
         elif isinstance(error, DryRunError):  # the repo could not be listed, found or not
-            message = f"cannot reach {repo} on the Hugging Face hub: no connection, or the hub is down{instead}"
+            message = unreachable_message(repo, instead)
         elif isinstance(error, LocalEntryNotFoundError):  # the hub says so of a file it lacks too
             message = f"cannot download {what} from {repo}: no connection, or no such file there{instead}"
         else:  # the hub's other HTTP errors, a full disk

@@ -26,7 +26,7 @@ from conftest import tiny_model
 
 from specchat.disk_cache import cache_dir
 from specchat.first_use import tell
-from specchat.hub_download import SHOW_AFTER, DownloadBar
+from specchat.hub_download import SHOW_AFTER, DownloadBar, endpoint_accepts
 from specchat.loading import load_model
 
 GGUF = b"GGUF" + bytes(range(256)) * 2048  # half a megabyte
@@ -222,6 +222,10 @@ def test_what_stops_a_download_is_one_line(hub, tmp_path):
     assert unreachable.returncode == 1, unreachable.stderr
     assert unreachable.stderr == ("error cannot reach me/llama on the Hugging Face hub: no connection, or the hub is "
                                   "down\n")  # fmt: skip
+    gguf = run(hub, tmp_path, FIND, "me/coder/tiny.gguf", port=port)  # at once: not the hub client's five retries
+    assert gguf.stdout == ("error cannot reach me/coder on the Hugging Face hub: no connection, or the hub is down, or "
+                           "put tiny.gguf in ~/.cache/specchat/gguf\n")  # fmt: skip
+    assert "Retry" not in gguf.stderr, gguf.stderr
     drafter = run(hub, tmp_path, FETCH_DRAFTER, "me/llama", offline=True)
     assert drafter.stdout == "error me/llama: its files not in the Hugging Face cache, and HF_HUB_OFFLINE is set\n"
 
@@ -264,6 +268,32 @@ def test_a_model_repo_comes_down_as_what_loads_it_then_loads_from_the_cache(hub,
         resumed = run(hub, tmp_path, LOAD, "me/llama", str(logits))
         assert resumed.returncode == 0 and hub.fetched == ([shard] if cut_short else []), resumed.stderr
         assert torch.equal(torch.load(logits), expected)
+
+
+def test_a_cached_drafter_loads_with_no_connection_and_no_hf_hub_offline(hub, tmp_path):
+    """A drafter's snapshot once fetched loads from the cache when the hub cannot be reached, as it does with
+    HF_HUB_OFFLINE set; one never fetched is refused in one line saying so."""
+    fetched = run(hub, tmp_path, FETCH_DRAFTER, "me/llama")
+    assert fetched.stdout.startswith("found "), fetched.stdout + fetched.stderr
+    with socket.socket() as closed:  # a port nothing listens on once closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    again = run(hub, tmp_path, FETCH_DRAFTER, "me/llama", port=port)
+    assert again.stdout == fetched.stdout, again.stderr
+    never = run(hub, tmp_path, FETCH_DRAFTER, "me/old", port=port)
+    assert never.stdout == "error me/old: its files not in the Hugging Face cache, and the hub is out of reach\n"
+
+
+def test_the_hub_is_reachable_where_its_endpoint_accepts_a_connection_or_a_proxy_reaches_it(monkeypatch):
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert endpoint_accepts(f"http://127.0.0.1:{port}")
+    assert not endpoint_accepts(f"http://127.0.0.1:{port}")  # refused
+    assert not endpoint_accepts("https://no-such-host.invalid")  # no such host
+    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{port}")
+    assert endpoint_accepts("https://no-such-host.invalid")  # the proxy connects, not this machine
 
 
 def test_a_repo_of_pytorch_weights_loads_and_one_without_weights_is_refused(hub, pytorch_checkpoint, tmp_path):
