@@ -11,13 +11,13 @@ PyTorch's), those its index names.
 
 A machine with no connection need not say so (HF_HUB_OFFLINE): the hub's client retries a refused or unresolved
 connection five times over 23 s before it gives up, and it cannot list a snapshot it has cached. So before it asks
-the hub anything, specchat tries to open a connection to it (`reachable`, once a process): a cached drafter then loads
-as it would offline, and a file that must come down is refused at once.
+the hub anything, specchat tries to open a connection to it (`reachable`, each time: a chat started offline may
+download once the machine is back online): a cached drafter then loads as it would offline, and a file that must come
+down is refused at once.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -62,7 +62,6 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
-@functools.cache
 def reachable() -> bool:
     """Whether the hub's endpoint (HF_ENDPOINT, else huggingface.co) accepts a connection within CONNECT_SECONDS.
     Behind a proxy the proxy is what connects, so the hub counts as reachable and its client finds out."""

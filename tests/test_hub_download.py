@@ -26,7 +26,7 @@ from conftest import tiny_model
 
 from specchat.disk_cache import cache_dir
 from specchat.first_use import tell
-from specchat.hub_download import SHOW_AFTER, DownloadBar, endpoint_accepts
+from specchat.hub_download import SHOW_AFTER, DownloadBar, endpoint_accepts, reachable
 from specchat.loading import load_model
 
 GGUF = b"GGUF" + bytes(range(256)) * 2048  # half a megabyte
@@ -285,12 +285,17 @@ def test_a_cached_drafter_loads_with_no_connection_and_no_hf_hub_offline(hub, tm
 
 
 def test_the_hub_is_reachable_where_its_endpoint_accepts_a_connection_or_a_proxy_reaches_it(monkeypatch):
+    from huggingface_hub import constants
+
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)  # this machine's own, if any
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         port = listening.getsockname()[1]
-        assert endpoint_accepts(f"http://127.0.0.1:{port}")
-    assert not endpoint_accepts(f"http://127.0.0.1:{port}")  # refused
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+        assert endpoint_accepts(constants.ENDPOINT) and reachable()
+    assert not endpoint_accepts(f"http://127.0.0.1:{port}") and not reachable()  # refused: asked again each time
     assert not endpoint_accepts("https://no-such-host.invalid")  # no such host
     monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{port}")
     assert endpoint_accepts("https://no-such-host.invalid")  # the proxy connects, not this machine
