@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -248,6 +249,22 @@ def test_models_lists_profiles_and_availability():
     assert "longspec, glide, model, eagle3: none published; --drafter NAME:DIR runs a local checkpoint" in result.stdout
     assert "model: smollm2-135m-model (here)" in result.stdout
     assert "model: double7/vicuna-68m (not cached (offline))" in result.stdout  # SpecExtend's published pair
+
+
+def test_models_says_what_is_not_here_cannot_come_down_with_no_connection(monkeypatch, capfd):
+    from huggingface_hub import constants
+
+    with socket.socket() as closed:  # a port nothing listens on once closed: the hub out of reach
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    result = specchat_in_process(monkeypatch, capfd, "models")
+    assert result.returncode == 0, result.stderr
+    assert "tokenswift: TokenSwift/TokenSwift-Llama-3.1-8B (not cached (no connection))" in result.stdout
+    assert "longspec: smollm2-135m-longspec (here)" in result.stdout
 
 
 @pytest.mark.slow

@@ -13,11 +13,12 @@ from specchat.cli.common import (
 def models() -> None:
     """List model profiles: whether each is on this machine, and the drafters it runs with."""
     from specchat.drafters import KINDS, usable_drafters
-    from specchat.hub_download import offline
+    from specchat.hub_download import offline, reachable
     from specchat.loading import is_available, resolve_model
     from specchat.profiles import DEFAULT_PROFILE, load_profiles
 
-    missing = "not cached (offline)" if offline() else "downloads on first use"
+    missing = ("not cached (offline)" if offline() else "not cached (no connection)" if not reachable()
+               else "downloads on first use")  # fmt: skip
     trained = [name for name, kind in KINDS.items() if kind.trained and not kind.optional]
     typer.echo("--model ALIAS (any Hugging Face repo id or local model directory works too):\n")
     for name, profile in load_profiles().items():
