@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,16 +22,23 @@ def cache_dir() -> Path:
 
 def cached_json(path: Path, key: str, compute: Callable[[], Any]) -> Any:
     """The JSON value stored under `key` in the file at `path`, computed and stored when missing. The file is read
-    again once `compute` returns: what other processes stored while it ran (seconds of measuring) is kept."""
+    again once `compute` returns: what other processes stored while it ran (seconds of measuring) is kept. Where it
+    cannot be written (a full disk, a read-only cache) the value is used all the same, with a warning: a run is not
+    lost for a measurement it could not keep."""
     if key in (store := _read(path)):
         return store[key]
     value = compute()
     store = _read(path)
     store[key] = value
-    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps(store, indent=1))
-    partial.replace(path)  # atomic: a concurrent reader never sees half a file
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(store, indent=1))
+        partial.replace(path)  # atomic: a concurrent reader never sees half a file
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        warnings.warn(f"could not keep {path} ({error.strerror or error}): it is measured again next time",
+                      stacklevel=2)  # fmt: skip
     return value
 
 

@@ -352,19 +352,23 @@ def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage:
 
     progress(f"reading {path.name}'s tokenizer and config (first run only)")
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # unique: loads may race
-    try:
-        with first_use(f"reading {path.name}'s tokenizer and config (once per file)"):
+    with first_use(f"reading {path.name}'s tokenizer and config (once per file)"):
+        try:
             config = gguf_config(path)
             # the tokenizer is all in the file: no class of a model type adds to it (AutoTokenizer would parse the
             # whole file with gguf-py only to pick one)
             tokenizer = PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name)
+        except (OSError, ValueError, KeyError) as error:
+            raise SpecchatError(f"could not read {path}: {first_line(error)}") from None
+        try:
             tokenizer.save_pretrained(partial)
             _name_added_tokens(partial, tokenizer)
-    except (OSError, ValueError, KeyError) as error:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise SpecchatError(f"could not read {path}: {first_line(error)}") from None
-    config.save_pretrained(partial)
-    (partial / SOURCES_FILE).write_text(sources_json([path]))
+            config.save_pretrained(partial)
+            (partial / SOURCES_FILE).write_text(sources_json([path]))
+        except OSError as error:  # the cache cannot be written: a full disk, a read-only home, a bad SPECCHAT_CACHE
+            shutil.rmtree(partial, ignore_errors=True)
+            raise SpecchatError(f"could not keep {path.name}'s tokenizer and config in {target.parent} (set "
+                                f"SPECCHAT_CACHE to a writable directory): {first_line(error)}") from None  # fmt: skip
     _publish(partial, target)
     return str(target)
 

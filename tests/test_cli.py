@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -406,6 +407,19 @@ def test_option_errors_do_not_import_torch():
     assert result.stdout.strip() == "False", result.stderr
 
 
+def test_the_command_line_gives_specchats_warnings_one_line_each():
+    code = ("import pathlib, sys, warnings; from specchat.cli import _one_line_warning; "
+            "from specchat.engine.verify_cost import VerifyCost, cached_verify_cost; "
+            "warnings.showwarning = _one_line_warning; "
+            "cached_verify_cost(pathlib.Path(sys.argv[1]), 'a', lambda: VerifyCost((0,), (1.0,))); "
+            "warnings.warn('not ours')")  # fmt: skip
+    with tempfile.TemporaryDirectory() as directory:
+        result = subprocess.run([sys.executable, "-c", code, directory], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"warning: could not keep {directory} (Is a directory): it is measured again next time"
+    assert lines[1].endswith("UserWarning: not ours")  # another's, as Python shows it
+
 def test_no_arguments_print_the_help_once():
     result = specchat()
     assert result.stdout.count("Usage:") == 1
@@ -419,6 +433,16 @@ def test_an_output_that_cannot_be_written_is_one_line(default_model):
     assert result.returncode == 1
     assert result.stderr.strip() == "error: cannot write the output: No space left on device"
 
+
+
+def test_a_file_that_cannot_be_written_is_named_in_its_one_line():
+    """An OSError that escapes a command (a file specchat writes on a full disk) names its file, not the output."""
+    code = ("import sys, specchat.profiles as profiles; from specchat.cli import command_status\n"
+            "def full(): raise OSError(28, 'No space left on device', '/full/x')\n"
+            "profiles.load_profiles = full; sys.argv = ['specchat', 'models']; command_status()")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr == "error: /full/x: No space left on device\n"
 
 @pytest.mark.slow
 def test_a_closed_pipe_ends_quietly(default_model):

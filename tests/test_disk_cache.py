@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specchat.disk_cache import cached_json
 
 
@@ -31,3 +33,13 @@ def test_a_key_stored_while_another_is_measured_is_kept(tmp_path):
     assert cached_json(path, "a", measured_while_another_process_stores_b) == 1
     assert json.loads(path.read_text()) == {"a": 1, "b": 2}
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_value_that_cannot_be_kept_is_used_with_a_warning(tmp_path):
+    """A cache that cannot be written (here a directory where the file should be; a full disk, a read-only home):
+    the measurement is returned all the same, the run goes on, and a warning says it is measured again next time."""
+    path = tmp_path / "costs.json"
+    path.mkdir()
+    with pytest.warns(UserWarning, match=r"could not keep .*costs\.json .*measured again next time"):
+        assert cached_json(path, "a", lambda: 3) == 3
+    assert path.is_dir() and not list(tmp_path.glob("*.partial"))

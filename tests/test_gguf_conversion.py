@@ -14,6 +14,7 @@ import torch
 from gguf import GGUFWriter
 from gguf_files import llama3_frequency_factors, write_tiny_model
 
+from specchat.errors import SpecchatError
 from specchat.gguf_config import gguf_config
 from specchat.loading import GGUF_DIR, embedded_gguf_path, gguf_checkpoint
 
@@ -143,3 +144,16 @@ def test_config_and_weights_are_transformers_reading_of_the_file(architecture, t
     for name, weight in ours.items():
         assert torch.equal(weight, theirs[name]), name
     assert ours["lm_head.weight"].data_ptr() == ours["model.embed_tokens.weight"].data_ptr()
+
+
+def test_a_cache_that_cannot_be_written_is_named_not_the_file(tmp_path, monkeypatch):
+    """The conversion is written under SPECCHAT_CACHE: where that cannot be written (here a path through a file, which
+    no user can make a directory of), the one line says so and where, not that the GGUF file could not be read."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "a-file" / "cache"))
+    with pytest.raises(SpecchatError) as refused:
+        gguf_checkpoint(embedded_gguf_path())
+    message = str(refused.value)
+    assert message.startswith(f"could not keep {embedded_gguf_path().name}'s tokenizer and config in "
+                              f"{tmp_path / 'a-file' / 'cache'} (set SPECCHAT_CACHE to a writable directory): ")
+    assert "could not read" not in message

@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import os
 import sys
+import warnings
 
 import typer
 
@@ -22,8 +23,22 @@ from specchat.errors import SpecchatError
 
 def main() -> None:
     """The command line (entered through `specchat.launch`): user errors become one line on stderr and a non-zero
-    exit, never a traceback."""
+    exit, never a traceback; specchat's own warnings one line each."""
+    warnings.showwarning = _one_line_warning
     _leave(command_status())
+
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_python_warning = warnings.showwarning
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning of specchat's (raised from its own code) as `warning: ...`, as its errors read; others as Python
+    shows them."""
+    if not filename.startswith(PACKAGE):
+        return _python_warning(message, category, filename, lineno, file, line)
+    with contextlib.suppress(OSError):
+        (file or sys.stderr).write(f"warning: {message}\n")
 
 
 def command_status() -> int:
@@ -46,9 +61,10 @@ def command_status() -> int:
     except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)
         return 130
-    except OSError as error:  # the output cannot be written: a full disk, a closed pipe elsewhere than `run`
+    except OSError as error:  # the output cannot be written (a full disk, a pipe closed elsewhere than `run`), a file
+        where = str(error.filename) if error.filename else "cannot write the output"
         with contextlib.suppress(OSError):
-            sys.stderr.write(f"error: cannot write the output: {error.strerror or error}\n")
+            sys.stderr.write(f"error: {where}: {error.strerror or error}\n")
         os._exit(1)  # no flush of the broken stream at exit
 
 
