@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,18 @@ def resolve_model(spec: str | None) -> ModelSource:
                         "a model ollama has pulled)")
 
 
+def _no_block_kernels() -> bool:
+    """Whether the CPU decoder, whose kernels multiply by GGUF blocks, cannot be built here (said in a warning)."""
+    from specchat.kernels.cpu.cpu_decoder import cpu_decoder
+
+    try:
+        cpu_decoder()
+    except RuntimeError as error:
+        warnings.warn(f"{error}; the embedded model runs on its weights dequantized to fp32 (slower)", stacklevel=3)
+        return True
+    return False
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -172,14 +185,16 @@ def _load_model(spec, dtype, quantize, device, attention, yarn, progress) -> Loa
     if source.runs_gguf(torch_device):
         return _load_gguf(source, quantize, torch_device, torch_dtype, attention, yarn, progress)
     native = source.embedded and dtype == "auto" and quantize is None and torch_device.type == "cpu"
+    dense_instead = native and _no_block_kernels()  # the embedded model runs everywhere: dense where it must
+    native = native and not dense_instead
     start = time.perf_counter()
     if source.embedded:
         location = embedded_checkpoint(progress, dense=not native)
     else:
         location = source.location if Path(source.location).is_dir() else str(download_checkpoint(source.location))
     weights = "q4_1" if native else quantize
-    if native:  # its blocks beside fp32 activations (two int8 terms, a bf16 cache): bf16 ones flip its near-ties
-        torch_dtype = torch.float32
+    if native or dense_instead:  # its blocks beside fp32 activations (two int8 terms, a bf16 cache), or its fp32
+        torch_dtype = torch.float32  # values: bf16 activations flip its near-ties
     elif torch_dtype is None and weights in (None, *GGUF_QUANTIZE):  # auto on a CPU: bf16, as a GGUF file runs
         torch_dtype = torch.bfloat16
     if torch_dtype is None:  # torch's int4 / int8 kernels: whichever activations run them faster here

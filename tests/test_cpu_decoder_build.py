@@ -67,3 +67,37 @@ def test_a_build_is_imported_as_built_and_built_again_when_it_cannot_be(build):
     (build / "lock").write_text("")  # what torch's build leaves when it is killed
     assert start(build) == (isa, True)
     assert not (build / "lock").exists()
+
+
+def test_where_the_decoder_cannot_be_built_the_default_model_runs_dense_and_a_gguf_file_is_one_line(tmp_path):
+    """Without the decoder (no compiler, or here an extension cache that cannot be written: a path through a file)
+    the embedded model runs on its weights dequantized to fp32 through the torch decoder, warning so, and answers
+    what that path answers with the decoder built (`--dtype float32 --attention hybrid`); a GGUF file, whose blocks
+    only the decoder's kernels multiply, is refused in one line."""
+    from gguf_files import write_tiny_model
+
+    from specchat.loading import embedded_gguf_path
+
+    (tmp_path / "a-file").write_text("")
+    common = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    without = {**common, "TORCH_EXTENSIONS_DIR": str(tmp_path / "a-file" / "builds")}
+
+    def run(*args: str, environment: dict) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "specchat", "run", *args, "--json", "--temperature", "0"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+
+    dense = run("What is the capital of France?", "-n", "8", environment=without)
+    assert dense.returncode == 0, dense.stderr
+    warnings = [line for line in dense.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings[0].startswith("warning: the CPU decoder could not be built: ")
+    assert warnings[0].endswith("; the embedded model runs on its weights dequantized to fp32 (slower)")
+    reference = run("What is the capital of France?", "-n", "8", "--dtype", "float32", "--attention", "hybrid",
+                    environment=common)  # fmt: skip
+    assert reference.returncode == 0, reference.stderr
+    assert json.loads(dense.stdout)["token_ids"] == json.loads(reference.stdout)["token_ids"]
+
+    gguf = write_tiny_model(tmp_path / "tiny.gguf", embedded_gguf_path(), architecture="llama")
+    refused = run("hi", "-n", "2", "--model", str(gguf), environment=without)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.splitlines()[-1].startswith("error: the CPU decoder could not be built: ")
+    assert "GGUF blocks run on its kernels" in refused.stderr

@@ -12,9 +12,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specchat.errors import SpecchatError
 from specchat.kernels.cpu.cpu_decoder import cpu_decoder
 from specchat.quant.gguf_types import BLOCK_TYPES, held_rows
 from specchat.quant.quantized_linear import QuantizedLinear
+
+
+def block_kernels():
+    """The CPU decoder's module, whose kernels are the only ones that multiply by GGUF blocks: where it cannot be built,
+    a GGUF model cannot run, which is said in one line."""
+    try:
+        return cpu_decoder()
+    except RuntimeError as error:
+        raise SpecchatError(f"{error}; GGUF blocks run on its kernels, built with the machine's C++ compiler into "
+                            "torch's extension cache ($TORCH_EXTENSIONS_DIR)") from None  # fmt: skip
 
 
 class GGUFLinear(QuantizedLinear):
@@ -26,7 +37,7 @@ class GGUFLinear(QuantizedLinear):
         kind = BLOCK_TYPES[type_id]
         if blocks.shape[1] != kind.row_bytes(in_features):
             raise ValueError(f"{kind.name} blocks of {blocks.shape[1]} bytes per row do not hold {in_features} values")
-        blocks, unit_rows = cpu_decoder().gguf_tile(blocks, type_id, in_features)
+        blocks, unit_rows = block_kernels().gguf_tile(blocks, type_id, in_features)
         self._hold([blocks], [type_id], [unit_rows], in_features, None if bias is None else bias.to(dtype))
 
     @classmethod

@@ -20,8 +20,7 @@ import torch
 from torch import nn
 
 from specchat.architectures import parts
-from specchat.kernels.cpu.cpu_decoder import cpu_decoder
-from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear
+from specchat.quant.gguf_linear import GGUFEmbedding, GGUFLinear, block_kernels
 from specchat.quant.gguf_types import BLOCK_TYPES, Q4_K, Q5_0, Q6_K, Q8_0
 from specchat.quant.kept_tensors import KeptTensors, kept_tensors
 
@@ -82,4 +81,4 @@ def _blocks(kept: KeptTensors, name: str, weight: torch.Tensor, type_id: int) ->
     kind = block_type(type_id, weight.shape[1])
     if kind is None:
         return None
-    return kept.tensors(name, lambda: {"blocks": cpu_decoder().gguf_quantize(weight.detach(), kind)})["blocks"], kind
+    return kept.tensors(name, lambda: {"blocks": block_kernels().gguf_quantize(weight.detach(), kind)})["blocks"], kind

@@ -98,8 +98,8 @@ def _compile(directory: Path, flags: list[str], module: str):
     from torch.utils.cpp_extension import load
 
     _put_ninja_on_path()
-    directory.mkdir(parents=True, exist_ok=True)
     try:
+        directory.mkdir(parents=True, exist_ok=True)  # torch's extension cache may not be writable
         import fcntl  # POSIX: elsewhere the decoder is not built (ImportError below), the torch decoder runs
 
         with open(directory / "specchat.lock", "w") as turn:
