@@ -64,12 +64,22 @@ def selected_isa() -> str:
 @functools.cache
 def build(isa: str, module: str = "cpu_decoder"):
     """`module` (a key of MODULES) compiled for `isa` (a key of ISA_FLAGS), named by its code and target: two
-    checkouts of different versions, or two targets, each keep their own build."""
+    checkouts of different versions, or two targets, each keep their own build. A build that failed is not tried
+    again in the same process: the same RuntimeError is raised at once."""
+    if (isa, module) in _failed:
+        raise _failed[isa, module]
     directory = build_directory(isa, module)
     flags = ["-O3", *ISA_FLAGS[isa](), "-fopenmp", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
-    built = _import_built(directory, flags) or _compile(directory, flags, module)
+    try:
+        built = _import_built(directory, flags) or _compile(directory, flags, module)
+    except RuntimeError as error:
+        _failed[isa, module] = error
+        raise
     built.iq_grids(iq_grids())
     return built
+
+
+_failed: dict[tuple[str, str], RuntimeError] = {}  # builds that failed in this process, by target and module
 
 
 def _import_built(directory: Path, flags: list[str]):
