@@ -130,7 +130,7 @@ def download_snapshot(repo: str, patterns: tuple[str, ...]) -> Path:
     from huggingface_hub import snapshot_download
 
     if offline() or not reachable():
-        with _one_line(repo, "its files"):
+        with _one_line(repo, "its files", cache_only=True):
             return Path(snapshot_download(repo, allow_patterns=list(patterns), ignore_patterns=list(SUBFOLDERS),
                                           local_files_only=True))  # fmt: skip
     listed = _listed(repo, patterns)
@@ -191,8 +191,9 @@ def _fetched(repo: str, files: list) -> Path:
 
 
 @contextmanager
-def _one_line(repo: str, what: str, elsewhere: str = "") -> Iterator[None]:
-    """The hub's errors as one line: a gated repo, no such repo, no connection or no such file, any other."""
+def _one_line(repo: str, what: str, elsewhere: str = "", *, cache_only: bool = False) -> Iterator[None]:
+    """The hub's errors as one line: a gated repo, no such repo, no connection or no such file, any other.
+    `cache_only`: the caller looked in the cache alone (offline, or with the hub out of reach)."""
     from huggingface_hub.errors import DryRunError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     instead = f", or {elsewhere}" if elsewhere else ""
@@ -205,10 +206,9 @@ def _one_line(repo: str, what: str, elsewhere: str = "") -> Iterator[None]:
             message = f"{repo} is gated: accept its terms on huggingface.co and log in (`hf auth login`){instead}"
         elif isinstance(error, RepositoryNotFoundError):
             message = f"no repo {repo} on the Hugging Face hub (a private one needs `hf auth login`)"
-        elif isinstance(error, LocalEntryNotFoundError) and offline():
-            message = f"{repo}: {what} not in the Hugging Face cache, and HF_HUB_OFFLINE is set{instead}"
-        elif isinstance(error, LocalEntryNotFoundError) and not reachable():
-            message = f"{repo}: {what} not in the Hugging Face cache, and the hub is out of reach{instead}"
+        elif isinstance(error, LocalEntryNotFoundError) and cache_only:  # the caller looked in the cache alone
+            why = "HF_HUB_OFFLINE is set" if offline() else "the hub is out of reach"
+            message = f"{repo}: {what} not in the Hugging Face cache, and {why}{instead}"
         elif isinstance(error, DryRunError):  # the repo could not be listed, found or not
             message = unreachable_message(repo, instead)
         elif isinstance(error, LocalEntryNotFoundError):  # the hub says so of a file it lacks too
