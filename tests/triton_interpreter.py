@@ -1,15 +1,22 @@
-"""Triton's interpreter without its repeated patching: about a third of a kernel test's time on a CPU.
+"""Triton's interpreter as the kernel tests need it: patched once a launch, its dot a GPU's (row-invariant).
 
-The interpreter swaps `triton.language`'s builtins for numpy ones when a kernel launches, then again on every call
-of a `@triton.jit` helper inside it, once per program (thousands a launch): the same modules patched to the same
-functions. Here a helper's call inside a launch patches nothing when the launch, or a helper before it (the
-interpreter never undoes a helper's patching), has already patched every language module the helper sees. A builtin
-left unpatched would fail loudly (it needs a compiler), so a mistake here cannot make a kernel test pass."""
+Patching: the interpreter swaps `triton.language`'s builtins for numpy ones when a kernel launches, then again on every
+call of a `@triton.jit` helper inside it, once per program (thousands a launch): the same modules patched to the same
+functions. Here a helper's call inside a launch patches nothing when the launch, or a helper before it (the interpreter
+never undoes a helper's patching), has already patched every language module the helper sees. A builtin left unpatched
+would fail loudly (it needs a compiler), so a mistake here cannot make a kernel test pass. The interpreter's own
+patching would take about a third of a kernel test's time on a CPU.
+
+The dot: the interpreter's `tl.dot` is numpy's matmul, whose BLAS kernels may round a row by its place in the block
+(OpenBLAS's Haswell kernels, what a Zen 3 runs: a third of a 64-row block's rows differ in their last bits from the same
+row alone). A GPU's fp32 dot sums each output's products in one order wherever its row sits, the property the tests of a
+tree row against the decode step check; here each row is multiplied alone, as one of a batch of one-row products."""
 
 from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import triton.language as tl
 from triton.runtime import interpreter
 
@@ -19,6 +26,30 @@ def _languages(fn) -> set[int]:
 
 
 def patch_once() -> None:
+    """Patch the interpreter: its language patching once a launch, its dot row by row."""
+    _patch_once()
+    _dot_row_by_row()
+
+
+def _dot_row_by_row() -> None:
+    builder = interpreter.InterpreterBuilder
+    dot = builder.create_dot
+    if getattr(dot, "row_by_row", False):
+        return
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def handle(data, like):
+            return interpreter.TensorHandle(data, like.dtype)
+
+        rows = dot(self, handle(np.expand_dims(a.data, -2), a), handle(np.expand_dims(b.data, -3), b),
+                   handle(np.expand_dims(d.data, -2), d), input_precision, max_num_imprecise_acc)  # fmt: skip
+        return interpreter.TensorHandle(rows.data.squeeze(-2), rows.dtype)
+
+    create_dot.row_by_row = True
+    builder.create_dot = create_dot
+
+
+def _patch_once() -> None:
     """Make the interpreter patch once a launch (where this Triton patches as described above)."""
     patch = getattr(interpreter, "_patch_lang", None)
     if patch is None or getattr(patch, "once", False):
