@@ -93,7 +93,7 @@ def test_a_prefix_read_serves_every_length(n, heads, kv_heads, dim, dtype, kv_re
 def test_the_output_padded_for_the_products_after_it(dtype, kv_reads):
     """Asked for more rows than it has queries (a forward's rows padded to its products' count), the attention
     writes its rows' own bits and zeros past them; so does the op's CPU body."""
-    heads, kv_heads, dim, prefix, n, width = 4, 2, 64, 150, 5, 64
+    heads, kv_heads, dim, prefix, n, width = 4, 2, 64, 150, 5, 16
     k = _randn(1, 1, kv_heads, prefix + width, dim, seed=1).to(DEVICE, dtype)
     v = _randn(1, 1, kv_heads, prefix + width, dim, seed=2).to(DEVICE, dtype)
     q = _randn(n, heads, dim, seed=3).to(DEVICE, dtype)
@@ -193,7 +193,7 @@ def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype,
 def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(dtype, kv_reads):
     """A causal forward of any length (here 100 rows, past the deepest tree) reads its own keys in place; its rows'
     bodies straddle a split length (and a body program's rows, two heads' ends, lie far apart)."""
-    heads, kv_heads, dim, n, prefix = 4, 2, 64, 100, 230
+    heads, kv_heads, dim, n, prefix = 2, 1, 64, 100, 230
     k = _randn(kv_heads, prefix + n + 10, dim, seed=4).to(DEVICE, dtype)
     v = _randn(kv_heads, prefix + n + 10, dim, seed=5).to(DEVICE, dtype)
     q = _randn(n, heads, dim, seed=6).to(DEVICE, dtype)
