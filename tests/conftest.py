@@ -17,11 +17,11 @@ if not torch.cuda.is_available():  # Triton kernels then run in the interpreter;
     os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ.get("TRITON_INTERPRET") == "1":
     try:
-        from triton_interpreter import patch_once
+        from triton_interpreter import patch_interpreter
     except ImportError:  # no triton: its tests skip
         pass
     else:
-        patch_once()
+        patch_interpreter()
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `make test` runs workers side by side: share the cores out
     _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))

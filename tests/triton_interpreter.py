@@ -25,7 +25,7 @@ def _languages(fn) -> set[int]:
     return {id(value) for value in fn.__globals__.values() if inspect.ismodule(value) and value in (tl, tl.core)}
 
 
-def patch_once() -> None:
+def patch_interpreter() -> None:
     """Patch the interpreter: its language patching once a launch, its dot row by row."""
     _patch_once()
     _dot_row_by_row()
