@@ -21,19 +21,25 @@ from specchat.kernels.layer_kernels import rms_norm, rope_write, silu_mul
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # the interpreter truncates fp32 -> bf16
 DTYPES = [torch.float32, torch.bfloat16]
+# The attention kernels' dtypes and the body pass's two ways to read K and V (pointer loads, and Hopper's tensor
+# descriptors): a GPU runs every pair; the interpreter (~1 ms of Python an op) each way in one of the dtypes.
+KV_READS = [(reads, dtype) for reads in ("pointers", "descriptors") for dtype in DTYPES]
+if DEVICE.type == "cpu":
+    KV_READS = [("pointers", torch.bfloat16), ("descriptors", torch.float32)]
 
 
-@pytest.fixture(params=["pointers", "descriptors"])
-def kv_reads(request, monkeypatch):
-    """The body pass's two ways to read K and V: pointer loads, and Hopper's tensor descriptors (forced on in the
-    interpreter, which models their loads: whole blocks, zeros past the tensor's end)."""
-    if request.param == "descriptors" and DEVICE.type == "cpu":
+@pytest.fixture(params=KV_READS, ids=lambda pair: f"{pair[0]}-{str(pair[1]).removeprefix('torch.')}")
+def dtype(request, monkeypatch) -> torch.dtype:
+    """The dtype an attention test runs in, its K and V read one of the two ways (tensor descriptors forced on in
+    the interpreter, which models their loads: whole blocks, zeros past the tensor's end)."""
+    reads, dtype = request.param
+    if reads == "descriptors" and DEVICE.type == "cpu":
         monkeypatch.setattr(graph_attention, "copy_engine", lambda device: True)
-    elif request.param == "descriptors" and not graph_attention.copy_engine(DEVICE):
+    elif reads == "descriptors" and not graph_attention.copy_engine(DEVICE):
         pytest.skip("tensor descriptors: Hopper or later")
-    elif request.param == "pointers" and DEVICE.type == "cuda":
+    elif reads == "pointers" and DEVICE.type == "cuda":
         monkeypatch.setattr(graph_attention, "copy_engine", lambda device: False)
-    return request.param
+    return dtype
 
 
 def _close(got, want, dtype):
@@ -45,12 +51,11 @@ def _randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "lengths, n, heads, kv_heads, dim",
     [((0, 5, 300), 1, 4, 2, 64), ((7, 130), 9, 8, 2, 128), ((0, 64, 200), 13, 3, 1, 80)],
 )
-def test_one_launch_serves_every_length(lengths, n, heads, kv_heads, dim, dtype, kv_reads):
+def test_one_launch_serves_every_length(lengths, n, heads, kv_heads, dim, dtype):
     """The same tensors, the length changed on the device between calls (as between graph replays)."""
     capacity = max(lengths) + n + 3
     k = _randn(kv_heads, capacity, dim, seed=1).to(DEVICE, dtype)
@@ -66,9 +71,8 @@ def test_one_launch_serves_every_length(lengths, n, heads, kv_heads, dim, dtype,
         _close(got, want[0].transpose(0, 1), dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n, heads, kv_heads, dim", [(1, 4, 2, 64), (16, 8, 2, 128), (5, 3, 1, 80)])
-def test_a_prefix_read_serves_every_length(n, heads, kv_heads, dim, dtype, kv_reads):
+def test_a_prefix_read_serves_every_length(n, heads, kv_heads, dim, dtype):
     """Every row over the first `length` slots (a draft layer's cross-attention to the target's cache), the length
     changed on the device between calls; a cache of length 0 reads zeros."""
     capacity = 400
@@ -89,8 +93,7 @@ def test_a_prefix_read_serves_every_length(n, heads, kv_heads, dim, dtype, kv_re
         _close(got, want.transpose(0, 1), dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_the_output_padded_for_the_products_after_it(dtype, kv_reads):
+def test_the_output_padded_for_the_products_after_it(dtype):
     """Asked for more rows than it has queries (a forward's rows padded to its products' count), the attention
     writes its rows' own bits and zeros past them; so does the op's CPU body."""
     heads, kv_heads, dim, prefix, n, width = 4, 2, 64, 150, 5, 16
@@ -108,8 +111,7 @@ def test_the_output_padded_for_the_products_after_it(dtype, kv_reads):
         assert torch.equal(padded[:n], rows) and not padded[n:].any()
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_split_no_row_reaches_is_neither_written_nor_read(dtype, kv_reads, monkeypatch):
+def test_a_split_no_row_reaches_is_neither_written_nor_read(dtype, monkeypatch):
     """A short context in a large cache leaves most body splits empty: their outputs are not written and the merge
     does not read them (partials start as NaN here, where a read would show), and every row keeps its bits."""
     heads, kv_heads, dim, n, capacity = 4, 2, 64, 5, 2048  # 16 splits of 128 keys in the interpreter
@@ -167,9 +169,8 @@ def _decoded(q, k, v, prefix: int, ancestors: list[int], scale: float) -> torch.
     return graph_tree_attention(q[None], k, v, length, one, scale)[0]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("prefix, n", [(0, 5), (30, 9), (130, 24), (320, 20), (576, 13)])
-def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype, kv_reads):
+def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype):
     """Exactness on CUDA: each row of a random tree, whatever rows share its call and however its prefix's split
     bounds fall, gets the bits of the decode step of its token after its ancestors (prefixes that cross split
     bounds, and rows whose bodies straddle a split length: 4 x 64 and 4 x 128 keys in the interpreter). The
@@ -189,8 +190,7 @@ def test_a_tree_row_is_bitwise_the_decode_step_at_its_position(prefix, n, dtype,
         assert torch.equal(tree[row], _decoded(q[row], k, v, prefix, ancestors, dim**-0.5)), f"row {row}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(dtype, kv_reads):
+def test_a_prefill_row_is_bitwise_the_decode_step_at_its_position(dtype):
     """A causal forward of any length (here 100 rows, past the deepest tree) reads its own keys in place; its rows'
     bodies straddle a split length (and a body program's rows, two heads' ends, lie far apart)."""
     heads, kv_heads, dim, n, prefix = 2, 1, 64, 100, 230
