@@ -1,4 +1,4 @@
-"""The softmax's exponentials (cpu_decoder.cpp `exponentials`): 16 keys at a time through vector code, the rest
+"""The softmax's exponentials (attention_kernels.h `exponentials`): 16 keys at a time through vector code, the rest
 one by one, and both give the same bits, so a key's weight does not depend on where its row's keys end."""
 
 from __future__ import annotations

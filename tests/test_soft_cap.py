@@ -1,5 +1,5 @@
 """Gemma 2's soft cap, cap * tanh(x / cap), as the CPU decoder applies it to attention scores and logits
-(cpu_decoder.cpp `soft_cap`): every value through the same vector code, so its bits do not depend on where it lies
+(attention_kernels.h `soft_cap`): every value through the same vector code, so its bits do not depend on where it lies
 in a row (a tree row's scores end elsewhere than its decode step's), and within a few fp32 roundings of tanh."""
 
 from __future__ import annotations

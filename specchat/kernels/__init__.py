@@ -2,7 +2,8 @@
 
 - `attention/`: tree attention (hybrid: the prefix unmasked and the tree masked, merged by log-sum-exp, as Triton
   kernels and in torch; canonical: each row summed in an order its position fixes), and the torch oracle;
-- `cpu/`: the compiled CPU decoder (`cpu_decoder.cpp`) and its GGUF block kernels (`gguf/`, one file per ISA);
+- `cpu/`: the compiled CPU decoder (its layers `decoder.cpp`, its attention `attention_*.cpp`, its Python module
+  `cpu_decoder.cpp`) and its GGUF block kernels (`gguf/`, one file per ISA);
 - `layer_kernels.py`: the torch decoder's fused layer steps on a GPU (RMSNorm, RoPE with the KV write,
   SiLU-and-multiply).
 """

@@ -3,7 +3,7 @@
 A draft depth is a few rows. Run as torch operations (the norms, the fused projections, rotary, attention over
 the draft's cache, the MLP, the head) it is ~40 calls whose overhead costs more than its matmuls; the CPU decoder
 runs the same layer with the kernels and loops the target's layers use (`Eagle3Layer` in
-`kernels/cpu/cpu_decoder.cpp`), on the same weights (quantized or dense).
+`kernels/cpu/decoder.cpp`), on the same weights (quantized or dense).
 """
 
 from __future__ import annotations

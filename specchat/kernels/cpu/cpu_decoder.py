@@ -1,8 +1,8 @@
-"""The CPU decoder extension (`cpu_decoder.cpp`, and the GGUF kernels in `gguf/`): compiled on first use with the
-machine's C++ compiler, its files side by side on the machine's cores, then imported from torch's extension cache
-as it is (built again when its code, torch, Python or its flags change). `build(isa, "gguf_kernels")` compiles the
-GGUF kernels alone, without the decoder's own file, the longest to compile: a module the tests hold to the
-decoder's kernels.
+"""The CPU decoder extension (its module `cpu_decoder.cpp`, its layers `decoder.cpp`, its attention for each kind of
+cache `attention_*.cpp`, and the GGUF kernels in `gguf/`): compiled on first use with the machine's C++ compiler, its
+files side by side on the machine's cores, then imported from torch's extension cache as it is (built again when its
+code, torch, Python or its flags change). `build(isa, "gguf_kernels")` compiles the GGUF kernels alone, without the
+decoder's own files: a module the tests hold to the decoder's kernels.
 
 It is compiled for the machine it runs on (`-march=native`), so the kernels' code path follows the CPU's
 features: AVX-512 VNNI / BF16 with or without AMX tiles, AVX2 (with FMA and F16C) with or without AVX-VNNI, or
@@ -29,8 +29,11 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 KERNELS = sorted(HERE.glob("gguf/*.cpp"))  # the GGUF kernels, a few block types a file: compiled side by side
+# The decoder's own files: its Python module, its layers, its attention for each kind of cache (side by side too).
+DECODER = [HERE / f"{name}.cpp" for name in ("cpu_decoder", "decoder", "attention_plain", "attention_bf16",
+                                              "attention_int8")]  # fmt: skip
 # The modules: the decoder, and the GGUF kernels alone (what the tests hold other targets' kernels to this one's with).
-MODULES = {"cpu_decoder": [HERE / "cpu_decoder.cpp", *KERNELS], "gguf_kernels": [HERE / "gguf_kernels.cpp", *KERNELS]}
+MODULES = {"cpu_decoder": [*DECODER, *KERNELS], "gguf_kernels": [HERE / "gguf_kernels.cpp", *KERNELS]}
 # Compiler targets by SPECCHAT_CPU_ISA: the machine's own, without AMX, the AVX2 path alone, or AVX-512 VNNI alone
 # (tuned for this CPU).
 ISA_FLAGS = {
