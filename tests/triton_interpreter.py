@@ -10,10 +10,15 @@ patching would take about a third of a kernel test's time on a CPU.
 The dot: the interpreter's `tl.dot` is numpy's matmul, whose BLAS kernels may round a row by its place in the block
 (OpenBLAS's Haswell kernels, what a Zen 3 runs: a third of a 64-row block's rows differ in their last bits from the same
 row alone). A GPU's fp32 dot sums each output's products in one order wherever its row sits, the property the tests of a
-tree row against the decode step check; here each row is multiplied alone, as one of a batch of one-row products."""
+tree row against the decode step check; here each row is multiplied alone, as one of a batch of one-row products.
+
+Overflow checks: the interpreter checks every 32-bit integer +, - and * for overflow (in int64, then a compare) for a
+device assert that, its debug mode off (as a compiled kernel's is), it then drops: work nothing reads, ~40% of a kernel
+test's time. They are turned off where debug is."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import numpy as np
@@ -26,9 +31,13 @@ def _languages(fn) -> set[int]:
 
 
 def patch_interpreter() -> None:
-    """Patch the interpreter: its language patching once a launch, its dot row by row."""
+    """Patch the interpreter: its language patching once a launch, its dot row by row, no overflow checks for asserts
+    it drops."""
     _patch_once()
     _dot_row_by_row()
+    options = interpreter.interpreter_builder.options
+    if not options.debug:
+        interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
 
 def _dot_row_by_row() -> None:
