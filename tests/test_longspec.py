@@ -198,7 +198,7 @@ def test_draft_memory_does_not_grow_with_the_context(tokenizer):
     model = tiny_model("llama", vocab_size=64)
     model.config.max_position_embeddings = 8192  # default RoPE: the window only bounds the engine's cache
     sizes = []
-    for context in (1000, 6000):
+    for context in (1000, 3000):
         engine = Engine(model, tokenizer, max_len=context + 16)  # the tree's slots come on top
         drafter = LongSpecDrafter(engine.target, random_layer(model))
         engine.set_drafter(drafter, 20)

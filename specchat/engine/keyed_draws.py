@@ -68,9 +68,11 @@ class PositionNoise:
         indices = indices.tolist() if isinstance(indices, torch.Tensor) else indices
         support = (logits.amax(dim=0) > float("-inf")).nonzero()[:, 0]  # tokens some row may take: one scan
         candidates = logits[:, support].double()  # a token no row at an index may take is at -inf there
+        rows_at: dict[int, list[int]] = {}  # the rows at each index (a tree's nodes of one depth share theirs)
+        for row, index in enumerate(indices):
+            rows_at.setdefault(index, []).append(row)
         choices = [0] * len(indices)
-        for index in sorted(set(indices)):
-            rows = [i for i, each in enumerate(indices) if each == index]
+        for index, rows in rows_at.items():
             noise = self.exponential(index, support)
             for row, token in zip(rows, support[(candidates[rows] - noise.log()).argmax(dim=1)].tolist()):
                 choices[row] = token
