@@ -19,6 +19,7 @@ test's time. They are turned off where debug is."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 
 import numpy as np
@@ -26,8 +27,11 @@ import triton.language as tl
 from triton.runtime import interpreter
 
 
-def _languages(fn) -> set[int]:
-    return {id(value) for value in fn.__globals__.values() if inspect.ismodule(value) and value in (tl, tl.core)}
+@functools.cache
+def _languages(fn) -> frozenset[int]:
+    """The language modules `fn`'s globals name (its module's imports, fixed once it has loaded)."""
+    names = fn.__globals__.values()
+    return frozenset(id(value) for value in names if inspect.ismodule(value) and value in (tl, tl.core))
 
 
 def patch_interpreter() -> None:
