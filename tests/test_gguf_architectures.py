@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 from drafters_for_tests import RandomTreeDrafter
-from gguf_files import GEMMA2_WINDOW, GEMMA3_WINDOW, PHI3_TRAINED, PHI3_WINDOW, write_tiny_model
+from gguf_files import GEMMA2_WINDOW, GEMMA3_WINDOW, PHI3_TRAINED, PHI3_WINDOW, tensor_values, write_tiny_model
 from test_gguf_model import GREEDY, SAMPLED, generate
 
 from specchat.architectures import gemma3_model, llama_model, parts
@@ -215,19 +215,15 @@ def test_an_unquantized_file_runs_on_its_values_mapped_not_copied(tmp_path, kind
     """A BF16 or F16 file's matrices are its mapped memory (fp16 kept beside bf16 activations: each weight exact in
     the product); Gemma's embedding scales rows as they are looked up (in fp32, rounded once), its table the tied
     head's, unscaled. It speculates exactly (an F16 file in fp32 activations too, on the CPU decoder)."""
-    from gguf import GGUFReader
-
     path = write_tiny_model(tmp_path / f"tiny-gemma3-{kind}.gguf", embedded_gguf_path(), architecture="gemma3",
                             unquantized=kind, tied=True)  # fmt: skip
     try:
         loaded = load_model(str(path))
         model = loaded.model
-        tensors = {t.name: t for t in GGUFReader(path).tensors}
         o = parts(model).layers[0].o.weight
-        table = torch.tensor(tensors["token_embd.weight"].data)
-        table = table.view(torch.bfloat16) if kind == "BF16" else table
-        assert o.dtype == table.dtype
-        assert torch.equal(o, torch.tensor(tensors["blk.0.attn_output.weight"].data).view(table.dtype))
+        dtype = torch.bfloat16 if kind == "BF16" else torch.float16
+        table = tensor_values(path, "token_embd.weight", dtype)
+        assert o.dtype == dtype and torch.equal(o, tensor_values(path, "blk.0.attn_output.weight", dtype))
         assert o.untyped_storage().data_ptr() != 0 and not o.untyped_storage().resizable()  # mapped, not a copy
         ids = torch.tensor([5, 77, 1999])
         scale = model.config.hidden_size**0.5
