@@ -16,6 +16,7 @@ Proven here, on tiny random models:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import pytest
@@ -37,11 +38,24 @@ from specchat.quant.int4_linear import Int4Linear
 from specchat.quant.quantize import quantize_model
 
 VOCAB = 96
+PROMPT = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
 
 
 @pytest.fixture(scope="module")
 def model():
     return tiny_model("llama", vocab_size=VOCAB, seed=5)
+
+
+@pytest.fixture(scope="module")
+def autoregressive(model, tokenizer):
+    """The target's own 160 tokens after PROMPT under a sampling config, decoded once per config for the module."""
+
+    @functools.cache
+    def decode(sampling: SamplingConfig) -> list[int]:
+        events = Engine(model, tokenizer, max_len=400).generate(PROMPT, sampling=sampling, max_new_tokens=160)
+        return [t for e in events for t in e.tokens]
+
+    return decode
 
 
 def random_heads(model, seed: int = 0) -> TokenSwiftHeads:
@@ -257,15 +271,14 @@ def chain_heads(model) -> TokenSwiftHeads:
     ids=["greedy", "sampled-penalised"],
 )
 @pytest.mark.parametrize("device_layout", [False, True], ids=["host-layout", "device-layout"])
-def test_tokenswift_output_equals_autoregressive(model, tokenizer, forward, kv_budget, heads, sampling, device_layout):
-    prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
-    expected = [t for e in Engine(model, tokenizer, max_len=400).generate(prompt, sampling=sampling, max_new_tokens=160)
-                for t in e.tokens]  # fmt: skip
+def test_tokenswift_output_equals_autoregressive(model, tokenizer, autoregressive, forward, kv_budget, heads, sampling,
+                                                device_layout):  # fmt: skip
+    expected = autoregressive(sampling)
     engine = Engine(model, tokenizer, max_len=400)
     drafter = TokenSwiftDrafter(engine.target, heads(model), kv_budget=kv_budget, forward=forward, lag=16,
                                 device_layout=device_layout)  # fmt: skip
     engine.set_drafter(drafter, 24)
-    events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=160))
+    events = list(engine.generate(PROMPT, sampling=sampling, max_new_tokens=160))
     assert len(expected) == 160
     assert [t for e in events for t in e.tokens] == expected
     assert events[-1].stats.accepted > 0
@@ -289,7 +302,6 @@ def test_a_graphed_proposal_drafts_as_called(model, tokenizer, monkeypatch, forw
     per budget and sampling, captured anew when the n-gram lookup's tensors grow. Capture's stand-in (`rerun`) fails
     where the call moved data between host and device or dispatched other ops or host values than at its capture.
     Every proposal equals the one drafted as called, and the output is the target's."""
-    prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
     captures = []
     monkeypatch.setattr("specchat.engine.cuda_graphs.graph_of",
                         lambda call, pool: captures.append(call) or rerun(call, pool))  # fmt: skip
@@ -304,7 +316,7 @@ def test_a_graphed_proposal_drafts_as_called(model, tokenizer, monkeypatch, forw
         propose = drafter.propose
         drafter.propose = lambda *args, propose=propose, seen=seen: seen.append(propose(*args)) or seen[-1]
         engine.set_drafter(drafter, 24)
-        events = list(engine.generate(prompt, sampling=sampling, max_new_tokens=100))
+        events = list(engine.generate(PROMPT, sampling=sampling, max_new_tokens=100))
         outputs[graphed] = [t for e in events for t in e.tokens]
     assert outputs[True] == outputs[False] and len(proposals[True]) > 10
     assert [(t.tokens, t.parents, t.origins, t.scores) for t in proposals[True]] == [
@@ -482,8 +494,7 @@ def test_a_proposal_that_captured_a_graph_is_not_priced(model, tokenizer, monkey
         return out
 
     engine._launch = counted
-    prompt = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
-    list(engine.generate(prompt, sampling=SamplingConfig(suppress=(2,)), max_new_tokens=100))
+    list(engine.generate(PROMPT, sampling=SamplingConfig(suppress=(2,)), max_new_tokens=100))
     captured = [priced for count, priced in launches if count]
     assert len(captured) > 1 and not any(captured)  # the first at the budget (15 nodes, always) and those anew
     assert sum(priced for count, priced in launches if not count) > 10
