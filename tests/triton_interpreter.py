@@ -14,7 +14,7 @@ tree row against the decode step check; here each row is multiplied alone, as on
 
 Overflow checks: the interpreter checks every 32-bit integer +, - and * for overflow (in int64, then a compare) for a
 device assert that, its debug mode off (as a compiled kernel's is), it then drops: work nothing reads, ~40% of a kernel
-test's time. They are turned off where debug is."""
+test's time. They are turned off while debug is off."""
 
 from __future__ import annotations
 
