@@ -55,6 +55,37 @@ def test_kernel_equals_gguf_dequantize_then_matmul(kind, rows, columns, n):
     assert (got - x.double() @ weight.T).abs().max() <= 2e-2 * scale
 
 
+def reference_codes(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scales) of float32 rows in numpy's float32 arithmetic: x * (127 / max |x|) rounded half to even."""
+    groups = x.reshape(-1, group)
+    amax = np.abs(groups).max(1, keepdims=True)
+    inverse = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    return np.rint(groups * inverse).astype(np.int8).reshape(x.shape), (amax / np.float32(127)).ravel()
+
+
+@pytest.mark.parametrize("group", [32, 256])
+def test_activations_are_coded_bitwise_as_rounding_half_to_even_of_127_over_their_maximum(group):
+    """The activations' int8 codes (gguf/activations.h: vector code on x86, one by one elsewhere), their scales and
+    their sums per 16 and 32 values bitwise as numpy computes them in float32; with ties (x * 127 / max exactly
+    k + 0.5), a group of zeros, and a second term coding what the first rounds off (its fma rounded once)."""
+    rng = np.random.default_rng(group)
+    x = (rng.standard_normal((5, 4 * group)) * 3).astype(np.float32)
+    x[1, :group] = 0
+    x[2, :group] = np.arange(group) % 253 - np.float32(125.5)  # max |x| 127 below: inverse 1, every value a tie
+    x[2, 0] = 127
+    codes, scales, sums, sums32 = cpu_decoder().gguf_activations(torch.from_numpy(x), group)
+    want_codes, want_scales = reference_codes(x, group)
+    assert np.array_equal(codes.numpy(), want_codes) and np.array_equal(scales.numpy(), want_scales)
+    assert np.array_equal(sums.numpy(), want_codes.reshape(-1, 16).sum(1, dtype=np.int16))
+    assert np.array_equal(sums32.numpy(), want_codes.reshape(-1, 32).sum(1, dtype=np.int16))
+    two, two_scales, _, _ = cpu_decoder().gguf_activations(torch.from_numpy(x), group, 2)
+    products = np.repeat(want_scales.astype(np.float64), group).reshape(x.shape) * want_codes  # exact in float64
+    rests = (x - products).astype(np.float32)  # the fma's one rounding
+    rest_codes, rest_scales = reference_codes(rests, group)
+    assert np.array_equal(two.numpy(), np.concatenate([want_codes, rest_codes]))
+    assert np.array_equal(two_scales.numpy(), np.concatenate([want_scales, rest_scales]))
+
+
 @pytest.mark.parametrize("kind", TYPES, ids=[t.name for t in TYPES])
 def test_two_terms_carry_what_the_first_rounds_off(kind):
     """fp32 activations in two int8 terms (the rows, then what their codes miss): the product is the dequantized

@@ -35,7 +35,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     });
     return out.to(x.scalar_type());
   }, "cap * tanh(x / cap), as attention's scores are capped (Gemma 2's logits too), in x's dtype.");
-  py::class_<Linear>(m, "Linear")
+  // The classes are the module's own: two builds loaded in one process (tests, A/B scripts) each register theirs.
+  const py::module_local local;
+  py::class_<Linear>(m, "Linear", local)
       .def_static("dense", [](at::Tensor weight, std::optional<at::Tensor> bias) {
         Linear linear;
         linear.dense = dense_matmul::in_whole_chunks(weight);
@@ -78,11 +80,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      "times their `scales` [out, in / 32] (dense_matmul.h).", py::arg("x"), py::arg("weight"),
      py::arg("scales") = py::none());
   gguf::define_functions(m);
-  py::class_<Projection>(m, "Projection")
+  py::class_<Projection>(m, "Projection", local)
       .def(py::init([](std::vector<Linear> parts) { return Projection{parts}; }))
       .def("__call__", &Projection::operator(), "x [rows, in] -> [rows, out] in x's dtype (an output head's logits).");
   const auto held = [](const std::optional<at::Tensor>& tensor) { return tensor ? tensor->contiguous() : at::Tensor(); };
-  py::class_<Layer>(m, "Layer").def(
+  py::class_<Layer>(m, "Layer", local).def(
       py::init([held](Projection qkv, Projection o, Projection gate_up, Projection down, at::Tensor attention_norm,
                       at::Tensor mlp_norm, std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm,
                       std::optional<at::Tensor> attention_output_norm, std::optional<at::Tensor> mlp_output_norm,
@@ -95,7 +97,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("mlp_norm"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
       py::arg("attention_output_norm") = py::none(), py::arg("mlp_output_norm") = py::none(), py::arg("window") = 0,
       py::arg("rope") = 0);
-  py::class_<Decoder>(m, "Decoder").def(py::init([](std::vector<Layer> layers, at::Tensor final_norm,
+  py::class_<Decoder>(m, "Decoder", local).def(py::init([](std::vector<Layer> layers, at::Tensor final_norm,
                                                       int64_t heads, int64_t kv_heads, int64_t head_dim,
                                                       int64_t intermediate, double eps, double scale,
                                                       const std::string& activation, int64_t rotary_dims,
@@ -114,7 +116,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("prefix"), py::arg("mask"), py::arg("last_only"), py::arg("scales") = py::none(),
         py::arg("every_layer") = false, py::arg("feature_layers") = std::vector<int64_t>{},
         py::arg("firsts") = std::vector<int64_t>{}, py::arg("query_layer") = -1);
-  py::class_<Eagle3Layer>(m, "Eagle3Layer").def(py::init([](Decoder decoder, at::Tensor embed_norm, Projection head,
+  py::class_<Eagle3Layer>(m, "Eagle3Layer", local).def(py::init([](Decoder decoder, at::Tensor embed_norm, Projection head,
                                                               bool norm_before_residual) {
     return Eagle3Layer{decoder, embed_norm.contiguous(), head, norm_before_residual};
   }));

@@ -14,6 +14,7 @@
 
 #include "decoder.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
 #include <ATen/ops/cat.h>
@@ -76,19 +77,43 @@ void add_into(T* x, const T* y, int64_t count) {
 }
 
 // gate_up [rows, 2 I] -> [rows, I]: act(gate) * up, rounded once. SiLU is g / (1 + exp(-g)); GELU's tanh form
-// 0.5 g (1 + tanh(u)) is the same with 2u for g, u = sqrt(2 / pi) (g + 0.044715 g^3).
+// 0.5 g (1 + tanh(u)) is the same with 2u for g, u = sqrt(2 / pi) (g + 0.044715 g^3). Eight columns at a time
+// (each column's operations the same one by one or in a vector), split over the threads: one by one on one thread it
+// took a tenth of a tree's forward of the 1.5B on a Zen 3 while the other thread waited.
 template <typename T>
 void gate(const T* gate_up, T* out, int64_t rows, int64_t intermediate, Activation activation) {
   constexpr float kGeluScale = 2.0f * 0.7978845608028654f;  // 2 sqrt(2 / pi)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* gates = gate_up + r * 2 * intermediate;
-    const T* up = gates + intermediate;
-    for (int64_t c = 0; c < intermediate; ++c) {
-      const float g = load(gates[c]);
-      const float z = activation == Activation::SiLU ? g : kGeluScale * (g + 0.044715f * g * g * g);
-      out[r * intermediate + c] = store<T>(g / (1.0f + exp_approx(-z)) * load(up[c]));
+  constexpr float kCube = 0.044715f;
+  const int64_t blocks = (intermediate + 7) / 8;
+  at::parallel_for(0, rows * blocks, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t r = b / blocks, first = b % blocks * 8, last = std::min(first + 8, intermediate);
+      const T* gates = gate_up + r * 2 * intermediate;
+      const T* up = gates + intermediate;
+      T* gated = out + r * intermediate;
+#if defined(__AVX2__) && defined(__FMA__)
+      if constexpr (kVector8<T>) {
+        if (last - first == 8) {
+          const __m256 g = load8(gates + first);
+          const __m256 z = activation == Activation::SiLU
+                               ? g
+                               : _mm256_mul_ps(_mm256_set1_ps(kGeluScale),
+                                               _mm256_add_ps(g, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(
+                                                                                  _mm256_set1_ps(kCube), g), g), g)));
+          const __m256 e = exp8(_mm256_xor_ps(z, _mm256_set1_ps(-0.0f)));  // exp(-z)
+          store8(gated + first, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                                              load8(up + first)));
+          continue;
+        }
+      }
+#endif
+      for (int64_t c = first; c < last; ++c) {
+        const float g = load(gates[c]);
+        const float z = activation == Activation::SiLU ? g : kGeluScale * (g + kCube * g * g * g);
+        gated[c] = store<T>(g / (1.0f + exp_approx(-z)) * load(up[c]));
+      }
     }
-  }
+  });
 }
 
 // A layer's attention half over its cache (slot 0 at position `first`): queries, keys and values projected from

@@ -1,5 +1,5 @@
 // Row arithmetic the decoder's layers and its attention share: sums kept in 16 lanes, the exponentials (scalar,
-// and the same bits 8 or 16 lanes at a time), RMSNorm.
+// and the same bits 8 or 16 lanes at a time), eight values loaded and stored at a time, RMSNorm.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -89,6 +89,33 @@ inline __m256 expm1_8(__m256 x) {
   __m256 two_n;
   const __m256 q = exp8_reduced(x, two_n);
   return _mm256_fmadd_ps(q, two_n, _mm256_sub_ps(two_n, _mm256_set1_ps(1.0f)));
+}
+
+// Whether eight values of T load and store in one vector (`load8`, `store8`): fp32 and bf16; fp16 goes one by one.
+template <typename T>
+constexpr bool kVector8 = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
+
+// Eight values as fp32, as `load` reads each.
+template <typename T>
+inline __m256 load8(const T* p) {
+  if constexpr (std::is_same_v<T, float>) return _mm256_loadu_ps(p);
+  const __m256i halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(halves, 16));
+}
+
+// Eight fp32 stored as `store` stores each: bf16 rounded to nearest even, a NaN as c10's 0x7fc0.
+template <typename T>
+inline void store8(T* p, __m256 x) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm256_storeu_ps(p, x);
+  } else {
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
 }
 #endif
 

@@ -9,6 +9,7 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstring>
 #include <map>
 #include <string>
 #include <tuple>
@@ -24,6 +25,21 @@ inline void define_functions(pybind11::module_& m) {
      py::arg("terms") = 1,
      "x [n, cols] times GGUF matrices stacked along their rows -> [n, rows] float32, x in `terms` int8 terms "
      "(gguf/matmul.h).");
+  m.def("gguf_activations", [](at::Tensor x, int64_t group, int64_t terms) {
+    TORCH_CHECK(x.dim() == 2 && (group == 32 || group == 256) && x.size(1) % group == 0 && (terms == 1 || terms == 2),
+                "x [rows, groups of 32 or 256], in one term or two");
+    const at::Tensor xf = x.to(at::kFloat).contiguous();
+    const Quantized held(xf.data_ptr<float>(), xf.size(0), xf.size(1), group, terms);
+    const auto copied = [](const auto& values, at::ScalarType type) {
+      at::Tensor out = at::empty({static_cast<int64_t>(values.size())}, at::TensorOptions().dtype(type));
+      std::memcpy(out.data_ptr(), values.data(), values.size() * sizeof(values[0]));
+      return out;
+    };
+    return std::make_tuple(copied(held.q, at::kChar).view({held.rows, held.cols}), copied(held.scale, at::kFloat),
+                           copied(held.sums, at::kShort), copied(held.sums32, at::kShort));
+  }, py::arg("x"), py::arg("group"), py::arg("terms") = 1,
+     "x [rows, cols] as the kernels take it (gguf/activations.h): (int8 codes [terms * rows, cols], a scale per "
+     "group, the codes' sums per 16 and per 32), for tests.");
   m.def("gguf_tile", [](at::Tensor blocks, int64_t type, int64_t cols, int64_t per_unit) {
     const Matrix tiled = tile(blocks_matrix(blocks, type, 1, cols), per_unit);
     return std::make_tuple(tiled.blocks, tiled.unit_rows);
