@@ -110,9 +110,11 @@ inline void store8(T* p, __m256 x) {
     _mm256_storeu_ps(p, x);
   } else {
     const __m256i bits = _mm256_castps_si256(x);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-    rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1)),
+                                          _mm256_set1_epi32(0x7fff));  // 0x7fff, or 0x8000 where the bf16 is odd
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    const __m256i rounded = _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16),
+                                               _mm256_set1_epi32(0x7fc0), nan);
     const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
   }
