@@ -37,8 +37,9 @@
 
 namespace cpu_decoder {
 
-// fp32 rows rounded to bf16 as `Tensor::to` rounds them (eight at a time, the same bits as one by one), where its
-// call spends ~5 us setting up (a Zen 3): as long as a decode step's conversion itself, four times a layer.
+// A product's fp32 rows in `type`: to bf16 by our own loop, rounded as `Tensor::to` rounds them (eight at a time, the
+// same bits as one by one), where its call spends ~5 us setting up (a Zen 3), as long as a decode step's conversion
+// itself, four calls a layer; to other types by `Tensor::to`.
 static at::Tensor rounded_to(const at::Tensor& x, at::ScalarType type) {
   if (type != at::kBFloat16) return x.to(type);
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(type));
@@ -59,7 +60,7 @@ at::Tensor Linear::operator()(const at::Tensor& x) const {
   if (dense.defined()) {  // its inputs in whole chunks (`Linear.dense`): x's padded to match
     const at::Tensor xs = dense_matmul::in_whole_chunks(x);
     out = xs.dim() == 2 && dense_matmul::takes(xs, dense)
-              ? dense_matmul::matmul(xs, dense, dense_scales).to(x.scalar_type())
+              ? rounded_to(dense_matmul::matmul(xs, dense, dense_scales), x.scalar_type())
               : at::linear(xs, dense_values().to(x.scalar_type()));
   } else if (!blocks.empty()) {
     const int64_t terms = x.scalar_type() == at::kFloat ? 2 : 1;  // fp32 activations: 16 bits of each value
