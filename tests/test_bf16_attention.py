@@ -2,10 +2,12 @@
 to bf16, value rows summed in pairs) against the same attention in fp32 on the same values: within bf16's
 rounding, for a decode step and a tree, odd and even prefixes (an odd prefix's last key pairs with the tree's
 first). A swapped half of a pair, a pair dropped at a prefix's end or a weight off by a row would be errors
-of the order of the outputs themselves."""
+of the order of the outputs themselves. The scores themselves are that arithmetic bit for bit, however many
+queries a pass over the keys serves."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -50,3 +52,33 @@ def test_bf16_dot_product_attention_is_fp32_attention_within_bf16_rounding(head_
     relative = (ours - exact).norm(dim=-1) / exact.norm(dim=-1)
     assert exact.abs().mean() > 0.1  # the outputs are of the values' order, not averaged away
     assert relative.max() < 2e-2, relative
+
+
+def _bf16_dot_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """queries . keys in bf16 dot-product arithmetic, in float32 numpy: the queries rounded to bf16; lane l of 16
+    sums dims 32c + 2l + 1, then 32c + 2l, for c = 0, 1, ... (each product of two bf16 exact in float32, so each
+    addition is the fma's one rounding); then the lanes paired down, adjacent ones first."""
+    q = queries.to(torch.bfloat16).float().numpy()
+    k = keys.float().numpy()
+    lanes = np.zeros((q.shape[0], k.shape[0], 16), np.float32)
+    for c in range(q.shape[1] // 32):
+        for parity in (1, 0):
+            dims = 32 * c + 2 * np.arange(16) + parity
+            lanes = lanes + q[:, None, dims] * k[None, :, dims]
+    while lanes.shape[-1] > 1:
+        lanes = lanes[..., 0::2] + lanes[..., 1::2]
+    return torch.from_numpy(lanes[..., 0])
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_scores_are_the_bf16_dot_arithmetic_however_many_queries_share_a_pass(head_dim, cpu_isa):
+    """13 queries at once (on AVX2 past COLUMNS_FROM: the keys widened and transposed once for all) and one at a
+    time (each tile read by the query alone) give the same bits, and those of the arithmetic itself."""
+    generator = torch.Generator().manual_seed(head_dim)
+    queries = torch.randn(13, head_dim, generator=generator)
+    keys = torch.randn(160, head_dim, generator=generator).to(torch.bfloat16)
+    native = cpu_decoder()
+    together = native.bf16_scores(queries, keys)
+    assert torch.equal(together, _bf16_dot_scores(queries, keys))
+    for i in range(len(queries)):
+        assert torch.equal(native.bf16_scores(queries[i : i + 1], keys)[0], together[i]), i

@@ -434,6 +434,57 @@ const uint16_t* key_rows(const uint16_t* keys, const int64_t* slots, int64_t b, 
   return tile;
 }
 
+// A KV head's `count` queries (fp32 [rows][heads][DIM] from the group's first head) rounded to bf16, and their scores
+// against tiles of 16 bf16 keys: each pass over a tile serves up to bf16_dots::QUERIES of them (`dots16`), or on
+// AVX2, where a tile serves COLUMNS_FROM queries or more (a tree's rows), the tile is widened and transposed once
+// and the queries, widened once here, read it eight keys a vector (`column_dots16`). The same bits either way.
+template <int DIM>
+class Bf16Scores {
+ public:
+  Bf16Scores(const float* queries, int64_t count, int64_t heads, int64_t group)
+      : rounded_(queries_bf16<DIM>(queries, count, heads, group)) {
+#ifdef BF16_DOTS_AVX2
+    if (count >= bf16_dots::COLUMNS_FROM) {
+      wide_.resize(rounded_.size());
+      for (size_t k = 0; k < wide_.size(); ++k) wide_[k] = bf16_dots::widen(rounded_[k]);
+    }
+#endif
+  }
+
+  // The scores of queries [first, last) with the keys of `tile` [16][DIM]: query i's 16 at out(i). Under a
+  // bf16_dots::Arithmetic.
+  template <typename Out>
+  void tile(const uint16_t* tile, int64_t first, int64_t last, const Out& out) const {
+    // `kernel(q, scores)` for the Q queries from i, their operands rows of `operands`
+    const auto pass = [&](int64_t i, auto count, const auto* operands, const auto& kernel) {
+      constexpr int Q = decltype(count)::value;
+      decltype(operands) q[Q];
+      float* scores[Q];
+      for (int j = 0; j < Q; ++j) q[j] = operands + (i + j) * DIM, scores[j] = out(i + j);
+      kernel(q, scores);
+    };
+#ifdef BF16_DOTS_AVX2
+    if (last - first >= bf16_dots::COLUMNS_FROM) {
+      float columns[LANES * DIM];
+      bf16_dots::key_columns<DIM>(tile, columns);
+      return queries_in<4>(first, last, [&](int64_t i, auto count) {
+        const auto kernel = [&](const auto& q, const auto& s) { bf16_dots::column_dots16<DIM>(q, columns, s); };
+        pass(i, count, wide_.data(), kernel);
+      });
+    }
+#endif
+    queries_in<bf16_dots::QUERIES>(first, last, [&](int64_t i, auto count) {
+      pass(i, count, rounded_.data(), [&](const auto& q, const auto& s) { bf16_dots::dots16<DIM>(q, tile, s); });
+    });
+  }
+
+ private:
+  std::vector<uint16_t> rounded_;
+#ifdef BF16_DOTS_AVX2
+  std::vector<float> wide_;  // rounded_ as fp32, where a tile may serve COLUMNS_FROM queries
+#endif
+};
+
 // `attend` on a bf16 cache in bf16 dot-product arithmetic (bf16_dots.h): the query rounded to bf16 for the scores,
 // the softmax weights rounded to bf16 for the value sums (`sum_value_pairs`), keys and values read as the cache
 // holds them. With `spread`, the unit's work goes over the threads (a decode step of fewer KV heads than threads:
@@ -449,31 +500,26 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
   const int64_t count = rows * group;  // queries
   const int64_t width = score_width(tails, prefix, rows), paired = (width + 2) & ~int64_t{1};  // whole pairs
   std::vector<float> scores(count * width), accumulator(count * DIM, 0.0f);
-  const std::vector<uint16_t> query16 = queries_bf16<DIM>(queries, count, heads, group);
+  const Bf16Scores<DIM> query_scores(queries, count, heads, group);
   std::vector<uint16_t> weights16(count * paired, 0), zeros(DIM, 0);
-  const auto query = [&](int64_t i) { return query16.data() + i * DIM; };
   // keys [begin, end) of a sequence of n (cache rows through `slots` when given, else consecutive from 0)
   auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset,
                         int64_t begin, int64_t end) {
     std::vector<uint16_t> key_tile(LANES * DIM);
-    float block[bf16_dots::QUERIES * LANES];
+    std::vector<float> block((last_query - first_query) * LANES);  // a last part tile's scores, then theirs
     const bf16_dots::Arithmetic arithmetic;  // the dot products alone in their arithmetic, on this thread
     for (int64_t b = begin; b < end; b += LANES) {
       const int64_t filled = std::min<int64_t>(LANES, n - b);
       if (!slots) prefetch_rows(keys + (b + kPrefetchTiles * LANES) * DIM, LANES, DIM * 2);  // the hardware lags
       const uint16_t* tile = key_rows<DIM>(keys, slots, b, n, key_tile.data());
-      queries_in<bf16_dots::QUERIES>(first_query, last_query, [&](int64_t i, auto count) {
-        constexpr int Q = decltype(count)::value;
-        const uint16_t* q[Q];
-        float* out[Q];  // a whole tile's scores straight into their rows, a last part tile's through `block`
-        for (int j = 0; j < Q; ++j) {
-          q[j] = query(i + j);
-          out[j] = filled == LANES ? scores.data() + (i + j) * width + offset + b : block + j * LANES;
-        }
-        bf16_dots::dots16<DIM, Q>(q, tile, out);
-        if (filled == LANES) return;
-        for (int j = 0; j < Q; ++j) std::copy(out[j], out[j] + filled, scores.data() + (i + j) * width + offset + b);
-      });
+      float* const rows_at = scores.data() + offset + b;  // query i's scores of the tile at rows_at + i * width
+      if (filled == LANES) {
+        query_scores.tile(tile, first_query, last_query, [&](int64_t i) { return rows_at + i * width; });
+        continue;
+      }
+      const auto in_block = [&](int64_t i) { return block.data() + (i - first_query) * LANES; };
+      query_scores.tile(tile, first_query, last_query, in_block);
+      for (int64_t i = first_query; i < last_query; ++i) std::copy_n(in_block(i), filled, rows_at + i * width);
     }
   };
   const auto score_prefix = [&](int64_t begin, int64_t end) {  // blocks of LANES keys

@@ -10,10 +10,12 @@
 // a shift (the even element) or a mask (the odd one) of its dword, an fp32 fma of two widened bf16 is the exact
 // product rounded once into the sum, and MXCSR's DAZ and FTZ bits (set by `Arithmetic` around a pass) read
 // denormals as zero and flush denormal sums. So the AVX-512, AVX2 and portable paths give the same bits; the
-// portable one runs the arithmetic a lane at a time (`dot_step`).
+// portable one runs the arithmetic a lane at a time (`dot_step`). Where many queries read a tile of keys (a tree's
+// rows), AVX2 widens and transposes the tile once (`key_columns`) and sums eight keys a vector (`column_dots16`),
+// which spares each query the widening and the lanes' horizontal pairing.
 //
 // Layouts: a query and a key are DIM bf16; lane l of a key's sum holds dims 32c + 2l (even) and 32c + 2l + 1
-// (odd) for c = 0, 1, ...; the 16 lanes are then paired down (adjacent lanes, as lane_total pairs them). Value
+// (odd) for c = 0, 1, ...; the 16 lanes are then paired down, adjacent lanes first. Value
 // rows go in pairs (rows 2m and 2m + 1 of a row sequence) interleaved into DIM dwords, dim d's dword holding
 // row 2m's bf16 in its low half and row 2m + 1's in its high half; a weight pair is one dword laid out alike.
 
@@ -195,6 +197,77 @@ inline void dots16(const uint16_t* const (&q)[Q], const uint16_t* tile, float* c
   }
 #endif
 }
+
+#ifdef BF16_DOTS_AVX2
+constexpr int COLUMNS_FROM = 8;  // queries that read a tile for its columns to pay (a decode step's group does not)
+
+// A tile of 16 keys [16][DIM] bf16 widened to fp32 and transposed into `columns` [DIM][16]: dim d of key i at 16 d + i.
+template <int DIM>
+inline void key_columns(const uint16_t* tile, float* columns) {
+  for (int half = 0; half < 2; ++half) {
+    for (int p = 0; p < DIM / 2; p += 8) {  // dwords p .. p + 7 of keys 8 half .. 8 half + 7: an 8x8 transpose
+      __m256i r[8], t[8], u[8];
+      for (int i = 0; i < 8; ++i) r[i] = load256(tile + (8 * half + i) * DIM + 2 * p);
+      for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]), u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]), u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+      }
+      for (int e = 0; e < 8; ++e) {  // dword p + e of the eight keys: dims 2 (p + e) and 2 (p + e) + 1
+        const __m256i dword = _mm256_permute2x128_si256(u[e % 4], u[4 + e % 4], e < 4 ? 0x20 : 0x31);
+        float* out = columns + 2 * (p + e) * LANES + 8 * half;
+        _mm256_storeu_ps(out, even_halves(dword));
+        _mm256_storeu_ps(out + LANES, odd_halves(dword));
+      }
+    }
+  }
+}
+
+// dots16's scores from a tile's `key_columns`, for Q queries widened to fp32 ([DIM] each).
+template <int DIM, int Q>
+inline void column_dots16(const float* const (&q)[Q], const float* keys, float* const (&scores)[Q]) {
+  // 4 / Q lanes at a time, each in two vectors of eight keys a query (eight sums in flight): lane l's dims in
+  // order, the odd one of each dword first, each key vector loaded once for the Q queries' broadcast values; then
+  // the lanes paired down as they come, keys 2i and 2i + 1 as soon as both are summed, then pairs of those
+  static_assert(Q == 1 || Q == 2 || Q == 4, "one, two or four queries a call");
+  constexpr int AT_ONCE = 4 / Q;
+  __m256 pending[4][Q][2];  // pending[level][j]: query j's sum of a run of lanes waiting for its pair
+  for (int first = 0; first < LANES; first += AT_ONCE) {
+    __m256 sums[AT_ONCE][Q][2];
+    for (int a = 0; a < AT_ONCE; ++a)
+      for (int j = 0; j < Q; ++j) sums[a][j][0] = sums[a][j][1] = _mm256_setzero_ps();
+    for (int c = 0; c < DIM / 32; ++c) {
+      for (int a = 0; a < AT_ONCE; ++a) {
+        for (int parity = 1; parity >= 0; --parity) {
+          const int d = 32 * c + 2 * (first + a) + parity;
+          __m256 low = _mm256_loadu_ps(keys + d * LANES), high = _mm256_loadu_ps(keys + d * LANES + 8);
+          asm("" : "+x"(low), "+x"(high));  // kept in registers, not folded into (and reloaded by) each fma
+          for (int j = 0; j < Q; ++j) {
+            const __m256 x = _mm256_broadcast_ss(q[j] + d);
+            sums[a][j][0] = _mm256_fmadd_ps(x, low, sums[a][j][0]);
+            sums[a][j][1] = _mm256_fmadd_ps(x, high, sums[a][j][1]);
+          }
+        }
+      }
+    }
+    for (int a = 0; a < AT_ONCE; ++a) {
+      int level = 0;
+      for (int k = first + a; level < 4 && (k & 1); ++level, k >>= 1) {
+        for (int j = 0; j < Q; ++j)
+          for (int h = 0; h < 2; ++h) sums[a][j][h] = _mm256_add_ps(pending[level][j][h], sums[a][j][h]);
+      }
+      for (int j = 0; j < Q; ++j) {
+        for (int h = 0; h < 2; ++h) {
+          if (level == 4) _mm256_storeu_ps(scores[j] + 8 * h, sums[a][j][h]);  // the sixteenth lane: the scores
+          else pending[level][j][h] = sums[a][j][h];
+        }
+      }
+    }
+  }
+}
+#endif
 
 // out[d] = (a[d], b[d]) as one dword, a in the low half: two value rows of DIM bf16 as DIM pairs.
 template <int DIM>
