@@ -1,9 +1,10 @@
-"""Where a decode step's time goes on Qwen2.5-Coder-1.5B: the chat prompts decoded once to warm up (and
+"""Where a decode step's time goes on Qwen2.5-Coder-1.5B (or `--model`): the chat prompts decoded once to warm up (and
 calibrate the budget), then again under cProfile, one process; the time per step in the decoder's forward,
 its output head, the drafter's proposal and the rest (Python); `--top N` lists the N functions with the most own time.
 `--temperature` samples as `specchat bench` does (the model's other defaults, keyed noise).
 
-    python scripts/step_profile.py [--drafter tokenswift] [--prompt-set chat] [-n 64] [--temperature 0.7] [--top 30]
+    python scripts/step_profile.py [--model qwen2.5-coder-1.5b] [--drafter tokenswift] [--prompt-set chat] [-n 64]
+        [--temperature 0.7] [--top 30]
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from specchat.engine.prompt import encode_prompt
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--drafter", default="tokenswift")
     parser.add_argument("--prompt-set", default="chat")
     parser.add_argument("-n", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top", type=int, default=0, help="also list the N functions with the most own time")
     args = parser.parse_args()
-    loaded = load("qwen2.5-coder-1.5b", "auto", "cpu")
+    loaded = load(args.model, "auto", "cpu")
     sampling = bench_sampling(loaded, args.temperature)
     prompts = [encode_prompt(loaded.tokenizer, p) for p in load_prompt_sets([args.prompt_set])[args.prompt_set]]
     engine = Engine(loaded.model, loaded.tokenizer, max_len=4096)
