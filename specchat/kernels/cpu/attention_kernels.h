@@ -506,7 +506,7 @@ void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::
   auto score_keys = [&](const int64_t* slots, int64_t n, int64_t first_query, int64_t last_query, int64_t offset,
                         int64_t begin, int64_t end) {
     std::vector<uint16_t> key_tile(LANES * DIM);
-    std::vector<float> block((last_query - first_query) * LANES);  // a last part tile's scores, then theirs
+    std::vector<float> block((last_query - first_query) * LANES);  // a last part tile's scores, then copied out
     const bf16_dots::Arithmetic arithmetic;  // the dot products alone in their arithmetic, on this thread
     for (int64_t b = begin; b < end; b += LANES) {
       const int64_t filled = std::min<int64_t>(LANES, n - b);
