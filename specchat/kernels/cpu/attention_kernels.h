@@ -485,12 +485,12 @@ class Bf16Scores {
 #endif
 };
 
-// `attend` on a bf16 cache in bf16 dot-product arithmetic (bf16_dots.h): the query rounded to bf16 for the scores,
-// the softmax weights rounded to bf16 for the value sums (`sum_value_pairs`), keys and values read as the cache
-// holds them. With `spread`, the unit's work goes over the threads (a decode step of fewer KV heads than threads:
-// one thread would read the whole cache while the others wait): the prefix's scores by blocks of keys, the softmax by
-// query, the value sums by parts of the head dimension. Every score and every output element is computed by the same
-// operations in the same order either way, so the result is bitwise the same.
+// `attend` on a bf16 cache in bf16 dot-product arithmetic (bf16_dots.h): the query rounded to bf16 for the scores
+// (`Bf16Scores`), the softmax weights rounded to bf16 for the value sums (`sum_value_pairs`), keys and values read from
+// the cache in place. With `spread`, the unit's work goes over the threads (a decode step of fewer KV heads than
+// threads: one thread would read the whole cache while the others wait): the prefix's scores by blocks of keys, the
+// softmax by query, the value sums by parts of the head dimension. Every score and every output element is computed by
+// the same operations in the same order either way, so the result is bitwise the same.
 template <int DIM, typename T>
 void attend_bf16(const float* queries, const at::BFloat16* key_cache, const at::BFloat16* value_cache,
                  const std::vector<int64_t>* tails, int64_t prefix, int64_t rows, int64_t heads, int64_t group,
