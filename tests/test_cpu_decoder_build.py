@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_fork import run_specchat
 
 from specchat.kernels.cpu.cpu_decoder import BUILD_STAMP, build_directory, cpu_decoder, selected_isa
 
@@ -83,8 +84,8 @@ def test_where_the_decoder_cannot_be_built_the_default_model_runs_dense_and_a_gg
     without = {**common, "TORCH_EXTENSIONS_DIR": str(tmp_path / "a-file" / "builds")}
 
     def run(*args: str, environment: dict) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "specchat", "run", *args, "--json", "--temperature", "0", "--drafter", "none"]
-        return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+        command = ["run", *args, "--json", "--temperature", "0", "--drafter", "none"]
+        return run_specchat(command, env=environment, timeout=600)
 
     dense = run("What is the capital of France?", "-n", "6", environment=without)
     assert dense.returncode == 0, dense.stderr

@@ -340,9 +340,9 @@ def test_the_compiled_draft_layer_computes_what_the_torch_layer_computes(tokeniz
 
 
 def test_a_short_run_lowers_the_heldout_loss_and_the_checkpoint_decodes_losslessly(loaded, tmp_path):
-    data = _data_dir(tmp_path / "data", counts=(("train", 16), ("heldout", 4)))
+    data = _data_dir(tmp_path / "data", counts=(("train", 8), ("heldout", 2)))
     out = tmp_path / "draft"
-    summary = train_eagle3(loaded, data, out, TrainRecipe(epochs=3, batch=4, lr=3e-3, evaluations=2), vocab=0,
+    summary = train_eagle3(loaded, data, out, TrainRecipe(epochs=3, batch=2, lr=3e-3, evaluations=2), vocab=0,
                            intermediate=32)  # fmt: skip
     log = summary["log"]
     assert summary["steps"] == 12 and summary["feature_layers"] == [2, 1, 0]

@@ -13,6 +13,7 @@ import time
 import httpx
 import openai
 import pytest
+from cli_fork import run_specchat
 
 from specchat.engine.prompt import encode_chat
 
@@ -119,8 +120,7 @@ def chat(server, messages, **fields) -> str:
 
 
 def test_a_greedy_answer_is_what_specchat_run_prints(server):
-    run = subprocess.run([sys.executable, "-m", "specchat", "run", COLOURS[0]["content"], "--temperature", "0",
-                          "-n", "24", "--json"], capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+    run = run_specchat(["run", COLOURS[0]["content"], "--temperature", "0", "-n", "24", "--json"], env=ENV)
     expected = json.loads(run.stdout)
     reply = server.client().chat.completions.create(model=MODEL, messages=COLOURS, temperature=0, max_tokens=24)
     [choice] = reply.choices
@@ -283,9 +283,8 @@ def test_tokenize_and_detokenize_in_both_servers_shapes(server, tokenizer):
 
 def test_an_int8_kv_cache_answers_as_specchat_run_does_on_one(server):
     """`serve --kv-cache int8` reaches the engine: /health says so, and a greedy answer is `run --kv-cache int8`'s."""
-    run = subprocess.run([sys.executable, "-m", "specchat", "run", COLOURS[0]["content"], "--temperature", "0",
-                          "-n", "24", "--json", "--kv-cache", "int8"], capture_output=True, text=True, env=ENV,
-                         timeout=300)  # fmt: skip
+    run = run_specchat(["run", COLOURS[0]["content"], "--temperature", "0", "-n", "24", "--json", "--kv-cache", "int8"],
+                       env=ENV)  # fmt: skip
     expected = json.loads(run.stdout)["text"]
     int8 = Server("--context", "1024", "--kv-cache", "int8")
     try:
@@ -624,8 +623,7 @@ def test_loading_a_prompt_cache_a_full_queue_then_sigterm_ending_every_request_c
 
 
 def test_bench_serve_reports_each_client_count():
-    run = subprocess.run([sys.executable, "-m", "specchat", "bench", "serve", "--clients", "1,2", "-n", "4", "--json"],
-                         capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+    run = run_specchat(["bench", "serve", "--clients", "1,2", "-n", "4", "--json"], env=ENV)
     assert run.returncode == 0, run.stderr
     rows = json.loads(run.stdout)
     assert [(row["clients"], row["requests"], row["tokens"]) for row in rows] == [(1, 3, 12), (2, 6, 24)]

@@ -216,7 +216,8 @@ inline void key_columns(const uint16_t* tile, float* columns) {
         u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]), u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
       }
       for (int e = 0; e < 8; ++e) {  // dword p + e of the eight keys: dims 2 (p + e) and 2 (p + e) + 1
-        const __m256i dword = _mm256_permute2x128_si256(u[e % 4], u[4 + e % 4], e < 4 ? 0x20 : 0x31);
+        const __m256i dword = e < 4 ? _mm256_permute2x128_si256(u[e], u[4 + e], 0x20)  // an immediate, as it must be
+                                    : _mm256_permute2x128_si256(u[e - 4], u[e], 0x31);
         float* out = columns + 2 * (p + e) * LANES + 8 * half;
         _mm256_storeu_ps(out, even_halves(dword));
         _mm256_storeu_ps(out + LANES, odd_halves(dword));
