@@ -111,4 +111,8 @@ void attention(const Layer& layer, const at::Tensor& qkv, const at::Tensor& cos,
                                  int64_t, int64_t, int64_t, const std::vector<std::vector<int64_t>>*, at::Tensor&,  \
                                  const Decoder&, float*)
 
+// queries [n, D] . keys [k, D] (bf16, k in 16s) as a bf16 cache's attention scores them, the n queries together
+// (`Bf16Scores`), for the test that holds them to a model of their arithmetic; compiled beside that attention.
+at::Tensor bf16_scores(const at::Tensor& queries, const at::Tensor& keys);
+
 }  // namespace cpu_decoder

@@ -35,24 +35,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     });
     return out.to(x.scalar_type());
   }, "cap * tanh(x / cap), as attention's scores are capped (Gemma 2's logits too), in x's dtype.");
-  m.def("bf16_scores", [](at::Tensor queries, at::Tensor keys) {
-    TORCH_CHECK(queries.dim() == 2 && keys.dim() == 2 && queries.size(1) == keys.size(1), "[n, D] and [k, D]");
-    TORCH_CHECK(keys.size(0) % LANES == 0, "keys come in tiles of 16");
-    const at::Tensor q = queries.to(at::kFloat).contiguous(), k = keys.to(at::kBFloat16).contiguous();
-    const int64_t n = q.size(0), count = k.size(0);
-    at::Tensor out = at::empty({n, count}, q.options());
-    float* const scores = out.data_ptr<float>();
-    with_head_dim(q.size(1), [&](auto head_dim) {
-      constexpr int DIM = decltype(head_dim)::value;
-      const Bf16Scores<DIM> by_tiles(q.data_ptr<float>(), n, 1, 1);
-      const auto* rows = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
-      const bf16_dots::Arithmetic arithmetic;
-      for (int64_t b = 0; b < count; b += LANES) {
-        by_tiles.tile(rows + b * DIM, 0, n, [&](int64_t i) { return scores + i * count + b; });
-      }
-    });
-    return out;
-  }, "queries [n, D] . keys [k, D] (bf16, k in 16s) as a bf16 cache's attention scores them, the n queries together.");
+  m.def("bf16_scores", &bf16_scores,
+        "queries [n, D] . keys [k, D] (bf16, k in 16s) as a bf16 cache's attention scores them, the n queries together.");
   // The classes are the module's own: two builds loaded in one process (tests, A/B scripts) each register theirs.
   const py::module_local local;
   py::class_<Linear>(m, "Linear", local)
