@@ -180,14 +180,28 @@ def _listed(repo: str, patterns: tuple[str, ...]) -> list:
 
 def _fetched(repo: str, files: list) -> Path:
     """The snapshot directory holding `files` (listed by `_listed`), those it lacks downloaded, one after another,
-    each with its bar."""
-    from huggingface_hub import hf_hub_download
+    each with its bar, from the commit they were listed at; the default branch recorded as that commit, as the
+    cache's lookups read it (a dry-run listing does not record it, nor a download of a commit)."""
+    from huggingface_hub import constants, hf_hub_download
 
     for file in files:
         if not Path(file.local_path).exists():  # not in the snapshot (its blob may be cached: then it is linked)
             with _one_line(repo, file.filename):
                 hf_hub_download(repo, file.filename, revision=file.commit_hash, tqdm_class=DownloadBar)
-    return Path(files[0].local_path).parent  # top-level files: the snapshot's directory
+    snapshot = Path(files[0].local_path).parent  # top-level files: the snapshot's directory
+    _record_ref(snapshot.parent.parent / "refs" / constants.DEFAULT_REVISION, files[0].commit_hash)
+    return snapshot
+
+
+def _record_ref(ref: Path, commit: str) -> None:
+    """`ref` (the cache's file naming a branch's commit) holding `commit`, replaced whole: a reader never sees it
+    half written."""
+    if ref.is_file() and ref.read_text() == commit:
+        return
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    written = ref.with_name(f".{ref.name}.{os.getpid()}")
+    written.write_text(commit)
+    os.replace(written, ref)
 
 
 @contextmanager
