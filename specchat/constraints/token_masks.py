@@ -43,16 +43,18 @@ class Vocabulary:
         ids = sorted((i for i, piece in enumerate(pieces) if piece and i < size), key=lambda i: pieces[i])
         self.ids = np.array(ids, dtype=np.int64)  # row -> id
         self.sorted_pieces = [pieces[i] for i in ids]
-        width = max(map(len, self.sorted_pieces))
-        self.bytes = np.full((len(ids), width + 1), -1, dtype=np.int16)  # -1 after a token's end
-        for row, piece in enumerate(self.sorted_pieces):
-            self.bytes[row, : len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+        lengths = np.array([len(piece) for piece in self.sorted_pieces])
+        width = int(lengths.max()) + 1
+        padded = b"".join(piece.ljust(width, b"\0") for piece in self.sorted_pieces)
+        self.bytes = np.frombuffer(padded, dtype=np.uint8).reshape(len(ids), width).astype(np.int16)
+        self.bytes[np.arange(width) >= lengths[:, None]] = -1  # -1 after a token's end
         self.whole_utf8 = np.array([well_formed_utf8(piece) for piece in self.sorted_pieces])  # of each row
-        self._long = np.flatnonzero([len(piece) > SHORT_TOKEN for piece in self.sorted_pieces])
+        self._long = np.flatnonzero(lengths > SHORT_TOKEN)
         self._unsteady: OrderedDict[frozenset[int], np.ndarray] = OrderedDict()
-        whitespace = np.isin(self.bytes, list(WHITESPACE))
+        whitespace = np.zeros(257, dtype=bool)  # byte -> whitespace; the last entry, -1's, a token's end
+        whitespace[list(WHITESPACE)] = True
         self.leading_whitespace = torch.zeros(size, dtype=torch.int32)  # of each id
-        self.leading_whitespace[self.ids] = torch.from_numpy(np.argmin(whitespace, axis=1).astype(np.int32))
+        self.leading_whitespace[self.ids] = torch.from_numpy(np.argmin(whitespace[self.bytes], axis=1).astype(np.int32))
 
     def last_unsteady(self, steady: frozenset[int]) -> np.ndarray:
         """[rows]: the index of each token's last byte outside `steady` (-1: none), kept for the latest sets."""
@@ -144,6 +146,11 @@ def feed_bytes(syntax, state: tuple | None, data: bytes) -> tuple | None:
 
 def well_formed_utf8(data: bytes) -> bool:
     """Whether `data` is UTF-8 characters, the last one possibly begun and not finished."""
+    try:
+        data.decode()  # whole characters, as most tokens are (a surrogate's bytes are refused here too)
+        return True
+    except UnicodeDecodeError:
+        pass
     decoder = codecs.getincrementaldecoder("utf-8")()
     try:
         decoder.decode(data, final=False)
@@ -161,12 +168,18 @@ def vocabulary_bytes(tokenizer) -> list[bytes | None]:
     added = set(getattr(tokenizer, "added_tokens_decoder", {})) | set(tokenizer.all_special_ids)
     decoder = _byte_decoder()
     byte_level = all(piece is None or all(char in decoder for char in piece) for piece in pieces[:1000])
+    # byte-level BPE's characters to the Latin-1 characters of their bytes; any other character to one Latin-1
+    # cannot encode, so a piece that holds one has no bytes
+    latin1 = {code: decoder.get(chr(code), 0x100) for code in range(0x100 + len(decoder))}
     out: list[bytes | None] = []
     for i, piece in enumerate(pieces):
         if piece is None or i in added:
             out.append(None)
         elif byte_level:
-            out.append(bytes(decoder[char] for char in piece) if all(char in decoder for char in piece) else None)
+            try:
+                out.append(piece.translate(latin1).encode("latin-1"))
+            except UnicodeEncodeError:
+                out.append(None)
         elif piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:
             out.append(bytes([int(piece[3:5], 16)]))
         else:
