@@ -7,6 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from specchat.engine.decoder_ops import op
+
 FEW_ROWS = 32  # attention over at most this many rows is plain matmuls
 
 
@@ -47,7 +49,25 @@ def attend_prefix(q, cache_keys, cache_values, length: torch.Tensor) -> torch.Te
     """q [H, q, D] over the first `length` (an int32 tensor [1] on q's device) of whole caches [Hkv, capacity, D] ->
     [H, q, D], zeros where `length` is 0: the target's cache read by a CUDA graph replayed at any length (its
     programs past the length exit, so a short context reads no more than it holds)."""
-    from specchat.kernels.attention.graph_attention import graph_prefix_attention  # Triton, where a graph runs
+    return _prefix_attention(q.transpose(0, 1), cache_keys, cache_values, length).transpose(0, 1)
 
-    read = graph_prefix_attention(q.transpose(0, 1), cache_keys, cache_values, length, q.shape[-1] ** -0.5)
-    return read.transpose(0, 1)
+
+@op("prefix_attention")
+def _prefix_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """q [n, H, D] over the first `length` slots of keys / values [Hkv, capacity, D] -> [n, H, D]: on a CPU (where no
+    graph replays) the slots are read to the length as `attend` reads them; on CUDA the graph kernel reads them."""
+    count = int(length)
+    out = attend(q.transpose(0, 1), keys[:, :count], values[:, :count], None)
+    return out.transpose(0, 1).contiguous()
+
+
+@_prefix_attention.register_kernel("cuda")
+def _(q, keys, values, length):
+    from specchat.kernels.attention.graph_attention import graph_prefix_attention  # Triton
+
+    return graph_prefix_attention(q, keys, values, length, q.shape[-1] ** -0.5)
+
+
+@_prefix_attention.register_fake
+def _(q, keys, values, length):
+    return torch.empty_like(q)
