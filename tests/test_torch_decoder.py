@@ -312,7 +312,7 @@ def test_the_engine_through_its_bucket_graphs_equals_it_uncaptured(drafter, budg
         out = []
         for turn in turns:
             ids = turn if turn is not None else first + out[0][:10] + [5, 6]
-            events = engine.generate(ids, sampling=SamplingConfig(suppress=(2,)), max_new_tokens=16)
+            events = engine.generate(ids, sampling=SamplingConfig(suppress=(2,)), max_new_tokens=30)
             out.append([t for event in events for t in event.tokens])
         texts.append(out)
         if graphed:
