@@ -8,12 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `make test`: workers share the cores. A thread at an OpenMP barrier
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # sleeps, not spinning on a core another worker needs (read
-    # as torch loads its OpenMP runtime, below; the commands the tests start inherit it)
-
-import torch  # noqa: E402
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the tests' conversions and measurements of their own temporary models stay out of the user's cache
