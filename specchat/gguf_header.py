@@ -7,6 +7,7 @@ skipped unless wanted (a string costs one length read): 0.03 s for the same file
 
 from __future__ import annotations
 
+import hashlib
 import math
 import mmap
 import struct
@@ -17,6 +18,7 @@ LAYOUTS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
 SIZES = {kind: struct.calcsize(layout) for kind, layout in LAYOUTS.items()}  # fixed-size value types, bytes
 _LENGTH = struct.Struct("<Q")  # a string's byte count
 DEFAULT_ALIGNMENT = 32  # of the tensor data, unless `general.alignment` says otherwise
+CHAT_TEMPLATE = "tokenizer.chat_template"
 
 
 def names_gguf_file(path: Path) -> bool:
@@ -117,6 +119,27 @@ def header_fields(path: Path) -> dict[str, int | float | bool | str]:
             except KeyError:
                 raise ValueError(f"field '{key}' has an unknown value type {kind}") from None
     return fields
+
+
+def tokenizer_digest(path: Path) -> str:
+    """A hash of what transformers builds a GGUF file's tokenizer from: its architecture and its `tokenizer.*`
+    fields as stored, all but the chat template. Files that share it (a model's quantizations, the sizes of one
+    family) convert to the same tokenizer, their templates aside; a ValueError (or OSError) for a damaged header."""
+    digest = hashlib.sha256()
+    with _mapped(path) as data:
+        cursor = Cursor(data)
+        _, field_count = _counts(cursor)
+        for _ in range(field_count):
+            start = cursor.at
+            key = cursor.string()
+            (kind,) = cursor.take("<I")
+            try:
+                cursor.skip(kind)
+            except KeyError:
+                raise ValueError(f"field '{key}' has an unknown value type {kind}") from None
+            if key == "general.architecture" or (key.startswith("tokenizer.") and key != CHAT_TEMPLATE):
+                digest.update(data[start : cursor.at])
+    return digest.hexdigest()
 
 
 def tensor_table(path: Path) -> list[list]:

@@ -21,7 +21,7 @@ from specchat.collector import collector_paused
 from specchat.disk_cache import SOURCES_FILE, cache_dir, other_versions, sources_json
 from specchat.errors import SpecchatError, first_line
 from specchat.first_use import first_use
-from specchat.gguf_header import names_gguf_file
+from specchat.gguf_header import CHAT_TEMPLATE, header_fields, names_gguf_file, tokenizer_digest
 from specchat.hub_download import REPO_ID, cached_checkpoint, download_checkpoint, download_file, offline
 from specchat.ollama_models import ollama_decoding, ollama_gguf
 from specchat.profiles import DEFAULT_PROFILE, Profile, load_profiles, profile_of
@@ -344,6 +344,7 @@ def find_gguf(spec: str, *, download: bool = True) -> Path | None:
 
 
 GGUF_CONVERSION = 4  # in the converted directory's name: a conversion that now differs is made again
+TOKENIZER_DIGEST_FILE = "specchat-tokenizer-digest"  # in a converted directory: its file's `tokenizer_digest`
 
 
 def gguf_checkpoint_dir(path: Path) -> Path:
@@ -355,14 +356,13 @@ def gguf_checkpoint_dir(path: Path) -> Path:
 
 
 def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage: None) -> str:
-    """A directory with a GGUF file's config (read from its header, `gguf_config`) and tokenizer (transformers'
-    conversion: 0.5-3 s, the vocabulary's strings and merges), converted once and found again by the file's name,
-    size and time."""
+    """A directory with a GGUF file's config (read from its header, `gguf_config`) and tokenizer, made once and found
+    again by the file's name, size and time. The tokenizer is transformers' conversion (0.5-3 s: the vocabulary's
+    strings and merges), or where another converted file has the same one (`tokenizer_digest`: another quantization
+    or size of the model) that file's, read back with this file's chat template (a tenth of the time)."""
     target = gguf_checkpoint_dir(path)
     if (target / "config.json").is_file():
         return str(target)
-    from transformers import PreTrainedTokenizerFast
-
     from specchat.gguf_config import gguf_config
 
     progress(f"reading {path.name}'s tokenizer and config (first run only)")
@@ -370,15 +370,15 @@ def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage:
     with first_use(f"reading {path.name}'s tokenizer and config (once per file)"):
         try:
             config = gguf_config(path)
-            # the tokenizer is all in the file: no class of a model type adds to it (AutoTokenizer would parse the
-            # whole file with gguf-py only to pick one)
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name)
+            digest = tokenizer_digest(path)
+            tokenizer = _gguf_tokenizer(path, digest)
         except (OSError, ValueError, KeyError) as error:
             raise SpecchatError(f"could not read {path}: {first_line(error)}") from None
         try:
             tokenizer.save_pretrained(partial)
             _name_added_tokens(partial, tokenizer)
             config.save_pretrained(partial)
+            (partial / TOKENIZER_DIGEST_FILE).write_text(digest)
             (partial / SOURCES_FILE).write_text(sources_json([path]))
         except OSError as error:  # the cache cannot be written: a full disk, a read-only home, a bad SPECCHAT_CACHE
             shutil.rmtree(partial, ignore_errors=True)
@@ -386,6 +386,24 @@ def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage:
                                 f"SPECCHAT_CACHE to a writable directory): {first_line(error)}") from None  # fmt: skip
     _publish(partial, target)
     return str(target)
+
+
+def _gguf_tokenizer(path: Path, digest: str):
+    """The GGUF file's tokenizer: a converted file's of the same `digest` with this file's chat template, else
+    transformers' conversion of the file (it is all in the file: no class of a model type adds to it, and
+    AutoTokenizer would parse the whole file with gguf-py only to pick one)."""
+    from transformers import PreTrainedTokenizerFast
+
+    for shared in sorted(cache_dir().glob(f"gguf-*/{TOKENIZER_DIGEST_FILE}")):
+        try:
+            if shared.read_text() != digest:
+                continue
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(shared.parent)
+        except (OSError, ValueError):  # removed while read (`specchat cache prune`): the next, or the conversion
+            continue
+        tokenizer.chat_template = header_fields(path).get(CHAT_TEMPLATE)
+        return tokenizer
+    return PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name)
 
 
 def _name_added_tokens(directory: Path, tokenizer) -> None:

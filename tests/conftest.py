@@ -50,6 +50,21 @@ def cpu_isa(request, monkeypatch) -> str:
     """Each CPU decoder build this machine runs in turn, selected for the test's whole run."""
     monkeypatch.setenv("SPECCHAT_CPU_ISA", request.param)
     return request.param
+
+
+def pytest_sessionstart(session):
+    """The tests write new GGUF files each run and convert each (`gguf_checkpoint`) into SPECCHAT_CACHE, where a later
+    file with the same tokenizer reads an earlier one's: those whose files an earlier run removed are pruned here as
+    `specchat cache prune` prunes them, by the controller (xdist's, or the one process)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from specchat.cache_entries import KINDS, cache_entries, remove
+
+    for entry in cache_entries():
+        if entry.kind == KINDS["gguf-"] and entry.stale is not None:
+            remove(entry)
+
+
 EXIT_STATUS = pytest.StashKey[int]()
 
 

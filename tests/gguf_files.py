@@ -66,16 +66,16 @@ def reader(path: Path):
     return GGUFReader(path)
 
 
-def tokenizer_fields(writer, source: Path, pad: int = 0) -> int:
+def tokenizer_fields(writer, source: Path, pad: int = 0, chat_template: str | None = None) -> int:
     """Copy a GGUF file's tokenizer (its `tokenizer.*` fields) into `writer`, with `pad` unused tokens listed after its
-    own (as a larger model's vocabulary pads its tokenizer's); returns the vocabulary size."""
-    if not pad:
-        return copy_fields(writer, source, "tokenizer.")
+    own (as a larger model's vocabulary pads its tokenizer's) and `chat_template` in place of its own where given;
+    returns the vocabulary size."""
     fields, size = _fields(source, "tokenizer.")
     padding = {"tokenizer.ggml.tokens": [f"<unused{i}>" for i in range(pad)], "tokenizer.ggml.token_type": [4] * pad,
                "tokenizer.ggml.scores": [0.0] * pad}  # fmt: skip
     for name, value, kind, element in fields:
         if element is None:
+            value = chat_template if name == "tokenizer.chat_template" and chat_template is not None else value
             writer.add_key_value(name, value, kind)
         else:
             writer.add_key_value(name, [*value, *padding.get(name, [])], kind, sub_type=element)
@@ -143,7 +143,7 @@ GRANITE_SCALES = {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.sc
 def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture: str = "qwen2", seed: int = 0,
                      layers: int = 2, tied: bool = False, name: str | None = None,
                      frequency_factors: list[float] | None = None, unquantized: bool | str = False,
-                     padded_vocab: int = 0) -> Path:  # fmt: skip
+                     padded_vocab: int = 0, chat_template: str | None = None) -> Path:  # fmt: skip
     """A random `architecture` model (hidden 256, 4 heads of 64 (qwen3, gemma2: 128, gemma3: 256), 2 KV heads, MLP 512)
     whose matrices use every block type (`unquantized`: F32, or "F16" / "BF16"), with q/k/v biases for qwen2 and q/k
     norms for qwen3; gemma3 with Gemma 3's norms, its first layer of each two over a window of GEMMA3_WINDOW keys
@@ -153,7 +153,7 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
     GRANITE_SCALES; smollm3 as llama (llama.cpp leaves RoPE out of every fourth layer); the tokenizer of the GGUF file
     `tokenizer_source` (None: 512 stand-in tokens); `name` its `general.name`; `frequency_factors` its `rope_freqs`
     tensor (32 factors, RoPE base 10000); `padded_vocab` unused tokens listed after the tokenizer's (and rows of the
-    embedding and head for them)."""
+    embedding and head for them); `chat_template` in place of the tokenizer's."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -171,7 +171,7 @@ def write_tiny_model(path: Path, tokenizer_source: Path | None, *, architecture:
         writer.add_bos_token_id(1)
         writer.add_eos_token_id(2)
     else:
-        vocab = tokenizer_fields(writer, tokenizer_source, padded_vocab)
+        vocab = tokenizer_fields(writer, tokenizer_source, padded_vocab, chat_template)
     phi3 = architecture == "phi3"  # as llama.cpp's converter writes Phi-3: 2x the trained window, LongRoPE's factor
     writer.add_context_length(2 * PHI3_TRAINED if phi3 else 4096)  # room for the 3K-token tests
     writer.add_embedding_length(hidden)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ from specchat.engine.prompt import encode_prompt
 from specchat.engine.sampling_config import SamplingConfig
 from specchat.engine.target_forward import forward_path
 from specchat.errors import SpecchatError
-from specchat.loading import LoadedModel, ModelSource, embedded_gguf_path, gguf_checkpoint_dir, load_model
+from specchat.loading import LoadedModel, ModelSource, embedded_gguf_path, load_model
 
 
 def test_builtin_and_file_prompt_sets(tmp_path):
@@ -87,12 +86,9 @@ def test_the_transformers_baseline_of_a_gguf_file_is_the_file_dequantized(tmp_pa
     """A GGUF file runs on specchat's own modules, which have no `generate`: `--baseline hf` runs transformers' model
     of the file, dequantized as transformers loads one, in the same activation dtype and stopping where ours stops."""
     path = write_tiny_model(tmp_path / "tiny.gguf", embedded_gguf_path(), architecture="llama")
-    try:
-        loaded = load_model(str(path))
-        rows = compare(loaded, {"loop": ["a b c a b c a b c"]}, ["hf"], max_new_tokens=8, repeats=1)
-        dense = transformers_model(loaded)
-    finally:
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    loaded = load_model(str(path))
+    rows = compare(loaded, {"loop": ["a b c a b c a b c"]}, ["hf"], max_new_tokens=8, repeats=1)
+    dense = transformers_model(loaded)
     assert isinstance(loaded.model, CausalLM) and type(dense).__name__ == "LlamaForCausalLM"
     assert dense.dtype == torch.bfloat16
     assert dense.generation_config.eos_token_id == loaded.model.generation_config.eos_token_id
@@ -163,12 +159,9 @@ def test_bench_logits_divides_and_caps_as_the_model_does(architecture, tmp_path)
 
     path = write_tiny_model(tmp_path / f"{architecture}.gguf", embedded_gguf_path(), architecture=architecture,
                             unquantized=True)  # fmt: skip
-    try:
-        loaded = load_model(str(path), dtype="float32")
-        for row in logits_accuracy(loaded, path, text_ids(loaded.tokenizer, 40), llamacpp=False):
-            assert row.mean_kl < 1e-6 and row.max_abs_error < 1e-3, row
-    finally:
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    loaded = load_model(str(path), dtype="float32")
+    for row in logits_accuracy(loaded, path, text_ids(loaded.tokenizer, 40), llamacpp=False):
+        assert row.mean_kl < 1e-6 and row.max_abs_error < 1e-3, row
 
 
 def test_held_rows_follow_their_format_and_are_exact(default_model):

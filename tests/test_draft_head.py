@@ -87,22 +87,18 @@ def test_the_likeliest_drafts_are_those_of_the_whole_rows(tokenizer, sampling, c
 def test_the_targets_head_gives_the_targets_logits(architecture, tmp_path):
     """A draft scoring the target's last hidden state through the target's head gets the target's logits: divided by
     Granite's logit scale, soft-capped as Gemma 2's (drafting probabilities at the target's temperature)."""
-    import shutil
 
     from gguf_files import write_tiny_model
 
     from specchat.engine.cache import TreeCache
     from specchat.engine.target_forward import target_forward
-    from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, load_model
+    from specchat.loading import embedded_gguf_path, load_model
 
     path = write_tiny_model(tmp_path / f"{architecture}.gguf", embedded_gguf_path(), architecture=architecture,
                             unquantized=True)  # fmt: skip
-    try:
-        loaded = load_model(str(path), dtype="float32")
-        engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
-        cache = TreeCache(2, 64)
-        out = target_forward(loaded.model, cache)(torch.arange(3, 23), torch.arange(20), None, cache)
-        logits = DraftHead(engine.target, None)(engine.target.norm(out.hidden))
-        torch.testing.assert_close(logits, out.logits, atol=1e-4, rtol=1e-4)
-    finally:
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    loaded = load_model(str(path), dtype="float32")
+    engine = Engine(loaded.model, loaded.tokenizer, max_len=64)
+    cache = TreeCache(2, 64)
+    out = target_forward(loaded.model, cache)(torch.arange(3, 23), torch.arange(20), None, cache)
+    logits = DraftHead(engine.target, None)(engine.target.norm(out.hidden))
+    torch.testing.assert_close(logits, out.logits, atol=1e-4, rtol=1e-4)

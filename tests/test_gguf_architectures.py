@@ -7,8 +7,6 @@ bitwise the decode step at its position; speculation equals the target alone."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 from drafters_for_tests import RandomTreeDrafter
@@ -26,7 +24,7 @@ from specchat.engine.prompt_cache import identity
 from specchat.engine.target_forward import forward_path
 from specchat.engine.tree import DraftTree, tree_batch
 from specchat.errors import SpecchatError
-from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir, load_model
+from specchat.loading import embedded_gguf_path, gguf_checkpoint, load_model
 from specchat.quant.gguf_model import dequantized_model, load_gguf_model
 
 CPU = torch.device("cpu")
@@ -56,9 +54,7 @@ def tiny_files(tmp_path_factory):
             made[architecture, kind] = path, gguf_checkpoint(path)
         return made[architecture, kind]
 
-    yield of
-    for path, _ in made.values():
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    return of
 
 
 def _transformers_last_logits(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -217,25 +213,22 @@ def test_an_unquantized_file_runs_on_its_values_mapped_not_copied(tmp_path, kind
     head's, unscaled. It speculates exactly (an F16 file in fp32 activations too, on the CPU decoder)."""
     path = write_tiny_model(tmp_path / f"tiny-gemma3-{kind}.gguf", embedded_gguf_path(), architecture="gemma3",
                             unquantized=kind, tied=True)  # fmt: skip
-    try:
-        loaded = load_model(str(path))
-        model = loaded.model
-        o = parts(model).layers[0].o.weight
-        dtype = torch.bfloat16 if kind == "BF16" else torch.float16
-        table = tensor_values(path, "token_embd.weight", dtype)
-        assert o.dtype == dtype and torch.equal(o, tensor_values(path, "blk.0.attn_output.weight", dtype))
-        assert o.untyped_storage().data_ptr() != 0 and not o.untyped_storage().resizable()  # mapped, not a copy
-        ids = torch.tensor([5, 77, 1999])
-        scale = model.config.hidden_size**0.5
-        assert torch.equal(parts(model).embed(ids), (table[ids].float() * scale).to(torch.bfloat16))
-        assert torch.equal(parts(model).head.weight, table)
-        assert_speculation_equals_autoregressive(loaded, SAMPLED)
-        if kind == "F16":  # fp32 activations: every matrix still multiplies each row on its own, on the CPU decoder
-            loaded = load_model(str(path), dtype="float32")
-            assert forward_path(loaded.model).startswith("CPU decoder")
-            assert_speculation_equals_autoregressive(loaded, GREEDY)
-    finally:
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    loaded = load_model(str(path))
+    model = loaded.model
+    o = parts(model).layers[0].o.weight
+    dtype = torch.bfloat16 if kind == "BF16" else torch.float16
+    table = tensor_values(path, "token_embd.weight", dtype)
+    assert o.dtype == dtype and torch.equal(o, tensor_values(path, "blk.0.attn_output.weight", dtype))
+    assert o.untyped_storage().data_ptr() != 0 and not o.untyped_storage().resizable()  # mapped, not a copy
+    ids = torch.tensor([5, 77, 1999])
+    scale = model.config.hidden_size**0.5
+    assert torch.equal(parts(model).embed(ids), (table[ids].float() * scale).to(torch.bfloat16))
+    assert torch.equal(parts(model).head.weight, table)
+    assert_speculation_equals_autoregressive(loaded, SAMPLED)
+    if kind == "F16":  # fp32 activations: every matrix still multiplies each row on its own, on the CPU decoder
+        loaded = load_model(str(path), dtype="float32")
+        assert forward_path(loaded.model).startswith("CPU decoder")
+        assert_speculation_equals_autoregressive(loaded, GREEDY)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
@@ -245,14 +238,11 @@ def test_an_unquantized_file_quantized_as_it_loads_speculates_exactly(tmp_path, 
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))  # its conversion and kept blocks
     path = write_tiny_model(tmp_path / "tiny-gemma3-BF16.gguf", embedded_gguf_path(), architecture="gemma3",
                             unquantized="BF16", tied=True)  # fmt: skip
-    try:
-        loaded = load_model(str(path), quantize="q4_k_m")
-        decoder = parts(loaded.model)
-        assert decoder.layers[0].v.format == "q4_k" and decoder.layers[1].v.format == "q6_k"  # the last eighth
-        assert decoder.embed.format == decoder.head.format == "q6_k"
-        assert_speculation_equals_autoregressive(loaded, sampling)
-    finally:
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    loaded = load_model(str(path), quantize="q4_k_m")
+    decoder = parts(loaded.model)
+    assert decoder.layers[0].v.format == "q4_k" and decoder.layers[1].v.format == "q6_k"  # the last eighth
+    assert decoder.embed.format == decoder.head.format == "q6_k"
+    assert_speculation_equals_autoregressive(loaded, sampling)
 
 
 def test_what_gemma3_cannot_run_on_is_refused_in_one_line(tiny_files):

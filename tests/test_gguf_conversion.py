@@ -1,7 +1,8 @@
 """A GGUF file converted once for transformers (`gguf_checkpoint`): its config, read from the header, is
 transformers' own reading of it (gguf-py's) plus the RoPE scaling transformers drops (linear and YaRN from the
 `rope.scaling.*` fields, Llama 3's from a `rope_freqs` tensor), and a file specchat cannot run is a ValueError
-naming why; its tokenizer encodes, decodes and templates chats as `AutoTokenizer`'s conversion of the file does."""
+naming why; its tokenizer encodes, decodes and templates chats as `AutoTokenizer`'s conversion of the file does,
+also where it is another converted file's."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import pytest
 import torch
 from gguf import GGUFWriter
 from gguf_files import llama3_frequency_factors, write_tiny_model
+from transformers import AutoTokenizer
 
 from specchat.errors import SpecchatError
 from specchat.gguf_config import gguf_config
+from specchat.gguf_header import tokenizer_digest
 from specchat.loading import GGUF_DIR, embedded_gguf_path, gguf_checkpoint
 
 SHAPES = ("max_position_embeddings", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -99,12 +102,45 @@ CHATS = [[{"role": "user", "content": "Write a haiku."}],
 
 @pytest.mark.parametrize("name", ["embedded", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"])
 def test_the_tokenizer_is_autotokenizers_conversion_of_the_file(name):
-    from transformers import AutoTokenizer
-
     path = embedded_gguf_path() if name == "embedded" else (GGUF_DIR / name).expanduser()
     if not path.is_file():
         pytest.skip(f"{name} is not on this machine")
-    ours = AutoTokenizer.from_pretrained(gguf_checkpoint(path))  # as a load converts it
+    assert_converted_by_transformers(gguf_checkpoint(path), path)  # as a load converts it
+
+
+OWN_TEMPLATE = "{% for message in messages %}[{{ message['role'] }}] {{ message['content'] }}\n{% endfor %}"
+
+
+def test_a_file_whose_tokenizer_another_has_reads_its_conversion_with_its_own_chat_template(tmp_path, monkeypatch):
+    """Another quantization or size of a converted model (the same tokenizer fields; here another chat template) takes
+    the converted tokenizer instead of converting the vocabulary again (Qwen's 152K tokens: 1 s against 4 s), and it
+    is transformers' conversion of the file all the same, its own template included. The same fields under another
+    architecture are not taken: transformers picks its conversion by the architecture."""
+    import transformers.integrations.gguf
+
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    converted = write_tiny_model(tmp_path / "a.gguf", embedded_gguf_path(), architecture="llama", layers=1)
+    gguf_checkpoint(converted)
+    other = write_tiny_model(tmp_path / "b.gguf", embedded_gguf_path(), architecture="llama", layers=1, seed=1,
+                             chat_template=OWN_TEMPLATE)  # fmt: skip
+    assert tokenizer_digest(other) == tokenizer_digest(converted)
+    qwen2 = write_tiny_model(tmp_path / "c.gguf", embedded_gguf_path(), architecture="qwen2", layers=1)
+    assert tokenizer_digest(qwen2) != tokenizer_digest(converted)
+
+    def converting(*_args):
+        raise AssertionError("the vocabulary was converted again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(transformers.integrations.gguf, "get_gguf_tokenizer", converting)
+        shared = gguf_checkpoint(other)
+    assert AutoTokenizer.from_pretrained(shared).chat_template == OWN_TEMPLATE
+    assert_converted_by_transformers(shared, other)
+
+
+def assert_converted_by_transformers(directory: str, path: Path) -> None:
+    """The tokenizer in `directory` encodes, decodes, templates chats and lists its added tokens as `AutoTokenizer`'s
+    conversion of the GGUF file at `path` does."""
+    ours = AutoTokenizer.from_pretrained(directory)
     theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     for text in TEXTS:
         ids = theirs(text)["input_ids"]
@@ -118,7 +154,7 @@ def test_the_tokenizer_is_autotokenizers_conversion_of_the_file(name):
                                                                          theirs.pad_token_id)  # fmt: skip
     assert ours.all_special_ids == theirs.all_special_ids and len(ours) == len(theirs)
     # listed in tokenizer_config.json, where a load reads them without parsing the whole tokenizer.json
-    listed = json.loads((Path(gguf_checkpoint(path)) / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    listed = json.loads((Path(directory) / "tokenizer_config.json").read_text())["added_tokens_decoder"]
     added = {index: token.__getstate__() for index, token in theirs.added_tokens_decoder.items()}
     assert {int(index): token for index, token in listed.items()} == added
 

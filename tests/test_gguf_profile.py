@@ -4,14 +4,12 @@ file named is still the one that runs."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 from gguf_files import llama3_frequency_factors, write_tiny_model
 
 from specchat.cli.common import default_drafter
 from specchat.gguf_header import general_fields
-from specchat.loading import embedded_gguf_path, gguf_checkpoint_dir, is_available, load_model, resolve_model
+from specchat.loading import embedded_gguf_path, is_available, load_model, resolve_model
 from specchat.profiles import gguf_profile, load_profiles
 
 CODER = "qwen2.5-coder-1.5b"
@@ -43,8 +41,7 @@ def test_a_file_finds_the_profile_of_the_model_it_holds(fields, profile):
 def named_gguf(tmp_path_factory):
     path = tmp_path_factory.mktemp("gguf") / "coder-q8_0.gguf"
     write_tiny_model(path, embedded_gguf_path(), name="Qwen2.5 Coder 1.5B Instruct")
-    yield path
-    shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    return path
 
 
 def test_the_header_is_read_up_to_its_general_fields(named_gguf, tmp_path):
@@ -83,10 +80,7 @@ def test_the_mission_profile_runs_its_gguf_on_a_cpu_found_in_the_hub_cache(tmp_p
     assert source.gguf_path(download=False) == snapshot / name and is_available(source, torch.device("cpu"))
     assert source.runs_gguf(torch.device("cpu")) and not source.runs_gguf(torch.device("cuda"))
     assert not is_available(source, torch.device("cuda"))  # a GPU runs the target's own weights: not cached here
-    try:
-        loaded = load_model("llama3.1-8b", device="cpu")
-        assert loaded.model.config.model_type == "llama" and loaded.model.config.hidden_size == 256
-        assert loaded.model.config.rope_parameters["rope_type"] == "llama3"
-        assert loaded.source.profile.name == "llama3.1-8b"
-    finally:
-        shutil.rmtree(gguf_checkpoint_dir(snapshot / name), ignore_errors=True)
+    loaded = load_model("llama3.1-8b", device="cpu")
+    assert loaded.model.config.model_type == "llama" and loaded.model.config.hidden_size == 256
+    assert loaded.model.config.rope_parameters["rope_type"] == "llama3"
+    assert loaded.source.profile.name == "llama3.1-8b"

@@ -28,7 +28,7 @@ from specchat.engine.cache import TreeCache
 from specchat.engine.generate import Engine
 from specchat.engine.lean_forward import lean_forward
 from specchat.errors import SpecchatError
-from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir, load_model
+from specchat.loading import embedded_gguf_path, gguf_checkpoint, load_model
 from specchat.quant.gguf_linear import GGUFEmbedding
 from specchat.quant.gguf_model import dequantized_model
 
@@ -39,7 +39,7 @@ OWN = {"gemma3": gemma3_model.CausalLM, "gemma2": gemma3_model.CausalLM, "phi3":
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """Each architecture's tiny model as a checkpoint directory in bf16, and transformers' model of it in fp32."""
-    made, files = {}, []
+    made = {}
 
     def of(architecture: str):
         if architecture not in made:
@@ -47,7 +47,6 @@ def checkpoints(tmp_path_factory):
             path = write_tiny_model(folder / f"tiny-{architecture}.gguf", embedded_gguf_path(),
                                     architecture=architecture, unquantized=True)  # fmt: skip
             config_dir = gguf_checkpoint(path)
-            files.append(path)
             reference = dequantized_model(path, config_dir)
             for weight in reference.parameters():  # as saved in bf16 (its buffers, the rotary tables, stay fp32)
                 weight.data = weight.data.to(torch.bfloat16).float()
@@ -56,9 +55,7 @@ def checkpoints(tmp_path_factory):
             made[architecture] = folder / "checkpoint", reference
         return made[architecture]
 
-    yield of
-    for path in files:
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    return of
 
 
 @torch.inference_mode()

@@ -4,7 +4,6 @@ imports none of transformers' model or config classes, whose import was 2-3 s of
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
@@ -18,7 +17,7 @@ from specchat.architectures import parts
 from specchat.architectures.llama_model import CausalLM
 from specchat.architectures.rope import stretch_with_yarn
 from specchat.engine.attention import sliding_window
-from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir
+from specchat.loading import embedded_gguf_path, gguf_checkpoint
 from specchat.quant.gguf_model import dequantized_model, load_gguf_model
 
 FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -40,9 +39,7 @@ def tiny_ggufs(tmp_path_factory):
             made[architecture] = path, gguf_checkpoint(path)
         return made[architecture]
 
-    yield of
-    for path, _ in made.values():
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    return of
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "llama", "qwen3"])

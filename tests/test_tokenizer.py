@@ -21,7 +21,6 @@ from specchat.loading import (
     embedded_checkpoint_dir,
     embedded_gguf_path,
     gguf_checkpoint,
-    gguf_checkpoint_dir,
     load_model,
     profile_gguf,
 )
@@ -67,9 +66,7 @@ def tokenizer_dirs(tmp_path_factory):
               for name in ("llama", "phi3", "gemma2")]  # fmt: skip
     dirs = {"embedded": embedded_checkpoint(dense=False), **{path.stem: gguf_checkpoint(path) for path in models}}
     coder = profile_gguf(load_profiles()["qwen2.5-coder-1.5b"], download=False)  # 151K tokens, a template with tools
-    yield dirs | ({"qwen2.5-coder-1.5b": gguf_checkpoint(coder)} if coder is not None else {})
-    for path in models:
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    return dirs | ({"qwen2.5-coder-1.5b": gguf_checkpoint(coder)} if coder is not None else {})
 
 
 def directory_of(name: str, dirs: dict[str, str]) -> str:

@@ -6,8 +6,6 @@ to (a far prefix, the keys a drafter would read) is refused or recomputed."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 from drafters_for_tests import RandomTreeDrafter
@@ -23,7 +21,7 @@ from specchat.engine.lean_forward import lean_forward
 from specchat.engine.prompt_cache import read_prompt_cache, write_prompt_cache
 from specchat.engine.tree import DraftTree, tree_batch
 from specchat.errors import SpecchatError
-from specchat.loading import embedded_gguf_path, gguf_checkpoint, gguf_checkpoint_dir, load_model
+from specchat.loading import embedded_gguf_path, gguf_checkpoint, load_model
 from specchat.quant.gguf_model import load_gguf_model
 
 CPU = torch.device("cpu")
@@ -42,9 +40,7 @@ def tiny_file(tmp_path_factory):
             made[architecture] = path, gguf_checkpoint(path)
         return made[architecture]
 
-    yield of
-    for path, _ in made.values():
-        shutil.rmtree(gguf_checkpoint_dir(path), ignore_errors=True)
+    return of
 
 
 @pytest.fixture
