@@ -14,7 +14,7 @@ import pytest
 import torch
 from gguf import GGUFWriter
 from gguf_files import llama3_frequency_factors, write_tiny_model
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from specchat.errors import SpecchatError
 from specchat.gguf_config import gguf_config
@@ -105,7 +105,8 @@ def test_the_tokenizer_is_autotokenizers_conversion_of_the_file(name):
     path = embedded_gguf_path() if name == "embedded" else (GGUF_DIR / name).expanduser()
     if not path.is_file():
         pytest.skip(f"{name} is not on this machine")
-    assert_converted_by_transformers(gguf_checkpoint(path), path)  # as a load converts it
+    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    assert_tokenizes_as(gguf_checkpoint(path), theirs)  # as a load converts it
 
 
 OWN_TEMPLATE = "{% for message in messages %}[{{ message['role'] }}] {{ message['content'] }}\n{% endfor %}"
@@ -114,8 +115,8 @@ OWN_TEMPLATE = "{% for message in messages %}[{{ message['role'] }}] {{ message[
 def test_a_file_whose_tokenizer_another_has_reads_its_conversion_with_its_own_chat_template(tmp_path, monkeypatch):
     """Another quantization or size of a converted model (the same tokenizer fields; here another chat template) takes
     the converted tokenizer instead of converting the vocabulary again (Qwen's 152K tokens: 1 s against 4 s), and it
-    is transformers' conversion of the file all the same, its own template included. The same fields under another
-    architecture are not taken: transformers picks its conversion by the architecture."""
+    is the file's own conversion all the same, its template included. The same fields under another architecture
+    are not taken: transformers picks its conversion by the architecture."""
     import transformers.integrations.gguf
 
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
@@ -134,14 +135,12 @@ def test_a_file_whose_tokenizer_another_has_reads_its_conversion_with_its_own_ch
         patched.setattr(transformers.integrations.gguf, "get_gguf_tokenizer", converting)
         shared = gguf_checkpoint(other)
     assert AutoTokenizer.from_pretrained(shared).chat_template == OWN_TEMPLATE
-    assert_converted_by_transformers(shared, other)
+    assert_tokenizes_as(shared, PreTrainedTokenizerFast.from_pretrained(other.parent, gguf_file=other.name))
 
 
-def assert_converted_by_transformers(directory: str, path: Path) -> None:
-    """The tokenizer in `directory` encodes, decodes, templates chats and lists its added tokens as `AutoTokenizer`'s
-    conversion of the GGUF file at `path` does."""
+def assert_tokenizes_as(directory: str, theirs) -> None:
+    """The tokenizer in `directory` encodes, decodes, templates chats and lists its added tokens as `theirs` does."""
     ours = AutoTokenizer.from_pretrained(directory)
-    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     for text in TEXTS:
         ids = theirs(text)["input_ids"]
         assert ours(text)["input_ids"] == ids, text
