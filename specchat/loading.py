@@ -359,7 +359,7 @@ def gguf_checkpoint(path: Path, progress: Callable[[str], None] = lambda _stage:
     """A directory with a GGUF file's config (read from its header, `gguf_config`) and tokenizer, made once and found
     again by the file's name, size and time. The tokenizer is transformers' conversion (0.5-3 s: the vocabulary's
     strings and merges), or where another converted file has the same one (`tokenizer_digest`: another quantization
-    or size of the model) that file's, read back with this file's chat template (a tenth of the time)."""
+    or size of the model) that file's, read back with this file's chat template (Qwen's 152K tokens: 0.6 s)."""
     target = gguf_checkpoint_dir(path)
     if (target / "config.json").is_file():
         return str(target)
