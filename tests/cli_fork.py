@@ -35,6 +35,10 @@ WARM = (
     "transformers.models.auto.tokenization_auto", "transformers.models.llama.modeling_llama",
     "transformers.models.qwen2.modeling_qwen2", "torch.utils.cpp_extension", "typer._adapters",
 )  # fmt: skip
+# Variables none of those modules reads on import (torch's extension builder reads its directory when it builds;
+# specchat's modules, which read the rest, are imported by each child): one helper serves environments that differ
+# in them alone, each child running in its command's own.
+READ_WHEN_RUN = ("TORCH_EXTENSIONS_DIR", "OLLAMA_MODELS")
 
 _HELPER = r"""
 import importlib, json, os, signal, sys
@@ -110,12 +114,12 @@ class _Helper:
         line, self.pending = self.pending.split(b"\n", 1)
         return json.loads(line)
 
-    def run(self, args, stdin: str | None, timeout: float) -> subprocess.CompletedProcess:
-        process = self.start(args, stdin)
+    def run(self, args, env: dict[str, str], stdin: str | None, timeout: float) -> subprocess.CompletedProcess:
+        process = self.start(args, env, stdin)
         stdout, stderr = process.communicate(timeout)
         return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
-    def start(self, args, stdin: str | None) -> Forked:
+    def start(self, args, env: dict[str, str], stdin: str | None) -> Forked:
         if self.active is not None and self.active.returncode is None:  # one left running by a failed test
             self.active.kill()  # the helper waits for each child before it forks the next
             self.active.wait()
@@ -128,7 +132,7 @@ class _Helper:
         else:
             with open(paths["stdin"], "w") as file:
                 file.write(stdin)
-        request = {"args": list(args), "cwd": os.getcwd(), "env": self.env, **paths}
+        request = {"args": list(args), "cwd": os.getcwd(), "env": dict(env), **paths}
         self.outbox.write(json.dumps(request) + "\n")
         pid = self._read(timeout=60)["pid"]
         self.active = Forked(self, [sys.executable, "-m", "specchat", *args], pid, tmp, paths)
@@ -218,7 +222,7 @@ _helpers: dict[tuple, _Helper] = {}
 
 
 def _helper(env: dict[str, str]) -> _Helper:
-    key = tuple(sorted(env.items()))
+    key = tuple(sorted((name, value) for name, value in env.items() if name not in READ_WHEN_RUN))
     if key not in _helpers:
         _helpers[key] = _Helper(env)
         atexit.register(_helpers[key].close)
@@ -232,7 +236,7 @@ def run_specchat(args, *, env: dict[str, str], stdin: str | None = None,
     if not hasattr(os, "fork"):
         return subprocess.run([sys.executable, "-m", "specchat", *args], input=stdin, capture_output=True, check=False,
                               text=True, env=env, timeout=timeout)  # fmt: skip
-    return _helper(env).run(args, None if stdin is None else str(stdin), timeout)
+    return _helper(env).run(args, env, None if stdin is None else str(stdin), timeout)
 
 
 def start_specchat(args, *, env: dict[str, str]) -> Forked | subprocess.Popen:
@@ -241,4 +245,4 @@ def start_specchat(args, *, env: dict[str, str]) -> Forked | subprocess.Popen:
     if not hasattr(os, "fork"):
         return subprocess.Popen([sys.executable, "-m", "specchat", *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
-    return _helper(env).start(args, None)
+    return _helper(env).start(args, env, None)
