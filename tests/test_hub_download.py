@@ -221,13 +221,14 @@ def test_what_stops_a_download_is_one_line(hub, tmp_path):
     assert gated.startswith("error me/gated is gated: accept its terms") and "hf auth login" in gated
     assert missing == "error no repo me/none on the Hugging Face hub (a private one needs `hf auth login`)"
     assert no_file.startswith("error cannot download other.gguf from me/coder: no connection, or no such file there")
-    for repo, start in (("me/gated", "me/gated is gated: accept its terms"), ("me/none", "no repo me/none")):
-        loaded = run(hub, tmp_path, LOAD, repo, str(tmp_path / "logits.pt"))
-        assert loaded.returncode == 1 and loaded.stderr.startswith(f"error {start}"), loaded.stderr
+    gated = run(hub, tmp_path, LOAD, "me/gated", str(tmp_path / "logits.pt"))  # as a load says it
+    assert gated.returncode == 1 and gated.stderr.startswith("error me/gated is gated: accept its terms"), gated.stderr
+    missing = run(hub, tmp_path, FETCH, "me/none")  # the rest as the fetch a load makes (without its imports)
+    assert missing.returncode == 1 and missing.stderr.startswith("error no repo me/none"), missing.stderr
     with socket.socket() as closed:  # a port nothing listens on once closed
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    unreachable = run(hub, tmp_path, LOAD, "me/llama", str(tmp_path / "logits.pt"), port=port)
+    unreachable = run(hub, tmp_path, FETCH, "me/llama", port=port)
     assert unreachable.returncode == 1, unreachable.stderr
     assert unreachable.stderr == ("error cannot reach me/llama on the Hugging Face hub: no connection, or the hub is "
                                   "down\n")  # fmt: skip
