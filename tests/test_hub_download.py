@@ -222,7 +222,8 @@ def test_what_stops_a_download_is_one_line(hub, tmp_path):
     assert missing == "error no repo me/none on the Hugging Face hub (a private one needs `hf auth login`)"
     assert no_file.startswith("error cannot download other.gguf from me/coder: no connection, or no such file there")
     loading = run(hub, tmp_path, LOAD, "me/gated", str(tmp_path / "logits.pt"))  # as a load says it
-    assert loading.returncode == 1 and loading.stderr.startswith("error me/gated is gated: accept"), loading.stderr
+    assert loading.returncode == 1, loading.stderr
+    assert loading.stderr.startswith("error me/gated is gated: accept its terms"), loading.stderr
     fetching = run(hub, tmp_path, FETCH, "me/none")  # the rest as the fetch a load makes (without its imports)
     assert fetching.returncode == 1 and fetching.stderr.startswith("error no repo me/none"), fetching.stderr
     with socket.socket() as closed:  # a port nothing listens on once closed
