@@ -151,7 +151,6 @@ def test_tree_rows_equal_the_decode_steps_at_their_positions(family):
                                    atol=1e-4, rtol=1e-4)  # fmt: skip
 
 
-
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_bf16_tree_rows_are_bitwise_the_decode_steps_at_their_positions(family):
     """Exactness itself: in bf16, whose roundings flip near-ties, each verified node's logits are bitwise those of
@@ -172,6 +171,24 @@ def test_bf16_tree_rows_are_bitwise_the_decode_steps_at_their_positions(family):
         for row, path in enumerate(paths):
             cache.truncate(29)
             assert torch.equal(verified[row], decode(decoder, cache, [int(ids[-1]), *path])), f"row {row}"
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="a CPU's products")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_products_on_a_cpu_give_each_row_the_bits_it_has_alone(dtype):
+    """A forward's bf16 / fp16 products on a CPU at a real layer's shape (a 1.5B's gate/up): each of 13 rows bitwise
+    the row multiplied alone, the residual added in the product too (oneDNN's kernels, torch's default, give most
+    rows other bits on an AVX-512 CPU without BF16)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(8960, 1536, generator=generator) * 0.05).to(dtype)
+    x, residual = torch.randn(13, 1536, generator=generator).to(dtype), torch.randn(13, 8960, generator=generator)
+    residual = residual.to(dtype)
+    with torch_decoder._row_independent_products(DEVICE, dtype):
+        rows, added = torch_decoder._linear(x, weight), torch_decoder._add_projection(residual, x, weight, None)
+        for row in range(13):
+            assert torch.equal(rows[row], torch_decoder._linear(x[row : row + 1], weight)[0]), f"row {row}"
+            alone = torch_decoder._add_projection(residual[row : row + 1], x[row : row + 1], weight, None)
+            assert torch.equal(added[row], alone[0]), f"row {row} with the residual"
 
 
 def test_products_padded_to_whole_pieces_compute_what_the_rows_alone_do(monkeypatch):
@@ -196,6 +213,7 @@ def test_products_padded_to_whole_pieces_compute_what_the_rows_alone_do(monkeypa
     monkeypatch.setattr(torch_decoder, "_pieces", lambda x: x.shape[0] == 2 * PIECE)
     for rows, want in unpadded.items():
         assert all(torch.equal(a, b) for a, b in zip(run(rows), want)), rows
+
 
 def padded(batch, rows: int):
     """A tree's batch padded to `rows` rows as the CUDA graphs pad it: pad rows see only themselves."""

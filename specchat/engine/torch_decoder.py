@@ -18,6 +18,7 @@ as the module it is (its own kernel), a dense one is multiplied here.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -128,6 +129,10 @@ class TorchDecoder:
         verification; without one the rows are causal (one row: a decode step; several: a prefill). Queries: the
         last layer's, or with `every_layer` every layer's. Features: the residual stream entering each of
         `feature_layers` (the layer count: the last layer's output), side by side."""
+        with _row_independent_products(self.device, self.dtype):
+            return self._forward(tokens, positions, cache, tree_mask, last_only, every_layer, feature_layers)
+
+    def _forward(self, tokens, positions, cache, tree_mask, last_only, every_layer, feature_layers) -> ForwardOutput:
         rows = tokens.shape[0]
         causal = tree_mask is None
         if causal:
@@ -167,6 +172,23 @@ def _projection(module: nn.Module) -> tuple[Projection, torch.Tensor | None]:
     if type(module) is nn.Linear:
         return module.weight, module.bias
     return module, None
+
+
+@contextmanager
+def _row_independent_products(device: torch.device, dtype: torch.dtype):
+    """Where a forward's products run: on a CPU in bf16 / fp16, ATen's own kernels, which sum each row in the same
+    order whatever rows share the call. oneDNN's (torch's default there) choose a kernel by the row count, so a
+    verified row's sums differ from the decode step's (seen on an Ice Lake Xeon's AVX-512 without BF16, at every
+    shape of a real layer); fp32 products and CUDA's are left as they are."""
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+        yield
+        return
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = enabled
 
 
 FEW_ROWS = range(2, 17)
