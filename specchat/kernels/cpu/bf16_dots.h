@@ -11,10 +11,11 @@
 // product rounded once into the sum, and MXCSR's DAZ and FTZ bits (set by `Arithmetic` around a pass) read
 // denormals as zero and flush denormal sums. So the AVX-512, AVX2 and portable paths give the same bits; the
 // portable one runs the arithmetic a lane at a time (`dot_step`). AVX-512 without BF16 (Intel's Skylake-SP, Cascade
-// Lake and Ice Lake Xeons) runs AVX2's arithmetic sixteen lanes a vector, in the native path's layout and with its
-// three queries a pass (`BF16_DOTS_AVX512`): half the instructions of AVX2's eight lanes. Where many queries read a tile of keys (a tree's
-// rows), AVX2 widens and transposes the tile once (`key_columns`) and sums eight keys a vector (`column_dots16`),
-// which spares each query the widening and the lanes' horizontal pairing.
+// Lake and Ice Lake Xeons) runs AVX2's arithmetic sixteen lanes a vector in `dots16` and `add_pairs`, in the native
+// path's layout and with its three queries a pass (`BF16_DOTS_AVX512`). Where many queries read a tile of keys (a
+// tree's rows), AVX2 widens and transposes the tile once (`key_columns`) and sums eight keys a vector
+// (`column_dots16`), which spares each query the widening and the lanes' horizontal pairing (on AVX-512 too: sixteen
+// keys a vector need a load for every fma, the query's broadcast value, and run slower there).
 //
 // Layouts: a query and a key are DIM bf16; lane l of a key's sum holds dims 32c + 2l (even) and 32c + 2l + 1
 // (odd) for c = 0, 1, ...; the 16 lanes are then paired down, adjacent lanes first. Value
@@ -71,12 +72,12 @@ inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_ca
 inline __m256 odd_halves(__m256i v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(-65536))); }
 inline __m256 even_halves(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
 
-// Eight floats rounded to bf16 as round_bf16 rounds them, each in the low half of its dword.
-#ifdef BF16_DOTS_AVX512
+#ifdef BF16_DOTS_AVX512  // the same of sixteen dwords
 inline __m512 odd_halves(__m512i v) { return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(-65536))); }
 inline __m512 even_halves(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
 #endif
 
+// Eight floats rounded to bf16 as round_bf16 rounds them, each in the low half of its dword.
 inline __m256i round_bf16_8(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
