@@ -4,13 +4,13 @@ files side by side on the machine's cores, then imported from torch's extension 
 code, torch, Python or its flags change). `build(isa, "gguf_kernels")` compiles the GGUF kernels alone, without the
 decoder's own files: a module the tests hold to the decoder's kernels.
 
-It is compiled for the machine it runs on (`-march=native`), so the kernels' code path follows the CPU's
-features: AVX-512 VNNI / BF16 with or without AMX tiles, AVX2 (with FMA and F16C) with or without AVX-VNNI, or
-the portable loops (`isa()` of the module names the one built). `SPECCHAT_CPU_ISA=avx2` builds the AVX2 path
-(x86-64-v3) on any x86 machine, for measuring it where the CPU has more; `avxvnni` adds AVX-VNNI to it (it runs
-only on CPUs that have AVX-VNNI: Intel's since Alder Lake, AMD's since Zen 5); `avx512vnni` is AVX-512 with VNNI
-alone, no BF16 or VBMI (Intel's Cascade Lake Xeons); `noamx` is the machine's own without AMX (the AVX-512 path of
-an Intel Xeon that has the tiles).
+It is compiled for the machine it runs on (`-march=native`), so the kernels' code path follows the CPU's features:
+AVX-512 VNNI / BF16 with or without AMX tiles, AVX-512 without BF16 (its bf16 products in fp32 fmas), AVX2 (with FMA and
+F16C) with or without AVX-VNNI, or the portable loops (`isa()` of the module names the one built).
+`SPECCHAT_CPU_ISA=avx2` builds the AVX2 path (x86-64-v3) on any x86 machine, for measuring it where the CPU has more;
+`avxvnni` adds AVX-VNNI to it (it runs only on CPUs that have AVX-VNNI: Intel's since Alder Lake, AMD's since Zen 5);
+`avx512vnni` is AVX-512 with VNNI alone, no BF16 or VBMI (Intel's Cascade Lake Xeons); `noamx` is the machine's own
+without AMX (the AVX-512 path of an Intel Xeon that has the tiles).
 
 `python -m specchat.kernels.cpu.cpu_decoder` builds it ahead of time; so does this file run as a script, which needs
 torch, ninja and gguf alone (`make setup` compiles it so while the other packages install). Builds of one target
