@@ -2,8 +2,8 @@
 // GGUF file's weights multiplied in place), each output's sum an order fixed by its own row alone, so a verified
 // tree row is its decode step bit for bit, whatever rows share the call, on either path:
 // - bf16 weights in bf16 dot-product arithmetic (bf16_dots.h): vdpbf16ps on AVX-512 BF16, the same bits through
-//   fp32 fmas on AVX2. Output j of activation row r sums x[r] . W[j] in 16 lanes, lane l adding the products of
-//   inputs 32c + 2l + 1, then 32c + 2l, for c = 0, 1, ... in order;
+//   fp32 fmas on AVX-512 without BF16 and on AVX2. Output j of activation row r sums x[r] . W[j] in 16 lanes, lane
+//   l adding the products of inputs 32c + 2l + 1, then 32c + 2l, for c = 0, 1, ... in order;
 // - fp16 weights (an F16 file's, or a model's run in fp16) in fp32: each weight converted exactly (vcvtph2ps), bf16
 //   and fp16 activations too, fp32 ones as they are, lane l of an output adding the products of inputs 16c + l in
 //   order by fmas, on AVX-512 and AVX2;
@@ -81,7 +81,10 @@ inline const float* scale_at(const float* scales, int64_t row, int64_t in, int64
 // rows): each row's inputs are prefetched KEYS rows down, the next pass's (then the next block's, which lies there).
 #ifdef BF16_DOTS_NATIVE
 constexpr int QUERIES = 8;  // a prompt's rows eight at a time by two weight rows: 16 sums in registers
-
+#elif defined(BF16_DOTS_AVX512)
+constexpr int QUERIES = 4;  // four rows by four weight rows: 16 sums (eight by two ran 1.1-1.3x slower on Ice Lake)
+#endif
+#if defined(BF16_DOTS_NATIVE) || defined(BF16_DOTS_AVX512)
 // Weight rows a pass for Q activation rows: for one or two, one (a single stream of memory reads fastest), for three
 // or four, four (each activation load serves four sums, and the sums' chains keep the units busy), for eight two (16
 // sums in registers); measured with scripts/dense_matmul_ab.py.
@@ -89,7 +92,9 @@ constexpr int keys_per_pass(int q) { return q > 4 ? 2 : q > 2 ? 4 : 1; }
 // int8 weights, a byte each, are read faster than one weight row's chain of fmas (4 cycles a step) takes them: four
 // rows a pass from one activation row on.
 constexpr int int8_keys_per_pass(int q) { return q > 4 ? 2 : 4; }
+#endif
 
+#ifdef BF16_DOTS_NATIVE
 template <int Q, bool FETCH>
 inline void add_lanes(const uint16_t* const (&x)[Q], const uint16_t* w, int64_t in, int64_t from, int64_t to,
                       float (*const (&lanes)[Q])[16]) {
@@ -107,6 +112,37 @@ inline void add_lanes(const uint16_t* const (&x)[Q], const uint16_t* w, int64_t 
       for (int j = 0; j < Q; ++j) {
         const __m512bh q = (__m512bh)_mm512_loadu_si512(x[j] + c);
         for (int k = 0; k < KEYS; ++k) sums[k][j] = _mm512_dpbf16_ps(sums[k][j], q, keys[k]);
+      }
+    }
+    for (int k = 0; k < KEYS; ++k)
+      for (int j = 0; j < Q; ++j) _mm512_storeu_ps(lanes[j][i + k], sums[k][j]);
+  }
+}
+#elif defined(BF16_DOTS_AVX512)
+// The native path's lanes in fp32 fmas (AVX-512 without BF16): each activation row given widened (`widen`: odd[j]
+// and even[j] hold row j's odd and even inputs as fp32), each chunk of a weight row widened once for the Q rows,
+// each lane the odd product, then the even one, into the sum.
+template <int Q, bool FETCH>
+inline void add_lanes(const float* const (&odd)[Q], const float* const (&even)[Q], const uint16_t* w, int64_t in,
+                      int64_t from, int64_t to, float (*const (&lanes)[Q])[16]) {
+  constexpr int KEYS = keys_per_pass(Q);
+  for (int i = 0; i < kBlock; i += KEYS) {
+    __m512 sums[KEYS][Q];
+    for (int k = 0; k < KEYS; ++k)
+      for (int j = 0; j < Q; ++j) sums[k][j] = from == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(lanes[j][i + k]);
+    for (int64_t c = from; c < to; c += kChunk) {
+      __m512 keys_odd[KEYS], keys_even[KEYS];
+      for (int k = 0; k < KEYS; ++k) {
+        const __m512i key = _mm512_loadu_si512(w + (i + k) * in + c);
+        if (FETCH) _mm_prefetch(reinterpret_cast<const char*>(w + (i + k + KEYS) * in + c), _MM_HINT_T0);
+        keys_odd[k] = bf16_dots::odd_halves(key), keys_even[k] = bf16_dots::even_halves(key);
+      }
+      for (int j = 0; j < Q; ++j) {
+        const __m512 x_odd = _mm512_loadu_ps(odd[j] + c / 2), x_even = _mm512_loadu_ps(even[j] + c / 2);
+        for (int k = 0; k < KEYS; ++k) {
+          sums[k][j] = _mm512_fmadd_ps(x_odd, keys_odd[k], sums[k][j]);
+          sums[k][j] = _mm512_fmadd_ps(x_even, keys_even[k], sums[k][j]);
+        }
       }
     }
     for (int k = 0; k < KEYS; ++k)
@@ -151,6 +187,9 @@ inline void add_lanes(const float* const (&odd)[Q], const float* const (&even)[Q
   }
 }
 
+#endif
+
+#ifdef BF16_DOTS_AVX2
 // A row's odd and even inputs as fp32 (denormals kept: DAZ reads them as zero in the fmas).
 inline void widen(const uint16_t* x, int64_t in, float* odd, float* even) {
   for (int64_t c = 0; c < in / 16; ++c) {
@@ -163,7 +202,7 @@ inline void widen(const uint16_t* x, int64_t in, float* odd, float* even) {
 
 // The same for fp16 weights (W = uint16_t) or fp32 ones (W = float), each activation row given in fp32 (x[j]): lane
 // l adds the products of inputs 16c + l.
-#ifdef BF16_DOTS_NATIVE
+#if defined(BF16_DOTS_NATIVE) || defined(BF16_DOTS_AVX512)
 inline __m512 load_weights(const uint16_t* w, const float*) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
 }
