@@ -6,6 +6,10 @@ version (`source_version()` of that checkout, built once by `cpu_decoder()`, `av
 builds before the fp16 weights named their product `bf16_matmul`):
 
     python scripts/dense_matmul_ab.py 7 before=<version> after=<version> gguf=BF16.gguf [rows=1,2,4,8]
+
+Without a file, `dtype=bfloat16|float16|float32|int8` multiplies random matrices of one layer of Qwen2.5-Coder-1.5B's
+shapes in that dtype (int8: codes with a scale per 32 inputs, as a Q8_0 head), by bf16 activations for bf16 weights
+and fp32 ones for the others.
 """
 
 import statistics
@@ -35,9 +39,21 @@ def step_matrices(file: Path) -> list[torch.Tensor]:
     return matrices
 
 
+LAYER_SHAPES = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]  # the 1.5B's qkv, o, gate_up, down
+
+
+def layer_matrices(dtype: str) -> list[tuple[torch.Tensor, ...]]:
+    """Random matrices of one 1.5B layer's shapes in `dtype` (int8: with their scales [out, in / 32])."""
+    torch.manual_seed(0)
+    if dtype == "int8":
+        return [(torch.randint(-127, 128, (o, i), dtype=torch.int8), torch.rand(o, i // 32) * 0.01)
+                for o, i in LAYER_SHAPES]  # fmt: skip
+    return [((torch.randn(o, i) * 0.05).to(getattr(torch, dtype)),) for o, i in LAYER_SHAPES]
+
+
 def main() -> None:
     torch.set_num_threads(2)
-    repeats, rows, file = int(sys.argv[1]), [1, 2, 4, 8], None
+    repeats, rows, file, dtype = int(sys.argv[1]), [1, 2, 4, 8], None, None
     builds = {}
     for arg in sys.argv[2:]:
         name, value = arg.split("=")
@@ -45,18 +61,21 @@ def main() -> None:
             rows = [int(n) for n in value.split(",")]
         elif name == "gguf":
             file = Path(value)
+        elif name == "dtype":
+            dtype = value
         else:
             builds[name] = load_build(value)
-    if file is None:
-        sys.exit("gguf=FILE (a BF16 GGUF file) is needed")
+    if (file is None) == (dtype is None):
+        sys.exit("gguf=FILE (a BF16 GGUF file) or dtype=D is needed")
     products = {name: getattr(build, "dense_matmul", None) or build.bf16_matmul for name, build in builds.items()}
-    matrices = step_matrices(file)
-    size = sum(m.numel() * m.element_size() for m in matrices)
-    inputs = {(n, c): torch.randn(n, c).to(torch.bfloat16) for n in rows for c in {m.shape[1] for m in matrices}}
+    matrices = [(m,) for m in step_matrices(file)] if file else layer_matrices(dtype)
+    size = sum(t.numel() * t.element_size() for m in matrices for t in m)
+    activations = torch.bfloat16 if matrices[0][0].dtype == torch.bfloat16 else torch.float32
+    inputs = {(n, c): torch.randn(n, c).to(activations) for n in rows for c in {m[0].shape[1] for m in matrices}}
 
     def forward(name: str, n: int) -> list[torch.Tensor]:
         product = products[name]
-        return [product(inputs[n, m.shape[1]], m) for m in matrices]
+        return [product(inputs[n, m[0].shape[1]], *m) for m in matrices]
 
     first = next(iter(builds))
     for n in rows:
