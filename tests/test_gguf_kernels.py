@@ -14,6 +14,9 @@ bitwise, and to the row-at-a-time kernel's results within float rounding.
 
 from __future__ import annotations
 
+import resource
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -244,3 +247,46 @@ def test_the_largest_codes_and_activations_stay_exact_on_every_path(kind, sign):
         for path in ["best", *PATHS]:
             got = cpu_decoder().gguf_matmul(x, [held[0]], [held[1]], [held[2]], 512, path).double()
             assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (held[2], path)
+
+
+# --- the decoder's products, in its activations' dtype ------------------------------------------------------
+
+
+def gguf_projection(held, columns: int):
+    """The decoder's product of a held matrix (`Linear` in a `Projection`), as a forward calls it."""
+    native = cpu_decoder()
+    tiles, type_id, unit_rows = held
+    return native.Projection([native.gguf_linear([tiles], [type_id], [unit_rows], columns, None)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_products_in_the_activations_dtype_are_the_fp32_products_rounded(dtype):
+    """A product comes out in the activations' dtype, each value rounded where the kernels leave it: the bits of the
+    fp32 product rounded as `Tensor.to` rounds it (fp32 activations in two int8 terms), at 1 to 150 rows (passes of
+    64 rows; AMX tiles from 12 where the machine has them)."""
+    rng = np.random.default_rng(7)
+    held = tiled(GGMLQuantizationType.Q4_K, random_blocks(GGMLQuantizationType.Q4_K, 48, 512, rng), 512, 2)
+    x = torch.from_numpy(rng.standard_normal((150, 512)).astype(np.float32)).to(dtype)
+    terms = 2 if dtype == torch.float32 else 1
+    for n in (1, 13, 150):
+        fp32 = cpu_decoder().gguf_matmul(x[:n], [held[0]], [held[1]], [held[2]], 512, "best", terms)
+        got = gguf_projection(held, 512)(x[:n])
+        assert got.dtype == dtype and torch.equal(got, fp32.to(dtype)), n
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's allocator, counted in Linux's page faults")
+def test_a_warm_prefill_product_takes_memory_an_earlier_one_freed():
+    """A 512-row product whose fp32 result would pass 32 MB (the largest mmap threshold glibc takes) comes out in bf16
+    from memory earlier calls freed, once the heap has grown to the calls' pattern: mapped afresh on every call, its
+    pages faulted in and zeroed each time, it cost a prefill of the 1.5B a quarter of its time on a Xeon."""
+    rng = np.random.default_rng(8)
+    held = tiled(GGMLQuantizationType.Q4_K, random_blocks(GGMLQuantizationType.Q4_K, 16384, 256, rng), 256, 2)
+    x = torch.from_numpy(rng.standard_normal((512, 256)).astype(np.float32)).to(torch.bfloat16)
+    product, faults = gguf_projection(held, 256), []
+    for _ in range(30):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        out = product(x)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        if faults[-1] < 256:  # the bf16 product alone is 4096 pages of 4 KB
+            break
+    assert out.shape == (512, 16384) and faults[-1] < 256, faults

@@ -37,34 +37,16 @@
 
 namespace cpu_decoder {
 
-// A product's fp32 rows in `type`: to bf16 by our own loop, rounded as `Tensor::to` rounds them (eight at a time, the
-// same bits as one by one), where its call spends ~5 us setting up (a Zen 3), as long as a decode step's conversion
-// itself, four calls a layer; to other types by `Tensor::to`.
-static at::Tensor rounded_to(const at::Tensor& x, at::ScalarType type) {
-  if (type != at::kBFloat16) return x.to(type);
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(type));
-  const float* in = x.data_ptr<float>();
-  auto* rounded = out.data_ptr<c10::BFloat16>();
-  at::parallel_for(0, x.numel(), 32768, [&](int64_t begin, int64_t end) {  // ATen's grain: small ones inline
-    int64_t i = begin;
-#if defined(__AVX2__) && defined(__FMA__)
-    for (; i + 8 <= end; i += 8) store8(rounded + i, _mm256_loadu_ps(in + i));
-#endif
-    for (; i < end; ++i) rounded[i] = store<c10::BFloat16>(in[i]);
-  });
-  return out;
-}
-
 at::Tensor Linear::operator()(const at::Tensor& x) const {
   at::Tensor out;
   if (dense.defined()) {  // its inputs in whole chunks (`Linear.dense`): x's padded to match
     const at::Tensor xs = dense_matmul::in_whole_chunks(x);
     out = xs.dim() == 2 && dense_matmul::takes(xs, dense)
-              ? rounded_to(dense_matmul::matmul(xs, dense, dense_scales), x.scalar_type())
+              ? dense_matmul::matmul(xs, dense, dense_scales, x.scalar_type())
               : at::linear(xs, dense_values().to(x.scalar_type()));
   } else if (!blocks.empty()) {
     const int64_t terms = x.scalar_type() == at::kFloat ? 2 : 1;  // fp32 activations: 16 bits of each value
-    out = rounded_to(gguf::matmul(x, blocks, gguf::Path::Best, terms), x.scalar_type());
+    out = gguf::matmul(x, blocks, gguf::Path::Best, terms, x.scalar_type());
   } else {
     out = at::_weight_int4pack_mm_for_cpu(x, packed[0], group, scales[0]);
     for (size_t i = 1; i < packed.size(); ++i) {

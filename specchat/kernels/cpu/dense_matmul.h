@@ -298,12 +298,25 @@ inline void rest(int64_t n, Run& run) {
   }
 }
 
-// y [rows, out] fp32 = x [rows, in] . weight [out, in]^T (`takes`; int8 codes times their `scales` [out, in / 32]).
-// Threads split the weight's rows in units of kUnit blocks; a unit goes over the inputs a slice at a time, every
-// activation row passing over the slice's blocks (from L2) before the next: each row is read once a unit, not once a
-// block (a prompt's 512 rows are megabytes). A last block of fewer than 16 rows is multiplied as 16 with zero rows
-// after it.
-inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in, const at::Tensor& scales_in = {}) {
+// n fp32 results into y (fp32, bf16 or fp16) from element `first` on, each rounded as `Tensor::to` rounds it.
+inline void put_block(const float* results, int64_t n, at::ScalarType type, void* y, int64_t first) {
+  if (type == at::kBFloat16) {
+    for (int64_t i = 0; i < n; ++i) static_cast<at::BFloat16*>(y)[first + i] = static_cast<at::BFloat16>(results[i]);
+  } else if (type == at::kHalf) {
+    for (int64_t i = 0; i < n; ++i) static_cast<at::Half*>(y)[first + i] = static_cast<at::Half>(results[i]);
+  } else {
+    std::memcpy(static_cast<float*>(y) + first, results, n * sizeof(float));
+  }
+}
+
+// y [rows, out] = x [rows, in] . weight [out, in]^T (`takes`; int8 codes times their `scales` [out, in / 32]), in
+// `out_type` (fp32, bf16 or fp16: each fp32 result rounded where it is summed, so a prompt's products never stand
+// whole in fp32). Threads split the weight's rows in units of kUnit blocks; a unit goes over the inputs a slice at a
+// time, every activation row passing over the slice's blocks (from L2) before the next: each row is read once a
+// unit, not once a block (a prompt's 512 rows are megabytes). A last block of fewer than 16 rows is multiplied as 16
+// with zero rows after it.
+inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in, const at::Tensor& scales_in = {},
+                         at::ScalarType out_type = at::kFloat) {
 #if !(defined(BF16_DOTS_NATIVE) || defined(BF16_DOTS_AVX2))
   TORCH_CHECK(false, "dense_matmul: not in this build");
 #else
@@ -319,11 +332,13 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in, co
   TORCH_CHECK(!q8 || (scales.dim() == 2 && scales.size(0) == out && scales.size(1) == in / kScaled),
               "an int8 weight's scales are [out, in / 32]");
   const int64_t size = weight.element_size(), per_row = in / kScaled;  // scales a row
-  at::Tensor y = at::empty({rows, out}, x.options().dtype(at::kFloat));
+  TORCH_CHECK(out_type == at::kFloat || out_type == at::kBFloat16 || out_type == at::kHalf,
+              "the products come out in fp32, bf16 or fp16");
+  at::Tensor y = at::empty({rows, out}, x.options().dtype(out_type));
   if (rows == 0 || out == 0) return y;
   const auto* xs = static_cast<const uint16_t*>(x.data_ptr());  // as bf16 activations
   const auto* ws = static_cast<const char*>(weight.data_ptr());
-  float* ys = y.data_ptr<float>();
+  void* const ys = y.data_ptr();
   const int64_t blocks = (out + kBlock - 1) / kBlock, units = (blocks + kUnit - 1) / kUnit;
   // The rows in fp32 for fp16, fp32 or int8 weights (bf16 ones widened); for bf16 weights on AVX2, each row's odd
   // inputs in fp32, then its even ones
@@ -409,12 +424,8 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in, co
         for (int64_t r = top; r < bottom; ++r) {
           for (int64_t k = 0; k < count; ++k) {
             const int64_t start = (first + k) * kBlock;
-            if (out - start >= kBlock) {
-              pair_down(lanes(r - top, k), ys + r * out + start);
-            } else {
-              pair_down(lanes(r - top, k), part);
-              std::memcpy(ys + r * out + start, part, (out - start) * sizeof(float));
-            }
+            pair_down(lanes(r - top, k), part);
+            put_block(part, std::min(kBlock, out - start), out_type, ys, r * out + start);
           }
         }
       }

@@ -78,11 +78,28 @@ static at::Tensor in_fp32(const at::Tensor& x) {
   return out;
 }
 
+// A unit's outputs for a pass's `rows` (`column`: a run of `passed` a weight row; with two terms each row's rest
+// after the rows, added) into their columns [first, first + done) of `out` [rows, total], rounded to Out there: a
+// prefill's products never stand whole in fp32 (a 512-row pass of the 1.5B's gate and up: 37 MB, fresh pages on
+// every call).
+template <typename Out>
+void put_unit(const float* column, int64_t rows, int64_t passed, int64_t done, bool two_terms, Out* out,
+              int64_t total, int64_t first) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < done; ++i) {
+      const float* outputs = column + i * passed;
+      out[r * total + first + i] = static_cast<Out>(two_terms ? outputs[r] + outputs[rows + r] : outputs[r]);
+    }
+}
+
 // One parallel loop over all the matrices' rows per chunk of kRowChunk activation rows, quantized once per group size
 // (in two terms: a chunk's rows, then their rests, as one pass's rows, each row's two products summed).
-at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path path, int64_t terms) {
+at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path path, int64_t terms,
+                  at::ScalarType out_type) {
   TORCH_CHECK(x.dim() == 2, "x must be [rows, cols]");
   TORCH_CHECK(terms == 1 || terms == 2, "activations go in one int8 term or two");
+  TORCH_CHECK(out_type == at::kFloat || out_type == at::kBFloat16 || out_type == at::kHalf,
+              "the products come out in fp32, bf16 or fp16");
   const at::Tensor xf = in_fp32(x);
   const int64_t n = xf.size(0), cols = xf.size(1);
   std::vector<int64_t> starts{0}, units{0};  // per matrix: its first output row, its first unit (`unit_rows`)
@@ -94,8 +111,8 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
     units.push_back(units.back() + m.blocks.size(0));
   }
   const int64_t total = starts.back();
-  at::Tensor out = at::empty({n, total}, xf.options());
-  float* out_data = out.data_ptr<float>();
+  at::Tensor out = at::empty({n, total}, xf.options().dtype(out_type));
+  void* const out_data = out.data_ptr();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
   std::vector<const uint8_t*> bases;  // read once: data_ptr is checked on every call
   for (const auto& m : matrices) bases.push_back(m.blocks.data_ptr<uint8_t>());
@@ -113,7 +130,6 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
       held.push_back(std::make_unique<Quantized>(x_rows, rows, cols, values, terms, activation_padding(passed, path)));
       by_group[slot] = held.back().get();
     }
-    float* out_rows = out_data + chunk * total;
     at::parallel_for(0, units.back(), grain, [&](int64_t begin, int64_t end) {
 #ifdef GGUF_AMX
       std::optional<amx::Tiles> tiles;  // configured on this thread for the pass
@@ -131,11 +147,14 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
         const int64_t done = m.unit_rows, first = starts[part] + (unit - units[part]) * done;
         if (done == 1) k.row_dots(blocks, x, path, u, column);
         else k.unit_dots(blocks, x, done / kTileRows, path, u, column);
-        for (int64_t r = 0; r < rows; ++r)  // weight rows: a run of outputs per row r (and its rest's, added)
-          for (int64_t i = 0; i < done; ++i) {
-            const float* outputs = column + i * passed;
-            out_rows[r * total + first + i] = terms == 1 ? outputs[r] : outputs[r] + outputs[rows + r];
-          }
+        const int64_t at_row = chunk * total;
+        if (out_type == at::kBFloat16) {
+          put_unit(column, rows, passed, done, terms == 2, static_cast<at::BFloat16*>(out_data) + at_row, total, first);
+        } else if (out_type == at::kHalf) {
+          put_unit(column, rows, passed, done, terms == 2, static_cast<at::Half*>(out_data) + at_row, total, first);
+        } else {
+          put_unit(column, rows, passed, done, terms == 2, static_cast<float*>(out_data) + at_row, total, first);
+        }
       }
     });
   }

@@ -56,9 +56,11 @@ std::vector<Matrix> matrices(const std::vector<at::Tensor>& blocks, const std::v
 // choose); a type without tiles, or rows that do not come in eights, as it is.
 Matrix tile(const Matrix& m, int64_t per_unit);
 
-// x [n, cols] (any float dtype) times the matrices stacked along their rows -> [n, total rows] float32, its rows
-// quantized in one int8 term or two (`terms`, activations.h).
-at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path path, int64_t terms = 1);
+// x [n, cols] (any float dtype) times the matrices stacked along their rows -> [n, total rows] in `out_type` (fp32,
+// bf16 or fp16: each fp32 result rounded as `Tensor::to` rounds it), its rows quantized in one int8 term or two
+// (`terms`, activations.h).
+at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path path, int64_t terms = 1,
+                  at::ScalarType out_type = at::kFloat);
 
 // Rows `ids` of a matrix, dequantized to float32 [ids, cols] (embedding lookups).
 at::Tensor dequantize_rows(const Matrix& m, const at::Tensor& ids);
