@@ -23,9 +23,9 @@ using namespace cpu_decoder;
 
 // A forward's temporaries (in a 512-row prefill, megabytes a product) go back to glibc's heap and come from it again
 // on the next forward: by default one over its mmap threshold was a mapping of its own, and the heap's top went back
-// to the kernel past 128 KB free, so every forward faulted in and zeroed its pages afresh (1.1M page faults in a
-// 1024-token prefill of the 1.5B on a Xeon). 32 MB is the largest threshold glibc takes; the heap keeps up to
-// 256 MB free at its top.
+// to the kernel past 128 KB free, so every forward faulted in and zeroed its pages afresh (with products that stood in
+// fp32 too: 3.5M page faults in two 2048-token prefills of the 1.5B on a Xeon, 0.15M now). 32 MB is the largest
+// threshold glibc takes; the heap keeps up to 256 MB free at its top.
 static void reuse_freed_memory() {
 #ifdef __GLIBC__
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
