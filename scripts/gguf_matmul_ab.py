@@ -11,7 +11,8 @@ unit's rows, or the older one which returned a tiled type id 1xx / 2xx), all rep
     python scripts/gguf_matmul_ab.py 7 before=cf8b56c4ebc7 after=<version> [rows=1,2,3,4,8,16]
     python scripts/gguf_matmul_ab.py 7 pairs=<version> tiles=<version>:1 [rows=1,2,4,8] [gguf=FILE] [types=12,14]
 
-`bits=any` skips the check, for builds that hold a type in different forms (one in rows, one in tiles).
+`bits=any` skips the check, for builds that hold a type in different forms (one in rows, one in tiles);
+`dtype=bfloat16` feeds bf16 activations (a prefill's), fp32 by default.
 """
 
 import glob
@@ -53,6 +54,7 @@ def held_by(build, blocks: torch.Tensor, kind: int, cols: int, per_unit: int | N
 def main() -> None:
     torch.set_num_threads(2)
     repeats, rows, file, types, checked = int(sys.argv[1]), [1, 2, 3, 4, 8, 16], FILE, set(BLOCK_TYPES), True
+    dtype = torch.float32
     builds = {}  # name -> (build, tiles per unit or None, path)
     for arg in sys.argv[2:]:
         name, value = arg.split("=")
@@ -60,6 +62,8 @@ def main() -> None:
             rows = [int(n) for n in value.split(",")]
         elif name == "gguf":
             file = Path(value)
+        elif name == "dtype":
+            dtype = getattr(torch, value)
         elif name == "bits":
             checked = value != "any"
         elif name == "types":  # GGML type ids: only these matrices
@@ -71,7 +75,7 @@ def main() -> None:
     tensors = [t for t in gguf_tensors(file) if t.name != "token_embd.weight" and int(t.tensor_type) in types]
     held = {name: [(held_by(build, torch.from_numpy(t.data), int(t.tensor_type), t.shape[0], per_unit, path),
                     t.shape[0]) for t in tensors] for name, (build, per_unit, path) in builds.items()}  # fmt: skip
-    inputs = {(n, c): torch.randn(n, c) for n in rows for c in {t.shape[0] for t in tensors}}
+    inputs = {(n, c): torch.randn(n, c, dtype=dtype) for n in rows for c in {t.shape[0] for t in tensors}}
 
     def forward(name: str, n: int) -> list[torch.Tensor]:
         return [product(inputs[n, c]) for product, c in held[name]]

@@ -89,6 +89,26 @@ def test_activations_are_coded_bitwise_as_rounding_half_to_even_of_127_over_thei
     assert np.array_equal(two_scales.numpy(), np.concatenate([want_scales, rest_scales]))
 
 
+@pytest.mark.parametrize("terms", [1, 2])
+def test_a_passs_rows_read_in_bf16_and_split_over_the_threads_are_coded_as_each_row_alone(terms):
+    """A prefill's pass (64 rows of 2048 values: rows split over the threads) read straight from bf16: codes, scales
+    and sums bitwise those of the rows widened to fp32 and of each row coded alone."""
+    rng = np.random.default_rng(terms)
+    x = torch.from_numpy(rng.standard_normal((64, 2048)).astype(np.float32)).to(torch.bfloat16)
+    whole = cpu_decoder().gguf_activations(x, 256, terms)
+    widened = cpu_decoder().gguf_activations(x.float(), 256, terms)
+    assert all(torch.equal(a, b) for a, b in zip(whole, widened))
+    codes, scales, sums, sums32 = whole
+    for r in (0, 31, 32, 63):
+        for term in range(terms):
+            alone = cpu_decoder().gguf_activations(x[r : r + 1], 256, terms)
+            row = term * 64 + r
+            assert torch.equal(codes[row], alone[0][term])
+            assert torch.equal(scales.view(-1, 8)[row], alone[1].view(-1, 8)[term])
+            assert torch.equal(sums.view(-1, 128)[row], alone[2].view(-1, 128)[term])
+            assert torch.equal(sums32.view(-1, 64)[row], alone[3].view(-1, 64)[term])
+
+
 @pytest.mark.parametrize("kind", TYPES, ids=[t.name for t in TYPES])
 def test_two_terms_carry_what_the_first_rounds_off(kind):
     """fp32 activations in two int8 terms (the rows, then what their codes miss): the product is the dequantized

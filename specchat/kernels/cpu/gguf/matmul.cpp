@@ -65,19 +65,6 @@ Matrix tile(const Matrix& m, int64_t per_unit) {
   return {k.repack(m.blocks, m.cols, per_unit), m.type, per_unit * kTileRows, m.cols};
 }
 
-// x in fp32: bf16 widened here (exact: a shift a value), where ATen's conversion spends ~3 us a call setting up (a
-// Zen 3), as long as a decode step's conversion itself.
-static at::Tensor in_fp32(const at::Tensor& x) {
-  if (x.scalar_type() != at::kBFloat16) return x.to(at::kFloat).contiguous();
-  const at::Tensor in = x.contiguous();
-  at::Tensor out = at::empty(in.sizes(), in.options().dtype(at::kFloat));
-  const auto* halves = reinterpret_cast<const uint16_t*>(in.data_ptr<at::BFloat16>());
-  auto* bits = reinterpret_cast<uint32_t*>(out.data_ptr<float>());
-  const int64_t n = in.numel();  // a local, so that the loop vectorizes
-  for (int64_t i = 0; i < n; ++i) bits[i] = static_cast<uint32_t>(halves[i]) << 16;
-  return out;
-}
-
 // A unit's outputs for a pass's `rows` (`column`: a run of `passed` a weight row; with two terms each row's rest
 // after the rows, added) into their columns [first, first + done) of `out` [rows, total], rounded to Out there: a
 // prefill's products never stand whole in fp32 (a 512-row pass of the 1.5B's gate and up: 37 MB, fresh pages on
@@ -100,8 +87,9 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
   TORCH_CHECK(terms == 1 || terms == 2, "activations go in one int8 term or two");
   TORCH_CHECK(out_type == at::kFloat || out_type == at::kBFloat16 || out_type == at::kHalf,
               "the products come out in fp32, bf16 or fp16");
-  const at::Tensor xf = in_fp32(x);
-  const int64_t n = xf.size(0), cols = xf.size(1);
+  const bool bf16 = x.scalar_type() == at::kBFloat16;  // read as it is (`Quantized`); other types in fp32
+  const at::Tensor xc = bf16 ? x.contiguous() : x.to(at::kFloat).contiguous();
+  const int64_t n = xc.size(0), cols = xc.size(1);
   std::vector<int64_t> starts{0}, units{0};  // per matrix: its first output row, its first unit (`unit_rows`)
   std::vector<const TypeKernels*> kinds;
   for (const auto& m : matrices) {
@@ -111,7 +99,7 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
     units.push_back(units.back() + m.blocks.size(0));
   }
   const int64_t total = starts.back();
-  at::Tensor out = at::empty({n, total}, xf.options().dtype(out_type));
+  at::Tensor out = at::empty({n, total}, xc.options().dtype(out_type));
   void* const out_data = out.data_ptr();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
   std::vector<const uint8_t*> bases;  // read once: data_ptr is checked on every call
@@ -121,13 +109,16 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
   // so chunking changes no result.
   for (int64_t chunk = 0; chunk < n; chunk += kRowChunk / terms) {
     const int64_t rows = std::min(kRowChunk / terms, n - chunk), passed = terms * rows;  // a pass's activation rows
-    const float* x_rows = xf.data_ptr<float>() + chunk * cols;
     const Quantized* by_group[2] = {nullptr, nullptr};  // groups of 32, 256
     std::vector<std::unique_ptr<Quantized>> held;
     for (const auto& m : matrices) {
       const int64_t values = kernels(m.type).layout.values, slot = values == 32 ? 0 : 1;
       if (by_group[slot]) continue;
-      held.push_back(std::make_unique<Quantized>(x_rows, rows, cols, values, terms, activation_padding(passed, path)));
+      const int64_t pad = activation_padding(passed, path);
+      held.push_back(bf16 ? std::make_unique<Quantized>(xc.data_ptr<at::BFloat16>() + chunk * cols, rows, cols, values,
+                                                         terms, pad)
+                          : std::make_unique<Quantized>(xc.data_ptr<float>() + chunk * cols, rows, cols, values,
+                                                         terms, pad));
       by_group[slot] = held.back().get();
     }
     at::parallel_for(0, units.back(), grain, [&](int64_t begin, int64_t end) {
