@@ -12,7 +12,8 @@ unit's rows, or the older one which returned a tiled type id 1xx / 2xx), all rep
     python scripts/gguf_matmul_ab.py 7 pairs=<version> tiles=<version>:1 [rows=1,2,4,8] [gguf=FILE] [types=12,14]
 
 `bits=any` skips the check, for builds that hold a type in different forms (one in rows, one in tiles);
-`dtype=bfloat16` feeds bf16 activations (a prefill's), fp32 by default.
+`dtype=bfloat16` feeds bf16 activations, fp32 by default; bf16 ones go through the decoder's `Projection` (builds since
+a1ec111), products in bf16 as a forward's.
 """
 
 import glob
@@ -42,10 +43,13 @@ def load_build(version: str):
     return module
 
 
-def held_by(build, blocks: torch.Tensor, kind: int, cols: int, per_unit: int | None, path: str):
+def held_by(build, blocks: torch.Tensor, kind: int, cols: int, per_unit: int | None, path: str, dtype: torch.dtype):
     """A function of x: the matrix times x, as `build` holds the matrix (in units of `per_unit` tiles if given)."""
     options = {} if per_unit is None else {"per_unit": per_unit}  # older builds took no per_unit
     tiles, unit = build.gguf_tile(blocks, kind, cols, **options)
+    if dtype == torch.bfloat16:
+        assert path == "best", "a Projection runs the build's best path"
+        return build.Projection([build.gguf_linear([tiles], [kind], [unit], cols, None)])
     if unit in (1, 8, 16):  # unit rows
         return lambda x: build.gguf_matmul(x, [tiles], [kind], [unit], cols, path)
     return lambda x: build.gguf_matmul(x, [tiles], [unit], cols, path)  # a tiled type id
@@ -73,7 +77,7 @@ def main() -> None:
             per_unit = int(options[0]) if options else None
             builds[name] = (load_build(version), per_unit, options[1] if len(options) > 1 else "best")
     tensors = [t for t in gguf_tensors(file) if t.name != "token_embd.weight" and int(t.tensor_type) in types]
-    held = {name: [(held_by(build, torch.from_numpy(t.data), int(t.tensor_type), t.shape[0], per_unit, path),
+    held = {name: [(held_by(build, torch.from_numpy(t.data), int(t.tensor_type), t.shape[0], per_unit, path, dtype),
                     t.shape[0]) for t in tensors] for name, (build, per_unit, path) in builds.items()}  # fmt: skip
     inputs = {(n, c): torch.randn(n, c, dtype=dtype) for n in rows for c in {t.shape[0] for t in tensors}}
 

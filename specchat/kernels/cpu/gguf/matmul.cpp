@@ -8,8 +8,11 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 namespace gguf {
 
@@ -79,6 +82,25 @@ void put_unit(const float* column, int64_t rows, int64_t passed, int64_t done, b
     }
 }
 
+// A pass's units shared out as the threads come for them, in order: a claim takes a share of what is left (half
+// of it over the threads), no less than `least`, so each thread first reads a long run of weights and the last
+// claims even the threads' finish. Split in fixed halves, one thread waited on the other ~10% of a prefill on a
+// Xeon (two cores' speeds differ from moment to moment); claimed a unit at a time, the runs broke the memory's
+// streams.
+struct Claims {
+  int64_t total, least, threads = at::get_num_threads();
+  mutable std::atomic<int64_t> claimed{0};
+
+  Claims(int64_t total_, int64_t least_) : total(total_), least(least_) {}
+
+  std::pair<int64_t, int64_t> next() const {  // [begin, end), empty when all are claimed
+    int64_t begin = claimed.load(std::memory_order_relaxed), end;
+    do end = std::min(total, begin + std::max(least, (total - begin) / (2 * threads)));
+    while (begin < total && !claimed.compare_exchange_weak(begin, end, std::memory_order_relaxed));
+    return {std::min(begin, total), std::min(end, total)};
+  }
+};
+
 // One parallel loop over all the matrices' rows per chunk of kRowChunk activation rows, quantized once per group size
 // (in two terms: a chunk's rows, then their rests, as one pass's rows, each row's two products summed).
 at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path path, int64_t terms,
@@ -101,7 +123,7 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
   const int64_t total = starts.back();
   at::Tensor out = at::empty({n, total}, xc.options().dtype(out_type));
   void* const out_data = out.data_ptr();
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  const int64_t values_a_claim = 16384 / std::max<int64_t>(cols, 1);  // units a claim, times a pass's rows
   std::vector<const uint8_t*> bases;  // read once: data_ptr is checked on every call
   for (const auto& m : matrices) bases.push_back(m.blocks.data_ptr<uint8_t>());
   // Activation rows a chunk at a time, so that their int8 values stay in cache while every weight row passes
@@ -121,7 +143,9 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
                                                          terms, pad));
       by_group[slot] = held.back().get();
     }
-    at::parallel_for(0, units.back(), grain, [&](int64_t begin, int64_t end) {
+    const Claims claims(units.back(), std::max<int64_t>(1, values_a_claim / passed));
+    const bool two = terms == 2;
+    at::parallel_for(0, claims.threads, 1, [&](int64_t, int64_t) {
 #ifdef GGUF_AMX
       std::optional<amx::Tiles> tiles;  // configured on this thread for the pass
       if (through_amx(passed, path)) tiles.emplace();
@@ -129,24 +153,25 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
       Unpacked u;
       alignas(64) float column[2 * kTileRows * kRowChunk];  // a unit's outputs for the pass's rows
       size_t part = 0;
-      for (int64_t unit = begin; unit < end; ++unit) {
-        while (unit >= units[part + 1]) ++part;
-        const Matrix& m = matrices[part];
-        const uint8_t* blocks = bases[part] + (unit - units[part]) * m.blocks.size(1);
-        const TypeKernels& k = *kinds[part];
-        const Quantized& x = *by_group[k.layout.values == 32 ? 0 : 1];
-        const int64_t done = m.unit_rows, first = starts[part] + (unit - units[part]) * done;
-        if (done == 1) k.row_dots(blocks, x, path, u, column);
-        else k.unit_dots(blocks, x, done / kTileRows, path, u, column);
-        const int64_t at_row = chunk * total;
-        if (out_type == at::kBFloat16) {
-          put_unit(column, rows, passed, done, terms == 2, static_cast<at::BFloat16*>(out_data) + at_row, total, first);
-        } else if (out_type == at::kHalf) {
-          put_unit(column, rows, passed, done, terms == 2, static_cast<at::Half*>(out_data) + at_row, total, first);
-        } else {
-          put_unit(column, rows, passed, done, terms == 2, static_cast<float*>(out_data) + at_row, total, first);
+      for (auto [begin, end] = claims.next(); begin < end; std::tie(begin, end) = claims.next())
+        for (int64_t unit = begin; unit < end; ++unit) {
+          while (unit >= units[part + 1]) ++part;
+          const Matrix& m = matrices[part];
+          const uint8_t* blocks = bases[part] + (unit - units[part]) * m.blocks.size(1);
+          const TypeKernels& k = *kinds[part];
+          const Quantized& x = *by_group[k.layout.values == 32 ? 0 : 1];
+          const int64_t done = m.unit_rows, first = starts[part] + (unit - units[part]) * done;
+          if (done == 1) k.row_dots(blocks, x, path, u, column);
+          else k.unit_dots(blocks, x, done / kTileRows, path, u, column);
+          const int64_t at_row = chunk * total;
+          if (out_type == at::kBFloat16) {
+            put_unit(column, rows, passed, done, two, static_cast<at::BFloat16*>(out_data) + at_row, total, first);
+          } else if (out_type == at::kHalf) {
+            put_unit(column, rows, passed, done, two, static_cast<at::Half*>(out_data) + at_row, total, first);
+          } else {
+            put_unit(column, rows, passed, done, two, static_cast<float*>(out_data) + at_row, total, first);
+          }
         }
-      }
     });
   }
   return out;
