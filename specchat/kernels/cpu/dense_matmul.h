@@ -25,6 +25,7 @@
 #pragma once
 
 #include "bf16_dots.h"
+#include "claims.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -354,7 +355,7 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in, co
     at::from_blob(widened.data(), {rows, in}, at::TensorOptions().dtype(at::kFloat)).copy_(x);
   }
   const float* fp32_rows = x.scalar_type() == at::kFloat ? x.data_ptr<float>() : widened.data();
-  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+  claim_in_parallel(units, 1, [&](Claims& claims) {
     [[maybe_unused]] bf16_dots::Arithmetic arithmetic;  // AVX2: DAZ and FTZ, per thread
     std::vector<char> padded;  // the last block's rows and zero rows
     std::vector<float> padded_scales;  // an int8 weight's, likewise
@@ -364,72 +365,75 @@ inline at::Tensor matmul(const at::Tensor& x_in, const at::Tensor& weight_in, co
       return reinterpret_cast<float(*)[16]>(sums.get() + (r * kUnit + k) * kBlock * 16);
     };
     alignas(32) float part[kBlock];
-    for (int64_t u = begin; u < end; ++u) {
-      const int64_t first = u * kUnit, count = std::min(kUnit, blocks - first);
-      const char* w[kUnit];
-      const float* s[kUnit] = {};
-      for (int64_t k = 0; k < count; ++k) w[k] = ws + (first + k) * kBlock * in * size;
-      if (q8)
-        for (int64_t k = 0; k < count; ++k) s[k] = scales.data_ptr<float>() + (first + k) * kBlock * per_row;
-      const int64_t last = out - (first + count - 1) * kBlock;  // rows in the unit's last block
-      if (last < kBlock) {
-        padded.assign(kBlock * in * size, 0);
-        std::memcpy(padded.data(), w[count - 1], last * in * size);
-        w[count - 1] = padded.data();
-        if (q8) {
-          padded_scales.assign(kBlock * per_row, 0.0f);
-          std::memcpy(padded_scales.data(), s[count - 1], last * per_row * sizeof(float));
-          s[count - 1] = padded_scales.data();
+    for (int64_t begin, end; claims.next(begin, end);)
+      for (int64_t u = begin; u < end; ++u) {
+        const int64_t first = u * kUnit, count = std::min(kUnit, blocks - first);
+        const char* w[kUnit];
+        const float* s[kUnit] = {};
+        for (int64_t k = 0; k < count; ++k) w[k] = ws + (first + k) * kBlock * in * size;
+        if (q8)
+          for (int64_t k = 0; k < count; ++k) s[k] = scales.data_ptr<float>() + (first + k) * kBlock * per_row;
+        const int64_t last = out - (first + count - 1) * kBlock;  // rows in the unit's last block
+        if (last < kBlock) {
+          padded.assign(kBlock * in * size, 0);
+          std::memcpy(padded.data(), w[count - 1], last * in * size);
+          w[count - 1] = padded.data();
+          if (q8) {
+            padded_scales.assign(kBlock * per_row, 0.0f);
+            std::memcpy(padded_scales.data(), s[count - 1], last * per_row * sizeof(float));
+            s[count - 1] = padded_scales.data();
+          }
         }
-      }
-      for (int64_t top = 0; top < rows; top += kRows) {
-        const int64_t bottom = std::min(rows, top + kRows);
-        for (int64_t from = 0; from < in; from += kSlice) {
-          const int64_t to = std::min(in, from + kSlice);
-          int64_t r = top;
-          const auto run = [&](auto queries) {
-            constexpr int Q = decltype(queries)::value;
-            const float* xf[Q];
-            for (int j = 0; j < Q; ++j) xf[j] = fp32_rows + (r + j) * in;
+        for (int64_t top = 0; top < rows; top += kRows) {
+          const int64_t bottom = std::min(rows, top + kRows);
+          for (int64_t from = 0; from < in; from += kSlice) {
+            const int64_t to = std::min(in, from + kSlice);
+            int64_t r = top;
+            const auto run = [&](auto queries) {
+              constexpr int Q = decltype(queries)::value;
+              const float* xf[Q];
+              for (int j = 0; j < Q; ++j) xf[j] = fp32_rows + (r + j) * in;
 #ifdef BF16_DOTS_NATIVE
-            const uint16_t* xj[Q];
-            for (int j = 0; j < Q; ++j) xj[j] = xs + (r + j) * in;
+              const uint16_t* xj[Q];
+              for (int j = 0; j < Q; ++j) xj[j] = xs + (r + j) * in;
 #else
-            const float *odd[Q], *even[Q];
-            for (int j = 0; j < Q; ++j) odd[j] = xf[j], even[j] = odd[j] + in / 2;
+              const float *odd[Q], *even[Q];
+              for (int j = 0; j < Q; ++j) odd[j] = xf[j], even[j] = odd[j] + in / 2;
 #endif
+              for (int64_t k = 0; k < count; ++k) {
+                float(*outs[Q])[16];
+                for (int j = 0; j < Q; ++j) outs[j] = lanes(r + j - top, k);
+                const auto add = [&](auto fetch) {
+                  constexpr bool FETCH = decltype(fetch)::value;
+                  const auto* w16 = reinterpret_cast<const uint16_t*>(w[k]);
+                  if (f32) return add_fp32_lanes<Q, FETCH>(
+                      xf, reinterpret_cast<const float*>(w[k]), s[k], in, from, to, outs);
+                  if (f16) return add_fp32_lanes<Q, FETCH>(xf, w16, s[k], in, from, to, outs);
+                  if (q8) return add_fp32_lanes<Q, FETCH>(
+                      xf, reinterpret_cast<const int8_t*>(w[k]), s[k], in, from, to, outs);
+#ifdef BF16_DOTS_NATIVE
+                  add_lanes<Q, FETCH>(xj, w16, in, from, to, outs);
+#else
+                  add_lanes<Q, FETCH>(odd, even, w16, in, from, to, outs);
+#endif
+                };
+                // the weights' first pass comes from memory
+                r == 0 ? add(std::true_type{}) : add(std::false_type{});
+              }
+              r += Q;
+            };
+            while (bottom - r >= QUERIES) run(std::integral_constant<int, QUERIES>{});
+            rest<QUERIES - 1>(bottom - r, run);
+          }
+          for (int64_t r = top; r < bottom; ++r) {
             for (int64_t k = 0; k < count; ++k) {
-              float(*outs[Q])[16];
-              for (int j = 0; j < Q; ++j) outs[j] = lanes(r + j - top, k);
-              const auto add = [&](auto fetch) {
-                constexpr bool FETCH = decltype(fetch)::value;
-                const auto* w16 = reinterpret_cast<const uint16_t*>(w[k]);
-                if (f32) return add_fp32_lanes<Q, FETCH>(xf, reinterpret_cast<const float*>(w[k]), s[k], in, from, to, outs);
-                if (f16) return add_fp32_lanes<Q, FETCH>(xf, w16, s[k], in, from, to, outs);
-                if (q8) return add_fp32_lanes<Q, FETCH>(xf, reinterpret_cast<const int8_t*>(w[k]), s[k], in, from, to, outs);
-#ifdef BF16_DOTS_NATIVE
-                add_lanes<Q, FETCH>(xj, w16, in, from, to, outs);
-#else
-                add_lanes<Q, FETCH>(odd, even, w16, in, from, to, outs);
-#endif
-              };
-              // the weights' first pass comes from memory
-              r == 0 ? add(std::true_type{}) : add(std::false_type{});
+              const int64_t start = (first + k) * kBlock;
+              pair_down(lanes(r - top, k), part);
+              put_block(part, std::min(kBlock, out - start), out_type, ys, r * out + start);
             }
-            r += Q;
-          };
-          while (bottom - r >= QUERIES) run(std::integral_constant<int, QUERIES>{});
-          rest<QUERIES - 1>(bottom - r, run);
-        }
-        for (int64_t r = top; r < bottom; ++r) {
-          for (int64_t k = 0; k < count; ++k) {
-            const int64_t start = (first + k) * kBlock;
-            pair_down(lanes(r - top, k), part);
-            put_block(part, std::min(kBlock, out - start), out_type, ys, r * out + start);
           }
         }
       }
-    }
   });
   return y;
 #endif

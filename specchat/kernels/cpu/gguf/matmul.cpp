@@ -2,17 +2,15 @@
 // split over the threads, each through its type's entry.
 #include "matmul.h"
 
+#include "../claims.h"
 #include "amx.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
-#include <atomic>
 #include <memory>
 #include <optional>
-#include <tuple>
-#include <utility>
 
 namespace gguf {
 
@@ -82,25 +80,6 @@ void put_unit(const float* column, int64_t rows, int64_t passed, int64_t done, b
     }
 }
 
-// A pass's units shared out as the threads come for them, in order: a claim takes a share of what is left (half
-// of it over the threads), no less than `least`, so each thread first reads a long run of weights and the last
-// claims even the threads' finish. Split in fixed halves, one thread waited on the other ~10% of a prefill on a
-// Xeon (two cores' speeds differ from moment to moment); claimed a unit at a time, the runs broke the memory's
-// streams.
-struct Claims {
-  int64_t total, least, threads = at::get_num_threads();
-  mutable std::atomic<int64_t> claimed{0};
-
-  Claims(int64_t total_, int64_t least_) : total(total_), least(least_) {}
-
-  std::pair<int64_t, int64_t> next() const {  // [begin, end), empty when all are claimed
-    int64_t begin = claimed.load(std::memory_order_relaxed), end;
-    do end = std::min(total, begin + std::max(least, (total - begin) / (2 * threads)));
-    while (begin < total && !claimed.compare_exchange_weak(begin, end, std::memory_order_relaxed));
-    return {std::min(begin, total), std::min(end, total)};
-  }
-};
-
 // One parallel loop over all the matrices' rows per chunk of kRowChunk activation rows, quantized once per group size
 // (in two terms: a chunk's rows, then their rests, as one pass's rows, each row's two products summed).
 at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path path, int64_t terms,
@@ -123,7 +102,6 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
   const int64_t total = starts.back();
   at::Tensor out = at::empty({n, total}, xc.options().dtype(out_type));
   void* const out_data = out.data_ptr();
-  const int64_t values_a_claim = 16384 / std::max<int64_t>(cols, 1);  // units a claim, times a pass's rows
   std::vector<const uint8_t*> bases;  // read once: data_ptr is checked on every call
   for (const auto& m : matrices) bases.push_back(m.blocks.data_ptr<uint8_t>());
   // Activation rows a chunk at a time, so that their int8 values stay in cache while every weight row passes
@@ -143,9 +121,9 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
                                                          terms, pad));
       by_group[slot] = held.back().get();
     }
-    const Claims claims(units.back(), std::max<int64_t>(1, values_a_claim / passed));
     const bool two = terms == 2;
-    at::parallel_for(0, claims.threads, 1, [&](int64_t, int64_t) {
+    // a claim at least 16K of a unit's columns over the pass's rows (a decode step: 10 units of 1536 columns)
+    claim_in_parallel(units.back(), 16384 / std::max<int64_t>(cols * passed, 1), [&](Claims& claims) {
 #ifdef GGUF_AMX
       std::optional<amx::Tiles> tiles;  // configured on this thread for the pass
       if (through_amx(passed, path)) tiles.emplace();
@@ -153,7 +131,7 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
       Unpacked u;
       alignas(64) float column[2 * kTileRows * kRowChunk];  // a unit's outputs for the pass's rows
       size_t part = 0;
-      for (auto [begin, end] = claims.next(); begin < end; std::tie(begin, end) = claims.next())
+      for (int64_t begin, end; claims.next(begin, end);)
         for (int64_t unit = begin; unit < end; ++unit) {
           while (unit >= units[part + 1]) ++part;
           const Matrix& m = matrices[part];
