@@ -1,8 +1,8 @@
 // Units of a parallel loop shared out as the threads come for them, in order: a claim takes a share of what is left
 // (half of it over the threads), no less than `least`, so each thread first reads a long run of weights and the last
-// claims even out the threads' finish. at::parallel_for splits a loop in fixed parts, one a thread: with two, one
-// thread waited on the other for ~10% of a prefill on a Xeon (two cores' speeds differ from moment to moment);
-// claimed a unit at a time, the threads' runs broke the memory's streams.
+// claims even out the threads' finish. at::parallel_for splits a loop in fixed parts, one a thread, and two cores'
+// speeds differ from moment to moment: one thread waits on the other (~10% of a prefill on a Xeon). Claims of one
+// unit each would interleave the threads' runs and break the memory's streams.
 #pragma once
 
 #include <ATen/Parallel.h>

@@ -139,8 +139,8 @@ struct Quantized {
       for (int64_t i = 0; i < n; ++i) rest[i] = std::fma(-d, static_cast<float>(codes[i]), in[i]);
       quantize_group(rest, first_rows * per_row + g);
     }
-    for (const int64_t row : {r, first_rows + r}) {
-      if (row >= terms * first_rows) break;
+    for (int64_t term = 0; term < terms; ++term) {
+      const int64_t row = term * first_rows + r;
       sums_of_16(q.data() + row * cols, sums.data() + row * cols / 16, cols / 16);
       for (int64_t j = row * cols / 32; j < (row + 1) * cols / 32; ++j)
         sums32[j] = static_cast<int16_t>(sums[2 * j] + sums[2 * j + 1]);

@@ -66,6 +66,18 @@ Matrix tile(const Matrix& m, int64_t per_unit) {
   return {k.repack(m.blocks, m.cols, per_unit), m.type, per_unit * kTileRows, m.cols};
 }
 
+at::Tensor activations_as_read(const at::Tensor& x) {
+  return x.scalar_type() == at::kBFloat16 ? x.contiguous() : x.to(at::kFloat).contiguous();
+}
+
+std::unique_ptr<Quantized> quantized_rows(const at::Tensor& x, int64_t first, int64_t rows, int64_t group,
+                                          int64_t terms, int64_t pad) {
+  const int64_t cols = x.size(1);
+  if (x.scalar_type() == at::kBFloat16)
+    return std::make_unique<Quantized>(x.data_ptr<at::BFloat16>() + first * cols, rows, cols, group, terms, pad);
+  return std::make_unique<Quantized>(x.data_ptr<float>() + first * cols, rows, cols, group, terms, pad);
+}
+
 // A unit's outputs for a pass's `rows` (`column`: a run of `passed` a weight row; with two terms each row's rest
 // after the rows, added) into their columns [first, first + done) of `out` [rows, total], rounded to Out there: a
 // prefill's products never stand whole in fp32 (a 512-row pass of the 1.5B's gate and up: 37 MB, fresh pages on
@@ -88,8 +100,7 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
   TORCH_CHECK(terms == 1 || terms == 2, "activations go in one int8 term or two");
   TORCH_CHECK(out_type == at::kFloat || out_type == at::kBFloat16 || out_type == at::kHalf,
               "the products come out in fp32, bf16 or fp16");
-  const bool bf16 = x.scalar_type() == at::kBFloat16;  // read as it is (`Quantized`); other types in fp32
-  const at::Tensor xc = bf16 ? x.contiguous() : x.to(at::kFloat).contiguous();
+  const at::Tensor xc = activations_as_read(x);
   const int64_t n = xc.size(0), cols = xc.size(1);
   std::vector<int64_t> starts{0}, units{0};  // per matrix: its first output row, its first unit (`unit_rows`)
   std::vector<const TypeKernels*> kinds;
@@ -114,11 +125,7 @@ at::Tensor matmul(const at::Tensor& x, const std::vector<Matrix>& matrices, Path
     for (const auto& m : matrices) {
       const int64_t values = kernels(m.type).layout.values, slot = values == 32 ? 0 : 1;
       if (by_group[slot]) continue;
-      const int64_t pad = activation_padding(passed, path);
-      held.push_back(bf16 ? std::make_unique<Quantized>(xc.data_ptr<at::BFloat16>() + chunk * cols, rows, cols, values,
-                                                         terms, pad)
-                          : std::make_unique<Quantized>(xc.data_ptr<float>() + chunk * cols, rows, cols, values,
-                                                         terms, pad));
+      held.push_back(quantized_rows(xc, chunk, rows, values, terms, activation_padding(passed, path)));
       by_group[slot] = held.back().get();
     }
     const bool two = terms == 2;

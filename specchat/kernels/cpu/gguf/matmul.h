@@ -15,6 +15,7 @@
 #include "activations.h"
 #include "unpack.h"
 
+#include <memory>
 #include <vector>
 
 namespace gguf {
@@ -55,6 +56,14 @@ std::vector<Matrix> matrices(const std::vector<at::Tensor>& blocks, const std::v
 // The tiled form of a matrix held as its blocks (`per_unit` 1 or 2 asks for tiles or pairs; 0 lets the build
 // choose); a type without tiles, or rows that do not come in eights, as it is.
 Matrix tile(const Matrix& m, int64_t per_unit);
+
+// x [n, cols] as the products read it: bf16 in place (`Quantized` widens each row as it reads it), any other float
+// dtype in fp32.
+at::Tensor activations_as_read(const at::Tensor& x);
+
+// Rows [first, first + rows) of `activations_as_read`'s tensor, quantized (`Quantized`).
+std::unique_ptr<Quantized> quantized_rows(const at::Tensor& x, int64_t first, int64_t rows, int64_t group,
+                                          int64_t terms, int64_t pad = 1);
 
 // x [n, cols] (any float dtype) times the matrices stacked along their rows -> [n, total rows] in `out_type` (fp32,
 // bf16 or fp16: each fp32 result rounded as `Tensor::to` rounds it), its rows quantized in one int8 term or two

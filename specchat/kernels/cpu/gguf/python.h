@@ -28,17 +28,15 @@ inline void define_functions(pybind11::module_& m) {
   m.def("gguf_activations", [](at::Tensor x, int64_t group, int64_t terms) {
     TORCH_CHECK(x.dim() == 2 && (group == 32 || group == 256) && x.size(1) % group == 0 && (terms == 1 || terms == 2),
                 "x [rows, groups of 32 or 256], in one term or two");
-    const bool bf16 = x.scalar_type() == at::kBFloat16;  // read as the products read it (matmul.cpp)
-    const at::Tensor xc = bf16 ? x.contiguous() : x.to(at::kFloat).contiguous();
-    const Quantized held = bf16 ? Quantized(xc.data_ptr<at::BFloat16>(), xc.size(0), xc.size(1), group, terms)
-                                : Quantized(xc.data_ptr<float>(), xc.size(0), xc.size(1), group, terms);
+    const at::Tensor xc = activations_as_read(x);
+    const auto held = quantized_rows(xc, 0, xc.size(0), group, terms);
     const auto copied = [](const auto& values, at::ScalarType type) {
       at::Tensor out = at::empty({static_cast<int64_t>(values.size())}, at::TensorOptions().dtype(type));
       std::memcpy(out.data_ptr(), values.data(), values.size() * sizeof(values[0]));
       return out;
     };
-    return std::make_tuple(copied(held.q, at::kChar).view({held.rows, held.cols}), copied(held.scale, at::kFloat),
-                           copied(held.sums, at::kShort), copied(held.sums32, at::kShort));
+    return std::make_tuple(copied(held->q, at::kChar).view({held->rows, held->cols}), copied(held->scale, at::kFloat),
+                           copied(held->sums, at::kShort), copied(held->sums32, at::kShort));
   }, py::arg("x"), py::arg("group"), py::arg("terms") = 1,
      "x [rows, cols] as the kernels take it (gguf/activations.h): (int8 codes [terms * rows, cols], a scale per "
      "group, the codes' sums per 16 and per 32), for tests.");
